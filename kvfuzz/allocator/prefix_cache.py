@@ -1,0 +1,65 @@
+"""The prefix cache of kvfuzz's own allocator: which physical block holds the K/V of which full-block prefix.
+
+A full block is keyed by a chained hash: the hash of (the previous block's hash, or the namespace for the first block)
+and the block's tokens. A lookup never trusts the hash alone: the entry keeps the namespace and the whole token
+prefix up to the block's end, and a hit must match both exactly. Each hash maps to at most one block and each block
+to at most one entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Optional
+
+import attrs
+
+from kvfuzz.allocator.types import Namespace, Tokens
+
+
+def chain_hash(previous: Optional[int], namespace: Namespace, block_tokens: Tokens) -> int:
+    """Hash of one full block given the hash of the block before it (``None`` for the first block)."""
+    parts = (previous, namespace if previous is None else None, block_tokens)
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+@attrs.frozen
+class CacheEntry:
+    """What a cached block holds: the K/V of ``prefix`` (every token up to the block's end) under ``namespace``."""
+
+    block_hash: int
+    namespace: Namespace
+    prefix: Tokens
+
+
+class PrefixCache:
+    """Bidirectional map between cache entries and physical blocks."""
+
+    def __init__(self) -> None:
+        self._block_by_hash: dict[int, int] = {}
+        self._entry_by_block: dict[int, CacheEntry] = {}
+
+    def lookup(self, block_hash: int, namespace: Namespace, prefix: Tokens) -> Optional[int]:
+        """The block holding exactly ``prefix`` under ``namespace``, or ``None``."""
+        block = self._block_by_hash.get(block_hash)
+        if block is None:
+            return None
+        entry = self._entry_by_block[block]
+        if entry.namespace != namespace or entry.prefix != prefix:
+            return None
+        return block
+
+    def register(self, block: int, entry: CacheEntry) -> None:
+        """Make ``block`` matchable as ``entry``, unless the hash already has a block or the block an entry."""
+        if entry.block_hash in self._block_by_hash or block in self._entry_by_block:
+            return
+        self._block_by_hash[entry.block_hash] = block
+        self._entry_by_block[block] = entry
+
+    def unregister(self, block: int) -> None:
+        entry = self._entry_by_block.pop(block, None)
+        if entry is not None:
+            del self._block_by_hash[entry.block_hash]
+
+    def is_cached(self, block: int) -> bool:
+        return block in self._entry_by_block

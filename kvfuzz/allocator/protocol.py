@@ -1,0 +1,88 @@
+"""The protocol a paged KV-cache allocator implements to be driven by kvfuzz.
+
+kvfuzz plays the serving engine: it calls these operations between steps, writes K/V where the allocator says,
+performs the copies it orders, and tells it when each step has completed. Operations the allocator does not declare
+in ``capabilities`` are never called (they may raise :class:`~kvfuzz.allocator.errors.Unsupported`).
+
+Rules every implementation keeps:
+
+* A refusal (any :class:`~kvfuzz.allocator.errors.AllocatorError`) changes nothing observable.
+* ``block_table(seq)`` holds exactly ``ceil(len(tokens) / block_size)`` blocks; position ``p`` lives in slot
+  ``(table[p // block_size], p % block_size)``.
+* A block that will receive a write is referenced by that sequence alone (copy-on-write happened first).
+* A prefix-cache hit covers only blocks whose K/V a completed step wrote, for the same namespace and token prefix.
+* ``fork`` and ``swap_out`` are called only on a sequence whose every token has been computed by a step.
+"""
+
+from __future__ import annotations
+
+from typing import Collection, Protocol, Sequence, runtime_checkable
+
+from kvfuzz.allocator.types import AdmitResult, Capabilities, GrowResult, Namespace, SeqId, SwapResult, Tokens
+
+
+@runtime_checkable
+class PagedAllocator(Protocol):
+    """A paged KV-cache block manager."""
+
+    block_size: int
+    num_blocks: int
+    num_host_blocks: int
+    capabilities: Capabilities
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        """Allocate blocks for a prompt, reusing cached blocks for a matching prefix."""
+
+    def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
+        """Append ``len(tokens) >= 1`` tokens; return their slots and any block copies to perform first."""
+
+    def fork(self, parent: SeqId, child: SeqId) -> None:
+        """Make ``child`` share every block of ``parent`` (same tokens, same namespace)."""
+
+    def free(self, seq: SeqId) -> None:
+        """Finish or cancel ``seq`` (at any moment, even before its first step). Full blocks may stay cached."""
+
+    def preempt(self, seq: SeqId) -> None:
+        """Release ``seq`` for recomputation; the engine admits it again later under the same id."""
+
+    def swap_out(self, seq: SeqId) -> SwapResult:
+        """Move ``seq``'s blocks to the host pool; returns (device block, host block) copies to perform."""
+
+    def swap_in(self, seq: SeqId) -> SwapResult:
+        """Bring a swapped-out ``seq`` back; returns (host block, device block) copies to perform."""
+
+    def rollback(self, seq: SeqId, num_tokens: int) -> None:
+        """Drop the last ``num_tokens`` tokens of ``seq`` (rejected speculative drafts); keeps at least one token."""
+
+    def evict(self, num_blocks: int) -> int:
+        """Drop up to ``num_blocks`` cached, unreferenced blocks; return how many were dropped."""
+
+    def reset_cache(self) -> None:
+        """Drop every cached, unreferenced block."""
+
+    def step_completed(self, step: int) -> None:
+        """Step ``step`` (counted from 0) has finished on the device: every write and read it issued is done."""
+
+    def block_table(self, seq: SeqId) -> Sequence[int]:
+        """The physical blocks of ``seq``'s logical blocks, in order."""
+
+
+@runtime_checkable
+class Introspectable(Protocol):
+    """Optional queries; an allocator that implements them sets ``capabilities.introspection``.
+
+    The collections may be live views of internal state but must be cheap: ``len`` and ``in`` are called after every
+    operation. A collection holding a block twice (a double free) is reported, so do not deduplicate it.
+    """
+
+    def refcount(self, block: int) -> int:
+        """How many block-table entries of live sequences reference ``block``."""
+
+    def free_blocks(self) -> Collection[int]:
+        """Unreferenced blocks holding nothing reusable, ready to hand out now."""
+
+    def cached_blocks(self) -> Collection[int]:
+        """Unreferenced blocks holding reusable cached K/V (evictable)."""
+
+    def pending_blocks(self) -> Collection[int]:
+        """Released blocks still inside the in-flight window: neither free nor usable yet."""

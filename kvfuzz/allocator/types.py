@@ -1,0 +1,104 @@
+"""Value types of the allocator contract: capabilities and what each operation returns.
+
+All are frozen attrs classes: results are facts about one call, never updated afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import attrs
+
+SeqId = str
+"""A sequence id: a request, or one branch of a request after a fork."""
+
+Namespace = Tuple[str, ...]
+"""Everything besides tokens that changes K/V (LoRA adapter, cache salt, multimodal content), as ordered parts.
+
+Two sequences may share a cached block only if their namespaces are equal part for part: ``("ab", "c")`` and
+``("a", "bc")`` are different namespaces even though their parts concatenate to the same string.
+"""
+
+Tokens = Tuple[int, ...]
+
+
+def _non_negative(_instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be >= 0, got {value}")
+
+
+@attrs.frozen
+class Capabilities:
+    """What an allocator declares it can do; the machine drives only what is declared.
+
+    ``inflight_window`` is W: a block released while step c was the last completed step may still be touched by work
+    up to step c + W and is not handed out again before step c + W has completed. W = 0 means synchronous.
+    ``reserved_blocks`` is a watermark: the allocator may refuse while fewer than this many blocks would stay free.
+    The introspection flags say which optional query methods (``refcount``, ``free_blocks``, ``cached_blocks``,
+    ``pending_blocks``) the allocator implements.
+    """
+
+    fork: bool = False
+    prefix_cache: bool = False
+    namespaces: bool = False
+    swap: bool = False
+    rollback: bool = False
+    eviction: bool = False
+    inflight_window: int = attrs.field(default=0, validator=_non_negative)
+    reserved_blocks: int = attrs.field(default=0, validator=_non_negative)
+    introspection: bool = False
+
+
+@attrs.frozen
+class Slot:
+    """One token slot: offset ``offset`` inside physical block ``block``."""
+
+    block: int
+    offset: int
+
+
+@attrs.frozen
+class BlockCopy:
+    """Copy the whole of physical block ``src`` into physical block ``dst`` (copy-on-write) before writing."""
+
+    src: int
+    dst: int
+
+
+@attrs.frozen
+class AdmitResult:
+    """What ``admit`` returns: the block table covering every prompt token, and how many leading tokens are cached.
+
+    The first ``num_cached_tokens`` positions already hold their K/V in the table's blocks; the engine writes the
+    rest at the next step.
+    """
+
+    block_table: Tuple[int, ...] = attrs.field(converter=tuple)
+    num_cached_tokens: int = attrs.field(validator=_non_negative)
+
+
+@attrs.frozen
+class GrowResult:
+    """What ``grow`` returns: one slot per appended token, and the copies the engine must perform before writing."""
+
+    slots: Tuple[Slot, ...] = attrs.field(converter=tuple)
+    copies: Tuple[BlockCopy, ...] = attrs.field(converter=tuple, factory=tuple)
+
+
+@attrs.frozen
+class SwapResult:
+    """What ``swap_out`` / ``swap_in`` return: (source block, destination block) pairs the engine copies.
+
+    For ``swap_out`` sources are device blocks and destinations host blocks; for ``swap_in`` the reverse.
+    """
+
+    mapping: Tuple[Tuple[int, int], ...] = attrs.field(converter=lambda pairs: tuple(tuple(p) for p in pairs))
+
+
+@attrs.frozen
+class PoolSpec:
+    """The pool geometry kvfuzz asks an allocator factory for: ``factory(spec) -> PagedAllocator``."""
+
+    block_size: int = attrs.field(validator=attrs.validators.ge(1))
+    num_blocks: int = attrs.field(validator=attrs.validators.ge(1))
+    num_host_blocks: int = attrs.field(default=0, validator=_non_negative)

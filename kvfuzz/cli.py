@@ -1,0 +1,100 @@
+"""The ``kvfuzz`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+import torch
+
+from kvfuzz.reference.content import ModelShape
+from kvfuzz.runner import DEFAULT_ALLOCATOR, AllocatorNotFound, RunSummary, load_factory, run
+from kvfuzz.statemachines.config import MachineConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _machine_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("machine")
+    group.add_argument("--examples", type=int, default=100, help="Hypothesis examples to run (default 100)")
+    group.add_argument("--steps", type=int, default=50, help="most operations per example (default 50)")
+    group.add_argument("--seed", type=int, help="random seed (default: derandomized, the same run every time)")
+    group.add_argument("--no-shrink", action="store_true", help="report the first failure as found, unshrunk")
+    pool = parser.add_argument_group("pool and model")
+    pool.add_argument("--block-size", type=int, default=MachineConfig().block_size)
+    pool.add_argument("--num-blocks", type=int, default=MachineConfig().num_blocks)
+    pool.add_argument("--host-blocks", type=int, default=MachineConfig().num_host_blocks)
+    pool.add_argument("--layers", type=int, default=ModelShape().num_layers)
+    pool.add_argument("--kv-heads", type=int, default=ModelShape().num_kv_heads)
+    pool.add_argument("--query-heads", type=int, default=ModelShape().num_query_heads)
+    pool.add_argument("--head-dim", type=int, default=ModelShape().head_dim)
+    pool.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    pool.add_argument("--device", default="cpu", help="torch device of the pools: cpu (default), cuda, cuda:N")
+
+
+def _config(args: argparse.Namespace) -> MachineConfig:
+    shape = ModelShape(args.layers, args.kv_heads, args.query_heads, args.head_dim, DTYPES[args.dtype], args.device)
+    return MachineConfig(args.block_size, args.num_blocks, args.host_blocks, shape)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvfuzz", description="Fuzz-test a paged KV-cache allocator.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="run the machine against an allocator")
+    run_parser.add_argument("--allocator", default=DEFAULT_ALLOCATOR,
+                            help=f"MODULE:FACTORY called with a PoolSpec (default {DEFAULT_ALLOCATOR}); "
+                                 "zoo:NAME for a broken allocator from kvfuzz's zoo")
+    run_parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    _machine_arguments(run_parser)
+    return parser
+
+
+def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
+    verdict = "FAILED" if summary.failed else "passed"
+    print(f"{verdict}: {summary.examples} examples, {summary.steps} steps in {summary.seconds:.1f} s "
+          f"({summary.steps_per_second:.0f} steps/s)")
+    print("operations:")
+    width = max((len(name) for name in summary.operations), default=0)
+    for name, count in summary.operations.items():
+        print(f"  {name:<{width}}  {count}")
+    if summary.failed:
+        first = (f" (first failing example: #{summary.first_failure_examples}, after "
+                 f"{summary.first_failure_seconds:.2f} s)" if summary.first_failure_seconds is not None else "")
+        print(f"\n{summary.invariant}{first}\n\nshrunk program ({summary.program_length} operations):")
+        print(summary.program or "  (no program was printed)")
+        print(f"\n{summary.explanation}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        config = _config(args)
+        factory = load_factory(args.allocator)
+    except (AllocatorNotFound, ValueError) as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return 2
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    if not args.json:
+        shape = config.shape
+        print(f"kvfuzz run: {args.allocator}\n  pool: {config.num_blocks} blocks x {config.block_size} slots, "
+              f"{config.num_host_blocks} host blocks; model: {shape.num_layers} layers, {shape.num_kv_heads} KV / "
+              f"{shape.num_query_heads} query heads, head dim {shape.head_dim}, {args.dtype} on {shape.device}\n"
+              f"  {args.examples} examples of up to {args.steps} steps, "
+              f"{'seed ' + str(args.seed) if args.seed is not None else 'derandomized'}", flush=True)
+    summary = run(factory, config, examples=args.examples, steps=args.steps, seed=args.seed,
+                  allocator_name=args.allocator, shrink=not args.no_shrink, progress=progress)
+    if args.json:
+        print(json.dumps(summary.to_json(), indent=2))
+    else:
+        _print_summary(summary, config)
+    return 1 if summary.failed else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    return {"run": _run}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Attention of one query per sequence over that sequence's K/V, batched with padding.
+
+The same function serves the contiguous reference and the paged path, so on equal inputs the results are equal bit
+for bit. Padded positions must hold zeros in both; the mask removes them from the softmax.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def attend(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention of the last token of each sequence.
+
+    queries ``[S, L, Hq, D]``; keys and values ``[S, N, L, Hkv, D]`` padded to N positions; lengths ``[S]``.
+    Returns ``[S, L, Hq, D]`` in float32.
+    """
+    num_seqs, max_len, num_layers, kv_heads, head_dim = keys.shape
+    group = queries.shape[2] // kv_heads
+    k = keys.float().permute(0, 2, 3, 1, 4).repeat_interleave(group, dim=2)    # [S, L, Hq, N, D]
+    v = values.float().permute(0, 2, 3, 1, 4).repeat_interleave(group, dim=2)
+    scores = torch.einsum("slhd,slhnd->slhn", queries.float(), k) * head_dim ** -0.5
+    valid = torch.arange(max_len, device=keys.device).unsqueeze(0) < lengths.to(keys.device).unsqueeze(1)
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    return torch.einsum("slhn,slhnd->slhd", torch.softmax(scores, dim=-1), v)

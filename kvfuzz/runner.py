@@ -1,0 +1,139 @@
+"""Running the machine against an allocator and summarising what happened, for the CLI and for scripts.
+
+A run is one Hypothesis campaign under explicit settings. Its summary counts every operation exercised and, on
+failure, holds the shrunk program Hypothesis printed and kvfuzz's explanation of the broken invariant.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import traceback
+from typing import Callable, Optional
+
+import attrs
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis.reporting import with_reporter
+from hypothesis.stateful import get_state_machine_test
+
+from kvfuzz.statemachines.config import MachineConfig
+from kvfuzz.statemachines.machine import AllocatorFactory, machine_for
+from kvfuzz.statemachines.stats import RunStats
+from kvfuzz.statemachines.violations import InvariantViolation
+
+DEFAULT_ALLOCATOR = "kvfuzz.allocator.paged:paged_allocator"
+
+
+class AllocatorNotFound(LookupError):
+    """``--allocator`` named something that cannot be imported or called."""
+
+
+def load_factory(spec: str) -> AllocatorFactory:
+    """``package.module:factory`` -> the factory; ``zoo:Name`` -> a broken allocator from the zoo."""
+    if spec.startswith("zoo:"):
+        from kvfuzz.zoo import variant
+        try:
+            return variant(spec[4:]).factory()
+        except KeyError as error:
+            raise AllocatorNotFound(str(error.args[0])) from error
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise AllocatorNotFound(f"--allocator {spec!r}: expected MODULE:FACTORY, e.g. {DEFAULT_ALLOCATOR}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise AllocatorNotFound(f"--allocator {spec!r}: cannot import {module_name!r}: {error}") from error
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise AllocatorNotFound(f"--allocator {spec!r}: {module_name} has no callable {attribute!r}")
+    return factory
+
+
+def run_settings(examples: int, steps: int, derandomize: bool = True, shrink: bool = True) -> settings:
+    """Explicit settings: no deadline and no health checks (an allocator may be slow), no shared database."""
+    phases = (Phase.explicit, Phase.reuse, Phase.generate) + ((Phase.shrink,) if shrink else ())
+    return settings(max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=derandomize,
+                    database=None, print_blob=False, report_multiple_bugs=False, phases=phases,
+                    suppress_health_check=list(HealthCheck))
+
+
+@attrs.frozen
+class RunSummary:
+    """What one run did, and on failure the shrunk program and why it fails.
+
+    ``first_failure_examples`` and ``first_failure_seconds`` say when the first failing example was met, before
+    Hypothesis spent time shrinking it.
+    """
+
+    allocator: str
+    examples: int
+    steps: int
+    seconds: float
+    failed: bool
+    operations: dict[str, int]
+    invariant: Optional[str] = None
+    program: Optional[str] = None
+    explanation: Optional[str] = None
+    first_failure_examples: Optional[int] = None
+    first_failure_seconds: Optional[float] = None
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+    @property
+    def program_length(self) -> int:
+        """Operations in the shrunk program (the machine's constructor and teardown not counted)."""
+        return sum(1 for line in (self.program or "").splitlines() if line.startswith("state.")
+                   and not line.startswith("state.teardown"))
+
+    def to_json(self) -> dict:
+        return {**attrs.asdict(self), "steps_per_second": round(self.steps_per_second, 1)}
+
+
+class Progress:
+    """Prints a progress line at most every ``interval`` seconds."""
+
+    def __init__(self, write: Callable[[str], None], interval: float = 1.0) -> None:
+        self.write, self.interval = write, interval
+        self.last = time.perf_counter()
+
+    def __call__(self, stats: RunStats) -> None:
+        now = time.perf_counter()
+        if now - self.last >= self.interval:
+            self.last = now
+            self.write(f"  {stats.examples} examples, {stats.steps} steps, "
+                       f"{stats.steps / (now - stats.started):.0f} steps/s")
+
+
+def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, examples: int = 100,
+        steps: int = 50, seed: Optional[int] = None, allocator_name: str = DEFAULT_ALLOCATOR,
+        shrink: bool = True, progress: Optional[Callable[[str], None]] = None) -> RunSummary:
+    """Run the machine against ``factory``; never raises for a failure the machine finds."""
+    stats = RunStats(on_step=Progress(progress) if progress is not None else None)
+    machine = machine_for(factory, config, stats)
+    test = get_state_machine_test(machine, settings=run_settings(examples, steps, derandomize=seed is None, shrink=shrink))
+    if seed is not None:
+        test = hypothesis_seed(seed)(test)
+    report: list[str] = []
+    failure: Optional[BaseException] = None
+    with with_reporter(report.append):
+        try:
+            test()
+        except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding
+            failure = error
+    seconds = time.perf_counter() - stats.started
+    summary = RunSummary(allocator_name, stats.examples, stats.steps, seconds, failure is not None,
+                         dict(sorted(stats.operations.items())), first_failure_examples=stats.first_failure_examples,
+                         first_failure_seconds=stats.first_failure_seconds)
+    if failure is None:
+        return summary
+    notes = [*report, *getattr(failure, "__notes__", ())]
+    program = "\n".join(line for note in notes for line in note.splitlines()
+                        if line.strip() and not line.startswith(("Falsifying", "Failing test case")))
+    if isinstance(failure, InvariantViolation):
+        return attrs.evolve(summary, invariant=str(failure.invariant), program=program, explanation=failure.explain())
+    crash = "".join(traceback.format_exception(type(failure), failure, failure.__traceback__, limit=-4))
+    return attrs.evolve(summary, invariant=f"crash ({type(failure).__name__})", program=program,
+                        explanation=f"the allocator (or kvfuzz) raised an unexpected exception:\n{crash}")

@@ -1,0 +1,276 @@
+"""The invariant checks, run after every operation on what that operation changed (never the whole pool).
+
+Each check raises :class:`InvariantViolation` with the sequence, position, block and slot involved, what was
+expected, what was found, and where what was found came from.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+from typing import TYPE_CHECKING, Iterable, NoReturn, Optional
+
+import attrs
+import torch
+
+from kvfuzz.allocator.errors import AllocatorError, Misuse
+from kvfuzz.reference.content import kv_for_tags
+from kvfuzz.statemachines.engine import SlotWrite
+from kvfuzz.statemachines.model import Status
+from kvfuzz.statemachines.violations import Invariant, violation
+
+if TYPE_CHECKING:
+    from kvfuzz.statemachines.harness import Harness
+
+
+@attrs.frozen
+class PoolCounts:
+    """Sizes of the allocator's free, cached (evictable) and pending sets."""
+
+    free: int
+    cached: int
+    pending: int
+
+
+class Checks:
+    """Invariant checks over one harness's allocator, engine, model and reference."""
+
+    def __init__(self, harness: "Harness") -> None:
+        self.h = harness
+
+    def fail(self, invariant: Invariant, summary: str, details: Iterable[str] = ()) -> NoReturn:
+        raise violation(invariant, self.h.operation, self.h.engine.next_step, summary, list(details))
+
+    # -- describing things ---------------------------------------------------------------------------------------
+
+    def where(self, seq: str, position: int) -> str:
+        h = self.h
+        index, offset = divmod(position, h.block_size)
+        block = h.seqs[seq].table[index]
+        return (f"sequence {seq} position {position} -> logical block {index} -> physical block {block} "
+                f"offset {offset} (slot {block * h.block_size + offset})")
+
+    def prefix(self, seq: str, position: int) -> str:
+        tokens = self.h.reference.tokens(seq)[:position + 1]
+        return f"namespace {self.h.reference.namespace(seq)!r}, tokens {tokens}"
+
+    @staticmethod
+    def found(record: Optional[SlotWrite]) -> str:
+        return "nothing: no write or copy has put K/V in this slot" if record is None else record.describe()
+
+    # -- invariant 1: content ------------------------------------------------------------------------------------
+
+    def content(self, slots: Iterable[int], positions: Iterable[tuple[str, int]] = ()) -> None:
+        """Every written position mapped to one of ``slots``, and every listed position, holds its own K/V."""
+        h = self.h
+        size = h.block_size
+        wanted: dict[tuple[str, int], int] = {}
+        by_block: dict[int, list[int]] = {}
+        for slot in slots:
+            by_block.setdefault(slot // size, []).append(slot % size)
+        for block, offsets in by_block.items():
+            for seq, index in h.refs.holders.get(block, ()):
+                written = h.seqs[seq].written
+                for offset in offsets:
+                    position = index * size + offset
+                    if position < written:
+                        wanted[(seq, position)] = block * size + offset
+        for seq, position in positions:
+            table = h.seqs[seq].table
+            wanted[(seq, position)] = table[position // size] * size + position % size
+        if not wanted:
+            return
+        expected_tags = []
+        for (seq, position), slot in wanted.items():
+            tag = h.reference.tags(seq)[position]
+            record = h.engine.record(slot)
+            if record is None or record.tag != tag:
+                self.fail(Invariant.CONTENT, f"{self.where(seq, position)} holds another prefix's K/V",
+                          [f"expected: K/V of {self.prefix(seq, position)}", f"found:    {self.found(record)}",
+                           *h.engine.block_story(slot // size)])
+            expected_tags.append(tag)
+        self._bits(list(wanted.items()), expected_tags)
+
+    def _bits(self, entries: list[tuple[tuple[str, int], int]], tags: list[int]) -> None:
+        """The pool's values equal the reference's bit for bit (the shadow records already agree)."""
+        keys, values = self.h.engine.rows(slot for _, slot in entries)
+        want_keys, want_values = kv_for_tags(tags, self.h.engine.shape)
+        if torch.equal(keys, want_keys) and torch.equal(values, want_values):
+            return
+        rows = ((keys != want_keys) | (values != want_values)).flatten(1).any(1).nonzero().flatten().tolist()
+        (seq, position), slot = entries[rows[0]]
+        self.fail(Invariant.CONTENT, f"{self.where(seq, position)}: shadow record is right but the values differ",
+                  [f"expected: K/V of {self.prefix(seq, position)}",
+                   f"found:    values that differ in {len(rows)} checked position(s); the record says "
+                   f"{self.found(self.h.engine.record(slot))}"])
+
+    def table_shape(self, seq: str, table: tuple[int, ...]) -> None:
+        h = self.h
+        want = -(-len(h.reference.tokens(seq)) // h.block_size)
+        if len(table) != want:
+            self.fail(Invariant.REFCOUNTS,
+                      f"block table of {seq} holds {len(table)} block(s) for {len(h.reference.tokens(seq))} tokens",
+                      [f"expected: exactly {want} block(s) of {h.block_size} slots", f"found:    {list(table)}"])
+        bad = [block for block in table if not 0 <= block < h.num_blocks]
+        if bad:
+            self.fail(Invariant.REFCOUNTS, f"block table of {seq} names block(s) {bad} outside the pool",
+                      [f"expected: blocks in 0..{h.num_blocks - 1}", f"found:    {list(table)}"])
+
+    # -- invariants 3 and 4: refcounts and the free set ----------------------------------------------------------
+
+    def counts(self) -> Optional[PoolCounts]:
+        h = self.h
+        if not h.caps.introspection:
+            return None
+        return PoolCounts(len(h.allocator.free_blocks()), len(h.allocator.cached_blocks()),
+                          len(h.allocator.pending_blocks()))
+
+    def accounting(self, touched: Iterable[int]) -> None:
+        """Refcounts and set membership of the touched blocks, and the pool-wide counts identity."""
+        h = self.h
+        if not h.caps.introspection:
+            return
+        alloc = h.allocator
+        free, cached, pending = alloc.free_blocks(), alloc.cached_blocks(), alloc.pending_blocks()
+        for block in touched:
+            holders = h.refs.holders.get(block, ())
+            found = alloc.refcount(block)
+            if found != len(holders):
+                self.fail(Invariant.REFCOUNTS, f"block {block} has refcount {found}",
+                          [f"expected: {len(holders)}, the block-table entries referencing it: "
+                           f"{sorted(holders) or 'none'}", *h.engine.block_story(block)])
+            member_of = [name for name, blocks in (("free", free), ("cached", cached), ("pending", pending))
+                         if block in blocks]
+            if holders and member_of:
+                self.fail(Invariant.FREE_SET, f"block {block} is referenced by {sorted(holders)} yet listed as "
+                          f"{' and '.join(member_of)}", h.engine.block_story(block))
+            if not holders and len(member_of) != 1:
+                self.fail(Invariant.FREE_SET, f"unreferenced block {block} is in "
+                          f"{' and '.join(member_of) or 'none of the free, cached and pending sets'}",
+                          ["expected: exactly one of them", *h.engine.block_story(block)])
+        total = len(free) + len(cached) + len(pending) + h.refs.num_referenced()
+        if total != h.num_blocks:
+            self.fail(Invariant.FREE_SET, f"free + cached + pending + referenced = {len(free)} + {len(cached)} + "
+                      f"{len(pending)} + {h.refs.num_referenced()} = {total}",
+                      [f"expected: {h.num_blocks} (every block exactly once)"])
+
+    # -- invariant 5: exclusive writes ---------------------------------------------------------------------------
+
+    def exclusive(self, block: int, seq: str, what: str) -> None:
+        holders = self.h.refs.holders.get(block, set())
+        others = sorted(holder for holder in holders if holder[0] != seq)
+        if others or len(holders) != 1:
+            self.fail(Invariant.EXCLUSIVE_WRITES, f"{what} into block {block} while it is shared",
+                      [f"expected: block {block} referenced by {seq} alone (copy-on-write first)",
+                       f"found:    referenced by {sorted(holders)}", *self.h.engine.block_story(block)])
+
+    # -- invariant 6: non-reuse window ---------------------------------------------------------------------------
+
+    def window(self, blocks: Iterable[int], seq: str) -> None:
+        engine = self.h.engine
+        for block in blocks:
+            work = engine.late_work_by_block.get(block)
+            if work is not None:
+                completed = work.lands_at - engine.window
+                self.fail(Invariant.NON_REUSE_WINDOW,
+                          f"block {block} handed to {seq} for writing before its in-flight window closed",
+                          [f"block {block} was released by {work.released_by} while step {work.released_at} was "
+                           f"being scheduled ({f'step {completed}' if completed >= 0 else 'no step'} completed "
+                           f"yet); with W = {engine.window}, work issued before then may touch it until step "
+                           f"{work.lands_at} completes",
+                           f"found:    handed out while step {engine.next_step} is being scheduled, and step "
+                           f"{work.lands_at} has not completed", *engine.block_story(block)])
+
+    # -- invariants 7, 8 and 11: refusals ------------------------------------------------------------------------
+
+    def unchanged(self, invariant: Invariant, before: Optional[PoolCounts], error: Exception,
+                  absent: Optional[str] = None) -> None:
+        """After a refusal, every running table, the touched refcounts and the counts are as before."""
+        h = self.h
+        for seq, model in h.seqs.items():
+            if model.status is not Status.RUNNING:
+                continue
+            table = tuple(h.allocator.block_table(seq))
+            if table != model.table:
+                self.fail(invariant, f"refused with {type(error).__name__}, but {seq}'s block table changed",
+                          [f"refusal: {error}", f"expected: {list(model.table)}", f"found:    {list(table)}"])
+        if absent is not None:
+            try:
+                table = h.allocator.block_table(absent)
+            except Misuse:
+                pass
+            else:
+                self.fail(invariant, f"refused with {type(error).__name__}, but {absent} now has a block table",
+                          [f"refusal: {error}", f"found: {list(table)}"])
+        after = self.counts()
+        if after != before:
+            self.fail(invariant, f"refused with {type(error).__name__}, but the pool changed",
+                      [f"refusal: {error}", f"before: {before}", f"after:  {after}"])
+        self.accounting(h.refs.holders)
+
+    def not_false(self, needed: int, error: AllocatorError, host: bool = False) -> None:
+        """An out-of-blocks refusal while the free and evictable blocks cover the request is false."""
+        h = self.h
+        if host:
+            available = h.num_host_blocks - h.host_blocks_in_use()
+            where = "host pool"
+        else:
+            in_window = sum(1 for block in h.engine.late_work_by_block if block not in h.refs.holders)
+            available = h.num_blocks - h.refs.num_referenced() - in_window - h.caps.reserved_blocks
+            where = "device pool"
+        if needed <= available:
+            self.fail(Invariant.NO_FALSE_REFUSAL, f"refused for lack of blocks while the {where} could serve it",
+                      [f"refusal: {error}", f"needed:    at most {needed} block(s)",
+                       f"available: {available} unreferenced block(s) outside the in-flight window"
+                       + (f", beyond {h.caps.reserved_blocks} reserved" if not host and h.caps.reserved_blocks
+                          else "")])
+
+    # -- invariant 9: cache soundness ----------------------------------------------------------------------------
+
+    def cache_hit(self, seq: str, num_cached: int) -> None:
+        h = self.h
+        length = len(h.reference.tokens(seq))
+        if num_cached > length:
+            self.fail(Invariant.CACHE_SOUNDNESS, f"admit of {seq} reports {num_cached} cached tokens",
+                      [f"expected: at most the prompt's {length} tokens"])
+        if num_cached and not h.caps.prefix_cache:
+            self.fail(Invariant.CACHE_SOUNDNESS, f"admit of {seq} reports {num_cached} cached tokens",
+                      ["expected: 0: the allocator does not declare a prefix cache"])
+        size = h.block_size
+        table = h.seqs[seq].table
+        for position in range(num_cached):
+            slot = table[position // size] * size + position % size
+            record = h.engine.record(slot)
+            tag = h.reference.tags(seq)[position]
+            if record is None or record.tag != tag or record.step > h.engine.last_completed:
+                why = ("the step that put it there has not completed (last completed: "
+                       f"{h.engine.last_completed})" if record is not None and record.tag == tag
+                       else "it holds another prefix's K/V")
+                self.fail(Invariant.CACHE_SOUNDNESS,
+                          f"cache hit of {num_cached} tokens for {seq} covers position {position}, but {why}",
+                          [self.where(seq, position), f"expected: K/V of {self.prefix(seq, position)}, written "
+                           "by a completed step", f"found:    {self.found(record)}",
+                           *h.engine.block_story(slot // size)])
+
+    # -- invariant 10: quiescence --------------------------------------------------------------------------------
+
+    def quiescent(self) -> None:
+        h = self.h
+        alloc = h.allocator
+        if not h.caps.introspection:
+            return
+        for block in h.engine.history:
+            if alloc.refcount(block) != 0:
+                self.fail(Invariant.QUIESCENCE, f"every sequence is gone, yet block {block} has refcount "
+                          f"{alloc.refcount(block)}", h.engine.block_story(block))
+        free, cached, pending = alloc.free_blocks(), alloc.cached_blocks(), alloc.pending_blocks()
+        reusable = len(free) + (0 if h.caps.eviction else len(cached))
+        if reusable != h.num_blocks or len(pending):
+            lost = sorted(set(range(h.num_blocks)) - set(free) - set(cached))
+            self.fail(Invariant.QUIESCENCE, f"every sequence is gone and the cache reset, yet only {reusable} of "
+                      f"{h.num_blocks} blocks are free", [f"pending: {len(pending)}", f"leaked: {lost[:20]}",
+                                                        *(line for block in lost[:2]
+                                                          for line in h.engine.block_story(block))])
+        if not isinstance(free, collections.abc.Set) and len(set(free)) != len(free):
+            duplicated = sorted(block for block, n in collections.Counter(free).items() if n > 1)
+            self.fail(Invariant.QUIESCENCE, f"the free set lists block(s) {duplicated} more than once",
+                      h.engine.block_story(duplicated[0]))

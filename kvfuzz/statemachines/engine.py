@@ -1,0 +1,197 @@
+"""The engine model: physical K/V pools on a torch device, shadow records of who wrote every slot, a host pool for
+swap, and steps that run up to W ahead of their completion.
+
+kvfuzz writes and copies K/V only where the allocator says. Every slot's shadow record names the write that put its
+content there, so a wrong read can be traced to the sequence, position and step that produced it. Work in flight
+when a block is released (the last steps' writes, a swap copy, an offload job) may land as late as the completion of
+step c + W, where c was the last completed step at the release: the engine makes it land exactly then, after any
+newer write, so a block handed out again too early is observably corrupted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, Optional
+
+import attrs
+import torch
+
+from kvfuzz.allocator.types import Namespace, SeqId
+from kvfuzz.reference.content import ModelShape, kv_for_tags
+
+_HISTORY_LENGTH = 8
+
+
+@attrs.frozen
+class SlotWrite:
+    """The write whose K/V a slot holds: the K/V of ``seq``'s prefix up to ``position``.
+
+    ``step`` is the step whose work put it in this slot (the write, or the copy that brought it); ``via`` says how
+    it got here when that was not a direct write.
+    """
+
+    tag: int
+    seq: SeqId
+    namespace: Namespace
+    position: int
+    step: int
+    via: str = ""
+
+    def describe(self) -> str:
+        how = f" ({self.via})" if self.via else ""
+        return (f"K/V of sequence {self.seq} (namespace {self.namespace!r}) position {self.position}, "
+                f"put here by step {self.step}{how}")
+
+
+@attrs.frozen
+class LateWork:
+    """In-flight work on a released block: it lands when step ``lands_at`` completes and rewrites what it held."""
+
+    block: int
+    released_by: SeqId
+    released_at: int
+    lands_at: int
+    writes: tuple[tuple[int, SlotWrite], ...]
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+class Engine:
+    """Physical pools, shadow records, steps and late in-flight work for one example."""
+
+    def __init__(self, shape: ModelShape, block_size: int, num_blocks: int, num_host_blocks: int,
+                 window: int) -> None:
+        self.shape = shape
+        self.block_size = block_size
+        self.window = window
+        row = shape.kv_row_shape
+        self.keys = torch.empty((num_blocks * block_size, *row), dtype=shape.dtype, device=shape.device)
+        self.values = torch.empty_like(self.keys)
+        self.host_keys = torch.empty((num_host_blocks * block_size, *row), dtype=shape.dtype, device=shape.device)
+        self.host_values = torch.empty_like(self.host_keys)
+        self.shadow: dict[int, SlotWrite] = {}
+        self.host_shadow: dict[int, SlotWrite] = {}
+        self.next_step = 0
+        self.last_completed = -1
+        self._in_flight: deque[int] = deque()
+        self._late_work: dict[int, list[LateWork]] = {}
+        self.late_work_by_block: dict[int, LateWork] = {}
+        self.history: dict[int, deque[str]] = {}
+        self.dirty: set[int] = set()
+
+    # -- writes and copies ---------------------------------------------------------------------------------------
+
+    def write(self, slots: list[int], writes: list[SlotWrite]) -> None:
+        """Write the K/V of each tagged position into its slot (the writes of the step being launched)."""
+        keys, values = kv_for_tags([w.tag for w in writes], self.shape)
+        index = torch.tensor(slots, device=self.keys.device)
+        self.keys[index] = keys
+        self.values[index] = values
+        self.shadow.update(zip(slots, writes))
+        self.dirty.update(slots)
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy-on-write: the whole of block ``src`` into block ``dst``, as part of the next step's work."""
+        self._copy(self.keys, self.values, self.shadow, src, self.keys, self.values, self.shadow, dst,
+                   f"copied from block {src}")
+
+    def swap_to_host(self, block: int, host_block: int) -> None:
+        self._copy(self.keys, self.values, self.shadow, block, self.host_keys, self.host_values, self.host_shadow,
+                   host_block, f"swapped out from block {block}", mark_dirty=False)
+
+    def swap_from_host(self, host_block: int, block: int) -> None:
+        self._copy(self.host_keys, self.host_values, self.host_shadow, host_block, self.keys, self.values,
+                   self.shadow, block, f"swapped in from host block {host_block}")
+
+    def _copy(self, src_keys: torch.Tensor, src_values: torch.Tensor, src_shadow: dict[int, SlotWrite], src: int,
+              dst_keys: torch.Tensor, dst_values: torch.Tensor, dst_shadow: dict[int, SlotWrite], dst: int,
+              via: str, mark_dirty: bool = True) -> None:
+        size = self.block_size
+        src_rows, dst_rows = slice(src * size, (src + 1) * size), slice(dst * size, (dst + 1) * size)
+        dst_keys[dst_rows] = src_keys[src_rows]
+        dst_values[dst_rows] = src_values[src_rows]
+        for offset in range(size):
+            record = src_shadow.get(src * size + offset)
+            if record is None:
+                dst_shadow.pop(dst * size + offset, None)
+            else:
+                dst_shadow[dst * size + offset] = attrs.evolve(record, step=self.next_step, via=via)
+        if mark_dirty:
+            self.dirty.update(range(dst * size, (dst + 1) * size))
+
+    # -- steps and late work -------------------------------------------------------------------------------------
+
+    def launch_step(self) -> int:
+        """Start the next step; its writes have landed when this returns."""
+        step = self.next_step
+        self.next_step += 1
+        self._in_flight.append(step)
+        return step
+
+    def steps_to_complete(self, drain: bool = False) -> list[int]:
+        """The in-flight steps that complete now: all beyond the window (or all of them when draining)."""
+        keep = 0 if drain else self.window
+        done = []
+        while len(self._in_flight) > keep:
+            done.append(self._in_flight.popleft())
+        return done
+
+    def complete_step(self, step: int) -> None:
+        """Step ``step`` completes: the late work due now lands, after every newer write."""
+        self.last_completed = step
+        for work in self._late_work.pop(step, ()):
+            if self.late_work_by_block.get(work.block) is work:
+                del self.late_work_by_block[work.block]
+            self._land(work)
+
+    def release(self, block: int, seq: SeqId) -> None:
+        """No live sequence references ``block`` any more; work in flight on it may still land later."""
+        lands_at = self.last_completed + self.window
+        if lands_at <= self.last_completed:
+            return
+        size = self.block_size
+        writes = tuple((offset, self.shadow[block * size + offset]) for offset in range(size)
+                       if block * size + offset in self.shadow)
+        rows = slice(block * size, (block + 1) * size)
+        work = LateWork(block, seq, self.next_step, lands_at, writes, self.keys[rows].clone(),
+                        self.values[rows].clone())
+        self._late_work.setdefault(lands_at, []).append(work)
+        self.late_work_by_block[block] = work
+
+    def _land(self, work: LateWork) -> None:
+        size = self.block_size
+        for offset, record in work.writes:
+            slot = work.block * size + offset
+            current = self.shadow.get(slot)
+            if current is not None and current.tag == record.tag:
+                continue
+            self.keys[slot] = work.keys[offset]
+            self.values[slot] = work.values[offset]
+            self.shadow[slot] = attrs.evolve(
+                record, via=f"late in-flight work from before block {work.block} was released by "
+                            f"{work.released_by} at step {work.released_at}, landing as step {work.lands_at} "
+                            f"completed")
+            self.dirty.add(slot)
+
+    # -- provenance ----------------------------------------------------------------------------------------------
+
+    def note(self, block: int, event: str) -> None:
+        """Record an event in the block's short history, for explanations."""
+        self.history.setdefault(block, deque(maxlen=_HISTORY_LENGTH)).append(f"step {self.next_step}: {event}")
+
+    def block_story(self, block: int) -> list[str]:
+        events = self.history.get(block)
+        if not events:
+            return [f"block {block} history: (no events recorded)"]
+        return [f"block {block} history (latest last):"] + [f"  {event}" for event in events]
+
+    def take_dirty(self) -> set[int]:
+        dirty, self.dirty = self.dirty, set()
+        return dirty
+
+    def record(self, slot: int) -> Optional[SlotWrite]:
+        return self.shadow.get(slot)
+
+    def rows(self, slots: Iterable[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.tensor(list(slots), device=self.keys.device)
+        return self.keys[index], self.values[index]

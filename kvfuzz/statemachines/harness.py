@@ -1,0 +1,448 @@
+"""The engine kvfuzz plays around an allocator: each operation calls the allocator, performs what it orders
+(writes, copies, swaps), updates the expected model and the contiguous reference, and checks the invariants.
+
+The harness knows only the contract, never a particular allocator. It is driven by the Hypothesis machine, and can
+be driven by hand (a replayed trace, a unit test) through the same methods.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import Callable, Optional, TypeVar
+
+import attrs
+import torch
+
+from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
+from kvfuzz.allocator.protocol import PagedAllocator
+from kvfuzz.allocator.types import Namespace, SeqId, Tokens
+from kvfuzz.reference.attention import attend
+from kvfuzz.reference.contiguous import ContiguousReference
+from kvfuzz.statemachines.checks import Checks
+from kvfuzz.statemachines.config import MachineConfig
+from kvfuzz.statemachines.engine import Engine, SlotWrite
+from kvfuzz.statemachines.model import BlockRefs, SeqModel, Status, TableChange
+from kvfuzz.statemachines.violations import Invariant
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class MisuseCall:
+    """A call that breaks the contract and must be refused with a :class:`~kvfuzz.allocator.errors.Misuse`."""
+
+    op: str
+    args: tuple
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.op}{self.args!r}"
+
+
+class Harness:
+    """One example's engine, model and reference around one allocator."""
+
+    def __init__(self, allocator: PagedAllocator, config: MachineConfig, stats: Optional[Counter] = None) -> None:
+        self.allocator = allocator
+        self.caps = allocator.capabilities
+        self.config = config
+        self.block_size = allocator.block_size
+        self.num_blocks = allocator.num_blocks
+        self.num_host_blocks = allocator.num_host_blocks if self.caps.swap else 0
+        mismatch = [name for name, want in (("block_size", config.block_size), ("num_blocks", config.num_blocks))
+                    if getattr(allocator, name) != want]
+        if mismatch:
+            raise ValueError(f"allocator geometry {mismatch} differs from the machine config {config}")
+        self.engine = Engine(config.shape, self.block_size, self.num_blocks, self.num_host_blocks,
+                             self.caps.inflight_window)
+        self.reference = ContiguousReference(config.shape)
+        self.seqs: dict[SeqId, SeqModel] = {}
+        self.refs = BlockRefs()
+        self.finished: list[SeqId] = []
+        self.stats = stats if stats is not None else Counter()
+        self.check = Checks(self)
+        self.operation = "setup"
+        self._ids = itertools.count()
+
+    # -- queries for the machine ---------------------------------------------------------------------------------
+
+    def new_id(self) -> SeqId:
+        return f"s{next(self._ids)}"
+
+    def ids(self, status: Status) -> list[SeqId]:
+        return [seq for seq, model in self.seqs.items() if model.status is status]
+
+    def computed_ids(self) -> list[SeqId]:
+        """Running sequences whose every token has been written by a step."""
+        return [seq for seq, model in self.seqs.items()
+                if model.status is Status.RUNNING and model.written == len(self.reference.tokens(seq))]
+
+    def length(self, seq: SeqId) -> int:
+        return len(self.reference.tokens(seq))
+
+    def host_blocks_in_use(self) -> int:
+        return sum(len(model.host_table) for model in self.seqs.values())
+
+    # -- operations ----------------------------------------------------------------------------------------------
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> bool:
+        """A new request; returns whether it was admitted."""
+        self._begin("admit", seq, namespace, tokens)
+        result = self._attempt(lambda: self.allocator.admit(seq, namespace, tokens), self._blocks(len(tokens)),
+                               absent=seq)
+        if result is None:
+            return False
+        self.reference.add(seq, namespace, tokens)
+        self._admitted(seq, result.block_table, result.num_cached_tokens)
+        return True
+
+    def readmit(self, seq: SeqId) -> bool:
+        """A preempted request comes back with every token it had; returns whether it was admitted."""
+        namespace, tokens = self.reference.namespace(seq), tuple(self.reference.tokens(seq))
+        self._begin("readmit", seq)
+        result = self._attempt(lambda: self.allocator.admit(seq, namespace, tokens), self._blocks(len(tokens)),
+                               absent=seq)
+        if result is None:
+            return False
+        self._admitted(seq, result.block_table, result.num_cached_tokens)
+        return True
+
+    def grow(self, seq: SeqId, tokens: Tokens) -> bool:
+        """Append tokens (decode, a chunk, speculative drafts); returns whether the allocator found room."""
+        model = self.seqs[seq]
+        old_len = self.length(seq)
+        self._begin("grow", seq, tokens)
+        needed = self._blocks(old_len + len(tokens)) - len(model.table) + (old_len % self.block_size != 0)
+        result = self._attempt(lambda: self.allocator.grow(seq, tokens), needed)
+        if result is None:
+            return False
+        for copy in result.copies:
+            self.engine.copy_block(copy.src, copy.dst)
+            self.stats["copy-on-write copies"] += 1
+        self.reference.extend(seq, tokens)
+        table = self._table(seq)
+        size = self.block_size
+        for position, slot in enumerate(result.slots, start=old_len):
+            want = (table[position // size], position % size)
+            if (slot.block, slot.offset) != want:
+                self.check.fail(Invariant.CONTENT, f"grow returned slot (block {slot.block}, offset {slot.offset}) "
+                                f"for {seq} position {position}",
+                                [f"expected: (block {want[0]}, offset {want[1]}) as its block table says: "
+                                 f"{list(table)}"])
+        if len(result.slots) != len(tokens):
+            self.check.fail(Invariant.CONTENT, f"grow of {len(tokens)} tokens returned {len(result.slots)} slots")
+        change = self._set_table(seq, table, "grown into")
+        for copy in result.copies:
+            self.check.exclusive(copy.dst, seq, f"copy-on-write copy from block {copy.src}")
+        self.check.window(set(table[old_len // size:]) | {copy.dst for copy in result.copies}, seq)
+        self._settle(change)
+        return True
+
+    def fork(self, parent: SeqId, child: SeqId) -> bool:
+        """Parallel sampling or beam search: ``child`` shares all of ``parent``'s blocks."""
+        self._begin("fork", parent, child)
+        if self._attempt(lambda: self.allocator.fork(parent, child), 0, absent=child, returns_none=True) is None:
+            return False
+        self.reference.fork(parent, child)
+        self.seqs[child] = SeqModel(child, Status.RUNNING, written=self.seqs[parent].written)
+        table = self._table(child)
+        if table != self.seqs[parent].table:
+            self.check.fail(Invariant.REFCOUNTS, f"fork gave {child} a block table unlike its parent {parent}'s",
+                            [f"expected: {list(self.seqs[parent].table)} (shared)", f"found:    {list(table)}"])
+        self._settle(self._set_table(child, table, "shared by fork with"))
+        self.stats["forks"] += 1
+        return True
+
+    def free(self, seq: SeqId) -> None:
+        """The request finished or was cancelled (possibly before its first step)."""
+        self._begin("free", seq)
+        self._call(lambda: self.allocator.free(seq))
+        change = self._set_table(seq, (), "released (free) by")
+        del self.seqs[seq]
+        self.reference.remove(seq)
+        self.finished.append(seq)
+        self._settle(change)
+
+    def preempt(self, seq: SeqId) -> None:
+        """Release a running sequence for recomputation; it keeps its tokens and waits to be readmitted."""
+        self._begin("preempt", seq)
+        self._call(lambda: self.allocator.preempt(seq))
+        change = self._set_table(seq, (), "released (preempt) by")
+        self.seqs[seq].status, self.seqs[seq].written = Status.PREEMPTED, 0
+        self._settle(change)
+
+    def swap_out(self, seq: SeqId) -> bool:
+        """Move a running sequence's K/V to the host pool."""
+        model = self.seqs[seq]
+        self._begin("swap_out", seq)
+        result = self._attempt(lambda: self.allocator.swap_out(seq), len(model.table), host=True)
+        if result is None:
+            return False
+        host_of = dict(result.mapping)
+        if sorted(host_of) != sorted(model.table) or len(result.mapping) != len(model.table):
+            self.check.fail(Invariant.CONTENT, f"swap-out of {seq} maps device blocks {sorted(host_of)}",
+                            [f"expected: its block table {list(model.table)}, each once"])
+        in_use = {block for other in self.seqs.values() for block in other.host_table}
+        clash = sorted(set(host_of.values()) & in_use)
+        if clash or len(set(host_of.values())) != len(host_of):
+            self.check.fail(Invariant.CONTENT, f"swap-out of {seq} reuses host block(s) {clash or host_of}",
+                            ["expected: distinct host blocks no other swapped-out sequence holds"])
+        for block, host_block in result.mapping:
+            self.engine.swap_to_host(block, host_block)
+        host_table = tuple(host_of[block] for block in model.table)
+        change = self._set_table(seq, (), "released (swap-out) by")
+        model.status, model.host_table = Status.SWAPPED, host_table
+        self.stats["swapped out blocks"] += len(host_table)
+        self._settle(change)
+        return True
+
+    def swap_in(self, seq: SeqId) -> bool:
+        """Bring a swapped-out sequence back to the device."""
+        model = self.seqs[seq]
+        self._begin("swap_in", seq)
+        result = self._attempt(lambda: self.allocator.swap_in(seq), len(model.host_table))
+        if result is None:
+            return False
+        if sorted(src for src, _ in result.mapping) != sorted(model.host_table):
+            self.check.fail(Invariant.CONTENT, f"swap-in of {seq} copies host blocks "
+                            f"{sorted(src for src, _ in result.mapping)}",
+                            [f"expected: the host blocks it was swapped out to, {list(model.host_table)}"])
+        for host_block, block in result.mapping:
+            self.engine.swap_from_host(host_block, block)
+        model.status, model.host_table = Status.RUNNING, ()
+        table = self._table(seq)
+        change = self._set_table(seq, table, "swapped in for")
+        for _, block in result.mapping:
+            self.check.exclusive(block, seq, "swap-in copy")
+        self.check.window({block for _, block in result.mapping}, seq)
+        self.stats["swapped in blocks"] += len(result.mapping)
+        self._settle(change, positions=[(seq, position) for position in range(model.written)])
+        return True
+
+    def rollback(self, seq: SeqId, num_tokens: int) -> None:
+        """Drop the last tokens (rejected speculative drafts)."""
+        self._begin("rollback", seq, num_tokens)
+        self._call(lambda: self.allocator.rollback(seq, num_tokens))
+        model = self.seqs[seq]
+        new_len = self.length(seq) - num_tokens
+        self.reference.truncate(seq, new_len)
+        model.written = min(model.written, new_len)
+        self._settle(self._set_table(seq, self._table(seq), "kept after rollback by"))
+
+    def evict(self, num_blocks: int) -> None:
+        self._begin("evict", num_blocks)
+        before = set(self.allocator.cached_blocks()) if self.caps.introspection else set()
+        dropped = self._call(lambda: self.allocator.evict(num_blocks))
+        if not 0 <= dropped <= num_blocks:
+            self.check.fail(Invariant.FREE_SET, f"evict({num_blocks}) reports {dropped} blocks dropped",
+                            [f"expected: between 0 and {num_blocks}"])
+        self.stats["evicted blocks"] += dropped
+        evicted = before - set(self.allocator.cached_blocks()) if self.caps.introspection else set()
+        for block in evicted:
+            self.engine.note(block, "evicted from the cache")
+        self._settle(TableChange(frozenset(evicted), (), ()))
+
+    def reset_cache(self) -> None:
+        self._begin("reset_cache")
+        self._call(self.allocator.reset_cache)
+        if self.caps.introspection and len(self.allocator.cached_blocks()):
+            self.check.fail(Invariant.FREE_SET, f"reset_cache left {len(self.allocator.cached_blocks())} cached "
+                            "unreferenced block(s)", ["expected: none"])
+        self._settle(TableChange(frozenset(), (), ()))
+
+    def step(self) -> int:
+        """One forward pass: write the K/V of every new token, then every running sequence attends."""
+        self._begin("step")
+        size = self.block_size
+        slots, writes = [], []
+        step = self.engine.next_step
+        for seq, model in self.seqs.items():
+            if model.status is not Status.RUNNING:
+                continue
+            tags, namespace = self.reference.tags(seq), self.reference.namespace(seq)
+            for position in range(model.written, len(tags)):
+                block = model.table[position // size]
+                self.check.exclusive(block, seq, f"step {step} writes {seq} position {position}")
+                slots.append(block * size + position % size)
+                writes.append(SlotWrite(tags[position], seq, namespace, position, step))
+            model.written = len(tags)
+        self.engine.launch_step()
+        if slots:
+            self.engine.write(slots, writes)
+        self.stats["tokens written"] += len(slots)
+        self.check.content(self.engine.take_dirty())
+        self._attention()
+        self._complete(self.engine.steps_to_complete())
+        return step
+
+    def misuse(self, call: MisuseCall) -> None:
+        """A call that breaks the contract: it must raise a Misuse error and change nothing."""
+        self._begin("misuse", call)
+        before = self.check.counts()
+        try:
+            getattr(self.allocator, call.op)(*call.args)
+        except Misuse as error:
+            self.check.unchanged(Invariant.MISUSE, before, error)
+        except Exception as error:  # noqa: BLE001 -- any other exception type is the finding
+            self.check.fail(Invariant.MISUSE, f"{call} ({call.why}) raised {type(error).__name__}: {error}",
+                            ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"])
+        else:
+            self.check.fail(Invariant.MISUSE, f"{call} ({call.why}) was accepted silently",
+                            ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"])
+        self.stats["misuse calls refused"] += 1
+
+    def misuse_calls(self) -> list[MisuseCall]:
+        """The contract-breaking calls that make sense in the current state."""
+        calls = [MisuseCall("grow", ("nobody", (1,)), "nobody was ever admitted")]
+        for seq in self.finished[-1:]:
+            calls += [MisuseCall("free", (seq,), f"{seq} was already freed"),
+                      MisuseCall("grow", (seq, (1,)), f"{seq} was freed")]
+        for seq in self.computed_ids()[:1]:
+            calls += [MisuseCall("admit", (seq, (), (1,)), f"{seq} is live"),
+                      MisuseCall("grow", (seq, ()), "no tokens"),
+                      MisuseCall("rollback", (seq, self.length(seq)), "would drop every token")]
+            if self.caps.fork:
+                calls.append(MisuseCall("fork", ("nobody", seq), f"unknown parent, and {seq} is live"))
+            if self.caps.swap:
+                calls.append(MisuseCall("swap_in", (seq,), f"{seq} is not swapped out"))
+        for seq in self.ids(Status.PREEMPTED)[:1]:
+            calls.append(MisuseCall("grow", (seq, (1,)), f"{seq} is preempted"))
+        return calls
+
+    def quiesce(self) -> None:
+        """Invariant 10: once every sequence is gone and the in-flight work done, every block is free."""
+        for seq in list(self.seqs):
+            if self.seqs[seq].status is Status.PREEMPTED:
+                del self.seqs[seq]
+                self.reference.remove(seq)
+            else:
+                self.free(seq)
+        self._begin("quiesce")
+        self._complete(self.engine.steps_to_complete(drain=True))
+        while self.engine.late_work_by_block:
+            self.engine.launch_step()
+            self._complete(self.engine.steps_to_complete(drain=True))
+        if self.caps.eviction:
+            self._call(self.allocator.reset_cache)
+        if self.caps.introspection:
+            self.check.quiescent()
+        else:
+            self._probe_whole_pool()
+
+    # -- the engine's side of each operation ---------------------------------------------------------------------
+
+    def _begin(self, op: str, *args: object) -> None:
+        self.operation = f"{op}({', '.join(repr(arg) if not isinstance(arg, MisuseCall) else str(arg) for arg in args)})"
+        self.stats[op] += 1
+
+    def _blocks(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _call(self, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except AllocatorError as error:
+            self.check.fail(Invariant.MISUSE, f"a valid call was refused with {type(error).__name__}: {error}",
+                            ["expected: the call to succeed"])
+
+    def _attempt(self, call: Callable[[], T], needed: int, absent: Optional[SeqId] = None, host: bool = False,
+                 returns_none: bool = False) -> Optional[T]:
+        """Run an operation that may be refused for lack of space; check a refusal is clean and justified."""
+        before = self.check.counts()
+        try:
+            result = call()
+        except OutOfBlocks as error:
+            self.stats["refused (out of blocks)"] += 1
+            self.check.unchanged(Invariant.ATOMIC_REFUSAL, before, error, absent)
+            self.check.not_false(needed, error, host)
+            return None
+        except AllocatorError as error:
+            self.check.fail(Invariant.MISUSE, f"a valid call was refused with {type(error).__name__}: {error}",
+                            ["expected: the call to succeed, or OutOfBlocks"])
+        return True if returns_none else result
+
+    def _table(self, seq: SeqId) -> tuple[int, ...]:
+        table = tuple(self.allocator.block_table(seq))
+        self.check.table_shape(seq, table)
+        return table
+
+    def _admitted(self, seq: SeqId, reported: tuple[int, ...], num_cached: int) -> None:
+        model = self.seqs.setdefault(seq, SeqModel(seq, Status.RUNNING))
+        model.status, model.written = Status.RUNNING, num_cached
+        table = self._table(seq)
+        if table != tuple(reported):
+            self.check.fail(Invariant.CONTENT, f"admit returned block table {list(reported)} for {seq}",
+                            [f"found: block_table({seq!r}) says {list(table)}"])
+        change = self._set_table(seq, table, "admitted as")
+        self.check.cache_hit(seq, num_cached)
+        self.check.window(table[num_cached // self.block_size:], seq)
+        if num_cached:
+            self.stats["cache hits"] += 1
+            self.stats["cache-hit tokens"] += num_cached
+        self._settle(change)
+
+    def _set_table(self, seq: SeqId, table: tuple[int, ...], event: str) -> TableChange:
+        """Record ``seq``'s new table; released blocks start their in-flight window."""
+        model = self.seqs[seq]
+        change = self.refs.replace(seq, model.table, table)
+        model.table = table
+        for index, block in enumerate(table):
+            if block in change.acquired:
+                self.engine.note(block, f"{event} {seq} as logical block {index}")
+        for block in change.released:
+            self.engine.note(block, f"{event} {seq}")
+            self.engine.release(block, seq)
+        return change
+
+    def _settle(self, change: TableChange, positions: list[tuple[SeqId, int]] = ()) -> None:
+        """After an operation: content of what it touched, then refcounts and the free set."""
+        self.check.content(self.engine.take_dirty(), positions)
+        self.check.accounting(change.touched)
+
+    def _complete(self, steps: list[int]) -> None:
+        for step in steps:
+            self.engine.complete_step(step)
+            self._call(lambda: self.allocator.step_completed(step))
+        self.check.content(self.engine.take_dirty())
+
+    def _attention(self) -> None:
+        """Invariant 2: attention through the block tables equals attention over the contiguous reference."""
+        seqs = [seq for seq in self.ids(Status.RUNNING) if self.length(seq)]
+        if not seqs:
+            return
+        size = self.block_size
+        lengths = [self.length(seq) for seq in seqs]
+        longest = max(lengths)
+        index = torch.zeros((len(seqs), longest), dtype=torch.int64)
+        for row, seq in enumerate(seqs):
+            table = self.seqs[seq].table
+            index[row, :lengths[row]] = torch.tensor([table[p // size] * size + p % size
+                                                      for p in range(lengths[row])])
+        valid = (torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1))
+        valid = valid.to(self.engine.keys.device)[:, :, None, None, None]
+        index = index.to(self.engine.keys.device)
+        keys = torch.where(valid, self.engine.keys[index], 0)
+        values = torch.where(valid, self.engine.values[index], 0)
+        queries = self.reference.queries(seqs)
+        paged = attend(queries, keys, values, torch.tensor(lengths))
+        expected = self.reference.attention(seqs, queries)
+        if torch.equal(paged, expected):
+            return
+        row = int((paged != expected).flatten(1).any(1).nonzero()[0])
+        seq = seqs[row]
+        self.check.fail(Invariant.ATTENTION, f"attention of {seq} through its block table differs from the "
+                        "contiguous reference", [f"max abs difference {float((paged[row] - expected[row]).abs().max())}",
+                                                 f"block table: {list(self.seqs[seq].table)}"])
+
+    def _probe_whole_pool(self) -> None:
+        """Without introspection, leaks show as a refusal: one sequence must fit in the whole pool."""
+        usable = self.num_blocks - self.caps.reserved_blocks
+        probe = self.new_id()
+        tokens = tuple(itertools.islice(itertools.cycle(range(97, 101)), usable * self.block_size))
+        try:
+            self.allocator.admit(probe, ("kvfuzz-quiescence-probe",), tokens)
+        except OutOfBlocks as error:
+            self.check.fail(Invariant.QUIESCENCE, f"every sequence is gone, yet a {usable}-block sequence is "
+                            f"refused: {error}", ["some blocks leaked"])
+        self.allocator.free(probe)

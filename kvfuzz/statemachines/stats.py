@@ -1,0 +1,33 @@
+"""Counters a run keeps across all its examples: operations exercised, examples, steps, and the first failure."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Callable, Optional
+
+import attrs
+
+
+@attrs.define
+class RunStats:
+    """Mutable tallies of one run. ``operations`` counts every operation and outcome by name."""
+
+    operations: Counter = attrs.field(factory=Counter)
+    examples: int = 0
+    steps: int = 0
+    started: float = attrs.field(factory=time.perf_counter)
+    first_failure_examples: Optional[int] = None
+    first_failure_seconds: Optional[float] = None
+    on_step: Optional[Callable[["RunStats"], None]] = None
+
+    def count_step(self) -> None:
+        self.steps += 1
+        if self.on_step is not None:
+            self.on_step(self)
+
+    def failed(self) -> None:
+        """A rule raised: remember when the first failure of the run happened (before any shrinking)."""
+        if self.first_failure_examples is None:
+            self.first_failure_examples = self.examples
+            self.first_failure_seconds = time.perf_counter() - self.started

@@ -1,0 +1,38 @@
+"""How the machine draws requests: prompts that share prefixes often, and namespaces that differ subtly.
+
+Prompts are a shared "system prompt" (lengths chosen around block boundaries) followed by a short suffix over a tiny
+vocabulary, so equal prefixes, equal full blocks and near misses are common. Namespaces include pairs whose parts
+concatenate to the same string, and the same tokens are drawn under several namespaces.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from kvfuzz.allocator.types import Namespace
+
+VOCABULARY = 4
+
+NAMESPACES: tuple[Namespace, ...] = ((), ("lora-7",), ("ab", "c"), ("a", "bc"), ("salt:x",))
+
+
+def system_prompts(block_size: int) -> list[tuple[int, ...]]:
+    """Shared prefixes just below, at, and just past block boundaries."""
+    lengths = sorted({0, block_size - 1, block_size, 2 * block_size, 2 * block_size + 1})
+    return [tuple((i * 7 + length) % VOCABULARY for i in range(length)) for length in lengths if length >= 0]
+
+
+def prompts(block_size: int) -> st.SearchStrategy[tuple[int, ...]]:
+    suffixes = st.lists(st.integers(0, VOCABULARY - 1), max_size=block_size + 2).map(tuple)
+    return st.builds(lambda system, suffix: (system + suffix) or (0,),
+                     st.sampled_from(system_prompts(block_size)), suffixes)
+
+
+def namespaces(enabled: bool) -> st.SearchStrategy[Namespace]:
+    return st.sampled_from(NAMESPACES if enabled else ((),))
+
+
+def appended_tokens(block_size: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """A decode step (one token) most often, else a chunk or a run of speculative drafts."""
+    return st.one_of(st.tuples(st.integers(0, VOCABULARY - 1)),
+                     st.lists(st.integers(0, VOCABULARY - 1), min_size=2, max_size=block_size + 1).map(tuple))

@@ -1,0 +1,66 @@
+"""The invariants kvfuzz checks, and the error that reports one broken, written for a person to read."""
+
+from __future__ import annotations
+
+import enum
+from typing import Sequence
+
+
+class Invariant(enum.Enum):
+    """DESIGN.md's invariants, numbered as there."""
+
+    CONTENT = (1, "content")
+    ATTENTION = (2, "attention")
+    REFCOUNTS = (3, "refcounts")
+    FREE_SET = (4, "free set")
+    EXCLUSIVE_WRITES = (5, "exclusive writes")
+    NON_REUSE_WINDOW = (6, "non-reuse window")
+    ATOMIC_REFUSAL = (7, "atomic refusal")
+    NO_FALSE_REFUSAL = (8, "no false refusal")
+    CACHE_SOUNDNESS = (9, "cache soundness")
+    QUIESCENCE = (10, "quiescence")
+    MISUSE = (11, "misuse")
+
+    @property
+    def number(self) -> int:
+        return self.value[0]
+
+    @property
+    def title(self) -> str:
+        return self.value[1]
+
+    def __str__(self) -> str:
+        return f"invariant {self.number} ({self.title})"
+
+
+class InvariantViolation(AssertionError):
+    """One invariant broken by one operation: what was expected, what was found, and where it came from."""
+
+    def __init__(self, invariant: Invariant, operation: str, step: int, summary: str,
+                 details: Sequence[str] = ()) -> None:
+        self.invariant = invariant
+        self.operation = operation
+        self.step = step
+        self.summary = summary
+        self.details = tuple(details)
+        super().__init__(self.explain())
+
+    def explain(self) -> str:
+        lines = [f"{self.invariant} violated by {self.operation} (scheduling step {self.step}):", f"  {self.summary}"]
+        lines.extend(f"  {line}" for line in self.details)
+        return "\n".join(lines)
+
+
+def _violation_type(invariant: Invariant) -> type[InvariantViolation]:
+    name = "".join(word.capitalize() for word in invariant.name.split("_")) + "Violation"
+    return type(name, (InvariantViolation,), {"__doc__": f"{invariant} broken.", "__module__": __name__})
+
+
+VIOLATION_TYPES: dict[Invariant, type[InvariantViolation]] = {inv: _violation_type(inv) for inv in Invariant}
+"""One exception type per invariant, so that Hypothesis shrinks each kind of failure as a distinct bug instead of
+trading one invariant's failure for another's while shrinking."""
+
+
+def violation(invariant: Invariant, operation: str, step: int, summary: str,
+              details: Sequence[str] = ()) -> InvariantViolation:
+    return VIOLATION_TYPES[invariant](invariant, operation, step, summary, details)

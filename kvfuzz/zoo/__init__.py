@@ -1,0 +1,70 @@
+"""The zoo: broken allocators, each one realistic slip away from kvfuzz's correct allocator, with the invariant
+kvfuzz must name when it catches it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+
+from kvfuzz.allocator.paged import PagedAllocator
+from kvfuzz.allocator.types import PoolSpec
+from kvfuzz.statemachines.violations import Invariant
+from kvfuzz.zoo import variants
+
+
+@attrs.frozen
+class Variant:
+    """One broken allocator: its class, the DESIGN.md bug class it belongs to, the invariant that must catch it,
+    and the in-flight window it declares."""
+
+    allocator: type[PagedAllocator]
+    bug_class: str
+    expected: Invariant
+    window: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.allocator.__name__
+
+    @property
+    def description(self) -> str:
+        return " ".join((self.allocator.__doc__ or "").split())
+
+    def factory(self) -> Callable[[PoolSpec], PagedAllocator]:
+        def build(spec: PoolSpec) -> PagedAllocator:
+            return self.allocator(spec.block_size, spec.num_blocks, spec.num_host_blocks,
+                                  inflight_window=self.window)
+        build.__name__ = self.name
+        return build
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(variants.KeyWithoutNamespace, "1 incomplete cache key", Invariant.CACHE_SOUNDNESS),
+    Variant(variants.KeyConcatenatesNamespace, "1 ambiguous cache key", Invariant.CACHE_SOUNDNESS),
+    Variant(variants.LeakOnCancel, "2 leak on cancel", Invariant.FREE_SET),
+    Variant(variants.OpaqueLeakOnCancel, "2 leak on cancel", Invariant.QUIESCENCE),
+    Variant(variants.ImmediateReuse, "3 reuse before in-flight work finished", Invariant.NON_REUSE_WINDOW),
+    Variant(variants.DroppedDeferredFree, "3 dropped deferred free", Invariant.QUIESCENCE, window=2),
+    Variant(variants.FreeForgetsSharedRefcount, "4 refcount under-count", Invariant.REFCOUNTS),
+    Variant(variants.ReleasedTwiceOnPreempt, "4 double free", Invariant.REFCOUNTS),
+    Variant(variants.MatchableAtAllocation, "5 matchable before written", Invariant.CACHE_SOUNDNESS),
+    Variant(variants.LeakyRefusal, "6 accounting drift", Invariant.ATOMIC_REFUSAL),
+    Variant(variants.FalseOutOfBlocks, "6 accounting drift", Invariant.NO_FALSE_REFUSAL),
+    Variant(variants.NonAtomicHostRefusal, "6 accounting drift", Invariant.ATOMIC_REFUSAL),
+    Variant(variants.UnlockedPrefix, "7 matched prefix not locked", Invariant.REFCOUNTS),
+    Variant(variants.RollbackKeepsStaleBlock, "8 rollback leaves stale state", Invariant.REFCOUNTS),
+    Variant(variants.FullHitCappedInPlace, "9 full-prompt hit edge case", Invariant.EXCLUSIVE_WRITES),
+    Variant(variants.NoCopyOnWrite, "10 copy-on-write missing", Invariant.EXCLUSIVE_WRITES),
+    Variant(variants.CopiesWrongBlock, "10 copy-on-write copies the wrong block", Invariant.CONTENT),
+    Variant(variants.SwapInWrongHostBlock, "swap-in maps the wrong host block", Invariant.CONTENT),
+    Variant(variants.SilentDoubleFree, "11 misuse accepted", Invariant.MISUSE),
+)
+
+
+def variant(name: str) -> Variant:
+    for candidate in VARIANTS:
+        if candidate.name == name:
+            return candidate
+    raise KeyError(f"no zoo variant named {name!r}; known: {', '.join(v.name for v in VARIANTS)}")

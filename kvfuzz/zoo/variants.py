@@ -1,0 +1,267 @@
+"""Broken allocators: each is kvfuzz's correct allocator with one small, realistic slip of the kind real engines
+shipped. Each docstring names the DESIGN.md bug class and the real-world pattern the slip mirrors.
+
+The variants exist to show kvfuzz at work and to prove, in the test suite, that every slip is caught and named by
+the right invariant. Never use them for anything else.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from kvfuzz.allocator.block_pool import BlockPool
+from kvfuzz.allocator.errors import OutOfBlocks
+from kvfuzz.allocator.paged import PagedAllocator, _Sequence
+from kvfuzz.allocator.prefix_cache import CacheEntry
+from kvfuzz.allocator.types import AdmitResult, GrowResult, Namespace, SeqId, SwapResult, Tokens
+
+
+class NoCopyOnWrite(PagedAllocator):
+    """Class 10, copy-on-write missing: a forked sequence appends into the partial tail block it still shares with
+    its sibling, as when a beam-search or parallel-sampling path forgets the copy for the last, partly filled block.
+    """
+
+    def _must_copy_before_write(self, tail: int) -> bool:
+        return False
+
+
+class CopiesWrongBlock(PagedAllocator):
+    """Class 10, copy-on-write copying the wrong block: the copy order names the sequence's first block instead of
+    its shared tail, an indexing slip in the code that builds the copy list.
+    """
+
+    def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
+        state = self._seqs.get(seq)
+        first = state.table[0] if state is not None and state.table else None
+        result = super().grow(seq, tokens)
+        copies = tuple(type(copy)(src=first, dst=copy.dst) for copy in result.copies)
+        return GrowResult(result.slots, copies)
+
+
+class KeyWithoutNamespace(PagedAllocator):
+    """Class 1, incomplete prefix-cache key: the block hash and its confirmation ignore the namespace, so a request
+    under another LoRA adapter or cache salt is served K/V computed for different weights (vLLM and SGLang both
+    shipped keys that missed the LoRA id or the multimodal content).
+    """
+
+    def _key_namespace(self, namespace: Namespace) -> Namespace:
+        return ()
+
+
+class KeyConcatenatesNamespace(PagedAllocator):
+    """Class 1, ambiguous prefix-cache key: namespace parts are joined without a separator, so ("ab", "c") and
+    ("a", "bc") share cached blocks, like a key built by string concatenation of adapter name and salt.
+    """
+
+    def _key_namespace(self, namespace: Namespace) -> Namespace:
+        return ("".join(namespace),)
+
+
+class MatchableAtAllocation(PagedAllocator):
+    """Class 5, a block made matchable before its content is written: full blocks enter the prefix cache when they
+    are allocated rather than when the step that fills them completes, so a request admitted meanwhile (or after the
+    writer is cancelled before its first step) is told K/V is cached that no step has written.
+    """
+
+    def _schedule_registrations(self, state: _Sequence, first_index: int) -> None:
+        size = self.block_size
+        namespace = self._key_namespace(state.namespace)
+        for index in range(first_index, len(state.hashes)):
+            entry = CacheEntry(state.hashes[index], namespace, tuple(state.tokens[:(index + 1) * size]))
+            self._cache.register(state.table[index], entry)
+
+
+class FullHitCappedInPlace(PagedAllocator):
+    """Class 9, full-prompt cache-hit edge case: when every block of a prompt is cached, the hit is capped one token
+    short so the last token is recomputed (as engines do to get logits), but the last cached block is kept in the
+    table instead of being copied, so the recomputed token is written into a block other requests share.
+    """
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        result = super().admit(seq, namespace, tokens)
+        if result.num_cached_tokens and result.num_cached_tokens == len(tokens):
+            self._seqs[seq].versions[-1] = next(self._version_clock)
+            return AdmitResult(result.block_table, len(tokens) - 1)
+        return result
+
+
+class FreeForgetsSharedRefcount(PagedAllocator):
+    """Class 4, refcount under-count on free: a finishing sequence skips the decrement for blocks it shares with a
+    sibling, as in a free path that only handles exclusively owned blocks.
+    """
+
+    def _release_table(self, state: _Sequence) -> None:
+        for block in reversed(state.table):
+            if self._pool.refcount(block) == 1:
+                self._pool.release(block)
+
+
+class ReleasedTwiceOnPreempt(PagedAllocator):
+    """Class 4, double free: preemption releases the blocks, then the generic free path it calls releases them
+    again, as when two cleanup paths (abort and finish) both run for one request.
+    """
+
+    def preempt(self, seq: SeqId) -> None:
+        state = self._running(seq, "preempt")
+        for block in state.table[:1]:
+            if self._pool.refcount(block) > 1:
+                self._pool.release(block)
+        super().preempt(seq)
+
+
+class _ReleasesAtOnce(BlockPool):
+    def release(self, block: int) -> None:
+        self._refcount[block] -= 1
+        if self._refcount[block] == 0:
+            self._settle(block)
+
+
+class ImmediateReuse(PagedAllocator):
+    """Class 3, a block reused before in-flight work finished: the allocator declares one step of asynchronous
+    scheduling (W = 1) but returns freed blocks to the free queue at once, as when a deferred-free list is bypassed.
+    """
+
+    pool_class = _ReleasesAtOnce
+
+
+class _DropsDeferredFrees(BlockPool):
+    def step_completed(self, step: int) -> None:
+        self.last_completed_step = step
+        if self._pending_order and self._pending_order[0][0] <= step:
+            until, block = self._pending_order.popleft()
+            if self._pending.get(block) == until:
+                del self._pending[block]
+                self._settle(block)
+            while self._pending_order and self._pending_order[0][0] <= step:
+                self._pending_order.popleft()
+
+
+class DroppedDeferredFree(PagedAllocator):
+    """Class 3 and 2, a deferred free that is dropped: when several blocks come due at one step completion only the
+    first is returned; the rest stay pending forever (a loop that pops one entry per completed step).
+    """
+
+    pool_class = _DropsDeferredFrees
+
+
+class LeakOnCancel(PagedAllocator):
+    """Class 2, blocks leaked on abort: cancelling a request before its first step drops the references but never
+    returns the blocks to the free queue (the cancel path skips the cleanup that the finish path runs).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._admitted_at: dict[SeqId, int] = {}
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        result = super().admit(seq, namespace, tokens)
+        self._admitted_at[seq] = self._pool.last_completed_step
+        return result
+
+    def free(self, seq: SeqId) -> None:
+        state = self._seqs.get(seq)
+        if state is not None and self._admitted_at.get(seq) == self._pool.last_completed_step and state.table:
+            del self._seqs[seq]
+            state.live = False
+            for block in state.table:
+                self._pool._refcount[block] -= 1
+            return
+        super().free(seq)
+
+
+class OpaqueLeakOnCancel(LeakOnCancel):
+    """Class 2, the same leak in an allocator that exposes no introspection: only the quiescence probe can see it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.capabilities = attrs.evolve(self.capabilities, introspection=False)
+
+
+class LeakyRefusal(PagedAllocator):
+    """Class 6, accounting drift on refusal: a prompt's blocks are taken one at a time and the shortage is noticed
+    half way, raising out-of-blocks without handing back what was already taken.
+    """
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        needed = self._blocks_for(len(tokens))
+        if seq not in self._seqs and tokens and needed > self._pool.num_available():
+            self._pool.allocate(self._pool.num_available())
+            raise OutOfBlocks(f"admit: {seq!r} needs {needed} blocks")
+        return super().admit(seq, namespace, tokens)
+
+
+class FalseOutOfBlocks(PagedAllocator):
+    """Class 6, a free counter that forgets evictable blocks: room is checked against never-used free blocks only,
+    so a pool full of evictable cached blocks refuses requests it could serve.
+    """
+
+    def _check_room(self, fresh_needed: int, taken_from_evictable: int = 0) -> None:
+        available = len(self._pool.free_blocks())
+        if fresh_needed > available:
+            raise OutOfBlocks(f"need {fresh_needed} block(s), {available} free", needed=fresh_needed,
+                              available=available)
+
+
+class UnlockedPrefix(PagedAllocator):
+    """Class 7, a matched prefix not locked: a cache hit maps evictable blocks into the new table without taking a
+    reference, so they stay evictable and the next allocation under pressure hands them to someone else.
+    """
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        take = self._pool.take
+        evictable = self._pool.evictable_blocks()
+        self._pool.take = lambda block: None if block in evictable else take(block)
+        try:
+            return super().admit(seq, namespace, tokens)
+        finally:
+            del self._pool.take
+
+
+class RollbackKeepsStaleBlock(PagedAllocator):
+    """Class 8, rollback leaving stale state: rejected draft tokens are dropped from the token list but the blocks
+    that held only them stay in the table (the rollback path trims tokens and forgets the table).
+    """
+
+    def rollback(self, seq: SeqId, num_tokens: int) -> None:
+        state = self._running(seq, "rollback")
+        table, versions = list(state.table), list(state.versions)
+        super().rollback(seq, num_tokens)
+        for block in table[len(state.table):]:
+            self._pool.take(block)
+        state.table, state.versions = table, versions
+
+
+class SwapInWrongHostBlock(PagedAllocator):
+    """Swap-in that maps to the wrong host block: the host-to-device copy list is built from the host free order
+    instead of the sequence's host table, so logical blocks come back permuted.
+    """
+
+    def swap_in(self, seq: SeqId) -> SwapResult:
+        result = super().swap_in(seq)
+        hosts = [host for host, _ in result.mapping]
+        return SwapResult(zip(reversed(hosts), [device for _, device in result.mapping]))
+
+
+class SilentDoubleFree(PagedAllocator):
+    """Class 4 and 11, double free accepted silently: freeing an unknown sequence is a no-op instead of an error,
+    hiding the engine bug that called it (and any state the second call should not touch).
+    """
+
+    def free(self, seq: SeqId) -> None:
+        if seq in self._seqs:
+            super().free(seq)
+
+
+class NonAtomicHostRefusal(PagedAllocator):
+    """Class 6, a refusal that is not atomic: swap-out releases the device blocks before finding the host pool
+    full, so the refused sequence loses its blocks.
+    """
+
+    def swap_out(self, seq: SeqId) -> SwapResult:
+        state = self._running(seq, "swap_out")
+        if len(state.table) > len(self._host_free):
+            self._release_table(state)
+            state.table = []
+            raise OutOfBlocks(f"swap_out: {seq!r} does not fit in the host pool")
+        return super().swap_out(seq)
+
