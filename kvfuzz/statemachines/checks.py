@@ -147,6 +147,14 @@ class Checks:
                 self.fail(Invariant.FREE_SET, f"unreferenced block {block} is in "
                           f"{' and '.join(member_of) or 'none of the free, cached and pending sets'}",
                           ["expected: exactly one of them", *h.engine.block_story(block)])
+        in_window = [block for block in h.engine.late_work_by_block if block not in h.refs.holders]
+        if len(pending) > len(in_window):
+            stuck = next(block for block in pending if block not in h.engine.late_work_by_block)
+            self.fail(Invariant.FREE_SET, f"{len(pending)} block(s) pending, but only {len(in_window)} were "
+                      f"released within the in-flight window (W = {h.caps.inflight_window})",
+                      [f"block {stuck} is still pending though its window has closed (last completed step: "
+                       f"{h.engine.last_completed})", "expected: it is back in the free or cached set",
+                       *h.engine.block_story(stuck)])
         total = len(free) + len(cached) + len(pending) + h.refs.num_referenced()
         if total != h.num_blocks:
             self.fail(Invariant.FREE_SET, f"free + cached + pending + referenced = {len(free)} + {len(cached)} + "
@@ -204,7 +212,7 @@ class Checks:
         after = self.counts()
         if after != before:
             self.fail(invariant, f"refused with {type(error).__name__}, but the pool changed",
-                      [f"refusal: {error}", f"before: {before}", f"after:  {after}"])
+                      [f"refusal: {error}", f"expected: {before} (as before the call)", f"found:    {after}"])
         self.accounting(h.refs.holders)
 
     def not_false(self, needed: int, error: AllocatorError, host: bool = False) -> None:

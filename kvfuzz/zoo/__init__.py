@@ -46,7 +46,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(variants.LeakOnCancel, "2 leak on cancel", Invariant.FREE_SET),
     Variant(variants.OpaqueLeakOnCancel, "2 leak on cancel", Invariant.QUIESCENCE),
     Variant(variants.ImmediateReuse, "3 reuse before in-flight work finished", Invariant.NON_REUSE_WINDOW),
-    Variant(variants.DroppedDeferredFree, "3 dropped deferred free", Invariant.QUIESCENCE, window=2),
+    Variant(variants.DroppedDeferredFree, "3 dropped deferred free", Invariant.FREE_SET, window=2),
     Variant(variants.FreeForgetsSharedRefcount, "4 refcount under-count", Invariant.REFCOUNTS),
     Variant(variants.ReleasedTwiceOnPreempt, "4 double free", Invariant.REFCOUNTS),
     Variant(variants.MatchableAtAllocation, "5 matchable before written", Invariant.CACHE_SOUNDNESS),

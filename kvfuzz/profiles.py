@@ -1,0 +1,27 @@
+"""Hypothesis settings profiles for kvfuzz machines.
+
+Settings are explicit: a machine class that carries its own settings would bring back Hypothesis's default deadline
+and health checks, which a slow allocator trips for reasons that are not bugs.
+
+* ``ci``: bounded and derandomized: the same examples on every run, a few seconds per allocator.
+* ``dev``: random, a little longer, for local runs while changing an allocator.
+* ``nightly``: a long campaign.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+_COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False)
+
+PROFILES: dict[str, settings] = {
+    "ci": settings(max_examples=150, stateful_step_count=50, derandomize=True, database=None, **_COMMON),
+    "dev": settings(max_examples=500, stateful_step_count=60, **_COMMON),
+    "nightly": settings(max_examples=20_000, stateful_step_count=100, **_COMMON),
+}
+
+
+def register_profiles() -> None:
+    """Register every profile as ``kvfuzz-<name>`` with Hypothesis."""
+    for name, profile in PROFILES.items():
+        settings.register_profile(f"kvfuzz-{name}", profile)

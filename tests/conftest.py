@@ -1,0 +1,25 @@
+"""Shared fixtures, and the --campaign option that enables long fuzz campaigns."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvfuzz.statemachines import MachineConfig
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--campaign", action="store_true", help="also run the long fuzz campaigns")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--campaign"):
+        return
+    skip = pytest.mark.skip(reason="long campaign: run with --campaign")
+    for item in items:
+        if "campaign" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def config() -> MachineConfig:
+    return MachineConfig()

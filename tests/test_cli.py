@@ -1,0 +1,42 @@
+"""The ``kvfuzz`` command line, run as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def kvfuzz(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_run_json_summary_has_the_documented_keys() -> None:
+    result = kvfuzz("run", "--examples", "10", "--steps", "20", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert {"examples", "steps", "seconds", "failed", "operations"} <= set(summary)
+    assert summary["failed"] is False and summary["examples"] >= 10 and summary["steps"] > 0
+    assert summary["operations"]["admit"] > 0
+
+
+def test_run_on_a_broken_allocator_prints_the_program_and_the_explanation_and_fails() -> None:
+    result = kvfuzz("run", "--allocator", "zoo:KeyWithoutNamespace", "--examples", "200")
+    assert result.returncode == 1
+    assert "invariant 9 (cache soundness)" in result.stdout
+    assert "shrunk program" in result.stdout and "state.admit(" in result.stdout
+    assert "expected:" in result.stdout and "found:" in result.stdout
+
+
+def test_unknown_allocator_is_a_usage_error() -> None:
+    result = kvfuzz("run", "--allocator", "no_such_module:factory")
+    assert result.returncode == 2
+    assert "cannot import 'no_such_module'" in result.stderr
+
+
+def test_own_allocator_by_import_path() -> None:
+    result = kvfuzz("run", "--allocator", "kvfuzz.allocator.paged:synchronous_allocator", "--examples", "5",
+                    "--json", "--num-blocks", "32", "--dtype", "bfloat16")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["failed"] is False
