@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kvfuzz.statemachines import MachineConfig
+
+# kvfuzz's tensors are tiny; intra-op threads only add overhead (see kvfuzz.runner.single_threaded_torch).
+torch.set_num_threads(1)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -7,6 +7,8 @@ concatenate to the same string, and the same tokens are drawn under several name
 
 from __future__ import annotations
 
+import functools
+
 from hypothesis import strategies as st
 
 from kvfuzz.allocator.types import Namespace
@@ -22,16 +24,19 @@ def system_prompts(block_size: int) -> list[tuple[int, ...]]:
     return [tuple((i * 7 + length) % VOCABULARY for i in range(length)) for length in lengths if length >= 0]
 
 
+@functools.lru_cache(maxsize=None)
 def prompts(block_size: int) -> st.SearchStrategy[tuple[int, ...]]:
     suffixes = st.lists(st.integers(0, VOCABULARY - 1), max_size=block_size + 2).map(tuple)
     return st.builds(lambda system, suffix: (system + suffix) or (0,),
                      st.sampled_from(system_prompts(block_size)), suffixes)
 
 
+@functools.lru_cache(maxsize=None)
 def namespaces(enabled: bool) -> st.SearchStrategy[Namespace]:
     return st.sampled_from(NAMESPACES if enabled else ((),))
 
 
+@functools.lru_cache(maxsize=None)
 def appended_tokens(block_size: int) -> st.SearchStrategy[tuple[int, ...]]:
     """A decode step (one token) most often, else a chunk or a run of speculative drafts."""
     return st.one_of(st.tuples(st.integers(0, VOCABULARY - 1)),
