@@ -385,10 +385,11 @@ class Harness:
     def _set_table(self, seq: SeqId, table: tuple[int, ...], event: str) -> TableChange:
         """Record ``seq``'s new table; released blocks start their in-flight window."""
         model = self.seqs[seq]
-        change = self.refs.replace(seq, model.table, table)
+        old = model.table
+        change = self.refs.replace(seq, old, table)
         model.table = table
         for index, block in enumerate(table):
-            if block in change.acquired:
+            if index >= len(old) or old[index] != block:
                 self.engine.note(block, f"{event} {seq} as logical block {index}")
         for block in change.released:
             self.engine.note(block, f"{event} {seq}")
