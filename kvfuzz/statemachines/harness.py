@@ -135,6 +135,8 @@ class Harness:
         change = self._set_table(seq, table, "grown into")
         for copy in result.copies:
             self.check.exclusive(copy.dst, seq, f"copy-on-write copy from block {copy.src}")
+        for index in range(old_len // size, len(table)):
+            self.check.exclusive(table[index], seq, f"grow schedules writes of {seq}'s logical block {index}")
         self.check.window(set(table[old_len // size:]) | {copy.dst for copy in result.copies}, seq)
         self._settle(change)
         return True
@@ -376,6 +378,8 @@ class Harness:
                             [f"found: block_table({seq!r}) says {list(table)}"])
         change = self._set_table(seq, table, "admitted as")
         self.check.cache_hit(seq, num_cached)
+        for index in range(num_cached // self.block_size, len(table)):
+            self.check.exclusive(table[index], seq, f"admit schedules writes of {seq}'s logical block {index}")
         self.check.window(table[num_cached // self.block_size:], seq)
         if num_cached:
             self.stats["cache hits"] += 1

@@ -55,7 +55,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(variants.NonAtomicHostRefusal, "6 accounting drift", Invariant.ATOMIC_REFUSAL),
     Variant(variants.UnlockedPrefix, "7 matched prefix not locked", Invariant.REFCOUNTS),
     Variant(variants.RollbackKeepsStaleBlock, "8 rollback leaves stale state", Invariant.REFCOUNTS),
-    Variant(variants.FullHitCappedInPlace, "9 full-prompt hit edge case", Invariant.EXCLUSIVE_WRITES),
+    Variant(variants.FullHitCappedInPlace, "9 full-prompt hit edge case", Invariant.EXCLUSIVE_WRITES, window=0),
     Variant(variants.NoCopyOnWrite, "10 copy-on-write missing", Invariant.EXCLUSIVE_WRITES),
     Variant(variants.CopiesWrongBlock, "10 copy-on-write copies the wrong block", Invariant.CONTENT),
     Variant(variants.SwapInWrongHostBlock, "swap-in maps the wrong host block", Invariant.CONTENT),
