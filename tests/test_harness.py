@@ -72,10 +72,10 @@ def test_missing_copy_on_write_is_an_exclusive_write_with_both_holders_named() -
     h.admit("s0", (), (1, 2))
     h.step()
     h.fork("s0", "s1")
-    h.grow("s1", (3,))
     with pytest.raises(InvariantViolation) as caught:
-        h.step()
+        h.grow("s1", (3,))
     assert caught.value.invariant is Invariant.EXCLUSIVE_WRITES
+    assert "grow schedules writes of s1's logical block 0" in caught.value.explain()
     assert "('s0', 0)" in caught.value.explain() and "('s1', 0)" in caught.value.explain()
 
 

@@ -16,10 +16,10 @@ from typing import Collection, Optional
 import attrs
 
 from kvfuzz.allocator.block_pool import BlockPool
-from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
 from kvfuzz.allocator.prefix_cache import CacheEntry, PrefixCache, chain_hash
-from kvfuzz.allocator.types import (AdmitResult, BlockCopy, Capabilities, GrowResult, Namespace, PoolSpec, SeqId,
-                                    Slot, SwapResult, Tokens)
+from kvfuzz.allocator.types import (NULL_BLOCK, AdmitResult, BlockCopy, Capabilities, GrowResult, Namespace,
+                                    PoolSpec, SeqId, Slot, SwapResult, Tokens)
 
 
 @attrs.define(eq=False)
@@ -62,14 +62,14 @@ class PagedAllocator:
     pool_class = BlockPool
 
     def __init__(self, block_size: int, num_blocks: int, num_host_blocks: int = 0, *, inflight_window: int = 0,
-                 prefix_caching: bool = True, reserved_blocks: int = 0) -> None:
+                 prefix_caching: bool = True, reserved_blocks: int = 0, sliding_window: Optional[int] = None) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.num_host_blocks = num_host_blocks
+        self.num_host_blocks = num_host_blocks if sliding_window is None else 0
         self.capabilities = Capabilities(fork=True, prefix_cache=prefix_caching, namespaces=prefix_caching,
-                                         swap=num_host_blocks > 0, rollback=True, eviction=True,
+                                         swap=self.num_host_blocks > 0, rollback=True, eviction=True,
                                          inflight_window=inflight_window, reserved_blocks=reserved_blocks,
-                                         introspection=True)
+                                         sliding_window=sliding_window, introspection=True)
         self._cache = PrefixCache()
         self._pool = self.pool_class(num_blocks, inflight_window, is_cached=self._cache.is_cached,
                                on_evict=self._cache.unregister)
@@ -88,23 +88,30 @@ class PagedAllocator:
             raise InvalidArgument(f"admit: sequence {seq!r} has no tokens")
         hashes = self._full_block_hashes(self._key_namespace(namespace), tokens, [])
         hits = self._match(self._key_namespace(namespace), tokens, hashes)
-        fresh_needed = self._blocks_for(len(tokens)) - len(hits)
+        skipped = self._first_kept_index(len(tokens))
+        kept_hits = hits[skipped:]
+        fresh_needed = self._blocks_for(len(tokens)) - max(skipped, len(hits))
         evictable = self._pool.evictable_blocks()
-        self._check_room(fresh_needed, taken_from_evictable=sum(block in evictable for block in hits))
-        for block in hits:
+        self._check_room(fresh_needed, taken_from_evictable=sum(block in evictable for block in kept_hits))
+        for block in kept_hits:
             self._pool.take(block)
-        table = hits + self._pool.allocate(fresh_needed)
+        fresh = iter(self._pool.allocate(fresh_needed))
+        table = [NULL_BLOCK if index < skipped else hits[index] if index < len(hits) else next(fresh)
+                 for index in range(self._blocks_for(len(tokens)))]
         state = _Sequence(namespace, list(tokens), table, hashes, [next(self._version_clock) for _ in table])
         self._seqs[seq] = state
         self._schedule_registrations(state, first_index=len(hits))
-        return AdmitResult(tuple(table), len(hits) * self.block_size)
+        self._drop_out_of_window(state)
+        return AdmitResult(tuple(state.table), len(hits) * self.block_size)
 
     def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
         state = self._running(seq, "grow")
         if not tokens:
             raise InvalidArgument(f"grow: sequence {seq!r} given no tokens")
         old_len, new_len = len(state.tokens), len(state.tokens) + len(tokens)
-        new_blocks = self._blocks_for(new_len) - len(state.table)
+        new_indices = range(len(state.table), self._blocks_for(new_len))
+        dropped_at_once = sum(index < self._first_kept_index(new_len) for index in new_indices)
+        new_blocks = len(new_indices) - dropped_at_once
         writes_into_tail = old_len % self.block_size != 0
         tail = state.table[-1]
         copy_tail = writes_into_tail and self._must_copy_before_write(tail)
@@ -117,15 +124,15 @@ class PagedAllocator:
             state.table[-1] = private
         if writes_into_tail:
             state.versions[-1] = next(self._version_clock)
-        fresh = self._pool.allocate(new_blocks)
-        state.table.extend(fresh)
-        state.versions.extend(next(self._version_clock) for _ in fresh)
+        state.table.extend([NULL_BLOCK] * dropped_at_once + self._pool.allocate(new_blocks))
+        state.versions.extend(next(self._version_clock) for _ in new_indices)
         first_new_full = len(state.hashes)
         state.tokens.extend(tokens)
         self._full_block_hashes(self._key_namespace(state.namespace), tuple(state.tokens), state.hashes)
         self._schedule_registrations(state, first_index=first_new_full)
         block_size = self.block_size
         slots = [Slot(state.table[p // block_size], p % block_size) for p in range(old_len, new_len)]
+        self._drop_out_of_window(state)
         return GrowResult(slots, copies)
 
     def fork(self, parent: SeqId, child: SeqId) -> None:
@@ -133,7 +140,8 @@ class PagedAllocator:
         if child in self._seqs:
             raise SequenceExists(f"fork: child {child!r} is already live")
         for block in source.table:
-            self._pool.take(block)
+            if block != NULL_BLOCK:
+                self._pool.take(block)
         self._seqs[child] = _Sequence(source.namespace, list(source.tokens), list(source.table),
                                       list(source.hashes), list(source.versions))
 
@@ -152,6 +160,8 @@ class PagedAllocator:
 
     def swap_out(self, seq: SeqId) -> SwapResult:
         state = self._running(seq, "swap_out")
+        if not self.capabilities.swap:
+            raise Unsupported("swap_out: this allocator has no host pool")
         if len(state.table) > len(self._host_free):
             raise OutOfBlocks(f"swap_out: {seq!r} needs {len(state.table)} host block(s), "
                               f"{len(self._host_free)} free", needed=len(state.table), available=len(self._host_free))
@@ -183,6 +193,10 @@ class PagedAllocator:
             raise InvalidArgument(f"rollback: {seq!r} holds {len(state.tokens)} tokens, cannot drop {num_tokens} "
                                   f"(must keep at least one)")
         new_len = len(state.tokens) - num_tokens
+        window = self.capabilities.sliding_window
+        if window is not None and NULL_BLOCK in state.table[max(0, new_len - window) // self.block_size:]:
+            raise InvalidArgument(f"rollback: dropping {num_tokens} tokens of {seq!r} would bring blocks already "
+                                  f"dropped by the sliding window back into it")
         keep = self._blocks_for(new_len)
         for block in reversed(state.table[keep:]):
             self._pool.release(block)
@@ -283,6 +297,8 @@ class PagedAllocator:
         size = self.block_size
         namespace = self._key_namespace(state.namespace)
         for index in range(first_index, len(state.hashes)):
+            if state.table[index] == NULL_BLOCK:
+                continue
             entry = CacheEntry(state.hashes[index], namespace, tuple(state.tokens[:(index + 1) * size]))
             self._registrations.append(_Registration(commit_after, state, index, state.table[index],
                                                      state.versions[index], entry))
@@ -290,12 +306,31 @@ class PagedAllocator:
     def _release_table(self, state: _Sequence) -> None:
         """Drop the sequence's device references, tail first, so its tail blocks are evicted first."""
         for block in reversed(state.table):
-            self._pool.release(block)
+            if block != NULL_BLOCK:
+                self._pool.release(block)
+
+    def _first_kept_index(self, num_tokens: int) -> int:
+        """Logical blocks before this one lie wholly outside the sliding window (0 without a window)."""
+        window = self.capabilities.sliding_window
+        return 0 if window is None else max(0, num_tokens - window) // self.block_size
+
+    def _drop_out_of_window(self, state: _Sequence) -> None:
+        """With a sliding window w, release every block whose positions all lie before ``len - w``; blocks that
+        would be dropped at once are never allocated at all."""
+        for index in range(self._first_kept_index(len(state.tokens))):
+            if state.table[index] != NULL_BLOCK:
+                self._pool.release(state.table[index])
+                state.table[index] = NULL_BLOCK
 
 
 def paged_allocator(spec: PoolSpec) -> PagedAllocator:
     """kvfuzz's default allocator: prefix caching, swap, and one step of asynchronous scheduling in flight (W = 1)."""
     return PagedAllocator(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=1)
+
+
+def sliding_window_allocator(spec: PoolSpec) -> PagedAllocator:
+    """The default allocator with a sliding window of three blocks: older blocks are dropped as sequences grow."""
+    return PagedAllocator(spec.block_size, spec.num_blocks, inflight_window=1, sliding_window=3 * spec.block_size)
 
 
 def synchronous_allocator(spec: PoolSpec) -> PagedAllocator:

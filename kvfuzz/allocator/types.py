@@ -5,7 +5,7 @@ All are frozen attrs classes: results are facts about one call, never updated af
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import attrs
 
@@ -21,6 +21,9 @@ Two sequences may share a cached block only if their namespaces are equal part f
 
 Tokens = Tuple[int, ...]
 
+NULL_BLOCK = -1
+"""The block-table entry of a logical block a sliding-window allocator has dropped: no physical block, never read."""
+
 
 def _non_negative(_instance: object, attribute: attrs.Attribute, value: int) -> None:
     if value < 0:
@@ -34,8 +37,10 @@ class Capabilities:
     ``inflight_window`` is W: a block released while step c was the last completed step may still be touched by work
     up to step c + W and is not handed out again before step c + W has completed. W = 0 means synchronous.
     ``reserved_blocks`` is a watermark: the allocator may refuse while fewer than this many blocks would stay free.
-    The introspection flags say which optional query methods (``refcount``, ``free_blocks``, ``cached_blocks``,
-    ``pending_blocks``) the allocator implements.
+    ``sliding_window`` = w means attention reads only the last w positions, and the allocator may drop (map to
+    :data:`NULL_BLOCK`) any logical block whose positions all lie before ``len - w``.
+    ``introspection`` says the optional query methods (``refcount``, ``free_blocks``, ``cached_blocks``,
+    ``pending_blocks``) are implemented.
     """
 
     fork: bool = False
@@ -46,6 +51,8 @@ class Capabilities:
     eviction: bool = False
     inflight_window: int = attrs.field(default=0, validator=_non_negative)
     reserved_blocks: int = attrs.field(default=0, validator=_non_negative)
+    sliding_window: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.ge(1)))
     introspection: bool = False
 
 

@@ -6,7 +6,7 @@ has, in order: ``keys(seq)[p]`` is the K of (namespace, tokens[0..p]).
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import attrs
 import torch
@@ -89,15 +89,18 @@ class ContiguousReference:
         """The query of each sequence's last token, ``[S, L, Hq, D]``."""
         return queries_for_tags([self._seqs[seq].tags[-1] for seq in seqs], self.shape)
 
-    def attention(self, seqs: Sequence[SeqId], queries: torch.Tensor) -> torch.Tensor:
-        """Attention of ``queries`` over each sequence's contiguous K/V, padded with zeros to the longest."""
-        lengths = [len(self._seqs[seq].tags) for seq in seqs]
+    def attention(self, seqs: Sequence[SeqId], queries: torch.Tensor,
+                  starts: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """Attention of ``queries`` over each sequence's contiguous K/V from ``starts`` (a sliding window) on,
+        padded with zeros to the longest."""
+        starts = starts or [0] * len(seqs)
+        lengths = [len(self._seqs[seq].tags) - start for seq, start in zip(seqs, starts)]
         longest = max(lengths)
         shape = (len(seqs), longest, *self.shape.kv_row_shape)
         keys = torch.zeros(shape, dtype=self.shape.dtype, device=self.shape.device)
         values = torch.zeros_like(keys)
-        for row, seq in enumerate(seqs):
+        for row, (seq, start) in enumerate(zip(seqs, starts)):
             state = self._seqs[seq]
-            keys[row, :lengths[row]] = state.keys
-            values[row, :lengths[row]] = state.values
+            keys[row, :lengths[row]] = state.keys[start:]
+            values[row, :lengths[row]] = state.values[start:]
         return attend(queries, keys, values, torch.tensor(lengths))

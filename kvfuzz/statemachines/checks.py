@@ -13,6 +13,7 @@ import attrs
 import torch
 
 from kvfuzz.allocator.errors import AllocatorError, Misuse
+from kvfuzz.allocator.types import NULL_BLOCK
 from kvfuzz.reference.content import kv_for_tags
 from kvfuzz.statemachines.engine import SlotWrite
 from kvfuzz.statemachines.model import Status
@@ -75,6 +76,8 @@ class Checks:
                     if position < written:
                         wanted[(seq, position)] = block * size + offset
         for seq, position in positions:
+            if position < h.window_start(seq):
+                continue
             table = h.seqs[seq].table
             wanted[(seq, position)] = table[position // size] * size + position % size
         if not wanted:
@@ -110,10 +113,16 @@ class Checks:
             self.fail(Invariant.REFCOUNTS,
                       f"block table of {seq} holds {len(table)} block(s) for {len(h.reference.tokens(seq))} tokens",
                       [f"expected: exactly {want} block(s) of {h.block_size} slots", f"found:    {list(table)}"])
-        bad = [block for block in table if not 0 <= block < h.num_blocks]
+        bad = [block for block in table if not 0 <= block < h.num_blocks and block != NULL_BLOCK]
         if bad:
             self.fail(Invariant.REFCOUNTS, f"block table of {seq} names block(s) {bad} outside the pool",
                       [f"expected: blocks in 0..{h.num_blocks - 1}", f"found:    {list(table)}"])
+        first_read = h.window_start(seq) // h.block_size
+        if NULL_BLOCK in table[first_read:]:
+            index = table.index(NULL_BLOCK, first_read)
+            self.fail(Invariant.CONTENT, f"block table of {seq} drops logical block {index}, which attention "
+                      "still reads", [f"expected: blocks covering positions {h.window_start(seq)} onwards "
+                                      f"(sliding window {h.caps.sliding_window})", f"found:    {list(table)}"])
 
     # -- invariants 3 and 4: refcounts and the free set ----------------------------------------------------------
 
@@ -246,6 +255,8 @@ class Checks:
         size = h.block_size
         table = h.seqs[seq].table
         for position in range(num_cached):
+            if table[position // size] == NULL_BLOCK:
+                continue
             slot = table[position // size] * size + position % size
             record = h.engine.record(slot)
             tag = h.reference.tags(seq)[position]

@@ -16,7 +16,7 @@ import torch
 
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
 from kvfuzz.allocator.protocol import PagedAllocator
-from kvfuzz.allocator.types import Namespace, SeqId, Tokens
+from kvfuzz.allocator.types import NULL_BLOCK, Namespace, SeqId, Tokens
 from kvfuzz.reference.attention import attend
 from kvfuzz.reference.contiguous import ContiguousReference
 from kvfuzz.statemachines.checks import Checks
@@ -82,7 +82,22 @@ class Harness:
         return len(self.reference.tokens(seq))
 
     def host_blocks_in_use(self) -> int:
-        return sum(len(model.host_table) for model in self.seqs.values())
+        return sum(1 for model in self.seqs.values() for block in model.host_table if block != NULL_BLOCK)
+
+    def window_start(self, seq: SeqId) -> int:
+        """The first position attention reads: 0, or ``len - w`` under a sliding window of w."""
+        window = self.caps.sliding_window
+        return 0 if window is None else max(0, self.length(seq) - window)
+
+    def rollback_limit(self, seq: SeqId) -> int:
+        """The most tokens ``seq`` can drop: one must stay, and no dropped block may come back into the window."""
+        limit = self.length(seq) - 1
+        window = self.caps.sliding_window
+        table = self.seqs[seq].table
+        if window is not None and NULL_BLOCK in table:
+            first_kept = (len(table) - table[::-1].index(NULL_BLOCK)) * self.block_size
+            limit = min(limit, self.length(seq) - window - first_kept)
+        return limit
 
     # -- operations ----------------------------------------------------------------------------------------------
 
@@ -135,9 +150,10 @@ class Harness:
         change = self._set_table(seq, table, "grown into")
         for copy in result.copies:
             self.check.exclusive(copy.dst, seq, f"copy-on-write copy from block {copy.src}")
-        for index in range(old_len // size, len(table)):
-            self.check.exclusive(table[index], seq, f"grow schedules writes of {seq}'s logical block {index}")
-        self.check.window(set(table[old_len // size:]) | {copy.dst for copy in result.copies}, seq)
+        targets = self._write_targets(seq, table, old_len)
+        for index, block in targets.items():
+            self.check.exclusive(block, seq, f"grow schedules writes of {seq}'s logical block {index}")
+        self.check.window(set(targets.values()) | {copy.dst for copy in result.copies}, seq)
         self._settle(change)
         return True
 
@@ -178,21 +194,23 @@ class Harness:
         """Move a running sequence's K/V to the host pool."""
         model = self.seqs[seq]
         self._begin("swap_out", seq)
-        result = self._attempt(lambda: self.allocator.swap_out(seq), len(model.table), host=True)
+        result = self._attempt(lambda: self.allocator.swap_out(seq),
+                               sum(block != NULL_BLOCK for block in model.table), host=True)
         if result is None:
             return False
         host_of = dict(result.mapping)
-        if sorted(host_of) != sorted(model.table) or len(result.mapping) != len(model.table):
+        live = [block for block in model.table if block != NULL_BLOCK]
+        if sorted(host_of) != sorted(live) or len(result.mapping) != len(live):
             self.check.fail(Invariant.CONTENT, f"swap-out of {seq} maps device blocks {sorted(host_of)}",
-                            [f"expected: its block table {list(model.table)}, each once"])
-        in_use = {block for other in self.seqs.values() for block in other.host_table}
+                            [f"expected: the blocks of its table {list(model.table)}, each once"])
+        in_use = {block for other in self.seqs.values() for block in other.host_table} - {NULL_BLOCK}
         clash = sorted(set(host_of.values()) & in_use)
         if clash or len(set(host_of.values())) != len(host_of):
             self.check.fail(Invariant.CONTENT, f"swap-out of {seq} reuses host block(s) {clash or host_of}",
                             ["expected: distinct host blocks no other swapped-out sequence holds"])
         for block, host_block in result.mapping:
             self.engine.swap_to_host(block, host_block)
-        host_table = tuple(host_of[block] for block in model.table)
+        host_table = tuple(host_of.get(block, NULL_BLOCK) for block in model.table)
         change = self._set_table(seq, (), "released (swap-out) by")
         model.status, model.host_table = Status.SWAPPED, host_table
         self.stats["swapped out blocks"] += len(host_table)
@@ -203,10 +221,11 @@ class Harness:
         """Bring a swapped-out sequence back to the device."""
         model = self.seqs[seq]
         self._begin("swap_in", seq)
-        result = self._attempt(lambda: self.allocator.swap_in(seq), len(model.host_table))
+        swapped = sorted(block for block in model.host_table if block != NULL_BLOCK)
+        result = self._attempt(lambda: self.allocator.swap_in(seq), len(swapped))
         if result is None:
             return False
-        if sorted(src for src, _ in result.mapping) != sorted(model.host_table):
+        if sorted(src for src, _ in result.mapping) != swapped:
             self.check.fail(Invariant.CONTENT, f"swap-in of {seq} copies host blocks "
                             f"{sorted(src for src, _ in result.mapping)}",
                             [f"expected: the host blocks it was swapped out to, {list(model.host_table)}"])
@@ -219,7 +238,7 @@ class Harness:
             self.check.exclusive(block, seq, "swap-in copy")
         self.check.window({block for _, block in result.mapping}, seq)
         self.stats["swapped in blocks"] += len(result.mapping)
-        self._settle(change, positions=[(seq, position) for position in range(model.written)])
+        self._settle(change, positions=[(seq, position) for position in range(self.window_start(seq), model.written)])
         return True
 
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
@@ -265,6 +284,8 @@ class Harness:
             tags, namespace = self.reference.tags(seq), self.reference.namespace(seq)
             for position in range(model.written, len(tags)):
                 block = model.table[position // size]
+                if block == NULL_BLOCK:
+                    continue
                 self.check.exclusive(block, seq, f"step {step} writes {seq} position {position}")
                 slots.append(block * size + position % size)
                 writes.append(SlotWrite(tags[position], seq, namespace, position, step))
@@ -378,13 +399,19 @@ class Harness:
                             [f"found: block_table({seq!r}) says {list(table)}"])
         change = self._set_table(seq, table, "admitted as")
         self.check.cache_hit(seq, num_cached)
-        for index in range(num_cached // self.block_size, len(table)):
-            self.check.exclusive(table[index], seq, f"admit schedules writes of {seq}'s logical block {index}")
-        self.check.window(table[num_cached // self.block_size:], seq)
+        targets = self._write_targets(seq, table, num_cached)
+        for index, block in targets.items():
+            self.check.exclusive(block, seq, f"admit schedules writes of {seq}'s logical block {index}")
+        self.check.window(targets.values(), seq)
         if num_cached:
             self.stats["cache hits"] += 1
             self.stats["cache-hit tokens"] += num_cached
         self._settle(change)
+
+    def _write_targets(self, seq: SeqId, table: tuple[int, ...], first_position: int) -> dict[int, int]:
+        """Logical index -> block of every block the next step writes, from ``first_position`` on."""
+        return {index: table[index] for index in range(first_position // self.block_size, len(table))
+                if table[index] != NULL_BLOCK}
 
     def _set_table(self, seq: SeqId, table: tuple[int, ...], event: str) -> TableChange:
         """Record ``seq``'s new table; released blocks start their in-flight window."""
@@ -417,13 +444,14 @@ class Harness:
         if not seqs:
             return
         size = self.block_size
-        lengths = [self.length(seq) for seq in seqs]
+        starts = [self.window_start(seq) for seq in seqs]
+        lengths = [self.length(seq) - start for seq, start in zip(seqs, starts)]
         longest = max(lengths)
         index = torch.zeros((len(seqs), longest), dtype=torch.int64)
         for row, seq in enumerate(seqs):
             table = self.seqs[seq].table
             index[row, :lengths[row]] = torch.tensor([table[p // size] * size + p % size
-                                                      for p in range(lengths[row])])
+                                                      for p in range(starts[row], starts[row] + lengths[row])])
         valid = (torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1))
         valid = valid.to(self.engine.keys.device)[:, :, None, None, None]
         index = index.to(self.engine.keys.device)
@@ -431,7 +459,7 @@ class Harness:
         values = torch.where(valid, self.engine.values[index], 0)
         queries = self.reference.queries(seqs)
         paged = attend(queries, keys, values, torch.tensor(lengths))
-        expected = self.reference.attention(seqs, queries)
+        expected = self.reference.attention(seqs, queries, starts)
         if torch.equal(paged, expected):
             return
         row = int((paged != expected).flatten(1).any(1).nonzero()[0])

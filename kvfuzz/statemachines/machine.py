@@ -57,7 +57,7 @@ def _computed(h: Harness) -> list[str]:
 
 
 def _rollbackable(h: Harness) -> list[str]:
-    return [seq for seq in h.ids(Status.RUNNING) if h.length(seq) > 1]
+    return [seq for seq in h.ids(Status.RUNNING) if h.rollback_limit(seq) >= 1]
 
 
 class KVCacheMachine(RuleBasedStateMachine):
@@ -132,8 +132,9 @@ class KVCacheMachine(RuleBasedStateMachine):
     @rule(seq=_pick(_rollbackable), num_tokens=st.integers(1, 6))
     @counted
     def rollback(self, seq: str, num_tokens: int) -> None:
-        """Reject ``num_tokens`` drafts, or as many as leave one token."""
-        self.harness.rollback(seq, min(num_tokens, self.harness.length(seq) - 1))
+        """Reject ``num_tokens`` drafts, or as many as leave one token (and, under a sliding window, no dropped
+        block back in the window)."""
+        self.harness.rollback(seq, min(num_tokens, self.harness.rollback_limit(seq)))
 
     # -- the cache and the engine --------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ every block.
 
 ``BlockRefs`` keeps, for every block, the set of (sequence, logical index) entries of running sequences that map
 to it; the expected refcount of a block is the size of that set, and a block with no holders is unreferenced.
+Dropped entries (NULL_BLOCK) reference nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Iterable
 
 import attrs
 
-from kvfuzz.allocator.types import SeqId
+from kvfuzz.allocator.types import NULL_BLOCK, SeqId
 
 
 class Status(enum.Enum):
@@ -25,7 +26,8 @@ class Status(enum.Enum):
 class SeqModel:
     """One sequence the engine knows. Positions below ``written`` hold K/V; the rest are written at the next step.
 
-    ``table`` is the device block table while running; ``host_table`` the host blocks while swapped out.
+    ``table`` is the device block table while running (NULL_BLOCK where a sliding window dropped a block);
+    ``host_table`` the host blocks while swapped out.
     """
 
     seq: SeqId
@@ -60,8 +62,8 @@ class BlockRefs:
         """``seq``'s table went from ``old`` to ``new``."""
         touched, released, acquired = set(), [], []
         for index in range(max(len(old), len(new))):
-            before = old[index] if index < len(old) else None
-            after = new[index] if index < len(new) else None
+            before = old[index] if index < len(old) and old[index] != NULL_BLOCK else None
+            after = new[index] if index < len(new) and new[index] != NULL_BLOCK else None
             if before == after:
                 continue
             if before is not None:
