@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvfuzz.allocator import paged_allocator
+from kvfuzz.allocator import PagedAllocator, paged_allocator
 from kvfuzz.profiles import PROFILES
 from kvfuzz.reference import ModelShape
 from kvfuzz.runner import run
@@ -22,6 +22,15 @@ CI = PROFILES["ci"]
     make_allocator(window=0, reserved_blocks=2),
 ], ids=lambda factory: factory.__name__)
 def test_correct_allocator_passes_under_ci_profile(factory) -> None:
+    run_state_machine_as_test(machine_for(factory, MachineConfig()), settings=CI)
+
+
+@pytest.mark.parametrize("window", [0, 2])
+@pytest.mark.parametrize("sliding_window", [4, 9])
+def test_correct_sliding_window_allocator_passes(window, sliding_window) -> None:
+    def factory(spec):
+        return PagedAllocator(spec.block_size, spec.num_blocks, inflight_window=window, sliding_window=sliding_window)
+
     run_state_machine_as_test(machine_for(factory, MachineConfig()), settings=CI)
 
 

@@ -29,4 +29,5 @@ def test_shrunk_program_is_short_and_explained(name) -> None:
 
 
 def test_zoo_covers_the_design_bug_classes() -> None:
-    assert {"1", "2", "3", "4", "5", "6", "7", "8", "9", "10"} <= BUG_CLASSES_COVERED
+    assert {str(number) for number in range(1, 12)} <= BUG_CLASSES_COVERED
+    assert len(VARIANTS) >= 16

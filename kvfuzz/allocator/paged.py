@@ -130,9 +130,9 @@ class PagedAllocator:
         state.tokens.extend(tokens)
         self._full_block_hashes(self._key_namespace(state.namespace), tuple(state.tokens), state.hashes)
         self._schedule_registrations(state, first_index=first_new_full)
+        self._drop_out_of_window(state)
         block_size = self.block_size
         slots = [Slot(state.table[p // block_size], p % block_size) for p in range(old_len, new_len)]
-        self._drop_out_of_window(state)
         return GrowResult(slots, copies)
 
     def fork(self, parent: SeqId, child: SeqId) -> None:

@@ -26,9 +26,11 @@ def system_prompts(block_size: int) -> list[tuple[int, ...]]:
 
 @functools.lru_cache(maxsize=None)
 def prompts(block_size: int) -> st.SearchStrategy[tuple[int, ...]]:
-    suffixes = st.lists(st.integers(0, VOCABULARY - 1), max_size=block_size + 2).map(tuple)
-    return st.builds(lambda system, suffix: (system + suffix) or (0,),
-                     st.sampled_from(system_prompts(block_size)), suffixes)
+    def with_suffix(system: tuple[int, ...]) -> st.SearchStrategy[tuple[int, ...]]:
+        suffixes = st.lists(st.integers(0, VOCABULARY - 1), min_size=0 if system else 1, max_size=block_size + 2)
+        return suffixes.map(lambda suffix: system + tuple(suffix))
+
+    return st.sampled_from(system_prompts(block_size)).flatmap(with_suffix)
 
 
 @functools.lru_cache(maxsize=None)

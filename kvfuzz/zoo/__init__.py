@@ -4,7 +4,7 @@ kvfuzz must name when it catches it.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import attrs
 
@@ -17,12 +17,13 @@ from kvfuzz.zoo import variants
 @attrs.frozen
 class Variant:
     """One broken allocator: its class, the DESIGN.md bug class it belongs to, the invariant that must catch it,
-    and the in-flight window it declares."""
+    the in-flight window it declares and, for sliding-window slips, its window in tokens."""
 
     allocator: type[PagedAllocator]
     bug_class: str
     expected: Invariant
     window: int = 1
+    sliding_window: Optional[int] = None
 
     @property
     def name(self) -> str:
@@ -35,7 +36,7 @@ class Variant:
     def factory(self) -> Callable[[PoolSpec], PagedAllocator]:
         def build(spec: PoolSpec) -> PagedAllocator:
             return self.allocator(spec.block_size, spec.num_blocks, spec.num_host_blocks,
-                                  inflight_window=self.window)
+                                  inflight_window=self.window, sliding_window=self.sliding_window)
         build.__name__ = self.name
         return build
 
@@ -59,7 +60,11 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(variants.NoCopyOnWrite, "10 copy-on-write missing", Invariant.EXCLUSIVE_WRITES),
     Variant(variants.CopiesWrongBlock, "10 copy-on-write copies the wrong block", Invariant.CONTENT),
     Variant(variants.SwapInWrongHostBlock, "swap-in maps the wrong host block", Invariant.CONTENT),
-    Variant(variants.SilentDoubleFree, "11 misuse accepted", Invariant.MISUSE),
+    Variant(variants.SilentDoubleFree, "misuse accepted silently", Invariant.MISUSE),
+    Variant(variants.WindowDropIgnoresSharing, "11 sliding window drops a shared block", Invariant.REFCOUNTS,
+            sliding_window=9),
+    Variant(variants.NullBlockFreedPerOccurrence, "4 repeated block freed per occurrence", Invariant.REFCOUNTS,
+            sliding_window=9),
 )
 
 

@@ -7,13 +7,15 @@ the right invariant. Never use them for anything else.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import attrs
 
 from kvfuzz.allocator.block_pool import BlockPool
 from kvfuzz.allocator.errors import OutOfBlocks
 from kvfuzz.allocator.paged import PagedAllocator, _Sequence
 from kvfuzz.allocator.prefix_cache import CacheEntry
-from kvfuzz.allocator.types import AdmitResult, GrowResult, Namespace, SeqId, SwapResult, Tokens
+from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, GrowResult, Namespace, SeqId, SwapResult, Tokens
 
 
 class NoCopyOnWrite(PagedAllocator):
@@ -243,7 +245,7 @@ class SwapInWrongHostBlock(PagedAllocator):
 
 
 class SilentDoubleFree(PagedAllocator):
-    """Class 4 and 11, double free accepted silently: freeing an unknown sequence is a no-op instead of an error,
+    """Misuse accepted (invariant 11), double free accepted silently: freeing an unknown sequence is a no-op instead of an error,
     hiding the engine bug that called it (and any state the second call should not touch).
     """
 
@@ -265,3 +267,46 @@ class NonAtomicHostRefusal(PagedAllocator):
             raise OutOfBlocks(f"swap_out: {seq!r} does not fit in the host pool")
         return super().swap_out(seq)
 
+
+
+class WindowDropIgnoresSharing(PagedAllocator):
+    """Class 11, sliding-window dropping that ignores sharing: a block that slides out of one sequence's window is
+    returned to the pool outright, though a forked sibling (or a prefix-cache hit) still references it, as when the
+    window code calls the pool's free instead of dropping one reference.
+    """
+
+    def _drop_out_of_window(self, state: _Sequence) -> None:
+        for index in range(self._first_kept_index(len(state.tokens))):
+            block = state.table[index]
+            if block != NULL_BLOCK:
+                while self._pool.refcount(block) > 0:
+                    self._pool.release(block)
+                state.table[index] = NULL_BLOCK
+
+
+class NullBlockFreedPerOccurrence(PagedAllocator):
+    """Class 4, a block repeated in a table, counted once and freed once per occurrence: dropped window positions
+    map to one shared physical "null" block (as vLLM's null block), referenced once per sequence but released once
+    per table entry when the sequence finishes.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._null: Optional[int] = None
+
+    def _drop_out_of_window(self, state: _Sequence) -> None:
+        for index in range(self._first_kept_index(len(state.tokens))):
+            block = state.table[index]
+            if block == self._null:
+                continue
+            if block != NULL_BLOCK:
+                self._pool.release(block)
+            state.table[index] = self._null_for(state)
+
+    def _null_for(self, state: _Sequence) -> int:
+        """The shared null block, referenced once per sequence however often its table holds it (the slip)."""
+        if self._null is None or self._pool.refcount(self._null) == 0:
+            (self._null,) = self._pool.allocate(1)
+        elif self._null not in state.table:
+            self._pool.take(self._null)
+        return self._null
