@@ -48,8 +48,8 @@ class BareMachine(RuleBasedStateMachine):
         BareMachine.steps += 1
 
     @rule(seq=st.runner().map(lambda m: m._new()), namespace=kv_strategies.namespaces(True),
-          prompt=kv_strategies.prompts(4))
-    def admit(self, seq, namespace, prompt):
+          system=kv_strategies.systems(4), suffix=kv_strategies.suffixes(4))
+    def admit(self, seq, namespace, system, suffix):
         self._step()
         self.running.append(seq)
 

@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
                                  "zoo:NAME for a broken allocator from kvfuzz's zoo")
     run_parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     _machine_arguments(run_parser)
+    zoo_parser = commands.add_parser("zoo", help="run the machine against every broken allocator in the zoo")
+    zoo_parser.add_argument("--only", nargs="+", default=(), metavar="NAME", help="run only these variants")
+    zoo_parser.add_argument("--json", action="store_true", help="print the results as one JSON list")
+    _machine_arguments(zoo_parser)
+    zoo_parser.set_defaults(examples=600)
     return parser
 
 
@@ -62,7 +67,8 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
     if summary.failed:
         first = (f" (first failing example: #{summary.first_failure_examples}, after "
                  f"{summary.first_failure_seconds:.2f} s)" if summary.first_failure_seconds is not None else "")
-        print(f"\n{summary.invariant}{first}\n\nshrunk program ({summary.program_length} operations):")
+        print(f"\n{summary.invariant}{first}\n\n{'shrunk' if summary.shrunk else 'failing'} program "
+              f"({summary.program_length} operations):")
         print(summary.program or "  (no program was printed)")
         print(f"\n{summary.explanation}")
 
@@ -91,9 +97,35 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if summary.failed else 0
 
 
+def _zoo(args: argparse.Namespace) -> int:
+    from kvfuzz.zoo.report import markdown_header, markdown_row, run_zoo
+
+    try:
+        config = _config(args)
+    except ValueError as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return 2
+    if not args.json:
+        print(markdown_header(), flush=True)
+    try:
+        results = run_zoo(config, examples=args.examples, steps=args.steps, seed=args.seed,
+                          shrink=not args.no_shrink, names=args.only,
+                          on_result=None if args.json else lambda result: print(markdown_row(result.row()),
+                                                                               flush=True))
+    except KeyError as error:
+        print(f"kvfuzz: {error.args[0]}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([result.to_json() for result in results], indent=2))
+    else:
+        caught = sum(result.caught_as_expected for result in results)
+        print(f"\n{caught} of {len(results)} variants caught by the expected invariant")
+    return 0 if all(result.caught_as_expected for result in results) else 1
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    return {"run": _run}[args.command](args)
+    return {"run": _run, "zoo": _zoo}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,7 @@ class RunSummary:
     explanation: Optional[str] = None
     first_failure_examples: Optional[int] = None
     first_failure_seconds: Optional[float] = None
+    shrunk: bool = True
 
     @property
     def steps_per_second(self) -> float:
@@ -98,12 +99,14 @@ class RunSummary:
 
     @property
     def program_length(self) -> int:
-        """Operations in the shrunk program (the machine's constructor and teardown not counted)."""
+        """Operations in the failing program, shrunk unless ``shrunk`` is false (constructor and teardown not
+        counted)."""
         return sum(1 for line in (self.program or "").splitlines() if line.startswith("state.")
                    and not line.startswith("state.teardown"))
 
     def to_json(self) -> dict:
-        return {**attrs.asdict(self), "steps_per_second": round(self.steps_per_second, 1)}
+        return {**attrs.asdict(self), "steps_per_second": round(self.steps_per_second, 1),
+                "program_length": self.program_length}
 
 
 class Progress:
@@ -140,7 +143,7 @@ def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, e
     seconds = time.perf_counter() - stats.started
     summary = RunSummary(allocator_name, stats.examples, stats.steps, seconds, failure is not None,
                          dict(sorted(stats.operations.items())), first_failure_examples=stats.first_failure_examples,
-                         first_failure_seconds=stats.first_failure_seconds)
+                         first_failure_seconds=stats.first_failure_seconds, shrunk=shrink)
     if failure is None:
         return summary
     notes = [*report, *getattr(failure, "__notes__", ())]

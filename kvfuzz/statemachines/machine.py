@@ -80,10 +80,12 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     @rule(seq=st.runner().map(lambda machine: machine.harness.new_id()), namespace=st.deferred(
         lambda: st.runner().flatmap(lambda machine: strategies.namespaces(machine.caps.namespaces))),
-        prompt=st.deferred(lambda: st.runner().flatmap(lambda machine: strategies.prompts(machine.config.block_size))))
+        system=st.deferred(lambda: st.runner().flatmap(lambda machine: strategies.systems(machine.config.block_size))),
+        suffix=st.deferred(lambda: st.runner().flatmap(lambda machine: strategies.suffixes(machine.config.block_size))))
     @counted
-    def admit(self, seq: str, namespace: tuple, prompt: tuple) -> None:
-        self.harness.admit(seq, namespace, prompt)
+    def admit(self, seq: str, namespace: tuple, system: tuple, suffix: list) -> None:
+        """A request whose prompt is a shared system prompt followed by its own suffix."""
+        self.harness.admit(seq, namespace, system + tuple(suffix))
 
     @precondition(lambda self: self.harness.ids(Status.PREEMPTED))
     @rule(seq=_pick(lambda h: h.ids(Status.PREEMPTED)))
@@ -95,8 +97,8 @@ class KVCacheMachine(RuleBasedStateMachine):
     @rule(seq=_pick(_running), tokens=st.deferred(
         lambda: st.runner().flatmap(lambda machine: strategies.appended_tokens(machine.config.block_size))))
     @counted
-    def grow(self, seq: str, tokens: tuple) -> None:
-        self.harness.grow(seq, tokens)
+    def grow(self, seq: str, tokens: list) -> None:
+        self.harness.grow(seq, tuple(tokens))
 
     @precondition(lambda self: self.caps.fork and self.harness.computed_ids())
     @rule(parent=_pick(_computed), child=st.runner().map(lambda machine: machine.harness.new_id()))

@@ -1,7 +1,7 @@
 """How the machine draws requests: prompts that share prefixes often, and namespaces that differ subtly.
 
-Prompts are a shared "system prompt" (lengths chosen around block boundaries) followed by a short suffix over a tiny
-vocabulary, so equal prefixes, equal full blocks and near misses are common. Namespaces include pairs whose parts
+Prompts are a shared "system prompt" (lengths chosen around block boundaries) followed by a short, non-empty suffix
+over a tiny vocabulary, so equal prefixes, equal full blocks and near misses are common. Namespaces include pairs whose parts
 concatenate to the same string, and the same tokens are drawn under several namespaces.
 """
 
@@ -25,12 +25,14 @@ def system_prompts(block_size: int) -> list[tuple[int, ...]]:
 
 
 @functools.lru_cache(maxsize=None)
-def prompts(block_size: int) -> st.SearchStrategy[tuple[int, ...]]:
-    def with_suffix(system: tuple[int, ...]) -> st.SearchStrategy[tuple[int, ...]]:
-        suffixes = st.lists(st.integers(0, VOCABULARY - 1), min_size=0 if system else 1, max_size=block_size + 2)
-        return suffixes.map(lambda suffix: system + tuple(suffix))
+def systems(block_size: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """The shared part of a prompt; a prompt is a system prompt plus a non-empty suffix."""
+    return st.sampled_from(system_prompts(block_size))
 
-    return st.sampled_from(system_prompts(block_size)).flatmap(with_suffix)
+
+@functools.lru_cache(maxsize=None)
+def suffixes(block_size: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(0, VOCABULARY - 1), min_size=1, max_size=block_size + 2)
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,7 +44,7 @@ def namespaces(enabled: bool) -> st.SearchStrategy[Namespace]:
 
 
 @functools.lru_cache(maxsize=None)
-def appended_tokens(block_size: int) -> st.SearchStrategy[tuple[int, ...]]:
-    """A decode step (one token) most often, else a chunk or a run of speculative drafts."""
-    return st.one_of(st.tuples(st.integers(0, VOCABULARY - 1)),
-                     st.lists(st.integers(0, VOCABULARY - 1), min_size=2, max_size=block_size + 1).map(tuple))
+def appended_tokens(block_size: int) -> st.SearchStrategy[list[int]]:
+    """A decode step (one token) half the time, else a chunk or a run of speculative drafts."""
+    token = st.integers(0, VOCABULARY - 1)
+    return st.one_of(st.lists(token, min_size=1, max_size=1), st.lists(token, min_size=2, max_size=block_size + 1))
