@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+import sys
 import time
 import traceback
 from typing import Callable, Iterator, Optional
@@ -21,6 +23,8 @@ from hypothesis.stateful import get_state_machine_test
 
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.machine import AllocatorFactory, machine_for
+from kvfuzz.statemachines.minimize import minimize, replay
+from kvfuzz.statemachines.program import Call, program_text
 from kvfuzz.statemachines.stats import RunStats
 from kvfuzz.statemachines.violations import InvariantViolation
 
@@ -32,7 +36,8 @@ class AllocatorNotFound(LookupError):
 
 
 def load_factory(spec: str) -> AllocatorFactory:
-    """``package.module:factory`` -> the factory; ``zoo:Name`` -> a broken allocator from the zoo."""
+    """``package.module:factory`` (importable from the environment or the current directory) -> the factory;
+    ``zoo:Name`` -> a broken allocator from the zoo."""
     if spec.startswith("zoo:"):
         from kvfuzz.zoo import variant
         try:
@@ -42,6 +47,8 @@ def load_factory(spec: str) -> AllocatorFactory:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise AllocatorNotFound(f"--allocator {spec!r}: expected MODULE:FACTORY, e.g. {DEFAULT_ALLOCATOR}")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # as `python -m` would: modules in the current directory are importable
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
@@ -124,6 +131,17 @@ class Progress:
                        f"{stats.steps / (now - stats.started):.0f} steps/s")
 
 
+def _shrink_further(machine: type, calls: list[Call], failure: InvariantViolation,
+                    program: str) -> tuple[InvariantViolation, str]:
+    """Delete calls Hypothesis kept but the failure does not need; keep Hypothesis's result if replay disagrees."""
+    with single_threaded_torch():
+        shorter = minimize(machine, calls, type(failure))
+        replayed = replay(machine, shorter)
+    if not isinstance(replayed, InvariantViolation) or type(replayed) is not type(failure):
+        return failure, program
+    return replayed, program_text(machine.__name__, shorter)
+
+
 def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, examples: int = 100,
         steps: int = 50, seed: Optional[int] = None, allocator_name: str = DEFAULT_ALLOCATOR,
         shrink: bool = True, progress: Optional[Callable[[str], None]] = None) -> RunSummary:
@@ -150,6 +168,9 @@ def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, e
     program = "\n".join(line for note in notes for line in note.splitlines()
                         if line.strip() and not line.startswith(("Falsifying", "Failing test case")))
     if isinstance(failure, InvariantViolation):
+        if shrink and stats.last_failing_program:
+            failure, program = _shrink_further(machine_for(factory, config), stats.last_failing_program, failure,
+                                               program)
         return attrs.evolve(summary, invariant=str(failure.invariant), program=program, explanation=failure.explain())
     crash = "".join(traceback.format_exception(type(failure), failure, failure.__traceback__, limit=-4))
     return attrs.evolve(summary, invariant=f"crash ({type(failure).__name__})", program=program,

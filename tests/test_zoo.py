@@ -13,7 +13,7 @@ BUG_CLASSES_COVERED = {name.split()[0] for name in (v.bug_class for v in VARIANT
 
 @pytest.mark.parametrize("broken", VARIANTS, ids=lambda v: v.name)
 def test_variant_is_caught_with_the_expected_invariant(broken) -> None:
-    summary = run(broken.factory(), MachineConfig(), examples=600, steps=50, shrink=False)
+    summary = run(broken.factory(), MachineConfig(), examples=2000, steps=50, shrink=False)
     assert summary.failed, f"{broken.name} escaped {summary.examples} examples"
     assert summary.invariant == str(broken.expected), summary.explanation
 

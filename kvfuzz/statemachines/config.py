@@ -14,7 +14,7 @@ class MachineConfig:
 
     block_size: int = attrs.field(default=4, validator=attrs.validators.ge(1))
     num_blocks: int = attrs.field(default=16, validator=attrs.validators.ge(1))
-    num_host_blocks: int = attrs.field(default=8, validator=attrs.validators.ge(0))
+    num_host_blocks: int = attrs.field(default=4, validator=attrs.validators.ge(0))
     shape: ModelShape = ModelShape()
 
     def pool_spec(self) -> PoolSpec:

@@ -147,14 +147,13 @@ class Harness:
                                  f"{list(table)}"])
         if len(result.slots) != len(tokens):
             self.check.fail(Invariant.CONTENT, f"grow of {len(tokens)} tokens returned {len(result.slots)} slots")
-        change = self._set_table(seq, table, "grown into")
+        self._settle(self._set_table(seq, table, "grown into"))
         for copy in result.copies:
             self.check.exclusive(copy.dst, seq, f"copy-on-write copy from block {copy.src}")
         targets = self._write_targets(seq, table, old_len)
         for index, block in targets.items():
             self.check.exclusive(block, seq, f"grow schedules writes of {seq}'s logical block {index}")
         self.check.window(set(targets.values()) | {copy.dst for copy in result.copies}, seq)
-        self._settle(change)
         return True
 
     def fork(self, parent: SeqId, child: SeqId) -> bool:
@@ -234,11 +233,11 @@ class Harness:
         model.status, model.host_table = Status.RUNNING, ()
         table = self._table(seq)
         change = self._set_table(seq, table, "swapped in for")
+        self._settle(change, positions=[(seq, position) for position in range(self.window_start(seq), model.written)])
         for _, block in result.mapping:
             self.check.exclusive(block, seq, "swap-in copy")
         self.check.window({block for _, block in result.mapping}, seq)
         self.stats["swapped in blocks"] += len(result.mapping)
-        self._settle(change, positions=[(seq, position) for position in range(self.window_start(seq), model.written)])
         return True
 
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
@@ -349,6 +348,7 @@ class Harness:
         if self.caps.eviction:
             self._call(self.allocator.reset_cache)
         if self.caps.introspection:
+            self.check.accounting(())
             self.check.quiescent()
         else:
             self._probe_whole_pool()
@@ -397,7 +397,7 @@ class Harness:
         if table != tuple(reported):
             self.check.fail(Invariant.CONTENT, f"admit returned block table {list(reported)} for {seq}",
                             [f"found: block_table({seq!r}) says {list(table)}"])
-        change = self._set_table(seq, table, "admitted as")
+        self.check.accounting(self._set_table(seq, table, "admitted as").touched)
         self.check.cache_hit(seq, num_cached)
         targets = self._write_targets(seq, table, num_cached)
         for index, block in targets.items():
@@ -406,10 +406,11 @@ class Harness:
         if num_cached:
             self.stats["cache hits"] += 1
             self.stats["cache-hit tokens"] += num_cached
-        self._settle(change)
+        self.check.content(self.engine.take_dirty())
 
     def _write_targets(self, seq: SeqId, table: tuple[int, ...], first_position: int) -> dict[int, int]:
-        """Logical index -> block of every block the next step writes, from ``first_position`` on."""
+        """Logical index -> block of every block the next step writes, from ``first_position`` on (dropped
+        entries are never written)."""
         return {index: table[index] for index in range(first_position // self.block_size, len(table))
                 if table[index] != NULL_BLOCK}
 

@@ -20,6 +20,7 @@ from kvfuzz.statemachines import strategies
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.harness import Harness
 from kvfuzz.statemachines.model import Status
+from kvfuzz.statemachines.program import Call
 from kvfuzz.statemachines.stats import RunStats
 
 AllocatorFactory = Callable[[PoolSpec], PagedAllocator]
@@ -27,18 +28,19 @@ F = TypeVar("F", bound=Callable[..., None])
 
 
 def counted(function: F) -> F:
-    """Count the step in the run's stats, and note a failure (the run's first, before Hypothesis shrinks it)."""
+    """Record the call, count the step in the run's stats, and note a failure with its program."""
 
     @functools.wraps(function)
-    def wrapper(self: "KVCacheMachine", *args: object, **kwargs: object) -> None:
+    def wrapper(self: "KVCacheMachine", **kwargs: object) -> None:
+        self.calls.append(Call(function.__name__, kwargs))
         if self.stats is not None:
             self.stats.count_step()
         try:
-            return function(self, *args, **kwargs)
+            return function(self, **kwargs)
         except Exception:
             self.failed = True
             if self.stats is not None:
-                self.stats.failed()
+                self.stats.failed(self.calls)
             raise
 
     return wrapper  # type: ignore[return-value]
@@ -73,6 +75,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.harness = Harness(self.factory(self.config.pool_spec()), self.config, operations)
         self.caps = self.harness.caps
         self.failed = False
+        self.calls: list[Call] = []
         if self.stats is not None:
             self.stats.examples += 1
 
@@ -180,8 +183,38 @@ class KVCacheMachine(RuleBasedStateMachine):
             self.harness.quiesce()
         except Exception:
             if self.stats is not None:
-                self.stats.failed()
+                self.stats.failed(self.calls)
             raise
+
+
+def _fresh(h: Harness, seq: str) -> bool:
+    return seq not in h.seqs and seq not in h.finished
+
+
+_ARGUMENTS_VALID: dict[str, Callable[[Harness, dict], bool]] = {
+    "admit": lambda h, a: _fresh(h, a["seq"]),
+    "readmit": lambda h, a: a["seq"] in h.ids(Status.PREEMPTED),
+    "grow": lambda h, a: a["seq"] in _running(h),
+    "fork": lambda h, a: a["parent"] in _computed(h) and _fresh(h, a["child"]) and a["parent"] != a["child"],
+    "free": lambda h, a: a["seq"] in h.seqs and h.seqs[a["seq"]].status is not Status.PREEMPTED,
+    "preempt": lambda h, a: a["seq"] in _running(h),
+    "swap_out": lambda h, a: a["seq"] in _computed(h),
+    "swap_in": lambda h, a: a["seq"] in h.ids(Status.SWAPPED),
+    "rollback": lambda h, a: a["seq"] in _rollbackable(h),
+    "decode": lambda h, a: bool(h.computed_ids()),
+    "misuse": lambda h, a: a["call"] in h.misuse_calls(),
+}
+
+
+def is_valid(machine: KVCacheMachine, call: Call) -> bool:
+    """Whether ``call`` could have been drawn in the machine's current state: its rule enabled by the declared
+    capabilities, and every sequence it names in the state its rule draws from. Used to replay programs."""
+    needs = {"fork": "fork", "swap_out": "swap", "swap_in": "swap", "rollback": "rollback", "evict": "eviction",
+             "reset_cache": "eviction"}.get(call.rule)
+    if needs is not None and not getattr(machine.caps, needs):
+        return False
+    check = _ARGUMENTS_VALID.get(call.rule)
+    return check is None or check(machine.harness, call.kwargs())
 
 
 def machine_for(factory: AllocatorFactory, config: MachineConfig = MachineConfig(),

@@ -19,6 +19,7 @@ class RunStats:
     started: float = attrs.field(factory=time.perf_counter)
     first_failure_examples: Optional[int] = None
     first_failure_seconds: Optional[float] = None
+    last_failing_program: Optional[list] = None
     on_step: Optional[Callable[["RunStats"], None]] = None
 
     def count_step(self) -> None:
@@ -26,8 +27,10 @@ class RunStats:
         if self.on_step is not None:
             self.on_step(self)
 
-    def failed(self) -> None:
-        """A rule raised: remember when the first failure of the run happened (before any shrinking)."""
+    def failed(self, program: list) -> None:
+        """A rule raised: remember when the run's first failure happened (before any shrinking), and the program
+        of the latest failing example (after shrinking, Hypothesis runs the minimal one last, to report it)."""
+        self.last_failing_program = list(program)
         if self.first_failure_examples is None:
             self.first_failure_examples = self.examples
             self.first_failure_seconds = time.perf_counter() - self.started

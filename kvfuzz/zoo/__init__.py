@@ -63,8 +63,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(variants.SilentDoubleFree, "misuse accepted silently", Invariant.MISUSE),
     Variant(variants.WindowDropIgnoresSharing, "11 sliding window drops a shared block", Invariant.REFCOUNTS,
             sliding_window=9),
-    Variant(variants.NullBlockFreedPerOccurrence, "4 repeated block freed per occurrence", Invariant.REFCOUNTS,
-            sliding_window=9),
+    Variant(variants.RepeatedBlockAfterRollback, "4 repeated block freed per occurrence", Invariant.REFCOUNTS),
 )
 
 

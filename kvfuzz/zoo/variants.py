@@ -7,8 +7,6 @@ the right invariant. Never use them for anything else.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import attrs
 
 from kvfuzz.allocator.block_pool import BlockPool
@@ -284,29 +282,27 @@ class WindowDropIgnoresSharing(PagedAllocator):
                 state.table[index] = NULL_BLOCK
 
 
-class NullBlockFreedPerOccurrence(PagedAllocator):
-    """Class 4, a block repeated in a table, counted once and freed once per occurrence: dropped window positions
-    map to one shared physical "null" block (as vLLM's null block), referenced once per sequence but released once
-    per table entry when the sequence finishes.
+class RepeatedBlockAfterRollback(PagedAllocator):
+    """Class 4, a block repeated in a table and freed once per occurrence: after a rollback that ends on a block
+    boundary, the next grow appends the sequence's last block again (a stale "last block" pointer the rollback did
+    not reset), so the table holds one block twice while it is referenced once, and freeing the sequence releases
+    it once per occurrence.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._null: Optional[int] = None
+        self._stale_last: dict[SeqId, int] = {}
 
-    def _drop_out_of_window(self, state: _Sequence) -> None:
-        for index in range(self._first_kept_index(len(state.tokens))):
-            block = state.table[index]
-            if block == self._null:
-                continue
-            if block != NULL_BLOCK:
-                self._pool.release(block)
-            state.table[index] = self._null_for(state)
+    def rollback(self, seq: SeqId, num_tokens: int) -> None:
+        super().rollback(seq, num_tokens)
+        state = self._seqs[seq]
+        if len(state.tokens) % self.block_size == 0:
+            self._stale_last[seq] = state.table[-1]
 
-    def _null_for(self, state: _Sequence) -> int:
-        """The shared null block, referenced once per sequence however often its table holds it (the slip)."""
-        if self._null is None or self._pool.refcount(self._null) == 0:
-            (self._null,) = self._pool.allocate(1)
-        elif self._null not in state.table:
-            self._pool.take(self._null)
-        return self._null
+    def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
+        stale = self._stale_last.pop(seq, None)
+        state = self._seqs.get(seq)
+        if stale is not None and state is not None and tokens and stale in state.table:
+            state.table.append(stale)
+            state.versions.append(next(self._version_clock))
+        return super().grow(seq, tokens)
