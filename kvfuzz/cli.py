@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
-import torch
+from hypothesis.database import DirectoryBasedExampleDatabase
 
+from kvfuzz.corpus import export_test, replay_trace, save_failure
 from kvfuzz.reference.content import ModelShape
 from kvfuzz.runner import DEFAULT_ALLOCATOR, AllocatorNotFound, RunSummary, load_factory, run
 from kvfuzz.statemachines.config import MachineConfig
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from kvfuzz.statemachines.minimize import NotApplicable
+from kvfuzz.trace import DTYPES, TraceError
+from kvfuzz.trace import load as load_trace
 
 
 def _machine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +50,19 @@ def _parser() -> argparse.ArgumentParser:
                             help=f"MODULE:FACTORY called with a PoolSpec (default {DEFAULT_ALLOCATOR}); "
                                  "zoo:NAME for a broken allocator from kvfuzz's zoo")
     run_parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    run_parser.add_argument("--corpus", default="corpus", metavar="DIR",
+                            help="where a failure's trace is saved (default: corpus)")
+    run_parser.add_argument("--database", metavar="DIR",
+                            help="Hypothesis example database: failing examples are saved there and tried first "
+                                 "by the next run (share it between CI runs); makes the run random, not seeded")
     _machine_arguments(run_parser)
+    replay_parser = commands.add_parser("replay", help="re-execute saved traces, without Hypothesis")
+    replay_parser.add_argument("traces", nargs="+", metavar="FILE")
+    replay_parser.add_argument("--allocator", help="replay against this allocator instead of the recorded one")
+    export_parser = commands.add_parser("export", help="write a trace as a standalone pytest file")
+    export_parser.add_argument("trace", metavar="FILE")
+    export_parser.add_argument("--allocator", help="test this allocator instead of the recorded one")
+    export_parser.add_argument("-o", "--output", help="the file to write (default: stdout)")
     zoo_parser = commands.add_parser("zoo", help="run the machine against every broken allocator in the zoo")
     zoo_parser.add_argument("--only", nargs="+", default=(), metavar="NAME", help="run only these variants")
     zoo_parser.add_argument("--json", action="store_true", help="print the results as one JSON list")
@@ -88,13 +103,65 @@ def _run(args: argparse.Namespace) -> int:
               f"{shape.num_query_heads} query heads, head dim {shape.head_dim}, {args.dtype} on {shape.device}\n"
               f"  {args.examples} examples of up to {args.steps} steps, "
               f"{'seed ' + str(args.seed) if args.seed is not None else 'derandomized'}", flush=True)
+    database = DirectoryBasedExampleDatabase(args.database) if args.database else None
+    if database is not None and args.seed is not None:
+        print("kvfuzz: --seed and --database cannot be combined (Hypothesis ignores the database under a seed)",
+              file=sys.stderr)
+        return 2
     summary = run(factory, config, examples=args.examples, steps=args.steps, seed=args.seed,
-                  allocator_name=args.allocator, shrink=not args.no_shrink, progress=progress)
+                  allocator_name=args.allocator, shrink=not args.no_shrink, database=database, progress=progress)
+    saved = None
+    if summary.failed:
+        window = factory(config.pool_spec()).capabilities.inflight_window
+        saved = save_failure(summary, args.allocator, config, window, Path(args.corpus))
     if args.json:
-        print(json.dumps(summary.to_json(), indent=2))
+        print(json.dumps({**summary.to_json(), "trace": str(saved[0]) if saved else None}, indent=2))
     else:
         _print_summary(summary, config)
+        if saved:
+            print(f"\ntrace {'saved to' if saved[1] else 'already in the corpus:'} {saved[0]}"
+                  f"\nreplay it with: kvfuzz replay {saved[0]}")
     return 1 if summary.failed else 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    worst = 0
+    for path in args.traces:
+        try:
+            trace = load_trace(Path(path))
+            print(f"{path}: recorded against {trace.allocator}: {trace.failure.get('title')}"
+                  + (f" (known bug: {trace.known_bug})" if trace.known_bug else ""))
+            replayed = replay_trace(trace, args.allocator,
+                                    on_call=lambda index, call: print(f"  {index + 1:3}  {call}"))
+        except (TraceError, AllocatorNotFound, NotApplicable) as error:
+            print(f"kvfuzz: {error}", file=sys.stderr)
+            worst = max(worst, 2)
+            continue
+        failed_at = replayed.outcome.failed_at
+        if not replayed.failed:
+            print(f"  ok   replayed against {replayed.allocator}: the failure no longer reproduces\n")
+            continue
+        where = "teardown" if failed_at == len(trace.program) else f"call {failed_at + 1}"
+        verdict = "REPRODUCED" if replayed.reproduced else "FAILED DIFFERENTLY"
+        print(f"  >>   {verdict} at {where} against {replayed.allocator}:\n"
+              + "\n".join(f"       {line}" for line in replayed.describe_failure().splitlines()) + "\n")
+        worst = max(worst, 1)
+    return worst
+
+
+def _export(args: argparse.Namespace) -> int:
+    try:
+        trace = load_trace(Path(args.trace))
+    except TraceError as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return 2
+    text = export_test(trace, args.trace, args.allocator)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}; run it with: pytest {args.output}")
+    else:
+        print(text, end="")
+    return 0
 
 
 def _zoo(args: argparse.Namespace) -> int:
@@ -125,7 +192,7 @@ def _zoo(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    return {"run": _run, "zoo": _zoo}[args.command](args)
+    return {"run": _run, "zoo": _zoo, "replay": _replay, "export": _export}[args.command](args)
 
 
 if __name__ == "__main__":

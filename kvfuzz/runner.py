@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import os
 import sys
 import time
@@ -18,6 +19,7 @@ import attrs
 import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.database import ExampleDatabase
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import get_state_machine_test
 
@@ -29,15 +31,29 @@ from kvfuzz.statemachines.stats import RunStats
 from kvfuzz.statemachines.violations import InvariantViolation
 
 DEFAULT_ALLOCATOR = "kvfuzz.allocator.paged:paged_allocator"
+ALLOCATOR_ENTRY_POINTS = "kvfuzz.allocators"
 
 
 class AllocatorNotFound(LookupError):
     """``--allocator`` named something that cannot be imported or called."""
 
 
+def _registered_allocators() -> dict[str, importlib.metadata.EntryPoint]:
+    """Allocators that installed packages register in the ``kvfuzz.allocators`` entry-point group, by name."""
+    return {entry.name: entry for entry in importlib.metadata.entry_points(group=ALLOCATOR_ENTRY_POINTS)}
+
+
 def load_factory(spec: str) -> AllocatorFactory:
-    """``package.module:factory`` (importable from the environment or the current directory) -> the factory;
-    ``zoo:Name`` -> a broken allocator from the zoo."""
+    """A name registered in the ``kvfuzz.allocators`` entry-point group -> its factory; ``package.module:factory``
+    (importable from the environment or the current directory) -> the factory; ``zoo:Name`` -> a broken
+    allocator from the zoo."""
+    registered = _registered_allocators()
+    if spec in registered:
+        try:
+            return registered[spec].load()
+        except Exception as error:  # noqa: BLE001 -- any import failure of a plugin is reported the same way
+            raise AllocatorNotFound(f"--allocator {spec!r}: the registered entry point failed to load: "
+                                    f"{error}") from error
     if spec.startswith("zoo:"):
         from kvfuzz.zoo import variant
         try:
@@ -71,11 +87,13 @@ def single_threaded_torch() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def run_settings(examples: int, steps: int, derandomize: bool = True, shrink: bool = True) -> settings:
-    """Explicit settings: no deadline and no health checks (an allocator may be slow), no shared database."""
+def run_settings(examples: int, steps: int, derandomize: bool = True, shrink: bool = True,
+                 database: Optional[ExampleDatabase] = None) -> settings:
+    """Explicit settings: no deadline and no health checks (an allocator may be slow), and the example database
+    only when one is given."""
     phases = (Phase.explicit, Phase.reuse, Phase.generate) + ((Phase.shrink,) if shrink else ())
     return settings(max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=derandomize,
-                    database=None, print_blob=False, report_multiple_bugs=False, phases=phases,
+                    database=database, print_blob=False, report_multiple_bugs=False, phases=phases,
                     suppress_health_check=list(HealthCheck))
 
 
@@ -99,6 +117,8 @@ class RunSummary:
     first_failure_examples: Optional[int] = None
     first_failure_seconds: Optional[float] = None
     shrunk: bool = True
+    calls: tuple[Call, ...] = attrs.field(default=(), repr=False)
+    failure: Optional[BaseException] = attrs.field(default=None, repr=False)
 
     @property
     def steps_per_second(self) -> float:
@@ -112,8 +132,8 @@ class RunSummary:
                    and not line.startswith("state.teardown"))
 
     def to_json(self) -> dict:
-        return {**attrs.asdict(self), "steps_per_second": round(self.steps_per_second, 1),
-                "program_length": self.program_length}
+        fields = attrs.asdict(self, filter=lambda attribute, _: attribute.name not in ("calls", "failure"))
+        return {**fields, "steps_per_second": round(self.steps_per_second, 1), "program_length": self.program_length}
 
 
 class Progress:
@@ -131,24 +151,38 @@ class Progress:
                        f"{stats.steps / (now - stats.started):.0f} steps/s")
 
 
-def _shrink_further(machine: type, calls: list[Call], failure: InvariantViolation,
-                    program: str) -> tuple[InvariantViolation, str]:
+def _shrink_further(machine: type, calls: list[Call],
+                    failure: InvariantViolation) -> tuple[InvariantViolation, list[Call]]:
     """Delete calls Hypothesis kept but the failure does not need; keep Hypothesis's result if replay disagrees."""
     with single_threaded_torch():
         shorter = minimize(machine, calls, type(failure))
-        replayed = replay(machine, shorter)
+        replayed = replay(machine, shorter).failure
     if not isinstance(replayed, InvariantViolation) or type(replayed) is not type(failure):
-        return failure, program
-    return replayed, program_text(machine.__name__, shorter)
+        return failure, calls
+    return replayed, shorter
 
 
 def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, examples: int = 100,
         steps: int = 50, seed: Optional[int] = None, allocator_name: str = DEFAULT_ALLOCATOR,
-        shrink: bool = True, progress: Optional[Callable[[str], None]] = None) -> RunSummary:
-    """Run the machine against ``factory``; never raises for a failure the machine finds."""
+        shrink: bool = True, database: Optional[ExampleDatabase] = None, derandomize: Optional[bool] = None,
+        progress: Optional[Callable[[str], None]] = None) -> RunSummary:
+    """Run the machine against ``factory``; never raises for a failure the machine finds.
+
+    With a ``database``, failing examples are saved there and tried first by the next run against the same
+    allocator and configuration; such runs are random (Hypothesis ignores a database in derandomized or seeded
+    runs). Otherwise runs are derandomized unless a ``seed`` is given or ``derandomize`` is false.
+    """
     stats = RunStats(on_step=Progress(progress) if progress is not None else None)
     machine = machine_for(factory, config, stats)
-    test = get_state_machine_test(machine, settings=run_settings(examples, steps, derandomize=seed is None, shrink=shrink))
+    if database is not None:
+        if seed is not None:
+            raise ValueError("a seed and an example database cannot be combined: Hypothesis ignores the database "
+                             "when the seed is fixed")
+        derandomize = False  # Hypothesis does not combine derandomize with a database
+    elif derandomize is None:
+        derandomize = seed is None
+    test = get_state_machine_test(machine, settings=run_settings(examples, steps, derandomize=derandomize,
+                                                                 shrink=shrink, database=database))
     if seed is not None:
         test = hypothesis_seed(seed)(test)
     report: list[str] = []
@@ -164,14 +198,18 @@ def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, e
                          first_failure_seconds=stats.first_failure_seconds, shrunk=shrink)
     if failure is None:
         return summary
-    notes = [*report, *getattr(failure, "__notes__", ())]
-    program = "\n".join(line for note in notes for line in note.splitlines()
-                        if line.strip() and not line.startswith(("Falsifying", "Failing test case")))
+    calls = stats.last_failing_program or []
+    if isinstance(failure, InvariantViolation) and shrink and calls:
+        failure, calls = _shrink_further(machine_for(factory, config), calls, failure)
+    if calls:
+        program = program_text(machine.__name__, calls)
+    else:
+        notes = [*report, *getattr(failure, "__notes__", ())]
+        program = "\n".join(line for note in notes for line in note.splitlines()
+                            if line.strip() and not line.startswith(("Falsifying", "Failing test case")))
+    summary = attrs.evolve(summary, program=program, calls=tuple(calls), failure=failure)
     if isinstance(failure, InvariantViolation):
-        if shrink and stats.last_failing_program:
-            failure, program = _shrink_further(machine_for(factory, config), stats.last_failing_program, failure,
-                                               program)
-        return attrs.evolve(summary, invariant=str(failure.invariant), program=program, explanation=failure.explain())
+        return attrs.evolve(summary, invariant=str(failure.invariant), explanation=failure.explain())
     crash = "".join(traceback.format_exception(type(failure), failure, failure.__traceback__, limit=-4))
-    return attrs.evolve(summary, invariant=f"crash ({type(failure).__name__})", program=program,
+    return attrs.evolve(summary, invariant=f"crash ({type(failure).__name__})",
                         explanation=f"the allocator (or kvfuzz) raised an unexpected exception:\n{crash}")

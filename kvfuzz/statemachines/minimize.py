@@ -10,7 +10,9 @@ never admitted) makes the candidate invalid, never a finding.
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
+
+import attrs
 
 from kvfuzz.statemachines.machine import KVCacheMachine, is_valid
 from kvfuzz.statemachines.program import Call
@@ -20,29 +22,40 @@ class NotApplicable(Exception):
     """A call's rule is disabled or its arguments name sequences in the wrong state."""
 
 
-def replay(machine_class: type[KVCacheMachine], calls: Sequence[Call]) -> Optional[Exception]:
-    """Run ``calls`` on a fresh machine, then its teardown; return what the first failing call raised, or None.
+@attrs.frozen
+class ReplayOutcome:
+    """What a replay raised, and at which call (``len(calls)`` for the teardown); both None if nothing failed."""
+
+    failure: Optional[Exception]
+    failed_at: Optional[int]
+
+
+def replay(machine_class: type[KVCacheMachine], calls: Sequence[Call],
+           on_call: Optional[Callable[[int, Call], None]] = None) -> ReplayOutcome:
+    """Run ``calls`` on a fresh machine, then its teardown, stopping at the first failure.
 
     Raises :class:`NotApplicable` if some call cannot be made in the state the earlier calls left.
     """
     machine = machine_class()
-    for call in calls:
+    for index, call in enumerate(calls):
         if not is_valid(machine, call):
-            raise NotApplicable(str(call))
+            raise NotApplicable(f"call {index + 1}, {call}, cannot be made in the state the calls before it left")
+        if on_call is not None:
+            on_call(index, call)
         try:
             getattr(machine, call.rule)(**call.kwargs())
         except Exception as error:  # noqa: BLE001 -- the failure is the result
-            return error
+            return ReplayOutcome(error, index)
     try:
         machine.teardown()
     except Exception as error:  # noqa: BLE001
-        return error
-    return None
+        return ReplayOutcome(error, len(calls))
+    return ReplayOutcome(None, None)
 
 
 def reproduces(machine_class: type[KVCacheMachine], calls: Sequence[Call], failure: type[Exception]) -> bool:
     try:
-        return type(replay(machine_class, calls)) is failure
+        return type(replay(machine_class, calls).failure) is failure
     except NotApplicable:
         return False
 

@@ -1,0 +1,113 @@
+"""Turning failures into lasting regression tests: save a run's failure as a trace, replay a trace, and export it as
+a standalone pytest file."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+from typing import Callable, Optional
+
+import attrs
+
+from kvfuzz.runner import RunSummary, load_factory
+from kvfuzz.statemachines.config import MachineConfig
+from kvfuzz.statemachines.harness import MisuseCall
+from kvfuzz.statemachines.machine import machine_for
+from kvfuzz.statemachines.minimize import ReplayOutcome, replay
+from kvfuzz.statemachines.program import Call
+from kvfuzz.statemachines.violations import InvariantViolation
+from kvfuzz.trace import Trace, failure_record, save
+
+
+def trace_of(summary: RunSummary, allocator: str, config: MachineConfig,
+             inflight_window: Optional[int]) -> Optional[Trace]:
+    """The trace of a failed run, or None if it has no program to replay."""
+    if not summary.failed or not summary.calls:
+        return None
+    failure = summary.failure
+    record = (failure_record(failure) if isinstance(failure, InvariantViolation)
+              else {"invariant": None, "title": summary.invariant, "operation": None,
+                    "explanation": summary.explanation})
+    return Trace(allocator, config, summary.calls, record, inflight_window)
+
+
+def save_failure(summary: RunSummary, allocator: str, config: MachineConfig, inflight_window: Optional[int],
+                 directory: Path) -> Optional[tuple[Path, bool]]:
+    trace = trace_of(summary, allocator, config, inflight_window)
+    return None if trace is None else save(trace, directory)
+
+
+@attrs.frozen
+class TraceReplay:
+    """A trace replayed against an allocator: what happened, and whether it is the recorded failure."""
+
+    trace: Trace
+    allocator: str
+    outcome: ReplayOutcome
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome.failure is not None
+
+    @property
+    def reproduced(self) -> bool:
+        """The recorded failure happened again: the same invariant (or, for a crash, the same exception type)."""
+        failure = self.outcome.failure
+        if isinstance(failure, InvariantViolation):
+            return failure.invariant.number == self.trace.failure.get("invariant")
+        return failure is not None and self.trace.failure.get("invariant") is None and \
+            f"({type(failure).__name__})" in str(self.trace.failure.get("title"))
+
+    def describe_failure(self) -> str:
+        failure = self.outcome.failure
+        if failure is None:
+            return "no invariant broke"
+        return failure.explain() if isinstance(failure, InvariantViolation) else f"{type(failure).__name__}: {failure}"
+
+
+def replay_trace(trace: Trace, allocator: Optional[str] = None,
+                 on_call: Optional[Callable[[int, Call], None]] = None) -> TraceReplay:
+    """Replay ``trace`` against its recorded allocator, or ``allocator`` if given.
+
+    Raises :class:`~kvfuzz.runner.AllocatorNotFound` if the allocator cannot be loaded, and
+    :class:`~kvfuzz.statemachines.minimize.NotApplicable` if the program does not fit the allocator.
+    """
+    spec = allocator or trace.allocator
+    machine = machine_for(load_factory(spec), trace.config)
+    return TraceReplay(trace, spec, replay(machine, trace.program, on_call))
+
+
+def export_test(trace: Trace, source: str, allocator: Optional[str] = None) -> str:
+    """A standalone pytest file that reproduces ``trace`` through kvfuzz's public API: it fails while the failure
+    reproduces and passes once it is fixed."""
+    spec = allocator or trace.allocator
+    shape = trace.config.shape
+    name = re.sub(r"[^a-z0-9]+", "_", f"{spec.split(':')[-1]} {trace.failure.get('title', '')}".lower()).strip("_")
+    calls = "\n".join(f"    {call}" for call in trace.program)
+    uses_misuse = any(isinstance(value, MisuseCall) for call in trace.program for _, value in call.arguments)
+    statemachines = "MachineConfig, MisuseCall, machine_for" if uses_misuse else "MachineConfig, machine_for"
+    explanation = textwrap.indent(str(trace.failure.get("explanation", "")), "    ")
+    return f'''"""Regression test exported by kvfuzz from {source}.
+
+Recorded failure against {trace.allocator}:
+{explanation}
+"""
+
+import torch
+
+from kvfuzz.reference import ModelShape
+from kvfuzz.runner import load_factory
+from kvfuzz.statemachines import {statemachines}
+
+
+def test_{name}_{trace.digest()}():
+    config = MachineConfig(block_size={trace.config.block_size}, num_blocks={trace.config.num_blocks},
+                           num_host_blocks={trace.config.num_host_blocks},
+                           shape=ModelShape(num_layers={shape.num_layers}, num_kv_heads={shape.num_kv_heads},
+                                            num_query_heads={shape.num_query_heads}, head_dim={shape.head_dim},
+                                            dtype={shape.dtype}, device={shape.device!r}))
+    state = machine_for(load_factory({spec!r}), config)()
+{calls}
+    state.teardown()
+'''

@@ -1,0 +1,133 @@
+"""kvfuzz's pytest plugin (entry point ``pytest11``).
+
+* Trace files (``kvfuzz-trace/1`` JSON, e.g. under ``corpus/``) are collected as tests. Each replays its program,
+  without Hypothesis, against its recorded allocator (or ``--kvfuzz-replay-allocator``): it fails while the recorded
+  failure reproduces, and passes once the bug is fixed. A trace marked ``known_bug`` is the reverse: it passes
+  while the bug still reproduces and fails once it stops, so the mark gets removed. A trace whose allocator cannot
+  be imported is skipped, with the reason.
+* ``pytest --kvfuzz-allocator=pkg.mod:factory`` adds one test per allocator that runs the machine against it under
+  a settings profile (``--kvfuzz-profile ci|dev|nightly``; ``--kvfuzz-examples``, ``--kvfuzz-steps`` and
+  ``--kvfuzz-seed`` override it). A failure is saved as a trace in ``--kvfuzz-corpus`` (default ``corpus``) and,
+  with ``--kvfuzz-database DIR``, in a Hypothesis example database that the next run tries first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from kvfuzz.corpus import replay_trace, save_failure
+from kvfuzz.profiles import PROFILES
+from kvfuzz.runner import AllocatorNotFound, load_factory, run
+from kvfuzz.statemachines.config import MachineConfig
+from kvfuzz.statemachines.minimize import NotApplicable
+from kvfuzz.trace import TraceError, is_trace_file, load
+
+
+class KvfuzzFailure(Exception):
+    """A kvfuzz test failed; the message says why, for a person."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvfuzz", "kvfuzz: fuzz a paged KV-cache allocator")
+    group.addoption("--kvfuzz-allocator", action="append", default=[], metavar="SPEC",
+                    help="run kvfuzz's machine against this allocator (MODULE:FACTORY, zoo:NAME, or a name "
+                         "registered under the kvfuzz.allocators entry points); repeatable")
+    group.addoption("--kvfuzz-profile", choices=sorted(PROFILES), default="ci",
+                    help="settings profile: ci (bounded, derandomized; default), dev, nightly (long)")
+    group.addoption("--kvfuzz-examples", type=int, help="examples to run (overrides the profile)")
+    group.addoption("--kvfuzz-steps", type=int, help="most steps per example (overrides the profile)")
+    group.addoption("--kvfuzz-seed", type=int, help="random seed (overrides derandomization)")
+    group.addoption("--kvfuzz-corpus", default="corpus", metavar="DIR", help="where failures are saved as traces")
+    group.addoption("--kvfuzz-database", metavar="DIR",
+                    help="Hypothesis example database for the machine's failures (share it between CI runs)")
+    group.addoption("--kvfuzz-replay-allocator", metavar="SPEC",
+                    help="replay collected traces against this allocator instead of the recorded ones")
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional[pytest.Collector]:
+    if is_trace_file(file_path):
+        return TraceFile.from_parent(parent, path=file_path)
+    return None
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    for spec in config.getoption("kvfuzz_allocator"):
+        items.append(MachineItem.from_parent(session, name=f"kvfuzz[{spec}]", spec=spec))
+
+
+class TraceFile(pytest.File):
+    def collect(self):
+        yield TraceItem.from_parent(self, name=self.path.stem)
+
+
+class TraceItem(pytest.Item):
+    """One trace, replayed as a regression test."""
+
+    def runtest(self) -> None:
+        try:
+            trace = load(self.path)
+        except TraceError as error:
+            raise KvfuzzFailure(str(error)) from error
+        try:
+            replayed = replay_trace(trace, self.config.getoption("kvfuzz_replay_allocator"))
+        except AllocatorNotFound as error:
+            pytest.skip(f"cannot load the trace's allocator: {error}")
+        except NotApplicable as error:
+            raise KvfuzzFailure(f"the trace's program does not fit this allocator: {error}") from error
+        if trace.known_bug:
+            if not replayed.reproduced:
+                raise KvfuzzFailure(f"known bug ({trace.known_bug}) no longer reproduces against "
+                                    f"{replayed.allocator}: {replayed.describe_failure()}\n"
+                                    "If it was fixed, clear known_bug in the trace.")
+        elif replayed.failed:
+            verdict = "still reproduces" if replayed.reproduced else "fails differently"
+            raise KvfuzzFailure(f"the recorded failure {verdict} against {replayed.allocator}:\n"
+                                f"{replayed.describe_failure()}\nreplay it with: kvfuzz replay {self.path}")
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, KvfuzzFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"kvfuzz trace {self.name}"
+
+
+class MachineItem(pytest.Item):
+    """kvfuzz's machine run against one allocator."""
+
+    def __init__(self, *, spec: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+
+    def runtest(self) -> None:
+        option = self.config.getoption
+        try:
+            factory = load_factory(self.spec)
+        except AllocatorNotFound as error:
+            raise KvfuzzFailure(str(error)) from error
+        profile = PROFILES[option("kvfuzz_profile")]
+        database = DirectoryBasedExampleDatabase(option("kvfuzz_database")) if option("kvfuzz_database") else None
+        config = MachineConfig()
+        summary = run(factory, config, examples=option("kvfuzz_examples") or profile.max_examples,
+                      steps=option("kvfuzz_steps") or profile.stateful_step_count, seed=option("kvfuzz_seed"),
+                      derandomize=profile.derandomize, allocator_name=self.spec, database=database)
+        if not summary.failed:
+            return
+        window = factory(config.pool_spec()).capabilities.inflight_window
+        saved = save_failure(summary, self.spec, config, window, Path(option("kvfuzz_corpus")))
+        trace = f"\ntrace: {saved[0]} (replay it with: kvfuzz replay {saved[0]})" if saved else ""
+        raise KvfuzzFailure(f"{summary.invariant}\n\nshrunk program ({summary.program_length} operations):\n"
+                            f"{summary.program}\n\n{summary.explanation}{trace}")
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, KvfuzzFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, self.name
