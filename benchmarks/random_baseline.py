@@ -12,6 +12,7 @@ import attrs
 
 from kvfuzz.statemachines import Harness, MachineConfig
 from kvfuzz.statemachines.machine import AllocatorFactory
+from kvfuzz.statemachines.misuse import misuse_calls
 from kvfuzz.statemachines.model import Status
 from kvfuzz.statemachines.strategies import NAMESPACES, VOCABULARY, system_prompts
 
@@ -70,7 +71,7 @@ def _operations(h: Harness, rng: random.Random) -> list[Callable[[], object]]:
     if h.caps.eviction and h.finished:
         ops += [lambda: h.evict(rng.randint(1, 4)), h.reset_cache]
     if h.seqs or h.finished:
-        ops.append(lambda: h.misuse(rng.choice(h.misuse_calls())))
+        ops.append(lambda: h.misuse(rng.choice(misuse_calls(h))))
     return ops
 
 

@@ -12,7 +12,7 @@ import attrs
 
 from kvfuzz.runner import RunSummary, load_factory
 from kvfuzz.statemachines.config import MachineConfig
-from kvfuzz.statemachines.harness import MisuseCall
+from kvfuzz.statemachines.misuse import MisuseCall
 from kvfuzz.statemachines.machine import machine_for
 from kvfuzz.statemachines.minimize import ReplayOutcome, replay
 from kvfuzz.statemachines.program import Call

@@ -64,7 +64,16 @@ class TraceFile(pytest.File):
         yield TraceItem.from_parent(self, name=self.path.stem)
 
 
-class TraceItem(pytest.Item):
+class _KvfuzzItem(pytest.Item):
+    """A kvfuzz test: its failures are reported as kvfuzz's explanation, without a Python traceback."""
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, KvfuzzFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+
+class TraceItem(_KvfuzzItem):
     """One trace, replayed as a regression test."""
 
     def runtest(self) -> None:
@@ -88,16 +97,11 @@ class TraceItem(pytest.Item):
             raise KvfuzzFailure(f"the recorded failure {verdict} against {replayed.allocator}:\n"
                                 f"{replayed.describe_failure()}\nreplay it with: kvfuzz replay {self.path}")
 
-    def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, KvfuzzFailure):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style)
-
     def reportinfo(self):
         return self.path, None, f"kvfuzz trace {self.name}"
 
 
-class MachineItem(pytest.Item):
+class MachineItem(_KvfuzzItem):
     """kvfuzz's machine run against one allocator."""
 
     def __init__(self, *, spec: str, **kwargs) -> None:
@@ -123,11 +127,6 @@ class MachineItem(pytest.Item):
         trace = f"\ntrace: {saved[0]} (replay it with: kvfuzz replay {saved[0]})" if saved else ""
         raise KvfuzzFailure(f"{summary.invariant}\n\nshrunk program ({summary.program_length} operations):\n"
                             f"{summary.program}\n\n{summary.explanation}{trace}")
-
-    def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, KvfuzzFailure):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
         return self.path, None, self.name

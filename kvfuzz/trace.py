@@ -36,7 +36,7 @@ import torch
 import kvfuzz
 from kvfuzz.reference.content import ModelShape
 from kvfuzz.statemachines.config import MachineConfig
-from kvfuzz.statemachines.harness import MisuseCall
+from kvfuzz.statemachines.misuse import MisuseCall
 from kvfuzz.statemachines.program import Call
 from kvfuzz.statemachines.violations import InvariantViolation
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 
-def kvfuzz(*args: str) -> subprocess.CompletedProcess:
+def kvfuzz(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run the CLI in ``cwd``, where a failing run leaves its trace (in ``corpus/``)."""
     return subprocess.run([sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, cwd=cwd)
 
 
-def test_run_json_summary_has_the_documented_keys() -> None:
-    result = kvfuzz("run", "--examples", "10", "--steps", "20", "--json")
+def test_run_json_summary_has_the_documented_keys(tmp_path: Path) -> None:
+    result = kvfuzz("run", "--examples", "10", "--steps", "20", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert {"examples", "steps", "seconds", "failed", "operations"} <= set(summary)
@@ -21,22 +23,23 @@ def test_run_json_summary_has_the_documented_keys() -> None:
     assert summary["operations"]["admit"] > 0
 
 
-def test_run_on_a_broken_allocator_prints_the_program_and_the_explanation_and_fails() -> None:
-    result = kvfuzz("run", "--allocator", "zoo:KeyWithoutNamespace", "--examples", "200")
+def test_run_on_a_broken_allocator_prints_the_program_and_the_explanation_and_fails(tmp_path: Path) -> None:
+    result = kvfuzz("run", "--allocator", "zoo:KeyWithoutNamespace", "--examples", "200", cwd=tmp_path)
     assert result.returncode == 1
     assert "invariant 9 (cache soundness)" in result.stdout
     assert "shrunk program" in result.stdout and "state.admit(" in result.stdout
     assert "expected:" in result.stdout and "found:" in result.stdout
+    assert len(list((tmp_path / "corpus").glob("*.json"))) == 1
 
 
-def test_unknown_allocator_is_a_usage_error() -> None:
-    result = kvfuzz("run", "--allocator", "no_such_module:factory")
+def test_unknown_allocator_is_a_usage_error(tmp_path: Path) -> None:
+    result = kvfuzz("run", "--allocator", "no_such_module:factory", cwd=tmp_path)
     assert result.returncode == 2
     assert "cannot import 'no_such_module'" in result.stderr
 
 
-def test_own_allocator_by_import_path() -> None:
+def test_own_allocator_by_import_path(tmp_path: Path) -> None:
     result = kvfuzz("run", "--allocator", "kvfuzz.allocator.paged:synchronous_allocator", "--examples", "5",
-                    "--json", "--num-blocks", "32", "--dtype", "bfloat16")
+                    "--json", "--num-blocks", "32", "--dtype", "bfloat16", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["failed"] is False

@@ -7,6 +7,7 @@ import pytest
 from factories import make_allocator
 from kvfuzz.statemachines import Harness, Invariant, InvariantViolation, MachineConfig, MisuseCall
 from kvfuzz.statemachines.checks import Checks
+from kvfuzz.statemachines.misuse import misuse_calls
 from kvfuzz.zoo import variant
 
 CONFIG = MachineConfig(block_size=4, num_blocks=8, num_host_blocks=4)
@@ -127,7 +128,7 @@ def test_correct_allocator_refuses_every_misuse_cleanly() -> None:
     h.step()
     h.admit("s2", (), (5,))
     h.preempt("s2")
-    calls = h.misuse_calls()
+    calls = misuse_calls(h)
     assert {call.op for call in calls} >= {"free", "grow", "admit", "rollback", "fork", "swap_in"}
     for call in calls:
         h.misuse(call)

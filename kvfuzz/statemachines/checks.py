@@ -14,6 +14,7 @@ import torch
 
 from kvfuzz.allocator.errors import AllocatorError, Misuse
 from kvfuzz.allocator.types import NULL_BLOCK
+from kvfuzz.reference.attention import attend
 from kvfuzz.reference.content import kv_for_tags
 from kvfuzz.statemachines.engine import SlotWrite
 from kvfuzz.statemachines.model import Status
@@ -123,6 +124,41 @@ class Checks:
             self.fail(Invariant.CONTENT, f"block table of {seq} drops logical block {index}, which attention "
                       "still reads", [f"expected: blocks covering positions {h.window_start(seq)} onwards "
                                       f"(sliding window {h.caps.sliding_window})", f"found:    {list(table)}"])
+
+    # -- invariant 2: attention ----------------------------------------------------------------------------------
+
+    def attention(self) -> None:
+        """Invariant 2: attention through the block tables equals attention over the contiguous reference.
+
+        Both sides run the same kernel on zero-padded inputs, so equal K/V give results equal bit for bit."""
+        h = self.h
+        seqs = [seq for seq in h.ids(Status.RUNNING) if h.length(seq)]
+        if not seqs:
+            return
+        size = h.block_size
+        starts = [h.window_start(seq) for seq in seqs]
+        lengths = [h.length(seq) - start for seq, start in zip(seqs, starts)]
+        longest = max(lengths)
+        index = torch.zeros((len(seqs), longest), dtype=torch.int64)
+        for row, seq in enumerate(seqs):
+            table = h.seqs[seq].table
+            index[row, :lengths[row]] = torch.tensor([table[p // size] * size + p % size
+                                                      for p in range(starts[row], starts[row] + lengths[row])])
+        valid = (torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1))
+        valid = valid.to(h.engine.keys.device)[:, :, None, None, None]
+        index = index.to(h.engine.keys.device)
+        keys = torch.where(valid, h.engine.keys[index], 0)
+        values = torch.where(valid, h.engine.values[index], 0)
+        queries = h.reference.queries(seqs)
+        paged = attend(queries, keys, values, torch.tensor(lengths))
+        expected = h.reference.attention(seqs, queries, starts)
+        if torch.equal(paged, expected):
+            return
+        row = int((paged != expected).flatten(1).any(1).nonzero()[0])
+        seq = seqs[row]
+        self.fail(Invariant.ATTENTION, f"attention of {seq} through its block table differs from the "
+                        "contiguous reference", [f"max abs difference {float((paged[row] - expected[row]).abs().max())}",
+                                                 f"block table: {list(h.seqs[seq].table)}"])
 
     # -- invariants 3 and 4: refcounts and the free set ----------------------------------------------------------
 

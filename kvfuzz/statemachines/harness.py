@@ -11,33 +11,18 @@ import itertools
 from collections import Counter
 from typing import Callable, Optional, TypeVar
 
-import attrs
-import torch
-
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
 from kvfuzz.allocator.protocol import PagedAllocator
 from kvfuzz.allocator.types import NULL_BLOCK, Namespace, SeqId, Tokens
-from kvfuzz.reference.attention import attend
 from kvfuzz.reference.contiguous import ContiguousReference
 from kvfuzz.statemachines.checks import Checks
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.engine import Engine, SlotWrite
+from kvfuzz.statemachines.misuse import MisuseCall
 from kvfuzz.statemachines.model import BlockRefs, SeqModel, Status, TableChange
 from kvfuzz.statemachines.violations import Invariant
 
 T = TypeVar("T")
-
-
-@attrs.frozen
-class MisuseCall:
-    """A call that breaks the contract and must be refused with a :class:`~kvfuzz.allocator.errors.Misuse`."""
-
-    op: str
-    args: tuple
-    why: str
-
-    def __str__(self) -> str:
-        return f"{self.op}{self.args!r}"
 
 
 class Harness:
@@ -294,7 +279,7 @@ class Harness:
             self.engine.write(slots, writes)
         self.stats["tokens written"] += len(slots)
         self.check.content(self.engine.take_dirty())
-        self._attention()
+        self.check.attention()
         self._complete(self.engine.steps_to_complete())
         return step
 
@@ -313,24 +298,6 @@ class Harness:
             self.check.fail(Invariant.MISUSE, f"{call} ({call.why}) was accepted silently",
                             ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"])
         self.stats["misuse calls refused"] += 1
-
-    def misuse_calls(self) -> list[MisuseCall]:
-        """The contract-breaking calls that make sense in the current state."""
-        calls = [MisuseCall("grow", ("nobody", (1,)), "nobody was ever admitted")]
-        for seq in self.finished[-1:]:
-            calls += [MisuseCall("free", (seq,), f"{seq} was already freed"),
-                      MisuseCall("grow", (seq, (1,)), f"{seq} was freed")]
-        for seq in self.computed_ids()[:1]:
-            calls += [MisuseCall("admit", (seq, (), (1,)), f"{seq} is live"),
-                      MisuseCall("grow", (seq, ()), "no tokens"),
-                      MisuseCall("rollback", (seq, self.length(seq)), "would drop every token")]
-            if self.caps.fork:
-                calls.append(MisuseCall("fork", ("nobody", seq), f"unknown parent, and {seq} is live"))
-            if self.caps.swap:
-                calls.append(MisuseCall("swap_in", (seq,), f"{seq} is not swapped out"))
-        for seq in self.ids(Status.PREEMPTED)[:1]:
-            calls.append(MisuseCall("grow", (seq, (1,)), f"{seq} is preempted"))
-        return calls
 
     def quiesce(self) -> None:
         """Invariant 10: once every sequence is gone and the in-flight work done, every block is free."""
@@ -438,36 +405,6 @@ class Harness:
             self.engine.complete_step(step)
             self._call(lambda: self.allocator.step_completed(step))
         self.check.content(self.engine.take_dirty())
-
-    def _attention(self) -> None:
-        """Invariant 2: attention through the block tables equals attention over the contiguous reference."""
-        seqs = [seq for seq in self.ids(Status.RUNNING) if self.length(seq)]
-        if not seqs:
-            return
-        size = self.block_size
-        starts = [self.window_start(seq) for seq in seqs]
-        lengths = [self.length(seq) - start for seq, start in zip(seqs, starts)]
-        longest = max(lengths)
-        index = torch.zeros((len(seqs), longest), dtype=torch.int64)
-        for row, seq in enumerate(seqs):
-            table = self.seqs[seq].table
-            index[row, :lengths[row]] = torch.tensor([table[p // size] * size + p % size
-                                                      for p in range(starts[row], starts[row] + lengths[row])])
-        valid = (torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1))
-        valid = valid.to(self.engine.keys.device)[:, :, None, None, None]
-        index = index.to(self.engine.keys.device)
-        keys = torch.where(valid, self.engine.keys[index], 0)
-        values = torch.where(valid, self.engine.values[index], 0)
-        queries = self.reference.queries(seqs)
-        paged = attend(queries, keys, values, torch.tensor(lengths))
-        expected = self.reference.attention(seqs, queries, starts)
-        if torch.equal(paged, expected):
-            return
-        row = int((paged != expected).flatten(1).any(1).nonzero()[0])
-        seq = seqs[row]
-        self.check.fail(Invariant.ATTENTION, f"attention of {seq} through its block table differs from the "
-                        "contiguous reference", [f"max abs difference {float((paged[row] - expected[row]).abs().max())}",
-                                                 f"block table: {list(self.seqs[seq].table)}"])
 
     def _probe_whole_pool(self) -> None:
         """Without introspection, leaks show as a refusal: one sequence must fit in the whole pool."""

@@ -20,6 +20,7 @@ from kvfuzz.statemachines import strategies
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.harness import Harness
 from kvfuzz.statemachines.model import Status
+from kvfuzz.statemachines.misuse import misuse_calls
 from kvfuzz.statemachines.program import Call
 from kvfuzz.statemachines.stats import RunStats
 
@@ -170,7 +171,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.harness.step()
 
     @precondition(lambda self: self.harness.seqs or self.harness.finished)
-    @rule(call=st.runner().flatmap(lambda machine: st.sampled_from(machine.harness.misuse_calls())))
+    @rule(call=st.runner().flatmap(lambda machine: st.sampled_from(misuse_calls(machine.harness))))
     @counted
     def misuse(self, call) -> None:
         self.harness.misuse(call)
@@ -202,7 +203,7 @@ _ARGUMENTS_VALID: dict[str, Callable[[Harness, dict], bool]] = {
     "swap_in": lambda h, a: a["seq"] in h.ids(Status.SWAPPED),
     "rollback": lambda h, a: a["seq"] in _rollbackable(h),
     "decode": lambda h, a: bool(h.computed_ids()),
-    "misuse": lambda h, a: a["call"] in h.misuse_calls(),
+    "misuse": lambda h, a: a["call"] in misuse_calls(h),
 }
 
 

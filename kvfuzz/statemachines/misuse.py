@@ -1,0 +1,43 @@
+"""Misuse: calls that break the contract, which an allocator must refuse with a typed error, changing nothing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+from kvfuzz.statemachines.model import Status
+
+if TYPE_CHECKING:
+    from kvfuzz.statemachines.harness import Harness
+
+
+@attrs.frozen
+class MisuseCall:
+    """A call that breaks the contract and must be refused with a :class:`~kvfuzz.allocator.errors.Misuse`."""
+
+    op: str
+    args: tuple
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.op}{self.args!r}"
+
+
+def misuse_calls(h: "Harness") -> list[MisuseCall]:
+    """The contract-breaking calls that make sense in the harness's current state."""
+    calls = [MisuseCall("grow", ("nobody", (1,)), "nobody was ever admitted")]
+    for seq in h.finished[-1:]:
+        calls += [MisuseCall("free", (seq,), f"{seq} was already freed"),
+                  MisuseCall("grow", (seq, (1,)), f"{seq} was freed")]
+    for seq in h.computed_ids()[:1]:
+        calls += [MisuseCall("admit", (seq, (), (1,)), f"{seq} is live"),
+                  MisuseCall("grow", (seq, ()), "no tokens"),
+                  MisuseCall("rollback", (seq, h.length(seq)), "would drop every token")]
+        if h.caps.fork:
+            calls.append(MisuseCall("fork", ("nobody", seq), f"unknown parent, and {seq} is live"))
+        if h.caps.swap:
+            calls.append(MisuseCall("swap_in", (seq,), f"{seq} is not swapped out"))
+    for seq in h.ids(Status.PREEMPTED)[:1]:
+        calls.append(MisuseCall("grow", (seq, (1,)), f"{seq} is preempted"))
+    return calls
