@@ -27,6 +27,7 @@ from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.machine import AllocatorFactory, machine_for
 from kvfuzz.statemachines.minimize import minimize, replay
 from kvfuzz.statemachines.program import Call, program_text
+from kvfuzz.statemachines.random_search import random_search
 from kvfuzz.statemachines.stats import RunStats
 from kvfuzz.statemachines.violations import InvariantViolation
 
@@ -153,7 +154,7 @@ class Progress:
 
 def _shrink_further(machine: type, calls: list[Call],
                     failure: InvariantViolation) -> tuple[InvariantViolation, list[Call]]:
-    """Delete calls Hypothesis kept but the failure does not need; keep Hypothesis's result if replay disagrees."""
+    """Delete calls the failure does not need; keep the program as it was if replay disagrees."""
     with single_threaded_torch():
         shorter = minimize(machine, calls, type(failure))
         replayed = replay(machine, shorter).failure
@@ -165,15 +166,16 @@ def _shrink_further(machine: type, calls: list[Call],
 def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, examples: int = 100,
         steps: int = 50, seed: Optional[int] = None, allocator_name: str = DEFAULT_ALLOCATOR,
         shrink: bool = True, database: Optional[ExampleDatabase] = None, derandomize: Optional[bool] = None,
-        progress: Optional[Callable[[str], None]] = None) -> RunSummary:
+        random_examples: Optional[int] = None, progress: Optional[Callable[[str], None]] = None) -> RunSummary:
     """Run the machine against ``factory``; never raises for a failure the machine finds.
 
-    With a ``database``, failing examples are saved there and tried first by the next run against the same
-    allocator and configuration; such runs are random (Hypothesis ignores a database in derandomized or seeded
-    runs). Otherwise runs are derandomized unless a ``seed`` is given or ``derandomize`` is false.
+    The first ``random_examples`` (default: half of ``examples``) are plain random programs
+    (:mod:`kvfuzz.statemachines.random_search`); the rest are Hypothesis's. With a ``database``, failing examples
+    are saved there and tried first by the next run against the same allocator and configuration: such a run is
+    Hypothesis's alone (no random programs unless ``random_examples`` says so) and random (Hypothesis ignores a
+    database in derandomized or seeded runs). Otherwise runs are derandomized unless a ``seed`` is given or
+    ``derandomize`` is false.
     """
-    stats = RunStats(on_step=Progress(progress) if progress is not None else None)
-    machine = machine_for(factory, config, stats)
     if database is not None:
         if seed is not None:
             raise ValueError("a seed and an example database cannot be combined: Hypothesis ignores the database "
@@ -181,24 +183,34 @@ def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, e
         derandomize = False  # Hypothesis does not combine derandomize with a database
     elif derandomize is None:
         derandomize = seed is None
-    test = get_state_machine_test(machine, settings=run_settings(examples, steps, derandomize=derandomize,
-                                                                 shrink=shrink, database=database))
-    if seed is not None:
-        test = hypothesis_seed(seed)(test)
-    report: list[str] = []
+    if random_examples is None:
+        random_examples = 0 if database is not None else examples // 2
+    stats = RunStats(on_step=Progress(progress) if progress is not None else None)
+    machine = machine_for(factory, config, stats)
     failure: Optional[BaseException] = None
-    with with_reporter(report.append), single_threaded_torch():
-        try:
-            test()
-        except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding
-            failure = error
+    report: list[str] = []
+    with single_threaded_torch():
+        found = random_search(machine, examples=random_examples, steps=steps,
+                              seed=(0 if derandomize else None) if seed is None else seed)
+        if found is not None:
+            failure = found.failure
+        elif examples > random_examples:
+            test = get_state_machine_test(machine, settings=run_settings(
+                examples - random_examples, steps, derandomize=derandomize, shrink=shrink, database=database))
+            if seed is not None:
+                test = hypothesis_seed(seed)(test)
+            with with_reporter(report.append):
+                try:
+                    test()
+                except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding
+                    failure = error
     seconds = time.perf_counter() - stats.started
     summary = RunSummary(allocator_name, stats.examples, stats.steps, seconds, failure is not None,
                          dict(sorted(stats.operations.items())), first_failure_examples=stats.first_failure_examples,
                          first_failure_seconds=stats.first_failure_seconds, shrunk=shrink)
     if failure is None:
         return summary
-    calls = stats.last_failing_program or []
+    calls = list(found.calls) if found is not None else stats.last_failing_program or []
     if isinstance(failure, InvariantViolation) and shrink and calls:
         failure, calls = _shrink_further(machine_for(factory, config), calls, failure)
     if calls:

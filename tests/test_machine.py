@@ -62,3 +62,15 @@ def test_correct_allocator_passes_on_cuda() -> None:
 def test_long_campaign(window) -> None:
     summary = run(make_allocator(window=window), MachineConfig(), examples=5000, steps=100, seed=window)
     assert not summary.failed, f"{summary.program}\n{summary.explanation}"
+
+
+def test_random_programs_pass_on_the_correct_allocator_and_replay_on_a_broken_one() -> None:
+    from kvfuzz.statemachines.minimize import replay
+    from kvfuzz.statemachines.random_search import random_search
+    from kvfuzz.zoo import variant
+
+    assert random_search(machine_for(paged_allocator), examples=100, steps=50, seed=0) is None
+    broken = machine_for(variant("NoCopyOnWrite").factory())
+    found = random_search(broken, examples=300, steps=50, seed=0)
+    assert found is not None and found.calls
+    assert type(replay(broken, found.calls).failure) is type(found.failure)
