@@ -1,7 +1,8 @@
-"""Running the machine against an allocator and summarising what happened, for the CLI and for scripts.
+"""Running the machine against an allocator and summarising what happened, for the CLI, the plugin and scripts.
 
-A run is one Hypothesis campaign under explicit settings. Its summary counts every operation exercised and, on
-failure, holds the shrunk program Hypothesis printed and kvfuzz's explanation of the broken invariant.
+A run is random programs over the machine's rules, then a Hypothesis campaign under explicit settings. Its summary
+counts every operation exercised and, on failure, holds the shrunk program and kvfuzz's explanation of the broken
+invariant.
 """
 
 from __future__ import annotations
