@@ -165,6 +165,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _zoo(args: argparse.Namespace) -> int:
+    from kvfuzz.zoo import VARIANTS
     from kvfuzz.zoo.report import markdown_header, markdown_row, run_zoo
 
     try:
@@ -172,16 +173,15 @@ def _zoo(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
+    unknown = set(args.only) - {variant.name for variant in VARIANTS}
+    if unknown:
+        print(f"kvfuzz: no zoo variant named {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
     if not args.json:
         print(markdown_header(), flush=True)
-    try:
-        results = run_zoo(config, examples=args.examples, steps=args.steps, seed=args.seed,
-                          shrink=not args.no_shrink, names=args.only,
-                          on_result=None if args.json else lambda result: print(markdown_row(result.row()),
-                                                                               flush=True))
-    except KeyError as error:
-        print(f"kvfuzz: {error.args[0]}", file=sys.stderr)
-        return 2
+    results = run_zoo(config, examples=args.examples, steps=args.steps, seed=args.seed, shrink=not args.no_shrink,
+                      names=args.only, on_result=None if args.json else
+                      lambda result: print(markdown_row(result.row()), flush=True))
     if args.json:
         print(json.dumps([result.to_json() for result in results], indent=2))
     else:

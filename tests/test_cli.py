@@ -43,3 +43,11 @@ def test_own_allocator_by_import_path(tmp_path: Path) -> None:
                     "--json", "--num-blocks", "32", "--dtype", "bfloat16", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["failed"] is False
+
+
+def test_zoo_prints_a_row_per_variant_and_passes_when_each_is_caught_as_expected(tmp_path: Path) -> None:
+    result = kvfuzz("zoo", "--only", "LeakOnCancel", "RollbackKeepsStaleBlock", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| LeakOnCancel | 2 leak on cancel | yes | invariant 4 (free set) |" in result.stdout
+    assert "2 of 2 variants caught by the expected invariant" in result.stdout
+    assert kvfuzz("zoo", "--only", "NoSuchVariant", cwd=tmp_path).returncode == 2
