@@ -169,6 +169,12 @@ class Checks:
         return PoolCounts(len(h.allocator.free_blocks()), len(h.allocator.cached_blocks()),
                           len(h.allocator.pending_blocks()))
 
+    def unreferenced_in_window(self) -> list[int]:
+        """Blocks released within the in-flight window and not referenced again: a correct allocator holds
+        exactly these pending, and cannot hand them out yet."""
+        h = self.h
+        return [block for block in h.engine.late_work_by_block if block not in h.refs.holders]
+
     def accounting(self, touched: Iterable[int]) -> None:
         """Refcounts and set membership of the touched blocks, and the pool-wide counts identity."""
         h = self.h
@@ -192,7 +198,7 @@ class Checks:
                 self.fail(Invariant.FREE_SET, f"unreferenced block {block} is in "
                           f"{' and '.join(member_of) or 'none of the free, cached and pending sets'}",
                           ["expected: exactly one of them", *h.engine.block_story(block)])
-        in_window = [block for block in h.engine.late_work_by_block if block not in h.refs.holders]
+        in_window = self.unreferenced_in_window()
         if len(pending) > len(in_window):
             stuck = next(block for block in pending if block not in h.engine.late_work_by_block)
             self.fail(Invariant.FREE_SET, f"{len(pending)} block(s) pending, but only {len(in_window)} were "
@@ -267,7 +273,7 @@ class Checks:
             available = h.num_host_blocks - h.host_blocks_in_use()
             where = "host pool"
         else:
-            in_window = sum(1 for block in h.engine.late_work_by_block if block not in h.refs.holders)
+            in_window = len(self.unreferenced_in_window())
             available = h.num_blocks - h.refs.num_referenced() - in_window - h.caps.reserved_blocks
             where = "device pool"
         if needed <= available:

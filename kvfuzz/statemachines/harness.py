@@ -19,7 +19,7 @@ from kvfuzz.statemachines.checks import Checks
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.engine import Engine, SlotWrite
 from kvfuzz.statemachines.misuse import MisuseCall
-from kvfuzz.statemachines.model import BlockRefs, SeqModel, Status, TableChange
+from kvfuzz.statemachines.model import BlockRefs, SeqModel, Status, TableChange, mapped
 from kvfuzz.statemachines.violations import Invariant
 
 T = TypeVar("T")
@@ -67,7 +67,7 @@ class Harness:
         return len(self.reference.tokens(seq))
 
     def host_blocks_in_use(self) -> int:
-        return sum(1 for model in self.seqs.values() for block in model.host_table if block != NULL_BLOCK)
+        return sum(len(mapped(model.host_table)) for model in self.seqs.values())
 
     def window_start(self, seq: SeqId) -> int:
         """The first position attention reads: 0, or ``len - w`` under a sliding window of w."""
@@ -178,16 +178,15 @@ class Harness:
         """Move a running sequence's K/V to the host pool."""
         model = self.seqs[seq]
         self._begin("swap_out", seq)
-        result = self._attempt(lambda: self.allocator.swap_out(seq),
-                               sum(block != NULL_BLOCK for block in model.table), host=True)
+        live = mapped(model.table)
+        result = self._attempt(lambda: self.allocator.swap_out(seq), len(live), host=True)
         if result is None:
             return False
         host_of = dict(result.mapping)
-        live = [block for block in model.table if block != NULL_BLOCK]
         if sorted(host_of) != sorted(live) or len(result.mapping) != len(live):
             self.check.fail(Invariant.CONTENT, f"swap-out of {seq} maps device blocks {sorted(host_of)}",
                             [f"expected: the blocks of its table {list(model.table)}, each once"])
-        in_use = {block for other in self.seqs.values() for block in other.host_table} - {NULL_BLOCK}
+        in_use = {block for other in self.seqs.values() for block in mapped(other.host_table)}
         clash = sorted(set(host_of.values()) & in_use)
         if clash or len(set(host_of.values())) != len(host_of):
             self.check.fail(Invariant.CONTENT, f"swap-out of {seq} reuses host block(s) {clash or host_of}",
@@ -197,7 +196,7 @@ class Harness:
         host_table = tuple(host_of.get(block, NULL_BLOCK) for block in model.table)
         change = self._set_table(seq, (), "released (swap-out) by")
         model.status, model.host_table = Status.SWAPPED, host_table
-        self.stats["swapped out blocks"] += len(host_table)
+        self.stats["swapped out blocks"] += len(live)
         self._settle(change)
         return True
 
@@ -205,7 +204,7 @@ class Harness:
         """Bring a swapped-out sequence back to the device."""
         model = self.seqs[seq]
         self._begin("swap_in", seq)
-        swapped = sorted(block for block in model.host_table if block != NULL_BLOCK)
+        swapped = sorted(mapped(model.host_table))
         result = self._attempt(lambda: self.allocator.swap_in(seq), len(swapped))
         if result is None:
             return False

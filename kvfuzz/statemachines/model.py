@@ -16,6 +16,11 @@ import attrs
 from kvfuzz.allocator.types import NULL_BLOCK, SeqId
 
 
+def mapped(table: Iterable[int]) -> list[int]:
+    """The physical blocks a table maps, in order, without its dropped (NULL_BLOCK) entries."""
+    return [block for block in table if block != NULL_BLOCK]
+
+
 class Status(enum.Enum):
     RUNNING = "running"
     SWAPPED = "swapped out"
