@@ -6,9 +6,11 @@ Prints steps per second (a step is one executed rule) of:
 * a bare Hypothesis machine with the same rules and argument strategies, bookkeeping only, no allocator and no
   checks, and the ratio of the two (target: full >= 0.5 x bare);
 * the full machine at 64, 1024 and 16384 blocks (target: 16384 no more than 20% slower than 64);
-* kvfuzz run's default mix (random programs for half the examples, then the machine), for reference.
+* kvfuzz run's default mix (random programs for half the examples, then the machine), for reference;
+* the full machine at 64 blocks under each attention kernel of invariant 2 (``--kernels``, default gather and flex),
+  side by side.
 
-Usage: python benchmarks/throughput.py [--examples N] [--steps N] [--repeats N] [--json FILE]
+Usage: python benchmarks/throughput.py [--examples N] [--steps N] [--repeats N] [--kernels K,K] [--json FILE]
 """
 
 from __future__ import annotations
@@ -137,9 +139,11 @@ def bare_steps_per_second(examples: int, steps: int) -> float:
     return BareMachine.steps / (time.perf_counter() - started)
 
 
-def full_steps_per_second(examples: int, steps: int, num_blocks: int, random_examples: int = 0) -> float:
+def full_steps_per_second(examples: int, steps: int, num_blocks: int, random_examples: int = 0,
+                          kernel: str = "gather") -> float:
     """The Hypothesis machine with every check (``random_examples=0``), or kvfuzz run's default mix."""
-    summary = run(paged_allocator, MachineConfig(num_blocks=num_blocks, num_host_blocks=num_blocks // 2),
+    summary = run(paged_allocator, MachineConfig(num_blocks=num_blocks, num_host_blocks=num_blocks // 2,
+                                                 kernel=kernel),
                   examples=examples, steps=steps, random_examples=random_examples)
     if summary.failed:
         raise SystemExit(f"the correct allocator failed at {num_blocks} blocks:\n{summary.explanation}")
@@ -155,6 +159,8 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=100)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3, help="measurements per figure; the median is printed")
+    parser.add_argument("--kernels", default="gather,flex",
+                        help="attention kernels to time side by side at 64 blocks (default gather,flex)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -165,6 +171,10 @@ def main() -> None:
             args.repeats, lambda: full_steps_per_second(args.examples, args.steps, num_blocks))
     figures["kvfuzz_run_64"] = median_of(
         args.repeats, lambda: full_steps_per_second(args.examples, args.steps, 64, args.examples // 2))
+    kernels = args.kernels.split(",")
+    for kernel in kernels:
+        figures[f"kernel_{kernel}_64"] = median_of(
+            args.repeats, lambda: full_steps_per_second(args.examples, args.steps, 64, kernel=kernel))
     figures["full_over_bare"] = figures["full_64"] / figures["bare_64"]
     figures["slowdown_16384_vs_64"] = 1 - figures["full_16384"] / figures["full_64"]
 
@@ -174,6 +184,9 @@ def main() -> None:
         print(f"  full machine, every invariant, {num_blocks:5} blocks:  {figures[f'full_{num_blocks}']:8.0f} steps/s")
     print(f"  kvfuzz run's default (half random programs, then the machine), 64 blocks: "
           f"{figures['kvfuzz_run_64']:8.0f} steps/s")
+    for kernel in kernels:
+        print(f"  full machine, 64 blocks, {kernel + ' attention kernel:':<26} "
+              f"{figures[f'kernel_{kernel}_64']:8.0f} steps/s")
     print(f"  full / bare at 64 blocks:  {figures['full_over_bare']:.2f}  (target >= 0.50)")
     print(f"  16384 vs 64 blocks:        {100 * figures['slowdown_16384_vs_64']:+.1f}% slower  (target <= 20%)")
     if args.json:

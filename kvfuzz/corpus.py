@@ -10,11 +10,12 @@ from typing import Callable, Optional
 
 import attrs
 
+from kvfuzz.kernels import KernelUnavailable, make_kernel
 from kvfuzz.runner import RunSummary, load_factory
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.misuse import MisuseCall
 from kvfuzz.statemachines.machine import machine_for
-from kvfuzz.statemachines.minimize import ReplayOutcome, replay
+from kvfuzz.statemachines.minimize import NotApplicable, ReplayOutcome, replay
 from kvfuzz.statemachines.program import Call
 from kvfuzz.statemachines.violations import InvariantViolation
 from kvfuzz.trace import Trace, failure_record, save
@@ -71,10 +72,16 @@ def replay_trace(trace: Trace, allocator: Optional[str] = None,
     """Replay ``trace`` against its recorded allocator, or ``allocator`` if given.
 
     Raises :class:`~kvfuzz.runner.AllocatorNotFound` if the allocator cannot be loaded, and
-    :class:`~kvfuzz.statemachines.minimize.NotApplicable` if the program does not fit the allocator.
+    :class:`~kvfuzz.statemachines.minimize.NotApplicable` if the program (or the trace's attention kernel) does
+    not fit the allocator.
     """
     spec = allocator or trace.allocator
-    machine = machine_for(load_factory(spec), trace.config)
+    factory = load_factory(spec)
+    try:
+        make_kernel(trace.config.kernel, factory(trace.config.pool_spec()))
+    except KernelUnavailable as error:
+        raise NotApplicable(f"the trace ran the {trace.config.kernel!r} attention kernel: {error}") from error
+    machine = machine_for(factory, trace.config)
     return TraceReplay(trace, spec, replay(machine, trace.program, on_call))
 
 
@@ -88,6 +95,7 @@ def export_test(trace: Trace, source: str, allocator: Optional[str] = None) -> s
     uses_misuse = any(isinstance(value, MisuseCall) for call in trace.program for _, value in call.arguments)
     statemachines = "MachineConfig, MisuseCall, machine_for" if uses_misuse else "MachineConfig, machine_for"
     explanation = textwrap.indent(str(trace.failure.get("explanation", "")), "    ")
+    kernel = "" if trace.config.kernel == "gather" else f", kernel={trace.config.kernel!r}"
     return f'''"""Regression test exported by kvfuzz from {source}.
 
 Recorded failure against {trace.allocator}:
@@ -106,7 +114,7 @@ def test_{name}_{trace.digest()}():
                            num_host_blocks={trace.config.num_host_blocks},
                            shape=ModelShape(num_layers={shape.num_layers}, num_kv_heads={shape.num_kv_heads},
                                             num_query_heads={shape.num_query_heads}, head_dim={shape.head_dim},
-                                            dtype={shape.dtype}, device={shape.device!r}))
+                                            dtype={shape.dtype}, device={shape.device!r}){kernel})
     state = machine_for(load_factory({spec!r}), config)()
 {calls}
     state.teardown()

@@ -7,8 +7,9 @@
   be imported is skipped, with the reason.
 * ``pytest --kvfuzz-allocator=pkg.mod:factory`` adds one test per allocator that runs the machine against it under
   a settings profile (``--kvfuzz-profile ci|dev|nightly``; ``--kvfuzz-examples``, ``--kvfuzz-steps`` and
-  ``--kvfuzz-seed`` override it). A failure is saved as a trace in ``--kvfuzz-corpus`` (default ``corpus``) and,
-  with ``--kvfuzz-database DIR``, in a Hypothesis example database that the next run tries first.
+  ``--kvfuzz-seed`` override it; ``--kvfuzz-kernel`` picks invariant 2's attention kernel). A failure is saved as
+  a trace in ``--kvfuzz-corpus`` (default ``corpus``) and, with ``--kvfuzz-database DIR``, in a Hypothesis example
+  database that the next run tries first.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from kvfuzz.corpus import replay_trace, save_failure
+from kvfuzz.kernels import KERNEL_NAMES, KernelUnavailable, make_kernel
 from kvfuzz.profiles import PROFILES
 from kvfuzz.runner import AllocatorNotFound, load_factory, run
 from kvfuzz.statemachines.config import MachineConfig
@@ -44,6 +46,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kvfuzz-corpus", default="corpus", metavar="DIR", help="where failures are saved as traces")
     group.addoption("--kvfuzz-database", metavar="DIR",
                     help="Hypothesis example database for the machine's failures (share it between CI runs)")
+    group.addoption("--kvfuzz-kernel", choices=KERNEL_NAMES, default="gather",
+                    help="attention kernel of invariant 2 for --kvfuzz-allocator runs: gather (default), flex, "
+                         "allocator")
     group.addoption("--kvfuzz-replay-allocator", metavar="SPEC",
                     help="replay collected traces against this allocator instead of the recorded ones")
 
@@ -110,13 +115,14 @@ class MachineItem(_KvfuzzItem):
 
     def runtest(self) -> None:
         option = self.config.getoption
+        config = MachineConfig(kernel=option("kvfuzz_kernel"))
         try:
             factory = load_factory(self.spec)
-        except AllocatorNotFound as error:
+            make_kernel(config.kernel, factory(config.pool_spec()))
+        except (AllocatorNotFound, KernelUnavailable) as error:
             raise KvfuzzFailure(str(error)) from error
         profile = PROFILES[option("kvfuzz_profile")]
         database = DirectoryBasedExampleDatabase(option("kvfuzz_database")) if option("kvfuzz_database") else None
-        config = MachineConfig()
         summary = run(factory, config, examples=option("kvfuzz_examples") or profile.max_examples,
                       steps=option("kvfuzz_steps") or profile.stateful_step_count, seed=option("kvfuzz_seed"),
                       derandomize=profile.derandomize, allocator_name=self.spec, database=database)

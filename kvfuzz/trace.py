@@ -19,7 +19,8 @@ A trace is one JSON object (format ``kvfuzz-trace/1``)::
 ``program`` lists the machine's rules with concrete arguments; tuples are written as JSON lists and a misuse call
 as ``{"misuse": {"op": ..., "args": [...], "why": ...}}``. ``inflight_window`` records the W the allocator declared
 (for a reader; replay uses whatever the allocator declares). A trace with ``known_bug`` null is a regression test
-that passes once the failure stops reproducing; one with a reason passes while it still reproduces.
+that passes once the failure stops reproducing; one with a reason passes while it still reproduces. ``config`` may
+also hold ``"kernel"``, the attention kernel invariant 2 ran (``flex``, ``allocator``); without it, ``gather``.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def load(path: Path) -> Trace:
         config = data["config"]
         shape = ModelShape(config["num_layers"], config["num_kv_heads"], config["num_query_heads"],
                            config["head_dim"], DTYPES[config["dtype"]], config["device"])
-        machine_config = MachineConfig(config["block_size"], config["num_blocks"], config["num_host_blocks"], shape)
+        machine_config = MachineConfig(config["block_size"], config["num_blocks"], config["num_host_blocks"], shape,
+                                       config.get("kernel", "gather"))
         program = [Call(step["rule"], {name: _decode(name, value) for name, value in step["arguments"].items()})
                    for step in data["program"]]
         return Trace(data["allocator"], machine_config, program, data["failure"], config.get("inflight_window"),
@@ -126,10 +128,12 @@ def is_trace_file(path: Path) -> bool:
 def _config_json(config: MachineConfig, window: Optional[int]) -> dict[str, Any]:
     shape = config.shape
     dtype = next(name for name, value in DTYPES.items() if value == shape.dtype)
-    return {"block_size": config.block_size, "num_blocks": config.num_blocks,
-            "num_host_blocks": config.num_host_blocks, "inflight_window": window, "num_layers": shape.num_layers,
-            "num_kv_heads": shape.num_kv_heads, "num_query_heads": shape.num_query_heads,
-            "head_dim": shape.head_dim, "dtype": dtype, "device": shape.device}
+    fields = {"block_size": config.block_size, "num_blocks": config.num_blocks,
+              "num_host_blocks": config.num_host_blocks, "inflight_window": window, "num_layers": shape.num_layers,
+              "num_kv_heads": shape.num_kv_heads, "num_query_heads": shape.num_query_heads,
+              "head_dim": shape.head_dim, "dtype": dtype, "device": shape.device}
+    # The default kernel is left out, so traces (and their digests) from before kernels existed stay the same.
+    return fields if config.kernel == "gather" else {**fields, "kernel": config.kernel}
 
 
 def _program_json(program: tuple[Call, ...]) -> list[dict[str, Any]]:

@@ -16,9 +16,12 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
-from typing import Collection, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Collection, Protocol, Sequence, runtime_checkable
 
 from kvfuzz.allocator.types import AdmitResult, Capabilities, GrowResult, Namespace, SeqId, SwapResult, Tokens
+
+if TYPE_CHECKING:
+    import torch
 
 
 @runtime_checkable
@@ -86,3 +89,24 @@ class Introspectable(Protocol):
 
     def pending_blocks(self) -> Collection[int]:
         """Released blocks still inside the in-flight window: neither free nor usable yet."""
+
+
+@runtime_checkable
+class ProvidesAttention(Protocol):
+    """Optional: the allocator ships its own paged attention; it sets ``capabilities.attention_kernel``.
+
+    kvfuzz writes K/V into its own pools, which stand for the allocator's physical page store: position ``p`` of a
+    sequence lives in pool row ``table[p // block_size] * block_size + p % block_size``. ``kvfuzz run --kernel
+    allocator`` checks this method against the contiguous reference (invariant 2, within the tolerance of a
+    different kernel).
+    """
+
+    def paged_attention(self, queries: "torch.Tensor", keys: "torch.Tensor", values: "torch.Tensor",
+                        seqs: Sequence[SeqId], lengths: Sequence[int], starts: Sequence[int]) -> "torch.Tensor":
+        """Attention of each running sequence's last-token query over its own K/V, read through the allocator's
+        tables.
+
+        ``queries`` ``[S, L, Hq, D]`` (row i is ``seqs[i]``'s); ``keys``/``values`` the engine's pools
+        ``[num_blocks * block_size, L, Hkv, D]``; row i attends to positions ``starts[i] .. lengths[i] - 1``
+        (``starts`` > 0 only under a sliding window). Returns ``[S, L, Hq, D]``.
+        """

@@ -41,6 +41,8 @@ class Capabilities:
     :data:`NULL_BLOCK`) any logical block whose positions all lie before ``len - w``.
     ``introspection`` says the optional query methods (``refcount``, ``free_blocks``, ``cached_blocks``,
     ``pending_blocks``) are implemented.
+    ``attention_kernel`` says the allocator ships its own paged attention
+    (:class:`~kvfuzz.allocator.protocol.ProvidesAttention`), which ``kvfuzz run --kernel allocator`` checks.
     """
 
     fork: bool = False
@@ -54,6 +56,7 @@ class Capabilities:
     sliding_window: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(
         attrs.validators.ge(1)))
     introspection: bool = False
+    attention_kernel: bool = False
 
 
 @attrs.frozen

@@ -7,6 +7,7 @@ expected, what was found, and where what was found came from.
 from __future__ import annotations
 
 import collections.abc
+import functools
 from typing import TYPE_CHECKING, Iterable, NoReturn, Optional
 
 import attrs
@@ -14,7 +15,7 @@ import torch
 
 from kvfuzz.allocator.errors import AllocatorError, Misuse
 from kvfuzz.allocator.types import NULL_BLOCK
-from kvfuzz.reference.attention import attend
+from kvfuzz.kernels import AttentionKernel, PagedBatch, compare, make_kernel
 from kvfuzz.reference.content import kv_for_tags
 from kvfuzz.statemachines.engine import SlotWrite
 from kvfuzz.statemachines.model import Status
@@ -127,38 +128,34 @@ class Checks:
 
     # -- invariant 2: attention ----------------------------------------------------------------------------------
 
-    def attention(self) -> None:
-        """Invariant 2: attention through the block tables equals attention over the contiguous reference.
+    @functools.cached_property
+    def kernel(self) -> AttentionKernel:
+        """The attention kernel the machine's config names (made once per harness)."""
+        return make_kernel(self.h.config.kernel, self.h.allocator)
 
-        Both sides run the same kernel on zero-padded inputs, so equal K/V give results equal bit for bit."""
+    def attention(self) -> None:
+        """Invariant 2: attention through the block tables, by the configured kernel, equals attention over the
+        contiguous reference: bit for bit for the gather kernel, within the kernel's tolerance otherwise."""
         h = self.h
         seqs = [seq for seq in h.ids(Status.RUNNING) if h.length(seq)]
         if not seqs:
             return
-        size = h.block_size
         starts = [h.window_start(seq) for seq in seqs]
-        lengths = [h.length(seq) - start for seq, start in zip(seqs, starts)]
-        longest = max(lengths)
-        index = torch.zeros((len(seqs), longest), dtype=torch.int64)
-        for row, seq in enumerate(seqs):
-            table = h.seqs[seq].table
-            index[row, :lengths[row]] = torch.tensor([table[p // size] * size + p % size
-                                                      for p in range(starts[row], starts[row] + lengths[row])])
-        valid = (torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1))
-        valid = valid.to(h.engine.keys.device)[:, :, None, None, None]
-        index = index.to(h.engine.keys.device)
-        keys = torch.where(valid, h.engine.keys[index], 0)
-        values = torch.where(valid, h.engine.values[index], 0)
-        queries = h.reference.queries(seqs)
-        paged = attend(queries, keys, values, torch.tensor(lengths))
-        expected = h.reference.attention(seqs, queries, starts)
-        if torch.equal(paged, expected):
+        batch = PagedBatch(seqs, [h.seqs[seq].table for seq in seqs], starts, [h.length(seq) for seq in seqs],
+                           h.reference.queries(seqs), h.engine.keys, h.engine.values, h.block_size)
+        kernel = self.kernel
+        tolerance = kernel.tolerance(h.engine.keys.dtype)
+        paged = kernel.attend(batch)
+        mismatch = compare(paged, h.reference.attention(seqs, batch.queries, starts), tolerance)
+        if mismatch is None:
             return
-        row = int((paged != expected).flatten(1).any(1).nonzero()[0])
-        seq = seqs[row]
-        self.fail(Invariant.ATTENTION, f"attention of {seq} through its block table differs from the "
-                        "contiguous reference", [f"max abs difference {float((paged[row] - expected[row]).abs().max())}",
-                                                 f"block table: {list(h.seqs[seq].table)}"])
+        seq = seqs[mismatch.row]
+        self.fail(Invariant.ATTENTION, f"attention of {seq} through its block table ({kernel.name} kernel) differs "
+                  "from the contiguous reference",
+                  [f"max abs difference {mismatch.max_abs_diff:g}, allowed: "
+                   f"{'none (bitwise)' if tolerance is None else tolerance}",
+                   f"reads positions {starts[mismatch.row]}..{h.length(seq) - 1}",
+                   f"block table: {list(h.seqs[seq].table)}"])
 
     # -- invariants 3 and 4: refcounts and the free set ----------------------------------------------------------
 

@@ -1,0 +1,35 @@
+"""The gather kernel: copy each sequence's K/V rows out of the pools through its block table, then run the reference's
+own :func:`~kvfuzz.reference.attention.attend` on them. Same function, same zero padding as the contiguous side, so
+correct block tables give results equal bit for bit."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from kvfuzz.kernels.base import PagedBatch, Tolerance
+from kvfuzz.reference.attention import attend
+
+
+class GatherKernel:
+    """Gather through the block tables, then :func:`attend`; held to bitwise equality."""
+
+    name = "gather"
+
+    def tolerance(self, dtype: torch.dtype) -> Optional[Tolerance]:
+        return None
+
+    def attend(self, batch: PagedBatch) -> torch.Tensor:
+        device = batch.keys.device
+        lengths = [length - start for start, length in zip(batch.starts, batch.lengths)]
+        longest = max(lengths)
+        index = torch.zeros((len(batch.seqs), longest), dtype=torch.int64)
+        for row, count in enumerate(lengths):
+            index[row, :count] = torch.tensor(batch.slots(row), dtype=torch.int64)
+        valid = (torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1))
+        valid = valid.to(device)[:, :, None, None, None]
+        index = index.to(device)
+        keys = torch.where(valid, batch.keys[index], 0)
+        values = torch.where(valid, batch.values[index], 0)
+        return attend(batch.queries, keys, values, torch.tensor(lengths))

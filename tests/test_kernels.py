@@ -1,0 +1,199 @@
+"""Invariant 2's pluggable attention kernels: gather (bitwise), FlexAttention over the paged pools (within a stated
+tolerance), and the allocator's own; their choice carried through the CLI and traces."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+from factories import make_allocator
+from kvfuzz.allocator import paged_allocator
+from kvfuzz.allocator.paged import PagedAllocator
+from kvfuzz.corpus import export_test, replay_trace
+from kvfuzz.kernels import (FlexKernel, GatherKernel, KernelUnavailable, PagedBatch, Tolerance, compare,
+                            different_kernel_tolerance, make_kernel)
+from kvfuzz.reference.content import ModelShape
+from kvfuzz.runner import run
+from kvfuzz.statemachines import Harness, Invariant, InvariantViolation, MachineConfig
+from kvfuzz.statemachines.minimize import NotApplicable
+from kvfuzz.statemachines.program import Call
+from kvfuzz.trace import Trace, load, save
+from kvfuzz.zoo import variant
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def config(kernel: str, dtype: torch.dtype = torch.float32, **kwargs) -> MachineConfig:
+    return MachineConfig(block_size=4, num_blocks=12, num_host_blocks=4, shape=ModelShape(dtype=dtype),
+                         kernel=kernel, **kwargs)
+
+
+def life_cycle(h: Harness) -> None:
+    """Admit, grow across blocks, fork, free and reuse: tables that are neither contiguous nor in order."""
+    assert h.admit("s0", (), (1, 2, 3, 4, 5, 6))
+    assert h.admit("s1", (), (7, 8, 9))
+    h.step()
+    h.free("s0")
+    assert h.admit("s2", (), tuple(range(20, 31)))
+    assert h.fork("s1", "s3")
+    h.step()
+    assert h.grow("s3", (5, 6, 7)) and h.grow("s2", (9,))
+    h.step()
+    h.quiesce()
+
+
+# -- the protocol's parts ----------------------------------------------------------------------------------------
+
+
+def test_compare_is_bitwise_without_a_tolerance_and_elementwise_within_one() -> None:
+    expected = torch.rand(3, 2, 4, 8)
+    nudged = expected.clone()
+    nudged[2, 1, 3, 5] = torch.nextafter(nudged[2, 1, 3, 5], torch.tensor(2.0))
+    assert compare(expected.clone(), expected, None) is None
+    assert compare(nudged, expected, None).row == 2
+    assert compare(nudged, expected, Tolerance(1e-6, 0.0)) is None
+    nudged[1, 0, 0, 0] += 1e-3
+    mismatch = compare(nudged, expected, Tolerance(1e-5, 1e-5))
+    assert mismatch.row == 1 and mismatch.max_abs_diff == pytest.approx(1e-3, rel=1e-3)
+    nudged[0, 0, 0, 0] = float("nan")
+    assert compare(nudged, expected, Tolerance(1.0, 1.0)).row == 0
+
+
+def test_each_kernel_states_its_tolerance() -> None:
+    assert GatherKernel().tolerance(torch.bfloat16) is None
+    flex = FlexKernel()
+    assert flex.tolerance(torch.float32).atol < flex.tolerance(torch.float16).atol < flex.tolerance(torch.bfloat16).atol
+    with pytest.raises(ValueError, match="float64"):
+        different_kernel_tolerance(torch.float64)
+
+
+def test_unknown_kernels_and_an_allocator_without_attention_are_refused() -> None:
+    allocator = paged_allocator(config("gather").pool_spec())
+    with pytest.raises(KernelUnavailable, match="no attention kernel named 'triton'"):
+        make_kernel("triton", allocator)
+    with pytest.raises(KernelUnavailable, match="does not provide its own attention"):
+        make_kernel("allocator", allocator)
+    with pytest.raises(ValueError):
+        MachineConfig(kernel="triton")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_flex_reads_the_pool_in_place_and_agrees_with_gather(dtype: torch.dtype) -> None:
+    """Scattered tables, a sliding-window start, GQA; unwritten slots hold NaN and must not leak in."""
+    shape = ModelShape(num_layers=2, num_kv_heads=2, num_query_heads=6, head_dim=8, dtype=dtype)
+    size, blocks = 4, 10
+    torch.manual_seed(0)
+    keys = torch.rand(blocks * size, *shape.kv_row_shape).to(dtype)
+    values = torch.rand(blocks * size, *shape.kv_row_shape).to(dtype)
+    keys[8:12] = values[8:12] = float("nan")  # block 2: nobody's
+    tables = [(7, 3, 9), (0,), (5, 1, 4, 6)]
+    batch = PagedBatch(("a", "b", "c"), tables, (0, 0, 6), (10, 3, 15),
+                       torch.rand(3, 2, 6, 8).to(dtype), keys, values, size)
+    gathered = GatherKernel().attend(batch)
+    flexed = FlexKernel().attend(batch)
+    assert torch.isfinite(gathered).all() and torch.isfinite(flexed).all()
+    assert compare(flexed, gathered, different_kernel_tolerance(dtype)) is None
+    wrong = attrs.evolve(batch, tables=[(7, 3, 8 // size), (0,), (5, 1, 4, 6)])
+    assert compare(FlexKernel().attend(wrong), gathered, different_kernel_tolerance(dtype)) is not None
+
+
+# -- in the machine ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel", ["gather", "flex"])
+def test_the_correct_allocator_passes_by_hand_under_each_kernel(kernel: str, dtype: torch.dtype) -> None:
+    cfg = config(kernel, dtype)
+    h = Harness(make_allocator(window=1)(cfg.pool_spec()), cfg)
+    life_cycle(h)
+    assert h.check.kernel.name == kernel
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_correct_allocator_passes_the_machine_under_flex(dtype: torch.dtype) -> None:
+    summary = run(paged_allocator, config("flex", dtype), examples=12, steps=40)
+    assert not summary.failed, summary.explanation
+    assert summary.operations["step"] > 50
+
+
+def test_flex_follows_a_sliding_window() -> None:
+    def windowed(spec):
+        return PagedAllocator(spec.block_size, spec.num_blocks, inflight_window=1, sliding_window=6)
+
+    summary = run(windowed, config("flex"), examples=12, steps=40)
+    assert not summary.failed, summary.explanation
+
+
+class WrongEntryKernel(FlexKernel):
+    """A seeded kernel bug: reads every sequence's last logical block from the physical block before it."""
+
+    def attend(self, batch: PagedBatch) -> torch.Tensor:
+        num_blocks = batch.num_blocks
+        tables = [table[:-1] + ((table[-1] - 1) % num_blocks,) for table in batch.tables]
+        return super().attend(attrs.evolve(batch, tables=tables))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_kernel_reading_a_wrong_table_entry_breaks_invariant_2(dtype: torch.dtype) -> None:
+    cfg = config("flex", dtype)
+    h = Harness(make_allocator(window=1)(cfg.pool_spec()), cfg)
+    h.check.kernel = WrongEntryKernel()
+    with pytest.raises(InvariantViolation) as caught:
+        life_cycle(h)
+    assert caught.value.invariant is Invariant.ATTENTION
+    explanation = caught.value.explain()
+    assert "(flex kernel)" in explanation and "max abs difference" in explanation and "block table:" in explanation
+    assert f"allowed: {different_kernel_tolerance(dtype)}" in explanation
+
+
+@pytest.mark.parametrize("name", ["CopiesWrongBlock", "SwapInWrongHostBlock"])
+def test_broken_zoo_allocators_are_still_caught_under_flex(name: str) -> None:
+    broken = variant(name)
+    summary = run(broken.factory(), MachineConfig(kernel="flex"), examples=300, steps=50)
+    assert summary.failed and summary.invariant in (str(Invariant.CONTENT), str(Invariant.ATTENTION))
+
+
+# -- carried through the CLI and traces --------------------------------------------------------------------------
+
+
+def test_a_trace_keeps_its_kernel_and_old_traces_mean_gather(tmp_path: Path) -> None:
+    program = [Call("admit", {"namespace": (), "seq": "s0", "suffix": [0], "system": ()}), Call("step", {})]
+    failure = {"invariant": 2, "title": "attention", "operation": "step()", "explanation": "x"}
+    flex_path, _ = save(Trace("zoo:NoCopyOnWrite", MachineConfig(kernel="flex"), program, failure, 1), tmp_path)
+    assert json.loads(flex_path.read_text())["config"]["kernel"] == "flex"
+    assert load(flex_path).config.kernel == "flex"
+    assert "kernel='flex'" in export_test(load(flex_path), str(flex_path))
+    gather = Trace("zoo:NoCopyOnWrite", MachineConfig(), program, failure, 1)
+    data = gather.to_json()
+    assert "kernel" not in data["config"]  # unchanged format, unchanged digest
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    assert load(old).config.kernel == "gather"
+    assert load(old).digest() == gather.digest()
+
+
+def test_a_trace_run_under_the_allocator_kernel_does_not_fit_an_allocator_without_one() -> None:
+    program = [Call("admit", {"namespace": (), "seq": "s0", "suffix": [0], "system": ()}), Call("step", {})]
+    trace = Trace("kvfuzz.adapters.torch_paged:paged_attention", MachineConfig(kernel="allocator"), program,
+                  {"invariant": 2, "title": "attention"}, 0)
+    assert not replay_trace(trace).failed
+    with pytest.raises(NotApplicable, match="'allocator' attention kernel"):
+        replay_trace(trace, "kvfuzz.allocator.paged:paged_allocator")
+
+
+def test_run_kernel_option(tmp_path: Path) -> None:
+    def kvfuzz(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", "run", *args],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    refused = kvfuzz("--kernel", "allocator")
+    assert refused.returncode == 2 and "does not provide its own attention" in refused.stderr
+    flex = kvfuzz("--kernel", "flex", "--examples", "6", "--steps", "20")
+    assert flex.returncode == 0, flex.stdout + flex.stderr
+    assert "flex attention kernel" in flex.stdout
