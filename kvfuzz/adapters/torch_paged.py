@@ -1,0 +1,214 @@
+"""PyTorch's own paged attention behind the kvfuzz contract:
+``torch.nn.attention.experimental._paged_attention.PagedAttention`` (torch 2.5+), driven the way its users drive it.
+
+``kvfuzz run --allocator kvfuzz.adapters.torch_paged:paged_attention --kernel allocator``
+
+How the contract maps onto it (one sequence = one batch index, as in its users' decode loops):
+
+* admit -> take the lowest free batch index, ``reserve(batch_idx, len(prompt))``; grow -> ``reserve`` the new
+  length; free -> ``erase(batch_idx)`` and release the index; preempt -> ``erase`` too (the engine re-admits the
+  sequence later, recomputing it). A sequence's block table is its ``page_table`` row up to its ``capacity``.
+* ``reserve`` refuses with ``AssertionError("requested N pages but there are only M empty pages")`` before it
+  changes anything; the adapter reports that as :class:`OutOfBlocks`.
+* K/V: ``PagedAttention.assign`` writes a batch's new K/V at ``page_table[b, pos // page_size] * page_size +
+  pos % page_size`` of a cache ``[1, H, n_pages * page_size, D]``. kvfuzz's engine writes exactly those slots of its
+  own pools, so its pools are the physical page store ``assign`` would fill.
+* Attention (``capabilities.attention_kernel``): a logical block mask from ``create_block_mask`` (positions
+  ``start .. len - 1`` of each row: causal for the last token, and a sliding window's start),
+  ``convert_logical_block_mask(mask, batch_idx, kv_len)``, then ``flex_attention`` over the physical pools with
+  ``enable_gqa`` -- the path its docstring describes. It runs eagerly, as flex_attention does without compile.
+* Not supported, declared so: fork and copy-on-write, prefix caching and namespaces, swap, eviction (no page
+  outlives its batch), rollback (``reserve`` only grows; erasing and reserving again would hand out other pages
+  and lose the kept K/V), and no in-flight window (W = 0: ``erase`` returns pages to ``empty_pages`` at once).
+* Introspection: refcount = how many ``page_table`` entries name the page; the free set is ``empty_pages`` itself
+  (a list, so a page erased twice would show twice); nothing is cached or pending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.allocator.types import AdmitResult, Capabilities, GrowResult, Namespace, PoolSpec, SeqId, Slot, \
+    SwapResult, Tokens
+
+_EXHAUSTED = "empty pages"
+"""The words of ``PagedAttention.reserve``'s refusal for lack of pages."""
+
+
+@contextlib.contextmanager
+def _eager_flex_attention() -> Iterator[None]:
+    """flex_attention as plain eager torch ops (its documented debug switch), not traced by Dynamo per shape."""
+    import torch.nn.attention.flex_attention as flex_module
+    saved = flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    try:
+        yield
+    finally:
+        flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = saved
+
+
+def _as_cache(pool: torch.Tensor) -> torch.Tensor:
+    """kvfuzz's pool ``[slots, L, H, D]`` as PagedAttention's cache layout ``[1, L * H, slots, D]`` (a view).
+
+    Slots no sequence ever wrote hold whatever ``torch.empty`` left; where that is not finite it is zeroed in a copy
+    (PagedAttention's users allocate their caches with ``torch.zeros``): flex_attention's eager path multiplies every
+    value row by its softmax weight, and 0 * NaN would poison rows that never read the slot.
+    """
+    if not bool(torch.isfinite(pool).all()):
+        pool = pool.nan_to_num(0.0, posinf=0.0, neginf=0.0)
+    slots, layers, heads, dim = pool.shape
+    return pool.permute(1, 2, 0, 3).reshape(1, layers * heads, slots, dim)
+
+
+class TorchPagedAttention:
+    """kvfuzz's contract over one ``PagedAttention``.
+
+    Invariant: ``batch_of`` maps every live sequence (admitted, not freed or preempted) to its own batch index, and
+    ``length`` holds its token count; every other batch index has been erased (or never reserved).
+    """
+
+    capabilities = Capabilities(introspection=True, attention_kernel=True)
+    num_host_blocks = 0
+
+    def __init__(self, spec: PoolSpec) -> None:
+        from torch.nn.attention.experimental._paged_attention import PagedAttention
+
+        self.block_size = spec.block_size
+        self.num_blocks = spec.num_blocks
+        # Every live sequence holds at least one page, so there are never more live sequences than pages.
+        self.max_batch_size = spec.num_blocks
+        self.paged = PagedAttention(n_pages=spec.num_blocks, page_size=spec.block_size,
+                                    max_batch_size=self.max_batch_size, device="cpu")
+        self.batch_of: dict[SeqId, int] = {}
+        self.length: dict[SeqId, int] = {}
+
+    # -- the contract ------------------------------------------------------------------------------------------
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        if seq in self.batch_of:
+            raise SequenceExists(f"admit: {seq} is live (batch index {self.batch_of[seq]})")
+        if not tokens:
+            raise InvalidArgument(f"admit: {seq} has no tokens")
+        in_use = set(self.batch_of.values())
+        batch = next((index for index in range(self.max_batch_size) if index not in in_use), None)
+        if batch is None:
+            raise OutOfBlocks(f"admit: every one of the {self.max_batch_size} batch indices is in use", needed=1,
+                              available=0)
+        self._reserve(f"admit of {seq}", batch, len(tokens))
+        self.batch_of[seq], self.length[seq] = batch, len(tokens)
+        return AdmitResult(self.block_table(seq), 0)
+
+    def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
+        batch = self._batch(seq, "grow")
+        if not tokens:
+            raise InvalidArgument(f"grow: no tokens for {seq}")
+        old = self.length[seq]
+        self._reserve(f"grow of {seq}", batch, old + len(tokens))
+        self.length[seq] = old + len(tokens)
+        row = self.paged.page_table[batch].tolist()
+        size = self.block_size
+        return GrowResult([Slot(row[p // size], p % size) for p in range(old, old + len(tokens))])
+
+    def free(self, seq: SeqId) -> None:
+        self._erase(seq, "free")
+
+    def preempt(self, seq: SeqId) -> None:
+        self._erase(seq, "preempt")
+
+    def block_table(self, seq: SeqId) -> tuple[int, ...]:
+        batch = self._batch(seq, "block_table")
+        pages = int(self.paged.capacity[batch]) // self.block_size
+        return tuple(self.paged.page_table[batch, :pages].tolist())
+
+    def step_completed(self, step: int) -> None:
+        """Nothing to do: ``erase`` frees pages at once (W = 0)."""
+
+    def fork(self, parent: SeqId, child: SeqId) -> None:
+        raise Unsupported("fork: PagedAttention has no page sharing")
+
+    def swap_out(self, seq: SeqId) -> SwapResult:
+        raise Unsupported("swap: PagedAttention has no host pool")
+
+    def swap_in(self, seq: SeqId) -> SwapResult:
+        raise Unsupported("swap: PagedAttention has no host pool")
+
+    def rollback(self, seq: SeqId, num_tokens: int) -> None:
+        raise Unsupported("rollback: PagedAttention.reserve only grows a batch's capacity")
+
+    def evict(self, num_blocks: int) -> int:
+        raise Unsupported("eviction: PagedAttention caches nothing")
+
+    def reset_cache(self) -> None:
+        raise Unsupported("eviction: PagedAttention caches nothing")
+
+    # -- introspection -----------------------------------------------------------------------------------------
+
+    def refcount(self, block: int) -> int:
+        return int((self.paged.page_table == block).sum())
+
+    def free_blocks(self) -> list[int]:
+        return self.paged.empty_pages
+
+    def cached_blocks(self) -> tuple[int, ...]:
+        return ()
+
+    def pending_blocks(self) -> tuple[int, ...]:
+        return ()
+
+    # -- its own paged attention -------------------------------------------------------------------------------
+
+    def paged_attention(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                        seqs: Sequence[SeqId], lengths: Sequence[int], starts: Sequence[int]) -> torch.Tensor:
+        """Decode attention as PagedAttention's users run it: a logical block mask, converted to physical pages
+        through the page table for these sequences' batch indices, then flex_attention over the physical pools."""
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        rows, layers, query_heads, dim = queries.shape
+        batch_idx = torch.tensor([self._batch(seq, "paged_attention") for seq in seqs])
+        kv_len = torch.tensor(list(lengths))
+        first = torch.tensor(list(starts))
+
+        def logical_mask(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+            return (kv_idx >= first[b]) & (kv_idx < kv_len[b])
+
+        size = self.block_size
+        logical = create_block_mask(logical_mask, B=rows, H=None, Q_LEN=1, KV_LEN=-(-max(lengths) // size) * size,
+                                    BLOCK_SIZE=(1, size), device="cpu")
+        physical = self.paged.convert_logical_block_mask(logical, batch_idx=batch_idx, kv_len=kv_len)
+        with _eager_flex_attention():
+            out = flex_attention(queries.reshape(rows, layers * query_heads, 1, dim), _as_cache(keys),
+                                 _as_cache(values), block_mask=physical, enable_gqa=True)
+        return out.reshape(rows, layers, query_heads, dim)
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+
+    def _batch(self, seq: SeqId, op: str) -> int:
+        try:
+            return self.batch_of[seq]
+        except KeyError:
+            raise UnknownSequence(f"{op}: {seq} is not live (never admitted, freed or preempted)") from None
+
+    def _reserve(self, what: str, batch: int, length: int) -> None:
+        try:
+            self.paged.reserve(torch.tensor([batch]), torch.tensor([length]))
+        except AssertionError as error:
+            if _EXHAUSTED not in str(error):
+                raise
+            held = int(self.paged.capacity[batch]) // self.block_size
+            raise OutOfBlocks(f"{what} (batch index {batch}, {length} tokens): PagedAttention.reserve refused: "
+                              f"{error}", needed=-(-length // self.block_size) - held,
+                              available=len(self.paged.empty_pages)) from error
+
+    def _erase(self, seq: SeqId, op: str) -> None:
+        batch = self._batch(seq, op)
+        self.paged.erase(torch.tensor([batch]))
+        del self.batch_of[seq], self.length[seq]
+
+
+def paged_attention(spec: PoolSpec) -> TorchPagedAttention:
+    """The factory: ``kvfuzz run --allocator kvfuzz.adapters.torch_paged:paged_attention``."""
+    return TorchPagedAttention(spec)
