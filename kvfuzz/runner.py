@@ -24,6 +24,7 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import get_state_machine_test
 
+from kvfuzz.accounting.occupancy import OccupancySummary
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.machine import AllocatorFactory, machine_for
 from kvfuzz.statemachines.minimize import minimize, replay
@@ -119,6 +120,7 @@ class RunSummary:
     first_failure_examples: Optional[int] = None
     first_failure_seconds: Optional[float] = None
     shrunk: bool = True
+    occupancy: Optional[OccupancySummary] = attrs.field(default=None, repr=False)
     calls: tuple[Call, ...] = attrs.field(default=(), repr=False)
     failure: Optional[BaseException] = attrs.field(default=None, repr=False)
 
@@ -134,8 +136,10 @@ class RunSummary:
                    and not line.startswith("state.teardown"))
 
     def to_json(self) -> dict:
-        fields = attrs.asdict(self, filter=lambda attribute, _: attribute.name not in ("calls", "failure"))
-        return {**fields, "steps_per_second": round(self.steps_per_second, 1), "program_length": self.program_length}
+        fields = attrs.asdict(self, filter=lambda attribute, _: attribute.name not in ("calls", "failure",
+                                                                                       "occupancy"))
+        return {**fields, "steps_per_second": round(self.steps_per_second, 1), "program_length": self.program_length,
+                "occupancy": self.occupancy.to_json() if self.occupancy is not None else None}
 
 
 class Progress:
@@ -208,7 +212,8 @@ def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, e
     seconds = time.perf_counter() - stats.started
     summary = RunSummary(allocator_name, stats.examples, stats.steps, seconds, failure is not None,
                          dict(sorted(stats.operations.items())), first_failure_examples=stats.first_failure_examples,
-                         first_failure_seconds=stats.first_failure_seconds, shrunk=shrink)
+                         first_failure_seconds=stats.first_failure_seconds, shrunk=shrink,
+                         occupancy=stats.occupancy.summary())
     if failure is None:
         return summary
     calls = list(found.calls) if found is not None else stats.last_failing_program or []

@@ -11,6 +11,7 @@ import itertools
 from collections import Counter
 from typing import Callable, Optional, TypeVar
 
+from kvfuzz.accounting.occupancy import Occupancy, measure
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
 from kvfuzz.allocator.protocol import PagedAllocator
 from kvfuzz.allocator.types import NULL_BLOCK, Namespace, SeqId, Tokens
@@ -28,7 +29,8 @@ T = TypeVar("T")
 class Harness:
     """One example's engine, model and reference around one allocator."""
 
-    def __init__(self, allocator: PagedAllocator, config: MachineConfig, stats: Optional[Counter] = None) -> None:
+    def __init__(self, allocator: PagedAllocator, config: MachineConfig, stats: Optional[Counter] = None,
+                 on_step: Optional[Callable[[Occupancy], None]] = None) -> None:
         self.allocator = allocator
         self.caps = allocator.capabilities
         self.config = config
@@ -47,6 +49,7 @@ class Harness:
         self.finished: list[SeqId] = []
         self.stats = stats if stats is not None else Counter()
         self.check = Checks(self)
+        self.on_step = on_step
         self.operation = "setup"
         self._ids = itertools.count()
 
@@ -83,6 +86,14 @@ class Harness:
             first_kept = (len(table) - table[::-1].index(NULL_BLOCK)) * self.block_size
             limit = min(limit, self.length(seq) - window - first_kept)
         return limit
+
+    def occupancy(self) -> Occupancy:
+        """The device pool now: blocks referenced by running sequences, their fill, sharing, and the allocator's
+        cached, free and pending sets where it exposes them."""
+        running = [(model.table, self.length(seq)) for seq, model in self.seqs.items() if model.status is Status.RUNNING]
+        counts = self.check.counts()
+        return measure(self.engine.next_step - 1, running, self.block_size, self.num_blocks,
+                       *((counts.cached, counts.free, counts.pending) if counts is not None else ()))
 
     # -- operations ----------------------------------------------------------------------------------------------
 
@@ -280,6 +291,8 @@ class Harness:
         self.check.content(self.engine.take_dirty())
         self.check.attention()
         self._complete(self.engine.steps_to_complete())
+        if self.on_step is not None:
+            self.on_step(self.occupancy())
         return step
 
     def misuse(self, call: MisuseCall) -> None:
@@ -298,12 +311,17 @@ class Harness:
                             ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"])
         self.stats["misuse calls refused"] += 1
 
+    def abandon(self, seq: SeqId) -> None:
+        """Forget a preempted sequence the engine will not readmit (cancelled while waiting): the allocator already
+        released it, so nothing is called."""
+        del self.seqs[seq]
+        self.reference.remove(seq)
+
     def quiesce(self) -> None:
         """Invariant 10: once every sequence is gone and the in-flight work done, every block is free."""
         for seq in list(self.seqs):
             if self.seqs[seq].status is Status.PREEMPTED:
-                del self.seqs[seq]
-                self.reference.remove(seq)
+                self.abandon(seq)
             else:
                 self.free(seq)
         self._begin("quiesce")

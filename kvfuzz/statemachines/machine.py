@@ -73,7 +73,8 @@ class KVCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         operations = self.stats.operations if self.stats is not None else None
-        self.harness = Harness(self.factory(self.config.pool_spec()), self.config, operations)
+        self.harness = Harness(self.factory(self.config.pool_spec()), self.config, operations,
+                               on_step=self.stats.occupancy.record if self.stats is not None else None)
         self.caps = self.harness.caps
         self.failed = False
         self.calls: list[Call] = []

@@ -8,12 +8,16 @@ from typing import Callable, Optional
 
 import attrs
 
+from kvfuzz.accounting.occupancy import OccupancyLog
+
 
 @attrs.define
 class RunStats:
-    """Mutable tallies of one run. ``operations`` counts every operation and outcome by name."""
+    """Mutable tallies of one run. ``operations`` counts every operation and outcome by name; ``occupancy`` samples
+    the device pool after every step of every example."""
 
     operations: Counter = attrs.field(factory=Counter)
+    occupancy: OccupancyLog = attrs.field(factory=OccupancyLog)
     examples: int = 0
     steps: int = 0
     started: float = attrs.field(factory=time.perf_counter)
