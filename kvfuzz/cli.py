@@ -8,15 +8,19 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+import attrs
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from kvfuzz.accounting import command as account_command
 from kvfuzz.corpus import export_test, replay_trace, save_failure
+from kvfuzz.kernels import KERNEL_NAMES, make_kernel
 from kvfuzz.reference.content import ModelShape
 from kvfuzz.runner import DEFAULT_ALLOCATOR, AllocatorNotFound, RunSummary, load_factory, run
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.minimize import NotApplicable
 from kvfuzz.trace import DTYPES, TraceError
 from kvfuzz.trace import load as load_trace
+from kvfuzz.workload import command as workload_command
 
 
 def _machine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--database", metavar="DIR",
                             help="Hypothesis example database: failing examples are saved there and tried first "
                                  "by the next run (share it between CI runs); makes the run random, not seeded")
+    run_parser.add_argument("--kernel", choices=KERNEL_NAMES, default="gather",
+                            help="attention kernel of invariant 2: gather (the reference's, bitwise; default), "
+                                 "flex (FlexAttention over the paged pools, eager, within a tolerance), allocator "
+                                 "(the allocator's own paged attention, if it declares one); saved in traces")
     _machine_arguments(run_parser)
     replay_parser = commands.add_parser("replay", help="re-execute saved traces, without Hypothesis")
     replay_parser.add_argument("traces", nargs="+", metavar="FILE")
@@ -68,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     zoo_parser.add_argument("--json", action="store_true", help="print the results as one JSON list")
     _machine_arguments(zoo_parser)
     zoo_parser.set_defaults(examples=600)
+    account_command.add_parser(commands)
+    workload_command.add_parser(commands)
     return parser
 
 
@@ -79,6 +89,8 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
     width = max((len(name) for name in summary.operations), default=0)
     for name, count in summary.operations.items():
         print(f"  {name:<{width}}  {count}")
+    if summary.occupancy is not None:
+        print("\n".join(summary.occupancy.describe()))
     if summary.failed:
         first = (f" (first failing example: #{summary.first_failure_examples}, after "
                  f"{summary.first_failure_seconds:.2f} s)" if summary.first_failure_seconds is not None else "")
@@ -90,8 +102,9 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        config = _config(args)
+        config = attrs.evolve(_config(args), kernel=args.kernel)
         factory = load_factory(args.allocator)
+        make_kernel(config.kernel, factory(config.pool_spec()))
     except (AllocatorNotFound, ValueError) as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
@@ -100,7 +113,8 @@ def _run(args: argparse.Namespace) -> int:
         shape = config.shape
         print(f"kvfuzz run: {args.allocator}\n  pool: {config.num_blocks} blocks x {config.block_size} slots, "
               f"{config.num_host_blocks} host blocks; model: {shape.num_layers} layers, {shape.num_kv_heads} KV / "
-              f"{shape.num_query_heads} query heads, head dim {shape.head_dim}, {args.dtype} on {shape.device}\n"
+              f"{shape.num_query_heads} query heads, head dim {shape.head_dim}, {args.dtype} on {shape.device}, "
+              f"{config.kernel} attention kernel\n"
               f"  {args.examples} examples of up to {args.steps} steps, "
               f"{'seed ' + str(args.seed) if args.seed is not None else 'derandomized'}", flush=True)
     database = DirectoryBasedExampleDatabase(args.database) if args.database else None
@@ -192,6 +206,8 @@ def _zoo(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    if hasattr(args, "handler"):
+        return args.handler(args)
     return {"run": _run, "zoo": _zoo, "replay": _replay, "export": _export}[args.command](args)
 
 

@@ -1,0 +1,45 @@
+"""A PNG of the pool's occupancy over time, for people who would rather look than read (needs matplotlib)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from kvfuzz.workload.report import ReplayReport
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def plot_occupancy(reports: Sequence[ReplayReport], path: Path) -> None:
+    """One panel per replay: positions of K/V, tail waste and cached-but-free blocks stacked under the pool size,
+    and the blocks sharing saves, per step."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise PlotUnavailable("the plot needs matplotlib: pip install 'kvfuzz[plot]'") from error
+    figure, axes = plt.subplots(len(reports), 1, figsize=(10, 3.2 * len(reports)), squeeze=False, sharex=True)
+    for axis, report in zip(axes[:, 0], reports):
+        series = report.occupancy.series
+        steps = [sample.step for sample in series]
+        size = report.block_size
+        effective = [sample.effective_positions for sample in series]
+        waste = [sample.tail_waste_positions for sample in series]
+        cached = [(sample.cached_blocks or 0) * size for sample in series]
+        axis.stackplot(steps, effective, waste, cached, labels=("K/V of live tokens", "tail waste",
+                                                                "cached, unreferenced"),
+                       colors=("#3b75af", "#ef8636", "#9bbb59"), alpha=0.85)
+        axis.plot(steps, [sample.saved_by_sharing * size for sample in series], color="black", linewidth=1,
+                  label="saved by sharing")
+        axis.axhline(report.num_blocks * size, color="grey", linestyle="--", linewidth=1, label="pool size")
+        axis.set_ylabel("positions")
+        axis.set_title(f"{report.workload} ({report.origin}) on {report.allocator}: "
+                       f"{report.num_blocks} blocks x {size}", fontsize=9)
+        axis.legend(loc="upper right", fontsize=7)
+    axes[-1, 0].set_xlabel("step")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -1,0 +1,124 @@
+"""What one workload replay did: request outcomes, concurrency, latency in steps, refusals, and occupancy."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import attrs
+
+from kvfuzz.accounting.occupancy import OccupancySummary
+
+
+def percentile(values: Sequence[float], pct: float) -> Optional[float]:
+    """Nearest-rank percentile: the smallest value with at least ``pct`` percent of the values at or below it."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+@attrs.frozen
+class Refusal:
+    """An admission the allocator refused for lack of blocks; the request stayed queued (or, when it could never
+    fit, was rejected)."""
+
+    step: int
+    request: str
+    tokens: int
+    blocks_needed: int
+    free_blocks: Optional[int]
+    cached_blocks: Optional[int]
+    running_requests: int
+
+    def describe(self) -> str:
+        pool = ("" if self.free_blocks is None
+                else f"; pool had {self.free_blocks} free and {self.cached_blocks} cached-but-free blocks")
+        return (f"step {self.step}: {self.request} ({self.tokens} tokens, {self.blocks_needed} blocks without cache "
+                f"hits) refused with {self.running_requests} requests running{pool}")
+
+
+@attrs.frozen
+class Latency:
+    """p50 and p99 (nearest rank) of a latency measured in engine steps, over ``count`` requests."""
+
+    count: int
+    p50: Optional[float]
+    p99: Optional[float]
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> "Latency":
+        return cls(len(values), percentile(values, 50), percentile(values, 99))
+
+    def describe(self) -> str:
+        if not self.count:
+            return "n/a"
+        return f"p50 {self.p50:.2f}, p99 {self.p99:.2f} steps (over {self.count} requests)"
+
+
+@attrs.frozen
+class ReplayReport:
+    """One replay of a workload against one allocator and pool.
+
+    ``admitted`` counts requests admitted at least once; ``rejected`` those refused while nothing else ran (they
+    could never fit); ``refusals`` keeps every refused admission. Time to first token counts the steps from arrival
+    to the end of the step that produced the first token (1 when admitted and prefilled on arrival); time per
+    output token is the steps between first and last token over the tokens after the first.
+    """
+
+    workload: str
+    origin: str
+    allocator: str
+    block_size: int
+    num_blocks: int
+    requests: int
+    admitted: int
+    finished: int
+    cancelled: int
+    cancelled_before_admission: int
+    rejected: int
+    preemptions: int
+    preempted_requests: int
+    refusals: tuple[Refusal, ...]
+    steps: int
+    seconds: float
+    peak_concurrency: int
+    mean_concurrency: float
+    time_to_first_token: Latency
+    time_per_output_token: Latency
+    occupancy: OccupancySummary
+    operations: dict
+    quiescent: bool
+    failure: Optional[str] = None
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+    def to_json(self) -> dict:
+        fields = attrs.asdict(self, recurse=False)
+        fields["refusals"] = [attrs.asdict(refusal) for refusal in self.refusals]
+        fields["time_to_first_token"] = attrs.asdict(self.time_to_first_token)
+        fields["time_per_output_token"] = attrs.asdict(self.time_per_output_token)
+        fields["occupancy"] = self.occupancy.to_json()
+        return fields
+
+    def describe(self, samples: int = 5) -> list[str]:
+        lines = [f"workload {self.workload} ({self.origin}), {self.requests} requests, against {self.allocator}",
+                 f"  pool: {self.num_blocks} blocks x {self.block_size} slots",
+                 f"  {'FAILED' if self.failed else 'passed'}: {self.steps} steps in {self.seconds:.1f} s, "
+                 "every invariant checked after every operation"
+                 + ("; every block free at the end" if self.quiescent else ""),
+                 f"  requests: {self.admitted} admitted, {self.finished} finished, {self.cancelled} cancelled "
+                 f"({self.cancelled_before_admission} before admission), {self.rejected} rejected (never fit), "
+                 f"{self.preemptions} preemptions of {self.preempted_requests} requests",
+                 f"  refused admissions: {len(self.refusals)} (each kept; the request waited and retried)",
+                 *[f"    {refusal.describe()}" for refusal in self.refusals[:samples]],
+                 *([f"    ... {len(self.refusals) - samples} more"] if len(self.refusals) > samples else []),
+                 f"  concurrency: peak {self.peak_concurrency}, mean {self.mean_concurrency:.2f} running requests",
+                 f"  time to first token: {self.time_to_first_token.describe()}",
+                 f"  time per output token: {self.time_per_output_token.describe()}",
+                 *["  " + line for line in self.occupancy.describe()]]
+        if self.failure:
+            lines += ["", self.failure]
+        return lines

@@ -1,0 +1,289 @@
+"""A continuous-batching scheduler that replays a workload through kvfuzz's engine harness.
+
+Each scheduling round before step t: fork the pending branches of requests whose prompt is computed; grow every
+running branch by its next token, preempting the most recently admitted request (for recomputation) when the pool
+is full; unless the round preempted, admit waiting requests first come, first served (preempted ones first) until
+one is refused; cancel what the trace cancels at t, wherever it is (so a request cancelled on arrival is admitted
+and cancelled before its first step, the abort-during-prefill path); then run step t. A branch finishes, and is freed, once it has produced its output
+length. Every operation goes through :class:`~kvfuzz.statemachines.harness.Harness`, so every invariant is checked
+exactly as in a fuzzing run.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import Counter
+from typing import Optional
+
+import attrs
+
+from kvfuzz.accounting.occupancy import OccupancyLog
+from kvfuzz.allocator.protocol import PagedAllocator
+from kvfuzz.allocator.types import SeqId
+from kvfuzz.statemachines.config import MachineConfig
+from kvfuzz.statemachines.harness import Harness
+from kvfuzz.statemachines.model import Status
+from kvfuzz.statemachines.violations import InvariantViolation
+from kvfuzz.workload.format import Request, Workload
+from kvfuzz.workload.report import Latency, Refusal, ReplayReport
+
+
+class ReplayError(RuntimeError):
+    """The workload cannot be replayed against this allocator (e.g. it needs a capability the allocator lacks)."""
+
+
+class Phase(enum.Enum):
+    PENDING = "not yet arrived or admitted"
+    WAITING = "waiting (preempted)"
+    RUNNING = "running"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+
+@attrs.define
+class Tracked:
+    """A request's progress. ``produced[b]`` counts the tokens branch b has produced; all but the last produced
+    are in its K/V. Branch 0 is the request's own id; others are ``id/j``, forked from branch 0 once its prompt is
+    computed (or admitted beside it when the allocator cannot fork)."""
+
+    request: Request
+    branches: list[SeqId]
+    produced: dict[SeqId, int] = attrs.field(factory=dict)
+    phase: Phase = Phase.PENDING
+    admitted_at: Optional[int] = None
+    first_token_at: Optional[int] = None
+    finished_at: Optional[int] = None
+    preempted: int = 0
+
+    def live(self) -> list[SeqId]:
+        return [branch for branch in self.branches if branch in self.produced]
+
+
+class Scheduler:
+    """Drives one workload through one harness; :meth:`run` returns the report."""
+
+    def __init__(self, workload: Workload, allocator: PagedAllocator, config: MachineConfig, allocator_name: str,
+                 max_running: int = 256, max_steps: int = 100_000) -> None:
+        if any(request.namespace for request in workload.requests) and not allocator.capabilities.namespaces:
+            raise ReplayError(f"workload {workload.name} gives requests namespaces, but {allocator_name} does not "
+                              "declare namespace support: its cache hits could not be judged")
+        self.workload, self.config, self.allocator_name = workload, config, allocator_name
+        self.max_running, self.max_steps = max_running, max_steps
+        self.log = OccupancyLog()
+        self.harness = Harness(allocator, config, Counter(), on_step=self.log.record)
+        self.fork = allocator.capabilities.fork
+        self.window = allocator.capabilities.inflight_window
+        self.tracked = [Tracked(request, [request.id] + [f"{request.id}/{j}" for j in range(1, request.samples)])
+                        for request in workload.requests]
+        self.waiting: list[Tracked] = []
+        self.running: list[Tracked] = []
+        self.refusals: list[Refusal] = []
+        self.concurrency: list[int] = []
+        self.scheduled: set[SeqId] = set()
+        self.idle_refusals = 0
+        self.preempted_this_round = False
+        self.step = 0
+
+    # -- one round -------------------------------------------------------------------------------------------------
+
+    def run(self) -> ReplayReport:
+        started = time.perf_counter()
+        failure, quiescent = None, False
+        try:
+            arrivals = iter(self.tracked)
+            upcoming = next(arrivals, None)
+            while not self._done():
+                if self.step >= self.max_steps:
+                    raise ReplayError(f"the workload did not drain within {self.max_steps} steps")
+                while upcoming is not None and upcoming.request.arrival <= self.step:
+                    self.waiting.append(upcoming)
+                    upcoming = next(arrivals, None)
+                self._fork()
+                self._decode()
+                self._admit()
+                self._cancel()
+                self._run_step()
+            self.harness.quiesce()
+            quiescent = True
+        except InvariantViolation as violation:
+            failure = f"{violation.invariant}\n{violation.explain()}"
+        return self._report(time.perf_counter() - started, failure, quiescent)
+
+    def _done(self) -> bool:
+        return all(tracked.phase in (Phase.FINISHED, Phase.CANCELLED, Phase.REJECTED) for tracked in self.tracked)
+
+    def _cancel(self) -> None:
+        for tracked in self.tracked:
+            cancel_at = tracked.request.cancel_at
+            if cancel_at is None or cancel_at > self.step or tracked.phase in (Phase.FINISHED, Phase.CANCELLED,
+                                                                                Phase.REJECTED):
+                continue
+            if tracked.request.arrival > self.step:
+                continue
+            self._release(tracked)
+            tracked.phase = Phase.CANCELLED
+
+    def _release(self, tracked: Tracked) -> None:
+        """Free every branch the engine still holds (cancel, rejection) and drop the request from the queues."""
+        for branch in tracked.live():
+            model = self.harness.seqs.get(branch)
+            if model is None:
+                continue
+            if model.status is Status.PREEMPTED:
+                self.harness.abandon(branch)
+            else:
+                self.harness.free(branch)
+        tracked.produced.clear()
+        for queue in (self.waiting, self.running):
+            if tracked in queue:
+                queue.remove(tracked)
+
+    def _fork(self) -> None:
+        for tracked in self.running:
+            parent = tracked.branches[0]
+            if not self.fork or parent not in self.harness.computed_ids() or not tracked.produced.get(parent):
+                continue
+            for child in tracked.branches[1:]:
+                if child not in tracked.produced and self.harness.fork(parent, child):
+                    tracked.produced[child] = 1  # its first token was sampled by the parent's prefill
+
+    def _decode(self) -> None:
+        for tracked in list(self.running):
+            for branch in tracked.live():
+                if tracked not in self.running:
+                    break
+                model = self.harness.seqs.get(branch)
+                if model is None or model.status is not Status.RUNNING or branch not in self.harness.computed_ids():
+                    continue
+                if branch == tracked.branches[0] and len(tracked.produced) < len(tracked.branches) and self.fork:
+                    continue  # its branches fork from the prompt alone: it waits until they have
+                token = tracked.request.output_token(tracked.branches.index(branch), tracked.produced[branch] - 1)
+                if self._grow_or_preempt(tracked, branch, token):
+                    self.scheduled.add(branch)
+
+    def _grow_or_preempt(self, tracked: Tracked, branch: SeqId, token: int) -> bool:
+        """Grow ``branch`` by ``token``, preempting the most recently admitted request while the pool is full.
+
+        Under an in-flight window W > 0 a preempted request's blocks come back only W steps later, so one victim is
+        preempted and the branch waits this round instead of preempting everything behind it."""
+        while not self.harness.grow(branch, (token,)):
+            victim = self.running[-1]
+            self._preempt(victim)
+            self.preempted_this_round = True
+            if victim is tracked or self.window > 0:
+                return False
+        return True
+
+    def _preempt(self, tracked: Tracked) -> None:
+        """Release every running branch of ``tracked`` for recomputation; it goes to the front of the queue."""
+        prompt = len(tracked.request.prompt)
+        for branch in tracked.live():
+            model = self.harness.seqs.get(branch)
+            if model is None:  # this branch already finished
+                continue
+            if model.status is Status.RUNNING:
+                self.harness.preempt(branch)
+            self.scheduled.discard(branch)
+            tracked.produced[branch] = self.harness.length(branch) - prompt
+        tracked.preempted += 1
+        tracked.phase = Phase.WAITING
+        self.running.remove(tracked)
+        self.waiting.insert(0, tracked)
+
+    def _admit(self) -> None:
+        if self.preempted_this_round:  # as vLLM's scheduler: no admissions in a round that had to preempt
+            return
+        while self.waiting and len(self.running) < self.max_running:
+            tracked = self.waiting[0]
+            if not self._admit_request(tracked):
+                return
+            self.waiting.pop(0)
+            self.running.append(tracked)
+            tracked.phase = Phase.RUNNING
+            if tracked.admitted_at is None:
+                tracked.admitted_at = self.step
+            self.idle_refusals = 0
+
+    def _admit_request(self, tracked: Tracked) -> bool:
+        """Admit (or readmit) every branch that has no blocks; all or nothing."""
+        request = tracked.request
+        fresh = [branch for branch in (tracked.branches if not self.fork else tracked.branches[:1])
+                 if branch not in tracked.produced]
+        done: list[SeqId] = []
+        preempted = [branch for branch in tracked.live()
+                     if branch in self.harness.seqs and self.harness.seqs[branch].status is Status.PREEMPTED]
+        for branch in fresh + preempted:
+            admitted = (self.harness.admit(branch, request.namespace, request.prompt) if branch in fresh
+                        else self.harness.readmit(branch))
+            if not admitted:
+                for earlier in done:
+                    self.harness.preempt(earlier)
+                self._refused(tracked, branch)
+                return False
+            done.append(branch)
+            tracked.produced.setdefault(branch, 0)
+            self.scheduled.add(branch)
+        return True
+
+    def _refused(self, tracked: Tracked, branch: SeqId) -> None:
+        counts = self.harness.check.counts()
+        tokens = self.harness.length(branch) if branch in self.harness.seqs else len(tracked.request.prompt)
+        self.refusals.append(Refusal(self.step, tracked.request.id, tokens, -(-tokens // self.config.block_size),
+                                     counts.free if counts else None, counts.cached if counts else None,
+                                     len(self.running)))
+        if self.running:
+            return
+        self.idle_refusals += 1
+        if self.idle_refusals > self.window + 1:  # refused on an idle pool after every in-flight window closed
+            self._release(tracked)
+            tracked.phase = Phase.REJECTED
+            self.idle_refusals = 0
+
+    def _run_step(self) -> None:
+        self.concurrency.append(len(self.running))
+        self.harness.step()
+        for tracked in list(self.running):
+            for branch in tracked.live():
+                if branch in self.scheduled:
+                    tracked.produced[branch] += 1
+                    if tracked.first_token_at is None:
+                        tracked.first_token_at = self.step
+                model = self.harness.seqs.get(branch)
+                if tracked.produced[branch] >= tracked.request.output_len and model is not None and (
+                        model.status is Status.RUNNING):
+                    self.harness.free(branch)
+            forked_all = not self.fork or len(tracked.produced) == len(tracked.branches)
+            if forked_all and all(tracked.produced[branch] >= tracked.request.output_len
+                                  for branch in tracked.branches):
+                tracked.phase, tracked.finished_at = Phase.FINISHED, self.step
+                self.running.remove(tracked)
+        self.scheduled.clear()
+        self.preempted_this_round = False
+        self.step += 1
+
+    # -- the report --------------------------------------------------------------------------------------------------
+
+    def _report(self, seconds: float, failure: Optional[str], quiescent: bool) -> ReplayReport:
+        tracked = self.tracked
+        ttft = [t.first_token_at - t.request.arrival + 1 for t in tracked if t.first_token_at is not None]
+        tpot = [(t.finished_at - t.first_token_at) / (t.request.output_len - 1) for t in tracked
+                if t.phase is Phase.FINISHED and t.request.output_len > 1]
+        return ReplayReport(
+            self.workload.name, self.workload.origin, self.allocator_name, self.config.block_size,
+            self.config.num_blocks, len(tracked), sum(t.admitted_at is not None for t in tracked),
+            sum(t.phase is Phase.FINISHED for t in tracked), sum(t.phase is Phase.CANCELLED for t in tracked),
+            sum(t.phase is Phase.CANCELLED and t.admitted_at is None for t in tracked),
+            sum(t.phase is Phase.REJECTED for t in tracked), sum(t.preempted for t in tracked),
+            sum(t.preempted > 0 for t in tracked), tuple(self.refusals), self.step, seconds,
+            max(self.concurrency, default=0),
+            sum(self.concurrency) / len(self.concurrency) if self.concurrency else 0.0,
+            Latency.of(ttft), Latency.of(tpot), self.log.summary(), dict(sorted(self.harness.stats.items())),
+            quiescent, failure)
+
+
+def replay_workload(workload: Workload, allocator: PagedAllocator, config: MachineConfig,
+                    allocator_name: str = "allocator", max_running: int = 256) -> ReplayReport:
+    """Replay ``workload`` against ``allocator`` (built for ``config``'s pool) and report what happened."""
+    return Scheduler(workload, allocator, config, allocator_name, max_running).run()

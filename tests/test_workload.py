@@ -1,0 +1,145 @@
+"""Workload replay: the trace format, the continuous-batching scheduler, its report, sweeps and plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvfuzz.allocator.paged import paged_allocator, synchronous_allocator
+from kvfuzz.cli import main
+from kvfuzz.statemachines.config import MachineConfig
+from kvfuzz.workload import WorkloadError, replay_workload
+from kvfuzz.workload.constructed import GENERATORS, constructed, constructed_json
+from kvfuzz.workload.format import FORMAT, load_workload, parse_workload
+from kvfuzz.workload.report import percentile
+from kvfuzz.zoo import variant
+
+SHIPPED = Path(__file__).resolve().parent.parent / "workloads" / "constructed"
+
+
+def _config(block_size: int = 16, num_blocks: int = 48) -> MachineConfig:
+    return MachineConfig(block_size=block_size, num_blocks=num_blocks, num_host_blocks=0)
+
+
+def _replay(workload, factory=paged_allocator, config=None, **options):
+    config = config or _config()
+    allocator = factory(config.pool_spec())
+    return replay_workload(workload, allocator, config, "under test", **options), allocator
+
+
+def _workload(requests, groups=None):
+    return parse_workload({"format": FORMAT, "name": "test", "origin": "constructed",
+                           "prefix_groups": groups or {}, "requests": requests})
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_constructed_workloads_drain_and_leave_every_block_free(name):
+    report, allocator = _replay(constructed(name))
+    assert not report.failed, report.failure
+    assert report.quiescent
+    assert report.finished + report.cancelled + report.rejected == report.requests
+    assert sorted(allocator.free_blocks()) == list(range(48)) and not allocator.cached_blocks()
+    assert report.occupancy.samples == report.steps
+    for sample in report.occupancy.series:
+        assert sample.referenced_blocks + sample.cached_blocks + sample.free_blocks + sample.pending_blocks == 48
+
+
+def test_shared_system_prompt_is_shared_forked_and_copied_on_write():
+    report, _ = _replay(constructed("shared-system-prompt"))
+    assert report.operations["fork"] == 9  # every fourth of 36 requests asks for two samples
+    assert report.operations["copy-on-write copies"] > 0
+    assert report.operations["cache hits"] > 0
+    assert report.occupancy.peak.saved_by_sharing > 0
+
+
+def test_a_small_pool_preempts_and_keeps_its_refusals():
+    report, _ = _replay(constructed("uniform"), config=_config(num_blocks=24))
+    assert not report.failed, report.failure
+    assert report.preemptions > 0 and report.refusals
+    assert report.finished == report.requests
+    first = report.refusals[0]
+    assert first.blocks_needed >= 1 and first.free_blocks is not None and "refused" in first.describe()
+
+
+def test_cancellation_is_counted_where_it_lands():
+    workload = _workload([
+        {"id": "hog", "arrival": 0, "prompt_len": 12, "output_len": 4},
+        {"id": "on-arrival", "arrival": 0, "prompt_len": 3, "output_len": 5, "cancel_at": 0},
+        {"id": "queued", "arrival": 1, "prompt_len": 8, "output_len": 2, "cancel_at": 3},
+    ])
+    report, _ = _replay(workload, factory=synchronous_allocator, config=_config(block_size=4, num_blocks=4))
+    # on-arrival is admitted, then aborted before its first step; queued never finds room before its cancel.
+    assert (report.cancelled, report.cancelled_before_admission, report.finished) == (2, 1, 1)
+    assert report.admitted == 2 and report.quiescent
+
+
+def test_latency_in_steps_without_contention():
+    report, _ = _replay(_workload([{"id": "solo", "arrival": 3, "prompt_len": 6, "output_len": 5}]))
+    assert report.time_to_first_token.p50 == 1  # admitted on arrival, prefilled in that step
+    assert report.time_per_output_token.p50 == 1  # then one token per step
+    assert report.steps == 3 + 5
+
+
+def test_a_request_that_can_never_fit_is_rejected_not_spun_on():
+    workload = _workload([{"id": "huge", "arrival": 0, "prompt_len": 200, "output_len": 2},
+                          {"id": "small", "arrival": 0, "prompt_len": 4, "output_len": 2}])
+    report, _ = _replay(workload, factory=synchronous_allocator, config=_config(block_size=4, num_blocks=8))
+    assert report.rejected == 1 and report.finished == 1
+    assert report.refusals[0].request == "huge"
+
+
+def test_a_broken_allocator_fails_the_replay_with_an_explanation():
+    report, _ = _replay(constructed("heavy-cancellation"), factory=variant("LeakOnCancel").factory())
+    assert report.failed
+    assert "invariant" in report.failure
+
+
+def test_shipped_constructed_files_match_their_generators():
+    for name in GENERATORS:
+        path = SHIPPED / f"{name}.json"
+        assert json.loads(path.read_text()) == constructed_json(name), f"regenerate {path}"
+        assert load_workload(path).origin == "constructed"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"requests": [{"arrival": 0, "prompt_len": 3}]}, "non-empty string 'id'"),
+    ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3, "prompt": [1]}]}, "exactly one of"),
+    ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3, "prefix_group": "sys"}]}, "'sys' is not defined"),
+    ({"requests": [{"id": "a", "arrival": -1, "prompt_len": 3}]}, "'arrival' must be an integer >= 0"),
+    ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3}] * 2}, "appears twice"),
+    ({"origin": "somewhere"}, "'origin' must be one of"),
+])
+def test_bad_workloads_are_refused_with_the_request_named(change, message):
+    data = {"format": FORMAT, "name": "bad", "origin": "recorded",
+            "requests": [{"id": "a", "arrival": 0, "prompt_len": 3}], **change}
+    with pytest.raises(WorkloadError, match=message):
+        parse_workload(data)
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile(list(range(1, 101)), 50) == 50 and percentile(list(range(1, 101)), 99) == 99
+    assert percentile([7], 99) == 7 and percentile([], 50) is None
+
+
+def test_replay_workload_command_sweeps_block_sizes_side_by_side(capsys, tmp_path):
+    plot = tmp_path / "occupancy.png"
+    assert main(["replay-workload", "constructed:shared-system-prompt", "--block-sizes", "8,16,32,64",
+                 "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("pool positions"))
+    assert row.split()[-4:] == ["768", "768", "768", "768"]
+    assert next(line for line in out.splitlines() if line.startswith("invariants")).split()[-4:] == ["held"] * 4
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_replay_workload_command_json_and_errors(capsys, tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(constructed_json("uniform")))
+    assert main(["replay-workload", str(path), "--json", "--num-blocks", "40"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["workload"] == "uniform" and report["num_blocks"] == 40 and report["quiescent"]
+    assert main(["replay-workload", "constructed:nope"]) == 2
+    assert "no constructed workload named 'nope'" in capsys.readouterr().err
+    assert main(["replay-workload", "constructed:uniform", "--allocator", "zoo:LeakOnCancel"]) in (0, 1)
