@@ -16,9 +16,10 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Collection, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Collection, Optional, Protocol, Sequence, runtime_checkable
 
-from kvfuzz.allocator.types import AdmitResult, Capabilities, GrowResult, Namespace, SeqId, SwapResult, Tokens
+from kvfuzz.allocator.types import (AdmitResult, BlockCopy, Capabilities, GrowResult, Namespace, SeqId, SwapResult,
+                                    Tokens)
 
 if TYPE_CHECKING:
     import torch
@@ -39,8 +40,12 @@ class PagedAllocator(Protocol):
     def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
         """Append ``len(tokens) >= 1`` tokens; return their slots and any block copies to perform first."""
 
-    def fork(self, parent: SeqId, child: SeqId) -> None:
-        """Make ``child`` share every block of ``parent`` (same tokens, same namespace)."""
+    def fork(self, parent: SeqId, child: SeqId) -> Optional[Sequence[BlockCopy]]:
+        """Make ``child`` share every block of ``parent`` (same tokens, same namespace).
+
+        An allocator may instead give the child a copy of some block (HF transformers copies the partial last block):
+        it returns those copies, and the child's table differs from the parent's exactly at their destinations.
+        Returning None means every block is shared."""
 
     def free(self, seq: SeqId) -> None:
         """Finish or cancel ``seq`` (at any moment, even before its first step). Full blocks may stay cached."""

@@ -43,6 +43,9 @@ class Capabilities:
     ``pending_blocks``) are implemented.
     ``attention_kernel`` says the allocator ships its own paged attention
     (:class:`~kvfuzz.allocator.protocol.ProvidesAttention`), which ``kvfuzz run --kernel allocator`` checks.
+    ``remaps_on_step`` says that when a step completes the allocator may swap a running sequence's block for another
+    block holding the same K/V (de-duplication against its cache, as HF transformers and SGLang do): the engine then
+    re-reads every running table after ``step_completed`` and checks each moved position bit for bit.
     """
 
     fork: bool = False
@@ -57,6 +60,7 @@ class Capabilities:
         attrs.validators.ge(1)))
     introspection: bool = False
     attention_kernel: bool = False
+    remaps_on_step: bool = False
 
 
 @attrs.frozen

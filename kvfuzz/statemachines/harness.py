@@ -153,17 +153,31 @@ class Harness:
         return True
 
     def fork(self, parent: SeqId, child: SeqId) -> bool:
-        """Parallel sampling or beam search: ``child`` shares all of ``parent``'s blocks."""
+        """Parallel sampling or beam search: ``child`` shares all of ``parent``'s blocks, or gets the copies the
+        allocator returned (then its table differs from the parent's exactly at their destinations)."""
         self._begin("fork", parent, child)
-        if self._attempt(lambda: self.allocator.fork(parent, child), 0, absent=child, returns_none=True) is None:
+        partial = int(self.length(parent) % self.block_size != 0)
+        copies = self._attempt(lambda: tuple(self.allocator.fork(parent, child) or ()), partial, absent=child)
+        if copies is None:
             return False
+        for copy in copies:
+            self.engine.copy_block(copy.src, copy.dst)
+            self.stats["fork copies"] += 1
         self.reference.fork(parent, child)
         self.seqs[child] = SeqModel(child, Status.RUNNING, written=self.seqs[parent].written)
         table = self._table(child)
-        if table != self.seqs[parent].table:
+        expected = tuple({copy.src: copy.dst for copy in copies}.get(block, block) for block in self.seqs[parent].table)
+        if table != expected:
             self.check.fail(Invariant.REFCOUNTS, f"fork gave {child} a block table unlike its parent {parent}'s",
-                            [f"expected: {list(self.seqs[parent].table)} (shared)", f"found:    {list(table)}"])
-        self._settle(self._set_table(child, table, "shared by fork with"))
+                            [f"expected: {list(expected)} (shared, or the copies it ordered)", f"found:    {list(table)}"])
+        size = self.block_size
+        written = self.seqs[child].written
+        moved = [index for index, (old, new) in enumerate(zip(self.seqs[parent].table, table)) if old != new]
+        self._settle(self._set_table(child, table, "shared by fork with"),
+                     [(child, p) for index in moved for p in range(index * size, min((index + 1) * size, written))])
+        for copy in copies:
+            self.check.exclusive(copy.dst, child, f"fork copy from block {copy.src}")
+        self.check.window({copy.dst for copy in copies}, child)
         self.stats["forks"] += 1
         return True
 
@@ -421,7 +435,30 @@ class Harness:
         for step in steps:
             self.engine.complete_step(step)
             self._call(lambda: self.allocator.step_completed(step))
+            if self.caps.remaps_on_step:
+                self._adopt_remaps()
         self.check.content(self.engine.take_dirty())
+
+    def _adopt_remaps(self) -> None:
+        """An allocator that declares ``remaps_on_step`` may swap a running sequence's block for one holding the same
+        K/V when a step completes (de-duplication): every new table is adopted, then every written position that
+        moved is checked bit for bit, with refcounts and the free set."""
+        size = self.block_size
+        touched, positions = set(), []
+        for seq, model in list(self.seqs.items()):
+            if model.status is not Status.RUNNING:
+                continue
+            table = self._table(seq)
+            if table == model.table:
+                continue
+            moved = [index for index, (old, new) in enumerate(zip(model.table, table)) if old != new]
+            touched |= self._set_table(seq, table, "remapped at step completion for").touched
+            self.stats["remapped blocks"] += len(moved)
+            positions += [(seq, p) for index in moved for p in range(index * size, min((index + 1) * size,
+                                                                                       model.written))]
+        if touched:
+            self.check.content(self.engine.take_dirty(), positions)
+            self.check.accounting(touched)
 
     def _probe_whole_pool(self) -> None:
         """Without introspection, leaks show as a refusal: one sequence must fit in the whole pool."""
