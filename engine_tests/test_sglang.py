@@ -1,0 +1,87 @@
+"""SGLang's RadixCache behind kvfuzz's contract (kvfuzz.adapters.sglang).
+
+Runs in SGLang's own environment (``scripts/third_party_env.sh sglang``; CI runs it there): without SGLang the
+import fails loudly rather than skipping.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvfuzz.adapters.sglang import SGLangRadixAllocator, radix_cache
+from kvfuzz.adapters.sglang._engine import in_context
+from kvfuzz.allocator import OutOfBlocks, PoolSpec
+from kvfuzz.profiles import PROFILES
+from kvfuzz.statemachines import MachineConfig, machine_for
+from kvfuzz.statemachines.harness import Harness
+from kvfuzz.statemachines.violations import Invariant, InvariantViolation
+
+PROMPT = (1, 2, 3, 0, 2, 2, 1, 3)  # two full pages of four tokens
+
+
+def test_machine_under_the_ci_profile() -> None:
+    run_state_machine_as_test(machine_for(radix_cache, MachineConfig()), settings=PROFILES["ci"])
+
+
+def test_the_pool_has_exactly_the_spec_blocks_with_page_zero_kept_back() -> None:
+    allocator = radix_cache(PoolSpec(block_size=4, num_blocks=8))
+    assert allocator.token_pool.num_pages == 8
+    assert sorted(allocator.free_blocks()) == list(range(8))  # SGLang's pages 1..8; padding page 0 never handed out
+    assert not allocator.cached_blocks()
+
+
+def test_block_table_and_slots_are_read_off_the_req_to_token_row() -> None:
+    allocator = radix_cache(PoolSpec(block_size=4, num_blocks=8))
+    admitted = allocator.admit("s0", (), PROMPT + (0,))
+    state = allocator._requests["s0"]
+    row = allocator.req_to_token_pool.req_to_token[state.req.kv.req_pool_idx]
+    assert admitted.block_table == tuple(int(row[i]) // 4 - 1 for i in (0, 4, 8))
+    assert admitted.num_cached_tokens == 0
+    allocator.step_completed(0)
+    grown = allocator.grow("s0", (3,))
+    assert [(slot.block, slot.offset) for slot in grown.slots] == [(int(row[9]) // 4 - 1, int(row[9]) % 4)]
+    assert grown.slots[0].block == allocator.block_table("s0")[2]
+    assert sorted(allocator.free_blocks()) == sorted(set(range(8)) - set(admitted.block_table))
+
+
+def test_out_of_blocks_changes_nothing() -> None:
+    allocator = radix_cache(PoolSpec(block_size=4, num_blocks=3))
+    allocator.admit("s0", (), PROMPT)
+    before = (allocator.block_table("s0"), sorted(allocator.free_blocks()), sorted(allocator.cached_blocks()))
+    with pytest.raises(OutOfBlocks):
+        allocator.admit("s1", (), (3,) * 8)
+    with pytest.raises(OutOfBlocks):
+        allocator.grow("s0", (0,) * 5)
+    assert (allocator.block_table("s0"), sorted(allocator.free_blocks()), sorted(allocator.cached_blocks())) == before
+
+
+def test_a_finished_prompt_is_matched_page_aligned_and_one_token_short_within_its_namespace() -> None:
+    allocator = radix_cache(PoolSpec(block_size=4, num_blocks=16))
+    first = allocator.admit("s0", ("tenant",), PROMPT)
+    allocator.step_completed(0)
+    allocator.free("s0")
+    assert sorted(allocator.cached_blocks()) == sorted(first.block_table)
+    # SGLang matches at most len - 1 tokens, floored to a page: an identical prompt hits its first page only.
+    assert allocator.admit("s1", ("tenant",), PROMPT).num_cached_tokens == 4
+    assert allocator.admit("s2", ("tenant",), PROMPT + (0,)).num_cached_tokens == 8
+    assert allocator.admit("s3", ("tenant", "salt"), PROMPT + (0,)).num_cached_tokens == 0
+    assert allocator.admit("s4", (), PROMPT + (0,)).num_cached_tokens == 0
+
+
+class _CheckpointsAtAdmission(SGLangRadixAllocator):
+    """Inserts a prompt into the tree as soon as it is admitted, before any step computed it (bug class 5)."""
+
+    @in_context
+    def admit(self, seq, namespace, tokens):
+        result = SGLangRadixAllocator.admit.__wrapped__(self, seq, namespace, tokens)
+        self._checkpoint(self._requests[seq])
+        return result
+
+
+def test_pages_matchable_before_their_step_are_caught() -> None:
+    harness = Harness(_CheckpointsAtAdmission(MachineConfig().pool_spec()), MachineConfig())
+    harness.admit("s0", (), PROMPT + (0,))
+    with pytest.raises(InvariantViolation) as caught:
+        harness.admit("s1", (), PROMPT + (1,))
+    assert caught.value.invariant is Invariant.CACHE_SOUNDNESS

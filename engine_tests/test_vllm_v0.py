@@ -1,0 +1,99 @@
+"""vLLM v0's block manager behind kvfuzz (kvfuzz.adapters.vllm_v0).
+
+Runs in its own environment (``scripts/third_party_env.sh vllm-v0``; CI runs it there): without vLLM 0.10.2 the
+import fails loudly rather than skipping.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvfuzz.adapters.vllm_v0 import block_space_manager, block_space_manager_no_caching
+from kvfuzz.allocator import BlockCopy, OutOfBlocks, PoolSpec
+from kvfuzz.profiles import PROFILES
+from kvfuzz.statemachines import MachineConfig, machine_for
+from kvfuzz.statemachines.violations import InvariantViolation
+
+SPEC = PoolSpec(block_size=4, num_blocks=16, num_host_blocks=4)
+
+
+def test_without_prefix_caching_every_invariant_holds_under_ci() -> None:
+    """Without a host pool: freeing a swapped-out sequence corrupts v0's block-object pools (a known bug, replayed
+    by corpus/vllm-v0-free-swapped-block-pool-*), which a longer run would reach; swapping is checked below."""
+    config = MachineConfig(num_host_blocks=0)
+    run_state_machine_as_test(machine_for(block_space_manager_no_caching, config), settings=PROFILES["ci"])
+
+
+def test_with_prefix_caching_ci_finds_the_release_before_compute_hit() -> None:
+    """The known vLLM v0 bug (see corpus/vllm-v0-*): a prompt's blocks released before its first step are served
+    as a cache hit. This fails the day the block manager, or the adapter, stops reproducing it. (No shrinking: the
+    shrunk program is the corpus trace.)"""
+    unshrunk = settings(PROFILES["ci"], phases=[phase for phase in Phase if phase is not Phase.shrink])
+    with pytest.raises(InvariantViolation) as caught:
+        run_state_machine_as_test(machine_for(block_space_manager, MachineConfig()), settings=unshrunk)
+    assert caught.value.invariant.number == 9
+
+
+def test_grow_into_a_forked_tail_returns_the_copy_on_write_pair() -> None:
+    manager = block_space_manager_no_caching(SPEC)
+    (shared,) = manager.admit("a", (), (1, 2)).block_table
+    manager.step_completed(0)
+    manager.fork("a", "b")
+    result = manager.grow("a", (3,))
+    (private,) = manager.block_table("a")
+    assert private != shared and manager.block_table("b") == (shared,)
+    assert result.copies == (BlockCopy(src=shared, dst=private),)
+    assert [(slot.block, slot.offset) for slot in result.slots] == [(private, 2)]
+    assert manager.refcount(shared) == manager.refcount(private) == 1
+
+
+def test_swap_maps_device_blocks_to_host_blocks_and_back() -> None:
+    manager = block_space_manager_no_caching(SPEC)
+    table = manager.admit("a", (), tuple(range(6))).block_table
+    manager.step_completed(0)
+    out = manager.swap_out("a").mapping
+    assert sorted(device for device, _ in out) == sorted(table)
+    assert all(0 <= host < SPEC.num_host_blocks for _, host in out)
+    back = manager.swap_in("a").mapping
+    assert sorted(host for host, _ in back) == sorted(host for _, host in out)
+    assert sorted(device for _, device in back) == sorted(manager.block_table("a"))
+
+
+def test_refusals_leave_the_block_manager_as_it_was() -> None:
+    manager = block_space_manager_no_caching(SPEC)
+    manager.admit("a", (), tuple(range(4 * 15)))
+    with pytest.raises(OutOfBlocks):
+        manager.admit("b", (), tuple(range(8)))
+    with pytest.raises(OutOfBlocks):
+        manager.grow("a", tuple(range(8)))
+    assert len(manager.block_table("a")) == 15 and len(manager.free_blocks()) == 1
+    assert len(manager.grow("a", (7,)).slots) == 1 and len(manager.block_table("a")) == 16
+
+
+def test_cache_hits_count_computed_blocks_only_and_a_full_hit_recomputes_one_token() -> None:
+    manager = block_space_manager(SPEC)
+    prompt = (1, 2, 3, 0, 1, 2, 3, 0)
+    first = manager.admit("a", (), prompt)
+    assert first.num_cached_tokens == 0
+    assert manager.admit("b", (), prompt + (5,)).num_cached_tokens == 0, "not computed before step 0 completes"
+    manager.step_completed(0)
+    assert manager.admit("c", (), prompt + (6,)).num_cached_tokens == 8
+    full = manager.admit("d", (), prompt)
+    assert full.num_cached_tokens == 7 and full.block_table == first.block_table
+
+
+def test_namespaces_are_lora_adapters_and_do_not_share_blocks() -> None:
+    manager = block_space_manager(SPEC)
+    prompt = (1, 2, 3, 0, 1)
+    manager.admit("a", ("lora-7",), prompt)
+    manager.step_completed(0)
+    assert manager.admit("b", ("lora-7",), prompt).num_cached_tokens == 4
+    assert manager.admit("c", ("ab", "c"), prompt).num_cached_tokens == 0
+    assert manager.admit("d", (), prompt).num_cached_tokens == 0
+
+
+def test_the_engine_watermark_is_declared_as_reserved_blocks() -> None:
+    assert block_space_manager_no_caching(SPEC).capabilities.reserved_blocks == 0
+    assert block_space_manager(PoolSpec(4, 250, 0)).capabilities.reserved_blocks == 2

@@ -1,0 +1,111 @@
+"""vLLM v1's KV-cache manager behind kvfuzz (kvfuzz.adapters.vllm_v1).
+
+Runs in its own environment (``scripts/third_party_env.sh vllm``; CI runs it there): without vLLM 0.33.0 the
+import fails loudly rather than skipping.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvfuzz.adapters import vllm_v1
+from kvfuzz.allocator import OutOfBlocks, PoolSpec, UnknownSequence, Unsupported
+from kvfuzz.allocator.types import NULL_BLOCK
+from kvfuzz.profiles import PROFILES
+from kvfuzz.runner import run
+from kvfuzz.statemachines import MachineConfig, machine_for
+
+SPEC = PoolSpec(block_size=4, num_blocks=6)
+PROMPT = (1, 2, 3, 0, 2, 2, 1, 3, 1)  # two full blocks and one token
+
+
+@pytest.mark.parametrize("factory, examples", [(vllm_v1.kv_cache_manager_no_prefix_cache, None),
+                                               (vllm_v1.kv_cache_manager_no_prefix_cache_deferred_free, 40),
+                                               (vllm_v1.kv_cache_manager_no_prefix_cache_sliding_window, 40)],
+                         ids=lambda value: getattr(value, "__name__", str(value)))
+def test_machine_holds_without_prefix_cache(factory, examples) -> None:
+    """kvfuzz's ci profile (fewer examples for the variants, to keep the suite short)."""
+    profile = PROFILES["ci"] if examples is None else settings(PROFILES["ci"], max_examples=examples)
+    run_state_machine_as_test(machine_for(factory, MachineConfig()), settings=profile)
+
+
+def test_prefix_cache_hits_blocks_of_a_step_not_yet_run() -> None:
+    """The contract mismatch, kept visible: vLLM makes blocks matchable when their tokens are scheduled, so a
+    request admitted in the same round hits blocks no completed step has written (kvfuzz's invariant 9)."""
+    summary = run(vllm_v1.kv_cache_manager, MachineConfig(), examples=20)
+    assert summary.failed and summary.invariant == "invariant 9 (cache soundness)", summary.explanation
+    allocator = vllm_v1.kv_cache_manager(SPEC)
+    allocator.admit("a", (), PROMPT)
+    assert allocator.admit("b", (), PROMPT + (0,)).num_cached_tokens == 8  # before any step_completed
+
+
+def test_pool_of_exactly_num_blocks_without_the_null_block() -> None:
+    allocator = vllm_v1.kv_cache_manager(SPEC)
+    assert sorted(allocator.free_blocks()) == list(range(SPEC.num_blocks))
+    assert allocator.cached_blocks() == [] and allocator.pending_blocks() == []
+    table = allocator.admit("a", (), tuple(range(4)) * SPEC.num_blocks).block_table
+    assert sorted(table) == list(range(SPEC.num_blocks))
+    assert all(allocator.refcount(block) == 1 for block in table) and allocator.free_blocks() == []
+    with pytest.raises(OutOfBlocks):
+        allocator.grow("a", (0,))
+    assert allocator.block_table("a") == table
+    allocator.free("a")
+    assert sorted(allocator.cached_blocks()) == list(range(SPEC.num_blocks))
+    allocator.reset_cache()
+    assert sorted(allocator.free_blocks()) == list(range(SPEC.num_blocks)) and allocator.cached_blocks() == []
+
+
+def test_hits_need_the_same_namespace_and_survive_a_refused_grow() -> None:
+    for factory in (vllm_v1.kv_cache_manager, vllm_v1.kv_cache_manager_lora):
+        allocator = factory(PoolSpec(block_size=4, num_blocks=16))
+        first = allocator.admit("a", ("ab", "c"), PROMPT)
+        allocator.step_completed(0)
+        assert allocator.admit("b", ("a", "bc"), PROMPT).num_cached_tokens == 0
+        assert allocator.admit("c", (), PROMPT).num_cached_tokens == 0
+        allocator.free("b")
+        allocator.free("c")
+        with pytest.raises(OutOfBlocks):
+            allocator.grow("a", (0,) * 60)
+        allocator.grow("a", (3, 0, 0))  # fills logical block 2 with (1, 3, 0, 0): the refused tokens are gone
+        allocator.step_completed(1)
+        hit = allocator.admit("d", ("ab", "c"), PROMPT + (3, 0, 0, 2))
+        assert hit.num_cached_tokens == 12 and hit.block_table[:3] == allocator.block_table("a")[:3]
+        assert allocator.refcount(first.block_table[0]) == 2
+
+
+def test_deferred_free_holds_blocks_until_the_fence_step_completes() -> None:
+    allocator = vllm_v1.kv_cache_manager_deferred_free(SPEC)
+    assert allocator.capabilities.inflight_window == 1
+    table = allocator.admit("a", (), PROMPT).block_table
+    allocator.free("a")
+    assert sorted(allocator.pending_blocks()) == sorted(table)
+    assert all(allocator.refcount(block) == 0 for block in table)
+    assert not set(table) & set(allocator.free_blocks()) | set(allocator.cached_blocks())
+    allocator.step_completed(0)
+    assert allocator.pending_blocks() == []
+    assert sorted(allocator.free_blocks() + allocator.cached_blocks()) == list(range(SPEC.num_blocks))
+
+
+def test_sliding_window_drops_blocks_as_null_entries() -> None:
+    allocator = vllm_v1.kv_cache_manager_no_prefix_cache_sliding_window(PoolSpec(block_size=4, num_blocks=8))
+    allocator.admit("a", (), tuple(range(4)) * 5)
+    allocator.step_completed(0)
+    allocator.grow("a", (1,))
+    table = allocator.block_table("a")
+    assert table[:2] == (NULL_BLOCK, NULL_BLOCK) and NULL_BLOCK not in table[2:]
+    assert len(allocator.free_blocks()) == 8 - len(table[2:])
+
+
+def test_misuse_and_unsupported_operations_are_refused() -> None:
+    allocator = vllm_v1.kv_cache_manager(SPEC)
+    allocator.admit("a", (), PROMPT)
+    allocator.preempt("a")
+    for call in (lambda: allocator.grow("a", (1,)), lambda: allocator.free("a"), lambda: allocator.free("nobody")):
+        with pytest.raises(UnknownSequence):
+            call()
+    with pytest.raises(Unsupported):
+        allocator.fork("a", "b")
+    with pytest.raises(Unsupported):
+        allocator.rollback("a", 1)

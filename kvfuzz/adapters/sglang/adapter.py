@@ -1,0 +1,344 @@
+"""SGLang's RadixCache over a PagedTokenToKVPoolAllocator and a ReqToTokenPool, driven as SGLang's scheduler does.
+
+Geometry. SGLang's paged allocator hands out pages ``1 .. num_pages``: page 0 (token slots ``0 .. page_size - 1``) is
+the padding page that padded batches write into. The pool is built with ``num_blocks * page_size`` tokens, so it
+has exactly ``num_blocks`` allocatable pages, and kvfuzz's block ``b`` is SGLang's page ``b + 1``. A sequence's block
+table is read off its ``req_to_token`` row: logical block ``i`` is ``row[i * page_size] // page_size - 1``, and the
+slot of position ``p`` is ``(row[p] // page_size - 1, row[p] % page_size)``, both exactly as SGLang stores them.
+
+Lifecycle, mirroring the scheduler (``schedule_policy.PrefillAdder``, ``mem_cache.allocation``,
+``batch_result_processor``, ``schedule_batch.release_req``):
+
+* admit: ``Req.init_next_round_input`` matches the prompt in the tree (page-aligned, capped one token short of the
+  prompt as SGLang always is), the prefill budget is checked against free plus evictable pages, the matched node is
+  locked, a ``req_to_token`` row is taken, and ``alloc_paged_token_slots_extend`` evicts from the tree under pressure
+  and allocates the rest, which is written into the row.
+* grow: one token on a fully computed sequence is a decode step (``alloc_paged_token_slots_decode``); anything else
+  extends the row like a chunked-prefill continuation (``alloc_paged_token_slots_extend`` from the row's last slot).
+* after a step: a sequence that ran an extend (a prefill or a chunk) is checkpointed into the tree
+  (``checkpoint_kv_cache``), as ``process_batch_result`` does; decode steps are not.
+* free: a sequence whose every token was computed finishes (``release_kv_cache(checkpoint=True)``: its KV is
+  inserted into the tree, duplicate pages freed, the lock dropped); one with tokens no step has computed is aborted
+  (``release_kv_cache(checkpoint=False)``), since SGLang never inserts KV that no forward pass wrote.
+* preempt: SGLang's retraction (``release_req``): release without inserting, then evict for the remaining running
+  requests, then ``Req.reset_for_retract``; the next admit of the same id matches again, as a retracted request does.
+
+One scheduling adaptation. SGLang's checkpoint may find the pages it inserts already in the tree (another request
+computed the same prefix meanwhile), free its own copies and repoint the request's row at the tree's pages, so a
+running request's block table changes. kvfuzz reads a sequence's table only at operations on that sequence, so the
+checkpoint due after a step runs at the sequence's next operation (grow, free or preempt), before anything else that
+operation does: the same order relative to that request as SGLang's, with the prefix becoming matchable for other
+requests somewhat later. A refused grow leaves the checkpoint due.
+
+Namespaces become the request fields that key the tree: ``radix_cache`` sets ``extra_key`` and ``cache_salt``
+(``RadixKey`` keeps the two apart); ``radix_cache_lora`` sets ``extra_key`` and ``lora_id``, which ``Req.__init__``
+concatenates into one string (SGLang issue #24638: a key collision kvfuzz finds, kept in ``corpus/``).
+
+Introspection is read off SGLang's state: free blocks from the allocator's free pages, cached blocks from the pages
+of tree nodes no request locks (what ``RadixCache.evict`` may drop), refcounts from the live requests' rows. W = 0:
+the synchronous scheduler (no overlap), which frees at once.
+
+Not declared: fork, swap (HiRadixCache is out of scope), rollback (speculative decoding is out of scope), and
+eviction: SGLang evicts inside admission and decode allocation, as driven here, but ``RadixCache.evict(n)`` drops
+whole leaves until at least ``n`` tokens are gone, where kvfuzz's ``evict(n)`` drops at most ``n`` blocks, and
+``RadixCache.reset()`` is safe only on an idle engine (``flush_cache``). The admission budget is free plus evictable
+pages; the PrefillAdder's reservation for running requests' future decode tokens is scheduling policy, not modelled.
+"""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from typing import Collection
+
+import attrs
+import torch
+
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.allocator.types import (AdmitResult, Capabilities, GrowResult, Namespace, PoolSpec, SeqId, Slot,
+                                    SwapResult, Tokens)
+from kvfuzz.adapters.sglang._engine import in_context, sglang
+
+MAX_NEW_TOKENS = 1 << 30
+"""A request's generation budget: kvfuzz, not a length limit, decides when a sequence finishes."""
+
+
+class _Phase(enum.Enum):
+    RUNNING = "running"
+    RETRACTED = "retracted"
+
+
+@attrs.define(eq=False)
+class _Request:
+    """One kvfuzz sequence and the SGLang ``Req`` that carries it.
+
+    ``length`` tokens are allocated in the row (``req.kv.kv_committed_len`` while running); ``computed`` of them
+    were written by a completed step. ``extended`` says the request ran an extend since the last step, and
+    ``checkpoint_due`` that a completed extend has not been checkpointed into the tree yet.
+    """
+
+    req: object
+    length: int
+    phase: _Phase = _Phase.RUNNING
+    computed: int = 0
+    extended: bool = True
+    checkpoint_due: bool = False
+
+
+SALTED = ("extra_key", "cache_salt")
+"""Namespace parts as ``Req(extra_key=..., cache_salt=...)``: RadixKey keys the tree by the pair, kept apart."""
+
+LORA = ("extra_key", "lora_id")
+"""Namespace parts as ``Req(extra_key=..., lora_id=...)``: ``Req.__init__`` keys the tree by their concatenation."""
+
+
+def _key_fields(namespace: Namespace, fields: tuple[str, ...]) -> dict[str, str]:
+    """The ``Req`` keyword arguments a namespace sets: its parts, in order, as ``fields``."""
+    if len(namespace) > len(fields):
+        raise InvalidArgument(f"namespace {namespace!r} has {len(namespace)} parts; this adapter maps at most "
+                              f"{len(fields)} ({', '.join(fields)})")
+    return dict(zip(fields, namespace))
+
+
+class SGLangRadixAllocator:
+    """kvfuzz's contract over SGLang's RadixCache, PagedTokenToKVPoolAllocator and ReqToTokenPool."""
+
+    def __init__(self, spec: PoolSpec, *, namespaces: bool = True, key_fields: tuple[str, ...] = SALTED) -> None:
+        if spec.block_size < 2:
+            raise ValueError(f"block size {spec.block_size}: SGLang serves page size 1 with TokenToKVPoolAllocator, "
+                             "not the paged allocator this adapter drives")
+        self.block_size, self.num_blocks, self.num_host_blocks = spec.block_size, spec.num_blocks, 0
+        self.capabilities = Capabilities(prefix_cache=True, namespaces=namespaces, introspection=True)
+        self.key_fields = key_fields
+        self._build(spec)
+        self._requests: dict[SeqId, _Request] = {}
+
+    @in_context
+    def _build(self, spec: PoolSpec) -> None:
+        engine = sglang()
+        page = spec.block_size
+        self.token_pool = engine.PagedTokenToKVPoolAllocator(
+            spec.num_blocks * page, page_size=page, dtype=torch.float16, device="cpu", kvcache=None,
+            need_sort=False)
+        # Every running request holds at least one page of its own, so num_blocks rows always suffice.
+        self.req_to_token_pool = engine.ReqToTokenPool(
+            size=spec.num_blocks, max_context_len=(spec.num_blocks + 1) * page, device="cpu",
+            enable_memory_saver=False)
+        self.tree = engine.RadixCache(engine.CacheInitParams(
+            disable=False, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.token_pool,
+            page_size=page))
+
+    # -- the contract --------------------------------------------------------------------------------------------
+
+    @in_context
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        state = self._requests.get(seq)
+        if state is not None and state.phase is _Phase.RUNNING:
+            raise SequenceExists(f"admit: sequence {seq!r} is already running")
+        if not tokens:
+            raise InvalidArgument(f"admit: sequence {seq!r} has no tokens")
+        if state is None:
+            engine = sglang()
+            req = engine.Req(seq, "", array("q", tokens), engine.SamplingParams(max_new_tokens=MAX_NEW_TOKENS),
+                             **_key_fields(namespace, self.key_fields))
+        else:
+            req = state.req
+            if tuple(req.origin_input_ids) + tuple(req.output_ids) != tuple(tokens):
+                raise InvalidArgument(f"admit: retracted sequence {seq!r} comes back with other tokens")
+        prefix_len = self._admit_req(seq, req, len(tokens))
+        self._requests[seq] = _Request(req, len(tokens), computed=prefix_len)
+        return AdmitResult(self._table(self._requests[seq]), prefix_len)
+
+    @in_context
+    def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
+        state = self._running(seq, "grow")
+        if not tokens:
+            raise InvalidArgument(f"grow: sequence {seq!r} given no tokens")
+        old_len, new_len = state.length, state.length + len(tokens)
+        self._check_room(self._pages(new_len) - self._pages(old_len), f"grow {seq!r} by {len(tokens)}")
+        if state.checkpoint_due:
+            self._checkpoint(state)
+        req = state.req
+        req.output_ids.extend(tokens)
+        req.refresh_fill_ids()
+        if len(tokens) == 1 and state.computed == old_len:
+            self._alloc_decode(req, old_len)
+        else:
+            self._alloc_extend(req, old_len, new_len)
+            state.extended = True
+        state.length = new_len
+        row = self._row(req)
+        page = self.block_size
+        return GrowResult([Slot(int(row[p]) // page - 1, int(row[p]) % page) for p in range(old_len, new_len)])
+
+    @in_context
+    def free(self, seq: SeqId) -> None:
+        state = self._requests.get(seq)
+        if state is None:
+            raise UnknownSequence(f"free: sequence {seq!r} is not live (never admitted, or already freed)")
+        del self._requests[seq]
+        if state.phase is _Phase.RETRACTED:
+            return  # a retracted request waiting in the queue holds nothing: aborting it just drops it
+        engine, req = sglang(), state.req
+        if state.computed == state.length:
+            req.finished_reason = engine.FINISH_LENGTH(length=len(req.output_ids))
+            engine.release_kv_cache(req, self.tree, checkpoint=True)
+        else:
+            req.finished_reason = engine.FINISH_ABORT()
+            engine.release_kv_cache(req, self.tree, checkpoint=False)
+
+    @in_context
+    def preempt(self, seq: SeqId) -> None:
+        state = self._running(seq, "preempt")
+        if state.checkpoint_due:
+            self._checkpoint(state)
+        engine = sglang()
+        engine.release_kv_cache(state.req, self.tree, checkpoint=False)
+        still_running = sum(other.phase is _Phase.RUNNING for other in self._requests.values()) - 1
+        engine.evict_from_tree_cache(self.tree, still_running * engine.retract_decode_steps())
+        state.req.reset_for_retract()
+        state.phase, state.computed, state.extended, state.checkpoint_due = _Phase.RETRACTED, 0, False, False
+
+    def step_completed(self, step: int) -> None:
+        for state in self._requests.values():
+            if state.phase is _Phase.RUNNING:
+                state.computed = state.length
+                state.checkpoint_due = state.checkpoint_due or state.extended
+                state.extended = False
+
+    def block_table(self, seq: SeqId) -> tuple[int, ...]:
+        return self._table(self._running(seq, "block_table"))
+
+    def fork(self, parent: SeqId, child: SeqId) -> None:
+        raise Unsupported("fork: SGLang's RadixCache shares KV only through the tree, not between live requests")
+
+    def swap_out(self, seq: SeqId) -> SwapResult:
+        raise Unsupported("swap_out: the host tier (HiRadixCache) is out of scope")
+
+    def swap_in(self, seq: SeqId) -> SwapResult:
+        raise Unsupported("swap_in: the host tier (HiRadixCache) is out of scope")
+
+    def rollback(self, seq: SeqId, num_tokens: int) -> None:
+        raise Unsupported("rollback: speculative decoding is out of scope")
+
+    def evict(self, num_blocks: int) -> int:
+        raise Unsupported("evict: RadixCache.evict(n) drops whole leaves, at least n tokens, not at most n blocks")
+
+    def reset_cache(self) -> None:
+        raise Unsupported("reset_cache: RadixCache.reset() is safe only on an idle engine (flush_cache)")
+
+    # -- introspection -------------------------------------------------------------------------------------------
+
+    def refcount(self, block: int) -> int:
+        return sum(self._table(state).count(block) for state in self._requests.values()
+                   if state.phase is _Phase.RUNNING)
+
+    def free_blocks(self) -> Collection[int]:
+        return [page - 1 for page in self.token_pool.get_all_free_pages().tolist()]
+
+    def cached_blocks(self) -> Collection[int]:
+        """Pages of tree nodes no request locks: what ``RadixCache.evict`` may drop."""
+        page = self.block_size
+        blocks: list[int] = []
+        stack = list(self.tree.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.lock_ref == 0:
+                blocks.extend(int(slot) // page - 1 for slot in node.value[::page].tolist())
+        return blocks
+
+    def pending_blocks(self) -> Collection[int]:
+        return ()
+
+    # -- the scheduler's steps -----------------------------------------------------------------------------------
+
+    def _admit_req(self, seq: SeqId, req: object, length: int) -> int:
+        """Match, check the prefill budget, lock, take a row and allocate the prompt; return the cached length."""
+        engine = sglang()
+        req.init_next_round_input(self.tree)
+        prefix_len = req.prefix_len
+        lock = self.tree.lock(req.last_node)
+        try:
+            self._check_room(self._pages(length) - prefix_len // self.block_size, f"admit {seq!r}")
+        except OutOfBlocks:
+            self.tree.unlock(lock)
+            req.prefix_len, req.last_node, req.kv.cache_protected_len = 0, None, 0
+            raise
+        req.lock, req.extend_end = lock, length
+        engine.alloc_req_slots(self.req_to_token_pool, [req], self.tree)
+        prefix = self.tree.prefix_device_indices(req)
+        self._row(req)[:prefix_len] = prefix.to(torch.int32)
+        self._alloc_extend(req, prefix_len, length)
+        return prefix_len
+
+    def _alloc_extend(self, req: object, prefix_len: int, seq_len: int) -> None:
+        """``alloc_for_extend`` for one request whose row holds ``prefix_len`` slots: evict, allocate, write."""
+        row = self._row(req)
+        last_loc = row[prefix_len - 1:prefix_len].to(torch.int64) if prefix_len else torch.tensor([-1])
+        prefix_lens, seq_lens = torch.tensor([prefix_len]), torch.tensor([seq_len])
+        out = sglang().alloc_paged_token_slots_extend(
+            tree_cache=self.tree, prefix_lens=prefix_lens, prefix_lens_cpu=prefix_lens, seq_lens=seq_lens,
+            seq_lens_cpu=seq_lens, last_loc=last_loc, extend_num_tokens=seq_len - prefix_len)
+        row[prefix_len:seq_len] = out.to(torch.int32)
+        req.kv.kv_allocated_len = req.kv.kv_committed_len = seq_len
+
+    def _alloc_decode(self, req: object, seq_len: int) -> None:
+        """``alloc_for_decode`` for one request: one slot at position ``seq_len``."""
+        row = self._row(req)
+        seq_lens = torch.tensor([seq_len + 1])
+        out = sglang().alloc_paged_token_slots_decode(
+            tree_cache=self.tree, seq_lens=seq_lens, seq_lens_cpu=seq_lens,
+            last_loc=row[seq_len - 1:seq_len].to(torch.int64))
+        row[seq_len] = int(out[0])
+        req.kv.kv_allocated_len += 1
+        req.kv.kv_committed_len += 1
+
+    def _checkpoint(self, state: _Request) -> None:
+        """What ``process_batch_result`` does for a request after its extend ran: insert it into the tree."""
+        state.req.extend_end = state.length
+        sglang().checkpoint_kv_cache(state.req, self.tree)
+        state.checkpoint_due = False
+
+    def _check_room(self, pages_needed: int, what: str) -> None:
+        """The scheduler's budget: free pages plus pages the tree could evict (nodes no request locks)."""
+        page = self.block_size
+        available = self.token_pool.available_size() // page + self.tree.evictable_size() // page
+        if pages_needed > available:
+            raise OutOfBlocks(f"{what}: needs {pages_needed} new page(s), {available} free or evictable",
+                              needed=pages_needed, available=available)
+
+    # -- helpers -------------------------------------------------------------------------------------------------
+
+    def _running(self, seq: SeqId, op: str) -> _Request:
+        state = self._requests.get(seq)
+        if state is None or state.phase is not _Phase.RUNNING:
+            raise UnknownSequence(f"{op}: sequence {seq!r} is not running (never admitted, freed, or preempted)")
+        return state
+
+    def _row(self, req: object) -> torch.Tensor:
+        return self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+
+    def _pages(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _table(self, state: _Request) -> tuple[int, ...]:
+        page = self.block_size
+        firsts = self._row(state.req)[0:state.length:page].tolist()
+        return tuple(slot // page - 1 for slot in firsts)
+
+
+def radix_cache(spec: PoolSpec) -> SGLangRadixAllocator:
+    """SGLang's RadixCache (page size = block size) over a paged token pool of exactly ``spec.num_blocks`` pages;
+    namespaces map to ``extra_key`` and ``cache_salt``."""
+    return SGLangRadixAllocator(spec)
+
+
+def radix_cache_one_namespace(spec: PoolSpec) -> SGLangRadixAllocator:
+    """The same, with every request in the empty namespace (no extra_key, no cache_salt)."""
+    return SGLangRadixAllocator(spec, namespaces=False)
+
+
+def radix_cache_lora(spec: PoolSpec) -> SGLangRadixAllocator:
+    """The same, with namespaces as a request's ``extra_key`` and LoRA adapter id (``lora_id``)."""
+    return SGLangRadixAllocator(spec, key_fields=LORA)

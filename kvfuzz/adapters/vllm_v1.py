@@ -1,0 +1,388 @@
+"""vLLM v1's KV-cache manager (``vllm.v1.core.kv_cache_manager.KVCacheManager``, vllm 0.33.0) behind kvfuzz's contract.
+
+The adapter is a scheduler shim: it drives one real ``KVCacheManager`` (with its real ``BlockPool``, free queue and
+prefix-cache hash map) exactly the way vLLM's v1 ``Scheduler`` does, with real ``vllm.v1.request.Request`` objects
+whose block hashes come from vLLM's own request block hasher (sha256, the engine default).
+
+Mapping of the contract onto the scheduler's calls:
+
+* ``admit``: ``get_computed_blocks`` (the prefix hit, capped at ``num_tokens - 1`` by vLLM), then ``allocate_slots``
+  for the rest of the prompt; ``allocate_slots`` returning ``None`` is :class:`OutOfBlocks`. A preempted sequence is
+  re-admitted with its own ``Request`` object, as the scheduler resumes it.
+* ``grow``: the tokens are appended to the request (as ``update_from_output`` appends sampled tokens), then
+  ``allocate_slots`` for them; on a refusal the adapter takes its own append back, so the request is as before.
+* ``free``: ``KVCacheManager.free`` (finish or abort); ``preempt``: the same, then the request is reset as
+  ``Scheduler._preempt_request`` resets it.
+* ``reset_cache``: ``reset_prefix_cache`` when no block is in use (its own precondition); otherwise ``evict_blocks``
+  over every cached, unreferenced block. ``evict(n)``: ``evict_blocks`` over the first ``n`` cached blocks of the
+  free queue, the ones vLLM would evict first.
+* ``step_completed``: the scheduler's bookkeeping of finished steps (in-flight tokens, deferred frees).
+
+After each scheduled operation the request's ``num_computed_tokens`` counts the scheduled tokens, as
+``Scheduler._update_after_schedule`` does, and ``num_in_flight_tokens`` counts them until the step that computes them
+completes.
+
+The pool: vLLM reserves physical block 0 as its null block, so the manager is built with ``spec.num_blocks + 1``
+physical blocks and kvfuzz block ``b`` is vLLM block ``b + 1``. The null block never appears as a kvfuzz block: in a
+block table (a sliding-window drop) it is :data:`~kvfuzz.allocator.types.NULL_BLOCK`.
+
+Namespaces map injectively onto vLLM's extra hash keys: the JSON encoding of the namespace's parts becomes the
+request's ``cache_salt`` (or the name of a LoRA adapter, for the LoRA variant); the empty namespace sets neither.
+
+In-flight window W = 1 emulates the scheduler with a KV-consumer connector and two batches in flight, where
+``Scheduler.defer_block_free`` holds a released request's blocks (``pop_blocks_for_free``) until every step
+scheduled so far has been processed, then returns them with ``BlockPool.free_blocks``. In kvfuzz's clock that
+fence is ``last completed step + W``. Without a connector vLLM frees at once and relies on the GPU stream to order
+a reused block's writes after the old ones: that engine is W = 0.
+
+Not supported: fork (vLLM v1 shares only through the prefix cache), swap (v1 preempts by recomputation), rollback
+(vLLM keeps the blocks of rejected draft tokens for the next drafts, so its tables are not trimmed to the tokens).
+Partial-block hits (``hash_block_size < block_size``) are not driven: their copy-on-write copy is ordered at
+admission, which kvfuzz's ``admit`` cannot express.
+
+Two known disagreements with kvfuzz's checks, both vLLM's design rather than the adapter's: ``allocate_slots``
+makes full blocks matchable when their tokens are scheduled, before the step writes them (invariant 9 flags a hit
+on them in the same scheduling round); and with a sliding window it drops out-of-window blocks before it checks for
+room, so a refused grow can still release them (invariant 7).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import types
+from collections import Counter, deque
+from typing import Any, Callable, Optional
+
+import attrs
+
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.allocator.types import (NULL_BLOCK, AdmitResult, Capabilities, GrowResult, Namespace, PoolSpec, SeqId,
+                                    Slot, SwapResult, Tokens)
+
+if importlib.util.find_spec("vllm") is None:
+    # Fail at import, so that a trace naming this adapter is skipped where vLLM is not installed.
+    raise ImportError("kvfuzz.adapters.vllm_v1 needs vllm 0.33.0; build an environment with "
+                      "scripts/third_party_env.sh vllm")
+
+MAX_MODEL_LEN = 1 << 20
+"""The manager's ``max_model_len``: far above any sequence kvfuzz builds, so vLLM never caps a sequence's slots."""
+
+
+def _import_vllm() -> types.SimpleNamespace:
+    """vLLM's modules, imported on first use (importing vLLM takes seconds)."""
+    import torch
+    from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+    from vllm.v1.request import Request, RequestStatus
+
+    # reset_prefix_cache logs every success at INFO; kvfuzz resets the cache at the end of every example.
+    logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
+    return types.SimpleNamespace(**{name: value for name, value in locals().items()})
+
+
+@attrs.frozen
+class VllmOptions:
+    """How the manager is configured and driven.
+
+    ``namespace_key`` is ``"cache_salt"`` or ``"lora"``: which of vLLM's extra hash keys carries a namespace.
+    ``inflight_window`` W > 0 emulates the scheduler's deferred frees with W + 1 batches in flight.
+    ``sliding_window`` (tokens) builds a sliding-window group instead of full attention.
+    """
+
+    prefix_caching: bool = True
+    namespace_key: str = attrs.field(default="cache_salt", validator=attrs.validators.in_(("cache_salt", "lora")))
+    inflight_window: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    sliding_window: Optional[int] = None
+
+
+class _NamespaceKeys:
+    """Maps kvfuzz namespaces onto a request's extra hash keys, injectively: equal keys only for equal namespaces.
+
+    Each non-empty namespace gets one LoRA adapter id, kept for the life of the allocator.
+    """
+
+    def __init__(self, kind: str, lora_request: Callable[..., Any]) -> None:
+        self._kind = kind
+        self._lora_request = lora_request
+        self._lora_ids: dict[Namespace, int] = {}
+
+    def request_kwargs(self, namespace: Namespace) -> dict[str, Any]:
+        if not namespace:
+            return {}
+        encoded = json.dumps(list(namespace))
+        if self._kind == "cache_salt":
+            return {"cache_salt": encoded}
+        lora_id = self._lora_ids.setdefault(namespace, len(self._lora_ids) + 1)
+        return {"lora_request": self._lora_request(lora_name=encoded, lora_int_id=lora_id,
+                                                   lora_path=f"/kvfuzz/lora/{lora_id}")}
+
+
+class _DeferredFrees:
+    """Released blocks held back until a step completes, as ``Scheduler.deferred_frees`` holds them.
+
+    Each queued entry keeps one ``ref_cnt`` on every block it lists; ``holds[block_id]`` counts the entries listing a
+    block. Entries are queued in fence order and returned, tail blocks first, once their fence step has completed.
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[int, list[Any]]] = deque()
+        self.holds: Counter[int] = Counter()
+
+    def defer(self, fence: int, blocks: list[Any]) -> None:
+        blocks = [block for block in blocks if not block.is_null]
+        if not blocks:
+            return
+        self._queue.append((fence, blocks))
+        self.holds.update(block.block_id for block in blocks)
+
+    def drain(self, completed: int, free_blocks: Callable[[Any], None]) -> None:
+        while self._queue and self._queue[0][0] <= completed:
+            _, blocks = self._queue.popleft()
+            self.holds.subtract(block.block_id for block in blocks)
+            free_blocks(reversed(blocks))
+
+
+@attrs.frozen
+class _InFlight:
+    """``tokens`` tokens of ``request`` are computed by a step that has completed once step ``done_after`` has."""
+
+    done_after: int
+    request: Any
+    tokens: int
+
+
+class VllmV1Allocator:
+    """One vLLM ``KVCacheManager`` driven as vLLM's v1 scheduler drives it (see the module docstring)."""
+
+    def __init__(self, spec: PoolSpec, options: VllmOptions = VllmOptions()) -> None:
+        self._vllm = vllm = _import_vllm()
+        self.block_size = spec.block_size
+        self.num_blocks = spec.num_blocks
+        self.num_host_blocks = 0
+        self.capabilities = Capabilities(prefix_cache=options.prefix_caching, namespaces=options.prefix_caching,
+                                         eviction=options.prefix_caching, inflight_window=options.inflight_window,
+                                         sliding_window=options.sliding_window, introspection=True)
+        self._manager = vllm.KVCacheManager(
+            vllm.KVCacheConfig(num_blocks=spec.num_blocks + 1, kv_cache_tensors=[],
+                               kv_cache_groups=[vllm.KVCacheGroupSpec(["kvfuzz.attn"], self._kv_spec(options))]),
+            max_model_len=MAX_MODEL_LEN, scheduler_block_size=spec.block_size, hash_block_size=spec.block_size,
+            enable_caching=options.prefix_caching)
+        self._pool = self._manager.block_pool
+        self._hasher = None
+        if options.prefix_caching:
+            vllm.init_none_hash(vllm.sha256)
+            self._hasher = vllm.get_request_block_hasher(spec.block_size, vllm.sha256)
+        self._sampling = vllm.SamplingParams(max_tokens=MAX_MODEL_LEN)
+        self._keys = _NamespaceKeys(options.namespace_key, vllm.LoRARequest)
+        self._window = options.inflight_window
+        self._running: dict[SeqId, Any] = {}
+        self._preempted: dict[SeqId, Any] = {}
+        self._deferred = _DeferredFrees()
+        self._in_flight: deque[_InFlight] = deque()
+        self._last_completed = -1
+
+    def _kv_spec(self, options: VllmOptions) -> Any:
+        vllm = self._vllm
+        shape = dict(block_size=self.block_size, num_kv_heads=1, head_size=1, dtype=vllm.torch.float32)
+        if options.sliding_window is None:
+            return vllm.FullAttentionSpec(**shape)
+        return vllm.SlidingWindowSpec(**shape, sliding_window=options.sliding_window)
+
+    # -- the contract --------------------------------------------------------------------------------------------
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        if seq in self._running:
+            raise SequenceExists(f"admit: sequence {seq!r} is already running")
+        if not tokens:
+            raise InvalidArgument(f"admit: sequence {seq!r} has no tokens")
+        request = self._preempted.get(seq)
+        if request is None:
+            request = self._vllm.Request(request_id=seq, prompt_token_ids=list(tokens),
+                                         sampling_params=self._sampling, pooling_params=None,
+                                         block_hasher=self._hasher, **self._keys.request_kwargs(namespace))
+        elif tuple(request.all_token_ids) != tuple(tokens):
+            raise InvalidArgument(f"admit: preempted sequence {seq!r} comes back with other tokens than it had")
+        hit, num_hit, _ = self._manager.get_computed_blocks(request)
+        num_new = request.num_tokens - num_hit
+        if self._manager.allocate_slots(request, num_new, num_new_computed_tokens=num_hit,
+                                        new_computed_blocks=hit) is None:
+            raise self._refusal(f"admit of {seq!r} ({len(tokens)} tokens, {num_hit} cached)")
+        self._check_no_copies("admit")
+        self._preempted.pop(seq, None)
+        request.status = self._vllm.RequestStatus.RUNNING
+        request.num_computed_tokens = num_hit
+        self._scheduled(request, num_new)
+        self._running[seq] = request
+        return AdmitResult(self.block_table(seq), num_hit)
+
+    def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
+        request = self._request(seq, "grow")
+        if not tokens:
+            raise InvalidArgument(f"grow: sequence {seq!r} given no tokens")
+        old_len = request.num_tokens
+        request.append_output_token_ids(list(tokens))
+        if self._manager.allocate_slots(request, len(tokens)) is None:
+            self._take_back_tokens(request, old_len)
+            raise self._refusal(f"grow of {seq!r} by {len(tokens)} token(s)")
+        self._check_no_copies("grow")
+        self._scheduled(request, len(tokens))
+        table, size = self.block_table(seq), self.block_size
+        return GrowResult([Slot(table[p // size], p % size) for p in range(old_len, request.num_tokens)])
+
+    def free(self, seq: SeqId) -> None:
+        request = self._request(seq, "free")
+        del self._running[seq]
+        request.status = self._vllm.RequestStatus.FINISHED_ABORTED
+        self._release(request)
+
+    def preempt(self, seq: SeqId) -> None:
+        request = self._request(seq, "preempt")
+        del self._running[seq]
+        self._release(request)
+        request.status = self._vllm.RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self._preempted[seq] = request
+
+    def fork(self, parent: SeqId, child: SeqId) -> None:
+        raise Unsupported("fork: vLLM v1 shares blocks between requests only through the prefix cache")
+
+    def swap_out(self, seq: SeqId) -> SwapResult:
+        raise Unsupported("swap_out: vLLM v1 preempts by recomputation, it has no host pool")
+
+    def swap_in(self, seq: SeqId) -> SwapResult:
+        raise Unsupported("swap_in: vLLM v1 preempts by recomputation, it has no host pool")
+
+    def rollback(self, seq: SeqId, num_tokens: int) -> None:
+        raise Unsupported("rollback: vLLM keeps rejected draft tokens' blocks for the next drafts")
+
+    def evict(self, num_blocks: int) -> int:
+        if num_blocks < 0:
+            raise InvalidArgument(f"evict: cannot evict {num_blocks} blocks")
+        victims = [block.block_id for block in self._free_queue() if block.block_hash is not None][:num_blocks]
+        if victims:
+            self._manager.evict_blocks(set(victims))
+        return len(victims)
+
+    def reset_cache(self) -> None:
+        if self._pool.get_num_free_blocks() == self.num_blocks:
+            if not self._manager.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache with every block free")
+            return
+        cached = {block.block_id for block in self._free_queue() if block.block_hash is not None}
+        if cached:
+            self._manager.evict_blocks(cached)
+
+    def step_completed(self, step: int) -> None:
+        if step <= self._last_completed:
+            raise InvalidArgument(f"step_completed({step}) after step {self._last_completed} completed")
+        self._last_completed = step
+        self._deferred.drain(step, self._pool.free_blocks)
+        while self._in_flight and self._in_flight[0].done_after <= step:
+            done = self._in_flight.popleft()
+            done.request.num_in_flight_tokens -= done.tokens
+        self._manager.new_step_starts()
+
+    def block_table(self, seq: SeqId) -> tuple[int, ...]:
+        self._request(seq, "block_table")
+        (blocks,) = self._manager.get_blocks(seq).blocks
+        return tuple(self._kvfuzz_id(block) for block in blocks)
+
+    # -- introspection -------------------------------------------------------------------------------------------
+
+    def refcount(self, block: int) -> int:
+        """vLLM's ``ref_cnt`` less the references a deferred free still holds (those are pending, not live)."""
+        return self._pool.blocks[block + 1].ref_cnt - self._deferred.holds[block + 1]
+
+    def free_blocks(self) -> list[int]:
+        """The free queue's blocks that hold no cached hash, in queue order."""
+        return [self._kvfuzz_id(block) for block in self._free_queue() if block.block_hash is None]
+
+    def cached_blocks(self) -> list[int]:
+        """The free queue's blocks that still hold a cached hash (evictable), in eviction order."""
+        return [self._kvfuzz_id(block) for block in self._free_queue() if block.block_hash is not None]
+
+    def pending_blocks(self) -> list[int]:
+        """Blocks that only deferred frees still hold."""
+        blocks = self._pool.blocks
+        return [block_id - 1 for block_id, held in self._deferred.holds.items()
+                if held and blocks[block_id].ref_cnt == held]
+
+    # -- helpers -------------------------------------------------------------------------------------------------
+
+    def _request(self, seq: SeqId, op: str) -> Any:
+        request = self._running.get(seq)
+        if request is None:
+            raise UnknownSequence(f"{op}: sequence {seq!r} is not running (never admitted, freed, or preempted)")
+        return request
+
+    def _scheduled(self, request: Any, num_tokens: int) -> None:
+        """The scheduler's ``_update_after_schedule``: the tokens count as computed and in flight until the step
+        that computes them (the next one launched) has completed."""
+        request.num_computed_tokens += num_tokens
+        request.num_in_flight_tokens += num_tokens
+        self._in_flight.append(_InFlight(self._last_completed + self._window + 1, request, num_tokens))
+
+    def _release(self, request: Any) -> None:
+        if self._window == 0:
+            self._manager.free(request)
+        else:
+            self._deferred.defer(self._last_completed + self._window, self._manager.pop_blocks_for_free(request))
+
+    def _take_back_tokens(self, request: Any, num_tokens: int) -> None:
+        """Undo the adapter's own append of refused tokens: token lists and the hashes of blocks they filled."""
+        del request._all_token_ids[num_tokens:]
+        del request._output_token_ids[max(0, num_tokens - request.num_prompt_tokens):]
+        del request.block_hashes[num_tokens // self.block_size:]
+
+    def _check_no_copies(self, op: str) -> None:
+        copies, _ = self._manager.take_kv_cache_block_copies()
+        if copies:
+            raise RuntimeError(f"{op}: vLLM ordered block copies {copies}, which the adapter cannot hand to kvfuzz")
+
+    def _refusal(self, what: str) -> OutOfBlocks:
+        available = self._pool.get_num_free_blocks()
+        return OutOfBlocks(f"{what}: vLLM's allocate_slots refused with {available} free block(s) in its queue",
+                           available=available)
+
+    def _free_queue(self) -> list[Any]:
+        return self._pool.free_block_queue.get_all_free_blocks()
+
+    @staticmethod
+    def _kvfuzz_id(block: Any) -> int:
+        return NULL_BLOCK if block.is_null else block.block_id - 1
+
+
+def _factory(name: str, doc: str, **options: Any) -> Callable[[PoolSpec], VllmV1Allocator]:
+    def factory(spec: PoolSpec) -> VllmV1Allocator:
+        return VllmV1Allocator(spec, VllmOptions(**options))
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = doc
+    return factory
+
+
+kv_cache_manager = _factory(
+    "kv_cache_manager", "Prefix caching, namespaces as cache salts, synchronous engine (W = 0).")
+kv_cache_manager_lora = _factory(
+    "kv_cache_manager_lora", "Prefix caching, namespaces as LoRA adapters, W = 0.", namespace_key="lora")
+kv_cache_manager_deferred_free = _factory(
+    "kv_cache_manager_deferred_free", "Prefix caching; the scheduler's deferred frees with two batches in flight "
+    "(W = 1).", inflight_window=1)
+kv_cache_manager_sliding_window = _factory(
+    "kv_cache_manager_sliding_window", "A sliding-window group of 12 tokens with prefix caching, W = 0.",
+    sliding_window=12)
+kv_cache_manager_no_prefix_cache = _factory(
+    "kv_cache_manager_no_prefix_cache", "Prefix caching disabled, W = 0.", prefix_caching=False)
+kv_cache_manager_no_prefix_cache_deferred_free = _factory(
+    "kv_cache_manager_no_prefix_cache_deferred_free", "Prefix caching disabled; deferred frees (W = 1).",
+    prefix_caching=False, inflight_window=1)
+kv_cache_manager_no_prefix_cache_sliding_window = _factory(
+    "kv_cache_manager_no_prefix_cache_sliding_window", "A sliding-window group of 12 tokens, no prefix caching.",
+    prefix_caching=False, sliding_window=12)

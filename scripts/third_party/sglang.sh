@@ -1,0 +1,12 @@
+# Recipe for scripts/third_party_env.sh: SGLang 0.5.23's RadixCache over PagedTokenToKVPoolAllocator and
+# ReqToTokenPool (kvfuzz.adapters.sglang), CPU only. About 2.4 GB.
+#
+# Sourced by third_party_env.sh, which defines pip_install (every install held at torch==2.13.0).
+# SGLang pins a CUDA torch and a full serving stack, so SGLang itself goes in with --no-deps, and the packages are
+# named here that the modules the adapter drives import at module level: sglang.srt.mem_cache.{allocator,
+# memory_pool, radix_cache, common, allocation}, sglang.srt.managers.schedule_batch (Req), sglang.srt.server_args
+# and runtime_context. torchvision is not installed: its wheel does not load beside the CPU torch, and the adapter
+# stands in for the two constants SGLang's multimodal configs import from it (kvfuzz/adapters/sglang/_engine.py).
+pip_install --no-deps sglang==0.5.23
+pip_install numpy orjson psutil pybase64 requests packaging pillow triton starlette msgspec pydantic pyzmq tqdm \
+    IPython aiohttp transformers apache-tvm-ffi dill sentencepiece compressed-tensors gguf openai partial_json_parser

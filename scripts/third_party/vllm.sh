@@ -1,0 +1,11 @@
+# Recipe for scripts/third_party_env.sh: vLLM 0.33.0's v1 KV-cache manager (kvfuzz.adapters.vllm_v1), CPU only.
+#
+# Sourced by third_party_env.sh, which defines pip_install (every install held at torch==2.13.0).
+# vLLM pins a CUDA torch and many serving packages, so vLLM itself goes in with --no-deps and its real import-time
+# needs are named here: the modules the adapter imports (vllm.v1.core.kv_cache_manager, block_pool, kv_cache_utils,
+# vllm.v1.request) pull in vllm's config, sampling params, tokenizer and structured-output modules at import time.
+pip_install --no-deps vllm==0.33.0
+pip_install --no-deps xgrammar apache-tvm-ffi
+pip_install packaging psutil pyzmq urllib3 regex numpy msgspec pydantic cbor2 transformers aiohttp requests \
+    openai-harmony openai pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo prometheus_client fastapi \
+    partial_json_parser llguidance
