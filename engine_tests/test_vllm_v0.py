@@ -10,7 +10,8 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvfuzz.adapters.vllm_v0 import block_space_manager, block_space_manager_no_caching
+from kvfuzz.adapters.vllm_v0 import (block_space_manager, block_space_manager_chunked_prefill,
+                                     block_space_manager_no_caching, block_space_manager_without_fork)
 from kvfuzz.allocator import BlockCopy, OutOfBlocks, PoolSpec
 from kvfuzz.profiles import PROFILES
 from kvfuzz.statemachines import MachineConfig, machine_for
@@ -26,13 +27,21 @@ def test_without_prefix_caching_every_invariant_holds_under_ci() -> None:
     run_state_machine_as_test(machine_for(block_space_manager_no_caching, config), settings=PROFILES["ci"])
 
 
+def test_with_prefix_caching_as_its_engine_drives_it_every_invariant_holds_under_ci() -> None:
+    """Prefix caching, blocks matchable when allocated (declared), FCFS preemption, no fork (the 0.10.2 engine
+    never forks), no host pool (see above)."""
+    config = MachineConfig(num_host_blocks=0)
+    run_state_machine_as_test(machine_for(block_space_manager_without_fork, config), settings=PROFILES["ci"])
+
+
 def test_with_prefix_caching_ci_finds_the_release_before_compute_hit() -> None:
-    """The known vLLM v0 bug (see corpus/vllm-v0-*): a prompt's blocks released before its first step are served
-    as a cache hit. This fails the day the block manager, or the adapter, stops reproducing it. (No shrinking: the
+    """The known vLLM v0 bug (see corpus/vllm-v0-*): a prompt's blocks released before its first step (a chunked
+    prefill preempted part-way) are served as a cache hit. This fails the day the block manager, or the adapter, stops reproducing it. (No shrinking: the
     shrunk program is the corpus trace.)"""
     unshrunk = settings(PROFILES["ci"], phases=[phase for phase in Phase if phase is not Phase.shrink])
     with pytest.raises(InvariantViolation) as caught:
-        run_state_machine_as_test(machine_for(block_space_manager, MachineConfig()), settings=unshrunk)
+        run_state_machine_as_test(machine_for(block_space_manager_chunked_prefill, MachineConfig()),
+                                  settings=unshrunk)
     assert caught.value.invariant.number == 9
 
 

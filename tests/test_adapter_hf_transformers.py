@@ -17,8 +17,10 @@ SPEC = PoolSpec(block_size=4, num_blocks=8)
 PROMPT = (0, 1, 2, 3, 4, 5, 6, 7, 8)  # two full blocks and one token
 
 
-def test_machine_passes_without_block_sharing() -> None:
-    run_state_machine_as_test(machine_for(paged_attention_cache_no_sharing, MachineConfig()), settings=PROFILES["ci"])
+@pytest.mark.parametrize("factory", [paged_attention_cache, paged_attention_cache_no_sharing,
+                                     paged_attention_cache_two_block_sectors], ids=lambda factory: factory.__name__)
+def test_machine_passes_under_ci(factory) -> None:
+    run_state_machine_as_test(machine_for(factory, MachineConfig()), settings=PROFILES["ci"])
 
 
 @pytest.mark.parametrize("factory", [paged_attention_cache, paged_attention_cache_two_block_sectors])
@@ -26,8 +28,8 @@ def test_geometry_and_declared_capabilities(factory) -> None:
     cache = factory(SPEC)
     assert (cache.block_size, cache.num_blocks) == (4, 8)
     caps = cache.capabilities
-    assert caps.prefix_cache and caps.eviction and caps.introspection
-    assert not (caps.fork or caps.swap or caps.rollback or caps.namespaces or caps.inflight_window)
+    assert caps.prefix_cache and caps.eviction and caps.introspection and caps.fork and caps.remaps_on_step
+    assert not (caps.swap or caps.rollback or caps.namespaces or caps.inflight_window)
     assert sorted(cache.free_blocks()) == list(range(8))
 
 
@@ -52,8 +54,7 @@ def test_a_prefix_match_never_covers_the_whole_prompt() -> None:
 
 
 def test_a_duplicate_block_is_swapped_for_the_hashed_one_when_its_step_completes() -> None:
-    """De-duplication remaps a running request's table at step completion: the contract mismatch documented in
-    the adapter (kvfuzz's harness expects tables to change only in an operation on that sequence)."""
+    """De-duplication remaps a running request's table at step completion (declared as remaps_on_step)."""
     cache = paged_attention_cache(SPEC)
     a, b = cache.admit("a", (), PROMPT[:5]), cache.admit("b", (), PROMPT[:5])
     assert a.block_table[0] != b.block_table[0]

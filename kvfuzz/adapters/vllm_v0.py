@@ -73,7 +73,8 @@ class _Request:
 class VllmV0BlockManager:
     """A ``SelfAttnBlockSpaceManager`` driven the way vLLM v0's scheduler drives it."""
 
-    def __init__(self, spec: PoolSpec, *, enable_caching: bool) -> None:
+    def __init__(self, spec: PoolSpec, *, enable_caching: bool, fork: bool = True,
+                 preempt_scheduled: bool = False) -> None:
         from vllm.core.block_manager import SelfAttnBlockSpaceManager
         from vllm.utils import Device
 
@@ -85,9 +86,12 @@ class VllmV0BlockManager:
                                                   enable_caching=enable_caching)
         self._gpu = self._manager.block_allocator._allocators[Device.GPU]
         self._caching = enable_caching
-        self.capabilities = Capabilities(fork=True, prefix_cache=enable_caching, namespaces=enable_caching,
+        # v0 makes full blocks matchable (content-hashed) when it allocates them, and its scheduler preempts only
+        # requests it has not scheduled in the current round, unless a chunked prefill is preempted part-way.
+        self.capabilities = Capabilities(fork=fork, prefix_cache=enable_caching, namespaces=enable_caching,
                                          swap=spec.num_host_blocks > 0, inflight_window=0,
-                                         reserved_blocks=self._manager.watermark_blocks, introspection=True)
+                                         reserved_blocks=self._manager.watermark_blocks, introspection=True,
+                                         matchable_when_scheduled=True, preempt_scheduled=preempt_scheduled)
         self._live: dict[SeqId, _Request] = {}
         self._preempted: dict[SeqId, _Request] = {}
         self._lora_ids: dict[Namespace, int] = {}
@@ -302,3 +306,18 @@ def block_space_manager(spec: PoolSpec) -> VllmV0BlockManager:
 def block_space_manager_no_caching(spec: PoolSpec) -> VllmV0BlockManager:
     """vLLM v0's block manager without prefix caching (its naive block allocator)."""
     return VllmV0BlockManager(spec, enable_caching=False)
+
+
+def block_space_manager_without_fork(spec: PoolSpec) -> VllmV0BlockManager:
+    """Prefix caching, fork not driven: vLLM 0.10.2's engine never forks (its Scheduler.fork_seq has no caller), and
+    forking under prefix caching trips a latent assertion (corpus/vllm-v0-free-fork-child-*)."""
+    return VllmV0BlockManager(spec, enable_caching=True, fork=False)
+
+
+def block_space_manager_chunked_prefill(spec: PoolSpec) -> VllmV0BlockManager:
+    """Prefix caching, fork not driven, and preemption of a sequence whose tokens are scheduled but not computed.
+
+    v0 allocates (and registers) a whole prompt at admission, while chunked prefill computes it over several steps:
+    preempting it part-way withdraws writes its registered blocks were counted on. kvfuzz's steps write everything
+    scheduled, so it models that as preempting a sequence before its step."""
+    return VllmV0BlockManager(spec, enable_caching=True, fork=False, preempt_scheduled=True)

@@ -93,12 +93,15 @@ class VllmOptions:
     ``namespace_key`` is ``"cache_salt"`` or ``"lora"``: which of vLLM's extra hash keys carries a namespace.
     ``inflight_window`` W > 0 emulates the scheduler's deferred frees with W + 1 batches in flight.
     ``sliding_window`` (tokens) builds a sliding-window group instead of full attention.
+    ``priority_policy`` says the scheduler may preempt a request it has already scheduled in this round (vLLM's
+    priority policy); under FCFS it takes its victims before scheduling them.
     """
 
     prefix_caching: bool = True
     namespace_key: str = attrs.field(default="cache_salt", validator=attrs.validators.in_(("cache_salt", "lora")))
     inflight_window: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     sliding_window: Optional[int] = None
+    priority_policy: bool = False
 
 
 class _NamespaceKeys:
@@ -165,9 +168,11 @@ class VllmV1Allocator:
         self.block_size = spec.block_size
         self.num_blocks = spec.num_blocks
         self.num_host_blocks = 0
+        # allocate_slots registers full blocks in the prefix cache when their tokens are scheduled.
         self.capabilities = Capabilities(prefix_cache=options.prefix_caching, namespaces=options.prefix_caching,
                                          eviction=options.prefix_caching, inflight_window=options.inflight_window,
-                                         sliding_window=options.sliding_window, introspection=True)
+                                         sliding_window=options.sliding_window, introspection=True,
+                                         matchable_when_scheduled=True, preempt_scheduled=options.priority_policy)
         self._manager = vllm.KVCacheManager(
             vllm.KVCacheConfig(num_blocks=spec.num_blocks + 1, kv_cache_tensors=[],
                                kv_cache_groups=[vllm.KVCacheGroupSpec(["kvfuzz.attn"], self._kv_spec(options))]),
@@ -370,6 +375,9 @@ def _factory(name: str, doc: str, **options: Any) -> Callable[[PoolSpec], VllmV1
 
 kv_cache_manager = _factory(
     "kv_cache_manager", "Prefix caching, namespaces as cache salts, synchronous engine (W = 0).")
+kv_cache_manager_priority = _factory(
+    "kv_cache_manager_priority", "Prefix caching, W = 0, under the priority policy, which may preempt a request "
+    "already scheduled in the same round.", priority_policy=True)
 kv_cache_manager_lora = _factory(
     "kv_cache_manager_lora", "Prefix caching, namespaces as LoRA adapters, W = 0.", namespace_key="lora")
 kv_cache_manager_deferred_free = _factory(

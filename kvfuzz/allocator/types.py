@@ -46,6 +46,14 @@ class Capabilities:
     ``remaps_on_step`` says that when a step completes the allocator may swap a running sequence's block for another
     block holding the same K/V (de-duplication against its cache, as HF transformers and SGLang do): the engine then
     re-reads every running table after ``step_completed`` and checks each moved position bit for bit.
+    ``matchable_when_scheduled`` says a block becomes matchable as soon as the writes that fill it are scheduled
+    (vLLM): a hit may cover K/V that a live sequence writes in the next step, since a step's writes land before its
+    reads, and sequences that matched a block may share it while its owner writes exactly that content. A scheduled
+    step runs in full, so a ``free`` (abort) between scheduling and the step still lands the freed sequence's writes;
+    a ``preempt`` withdraws them.
+    ``preempt_scheduled`` = False says the engine never preempts a sequence whose latest tokens are scheduled but not
+    yet computed (vLLM's FCFS policy takes its victims before scheduling them); the machine then preempts only
+    computed sequences.
     """
 
     fork: bool = False
@@ -61,6 +69,8 @@ class Capabilities:
     introspection: bool = False
     attention_kernel: bool = False
     remaps_on_step: bool = False
+    matchable_when_scheduled: bool = False
+    preempt_scheduled: bool = True
 
 
 @attrs.frozen

@@ -214,10 +214,23 @@ class Checks:
     def exclusive(self, block: int, seq: str, what: str) -> None:
         holders = self.h.refs.holders.get(block, set())
         others = sorted(holder for holder in holders if holder[0] != seq)
+        if others and self.h.caps.matchable_when_scheduled and self._same_content(block, seq, holders):
+            return
         if others or len(holders) != 1:
             self.fail(Invariant.EXCLUSIVE_WRITES, f"{what} into block {block} while it is shared",
                       [f"expected: block {block} referenced by {seq} alone (copy-on-write first)",
                        f"found:    referenced by {sorted(holders)}", *self.h.engine.block_story(block)])
+
+    def _same_content(self, block: int, seq: str, holders: set) -> bool:
+        """Every holder maps ``block`` at ``seq``'s logical index and expects the same tags in all of it: they
+        matched exactly the content ``seq`` writes (a block made matchable when scheduled)."""
+        h = self.h
+        mine = [index for holder, index in holders if holder == seq]
+        if len(mine) != 1:
+            return False
+        lo, hi = mine[0] * h.block_size, (mine[0] + 1) * h.block_size
+        wanted = h.reference.tags(seq)[lo:hi]
+        return all(index == mine[0] and h.reference.tags(holder)[lo:hi] == wanted for holder, index in holders)
 
     # -- invariant 6: non-reuse window ---------------------------------------------------------------------------
 
@@ -299,14 +312,20 @@ class Checks:
             slot = table[position // size] * size + position % size
             record = h.engine.record(slot)
             tag = h.reference.tags(seq)[position]
+            if h.caps.matchable_when_scheduled and (
+                    (record is not None and record.tag == tag) or h.scheduled_tag(slot) == tag):
+                continue  # written by a launched step, or written by the next one before anything reads it
             if record is None or record.tag != tag or record.step > h.engine.last_completed:
-                why = ("the step that put it there has not completed (last completed: "
-                       f"{h.engine.last_completed})" if record is not None and record.tag == tag
-                       else "it holds another prefix's K/V")
+                why = ("nothing has been written there" if record is None
+                       else "it holds another prefix's K/V" if record.tag != tag
+                       else f"the step that put it there has not completed (last completed: "
+                            f"{h.engine.last_completed})")
                 self.fail(Invariant.CACHE_SOUNDNESS,
                           f"cache hit of {num_cached} tokens for {seq} covers position {position}, but {why}",
                           [self.where(seq, position), f"expected: K/V of {self.prefix(seq, position)}, written "
-                           "by a completed step", f"found:    {self.found(record)}",
+                           + ("by a step, or scheduled by a live sequence for the next one"
+                              if h.caps.matchable_when_scheduled else "by a completed step"),
+                           f"found:    {self.found(record)}",
                            *h.engine.block_story(slot // size)])
 
     # -- invariant 10: quiescence --------------------------------------------------------------------------------

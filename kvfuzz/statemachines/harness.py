@@ -87,6 +87,33 @@ class Harness:
             limit = min(limit, self.length(seq) - window - first_kept)
         return limit
 
+    def scheduled_tag(self, slot: int) -> Optional[int]:
+        """The tag a running sequence will write into ``slot`` at the next step, if any."""
+        for seq, model in self.seqs.items():
+            if model.status is Status.RUNNING:
+                for position, target in self._scheduled_writes(seq):
+                    if target == slot:
+                        return self.reference.tags(seq)[position]
+        return None
+
+    def _take_scheduled_writes(self, seq: SeqId, via: str = "") -> tuple[list[int], list[SlotWrite]]:
+        """The slots and writes of ``seq``'s scheduled tokens, each checked exclusive, and mark them written."""
+        step = self.engine.next_step
+        tags, namespace = self.reference.tags(seq), self.reference.namespace(seq)
+        slots, writes = [], []
+        for position, slot in self._scheduled_writes(seq):
+            self.check.exclusive(slot // self.block_size, seq, f"step {step} writes {seq} position {position}")
+            slots.append(slot)
+            writes.append(SlotWrite(tags[position], seq, namespace, position, step, via))
+        self.seqs[seq].written = len(tags)
+        return slots, writes
+
+    def _scheduled_writes(self, seq: SeqId) -> list[tuple[int, int]]:
+        """(position, slot) of every token of ``seq`` the next step writes."""
+        model, size = self.seqs[seq], self.block_size
+        return [(position, model.table[position // size] * size + position % size)
+                for position in range(model.written, self.length(seq)) if model.table[position // size] != NULL_BLOCK]
+
     def occupancy(self) -> Occupancy:
         """The device pool now: blocks referenced by running sequences, their fill, sharing, and the allocator's
         cached, free and pending sets where it exposes them."""
@@ -182,8 +209,15 @@ class Harness:
         return True
 
     def free(self, seq: SeqId) -> None:
-        """The request finished or was cancelled (possibly before its first step)."""
+        """The request finished or was cancelled (possibly before its first step).
+
+        Under ``matchable_when_scheduled`` the step its tokens were scheduled for runs in full, abort or not: their
+        writes land first."""
         self._begin("free", seq)
+        if self.caps.matchable_when_scheduled and self.seqs[seq].status is Status.RUNNING:
+            slots, writes = self._take_scheduled_writes(seq, "scheduled before the abort")
+            if slots:
+                self.engine.write(slots, writes)
         self._call(lambda: self.allocator.free(seq))
         change = self._set_table(seq, (), "released (free) by")
         del self.seqs[seq]
@@ -283,21 +317,13 @@ class Harness:
     def step(self) -> int:
         """One forward pass: write the K/V of every new token, then every running sequence attends."""
         self._begin("step")
-        size = self.block_size
-        slots, writes = [], []
         step = self.engine.next_step
+        slots, writes = [], []
         for seq, model in self.seqs.items():
-            if model.status is not Status.RUNNING:
-                continue
-            tags, namespace = self.reference.tags(seq), self.reference.namespace(seq)
-            for position in range(model.written, len(tags)):
-                block = model.table[position // size]
-                if block == NULL_BLOCK:
-                    continue
-                self.check.exclusive(block, seq, f"step {step} writes {seq} position {position}")
-                slots.append(block * size + position % size)
-                writes.append(SlotWrite(tags[position], seq, namespace, position, step))
-            model.written = len(tags)
+            if model.status is Status.RUNNING:
+                seq_slots, seq_writes = self._take_scheduled_writes(seq)
+                slots += seq_slots
+                writes += seq_writes
         self.engine.launch_step()
         if slots:
             self.engine.write(slots, writes)

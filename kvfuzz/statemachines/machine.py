@@ -59,6 +59,10 @@ def _computed(h: Harness) -> list[str]:
     return h.computed_ids()
 
 
+def _preemptible(h: Harness) -> list[str]:
+    return h.ids(Status.RUNNING) if h.caps.preempt_scheduled else h.computed_ids()
+
+
 def _rollbackable(h: Harness) -> list[str]:
     return [seq for seq in h.ids(Status.RUNNING) if h.rollback_limit(seq) >= 1]
 
@@ -117,8 +121,8 @@ class KVCacheMachine(RuleBasedStateMachine):
     def free(self, seq: str) -> None:
         self.harness.free(seq)
 
-    @precondition(lambda self: self.harness.ids(Status.RUNNING))
-    @rule(seq=_pick(_running))
+    @precondition(lambda self: _preemptible(self.harness))
+    @rule(seq=_pick(_preemptible))
     @counted
     def preempt(self, seq: str) -> None:
         self.harness.preempt(seq)
@@ -199,7 +203,7 @@ _ARGUMENTS_VALID: dict[str, Callable[[Harness, dict], bool]] = {
     "grow": lambda h, a: a["seq"] in _running(h),
     "fork": lambda h, a: a["parent"] in _computed(h) and _fresh(h, a["child"]) and a["parent"] != a["child"],
     "free": lambda h, a: a["seq"] in h.seqs and h.seqs[a["seq"]].status is not Status.PREEMPTED,
-    "preempt": lambda h, a: a["seq"] in _running(h),
+    "preempt": lambda h, a: a["seq"] in _preemptible(h),
     "swap_out": lambda h, a: a["seq"] in _computed(h),
     "swap_in": lambda h, a: a["seq"] in h.ids(Status.SWAPPED),
     "rollback": lambda h, a: a["seq"] in _rollbackable(h),

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import attrs
 
-from kvfuzz.statemachines.machine import KVCacheMachine, _computed, _rollbackable, _running
+from kvfuzz.statemachines.machine import KVCacheMachine, _computed, _preemptible, _rollbackable, _running
 from kvfuzz.statemachines.misuse import misuse_calls
 from kvfuzz.statemachines.model import Status
 from kvfuzz.statemachines.program import Call
@@ -45,9 +45,11 @@ def _choices(machine: KVCacheMachine, rng: random.Random) -> list[tuple[str, Cal
     if h.ids(Status.PREEMPTED):
         choices.append(("readmit", lambda: {"seq": pick(h.ids(Status.PREEMPTED))}))
     if running:
-        choices += [("grow", lambda: {"seq": pick(running), "tokens": tokens(1, 1) if rng.random() < 0.5
-                                      else tokens(2, size + 1)}),
-                    ("preempt", lambda: {"seq": pick(running)})]
+        choices.append(("grow", lambda: {"seq": pick(running), "tokens": tokens(1, 1) if rng.random() < 0.5
+                                         else tokens(2, size + 1)}))
+    preemptible = _preemptible(h)
+    if preemptible:
+        choices.append(("preempt", lambda: {"seq": pick(preemptible)}))
     if computed:
         choices.append(("decode", lambda: {"token": rng.randrange(VOCABULARY)}))
         if caps.fork:
