@@ -23,12 +23,10 @@ Lifecycle, mirroring the scheduler (``schedule_policy.PrefillAdder``, ``mem_cach
 * preempt: SGLang's retraction (``release_req``): release without inserting, then evict for the remaining running
   requests, then ``Req.reset_for_retract``; the next admit of the same id matches again, as a retracted request does.
 
-One scheduling adaptation. SGLang's checkpoint may find the pages it inserts already in the tree (another request
-computed the same prefix meanwhile), free its own copies and repoint the request's row at the tree's pages, so a
-running request's block table changes. kvfuzz reads a sequence's table only at operations on that sequence, so the
-checkpoint due after a step runs at the sequence's next operation (grow, free or preempt), before anything else that
-operation does: the same order relative to that request as SGLang's, with the prefix becoming matchable for other
-requests somewhat later. A refused grow leaves the checkpoint due.
+SGLang's checkpoint may find the pages it inserts already in the tree (another request computed the same prefix
+meanwhile), free its own copies and repoint the request's row at the tree's pages, so a running request's block table
+changes when its step completes: declared as ``remaps_on_step``, which makes kvfuzz re-read the tables then and check
+every moved position bit for bit.
 
 Namespaces become the request fields that key the tree: ``radix_cache`` sets ``extra_key`` and ``cache_salt``
 (``RadixKey`` keeps the two apart); ``radix_cache_lora`` sets ``extra_key`` and ``lora_id``, which ``Req.__init__``
@@ -73,8 +71,7 @@ class _Request:
     """One kvfuzz sequence and the SGLang ``Req`` that carries it.
 
     ``length`` tokens are allocated in the row (``req.kv.kv_committed_len`` while running); ``computed`` of them
-    were written by a completed step. ``extended`` says the request ran an extend since the last step, and
-    ``checkpoint_due`` that a completed extend has not been checkpointed into the tree yet.
+    were written by a completed step. ``extended`` says the request ran an extend since the last step.
     """
 
     req: object
@@ -82,7 +79,6 @@ class _Request:
     phase: _Phase = _Phase.RUNNING
     computed: int = 0
     extended: bool = True
-    checkpoint_due: bool = False
 
 
 SALTED = ("extra_key", "cache_salt")
@@ -108,7 +104,8 @@ class SGLangRadixAllocator:
             raise ValueError(f"block size {spec.block_size}: SGLang serves page size 1 with TokenToKVPoolAllocator, "
                              "not the paged allocator this adapter drives")
         self.block_size, self.num_blocks, self.num_host_blocks = spec.block_size, spec.num_blocks, 0
-        self.capabilities = Capabilities(prefix_cache=True, namespaces=namespaces, introspection=True)
+        self.capabilities = Capabilities(prefix_cache=True, namespaces=namespaces, introspection=True,
+                                         remaps_on_step=True)
         self.key_fields = key_fields
         self._build(spec)
         self._requests: dict[SeqId, _Request] = {}
@@ -156,8 +153,6 @@ class SGLangRadixAllocator:
             raise InvalidArgument(f"grow: sequence {seq!r} given no tokens")
         old_len, new_len = state.length, state.length + len(tokens)
         self._check_room(self._pages(new_len) - self._pages(old_len), f"grow {seq!r} by {len(tokens)}")
-        if state.checkpoint_due:
-            self._checkpoint(state)
         req = state.req
         req.output_ids.extend(tokens)
         req.refresh_fill_ids()
@@ -190,21 +185,23 @@ class SGLangRadixAllocator:
     @in_context
     def preempt(self, seq: SeqId) -> None:
         state = self._running(seq, "preempt")
-        if state.checkpoint_due:
-            self._checkpoint(state)
         engine = sglang()
         engine.release_kv_cache(state.req, self.tree, checkpoint=False)
         still_running = sum(other.phase is _Phase.RUNNING for other in self._requests.values()) - 1
         engine.evict_from_tree_cache(self.tree, still_running * engine.retract_decode_steps())
         state.req.reset_for_retract()
-        state.phase, state.computed, state.extended, state.checkpoint_due = _Phase.RETRACTED, 0, False, False
+        state.phase, state.computed, state.extended = _Phase.RETRACTED, 0, False
 
+    @in_context
     def step_completed(self, step: int) -> None:
+        """``process_batch_result``: every running request's tokens are computed; those that ran an extend are
+        checkpointed into the tree."""
         for state in self._requests.values():
             if state.phase is _Phase.RUNNING:
                 state.computed = state.length
-                state.checkpoint_due = state.checkpoint_due or state.extended
-                state.extended = False
+                if state.extended:
+                    self._checkpoint(state)
+                    state.extended = False
 
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         return self._table(self._running(seq, "block_table"))
@@ -298,7 +295,6 @@ class SGLangRadixAllocator:
         """What ``process_batch_result`` does for a request after its extend ran: insert it into the tree."""
         state.req.extend_end = state.length
         sglang().checkpoint_kv_cache(state.req, self.tree)
-        state.checkpoint_due = False
 
     def _check_room(self, pages_needed: int, what: str) -> None:
         """The scheduler's budget: free pages plus pages the tree could evict (nodes no request locks)."""
