@@ -85,13 +85,13 @@ def test_unknown_kernels_and_an_allocator_without_attention_are_refused() -> Non
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_flex_reads_the_pool_in_place_and_agrees_with_gather(dtype: torch.dtype) -> None:
-    """Scattered tables, a sliding-window start, GQA; unwritten slots hold NaN and must not leak in."""
+    """Scattered tables, a sliding-window start, GQA; a block nobody holds has large values that must not leak in."""
     shape = ModelShape(num_layers=2, num_kv_heads=2, num_query_heads=6, head_dim=8, dtype=dtype)
     size, blocks = 4, 10
     torch.manual_seed(0)
     keys = torch.rand(blocks * size, *shape.kv_row_shape).to(dtype)
     values = torch.rand(blocks * size, *shape.kv_row_shape).to(dtype)
-    keys[8:12] = values[8:12] = float("nan")  # block 2: nobody's
+    keys[8:12] = values[8:12] = 1000.0  # block 2: nobody's
     tables = [(7, 3, 9), (0,), (5, 1, 4, 6)]
     batch = PagedBatch(("a", "b", "c"), tables, (0, 0, 6), (10, 3, 15),
                        torch.rand(3, 2, 6, 8).to(dtype), keys, values, size)

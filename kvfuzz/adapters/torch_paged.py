@@ -26,42 +26,17 @@ How the contract maps onto it (one sequence = one batch index, as in its users' 
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 
 from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
 from kvfuzz.allocator.types import AdmitResult, Capabilities, GrowResult, Namespace, PoolSpec, SeqId, Slot, \
     SwapResult, Tokens
+from kvfuzz.kernels.flex import eager_flex_attention, pool_as_heads
 
 _EXHAUSTED = "empty pages"
 """The words of ``PagedAttention.reserve``'s refusal for lack of pages."""
-
-
-@contextlib.contextmanager
-def _eager_flex_attention() -> Iterator[None]:
-    """flex_attention as plain eager torch ops (its documented debug switch), not traced by Dynamo per shape."""
-    import torch.nn.attention.flex_attention as flex_module
-    saved = flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
-    flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
-    try:
-        yield
-    finally:
-        flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = saved
-
-
-def _as_cache(pool: torch.Tensor) -> torch.Tensor:
-    """kvfuzz's pool ``[slots, L, H, D]`` as PagedAttention's cache layout ``[1, L * H, slots, D]`` (a view).
-
-    Slots no sequence ever wrote hold whatever ``torch.empty`` left; where that is not finite it is zeroed in a copy
-    (PagedAttention's users allocate their caches with ``torch.zeros``): flex_attention's eager path multiplies every
-    value row by its softmax weight, and 0 * NaN would poison rows that never read the slot.
-    """
-    if not bool(torch.isfinite(pool).all()):
-        pool = pool.nan_to_num(0.0, posinf=0.0, neginf=0.0)
-    slots, layers, heads, dim = pool.shape
-    return pool.permute(1, 2, 0, 3).reshape(1, layers * heads, slots, dim)
 
 
 class TorchPagedAttention:
@@ -179,9 +154,9 @@ class TorchPagedAttention:
         logical = create_block_mask(logical_mask, B=rows, H=None, Q_LEN=1, KV_LEN=-(-max(lengths) // size) * size,
                                     BLOCK_SIZE=(1, size), device="cpu")
         physical = self.paged.convert_logical_block_mask(logical, batch_idx=batch_idx, kv_len=kv_len)
-        with _eager_flex_attention():
-            out = flex_attention(queries.reshape(rows, layers * query_heads, 1, dim), _as_cache(keys),
-                                 _as_cache(values), block_mask=physical, enable_gqa=True)
+        with eager_flex_attention():
+            out = flex_attention(queries.reshape(rows, layers * query_heads, 1, dim), pool_as_heads(keys),
+                                 pool_as_heads(values), block_mask=physical, enable_gqa=True)
         return out.reshape(rows, layers, query_heads, dim)
 
     # -- helpers -----------------------------------------------------------------------------------------------

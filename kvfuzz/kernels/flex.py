@@ -44,18 +44,6 @@ def pool_as_heads(pool: torch.Tensor) -> torch.Tensor:
     return pool.permute(1, 2, 0, 3).reshape(1, layers * heads, slots, dim)
 
 
-def finite(pool: torch.Tensor) -> torch.Tensor:
-    """``pool`` itself, or a copy with non-finite entries zeroed if it has any.
-
-    The eager path materialises every score and multiplies every value row by its softmax weight, 0 for a masked
-    slot; 0 * NaN is NaN. Slots no sequence has written hold whatever ``torch.empty`` left there, possibly NaN, and no
-    kernel that skips masked blocks would ever read them. Zeroing non-finite entries (as a zero-initialised cache
-    would hold) changes no slot a correct table reads: every read slot holds written, finite K/V, and a read of an
-    unwritten slot is invariant 1's to report.
-    """
-    return pool if bool(torch.isfinite(pool).all()) else pool.nan_to_num(0.0, posinf=0.0, neginf=0.0)
-
-
 _ABSENT = -(1 << 40)
 """The offset of a physical block a row's table does not name: far below any position, so never admitted."""
 
@@ -105,6 +93,6 @@ class FlexKernel:
         rows, layers, query_heads, dim = batch.queries.shape
         queries = batch.queries.reshape(rows, layers * query_heads, 1, dim)
         with eager_flex_attention():
-            out = flex_attention(queries, pool_as_heads(batch.keys), pool_as_heads(finite(batch.values)),
+            out = flex_attention(queries, pool_as_heads(batch.keys), pool_as_heads(batch.values),
                                  block_mask=block_mask_for(batch), enable_gqa=True)
         return out.reshape(rows, layers, query_heads, dim)

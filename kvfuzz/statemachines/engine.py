@@ -65,10 +65,13 @@ class Engine:
         self.block_size = block_size
         self.window = window
         row = shape.kv_row_shape
-        self.keys = torch.empty((num_blocks * block_size, *row), dtype=shape.dtype, device=shape.device)
-        self.values = torch.empty_like(self.keys)
-        self.host_keys = torch.empty((num_host_blocks * block_size, *row), dtype=shape.dtype, device=shape.device)
-        self.host_values = torch.empty_like(self.host_keys)
+        # Zero-initialised, as engines allocate their caches: a kernel whose mask multiplies unread slots by a zero
+        # weight (eager FlexAttention) must not meet NaN left by torch.empty. A read of an unwritten slot is still
+        # invariant 1's to report: the shadow records know nothing was written there.
+        self.keys = torch.zeros((num_blocks * block_size, *row), dtype=shape.dtype, device=shape.device)
+        self.values = torch.zeros_like(self.keys)
+        self.host_keys = torch.zeros((num_host_blocks * block_size, *row), dtype=shape.dtype, device=shape.device)
+        self.host_values = torch.zeros_like(self.host_keys)
         self.shadow: dict[int, SlotWrite] = {}
         self.host_shadow: dict[int, SlotWrite] = {}
         self.next_step = 0
