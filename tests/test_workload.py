@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 
 from kvfuzz.allocator.paged import paged_allocator, synchronous_allocator
@@ -14,7 +15,9 @@ from kvfuzz.workload import WorkloadError, replay_workload
 from kvfuzz.workload.constructed import GENERATORS, constructed, constructed_json
 from kvfuzz.workload.format import FORMAT, load_workload, parse_workload
 from kvfuzz.workload.report import percentile
+from kvfuzz.workload.scheduler import Scheduler
 from kvfuzz.zoo import variant
+from kvfuzz.zoo.variants import MatchableAtAllocation
 
 SHIPPED = Path(__file__).resolve().parent.parent / "workloads" / "constructed"
 
@@ -143,3 +146,33 @@ def test_replay_workload_command_json_and_errors(capsys, tmp_path):
     assert main(["replay-workload", "constructed:nope"]) == 2
     assert "no constructed workload named 'nope'" in capsys.readouterr().err
     assert main(["replay-workload", "constructed:uniform", "--allocator", "zoo:LeakOnCancel"]) in (0, 1)
+
+
+def _registers_when_scheduled(spec):
+    """kvfuzz's zoo allocator that registers blocks at allocation, declared as vLLM declares it (FCFS, no fork)."""
+    allocator = MatchableAtAllocation(spec.block_size, spec.num_blocks, inflight_window=0)
+    allocator.capabilities = attrs.evolve(allocator.capabilities, matchable_when_scheduled=True,
+                                          preempt_scheduled=False, fork=False, rollback=False)
+    return allocator
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_an_fcfs_engine_preempts_only_unscheduled_requests(name):
+    """Under pressure, samples admitted side by side and early registration: victims never have work scheduled
+    this round, so no registered block is left unwritten."""
+    report, _ = _replay(constructed(name), factory=_registers_when_scheduled, config=_config(num_blocks=20))
+    assert not report.failed, report.failure
+    assert report.quiescent
+
+
+def test_an_fcfs_engine_never_picks_a_victim_with_work_scheduled_this_round():
+    workload = _workload([{"id": "a", "arrival": 0, "prompt_len": 5, "output_len": 4},
+                          {"id": "b", "arrival": 0, "prompt_len": 5, "output_len": 4}])
+    config = _config(block_size=4, num_blocks=8)
+    for factory, expected in ((_registers_when_scheduled, ["a"]), (paged_allocator, ["b", "a"])):
+        scheduler = Scheduler(workload, factory(config.pool_spec()), config, "under test")
+        scheduler.waiting = list(scheduler.tracked)
+        scheduler._admit()
+        scheduler._run_step()
+        scheduler.scheduled.add("b")  # b's next token is already scheduled this round
+        assert [tracked.request.id for tracked in scheduler.victims()] == expected

@@ -75,6 +75,7 @@ class Scheduler:
         self.harness = Harness(allocator, config, Counter(), on_step=self.log.record)
         self.fork = allocator.capabilities.fork
         self.window = allocator.capabilities.inflight_window
+        self.preempt_scheduled = allocator.capabilities.preempt_scheduled
         self.tracked = [Tracked(request, [request.id] + [f"{request.id}/{j}" for j in range(1, request.samples)])
                         for request in workload.requests]
         self.waiting: list[Tracked] = []
@@ -167,14 +168,24 @@ class Scheduler:
         """Grow ``branch`` by ``token``, preempting the most recently admitted request while the pool is full.
 
         Under an in-flight window W > 0 a preempted request's blocks come back only W steps later, so one victim is
-        preempted and the branch waits this round instead of preempting everything behind it."""
+        preempted and the branch waits this round instead of preempting everything behind it. An engine that never
+        preempts scheduled work (``preempt_scheduled`` false) takes victims only among requests with nothing
+        scheduled this round; with none, the branch waits."""
         while not self.harness.grow(branch, (token,)):
-            victim = self.running[-1]
+            victims = self.victims()
+            if not victims:
+                return False
+            victim = victims[0]
             self._preempt(victim)
             self.preempted_this_round = True
             if victim is tracked or self.window > 0:
                 return False
         return True
+
+    def victims(self) -> list[Tracked]:
+        """Running requests that may be preempted now, most recently admitted first."""
+        return [other for other in reversed(self.running)
+                if self.preempt_scheduled or not any(seq in self.scheduled for seq in other.live())]
 
     def _preempt(self, tracked: Tracked) -> None:
         """Release every running branch of ``tracked`` for recomputation; it goes to the front of the queue."""
