@@ -11,12 +11,12 @@ from kvfuzz.runner import run
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.harness import Harness
 from kvfuzz.statemachines.violations import Invariant, InvariantViolation
-from kvfuzz.zoo.variants import MatchableAtAllocation
+from kvfuzz.zoo.variants import FullHitCappedInPlace, MatchableAtAllocation
 
 
-def _declaring(cls: type, **capabilities: object):
+def _declaring(cls: type, window: int = 0, **capabilities: object):
     def factory(spec: PoolSpec) -> PagedAllocator:
-        allocator = cls(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=0)
+        allocator = cls(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=window)
         allocator.capabilities = attrs.evolve(allocator.capabilities, **capabilities)
         return allocator
 
@@ -65,12 +65,30 @@ def test_a_same_round_hit_shares_the_block_its_owner_writes():
     harness.quiesce()
 
 
-class _BogusForkCopy(PagedAllocator):
-    """Shares every block, yet reports a copy into a block the child does not hold."""
+class _CopyTailOnFork(PagedAllocator):
+    """A correct allocator whose fork copies the parent's partial last block instead of sharing it."""
 
     def fork(self, parent, child):
+        partial = len(self._running(parent, "fork").tokens) % self.block_size != 0
+        if partial:
+            self._check_room(1)
         super().fork(parent, child)
-        return [BlockCopy(self.block_table(parent)[-1], next(iter(self.free_blocks())))]
+        if not partial:
+            return None
+        state = self._seqs[child]
+        tail = state.table[-1]
+        (fresh,) = self._pool.allocate(1)
+        self._pool.release(tail)
+        state.table[-1] = fresh
+        return [BlockCopy(tail, fresh)]
+
+
+class _BogusForkCopy(_CopyTailOnFork):
+    """Copies the tail, yet reports the copy into a block the child does not hold."""
+
+    def fork(self, parent, child):
+        copies = super().fork(parent, child)
+        return copies and [BlockCopy(copies[0].src, self.block_table(parent)[0])]
 
 
 class _RemapsToAStranger(PagedAllocator):
@@ -83,17 +101,72 @@ class _RemapsToAStranger(PagedAllocator):
             self._seqs[live[0]].table[0] = self._seqs[live[1]].table[0]
 
 
-@pytest.mark.parametrize("cls, capabilities", [(_BogusForkCopy, {}), (_RemapsToAStranger, {"remaps_on_step": True})])
-def test_a_wrong_copy_or_remap_is_caught(cls, capabilities):
-    summary = run(_declaring(cls, **capabilities), MachineConfig(), examples=300)
-    assert summary.failed and summary.invariant.startswith("invariant"), summary.explanation
+@pytest.mark.parametrize("window", [0, 1])
+def test_a_correct_copying_fork_passes(window):
+    summary = run(_declaring(_CopyTailOnFork, window, fork_copies=True), MachineConfig(), examples=200)
+    assert not summary.failed, summary.explanation
+    assert summary.operations["fork copies"] > 0
 
 
-def test_a_remap_is_checked_bit_for_bit():
+def test_fork_copies_must_be_declared():
+    summary = run(_declaring(_CopyTailOnFork), MachineConfig(), examples=200)
+    assert summary.failed and summary.invariant == "invariant 3 (refcounts)"
+    assert "does not declare fork_copies" in summary.explanation
+
+
+def test_a_copy_into_a_block_the_child_does_not_hold_is_caught():
+    summary = run(_declaring(_BogusForkCopy, fork_copies=True), MachineConfig(), examples=200)
+    assert summary.failed and summary.invariant == "invariant 3 (refcounts)", summary.explanation
+
+
+def test_a_remap_to_another_prefix_is_caught_bit_for_bit():
     allocator = _declaring(_RemapsToAStranger, remaps_on_step=True)(PoolSpec(4, 8))
     harness = Harness(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
     harness.admit("a", (), (1, 2, 3, 4))
     harness.admit("b", (), (5, 6, 7, 8))
     with pytest.raises(InvariantViolation) as caught:
         harness.step()
-    assert caught.value.invariant in (Invariant.CONTENT, Invariant.REFCOUNTS, Invariant.FREE_SET)
+    assert caught.value.invariant is Invariant.CONTENT
+
+
+def test_a_sharing_allocator_may_not_refuse_a_fork_on_a_full_pool():
+    """A fork that shares every block needs no free block: refusing it is a false refusal."""
+
+    class RefusesForkWhenFull(PagedAllocator):
+        def fork(self, parent, child):
+            if not self.free_blocks():
+                self._check_room(1)
+            return super().fork(parent, child)
+
+    summary = run(_declaring(RefusesForkWhenFull), MachineConfig(), examples=300)
+    assert summary.failed and summary.invariant == "invariant 8 (no false refusal)", summary.explanation
+
+
+def test_rewriting_shared_cached_content_needs_its_own_declaration():
+    """Bug class 9 stays caught under matchable_when_scheduled: a full-prompt hit capped in place rewrites a block
+    other sequences read; only an allocator declaring recomputes_in_place (vLLM v0) may do that."""
+    for capabilities, caught in (({"matchable_when_scheduled": True}, True),
+                                 ({"matchable_when_scheduled": True, "recomputes_in_place": True}, False)):
+        allocator = _declaring(FullHitCappedInPlace, **capabilities)(PoolSpec(4, 8))
+        harness = Harness(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
+        harness.admit("a", (), (1, 2, 3, 4))
+        harness.step()
+        if caught:
+            with pytest.raises(InvariantViolation) as violation:
+                harness.admit("b", (), (1, 2, 3, 4))
+            assert violation.value.invariant is Invariant.EXCLUSIVE_WRITES
+        else:
+            harness.admit("b", (), (1, 2, 3, 4))
+            harness.step()
+            harness.quiesce()
+
+
+def test_a_hit_on_scheduled_content_is_not_computed_until_the_step():
+    """Its K/V does not exist yet: it may not be swapped out or forked before the step that writes it."""
+    allocator = _declaring(MatchableAtAllocation, matchable_when_scheduled=True)(PoolSpec(4, 8, 2))
+    harness = Harness(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=2))
+    harness.admit("a", (), (1, 2, 3, 4))
+    harness.admit("b", (), (1, 2, 3, 4, 5))
+    assert "b" not in harness.computed_ids()
+    harness.step()
+    assert {"a", "b"} <= set(harness.computed_ids())

@@ -86,12 +86,14 @@ class VllmV0BlockManager:
                                                   enable_caching=enable_caching)
         self._gpu = self._manager.block_allocator._allocators[Device.GPU]
         self._caching = enable_caching
-        # v0 makes full blocks matchable (content-hashed) when it allocates them, and its scheduler preempts only
-        # requests it has not scheduled in the current round, unless a chunked prefill is preempted part-way.
+        # v0 makes full blocks matchable (content-hashed) when it allocates them, recomputes a fully cached prompt's
+        # last token inside the cached block, and its scheduler preempts only requests it has not scheduled in the
+        # current round, unless a chunked prefill is preempted part-way.
         self.capabilities = Capabilities(fork=fork, prefix_cache=enable_caching, namespaces=enable_caching,
                                          swap=spec.num_host_blocks > 0, inflight_window=0,
                                          reserved_blocks=self._manager.watermark_blocks, introspection=True,
-                                         matchable_when_scheduled=True, preempt_scheduled=preempt_scheduled)
+                                         matchable_when_scheduled=True, preempt_scheduled=preempt_scheduled,
+                                         recomputes_in_place=enable_caching)
         self._live: dict[SeqId, _Request] = {}
         self._preempted: dict[SeqId, _Request] = {}
         self._lora_ids: dict[Namespace, int] = {}

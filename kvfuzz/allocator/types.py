@@ -54,6 +54,11 @@ class Capabilities:
     ``preempt_scheduled`` = False says the engine never preempts a sequence whose latest tokens are scheduled but not
     yet computed (vLLM's FCFS policy takes its victims before scheduling them); the machine then preempts only
     computed sequences.
+    ``recomputes_in_place`` says a sequence may rewrite, with identical K/V, slots of a block others share and read
+    (vLLM v0 recomputes a fully cached prompt's last token inside the cached block); without it only the first fill
+    of a block matched while scheduled may happen under its sharers.
+    ``fork_copies`` says ``fork`` may copy the parent's partial last block instead of sharing it (and returns the
+    copy); a fork then needs a free block, which the no-false-refusal check accounts for.
     """
 
     fork: bool = False
@@ -71,6 +76,8 @@ class Capabilities:
     remaps_on_step: bool = False
     matchable_when_scheduled: bool = False
     preempt_scheduled: bool = True
+    recomputes_in_place: bool = False
+    fork_copies: bool = False
 
 
 @attrs.frozen

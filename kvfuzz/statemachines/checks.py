@@ -222,15 +222,25 @@ class Checks:
                        f"found:    referenced by {sorted(holders)}", *self.h.engine.block_story(block)])
 
     def _same_content(self, block: int, seq: str, holders: set) -> bool:
-        """Every holder maps ``block`` at ``seq``'s logical index and expects the same tags in all of it: they
-        matched exactly the content ``seq`` writes (a block made matchable when scheduled)."""
+        """Every holder maps ``block`` at ``seq``'s logical index and expects the same tags in all of it (they matched
+        exactly the content ``seq`` writes, a block made matchable when scheduled), and ``seq`` fills it for the first
+        time: no slot it writes holds that K/V already, unless the allocator declares ``recomputes_in_place``."""
         h = self.h
         mine = [index for holder, index in holders if holder == seq]
         if len(mine) != 1:
             return False
-        lo, hi = mine[0] * h.block_size, (mine[0] + 1) * h.block_size
-        wanted = h.reference.tags(seq)[lo:hi]
-        return all(index == mine[0] and h.reference.tags(holder)[lo:hi] == wanted for holder, index in holders)
+        size = h.block_size
+        lo, hi = mine[0] * size, (mine[0] + 1) * size
+        tags = h.reference.tags(seq)
+        if not all(index == mine[0] and h.reference.tags(holder)[lo:hi] == tags[lo:hi] for holder, index in holders):
+            return False
+        if h.caps.recomputes_in_place:
+            return True
+        for position in range(max(lo, h.seqs[seq].written), min(hi, len(tags))):
+            record = h.engine.record(block * size + position % size)
+            if record is not None and record.tag == tags[position]:
+                return False  # a rewrite of K/V its sharers already read
+        return True
 
     # -- invariant 6: non-reuse window ---------------------------------------------------------------------------
 
@@ -295,7 +305,8 @@ class Checks:
 
     # -- invariant 9: cache soundness ----------------------------------------------------------------------------
 
-    def cache_hit(self, seq: str, num_cached: int) -> None:
+    def cache_hit(self, seq: str, num_cached: int) -> bool:
+        """Invariant 9 for an admission's reported hit; returns whether it covers K/V only the next step writes."""
         h = self.h
         length = len(h.reference.tokens(seq))
         if num_cached > length:
@@ -306,15 +317,18 @@ class Checks:
                       ["expected: 0: the allocator does not declare a prefix cache"])
         size = h.block_size
         table = h.seqs[seq].table
+        awaits_step = False
         for position in range(num_cached):
             if table[position // size] == NULL_BLOCK:
                 continue
             slot = table[position // size] * size + position % size
             record = h.engine.record(slot)
             tag = h.reference.tags(seq)[position]
-            if h.caps.matchable_when_scheduled and (
-                    (record is not None and record.tag == tag) or h.scheduled_tag(slot) == tag):
-                continue  # written by a launched step, or written by the next one before anything reads it
+            if h.caps.matchable_when_scheduled and record is not None and record.tag == tag:
+                continue  # written by a launched step
+            if h.caps.matchable_when_scheduled and h.scheduled_tag(slot) == tag:
+                awaits_step = True  # written by the next step, before anything reads it
+                continue
             if record is None or record.tag != tag or record.step > h.engine.last_completed:
                 why = ("nothing has been written there" if record is None
                        else "it holds another prefix's K/V" if record.tag != tag
@@ -327,6 +341,7 @@ class Checks:
                               if h.caps.matchable_when_scheduled else "by a completed step"),
                            f"found:    {self.found(record)}",
                            *h.engine.block_story(slot // size)])
+        return awaits_step
 
     # -- invariant 10: quiescence --------------------------------------------------------------------------------
 

@@ -63,8 +63,8 @@ class Harness:
 
     def computed_ids(self) -> list[SeqId]:
         """Running sequences whose every token has been written by a step."""
-        return [seq for seq, model in self.seqs.items()
-                if model.status is Status.RUNNING and model.written == len(self.reference.tokens(seq))]
+        return [seq for seq, model in self.seqs.items() if model.status is Status.RUNNING
+                and model.written == len(self.reference.tokens(seq)) and not model.awaits_step]
 
     def length(self, seq: SeqId) -> int:
         return len(self.reference.tokens(seq))
@@ -183,10 +183,13 @@ class Harness:
         """Parallel sampling or beam search: ``child`` shares all of ``parent``'s blocks, or gets the copies the
         allocator returned (then its table differs from the parent's exactly at their destinations)."""
         self._begin("fork", parent, child)
-        partial = int(self.length(parent) % self.block_size != 0)
-        copies = self._attempt(lambda: tuple(self.allocator.fork(parent, child) or ()), partial, absent=child)
+        needed = int(self.caps.fork_copies and self.length(parent) % self.block_size != 0)
+        copies = self._attempt(lambda: tuple(self.allocator.fork(parent, child) or ()), needed, absent=child)
         if copies is None:
             return False
+        if copies and not self.caps.fork_copies:
+            self.check.fail(Invariant.REFCOUNTS, f"fork of {parent} into {child} returned copies {list(copies)}",
+                            ["expected: none: the allocator does not declare fork_copies, so fork shares every block"])
         for copy in copies:
             self.engine.copy_block(copy.src, copy.dst)
             self.stats["fork copies"] += 1
@@ -327,6 +330,8 @@ class Harness:
         self.engine.launch_step()
         if slots:
             self.engine.write(slots, writes)
+        for model in self.seqs.values():
+            model.awaits_step = False
         self.stats["tokens written"] += len(slots)
         self.check.content(self.engine.take_dirty())
         self.check.attention()
@@ -354,6 +359,9 @@ class Harness:
     def abandon(self, seq: SeqId) -> None:
         """Forget a preempted sequence the engine will not readmit (cancelled while waiting): the allocator already
         released it, so nothing is called."""
+        if self.seqs[seq].status is not Status.PREEMPTED:
+            raise ValueError(f"abandon({seq!r}): only a preempted sequence can be forgotten; it is "
+                             f"{self.seqs[seq].status.value}")
         del self.seqs[seq]
         self.reference.remove(seq)
 
@@ -393,8 +401,8 @@ class Harness:
             self.check.fail(Invariant.MISUSE, f"a valid call was refused with {type(error).__name__}: {error}",
                             ["expected: the call to succeed"])
 
-    def _attempt(self, call: Callable[[], T], needed: int, absent: Optional[SeqId] = None, host: bool = False,
-                 returns_none: bool = False) -> Optional[T]:
+    def _attempt(self, call: Callable[[], T], needed: int, absent: Optional[SeqId] = None,
+                 host: bool = False) -> Optional[T]:
         """Run an operation that may be refused for lack of space; check a refusal is clean and justified."""
         before = self.check.counts()
         try:
@@ -407,7 +415,7 @@ class Harness:
         except AllocatorError as error:
             self.check.fail(Invariant.MISUSE, f"a valid call was refused with {type(error).__name__}: {error}",
                             ["expected: the call to succeed, or OutOfBlocks"])
-        return True if returns_none else result
+        return result
 
     def _table(self, seq: SeqId) -> tuple[int, ...]:
         table = tuple(self.allocator.block_table(seq))
@@ -422,7 +430,7 @@ class Harness:
             self.check.fail(Invariant.CONTENT, f"admit returned block table {list(reported)} for {seq}",
                             [f"found: block_table({seq!r}) says {list(table)}"])
         self.check.accounting(self._set_table(seq, table, "admitted as").touched)
-        self.check.cache_hit(seq, num_cached)
+        model.awaits_step = self.check.cache_hit(seq, num_cached)
         targets = self._write_targets(seq, table, num_cached)
         for index, block in targets.items():
             self.check.exclusive(block, seq, f"admit schedules writes of {seq}'s logical block {index}")

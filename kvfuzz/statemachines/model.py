@@ -32,7 +32,8 @@ class SeqModel:
     """One sequence the engine knows. Positions below ``written`` hold K/V; the rest are written at the next step.
 
     ``table`` is the device block table while running (NULL_BLOCK where a sliding window dropped a block);
-    ``host_table`` the host blocks while swapped out.
+    ``host_table`` the host blocks while swapped out. ``awaits_step`` marks a cache hit on K/V another sequence
+    writes only at the next step (``matchable_when_scheduled``): until that step the sequence is not computed.
     """
 
     seq: SeqId
@@ -40,6 +41,7 @@ class SeqModel:
     table: tuple[int, ...] = ()
     host_table: tuple[int, ...] = ()
     written: int = 0
+    awaits_step: bool = False
 
 
 @attrs.frozen

@@ -80,8 +80,8 @@ class TransformersPagedCache:
         sharing = cache.use_prefix_sharing
         # With sharing, mark_complete_blocks swaps a duplicate block for the cached one when a step completes.
         # Without it, fork copies every block of the parent: kvfuzz cannot size that refusal, so it is not driven.
-        self.capabilities = Capabilities(fork=sharing, prefix_cache=sharing, eviction=sharing, introspection=True,
-                                         remaps_on_step=sharing)
+        self.capabilities = Capabilities(fork=sharing, fork_copies=sharing, prefix_cache=sharing, eviction=sharing,
+                                         introspection=True, remaps_on_step=sharing)
         self._states: dict[SeqId, Any] = {}
         self._scheduled: list[_Scheduled] = []
         self._last_completed = -1
