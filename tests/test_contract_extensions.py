@@ -3,7 +3,6 @@ that never preempt scheduled work, copies ordered by fork, and blocks remapped w
 
 from __future__ import annotations
 
-import attrs
 import pytest
 
 from kvfuzz.allocator import BlockCopy, PagedAllocator, PoolSpec
@@ -13,21 +12,13 @@ from kvfuzz.statemachines.harness import Harness
 from kvfuzz.statemachines.violations import Invariant, InvariantViolation
 from kvfuzz.zoo.variants import FullHitCappedInPlace, MatchableAtAllocation
 
-
-def _declaring(cls: type, window: int = 0, **capabilities: object):
-    def factory(spec: PoolSpec) -> PagedAllocator:
-        allocator = cls(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=window)
-        allocator.capabilities = attrs.evolve(allocator.capabilities, **capabilities)
-        return allocator
-
-    factory.__name__ = f"{cls.__name__}_{'_'.join(f'{k}_{v}' for k, v in capabilities.items())}"
-    return factory
+from factories import CopyTailOnFork, declaring
 
 
 def test_registering_at_allocation_is_sound_when_declared_and_preemption_waits_for_the_step():
     """MatchableAtAllocation behaves as vLLM does; declared so, with an FCFS engine and no rollback (vLLM keeps the
     blocks of rejected drafts), every invariant holds."""
-    summary = run(_declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=False,
+    summary = run(declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=False,
                              rollback=False), MachineConfig(), examples=300)
     assert not summary.failed, summary.explanation
     assert summary.operations["cache hits"] > 0
@@ -36,7 +27,7 @@ def test_registering_at_allocation_is_sound_when_declared_and_preemption_waits_f
 def test_withdrawing_scheduled_writes_is_still_caught():
     """If the engine may preempt a request it already scheduled, the blocks registered for its writes are served
     to a later hit with nothing in them."""
-    summary = run(_declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=True),
+    summary = run(declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=True),
                   MachineConfig(), examples=300)
     assert summary.failed and summary.invariant in ("invariant 9 (cache soundness)", "invariant 1 (content)")
 
@@ -44,19 +35,19 @@ def test_withdrawing_scheduled_writes_is_still_caught():
 def test_rolling_back_scheduled_tokens_of_a_registered_block_is_caught():
     """Bug class 8 meets class 5: a rollback drops scheduled tokens of a block already registered, so a hit on it
     covers positions nobody will write."""
-    summary = run(_declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=False),
+    summary = run(declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=False),
                   MachineConfig(), examples=300)
     assert summary.failed and summary.invariant == "invariant 9 (cache soundness)"
     assert "rollback" in summary.program
 
 
 def test_undeclared_early_registration_remains_a_bug():
-    summary = run(_declaring(MatchableAtAllocation), MachineConfig(), examples=300)
+    summary = run(declaring(MatchableAtAllocation), MachineConfig(), examples=300)
     assert summary.failed and summary.invariant == "invariant 9 (cache soundness)"
 
 
 def test_a_same_round_hit_shares_the_block_its_owner_writes():
-    allocator = _declaring(MatchableAtAllocation, matchable_when_scheduled=True)(PoolSpec(4, 8))
+    allocator = declaring(MatchableAtAllocation, matchable_when_scheduled=True)(PoolSpec(4, 8))
     harness = Harness(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
     assert harness.admit("a", (), (1, 2, 3, 4, 5))
     assert harness.admit("b", (), (1, 2, 3, 4, 6))
@@ -65,25 +56,7 @@ def test_a_same_round_hit_shares_the_block_its_owner_writes():
     harness.quiesce()
 
 
-class _CopyTailOnFork(PagedAllocator):
-    """A correct allocator whose fork copies the parent's partial last block instead of sharing it."""
-
-    def fork(self, parent, child):
-        partial = len(self._running(parent, "fork").tokens) % self.block_size != 0
-        if partial:
-            self._check_room(1)
-        super().fork(parent, child)
-        if not partial:
-            return None
-        state = self._seqs[child]
-        tail = state.table[-1]
-        (fresh,) = self._pool.allocate(1)
-        self._pool.release(tail)
-        state.table[-1] = fresh
-        return [BlockCopy(tail, fresh)]
-
-
-class _BogusForkCopy(_CopyTailOnFork):
+class _BogusForkCopy(CopyTailOnFork):
     """Copies the tail, yet reports the copy into a block the child does not hold."""
 
     def fork(self, parent, child):
@@ -103,24 +76,24 @@ class _RemapsToAStranger(PagedAllocator):
 
 @pytest.mark.parametrize("window", [0, 1])
 def test_a_correct_copying_fork_passes(window):
-    summary = run(_declaring(_CopyTailOnFork, window, fork_copies=True), MachineConfig(), examples=200)
+    summary = run(declaring(CopyTailOnFork, window, fork_copies=True), MachineConfig(), examples=200)
     assert not summary.failed, summary.explanation
     assert summary.operations["fork copies"] > 0
 
 
 def test_fork_copies_must_be_declared():
-    summary = run(_declaring(_CopyTailOnFork), MachineConfig(), examples=200)
+    summary = run(declaring(CopyTailOnFork), MachineConfig(), examples=200)
     assert summary.failed and summary.invariant == "invariant 3 (refcounts)"
     assert "does not declare fork_copies" in summary.explanation
 
 
 def test_a_copy_into_a_block_the_child_does_not_hold_is_caught():
-    summary = run(_declaring(_BogusForkCopy, fork_copies=True), MachineConfig(), examples=200)
+    summary = run(declaring(_BogusForkCopy, fork_copies=True), MachineConfig(), examples=200)
     assert summary.failed and summary.invariant == "invariant 3 (refcounts)", summary.explanation
 
 
 def test_a_remap_to_another_prefix_is_caught_bit_for_bit():
-    allocator = _declaring(_RemapsToAStranger, remaps_on_step=True)(PoolSpec(4, 8))
+    allocator = declaring(_RemapsToAStranger, remaps_on_step=True)(PoolSpec(4, 8))
     harness = Harness(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
     harness.admit("a", (), (1, 2, 3, 4))
     harness.admit("b", (), (5, 6, 7, 8))
@@ -138,7 +111,7 @@ def test_a_sharing_allocator_may_not_refuse_a_fork_on_a_full_pool():
                 self._check_room(1)
             return super().fork(parent, child)
 
-    summary = run(_declaring(RefusesForkWhenFull), MachineConfig(), examples=300)
+    summary = run(declaring(RefusesForkWhenFull), MachineConfig(), examples=300)
     assert summary.failed and summary.invariant == "invariant 8 (no false refusal)", summary.explanation
 
 
@@ -147,7 +120,7 @@ def test_rewriting_shared_cached_content_needs_its_own_declaration():
     other sequences read; only an allocator declaring recomputes_in_place (vLLM v0) may do that."""
     for capabilities, caught in (({"matchable_when_scheduled": True}, True),
                                  ({"matchable_when_scheduled": True, "recomputes_in_place": True}, False)):
-        allocator = _declaring(FullHitCappedInPlace, **capabilities)(PoolSpec(4, 8))
+        allocator = declaring(FullHitCappedInPlace, **capabilities)(PoolSpec(4, 8))
         harness = Harness(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
         harness.admit("a", (), (1, 2, 3, 4))
         harness.step()
@@ -163,7 +136,7 @@ def test_rewriting_shared_cached_content_needs_its_own_declaration():
 
 def test_a_hit_on_scheduled_content_is_not_computed_until_the_step():
     """Its K/V does not exist yet: it may not be swapped out or forked before the step that writes it."""
-    allocator = _declaring(MatchableAtAllocation, matchable_when_scheduled=True)(PoolSpec(4, 8, 2))
+    allocator = declaring(MatchableAtAllocation, matchable_when_scheduled=True)(PoolSpec(4, 8, 2))
     harness = Harness(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=2))
     harness.admit("a", (), (1, 2, 3, 4))
     harness.admit("b", (), (1, 2, 3, 4, 5))

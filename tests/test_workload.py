@@ -19,6 +19,8 @@ from kvfuzz.workload.scheduler import Scheduler
 from kvfuzz.zoo import variant
 from kvfuzz.zoo.variants import MatchableAtAllocation
 
+from factories import CopyTailOnFork, declaring
+
 SHIPPED = Path(__file__).resolve().parent.parent / "workloads" / "constructed"
 
 
@@ -145,7 +147,10 @@ def test_replay_workload_command_json_and_errors(capsys, tmp_path):
     assert report["workload"] == "uniform" and report["num_blocks"] == 40 and report["quiescent"]
     assert main(["replay-workload", "constructed:nope"]) == 2
     assert "no constructed workload named 'nope'" in capsys.readouterr().err
-    assert main(["replay-workload", "constructed:uniform", "--allocator", "zoo:LeakOnCancel"]) in (0, 1)
+    assert main(["replay-workload", "constructed:heavy-cancellation", "--allocator", "zoo:LeakOnCancel"]) == 1
+    assert "invariant 4 (free set)" in capsys.readouterr().out
+    assert main(["replay-workload", "constructed:uniform", "--block-sizes", "16,48", "--pool-positions", "100"]) == 2
+    assert "not a multiple of block size(s) [16, 48]" in capsys.readouterr().err
 
 
 def _registers_when_scheduled(spec):
@@ -176,3 +181,48 @@ def test_an_fcfs_engine_never_picks_a_victim_with_work_scheduled_this_round():
         scheduler._run_step()
         scheduler.scheduled.add("b")  # b's next token is already scheduled this round
         assert [tracked.request.id for tracked in scheduler.victims()] == expected
+
+
+def _copies_tail_on_fork(spec):
+    return declaring(CopyTailOnFork, fork_copies=True)(spec)
+
+
+@pytest.mark.parametrize("factory", [paged_allocator, _registers_when_scheduled, _copies_tail_on_fork],
+                         ids=["sharing fork", "samples admitted beside", "copying fork"])
+def test_parallel_samples_drain_even_with_one_token_each_and_a_tight_pool(factory):
+    workload = _workload([{"id": "a", "arrival": 0, "prompt_len": 5, "samples": 2},
+                          {"id": "p1", "arrival": 0, "prompt_len": 5, "output_len": 3, "samples": 2},
+                          {"id": "p2", "arrival": 0, "prompt_len": 5, "output_len": 3, "samples": 2}])
+    report, _ = _replay(workload, factory=factory, config=_config(block_size=4, num_blocks=4))
+    assert not report.failed, report.failure
+    assert report.finished == 3 and report.quiescent
+
+
+def test_a_partly_admitted_request_keeps_its_scheduled_branches():
+    """With samples admitted beside the prompt, a refused branch does not undo (withdraw) the ones already
+    scheduled: their blocks are registered for the writes of the next step."""
+    workload = _workload([{"id": "hog", "arrival": 0, "prompt_len": 4, "output_len": 6},
+                          {"id": "a", "arrival": 1, "prompt": [1, 2, 3, 4, 5, 6], "output_len": 2, "samples": 3}])
+    report, _ = _replay(workload, factory=_registers_when_scheduled, config=_config(block_size=4, num_blocks=4))
+    assert not report.failed, report.failure
+    assert report.finished == 2 and report.refusals
+
+
+def test_request_ids_may_not_name_a_sample():
+    with pytest.raises(WorkloadError, match="may not contain '/'"):
+        _workload([{"id": "a/1", "arrival": 0, "prompt_len": 5}])
+
+
+def test_an_allocator_crash_ends_the_replay_with_a_report():
+    class Crashes:
+        def __init__(self, spec):
+            self.inner = paged_allocator(spec)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def grow(self, seq, tokens):
+            raise RuntimeError("boom")
+
+    report, _ = _replay(constructed("uniform"), factory=Crashes)
+    assert report.failed and report.failure.startswith("crash (RuntimeError) during grow(")

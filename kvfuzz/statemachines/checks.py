@@ -223,8 +223,8 @@ class Checks:
 
     def _same_content(self, block: int, seq: str, holders: set) -> bool:
         """Every holder maps ``block`` at ``seq``'s logical index and expects the same tags in all of it (they matched
-        exactly the content ``seq`` writes, a block made matchable when scheduled), and ``seq`` fills it for the first
-        time: no slot it writes holds that K/V already, unless the allocator declares ``recomputes_in_place``."""
+        exactly the content ``seq`` writes, a block made matchable when scheduled), and no other holder has read it
+        yet (each gained it in this scheduling round), unless the allocator declares ``recomputes_in_place``."""
         h = self.h
         mine = [index for holder, index in holders if holder == seq]
         if len(mine) != 1:
@@ -236,11 +236,8 @@ class Checks:
             return False
         if h.caps.recomputes_in_place:
             return True
-        for position in range(max(lo, h.seqs[seq].written), min(hi, len(tags))):
-            record = h.engine.record(block * size + position % size)
-            if record is not None and record.tag == tags[position]:
-                return False  # a rewrite of K/V its sharers already read
-        return True
+        step = h.engine.next_step
+        return all(h.seqs[holder].joined_step == step for holder, _ in holders if holder != seq)
 
     # -- invariant 6: non-reuse window ---------------------------------------------------------------------------
 

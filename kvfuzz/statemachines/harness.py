@@ -194,7 +194,8 @@ class Harness:
             self.engine.copy_block(copy.src, copy.dst)
             self.stats["fork copies"] += 1
         self.reference.fork(parent, child)
-        self.seqs[child] = SeqModel(child, Status.RUNNING, written=self.seqs[parent].written)
+        self.seqs[child] = SeqModel(child, Status.RUNNING, written=self.seqs[parent].written,
+                                    joined_step=self.engine.next_step)
         table = self._table(child)
         expected = tuple({copy.src: copy.dst for copy in copies}.get(block, block) for block in self.seqs[parent].table)
         if table != expected:
@@ -276,7 +277,7 @@ class Harness:
                             [f"expected: the host blocks it was swapped out to, {list(model.host_table)}"])
         for host_block, block in result.mapping:
             self.engine.swap_from_host(host_block, block)
-        model.status, model.host_table = Status.RUNNING, ()
+        model.status, model.host_table, model.joined_step = Status.RUNNING, (), self.engine.next_step
         table = self._table(seq)
         change = self._set_table(seq, table, "swapped in for")
         self._settle(change, positions=[(seq, position) for position in range(self.window_start(seq), model.written)])
@@ -424,6 +425,7 @@ class Harness:
 
     def _admitted(self, seq: SeqId, reported: tuple[int, ...], num_cached: int) -> None:
         model = self.seqs.setdefault(seq, SeqModel(seq, Status.RUNNING))
+        model.joined_step = self.engine.next_step
         model.status, model.written = Status.RUNNING, num_cached
         table = self._table(seq)
         if table != tuple(reported):

@@ -34,6 +34,8 @@ class SeqModel:
     ``table`` is the device block table while running (NULL_BLOCK where a sliding window dropped a block);
     ``host_table`` the host blocks while swapped out. ``awaits_step`` marks a cache hit on K/V another sequence
     writes only at the next step (``matchable_when_scheduled``): until that step the sequence is not computed.
+    ``joined_step`` is the step before which it last gained its blocks (admission, fork, swap-in): no step before
+    that one has read them for it.
     """
 
     seq: SeqId
@@ -42,6 +44,7 @@ class SeqModel:
     host_table: tuple[int, ...] = ()
     written: int = 0
     awaits_step: bool = False
+    joined_step: int = 0
 
 
 @attrs.frozen

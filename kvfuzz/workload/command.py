@@ -62,6 +62,12 @@ def run_command(args: argparse.Namespace) -> int:
             raise ValueError("block sizes must be >= 1")
         if args.block_sizes and args.num_blocks:
             raise ValueError("--num-blocks fixes one pool; a sweep sizes each pool from --pool-positions")
+        uneven = [size for size in sizes if args.block_sizes and args.pool_positions % size]
+        if uneven:
+            raise ValueError(f"--pool-positions {args.pool_positions} is not a multiple of block size(s) {uneven}: "
+                             "the pools of a sweep must hold equal positions")
+        if args.max_running < 1:
+            raise ValueError(f"--max-running must be >= 1, got {args.max_running}")
         reports = [_replay(workload, args.allocator, size, args.num_blocks or max(1, args.pool_positions // size),
                            args.max_running) for size in sizes]
     except (WorkloadError, AllocatorNotFound, ReplayError, ValueError) as error:

@@ -111,6 +111,8 @@ def _request(entry: Any, number: int, groups: dict[str, Tokens]) -> Request:
     if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry["id"]:
         raise WorkloadError(f"request #{number}: expected an object with a non-empty string 'id'")
     where = f"request {entry['id']!r} (#{number})"
+    if "/" in entry["id"]:
+        raise WorkloadError(f"{where}: 'id' may not contain '/', which names a request's parallel samples (id/1, ...)")
     group = entry.get("prefix_group")
     if group is not None and group not in groups:
         raise WorkloadError(f"{where}: prefix group {group!r} is not defined in 'prefix_groups'")

@@ -1,12 +1,13 @@
 """A continuous-batching scheduler that replays a workload through kvfuzz's engine harness.
 
-Each scheduling round before step t: fork the pending branches of requests whose prompt is computed; grow every
-running branch by its next token, preempting the most recently admitted request (for recomputation) when the pool
-is full; unless the round preempted, admit waiting requests first come, first served (preempted ones first) until
-one is refused; cancel what the trace cancels at t, wherever it is (so a request cancelled on arrival is admitted
-and cancelled before its first step, the abort-during-prefill path); then run step t. A branch finishes, and is freed, once it has produced its output
-length. Every operation goes through :class:`~kvfuzz.statemachines.harness.Harness`, so every invariant is checked
-exactly as in a fuzzing run.
+Each scheduling round before step t: start the branches running requests still lack (fork a sample from its
+computed prompt, or admit it beside the prompt where the allocator cannot fork; readmit a preempted one); grow every
+running branch by its next token; unless the round preempted, admit waiting requests first come, first served
+(preempted ones first) until one is refused; cancel what the trace cancels at t, wherever it is (so a request
+cancelled on arrival is admitted and aborted before its first step); then run step t. When the pool is full, the
+most recently admitted request is preempted for recomputation. A branch finishes, and is freed, once it has
+produced its output length. Every operation goes through :class:`~kvfuzz.statemachines.harness.Harness`, so every
+invariant is checked exactly as in a fuzzing run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import Counter
-from typing import Optional
+from typing import Callable, Optional
 
 import attrs
 
@@ -42,11 +43,15 @@ class Phase(enum.Enum):
     REJECTED = "rejected"
 
 
+DONE = (Phase.FINISHED, Phase.CANCELLED, Phase.REJECTED)
+
+
 @attrs.define
 class Tracked:
-    """A request's progress. ``produced[b]`` counts the tokens branch b has produced; all but the last produced
-    are in its K/V. Branch 0 is the request's own id; others are ``id/j``, forked from branch 0 once its prompt is
-    computed (or admitted beside it when the allocator cannot fork)."""
+    """A request's progress. ``produced[b]`` counts the tokens branch b has produced (all but the last are in its
+    K/V); a branch is in ``produced`` once it has been started. Branch 0 is the request's own id; others are
+    ``id/j``, forked from branch 0 once its prompt is computed (or admitted beside it when the allocator cannot
+    fork). Branch 0 stays until its branches are forked, even past its output length."""
 
     request: Request
     branches: list[SeqId]
@@ -60,6 +65,9 @@ class Tracked:
     def live(self) -> list[SeqId]:
         return [branch for branch in self.branches if branch in self.produced]
 
+    def done(self, branch: SeqId) -> bool:
+        return self.produced.get(branch, 0) >= self.request.output_len
+
 
 class Scheduler:
     """Drives one workload through one harness; :meth:`run` returns the report."""
@@ -69,6 +77,8 @@ class Scheduler:
         if any(request.namespace for request in workload.requests) and not allocator.capabilities.namespaces:
             raise ReplayError(f"workload {workload.name} gives requests namespaces, but {allocator_name} does not "
                               "declare namespace support: its cache hits could not be judged")
+        if max_running < 1:
+            raise ReplayError(f"max_running must be >= 1, got {max_running}")
         self.workload, self.config, self.allocator_name = workload, config, allocator_name
         self.max_running, self.max_steps = max_running, max_steps
         self.log = OccupancyLog()
@@ -83,7 +93,7 @@ class Scheduler:
         self.refusals: list[Refusal] = []
         self.concurrency: list[int] = []
         self.scheduled: set[SeqId] = set()
-        self.idle_refusals = 0
+        self.idle_refusals: dict[str, int] = {}
         self.preempted_this_round = False
         self.step = 0
 
@@ -95,13 +105,15 @@ class Scheduler:
         try:
             arrivals = iter(self.tracked)
             upcoming = next(arrivals, None)
-            while not self._done():
+            while not all(tracked.phase in DONE for tracked in self.tracked):
                 if self.step >= self.max_steps:
-                    raise ReplayError(f"the workload did not drain within {self.max_steps} steps")
+                    stuck = [f"{t.request.id} ({t.phase.value})" for t in self.tracked if t.phase not in DONE]
+                    raise ReplayError(f"the workload did not drain within {self.max_steps} steps; still open: "
+                                      f"{', '.join(stuck[:10])}")
                 while upcoming is not None and upcoming.request.arrival <= self.step:
                     self.waiting.append(upcoming)
                     upcoming = next(arrivals, None)
-                self._fork()
+                self._start_branches()
                 self._decode()
                 self._admit()
                 self._cancel()
@@ -110,21 +122,18 @@ class Scheduler:
             quiescent = True
         except InvariantViolation as violation:
             failure = f"{violation.invariant}\n{violation.explain()}"
+        except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding, with the report
+            failure = (f"crash ({type(error).__name__}) during {self.harness.operation} at step {self.step}: "
+                       f"{error}")
         return self._report(time.perf_counter() - started, failure, quiescent)
-
-    def _done(self) -> bool:
-        return all(tracked.phase in (Phase.FINISHED, Phase.CANCELLED, Phase.REJECTED) for tracked in self.tracked)
 
     def _cancel(self) -> None:
         for tracked in self.tracked:
             cancel_at = tracked.request.cancel_at
-            if cancel_at is None or cancel_at > self.step or tracked.phase in (Phase.FINISHED, Phase.CANCELLED,
-                                                                                Phase.REJECTED):
-                continue
-            if tracked.request.arrival > self.step:
-                continue
-            self._release(tracked)
-            tracked.phase = Phase.CANCELLED
+            if (cancel_at is not None and cancel_at <= self.step and tracked.request.arrival <= self.step
+                    and tracked.phase not in DONE):
+                self._release(tracked)
+                tracked.phase = Phase.CANCELLED
 
     def _release(self, tracked: Tracked) -> None:
         """Free every branch the engine still holds (cancel, rejection) and drop the request from the queues."""
@@ -141,14 +150,51 @@ class Scheduler:
             if tracked in queue:
                 queue.remove(tracked)
 
-    def _fork(self) -> None:
-        for tracked in self.running:
-            parent = tracked.branches[0]
-            if not self.fork or parent not in self.harness.computed_ids() or not tracked.produced.get(parent):
-                continue
-            for child in tracked.branches[1:]:
-                if child not in tracked.produced and self.harness.fork(parent, child):
-                    tracked.produced[child] = 1  # its first token was sampled by the parent's prefill
+    # -- starting branches -----------------------------------------------------------------------------------------
+
+    def _pending(self, tracked: Tracked) -> list[SeqId]:
+        """Branches with no blocks that could be given some now: preempted ones, and unstarted ones (with a fork,
+        only once branch 0's prompt is computed)."""
+        harness, parent = self.harness, tracked.branches[0]
+        pending = []
+        for index, branch in enumerate(tracked.branches):
+            model = harness.seqs.get(branch)
+            if model is not None and model.status is Status.PREEMPTED:
+                pending.append(branch)
+            elif branch not in tracked.produced and (
+                    index == 0 or not self.fork
+                    or (parent in harness.computed_ids() and tracked.produced.get(parent, 0) >= 1)):
+                pending.append(branch)
+        return pending
+
+    def _start(self, tracked: Tracked, branch: SeqId) -> bool:
+        """Give ``branch`` blocks: readmit it, fork it from branch 0, or admit it with the prompt."""
+        request, harness = tracked.request, self.harness
+        model = harness.seqs.get(branch)
+        if model is not None and model.status is Status.PREEMPTED:
+            started = harness.readmit(branch)
+        elif branch != tracked.branches[0] and self.fork:
+            started = harness.fork(tracked.branches[0], branch)
+            if started:
+                tracked.produced[branch] = 1  # its first token was sampled by the parent's prefill
+                return True
+        else:
+            started = harness.admit(branch, request.namespace, request.prompt)
+        if started:
+            tracked.produced.setdefault(branch, 0)
+            self.scheduled.add(branch)
+        else:
+            self._refused(tracked, branch)
+        return started
+
+    def _start_branches(self) -> None:
+        """Running requests' branches that lack blocks get them, making room as a grow would."""
+        for tracked in list(self.running):
+            for branch in self._pending(tracked):
+                if tracked not in self.running or not self._with_room(tracked, lambda: self._start(tracked, branch)):
+                    break
+
+    # -- decoding ----------------------------------------------------------------------------------------------------
 
     def _decode(self) -> None:
         for tracked in list(self.running):
@@ -156,22 +202,28 @@ class Scheduler:
                 if tracked not in self.running:
                     break
                 model = self.harness.seqs.get(branch)
-                if model is None or model.status is not Status.RUNNING or branch not in self.harness.computed_ids():
+                if (model is None or model.status is not Status.RUNNING or tracked.done(branch)
+                        or branch not in self.harness.computed_ids()):
                     continue
-                if branch == tracked.branches[0] and len(tracked.produced) < len(tracked.branches) and self.fork:
+                if branch == tracked.branches[0] and self.fork and len(tracked.produced) < len(tracked.branches):
                     continue  # its branches fork from the prompt alone: it waits until they have
                 token = tracked.request.output_token(tracked.branches.index(branch), tracked.produced[branch] - 1)
-                if self._grow_or_preempt(tracked, branch, token):
+                if self._with_room(tracked, lambda: self.harness.grow(branch, (token,))):
                     self.scheduled.add(branch)
 
-    def _grow_or_preempt(self, tracked: Tracked, branch: SeqId, token: int) -> bool:
-        """Grow ``branch`` by ``token``, preempting the most recently admitted request while the pool is full.
+    def victims(self) -> list[Tracked]:
+        """Running requests that may be preempted now, most recently admitted first."""
+        return [other for other in reversed(self.running)
+                if self.preempt_scheduled or not any(seq in self.scheduled for seq in other.live())]
+
+    def _with_room(self, tracked: Tracked, attempt: Callable[[], bool]) -> bool:
+        """Run ``attempt``, preempting the most recently admitted request while the pool is full.
 
         Under an in-flight window W > 0 a preempted request's blocks come back only W steps later, so one victim is
-        preempted and the branch waits this round instead of preempting everything behind it. An engine that never
+        preempted and ``tracked`` waits this round instead of preempting everything behind it. An engine that never
         preempts scheduled work (``preempt_scheduled`` false) takes victims only among requests with nothing
-        scheduled this round; with none, the branch waits."""
-        while not self.harness.grow(branch, (token,)):
+        scheduled this round; with none, ``tracked`` waits."""
+        while not attempt():
             victims = self.victims()
             if not victims:
                 return False
@@ -182,20 +234,14 @@ class Scheduler:
                 return False
         return True
 
-    def victims(self) -> list[Tracked]:
-        """Running requests that may be preempted now, most recently admitted first."""
-        return [other for other in reversed(self.running)
-                if self.preempt_scheduled or not any(seq in self.scheduled for seq in other.live())]
-
     def _preempt(self, tracked: Tracked) -> None:
         """Release every running branch of ``tracked`` for recomputation; it goes to the front of the queue."""
         prompt = len(tracked.request.prompt)
         for branch in tracked.live():
             model = self.harness.seqs.get(branch)
-            if model is None:  # this branch already finished
-                continue
-            if model.status is Status.RUNNING:
-                self.harness.preempt(branch)
+            if model is None or model.status is Status.PREEMPTED:
+                continue  # finished already, or waiting for readmission
+            self.harness.preempt(branch)
             self.scheduled.discard(branch)
             tracked.produced[branch] = self.harness.length(branch) - prompt
         tracked.preempted += 1
@@ -203,40 +249,29 @@ class Scheduler:
         self.running.remove(tracked)
         self.waiting.insert(0, tracked)
 
+    # -- admission ---------------------------------------------------------------------------------------------------
+
     def _admit(self) -> None:
         if self.preempted_this_round:  # as vLLM's scheduler: no admissions in a round that had to preempt
             return
         while self.waiting and len(self.running) < self.max_running:
             tracked = self.waiting[0]
-            if not self._admit_request(tracked):
+            pending = self._pending(tracked)
+            started = 0
+            for branch in pending:
+                if not self._start(tracked, branch):
+                    break
+                started += 1
+            if not started:
                 return
             self.waiting.pop(0)
             self.running.append(tracked)
             tracked.phase = Phase.RUNNING
             if tracked.admitted_at is None:
                 tracked.admitted_at = self.step
-            self.idle_refusals = 0
-
-    def _admit_request(self, tracked: Tracked) -> bool:
-        """Admit (or readmit) every branch that has no blocks; all or nothing."""
-        request = tracked.request
-        fresh = [branch for branch in (tracked.branches if not self.fork else tracked.branches[:1])
-                 if branch not in tracked.produced]
-        done: list[SeqId] = []
-        preempted = [branch for branch in tracked.live()
-                     if branch in self.harness.seqs and self.harness.seqs[branch].status is Status.PREEMPTED]
-        for branch in fresh + preempted:
-            admitted = (self.harness.admit(branch, request.namespace, request.prompt) if branch in fresh
-                        else self.harness.readmit(branch))
-            if not admitted:
-                for earlier in done:
-                    self.harness.preempt(earlier)
-                self._refused(tracked, branch)
-                return False
-            done.append(branch)
-            tracked.produced.setdefault(branch, 0)
-            self.scheduled.add(branch)
-        return True
+            self.idle_refusals.pop(tracked.request.id, None)
+            if started < len(pending):
+                return  # the rest of its branches start in later rounds; nothing behind it is admitted now
 
     def _refused(self, tracked: Tracked, branch: SeqId) -> None:
         counts = self.harness.check.counts()
@@ -244,13 +279,14 @@ class Scheduler:
         self.refusals.append(Refusal(self.step, tracked.request.id, tokens, -(-tokens // self.config.block_size),
                                      counts.free if counts else None, counts.cached if counts else None,
                                      len(self.running)))
-        if self.running:
+        if self.running or tracked.phase is Phase.RUNNING:
             return
-        self.idle_refusals += 1
-        if self.idle_refusals > self.window + 1:  # refused on an idle pool after every in-flight window closed
+        refused = self.idle_refusals[tracked.request.id] = self.idle_refusals.get(tracked.request.id, 0) + 1
+        if refused > self.window + 1:  # refused on an idle pool after every in-flight window closed
             self._release(tracked)
             tracked.phase = Phase.REJECTED
-            self.idle_refusals = 0
+
+    # -- the step ----------------------------------------------------------------------------------------------------
 
     def _run_step(self) -> None:
         self.concurrency.append(len(self.running))
@@ -262,12 +298,11 @@ class Scheduler:
                     if tracked.first_token_at is None:
                         tracked.first_token_at = self.step
                 model = self.harness.seqs.get(branch)
-                if tracked.produced[branch] >= tracked.request.output_len and model is not None and (
-                        model.status is Status.RUNNING):
+                unforked = self.fork and branch == tracked.branches[0] and len(tracked.produced) < len(
+                    tracked.branches)
+                if tracked.done(branch) and model is not None and model.status is Status.RUNNING and not unforked:
                     self.harness.free(branch)
-            forked_all = not self.fork or len(tracked.produced) == len(tracked.branches)
-            if forked_all and all(tracked.produced[branch] >= tracked.request.output_len
-                                  for branch in tracked.branches):
+            if len(tracked.produced) == len(tracked.branches) and all(map(tracked.done, tracked.branches)):
                 tracked.phase, tracked.finished_at = Phase.FINISHED, self.step
                 self.running.remove(tracked)
         self.scheduled.clear()
