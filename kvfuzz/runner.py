@@ -157,13 +157,13 @@ class Progress:
                        f"{stats.steps / (now - stats.started):.0f} steps/s")
 
 
-def _shrink_further(machine: type, calls: list[Call],
-                    failure: InvariantViolation) -> tuple[InvariantViolation, list[Call]]:
-    """Delete calls the failure does not need; keep the program as it was if replay disagrees."""
+def _shrink_further(machine: type, calls: list[Call], failure: Exception) -> tuple[Exception, list[Call]]:
+    """Delete calls the failure (the same broken invariant, or a crash of the same exception type) does not need;
+    keep the program as it was if replay disagrees."""
     with single_threaded_torch():
         shorter = minimize(machine, calls, type(failure))
         replayed = replay(machine, shorter).failure
-    if not isinstance(replayed, InvariantViolation) or type(replayed) is not type(failure):
+    if type(replayed) is not type(failure):
         return failure, calls
     return replayed, shorter
 
@@ -217,7 +217,7 @@ def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, e
     if failure is None:
         return summary
     calls = list(found.calls) if found is not None else stats.last_failing_program or []
-    if isinstance(failure, InvariantViolation) and shrink and calls:
+    if isinstance(failure, Exception) and shrink and calls:
         failure, calls = _shrink_further(machine_for(factory, config), calls, failure)
     if calls:
         program = program_text(machine.__name__, calls)
