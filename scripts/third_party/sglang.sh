@@ -9,4 +9,5 @@
 # stands in for the two constants SGLang's multimodal configs import from it (kvfuzz/adapters/sglang/_engine.py).
 pip_install --no-deps sglang==0.5.23
 pip_install numpy orjson psutil pybase64 requests packaging pillow triton starlette msgspec pydantic pyzmq tqdm \
-    IPython aiohttp transformers apache-tvm-ffi dill sentencepiece compressed-tensors gguf openai partial_json_parser
+    IPython aiohttp transformers==5.19.0 apache-tvm-ffi dill sentencepiece compressed-tensors gguf openai \
+    partial_json_parser
