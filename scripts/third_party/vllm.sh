@@ -5,7 +5,7 @@
 # needs are named here: the modules the adapter imports (vllm.v1.core.kv_cache_manager, block_pool, kv_cache_utils,
 # vllm.v1.request) pull in vllm's config, sampling params, tokenizer and structured-output modules at import time.
 pip_install --no-deps vllm==0.33.0
-pip_install --no-deps xgrammar==0.2.8 apache-tvm-ffi  # the xgrammar vLLM 0.33.0 pins
+pip_install --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.11  # the versions vLLM 0.33.0 pins
 pip_install packaging psutil pyzmq urllib3 regex numpy msgspec pydantic cbor2 'transformers>=5.16.1,<5.21.0' \
     aiohttp requests openai-harmony openai pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo prometheus_client \
-    fastapi partial_json_parser llguidance
+    'fastapi>=0.133.0,<0.137.0' partial_json_parser 'llguidance>=1.7.0,<1.8.0'
