@@ -315,6 +315,7 @@ class Checks:
         size = h.block_size
         table = h.seqs[seq].table
         awaits_step = False
+        scheduled: Optional[dict[int, int]] = None  # the next step's writes, gathered once if a hit needs them
         for position in range(num_cached):
             if table[position // size] == NULL_BLOCK:
                 continue
@@ -323,9 +324,11 @@ class Checks:
             tag = h.reference.tags(seq)[position]
             if h.caps.matchable_when_scheduled and record is not None and record.tag == tag:
                 continue  # written by a launched step
-            if h.caps.matchable_when_scheduled and h.scheduled_tag(slot) == tag:
-                awaits_step = True  # written by the next step, before anything reads it
-                continue
+            if h.caps.matchable_when_scheduled:
+                scheduled = h.scheduled_tags() if scheduled is None else scheduled
+                if scheduled.get(slot) == tag:
+                    awaits_step = True  # written by the next step, before anything reads it
+                    continue
             if record is None or record.tag != tag or record.step > h.engine.last_completed:
                 why = ("nothing has been written there" if record is None
                        else "it holds another prefix's K/V" if record.tag != tag

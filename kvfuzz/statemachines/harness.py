@@ -87,14 +87,15 @@ class Harness:
             limit = min(limit, self.length(seq) - window - first_kept)
         return limit
 
-    def scheduled_tag(self, slot: int) -> Optional[int]:
-        """The tag a running sequence will write into ``slot`` at the next step, if any."""
+    def scheduled_tags(self) -> dict[int, int]:
+        """Slot -> tag of every write the next step makes (the first running sequence's, should two write one slot)."""
+        scheduled: dict[int, int] = {}
         for seq, model in self.seqs.items():
             if model.status is Status.RUNNING:
-                for position, target in self._scheduled_writes(seq):
-                    if target == slot:
-                        return self.reference.tags(seq)[position]
-        return None
+                tags = self.reference.tags(seq)
+                for position, slot in self._scheduled_writes(seq):
+                    scheduled.setdefault(slot, tags[position])
+        return scheduled
 
     def _take_scheduled_writes(self, seq: SeqId, via: str = "") -> tuple[list[int], list[SlotWrite]]:
         """The slots and writes of ``seq``'s scheduled tokens, each checked exclusive, and mark them written."""
@@ -357,22 +358,19 @@ class Harness:
                             ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"])
         self.stats["misuse calls refused"] += 1
 
-    def abandon(self, seq: SeqId) -> None:
-        """Forget a preempted sequence the engine will not readmit (cancelled while waiting): the allocator already
-        released it, so nothing is called."""
-        if self.seqs[seq].status is not Status.PREEMPTED:
-            raise ValueError(f"abandon({seq!r}): only a preempted sequence can be forgotten; it is "
-                             f"{self.seqs[seq].status.value}")
-        del self.seqs[seq]
-        self.reference.remove(seq)
+    def dismiss(self, seq: SeqId) -> None:
+        """The engine is done with ``seq`` wherever it is (cancelled, or the run ends): a preempted sequence holds no
+        blocks and is forgotten without calling the allocator; any other is freed."""
+        if self.seqs[seq].status is Status.PREEMPTED:
+            del self.seqs[seq]
+            self.reference.remove(seq)
+        else:
+            self.free(seq)
 
     def quiesce(self) -> None:
         """Invariant 10: once every sequence is gone and the in-flight work done, every block is free."""
         for seq in list(self.seqs):
-            if self.seqs[seq].status is Status.PREEMPTED:
-                self.abandon(seq)
-            else:
-                self.free(seq)
+            self.dismiss(seq)
         self._begin("quiesce")
         self._complete(self.engine.steps_to_complete(drain=True))
         while self.engine.late_work_by_block:

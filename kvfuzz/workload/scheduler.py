@@ -68,6 +68,10 @@ class Tracked:
     def done(self, branch: SeqId) -> bool:
         return self.produced.get(branch, 0) >= self.request.output_len
 
+    def holds_for_forks(self, branch: SeqId, fork: bool) -> bool:
+        """Branch 0 of a request whose samples fork from its prompt neither grows nor finishes until they have."""
+        return fork and branch == self.branches[0] and len(self.produced) < len(self.branches)
+
 
 class Scheduler:
     """Drives one workload through one harness; :meth:`run` returns the report."""
@@ -138,13 +142,8 @@ class Scheduler:
     def _release(self, tracked: Tracked) -> None:
         """Free every branch the engine still holds (cancel, rejection) and drop the request from the queues."""
         for branch in tracked.live():
-            model = self.harness.seqs.get(branch)
-            if model is None:
-                continue
-            if model.status is Status.PREEMPTED:
-                self.harness.abandon(branch)
-            else:
-                self.harness.free(branch)
+            if branch in self.harness.seqs:
+                self.harness.dismiss(branch)
         tracked.produced.clear()
         for queue in (self.waiting, self.running):
             if tracked in queue:
@@ -205,8 +204,8 @@ class Scheduler:
                 if (model is None or model.status is not Status.RUNNING or tracked.done(branch)
                         or branch not in self.harness.computed_ids()):
                     continue
-                if branch == tracked.branches[0] and self.fork and len(tracked.produced) < len(tracked.branches):
-                    continue  # its branches fork from the prompt alone: it waits until they have
+                if tracked.holds_for_forks(branch, self.fork):
+                    continue
                 token = tracked.request.output_token(tracked.branches.index(branch), tracked.produced[branch] - 1)
                 if self._with_room(tracked, lambda: self.harness.grow(branch, (token,))):
                     self.scheduled.add(branch)
@@ -298,9 +297,8 @@ class Scheduler:
                     if tracked.first_token_at is None:
                         tracked.first_token_at = self.step
                 model = self.harness.seqs.get(branch)
-                unforked = self.fork and branch == tracked.branches[0] and len(tracked.produced) < len(
-                    tracked.branches)
-                if tracked.done(branch) and model is not None and model.status is Status.RUNNING and not unforked:
+                if (tracked.done(branch) and model is not None and model.status is Status.RUNNING
+                        and not tracked.holds_for_forks(branch, self.fork)):
                     self.harness.free(branch)
             if len(tracked.produced) == len(tracked.branches) and all(map(tracked.done, tracked.branches)):
                 tracked.phase, tracked.finished_at = Phase.FINISHED, self.step
