@@ -104,7 +104,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         config = attrs.evolve(_config(args), kernel=args.kernel)
         factory = load_factory(args.allocator)
-        make_kernel(config.kernel, factory(config.pool_spec()))
+        probe = factory(config.pool_spec())  # never driven: checks the kernel, later gives the declared window
+        make_kernel(config.kernel, probe)
     except (AllocatorNotFound, ValueError) as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
@@ -126,8 +127,7 @@ def _run(args: argparse.Namespace) -> int:
                   allocator_name=args.allocator, shrink=not args.no_shrink, database=database, progress=progress)
     saved = None
     if summary.failed:
-        window = factory(config.pool_spec()).capabilities.inflight_window
-        saved = save_failure(summary, args.allocator, config, window, Path(args.corpus))
+        saved = save_failure(summary, args.allocator, config, probe.capabilities.inflight_window, Path(args.corpus))
     if args.json:
         print(json.dumps({**summary.to_json(), "trace": str(saved[0]) if saved else None}, indent=2))
     else:

@@ -118,7 +118,8 @@ class MachineItem(_KvfuzzItem):
         config = MachineConfig(kernel=option("kvfuzz_kernel"))
         try:
             factory = load_factory(self.spec)
-            make_kernel(config.kernel, factory(config.pool_spec()))
+            probe = factory(config.pool_spec())  # never driven: checks the kernel, later gives the declared window
+            make_kernel(config.kernel, probe)
         except (AllocatorNotFound, KernelUnavailable) as error:
             raise KvfuzzFailure(str(error)) from error
         profile = PROFILES[option("kvfuzz_profile")]
@@ -128,8 +129,8 @@ class MachineItem(_KvfuzzItem):
                       derandomize=profile.derandomize, allocator_name=self.spec, database=database)
         if not summary.failed:
             return
-        window = factory(config.pool_spec()).capabilities.inflight_window
-        saved = save_failure(summary, self.spec, config, window, Path(option("kvfuzz_corpus")))
+        saved = save_failure(summary, self.spec, config, probe.capabilities.inflight_window,
+                             Path(option("kvfuzz_corpus")))
         trace = f"\ntrace: {saved[0]} (replay it with: kvfuzz replay {saved[0]})" if saved else ""
         raise KvfuzzFailure(f"{summary.invariant}\n\nshrunk program ({summary.program_length} operations):\n"
                             f"{summary.program}\n\n{summary.explanation}{trace}")
