@@ -27,8 +27,20 @@ DEFAULT = [
     "kvfuzz.adapters.vllm_v0:block_space_manager_no_caching",
     "kvfuzz.adapters.sglang:radix_cache",
 ]
-SHOWN = ("admit", "grow", "fork", "free", "preempt", "readmit", "swap_out", "evict", "cache hits",
-         "copy-on-write copies", "refused (out of blocks)", "step")
+SHOWN = (
+    "admit",
+    "grow",
+    "fork",
+    "free",
+    "preempt",
+    "readmit",
+    "swap_out",
+    "evict",
+    "cache hits",
+    "copy-on-write copies",
+    "refused (out of blocks)",
+    "step",
+)
 
 
 def main() -> None:
@@ -49,8 +61,11 @@ def main() -> None:
         summary = run(factory, config, examples=args.examples, steps=args.steps, allocator_name=name)
         counts = ", ".join(f"{op} {summary.operations[op]}" for op in SHOWN if summary.operations.get(op))
         verdict = f"FAILED ({summary.invariant})" if summary.failed else "passed"
-        print(f"{name}: {verdict}, {summary.steps} steps in {summary.seconds:.1f} s = "
-              f"{summary.steps_per_second:.0f} steps/s\n    {counts}", flush=True)
+        print(
+            f"{name}: {verdict}, {summary.steps} steps in {summary.seconds:.1f} s = "
+            f"{summary.steps_per_second:.0f} steps/s\n    {counts}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

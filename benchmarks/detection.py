@@ -33,18 +33,27 @@ from kvfuzz.zoo import VARIANTS, Variant
 def random_only(variant: Variant, config: MachineConfig, seed: int, examples: int, steps: int) -> dict:
     stats = RunStats()
     with single_threaded_torch():
-        found = random_search(machine_for(variant.factory(), config, stats), examples=examples, steps=steps,
-                              seed=seed)
+        found = random_search(machine_for(variant.factory(), config, stats), examples=examples, steps=steps, seed=seed)
     invariant = getattr(getattr(found, "failure", None), "invariant", None)
-    return {"failed": found is not None, "expected": invariant == variant.expected,
-            "examples": stats.first_failure_examples, "seconds": stats.first_failure_seconds,
-            "length": len(found.calls) if found else None, "total_seconds": time.perf_counter() - stats.started}
+    return {
+        "failed": found is not None,
+        "expected": invariant == variant.expected,
+        "examples": stats.first_failure_examples,
+        "seconds": stats.first_failure_seconds,
+        "length": len(found.calls) if found else None,
+        "total_seconds": time.perf_counter() - stats.started,
+    }
 
 
 def summarised(variant: Variant, summary: RunSummary) -> dict:
-    return {"failed": summary.failed, "expected": summary.invariant == str(variant.expected),
-            "examples": summary.first_failure_examples, "seconds": summary.first_failure_seconds,
-            "length": summary.program_length if summary.failed else None, "total_seconds": summary.seconds}
+    return {
+        "failed": summary.failed,
+        "expected": summary.invariant == str(variant.expected),
+        "examples": summary.first_failure_examples,
+        "seconds": summary.first_failure_seconds,
+        "length": summary.program_length if summary.failed else None,
+        "total_seconds": summary.seconds,
+    }
 
 
 def _stat(values: Sequence[Optional[float]], pick: Callable) -> str:
@@ -56,10 +65,12 @@ def _stat(values: Sequence[Optional[float]], pick: Callable) -> str:
 
 def cells(runs: list[dict]) -> list[str]:
     examples, seconds = [r["examples"] for r in runs], [r["seconds"] for r in runs]
-    return [f"{sum(r['expected'] for r in runs)}/{len(runs)}",
-            f"{_stat(examples, statistics.median)} / {_stat(examples, max)}",
-            f"{_stat(seconds, statistics.median)} / {_stat(seconds, max)}",
-            _stat([r["length"] for r in runs], statistics.median)]
+    return [
+        f"{sum(r['expected'] for r in runs)}/{len(runs)}",
+        f"{_stat(examples, statistics.median)} / {_stat(examples, max)}",
+        f"{_stat(seconds, statistics.median)} / {_stat(seconds, max)}",
+        _stat([r["length"] for r in runs], statistics.median),
+    ]
 
 
 def main() -> None:
@@ -73,8 +84,11 @@ def main() -> None:
 
     config = MachineConfig()
     searches = ("kvfuzz", "Hypothesis only", "random only")
-    header = ["variant"] + [f"{name}: {column}" for name in searches
-                            for column in ("caught", "examples med / worst", "seconds med / worst", "length")]
+    header = ["variant"] + [
+        f"{name}: {column}"
+        for name in searches
+        for column in ("caught", "examples med / worst", "seconds med / worst", "length")
+    ]
     print("| " + " | ".join(header) + " |\n" + "|---" * len(header) + "|", flush=True)
     records = []
     for variant in VARIANTS:
@@ -82,16 +96,30 @@ def main() -> None:
             continue
         runs = {name: [] for name in searches}
         for seed in range(args.seeds):
-            runs["kvfuzz"].append(summarised(variant, run(variant.factory(), config, examples=args.examples,
-                                                          steps=args.steps, seed=seed)))
-            runs["Hypothesis only"].append(summarised(variant, run(variant.factory(), config,
-                                                                   examples=args.examples, steps=args.steps,
-                                                                   seed=seed, random_examples=0)))
+            runs["kvfuzz"].append(
+                summarised(variant, run(variant.factory(), config, examples=args.examples, steps=args.steps, seed=seed))
+            )
+            runs["Hypothesis only"].append(
+                summarised(
+                    variant,
+                    run(
+                        variant.factory(),
+                        config,
+                        examples=args.examples,
+                        steps=args.steps,
+                        seed=seed,
+                        random_examples=0,
+                    ),
+                )
+            )
             runs["random only"].append(random_only(variant, config, seed, args.examples, args.steps))
-        print("| " + " | ".join([variant.name] + [cell for name in searches for cell in cells(runs[name])]) + " |",
-              flush=True)
-        records.append({"variant": variant.name, "bug_class": variant.bug_class, "expected": str(variant.expected),
-                        **runs})
+        print(
+            "| " + " | ".join([variant.name] + [cell for name in searches for cell in cells(runs[name])]) + " |",
+            flush=True,
+        )
+        records.append(
+            {"variant": variant.name, "bug_class": variant.bug_class, "expected": str(variant.expected), **runs}
+        )
 
     print()
     for name in searches:
@@ -99,9 +127,11 @@ def main() -> None:
         seconds = [r["seconds"] for r in all_runs if r["seconds"] is not None]
         lengths = [r["length"] for r in all_runs if r["length"] is not None]
         caught = sum(r["expected"] for r in all_runs)
-        print(f"{name:16} caught by the expected invariant in {caught}/{len(all_runs)} runs; seconds to the first "
-              f"failure: median {statistics.median(seconds):.2f}, worst {max(seconds):.2f}; median program length "
-              f"{statistics.median(lengths):g}")
+        print(
+            f"{name:16} caught by the expected invariant in {caught}/{len(all_runs)} runs; seconds to the first "
+            f"failure: median {statistics.median(seconds):.2f}, worst {max(seconds):.2f}; median program length "
+            f"{statistics.median(lengths):g}"
+        )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(records, indent=2))
 

@@ -50,8 +50,12 @@ class BareMachine(RuleBasedStateMachine):
     def _step(self) -> None:
         BareMachine.steps += 1
 
-    @rule(seq=st.runner().map(lambda m: m._new()), namespace=kv_strategies.namespaces(True),
-          system=kv_strategies.systems(4), suffix=kv_strategies.suffixes(4))
+    @rule(
+        seq=st.runner().map(lambda m: m._new()),
+        namespace=kv_strategies.namespaces(True),
+        system=kv_strategies.systems(4),
+        suffix=kv_strategies.suffixes(4),
+    )
     def admit(self, seq, namespace, system, suffix):
         self._step()
         self.running.append(seq)
@@ -139,12 +143,17 @@ def bare_steps_per_second(examples: int, steps: int) -> float:
     return BareMachine.steps / (time.perf_counter() - started)
 
 
-def full_steps_per_second(examples: int, steps: int, num_blocks: int, random_examples: int = 0,
-                          kernel: str = "gather") -> float:
+def full_steps_per_second(
+    examples: int, steps: int, num_blocks: int, random_examples: int = 0, kernel: str = "gather"
+) -> float:
     """The Hypothesis machine with every check (``random_examples=0``), or kvfuzz run's default mix."""
-    summary = run(paged_allocator, MachineConfig(num_blocks=num_blocks, num_host_blocks=num_blocks // 2,
-                                                 kernel=kernel),
-                  examples=examples, steps=steps, random_examples=random_examples)
+    summary = run(
+        paged_allocator,
+        MachineConfig(num_blocks=num_blocks, num_host_blocks=num_blocks // 2, kernel=kernel),
+        examples=examples,
+        steps=steps,
+        random_examples=random_examples,
+    )
     if summary.failed:
         raise SystemExit(f"the correct allocator failed at {num_blocks} blocks:\n{summary.explanation}")
     return summary.steps_per_second
@@ -159,8 +168,11 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=100)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3, help="measurements per figure; the median is printed")
-    parser.add_argument("--kernels", default="gather,flex",
-                        help="attention kernels to time side by side at 64 blocks (default gather,flex)")
+    parser.add_argument(
+        "--kernels",
+        default="gather,flex",
+        help="attention kernels to time side by side at 64 blocks (default gather,flex)",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -168,13 +180,16 @@ def main() -> None:
     figures["bare_64"] = median_of(args.repeats, lambda: bare_steps_per_second(args.examples, args.steps))
     for num_blocks in (64, 1024, 16384):
         figures[f"full_{num_blocks}"] = median_of(
-            args.repeats, lambda: full_steps_per_second(args.examples, args.steps, num_blocks))
+            args.repeats, lambda: full_steps_per_second(args.examples, args.steps, num_blocks)
+        )
     figures["kvfuzz_run_64"] = median_of(
-        args.repeats, lambda: full_steps_per_second(args.examples, args.steps, 64, args.examples // 2))
+        args.repeats, lambda: full_steps_per_second(args.examples, args.steps, 64, args.examples // 2)
+    )
     kernels = args.kernels.split(",")
     for kernel in kernels:
         figures[f"kernel_{kernel}_64"] = median_of(
-            args.repeats, lambda: full_steps_per_second(args.examples, args.steps, 64, kernel=kernel))
+            args.repeats, lambda: full_steps_per_second(args.examples, args.steps, 64, kernel=kernel)
+        )
     figures["full_over_bare"] = figures["full_64"] / figures["bare_64"]
     figures["slowdown_16384_vs_64"] = 1 - figures["full_16384"] / figures["full_64"]
 
@@ -182,11 +197,15 @@ def main() -> None:
     print(f"  bare Hypothesis machine, same rules, no checks: {figures['bare_64']:8.0f} steps/s")
     for num_blocks in (64, 1024, 16384):
         print(f"  full machine, every invariant, {num_blocks:5} blocks:  {figures[f'full_{num_blocks}']:8.0f} steps/s")
-    print(f"  kvfuzz run's default (half random programs, then the machine), 64 blocks: "
-          f"{figures['kvfuzz_run_64']:8.0f} steps/s")
+    print(
+        f"  kvfuzz run's default (half random programs, then the machine), 64 blocks: "
+        f"{figures['kvfuzz_run_64']:8.0f} steps/s"
+    )
     for kernel in kernels:
-        print(f"  full machine, 64 blocks, {kernel + ' attention kernel:':<26} "
-              f"{figures[f'kernel_{kernel}_64']:8.0f} steps/s")
+        print(
+            f"  full machine, 64 blocks, {kernel + ' attention kernel:':<26} "
+            f"{figures[f'kernel_{kernel}_64']:8.0f} steps/s"
+        )
     print(f"  full / bare at 64 blocks:  {figures['full_over_bare']:.2f}  (target >= 0.50)")
     print(f"  16384 vs 64 blocks:        {100 * figures['slowdown_16384_vs_64']:+.1f}% slower  (target <= 20%)")
     if args.json:

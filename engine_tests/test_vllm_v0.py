@@ -10,8 +10,12 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvfuzz.adapters.vllm_v0 import (block_space_manager, block_space_manager_chunked_prefill,
-                                     block_space_manager_no_caching, block_space_manager_without_fork)
+from kvfuzz.adapters.vllm_v0 import (
+    block_space_manager,
+    block_space_manager_chunked_prefill,
+    block_space_manager_no_caching,
+    block_space_manager_without_fork,
+)
 from kvfuzz.allocator import BlockCopy, OutOfBlocks, PoolSpec
 from kvfuzz.profiles import PROFILES
 from kvfuzz.statemachines import MachineConfig, machine_for
@@ -40,8 +44,7 @@ def test_with_prefix_caching_ci_finds_the_release_before_compute_hit() -> None:
     shrunk program is the corpus trace.)"""
     unshrunk = settings(PROFILES["ci"], phases=[phase for phase in Phase if phase is not Phase.shrink])
     with pytest.raises(InvariantViolation) as caught:
-        run_state_machine_as_test(machine_for(block_space_manager_chunked_prefill, MachineConfig()),
-                                  settings=unshrunk)
+        run_state_machine_as_test(machine_for(block_space_manager_chunked_prefill, MachineConfig()), settings=unshrunk)
     assert caught.value.invariant.number == 9
 
 

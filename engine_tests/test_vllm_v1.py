@@ -21,14 +21,19 @@ SPEC = PoolSpec(block_size=4, num_blocks=6)
 PROMPT = (1, 2, 3, 0, 2, 2, 1, 3, 1)  # two full blocks and one token
 
 
-@pytest.mark.parametrize("factory, examples", [(vllm_v1.kv_cache_manager, None),
-                                               (vllm_v1.kv_cache_manager_no_prefix_cache, None),
-                                               (vllm_v1.kv_cache_manager_lora, 40),
-                                               (vllm_v1.kv_cache_manager_deferred_free, 40),
-                                               (vllm_v1.kv_cache_manager_sliding_window, 40),
-                                               (vllm_v1.kv_cache_manager_no_prefix_cache_deferred_free, 40),
-                                               (vllm_v1.kv_cache_manager_no_prefix_cache_sliding_window, 40)],
-                         ids=lambda value: getattr(value, "__name__", str(value)))
+@pytest.mark.parametrize(
+    "factory, examples",
+    [
+        (vllm_v1.kv_cache_manager, None),
+        (vllm_v1.kv_cache_manager_no_prefix_cache, None),
+        (vllm_v1.kv_cache_manager_lora, 40),
+        (vllm_v1.kv_cache_manager_deferred_free, 40),
+        (vllm_v1.kv_cache_manager_sliding_window, 40),
+        (vllm_v1.kv_cache_manager_no_prefix_cache_deferred_free, 40),
+        (vllm_v1.kv_cache_manager_no_prefix_cache_sliding_window, 40),
+    ],
+    ids=lambda value: getattr(value, "__name__", str(value)),
+)
 def test_machine_holds_under_fcfs(factory, examples) -> None:
     """kvfuzz's ci profile (fewer examples for the variants, to keep the suite short)."""
     profile = PROFILES["ci"] if examples is None else settings(PROFILES["ci"], max_examples=examples)

@@ -5,8 +5,18 @@ Run kvfuzz against it with:  kvfuzz run --allocator examples.simple_allocator:ma
 
 from __future__ import annotations
 
-from kvfuzz.allocator import (AdmitResult, Capabilities, GrowResult, InvalidArgument, OutOfBlocks, PoolSpec,
-                              SequenceExists, Slot, UnknownSequence, Unsupported)
+from kvfuzz.allocator import (
+    AdmitResult,
+    Capabilities,
+    GrowResult,
+    InvalidArgument,
+    OutOfBlocks,
+    PoolSpec,
+    SequenceExists,
+    Slot,
+    UnknownSequence,
+    Unsupported,
+)
 
 
 class SimpleAllocator:

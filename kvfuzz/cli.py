@@ -50,19 +50,30 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvfuzz", description="Fuzz-test a paged KV-cache allocator.")
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="run the machine against an allocator")
-    run_parser.add_argument("--allocator", default=DEFAULT_ALLOCATOR,
-                            help=f"MODULE:FACTORY called with a PoolSpec (default {DEFAULT_ALLOCATOR}); "
-                                 "zoo:NAME for a broken allocator from kvfuzz's zoo")
+    run_parser.add_argument(
+        "--allocator",
+        default=DEFAULT_ALLOCATOR,
+        help=f"MODULE:FACTORY called with a PoolSpec (default {DEFAULT_ALLOCATOR}); "
+        "zoo:NAME for a broken allocator from kvfuzz's zoo",
+    )
     run_parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    run_parser.add_argument("--corpus", default="corpus", metavar="DIR",
-                            help="where a failure's trace is saved (default: corpus)")
-    run_parser.add_argument("--database", metavar="DIR",
-                            help="Hypothesis example database: failing examples are saved there and tried first "
-                                 "by the next run (share it between CI runs); makes the run random, not seeded")
-    run_parser.add_argument("--kernel", choices=KERNEL_NAMES, default="gather",
-                            help="attention kernel of invariant 2: gather (the reference's, bitwise; default), "
-                                 "flex (FlexAttention over the paged pools, eager, within a tolerance), allocator "
-                                 "(the allocator's own paged attention, if it declares one); saved in traces")
+    run_parser.add_argument(
+        "--corpus", default="corpus", metavar="DIR", help="where a failure's trace is saved (default: corpus)"
+    )
+    run_parser.add_argument(
+        "--database",
+        metavar="DIR",
+        help="Hypothesis example database: failing examples are saved there and tried first "
+        "by the next run (share it between CI runs); makes the run random, not seeded",
+    )
+    run_parser.add_argument(
+        "--kernel",
+        choices=KERNEL_NAMES,
+        default="gather",
+        help="attention kernel of invariant 2: gather (the reference's, bitwise; default), "
+        "flex (FlexAttention over the paged pools, eager, within a tolerance), allocator "
+        "(the allocator's own paged attention, if it declares one); saved in traces",
+    )
     _machine_arguments(run_parser)
     replay_parser = commands.add_parser("replay", help="re-execute saved traces, without Hypothesis")
     replay_parser.add_argument("traces", nargs="+", metavar="FILE")
@@ -83,8 +94,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
     verdict = "FAILED" if summary.failed else "passed"
-    print(f"{verdict}: {summary.examples} examples, {summary.steps} steps in {summary.seconds:.1f} s "
-          f"({summary.steps_per_second:.0f} steps/s)")
+    print(
+        f"{verdict}: {summary.examples} examples, {summary.steps} steps in {summary.seconds:.1f} s "
+        f"({summary.steps_per_second:.0f} steps/s)"
+    )
     print("operations:")
     width = max((len(name) for name in summary.operations), default=0)
     for name, count in summary.operations.items():
@@ -92,10 +105,15 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
     if summary.occupancy is not None:
         print("\n".join(summary.occupancy.describe()))
     if summary.failed:
-        first = (f" (first failing example: #{summary.first_failure_examples}, after "
-                 f"{summary.first_failure_seconds:.2f} s)" if summary.first_failure_seconds is not None else "")
-        print(f"\n{summary.invariant}{first}\n\n{'shrunk' if summary.shrunk else 'failing'} program "
-              f"({summary.program_length} operations):")
+        first = (
+            f" (first failing example: #{summary.first_failure_examples}, after {summary.first_failure_seconds:.2f} s)"
+            if summary.first_failure_seconds is not None
+            else ""
+        )
+        print(
+            f"\n{summary.invariant}{first}\n\n{'shrunk' if summary.shrunk else 'failing'} program "
+            f"({summary.program_length} operations):"
+        )
         print(summary.program or "  (no program was printed)")
         print(f"\n{summary.explanation}")
 
@@ -112,19 +130,33 @@ def _run(args: argparse.Namespace) -> int:
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     if not args.json:
         shape = config.shape
-        print(f"kvfuzz run: {args.allocator}\n  pool: {config.num_blocks} blocks x {config.block_size} slots, "
-              f"{config.num_host_blocks} host blocks; model: {shape.num_layers} layers, {shape.num_kv_heads} KV / "
-              f"{shape.num_query_heads} query heads, head dim {shape.head_dim}, {args.dtype} on {shape.device}, "
-              f"{config.kernel} attention kernel\n"
-              f"  {args.examples} examples of up to {args.steps} steps, "
-              f"{'seed ' + str(args.seed) if args.seed is not None else 'derandomized'}", flush=True)
+        print(
+            f"kvfuzz run: {args.allocator}\n  pool: {config.num_blocks} blocks x {config.block_size} slots, "
+            f"{config.num_host_blocks} host blocks; model: {shape.num_layers} layers, {shape.num_kv_heads} KV / "
+            f"{shape.num_query_heads} query heads, head dim {shape.head_dim}, {args.dtype} on {shape.device}, "
+            f"{config.kernel} attention kernel\n"
+            f"  {args.examples} examples of up to {args.steps} steps, "
+            f"{'seed ' + str(args.seed) if args.seed is not None else 'derandomized'}",
+            flush=True,
+        )
     database = DirectoryBasedExampleDatabase(args.database) if args.database else None
     if database is not None and args.seed is not None:
-        print("kvfuzz: --seed and --database cannot be combined (Hypothesis ignores the database under a seed)",
-              file=sys.stderr)
+        print(
+            "kvfuzz: --seed and --database cannot be combined (Hypothesis ignores the database under a seed)",
+            file=sys.stderr,
+        )
         return 2
-    summary = run(factory, config, examples=args.examples, steps=args.steps, seed=args.seed,
-                  allocator_name=args.allocator, shrink=not args.no_shrink, database=database, progress=progress)
+    summary = run(
+        factory,
+        config,
+        examples=args.examples,
+        steps=args.steps,
+        seed=args.seed,
+        allocator_name=args.allocator,
+        shrink=not args.no_shrink,
+        database=database,
+        progress=progress,
+    )
     saved = None
     if summary.failed:
         saved = save_failure(summary, args.allocator, config, probe.capabilities.inflight_window, Path(args.corpus))
@@ -133,8 +165,10 @@ def _run(args: argparse.Namespace) -> int:
     else:
         _print_summary(summary, config)
         if saved:
-            print(f"\ntrace {'saved to' if saved[1] else 'already in the corpus:'} {saved[0]}"
-                  f"\nreplay it with: kvfuzz replay {saved[0]}")
+            print(
+                f"\ntrace {'saved to' if saved[1] else 'already in the corpus:'} {saved[0]}"
+                f"\nreplay it with: kvfuzz replay {saved[0]}"
+            )
     return 1 if summary.failed else 0
 
 
@@ -143,10 +177,13 @@ def _replay(args: argparse.Namespace) -> int:
     for path in args.traces:
         try:
             trace = load_trace(Path(path))
-            print(f"{path}: recorded against {trace.allocator}: {trace.failure.get('title')}"
-                  + (f" (known bug: {trace.known_bug})" if trace.known_bug else ""))
-            replayed = replay_trace(trace, args.allocator,
-                                    on_call=lambda index, call: print(f"  {index + 1:3}  {call}"))
+            print(
+                f"{path}: recorded against {trace.allocator}: {trace.failure.get('title')}"
+                + (f" (known bug: {trace.known_bug})" if trace.known_bug else "")
+            )
+            replayed = replay_trace(
+                trace, args.allocator, on_call=lambda index, call: print(f"  {index + 1:3}  {call}")
+            )
         except (TraceError, AllocatorNotFound, NotApplicable) as error:
             print(f"kvfuzz: {error}", file=sys.stderr)
             worst = max(worst, 2)
@@ -157,8 +194,11 @@ def _replay(args: argparse.Namespace) -> int:
             continue
         where = "teardown" if failed_at == len(trace.program) else f"call {failed_at + 1}"
         verdict = "REPRODUCED" if replayed.reproduced else "FAILED DIFFERENTLY"
-        print(f"  >>   {verdict} at {where} against {replayed.allocator}:\n"
-              + "\n".join(f"       {line}" for line in replayed.describe_failure().splitlines()) + "\n")
+        print(
+            f"  >>   {verdict} at {where} against {replayed.allocator}:\n"
+            + "\n".join(f"       {line}" for line in replayed.describe_failure().splitlines())
+            + "\n"
+        )
         worst = max(worst, 1)
     return worst
 
@@ -193,9 +233,15 @@ def _zoo(args: argparse.Namespace) -> int:
         return 2
     if not args.json:
         print(markdown_header(), flush=True)
-    results = run_zoo(config, examples=args.examples, steps=args.steps, seed=args.seed, shrink=not args.no_shrink,
-                      names=args.only, on_result=None if args.json else
-                      lambda result: print(markdown_row(result.row()), flush=True))
+    results = run_zoo(
+        config,
+        examples=args.examples,
+        steps=args.steps,
+        seed=args.seed,
+        shrink=not args.no_shrink,
+        names=args.only,
+        on_result=None if args.json else lambda result: print(markdown_row(result.row()), flush=True),
+    )
     if args.json:
         print(json.dumps([result.to_json() for result in results], indent=2))
     else:

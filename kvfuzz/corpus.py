@@ -13,28 +13,32 @@ import attrs
 from kvfuzz.kernels import KernelUnavailable, make_kernel
 from kvfuzz.runner import RunSummary, load_factory
 from kvfuzz.statemachines.config import MachineConfig
-from kvfuzz.statemachines.misuse import MisuseCall
 from kvfuzz.statemachines.machine import machine_for
 from kvfuzz.statemachines.minimize import NotApplicable, ReplayOutcome, replay
+from kvfuzz.statemachines.misuse import MisuseCall
 from kvfuzz.statemachines.program import Call
 from kvfuzz.statemachines.violations import InvariantViolation
 from kvfuzz.trace import Trace, failure_record, save
 
 
-def trace_of(summary: RunSummary, allocator: str, config: MachineConfig,
-             inflight_window: Optional[int]) -> Optional[Trace]:
+def trace_of(
+    summary: RunSummary, allocator: str, config: MachineConfig, inflight_window: Optional[int]
+) -> Optional[Trace]:
     """The trace of a failed run, or None if it has no program to replay."""
     if not summary.failed or not summary.calls:
         return None
     failure = summary.failure
-    record = (failure_record(failure) if isinstance(failure, InvariantViolation)
-              else {"invariant": None, "title": summary.invariant, "operation": None,
-                    "explanation": summary.explanation})
+    record = (
+        failure_record(failure)
+        if isinstance(failure, InvariantViolation)
+        else {"invariant": None, "title": summary.invariant, "operation": None, "explanation": summary.explanation}
+    )
     return Trace(allocator, config, summary.calls, record, inflight_window)
 
 
-def save_failure(summary: RunSummary, allocator: str, config: MachineConfig, inflight_window: Optional[int],
-                 directory: Path) -> Optional[tuple[Path, bool]]:
+def save_failure(
+    summary: RunSummary, allocator: str, config: MachineConfig, inflight_window: Optional[int], directory: Path
+) -> Optional[tuple[Path, bool]]:
     trace = trace_of(summary, allocator, config, inflight_window)
     return None if trace is None else save(trace, directory)
 
@@ -57,8 +61,11 @@ class TraceReplay:
         failure = self.outcome.failure
         if isinstance(failure, InvariantViolation):
             return failure.invariant.number == self.trace.failure.get("invariant")
-        return failure is not None and self.trace.failure.get("invariant") is None and \
-            f"({type(failure).__name__})" in str(self.trace.failure.get("title"))
+        return (
+            failure is not None
+            and self.trace.failure.get("invariant") is None
+            and f"({type(failure).__name__})" in str(self.trace.failure.get("title"))
+        )
 
     def describe_failure(self) -> str:
         failure = self.outcome.failure
@@ -67,8 +74,9 @@ class TraceReplay:
         return failure.explain() if isinstance(failure, InvariantViolation) else f"{type(failure).__name__}: {failure}"
 
 
-def replay_trace(trace: Trace, allocator: Optional[str] = None,
-                 on_call: Optional[Callable[[int, Call], None]] = None) -> TraceReplay:
+def replay_trace(
+    trace: Trace, allocator: Optional[str] = None, on_call: Optional[Callable[[int, Call], None]] = None
+) -> TraceReplay:
     """Replay ``trace`` against its recorded allocator, or ``allocator`` if given.
 
     Raises :class:`~kvfuzz.runner.AllocatorNotFound` if the allocator cannot be loaded, and

@@ -35,22 +35,40 @@ class KvfuzzFailure(Exception):
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kvfuzz", "kvfuzz: fuzz a paged KV-cache allocator")
-    group.addoption("--kvfuzz-allocator", action="append", default=[], metavar="SPEC",
-                    help="run kvfuzz's machine against this allocator (MODULE:FACTORY, zoo:NAME, or a name "
-                         "registered under the kvfuzz.allocators entry points); repeatable")
-    group.addoption("--kvfuzz-profile", choices=sorted(PROFILES), default="ci",
-                    help="settings profile: ci (bounded, derandomized; default), dev, nightly (long)")
+    group.addoption(
+        "--kvfuzz-allocator",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="run kvfuzz's machine against this allocator (MODULE:FACTORY, zoo:NAME, or a name "
+        "registered under the kvfuzz.allocators entry points); repeatable",
+    )
+    group.addoption(
+        "--kvfuzz-profile",
+        choices=sorted(PROFILES),
+        default="ci",
+        help="settings profile: ci (bounded, derandomized; default), dev, nightly (long)",
+    )
     group.addoption("--kvfuzz-examples", type=int, help="examples to run (overrides the profile)")
     group.addoption("--kvfuzz-steps", type=int, help="most steps per example (overrides the profile)")
     group.addoption("--kvfuzz-seed", type=int, help="random seed (overrides derandomization)")
     group.addoption("--kvfuzz-corpus", default="corpus", metavar="DIR", help="where failures are saved as traces")
-    group.addoption("--kvfuzz-database", metavar="DIR",
-                    help="Hypothesis example database for the machine's failures (share it between CI runs)")
-    group.addoption("--kvfuzz-kernel", choices=KERNEL_NAMES, default="gather",
-                    help="attention kernel of invariant 2 for --kvfuzz-allocator runs: gather (default), flex, "
-                         "allocator")
-    group.addoption("--kvfuzz-replay-allocator", metavar="SPEC",
-                    help="replay collected traces against this allocator instead of the recorded ones")
+    group.addoption(
+        "--kvfuzz-database",
+        metavar="DIR",
+        help="Hypothesis example database for the machine's failures (share it between CI runs)",
+    )
+    group.addoption(
+        "--kvfuzz-kernel",
+        choices=KERNEL_NAMES,
+        default="gather",
+        help="attention kernel of invariant 2 for --kvfuzz-allocator runs: gather (default), flex, allocator",
+    )
+    group.addoption(
+        "--kvfuzz-replay-allocator",
+        metavar="SPEC",
+        help="replay collected traces against this allocator instead of the recorded ones",
+    )
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional[pytest.Collector]:
@@ -94,13 +112,17 @@ class TraceItem(_KvfuzzItem):
             raise KvfuzzFailure(f"the trace's program does not fit this allocator: {error}") from error
         if trace.known_bug:
             if not replayed.reproduced:
-                raise KvfuzzFailure(f"known bug ({trace.known_bug}) no longer reproduces against "
-                                    f"{replayed.allocator}: {replayed.describe_failure()}\n"
-                                    "If it was fixed, clear known_bug in the trace.")
+                raise KvfuzzFailure(
+                    f"known bug ({trace.known_bug}) no longer reproduces against "
+                    f"{replayed.allocator}: {replayed.describe_failure()}\n"
+                    "If it was fixed, clear known_bug in the trace."
+                )
         elif replayed.failed:
             verdict = "still reproduces" if replayed.reproduced else "fails differently"
-            raise KvfuzzFailure(f"the recorded failure {verdict} against {replayed.allocator}:\n"
-                                f"{replayed.describe_failure()}\nreplay it with: kvfuzz replay {self.path}")
+            raise KvfuzzFailure(
+                f"the recorded failure {verdict} against {replayed.allocator}:\n"
+                f"{replayed.describe_failure()}\nreplay it with: kvfuzz replay {self.path}"
+            )
 
     def reportinfo(self):
         return self.path, None, f"kvfuzz trace {self.name}"
@@ -124,16 +146,26 @@ class MachineItem(_KvfuzzItem):
             raise KvfuzzFailure(str(error)) from error
         profile = PROFILES[option("kvfuzz_profile")]
         database = DirectoryBasedExampleDatabase(option("kvfuzz_database")) if option("kvfuzz_database") else None
-        summary = run(factory, config, examples=option("kvfuzz_examples") or profile.max_examples,
-                      steps=option("kvfuzz_steps") or profile.stateful_step_count, seed=option("kvfuzz_seed"),
-                      derandomize=profile.derandomize, allocator_name=self.spec, database=database)
+        summary = run(
+            factory,
+            config,
+            examples=option("kvfuzz_examples") or profile.max_examples,
+            steps=option("kvfuzz_steps") or profile.stateful_step_count,
+            seed=option("kvfuzz_seed"),
+            derandomize=profile.derandomize,
+            allocator_name=self.spec,
+            database=database,
+        )
         if not summary.failed:
             return
-        saved = save_failure(summary, self.spec, config, probe.capabilities.inflight_window,
-                             Path(option("kvfuzz_corpus")))
+        saved = save_failure(
+            summary, self.spec, config, probe.capabilities.inflight_window, Path(option("kvfuzz_corpus"))
+        )
         trace = f"\ntrace: {saved[0]} (replay it with: kvfuzz replay {saved[0]})" if saved else ""
-        raise KvfuzzFailure(f"{summary.invariant}\n\nshrunk program ({summary.program_length} operations):\n"
-                            f"{summary.program}\n\n{summary.explanation}{trace}")
+        raise KvfuzzFailure(
+            f"{summary.invariant}\n\nshrunk program ({summary.program_length} operations):\n"
+            f"{summary.program}\n\n{summary.explanation}{trace}"
+        )
 
     def reportinfo(self):
         return self.path, None, self.name

@@ -55,10 +55,12 @@ def load_factory(spec: str) -> AllocatorFactory:
         try:
             return registered[spec].load()
         except Exception as error:  # noqa: BLE001 -- any import failure of a plugin is reported the same way
-            raise AllocatorNotFound(f"--allocator {spec!r}: the registered entry point failed to load: "
-                                    f"{error}") from error
+            raise AllocatorNotFound(
+                f"--allocator {spec!r}: the registered entry point failed to load: {error}"
+            ) from error
     if spec.startswith("zoo:"):
         from kvfuzz.zoo import variant
+
         try:
             return variant(spec[4:]).factory()
         except KeyError as error:
@@ -90,14 +92,23 @@ def single_threaded_torch() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def run_settings(examples: int, steps: int, derandomize: bool = True, shrink: bool = True,
-                 database: Optional[ExampleDatabase] = None) -> settings:
+def run_settings(
+    examples: int, steps: int, derandomize: bool = True, shrink: bool = True, database: Optional[ExampleDatabase] = None
+) -> settings:
     """Explicit settings: no deadline and no health checks (an allocator may be slow), and the example database
     only when one is given."""
     phases = (Phase.explicit, Phase.reuse, Phase.generate) + ((Phase.shrink,) if shrink else ())
-    return settings(max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=derandomize,
-                    database=database, print_blob=False, report_multiple_bugs=False, phases=phases,
-                    suppress_health_check=list(HealthCheck))
+    return settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        derandomize=derandomize,
+        database=database,
+        print_blob=False,
+        report_multiple_bugs=False,
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 @attrs.frozen
@@ -132,14 +143,20 @@ class RunSummary:
     def program_length(self) -> int:
         """Operations in the failing program, shrunk unless ``shrunk`` is false (constructor and teardown not
         counted)."""
-        return sum(1 for line in (self.program or "").splitlines() if line.startswith("state.")
-                   and not line.startswith("state.teardown"))
+        return sum(
+            1
+            for line in (self.program or "").splitlines()
+            if line.startswith("state.") and not line.startswith("state.teardown")
+        )
 
     def to_json(self) -> dict:
-        fields = attrs.asdict(self, filter=lambda attribute, _: attribute.name not in ("calls", "failure",
-                                                                                       "occupancy"))
-        return {**fields, "steps_per_second": round(self.steps_per_second, 1), "program_length": self.program_length,
-                "occupancy": self.occupancy.to_json() if self.occupancy is not None else None}
+        fields = attrs.asdict(self, filter=lambda attribute, _: attribute.name not in ("calls", "failure", "occupancy"))
+        return {
+            **fields,
+            "steps_per_second": round(self.steps_per_second, 1),
+            "program_length": self.program_length,
+            "occupancy": self.occupancy.to_json() if self.occupancy is not None else None,
+        }
 
 
 class Progress:
@@ -153,8 +170,9 @@ class Progress:
         now = time.perf_counter()
         if now - self.last >= self.interval:
             self.last = now
-            self.write(f"  {stats.examples} examples, {stats.steps} steps, "
-                       f"{stats.steps / (now - stats.started):.0f} steps/s")
+            self.write(
+                f"  {stats.examples} examples, {stats.steps} steps, {stats.steps / (now - stats.started):.0f} steps/s"
+            )
 
 
 def _shrink_further(machine: type, calls: list[Call], failure: Exception) -> tuple[Exception, list[Call]]:
@@ -168,10 +186,20 @@ def _shrink_further(machine: type, calls: list[Call], failure: Exception) -> tup
     return replayed, shorter
 
 
-def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, examples: int = 100,
-        steps: int = 50, seed: Optional[int] = None, allocator_name: str = DEFAULT_ALLOCATOR,
-        shrink: bool = True, database: Optional[ExampleDatabase] = None, derandomize: Optional[bool] = None,
-        random_examples: Optional[int] = None, progress: Optional[Callable[[str], None]] = None) -> RunSummary:
+def run(
+    factory: AllocatorFactory,
+    config: MachineConfig = MachineConfig(),
+    *,
+    examples: int = 100,
+    steps: int = 50,
+    seed: Optional[int] = None,
+    allocator_name: str = DEFAULT_ALLOCATOR,
+    shrink: bool = True,
+    database: Optional[ExampleDatabase] = None,
+    derandomize: Optional[bool] = None,
+    random_examples: Optional[int] = None,
+    progress: Optional[Callable[[str], None]] = None,
+) -> RunSummary:
     """Run the machine against ``factory``; never raises for a failure the machine finds.
 
     The first ``random_examples`` (default: half of ``examples``) are plain random programs
@@ -183,8 +211,10 @@ def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, e
     """
     if database is not None:
         if seed is not None:
-            raise ValueError("a seed and an example database cannot be combined: Hypothesis ignores the database "
-                             "when the seed is fixed")
+            raise ValueError(
+                "a seed and an example database cannot be combined: Hypothesis ignores the database "
+                "when the seed is fixed"
+            )
         derandomize = False  # Hypothesis does not combine derandomize with a database
     elif derandomize is None:
         derandomize = seed is None
@@ -195,13 +225,18 @@ def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, e
     failure: Optional[BaseException] = None
     report: list[str] = []
     with single_threaded_torch():
-        found = random_search(machine, examples=random_examples, steps=steps,
-                              seed=(0 if derandomize else None) if seed is None else seed)
+        found = random_search(
+            machine, examples=random_examples, steps=steps, seed=(0 if derandomize else None) if seed is None else seed
+        )
         if found is not None:
             failure = found.failure
         elif examples > random_examples:
-            test = get_state_machine_test(machine, settings=run_settings(
-                examples - random_examples, steps, derandomize=derandomize, shrink=shrink, database=database))
+            test = get_state_machine_test(
+                machine,
+                settings=run_settings(
+                    examples - random_examples, steps, derandomize=derandomize, shrink=shrink, database=database
+                ),
+            )
             if seed is not None:
                 test = hypothesis_seed(seed)(test)
             with with_reporter(report.append):
@@ -210,10 +245,18 @@ def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, e
                 except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding
                     failure = error
     seconds = time.perf_counter() - stats.started
-    summary = RunSummary(allocator_name, stats.examples, stats.steps, seconds, failure is not None,
-                         dict(sorted(stats.operations.items())), first_failure_examples=stats.first_failure_examples,
-                         first_failure_seconds=stats.first_failure_seconds, shrunk=shrink,
-                         occupancy=stats.occupancy.summary())
+    summary = RunSummary(
+        allocator_name,
+        stats.examples,
+        stats.steps,
+        seconds,
+        failure is not None,
+        dict(sorted(stats.operations.items())),
+        first_failure_examples=stats.first_failure_examples,
+        first_failure_seconds=stats.first_failure_seconds,
+        shrunk=shrink,
+        occupancy=stats.occupancy.summary(),
+    )
     if failure is None:
         return summary
     calls = list(found.calls) if found is not None else stats.last_failing_program or []
@@ -223,11 +266,18 @@ def run(factory: AllocatorFactory, config: MachineConfig = MachineConfig(), *, e
         program = program_text(machine.__name__, calls)
     else:
         notes = [*report, *getattr(failure, "__notes__", ())]
-        program = "\n".join(line for note in notes for line in note.splitlines()
-                            if line.strip() and not line.startswith(("Falsifying", "Failing test case")))
+        program = "\n".join(
+            line
+            for note in notes
+            for line in note.splitlines()
+            if line.strip() and not line.startswith(("Falsifying", "Failing test case"))
+        )
     summary = attrs.evolve(summary, program=program, calls=tuple(calls), failure=failure)
     if isinstance(failure, InvariantViolation):
         return attrs.evolve(summary, invariant=str(failure.invariant), explanation=failure.explain())
     crash = "".join(traceback.format_exception(type(failure), failure, failure.__traceback__, limit=-4))
-    return attrs.evolve(summary, invariant=f"crash ({type(failure).__name__})",
-                        explanation=f"the allocator (or kvfuzz) raised an unexpected exception:\n{crash}")
+    return attrs.evolve(
+        summary,
+        invariant=f"crash ({type(failure).__name__})",
+        explanation=f"the allocator (or kvfuzz) raised an unexpected exception:\n{crash}",
+    )

@@ -64,8 +64,7 @@ class Trace:
 
     def digest(self) -> str:
         """Identifies the failure: the same allocator, configuration and program give the same digest."""
-        key = json.dumps([self.allocator, _config_json(self.config, None), _program_json(self.program)],
-                         sort_keys=True)
+        key = json.dumps([self.allocator, _config_json(self.config, None), _program_json(self.program)], sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:12]
 
     def file_name(self) -> str:
@@ -73,14 +72,24 @@ class Trace:
         return f"{slug.strip('-').lower()}-{self.digest()}.json"
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "kvfuzz_version": self.kvfuzz_version, "allocator": self.allocator,
-                "config": _config_json(self.config, self.inflight_window), "program": _program_json(self.program),
-                "failure": self.failure, "known_bug": self.known_bug}
+        return {
+            "format": FORMAT,
+            "kvfuzz_version": self.kvfuzz_version,
+            "allocator": self.allocator,
+            "config": _config_json(self.config, self.inflight_window),
+            "program": _program_json(self.program),
+            "failure": self.failure,
+            "known_bug": self.known_bug,
+        }
 
 
 def failure_record(violation: InvariantViolation) -> dict[str, Any]:
-    return {"invariant": violation.invariant.number, "title": violation.invariant.title,
-            "operation": violation.operation, "explanation": violation.explain()}
+    return {
+        "invariant": violation.invariant.number,
+        "title": violation.invariant.title,
+        "operation": violation.operation,
+        "explanation": violation.explain(),
+    }
 
 
 def save(trace: Trace, directory: Path) -> tuple[Path, bool]:
@@ -99,17 +108,33 @@ def load(path: Path) -> Trace:
     except (OSError, json.JSONDecodeError) as error:
         raise TraceError(f"{path}: not a readable JSON file: {error}") from error
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise TraceError(f"{path}: not a kvfuzz trace (expected \"format\": \"{FORMAT}\")")
+        raise TraceError(f'{path}: not a kvfuzz trace (expected "format": "{FORMAT}")')
     try:
         config = data["config"]
-        shape = ModelShape(config["num_layers"], config["num_kv_heads"], config["num_query_heads"],
-                           config["head_dim"], DTYPES[config["dtype"]], config["device"])
-        machine_config = MachineConfig(config["block_size"], config["num_blocks"], config["num_host_blocks"], shape,
-                                       config.get("kernel", "gather"))
-        program = [Call(step["rule"], {name: _decode(name, value) for name, value in step["arguments"].items()})
-                   for step in data["program"]]
-        return Trace(data["allocator"], machine_config, program, data["failure"], config.get("inflight_window"),
-                     data.get("known_bug"), data.get("kvfuzz_version", "unknown"))
+        shape = ModelShape(
+            config["num_layers"],
+            config["num_kv_heads"],
+            config["num_query_heads"],
+            config["head_dim"],
+            DTYPES[config["dtype"]],
+            config["device"],
+        )
+        machine_config = MachineConfig(
+            config["block_size"], config["num_blocks"], config["num_host_blocks"], shape, config.get("kernel", "gather")
+        )
+        program = [
+            Call(step["rule"], {name: _decode(name, value) for name, value in step["arguments"].items()})
+            for step in data["program"]
+        ]
+        return Trace(
+            data["allocator"],
+            machine_config,
+            program,
+            data["failure"],
+            config.get("inflight_window"),
+            data.get("known_bug"),
+            data.get("kvfuzz_version", "unknown"),
+        )
     except (KeyError, TypeError, ValueError) as error:
         raise TraceError(f"{path}: malformed trace: {error!r}") from error
 
@@ -128,17 +153,26 @@ def is_trace_file(path: Path) -> bool:
 def _config_json(config: MachineConfig, window: Optional[int]) -> dict[str, Any]:
     shape = config.shape
     dtype = next(name for name, value in DTYPES.items() if value == shape.dtype)
-    fields = {"block_size": config.block_size, "num_blocks": config.num_blocks,
-              "num_host_blocks": config.num_host_blocks, "inflight_window": window, "num_layers": shape.num_layers,
-              "num_kv_heads": shape.num_kv_heads, "num_query_heads": shape.num_query_heads,
-              "head_dim": shape.head_dim, "dtype": dtype, "device": shape.device}
+    fields = {
+        "block_size": config.block_size,
+        "num_blocks": config.num_blocks,
+        "num_host_blocks": config.num_host_blocks,
+        "inflight_window": window,
+        "num_layers": shape.num_layers,
+        "num_kv_heads": shape.num_kv_heads,
+        "num_query_heads": shape.num_query_heads,
+        "head_dim": shape.head_dim,
+        "dtype": dtype,
+        "device": shape.device,
+    }
     # The default kernel is left out, so traces (and their digests) from before kernels existed stay the same.
     return fields if config.kernel == "gather" else {**fields, "kernel": config.kernel}
 
 
 def _program_json(program: tuple[Call, ...]) -> list[dict[str, Any]]:
-    return [{"rule": call.rule, "arguments": {name: _encode(value) for name, value in call.arguments}}
-            for call in program]
+    return [
+        {"rule": call.rule, "arguments": {name: _encode(value) for name, value in call.arguments}} for call in program
+    ]
 
 
 def _encode(value: Any) -> Any:

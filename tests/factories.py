@@ -7,13 +7,18 @@ import attrs
 from kvfuzz.allocator import BlockCopy, PagedAllocator, PoolSpec
 
 
-def make_allocator(window: int = 0, prefix_caching: bool = True, introspection: bool = True,
-                   reserved_blocks: int = 0):
+def make_allocator(window: int = 0, prefix_caching: bool = True, introspection: bool = True, reserved_blocks: int = 0):
     """A factory for kvfuzz's correct allocator with the given options."""
 
     def factory(spec: PoolSpec) -> PagedAllocator:
-        allocator = PagedAllocator(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=window,
-                                   prefix_caching=prefix_caching, reserved_blocks=reserved_blocks)
+        allocator = PagedAllocator(
+            spec.block_size,
+            spec.num_blocks,
+            spec.num_host_blocks,
+            inflight_window=window,
+            prefix_caching=prefix_caching,
+            reserved_blocks=reserved_blocks,
+        )
         if not introspection:
             allocator.capabilities = attrs.evolve(allocator.capabilities, introspection=False)
         return allocator

@@ -22,13 +22,15 @@ SHAPE = KVShape(num_layers=32, num_kv_heads=8, head_dim=128, bytes_per_scalar=2)
 def test_worked_example_comes_out_exactly():
     reserved, paged16, paged32 = account(WORKED_LENGTHS, [16, 32], SHAPE, reservation=512)
     assert [layout.valid_positions for layout in (reserved, paged16, paged32)] == [968, 968, 968]
-    assert (reserved.allocated_positions, paged16.allocated_positions, paged32.allocated_positions) == (2560, 992,
-                                                                                                        1024)
+    assert (reserved.allocated_positions, paged16.allocated_positions, paged32.allocated_positions) == (2560, 992, 1024)
     assert reserved.utilisation == Fraction(968, 2560)
     assert paged16.utilisation == Fraction(968, 992)
     assert paged32.utilisation == Fraction(968, 1024)
     assert [f"{float(layout.utilisation) * 100:.2f}%" for layout in (reserved, paged16, paged32)] == [
-        "37.81%", "97.58%", "94.53%"]
+        "37.81%",
+        "97.58%",
+        "94.53%",
+    ]
     assert reserved.tail_waste == 2560 - 968 and paged16.tail_waste == 24 and paged32.tail_waste == 56
 
 
@@ -43,8 +45,11 @@ def test_kv_bytes_follow_the_formula_and_tables_are_kept_apart():
 
 def test_account_command_prints_the_worked_example(capsys):
     assert main(["account", "--lengths", "37,91,128,201,511", "--reserve", "512", "--block-sizes", "16,32"]) == 0
-    rows = {line.split()[0] + line.split()[1]: line for line in capsys.readouterr().out.splitlines()
-            if line.startswith(("reserve", "paged"))}
+    rows = {
+        line.split()[0] + line.split()[1]: line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith(("reserve", "paged"))
+    }
     assert "2,560" in rows["reserve512"] and "37.81%" in rows["reserve512"]
     assert "992" in rows["pagedB=16"] and "97.58%" in rows["pagedB=16"]
     assert "1,024" in rows["pagedB=32"] and "94.53%" in rows["pagedB=32"]
@@ -53,18 +58,20 @@ def test_account_command_prints_the_worked_example(capsys):
 def test_account_command_reads_a_file_and_prints_json(tmp_path, capsys):
     source = tmp_path / "lengths.txt"
     source.write_text("# one per line\n37\n91, 128\n201 511\n")
-    assert main(["account", "--lengths-file", str(source), "--reserve", "512", "--block-sizes", "16",
-                 "--json"]) == 0
+    assert main(["account", "--lengths-file", str(source), "--reserve", "512", "--block-sizes", "16", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["valid_positions"] == 968
     assert [layout["allocated_positions"] for layout in report["layouts"]] == [2560, 992]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--lengths", "37,x"], "item 2 is 'x'"),
-    (["--lengths", "37,600", "--reserve", "512"], "cannot hold sequences of 600 tokens"),
-    (["--lengths", "37", "--block-sizes", "0"], "block size must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--lengths", "37,x"], "item 2 is 'x'"),
+        (["--lengths", "37,600", "--reserve", "512"], "cannot hold sequences of 600 tokens"),
+        (["--lengths", "37", "--block-sizes", "0"], "block size must be >= 1"),
+    ],
+)
 def test_account_command_refuses_bad_input_clearly(argv, message, capsys):
     assert main(["account", *argv]) == 2
     assert message in capsys.readouterr().err
@@ -93,8 +100,9 @@ def test_paged_identities(lengths, block_size):
     assert layout.allocated_positions <= reserved.allocated_positions + len(lengths) * (block_size - 1)
 
 
-tables = st.lists(st.tuples(st.lists(st.sampled_from([NULL_BLOCK, *range(12)]), max_size=6),
-                            st.integers(0, 30)), max_size=6)
+tables = st.lists(
+    st.tuples(st.lists(st.sampled_from([NULL_BLOCK, *range(12)]), max_size=6), st.integers(0, 30)), max_size=6
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -102,8 +110,12 @@ tables = st.lists(st.tuples(st.lists(st.sampled_from([NULL_BLOCK, *range(12)]), 
 def test_occupancy_identities(tables, block_size):
     occupancy = measure(0, tables, block_size, num_blocks=12)
     # Slots holding some sequence's token, counted one by one (a shared slot once).
-    filled = {(table[position // block_size], position % block_size) for table, length in tables
-              for position in range(min(length, len(table) * block_size)) if table[position // block_size] != NULL_BLOCK}
+    filled = {
+        (table[position // block_size], position % block_size)
+        for table, length in tables
+        for position in range(min(length, len(table) * block_size))
+        if table[position // block_size] != NULL_BLOCK
+    }
     assert occupancy.effective_positions == len(filled)
     assert occupancy.saved_by_sharing >= 0
     assert 0 <= occupancy.tail_waste_positions
@@ -127,7 +139,9 @@ def test_every_step_of_a_run_is_accounted_and_adds_up_to_the_pool():
     assert occupancy.samples == summary.operations["step"]
     assert occupancy.peak.referenced_blocks > 0
     for sample in occupancy.series:
-        assert (sample.referenced_blocks + sample.cached_blocks + sample.free_blocks + sample.pending_blocks
-                == config.num_blocks)
+        assert (
+            sample.referenced_blocks + sample.cached_blocks + sample.free_blocks + sample.pending_blocks
+            == config.num_blocks
+        )
         assert sample.saved_by_sharing >= 0
     assert summary.to_json()["occupancy"]["peak"]["referenced_blocks"] == occupancy.peak.referenced_blocks

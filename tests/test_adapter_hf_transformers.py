@@ -7,8 +7,11 @@ from hypothesis.stateful import run_state_machine_as_test
 
 pytest.importorskip("transformers.generation.continuous_batching")
 
-from kvfuzz.adapters.hf_transformers import (paged_attention_cache, paged_attention_cache_no_sharing,  # noqa: E402
-                                             paged_attention_cache_two_block_sectors)
+from kvfuzz.adapters.hf_transformers import (
+    paged_attention_cache,
+    paged_attention_cache_no_sharing,  # noqa: E402
+    paged_attention_cache_two_block_sectors,
+)
 from kvfuzz.allocator import BlockCopy, OutOfBlocks, PoolSpec  # noqa: E402
 from kvfuzz.profiles import PROFILES  # noqa: E402
 from kvfuzz.statemachines import MachineConfig, machine_for  # noqa: E402
@@ -17,8 +20,11 @@ SPEC = PoolSpec(block_size=4, num_blocks=8)
 PROMPT = (0, 1, 2, 3, 4, 5, 6, 7, 8)  # two full blocks and one token
 
 
-@pytest.mark.parametrize("factory", [paged_attention_cache, paged_attention_cache_no_sharing,
-                                     paged_attention_cache_two_block_sectors], ids=lambda factory: factory.__name__)
+@pytest.mark.parametrize(
+    "factory",
+    [paged_attention_cache, paged_attention_cache_no_sharing, paged_attention_cache_two_block_sectors],
+    ids=lambda factory: factory.__name__,
+)
 def test_machine_passes_under_ci(factory) -> None:
     run_state_machine_as_test(machine_for(factory, MachineConfig()), settings=PROFILES["ci"])
 

@@ -18,8 +18,14 @@ SPEC = PoolSpec(block_size=4, num_blocks=8)
 
 def snapshot(adapter: TorchPagedAttention) -> tuple:
     paged = adapter.paged
-    return (paged.page_table.clone(), paged.capacity.clone(), paged.physical_to_logical.clone(),
-            list(paged.empty_pages), dict(adapter.batch_of), dict(adapter.length))
+    return (
+        paged.page_table.clone(),
+        paged.capacity.clone(),
+        paged.physical_to_logical.clone(),
+        list(paged.empty_pages),
+        dict(adapter.batch_of),
+        dict(adapter.length),
+    )
 
 
 def same(a: tuple, b: tuple) -> bool:
@@ -61,10 +67,12 @@ def test_misuse_is_refused_with_typed_errors() -> None:
     adapter = paged_attention(SPEC)
     adapter.admit("s0", (), (1,))
     before = snapshot(adapter)
-    for call, error in [(lambda: adapter.admit("s0", (), (2,)), SequenceExists),
-                        (lambda: adapter.grow("nobody", (1,)), UnknownSequence),
-                        (lambda: adapter.rollback("s0", 1), Unsupported),
-                        (lambda: adapter.fork("s0", "s1"), Unsupported)]:
+    for call, error in [
+        (lambda: adapter.admit("s0", (), (2,)), SequenceExists),
+        (lambda: adapter.grow("nobody", (1,)), UnknownSequence),
+        (lambda: adapter.rollback("s0", 1), Unsupported),
+        (lambda: adapter.fork("s0", "s1"), Unsupported),
+    ]:
         with pytest.raises(error):
             call()
     assert same(snapshot(adapter), before)
@@ -120,8 +128,9 @@ def test_known_bug_mask_mod_indexes_physical_to_logical_by_row_not_batch_index()
 
     def attention_agrees(seqs: list[str]) -> bool:
         lengths, queries = [adapter.length[seq] for seq in seqs], torch.rand(2, 2, 4, 8)
-        batch = PagedBatch(seqs, [adapter.block_table(seq) for seq in seqs], (0, 0), lengths, queries, keys,
-                           values, SPEC.block_size)
+        batch = PagedBatch(
+            seqs, [adapter.block_table(seq) for seq in seqs], (0, 0), lengths, queries, keys, values, SPEC.block_size
+        )
         ours = adapter.paged_attention(queries, keys, values, seqs, lengths, (0, 0))
         return compare(ours, GatherKernel().attend(batch), tolerance) is None
 

@@ -13,16 +13,32 @@ from typing import Callable
 
 import pytest
 
-from kvfuzz.allocator import (BlockCopy, InvalidArgument, Misuse, OutOfBlocks, PagedAllocator, SequenceExists, Slot,
-                              UnknownSequence)
+from kvfuzz.allocator import (
+    BlockCopy,
+    InvalidArgument,
+    Misuse,
+    OutOfBlocks,
+    PagedAllocator,
+    SequenceExists,
+    Slot,
+    UnknownSequence,
+)
 
 B = 4  # block size of every allocator in this file unless a test says otherwise
 
 
-def make(num_blocks: int = 8, *, window: int = 0, host: int = 0, block_size: int = B, prefix_caching: bool = True,
-         reserved: int = 0) -> PagedAllocator:
-    return PagedAllocator(block_size, num_blocks, host, inflight_window=window, prefix_caching=prefix_caching,
-                          reserved_blocks=reserved)
+def make(
+    num_blocks: int = 8,
+    *,
+    window: int = 0,
+    host: int = 0,
+    block_size: int = B,
+    prefix_caching: bool = True,
+    reserved: int = 0,
+) -> PagedAllocator:
+    return PagedAllocator(
+        block_size, num_blocks, host, inflight_window=window, prefix_caching=prefix_caching, reserved_blocks=reserved
+    )
 
 
 def toks(start: int, count: int) -> tuple[int, ...]:
@@ -148,13 +164,16 @@ def test_blocks_of_a_sequence_freed_before_its_step_completes_never_become_hits(
     assert not a.cached_blocks()
 
 
-@pytest.mark.parametrize("ns1, ns2", [
-    (("ab", "c"), ("a", "bc")),
-    (("x",), ("x", "")),
-    ((), ("",)),
-    (("lora-1",), ("lora-2",)),
-    (("lora-1", "salt"), ("salt", "lora-1")),
-])
+@pytest.mark.parametrize(
+    "ns1, ns2",
+    [
+        (("ab", "c"), ("a", "bc")),
+        (("x",), ("x", "")),
+        ((), ("",)),
+        (("lora-1",), ("lora-2",)),
+        (("lora-1", "salt"), ("salt", "lora-1")),
+    ],
+)
 def test_hits_require_namespaces_equal_part_for_part(ns1, ns2) -> None:
     a = make(12)
     prompt = toks(0, 2 * B)
@@ -182,7 +201,7 @@ def test_hits_require_the_whole_token_prefix_to_be_equal() -> None:
     # A longer prompt with the same prefix: the three cached blocks hit.
     assert cached_tokens(a, (), prompt + toks(500, B + 1)) == 3 * B
     # A shorter one: only its full blocks can hit.
-    assert cached_tokens(a, (), prompt[:2 * B + 3]) == 2 * B
+    assert cached_tokens(a, (), prompt[: 2 * B + 3]) == 2 * B
 
 
 def test_partial_blocks_are_never_hits() -> None:
@@ -348,7 +367,7 @@ def test_allocation_evicts_cached_blocks_least_recently_released_first(release_o
         (got,) = a.admit(f"new{i}", (), toks(5000 + 10 * i, 1)).block_table
         assert got == blocks[name]
         assert blocks[name] not in a.cached_blocks()
-        assert set(a.cached_blocks()) == {blocks[n] for n in release_order[i + 1:]}
+        assert set(a.cached_blocks()) == {blocks[n] for n in release_order[i + 1 :]}
 
 
 def test_a_cache_hit_makes_a_block_most_recently_used() -> None:
@@ -828,26 +847,50 @@ def test_counts_identity_after_a_mixed_sequence_of_operations() -> None:
         a.step_completed(n)
         check_counts(a, running)
 
-    a.admit("a", (), toks(0, 2 * B + 1)); running["a"] = 2 * B + 1; check_counts(a, running)
-    a.admit("b", ("x",), toks(0, B)); running["b"] = B; check_counts(a, running)
+    a.admit("a", (), toks(0, 2 * B + 1))
+    running["a"] = 2 * B + 1
+    check_counts(a, running)
+    a.admit("b", ("x",), toks(0, B))
+    running["b"] = B
+    check_counts(a, running)
     step(0)
     step(1)
-    a.fork("a", "a2"); running["a2"] = running["a"]; check_counts(a, running)
-    a.grow("a2", (5, 6)); running["a2"] += 2; check_counts(a, running)
-    a.admit("c", (), toks(0, 2 * B + 3)); running["c"] = 2 * B + 3; check_counts(a, running)
-    a.rollback("a", B + 2); running["a"] -= B + 2; check_counts(a, running)
-    a.swap_out("b"); del running["b"]; check_counts(a, running)
+    a.fork("a", "a2")
+    running["a2"] = running["a"]
+    check_counts(a, running)
+    a.grow("a2", (5, 6))
+    running["a2"] += 2
+    check_counts(a, running)
+    a.admit("c", (), toks(0, 2 * B + 3))
+    running["c"] = 2 * B + 3
+    check_counts(a, running)
+    a.rollback("a", B + 2)
+    running["a"] -= B + 2
+    check_counts(a, running)
+    a.swap_out("b")
+    del running["b"]
+    check_counts(a, running)
     step(2)
-    a.free("c"); del running["c"]; check_counts(a, running)
-    a.preempt("a2"); del running["a2"]; check_counts(a, running)
-    a.swap_in("b"); running["b"] = B; check_counts(a, running)
-    a.evict(1); check_counts(a, running)
+    a.free("c")
+    del running["c"]
+    check_counts(a, running)
+    a.preempt("a2")
+    del running["a2"]
+    check_counts(a, running)
+    a.swap_in("b")
+    running["b"] = B
+    check_counts(a, running)
+    a.evict(1)
+    check_counts(a, running)
     step(3)
-    a.grow("a", toks(40, 3 * B)); running["a"] += 3 * B; check_counts(a, running)
+    a.grow("a", toks(40, 3 * B))
+    running["a"] += 3 * B
+    check_counts(a, running)
     with pytest.raises(OutOfBlocks):
         a.admit("huge", (), toks(0, 20 * B))
     check_counts(a, running)
-    a.reset_cache(); check_counts(a, running)
+    a.reset_cache()
+    check_counts(a, running)
     for seq in list(running):
         a.free(seq)
         del running[seq]
@@ -889,14 +932,15 @@ class _Driver:
         assert a.refcount(block) == 1, f"{seq} writes to block {block} held {a.refcount(block)} times"
         if block in self.released_at:
             assert self.last >= self.released_at[block] + self.window, (
-                f"block {block} released after step {self.released_at[block]} written after step {self.last}")
+                f"block {block} released after step {self.released_at[block]} written after step {self.last}"
+            )
         self.shadow[(block, offset)] = value
 
     def write_positions(self, seq: str, start: int) -> None:
         namespace, tokens = self.seqs[seq]
         table = self.a.block_table(seq)
         for p in range(start, len(tokens)):
-            self.write(seq, table[p // B], p % B, (namespace, tokens[:p + 1]))
+            self.write(seq, table[p // B], p % B, (namespace, tokens[: p + 1]))
 
     def copy_block(self, src: int, dst: int, shadow_src: dict, shadow_dst: dict) -> None:
         for offset in range(B):
@@ -913,14 +957,25 @@ class _Driver:
             table = self.a.block_table(seq)
             for p in range(len(tokens)):
                 got = self.shadow.get((table[p // B], p % B))
-                assert got == (namespace, tokens[:p + 1]), f"{seq} position {p} holds {got}"
+                assert got == (namespace, tokens[: p + 1]), f"{seq} position {p} holds {got}"
 
     # operations -----------------------------------------------------------------------------------------------------
 
     def op(self) -> None:
         a, rng = self.a, self.rng
-        weights = {"admit": 4, "grow": 3, "step": 3, "free": 2, "fork": 1.5, "rollback": 1, "preempt": 1,
-                   "swap_out": 1, "swap_in": 1, "evict": 0.5, "reset": 0.2}
+        weights = {
+            "admit": 4,
+            "grow": 3,
+            "step": 3,
+            "free": 2,
+            "fork": 1.5,
+            "rollback": 1,
+            "preempt": 1,
+            "swap_out": 1,
+            "swap_in": 1,
+            "evict": 0.5,
+            "reset": 0.2,
+        }
         (kind,) = rng.choices(list(weights), weights=list(weights.values()))
         running = sorted(self.seqs)
         before = snapshot(a, running + sorted(self.swapped))

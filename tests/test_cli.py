@@ -10,8 +10,13 @@ from pathlib import Path
 
 def kvfuzz(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run the CLI in ``cwd``, where a failing run leaves its trace (in ``corpus/``)."""
-    return subprocess.run([sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args], capture_output=True,
-                          text=True, timeout=300, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
 
 
 def test_run_json_summary_has_the_documented_keys(tmp_path: Path) -> None:
@@ -39,8 +44,19 @@ def test_unknown_allocator_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_own_allocator_by_import_path(tmp_path: Path) -> None:
-    result = kvfuzz("run", "--allocator", "kvfuzz.allocator.paged:synchronous_allocator", "--examples", "5",
-                    "--json", "--num-blocks", "32", "--dtype", "bfloat16", cwd=tmp_path)
+    result = kvfuzz(
+        "run",
+        "--allocator",
+        "kvfuzz.allocator.paged:synchronous_allocator",
+        "--examples",
+        "5",
+        "--json",
+        "--num-blocks",
+        "32",
+        "--dtype",
+        "bfloat16",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["failed"] is False
 

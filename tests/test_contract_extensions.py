@@ -4,6 +4,7 @@ that never preempt scheduled work, copies ordered by fork, and blocks remapped w
 from __future__ import annotations
 
 import pytest
+from factories import CopyTailOnFork, declaring
 
 from kvfuzz.allocator import BlockCopy, PagedAllocator, PoolSpec
 from kvfuzz.runner import run
@@ -12,14 +13,15 @@ from kvfuzz.statemachines.harness import Harness
 from kvfuzz.statemachines.violations import Invariant, InvariantViolation
 from kvfuzz.zoo.variants import FullHitCappedInPlace, MatchableAtAllocation
 
-from factories import CopyTailOnFork, declaring
-
 
 def test_registering_at_allocation_is_sound_when_declared_and_preemption_waits_for_the_step():
     """MatchableAtAllocation behaves as vLLM does; declared so, with an FCFS engine and no rollback (vLLM keeps the
     blocks of rejected drafts), every invariant holds."""
-    summary = run(declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=False,
-                             rollback=False), MachineConfig(), examples=300)
+    summary = run(
+        declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=False, rollback=False),
+        MachineConfig(),
+        examples=300,
+    )
     assert not summary.failed, summary.explanation
     assert summary.operations["cache hits"] > 0
 
@@ -27,16 +29,22 @@ def test_registering_at_allocation_is_sound_when_declared_and_preemption_waits_f
 def test_withdrawing_scheduled_writes_is_still_caught():
     """If the engine may preempt a request it already scheduled, the blocks registered for its writes are served
     to a later hit with nothing in them."""
-    summary = run(declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=True),
-                  MachineConfig(), examples=300)
+    summary = run(
+        declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=True),
+        MachineConfig(),
+        examples=300,
+    )
     assert summary.failed and summary.invariant in ("invariant 9 (cache soundness)", "invariant 1 (content)")
 
 
 def test_rolling_back_scheduled_tokens_of_a_registered_block_is_caught():
     """Bug class 8 meets class 5: a rollback drops scheduled tokens of a block already registered, so a hit on it
     covers positions nobody will write."""
-    summary = run(declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=False),
-                  MachineConfig(), examples=300)
+    summary = run(
+        declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=False),
+        MachineConfig(),
+        examples=300,
+    )
     assert summary.failed and summary.invariant == "invariant 9 (cache soundness)"
     assert "rollback" in summary.program
 
@@ -118,8 +126,10 @@ def test_a_sharing_allocator_may_not_refuse_a_fork_on_a_full_pool():
 def test_rewriting_shared_cached_content_needs_its_own_declaration():
     """Bug class 9 stays caught under matchable_when_scheduled: a full-prompt hit capped in place rewrites a block
     other sequences read; only an allocator declaring recomputes_in_place (vLLM v0) may do that."""
-    for capabilities, caught in (({"matchable_when_scheduled": True}, True),
-                                 ({"matchable_when_scheduled": True, "recomputes_in_place": True}, False)):
+    for capabilities, caught in (
+        ({"matchable_when_scheduled": True}, True),
+        ({"matchable_when_scheduled": True, "recomputes_in_place": True}, False),
+    ):
         allocator = declaring(FullHitCappedInPlace, **capabilities)(PoolSpec(4, 8))
         harness = Harness(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
         harness.admit("a", (), (1, 2, 3, 4))

@@ -22,8 +22,13 @@ pytest_plugins = ["pytester"]
 
 
 def kvfuzz(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args], capture_output=True,
-                          text=True, timeout=300, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +62,9 @@ def test_replay_fails_while_the_bug_reproduces_and_passes_on_the_correct_allocat
     assert broken.returncode == 1
     assert "REPRODUCED at call" in broken.stdout and "invariant 5 (exclusive writes)" in broken.stdout
     assert "    1  state.admit(" in broken.stdout
-    fixed = kvfuzz("replay", str(saved_trace), "--allocator", "kvfuzz.allocator.paged:paged_allocator",
-                   cwd=saved_trace.parent)
+    fixed = kvfuzz(
+        "replay", str(saved_trace), "--allocator", "kvfuzz.allocator.paged:paged_allocator", cwd=saved_trace.parent
+    )
     assert fixed.returncode == 0 and "no longer reproduces" in fixed.stdout
 
 
@@ -69,14 +75,21 @@ def test_exported_file_fails_and_passes_the_same_way_under_pytest(saved_trace: P
         assert kvfuzz(*args, cwd=tmp_path).returncode == 0
         text = path.read_text()
         assert "state.fork(" in text and "state.teardown()" in text
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
-                                capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
         assert result.returncode == expected, result.stdout
 
 
 def test_trace_round_trip_keeps_tuples_and_misuse_calls(tmp_path: Path) -> None:
-    program = [Call("admit", {"seq": "s0", "namespace": ("ab", "c"), "system": (0, 3), "suffix": [1]}),
-               Call("misuse", {"call": MisuseCall("grow", ("s0", ()), "no tokens")})]
+    program = [
+        Call("admit", {"seq": "s0", "namespace": ("ab", "c"), "system": (0, 3), "suffix": [1]}),
+        Call("misuse", {"call": MisuseCall("grow", ("s0", ()), "no tokens")}),
+    ]
     trace = Trace("zoo:NoCopyOnWrite", MachineConfig(), program, {"invariant": 5, "title": "exclusive writes"}, 1)
     path, written = save(trace, tmp_path)
     assert written and not save(trace, tmp_path)[1]
@@ -109,8 +122,9 @@ def test_registered_allocator_names_load() -> None:
 def test_plugin_runs_the_machine_and_saves_failures(pytester: pytest.Pytester) -> None:
     passed = pytester.runpytest("--kvfuzz-allocator=kvfuzz", "--kvfuzz-examples=20", "-p", "no:cacheprovider")
     passed.assert_outcomes(passed=1)
-    failed = pytester.runpytest("--kvfuzz-allocator=zoo:LeakyRefusal", "--kvfuzz-examples=200",
-                                "-p", "no:cacheprovider")
+    failed = pytester.runpytest(
+        "--kvfuzz-allocator=zoo:LeakyRefusal", "--kvfuzz-examples=200", "-p", "no:cacheprovider"
+    )
     failed.assert_outcomes(failed=1)
     failed.stdout.fnmatch_lines(["*invariant 7 (atomic refusal)*", "*shrunk program*", "*trace: corpus/*"])
     assert len(list((pytester.path / "corpus").glob("*.json"))) == 1

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from factories import make_allocator
+
 from kvfuzz.statemachines import Harness, Invariant, InvariantViolation, MachineConfig, MisuseCall
 from kvfuzz.statemachines.checks import Checks
 from kvfuzz.statemachines.misuse import misuse_calls

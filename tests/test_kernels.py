@@ -11,13 +11,21 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-
 from factories import make_allocator
+
 from kvfuzz.allocator import paged_allocator
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.corpus import export_test, replay_trace
-from kvfuzz.kernels import (FlexKernel, GatherKernel, KernelUnavailable, PagedBatch, Tolerance, compare,
-                            different_kernel_tolerance, make_kernel)
+from kvfuzz.kernels import (
+    FlexKernel,
+    GatherKernel,
+    KernelUnavailable,
+    PagedBatch,
+    Tolerance,
+    compare,
+    different_kernel_tolerance,
+    make_kernel,
+)
 from kvfuzz.reference.content import ModelShape
 from kvfuzz.runner import run
 from kvfuzz.statemachines import Harness, Invariant, InvariantViolation, MachineConfig
@@ -30,8 +38,9 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 def config(kernel: str, dtype: torch.dtype = torch.float32, **kwargs) -> MachineConfig:
-    return MachineConfig(block_size=4, num_blocks=12, num_host_blocks=4, shape=ModelShape(dtype=dtype),
-                         kernel=kernel, **kwargs)
+    return MachineConfig(
+        block_size=4, num_blocks=12, num_host_blocks=4, shape=ModelShape(dtype=dtype), kernel=kernel, **kwargs
+    )
 
 
 def life_cycle(h: Harness) -> None:
@@ -93,8 +102,9 @@ def test_flex_reads_the_pool_in_place_and_agrees_with_gather(dtype: torch.dtype)
     values = torch.rand(blocks * size, *shape.kv_row_shape).to(dtype)
     keys[8:12] = values[8:12] = 1000.0  # block 2: nobody's
     tables = [(7, 3, 9), (0,), (5, 1, 4, 6)]
-    batch = PagedBatch(("a", "b", "c"), tables, (0, 0, 6), (10, 3, 15),
-                       torch.rand(3, 2, 6, 8).to(dtype), keys, values, size)
+    batch = PagedBatch(
+        ("a", "b", "c"), tables, (0, 0, 6), (10, 3, 15), torch.rand(3, 2, 6, 8).to(dtype), keys, values, size
+    )
     gathered = GatherKernel().attend(batch)
     flexed = FlexKernel().attend(batch)
     assert torch.isfinite(gathered).all() and torch.isfinite(flexed).all()
@@ -180,8 +190,13 @@ def test_a_trace_keeps_its_kernel_and_old_traces_mean_gather(tmp_path: Path) -> 
 
 def test_a_trace_run_under_the_allocator_kernel_does_not_fit_an_allocator_without_one() -> None:
     program = [Call("admit", {"namespace": (), "seq": "s0", "suffix": [0], "system": ()}), Call("step", {})]
-    trace = Trace("kvfuzz.adapters.torch_paged:paged_attention", MachineConfig(kernel="allocator"), program,
-                  {"invariant": 2, "title": "attention"}, 0)
+    trace = Trace(
+        "kvfuzz.adapters.torch_paged:paged_attention",
+        MachineConfig(kernel="allocator"),
+        program,
+        {"invariant": 2, "title": "attention"},
+        0,
+    )
     assert not replay_trace(trace).failed
     with pytest.raises(NotApplicable, match="'allocator' attention kernel"):
         replay_trace(trace, "kvfuzz.allocator.paged:paged_allocator")
@@ -189,8 +204,13 @@ def test_a_trace_run_under_the_allocator_kernel_does_not_fit_an_allocator_withou
 
 def test_run_kernel_option(tmp_path: Path) -> None:
     def kvfuzz(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", "run", *args],
-                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        return subprocess.run(
+            [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", "run", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
 
     refused = kvfuzz("--kernel", "allocator")
     assert refused.returncode == 2 and "does not provide its own attention" in refused.stderr

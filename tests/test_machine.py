@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import make_allocator
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvfuzz.allocator import PagedAllocator, paged_allocator
@@ -11,16 +12,22 @@ from kvfuzz.profiles import PROFILES
 from kvfuzz.reference import ModelShape
 from kvfuzz.runner import run
 from kvfuzz.statemachines import MachineConfig, machine_for
-from factories import make_allocator
 
 CI = PROFILES["ci"]
 
 
-@pytest.mark.parametrize("factory", [
-    make_allocator(window=0), make_allocator(window=1), make_allocator(window=2),
-    make_allocator(window=1, prefix_caching=False), make_allocator(window=1, introspection=False),
-    make_allocator(window=0, reserved_blocks=2),
-], ids=lambda factory: factory.__name__)
+@pytest.mark.parametrize(
+    "factory",
+    [
+        make_allocator(window=0),
+        make_allocator(window=1),
+        make_allocator(window=2),
+        make_allocator(window=1, prefix_caching=False),
+        make_allocator(window=1, introspection=False),
+        make_allocator(window=0, reserved_blocks=2),
+    ],
+    ids=lambda factory: factory.__name__,
+)
 def test_correct_allocator_passes_under_ci_profile(factory) -> None:
     run_state_machine_as_test(machine_for(factory, MachineConfig()), settings=CI)
 
@@ -44,9 +51,25 @@ def test_a_run_exercises_every_operation() -> None:
     """The operation mix reaches every rule, refusals, copy-on-write, cache hits, evictions, swaps and misuse."""
     summary = run(paged_allocator, MachineConfig(), examples=150, steps=50)
     assert not summary.failed, summary.explanation
-    for operation in ("admit", "readmit", "grow", "fork", "free", "preempt", "swap_out", "swap_in", "rollback",
-                      "evict", "reset_cache", "step", "misuse", "refused (out of blocks)", "copy-on-write copies",
-                      "cache hits", "evicted blocks"):
+    for operation in (
+        "admit",
+        "readmit",
+        "grow",
+        "fork",
+        "free",
+        "preempt",
+        "swap_out",
+        "swap_in",
+        "rollback",
+        "evict",
+        "reset_cache",
+        "step",
+        "misuse",
+        "refused (out of blocks)",
+        "copy-on-write copies",
+        "cache hits",
+        "evicted blocks",
+    ):
         assert summary.operations.get(operation, 0) > 0, f"{operation} never exercised: {summary.operations}"
     assert summary.steps >= 150 * 10
 

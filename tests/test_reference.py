@@ -7,8 +7,16 @@ import math
 import pytest
 import torch
 
-from kvfuzz.reference import (ContiguousReference, ModelShape, attend, extend_tag, kv_for_tags, namespace_tag,
-                              prefix_tags, queries_for_tags)
+from kvfuzz.reference import (
+    ContiguousReference,
+    ModelShape,
+    attend,
+    extend_tag,
+    kv_for_tags,
+    namespace_tag,
+    prefix_tags,
+    queries_for_tags,
+)
 
 SHAPE = ModelShape(num_layers=2, num_kv_heads=2, num_query_heads=4, head_dim=8)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -54,13 +62,16 @@ def test_a_tag_depends_on_token_order_and_position() -> None:
     assert len(set(prefix_tags((), [0] * 50))) == 50
 
 
-@pytest.mark.parametrize("ns1, ns2", [
-    (("ab", "c"), ("a", "bc")),
-    (("x",), ("x", "")),
-    ((), ("",)),
-    (("a", "b"), ("b", "a")),
-    (("lora-1",), ("lora-2",)),
-])
+@pytest.mark.parametrize(
+    "ns1, ns2",
+    [
+        (("ab", "c"), ("a", "bc")),
+        (("x",), ("x", "")),
+        ((), ("",)),
+        (("a", "b"), ("b", "a")),
+        (("lora-1",), ("lora-2",)),
+    ],
+)
 def test_tags_depend_on_namespace_part_boundaries(ns1, ns2) -> None:
     assert namespace_tag(ns1) != namespace_tag(ns2)
     tokens = [1, 2, 3, 4]
@@ -109,8 +120,10 @@ def test_equal_tags_give_bit_identical_rows_wherever_they_sit_in_the_batch(dtype
     for row in (0, 2, 4):
         assert torch.equal(keys[row], alone_k[0]) and torch.equal(values[row], alone_v[0])
     # Bit for bit: compare the raw bits too (equal handles -0.0 == 0.0, which would hide a difference).
-    assert torch.equal(keys[0].view(torch.int16 if dtype != torch.float32 else torch.int32),
-                       keys[2].view(torch.int16 if dtype != torch.float32 else torch.int32))
+    assert torch.equal(
+        keys[0].view(torch.int16 if dtype != torch.float32 else torch.int32),
+        keys[2].view(torch.int16 if dtype != torch.float32 else torch.int32),
+    )
     sub_k, sub_v = kv_for_tags([t3, t2], shape)
     assert torch.equal(sub_k[0], keys[3]) and torch.equal(sub_k[1], keys[1])
     assert torch.equal(sub_v[0], values[3]) and torch.equal(sub_v[1], values[1])
@@ -129,7 +142,7 @@ def test_different_tags_give_different_kv_and_k_differs_from_v(dtype: torch.dtyp
             assert not torch.equal(flat_k[i], flat_k[j]), (i, j)
             assert not torch.equal(flat_v[i], flat_v[j]), (i, j)
     queries = queries_for_tags(tags, shape)
-    assert not torch.equal(queries[:, :, :shape.num_kv_heads], keys)
+    assert not torch.equal(queries[:, :, : shape.num_kv_heads], keys)
 
 
 def test_neighbouring_tags_differ_in_most_elements() -> None:
@@ -272,8 +285,8 @@ def test_each_row_of_a_padded_batch_equals_the_row_attended_alone() -> None:
     queries, keys, values, lens = random_inputs(lengths, 2, 2, 4, 8, seed=11)
     batched = attend(queries, keys, values, lens)
     for s, n in enumerate(lengths):
-        alone = attend(queries[s:s + 1], keys[s:s + 1, :n], values[s:s + 1, :n], lens[s:s + 1])
-        assert torch.allclose(batched[s:s + 1], alone, rtol=1e-6, atol=1e-7)
+        alone = attend(queries[s : s + 1], keys[s : s + 1, :n], values[s : s + 1, :n], lens[s : s + 1])
+        assert torch.allclose(batched[s : s + 1], alone, rtol=1e-6, atol=1e-7)
 
 
 def test_attend_depends_on_every_valid_position() -> None:
@@ -387,15 +400,15 @@ def test_attention_equals_attend_of_the_same_data(dtype: torch.dtype) -> None:
     values = torch.zeros_like(keys)
     for row, seq in enumerate(order):
         k, v = expected_kv(*sequences[seq], shape)
-        keys[row, :lengths[row]], values[row, :lengths[row]] = k, v
+        keys[row, : lengths[row]], values[row, : lengths[row]] = k, v
     expected = attend(queries, keys, values, torch.tensor(lengths))
     assert torch.equal(got, expected)
     naive = naive_attend(queries, keys, values, lengths)
     assert torch.allclose(got.double(), naive, rtol=1e-5, atol=1e-6)
     # Each row equals that sequence attended alone.
     for row, seq in enumerate(order):
-        alone = ref.attention([seq], queries[row:row + 1])
-        assert torch.allclose(got[row:row + 1], alone, rtol=1e-6, atol=1e-7)
+        alone = ref.attention([seq], queries[row : row + 1])
+        assert torch.allclose(got[row : row + 1], alone, rtol=1e-6, atol=1e-7)
 
 
 def test_attention_follows_truncation_and_fork() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from factories import CopyTailOnFork, declaring
 
 from kvfuzz.allocator.paged import paged_allocator, synchronous_allocator
 from kvfuzz.cli import main
@@ -18,8 +19,6 @@ from kvfuzz.workload.report import percentile
 from kvfuzz.workload.scheduler import Scheduler
 from kvfuzz.zoo import variant
 from kvfuzz.zoo.variants import MatchableAtAllocation
-
-from factories import CopyTailOnFork, declaring
 
 SHIPPED = Path(__file__).resolve().parent.parent / "workloads" / "constructed"
 
@@ -35,8 +34,9 @@ def _replay(workload, factory=paged_allocator, config=None, **options):
 
 
 def _workload(requests, groups=None):
-    return parse_workload({"format": FORMAT, "name": "test", "origin": "constructed",
-                           "prefix_groups": groups or {}, "requests": requests})
+    return parse_workload(
+        {"format": FORMAT, "name": "test", "origin": "constructed", "prefix_groups": groups or {}, "requests": requests}
+    )
 
 
 @pytest.mark.parametrize("name", sorted(GENERATORS))
@@ -69,11 +69,13 @@ def test_a_small_pool_preempts_and_keeps_its_refusals():
 
 
 def test_cancellation_is_counted_where_it_lands():
-    workload = _workload([
-        {"id": "hog", "arrival": 0, "prompt_len": 12, "output_len": 4},
-        {"id": "on-arrival", "arrival": 0, "prompt_len": 3, "output_len": 5, "cancel_at": 0},
-        {"id": "queued", "arrival": 1, "prompt_len": 8, "output_len": 2, "cancel_at": 3},
-    ])
+    workload = _workload(
+        [
+            {"id": "hog", "arrival": 0, "prompt_len": 12, "output_len": 4},
+            {"id": "on-arrival", "arrival": 0, "prompt_len": 3, "output_len": 5, "cancel_at": 0},
+            {"id": "queued", "arrival": 1, "prompt_len": 8, "output_len": 2, "cancel_at": 3},
+        ]
+    )
     report, _ = _replay(workload, factory=synchronous_allocator, config=_config(block_size=4, num_blocks=4))
     # on-arrival is admitted, then aborted before its first step; queued never finds room before its cancel.
     assert (report.cancelled, report.cancelled_before_admission, report.finished) == (2, 1, 1)
@@ -88,8 +90,12 @@ def test_latency_in_steps_without_contention():
 
 
 def test_a_request_that_can_never_fit_is_rejected_not_spun_on():
-    workload = _workload([{"id": "huge", "arrival": 0, "prompt_len": 200, "output_len": 2},
-                          {"id": "small", "arrival": 0, "prompt_len": 4, "output_len": 2}])
+    workload = _workload(
+        [
+            {"id": "huge", "arrival": 0, "prompt_len": 200, "output_len": 2},
+            {"id": "small", "arrival": 0, "prompt_len": 4, "output_len": 2},
+        ]
+    )
     report, _ = _replay(workload, factory=synchronous_allocator, config=_config(block_size=4, num_blocks=8))
     assert report.rejected == 1 and report.finished == 1
     assert report.refusals[0].request == "huge"
@@ -108,17 +114,25 @@ def test_shipped_constructed_files_match_their_generators():
         assert load_workload(path).origin == "constructed"
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"requests": [{"arrival": 0, "prompt_len": 3}]}, "non-empty string 'id'"),
-    ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3, "prompt": [1]}]}, "exactly one of"),
-    ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3, "prefix_group": "sys"}]}, "'sys' is not defined"),
-    ({"requests": [{"id": "a", "arrival": -1, "prompt_len": 3}]}, "'arrival' must be an integer >= 0"),
-    ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3}] * 2}, "appears twice"),
-    ({"origin": "somewhere"}, "'origin' must be one of"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"requests": [{"arrival": 0, "prompt_len": 3}]}, "non-empty string 'id'"),
+        ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3, "prompt": [1]}]}, "exactly one of"),
+        ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3, "prefix_group": "sys"}]}, "'sys' is not defined"),
+        ({"requests": [{"id": "a", "arrival": -1, "prompt_len": 3}]}, "'arrival' must be an integer >= 0"),
+        ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3}] * 2}, "appears twice"),
+        ({"origin": "somewhere"}, "'origin' must be one of"),
+    ],
+)
 def test_bad_workloads_are_refused_with_the_request_named(change, message):
-    data = {"format": FORMAT, "name": "bad", "origin": "recorded",
-            "requests": [{"id": "a", "arrival": 0, "prompt_len": 3}], **change}
+    data = {
+        "format": FORMAT,
+        "name": "bad",
+        "origin": "recorded",
+        "requests": [{"id": "a", "arrival": 0, "prompt_len": 3}],
+        **change,
+    }
     with pytest.raises(WorkloadError, match=message):
         parse_workload(data)
 
@@ -130,8 +144,12 @@ def test_percentile_is_nearest_rank():
 
 def test_replay_workload_command_sweeps_block_sizes_side_by_side(capsys, tmp_path):
     plot = tmp_path / "occupancy.png"
-    assert main(["replay-workload", "constructed:shared-system-prompt", "--block-sizes", "8,16,32,64",
-                 "--plot", str(plot)]) == 0
+    assert (
+        main(
+            ["replay-workload", "constructed:shared-system-prompt", "--block-sizes", "8,16,32,64", "--plot", str(plot)]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("pool positions"))
     assert row.split()[-4:] == ["768", "768", "768", "768"]
@@ -156,8 +174,9 @@ def test_replay_workload_command_json_and_errors(capsys, tmp_path):
 def _registers_when_scheduled(spec):
     """kvfuzz's zoo allocator that registers blocks at allocation, declared as vLLM declares it (FCFS, no fork)."""
     allocator = MatchableAtAllocation(spec.block_size, spec.num_blocks, inflight_window=0)
-    allocator.capabilities = attrs.evolve(allocator.capabilities, matchable_when_scheduled=True,
-                                          preempt_scheduled=False, fork=False, rollback=False)
+    allocator.capabilities = attrs.evolve(
+        allocator.capabilities, matchable_when_scheduled=True, preempt_scheduled=False, fork=False, rollback=False
+    )
     return allocator
 
 
@@ -171,8 +190,12 @@ def test_an_fcfs_engine_preempts_only_unscheduled_requests(name):
 
 
 def test_an_fcfs_engine_never_picks_a_victim_with_work_scheduled_this_round():
-    workload = _workload([{"id": "a", "arrival": 0, "prompt_len": 5, "output_len": 4},
-                          {"id": "b", "arrival": 0, "prompt_len": 5, "output_len": 4}])
+    workload = _workload(
+        [
+            {"id": "a", "arrival": 0, "prompt_len": 5, "output_len": 4},
+            {"id": "b", "arrival": 0, "prompt_len": 5, "output_len": 4},
+        ]
+    )
     config = _config(block_size=4, num_blocks=8)
     for factory, expected in ((_registers_when_scheduled, ["a"]), (paged_allocator, ["b", "a"])):
         scheduler = Scheduler(workload, factory(config.pool_spec()), config, "under test")
@@ -187,12 +210,19 @@ def _copies_tail_on_fork(spec):
     return declaring(CopyTailOnFork, fork_copies=True)(spec)
 
 
-@pytest.mark.parametrize("factory", [paged_allocator, _registers_when_scheduled, _copies_tail_on_fork],
-                         ids=["sharing fork", "samples admitted beside", "copying fork"])
+@pytest.mark.parametrize(
+    "factory",
+    [paged_allocator, _registers_when_scheduled, _copies_tail_on_fork],
+    ids=["sharing fork", "samples admitted beside", "copying fork"],
+)
 def test_parallel_samples_drain_even_with_one_token_each_and_a_tight_pool(factory):
-    workload = _workload([{"id": "a", "arrival": 0, "prompt_len": 5, "samples": 2},
-                          {"id": "p1", "arrival": 0, "prompt_len": 5, "output_len": 3, "samples": 2},
-                          {"id": "p2", "arrival": 0, "prompt_len": 5, "output_len": 3, "samples": 2}])
+    workload = _workload(
+        [
+            {"id": "a", "arrival": 0, "prompt_len": 5, "samples": 2},
+            {"id": "p1", "arrival": 0, "prompt_len": 5, "output_len": 3, "samples": 2},
+            {"id": "p2", "arrival": 0, "prompt_len": 5, "output_len": 3, "samples": 2},
+        ]
+    )
     report, _ = _replay(workload, factory=factory, config=_config(block_size=4, num_blocks=4))
     assert not report.failed, report.failure
     assert report.finished == 3 and report.quiescent
@@ -201,8 +231,12 @@ def test_parallel_samples_drain_even_with_one_token_each_and_a_tight_pool(factor
 def test_a_partly_admitted_request_keeps_its_scheduled_branches():
     """With samples admitted beside the prompt, a refused branch does not undo (withdraw) the ones already
     scheduled: their blocks are registered for the writes of the next step."""
-    workload = _workload([{"id": "hog", "arrival": 0, "prompt_len": 4, "output_len": 6},
-                          {"id": "a", "arrival": 1, "prompt": [1, 2, 3, 4, 5, 6], "output_len": 2, "samples": 3}])
+    workload = _workload(
+        [
+            {"id": "hog", "arrival": 0, "prompt_len": 4, "output_len": 6},
+            {"id": "a", "arrival": 1, "prompt": [1, 2, 3, 4, 5, 6], "output_len": 2, "samples": 3},
+        ]
+    )
     report, _ = _replay(workload, factory=_registers_when_scheduled, config=_config(block_size=4, num_blocks=4))
     assert not report.failed, report.failure
     assert report.finished == 2 and report.refusals

@@ -41,8 +41,10 @@ class KVShape:
         return 2 * self.num_layers * positions * self.num_kv_heads * self.head_dim * self.bytes_per_scalar
 
     def describe(self) -> str:
-        return (f"{self.num_layers} layers x {self.num_kv_heads} KV heads x head dim {self.head_dim} x "
-                f"{self.bytes_per_scalar} bytes = {self.kv_bytes(1)} K/V bytes per position")
+        return (
+            f"{self.num_layers} layers x {self.num_kv_heads} KV heads x head dim {self.head_dim} x "
+            f"{self.bytes_per_scalar} bytes = {self.kv_bytes(1)} K/V bytes per position"
+        )
 
 
 def allocated_positions(length: int, block_size: int) -> int:
@@ -95,12 +97,21 @@ class Layout:
         return self.table_entries * self.table_entry_bytes
 
     def to_json(self) -> dict:
-        return {"label": self.label, "block_size": self.block_size, "reservation": self.reservation,
-                "sequences": self.sequences, "valid_positions": self.valid_positions,
-                "allocated_positions": self.allocated_positions, "tail_waste": self.tail_waste,
-                "utilisation": float(self.utilisation), "valid_kv_bytes": self.valid_kv_bytes,
-                "allocated_kv_bytes": self.allocated_kv_bytes, "table_entries": self.table_entries,
-                "table_entry_bytes": self.table_entry_bytes, "table_bytes": self.table_bytes}
+        return {
+            "label": self.label,
+            "block_size": self.block_size,
+            "reservation": self.reservation,
+            "sequences": self.sequences,
+            "valid_positions": self.valid_positions,
+            "allocated_positions": self.allocated_positions,
+            "tail_waste": self.tail_waste,
+            "utilisation": float(self.utilisation),
+            "valid_kv_bytes": self.valid_kv_bytes,
+            "allocated_kv_bytes": self.allocated_kv_bytes,
+            "table_entries": self.table_entries,
+            "table_entry_bytes": self.table_entry_bytes,
+            "table_bytes": self.table_bytes,
+        }
 
 
 def _checked(lengths: Iterable[int]) -> list[int]:
@@ -117,8 +128,17 @@ def paged_layout(lengths: Iterable[int], block_size: int, shape: KVShape, table_
         raise ValueError(f"block size must be >= 1, got {block_size}")
     lengths = _checked(lengths)
     entries = sum(-(-length // block_size) for length in lengths)
-    return Layout(f"paged B={block_size}", block_size, None, len(lengths), sum(lengths), entries * block_size,
-                  entries, table_entry_bytes, shape)
+    return Layout(
+        f"paged B={block_size}",
+        block_size,
+        None,
+        len(lengths),
+        sum(lengths),
+        entries * block_size,
+        entries,
+        table_entry_bytes,
+        shape,
+    )
 
 
 def reserved_layout(lengths: Iterable[int], reservation: int, shape: KVShape) -> Layout:
@@ -126,17 +146,26 @@ def reserved_layout(lengths: Iterable[int], reservation: int, shape: KVShape) ->
     lengths = _checked(lengths)
     too_long = [length for length in lengths if length > reservation]
     if too_long:
-        raise ReservationTooSmall(f"a reservation of {reservation} positions cannot hold sequences of "
-                                  f"{sorted(too_long)[-1]} tokens ({len(too_long)} sequence(s) longer than it)")
-    return Layout(f"reserve {reservation}", None, reservation, len(lengths), sum(lengths),
-                  reservation * len(lengths), 0, 0, shape)
+        raise ReservationTooSmall(
+            f"a reservation of {reservation} positions cannot hold sequences of "
+            f"{sorted(too_long)[-1]} tokens ({len(too_long)} sequence(s) longer than it)"
+        )
+    return Layout(
+        f"reserve {reservation}", None, reservation, len(lengths), sum(lengths), reservation * len(lengths), 0, 0, shape
+    )
 
 
-def account(lengths: Sequence[int], block_sizes: Iterable[int], shape: KVShape,
-            reservation: Optional[int] = None, table_entry_bytes: int = 4) -> list[Layout]:
+def account(
+    lengths: Sequence[int],
+    block_sizes: Iterable[int],
+    shape: KVShape,
+    reservation: Optional[int] = None,
+    table_entry_bytes: int = 4,
+) -> list[Layout]:
     """The reservation baseline (when given; default: the longest sequence) and one paged layout per block size."""
     lengths = _checked(lengths)
     if reservation is None:
         reservation = max(lengths, default=0)
-    return ([reserved_layout(lengths, reservation, shape)]
-            + [paged_layout(lengths, size, shape, table_entry_bytes) for size in block_sizes])
+    return [reserved_layout(lengths, reservation, shape)] + [
+        paged_layout(lengths, size, shape, table_entry_bytes) for size in block_sizes
+    ]

@@ -16,24 +16,41 @@ DEFAULT_BLOCK_SIZES = (8, 16, 32, 64)
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
-        "account", help="positions, tail waste, utilisation and bytes of paging vs a fixed reservation",
+        "account",
+        help="positions, tail waste, utilisation and bytes of paging vs a fixed reservation",
         description="Exact accounting of a set of sequence lengths: a fixed per-sequence reservation against paging "
-                    "with each block size. K/V bytes (2·L·n·h_kv·d_h·b) and block-table bytes are kept apart.")
+        "with each block size. K/V bytes (2·L·n·h_kv·d_h·b) and block-table bytes are kept apart.",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--lengths", help="comma-separated sequence lengths, e.g. 37,91,128,201,511")
-    source.add_argument("--lengths-file", metavar="FILE",
-                        help="a file of lengths separated by spaces, commas or newlines ('#' starts a comment)")
-    parser.add_argument("--block-sizes", default=",".join(map(str, DEFAULT_BLOCK_SIZES)),
-                        help="comma-separated block sizes to sweep (default 8,16,32,64)")
-    parser.add_argument("--reserve", type=int, metavar="M",
-                        help="positions a fixed reservation gives each sequence (default: the longest length)")
+    source.add_argument(
+        "--lengths-file",
+        metavar="FILE",
+        help="a file of lengths separated by spaces, commas or newlines ('#' starts a comment)",
+    )
+    parser.add_argument(
+        "--block-sizes",
+        default=",".join(map(str, DEFAULT_BLOCK_SIZES)),
+        help="comma-separated block sizes to sweep (default 8,16,32,64)",
+    )
+    parser.add_argument(
+        "--reserve",
+        type=int,
+        metavar="M",
+        help="positions a fixed reservation gives each sequence (default: the longest length)",
+    )
     parser.add_argument("--layers", type=int, default=32, help="L (default 32)")
     parser.add_argument("--kv-heads", type=int, default=8, help="h_kv (default 8)")
     parser.add_argument("--head-dim", type=int, default=128, help="d_h (default 128)")
-    parser.add_argument("--dtype", choices=sorted(BYTES_PER_SCALAR), default="bfloat16",
-                        help="b, the bytes per scalar (default bfloat16: 2)")
-    parser.add_argument("--table-entry-bytes", type=int, default=4,
-                        help="bytes per block-table entry (default 4, an int32)")
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(BYTES_PER_SCALAR),
+        default="bfloat16",
+        help="b, the bytes per scalar (default bfloat16: 2)",
+    )
+    parser.add_argument(
+        "--table-entry-bytes", type=int, default=4, help="bytes per block-table entry (default 4, an int32)"
+    )
     parser.add_argument("--json", action="store_true", help="print the layouts as one JSON object")
     parser.set_defaults(handler=run_command)
 
@@ -64,35 +81,72 @@ def _mib(value: int) -> str:
 
 def format_table(layouts: list[Layout]) -> list[str]:
     """One row per layout; utilisation rounded to two decimals, bytes in MiB."""
-    header = ("layout", "valid", "allocated", "tail waste", "utilisation", "K/V valid", "K/V allocated",
-              "table entries", "table bytes")
-    rows = [(layout.label, f"{layout.valid_positions:,}", f"{layout.allocated_positions:,}",
-             f"{layout.tail_waste:,}", f"{float(layout.utilisation) * 100:.2f}%", _mib(layout.valid_kv_bytes),
-             _mib(layout.allocated_kv_bytes), f"{layout.table_entries:,}", f"{layout.table_bytes:,}")
-            for layout in layouts]
+    header = (
+        "layout",
+        "valid",
+        "allocated",
+        "tail waste",
+        "utilisation",
+        "K/V valid",
+        "K/V allocated",
+        "table entries",
+        "table bytes",
+    )
+    rows = [
+        (
+            layout.label,
+            f"{layout.valid_positions:,}",
+            f"{layout.allocated_positions:,}",
+            f"{layout.tail_waste:,}",
+            f"{float(layout.utilisation) * 100:.2f}%",
+            _mib(layout.valid_kv_bytes),
+            _mib(layout.allocated_kv_bytes),
+            f"{layout.table_entries:,}",
+            f"{layout.table_bytes:,}",
+        )
+        for layout in layouts
+    ]
     widths = [max(len(row[column]) for row in (header, *rows)) for column in range(len(header))]
-    return ["  ".join(cell.ljust(width) if column == 0 else cell.rjust(width)
-                      for column, (cell, width) in enumerate(zip(row, widths))) for row in (header, *rows)]
+    return [
+        "  ".join(
+            cell.ljust(width) if column == 0 else cell.rjust(width)
+            for column, (cell, width) in enumerate(zip(row, widths))
+        )
+        for row in (header, *rows)
+    ]
 
 
 def run_command(args: argparse.Namespace) -> int:
     try:
-        lengths = (parse_lengths(args.lengths, "--lengths") if args.lengths is not None
-                   else parse_lengths(Path(args.lengths_file).read_text(), args.lengths_file))
+        lengths = (
+            parse_lengths(args.lengths, "--lengths")
+            if args.lengths is not None
+            else parse_lengths(Path(args.lengths_file).read_text(), args.lengths_file)
+        )
         shape = KVShape(args.layers, args.kv_heads, args.head_dim, BYTES_PER_SCALAR[args.dtype])
         layouts = account(lengths, _block_sizes(args.block_sizes), shape, args.reserve, args.table_entry_bytes)
     except (OSError, ValueError) as error:
         print(f"kvfuzz account: {error}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"lengths": len(lengths), "valid_positions": sum(lengths),
-                          "kv_bytes_per_position": shape.kv_bytes(1),
-                          "layouts": [layout.to_json() for layout in layouts]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "lengths": len(lengths),
+                    "valid_positions": sum(lengths),
+                    "kv_bytes_per_position": shape.kv_bytes(1),
+                    "layouts": [layout.to_json() for layout in layouts],
+                },
+                indent=2,
+            )
+        )
         return 0
     print(f"kvfuzz account: {len(lengths)} sequences, {sum(lengths):,} valid positions (longest {max(lengths):,})")
     print(f"  model: {shape.describe()} ({args.dtype})")
-    print(f"  block tables: {args.table_entry_bytes} bytes per entry, one table per sequence for all layers; "
-          "the reservation keeps none")
+    print(
+        f"  block tables: {args.table_entry_bytes} bytes per entry, one table per sequence for all layers; "
+        "the reservation keeps none"
+    )
     print("  K/V bytes exclude block tables, workspace and padding; utilisation is valid / allocated positions\n")
     print("\n".join(format_table(layouts)))
     return 0

@@ -49,8 +49,19 @@ class Occupancy:
         """Blocks that sharing (prefix cache, fork) saves: logical blocks mapped minus physical blocks used."""
         return self.logical_blocks - self.referenced_blocks
 
-    FIELDS = ("step", "sequences", "referenced_blocks", "effective_positions", "tail_waste_positions",
-              "logical_blocks", "saved_by_sharing", "cached_blocks", "free_blocks", "pending_blocks", "table_entries")
+    FIELDS = (
+        "step",
+        "sequences",
+        "referenced_blocks",
+        "effective_positions",
+        "tail_waste_positions",
+        "logical_blocks",
+        "saved_by_sharing",
+        "cached_blocks",
+        "free_blocks",
+        "pending_blocks",
+        "table_entries",
+    )
 
     def row(self) -> list[Optional[int]]:
         return [getattr(self, name) for name in self.FIELDS]
@@ -59,9 +70,15 @@ class Occupancy:
         return dict(zip(self.FIELDS, self.row()))
 
 
-def measure(step: int, tables: Iterable[tuple[Iterable[int], int]], block_size: int, num_blocks: int,
-            cached_blocks: Optional[int] = None, free_blocks: Optional[int] = None,
-            pending_blocks: Optional[int] = None) -> Occupancy:
+def measure(
+    step: int,
+    tables: Iterable[tuple[Iterable[int], int]],
+    block_size: int,
+    num_blocks: int,
+    cached_blocks: Optional[int] = None,
+    free_blocks: Optional[int] = None,
+    pending_blocks: Optional[int] = None,
+) -> Occupancy:
     """Occupancy from (block table, token count) pairs of the sequences holding device blocks.
 
     A physical block shared by several sequences counts once; its filled slots are the most any of its users has
@@ -79,8 +96,19 @@ def measure(step: int, tables: Iterable[tuple[Iterable[int], int]], block_size: 
             used = max(0, min(block_size, length - index * block_size))
             if used > fill.get(block, -1):
                 fill[block] = used
-    return Occupancy(step, num_blocks, block_size, sequences, len(fill), logical, sum(fill.values()), entries,
-                     cached_blocks, free_blocks, pending_blocks)
+    return Occupancy(
+        step,
+        num_blocks,
+        block_size,
+        sequences,
+        len(fill),
+        logical,
+        sum(fill.values()),
+        entries,
+        cached_blocks,
+        free_blocks,
+        pending_blocks,
+    )
 
 
 @attrs.frozen
@@ -95,9 +123,16 @@ class OccupancySummary:
     series: tuple
 
     def to_json(self) -> dict:
-        return {"samples": self.samples, "peak": self.peak.to_json() if self.peak is not None else None,
-                "mean": self.mean, "series": {"stride": self.stride, "columns": list(Occupancy.FIELDS),
-                                              "rows": [sample.row() for sample in self.series]}}
+        return {
+            "samples": self.samples,
+            "peak": self.peak.to_json() if self.peak is not None else None,
+            "mean": self.mean,
+            "series": {
+                "stride": self.stride,
+                "columns": list(Occupancy.FIELDS),
+                "rows": [sample.row() for sample in self.series],
+            },
+        }
 
     def describe(self) -> list[str]:
         """Peak and mean, one line each, for a person."""
@@ -105,15 +140,19 @@ class OccupancySummary:
             return ["occupancy: no step ran"]
         peak, mean = self.peak, self.mean
         cached = "" if peak.cached_blocks is None else f", {peak.cached_blocks} cached-but-free"
-        lines = [f"occupancy over {self.samples} steps (pool of {peak.num_blocks} blocks x {peak.block_size} slots):",
-                 f"  peak: {peak.referenced_blocks} blocks referenced by {peak.sequences} sequences: "
-                 f"{peak.effective_positions} positions of K/V, {peak.tail_waste_positions} tail waste, "
-                 f"{peak.saved_by_sharing} blocks saved by sharing{cached}; {peak.table_entries} block-table entries"]
+        lines = [
+            f"occupancy over {self.samples} steps (pool of {peak.num_blocks} blocks x {peak.block_size} slots):",
+            f"  peak: {peak.referenced_blocks} blocks referenced by {peak.sequences} sequences: "
+            f"{peak.effective_positions} positions of K/V, {peak.tail_waste_positions} tail waste, "
+            f"{peak.saved_by_sharing} blocks saved by sharing{cached}; {peak.table_entries} block-table entries",
+        ]
         if mean:
             cached = "" if "cached_blocks" not in mean else f", {mean['cached_blocks']:.1f} cached-but-free"
-            lines.append(f"  mean: {mean['referenced_blocks']:.1f} blocks referenced: "
-                         f"{mean['effective_positions']:.1f} positions of K/V, {mean['tail_waste_positions']:.1f} tail "
-                         f"waste, {mean['saved_by_sharing']:.1f} blocks saved by sharing{cached}")
+            lines.append(
+                f"  mean: {mean['referenced_blocks']:.1f} blocks referenced: "
+                f"{mean['effective_positions']:.1f} positions of K/V, {mean['tail_waste_positions']:.1f} tail "
+                f"waste, {mean['saved_by_sharing']:.1f} blocks saved by sharing{cached}"
+            )
         return lines
 
 

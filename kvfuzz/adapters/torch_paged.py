@@ -31,8 +31,17 @@ from typing import Sequence
 import torch
 
 from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
-from kvfuzz.allocator.types import AdmitResult, Capabilities, GrowResult, Namespace, PoolSpec, SeqId, Slot, \
-    SwapResult, Tokens
+from kvfuzz.allocator.types import (
+    AdmitResult,
+    Capabilities,
+    GrowResult,
+    Namespace,
+    PoolSpec,
+    SeqId,
+    Slot,
+    SwapResult,
+    Tokens,
+)
 from kvfuzz.kernels.flex import eager_flex_attention, pool_as_heads
 
 _EXHAUSTED = "empty pages"
@@ -56,8 +65,9 @@ class TorchPagedAttention:
         self.num_blocks = spec.num_blocks
         # Every live sequence holds at least one page, so there are never more live sequences than pages.
         self.max_batch_size = spec.num_blocks
-        self.paged = PagedAttention(n_pages=spec.num_blocks, page_size=spec.block_size,
-                                    max_batch_size=self.max_batch_size, device="cpu")
+        self.paged = PagedAttention(
+            n_pages=spec.num_blocks, page_size=spec.block_size, max_batch_size=self.max_batch_size, device="cpu"
+        )
         self.batch_of: dict[SeqId, int] = {}
         self.length: dict[SeqId, int] = {}
 
@@ -71,8 +81,9 @@ class TorchPagedAttention:
         in_use = set(self.batch_of.values())
         batch = next((index for index in range(self.max_batch_size) if index not in in_use), None)
         if batch is None:
-            raise OutOfBlocks(f"admit: every one of the {self.max_batch_size} batch indices is in use", needed=1,
-                              available=0)
+            raise OutOfBlocks(
+                f"admit: every one of the {self.max_batch_size} batch indices is in use", needed=1, available=0
+            )
         self._reserve(f"admit of {seq}", batch, len(tokens))
         self.batch_of[seq], self.length[seq] = batch, len(tokens)
         return AdmitResult(self.block_table(seq), 0)
@@ -136,8 +147,15 @@ class TorchPagedAttention:
 
     # -- its own paged attention -------------------------------------------------------------------------------
 
-    def paged_attention(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                        seqs: Sequence[SeqId], lengths: Sequence[int], starts: Sequence[int]) -> torch.Tensor:
+    def paged_attention(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        seqs: Sequence[SeqId],
+        lengths: Sequence[int],
+        starts: Sequence[int],
+    ) -> torch.Tensor:
         """Decode attention as PagedAttention's users run it: a logical block mask, converted to physical pages
         through the page table for these sequences' batch indices, then flex_attention over the physical pools."""
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -151,12 +169,24 @@ class TorchPagedAttention:
             return (kv_idx >= first[b]) & (kv_idx < kv_len[b])
 
         size = self.block_size
-        logical = create_block_mask(logical_mask, B=rows, H=None, Q_LEN=1, KV_LEN=-(-max(lengths) // size) * size,
-                                    BLOCK_SIZE=(1, size), device="cpu")
+        logical = create_block_mask(
+            logical_mask,
+            B=rows,
+            H=None,
+            Q_LEN=1,
+            KV_LEN=-(-max(lengths) // size) * size,
+            BLOCK_SIZE=(1, size),
+            device="cpu",
+        )
         physical = self.paged.convert_logical_block_mask(logical, batch_idx=batch_idx, kv_len=kv_len)
         with eager_flex_attention():
-            out = flex_attention(queries.reshape(rows, layers * query_heads, 1, dim), pool_as_heads(keys),
-                                 pool_as_heads(values), block_mask=physical, enable_gqa=True)
+            out = flex_attention(
+                queries.reshape(rows, layers * query_heads, 1, dim),
+                pool_as_heads(keys),
+                pool_as_heads(values),
+                block_mask=physical,
+                enable_gqa=True,
+            )
         return out.reshape(rows, layers, query_heads, dim)
 
     # -- helpers -----------------------------------------------------------------------------------------------
@@ -174,9 +204,11 @@ class TorchPagedAttention:
             if _EXHAUSTED not in str(error):
                 raise
             held = int(self.paged.capacity[batch]) // self.block_size
-            raise OutOfBlocks(f"{what} (batch index {batch}, {length} tokens): PagedAttention.reserve refused: "
-                              f"{error}", needed=-(-length // self.block_size) - held,
-                              available=len(self.paged.empty_pages)) from error
+            raise OutOfBlocks(
+                f"{what} (batch index {batch}, {length} tokens): PagedAttention.reserve refused: {error}",
+                needed=-(-length // self.block_size) - held,
+                available=len(self.paged.empty_pages),
+            ) from error
 
     def _erase(self, seq: SeqId, op: str) -> None:
         batch = self._batch(seq, op)

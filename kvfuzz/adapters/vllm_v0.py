@@ -34,21 +34,34 @@ from typing import Any, Collection, Optional
 import attrs
 
 from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
-from kvfuzz.allocator.types import (AdmitResult, BlockCopy, Capabilities, GrowResult, Namespace, PoolSpec, SeqId,
-                                    Slot, SwapResult, Tokens)
+from kvfuzz.allocator.types import (
+    AdmitResult,
+    BlockCopy,
+    Capabilities,
+    GrowResult,
+    Namespace,
+    PoolSpec,
+    SeqId,
+    Slot,
+    SwapResult,
+    Tokens,
+)
 
 
 def _has_v0_block_manager() -> bool:
     """Whether the installed vLLM still ships ``vllm/core/block_manager.py`` (found without importing vLLM)."""
     spec = importlib.util.find_spec("vllm")
-    return spec is not None and any((Path(location) / "core" / "block_manager.py").is_file()
-                                    for location in spec.submodule_search_locations or ())
+    return spec is not None and any(
+        (Path(location) / "core" / "block_manager.py").is_file() for location in spec.submodule_search_locations or ()
+    )
 
 
 if not _has_v0_block_manager():
     # Fail at import, so that a trace naming this adapter is skipped where vLLM's v0 block manager is not installed.
-    raise ImportError("kvfuzz.adapters.vllm_v0 needs vllm 0.10.2 (its v0 block manager); build an environment with "
-                      "scripts/third_party_env.sh vllm-v0")
+    raise ImportError(
+        "kvfuzz.adapters.vllm_v0 needs vllm 0.10.2 (its v0 block manager); build an environment with "
+        "scripts/third_party_env.sh vllm-v0"
+    )
 
 ENGINE_WATERMARK = 0.01
 """``SelfAttnBlockSpaceManager``'s default watermark, which the v0 scheduler leaves in place."""
@@ -73,27 +86,39 @@ class _Request:
 class VllmV0BlockManager:
     """A ``SelfAttnBlockSpaceManager`` driven the way vLLM v0's scheduler drives it."""
 
-    def __init__(self, spec: PoolSpec, *, enable_caching: bool, fork: bool = True,
-                 preempt_scheduled: bool = False) -> None:
+    def __init__(
+        self, spec: PoolSpec, *, enable_caching: bool, fork: bool = True, preempt_scheduled: bool = False
+    ) -> None:
         from vllm.core.block_manager import SelfAttnBlockSpaceManager
         from vllm.utils import Device
 
         self.block_size = spec.block_size
         self.num_blocks = spec.num_blocks
         self.num_host_blocks = spec.num_host_blocks
-        self._manager = SelfAttnBlockSpaceManager(block_size=spec.block_size, num_gpu_blocks=spec.num_blocks,
-                                                  num_cpu_blocks=spec.num_host_blocks, watermark=ENGINE_WATERMARK,
-                                                  enable_caching=enable_caching)
+        self._manager = SelfAttnBlockSpaceManager(
+            block_size=spec.block_size,
+            num_gpu_blocks=spec.num_blocks,
+            num_cpu_blocks=spec.num_host_blocks,
+            watermark=ENGINE_WATERMARK,
+            enable_caching=enable_caching,
+        )
         self._gpu = self._manager.block_allocator._allocators[Device.GPU]
         self._caching = enable_caching
         # v0 makes full blocks matchable (content-hashed) when it allocates them, recomputes a fully cached prompt's
         # last token inside the cached block, and its scheduler preempts only requests it has not scheduled in the
         # current round, unless a chunked prefill is preempted part-way.
-        self.capabilities = Capabilities(fork=fork, prefix_cache=enable_caching, namespaces=enable_caching,
-                                         swap=spec.num_host_blocks > 0, inflight_window=0,
-                                         reserved_blocks=self._manager.watermark_blocks, introspection=True,
-                                         matchable_when_scheduled=True, preempt_scheduled=preempt_scheduled,
-                                         recomputes_in_place=enable_caching)
+        self.capabilities = Capabilities(
+            fork=fork,
+            prefix_cache=enable_caching,
+            namespaces=enable_caching,
+            swap=spec.num_host_blocks > 0,
+            inflight_window=0,
+            reserved_blocks=self._manager.watermark_blocks,
+            introspection=True,
+            matchable_when_scheduled=True,
+            preempt_scheduled=preempt_scheduled,
+            recomputes_in_place=enable_caching,
+        )
         self._live: dict[SeqId, _Request] = {}
         self._preempted: dict[SeqId, _Request] = {}
         self._lora_ids: dict[Namespace, int] = {}
@@ -112,20 +137,24 @@ class VllmV0BlockManager:
             raise InvalidArgument(f"admit: sequence {seq!r} has no tokens")
         request = self._preempted.get(seq)
         if request is not None and (request.namespace, request.tokens) != (tuple(namespace), tuple(tokens)):
-            raise InvalidArgument(f"admit: preempted sequence {seq!r} comes back with other tokens or namespace: "
-                                  f"expected {request.namespace!r} {list(request.tokens)}, "
-                                  f"got {tuple(namespace)!r} {list(tokens)}")
+            raise InvalidArgument(
+                f"admit: preempted sequence {seq!r} comes back with other tokens or namespace: "
+                f"expected {request.namespace!r} {list(request.tokens)}, "
+                f"got {tuple(namespace)!r} {list(tokens)}"
+            )
         if request is None:
             request = self._new_request(seq, tuple(namespace), tokens)
         num_cached = self._num_cached_tokens(request)
         status = self._manager.can_allocate(request.group)
         if status != AllocStatus.OK:
             self._manager.remove_seq_from_computed_blocks_tracker(request.seq)
-            raise OutOfBlocks(f"admit: can_allocate({seq!r}, {len(tokens)} tokens) is {status.name} with "
-                              f"{self._manager.get_num_free_gpu_blocks()} free device block(s) and watermark "
-                              f"{self._manager.watermark_blocks}",
-                              needed=-(-len(tokens) // self.block_size),
-                              available=self._manager.get_num_free_gpu_blocks())
+            raise OutOfBlocks(
+                f"admit: can_allocate({seq!r}, {len(tokens)} tokens) is {status.name} with "
+                f"{self._manager.get_num_free_gpu_blocks()} free device block(s) and watermark "
+                f"{self._manager.watermark_blocks}",
+                needed=-(-len(tokens) // self.block_size),
+                available=self._manager.get_num_free_gpu_blocks(),
+            )
         self._manager.allocate(request.group)
         request.seq.status = SequenceStatus.RUNNING
         self._preempted.pop(seq, None)
@@ -139,9 +168,11 @@ class VllmV0BlockManager:
         if not tokens:
             raise InvalidArgument(f"grow: sequence {seq!r} given no tokens")
         if not self._manager.can_append_slots(request.group, num_lookahead_slots=len(tokens)):
-            raise OutOfBlocks(f"grow: can_append_slots({seq!r}, {len(tokens)} slots) is False with "
-                              f"{self._manager.get_num_free_gpu_blocks()} free device block(s)",
-                              available=self._manager.get_num_free_gpu_blocks())
+            raise OutOfBlocks(
+                f"grow: can_append_slots({seq!r}, {len(tokens)} slots) is False with "
+                f"{self._manager.get_num_free_gpu_blocks()} free device block(s)",
+                available=self._manager.get_num_free_gpu_blocks(),
+            )
         old_len = request.seq.get_len()
         for token in tokens:
             request.seq.append_token_id(token, {token: Logprob(logprob=0.0)})
@@ -159,8 +190,9 @@ class VllmV0BlockManager:
             raise SequenceExists(f"fork: child {child!r} is already live")
         child_seq = source.seq.fork(next(self._seq_ids))
         self._manager.fork(source.seq, child_seq)
-        group = SequenceGroup(request_id=child, seqs=[child_seq], arrival_time=0.0,
-                              lora_request=source.group.lora_request)
+        group = SequenceGroup(
+            request_id=child, seqs=[child_seq], arrival_time=0.0, lora_request=source.group.lora_request
+        )
         self._preempted.pop(child, None)
         self._live[child] = _Request(child_seq, group, source.namespace)
 
@@ -190,9 +222,11 @@ class VllmV0BlockManager:
         if not self.capabilities.swap:
             raise Unsupported("swap_out: this block manager has no host blocks")
         if not self._manager.can_swap_out(request.group):
-            raise OutOfBlocks(f"swap_out: can_swap_out({seq!r}) is False with "
-                              f"{self._manager.get_num_free_cpu_blocks()} free host block(s)",
-                              available=self._manager.get_num_free_cpu_blocks())
+            raise OutOfBlocks(
+                f"swap_out: can_swap_out({seq!r}) is False with "
+                f"{self._manager.get_num_free_cpu_blocks()} free host block(s)",
+                available=self._manager.get_num_free_cpu_blocks(),
+            )
         mapping = self._manager.swap_out(request.group)
         request.seq.status = SequenceStatus.SWAPPED
         return SwapResult(mapping)
@@ -206,9 +240,12 @@ class VllmV0BlockManager:
             raise InvalidArgument(f"swap_in: sequence {seq!r} is not swapped out")
         status = self._manager.can_swap_in(request.group, num_lookahead_slots=0)
         if status != AllocStatus.OK:
-            raise OutOfBlocks(f"swap_in: can_swap_in({seq!r}) is {status.name} with "
-                              f"{self._manager.get_num_free_gpu_blocks()} free device block(s) and watermark "
-                              f"{self._manager.watermark_blocks}", available=self._manager.get_num_free_gpu_blocks())
+            raise OutOfBlocks(
+                f"swap_in: can_swap_in({seq!r}) is {status.name} with "
+                f"{self._manager.get_num_free_gpu_blocks()} free device block(s) and watermark "
+                f"{self._manager.watermark_blocks}",
+                available=self._manager.get_num_free_gpu_blocks(),
+            )
         mapping = self._manager.swap_in(request.group)
         request.seq.status = SequenceStatus.RUNNING
         return SwapResult(mapping)
@@ -263,10 +300,12 @@ class VllmV0BlockManager:
         from vllm.sequence import Sequence, SequenceGroup
 
         lora = self._lora_request(namespace)
-        vllm_seq = Sequence(next(self._seq_ids), {"type": "token", "prompt_token_ids": list(tokens)},
-                            self.block_size, lora_request=lora)
-        return _Request(vllm_seq, SequenceGroup(request_id=seq, seqs=[vllm_seq], arrival_time=0.0,
-                                                lora_request=lora), namespace)
+        vllm_seq = Sequence(
+            next(self._seq_ids), {"type": "token", "prompt_token_ids": list(tokens)}, self.block_size, lora_request=lora
+        )
+        return _Request(
+            vllm_seq, SequenceGroup(request_id=seq, seqs=[vllm_seq], arrival_time=0.0, lora_request=lora), namespace
+        )
 
     def _lora_request(self, namespace: Namespace) -> Optional[Any]:
         """The LoRA adapter standing for ``namespace``: a distinct ``lora_int_id`` per namespace, none for ()."""

@@ -58,13 +58,24 @@ from typing import Any, Callable, Optional
 import attrs
 
 from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
-from kvfuzz.allocator.types import (NULL_BLOCK, AdmitResult, Capabilities, GrowResult, Namespace, PoolSpec, SeqId,
-                                    Slot, SwapResult, Tokens)
+from kvfuzz.allocator.types import (
+    NULL_BLOCK,
+    AdmitResult,
+    Capabilities,
+    GrowResult,
+    Namespace,
+    PoolSpec,
+    SeqId,
+    Slot,
+    SwapResult,
+    Tokens,
+)
 
 if importlib.util.find_spec("vllm") is None:
     # Fail at import, so that a trace naming this adapter is skipped where vLLM is not installed.
-    raise ImportError("kvfuzz.adapters.vllm_v1 needs vllm 0.33.0; build an environment with "
-                      "scripts/third_party_env.sh vllm")
+    raise ImportError(
+        "kvfuzz.adapters.vllm_v1 needs vllm 0.33.0; build an environment with scripts/third_party_env.sh vllm"
+    )
 
 MAX_MODEL_LEN = 1 << 20
 """The manager's ``max_model_len``: far above any sequence kvfuzz builds, so vLLM never caps a sequence's slots."""
@@ -122,8 +133,11 @@ class _NamespaceKeys:
         if self._kind == "cache_salt":
             return {"cache_salt": encoded}
         lora_id = self._lora_ids.setdefault(namespace, len(self._lora_ids) + 1)
-        return {"lora_request": self._lora_request(lora_name=encoded, lora_int_id=lora_id,
-                                                   lora_path=f"/kvfuzz/lora/{lora_id}")}
+        return {
+            "lora_request": self._lora_request(
+                lora_name=encoded, lora_int_id=lora_id, lora_path=f"/kvfuzz/lora/{lora_id}"
+            )
+        }
 
 
 class _DeferredFrees:
@@ -169,15 +183,27 @@ class VllmV1Allocator:
         self.num_blocks = spec.num_blocks
         self.num_host_blocks = 0
         # allocate_slots registers full blocks in the prefix cache when their tokens are scheduled.
-        self.capabilities = Capabilities(prefix_cache=options.prefix_caching, namespaces=options.prefix_caching,
-                                         eviction=options.prefix_caching, inflight_window=options.inflight_window,
-                                         sliding_window=options.sliding_window, introspection=True,
-                                         matchable_when_scheduled=True, preempt_scheduled=options.priority_policy)
+        self.capabilities = Capabilities(
+            prefix_cache=options.prefix_caching,
+            namespaces=options.prefix_caching,
+            eviction=options.prefix_caching,
+            inflight_window=options.inflight_window,
+            sliding_window=options.sliding_window,
+            introspection=True,
+            matchable_when_scheduled=True,
+            preempt_scheduled=options.priority_policy,
+        )
         self._manager = vllm.KVCacheManager(
-            vllm.KVCacheConfig(num_blocks=spec.num_blocks + 1, kv_cache_tensors=[],
-                               kv_cache_groups=[vllm.KVCacheGroupSpec(["kvfuzz.attn"], self._kv_spec(options))]),
-            max_model_len=MAX_MODEL_LEN, scheduler_block_size=spec.block_size, hash_block_size=spec.block_size,
-            enable_caching=options.prefix_caching)
+            vllm.KVCacheConfig(
+                num_blocks=spec.num_blocks + 1,
+                kv_cache_tensors=[],
+                kv_cache_groups=[vllm.KVCacheGroupSpec(["kvfuzz.attn"], self._kv_spec(options))],
+            ),
+            max_model_len=MAX_MODEL_LEN,
+            scheduler_block_size=spec.block_size,
+            hash_block_size=spec.block_size,
+            enable_caching=options.prefix_caching,
+        )
         self._pool = self._manager.block_pool
         self._hasher = None
         if options.prefix_caching:
@@ -208,15 +234,22 @@ class VllmV1Allocator:
             raise InvalidArgument(f"admit: sequence {seq!r} has no tokens")
         request = self._preempted.get(seq)
         if request is None:
-            request = self._vllm.Request(request_id=seq, prompt_token_ids=list(tokens),
-                                         sampling_params=self._sampling, pooling_params=None,
-                                         block_hasher=self._hasher, **self._keys.request_kwargs(namespace))
+            request = self._vllm.Request(
+                request_id=seq,
+                prompt_token_ids=list(tokens),
+                sampling_params=self._sampling,
+                pooling_params=None,
+                block_hasher=self._hasher,
+                **self._keys.request_kwargs(namespace),
+            )
         elif tuple(request.all_token_ids) != tuple(tokens):
             raise InvalidArgument(f"admit: preempted sequence {seq!r} comes back with other tokens than it had")
         hit, num_hit, _ = self._manager.get_computed_blocks(request)
         num_new = request.num_tokens - num_hit
-        if self._manager.allocate_slots(request, num_new, num_new_computed_tokens=num_hit,
-                                        new_computed_blocks=hit) is None:
+        if (
+            self._manager.allocate_slots(request, num_new, num_new_computed_tokens=num_hit, new_computed_blocks=hit)
+            is None
+        ):
             raise self._refusal(f"admit of {seq!r} ({len(tokens)} tokens, {num_hit} cached)")
         self._check_no_copies("admit")
         self._preempted.pop(seq, None)
@@ -316,8 +349,9 @@ class VllmV1Allocator:
     def pending_blocks(self) -> list[int]:
         """Blocks that only deferred frees still hold."""
         blocks = self._pool.blocks
-        return [block_id - 1 for block_id, held in self._deferred.holds.items()
-                if held and blocks[block_id].ref_cnt == held]
+        return [
+            block_id - 1 for block_id, held in self._deferred.holds.items() if held and blocks[block_id].ref_cnt == held
+        ]
 
     # -- helpers -------------------------------------------------------------------------------------------------
 
@@ -343,8 +377,8 @@ class VllmV1Allocator:
     def _take_back_tokens(self, request: Any, num_tokens: int) -> None:
         """Undo the adapter's own append of refused tokens: token lists and the hashes of blocks they filled."""
         del request._all_token_ids[num_tokens:]
-        del request._output_token_ids[max(0, num_tokens - request.num_prompt_tokens):]
-        del request.block_hashes[num_tokens // self.block_size:]
+        del request._output_token_ids[max(0, num_tokens - request.num_prompt_tokens) :]
+        del request.block_hashes[num_tokens // self.block_size :]
 
     def _check_no_copies(self, op: str) -> None:
         copies, _ = self._manager.take_kv_cache_block_copies()
@@ -353,8 +387,9 @@ class VllmV1Allocator:
 
     def _refusal(self, what: str) -> OutOfBlocks:
         available = self._pool.get_num_free_blocks()
-        return OutOfBlocks(f"{what}: vLLM's allocate_slots refused with {available} free block(s) in its queue",
-                           available=available)
+        return OutOfBlocks(
+            f"{what}: vLLM's allocate_slots refused with {available} free block(s) in its queue", available=available
+        )
 
     def _free_queue(self) -> list[Any]:
         return self._pool.free_block_queue.get_all_free_blocks()
@@ -374,23 +409,39 @@ def _factory(name: str, doc: str, **options: Any) -> Callable[[PoolSpec], VllmV1
 
 
 kv_cache_manager = _factory(
-    "kv_cache_manager", "Prefix caching, namespaces as cache salts, synchronous engine (W = 0).")
+    "kv_cache_manager", "Prefix caching, namespaces as cache salts, synchronous engine (W = 0)."
+)
 kv_cache_manager_priority = _factory(
-    "kv_cache_manager_priority", "Prefix caching, W = 0, under the priority policy, which may preempt a request "
-    "already scheduled in the same round.", priority_policy=True)
+    "kv_cache_manager_priority",
+    "Prefix caching, W = 0, under the priority policy, which may preempt a request "
+    "already scheduled in the same round.",
+    priority_policy=True,
+)
 kv_cache_manager_lora = _factory(
-    "kv_cache_manager_lora", "Prefix caching, namespaces as LoRA adapters, W = 0.", namespace_key="lora")
+    "kv_cache_manager_lora", "Prefix caching, namespaces as LoRA adapters, W = 0.", namespace_key="lora"
+)
 kv_cache_manager_deferred_free = _factory(
-    "kv_cache_manager_deferred_free", "Prefix caching; the scheduler's deferred frees with two batches in flight "
-    "(W = 1).", inflight_window=1)
+    "kv_cache_manager_deferred_free",
+    "Prefix caching; the scheduler's deferred frees with two batches in flight (W = 1).",
+    inflight_window=1,
+)
 kv_cache_manager_sliding_window = _factory(
-    "kv_cache_manager_sliding_window", "A sliding-window group of 12 tokens with prefix caching, W = 0.",
-    sliding_window=12)
+    "kv_cache_manager_sliding_window",
+    "A sliding-window group of 12 tokens with prefix caching, W = 0.",
+    sliding_window=12,
+)
 kv_cache_manager_no_prefix_cache = _factory(
-    "kv_cache_manager_no_prefix_cache", "Prefix caching disabled, W = 0.", prefix_caching=False)
+    "kv_cache_manager_no_prefix_cache", "Prefix caching disabled, W = 0.", prefix_caching=False
+)
 kv_cache_manager_no_prefix_cache_deferred_free = _factory(
-    "kv_cache_manager_no_prefix_cache_deferred_free", "Prefix caching disabled; deferred frees (W = 1).",
-    prefix_caching=False, inflight_window=1)
+    "kv_cache_manager_no_prefix_cache_deferred_free",
+    "Prefix caching disabled; deferred frees (W = 1).",
+    prefix_caching=False,
+    inflight_window=1,
+)
 kv_cache_manager_no_prefix_cache_sliding_window = _factory(
-    "kv_cache_manager_no_prefix_cache_sliding_window", "A sliding-window group of 12 tokens, no prefix caching.",
-    prefix_caching=False, sliding_window=12)
+    "kv_cache_manager_no_prefix_cache_sliding_window",
+    "A sliding-window group of 12 tokens, no prefix caching.",
+    prefix_caching=False,
+    sliding_window=12,
+)

@@ -1,14 +1,51 @@
 """The allocator contract (protocol, capabilities, errors, result types) and kvfuzz's own correct allocator."""
 
-from kvfuzz.allocator.errors import (AllocatorError, InvalidArgument, Misuse, OutOfBlocks, SequenceExists,
-                                     UnknownSequence, Unsupported)
+from kvfuzz.allocator.errors import (
+    AllocatorError,
+    InvalidArgument,
+    Misuse,
+    OutOfBlocks,
+    SequenceExists,
+    UnknownSequence,
+    Unsupported,
+)
 from kvfuzz.allocator.paged import PagedAllocator, paged_allocator, synchronous_allocator
 from kvfuzz.allocator.protocol import Introspectable
 from kvfuzz.allocator.protocol import PagedAllocator as AllocatorProtocol
-from kvfuzz.allocator.types import (AdmitResult, BlockCopy, Capabilities, GrowResult, Namespace, PoolSpec, SeqId,
-                                    Slot, SwapResult, Tokens)
+from kvfuzz.allocator.types import (
+    AdmitResult,
+    BlockCopy,
+    Capabilities,
+    GrowResult,
+    Namespace,
+    PoolSpec,
+    SeqId,
+    Slot,
+    SwapResult,
+    Tokens,
+)
 
-__all__ = ["AdmitResult", "AllocatorError", "AllocatorProtocol", "BlockCopy", "Capabilities", "GrowResult",
-           "Introspectable", "InvalidArgument", "Misuse", "Namespace", "OutOfBlocks", "PagedAllocator", "PoolSpec",
-           "SeqId", "SequenceExists", "Slot", "SwapResult", "Tokens", "UnknownSequence", "Unsupported",
-           "paged_allocator", "synchronous_allocator"]
+__all__ = [
+    "AdmitResult",
+    "AllocatorError",
+    "AllocatorProtocol",
+    "BlockCopy",
+    "Capabilities",
+    "GrowResult",
+    "Introspectable",
+    "InvalidArgument",
+    "Misuse",
+    "Namespace",
+    "OutOfBlocks",
+    "PagedAllocator",
+    "PoolSpec",
+    "SeqId",
+    "SequenceExists",
+    "Slot",
+    "SwapResult",
+    "Tokens",
+    "UnknownSequence",
+    "Unsupported",
+    "paged_allocator",
+    "synchronous_allocator",
+]

@@ -23,8 +23,9 @@ from kvfuzz.allocator.errors import OutOfBlocks
 class BlockPool:
     """Refcounted blocks ``0 .. num_blocks - 1`` with a non-reuse window of ``window`` steps."""
 
-    def __init__(self, num_blocks: int, window: int, is_cached: Callable[[int], bool],
-                 on_evict: Callable[[int], None]) -> None:
+    def __init__(
+        self, num_blocks: int, window: int, is_cached: Callable[[int], bool], on_evict: Callable[[int], None]
+    ) -> None:
         self.num_blocks = num_blocks
         self.window = window
         self._is_cached = is_cached
@@ -60,8 +61,9 @@ class BlockPool:
         """Hand out ``count`` fresh blocks, evicting cached ones if needed; all or nothing."""
         available = self.num_available()
         if count + reserve > available:
-            raise OutOfBlocks(f"need {count} block(s) (+{reserve} reserved), {available} available",
-                              needed=count, available=available)
+            raise OutOfBlocks(
+                f"need {count} block(s) (+{reserve} reserved), {available} available", needed=count, available=available
+            )
         blocks = []
         for _ in range(count):
             if self._free:

@@ -18,8 +18,19 @@ import attrs
 from kvfuzz.allocator.block_pool import BlockPool
 from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
 from kvfuzz.allocator.prefix_cache import CacheEntry, PrefixCache, chain_hash
-from kvfuzz.allocator.types import (NULL_BLOCK, AdmitResult, BlockCopy, Capabilities, GrowResult, Namespace,
-                                    PoolSpec, SeqId, Slot, SwapResult, Tokens)
+from kvfuzz.allocator.types import (
+    NULL_BLOCK,
+    AdmitResult,
+    BlockCopy,
+    Capabilities,
+    GrowResult,
+    Namespace,
+    PoolSpec,
+    SeqId,
+    Slot,
+    SwapResult,
+    Tokens,
+)
 
 
 @attrs.define(eq=False)
@@ -52,8 +63,12 @@ class _Registration:
 
     def still_valid(self) -> bool:
         seq = self.seq
-        return (seq.live and self.index < len(seq.table) and seq.table[self.index] == self.block
-                and seq.versions[self.index] == self.version)
+        return (
+            seq.live
+            and self.index < len(seq.table)
+            and seq.table[self.index] == self.block
+            and seq.versions[self.index] == self.version
+        )
 
 
 class PagedAllocator:
@@ -61,18 +76,36 @@ class PagedAllocator:
 
     pool_class = BlockPool
 
-    def __init__(self, block_size: int, num_blocks: int, num_host_blocks: int = 0, *, inflight_window: int = 0,
-                 prefix_caching: bool = True, reserved_blocks: int = 0, sliding_window: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        num_blocks: int,
+        num_host_blocks: int = 0,
+        *,
+        inflight_window: int = 0,
+        prefix_caching: bool = True,
+        reserved_blocks: int = 0,
+        sliding_window: Optional[int] = None,
+    ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.num_host_blocks = num_host_blocks if sliding_window is None else 0
-        self.capabilities = Capabilities(fork=True, prefix_cache=prefix_caching, namespaces=prefix_caching,
-                                         swap=self.num_host_blocks > 0, rollback=True, eviction=True,
-                                         inflight_window=inflight_window, reserved_blocks=reserved_blocks,
-                                         sliding_window=sliding_window, introspection=True)
+        self.capabilities = Capabilities(
+            fork=True,
+            prefix_cache=prefix_caching,
+            namespaces=prefix_caching,
+            swap=self.num_host_blocks > 0,
+            rollback=True,
+            eviction=True,
+            inflight_window=inflight_window,
+            reserved_blocks=reserved_blocks,
+            sliding_window=sliding_window,
+            introspection=True,
+        )
         self._cache = PrefixCache()
-        self._pool = self.pool_class(num_blocks, inflight_window, is_cached=self._cache.is_cached,
-                               on_evict=self._cache.unregister)
+        self._pool = self.pool_class(
+            num_blocks, inflight_window, is_cached=self._cache.is_cached, on_evict=self._cache.unregister
+        )
         self._host_free: dict[int, None] = dict.fromkeys(range(num_host_blocks))
         self._seqs: dict[SeqId, _Sequence] = {}
         self._registrations: deque[_Registration] = deque()
@@ -96,8 +129,10 @@ class PagedAllocator:
         for block in kept_hits:
             self._pool.take(block)
         fresh = iter(self._pool.allocate(fresh_needed))
-        table = [NULL_BLOCK if index < skipped else hits[index] if index < len(hits) else next(fresh)
-                 for index in range(self._blocks_for(len(tokens)))]
+        table = [
+            NULL_BLOCK if index < skipped else hits[index] if index < len(hits) else next(fresh)
+            for index in range(self._blocks_for(len(tokens)))
+        ]
         state = _Sequence(namespace, list(tokens), table, hashes, [next(self._version_clock) for _ in table])
         self._seqs[seq] = state
         self._schedule_registrations(state, first_index=len(hits))
@@ -142,8 +177,9 @@ class PagedAllocator:
         for block in source.table:
             if block != NULL_BLOCK:
                 self._pool.take(block)
-        self._seqs[child] = _Sequence(source.namespace, list(source.tokens), list(source.table),
-                                      list(source.hashes), list(source.versions))
+        self._seqs[child] = _Sequence(
+            source.namespace, list(source.tokens), list(source.table), list(source.hashes), list(source.versions)
+        )
 
     def free(self, seq: SeqId) -> None:
         state = self._seqs.pop(seq, None)
@@ -163,8 +199,11 @@ class PagedAllocator:
         if not self.capabilities.swap:
             raise Unsupported("swap_out: this allocator has no host pool")
         if len(state.table) > len(self._host_free):
-            raise OutOfBlocks(f"swap_out: {seq!r} needs {len(state.table)} host block(s), "
-                              f"{len(self._host_free)} free", needed=len(state.table), available=len(self._host_free))
+            raise OutOfBlocks(
+                f"swap_out: {seq!r} needs {len(state.table)} host block(s), {len(self._host_free)} free",
+                needed=len(state.table),
+                available=len(self._host_free),
+            )
         host = list(itertools.islice(self._host_free, len(state.table)))
         for host_block in host:
             del self._host_free[host_block]
@@ -190,17 +229,25 @@ class PagedAllocator:
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
         state = self._running(seq, "rollback")
         if not 1 <= num_tokens < len(state.tokens):
-            raise InvalidArgument(f"rollback: {seq!r} holds {len(state.tokens)} tokens, cannot drop {num_tokens} "
-                                  f"(must keep at least one)")
+            raise InvalidArgument(
+                f"rollback: {seq!r} holds {len(state.tokens)} tokens, cannot drop {num_tokens} (must keep at least one)"
+            )
         new_len = len(state.tokens) - num_tokens
         window = self.capabilities.sliding_window
-        if window is not None and NULL_BLOCK in state.table[max(0, new_len - window) // self.block_size:]:
-            raise InvalidArgument(f"rollback: dropping {num_tokens} tokens of {seq!r} would bring blocks already "
-                                  f"dropped by the sliding window back into it")
+        if window is not None and NULL_BLOCK in state.table[max(0, new_len - window) // self.block_size :]:
+            raise InvalidArgument(
+                f"rollback: dropping {num_tokens} tokens of {seq!r} would bring blocks already "
+                f"dropped by the sliding window back into it"
+            )
         keep = self._blocks_for(new_len)
         for block in reversed(state.table[keep:]):
             self._pool.release(block)
-        del state.table[keep:], state.versions[keep:], state.tokens[new_len:], state.hashes[new_len // self.block_size:]
+        del (
+            state.table[keep:],
+            state.versions[keep:],
+            state.tokens[new_len:],
+            state.hashes[new_len // self.block_size :],
+        )
         if new_len % self.block_size:
             state.versions[-1] = next(self._version_clock)
 
@@ -267,15 +314,18 @@ class PagedAllocator:
         reserve = self.capabilities.reserved_blocks
         available = self._pool.num_available() - taken_from_evictable
         if fresh_needed + reserve > available:
-            raise OutOfBlocks(f"need {fresh_needed} fresh block(s) (+{reserve} reserved), {available} available",
-                              needed=fresh_needed, available=available)
+            raise OutOfBlocks(
+                f"need {fresh_needed} fresh block(s) (+{reserve} reserved), {available} available",
+                needed=fresh_needed,
+                available=available,
+            )
 
     def _full_block_hashes(self, namespace: Namespace, tokens: Tokens, hashes: list[int]) -> list[int]:
         """Extend ``hashes`` with the chained hash of every full block of ``tokens`` not yet hashed."""
         size = self.block_size
         for index in range(len(hashes), len(tokens) // size):
             previous = hashes[index - 1] if index else None
-            hashes.append(chain_hash(previous, namespace, tokens[index * size:(index + 1) * size]))
+            hashes.append(chain_hash(previous, namespace, tokens[index * size : (index + 1) * size]))
         return hashes
 
     def _match(self, namespace: Namespace, tokens: Tokens, hashes: list[int]) -> list[int]:
@@ -283,7 +333,7 @@ class PagedAllocator:
             return []
         hits = []
         for index, block_hash in enumerate(hashes):
-            block = self._cache.lookup(block_hash, namespace, tokens[:(index + 1) * self.block_size])
+            block = self._cache.lookup(block_hash, namespace, tokens[: (index + 1) * self.block_size])
             if block is None:
                 break
             hits.append(block)
@@ -299,9 +349,10 @@ class PagedAllocator:
         for index in range(first_index, len(state.hashes)):
             if state.table[index] == NULL_BLOCK:
                 continue
-            entry = CacheEntry(state.hashes[index], namespace, tuple(state.tokens[:(index + 1) * size]))
-            self._registrations.append(_Registration(commit_after, state, index, state.table[index],
-                                                     state.versions[index], entry))
+            entry = CacheEntry(state.hashes[index], namespace, tuple(state.tokens[: (index + 1) * size]))
+            self._registrations.append(
+                _Registration(commit_after, state, index, state.table[index], state.versions[index], entry)
+            )
 
     def _release_table(self, state: _Sequence) -> None:
         """Drop the sequence's device references, tail first, so its tail blocks are evicted first."""

@@ -18,8 +18,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Collection, Optional, Protocol, Sequence, runtime_checkable
 
-from kvfuzz.allocator.types import (AdmitResult, BlockCopy, Capabilities, GrowResult, Namespace, SeqId, SwapResult,
-                                    Tokens)
+from kvfuzz.allocator.types import (
+    AdmitResult,
+    BlockCopy,
+    Capabilities,
+    GrowResult,
+    Namespace,
+    SeqId,
+    SwapResult,
+    Tokens,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -106,8 +114,15 @@ class ProvidesAttention(Protocol):
     different kernel).
     """
 
-    def paged_attention(self, queries: "torch.Tensor", keys: "torch.Tensor", values: "torch.Tensor",
-                        seqs: Sequence[SeqId], lengths: Sequence[int], starts: Sequence[int]) -> "torch.Tensor":
+    def paged_attention(
+        self,
+        queries: "torch.Tensor",
+        keys: "torch.Tensor",
+        values: "torch.Tensor",
+        seqs: Sequence[SeqId],
+        lengths: Sequence[int],
+        starts: Sequence[int],
+    ) -> "torch.Tensor":
         """Attention of each running sequence's last-token query over its own K/V, read through the allocator's
         tables.
 

@@ -69,8 +69,9 @@ class Capabilities:
     eviction: bool = False
     inflight_window: int = attrs.field(default=0, validator=_non_negative)
     reserved_blocks: int = attrs.field(default=0, validator=_non_negative)
-    sliding_window: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(
-        attrs.validators.ge(1)))
+    sliding_window: Optional[int] = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
+    )
     introspection: bool = False
     attention_kernel: bool = False
     remaps_on_step: bool = False

@@ -8,8 +8,15 @@ from typing import Callable
 
 from kvfuzz.allocator.protocol import PagedAllocator
 from kvfuzz.kernels.allocator import AllocatorKernel
-from kvfuzz.kernels.base import (AttentionKernel, KernelUnavailable, Mismatch, PagedBatch, Tolerance, compare,
-                                 different_kernel_tolerance)
+from kvfuzz.kernels.base import (
+    AttentionKernel,
+    KernelUnavailable,
+    Mismatch,
+    PagedBatch,
+    Tolerance,
+    compare,
+    different_kernel_tolerance,
+)
 from kvfuzz.kernels.flex import FlexKernel
 from kvfuzz.kernels.gather import GatherKernel
 
@@ -28,6 +35,18 @@ def make_kernel(name: str, allocator: PagedAllocator) -> AttentionKernel:
     return KERNELS[name](allocator)
 
 
-__all__ = ["AttentionKernel", "AllocatorKernel", "FlexKernel", "GatherKernel", "KERNELS", "KERNEL_NAMES",
-           "KernelUnavailable", "Mismatch", "PagedBatch", "Tolerance", "compare", "different_kernel_tolerance",
-           "make_kernel"]
+__all__ = [
+    "AttentionKernel",
+    "AllocatorKernel",
+    "FlexKernel",
+    "GatherKernel",
+    "KERNELS",
+    "KERNEL_NAMES",
+    "KernelUnavailable",
+    "Mismatch",
+    "PagedBatch",
+    "Tolerance",
+    "compare",
+    "different_kernel_tolerance",
+    "make_kernel",
+]

@@ -18,13 +18,16 @@ class AllocatorKernel:
 
     def __init__(self, allocator: PagedAllocator) -> None:
         if not allocator.capabilities.attention_kernel or not isinstance(allocator, ProvidesAttention):
-            raise KernelUnavailable(f"kernel 'allocator': {type(allocator).__name__} does not provide its own "
-                                    "attention (capabilities.attention_kernel and a paged_attention method)")
+            raise KernelUnavailable(
+                f"kernel 'allocator': {type(allocator).__name__} does not provide its own "
+                "attention (capabilities.attention_kernel and a paged_attention method)"
+            )
         self.allocator = allocator
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
         return different_kernel_tolerance(dtype)
 
     def attend(self, batch: PagedBatch) -> torch.Tensor:
-        return self.allocator.paged_attention(batch.queries, batch.keys, batch.values, batch.seqs, batch.lengths,
-                                              batch.starts)
+        return self.allocator.paged_attention(
+            batch.queries, batch.keys, batch.values, batch.seqs, batch.lengths, batch.starts
+        )

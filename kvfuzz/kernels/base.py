@@ -65,11 +65,9 @@ class AttentionKernel(Protocol):
 
     name: str
 
-    def tolerance(self, dtype: torch.dtype) -> Optional[Tolerance]:
-        ...
+    def tolerance(self, dtype: torch.dtype) -> Optional[Tolerance]: ...
 
-    def attend(self, batch: PagedBatch) -> torch.Tensor:
-        ...
+    def attend(self, batch: PagedBatch) -> torch.Tensor: ...
 
 
 DIFFERENT_KERNEL_TOLERANCE: dict[torch.dtype, Tolerance] = {
@@ -126,7 +124,6 @@ def compare(paged: torch.Tensor, expected: torch.Tensor, tolerance: Optional[Tol
         return None
     row = int(rows[0])
     return Mismatch(row, float((paged[row] - expected[row]).abs().max()))
-
 
 
 class KernelUnavailable(ValueError):

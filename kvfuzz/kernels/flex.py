@@ -67,8 +67,8 @@ def block_mask_for(batch: PagedBatch) -> BlockMask:
         for index, block in enumerate(table):
             if block != NULL_BLOCK:
                 offset[row, block] = index * size - batch.starts[row]
-        read = [block for block in table[batch.starts[row] // size:] if block != NULL_BLOCK]
-        kv_indices[row, 0, 0, :len(read)] = torch.tensor(read, dtype=torch.int32)
+        read = [block for block in table[batch.starts[row] // size :] if block != NULL_BLOCK]
+        kv_indices[row, 0, 0, : len(read)] = torch.tensor(read, dtype=torch.int32)
         kv_num_blocks[row] = len(read)
     offset = offset.to(device)
     spans = torch.tensor([length - start for start, length in zip(batch.starts, batch.lengths)], device=device)
@@ -77,8 +77,13 @@ def block_mask_for(batch: PagedBatch) -> BlockMask:
         relative = offset[b, kv_idx // size] + kv_idx % size
         return (relative >= 0) & (relative < spans[b])
 
-    return BlockMask.from_kv_blocks(kv_num_blocks.to(device), kv_indices.to(device), BLOCK_SIZE=(1, size),
-                                    mask_mod=physical_mask, seq_lengths=(1, num_blocks * size))
+    return BlockMask.from_kv_blocks(
+        kv_num_blocks.to(device),
+        kv_indices.to(device),
+        BLOCK_SIZE=(1, size),
+        mask_mod=physical_mask,
+        seq_lengths=(1, num_blocks * size),
+    )
 
 
 class FlexKernel:
@@ -93,6 +98,11 @@ class FlexKernel:
         rows, layers, query_heads, dim = batch.queries.shape
         queries = batch.queries.reshape(rows, layers * query_heads, 1, dim)
         with eager_flex_attention():
-            out = flex_attention(queries, pool_as_heads(batch.keys), pool_as_heads(batch.values),
-                                 block_mask=block_mask_for(batch), enable_gqa=True)
+            out = flex_attention(
+                queries,
+                pool_as_heads(batch.keys),
+                pool_as_heads(batch.values),
+                block_mask=block_mask_for(batch),
+                enable_gqa=True,
+            )
         return out.reshape(rows, layers, query_heads, dim)

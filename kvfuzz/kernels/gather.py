@@ -27,7 +27,7 @@ class GatherKernel:
         index = torch.zeros((len(batch.seqs), longest), dtype=torch.int64)
         for row, count in enumerate(lengths):
             index[row, :count] = torch.tensor(batch.slots(row), dtype=torch.int64)
-        valid = (torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1))
+        valid = torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
         valid = valid.to(device)[:, :, None, None, None]
         index = index.to(device)
         keys = torch.where(valid, batch.keys[index], 0)

@@ -17,9 +17,9 @@ def attend(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, leng
     """
     num_seqs, max_len, num_layers, kv_heads, head_dim = keys.shape
     group = queries.shape[2] // kv_heads
-    k = keys.float().permute(0, 2, 3, 1, 4).repeat_interleave(group, dim=2)    # [S, L, Hq, N, D]
+    k = keys.float().permute(0, 2, 3, 1, 4).repeat_interleave(group, dim=2)  # [S, L, Hq, N, D]
     v = values.float().permute(0, 2, 3, 1, 4).repeat_interleave(group, dim=2)
-    scores = torch.einsum("slhd,slhnd->slhn", queries.float(), k) * head_dim ** -0.5
+    scores = torch.einsum("slhd,slhnd->slhn", queries.float(), k) * head_dim**-0.5
     valid = torch.arange(max_len, device=keys.device).unsqueeze(0) < lengths.to(keys.device).unsqueeze(1)
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     return torch.einsum("slhn,slhnd->slhd", torch.softmax(scores, dim=-1), v)

@@ -59,8 +59,9 @@ class ContiguousReference:
 
     def fork(self, parent: SeqId, child: SeqId) -> None:
         source = self._seqs[parent]
-        self._seqs[child] = _Contiguous(source.namespace, list(source.tokens), list(source.tags),
-                                        source.keys, source.values)
+        self._seqs[child] = _Contiguous(
+            source.namespace, list(source.tokens), list(source.tags), source.keys, source.values
+        )
 
     def truncate(self, seq: SeqId, length: int) -> None:
         state = self._seqs[seq]
@@ -89,8 +90,9 @@ class ContiguousReference:
         """The query of each sequence's last token, ``[S, L, Hq, D]``."""
         return queries_for_tags([self._seqs[seq].tags[-1] for seq in seqs], self.shape)
 
-    def attention(self, seqs: Sequence[SeqId], queries: torch.Tensor,
-                  starts: Optional[Sequence[int]] = None) -> torch.Tensor:
+    def attention(
+        self, seqs: Sequence[SeqId], queries: torch.Tensor, starts: Optional[Sequence[int]] = None
+    ) -> torch.Tensor:
         """Attention of ``queries`` over each sequence's contiguous K/V from ``starts`` (a sliding window) on,
         padded with zeros to the longest."""
         starts = starts or [0] * len(seqs)
@@ -101,6 +103,6 @@ class ContiguousReference:
         values = torch.zeros_like(keys)
         for row, (seq, start) in enumerate(zip(seqs, starts)):
             state = self._seqs[seq]
-            keys[row, :lengths[row]] = state.keys[start:]
-            values[row, :lengths[row]] = state.values[start:]
+            keys[row, : lengths[row]] = state.keys[start:]
+            values[row, : lengths[row]] = state.values[start:]
         return attend(queries, keys, values, torch.tensor(lengths))

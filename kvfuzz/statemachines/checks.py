@@ -49,11 +49,13 @@ class Checks:
         h = self.h
         index, offset = divmod(position, h.block_size)
         block = h.seqs[seq].table[index]
-        return (f"sequence {seq} position {position} -> logical block {index} -> physical block {block} "
-                f"offset {offset} (slot {block * h.block_size + offset})")
+        return (
+            f"sequence {seq} position {position} -> logical block {index} -> physical block {block} "
+            f"offset {offset} (slot {block * h.block_size + offset})"
+        )
 
     def prefix(self, seq: str, position: int) -> str:
-        tokens = self.h.reference.tokens(seq)[:position + 1]
+        tokens = self.h.reference.tokens(seq)[: position + 1]
         return f"namespace {self.h.reference.namespace(seq)!r}, tokens {tokens}"
 
     @staticmethod
@@ -89,9 +91,15 @@ class Checks:
             tag = h.reference.tags(seq)[position]
             record = h.engine.record(slot)
             if record is None or record.tag != tag:
-                self.fail(Invariant.CONTENT, f"{self.where(seq, position)} holds another prefix's K/V",
-                          [f"expected: K/V of {self.prefix(seq, position)}", f"found:    {self.found(record)}",
-                           *h.engine.block_story(slot // size)])
+                self.fail(
+                    Invariant.CONTENT,
+                    f"{self.where(seq, position)} holds another prefix's K/V",
+                    [
+                        f"expected: K/V of {self.prefix(seq, position)}",
+                        f"found:    {self.found(record)}",
+                        *h.engine.block_story(slot // size),
+                    ],
+                )
             expected_tags.append(tag)
         self._bits(list(wanted.items()), expected_tags)
 
@@ -103,28 +111,44 @@ class Checks:
             return
         rows = ((keys != want_keys) | (values != want_values)).flatten(1).any(1).nonzero().flatten().tolist()
         (seq, position), slot = entries[rows[0]]
-        self.fail(Invariant.CONTENT, f"{self.where(seq, position)}: shadow record is right but the values differ",
-                  [f"expected: K/V of {self.prefix(seq, position)}",
-                   f"found:    values that differ in {len(rows)} checked position(s); the record says "
-                   f"{self.found(self.h.engine.record(slot))}"])
+        self.fail(
+            Invariant.CONTENT,
+            f"{self.where(seq, position)}: shadow record is right but the values differ",
+            [
+                f"expected: K/V of {self.prefix(seq, position)}",
+                f"found:    values that differ in {len(rows)} checked position(s); the record says "
+                f"{self.found(self.h.engine.record(slot))}",
+            ],
+        )
 
     def table_shape(self, seq: str, table: tuple[int, ...]) -> None:
         h = self.h
         want = -(-len(h.reference.tokens(seq)) // h.block_size)
         if len(table) != want:
-            self.fail(Invariant.REFCOUNTS,
-                      f"block table of {seq} holds {len(table)} block(s) for {len(h.reference.tokens(seq))} tokens",
-                      [f"expected: exactly {want} block(s) of {h.block_size} slots", f"found:    {list(table)}"])
+            self.fail(
+                Invariant.REFCOUNTS,
+                f"block table of {seq} holds {len(table)} block(s) for {len(h.reference.tokens(seq))} tokens",
+                [f"expected: exactly {want} block(s) of {h.block_size} slots", f"found:    {list(table)}"],
+            )
         bad = [block for block in table if not 0 <= block < h.num_blocks and block != NULL_BLOCK]
         if bad:
-            self.fail(Invariant.REFCOUNTS, f"block table of {seq} names block(s) {bad} outside the pool",
-                      [f"expected: blocks in 0..{h.num_blocks - 1}", f"found:    {list(table)}"])
+            self.fail(
+                Invariant.REFCOUNTS,
+                f"block table of {seq} names block(s) {bad} outside the pool",
+                [f"expected: blocks in 0..{h.num_blocks - 1}", f"found:    {list(table)}"],
+            )
         first_read = h.window_start(seq) // h.block_size
         if NULL_BLOCK in table[first_read:]:
             index = table.index(NULL_BLOCK, first_read)
-            self.fail(Invariant.CONTENT, f"block table of {seq} drops logical block {index}, which attention "
-                      "still reads", [f"expected: blocks covering positions {h.window_start(seq)} onwards "
-                                      f"(sliding window {h.caps.sliding_window})", f"found:    {list(table)}"])
+            self.fail(
+                Invariant.CONTENT,
+                f"block table of {seq} drops logical block {index}, which attention still reads",
+                [
+                    f"expected: blocks covering positions {h.window_start(seq)} onwards "
+                    f"(sliding window {h.caps.sliding_window})",
+                    f"found:    {list(table)}",
+                ],
+            )
 
     # -- invariant 2: attention ----------------------------------------------------------------------------------
 
@@ -141,8 +165,16 @@ class Checks:
         if not seqs:
             return
         starts = [h.window_start(seq) for seq in seqs]
-        batch = PagedBatch(seqs, [h.seqs[seq].table for seq in seqs], starts, [h.length(seq) for seq in seqs],
-                           h.reference.queries(seqs), h.engine.keys, h.engine.values, h.block_size)
+        batch = PagedBatch(
+            seqs,
+            [h.seqs[seq].table for seq in seqs],
+            starts,
+            [h.length(seq) for seq in seqs],
+            h.reference.queries(seqs),
+            h.engine.keys,
+            h.engine.values,
+            h.block_size,
+        )
         kernel = self.kernel
         tolerance = kernel.tolerance(h.engine.keys.dtype)
         paged = kernel.attend(batch)
@@ -150,12 +182,16 @@ class Checks:
         if mismatch is None:
             return
         seq = seqs[mismatch.row]
-        self.fail(Invariant.ATTENTION, f"attention of {seq} through its block table ({kernel.name} kernel) differs "
-                  "from the contiguous reference",
-                  [f"max abs difference {mismatch.max_abs_diff:g}, allowed: "
-                   f"{'none (bitwise)' if tolerance is None else tolerance}",
-                   f"reads positions {starts[mismatch.row]}..{h.length(seq) - 1}",
-                   f"block table: {list(h.seqs[seq].table)}"])
+        self.fail(
+            Invariant.ATTENTION,
+            f"attention of {seq} through its block table ({kernel.name} kernel) differs from the contiguous reference",
+            [
+                f"max abs difference {mismatch.max_abs_diff:g}, allowed: "
+                f"{'none (bitwise)' if tolerance is None else tolerance}",
+                f"reads positions {starts[mismatch.row]}..{h.length(seq) - 1}",
+                f"block table: {list(h.seqs[seq].table)}",
+            ],
+        )
 
     # -- invariants 3 and 4: refcounts and the free set ----------------------------------------------------------
 
@@ -163,8 +199,9 @@ class Checks:
         h = self.h
         if not h.caps.introspection:
             return None
-        return PoolCounts(len(h.allocator.free_blocks()), len(h.allocator.cached_blocks()),
-                          len(h.allocator.pending_blocks()))
+        return PoolCounts(
+            len(h.allocator.free_blocks()), len(h.allocator.cached_blocks()), len(h.allocator.pending_blocks())
+        )
 
     def unreferenced_in_window(self) -> list[int]:
         """Blocks released within the in-flight window and not referenced again: a correct allocator holds
@@ -183,31 +220,53 @@ class Checks:
             holders = h.refs.holders.get(block, ())
             found = alloc.refcount(block)
             if found != len(holders):
-                self.fail(Invariant.REFCOUNTS, f"block {block} has refcount {found}",
-                          [f"expected: {len(holders)}, the block-table entries referencing it: "
-                           f"{sorted(holders) or 'none'}", *h.engine.block_story(block)])
-            member_of = [name for name, blocks in (("free", free), ("cached", cached), ("pending", pending))
-                         if block in blocks]
+                self.fail(
+                    Invariant.REFCOUNTS,
+                    f"block {block} has refcount {found}",
+                    [
+                        f"expected: {len(holders)}, the block-table entries referencing it: "
+                        f"{sorted(holders) or 'none'}",
+                        *h.engine.block_story(block),
+                    ],
+                )
+            member_of = [
+                name for name, blocks in (("free", free), ("cached", cached), ("pending", pending)) if block in blocks
+            ]
             if holders and member_of:
-                self.fail(Invariant.FREE_SET, f"block {block} is referenced by {sorted(holders)} yet listed as "
-                          f"{' and '.join(member_of)}", h.engine.block_story(block))
+                self.fail(
+                    Invariant.FREE_SET,
+                    f"block {block} is referenced by {sorted(holders)} yet listed as {' and '.join(member_of)}",
+                    h.engine.block_story(block),
+                )
             if not holders and len(member_of) != 1:
-                self.fail(Invariant.FREE_SET, f"unreferenced block {block} is in "
-                          f"{' and '.join(member_of) or 'none of the free, cached and pending sets'}",
-                          ["expected: exactly one of them", *h.engine.block_story(block)])
+                self.fail(
+                    Invariant.FREE_SET,
+                    f"unreferenced block {block} is in "
+                    f"{' and '.join(member_of) or 'none of the free, cached and pending sets'}",
+                    ["expected: exactly one of them", *h.engine.block_story(block)],
+                )
         in_window = self.unreferenced_in_window()
         if len(pending) > len(in_window):
             stuck = next(block for block in pending if block not in h.engine.late_work_by_block)
-            self.fail(Invariant.FREE_SET, f"{len(pending)} block(s) pending, but only {len(in_window)} were "
-                      f"released within the in-flight window (W = {h.caps.inflight_window})",
-                      [f"block {stuck} is still pending though its window has closed (last completed step: "
-                       f"{h.engine.last_completed})", "expected: it is back in the free or cached set",
-                       *h.engine.block_story(stuck)])
+            self.fail(
+                Invariant.FREE_SET,
+                f"{len(pending)} block(s) pending, but only {len(in_window)} were "
+                f"released within the in-flight window (W = {h.caps.inflight_window})",
+                [
+                    f"block {stuck} is still pending though its window has closed (last completed step: "
+                    f"{h.engine.last_completed})",
+                    "expected: it is back in the free or cached set",
+                    *h.engine.block_story(stuck),
+                ],
+            )
         total = len(free) + len(cached) + len(pending) + h.refs.num_referenced()
         if total != h.num_blocks:
-            self.fail(Invariant.FREE_SET, f"free + cached + pending + referenced = {len(free)} + {len(cached)} + "
-                      f"{len(pending)} + {h.refs.num_referenced()} = {total}",
-                      [f"expected: {h.num_blocks} (every block exactly once)"])
+            self.fail(
+                Invariant.FREE_SET,
+                f"free + cached + pending + referenced = {len(free)} + {len(cached)} + "
+                f"{len(pending)} + {h.refs.num_referenced()} = {total}",
+                [f"expected: {h.num_blocks} (every block exactly once)"],
+            )
 
     # -- invariant 5: exclusive writes ---------------------------------------------------------------------------
 
@@ -217,9 +276,15 @@ class Checks:
         if others and self.h.caps.matchable_when_scheduled and self._same_content(block, seq, holders):
             return
         if others or len(holders) != 1:
-            self.fail(Invariant.EXCLUSIVE_WRITES, f"{what} into block {block} while it is shared",
-                      [f"expected: block {block} referenced by {seq} alone (copy-on-write first)",
-                       f"found:    referenced by {sorted(holders)}", *self.h.engine.block_story(block)])
+            self.fail(
+                Invariant.EXCLUSIVE_WRITES,
+                f"{what} into block {block} while it is shared",
+                [
+                    f"expected: block {block} referenced by {seq} alone (copy-on-write first)",
+                    f"found:    referenced by {sorted(holders)}",
+                    *self.h.engine.block_story(block),
+                ],
+            )
 
     def _same_content(self, block: int, seq: str, holders: set) -> bool:
         """Every holder maps ``block`` at ``seq``'s logical index and expects the same tags in all of it (they matched
@@ -247,19 +312,25 @@ class Checks:
             work = engine.late_work_by_block.get(block)
             if work is not None:
                 completed = work.lands_at - engine.window
-                self.fail(Invariant.NON_REUSE_WINDOW,
-                          f"block {block} handed to {seq} for writing before its in-flight window closed",
-                          [f"block {block} was released by {work.released_by} while step {work.released_at} was "
-                           f"being scheduled ({f'step {completed}' if completed >= 0 else 'no step'} completed "
-                           f"yet); with W = {engine.window}, work issued before then may touch it until step "
-                           f"{work.lands_at} completes",
-                           f"found:    handed out while step {engine.next_step} is being scheduled, and step "
-                           f"{work.lands_at} has not completed", *engine.block_story(block)])
+                self.fail(
+                    Invariant.NON_REUSE_WINDOW,
+                    f"block {block} handed to {seq} for writing before its in-flight window closed",
+                    [
+                        f"block {block} was released by {work.released_by} while step {work.released_at} was "
+                        f"being scheduled ({f'step {completed}' if completed >= 0 else 'no step'} completed "
+                        f"yet); with W = {engine.window}, work issued before then may touch it until step "
+                        f"{work.lands_at} completes",
+                        f"found:    handed out while step {engine.next_step} is being scheduled, and step "
+                        f"{work.lands_at} has not completed",
+                        *engine.block_story(block),
+                    ],
+                )
 
     # -- invariants 7, 8 and 11: refusals ------------------------------------------------------------------------
 
-    def unchanged(self, invariant: Invariant, before: Optional[PoolCounts], error: Exception,
-                  absent: Optional[str] = None) -> None:
+    def unchanged(
+        self, invariant: Invariant, before: Optional[PoolCounts], error: Exception, absent: Optional[str] = None
+    ) -> None:
         """After a refusal, every running table, the touched refcounts and the counts are as before."""
         h = self.h
         for seq, model in h.seqs.items():
@@ -267,20 +338,29 @@ class Checks:
                 continue
             table = tuple(h.allocator.block_table(seq))
             if table != model.table:
-                self.fail(invariant, f"refused with {type(error).__name__}, but {seq}'s block table changed",
-                          [f"refusal: {error}", f"expected: {list(model.table)}", f"found:    {list(table)}"])
+                self.fail(
+                    invariant,
+                    f"refused with {type(error).__name__}, but {seq}'s block table changed",
+                    [f"refusal: {error}", f"expected: {list(model.table)}", f"found:    {list(table)}"],
+                )
         if absent is not None:
             try:
                 table = h.allocator.block_table(absent)
             except Misuse:
                 pass
             else:
-                self.fail(invariant, f"refused with {type(error).__name__}, but {absent} now has a block table",
-                          [f"refusal: {error}", f"found: {list(table)}"])
+                self.fail(
+                    invariant,
+                    f"refused with {type(error).__name__}, but {absent} now has a block table",
+                    [f"refusal: {error}", f"found: {list(table)}"],
+                )
         after = self.counts()
         if after != before:
-            self.fail(invariant, f"refused with {type(error).__name__}, but the pool changed",
-                      [f"refusal: {error}", f"expected: {before} (as before the call)", f"found:    {after}"])
+            self.fail(
+                invariant,
+                f"refused with {type(error).__name__}, but the pool changed",
+                [f"refusal: {error}", f"expected: {before} (as before the call)", f"found:    {after}"],
+            )
         self.accounting(h.refs.holders)
 
     def not_false(self, needed: int, error: AllocatorError, host: bool = False) -> None:
@@ -294,11 +374,16 @@ class Checks:
             available = h.num_blocks - h.refs.num_referenced() - in_window - h.caps.reserved_blocks
             where = "device pool"
         if needed <= available:
-            self.fail(Invariant.NO_FALSE_REFUSAL, f"refused for lack of blocks while the {where} could serve it",
-                      [f"refusal: {error}", f"needed:    at most {needed} block(s)",
-                       f"available: {available} unreferenced block(s) outside the in-flight window"
-                       + (f", beyond {h.caps.reserved_blocks} reserved" if not host and h.caps.reserved_blocks
-                          else "")])
+            self.fail(
+                Invariant.NO_FALSE_REFUSAL,
+                f"refused for lack of blocks while the {where} could serve it",
+                [
+                    f"refusal: {error}",
+                    f"needed:    at most {needed} block(s)",
+                    f"available: {available} unreferenced block(s) outside the in-flight window"
+                    + (f", beyond {h.caps.reserved_blocks} reserved" if not host and h.caps.reserved_blocks else ""),
+                ],
+            )
 
     # -- invariant 9: cache soundness ----------------------------------------------------------------------------
 
@@ -307,11 +392,17 @@ class Checks:
         h = self.h
         length = len(h.reference.tokens(seq))
         if num_cached > length:
-            self.fail(Invariant.CACHE_SOUNDNESS, f"admit of {seq} reports {num_cached} cached tokens",
-                      [f"expected: at most the prompt's {length} tokens"])
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"admit of {seq} reports {num_cached} cached tokens",
+                [f"expected: at most the prompt's {length} tokens"],
+            )
         if num_cached and not h.caps.prefix_cache:
-            self.fail(Invariant.CACHE_SOUNDNESS, f"admit of {seq} reports {num_cached} cached tokens",
-                      ["expected: 0: the allocator does not declare a prefix cache"])
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"admit of {seq} reports {num_cached} cached tokens",
+                ["expected: 0: the allocator does not declare a prefix cache"],
+            )
         size = h.block_size
         table = h.seqs[seq].table
         awaits_step = False
@@ -330,17 +421,28 @@ class Checks:
                     awaits_step = True  # written by the next step, before anything reads it
                     continue
             if record is None or record.tag != tag or record.step > h.engine.last_completed:
-                why = ("nothing has been written there" if record is None
-                       else "it holds another prefix's K/V" if record.tag != tag
-                       else f"the step that put it there has not completed (last completed: "
-                            f"{h.engine.last_completed})")
-                self.fail(Invariant.CACHE_SOUNDNESS,
-                          f"cache hit of {num_cached} tokens for {seq} covers position {position}, but {why}",
-                          [self.where(seq, position), f"expected: K/V of {self.prefix(seq, position)}, written "
-                           + ("by a step, or scheduled by a live sequence for the next one"
-                              if h.caps.matchable_when_scheduled else "by a completed step"),
-                           f"found:    {self.found(record)}",
-                           *h.engine.block_story(slot // size)])
+                why = (
+                    "nothing has been written there"
+                    if record is None
+                    else "it holds another prefix's K/V"
+                    if record.tag != tag
+                    else f"the step that put it there has not completed (last completed: {h.engine.last_completed})"
+                )
+                self.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"cache hit of {num_cached} tokens for {seq} covers position {position}, but {why}",
+                    [
+                        self.where(seq, position),
+                        f"expected: K/V of {self.prefix(seq, position)}, written "
+                        + (
+                            "by a step, or scheduled by a live sequence for the next one"
+                            if h.caps.matchable_when_scheduled
+                            else "by a completed step"
+                        ),
+                        f"found:    {self.found(record)}",
+                        *h.engine.block_story(slot // size),
+                    ],
+                )
         return awaits_step
 
     # -- invariant 10: quiescence --------------------------------------------------------------------------------
@@ -352,17 +454,28 @@ class Checks:
             return
         for block in h.engine.history:
             if alloc.refcount(block) != 0:
-                self.fail(Invariant.QUIESCENCE, f"every sequence is gone, yet block {block} has refcount "
-                          f"{alloc.refcount(block)}", h.engine.block_story(block))
+                self.fail(
+                    Invariant.QUIESCENCE,
+                    f"every sequence is gone, yet block {block} has refcount {alloc.refcount(block)}",
+                    h.engine.block_story(block),
+                )
         free, cached, pending = alloc.free_blocks(), alloc.cached_blocks(), alloc.pending_blocks()
         reusable = len(free) + (0 if h.caps.eviction else len(cached))
         if reusable != h.num_blocks or len(pending):
             lost = sorted(set(range(h.num_blocks)) - set(free) - set(cached))
-            self.fail(Invariant.QUIESCENCE, f"every sequence is gone and the cache reset, yet only {reusable} of "
-                      f"{h.num_blocks} blocks are free", [f"pending: {len(pending)}", f"leaked: {lost[:20]}",
-                                                        *(line for block in lost[:2]
-                                                          for line in h.engine.block_story(block))])
+            self.fail(
+                Invariant.QUIESCENCE,
+                f"every sequence is gone and the cache reset, yet only {reusable} of {h.num_blocks} blocks are free",
+                [
+                    f"pending: {len(pending)}",
+                    f"leaked: {lost[:20]}",
+                    *(line for block in lost[:2] for line in h.engine.block_story(block)),
+                ],
+            )
         if not isinstance(free, collections.abc.Set) and len(set(free)) != len(free):
             duplicated = sorted(block for block, n in collections.Counter(free).items() if n > 1)
-            self.fail(Invariant.QUIESCENCE, f"the free set lists block(s) {duplicated} more than once",
-                      h.engine.block_story(duplicated[0]))
+            self.fail(
+                Invariant.QUIESCENCE,
+                f"the free set lists block(s) {duplicated} more than once",
+                h.engine.block_story(duplicated[0]),
+            )

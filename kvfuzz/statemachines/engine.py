@@ -39,8 +39,10 @@ class SlotWrite:
 
     def describe(self) -> str:
         how = f" ({self.via})" if self.via else ""
-        return (f"K/V of sequence {self.seq} (namespace {self.namespace!r}) position {self.position}, "
-                f"put here by step {self.step}{how}")
+        return (
+            f"K/V of sequence {self.seq} (namespace {self.namespace!r}) position {self.position}, "
+            f"put here by step {self.step}{how}"
+        )
 
 
 @attrs.frozen
@@ -59,8 +61,7 @@ class LateWork:
 class Engine:
     """Physical pools, shadow records, steps and late in-flight work for one example."""
 
-    def __init__(self, shape: ModelShape, block_size: int, num_blocks: int, num_host_blocks: int,
-                 window: int) -> None:
+    def __init__(self, shape: ModelShape, block_size: int, num_blocks: int, num_host_blocks: int, window: int) -> None:
         self.shape = shape
         self.block_size = block_size
         self.window = window
@@ -95,20 +96,58 @@ class Engine:
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy-on-write: the whole of block ``src`` into block ``dst``, as part of the next step's work."""
-        self._copy(self.keys, self.values, self.shadow, src, self.keys, self.values, self.shadow, dst,
-                   f"copied from block {src}")
+        self._copy(
+            self.keys,
+            self.values,
+            self.shadow,
+            src,
+            self.keys,
+            self.values,
+            self.shadow,
+            dst,
+            f"copied from block {src}",
+        )
 
     def swap_to_host(self, block: int, host_block: int) -> None:
-        self._copy(self.keys, self.values, self.shadow, block, self.host_keys, self.host_values, self.host_shadow,
-                   host_block, f"swapped out from block {block}", mark_dirty=False)
+        self._copy(
+            self.keys,
+            self.values,
+            self.shadow,
+            block,
+            self.host_keys,
+            self.host_values,
+            self.host_shadow,
+            host_block,
+            f"swapped out from block {block}",
+            mark_dirty=False,
+        )
 
     def swap_from_host(self, host_block: int, block: int) -> None:
-        self._copy(self.host_keys, self.host_values, self.host_shadow, host_block, self.keys, self.values,
-                   self.shadow, block, f"swapped in from host block {host_block}")
+        self._copy(
+            self.host_keys,
+            self.host_values,
+            self.host_shadow,
+            host_block,
+            self.keys,
+            self.values,
+            self.shadow,
+            block,
+            f"swapped in from host block {host_block}",
+        )
 
-    def _copy(self, src_keys: torch.Tensor, src_values: torch.Tensor, src_shadow: dict[int, SlotWrite], src: int,
-              dst_keys: torch.Tensor, dst_values: torch.Tensor, dst_shadow: dict[int, SlotWrite], dst: int,
-              via: str, mark_dirty: bool = True) -> None:
+    def _copy(
+        self,
+        src_keys: torch.Tensor,
+        src_values: torch.Tensor,
+        src_shadow: dict[int, SlotWrite],
+        src: int,
+        dst_keys: torch.Tensor,
+        dst_values: torch.Tensor,
+        dst_shadow: dict[int, SlotWrite],
+        dst: int,
+        via: str,
+        mark_dirty: bool = True,
+    ) -> None:
         size = self.block_size
         src_rows, dst_rows = slice(src * size, (src + 1) * size), slice(dst * size, (dst + 1) * size)
         dst_keys[dst_rows] = src_keys[src_rows]
@@ -153,11 +192,15 @@ class Engine:
         if lands_at <= self.last_completed:
             return
         size = self.block_size
-        writes = tuple((offset, self.shadow[block * size + offset]) for offset in range(size)
-                       if block * size + offset in self.shadow)
+        writes = tuple(
+            (offset, self.shadow[block * size + offset])
+            for offset in range(size)
+            if block * size + offset in self.shadow
+        )
         rows = slice(block * size, (block + 1) * size)
-        work = LateWork(block, seq, self.next_step, lands_at, writes, self.keys[rows].clone(),
-                        self.values[rows].clone())
+        work = LateWork(
+            block, seq, self.next_step, lands_at, writes, self.keys[rows].clone(), self.values[rows].clone()
+        )
         self._late_work.setdefault(lands_at, []).append(work)
         self.late_work_by_block[block] = work
 
@@ -171,9 +214,11 @@ class Engine:
             self.keys[slot] = work.keys[offset]
             self.values[slot] = work.values[offset]
             self.shadow[slot] = attrs.evolve(
-                record, via=f"late in-flight work from before block {work.block} was released by "
-                            f"{work.released_by} at step {work.released_at}, landing as step {work.lands_at} "
-                            f"completed")
+                record,
+                via=f"late in-flight work from before block {work.block} was released by "
+                f"{work.released_by} at step {work.released_at}, landing as step {work.lands_at} "
+                f"completed",
+            )
             self.dirty.add(slot)
 
     # -- provenance ----------------------------------------------------------------------------------------------

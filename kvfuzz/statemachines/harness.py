@@ -29,20 +29,29 @@ T = TypeVar("T")
 class Harness:
     """One example's engine, model and reference around one allocator."""
 
-    def __init__(self, allocator: PagedAllocator, config: MachineConfig, stats: Optional[Counter] = None,
-                 on_step: Optional[Callable[[Occupancy], None]] = None) -> None:
+    def __init__(
+        self,
+        allocator: PagedAllocator,
+        config: MachineConfig,
+        stats: Optional[Counter] = None,
+        on_step: Optional[Callable[[Occupancy], None]] = None,
+    ) -> None:
         self.allocator = allocator
         self.caps = allocator.capabilities
         self.config = config
         self.block_size = allocator.block_size
         self.num_blocks = allocator.num_blocks
         self.num_host_blocks = allocator.num_host_blocks if self.caps.swap else 0
-        mismatch = [name for name, want in (("block_size", config.block_size), ("num_blocks", config.num_blocks))
-                    if getattr(allocator, name) != want]
+        mismatch = [
+            name
+            for name, want in (("block_size", config.block_size), ("num_blocks", config.num_blocks))
+            if getattr(allocator, name) != want
+        ]
         if mismatch:
             raise ValueError(f"allocator geometry {mismatch} differs from the machine config {config}")
-        self.engine = Engine(config.shape, self.block_size, self.num_blocks, self.num_host_blocks,
-                             self.caps.inflight_window)
+        self.engine = Engine(
+            config.shape, self.block_size, self.num_blocks, self.num_host_blocks, self.caps.inflight_window
+        )
         self.reference = ContiguousReference(config.shape)
         self.seqs: dict[SeqId, SeqModel] = {}
         self.refs = BlockRefs()
@@ -63,8 +72,13 @@ class Harness:
 
     def computed_ids(self) -> list[SeqId]:
         """Running sequences whose every token has been written by a step."""
-        return [seq for seq, model in self.seqs.items() if model.status is Status.RUNNING
-                and model.written == len(self.reference.tokens(seq)) and not model.awaits_step]
+        return [
+            seq
+            for seq, model in self.seqs.items()
+            if model.status is Status.RUNNING
+            and model.written == len(self.reference.tokens(seq))
+            and not model.awaits_step
+        ]
 
     def length(self, seq: SeqId) -> int:
         return len(self.reference.tokens(seq))
@@ -112,24 +126,35 @@ class Harness:
     def _scheduled_writes(self, seq: SeqId) -> list[tuple[int, int]]:
         """(position, slot) of every token of ``seq`` the next step writes."""
         model, size = self.seqs[seq], self.block_size
-        return [(position, model.table[position // size] * size + position % size)
-                for position in range(model.written, self.length(seq)) if model.table[position // size] != NULL_BLOCK]
+        return [
+            (position, model.table[position // size] * size + position % size)
+            for position in range(model.written, self.length(seq))
+            if model.table[position // size] != NULL_BLOCK
+        ]
 
     def occupancy(self) -> Occupancy:
         """The device pool now: blocks referenced by running sequences, their fill, sharing, and the allocator's
         cached, free and pending sets where it exposes them."""
-        running = [(model.table, self.length(seq)) for seq, model in self.seqs.items() if model.status is Status.RUNNING]
+        running = [
+            (model.table, self.length(seq)) for seq, model in self.seqs.items() if model.status is Status.RUNNING
+        ]
         counts = self.check.counts()
-        return measure(self.engine.next_step - 1, running, self.block_size, self.num_blocks,
-                       *((counts.cached, counts.free, counts.pending) if counts is not None else ()))
+        return measure(
+            self.engine.next_step - 1,
+            running,
+            self.block_size,
+            self.num_blocks,
+            *((counts.cached, counts.free, counts.pending) if counts is not None else ()),
+        )
 
     # -- operations ----------------------------------------------------------------------------------------------
 
     def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> bool:
         """A new request; returns whether it was admitted."""
         self._begin("admit", seq, namespace, tokens)
-        result = self._attempt(lambda: self.allocator.admit(seq, namespace, tokens), self._blocks(len(tokens)),
-                               absent=seq)
+        result = self._attempt(
+            lambda: self.allocator.admit(seq, namespace, tokens), self._blocks(len(tokens)), absent=seq
+        )
         if result is None:
             return False
         self.reference.add(seq, namespace, tokens)
@@ -140,8 +165,9 @@ class Harness:
         """A preempted request comes back with every token it had; returns whether it was admitted."""
         namespace, tokens = self.reference.namespace(seq), tuple(self.reference.tokens(seq))
         self._begin("readmit", seq)
-        result = self._attempt(lambda: self.allocator.admit(seq, namespace, tokens), self._blocks(len(tokens)),
-                               absent=seq)
+        result = self._attempt(
+            lambda: self.allocator.admit(seq, namespace, tokens), self._blocks(len(tokens)), absent=seq
+        )
         if result is None:
             return False
         self._admitted(seq, result.block_table, result.num_cached_tokens)
@@ -165,10 +191,11 @@ class Harness:
         for position, slot in enumerate(result.slots, start=old_len):
             want = (table[position // size], position % size)
             if (slot.block, slot.offset) != want:
-                self.check.fail(Invariant.CONTENT, f"grow returned slot (block {slot.block}, offset {slot.offset}) "
-                                f"for {seq} position {position}",
-                                [f"expected: (block {want[0]}, offset {want[1]}) as its block table says: "
-                                 f"{list(table)}"])
+                self.check.fail(
+                    Invariant.CONTENT,
+                    f"grow returned slot (block {slot.block}, offset {slot.offset}) for {seq} position {position}",
+                    [f"expected: (block {want[0]}, offset {want[1]}) as its block table says: {list(table)}"],
+                )
         if len(result.slots) != len(tokens):
             self.check.fail(Invariant.CONTENT, f"grow of {len(tokens)} tokens returned {len(result.slots)} slots")
         self._settle(self._set_table(seq, table, "grown into"))
@@ -189,24 +216,33 @@ class Harness:
         if copies is None:
             return False
         if copies and not self.caps.fork_copies:
-            self.check.fail(Invariant.REFCOUNTS, f"fork of {parent} into {child} returned copies {list(copies)}",
-                            ["expected: none: the allocator does not declare fork_copies, so fork shares every block"])
+            self.check.fail(
+                Invariant.REFCOUNTS,
+                f"fork of {parent} into {child} returned copies {list(copies)}",
+                ["expected: none: the allocator does not declare fork_copies, so fork shares every block"],
+            )
         for copy in copies:
             self.engine.copy_block(copy.src, copy.dst)
             self.stats["fork copies"] += 1
         self.reference.fork(parent, child)
-        self.seqs[child] = SeqModel(child, Status.RUNNING, written=self.seqs[parent].written,
-                                    joined_step=self.engine.next_step)
+        self.seqs[child] = SeqModel(
+            child, Status.RUNNING, written=self.seqs[parent].written, joined_step=self.engine.next_step
+        )
         table = self._table(child)
         expected = tuple({copy.src: copy.dst for copy in copies}.get(block, block) for block in self.seqs[parent].table)
         if table != expected:
-            self.check.fail(Invariant.REFCOUNTS, f"fork gave {child} a block table unlike its parent {parent}'s",
-                            [f"expected: {list(expected)} (shared, or the copies it ordered)", f"found:    {list(table)}"])
+            self.check.fail(
+                Invariant.REFCOUNTS,
+                f"fork gave {child} a block table unlike its parent {parent}'s",
+                [f"expected: {list(expected)} (shared, or the copies it ordered)", f"found:    {list(table)}"],
+            )
         size = self.block_size
         written = self.seqs[child].written
         moved = [index for index, (old, new) in enumerate(zip(self.seqs[parent].table, table)) if old != new]
-        self._settle(self._set_table(child, table, "shared by fork with"),
-                     [(child, p) for index in moved for p in range(index * size, min((index + 1) * size, written))])
+        self._settle(
+            self._set_table(child, table, "shared by fork with"),
+            [(child, p) for index in moved for p in range(index * size, min((index + 1) * size, written))],
+        )
         for copy in copies:
             self.check.exclusive(copy.dst, child, f"fork copy from block {copy.src}")
         self.check.window({copy.dst for copy in copies}, child)
@@ -248,13 +284,19 @@ class Harness:
             return False
         host_of = dict(result.mapping)
         if sorted(host_of) != sorted(live) or len(result.mapping) != len(live):
-            self.check.fail(Invariant.CONTENT, f"swap-out of {seq} maps device blocks {sorted(host_of)}",
-                            [f"expected: the blocks of its table {list(model.table)}, each once"])
+            self.check.fail(
+                Invariant.CONTENT,
+                f"swap-out of {seq} maps device blocks {sorted(host_of)}",
+                [f"expected: the blocks of its table {list(model.table)}, each once"],
+            )
         in_use = {block for other in self.seqs.values() for block in mapped(other.host_table)}
         clash = sorted(set(host_of.values()) & in_use)
         if clash or len(set(host_of.values())) != len(host_of):
-            self.check.fail(Invariant.CONTENT, f"swap-out of {seq} reuses host block(s) {clash or host_of}",
-                            ["expected: distinct host blocks no other swapped-out sequence holds"])
+            self.check.fail(
+                Invariant.CONTENT,
+                f"swap-out of {seq} reuses host block(s) {clash or host_of}",
+                ["expected: distinct host blocks no other swapped-out sequence holds"],
+            )
         for block, host_block in result.mapping:
             self.engine.swap_to_host(block, host_block)
         host_table = tuple(host_of.get(block, NULL_BLOCK) for block in model.table)
@@ -273,9 +315,11 @@ class Harness:
         if result is None:
             return False
         if sorted(src for src, _ in result.mapping) != swapped:
-            self.check.fail(Invariant.CONTENT, f"swap-in of {seq} copies host blocks "
-                            f"{sorted(src for src, _ in result.mapping)}",
-                            [f"expected: the host blocks it was swapped out to, {list(model.host_table)}"])
+            self.check.fail(
+                Invariant.CONTENT,
+                f"swap-in of {seq} copies host blocks {sorted(src for src, _ in result.mapping)}",
+                [f"expected: the host blocks it was swapped out to, {list(model.host_table)}"],
+            )
         for host_block, block in result.mapping:
             self.engine.swap_from_host(host_block, block)
         model.status, model.host_table, model.joined_step = Status.RUNNING, (), self.engine.next_step
@@ -303,8 +347,11 @@ class Harness:
         before = set(self.allocator.cached_blocks()) if self.caps.introspection else set()
         dropped = self._call(lambda: self.allocator.evict(num_blocks))
         if not 0 <= dropped <= num_blocks:
-            self.check.fail(Invariant.FREE_SET, f"evict({num_blocks}) reports {dropped} blocks dropped",
-                            [f"expected: between 0 and {num_blocks}"])
+            self.check.fail(
+                Invariant.FREE_SET,
+                f"evict({num_blocks}) reports {dropped} blocks dropped",
+                [f"expected: between 0 and {num_blocks}"],
+            )
         self.stats["evicted blocks"] += dropped
         evicted = before - set(self.allocator.cached_blocks()) if self.caps.introspection else set()
         for block in evicted:
@@ -315,8 +362,11 @@ class Harness:
         self._begin("reset_cache")
         self._call(self.allocator.reset_cache)
         if self.caps.introspection and len(self.allocator.cached_blocks()):
-            self.check.fail(Invariant.FREE_SET, f"reset_cache left {len(self.allocator.cached_blocks())} cached "
-                            "unreferenced block(s)", ["expected: none"])
+            self.check.fail(
+                Invariant.FREE_SET,
+                f"reset_cache left {len(self.allocator.cached_blocks())} cached unreferenced block(s)",
+                ["expected: none"],
+            )
         self._settle(TableChange(frozenset(), (), ()))
 
     def step(self) -> int:
@@ -351,11 +401,17 @@ class Harness:
         except Misuse as error:
             self.check.unchanged(Invariant.MISUSE, before, error)
         except Exception as error:  # noqa: BLE001 -- any other exception type is the finding
-            self.check.fail(Invariant.MISUSE, f"{call} ({call.why}) raised {type(error).__name__}: {error}",
-                            ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"])
+            self.check.fail(
+                Invariant.MISUSE,
+                f"{call} ({call.why}) raised {type(error).__name__}: {error}",
+                ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"],
+            )
         else:
-            self.check.fail(Invariant.MISUSE, f"{call} ({call.why}) was accepted silently",
-                            ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"])
+            self.check.fail(
+                Invariant.MISUSE,
+                f"{call} ({call.why}) was accepted silently",
+                ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"],
+            )
         self.stats["misuse calls refused"] += 1
 
     def dismiss(self, seq: SeqId) -> None:
@@ -387,7 +443,9 @@ class Harness:
     # -- the engine's side of each operation ---------------------------------------------------------------------
 
     def _begin(self, op: str, *args: object) -> None:
-        self.operation = f"{op}({', '.join(repr(arg) if not isinstance(arg, MisuseCall) else str(arg) for arg in args)})"
+        self.operation = (
+            f"{op}({', '.join(repr(arg) if not isinstance(arg, MisuseCall) else str(arg) for arg in args)})"
+        )
         self.stats[op] += 1
 
     def _blocks(self, num_tokens: int) -> int:
@@ -397,11 +455,15 @@ class Harness:
         try:
             return call()
         except AllocatorError as error:
-            self.check.fail(Invariant.MISUSE, f"a valid call was refused with {type(error).__name__}: {error}",
-                            ["expected: the call to succeed"])
+            self.check.fail(
+                Invariant.MISUSE,
+                f"a valid call was refused with {type(error).__name__}: {error}",
+                ["expected: the call to succeed"],
+            )
 
-    def _attempt(self, call: Callable[[], T], needed: int, absent: Optional[SeqId] = None,
-                 host: bool = False) -> Optional[T]:
+    def _attempt(
+        self, call: Callable[[], T], needed: int, absent: Optional[SeqId] = None, host: bool = False
+    ) -> Optional[T]:
         """Run an operation that may be refused for lack of space; check a refusal is clean and justified."""
         before = self.check.counts()
         try:
@@ -412,8 +474,11 @@ class Harness:
             self.check.not_false(needed, error, host)
             return None
         except AllocatorError as error:
-            self.check.fail(Invariant.MISUSE, f"a valid call was refused with {type(error).__name__}: {error}",
-                            ["expected: the call to succeed, or OutOfBlocks"])
+            self.check.fail(
+                Invariant.MISUSE,
+                f"a valid call was refused with {type(error).__name__}: {error}",
+                ["expected: the call to succeed, or OutOfBlocks"],
+            )
         return result
 
     def _table(self, seq: SeqId) -> tuple[int, ...]:
@@ -427,8 +492,11 @@ class Harness:
         model.status, model.written = Status.RUNNING, num_cached
         table = self._table(seq)
         if table != tuple(reported):
-            self.check.fail(Invariant.CONTENT, f"admit returned block table {list(reported)} for {seq}",
-                            [f"found: block_table({seq!r}) says {list(table)}"])
+            self.check.fail(
+                Invariant.CONTENT,
+                f"admit returned block table {list(reported)} for {seq}",
+                [f"found: block_table({seq!r}) says {list(table)}"],
+            )
         self.check.accounting(self._set_table(seq, table, "admitted as").touched)
         model.awaits_step = self.check.cache_hit(seq, num_cached)
         targets = self._write_targets(seq, table, num_cached)
@@ -443,8 +511,11 @@ class Harness:
     def _write_targets(self, seq: SeqId, table: tuple[int, ...], first_position: int) -> dict[int, int]:
         """Logical index -> block of every block the next step writes, from ``first_position`` on (dropped
         entries are never written)."""
-        return {index: table[index] for index in range(first_position // self.block_size, len(table))
-                if table[index] != NULL_BLOCK}
+        return {
+            index: table[index]
+            for index in range(first_position // self.block_size, len(table))
+            if table[index] != NULL_BLOCK
+        }
 
     def _set_table(self, seq: SeqId, table: tuple[int, ...], event: str) -> TableChange:
         """Record ``seq``'s new table; released blocks start their in-flight window."""
@@ -488,8 +559,9 @@ class Harness:
             moved = [index for index, (old, new) in enumerate(zip(model.table, table)) if old != new]
             touched |= self._set_table(seq, table, "remapped at step completion for").touched
             self.stats["remapped blocks"] += len(moved)
-            positions += [(seq, p) for index in moved for p in range(index * size, min((index + 1) * size,
-                                                                                       model.written))]
+            positions += [
+                (seq, p) for index in moved for p in range(index * size, min((index + 1) * size, model.written))
+            ]
         if touched:
             self.check.content(self.engine.take_dirty(), positions)
             self.check.accounting(touched)
@@ -502,6 +574,9 @@ class Harness:
         try:
             self.allocator.admit(probe, ("kvfuzz-quiescence-probe",), tokens)
         except OutOfBlocks as error:
-            self.check.fail(Invariant.QUIESCENCE, f"every sequence is gone, yet a {usable}-block sequence is "
-                            f"refused: {error}", ["some blocks leaked"])
+            self.check.fail(
+                Invariant.QUIESCENCE,
+                f"every sequence is gone, yet a {usable}-block sequence is refused: {error}",
+                ["some blocks leaked"],
+            )
         self.allocator.free(probe)

@@ -19,8 +19,8 @@ from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.statemachines import strategies
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.harness import Harness
-from kvfuzz.statemachines.model import Status
 from kvfuzz.statemachines.misuse import misuse_calls
+from kvfuzz.statemachines.model import Status
 from kvfuzz.statemachines.program import Call
 from kvfuzz.statemachines.stats import RunStats
 
@@ -77,8 +77,12 @@ class KVCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         operations = self.stats.operations if self.stats is not None else None
-        self.harness = Harness(self.factory(self.config.pool_spec()), self.config, operations,
-                               on_step=self.stats.occupancy.record if self.stats is not None else None)
+        self.harness = Harness(
+            self.factory(self.config.pool_spec()),
+            self.config,
+            operations,
+            on_step=self.stats.occupancy.record if self.stats is not None else None,
+        )
         self.caps = self.harness.caps
         self.failed = False
         self.calls: list[Call] = []
@@ -87,10 +91,14 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     # -- requests ------------------------------------------------------------------------------------------------
 
-    @rule(seq=st.runner().map(lambda machine: machine.harness.new_id()), namespace=st.deferred(
-        lambda: st.runner().flatmap(lambda machine: strategies.namespaces(machine.caps.namespaces))),
+    @rule(
+        seq=st.runner().map(lambda machine: machine.harness.new_id()),
+        namespace=st.deferred(
+            lambda: st.runner().flatmap(lambda machine: strategies.namespaces(machine.caps.namespaces))
+        ),
         system=st.deferred(lambda: st.runner().flatmap(lambda machine: strategies.systems(machine.config.block_size))),
-        suffix=st.deferred(lambda: st.runner().flatmap(lambda machine: strategies.suffixes(machine.config.block_size))))
+        suffix=st.deferred(lambda: st.runner().flatmap(lambda machine: strategies.suffixes(machine.config.block_size))),
+    )
     @counted
     def admit(self, seq: str, namespace: tuple, system: tuple, suffix: list) -> None:
         """A request whose prompt is a shared system prompt followed by its own suffix."""
@@ -103,8 +111,12 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.harness.readmit(seq)
 
     @precondition(lambda self: self.harness.ids(Status.RUNNING))
-    @rule(seq=_pick(_running), tokens=st.deferred(
-        lambda: st.runner().flatmap(lambda machine: strategies.appended_tokens(machine.config.block_size))))
+    @rule(
+        seq=_pick(_running),
+        tokens=st.deferred(
+            lambda: st.runner().flatmap(lambda machine: strategies.appended_tokens(machine.config.block_size))
+        ),
+    )
     @counted
     def grow(self, seq: str, tokens: list) -> None:
         self.harness.grow(seq, tuple(tokens))
@@ -215,17 +227,27 @@ _ARGUMENTS_VALID: dict[str, Callable[[Harness, dict], bool]] = {
 def is_valid(machine: KVCacheMachine, call: Call) -> bool:
     """Whether ``call`` could have been drawn in the machine's current state: its rule enabled by the declared
     capabilities, and every sequence it names in the state its rule draws from. Used to replay programs."""
-    needs = {"fork": "fork", "swap_out": "swap", "swap_in": "swap", "rollback": "rollback", "evict": "eviction",
-             "reset_cache": "eviction"}.get(call.rule)
+    needs = {
+        "fork": "fork",
+        "swap_out": "swap",
+        "swap_in": "swap",
+        "rollback": "rollback",
+        "evict": "eviction",
+        "reset_cache": "eviction",
+    }.get(call.rule)
     if needs is not None and not getattr(machine.caps, needs):
         return False
     check = _ARGUMENTS_VALID.get(call.rule)
     return check is None or check(machine.harness, call.kwargs())
 
 
-def machine_for(factory: AllocatorFactory, config: MachineConfig = MachineConfig(),
-                stats: Optional[RunStats] = None) -> type[KVCacheMachine]:
+def machine_for(
+    factory: AllocatorFactory, config: MachineConfig = MachineConfig(), stats: Optional[RunStats] = None
+) -> type[KVCacheMachine]:
     """A machine class bound to one allocator factory and configuration (and, optionally, a stats counter)."""
     name = getattr(factory, "__name__", "Allocator")
-    return type(f"KVCacheMachine_{name}", (KVCacheMachine,),
-                {"factory": staticmethod(factory), "config": config, "stats": stats})
+    return type(
+        f"KVCacheMachine_{name}",
+        (KVCacheMachine,),
+        {"factory": staticmethod(factory), "config": config, "stats": stats},
+    )

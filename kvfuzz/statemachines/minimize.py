@@ -30,8 +30,9 @@ class ReplayOutcome:
     failed_at: Optional[int]
 
 
-def replay(machine_class: type[KVCacheMachine], calls: Sequence[Call],
-           on_call: Optional[Callable[[int, Call], None]] = None) -> ReplayOutcome:
+def replay(
+    machine_class: type[KVCacheMachine], calls: Sequence[Call], on_call: Optional[Callable[[int, Call], None]] = None
+) -> ReplayOutcome:
     """Run ``calls`` on a fresh machine, then its teardown, stopping at the first failure.
 
     Raises :class:`NotApplicable` if some call cannot be made in the state the earlier calls left.
@@ -60,8 +61,9 @@ def reproduces(machine_class: type[KVCacheMachine], calls: Sequence[Call], failu
         return False
 
 
-def minimize(machine_class: type[KVCacheMachine], calls: Sequence[Call], failure: type[Exception],
-             seconds: float = 10.0) -> list[Call]:
+def minimize(
+    machine_class: type[KVCacheMachine], calls: Sequence[Call], failure: type[Exception], seconds: float = 10.0
+) -> list[Call]:
     """Delete as many calls as possible while the program still fails with ``failure``, within ``seconds``."""
     current = list(calls)
     deadline = time.perf_counter() + seconds
@@ -69,7 +71,7 @@ def minimize(machine_class: type[KVCacheMachine], calls: Sequence[Call], failure
     while chunk >= 1 and time.perf_counter() < deadline:
         start, deleted = 0, False
         while start < len(current) and time.perf_counter() < deadline:
-            candidate = current[:start] + current[start + chunk:]
+            candidate = current[:start] + current[start + chunk :]
             if candidate and reproduces(machine_class, candidate, failure):
                 current, deleted = candidate, True
             else:

@@ -28,12 +28,16 @@ def misuse_calls(h: "Harness") -> list[MisuseCall]:
     """The contract-breaking calls that make sense in the harness's current state."""
     calls = [MisuseCall("grow", ("nobody", (1,)), "nobody was ever admitted")]
     for seq in h.finished[-1:]:
-        calls += [MisuseCall("free", (seq,), f"{seq} was already freed"),
-                  MisuseCall("grow", (seq, (1,)), f"{seq} was freed")]
+        calls += [
+            MisuseCall("free", (seq,), f"{seq} was already freed"),
+            MisuseCall("grow", (seq, (1,)), f"{seq} was freed"),
+        ]
     for seq in h.computed_ids()[:1]:
-        calls += [MisuseCall("admit", (seq, (), (1,)), f"{seq} is live"),
-                  MisuseCall("grow", (seq, ()), "no tokens"),
-                  MisuseCall("rollback", (seq, h.length(seq)), "would drop every token")]
+        calls += [
+            MisuseCall("admit", (seq, (), (1,)), f"{seq} is live"),
+            MisuseCall("grow", (seq, ()), "no tokens"),
+            MisuseCall("rollback", (seq, h.length(seq)), "would drop every token"),
+        ]
         if h.caps.fork:
             calls.append(MisuseCall("fork", ("nobody", seq), f"unknown parent, and {seq} is live"))
         if h.caps.swap:

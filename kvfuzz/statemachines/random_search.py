@@ -38,15 +38,27 @@ def _choices(machine: KVCacheMachine, rng: random.Random) -> list[tuple[str, Cal
         return [rng.randrange(VOCABULARY) for _ in range(rng.randint(low, high))]
 
     choices: list[tuple[str, Callable[[], dict]]] = [
-        ("admit", lambda: {"seq": h.new_id(), "namespace": pick(NAMESPACES) if caps.namespaces else (),
-                           "system": pick(system_prompts(size)), "suffix": tokens(1, size + 2)}),
-        ("step", dict)]
+        (
+            "admit",
+            lambda: {
+                "seq": h.new_id(),
+                "namespace": pick(NAMESPACES) if caps.namespaces else (),
+                "system": pick(system_prompts(size)),
+                "suffix": tokens(1, size + 2),
+            },
+        ),
+        ("step", dict),
+    ]
     running, computed, rollbackable = _running(h), _computed(h), _rollbackable(h)
     if h.ids(Status.PREEMPTED):
         choices.append(("readmit", lambda: {"seq": pick(h.ids(Status.PREEMPTED))}))
     if running:
-        choices.append(("grow", lambda: {"seq": pick(running), "tokens": tokens(1, 1) if rng.random() < 0.5
-                                         else tokens(2, size + 1)}))
+        choices.append(
+            (
+                "grow",
+                lambda: {"seq": pick(running), "tokens": tokens(1, 1) if rng.random() < 0.5 else tokens(2, size + 1)},
+            )
+        )
     preemptible = _preemptible(h)
     if preemptible:
         choices.append(("preempt", lambda: {"seq": pick(preemptible)}))
@@ -70,8 +82,9 @@ def _choices(machine: KVCacheMachine, rng: random.Random) -> list[tuple[str, Cal
     return choices
 
 
-def random_search(machine_class: type[KVCacheMachine], *, examples: int, steps: int,
-                  seed: Optional[int]) -> Optional[RandomFailure]:
+def random_search(
+    machine_class: type[KVCacheMachine], *, examples: int, steps: int, seed: Optional[int]
+) -> Optional[RandomFailure]:
     """Run up to ``examples`` random programs of up to ``steps`` calls; return the first that fails."""
     rng = random.Random(seed)
     for _ in range(examples):

@@ -36,8 +36,9 @@ class Invariant(enum.Enum):
 class InvariantViolation(AssertionError):
     """One invariant broken by one operation: what was expected, what was found, and where it came from."""
 
-    def __init__(self, invariant: Invariant, operation: str, step: int, summary: str,
-                 details: Sequence[str] = ()) -> None:
+    def __init__(
+        self, invariant: Invariant, operation: str, step: int, summary: str, details: Sequence[str] = ()
+    ) -> None:
         self.invariant = invariant
         self.operation = operation
         self.step = step
@@ -61,6 +62,7 @@ VIOLATION_TYPES: dict[Invariant, type[InvariantViolation]] = {inv: _violation_ty
 trading one invariant's failure for another's while shrinking."""
 
 
-def violation(invariant: Invariant, operation: str, step: int, summary: str,
-              details: Sequence[str] = ()) -> InvariantViolation:
+def violation(
+    invariant: Invariant, operation: str, step: int, summary: str, details: Sequence[str] = ()
+) -> InvariantViolation:
     return VIOLATION_TYPES[invariant](invariant, operation, step, summary, details)

@@ -103,7 +103,7 @@ def _groups(raw: Any) -> dict[str, Tokens]:
         elif isinstance(spec, dict) and "length" in spec:
             groups[name] = derived_tokens(f"group:{name}", _int(spec, "length", where, 1))
         else:
-            raise WorkloadError(f"{where}: expected {{\"length\": N}} or {{\"tokens\": [...]}}")
+            raise WorkloadError(f'{where}: expected {{"length": N}} or {{"tokens": [...]}}')
     return groups
 
 
@@ -118,8 +118,11 @@ def _request(entry: Any, number: int, groups: dict[str, Tokens]) -> Request:
         raise WorkloadError(f"{where}: prefix group {group!r} is not defined in 'prefix_groups'")
     if ("prompt" in entry) == ("prompt_len" in entry):
         raise WorkloadError(f"{where}: give exactly one of 'prompt' (tokens) and 'prompt_len'")
-    own = (_tokens(entry["prompt"], f"{where} 'prompt'") if "prompt" in entry
-           else derived_tokens(entry["id"], _int(entry, "prompt_len", where, 0)))
+    own = (
+        _tokens(entry["prompt"], f"{where} 'prompt'")
+        if "prompt" in entry
+        else derived_tokens(entry["id"], _int(entry, "prompt_len", where, 0))
+    )
     prompt = (groups[group] if group else ()) + own
     if not prompt:
         raise WorkloadError(f"{where}: the prompt is empty")
@@ -130,8 +133,16 @@ def _request(entry: Any, number: int, groups: dict[str, Tokens]) -> Request:
     namespace = entry.get("namespace", [])
     if not isinstance(namespace, list) or not all(isinstance(part, str) for part in namespace):
         raise WorkloadError(f"{where}: 'namespace' must be a list of strings")
-    return Request(entry["id"], arrival, prompt, _int(entry, "output_len", where, 1, default=1),
-                   _int(entry, "samples", where, 1, default=1), cancel_at, tuple(namespace), group)
+    return Request(
+        entry["id"],
+        arrival,
+        prompt,
+        _int(entry, "output_len", where, 1, default=1),
+        _int(entry, "samples", where, 1, default=1),
+        cancel_at,
+        tuple(namespace),
+        group,
+    )
 
 
 def parse_workload(data: Any, where: str = "workload") -> Workload:
@@ -152,8 +163,9 @@ def parse_workload(data: Any, where: str = "workload") -> Workload:
             raise WorkloadError(f"{where}: request id {request.id!r} appears twice")
         seen.add(request.id)
     requests.sort(key=lambda request: request.arrival)
-    return Workload(str(data.get("name", Path(where).stem)), origin, str(data.get("description", "")),
-                    tuple(requests), groups)
+    return Workload(
+        str(data.get("name", Path(where).stem)), origin, str(data.get("description", "")), tuple(requests), groups
+    )
 
 
 def load_workload(path: Path) -> Workload:

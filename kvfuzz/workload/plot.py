@@ -17,6 +17,7 @@ def plot_occupancy(reports: Sequence[ReplayReport], path: Path) -> None:
     and the blocks sharing saves, per step."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as error:
@@ -29,15 +30,28 @@ def plot_occupancy(reports: Sequence[ReplayReport], path: Path) -> None:
         effective = [sample.effective_positions for sample in series]
         waste = [sample.tail_waste_positions for sample in series]
         cached = [(sample.cached_blocks or 0) * size for sample in series]
-        axis.stackplot(steps, effective, waste, cached, labels=("K/V of live tokens", "tail waste",
-                                                                "cached, unreferenced"),
-                       colors=("#3b75af", "#ef8636", "#9bbb59"), alpha=0.85)
-        axis.plot(steps, [sample.saved_by_sharing * size for sample in series], color="black", linewidth=1,
-                  label="saved by sharing")
+        axis.stackplot(
+            steps,
+            effective,
+            waste,
+            cached,
+            labels=("K/V of live tokens", "tail waste", "cached, unreferenced"),
+            colors=("#3b75af", "#ef8636", "#9bbb59"),
+            alpha=0.85,
+        )
+        axis.plot(
+            steps,
+            [sample.saved_by_sharing * size for sample in series],
+            color="black",
+            linewidth=1,
+            label="saved by sharing",
+        )
         axis.axhline(report.num_blocks * size, color="grey", linestyle="--", linewidth=1, label="pool size")
         axis.set_ylabel("positions")
-        axis.set_title(f"{report.workload} ({report.origin}) on {report.allocator}: "
-                       f"{report.num_blocks} blocks x {size}", fontsize=9)
+        axis.set_title(
+            f"{report.workload} ({report.origin}) on {report.allocator}: {report.num_blocks} blocks x {size}",
+            fontsize=9,
+        )
         axis.legend(loc="upper right", fontsize=7)
     axes[-1, 0].set_xlabel("step")
     figure.tight_layout()

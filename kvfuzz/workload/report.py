@@ -32,10 +32,15 @@ class Refusal:
     running_requests: int
 
     def describe(self) -> str:
-        pool = ("" if self.free_blocks is None
-                else f"; pool had {self.free_blocks} free and {self.cached_blocks} cached-but-free blocks")
-        return (f"step {self.step}: {self.request} ({self.tokens} tokens, {self.blocks_needed} blocks without cache "
-                f"hits) refused with {self.running_requests} requests running{pool}")
+        pool = (
+            ""
+            if self.free_blocks is None
+            else f"; pool had {self.free_blocks} free and {self.cached_blocks} cached-but-free blocks"
+        )
+        return (
+            f"step {self.step}: {self.request} ({self.tokens} tokens, {self.blocks_needed} blocks without cache "
+            f"hits) refused with {self.running_requests} requests running{pool}"
+        )
 
 
 @attrs.frozen
@@ -104,21 +109,23 @@ class ReplayReport:
         return fields
 
     def describe(self, samples: int = 5) -> list[str]:
-        lines = [f"workload {self.workload} ({self.origin}), {self.requests} requests, against {self.allocator}",
-                 f"  pool: {self.num_blocks} blocks x {self.block_size} slots",
-                 f"  {'FAILED' if self.failed else 'passed'}: {self.steps} steps in {self.seconds:.1f} s, "
-                 "every invariant checked after every operation"
-                 + ("; every block free at the end" if self.quiescent else ""),
-                 f"  requests: {self.admitted} admitted, {self.finished} finished, {self.cancelled} cancelled "
-                 f"({self.cancelled_before_admission} before admission), {self.rejected} rejected (never fit), "
-                 f"{self.preemptions} preemptions of {self.preempted_requests} requests",
-                 f"  refused admissions: {len(self.refusals)} (each kept; the request waited and retried)",
-                 *[f"    {refusal.describe()}" for refusal in self.refusals[:samples]],
-                 *([f"    ... {len(self.refusals) - samples} more"] if len(self.refusals) > samples else []),
-                 f"  concurrency: peak {self.peak_concurrency}, mean {self.mean_concurrency:.2f} running requests",
-                 f"  time to first token: {self.time_to_first_token.describe()}",
-                 f"  time per output token: {self.time_per_output_token.describe()}",
-                 *["  " + line for line in self.occupancy.describe()]]
+        lines = [
+            f"workload {self.workload} ({self.origin}), {self.requests} requests, against {self.allocator}",
+            f"  pool: {self.num_blocks} blocks x {self.block_size} slots",
+            f"  {'FAILED' if self.failed else 'passed'}: {self.steps} steps in {self.seconds:.1f} s, "
+            "every invariant checked after every operation"
+            + ("; every block free at the end" if self.quiescent else ""),
+            f"  requests: {self.admitted} admitted, {self.finished} finished, {self.cancelled} cancelled "
+            f"({self.cancelled_before_admission} before admission), {self.rejected} rejected (never fit), "
+            f"{self.preemptions} preemptions of {self.preempted_requests} requests",
+            f"  refused admissions: {len(self.refusals)} (each kept; the request waited and retried)",
+            *[f"    {refusal.describe()}" for refusal in self.refusals[:samples]],
+            *([f"    ... {len(self.refusals) - samples} more"] if len(self.refusals) > samples else []),
+            f"  concurrency: peak {self.peak_concurrency}, mean {self.mean_concurrency:.2f} running requests",
+            f"  time to first token: {self.time_to_first_token.describe()}",
+            f"  time per output token: {self.time_per_output_token.describe()}",
+            *["  " + line for line in self.occupancy.describe()],
+        ]
         if self.failure:
             lines += ["", self.failure]
         return lines

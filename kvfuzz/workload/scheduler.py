@@ -76,11 +76,20 @@ class Tracked:
 class Scheduler:
     """Drives one workload through one harness; :meth:`run` returns the report."""
 
-    def __init__(self, workload: Workload, allocator: PagedAllocator, config: MachineConfig, allocator_name: str,
-                 max_running: int = 256, max_steps: int = 100_000) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        allocator: PagedAllocator,
+        config: MachineConfig,
+        allocator_name: str,
+        max_running: int = 256,
+        max_steps: int = 100_000,
+    ) -> None:
         if any(request.namespace for request in workload.requests) and not allocator.capabilities.namespaces:
-            raise ReplayError(f"workload {workload.name} gives requests namespaces, but {allocator_name} does not "
-                              "declare namespace support: its cache hits could not be judged")
+            raise ReplayError(
+                f"workload {workload.name} gives requests namespaces, but {allocator_name} does not "
+                "declare namespace support: its cache hits could not be judged"
+            )
         if max_running < 1:
             raise ReplayError(f"max_running must be >= 1, got {max_running}")
         self.workload, self.config, self.allocator_name = workload, config, allocator_name
@@ -90,8 +99,10 @@ class Scheduler:
         self.fork = allocator.capabilities.fork
         self.window = allocator.capabilities.inflight_window
         self.preempt_scheduled = allocator.capabilities.preempt_scheduled
-        self.tracked = [Tracked(request, [request.id] + [f"{request.id}/{j}" for j in range(1, request.samples)])
-                        for request in workload.requests]
+        self.tracked = [
+            Tracked(request, [request.id] + [f"{request.id}/{j}" for j in range(1, request.samples)])
+            for request in workload.requests
+        ]
         self.waiting: list[Tracked] = []
         self.running: list[Tracked] = []
         self.refusals: list[Refusal] = []
@@ -112,8 +123,9 @@ class Scheduler:
             while not all(tracked.phase in DONE for tracked in self.tracked):
                 if self.step >= self.max_steps:
                     stuck = [f"{t.request.id} ({t.phase.value})" for t in self.tracked if t.phase not in DONE]
-                    raise ReplayError(f"the workload did not drain within {self.max_steps} steps; still open: "
-                                      f"{', '.join(stuck[:10])}")
+                    raise ReplayError(
+                        f"the workload did not drain within {self.max_steps} steps; still open: {', '.join(stuck[:10])}"
+                    )
                 while upcoming is not None and upcoming.request.arrival <= self.step:
                     self.waiting.append(upcoming)
                     upcoming = next(arrivals, None)
@@ -127,15 +139,18 @@ class Scheduler:
         except InvariantViolation as violation:
             failure = f"{violation.invariant}\n{violation.explain()}"
         except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding, with the report
-            failure = (f"crash ({type(error).__name__}) during {self.harness.operation} at step {self.step}: "
-                       f"{error}")
+            failure = f"crash ({type(error).__name__}) during {self.harness.operation} at step {self.step}: {error}"
         return self._report(time.perf_counter() - started, failure, quiescent)
 
     def _cancel(self) -> None:
         for tracked in self.tracked:
             cancel_at = tracked.request.cancel_at
-            if (cancel_at is not None and cancel_at <= self.step and tracked.request.arrival <= self.step
-                    and tracked.phase not in DONE):
+            if (
+                cancel_at is not None
+                and cancel_at <= self.step
+                and tracked.request.arrival <= self.step
+                and tracked.phase not in DONE
+            ):
                 self._release(tracked)
                 tracked.phase = Phase.CANCELLED
 
@@ -161,8 +176,10 @@ class Scheduler:
             if model is not None and model.status is Status.PREEMPTED:
                 pending.append(branch)
             elif branch not in tracked.produced and (
-                    index == 0 or not self.fork
-                    or (parent in harness.computed_ids() and tracked.produced.get(parent, 0) >= 1)):
+                index == 0
+                or not self.fork
+                or (parent in harness.computed_ids() and tracked.produced.get(parent, 0) >= 1)
+            ):
                 pending.append(branch)
         return pending
 
@@ -201,8 +218,12 @@ class Scheduler:
                 if tracked not in self.running:
                     break
                 model = self.harness.seqs.get(branch)
-                if (model is None or model.status is not Status.RUNNING or tracked.done(branch)
-                        or branch not in self.harness.computed_ids()):
+                if (
+                    model is None
+                    or model.status is not Status.RUNNING
+                    or tracked.done(branch)
+                    or branch not in self.harness.computed_ids()
+                ):
                     continue
                 if tracked.holds_for_forks(branch, self.fork):
                     continue
@@ -212,8 +233,11 @@ class Scheduler:
 
     def victims(self) -> list[Tracked]:
         """Running requests that may be preempted now, most recently admitted first."""
-        return [other for other in reversed(self.running)
-                if self.preempt_scheduled or not any(seq in self.scheduled for seq in other.live())]
+        return [
+            other
+            for other in reversed(self.running)
+            if self.preempt_scheduled or not any(seq in self.scheduled for seq in other.live())
+        ]
 
     def _with_room(self, tracked: Tracked, attempt: Callable[[], bool]) -> bool:
         """Run ``attempt``, preempting the most recently admitted request while the pool is full.
@@ -275,9 +299,17 @@ class Scheduler:
     def _refused(self, tracked: Tracked, branch: SeqId) -> None:
         counts = self.harness.check.counts()
         tokens = self.harness.length(branch) if branch in self.harness.seqs else len(tracked.request.prompt)
-        self.refusals.append(Refusal(self.step, tracked.request.id, tokens, -(-tokens // self.config.block_size),
-                                     counts.free if counts else None, counts.cached if counts else None,
-                                     len(self.running)))
+        self.refusals.append(
+            Refusal(
+                self.step,
+                tracked.request.id,
+                tokens,
+                -(-tokens // self.config.block_size),
+                counts.free if counts else None,
+                counts.cached if counts else None,
+                len(self.running),
+            )
+        )
         if self.running or tracked.phase is Phase.RUNNING:
             return
         refused = self.idle_refusals[tracked.request.id] = self.idle_refusals.get(tracked.request.id, 0) + 1
@@ -297,8 +329,12 @@ class Scheduler:
                     if tracked.first_token_at is None:
                         tracked.first_token_at = self.step
                 model = self.harness.seqs.get(branch)
-                if (tracked.done(branch) and model is not None and model.status is Status.RUNNING
-                        and not tracked.holds_for_forks(branch, self.fork)):
+                if (
+                    tracked.done(branch)
+                    and model is not None
+                    and model.status is Status.RUNNING
+                    and not tracked.holds_for_forks(branch, self.fork)
+                ):
                     self.harness.free(branch)
             if len(tracked.produced) == len(tracked.branches) and all(map(tracked.done, tracked.branches)):
                 tracked.phase, tracked.finished_at = Phase.FINISHED, self.step
@@ -312,22 +348,45 @@ class Scheduler:
     def _report(self, seconds: float, failure: Optional[str], quiescent: bool) -> ReplayReport:
         tracked = self.tracked
         ttft = [t.first_token_at - t.request.arrival + 1 for t in tracked if t.first_token_at is not None]
-        tpot = [(t.finished_at - t.first_token_at) / (t.request.output_len - 1) for t in tracked
-                if t.phase is Phase.FINISHED and t.request.output_len > 1]
+        tpot = [
+            (t.finished_at - t.first_token_at) / (t.request.output_len - 1)
+            for t in tracked
+            if t.phase is Phase.FINISHED and t.request.output_len > 1
+        ]
         return ReplayReport(
-            self.workload.name, self.workload.origin, self.allocator_name, self.config.block_size,
-            self.config.num_blocks, len(tracked), sum(t.admitted_at is not None for t in tracked),
-            sum(t.phase is Phase.FINISHED for t in tracked), sum(t.phase is Phase.CANCELLED for t in tracked),
+            self.workload.name,
+            self.workload.origin,
+            self.allocator_name,
+            self.config.block_size,
+            self.config.num_blocks,
+            len(tracked),
+            sum(t.admitted_at is not None for t in tracked),
+            sum(t.phase is Phase.FINISHED for t in tracked),
+            sum(t.phase is Phase.CANCELLED for t in tracked),
             sum(t.phase is Phase.CANCELLED and t.admitted_at is None for t in tracked),
-            sum(t.phase is Phase.REJECTED for t in tracked), sum(t.preempted for t in tracked),
-            sum(t.preempted > 0 for t in tracked), tuple(self.refusals), self.step, seconds,
+            sum(t.phase is Phase.REJECTED for t in tracked),
+            sum(t.preempted for t in tracked),
+            sum(t.preempted > 0 for t in tracked),
+            tuple(self.refusals),
+            self.step,
+            seconds,
             max(self.concurrency, default=0),
             sum(self.concurrency) / len(self.concurrency) if self.concurrency else 0.0,
-            Latency.of(ttft), Latency.of(tpot), self.log.summary(), dict(sorted(self.harness.stats.items())),
-            quiescent, failure)
+            Latency.of(ttft),
+            Latency.of(tpot),
+            self.log.summary(),
+            dict(sorted(self.harness.stats.items())),
+            quiescent,
+            failure,
+        )
 
 
-def replay_workload(workload: Workload, allocator: PagedAllocator, config: MachineConfig,
-                    allocator_name: str = "allocator", max_running: int = 256) -> ReplayReport:
+def replay_workload(
+    workload: Workload,
+    allocator: PagedAllocator,
+    config: MachineConfig,
+    allocator_name: str = "allocator",
+    max_running: int = 256,
+) -> ReplayReport:
     """Replay ``workload`` against ``allocator`` (built for ``config``'s pool) and report what happened."""
     return Scheduler(workload, allocator, config, allocator_name, max_running).run()

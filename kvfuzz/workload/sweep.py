@@ -25,24 +25,32 @@ def sweep_table(reports: Sequence[ReplayReport]) -> list[str]:
         ("preemptions", [r.preemptions for r in reports]),
         ("peak concurrency", [r.peak_concurrency for r in reports]),
         ("mean concurrency", [r.mean_concurrency for r in reports]),
-        ("peak referenced positions", [r.occupancy.peak.referenced_blocks * r.block_size if r.occupancy.peak
-                                       else 0 for r in reports]),
+        (
+            "peak referenced positions",
+            [r.occupancy.peak.referenced_blocks * r.block_size if r.occupancy.peak else 0 for r in reports],
+        ),
         ("mean K/V positions", [r.occupancy.mean.get("effective_positions") for r in reports]),
         ("mean tail waste", [r.occupancy.mean.get("tail_waste_positions") for r in reports]),
         ("mean utilisation", [_utilisation(r) for r in reports]),
         ("mean blocks saved by sharing", [r.occupancy.mean.get("saved_by_sharing") for r in reports]),
         ("mean table entries", [r.occupancy.mean.get("table_entries") for r in reports]),
-        ("TTFT p50 / p99 (steps)", [f"{_fmt(r.time_to_first_token.p50)} / {_fmt(r.time_to_first_token.p99)}"
-                                    for r in reports]),
-        ("TPOT p50 / p99 (steps)", [f"{_fmt(r.time_per_output_token.p50)} / {_fmt(r.time_per_output_token.p99)}"
-                                    for r in reports]),
+        (
+            "TTFT p50 / p99 (steps)",
+            [f"{_fmt(r.time_to_first_token.p50)} / {_fmt(r.time_to_first_token.p99)}" for r in reports],
+        ),
+        (
+            "TPOT p50 / p99 (steps)",
+            [f"{_fmt(r.time_per_output_token.p50)} / {_fmt(r.time_per_output_token.p99)}" for r in reports],
+        ),
         ("invariants", ["FAILED" if r.failed else "held" for r in reports]),
     ]
     cells = [(label, [_fmt(value) for value in values]) for label, values in rows]
     label_width = max(len(label) for label, _ in cells)
     widths = [max(len(values[column]) for _, values in cells) for column in range(len(reports))]
-    return [f"{label:<{label_width}}  " + "  ".join(value.rjust(width) for value, width in zip(values, widths))
-            for label, values in cells]
+    return [
+        f"{label:<{label_width}}  " + "  ".join(value.rjust(width) for value, width in zip(values, widths))
+        for label, values in cells
+    ]
 
 
 def _utilisation(report: ReplayReport) -> object:

@@ -35,8 +35,14 @@ class Variant:
 
     def factory(self) -> Callable[[PoolSpec], PagedAllocator]:
         def build(spec: PoolSpec) -> PagedAllocator:
-            return self.allocator(spec.block_size, spec.num_blocks, spec.num_host_blocks,
-                                  inflight_window=self.window, sliding_window=self.sliding_window)
+            return self.allocator(
+                spec.block_size,
+                spec.num_blocks,
+                spec.num_host_blocks,
+                inflight_window=self.window,
+                sliding_window=self.sliding_window,
+            )
+
         build.__name__ = self.name
         return build
 
@@ -61,8 +67,12 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(variants.CopiesWrongBlock, "10 copy-on-write copies the wrong block", Invariant.CONTENT),
     Variant(variants.SwapInWrongHostBlock, "swap-in maps the wrong host block", Invariant.CONTENT),
     Variant(variants.SilentDoubleFree, "misuse accepted silently", Invariant.MISUSE),
-    Variant(variants.WindowDropIgnoresSharing, "11 sliding window drops a shared block", Invariant.REFCOUNTS,
-            sliding_window=9),
+    Variant(
+        variants.WindowDropIgnoresSharing,
+        "11 sliding window drops a shared block",
+        Invariant.REFCOUNTS,
+        sliding_window=9,
+    ),
     Variant(variants.RepeatedBlockAfterRollback, "4 repeated block freed per occurrence", Invariant.REFCOUNTS),
 )
 

@@ -10,8 +10,15 @@ from kvfuzz.runner import RunSummary, run
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.zoo import VARIANTS, Variant
 
-COLUMNS = ("variant", "bug class", "caught", "invariant", "examples to 1st failure", "seconds to 1st failure",
-           "shrunk length")
+COLUMNS = (
+    "variant",
+    "bug class",
+    "caught",
+    "invariant",
+    "examples to 1st failure",
+    "seconds to 1st failure",
+    "shrunk length",
+)
 
 
 @attrs.frozen
@@ -31,20 +38,36 @@ class ZooResult:
             caught = "ESCAPED"
         else:
             caught = "yes" if self.caught_as_expected else f"yes, but expected {self.variant.expected}"
-        return (self.variant.name, self.variant.bug_class, caught, s.invariant or "-",
-                "-" if s.first_failure_examples is None else str(s.first_failure_examples),
-                "-" if s.first_failure_seconds is None else f"{s.first_failure_seconds:.2f}",
-                "-" if not s.program else str(s.program_length) if s.shrunk else f"{s.program_length} (unshrunk)")
+        return (
+            self.variant.name,
+            self.variant.bug_class,
+            caught,
+            s.invariant or "-",
+            "-" if s.first_failure_examples is None else str(s.first_failure_examples),
+            "-" if s.first_failure_seconds is None else f"{s.first_failure_seconds:.2f}",
+            "-" if not s.program else str(s.program_length) if s.shrunk else f"{s.program_length} (unshrunk)",
+        )
 
     def to_json(self) -> dict:
-        return {"variant": self.variant.name, "bug_class": self.variant.bug_class,
-                "expected": str(self.variant.expected), "caught_as_expected": self.caught_as_expected,
-                **self.summary.to_json()}
+        return {
+            "variant": self.variant.name,
+            "bug_class": self.variant.bug_class,
+            "expected": str(self.variant.expected),
+            "caught_as_expected": self.caught_as_expected,
+            **self.summary.to_json(),
+        }
 
 
-def run_zoo(config: MachineConfig = MachineConfig(), *, examples: int = 600, steps: int = 50,
-            seed: Optional[int] = None, shrink: bool = True, names: Iterable[str] = (),
-            on_result: Optional[Callable[[ZooResult], None]] = None) -> list[ZooResult]:
+def run_zoo(
+    config: MachineConfig = MachineConfig(),
+    *,
+    examples: int = 600,
+    steps: int = 50,
+    seed: Optional[int] = None,
+    shrink: bool = True,
+    names: Iterable[str] = (),
+    on_result: Optional[Callable[[ZooResult], None]] = None,
+) -> list[ZooResult]:
     """Run the machine against each variant (all of them, or those named); report each result as it comes."""
     wanted = set(names)
     unknown = wanted - {variant.name for variant in VARIANTS}
@@ -54,8 +77,15 @@ def run_zoo(config: MachineConfig = MachineConfig(), *, examples: int = 600, ste
     for variant in VARIANTS:
         if wanted and variant.name not in wanted:
             continue
-        summary = run(variant.factory(), config, examples=examples, steps=steps, seed=seed, shrink=shrink,
-                      allocator_name=f"zoo:{variant.name}")
+        summary = run(
+            variant.factory(),
+            config,
+            examples=examples,
+            steps=steps,
+            seed=seed,
+            shrink=shrink,
+            allocator_name=f"zoo:{variant.name}",
+        )
         result = ZooResult(variant, summary)
         results.append(result)
         if on_result is not None:

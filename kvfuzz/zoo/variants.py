@@ -67,7 +67,7 @@ class MatchableAtAllocation(PagedAllocator):
         size = self.block_size
         namespace = self._key_namespace(state.namespace)
         for index in range(first_index, len(state.hashes)):
-            entry = CacheEntry(state.hashes[index], namespace, tuple(state.tokens[:(index + 1) * size]))
+            entry = CacheEntry(state.hashes[index], namespace, tuple(state.tokens[: (index + 1) * size]))
             self._cache.register(state.table[index], entry)
 
 
@@ -198,8 +198,9 @@ class FalseOutOfBlocks(PagedAllocator):
     def _check_room(self, fresh_needed: int, taken_from_evictable: int = 0) -> None:
         available = len(self._pool.free_blocks())
         if fresh_needed > available:
-            raise OutOfBlocks(f"need {fresh_needed} block(s), {available} free", needed=fresh_needed,
-                              available=available)
+            raise OutOfBlocks(
+                f"need {fresh_needed} block(s), {available} free", needed=fresh_needed, available=available
+            )
 
 
 class UnlockedPrefix(PagedAllocator):
@@ -226,7 +227,7 @@ class RollbackKeepsStaleBlock(PagedAllocator):
         state = self._running(seq, "rollback")
         table, versions = list(state.table), list(state.versions)
         super().rollback(seq, num_tokens)
-        for block in table[len(state.table):]:
+        for block in table[len(state.table) :]:
             self._pool.take(block)
         state.table, state.versions = table, versions
 
@@ -264,7 +265,6 @@ class NonAtomicHostRefusal(PagedAllocator):
             state.table = []
             raise OutOfBlocks(f"swap_out: {seq!r} does not fit in the host pool")
         return super().swap_out(seq)
-
 
 
 class WindowDropIgnoresSharing(PagedAllocator):

@@ -16,8 +16,12 @@ from kvfuzz.adapters.hf_transformers.adapter import TransformersPagedCache
 from kvfuzz.adapters.hf_transformers.build import paged_attention_cache as _build
 from kvfuzz.allocator.types import PoolSpec
 
-__all__ = ["TransformersPagedCache", "paged_attention_cache", "paged_attention_cache_no_sharing",
-           "paged_attention_cache_two_block_sectors"]
+__all__ = [
+    "TransformersPagedCache",
+    "paged_attention_cache",
+    "paged_attention_cache_no_sharing",
+    "paged_attention_cache_two_block_sectors",
+]
 
 
 def paged_attention_cache(spec: PoolSpec) -> TransformersPagedCache:

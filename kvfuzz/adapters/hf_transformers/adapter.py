@@ -44,8 +44,17 @@ from typing import Any, Collection, Sequence
 import attrs
 
 from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
-from kvfuzz.allocator.types import (AdmitResult, BlockCopy, Capabilities, GrowResult, Namespace, SeqId, Slot,
-                                    SwapResult, Tokens)
+from kvfuzz.allocator.types import (
+    AdmitResult,
+    BlockCopy,
+    Capabilities,
+    GrowResult,
+    Namespace,
+    SeqId,
+    Slot,
+    SwapResult,
+    Tokens,
+)
 
 _GROUP = "full_attention"
 
@@ -80,8 +89,14 @@ class TransformersPagedCache:
         sharing = cache.use_prefix_sharing
         # With sharing, mark_complete_blocks swaps a duplicate block for the cached one when a step completes.
         # Without it, fork copies every block of the parent: kvfuzz cannot size that refusal, so it is not driven.
-        self.capabilities = Capabilities(fork=sharing, fork_copies=sharing, prefix_cache=sharing, eviction=sharing,
-                                         introspection=True, remaps_on_step=sharing)
+        self.capabilities = Capabilities(
+            fork=sharing,
+            fork_copies=sharing,
+            prefix_cache=sharing,
+            eviction=sharing,
+            introspection=True,
+            remaps_on_step=sharing,
+        )
         self._states: dict[SeqId, Any] = {}
         self._scheduled: list[_Scheduled] = []
         self._last_completed = -1
@@ -228,8 +243,9 @@ class TransformersPagedCache:
         self.cache.pool.try_to_free_sectors()
         if self.cache.can_store_request_tokens(state, num_tokens):
             return
-        self._evict_if_it_makes_room(self.allocator.needs_new_blocks(state.request_id, state.current_len(),
-                                                                     num_tokens), what)
+        self._evict_if_it_makes_room(
+            self.allocator.needs_new_blocks(state.request_id, state.current_len(), num_tokens), what
+        )
         if not self.cache.can_store_request_tokens(state, num_tokens):
             raise OutOfBlocks(f"{what}: no room after evicting every cached block")
 
@@ -240,8 +256,11 @@ class TransformersPagedCache:
         available = pool.count_free_blocks(self.allocator.index) + pool.num_free_sectors * self._per_sector
         cached = len(self.ledger.cached_blocks)
         if not cached or needed > available + cached:
-            raise OutOfBlocks(f"{what}: needs {needed} new block(s), {available} free and {cached} cached",
-                              needed=needed, available=available + cached)
+            raise OutOfBlocks(
+                f"{what}: needs {needed} new block(s), {available} free and {cached} cached",
+                needed=needed,
+                available=available + cached,
+            )
         self.reset_cache()
         pool.try_to_free_sectors()
 

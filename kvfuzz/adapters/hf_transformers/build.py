@@ -26,7 +26,8 @@ def _head_geometry(block_size: int, blocks_per_sector: int) -> tuple[int, Any]:
             block_bytes = 2 * head_dim * dtype.itemsize * block_size
             sector_bytes = block_bytes * blocks_per_sector
             if sector_bytes % _SECTOR_ALIGNMENT == 0 and all(
-                    (block_bytes * fewer) % _SECTOR_ALIGNMENT for fewer in range(1, blocks_per_sector)):
+                (block_bytes * fewer) % _SECTOR_ALIGNMENT for fewer in range(1, blocks_per_sector)
+            ):
                 return head_dim, dtype
     raise ValueError(f"no head geometry gives sectors of {blocks_per_sector} blocks of {block_size} tokens")
 
@@ -41,15 +42,30 @@ def paged_attention_cache(spec: PoolSpec, *, allow_block_sharing: bool, blocks_p
     from transformers.generation.continuous_batching.distributed import DistributedHelper
 
     head_dim, dtype = _head_geometry(spec.block_size, blocks_per_sector)
-    model = LlamaConfig(vocab_size=8, hidden_size=head_dim, intermediate_size=8, num_hidden_layers=1,
-                        num_attention_heads=1, num_key_value_heads=1, head_dim=head_dim)
-    batching = ContinuousBatchingConfig(page_size=spec.block_size, num_blocks=spec.num_blocks, max_batch_tokens=64,
-                                        max_memory_percent=0.5, max_blocks_per_request=0,
-                                        allow_block_sharing=allow_block_sharing)
-    cache = PagedAttentionCache(model, batching, device="cpu", distributed_helper=DistributedHelper(None, None),
-                                dtype=dtype)
+    model = LlamaConfig(
+        vocab_size=8,
+        hidden_size=head_dim,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=head_dim,
+    )
+    batching = ContinuousBatchingConfig(
+        page_size=spec.block_size,
+        num_blocks=spec.num_blocks,
+        max_batch_tokens=64,
+        max_memory_percent=0.5,
+        max_blocks_per_request=0,
+        allow_block_sharing=allow_block_sharing,
+    )
+    cache = PagedAttentionCache(
+        model, batching, device="cpu", distributed_helper=DistributedHelper(None, None), dtype=dtype
+    )
     allocator = cache.cache_allocators["full_attention"]
     if allocator.num_blocks != spec.num_blocks or allocator.blocks_per_sector != blocks_per_sector:
-        raise ValueError(f"transformers built {allocator.num_blocks} blocks, {allocator.blocks_per_sector} per sector; "
-                         f"asked for {spec.num_blocks}, {blocks_per_sector} per sector")
+        raise ValueError(
+            f"transformers built {allocator.num_blocks} blocks, {allocator.blocks_per_sector} per sector; "
+            f"asked for {spec.num_blocks}, {blocks_per_sector} per sector"
+        )
     return cache

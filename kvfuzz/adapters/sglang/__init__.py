@@ -5,7 +5,11 @@ Factories: ``kvfuzz.adapters.sglang:radix_cache`` (namespaces as extra_key and c
 an environment holding it with ``scripts/third_party_env.sh sglang``. See ``adapter.py`` for the mapping.
 """
 
-from kvfuzz.adapters.sglang.adapter import (SGLangRadixAllocator, radix_cache, radix_cache_lora,
-                                           radix_cache_one_namespace)
+from kvfuzz.adapters.sglang.adapter import (
+    SGLangRadixAllocator,
+    radix_cache,
+    radix_cache_lora,
+    radix_cache_one_namespace,
+)
 
 __all__ = ["SGLangRadixAllocator", "radix_cache", "radix_cache_lora", "radix_cache_one_namespace"]

@@ -26,8 +26,9 @@ from typing import Any
 
 if importlib.util.find_spec("sglang") is None:
     # Fail at import, so that a trace naming this adapter is skipped where SGLang is not installed.
-    raise ImportError("kvfuzz.adapters.sglang needs sglang 0.5.23; build an environment with "
-                      "scripts/third_party_env.sh sglang")
+    raise ImportError(
+        "kvfuzz.adapters.sglang needs sglang 0.5.23; build an environment with scripts/third_party_env.sh sglang"
+    )
 
 
 class _InterpolationMode(enum.Enum):
@@ -63,28 +64,42 @@ def _install_torchvision_stand_in() -> None:
 def sglang() -> types.SimpleNamespace:
     """SGLang's classes and scheduler functions the adapter drives, imported once."""
     _install_torchvision_stand_in()
+    from sglang.srt.environ import envs
     from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
-    from sglang.srt.mem_cache.allocation import (alloc_paged_token_slots_decode, alloc_paged_token_slots_extend,
-                                                 alloc_req_slots)
+    from sglang.srt.mem_cache.allocation import (
+        alloc_paged_token_slots_decode,
+        alloc_paged_token_slots_extend,
+        alloc_req_slots,
+    )
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.common import checkpoint_kv_cache, evict_from_tree_cache, release_kv_cache
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.mem_cache.radix_cache import RadixCache
-    from sglang.srt.environ import envs
     from sglang.srt.runtime_context import create_context, use_context
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
 
     context = create_context(ServerArgs(model_path="dummy", device="cpu"), role="scheduler")
     return types.SimpleNamespace(
-        Req=Req, FINISH_ABORT=FINISH_ABORT, FINISH_LENGTH=FINISH_LENGTH, SamplingParams=SamplingParams,
-        PagedTokenToKVPoolAllocator=PagedTokenToKVPoolAllocator, ReqToTokenPool=ReqToTokenPool,
-        RadixCache=RadixCache, CacheInitParams=CacheInitParams, alloc_req_slots=alloc_req_slots,
+        Req=Req,
+        FINISH_ABORT=FINISH_ABORT,
+        FINISH_LENGTH=FINISH_LENGTH,
+        SamplingParams=SamplingParams,
+        PagedTokenToKVPoolAllocator=PagedTokenToKVPoolAllocator,
+        ReqToTokenPool=ReqToTokenPool,
+        RadixCache=RadixCache,
+        CacheInitParams=CacheInitParams,
+        alloc_req_slots=alloc_req_slots,
         alloc_paged_token_slots_extend=alloc_paged_token_slots_extend,
-        alloc_paged_token_slots_decode=alloc_paged_token_slots_decode, checkpoint_kv_cache=checkpoint_kv_cache,
-        release_kv_cache=release_kv_cache, evict_from_tree_cache=evict_from_tree_cache,
-        retract_decode_steps=envs.SGLANG_RETRACT_DECODE_STEPS.get, context=context, use_context=use_context)
+        alloc_paged_token_slots_decode=alloc_paged_token_slots_decode,
+        checkpoint_kv_cache=checkpoint_kv_cache,
+        release_kv_cache=release_kv_cache,
+        evict_from_tree_cache=evict_from_tree_cache,
+        retract_decode_steps=envs.SGLANG_RETRACT_DECODE_STEPS.get,
+        context=context,
+        use_context=use_context,
+    )
 
 
 def in_context(method: Any) -> Any:

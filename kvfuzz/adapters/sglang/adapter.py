@@ -52,10 +52,19 @@ from typing import Collection
 import attrs
 import torch
 
-from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
-from kvfuzz.allocator.types import (AdmitResult, Capabilities, GrowResult, Namespace, PoolSpec, SeqId, Slot,
-                                    SwapResult, Tokens)
 from kvfuzz.adapters.sglang._engine import in_context, sglang
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.allocator.types import (
+    AdmitResult,
+    Capabilities,
+    GrowResult,
+    Namespace,
+    PoolSpec,
+    SeqId,
+    Slot,
+    SwapResult,
+    Tokens,
+)
 
 MAX_NEW_TOKENS = 1 << 30
 """A request's generation budget: kvfuzz, not a length limit, decides when a sequence finishes."""
@@ -91,8 +100,10 @@ LORA = ("extra_key", "lora_id")
 def _key_fields(namespace: Namespace, fields: tuple[str, ...]) -> dict[str, str]:
     """The ``Req`` keyword arguments a namespace sets: its parts, in order, as ``fields``."""
     if len(namespace) > len(fields):
-        raise InvalidArgument(f"namespace {namespace!r} has {len(namespace)} parts; this adapter maps at most "
-                              f"{len(fields)} ({', '.join(fields)})")
+        raise InvalidArgument(
+            f"namespace {namespace!r} has {len(namespace)} parts; this adapter maps at most "
+            f"{len(fields)} ({', '.join(fields)})"
+        )
     return dict(zip(fields, namespace))
 
 
@@ -101,11 +112,14 @@ class SGLangRadixAllocator:
 
     def __init__(self, spec: PoolSpec, *, namespaces: bool = True, key_fields: tuple[str, ...] = SALTED) -> None:
         if spec.block_size < 2:
-            raise ValueError(f"block size {spec.block_size}: SGLang serves page size 1 with TokenToKVPoolAllocator, "
-                             "not the paged allocator this adapter drives")
+            raise ValueError(
+                f"block size {spec.block_size}: SGLang serves page size 1 with TokenToKVPoolAllocator, "
+                "not the paged allocator this adapter drives"
+            )
         self.block_size, self.num_blocks, self.num_host_blocks = spec.block_size, spec.num_blocks, 0
-        self.capabilities = Capabilities(prefix_cache=True, namespaces=namespaces, introspection=True,
-                                         remaps_on_step=True)
+        self.capabilities = Capabilities(
+            prefix_cache=True, namespaces=namespaces, introspection=True, remaps_on_step=True
+        )
         self.key_fields = key_fields
         self._build(spec)
         self._requests: dict[SeqId, _Request] = {}
@@ -115,15 +129,20 @@ class SGLangRadixAllocator:
         engine = sglang()
         page = spec.block_size
         self.token_pool = engine.PagedTokenToKVPoolAllocator(
-            spec.num_blocks * page, page_size=page, dtype=torch.float16, device="cpu", kvcache=None,
-            need_sort=False)
+            spec.num_blocks * page, page_size=page, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False
+        )
         # Every running request holds at least one page of its own, so num_blocks rows always suffice.
         self.req_to_token_pool = engine.ReqToTokenPool(
-            size=spec.num_blocks, max_context_len=(spec.num_blocks + 1) * page, device="cpu",
-            enable_memory_saver=False)
-        self.tree = engine.RadixCache(engine.CacheInitParams(
-            disable=False, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.token_pool,
-            page_size=page))
+            size=spec.num_blocks, max_context_len=(spec.num_blocks + 1) * page, device="cpu", enable_memory_saver=False
+        )
+        self.tree = engine.RadixCache(
+            engine.CacheInitParams(
+                disable=False,
+                req_to_token_pool=self.req_to_token_pool,
+                token_to_kv_pool_allocator=self.token_pool,
+                page_size=page,
+            )
+        )
 
     # -- the contract --------------------------------------------------------------------------------------------
 
@@ -136,8 +155,13 @@ class SGLangRadixAllocator:
             raise InvalidArgument(f"admit: sequence {seq!r} has no tokens")
         if state is None:
             engine = sglang()
-            req = engine.Req(seq, "", array("q", tokens), engine.SamplingParams(max_new_tokens=MAX_NEW_TOKENS),
-                             **_key_fields(namespace, self.key_fields))
+            req = engine.Req(
+                seq,
+                "",
+                array("q", tokens),
+                engine.SamplingParams(max_new_tokens=MAX_NEW_TOKENS),
+                **_key_fields(namespace, self.key_fields),
+            )
         else:
             req = state.req
             if tuple(req.origin_input_ids) + tuple(req.output_ids) != tuple(tokens):
@@ -227,8 +251,9 @@ class SGLangRadixAllocator:
     # -- introspection -------------------------------------------------------------------------------------------
 
     def refcount(self, block: int) -> int:
-        return sum(self._table(state).count(block) for state in self._requests.values()
-                   if state.phase is _Phase.RUNNING)
+        return sum(
+            self._table(state).count(block) for state in self._requests.values() if state.phase is _Phase.RUNNING
+        )
 
     def free_blocks(self) -> Collection[int]:
         return [page - 1 for page in self.token_pool.get_all_free_pages().tolist()]
@@ -272,11 +297,17 @@ class SGLangRadixAllocator:
     def _alloc_extend(self, req: object, prefix_len: int, seq_len: int) -> None:
         """``alloc_for_extend`` for one request whose row holds ``prefix_len`` slots: evict, allocate, write."""
         row = self._row(req)
-        last_loc = row[prefix_len - 1:prefix_len].to(torch.int64) if prefix_len else torch.tensor([-1])
+        last_loc = row[prefix_len - 1 : prefix_len].to(torch.int64) if prefix_len else torch.tensor([-1])
         prefix_lens, seq_lens = torch.tensor([prefix_len]), torch.tensor([seq_len])
         out = sglang().alloc_paged_token_slots_extend(
-            tree_cache=self.tree, prefix_lens=prefix_lens, prefix_lens_cpu=prefix_lens, seq_lens=seq_lens,
-            seq_lens_cpu=seq_lens, last_loc=last_loc, extend_num_tokens=seq_len - prefix_len)
+            tree_cache=self.tree,
+            prefix_lens=prefix_lens,
+            prefix_lens_cpu=prefix_lens,
+            seq_lens=seq_lens,
+            seq_lens_cpu=seq_lens,
+            last_loc=last_loc,
+            extend_num_tokens=seq_len - prefix_len,
+        )
         row[prefix_len:seq_len] = out.to(torch.int32)
         req.kv.kv_allocated_len = req.kv.kv_committed_len = seq_len
 
@@ -285,8 +316,11 @@ class SGLangRadixAllocator:
         row = self._row(req)
         seq_lens = torch.tensor([seq_len + 1])
         out = sglang().alloc_paged_token_slots_decode(
-            tree_cache=self.tree, seq_lens=seq_lens, seq_lens_cpu=seq_lens,
-            last_loc=row[seq_len - 1:seq_len].to(torch.int64))
+            tree_cache=self.tree,
+            seq_lens=seq_lens,
+            seq_lens_cpu=seq_lens,
+            last_loc=row[seq_len - 1 : seq_len].to(torch.int64),
+        )
         row[seq_len] = int(out[0])
         req.kv.kv_allocated_len += 1
         req.kv.kv_committed_len += 1
@@ -301,8 +335,11 @@ class SGLangRadixAllocator:
         page = self.block_size
         available = self.token_pool.available_size() // page + self.tree.evictable_size() // page
         if pages_needed > available:
-            raise OutOfBlocks(f"{what}: needs {pages_needed} new page(s), {available} free or evictable",
-                              needed=pages_needed, available=available)
+            raise OutOfBlocks(
+                f"{what}: needs {pages_needed} new page(s), {available} free or evictable",
+                needed=pages_needed,
+                available=available,
+            )
 
     # -- helpers -------------------------------------------------------------------------------------------------
 
@@ -320,7 +357,7 @@ class SGLangRadixAllocator:
 
     def _table(self, state: _Request) -> tuple[int, ...]:
         page = self.block_size
-        firsts = self._row(state.req)[0:state.length:page].tolist()
+        firsts = self._row(state.req)[0 : state.length : page].tolist()
         return tuple(slot // page - 1 for slot in firsts)
 
 
