@@ -10,8 +10,7 @@ from kvfuzz.allocator.errors import (
     Unsupported,
 )
 from kvfuzz.allocator.paged import PagedAllocator, paged_allocator, synchronous_allocator
-from kvfuzz.allocator.protocol import Introspectable
-from kvfuzz.allocator.protocol import PagedAllocator as AllocatorProtocol
+from kvfuzz.allocator.protocol import AllocatorProtocol, Introspectable
 from kvfuzz.allocator.types import (
     AdmitResult,
     BlockCopy,

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 @runtime_checkable
-class PagedAllocator(Protocol):
+class AllocatorProtocol(Protocol):
     """A paged KV-cache block manager."""
 
     block_size: int

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kvfuzz.allocator.protocol import PagedAllocator
+from kvfuzz.allocator.protocol import AllocatorProtocol
 from kvfuzz.kernels.allocator import AllocatorKernel
 from kvfuzz.kernels.base import (
     AttentionKernel,
@@ -20,7 +20,7 @@ from kvfuzz.kernels.base import (
 from kvfuzz.kernels.flex import FlexKernel
 from kvfuzz.kernels.gather import GatherKernel
 
-KERNELS: dict[str, Callable[[PagedAllocator], AttentionKernel]] = {
+KERNELS: dict[str, Callable[[AllocatorProtocol], AttentionKernel]] = {
     "gather": lambda _allocator: GatherKernel(),
     "flex": lambda _allocator: FlexKernel(),
     "allocator": AllocatorKernel,
@@ -28,7 +28,7 @@ KERNELS: dict[str, Callable[[PagedAllocator], AttentionKernel]] = {
 KERNEL_NAMES = tuple(KERNELS)
 
 
-def make_kernel(name: str, allocator: PagedAllocator) -> AttentionKernel:
+def make_kernel(name: str, allocator: AllocatorProtocol) -> AttentionKernel:
     """The kernel ``name`` for a machine driving ``allocator``; raises :class:`KernelUnavailable`."""
     if name not in KERNELS:
         raise KernelUnavailable(f"no attention kernel named {name!r}; choose one of {', '.join(KERNEL_NAMES)}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kvfuzz.allocator.protocol import PagedAllocator, ProvidesAttention
+from kvfuzz.allocator.protocol import AllocatorProtocol, ProvidesAttention
 from kvfuzz.kernels.base import KernelUnavailable, PagedBatch, Tolerance, different_kernel_tolerance
 
 
@@ -16,7 +16,7 @@ class AllocatorKernel:
 
     name = "allocator"
 
-    def __init__(self, allocator: PagedAllocator) -> None:
+    def __init__(self, allocator: AllocatorProtocol) -> None:
         if not allocator.capabilities.attention_kernel or not isinstance(allocator, ProvidesAttention):
             raise KernelUnavailable(
                 f"kernel 'allocator': {type(allocator).__name__} does not provide its own "

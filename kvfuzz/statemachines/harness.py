@@ -13,7 +13,7 @@ from typing import Callable, Optional, TypeVar
 
 from kvfuzz.accounting.occupancy import Occupancy, measure
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
-from kvfuzz.allocator.protocol import PagedAllocator
+from kvfuzz.allocator.protocol import AllocatorProtocol
 from kvfuzz.allocator.types import NULL_BLOCK, Namespace, SeqId, Tokens
 from kvfuzz.reference.contiguous import ContiguousReference
 from kvfuzz.statemachines.checks import Checks
@@ -31,7 +31,7 @@ class Harness:
 
     def __init__(
         self,
-        allocator: PagedAllocator,
+        allocator: AllocatorProtocol,
         config: MachineConfig,
         stats: Optional[Counter] = None,
         on_step: Optional[Callable[[Occupancy], None]] = None,

@@ -14,7 +14,7 @@ from typing import Callable, Optional, TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from kvfuzz.allocator.protocol import PagedAllocator
+from kvfuzz.allocator.protocol import AllocatorProtocol
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.statemachines import strategies
 from kvfuzz.statemachines.config import MachineConfig
@@ -24,7 +24,7 @@ from kvfuzz.statemachines.model import Status
 from kvfuzz.statemachines.program import Call
 from kvfuzz.statemachines.stats import RunStats
 
-AllocatorFactory = Callable[[PoolSpec], PagedAllocator]
+AllocatorFactory = Callable[[PoolSpec], AllocatorProtocol]
 F = TypeVar("F", bound=Callable[..., None])
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import attrs
 
 from kvfuzz.accounting.occupancy import OccupancyLog
-from kvfuzz.allocator.protocol import PagedAllocator
+from kvfuzz.allocator.protocol import AllocatorProtocol
 from kvfuzz.allocator.types import SeqId
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.harness import Harness
@@ -79,7 +79,7 @@ class Scheduler:
     def __init__(
         self,
         workload: Workload,
-        allocator: PagedAllocator,
+        allocator: AllocatorProtocol,
         config: MachineConfig,
         allocator_name: str,
         max_running: int = 256,
@@ -383,7 +383,7 @@ class Scheduler:
 
 def replay_workload(
     workload: Workload,
-    allocator: PagedAllocator,
+    allocator: AllocatorProtocol,
     config: MachineConfig,
     allocator_name: str = "allocator",
     max_running: int = 256,
