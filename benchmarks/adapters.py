@@ -13,7 +13,8 @@ import argparse
 
 import attrs
 
-from kvfuzz.runner import AllocatorNotFound, load_factory, run
+from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.runner import run
 from kvfuzz.statemachines import MachineConfig
 
 DEFAULT = [

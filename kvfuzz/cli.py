@@ -15,7 +15,8 @@ from kvfuzz.accounting import command as account_command
 from kvfuzz.corpus import export_test, replay_trace, save_failure
 from kvfuzz.kernels import KERNEL_NAMES, make_kernel
 from kvfuzz.reference.content import ModelShape
-from kvfuzz.runner import DEFAULT_ALLOCATOR, AllocatorNotFound, RunSummary, load_factory, run
+from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory
+from kvfuzz.runner import RunSummary, run
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.minimize import NotApplicable
 from kvfuzz.trace import DTYPES, TraceError

@@ -11,7 +11,8 @@ from typing import Callable, Optional
 import attrs
 
 from kvfuzz.kernels import KernelUnavailable, make_kernel
-from kvfuzz.runner import RunSummary, load_factory
+from kvfuzz.registry import load_factory
+from kvfuzz.runner import RunSummary
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.machine import machine_for
 from kvfuzz.statemachines.minimize import NotApplicable, ReplayOutcome, replay

@@ -83,14 +83,6 @@ MAX_MODEL_LEN = 1 << 20
 
 def _import_vllm() -> types.SimpleNamespace:
     """vLLM's modules, imported on first use (importing vLLM takes seconds)."""
-    import torch
-    from vllm.lora.request import LoRARequest
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
-    from vllm.v1.request import Request, RequestStatus
 
     # reset_prefix_cache logs every success at INFO; kvfuzz resets the cache at the end of every example.
     logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from kvfuzz.accounting.command import parse_lengths
-from kvfuzz.runner import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, single_threaded_torch
+from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory
+from kvfuzz.runner import single_threaded_torch
 from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.workload.constructed import GENERATORS, constructed
 from kvfuzz.workload.format import Workload, WorkloadError, load_workload
