@@ -28,7 +28,7 @@ from kvfuzz.statemachines.minimize import minimize, replay
 from kvfuzz.statemachines.program import Call, program_text
 from kvfuzz.statemachines.random_search import random_search
 from kvfuzz.statemachines.stats import RunStats
-from kvfuzz.statemachines.violations import InvariantViolation
+from kvfuzz.statemachines.violations import Invariant, InvariantViolation
 
 # load_factory and AllocatorNotFound lived here before kvfuzz.registry; exported tests import them from here.
 __all__ = ["DEFAULT_ALLOCATOR", "AllocatorNotFound", "RunSummary", "load_factory", "run", "run_settings"]
@@ -79,13 +79,14 @@ class RunSummary:
     seconds: float
     failed: bool
     operations: dict[str, int]
-    invariant: Optional[str] = None
+    invariant: Optional[str] = None  # display text: "invariant 5 (exclusive writes)", or "crash (KeyError)"
     program: Optional[str] = None
     explanation: Optional[str] = None
     first_failure_examples: Optional[int] = None
     first_failure_seconds: Optional[float] = None
     shrunk: bool = True
     occupancy: Optional[OccupancySummary] = attrs.field(default=None, repr=False)
+    violated: Optional[Invariant] = attrs.field(default=None, repr=False)  # None when the failure is a crash
     calls: tuple[Call, ...] = attrs.field(default=(), repr=False)
     failure: Optional[BaseException] = attrs.field(default=None, repr=False)
 
@@ -104,7 +105,9 @@ class RunSummary:
         )
 
     def to_json(self) -> dict:
-        fields = attrs.asdict(self, filter=lambda attribute, _: attribute.name not in ("calls", "failure", "occupancy"))
+        fields = attrs.asdict(
+            self, filter=lambda attribute, _: attribute.name not in ("calls", "failure", "occupancy", "violated")
+        )
         return {
             **fields,
             "steps_per_second": round(self.steps_per_second, 1),
@@ -228,7 +231,9 @@ def run(
         )
     summary = attrs.evolve(summary, program=program, calls=tuple(calls), failure=failure)
     if isinstance(failure, InvariantViolation):
-        return attrs.evolve(summary, invariant=str(failure.invariant), explanation=failure.explain())
+        return attrs.evolve(
+            summary, invariant=str(failure.invariant), violated=failure.invariant, explanation=failure.explain()
+        )
     crash = "".join(traceback.format_exception(type(failure), failure, failure.__traceback__, limit=-4))
     return attrs.evolve(
         summary,
