@@ -180,7 +180,7 @@ def main() -> None:
     figures["bare_64"] = median_of(args.repeats, lambda: bare_steps_per_second(args.examples, args.steps))
     for num_blocks in (64, 1024, 16384):
         figures[f"full_{num_blocks}"] = median_of(
-            args.repeats, lambda: full_steps_per_second(args.examples, args.steps, num_blocks)
+            args.repeats, lambda num_blocks=num_blocks: full_steps_per_second(args.examples, args.steps, num_blocks)
         )
     figures["kvfuzz_run_64"] = median_of(
         args.repeats, lambda: full_steps_per_second(args.examples, args.steps, 64, args.examples // 2)
@@ -188,7 +188,7 @@ def main() -> None:
     kernels = args.kernels.split(",")
     for kernel in kernels:
         figures[f"kernel_{kernel}_64"] = median_of(
-            args.repeats, lambda: full_steps_per_second(args.examples, args.steps, 64, kernel=kernel)
+            args.repeats, lambda kernel=kernel: full_steps_per_second(args.examples, args.steps, 64, kernel=kernel)
         )
     figures["full_over_bare"] = figures["full_64"] / figures["bare_64"]
     figures["slowdown_16384_vs_64"] = 1 - figures["full_16384"] / figures["full_64"]
