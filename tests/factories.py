@@ -1,10 +1,17 @@
-"""Factories for kvfuzz's correct allocator in the configurations the tests drive, and small variants of it."""
+"""Factories for kvfuzz's correct allocator in the configurations the tests drive, and small variants of it.
+
+Below them, the helpers of the allocator unit tests (test_paged_allocator.py, test_prefix_cache.py, ...): ``make``
+builds the allocator itself, and the snapshot helpers take the observable state so that refusals can be shown
+to change nothing.
+"""
 
 from __future__ import annotations
 
+import copy
+
 import attrs
 
-from kvfuzz.allocator import BlockCopy, PagedAllocator, PoolSpec
+from kvfuzz.allocator import BlockCopy, InvalidArgument, PagedAllocator, PoolSpec, UnknownSequence
 
 
 def make_allocator(window: int = 0, prefix_caching: bool = True, introspection: bool = True, reserved_blocks: int = 0):
@@ -55,3 +62,82 @@ class CopyTailOnFork(PagedAllocator):
         self._pool.release(tail)
         state.table[-1] = fresh
         return [BlockCopy(tail, fresh)]
+
+
+# -- the allocator unit tests: the allocator built directly, and tokens ------------------------------------------
+
+B = 4  # block size of every allocator in the allocator unit tests unless a test says otherwise
+
+
+def make(
+    num_blocks: int = 8,
+    *,
+    window: int = 0,
+    host: int = 0,
+    block_size: int = B,
+    prefix_caching: bool = True,
+    reserved: int = 0,
+) -> PagedAllocator:
+    """kvfuzz's correct allocator itself (not a factory for it), with blocks of ``B`` tokens unless told otherwise."""
+    return PagedAllocator(
+        block_size, num_blocks, host, inflight_window=window, prefix_caching=prefix_caching, reserved_blocks=reserved
+    )
+
+
+def toks(start: int, count: int) -> tuple[int, ...]:
+    """``count`` distinct tokens starting at ``start``."""
+    return tuple(range(start, start + count))
+
+
+# -- helpers: snapshots and the counts identity ------------------------------------------------------------------
+
+
+def table_or_state(a: PagedAllocator, seq: str):
+    try:
+        return tuple(a.block_table(seq))
+    except UnknownSequence:
+        return "unknown"
+    except InvalidArgument:
+        return "swapped"
+
+
+def snapshot(a: PagedAllocator, seqs=()) -> dict:
+    """Everything observable about the device pool, and the tables (or state) of ``seqs``."""
+    return {
+        "free": sorted(a.free_blocks()),
+        "cached": sorted(a.cached_blocks()),
+        "pending": sorted(a.pending_blocks()),
+        "refcounts": [a.refcount(b) for b in range(a.num_blocks)],
+        "tables": {seq: table_or_state(a, seq) for seq in seqs},
+    }
+
+
+def cached_tokens(a: PagedAllocator, namespace, tokens) -> int:
+    """How many tokens a fresh admit of ``tokens`` would find cached, asked of a deep copy (``a`` is untouched)."""
+    probe = copy.deepcopy(a)
+    return probe.admit("__probe__", namespace, tokens).num_cached_tokens
+
+
+def check_counts(a: PagedAllocator, running: dict[str, int] | None = None) -> None:
+    """free + cached + pending + referenced == num_blocks, the sets disjoint and duplicate-free.
+
+    ``running`` maps each running sequence to its token count; if given, refcounts must equal the number of
+    block-table entries naming each block, and each table must hold ceil(n / block_size) blocks.
+    """
+    free, cached, pending = list(a.free_blocks()), list(a.cached_blocks()), list(a.pending_blocks())
+    referenced = [b for b in range(a.num_blocks) if a.refcount(b) > 0]
+    assert len(set(free)) == len(free) and len(set(cached)) == len(cached) and len(set(pending)) == len(pending)
+    assert all(a.refcount(b) >= 0 for b in range(a.num_blocks))
+    groups = [set(free), set(cached), set(pending), set(referenced)]
+    for i in range(4):
+        for j in range(i + 1, 4):
+            assert not groups[i] & groups[j], f"block sets {i} and {j} overlap: {groups[i] & groups[j]}"
+    assert len(free) + len(cached) + len(pending) + len(referenced) == a.num_blocks
+    if running is not None:
+        uses = [0] * a.num_blocks
+        for seq, length in running.items():
+            table = a.block_table(seq)
+            assert len(table) == -(-length // a.block_size)
+            for block in table:
+                uses[block] += 1
+        assert uses == [a.refcount(b) for b in range(a.num_blocks)]
