@@ -8,7 +8,7 @@ from examples.simple_allocator import SimpleAllocator, make_allocator
 from kvfuzz.allocator import InvalidArgument
 from kvfuzz.profiles import PROFILES
 from kvfuzz.runner import run
-from kvfuzz.statemachines import MachineConfig, machine_for
+from kvfuzz.statemachines import Invariant, MachineConfig, machine_for
 
 
 def test_simple_allocator_passes() -> None:
@@ -26,4 +26,4 @@ class ForgetsRolledBackBlocks(SimpleAllocator):
 
 def test_a_slip_in_the_users_allocator_is_caught() -> None:
     summary = run(ForgetsRolledBackBlocks, MachineConfig(), examples=300, shrink=False)
-    assert summary.failed and summary.invariant == "invariant 3 (refcounts)", summary.explanation
+    assert summary.failed and summary.violated is Invariant.REFCOUNTS, summary.explanation
