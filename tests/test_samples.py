@@ -1,0 +1,115 @@
+"""The documentation shows what kvfuzz prints now, and points only inside the repository.
+
+Every sample output in README.md and docs/ is a marked region that ``scripts/samples.py`` writes by running its
+command; the first test fails, with a diff, when a shown sample no longer matches (rewrite them with
+``python scripts/samples.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_script() -> ModuleType:
+    """scripts/ is not a package: load samples.py by path (registered, so that its dataclass can resolve itself)."""
+    name = "kvfuzz_docs_samples"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "samples.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+samples = _load_script()
+
+
+def test_every_sample_matches_what_its_command_prints() -> None:
+    verdicts = samples.judge(samples.markdown_files())
+    assert any(verdict.region.kind == "sample" for verdict in verdicts), "no sample regions found"
+    stale = [verdict for verdict in verdicts if verdict.stale]
+    if stale:
+        pytest.fail("\n".join(verdict.describe() for verdict in stale) + "\nrewrite them: python scripts/samples.py")
+
+
+def test_the_readme_walks_through_a_caught_bug() -> None:
+    markers = [region.marker for region in samples.regions(ROOT / "README.md")]
+    assert any(marker.startswith("kvfuzz run --allocator zoo:NoCopyOnWrite") for marker in markers)
+
+
+def test_timings_are_normalised_and_nothing_else() -> None:
+    text = (
+        "passed: 108 examples, 3547 steps in 1.5 s (2412 steps/s)\n"
+        "invariant 5 (exclusive writes) (first failing example: #15, after 0.54 s)\n"
+        "| NoCopyOnWrite | 10 copy-on-write missing | yes | invariant 5 (exclusive writes) | 15 | 0.35 | 8 |\n"
+        "  pool: 16 blocks x 4 slots, 4 host blocks   \n"
+        "  passed: 57 steps in 12 s, every invariant checked\n\n"
+    )
+    assert samples.normalise(text) == (
+        "passed: 108 examples, 3547 steps in … s (… steps/s)\n"
+        "invariant 5 (exclusive writes) (first failing example: #15, after … s)\n"
+        "| NoCopyOnWrite | 10 copy-on-write missing | yes | invariant 5 (exclusive writes) | 15 | … | 8 |\n"
+        "  pool: 16 blocks x 4 slots, 4 host blocks\n"
+        "  passed: 57 steps in … s, every invariant checked\n"
+    )
+
+
+def test_a_region_shows_the_excerpt_its_marker_asks_for(tmp_path: Path) -> None:
+    renderer = samples.Renderer()
+    renderer.outputs["kvfuzz run"] = "header\nmore\ninvariant 5\nprogram\nexplanation\n"
+    body = renderer.render("sample", "kvfuzz run; from: ^invariant; until: ^explanation")
+    assert body == "```text\n$ kvfuzz run\n...\ninvariant 5\nprogram\n...\n```\n"
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- sample: kvfuzz run; from: ^invariant -->\nold\n<!-- /sample -->\noutro\n")
+    verdicts = samples.judge([page], renderer)
+    assert [verdict.stale for verdict in verdicts] == [True]
+    samples.rewrite(verdicts)
+    assert page.read_text() == (
+        "intro\n<!-- sample: kvfuzz run; from: ^invariant -->\n"
+        "```text\n$ kvfuzz run\n...\ninvariant 5\nprogram\nexplanation\n```\n<!-- /sample -->\noutro\n"
+    )
+    assert not any(verdict.stale for verdict in samples.judge([page], renderer))
+
+
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.MULTILINE | re.DOTALL)
+    headings = re.findall(r"^#+ (.+)$", text, flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def test_links_stay_inside_the_repository_and_resolve() -> None:
+    problems = []
+    for page in samples.markdown_files():
+        text = page.read_text()
+        if "DESIGN.md" in text or "shared/" in text:
+            problems.append(f"{page.name}: mentions a design document outside the repository")
+        for target in _LINK.findall(text):
+            if re.match(r"[a-z]+:", target):
+                continue  # an external URL
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if ROOT not in resolved.parents and resolved != ROOT:
+                problems.append(f"{page.name}: {target} points outside the repository")
+            elif not resolved.exists():
+                problems.append(f"{page.name}: {target} does not exist")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                problems.append(f"{page.name}: {target} names no heading of {resolved.name}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_readme_is_a_front_door() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
