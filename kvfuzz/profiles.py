@@ -10,9 +10,13 @@ and health checks, which a slow allocator trips for reasons that are not bugs.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import HealthCheck, settings
 
-_COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False)
+_COMMON: dict[str, Any] = dict(
+    deadline=None, suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False
+)
 
 PROFILES: dict[str, settings] = {
     "ci": settings(max_examples=150, stateful_step_count=50, derandomize=True, database=None, **_COMMON),

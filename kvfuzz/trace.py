@@ -29,7 +29,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import attrs
 import torch
@@ -50,13 +50,17 @@ class TraceError(ValueError):
     """A file that is not a readable kvfuzz trace."""
 
 
+def _call_tuple(calls: Iterable[Call]) -> tuple[Call, ...]:
+    return tuple(calls)
+
+
 @attrs.frozen
 class Trace:
     """One saved failure: which allocator, which machine configuration, the program, and what broke."""
 
     allocator: str
     config: MachineConfig
-    program: tuple[Call, ...] = attrs.field(converter=tuple)
+    program: tuple[Call, ...] = attrs.field(converter=_call_tuple)
     failure: dict[str, Any]
     inflight_window: Optional[int] = None
     known_bug: Optional[str] = None

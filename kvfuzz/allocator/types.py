@@ -5,7 +5,7 @@ All are frozen attrs classes: results are facts about one call, never updated af
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Iterable, Optional, Tuple
 
 import attrs
 
@@ -97,6 +97,18 @@ class BlockCopy:
     dst: int
 
 
+def _int_tuple(values: Iterable[int]) -> Tuple[int, ...]:
+    return tuple(values)
+
+
+def _slot_tuple(slots: Iterable[Slot]) -> Tuple[Slot, ...]:
+    return tuple(slots)
+
+
+def _copy_tuple(copies: Iterable[BlockCopy]) -> Tuple[BlockCopy, ...]:
+    return tuple(copies)
+
+
 @attrs.frozen
 class AdmitResult:
     """What ``admit`` returns: the block table covering every prompt token, and how many leading tokens are cached.
@@ -105,7 +117,7 @@ class AdmitResult:
     rest at the next step.
     """
 
-    block_table: Tuple[int, ...] = attrs.field(converter=tuple)
+    block_table: Tuple[int, ...] = attrs.field(converter=_int_tuple)
     num_cached_tokens: int = attrs.field(validator=_non_negative)
 
 
@@ -113,8 +125,8 @@ class AdmitResult:
 class GrowResult:
     """What ``grow`` returns: one slot per appended token, and the copies the engine must perform before writing."""
 
-    slots: Tuple[Slot, ...] = attrs.field(converter=tuple)
-    copies: Tuple[BlockCopy, ...] = attrs.field(converter=tuple, factory=tuple)
+    slots: Tuple[Slot, ...] = attrs.field(converter=_slot_tuple)
+    copies: Tuple[BlockCopy, ...] = attrs.field(converter=_copy_tuple, factory=tuple)
 
 
 @attrs.frozen

@@ -7,7 +7,7 @@ inputs, equal K/V give equal bits; any other kernel reduces in another order and
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Iterable, Optional, Protocol
 
 import attrs
 import torch
@@ -26,6 +26,18 @@ class Tolerance:
         return f"atol {self.atol:g}, rtol {self.rtol:g}"
 
 
+def _seq_tuple(seqs: Iterable[SeqId]) -> tuple[SeqId, ...]:
+    return tuple(seqs)
+
+
+def _table_tuple(tables: Iterable[Iterable[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(map(tuple, tables))
+
+
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
 @attrs.frozen
 class PagedBatch:
     """The running sequences a step attends for, and the physical pools they read.
@@ -36,10 +48,10 @@ class PagedBatch:
     pools ``[num_blocks * block_size, L, Hkv, D]``, never copies.
     """
 
-    seqs: tuple[SeqId, ...] = attrs.field(converter=tuple)
-    tables: tuple[tuple[int, ...], ...] = attrs.field(converter=lambda tables: tuple(map(tuple, tables)))
-    starts: tuple[int, ...] = attrs.field(converter=tuple)
-    lengths: tuple[int, ...] = attrs.field(converter=tuple)
+    seqs: tuple[SeqId, ...] = attrs.field(converter=_seq_tuple)
+    tables: tuple[tuple[int, ...], ...] = attrs.field(converter=_table_tuple)
+    starts: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    lengths: tuple[int, ...] = attrs.field(converter=_int_tuple)
     queries: torch.Tensor
     keys: torch.Tensor
     values: torch.Tensor

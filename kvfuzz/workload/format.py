@@ -77,13 +77,20 @@ class Workload:
     prefix_groups: dict = attrs.field(factory=dict)
 
 
-def _int(entry: dict, key: str, where: str, minimum: int, default: Optional[int] = None) -> Optional[int]:
-    value = entry.get(key, default)
-    if value is None and default is None and key not in entry:
-        return None
+def _checked_int(value: Any, key: str, where: str, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise WorkloadError(f"{where}: {key!r} must be an integer >= {minimum}, found {value!r}")
     return value
+
+
+def _int(entry: dict, key: str, where: str, minimum: int) -> Optional[int]:
+    """``entry[key]`` checked, or None if ``entry`` has no ``key``."""
+    return _checked_int(entry[key], key, where, minimum) if key in entry else None
+
+
+def _int_or(entry: dict, key: str, where: str, minimum: int, default: int) -> int:
+    """``entry[key]`` checked, or ``default`` if ``entry`` has no ``key``."""
+    return _checked_int(entry.get(key, default), key, where, minimum)
 
 
 def _tokens(value: Any, where: str) -> Tokens:
@@ -101,7 +108,7 @@ def _groups(raw: Any) -> dict[str, Tokens]:
         if isinstance(spec, dict) and "tokens" in spec:
             groups[name] = _tokens(spec["tokens"], where)
         elif isinstance(spec, dict) and "length" in spec:
-            groups[name] = derived_tokens(f"group:{name}", _int(spec, "length", where, 1))
+            groups[name] = derived_tokens(f"group:{name}", _checked_int(spec["length"], "length", where, 1))
         else:
             raise WorkloadError(f'{where}: expected {{"length": N}} or {{"tokens": [...]}}')
     return groups
@@ -121,7 +128,7 @@ def _request(entry: Any, number: int, groups: dict[str, Tokens]) -> Request:
     own = (
         _tokens(entry["prompt"], f"{where} 'prompt'")
         if "prompt" in entry
-        else derived_tokens(entry["id"], _int(entry, "prompt_len", where, 0))
+        else derived_tokens(entry["id"], _checked_int(entry["prompt_len"], "prompt_len", where, 0))
     )
     prompt = (groups[group] if group else ()) + own
     if not prompt:
@@ -137,8 +144,8 @@ def _request(entry: Any, number: int, groups: dict[str, Tokens]) -> Request:
         entry["id"],
         arrival,
         prompt,
-        _int(entry, "output_len", where, 1, default=1),
-        _int(entry, "samples", where, 1, default=1),
+        _int_or(entry, "output_len", where, 1, default=1),
+        _int_or(entry, "samples", where, 1, default=1),
         cancel_at,
         tuple(namespace),
         group,

@@ -34,6 +34,7 @@ class CopiesWrongBlock(PagedAllocator):
         state = self._seqs.get(seq)
         first = state.table[0] if state is not None and state.table else None
         result = super().grow(seq, tokens)
+        assert first is not None  # grow refused any sequence that is not running, and a running one has a table
         copies = tuple(type(copy)(src=first, dst=copy.dst) for copy in result.copies)
         return GrowResult(result.slots, copies)
 
@@ -203,19 +204,31 @@ class FalseOutOfBlocks(PagedAllocator):
             )
 
 
+class _SkipsEvictableTakes(BlockPool):
+    """While ``skip_evictable`` is set, taking an evictable block takes no reference and leaves it evictable."""
+
+    skip_evictable = False
+
+    def take(self, block: int) -> None:
+        if self.skip_evictable and block in self._evictable:
+            return
+        super().take(block)
+
+
 class UnlockedPrefix(PagedAllocator):
     """Class 7, a matched prefix not locked: a cache hit maps evictable blocks into the new table without taking a
     reference, so they stay evictable and the next allocation under pressure hands them to someone else.
     """
 
+    pool_class = _SkipsEvictableTakes
+    _pool: _SkipsEvictableTakes
+
     def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
-        take = self._pool.take
-        evictable = self._pool.evictable_blocks()
-        self._pool.take = lambda block: None if block in evictable else take(block)
+        self._pool.skip_evictable = True
         try:
             return super().admit(seq, namespace, tokens)
         finally:
-            del self._pool.take
+            self._pool.skip_evictable = False
 
 
 class RollbackKeepsStaleBlock(PagedAllocator):

@@ -52,11 +52,12 @@ def _install_torchvision_stand_in() -> None:
 
     names = ("torchvision", "torchvision.transforms", "torchvision.transforms.functional")
     modules = [types.ModuleType(name) for name in names]
+    # ModuleType declares none of these attributes, so they go straight into each module's namespace.
     for module in modules:
         module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
-        module.InterpolationMode = _InterpolationMode
+        vars(module)["InterpolationMode"] = _InterpolationMode
     root, transforms, functional = modules
-    root.transforms, transforms.functional = transforms, functional
+    vars(root)["transforms"], vars(transforms)["functional"] = transforms, functional
     sys.modules.update(zip(names, modules))
 
 

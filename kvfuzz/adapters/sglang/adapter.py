@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import enum
 from array import array
-from typing import Collection
+from typing import Any, Collection
 
 import attrs
 import torch
@@ -83,7 +83,7 @@ class _Request:
     were written by a completed step. ``extended`` says the request ran an extend since the last step.
     """
 
-    req: object
+    req: Any  # SGLang's Req, which kvfuzz type-checks without (SGLang is an optional engine)
     length: int
     phase: _Phase = _Phase.RUNNING
     computed: int = 0
@@ -275,7 +275,7 @@ class SGLangRadixAllocator:
 
     # -- the scheduler's steps -----------------------------------------------------------------------------------
 
-    def _admit_req(self, seq: SeqId, req: object, length: int) -> int:
+    def _admit_req(self, seq: SeqId, req: Any, length: int) -> int:
         """Match, check the prefill budget, lock, take a row and allocate the prompt; return the cached length."""
         engine = sglang()
         req.init_next_round_input(self.tree)
@@ -294,7 +294,7 @@ class SGLangRadixAllocator:
         self._alloc_extend(req, prefix_len, length)
         return prefix_len
 
-    def _alloc_extend(self, req: object, prefix_len: int, seq_len: int) -> None:
+    def _alloc_extend(self, req: Any, prefix_len: int, seq_len: int) -> None:
         """``alloc_for_extend`` for one request whose row holds ``prefix_len`` slots: evict, allocate, write."""
         row = self._row(req)
         last_loc = row[prefix_len - 1 : prefix_len].to(torch.int64) if prefix_len else torch.tensor([-1])
@@ -311,7 +311,7 @@ class SGLangRadixAllocator:
         row[prefix_len:seq_len] = out.to(torch.int32)
         req.kv.kv_allocated_len = req.kv.kv_committed_len = seq_len
 
-    def _alloc_decode(self, req: object, seq_len: int) -> None:
+    def _alloc_decode(self, req: Any, seq_len: int) -> None:
         """``alloc_for_decode`` for one request: one slot at position ``seq_len``."""
         row = self._row(req)
         seq_lens = torch.tensor([seq_len + 1])
@@ -349,7 +349,7 @@ class SGLangRadixAllocator:
             raise UnknownSequence(f"{op}: sequence {seq!r} is not running (never admitted, freed, or preempted)")
         return state
 
-    def _row(self, req: object) -> torch.Tensor:
+    def _row(self, req: Any) -> torch.Tensor:
         return self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
 
     def _pages(self, num_tokens: int) -> int:
