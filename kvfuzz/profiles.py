@@ -23,9 +23,3 @@ PROFILES: dict[str, settings] = {
     "dev": settings(max_examples=500, stateful_step_count=60, **_COMMON),
     "nightly": settings(max_examples=20_000, stateful_step_count=100, **_COMMON),
 }
-
-
-def register_profiles() -> None:
-    """Register every profile as ``kvfuzz-<name>`` with Hypothesis."""
-    for name, profile in PROFILES.items():
-        settings.register_profile(f"kvfuzz-{name}", profile)

@@ -113,18 +113,6 @@ class BlockPool:
 
     # -- cache maintenance ---------------------------------------------------------------------------------------
 
-    def touch(self, block: int) -> None:
-        """Mark an evictable block most recently used."""
-        if block in self._evictable:
-            del self._evictable[block]
-            self._evictable[block] = None
-
-    def uncache(self, block: int) -> None:
-        """The block no longer holds reusable content: an evictable block becomes free."""
-        if block in self._evictable:
-            del self._evictable[block]
-            self._free[block] = None
-
     def evict(self, count: int) -> int:
         """Drop up to ``count`` least recently used evictable blocks; return how many."""
         dropped = 0
