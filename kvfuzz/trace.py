@@ -154,14 +154,14 @@ def is_trace_file(path: Path) -> bool:
         return False
 
 
-def _config_json(config: MachineConfig, window: Optional[int]) -> dict[str, Any]:
+def _config_json(config: MachineConfig, inflight_window: Optional[int]) -> dict[str, Any]:
     shape = config.shape
     dtype = next(name for name, value in DTYPES.items() if value == shape.dtype)
     fields = {
         "block_size": config.block_size,
         "num_blocks": config.num_blocks,
         "num_host_blocks": config.num_host_blocks,
-        "inflight_window": window,
+        "inflight_window": inflight_window,
         "num_layers": shape.num_layers,
         "num_kv_heads": shape.num_kv_heads,
         "num_query_heads": shape.num_query_heads,

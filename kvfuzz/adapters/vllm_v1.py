@@ -203,7 +203,7 @@ class VllmV1Allocator:
             self._hasher = vllm.get_request_block_hasher(spec.block_size, vllm.sha256)
         self._sampling = vllm.SamplingParams(max_tokens=MAX_MODEL_LEN)
         self._keys = _NamespaceKeys(options.namespace_key, vllm.LoRARequest)
-        self._window = options.inflight_window
+        self._inflight_window = options.inflight_window
         self._running: dict[SeqId, Any] = {}
         self._preempted: dict[SeqId, Any] = {}
         self._deferred = _DeferredFrees()
@@ -358,13 +358,15 @@ class VllmV1Allocator:
         that computes them (the next one launched) has completed."""
         request.num_computed_tokens += num_tokens
         request.num_in_flight_tokens += num_tokens
-        self._in_flight.append(_InFlight(self._last_completed + self._window + 1, request, num_tokens))
+        self._in_flight.append(_InFlight(self._last_completed + self._inflight_window + 1, request, num_tokens))
 
     def _release(self, request: Any) -> None:
-        if self._window == 0:
+        if self._inflight_window == 0:
             self._manager.free(request)
         else:
-            self._deferred.defer(self._last_completed + self._window, self._manager.pop_blocks_for_free(request))
+            self._deferred.defer(
+                self._last_completed + self._inflight_window, self._manager.pop_blocks_for_free(request)
+            )
 
     def _take_back_tokens(self, request: Any, num_tokens: int) -> None:
         """Undo the adapter's own append of refused tokens: token lists and the hashes of blocks they filled."""

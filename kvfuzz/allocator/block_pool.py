@@ -21,13 +21,13 @@ from kvfuzz.allocator.errors import OutOfBlocks
 
 
 class BlockPool:
-    """Refcounted blocks ``0 .. num_blocks - 1`` with a non-reuse window of ``window`` steps."""
+    """Refcounted blocks ``0 .. num_blocks - 1`` with a non-reuse window of ``inflight_window`` steps."""
 
     def __init__(
-        self, num_blocks: int, window: int, is_cached: Callable[[int], bool], on_evict: Callable[[int], None]
+        self, num_blocks: int, inflight_window: int, is_cached: Callable[[int], bool], on_evict: Callable[[int], None]
     ) -> None:
         self.num_blocks = num_blocks
-        self.window = window
+        self.inflight_window = inflight_window
         self._is_cached = is_cached
         self._on_evict = on_evict
         self._refcount = [0] * num_blocks
@@ -89,7 +89,7 @@ class BlockPool:
         self._refcount[block] -= 1
         if self._refcount[block] > 0:
             return
-        until = self.last_completed_step + self.window
+        until = self.last_completed_step + self.inflight_window
         if until <= self.last_completed_step:
             self._settle(block)
         else:

@@ -233,8 +233,11 @@ class PagedAllocator:
                 f"rollback: {seq!r} holds {len(state.tokens)} tokens, cannot drop {num_tokens} (must keep at least one)"
             )
         new_len = len(state.tokens) - num_tokens
-        window = self.capabilities.sliding_window
-        if window is not None and NULL_BLOCK in state.table[max(0, new_len - window) // self.block_size :]:
+        sliding_window = self.capabilities.sliding_window
+        if (
+            sliding_window is not None
+            and NULL_BLOCK in state.table[max(0, new_len - sliding_window) // self.block_size :]
+        ):
             raise InvalidArgument(
                 f"rollback: dropping {num_tokens} tokens of {seq!r} would bring blocks already "
                 f"dropped by the sliding window back into it"
@@ -297,7 +300,7 @@ class PagedAllocator:
 
     def _commit_step(self) -> int:
         """Blocks filled by work scheduled now are written by a step that has completed once this step has."""
-        return self._pool.last_completed_step + self._pool.window + 1
+        return self._pool.last_completed_step + self._pool.inflight_window + 1
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -362,8 +365,8 @@ class PagedAllocator:
 
     def _first_kept_index(self, num_tokens: int) -> int:
         """Logical blocks before this one lie wholly outside the sliding window (0 without a window)."""
-        window = self.capabilities.sliding_window
-        return 0 if window is None else max(0, num_tokens - window) // self.block_size
+        sliding_window = self.capabilities.sliding_window
+        return 0 if sliding_window is None else max(0, num_tokens - sliding_window) // self.block_size
 
     def _drop_out_of_window(self, state: _Sequence) -> None:
         """With a sliding window w, release every block whose positions all lie before ``len - w``; blocks that

@@ -22,7 +22,7 @@ class Variant:
     allocator: type[PagedAllocator]
     bug_class: str
     expected: Invariant
-    window: int = 1
+    inflight_window: int = 1
     sliding_window: Optional[int] = None
 
     @property
@@ -39,7 +39,7 @@ class Variant:
                 spec.block_size,
                 spec.num_blocks,
                 spec.num_host_blocks,
-                inflight_window=self.window,
+                inflight_window=self.inflight_window,
                 sliding_window=self.sliding_window,
             )
 
@@ -53,7 +53,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(variants.LeakOnCancel, "2 leak on cancel", Invariant.FREE_SET),
     Variant(variants.OpaqueLeakOnCancel, "2 leak on cancel", Invariant.QUIESCENCE),
     Variant(variants.ImmediateReuse, "3 reuse before in-flight work finished", Invariant.NON_REUSE_WINDOW),
-    Variant(variants.DroppedDeferredFree, "3 dropped deferred free", Invariant.FREE_SET, window=2),
+    Variant(variants.DroppedDeferredFree, "3 dropped deferred free", Invariant.FREE_SET, inflight_window=2),
     Variant(variants.FreeForgetsSharedRefcount, "4 refcount under-count", Invariant.REFCOUNTS),
     Variant(variants.ReleasedTwiceOnPreempt, "4 double free", Invariant.REFCOUNTS),
     Variant(variants.MatchableAtAllocation, "5 matchable before written", Invariant.CACHE_SOUNDNESS),
@@ -62,7 +62,9 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(variants.NonAtomicHostRefusal, "6 accounting drift", Invariant.ATOMIC_REFUSAL),
     Variant(variants.UnlockedPrefix, "7 matched prefix not locked", Invariant.REFCOUNTS),
     Variant(variants.RollbackKeepsStaleBlock, "8 rollback leaves stale state", Invariant.REFCOUNTS),
-    Variant(variants.FullHitCappedInPlace, "9 full-prompt hit edge case", Invariant.EXCLUSIVE_WRITES, window=0),
+    Variant(
+        variants.FullHitCappedInPlace, "9 full-prompt hit edge case", Invariant.EXCLUSIVE_WRITES, inflight_window=0
+    ),
     Variant(variants.NoCopyOnWrite, "10 copy-on-write missing", Invariant.EXCLUSIVE_WRITES),
     Variant(variants.CopiesWrongBlock, "10 copy-on-write copies the wrong block", Invariant.CONTENT),
     Variant(variants.SwapInWrongHostBlock, "swap-in maps the wrong host block", Invariant.CONTENT),
