@@ -16,8 +16,8 @@ from kvfuzz.zoo import variants
 
 @attrs.frozen
 class Variant:
-    """One broken allocator: its class, the DESIGN.md bug class it belongs to, the invariant that must catch it,
-    the in-flight window it declares and, for sliding-window slips, its window in tokens."""
+    """One broken allocator: its class, the bug class (docs/invariants.md) it belongs to, the invariant that must
+    catch it, the in-flight window it declares and, for sliding-window slips, its window in tokens."""
 
     allocator: type[PagedAllocator]
     bug_class: str

@@ -1,5 +1,5 @@
 """Broken allocators: each is kvfuzz's correct allocator with one small, realistic slip of the kind real engines
-shipped. Each docstring names the DESIGN.md bug class and the real-world pattern the slip mirrors.
+shipped. Each docstring names the bug class (docs/invariants.md) and the real-world pattern the slip mirrors.
 
 The variants exist to show kvfuzz at work and to prove, in the test suite, that every slip is caught and named by
 the right invariant. Never use them for anything else.
@@ -257,8 +257,8 @@ class SwapInWrongHostBlock(PagedAllocator):
 
 
 class SilentDoubleFree(PagedAllocator):
-    """Misuse accepted (invariant 11), double free accepted silently: freeing an unknown sequence is a no-op instead of an error,
-    hiding the engine bug that called it (and any state the second call should not touch).
+    """Misuse accepted (invariant 11), double free accepted silently: freeing an unknown sequence is a no-op instead of
+    an error, hiding the engine bug that called it (and any state the second call should not touch).
     """
 
     def free(self, seq: SeqId) -> None:
