@@ -14,8 +14,8 @@ BYTES_PER_SCALAR = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 DEFAULT_BLOCK_SIZES = (8, 16, 32, 64)
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
         "account",
         help="positions, tail waste, utilisation and bytes of paging vs a fixed reservation",
         description="Exact accounting of a set of sequence lengths: a fixed per-sequence reservation against paging "

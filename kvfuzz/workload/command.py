@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from kvfuzz.accounting.command import parse_lengths
+from kvfuzz.engine.config import MachineConfig
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory
 from kvfuzz.runner import single_threaded_torch
-from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.workload.constructed import GENERATORS, constructed
 from kvfuzz.workload.format import Workload, WorkloadError, load_workload
 from kvfuzz.workload.report import ReplayReport
@@ -18,8 +18,8 @@ from kvfuzz.workload.scheduler import ReplayError, replay_workload
 from kvfuzz.workload.sweep import sweep_table
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
         "replay-workload",
         help="replay a continuous-batching request trace against an allocator",
         description="Run a continuous-batching scheduler over a request trace against an allocator, with every "

@@ -1,0 +1,34 @@
+"""``kvfuzz export``: a saved trace as a standalone pytest file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvfuzz.corpus import export_test
+from kvfuzz.trace import TraceError
+from kvfuzz.trace import load as load_trace
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("export", help="write a trace as a standalone pytest file")
+    parser.add_argument("trace", metavar="FILE")
+    parser.add_argument("--allocator", help="test this allocator instead of the recorded one")
+    parser.add_argument("-o", "--output", help="the file to write (default: stdout)")
+    parser.set_defaults(handler=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        trace = load_trace(Path(args.trace))
+    except TraceError as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return 2
+    text = export_test(trace, args.trace, args.allocator)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}; run it with: pytest {args.output}")
+    else:
+        print(text, end="")
+    return 0

@@ -1,0 +1,128 @@
+"""``kvfuzz run``: the machine against one allocator; a failure's trace is saved to the corpus."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import attrs
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from kvfuzz.commands.options import machine_arguments, machine_config
+from kvfuzz.corpus import save_failure
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.kernels import KERNEL_NAMES, make_kernel
+from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory
+from kvfuzz.runner import RunSummary, run
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("run", help="run the machine against an allocator")
+    parser.add_argument(
+        "--allocator",
+        default=DEFAULT_ALLOCATOR,
+        help=f"MODULE:FACTORY called with a PoolSpec (default {DEFAULT_ALLOCATOR}); "
+        "zoo:NAME for a broken allocator from kvfuzz's zoo",
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument(
+        "--corpus", default="corpus", metavar="DIR", help="where a failure's trace is saved (default: corpus)"
+    )
+    parser.add_argument(
+        "--database",
+        metavar="DIR",
+        help="Hypothesis example database: failing examples are saved there and tried first "
+        "by the next run (share it between CI runs); makes the run random, not seeded",
+    )
+    parser.add_argument(
+        "--kernel",
+        choices=KERNEL_NAMES,
+        default="gather",
+        help="attention kernel of invariant 2: gather (the reference's, bitwise; default), "
+        "flex (FlexAttention over the paged pools, eager, within a tolerance), allocator "
+        "(the allocator's own paged attention, if it declares one); saved in traces",
+    )
+    machine_arguments(parser)
+    parser.set_defaults(handler=run_command)
+
+
+def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
+    verdict = "FAILED" if summary.failed else "passed"
+    print(
+        f"{verdict}: {summary.examples} examples, {summary.steps} steps in {summary.seconds:.1f} s "
+        f"({summary.steps_per_second:.0f} steps/s)"
+    )
+    print("operations:")
+    width = max((len(name) for name in summary.operations), default=0)
+    for name, count in summary.operations.items():
+        print(f"  {name:<{width}}  {count}")
+    if summary.occupancy is not None:
+        print("\n".join(summary.occupancy.describe()))
+    if summary.failed:
+        first = (
+            f" (first failing example: #{summary.first_failure_examples}, after {summary.first_failure_seconds:.2f} s)"
+            if summary.first_failure_seconds is not None
+            else ""
+        )
+        print(
+            f"\n{summary.invariant}{first}\n\n{'shrunk' if summary.shrunk else 'failing'} program "
+            f"({summary.program_length} operations):"
+        )
+        print(summary.program or "  (no program was printed)")
+        print(f"\n{summary.explanation}")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        config = attrs.evolve(machine_config(args), kernel=args.kernel)
+        factory = load_factory(args.allocator)
+        probe = factory(config.pool_spec())  # never driven: checks the kernel, later gives the declared window
+        make_kernel(config.kernel, probe)
+    except (AllocatorNotFound, ValueError) as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return 2
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    if not args.json:
+        shape = config.shape
+        print(
+            f"kvfuzz run: {args.allocator}\n  pool: {config.num_blocks} blocks x {config.block_size} slots, "
+            f"{config.num_host_blocks} host blocks; model: {shape.num_layers} layers, {shape.num_kv_heads} KV / "
+            f"{shape.num_query_heads} query heads, head dim {shape.head_dim}, {args.dtype} on {shape.device}, "
+            f"{config.kernel} attention kernel\n"
+            f"  {args.examples} examples of up to {args.steps} steps, "
+            f"{'seed ' + str(args.seed) if args.seed is not None else 'derandomized'}",
+            flush=True,
+        )
+    database = DirectoryBasedExampleDatabase(args.database) if args.database else None
+    if database is not None and args.seed is not None:
+        print(
+            "kvfuzz: --seed and --database cannot be combined (Hypothesis ignores the database under a seed)",
+            file=sys.stderr,
+        )
+        return 2
+    summary = run(
+        factory,
+        config,
+        examples=args.examples,
+        steps=args.steps,
+        seed=args.seed,
+        allocator_name=args.allocator,
+        shrink=not args.no_shrink,
+        database=database,
+        progress=progress,
+    )
+    saved = None
+    if summary.failed:
+        saved = save_failure(summary, args.allocator, config, probe.capabilities.inflight_window, Path(args.corpus))
+    if args.json:
+        print(json.dumps({**summary.to_json(), "trace": str(saved[0]) if saved else None}, indent=2))
+    else:
+        _print_summary(summary, config)
+        if saved:
+            print(
+                f"\ntrace {'saved to' if saved[1] else 'already in the corpus:'} {saved[0]}"
+                f"\nreplay it with: kvfuzz replay {saved[0]}"
+            )
+    return 1 if summary.failed else 0

@@ -1,0 +1,50 @@
+"""``kvfuzz zoo``: the machine against every broken allocator in the zoo, one Markdown row per variant."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kvfuzz.commands.options import machine_arguments, machine_config
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("zoo", help="run the machine against every broken allocator in the zoo")
+    parser.add_argument("--only", nargs="+", default=(), metavar="NAME", help="run only these variants")
+    parser.add_argument("--json", action="store_true", help="print the results as one JSON list")
+    machine_arguments(parser)
+    parser.set_defaults(examples=600)
+    parser.set_defaults(handler=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from kvfuzz.zoo import VARIANTS
+    from kvfuzz.zoo.report import markdown_header, markdown_row, run_zoo
+
+    try:
+        config = machine_config(args)
+    except ValueError as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return 2
+    unknown = set(args.only) - {variant.name for variant in VARIANTS}
+    if unknown:
+        print(f"kvfuzz: no zoo variant named {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    if not args.json:
+        print(markdown_header(), flush=True)
+    results = run_zoo(
+        config,
+        examples=args.examples,
+        steps=args.steps,
+        seed=args.seed,
+        shrink=not args.no_shrink,
+        names=args.only,
+        on_result=None if args.json else lambda result: print(markdown_row(result.row()), flush=True),
+    )
+    if args.json:
+        print(json.dumps([result.to_json() for result in results], indent=2))
+    else:
+        caught = sum(result.caught_as_expected for result in results)
+        print(f"\n{caught} of {len(results)} variants caught by the expected invariant")
+    return 0 if all(result.caught_as_expected for result in results) else 1
