@@ -23,17 +23,18 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from kvfuzz.engine import MachineConfig
+from kvfuzz.program.execution import Target
+from kvfuzz.program.random_programs import random_search
+from kvfuzz.program.stats import RunStats
 from kvfuzz.runner import RunSummary, run, single_threaded_torch
-from kvfuzz.statemachines import MachineConfig, machine_for
-from kvfuzz.statemachines.random_search import random_search
-from kvfuzz.statemachines.stats import RunStats
 from kvfuzz.zoo import VARIANTS, Variant
 
 
 def random_only(variant: Variant, config: MachineConfig, seed: int, examples: int, steps: int) -> dict:
     stats = RunStats()
     with single_threaded_torch():
-        found = random_search(machine_for(variant.factory(), config, stats), examples=examples, steps=steps, seed=seed)
+        found = random_search(Target(variant.factory(), config, stats), examples=examples, steps=steps, seed=seed)
     invariant = getattr(getattr(found, "failure", None), "invariant", None)
     return {
         "failed": found is not None,

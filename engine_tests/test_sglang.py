@@ -12,10 +12,10 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvfuzz.adapters.sglang import SGLangRadixAllocator, radix_cache
 from kvfuzz.adapters.sglang._engine import in_context
 from kvfuzz.allocator import OutOfBlocks, PoolSpec
+from kvfuzz.engine import Engine
+from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.profiles import PROFILES
 from kvfuzz.statemachines import MachineConfig, machine_for
-from kvfuzz.statemachines.harness import Harness
-from kvfuzz.statemachines.violations import Invariant, InvariantViolation
 
 PROMPT = (1, 2, 3, 0, 2, 2, 1, 3)  # two full pages of four tokens
 
@@ -80,8 +80,8 @@ class _CheckpointsAtAdmission(SGLangRadixAllocator):
 
 
 def test_pages_matchable_before_their_step_are_caught() -> None:
-    harness = Harness(_CheckpointsAtAdmission(MachineConfig().pool_spec()), MachineConfig())
-    harness.admit("s0", (), PROMPT + (0,))
+    engine = Engine(_CheckpointsAtAdmission(MachineConfig().pool_spec()), MachineConfig())
+    engine.admit("s0", (), PROMPT + (0,))
     with pytest.raises(InvariantViolation) as caught:
-        harness.admit("s1", (), PROMPT + (1,))
+        engine.admit("s1", (), PROMPT + (1,))
     assert caught.value.invariant is Invariant.CACHE_SOUNDNESS

@@ -17,9 +17,9 @@ from kvfuzz.adapters.vllm_v0 import (
     block_space_manager_without_fork,
 )
 from kvfuzz.allocator import BlockCopy, OutOfBlocks, PoolSpec
+from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.profiles import PROFILES
 from kvfuzz.statemachines import MachineConfig, machine_for
-from kvfuzz.statemachines.violations import InvariantViolation
 
 SPEC = PoolSpec(block_size=4, num_blocks=16, num_host_blocks=4)
 
@@ -40,8 +40,8 @@ def test_with_prefix_caching_as_its_engine_drives_it_every_invariant_holds_under
 
 def test_with_prefix_caching_ci_finds_the_release_before_compute_hit() -> None:
     """The known vLLM v0 bug (see corpus/vllm-v0-*): a prompt's blocks released before its first step (a chunked
-    prefill preempted part-way) are served as a cache hit. This fails the day the block manager, or the adapter, stops reproducing it. (No shrinking: the
-    shrunk program is the corpus trace.)"""
+    prefill preempted part-way) are served as a cache hit. This fails the day the block manager, or the adapter,
+    stops reproducing it. (No shrinking: the shrunk program is the corpus trace.)"""
     unshrunk = settings(PROFILES["ci"], phases=[phase for phase in Phase if phase is not Phase.shrink])
     with pytest.raises(InvariantViolation) as caught:
         run_state_machine_as_test(machine_for(block_space_manager_chunked_prefill, MachineConfig()), settings=unshrunk)

@@ -10,15 +10,15 @@ from typing import Callable, Optional
 
 import attrs
 
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.misuse import MisuseCall
+from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.kernels import KernelUnavailable, make_kernel
+from kvfuzz.program.call import Call
+from kvfuzz.program.execution import Target
+from kvfuzz.program.replay import NotApplicable, ReplayOutcome, replay
 from kvfuzz.registry import load_factory
 from kvfuzz.runner import RunSummary
-from kvfuzz.statemachines.config import MachineConfig
-from kvfuzz.statemachines.machine import machine_for
-from kvfuzz.statemachines.minimize import NotApplicable, ReplayOutcome, replay
-from kvfuzz.statemachines.misuse import MisuseCall
-from kvfuzz.statemachines.program import Call
-from kvfuzz.statemachines.violations import InvariantViolation
 from kvfuzz.trace import Trace, failure_record, save
 
 
@@ -81,7 +81,7 @@ def replay_trace(
     """Replay ``trace`` against its recorded allocator, or ``allocator`` if given.
 
     Raises :class:`~kvfuzz.runner.AllocatorNotFound` if the allocator cannot be loaded, and
-    :class:`~kvfuzz.statemachines.minimize.NotApplicable` if the program (or the trace's attention kernel) does
+    :class:`~kvfuzz.program.replay.NotApplicable` if the program (or the trace's attention kernel) does
     not fit the allocator.
     """
     spec = allocator or trace.allocator
@@ -90,8 +90,7 @@ def replay_trace(
         make_kernel(trace.config.kernel, factory(trace.config.pool_spec()))
     except KernelUnavailable as error:
         raise NotApplicable(f"the trace ran the {trace.config.kernel!r} attention kernel: {error}") from error
-    machine = machine_for(factory, trace.config)
-    return TraceReplay(trace, spec, replay(machine, trace.program, on_call))
+    return TraceReplay(trace, spec, replay(Target(factory, trace.config), trace.program, on_call))
 
 
 def export_test(trace: Trace, source: str, allocator: Optional[str] = None) -> str:

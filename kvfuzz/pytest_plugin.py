@@ -21,12 +21,12 @@ import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from kvfuzz.corpus import replay_trace, save_failure
+from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES, KernelUnavailable, make_kernel
 from kvfuzz.profiles import PROFILES
+from kvfuzz.program.replay import NotApplicable
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.runner import run
-from kvfuzz.statemachines.config import MachineConfig
-from kvfuzz.statemachines.minimize import NotApplicable
 from kvfuzz.trace import TraceError, is_trace_file, load
 
 

@@ -21,14 +21,15 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import get_state_machine_test
 
 from kvfuzz.accounting.occupancy import OccupancySummary
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.violations import Invariant, InvariantViolation
+from kvfuzz.program.call import Call, program_text
+from kvfuzz.program.execution import Target
+from kvfuzz.program.random_programs import random_search
+from kvfuzz.program.replay import minimize, replay
+from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory
-from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.statemachines.machine import machine_for
-from kvfuzz.statemachines.minimize import minimize, replay
-from kvfuzz.statemachines.program import Call, program_text
-from kvfuzz.statemachines.random_search import random_search
-from kvfuzz.statemachines.stats import RunStats
-from kvfuzz.statemachines.violations import Invariant, InvariantViolation
 
 # load_factory and AllocatorNotFound lived here before kvfuzz.registry; exported tests import them from here.
 __all__ = ["DEFAULT_ALLOCATOR", "AllocatorNotFound", "RunSummary", "load_factory", "run", "run_settings"]
@@ -132,12 +133,12 @@ class Progress:
             )
 
 
-def _shrink_further(machine: type, calls: list[Call], failure: Exception) -> tuple[Exception, list[Call]]:
+def _shrink_further(target: Target, calls: list[Call], failure: Exception) -> tuple[Exception, list[Call]]:
     """Delete calls the failure (the same broken invariant, or a crash of the same exception type) does not need;
     keep the program as it was if replay disagrees."""
     with single_threaded_torch():
-        shorter = minimize(machine, calls, type(failure))
-        replayed = replay(machine, shorter).failure
+        shorter = minimize(target, calls, type(failure))
+        replayed = replay(target, shorter).failure
     if type(replayed) is not type(failure):
         return failure, calls
     return replayed, shorter
@@ -160,7 +161,7 @@ def run(
     """Run the machine against ``factory``; never raises for a failure the machine finds.
 
     The first ``random_examples`` (default: half of ``examples``) are plain random programs
-    (:mod:`kvfuzz.statemachines.random_search`); the rest are Hypothesis's. With a ``database``, failing examples
+    (:mod:`kvfuzz.program.random_programs`); the rest are Hypothesis's. With a ``database``, failing examples
     are saved there and tried first by the next run against the same allocator and configuration: such a run is
     Hypothesis's alone (no random programs unless ``random_examples`` says so) and random (Hypothesis ignores a
     database in derandomized or seeded runs). Otherwise runs are derandomized unless a ``seed`` is given or
@@ -183,7 +184,10 @@ def run(
     report: list[str] = []
     with single_threaded_torch():
         found = random_search(
-            machine, examples=random_examples, steps=steps, seed=(0 if derandomize else None) if seed is None else seed
+            Target(factory, config, stats),
+            examples=random_examples,
+            steps=steps,
+            seed=(0 if derandomize else None) if seed is None else seed,
         )
         if found is not None:
             failure = found.failure
@@ -196,7 +200,7 @@ def run(
             )
             if seed is not None:
                 test = hypothesis_seed(seed)(test)
-            with with_reporter(report.append):
+            with with_reporter(lambda value: report.append(str(value))):
                 try:
                     test()
                 except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding
@@ -218,7 +222,7 @@ def run(
         return summary
     calls = list(found.calls) if found is not None else stats.last_failing_program or []
     if isinstance(failure, Exception) and shrink and calls:
-        failure, calls = _shrink_further(machine_for(factory, config), calls, failure)
+        failure, calls = _shrink_further(Target(factory, config), calls, failure)
     if calls:
         program = program_text(machine.__name__, calls)
     else:

@@ -35,11 +35,11 @@ import attrs
 import torch
 
 import kvfuzz
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.misuse import MisuseCall
+from kvfuzz.engine.violations import InvariantViolation
+from kvfuzz.program.call import Call
 from kvfuzz.reference.content import ModelShape
-from kvfuzz.statemachines.config import MachineConfig
-from kvfuzz.statemachines.misuse import MisuseCall
-from kvfuzz.statemachines.program import Call
-from kvfuzz.statemachines.violations import InvariantViolation
 
 FORMAT = "kvfuzz-trace/1"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

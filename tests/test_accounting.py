@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from kvfuzz.accounting import KVShape, ReservationTooSmall, account, measure, paged_layout, reserved_layout
 from kvfuzz.allocator.types import NULL_BLOCK
 from kvfuzz.cli import main
+from kvfuzz.engine.config import MachineConfig
 from kvfuzz.runner import run
-from kvfuzz.statemachines.config import MachineConfig
 
 WORKED_LENGTHS = [37, 91, 128, 201, 511]
 SHAPE = KVShape(num_layers=32, num_kv_heads=8, head_dim=128, bytes_per_scalar=2)

@@ -8,10 +8,10 @@ import torch
 
 from kvfuzz.adapters.torch_paged import TorchPagedAttention, paged_attention
 from kvfuzz.allocator import OutOfBlocks, PoolSpec, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.engine import Engine, Invariant, InvariantViolation, MachineConfig
 from kvfuzz.kernels import GatherKernel, PagedBatch, compare, different_kernel_tolerance
 from kvfuzz.reference.content import ModelShape
 from kvfuzz.runner import run
-from kvfuzz.statemachines import Harness, Invariant, InvariantViolation, MachineConfig
 
 SPEC = PoolSpec(block_size=4, num_blocks=8)
 
@@ -104,7 +104,7 @@ def test_known_bug_erase_leaves_physical_to_logical_live() -> None:
     assert stale and all(int(adapter.paged.physical_to_logical[0, page]) >= 0 for page in stale)
 
     config = MachineConfig(kernel="allocator")
-    h = Harness(paged_attention(config.pool_spec()), config)
+    h = Engine(paged_attention(config.pool_spec()), config)
     assert h.admit("s2", (), (3, 2, 1, 0, 3, 1, 0, 0, 3))
     h.free("s2")
     assert h.admit("s5", (), (3, 2, 1, 2, 2))

@@ -7,10 +7,10 @@ import pytest
 from factories import CopyTailOnFork, declaring
 
 from kvfuzz.allocator import BlockCopy, PagedAllocator, PoolSpec
+from kvfuzz.engine import Engine
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.runner import run
-from kvfuzz.statemachines.config import MachineConfig
-from kvfuzz.statemachines.harness import Harness
-from kvfuzz.statemachines.violations import Invariant, InvariantViolation
 from kvfuzz.zoo.variants import FullHitCappedInPlace, MatchableAtAllocation
 
 
@@ -56,12 +56,15 @@ def test_undeclared_early_registration_remains_a_bug():
 
 def test_a_same_round_hit_shares_the_block_its_owner_writes():
     allocator = declaring(MatchableAtAllocation, matchable_when_scheduled=True)(PoolSpec(4, 8))
-    harness = Harness(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
-    assert harness.admit("a", (), (1, 2, 3, 4, 5))
-    assert harness.admit("b", (), (1, 2, 3, 4, 6))
-    assert harness.seqs["b"].written == 4 and harness.seqs["b"].table[0] == harness.seqs["a"].table[0]
-    harness.step()  # a writes block 0, which b matched: identical content, so no exclusive-write violation
-    harness.quiesce()
+    engine = Engine(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
+    assert engine.admit("a", (), (1, 2, 3, 4, 5))
+    assert engine.admit("b", (), (1, 2, 3, 4, 6))
+    assert (
+        engine.expected.seqs["b"].written == 4
+        and engine.expected.seqs["b"].table[0] == engine.expected.seqs["a"].table[0]
+    )
+    engine.step()  # a writes block 0, which b matched: identical content, so no exclusive-write violation
+    engine.quiesce()
 
 
 class _BogusForkCopy(CopyTailOnFork):
@@ -102,11 +105,11 @@ def test_a_copy_into_a_block_the_child_does_not_hold_is_caught():
 
 def test_a_remap_to_another_prefix_is_caught_bit_for_bit():
     allocator = declaring(_RemapsToAStranger, remaps_on_step=True)(PoolSpec(4, 8))
-    harness = Harness(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
-    harness.admit("a", (), (1, 2, 3, 4))
-    harness.admit("b", (), (5, 6, 7, 8))
+    engine = Engine(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
+    engine.admit("a", (), (1, 2, 3, 4))
+    engine.admit("b", (), (5, 6, 7, 8))
     with pytest.raises(InvariantViolation) as caught:
-        harness.step()
+        engine.step()
     assert caught.value.invariant is Invariant.CONTENT
 
 
@@ -131,25 +134,25 @@ def test_rewriting_shared_cached_content_needs_its_own_declaration():
         ({"matchable_when_scheduled": True, "recomputes_in_place": True}, False),
     ):
         allocator = declaring(FullHitCappedInPlace, **capabilities)(PoolSpec(4, 8))
-        harness = Harness(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
-        harness.admit("a", (), (1, 2, 3, 4))
-        harness.step()
+        engine = Engine(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
+        engine.admit("a", (), (1, 2, 3, 4))
+        engine.step()
         if caught:
             with pytest.raises(InvariantViolation) as violation:
-                harness.admit("b", (), (1, 2, 3, 4))
+                engine.admit("b", (), (1, 2, 3, 4))
             assert violation.value.invariant is Invariant.EXCLUSIVE_WRITES
         else:
-            harness.admit("b", (), (1, 2, 3, 4))
-            harness.step()
-            harness.quiesce()
+            engine.admit("b", (), (1, 2, 3, 4))
+            engine.step()
+            engine.quiesce()
 
 
 def test_a_hit_on_scheduled_content_is_not_computed_until_the_step():
     """Its K/V does not exist yet: it may not be swapped out or forked before the step that writes it."""
     allocator = declaring(MatchableAtAllocation, matchable_when_scheduled=True)(PoolSpec(4, 8, 2))
-    harness = Harness(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=2))
-    harness.admit("a", (), (1, 2, 3, 4))
-    harness.admit("b", (), (1, 2, 3, 4, 5))
-    assert "b" not in harness.computed_ids()
-    harness.step()
-    assert {"a", "b"} <= set(harness.computed_ids())
+    engine = Engine(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=2))
+    engine.admit("a", (), (1, 2, 3, 4))
+    engine.admit("b", (), (1, 2, 3, 4, 5))
+    assert "b" not in engine.expected.computed_ids()
+    engine.step()
+    assert {"a", "b"} <= set(engine.expected.computed_ids())

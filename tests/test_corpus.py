@@ -12,10 +12,10 @@ import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from kvfuzz.corpus import export_test, replay_trace, trace_of
+from kvfuzz.program.call import Call
 from kvfuzz.registry import load_factory
 from kvfuzz.runner import run
 from kvfuzz.statemachines import MachineConfig, MisuseCall
-from kvfuzz.statemachines.program import Call
 from kvfuzz.trace import Trace, load, save
 from kvfuzz.zoo import variant
 

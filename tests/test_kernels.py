@@ -16,6 +16,7 @@ from factories import make_allocator
 from kvfuzz.allocator import paged_allocator
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.corpus import export_test, replay_trace
+from kvfuzz.engine import Engine, Invariant, InvariantViolation, MachineConfig
 from kvfuzz.kernels import (
     FlexKernel,
     GatherKernel,
@@ -26,11 +27,10 @@ from kvfuzz.kernels import (
     different_kernel_tolerance,
     make_kernel,
 )
+from kvfuzz.program.call import Call
+from kvfuzz.program.replay import NotApplicable
 from kvfuzz.reference.content import ModelShape
 from kvfuzz.runner import run
-from kvfuzz.statemachines import Harness, Invariant, InvariantViolation, MachineConfig
-from kvfuzz.statemachines.minimize import NotApplicable
-from kvfuzz.statemachines.program import Call
 from kvfuzz.trace import Trace, load, save
 from kvfuzz.zoo import variant
 
@@ -43,7 +43,7 @@ def config(kernel: str, dtype: torch.dtype = torch.float32, **kwargs) -> Machine
     )
 
 
-def life_cycle(h: Harness) -> None:
+def life_cycle(h: Engine) -> None:
     """Admit, grow across blocks, fork, free and reuse: tables that are neither contiguous nor in order."""
     assert h.admit("s0", (), (1, 2, 3, 4, 5, 6))
     assert h.admit("s1", (), (7, 8, 9))
@@ -120,9 +120,9 @@ def test_flex_reads_the_pool_in_place_and_agrees_with_gather(dtype: torch.dtype)
 @pytest.mark.parametrize("kernel", ["gather", "flex"])
 def test_the_correct_allocator_passes_by_hand_under_each_kernel(kernel: str, dtype: torch.dtype) -> None:
     cfg = config(kernel, dtype)
-    h = Harness(make_allocator(window=1)(cfg.pool_spec()), cfg)
+    h = Engine(make_allocator(window=1)(cfg.pool_spec()), cfg)
     life_cycle(h)
-    assert h.check.kernel.name == kernel
+    assert h.checks.kernel.name == kernel
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -152,8 +152,8 @@ class WrongEntryKernel(FlexKernel):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_kernel_reading_a_wrong_table_entry_breaks_invariant_2(dtype: torch.dtype) -> None:
     cfg = config("flex", dtype)
-    h = Harness(make_allocator(window=1)(cfg.pool_spec()), cfg)
-    h.check.kernel = WrongEntryKernel()
+    h = Engine(make_allocator(window=1)(cfg.pool_spec()), cfg)
+    h.checks.kernel = WrongEntryKernel()
     with pytest.raises(InvariantViolation) as caught:
         life_cycle(h)
     assert caught.value.invariant is Invariant.ATTENTION

@@ -88,12 +88,13 @@ def test_long_campaign(window) -> None:
 
 
 def test_random_programs_pass_on_the_correct_allocator_and_replay_on_a_broken_one() -> None:
-    from kvfuzz.statemachines.minimize import replay
-    from kvfuzz.statemachines.random_search import random_search
+    from kvfuzz.program.execution import Target
+    from kvfuzz.program.random_programs import random_search
+    from kvfuzz.program.replay import replay
     from kvfuzz.zoo import variant
 
-    assert random_search(machine_for(paged_allocator), examples=100, steps=50, seed=0) is None
-    broken = machine_for(variant("NoCopyOnWrite").factory())
+    assert random_search(Target(paged_allocator), examples=100, steps=50, seed=0) is None
+    broken = Target(variant("NoCopyOnWrite").factory())
     found = random_search(broken, examples=300, steps=50, seed=0)
     assert found is not None and found.calls
     assert type(replay(broken, found.calls).failure) is type(found.failure)

@@ -11,7 +11,7 @@ from factories import CopyTailOnFork, declaring
 
 from kvfuzz.allocator.paged import paged_allocator, synchronous_allocator
 from kvfuzz.cli import main
-from kvfuzz.statemachines.config import MachineConfig
+from kvfuzz.engine.config import MachineConfig
 from kvfuzz.workload import WorkloadError, replay_workload
 from kvfuzz.workload.constructed import GENERATORS, constructed, constructed_json
 from kvfuzz.workload.format import FORMAT, load_workload, parse_workload

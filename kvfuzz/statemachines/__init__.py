@@ -1,14 +1,17 @@
-"""The Hypothesis machine, the engine model it plays around an allocator, and the invariants it checks."""
+"""The Hypothesis layer: a rule-based state machine built from the operation table.
 
-from kvfuzz.statemachines.config import MachineConfig
-from kvfuzz.statemachines.harness import Harness
-from kvfuzz.statemachines.machine import AllocatorFactory, KVCacheMachine, machine_for
-from kvfuzz.statemachines.misuse import MisuseCall
-from kvfuzz.statemachines.violations import Invariant, InvariantViolation
+The engine model lives in :mod:`kvfuzz.engine` and programs in :mod:`kvfuzz.program`; the names below are
+re-exported here because tests exported by ``kvfuzz export`` import them from this package.
+"""
+
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.misuse import MisuseCall
+from kvfuzz.engine.violations import Invariant, InvariantViolation
+from kvfuzz.registry import AllocatorFactory
+from kvfuzz.statemachines.machine import KVCacheMachine, machine_for
 
 __all__ = [
     "AllocatorFactory",
-    "Harness",
     "Invariant",
     "InvariantViolation",
     "KVCacheMachine",

@@ -1,4 +1,4 @@
-"""A continuous-batching scheduler that replays a workload through kvfuzz's engine harness.
+"""A continuous-batching scheduler that replays a workload through kvfuzz's engine.
 
 Each scheduling round before step t: start the branches running requests still lack (fork a sample from its
 computed prompt, or admit it beside the prompt where the allocator cannot fork; readmit a preempted one); grow every
@@ -6,13 +6,14 @@ running branch by its next token; unless the round preempted, admit waiting requ
 (preempted ones first) until one is refused; cancel what the trace cancels at t, wherever it is (so a request
 cancelled on arrival is admitted and aborted before its first step); then run step t. When the pool is full, the
 most recently admitted request is preempted for recomputation. A branch finishes, and is freed, once it has
-produced its output length. Every operation goes through :class:`~kvfuzz.statemachines.harness.Harness`, so every
+produced its output length. Every operation goes through :class:`~kvfuzz.engine.Engine`, so every
 invariant is checked exactly as in a fuzzing run.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from collections import Counter
 from typing import Callable, Optional
@@ -22,10 +23,10 @@ import attrs
 from kvfuzz.accounting.occupancy import OccupancyLog
 from kvfuzz.allocator.protocol import AllocatorProtocol
 from kvfuzz.allocator.types import SeqId
-from kvfuzz.statemachines.config import MachineConfig
-from kvfuzz.statemachines.harness import Harness
-from kvfuzz.statemachines.model import Status
-from kvfuzz.statemachines.violations import InvariantViolation
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.engine import Engine
+from kvfuzz.engine.expected import Status
+from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.workload.format import Request, Workload
 from kvfuzz.workload.report import Latency, Refusal, ReplayReport
 
@@ -74,7 +75,7 @@ class Tracked:
 
 
 class Scheduler:
-    """Drives one workload through one harness; :meth:`run` returns the report."""
+    """Drives one workload through one engine; :meth:`run` returns the report."""
 
     def __init__(
         self,
@@ -95,9 +96,9 @@ class Scheduler:
         self.workload, self.config, self.allocator_name = workload, config, allocator_name
         self.max_running, self.max_steps = max_running, max_steps
         self.log = OccupancyLog()
-        self.harness = Harness(allocator, config, Counter(), on_step=self.log.record)
+        self.engine = Engine(allocator, config, Counter(), on_step=self.log.record)
         self.fork = allocator.capabilities.fork
-        self.window = allocator.capabilities.inflight_window
+        self.inflight_window = allocator.capabilities.inflight_window
         self.preempt_scheduled = allocator.capabilities.preempt_scheduled
         self.tracked = [
             Tracked(request, [request.id] + [f"{request.id}/{j}" for j in range(1, request.samples)])
@@ -134,12 +135,14 @@ class Scheduler:
                 self._admit()
                 self._cancel()
                 self._run_step()
-            self.harness.quiesce()
+            self.engine.quiesce()
             quiescent = True
         except InvariantViolation as violation:
             failure = f"{violation.invariant}\n{violation.explain()}"
         except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding, with the report
-            failure = f"crash ({type(error).__name__}) during {self.harness.operation} at step {self.step}: {error}"
+            failure = (
+                f"crash ({type(error).__name__}) during {self.engine.checks.operation} at step {self.step}: {error}"
+            )
         return self._report(time.perf_counter() - started, failure, quiescent)
 
     def _cancel(self) -> None:
@@ -157,8 +160,8 @@ class Scheduler:
     def _release(self, tracked: Tracked) -> None:
         """Free every branch the engine still holds (cancel, rejection) and drop the request from the queues."""
         for branch in tracked.live():
-            if branch in self.harness.seqs:
-                self.harness.dismiss(branch)
+            if branch in self.engine.expected.seqs:
+                self.engine.dismiss(branch)
         tracked.produced.clear()
         for queue in (self.waiting, self.running):
             if tracked in queue:
@@ -169,33 +172,33 @@ class Scheduler:
     def _pending(self, tracked: Tracked) -> list[SeqId]:
         """Branches with no blocks that could be given some now: preempted ones, and unstarted ones (with a fork,
         only once branch 0's prompt is computed)."""
-        harness, parent = self.harness, tracked.branches[0]
+        engine, parent = self.engine, tracked.branches[0]
         pending = []
         for index, branch in enumerate(tracked.branches):
-            model = harness.seqs.get(branch)
+            model = engine.expected.seqs.get(branch)
             if model is not None and model.status is Status.PREEMPTED:
                 pending.append(branch)
             elif branch not in tracked.produced and (
                 index == 0
                 or not self.fork
-                or (parent in harness.computed_ids() and tracked.produced.get(parent, 0) >= 1)
+                or (parent in engine.expected.computed_ids() and tracked.produced.get(parent, 0) >= 1)
             ):
                 pending.append(branch)
         return pending
 
     def _start(self, tracked: Tracked, branch: SeqId) -> bool:
         """Give ``branch`` blocks: readmit it, fork it from branch 0, or admit it with the prompt."""
-        request, harness = tracked.request, self.harness
-        model = harness.seqs.get(branch)
+        request, engine = tracked.request, self.engine
+        model = engine.expected.seqs.get(branch)
         if model is not None and model.status is Status.PREEMPTED:
-            started = harness.readmit(branch)
+            started = engine.readmit(branch)
         elif branch != tracked.branches[0] and self.fork:
-            started = harness.fork(tracked.branches[0], branch)
+            started = engine.fork(tracked.branches[0], branch)
             if started:
                 tracked.produced[branch] = 1  # its first token was sampled by the parent's prefill
                 return True
         else:
-            started = harness.admit(branch, request.namespace, request.prompt)
+            started = engine.admit(branch, request.namespace, request.prompt)
         if started:
             tracked.produced.setdefault(branch, 0)
             self.scheduled.add(branch)
@@ -207,7 +210,9 @@ class Scheduler:
         """Running requests' branches that lack blocks get them, making room as a grow would."""
         for tracked in list(self.running):
             for branch in self._pending(tracked):
-                if tracked not in self.running or not self._with_room(tracked, lambda: self._start(tracked, branch)):
+                if tracked not in self.running or not self._with_room(
+                    tracked, functools.partial(self._start, tracked, branch)
+                ):
                     break
 
     # -- decoding ----------------------------------------------------------------------------------------------------
@@ -217,18 +222,18 @@ class Scheduler:
             for branch in tracked.live():
                 if tracked not in self.running:
                     break
-                model = self.harness.seqs.get(branch)
+                model = self.engine.expected.seqs.get(branch)
                 if (
                     model is None
                     or model.status is not Status.RUNNING
                     or tracked.done(branch)
-                    or branch not in self.harness.computed_ids()
+                    or branch not in self.engine.expected.computed_ids()
                 ):
                     continue
                 if tracked.holds_for_forks(branch, self.fork):
                     continue
                 token = tracked.request.output_token(tracked.branches.index(branch), tracked.produced[branch] - 1)
-                if self._with_room(tracked, lambda: self.harness.grow(branch, (token,))):
+                if self._with_room(tracked, functools.partial(self.engine.grow, branch, (token,))):
                     self.scheduled.add(branch)
 
     def victims(self) -> list[Tracked]:
@@ -253,7 +258,7 @@ class Scheduler:
             victim = victims[0]
             self._preempt(victim)
             self.preempted_this_round = True
-            if victim is tracked or self.window > 0:
+            if victim is tracked or self.inflight_window > 0:
                 return False
         return True
 
@@ -261,12 +266,12 @@ class Scheduler:
         """Release every running branch of ``tracked`` for recomputation; it goes to the front of the queue."""
         prompt = len(tracked.request.prompt)
         for branch in tracked.live():
-            model = self.harness.seqs.get(branch)
+            model = self.engine.expected.seqs.get(branch)
             if model is None or model.status is Status.PREEMPTED:
                 continue  # finished already, or waiting for readmission
-            self.harness.preempt(branch)
+            self.engine.preempt(branch)
             self.scheduled.discard(branch)
-            tracked.produced[branch] = self.harness.length(branch) - prompt
+            tracked.produced[branch] = self.engine.expected.length(branch) - prompt
         tracked.preempted += 1
         tracked.phase = Phase.WAITING
         self.running.remove(tracked)
@@ -297,8 +302,10 @@ class Scheduler:
                 return  # the rest of its branches start in later rounds; nothing behind it is admitted now
 
     def _refused(self, tracked: Tracked, branch: SeqId) -> None:
-        counts = self.harness.check.counts()
-        tokens = self.harness.length(branch) if branch in self.harness.seqs else len(tracked.request.prompt)
+        counts = self.engine.checks.counts()
+        tokens = (
+            self.engine.expected.length(branch) if branch in self.engine.expected.seqs else len(tracked.request.prompt)
+        )
         self.refusals.append(
             Refusal(
                 self.step,
@@ -313,7 +320,7 @@ class Scheduler:
         if self.running or tracked.phase is Phase.RUNNING:
             return
         refused = self.idle_refusals[tracked.request.id] = self.idle_refusals.get(tracked.request.id, 0) + 1
-        if refused > self.window + 1:  # refused on an idle pool after every in-flight window closed
+        if refused > self.inflight_window + 1:  # refused on an idle pool after every in-flight window closed
             self._release(tracked)
             tracked.phase = Phase.REJECTED
 
@@ -321,21 +328,21 @@ class Scheduler:
 
     def _run_step(self) -> None:
         self.concurrency.append(len(self.running))
-        self.harness.step()
+        self.engine.step()
         for tracked in list(self.running):
             for branch in tracked.live():
                 if branch in self.scheduled:
                     tracked.produced[branch] += 1
                     if tracked.first_token_at is None:
                         tracked.first_token_at = self.step
-                model = self.harness.seqs.get(branch)
+                model = self.engine.expected.seqs.get(branch)
                 if (
                     tracked.done(branch)
                     and model is not None
                     and model.status is Status.RUNNING
                     and not tracked.holds_for_forks(branch, self.fork)
                 ):
-                    self.harness.free(branch)
+                    self.engine.free(branch)
             if len(tracked.produced) == len(tracked.branches) and all(map(tracked.done, tracked.branches)):
                 tracked.phase, tracked.finished_at = Phase.FINISHED, self.step
                 self.running.remove(tracked)
@@ -351,7 +358,7 @@ class Scheduler:
         tpot = [
             (t.finished_at - t.first_token_at) / (t.request.output_len - 1)
             for t in tracked
-            if t.phase is Phase.FINISHED and t.request.output_len > 1
+            if t.finished_at is not None and t.first_token_at is not None and t.request.output_len > 1
         ]
         return ReplayReport(
             self.workload.name,
@@ -375,7 +382,7 @@ class Scheduler:
             Latency.of(ttft),
             Latency.of(tpot),
             self.log.summary(),
-            dict(sorted(self.harness.stats.items())),
+            dict(sorted(self.engine.stats.items())),
             quiescent,
             failure,
         )

@@ -10,7 +10,7 @@ import attrs
 
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.types import PoolSpec
-from kvfuzz.statemachines.violations import Invariant
+from kvfuzz.engine.violations import Invariant
 from kvfuzz.zoo import variants
 
 

@@ -6,8 +6,8 @@ from typing import Callable, Iterable, Optional
 
 import attrs
 
+from kvfuzz.engine.config import MachineConfig
 from kvfuzz.runner import RunSummary, run
-from kvfuzz.statemachines.config import MachineConfig
 from kvfuzz.zoo import VARIANTS, Variant
 
 COLUMNS = (
@@ -30,7 +30,7 @@ class ZooResult:
 
     @property
     def caught_as_expected(self) -> bool:
-        return self.summary.failed and self.summary.invariant == str(self.variant.expected)
+        return self.summary.failed and self.summary.violated is self.variant.expected
 
     def row(self) -> tuple[str, ...]:
         s = self.summary

@@ -1,5 +1,5 @@
-"""The engine model: physical K/V pools on a torch device, shadow records of who wrote every slot, a host pool for
-swap, and steps that run up to W ahead of their completion.
+"""The K/V pools the engine writes: physical device and host pools on a torch device, shadow records of who wrote
+every slot, and steps that run up to W (the in-flight window) ahead of their completion.
 
 kvfuzz writes and copies K/V only where the allocator says. Every slot's shadow record names the write that put its
 content there, so a wrong read can be traced to the sequence, position and step that produced it. Work in flight
@@ -58,13 +58,20 @@ class LateWork:
     values: torch.Tensor
 
 
-class Engine:
-    """Physical pools, shadow records, steps and late in-flight work for one example."""
+class KVPools:
+    """Physical pools, shadow records, steps and late in-flight work for one example.
 
-    def __init__(self, shape: ModelShape, block_size: int, num_blocks: int, num_host_blocks: int, window: int) -> None:
-        self.shape = shape
-        self.block_size = block_size
-        self.window = window
+    Invariant kept: ``shadow[slot]`` names the write whose K/V ``keys[slot]``/``values[slot]`` hold, and no slot
+    without a record was ever written; every block in ``late_work_by_block`` has work that lands exactly when step
+    ``lands_at`` completes.
+    """
+
+    def __init__(
+        self, shape: ModelShape, block_size: int, num_blocks: int, num_host_blocks: int, inflight_window: int
+    ) -> None:
+        self.shape = shape  # layers, heads, head dim, dtype and device of every K/V row
+        self.block_size = block_size  # slots per block: slot = block * block_size + offset
+        self.inflight_window = inflight_window  # W: steps a released block's in-flight work may still land
         row = shape.kv_row_shape
         # Zero-initialised, as engines allocate their caches: a kernel whose mask multiplies unread slots by a zero
         # weight (eager FlexAttention) must not meet NaN left by torch.empty. A read of an unwritten slot is still
@@ -73,15 +80,15 @@ class Engine:
         self.values = torch.zeros_like(self.keys)
         self.host_keys = torch.zeros((num_host_blocks * block_size, *row), dtype=shape.dtype, device=shape.device)
         self.host_values = torch.zeros_like(self.host_keys)
-        self.shadow: dict[int, SlotWrite] = {}
-        self.host_shadow: dict[int, SlotWrite] = {}
-        self.next_step = 0
-        self.last_completed = -1
-        self._in_flight: deque[int] = deque()
-        self._late_work: dict[int, list[LateWork]] = {}
-        self.late_work_by_block: dict[int, LateWork] = {}
-        self.history: dict[int, deque[str]] = {}
-        self.dirty: set[int] = set()
+        self.shadow: dict[int, SlotWrite] = {}  # device slot -> the write whose K/V it holds
+        self.host_shadow: dict[int, SlotWrite] = {}  # host slot -> the write whose K/V it holds
+        self.next_step = 0  # the step being scheduled: launched by the next step()
+        self.last_completed = -1  # the newest step that has completed on the device (-1: none yet)
+        self._in_flight: deque[int] = deque()  # launched steps not yet completed, oldest first
+        self._late_work: dict[int, list[LateWork]] = {}  # step -> late work that lands when it completes
+        self.late_work_by_block: dict[int, LateWork] = {}  # released block -> its pending late work
+        self.history: dict[int, deque[str]] = {}  # block -> its latest events, for explanations
+        self.dirty: set[int] = set()  # device slots written or copied since the checks last looked
 
     # -- writes and copies ---------------------------------------------------------------------------------------
 
@@ -172,7 +179,7 @@ class Engine:
 
     def steps_to_complete(self, drain: bool = False) -> list[int]:
         """The in-flight steps that complete now: all beyond the window (or all of them when draining)."""
-        keep = 0 if drain else self.window
+        keep = 0 if drain else self.inflight_window
         done = []
         while len(self._in_flight) > keep:
             done.append(self._in_flight.popleft())
@@ -188,7 +195,7 @@ class Engine:
 
     def release(self, block: int, seq: SeqId) -> None:
         """No live sequence references ``block`` any more; work in flight on it may still land later."""
-        lands_at = self.last_completed + self.window
+        lands_at = self.last_completed + self.inflight_window
         if lands_at <= self.last_completed:
             return
         size = self.block_size

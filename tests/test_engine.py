@@ -1,24 +1,24 @@
-"""The harness driven by hand: what the engine model does, and what its explanations tell a person."""
+"""The engine driven by hand: what the engine model does, and what its explanations tell a person."""
 
 from __future__ import annotations
 
 import pytest
 from factories import make_allocator
 
-from kvfuzz.statemachines import Harness, Invariant, InvariantViolation, MachineConfig, MisuseCall
-from kvfuzz.statemachines.checks import Checks
-from kvfuzz.statemachines.misuse import misuse_calls
+from kvfuzz.engine import Engine, Invariant, InvariantViolation, MachineConfig, MisuseCall
+from kvfuzz.engine.checks import Checks
+from kvfuzz.engine.misuse import misuse_calls
 from kvfuzz.zoo import variant
 
 CONFIG = MachineConfig(block_size=4, num_blocks=8, num_host_blocks=4)
 
 
-def harness(factory) -> Harness:
-    return Harness(factory(CONFIG.pool_spec()), CONFIG)
+def engine(factory) -> Engine:
+    return Engine(factory(CONFIG.pool_spec()), CONFIG)
 
 
 def test_a_clean_life_cycle_passes_every_check() -> None:
-    h = harness(make_allocator(window=1))
+    h = engine(make_allocator(window=1))
     assert h.admit("s0", (), (1, 2, 3, 4, 5))
     h.step()
     assert h.fork("s0", "s1")
@@ -37,7 +37,7 @@ def test_a_clean_life_cycle_passes_every_check() -> None:
 
 
 def test_window_violation_names_the_release_and_the_new_owner() -> None:
-    h = harness(variant("ImmediateReuse").factory())
+    h = engine(variant("ImmediateReuse").factory())
     h.admit("s0", (), (1,) * 32)
     h.step()
     h.free("s0")
@@ -53,8 +53,8 @@ def test_window_violation_names_the_release_and_the_new_owner() -> None:
 def test_premature_reuse_corrupts_data_observably(monkeypatch) -> None:
     """With the window check switched off, the late in-flight work of the freed sequence lands on the new owner's
     block when its step completes, and the content check traces the corruption to it."""
-    monkeypatch.setattr(Checks, "window", lambda self, blocks, seq: None)
-    h = harness(variant("ImmediateReuse").factory())
+    monkeypatch.setattr(Checks, "outside_inflight_window", lambda self, blocks, seq: None)
+    h = engine(variant("ImmediateReuse").factory())
     h.admit("s0", (), (1,) * 32)
     h.step()
     h.free("s0")
@@ -69,7 +69,7 @@ def test_premature_reuse_corrupts_data_observably(monkeypatch) -> None:
 
 
 def test_missing_copy_on_write_is_an_exclusive_write_with_both_holders_named() -> None:
-    h = harness(variant("NoCopyOnWrite").factory())
+    h = engine(variant("NoCopyOnWrite").factory())
     h.admit("s0", (), (1, 2))
     h.step()
     h.fork("s0", "s1")
@@ -81,7 +81,7 @@ def test_missing_copy_on_write_is_an_exclusive_write_with_both_holders_named() -
 
 
 def test_wrong_copy_source_is_traced_to_the_block_it_came_from() -> None:
-    h = harness(variant("CopiesWrongBlock").factory())
+    h = engine(variant("CopiesWrongBlock").factory())
     h.admit("s0", (), (1, 2, 3, 4, 5, 6))
     h.step()
     h.fork("s0", "s1")
@@ -94,7 +94,7 @@ def test_wrong_copy_source_is_traced_to_the_block_it_came_from() -> None:
 
 
 def test_false_refusal_reports_what_was_available() -> None:
-    h = harness(variant("FalseOutOfBlocks").factory())
+    h = engine(variant("FalseOutOfBlocks").factory())
     h.admit("s0", (), tuple(range(4)) * 8)
     for _ in range(3):
         h.step()
@@ -108,7 +108,7 @@ def test_false_refusal_reports_what_was_available() -> None:
 
 
 def test_misuse_must_raise_a_typed_error() -> None:
-    h = harness(variant("SilentDoubleFree").factory())
+    h = engine(variant("SilentDoubleFree").factory())
     h.admit("s0", (), (1,))
     h.free("s0")
     with pytest.raises(InvariantViolation) as caught:
@@ -118,7 +118,7 @@ def test_misuse_must_raise_a_typed_error() -> None:
 
 
 def test_correct_allocator_refuses_every_misuse_cleanly() -> None:
-    h = harness(make_allocator(window=1))
+    h = engine(make_allocator(window=1))
     h.admit("s0", (), (1, 2, 3))
     h.step()
     h.admit("s1", (), (4,))
@@ -128,7 +128,7 @@ def test_correct_allocator_refuses_every_misuse_cleanly() -> None:
     h.step()
     h.admit("s2", (), (5,))
     h.preempt("s2")
-    calls = misuse_calls(h)
+    calls = misuse_calls(h.expected)
     assert {call.op for call in calls} >= {"free", "grow", "admit", "rollback", "fork", "swap_in"}
     for call in calls:
         h.misuse(call)
@@ -136,7 +136,7 @@ def test_correct_allocator_refuses_every_misuse_cleanly() -> None:
 
 
 def test_leak_without_introspection_is_caught_by_the_quiescence_probe() -> None:
-    h = harness(variant("OpaqueLeakOnCancel").factory())
+    h = engine(variant("OpaqueLeakOnCancel").factory())
     h.admit("s0", (), (1, 2, 3, 4, 5))
     h.free("s0")
     with pytest.raises(InvariantViolation) as caught:

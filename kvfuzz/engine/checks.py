@@ -8,21 +8,21 @@ from __future__ import annotations
 
 import collections.abc
 import functools
-from typing import TYPE_CHECKING, Iterable, NoReturn, Optional
+import itertools
+from typing import Iterable, NoReturn, Optional, Sequence, cast
 
 import attrs
 import torch
 
-from kvfuzz.allocator.errors import AllocatorError, Misuse
-from kvfuzz.allocator.types import NULL_BLOCK
+from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
+from kvfuzz.allocator.protocol import AllocatorProtocol, Introspectable
+from kvfuzz.allocator.types import NULL_BLOCK, BlockCopy, Slot
+from kvfuzz.engine.expected import ExpectedState, Status
+from kvfuzz.engine.misuse import MisuseCall
+from kvfuzz.engine.pools import KVPools, SlotWrite
+from kvfuzz.engine.violations import Invariant, violation
 from kvfuzz.kernels import AttentionKernel, PagedBatch, compare, make_kernel
 from kvfuzz.reference.content import kv_for_tags
-from kvfuzz.statemachines.engine import SlotWrite
-from kvfuzz.statemachines.model import Status
-from kvfuzz.statemachines.violations import Invariant, violation
-
-if TYPE_CHECKING:
-    from kvfuzz.statemachines.harness import Harness
 
 
 @attrs.frozen
@@ -35,18 +35,27 @@ class PoolCounts:
 
 
 class Checks:
-    """Invariant checks over one harness's allocator, engine, model and reference."""
+    """Every invariant check, over one allocator, the engine's K/V pools and its expected state. Every invariant
+    failure is raised from here, labelled with the operation the engine is performing (``operation``)."""
 
-    def __init__(self, harness: "Harness") -> None:
-        self.h = harness
+    def __init__(self, state: ExpectedState, pools: KVPools, allocator: AllocatorProtocol, kernel_name: str) -> None:
+        self.state = state  # what the engine expects of the allocator
+        self.pools = pools  # the K/V the engine wrote, and who wrote each slot
+        self.allocator = allocator  # the allocator under test
+        # Its optional queries, when it declares them (kvfuzz.allocator.protocol.Introspectable).
+        self.introspection: Optional[Introspectable] = (
+            cast(Introspectable, allocator) if state.caps.introspection else None
+        )
+        self.kernel_name = kernel_name  # invariant 2's attention kernel
+        self.operation = "setup"  # the operation being checked, as a call a person can read
 
     def fail(self, invariant: Invariant, summary: str, details: Iterable[str] = ()) -> NoReturn:
-        raise violation(invariant, self.h.operation, self.h.engine.next_step, summary, list(details))
+        raise violation(invariant, self.operation, self.pools.next_step, summary, list(details))
 
     # -- describing things ---------------------------------------------------------------------------------------
 
     def where(self, seq: str, position: int) -> str:
-        h = self.h
+        h = self.state
         index, offset = divmod(position, h.block_size)
         block = h.seqs[seq].table[index]
         return (
@@ -55,8 +64,8 @@ class Checks:
         )
 
     def prefix(self, seq: str, position: int) -> str:
-        tokens = self.h.reference.tokens(seq)[: position + 1]
-        return f"namespace {self.h.reference.namespace(seq)!r}, tokens {tokens}"
+        tokens = self.state.reference.tokens(seq)[: position + 1]
+        return f"namespace {self.state.reference.namespace(seq)!r}, tokens {tokens}"
 
     @staticmethod
     def found(record: Optional[SlotWrite]) -> str:
@@ -66,7 +75,7 @@ class Checks:
 
     def content(self, slots: Iterable[int], positions: Iterable[tuple[str, int]] = ()) -> None:
         """Every written position mapped to one of ``slots``, and every listed position, holds its own K/V."""
-        h = self.h
+        h = self.state
         size = h.block_size
         wanted: dict[tuple[str, int], int] = {}
         by_block: dict[int, list[int]] = {}
@@ -80,7 +89,7 @@ class Checks:
                     if position < written:
                         wanted[(seq, position)] = block * size + offset
         for seq, position in positions:
-            if position < h.window_start(seq):
+            if position < h.sliding_window_start(seq):
                 continue
             table = h.seqs[seq].table
             wanted[(seq, position)] = table[position // size] * size + position % size
@@ -89,7 +98,7 @@ class Checks:
         expected_tags = []
         for (seq, position), slot in wanted.items():
             tag = h.reference.tags(seq)[position]
-            record = h.engine.record(slot)
+            record = self.pools.record(slot)
             if record is None or record.tag != tag:
                 self.fail(
                     Invariant.CONTENT,
@@ -97,7 +106,7 @@ class Checks:
                     [
                         f"expected: K/V of {self.prefix(seq, position)}",
                         f"found:    {self.found(record)}",
-                        *h.engine.block_story(slot // size),
+                        *self.pools.block_story(slot // size),
                     ],
                 )
             expected_tags.append(tag)
@@ -105,8 +114,8 @@ class Checks:
 
     def _bits(self, entries: list[tuple[tuple[str, int], int]], tags: list[int]) -> None:
         """The pool's values equal the reference's bit for bit (the shadow records already agree)."""
-        keys, values = self.h.engine.rows(slot for _, slot in entries)
-        want_keys, want_values = kv_for_tags(tags, self.h.engine.shape)
+        keys, values = self.pools.rows(slot for _, slot in entries)
+        want_keys, want_values = kv_for_tags(tags, self.pools.shape)
         if torch.equal(keys, want_keys) and torch.equal(values, want_values):
             return
         rows = ((keys != want_keys) | (values != want_values)).flatten(1).any(1).nonzero().flatten().tolist()
@@ -117,12 +126,12 @@ class Checks:
             [
                 f"expected: K/V of {self.prefix(seq, position)}",
                 f"found:    values that differ in {len(rows)} checked position(s); the record says "
-                f"{self.found(self.h.engine.record(slot))}",
+                f"{self.found(self.pools.record(slot))}",
             ],
         )
 
     def table_shape(self, seq: str, table: tuple[int, ...]) -> None:
-        h = self.h
+        h = self.state
         want = -(-len(h.reference.tokens(seq)) // h.block_size)
         if len(table) != want:
             self.fail(
@@ -137,46 +146,99 @@ class Checks:
                 f"block table of {seq} names block(s) {bad} outside the pool",
                 [f"expected: blocks in 0..{h.num_blocks - 1}", f"found:    {list(table)}"],
             )
-        first_read = h.window_start(seq) // h.block_size
+        first_read = h.sliding_window_start(seq) // h.block_size
         if NULL_BLOCK in table[first_read:]:
             index = table.index(NULL_BLOCK, first_read)
             self.fail(
                 Invariant.CONTENT,
                 f"block table of {seq} drops logical block {index}, which attention still reads",
                 [
-                    f"expected: blocks covering positions {h.window_start(seq)} onwards "
+                    f"expected: blocks covering positions {h.sliding_window_start(seq)} onwards "
                     f"(sliding window {h.caps.sliding_window})",
                     f"found:    {list(table)}",
                 ],
+            )
+
+    def admit_table(self, seq: str, reported: tuple[int, ...], table: tuple[int, ...]) -> None:
+        """Invariant 1: the table admit returned is the one ``block_table`` reports."""
+        if table != reported:
+            self.fail(
+                Invariant.CONTENT,
+                f"admit returned block table {list(reported)} for {seq}",
+                [f"found: block_table({seq!r}) says {list(table)}"],
+            )
+
+    def grow_slots(self, seq: str, slots: Sequence[Slot], table: tuple[int, ...], old_len: int, count: int) -> None:
+        """Invariant 1: grow returned one slot per token, each where the block table puts that position."""
+        size = self.state.block_size
+        for position, slot in enumerate(slots, start=old_len):
+            want = (table[position // size], position % size)
+            if (slot.block, slot.offset) != want:
+                self.fail(
+                    Invariant.CONTENT,
+                    f"grow returned slot (block {slot.block}, offset {slot.offset}) for {seq} position {position}",
+                    [f"expected: (block {want[0]}, offset {want[1]}) as its block table says: {list(table)}"],
+                )
+        if len(slots) != count:
+            self.fail(Invariant.CONTENT, f"grow of {count} tokens returned {len(slots)} slots")
+
+    def swap_out_mapping(
+        self, seq: str, mapping: Sequence[tuple[int, int]], table: tuple[int, ...], host_in_use: set[int]
+    ) -> None:
+        """Invariant 1: swap-out copies every block of the table once, to host blocks nobody else holds."""
+        host_of = dict(mapping)
+        live = [block for block in table if block != NULL_BLOCK]
+        if sorted(host_of) != sorted(live) or len(mapping) != len(live):
+            self.fail(
+                Invariant.CONTENT,
+                f"swap-out of {seq} maps device blocks {sorted(host_of)}",
+                [f"expected: the blocks of its table {list(table)}, each once"],
+            )
+        clash = sorted(set(host_of.values()) & host_in_use)
+        if clash or len(set(host_of.values())) != len(host_of):
+            self.fail(
+                Invariant.CONTENT,
+                f"swap-out of {seq} reuses host block(s) {clash or host_of}",
+                ["expected: distinct host blocks no other swapped-out sequence holds"],
+            )
+
+    def swap_in_mapping(self, seq: str, mapping: Sequence[tuple[int, int]], host_table: tuple[int, ...]) -> None:
+        """Invariant 1: swap-in copies back exactly the host blocks the sequence was swapped out to."""
+        sources = sorted(src for src, _ in mapping)
+        if sources != sorted(block for block in host_table if block != NULL_BLOCK):
+            self.fail(
+                Invariant.CONTENT,
+                f"swap-in of {seq} copies host blocks {sources}",
+                [f"expected: the host blocks it was swapped out to, {list(host_table)}"],
             )
 
     # -- invariant 2: attention ----------------------------------------------------------------------------------
 
     @functools.cached_property
     def kernel(self) -> AttentionKernel:
-        """The attention kernel the machine's config names (made once per harness)."""
-        return make_kernel(self.h.config.kernel, self.h.allocator)
+        """The attention kernel the machine's config names (made once per engine)."""
+        return make_kernel(self.kernel_name, self.allocator)
 
     def attention(self) -> None:
         """Invariant 2: attention through the block tables, by the configured kernel, equals attention over the
         contiguous reference: bit for bit for the gather kernel, within the kernel's tolerance otherwise."""
-        h = self.h
+        h = self.state
         seqs = [seq for seq in h.ids(Status.RUNNING) if h.length(seq)]
         if not seqs:
             return
-        starts = [h.window_start(seq) for seq in seqs]
+        starts = [h.sliding_window_start(seq) for seq in seqs]
         batch = PagedBatch(
             seqs,
             [h.seqs[seq].table for seq in seqs],
             starts,
             [h.length(seq) for seq in seqs],
             h.reference.queries(seqs),
-            h.engine.keys,
-            h.engine.values,
+            self.pools.keys,
+            self.pools.values,
             h.block_size,
         )
         kernel = self.kernel
-        tolerance = kernel.tolerance(h.engine.keys.dtype)
+        tolerance = kernel.tolerance(self.pools.keys.dtype)
         paged = kernel.attend(batch)
         mismatch = compare(paged, h.reference.attention(seqs, batch.queries, starts), tolerance)
         if mismatch is None:
@@ -196,25 +258,24 @@ class Checks:
     # -- invariants 3 and 4: refcounts and the free set ----------------------------------------------------------
 
     def counts(self) -> Optional[PoolCounts]:
-        h = self.h
-        if not h.caps.introspection:
+        """The sizes of the allocator's sets, or None without introspection."""
+        alloc = self.introspection
+        if alloc is None:
             return None
-        return PoolCounts(
-            len(h.allocator.free_blocks()), len(h.allocator.cached_blocks()), len(h.allocator.pending_blocks())
-        )
+        return PoolCounts(len(alloc.free_blocks()), len(alloc.cached_blocks()), len(alloc.pending_blocks()))
 
-    def unreferenced_in_window(self) -> list[int]:
+    def unreferenced_in_inflight_window(self) -> list[int]:
         """Blocks released within the in-flight window and not referenced again: a correct allocator holds
         exactly these pending, and cannot hand them out yet."""
-        h = self.h
-        return [block for block in h.engine.late_work_by_block if block not in h.refs.holders]
+        h = self.state
+        return [block for block in self.pools.late_work_by_block if block not in h.refs.holders]
 
     def accounting(self, touched: Iterable[int]) -> None:
         """Refcounts and set membership of the touched blocks, and the pool-wide counts identity."""
-        h = self.h
-        if not h.caps.introspection:
+        h = self.state
+        alloc = self.introspection
+        if alloc is None:
             return
-        alloc = h.allocator
         free, cached, pending = alloc.free_blocks(), alloc.cached_blocks(), alloc.pending_blocks()
         for block in touched:
             holders = h.refs.holders.get(block, ())
@@ -226,7 +287,7 @@ class Checks:
                     [
                         f"expected: {len(holders)}, the block-table entries referencing it: "
                         f"{sorted(holders) or 'none'}",
-                        *h.engine.block_story(block),
+                        *self.pools.block_story(block),
                     ],
                 )
             member_of = [
@@ -236,27 +297,27 @@ class Checks:
                 self.fail(
                     Invariant.FREE_SET,
                     f"block {block} is referenced by {sorted(holders)} yet listed as {' and '.join(member_of)}",
-                    h.engine.block_story(block),
+                    self.pools.block_story(block),
                 )
             if not holders and len(member_of) != 1:
                 self.fail(
                     Invariant.FREE_SET,
                     f"unreferenced block {block} is in "
                     f"{' and '.join(member_of) or 'none of the free, cached and pending sets'}",
-                    ["expected: exactly one of them", *h.engine.block_story(block)],
+                    ["expected: exactly one of them", *self.pools.block_story(block)],
                 )
-        in_window = self.unreferenced_in_window()
+        in_window = self.unreferenced_in_inflight_window()
         if len(pending) > len(in_window):
-            stuck = next(block for block in pending if block not in h.engine.late_work_by_block)
+            stuck = next(block for block in pending if block not in self.pools.late_work_by_block)
             self.fail(
                 Invariant.FREE_SET,
                 f"{len(pending)} block(s) pending, but only {len(in_window)} were "
                 f"released within the in-flight window (W = {h.caps.inflight_window})",
                 [
                     f"block {stuck} is still pending though its window has closed (last completed step: "
-                    f"{h.engine.last_completed})",
+                    f"{self.pools.last_completed})",
                     "expected: it is back in the free or cached set",
-                    *h.engine.block_story(stuck),
+                    *self.pools.block_story(stuck),
                 ],
             )
         total = len(free) + len(cached) + len(pending) + h.refs.num_referenced()
@@ -268,12 +329,48 @@ class Checks:
                 [f"expected: {h.num_blocks} (every block exactly once)"],
             )
 
+    def fork_copies_declared(self, parent: str, child: str, copies: Sequence[BlockCopy]) -> None:
+        """Invariant 3: fork copies blocks only when the allocator declares ``fork_copies``."""
+        if copies and not self.state.caps.fork_copies:
+            self.fail(
+                Invariant.REFCOUNTS,
+                f"fork of {parent} into {child} returned copies {list(copies)}",
+                ["expected: none: the allocator does not declare fork_copies, so fork shares every block"],
+            )
+
+    def fork_table(self, parent: str, child: str, expected: tuple[int, ...], table: tuple[int, ...]) -> None:
+        """Invariant 3: the child's table is the parent's, except where fork ordered a copy."""
+        if table != expected:
+            self.fail(
+                Invariant.REFCOUNTS,
+                f"fork gave {child} a block table unlike its parent {parent}'s",
+                [f"expected: {list(expected)} (shared, or the copies it ordered)", f"found:    {list(table)}"],
+            )
+
+    def evict_count(self, num_blocks: int, dropped: int) -> None:
+        """Invariant 4: evict(n) reports between 0 and n blocks dropped."""
+        if not 0 <= dropped <= num_blocks:
+            self.fail(
+                Invariant.FREE_SET,
+                f"evict({num_blocks}) reports {dropped} blocks dropped",
+                [f"expected: between 0 and {num_blocks}"],
+            )
+
+    def cache_empty(self) -> None:
+        """Invariant 4: after reset_cache no cached, unreferenced block is left."""
+        if self.introspection is not None and len(self.introspection.cached_blocks()):
+            self.fail(
+                Invariant.FREE_SET,
+                f"reset_cache left {len(self.introspection.cached_blocks())} cached unreferenced block(s)",
+                ["expected: none"],
+            )
+
     # -- invariant 5: exclusive writes ---------------------------------------------------------------------------
 
     def exclusive(self, block: int, seq: str, what: str) -> None:
-        holders = self.h.refs.holders.get(block, set())
+        holders = self.state.refs.holders.get(block, set())
         others = sorted(holder for holder in holders if holder[0] != seq)
-        if others and self.h.caps.matchable_when_scheduled and self._same_content(block, seq, holders):
+        if others and self.state.caps.matchable_when_scheduled and self._same_content(block, seq, holders):
             return
         if others or len(holders) != 1:
             self.fail(
@@ -282,7 +379,7 @@ class Checks:
                 [
                     f"expected: block {block} referenced by {seq} alone (copy-on-write first)",
                     f"found:    referenced by {sorted(holders)}",
-                    *self.h.engine.block_story(block),
+                    *self.pools.block_story(block),
                 ],
             )
 
@@ -290,7 +387,7 @@ class Checks:
         """Every holder maps ``block`` at ``seq``'s logical index and expects the same tags in all of it (they matched
         exactly the content ``seq`` writes, a block made matchable when scheduled), and no other holder has read it
         yet (each gained it in this scheduling round), unless the allocator declares ``recomputes_in_place``."""
-        h = self.h
+        h = self.state
         mine = [index for holder, index in holders if holder == seq]
         if len(mine) != 1:
             return False
@@ -301,28 +398,29 @@ class Checks:
             return False
         if h.caps.recomputes_in_place:
             return True
-        step = h.engine.next_step
+        step = self.pools.next_step
         return all(h.seqs[holder].joined_step == step for holder, _ in holders if holder != seq)
 
     # -- invariant 6: non-reuse window ---------------------------------------------------------------------------
 
-    def window(self, blocks: Iterable[int], seq: str) -> None:
-        engine = self.h.engine
+    def outside_inflight_window(self, blocks: Iterable[int], seq: str) -> None:
+        """Invariant 6: no block handed to ``seq`` for writing still has in-flight work that may land on it."""
+        pools = self.pools
         for block in blocks:
-            work = engine.late_work_by_block.get(block)
+            work = pools.late_work_by_block.get(block)
             if work is not None:
-                completed = work.lands_at - engine.window
+                completed = work.lands_at - pools.inflight_window
                 self.fail(
                     Invariant.NON_REUSE_WINDOW,
                     f"block {block} handed to {seq} for writing before its in-flight window closed",
                     [
                         f"block {block} was released by {work.released_by} while step {work.released_at} was "
                         f"being scheduled ({f'step {completed}' if completed >= 0 else 'no step'} completed "
-                        f"yet); with W = {engine.window}, work issued before then may touch it until step "
+                        f"yet); with W = {pools.inflight_window}, work issued before then may touch it until step "
                         f"{work.lands_at} completes",
-                        f"found:    handed out while step {engine.next_step} is being scheduled, and step "
+                        f"found:    handed out while step {pools.next_step} is being scheduled, and step "
                         f"{work.lands_at} has not completed",
-                        *engine.block_story(block),
+                        *pools.block_story(block),
                     ],
                 )
 
@@ -332,11 +430,11 @@ class Checks:
         self, invariant: Invariant, before: Optional[PoolCounts], error: Exception, absent: Optional[str] = None
     ) -> None:
         """After a refusal, every running table, the touched refcounts and the counts are as before."""
-        h = self.h
+        h = self.state
         for seq, model in h.seqs.items():
             if model.status is not Status.RUNNING:
                 continue
-            table = tuple(h.allocator.block_table(seq))
+            table = tuple(self.allocator.block_table(seq))
             if table != model.table:
                 self.fail(
                     invariant,
@@ -345,14 +443,14 @@ class Checks:
                 )
         if absent is not None:
             try:
-                table = h.allocator.block_table(absent)
+                absent_table = tuple(self.allocator.block_table(absent))
             except Misuse:
                 pass
             else:
                 self.fail(
                     invariant,
                     f"refused with {type(error).__name__}, but {absent} now has a block table",
-                    [f"refusal: {error}", f"found: {list(table)}"],
+                    [f"refusal: {error}", f"found: {list(absent_table)}"],
                 )
         after = self.counts()
         if after != before:
@@ -365,12 +463,12 @@ class Checks:
 
     def not_false(self, needed: int, error: AllocatorError, host: bool = False) -> None:
         """An out-of-blocks refusal while the free and evictable blocks cover the request is false."""
-        h = self.h
+        h = self.state
         if host:
             available = h.num_host_blocks - h.host_blocks_in_use()
             where = "host pool"
         else:
-            in_window = len(self.unreferenced_in_window())
+            in_window = len(self.unreferenced_in_inflight_window())
             available = h.num_blocks - h.refs.num_referenced() - in_window - h.caps.reserved_blocks
             where = "device pool"
         if needed <= available:
@@ -385,11 +483,35 @@ class Checks:
                 ],
             )
 
+    def valid_call_refused(self, error: AllocatorError, out_of_blocks_allowed: bool) -> NoReturn:
+        """Invariant 11: a call within the contract was refused with an error other than running out of blocks."""
+        self.fail(
+            Invariant.MISUSE,
+            f"a valid call was refused with {type(error).__name__}: {error}",
+            ["expected: the call to succeed" + (", or OutOfBlocks" if out_of_blocks_allowed else "")],
+        )
+
+    def misuse_refused_untyped(self, call: MisuseCall, error: Exception) -> NoReturn:
+        """Invariant 11: a contract-breaking call raised something other than a Misuse error."""
+        self.fail(
+            Invariant.MISUSE,
+            f"{call} ({call.why}) raised {type(error).__name__}: {error}",
+            ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"],
+        )
+
+    def misuse_accepted(self, call: MisuseCall) -> NoReturn:
+        """Invariant 11: a contract-breaking call was accepted."""
+        self.fail(
+            Invariant.MISUSE,
+            f"{call} ({call.why}) was accepted silently",
+            ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"],
+        )
+
     # -- invariant 9: cache soundness ----------------------------------------------------------------------------
 
     def cache_hit(self, seq: str, num_cached: int) -> bool:
         """Invariant 9 for an admission's reported hit; returns whether it covers K/V only the next step writes."""
-        h = self.h
+        h = self.state
         length = len(h.reference.tokens(seq))
         if num_cached > length:
             self.fail(
@@ -411,7 +533,7 @@ class Checks:
             if table[position // size] == NULL_BLOCK:
                 continue
             slot = table[position // size] * size + position % size
-            record = h.engine.record(slot)
+            record = self.pools.record(slot)
             tag = h.reference.tags(seq)[position]
             if h.caps.matchable_when_scheduled and record is not None and record.tag == tag:
                 continue  # written by a launched step
@@ -420,13 +542,13 @@ class Checks:
                 if scheduled.get(slot) == tag:
                     awaits_step = True  # written by the next step, before anything reads it
                     continue
-            if record is None or record.tag != tag or record.step > h.engine.last_completed:
+            if record is None or record.tag != tag or record.step > self.pools.last_completed:
                 why = (
                     "nothing has been written there"
                     if record is None
                     else "it holds another prefix's K/V"
                     if record.tag != tag
-                    else f"the step that put it there has not completed (last completed: {h.engine.last_completed})"
+                    else f"the step that put it there has not completed (last completed: {self.pools.last_completed})"
                 )
                 self.fail(
                     Invariant.CACHE_SOUNDNESS,
@@ -440,7 +562,7 @@ class Checks:
                             else "by a completed step"
                         ),
                         f"found:    {self.found(record)}",
-                        *h.engine.block_story(slot // size),
+                        *self.pools.block_story(slot // size),
                     ],
                 )
         return awaits_step
@@ -448,16 +570,16 @@ class Checks:
     # -- invariant 10: quiescence --------------------------------------------------------------------------------
 
     def quiescent(self) -> None:
-        h = self.h
-        alloc = h.allocator
-        if not h.caps.introspection:
+        h = self.state
+        alloc = self.introspection
+        if alloc is None:
             return
-        for block in h.engine.history:
+        for block in self.pools.history:
             if alloc.refcount(block) != 0:
                 self.fail(
                     Invariant.QUIESCENCE,
                     f"every sequence is gone, yet block {block} has refcount {alloc.refcount(block)}",
-                    h.engine.block_story(block),
+                    self.pools.block_story(block),
                 )
         free, cached, pending = alloc.free_blocks(), alloc.cached_blocks(), alloc.pending_blocks()
         reusable = len(free) + (0 if h.caps.eviction else len(cached))
@@ -469,7 +591,7 @@ class Checks:
                 [
                     f"pending: {len(pending)}",
                     f"leaked: {lost[:20]}",
-                    *(line for block in lost[:2] for line in h.engine.block_story(block)),
+                    *(line for block in lost[:2] for line in self.pools.block_story(block)),
                 ],
             )
         if not isinstance(free, collections.abc.Set) and len(set(free)) != len(free):
@@ -477,5 +599,21 @@ class Checks:
             self.fail(
                 Invariant.QUIESCENCE,
                 f"the free set lists block(s) {duplicated} more than once",
-                h.engine.block_story(duplicated[0]),
+                self.pools.block_story(duplicated[0]),
             )
+
+    def whole_pool_admissible(self, probe: str) -> None:
+        """Invariant 10 without introspection: leaks show as a refusal, so one sequence as large as the whole pool
+        (less the reserved blocks) must be admitted, then it is freed."""
+        h = self.state
+        usable = h.num_blocks - h.caps.reserved_blocks
+        tokens = tuple(itertools.islice(itertools.cycle(range(97, 101)), usable * h.block_size))
+        try:
+            self.allocator.admit(probe, ("kvfuzz-quiescence-probe",), tokens)
+        except OutOfBlocks as error:
+            self.fail(
+                Invariant.QUIESCENCE,
+                f"every sequence is gone, yet a {usable}-block sequence is refused: {error}",
+                ["some blocks leaked"],
+            )
+        self.allocator.free(probe)

@@ -14,12 +14,13 @@ from typing import Callable, Optional, Sequence
 
 import attrs
 
-from kvfuzz.statemachines.machine import KVCacheMachine, is_valid
-from kvfuzz.statemachines.program import Call
+from kvfuzz.program.call import Call
+from kvfuzz.program.execution import Target
 
 
 class NotApplicable(Exception):
-    """A call's rule is disabled or its arguments name sequences in the wrong state."""
+    """A call names no operation, its operation is disabled, or its arguments are ones the operation could not have
+    drawn in the state the calls before it left."""
 
 
 @attrs.frozen
@@ -31,39 +32,37 @@ class ReplayOutcome:
 
 
 def replay(
-    machine_class: type[KVCacheMachine], calls: Sequence[Call], on_call: Optional[Callable[[int, Call], None]] = None
+    target: Target, calls: Sequence[Call], on_call: Optional[Callable[[int, Call], None]] = None
 ) -> ReplayOutcome:
-    """Run ``calls`` on a fresh machine, then its teardown, stopping at the first failure.
+    """Run ``calls`` on a fresh allocator, then the teardown, stopping at the first failure.
 
     Raises :class:`NotApplicable` if some call cannot be made in the state the earlier calls left.
     """
-    machine = machine_class()
+    execution = target.start()
     for index, call in enumerate(calls):
-        if not is_valid(machine, call):
+        if not execution.accepts(call):
             raise NotApplicable(f"call {index + 1}, {call}, cannot be made in the state the calls before it left")
         if on_call is not None:
             on_call(index, call)
         try:
-            getattr(machine, call.rule)(**call.kwargs())
+            execution.execute(call.rule, call.kwargs())
         except Exception as error:  # noqa: BLE001 -- the failure is the result
             return ReplayOutcome(error, index)
     try:
-        machine.teardown()
+        execution.teardown()
     except Exception as error:  # noqa: BLE001
         return ReplayOutcome(error, len(calls))
     return ReplayOutcome(None, None)
 
 
-def reproduces(machine_class: type[KVCacheMachine], calls: Sequence[Call], failure: type[Exception]) -> bool:
+def reproduces(target: Target, calls: Sequence[Call], failure: type[Exception]) -> bool:
     try:
-        return type(replay(machine_class, calls).failure) is failure
+        return type(replay(target, calls).failure) is failure
     except NotApplicable:
         return False
 
 
-def minimize(
-    machine_class: type[KVCacheMachine], calls: Sequence[Call], failure: type[Exception], seconds: float = 10.0
-) -> list[Call]:
+def minimize(target: Target, calls: Sequence[Call], failure: type[Exception], seconds: float = 10.0) -> list[Call]:
     """Delete as many calls as possible while the program still fails with ``failure``, within ``seconds``."""
     current = list(calls)
     deadline = time.perf_counter() + seconds
@@ -72,7 +71,7 @@ def minimize(
         start, deleted = 0, False
         while start < len(current) and time.perf_counter() < deadline:
             candidate = current[:start] + current[start + chunk :]
-            if candidate and reproduces(machine_class, candidate, failure):
+            if candidate and reproduces(target, candidate, failure):
                 current, deleted = candidate, True
             else:
                 start += chunk

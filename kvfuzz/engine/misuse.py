@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import attrs
 
-from kvfuzz.statemachines.model import Status
-
-if TYPE_CHECKING:
-    from kvfuzz.statemachines.harness import Harness
+from kvfuzz.engine.expected import ProgramState, Status
 
 
 @attrs.frozen
@@ -24,24 +19,24 @@ class MisuseCall:
         return f"{self.op}{self.args!r}"
 
 
-def misuse_calls(h: "Harness") -> list[MisuseCall]:
-    """The contract-breaking calls that make sense in the harness's current state."""
+def misuse_calls(state: ProgramState) -> list[MisuseCall]:
+    """The contract-breaking calls that make sense in the current state."""
     calls = [MisuseCall("grow", ("nobody", (1,)), "nobody was ever admitted")]
-    for seq in h.finished[-1:]:
+    for seq in state.finished[-1:]:
         calls += [
             MisuseCall("free", (seq,), f"{seq} was already freed"),
             MisuseCall("grow", (seq, (1,)), f"{seq} was freed"),
         ]
-    for seq in h.computed_ids()[:1]:
+    for seq in state.computed_ids()[:1]:
         calls += [
             MisuseCall("admit", (seq, (), (1,)), f"{seq} is live"),
             MisuseCall("grow", (seq, ()), "no tokens"),
-            MisuseCall("rollback", (seq, h.length(seq)), "would drop every token"),
+            MisuseCall("rollback", (seq, state.length(seq)), "would drop every token"),
         ]
-        if h.caps.fork:
+        if state.caps.fork:
             calls.append(MisuseCall("fork", ("nobody", seq), f"unknown parent, and {seq} is live"))
-        if h.caps.swap:
+        if state.caps.swap:
             calls.append(MisuseCall("swap_in", (seq,), f"{seq} is not swapped out"))
-    for seq in h.ids(Status.PREEMPTED)[:1]:
+    for seq in state.ids(Status.PREEMPTED)[:1]:
         calls.append(MisuseCall("grow", (seq, (1,)), f"{seq} is preempted"))
     return calls

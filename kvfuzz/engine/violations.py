@@ -7,7 +7,7 @@ from typing import Sequence
 
 
 class Invariant(enum.Enum):
-    """DESIGN.md's invariants, numbered as there."""
+    """The invariants of docs/invariants.md, numbered as there."""
 
     CONTENT = (1, "content")
     ATTENTION = (2, "attention")

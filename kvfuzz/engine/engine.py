@@ -1,0 +1,456 @@
+"""The serving engine kvfuzz plays around an allocator: each operation calls the allocator, performs what it orders
+(writes, copies, swaps), updates the expected state and the contiguous reference, and has the checks look at what
+changed.
+
+The engine knows only the contract, never a particular allocator. The operation table (:mod:`kvfuzz.program`)
+drives it for the Hypothesis machine, random programs and replay; the workload scheduler and unit tests drive it
+directly through the same methods.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from typing import Callable, Optional, Sequence, TypeVar
+
+from kvfuzz.accounting.occupancy import Occupancy, measure
+from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
+from kvfuzz.allocator.protocol import AllocatorProtocol
+from kvfuzz.allocator.types import NULL_BLOCK, Namespace, SeqId, Tokens
+from kvfuzz.engine.checks import Checks
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.expected import ExpectedState, SeqModel, Status, TableChange, mapped
+from kvfuzz.engine.misuse import MisuseCall
+from kvfuzz.engine.pools import KVPools, SlotWrite
+from kvfuzz.engine.violations import Invariant
+from kvfuzz.reference.contiguous import ContiguousReference
+
+T = TypeVar("T")
+
+
+class GeometryMismatch(ValueError):
+    """The allocator a factory built does not have the pool geometry kvfuzz asked for."""
+
+
+class Engine:
+    """One example's engine around one allocator: its K/V pools, its expected state, and the checks."""
+
+    def __init__(
+        self,
+        allocator: AllocatorProtocol,
+        config: MachineConfig,
+        stats: Optional[Counter[str]] = None,
+        on_step: Optional[Callable[[Occupancy], None]] = None,
+    ) -> None:
+        caps = allocator.capabilities
+        mismatch = [
+            name
+            for name, want in (("block_size", config.block_size), ("num_blocks", config.num_blocks))
+            if getattr(allocator, name) != want
+        ]
+        if mismatch:
+            raise GeometryMismatch(f"allocator geometry {mismatch} differs from the machine config {config}")
+        self.allocator = allocator  # the allocator under test
+        self.caps = caps  # what it declares
+        self.config = config  # pool geometry, model shape and attention kernel
+        num_host_blocks = allocator.num_host_blocks if caps.swap else 0
+        self.pools = KVPools(config.shape, config.block_size, config.num_blocks, num_host_blocks, caps.inflight_window)
+        self.expected = ExpectedState(
+            caps, config.block_size, config.num_blocks, num_host_blocks, ContiguousReference(config.shape)
+        )
+        self.checks = Checks(self.expected, self.pools, allocator, config.kernel)
+        self.stats: Counter[str] = stats if stats is not None else Counter()  # operations and outcomes, by name
+        self.on_step = on_step  # called with the pool's occupancy after every step
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def occupancy(self) -> Occupancy:
+        """The device pool now: blocks referenced by running sequences, their fill, sharing, and the allocator's
+        cached, free and pending sets where it exposes them."""
+        state = self.expected
+        running = [(state.seqs[seq].table, state.length(seq)) for seq in state.ids(Status.RUNNING)]
+        counts = self.checks.counts()
+        return measure(
+            self.pools.next_step - 1,
+            running,
+            self.block_size,
+            self.config.num_blocks,
+            *((counts.cached, counts.free, counts.pending) if counts is not None else ()),
+        )
+
+    # -- operations ----------------------------------------------------------------------------------------------
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> bool:
+        """A new request; returns whether it was admitted."""
+        self._begin("admit", seq, namespace, tokens)
+        result = self._attempt(
+            lambda: self.allocator.admit(seq, namespace, tokens), self._blocks(len(tokens)), absent=seq
+        )
+        if result is None:
+            return False
+        self.expected.reference.add(seq, namespace, tokens)
+        self._admitted(seq, result.block_table, result.num_cached_tokens)
+        return True
+
+    def readmit(self, seq: SeqId) -> bool:
+        """A preempted request comes back with every token it had; returns whether it was admitted."""
+        reference = self.expected.reference
+        namespace, tokens = reference.namespace(seq), tuple(reference.tokens(seq))
+        self._begin("readmit", seq)
+        result = self._attempt(
+            lambda: self.allocator.admit(seq, namespace, tokens), self._blocks(len(tokens)), absent=seq
+        )
+        if result is None:
+            return False
+        self._admitted(seq, result.block_table, result.num_cached_tokens)
+        return True
+
+    def grow(self, seq: SeqId, tokens: Tokens) -> bool:
+        """Append tokens (decode, a chunk, speculative drafts); returns whether the allocator found room."""
+        model = self.expected.seqs[seq]
+        old_len = self.expected.length(seq)
+        self._begin("grow", seq, tokens)
+        needed = self._blocks(old_len + len(tokens)) - len(model.table) + (old_len % self.block_size != 0)
+        result = self._attempt(lambda: self.allocator.grow(seq, tokens), needed)
+        if result is None:
+            return False
+        for copy in result.copies:
+            self.pools.copy_block(copy.src, copy.dst)
+            self.stats["copy-on-write copies"] += 1
+        self.expected.reference.extend(seq, tokens)
+        table = self._table(seq)
+        self.checks.grow_slots(seq, result.slots, table, old_len, len(tokens))
+        self._settle(self._set_table(seq, table, "grown into"))
+        for copy in result.copies:
+            self.checks.exclusive(copy.dst, seq, f"copy-on-write copy from block {copy.src}")
+        targets = self._write_targets(seq, table, old_len)
+        for index, block in targets.items():
+            self.checks.exclusive(block, seq, f"grow schedules writes of {seq}'s logical block {index}")
+        self.checks.outside_inflight_window(set(targets.values()) | {copy.dst for copy in result.copies}, seq)
+        return True
+
+    def fork(self, parent: SeqId, child: SeqId) -> bool:
+        """Parallel sampling or beam search: ``child`` shares all of ``parent``'s blocks, or gets the copies the
+        allocator returned (then its table differs from the parent's exactly at their destinations)."""
+        state = self.expected
+        self._begin("fork", parent, child)
+        needed = int(self.caps.fork_copies and state.length(parent) % self.block_size != 0)
+        copies = self._attempt(lambda: tuple(self.allocator.fork(parent, child) or ()), needed, absent=child)
+        if copies is None:
+            return False
+        self.checks.fork_copies_declared(parent, child, copies)
+        for copy in copies:
+            self.pools.copy_block(copy.src, copy.dst)
+            self.stats["fork copies"] += 1
+        state.reference.fork(parent, child)
+        parent_table = state.seqs[parent].table
+        state.seqs[child] = SeqModel(
+            child, Status.RUNNING, written=state.seqs[parent].written, joined_step=self.pools.next_step
+        )
+        table = self._table(child)
+        moved_to = {copy.src: copy.dst for copy in copies}
+        self.checks.fork_table(parent, child, tuple(moved_to.get(block, block) for block in parent_table), table)
+        size, written = self.block_size, state.seqs[child].written
+        moved = [index for index, (old, new) in enumerate(zip(parent_table, table)) if old != new]
+        self._settle(
+            self._set_table(child, table, "shared by fork with"),
+            [(child, p) for index in moved for p in range(index * size, min((index + 1) * size, written))],
+        )
+        for copy in copies:
+            self.checks.exclusive(copy.dst, child, f"fork copy from block {copy.src}")
+        self.checks.outside_inflight_window({copy.dst for copy in copies}, child)
+        self.stats["forks"] += 1
+        return True
+
+    def free(self, seq: SeqId) -> None:
+        """The request finished or was cancelled (possibly before its first step).
+
+        Under ``matchable_when_scheduled`` the step its tokens were scheduled for runs in full, abort or not: their
+        writes land first."""
+        state = self.expected
+        self._begin("free", seq)
+        if self.caps.matchable_when_scheduled and state.seqs[seq].status is Status.RUNNING:
+            slots, writes = self._take_scheduled_writes(seq, "scheduled before the abort")
+            if slots:
+                self.pools.write(slots, writes)
+        self._call(lambda: self.allocator.free(seq))
+        change = self._set_table(seq, (), "released (free) by")
+        del state.seqs[seq]
+        state.reference.remove(seq)
+        state.finished.append(seq)
+        self._settle(change)
+
+    def preempt(self, seq: SeqId) -> None:
+        """Release a running sequence for recomputation; it keeps its tokens and waits to be readmitted."""
+        self._begin("preempt", seq)
+        self._call(lambda: self.allocator.preempt(seq))
+        change = self._set_table(seq, (), "released (preempt) by")
+        model = self.expected.seqs[seq]
+        model.status, model.written = Status.PREEMPTED, 0
+        self._settle(change)
+
+    def swap_out(self, seq: SeqId) -> bool:
+        """Move a running sequence's K/V to the host pool."""
+        state = self.expected
+        model = state.seqs[seq]
+        self._begin("swap_out", seq)
+        live = mapped(model.table)
+        result = self._attempt(lambda: self.allocator.swap_out(seq), len(live), host=True)
+        if result is None:
+            return False
+        in_use = {block for other in state.seqs.values() for block in mapped(other.host_table)}
+        self.checks.swap_out_mapping(seq, result.mapping, model.table, in_use)
+        for block, host_block in result.mapping:
+            self.pools.swap_to_host(block, host_block)
+        host_of = dict(result.mapping)
+        host_table = tuple(host_of.get(block, NULL_BLOCK) for block in model.table)
+        change = self._set_table(seq, (), "released (swap-out) by")
+        model.status, model.host_table = Status.SWAPPED, host_table
+        self.stats["swapped out blocks"] += len(live)
+        self._settle(change)
+        return True
+
+    def swap_in(self, seq: SeqId) -> bool:
+        """Bring a swapped-out sequence back to the device."""
+        state = self.expected
+        model = state.seqs[seq]
+        self._begin("swap_in", seq)
+        result = self._attempt(lambda: self.allocator.swap_in(seq), len(mapped(model.host_table)))
+        if result is None:
+            return False
+        self.checks.swap_in_mapping(seq, result.mapping, model.host_table)
+        for host_block, block in result.mapping:
+            self.pools.swap_from_host(host_block, block)
+        model.status, model.host_table, model.joined_step = Status.RUNNING, (), self.pools.next_step
+        table = self._table(seq)
+        change = self._set_table(seq, table, "swapped in for")
+        self._settle(
+            change, positions=[(seq, position) for position in range(state.sliding_window_start(seq), model.written)]
+        )
+        for _, block in result.mapping:
+            self.checks.exclusive(block, seq, "swap-in copy")
+        self.checks.outside_inflight_window({block for _, block in result.mapping}, seq)
+        self.stats["swapped in blocks"] += len(result.mapping)
+        return True
+
+    def rollback(self, seq: SeqId, num_tokens: int) -> None:
+        """Drop the last tokens (rejected speculative drafts)."""
+        state = self.expected
+        self._begin("rollback", seq, num_tokens)
+        self._call(lambda: self.allocator.rollback(seq, num_tokens))
+        model = state.seqs[seq]
+        new_len = state.length(seq) - num_tokens
+        state.reference.truncate(seq, new_len)
+        model.written = min(model.written, new_len)
+        self._settle(self._set_table(seq, self._table(seq), "kept after rollback by"))
+
+    def evict(self, num_blocks: int) -> None:
+        """Ask the allocator to drop up to ``num_blocks`` cached, unreferenced blocks."""
+        self._begin("evict", num_blocks)
+        introspection = self.checks.introspection
+        before = set(introspection.cached_blocks()) if introspection is not None else set()
+        dropped = self._call(lambda: self.allocator.evict(num_blocks))
+        self.checks.evict_count(num_blocks, dropped)
+        self.stats["evicted blocks"] += dropped
+        evicted = before - set(introspection.cached_blocks()) if introspection is not None else set()
+        for block in evicted:
+            self.pools.note(block, "evicted from the cache")
+        self._settle(TableChange(frozenset(evicted), (), ()))
+
+    def reset_cache(self) -> None:
+        """Ask the allocator to drop every cached, unreferenced block."""
+        self._begin("reset_cache")
+        self._call(self.allocator.reset_cache)
+        self.checks.cache_empty()
+        self._settle(TableChange(frozenset(), (), ()))
+
+    def step(self) -> int:
+        """One forward pass: write the K/V of every new token, then every running sequence attends."""
+        self._begin("step")
+        step = self.pools.next_step
+        slots: list[int] = []
+        writes: list[SlotWrite] = []
+        for seq in self.expected.ids(Status.RUNNING):
+            seq_slots, seq_writes = self._take_scheduled_writes(seq)
+            slots += seq_slots
+            writes += seq_writes
+        self.pools.launch_step()
+        if slots:
+            self.pools.write(slots, writes)
+        for model in self.expected.seqs.values():
+            model.awaits_step = False
+        self.stats["tokens written"] += len(slots)
+        self.checks.content(self.pools.take_dirty())
+        self.checks.attention()
+        self._complete(self.pools.steps_to_complete())
+        if self.on_step is not None:
+            self.on_step(self.occupancy())
+        return step
+
+    def misuse(self, call: MisuseCall) -> None:
+        """A call that breaks the contract: it must raise a Misuse error and change nothing."""
+        self._begin("misuse", call)
+        before = self.checks.counts()
+        try:
+            getattr(self.allocator, call.op)(*call.args)
+        except Misuse as error:
+            self.checks.unchanged(Invariant.MISUSE, before, error)
+        except Exception as error:  # noqa: BLE001 -- any other exception type is the finding
+            self.checks.misuse_refused_untyped(call, error)
+        else:
+            self.checks.misuse_accepted(call)
+        self.stats["misuse calls refused"] += 1
+
+    def dismiss(self, seq: SeqId) -> None:
+        """The engine is done with ``seq`` wherever it is (cancelled, or the run ends): a preempted sequence holds no
+        blocks and is forgotten without calling the allocator; any other is freed."""
+        state = self.expected
+        if state.seqs[seq].status is Status.PREEMPTED:
+            del state.seqs[seq]
+            state.reference.remove(seq)
+        else:
+            self.free(seq)
+
+    def quiesce(self) -> None:
+        """Invariant 10: once every sequence is gone and the in-flight work done, every block is free."""
+        for seq in list(self.expected.seqs):
+            self.dismiss(seq)
+        self._begin("quiesce")
+        self._complete(self.pools.steps_to_complete(drain=True))
+        while self.pools.late_work_by_block:
+            self.pools.launch_step()
+            self._complete(self.pools.steps_to_complete(drain=True))
+        if self.caps.eviction:
+            self._call(self.allocator.reset_cache)
+        if self.checks.introspection is not None:
+            self.checks.accounting(())
+            self.checks.quiescent()
+        else:
+            self.checks.whole_pool_admissible(self.expected.new_id())
+
+    # -- the engine's side of each operation ---------------------------------------------------------------------
+
+    def _begin(self, op: str, *args: object) -> None:
+        shown = ", ".join(str(arg) if isinstance(arg, MisuseCall) else repr(arg) for arg in args)
+        self.checks.operation = f"{op}({shown})"
+        self.stats[op] += 1
+
+    def _blocks(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _call(self, call: Callable[[], T]) -> T:
+        """Run an operation that may not be refused."""
+        try:
+            return call()
+        except AllocatorError as error:
+            self.checks.valid_call_refused(error, out_of_blocks_allowed=False)
+
+    def _attempt(
+        self, call: Callable[[], T], needed: int, absent: Optional[SeqId] = None, host: bool = False
+    ) -> Optional[T]:
+        """Run an operation that may be refused for lack of space; check a refusal is clean and justified."""
+        before = self.checks.counts()
+        try:
+            return call()
+        except OutOfBlocks as error:
+            self.stats["refused (out of blocks)"] += 1
+            self.checks.unchanged(Invariant.ATOMIC_REFUSAL, before, error, absent)
+            self.checks.not_false(needed, error, host)
+            return None
+        except AllocatorError as error:
+            self.checks.valid_call_refused(error, out_of_blocks_allowed=True)
+
+    def _table(self, seq: SeqId) -> tuple[int, ...]:
+        table = tuple(self.allocator.block_table(seq))
+        self.checks.table_shape(seq, table)
+        return table
+
+    def _take_scheduled_writes(self, seq: SeqId, via: str = "") -> tuple[list[int], list[SlotWrite]]:
+        """The slots and writes of ``seq``'s scheduled tokens, each checked exclusive, and mark them written."""
+        state = self.expected
+        step = self.pools.next_step
+        tags, namespace = state.reference.tags(seq), state.reference.namespace(seq)
+        slots, writes = [], []
+        for position, slot in state.scheduled_writes(seq):
+            self.checks.exclusive(slot // self.block_size, seq, f"step {step} writes {seq} position {position}")
+            slots.append(slot)
+            writes.append(SlotWrite(tags[position], seq, namespace, position, step, via))
+        state.seqs[seq].written = len(tags)
+        return slots, writes
+
+    def _admitted(self, seq: SeqId, reported: Sequence[int], num_cached: int) -> None:
+        model = self.expected.seqs.setdefault(seq, SeqModel(seq, Status.RUNNING))
+        model.joined_step = self.pools.next_step
+        model.status, model.written = Status.RUNNING, num_cached
+        table = self._table(seq)
+        self.checks.admit_table(seq, tuple(reported), table)
+        self.checks.accounting(self._set_table(seq, table, "admitted as").touched)
+        model.awaits_step = self.checks.cache_hit(seq, num_cached)
+        targets = self._write_targets(seq, table, num_cached)
+        for index, block in targets.items():
+            self.checks.exclusive(block, seq, f"admit schedules writes of {seq}'s logical block {index}")
+        self.checks.outside_inflight_window(targets.values(), seq)
+        if num_cached:
+            self.stats["cache hits"] += 1
+            self.stats["cache-hit tokens"] += num_cached
+        self.checks.content(self.pools.take_dirty())
+
+    def _write_targets(self, seq: SeqId, table: tuple[int, ...], first_position: int) -> dict[int, int]:
+        """Logical index -> block of every block the next step writes, from ``first_position`` on (dropped
+        entries are never written)."""
+        return {
+            index: table[index]
+            for index in range(first_position // self.block_size, len(table))
+            if table[index] != NULL_BLOCK
+        }
+
+    def _set_table(self, seq: SeqId, table: tuple[int, ...], event: str) -> TableChange:
+        """Record ``seq``'s new table; released blocks start their in-flight window."""
+        model = self.expected.seqs[seq]
+        old = model.table
+        change = self.expected.refs.replace(seq, old, table)
+        model.table = table
+        for index, block in enumerate(table):
+            if index >= len(old) or old[index] != block:
+                self.pools.note(block, f"{event} {seq} as logical block {index}")
+        for block in change.released:
+            self.pools.note(block, f"{event} {seq}")
+            self.pools.release(block, seq)
+        return change
+
+    def _settle(self, change: TableChange, positions: Sequence[tuple[SeqId, int]] = ()) -> None:
+        """After an operation: content of what it touched, then refcounts and the free set."""
+        self.checks.content(self.pools.take_dirty(), positions)
+        self.checks.accounting(change.touched)
+
+    def _complete(self, steps: list[int]) -> None:
+        for step in steps:
+            self.pools.complete_step(step)
+            self._call(functools.partial(self.allocator.step_completed, step))
+            if self.caps.remaps_on_step:
+                self._adopt_remaps()
+        self.checks.content(self.pools.take_dirty())
+
+    def _adopt_remaps(self) -> None:
+        """An allocator that declares ``remaps_on_step`` may swap a running sequence's block for one holding the same
+        K/V when a step completes (de-duplication): every new table is adopted, then every written position that
+        moved is checked bit for bit, with refcounts and the free set."""
+        size = self.block_size
+        touched: set[int] = set()
+        positions: list[tuple[SeqId, int]] = []
+        for seq in self.expected.ids(Status.RUNNING):
+            model = self.expected.seqs[seq]
+            table = self._table(seq)
+            if table == model.table:
+                continue
+            moved = [index for index, (old, new) in enumerate(zip(model.table, table)) if old != new]
+            touched |= self._set_table(seq, table, "remapped at step completion for").touched
+            self.stats["remapped blocks"] += len(moved)
+            positions += [
+                (seq, p) for index in moved for p in range(index * size, min((index + 1) * size, model.written))
+            ]
+        if touched:
+            self.checks.content(self.pools.take_dirty(), positions)
+            self.checks.accounting(touched)

@@ -1,0 +1,214 @@
+"""What kvfuzz expects of the allocator's state: each sequence's lifecycle and block table, who references every
+block, which sequences finished, and every live sequence's tokens (the contiguous reference).
+
+``BlockRefs`` keeps, for every block, the set of (sequence, logical index) entries of running sequences that map
+to it; the expected refcount of a block is the size of that set, and a block with no holders is unreferenced.
+Dropped entries (NULL_BLOCK) reference nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from typing import Iterable, Protocol
+
+import attrs
+
+from kvfuzz.allocator.types import NULL_BLOCK, Capabilities, SeqId
+from kvfuzz.reference.contiguous import ContiguousReference
+
+
+def mapped(table: Iterable[int]) -> list[int]:
+    """The physical blocks a table maps, in order, without its dropped (NULL_BLOCK) entries."""
+    return [block for block in table if block != NULL_BLOCK]
+
+
+class Status(enum.Enum):
+    RUNNING = "running"
+    SWAPPED = "swapped out"
+    PREEMPTED = "preempted"
+
+
+@attrs.define
+class SeqModel:
+    """One sequence the engine knows. Positions below ``written`` hold K/V; the rest are written at the next step.
+
+    ``table`` is the device block table while running (NULL_BLOCK where a sliding window dropped a block);
+    ``host_table`` the host blocks while swapped out. ``awaits_step`` marks a cache hit on K/V another sequence
+    writes only at the next step (``matchable_when_scheduled``): until that step the sequence is not computed.
+    ``joined_step`` is the step before which it last gained its blocks (admission, fork, swap-in): no step before
+    that one has read them for it.
+    """
+
+    seq: SeqId
+    status: Status
+    table: tuple[int, ...] = ()
+    host_table: tuple[int, ...] = ()
+    written: int = 0
+    awaits_step: bool = False
+    joined_step: int = 0
+
+
+@attrs.frozen
+class TableChange:
+    """What one table update did to the blocks: every block whose holders changed, and which became (un)referenced."""
+
+    touched: frozenset[int]
+    released: tuple[int, ...]
+    acquired: tuple[int, ...]
+
+
+class BlockRefs:
+    """Holders of every referenced block. Invariant kept: a block is a key of ``holders`` exactly while some running
+    sequence's table maps it, and its set lists every (sequence, logical index) entry that does."""
+
+    def __init__(self) -> None:
+        self.holders: dict[int, set[tuple[SeqId, int]]] = {}  # block -> the table entries that reference it
+
+    def refcount(self, block: int) -> int:
+        return len(self.holders.get(block, ()))
+
+    def num_referenced(self) -> int:
+        return len(self.holders)
+
+    def replace(self, seq: SeqId, old: tuple[int, ...], new: tuple[int, ...]) -> TableChange:
+        """``seq``'s table went from ``old`` to ``new``."""
+        touched, released, acquired = set(), [], []
+        for index in range(max(len(old), len(new))):
+            before = old[index] if index < len(old) and old[index] != NULL_BLOCK else None
+            after = new[index] if index < len(new) and new[index] != NULL_BLOCK else None
+            if before == after:
+                continue
+            if before is not None:
+                holders = self.holders[before]
+                holders.discard((seq, index))
+                touched.add(before)
+                if not holders:
+                    del self.holders[before]
+                    released.append(before)
+            if after is not None:
+                holders = self.holders.setdefault(after, set())
+                if not holders:
+                    acquired.append(after)
+                holders.add((seq, index))
+                touched.add(after)
+        released = [block for block in released if block not in self.holders]
+        return TableChange(frozenset(touched), tuple(reversed(released)), tuple(acquired))
+
+
+class ProgramState(Protocol):
+    """The queries the operation table and misuse calls make of the engine's state: :class:`ExpectedState`
+    implements them, and so does the benchmark's bare machine, which keeps the bookkeeping alone."""
+
+    caps: Capabilities
+    block_size: int
+    num_host_blocks: int
+    finished: list[SeqId]
+
+    def new_id(self) -> SeqId: ...
+
+    def is_fresh(self, seq: SeqId) -> bool: ...
+
+    def ids(self, status: Status) -> list[SeqId]: ...
+
+    def live_ids(self) -> list[SeqId]: ...
+
+    def computed_ids(self) -> list[SeqId]: ...
+
+    def preemptible_ids(self) -> list[SeqId]: ...
+
+    def rollbackable_ids(self) -> list[SeqId]: ...
+
+    def rollback_limit(self, seq: SeqId) -> int: ...
+
+    def length(self, seq: SeqId) -> int: ...
+
+
+class ExpectedState:
+    """The engine's expectation of one allocator, kept by the engine and read by the checks and the operation table.
+
+    Invariant kept: every sequence in ``seqs`` has its tokens in ``reference``; ``refs`` holds exactly the entries of
+    the running sequences' tables; a finished sequence is in ``finished`` and nowhere else.
+    """
+
+    def __init__(
+        self, caps: Capabilities, block_size: int, num_blocks: int, num_host_blocks: int, reference: ContiguousReference
+    ) -> None:
+        self.caps = caps  # what the allocator declares
+        self.block_size = block_size  # slots per block
+        self.num_blocks = num_blocks  # device blocks in the pool
+        self.num_host_blocks = num_host_blocks  # host blocks, 0 unless the allocator declares swap
+        self.reference = reference  # every live sequence's namespace and tokens, and attention over them
+        self.seqs: dict[SeqId, SeqModel] = {}  # live sequences: running, swapped out or preempted
+        self.refs = BlockRefs()  # who references every device block
+        self.finished: list[SeqId] = []  # freed sequences, oldest first; their ids are never used again
+        self._ids = itertools.count()  # numbers of the ids new_id hands out
+
+    def new_id(self) -> SeqId:
+        return f"s{next(self._ids)}"
+
+    def is_fresh(self, seq: SeqId) -> bool:
+        """No sequence has ever had this id."""
+        return seq not in self.seqs and seq not in self.finished
+
+    def ids(self, status: Status) -> list[SeqId]:
+        return [seq for seq, model in self.seqs.items() if model.status is status]
+
+    def live_ids(self) -> list[SeqId]:
+        """Sequences that hold blocks or a place in the host pool: everything but the preempted."""
+        return [seq for seq, model in self.seqs.items() if model.status is not Status.PREEMPTED]
+
+    def computed_ids(self) -> list[SeqId]:
+        """Running sequences whose every token has been written by a step."""
+        return [
+            seq
+            for seq, model in self.seqs.items()
+            if model.status is Status.RUNNING and model.written == self.length(seq) and not model.awaits_step
+        ]
+
+    def preemptible_ids(self) -> list[SeqId]:
+        """Running sequences the engine may preempt: any, or only computed ones when the allocator declares that
+        its engine never withdraws scheduled work (``preempt_scheduled=False``)."""
+        return self.ids(Status.RUNNING) if self.caps.preempt_scheduled else self.computed_ids()
+
+    def rollbackable_ids(self) -> list[SeqId]:
+        return [seq for seq in self.ids(Status.RUNNING) if self.rollback_limit(seq) >= 1]
+
+    def length(self, seq: SeqId) -> int:
+        return len(self.reference.tokens(seq))
+
+    def host_blocks_in_use(self) -> int:
+        return sum(len(mapped(model.host_table)) for model in self.seqs.values())
+
+    def sliding_window_start(self, seq: SeqId) -> int:
+        """The first position attention reads: 0, or ``len - w`` under a sliding window of w."""
+        sliding_window = self.caps.sliding_window
+        return 0 if sliding_window is None else max(0, self.length(seq) - sliding_window)
+
+    def rollback_limit(self, seq: SeqId) -> int:
+        """The most tokens ``seq`` can drop: one must stay, and no dropped block may come back into the window."""
+        limit = self.length(seq) - 1
+        sliding_window = self.caps.sliding_window
+        table = self.seqs[seq].table
+        if sliding_window is not None and NULL_BLOCK in table:
+            first_kept = (len(table) - table[::-1].index(NULL_BLOCK)) * self.block_size
+            limit = min(limit, self.length(seq) - sliding_window - first_kept)
+        return limit
+
+    def scheduled_writes(self, seq: SeqId) -> list[tuple[int, int]]:
+        """(position, slot) of every token of ``seq`` the next step writes."""
+        model, size = self.seqs[seq], self.block_size
+        return [
+            (position, model.table[position // size] * size + position % size)
+            for position in range(model.written, self.length(seq))
+            if model.table[position // size] != NULL_BLOCK
+        ]
+
+    def scheduled_tags(self) -> dict[int, int]:
+        """Slot -> tag of every write the next step makes (the first running sequence's, should two write one slot)."""
+        scheduled: dict[int, int] = {}
+        for seq in self.ids(Status.RUNNING):
+            tags = self.reference.tags(seq)
+            for position, slot in self.scheduled_writes(seq):
+                scheduled.setdefault(slot, tags[position])
+        return scheduled

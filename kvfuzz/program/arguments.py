@@ -1,0 +1,130 @@
+"""How an operation's arguments are drawn, by Hypothesis or by a plain random generator, and how a recorded argument
+is judged valid on replay: one description serves all three.
+
+Prompts are a shared "system prompt" (lengths chosen around block boundaries) followed by a short, non-empty
+suffix over a tiny vocabulary, so equal prefixes, equal full blocks and near misses are common. Namespaces include
+pairs whose parts concatenate to the same string, and the same tokens are drawn under several namespaces.
+
+Each argument kind draws the same distribution both ways: :meth:`strategy` for the Hypothesis machine (it reads the
+machine's state through ``st.runner()``, whose ``expected`` attribute is a :class:`ProgramState`), :meth:`draw`
+for random programs, :meth:`accepts` for replay.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any, Callable, Sequence, Union
+
+import attrs
+from hypothesis import strategies as st
+
+from kvfuzz.allocator.types import Namespace, SeqId
+from kvfuzz.engine.expected import ProgramState
+
+VOCABULARY = 4
+"""Token ids are 0 .. VOCABULARY - 1: few enough that prompts share prefixes often."""
+
+NAMESPACES: tuple[Namespace, ...] = ((), ("ab", "c"), ("a", "bc"), ("lora-7",))
+"""Mostly the empty namespace first, so that most requests can share; then the two whose parts concatenate alike
+(Hypothesis favours the first choices)."""
+
+
+def system_prompts(block_size: int) -> list[tuple[int, ...]]:
+    """Shared prefixes just below, at, and just past block boundaries."""
+    lengths = sorted({0, block_size - 1, block_size, 2 * block_size, 2 * block_size + 1})
+    return [tuple((i * 7 + length) % VOCABULARY for i in range(length)) for length in lengths if length >= 0]
+
+
+@attrs.frozen
+class Pick:
+    """One of the values ``options(state)`` lists now: a sequence in some state, a namespace, a system prompt."""
+
+    options: Callable[[ProgramState], Sequence[Any]]
+
+    def available(self, state: ProgramState) -> bool:
+        return bool(self.options(state))
+
+    def strategy(self) -> st.SearchStrategy[Any]:
+        return st.runner().flatmap(lambda machine: st.sampled_from(self.options(machine.expected)))
+
+    def draw(self, state: ProgramState, rng: random.Random) -> Any:
+        return rng.choice(self.options(state))
+
+    def accepts(self, state: ProgramState, value: Any) -> bool:
+        return value in self.options(state)
+
+
+@attrs.frozen
+class NewSeqId:
+    """A sequence id never used before in this example."""
+
+    def available(self, state: ProgramState) -> bool:
+        return True
+
+    def strategy(self) -> st.SearchStrategy[SeqId]:
+        return st.runner().map(lambda machine: machine.expected.new_id())
+
+    def draw(self, state: ProgramState, rng: random.Random) -> SeqId:
+        return state.new_id()
+
+    def accepts(self, state: ProgramState, value: Any) -> bool:
+        return isinstance(value, str) and state.is_fresh(value)
+
+
+@attrs.frozen
+class Integers:
+    """An integer from ``low`` to ``high``, both included."""
+
+    low: int
+    high: int
+
+    def available(self, state: ProgramState) -> bool:
+        return True
+
+    def strategy(self) -> st.SearchStrategy[int]:
+        return st.integers(self.low, self.high)
+
+    def draw(self, state: ProgramState, rng: random.Random) -> int:
+        return rng.randint(self.low, self.high)
+
+    def accepts(self, state: ProgramState, value: Any) -> bool:
+        return type(value) is int and self.low <= value <= self.high
+
+
+LengthRanges = Callable[[int], tuple[tuple[int, int], ...]]
+"""Block size -> the (shortest, longest) length ranges a token list is drawn from, each equally likely."""
+
+
+@functools.lru_cache(maxsize=None)
+def _token_lists(ranges: tuple[tuple[int, int], ...]) -> st.SearchStrategy[list[int]]:
+    token = st.integers(0, VOCABULARY - 1)
+    lists = [st.lists(token, min_size=low, max_size=high) for low, high in ranges]
+    return lists[0] if len(lists) == 1 else st.one_of(*lists)
+
+
+@attrs.frozen
+class TokenLists:
+    """A list of token ids whose length lies in one of ``ranges(block_size)``: the range first (each equally
+    likely), then the length within it, then the tokens."""
+
+    ranges: LengthRanges
+
+    def available(self, state: ProgramState) -> bool:
+        return True
+
+    def strategy(self) -> st.SearchStrategy[list[int]]:
+        return st.runner().flatmap(lambda machine: _token_lists(self.ranges(machine.expected.block_size)))
+
+    def draw(self, state: ProgramState, rng: random.Random) -> list[int]:
+        ranges = self.ranges(state.block_size)
+        low, high = ranges[int(rng.random() * len(ranges))] if len(ranges) > 1 else ranges[0]
+        return [rng.randrange(VOCABULARY) for _ in range(rng.randint(low, high))]
+
+    def accepts(self, state: ProgramState, value: Any) -> bool:
+        if not isinstance(value, (list, tuple)) or not all(type(t) is int and 0 <= t < VOCABULARY for t in value):
+            return False
+        return any(low <= len(value) <= high for low, high in self.ranges(state.block_size))
+
+
+Argument = Union[Pick, NewSeqId, Integers, TokenLists]

@@ -1,0 +1,208 @@
+"""The operation table: every operation a program may call, in one place.
+
+Each :class:`Operation` names the capabilities and the state it needs, how each argument is drawn, and what the
+engine does with it. The Hypothesis machine builds one rule per entry, random programs draw from the enabled
+entries, replay validates a recorded call against the same entry, and the benchmark's bare machine reads it too:
+enablement and validity are written nowhere else, and adding an operation is adding an entry.
+
+An operation is enabled when the allocator declares every capability in ``needs``, ``condition`` holds, and every
+argument has something to draw from (a ``Pick`` over running sequences needs a running sequence). A recorded call is
+valid when its operation is enabled and every argument is one the operation could have drawn in that state.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Mapping, Optional
+
+import attrs
+
+from kvfuzz.engine.engine import Engine
+from kvfuzz.engine.expected import ProgramState, Status
+from kvfuzz.engine.misuse import misuse_calls
+from kvfuzz.program.arguments import (
+    NAMESPACES,
+    VOCABULARY,
+    Argument,
+    Integers,
+    NewSeqId,
+    Pick,
+    TokenLists,
+    system_prompts,
+)
+
+
+def _always(state: ProgramState) -> bool:
+    return True
+
+
+@attrs.frozen
+class Operation:
+    """One operation: what it needs, how its arguments are drawn, and what the engine does with them."""
+
+    name: str  # the rule name programs, traces and exported tests use
+    apply: Callable[..., None]  # apply(engine, **arguments): the engine performs it and checks
+    arguments: tuple[tuple[str, Argument], ...] = ()  # in draw order
+    needs: tuple[str, ...] = ()  # Capabilities fields that must all be declared
+    condition: Callable[[ProgramState], bool] = _always  # what else the state must hold
+    doc: str = ""  # what it models, for a person
+
+    def enabled(self, state: ProgramState) -> bool:
+        """Whether a program may call this operation now."""
+        return (
+            all(getattr(state.caps, capability) for capability in self.needs)
+            and self.condition(state)
+            and all(argument.available(state) for _, argument in self.arguments)
+        )
+
+    def accepts(self, state: ProgramState, arguments: Mapping[str, Any]) -> bool:
+        """Whether a recorded call with these arguments could have been drawn now."""
+        return (
+            self.enabled(state)
+            and set(arguments) == {name for name, _ in self.arguments}
+            and all(argument.accepts(state, arguments[name]) for name, argument in self.arguments)
+        )
+
+    def draw(self, state: ProgramState, rng: random.Random) -> dict[str, Any]:
+        """Arguments drawn by a plain random generator, with the machine's distribution."""
+        return {name: argument.draw(state, rng) for name, argument in self.arguments}
+
+
+# -- what each operation does --------------------------------------------------------------------------------------
+
+
+def _admit(engine: Engine, seq: str, namespace: tuple[str, ...], system: tuple[int, ...], suffix: list[int]) -> None:
+    engine.admit(seq, namespace, system + tuple(suffix))
+
+
+def _decode(engine: Engine, token: int) -> None:
+    for seq in engine.expected.computed_ids():
+        engine.grow(seq, (token,))
+    engine.step()
+
+
+def _rollback(engine: Engine, seq: str, num_tokens: int) -> None:
+    engine.rollback(seq, min(num_tokens, engine.expected.rollback_limit(seq)))
+
+
+def _namespaces(state: ProgramState) -> tuple[tuple[str, ...], ...]:
+    return NAMESPACES if state.caps.namespaces else ((),)
+
+
+def _running(state: ProgramState) -> list[str]:
+    return state.ids(Status.RUNNING)
+
+
+def _preempted(state: ProgramState) -> list[str]:
+    return state.ids(Status.PREEMPTED)
+
+
+def _swapped(state: ProgramState) -> list[str]:
+    return state.ids(Status.SWAPPED)
+
+
+# The order is random programs' order of choices (Hypothesis orders rules by name).
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "admit",
+        _admit,
+        (
+            ("seq", NewSeqId()),
+            ("namespace", Pick(_namespaces)),
+            ("system", Pick(lambda state: system_prompts(state.block_size))),
+            ("suffix", TokenLists(lambda block_size: ((1, block_size + 2),))),
+        ),
+        doc="a request whose prompt is a shared system prompt followed by its own suffix",
+    ),
+    Operation("step", lambda engine: engine.step(), doc="one forward pass: new K/V written, every sequence attends"),
+    Operation(
+        "readmit",
+        lambda engine, seq: engine.readmit(seq),
+        (("seq", Pick(_preempted)),),
+        doc="a preempted request comes back with every token it had",
+    ),
+    Operation(
+        "grow",
+        lambda engine, seq, tokens: engine.grow(seq, tuple(tokens)),
+        (("seq", Pick(_running)), ("tokens", TokenLists(lambda block_size: ((1, 1), (2, block_size + 1))))),
+        doc="append one token (decode) half the time, else a chunk or a run of speculative drafts",
+    ),
+    Operation(
+        "preempt",
+        lambda engine, seq: engine.preempt(seq),
+        (("seq", Pick(lambda state: state.preemptible_ids())),),
+        doc="release a running sequence for recomputation",
+    ),
+    Operation(
+        "decode",
+        _decode,
+        (("token", Integers(0, VOCABULARY - 1)),),
+        condition=lambda state: bool(state.computed_ids()),
+        doc="one continuous-batching iteration: every computed sequence appends the token, then a step runs",
+    ),
+    Operation(
+        "fork",
+        lambda engine, parent, child: engine.fork(parent, child),
+        (("parent", Pick(lambda state: state.computed_ids())), ("child", NewSeqId())),
+        needs=("fork",),
+        doc="parallel sampling or beam search: the child shares the parent's blocks",
+    ),
+    Operation(
+        "swap_out",
+        lambda engine, seq: engine.swap_out(seq),
+        (("seq", Pick(lambda state: state.computed_ids())),),
+        needs=("swap",),
+        condition=lambda state: state.num_host_blocks > 0,
+        doc="move a computed sequence's K/V to the host pool",
+    ),
+    Operation(
+        "free",
+        lambda engine, seq: engine.free(seq),
+        (("seq", Pick(lambda state: state.live_ids())),),
+        doc="the request finished or was cancelled, at any moment",
+    ),
+    Operation(
+        "swap_in",
+        lambda engine, seq: engine.swap_in(seq),
+        (("seq", Pick(_swapped)),),
+        needs=("swap",),
+        doc="bring a swapped-out sequence back to the device",
+    ),
+    Operation(
+        "rollback",
+        _rollback,
+        (("seq", Pick(lambda state: state.rollbackable_ids())), ("num_tokens", Integers(1, 6))),
+        needs=("rollback",),
+        doc="reject drafts: drop that many tokens, or as many as leave one (and, under a sliding window, no dropped "
+        "block back in the window)",
+    ),
+    Operation(
+        "evict",
+        lambda engine, num_blocks: engine.evict(num_blocks),
+        (("num_blocks", Integers(1, 4)),),
+        needs=("eviction",),
+        condition=lambda state: bool(state.finished),
+        doc="drop up to that many cached, unreferenced blocks",
+    ),
+    Operation(
+        "reset_cache",
+        lambda engine: engine.reset_cache(),
+        needs=("eviction",),
+        condition=lambda state: bool(state.finished),
+        doc="drop every cached, unreferenced block",
+    ),
+    Operation(
+        "misuse",
+        lambda engine, call: engine.misuse(call),
+        (("call", Pick(misuse_calls)),),
+        condition=lambda state: bool(state.live_ids() or state.ids(Status.PREEMPTED) or state.finished),
+        doc="a call that breaks the contract: it must raise a Misuse error and change nothing",
+    ),
+)
+
+BY_NAME: dict[str, Operation] = {operation.name: operation for operation in OPERATIONS}
+
+
+def operation(name: str) -> Optional[Operation]:
+    """The operation a recorded call names, or None if there is no such operation."""
+    return BY_NAME.get(name)

@@ -1,0 +1,43 @@
+"""Random programs over the operation table, run without Hypothesis.
+
+Plain random programs (every enabled operation equally likely, arguments drawn as the machine draws them, lengths
+uniform up to the step budget) reach many allocator bugs in fewer examples than Hypothesis's generation, which
+starts from the simplest programs and switches rules off per example. kvfuzz therefore spends the first examples of
+a run on random programs; a failure among them is shrunk by replay (deleting calls) and reported like any other.
+The programs are made of the machine's own rule calls, so they print, save and replay the same way.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Optional
+
+import attrs
+
+from kvfuzz.program.call import Call
+from kvfuzz.program.execution import Target
+from kvfuzz.program.operations import OPERATIONS
+
+
+@attrs.frozen
+class RandomFailure:
+    """The first failing random program: its calls and what it raised."""
+
+    calls: tuple[Call, ...]
+    failure: Exception
+
+
+def random_search(target: Target, *, examples: int, steps: int, seed: Optional[int]) -> Optional[RandomFailure]:
+    """Run up to ``examples`` random programs of up to ``steps`` calls; return the first that fails."""
+    rng = random.Random(seed)
+    for _ in range(examples):
+        execution = target.start()
+        state = execution.engine.expected
+        try:
+            for _ in range(rng.randint(1, steps)):
+                operation = rng.choice([operation for operation in OPERATIONS if operation.enabled(state)])
+                execution.execute(operation.name, operation.draw(state, rng))
+            execution.teardown()
+        except Exception as error:  # noqa: BLE001 -- any failure is the finding, as for the machine
+            return RandomFailure(tuple(execution.calls), error)
+    return None
