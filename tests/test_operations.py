@@ -1,0 +1,105 @@
+"""The operation table is the one place enablement and validity are written: over thousands of states reached by
+random programs, replay accepts exactly the calls the machine could have drawn."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from examples.simple_allocator import make_allocator as simple_allocator
+from kvfuzz.allocator import paged_allocator, synchronous_allocator
+from kvfuzz.allocator.paged import sliding_window_allocator
+from kvfuzz.engine import MachineConfig, MisuseCall
+from kvfuzz.program.call import Call
+from kvfuzz.program.execution import Execution, Target
+from kvfuzz.program.operations import BY_NAME, OPERATIONS
+from kvfuzz.statemachines import machine_for
+
+CONFIGS = {
+    "paged": (paged_allocator, MachineConfig(num_blocks=8, num_host_blocks=4)),
+    "synchronous, no host pool": (synchronous_allocator, MachineConfig(num_blocks=8, num_host_blocks=0)),
+    "sliding window": (sliding_window_allocator, MachineConfig(num_blocks=8, num_host_blocks=2)),
+    "simple (rollback only)": (simple_allocator, MachineConfig(num_blocks=8, num_host_blocks=0)),
+}
+
+
+def _states(target: Target, rng: random.Random, programs: int, length: int):
+    """Every state random programs reach on a correct allocator (each yielded before the next call is made)."""
+    for _ in range(programs):
+        execution = target.start()
+        for _ in range(length):
+            yield execution
+            state = execution.engine.expected
+            operation = rng.choice([operation for operation in OPERATIONS if operation.enabled(state)])
+            execution.execute(operation.name, operation.draw(state, rng))
+        execution.teardown()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_replay_accepts_exactly_what_the_machine_could_draw(name: str) -> None:
+    factory, config = CONFIGS[name]
+    rng = random.Random(1)
+    seen: dict[str, list[dict[str, Any]]] = defaultdict(list)  # arguments drawn for each operation, in any state
+    states = enabled_somewhere = 0
+    disabled_rejected: set[str] = set()
+    for execution in _states(Target(factory, config), rng, programs=40, length=40):
+        states += 1
+        state = execution.engine.expected
+        for operation in OPERATIONS:
+            if operation.enabled(state):
+                enabled_somewhere += 1
+                drawn = operation.draw(state, rng)
+                assert execution.accepts(Call(operation.name, drawn)), (operation.name, drawn)
+                seen[operation.name].append(drawn)
+            else:
+                # Arguments that were valid in some other state are refused in a state where the rule is disabled.
+                for arguments in seen[operation.name][-5:]:
+                    assert not execution.accepts(Call(operation.name, arguments)), (operation.name, arguments)
+                    disabled_rejected.add(operation.name)
+    assert states == 1600 and enabled_somewhere > states
+    assert disabled_rejected, "no disabled operation was ever tried"
+
+
+def test_every_operation_is_enabled_somewhere_for_an_allocator_that_declares_everything() -> None:
+    factory, config = CONFIGS["paged"]
+    enabled: set[str] = set()
+    for execution in _states(Target(factory, config), random.Random(2), programs=40, length=40):
+        enabled |= {operation.name for operation in OPERATIONS if operation.enabled(execution.engine.expected)}
+    assert enabled == set(BY_NAME)
+
+
+def _fresh(factory=paged_allocator, config: MachineConfig = MachineConfig()) -> Execution:
+    return Target(factory, config).start()
+
+
+def test_the_drifts_replay_used_to_accept_are_refused() -> None:
+    """Each call below was accepted by replay while the machine could never have drawn it."""
+    execution = _fresh()
+    assert not execution.accepts(Call("evict", {"num_blocks": 1}))  # needs a finished sequence
+    assert not execution.accepts(Call("reset_cache", {}))
+    assert not execution.accepts(Call("misuse", {"call": MisuseCall("grow", ("nobody", (1,)), "nobody")}))
+    assert not execution.accepts(Call("frobnicate", {}))  # no such operation
+    assert execution.accepts(Call("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1]}))
+    execution.execute("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1]})
+    execution.execute("step", {})
+    assert not execution.accepts(Call("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1]}))
+    assert not execution.accepts(Call("grow", {"seq": "s0", "tokens": [9]}))  # outside the vocabulary
+    assert not execution.accepts(Call("grow", {"seq": "s0"}))  # an argument missing
+    assert not execution.accepts(Call("fork", {"parent": "s0", "child": "s0"}))
+    without_host = _fresh(config=MachineConfig(num_host_blocks=0))
+    without_host.execute("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1]})
+    without_host.execute("step", {})
+    assert not without_host.accepts(Call("swap_out", {"seq": "s0"}))  # no host pool to swap to
+
+
+def test_the_machine_has_one_rule_per_operation_and_the_table_enables_them() -> None:
+    machine = machine_for(paged_allocator)()
+    for operation in OPERATIONS:
+        rule = getattr(type(machine), operation.name)
+        assert rule.__doc__ == operation.doc
+    # A fresh machine can admit and step, and nothing else, as the table says.
+    assert {operation.name for operation in OPERATIONS if operation.enabled(machine.expected)} == {"admit", "step"}
+    machine.teardown()
