@@ -3,8 +3,8 @@
 Prints steps per second (a step is one executed rule) of:
 
 * the full machine on kvfuzz's allocator at 64 blocks, every invariant checked;
-* a bare Hypothesis machine with the same rules and argument strategies, bookkeeping only, no allocator and no
-  checks, and the ratio of the two (target: full >= 0.5 x bare);
+* a bare Hypothesis machine built from the same operation table (rules, enablement, argument strategies),
+  bookkeeping only, no allocator and no checks, and the ratio of the two (target: full >= 0.5 x bare);
 * the full machine at 64, 1024 and 16384 blocks (target: 16384 no more than 20% slower than 64);
 * kvfuzz run's default mix (random programs for half the examples, then the machine), for reference;
 * the full machine at 64 blocks under each attention kernel of invariant 2 (``--kernels``, default gather and flex),
@@ -21,119 +21,137 @@ import statistics
 import time
 from typing import Callable
 
-from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from kvfuzz.allocator import paged_allocator
+from kvfuzz.allocator.types import Capabilities, PoolSpec, SeqId
+from kvfuzz.engine import MachineConfig, Status
+from kvfuzz.program.operations import OPERATIONS, Operation
 from kvfuzz.runner import run, run_settings
-from kvfuzz.statemachines import MachineConfig
-from kvfuzz.statemachines import strategies as kv_strategies
+
+
+class BareState:
+    """The queries the operation table makes (``kvfuzz.engine.expected.ProgramState``), answered by bookkeeping
+    alone: no allocator, no K/V, no checks. Lengths and statuses follow the real engine's, so the table enables the
+    same operations with the same arguments as on kvfuzz's allocator."""
+
+    def __init__(self, caps: Capabilities, block_size: int, num_host_blocks: int) -> None:
+        self.caps = caps
+        self.block_size = block_size
+        self.num_host_blocks = num_host_blocks
+        self.status: dict[SeqId, Status] = {}  # live sequences
+        self.lengths: dict[SeqId, int] = {}  # tokens of each live sequence
+        self.computed: set[SeqId] = set()  # running sequences whose every token a step has written
+        self.finished: list[SeqId] = []
+        self.count = 0
+
+    def new_id(self) -> SeqId:
+        self.count += 1
+        return f"s{self.count - 1}"
+
+    def is_fresh(self, seq: SeqId) -> bool:
+        return seq not in self.status and seq not in self.finished
+
+    def ids(self, status: Status) -> list[SeqId]:
+        return [seq for seq, current in self.status.items() if current is status]
+
+    def live_ids(self) -> list[SeqId]:
+        return [seq for seq, current in self.status.items() if current is not Status.PREEMPTED]
+
+    def computed_ids(self) -> list[SeqId]:
+        return [seq for seq in self.ids(Status.RUNNING) if seq in self.computed]
+
+    def preemptible_ids(self) -> list[SeqId]:
+        return self.ids(Status.RUNNING) if self.caps.preempt_scheduled else self.computed_ids()
+
+    def rollbackable_ids(self) -> list[SeqId]:
+        return [seq for seq in self.ids(Status.RUNNING) if self.rollback_limit(seq) >= 1]
+
+    def rollback_limit(self, seq: SeqId) -> int:
+        return self.lengths[seq] - 1
+
+    def length(self, seq: SeqId) -> int:
+        return self.lengths[seq]
+
+    # -- what each operation does to the bookkeeping -------------------------------------------------------------
+
+    def admit(self, seq: SeqId, namespace: tuple, system: tuple, suffix: list) -> None:
+        self.status[seq], self.lengths[seq] = Status.RUNNING, len(system) + len(suffix)
+
+    def step(self) -> None:
+        self.computed.update(self.ids(Status.RUNNING))
+
+    def readmit(self, seq: SeqId) -> None:
+        self.status[seq] = Status.RUNNING
+
+    def grow(self, seq: SeqId, tokens: list) -> None:
+        self.lengths[seq] += len(tokens)
+        self.computed.discard(seq)
+
+    def preempt(self, seq: SeqId) -> None:
+        self.status[seq] = Status.PREEMPTED
+        self.computed.discard(seq)
+
+    def decode(self, token: int) -> None:
+        for seq in self.computed_ids():
+            self.lengths[seq] += 1
+        self.step()
+
+    def fork(self, parent: SeqId, child: SeqId) -> None:
+        self.status[child], self.lengths[child] = Status.RUNNING, self.lengths[parent]
+        self.computed.add(child)
+
+    def swap_out(self, seq: SeqId) -> None:
+        self.status[seq] = Status.SWAPPED
+
+    def swap_in(self, seq: SeqId) -> None:
+        self.status[seq] = Status.RUNNING
+
+    def free(self, seq: SeqId) -> None:
+        del self.status[seq], self.lengths[seq]
+        self.computed.discard(seq)
+        self.finished.append(seq)
+
+    def rollback(self, seq: SeqId, num_tokens: int) -> None:
+        self.lengths[seq] -= min(num_tokens, self.rollback_limit(seq))
+
+    def evict(self, num_blocks: int) -> None:
+        pass
+
+    def reset_cache(self) -> None:
+        pass
+
+    def misuse(self, call: object) -> None:
+        pass
+
+
+_CONFIG = MachineConfig(num_blocks=64, num_host_blocks=32)
+_CAPS = paged_allocator(PoolSpec(_CONFIG.block_size, _CONFIG.num_blocks, _CONFIG.num_host_blocks)).capabilities
 
 
 class BareMachine(RuleBasedStateMachine):
-    """The same fourteen rules and argument strategies as kvfuzz's machine, doing bookkeeping only."""
+    """kvfuzz's rules, built from the same operation table (enablement and argument strategies), doing bookkeeping
+    only."""
 
     steps = 0
 
     def __init__(self) -> None:
         super().__init__()
-        self.running: list[str] = []
-        self.preempted: list[str] = []
-        self.swapped: list[str] = []
-        self.finished: list[str] = []
-        self.count = 0
+        self.expected = BareState(_CAPS, _CONFIG.block_size, _CONFIG.num_host_blocks)
 
-    def _new(self) -> str:
-        self.count += 1
-        return f"s{self.count}"
 
-    def _step(self) -> None:
+def _bare_rule(operation: Operation) -> Callable[..., None]:
+    def perform(self: BareMachine, **arguments: object) -> None:
         BareMachine.steps += 1
+        getattr(self.expected, operation.name)(**arguments)
 
-    @rule(
-        seq=st.runner().map(lambda m: m._new()),
-        namespace=kv_strategies.namespaces(True),
-        system=kv_strategies.systems(4),
-        suffix=kv_strategies.suffixes(4),
-    )
-    def admit(self, seq, namespace, system, suffix):
-        self._step()
-        self.running.append(seq)
+    perform.__name__ = perform.__qualname__ = operation.name
+    strategies = {name: argument.strategy() for name, argument in operation.arguments}
+    return precondition(lambda self: operation.enabled(self.expected))(rule(**strategies)(perform))
 
-    @precondition(lambda self: self.preempted)
-    @rule(seq=st.runner().flatmap(lambda m: st.sampled_from(m.preempted)))
-    def readmit(self, seq):
-        self._step()
-        self.preempted.remove(seq)
-        self.running.append(seq)
 
-    @precondition(lambda self: self.running)
-    @rule(seq=st.runner().flatmap(lambda m: st.sampled_from(m.running)), tokens=kv_strategies.appended_tokens(4))
-    def grow(self, seq, tokens):
-        self._step()
-
-    @precondition(lambda self: self.running)
-    @rule(parent=st.runner().flatmap(lambda m: st.sampled_from(m.running)), child=st.runner().map(lambda m: m._new()))
-    def fork(self, parent, child):
-        self._step()
-        self.running.append(child)
-
-    @precondition(lambda self: self.running)
-    @rule(seq=st.runner().flatmap(lambda m: st.sampled_from(m.running)))
-    def free(self, seq):
-        self._step()
-        self.running.remove(seq)
-        self.finished.append(seq)
-
-    @precondition(lambda self: self.running)
-    @rule(seq=st.runner().flatmap(lambda m: st.sampled_from(m.running)))
-    def preempt(self, seq):
-        self._step()
-        self.running.remove(seq)
-        self.preempted.append(seq)
-
-    @precondition(lambda self: self.running)
-    @rule(seq=st.runner().flatmap(lambda m: st.sampled_from(m.running)))
-    def swap_out(self, seq):
-        self._step()
-        self.running.remove(seq)
-        self.swapped.append(seq)
-
-    @precondition(lambda self: self.swapped)
-    @rule(seq=st.runner().flatmap(lambda m: st.sampled_from(m.swapped)))
-    def swap_in(self, seq):
-        self._step()
-        self.swapped.remove(seq)
-        self.running.append(seq)
-
-    @precondition(lambda self: self.running)
-    @rule(seq=st.runner().flatmap(lambda m: st.sampled_from(m.running)), num_tokens=st.integers(1, 6))
-    def rollback(self, seq, num_tokens):
-        self._step()
-
-    @precondition(lambda self: self.finished)
-    @rule(num_blocks=st.integers(1, 4))
-    def evict(self, num_blocks):
-        self._step()
-
-    @precondition(lambda self: self.finished)
-    @rule()
-    def reset_cache(self):
-        self._step()
-
-    @rule()
-    def step(self):
-        self._step()
-
-    @precondition(lambda self: self.running)
-    @rule(token=st.integers(0, 3))
-    def decode(self, token):
-        self._step()
-
-    @precondition(lambda self: self.running or self.finished)
-    @rule(call=st.runner().flatmap(lambda m: st.sampled_from(m.running + m.finished)))
-    def misuse(self, call):
-        self._step()
+for _operation in OPERATIONS:
+    setattr(BareMachine, _operation.name, _bare_rule(_operation))
 
 
 def bare_steps_per_second(examples: int, steps: int) -> float:
