@@ -40,6 +40,7 @@ def run_command(args: argparse.Namespace) -> int:
         if not replayed.failed:
             print(f"  ok   replayed against {replayed.allocator}: the failure no longer reproduces\n")
             continue
+        assert failed_at is not None  # replay() records where each failure happened: a call's index, or teardown
         where = "teardown" if failed_at == len(trace.program) else f"call {failed_at + 1}"
         verdict = "REPRODUCED" if replayed.reproduced else "FAILED DIFFERENTLY"
         print(
