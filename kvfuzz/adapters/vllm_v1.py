@@ -83,10 +83,32 @@ MAX_MODEL_LEN = 1 << 20
 
 def _import_vllm() -> types.SimpleNamespace:
     """vLLM's modules, imported on first use (importing vLLM takes seconds)."""
+    import torch
+    from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+    from vllm.v1.request import Request, RequestStatus
 
     # reset_prefix_cache logs every success at INFO; kvfuzz resets the cache at the end of every example.
     logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
-    return types.SimpleNamespace(**{name: value for name, value in locals().items()})
+    return types.SimpleNamespace(
+        torch=torch,
+        LoRARequest=LoRARequest,
+        SamplingParams=SamplingParams,
+        sha256=sha256,
+        KVCacheManager=KVCacheManager,
+        get_request_block_hasher=get_request_block_hasher,
+        init_none_hash=init_none_hash,
+        FullAttentionSpec=FullAttentionSpec,
+        KVCacheConfig=KVCacheConfig,
+        KVCacheGroupSpec=KVCacheGroupSpec,
+        SlidingWindowSpec=SlidingWindowSpec,
+        Request=Request,
+        RequestStatus=RequestStatus,
+    )
 
 
 @attrs.frozen
