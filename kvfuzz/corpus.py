@@ -3,6 +3,7 @@ a standalone pytest file."""
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -37,11 +38,46 @@ def trace_of(
     return Trace(allocator, config, summary.calls, record, inflight_window)
 
 
+@attrs.frozen
+class SavedTrace:
+    """Where a failure's trace went: written to ``path``, already there, or, when the corpus could not be written,
+    nowhere but memory, in which case :meth:`report` shows the whole trace so that the failure is not lost."""
+
+    trace: Trace
+    path: Path  # where it is, or would have been, saved
+    written: bool  # False when the same trace was already saved there, or when it could not be written
+    error: Optional[str] = None  # why it could not be written; None once it is on disk
+
+    def text(self) -> str:
+        """The trace file's content."""
+        return json.dumps(self.trace.to_json(), indent=2)
+
+    def report(self) -> str:
+        """For a person: where the trace is and how to replay it, or one line saying it was not saved followed by
+        the trace itself."""
+        if self.error is None:
+            where = "saved to" if self.written else "already in the corpus:"
+            return f"trace {where} {self.path}\nreplay it with: kvfuzz replay {self.path}"
+        name = self.path.name
+        return (
+            f"trace NOT saved: cannot write {self.path} ({self.error}); here it is: save it as {name} and replay it "
+            f"with: kvfuzz replay {name}\n{self.text()}"
+        )
+
+
 def save_failure(
     summary: RunSummary, allocator: str, config: MachineConfig, inflight_window: Optional[int], directory: Path
-) -> Optional[tuple[Path, bool]]:
+) -> Optional[SavedTrace]:
+    """Save a failed run's trace in ``directory``; None if the run has no program to save. A corpus that cannot be
+    written (read-only, full, not a directory) raises nothing: the result carries the error and the trace."""
     trace = trace_of(summary, allocator, config, inflight_window)
-    return None if trace is None else save(trace, directory)
+    if trace is None:
+        return None
+    try:
+        path, written = save(trace, directory)
+    except OSError as error:
+        return SavedTrace(trace, directory / trace.file_name(), False, error.strerror or str(error))
+    return SavedTrace(trace, path, written)
 
 
 @attrs.frozen

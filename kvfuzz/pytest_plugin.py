@@ -162,7 +162,12 @@ class MachineItem(_KvfuzzItem):
         saved = save_failure(
             summary, self.spec, config, probe.capabilities.inflight_window, Path(option("kvfuzz_corpus"))
         )
-        trace = f"\ntrace: {saved[0]} (replay it with: kvfuzz replay {saved[0]})" if saved else ""
+        if saved is None:
+            trace = ""
+        elif saved.error is None:
+            trace = f"\ntrace: {saved.path} (replay it with: kvfuzz replay {saved.path})"
+        else:
+            trace = f"\n\n{saved.report()}"  # the corpus could not be written: the whole trace, so it is not lost
         raise KvfuzzFailure(
             f"{summary.invariant}\n\nshrunk program ({summary.program_length} operations):\n"
             f"{summary.program}\n\n{summary.explanation}{trace}"

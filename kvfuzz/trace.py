@@ -25,9 +25,12 @@ also hold ``"kernel"``, the attention kernel invariant 2 ran (``flex``, ``alloca
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
+import secrets
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -97,13 +100,52 @@ def failure_record(violation: InvariantViolation) -> dict[str, Any]:
 
 
 def save(trace: Trace, directory: Path) -> tuple[Path, bool]:
-    """Write ``trace`` into ``directory`` unless the same failure is already there; returns (path, written)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write ``trace`` into ``directory`` unless the same failure is already saved there; returns (path, written).
+
+    A file of the trace's name counts as saved only if it loads as a trace with the same digest: an empty,
+    truncated or damaged one is replaced. The trace is written to a temporary file in the same directory, flushed
+    and synced, then renamed over the final name, so that name never holds part of a trace. Raises ``OSError``
+    when the directory cannot be created or written (the caller then shows the trace instead, see
+    :mod:`kvfuzz.corpus`), leaving no temporary file behind.
+    """
     path = directory / trace.file_name()
-    if path.exists():
+    if _already_saved(path, trace):
         return path, False
-    path.write_text(json.dumps(trace.to_json(), indent=2) + "\n")
+    text = json.dumps(trace.to_json(), indent=2) + "\n"
+    directory.mkdir(parents=True, exist_ok=True)
+    temporary = directory / f".{path.stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp"  # not *.json: never collected
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    _sync_directory(directory)
     return path, True
+
+
+def _already_saved(path: Path, trace: Trace) -> bool:
+    if not path.exists():
+        return False
+    try:
+        return load(path).digest() == trace.digest()
+    except TraceError:
+        return False
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make the rename durable too, where the platform allows it (best effort: the file itself is synced)."""
+    with contextlib.suppress(OSError, AttributeError):
+        descriptor = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 def load(path: Path) -> Trace:

@@ -74,6 +74,34 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
         print(f"\n{summary.explanation}")
 
 
+def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig, inflight_window: int) -> int:
+    """Print the run's outcome, then save a failure's trace: the failure is on the terminal before the corpus is
+    touched, and a trace that cannot be saved is printed whole. The exit status is 1 for any failure, saved or not.
+
+    With ``--json``, standard output stays one JSON object: ``trace`` is the saved file (or null), ``trace_error``
+    why it could not be saved (or null), and ``unsaved_trace`` the trace itself when it could not be saved."""
+    if not args.json:
+        _print_summary(summary, config)
+        sys.stdout.flush()
+    saved = (
+        save_failure(summary, args.allocator, config, inflight_window, Path(args.corpus)) if summary.failed else None
+    )
+    if args.json:
+        unsaved = saved is not None and saved.error is not None
+        error = f"cannot write {saved.path} ({saved.error})" if saved is not None and unsaved else None
+        if error is not None:
+            print(f"kvfuzz: trace NOT saved: {error}; it is in the JSON object's unsaved_trace", file=sys.stderr)
+        fields = {
+            "trace": str(saved.path) if saved is not None and not unsaved else None,
+            "trace_error": error,
+            "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
+        }
+        print(json.dumps({**summary.to_json(), **fields}, indent=2))
+    elif saved is not None:
+        print(f"\n{saved.report()}")
+    return 1 if summary.failed else 0
+
+
 def run_command(args: argparse.Namespace) -> int:
     try:
         config = attrs.evolve(machine_config(args), kernel=args.kernel)
@@ -113,16 +141,4 @@ def run_command(args: argparse.Namespace) -> int:
         database=database,
         progress=progress,
     )
-    saved = None
-    if summary.failed:
-        saved = save_failure(summary, args.allocator, config, probe.capabilities.inflight_window, Path(args.corpus))
-    if args.json:
-        print(json.dumps({**summary.to_json(), "trace": str(saved[0]) if saved else None}, indent=2))
-    else:
-        _print_summary(summary, config)
-        if saved:
-            print(
-                f"\ntrace {'saved to' if saved[1] else 'already in the corpus:'} {saved[0]}"
-                f"\nreplay it with: kvfuzz replay {saved[0]}"
-            )
-    return 1 if summary.failed else 0
+    return _report(summary, args, config, probe.capabilities.inflight_window)
