@@ -138,11 +138,11 @@ def export_test(trace: Trace, source: str, allocator: Optional[str] = None) -> s
     calls = "\n".join(f"    {call}" for call in trace.program)
     uses_misuse = any(isinstance(value, MisuseCall) for call in trace.program for _, value in call.arguments)
     statemachines = "MachineConfig, MisuseCall, machine_for" if uses_misuse else "MachineConfig, machine_for"
-    explanation = textwrap.indent(str(trace.failure.get("explanation", "")), "    ")
+    explanation = _docstring_text(textwrap.indent(str(trace.failure.get("explanation", "")), "    "))
     kernel = "" if trace.config.kernel == "gather" else f", kernel={trace.config.kernel!r}"
-    return f'''"""Regression test exported by kvfuzz from {source}.
+    return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.
 
-Recorded failure against {trace.allocator}:
+Recorded failure against {_docstring_text(trace.allocator)}:
 {explanation}
 """
 
@@ -163,3 +163,13 @@ def test_{name}_{trace.digest()}():
 {calls}
     state.teardown()
 '''
+
+
+def _docstring_text(text: str) -> str:
+    """``text`` as it may stand inside a triple-quoted docstring: backslashes, triple quotes and unprintable
+    characters escaped, so that nothing a trace holds can end the docstring or run as code."""
+    escaped = text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    return "".join(
+        char if char == "\n" or char.isprintable() else char.encode("unicode_escape").decode("ascii")
+        for char in escaped
+    )

@@ -4,7 +4,7 @@
   without Hypothesis, against its recorded allocator (or ``--kvfuzz-replay-allocator``): it fails while the recorded
   failure reproduces, and passes once the bug is fixed. A trace marked ``known_bug`` is the reverse: it passes
   while the bug still reproduces and fails once it stops, so the mark gets removed. A trace whose allocator cannot
-  be imported is skipped, with the reason.
+  be imported (or that ran on a CUDA device this machine lacks) is skipped, with the reason.
 * ``pytest --kvfuzz-allocator=pkg.mod:factory`` adds one test per allocator that runs the machine against it under
   a settings profile (``--kvfuzz-profile ci|dev|nightly``; ``--kvfuzz-examples``, ``--kvfuzz-steps`` and
   ``--kvfuzz-seed`` override it; ``--kvfuzz-kernel`` picks invariant 2's attention kernel). A failure is saved as
@@ -27,7 +27,7 @@ from kvfuzz.profiles import PROFILES
 from kvfuzz.program.replay import NotApplicable
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.runner import run
-from kvfuzz.trace import TraceError, is_trace_file, load
+from kvfuzz.trace import TraceError, TraceUnavailable, is_trace_file, load
 
 
 class KvfuzzFailure(Exception):
@@ -103,6 +103,8 @@ class TraceItem(_KvfuzzItem):
     def runtest(self) -> None:
         try:
             trace = load(self.path)
+        except TraceUnavailable as error:
+            pytest.skip(str(error))
         except TraceError as error:
             raise KvfuzzFailure(str(error)) from error
         try:

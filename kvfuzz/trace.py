@@ -21,16 +21,23 @@ as ``{"misuse": {"op": ..., "args": [...], "why": ...}}``. ``inflight_window`` r
 (for a reader; replay uses whatever the allocator declares). A trace with ``known_bug`` null is a regression test
 that passes once the failure stops reproducing; one with a reason passes while it still reproduces. ``config`` may
 also hold ``"kernel"``, the attention kernel invariant 2 ran (``flex``, ``allocator``); without it, ``gather``.
+
+A trace may come from anywhere, so :func:`load` trusts nothing in it: it reads UTF-8 JSON files of at most 16 MiB,
+refuses unknown fields, wrong JSON types, rules that are not operations, arguments that are not exactly the
+operation's, and a pool geometry over :data:`GEOMETRY_LIMITS` or over 1 GiB of K/V pools, each as one
+:class:`TraceError` line naming the file and the field. :func:`save` writes atomically.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
 import json
 import os
 import re
 import secrets
+import stat
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -40,8 +47,10 @@ import torch
 import kvfuzz
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.misuse import MisuseCall
-from kvfuzz.engine.violations import InvariantViolation
+from kvfuzz.engine.violations import Invariant, InvariantViolation
+from kvfuzz.kernels import KERNEL_NAMES
 from kvfuzz.program.call import Call
+from kvfuzz.program.operations import BY_NAME
 from kvfuzz.reference.content import ModelShape
 
 FORMAT = "kvfuzz-trace/1"
@@ -50,7 +59,7 @@ _TUPLE_ARGUMENTS = {"namespace", "system"}
 
 
 class TraceError(ValueError):
-    """A file that is not a readable kvfuzz trace."""
+    """A file that is not a valid kvfuzz trace; the message is one line that names the file and the field."""
 
 
 def _call_tuple(calls: Iterable[Call]) -> tuple[Call, ...]:
@@ -148,41 +157,369 @@ def _sync_directory(directory: Path) -> None:
             os.close(descriptor)
 
 
+# -- reading and validating a trace --------------------------------------------------------------------------------
+#
+# A trace comes from anywhere (a bug report, a pull request), so nothing in it is trusted: ``load`` checks every field
+# before replay allocates pools, calls the allocator or writes Python, and reports the first problem as one line that
+# names the file and the field.
+
+MAX_FILE_BYTES = 16 * 2**20
+"""The largest trace file read: the biggest shrunk programs are a few hundred calls, a few hundred KiB."""
+MAX_PROGRAM_CALLS = 100_000
+MAX_POOL_BYTES = 2**30
+"""Replay allocates the device and host K/V pools of the trace's configuration: at most 1 GiB."""
+GEOMETRY_LIMITS = {
+    "block_size": (1, 1024),
+    "num_blocks": (1, 65536),
+    "num_host_blocks": (0, 65536),
+    "num_layers": (1, 256),
+    "num_kv_heads": (1, 256),
+    "num_query_heads": (1, 1024),
+    "head_dim": (1, 1024),
+}
+"""Each field's range; their product is bounded by :data:`MAX_POOL_BYTES` as well."""
+MAX_INFLIGHT_WINDOW = 65536
+MAX_TEXT = 100_000  # characters of one string field (an explanation, a known_bug reason)
+MAX_NAME = 1000  # characters of a name: the allocator, a sequence id, a namespace part
+MAX_LIST = 100_000  # items of one list argument
+_INT64 = (-(2**63), 2**63 - 1)
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]{1,3})?")
+_FORMAT_VERSION = re.compile(r"kvfuzz-trace/([0-9]{1,9})")
+MISUSE_OPERATIONS = ("admit", "grow", "fork", "free", "preempt", "swap_out", "swap_in", "rollback", "evict")
+"""The allocator operations a recorded misuse call may name (the contract's, never an arbitrary attribute)."""
+_TOP_FIELDS = {"format": True, "kvfuzz_version": False, "allocator": True, "config": True, "program": True}
+_TOP_FIELDS.update({"failure": True, "known_bug": False})  # field -> required
+_CONFIG_FIELDS = {name: True for name in GEOMETRY_LIMITS}
+_CONFIG_FIELDS.update({"inflight_window": False, "dtype": True, "device": True, "kernel": False})
+_FAILURE_FIELDS = {"invariant": True, "title": True, "operation": False, "explanation": False}
+
+
+class TraceUnavailable(TraceError):
+    """A valid trace that needs what this environment lacks (a CUDA device): replay skips it."""
+
+
+class _Invalid(Exception):
+    """One problem with one field of a trace (``field`` is its path: ``config.num_blocks``, ``program[3].rule``)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}" if field else problem)
+
+
 def load(path: Path) -> Trace:
+    """Read and validate the trace in ``path``.
+
+    Raises :class:`TraceError`, with one line naming the file and the field, for anything that is not a valid
+    ``kvfuzz-trace/1`` trace: a file over 16 MiB, one that is not UTF-8 JSON (or nests too deeply), another or a
+    newer format, an unknown or missing field, a value of the wrong JSON type, a pool geometry over the limits
+    (:data:`GEOMETRY_LIMITS`, and K/V pools over 1 GiB), a program over 100,000 calls, a rule that is no operation
+    of :data:`kvfuzz.program.operations.BY_NAME`, or arguments that are not exactly the operation's.
+    :class:`TraceUnavailable` (a ``TraceError``) is a valid trace for a device this machine lacks.
+    """
+    data = _read_json(Path(path))
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise TraceError(f"{path}: not a readable JSON file: {error}") from error
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise TraceError(f'{path}: not a kvfuzz trace (expected "format": "{FORMAT}")')
+        return _trace(data)
+    except TraceUnavailable as error:
+        raise TraceUnavailable(f"{path}: {error}") from None
+    except _Invalid as error:
+        raise TraceError(f"{path}: {error}") from None
+
+
+def _read_json(path: Path) -> Any:
     try:
-        config = data["config"]
-        shape = ModelShape(
-            config["num_layers"],
-            config["num_kv_heads"],
-            config["num_query_heads"],
-            config["head_dim"],
-            DTYPES[config["dtype"]],
-            config["device"],
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise TraceError(f"{path}: cannot read: not a regular file")
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as error:
+        raise TraceError(f"{path}: cannot read: {error.strerror or error}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise TraceError(f"{path}: over 16 MiB, more than any trace kvfuzz writes")
+    if not raw.strip():
+        raise TraceError(f"{path}: empty file, not a kvfuzz trace")
+    encoding = text_encoding(raw)
+    if encoding is None:
+        bad = _utf8_error(raw)
+        offset = bad.start if bad is not None else 0
+        raise TraceError(
+            f"{path}: not UTF-8 text (byte 0x{raw[offset]:02x} at offset {offset}); a kvfuzz trace is UTF-8 JSON"
         )
-        machine_config = MachineConfig(
-            config["block_size"], config["num_blocks"], config["num_host_blocks"], shape, config.get("kernel", "gather")
+    if encoding != "UTF-8":
+        raise TraceError(f"{path}: {encoding} text; a kvfuzz trace is UTF-8 JSON (re-save the file as UTF-8)")
+    try:
+        return json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise TraceError(f"{path}: not a kvfuzz trace: its JSON is nested too deeply") from None
+    except _Invalid as error:
+        raise TraceError(f"{path}: not valid JSON: {error}") from None
+    except ValueError as error:  # json.JSONDecodeError, or an integer of more digits than Python converts
+        raise TraceError(f"{path}: not valid JSON: {_one_line(str(error))}") from None
+
+
+def text_encoding(raw: bytes) -> Optional[str]:
+    """The encoding of a JSON file's bytes, cheaply: ``UTF-8`` (a byte-order mark allowed), ``UTF-16`` or ``UTF-32``
+    (with a byte-order mark, or the zero bytes of ASCII JSON text), or None if the bytes decode as none of them."""
+    boms = (
+        (codecs.BOM_UTF32_LE, "utf-32", "UTF-32"),  # before UTF-16's: it begins with the same two bytes
+        (codecs.BOM_UTF32_BE, "utf-32", "UTF-32"),
+        (codecs.BOM_UTF16_LE, "utf-16", "UTF-16"),
+        (codecs.BOM_UTF16_BE, "utf-16", "UTF-16"),
+    )
+    wide = next(((codec, name) for bom, codec, name in boms if raw.startswith(bom)), None)
+    if wide is None and b"\x00" in raw[:4]:
+        codec = json.detect_encoding(raw)
+        wide = (codec, codec[:6].upper()) if codec.startswith("utf-") and codec[4:6] in ("16", "32") else None
+    if wide is not None:
+        try:
+            raw.decode(wide[0])
+            return wide[1]
+        except UnicodeDecodeError:
+            pass
+    return "UTF-8" if _utf8_error(raw) is None else None
+
+
+def _utf8_error(raw: bytes) -> Optional[UnicodeDecodeError]:
+    try:
+        raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        return error
+    return None
+
+
+def _no_constant(name: str) -> Any:
+    raise _Invalid("", f"{name} is not a JSON number")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in fields:
+            raise _Invalid("", f"the field {_show(name)} appears twice in one object")
+        fields[name] = value
+    return fields
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _show(value: Any) -> str:
+    """A value in an error message: its JSON, on one line and short."""
+    try:
+        shown = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        shown = type(value).__name__
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _fields(value: Any, where: str, fields: dict[str, bool]) -> dict[str, Any]:
+    """``value`` as an object with exactly these fields (name -> required)."""
+    if not isinstance(value, dict):
+        raise _Invalid(where, f"must be a JSON object, not {_show(value)}")
+    prefix = f"{where}." if where else ""
+    for name in value:
+        if name not in fields:
+            raise _Invalid(
+                f"{prefix}{name}", f"unknown field (a trace's {where or 'top level'} has only: {', '.join(fields)})"
+            )
+    for name, required in fields.items():
+        if required and name not in value:
+            raise _Invalid(f"{prefix}{name}", "missing")
+    return value
+
+
+def _integer(field: str, value: Any, low: int, high: int, why: str = "") -> int:
+    if type(value) is not int:  # bool is an int to Python, not to a trace
+        raise _Invalid(field, f"must be an integer, not {_show(value)}")
+    if not low <= value <= high:
+        raise _Invalid(field, f"{_show(value)} is not between {low} and {high}{why}")
+    return value
+
+
+def _string(field: str, value: Any, longest: int = MAX_TEXT, optional: bool = False) -> Optional[str]:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise _Invalid(field, f"must be a string{' or null' if optional else ''}, not {_show(value)}")
+    if len(value) > longest:
+        raise _Invalid(field, f"longer than {longest} characters")
+    return value
+
+
+def _name(field: str, value: Any) -> str:
+    text = _string(field, value, MAX_NAME)
+    assert text is not None
+    if not text.isprintable():
+        raise _Invalid(field, f"{_show(text)} holds control characters")
+    return text
+
+
+def _trace(data: Any) -> Trace:
+    if not isinstance(data, dict):
+        raise _Invalid("", f"not a kvfuzz trace: the file holds a JSON {type(data).__name__}, not a JSON object")
+    version = data.get("format")
+    matched = _FORMAT_VERSION.fullmatch(version) if isinstance(version, str) else None
+    if matched is not None and int(matched.group(1)) > 1:
+        raise _Invalid("", f"written by a newer kvfuzz (format {version}); this kvfuzz reads {FORMAT}")
+    if version != FORMAT:
+        found = "no format field" if "format" not in data else f'"format" is {_show(version)}'
+        raise _Invalid("", f'not a kvfuzz trace ({found}; expected "format": "{FORMAT}")')
+    _fields(data, "", _TOP_FIELDS)
+    version_text = _name("kvfuzz_version", data.get("kvfuzz_version", "unknown"))
+    allocator = _name("allocator", data["allocator"])
+    if not allocator:
+        raise _Invalid("allocator", "empty")
+    config, inflight_window = _config(data["config"])
+    program = _program(data["program"])
+    failure = _failure(data["failure"])
+    known_bug = _string("known_bug", data.get("known_bug"), optional=True)
+    return Trace(allocator, config, program, failure, inflight_window, known_bug, version_text)
+
+
+def _config(value: Any) -> tuple[MachineConfig, Optional[int]]:
+    config = _fields(value, "config", _CONFIG_FIELDS)
+    limit = " (kvfuzz's limits keep one example's K/V pools under 1 GiB)"
+    sizes = {name: _integer(f"config.{name}", config[name], *GEOMETRY_LIMITS[name], limit) for name in GEOMETRY_LIMITS}
+    window = config.get("inflight_window")
+    if window is not None:
+        _integer("config.inflight_window", window, 0, MAX_INFLIGHT_WINDOW)
+    dtype = config["dtype"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise _Invalid("config.dtype", f"{_show(dtype)} is not one of {', '.join(DTYPES)}")
+    device = config["device"]
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise _Invalid("config.device", f"{_show(device)} is not a device kvfuzz runs on (cpu, cuda, cuda:N)")
+    kernel = config.get("kernel", "gather")
+    if not isinstance(kernel, str) or kernel not in KERNEL_NAMES:
+        raise _Invalid("config.kernel", f"{_show(kernel)} is not one of {', '.join(KERNEL_NAMES)}")
+    if sizes["num_query_heads"] % sizes["num_kv_heads"]:
+        raise _Invalid(
+            "config.num_query_heads",
+            f"{sizes['num_query_heads']} is not a multiple of config.num_kv_heads ({sizes['num_kv_heads']})",
         )
-        program = [
-            Call(step["rule"], {name: _decode(name, value) for name, value in step["arguments"].items()})
-            for step in data["program"]
-        ]
-        return Trace(
-            data["allocator"],
-            machine_config,
-            program,
-            data["failure"],
-            config.get("inflight_window"),
-            data.get("known_bug"),
-            data.get("kvfuzz_version", "unknown"),
+    element = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    row = sizes["block_size"] * sizes["num_layers"] * sizes["num_kv_heads"] * sizes["head_dim"] * element
+    pools = 2 * (sizes["num_blocks"] + sizes["num_host_blocks"]) * row
+    if pools > MAX_POOL_BYTES:
+        raise _Invalid(
+            "config",
+            f"the K/V pools would take {pools / 2**30:.1f} GiB (K and V x (num_blocks + num_host_blocks) x "
+            f"block_size x num_layers x num_kv_heads x head_dim x {element} bytes); a trace may ask for at most 1 GiB",
         )
-    except (KeyError, TypeError, ValueError) as error:
-        raise TraceError(f"{path}: malformed trace: {error!r}") from error
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise TraceUnavailable(f"config.device: the trace ran on {device}, and torch sees no such CUDA device here")
+    shape = ModelShape(
+        sizes["num_layers"], sizes["num_kv_heads"], sizes["num_query_heads"], sizes["head_dim"], DTYPES[dtype], device
+    )
+    machine = MachineConfig(sizes["block_size"], sizes["num_blocks"], sizes["num_host_blocks"], shape, kernel)
+    return machine, window
+
+
+def _program(value: Any) -> list[Call]:
+    if not isinstance(value, list):
+        raise _Invalid("program", f"must be a JSON list of calls, not {_show(value)}")
+    if len(value) > MAX_PROGRAM_CALLS:
+        raise _Invalid("program", f"{len(value)} calls; a trace holds at most {MAX_PROGRAM_CALLS}")
+    return [_call(f"program[{index}]", step) for index, step in enumerate(value)]
+
+
+def _call(where: str, value: Any) -> Call:
+    step = _fields(value, where, {"rule": True, "arguments": True})
+    rule = step["rule"]
+    operation = BY_NAME.get(rule) if isinstance(rule, str) else None
+    if operation is None:
+        raise _Invalid(f"{where}.rule", f"{_show(rule)} is not an operation (operations: {', '.join(BY_NAME)})")
+    arguments = step["arguments"]
+    if not isinstance(arguments, dict):
+        raise _Invalid(f"{where}.arguments", f"must be a JSON object, not {_show(arguments)}")
+    kinds = dict(operation.arguments)
+    if set(arguments) != set(kinds):
+        unexpected = [f"unexpected {name}" for name in arguments if name not in kinds]
+        missing = [f"missing {name}" for name in kinds if name not in arguments]
+        takes = f"({', '.join(kinds)})" if kinds else "no arguments"
+        raise _Invalid(f"{where}.arguments", f"{rule} takes {takes}: {', '.join(missing + unexpected)}")
+    return Call(
+        rule, {name: _argument(f"{where}.arguments.{name}", name, kinds[name], arguments[name]) for name in kinds}
+    )
+
+
+def _argument(field: str, name: str, kind: Any, value: Any) -> Any:
+    """A recorded argument, checked against its JSON type and decoded (tuples where the machine draws tuples). Replay
+    then checks it is one the operation could have drawn, in the state the calls before it leave."""
+    expected = ARGUMENT_TYPES.get(name) or _KIND_TYPES.get(type(kind).__name__, "value")
+    if expected == "string":
+        return _name(field, value)
+    if expected == "integer":
+        return _integer(field, value, *_INT64)
+    if expected == "strings":
+        return tuple(_name(f"{field}[{index}]", item) for index, item in enumerate(_list(field, value)))
+    if expected == "integers":
+        items = [_integer(f"{field}[{index}]", item, *_INT64) for index, item in enumerate(_list(field, value))]
+        return tuple(items) if name in _TUPLE_ARGUMENTS else items
+    if expected == "misuse":
+        return _misuse(field, value)
+    return _plain(field, value, depth=2)  # an argument kind this trace format does not know: plain values only
+
+
+ARGUMENT_TYPES = {
+    "seq": "string",
+    "parent": "string",
+    "child": "string",
+    "namespace": "strings",
+    "system": "integers",
+    "suffix": "integers",
+    "tokens": "integers",
+    "token": "integer",
+    "num_tokens": "integer",
+    "num_blocks": "integer",
+    "call": "misuse",
+}
+"""The JSON type of each argument the operations take, by name (an operation's argument kind decides otherwise)."""
+_KIND_TYPES = {"NewSeqId": "string", "Integers": "integer", "TokenLists": "integers"}
+
+
+def _list(field: str, value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise _Invalid(field, f"must be a JSON list, not {_show(value)}")
+    if len(value) > MAX_LIST:
+        raise _Invalid(field, f"{len(value)} items; at most {MAX_LIST}")
+    return value
+
+
+def _plain(field: str, value: Any, depth: int) -> Any:
+    """A string, an integer, or (``depth`` levels deep) a list of them, with lists as tuples."""
+    if isinstance(value, str):
+        return _name(field, value)
+    if type(value) is int:
+        return _integer(field, value, *_INT64)
+    if isinstance(value, list) and depth > 0:
+        return tuple(_plain(f"{field}[{index}]", item, depth - 1) for index, item in enumerate(_list(field, value)))
+    raise _Invalid(field, f"{_show(value)} is not a string, an integer{' or a list of them' if depth else ''}")
+
+
+def _misuse(field: str, value: Any) -> MisuseCall:
+    call = _fields(
+        _fields(value, field, {"misuse": True})["misuse"], f"{field}.misuse", {"op": True, "args": True, "why": True}
+    )
+    op = call["op"]
+    if op not in MISUSE_OPERATIONS:
+        raise _Invalid(
+            f"{field}.misuse.op", f"{_show(op)} is not an allocator operation ({', '.join(MISUSE_OPERATIONS)})"
+        )
+    args = _plain(f"{field}.misuse.args", _list(f"{field}.misuse.args", call["args"]), depth=2)
+    return MisuseCall(op, args, _string(f"{field}.misuse.why", call["why"]) or "")
+
+
+def _failure(value: Any) -> dict[str, Any]:
+    failure = _fields(value, "failure", _FAILURE_FIELDS)
+    invariant = failure["invariant"]
+    if invariant is not None and invariant not in {number.number for number in Invariant}:
+        raise _Invalid("failure.invariant", f"{_show(invariant)} is not an invariant's number, nor null (a crash)")
+    _string("failure.title", failure["title"], MAX_NAME)
+    _string("failure.operation", failure.get("operation"), MAX_TEXT, optional=True)
+    _string("failure.explanation", failure.get("explanation", ""), MAX_TEXT)
+    return failure
 
 
 def is_trace_file(path: Path) -> bool:
@@ -227,14 +564,3 @@ def _encode(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return [_encode(item) for item in value]
     return value
-
-
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(item) for item in value) if isinstance(value, list) else value
-
-
-def _decode(name: str, value: Any) -> Any:
-    if isinstance(value, dict) and "misuse" in value:
-        misuse = value["misuse"]
-        return MisuseCall(misuse["op"], _tuples(misuse["args"]), misuse["why"])
-    return _tuples(value) if name in _TUPLE_ARGUMENTS else value

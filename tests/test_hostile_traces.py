@@ -10,19 +10,26 @@
 
 from __future__ import annotations
 
+import codecs
 import errno
 import json
 import os
+import random
 import resource
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
-from kvfuzz.trace import FORMAT, load, save
+from kvfuzz.corpus import export_test
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.program.execution import Target
+from kvfuzz.program.operations import OPERATIONS
+from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.trace import FORMAT, Trace, TraceError, load, save
 
 pytest_plugins = ["pytester"]
 
@@ -158,3 +165,257 @@ def test_the_plugin_shows_the_trace_when_it_cannot_save_it(pytester: pytest.Pyte
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*invariant 7 (atomic refusal)*", "*shrunk program*", "*trace NOT saved*"])
     assert trace_json_in(str(result.stdout))["allocator"] == "zoo:LeakyRefusal"
+
+
+# -- item 9: traces are not trusted ---------------------------------------------------------------------------------
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A mutation of the trace: the field at ``config.num_blocks`` or ``program.1.arguments.seq`` set to ``value``,
+    or deleted when ``value`` is ``...``."""
+
+    def mutate(data: dict[str, Any]) -> dict[str, Any]:
+        *parents, last = path.split(".")
+        node: Any = data
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        if value is ...:
+            del node[last]
+        elif isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+        return data
+
+    return mutate
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
+    # what is wrong: (the mutation, what the one line must say besides the file name)
+    "a billion blocks": (_set("config.num_blocks", 10**9), "config.num_blocks"),
+    "pools over 1 GiB": (
+        lambda data: {**data, "config": {**data["config"], "num_blocks": 4096, "block_size": 256, "head_dim": 256}},
+        "1 GiB",
+    ),
+    "a zero block size": (_set("config.block_size", 0), "config.block_size"),
+    "layers as a string": (_set("config.num_layers", "2"), "config.num_layers"),
+    "a boolean head count": (_set("config.num_kv_heads", True), "config.num_kv_heads"),
+    "query heads not a multiple": (_set("config.num_query_heads", 3), "config.num_query_heads"),
+    "an unknown dtype": (_set("config.dtype", "float64"), "config.dtype"),
+    "an unknown device": (_set("config.device", "tpu"), "config.device"),
+    "an unknown kernel": (_set("config.kernel", "magic"), "config.kernel"),
+    "a negative window": (_set("config.inflight_window", -1), "config.inflight_window"),
+    "an unknown config field": (_set("config.blocksize", 4), "config.blocksize"),
+    "a missing config field": (_set("config.head_dim", ...), "config.head_dim"),
+    "an unknown rule": (_set("program.1.rule", "frobnicate"), 'program[1].rule: "frobnicate"'),
+    "an extra argument": (_set("program.0.arguments.priority", 1), "program[0].arguments"),
+    "a missing argument": (_set("program.3.arguments.tokens", ...), "program[3].arguments"),
+    "a sequence id as a list": (_set("program.2.arguments.parent", ["s0"]), "program[2].arguments.parent"),
+    "a token as a string": (_set("program.3.arguments.tokens", ["0"]), "program[3].arguments.tokens"),
+    "a huge token": (_set("program.3.arguments.tokens", [2**70]), "program[3].arguments.tokens"),
+    "deeply nested arguments": (_set("program.0.arguments.suffix", _nested(500)), "program[0].arguments.suffix"),
+    "a namespace of numbers": (_set("program.0.arguments.namespace", [1]), "program[0].arguments.namespace"),
+    "a misuse call of a private method": (
+        _set(
+            "program.1", {"rule": "misuse", "arguments": {"call": {"misuse": {"op": "__del__", "args": [], "why": ""}}}}
+        ),
+        "program[1].arguments.call",
+    ),
+    "a step without arguments": (_set("program.1.arguments", ...), "program[1]"),
+    "a program too long": (lambda data: {**data, "program": [{"rule": "step", "arguments": {}}] * 100_001}, "100000"),
+    "a program that is not a list": (_set("program", {"rule": "step"}), "program"),
+    "a newer format": (
+        _set("format", "kvfuzz-trace/2"),
+        "written by a newer kvfuzz (format kvfuzz-trace/2); this kvfuzz reads kvfuzz-trace/1",
+    ),
+    "a misspelt known_bug": (lambda data: {**data, "know_bug": "x"}, "know_bug"),
+    "known_bug as a number": (_set("known_bug", 5), "known_bug"),
+    "an allocator as a number": (_set("allocator", 5), "allocator"),
+    "a failure without a title": (_set("failure.title", ...), "failure.title"),
+    "an invariant that does not exist": (_set("failure.invariant", 99), "failure.invariant"),
+    "a list, not an object": (lambda data: [data], "a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_load_refuses_a_hostile_trace_with_one_line_naming_the_file_and_the_field(tmp_path: Path, case: str) -> None:
+    """Old code loaded most of these (a billion blocks, an operation that does not exist, a sequence id that is a
+    list...) and left replay to exhaust memory or blame the allocator, or refused them without naming the field."""
+    mutate, expected = HOSTILE[case]
+    path = write(tmp_path / "hostile.json", mutate(trace_data()))
+    with pytest.raises(TraceError) as caught:
+        load(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and expected in message and "\n" not in message
+
+
+def _utf16(path: Path) -> None:
+    path.write_bytes(KNOWN_BUG.read_text().encode("utf-16"))
+
+
+HOSTILE_BYTES: dict[str, tuple[Callable[[Path], Any], str]] = {
+    "binary": (lambda path: path.write_bytes(bytes(range(256)) * 4), "not UTF-8"),
+    "latin-1 text": (
+        lambda path: path.write_bytes(KNOWN_BUG.read_text().replace("s0", "\xe9").encode("latin-1")),
+        "UTF-8",
+    ),
+    "UTF-16": (_utf16, "UTF-16"),
+    "UTF-32": (
+        lambda path: path.write_bytes(codecs.BOM_UTF32_LE + KNOWN_BUG.read_text().encode("utf-32-le")),
+        "UTF-32",
+    ),
+    "deeply nested": (lambda path: path.write_text("[" * 200_000 + "]" * 200_000), "nested"),
+    "over 16 MiB": (lambda path: path.write_text(" " * (16 * 2**20) + KNOWN_BUG.read_text()), "16 MiB"),
+    "NaN": (lambda path: path.write_text(KNOWN_BUG.read_text().replace('"head_dim": 8', '"head_dim": NaN')), "NaN"),
+    "a duplicated key": (
+        lambda path: path.write_text(KNOWN_BUG.read_text().replace('"known_bug":', '"known_bug": null, "known_bug":')),
+        "known_bug",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_BYTES))
+def test_load_refuses_a_file_that_is_not_utf8_json_with_one_line(tmp_path: Path, case: str) -> None:
+    """Old code raised UnicodeDecodeError or RecursionError, which escaped replay and collection as tracebacks."""
+    make, expected = HOSTILE_BYTES[case]
+    path = tmp_path / "hostile.json"
+    make(path)
+    with pytest.raises(TraceError) as caught:
+        load(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and expected in message and "\n" not in message, message
+
+
+ALREADY_REFUSED: dict[str, tuple[Callable[[Path], Any], str]] = {
+    "another format": (lambda path: write(path, {**trace_data(), "format": "something-else"}), "not a kvfuzz trace"),
+    "not JSON": (lambda path: path.write_text('{"format": "kvfuzz-trace/1",'), "not valid JSON"),
+    "empty": (lambda path: path.write_bytes(b""), "empty"),
+    "a directory": (lambda path: path.mkdir(), "cannot read"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ALREADY_REFUSED))
+def test_load_still_refuses_what_it_refused_before_in_one_line(tmp_path: Path, case: str) -> None:
+    """A guard, not a regression test: old code refused these too (with other wording)."""
+    make, expected = ALREADY_REFUSED[case]
+    path = tmp_path / "hostile.json"
+    make(path)
+    with pytest.raises(TraceError) as caught:
+        load(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and expected in message and "\n" not in message, message
+
+
+def test_load_accepts_a_trace_whatever_its_layout(tmp_path: Path) -> None:
+    """Key order, indentation and a UTF-8 byte-order mark do not matter."""
+    compact = tmp_path / "compact.json"
+    compact.write_text(json.dumps(trace_data(), sort_keys=True, separators=(",", ":")))
+    reordered = write(tmp_path / "reordered.json", dict(reversed(list(trace_data().items()))))
+    with_bom = tmp_path / "bom.json"
+    with_bom.write_bytes(codecs.BOM_UTF8 + KNOWN_BUG.read_bytes())
+    digests = {load(path).digest() for path in (KNOWN_BUG, compact, reordered, with_bom)}
+    assert len(digests) == 1
+
+
+def test_every_program_the_machine_draws_survives_save_and_load(tmp_path: Path) -> None:
+    """A guard (old code passed it, having no validation to be too strict): the validation refuses nothing the
+    machine can draw: random programs over every operation, with every
+    capability declared, saved and loaded back unchanged."""
+    factory = load_factory("kvfuzz")
+    config = MachineConfig(num_blocks=8, num_host_blocks=4)
+    rng = random.Random(3)
+    drawn: set[str] = set()
+    for example in range(30):
+        execution = Target(factory, config).start()
+        for _ in range(40):
+            state = execution.engine.expected
+            operation = rng.choice([operation for operation in OPERATIONS if operation.enabled(state)])
+            execution.execute(operation.name, operation.draw(state, rng))
+        trace = Trace("kvfuzz", config, execution.calls, {"invariant": None, "title": f"example {example}"}, 1)
+        path, _ = save(trace, tmp_path)
+        assert load(path).program == trace.program
+        drawn |= {call.rule for call in execution.calls}
+    assert drawn == {operation.name for operation in OPERATIONS}
+
+
+def test_replay_goes_on_after_bad_files_and_exits_with_the_worst_status(tmp_path: Path) -> None:
+    """Old code stopped at the binary file with a UnicodeDecodeError traceback and never replayed the files after
+    it."""
+    good = write(tmp_path / "good.json", trace_data())
+    (tmp_path / "binary.json").write_bytes(bytes(range(256)))
+    _utf16(tmp_path / "utf16.json")
+    (tmp_path / "nested.json").write_text("[" * 200_000 + "]" * 200_000)
+    write(tmp_path / "huge.json", _set("config.num_blocks", 10**9)(trace_data()))
+    write(tmp_path / "frobnicate.json", _set("program.1.rule", "frobnicate")(trace_data()))
+    last = write(tmp_path / "last.json", trace_data())
+    bad = ["binary.json", "utf16.json", "nested.json", "huge.json", "frobnicate.json"]
+    result = kvfuzz("replay", good.name, *bad, last.name, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    errors = result.stderr.splitlines()
+    assert [line.split(":")[1].strip() for line in errors] == bad  # "kvfuzz: FILE: ...", one line each, in order
+    assert result.stdout.count("REPRODUCED at call 4") == 2 and "last.json: recorded against" in result.stdout
+    assert (
+        "7 traces: 2 reproduced, 0 failed differently, 0 no longer reproduce, 0 skipped, 5 could not be replayed"
+        in result.stdout
+    )
+    only_good = kvfuzz("replay", good.name, cwd=tmp_path)
+    assert only_good.returncode == 1
+
+
+def test_replay_skips_a_trace_whose_allocator_is_not_installed(tmp_path: Path) -> None:
+    """Old code reported the missing engine library as a usage error (exit 2)."""
+    absent = write(tmp_path / "absent.json", {**trace_data(), "allocator": "kvfuzz_absent_engine:factory"})
+    result = kvfuzz("replay", absent.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "skipped" in result.stdout and "kvfuzz_absent_engine" in result.stdout
+    # An --allocator that cannot be loaded is the user's mistake, not the trace's: a usage error.
+    wrong = kvfuzz("replay", absent.name, "--allocator", "kvfuzz_absent_engine:factory", cwd=tmp_path)
+    assert wrong.returncode == 2 and "kvfuzz_absent_engine" in wrong.stderr
+
+
+def test_replay_of_the_whole_corpus_reports_absent_engines_as_skipped() -> None:
+    """The issue's done-criterion: ``kvfuzz replay corpus/*.json`` exits 1 or 0 as documented in this environment.
+    Old code exited 2, reporting each trace of an engine that is not installed as a usage error."""
+    paths = sorted((ROOT / "corpus").glob("*.json"))
+    absent = []
+    for path in paths:
+        try:
+            load_factory(load(path).allocator)
+        except AllocatorNotFound:
+            absent.append(path)
+    result = kvfuzz("replay", *(str(path.relative_to(ROOT)) for path in paths), cwd=ROOT)
+    assert result.returncode == 1, result.stdout + result.stderr  # the zoo's known slips reproduce
+    assert result.stderr == ""
+    for path in absent:
+        assert f"{path.relative_to(ROOT)}: skipped" in result.stdout
+
+
+def test_export_refuses_an_invalid_trace_with_one_line(tmp_path: Path) -> None:
+    """Old code exported ``state.frobnicate()`` and exited 0."""
+    path = write(tmp_path / "frobnicate.json", _set("program.1.rule", "frobnicate")(trace_data()))
+    result = kvfuzz("export", path.name, "-o", "test_frobnicate.py", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "frobnicate.json" in result.stderr and '"frobnicate"' in result.stderr
+    assert not (tmp_path / "test_frobnicate.py").exists()
+
+
+def test_an_exported_test_quotes_the_trace_text_it_embeds() -> None:
+    """Old code pasted the explanation into a docstring as it was: three quotes in a trace ended the docstring and
+    the rest ran as code when the exported file was imported."""
+    trace = load(KNOWN_BUG)
+    hostile = 'one """\nimport os; os.system("echo owned") #\\'
+    source = export_test(
+        Trace(trace.allocator, trace.config, trace.program, {**trace.failure, "explanation": hostile}), 'x""".json'
+    )
+    module = compile(source, "exported.py", "exec")
+    namespace: dict[str, Any] = {}
+    exec(compile(source.split("\nimport torch")[0], "docstring.py", "exec"), namespace)  # the docstring alone
+    assert 'one """' in namespace["__doc__"] and "echo owned" in namespace["__doc__"]
+    assert "os" not in module.co_names

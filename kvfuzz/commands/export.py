@@ -1,4 +1,5 @@
-"""``kvfuzz export``: a saved trace as a standalone pytest file."""
+"""``kvfuzz export``: a saved trace as a standalone pytest file. A file that is not a valid trace is refused with one
+line and exit status 2, and nothing is written."""
 
 from __future__ import annotations
 

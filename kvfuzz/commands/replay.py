@@ -1,15 +1,24 @@
-"""``kvfuzz replay``: re-execute saved traces, call by call, without Hypothesis."""
+"""``kvfuzz replay``: re-execute saved traces, call by call, without Hypothesis.
+
+Each file is reported on its own and the next one is replayed whatever happened to it. The exit status is the worst
+of the files': 2 for a file that is not a valid trace (or whose program does not fit the allocator), 1 for a
+recorded failure that reproduces (or fails differently), 0 otherwise. A trace whose recorded allocator cannot be
+loaded here (an engine library that is not installed) or that needs a CUDA device this machine lacks is skipped: it
+does not raise the status. An ``--allocator`` that cannot be loaded is a usage error (2), before any replay.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Optional
 
 from kvfuzz.corpus import replay_trace
 from kvfuzz.program.replay import NotApplicable
-from kvfuzz.registry import AllocatorNotFound
-from kvfuzz.trace import TraceError
+from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.trace import TraceError, TraceUnavailable
 from kvfuzz.trace import load as load_trace
 
 
@@ -20,33 +29,72 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run_command)
 
 
+# How each file ended, for the closing count, and the exit status each outcome gives.
+OUTCOMES = {
+    "reproduced": 1,
+    "failed differently": 1,
+    "no longer reproduce": 0,
+    "skipped": 0,
+    "could not be replayed": 2,
+}
+
+
 def run_command(args: argparse.Namespace) -> int:
-    worst = 0
-    for path in args.traces:
+    if args.allocator is not None:
         try:
-            trace = load_trace(Path(path))
-            print(
-                f"{path}: recorded against {trace.allocator}: {trace.failure.get('title')}"
-                + (f" (known bug: {trace.known_bug})" if trace.known_bug else "")
-            )
-            replayed = replay_trace(
-                trace, args.allocator, on_call=lambda index, call: print(f"  {index + 1:3}  {call}")
-            )
-        except (TraceError, AllocatorNotFound, NotApplicable) as error:
+            load_factory(args.allocator)
+        except AllocatorNotFound as error:
             print(f"kvfuzz: {error}", file=sys.stderr)
-            worst = max(worst, 2)
-            continue
-        failed_at = replayed.outcome.failed_at
-        if not replayed.failed:
-            print(f"  ok   replayed against {replayed.allocator}: the failure no longer reproduces\n")
-            continue
-        assert failed_at is not None  # replay() records where each failure happened: a call's index, or teardown
-        where = "teardown" if failed_at == len(trace.program) else f"call {failed_at + 1}"
-        verdict = "REPRODUCED" if replayed.reproduced else "FAILED DIFFERENTLY"
+            return 2
+    outcomes: Counter[str] = Counter()
+    for path in args.traces:
+        outcomes[_replay_file(path, args.allocator)] += 1
+    if len(args.traces) > 1:
+        counts = ", ".join(f"{outcomes[outcome]} {outcome}" for outcome in OUTCOMES)
+        print(f"{len(args.traces)} traces: {counts}")
+    return max(OUTCOMES[outcome] for outcome in outcomes)
+
+
+def _replay_file(path: str, allocator: Optional[str]) -> str:
+    """Replay one file and print what happened; returns its outcome (a key of :data:`OUTCOMES`)."""
+    try:
+        trace = load_trace(Path(path))
+    except TraceUnavailable as error:
+        print(f"{path}: skipped: {str(error).removeprefix(f'{Path(path)}: ')}\n")
+        return "skipped"
+    except TraceError as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return "could not be replayed"
+    try:
+        load_factory(allocator or trace.allocator)
+    except AllocatorNotFound as error:
+        print(f"{path}: skipped: cannot load its allocator here: {error}\n")
+        return "skipped"
+    print(
+        f"{path}: recorded against {trace.allocator}: {trace.failure.get('title')}"
+        + (f" (known bug: {trace.known_bug})" if trace.known_bug else "")
+    )
+    try:
+        replayed = replay_trace(trace, allocator, on_call=lambda index, call: print(f"  {index + 1:3}  {call}"))
+    except NotApplicable as error:
+        print(f"kvfuzz: {path}: {error}", file=sys.stderr)
+        return "could not be replayed"
+    except Exception as error:  # noqa: BLE001 -- building the allocator or its kernel failed: report, go on
         print(
-            f"  >>   {verdict} at {where} against {replayed.allocator}:\n"
-            + "\n".join(f"       {line}" for line in replayed.describe_failure().splitlines())
-            + "\n"
+            f"kvfuzz: {path}: replay could not start: {type(error).__name__}: {error}".replace("\n", " "),
+            file=sys.stderr,
         )
-        worst = max(worst, 1)
-    return worst
+        return "could not be replayed"
+    failed_at = replayed.outcome.failed_at
+    if not replayed.failed:
+        print(f"  ok   replayed against {replayed.allocator}: the failure no longer reproduces\n")
+        return "no longer reproduce"
+    assert failed_at is not None  # replay() records where each failure happened: a call's index, or teardown
+    where = "teardown" if failed_at == len(trace.program) else f"call {failed_at + 1}"
+    verdict = "REPRODUCED" if replayed.reproduced else "FAILED DIFFERENTLY"
+    print(
+        f"  >>   {verdict} at {where} against {replayed.allocator}:\n"
+        + "\n".join(f"       {line}" for line in replayed.describe_failure().splitlines())
+        + "\n"
+    )
+    return "reproduced" if replayed.reproduced else "failed differently"
