@@ -5,6 +5,12 @@
   failure reproduces, and passes once the bug is fixed. A trace marked ``known_bug`` is the reverse: it passes
   while the bug still reproduces and fails once it stops, so the mark gets removed. A trace whose allocator cannot
   be imported (or that ran on a CUDA device this machine lacks) is skipped, with the reason.
+
+  Which files are collected: a ``.json`` file whose bytes hold ``kvfuzz-trace`` anywhere, in UTF-8, UTF-16 or
+  UTF-32 (so formatting and key order never matter), and a ``.json`` file whose bytes are no text at all in a
+  directory that holds a trace (a damaged trace). Each is one item: one that is not a valid trace fails with one
+  line naming the file and the reason (see :func:`kvfuzz.trace.load`), so a bad file never stops the session.
+  Other JSON files (workloads, ``package.json``) are left alone.
 * ``pytest --kvfuzz-allocator=pkg.mod:factory`` adds one test per allocator that runs the machine against it under
   a settings profile (``--kvfuzz-profile ci|dev|nightly``; ``--kvfuzz-examples``, ``--kvfuzz-steps`` and
   ``--kvfuzz-seed`` override it; ``--kvfuzz-kernel`` picks invariant 2's attention kernel). A failure is saved as
@@ -27,7 +33,7 @@ from kvfuzz.profiles import PROFILES
 from kvfuzz.program.replay import NotApplicable
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.runner import run
-from kvfuzz.trace import TraceError, TraceUnavailable, is_trace_file, load
+from kvfuzz.trace import TraceError, TraceUnavailable, is_trace_file, json_file_kind, load
 
 
 class KvfuzzFailure(Exception):
@@ -72,10 +78,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+_TRACE_DIRECTORIES = pytest.StashKey[dict[Path, bool]]()
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional[pytest.Collector]:
-    if is_trace_file(file_path):
+    kind = json_file_kind(file_path)
+    if kind == "trace" or (kind == "undecodable" and _holds_traces(parent.config, file_path.parent)):
         return TraceFile.from_parent(parent, path=file_path)
     return None
+
+
+def _holds_traces(config: pytest.Config, directory: Path) -> bool:
+    """Whether ``directory`` holds a trace file (looked up once per directory and session)."""
+    known = config.stash.setdefault(_TRACE_DIRECTORIES, {})
+    if directory not in known:
+        known[directory] = any(is_trace_file(path) for path in directory.glob("*.json"))
+    return known[directory]
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:

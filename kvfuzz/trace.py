@@ -522,15 +522,34 @@ def _failure(value: Any) -> dict[str, Any]:
     return failure
 
 
-def is_trace_file(path: Path) -> bool:
-    """A cheap check for collection: a .json file whose first bytes declare the trace format."""
+TRACE_MARKERS = tuple(
+    FORMAT.split("/")[0].encode(codec) for codec in ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
+)
+"""``kvfuzz-trace`` as bytes in each encoding :func:`text_encoding` recognises."""
+
+
+def json_file_kind(path: Path) -> Optional[str]:
+    """What the pytest plugin makes of a file, from its bytes (the first 16 MiB): None unless it is a regular
+    ``.json`` file; ``"trace"`` if its bytes hold ``kvfuzz-trace`` in UTF-8, UTF-16 or UTF-32, wherever it stands
+    (formatting and key order do not matter); ``"undecodable"`` if the bytes are no text :func:`text_encoding`
+    recognises; ``"other"`` for any other JSON file (a workload, a ``package.json``)."""
     if path.suffix != ".json":
-        return False
+        return None
     try:
-        with open(path, encoding="utf-8") as handle:
-            return FORMAT in handle.read(200)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES)
     except OSError:
-        return False
+        return None
+    if any(marker in raw for marker in TRACE_MARKERS):
+        return "trace"
+    return "undecodable" if text_encoding(raw) is None else "other"
+
+
+def is_trace_file(path: Path) -> bool:
+    """Whether ``path`` is a ``.json`` file whose bytes name the trace format (see :func:`json_file_kind`)."""
+    return json_file_kind(path) == "trace"
 
 
 def _config_json(config: MachineConfig, inflight_window: Optional[int]) -> dict[str, Any]:

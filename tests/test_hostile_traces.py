@@ -419,3 +419,46 @@ def test_an_exported_test_quotes_the_trace_text_it_embeds() -> None:
     exec(compile(source.split("\nimport torch")[0], "docstring.py", "exec"), namespace)  # the docstring alone
     assert 'one """' in namespace["__doc__"] and "echo owned" in namespace["__doc__"]
     assert "os" not in module.co_names
+
+
+# -- item 10: collection ----------------------------------------------------------------------------------------------
+
+
+def test_a_trace_is_collected_whatever_its_layout(pytester: pytest.Pytester) -> None:
+    """Old code only collected a file whose first 200 characters held the format: a trace saved with sorted keys
+    and no indentation, or with a long allocator name first, was silently skipped."""
+    corpus = pytester.mkdir("corpus")
+    (corpus / "sorted.json").write_text(json.dumps(trace_data(), sort_keys=True))
+    write(corpus / "reordered.json", dict(reversed(list(trace_data().items()))))
+    result = pytester.runpytest("corpus", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)  # the zoo slip is a known bug, and it reproduces
+
+
+def test_each_bad_file_is_one_failing_item_and_other_json_is_left_alone(pytester: pytest.Pytester) -> None:
+    """Old code: one non-UTF-8 .json stopped the whole session at collection (nothing ran), naming the directory."""
+    corpus = pytester.mkdir("corpus")
+    write(corpus / "good.json", trace_data())
+    (corpus / "binary.json").write_bytes(b"\x80\x81\x82 not text at all \xff")  # undecodable, beside traces
+    _utf16(corpus / "utf16.json")
+    write(corpus / "frobnicate.json", _set("program.1.rule", "frobnicate")(trace_data()))
+    write(corpus / "newer.json", _set("format", "kvfuzz-trace/2")(trace_data()))
+    write(corpus / "package.json", {"name": "not-a-trace", "version": "1.0.0"})  # other JSON: not collected
+    workloads = pytester.mkdir("workloads")
+    write(workloads / "workload.json", {"format": "kvfuzz-workload/1", "requests": []})
+    (workloads / "blob.json").write_bytes(b"\x80\x81\x82")  # undecodable, but no trace lives here
+    result = pytester.runpytest("corpus", "workloads", "-p", "no:cacheprovider", "-rf")
+    result.assert_outcomes(passed=1, failed=4)
+    result.stdout.fnmatch_lines_random(
+        [
+            "FAILED corpus/binary.json::binary*",
+            "FAILED corpus/utf16.json::utf16*",
+            "FAILED corpus/frobnicate.json::frobnicate*",
+            "FAILED corpus/newer.json::newer*",
+            # each item's report: the file and the reason, on one line
+            "*/corpus/binary.json: not UTF-8*",
+            "*/corpus/utf16.json: UTF-16*",
+            '*/corpus/frobnicate.json: program[[]1[]].rule: "frobnicate" is not*',
+            "*/corpus/newer.json: written by a newer kvfuzz*",
+        ]
+    )
+    assert "package.json" not in str(result.stdout) and "workload" not in str(result.stdout)
