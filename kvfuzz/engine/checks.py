@@ -16,13 +16,62 @@ import torch
 
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
 from kvfuzz.allocator.protocol import AllocatorProtocol, Introspectable
-from kvfuzz.allocator.types import NULL_BLOCK, BlockCopy, Slot
+from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, BlockCopy, GrowResult, Slot, SwapResult
 from kvfuzz.engine.expected import ExpectedState, Status
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.pools import KVPools, SlotWrite
 from kvfuzz.engine.violations import Invariant, violation
 from kvfuzz.kernels import AttentionKernel, PagedBatch, compare, make_kernel
 from kvfuzz.reference.content import kv_for_tags
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return f"{text if len(text) <= 80 else text[:77] + '...'} ({type(value).__name__})"
+
+
+_RESULT_SHAPES = {
+    AdmitResult: "(block_table=[int, ...], num_cached_tokens=int)",
+    GrowResult: "(slots=[Slot(block=int, offset=int), ...], copies=[BlockCopy(src=int, dst=int), ...])",
+    SwapResult: "(mapping=[(int, int), ...])",
+    int: "",
+    tuple: " of BlockCopy(src=int, dst=int), or None",
+}
+
+
+def _malformed(result: object, expected: type) -> Optional[str]:
+    """What is wrong with ``result`` as a value of ``expected`` (a fork's copies are checked as a tuple), or None."""
+    if expected is int:
+        return None if _is_int(result) else _shown(result)
+    if expected is tuple:
+        items: Sequence[object] = result if isinstance(result, tuple) else ()
+        if not isinstance(result, tuple) or not all(isinstance(copy, BlockCopy) for copy in items):
+            return _shown(result)
+        numbers = [number for copy in result for number in (copy.src, copy.dst)]
+    elif not isinstance(result, expected):
+        return _shown(result)
+    elif isinstance(result, AdmitResult):
+        numbers = [*result.block_table, result.num_cached_tokens]
+    elif isinstance(result, GrowResult):
+        if not all(isinstance(slot, Slot) for slot in result.slots):
+            return f"slots {list(result.slots)}"
+        if not all(isinstance(copy, BlockCopy) for copy in result.copies):
+            return f"copies {list(result.copies)}"
+        numbers = [n for slot in result.slots for n in (slot.block, slot.offset)]
+        numbers += [n for copy in result.copies for n in (copy.src, copy.dst)]
+    elif isinstance(result, SwapResult):
+        pairs = list(result.mapping)
+        if not all(isinstance(pair, tuple) and len(pair) == 2 for pair in pairs):
+            return f"mapping {pairs}"
+        numbers = [n for pair in pairs for n in pair]
+    else:
+        numbers = []
+    bad = [number for number in numbers if not _is_int(number)]
+    return None if not bad else f"{_shown(result)}: {_shown(bad[0])} where an int belongs"
 
 
 @attrs.frozen
@@ -158,6 +207,43 @@ class Checks:
                     f"found:    {list(table)}",
                 ],
             )
+
+    # -- invariant 12: well-formed results ---------------------------------------------------------------------
+
+    def result(self, operation: str, result: object, expected: type) -> None:
+        """Invariant 12: an operation returned the contract's result type, with integer block ids and counts.
+
+        ``None`` in particular is never a refusal (a refusal raises ``OutOfBlocks``), so it is not counted as one."""
+        problem = _malformed(result, expected)
+        if problem is not None:
+            self.fail(
+                Invariant.RESULTS,
+                f"{operation} returned {_shown(result)}",
+                [
+                    f"expected: {expected.__name__}{_RESULT_SHAPES.get(expected, '')}; a refusal raises "
+                    "kvfuzz.allocator.errors.OutOfBlocks",
+                    f"found:    {problem}",
+                ],
+            )
+
+    def block_table(self, seq: str, table: object) -> tuple[int, ...]:
+        """Invariant 12: ``block_table(seq)`` returned a sequence of int block ids (NULL_BLOCK for a dropped block);
+        returns it as a tuple."""
+        if not isinstance(table, collections.abc.Sequence) or isinstance(table, (str, bytes)):
+            self.fail(
+                Invariant.RESULTS,
+                f"block_table({seq!r}) returned {_shown(table)}",
+                ["expected: a sequence of int block ids", f"found:    {_shown(table)}"],
+            )
+        blocks = tuple(table)
+        bad = [block for block in blocks if not _is_int(block)]
+        if bad:
+            self.fail(
+                Invariant.RESULTS,
+                f"block_table({seq!r}) lists {_shown(bad[0])}",
+                ["expected: block ids as int", f"found:    {[_shown(block) for block in blocks]}"],
+            )
+        return blocks
 
     def admit_table(self, seq: str, reported: tuple[int, ...], table: tuple[int, ...]) -> None:
         """Invariant 1: the table admit returned is the one ``block_table`` reports."""

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from typing import Callable, Optional, Sequence, TypeVar
+from typing import Callable, Optional, Sequence, TypeVar, cast
 
 from kvfuzz.accounting.occupancy import Occupancy, measure
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
 from kvfuzz.allocator.protocol import AllocatorProtocol
-from kvfuzz.allocator.types import NULL_BLOCK, Namespace, SeqId, Tokens
+from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, BlockCopy, GrowResult, Namespace, SeqId, SwapResult, Tokens
 from kvfuzz.engine.checks import Checks
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.expected import ExpectedState, SeqModel, Status, TableChange, mapped
@@ -26,6 +26,13 @@ from kvfuzz.engine.violations import Invariant
 from kvfuzz.reference.contiguous import ContiguousReference
 
 T = TypeVar("T")
+
+
+def _fork_copies(result: object) -> object:
+    """fork's copies as a tuple (None means every block is shared); anything else is left for the checks to name."""
+    if result is None:
+        return ()
+    return tuple(result) if isinstance(result, list) else result
 
 
 class GeometryMismatch(ValueError):
@@ -62,6 +69,10 @@ class Engine:
         self.stats: Counter[str] = stats if stats is not None else Counter()  # operations and outcomes, by name
         self.on_step = on_step  # called with the pool's occupancy after every step
 
+    def close(self) -> None:
+        """The example is over: release the K/V pools now rather than when the garbage collector runs."""
+        self.pools.close()
+
     @property
     def block_size(self) -> int:
         return self.config.block_size
@@ -86,7 +97,7 @@ class Engine:
         """A new request; returns whether it was admitted."""
         self._begin("admit", seq, namespace, tokens)
         result = self._attempt(
-            lambda: self.allocator.admit(seq, namespace, tokens), self._blocks(len(tokens)), absent=seq
+            lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._blocks(len(tokens)), absent=seq
         )
         if result is None:
             return False
@@ -100,7 +111,7 @@ class Engine:
         namespace, tokens = reference.namespace(seq), tuple(reference.tokens(seq))
         self._begin("readmit", seq)
         result = self._attempt(
-            lambda: self.allocator.admit(seq, namespace, tokens), self._blocks(len(tokens)), absent=seq
+            lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._blocks(len(tokens)), absent=seq
         )
         if result is None:
             return False
@@ -113,7 +124,7 @@ class Engine:
         old_len = self.expected.length(seq)
         self._begin("grow", seq, tokens)
         needed = self._blocks(old_len + len(tokens)) - len(model.table) + (old_len % self.block_size != 0)
-        result = self._attempt(lambda: self.allocator.grow(seq, tokens), needed)
+        result = self._attempt(lambda: self.allocator.grow(seq, tokens), GrowResult, needed)
         if result is None:
             return False
         for copy in result.copies:
@@ -137,7 +148,11 @@ class Engine:
         state = self.expected
         self._begin("fork", parent, child)
         needed = int(self.caps.fork_copies and state.length(parent) % self.block_size != 0)
-        copies = self._attempt(lambda: tuple(self.allocator.fork(parent, child) or ()), needed, absent=child)
+        # Checked as a tuple of BlockCopy by the result check before it is used as one.
+        copies = cast(
+            Optional[tuple[BlockCopy, ...]],
+            self._attempt(lambda: _fork_copies(self.allocator.fork(parent, child)), tuple, needed, absent=child),
+        )
         if copies is None:
             return False
         self.checks.fork_copies_declared(parent, child, copies)
@@ -161,7 +176,6 @@ class Engine:
         for copy in copies:
             self.checks.exclusive(copy.dst, child, f"fork copy from block {copy.src}")
         self.checks.outside_inflight_window({copy.dst for copy in copies}, child)
-        self.stats["forks"] += 1
         return True
 
     def free(self, seq: SeqId) -> None:
@@ -197,7 +211,7 @@ class Engine:
         model = state.seqs[seq]
         self._begin("swap_out", seq)
         live = mapped(model.table)
-        result = self._attempt(lambda: self.allocator.swap_out(seq), len(live), host=True)
+        result = self._attempt(lambda: self.allocator.swap_out(seq), SwapResult, len(live), host=True)
         if result is None:
             return False
         in_use = {block for other in state.seqs.values() for block in mapped(other.host_table)}
@@ -217,7 +231,7 @@ class Engine:
         state = self.expected
         model = state.seqs[seq]
         self._begin("swap_in", seq)
-        result = self._attempt(lambda: self.allocator.swap_in(seq), len(mapped(model.host_table)))
+        result = self._attempt(lambda: self.allocator.swap_in(seq), SwapResult, len(mapped(model.host_table)))
         if result is None:
             return False
         self.checks.swap_in_mapping(seq, result.mapping, model.host_table)
@@ -252,6 +266,7 @@ class Engine:
         introspection = self.checks.introspection
         before = set(introspection.cached_blocks()) if introspection is not None else set()
         dropped = self._call(lambda: self.allocator.evict(num_blocks))
+        self.checks.result(f"evict({num_blocks})", dropped, int)
         self.checks.evict_count(num_blocks, dropped)
         self.stats["evicted blocks"] += dropped
         evicted = before - set(introspection.cached_blocks()) if introspection is not None else set()
@@ -301,7 +316,6 @@ class Engine:
             self.checks.misuse_refused_untyped(call, error)
         else:
             self.checks.misuse_accepted(call)
-        self.stats["misuse calls refused"] += 1
 
     def dismiss(self, seq: SeqId) -> None:
         """The engine is done with ``seq`` wherever it is (cancelled, or the run ends): a preempted sequence holds no
@@ -348,12 +362,18 @@ class Engine:
             self.checks.valid_call_refused(error, out_of_blocks_allowed=False)
 
     def _attempt(
-        self, call: Callable[[], T], needed: int, absent: Optional[SeqId] = None, host: bool = False
+        self,
+        call: Callable[[], T],
+        result_type: type,
+        needed: int,
+        absent: Optional[SeqId] = None,
+        host: bool = False,
     ) -> Optional[T]:
-        """Run an operation that may be refused for lack of space; check a refusal is clean and justified."""
+        """Run an operation that may be refused for lack of space; check its result is well formed, and that a
+        refusal is clean and justified."""
         before = self.checks.counts()
         try:
-            return call()
+            result = call()
         except OutOfBlocks as error:
             self.stats["refused (out of blocks)"] += 1
             self.checks.unchanged(Invariant.ATOMIC_REFUSAL, before, error, absent)
@@ -361,9 +381,11 @@ class Engine:
             return None
         except AllocatorError as error:
             self.checks.valid_call_refused(error, out_of_blocks_allowed=True)
+        self.checks.result(self.checks.operation, result, result_type)
+        return result
 
     def _table(self, seq: SeqId) -> tuple[int, ...]:
-        table = tuple(self.allocator.block_table(seq))
+        table = self.checks.block_table(seq, self.allocator.block_table(seq))
         self.checks.table_shape(seq, table)
         return table
 

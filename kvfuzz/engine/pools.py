@@ -90,6 +90,13 @@ class KVPools:
         self.history: dict[int, deque[str]] = {}  # block -> its latest events, for explanations
         self.dirty: set[int] = set()  # device slots written or copied since the checks last looked
 
+    def close(self) -> None:
+        """Release the pools' memory; nothing may be written or read afterwards."""
+        empty = self.keys.new_empty((0, *self.keys.shape[1:]))
+        self.keys = self.values = self.host_keys = self.host_values = empty
+        self._late_work.clear()
+        self.late_work_by_block.clear()
+
     # -- writes and copies ---------------------------------------------------------------------------------------
 
     def write(self, slots: list[int], writes: list[SlotWrite]) -> None:

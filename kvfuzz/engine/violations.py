@@ -20,6 +20,7 @@ class Invariant(enum.Enum):
     CACHE_SOUNDNESS = (9, "cache soundness")
     QUIESCENCE = (10, "quiescence")
     MISUSE = (11, "misuse")
+    RESULTS = (12, "well-formed results")
 
     @property
     def number(self) -> int:

@@ -76,6 +76,7 @@ VARIANTS: tuple[Variant, ...] = (
         sliding_window=9,
     ),
     Variant(variants.RepeatedBlockAfterRollback, "4 repeated block freed per occurrence", Invariant.REFCOUNTS),
+    Variant(variants.ReturnsNoneWhenFull, "6 refusal returned, not raised", Invariant.RESULTS),
 )
 
 

@@ -191,6 +191,19 @@ class LeakyRefusal(PagedAllocator):
         return super().admit(seq, namespace, tokens)
 
 
+class ReturnsNoneWhenFull(PagedAllocator):
+    """Class 6, a refusal by return value: when the pool is short, ``grow`` returns None (vLLM's ``allocate_slots``
+    convention) instead of raising out-of-blocks, so the engine's caller cannot tell a refusal it must check from
+    a result it may use.
+    """
+
+    def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
+        try:
+            return super().grow(seq, tokens)
+        except OutOfBlocks:
+            return None  # type: ignore[return-value]  # the slip: None where the contract raises
+
+
 class FalseOutOfBlocks(PagedAllocator):
     """Class 6, a free counter that forgets evictable blocks: room is checked against never-used free blocks only,
     so a pool full of evictable cached blocks refuses requests it could serve.
