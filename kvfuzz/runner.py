@@ -1,8 +1,12 @@
 """Running the machine against an allocator and summarising what happened, for the CLI, the plugin and scripts.
 
-A run is random programs over the machine's rules, then a Hypothesis campaign under explicit settings. Its summary
-counts every operation exercised and, on failure, holds the shrunk program and kvfuzz's explanation of the broken
-invariant.
+A run is random programs over the operation table, then a Hypothesis search under explicit settings. Its summary
+counts every operation exercised and, on failure, holds the shrunk program, kvfuzz's explanation of the broken
+invariant, and how often replays of that program reproduced it.
+
+No failure is lost: Ctrl-C ends the run with the best failure found so far (shrunk as far as it got); a call that
+never returns is reported as a hang in the named operation; a ``BaseException`` from the allocator is its crash;
+and the program being run is journalled before each call, so a process the allocator kills leaves it behind.
 """
 
 from __future__ import annotations
@@ -10,26 +14,31 @@ from __future__ import annotations
 import contextlib
 import time
 import traceback
-from typing import Callable, Iterator, Optional
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, cast
 
 import attrs
 import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
+from hypothesis.errors import Flaky
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import get_state_machine_test
+from hypothesis.statistics import collector
 
 from kvfuzz.accounting.occupancy import OccupancySummary
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.program.call import Call, program_text
-from kvfuzz.program.execution import Target
+from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.random_programs import random_search
-from kvfuzz.program.replay import minimize, replay
-from kvfuzz.program.stats import RunStats
+from kvfuzz.program.replay import NotApplicable, minimize, replay
+from kvfuzz.program.safeguards import AllocatorHang, Journal, UserInterrupt, Watchdog, user_interrupts
+from kvfuzz.program.stats import RunStats, failure_kind
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory
 from kvfuzz.statemachines.machine import machine_for
+from kvfuzz.trace import config_json
 
 # load_factory and AllocatorNotFound lived here before kvfuzz.registry; exported tests import them from here.
 __all__ = ["DEFAULT_ALLOCATOR", "AllocatorNotFound", "RunSummary", "load_factory", "run", "run_settings"]
@@ -66,12 +75,23 @@ def run_settings(
     )
 
 
+DEFAULT_CALL_TIMEOUT = 60.0
+"""Seconds one operation (the allocator's calls and kvfuzz's checks of them) may take before it is a hang."""
+
+CONFIRM_REPLAYS = 5
+"""How many times a shrunk failure is replayed before it is reported: a failure that does not reproduce every time
+is reported as flaky, with the count."""
+
+
 @attrs.frozen
 class RunSummary:
     """What one run did, and on failure the shrunk program and why it fails.
 
-    ``first_failure_examples`` and ``first_failure_seconds`` say when the first failing example was met, before
-    Hypothesis spent time shrinking it.
+    ``examples`` counts the programs of the search (random programs and Hypothesis's examples), not the replays of
+    shrinking and confirmation. ``first_failure_examples`` and ``first_failure_seconds`` say when the first failing
+    example was met, before any shrinking. ``reproduced`` of ``replays`` says how often the reported program failed
+    the same way when replayed on fresh allocators (fewer than all: flaky). ``interrupted`` says the user stopped
+    the run; ``shrink_note`` says why the program was not shrunk further, when it was not.
     """
 
     allocator: str
@@ -86,6 +106,11 @@ class RunSummary:
     first_failure_examples: Optional[int] = None
     first_failure_seconds: Optional[float] = None
     shrunk: bool = True
+    interrupted: bool = False
+    shrink_note: Optional[str] = None
+    reproduced: Optional[int] = None
+    replays: int = 0
+    examples_asked: Optional[int] = None
     occupancy: Optional[OccupancySummary] = attrs.field(default=None, repr=False)
     violated: Optional[Invariant] = attrs.field(default=None, repr=False)  # None when the failure is a crash
     calls: tuple[Call, ...] = attrs.field(default=(), repr=False)
@@ -94,6 +119,11 @@ class RunSummary:
     @property
     def steps_per_second(self) -> float:
         return self.steps / self.seconds if self.seconds else 0.0
+
+    @property
+    def flaky(self) -> bool:
+        """The reported program did not fail the same way on every replay."""
+        return self.failed and self.replays > 0 and self.reproduced != self.replays
 
     @property
     def program_length(self) -> int:
@@ -105,12 +135,13 @@ class RunSummary:
             if line.startswith("state.") and not line.startswith("state.teardown")
         )
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         fields = attrs.asdict(
             self, filter=lambda attribute, _: attribute.name not in ("calls", "failure", "occupancy", "violated")
         )
         return {
             **fields,
+            "flaky": self.flaky,
             "steps_per_second": round(self.steps_per_second, 1),
             "program_length": self.program_length,
             "occupancy": self.occupancy.to_json() if self.occupancy is not None else None,
@@ -118,30 +149,75 @@ class RunSummary:
 
 
 class Progress:
-    """Prints a progress line at most every ``interval`` seconds."""
+    """Prints a progress line at most every ``interval`` seconds: the phase, examples of those asked, steps."""
 
-    def __init__(self, write: Callable[[str], None], interval: float = 1.0) -> None:
-        self.write, self.interval = write, interval
+    def __init__(self, write: Callable[[str], None], examples: int, interval: float = 1.0) -> None:
+        self.write, self.examples, self.interval = write, examples, interval
         self.last = time.perf_counter()
 
     def __call__(self, stats: RunStats) -> None:
         now = time.perf_counter()
         if now - self.last >= self.interval:
             self.last = now
+            where = (
+                f"{stats.shrink_runs} replays"
+                if stats.phase == "shrinking"
+                else f"example {stats.examples} of {self.examples}"
+            )
             self.write(
-                f"  {stats.examples} examples, {stats.steps} steps, {stats.steps / (now - stats.started):.0f} steps/s"
+                f"  {stats.phase}: {where}, {stats.steps} steps, {stats.steps / (now - stats.started):.0f} steps/s"
             )
 
 
-def _shrink_further(target: Target, calls: list[Call], failure: Exception) -> tuple[Exception, list[Call]]:
+def _shrink_further(target: Target, calls: list[Call], failure: BaseException) -> tuple[BaseException, list[Call]]:
     """Delete calls the failure (the same broken invariant, or a crash of the same exception type) does not need;
-    keep the program as it was if replay disagrees."""
-    with single_threaded_torch():
-        shorter = minimize(target, calls, type(failure))
+    keep the program as it was if replay disagrees (a nondeterministic allocator)."""
+    shorter = minimize(target, calls, failure_kind(failure))
+    try:
         replayed = replay(target, shorter).failure
-    if type(replayed) is not type(failure):
+    except NotApplicable:
+        return failure, calls
+    if replayed is None or failure_kind(replayed) != failure_kind(failure):
         return failure, calls
     return replayed, shorter
+
+
+def confirm(target: Target, calls: list[Call], failure: BaseException, replays: int) -> int:
+    """How many of ``replays`` replays of ``calls`` on fresh allocators fail the way ``failure`` did."""
+    kind = failure_kind(failure)
+    reproduced = 0
+    for _ in range(replays):
+        try:
+            outcome = replay(target, calls).failure
+        except NotApplicable:  # the allocator answered differently, so the program took another path
+            continue
+        reproduced += outcome is not None and failure_kind(outcome) == kind
+    return reproduced
+
+
+def _unwrap(failure: BaseException) -> tuple[BaseException, bool]:
+    """Hypothesis reports an allocator that fails differently on replay as Flaky: the failure it first saw, and
+    that it was flaky."""
+    if isinstance(failure, Flaky):
+        inner = [error for error in getattr(failure, "exceptions", ()) if not isinstance(error, Flaky)]
+        if inner:
+            return inner[0], True
+    return failure, False
+
+
+class _HypothesisCount:
+    """Counts the examples Hypothesis ran in its search phases, from the statistics it reports at the end."""
+
+    def __init__(self) -> None:
+        self.examples: Optional[int] = None
+
+    def __call__(self, statistics: dict[str, Any]) -> None:
+        cases = [
+            case
+            for phase in ("explicit", "reuse", "generate")
+            for case in statistics.get(f"{phase}-phase", {}).get("test-cases", [])
+        ]
+        self.examples = sum(case.get("status") in ("valid", "interesting") for case in cases)
 
 
 def run(
@@ -157,15 +233,19 @@ def run(
     derandomize: Optional[bool] = None,
     random_examples: Optional[int] = None,
     progress: Optional[Callable[[str], None]] = None,
+    call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT,
+    journal_dir: Optional[Path] = None,
+    confirm_replays: int = CONFIRM_REPLAYS,
 ) -> RunSummary:
-    """Run the machine against ``factory``; never raises for a failure the machine finds.
+    """Run the machine against ``factory``; never raises for a failure the machine finds, nor for Ctrl-C.
 
     The first ``random_examples`` (default: half of ``examples``) are plain random programs
-    (:mod:`kvfuzz.program.random_programs`); the rest are Hypothesis's. With a ``database``, failing examples
-    are saved there and tried first by the next run against the same allocator and configuration: such a run is
+    (:mod:`kvfuzz.program.random_programs`); the rest are Hypothesis's. With a ``database``, failing examples are
+    saved there and tried first by the next run against the same allocator and configuration: such a run is
     Hypothesis's alone (no random programs unless ``random_examples`` says so) and random (Hypothesis ignores a
     database in derandomized or seeded runs). Otherwise runs are derandomized unless a ``seed`` is given or
-    ``derandomize`` is false.
+    ``derandomize`` is false. ``call_timeout`` bounds each operation (None: no watchdog); ``journal_dir`` keeps the
+    running program in a journal there (see :class:`~kvfuzz.program.safeguards.Journal`).
     """
     if database is not None:
         if seed is not None:
@@ -178,53 +258,103 @@ def run(
         derandomize = seed is None
     if random_examples is None:
         random_examples = 0 if database is not None else examples // 2
-    stats = RunStats(on_step=Progress(progress) if progress is not None else None)
-    machine = machine_for(factory, config, stats)
+    random_examples = min(random_examples, examples)
+    stats = RunStats(on_step=Progress(progress, examples) if progress is not None else None)
+    journal = Journal(journal_dir, allocator_name, config_json(config, None)) if journal_dir is not None else None
     failure: Optional[BaseException] = None
+    calls: list[Call] = []
+    flaky_in_search = interrupted = False
+    shrink_note: Optional[str] = None
     report: list[str] = []
-    with single_threaded_torch():
-        found = random_search(
-            Target(factory, config, stats),
-            examples=random_examples,
-            steps=steps,
-            seed=(0 if derandomize else None) if seed is None else seed,
-        )
-        if found is not None:
-            failure = found.failure
-        elif examples > random_examples:
-            test = get_state_machine_test(
-                machine,
-                settings=run_settings(
-                    examples - random_examples, steps, derandomize=derandomize, shrink=shrink, database=database
-                ),
-            )
-            if seed is not None:
-                test = hypothesis_seed(seed)(test)
-            with with_reporter(lambda value: report.append(str(value))):
+    counted = _HypothesisCount()
+    watchdog = Watchdog(call_timeout) if call_timeout is not None else None
+    try:
+        with single_threaded_torch(), user_interrupts(), watchdog or contextlib.nullcontext():
+            target = Target(factory, config, stats, Safeguards(journal, watchdog))
+            try:
+                found = random_search(
+                    target,
+                    examples=random_examples,
+                    steps=steps,
+                    seed=(0 if derandomize else None) if seed is None else seed,
+                )
+                if found is not None:
+                    failure, calls = found.failure, list(found.calls)
+                elif examples > random_examples:
+                    stats.phase = "Hypothesis search"
+                    machine = machine_for(factory, config, stats, target.safeguards)
+                    test = get_state_machine_test(
+                        machine,
+                        settings=run_settings(
+                            examples - random_examples, steps, derandomize=derandomize, shrink=shrink, database=database
+                        ),
+                    )
+                    if seed is not None:
+                        test = hypothesis_seed(seed)(test)
+                    with (
+                        with_reporter(lambda value: report.append(str(value))),
+                        cast(Any, collector).with_value(counted),
+                    ):
+                        try:
+                            test()
+                        except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding
+                            failure, flaky_in_search = _unwrap(error)
+                            calls = list(stats.last_failing_program or [])
+                if isinstance(failure, Exception):
+                    if flaky_in_search and stats.best_program is not None:
+                        failure, calls = stats.best_failure or failure, list(stats.best_program)
+                    if shrink and calls:
+                        stats.phase = "shrinking"
+                        failure, calls = _shrink_further(Target(factory, config, stats), calls, failure)
+            except AllocatorHang as hang:
+                if stats.best_failure is not None and not isinstance(stats.best_failure, AllocatorHang):
+                    failure, calls = stats.best_failure, list(stats.best_program or [])
+                    shrink_note = f"shrinking stopped when a candidate program hung ({hang})"
+                else:
+                    failure, calls = hang, list(stats.last_failing_program or [])
+                    shrink_note = "not shrunk: every replay of a hang costs the call timeout"
+            except UserInterrupt:
+                interrupted = True
+                if stats.best_failure is not None:
+                    failure, calls = stats.best_failure, list(stats.best_program or [])
+                    shrink_note = "interrupted: shrunk only as far as it got"
+                else:
+                    failure = None
+            reproduced: Optional[int] = None
+            replays = 0
+            if failure is not None and calls and not interrupted and not isinstance(failure, AllocatorHang):
+                replays = confirm_replays
+                stats.phase = "confirming"
                 try:
-                    test()
-                except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding
-                    failure = error
+                    reproduced = confirm(Target(factory, config, None, target.safeguards), calls, failure, replays)
+                except UserInterrupt:
+                    interrupted, replays, reproduced = True, 0, None
+    finally:
+        if journal is not None:
+            journal.close()
     seconds = time.perf_counter() - stats.started
+    searched = stats.examples if counted.examples is None else min(stats.examples, random_examples) + counted.examples
     summary = RunSummary(
         allocator_name,
-        stats.examples,
+        searched,
         stats.steps,
         seconds,
         failure is not None,
         dict(sorted(stats.operations.items())),
         first_failure_examples=stats.first_failure_examples,
         first_failure_seconds=stats.first_failure_seconds,
-        shrunk=shrink,
+        shrunk=shrink and shrink_note is None,
+        interrupted=interrupted,
+        shrink_note=shrink_note,
+        reproduced=reproduced,
+        replays=replays,
+        examples_asked=examples,
         occupancy=stats.occupancy.summary(),
     )
     if failure is None:
         return summary
-    calls = list(found.calls) if found is not None else stats.last_failing_program or []
-    if isinstance(failure, Exception) and shrink and calls:
-        failure, calls = _shrink_further(Target(factory, config), calls, failure)
     if calls:
-        program = program_text(machine.__name__, calls)
+        program = program_text(machine_for(factory, config).__name__, calls)
     else:
         notes = [*report, *getattr(failure, "__notes__", ())]
         program = "\n".join(
@@ -238,9 +368,16 @@ def run(
         return attrs.evolve(
             summary, invariant=str(failure.invariant), violated=failure.invariant, explanation=failure.explain()
         )
-    crash = "".join(traceback.format_exception(type(failure), failure, failure.__traceback__, limit=-4))
+    if isinstance(failure, AllocatorHang):
+        return attrs.evolve(
+            summary,
+            invariant="hang",
+            explanation=f"the allocator hung: {failure}\nthe program up to the call that hung is above",
+        )
+    shown = getattr(failure, "original", failure)
+    crash = "".join(traceback.format_exception(type(shown), shown, shown.__traceback__, limit=-4))
     return attrs.evolve(
         summary,
-        invariant=f"crash ({type(failure).__name__})",
+        invariant=failure_kind(failure),
         explanation=f"the allocator (or kvfuzz) raised an unexpected exception:\n{crash}",
     )

@@ -80,7 +80,7 @@ class Trace:
 
     def digest(self) -> str:
         """Identifies the failure: the same allocator, configuration and program give the same digest."""
-        key = json.dumps([self.allocator, _config_json(self.config, None), _program_json(self.program)], sort_keys=True)
+        key = json.dumps([self.allocator, config_json(self.config, None), program_json(self.program)], sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:12]
 
     def file_name(self) -> str:
@@ -92,8 +92,8 @@ class Trace:
             "format": FORMAT,
             "kvfuzz_version": self.kvfuzz_version,
             "allocator": self.allocator,
-            "config": _config_json(self.config, self.inflight_window),
-            "program": _program_json(self.program),
+            "config": config_json(self.config, self.inflight_window),
+            "program": program_json(self.program),
             "failure": self.failure,
             "known_bug": self.known_bug,
         }
@@ -215,13 +215,18 @@ def load(path: Path) -> Trace:
     of :data:`kvfuzz.program.operations.BY_NAME`, or arguments that are not exactly the operation's.
     :class:`TraceUnavailable` (a ``TraceError``) is a valid trace for a device this machine lacks.
     """
-    data = _read_json(Path(path))
+    return from_json(_read_json(Path(path)), str(path))
+
+
+def from_json(data: Any, source: str = "trace") -> Trace:
+    """A trace from its JSON object (``json.loads`` of a trace file), validated as :func:`load` validates a file;
+    ``source`` names it at the start of each :class:`TraceError` line."""
     try:
         return _trace(data)
     except TraceUnavailable as error:
-        raise TraceUnavailable(f"{path}: {error}") from None
+        raise TraceUnavailable(f"{source}: {error}") from None
     except _Invalid as error:
-        raise TraceError(f"{path}: {error}") from None
+        raise TraceError(f"{source}: {error}") from None
 
 
 def _read_json(path: Path) -> Any:
@@ -552,7 +557,8 @@ def is_trace_file(path: Path) -> bool:
     return json_file_kind(path) == "trace"
 
 
-def _config_json(config: MachineConfig, inflight_window: Optional[int]) -> dict[str, Any]:
+def config_json(config: MachineConfig, inflight_window: Optional[int]) -> dict[str, Any]:
+    """A machine configuration as a trace (and a journal's header) records it."""
     shape = config.shape
     dtype = next(name for name, value in DTYPES.items() if value == shape.dtype)
     fields = {
@@ -571,7 +577,8 @@ def _config_json(config: MachineConfig, inflight_window: Optional[int]) -> dict[
     return fields if config.kernel == "gather" else {**fields, "kernel": config.kernel}
 
 
-def _program_json(program: tuple[Call, ...]) -> list[dict[str, Any]]:
+def program_json(program: tuple[Call, ...]) -> list[dict[str, Any]]:
+    """A program as a trace lists it: ``[{"rule": ..., "arguments": {...}}, ...]`` (also each line of a journal)."""
     return [
         {"rule": call.rule, "arguments": {name: _encode(value) for name, value in call.arguments}} for call in program
     ]

@@ -2,12 +2,13 @@
 performed by the engine.
 
 The Hypothesis machine, random programs and replay all run programs through :class:`Execution`, so a call is
-recorded and counted the same way whoever drew it.
+recorded, journalled, watched and counted the same way whoever drew it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+import contextlib
+from typing import Any, Iterator, Mapping, Optional
 
 import attrs
 
@@ -15,24 +16,39 @@ from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.engine import Engine
 from kvfuzz.program.call import Call
 from kvfuzz.program.operations import BY_NAME
+from kvfuzz.program.safeguards import Journal, UserInterrupt, Watchdog, escaped
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory
+from kvfuzz.trace import program_json
+
+
+@attrs.frozen
+class Safeguards:
+    """What a run adds around every call so that no failure is lost: a journal of the program (None: none kept)
+    and a watchdog on each operation (None: calls may take any time)."""
+
+    journal: Optional[Journal] = None
+    watchdog: Optional[Watchdog] = None
 
 
 class Execution:
     """One program being run against one allocator: the engine, the calls made so far, and the run's counters.
 
     Invariant kept: ``calls`` lists every call started, in order, including one that raised; ``failed`` is set once
-    a call has raised, after which the engine's state is not trusted (teardown skips its checks).
+    a call has raised (or the user interrupted one), after which the engine's state is not trusted and teardown
+    skips its checks.
     """
 
-    def __init__(self, engine: Engine, stats: Optional[RunStats] = None) -> None:
+    def __init__(self, engine: Engine, stats: Optional[RunStats] = None, safeguards: Safeguards = Safeguards()) -> None:
         self.engine = engine  # the allocator under test, and kvfuzz's model of it
         self.stats = stats  # the run's counters, shared by every example of the run
+        self.safeguards = safeguards  # journal and watchdog
         self.calls: list[Call] = []  # the program so far
-        self.failed = False  # a call raised
+        self.failed = False  # a call raised or was interrupted
         if stats is not None:
-            stats.examples += 1
+            stats.example_started()
+        if safeguards.journal is not None:
+            safeguards.journal.begin_example()
 
     def accepts(self, call: Call) -> bool:
         """Whether ``call`` could have been drawn in the current state (its operation enabled, its arguments ones
@@ -41,38 +57,59 @@ class Execution:
         return operation is not None and operation.accepts(self.engine.expected, call.kwargs())
 
     def execute(self, name: str, arguments: Mapping[str, Any]) -> None:
-        """Record and count the call, then perform it; a failure is noted with the program that led to it."""
-        self.calls.append(Call(name, arguments))
+        """Record, journal and count the call, then perform it under the watchdog; a failure is noted with the
+        program that led to it."""
+        call = Call(name, arguments)
+        self.calls.append(call)
+        if self.safeguards.journal is not None:
+            self.safeguards.journal.call(program_json((call,))[0])
         if self.stats is not None:
             self.stats.count_step()
-        try:
+        with self._guarded(str(call)):
             BY_NAME[name].apply(self.engine, **arguments)
-        except Exception:
-            self.failed = True
-            if self.stats is not None:
-                self.stats.failed(self.calls)
-            raise
 
     def teardown(self) -> None:
-        """Invariant 10 once every sequence is gone; skipped after a failure, whose state is already broken."""
-        if self.failed:
-            return
+        """Invariant 10 once every sequence is gone; skipped after a failure, whose state is already broken. The
+        pools are released either way, so a run's memory does not wait for the garbage collector."""
         try:
-            self.engine.quiesce()
-        except Exception:
-            if self.stats is not None:
-                self.stats.failed(self.calls)
-            raise
+            if not self.failed:
+                with self._guarded("teardown (quiesce)"):
+                    self.engine.quiesce()
+        finally:
+            self.engine.close()
+
+    @contextlib.contextmanager
+    def _guarded(self, operation: str) -> Iterator[None]:
+        """Run one operation under the watchdog. A failure marks the execution failed and is counted with its
+        program; a ``BaseException`` the allocator lets out is reported as its crash
+        (:class:`~kvfuzz.program.safeguards.AllocatorEscape`), never as the user's interrupt."""
+        watchdog = self.safeguards.watchdog
+        if watchdog is not None:
+            watchdog.arm(operation)
+        try:
+            yield
+        except BaseException as raised:
+            error = escaped(raised)
+            self.failed = True
+            if self.stats is not None and not isinstance(error, UserInterrupt):
+                self.stats.failed(self.calls, error)
+            if error is raised:
+                raise
+            raise error from raised
+        finally:
+            if watchdog is not None:
+                watchdog.disarm()
 
 
 @attrs.frozen
 class Target:
-    """What programs run against: an allocator factory, the configuration to build it and its engine with, and the
-    run's counters (None when nothing counts)."""
+    """What programs run against: an allocator factory, the configuration to build it and its engine with, the
+    run's counters (None when nothing counts) and its safeguards."""
 
     factory: AllocatorFactory
     config: MachineConfig = MachineConfig()
     stats: Optional[RunStats] = attrs.field(default=None, eq=False)
+    safeguards: Safeguards = attrs.field(default=Safeguards(), eq=False)
 
     def start(self) -> Execution:
         """A fresh allocator and engine, ready for a program's first call."""
@@ -83,4 +120,4 @@ class Target:
             stats.operations if stats is not None else None,
             on_step=stats.occupancy.record if stats is not None else None,
         )
-        return Execution(engine, stats)
+        return Execution(engine, stats, self.safeguards)

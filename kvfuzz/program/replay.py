@@ -16,6 +16,8 @@ import attrs
 
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
+from kvfuzz.program.safeguards import AllocatorHang
+from kvfuzz.program.stats import failure_kind
 
 
 class NotApplicable(Exception):
@@ -27,43 +29,49 @@ class NotApplicable(Exception):
 class ReplayOutcome:
     """What a replay raised, and at which call (``len(calls)`` for the teardown); both None if nothing failed."""
 
-    failure: Optional[Exception]
+    failure: Optional[BaseException]
     failed_at: Optional[int]
 
 
 def replay(
     target: Target, calls: Sequence[Call], on_call: Optional[Callable[[int, Call], None]] = None
 ) -> ReplayOutcome:
-    """Run ``calls`` on a fresh allocator, then the teardown, stopping at the first failure.
+    """Run ``calls`` on a fresh allocator, then the teardown, stopping at the first failure (a hang included).
 
     Raises :class:`NotApplicable` if some call cannot be made in the state the earlier calls left.
     """
     execution = target.start()
-    for index, call in enumerate(calls):
-        if not execution.accepts(call):
-            raise NotApplicable(f"call {index + 1}, {call}, cannot be made in the state the calls before it left")
-        if on_call is not None:
-            on_call(index, call)
+    try:
+        for index, call in enumerate(calls):
+            if not execution.accepts(call):
+                raise NotApplicable(f"call {index + 1}, {call}, cannot be made in the state the calls before it left")
+            if on_call is not None:
+                on_call(index, call)
+            try:
+                execution.execute(call.rule, call.kwargs())
+            except (Exception, AllocatorHang) as error:  # noqa: BLE001 -- the failure is the result
+                return ReplayOutcome(error, index)
         try:
-            execution.execute(call.rule, call.kwargs())
-        except Exception as error:  # noqa: BLE001 -- the failure is the result
-            return ReplayOutcome(error, index)
-    try:
-        execution.teardown()
-    except Exception as error:  # noqa: BLE001
-        return ReplayOutcome(error, len(calls))
-    return ReplayOutcome(None, None)
+            execution.teardown()
+        except (Exception, AllocatorHang) as error:  # noqa: BLE001
+            return ReplayOutcome(error, len(calls))
+        return ReplayOutcome(None, None)
+    finally:
+        execution.engine.close()
 
 
-def reproduces(target: Target, calls: Sequence[Call], failure: type[Exception]) -> bool:
+def reproduces(target: Target, calls: Sequence[Call], kind: str) -> bool:
+    """Whether replaying ``calls`` fails with a failure of this kind (:func:`~kvfuzz.program.stats.failure_kind`)."""
     try:
-        return type(replay(target, calls).failure) is failure
+        failure = replay(target, calls).failure
     except NotApplicable:
         return False
+    return failure is not None and failure_kind(failure) == kind
 
 
-def minimize(target: Target, calls: Sequence[Call], failure: type[Exception], seconds: float = 10.0) -> list[Call]:
-    """Delete as many calls as possible while the program still fails with ``failure``, within ``seconds``."""
+def minimize(target: Target, calls: Sequence[Call], kind: str, seconds: float = 10.0) -> list[Call]:
+    """Delete as many calls as possible while the program still fails with a failure of ``kind``, within
+    ``seconds``."""
     current = list(calls)
     deadline = time.perf_counter() + seconds
     chunk = max(1, len(current) // 2)
@@ -71,7 +79,7 @@ def minimize(target: Target, calls: Sequence[Call], failure: type[Exception], se
         start, deleted = 0, False
         while start < len(current) and time.perf_counter() < deadline:
             candidate = current[:start] + current[start + chunk :]
-            if candidate and reproduces(target, candidate, failure):
+            if candidate and reproduces(target, candidate, kind):
                 current, deleted = candidate, True
             else:
                 start += chunk

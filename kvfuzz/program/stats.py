@@ -9,32 +9,63 @@ from typing import Callable, Optional
 import attrs
 
 from kvfuzz.accounting.occupancy import OccupancyLog
+from kvfuzz.program.call import Call
+
+
+def failure_kind(error: BaseException) -> str:
+    """What makes two failures the same bug for shrinking and confirmation: the invariant broken, or the type of
+    the exception (for a ``BaseException`` that escaped the allocator, the type that escaped)."""
+    invariant = getattr(error, "invariant", None)
+    if invariant is not None:
+        return str(invariant)
+    original = getattr(error, "original", None)
+    return f"crash ({type(original if isinstance(original, BaseException) else error).__name__})"
 
 
 @attrs.define
 class RunStats:
     """Mutable tallies of one run. ``operations`` counts every operation and outcome by name; ``occupancy`` samples
-    the device pool after every step of every example."""
+    the device pool after every step of every example.
 
-    operations: Counter = attrs.field(factory=Counter)
+    Invariant kept: ``best_program`` is the shortest program seen failing like the run's first failure
+    (``first_kind``), so an interrupted shrink still has the best failure found so far.
+    """
+
+    operations: Counter[str] = attrs.field(factory=Counter)
     occupancy: OccupancyLog = attrs.field(factory=OccupancyLog)
-    examples: int = 0
-    steps: int = 0
+    examples: int = 0  # programs started before the first failure (the search)
+    shrink_runs: int = 0  # programs started after it (shrinking and confirming)
+    steps: int = 0  # calls executed, in every program
     started: float = attrs.field(factory=time.perf_counter)
+    phase: str = "random programs"  # what the run is doing now, for progress lines
     first_failure_examples: Optional[int] = None
     first_failure_seconds: Optional[float] = None
-    last_failing_program: Optional[list] = None
+    first_kind: Optional[str] = None  # failure_kind of the first failure
+    best_program: Optional[list[Call]] = None
+    best_failure: Optional[BaseException] = None
+    last_failing_program: Optional[list[Call]] = None
     on_step: Optional[Callable[["RunStats"], None]] = None
+
+    def example_started(self) -> None:
+        if self.first_kind is None:
+            self.examples += 1
+        else:
+            self.shrink_runs += 1
 
     def count_step(self) -> None:
         self.steps += 1
         if self.on_step is not None:
             self.on_step(self)
 
-    def failed(self, program: list) -> None:
-        """A rule raised: remember when the run's first failure happened (before any shrinking), and the program
-        of the latest failing example (after shrinking, Hypothesis runs the minimal one last, to report it)."""
+    def failed(self, program: list[Call], error: BaseException) -> None:
+        """A program failed: remember when the run's first failure happened (before any shrinking), the program of
+        the latest failing example (after shrinking, Hypothesis runs the minimal one last, to report it), and the
+        shortest program that fails like the first."""
         self.last_failing_program = list(program)
-        if self.first_failure_examples is None:
+        kind = failure_kind(error)
+        if self.first_kind is None:
+            self.first_kind = kind
             self.first_failure_examples = self.examples
             self.first_failure_seconds = time.perf_counter() - self.started
+        if kind == self.first_kind and (self.best_program is None or len(program) <= len(self.best_program)):
+            self.best_program, self.best_failure = list(program), error

@@ -16,7 +16,7 @@ from hypothesis.strategies import SearchStrategy
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.engine import Engine
 from kvfuzz.engine.expected import ExpectedState
-from kvfuzz.program.execution import Execution, Target
+from kvfuzz.program.execution import Execution, Safeguards, Target
 from kvfuzz.program.operations import OPERATIONS, Operation
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory
@@ -28,10 +28,11 @@ class KVCacheMachine(RuleBasedStateMachine):
     factory: AllocatorFactory
     config: MachineConfig = MachineConfig()
     stats: Optional[RunStats] = None
+    safeguards: Safeguards = Safeguards()
 
     def __init__(self) -> None:
         super().__init__()
-        self.execution: Execution = Target(self.factory, self.config, self.stats).start()
+        self.execution: Execution = Target(self.factory, self.config, self.stats, self.safeguards).start()
 
     @property
     def engine(self) -> Engine:
@@ -66,12 +67,16 @@ del _operation
 
 
 def machine_for(
-    factory: AllocatorFactory, config: MachineConfig = MachineConfig(), stats: Optional[RunStats] = None
+    factory: AllocatorFactory,
+    config: MachineConfig = MachineConfig(),
+    stats: Optional[RunStats] = None,
+    safeguards: Safeguards = Safeguards(),
 ) -> type[KVCacheMachine]:
-    """A machine class bound to one allocator factory and configuration (and, optionally, a stats counter)."""
+    """A machine class bound to one allocator factory and configuration (and, optionally, a run's counters and
+    safeguards)."""
     name = getattr(factory, "__name__", "Allocator")
     return type(
         f"KVCacheMachine_{name}",
         (KVCacheMachine,),
-        {"factory": staticmethod(factory), "config": config, "stats": stats},
+        {"factory": staticmethod(factory), "config": config, "stats": stats, "safeguards": safeguards},
     )

@@ -1,0 +1,93 @@
+"""Recovering the failure of a run the allocator killed: a journal (:class:`kvfuzz.program.safeguards.Journal`) left
+by a process that no longer exists holds the program it was running when it died; it becomes a trace in the same
+corpus, labelled as a crash of the process, and the journal is removed.
+
+Every command that saves traces into a corpus recovers that corpus's journals before doing anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from kvfuzz.program.safeguards import JOURNAL_FORMAT, JOURNAL_PREFIX
+from kvfuzz.trace import FORMAT, TraceError, from_json, save
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _last_program(lines: list[str]) -> tuple[Optional[dict[str, Any]], list[dict[str, Any]]]:
+    """The journal's header and the calls of its last program (a torn last line, written as the process died, is
+    dropped)."""
+    header: Optional[dict[str, Any]] = None
+    program: list[dict[str, Any]] = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if record.get("format") == JOURNAL_FORMAT:
+            header = record
+        elif "example" in record:
+            program = []
+        elif "rule" in record:
+            program.append(record)
+    return header, program
+
+
+def recover(directory: Path) -> list[tuple[Path, str]]:
+    """Turn every journal in ``directory`` whose process is gone into a trace; returns (path, message) for each
+    journal handled: the trace it became, or why it could not become one."""
+    handled: list[tuple[Path, str]] = []
+    for journal in sorted(directory.glob(f"{JOURNAL_PREFIX}*.jsonl")):
+        try:
+            pid = int(journal.stem[len(JOURNAL_PREFIX) :])
+        except ValueError:
+            continue
+        if pid != os.getpid() and _alive(pid):
+            continue  # another run is using it
+        try:
+            header, program = _last_program(journal.read_text(encoding="utf-8", errors="replace").splitlines())
+        except OSError as error:
+            handled.append((journal, f"could not read {journal}: {error}"))
+            continue
+        if header is None or not program:
+            journal.unlink(missing_ok=True)
+            continue
+        last = program[-1]
+        data = {
+            "format": FORMAT,
+            "allocator": header.get("allocator"),
+            "config": header.get("config"),
+            "program": program,
+            "failure": {
+                "invariant": None,
+                "title": "crash (the process died)",
+                "operation": f"{last.get('rule')}",
+                "explanation": (
+                    f"the kvfuzz process (pid {pid}) died during call {len(program)}, {last.get('rule')}, of this "
+                    "program (a segfault, an abort or a kill in the allocator): replay it to see how"
+                ),
+            },
+            "known_bug": None,
+        }
+        try:
+            path, _ = save(from_json(data), directory)
+        except (TraceError, OSError) as error:
+            handled.append((journal, f"the journal {journal} of a run that died could not become a trace: {error}"))
+            continue
+        journal.unlink(missing_ok=True)
+        handled.append((path, f"recovered the program a run that died (pid {pid}) was running: {path}"))
+    return handled

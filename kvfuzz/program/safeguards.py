@@ -1,0 +1,169 @@
+"""What keeps a failure from being lost or invented while an allocator misbehaves: the user's Ctrl-C told apart from
+an allocator's exceptions, a watchdog for calls that never return, and an append-only journal of the program being
+run, for a process the allocator kills.
+
+* :class:`UserInterrupt`: while :func:`user_interrupts` is active, SIGINT raises this ``KeyboardInterrupt``; any other
+  ``BaseException`` that escapes an allocator call (``SystemExit``, a ``KeyboardInterrupt`` the user did not send,
+  a test runner's skip) is the allocator's crash, :class:`AllocatorEscape`.
+* :class:`Watchdog`: one operation may run for at most ``seconds``; past that the main thread gets
+  :class:`AllocatorHang`, a ``BaseException`` so that Hypothesis does not spend the timeout again on every shrink.
+* :class:`Journal`: the calls of the running program, flushed before each call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, Iterator, Optional
+
+
+class UserInterrupt(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) from the person running kvfuzz: stop, report what was found, never blame the allocator."""
+
+
+class AllocatorEscape(Exception):
+    """A ``BaseException`` that is not an ``Exception`` escaped the allocator: a crash, reported and saved."""
+
+    def __init__(self, original: BaseException) -> None:
+        self.original = original
+        super().__init__(f"{type(original).__name__} escaped the allocator: {original!r}")
+
+
+class AllocatorHang(BaseException):
+    """An operation did not return within the watchdog's limit."""
+
+    def __init__(self, operation: str, seconds: float) -> None:
+        self.operation = operation
+        self.seconds = seconds
+        super().__init__(f"{operation} did not return within {seconds:g} s (--call-timeout)")
+
+
+_interrupts_active = False  # SIGINT raises UserInterrupt, so a plain KeyboardInterrupt is not the user's
+
+
+def _raise_user_interrupt(signum: int, frame: Optional[FrameType]) -> None:
+    raise UserInterrupt()
+
+
+@contextlib.contextmanager
+def user_interrupts() -> Iterator[None]:
+    """While active (in the main thread), Ctrl-C raises :class:`UserInterrupt`; elsewhere it does nothing."""
+    global _interrupts_active
+    if threading.current_thread() is not threading.main_thread() or _interrupts_active:
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _raise_user_interrupt)
+    _interrupts_active = True
+    try:
+        yield
+    finally:
+        _interrupts_active = False
+        signal.signal(signal.SIGINT, previous)
+
+
+def escaped(error: BaseException) -> BaseException:
+    """What an exception leaving an allocator operation means: the user's interrupt and a hang pass through; any
+    other non-``Exception`` (a ``KeyboardInterrupt`` only while SIGINT is ours) becomes :class:`AllocatorEscape`."""
+    if isinstance(error, (Exception, UserInterrupt, AllocatorHang)):
+        return error
+    if isinstance(error, KeyboardInterrupt) and not _interrupts_active:
+        return error
+    if isinstance(error, GeneratorExit):
+        return error
+    return AllocatorEscape(error)
+
+
+class Watchdog:
+    """Interrupts an operation that runs past ``seconds``: a daemon thread watches one deadline at a time and, when
+    it passes, signals the main thread (SIGUSR1), whose handler raises :class:`AllocatorHang`. Arming and disarming
+    cost two attribute writes. Only the main thread can be interrupted; elsewhere the watchdog stays off."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds  # the most one operation may take
+        self._deadline: Optional[float] = None  # monotonic time the running operation must finish by
+        self._operation = ""  # the running operation, for the report
+        self._fired = False  # the deadline passed and the main thread was signalled
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._previous_handler: Any = None
+
+    def __enter__(self) -> "Watchdog":
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGUSR1, self._on_signal)
+            self._thread = threading.Thread(target=self._watch, name="kvfuzz-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            signal.signal(signal.SIGUSR1, self._previous_handler)
+            self._thread = None
+
+    def arm(self, operation: str) -> None:
+        self._operation, self._fired = operation, False
+        self._deadline = time.monotonic() + self.seconds
+
+    def disarm(self) -> None:
+        self._deadline = None
+
+    def _watch(self) -> None:
+        main = threading.main_thread().ident
+        assert main is not None
+        while not self._stop.wait(min(0.1, self.seconds / 4)):
+            deadline = self._deadline
+            if deadline is not None and not self._fired and time.monotonic() > deadline:
+                self._fired = True
+                signal.pthread_kill(main, signal.SIGUSR1)
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self._fired and self._deadline is not None:
+            self._deadline = None
+            raise AllocatorHang(self._operation, self.seconds)
+
+
+JOURNAL_PREFIX = ".kvfuzz-journal-"
+JOURNAL_FORMAT = "kvfuzz-journal/1"
+
+
+class Journal:
+    """An append-only file of the programs a run executes, one JSON object a line, flushed before each call: a
+    header (``{"format": "kvfuzz-journal/1", "pid": ..., "allocator": ..., "config": {...}}``), then
+    ``{"example": n}`` before each program and ``{"rule": ..., "arguments": {...}}`` per call, in the trace format.
+    If the process dies, the last program in the file is the one that killed it; :mod:`kvfuzz.corpus` turns such
+    a journal into a trace. A run that ends normally deletes its journal."""
+
+    def __init__(self, directory: Path, allocator: str, config_json: dict[str, Any]) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"{JOURNAL_PREFIX}{os.getpid()}.jsonl"  # one per process
+        self._file: Optional[IO[str]] = open(self.path, "w", encoding="utf-8")
+        self._examples = 0
+        self._write({"format": JOURNAL_FORMAT, "pid": os.getpid(), "allocator": allocator, "config": config_json})
+
+    def begin_example(self) -> None:
+        self._examples += 1
+        self._write({"example": self._examples})
+
+    def call(self, record: dict[str, Any]) -> None:
+        """One call, as a trace's program lists it (``{"rule": ..., "arguments": {...}}``)."""
+        self._write(record)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        """The run ended in this process: the journal is not needed."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            with contextlib.suppress(OSError):
+                self.path.unlink()

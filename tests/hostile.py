@@ -1,0 +1,119 @@
+"""Hostile allocators: kvfuzz's own allocator, each with one way a real allocator under development misbehaves
+(a wrong return type, an escaping BaseException, a hang, a segfault, nondeterminism). The tests in
+test_hostile_allocators.py check that kvfuzz reports each as a real, saved, replayable failure, and never loses it or
+invents one. Each factory is importable as ``tests.hostile:NAME`` from the repository root."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import sys
+import time
+from typing import Any
+
+from kvfuzz.allocator import PagedAllocator
+from kvfuzz.allocator.errors import OutOfBlocks
+from kvfuzz.allocator.types import AdmitResult, PoolSpec
+
+
+def _build(cls: type[PagedAllocator], spec: PoolSpec) -> PagedAllocator:
+    return cls(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=1)
+
+
+class _NoneWhenFull(PagedAllocator):
+    """vLLM's ``allocate_slots`` convention: None instead of raising OutOfBlocks."""
+
+    def admit(self, seq: str, namespace: tuple[str, ...], tokens: tuple[int, ...]) -> Any:
+        try:
+            return super().admit(seq, namespace, tokens)
+        except OutOfBlocks:
+            return None
+
+
+class _ExitsOnFork(PagedAllocator):
+    def fork(self, parent: str, child: str) -> None:
+        sys.exit(0)
+
+
+class _SkipsOnPreempt(PagedAllocator):
+    def preempt(self, seq: str) -> None:
+        import pytest
+
+        pytest.skip("the allocator called pytest.skip")
+
+
+class _InterruptsOnRollback(PagedAllocator):
+    def rollback(self, seq: str, num_tokens: int) -> None:
+        raise KeyboardInterrupt  # not the user's: nobody pressed Ctrl-C
+
+
+class _HangsOnRollback(PagedAllocator):
+    def rollback(self, seq: str, num_tokens: int) -> None:
+        while True:
+            time.sleep(0.01)
+
+
+class _SegfaultsOnRollback(PagedAllocator):
+    def rollback(self, seq: str, num_tokens: int) -> None:
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+class _SometimesLeaks(PagedAllocator):
+    """Leaks a preempted sequence's table entry half the time (a race, as far as kvfuzz can tell)."""
+
+    def preempt(self, seq: str) -> None:
+        if random.random() < 0.5:
+            state = self._seqs.pop(seq)
+            del state  # its blocks stay referenced: invariant 3/4 or 10
+            return
+        super().preempt(seq)
+
+
+class _SlowFreeLeak(PagedAllocator):
+    """Leaks on free (found at once) and is slow, so shrinking it takes long enough to be interrupted."""
+
+    def free(self, seq: str) -> None:
+        time.sleep(float(os.environ.get("KVFUZZ_TEST_SLOW", "0.002")))
+        self._seqs.pop(seq)
+
+
+def none_when_full(spec: PoolSpec) -> PagedAllocator:
+    return _build(_NoneWhenFull, spec)
+
+
+def exits_on_fork(spec: PoolSpec) -> PagedAllocator:
+    return _build(_ExitsOnFork, spec)
+
+
+def skips_on_preempt(spec: PoolSpec) -> PagedAllocator:
+    return _build(_SkipsOnPreempt, spec)
+
+
+def interrupts_on_rollback(spec: PoolSpec) -> PagedAllocator:
+    return _build(_InterruptsOnRollback, spec)
+
+
+def hangs_on_rollback(spec: PoolSpec) -> PagedAllocator:
+    return _build(_HangsOnRollback, spec)
+
+
+def segfaults_on_rollback(spec: PoolSpec) -> PagedAllocator:
+    return _build(_SegfaultsOnRollback, spec)
+
+
+def sometimes_leaks(spec: PoolSpec) -> PagedAllocator:
+    return _build(_SometimesLeaks, spec)
+
+
+def slow_free_leak(spec: PoolSpec) -> PagedAllocator:
+    return _build(_SlowFreeLeak, spec)
+
+
+def returns_admit_result_of_strings(spec: PoolSpec) -> PagedAllocator:
+    class _Strings(PagedAllocator):
+        def admit(self, seq: str, namespace: tuple[str, ...], tokens: tuple[int, ...]) -> AdmitResult:
+            result = super().admit(seq, namespace, tokens)
+            return AdmitResult([str(block) for block in result.block_table], result.num_cached_tokens)  # type: ignore[misc]
+
+    return _build(_Strings, spec)

@@ -1,0 +1,149 @@
+"""A failure kvfuzz found is never lost, and a failure it reports is real: hostile allocators (wrong return types,
+escaping BaseExceptions, hangs, segfaults, nondeterminism) and the user's Ctrl-C, through the runner and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvfuzz.allocator import paged_allocator
+from kvfuzz.engine import Invariant, MachineConfig
+from kvfuzz.program.execution import Target
+from kvfuzz.program.replay import replay
+from kvfuzz.runner import run
+from tests import hostile
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_none_instead_of_a_refusal_is_a_contract_violation_not_a_refusal() -> None:
+    summary = run(hostile.none_when_full, MachineConfig(num_blocks=4), examples=60, steps=30)
+    assert summary.failed and summary.violated is Invariant.RESULTS, summary.explanation
+    assert "returned None (NoneType)" in (summary.explanation or "")
+    assert "OutOfBlocks" in (summary.explanation or "")
+
+
+def test_block_ids_of_the_wrong_type_get_a_contract_message() -> None:
+    summary = run(hostile.returns_admit_result_of_strings, examples=10, steps=10)
+    assert summary.failed and summary.violated is Invariant.RESULTS, summary.explanation
+    assert "where an int belongs" in (summary.explanation or "") or "block ids as int" in (summary.explanation or "")
+
+
+@pytest.mark.parametrize(
+    ("factory", "escaped"),
+    [
+        (hostile.exits_on_fork, "SystemExit"),
+        (hostile.skips_on_preempt, "Skipped"),
+        (hostile.interrupts_on_rollback, "KeyboardInterrupt"),
+    ],
+)
+def test_a_base_exception_from_the_allocator_is_its_crash(factory, escaped: str) -> None:
+    summary = run(factory, examples=100, steps=30)
+    assert summary.failed and not summary.interrupted
+    assert summary.invariant == f"crash ({escaped})", summary.invariant
+    assert summary.calls and summary.program_length <= 6
+    assert summary.reproduced == summary.replays > 0
+
+
+def test_a_hang_is_reported_in_the_named_operation_with_the_program_so_far() -> None:
+    started = time.perf_counter()
+    summary = run(hostile.hangs_on_rollback, examples=50, steps=30, call_timeout=0.5)
+    assert time.perf_counter() - started < 30
+    assert summary.failed and summary.invariant == "hang"
+    assert "rollback" in (summary.explanation or "") and "0.5 s" in (summary.explanation or "")
+    assert summary.calls[-1].rule == "rollback" and summary.shrink_note is not None
+
+
+def test_a_nondeterministic_failure_is_confirmed_by_replays_and_reported_as_flaky() -> None:
+    flaky_seen = False
+    for seed in range(4):
+        summary = run(hostile.sometimes_leaks, examples=60, steps=30, seed=seed, confirm_replays=8)
+        assert summary.failed, "a leak half the time is found"
+        assert summary.replays == 8 and summary.reproduced is not None
+        assert summary.flaky == (summary.reproduced < 8)
+        flaky_seen |= summary.flaky
+    assert flaky_seen, "in four runs, some shrunk program did not reproduce on every replay"
+
+
+def test_ctrl_c_during_the_search_of_a_correct_allocator_is_no_failure() -> None:
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        summary = run(paged_allocator, examples=100_000, steps=50)
+    finally:
+        timer.cancel()
+    assert summary.interrupted and not summary.failed
+    assert 0 < summary.examples < 100_000
+
+
+def test_ctrl_c_while_shrinking_keeps_the_best_failure_found_so_far(monkeypatch) -> None:
+    monkeypatch.setenv("KVFUZZ_TEST_SLOW", "0.02")
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        summary = run(hostile.slow_free_leak, examples=200, steps=50, random_examples=0)
+    finally:
+        timer.cancel()
+    assert summary.interrupted and summary.failed and summary.calls
+    assert summary.invariant != "crash (FlakyFailure)" and "Flaky" not in (summary.invariant or "")
+    assert summary.shrink_note is not None and "interrupted" in summary.shrink_note
+    # The failure it keeps is real: its program fails the same way on replay.
+    outcome = replay(Target(hostile.slow_free_leak), summary.calls)
+    assert outcome.failure is not None and str(getattr(outcome.failure, "invariant", "")) == summary.invariant
+
+
+def test_pools_are_released_between_examples() -> None:
+    """Every example's pools are freed when it ends, not by a later garbage collection."""
+    import gc
+
+    gc.disable()
+    try:
+        executions = []
+        target = Target(paged_allocator, MachineConfig(num_blocks=64))
+        for _ in range(3):
+            execution = target.start()
+            execution.execute("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1]})
+            execution.teardown()
+            executions.append(execution)
+        assert all(execution.engine.pools.keys.numel() == 0 for execution in executions)
+    finally:
+        gc.enable()
+
+
+def _kvfuzz(*args: str, cwd: Path, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kvfuzz.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        **kwargs,
+    )
+
+
+def test_a_segfault_leaves_a_journal_that_becomes_a_replayable_trace(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    died = _kvfuzz("run", "--allocator", "tests.hostile:segfaults_on_rollback", "--corpus", str(corpus), cwd=ROOT)
+    assert died.returncode in (-signal.SIGSEGV, 128 + signal.SIGSEGV), died.returncode
+    assert "Segmentation fault" in died.stderr  # faulthandler's traceback
+    journals = list(corpus.glob(".kvfuzz-journal-*.jsonl"))
+    assert len(journals) == 1
+    lines = [json.loads(line) for line in journals[0].read_text().splitlines()]
+    assert lines[0]["format"] == "kvfuzz-journal/1" and lines[-1]["rule"] == "rollback"
+    # The next run recovers it as a trace, before doing anything else.
+    again = _kvfuzz("run", "--allocator", "tests.hostile:segfaults_on_rollback", "--corpus", str(corpus), cwd=ROOT)
+    assert "recovered" in again.stdout + again.stderr
+    traces = list(corpus.glob("*.json"))
+    assert traces, "the recovered program is a trace"
+    trace = json.loads(traces[0].read_text())
+    assert trace["program"][-1]["rule"] == "rollback"
+    assert trace["failure"]["title"].startswith("crash (the process died")
