@@ -345,6 +345,16 @@ def test_every_program_the_machine_draws_survives_save_and_load(tmp_path: Path) 
     assert drawn == {operation.name for operation in OPERATIONS}
 
 
+def test_a_trace_built_from_a_json_object_is_validated_like_a_file() -> None:
+    """``kvfuzz.trace.from_json`` (journal recovery builds traces with it) checks what ``load`` checks. Old code had
+    no such function: code that built a Trace from JSON did so unchecked."""
+    from kvfuzz.trace import from_json
+
+    assert from_json(trace_data()).digest() == load(KNOWN_BUG).digest()
+    with pytest.raises(TraceError, match=r'^journal: program\[1\]\.rule: "frobnicate" is not an operation'):
+        from_json(_set("program.1.rule", "frobnicate")(trace_data()), "journal")
+
+
 def test_replay_goes_on_after_bad_files_and_exits_with_the_worst_status(tmp_path: Path) -> None:
     """Old code stopped at the binary file with a UnicodeDecodeError traceback and never replayed the files after
     it."""
