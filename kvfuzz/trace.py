@@ -80,7 +80,7 @@ class Trace:
 
     def digest(self) -> str:
         """Identifies the failure: the same allocator, configuration and program give the same digest."""
-        key = json.dumps([self.allocator, _config_json(self.config, None), _program_json(self.program)], sort_keys=True)
+        key = json.dumps([self.allocator, config_json(self.config, None), program_json(self.program)], sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:12]
 
     def file_name(self) -> str:
@@ -92,8 +92,8 @@ class Trace:
             "format": FORMAT,
             "kvfuzz_version": self.kvfuzz_version,
             "allocator": self.allocator,
-            "config": _config_json(self.config, self.inflight_window),
-            "program": _program_json(self.program),
+            "config": config_json(self.config, self.inflight_window),
+            "program": program_json(self.program),
             "failure": self.failure,
             "known_bug": self.known_bug,
         }
@@ -557,7 +557,8 @@ def is_trace_file(path: Path) -> bool:
     return json_file_kind(path) == "trace"
 
 
-def _config_json(config: MachineConfig, inflight_window: Optional[int]) -> dict[str, Any]:
+def config_json(config: MachineConfig, inflight_window: Optional[int]) -> dict[str, Any]:
+    """A machine configuration as a trace (and a journal's header) records it."""
     shape = config.shape
     dtype = next(name for name, value in DTYPES.items() if value == shape.dtype)
     fields = {
@@ -576,7 +577,8 @@ def _config_json(config: MachineConfig, inflight_window: Optional[int]) -> dict[
     return fields if config.kernel == "gather" else {**fields, "kernel": config.kernel}
 
 
-def _program_json(program: tuple[Call, ...]) -> list[dict[str, Any]]:
+def program_json(program: tuple[Call, ...]) -> list[dict[str, Any]]:
+    """A program as a trace lists it: ``[{"rule": ..., "arguments": {...}}, ...]`` (also each line of a journal)."""
     return [
         {"rule": call.rule, "arguments": {name: _encode(value) for name, value in call.arguments}} for call in program
     ]
