@@ -28,7 +28,7 @@ from hypothesis.stateful import get_state_machine_test
 from hypothesis.statistics import collector
 
 from kvfuzz.accounting.occupancy import OccupancySummary
-from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
@@ -38,7 +38,6 @@ from kvfuzz.program.safeguards import AllocatorHang, Journal, UserInterrupt, Wat
 from kvfuzz.program.stats import RunStats, failure_kind
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory
 from kvfuzz.statemachines.machine import machine_for
-from kvfuzz.trace import config_json
 
 # load_factory and AllocatorNotFound lived here before kvfuzz.registry; exported tests import them from here.
 __all__ = ["DEFAULT_ALLOCATOR", "AllocatorNotFound", "RunSummary", "load_factory", "run", "run_settings"]

@@ -45,16 +45,15 @@ import attrs
 import torch
 
 import kvfuzz
-from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.config import DTYPES, MachineConfig, config_json
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.kernels import KERNEL_NAMES
-from kvfuzz.program.call import Call
+from kvfuzz.program.call import Call, program_json
 from kvfuzz.program.operations import BY_NAME
 from kvfuzz.reference.content import ModelShape
 
 FORMAT = "kvfuzz-trace/1"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TUPLE_ARGUMENTS = {"namespace", "system"}
 
 
@@ -555,38 +554,3 @@ def json_file_kind(path: Path) -> Optional[str]:
 def is_trace_file(path: Path) -> bool:
     """Whether ``path`` is a ``.json`` file whose bytes name the trace format (see :func:`json_file_kind`)."""
     return json_file_kind(path) == "trace"
-
-
-def config_json(config: MachineConfig, inflight_window: Optional[int]) -> dict[str, Any]:
-    """A machine configuration as a trace (and a journal's header) records it."""
-    shape = config.shape
-    dtype = next(name for name, value in DTYPES.items() if value == shape.dtype)
-    fields = {
-        "block_size": config.block_size,
-        "num_blocks": config.num_blocks,
-        "num_host_blocks": config.num_host_blocks,
-        "inflight_window": inflight_window,
-        "num_layers": shape.num_layers,
-        "num_kv_heads": shape.num_kv_heads,
-        "num_query_heads": shape.num_query_heads,
-        "head_dim": shape.head_dim,
-        "dtype": dtype,
-        "device": shape.device,
-    }
-    # The default kernel is left out, so traces (and their digests) from before kernels existed stay the same.
-    return fields if config.kernel == "gather" else {**fields, "kernel": config.kernel}
-
-
-def program_json(program: tuple[Call, ...]) -> list[dict[str, Any]]:
-    """A program as a trace lists it: ``[{"rule": ..., "arguments": {...}}, ...]`` (also each line of a journal)."""
-    return [
-        {"rule": call.rule, "arguments": {name: _encode(value) for name, value in call.arguments}} for call in program
-    ]
-
-
-def _encode(value: Any) -> Any:
-    if isinstance(value, MisuseCall):
-        return {"misuse": {"op": value.op, "args": _encode(value.args), "why": value.why}}
-    if isinstance(value, (tuple, list)):
-        return [_encode(item) for item in value]
-    return value

@@ -20,7 +20,8 @@ def _modules() -> dict[str, Path]:
 
 def import_graph() -> dict[str, set[str]]:
     """Module -> the kvfuzz modules it imports, anywhere in its body (functions and TYPE_CHECKING blocks too):
-    ``from kvfuzz.a import b`` names ``kvfuzz.a.b`` when that is a module, else ``kvfuzz.a``."""
+    ``from kvfuzz.a import b`` names ``kvfuzz.a.b`` when that is a module, else ``kvfuzz.a``; and the packages whose
+    ``__init__`` such an import runs first (``kvfuzz.a`` for an import of ``kvfuzz.a.b`` from outside ``kvfuzz.a``)."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
@@ -40,7 +41,14 @@ def import_graph() -> dict[str, set[str]]:
                 for alias in node.names:
                     candidate = f"{source}.{alias.name}"
                     edges.add(candidate if candidate in modules else source)
-        graph[name] = {edge for edge in edges if edge in modules and edge != name}
+        # Importing kvfuzz.a.b runs kvfuzz/a/__init__.py first, unless the importer is already inside kvfuzz.a.
+        parents = {
+            ".".join(edge.split(".")[:depth])
+            for edge in edges
+            for depth in range(2, len(edge.split(".")))
+            if not (name + ".").startswith(".".join(edge.split(".")[:depth]) + ".")
+        }
+        graph[name] = {edge for edge in edges | parents if edge in modules and edge != name}
     return graph
 
 

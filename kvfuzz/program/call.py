@@ -6,6 +6,8 @@ from typing import Any, Iterable
 
 import attrs
 
+from kvfuzz.engine.misuse import MisuseCall
+
 
 @attrs.frozen
 class Call:
@@ -24,3 +26,18 @@ class Call:
 def program_text(machine_name: str, calls: Iterable[Call]) -> str:
     """The program as Hypothesis prints one: construct the machine, run each call, tear down."""
     return "\n".join([f"state = {machine_name}()", *map(str, calls), "state.teardown()"])
+
+
+def program_json(program: tuple[Call, ...]) -> list[dict[str, Any]]:
+    """A program as a trace lists it: ``[{"rule": ..., "arguments": {...}}, ...]`` (also each line of a journal)."""
+    return [
+        {"rule": call.rule, "arguments": {name: _encode(value) for name, value in call.arguments}} for call in program
+    ]
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, MisuseCall):
+        return {"misuse": {"op": value.op, "args": _encode(value.args), "why": value.why}}
+    if isinstance(value, (tuple, list)):
+        return [_encode(item) for item in value]
+    return value

@@ -14,12 +14,11 @@ import attrs
 
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.engine import Engine
-from kvfuzz.program.call import Call
+from kvfuzz.program.call import Call, program_json
 from kvfuzz.program.operations import BY_NAME
 from kvfuzz.program.safeguards import Journal, UserInterrupt, Watchdog, escaped
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory
-from kvfuzz.trace import program_json
 
 
 @attrs.frozen
