@@ -3,8 +3,12 @@ a standalone pytest file."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Callable, Optional
@@ -16,10 +20,12 @@ from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.kernels import KernelUnavailable, make_kernel
 from kvfuzz.program.call import Call
-from kvfuzz.program.execution import Target
+from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.replay import NotApplicable, ReplayOutcome, replay
-from kvfuzz.registry import load_factory
-from kvfuzz.runner import RunSummary
+from kvfuzz.program.safeguards import Watchdog
+from kvfuzz.program.stats import failure_kind
+from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.runner import DEFAULT_CALL_TIMEOUT, RunSummary
 from kvfuzz.trace import Trace, failure_record, save
 
 
@@ -35,7 +41,8 @@ def trace_of(
         if isinstance(failure, InvariantViolation)
         else {"invariant": None, "title": summary.invariant, "operation": None, "explanation": summary.explanation}
     )
-    return Trace(allocator, config, summary.calls, record, inflight_window)
+    flaky = (summary.reproduced or 0, summary.replays) if summary.flaky else None
+    return Trace(allocator, config, summary.calls, record, inflight_window, flaky=flaky)
 
 
 @attrs.frozen
@@ -80,13 +87,45 @@ def save_failure(
     return SavedTrace(trace, path, written)
 
 
+PROCESS_DIED = "crash (the process died)"
+"""The title of a trace recovered from the journal of a run the allocator killed (:mod:`kvfuzz.journals`)."""
+
+
+class ProcessDied(Exception):
+    """Replaying a trace in a child process killed the child (a segfault, an abort): the recorded crash."""
+
+    def __init__(self, returncode: int, stderr: str) -> None:
+        self.returncode = returncode
+        self.stderr = stderr
+        how = f"signal {-returncode}" if returncode < 0 else f"exit status {returncode}"
+        last = [line for line in stderr.splitlines() if line.strip()][-3:]
+        super().__init__(f"the replaying process died ({how})" + "".join(f"\n  {line}" for line in last))
+
+
+def _matches(trace: Trace, failure: Optional[BaseException]) -> bool:
+    """``failure`` is the trace's recorded failure: the same invariant, or the same kind of crash or hang."""
+    if failure is None:
+        return False
+    if isinstance(failure, InvariantViolation):
+        return failure.invariant.number == trace.failure.get("invariant")
+    title = str(trace.failure.get("title"))
+    if isinstance(failure, ProcessDied):
+        return title.startswith(PROCESS_DIED)
+    return trace.failure.get("invariant") is None and (
+        failure_kind(failure) == title or f"({type(failure).__name__})" in title
+    )
+
+
 @attrs.frozen
 class TraceReplay:
-    """A trace replayed against an allocator: what happened, and whether it is the recorded failure."""
+    """A trace replayed against an allocator, ``tries`` times for a flaky trace (once otherwise): what happened, and
+    in how many tries it was the recorded failure."""
 
     trace: Trace
     allocator: str
-    outcome: ReplayOutcome
+    outcome: ReplayOutcome  # the first try that reproduced, else the first that failed, else the last
+    tries: int = 1
+    reproductions: int = 0
 
     @property
     def failed(self) -> bool:
@@ -94,39 +133,79 @@ class TraceReplay:
 
     @property
     def reproduced(self) -> bool:
-        """The recorded failure happened again: the same invariant (or, for a crash, the same exception type)."""
-        failure = self.outcome.failure
-        if isinstance(failure, InvariantViolation):
-            return failure.invariant.number == self.trace.failure.get("invariant")
-        return (
-            failure is not None
-            and self.trace.failure.get("invariant") is None
-            and f"({type(failure).__name__})" in str(self.trace.failure.get("title"))
-        )
+        """The recorded failure happened again (in at least one try): the same invariant, or the same kind of crash."""
+        return self.reproductions > 0
 
     def describe_failure(self) -> str:
         failure = self.outcome.failure
         if failure is None:
             return "no invariant broke"
-        return failure.explain() if isinstance(failure, InvariantViolation) else f"{type(failure).__name__}: {failure}"
+        described = (
+            failure.explain() if isinstance(failure, InvariantViolation) else f"{type(failure).__name__}: {failure}"
+        )
+        if self.tries > 1:
+            described += f"\n(flaky: reproduced in {self.reproductions} of {self.tries} tries)"
+        return described
 
 
 def replay_trace(
-    trace: Trace, allocator: Optional[str] = None, on_call: Optional[Callable[[int, Call], None]] = None
+    trace: Trace,
+    allocator: Optional[str] = None,
+    on_call: Optional[Callable[[int, Call], None]] = None,
+    call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT,
 ) -> TraceReplay:
-    """Replay ``trace`` against its recorded allocator, or ``allocator`` if given.
+    """Replay ``trace`` against its recorded allocator, or ``allocator`` if given: once, or as many times as its
+    confirmation replays when it is flaky; a trace of a process the allocator killed is replayed in a child
+    process, so the replay survives the crash it reproduces. Each operation runs under a watchdog of
+    ``call_timeout`` seconds (None: none).
 
     Raises :class:`~kvfuzz.runner.AllocatorNotFound` if the allocator cannot be loaded, and
     :class:`~kvfuzz.program.replay.NotApplicable` if the program (or the trace's attention kernel) does
     not fit the allocator.
     """
     spec = allocator or trace.allocator
+    if str(trace.failure.get("title")).startswith(PROCESS_DIED):
+        return _replay_in_child(trace, spec, call_timeout)
     factory = load_factory(spec)
     try:
         make_kernel(trace.config.kernel, factory(trace.config.pool_spec()))
     except KernelUnavailable as error:
         raise NotApplicable(f"the trace ran the {trace.config.kernel!r} attention kernel: {error}") from error
-    return TraceReplay(trace, spec, replay(Target(factory, trace.config), trace.program, on_call))
+    tries = trace.flaky[1] if trace.flaky is not None else 1
+    outcomes: list[ReplayOutcome] = []
+    with Watchdog(call_timeout) if call_timeout is not None else contextlib.nullcontext() as watchdog:
+        target = Target(factory, trace.config, safeguards=Safeguards(watchdog=watchdog))
+        for _ in range(tries):
+            outcomes.append(replay(target, trace.program, on_call if not outcomes else None))
+    reproducing = [outcome for outcome in outcomes if _matches(trace, outcome.failure)]
+    failing = [outcome for outcome in outcomes if outcome.failure is not None]
+    shown = (reproducing or failing or outcomes)[0 if (reproducing or failing) else -1]
+    return TraceReplay(trace, spec, shown, tries, len(reproducing))
+
+
+def _replay_in_child(trace: Trace, spec: str, call_timeout: Optional[float]) -> TraceReplay:
+    """Replay in a child Python process, which is expected to die; its death is the recorded failure."""
+    child = {**trace.to_json(), "allocator": spec, "failure": {**trace.failure, "title": "replayed in a child"}}
+    script = (
+        "import json, sys; from kvfuzz.corpus import replay_trace; from kvfuzz.trace import from_json; "
+        "r = replay_trace(from_json(json.load(sys.stdin)), call_timeout=%r); "
+        "print(json.dumps({'failed': r.failed, 'at': r.outcome.failed_at, 'what': r.describe_failure()}))"
+    ) % (call_timeout,)
+    done = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", script],
+        input=json.dumps(child),
+        capture_output=True,
+        text=True,
+        cwd=os.getcwd(),
+    )
+    if done.returncode != 0:
+        if "AllocatorNotFound" in done.stderr:
+            raise AllocatorNotFound(done.stderr.strip().splitlines()[-1])
+        outcome = ReplayOutcome(ProcessDied(done.returncode, done.stderr), None)
+        return TraceReplay(trace, spec, outcome, 1, 1)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    failure = RuntimeError(result["what"]) if result["failed"] else None
+    return TraceReplay(trace, spec, ReplayOutcome(failure, result["at"]), 1, 0)
 
 
 def export_test(trace: Trace, source: str, allocator: Optional[str] = None) -> str:
@@ -140,11 +219,24 @@ def export_test(trace: Trace, source: str, allocator: Optional[str] = None) -> s
     statemachines = "MachineConfig, MisuseCall, machine_for" if uses_misuse else "MachineConfig, machine_for"
     explanation = _docstring_text(textwrap.indent(str(trace.failure.get("explanation", "")), "    "))
     kernel = "" if trace.config.kernel == "gather" else f", kernel={trace.config.kernel!r}"
+    tries, flaky_note = 1, ""
+    if trace.flaky is not None:
+        tries = trace.flaky[1]
+        flaky_note = (
+            f"\nFlaky: it reproduced in {trace.flaky[0]} of {tries} replays when recorded, so the test runs the "
+            f"program up to {tries} times and fails if any run fails.\n"
+        )
+    body = f"""    state = machine_for(load_factory({spec!r}), config)()
+{calls}
+    state.teardown()"""
+    if tries > 1:
+        body = f"""    for _ in range({tries}):
+    {body.replace(chr(10), chr(10) + "    ")}"""
     return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.
 
 Recorded failure against {_docstring_text(trace.allocator)}:
 {explanation}
-"""
+{flaky_note}"""
 
 import torch
 
@@ -159,9 +251,7 @@ def test_{name}_{trace.digest()}():
                            shape=ModelShape(num_layers={shape.num_layers}, num_kv_heads={shape.num_kv_heads},
                                             num_query_heads={shape.num_query_heads}, head_dim={shape.head_dim},
                                             dtype={shape.dtype}, device={shape.device!r}){kernel})
-    state = machine_for(load_factory({spec!r}), config)()
-{calls}
-    state.teardown()
+{body}
 '''
 
 

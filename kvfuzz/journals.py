@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from kvfuzz.corpus import PROCESS_DIED
 from kvfuzz.program.safeguards import JOURNAL_FORMAT, JOURNAL_PREFIX
 from kvfuzz.trace import FORMAT, TraceError, from_json, save
 
@@ -74,7 +75,7 @@ def recover(directory: Path) -> list[tuple[Path, str]]:
             "program": program,
             "failure": {
                 "invariant": None,
-                "title": "crash (the process died)",
+                "title": PROCESS_DIED,
                 "operation": f"{last.get('rule')}",
                 "explanation": (
                     f"the kvfuzz process (pid {pid}) died during call {len(program)}, {last.get('rule')}, of this "

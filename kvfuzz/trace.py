@@ -76,6 +76,7 @@ class Trace:
     inflight_window: Optional[int] = None
     known_bug: Optional[str] = None
     kvfuzz_version: str = kvfuzz.__version__
+    flaky: Optional[tuple[int, int]] = None  # (reproduced, replays) when confirmation replays did not all fail
 
     def digest(self) -> str:
         """Identifies the failure: the same allocator, configuration and program give the same digest."""
@@ -95,6 +96,7 @@ class Trace:
             "program": program_json(self.program),
             "failure": self.failure,
             "known_bug": self.known_bug,
+            **({} if self.flaky is None else {"flaky": {"reproduced": self.flaky[0], "replays": self.flaky[1]}}),
         }
 
 
@@ -187,7 +189,7 @@ _FORMAT_VERSION = re.compile(r"kvfuzz-trace/([0-9]{1,9})")
 MISUSE_OPERATIONS = ("admit", "grow", "fork", "free", "preempt", "swap_out", "swap_in", "rollback", "evict")
 """The allocator operations a recorded misuse call may name (the contract's, never an arbitrary attribute)."""
 _TOP_FIELDS = {"format": True, "kvfuzz_version": False, "allocator": True, "config": True, "program": True}
-_TOP_FIELDS.update({"failure": True, "known_bug": False})  # field -> required
+_TOP_FIELDS.update({"failure": True, "known_bug": False, "flaky": False})  # field -> required
 _CONFIG_FIELDS = {name: True for name in GEOMETRY_LIMITS}
 _CONFIG_FIELDS.update({"inflight_window": False, "dtype": True, "device": True, "kernel": False})
 _FAILURE_FIELDS = {"invariant": True, "title": True, "operation": False, "explanation": False}
@@ -376,7 +378,17 @@ def _trace(data: Any) -> Trace:
     program = _program(data["program"])
     failure = _failure(data["failure"])
     known_bug = _string("known_bug", data.get("known_bug"), optional=True)
-    return Trace(allocator, config, program, failure, inflight_window, known_bug, version_text)
+    flaky = _flaky(data.get("flaky"))
+    return Trace(allocator, config, program, failure, inflight_window, known_bug, version_text, flaky)
+
+
+def _flaky(value: Any) -> Optional[tuple[int, int]]:
+    """``{"reproduced": k, "replays": n}``: the recorded failure reproduced in k of n confirmation replays."""
+    if value is None:
+        return None
+    fields = _fields(value, "flaky", {"reproduced": True, "replays": True})
+    replays = _integer("flaky.replays", fields["replays"], 1, 1000)
+    return _integer("flaky.reproduced", fields["reproduced"], 0, replays), replays
 
 
 def _config(value: Any) -> tuple[MachineConfig, Optional[int]]:

@@ -147,3 +147,26 @@ def test_a_segfault_leaves_a_journal_that_becomes_a_replayable_trace(tmp_path: P
     trace = json.loads(traces[0].read_text())
     assert trace["program"][-1]["rule"] == "rollback"
     assert trace["failure"]["title"].startswith("crash (the process died")
+
+
+def test_a_flaky_failure_is_saved_flaky_and_replayed_and_exported_as_such(tmp_path: Path) -> None:
+    from kvfuzz.corpus import export_test, replay_trace, save_failure
+    from kvfuzz.trace import load
+
+    for seed in range(8):
+        summary = run(hostile.sometimes_leaks, examples=60, steps=30, seed=seed, confirm_replays=8)
+        if summary.flaky and summary.reproduced:
+            break
+    else:
+        pytest.fail("no run of a leak that happens half the time was reported flaky")
+    saved = save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), 1, tmp_path)
+    assert saved is not None and saved.error is None
+    trace = load(saved.path)
+    assert trace.flaky == (summary.reproduced, 8)
+    assert json.loads(saved.path.read_text())["flaky"] == {"reproduced": summary.reproduced, "replays": 8}
+    replayed = replay_trace(trace)
+    assert replayed.tries == 8 and 0 < replayed.reproductions < 8 + 1
+    assert "flaky: reproduced in" in replayed.describe_failure() or not replayed.failed
+    exported = export_test(trace, str(saved.path))
+    assert "for _ in range(8):" in exported and "Flaky:" in exported
+    compile(exported, "exported", "exec")

@@ -10,6 +10,7 @@ import attrs
 
 from kvfuzz.accounting.occupancy import OccupancyLog
 from kvfuzz.program.call import Call
+from kvfuzz.program.safeguards import AllocatorHang
 
 
 def failure_kind(error: BaseException) -> str:
@@ -18,6 +19,8 @@ def failure_kind(error: BaseException) -> str:
     invariant = getattr(error, "invariant", None)
     if invariant is not None:
         return str(invariant)
+    if isinstance(error, AllocatorHang):
+        return "hang"
     original = getattr(error, "original", None)
     return f"crash ({type(original if isinstance(original, BaseException) else error).__name__})"
 
