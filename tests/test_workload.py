@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
+import random
 from pathlib import Path
 
 import attrs
 import pytest
-from factories import CopyTailOnFork, declaring
+from factories import CopyTailOnFork, declaring, make_allocator
 
-from kvfuzz.allocator.paged import paged_allocator, synchronous_allocator
+from kvfuzz.allocator.paged import PagedAllocator, paged_allocator, synchronous_allocator
 from kvfuzz.cli import main
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.workload import WorkloadError, replay_workload
@@ -101,6 +103,81 @@ def test_a_request_that_can_never_fit_is_rejected_not_spun_on():
     assert report.refusals[0].request == "huge"
 
 
+@pytest.mark.parametrize("window", [0, 1, 3])
+def test_a_request_that_outgrows_the_pool_alone_is_rejected_not_preempted_forever(window):
+    """Its prompt fits, its output does not: alone in the pool, its grow is refused. Before, it preempted itself,
+    was readmitted and refused again, for ever (49,991 preemptions in 100,000 steps, then reported as a crash):
+    a readmission is not a refusal, so the never-fits rule never fired."""
+    workload = _workload(
+        [
+            {"id": "big", "arrival": 0, "prompt_len": 4, "output_len": 20},
+            {"id": "small", "arrival": 1, "prompt_len": 2, "output_len": 2},
+        ]
+    )
+    config = _config(block_size=4, num_blocks=2)
+    scheduler = Scheduler(
+        workload, make_allocator(window=window)(config.pool_spec()), config, "under test", max_steps=500
+    )
+    report = scheduler.run()
+    assert not report.failed, report.failure
+    assert report.rejected == 1 and report.finished == 1 and report.quiescent
+    assert [t.request.id for t in scheduler.tracked if t.phase.name == "REJECTED"] == ["big"]
+    assert report.preemptions == 0  # alone, it is never its own victim: it waits, then is rejected
+    assert report.steps < 10 + 3 * window
+
+
+def test_a_request_is_not_rejected_while_released_blocks_are_still_in_flight():
+    """W = 3: the first request's blocks, released after step 0, come back only once step 2 has completed, which
+    is when step 5 is launched. Before, the second request was rejected after W + 2 refusals, at step 5, though the
+    pool would hold it one round later."""
+    workload = _workload(
+        [
+            {"id": "first", "arrival": 0, "prompt_len": 7, "output_len": 1},
+            {"id": "second", "arrival": 1, "prompt_len": 2, "output_len": 4},
+        ]
+    )
+    report, _ = _replay(workload, factory=make_allocator(window=3), config=_config(block_size=4, num_blocks=2))
+    assert not report.failed, report.failure
+    assert report.rejected == 0 and report.finished == 2
+
+
+def _fcfs_no_fork(spec):
+    return declaring(PagedAllocator, preempt_scheduled=False, fork=False)(spec)
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [make_allocator(window=0), make_allocator(window=1), make_allocator(window=3), _fcfs_no_fork],
+    ids=["W=0", "W=1", "W=3", "FCFS without fork"],
+)
+def test_tiny_pools_drain_and_reject_only_requests_that_cannot_fit_alone(factory):
+    """Random small workloads on pools of 1 to 12 blocks: every replay drains, and a request is rejected only if
+    its samples, each holding its whole sequence, need more blocks than the pool has."""
+    generator = random.Random(14)
+    for _ in range(25):
+        block_size, num_blocks = generator.choice([1, 2, 4, 8]), generator.randint(1, 12)
+        requests = []
+        for number in range(generator.randint(1, 5)):
+            request = {
+                "id": f"r{number}",
+                "arrival": generator.randint(0, 5),
+                "prompt_len": generator.randint(1, 20),
+                "output_len": generator.randint(1, 20),
+                "samples": generator.choice([1, 1, 1, 2, 3]),
+            }
+            if generator.random() < 0.2:
+                request["cancel_at"] = request["arrival"] + generator.randint(0, 10)
+            requests.append(request)
+        config = _config(block_size=block_size, num_blocks=num_blocks)
+        scheduler = Scheduler(_workload(requests), factory(config.pool_spec()), config, "under test", max_steps=3000)
+        report = scheduler.run()
+        assert not report.failed, (requests, config, report.failure)
+        for tracked in scheduler.tracked:
+            request = tracked.request
+            fits_alone = request.samples * math.ceil((len(request.prompt) + request.output_len) / block_size)
+            assert tracked.phase.name != "REJECTED" or fits_alone > num_blocks, (request, config, requests)
+
+
 def test_a_broken_allocator_fails_the_replay_with_an_explanation():
     report, _ = _replay(constructed("heavy-cancellation"), factory=variant("LeakOnCancel").factory())
     assert report.failed
@@ -121,7 +198,7 @@ def test_shipped_constructed_files_match_their_generators():
         ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3, "prompt": [1]}]}, "exactly one of"),
         ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3, "prefix_group": "sys"}]}, "'sys' is not defined"),
         ({"requests": [{"id": "a", "arrival": -1, "prompt_len": 3}]}, "'arrival' must be an integer >= 0"),
-        ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3}] * 2}, "appears twice"),
+        ({"requests": [{"id": "a", "arrival": 0, "prompt_len": 3, "output_len": 1}] * 2}, "appears twice"),
         ({"origin": "somewhere"}, "'origin' must be one of"),
     ],
 )
@@ -130,7 +207,7 @@ def test_bad_workloads_are_refused_with_the_request_named(change, message):
         "format": FORMAT,
         "name": "bad",
         "origin": "recorded",
-        "requests": [{"id": "a", "arrival": 0, "prompt_len": 3}],
+        "requests": [{"id": "a", "arrival": 0, "prompt_len": 3, "output_len": 1}],
         **change,
     }
     with pytest.raises(WorkloadError, match=message):
@@ -218,7 +295,7 @@ def _copies_tail_on_fork(spec):
 def test_parallel_samples_drain_even_with_one_token_each_and_a_tight_pool(factory):
     workload = _workload(
         [
-            {"id": "a", "arrival": 0, "prompt_len": 5, "samples": 2},
+            {"id": "a", "arrival": 0, "prompt_len": 5, "output_len": 1, "samples": 2},
             {"id": "p1", "arrival": 0, "prompt_len": 5, "output_len": 3, "samples": 2},
             {"id": "p2", "arrival": 0, "prompt_len": 5, "output_len": 3, "samples": 2},
         ]
@@ -244,7 +321,7 @@ def test_a_partly_admitted_request_keeps_its_scheduled_branches():
 
 def test_request_ids_may_not_name_a_sample():
     with pytest.raises(WorkloadError, match="may not contain '/'"):
-        _workload([{"id": "a/1", "arrival": 0, "prompt_len": 5}])
+        _workload([{"id": "a/1", "arrival": 0, "prompt_len": 5, "output_len": 1}])
 
 
 def test_an_allocator_crash_ends_the_replay_with_a_report():

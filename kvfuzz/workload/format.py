@@ -16,11 +16,14 @@ A file is one JSON object::
 Steps count forward passes from 0. A request may be admitted in the scheduling round before step ``arrival``; its
 prompt is its group's prefix followed by its own ``prompt`` tokens (or ``prompt_len`` tokens derived from its id);
 ``samples`` > 1 decodes that many branches from one prompt (forked where the allocator can fork); ``cancel_at``
-cancels it in the scheduling round before that step, wherever it is.
+(not before ``arrival``) cancels it in the scheduling round before that step, wherever it is. ``id``, ``arrival``,
+``output_len`` and one of ``prompt`` and ``prompt_len`` are required; a field not named here is refused, so that a
+misspelled one is not silently ignored.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import random
@@ -34,6 +37,18 @@ from kvfuzz.allocator.types import Namespace, Tokens
 FORMAT = "kvfuzz-workload/1"
 ORIGINS = ("constructed", "recorded")
 VOCABULARY = 32000
+WORKLOAD_FIELDS = ("format", "name", "origin", "description", "prefix_groups", "requests")
+REQUEST_FIELDS = (
+    "id",
+    "arrival",
+    "prompt",
+    "prompt_len",
+    "output_len",
+    "samples",
+    "cancel_at",
+    "namespace",
+    "prefix_group",
+)
 
 
 class WorkloadError(ValueError):
@@ -77,6 +92,19 @@ class Workload:
     prefix_groups: dict = attrs.field(factory=dict)
 
 
+def _unknown_fields(entry: dict, known: tuple[str, ...], where: str) -> None:
+    """Refuse a field the format does not define (most often a misspelling, which would otherwise be ignored)."""
+    unknown = [key for key in entry if key not in known]
+    if unknown:
+        guesses = {key: difflib.get_close_matches(str(key), known, n=1) for key in unknown}
+        named = ", ".join(
+            f"{key!r}" + (f" (did you mean {guesses[key][0]!r}?)" if guesses[key] else "") for key in unknown
+        )
+        raise WorkloadError(
+            f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {named}; the fields are {', '.join(known)}"
+        )
+
+
 def _checked_int(value: Any, key: str, where: str, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise WorkloadError(f"{where}: {key!r} must be an integer >= {minimum}, found {value!r}")
@@ -105,9 +133,9 @@ def _groups(raw: Any) -> dict[str, Tokens]:
     groups = {}
     for name, spec in raw.items():
         where = f"prefix group {name!r}"
-        if isinstance(spec, dict) and "tokens" in spec:
+        if isinstance(spec, dict) and len(spec) == 1 and "tokens" in spec:
             groups[name] = _tokens(spec["tokens"], where)
-        elif isinstance(spec, dict) and "length" in spec:
+        elif isinstance(spec, dict) and len(spec) == 1 and "length" in spec:
             groups[name] = derived_tokens(f"group:{name}", _checked_int(spec["length"], "length", where, 1))
         else:
             raise WorkloadError(f'{where}: expected {{"length": N}} or {{"tokens": [...]}}')
@@ -118,6 +146,7 @@ def _request(entry: Any, number: int, groups: dict[str, Tokens]) -> Request:
     if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry["id"]:
         raise WorkloadError(f"request #{number}: expected an object with a non-empty string 'id'")
     where = f"request {entry['id']!r} (#{number})"
+    _unknown_fields(entry, REQUEST_FIELDS, where)
     if "/" in entry["id"]:
         raise WorkloadError(f"{where}: 'id' may not contain '/', which names a request's parallel samples (id/1, ...)")
     group = entry.get("prefix_group")
@@ -136,7 +165,11 @@ def _request(entry: Any, number: int, groups: dict[str, Tokens]) -> Request:
     arrival = _int(entry, "arrival", where, 0)
     if arrival is None:
         raise WorkloadError(f"{where}: 'arrival' is required")
+    if "output_len" not in entry:
+        raise WorkloadError(f"{where}: 'output_len' is required (the tokens it generates, >= 1)")
     cancel_at = _int(entry, "cancel_at", where, 0)
+    if cancel_at is not None and cancel_at < arrival:
+        raise WorkloadError(f"{where}: 'cancel_at' {cancel_at} is before its 'arrival' {arrival}")
     namespace = entry.get("namespace", [])
     if not isinstance(namespace, list) or not all(isinstance(part, str) for part in namespace):
         raise WorkloadError(f"{where}: 'namespace' must be a list of strings")
@@ -144,7 +177,7 @@ def _request(entry: Any, number: int, groups: dict[str, Tokens]) -> Request:
         entry["id"],
         arrival,
         prompt,
-        _int_or(entry, "output_len", where, 1, default=1),
+        _checked_int(entry["output_len"], "output_len", where, 1),
         _int_or(entry, "samples", where, 1, default=1),
         cancel_at,
         tuple(namespace),
@@ -156,6 +189,7 @@ def parse_workload(data: Any, where: str = "workload") -> Workload:
     """A :class:`Workload` from the decoded JSON object, or a :class:`WorkloadError` naming what is wrong."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise WorkloadError(f"{where}: not a {FORMAT} file (its 'format' field must be {FORMAT!r})")
+    _unknown_fields(data, WORKLOAD_FIELDS, where)
     origin = data.get("origin")
     if origin not in ORIGINS:
         raise WorkloadError(f"{where}: 'origin' must be one of {ORIGINS}, found {origin!r}")

@@ -5,9 +5,11 @@ computed prompt, or admit it beside the prompt where the allocator cannot fork; 
 running branch by its next token; unless the round preempted, admit waiting requests first come, first served
 (preempted ones first) until one is refused; cancel what the trace cancels at t, wherever it is (so a request
 cancelled on arrival is admitted and aborted before its first step); then run step t. When the pool is full, the
-most recently admitted request is preempted for recomputation. A branch finishes, and is freed, once it has
-produced its output length. Every operation goes through :class:`~kvfuzz.engine.Engine`, so every
-invariant is checked exactly as in a fuzzing run.
+most recently admitted request is preempted for recomputation; a request running alone is never its own victim (it
+would need back every block it gave up), it waits. A branch finishes, and is freed, once it has produced its output
+length. A request refused while nothing else runs, in a round where it made no progress, once every block released
+before has come back from its in-flight window, can never fit and is rejected. Every operation goes through
+:class:`~kvfuzz.engine.Engine`, so every invariant is checked exactly as in a fuzzing run.
 """
 
 from __future__ import annotations
@@ -109,7 +111,9 @@ class Scheduler:
         self.refusals: list[Refusal] = []
         self.concurrency: list[int] = []
         self.scheduled: set[SeqId] = set()
-        self.idle_refusals: dict[str, int] = {}
+        self.progressed: set[str] = set()  # requests that started or grew a branch this round
+        self.stalled: set[str] = set()  # requests refused this round while no other request ran
+        self.settled_from = 0  # the first round in which every block released so far is back from its window
         self.preempted_this_round = False
         self.step = 0
 
@@ -162,6 +166,7 @@ class Scheduler:
         for branch in tracked.live():
             if branch in self.engine.expected.seqs:
                 self.engine.dismiss(branch)
+                self._released()
         tracked.produced.clear()
         for queue in (self.waiting, self.running):
             if tracked in queue:
@@ -196,12 +201,14 @@ class Scheduler:
             started = engine.fork(tracked.branches[0], branch)
             if started:
                 tracked.produced[branch] = 1  # its first token was sampled by the parent's prefill
+                self._progressed(tracked)
                 return True
         else:
             started = engine.admit(branch, request.namespace, request.prompt)
         if started:
             tracked.produced.setdefault(branch, 0)
             self.scheduled.add(branch)
+            self._progressed(tracked)
         else:
             self._refused(tracked, branch)
         return started
@@ -235,6 +242,7 @@ class Scheduler:
                 token = tracked.request.output_token(tracked.branches.index(branch), tracked.produced[branch] - 1)
                 if self._with_room(tracked, functools.partial(self.engine.grow, branch, (token,))):
                     self.scheduled.add(branch)
+                    self._progressed(tracked)
 
     def victims(self) -> list[Tracked]:
         """Running requests that may be preempted now, most recently admitted first."""
@@ -250,8 +258,13 @@ class Scheduler:
         Under an in-flight window W > 0 a preempted request's blocks come back only W steps later, so one victim is
         preempted and ``tracked`` waits this round instead of preempting everything behind it. An engine that never
         preempts scheduled work (``preempt_scheduled`` false) takes victims only among requests with nothing
-        scheduled this round; with none, ``tracked`` waits."""
+        scheduled this round; with none, ``tracked`` waits. A request running alone is not preempted for its own
+        sake: readmitting it would need every block it gave up, and more. It waits, and counts as stalled (see
+        :meth:`_reject_stalled`)."""
         while not attempt():
+            if all(other is tracked for other in self.running):
+                self.stalled.add(tracked.request.id)
+                return False
             victims = self.victims()
             if not victims:
                 return False
@@ -270,6 +283,7 @@ class Scheduler:
             if model is None or model.status is Status.PREEMPTED:
                 continue  # finished already, or waiting for readmission
             self.engine.preempt(branch)
+            self._released()
             self.scheduled.discard(branch)
             tracked.produced[branch] = self.engine.expected.length(branch) - prompt
         tracked.preempted += 1
@@ -297,7 +311,6 @@ class Scheduler:
             tracked.phase = Phase.RUNNING
             if tracked.admitted_at is None:
                 tracked.admitted_at = self.step
-            self.idle_refusals.pop(tracked.request.id, None)
             if started < len(pending):
                 return  # the rest of its branches start in later rounds; nothing behind it is admitted now
 
@@ -317,16 +330,47 @@ class Scheduler:
                 len(self.running),
             )
         )
-        if self.running or tracked.phase is Phase.RUNNING:
-            return
-        refused = self.idle_refusals[tracked.request.id] = self.idle_refusals.get(tracked.request.id, 0) + 1
-        if refused > self.inflight_window + 1:  # refused on an idle pool after every in-flight window closed
-            self._release(tracked)
-            tracked.phase = Phase.REJECTED
+        if all(other is tracked for other in self.running):
+            self.stalled.add(tracked.request.id)
+
+    def _progressed(self, tracked: Tracked) -> None:
+        """A branch of ``tracked`` started or grew: progress, and maybe a release (a sliding window drops blocks)."""
+        self.progressed.add(tracked.request.id)
+        self._released()
+
+    def _released(self, after_step: bool = False) -> None:
+        """Blocks may have been released now, in this round (``after_step``: after its step was launched).
+
+        Step t completes when step t + W is launched, and a released block comes back once W more steps have
+        completed: with n steps launched, the newest completed is L = max(-1, n - 1 - W), step L + W completes when
+        step L + 2W is launched, so the block is back from round L + 2W + 1 (round n when W = 0)."""
+        window = self.inflight_window
+        launched = self.step + (1 if after_step else 0)
+        self.settled_from = max(self.settled_from, max(-1, launched - 1 - window) + 2 * window + 1)
+
+    def _reject_stalled(self) -> None:
+        """Reject the requests that can never fit: refused in this round while no other request ran (and none runs
+        at its end), with no progress (no branch started or grown), once every block released before has come back
+        from its in-flight window. Nothing else holds blocks then, nothing is on its way back, and the request is
+        where it was: it would be refused again in every later round."""
+        settled = self.step >= self.settled_from
+        for tracked in self.tracked:
+            if (
+                settled
+                and tracked.request.id in self.stalled
+                and tracked.request.id not in self.progressed
+                and tracked.phase not in DONE
+                and all(other is tracked for other in self.running)
+            ):
+                self._release(tracked)
+                tracked.phase = Phase.REJECTED
+        self.progressed.clear()
+        self.stalled.clear()
 
     # -- the step ----------------------------------------------------------------------------------------------------
 
     def _run_step(self) -> None:
+        self._reject_stalled()
         self.concurrency.append(len(self.running))
         self.engine.step()
         for tracked in list(self.running):
@@ -343,6 +387,7 @@ class Scheduler:
                     and not tracked.holds_for_forks(branch, self.fork)
                 ):
                     self.engine.free(branch)
+                    self._released(after_step=True)
             if len(tracked.produced) == len(tracked.branches) and all(map(tracked.done, tracked.branches)):
                 tracked.phase, tracked.finished_at = Phase.FINISHED, self.step
                 self.running.remove(tracked)
