@@ -31,7 +31,7 @@ from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES, KernelUnavailable, make_kernel
 from kvfuzz.profiles import PROFILES
 from kvfuzz.program.replay import NotApplicable
-from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.registry import AllocatorNotFound, AllocatorUnusable, load_factory, probe_allocator
 from kvfuzz.runner import run
 from kvfuzz.trace import TraceError, TraceUnavailable, is_trace_file, json_file_kind, load
 
@@ -76,6 +76,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SPEC",
         help="replay collected traces against this allocator instead of the recorded ones",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """kvfuzz's options checked before anything is collected: a bad one is a usage error, one line."""
+    for name in ("kvfuzz_examples", "kvfuzz_steps"):
+        value = config.getoption(name)
+        if value is not None and value < 1:
+            raise pytest.UsageError(f"--{name.replace('_', '-')}={value}: must be >= 1")
+    if config.getoption("kvfuzz_seed") is not None and config.getoption("kvfuzz_database"):
+        raise pytest.UsageError(
+            "--kvfuzz-seed and --kvfuzz-database cannot be combined (Hypothesis ignores the database under a seed)"
+        )
 
 
 _TRACE_DIRECTORIES = pytest.StashKey[dict[Path, bool]]()
@@ -161,9 +173,9 @@ class MachineItem(_KvfuzzItem):
         config = MachineConfig(kernel=option("kvfuzz_kernel"))
         try:
             factory = load_factory(self.spec)
-            probe = factory(config.pool_spec())  # never driven: checks the kernel, later gives the declared window
+            probe = probe_allocator(self.spec, factory, config.pool_spec())  # never driven; gives the window
             make_kernel(config.kernel, probe)
-        except (AllocatorNotFound, KernelUnavailable) as error:
+        except (AllocatorNotFound, AllocatorUnusable, KernelUnavailable) as error:
             raise KvfuzzFailure(str(error)) from error
         profile = PROFILES[option("kvfuzz_profile")]
         database = DirectoryBasedExampleDatabase(option("kvfuzz_database")) if option("kvfuzz_database") else None

@@ -1,18 +1,20 @@
 """Finding allocators by name: an entry point an installed package registers, ``MODULE:FACTORY``, or ``zoo:NAME``.
 
-Every command, the pytest plugin and trace replay load allocators through :func:`load_factory`.
+Every command, the pytest plugin and trace replay load allocators through :func:`load_factory`, and check what the
+factory builds with :func:`probe_allocator` before any work starts.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import os
 import sys
 from typing import Callable
 
 from kvfuzz.allocator.protocol import AllocatorProtocol
-from kvfuzz.allocator.types import PoolSpec
+from kvfuzz.allocator.types import Capabilities, PoolSpec
 
 AllocatorFactory = Callable[[PoolSpec], AllocatorProtocol]
 """Builds one allocator for the pool geometry kvfuzz asks for."""
@@ -21,8 +23,26 @@ DEFAULT_ALLOCATOR = "kvfuzz.allocator.paged:paged_allocator"
 ALLOCATOR_ENTRY_POINTS = "kvfuzz.allocators"
 
 
+ACCEPTED_FORMS = "MODULE:FACTORY (e.g. kvfuzz.allocator.paged:paged_allocator), zoo:NAME, or a registered name"
+
+# Methods every allocator has, whatever it declares; the others come with the capability that declares them.
+CORE_METHODS = ("admit", "grow", "free", "preempt", "step_completed", "block_table")
+DECLARED_METHODS = {
+    "fork": ("fork",),
+    "swap": ("swap_out", "swap_in"),
+    "rollback": ("rollback",),
+    "eviction": ("evict", "reset_cache"),
+    "introspection": ("refcount", "free_blocks", "cached_blocks", "pending_blocks"),
+}
+
+
 class AllocatorNotFound(LookupError):
     """``--allocator`` named something that cannot be imported or called."""
+
+
+class AllocatorUnusable(ValueError):
+    """The factory ``--allocator`` names loads, but does not build an allocator kvfuzz can drive: it raises, has the
+    wrong signature, returns something without the contract's attributes, or ignores the pool it was asked for."""
 
 
 def registered_allocators() -> dict[str, importlib.metadata.EntryPoint]:
@@ -48,17 +68,88 @@ def load_factory(spec: str) -> AllocatorFactory:
         try:
             return variant(spec[4:]).factory()
         except KeyError as error:
-            raise AllocatorNotFound(str(error.args[0])) from error
+            raise AllocatorNotFound(f"--allocator {spec!r}: {error.args[0]}") from error
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise AllocatorNotFound(f"--allocator {spec!r}: expected MODULE:FACTORY, e.g. {DEFAULT_ALLOCATOR}")
+        names = ", ".join(sorted(registered)) or "none"
+        raise AllocatorNotFound(
+            f"--allocator {spec!r}: no allocator is registered under that name (registered: {names}); "
+            f"name one as {ACCEPTED_FORMS}"
+        )
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # as `python -m` would: modules in the current directory are importable
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise AllocatorNotFound(f"--allocator {spec!r}: cannot import {module_name!r}: {error}") from error
+    except Exception as error:  # noqa: BLE001 -- a module that fails while importing is reported, not a traceback
+        raise AllocatorNotFound(
+            f"--allocator {spec!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
+        ) from error
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise AllocatorNotFound(f"--allocator {spec!r}: {module_name} has no callable {attribute!r}")
     return factory
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def probe_allocator(spec: str, factory: AllocatorFactory, pool: PoolSpec) -> AllocatorProtocol:
+    """Build one allocator with ``factory`` for ``pool`` and check that kvfuzz can drive it, before any work: the
+    factory takes one argument and returns an object with the contract's attributes (``capabilities`` a
+    :class:`~kvfuzz.allocator.Capabilities`, the methods it declares) and the geometry it was asked for
+    (``block_size`` and ``num_blocks`` as given; ``num_host_blocks`` as given or 0).
+
+    Returns the allocator, never driven. Raises :class:`AllocatorNotFound` when the factory needs a package that is
+    not installed (it raised ImportError), :class:`AllocatorUnusable` otherwise; either message is one line that
+    names ``spec``."""
+    where = f"--allocator {spec!r}"
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check before calling it
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(pool)
+        except TypeError as error:
+            raise AllocatorUnusable(
+                f"{where}: the factory must take one argument, a PoolSpec; its signature is {signature} ({error})"
+            ) from None
+    try:
+        allocator = factory(pool)
+    except ImportError as error:
+        text = " ".join(str(error).split()) or type(error).__name__
+        raise AllocatorNotFound(f"{where}: the factory needs a package that is not installed: {text}") from error
+    except Exception as error:  # noqa: BLE001 -- whatever the factory raised is reported in one line
+        raise AllocatorUnusable(f"{where}: the factory raised {_one_line(error)} when called with {pool}") from error
+    if allocator is None:
+        raise AllocatorUnusable(f"{where}: the factory returned None, not an allocator")
+    built = f"{where}: the factory returned a {type(allocator).__name__}"
+    capabilities = getattr(allocator, "capabilities", None)
+    if not isinstance(capabilities, Capabilities):
+        found = "none" if capabilities is None else f"a {type(capabilities).__name__}"
+        raise AllocatorUnusable(
+            f"{built} without 'capabilities' (a kvfuzz.allocator.Capabilities; found {found}): see docs/contract.md"
+        )
+    wanted = [*CORE_METHODS]
+    for capability, methods in DECLARED_METHODS.items():
+        if getattr(capabilities, capability):
+            wanted += methods
+    missing = [name for name in wanted if not callable(getattr(allocator, name, None))]
+    if missing:
+        raise AllocatorUnusable(f"{built} without the method(s) {', '.join(missing)} (see docs/contract.md)")
+    geometry = []
+    for name in ("block_size", "num_blocks", "num_host_blocks"):
+        asked = getattr(pool, name)
+        got = getattr(allocator, name, None)
+        if got != asked and not (name == "num_host_blocks" and got == 0):
+            geometry.append(f"{name} {got!r} (asked for {asked})")
+    if geometry:
+        raise AllocatorUnusable(
+            f"{built} with {', '.join(geometry)}: an allocator must report the pool it was asked for "
+            "(num_host_blocks may be 0)"
+        )
+    return allocator

@@ -14,7 +14,7 @@ from kvfuzz.commands.options import machine_arguments, machine_config
 from kvfuzz.corpus import save_failure
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES, make_kernel
-from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory
+from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
 from kvfuzz.runner import RunSummary, run
 
 
@@ -48,10 +48,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run_command)
 
 
+def plural(number: int, noun: str) -> str:
+    """``1 example``, ``2 examples``: a number and its noun, plural unless the number is one."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
     verdict = "FAILED" if summary.failed else "passed"
     print(
-        f"{verdict}: {summary.examples} examples, {summary.steps} steps in {summary.seconds:.1f} s "
+        f"{verdict}: {plural(summary.examples, 'example')}, {plural(summary.steps, 'step')} in {summary.seconds:.1f} s "
         f"({summary.steps_per_second:.0f} steps/s)"
     )
     print("operations:")
@@ -68,7 +73,7 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
         )
         print(
             f"\n{summary.invariant}{first}\n\n{'shrunk' if summary.shrunk else 'failing'} program "
-            f"({summary.program_length} operations):"
+            f"({plural(summary.program_length, 'operation')}):"
         )
         print(summary.program or "  (no program was printed)")
         print(f"\n{summary.explanation}")
@@ -103,10 +108,12 @@ def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig
 
 
 def run_command(args: argparse.Namespace) -> int:
-    try:
+    try:  # every check before any work: nothing is printed on standard output, nothing written, until all pass
         config = attrs.evolve(machine_config(args), kernel=args.kernel)
+        if args.database is not None and args.seed is not None:
+            raise ValueError("--seed and --database cannot be combined (Hypothesis ignores the database under a seed)")
         factory = load_factory(args.allocator)
-        probe = factory(config.pool_spec())  # never driven: checks the kernel, later gives the declared window
+        probe = probe_allocator(args.allocator, factory, config.pool_spec())  # never driven; gives the window
         make_kernel(config.kernel, probe)
     except (AllocatorNotFound, ValueError) as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
@@ -114,22 +121,22 @@ def run_command(args: argparse.Namespace) -> int:
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     if not args.json:
         shape = config.shape
+        if args.seed is not None:
+            search = f"seed {args.seed}"
+        elif args.database is not None:
+            search = f"random, example database {args.database}"
+        else:
+            search = "derandomized"
         print(
-            f"kvfuzz run: {args.allocator}\n  pool: {config.num_blocks} blocks x {config.block_size} slots, "
-            f"{config.num_host_blocks} host blocks; model: {shape.num_layers} layers, {shape.num_kv_heads} KV / "
-            f"{shape.num_query_heads} query heads, head dim {shape.head_dim}, {args.dtype} on {shape.device}, "
-            f"{config.kernel} attention kernel\n"
-            f"  {args.examples} examples of up to {args.steps} steps, "
-            f"{'seed ' + str(args.seed) if args.seed is not None else 'derandomized'}",
+            f"kvfuzz run: {args.allocator}\n  pool: {plural(config.num_blocks, 'block')} x "
+            f"{plural(config.block_size, 'slot')}, {plural(config.num_host_blocks, 'host block')}; model: "
+            f"{plural(shape.num_layers, 'layer')}, {shape.num_kv_heads} KV / "
+            f"{plural(shape.num_query_heads, 'query head')}, head dim {shape.head_dim}, {args.dtype} on "
+            f"{shape.device}, {config.kernel} attention kernel\n"
+            f"  {plural(args.examples, 'example')} of up to {plural(args.steps, 'step')}, {search}",
             flush=True,
         )
     database = DirectoryBasedExampleDatabase(args.database) if args.database else None
-    if database is not None and args.seed is not None:
-        print(
-            "kvfuzz: --seed and --database cannot be combined (Hypothesis ignores the database under a seed)",
-            file=sys.stderr,
-        )
-        return 2
     summary = run(
         factory,
         config,

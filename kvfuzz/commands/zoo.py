@@ -7,6 +7,7 @@ import json
 import sys
 
 from kvfuzz.commands.options import machine_arguments, machine_config
+from kvfuzz.registry import AllocatorNotFound, probe_allocator
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,14 +23,18 @@ def run_command(args: argparse.Namespace) -> int:
     from kvfuzz.zoo import VARIANTS
     from kvfuzz.zoo.report import markdown_header, markdown_row, run_zoo
 
+    unknown = set(args.only) - {variant.name for variant in VARIANTS}
     try:
         config = machine_config(args)
-    except ValueError as error:
+        if unknown:
+            raise ValueError(
+                f"no zoo variant named {', '.join(sorted(unknown))}; known: {', '.join(v.name for v in VARIANTS)}"
+            )
+        for variant in VARIANTS:  # each builds for this pool before any runs
+            if not args.only or variant.name in args.only:
+                probe_allocator(f"zoo:{variant.name}", variant.factory(), config.pool_spec())
+    except (AllocatorNotFound, ValueError) as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
-        return 2
-    unknown = set(args.only) - {variant.name for variant in VARIANTS}
-    if unknown:
-        print(f"kvfuzz: no zoo variant named {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
     if not args.json:
         print(markdown_header(), flush=True)
@@ -46,5 +51,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(json.dumps([result.to_json() for result in results], indent=2))
     else:
         caught = sum(result.caught_as_expected for result in results)
-        print(f"\n{caught} of {len(results)} variants caught by the expected invariant")
+        print(
+            f"\n{caught} of {len(results)} variant{'' if len(results) == 1 else 's'} caught by the expected invariant"
+        )
     return 0 if all(result.caught_as_expected for result in results) else 1

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
 
 from kvfuzz.accounting.command import parse_lengths
+from kvfuzz.commands.options import at_least
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory
+from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
 from kvfuzz.runner import single_threaded_torch
 from kvfuzz.workload.constructed import GENERATORS, constructed
 from kvfuzz.workload.format import Workload, WorkloadError, load_workload
-from kvfuzz.workload.report import ReplayReport
-from kvfuzz.workload.scheduler import ReplayError, replay_workload
+from kvfuzz.workload.scheduler import ReplayError, Scheduler
 from kvfuzz.workload.sweep import sweep_table
 
 
@@ -28,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("trace", help=f"a kvfuzz-workload/1 JSON file, or constructed:NAME ({', '.join(GENERATORS)})")
     parser.add_argument("--allocator", default=DEFAULT_ALLOCATOR, help=f"MODULE:FACTORY (default {DEFAULT_ALLOCATOR})")
-    parser.add_argument("--block-size", type=int, default=16, help="slots per block (default 16)")
-    parser.add_argument("--num-blocks", type=int, help="blocks in the pool (default: 768 positions' worth)")
+    parser.add_argument("--block-size", type=at_least(1), default=16, help="slots per block (default 16)")
+    parser.add_argument("--num-blocks", type=at_least(1), help="blocks in the pool (default: 768 positions' worth)")
     parser.add_argument(
         "--block-sizes",
         metavar="B,B,...",
@@ -37,11 +38,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--pool-positions",
-        type=int,
+        type=at_least(1),
         default=768,
         help="positions in the pool when --num-blocks is not given (default 768)",
     )
-    parser.add_argument("--max-running", type=int, default=256, help="most requests running at once (default 256)")
+    parser.add_argument(
+        "--max-running", type=at_least(1), default=256, help="most requests running at once (default 256)"
+    )
     parser.add_argument("--plot", metavar="PNG", help="draw the occupancy over time (needs kvfuzz[plot])")
     parser.add_argument("--json", action="store_true", help="print the report(s) as JSON")
     parser.set_defaults(handler=run_command)
@@ -56,46 +59,49 @@ def _workload(source: str) -> Workload:
     return load_workload(Path(source))
 
 
-def _replay(workload: Workload, allocator: str, block_size: int, num_blocks: int, max_running: int) -> ReplayReport:
-    config = MachineConfig(block_size=block_size, num_blocks=num_blocks, num_host_blocks=0)
-    factory = load_factory(allocator)
-    with single_threaded_torch():
-        return replay_workload(workload, factory(config.pool_spec()), config, allocator, max_running)
+def _pools(args: argparse.Namespace) -> list[MachineConfig]:
+    """The pool of each replay: one, or one per block size of a sweep, each holding the same positions."""
+    sizes = parse_lengths(args.block_sizes, "--block-sizes") if args.block_sizes else [args.block_size]
+    if min(sizes) < 1:
+        raise ValueError("--block-sizes: a block size must be >= 1")
+    if args.block_sizes and args.num_blocks:
+        raise ValueError("--num-blocks fixes one pool; a sweep sizes each pool from --pool-positions")
+    uneven = [size for size in sizes if args.block_sizes and args.pool_positions % size]
+    if uneven:
+        raise ValueError(
+            f"--pool-positions {args.pool_positions} is not a multiple of block size(s) {uneven}: "
+            "the pools of a sweep must hold equal positions"
+        )
+    return [
+        MachineConfig(
+            block_size=size, num_blocks=args.num_blocks or max(1, args.pool_positions // size), num_host_blocks=0
+        )
+        for size in sizes
+    ]
 
 
 def run_command(args: argparse.Namespace) -> int:
-    try:
+    try:  # every check before any replay: the arguments, the workload, the plot's library, and each pool's allocator
+        pools = _pools(args)
         workload = _workload(args.trace)
-        sizes = parse_lengths(args.block_sizes, "--block-sizes") if args.block_sizes else [args.block_size]
-        if min(sizes) < 1:
-            raise ValueError("block sizes must be >= 1")
-        if args.block_sizes and args.num_blocks:
-            raise ValueError("--num-blocks fixes one pool; a sweep sizes each pool from --pool-positions")
-        uneven = [size for size in sizes if args.block_sizes and args.pool_positions % size]
-        if uneven:
-            raise ValueError(
-                f"--pool-positions {args.pool_positions} is not a multiple of block size(s) {uneven}: "
-                "the pools of a sweep must hold equal positions"
+        if args.plot and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot needs matplotlib: pip install 'kvfuzz[plot]'")
+        factory = load_factory(args.allocator)
+        schedulers = [  # each refuses a workload its allocator cannot serve (namespaces it does not declare)
+            Scheduler(
+                workload,
+                probe_allocator(args.allocator, factory, config.pool_spec()),
+                config,
+                args.allocator,
+                args.max_running,
             )
-        if args.max_running < 1:
-            raise ValueError(f"--max-running must be >= 1, got {args.max_running}")
-        reports = [
-            _replay(
-                workload, args.allocator, size, args.num_blocks or max(1, args.pool_positions // size), args.max_running
-            )
-            for size in sizes
+            for config in pools
         ]
     except (WorkloadError, AllocatorNotFound, ReplayError, ValueError) as error:
-        print(f"kvfuzz replay-workload: {error}", file=sys.stderr)
+        print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
-    if args.plot:
-        from kvfuzz.workload.plot import PlotUnavailable, plot_occupancy
-
-        try:
-            plot_occupancy(reports, Path(args.plot))
-        except PlotUnavailable as error:
-            print(f"kvfuzz replay-workload: {error}", file=sys.stderr)
-            return 2
+    with single_threaded_torch():
+        reports = [scheduler.run() for scheduler in schedulers]
     if args.json:
         print(
             json.dumps([report.to_json() for report in reports] if args.block_sizes else reports[0].to_json(), indent=2)
@@ -105,6 +111,14 @@ def run_command(args: argparse.Namespace) -> int:
             print("\n".join(report.describe()) + "\n")
         if args.block_sizes:
             print("\n".join(sweep_table(reports)))
-        if args.plot:
+    if args.plot:
+        from kvfuzz.workload.plot import PlotUnavailable, plot_occupancy
+
+        try:  # the directory and matplotlib were checked up front; this is a write that failed all the same
+            plot_occupancy(reports, Path(args.plot))
+        except (PlotUnavailable, OSError) as error:
+            print(f"kvfuzz: the occupancy plot was not written: {error}", file=sys.stderr)
+            return 2
+        if not args.json:
             print(f"occupancy plot written to {args.plot}")
     return 1 if any(report.failed for report in reports) else 0

@@ -36,10 +36,15 @@ def paged_attention_cache(spec: PoolSpec, *, allow_block_sharing: bool, blocks_p
     """A CPU ``PagedAttentionCache`` with ``spec.num_blocks`` blocks of ``spec.block_size`` tokens (its page size)."""
     if spec.num_blocks % blocks_per_sector:
         raise ValueError(f"{spec.num_blocks} blocks do not fill sectors of {blocks_per_sector} blocks")
-    from transformers import LlamaConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-    from transformers.generation.continuous_batching.cache import PagedAttentionCache
-    from transformers.generation.continuous_batching.distributed import DistributedHelper
+    try:
+        from transformers import LlamaConfig
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+        from transformers.generation.continuous_batching.cache import PagedAttentionCache
+        from transformers.generation.continuous_batching.distributed import DistributedHelper
+    except ImportError as error:
+        raise ImportError(
+            f"kvfuzz.adapters.hf_transformers needs transformers: pip install 'kvfuzz[transformers]' ({error})"
+        ) from error
 
     head_dim, dtype = _head_geometry(spec.block_size, blocks_per_sector)
     model = LlamaConfig(
