@@ -255,6 +255,23 @@ def test_replay_workload_refuses_bad_pool_arguments(arguments, message, capsys, 
     assert message in usage_error(capsys, ["replay-workload", "constructed:uniform", *arguments])
 
 
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--layers", "0"], "--layers: must be >= 1"),
+        (["--kv-heads", "-1"], "--kv-heads: must be >= 1"),
+        (["--head-dim", "0"], "--head-dim: must be >= 1"),
+        (["--reserve", "0"], "--reserve: must be >= 1"),
+        (["--table-entry-bytes", "0"], "--table-entry-bytes: must be >= 1"),
+        (["--block-sizes", "8,0"], "--block-sizes: a block size must be >= 1"),
+    ],
+)
+def test_account_refuses_bad_sizes_in_one_line(arguments, message, capsys):
+    """Before: --table-entry-bytes 0 printed a table of zero-byte block tables, and the other refusals began
+    "kvfuzz account:" rather than "kvfuzz:"."""
+    assert message in usage_error(capsys, ["account", "--lengths", "5,9", *arguments])
+
+
 REQUEST = {"id": "r7", "arrival": 2, "prompt_len": 4, "output_len": 3}
 
 

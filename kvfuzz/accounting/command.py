@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from kvfuzz.accounting.arithmetic import KVShape, Layout, account
+from kvfuzz.commands.options import at_least
 
 BYTES_PER_SCALAR = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 DEFAULT_BLOCK_SIZES = (8, 16, 32, 64)
@@ -35,13 +36,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--reserve",
-        type=int,
+        type=at_least(1),
         metavar="M",
         help="positions a fixed reservation gives each sequence (default: the longest length)",
     )
-    parser.add_argument("--layers", type=int, default=32, help="L (default 32)")
-    parser.add_argument("--kv-heads", type=int, default=8, help="h_kv (default 8)")
-    parser.add_argument("--head-dim", type=int, default=128, help="d_h (default 128)")
+    parser.add_argument("--layers", type=at_least(1), default=32, help="L (default 32)")
+    parser.add_argument("--kv-heads", type=at_least(1), default=8, help="h_kv (default 8)")
+    parser.add_argument("--head-dim", type=at_least(1), default=128, help="d_h (default 128)")
     parser.add_argument(
         "--dtype",
         choices=sorted(BYTES_PER_SCALAR),
@@ -49,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="b, the bytes per scalar (default bfloat16: 2)",
     )
     parser.add_argument(
-        "--table-entry-bytes", type=int, default=4, help="bytes per block-table entry (default 4, an int32)"
+        "--table-entry-bytes", type=at_least(1), default=4, help="bytes per block-table entry (default 4, an int32)"
     )
     parser.add_argument("--json", action="store_true", help="print the layouts as one JSON object")
     parser.set_defaults(handler=run_command)
@@ -126,7 +127,7 @@ def run_command(args: argparse.Namespace) -> int:
         shape = KVShape(args.layers, args.kv_heads, args.head_dim, BYTES_PER_SCALAR[args.dtype])
         layouts = account(lengths, _block_sizes(args.block_sizes), shape, args.reserve, args.table_entry_bytes)
     except (OSError, ValueError) as error:
-        print(f"kvfuzz account: {error}", file=sys.stderr)
+        print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
     if args.json:
         print(
