@@ -26,13 +26,14 @@ from typing import Optional
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from kvfuzz import journals
 from kvfuzz.corpus import replay_trace, save_failure
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES, KernelUnavailable, make_kernel
 from kvfuzz.profiles import PROFILES
 from kvfuzz.program.replay import NotApplicable
 from kvfuzz.registry import AllocatorNotFound, AllocatorUnusable, load_factory, probe_allocator
-from kvfuzz.runner import run
+from kvfuzz.runner import DEFAULT_CALL_TIMEOUT, run
 from kvfuzz.trace import TraceError, TraceUnavailable, is_trace_file, json_file_kind, load
 
 
@@ -60,6 +61,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kvfuzz-steps", type=int, help="most steps per example (overrides the profile)")
     group.addoption("--kvfuzz-seed", type=int, help="random seed (overrides derandomization)")
     group.addoption("--kvfuzz-corpus", default="corpus", metavar="DIR", help="where failures are saved as traces")
+    group.addoption(
+        "--kvfuzz-call-timeout",
+        type=float,
+        default=DEFAULT_CALL_TIMEOUT,
+        metavar="SECONDS",
+        help=f"an operation still running after this long is a hang (default {DEFAULT_CALL_TIMEOUT:g}; 0: no watchdog)",
+    )
     group.addoption(
         "--kvfuzz-database",
         metavar="DIR",
@@ -138,7 +146,11 @@ class TraceItem(_KvfuzzItem):
         except TraceError as error:
             raise KvfuzzFailure(str(error)) from error
         try:
-            replayed = replay_trace(trace, self.config.getoption("kvfuzz_replay_allocator"))
+            replayed = replay_trace(
+                trace,
+                self.config.getoption("kvfuzz_replay_allocator"),
+                call_timeout=self.config.getoption("kvfuzz_call_timeout") or None,
+            )
         except AllocatorNotFound as error:
             pytest.skip(f"cannot load the trace's allocator: {error}")
         except NotApplicable as error:
@@ -179,6 +191,8 @@ class MachineItem(_KvfuzzItem):
             raise KvfuzzFailure(str(error)) from error
         profile = PROFILES[option("kvfuzz_profile")]
         database = DirectoryBasedExampleDatabase(option("kvfuzz_database")) if option("kvfuzz_database") else None
+        corpus = Path(option("kvfuzz_corpus"))
+        recovered = _recover(corpus)
         summary = run(
             factory,
             config,
@@ -188,8 +202,14 @@ class MachineItem(_KvfuzzItem):
             derandomize=profile.derandomize,
             allocator_name=self.spec,
             database=database,
+            call_timeout=option("kvfuzz_call_timeout") or None,
+            journal_dir=corpus if recovered is not None else None,
         )
         if not summary.failed:
+            if summary.interrupted:
+                raise KeyboardInterrupt  # the user's Ctrl-C, and no failure to report: pytest stops the session
+            if recovered:
+                raise KvfuzzFailure("\n".join(recovered))  # a run that died left a failure behind: now a trace
             return
         saved = save_failure(
             summary, self.spec, config, probe.capabilities.inflight_window, Path(option("kvfuzz_corpus"))
@@ -200,10 +220,27 @@ class MachineItem(_KvfuzzItem):
             trace = f"\ntrace: {saved.path} (replay it with: kvfuzz replay {saved.path})"
         else:
             trace = f"\n\n{saved.report()}"  # the corpus could not be written: the whole trace, so it is not lost
+        notes = [note for note in (summary.shrink_note,) if note]
+        if summary.flaky:
+            notes.append(f"FLAKY: reproduced in {summary.reproduced} of {summary.replays} replays")
+        if summary.interrupted:
+            notes.append("interrupted by the user: the failure found so far")
+            self.session.shouldstop = "kvfuzz: interrupted by the user"
+        notes += recovered or []
         raise KvfuzzFailure(
             f"{summary.invariant}\n\nshrunk program ({summary.program_length} operations):\n"
-            f"{summary.program}\n\n{summary.explanation}{trace}"
+            f"{summary.program}\n\n{summary.explanation}{trace}" + "".join(f"\n({note})" for note in notes)
         )
+
+
+def _recover(corpus: Path) -> Optional[list[str]]:
+    """Turn the journals of runs that died into traces; the messages, or None if the corpus cannot hold a
+    journal (the run then keeps none)."""
+    try:
+        corpus.mkdir(parents=True, exist_ok=True)
+        return [message for _, message in journals.recover(corpus)]
+    except OSError:
+        return None
 
     def reportinfo(self):
         return self.path, None, self.name

@@ -78,6 +78,25 @@ class _SlowFreeLeak(PagedAllocator):
         self._seqs.pop(seq)
 
 
+class _SlowAdmitFreeLeak(PagedAllocator):
+    """Slow to admit, and leaks on free only while three sequences are live: every program that fails admits at
+    least three times, so each replay while shrinking costs seconds."""
+
+    def admit(self, seq: str, namespace: tuple[str, ...], tokens: tuple[int, ...]) -> AdmitResult:
+        time.sleep(float(os.environ.get("KVFUZZ_TEST_SLOW", "0.002")))
+        return super().admit(seq, namespace, tokens)
+
+    def free(self, seq: str) -> None:
+        if len(self._seqs) >= 3:
+            self._seqs.pop(seq)
+        else:
+            super().free(seq)
+
+
+def slow_admit_free_leak(spec: PoolSpec) -> PagedAllocator:
+    return _build(_SlowAdmitFreeLeak, spec)
+
+
 def none_when_full(spec: PoolSpec) -> PagedAllocator:
     return _build(_NoneWhenFull, spec)
 

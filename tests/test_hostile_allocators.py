@@ -118,15 +118,14 @@ def test_pools_are_released_between_examples() -> None:
         gc.enable()
 
 
-def _kvfuzz(*args: str, cwd: Path, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+def _kvfuzz(*args: str, cwd: Path, timeout: float = 300, env_slow: str = "0.002") -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "kvfuzz.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        **kwargs,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "KVFUZZ_TEST_SLOW": env_slow},
     )
 
 
@@ -170,3 +169,75 @@ def test_a_flaky_failure_is_saved_flaky_and_replayed_and_exported_as_such(tmp_pa
     exported = export_test(trace, str(saved.path))
     assert "for _ in range(8):" in exported and "Flaky:" in exported
     compile(exported, "exported", "exec")
+
+
+def test_sys_exit_in_the_allocator_fails_the_run_and_saves_the_crash(tmp_path: Path) -> None:
+    done = _kvfuzz("run", "--allocator", "tests.hostile:exits_on_fork", "--corpus", str(tmp_path), cwd=ROOT)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "crash (SystemExit)" in done.stdout and "FAILED" in done.stdout
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_a_hang_through_the_cli_is_saved_and_its_replay_reports_the_hang(tmp_path: Path) -> None:
+    args = ("--allocator", "tests.hostile:hangs_on_rollback", "--corpus", str(tmp_path), "--call-timeout", "0.5")
+    done = _kvfuzz("run", *args, cwd=ROOT, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "hang" in done.stdout and "did not return within 0.5 s" in done.stdout
+    (trace,) = tmp_path.glob("*.json")
+    replayed = _kvfuzz("replay", str(trace), "--call-timeout", "0.5", cwd=ROOT, timeout=120)
+    assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
+
+
+def _interrupt(args: list[str], tmp_path: Path, when: str, slow: str = "0.002") -> subprocess.CompletedProcess:
+    """Start ``kvfuzz run ARGS``, send it SIGINT once its progress line on stderr shows ``when``, and wait."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvfuzz.cli", "run", "--corpus", str(tmp_path), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "KVFUZZ_TEST_SLOW": slow},
+    )
+    assert process.stderr is not None
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in process.stderr:
+        seen.append(line)
+        if when in line or time.monotonic() > deadline:
+            break
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, "".join(seen) + stderr)
+
+
+def test_ctrl_c_on_a_correct_allocator_exits_130_with_no_failure_and_no_trace(tmp_path: Path) -> None:
+    done = _interrupt(["--examples", "100000"], tmp_path, when="random programs: example 2")
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert "interrupted after" in done.stdout and "no failure found" in done.stdout
+    assert "FAILED" not in done.stdout and "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob(".kvfuzz-journal-*"))
+
+
+def test_ctrl_c_while_shrinking_prints_and_saves_the_best_failure_and_exits_130(tmp_path: Path) -> None:
+    # Each admit takes 0.3 s and every failing program admits three times: shrinking takes many seconds, and
+    # Ctrl-C arrives once the progress line says it is under way.
+    allocator = "tests.hostile:slow_admit_free_leak"
+    done = _interrupt(["--allocator", allocator, "--examples", "300"], tmp_path, when="shrinking:", slow="0.3")
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert "shrunk only as far as it got" in done.stdout and "Traceback" not in done.stderr
+    assert "Flaky" not in done.stdout
+    (trace,) = tmp_path.glob("*.json")
+    replayed = _kvfuzz("replay", str(trace), cwd=ROOT, env_slow="0")
+    assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout
+
+
+def test_pytest_skip_in_the_allocator_fails_the_plugin_item_it_is_no_skip(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path),
+         "--kvfuzz-allocator=tests.hostile:skips_on_preempt", f"--kvfuzz-corpus={tmp_path / 'corpus'}",
+         "--kvfuzz-examples=60", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 failed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
+    assert "crash (Skipped)" in done.stdout

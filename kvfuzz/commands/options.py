@@ -10,6 +10,7 @@ import torch
 
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.reference.content import ModelShape
+from kvfuzz.runner import DEFAULT_CALL_TIMEOUT
 from kvfuzz.trace import DTYPES
 
 
@@ -53,12 +54,31 @@ def check_device(name: str) -> str:
     return name
 
 
+def at_least_seconds(text: str) -> float:
+    """A number of seconds, 0 or more (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 (no watchdog) or more")
+    return value
+
+
 def machine_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("machine")
     group.add_argument("--examples", type=at_least(1), default=100, help="Hypothesis examples to run (default 100)")
     group.add_argument("--steps", type=at_least(1), default=50, help="most operations per example (default 50)")
     group.add_argument("--seed", type=int, help="random seed (default: derandomized, the same run every time)")
     group.add_argument("--no-shrink", action="store_true", help="report the first failure as found, unshrunk")
+    group.add_argument(
+        "--call-timeout",
+        type=at_least_seconds,
+        default=DEFAULT_CALL_TIMEOUT,
+        metavar="SECONDS",
+        help=f"an operation still running after this long is reported as a hang (default {DEFAULT_CALL_TIMEOUT:g}; "
+        "0 switches the watchdog off)",
+    )
     pool = parser.add_argument_group("pool and model")
     pool.add_argument("--block-size", type=at_least(1), default=MachineConfig().block_size)
     pool.add_argument("--num-blocks", type=at_least(1), default=MachineConfig().num_blocks)

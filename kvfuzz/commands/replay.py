@@ -15,9 +15,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
+from kvfuzz.commands.options import at_least_seconds
 from kvfuzz.corpus import replay_trace
 from kvfuzz.program.replay import NotApplicable
 from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.runner import DEFAULT_CALL_TIMEOUT
 from kvfuzz.trace import TraceError, TraceUnavailable
 from kvfuzz.trace import load as load_trace
 
@@ -26,6 +28,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser("replay", help="re-execute saved traces, without Hypothesis")
     parser.add_argument("traces", nargs="+", metavar="FILE")
     parser.add_argument("--allocator", help="replay against this allocator instead of the recorded one")
+    parser.add_argument(
+        "--call-timeout",
+        type=at_least_seconds,
+        default=DEFAULT_CALL_TIMEOUT,
+        metavar="SECONDS",
+        help=f"an operation still running after this long is a hang (default {DEFAULT_CALL_TIMEOUT:g}; 0: no watchdog)",
+    )
     parser.set_defaults(handler=run_command)
 
 
@@ -48,14 +57,14 @@ def run_command(args: argparse.Namespace) -> int:
             return 2
     outcomes: Counter[str] = Counter()
     for path in args.traces:
-        outcomes[_replay_file(path, args.allocator)] += 1
+        outcomes[_replay_file(path, args.allocator, args.call_timeout or None)] += 1
     if len(args.traces) > 1:
         counts = ", ".join(f"{outcomes[outcome]} {outcome}" for outcome in OUTCOMES)
         print(f"{len(args.traces)} traces: {counts}")
     return max(OUTCOMES[outcome] for outcome in outcomes)
 
 
-def _replay_file(path: str, allocator: Optional[str]) -> str:
+def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[float]) -> str:
     """Replay one file and print what happened; returns its outcome (a key of :data:`OUTCOMES`)."""
     try:
         trace = load_trace(Path(path))
@@ -75,7 +84,12 @@ def _replay_file(path: str, allocator: Optional[str]) -> str:
         + (f" (known bug: {trace.known_bug})" if trace.known_bug else "")
     )
     try:
-        replayed = replay_trace(trace, allocator, on_call=lambda index, call: print(f"  {index + 1:3}  {call}"))
+        replayed = replay_trace(
+            trace,
+            allocator,
+            on_call=lambda index, call: print(f"  {index + 1:3}  {call}"),
+            call_timeout=call_timeout,
+        )
     except NotApplicable as error:
         print(f"kvfuzz: {path}: {error}", file=sys.stderr)
         return "could not be replayed"

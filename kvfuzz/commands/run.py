@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 import attrs
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from kvfuzz import journals
 from kvfuzz.commands.options import machine_arguments, machine_config
 from kvfuzz.corpus import save_failure
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES, make_kernel
+from kvfuzz.program.safeguards import deferred_interrupts
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
 from kvfuzz.runner import RunSummary, run
 
@@ -76,7 +81,20 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
             f"({plural(summary.program_length, 'operation')}):"
         )
         print(summary.program or "  (no program was printed)")
+        if summary.shrink_note is not None:
+            print(f"({summary.shrink_note})")
         print(f"\n{summary.explanation}")
+        if summary.flaky:
+            print(
+                f"\nFLAKY: the program above reproduced the failure in {summary.reproduced} of "
+                f"{plural(summary.replays, 'replay')} on fresh allocators: the allocator does not behave the same "
+                "way every time (a race, a hash seed, an uninitialised read)"
+            )
+        elif summary.replays:
+            print(f"\nconfirmed: the program reproduces the failure in {summary.replays} of {summary.replays} replays")
+    if summary.interrupted:
+        found = "; the failure found so far is above" if summary.failed else "; no failure found"
+        print(f"\ninterrupted after {plural(summary.examples, 'example')}{found}")
 
 
 def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig, inflight_window: int) -> int:
@@ -104,7 +122,29 @@ def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig
         print(json.dumps({**summary.to_json(), **fields}, indent=2))
     elif saved is not None:
         print(f"\n{saved.report()}")
+    if summary.interrupted:
+        return 130
     return 1 if summary.failed else 0
+
+
+def _journal_dir(corpus: Path) -> Optional[Path]:
+    """The corpus, if the run can keep its journal there (and recover the journals of runs that died); else None,
+    after one line saying what a crash would cost."""
+    try:
+        corpus.mkdir(parents=True, exist_ok=True)
+        for _, message in journals.recover(corpus):
+            print(f"kvfuzz: {message}", file=sys.stderr)
+        probe = corpus / f".kvfuzz-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        print(
+            f"kvfuzz: cannot keep a journal in {corpus} ({error.strerror or error}): if the allocator kills the "
+            "process, the program it was running is lost",
+            file=sys.stderr,
+        )
+        return None
+    return corpus
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -137,6 +177,7 @@ def run_command(args: argparse.Namespace) -> int:
             flush=True,
         )
     database = DirectoryBasedExampleDatabase(args.database) if args.database else None
+    faulthandler.enable()  # a segfault in the allocator prints where it happened; the journal keeps the program
     summary = run(
         factory,
         config,
@@ -147,5 +188,9 @@ def run_command(args: argparse.Namespace) -> int:
         shrink=not args.no_shrink,
         database=database,
         progress=progress,
+        call_timeout=args.call_timeout or None,
+        journal_dir=_journal_dir(Path(args.corpus)),
     )
-    return _report(summary, args, config, probe.capabilities.inflight_window)
+    with deferred_interrupts() as pressed:  # Ctrl-C now would lose the failure: it waits until the trace is saved
+        status = _report(summary, args, config, probe.capabilities.inflight_window)
+    return 130 if pressed else status

@@ -67,6 +67,21 @@ def user_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[list[int]]:
+    """While active (in the main thread), Ctrl-C is counted in the yielded list instead of raised: for printing and
+    saving a failure that must not be lost half-way."""
+    pressed: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def escaped(error: BaseException) -> BaseException:
     """What an exception leaving an allocator operation means: the user's interrupt and a hang pass through; any
     other non-``Exception`` (a ``KeyboardInterrupt`` only while SIGINT is ours) becomes :class:`AllocatorEscape`."""
