@@ -11,6 +11,7 @@ from typing import Iterable, Optional
 import attrs
 
 from kvfuzz.allocator.types import NULL_BLOCK
+from kvfuzz.text import plural
 
 SERIES_LIMIT = 4096
 """The most samples an :class:`OccupancyLog` keeps; past it the log keeps every other sample and doubles its stride."""
@@ -142,7 +143,7 @@ class OccupancySummary:
         cached = "" if peak.cached_blocks is None else f", {peak.cached_blocks} cached-but-free"
         lines = [
             f"occupancy over {self.samples} steps (pool of {peak.num_blocks} blocks x {peak.block_size} slots):",
-            f"  peak: {peak.referenced_blocks} blocks referenced by {peak.sequences} sequences: "
+            f"  peak: {peak.referenced_blocks} blocks referenced by {plural(peak.sequences, 'sequence')}: "
             f"{peak.effective_positions} positions of K/V, {peak.tail_waste_positions} tail waste, "
             f"{peak.saved_by_sharing} blocks saved by sharing{cached}; {peak.table_entries} block-table entries",
         ]

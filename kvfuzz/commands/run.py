@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
+import io
 import json
 import os
 import sys
@@ -21,6 +23,7 @@ from kvfuzz.kernels import KERNEL_NAMES, make_kernel
 from kvfuzz.program.safeguards import deferred_interrupts
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
 from kvfuzz.runner import RunSummary, run
+from kvfuzz.text import plural
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,11 +54,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     machine_arguments(parser)
     parser.set_defaults(handler=run_command)
-
-
-def plural(number: int, noun: str) -> str:
-    """``1 example``, ``2 examples``: a number and its noun, plural unless the number is one."""
-    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
@@ -127,6 +125,14 @@ def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig
     return 1 if summary.failed else 0
 
 
+def _enable_faulthandler() -> None:
+    """A segfault in the allocator prints where it happened (the journal keeps the program); where standard error
+    is not a real file (kvfuzz called in-process under capture), the journal alone keeps it."""
+    if not faulthandler.is_enabled():
+        with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
+            faulthandler.enable()
+
+
 def _journal_dir(corpus: Path) -> Optional[Path]:
     """The corpus, if the run can keep its journal there (and recover the journals of runs that died); else None,
     after one line saying what a crash would cost."""
@@ -177,7 +183,7 @@ def run_command(args: argparse.Namespace) -> int:
             flush=True,
         )
     database = DirectoryBasedExampleDatabase(args.database) if args.database else None
-    faulthandler.enable()  # a segfault in the allocator prints where it happened; the journal keeps the program
+    _enable_faulthandler()
     summary = run(
         factory,
         config,

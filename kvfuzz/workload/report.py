@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 import attrs
 
 from kvfuzz.accounting.occupancy import OccupancySummary
+from kvfuzz.text import plural
 
 
 def percentile(values: Sequence[float], pct: float) -> Optional[float]:
@@ -39,7 +40,7 @@ class Refusal:
         )
         return (
             f"step {self.step}: {self.request} ({self.tokens} tokens, {self.blocks_needed} blocks without cache "
-            f"hits) refused with {self.running_requests} requests running{pool}"
+            f"hits) refused with {plural(self.running_requests, 'request')} running{pool}"
         )
 
 
@@ -58,7 +59,7 @@ class Latency:
     def describe(self) -> str:
         if not self.count:
             return "n/a"
-        return f"p50 {self.p50:.2f}, p99 {self.p99:.2f} steps (over {self.count} requests)"
+        return f"p50 {self.p50:.2f}, p99 {self.p99:.2f} steps (over {plural(self.count, 'request')})"
 
 
 @attrs.frozen
@@ -110,14 +111,14 @@ class ReplayReport:
 
     def describe(self, samples: int = 5) -> list[str]:
         lines = [
-            f"workload {self.workload} ({self.origin}), {self.requests} requests, against {self.allocator}",
-            f"  pool: {self.num_blocks} blocks x {self.block_size} slots",
+            f"workload {self.workload} ({self.origin}), {plural(self.requests, 'request')}, against {self.allocator}",
+            f"  pool: {plural(self.num_blocks, 'block')} x {plural(self.block_size, 'slot')}",
             f"  {'FAILED' if self.failed else 'passed'}: {self.steps} steps in {self.seconds:.1f} s, "
             "every invariant checked after every operation"
             + ("; every block free at the end" if self.quiescent else ""),
             f"  requests: {self.admitted} admitted, {self.finished} finished, {self.cancelled} cancelled "
             f"({self.cancelled_before_admission} before admission), {self.rejected} rejected (never fit), "
-            f"{self.preemptions} preemptions of {self.preempted_requests} requests",
+            f"{plural(self.preemptions, 'preemption')} of {plural(self.preempted_requests, 'request')}",
             f"  refused admissions: {len(self.refusals)} (each kept; the request waited and retried)",
             *[f"    {refusal.describe()}" for refusal in self.refusals[:samples]],
             *([f"    ... {len(self.refusals) - samples} more"] if len(self.refusals) > samples else []),
