@@ -304,7 +304,9 @@ def run(
                         failure, calls = stats.best_failure or failure, list(stats.best_program)
                     if shrink and calls:
                         stats.phase = "shrinking"
-                        failure, calls = _shrink_further(Target(factory, config, stats), calls, failure)
+                        failure, calls = _shrink_further(
+                            Target(factory, config, stats, target.safeguards), calls, failure
+                        )
             except AllocatorHang as hang:
                 if stats.best_failure is not None and not isinstance(stats.best_failure, AllocatorHang):
                     failure, calls = stats.best_failure, list(stats.best_program or [])

@@ -54,6 +54,23 @@ class _HangsOnRollback(PagedAllocator):
             time.sleep(0.01)
 
 
+class _SwallowsInterrupts(PagedAllocator):
+    """Hangs in rollback and catches whatever interrupts it (a bare ``except:`` around a retry loop)."""
+
+    def rollback(self, seq: str, num_tokens: int) -> None:
+        started = time.monotonic()
+        while time.monotonic() - started < 3:
+            try:
+                time.sleep(0.01)
+            except BaseException:  # noqa: B036 -- the slip under test
+                pass
+        super().rollback(seq, num_tokens)
+
+
+def swallows_interrupts(spec: PoolSpec) -> PagedAllocator:
+    return _build(_SwallowsInterrupts, spec)
+
+
 class _SegfaultsOnRollback(PagedAllocator):
     def rollback(self, seq: str, num_tokens: int) -> None:
         ctypes.string_at(0)  # reads address 0: SIGSEGV

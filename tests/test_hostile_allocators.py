@@ -62,6 +62,14 @@ def test_a_hang_is_reported_in_the_named_operation_with_the_program_so_far() -> 
     assert summary.calls[-1].rule == "rollback" and summary.shrink_note is not None
 
 
+def test_a_hang_whose_interrupt_the_allocator_swallows_is_still_a_hang() -> None:
+    """The allocator catches the watchdog's interrupt and goes on for 3 s: it is interrupted again, and a call that
+    returns past its deadline is a hang all the same."""
+    summary = run(hostile.swallows_interrupts, examples=50, steps=30, call_timeout=0.3)
+    assert summary.failed and summary.invariant == "hang", summary.invariant
+    assert summary.calls[-1].rule == "rollback"
+
+
 def test_a_nondeterministic_failure_is_confirmed_by_replays_and_reported_as_flaky() -> None:
     flaky_seen = False
     for seed in range(4):
@@ -146,6 +154,10 @@ def test_a_segfault_leaves_a_journal_that_becomes_a_replayable_trace(tmp_path: P
     trace = json.loads(traces[0].read_text())
     assert trace["program"][-1]["rule"] == "rollback"
     assert trace["failure"]["title"].startswith("crash (the process died")
+    # Replayed in a child process, the trace reproduces the death; the replay itself survives it.
+    replayed = _kvfuzz("replay", str(traces[0]), cwd=ROOT)
+    assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
+    assert "signal 11" in replayed.stdout
 
 
 def test_a_flaky_failure_is_saved_flaky_and_replayed_and_exported_as_such(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.engine import Engine
 from kvfuzz.program.call import Call, program_json
 from kvfuzz.program.operations import BY_NAME
-from kvfuzz.program.safeguards import Journal, UserInterrupt, Watchdog, escaped
+from kvfuzz.program.safeguards import AllocatorHang, Journal, UserInterrupt, Watchdog, escaped
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory
 
@@ -81,23 +81,32 @@ class Execution:
     def _guarded(self, operation: str) -> Iterator[None]:
         """Run one operation under the watchdog. A failure marks the execution failed and is counted with its
         program; a ``BaseException`` the allocator lets out is reported as its crash
-        (:class:`~kvfuzz.program.safeguards.AllocatorEscape`), never as the user's interrupt."""
+        (:class:`~kvfuzz.program.safeguards.AllocatorEscape`), never as the user's interrupt; an operation that
+        returns past its deadline (its interrupt swallowed) is a hang all the same."""
         watchdog = self.safeguards.watchdog
         if watchdog is not None:
             watchdog.arm(operation)
         try:
             yield
         except BaseException as raised:
+            overdue = watchdog is not None and watchdog.disarm()
             error = escaped(raised)
-            self.failed = True
-            if self.stats is not None and not isinstance(error, UserInterrupt):
-                self.stats.failed(self.calls, error)
+            if overdue and not isinstance(error, (AllocatorHang, UserInterrupt)):
+                assert watchdog is not None
+                error = watchdog.hang()
+            self._failed(error)
             if error is raised:
                 raise
             raise error from raised
-        finally:
-            if watchdog is not None:
-                watchdog.disarm()
+        if watchdog is not None and watchdog.disarm():
+            hang = watchdog.hang()
+            self._failed(hang)
+            raise hang
+
+    def _failed(self, error: BaseException) -> None:
+        self.failed = True
+        if self.stats is not None and not isinstance(error, UserInterrupt):
+            self.stats.failed(self.calls, error)
 
 
 @attrs.frozen

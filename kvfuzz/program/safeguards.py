@@ -51,20 +51,26 @@ def _raise_user_interrupt(signum: int, frame: Optional[FrameType]) -> None:
     raise UserInterrupt()
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Signals that mean the person (or their CI) wants the run to stop: never the allocator's crash."""
+
+
 @contextlib.contextmanager
 def user_interrupts() -> Iterator[None]:
-    """While active (in the main thread), Ctrl-C raises :class:`UserInterrupt`; elsewhere it does nothing."""
+    """While active (in the main thread), Ctrl-C (and SIGTERM, SIGHUP) raise :class:`UserInterrupt`, so the run
+    stops with what it found and closes its journal; elsewhere it does nothing."""
     global _interrupts_active
     if threading.current_thread() is not threading.main_thread() or _interrupts_active:
         yield
         return
-    previous = signal.signal(signal.SIGINT, _raise_user_interrupt)
+    previous = {signum: signal.signal(signum, _raise_user_interrupt) for signum in _STOP_SIGNALS}
     _interrupts_active = True
     try:
         yield
     finally:
         _interrupts_active = False
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
@@ -95,15 +101,17 @@ def escaped(error: BaseException) -> BaseException:
 
 
 class Watchdog:
-    """Interrupts an operation that runs past ``seconds``: a daemon thread watches one deadline at a time and, when
-    it passes, signals the main thread (SIGUSR1), whose handler raises :class:`AllocatorHang`. Arming and disarming
-    cost two attribute writes. Only the main thread can be interrupted; elsewhere the watchdog stays off."""
+    """Interrupts an operation that runs past ``seconds``: a daemon thread watches the running operation's deadline
+    and, once it has passed, signals the main thread (SIGUSR1) every tenth of a second until the operation ends;
+    the handler raises :class:`AllocatorHang` whenever the running operation is past its deadline, so an allocator
+    that swallows one is interrupted again, and a signal that arrives late never blames the next operation.
+    Arming and disarming cost a clock read and two attribute writes. Only the main thread can be interrupted;
+    elsewhere the watchdog stays off, and :meth:`disarm` still reports an operation that overran."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds  # the most one operation may take
         self._deadline: Optional[float] = None  # monotonic time the running operation must finish by
         self._operation = ""  # the running operation, for the report
-        self._fired = False  # the deadline passed and the main thread was signalled
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._previous_handler: Any = None
@@ -123,25 +131,32 @@ class Watchdog:
             self._thread = None
 
     def arm(self, operation: str) -> None:
-        self._operation, self._fired = operation, False
+        self._operation = operation
         self._deadline = time.monotonic() + self.seconds
 
-    def disarm(self) -> None:
-        self._deadline = None
+    def disarm(self) -> bool:
+        """The operation ended; returns whether it ended past its deadline (a hang it recovered from by itself, or
+        one whose interrupt it swallowed)."""
+        deadline, self._deadline = self._deadline, None
+        return deadline is not None and time.monotonic() > deadline
+
+    def hang(self) -> AllocatorHang:
+        return AllocatorHang(self._operation, self.seconds)
+
+    def _overdue(self) -> bool:
+        deadline = self._deadline
+        return deadline is not None and time.monotonic() > deadline
 
     def _watch(self) -> None:
         main = threading.main_thread().ident
         assert main is not None
         while not self._stop.wait(min(0.1, self.seconds / 4)):
-            deadline = self._deadline
-            if deadline is not None and not self._fired and time.monotonic() > deadline:
-                self._fired = True
+            if self._overdue():
                 signal.pthread_kill(main, signal.SIGUSR1)
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
-        if self._fired and self._deadline is not None:
-            self._deadline = None
-            raise AllocatorHang(self._operation, self.seconds)
+        if self._overdue():  # the operation running now is late: not a stale signal for an earlier one
+            raise self.hang()
 
 
 JOURNAL_PREFIX = ".kvfuzz-journal-"
