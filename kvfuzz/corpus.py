@@ -198,11 +198,14 @@ def _replay_in_child(trace: Trace, spec: str, call_timeout: Optional[float]) -> 
         text=True,
         cwd=os.getcwd(),
     )
-    if done.returncode != 0:
-        if "AllocatorNotFound" in done.stderr:
-            raise AllocatorNotFound(done.stderr.strip().splitlines()[-1])
-        outcome = ReplayOutcome(ProcessDied(done.returncode, done.stderr), None)
+    if done.returncode < 0:  # killed by a signal: the recorded death, in the journal's last call
+        outcome = ReplayOutcome(ProcessDied(done.returncode, done.stderr), max(len(trace.program) - 1, 0))
         return TraceReplay(trace, spec, outcome, 1, 1)
+    if done.returncode != 0 or not done.stdout.strip():  # the child raised: it could not replay the trace
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        if "AllocatorNotFound" in last:
+            raise AllocatorNotFound(last)
+        raise NotApplicable(f"replaying in a child process failed: {last}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     failure = RuntimeError(result["what"]) if result["failed"] else None
     return TraceReplay(trace, spec, ReplayOutcome(failure, result["at"]), 1, 0)

@@ -28,6 +28,7 @@ def _alive(pid: int) -> bool:
 
 
 def _last_program(lines: list[str]) -> tuple[Optional[dict[str, Any]], list[dict[str, Any]]]:
+    # A program of no calls is kept: the process died building the allocator or tearing the example down.
     """The journal's header and the calls of its last program (a torn last line, written as the process died, is
     dropped)."""
     header: Optional[dict[str, Any]] = None
@@ -64,10 +65,11 @@ def recover(directory: Path) -> list[tuple[Path, str]]:
         except OSError as error:
             handled.append((journal, f"could not read {journal}: {error}"))
             continue
-        if header is None or not program:
+        if header is None:  # the process died before it wrote the header: nothing ran
             journal.unlink(missing_ok=True)
             continue
-        last = program[-1]
+        last = program[-1] if program else {"rule": "teardown"}
+        where = f"call {len(program)}, {last.get('rule')}," if program else "the allocator's construction or teardown"
         data = {
             "format": FORMAT,
             "allocator": header.get("allocator"),
@@ -78,8 +80,8 @@ def recover(directory: Path) -> list[tuple[Path, str]]:
                 "title": PROCESS_DIED,
                 "operation": f"{last.get('rule')}",
                 "explanation": (
-                    f"the kvfuzz process (pid {pid}) died during call {len(program)}, {last.get('rule')}, of this "
-                    "program (a segfault, an abort or a kill in the allocator): replay it to see how"
+                    f"the kvfuzz process (pid {pid}) died during {where} of this program (a segfault, an abort or "
+                    "a kill in the allocator): replay it to see how"
                 ),
             },
             "known_bug": None,

@@ -232,6 +232,9 @@ class MachineItem(_KvfuzzItem):
             f"{summary.program}\n\n{summary.explanation}{trace}" + "".join(f"\n({note})" for note in notes)
         )
 
+    def reportinfo(self):
+        return self.path, None, self.name
+
 
 def _recover(corpus: Path) -> Optional[list[str]]:
     """Turn the journals of runs that died into traces; the messages, or None if the corpus cannot hold a
@@ -241,6 +244,3 @@ def _recover(corpus: Path) -> Optional[list[str]]:
         return [message for _, message in journals.recover(corpus)]
     except OSError:
         return None
-
-    def reportinfo(self):
-        return self.path, None, self.name

@@ -318,7 +318,10 @@ def test_the_run_header_says_derandomized_only_when_it_is(capsys, tmp_path, monk
     headers = {}
     for name, extra in {"plain": [], "seed": ["--seed", "7"], "database": ["--database", str(tmp_path / "db")]}.items():
         with pytest.raises(Stop):
-            main(["run", "--examples", "1", "--steps", "1", "--num-blocks", "1", "--block-size", "1", *extra])
+            main(
+                ["run", "--examples", "1", "--steps", "1", "--num-blocks", "1", "--block-size", "1"]
+                + ["--corpus", str(tmp_path / "corpus"), *extra]
+            )
         headers[name] = capsys.readouterr().out
     assert headers["plain"].rstrip().endswith("1 example of up to 1 step, derandomized")
     assert headers["seed"].rstrip().endswith("1 example of up to 1 step, seed 7")

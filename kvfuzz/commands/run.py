@@ -97,7 +97,8 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
 
 def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig, inflight_window: int) -> int:
     """Print the run's outcome, then save a failure's trace: the failure is on the terminal before the corpus is
-    touched, and a trace that cannot be saved is printed whole. The exit status is 1 for any failure, saved or not.
+    touched, and a trace that cannot be saved is printed whole. The exit status is 130 for a run the user
+    interrupted (its failure, if any, saved all the same), else 1 for any failure, saved or not, and 0.
 
     With ``--json``, standard output stays one JSON object: ``trace`` is the saved file (or null), ``trace_error``
     why it could not be saved (or null), and ``unsaved_trace`` the trace itself when it could not be saved."""
@@ -184,19 +185,20 @@ def run_command(args: argparse.Namespace) -> int:
         )
     database = DirectoryBasedExampleDatabase(args.database) if args.database else None
     _enable_faulthandler()
-    summary = run(
-        factory,
-        config,
-        examples=args.examples,
-        steps=args.steps,
-        seed=args.seed,
-        allocator_name=args.allocator,
-        shrink=not args.no_shrink,
-        database=database,
-        progress=progress,
-        call_timeout=args.call_timeout or None,
-        journal_dir=_journal_dir(Path(args.corpus)),
-    )
-    with deferred_interrupts() as pressed:  # Ctrl-C now would lose the failure: it waits until the trace is saved
+    # Ctrl-C outside the run (which stops with what it found) would lose a failure not yet saved: it waits.
+    with deferred_interrupts() as pressed:
+        summary = run(
+            factory,
+            config,
+            examples=args.examples,
+            steps=args.steps,
+            seed=args.seed,
+            allocator_name=args.allocator,
+            shrink=not args.no_shrink,
+            database=database,
+            progress=progress,
+            call_timeout=args.call_timeout or None,
+            journal_dir=_journal_dir(Path(args.corpus)),
+        )
         status = _report(summary, args, config, probe.capabilities.inflight_window)
     return 130 if pressed else status

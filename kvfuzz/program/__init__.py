@@ -1,5 +1,6 @@
 """Programs over the operation table: the table itself, how arguments are drawn, running a program against an
-allocator, random programs, and replaying and shrinking recorded ones. Nothing here needs Hypothesis to run."""
+allocator, random programs, and replaying and shrinking recorded ones. Only the argument kinds import Hypothesis
+(they compile to its strategies); running, replaying and shrinking a program never use it."""
 
 from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Execution, Target

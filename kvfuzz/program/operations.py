@@ -13,7 +13,7 @@ valid when its operation is enabled and every argument is one the operation coul
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping
 
 import attrs
 
@@ -201,8 +201,3 @@ OPERATIONS: tuple[Operation, ...] = (
 )
 
 BY_NAME: dict[str, Operation] = {operation.name: operation for operation in OPERATIONS}
-
-
-def operation(name: str) -> Optional[Operation]:
-    """The operation a recorded call names, or None if there is no such operation."""
-    return BY_NAME.get(name)

@@ -39,6 +39,7 @@ def random_search(target: Target, *, examples: int, steps: int, seed: Optional[i
                 execution.execute(operation.name, operation.draw(state, rng))
             execution.teardown()
         except Exception as error:  # noqa: BLE001 -- any failure is the finding, as for the machine
-            execution.engine.close()
             return RandomFailure(tuple(execution.calls), error)
+        finally:
+            execution.engine.close()
     return None
