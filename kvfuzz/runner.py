@@ -259,7 +259,10 @@ def run(
         random_examples = 0 if database is not None else examples // 2
     random_examples = min(random_examples, examples)
     stats = RunStats(on_step=Progress(progress, examples) if progress is not None else None)
-    journal = Journal(journal_dir, allocator_name, config_json(config, None)) if journal_dir is not None else None
+    journal: Optional[Journal] = None
+    if journal_dir is not None:
+        with contextlib.suppress(OSError):  # no journal is better than no run: the run still reports what it finds
+            journal = Journal(journal_dir, allocator_name, config_json(config, None))
     failure: Optional[BaseException] = None
     calls: list[Call] = []
     flaky_in_search = interrupted = False

@@ -8,6 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
+from hypothesis.stateful import run_state_machine_as_test
 
 from examples.simple_allocator import make_allocator as simple_allocator
 from kvfuzz.allocator import paged_allocator, synchronous_allocator
@@ -16,6 +17,7 @@ from kvfuzz.engine import MachineConfig, MisuseCall
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Execution, Target
 from kvfuzz.program.operations import BY_NAME, OPERATIONS
+from kvfuzz.runner import run_settings
 from kvfuzz.statemachines import machine_for
 
 CONFIGS = {
@@ -96,10 +98,32 @@ def test_the_drifts_replay_used_to_accept_are_refused() -> None:
 
 
 def test_the_machine_has_one_rule_per_operation_and_the_table_enables_them() -> None:
-    machine = machine_for(paged_allocator)()
-    for operation in OPERATIONS:
-        rule = getattr(type(machine), operation.name)
-        assert rule.__doc__ == operation.doc
-    # A fresh machine can admit and step, and nothing else, as the table says.
-    assert {operation.name for operation in OPERATIONS if operation.enabled(machine.expected)} == {"admit", "step"}
+    machine_class = machine_for(paged_allocator)
+    rules = {rule.function.__name__: rule for rule in machine_class.setup_state().rules}
+    assert set(rules) == set(BY_NAME)
+    machine = machine_class()
+    # Hypothesis's preconditions agree with the table's enablement, state after state.
+    rng = random.Random(3)
+    for _ in range(300):
+        state = machine.expected
+        for operation in OPERATIONS:
+            precondition_holds = all(precondition(machine) for precondition in rules[operation.name].preconditions)
+            assert precondition_holds == operation.enabled(state), operation.name
+        operation = rng.choice([operation for operation in OPERATIONS if operation.enabled(state)])
+        machine.execution.execute(operation.name, operation.draw(state, rng))
     machine.teardown()
+
+
+def test_every_call_hypothesis_draws_is_one_replay_accepts(monkeypatch) -> None:
+    """The strategies the machine's rules draw from, and replay's validity, come from one description."""
+    checked: list[str] = []
+    original = Execution.execute
+
+    def execute(self: Execution, name: str, arguments: dict[str, Any]) -> None:
+        assert self.accepts(Call(name, arguments)), (name, arguments)
+        checked.append(name)
+        original(self, name, arguments)
+
+    monkeypatch.setattr(Execution, "execute", execute)
+    run_state_machine_as_test(machine_for(paged_allocator), settings=run_settings(60, 40))
+    assert len(checked) > 500 and set(checked) == set(BY_NAME)

@@ -175,6 +175,7 @@ class Journal:
         self.path = directory / f"{JOURNAL_PREFIX}{os.getpid()}.jsonl"  # one per process
         self._file: Optional[IO[str]] = open(self.path, "w", encoding="utf-8")
         self._examples = 0
+        self.error: Optional[OSError] = None  # why the journal was given up, if it was
         self._write({"format": JOURNAL_FORMAT, "pid": os.getpid(), "allocator": allocator, "config": config_json})
 
     def begin_example(self) -> None:
@@ -186,14 +187,25 @@ class Journal:
         self._write(record)
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self._file is not None:
+        """Append one line. A journal that cannot be written (a full disk) is given up, never the run: the
+        failure it would have kept is still printed and saved by the run itself."""
+        if self._file is None:
+            return
+        try:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        except OSError as error:
+            self.error = error
+            self._drop()
+
+    def _drop(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            with contextlib.suppress(OSError):
+                file.close()
+        with contextlib.suppress(OSError):
+            self.path.unlink()
 
     def close(self) -> None:
         """The run ended in this process: the journal is not needed."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            with contextlib.suppress(OSError):
-                self.path.unlink()
+        self._drop()
