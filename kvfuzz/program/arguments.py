@@ -20,7 +20,7 @@ import attrs
 from hypothesis import strategies as st
 
 from kvfuzz.allocator.types import Namespace, SeqId
-from kvfuzz.engine.expected import ProgramState
+from kvfuzz.engine.expected import ProgramState, Status
 
 VOCABULARY = 4
 """Token ids are 0 .. VOCABULARY - 1: few enough that prompts share prefixes often."""
@@ -28,6 +28,61 @@ VOCABULARY = 4
 NAMESPACES: tuple[Namespace, ...] = ((), ("ab", "c"), ("a", "bc"), ("lora-7",))
 """Mostly the empty namespace first, so that most requests can share; then the two whose parts concatenate alike
 (Hypothesis favours the first choices)."""
+
+
+class Snapshot:
+    """The state's queries, each answered once: enablement asks every operation in turn, and most ask for the same
+    lists (running, computed). Valid until the state changes, that is, until the next call is executed; ids are
+    still drawn from the state itself."""
+
+    def __init__(self, state: ProgramState) -> None:
+        self._state = state  # the live state behind the answers
+        self.caps = state.caps
+        self.block_size = state.block_size
+        self.num_host_blocks = state.num_host_blocks
+        self.finished = state.finished
+        self._ids: dict[Status, list[SeqId]] = {}
+
+    def new_id(self) -> SeqId:
+        return self._state.new_id()
+
+    def is_fresh(self, seq: SeqId) -> bool:
+        return self._state.is_fresh(seq)
+
+    def ids(self, status: Status) -> list[SeqId]:
+        if status not in self._ids:
+            self._ids[status] = self._state.ids(status)
+        return self._ids[status]
+
+    @functools.cached_property
+    def _live(self) -> list[SeqId]:
+        return self._state.live_ids()
+
+    def live_ids(self) -> list[SeqId]:
+        return self._live
+
+    @functools.cached_property
+    def _computed(self) -> list[SeqId]:
+        return self._state.computed_ids()
+
+    def computed_ids(self) -> list[SeqId]:
+        return self._computed
+
+    def preemptible_ids(self) -> list[SeqId]:
+        return self.ids(Status.RUNNING) if self.caps.preempt_scheduled else self.computed_ids()
+
+    @functools.cached_property
+    def _rollbackable(self) -> list[SeqId]:
+        return self._state.rollbackable_ids()
+
+    def rollbackable_ids(self) -> list[SeqId]:
+        return self._rollbackable
+
+    def rollback_limit(self, seq: SeqId) -> int:
+        return self._state.rollback_limit(seq)
+
+    def length(self, seq: SeqId) -> int:
+        return self._state.length(seq)
 
 
 def system_prompts(block_size: int) -> list[tuple[int, ...]]:

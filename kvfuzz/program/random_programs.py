@@ -14,6 +14,7 @@ from typing import Optional
 
 import attrs
 
+from kvfuzz.program.arguments import Snapshot
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
@@ -32,9 +33,9 @@ def random_search(target: Target, *, examples: int, steps: int, seed: Optional[i
     rng = random.Random(seed)
     for _ in range(examples):
         execution = target.start()
-        state = execution.engine.expected
         try:
             for _ in range(rng.randint(1, steps)):
+                state = Snapshot(execution.engine.expected)
                 operation = rng.choice([operation for operation in OPERATIONS if operation.enabled(state)])
                 execution.execute(operation.name, operation.draw(state, rng))
             execution.teardown()

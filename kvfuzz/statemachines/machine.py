@@ -15,7 +15,7 @@ from hypothesis.strategies import SearchStrategy
 
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.engine import Engine
-from kvfuzz.engine.expected import ExpectedState
+from kvfuzz.program.arguments import Snapshot
 from kvfuzz.program.execution import Execution, Safeguards, Target
 from kvfuzz.program.operations import OPERATIONS, Operation
 from kvfuzz.program.stats import RunStats
@@ -33,15 +33,20 @@ class KVCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.execution: Execution = Target(self.factory, self.config, self.stats, self.safeguards).start()
+        self._snapshot: tuple[int, Snapshot] = (-1, Snapshot(self.execution.engine.expected))
 
     @property
     def engine(self) -> Engine:
         return self.execution.engine
 
     @property
-    def expected(self) -> ExpectedState:
-        """The state the operation table's enablement and argument draws read."""
-        return self.execution.engine.expected
+    def expected(self) -> Snapshot:
+        """The state the operation table's enablement and argument draws read: its queries answered once per call
+        (Hypothesis asks every rule's precondition before each draw)."""
+        calls = len(self.execution.calls)
+        if self._snapshot[0] != calls:
+            self._snapshot = (calls, Snapshot(self.execution.engine.expected))
+        return self._snapshot[1]
 
     def teardown(self) -> None:
         """Invariant 10 once every sequence is gone; skipped after a failure, whose state is already broken."""
