@@ -8,6 +8,10 @@ to change nothing.
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -141,3 +145,16 @@ def check_counts(a: PagedAllocator, running: dict[str, int] | None = None) -> No
             for block in table:
                 uses[block] += 1
         assert uses == [a.refcount(b) for b in range(a.num_blocks)]
+
+
+def kvfuzz(*args: str, cwd: Path, **kwargs: Any) -> subprocess.CompletedProcess:
+    """Run the ``kvfuzz`` command line in a child process in ``cwd`` (where a failing run leaves its trace, in
+    ``corpus/`` unless ``--corpus`` says otherwise); ``kwargs`` go to ``subprocess.run``."""
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        **kwargs,
+    )

@@ -3,20 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-
-def kvfuzz(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """Run the CLI in ``cwd``, where a failing run leaves its trace (in ``corpus/``)."""
-    return subprocess.run(
-        [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-    )
+from factories import kvfuzz
 
 
 def test_run_json_summary_has_the_documented_keys(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from factories import kvfuzz
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from kvfuzz.corpus import export_test, replay_trace, trace_of
@@ -20,16 +21,6 @@ from kvfuzz.trace import Trace, load, save
 from kvfuzz.zoo import variant
 
 pytest_plugins = ["pytester"]
-
-
-def kvfuzz(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,11 @@ import os
 import random
 import resource
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from factories import kvfuzz
 
 from kvfuzz.corpus import export_test
 from kvfuzz.engine.config import MachineConfig
@@ -35,17 +34,6 @@ pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parent.parent
 KNOWN_BUG = ROOT / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c430.json"  # a zoo slip that reproduces
-
-
-def kvfuzz(*args: str, cwd: Path, **kwargs: Any) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        **kwargs,
-    )
 
 
 def trace_data() -> dict[str, Any]:
