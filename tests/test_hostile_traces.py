@@ -269,16 +269,20 @@ HOSTILE_BYTES: dict[str, tuple[Callable[[Path], Any], str]] = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(HOSTILE_BYTES))
-def test_load_refuses_a_file_that_is_not_utf8_json_with_one_line(tmp_path: Path, case: str) -> None:
-    """Old code raised UnicodeDecodeError or RecursionError, which escaped replay and collection as tracebacks."""
-    make, expected = HOSTILE_BYTES[case]
+def assert_refused_in_one_line(tmp_path: Path, make: Callable[[Path], Any], expected: str) -> None:
+    """``make`` writes a file that ``load`` must refuse with one line naming the file and saying ``expected``."""
     path = tmp_path / "hostile.json"
     make(path)
     with pytest.raises(TraceError) as caught:
         load(path)
     message = str(caught.value)
     assert message.startswith(f"{path}: ") and expected in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_BYTES))
+def test_load_refuses_a_file_that_is_not_utf8_json_with_one_line(tmp_path: Path, case: str) -> None:
+    """Old code raised UnicodeDecodeError or RecursionError, which escaped replay and collection as tracebacks."""
+    assert_refused_in_one_line(tmp_path, *HOSTILE_BYTES[case])
 
 
 ALREADY_REFUSED: dict[str, tuple[Callable[[Path], Any], str]] = {
@@ -292,13 +296,7 @@ ALREADY_REFUSED: dict[str, tuple[Callable[[Path], Any], str]] = {
 @pytest.mark.parametrize("case", sorted(ALREADY_REFUSED))
 def test_load_still_refuses_what_it_refused_before_in_one_line(tmp_path: Path, case: str) -> None:
     """A guard, not a regression test: old code refused these too (with other wording)."""
-    make, expected = ALREADY_REFUSED[case]
-    path = tmp_path / "hostile.json"
-    make(path)
-    with pytest.raises(TraceError) as caught:
-        load(path)
-    message = str(caught.value)
-    assert message.startswith(f"{path}: ") and expected in message and "\n" not in message, message
+    assert_refused_in_one_line(tmp_path, *ALREADY_REFUSED[case])
 
 
 def test_load_accepts_a_trace_whatever_its_layout(tmp_path: Path) -> None:

@@ -41,7 +41,12 @@ class Snapshot:
         self.block_size = state.block_size
         self.num_host_blocks = state.num_host_blocks
         self.finished = state.finished
-        self._ids: dict[Status, list[SeqId]] = {}
+        self._answers: dict[object, list[SeqId]] = {}  # query (a name, or a Status for ids) -> its answer
+
+    def _once(self, query: object, answer: Callable[[], list[SeqId]]) -> list[SeqId]:
+        if query not in self._answers:
+            self._answers[query] = answer()
+        return self._answers[query]
 
     def new_id(self) -> SeqId:
         return self._state.new_id()
@@ -50,33 +55,19 @@ class Snapshot:
         return self._state.is_fresh(seq)
 
     def ids(self, status: Status) -> list[SeqId]:
-        if status not in self._ids:
-            self._ids[status] = self._state.ids(status)
-        return self._ids[status]
-
-    @functools.cached_property
-    def _live(self) -> list[SeqId]:
-        return self._state.live_ids()
+        return self._once(status, lambda: self._state.ids(status))
 
     def live_ids(self) -> list[SeqId]:
-        return self._live
-
-    @functools.cached_property
-    def _computed(self) -> list[SeqId]:
-        return self._state.computed_ids()
+        return self._once("live", self._state.live_ids)
 
     def computed_ids(self) -> list[SeqId]:
-        return self._computed
+        return self._once("computed", self._state.computed_ids)
 
     def preemptible_ids(self) -> list[SeqId]:
-        return self.ids(Status.RUNNING) if self.caps.preempt_scheduled else self.computed_ids()
-
-    @functools.cached_property
-    def _rollbackable(self) -> list[SeqId]:
-        return self._state.rollbackable_ids()
+        return self._once("preemptible", self._state.preemptible_ids)
 
     def rollbackable_ids(self) -> list[SeqId]:
-        return self._rollbackable
+        return self._once("rollbackable", self._state.rollbackable_ids)
 
     def rollback_limit(self, seq: SeqId) -> int:
         return self._state.rollback_limit(seq)

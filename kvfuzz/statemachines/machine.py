@@ -14,7 +14,6 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from hypothesis.strategies import SearchStrategy
 
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.engine.engine import Engine
 from kvfuzz.program.arguments import Snapshot
 from kvfuzz.program.execution import Execution, Safeguards, Target
 from kvfuzz.program.operations import OPERATIONS, Operation
@@ -34,10 +33,6 @@ class KVCacheMachine(RuleBasedStateMachine):
         super().__init__()
         self.execution: Execution = Target(self.factory, self.config, self.stats, self.safeguards).start()
         self._snapshot: tuple[int, Snapshot] = (-1, Snapshot(self.execution.engine.expected))
-
-    @property
-    def engine(self) -> Engine:
-        return self.execution.engine
 
     @property
     def expected(self) -> Snapshot:
