@@ -110,6 +110,7 @@ def constructed_json(name: str, seed: int = 0) -> dict:
         "format": FORMAT,
         "name": body["name"],
         "origin": "constructed",
+        "provenance": {"kind": "constructed", "generator": f"kvfuzz.workload.constructed:{name}", "seed": seed},
         "description": body["description"],
         "prefix_groups": body.get("prefix_groups", {}),
         "requests": body["requests"],

@@ -33,11 +33,12 @@ from typing import Any, Optional
 import attrs
 
 from kvfuzz.allocator.types import Namespace, Tokens
+from kvfuzz.workload.provenance import Provenance
 
 FORMAT = "kvfuzz-workload/1"
 ORIGINS = ("constructed", "recorded")
 VOCABULARY = 32000
-WORKLOAD_FIELDS = ("format", "name", "origin", "description", "prefix_groups", "requests")
+WORKLOAD_FIELDS = ("format", "name", "origin", "provenance", "description", "prefix_groups", "requests")
 REQUEST_FIELDS = (
     "id",
     "arrival",
@@ -83,13 +84,20 @@ class Request:
 
 @attrs.frozen
 class Workload:
-    """A named, ordered set of requests, labelled with where they came from (``constructed`` or ``recorded``)."""
+    """A named, ordered set of requests, labelled with where they came from (``constructed`` or ``recorded``);
+    ``provenance.kind`` is always ``origin``."""
 
-    name: str
-    origin: str
-    description: str
-    requests: tuple[Request, ...]
-    prefix_groups: dict = attrs.field(factory=dict)
+    name: str  # the workload's name
+    origin: str  # constructed or recorded
+    description: str  # what it holds, for a person
+    requests: tuple[Request, ...]  # sorted by arrival
+    prefix_groups: dict = attrs.field(factory=dict)  # group name -> its prefix tokens
+    provenance: Optional[Provenance] = None  # who made it, or which trace it came from (None: only its origin known)
+
+    @property
+    def source(self) -> Provenance:
+        """The provenance, or just the origin when the workload does not say more."""
+        return self.provenance if self.provenance is not None else Provenance(self.origin)
 
 
 def _unknown_fields(entry: dict, known: tuple[str, ...], where: str) -> None:
@@ -193,6 +201,14 @@ def parse_workload(data: Any, where: str = "workload") -> Workload:
     origin = data.get("origin")
     if origin not in ORIGINS:
         raise WorkloadError(f"{where}: 'origin' must be one of {ORIGINS}, found {origin!r}")
+    provenance = None
+    if "provenance" in data:
+        try:
+            provenance = Provenance.from_json(data["provenance"], where)
+        except ValueError as error:
+            raise WorkloadError(str(error)) from error
+        if provenance.kind != origin:
+            raise WorkloadError(f"{where}: provenance kind {provenance.kind!r} contradicts origin {origin!r}")
     groups = _groups(data.get("prefix_groups", {}))
     raw = data.get("requests")
     if not isinstance(raw, list) or not raw:
@@ -205,7 +221,12 @@ def parse_workload(data: Any, where: str = "workload") -> Workload:
         seen.add(request.id)
     requests.sort(key=lambda request: request.arrival)
     return Workload(
-        str(data.get("name", Path(where).stem)), origin, str(data.get("description", "")), tuple(requests), groups
+        str(data.get("name", Path(where).stem)),
+        origin,
+        str(data.get("description", "")),
+        tuple(requests),
+        groups,
+        provenance,
     )
 
 

@@ -45,6 +45,21 @@ class Refusal:
 
 
 @attrs.frozen
+class Preemption:
+    """A request preempted for recomputation: at which step, which request, for which one (the request that
+    needed room; the victim itself when it outgrew the pool among others), and the free blocks left then."""
+
+    step: int
+    victim: str
+    for_request: str
+    free_blocks: Optional[int]
+
+    def describe(self) -> str:
+        pool = "" if self.free_blocks is None else f" ({plural(self.free_blocks, 'free block')} left)"
+        return f"step {self.step}: {self.victim} preempted for recomputation: {self.for_request} needed room{pool}"
+
+
+@attrs.frozen
 class Latency:
     """p50 and p99 (nearest rank) of a latency measured in engine steps, over ``count`` requests."""
 
@@ -109,7 +124,13 @@ class ReplayReport:
         fields["occupancy"] = self.occupancy.to_json()
         return fields
 
-    def describe(self, samples: int = 5) -> list[str]:
+    def describe(self, samples: int = 5, latency: bool = True) -> list[str]:
+        """The report for a person; ``latency`` False leaves out the two latency lines (a serving report prints its
+        own, fuller ones)."""
+        latency_lines = [
+            f"  time to first token: {self.time_to_first_token.describe()}",
+            f"  time per output token: {self.time_per_output_token.describe()}",
+        ]
         lines = [
             f"workload {self.workload} ({self.origin}), {plural(self.requests, 'request')}, against {self.allocator}",
             f"  pool: {plural(self.num_blocks, 'block')} x {plural(self.block_size, 'slot')}",
@@ -123,8 +144,7 @@ class ReplayReport:
             *[f"    {refusal.describe()}" for refusal in self.refusals[:samples]],
             *([f"    ... {len(self.refusals) - samples} more"] if len(self.refusals) > samples else []),
             f"  concurrency: peak {self.peak_concurrency}, mean {self.mean_concurrency:.2f} running requests",
-            f"  time to first token: {self.time_to_first_token.describe()}",
-            f"  time per output token: {self.time_per_output_token.describe()}",
+            *(latency_lines if latency else []),
             *["  " + line for line in self.occupancy.describe()],
         ]
         if self.failure:

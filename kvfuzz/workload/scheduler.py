@@ -30,7 +30,7 @@ from kvfuzz.engine.engine import Engine
 from kvfuzz.engine.expected import Status
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.workload.format import Request, Workload
-from kvfuzz.workload.report import Latency, Refusal, ReplayReport
+from kvfuzz.workload.report import Latency, Preemption, Refusal, ReplayReport
 
 
 class ReplayError(RuntimeError):
@@ -44,9 +44,10 @@ class Phase(enum.Enum):
     FINISHED = "finished"
     CANCELLED = "cancelled"
     REJECTED = "rejected"
+    TIMED_OUT = "timed out"
 
 
-DONE = (Phase.FINISHED, Phase.CANCELLED, Phase.REJECTED)
+DONE = (Phase.FINISHED, Phase.CANCELLED, Phase.REJECTED, Phase.TIMED_OUT)
 
 
 @attrs.define
@@ -109,6 +110,7 @@ class Scheduler:
         self.waiting: list[Tracked] = []
         self.running: list[Tracked] = []
         self.refusals: list[Refusal] = []
+        self.preemption_samples: list[Preemption] = []  # every preemption: when, whom, for which request
         self.concurrency: list[int] = []
         self.scheduled: set[SeqId] = set()
         self.progressed: set[str] = set()  # requests that started or grew a branch this round
@@ -134,9 +136,7 @@ class Scheduler:
                 while upcoming is not None and upcoming.request.arrival <= self.step:
                     self.waiting.append(upcoming)
                     upcoming = next(arrivals, None)
-                self._start_branches()
-                self._decode()
-                self._admit()
+                self._schedule()
                 self._cancel()
                 self._run_step()
             self.engine.quiesce()
@@ -148,6 +148,12 @@ class Scheduler:
                 f"crash ({type(error).__name__}) during {self.engine.checks.operation} at step {self.step}: {error}"
             )
         return self._report(time.perf_counter() - started, failure, quiescent)
+
+    def _schedule(self) -> None:
+        """The scheduling decisions of one round, before cancellations: start branches, decode, admit."""
+        self._start_branches()
+        self._decode()
+        self._admit()
 
     def _cancel(self) -> None:
         for tracked in self.tracked:
@@ -269,6 +275,9 @@ class Scheduler:
             if not victims:
                 return False
             victim = victims[0]
+            self.preemption_samples.append(
+                Preemption(self.step, victim.request.id, tracked.request.id, self._free_blocks())
+            )
             self._preempt(victim)
             self.preempted_this_round = True
             if victim is tracked or self.inflight_window > 0:
@@ -285,7 +294,7 @@ class Scheduler:
             self.engine.preempt(branch)
             self._released()
             self.scheduled.discard(branch)
-            tracked.produced[branch] = self.engine.expected.length(branch) - prompt
+            tracked.produced[branch] = max(0, self.engine.expected.length(branch) - prompt)  # 0 inside a prompt
         tracked.preempted += 1
         tracked.phase = Phase.WAITING
         self.running.remove(tracked)
@@ -314,11 +323,20 @@ class Scheduler:
             if started < len(pending):
                 return  # the rest of its branches start in later rounds; nothing behind it is admitted now
 
-    def _refused(self, tracked: Tracked, branch: SeqId) -> None:
+    def _free_blocks(self) -> Optional[int]:
+        """Free blocks in the pool now, where the allocator exposes them."""
         counts = self.engine.checks.counts()
-        tokens = (
-            self.engine.expected.length(branch) if branch in self.engine.expected.seqs else len(tracked.request.prompt)
-        )
+        return counts.free if counts else None
+
+    def _refused(self, tracked: Tracked, branch: SeqId, tokens: Optional[int] = None) -> None:
+        """Keep the refused admission of ``branch`` (``tokens`` long: by default its whole length) as a sample."""
+        counts = self.engine.checks.counts()
+        if tokens is None:
+            tokens = (
+                self.engine.expected.length(branch)
+                if branch in self.engine.expected.seqs
+                else len(tracked.request.prompt)
+            )
         self.refusals.append(
             Refusal(
                 self.step,
@@ -372,10 +390,11 @@ class Scheduler:
     def _run_step(self) -> None:
         self._reject_stalled()
         self.concurrency.append(len(self.running))
+        self._before_step()
         self.engine.step()
         for tracked in list(self.running):
             for branch in tracked.live():
-                if branch in self.scheduled:
+                if branch in self.scheduled and self._produces(branch):
                     tracked.produced[branch] += 1
                     if tracked.first_token_at is None:
                         tracked.first_token_at = self.step
@@ -394,6 +413,14 @@ class Scheduler:
         self.scheduled.clear()
         self.preempted_this_round = False
         self.step += 1
+
+    def _before_step(self) -> None:
+        """Called once the round's work is scheduled, just before its step runs."""
+
+    def _produces(self, branch: SeqId) -> bool:
+        """Whether ``branch``'s work in this step produces a token (every scheduled branch does here; a chunk of a
+        prompt before its last does not under a token budget)."""
+        return True
 
     # -- the report --------------------------------------------------------------------------------------------------
 
