@@ -390,3 +390,10 @@ def sliding_window_allocator(spec: PoolSpec) -> PagedAllocator:
 def synchronous_allocator(spec: PoolSpec) -> PagedAllocator:
     """The same allocator with a synchronous engine (W = 0): released blocks are reusable at once."""
     return PagedAllocator(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=0)
+
+
+def unshared_allocator(spec: PoolSpec) -> PagedAllocator:
+    """The default allocator with its prefix cache off: paging without prefix sharing (forks still share)."""
+    return PagedAllocator(
+        spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=1, prefix_caching=False
+    )

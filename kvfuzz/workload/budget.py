@@ -26,6 +26,8 @@ import enum
 import functools
 from typing import Optional
 
+import attrs
+
 from kvfuzz.allocator.protocol import AllocatorProtocol
 from kvfuzz.allocator.types import SeqId
 from kvfuzz.engine.config import MachineConfig
@@ -285,3 +287,29 @@ class BudgetScheduler(Scheduler):
 
 def _latencies(values: dict[str, list[float]]) -> Latencies:
     return Latencies(Distribution.of(values["ttft"]), Distribution.of(values["tpot"]), Distribution.of(values["e2e"]))
+
+
+@attrs.frozen
+class ServingSettings:
+    """How a token-budget replay schedules: everything but the workload and the pool."""
+
+    token_budget: int = attrs.field(default=64, validator=attrs.validators.ge(1))  # tokens computed per step
+    policy: Policy = Policy.DECODE_FIRST  # which of decodes and prefills take the budget first
+    max_running: int = attrs.field(default=256, validator=attrs.validators.ge(1))  # requests running at once
+    timeout_steps: Optional[int] = None  # abort a request not finished this many steps after arriving
+    cost: CostModel = CostModel()  # turns steps into modelled seconds
+
+    def scheduler(
+        self, workload: Workload, allocator: AllocatorProtocol, config: MachineConfig, allocator_name: str
+    ) -> BudgetScheduler:
+        return BudgetScheduler(
+            workload,
+            allocator,
+            config,
+            allocator_name,
+            self.token_budget,
+            self.policy,
+            self.max_running,
+            self.timeout_steps,
+            self.cost,
+        )

@@ -1,11 +1,15 @@
-"""A PNG of the pool's occupancy over time, for people who would rather look than read (needs matplotlib)."""
+"""PNGs for people who would rather look than read (need matplotlib): the pool's occupancy over time, and the
+latency-against-rate curves of a capacity search."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from kvfuzz.workload.report import ReplayReport
+
+if TYPE_CHECKING:
+    from kvfuzz.workload.capacity import Capacity, LatencyTarget
 
 
 class PlotUnavailable(RuntimeError):
@@ -54,6 +58,35 @@ def plot_occupancy(reports: Sequence[ReplayReport], path: Path) -> None:
         )
         axis.legend(loc="upper right", fontsize=7)
     axes[-1, 0].set_xlabel("step")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def plot_capacity(results: "Sequence[Capacity]", target: "LatencyTarget", path: Path) -> None:
+    """p99 time to first token and p99 time per output token against the arrival rate, one line per layout, with
+    the target as a dashed line: a layout's capacity is the last rate of its line under both."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise PlotUnavailable("the plot needs matplotlib: pip install 'kvfuzz[plot]'") from error
+    figure, (ttft_axis, tpot_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    for result in results:
+        rates = [point.rate for point in result.points]
+        steps = [point.report.steps for point in result.points]
+        ttft_axis.plot(rates, [s.time_to_first_token.p99 for s in steps], marker="o", label=result.layout.label)
+        tpot_axis.plot(rates, [s.time_per_output_token.p99 for s in steps], marker="o", label=result.layout.label)
+    ttft_axis.axhline(target.ttft_p99_steps, color="grey", linestyle="--", linewidth=1, label="target")
+    tpot_axis.axhline(target.tpot_p99_steps, color="grey", linestyle="--", linewidth=1, label="target")
+    ttft_axis.set_ylabel("p99 time to first token (steps)")
+    tpot_axis.set_ylabel("p99 time per output token (steps)")
+    for axis in (ttft_axis, tpot_axis):
+        axis.set_xlabel("arrival rate (requests per step, Poisson, constructed)")
+        axis.legend(fontsize=7)
+    figure.suptitle("capacity at a latency target: each line stops at the first rate that missed it", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -26,8 +26,8 @@ class Distribution:
 
     @classmethod
     def of(cls, values: Sequence[float]) -> "Distribution":
-        ranks = (percentile(values, pct) for pct in (50, 90, 99))
-        return cls(len(values), *ranks, max(values, default=None))
+        p50, p90, p99 = (percentile(values, pct) for pct in (50, 90, 99))
+        return cls(len(values), p50, p90, p99, max(values, default=None))
 
     def cells(self, digits: int) -> list[str]:
         return ["-" if value is None else f"{value:.{digits}f}" for value in (self.p50, self.p90, self.p99, self.max)]
