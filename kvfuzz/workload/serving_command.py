@@ -28,7 +28,7 @@ from kvfuzz.workload.provenance import MixedEvidence
 from kvfuzz.workload.scheduler import ReplayError
 from kvfuzz.workload.sources import SOURCES_HELP, workload_from
 
-DEFAULT_RATES = "0.2,0.3,0.4,0.5,0.6,0.7,0.8,1.0"
+DEFAULT_RATES = "0.1,0.2,0.3,0.4,0.5,0.6,0.8"
 
 
 def _number(minimum: float, strict: bool) -> Callable[[str], float]:
