@@ -6,8 +6,10 @@ The paged run is a small continuous-batching engine around the allocator. Each r
 requests whose prompt is computed, grow every running sequence by the token it last produced and compute it
 (performing the copies the allocator orders first); unless the round preempted, readmit preempted sequences
 (recomputing their K/V from the prefix-cache hit on) and admit arriving requests (computing their prompt after the
-cache hit); free what is finished; then the round's step completes. When a grow finds the pool full, the most recently admitted other sequence is preempted for
-recomputation. Every K/V write goes to the slot the block table names; every read gathers the sequence's slots.
+cache hit); free what is finished; then the round's step completes. When a grow finds the pool full, the most
+recently admitted other sequence is preempted for recomputation (under an in-flight window, one victim, and the grow
+waits a round for its blocks). Every K/V write goes to the slot the block table names; every read gathers the
+sequence's slots.
 
 Sample j of a request takes the (j+1)-th most likely token first and is greedy afterwards (sample 0 is plain greedy),
 so parallel samples diverge. The reference computes every sequence alone with a contiguous cache, one token at a
