@@ -110,6 +110,10 @@ def test_data_flows_one_way() -> None:
         "kvfuzz.engine": {"kvfuzz.program", "kvfuzz.statemachines", "kvfuzz.runner", "kvfuzz.cli", "kvfuzz.zoo"},
         "kvfuzz.program": {"kvfuzz.statemachines", "kvfuzz.runner", "kvfuzz.cli"},
         "kvfuzz.workload.scheduler": {"kvfuzz.statemachines", "kvfuzz.program", "kvfuzz.runner"},
+        "kvfuzz.workload.budget": {"kvfuzz.statemachines", "kvfuzz.program", "kvfuzz.runner", "kvfuzz.cli"},
+        "kvfuzz.workload.capacity": {"kvfuzz.statemachines", "kvfuzz.program", "kvfuzz.runner", "kvfuzz.cli"},
+        "kvfuzz.workload.ablation": {"kvfuzz.statemachines", "kvfuzz.program", "kvfuzz.runner", "kvfuzz.cli"},
+        "kvfuzz.model": {"kvfuzz.engine", "kvfuzz.program", "kvfuzz.statemachines", "kvfuzz.runner", "kvfuzz.workload"},
         "kvfuzz.zoo.variants": {"kvfuzz.statemachines", "kvfuzz.program", "kvfuzz.runner"},
     }
     for layer, forbidden in higher.items():

@@ -74,3 +74,18 @@ def test_capacity_prints_one_row_per_layout_and_writes_the_plot(
     table = out[out.index(next(line for line in out if line.startswith("layout"))) + 1 :]
     assert [line.split()[:2] for line in table[:3]] == [["paged", "B=16"], ["paged", "B=64"], ["reserve", "160"]]
     assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_capacity_plot_on_the_serving_page_is_drawn_from_the_table_shown_there() -> None:
+    """scripts/capacity_plot.py runs the page's own capacity sample with --plot, and the page shows its image."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("capacity_plot", root / "scripts" / "capacity_plot.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    page = (root / "docs" / "serving.md").read_text()
+    assert f"<!-- sample: kvfuzz {' '.join(script.capacity_command())} -->" in page
+    assert "](images/serving-capacity.png)" in page
+    assert script.IMAGE.read_bytes().startswith(b"\x89PNG")
