@@ -102,7 +102,7 @@ class ProcessDied(Exception):
         super().__init__(f"the replaying process died ({how})" + "".join(f"\n  {line}" for line in last))
 
 
-def _matches(trace: Trace, failure: Optional[BaseException]) -> bool:
+def reproduces_recorded(trace: Trace, failure: Optional[BaseException]) -> bool:
     """``failure`` is the trace's recorded failure: the same invariant, or the same kind of crash or hang."""
     if failure is None:
         return False
@@ -177,7 +177,7 @@ def replay_trace(
         target = Target(factory, trace.config, safeguards=Safeguards(watchdog=watchdog))
         for _ in range(tries):
             outcomes.append(replay(target, trace.program, on_call if not outcomes else None))
-    reproducing = [outcome for outcome in outcomes if _matches(trace, outcome.failure)]
+    reproducing = [outcome for outcome in outcomes if reproduces_recorded(trace, outcome.failure)]
     failing = [outcome for outcome in outcomes if outcome.failure is not None]
     shown = (reproducing or failing or outcomes)[0 if (reproducing or failing) else -1]
     return TraceReplay(trace, spec, shown, tries, len(reproducing))

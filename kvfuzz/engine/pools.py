@@ -11,7 +11,7 @@ newer write, so a block handed out again too early is observably corrupted.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import attrs
 import torch
@@ -43,6 +43,21 @@ class SlotWrite:
             f"K/V of sequence {self.seq} (namespace {self.namespace!r}) position {self.position}, "
             f"put here by step {self.step}{how}"
         )
+
+
+@attrs.frozen
+class PoolEvent:
+    """One change the engine made to a block's K/V, for an observer (the timeline of ``kvfuzz show``).
+
+    ``kind`` is ``write`` (a step's writes), ``copy`` (copy-on-write or fork copy), ``swap-out`` (``block`` is then
+    a host block), ``swap-in`` (``source`` is then a host block) or ``land`` (late in-flight work landed); ``writes``
+    lists, for each slot of ``block`` changed, its offset and the write it now holds.
+    """
+
+    kind: str  # write, copy, swap-out, swap-in or land
+    block: int  # the block whose slots changed (a host block for swap-out)
+    source: Optional[int]  # the block copied from (a host block for swap-in), None for write and land
+    writes: tuple[tuple[int, SlotWrite], ...]  # (offset, record) of every slot changed
 
 
 @attrs.frozen
@@ -89,6 +104,7 @@ class KVPools:
         self.late_work_by_block: dict[int, LateWork] = {}  # released block -> its pending late work
         self.history: dict[int, deque[str]] = {}  # block -> its latest events, for explanations
         self.dirty: set[int] = set()  # device slots written or copied since the checks last looked
+        self.observer: Optional[Callable[[PoolEvent], None]] = None  # told of every write, copy and landing
 
     def close(self) -> None:
         """Release the pools' memory; nothing may be written or read afterwards."""
@@ -107,6 +123,12 @@ class KVPools:
         self.values[index] = values
         self.shadow.update(zip(slots, writes))
         self.dirty.update(slots)
+        if self.observer is not None:
+            by_block: dict[int, list[tuple[int, SlotWrite]]] = {}
+            for slot, record in zip(slots, writes):
+                by_block.setdefault(slot // self.block_size, []).append((slot % self.block_size, record))
+            for block, changed in by_block.items():
+                self.observer(PoolEvent("write", block, None, tuple(changed)))
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy-on-write: the whole of block ``src`` into block ``dst``, as part of the next step's work."""
@@ -120,6 +142,7 @@ class KVPools:
             self.shadow,
             dst,
             f"copied from block {src}",
+            "copy",
         )
 
     def swap_to_host(self, block: int, host_block: int) -> None:
@@ -133,6 +156,7 @@ class KVPools:
             self.host_shadow,
             host_block,
             f"swapped out from block {block}",
+            "swap-out",
             mark_dirty=False,
         )
 
@@ -147,6 +171,7 @@ class KVPools:
             self.shadow,
             block,
             f"swapped in from host block {host_block}",
+            "swap-in",
         )
 
     def _copy(
@@ -160,6 +185,7 @@ class KVPools:
         dst_shadow: dict[int, SlotWrite],
         dst: int,
         via: str,
+        kind: str,
         mark_dirty: bool = True,
     ) -> None:
         size = self.block_size
@@ -174,6 +200,9 @@ class KVPools:
                 dst_shadow[dst * size + offset] = attrs.evolve(record, step=self.next_step, via=via)
         if mark_dirty:
             self.dirty.update(range(dst * size, (dst + 1) * size))
+        if self.observer is not None:
+            changed = tuple((offset, dst_shadow[dst * size + offset]) for offset in range(size) if dst * size + offset in dst_shadow)
+            self.observer(PoolEvent(kind, dst, src, changed))
 
     # -- steps and late work -------------------------------------------------------------------------------------
 
@@ -220,6 +249,7 @@ class KVPools:
 
     def _land(self, work: LateWork) -> None:
         size = self.block_size
+        landed: list[tuple[int, SlotWrite]] = []
         for offset, record in work.writes:
             slot = work.block * size + offset
             current = self.shadow.get(slot)
@@ -234,6 +264,9 @@ class KVPools:
                 f"completed",
             )
             self.dirty.add(slot)
+            landed.append((offset, self.shadow[slot]))
+        if landed and self.observer is not None:
+            self.observer(PoolEvent("land", work.block, None, tuple(landed)))
 
     # -- provenance ----------------------------------------------------------------------------------------------
 
