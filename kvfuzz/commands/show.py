@@ -1,0 +1,76 @@
+"""``kvfuzz show TRACE``: replay a trace and draw its timeline, as an HTML page and, with the plot extra, a PNG.
+
+Without ``--html`` the page is written to the current directory, named after the trace (``NAME.html``). A file that is not a valid
+trace (a newer format, a corrupt file) is one line on standard error and exit status 2, before any replay; a trace
+of more than 10,000 calls is drawn as the window of its last 10,000 calls, and the page says so. The exit status is
+otherwise 0: showing a failure is not one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.timeline.hint import default_page
+from kvfuzz.trace import TraceError
+from kvfuzz.trace import load as load_trace
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "show", help="draw a trace's timeline: blocks over calls, as an HTML page (and a PNG with the plot extra)"
+    )
+    parser.add_argument("trace", metavar="TRACE")
+    parser.add_argument("--html", metavar="OUT.html", help="write the page here (default: NAME.html in the current directory)")
+    parser.add_argument("--png", metavar="OUT.png", help="also draw the timeline as a PNG (needs matplotlib)")
+    parser.add_argument("--allocator", help="replay against this allocator instead of the recorded one")
+    parser.set_defaults(handler=run_command)
+
+
+def _usage_error(message: str) -> int:
+    print(f"kvfuzz: {message}", file=sys.stderr)
+    return 2
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        trace = load_trace(Path(args.trace))
+    except TraceError as error:
+        return _usage_error(str(error))
+    page = Path(args.html) if args.html else default_page(Path(args.trace))
+    for flag, value in (("--html", page), ("--png", args.png)):
+        if value is not None and not Path(value).resolve().parent.is_dir():
+            return _usage_error(f"{flag} {value}: directory {Path(value).parent} does not exist")
+    if args.png is not None:
+        try:
+            import matplotlib  # noqa: F401 -- only whether the plot extra is installed
+        except ImportError:
+            return _usage_error("--png needs matplotlib: pip install 'kvfuzz[plot]'")
+    if args.allocator is not None:
+        try:
+            load_factory(args.allocator)
+        except AllocatorNotFound as error:
+            return _usage_error(str(error))
+    from kvfuzz.timeline.html import render_html
+    from kvfuzz.timeline.record import record
+
+    started = time.perf_counter()
+    timeline = record(trace, args.trace, args.allocator)
+    try:
+        page.write_text(render_html(timeline), encoding="utf-8")
+        if args.png is not None:
+            from kvfuzz.timeline.png import render_png
+
+            render_png(timeline, Path(args.png))
+    except OSError as error:
+        return _usage_error(f"cannot write {error.filename}: {error.strerror}")
+    for note in timeline.notes:
+        print(f"note: {note}")
+    outcome = timeline.outcome
+    where = f" at call {timeline.columns[outcome.column].call_index + 1}" if outcome.column is not None else ""
+    print(f"{args.trace}: {outcome.title}: {outcome.verdict}{where} against {timeline.allocator}")
+    print(f"timeline: {page}" + (f" and {args.png}" if args.png else "") + f" ({time.perf_counter() - started:.2f} s)")
+    return 0
