@@ -26,6 +26,7 @@ from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.program.stats import failure_kind
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.runner import DEFAULT_CALL_TIMEOUT, RunSummary
+from kvfuzz.timeline.hint import show_hint
 from kvfuzz.trace import Trace, failure_record, save
 
 
@@ -64,7 +65,7 @@ class SavedTrace:
         the trace itself."""
         if self.error is None:
             where = "saved to" if self.written else "already in the corpus:"
-            return f"trace {where} {self.path}\nreplay it with: kvfuzz replay {self.path}"
+            return f"trace {where} {self.path}\nreplay it with: kvfuzz replay {self.path}\n{show_hint(self.path)}"
         name = self.path.name
         return (
             f"trace NOT saved: cannot write {self.path} ({self.error}); here it is: save it as {name} and replay it "

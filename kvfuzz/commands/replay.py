@@ -20,6 +20,7 @@ from kvfuzz.corpus import replay_trace
 from kvfuzz.program.replay import NotApplicable
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.runner import DEFAULT_CALL_TIMEOUT
+from kvfuzz.timeline.hint import show_hint
 from kvfuzz.trace import TraceError, TraceUnavailable
 from kvfuzz.trace import load as load_trace
 
@@ -109,6 +110,6 @@ def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[flo
     print(
         f"  >>   {verdict} at {where} against {replayed.allocator}:\n"
         + "\n".join(f"       {line}" for line in replayed.describe_failure().splitlines())
-        + "\n"
     )
+    print(f"       {show_hint(Path(path))}\n")
     return "reproduced" if replayed.reproduced else "failed differently"

@@ -18,7 +18,7 @@ from kvfuzz.timeline.model import DEVICE, MARK_KINDS, Cell, Column, Lane, Mark, 
 MAX_TABLE_ROWS = 200
 """Block tables listed below the lanes: those after each of the last this many calls (every call hovers)."""
 
-_GLYPH = {
+GLYPHS = {  # the letter of each kind of mark, in the page, its legend and the picture
     "hold": "+",
     "release": "\u2212",
     "scheduled": "w",
@@ -201,7 +201,9 @@ def _lane(row: int, lane: Lane, cells: tuple[Cell, ...], columns: tuple[Column, 
             x, w = _LABEL_WIDTH + start * width_of, (index - start) * width_of
             tip = f"{lane.label}, calls {columns[start].call_index + 1}-{columns[index - 1].call_index + 1}: {cell.describe()}"
             yield f'<rect class="span {span_class}" x="{x + 1}" y="{y + 4}" width="{max(w - 2, 1)}" height="{_LANE - 8}" '
-            yield f'data-holders="{_e(" ".join(map(str, cell.holders)))}"><title>{_e(tip)}</title></rect>'
+            calls = f"{columns[start].call_index + 1}-{columns[index - 1].call_index + 1}"
+            yield f'data-holders="{_e(" ".join(map(str, cell.holders)))}" data-calls="{calls}">'
+            yield f"<title>{_e(tip)}</title></rect>"
             text = " ".join(map(str, cell.holders))
             if cell.refcount is not None and lane.pool == DEVICE and cell.refcount != len(cell.holders):
                 text += f" rc{cell.refcount}\u2260{len(cell.holders)}"
@@ -234,7 +236,7 @@ def _marks(timeline: Timeline, width_of: int) -> Iterator[str]:
         yield f'<g class="mark mark-{mark.kind}" data-kind="{mark.kind}" data-call="{column.call_index + 1}" '
         yield f'data-lane="{mark.pool}-{mark.block}"><circle cx="{x}" cy="{y}" r="{radius}"/>'
         if radius >= 5:
-            yield f'<text x="{x}" y="{y + 3.5}">{_e(_GLYPH[mark.kind])}</text>'
+            yield f'<text x="{x}" y="{y + 3.5}">{_e(GLYPHS[mark.kind])}</text>'
         yield f"<title>{_e(tip)}</title></g>"
 
 
@@ -251,7 +253,7 @@ def _legend() -> Iterator[str]:
         yield f'<div><svg width="18" height="12"><rect class="{span_class}" x="1" y="1" width="16" height="10"/></svg>'
         yield f"<dd>{_e(text)}</dd></div>"
     for kind, text in MARK_KINDS.items():
-        yield f'<div class="mark-{kind}"><dt>{_e(_GLYPH[kind])}</dt><dd>{_e(text)}</dd></div>'
+        yield f'<div class="mark-{kind}"><dt>{_e(GLYPHS[kind])}</dt><dd>{_e(text)}</dd></div>'
     yield "</dl>"
 
 

@@ -24,7 +24,7 @@ from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Execution, Safeguards, Target
 from kvfuzz.program.safeguards import AllocatorHang, Watchdog
 from kvfuzz.registry import AllocatorNotFound, load_factory
-from kvfuzz.runner import DEFAULT_CALL_TIMEOUT
+from kvfuzz.runner import DEFAULT_CALL_TIMEOUT, single_threaded_torch
 from kvfuzz.timeline.model import (
     DEVICE,
     EMPTY,
@@ -232,9 +232,20 @@ class _Recorder:
             last = min((index + 1) * size, table.written) - 1
             text = (
                 f"cache hit: {seq} admitted with {table.written} cached tokens; positions {index * size}-{last} are "
-                f"read from here"
+                f"read from here ({self._written_by(block, last - index * size + 1)})"
             )
             marks.append(((DEVICE, block), "hit", text, None))
+
+    def _written_by(self, block: int, count: int) -> str:
+        """Who wrote the first ``count`` slots of ``block``, and whether those steps have completed."""
+        pools = self.engine.pools
+        records = [pools.record(block * self.engine.block_size + offset) for offset in range(count)]
+        if not any(records):
+            return "no write has put K/V here yet"
+        steps = sorted({record.step for record in records if record is not None})
+        done = "completed" if steps[-1] <= pools.last_completed else f"not completed: last completed {pools.last_completed}"
+        missing = sum(record is None for record in records)
+        return f"written by step {', '.join(map(str, steps))} ({done})" + (f"; {missing} slot(s) never written" if missing else "")
 
     def _scheduled_marks(
         self, call: Optional[Call], tables: dict[str, SeqTable], marks: list[tuple[LaneKey, str, str, Optional[LaneKey]]]
@@ -319,13 +330,14 @@ def record(
     trace: Trace,
     source: str,
     allocator: Optional[str] = None,
-    max_columns: int = MAX_COLUMNS,
+    max_columns: Optional[int] = None,
     call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT,
 ) -> Timeline:
     """Replay ``trace`` against its allocator (or ``allocator``) and record its timeline. An allocator that cannot
     be loaded here gives a timeline of the program and the recorded failure alone, with a note saying why; a trace
     of a process the allocator killed is replayed up to the call that killed it."""
     spec = allocator or trace.allocator
+    max_columns = MAX_COLUMNS if max_columns is None else max_columns
     program = list(trace.program)
     notes: list[str] = []
     recorded = str(trace.failure.get("explanation") or trace.failure.get("title") or "")
@@ -338,11 +350,12 @@ def record(
             f"not replayed: cannot load the allocator {spec} here ({error}); the block lanes need a replay: run "
             f"kvfuzz show where its library is installed"
         )
-        return _unreplayed(trace, source, spec, program, recorded, notes)
+        return _unreplayed(trace, source, spec, program, recorded, notes, max_columns)
     died = title.startswith(PROCESS_DIED)
     if died:
         notes.append("the recorded failure killed the process: replayed up to the call that killed it, not that call")
-    with Watchdog(call_timeout) if call_timeout is not None else contextlib.nullcontext() as watchdog:
+    watch = Watchdog(call_timeout) if call_timeout is not None else contextlib.nullcontext()
+    with single_threaded_torch(), watch as watchdog:
         execution = Target(factory, trace.config, safeguards=Safeguards(watchdog=watchdog)).start()
         recorder = _Recorder(execution.engine, max_columns)
         failure, failed_call = _run(execution, recorder, program[:-1] if died and program else program)
@@ -507,8 +520,10 @@ def _setting(trace: Trace) -> str:
     )
 
 
-def _unreplayed(trace: Trace, source: str, spec: str, program: list[Call], recorded: str, notes: list[str]) -> Timeline:
-    first = max(0, len(program) - MAX_COLUMNS)
+def _unreplayed(
+    trace: Trace, source: str, spec: str, program: list[Call], recorded: str, notes: list[str], max_columns: int
+) -> Timeline:
+    first = max(0, len(program) - max_columns)
     columns = tuple(Column(first + index, str(call), call.rule, -1, ()) for index, call in enumerate(program[first:]))
     outcome = Outcome(
         str(trace.failure.get("title")), trace.failure.get("invariant"), recorded, None, "not replayed"
