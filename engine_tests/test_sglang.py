@@ -85,3 +85,24 @@ def test_pages_matchable_before_their_step_are_caught() -> None:
     with pytest.raises(InvariantViolation) as caught:
         engine.admit("s1", (), PROMPT + (1,))
     assert caught.value.invariant is Invariant.CACHE_SOUNDNESS
+
+
+def test_the_timeline_names_the_library_blocks(tmp_path) -> None:
+    """``kvfuzz show`` replays the corpus trace here and labels every device lane with the library's own id
+    (SGLang's page 0 is its padding page: kvfuzz's block b is SGLang's page b + 1)."""
+    from pathlib import Path
+
+    from kvfuzz.timeline.html import render_html
+    from kvfuzz.timeline.record import record
+    from kvfuzz.trace import load
+
+    corpus = Path(__file__).resolve().parent.parent / "corpus"
+    path = corpus / "sglang-radix-cache-lora-cache-soundness-d851dea53690.json"
+    timeline = record(load(path), str(path))
+    assert timeline.outcome.verdict == "reproduced"
+    device = [lane for lane in timeline.lanes if lane.pool == "device"]
+    assert device
+    for lane in device:
+        assert lane.library_name == f"SGLang page {lane.block + 1}"
+    page = render_html(timeline)
+    assert all(lane.library_name in page for lane in device)

@@ -109,3 +109,24 @@ def test_namespaces_are_lora_adapters_and_do_not_share_blocks() -> None:
 def test_the_engine_watermark_is_declared_as_reserved_blocks() -> None:
     assert block_space_manager_no_caching(SPEC).capabilities.reserved_blocks == 0
     assert block_space_manager(PoolSpec(4, 250, 0)).capabilities.reserved_blocks == 2
+
+
+def test_the_timeline_names_the_library_blocks(tmp_path) -> None:
+    """``kvfuzz show`` replays the corpus trace here and labels every device lane with the library's own id
+    (vLLM v0 numbers blocks as the contract does)."""
+    from pathlib import Path
+
+    from kvfuzz.timeline.html import render_html
+    from kvfuzz.timeline.record import record
+    from kvfuzz.trace import load
+
+    corpus = Path(__file__).resolve().parent.parent / "corpus"
+    path = corpus / "vllm-v0-free-swapped-block-pool-indexerror-ad1d6ca8ad9b.json"
+    timeline = record(load(path), str(path))
+    assert timeline.outcome.verdict == "reproduced"
+    device = [lane for lane in timeline.lanes if lane.pool == "device"]
+    assert device
+    for lane in device:
+        assert lane.library_name == f"vLLM v0 block {lane.block}"
+    page = render_html(timeline)
+    assert all(lane.library_name in page for lane in device)

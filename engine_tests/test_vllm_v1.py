@@ -126,3 +126,24 @@ def test_misuse_and_unsupported_operations_are_refused() -> None:
         allocator.fork("a", "b")
     with pytest.raises(Unsupported):
         allocator.rollback("a", 1)
+
+
+def test_the_timeline_names_the_library_blocks(tmp_path) -> None:
+    """``kvfuzz show`` replays the corpus trace here and labels every device lane with the library's own id
+    (vLLM reserves block 0 as its null block: kvfuzz's block b is vLLM's b + 1)."""
+    from pathlib import Path
+
+    from kvfuzz.timeline.html import render_html
+    from kvfuzz.timeline.record import record
+    from kvfuzz.trace import load
+
+    corpus = Path(__file__).resolve().parent.parent / "corpus"
+    path = corpus / "vllm-v1-kv-cache-manager-cache-soundness-382d392d8a83.json"
+    timeline = record(load(path), str(path))
+    assert timeline.outcome.verdict == "reproduced"
+    device = [lane for lane in timeline.lanes if lane.pool == "device"]
+    assert device
+    for lane in device:
+        assert lane.library_name == f"vLLM block {lane.block + 1}"
+    page = render_html(timeline)
+    assert all(lane.library_name in page for lane in device)

@@ -105,6 +105,10 @@ class TorchPagedAttention:
     def preempt(self, seq: SeqId) -> None:
         self._erase(seq, "preempt")
 
+    def library_block_name(self, block: int) -> str:
+        """Block ``block`` as PyTorch numbers it (the same: its page index), for ``kvfuzz show``."""
+        return f"PagedAttention page {block}"
+
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         batch = self._batch(seq, "block_table")
         pages = int(self.paged.capacity[batch]) // self.block_size

@@ -274,6 +274,10 @@ class VllmV0BlockManager:
         for request in batch:
             request.group.update_num_computed_tokens(request.seq.data.get_num_uncomputed_tokens())
 
+    def library_block_name(self, block: int) -> str:
+        """Block ``block`` as vLLM v0 numbers it (the same id), for ``kvfuzz show``."""
+        return f"vLLM v0 block {block}"
+
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         return tuple(self._manager.get_block_table(self._running(seq, "block_table").seq))
 

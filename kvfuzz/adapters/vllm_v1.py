@@ -341,6 +341,10 @@ class VllmV1Allocator:
             done.request.num_in_flight_tokens -= done.tokens
         self._manager.new_step_starts()
 
+    def library_block_name(self, block: int) -> str:
+        """Block ``block`` as vLLM numbers it (past its null block 0), for ``kvfuzz show``."""
+        return f"vLLM block {block + 1}"
+
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         self._request(seq, "block_table")
         (blocks,) = self._manager.get_blocks(seq).blocks

@@ -130,3 +130,12 @@ class ProvidesAttention(Protocol):
         ``[num_blocks * block_size, L, Hkv, D]``; row i attends to positions ``starts[i] .. lengths[i] - 1``
         (``starts`` > 0 only under a sliding window). Returns ``[S, L, Hq, D]``.
         """
+
+
+@runtime_checkable
+class NamesLibraryBlocks(Protocol):
+    """Optional: an adapter whose library numbers blocks differently from the contract (vLLM's null block 0, SGLang's
+    padding page) names each block as its library does; ``kvfuzz show`` labels every lane with it."""
+
+    def library_block_name(self, block: int) -> str:
+        """Contract block ``block`` as the library names it: ``"vLLM block 4"``."""

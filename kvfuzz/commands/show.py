@@ -1,9 +1,9 @@
 """``kvfuzz show TRACE``: replay a trace and draw its timeline, as an HTML page and, with the plot extra, a PNG.
 
-Without ``--html`` the page is written to the current directory, named after the trace (``NAME.html``). A file that is not a valid
-trace (a newer format, a corrupt file) is one line on standard error and exit status 2, before any replay; a trace
-of more than 10,000 calls is drawn as the window of its last 10,000 calls, and the page says so. The exit status is
-otherwise 0: showing a failure is not one.
+Without ``--html`` the page is written to the current directory, named after the trace (``NAME.html``). A file
+that is not a valid trace (a newer format, a corrupt file) is one line on standard error and exit status 2, before
+any replay; a trace of more than 10,000 calls is drawn as the window of its last 10,000 calls, and the page says so.
+The exit status is otherwise 0: showing a failure is not one.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "show", help="draw a trace's timeline: blocks over calls, as an HTML page (and a PNG with the plot extra)"
     )
     parser.add_argument("trace", metavar="TRACE")
-    parser.add_argument("--html", metavar="OUT.html", help="write the page here (default: NAME.html in the current directory)")
+    parser.add_argument(
+        "--html", metavar="OUT.html", help="write the page here (default: NAME.html in the current directory)"
+    )
     parser.add_argument("--png", metavar="OUT.png", help="also draw the timeline as a PNG (needs matplotlib)")
     parser.add_argument("--allocator", help="replay against this allocator instead of the recorded one")
     parser.set_defaults(handler=run_command)

@@ -201,7 +201,9 @@ class KVPools:
         if mark_dirty:
             self.dirty.update(range(dst * size, (dst + 1) * size))
         if self.observer is not None:
-            changed = tuple((offset, dst_shadow[dst * size + offset]) for offset in range(size) if dst * size + offset in dst_shadow)
+            changed = tuple(
+                (offset, dst_shadow[dst * size + offset]) for offset in range(size) if dst * size + offset in dst_shadow
+            )
             self.observer(PoolEvent(kind, dst, src, changed))
 
     # -- steps and late work -------------------------------------------------------------------------------------

@@ -14,4 +14,6 @@ def default_page(trace: Path) -> Path:
 
 def show_hint(trace: Path) -> str:
     """One line: the command that draws the timeline of the trace saved in ``trace``, and the page it writes."""
-    return f"see it as a timeline: kvfuzz show {shlex.quote(str(trace))} (writes {shlex.quote(str(default_page(trace)))})"
+    return (
+        f"see it as a timeline: kvfuzz show {shlex.quote(str(trace))} (writes {shlex.quote(str(default_page(trace)))})"
+    )

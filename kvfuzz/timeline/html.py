@@ -13,10 +13,11 @@ from __future__ import annotations
 import html
 from typing import Iterator
 
-from kvfuzz.timeline.model import DEVICE, MARK_KINDS, Cell, Column, Lane, Mark, Timeline
+from kvfuzz.timeline.model import DEVICE, MARK_KINDS, Cell, Column, Lane, Timeline
 
 MAX_TABLE_ROWS = 200
-"""Block tables listed below the lanes: those after each of the last this many calls (every call hovers)."""
+"""Block tables listed below the lanes: those after each of the last this many calls. Up to this many calls, a
+column's header hovers every table after its call; beyond, only the tables its call changed (the page stays small)."""
 
 GLYPHS = {  # the letter of each kind of mark, in the page, its legend and the picture
     "hold": "+",
@@ -35,7 +36,7 @@ GLYPHS = {  # the letter of each kind of mark, in the page, its legend and the p
     "evicted": "E",
     "failure": "!",
 }
-_LABEL_WIDTH = 170
+_LABEL_WIDTH = 150
 _HEADER = 50
 _LANE = 38
 
@@ -46,7 +47,7 @@ h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:20px 0 6px}
 .verdict-reproduced{color:#c53030;font-weight:600}.verdict-other{color:#2b6cb0;font-weight:600}
 .main{display:flex;gap:16px;align-items:flex-start}
 .chart{overflow-x:auto;flex:1 1 auto;min-width:0;border:1px solid #e2e8f0;border-radius:4px}
-aside#explanation{flex:0 0 420px;max-width:420px;border:2px solid #c53030;border-radius:4px;padding:8px 10px;
+aside#explanation{flex:0 0 400px;max-width:400px;border:2px solid #c53030;border-radius:4px;padding:8px 10px;
 background:#fff5f5}
 aside#explanation.quiet{border-color:#a0aec0;background:#f7fafc}
 aside pre{white-space:pre-wrap;font:12px/1.35 ui-monospace,Menlo,Consolas,monospace;margin:6px 0 0}
@@ -101,13 +102,15 @@ def _page(timeline: Timeline) -> Iterator[str]:
     yield '<meta name="viewport" content="width=device-width, initial-scale=1">'
     yield f"<style>{_CSS}</style></head><body>"
     yield f"<h1>kvfuzz timeline: {_e(outcome.title)}</h1>"
-    yield f'<p class="meta">trace <code>{_e(timeline.source)}</code>, replayed against <code>{_e(timeline.allocator)}</code>'
+    yield f'<p class="meta">trace <code>{_e(timeline.source)}</code>, '
+    yield f"replayed against <code>{_e(timeline.allocator)}</code>"
     yield f" ({_e(timeline.setting)}); {timeline.total_calls} calls.</p>"
     verdict_class = "verdict-reproduced" if outcome.verdict == "reproduced" else "verdict-other"
     yield f'<p class="meta">replay: <span class="{verdict_class}" id="verdict">{_e(outcome.verdict)}</span>'
     if outcome.column is not None:
         column = timeline.columns[outcome.column]
-        yield f' at <a href="#call-{column.call_index + 1}">call {column.call_index + 1}</a>, <code>{_e(column.call)}</code>'
+        number = column.call_index + 1
+        yield f' at <a href="#call-{number}">call {number}</a>, <code>{_e(column.call)}</code>'
     yield "</p>"
     for note in timeline.notes:
         yield f'<p class="note">{_e(note)}</p>'
@@ -124,7 +127,7 @@ def _page(timeline: Timeline) -> Iterator[str]:
 
 
 def _column_width(count: int) -> int:
-    for limit, width in ((24, 72), (60, 40), (200, 22), (1000, 10)):
+    for limit, width in ((12, 64), (24, 48), (60, 36), (200, 22), (1000, 10)):
         if count <= limit:
             return width
     return 5
@@ -166,11 +169,16 @@ def _svg(timeline: Timeline) -> Iterator[str]:
 
 def _column_heads(columns: tuple[Column, ...], width_of: int, height: int, failing: object) -> Iterator[str]:
     every = max(1, 40 // width_of)
+    every_table = len(columns) <= MAX_TABLE_ROWS  # else a column's hover lists only the tables its call changed
+    before: set[int] = set()
     for index, column in enumerate(columns):
         x = _LABEL_WIDTH + index * width_of
         number = column.call_index + 1
-        tables = "; ".join(f"{t.seq} ({t.status}): {list(t.table) or list(t.host_table)}" for t in column.tables)
-        tip = f"call {number}: {column.call}\nblock tables after it: {tables or 'none'}"
+        shown = [t for t in column.tables if every_table or id(t) not in before]
+        before = {id(t) for t in column.tables}
+        tables = "; ".join(f"{t.seq} ({t.status}): {list(t.table) or list(t.host_table)}" for t in shown)
+        which = "block tables after it" if every_table else "block tables it changed"
+        tip = f"call {number}: {column.call}\n{which}: {tables or 'none'}"
         yield f'<g id="col-{number}"><rect class="col-head" x="{x}" y="0" width="{width_of}" height="{_HEADER}">'
         yield f"<title>{_e(tip)}</title></rect>"
         if column.rule == "step":
@@ -179,7 +187,7 @@ def _column_heads(columns: tuple[Column, ...], width_of: int, height: int, faili
             head = ' class="col-num failing-head"' if index == failing else ' class="col-num"'
             yield f'<a href="#call-{number}"><text{head} x="{x + 2}" y="16">{number}</text></a>'
             if width_of >= 22:
-                yield f'<text class="col-rule" x="{x + 2}" y="30">{_e(column.rule[:width_of // 7])}</text>'
+                yield f'<text class="col-rule" x="{x + 2}" y="30">{_e(column.rule[: width_of // 7])}</text>'
         yield "</g>"
 
 
@@ -187,7 +195,8 @@ def _lane(row: int, lane: Lane, cells: tuple[Cell, ...], columns: tuple[Column, 
     y = _HEADER + row * _LANE
     in_failure = " in-failure" if lane.in_failure else ""
     yield f'<g class="lane" id="lane-{lane.pool}-{lane.block}" data-pool="{lane.pool}" data-block="{lane.block}">'
-    yield f'<line class="lane-sep" x1="0" y1="{y + _LANE}" x2="{_LABEL_WIDTH + width_of * len(columns)}" y2="{y + _LANE}"/>'
+    right = _LABEL_WIDTH + width_of * len(columns)
+    yield f'<line class="lane-sep" x1="0" y1="{y + _LANE}" x2="{right}" y2="{y + _LANE}"/>'
     yield f'<text class="lane-label{in_failure}" x="6" y="{y + 16}">{_e(lane.label)}</text>'
     if lane.library_name:
         yield f'<text class="library" x="6" y="{y + 30}">{_e(lane.library_name)}</text>'
@@ -199,9 +208,10 @@ def _lane(row: int, lane: Lane, cells: tuple[Cell, ...], columns: tuple[Column, 
         span_class = _span_class(cell)
         if span_class != "span-free":
             x, w = _LABEL_WIDTH + start * width_of, (index - start) * width_of
-            tip = f"{lane.label}, calls {columns[start].call_index + 1}-{columns[index - 1].call_index + 1}: {cell.describe()}"
-            yield f'<rect class="span {span_class}" x="{x + 1}" y="{y + 4}" width="{max(w - 2, 1)}" height="{_LANE - 8}" '
             calls = f"{columns[start].call_index + 1}-{columns[index - 1].call_index + 1}"
+            tip = f"{lane.label}, calls {calls}: {cell.describe()}"
+            yield f'<rect class="span {span_class}" x="{x + 1}" y="{y + 4}" width="{max(w - 2, 1)}" '
+            yield f'height="{_LANE - 8}" '
             yield f'data-holders="{_e(" ".join(map(str, cell.holders)))}" data-calls="{calls}">'
             yield f"<title>{_e(tip)}</title></rect>"
             text = " ".join(map(str, cell.holders))
@@ -232,7 +242,7 @@ def _marks(timeline: Timeline, width_of: int) -> Iterator[str]:
             y0 = _HEADER + row_of[mark.partner] * _LANE + _LANE // 2
             yield f'<line class="copy-line" x1="{x}" y1="{y0}" x2="{x}" y2="{y}"/>'
         column = timeline.columns[mark.column]
-        tip = f"call {column.call_index + 1}, {column.call}\n{mark.text}"
+        tip = f"call {column.call_index + 1} ({column.rule}): {mark.text}"
         yield f'<g class="mark mark-{mark.kind}" data-kind="{mark.kind}" data-call="{column.call_index + 1}" '
         yield f'data-lane="{mark.pool}-{mark.block}"><circle cx="{x}" cy="{y}" r="{radius}"/>'
         if radius >= 5:
@@ -276,7 +286,7 @@ def _tables(timeline: Timeline) -> Iterator[str]:
     shown = columns[-MAX_TABLE_ROWS:]
     yield "<h2>Block tables after each call</h2>"
     if len(shown) < len(columns):
-        yield f'<p class="note">after the last {len(shown)} calls; hover a column header for any other</p>'
+        yield f'<p class="note">after the last {len(shown)} calls; hover a column header for the tables each other call changed</p>'
     seqs = sorted({table.seq for column in shown for table in column.tables}, key=lambda s: (len(s), s))
     yield '<table class="tables"><tr><th>call</th><th>step</th>'
     yield "".join(f"<th>{_e(seq)}</th>" for seq in seqs) + "</tr>"

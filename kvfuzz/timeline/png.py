@@ -1,38 +1,52 @@
 """The timeline as a PNG picture through matplotlib (the plot extra), for CI logs, issues and pull requests.
 
 The picture draws what the page draws, without hovering: one lane per block, spans coloured by who holds the block,
-a letter per event (the page's legend), the failing column in red and the violated invariant's first lines below.
-A timeline of more than :data:`MAX_PICTURE_COLUMNS` calls is drawn as the window of its last calls, which the
-title says.
+one marker per event (keyed below the lanes), the failing column in red and the explanation's first lines below. A
+timeline of more than :data:`MAX_PICTURE_COLUMNS` calls is drawn as the window of its last calls, which the title
+says. Markers of one kind are one scatter collection and the layout is computed, not measured (no tight_layout),
+so a picture takes about the same time whatever the trace's length.
 """
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
-from kvfuzz.timeline.html import GLYPHS
 from kvfuzz.timeline.model import Cell, Timeline
 
 MAX_PICTURE_COLUMNS = 120
 """The most calls one picture draws legibly: a longer timeline is drawn from its last this many."""
+MAX_SPAN_LABELS = 80
+"""Spans labelled with their holders, at most (the widest first); the page has every one."""
 
 _FILL = {
-    "held": ("#bee3f8", "#3182ce"),
-    "shared": ("#fbd38d", "#c05621"),
-    "pending": ("#e2e8f0", "#718096"),
-    "held-pending": ("#fed7d7", "#c53030"),
-    "cached": ("#c6f6d5", "#38a169"),
+    "held": ("#bee3f8", "#3182ce", "held by one table entry"),
+    "shared": ("#fbd38d", "#c05621", "shared"),
+    "pending": ("#e2e8f0", "#718096", "released, work in flight may land"),
+    "held-pending": ("#fed7d7", "#c53030", "handed out while work may land"),
+    "cached": ("#c6f6d5", "#38a169", "in the allocator's cached set"),
 }
-_MARK_COLOURS = {
-    "write": "#2b6cb0",
-    "cow": "#805ad5",
-    "fork-copy": "#805ad5",
-    "swap-in": "#319795",
-    "swap-out": "#319795",
-    "land": "#c05621",
-    "failure": "#c53030",
+# kind -> (marker, colour, size, label) of the markers drawn for each kind of mark
+_MARKERS = {
+    "hold": ("P", "#2d3748", 26, "takes the block"),
+    "release": ("_", "#2d3748", 40, "lets go"),
+    "scheduled": ("o", "none", 22, "next step writes here"),
+    "write": ("o", "#2b6cb0", 26, "a step wrote"),
+    "cow": ("s", "#805ad5", 30, "copy-on-write"),
+    "fork-copy": ("D", "#805ad5", 26, "fork copy"),
+    "swap-out": ("^", "#319795", 30, "swap-out"),
+    "swap-in": ("v", "#319795", 30, "swap-in"),
+    "pending": ("x", "#4a5568", 30, "released, work in flight"),
+    "window-closed": ("|", "#4a5568", 40, "window closed"),
+    "land": ("*", "#c05621", 60, "late work landed"),
+    "cached": ("p", "#38a169", 30, "enters the cache"),
+    "hit": ("h", "#2f855a", 34, "cache hit"),
+    "evicted": ("X", "#38a169", 30, "evicted"),
+    "failure": ("*", "#c53030", 110, "the failure"),
 }
+_UNFILLED = {"_", "x", "|"}  # markers drawn as lines: coloured, not outlined
+_OFFSETS = {kind: index for index, kind in enumerate(_MARKERS)}
 
 
 def _state(cell: Cell) -> str:
@@ -47,32 +61,49 @@ def _state(cell: Cell) -> str:
     return "cached" if cell.cached else ""
 
 
+def _label(cell: Cell) -> str:
+    holders = " ".join(map(str, cell.holders))
+    refcount = cell.refcount
+    if refcount is not None and refcount != len(cell.holders):
+        return f"{holders} rc{refcount}(!)"
+    return f"{holders} rc{refcount}" if refcount is not None and refcount > 1 else holders
+
+
 def render_png(timeline: Timeline, path: Path) -> None:
     """Draw ``timeline`` into the PNG file ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     first = max(0, len(timeline.columns) - MAX_PICTURE_COLUMNS)
     columns = timeline.columns[first:]
     lanes = timeline.lanes
     count = max(len(columns), 1)
-    width = min(18.0, max(7.0, 2.2 + 0.5 * count))
+    width = min(18.0, max(8.0, 1.6 + 0.45 * count))
     wrapped = [
         piece
         for line in timeline.outcome.explanation.splitlines()
         for piece in textwrap.wrap(line, int(width * 16), subsequent_indent="    ") or [""]
     ]
-    explanation = "\n".join(wrapped[:14] + (["..."] if len(wrapped) > 14 else []))
-    text_lines = explanation.count("\n") + 1
-    height = 1.6 + 0.42 * max(len(lanes), 1) + 0.16 * text_lines
-    figure, axes = plt.subplots(figsize=(width, height), dpi=100)
+    explanation = "\n".join(wrapped[:12] + (["..."] if len(wrapped) > 12 else []))
+    text_inches = 0.13 * (explanation.count("\n") + 1) + 0.2
+    legend_inches = 0.75
+    lanes_inches = 0.42 * max(len(lanes), 1)
+    bottom_inches = 0.55 + legend_inches + text_inches
+    height = 0.45 + lanes_inches + bottom_inches
+    figure = plt.figure(figsize=(width, height), dpi=100)
+    axes = figure.add_axes((1.4 / width, bottom_inches / height, 1 - 1.55 / width, lanes_inches / height))
+    column_inches = (width - 1.55) / count
     try:
         failing = timeline.outcome.column
         if failing is not None and failing >= first:
             axes.axvspan(failing - first, failing - first + 1, color="#fed7d7", zorder=0)
-        for row, (lane, cells) in enumerate(zip(lanes, timeline.cells)):
+        spans: dict[str, list[tuple[int, tuple[float, float]]]] = {state: [] for state in _FILL}
+        labels: list[tuple[float, int, int, str]] = []
+        for row, cells in enumerate(timeline.cells):
             y = len(lanes) - 1 - row
             cells = cells[first:]
             start = 0
@@ -81,59 +112,81 @@ def render_png(timeline: Timeline, path: Path) -> None:
                     continue
                 state = _state(cells[start])
                 if state:
-                    face, edge = _FILL[state]
-                    axes.broken_barh(
-                        [(start + 0.04, index - start - 0.08)], (y - 0.34, 0.68), facecolors=face, edgecolors=edge
-                    )
-                    holders = " ".join(map(str, cells[start].holders))
-                    if holders and (index - start) * 0.5 * 72 / 6.5 >= len(holders):
-                        axes.text(start + 0.1, y - 0.22, holders, fontsize=7, family="monospace")
+                    spans[state].append((y, (start + 0.04, index - start - 0.08)))
+                    text = _label(cells[start])
+                    if text and (index - start) * column_inches * 72 / 4.4 >= len(text) + 1:
+                        labels.append((index - start, start, y, text))
                 start = index
+        for state, (face, edge, _) in _FILL.items():
+            for y, extent in spans[state]:
+                axes.broken_barh([extent], (y - 0.34, 0.68), facecolors=face, edgecolors=edge, linewidth=0.8)
+        for _, start, y, text in sorted(labels, reverse=True)[:MAX_SPAN_LABELS]:
+            axes.text(start + 0.1, y - 0.2, text, fontsize=7, family="monospace")
         row_of = {lane.key: len(lanes) - 1 - row for row, lane in enumerate(lanes)}
-        stacked: dict[tuple[int, tuple[str, int]], int] = {}
+        points: dict[str, tuple[list[float], list[float]]] = {kind: ([], []) for kind in _MARKERS}
+        arrows: list[Any] = []
         for mark in timeline.marks:
             if mark.column < first:
                 continue
-            key = (mark.pool, mark.block)
-            order = stacked.get((mark.column, key), 0)
-            stacked[(mark.column, key)] = order + 1
-            x = mark.column - first + 0.16 + 0.22 * (order % 4)
-            y = row_of[key] + 0.18
-            colour = _MARK_COLOURS.get(mark.kind, "#4a5568")
+            x = mark.column - first + 0.1 + 0.8 * _OFFSETS[mark.kind] / len(_MARKERS)
+            mark_y = row_of[(mark.pool, mark.block)] + 0.17
+            points[mark.kind][0].append(x)
+            points[mark.kind][1].append(mark_y)
             if mark.partner is not None and mark.partner in row_of:
-                axes.annotate(
-                    "",
-                    xy=(x, y),
-                    xytext=(x, row_of[mark.partner]),
-                    arrowprops={"arrowstyle": "->", "color": "#805ad5", "lw": 1.2},
-                )
-            axes.text(x, y, GLYPHS[mark.kind], fontsize=8, color=colour, ha="center", va="center", weight="bold")
+                arrows.append(((x, row_of[mark.partner]), (x, mark_y)))
+        for start_point, end_point in arrows:
+            axes.annotate(
+                "", xy=end_point, xytext=start_point, arrowprops={"arrowstyle": "->", "color": "#805ad5", "lw": 1.1}
+            )
+        handles: list[Any] = [
+            Patch(facecolor=face, edgecolor=edge, label=label) for state, (face, edge, label) in _FILL.items()
+        ]
+        for kind, (marker, colour, size, label) in _MARKERS.items():
+            edge = "#2b6cb0" if colour == "none" else colour
+            xs, ys = points[kind]
+            if xs:
+                if marker in _UNFILLED:
+                    axes.scatter(xs, ys, marker=marker, s=size, c=edge, zorder=3)
+                else:
+                    axes.scatter(xs, ys, marker=marker, s=size, c=colour, edgecolors=edge, zorder=3)
+            handles.append(Line2D([], [], marker=marker, linestyle="", color=edge, markerfacecolor=colour, label=label))
         axes.set_yticks(range(len(lanes)))
         axes.set_yticklabels(
             [lane.label + (f"\n{lane.library_name}" if lane.library_name else "") for lane in reversed(lanes)],
             fontsize=8,
         )
-        for label, lane in zip(axes.get_yticklabels(), reversed(lanes)):
+        for tick_label, lane in zip(axes.get_yticklabels(), reversed(lanes)):
             if lane.in_failure:
-                label.set_color("#c53030")
-                label.set_fontweight("bold")
-        every = max(1, count // 30)
+                tick_label.set_color("#c53030")
+                tick_label.set_fontweight("bold")
+        every = max(1, -(-count // 24))
         ticks = list(range(0, len(columns), every))
         axes.set_xticks([tick + 0.5 for tick in ticks])
-        axes.set_xticklabels(
-            [f"{columns[tick].call_index + 1}\n{columns[tick].rule}" for tick in ticks], fontsize=7
-        )
+        axes.set_xticklabels([f"{columns[tick].call_index + 1}\n{columns[tick].rule}" for tick in ticks], fontsize=7)
         axes.set_xlim(0, count)
         axes.set_ylim(-0.6, max(len(lanes), 1) - 0.4)
-        axes.set_xlabel("call (and its operation)", fontsize=8)
         outcome = timeline.outcome
-        window = f" (calls {columns[0].call_index + 1}-{columns[-1].call_index + 1} of {timeline.total_calls})" if first or len(timeline.columns) < timeline.total_calls else ""
+        shown = first or len(timeline.columns) < timeline.total_calls
+        window = (
+            f" (calls {columns[0].call_index + 1}-{columns[-1].call_index + 1} of {timeline.total_calls})"
+            if shown and columns
+            else ""
+        )
         badge = f"invariant {outcome.invariant}" if outcome.invariant is not None else "crash"
         axes.set_title(
             f"{timeline.allocator}: {badge}, {outcome.title} ({outcome.verdict}){window}", fontsize=10, loc="left"
         )
-        figure.text(0.01, 0.01, explanation, fontsize=7, family="monospace", va="bottom", color="#742a2a")
-        figure.tight_layout(rect=(0, 0.16 * text_lines / height + 0.02, 1, 1))
+        figure.legend(
+            handles=handles,
+            loc="lower left",
+            bbox_to_anchor=(0.01, (text_inches + 0.02) / height),
+            ncol=7,
+            fontsize=6.5,
+            frameon=False,
+            handlelength=1.2,
+            columnspacing=1.0,
+        )
+        figure.text(0.01, 0.06 / height, explanation, fontsize=7, family="monospace", va="bottom", color="#742a2a")
         figure.savefig(path, format="png")
     finally:
         plt.close(figure)

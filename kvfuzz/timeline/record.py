@@ -9,12 +9,14 @@ the allocator declares introspection, its refcounts and cached set, with what th
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections import deque
 from typing import Any, Callable, Iterable, Optional
 
 import attrs
 
+from kvfuzz.allocator.protocol import NamesLibraryBlocks
 from kvfuzz.allocator.types import NULL_BLOCK
 from kvfuzz.corpus import PROCESS_DIED, reproduces_recorded
 from kvfuzz.engine.engine import Engine
@@ -71,20 +73,26 @@ class _Recorder:
         self.events: list[PoolEvent] = []  # the pools' events of the call running
         self.introspection = engine.checks.introspection  # the allocator's queries, when it declares them
         engine.pools.observer = self.events.append
+        self._known: dict[str, SeqTable] = {}  # every live sequence's table after the last call
+        self._cached_now = self._cached()  # the allocator's cached set after the last call
 
     def _tables(self) -> dict[str, SeqTable]:
+        """Every live sequence's table now; a sequence whose table did not change keeps its record."""
         expected = self.engine.expected
-        return {
-            seq: SeqTable(
-                seq,
-                model.status.value,
-                model.table,
-                model.host_table,
-                len(expected.reference.tokens(seq)) if seq in expected.reference else 0,
-                model.written,
-            )
-            for seq, model in expected.seqs.items()
-        }
+        tables = {}
+        for seq, model in expected.seqs.items():
+            length = len(expected.reference.tokens(seq)) if seq in expected.reference else 0
+            known = self._known.get(seq)
+            if (
+                known is None
+                or known.table is not model.table
+                or known.host_table is not model.host_table
+                or (known.written, known.length, known.status) != (model.written, length, model.status.value)
+            ):
+                known = SeqTable(seq, model.status.value, model.table, model.host_table, length, model.written)
+            tables[seq] = known
+        self._known = tables
+        return tables
 
     def _cached(self) -> frozenset[int]:
         return frozenset(self.introspection.cached_blocks()) if self.introspection is not None else frozenset()
@@ -92,9 +100,9 @@ class _Recorder:
     def run(self, call_index: int, call: Optional[Call], perform: Callable[[], None]) -> Optional[BaseException]:
         """Perform one call (``call`` None: the teardown), record it, and return what it raised."""
         engine = self.engine
-        tables_before = self._tables()
+        tables_before = self._known
         pending_before = set(engine.pools.late_work_by_block)
-        cached_before = self._cached()
+        cached_before = self._cached_now
         self.events.clear()
         failure: Optional[BaseException] = None
         try:
@@ -105,6 +113,8 @@ class _Recorder:
         marks: list[tuple[LaneKey, str, str, Optional[LaneKey]]] = []
         tables_after = self._tables()
         with contextlib.suppress(Exception):  # a broken allocator's queries may raise: the timeline goes on
+            self._cached_now = self._cached()
+        with contextlib.suppress(Exception):
             self._holder_marks(rule, tables_before, tables_after, marks)
             self._pool_marks(rule, marks)
             self._window_marks(f"step {engine.pools.next_step} being scheduled", pending_before, marks)
@@ -132,7 +142,7 @@ class _Recorder:
         lanes: set[LaneKey] = set()
         for seq in set(before) | set(after):
             old, new = before.get(seq), after.get(seq)
-            if old == new:
+            if old is new:
                 continue
             for table in (old, new):
                 if table is not None:
@@ -150,6 +160,8 @@ class _Recorder:
         how = {"admit": "admitted", "readmit": "readmitted", "grow": "grown", "fork": "forked, sharing"}
         for seq in list(before) + [seq for seq in after if seq not in before]:
             old, new = before.get(seq), after.get(seq)
+            if old is new:
+                continue
             for pool, old_blocks, new_blocks in (
                 (DEVICE, old.table if old else (), new.table if new else ()),
                 (HOST, old.host_table if old else (), new.host_table if new else ()),
@@ -160,7 +172,9 @@ class _Recorder:
                     if was == now:
                         continue
                     if was != NULL_BLOCK:
-                        marks.append(((pool, was), "release", f"{seq} lets go of it (logical block {index}, {rule})", None))
+                        marks.append(
+                            ((pool, was), "release", f"{seq} lets go of it (logical block {index}, {rule})", None)
+                        )
                     if now != NULL_BLOCK:
                         verb = how.get(rule, rule)
                         marks.append(((pool, now), "hold", f"{seq} takes it as logical block {index} ({verb})", None))
@@ -212,7 +226,7 @@ class _Recorder:
         tables: dict[str, SeqTable],
         marks: list[tuple[LaneKey, str, str, Optional[LaneKey]]],
     ) -> None:
-        cached = self._cached()
+        cached = self._cached_now
         for block in sorted(cached - cached_before):
             marks.append(((DEVICE, block), "cached", "enters the allocator's cached set", None))
         for block in sorted(cached_before - cached):
@@ -243,12 +257,21 @@ class _Recorder:
         if not any(records):
             return "no write has put K/V here yet"
         steps = sorted({record.step for record in records if record is not None})
-        done = "completed" if steps[-1] <= pools.last_completed else f"not completed: last completed {pools.last_completed}"
+        done = (
+            "completed"
+            if steps[-1] <= pools.last_completed
+            else f"not completed: last completed {pools.last_completed}"
+        )
         missing = sum(record is None for record in records)
-        return f"written by step {', '.join(map(str, steps))} ({done})" + (f"; {missing} slot(s) never written" if missing else "")
+        return f"written by step {', '.join(map(str, steps))} ({done})" + (
+            f"; {missing} slot(s) never written" if missing else ""
+        )
 
     def _scheduled_marks(
-        self, call: Optional[Call], tables: dict[str, SeqTable], marks: list[tuple[LaneKey, str, str, Optional[LaneKey]]]
+        self,
+        call: Optional[Call],
+        tables: dict[str, SeqTable],
+        marks: list[tuple[LaneKey, str, str, Optional[LaneKey]]],
     ) -> None:
         if call is None or call.rule not in ("admit", "readmit", "grow", "fork", "swap_in"):
             return
@@ -279,14 +302,16 @@ class _Recorder:
             return Cell(tuple(sorted(holders, key=_holding_key)))
         engine = self.engine
         holders = tuple(
-            sorted((Holding(seq, index) for seq, index in engine.expected.refs.holders.get(block, ())), key=_holding_key)
+            sorted(
+                (Holding(seq, index) for seq, index in engine.expected.refs.holders.get(block, ())), key=_holding_key
+            )
         )
         refcount = None
         introspection = self.introspection
         if introspection is not None:
             with contextlib.suppress(Exception):
                 refcount = int(introspection.refcount(block))
-        cached = introspection is not None and block in self._cached()
+        cached = introspection is not None and block in self._cached_now
         return Cell(holders, refcount, block in engine.pools.late_work_by_block, cached)
 
 
@@ -341,7 +366,6 @@ def record(
     program = list(trace.program)
     notes: list[str] = []
     recorded = str(trace.failure.get("explanation") or trace.failure.get("title") or "")
-    invariant = trace.failure.get("invariant")
     title = str(trace.failure.get("title"))
     try:
         factory = load_factory(spec)
@@ -373,6 +397,8 @@ def record(
     else:
         verdict = "reproduced" if reproduces_recorded(trace, failure) else "failed differently"
         explanation, failed_at = _describe(failure), failed_call
+        if not isinstance(failure, InvariantViolation) and recorded and recorded not in explanation:
+            explanation += f"\n\nrecorded when the trace was saved:\n{recorded}"
         if isinstance(failure, _NotApplicableHere):
             verdict, explanation = "not replayed", recorded
             notes.append(f"the replay stopped: {failure}; the program does not fit {spec}")
@@ -389,7 +415,7 @@ def _run(
         for index, call in enumerate(program):
             if not execution.accepts(call):
                 return _NotApplicableHere(f"call {index + 1}, {call}, cannot be made in the state before it"), index
-            failure = recorder.run(index, call, lambda call=call: execution.execute(call.rule, call.kwargs()))
+            failure = recorder.run(index, call, functools.partial(execution.execute, call.rule, call.kwargs()))
             if failure is not None:
                 return failure, index
         failure = recorder.run(len(program), None, execution.teardown)
@@ -426,13 +452,13 @@ def _timeline(
     failing_column = len(columns) - 1 if failed_at is not None else None
     touched: dict[LaneKey, int] = {}
     for record_ in records:
-        for lane, *_ in record_.marks:
-            touched[lane] = touched.get(lane, 0) + 1
-        for lane, _ in record_.changed:
-            touched.setdefault(lane, 0)
+        for key, *_ in record_.marks:
+            touched[key] = touched.get(key, 0) + 1
+        for key, _ in record_.changed:
+            touched.setdefault(key, 0)
     named = failure_blocks(explanation) if failing_column is not None else set()
     if failing_column is not None and not named:  # a crash names no block: those its call acted on
-        named |= {lane for lane, *_ in records[failing_column].marks}
+        named |= {key for key, *_ in records[failing_column].marks}
         if not named:  # nor did it act on any: the blocks of the sequences its call names
             call_text = columns[failing_column].call
             named |= {
@@ -450,16 +476,12 @@ def _timeline(
             f"{len(touched)} blocks were touched; the lanes show the {len(chosen)} the failure involves "
             f"({'named by the violation or acted on by the failing call' if named else 'the most active'})"
         )
-    if any(pool == HOST for pool, _ in chosen):  # swap involved: the host blocks the shown device blocks met
-        for record_ in records:
-            for lane, kind, _, partner in record_.marks:
-                if partner is not None and (lane in chosen or partner in chosen):
-                    chosen |= {lane, partner}
-    for record_ in records:  # a copy's source is drawn with its destination
-        for lane, kind, _, partner in record_.marks:
-            if lane in chosen and partner is not None:
-                chosen.add(partner)
-    name_of = getattr(recorder.engine.allocator, "library_block_name", None)
+    for record_ in records:  # a copy's two blocks are drawn together: copy-on-write, fork copy, swap out and in
+        for key, _, _, partner in record_.marks:
+            if partner is not None and (key in chosen or partner in chosen):
+                chosen |= {key, partner}
+    allocator = recorder.engine.allocator
+    name_of = allocator.library_block_name if isinstance(allocator, NamesLibraryBlocks) else None
     lanes = tuple(
         Lane(pool, block, _library_name(name_of, pool, block), (pool, block) in named)
         for pool, block in sorted(chosen, key=lambda lane: (lane[0] != DEVICE, lane[1]))
@@ -502,9 +524,9 @@ def _timeline(
     )
 
 
-def _library_name(name_of: Any, pool: str, block: int) -> Optional[str]:
+def _library_name(name_of: Optional[Callable[[int], str]], pool: str, block: int) -> Optional[str]:
     """The adapter's name for a device block in its library's own numbering (``library_block_name``), if any."""
-    if pool != DEVICE or not callable(name_of):
+    if pool != DEVICE or name_of is None:
         return None
     try:
         return str(name_of(block))
@@ -525,7 +547,7 @@ def _unreplayed(
 ) -> Timeline:
     first = max(0, len(program) - max_columns)
     columns = tuple(Column(first + index, str(call), call.rule, -1, ()) for index, call in enumerate(program[first:]))
-    outcome = Outcome(
-        str(trace.failure.get("title")), trace.failure.get("invariant"), recorded, None, "not replayed"
+    outcome = Outcome(str(trace.failure.get("title")), trace.failure.get("invariant"), recorded, None, "not replayed")
+    return Timeline(
+        source, spec, _setting(trace), trace.config.block_size, len(program), columns, (), (), (), outcome, tuple(notes)
     )
-    return Timeline(source, spec, _setting(trace), trace.config.block_size, len(program), columns, (), (), (), outcome, tuple(notes))

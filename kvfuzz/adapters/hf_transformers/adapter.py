@@ -193,6 +193,10 @@ class TransformersPagedCache:
         for work in scheduled:
             self.cache.mark_complete_blocks(work.state, work.complete_blocks)
 
+    def library_block_name(self, block: int) -> str:
+        """Block ``block`` as transformers numbers it (past its trash sectors), for ``kvfuzz show``."""
+        return f"transformers block {block + self._offset}"
+
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         self._live(seq, "block_table")
         return tuple(self._ours(block) for block in self.allocator.block_table.get(seq, ()))

@@ -227,6 +227,10 @@ class SGLangRadixAllocator:
                     self._checkpoint(state)
                     state.extended = False
 
+    def library_block_name(self, block: int) -> str:
+        """Block ``block`` as SGLang numbers its pages (past its padding page 0), for ``kvfuzz show``."""
+        return f"SGLang page {block + 1}"
+
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         return self._table(self._running(seq, "block_table"))
 
