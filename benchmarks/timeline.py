@@ -1,0 +1,116 @@
+"""How long ``kvfuzz show`` takes, and how large its page is: for the largest corpus trace that replays here, and for
+a 10,000-call trace (the most a timeline shows).
+
+For each trace, side by side in one run: a plain replay (``kvfuzz replay``'s, the floor), the replay that records
+the timeline, drawing the page, and drawing the PNG (matplotlib imported beforehand, its import timed on its own).
+Targets (issue 15): the page under 1 s and the PNG under 3 s, beyond the replay itself.
+
+The 10,000-call trace is a random program over every operation (seed 0) against kvfuzz's correct allocator, so it
+does not fail: the timeline draws all 10,000 calls, on the 16 most active blocks (with no failure to choose them),
+which is the most work a page does. (A long program against a zoo variant fails long before its end, and a failing
+trace longer than 10,000 calls is drawn as its last 10,000.)
+
+Usage: python benchmarks/timeline.py [--calls N] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from kvfuzz.corpus import replay_trace
+from kvfuzz.program.arguments import Snapshot
+from kvfuzz.program.execution import Target
+from kvfuzz.program.operations import OPERATIONS
+from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.runner import single_threaded_torch
+from kvfuzz.timeline.html import render_html
+from kvfuzz.timeline.record import record
+from kvfuzz.trace import Trace, is_trace_file, load
+
+ROOT = Path(__file__).resolve().parent.parent
+FAILURE = ROOT / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c430.json"  # its configuration is reused
+ALLOCATOR = "kvfuzz.allocator.paged:paged_allocator"
+
+
+def long_trace(calls: int, seed: int = 0) -> Trace:
+    """A trace of exactly ``calls`` calls: a random program over every operation against kvfuzz's correct allocator
+    (see the module's docstring)."""
+    short = load(FAILURE)
+    rng = random.Random(seed)
+    with single_threaded_torch():
+        execution = Target(load_factory(ALLOCATOR), short.config).start()
+        try:
+            while len(execution.calls) < calls:
+                state = Snapshot(execution.engine.expected)
+                operation = rng.choice([op for op in OPERATIONS if op.enabled(state)])
+                execution.execute(operation.name, operation.draw(state, rng))
+        finally:
+            execution.engine.close()
+    return Trace(ALLOCATOR, short.config, execution.calls, short.failure, short.inflight_window)
+
+
+def timed(action: Callable[[], object], repeat: int) -> tuple[float, object]:
+    """The best of ``repeat`` runs' seconds, and the last run's result."""
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = action()
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def measure(name: str, trace: Trace, repeat: int) -> None:
+    from kvfuzz.timeline.png import render_png
+
+    with single_threaded_torch():  # as record() runs it, so that the two replays compare
+        replay_seconds, _ = timed(lambda: replay_trace(trace, call_timeout=None), repeat)
+    record_seconds, timeline = timed(lambda: record(trace, name, call_timeout=None), repeat)
+    page_seconds, page = timed(lambda: render_html(timeline), repeat)  # type: ignore[arg-type]
+    with tempfile.TemporaryDirectory() as directory:
+        png = Path(directory) / "timeline.png"
+        png_seconds, _ = timed(lambda: render_png(timeline, png), repeat)  # type: ignore[arg-type]
+        png_bytes = png.stat().st_size
+    print(f"{name}: {len(trace.program)} calls, {len(timeline.lanes)} lanes, {len(timeline.marks)} marks")  # type: ignore[union-attr]
+    print(f"  plain replay                 {replay_seconds:8.3f} s")
+    print(
+        f"  replay recording the timeline {record_seconds:7.3f} s  "
+        f"({record_seconds / replay_seconds:.2f}x the plain replay)"
+    )
+    print(f"  page (HTML)                  {page_seconds:8.3f} s  {len(page.encode()) / 1024:8.1f} KiB")  # type: ignore[union-attr]
+    print(f"  picture (PNG)                {png_seconds:8.3f} s  {png_bytes / 1024:8.1f} KiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=10_000, help="calls of the long trace (default 10000)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement; the best is shown")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    import matplotlib.pyplot  # noqa: F401 -- timed apart: kvfuzz show --png pays it once
+
+    print(f"matplotlib import: {time.perf_counter() - started:.3f} s")
+    traces = []
+    for path in sorted(ROOT.glob("corpus/*.json")):
+        if not is_trace_file(path):
+            continue
+        trace = load(path)
+        try:
+            load_factory(trace.allocator)
+        except AllocatorNotFound:
+            continue
+        traces.append((len(trace.program), path.name, trace))
+    _, name, largest = max(traces, key=lambda entry: entry[:2])
+    measure(f"largest corpus trace here ({name})", largest, args.repeat)
+    started = time.perf_counter()
+    trace = long_trace(args.calls)
+    print(f"(built the {args.calls}-call trace in {time.perf_counter() - started:.1f} s)")
+    measure(f"{args.calls}-call trace", trace, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
