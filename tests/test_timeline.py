@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-
 from factories import kvfuzz
-from kvfuzz.timeline import record as recording
+
 from kvfuzz.cli import main
 from kvfuzz.corpus import replay_trace
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.program.arguments import system_prompts
 from kvfuzz.program.call import Call
 from kvfuzz.registry import AllocatorNotFound, load_factory
-from kvfuzz.timeline.html import render_html
+from kvfuzz.timeline import record as recording
 from kvfuzz.timeline.hint import show_hint
+from kvfuzz.timeline.html import render_html
 from kvfuzz.timeline.png import render_png
 from kvfuzz.timeline.record import failure_blocks, record
 from kvfuzz.trace import Trace, is_trace_file, load, save
@@ -140,7 +140,9 @@ def test_reuse_inside_the_inflight_window() -> None:
     trace = load(IMMEDIATE_REUSE)
     rules = [call.rule for call in trace.program]
     assert "step" not in rules  # no step ever completes: every window opened stays open
-    preempt_s0 = next(i for i, call in enumerate(trace.program, 1) if call.rule == "preempt" and dict(call.arguments)["seq"] == "s0")
+    preempt_s0 = next(
+        i for i, call in enumerate(trace.program, 1) if call.rule == "preempt" and dict(call.arguments)["seq"] == "s0"
+    )
     assert ("device", 2) in failure_blocks(trace.failure["explanation"])
     parsed = Page(render_html(record(trace, str(IMMEDIATE_REUSE))))
     lane = "lane-device-2"
@@ -167,7 +169,12 @@ def _stale_hit_trace() -> Trace:
 
 def test_stale_cache_hit() -> None:
     parsed = Page(render_html(record(_stale_hit_trace(), "stale-hit.json")))
-    hits = {lane for _, attributes, _ in parsed.elements if attributes.get("data-kind") == "hit" for lane in [attributes["data-lane"]]}
+    hits = {
+        lane
+        for _, attributes, _ in parsed.elements
+        if attributes.get("data-kind") == "hit"
+        for lane in [attributes["data-lane"]]
+    }
     assert len(hits) == 2  # s0's two full blocks, both served to s1 at its admission
     for lane in hits:
         assert parsed.marks("hit", lane) == [2]
@@ -250,7 +257,11 @@ def long_trace(calls_before: int) -> Trace:
     program = []
     for number in range(calls_before // 3):
         seq = f"r{number}"
-        program += [Call("admit", {"seq": seq, "namespace": (), "system": (), "suffix": [number % 4]}), Call("step", {}), Call("free", {"seq": seq})]
+        program += [
+            Call("admit", {"seq": seq, "namespace": (), "system": (), "suffix": [number % 4]}),
+            Call("step", {}),
+            Call("free", {"seq": seq}),
+        ]
     return Trace(short.allocator, short.config, program + list(short.program), short.failure, short.inflight_window)
 
 
@@ -270,7 +281,7 @@ def test_a_trace_over_the_limit_shows_the_window_and_says_so(
     assert "call-11" in parsed.ids() and "call-10" not in parsed.ids()
     assert parsed.marks("failure") == [40]
     # The block the failure names, from a plain replay: shared by s0 and s1 at the failing call.
-    (pool, block), = failure_blocks(replay_trace(load(path)).outcome.failure.explain())
+    ((pool, block),) = failure_blocks(replay_trace(load(path)).outcome.failure.explain())
     assert parsed.holders_at(f"lane-{pool}-{block}", 40)[1] == "s0/0 s1/0"
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
+from test_timeline import NO_COPY_ON_WRITE, Page
 
 from kvfuzz.timeline.html import render_html
 from kvfuzz.timeline.record import record
 from kvfuzz.trace import load
-from test_timeline import NO_COPY_ON_WRITE, Page
 
 WINDOW = "--window-size=1280,800"
 
@@ -28,7 +28,9 @@ def chromium() -> str:
         found = shutil.which(name)
         if found:
             return found
-    pytest.fail("headless Chromium is not installed (apt-get install chromium): the page cannot be checked in a browser")
+    pytest.fail(
+        "headless Chromium is not installed (apt-get install chromium): the page cannot be checked in a browser"
+    )
 
 
 def _run(*arguments: str) -> subprocess.CompletedProcess:
@@ -82,7 +84,7 @@ def test_the_screenshot_shows_the_lanes_and_the_failure(page: Path, tmp_path: Pa
 
     def near(colour: str) -> np.ndarray:
         rgb = np.array([int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)])
-        return (np.abs(pixels - rgb).max(axis=2) < 0.03)
+        return np.abs(pixels - rgb).max(axis=2) < 0.03
 
     assert near("#bee3f8").sum() > 500, "no lane span of a held block in view"
     assert near("#fbd38d").sum() > 500, "no span of the shared block in view"

@@ -286,7 +286,8 @@ def _tables(timeline: Timeline) -> Iterator[str]:
     shown = columns[-MAX_TABLE_ROWS:]
     yield "<h2>Block tables after each call</h2>"
     if len(shown) < len(columns):
-        yield f'<p class="note">after the last {len(shown)} calls; hover a column header for the tables each other call changed</p>'
+        yield f'<p class="note">after the last {len(shown)} calls; hover a column header for the tables each other '
+        yield "call changed</p>"
     seqs = sorted({table.seq for column in shown for table in column.tables}, key=lambda s: (len(s), s))
     yield '<table class="tables"><tr><th>call</th><th>step</th>'
     yield "".join(f"<th>{_e(seq)}</th>" for seq in seqs) + "</tr>"
