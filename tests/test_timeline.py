@@ -8,6 +8,7 @@ variant's slip is, never from the timeline the code under test recorded.
 from __future__ import annotations
 
 import json
+import os
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Optional
@@ -292,3 +293,14 @@ def test_run_and_replay_point_at_the_timeline(tmp_path: Path) -> None:
     assert run.returncode == 1, run.stderr
     saved = next((tmp_path / "corpus").glob("*.json"))
     assert show_hint(Path("corpus") / saved.name) in run.stdout
+
+
+def test_an_allocator_that_cannot_be_built_is_one_line(tmp_path: Path) -> None:
+    """A trace whose allocator raises when it is built is one line on standard error, not a traceback."""
+    trace = load(NO_COPY_ON_WRITE)
+    (tmp_path / "broken.py").write_text("def factory(spec):\n    raise RuntimeError('no pool for you')\n")
+    path, _ = save(Trace("broken:factory", trace.config, trace.program, trace.failure, 1), tmp_path)
+    done = kvfuzz(
+        "show", str(path), "--html", "page.html", cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}
+    )
+    _refused(done, "replay could not start", "no pool for you")

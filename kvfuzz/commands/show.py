@@ -60,7 +60,11 @@ def run_command(args: argparse.Namespace) -> int:
     from kvfuzz.timeline.record import record
 
     started = time.perf_counter()
-    timeline = record(trace, args.trace, args.allocator)
+    try:
+        timeline = record(trace, args.trace, args.allocator)
+    except Exception as error:  # noqa: BLE001 -- building the allocator or its engine failed: one line, as replay says
+        one_line = " ".join(f"{type(error).__name__}: {error}".split())
+        return _usage_error(f"{args.trace}: replay could not start: {one_line}")
     try:
         page.write_text(render_html(timeline), encoding="utf-8")
         if args.png is not None:

@@ -383,7 +383,7 @@ def record(
         execution = Target(factory, trace.config, safeguards=Safeguards(watchdog=watchdog)).start()
         recorder = _Recorder(execution.engine, max_columns)
         failure, failed_call = _run(execution, recorder, program[:-1] if died and program else program)
-    if len(program) > max_columns:
+    if len(program) > max_columns and recorder.records:
         kept = recorder.records[0].column.call_index
         notes.append(
             f"the trace has {len(program)} calls, more than the {max_columns} a timeline shows: showing calls "
