@@ -256,7 +256,7 @@ def _legend() -> Iterator[str]:
         ("span-held", "held by one table entry (sequence/logical block)"),
         ("span-shared", "shared: several entries (refcount shown; red when the allocator's differs)"),
         ("span-pending", "released, in-flight work may still land"),
-        ("span-held-pending", "handed out while in-flight work may still land"),
+        ("span-held-pending", "referenced again while in-flight work may still land (a write breaks invariant 6)"),
         ("span-cached", "unreferenced, in the allocator's cached set"),
     )
     for span_class, text in spans:

@@ -24,7 +24,7 @@ _FILL = {
     "held": ("#bee3f8", "#3182ce", "held by one table entry"),
     "shared": ("#fbd38d", "#c05621", "shared"),
     "pending": ("#e2e8f0", "#718096", "released, work in flight may land"),
-    "held-pending": ("#fed7d7", "#c53030", "handed out while work may land"),
+    "held-pending": ("#fed7d7", "#c53030", "referenced while work may land"),
     "cached": ("#c6f6d5", "#38a169", "in the allocator's cached set"),
 }
 # kind -> (marker, colour, size, label) of the markers drawn for each kind of mark

@@ -472,10 +472,10 @@ def _timeline(
         chosen = set(touched) | named
     else:
         chosen = set(named) or set(sorted(touched, key=lambda lane: -touched[lane])[:ALL_LANES_UP_TO])
-        notes.append(
-            f"{len(touched)} blocks were touched; the lanes show the {len(chosen)} the failure involves "
-            f"({'named by the violation or acted on by the failing call' if named else 'the most active'})"
+        which = (
+            "the failure involves (named by the violation or acted on by the failing call)" if named else "most active"
         )
+        notes.append(f"{len(touched)} blocks were touched; the lanes show the {len(chosen)} {which}")
     for record_ in records:  # a copy's two blocks are drawn together: copy-on-write, fork copy, swap out and in
         for key, _, _, partner in record_.marks:
             if partner is not None and (key in chosen or partner in chosen):
