@@ -127,11 +127,15 @@ def run_command(command: str) -> str:
 
 
 def zoo_table() -> str:
-    """The zoo's variants: each one's bug class and the invariant that must catch it, in the zoo's order."""
+    """The zoo's variants: each one's bug class, the invariant that must catch it, and whether it is deep, in the
+    zoo's order."""
     from kvfuzz.zoo import VARIANTS
 
-    rows = ["| variant | bug class | caught by |", "|---|---|---|"]
-    rows += [f"| {variant.name} | {variant.bug_class} | {variant.expected} |" for variant in VARIANTS]
+    rows = ["| variant | bug class | caught by | deep |", "|---|---|---|---|"]
+    rows += [
+        f"| {variant.name} | {variant.bug_class} | {variant.expected} | {'yes' if variant.deep else ''} |"
+        for variant in VARIANTS
+    ]
     return "\n".join(rows) + "\n"
 
 

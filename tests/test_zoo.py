@@ -11,11 +11,42 @@ from kvfuzz.zoo import VARIANTS, variant
 BUG_CLASSES_COVERED = {name.split()[0] for name in (v.bug_class for v in VARIANTS) if name[0].isdigit()}
 
 
-@pytest.mark.parametrize("broken", VARIANTS, ids=lambda v: v.name)
+FOCUSED: dict[str, tuple[MachineConfig, int]] = {
+    # Deep variants hide from the default pool and program length; each is caught here by the configuration its
+    # trigger needs (a tiny pool, a longer program, smaller blocks), derandomized, so the test is deterministic.
+    "StaleEntryAfterPressureEviction": (MachineConfig(num_blocks=5), 100),
+    "SwapInTakesPendingBlocks": (MachineConfig(num_blocks=6), 100),
+    "CachedTailWrittenInPlace": (MachineConfig(), 100),
+    "SwapInRefusalReleasesHost": (MachineConfig(num_blocks=6), 100),
+    "AbortWhileSwappedLeaksHost": (MachineConfig(num_blocks=8), 100),
+    "WholePoolPromptRefused": (MachineConfig(num_blocks=4), 50),
+    "TrustsShortBlockHash": (MachineConfig(num_blocks=32), 100),
+    "RollbackKeepsPendingRegistration": (MachineConfig(block_size=2), 100),
+}
+"""Deep variant -> the machine configuration and program length its test runs."""
+
+SHALLOW = [v for v in VARIANTS if not v.deep]
+DEEP = [v for v in VARIANTS if v.deep]
+
+
+@pytest.mark.parametrize("broken", SHALLOW, ids=lambda v: v.name)
 def test_variant_is_caught_with_the_expected_invariant(broken) -> None:
     summary = run(broken.factory(), MachineConfig(), examples=2000, steps=50, shrink=False)
     assert summary.failed, f"{broken.name} escaped {summary.examples} examples"
     assert summary.violated is broken.expected, summary.explanation
+
+
+@pytest.mark.parametrize("broken", DEEP, ids=lambda v: v.name)
+def test_deep_variant_is_caught_in_the_configuration_it_needs(broken) -> None:
+    config, steps = FOCUSED[broken.name]
+    summary = run(broken.factory(), config, examples=200, steps=steps, shrink=False)
+    assert summary.failed, f"{broken.name} escaped {summary.examples} examples in {config}"
+    assert summary.violated is broken.expected, summary.explanation
+
+
+def test_every_deep_variant_has_a_focused_configuration() -> None:
+    assert sorted(FOCUSED) == sorted(v.name for v in DEEP)
+    assert len(DEEP) >= 6
 
 
 @pytest.mark.parametrize("name", ["KeyWithoutNamespace", "NoCopyOnWrite", "LeakyRefusal"])
@@ -30,4 +61,4 @@ def test_shrunk_program_is_short_and_explained(name) -> None:
 
 def test_zoo_covers_the_design_bug_classes() -> None:
     assert {str(number) for number in range(1, 12)} <= BUG_CLASSES_COVERED
-    assert len(VARIANTS) >= 16
+    assert len(SHALLOW) >= 16

@@ -13,6 +13,11 @@ from kvfuzz.registry import AllocatorNotFound, probe_allocator
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("zoo", help="run the machine against every broken allocator in the zoo")
     parser.add_argument("--only", nargs="+", default=(), metavar="NAME", help="run only these variants")
+    parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="also run the deep variants, which a run of this length usually misses (campaigns are for them)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as one JSON list")
     machine_arguments(parser)
     parser.set_defaults(examples=600)
@@ -31,7 +36,7 @@ def run_command(args: argparse.Namespace) -> int:
                 f"no zoo variant named {', '.join(sorted(unknown))}; known: {', '.join(v.name for v in VARIANTS)}"
             )
         for variant in VARIANTS:  # each builds for this pool before any runs
-            if not args.only or variant.name in args.only:
+            if variant.name in args.only or not args.only and (args.deep or not variant.deep):
                 probe_allocator(f"zoo:{variant.name}", variant.factory(), config.pool_spec())
     except (AllocatorNotFound, ValueError) as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
@@ -45,6 +50,7 @@ def run_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         shrink=not args.no_shrink,
         names=args.only,
+        deep=args.deep,
         on_result=None if args.json else lambda result: print(markdown_row(result.row()), flush=True),
     )
     if args.json:

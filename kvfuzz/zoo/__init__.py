@@ -11,19 +11,22 @@ import attrs
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.engine.violations import Invariant
-from kvfuzz.zoo import variants
+from kvfuzz.zoo import deep, variants
 
 
 @attrs.frozen
 class Variant:
     """One broken allocator: its class, the bug class (docs/invariants.md) it belongs to, the invariant that must
-    catch it, the in-flight window it declares and, for sliding-window slips, its window in tokens."""
+    catch it, the in-flight window it declares and, for sliding-window slips, its window in tokens. A deep variant
+    (:mod:`kvfuzz.zoo.deep`) is one the default ``kvfuzz run`` misses in most seeds: its trigger needs pool
+    pressure, a long program, a rollback or swap at a particular moment, or a tiny pool."""
 
     allocator: type[PagedAllocator]
     bug_class: str
     expected: Invariant
     inflight_window: int = 1
     sliding_window: Optional[int] = None
+    deep: bool = False  # reached by campaigns (swarmed pools, long programs), rarely by a default run
 
     @property
     def name(self) -> str:
@@ -77,6 +80,34 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(variants.RepeatedBlockAfterRollback, "4 repeated block freed per occurrence", Invariant.REFCOUNTS),
     Variant(variants.ReturnsNoneWhenFull, "6 refusal returned, not raised", Invariant.RESULTS),
+    Variant(
+        deep.StaleEntryAfterPressureEviction,
+        "1 stale cache entry after eviction under pressure",
+        Invariant.CACHE_SOUNDNESS,
+        deep=True,
+    ),
+    Variant(deep.SwapInTakesPendingBlocks, "3 swap-in takes pending blocks", Invariant.NON_REUSE_WINDOW, deep=True),
+    Variant(
+        deep.CachedTailWrittenInPlace,
+        "8 rollback leaves a cached block writable",
+        Invariant.CACHE_SOUNDNESS,
+        deep=True,
+    ),
+    Variant(
+        deep.SwapInRefusalReleasesHost,
+        "6 refused swap-in frees its host blocks",
+        Invariant.CONTENT,
+        deep=True,
+    ),
+    Variant(deep.AbortWhileSwappedLeaksHost, "2 host blocks leaked on abort", Invariant.NO_FALSE_REFUSAL, deep=True),
+    Variant(deep.WholePoolPromptRefused, "6 whole-pool prompt refused", Invariant.NO_FALSE_REFUSAL, deep=True),
+    Variant(deep.TrustsShortBlockHash, "1 short hash trusted", Invariant.CACHE_SOUNDNESS, deep=True),
+    Variant(
+        deep.RollbackKeepsPendingRegistration,
+        "5 rollback keeps a pending registration",
+        Invariant.CACHE_SOUNDNESS,
+        deep=True,
+    ),
 )
 
 

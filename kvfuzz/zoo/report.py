@@ -66,16 +66,18 @@ def run_zoo(
     seed: Optional[int] = None,
     shrink: bool = True,
     names: Iterable[str] = (),
+    deep: bool = False,
     on_result: Optional[Callable[[ZooResult], None]] = None,
 ) -> list[ZooResult]:
-    """Run the machine against each variant (all of them, or those named); report each result as it comes."""
+    """Run the machine against each variant (those named, or else every variant a default run is expected to
+    catch, and the deep ones too when ``deep`` is set); report each result as it comes."""
     wanted = set(names)
     unknown = wanted - {variant.name for variant in VARIANTS}
     if unknown:
         raise KeyError(f"no zoo variant named {', '.join(sorted(unknown))}")
     results = []
     for variant in VARIANTS:
-        if wanted and variant.name not in wanted:
+        if wanted and variant.name not in wanted or not wanted and variant.deep and not deep:
             continue
         summary = run(
             variant.factory(),
