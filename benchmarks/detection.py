@@ -11,7 +11,13 @@ For every variant and several seeds, in one run, three searches with the same ch
 Per variant: how many runs the expected invariant caught, the median and worst examples and seconds to the first
 failure, and the median final program length. Prints a markdown table; writes every run to a JSON file.
 
+With ``--default-run``, it measures instead how often the default ``kvfuzz run`` (100 examples of up to 50 steps
+over the default pool, shrinking off) catches each deep variant (``kvfuzz.zoo.deep``; or the variants named by
+``--only``) over seeds 1..N (``--seeds``, default 5 in this mode): a deep variant is one it catches in fewer than
+half of them.
+
 Usage: python benchmarks/detection.py [--seeds N] [--examples N] [--steps N] [--only NAME ...] [--json FILE]
+       python benchmarks/detection.py --default-run [--seeds N] [--only NAME ...] [--json FILE]
 """
 
 from __future__ import annotations
@@ -74,14 +80,42 @@ def cells(runs: list[dict]) -> list[str]:
     ]
 
 
+def default_run_rates(variants: Sequence[Variant], seeds: int, json_path: str) -> None:
+    """For each variant, the default ``kvfuzz run`` over seeds 1..``seeds``: how many seeds caught it."""
+    print("| variant | deep | caught by the default run | examples to 1st failure, per seed |\n|---|---|---|---|")
+    records = []
+    for variant in variants:
+        runs = [
+            summarised(variant, run(variant.factory(), MachineConfig(), seed=seed, shrink=False))
+            for seed in range(1, seeds + 1)
+        ]
+        caught = sum(r["expected"] for r in runs)
+        per_seed = ", ".join(str(r["examples"]) if r["expected"] else "-" for r in runs)
+        print(f"| {variant.name} | {'yes' if variant.deep else 'no'} | {caught} of {seeds} | {per_seed} |", flush=True)
+        records.append({"variant": variant.name, "deep": variant.deep, "caught": caught, "seeds": seeds, "runs": runs})
+    deep = [record for record in records if record["deep"]]
+    shallow_enough = sum(2 * record["caught"] < record["seeds"] for record in deep)
+    print(f"\n{shallow_enough} of {len(deep)} deep variants caught by the default run in fewer than half the seeds")
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(json_path).write_text(json.dumps(records, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, help="seeds per variant (default 3; 5 with --default-run)")
     parser.add_argument("--examples", type=int, default=2000, help="budget per variant, seed and search")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--only", nargs="+", default=())
     parser.add_argument("--json", default="benchmarks/results/detection.json")
+    parser.add_argument(
+        "--default-run", action="store_true", help="catch rate of the default kvfuzz run on the deep variants"
+    )
     args = parser.parse_args()
+    if args.default_run:
+        chosen = [v for v in VARIANTS if v.name in args.only] if args.only else [v for v in VARIANTS if v.deep]
+        default_run_rates(chosen, args.seeds or 5, args.json)
+        return
+    args.seeds = args.seeds or 3
 
     config = MachineConfig()
     searches = ("kvfuzz", "Hypothesis only", "random only")
