@@ -7,6 +7,7 @@ traced back to the prefix that produced it by comparing tags, the way shadow mem
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Iterable, Sequence
 
@@ -81,30 +82,91 @@ class ModelShape:
 
 
 def _mix_tensor(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finaliser on int64 tensors (wrapping arithmetic, logical shifts)."""
-    x = x ^ ((x >> 30) & ((1 << 34) - 1))
-    x = x * _MIX1
-    x = x ^ ((x >> 27) & ((1 << 37) - 1))
-    x = x * _MIX2
-    return x ^ ((x >> 31) & ((1 << 33) - 1))
+    """splitmix64's finaliser on int64 tensors (wrapping arithmetic, logical shifts), in place on ``x``."""
+    x ^= (x >> 30) & ((1 << 34) - 1)
+    x *= _MIX1
+    x ^= (x >> 27) & ((1 << 37) - 1)
+    x *= _MIX2
+    x ^= (x >> 31) & ((1 << 33) - 1)
+    return x
 
 
-def _values(tags: Sequence[int], salt: int, row_shape: tuple[int, ...], shape: ModelShape) -> torch.Tensor:
-    """Values in [-1, 1) with 23 significant bits, one row of ``row_shape`` per tag, cast to the pool's dtype."""
+@functools.lru_cache(maxsize=None)
+def _lanes(salts: tuple[int, ...], count: int) -> torch.Tensor:
+    """Each salt's ``count`` lane offsets, one salt after the other: ``[len(salts) * count]`` (made once per
+    shape, since every batch of rows uses the same)."""
+    lane = torch.arange(count, dtype=torch.int64) * _signed(_GOLDEN)
+    return torch.cat([lane + salt for salt in salts])
+
+
+def _values(tags: Sequence[int], salts: tuple[int, ...], row_shape: tuple[int, ...], shape: ModelShape) -> torch.Tensor:
+    """Values in [-1, 1) with 23 significant bits, ``[len(tags), len(salts), *row_shape]``: for each tag, one row
+    of ``row_shape`` per salt, cast to the pool's dtype. One batch of tensor operations serves every salt."""
     count = 1
     for dim in row_shape:
         count *= dim
-    lanes = torch.arange(count, dtype=torch.int64) * _signed(_GOLDEN) + salt
-    mixed = _mix_tensor(torch.tensor(list(tags), dtype=torch.int64).unsqueeze(1) ^ lanes)
-    values = (mixed & 0xFFFFFF).to(torch.float32) / float(1 << 23) - 1.0
-    return values.reshape(len(tags), *row_shape).to(device=shape.device, dtype=shape.dtype)
+    mixed = _mix_tensor(torch.tensor(list(tags), dtype=torch.int64).unsqueeze(1) ^ _lanes(salts, count))
+    values = (mixed & 0xFFFFFF).to(torch.float32).mul_(1.0 / float(1 << 23)).sub_(1.0)
+    return values.reshape(len(tags), len(salts), *row_shape).to(device=shape.device, dtype=shape.dtype)
+
+
+class _RowTable:
+    """The rows :func:`_values` already generated for one shape and set of salts, so that a tag's K/V (written by a
+    step, read back by the checks, extended into the reference) is generated once, then copied out.
+
+    Invariant kept: ``rows[index[tag]]`` equals ``_values([tag], salts, ...)[0]`` bit for bit. The table holds at
+    most ``CAPACITY`` tags; when a batch would overflow it, it starts afresh."""
+
+    CAPACITY = 1 << 15
+
+    def __init__(self, salts: tuple[int, ...], row_shape: tuple[int, ...], shape: ModelShape) -> None:
+        self.salts = salts  # one row per salt for every tag
+        self.row_shape = row_shape  # the shape of one row
+        self.shape = shape  # dtype and device of the rows
+        self.index: dict[int, int] = {}  # tag -> its row in ``rows``
+        self.rows = torch.empty((0, len(salts), *row_shape), dtype=shape.dtype, device=shape.device)
+
+    def lookup(self, tags: Sequence[int]) -> torch.Tensor:
+        """``[len(tags), len(salts), *row_shape]``, a new tensor (never a view of the table)."""
+        index = self.index
+        missing = [tag for tag in dict.fromkeys(tags) if tag not in index]
+        if len(missing) > self.CAPACITY:
+            return _values(tags, self.salts, self.row_shape, self.shape)
+        if missing:
+            if len(index) + len(missing) > self.CAPACITY:
+                index.clear()
+                missing = list(dict.fromkeys(tags))
+            start = len(index)
+            needed = start + len(missing)
+            if needed > len(self.rows):
+                grown = torch.empty(
+                    (min(self.CAPACITY, max(needed, 2 * len(self.rows), 256)), *self.rows.shape[1:]),
+                    dtype=self.rows.dtype,
+                    device=self.rows.device,
+                )
+                grown[:start] = self.rows[:start]
+                self.rows = grown
+            self.rows[start:needed] = _values(missing, self.salts, self.row_shape, self.shape)
+            index.update(zip(missing, range(start, needed)))
+        return self.rows[torch.tensor([index[tag] for tag in tags], dtype=torch.int64, device=self.rows.device)]
+
+
+_TABLES: dict[tuple[ModelShape, tuple[int, ...]], _RowTable] = {}  # (shape, salts) -> the rows generated so far
+
+
+def _rows(tags: Sequence[int], salts: tuple[int, ...], row_shape: tuple[int, ...], shape: ModelShape) -> torch.Tensor:
+    table = _TABLES.get((shape, salts))
+    if table is None:
+        table = _TABLES[(shape, salts)] = _RowTable(salts, row_shape, shape)
+    return table.lookup(tags)
 
 
 def kv_for_tags(tags: Sequence[int], shape: ModelShape) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the positions with these tags, each ``[len(tags), layers, kv_heads, head_dim]``."""
-    return _values(tags, _SALT_K, shape.kv_row_shape, shape), _values(tags, _SALT_V, shape.kv_row_shape, shape)
+    both = _rows(tags, (_SALT_K, _SALT_V), shape.kv_row_shape, shape)
+    return both[:, 0], both[:, 1]
 
 
 def queries_for_tags(tags: Sequence[int], shape: ModelShape) -> torch.Tensor:
     """The query at each tagged position, ``[len(tags), layers, query_heads, head_dim]``."""
-    return _values(tags, _SALT_Q, (shape.num_layers, shape.num_query_heads, shape.head_dim), shape)
+    return _rows(tags, (_SALT_Q,), (shape.num_layers, shape.num_query_heads, shape.head_dim), shape)[:, 0]
