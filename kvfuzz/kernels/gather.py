@@ -24,9 +24,9 @@ class GatherKernel:
         device = batch.keys.device
         lengths = [length - start for start, length in zip(batch.starts, batch.lengths)]
         longest = max(lengths)
-        index = torch.zeros((len(batch.seqs), longest), dtype=torch.int64)
-        for row, count in enumerate(lengths):
-            index[row, :count] = torch.tensor(batch.slots(row), dtype=torch.int64)
+        # One index tensor built from Python lists: padding reads row 0, which the mask below replaces by zeros.
+        rows = [batch.slots(row) for row in range(len(batch.seqs))]
+        index = torch.tensor([slots + [0] * (longest - len(slots)) for slots in rows], dtype=torch.int64)
         valid = torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
         valid = valid.to(device)[:, :, None, None, None]
         index = index.to(device)

@@ -10,10 +10,11 @@ from typing import Iterable, Optional, Sequence
 
 import attrs
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from kvfuzz.allocator.types import Namespace, SeqId
 from kvfuzz.reference.attention import attend
-from kvfuzz.reference.content import ModelShape, extend_tag, kv_for_tags, namespace_tag, queries_for_tags
+from kvfuzz.reference.content import ModelShape, extend_tag, kv_for_tags, namespace_tag, prefix_tags, queries_for_tags
 
 
 @attrs.define
@@ -38,9 +39,9 @@ class ContiguousReference:
         return seq in self._seqs
 
     def add(self, seq: SeqId, namespace: Namespace, tokens: Sequence[int]) -> None:
-        empty = torch.empty((0, *self.shape.kv_row_shape), dtype=self.shape.dtype, device=self.shape.device)
-        self._seqs[seq] = _Contiguous(namespace, [], [], empty, empty)
-        self.extend(seq, tokens)
+        tags = prefix_tags(namespace, tokens)
+        keys, values = kv_for_tags(tags, self.shape)
+        self._seqs[seq] = _Contiguous(namespace, list(tokens), tags, keys, values)
 
     def extend(self, seq: SeqId, tokens: Iterable[int]) -> list[int]:
         """Append tokens; returns their tags."""
@@ -94,15 +95,10 @@ class ContiguousReference:
         self, seqs: Sequence[SeqId], queries: torch.Tensor, starts: Optional[Sequence[int]] = None
     ) -> torch.Tensor:
         """Attention of ``queries`` over each sequence's contiguous K/V from ``starts`` (a sliding window) on,
-        padded with zeros to the longest."""
+        padded with zeros to the longest (one ``pad_sequence`` call, not a copy per sequence)."""
         starts = starts or [0] * len(seqs)
         lengths = [len(self._seqs[seq].tags) - start for seq, start in zip(seqs, starts)]
-        longest = max(lengths)
-        shape = (len(seqs), longest, *self.shape.kv_row_shape)
-        keys = torch.zeros(shape, dtype=self.shape.dtype, device=self.shape.device)
-        values = torch.zeros_like(keys)
-        for row, (seq, start) in enumerate(zip(seqs, starts)):
-            state = self._seqs[seq]
-            keys[row, : lengths[row]] = state.keys[start:]
-            values[row, : lengths[row]] = state.values[start:]
+        states = [self._seqs[seq] for seq in seqs]
+        keys = pad_sequence([state.keys[start:] for state, start in zip(states, starts)], batch_first=True)
+        values = pad_sequence([state.values[start:] for state, start in zip(states, starts)], batch_first=True)
         return attend(queries, keys, values, torch.tensor(lengths))
