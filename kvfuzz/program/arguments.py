@@ -41,12 +41,18 @@ class Snapshot:
         self.block_size = state.block_size
         self.num_host_blocks = state.num_host_blocks
         self.finished = state.finished
-        self._answers: dict[object, list[SeqId]] = {}  # query (a name, or a Status for ids) -> its answer
+        self._answers: dict[object, Any] = {}  # query (a name, a Status for ids, a Pick's options) -> its answer
 
-    def _once(self, query: object, answer: Callable[[], list[SeqId]]) -> list[SeqId]:
-        if query not in self._answers:
-            self._answers[query] = answer()
-        return self._answers[query]
+    def _once(self, query: object, answer: Callable[[], Any]) -> Any:
+        answers = self._answers
+        if query not in answers:
+            answers[query] = answer()
+        return answers[query]
+
+    def options(self, pick: Callable[["Snapshot"], Sequence[Any]]) -> Sequence[Any]:
+        """What a :class:`Pick` may choose from now, asked once per state however many times enablement and the
+        draw ask it (the misuse calls, for one, are built anew by each asking)."""
+        return self._once(pick, lambda: pick(self))
 
     def new_id(self) -> SeqId:
         return self._state.new_id()
@@ -76,10 +82,11 @@ class Snapshot:
         return self._state.length(seq)
 
 
-def system_prompts(block_size: int) -> list[tuple[int, ...]]:
-    """Shared prefixes just below, at, and just past block boundaries."""
+@functools.lru_cache(maxsize=None)
+def system_prompts(block_size: int) -> tuple[tuple[int, ...], ...]:
+    """Shared prefixes just below, at, and just past block boundaries (made once per block size)."""
     lengths = sorted({0, block_size - 1, block_size, 2 * block_size, 2 * block_size + 1})
-    return [tuple((i * 7 + length) % VOCABULARY for i in range(length)) for length in lengths if length >= 0]
+    return tuple(tuple((i * 7 + length) % VOCABULARY for i in range(length)) for length in lengths if length >= 0)
 
 
 @attrs.frozen
@@ -88,17 +95,20 @@ class Pick:
 
     options: Callable[[ProgramState], Sequence[Any]]
 
+    def _choices(self, state: ProgramState) -> Sequence[Any]:
+        return state.options(self.options) if isinstance(state, Snapshot) else self.options(state)
+
     def available(self, state: ProgramState) -> bool:
-        return bool(self.options(state))
+        return bool(self._choices(state))
 
     def strategy(self) -> st.SearchStrategy[Any]:
-        return st.runner().flatmap(lambda machine: st.sampled_from(self.options(machine.expected)))
+        return st.runner().flatmap(lambda machine: st.sampled_from(self._choices(machine.expected)))
 
     def draw(self, state: ProgramState, rng: random.Random) -> Any:
-        return rng.choice(self.options(state))
+        return rng.choice(self._choices(state))
 
     def accepts(self, state: ProgramState, value: Any) -> bool:
-        return value in self.options(state)
+        return value in self._choices(state)
 
 
 @attrs.frozen

@@ -48,12 +48,18 @@ class Operation:
     doc: str = ""  # what it models, for a person
 
     def enabled(self, state: ProgramState) -> bool:
-        """Whether a program may call this operation now."""
-        return (
-            all(getattr(state.caps, capability) for capability in self.needs)
-            and self.condition(state)
-            and all(argument.available(state) for _, argument in self.arguments)
-        )
+        """Whether a program may call this operation now (plain loops: it is asked for every operation before
+        every call)."""
+        caps = state.caps
+        for capability in self.needs:
+            if not getattr(caps, capability):
+                return False
+        if not self.condition(state):
+            return False
+        for _, argument in self.arguments:
+            if not argument.available(state):
+                return False
+        return True
 
     def accepts(self, state: ProgramState, arguments: Mapping[str, Any]) -> bool:
         """Whether a recorded call with these arguments could have been drawn now."""
