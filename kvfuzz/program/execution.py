@@ -7,8 +7,7 @@ recorded, journalled, watched and counted the same way whoever drew it.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
@@ -64,30 +63,28 @@ class Execution:
             self.safeguards.journal.call(program_json((call,))[0])
         if self.stats is not None:
             self.stats.count_step()
-        with self._guarded(str(call)):
-            BY_NAME[name].apply(self.engine, **arguments)
+        self._guarded(call, lambda: BY_NAME[name].apply(self.engine, **arguments))
 
     def teardown(self) -> None:
         """Invariant 10 once every sequence is gone; skipped after a failure, whose state is already broken. The
         pools are released either way, so a run's memory does not wait for the garbage collector."""
         try:
             if not self.failed:
-                with self._guarded("teardown (quiesce)"):
-                    self.engine.quiesce()
+                self._guarded("teardown (quiesce)", self.engine.quiesce)
         finally:
             self.engine.close()
 
-    @contextlib.contextmanager
-    def _guarded(self, operation: str) -> Iterator[None]:
-        """Run one operation under the watchdog. A failure marks the execution failed and is counted with its
-        program; a ``BaseException`` the allocator lets out is reported as its crash
-        (:class:`~kvfuzz.program.safeguards.AllocatorEscape`), never as the user's interrupt; an operation that
-        returns past its deadline (its interrupt swallowed) is a hang all the same."""
+    def _guarded(self, operation: object, perform: Callable[[], None]) -> None:
+        """Run one operation under the watchdog (``operation`` names it in a hang report: a call, printed only
+        then). A failure marks the execution failed and is counted with its program; a ``BaseException`` the
+        allocator lets out is reported as its crash (:class:`~kvfuzz.program.safeguards.AllocatorEscape`), never as
+        the user's interrupt; an operation that returns past its deadline (its interrupt swallowed) is a hang all
+        the same. A plain try, not a context manager: it runs around every call."""
         watchdog = self.safeguards.watchdog
         if watchdog is not None:
             watchdog.arm(operation)
         try:
-            yield
+            perform()
         except BaseException as raised:
             overdue = watchdog is not None and watchdog.disarm()
             error = escaped(raised)

@@ -111,7 +111,7 @@ class Watchdog:
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds  # the most one operation may take
         self._deadline: Optional[float] = None  # monotonic time the running operation must finish by
-        self._operation = ""  # the running operation, for the report
+        self._operation: object = ""  # the running operation (a call, or its name), printed only in a report
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._previous_handler: Any = None
@@ -130,7 +130,7 @@ class Watchdog:
             signal.signal(signal.SIGUSR1, self._previous_handler)
             self._thread = None
 
-    def arm(self, operation: str) -> None:
+    def arm(self, operation: object) -> None:
         self._operation = operation
         self._deadline = time.monotonic() + self.seconds
 
@@ -141,7 +141,7 @@ class Watchdog:
         return deadline is not None and time.monotonic() > deadline
 
     def hang(self) -> AllocatorHang:
-        return AllocatorHang(self._operation, self.seconds)
+        return AllocatorHang(str(self._operation), self.seconds)
 
     def _overdue(self) -> bool:
         deadline = self._deadline
