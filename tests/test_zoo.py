@@ -7,6 +7,7 @@ import pytest
 from kvfuzz.runner import run
 from kvfuzz.statemachines import MachineConfig
 from kvfuzz.zoo import VARIANTS, variant
+from kvfuzz.zoo.report import run_zoo
 
 BUG_CLASSES_COVERED = {name.split()[0] for name in (v.bug_class for v in VARIANTS) if name[0].isdigit()}
 
@@ -62,3 +63,12 @@ def test_shrunk_program_is_short_and_explained(name) -> None:
 def test_zoo_covers_the_design_bug_classes() -> None:
     assert {str(number) for number in range(1, 12)} <= BUG_CLASSES_COVERED
     assert len(SHALLOW) >= 16
+
+
+def test_zoo_runs_deep_variants_only_when_asked() -> None:
+    default = [result.variant.name for result in run_zoo(examples=1, steps=1, shrink=False)]
+    assert default == [v.name for v in SHALLOW]
+    with_deep = [result.variant.name for result in run_zoo(examples=1, steps=1, shrink=False, deep=True)]
+    assert with_deep == [v.name for v in VARIANTS]
+    named = [result.variant.name for result in run_zoo(examples=1, steps=1, shrink=False, names=[DEEP[0].name])]
+    assert named == [DEEP[0].name]
