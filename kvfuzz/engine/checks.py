@@ -348,7 +348,18 @@ class Checks:
         alloc = self.introspection
         if alloc is None:
             return None
-        return PoolCounts(len(alloc.free_blocks()), len(alloc.cached_blocks()), len(alloc.pending_blocks()))
+        host = self.host_introspection
+        return PoolCounts(
+            len(alloc.free_blocks()),
+            len(alloc.cached_blocks()),
+            len(alloc.pending_blocks()),
+            None if host is None else len(host.host_free_blocks()),
+        )
+
+    def pending_now(self) -> set[int]:
+        """The blocks the allocator holds pending (none without introspection): what a completing step may settle."""
+        alloc = self.introspection
+        return set() if alloc is None else set(alloc.pending_blocks())
 
     def unreferenced_in_inflight_window(self) -> list[int]:
         """Blocks released within the in-flight window and not referenced again: a correct allocator holds

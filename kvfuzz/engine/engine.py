@@ -191,10 +191,13 @@ class Engine:
                 self.pools.write(slots, writes)
         self._call(lambda: self.allocator.free(seq))
         change = self._set_table(seq, (), "released (free) by")
+        host_table = mapped(state.seqs[seq].host_table)
         del state.seqs[seq]
         state.reference.remove(seq)
         state.finished.append(seq)
         self._settle(change)
+        if host_table:
+            self.checks.host_accounting(host_table, released_by=f"free({seq!r}) of a swapped-out sequence")
 
     def preempt(self, seq: SeqId) -> None:
         """Release a running sequence for recomputation; it keeps its tokens and waits to be readmitted."""
@@ -224,6 +227,7 @@ class Engine:
         model.status, model.host_table = Status.SWAPPED, host_table
         self.stats["swapped out blocks"] += len(live)
         self._settle(change)
+        self.checks.host_accounting(host_of.values())
         return True
 
     def swap_in(self, seq: SeqId) -> bool:
@@ -237,6 +241,7 @@ class Engine:
         self.checks.swap_in_mapping(seq, result.mapping, model.host_table)
         for host_block, block in result.mapping:
             self.pools.swap_from_host(host_block, block)
+        host_table = mapped(model.host_table)
         model.status, model.host_table, model.joined_step = Status.RUNNING, (), self.pools.next_step
         table = self._table(seq)
         change = self._set_table(seq, table, "swapped in for")
@@ -246,6 +251,7 @@ class Engine:
         for _, block in result.mapping:
             self.checks.exclusive(block, seq, "swap-in copy")
         self.checks.outside_inflight_window({block for _, block in result.mapping}, seq)
+        self.checks.host_accounting(host_table, released_by=f"swap_in({seq!r})")
         self.stats["swapped in blocks"] += len(result.mapping)
         return True
 
@@ -448,12 +454,18 @@ class Engine:
         self.checks.accounting(change.touched)
 
     def _complete(self, steps: list[int]) -> None:
+        """Complete each step, then check what its completion settled: the blocks whose in-flight window closed
+        and every block the allocator held pending, so that a fault in deferred freeing is blamed on this step."""
+        operation = self.checks.operation
         for step in steps:
-            self.pools.complete_step(step)
+            self.checks.operation = f"{operation}, completing step {step}"
+            settled = set(self.pools.complete_step(step)) | self.checks.pending_now()
             self._call(functools.partial(self.allocator.step_completed, step))
+            self.checks.accounting(settled)
             if self.caps.remaps_on_step:
                 self._adopt_remaps()
         self.checks.content(self.pools.take_dirty())
+        self.checks.operation = operation
 
     def _adopt_remaps(self) -> None:
         """An allocator that declares ``remaps_on_step`` may swap a running sequence's block for one holding the same

@@ -223,13 +223,17 @@ class KVPools:
             done.append(self._in_flight.popleft())
         return done
 
-    def complete_step(self, step: int) -> None:
-        """Step ``step`` completes: the late work due now lands, after every newer write."""
+    def complete_step(self, step: int) -> list[int]:
+        """Step ``step`` completes: the late work due now lands, after every newer write. Returns the blocks whose
+        in-flight window closed."""
         self.last_completed = step
+        closed = []
         for work in self._late_work.pop(step, ()):
             if self.late_work_by_block.get(work.block) is work:
                 del self.late_work_by_block[work.block]
+                closed.append(work.block)
             self._land(work)
+        return closed
 
     def release(self, block: int, seq: SeqId) -> None:
         """No live sequence references ``block`` any more; work in flight on it may still land later."""
