@@ -103,6 +103,7 @@ class VllmV0BlockManager:
             enable_caching=enable_caching,
         )
         self._gpu = self._manager.block_allocator._allocators[Device.GPU]
+        self._cpu = self._manager.block_allocator._allocators[Device.CPU]
         self._caching = enable_caching
         # v0 makes full blocks matchable (content-hashed) when it allocates them, recomputes a fully cached prompt's
         # last token inside the cached block, and its scheduler preempts only requests it has not scheduled in the
@@ -281,7 +282,7 @@ class VllmV0BlockManager:
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         return tuple(self._manager.get_block_table(self._running(seq, "block_table").seq))
 
-    # -- introspection, read from the device allocator's own state ------------------------------------------------
+    # -- introspection, read from the device and host allocators' own state ---------------------------------------
 
     def refcount(self, block: int) -> int:
         return self._gpu._refcounter.get(block)
@@ -297,6 +298,13 @@ class VllmV0BlockManager:
 
     def pending_blocks(self) -> Collection[int]:
         return ()
+
+    def host_free_blocks(self) -> list[int]:
+        """The host allocator's free list and, under prefix caching, the unreferenced host blocks its evictor holds
+        with their hash, numbered from 0 as the swap mappings number them (host ids follow the device ids)."""
+        pool = self._cpu._hashless_allocator if self._caching else self._cpu
+        unreferenced = [*pool._free_block_indices, *(self._cpu.evictor.free_table.keys() if self._caching else ())]
+        return [block - self.num_blocks for block in unreferenced]
 
     # -- helpers -------------------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from kvfuzz.allocator.errors import (
     Unsupported,
 )
 from kvfuzz.allocator.paged import PagedAllocator, paged_allocator, synchronous_allocator
-from kvfuzz.allocator.protocol import AllocatorProtocol, Introspectable
+from kvfuzz.allocator.protocol import AllocatorProtocol, HostIntrospectable, Introspectable
 from kvfuzz.allocator.types import (
     AdmitResult,
     BlockCopy,
@@ -31,6 +31,7 @@ __all__ = [
     "BlockCopy",
     "Capabilities",
     "GrowResult",
+    "HostIntrospectable",
     "Introspectable",
     "InvalidArgument",
     "Misuse",

@@ -288,6 +288,9 @@ class PagedAllocator:
     def pending_blocks(self) -> Collection[int]:
         return self._pool.pending_blocks()
 
+    def host_free_blocks(self) -> Collection[int]:
+        return self._host_free.keys()
+
     # -- helpers -------------------------------------------------------------------------------------------------
 
     def _key_namespace(self, namespace: Namespace) -> Namespace:

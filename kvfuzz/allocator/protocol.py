@@ -105,6 +105,20 @@ class Introspectable(Protocol):
 
 
 @runtime_checkable
+class HostIntrospectable(Protocol):
+    """Optional beside :class:`Introspectable`, for an allocator with a host pool: its host free set. An allocator
+    that declares ``introspection`` and ``swap`` and implements this query has its host pool checked like the
+    device pool (kvfuzz looks for the method; nothing else is declared).
+
+    Like the device sets, the collection may be a live view, must be cheap, and must not be deduplicated.
+    """
+
+    def host_free_blocks(self) -> Collection[int]:
+        """Host blocks (``0 .. num_host_blocks - 1``, as ``swap_out`` numbers them) that no swapped-out sequence
+        holds: free, or holding a cached copy the allocator may hand out again."""
+
+
+@runtime_checkable
 class ProvidesAttention(Protocol):
     """Optional: the allocator ships its own paged attention; it sets ``capabilities.attention_kernel``.
 

@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
-from kvfuzz.allocator.protocol import AllocatorProtocol, Introspectable
+from kvfuzz.allocator.protocol import AllocatorProtocol, HostIntrospectable, Introspectable
 from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, BlockCopy, GrowResult, Slot, SwapResult
 from kvfuzz.engine.expected import ExpectedState, Status
 from kvfuzz.engine.misuse import MisuseCall
@@ -78,9 +78,10 @@ def _malformed(result: object, expected: type) -> Optional[str]:
 class PoolCounts:
     """Sizes of the allocator's free, cached (evictable) and pending sets."""
 
-    free: int
-    cached: int
-    pending: int
+    free: int  # device blocks free
+    cached: int  # device blocks cached and unreferenced
+    pending: int  # device blocks inside the in-flight window
+    host_free: Optional[int] = None  # host blocks free, where the allocator exposes its host free set
 
 
 class Checks:
@@ -94,6 +95,12 @@ class Checks:
         # Its optional queries, when it declares them (kvfuzz.allocator.protocol.Introspectable).
         self.introspection: Optional[Introspectable] = (
             cast(Introspectable, allocator) if state.caps.introspection else None
+        )
+        # Its host free set, when it has a host pool and implements the query (HostIntrospectable).
+        self.host_introspection: Optional[HostIntrospectable] = (
+            allocator
+            if state.caps.introspection and state.num_host_blocks and isinstance(allocator, HostIntrospectable)
+            else None
         )
         self.kernel_name = kernel_name  # invariant 2's attention kernel
         self.operation = "setup"  # the operation being checked, as a call a person can read
@@ -426,6 +433,44 @@ class Checks:
                 [f"expected: {h.num_blocks} (every block exactly once)"],
             )
 
+    def host_accounting(self, touched: Iterable[int], released_by: str = "") -> None:
+        """Invariant 4 on the host pool: each touched host block is in the host free set exactly when no swapped-out
+        sequence holds it, and the free host blocks with the held ones account for every host block once."""
+        host = self.host_introspection
+        if host is None:
+            return
+        h = self.state
+        held = h.host_holders()
+        free = host.host_free_blocks()
+        for block in touched:
+            holder = held.get(block)
+            if holder is not None and block in free:
+                self.fail(
+                    Invariant.FREE_SET,
+                    f"host block {block} holds swapped-out {holder[0]}'s logical block {holder[1]}, yet is listed "
+                    "in the host free set",
+                    ["expected: out of the host free set until its sequence is swapped in or freed"],
+                )
+            if holder is None and block not in free:
+                self.fail(
+                    Invariant.FREE_SET,
+                    f"host block {block} is held by no swapped-out sequence, yet is not in the host free set"
+                    + (f": {released_by} leaked it" if released_by else ""),
+                    [
+                        "expected: back in host_free_blocks() once no swapped-out sequence holds it",
+                        f"found:    host free set {sorted(free)[:20]}",
+                    ],
+                )
+        if len(free) + len(held) != h.num_host_blocks:
+            self.fail(
+                Invariant.FREE_SET,
+                f"free + held host blocks = {len(free)} + {len(held)} = {len(free) + len(held)}",
+                [
+                    f"expected: {h.num_host_blocks} (every host block exactly once)",
+                    f"found:    host free set {sorted(free)[:20]}, held {sorted(held)[:20]}",
+                ],
+            )
+
     def fork_copies_declared(self, parent: str, child: str, copies: Sequence[BlockCopy]) -> None:
         """Invariant 3: fork copies blocks only when the allocator declares ``fork_copies``."""
         if copies and not self.state.caps.fork_copies:
@@ -698,6 +743,19 @@ class Checks:
                 f"the free set lists block(s) {duplicated} more than once",
                 self.pools.block_story(duplicated[0]),
             )
+        host = self.host_introspection
+        if host is not None:
+            host_free = host.host_free_blocks()
+            if len(host_free) != h.num_host_blocks or set(host_free) != set(range(h.num_host_blocks)):
+                self.fail(
+                    Invariant.QUIESCENCE,
+                    f"every sequence is gone, yet the host free set holds {len(host_free)} entries for "
+                    f"{h.num_host_blocks} host blocks",
+                    [
+                        f"expected: every host block 0..{h.num_host_blocks - 1} free, once",
+                        f"leaked:   {sorted(set(range(h.num_host_blocks)) - set(host_free))[:20]}",
+                    ],
+                )
 
     def whole_pool_admissible(self, probe: str) -> None:
         """Invariant 10 without introspection: leaks show as a refusal, so one sequence as large as the whole pool

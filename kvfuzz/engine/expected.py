@@ -180,6 +180,15 @@ class ExpectedState:
     def host_blocks_in_use(self) -> int:
         return sum(len(mapped(model.host_table)) for model in self.seqs.values())
 
+    def host_holders(self) -> dict[int, tuple[SeqId, int]]:
+        """Host block -> the (swapped-out sequence, logical index) holding it."""
+        return {
+            block: (seq, index)
+            for seq, model in self.seqs.items()
+            for index, block in enumerate(model.host_table)
+            if block != NULL_BLOCK
+        }
+
     def sliding_window_start(self, seq: SeqId) -> int:
         """The first position attention reads: 0, or ``len - w`` under a sliding window of w."""
         sliding_window = self.caps.sliding_window
