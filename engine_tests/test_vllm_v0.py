@@ -17,6 +17,7 @@ from kvfuzz.adapters.vllm_v0 import (
     block_space_manager_without_fork,
 )
 from kvfuzz.allocator import BlockCopy, OutOfBlocks, PoolSpec
+from kvfuzz.engine import Engine
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.profiles import PROFILES
 from kvfuzz.statemachines import MachineConfig, machine_for
@@ -71,6 +72,22 @@ def test_swap_maps_device_blocks_to_host_blocks_and_back() -> None:
     back = manager.swap_in("a").mapping
     assert sorted(host for host, _ in back) == sorted(host for _, host in out)
     assert sorted(device for _, device in back) == sorted(manager.block_table("a"))
+
+
+def test_the_host_free_set_follows_swaps_and_the_engine_checks_it() -> None:
+    """host_free_blocks() reads the host allocator's free list, numbered as the swap mappings number host blocks."""
+    manager = block_space_manager_no_caching(SPEC)
+    assert sorted(manager.host_free_blocks()) == [0, 1, 2, 3]
+    engine = Engine(manager, MachineConfig(num_host_blocks=SPEC.num_host_blocks))
+    assert engine.checks.host_introspection is manager
+    engine.admit("a", (), tuple(range(6)))
+    engine.step()
+    assert engine.swap_out("a")
+    held = set(engine.expected.seqs["a"].host_table)
+    assert len(held) == 2 and set(manager.host_free_blocks()) == {0, 1, 2, 3} - held
+    assert engine.swap_in("a")
+    assert sorted(manager.host_free_blocks()) == [0, 1, 2, 3]
+    engine.quiesce()
 
 
 def test_refusals_leave_the_block_manager_as_it_was() -> None:
