@@ -75,6 +75,7 @@ class PagedAllocator:
     """A refcounted, prefix-caching, copy-on-write paged allocator with swap, rollback and an in-flight window."""
 
     pool_class = BlockPool
+    cache_class = PrefixCache
 
     def __init__(
         self,
@@ -102,7 +103,7 @@ class PagedAllocator:
             sliding_window=sliding_window,
             introspection=True,
         )
-        self._cache = PrefixCache()
+        self._cache = self.cache_class()
         self._pool = self.pool_class(
             num_blocks, inflight_window, is_cached=self._cache.is_cached, on_evict=self._cache.unregister
         )

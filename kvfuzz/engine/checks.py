@@ -16,7 +16,7 @@ import torch
 
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
 from kvfuzz.allocator.protocol import AllocatorProtocol, HostIntrospectable, Introspectable
-from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, BlockCopy, GrowResult, Slot, SwapResult
+from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, BlockCopy, GrowResult, Namespace, Slot, SwapResult
 from kvfuzz.engine.expected import ExpectedState, Status
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.pools import KVPools, SlotWrite
@@ -127,6 +127,67 @@ class Checks:
     def found(record: Optional[SlotWrite]) -> str:
         return "nothing: no write or copy has put K/V in this slot" if record is None else record.describe()
 
+    @staticmethod
+    def _content(prefix: tuple[Namespace, tuple[int, ...]]) -> str:
+        return f"namespace {prefix[0]!r}, tokens {list(prefix[1])}"
+
+    def _block_content(self, seq: str, index: int) -> tuple[Namespace, tuple[int, ...]]:
+        """``seq``'s namespace and tokens up to the end of its logical block ``index`` (or its last token)."""
+        reference = self.state.reference
+        return reference.namespace(seq), tuple(reference.tokens(seq)[: (index + 1) * self.state.block_size])
+
+    @staticmethod
+    def _why_alike(mine: tuple[Namespace, tuple[int, ...]], theirs: tuple[Namespace, tuple[int, ...]]) -> str:
+        """What two different prefixes that were given one block have in common: the likely flaw of the key."""
+        if len(mine[1]) != len(theirs[1]):
+            return "they sit at different positions: the block was shared across logical blocks"
+        if mine[1] == theirs[1]:
+            return (
+                "the prefixes differ only in their namespace: the cache key leaves the namespace out, or joins its "
+                "parts so that different namespaces read alike"
+            )
+        return (
+            "the prefixes differ in their tokens: the allocator keyed them alike, a hash collision (or a key that "
+            "leaves tokens out) trusted without comparing the tokens"
+        )
+
+    def root_cause(self, seq: str, position: int, slot: int, record: Optional[SlotWrite]) -> list[str]:
+        """Why ``seq``'s ``position`` in ``slot`` holds another prefix's K/V, when the block's other holders, or the
+        write the slot holds, show two different prefixes given one block: both expected contents, and what they
+        have in common."""
+        h = self.state
+        size = h.block_size
+        block, offset = divmod(slot, size)
+        tag = h.reference.tags(seq)[position]
+        mine = self._block_content(seq, position // size)
+        others = []
+        for holder, index in sorted(h.refs.holders.get(block, ())):
+            theirs_at = index * size + offset
+            if holder != seq and theirs_at < h.length(holder) and h.reference.tags(holder)[theirs_at] != tag:
+                others.append((holder, self._block_content(holder, index)))
+        if others:
+            names = " and ".join(holder for holder, _ in others[:2])
+            return [
+                f"root cause: two holders of block {block} expect different K/V in it ({seq} and {names}), as when "
+                "one cache entry serves two prefixes:",
+                f"  {seq} expects {self._content(mine)}",
+                *(f"  {holder} expects {self._content(theirs)}" for holder, theirs in others[:2]),
+                f"  {self._why_alike(mine, others[0][1])}",
+            ]
+        if record is None or record.tag == tag:
+            return []
+        written = h.prefix_written(record.seq, record.position, record.tag)
+        if written is None:
+            return []
+        mine = (mine[0], mine[1][: position + 1])
+        return [
+            f"root cause: block {block} holds K/V written for another prefix than the one {seq} expects there:",
+            f"  {seq} expects {self._content(mine)}",
+            f"  {record.seq} wrote {self._content(written)}",
+            f"  {self._why_alike(mine, written)}, or the block was reused while a cache entry still named it (see "
+            "its history)",
+        ]
+
     # -- invariant 1: content ------------------------------------------------------------------------------------
 
     def content(self, slots: Iterable[int], positions: Iterable[tuple[str, int]] = ()) -> None:
@@ -162,6 +223,7 @@ class Checks:
                     [
                         f"expected: K/V of {self.prefix(seq, position)}",
                         f"found:    {self.found(record)}",
+                        *self.root_cause(seq, position, slot, record),
                         *self.pools.block_story(slot // size),
                     ],
                 )
@@ -410,6 +472,10 @@ class Checks:
                     f"{' and '.join(member_of) or 'none of the free, cached and pending sets'}",
                     ["expected: exactly one of them", *self.pools.block_story(block)],
                 )
+            if member_of == ["cached"]:
+                self.pools.seen_cached.add(block)
+            else:
+                self.pools.seen_cached.discard(block)
         in_window = self.unreferenced_in_inflight_window()
         if len(pending) > len(in_window):
             stuck = next(block for block in pending if block not in self.pools.late_work_by_block)
@@ -685,13 +751,7 @@ class Checks:
                     awaits_step = True  # written by the next step, before anything reads it
                     continue
             if record is None or record.tag != tag or record.step > self.pools.last_completed:
-                why = (
-                    "nothing has been written there"
-                    if record is None
-                    else "it holds another prefix's K/V"
-                    if record.tag != tag
-                    else f"the step that put it there has not completed (last completed: {self.pools.last_completed})"
-                )
+                why, cause = self._unsound_hit(seq, position, slot, record, tag)
                 self.fail(
                     Invariant.CACHE_SOUNDNESS,
                     f"cache hit of {num_cached} tokens for {seq} covers position {position}, but {why}",
@@ -704,10 +764,48 @@ class Checks:
                             else "by a completed step"
                         ),
                         f"found:    {self.found(record)}",
+                        *cause,
                         *self.pools.block_story(slot // size),
                     ],
                 )
         return awaits_step
+
+    def _unsound_hit(
+        self, seq: str, position: int, slot: int, record: Optional[SlotWrite], tag: int
+    ) -> tuple[str, list[str]]:
+        """Why a hit may not cover ``slot``, for the summary, and the root-cause lines: what the slot holds, or
+        which scheduled write will fill it."""
+        h = self.state
+        writer = h.scheduled_writer(slot) if record is None or record.tag != tag else None
+        next_step = self.pools.next_step
+        if writer is not None and h.reference.tags(writer[0])[writer[1]] == tag:
+            return (
+                f"nothing is written there yet: {writer[0]} writes it at the next step (step {next_step})",
+                [
+                    f"root cause: the block became matchable when {writer[0]}'s write was scheduled, not when a step "
+                    "had written it; only an allocator that declares matchable_when_scheduled may count K/V a step "
+                    "has yet to write as cached"
+                ],
+            )
+        if writer is not None:
+            theirs = self._block_content(writer[0], writer[1] // h.block_size)
+            mine = self._block_content(seq, position // h.block_size)
+            return (
+                f"another prefix's scheduled write will fill it: {writer[0]} position {writer[1]} writes there at "
+                f"the next step (step {next_step})",
+                [
+                    f"root cause: the hit matched a block that {writer[0]} is about to fill with other K/V:",
+                    f"  {seq} expects {self._content(mine)}",
+                    f"  {writer[0]} writes {self._content(theirs)}",
+                    f"  {self._why_alike(mine, theirs)}, or the block's cache entry outlived a change to "
+                    f"{writer[0]}'s tokens (a rollback, see the block's history)",
+                ],
+            )
+        if record is None:
+            return "nothing has been written there, and no live sequence is scheduled to write it", []
+        if record.tag != tag:
+            return "it holds another prefix's K/V", self.root_cause(seq, position, slot, record)
+        return f"the step that put it there has not completed (last completed: {self.pools.last_completed})", []
 
     # -- invariant 10: quiescence --------------------------------------------------------------------------------
 

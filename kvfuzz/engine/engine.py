@@ -133,7 +133,7 @@ class Engine:
         self.expected.reference.extend(seq, tokens)
         table = self._table(seq)
         self.checks.grow_slots(seq, result.slots, table, old_len, len(tokens))
-        self._settle(self._set_table(seq, table, "grown into"))
+        self._settle(self._set_table(seq, table, "grown into", f"released by {seq}'s copy-on-write (grow)"))
         for copy in result.copies:
             self.checks.exclusive(copy.dst, seq, f"copy-on-write copy from block {copy.src}")
         targets = self._write_targets(seq, table, old_len)
@@ -193,6 +193,7 @@ class Engine:
         change = self._set_table(seq, (), "released (free) by")
         host_table = mapped(state.seqs[seq].host_table)
         del state.seqs[seq]
+        state.retire(seq)
         state.reference.remove(seq)
         state.finished.append(seq)
         self._settle(change)
@@ -264,7 +265,8 @@ class Engine:
         new_len = state.length(seq) - num_tokens
         state.reference.truncate(seq, new_len)
         model.written = min(model.written, new_len)
-        self._settle(self._set_table(seq, self._table(seq), "kept after rollback by"))
+        released = f"released by {seq}'s rollback of {num_tokens} token(s), to length {new_len}"
+        self._settle(self._set_table(seq, self._table(seq), "after rollback, given to", released))
 
     def evict(self, num_blocks: int) -> None:
         """Ask the allocator to drop up to ``num_blocks`` cached, unreferenced blocks."""
@@ -277,15 +279,19 @@ class Engine:
         self.stats["evicted blocks"] += dropped
         evicted = before - set(introspection.cached_blocks()) if introspection is not None else set()
         for block in evicted:
-            self.pools.note(block, "evicted from the cache")
+            self.pools.note(block, f"evicted from the cache (evict({num_blocks}))")
         self._settle(TableChange(frozenset(evicted), (), ()))
 
     def reset_cache(self) -> None:
         """Ask the allocator to drop every cached, unreferenced block."""
         self._begin("reset_cache")
+        introspection = self.checks.introspection
+        before = set(introspection.cached_blocks()) if introspection is not None else set()
         self._call(self.allocator.reset_cache)
         self.checks.cache_empty()
-        self._settle(TableChange(frozenset(), (), ()))
+        for block in before:
+            self.pools.note(block, "evicted from the cache (reset_cache)")
+        self._settle(TableChange(frozenset(before), (), ()))
 
     def step(self) -> int:
         """One forward pass: write the K/V of every new token, then every running sequence attends."""
@@ -329,6 +335,7 @@ class Engine:
         state = self.expected
         if state.seqs[seq].status is Status.PREEMPTED:
             del state.seqs[seq]
+            state.retire(seq)
             state.reference.remove(seq)
         else:
             self.free(seq)
@@ -414,7 +421,8 @@ class Engine:
         model.status, model.written = Status.RUNNING, num_cached
         table = self._table(seq)
         self.checks.admit_table(seq, tuple(reported), table)
-        self.checks.accounting(self._set_table(seq, table, "admitted as").touched)
+        hit_blocks = -(-num_cached // self.block_size)
+        self.checks.accounting(self._set_table(seq, table, "admitted as", hit_blocks=hit_blocks).touched)
         model.awaits_step = self.checks.cache_hit(seq, num_cached)
         targets = self._write_targets(seq, table, num_cached)
         for index, block in targets.items():
@@ -434,18 +442,37 @@ class Engine:
             if table[index] != NULL_BLOCK
         }
 
-    def _set_table(self, seq: SeqId, table: tuple[int, ...], event: str) -> TableChange:
-        """Record ``seq``'s new table; released blocks start their in-flight window."""
+    def _set_table(
+        self,
+        seq: SeqId,
+        table: tuple[int, ...],
+        event: str,
+        released: str = "",
+        hit_blocks: int = 0,
+        reuses_cached: bool = False,
+    ) -> TableChange:
+        """Record ``seq``'s new table; released blocks start their in-flight window. Each block's history notes the
+        ``event`` that gave it to ``seq`` (the first ``hit_blocks`` entries as a cache hit; a block last seen cached
+        and handed out otherwise as evicted first, unless the event ``reuses_cached`` content) and, for a released
+        one, ``released`` (or ``event``)."""
         model = self.expected.seqs[seq]
         old = model.table
         change = self.expected.refs.replace(seq, old, table)
         model.table = table
+        pools = self.pools
         for index, block in enumerate(table):
-            if index >= len(old) or old[index] != block:
-                self.pools.note(block, f"{event} {seq} as logical block {index}")
+            if index < len(old) and old[index] == block:
+                continue
+            if index < hit_blocks:
+                pools.note(block, f"matched by {seq}'s cache hit as its logical block {index}")
+                continue
+            if block in pools.seen_cached and not reuses_cached:
+                pools.note(block, "evicted from the cache, to be reused")
+                pools.seen_cached.discard(block)
+            pools.note(block, f"{event} {seq} as logical block {index}")
         for block in change.released:
-            self.pools.note(block, f"{event} {seq}")
-            self.pools.release(block, seq)
+            pools.note(block, released or f"{event} {seq}")
+            pools.release(block, seq)
         return change
 
     def _settle(self, change: TableChange, positions: Sequence[tuple[SeqId, int]] = ()) -> None:
@@ -480,7 +507,7 @@ class Engine:
             if table == model.table:
                 continue
             moved = [index for index, (old, new) in enumerate(zip(model.table, table)) if old != new]
-            touched |= self._set_table(seq, table, "remapped at step completion for").touched
+            touched |= self._set_table(seq, table, "remapped at step completion for", reuses_cached=True).touched
             self.stats["remapped blocks"] += len(moved)
             positions += [
                 (seq, p) for index in moved for p in range(index * size, min((index + 1) * size, model.written))

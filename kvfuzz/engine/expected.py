@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import enum
 import itertools
-from typing import Iterable, Protocol
+from typing import Iterable, Optional, Protocol
 
 import attrs
 
-from kvfuzz.allocator.types import NULL_BLOCK, Capabilities, SeqId
+from kvfuzz.allocator.types import NULL_BLOCK, Capabilities, Namespace, SeqId
+from kvfuzz.reference.content import prefix_tags
 from kvfuzz.reference.contiguous import ContiguousReference
+
+RETIRED_KEPT = 256
+"""How many finished sequences' tokens the expected state keeps, to name what a stale slot was written for."""
 
 
 def mapped(table: Iterable[int]) -> list[int]:
@@ -142,10 +146,32 @@ class ExpectedState:
         self.seqs: dict[SeqId, SeqModel] = {}  # live sequences: running, swapped out or preempted
         self.refs = BlockRefs()  # who references every device block
         self.finished: list[SeqId] = []  # freed sequences, oldest first; their ids are never used again
+        # The namespace and tokens of the latest RETIRED_KEPT sequences gone from the reference (freed, or dismissed
+        # while preempted), oldest first: their writes may still sit in cached blocks.
+        self.retired: dict[SeqId, tuple[Namespace, tuple[int, ...]]] = {}
         self._ids = itertools.count()  # numbers of the ids new_id hands out
 
     def new_id(self) -> SeqId:
         return f"s{next(self._ids)}"
+
+    def retire(self, seq: SeqId) -> None:
+        """``seq`` leaves the reference: keep its namespace and tokens (the latest RETIRED_KEPT only)."""
+        self.retired[seq] = (self.reference.namespace(seq), tuple(self.reference.tokens(seq)))
+        if len(self.retired) > RETIRED_KEPT:
+            del self.retired[next(iter(self.retired))]
+
+    def prefix_written(self, seq: SeqId, position: int, tag: int) -> Optional[tuple[Namespace, tuple[int, ...]]]:
+        """The namespace and tokens up to ``position`` whose K/V has ``tag``, if ``seq`` (live or retired) still
+        has that prefix; None when it is unknown (forgotten, or rolled back and regrown differently)."""
+        if seq in self.reference:
+            tags = self.reference.tags(seq)
+            if position < len(tags) and tags[position] == tag:
+                return self.reference.namespace(seq), tuple(self.reference.tokens(seq)[: position + 1])
+            return None
+        namespace, tokens = self.retired.get(seq, ((), ()))
+        if position < len(tokens) and prefix_tags(namespace, tokens[: position + 1])[-1] == tag:
+            return namespace, tokens[: position + 1]
+        return None
 
     def is_fresh(self, seq: SeqId) -> bool:
         """No sequence has ever had this id."""
@@ -212,6 +238,15 @@ class ExpectedState:
             for position in range(model.written, self.length(seq))
             if model.table[position // size] != NULL_BLOCK
         ]
+
+    def scheduled_writer(self, slot: int) -> Optional[tuple[SeqId, int]]:
+        """The running sequence and position the next step writes into ``slot``, if any (scans every schedule:
+        for explanations only)."""
+        for seq in self.ids(Status.RUNNING):
+            for position, scheduled in self.scheduled_writes(seq):
+                if scheduled == slot:
+                    return seq, position
+        return None
 
     def scheduled_tags(self) -> dict[int, int]:
         """Slot -> tag of every write the next step makes (the first running sequence's, should two write one slot)."""

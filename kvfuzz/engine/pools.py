@@ -103,6 +103,9 @@ class KVPools:
         self._late_work: dict[int, list[LateWork]] = {}  # step -> late work that lands when it completes
         self.late_work_by_block: dict[int, LateWork] = {}  # released block -> its pending late work
         self.history: dict[int, deque[str]] = {}  # block -> its latest events, for explanations
+        # Unreferenced blocks the allocator listed as cached when the checks last looked: one handed out for writing
+        # was evicted first, which its history says.
+        self.seen_cached: set[int] = set()
         self.dirty: set[int] = set()  # device slots written or copied since the checks last looked
         self.observer: Optional[Callable[[PoolEvent], None]] = None  # told of every write, copy and landing
 

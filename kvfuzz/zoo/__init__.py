@@ -11,7 +11,7 @@ import attrs
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.engine.violations import Invariant
-from kvfuzz.zoo import deep, deferred_free, host_pool, variants
+from kvfuzz.zoo import cache_keys, deep, deferred_free, host_pool, variants
 
 
 @attrs.frozen
@@ -82,6 +82,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(variants.ReturnsNoneWhenFull, "6 refusal returned, not raised", Invariant.RESULTS),
     Variant(deferred_free.StaleDeferredFree, "3 stale deferred free", Invariant.FREE_SET, inflight_window=2),
     Variant(host_pool.HostLeakOnFreeSwapped, "2 host blocks leaked on cancel", Invariant.FREE_SET),
+    Variant(cache_keys.CollidingBlockKey, "1 colliding cache key", Invariant.CACHE_SOUNDNESS),
     Variant(
         deep.StaleEntryAfterPressureEviction,
         "1 stale cache entry after eviction under pressure",

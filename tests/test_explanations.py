@@ -1,0 +1,139 @@
+"""Explanations name the root cause: two prefixes given one block (a colliding cache key) with both expected
+contents, a hit on a slot a scheduled write has yet to fill, and block histories that name cache hits, rollbacks and
+evictions. Each case is constructed, and the text a person reads is asserted."""
+
+from __future__ import annotations
+
+import pytest
+from factories import declaring
+
+from kvfuzz.allocator import PagedAllocator, PoolSpec
+from kvfuzz.engine import Engine
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.violations import Invariant, InvariantViolation
+from kvfuzz.zoo import variant
+from kvfuzz.zoo.cache_keys import CollidingBlockKey, token_sum
+from kvfuzz.zoo.variants import MatchableAtAllocation
+
+CONFIG = MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0)
+FIRST = (2, 0, 1, 3)  # a block whose key (the sum of its tokens) equals SECOND's
+SECOND = (1, 1, 1, 3)
+
+
+def _engine(allocator: PagedAllocator, config: MachineConfig = CONFIG) -> Engine:
+    return Engine(allocator, config)
+
+
+def _committed(engine: Engine, seq: str, tokens: tuple[int, ...]) -> None:
+    """``seq`` admitted and its full blocks matchable (W = 1: registered once the step after its write completes)."""
+    engine.admit(seq, (), tokens)
+    for _ in range(3):
+        engine.step()
+
+
+def _violation(call) -> InvariantViolation:
+    with pytest.raises(InvariantViolation) as caught:
+        call()
+    return caught.value
+
+
+def test_the_colliding_blocks_really_collide():
+    assert FIRST != SECOND and token_sum(FIRST) == token_sum(SECOND)
+
+
+def test_two_holders_of_a_colliding_block_are_named_with_both_expected_contents():
+    engine = _engine(variant("CollidingBlockKey").factory()(PoolSpec(4, 8)))
+    _committed(engine, "a", FIRST + (1,))
+    violation = _violation(lambda: engine.admit("b", (), SECOND + (2,)))
+    text = violation.explain()
+    assert violation.invariant is Invariant.CACHE_SOUNDNESS
+    assert "root cause: two holders of block 0 expect different K/V in it (b and a)" in text
+    assert "b expects namespace (), tokens [1, 1, 1, 3]" in text
+    assert "a expects namespace (), tokens [2, 0, 1, 3]" in text
+    assert "the prefixes differ in their tokens: the allocator keyed them alike, a hash collision" in text
+    assert "matched by b's cache hit as its logical block 0" in text
+
+
+def test_a_collision_with_a_finished_writer_names_what_it_wrote():
+    engine = _engine(variant("CollidingBlockKey").factory()(PoolSpec(4, 8)))
+    _committed(engine, "a", FIRST + (1,))
+    engine.free("a")
+    text = _violation(lambda: engine.admit("b", (), SECOND + (2,))).explain()
+    assert "root cause: block 0 holds K/V written for another prefix than the one b expects there" in text
+    assert "b expects namespace (), tokens [1]" in text and "a wrote namespace (), tokens [2]" in text
+    assert "a hash collision" in text
+
+
+def test_prefixes_that_differ_only_in_namespace_blame_the_key_s_namespace():
+    engine = _engine(variant("KeyConcatenatesNamespace").factory()(PoolSpec(4, 8)))
+    engine.admit("a", ("ab", "c"), (1, 2, 3, 0, 1))
+    for _ in range(3):
+        engine.step()
+    text = _violation(lambda: engine.admit("b", ("a", "bc"), (1, 2, 3, 0, 2))).explain()
+    assert "b expects namespace ('a', 'bc'), tokens [1, 2, 3, 0]" in text
+    assert "a expects namespace ('ab', 'c'), tokens [1, 2, 3, 0]" in text
+    assert "differ only in their namespace: the cache key leaves the namespace out, or joins its parts" in text
+
+
+def test_a_hit_on_content_only_scheduled_says_who_writes_it_and_what_is_undeclared():
+    engine = _engine(variant("MatchableAtAllocation").factory()(PoolSpec(4, 8)))
+    engine.admit("a", (), (1, 2, 3, 4, 5))
+    violation = _violation(lambda: engine.admit("b", (), (1, 2, 3, 4, 6)))
+    assert "nothing is written there yet: a writes it at the next step (step 0)" in violation.summary
+    assert "nothing has been written there" not in violation.summary
+    assert "only an allocator that declares matchable_when_scheduled may count K/V" in violation.explain()
+
+
+class _CollidesWhenScheduled(MatchableAtAllocation, CollidingBlockKey):
+    """A block matchable as soon as it is allocated, under a colliding key."""
+
+
+def test_a_hit_on_a_slot_another_prefix_will_fill_says_so():
+    engine = _engine(declaring(_CollidesWhenScheduled, matchable_when_scheduled=True)(PoolSpec(4, 8)))
+    engine.admit("a", (), FIRST + (1,))
+    violation = _violation(lambda: engine.admit("b", (), SECOND + (2,)))
+    text = violation.explain()
+    assert "another prefix's scheduled write will fill it: a position 0 writes there at the next step" in text
+    assert "b expects namespace (), tokens [1, 1, 1, 3]" in text
+    assert "a writes namespace (), tokens [2, 0, 1, 3]" in text
+    assert "nothing has been written there" not in text
+
+
+def test_a_block_history_names_the_rollback_that_released_it():
+    config = MachineConfig(block_size=4, num_blocks=3, num_host_blocks=0)
+    engine = _engine(variant("ImmediateReuse").factory()(PoolSpec(4, 3)), config)
+    engine.admit("a", (), (1, 2, 3, 4, 5, 6))
+    engine.step()
+    engine.rollback("a", 3)
+    engine.admit("b0", (), (3, 3, 3, 3))
+    violation = _violation(lambda: engine.admit("b1", (), (3, 3, 3, 3)))
+    assert violation.invariant is Invariant.NON_REUSE_WINDOW
+    assert "step 1: released by a's rollback of 3 token(s), to length 3" in violation.explain()
+
+
+def test_a_block_history_names_cache_hits_and_evictions():
+    config = MachineConfig(block_size=4, num_blocks=4, num_host_blocks=0)
+    engine = _engine(PagedAllocator(4, 4, inflight_window=1), config)
+    _committed(engine, "a", (1, 2, 3, 0))
+    engine.free("a")
+    assert engine.admit("b", (), (1, 2, 3, 0, 1))
+    cached = engine.expected.seqs["b"].table[0]
+    assert "matched by b's cache hit as its logical block 0" in "\n".join(engine.pools.block_story(cached))
+    engine.free("b")
+    engine.step()
+    engine.step()
+    assert engine.admit("c", (), (0,) * 16)  # the whole pool: the cached block is evicted for c
+    story = "\n".join(engine.pools.block_story(cached))
+    assert "evicted from the cache, to be reused" in story and "admitted as c as logical block" in story
+    engine.quiesce()
+
+
+def test_an_explicit_eviction_is_in_the_block_s_history():
+    engine = _engine(PagedAllocator(4, 8, inflight_window=1))
+    _committed(engine, "a", (1, 2, 3, 0))
+    block = engine.expected.seqs["a"].table[0]
+    engine.free("a")
+    engine.step()
+    engine.step()
+    engine.evict(1)
+    assert "evicted from the cache (evict(1))" in "\n".join(engine.pools.block_story(block))
