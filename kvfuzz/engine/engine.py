@@ -481,16 +481,17 @@ class Engine:
         self.checks.accounting(change.touched)
 
     def _complete(self, steps: list[int]) -> None:
-        """Complete each step, then check what its completion settled: the blocks whose in-flight window closed
-        and every block the allocator held pending, so that a fault in deferred freeing is blamed on this step."""
+        """Complete each step (adopting its remaps), then check what its completion settled: the blocks whose
+        in-flight window closed and every block the allocator held pending, so that a fault in deferred freeing is
+        blamed on this step."""
         operation = self.checks.operation
         for step in steps:
             self.checks.operation = f"{operation}, completing step {step}"
             settled = set(self.pools.complete_step(step)) | self.checks.pending_now()
             self._call(functools.partial(self.allocator.step_completed, step))
-            self.checks.accounting(settled)
             if self.caps.remaps_on_step:
                 self._adopt_remaps()
+            self.checks.accounting(settled)
         self.checks.content(self.pools.take_dirty())
         self.checks.operation = operation
 
