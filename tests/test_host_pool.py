@@ -103,3 +103,25 @@ def test_the_leak_is_found_by_a_run_and_named_at_its_cause():
     summary = run(variant("HostLeakOnFreeSwapped").factory(), MachineConfig(), examples=300, steps=50)
     assert summary.failed and summary.violated is Invariant.FREE_SET, summary.explanation
     assert "of a swapped-out sequence leaked it" in summary.explanation
+
+
+class _HostRefusalKeepsWhatItTook(PagedAllocator):
+    """Swap-out takes the free host blocks one by one and, finding too few, refuses without handing them back."""
+
+    def swap_out(self, seq):
+        state = self._running(seq, "swap_out")
+        if len(state.table) > len(self._host_free):
+            self._host_free.clear()
+        return super().swap_out(seq)
+
+
+def test_a_refusal_that_keeps_host_blocks_is_not_atomic():
+    engine = Engine(_HostRefusalKeepsWhatItTook(4, 8, 4), CONFIG)
+    engine.admit("a", (), (1, 2, 3, 4, 5))
+    engine.admit("b", (), (1, 2, 3, 0, 1, 2, 3, 0, 1))
+    engine.step()
+    assert engine.swap_out("a")  # two of the four host blocks
+    with pytest.raises(InvariantViolation) as caught:
+        engine.swap_out("b")  # needs three: refused, but the other two host blocks are gone
+    assert caught.value.invariant is Invariant.ATOMIC_REFUSAL
+    assert "host_free=2" in caught.value.explain() and "host_free=0" in caught.value.explain()
