@@ -88,7 +88,8 @@ class Introspectable(Protocol):
     """Optional queries; an allocator that implements them sets ``capabilities.introspection``.
 
     The collections may be live views of internal state but must be cheap: ``len`` and ``in`` are called after every
-    operation. A collection holding a block twice (a double free) is reported, so do not deduplicate it.
+    operation. A collection holding a block twice (a double free) is reported, so do not deduplicate it. An allocator
+    with a host pool may also implement the optional host query of :class:`HostIntrospectable`.
     """
 
     def refcount(self, block: int) -> int:
