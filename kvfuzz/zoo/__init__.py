@@ -99,10 +99,10 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         deep.SwapInRefusalReleasesHost,
         "6 refused swap-in frees its host blocks",
-        Invariant.CONTENT,
+        Invariant.ATOMIC_REFUSAL,
         deep=True,
     ),
-    Variant(deep.AbortWhileSwappedLeaksHost, "2 host blocks leaked on abort", Invariant.NO_FALSE_REFUSAL, deep=True),
+    Variant(deep.AbortWhileSwappedLeaksHost, "2 host blocks leaked on abort", Invariant.FREE_SET, deep=True),
     Variant(deep.WholePoolPromptRefused, "6 whole-pool prompt refused", Invariant.NO_FALSE_REFUSAL, deep=True),
     Variant(deep.TrustsShortBlockHash, "1 short hash trusted", Invariant.CACHE_SOUNDNESS, deep=True),
     Variant(
