@@ -64,6 +64,11 @@ class BareState:
     def preemptible_ids(self) -> list[SeqId]:
         return self.ids(Status.RUNNING) if self.caps.preempt_scheduled else self.computed_ids()
 
+    def freeable_ids(self) -> list[SeqId]:
+        if self.caps.free_scheduled:
+            return self.live_ids()
+        return [seq for seq in self.live_ids() if self.status[seq] is not Status.RUNNING or seq in self.computed]
+
     def rollbackable_ids(self) -> list[SeqId]:
         return [seq for seq in self.ids(Status.RUNNING) if self.rollback_limit(seq) >= 1]
 

@@ -42,10 +42,12 @@ def test_machine_holds_under_fcfs(factory, examples) -> None:
 
 def test_blocks_are_matchable_when_scheduled_and_declared_so() -> None:
     """vLLM registers full blocks when their tokens are scheduled: a request admitted in the same round hits them
-    before any step completes. The adapter declares it (matchable_when_scheduled), so the machine holds vLLM to
-    exactly that promise."""
+    before any step completes. The adapter declares the three behaviours that follow (a hit on scheduled writes,
+    same-round sharing, an abort that still lands its step's writes), so the machine holds vLLM to exactly them."""
     allocator = vllm_v1.kv_cache_manager(SPEC)
-    assert allocator.capabilities.matchable_when_scheduled and not allocator.capabilities.preempt_scheduled
+    caps = allocator.capabilities
+    assert caps.hits_scheduled_writes and caps.shares_scheduled_blocks and caps.free_lands_scheduled_writes
+    assert not caps.preempt_scheduled
     allocator.admit("a", (), PROMPT)
     assert allocator.admit("b", (), PROMPT + (0,)).num_cached_tokens == 8  # before any step_completed
 

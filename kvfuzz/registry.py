@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Callable
 
-from kvfuzz.allocator.protocol import AllocatorProtocol
+from kvfuzz.allocator.protocol import CORE_METHODS, DECLARED_METHODS, AllocatorProtocol
 from kvfuzz.allocator.types import Capabilities, PoolSpec
 
 AllocatorFactory = Callable[[PoolSpec], AllocatorProtocol]
@@ -25,15 +25,6 @@ ALLOCATOR_ENTRY_POINTS = "kvfuzz.allocators"
 
 ACCEPTED_FORMS = "MODULE:FACTORY (e.g. kvfuzz.allocator.paged:paged_allocator), zoo:NAME, or a registered name"
 
-# Methods every allocator has, whatever it declares; the others come with the capability that declares them.
-CORE_METHODS = ("admit", "grow", "free", "preempt", "step_completed", "block_table")
-DECLARED_METHODS = {
-    "fork": ("fork",),
-    "swap": ("swap_out", "swap_in"),
-    "rollback": ("rollback",),
-    "eviction": ("evict", "reset_cache"),
-    "introspection": ("refcount", "free_blocks", "cached_blocks", "pending_blocks"),
-}
 
 
 class AllocatorNotFound(LookupError):

@@ -18,7 +18,14 @@ def test_registering_at_allocation_is_sound_when_declared_and_preemption_waits_f
     """MatchableAtAllocation behaves as vLLM does; declared so, with an FCFS engine and no rollback (vLLM keeps the
     blocks of rejected drafts), every invariant holds."""
     summary = run(
-        declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=False, rollback=False),
+        declaring(
+            MatchableAtAllocation,
+            hits_scheduled_writes=True,
+            shares_scheduled_blocks=True,
+            free_lands_scheduled_writes=True,
+            preempt_scheduled=False,
+            rollback=False,
+        ),
         MachineConfig(),
         examples=300,
     )
@@ -30,7 +37,13 @@ def test_withdrawing_scheduled_writes_is_still_caught():
     """If the engine may preempt a request it already scheduled, the blocks registered for its writes are served
     to a later hit with nothing in them."""
     summary = run(
-        declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=True),
+        declaring(
+            MatchableAtAllocation,
+            hits_scheduled_writes=True,
+            shares_scheduled_blocks=True,
+            free_lands_scheduled_writes=True,
+            preempt_scheduled=True,
+        ),
         MachineConfig(),
         examples=300,
     )
@@ -41,7 +54,13 @@ def test_rolling_back_scheduled_tokens_of_a_registered_block_is_caught():
     """Bug class 8 meets class 5: a rollback drops scheduled tokens of a block already registered, so a hit on it
     covers positions nobody will write."""
     summary = run(
-        declaring(MatchableAtAllocation, matchable_when_scheduled=True, preempt_scheduled=False),
+        declaring(
+            MatchableAtAllocation,
+            hits_scheduled_writes=True,
+            shares_scheduled_blocks=True,
+            free_lands_scheduled_writes=True,
+            preempt_scheduled=False,
+        ),
         MachineConfig(),
         examples=300,
     )
@@ -55,7 +74,12 @@ def test_undeclared_early_registration_remains_a_bug():
 
 
 def test_a_same_round_hit_shares_the_block_its_owner_writes():
-    allocator = declaring(MatchableAtAllocation, matchable_when_scheduled=True)(PoolSpec(4, 8))
+    allocator = declaring(
+        MatchableAtAllocation,
+        hits_scheduled_writes=True,
+        shares_scheduled_blocks=True,
+        free_lands_scheduled_writes=True,
+    )(PoolSpec(4, 8))
     engine = Engine(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
     assert engine.admit("a", (), (1, 2, 3, 4, 5))
     assert engine.admit("b", (), (1, 2, 3, 4, 6))
@@ -128,11 +152,11 @@ def test_a_sharing_allocator_may_not_refuse_a_fork_on_a_full_pool():
 
 
 def test_rewriting_shared_cached_content_needs_its_own_declaration():
-    """Bug class 9 stays caught under matchable_when_scheduled: a full-prompt hit capped in place rewrites a block
+    """Bug class 9 stays caught under same-round sharing: a full-prompt hit capped in place rewrites a block
     other sequences read; only an allocator declaring recomputes_in_place (vLLM v0) may do that."""
     for capabilities, caught in (
-        ({"matchable_when_scheduled": True}, True),
-        ({"matchable_when_scheduled": True, "recomputes_in_place": True}, False),
+        ({"shares_scheduled_blocks": True}, True),
+        ({"shares_scheduled_blocks": True, "recomputes_in_place": True}, False),
     ):
         allocator = declaring(FullHitCappedInPlace, **capabilities)(PoolSpec(4, 8))
         engine = Engine(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=0))
@@ -150,7 +174,12 @@ def test_rewriting_shared_cached_content_needs_its_own_declaration():
 
 def test_a_hit_on_scheduled_content_is_not_computed_until_the_step():
     """Its K/V does not exist yet: it may not be swapped out or forked before the step that writes it."""
-    allocator = declaring(MatchableAtAllocation, matchable_when_scheduled=True)(PoolSpec(4, 8, 2))
+    allocator = declaring(
+        MatchableAtAllocation,
+        hits_scheduled_writes=True,
+        shares_scheduled_blocks=True,
+        free_lands_scheduled_writes=True,
+    )(PoolSpec(4, 8, 2))
     engine = Engine(allocator, MachineConfig(block_size=4, num_blocks=8, num_host_blocks=2))
     engine.admit("a", (), (1, 2, 3, 4))
     engine.admit("b", (), (1, 2, 3, 4, 5))

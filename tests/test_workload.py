@@ -252,7 +252,13 @@ def _registers_when_scheduled(spec):
     """kvfuzz's zoo allocator that registers blocks at allocation, declared as vLLM declares it (FCFS, no fork)."""
     allocator = MatchableAtAllocation(spec.block_size, spec.num_blocks, inflight_window=0)
     allocator.capabilities = attrs.evolve(
-        allocator.capabilities, matchable_when_scheduled=True, preempt_scheduled=False, fork=False, rollback=False
+        allocator.capabilities,
+        hits_scheduled_writes=True,
+        shares_scheduled_blocks=True,
+        free_lands_scheduled_writes=True,
+        preempt_scheduled=False,
+        fork=False,
+        rollback=False,
     )
     return allocator
 

@@ -116,7 +116,9 @@ class VllmV0BlockManager:
             inflight_window=0,
             reserved_blocks=self._manager.watermark_blocks,
             introspection=True,
-            matchable_when_scheduled=True,
+            hits_scheduled_writes=True,
+            shares_scheduled_blocks=True,
+            free_lands_scheduled_writes=True,
             preempt_scheduled=preempt_scheduled,
             recomputes_in_place=enable_caching,
         )

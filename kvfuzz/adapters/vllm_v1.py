@@ -204,7 +204,9 @@ class VllmV1Allocator:
             inflight_window=options.inflight_window,
             sliding_window=options.sliding_window,
             introspection=True,
-            matchable_when_scheduled=True,
+            hits_scheduled_writes=True,
+            shares_scheduled_blocks=True,
+            free_lands_scheduled_writes=True,
             preempt_scheduled=options.priority_policy,
         )
         self._manager = vllm.KVCacheManager(

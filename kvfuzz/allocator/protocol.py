@@ -32,6 +32,27 @@ from kvfuzz.allocator.types import (
 if TYPE_CHECKING:
     import torch
 
+CORE_METHODS = ("admit", "grow", "free", "step_completed", "block_table")
+"""Methods every allocator has, whatever it declares."""
+
+DECLARED_METHODS: dict[str, tuple[str, ...]] = {
+    "preemption": ("preempt",),
+    "fork": ("fork",),
+    "swap": ("swap_out", "swap_in"),
+    "rollback": ("rollback",),
+    "eviction": ("evict", "reset_cache"),
+    "introspection": ("refcount", "free_blocks", "cached_blocks", "pending_blocks"),
+}
+"""Capability -> the methods that come with it: an allocator has them exactly when it declares the capability, and
+kvfuzz calls none of them otherwise (misuse probes included)."""
+
+
+def declares(capabilities: Capabilities, method: str) -> bool:
+    """Whether an allocator declaring ``capabilities`` has ``method``: a core method, or one its capability brings."""
+    return method in CORE_METHODS or any(
+        method in methods and getattr(capabilities, capability) for capability, methods in DECLARED_METHODS.items()
+    )
+
 
 @runtime_checkable
 class AllocatorProtocol(Protocol):

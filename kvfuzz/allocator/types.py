@@ -46,11 +46,18 @@ class Capabilities:
     ``remaps_on_step`` says that when a step completes the allocator may swap a running sequence's block for another
     block holding the same K/V (de-duplication against its cache, as HF transformers and SGLang do): the engine then
     re-reads every running table after ``step_completed`` and checks each moved position bit for bit.
-    ``matchable_when_scheduled`` says a block becomes matchable as soon as the writes that fill it are scheduled
-    (vLLM): a hit may cover K/V that a live sequence writes in the next step, since a step's writes land before its
-    reads, and sequences that matched a block may share it while its owner writes exactly that content. A scheduled
-    step runs in full, so a ``free`` (abort) between scheduling and the step still lands the freed sequence's writes;
-    a ``preempt`` withdraws them.
+    Three behaviours follow from a block becoming matchable as soon as the writes that fill it are scheduled (vLLM
+    hashes blocks at allocation; kvfuzz 0.1 declared the three together as ``matchable_when_scheduled``):
+    ``hits_scheduled_writes`` says a hit may cover K/V that a live sequence writes in the next step (or that a launched
+    step has written but not completed), since a step's writes land before its reads; the hitting sequence counts
+    as computed only after that step.
+    ``shares_scheduled_blocks`` says sequences that joined a block this scheduling round may share it while its owner
+    writes exactly the content they expect (same-round sharing).
+    ``free_lands_scheduled_writes`` says a scheduled step runs in full, so a ``free`` (abort) between scheduling and
+    the step still lands the freed sequence's writes; without it they are withdrawn. A ``preempt`` always withdraws
+    them.
+    ``free_scheduled`` = False says the engine never frees a sequence whose latest tokens are scheduled but not yet
+    computed (it has no abort); the machine then frees only computed and swapped-out sequences.
     ``preempt_scheduled`` = False says the engine never preempts a sequence whose latest tokens are scheduled but not
     yet computed (vLLM's FCFS policy takes its victims before scheduling them); the machine then preempts only
     computed sequences.
@@ -59,6 +66,15 @@ class Capabilities:
     of a block matched while scheduled may happen under its sharers.
     ``fork_copies`` says ``fork`` may copy the parent's partial last block instead of sharing it (and returns the
     copy); a fork then needs a free block, which the no-false-refusal check accounts for.
+    ``recomputes_last_token`` says ``admit`` may report a hit covering the whole prompt because the engine
+    recomputes the last token anyway (it needs one query token to sample from): the next step writes that token
+    again into the block the table maps, under the exclusive-write rules (``recomputes_in_place`` when the block is
+    shared). Without it, a hit of the whole prompt is a violation (invariant 9).
+    ``refusal_evicts`` says an out-of-blocks refusal may first drop cached, unreferenced blocks (evicting toward the
+    request, then refusing): those blocks may leave the cached set for the free set; nothing else may change.
+    ``preemption`` = False says the engine never preempts: ``preempt`` is never called (and need not exist).
+    ``single_token_grow`` says the engine grows a sequence by exactly one token at a time (decode only, no chunks or
+    drafts): every ``grow`` the machine makes appends one token.
     """
 
     fork: bool = False
@@ -75,10 +91,17 @@ class Capabilities:
     introspection: bool = False
     attention_kernel: bool = False
     remaps_on_step: bool = False
-    matchable_when_scheduled: bool = False
+    hits_scheduled_writes: bool = False
+    shares_scheduled_blocks: bool = False
+    free_lands_scheduled_writes: bool = False
+    free_scheduled: bool = True
     preempt_scheduled: bool = True
     recomputes_in_place: bool = False
     fork_copies: bool = False
+    recomputes_last_token: bool = False
+    refusal_evicts: bool = False
+    preemption: bool = True
+    single_token_grow: bool = False
 
 
 @attrs.frozen

@@ -578,7 +578,12 @@ class Checks:
     def exclusive(self, block: int, seq: str, what: str) -> None:
         holders = self.state.refs.holders.get(block, set())
         others = sorted(holder for holder in holders if holder[0] != seq)
-        if others and self.state.caps.matchable_when_scheduled and self._same_content(block, seq, holders):
+        caps = self.state.caps
+        if (
+            others
+            and (caps.shares_scheduled_blocks or caps.recomputes_in_place)
+            and self._same_content(block, seq, holders)
+        ):
             return
         if others or len(holders) != 1:
             self.fail(
@@ -593,8 +598,8 @@ class Checks:
 
     def _same_content(self, block: int, seq: str, holders: set) -> bool:
         """Every holder maps ``block`` at ``seq``'s logical index and expects the same tags in all of it (they matched
-        exactly the content ``seq`` writes, a block made matchable when scheduled), and no other holder has read it
-        yet (each gained it in this scheduling round), unless the allocator declares ``recomputes_in_place``."""
+        exactly the content ``seq`` writes), and no other holder has read it yet (each gained it in this scheduling
+        round: ``shares_scheduled_blocks``), unless the allocator declares ``recomputes_in_place``."""
         h = self.state
         mine = [index for holder, index in holders if holder == seq]
         if len(mine) != 1:
@@ -743,9 +748,9 @@ class Checks:
             slot = table[position // size] * size + position % size
             record = self.pools.record(slot)
             tag = h.reference.tags(seq)[position]
-            if h.caps.matchable_when_scheduled and record is not None and record.tag == tag:
+            if h.caps.hits_scheduled_writes and record is not None and record.tag == tag:
                 continue  # written by a launched step
-            if h.caps.matchable_when_scheduled:
+            if h.caps.hits_scheduled_writes:
                 scheduled = h.scheduled_tags() if scheduled is None else scheduled
                 if scheduled.get(slot) == tag:
                     awaits_step = True  # written by the next step, before anything reads it
@@ -760,7 +765,7 @@ class Checks:
                         f"expected: K/V of {self.prefix(seq, position)}, written "
                         + (
                             "by a step, or scheduled by a live sequence for the next one"
-                            if h.caps.matchable_when_scheduled
+                            if h.caps.hits_scheduled_writes
                             else "by a completed step"
                         ),
                         f"found:    {self.found(record)}",

@@ -181,11 +181,11 @@ class Engine:
     def free(self, seq: SeqId) -> None:
         """The request finished or was cancelled (possibly before its first step).
 
-        Under ``matchable_when_scheduled`` the step its tokens were scheduled for runs in full, abort or not: their
-        writes land first."""
+        Under ``free_lands_scheduled_writes`` the step its tokens were scheduled for runs in full, abort or not: their
+        writes land first. Otherwise they are withdrawn with it."""
         state = self.expected
         self._begin("free", seq)
-        if self.caps.matchable_when_scheduled and state.seqs[seq].status is Status.RUNNING:
+        if self.caps.free_lands_scheduled_writes and state.seqs[seq].status is Status.RUNNING:
             slots, writes = self._take_scheduled_writes(seq, "scheduled before the abort")
             if slots:
                 self.pools.write(slots, writes)

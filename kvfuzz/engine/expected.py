@@ -39,7 +39,7 @@ class SeqModel:
 
     ``table`` is the device block table while running (NULL_BLOCK where a sliding window dropped a block);
     ``host_table`` the host blocks while swapped out. ``awaits_step`` marks a cache hit on K/V another sequence
-    writes only at the next step (``matchable_when_scheduled``): until that step the sequence is not computed.
+    writes only at the next step (``hits_scheduled_writes``): until that step the sequence is not computed.
     ``joined_step`` is the step before which it last gained its blocks (admission, fork, swap-in): no step before
     that one has read them for it.
     """
@@ -121,6 +121,8 @@ class ProgramState(Protocol):
 
     def preemptible_ids(self) -> list[SeqId]: ...
 
+    def freeable_ids(self) -> list[SeqId]: ...
+
     def rollbackable_ids(self) -> list[SeqId]: ...
 
     def rollback_limit(self, seq: SeqId) -> int: ...
@@ -196,6 +198,14 @@ class ExpectedState:
         """Running sequences the engine may preempt: any, or only computed ones when the allocator declares that
         its engine never withdraws scheduled work (``preempt_scheduled=False``)."""
         return self.ids(Status.RUNNING) if self.caps.preempt_scheduled else self.computed_ids()
+
+    def freeable_ids(self) -> list[SeqId]:
+        """Live sequences the engine may free: any, or none with scheduled, uncomputed tokens when the allocator
+        declares that its engine has no abort (``free_scheduled=False``)."""
+        if self.caps.free_scheduled:
+            return self.live_ids()
+        computed = set(self.computed_ids())
+        return [seq for seq in self.live_ids() if self.seqs[seq].status is not Status.RUNNING or seq in computed]
 
     def rollbackable_ids(self) -> list[SeqId]:
         return [seq for seq in self.ids(Status.RUNNING) if self.rollback_limit(seq) >= 1]

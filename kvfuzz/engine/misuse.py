@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from kvfuzz.allocator.protocol import declares
 from kvfuzz.engine.expected import ProgramState, Status
 
 
@@ -20,7 +21,8 @@ class MisuseCall:
 
 
 def misuse_calls(state: ProgramState) -> list[MisuseCall]:
-    """The contract-breaking calls that make sense in the current state."""
+    """The contract-breaking calls that make sense in the current state, each to a method the allocator declares (an
+    undeclared operation is never called, not even to see it refused)."""
     calls = [MisuseCall("grow", ("nobody", (1,)), "nobody was ever admitted")]
     for seq in state.finished[-1:]:
         calls += [
@@ -32,11 +34,9 @@ def misuse_calls(state: ProgramState) -> list[MisuseCall]:
             MisuseCall("admit", (seq, (), (1,)), f"{seq} is live"),
             MisuseCall("grow", (seq, ()), "no tokens"),
             MisuseCall("rollback", (seq, state.length(seq)), "would drop every token"),
+            MisuseCall("fork", ("nobody", seq), f"unknown parent, and {seq} is live"),
+            MisuseCall("swap_in", (seq,), f"{seq} is not swapped out"),
         ]
-        if state.caps.fork:
-            calls.append(MisuseCall("fork", ("nobody", seq), f"unknown parent, and {seq} is live"))
-        if state.caps.swap:
-            calls.append(MisuseCall("swap_in", (seq,), f"{seq} is not swapped out"))
     for seq in state.ids(Status.PREEMPTED)[:1]:
         calls.append(MisuseCall("grow", (seq, (1,)), f"{seq} is preempted"))
-    return calls
+    return [call for call in calls if declares(state.caps, call.op)]

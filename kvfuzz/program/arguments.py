@@ -72,6 +72,9 @@ class Snapshot:
     def preemptible_ids(self) -> list[SeqId]:
         return self._once("preemptible", self._state.preemptible_ids)
 
+    def freeable_ids(self) -> list[SeqId]:
+        return self._once("freeable", self._state.freeable_ids)
+
     def rollbackable_ids(self) -> list[SeqId]:
         return self._once("rollbackable", self._state.rollbackable_ids)
 

@@ -164,8 +164,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "free",
         lambda engine, seq: engine.free(seq),
-        (("seq", Pick(lambda state: state.live_ids())),),
-        doc="the request finished or was cancelled, at any moment",
+        (("seq", Pick(lambda state: state.freeable_ids())),),
+        doc="the request finished or was cancelled, at any moment (only once computed where the engine has no abort)",
     ),
     Operation(
         "swap_in",

@@ -1,0 +1,90 @@
+"""Contract v2 (issue 12): what an allocator does not declare is never called, and the capabilities real engines
+need (a refusal that evicts, no preemption, one token per grow, the three behaviours of blocks matchable when
+scheduled, a full-prompt hit with the last token recomputed), each checked exactly: a declaration never hides a
+nearby real bug."""
+
+from __future__ import annotations
+
+from kvfuzz.allocator import (
+    AdmitResult,
+    Capabilities,
+    GrowResult,
+    InvalidArgument,
+    OutOfBlocks,
+    PoolSpec,
+    SequenceExists,
+    Slot,
+    UnknownSequence,
+)
+from kvfuzz.allocator.protocol import CORE_METHODS
+from kvfuzz.runner import run
+from kvfuzz.statemachines import MachineConfig
+
+
+class BareAllocator:
+    """The least an allocator can be: ``Capabilities()`` and the core methods, nothing optional at all (no
+    ``rollback``, ``fork``, ``swap_in``, ``evict``, introspection); each sequence owns its blocks, W = 0."""
+
+    capabilities = Capabilities()
+    num_host_blocks = 0
+
+    def __init__(self, spec: PoolSpec) -> None:
+        self.block_size, self.num_blocks = spec.block_size, spec.num_blocks
+        self.free_list = list(range(spec.num_blocks))  # blocks no sequence holds
+        self.tables: dict[str, list[int]] = {}  # live sequence -> its blocks
+        self.lengths: dict[str, int] = {}  # live sequence -> its token count
+
+    def _take(self, count: int) -> list[int]:
+        if count > len(self.free_list):
+            raise OutOfBlocks(f"need {count} blocks, {len(self.free_list)} free")
+        taken, self.free_list = self.free_list[:count], self.free_list[count:]
+        return taken
+
+    def admit(self, seq, namespace, tokens):
+        if seq in self.tables:
+            raise SequenceExists(seq)
+        if not tokens:
+            raise InvalidArgument("no tokens")
+        self.tables[seq] = self._take(-(-len(tokens) // self.block_size))
+        self.lengths[seq] = len(tokens)
+        return AdmitResult(self.tables[seq], num_cached_tokens=0)
+
+    def grow(self, seq, tokens):
+        if seq not in self.tables:
+            raise UnknownSequence(seq)
+        if not tokens:
+            raise InvalidArgument("no tokens")
+        old, new = self.lengths[seq], self.lengths[seq] + len(tokens)
+        self.tables[seq] += self._take(-(-new // self.block_size) - len(self.tables[seq]))
+        self.lengths[seq] = new
+        table = self.tables[seq]
+        return GrowResult([Slot(table[p // self.block_size], p % self.block_size) for p in range(old, new)])
+
+    def free(self, seq):
+        if seq not in self.tables:
+            raise UnknownSequence(seq)
+        self.free_list += self.tables.pop(seq)
+        del self.lengths[seq]
+
+    preempt = free
+
+    def step_completed(self, step):
+        pass
+
+    def block_table(self, seq):
+        if seq not in self.tables:
+            raise UnknownSequence(seq)
+        return tuple(self.tables[seq])
+
+
+def test_the_bare_allocator_has_no_optional_method():
+    optional = {"rollback", "fork", "swap_out", "swap_in", "evict", "reset_cache", "refcount", "free_blocks"}
+    assert not optional & set(dir(BareAllocator))
+    assert set(CORE_METHODS) <= set(dir(BareAllocator))
+
+
+def test_an_allocator_declaring_nothing_is_driven_only_through_its_core_methods():
+    """Misuse probes included: rolling back every token is misuse only where rollback exists."""
+    summary = run(BareAllocator, MachineConfig(), examples=200)
+    assert not summary.failed, summary.explanation
+    assert summary.operations["misuse"] > 0 and summary.operations["preempt"] > 0
