@@ -26,7 +26,6 @@ ALLOCATOR_ENTRY_POINTS = "kvfuzz.allocators"
 ACCEPTED_FORMS = "MODULE:FACTORY (e.g. kvfuzz.allocator.paged:paged_allocator), zoo:NAME, or a registered name"
 
 
-
 class AllocatorNotFound(LookupError):
     """``--allocator`` named something that cannot be imported or called."""
 

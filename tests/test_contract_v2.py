@@ -5,20 +5,30 @@ nearby real bug."""
 
 from __future__ import annotations
 
+import pytest
+from factories import declaring
+
 from kvfuzz.allocator import (
     AdmitResult,
     Capabilities,
     GrowResult,
     InvalidArgument,
     OutOfBlocks,
+    PagedAllocator,
     PoolSpec,
     SequenceExists,
     Slot,
     UnknownSequence,
 )
 from kvfuzz.allocator.protocol import CORE_METHODS
+from kvfuzz.engine.violations import Invariant
+from kvfuzz.program.call import Call
+from kvfuzz.program.execution import Target
+from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.runner import run
 from kvfuzz.statemachines import MachineConfig
+from kvfuzz.zoo.contract import OneBlockPerGrow, PreemptUnsupported
+from kvfuzz.zoo.variants import LeakOnCancel, NoCopyOnWrite
 
 
 class BareAllocator:
@@ -85,6 +95,49 @@ def test_the_bare_allocator_has_no_optional_method():
 
 def test_an_allocator_declaring_nothing_is_driven_only_through_its_core_methods():
     """Misuse probes included: rolling back every token is misuse only where rollback exists."""
-    summary = run(BareAllocator, MachineConfig(), examples=200)
+    summary = run(BareAllocator, MachineConfig(), examples=60)
     assert not summary.failed, summary.explanation
     assert summary.operations["misuse"] > 0 and summary.operations["preempt"] > 0
+
+
+# -- no preemption, and one token per grow ------------------------------------------------------------------------
+
+
+def test_an_engine_without_preemption_is_never_asked_to_preempt():
+    summary = run(declaring(PreemptUnsupported, preemption=False), MachineConfig(), examples=80)
+    assert not summary.failed, summary.explanation
+    assert summary.operations.get("preempt", 0) == 0 and summary.operations["grow"] > 0
+
+
+def test_declaring_no_preemption_hides_no_leak_on_the_free_path():
+    summary = run(declaring(LeakOnCancel, window=1, preemption=False), MachineConfig(), examples=300)
+    assert summary.failed and summary.violated is Invariant.FREE_SET, summary.explanation
+    assert "state.preempt(" not in summary.program
+
+
+def test_a_decode_only_engine_grows_one_token_at_a_time():
+    summary = run(declaring(OneBlockPerGrow, single_token_grow=True), MachineConfig(), examples=80)
+    assert not summary.failed, summary.explanation
+    assert summary.operations["grow"] > 0
+
+
+def test_declaring_one_token_grows_hides_no_missing_copy_on_write():
+    """A decode token into a forked sibling's shared tail is one-token growth too."""
+    summary = run(declaring(NoCopyOnWrite, window=1, single_token_grow=True), MachineConfig(), examples=300)
+    assert summary.failed and summary.violated is Invariant.EXCLUSIVE_WRITES, summary.explanation
+
+
+@pytest.mark.parametrize(
+    ("declared", "call"),
+    [
+        ({"preemption": False}, Call("preempt", {"seq": "s0"})),
+        ({"single_token_grow": True}, Call("grow", {"seq": "s0", "tokens": [1, 2, 3]})),
+    ],
+    ids=["preempt", "chunk"],
+)
+def test_replay_refuses_a_call_the_declaration_rules_out(declared, call):
+    admit = Call("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1, 2]})
+    target = Target(declaring(PagedAllocator, **declared))
+    assert replay(target, [admit, Call("step", {}), Call("grow", {"seq": "s0", "tokens": [3]})]).failure is None
+    with pytest.raises(NotApplicable, match="cannot be made"):
+        replay(target, [admit, Call("step", {}), call])

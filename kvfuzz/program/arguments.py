@@ -151,8 +151,9 @@ class Integers:
         return type(value) is int and self.low <= value <= self.high
 
 
-LengthRanges = Callable[[int], tuple[tuple[int, int], ...]]
-"""Block size -> the (shortest, longest) length ranges a token list is drawn from, each equally likely."""
+LengthRanges = Callable[[ProgramState], tuple[tuple[int, int], ...]]
+"""The state (its block size, what the allocator declares) -> the (shortest, longest) length ranges a token list is
+drawn from, each equally likely."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,8 +165,8 @@ def _token_lists(ranges: tuple[tuple[int, int], ...]) -> st.SearchStrategy[list[
 
 @attrs.frozen
 class TokenLists:
-    """A list of token ids whose length lies in one of ``ranges(block_size)``: the range first (each equally
-    likely), then the length within it, then the tokens."""
+    """A list of token ids whose length lies in one of ``ranges(state)``: the range first (each equally likely), then
+    the length within it, then the tokens."""
 
     ranges: LengthRanges
 
@@ -173,17 +174,17 @@ class TokenLists:
         return True
 
     def strategy(self) -> st.SearchStrategy[list[int]]:
-        return st.runner().flatmap(lambda machine: _token_lists(self.ranges(machine.expected.block_size)))
+        return st.runner().flatmap(lambda machine: _token_lists(self.ranges(machine.expected)))
 
     def draw(self, state: ProgramState, rng: random.Random) -> list[int]:
-        ranges = self.ranges(state.block_size)
+        ranges = self.ranges(state)
         low, high = ranges[int(rng.random() * len(ranges))] if len(ranges) > 1 else ranges[0]
         return [rng.randrange(VOCABULARY) for _ in range(rng.randint(low, high))]
 
     def accepts(self, state: ProgramState, value: Any) -> bool:
         if not isinstance(value, (list, tuple)) or not all(type(t) is int and 0 <= t < VOCABULARY for t in value):
             return False
-        return any(low <= len(value) <= high for low, high in self.ranges(state.block_size))
+        return any(low <= len(value) <= high for low, high in self.ranges(state))
 
 
 Argument = Union[Pick, NewSeqId, Integers, TokenLists]

@@ -91,6 +91,11 @@ def _rollback(engine: Engine, seq: str, num_tokens: int) -> None:
     engine.rollback(seq, min(num_tokens, engine.expected.rollback_limit(seq)))
 
 
+def _grown_tokens(state: ProgramState) -> tuple[tuple[int, int], ...]:
+    """One token, or (half the time) a chunk or drafts of up to a block and one, unless every grow is one token."""
+    return ((1, 1),) if state.caps.single_token_grow else ((1, 1), (2, state.block_size + 1))
+
+
 def _namespaces(state: ProgramState) -> tuple[tuple[str, ...], ...]:
     return NAMESPACES if state.caps.namespaces else ((),)
 
@@ -116,7 +121,7 @@ OPERATIONS: tuple[Operation, ...] = (
             ("seq", NewSeqId()),
             ("namespace", Pick(_namespaces)),
             ("system", Pick(lambda state: system_prompts(state.block_size))),
-            ("suffix", TokenLists(lambda block_size: ((1, block_size + 2),))),
+            ("suffix", TokenLists(lambda state: ((1, state.block_size + 2),))),
         ),
         doc="a request whose prompt is a shared system prompt followed by its own suffix",
     ),
@@ -130,13 +135,15 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "grow",
         lambda engine, seq, tokens: engine.grow(seq, tuple(tokens)),
-        (("seq", Pick(_running)), ("tokens", TokenLists(lambda block_size: ((1, 1), (2, block_size + 1))))),
-        doc="append one token (decode) half the time, else a chunk or a run of speculative drafts",
+        (("seq", Pick(_running)), ("tokens", TokenLists(_grown_tokens))),
+        doc="append one token (decode) half the time, else a chunk or a run of speculative drafts (always one token "
+        "where the engine grows by one)",
     ),
     Operation(
         "preempt",
         lambda engine, seq: engine.preempt(seq),
         (("seq", Pick(lambda state: state.preemptible_ids())),),
+        needs=("preemption",),
         doc="release a running sequence for recomputation",
     ),
     Operation(

@@ -103,6 +103,7 @@ class Scheduler:
         self.fork = allocator.capabilities.fork
         self.inflight_window = allocator.capabilities.inflight_window
         self.preempt_scheduled = allocator.capabilities.preempt_scheduled
+        self.preemption = allocator.capabilities.preemption  # False: the engine never preempts
         self.tracked = [
             Tracked(request, [request.id] + [f"{request.id}/{j}" for j in range(1, request.samples)])
             for request in workload.requests
@@ -251,7 +252,10 @@ class Scheduler:
                     self._progressed(tracked)
 
     def victims(self) -> list[Tracked]:
-        """Running requests that may be preempted now, most recently admitted first."""
+        """Running requests that may be preempted now, most recently admitted first (none where the engine never
+        preempts)."""
+        if not self.preemption:
+            return []
         return [
             other
             for other in reversed(self.running)
@@ -264,9 +268,9 @@ class Scheduler:
         Under an in-flight window W > 0 a preempted request's blocks come back only W steps later, so one victim is
         preempted and ``tracked`` waits this round instead of preempting everything behind it. An engine that never
         preempts scheduled work (``preempt_scheduled`` false) takes victims only among requests with nothing
-        scheduled this round; with none, ``tracked`` waits. A request running alone is not preempted for its own
-        sake: readmitting it would need every block it gave up, and more. It waits, and counts as stalled (see
-        :meth:`_reject_stalled`)."""
+        scheduled this round; with none, ``tracked`` waits, as it always does where the engine never preempts. A
+        request running alone is not preempted for its own sake: readmitting it would need every block it gave up,
+        and more. It waits, and counts as stalled (see :meth:`_reject_stalled`)."""
         while not attempt():
             if all(other is tracked for other in self.running):
                 self.stalled.add(tracked.request.id)

@@ -11,7 +11,7 @@ import attrs
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.engine.violations import Invariant
-from kvfuzz.zoo import cache_keys, deep, deferred_free, host_pool, variants
+from kvfuzz.zoo import cache_keys, contract, deep, deferred_free, host_pool, variants
 
 
 @attrs.frozen
@@ -111,6 +111,8 @@ VARIANTS: tuple[Variant, ...] = (
         Invariant.CACHE_SOUNDNESS,
         deep=True,
     ),
+    Variant(contract.PreemptUnsupported, "engine without preemption, undeclared", Invariant.MISUSE),
+    Variant(contract.OneBlockPerGrow, "decode-only grow, undeclared", Invariant.REFCOUNTS),
 )
 
 
