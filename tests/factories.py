@@ -7,7 +7,6 @@ to change nothing.
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -117,9 +116,11 @@ def snapshot(a: PagedAllocator, seqs=()) -> dict:
 
 
 def cached_tokens(a: PagedAllocator, namespace, tokens) -> int:
-    """How many tokens a fresh admit of ``tokens`` would find cached, asked of a deep copy (``a`` is untouched)."""
-    probe = copy.deepcopy(a)
-    return probe.admit("__probe__", namespace, tokens).num_cached_tokens
+    """How many leading tokens of ``tokens`` the prefix cache matches now (``a`` is untouched). Asked of the cache
+    rather than through ``admit``, which never reports a whole prompt cached and may lack room to admit."""
+    key = a._key_namespace(tuple(namespace))
+    tokens = tuple(tokens)
+    return len(a._match(key, tokens, a._full_block_hashes(key, tokens, []))) * a.block_size
 
 
 def check_counts(a: PagedAllocator, running: dict[str, int] | None = None) -> None:

@@ -21,14 +21,21 @@ from kvfuzz.allocator import (
     UnknownSequence,
 )
 from kvfuzz.allocator.protocol import CORE_METHODS
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine import Engine
+from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
 from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.runner import run
 from kvfuzz.statemachines import MachineConfig
-from kvfuzz.zoo.contract import OneBlockPerGrow, PreemptUnsupported
-from kvfuzz.zoo.variants import LeakOnCancel, NoCopyOnWrite
+from kvfuzz.zoo.contract import (
+    EvictsOnRefusal,
+    FullPromptHit,
+    OneBlockPerGrow,
+    PreemptUnsupported,
+    RefusalEvictsReferenced,
+)
+from kvfuzz.zoo.variants import FalseOutOfBlocks, LeakOnCancel, NoCopyOnWrite
 
 
 class BareAllocator:
@@ -110,7 +117,7 @@ def test_an_engine_without_preemption_is_never_asked_to_preempt():
 
 
 def test_declaring_no_preemption_hides_no_leak_on_the_free_path():
-    summary = run(declaring(LeakOnCancel, window=1, preemption=False), MachineConfig(), examples=300)
+    summary = run(declaring(LeakOnCancel, window=1, preemption=False), MachineConfig(), examples=300, shrink=False)
     assert summary.failed and summary.violated is Invariant.FREE_SET, summary.explanation
     assert "state.preempt(" not in summary.program
 
@@ -123,7 +130,9 @@ def test_a_decode_only_engine_grows_one_token_at_a_time():
 
 def test_declaring_one_token_grows_hides_no_missing_copy_on_write():
     """A decode token into a forked sibling's shared tail is one-token growth too."""
-    summary = run(declaring(NoCopyOnWrite, window=1, single_token_grow=True), MachineConfig(), examples=300)
+    summary = run(
+        declaring(NoCopyOnWrite, window=1, single_token_grow=True), MachineConfig(), examples=300, shrink=False
+    )
     assert summary.failed and summary.violated is Invariant.EXCLUSIVE_WRITES, summary.explanation
 
 
@@ -141,3 +150,116 @@ def test_replay_refuses_a_call_the_declaration_rules_out(declared, call):
     assert replay(target, [admit, Call("step", {}), Call("grow", {"seq": "s0", "tokens": [3]})]).failure is None
     with pytest.raises(NotApplicable, match="cannot be made"):
         replay(target, [admit, Call("step", {}), call])
+
+
+# -- a hit never covers the whole prompt, unless the engine recomputes the last token -------------------------------
+
+
+def _full_hit_engine(cls: type, **declared: object) -> Engine:
+    """An engine around ``cls`` in which "a"'s one-block prompt is written, so that "b" with the same prompt hits it."""
+    engine = Engine(declaring(cls, **declared)(PoolSpec(4, 8)), MachineConfig(block_size=4, num_blocks=8))
+    engine.admit("a", (), (1, 2, 3, 4))
+    engine.step()
+    return engine
+
+
+def test_kvfuzz_allocator_recomputes_the_last_token_of_a_fully_cached_prompt_into_a_fresh_block():
+    engine = _full_hit_engine(PagedAllocator)
+    engine.admit("b", (), (1, 2, 3, 4))
+    b, a = engine.expected.seqs["b"], engine.expected.seqs["a"]
+    assert b.written == 0 and b.table != a.table
+    engine.admit("c", (), (1, 2, 3, 4, 5))
+    assert engine.expected.seqs["c"].written == 4 and engine.expected.seqs["c"].table[0] == a.table[0]
+    engine.step()
+    engine.quiesce()
+
+
+def test_a_hit_of_the_whole_prompt_is_reported():
+    engine = _full_hit_engine(FullPromptHit)
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("b", (), (1, 2, 3, 4))
+    assert caught.value.invariant is Invariant.CACHE_SOUNDNESS
+    assert "whole prompt (4 tokens)" in caught.value.summary and "query token" in str(caught.value)
+
+
+def test_an_engine_that_recomputes_the_last_token_in_place_passes():
+    summary = run(
+        declaring(FullPromptHit, window=1, recomputes_last_token=True, recomputes_in_place=True),
+        MachineConfig(),
+        examples=80,
+    )
+    assert not summary.failed, summary.explanation
+    assert summary.operations["cache hits"] > 0
+
+
+def test_declaring_the_recomputed_last_token_hides_no_rewrite_of_a_shared_block():
+    """Bug class 9: without recomputes_in_place, the recomputed token lands in a block another request reads."""
+    engine = _full_hit_engine(FullPromptHit, recomputes_last_token=True)
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("b", (), (1, 2, 3, 4))
+    assert caught.value.invariant is Invariant.EXCLUSIVE_WRITES
+    assert "referenced by [('a', 0), ('b', 0)]" in str(caught.value)
+
+
+def test_a_fully_cached_prompt_of_a_declaring_engine_recomputes_its_last_token():
+    engine = _full_hit_engine(FullPromptHit, recomputes_last_token=True)
+    engine.free("a")
+    engine.admit("b", (), (1, 2, 3, 4))
+    assert engine.expected.seqs["b"].written == 3 and "b" not in engine.expected.computed_ids()
+    engine.step()
+    assert "b" in engine.expected.computed_ids()
+    engine.quiesce()
+
+
+# -- a refusal that evicts ----------------------------------------------------------------------------------------
+
+
+def test_a_refusal_that_evicts_passes_when_declared():
+    summary = run(declaring(EvictsOnRefusal, window=1, refusal_evicts=True), MachineConfig(num_blocks=8), examples=80)
+    assert not summary.failed, summary.explanation
+    assert summary.operations["refused (out of blocks)"] > 0
+
+
+def _engine_with_a_cached_block(cls: type, **declared: object) -> Engine:
+    """Two blocks: "a" wrote one full block and was freed (it is cached); "b" holds the other."""
+    engine = Engine(declaring(cls, **declared)(PoolSpec(4, 2)), MachineConfig(block_size=4, num_blocks=2))
+    engine.admit("a", (), (1, 2, 3, 4))
+    engine.admit("b", (), (5,))
+    engine.step()
+    engine.free("a")
+    return engine
+
+
+def test_an_undeclared_refusal_that_evicts_is_not_atomic():
+    engine = _engine_with_a_cached_block(EvictsOnRefusal)
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("c", (), (9,) * 12)
+    assert caught.value.invariant is Invariant.ATOMIC_REFUSAL
+
+
+def test_a_declared_refusal_that_evicts_is_counted_and_named_in_the_block_history():
+    engine = _engine_with_a_cached_block(EvictsOnRefusal, refusal_evicts=True)
+    (cached,) = engine.checks.cached_set()
+    assert not engine.admit("c", (), (9,) * 12)
+    assert engine.checks.cached_set() == frozenset() and engine.stats["evicted blocks (refusals)"] == 1
+    assert any("evicted from the cache by the refused admit" in line for line in engine.pools.block_story(cached))
+    engine.quiesce()
+
+
+def test_declaring_a_refusal_that_evicts_hides_no_referenced_block_freed():
+    engine = Engine(RefusalEvictsReferenced(4, 4), MachineConfig(block_size=4, num_blocks=4))
+    engine.admit("d", (), (5, 6, 7, 8, 9))
+    engine.admit("a", (), (1, 2, 3, 4))
+    engine.step()  # d's first block is now cached, and d still references it
+    engine.free("a")  # a's block is cached and unreferenced: one free block, one cached
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("c", (), (9,) * 12)
+    assert caught.value.invariant is Invariant.ATOMIC_REFUSAL
+    assert "evicted cached block" in str(caught.value)
+
+
+def test_declaring_a_refusal_that_evicts_hides_no_false_refusal():
+    summary = run(
+        declaring(FalseOutOfBlocks, window=1, refusal_evicts=True), MachineConfig(), examples=300, shrink=False
+    )
+    assert summary.failed and summary.violated is Invariant.NO_FALSE_REFUSAL, summary.explanation

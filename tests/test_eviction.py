@@ -59,12 +59,14 @@ def test_allocation_evicts_cached_blocks_least_recently_released_first(release_o
 
 
 def test_a_cache_hit_makes_a_block_most_recently_used() -> None:
-    a = make(3)
+    a = make(4)
     blocks = _cache_single_block_sequences(a, ["x", "y", "z"], ["x", "y", "z"])
-    a.admit("again", (), toks(100, B))  # hits x's block
-    a.free("again")  # x is now the most recently released
-    order = [a.admit(f"n{i}", (), (9000 + i,)).block_table[0] for i in range(3)]
-    assert order == [blocks["y"], blocks["z"], blocks["x"]]
+    # Hits x's block (a hit never covers a whole prompt, so the prompt runs one token past it, into the free block).
+    again = a.admit("again", (), toks(100, B) + (7,))
+    assert again.num_cached_tokens == B and again.block_table[0] == blocks["x"]
+    a.free("again")  # x is now the most recently released; the partial block is free, not cached
+    order = [a.admit(f"n{i}", (), (9000 + i,)).block_table[0] for i in range(4)]
+    assert order == [again.block_table[1], blocks["y"], blocks["z"], blocks["x"]]
 
 
 def test_a_sequence_releases_its_tail_first() -> None:

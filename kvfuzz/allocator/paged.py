@@ -1,7 +1,8 @@
 """kvfuzz's own paged allocator: the correct behaviour every other allocator is measured against.
 
 Per sequence it keeps the tokens, the block table and the chained hash of every full block. Full blocks become
-matchable in the prefix cache only once the step that wrote them has completed. A write into a partial tail block
+matchable in the prefix cache only once the step that wrote them has completed, and a hit never covers a whole
+prompt (its last token is always computed). A write into a partial tail block
 that another sequence also references, or that holds cached content (a full cached block made partial by a
 rollback), copies the block first (copy-on-write): cached content is never modified in place, so a cache entry stays
 true for as long as it exists. Released blocks wait out the in-flight window W.
@@ -121,7 +122,7 @@ class PagedAllocator:
         if not tokens:
             raise InvalidArgument(f"admit: sequence {seq!r} has no tokens")
         hashes = self._full_block_hashes(self._key_namespace(namespace), tokens, [])
-        hits = self._match(self._key_namespace(namespace), tokens, hashes)
+        hits = self._usable_hits(self._match(self._key_namespace(namespace), tokens, hashes), len(tokens))
         skipped = self._first_kept_index(len(tokens))
         kept_hits = hits[skipped:]
         fresh_needed = self._blocks_for(len(tokens)) - max(skipped, len(hits))
@@ -345,6 +346,12 @@ class PagedAllocator:
                 break
             hits.append(block)
         return hits
+
+    def _usable_hits(self, hits: list[int], num_tokens: int) -> list[int]:
+        """A hit never covers the whole prompt: the engine needs the last token's query to sample from, so a prompt
+        whose every block is cached gives up its last block's hit and recomputes that block into a fresh one (as
+        vLLM caps a hit at ``len - 1`` tokens); the cached block itself is never rewritten."""
+        return hits[:-1] if hits and len(hits) * self.block_size == num_tokens else hits
 
     def _schedule_registrations(self, state: _Sequence, first_index: int) -> None:
         """Full blocks from ``first_index`` on become matchable after the step that writes them completes."""

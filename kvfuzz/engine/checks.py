@@ -639,10 +639,24 @@ class Checks:
 
     # -- invariants 7, 8 and 11: refusals ------------------------------------------------------------------------
 
+    def cached_set(self) -> Optional[frozenset[int]]:
+        """The allocator's cached (evictable) blocks now, or None without introspection."""
+        alloc = self.introspection
+        return None if alloc is None else frozenset(alloc.cached_blocks())
+
     def unchanged(
-        self, invariant: Invariant, before: Optional[PoolCounts], error: Exception, absent: Optional[str] = None
-    ) -> None:
-        """After a refusal, every running table, the touched refcounts and the counts are as before."""
+        self,
+        invariant: Invariant,
+        before: Optional[PoolCounts],
+        error: Exception,
+        absent: Optional[str] = None,
+        cached_before: Optional[frozenset[int]] = None,
+    ) -> frozenset[int]:
+        """After a refusal, every running table, the touched refcounts and the counts are as before; returns the
+        blocks the refusal evicted.
+
+        ``cached_before`` (the cached set before the call) is given where the allocator declares ``refusal_evicts``:
+        then cached blocks may have moved to the free set, and nothing else."""
         h = self.state
         for seq, model in h.seqs.items():
             if model.status is not Status.RUNNING:
@@ -666,13 +680,46 @@ class Checks:
                     [f"refusal: {error}", f"found: {list(absent_table)}"],
                 )
         after = self.counts()
+        evicted = self._evicted_by_refusal(invariant, before, error, cached_before)
+        if before is not None and evicted:
+            before = PoolCounts(before.free + len(evicted), before.cached - len(evicted), before.pending)
         if after != before:
             self.fail(
                 invariant,
                 f"refused with {type(error).__name__}, but the pool changed",
-                [f"refusal: {error}", f"expected: {before} (as before the call)", f"found:    {after}"],
+                [
+                    f"refusal: {error}",
+                    f"expected: {before} (as before the call"
+                    + (
+                        f", less the {len(evicted)} evicted cached block(s) {sorted(evicted)} now free)"
+                        if evicted
+                        else ")"
+                    ),
+                    f"found:    {after}",
+                ],
             )
-        self.accounting(h.refs.holders)
+        self.accounting({*h.refs.holders, *evicted})
+        return evicted
+
+    def _evicted_by_refusal(
+        self,
+        invariant: Invariant,
+        before: Optional[PoolCounts],
+        error: Exception,
+        cached_before: Optional[frozenset[int]],
+    ) -> frozenset[int]:
+        """Under ``refusal_evicts``: the cached blocks a refusal dropped, each now free; no block became cached."""
+        cached_after = self.cached_set()
+        if cached_before is None or cached_after is None:
+            return frozenset()
+        joined = sorted(cached_after - cached_before)
+        if joined:
+            self.fail(
+                invariant,
+                f"refused with {type(error).__name__}, but block(s) {joined} became cached",
+                [f"refusal: {error}", "expected: a refusal may only drop cached, unreferenced blocks (refusal_evicts)"],
+            )
+        return cached_before - cached_after
 
     def not_false(self, needed: int, error: AllocatorError, host: bool = False) -> None:
         """An out-of-blocks refusal while the free and evictable blocks cover the request is false."""
@@ -737,6 +784,18 @@ class Checks:
                 Invariant.CACHE_SOUNDNESS,
                 f"admit of {seq} reports {num_cached} cached tokens",
                 ["expected: 0: the allocator does not declare a prefix cache"],
+            )
+        if num_cached and num_cached == length and not h.caps.recomputes_last_token:
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"admit of {seq} reports a cache hit of its whole prompt ({length} tokens)",
+                [
+                    f"expected: at most {length - 1} cached tokens: the engine needs at least one query token to "
+                    "sample the next token from, and a request prefilled with none is handed another request's "
+                    "logits (an allocator whose engine recomputes the last token itself declares "
+                    "recomputes_last_token)",
+                    f"found:    all {length} positions reported cached, up to {self.where(seq, length - 1)}",
+                ],
             )
         size = h.block_size
         table = h.seqs[seq].table

@@ -385,11 +385,15 @@ class Engine:
         """Run an operation that may be refused for lack of space; check its result is well formed, and that a
         refusal is clean and justified."""
         before = self.checks.counts()
+        cached_before = self.checks.cached_set() if self.caps.refusal_evicts else None
         try:
             result = call()
         except OutOfBlocks as error:
             self.stats["refused (out of blocks)"] += 1
-            self.checks.unchanged(Invariant.ATOMIC_REFUSAL, before, error, absent)
+            evicted = self.checks.unchanged(Invariant.ATOMIC_REFUSAL, before, error, absent, cached_before)
+            for block in evicted:
+                self.pools.note(block, f"evicted from the cache by the refused {self.checks.operation}")
+                self.stats["evicted blocks (refusals)"] += 1
             self.checks.not_false(needed, error, host)
             return None
         except AllocatorError as error:
@@ -424,7 +428,9 @@ class Engine:
         hit_blocks = -(-num_cached // self.block_size)
         self.checks.accounting(self._set_table(seq, table, "admitted as", hit_blocks=hit_blocks).touched)
         model.awaits_step = self.checks.cache_hit(seq, num_cached)
-        targets = self._write_targets(seq, table, num_cached)
+        # A whole-prompt hit passes only under recomputes_last_token: the engine writes the last token again.
+        model.written = min(num_cached, self.expected.length(seq) - 1)
+        targets = self._write_targets(seq, table, model.written)
         for index, block in targets.items():
             self.checks.exclusive(block, seq, f"admit schedules writes of {seq}'s logical block {index}")
         self.checks.outside_inflight_window(targets.values(), seq)

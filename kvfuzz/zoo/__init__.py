@@ -113,6 +113,9 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(contract.PreemptUnsupported, "engine without preemption, undeclared", Invariant.MISUSE),
     Variant(contract.OneBlockPerGrow, "decode-only grow, undeclared", Invariant.REFCOUNTS),
+    Variant(contract.FullPromptHit, "9 hit covers the whole prompt", Invariant.CACHE_SOUNDNESS),
+    Variant(contract.EvictsOnRefusal, "6 refusal that evicts, undeclared", Invariant.ATOMIC_REFUSAL),
+    Variant(contract.RefusalEvictsReferenced, "6 refusal that evicts a referenced block", Invariant.ATOMIC_REFUSAL),
 )
 
 

@@ -9,7 +9,9 @@ slip is caught and named by the right invariant. Never use them for anything els
 
 from __future__ import annotations
 
-from kvfuzz.allocator.errors import Unsupported
+import attrs
+
+from kvfuzz.allocator.errors import OutOfBlocks, Unsupported
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.types import GrowResult, SeqId, Tokens
 
@@ -38,3 +40,50 @@ class OneBlockPerGrow(PagedAllocator):
             self._pool.release(block)
         del state.table[before + 1 :], state.versions[before + 1 :]
         return result
+
+
+class FullPromptHit(PagedAllocator):
+    """Class 9, a hit that covers the whole prompt: when every block of a prompt is cached the allocator reports
+    every token cached, leaving the engine no query token to sample from (a request prefilled with zero tokens is
+    handed another request's logits). An engine that recomputes the last token itself declares
+    ``recomputes_last_token``; this one does not.
+    """
+
+    def _usable_hits(self, hits: list[int], num_tokens: int) -> list[int]:
+        return hits
+
+
+class EvictsOnRefusal(PagedAllocator):
+    """An allocator that evicts toward a request before finding it still does not fit, then refuses (SGLang and HF
+    transformers evict inside allocation): the refusal leaves the cache smaller. Its engine must declare
+    ``refusal_evicts``; this one does not, so the refusal is not atomic.
+    """
+
+    def _check_room(self, fresh_needed: int, taken_from_evictable: int = 0) -> None:
+        try:
+            super()._check_room(fresh_needed, taken_from_evictable)
+        except OutOfBlocks:
+            self._evict_toward_need()
+            raise
+
+    def _evict_toward_need(self) -> None:
+        """Drop every cached, unreferenced block: the request did not fit even with them."""
+        self._pool.evict(self.num_blocks)
+
+
+class RefusalEvictsReferenced(EvictsOnRefusal):
+    """Declares ``refusal_evicts``, but its eviction walks the prefix cache rather than the unreferenced blocks and
+    also frees a cached block a running sequence still references (a refcount check missing from the walk), so
+    that block can be handed to someone else while it is read.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.capabilities = attrs.evolve(self.capabilities, refusal_evicts=True)
+
+    def _evict_toward_need(self) -> None:
+        super()._evict_toward_need()
+        referenced = (block for block in range(self.num_blocks) if self._pool.refcount(block))
+        for block in [block for block in referenced if self._cache.is_cached(block)][:1]:
+            self._cache.unregister(block)
+            self._pool._free[block] = None

@@ -78,6 +78,9 @@ class FullHitCappedInPlace(PagedAllocator):
     table instead of being copied, so the recomputed token is written into a block other requests share.
     """
 
+    def _usable_hits(self, hits: list[int], num_tokens: int) -> list[int]:
+        return hits
+
     def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
         result = super().admit(seq, namespace, tokens)
         if result.num_cached_tokens and result.num_cached_tokens == len(tokens):
