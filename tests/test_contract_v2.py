@@ -35,7 +35,7 @@ from kvfuzz.zoo.contract import (
     PreemptUnsupported,
     RefusalEvictsReferenced,
 )
-from kvfuzz.zoo.variants import FalseOutOfBlocks, LeakOnCancel, NoCopyOnWrite
+from kvfuzz.zoo.variants import FalseOutOfBlocks, LeakOnCancel, MatchableAtAllocation, NoCopyOnWrite
 
 
 class BareAllocator:
@@ -141,15 +141,20 @@ def test_declaring_one_token_grows_hides_no_missing_copy_on_write():
     [
         ({"preemption": False}, Call("preempt", {"seq": "s0"})),
         ({"single_token_grow": True}, Call("grow", {"seq": "s0", "tokens": [1, 2, 3]})),
+        ({"free_scheduled": False}, Call("free", {"seq": "s0"})),
     ],
-    ids=["preempt", "chunk"],
+    ids=["preempt", "chunk", "abort"],
 )
 def test_replay_refuses_a_call_the_declaration_rules_out(declared, call):
+    """The operation table decides for replay as for both searches: a trace saved against an allocator that did not
+    declare these is refused, not run, against one that does."""
     admit = Call("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1, 2]})
     target = Target(declaring(PagedAllocator, **declared))
-    assert replay(target, [admit, Call("step", {}), Call("grow", {"seq": "s0", "tokens": [3]})]).failure is None
+    step, grow = Call("step", {}), Call("grow", {"seq": "s0", "tokens": [3]})
+    allowed = [admit, step, grow, step, Call("free", {"seq": "s0"})]
+    assert replay(target, allowed).failure is None
     with pytest.raises(NotApplicable, match="cannot be made"):
-        replay(target, [admit, Call("step", {}), call])
+        replay(target, [admit, call])
 
 
 # -- a hit never covers the whole prompt, unless the engine recomputes the last token -------------------------------
@@ -263,3 +268,49 @@ def test_declaring_a_refusal_that_evicts_hides_no_false_refusal():
         declaring(FalseOutOfBlocks, window=1, refusal_evicts=True), MachineConfig(), examples=300, shrink=False
     )
     assert summary.failed and summary.violated is Invariant.NO_FALSE_REFUSAL, summary.explanation
+
+
+# -- the three behaviours of a block matchable when scheduled -----------------------------------------------------
+
+VLLM_SCHEDULING = {"preempt_scheduled": False, "rollback": False, "hits_scheduled_writes": True}
+"""An FCFS engine that hashes blocks at allocation and keeps rejected drafts' blocks, declaring hits on scheduled
+writes; each test adds the other behaviours it claims."""
+
+
+def test_an_engine_with_no_abort_need_not_claim_that_an_abort_lands_its_writes():
+    summary = run(
+        declaring(MatchableAtAllocation, shares_scheduled_blocks=True, free_scheduled=False, **VLLM_SCHEDULING),
+        MachineConfig(),
+        examples=80,
+    )
+    assert not summary.failed, summary.explanation
+    assert summary.operations["free"] > 0 and summary.operations["cache hits"] > 0
+
+
+def test_each_behaviour_is_its_own_declaration():
+    """Hits on scheduled writes without same-round sharing, or with an abort that withdraws them, are caught."""
+    admit = [Call("admit", {"seq": "a", "namespace": (), "system": (), "suffix": [1, 2, 3, 0, 1]})]
+    hit = [Call("admit", {"seq": "b", "namespace": (), "system": (), "suffix": [1, 2, 3, 0, 2]})]
+    for declared, calls, invariant in (
+        ({}, admit + hit + [Call("step", {})], Invariant.EXCLUSIVE_WRITES),
+        ({"shares_scheduled_blocks": True}, admit + [Call("free", {"seq": "a"})] + hit, Invariant.CACHE_SOUNDNESS),
+    ):
+        target = Target(declaring(MatchableAtAllocation, **declared, **VLLM_SCHEDULING))
+        failure = replay(target, calls).failure
+        assert isinstance(failure, InvariantViolation) and failure.invariant is invariant, failure
+
+
+def test_an_abort_that_lands_its_writes_makes_the_same_program_sound():
+    calls = [
+        Call("admit", {"seq": "a", "namespace": (), "system": (), "suffix": [1, 2, 3, 0, 1]}),
+        Call("free", {"seq": "a"}),
+        Call("admit", {"seq": "b", "namespace": (), "system": (), "suffix": [1, 2, 3, 0, 2]}),
+        Call("step", {}),
+    ]
+    declared = {"shares_scheduled_blocks": True, "free_lands_scheduled_writes": True}
+    assert replay(Target(declaring(MatchableAtAllocation, **declared, **VLLM_SCHEDULING)), calls).failure is None
+
+
+def test_declaring_no_abort_hides_no_leak_on_the_finish_path():
+    summary = run(declaring(LeakOnCancel, window=1, free_scheduled=False), MachineConfig(), examples=300, shrink=False)
+    assert summary.failed and summary.violated is Invariant.FREE_SET, summary.explanation

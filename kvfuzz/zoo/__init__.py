@@ -116,6 +116,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(contract.FullPromptHit, "9 hit covers the whole prompt", Invariant.CACHE_SOUNDNESS),
     Variant(contract.EvictsOnRefusal, "6 refusal that evicts, undeclared", Invariant.ATOMIC_REFUSAL),
     Variant(contract.RefusalEvictsReferenced, "6 refusal that evicts a referenced block", Invariant.ATOMIC_REFUSAL),
+    Variant(contract.ScheduledHitUnshared, "5 scheduled hit without same-round sharing", Invariant.EXCLUSIVE_WRITES),
+    Variant(contract.AbortKeepsScheduledHash, "5 withdrawn writes stay matchable", Invariant.CACHE_SOUNDNESS),
 )
 
 

@@ -13,7 +13,8 @@ import attrs
 
 from kvfuzz.allocator.errors import OutOfBlocks, Unsupported
 from kvfuzz.allocator.paged import PagedAllocator
-from kvfuzz.allocator.types import GrowResult, SeqId, Tokens
+from kvfuzz.allocator.types import Capabilities, GrowResult, SeqId, Tokens
+from kvfuzz.zoo.variants import MatchableAtAllocation
 
 
 class PreemptUnsupported(PagedAllocator):
@@ -87,3 +88,36 @@ class RefusalEvictsReferenced(EvictsOnRefusal):
         for block in [block for block in referenced if self._cache.is_cached(block)][:1]:
             self._cache.unregister(block)
             self._pool._free[block] = None
+
+
+def _registers_at_allocation(capabilities: Capabilities, **declared: bool) -> Capabilities:
+    """The capabilities of an engine that hashes blocks when it allocates them, with an FCFS scheduler that preempts
+    only computed requests and keeps the blocks of rejected drafts (no rollback), declaring ``declared`` of the
+    three behaviours that follow."""
+    return attrs.evolve(capabilities, preempt_scheduled=False, rollback=False, **declared)
+
+
+class ScheduledHitUnshared(MatchableAtAllocation):
+    """Declares that a hit may cover scheduled writes (``hits_scheduled_writes``), but not that the sequences that
+    hit may share the block while its owner writes it (``shares_scheduled_blocks``): every such hit puts a second
+    holder on a block the next step writes.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.capabilities = _registers_at_allocation(
+            self.capabilities, hits_scheduled_writes=True, free_lands_scheduled_writes=True
+        )
+
+
+class AbortKeepsScheduledHash(MatchableAtAllocation):
+    """Hashes blocks at allocation, and its engine's abort withdraws the scheduled step (no
+    ``free_lands_scheduled_writes``), yet freeing a request before its step leaves its blocks' hashes in the cache:
+    a later hit covers K/V no step ever wrote.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.capabilities = _registers_at_allocation(
+            self.capabilities, hits_scheduled_writes=True, shares_scheduled_blocks=True
+        )
