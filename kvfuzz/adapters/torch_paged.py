@@ -30,7 +30,8 @@ from typing import Sequence
 
 import torch
 
-from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.adapters.base import SequenceLedger
+from kvfuzz.allocator.errors import OutOfBlocks, Unsupported
 from kvfuzz.allocator.types import (
     AdmitResult,
     Capabilities,
@@ -51,8 +52,8 @@ _EXHAUSTED = "empty pages"
 class TorchPagedAttention:
     """kvfuzz's contract over one ``PagedAttention``.
 
-    Invariant: ``batch_of`` maps every live sequence (admitted, not freed or preempted) to its own batch index, and
-    ``length`` holds its token count; every other batch index has been erased (or never reserved).
+    Invariant: ``batch_of`` maps every running sequence (``sequences``) to its own batch index, and ``length`` holds
+    its token count; every other batch index has been erased (or never reserved).
     """
 
     capabilities = Capabilities(introspection=True, attention_kernel=True)
@@ -68,16 +69,14 @@ class TorchPagedAttention:
         self.paged = PagedAttention(
             n_pages=spec.num_blocks, page_size=spec.block_size, max_batch_size=self.max_batch_size, device="cpu"
         )
-        self.batch_of: dict[SeqId, int] = {}
-        self.length: dict[SeqId, int] = {}
+        self.sequences = SequenceLedger()  # the sequences held and their phases; raises the misuse errors
+        self.batch_of: dict[SeqId, int] = {}  # running sequence -> its batch index
+        self.length: dict[SeqId, int] = {}  # running sequence -> its token count
 
     # -- the contract ------------------------------------------------------------------------------------------
 
     def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
-        if seq in self.batch_of:
-            raise SequenceExists(f"admit: {seq} is live (batch index {self.batch_of[seq]})")
-        if not tokens:
-            raise InvalidArgument(f"admit: {seq} has no tokens")
+        self.sequences.check_admit(seq, tokens)
         in_use = set(self.batch_of.values())
         batch = next((index for index in range(self.max_batch_size) if index not in in_use), None)
         if batch is None:
@@ -86,12 +85,13 @@ class TorchPagedAttention:
             )
         self._reserve(f"admit of {seq}", batch, len(tokens))
         self.batch_of[seq], self.length[seq] = batch, len(tokens)
+        self.sequences.admitted(seq)
         return AdmitResult(self.block_table(seq), 0)
 
     def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
-        batch = self._batch(seq, "grow")
-        if not tokens:
-            raise InvalidArgument(f"grow: no tokens for {seq}")
+        self.sequences.running(seq, "grow")
+        self.sequences.check_tokens("grow", seq, tokens)
+        batch = self.batch_of[seq]
         old = self.length[seq]
         self._reserve(f"grow of {seq}", batch, old + len(tokens))
         self.length[seq] = old + len(tokens)
@@ -100,17 +100,22 @@ class TorchPagedAttention:
         return GrowResult([Slot(row[p // size], p % size) for p in range(old, old + len(tokens))])
 
     def free(self, seq: SeqId) -> None:
-        self._erase(seq, "free")
+        self.sequences.live(seq, "free")
+        self._erase(seq)
+        self.sequences.freed(seq)
 
     def preempt(self, seq: SeqId) -> None:
-        self._erase(seq, "preempt")
+        self.sequences.running(seq, "preempt")
+        self._erase(seq)
+        self.sequences.preempted(seq)
 
     def library_block_name(self, block: int) -> str:
         """Block ``block`` as PyTorch numbers it (the same: its page index), for ``kvfuzz show``."""
         return f"PagedAttention page {block}"
 
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
-        batch = self._batch(seq, "block_table")
+        self.sequences.running(seq, "block_table")
+        batch = self.batch_of[seq]
         pages = int(self.paged.capacity[batch]) // self.block_size
         return tuple(self.paged.page_table[batch, :pages].tolist())
 
@@ -165,7 +170,9 @@ class TorchPagedAttention:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         rows, layers, query_heads, dim = queries.shape
-        batch_idx = torch.tensor([self._batch(seq, "paged_attention") for seq in seqs])
+        for seq in seqs:
+            self.sequences.running(seq, "paged_attention")
+        batch_idx = torch.tensor([self.batch_of[seq] for seq in seqs])
         kv_len = torch.tensor(list(lengths))
         first = torch.tensor(list(starts))
 
@@ -195,12 +202,6 @@ class TorchPagedAttention:
 
     # -- helpers -----------------------------------------------------------------------------------------------
 
-    def _batch(self, seq: SeqId, op: str) -> int:
-        try:
-            return self.batch_of[seq]
-        except KeyError:
-            raise UnknownSequence(f"{op}: {seq} is not live (never admitted, freed or preempted)") from None
-
     def _reserve(self, what: str, batch: int, length: int) -> None:
         try:
             self.paged.reserve(torch.tensor([batch]), torch.tensor([length]))
@@ -214,10 +215,9 @@ class TorchPagedAttention:
                 available=len(self.paged.empty_pages),
             ) from error
 
-    def _erase(self, seq: SeqId, op: str) -> None:
-        batch = self._batch(seq, op)
-        self.paged.erase(torch.tensor([batch]))
-        del self.batch_of[seq], self.length[seq]
+    def _erase(self, seq: SeqId) -> None:
+        self.paged.erase(torch.tensor([self.batch_of.pop(seq)]))
+        del self.length[seq]
 
 
 def paged_attention(spec: PoolSpec) -> TorchPagedAttention:

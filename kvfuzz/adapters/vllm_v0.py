@@ -33,7 +33,8 @@ from typing import Any, Collection, Optional
 
 import attrs
 
-from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.adapters.base import SequenceLedger
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, Unsupported
 from kvfuzz.allocator.types import (
     AdmitResult,
     BlockCopy,
@@ -122,8 +123,9 @@ class VllmV0BlockManager:
             preempt_scheduled=preempt_scheduled,
             recomputes_in_place=enable_caching,
         )
-        self._live: dict[SeqId, _Request] = {}
-        self._preempted: dict[SeqId, _Request] = {}
+        self.sequences = SequenceLedger()  # the sequences held and their phases; raises the misuse errors
+        self._live: dict[SeqId, _Request] = {}  # running or swapped-out sequence -> its request
+        self._preempted: dict[SeqId, _Request] = {}  # preempted sequence -> its request, reset for recomputation
         self._lora_ids: dict[Namespace, int] = {}
         self._seq_ids = itertools.count()
         self._last_completed = -1
@@ -134,10 +136,7 @@ class VllmV0BlockManager:
         from vllm.core.interfaces import AllocStatus
         from vllm.sequence import SequenceStatus
 
-        if seq in self._live:
-            raise SequenceExists(f"admit: sequence {seq!r} is already live")
-        if not tokens:
-            raise InvalidArgument(f"admit: sequence {seq!r} has no tokens")
+        self.sequences.check_admit(seq, tokens)
         request = self._preempted.get(seq)
         if request is not None and (request.namespace, request.tokens) != (tuple(namespace), tuple(tokens)):
             raise InvalidArgument(
@@ -162,14 +161,14 @@ class VllmV0BlockManager:
         request.seq.status = SequenceStatus.RUNNING
         self._preempted.pop(seq, None)
         self._live[seq] = request
+        self.sequences.admitted(seq)
         return AdmitResult(self.block_table(seq), num_cached)
 
     def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
         from vllm.logprobs import Logprob
 
         request = self._running(seq, "grow")
-        if not tokens:
-            raise InvalidArgument(f"grow: sequence {seq!r} given no tokens")
+        self.sequences.check_tokens("grow", seq, tokens)
         if not self._manager.can_append_slots(request.group, num_lookahead_slots=len(tokens)):
             raise OutOfBlocks(
                 f"grow: can_append_slots({seq!r}, {len(tokens)} slots) is False with "
@@ -188,9 +187,8 @@ class VllmV0BlockManager:
     def fork(self, parent: SeqId, child: SeqId) -> None:
         from vllm.sequence import SequenceGroup
 
-        source = self._running(parent, "fork")
-        if child in self._live:
-            raise SequenceExists(f"fork: child {child!r} is already live")
+        self.sequences.check_fork(parent, child)
+        source = self._live[parent]
         child_seq = source.seq.fork(next(self._seq_ids))
         self._manager.fork(source.seq, child_seq)
         group = SequenceGroup(
@@ -198,15 +196,16 @@ class VllmV0BlockManager:
         )
         self._preempted.pop(child, None)
         self._live[child] = _Request(child_seq, group, source.namespace)
+        self.sequences.admitted(child)
 
     def free(self, seq: SeqId) -> None:
         from vllm.sequence import SequenceStatus
 
-        request = self._live.pop(seq, None)
-        if request is None:
-            raise UnknownSequence(f"free: sequence {seq!r} is not live (never admitted, freed, or preempted)")
+        self.sequences.live(seq, "free")
+        request = self._live.pop(seq)
         request.seq.status = SequenceStatus.FINISHED_ABORTED
         self._manager.free(request.seq)
+        self.sequences.freed(seq)
 
     def preempt(self, seq: SeqId) -> None:
         from vllm.sequence import SequenceStatus
@@ -217,6 +216,7 @@ class VllmV0BlockManager:
         request.seq.reset_state_for_recompute()
         del self._live[seq]
         self._preempted[seq] = request
+        self.sequences.preempted(seq)
 
     def swap_out(self, seq: SeqId) -> SwapResult:
         from vllm.sequence import SequenceStatus
@@ -232,15 +232,15 @@ class VllmV0BlockManager:
             )
         mapping = self._manager.swap_out(request.group)
         request.seq.status = SequenceStatus.SWAPPED
+        self.sequences.swapped_out(seq)
         return SwapResult(mapping)
 
     def swap_in(self, seq: SeqId) -> SwapResult:
         from vllm.core.interfaces import AllocStatus
         from vllm.sequence import SequenceStatus
 
-        request = self._live.get(seq)
-        if request is None or request.seq.status != SequenceStatus.SWAPPED:
-            raise InvalidArgument(f"swap_in: sequence {seq!r} is not swapped out")
+        self.sequences.swapped(seq, "swap_in")
+        request = self._live[seq]
         status = self._manager.can_swap_in(request.group, num_lookahead_slots=0)
         if status != AllocStatus.OK:
             raise OutOfBlocks(
@@ -251,6 +251,7 @@ class VllmV0BlockManager:
             )
         mapping = self._manager.swap_in(request.group)
         request.seq.status = SequenceStatus.RUNNING
+        self.sequences.admitted(seq)
         return SwapResult(mapping)
 
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
@@ -345,12 +346,9 @@ class VllmV0BlockManager:
         return request.seq.status == SequenceStatus.RUNNING
 
     def _running(self, seq: SeqId, op: str) -> _Request:
-        request = self._live.get(seq)
-        if request is None:
-            raise UnknownSequence(f"{op}: sequence {seq!r} is not live (never admitted, freed, or preempted)")
-        if not self._is_running(request):
-            raise InvalidArgument(f"{op}: sequence {seq!r} is swapped out")
-        return request
+        """The running sequence's request (``sequences`` raises for any other)."""
+        self.sequences.running(seq, op)
+        return self._live[seq]
 
 
 def block_space_manager(spec: PoolSpec) -> VllmV0BlockManager:

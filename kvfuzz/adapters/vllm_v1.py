@@ -57,7 +57,8 @@ from typing import Any, Callable, Optional
 
 import attrs
 
-from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.adapters.base import SequenceLedger
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, Unsupported
 from kvfuzz.allocator.types import (
     NULL_BLOCK,
     AdmitResult,
@@ -228,8 +229,9 @@ class VllmV1Allocator:
         self._sampling = vllm.SamplingParams(max_tokens=MAX_MODEL_LEN)
         self._keys = _NamespaceKeys(options.namespace_key, vllm.LoRARequest)
         self._inflight_window = options.inflight_window
-        self._running: dict[SeqId, Any] = {}
-        self._preempted: dict[SeqId, Any] = {}
+        self.sequences = SequenceLedger()  # the requests held and their phases; raises the misuse errors
+        self._running: dict[SeqId, Any] = {}  # running request -> its vLLM Request
+        self._preempted: dict[SeqId, Any] = {}  # preempted request -> its Request, reset as the scheduler resets it
         self._deferred = _DeferredFrees()
         self._in_flight: deque[_InFlight] = deque()
         self._last_completed = -1
@@ -244,10 +246,7 @@ class VllmV1Allocator:
     # -- the contract --------------------------------------------------------------------------------------------
 
     def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
-        if seq in self._running:
-            raise SequenceExists(f"admit: sequence {seq!r} is already running")
-        if not tokens:
-            raise InvalidArgument(f"admit: sequence {seq!r} has no tokens")
+        self.sequences.check_admit(seq, tokens)
         request = self._preempted.get(seq)
         if request is None:
             request = self._vllm.Request(
@@ -273,12 +272,12 @@ class VllmV1Allocator:
         request.num_computed_tokens = num_hit
         self._scheduled(request, num_new)
         self._running[seq] = request
+        self.sequences.admitted(seq)
         return AdmitResult(self.block_table(seq), num_hit)
 
     def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
         request = self._request(seq, "grow")
-        if not tokens:
-            raise InvalidArgument(f"grow: sequence {seq!r} given no tokens")
+        self.sequences.check_tokens("grow", seq, tokens)
         old_len = request.num_tokens
         request.append_output_token_ids(list(tokens))
         if self._manager.allocate_slots(request, len(tokens)) is None:
@@ -294,6 +293,7 @@ class VllmV1Allocator:
         del self._running[seq]
         request.status = self._vllm.RequestStatus.FINISHED_ABORTED
         self._release(request)
+        self.sequences.freed(seq)
 
     def preempt(self, seq: SeqId) -> None:
         request = self._request(seq, "preempt")
@@ -303,6 +303,7 @@ class VllmV1Allocator:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self._preempted[seq] = request
+        self.sequences.preempted(seq)
 
     def fork(self, parent: SeqId, child: SeqId) -> None:
         raise Unsupported("fork: vLLM v1 shares blocks between requests only through the prefix cache")
@@ -376,10 +377,9 @@ class VllmV1Allocator:
     # -- helpers -------------------------------------------------------------------------------------------------
 
     def _request(self, seq: SeqId, op: str) -> Any:
-        request = self._running.get(seq)
-        if request is None:
-            raise UnknownSequence(f"{op}: sequence {seq!r} is not running (never admitted, freed, or preempted)")
-        return request
+        """The running request's ``Request`` (``sequences`` raises for any other)."""
+        self.sequences.running(seq, op)
+        return self._running[seq]
 
     def _scheduled(self, request: Any, num_tokens: int) -> None:
         """The scheduler's ``_update_after_schedule``: the tokens count as computed and in flight until the step

@@ -43,7 +43,8 @@ from typing import Any, Collection, Sequence
 
 import attrs
 
-from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.adapters.base import SequenceLedger
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, Unsupported
 from kvfuzz.allocator.types import (
     AdmitResult,
     BlockCopy,
@@ -70,8 +71,9 @@ class _Scheduled:
 class TransformersPagedCache:
     """A transformers ``PagedAttentionCache`` (one full-attention group) driven as its batch processor drives it.
 
-    ``_states`` holds the ``RequestState`` of every live request; ``_scheduled`` the requests scheduled since the
-    last completed step, in scheduling order, whose complete blocks are marked when that step completes.
+    ``_states`` holds the ``RequestState`` of every running request (``sequences``); ``_scheduled`` the requests
+    scheduled since the last completed step, in scheduling order, whose complete blocks are marked when that step
+    completes.
     """
 
     def __init__(self, cache: Any) -> None:
@@ -97,6 +99,7 @@ class TransformersPagedCache:
             introspection=True,
             remaps_on_step=sharing,
         )
+        self.sequences = SequenceLedger()  # the requests held and their phases; raises the misuse errors
         self._states: dict[SeqId, Any] = {}
         self._scheduled: list[_Scheduled] = []
         self._last_completed = -1
@@ -104,10 +107,7 @@ class TransformersPagedCache:
     # -- the contract --------------------------------------------------------------------------------------------
 
     def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
-        if seq in self._states:
-            raise SequenceExists(f"admit: request {seq!r} is already live")
-        if not tokens:
-            raise InvalidArgument(f"admit: request {seq!r} has no tokens")
+        self.sequences.check_admit(seq, tokens)
         if namespace:
             raise Unsupported(f"admit: transformers has no cache namespaces; got {namespace!r} for {seq!r}")
         state = self._request_state(request_id=seq, initial_tokens=list(tokens), max_new_tokens=None)
@@ -124,13 +124,13 @@ class TransformersPagedCache:
             raise
         state.remaining_prefill_tokens = []
         self._states[seq] = state
+        self.sequences.admitted(seq)
         self._schedule(state, request_tokens)
         return AdmitResult(self.block_table(seq), cached)
 
     def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
         state = self._live(seq, "grow")
-        if not tokens:
-            raise InvalidArgument(f"grow: request {seq!r} given no tokens")
+        self.sequences.check_tokens("grow", seq, tokens)
         old_len = state.current_len()
         self._store(state, len(tokens), f"grow of {seq!r} by {len(tokens)} token(s)")
         state.generated_tokens.extend(tokens)
@@ -142,9 +142,8 @@ class TransformersPagedCache:
     def fork(self, parent: SeqId, child: SeqId) -> tuple[BlockCopy, ...]:
         """transformers' fork (parallel sampling): complete blocks are shared, the partial last block is copied into a
         fresh block at once. Returns the copies the engine performs."""
-        state = self._live(parent, "fork")
-        if child in self._states:
-            raise SequenceExists(f"fork: child {child!r} is already live")
+        self.sequences.check_fork(parent, child)
+        state = self._states[parent]
         copies: dict[str, tuple[list[int], list[int]]] = {_GROUP: ([], [])}
         self.cache.pool.try_to_free_sectors()
         if not self.cache.prepare_fork_request(state, [child], copies):
@@ -153,16 +152,19 @@ class TransformersPagedCache:
             if not self.cache.prepare_fork_request(state, [child], copies):
                 raise OutOfBlocks(f"fork of {parent!r}: no room for the copy of its partial block after eviction")
         self._states[child] = state.fork(child)
+        self.sequences.admitted(child)
         sources, destinations = copies[_GROUP]
         return tuple(BlockCopy(self._ours(src), self._ours(dst)) for src, dst in zip(sources, destinations))
 
     def free(self, seq: SeqId) -> None:
         self._forget(seq, "free")
         self.cache.free_blocks(seq)
+        self.sequences.freed(seq)
 
     def preempt(self, seq: SeqId) -> None:
         self._forget(seq, "preempt")
         self.cache.free_blocks(seq, no_cache=True)
+        self.sequences.preempted(seq)
 
     def swap_out(self, seq: SeqId) -> SwapResult:
         raise Unsupported("swap_out: transformers' CPU offloading needs a pinned host pool and its scheduler")
@@ -230,10 +232,9 @@ class TransformersPagedCache:
         return block - self._offset
 
     def _live(self, seq: SeqId, op: str) -> Any:
-        state = self._states.get(seq)
-        if state is None:
-            raise UnknownSequence(f"{op}: request {seq!r} is not live (never admitted, finished, or preempted)")
-        return state
+        """The running request's state (``sequences`` raises for any other)."""
+        self.sequences.running(seq, op)
+        return self._states[seq]
 
     def _forget(self, seq: SeqId, op: str) -> None:
         """The request leaves: its scheduled work that has not run is dropped with it."""

@@ -52,8 +52,9 @@ from typing import Any, Collection
 import attrs
 import torch
 
+from kvfuzz.adapters.base import SequenceLedger
 from kvfuzz.adapters.sglang._engine import in_context, sglang
-from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, Unsupported
 from kvfuzz.allocator.types import (
     AdmitResult,
     Capabilities,
@@ -122,7 +123,8 @@ class SGLangRadixAllocator:
         )
         self.key_fields = key_fields
         self._build(spec)
-        self._requests: dict[SeqId, _Request] = {}
+        self.sequences = SequenceLedger()  # the requests held and their phases; raises the misuse errors
+        self._requests: dict[SeqId, _Request] = {}  # running or retracted request -> its Req and progress
 
     @in_context
     def _build(self, spec: PoolSpec) -> None:
@@ -148,11 +150,8 @@ class SGLangRadixAllocator:
 
     @in_context
     def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        self.sequences.check_admit(seq, tokens)
         state = self._requests.get(seq)
-        if state is not None and state.phase is _Phase.RUNNING:
-            raise SequenceExists(f"admit: sequence {seq!r} is already running")
-        if not tokens:
-            raise InvalidArgument(f"admit: sequence {seq!r} has no tokens")
         if state is None:
             engine = sglang()
             req = engine.Req(
@@ -168,13 +167,13 @@ class SGLangRadixAllocator:
                 raise InvalidArgument(f"admit: retracted sequence {seq!r} comes back with other tokens")
         prefix_len = self._admit_req(seq, req, len(tokens))
         self._requests[seq] = _Request(req, len(tokens), computed=prefix_len)
+        self.sequences.admitted(seq)
         return AdmitResult(self._table(self._requests[seq]), prefix_len)
 
     @in_context
     def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
         state = self._running(seq, "grow")
-        if not tokens:
-            raise InvalidArgument(f"grow: sequence {seq!r} given no tokens")
+        self.sequences.check_tokens("grow", seq, tokens)
         old_len, new_len = state.length, state.length + len(tokens)
         self._check_room(self._pages(new_len) - self._pages(old_len), f"grow {seq!r} by {len(tokens)}")
         req = state.req
@@ -192,12 +191,8 @@ class SGLangRadixAllocator:
 
     @in_context
     def free(self, seq: SeqId) -> None:
-        state = self._requests.get(seq)
-        if state is None:
-            raise UnknownSequence(f"free: sequence {seq!r} is not live (never admitted, or already freed)")
-        del self._requests[seq]
-        if state.phase is _Phase.RETRACTED:
-            return  # a retracted request waiting in the queue holds nothing: aborting it just drops it
+        self.sequences.live(seq, "free")
+        state = self._requests.pop(seq)
         engine, req = sglang(), state.req
         if state.computed == state.length:
             req.finished_reason = engine.FINISH_LENGTH(length=len(req.output_ids))
@@ -205,6 +200,7 @@ class SGLangRadixAllocator:
         else:
             req.finished_reason = engine.FINISH_ABORT()
             engine.release_kv_cache(req, self.tree, checkpoint=False)
+        self.sequences.freed(seq)
 
     @in_context
     def preempt(self, seq: SeqId) -> None:
@@ -215,6 +211,7 @@ class SGLangRadixAllocator:
         engine.evict_from_tree_cache(self.tree, still_running * engine.retract_decode_steps())
         state.req.reset_for_retract()
         state.phase, state.computed, state.extended = _Phase.RETRACTED, 0, False
+        self.sequences.preempted(seq)
 
     @in_context
     def step_completed(self, step: int) -> None:
@@ -348,10 +345,9 @@ class SGLangRadixAllocator:
     # -- helpers -------------------------------------------------------------------------------------------------
 
     def _running(self, seq: SeqId, op: str) -> _Request:
-        state = self._requests.get(seq)
-        if state is None or state.phase is not _Phase.RUNNING:
-            raise UnknownSequence(f"{op}: sequence {seq!r} is not running (never admitted, freed, or preempted)")
-        return state
+        """The running request (``sequences`` raises for any other)."""
+        self.sequences.running(seq, op)
+        return self._requests[seq]
 
     def _row(self, req: Any) -> torch.Tensor:
         return self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
