@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvfuzz.adapters import vllm_v1
-from kvfuzz.allocator import OutOfBlocks, PoolSpec, UnknownSequence, Unsupported
+from kvfuzz.allocator import InvalidArgument, OutOfBlocks, PoolSpec, UnknownSequence, Unsupported
 from kvfuzz.allocator.types import NULL_BLOCK
 from kvfuzz.profiles import PROFILES
 from kvfuzz.runner import run
@@ -31,6 +31,9 @@ PROMPT = (1, 2, 3, 0, 2, 2, 1, 3, 1)  # two full blocks and one token
         (vllm_v1.kv_cache_manager_sliding_window, 40),
         (vllm_v1.kv_cache_manager_no_prefix_cache_deferred_free, 40),
         (vllm_v1.kv_cache_manager_no_prefix_cache_sliding_window, 40),
+        (vllm_v1.kv_cache_manager_spec_decode, 40),
+        (vllm_v1.kv_cache_manager_ngram_spec_decode, 40),
+        (vllm_v1.kv_cache_manager_spec_decode_deferred_free, 40),
     ],
     ids=lambda value: getattr(value, "__name__", str(value)),
 )
@@ -149,3 +152,41 @@ def test_the_timeline_names_the_library_blocks(tmp_path) -> None:
         assert lane.library_name == f"vLLM block {lane.block + 1}"
     page = render_html(timeline)
     assert all(lane.library_name in page for lane in device)
+
+
+def test_speculative_decoding_keeps_the_blocks_of_rejected_drafts_and_never_caches_a_draft() -> None:
+    """allocate_slots reserves num_lookahead_tokens beyond the drafts; a rejection lowers num_computed_tokens and
+    keeps every block; only verified tokens are ever cached."""
+    allocator = vllm_v1.kv_cache_manager_spec_decode(PoolSpec(block_size=4, num_blocks=16))
+    caps = allocator.capabilities
+    assert caps.rollback and caps.speculative_tokens == 3 and caps.lookahead_blocks == 2  # ceil((3 + 3) / 4)
+    assert len(allocator.admit("a", (), PROMPT).block_table) == 3  # ceil((9 + 3) / 4)
+    allocator.step_completed(0)
+    allocator.grow("a", (5, 6, 7, 8))  # the sampled token 5, then drafts 6, 7, 8
+    table = allocator.block_table("a")
+    assert len(table) == 4  # ceil((13 + 3) / 4)
+    allocator.step_completed(1)
+    assert allocator.admit("b", (), PROMPT + (5, 6, 7, 8)).num_cached_tokens == 8  # (1, 5, 6, 7) holds drafts
+    allocator.free("b")
+    allocator.rollback("a", 2)  # 7 and 8 rejected
+    assert allocator.block_table("a") == table
+    with pytest.raises(InvalidArgument):
+        allocator.rollback("a", 2)  # only draft 6 is left to reject
+    allocator.grow("a", (9,))  # 6 accepted, 9 sampled: block 2 is (1, 5, 6, 9), verified
+    assert allocator.block_table("a") == table
+    allocator.step_completed(2)
+    hit = allocator.admit("c", (), PROMPT + (5, 6, 9, 1))
+    assert hit.num_cached_tokens == 12 and hit.block_table[:3] == table[:3]
+
+
+def test_rollback_reaches_only_the_drafts_of_the_latest_grow() -> None:
+    allocator = vllm_v1.kv_cache_manager_ngram_spec_decode(SPEC)
+    assert allocator.capabilities.lookahead_blocks == 1  # ceil((3 + 0) / 4)
+    allocator.admit("a", (), PROMPT)
+    with pytest.raises(InvalidArgument):
+        allocator.rollback("a", 1)  # a prompt holds no drafts
+    allocator.grow("a", (1, 2, 3, 0, 1, 2))  # three known tokens, then three drafts
+    allocator.rollback("a", 3)
+    allocator.grow("a", (3,))
+    with pytest.raises(InvalidArgument):
+        allocator.rollback("a", 1)

@@ -35,8 +35,22 @@ scheduled so far has been processed, then returns them with ``BlockPool.free_blo
 fence is ``last completed step + W``. Without a connector vLLM frees at once and relies on the GPU stream to order
 a reused block's writes after the old ones: that engine is W = 0.
 
+Speculative decoding (the ``_spec_decode`` factories), as the scheduler runs it with ``num_speculative_tokens`` = k
+and ``num_lookahead_tokens`` = L: of a ``grow`` of n tokens the first ``n - min(n - 1, k)`` join the request's
+tokens (the token the previous step sampled, and any known tokens before the drafts) and the last ``min(n - 1, k)``
+are its ``spec_token_ids``, the drafts; ``allocate_slots`` schedules all n with ``num_lookahead_tokens=L``, so the
+table reaches ``ceil((len + L) / block_size)`` blocks, and caches only up to the request's own tokens, never a draft.
+``rollback`` is the rejection in ``update_from_output``: it drops drafts and lowers ``num_computed_tokens``, and the
+blocks stay. The drafts left are accepted when the request next grows, is freed or preempted: they join its tokens,
+and what is computed is cached as ``update_from_output`` caches it. Rollback drops at most the drafts of the latest
+grow, so the length never falls more than k below the longest it has been, and a table holds at most
+``ceil((k + L) / block_size)`` blocks beyond its tokens: declared as ``speculative_tokens`` = k and
+``lookahead_blocks``. (vLLM adds accepted drafts when the step's output is processed; the adapter learns which were
+accepted only when kvfuzz rolls the others back, so a hit on them is possible one operation later than in vLLM: a
+lost hit, never a false one.)
+
 Not supported: fork (vLLM v1 shares only through the prefix cache), swap (v1 preempts by recomputation), rollback
-(vLLM keeps the blocks of rejected draft tokens for the next drafts, so its tables are not trimmed to the tokens).
+outside the speculative-decoding factories (only rejected drafts are ever dropped, and those factories model them).
 Partial-block hits (``hash_block_size < block_size``) are not driven: their copy-on-write copy is ordered at
 admission, which kvfuzz's ``admit`` cannot express.
 
@@ -121,6 +135,8 @@ class VllmOptions:
     ``sliding_window`` (tokens) builds a sliding-window group instead of full attention.
     ``priority_policy`` says the scheduler may preempt a request it has already scheduled in this round (vLLM's
     priority policy); under FCFS it takes its victims before scheduling them.
+    ``speculative_tokens`` is vLLM's ``num_speculative_tokens`` (0: no speculative decoding), and
+    ``lookahead_tokens`` its ``num_lookahead_tokens``: k for an EAGLE or draft-model proposer, 0 for n-gram.
     """
 
     prefix_caching: bool = True
@@ -128,6 +144,8 @@ class VllmOptions:
     inflight_window: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     sliding_window: Optional[int] = None
     priority_policy: bool = False
+    speculative_tokens: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    lookahead_tokens: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
 class _NamespaceKeys:
@@ -197,6 +215,9 @@ class VllmV1Allocator:
         self.block_size = spec.block_size
         self.num_blocks = spec.num_blocks
         self.num_host_blocks = 0
+        speculative = options.speculative_tokens
+        if options.lookahead_tokens and not speculative:
+            raise ValueError("VllmOptions: lookahead_tokens without speculative_tokens")
         # allocate_slots registers full blocks in the prefix cache when their tokens are scheduled.
         self.capabilities = Capabilities(
             prefix_cache=options.prefix_caching,
@@ -209,6 +230,9 @@ class VllmV1Allocator:
             shares_scheduled_blocks=True,
             free_lands_scheduled_writes=True,
             preempt_scheduled=options.priority_policy,
+            rollback=speculative > 0,
+            speculative_tokens=speculative or None,
+            lookahead_blocks=-(-(speculative + options.lookahead_tokens) // spec.block_size),
         )
         self._manager = vllm.KVCacheManager(
             vllm.KVCacheConfig(
@@ -230,6 +254,8 @@ class VllmV1Allocator:
         self._keys = _NamespaceKeys(options.namespace_key, vllm.LoRARequest)
         self._inflight_window = options.inflight_window
         self.sequences = SequenceLedger()  # the requests held and their phases; raises the misuse errors
+        self._speculative_tokens = speculative  # drafts carried by each grow (0: no speculative decoding)
+        self._lookahead_tokens = options.lookahead_tokens  # slots allocated ahead of the tokens, for the drafter
         self._running: dict[SeqId, Any] = {}  # running request -> its vLLM Request
         self._preempted: dict[SeqId, Any] = {}  # preempted request -> its Request, reset as the scheduler resets it
         self._deferred = _DeferredFrees()
@@ -262,7 +288,13 @@ class VllmV1Allocator:
         hit, num_hit, _ = self._manager.get_computed_blocks(request)
         num_new = request.num_tokens - num_hit
         if (
-            self._manager.allocate_slots(request, num_new, num_new_computed_tokens=num_hit, new_computed_blocks=hit)
+            self._manager.allocate_slots(
+                request,
+                num_new,
+                num_new_computed_tokens=num_hit,
+                new_computed_blocks=hit,
+                num_lookahead_tokens=self._lookahead_tokens,
+            )
             is None
         ):
             raise self._refusal(f"admit of {seq!r} ({len(tokens)} tokens, {num_hit} cached)")
@@ -278,18 +310,25 @@ class VllmV1Allocator:
     def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
         request = self._request(seq, "grow")
         self.sequences.check_tokens("grow", seq, tokens)
-        old_len = request.num_tokens
-        request.append_output_token_ids(list(tokens))
-        if self._manager.allocate_slots(request, len(tokens)) is None:
-            self._take_back_tokens(request, old_len)
+        old_len, old_verified, accepted = request.num_tokens_with_spec, request.num_tokens, request.spec_token_ids
+        num_drafts = min(len(tokens) - 1, self._speculative_tokens)
+        # update_from_output: the drafts not rejected, then the sampled token, join the request's tokens; then the
+        # scheduler proposes the new drafts.
+        request.spec_token_ids = []
+        request.append_output_token_ids([*accepted, *tokens[: len(tokens) - num_drafts]])
+        request.spec_token_ids = list(tokens[len(tokens) - num_drafts :])
+        if self._manager.allocate_slots(request, len(tokens), num_lookahead_tokens=self._lookahead_tokens) is None:
+            self._take_back_tokens(request, old_verified)
+            request.spec_token_ids = accepted
             raise self._refusal(f"grow of {seq!r} by {len(tokens)} token(s)")
         self._check_no_copies("grow")
         self._scheduled(request, len(tokens))
         table, size = self.block_table(seq), self.block_size
-        return GrowResult([Slot(table[p // size], p % size) for p in range(old_len, request.num_tokens)])
+        return GrowResult([Slot(table[p // size], p % size) for p in range(old_len, request.num_tokens_with_spec)])
 
     def free(self, seq: SeqId) -> None:
         request = self._request(seq, "free")
+        self._accept_drafts(request)
         del self._running[seq]
         request.status = self._vllm.RequestStatus.FINISHED_ABORTED
         self._release(request)
@@ -297,6 +336,7 @@ class VllmV1Allocator:
 
     def preempt(self, seq: SeqId) -> None:
         request = self._request(seq, "preempt")
+        self._accept_drafts(request)
         del self._running[seq]
         self._release(request)
         request.status = self._vllm.RequestStatus.PREEMPTED
@@ -315,7 +355,17 @@ class VllmV1Allocator:
         raise Unsupported("swap_in: vLLM v1 preempts by recomputation, it has no host pool")
 
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
-        raise Unsupported("rollback: vLLM keeps rejected draft tokens' blocks for the next drafts")
+        if not self._speculative_tokens:
+            raise Unsupported("rollback: vLLM drops only rejected drafts, and this factory has no speculative decoding")
+        request = self._request(seq, "rollback")
+        drafts = request.spec_token_ids
+        if not 1 <= num_tokens <= len(drafts):
+            raise InvalidArgument(
+                f"rollback: {seq!r} has {len(drafts)} draft(s) awaiting verification, cannot reject {num_tokens}"
+            )
+        # update_from_output's rejection: the drafts go, num_computed_tokens falls back, the blocks stay.
+        request.spec_token_ids = drafts[: len(drafts) - num_tokens]
+        request.num_computed_tokens -= num_tokens
 
     def evict(self, num_blocks: int) -> int:
         if num_blocks < 0:
@@ -387,6 +437,16 @@ class VllmV1Allocator:
         request.num_computed_tokens += num_tokens
         request.num_in_flight_tokens += num_tokens
         self._in_flight.append(_InFlight(self._last_completed + self._inflight_window + 1, request, num_tokens))
+
+    def _accept_drafts(self, request: Any) -> None:
+        """The drafts left of the latest grow were accepted: as ``update_from_output`` does, they join the request's
+        tokens, and what is computed (not in flight) is cached."""
+        accepted = request.spec_token_ids
+        if not accepted:
+            return
+        request.spec_token_ids = []
+        request.append_output_token_ids(accepted)
+        self._manager.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
 
     def _release(self, request: Any) -> None:
         if self._inflight_window == 0:
@@ -460,6 +520,24 @@ kv_cache_manager_no_prefix_cache_deferred_free = _factory(
     "Prefix caching disabled; deferred frees (W = 1).",
     prefix_caching=False,
     inflight_window=1,
+)
+kv_cache_manager_spec_decode = _factory(
+    "kv_cache_manager_spec_decode",
+    "Prefix caching, W = 0, speculative decoding as with an EAGLE proposer: 3 drafts a step, 3 look-ahead slots.",
+    speculative_tokens=3,
+    lookahead_tokens=3,
+)
+kv_cache_manager_ngram_spec_decode = _factory(
+    "kv_cache_manager_ngram_spec_decode",
+    "Prefix caching, W = 0, speculative decoding as with the n-gram proposer: 3 drafts a step, no look-ahead slots.",
+    speculative_tokens=3,
+)
+kv_cache_manager_spec_decode_deferred_free = _factory(
+    "kv_cache_manager_spec_decode_deferred_free",
+    "Prefix caching, deferred frees (W = 1), speculative decoding with 2 drafts a step and 2 look-ahead slots.",
+    inflight_window=1,
+    speculative_tokens=2,
+    lookahead_tokens=2,
 )
 kv_cache_manager_no_prefix_cache_sliding_window = _factory(
     "kv_cache_manager_no_prefix_cache_sliding_window",

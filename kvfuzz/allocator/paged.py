@@ -6,6 +6,11 @@ prompt (its last token is always computed). A write into a partial tail block
 that another sequence also references, or that holds cached content (a full cached block made partial by a
 rollback), copies the block first (copy-on-write): cached content is never modified in place, so a cache entry stays
 true for as long as it exists. Released blocks wait out the in-flight window W.
+
+With a look-ahead of K blocks (``lookahead_blocks``), admit and grow give every sequence K blocks beyond the ones its
+tokens fill, as an engine reserves slots for a drafter's K/V; a rollback keeps up to K blocks of the dropped tokens
+as look-ahead, but only blocks it owns alone and that hold no cached content, so a look-ahead block is never shared
+nor matchable. A fork shares only the blocks holding tokens.
 """
 
 from __future__ import annotations
@@ -88,7 +93,10 @@ class PagedAllocator:
         prefix_caching: bool = True,
         reserved_blocks: int = 0,
         sliding_window: Optional[int] = None,
+        lookahead_blocks: int = 0,
     ) -> None:
+        if lookahead_blocks and sliding_window is not None:
+            raise ValueError("PagedAllocator: look-ahead blocks with a sliding window are not implemented")
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.num_host_blocks = num_host_blocks if sliding_window is None else 0
@@ -103,7 +111,9 @@ class PagedAllocator:
             reserved_blocks=reserved_blocks,
             sliding_window=sliding_window,
             introspection=True,
+            lookahead_blocks=lookahead_blocks,
         )
+        self._lookahead = lookahead_blocks  # blocks given beyond those a sequence's tokens fill
         self._cache = self.cache_class()
         self._pool = self.pool_class(
             num_blocks, inflight_window, is_cached=self._cache.is_cached, on_evict=self._cache.unregister
@@ -125,7 +135,8 @@ class PagedAllocator:
         hits = self._usable_hits(self._match(self._key_namespace(namespace), tokens, hashes), len(tokens))
         skipped = self._first_kept_index(len(tokens))
         kept_hits = hits[skipped:]
-        fresh_needed = self._blocks_for(len(tokens)) - max(skipped, len(hits))
+        reach = self._reach(len(tokens))
+        fresh_needed = reach - max(skipped, len(hits))
         evictable = self._pool.evictable_blocks()
         self._check_room(fresh_needed, taken_from_evictable=sum(block in evictable for block in kept_hits))
         for block in kept_hits:
@@ -133,7 +144,7 @@ class PagedAllocator:
         fresh = iter(self._pool.allocate(fresh_needed))
         table = [
             NULL_BLOCK if index < skipped else hits[index] if index < len(hits) else next(fresh)
-            for index in range(self._blocks_for(len(tokens)))
+            for index in range(reach)
         ]
         state = _Sequence(namespace, list(tokens), table, hashes, [next(self._version_clock) for _ in table])
         self._seqs[seq] = state
@@ -146,11 +157,12 @@ class PagedAllocator:
         if not tokens:
             raise InvalidArgument(f"grow: sequence {seq!r} given no tokens")
         old_len, new_len = len(state.tokens), len(state.tokens) + len(tokens)
-        new_indices = range(len(state.table), self._blocks_for(new_len))
+        new_indices = range(len(state.table), self._reach(new_len))
         dropped_at_once = sum(index < self._first_kept_index(new_len) for index in new_indices)
         new_blocks = len(new_indices) - dropped_at_once
         writes_into_tail = old_len % self.block_size != 0
-        tail = state.table[-1]
+        tail_index = old_len // self.block_size  # the partly filled block, when writes_into_tail
+        tail = state.table[tail_index] if writes_into_tail else NULL_BLOCK
         copy_tail = writes_into_tail and self._must_copy_before_write(tail)
         self._check_room(new_blocks + copy_tail)
         copies = []
@@ -158,9 +170,10 @@ class PagedAllocator:
             (private,) = self._pool.allocate(1)
             copies.append(BlockCopy(src=tail, dst=private))
             self._pool.release(tail)
-            state.table[-1] = private
-        if writes_into_tail:
-            state.versions[-1] = next(self._version_clock)
+            state.table[tail_index] = private
+        # The partial tail and any kept look-ahead block the new tokens reach receive new content.
+        for index in range(old_len // self.block_size, min(len(state.table), self._blocks_for(new_len))):
+            state.versions[index] = next(self._version_clock)
         state.table.extend([NULL_BLOCK] * dropped_at_once + self._pool.allocate(new_blocks))
         state.versions.extend(next(self._version_clock) for _ in new_indices)
         first_new_full = len(state.hashes)
@@ -176,11 +189,16 @@ class PagedAllocator:
         source = self._running(parent, "fork")
         if child in self._seqs:
             raise SequenceExists(f"fork: child {child!r} is already live")
-        for block in source.table:
+        filled = self._blocks_for(len(source.tokens))  # look-ahead blocks stay the parent's own
+        for block in source.table[:filled]:
             if block != NULL_BLOCK:
                 self._pool.take(block)
         self._seqs[child] = _Sequence(
-            source.namespace, list(source.tokens), list(source.table), list(source.hashes), list(source.versions)
+            source.namespace,
+            list(source.tokens),
+            source.table[:filled],
+            list(source.hashes),
+            source.versions[:filled],
         )
 
     def free(self, seq: SeqId) -> None:
@@ -244,7 +262,13 @@ class PagedAllocator:
                 f"rollback: dropping {num_tokens} tokens of {seq!r} would bring blocks already "
                 f"dropped by the sliding window back into it"
             )
-        keep = self._blocks_for(new_len)
+        keep = filled = self._blocks_for(new_len)
+        while (
+            keep < min(len(state.table), filled + self._lookahead)
+            and self._pool.refcount(state.table[keep]) == 1
+            and not self._cache.is_cached(state.table[keep])
+        ):
+            keep += 1  # kept as look-ahead: owned alone, holding no cached content
         for block in reversed(state.table[keep:]):
             self._pool.release(block)
         del (
@@ -253,8 +277,9 @@ class PagedAllocator:
             state.tokens[new_len:],
             state.hashes[new_len // self.block_size :],
         )
-        if new_len % self.block_size:
-            state.versions[-1] = next(self._version_clock)
+        # The partial tail and the kept look-ahead blocks will receive other content (no registration still due).
+        for index in range(new_len // self.block_size, keep):
+            state.versions[index] = next(self._version_clock)
 
     def evict(self, num_blocks: int) -> int:
         if num_blocks < 0:
@@ -309,6 +334,10 @@ class PagedAllocator:
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def _reach(self, num_tokens: int) -> int:
+        """The blocks a sequence of ``num_tokens`` tokens is given: those its tokens fill, and the look-ahead."""
+        return self._blocks_for(num_tokens) + self._lookahead
 
     def _running(self, seq: SeqId, op: str) -> _Sequence:
         state = self._seqs.get(seq)
@@ -396,6 +425,12 @@ def paged_allocator(spec: PoolSpec) -> PagedAllocator:
 def sliding_window_allocator(spec: PoolSpec) -> PagedAllocator:
     """The default allocator with a sliding window of three blocks: older blocks are dropped as sequences grow."""
     return PagedAllocator(spec.block_size, spec.num_blocks, inflight_window=1, sliding_window=3 * spec.block_size)
+
+
+def lookahead_allocator(spec: PoolSpec) -> PagedAllocator:
+    """The default allocator with two look-ahead blocks per sequence, kept through rollbacks (speculative decoding
+    with a drafter that writes ahead of the tokens)."""
+    return PagedAllocator(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=1, lookahead_blocks=2)
 
 
 def synchronous_allocator(spec: PoolSpec) -> PagedAllocator:

@@ -7,8 +7,9 @@ in ``capabilities`` are never called (they may raise :class:`~kvfuzz.allocator.e
 Rules every implementation keeps:
 
 * A refusal (any :class:`~kvfuzz.allocator.errors.AllocatorError`) changes nothing observable.
-* ``block_table(seq)`` holds exactly ``ceil(len(tokens) / block_size)`` blocks; position ``p`` lives in slot
-  ``(table[p // block_size], p % block_size)``.
+* ``block_table(seq)`` holds exactly ``ceil(len(tokens) / block_size)`` blocks, or up to
+  ``capabilities.lookahead_blocks`` more (look-ahead blocks, owned by the sequence alone and never cached); position
+  ``p`` lives in slot ``(table[p // block_size], p % block_size)``.
 * A block that will receive a write is referenced by that sequence alone (copy-on-write happened first).
 * A prefix-cache hit covers only blocks whose K/V a completed step wrote, for the same namespace and token prefix.
 * ``fork`` and ``swap_out`` are called only on a sequence whose every token has been computed by a step.

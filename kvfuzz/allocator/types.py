@@ -75,6 +75,13 @@ class Capabilities:
     ``preemption`` = False says the engine never preempts: ``preempt`` is never called (and need not exist).
     ``single_token_grow`` says the engine grows a sequence by exactly one token at a time (decode only, no chunks or
     drafts): every ``grow`` the machine makes appends one token.
+    ``lookahead_blocks`` = K says a running sequence's table may hold up to K blocks beyond ``ceil(len / block_size)``
+    (look-ahead blocks: slots allocated ahead of the tokens, for a drafter's K/V, and blocks a rollback kept). Each
+    is referenced by its sequence alone, never served to a cache hit nor left cached, and returned on free and
+    preempt; a rollback leaves a prefix of the table. K = 0 means exactly ``ceil(len / block_size)`` blocks.
+    ``speculative_tokens`` = k says ``rollback`` drops only unverified drafts: of a ``grow`` of n tokens the last
+    ``min(n - 1, k)`` are drafts (the first is the token the previous step sampled), and a rollback drops at most the
+    drafts of the sequence's latest grow not yet dropped. None: any tokens but the first may be rolled back.
     """
 
     fork: bool = False
@@ -102,6 +109,10 @@ class Capabilities:
     refusal_evicts: bool = False
     preemption: bool = True
     single_token_grow: bool = False
+    lookahead_blocks: int = attrs.field(default=0, validator=_non_negative)
+    speculative_tokens: Optional[int] = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
+    )
 
 
 @attrs.frozen

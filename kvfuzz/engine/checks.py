@@ -250,12 +250,18 @@ class Checks:
 
     def table_shape(self, seq: str, table: tuple[int, ...]) -> None:
         h = self.state
-        want = -(-len(h.reference.tokens(seq)) // h.block_size)
-        if len(table) != want:
+        want, lookahead = h.num_blocks_for(seq), h.caps.lookahead_blocks
+        if not want <= len(table) <= want + lookahead:
             self.fail(
                 Invariant.REFCOUNTS,
                 f"block table of {seq} holds {len(table)} block(s) for {len(h.reference.tokens(seq))} tokens",
-                [f"expected: exactly {want} block(s) of {h.block_size} slots", f"found:    {list(table)}"],
+                [
+                    f"expected: exactly {want} block(s) of {h.block_size} slots"
+                    if not lookahead
+                    else f"expected: {want} block(s) of {h.block_size} slots, then at most {lookahead} look-ahead "
+                    f"block(s) (lookahead_blocks = {lookahead})",
+                    f"found:    {list(table)}",
+                ],
             )
         bad = [block for block in table if not 0 <= block < h.num_blocks and block != NULL_BLOCK]
         if bad:
@@ -547,13 +553,87 @@ class Checks:
             )
 
     def fork_table(self, parent: str, child: str, expected: tuple[int, ...], table: tuple[int, ...]) -> None:
-        """Invariant 3: the child's table is the parent's, except where fork ordered a copy."""
-        if table != expected:
+        """Invariant 3: the child's table is the parent's, except where fork ordered a copy (``expected``: the parent's
+        blocks holding tokens); look-ahead blocks beyond them are the child's own, as ``table_shape`` bounds them."""
+        if table[: len(expected)] != expected:
             self.fail(
                 Invariant.REFCOUNTS,
                 f"fork gave {child} a block table unlike its parent {parent}'s",
                 [f"expected: {list(expected)} (shared, or the copies it ordered)", f"found:    {list(table)}"],
             )
+
+    def rollback_table(self, seq: str, before: tuple[int, ...], table: tuple[int, ...]) -> None:
+        """Invariant 1: a rollback leaves a prefix of the table: every kept position stays in its block."""
+        if table != before[: len(table)]:
+            self.fail(
+                Invariant.CONTENT,
+                f"rollback of {seq} changed the blocks of positions it kept",
+                [
+                    f"expected: a prefix of its table before the rollback, {list(before)}",
+                    f"found:    {list(table)}",
+                    *(
+                        line
+                        for index, (old, new) in enumerate(zip(before, table))
+                        if old != new
+                        for line in self.pools.block_story(old)
+                    ),
+                ],
+            )
+
+    # -- look-ahead blocks ---------------------------------------------------------------------------------------
+
+    def lookahead_exclusive(self, seq: str, hit_tokens: int = 0) -> None:
+        """Every block of ``seq``'s table that is a look-ahead entry (beyond the blocks its tokens fill), of ``seq`` or
+        of another sequence holding it, is referenced by that entry alone: a look-ahead block receives its owner's
+        drafts next (invariant 5), and is never served to a cache hit (invariant 9: ``seq`` was just admitted with
+        ``hit_tokens`` cached tokens)."""
+        h = self.state
+        hit_blocks = -(-hit_tokens // h.block_size)
+        for index, block in enumerate(h.seqs[seq].table):
+            holders = h.refs.holders.get(block, set())
+            if len(holders) < 2:
+                continue
+            ahead = sorted((other, i) for other, i in holders if i >= h.num_blocks_for(other))
+            if not ahead:
+                continue
+            owner, owner_index = ahead[0]
+            matched = index < hit_blocks and owner != seq
+            self.fail(
+                Invariant.CACHE_SOUNDNESS if matched else Invariant.EXCLUSIVE_WRITES,
+                f"cache hit of {hit_tokens} tokens for {seq} matched look-ahead block {block} of {owner}"
+                if matched
+                else f"look-ahead block {block} of {owner} (its logical block {owner_index}, beyond its "
+                f"{h.length(owner)} token(s)) is shared",
+                [
+                    f"expected: block {block} referenced by {owner} alone: a look-ahead block holds none of its "
+                    "tokens, is never shared by a fork nor served to a cache hit",
+                    f"found:    referenced by {sorted(holders)}",
+                    *self.pools.block_story(block),
+                ],
+            )
+
+    def lookahead_not_cached(self) -> None:
+        """Invariant 9 under ``lookahead_blocks``: a block released as a look-ahead entry holds no K/V of any prefix,
+        so the allocator never lists it as cached (reusable) content; checked until it is referenced again or free."""
+        h = self.state
+        alloc = self.introspection
+        if alloc is None or not h.released_lookahead:
+            return
+        cached, free = alloc.cached_blocks(), alloc.free_blocks()
+        for block in sorted(h.released_lookahead):
+            if block in cached:
+                self.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"block {block}, released as a look-ahead block, is listed as cached",
+                    [
+                        "expected: free (or pending): a look-ahead block holds no tokens of its sequence, so no "
+                        "prefix may be matched to it",
+                        "found:    in the cached (evictable) set",
+                        *self.pools.block_story(block),
+                    ],
+                )
+            if block in free:
+                h.released_lookahead.discard(block)
 
     def evict_count(self, num_blocks: int, dropped: int) -> None:
         """Invariant 4: evict(n) reports between 0 and n blocks dropped."""

@@ -97,7 +97,7 @@ class Engine:
         """A new request; returns whether it was admitted."""
         self._begin("admit", seq, namespace, tokens)
         result = self._attempt(
-            lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._blocks(len(tokens)), absent=seq
+            lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._reach(len(tokens)), absent=seq
         )
         if result is None:
             return False
@@ -111,7 +111,7 @@ class Engine:
         namespace, tokens = reference.namespace(seq), tuple(reference.tokens(seq))
         self._begin("readmit", seq)
         result = self._attempt(
-            lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._blocks(len(tokens)), absent=seq
+            lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._reach(len(tokens)), absent=seq
         )
         if result is None:
             return False
@@ -123,7 +123,7 @@ class Engine:
         model = self.expected.seqs[seq]
         old_len = self.expected.length(seq)
         self._begin("grow", seq, tokens)
-        needed = self._blocks(old_len + len(tokens)) - len(model.table) + (old_len % self.block_size != 0)
+        needed = max(0, self._reach(old_len + len(tokens)) - len(model.table)) + (old_len % self.block_size != 0)
         result = self._attempt(lambda: self.allocator.grow(seq, tokens), GrowResult, needed)
         if result is None:
             return False
@@ -131,6 +131,8 @@ class Engine:
             self.pools.copy_block(copy.src, copy.dst)
             self.stats["copy-on-write copies"] += 1
         self.expected.reference.extend(seq, tokens)
+        speculative = self.caps.speculative_tokens
+        model.drafts = 0 if speculative is None else min(len(tokens) - 1, speculative)
         table = self._table(seq)
         self.checks.grow_slots(seq, result.slots, table, old_len, len(tokens))
         self._settle(self._set_table(seq, table, "grown into", f"released by {seq}'s copy-on-write (grow)"))
@@ -148,6 +150,7 @@ class Engine:
         state = self.expected
         self._begin("fork", parent, child)
         needed = int(self.caps.fork_copies and state.length(parent) % self.block_size != 0)
+        needed += self.caps.lookahead_blocks  # the child may get look-ahead blocks of its own
         # Checked as a tuple of BlockCopy by the result check before it is used as one.
         copies = cast(
             Optional[tuple[BlockCopy, ...]],
@@ -166,7 +169,8 @@ class Engine:
         )
         table = self._table(child)
         moved_to = {copy.src: copy.dst for copy in copies}
-        self.checks.fork_table(parent, child, tuple(moved_to.get(block, block) for block in parent_table), table)
+        filled = parent_table[: state.num_blocks_for(parent)]
+        self.checks.fork_table(parent, child, tuple(moved_to.get(block, block) for block in filled), table)
         size, written = self.block_size, state.seqs[child].written
         moved = [index for index, (old, new) in enumerate(zip(parent_table, table)) if old != new]
         self._settle(
@@ -206,7 +210,7 @@ class Engine:
         self._call(lambda: self.allocator.preempt(seq))
         change = self._set_table(seq, (), "released (preempt) by")
         model = self.expected.seqs[seq]
-        model.status, model.written = Status.PREEMPTED, 0
+        model.status, model.written, model.drafts = Status.PREEMPTED, 0, 0
         self._settle(change)
 
     def swap_out(self, seq: SeqId) -> bool:
@@ -262,11 +266,15 @@ class Engine:
         self._begin("rollback", seq, num_tokens)
         self._call(lambda: self.allocator.rollback(seq, num_tokens))
         model = state.seqs[seq]
-        new_len = state.length(seq) - num_tokens
+        old_len = state.length(seq)
+        new_len = old_len - num_tokens
         state.reference.truncate(seq, new_len)
         model.written = min(model.written, new_len)
+        model.drafts = max(0, model.drafts - num_tokens)
+        table = self._table(seq)
+        self.checks.rollback_table(seq, model.table, table)
         released = f"released by {seq}'s rollback of {num_tokens} token(s), to length {new_len}"
-        self._settle(self._set_table(seq, self._table(seq), "after rollback, given to", released))
+        self._settle(self._set_table(seq, table, "after rollback, given to", released, held_tokens=old_len))
 
     def evict(self, num_blocks: int) -> None:
         """Ask the allocator to drop up to ``num_blocks`` cached, unreferenced blocks."""
@@ -367,6 +375,10 @@ class Engine:
     def _blocks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def _reach(self, num_tokens: int) -> int:
+        """The most blocks a table may hold for ``num_tokens`` tokens: those they fill, and the look-ahead."""
+        return self._blocks(num_tokens) + self.caps.lookahead_blocks
+
     def _call(self, call: Callable[[], T]) -> T:
         """Run an operation that may not be refused."""
         try:
@@ -422,11 +434,10 @@ class Engine:
     def _admitted(self, seq: SeqId, reported: Sequence[int], num_cached: int) -> None:
         model = self.expected.seqs.setdefault(seq, SeqModel(seq, Status.RUNNING))
         model.joined_step = self.pools.next_step
-        model.status, model.written = Status.RUNNING, num_cached
+        model.status, model.written, model.drafts = Status.RUNNING, num_cached, 0
         table = self._table(seq)
         self.checks.admit_table(seq, tuple(reported), table)
-        hit_blocks = -(-num_cached // self.block_size)
-        self.checks.accounting(self._set_table(seq, table, "admitted as", hit_blocks=hit_blocks).touched)
+        self.checks.accounting(self._set_table(seq, table, "admitted as", hit_tokens=num_cached).touched)
         model.awaits_step = self.checks.cache_hit(seq, num_cached)
         # A whole-prompt hit passes only under recomputes_last_token: the engine writes the last token again.
         model.written = min(num_cached, self.expected.length(seq) - 1)
@@ -454,16 +465,20 @@ class Engine:
         table: tuple[int, ...],
         event: str,
         released: str = "",
-        hit_blocks: int = 0,
+        hit_tokens: int = 0,
         reuses_cached: bool = False,
+        held_tokens: Optional[int] = None,
     ) -> TableChange:
         """Record ``seq``'s new table; released blocks start their in-flight window. Each block's history notes the
-        ``event`` that gave it to ``seq`` (the first ``hit_blocks`` entries as a cache hit; a block last seen cached
-        and handed out otherwise as evicted first, unless the event ``reuses_cached`` content) and, for a released
-        one, ``released`` (or ``event``)."""
-        model = self.expected.seqs[seq]
+        ``event`` that gave it to ``seq`` (the entries an admission's ``hit_tokens`` cover as a cache hit; a block last
+        seen cached and handed out otherwise as evicted first, unless the event ``reuses_cached`` content) and, for a
+        released one, ``released`` (or ``event``). ``held_tokens``: how many tokens the old table held (its length
+        now, unless a rollback just dropped some), which tells its look-ahead entries apart."""
+        state = self.expected
+        model = state.seqs[seq]
+        hit_blocks = -(-hit_tokens // self.block_size)
         old = model.table
-        change = self.expected.refs.replace(seq, old, table)
+        change = state.refs.replace(seq, old, table)
         model.table = table
         pools = self.pools
         for index, block in enumerate(table):
@@ -479,6 +494,15 @@ class Engine:
         for block in change.released:
             pools.note(block, released or f"{event} {seq}")
             pools.release(block, seq)
+        if self.caps.lookahead_blocks:
+            held = self._blocks(state.length(seq) if held_tokens is None else held_tokens)
+            for index in range(self._blocks(state.length(seq)) if table else held, min(held, len(table))):
+                pools.note(table[index], f"kept as look-ahead by {seq} (logical block {index})")
+            state.released_lookahead |= {block for block in old[held:] if block in change.released}
+            state.released_lookahead -= set(change.acquired)
+            if table:
+                self.checks.lookahead_exclusive(seq, hit_tokens)
+            self.checks.lookahead_not_cached()
         return change
 
     def _settle(self, change: TableChange, positions: Sequence[tuple[SeqId, int]] = ()) -> None:
@@ -498,6 +522,8 @@ class Engine:
             if self.caps.remaps_on_step:
                 self._adopt_remaps()
             self.checks.accounting(settled)
+            if self.caps.lookahead_blocks:
+                self.checks.lookahead_not_cached()
         self.checks.content(self.pools.take_dirty())
         self.checks.operation = operation
 

@@ -41,7 +41,8 @@ class SeqModel:
     ``host_table`` the host blocks while swapped out. ``awaits_step`` marks a cache hit on K/V another sequence
     writes only at the next step (``hits_scheduled_writes``): until that step the sequence is not computed.
     ``joined_step`` is the step before which it last gained its blocks (admission, fork, swap-in): no step before
-    that one has read them for it.
+    that one has read them for it. ``drafts`` counts the unverified drafts at the end of its tokens that a rollback
+    may still drop, when the allocator declares ``speculative_tokens``: those of its latest grow, less those dropped.
     """
 
     seq: SeqId
@@ -51,6 +52,7 @@ class SeqModel:
     written: int = 0
     awaits_step: bool = False
     joined_step: int = 0
+    drafts: int = 0
 
 
 @attrs.frozen
@@ -151,6 +153,8 @@ class ExpectedState:
         # The namespace and tokens of the latest RETIRED_KEPT sequences gone from the reference (freed, or dismissed
         # while preempted), oldest first: their writes may still sit in cached blocks.
         self.retired: dict[SeqId, tuple[Namespace, tuple[int, ...]]] = {}
+        # Blocks released as look-ahead entries and neither referenced again nor seen free since: never cached.
+        self.released_lookahead: set[int] = set()
         self._ids = itertools.count()  # numbers of the ids new_id hands out
 
     def new_id(self) -> SeqId:
@@ -231,14 +235,21 @@ class ExpectedState:
         return 0 if sliding_window is None else max(0, self.length(seq) - sliding_window)
 
     def rollback_limit(self, seq: SeqId) -> int:
-        """The most tokens ``seq`` can drop: one must stay, and no dropped block may come back into the window."""
+        """The most tokens ``seq`` can drop: one must stay, no dropped block may come back into the window, and under
+        ``speculative_tokens`` only the drafts of its latest grow may go."""
         limit = self.length(seq) - 1
+        if self.caps.speculative_tokens is not None:
+            limit = min(limit, self.seqs[seq].drafts)
         sliding_window = self.caps.sliding_window
         table = self.seqs[seq].table
         if sliding_window is not None and NULL_BLOCK in table:
             first_kept = (len(table) - table[::-1].index(NULL_BLOCK)) * self.block_size
             limit = min(limit, self.length(seq) - sliding_window - first_kept)
         return limit
+
+    def num_blocks_for(self, seq: SeqId) -> int:
+        """How many blocks ``seq``'s tokens fill: its table holds these, then at most ``lookahead_blocks`` more."""
+        return -(-self.length(seq) // self.block_size)
 
     def scheduled_writes(self, seq: SeqId) -> list[tuple[int, int]]:
         """(position, slot) of every token of ``seq`` the next step writes."""

@@ -11,15 +11,16 @@ import attrs
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.engine.violations import Invariant
-from kvfuzz.zoo import cache_keys, contract, deep, deferred_free, host_pool, variants
+from kvfuzz.zoo import cache_keys, contract, deep, deferred_free, host_pool, lookahead, variants
 
 
 @attrs.frozen
 class Variant:
     """One broken allocator: its class, the bug class (docs/invariants.md) it belongs to, the invariant that must
-    catch it, the in-flight window it declares and, for sliding-window slips, its window in tokens. A deep variant
-    (:mod:`kvfuzz.zoo.deep`) is one the default ``kvfuzz run`` misses in most seeds: its trigger needs pool
-    pressure, a long program, a rollback or swap at a particular moment, or a tiny pool."""
+    catch it, the in-flight window it declares and, for sliding-window slips, its window in tokens; for look-ahead
+    slips, its look-ahead blocks. A deep variant (:mod:`kvfuzz.zoo.deep`) is one the default ``kvfuzz run`` misses
+    in most seeds: its trigger needs pool pressure, a long program, a rollback or swap at a particular moment, or a
+    tiny pool."""
 
     allocator: type[PagedAllocator]
     bug_class: str
@@ -27,6 +28,7 @@ class Variant:
     inflight_window: int = 1
     sliding_window: Optional[int] = None
     deep: bool = False  # reached by campaigns (swarmed pools, long programs), rarely by a default run
+    lookahead_blocks: int = 0  # the look-ahead it allocates and declares (look-ahead slips)
 
     @property
     def name(self) -> str:
@@ -44,6 +46,7 @@ class Variant:
                 spec.num_host_blocks,
                 inflight_window=self.inflight_window,
                 sliding_window=self.sliding_window,
+                lookahead_blocks=self.lookahead_blocks,
             )
 
         build.__name__ = self.name
@@ -118,6 +121,25 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(contract.RefusalEvictsReferenced, "6 refusal that evicts a referenced block", Invariant.ATOMIC_REFUSAL),
     Variant(contract.ScheduledHitUnshared, "5 scheduled hit without same-round sharing", Invariant.EXCLUSIVE_WRITES),
     Variant(contract.AbortKeepsScheduledHash, "5 withdrawn writes stay matchable", Invariant.CACHE_SOUNDNESS),
+    Variant(
+        lookahead.LookaheadSharedByFork,
+        "8 look-ahead block shared with a fork sibling",
+        Invariant.EXCLUSIVE_WRITES,
+        lookahead_blocks=1,
+    ),
+    Variant(
+        lookahead.LookaheadKeepsCachedBlock,
+        "8 rollback keeps cached content as look-ahead",
+        Invariant.CACHE_SOUNDNESS,
+        lookahead_blocks=2,
+    ),
+    Variant(lookahead.LookaheadLeakOnFree, "2 look-ahead leaked on free", Invariant.REFCOUNTS, lookahead_blocks=1),
+    Variant(
+        lookahead.RollbackDropsAcceptedBlock,
+        "8 rollback frees a block holding accepted tokens",
+        Invariant.CONTENT,
+        lookahead_blocks=2,
+    ),
 )
 
 
