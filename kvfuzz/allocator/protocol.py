@@ -90,7 +90,10 @@ class AllocatorProtocol(Protocol):
         """Bring a swapped-out ``seq`` back; returns (host block, device block) copies to perform."""
 
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
-        """Drop the last ``num_tokens`` tokens of ``seq`` (rejected speculative drafts); keeps at least one token."""
+        """Drop the last ``num_tokens`` tokens of ``seq`` (rejected speculative drafts); keeps at least one token.
+
+        The table left is a prefix of the table before; blocks of dropped tokens may stay as look-ahead blocks, up
+        to ``capabilities.lookahead_blocks``."""
 
     def evict(self, num_blocks: int) -> int:
         """Drop up to ``num_blocks`` cached, unreferenced blocks; return how many were dropped."""
