@@ -49,6 +49,16 @@ def declaring(cls: type, window: int = 0, **capabilities: object):
     return factory
 
 
+def lookahead_with_drafts(spec: PoolSpec) -> PagedAllocator:
+    """kvfuzz's allocator with one look-ahead block and W = 1, declaring that only the last two tokens of a grow are
+    drafts a rollback may drop (``speculative_tokens``)."""
+    allocator = PagedAllocator(
+        spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=1, lookahead_blocks=1
+    )
+    allocator.capabilities = attrs.evolve(allocator.capabilities, speculative_tokens=2)
+    return allocator
+
+
 class CopyTailOnFork(PagedAllocator):
     """A correct allocator whose fork copies the parent's partial last block instead of sharing it."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from factories import B, check_counts, toks
+from factories import B, check_counts, lookahead_with_drafts, toks
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvfuzz.allocator import OutOfBlocks, PagedAllocator, PoolSpec
@@ -105,8 +105,7 @@ def test_the_lookahead_allocator_passes_the_machine(window: int) -> None:
 
 
 def test_draft_only_rollback_passes_the_machine() -> None:
-    build = factory(lookahead=1, window=1, speculative_tokens=2)
-    run_state_machine_as_test(machine_for(build, MachineConfig()), settings=PROFILES["ci"])
+    run_state_machine_as_test(machine_for(lookahead_with_drafts, MachineConfig()), settings=PROFILES["ci"])
 
 
 def test_the_default_lookahead_factory_declares_its_lookahead() -> None:

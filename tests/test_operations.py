@@ -8,6 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
+from factories import lookahead_with_drafts
 from hypothesis.stateful import run_state_machine_as_test
 
 from examples.simple_allocator import make_allocator as simple_allocator
@@ -25,6 +26,7 @@ CONFIGS = {
     "synchronous, no host pool": (synchronous_allocator, MachineConfig(num_blocks=8, num_host_blocks=0)),
     "sliding window": (sliding_window_allocator, MachineConfig(num_blocks=8, num_host_blocks=2)),
     "simple (rollback only)": (simple_allocator, MachineConfig(num_blocks=8, num_host_blocks=0)),
+    "look-ahead, drafts only": (lookahead_with_drafts, MachineConfig(num_blocks=10, num_host_blocks=4)),
 }
 
 
