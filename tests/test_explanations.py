@@ -81,7 +81,7 @@ def test_a_hit_on_content_only_scheduled_says_who_writes_it_and_what_is_undeclar
     violation = _violation(lambda: engine.admit("b", (), (1, 2, 3, 4, 6)))
     assert "nothing is written there yet: a writes it at the next step (step 0)" in violation.summary
     assert "nothing has been written there" not in violation.summary
-    assert "only an allocator that declares matchable_when_scheduled may count K/V" in violation.explain()
+    assert "only an allocator that declares hits_scheduled_writes may count K/V" in violation.explain()
 
 
 class _CollidesWhenScheduled(MatchableAtAllocation, CollidingBlockKey):
@@ -89,7 +89,7 @@ class _CollidesWhenScheduled(MatchableAtAllocation, CollidingBlockKey):
 
 
 def test_a_hit_on_a_slot_another_prefix_will_fill_says_so():
-    engine = _engine(declaring(_CollidesWhenScheduled, matchable_when_scheduled=True)(PoolSpec(4, 8)))
+    engine = _engine(declaring(_CollidesWhenScheduled, hits_scheduled_writes=True)(PoolSpec(4, 8)))
     engine.admit("a", (), FIRST + (1,))
     violation = _violation(lambda: engine.admit("b", (), SECOND + (2,)))
     text = violation.explain()

@@ -927,7 +927,7 @@ class Checks:
                 f"nothing is written there yet: {writer[0]} writes it at the next step (step {next_step})",
                 [
                     f"root cause: the block became matchable when {writer[0]}'s write was scheduled, not when a step "
-                    "had written it; only an allocator that declares matchable_when_scheduled may count K/V a step "
+                    "had written it; only an allocator that declares hits_scheduled_writes may count K/V a step "
                     "has yet to write as cached"
                 ],
             )
