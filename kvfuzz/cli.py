@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Callable, NoReturn, Optional, Sequence
 
 from kvfuzz.accounting import command as account
-from kvfuzz.commands import export, replay, run, show, zoo
+from kvfuzz.commands import campaign, export, replay, run, show, zoo
 from kvfuzz.workload import command as replay_workload
 from kvfuzz.workload import serving_command
 
 # In the order ``kvfuzz --help`` lists them.
-COMMANDS = (run, replay, show, export, zoo, account, replay_workload, serving_command)
+COMMANDS = (run, campaign, replay, show, export, zoo, account, replay_workload, serving_command)
 
 # Arguments (by dest) that name a file a command writes, and how the user spelled them: the directory must exist.
 OUTPUT_FILES = {"output": "-o", "plot": "--plot"}

@@ -21,6 +21,9 @@ as ``{"misuse": {"op": ..., "args": [...], "why": ...}}``. ``inflight_window`` r
 (for a reader; replay uses whatever the allocator declares). A trace with ``known_bug`` null is a regression test
 that passes once the failure stops reproducing; one with a reason passes while it still reproduces. ``config`` may
 also hold ``"kernel"``, the attention kernel invariant 2 ran (``flex``, ``allocator``); without it, ``gather``.
+A trace written by ``kvfuzz campaign`` also holds ``"swarm"``: the program length and the operations of the
+configuration its search drew (``{"program_length": 40, "operations": ["admit", "step", ...]}``); the geometry it
+drew is the trace's ``config``, so replay and export run exactly that pool. Traces without it load as before.
 
 A trace may come from anywhere, so :func:`load` trusts nothing in it: it reads UTF-8 JSON files of at most 16 MiB,
 refuses unknown fields, wrong JSON types, rules that are not operations, arguments that are not exactly the
@@ -77,6 +80,7 @@ class Trace:
     known_bug: Optional[str] = None
     kvfuzz_version: str = kvfuzz.__version__
     flaky: Optional[tuple[int, int]] = None  # (reproduced, replays) when confirmation replays did not all fail
+    swarm: Optional[dict[str, Any]] = None  # a campaign's draw: {"program_length": n, "operations": [...]}
 
     def digest(self) -> str:
         """Identifies the failure: the same allocator, configuration and program give the same digest."""
@@ -97,6 +101,7 @@ class Trace:
             "failure": self.failure,
             "known_bug": self.known_bug,
             **({} if self.flaky is None else {"flaky": {"reproduced": self.flaky[0], "replays": self.flaky[1]}}),
+            **({} if self.swarm is None else {"swarm": self.swarm}),
         }
 
 
@@ -189,7 +194,7 @@ _FORMAT_VERSION = re.compile(r"kvfuzz-trace/([0-9]{1,9})")
 MISUSE_OPERATIONS = ("admit", "grow", "fork", "free", "preempt", "swap_out", "swap_in", "rollback", "evict")
 """The allocator operations a recorded misuse call may name (the contract's, never an arbitrary attribute)."""
 _TOP_FIELDS = {"format": True, "kvfuzz_version": False, "allocator": True, "config": True, "program": True}
-_TOP_FIELDS.update({"failure": True, "known_bug": False, "flaky": False})  # field -> required
+_TOP_FIELDS.update({"failure": True, "known_bug": False, "flaky": False, "swarm": False})  # field -> required
 _CONFIG_FIELDS = {name: True for name in GEOMETRY_LIMITS}
 _CONFIG_FIELDS.update({"inflight_window": False, "dtype": True, "device": True, "kernel": False})
 _FAILURE_FIELDS = {"invariant": True, "title": True, "operation": False, "explanation": False}
@@ -379,7 +384,22 @@ def _trace(data: Any) -> Trace:
     failure = _failure(data["failure"])
     known_bug = _string("known_bug", data.get("known_bug"), optional=True)
     flaky = _flaky(data.get("flaky"))
-    return Trace(allocator, config, program, failure, inflight_window, known_bug, version_text, flaky)
+    swarm = _swarm(data.get("swarm"))
+    return Trace(allocator, config, program, failure, inflight_window, known_bug, version_text, flaky, swarm)
+
+
+def _swarm(value: Any) -> Optional[dict[str, Any]]:
+    """``{"program_length": n, "operations": [names]}``: the configuration a campaign drew for the search that
+    found the failure (the pool geometry is in ``config``); absent from traces of ``kvfuzz run``."""
+    if value is None:
+        return None
+    fields = _fields(value, "swarm", {"program_length": True, "operations": True})
+    length = _integer("swarm.program_length", fields["program_length"], 1, MAX_PROGRAM_CALLS)
+    names = _list("swarm.operations", fields["operations"])
+    for index, name in enumerate(names):
+        if not isinstance(name, str) or name not in BY_NAME:
+            raise _Invalid(f"swarm.operations[{index}]", f"{_show(name)} is not an operation")
+    return {"program_length": length, "operations": list(names)}
 
 
 def _flaky(value: Any) -> Optional[tuple[int, int]]:

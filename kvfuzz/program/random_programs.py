@@ -10,14 +10,14 @@ The programs are made of the machine's own rule calls, so they print, save and r
 from __future__ import annotations
 
 import random
-from typing import Optional
+from typing import Optional, Sequence
 
 import attrs
 
 from kvfuzz.program.arguments import Snapshot
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
-from kvfuzz.program.operations import OPERATIONS
+from kvfuzz.program.operations import OPERATIONS, Operation
 
 
 @attrs.frozen
@@ -28,19 +28,41 @@ class RandomFailure:
     failure: Exception
 
 
-def random_search(target: Target, *, examples: int, steps: int, seed: Optional[int]) -> Optional[RandomFailure]:
-    """Run up to ``examples`` random programs of up to ``steps`` calls; return the first that fails."""
+def random_search(
+    target: Target,
+    *,
+    examples: int,
+    steps: int,
+    seed: Optional[int],
+    operations: Sequence[Operation] = OPERATIONS,
+) -> Optional[RandomFailure]:
+    """Run up to ``examples`` random programs of up to ``steps`` calls over ``operations``; return the first that
+    fails."""
     rng = random.Random(seed)
     for _ in range(examples):
-        execution = target.start()
-        try:
-            for _ in range(rng.randint(1, steps)):
-                state = Snapshot(execution.engine.expected)
-                operation = rng.choice([operation for operation in OPERATIONS if operation.enabled(state)])
-                execution.execute(operation.name, operation.draw(state, rng))
-            execution.teardown()
-        except Exception as error:  # noqa: BLE001 -- any failure is the finding, as for the machine
-            return RandomFailure(tuple(execution.calls), error)
-        finally:
-            execution.engine.close()
+        found = random_program(target, rng, rng.randint(1, steps), operations)
+        if found is not None:
+            return found
+    return None
+
+
+def random_program(
+    target: Target, rng: random.Random, length: int, operations: Sequence[Operation] = OPERATIONS
+) -> Optional[RandomFailure]:
+    """Run one random program of ``length`` calls, each an operation of ``operations`` enabled at that point (the
+    caller keeps one that is always enabled, such as ``admit``), then the teardown; the failure, if it fails."""
+    execution = target.start()
+    try:
+        for _ in range(length):
+            state = Snapshot(execution.engine.expected)
+            enabled = [operation for operation in operations if operation.enabled(state)]
+            if not enabled:
+                break
+            operation = rng.choice(enabled)
+            execution.execute(operation.name, operation.draw(state, rng))
+        execution.teardown()
+    except Exception as error:  # noqa: BLE001 -- any failure is the finding, as for the machine
+        return RandomFailure(tuple(execution.calls), error)
+    finally:
+        execution.engine.close()
     return None

@@ -1,0 +1,12 @@
+"""Campaigns: every distinct failure kvfuzz can reach in a time budget, on every core and across machines.
+
+* :mod:`~kvfuzz.campaign.swarm`: each batch of programs draws its own pool geometry, program length and subset of
+  the operation table, within what the allocator builds;
+* :mod:`~kvfuzz.campaign.signature`: what makes two failures the same finding;
+* :mod:`~kvfuzz.campaign.shrink`: shrinking a failure to a fixpoint (calls, arguments, configuration);
+* :mod:`~kvfuzz.campaign.store`: the signature store and example database, local or in Redis;
+* :mod:`~kvfuzz.campaign.known`: the findings the corpus already holds;
+* :mod:`~kvfuzz.campaign.worker`: one worker process's search;
+* :mod:`~kvfuzz.campaign.supervisor`: the workers, their failures merged, dead workers replaced, the end;
+* :mod:`~kvfuzz.campaign.report`: the distinct-failure table.
+"""

@@ -1,0 +1,226 @@
+"""Shrinking a failing program to a fixpoint: deleting calls, simplifying arguments and the configuration.
+
+A program found by random search keeps calls, tokens and blocks that do not matter. Each pass below proposes
+smaller candidates and keeps one only when its replay, on a fresh allocator, fails with the same
+:class:`~kvfuzz.campaign.signature.Signature`; a candidate whose calls no longer make sense (a grow of a sequence
+never admitted, a swap without host blocks) is never taken for a finding. The passes:
+
+* delete calls: chunks of halving size down to single calls (delta debugging);
+* simplify arguments: shorter token lists (prompts, suffixes, tokens per grow), zero token values, smaller integers;
+* renumber sequence ids in order of first use (``s0``, ``s1``, ...);
+* simplify the configuration: fewer device blocks, fewer host blocks, a smaller block size.
+
+They repeat until none changes anything (the fixpoint) or the time bound runs out; the result says which.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Callable, Iterator, Optional, Sequence, cast
+
+import attrs
+
+from kvfuzz.campaign.signature import Signature, signature_of
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.misuse import MisuseCall
+from kvfuzz.program.call import Call
+from kvfuzz.program.execution import Safeguards, Target
+from kvfuzz.program.replay import NotApplicable, replay
+from kvfuzz.program.stats import RunStats
+from kvfuzz.registry import AllocatorFactory
+
+SEQ_ARGUMENTS = ("seq", "parent", "child")
+"""Arguments that name a sequence, renumbered together."""
+_SEQ_ID = re.compile(r"\bs[0-9]+\b")
+
+
+@attrs.frozen
+class Shrunk:
+    """The smallest program (and configuration) found failing with the same signature; ``stopped_early`` says why
+    shrinking ended before its fixpoint (None: it reached it)."""
+
+    config: MachineConfig
+    calls: tuple[Call, ...]
+    failure: BaseException  # what the final program raised on its last replay
+    replays: int  # candidate programs replayed
+    stopped_early: Optional[str] = None
+
+
+class _Shrinker:
+    """The state of one shrink: the best program so far and the replays' budget.
+
+    Invariant kept: ``config`` and ``calls`` always fail with ``signature`` (they are only replaced by a candidate
+    whose replay did)."""
+
+    def __init__(
+        self,
+        factory: AllocatorFactory,
+        signature: Signature,
+        safeguards: Safeguards,
+        deadline: float,
+        stop: Callable[[], bool],
+        stats: Optional[RunStats],
+    ) -> None:
+        self.factory = factory  # builds a fresh allocator for every replay
+        self.signature = signature  # what every kept candidate fails with
+        self.safeguards = safeguards  # the worker's watchdog and journal
+        self.deadline = deadline  # perf_counter time the shrink must end by
+        self.stop = stop  # the campaign asks the shrink to end now
+        self.stats = stats  # counts the replays' steps
+        self.replays = 0
+
+    def out_of_time(self) -> bool:
+        return time.perf_counter() >= self.deadline or self.stop()
+
+    def fails(self, config: MachineConfig, calls: Sequence[Call]) -> Optional[BaseException]:
+        """The failure of this candidate if it has the signature; None otherwise."""
+        self.replays += 1
+        try:
+            outcome = replay(Target(self.factory, config, self.stats, self.safeguards), calls)
+        except NotApplicable:
+            return None
+        if outcome.failure is None:
+            return None
+        found = signature_of(self.signature.allocator, outcome.failure, calls, outcome.failed_at)
+        return outcome.failure if found == self.signature else None
+
+
+def shrink(
+    factory: AllocatorFactory,
+    config: MachineConfig,
+    calls: Sequence[Call],
+    failure: BaseException,
+    signature: Signature,
+    *,
+    seconds: float,
+    min_blocks: int = 1,
+    block_sizes: Sequence[int] = (),
+    safeguards: Safeguards = Safeguards(),
+    stop: Callable[[], bool] = lambda: False,
+    stats: Optional[RunStats] = None,
+) -> Shrunk:
+    """Shrink ``calls`` under ``config`` (which fail with ``signature``) to a fixpoint of every pass, within
+    ``seconds``; never below ``min_blocks`` device blocks, and only to block sizes in ``block_sizes``."""
+    shrinker = _Shrinker(factory, signature, safeguards, time.perf_counter() + seconds, stop, stats)
+    best: tuple[MachineConfig, tuple[Call, ...], BaseException] = (config, tuple(calls), failure)
+    passes = (_delete_calls, _simplify_arguments, _renumber, _simplify_config)
+    while True:
+        before = best[:2]
+        for shrink_pass in passes:
+            if shrinker.out_of_time():
+                why = "the campaign ended" if stop() else f"its time bound ({seconds:g} s) ran out"
+                return Shrunk(best[0], best[1], best[2], shrinker.replays, f"shrinking stopped early: {why}")
+            best = shrink_pass(shrinker, best, min_blocks, tuple(block_sizes))
+        if best[:2] == before:
+            return Shrunk(best[0], best[1], best[2], shrinker.replays)
+
+
+_Best = tuple[MachineConfig, tuple[Call, ...], BaseException]
+
+
+def _delete_calls(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
+    config, calls, failure = best
+    current = list(calls)
+    chunk = max(1, len(current) // 2)
+    while chunk >= 1 and not shrinker.out_of_time():
+        start, deleted = 0, False
+        while start < len(current) and not shrinker.out_of_time():
+            candidate = current[:start] + current[start + chunk :]
+            found = shrinker.fails(config, candidate) if candidate else None
+            if found is not None:
+                current, failure, deleted = candidate, found, True
+            else:
+                start += chunk
+        if not deleted:
+            chunk //= 2
+    return config, tuple(current), failure
+
+
+def _smaller(value: Any) -> Iterator[Any]:
+    """Simpler values of one argument, simplest first: shorter lists, zero tokens, smaller integers."""
+    if isinstance(value, MisuseCall) or isinstance(value, (str, bool)):
+        return
+    if type(value) is int:
+        yield from sorted({candidate for candidate in (0, 1, value // 2, value - 1) if 0 <= candidate < value})
+        return
+    if isinstance(value, (list, tuple)) and all(type(item) is int for item in value):
+        kind = type(value)
+        seen = {tuple(value)}
+        shorter = [value[:0], value[: len(value) // 2], value[:-1], value[1:]]
+        zeros = [
+            kind(0 if index == position else item for index, item in enumerate(value))
+            for position in range(len(value))
+            if value[position]
+        ]
+        for candidate in [*shorter, kind(0 for _ in value), *zeros]:
+            if tuple(candidate) not in seen:
+                seen.add(tuple(candidate))
+                yield kind(candidate)
+
+
+def _simplify_arguments(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
+    config, calls, failure = best
+    current = list(calls)
+    for index in range(len(current)):
+        for name in [name for name, _ in current[index].arguments]:
+            improved = True
+            while improved and not shrinker.out_of_time():
+                improved = False
+                for candidate in _smaller(current[index].kwargs()[name]):
+                    trial = current[:index] + [Call(current[index].rule, {**current[index].kwargs(), name: candidate})]
+                    trial += current[index + 1 :]
+                    found = shrinker.fails(config, trial)
+                    if found is not None:
+                        current, failure, improved = trial, found, True
+                        break
+    return config, tuple(current), failure
+
+
+def renumbered(calls: Sequence[Call]) -> list[Call]:
+    """``calls`` with sequence ids renamed ``s0``, ``s1``, ... in order of first use (in misuse calls too)."""
+    names: dict[str, str] = {}
+
+    def rename(text: str) -> str:
+        return _SEQ_ID.sub(lambda match: names.setdefault(match.group(0), f"s{len(names)}"), text)
+
+    def value_of(name: str, value: Any) -> Any:
+        if name in SEQ_ARGUMENTS and isinstance(value, str):
+            return rename(value)
+        if isinstance(value, MisuseCall):
+            args = tuple(rename(item) if isinstance(item, str) else item for item in value.args)
+            return MisuseCall(value.op, args, rename(value.why))
+        return value
+
+    return [Call(call.rule, {name: value_of(name, value) for name, value in call.arguments}) for call in calls]
+
+
+def _renumber(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
+    config, calls, failure = best
+    candidate = renumbered(calls)
+    if candidate == list(calls):
+        return best
+    found = shrinker.fails(config, candidate)
+    return (config, tuple(candidate), found) if found is not None else best
+
+
+def _simplify_config(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
+    config, calls, failure = best
+    fields = (
+        ("num_blocks", min_blocks, ()),
+        ("num_host_blocks", 0, ()),
+        ("block_size", 1, tuple(size for size in block_sizes if size < config.block_size)),
+    )
+    for name, lowest, allowed in fields:
+        improved = True
+        while improved and not shrinker.out_of_time():
+            improved = False
+            value = getattr(config, name)
+            options = allowed or sorted({v for v in (lowest, value // 2, value - 1) if lowest <= v < value})
+            for smaller in options:
+                trial = attrs.evolve(config, **cast(dict[str, Any], {name: smaller}))
+                found = shrinker.fails(trial, calls)
+                if found is not None:
+                    config, failure, improved = trial, found, True
+                    break
+    return config, calls, failure

@@ -1,0 +1,79 @@
+"""Failure signatures: what makes two failures of a campaign the same finding.
+
+A signature is the allocator, the failure (the broken invariant, or a crash with its exception type, or a hang),
+the operation of the table whose call failed (``teardown`` for the quiescence check at the end), and for a crash
+the allocator's frame that raised (module and function, never a line number, which moves with every edit). A new
+signature is shrunk and saved once; a known one is only counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+import traceback
+from pathlib import Path
+from typing import Optional, Sequence
+
+import attrs
+
+from kvfuzz.engine.violations import InvariantViolation
+from kvfuzz.program.call import Call
+from kvfuzz.program.safeguards import AllocatorHang
+from kvfuzz.program.stats import failure_kind
+
+TEARDOWN = "teardown"
+"""The operation of a failure raised after the last call, by the quiescence check of the teardown."""
+
+_HARNESS = tuple(
+    str(Path(__file__).resolve().parent.parent / part)
+    for part in ("engine", "program", "reference", "kernels", "accounting", "campaign", "statemachines", "runner.py")
+)
+"""kvfuzz's own code around an allocator call: a crash's frame is the innermost frame outside it (and outside the
+standard library)."""
+_STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
+
+
+@attrs.frozen
+class Signature:
+    """One distinct failure of one allocator: equal signatures are the same finding."""
+
+    allocator: str  # the allocator's spec
+    failure: str  # "invariant 5 (exclusive writes)", "crash (KeyError)", "hang", "crash (the process died)"
+    operation: str  # the failing call's operation, or TEARDOWN
+    frame: Optional[str] = None  # crashes: "module.function" of the allocator's innermost frame
+
+    def key(self) -> str:
+        """A stable string for stores and files: the fields joined, hashed to a short digest."""
+        text = "\x1f".join([self.allocator, self.failure, self.operation, self.frame or ""])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def __str__(self) -> str:
+        frame = f" at {self.frame}" if self.frame else ""
+        return f"{self.failure} in {self.operation}{frame}"
+
+    def to_json(self) -> dict[str, Optional[str]]:
+        return attrs.asdict(self)
+
+
+def signature_of(allocator: str, failure: BaseException, calls: Sequence[Call], failed_at: Optional[int]) -> Signature:
+    """The signature of ``failure``, raised by call ``failed_at`` of ``calls`` (``len(calls)``: the teardown; None:
+    the last call)."""
+    index = len(calls) - 1 if failed_at is None else failed_at
+    operation = calls[index].rule if 0 <= index < len(calls) else TEARDOWN
+    frame = None
+    if not isinstance(failure, (InvariantViolation, AllocatorHang)):
+        frame = allocator_frame(getattr(failure, "original", failure))
+    return Signature(allocator, failure_kind(failure), operation, frame)
+
+
+def allocator_frame(error: BaseException) -> Optional[str]:
+    """``module.function`` of the innermost frame of ``error``'s traceback that is neither kvfuzz's harness nor the
+    standard library: where the allocator raised (None if no such frame)."""
+    found: Optional[str] = None
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        path = frame.f_code.co_filename
+        if path.startswith(_HARNESS) or path.startswith(_STDLIB) or path.startswith("<"):
+            continue
+        name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)  # co_qualname: Python 3.11+
+        found = f"{frame.f_globals.get('__name__', Path(path).stem)}.{name}"
+    return found

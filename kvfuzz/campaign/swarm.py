@@ -1,0 +1,155 @@
+"""Swarm testing over configurations: every program of a campaign draws its own pool geometry, program length and
+subset of operations, within what the allocator accepts.
+
+No single setting finds every bug: a stale-cache bug needs a pool of a few blocks, an accounting drift a long
+program, a rollback slip a program where swap is left out so that rollbacks come often. A campaign therefore draws,
+for each batch of programs, a :class:`SwarmConfig`: the number of blocks (biased toward tiny pools, reaching
+large ones), the block size, the host blocks, the program length (a few calls to a few hundred) and a random subset
+of the operation table (every operation the table has, so a new operation is swarmed as soon as it is added).
+
+What an allocator accepts (:class:`Limits`) is found by asking its factory for pools before the campaign starts:
+block sizes and pool sizes whose allocator the factory refuses to build, or builds with another geometry, are never
+drawn.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Optional
+
+import attrs
+
+from kvfuzz.allocator.types import PoolSpec
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.program.operations import BY_NAME, OPERATIONS, Operation
+from kvfuzz.registry import AllocatorFactory, AllocatorNotFound, AllocatorUnusable, probe_allocator
+
+ALWAYS_ENABLED = ("admit", "step")
+"""Operations every swarm keeps: admit is always enabled (so a program never runs out of calls), step makes the
+written K/V real."""
+
+BLOCK_SIZES = (1, 2, 4, 8, 16)
+"""The block sizes a campaign tries; those the allocator does not build are left out."""
+
+MAX_BLOCKS = 256
+"""The largest device pool a campaign draws (a few kilobytes of K/V per block in the default model shape)."""
+
+MAX_HOST_BLOCKS = 32
+MAX_PROGRAM_LENGTH = 300
+
+
+@attrs.frozen
+class Limits:
+    """What one allocator factory builds, found by probing it: the block sizes it accepts (never empty), the
+    smallest pool, and the capabilities it declares (its in-flight window W among them)."""
+
+    allocator: str  # the spec the campaign was given
+    block_sizes: tuple[int, ...]  # accepted block sizes, ascending
+    min_blocks: int  # the smallest device pool the factory builds
+    inflight_window: int  # the W the allocator declares
+    host_blocks: bool  # whether it keeps the host blocks it is given (swap is possible)
+
+
+@attrs.frozen
+class SwarmConfig:
+    """The configuration of one batch of programs: the allocator (one of the campaign's set), the machine
+    configuration, the program length and the operations its programs may call (always including
+    :data:`ALWAYS_ENABLED`, in the table's order)."""
+
+    allocator: str  # spec of the allocator factory
+    machine: MachineConfig  # pool geometry (and the campaign's model shape and kernel)
+    program_length: int  # calls per program
+    operations: tuple[str, ...]  # names from the operation table
+
+    def operation_records(self) -> tuple[Operation, ...]:
+        """The table entries of :attr:`operations` (names the table no longer has are dropped)."""
+        return tuple(BY_NAME[name] for name in self.operations if name in BY_NAME)
+
+    def to_json(self) -> dict[str, object]:
+        """What a trace records of the swarm (the geometry is in the trace's config)."""
+        return {"program_length": self.program_length, "operations": list(self.operations)}
+
+    def describe(self) -> str:
+        machine = self.machine
+        return (
+            f"{machine.num_blocks} blocks x {machine.block_size} slots, {machine.num_host_blocks} host blocks, "
+            f"{self.program_length} calls over {', '.join(self.operations)}"
+        )
+
+
+def probe_limits(spec: str, factory: AllocatorFactory, base: MachineConfig) -> Limits:
+    """Ask ``factory`` for pools of each :data:`BLOCK_SIZES` and for a one-block pool; raises
+    :class:`AllocatorUnusable` (or :class:`AllocatorNotFound`) when it builds none of them, with the reason the
+    default geometry was refused."""
+    accepted: list[int] = []
+    refusal: Optional[Exception] = None
+    probe = None
+    for block_size in BLOCK_SIZES:
+        try:
+            built = probe_allocator(spec, factory, PoolSpec(block_size, 16, 4))
+        except AllocatorUnusable as error:
+            if block_size == base.block_size or refusal is None:
+                refusal = error
+            continue
+        accepted.append(block_size)
+        if probe is None or block_size == base.block_size:
+            probe = built
+    if probe is None:
+        assert refusal is not None
+        raise refusal
+    block_size = base.block_size if base.block_size in accepted else accepted[0]
+    min_blocks = next(
+        (count for count in (1, 2, 3, 4, 6, 8, 16) if _builds(spec, factory, PoolSpec(block_size, count, 0))), 16
+    )
+    return Limits(
+        spec,
+        tuple(accepted),
+        min_blocks,
+        probe.capabilities.inflight_window,
+        getattr(probe, "num_host_blocks", 0) > 0,
+    )
+
+
+def _builds(spec: str, factory: AllocatorFactory, pool: PoolSpec) -> bool:
+    try:
+        probe_allocator(spec, factory, pool)
+    except (AllocatorUnusable, AllocatorNotFound):
+        return False
+    return True
+
+
+def draw_swarm(rng: random.Random, limits: Limits, base: MachineConfig) -> SwarmConfig:
+    """One configuration: half the pools tiny (the smallest up to 6 blocks), most of the rest up to 32, one in five
+    up to :data:`MAX_BLOCKS`; program lengths mostly short or medium, one in five long; each operation beyond
+    :data:`ALWAYS_ENABLED` kept with probability one half, except one swarm in four that keeps them all."""
+    low = limits.min_blocks
+    roll = rng.random()
+    if roll < 0.5:
+        num_blocks = rng.randint(low, max(low, 6))
+    elif roll < 0.8:
+        num_blocks = rng.randint(max(low, 7), max(low, 32))
+    else:
+        num_blocks = rng.randint(max(low, 33), max(low, MAX_BLOCKS))
+    block_size = rng.choice(limits.block_sizes)
+    roll = rng.random()
+    if not limits.host_blocks or roll < 0.25:
+        host_blocks = 0
+    elif roll < 0.75:
+        host_blocks = rng.randint(1, 4)
+    else:
+        host_blocks = rng.randint(5, MAX_HOST_BLOCKS)
+    roll = rng.random()
+    if roll < 0.4:
+        length = rng.randint(5, 30)
+    elif roll < 0.8:
+        length = rng.randint(31, 100)
+    else:
+        length = rng.randint(101, MAX_PROGRAM_LENGTH)
+    everything = rng.random() < 0.25
+    operations = tuple(
+        operation.name
+        for operation in OPERATIONS
+        if operation.name in ALWAYS_ENABLED or everything or rng.random() < 0.5
+    )
+    machine = attrs.evolve(base, block_size=block_size, num_blocks=num_blocks, num_host_blocks=host_blocks)
+    return SwarmConfig(limits.allocator, machine, length, operations)

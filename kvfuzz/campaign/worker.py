@@ -1,0 +1,348 @@
+"""One worker process of a campaign: search under swarmed configurations until told to stop, and shrink and save
+every failure whose signature it is the first to claim.
+
+A worker alternates batches of plain random programs over a drawn :class:`~kvfuzz.campaign.swarm.SwarmConfig` with
+short Hypothesis rounds on the campaign's shared example database (whose saved failures Hypothesis replays first).
+Its seed stream is its own: ``plan.seed`` differs for every worker slot and every replacement. The program it runs
+is journalled before each call (:class:`~kvfuzz.program.safeguards.Journal`), so if the allocator kills the
+process the campaign recovers that program from the journal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import socket
+import time
+import traceback
+from multiprocessing.queues import Queue
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import attrs
+from hypothesis.database import ExampleDatabase
+
+from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
+from kvfuzz.campaign.shrink import shrink
+from kvfuzz.campaign.signature import Signature, signature_of
+from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
+from kvfuzz.campaign.swarm import Limits, SwarmConfig, draw_swarm
+from kvfuzz.engine.config import MachineConfig, config_json
+from kvfuzz.engine.violations import InvariantViolation
+from kvfuzz.program.call import Call, program_text
+from kvfuzz.program.execution import Safeguards, Target
+from kvfuzz.program.random_programs import random_program
+from kvfuzz.program.replay import NotApplicable, replay
+from kvfuzz.program.safeguards import AllocatorHang, Journal, Watchdog
+from kvfuzz.program.stats import RunStats
+from kvfuzz.registry import AllocatorFactory, load_factory
+from kvfuzz.runner import run, single_threaded_torch
+from kvfuzz.statemachines.machine import machine_for
+from kvfuzz.trace import Trace, failure_record, save
+
+CONFIRM_REPLAYS = 3
+"""Replays of a shrunk program on fresh allocators before it is reported: fewer failing than all is flaky."""
+
+BATCH = 20
+"""Random programs run under one swarm configuration."""
+
+HYPOTHESIS_EVERY = 4
+"""One batch in this many is a Hypothesis round on the shared example database."""
+
+HYPOTHESIS_EXAMPLES = 20
+"""Examples of one Hypothesis round."""
+
+
+@attrs.frozen
+class WorkerPlan:
+    """Everything a worker needs, fixed when it starts (picklable: it crosses into the worker process)."""
+
+    slot: int  # the worker's slot, 0 .. workers - 1
+    seed: int  # its own seed stream (differs per slot and per replacement)
+    allocators: tuple[str, ...]  # the campaign's allocator specs
+    limits: tuple[Limits, ...]  # what each builds, in the same order
+    base: MachineConfig  # model shape and kernel; the geometry is swarmed
+    corpus: Path  # where traces and the journal go
+    database: Optional[str]  # redis://... or an example-database directory; None: the local default
+    state: Path  # the campaign's local state: example database and, without Redis, the signature store
+    known: dict[str, str] = attrs.field(factory=dict)  # signature key -> where it is known from (corpus traces)
+    call_timeout: Optional[float] = 10.0  # the watchdog's limit per operation
+    shrink_seconds: float = 30.0  # the time bound of one shrink
+    hypothesis_every: int = HYPOTHESIS_EVERY  # 0: no Hypothesis rounds
+    claims: Optional[Path] = None  # without Redis: the campaign's directory of signature claims
+
+
+class _Reporter:
+    """Sends progress to the campaign at most every ``interval`` seconds (also a heartbeat), and each message."""
+
+    def __init__(self, queue: "Queue[Message]", slot: int, interval: float = 0.25) -> None:
+        self.queue, self.slot, self.interval = queue, slot, interval
+        self.examples = self.steps = 0
+        self.phase = "searching"
+        self.last = time.monotonic()
+
+    def on_step(self, stats: RunStats) -> None:
+        self.steps += 1
+        if time.monotonic() - self.last >= self.interval:
+            self.flush()
+
+    def example(self) -> None:
+        self.examples += 1
+
+    def flush(self) -> None:
+        self.queue.put(Progress(self.slot, self.examples, self.steps, self.phase))
+        self.examples = self.steps = 0
+        self.last = time.monotonic()
+
+    def send(self, message: Message) -> None:
+        self.flush()
+        self.queue.put(message)
+
+
+def worker_main(
+    plan: WorkerPlan, queue: "Queue[Message]", stop: Event, halt: Event, budget: "Synchronized[int]"
+) -> None:
+    """The worker process: search until ``stop`` is set or ``budget`` (examples left to start, shared by every
+    worker; negative: unbounded) runs out; a shrink in progress ends early only when ``halt`` is set. kvfuzz's own
+    errors are sent as :class:`Crashed`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign handles Ctrl-C and tells the workers to stop
+    reporter = _Reporter(queue, plan.slot)
+    try:
+        with single_threaded_torch():
+            _Worker(plan, reporter, stop, halt, budget).search()
+    except BaseException:  # noqa: BLE001 -- a bug of kvfuzz's, reported to the campaign instead of lost
+        reporter.send(Crashed(plan.slot, traceback.format_exc()))
+        return
+    reporter.send(Done(plan.slot))
+
+
+class _Worker:
+    """The search loop of one worker and what it does with each failure."""
+
+    def __init__(
+        self, plan: WorkerPlan, reporter: _Reporter, stop: Event, halt: Event, budget: "Synchronized[int]"
+    ) -> None:
+        self.plan = plan
+        self.reporter = reporter
+        self.stop = stop  # set by the campaign when it ends
+        self.halt = halt  # set on Ctrl-C: shrinks end early too
+        self.budget = budget  # examples left to start, shared by every worker; negative: no limit
+        random.seed(plan.seed)  # Hypothesis draws from the global random: each worker its own stream
+        self.rng = random.Random(plan.seed)
+        self.factories: dict[str, AllocatorFactory] = {spec: load_factory(spec) for spec in plan.allocators}
+        self.limits = dict(zip(plan.allocators, plan.limits))
+        self.store: SignatureStore = open_store(plan.database, plan.claims or plan.state / "claims")
+        self.examples_db: Optional[ExampleDatabase] = None  # opened on the first Hypothesis round
+        self.stats = RunStats(on_step=reporter.on_step)
+
+    def take_example(self) -> bool:
+        """Whether the campaign's example budget allows one more program (and count it)."""
+        with self.budget.get_lock():
+            if self.budget.value == 0:
+                self.stop.set()
+                return False
+            if self.budget.value > 0:
+                self.budget.value -= 1
+        return True
+
+    def search(self) -> None:
+        batch = 0
+        while not self.stop.is_set():
+            spec = self.rng.choice(self.plan.allocators)
+            swarm = draw_swarm(self.rng, self.limits[spec], self.plan.base)
+            batch += 1
+            every = self.plan.hypothesis_every
+            if every and batch % every == 0:
+                self.hypothesis_round(swarm)
+            else:
+                self.random_batch(swarm)
+
+    def _journal(self, swarm: SwarmConfig) -> Optional[Journal]:
+        try:
+            return Journal(self.plan.corpus, swarm.allocator, config_json(swarm.machine, None))
+        except OSError:
+            return None  # no journal is better than no search: a crash then loses its program
+
+    def random_batch(self, swarm: SwarmConfig) -> None:
+        factory = self.factories[swarm.allocator]
+        operations = swarm.operation_records()
+        journal = self._journal(swarm)
+        try:
+            with Watchdog(self.plan.call_timeout) if self.plan.call_timeout else contextlib.nullcontext() as watchdog:
+                safeguards = Safeguards(journal, watchdog)
+                target = Target(factory, swarm.machine, self.stats, safeguards)
+                for _ in range(BATCH):
+                    if self.stop.is_set() or not self.take_example():
+                        return
+                    self.reporter.example()
+                    try:
+                        found = random_program(target, self.rng, swarm.program_length, operations)
+                    except AllocatorHang as hang:
+                        self.failure(swarm, list(self.stats.last_failing_program or []), hang, safeguards)
+                        continue
+                    if found is not None:
+                        self.failure(swarm, list(found.calls), found.failure, safeguards)
+        finally:
+            if journal is not None:
+                journal.close()
+
+    def hypothesis_round(self, swarm: SwarmConfig) -> None:
+        """A short Hypothesis search (no shrinking: kvfuzz shrinks what it claims) on the shared example database."""
+        if not self.take_example():
+            return
+        if self.examples_db is None:
+            self.examples_db = open_examples(self.plan.database, self.plan.state / "examples")
+        summary = run(
+            self.factories[swarm.allocator],
+            swarm.machine,
+            examples=HYPOTHESIS_EXAMPLES,
+            steps=min(swarm.program_length, 100),
+            allocator_name=swarm.allocator,
+            shrink=False,
+            database=self.examples_db,
+            random_examples=0,
+            progress=lambda line: self.reporter.flush(),
+            call_timeout=self.plan.call_timeout,
+            journal_dir=self.plan.corpus,
+            confirm_replays=0,
+        )
+        self.reporter.examples += summary.examples
+        self.reporter.steps += summary.steps
+        if self.budget.value > 0:
+            with self.budget.get_lock():
+                self.budget.value = max(0, self.budget.value - max(0, summary.examples - 1))
+        if summary.failed and summary.calls and summary.failure is not None:
+            watchdog = Watchdog(self.plan.call_timeout) if self.plan.call_timeout else None
+            with watchdog or contextlib.nullcontext():
+                self.failure(swarm, list(summary.calls), summary.failure, Safeguards(None, watchdog))
+
+    def failure(self, swarm: SwarmConfig, calls: list[Call], failure: BaseException, safeguards: Safeguards) -> None:
+        """A failing program: count it if its signature is known, else claim it, shrink it, confirm it and save it."""
+        factory = self.factories[swarm.allocator]
+        failed_at: Optional[int] = None
+        if not isinstance(failure, AllocatorHang):  # every replay of a hang costs the call timeout
+            try:
+                outcome = replay(Target(factory, swarm.machine, None, safeguards), calls)
+            except NotApplicable:
+                outcome = None
+            if outcome is not None and outcome.failure is not None:
+                failure, failed_at = outcome.failure, outcome.failed_at
+        signature = signature_of(swarm.allocator, failure, calls, failed_at)
+        key = signature.key()
+        if key in self.plan.known:
+            self.reporter.send(Seen(self.plan.slot, signature.to_json(), key, self.plan.known[key]))
+            return
+        record = {
+            "signature": signature.to_json(),
+            "found_by": f"{socket.gethostname()} pid {os.getpid()}",
+            "trace": None,
+        }
+        self.store.seen(signature)
+        prior = self.store.claim(signature, record)
+        if prior is not None:
+            where = f"found earlier by {prior.get('found_by', 'another worker')}"
+            self.reporter.send(Seen(self.plan.slot, signature.to_json(), key, where))
+            return
+        self.reporter.send(Claimed(self.plan.slot, signature.to_json(), key, len(calls)))
+        self.reporter.phase = "shrinking"
+        try:
+            self.save(swarm, calls, failure, signature, safeguards)
+        finally:
+            self.reporter.phase = "searching"
+
+    def save(
+        self,
+        swarm: SwarmConfig,
+        calls: list[Call],
+        failure: BaseException,
+        signature: Signature,
+        safeguards: Safeguards,
+    ) -> None:
+        factory = self.factories[swarm.allocator]
+        limits = self.limits[swarm.allocator]
+        config: MachineConfig = swarm.machine
+        note: Optional[str] = None
+        if isinstance(failure, AllocatorHang):
+            note = "not shrunk: every replay of a hang costs the call timeout"
+            reproduced = replays = 0
+        else:
+            shrunk = shrink(
+                factory,
+                config,
+                calls,
+                failure,
+                signature,
+                seconds=self.plan.shrink_seconds,
+                min_blocks=limits.min_blocks,
+                block_sizes=limits.block_sizes,
+                safeguards=safeguards,
+                stop=self.halt.is_set,
+                stats=self.stats,
+            )
+            config, calls, failure, note = shrunk.config, list(shrunk.calls), shrunk.failure, shrunk.stopped_early
+            replays = CONFIRM_REPLAYS
+            reproduced = _confirm(factory, config, calls, signature, safeguards, replays)
+        trace = Trace(
+            swarm.allocator,
+            config,
+            calls,
+            _failure_record(failure, signature),
+            limits.inflight_window,
+            flaky=(reproduced, replays) if replays and reproduced != replays else None,
+            swarm=swarm.to_json(),
+        )
+        try:
+            path, _ = save(trace, self.plan.corpus)
+            saved, unsaved = str(path), None
+        except OSError:
+            saved, unsaved = None, trace.to_json()
+        self.reporter.send(
+            Saved(
+                self.plan.slot,
+                signature.key(),
+                len(calls),
+                saved,
+                note,
+                reproduced,
+                replays,
+                program_text(machine_for(factory, config).__name__, calls),
+                str(trace.failure.get("explanation", "")),
+                unsaved,
+            )
+        )
+
+
+def _confirm(
+    factory: AllocatorFactory,
+    config: MachineConfig,
+    calls: Sequence[Call],
+    signature: Signature,
+    safeguards: Safeguards,
+    replays: int,
+) -> int:
+    """How many of ``replays`` replays on fresh allocators fail with ``signature``."""
+    reproduced = 0
+    for _ in range(replays):
+        try:
+            outcome = replay(Target(factory, config, None, safeguards), calls)
+        except NotApplicable:
+            continue
+        if outcome.failure is not None:
+            reproduced += signature_of(signature.allocator, outcome.failure, calls, outcome.failed_at) == signature
+    return reproduced
+
+
+def _failure_record(failure: BaseException, signature: Signature) -> dict[str, Any]:
+    if isinstance(failure, InvariantViolation):
+        return failure_record(failure)
+    if isinstance(failure, AllocatorHang):
+        explanation = f"the allocator hung: {failure}"
+    else:
+        shown = getattr(failure, "original", failure)
+        crash = "".join(traceback.format_exception(type(shown), shown, shown.__traceback__, limit=-4))
+        explanation = f"the allocator (or kvfuzz) raised an unexpected exception:\n{crash}"
+    return {"invariant": None, "title": signature.failure, "operation": signature.operation, "explanation": explanation}

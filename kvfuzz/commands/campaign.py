@@ -1,0 +1,254 @@
+"""``kvfuzz campaign``: every distinct failure kvfuzz can reach in a time budget, on every core (see
+:mod:`kvfuzz.campaign`)."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from kvfuzz.campaign.report import CampaignResult, table
+from kvfuzz.campaign.store import check_redis_url, is_redis
+from kvfuzz.campaign.supervisor import CampaignOptions, run_campaign
+from kvfuzz.campaign.swarm import MAX_BLOCKS, MAX_PROGRAM_LENGTH, Limits, probe_limits
+from kvfuzz.commands.options import at_least, at_least_seconds
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.program.operations import OPERATIONS
+from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, AllocatorUnusable, load_factory, registered_allocators
+from kvfuzz.text import plural
+
+DEFAULT_CORPUS = ".kvfuzz/corpus"
+"""Where a campaign saves new traces by default: a hidden directory, so that a campaign run inside a checkout of a
+project (kvfuzz's own included) never adds failing tests to the directories its pytest collects."""
+
+DEFAULT_DURATION = 600.0
+WORKERS_PER_CORE = 4
+"""More workers than this many per core only slow each other down: ``--workers`` above it is refused."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "campaign",
+        help="search for every distinct failure in a time budget, on every core, over swarmed configurations",
+    )
+    parser.add_argument(
+        "--allocator",
+        action="append",
+        metavar="SPEC",
+        help=f"an allocator (MODULE:FACTORY, zoo:NAME, a registered name), or a pattern over the registered and zoo "
+        f"names ('kvfuzz*', 'zoo:*'); repeatable: the work is spread over all of them (default {DEFAULT_ALLOCATOR})",
+    )
+    parser.add_argument(
+        "--duration", type=_seconds, metavar="SECONDS", help=f"stop after this long (default {DEFAULT_DURATION:g})"
+    )
+    parser.add_argument("--max-examples", type=at_least(1), metavar="N", help="stop after N programs")
+    parser.add_argument("--stop-after", type=at_least(1), metavar="N", help="stop after N new distinct failures")
+    parser.add_argument(
+        "--workers", type=at_least(1), metavar="N", help=f"worker processes (default: the cores, {os.cpu_count()})"
+    )
+    parser.add_argument(
+        "--database",
+        metavar="URL|DIR",
+        help="shared state: redis://HOST:PORT/N (Hypothesis's example database and the failure signatures, shared "
+        "by campaigns on several machines), or an example-database directory (default: inside the corpus)",
+    )
+    parser.add_argument(
+        "--corpus",
+        default=DEFAULT_CORPUS,
+        metavar="DIR",
+        help=f"where new failures are saved as traces (default {DEFAULT_CORPUS}, which pytest does not collect)",
+    )
+    parser.add_argument(
+        "--known",
+        action="append",
+        metavar="DIR",
+        help="a corpus whose traces are known findings, counted and not reported as new; repeatable "
+        "(default: ./corpus when it exists)",
+    )
+    parser.add_argument("--seed", type=int, help="the campaign's seed (default: random, printed)")
+    parser.add_argument(
+        "--shrink-time",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="the time bound of shrinking one failure (default 30)",
+    )
+    parser.add_argument(
+        "--call-timeout",
+        type=at_least_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="an operation still running after this long is a hang (default 10; 0: no watchdog)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.set_defaults(handler=campaign_command)
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 seconds")
+    return value
+
+
+def expand_allocators(specs: list[str]) -> tuple[str, ...]:
+    """The allocator set: each spec as given, or a pattern expanded over the registered names and ``zoo:NAME``s;
+    ``AllocatorNotFound`` for a pattern that matches nothing. Duplicates are dropped, the order kept."""
+    from kvfuzz.zoo import VARIANTS
+
+    names = [*registered_allocators(), *(f"zoo:{variant.name}" for variant in VARIANTS)]
+    expanded: list[str] = []
+    for spec in specs:
+        if any(char in spec for char in "*?["):
+            matched = [name for name in names if fnmatch.fnmatchcase(name, spec)]
+            if not matched:
+                raise AllocatorNotFound(f"--allocator {spec!r}: the pattern matches no registered or zoo allocator")
+            expanded += matched
+        else:
+            expanded.append(spec)
+    return tuple(dict.fromkeys(expanded))
+
+
+def _options(args: argparse.Namespace) -> CampaignOptions:
+    """Every check before any work; ``ValueError`` or ``AllocatorNotFound``/``AllocatorUnusable`` (one line)."""
+    cores = os.cpu_count() or 1
+    workers = args.workers if args.workers is not None else cores
+    if workers > WORKERS_PER_CORE * cores:
+        raise ValueError(
+            f"--workers {workers}: more than {WORKERS_PER_CORE} per core ({plural(cores, 'core')} here) only slows "
+            f"each worker down; use at most {WORKERS_PER_CORE * cores}"
+        )
+    corpus = Path(args.corpus)
+    if corpus.exists() and not corpus.is_dir():
+        raise ValueError(f"--corpus {args.corpus}: not a directory")
+    database = args.database
+    if database is not None:
+        if is_redis(database):
+            check_redis_url(database)
+        elif "://" in database:
+            raise ValueError(f"--database {database}: only redis://HOST:PORT/N URLs, or a directory")
+        elif Path(database).exists() and not Path(database).is_dir():
+            raise ValueError(f"--database {database}: not a directory")
+    known = [Path(path) for path in args.known] if args.known else ([Path("corpus")] if Path("corpus").is_dir() else [])
+    for path in known:
+        if not path.is_dir():
+            raise ValueError(f"--known {path}: not a directory")
+    allocators = expand_allocators(args.allocator or [DEFAULT_ALLOCATOR])
+    limits: list[Limits] = []
+    for spec in allocators:
+        limits.append(probe_limits(spec, load_factory(spec), MachineConfig()))
+    duration = args.duration if args.duration is not None else (None if args.max_examples else DEFAULT_DURATION)
+    return CampaignOptions(
+        allocators,
+        tuple(limits),
+        workers,
+        corpus,
+        duration=duration,
+        max_examples=args.max_examples,
+        stop_after=args.stop_after,
+        known=tuple(known),
+        database=database,
+        seed=args.seed if args.seed is not None else random.SystemRandom().randrange(2**32),
+        call_timeout=args.call_timeout or None,
+        shrink_seconds=args.shrink_time,
+    )
+
+
+def campaign_command(args: argparse.Namespace) -> int:
+    try:
+        options = _options(args)
+    except (AllocatorNotFound, AllocatorUnusable, ValueError) as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return 2
+    terminal = sys.stderr.isatty()
+    if not args.json:
+        print(_header(options), flush=True)
+    status_line = _StatusLine(terminal)
+    result = run_campaign(options, status=status_line.update, event=status_line.event)
+    status_line.close()
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        _print_result(result)
+    if result.ended_by == "interrupted":
+        return 130
+    if result.errors and not result.findings:
+        return 3
+    return 1 if result.new else 0
+
+
+def _header(options: CampaignOptions) -> str:
+    until = [f"{options.duration:g} s" if options.duration else None]
+    until += [plural(options.max_examples, "example") if options.max_examples else None]
+    until += [f"{plural(options.stop_after, 'new failure')}" if options.stop_after else None]
+    ends = " or ".join(part for part in until if part)
+    block_sizes = sorted({size for limits in options.limits for size in limits.block_sizes})
+    known = ", ".join(map(str, options.known)) or "none"
+    return (
+        f"kvfuzz campaign: {', '.join(options.allocators)}\n"
+        f"  {plural(options.workers, 'worker')}, until {ends}, seed {options.seed}; each batch draws its pool "
+        f"(up to {MAX_BLOCKS} blocks of {'/'.join(map(str, block_sizes))} slots), program length (up to "
+        f"{MAX_PROGRAM_LENGTH} calls) and a subset of the {len(OPERATIONS)} operations\n"
+        f"  new failures saved to {options.corpus}; known findings from: {known}; shared state: "
+        f"{options.database or 'local'}"
+    )
+
+
+class _StatusLine:
+    """The one updating progress line on standard error (rewritten in place on a terminal; elsewhere a line every
+    ten seconds), with event lines printed above it."""
+
+    def __init__(self, terminal: bool) -> None:
+        self.terminal = terminal
+        self.shown = False
+        self.last_printed = 0.0
+        self.line = ""
+
+    def update(self, line: str) -> None:
+        self.line = line
+        if self.terminal:
+            sys.stderr.write(f"\r\x1b[K{line}")
+            sys.stderr.flush()
+            self.shown = True
+        elif time.monotonic() - self.last_printed >= 10:
+            self.last_printed = time.monotonic()
+            print(f"  {line}", file=sys.stderr, flush=True)
+
+    def event(self, line: str) -> None:
+        if self.terminal and self.shown:
+            sys.stderr.write("\r\x1b[K")
+        print(line, file=sys.stderr, flush=True)
+        if self.terminal and self.line:
+            sys.stderr.write(self.line)
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.terminal and self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _print_result(result: CampaignResult) -> None:
+    print("\n".join(table(result)))
+    for number, finding in enumerate(result.new, 1):
+        print(f"\nfailure {number}: {finding.text}")
+        if finding.program:
+            print(finding.program)
+        if finding.explanation:
+            print(f"\n{finding.explanation}")
+        if finding.trace:
+            print(f"replay it with: kvfuzz replay {finding.trace}")
+        elif finding.unsaved_trace is not None:
+            print(
+                f"trace NOT saved (the corpus could not be written); here it is:\n{json.dumps(finding.unsaved_trace)}"
+            )
