@@ -5,7 +5,8 @@ smaller candidates and keeps one only when its replay, on a fresh allocator, fai
 :class:`~kvfuzz.campaign.signature.Signature`; a candidate whose calls no longer make sense (a grow of a sequence
 never admitted, a swap without host blocks) is never taken for a finding. The passes:
 
-* delete calls: chunks of halving size down to single calls (delta debugging);
+* delete calls: chunks of halving size down to single calls (delta debugging), every window of two or three
+  neighbouring calls, and all the calls that name one sequence;
 * simplify arguments: shorter token lists (prompts, suffixes, tokens per grow), zero token values, smaller integers;
 * renumber sequence ids in order of first use (``s0``, ``s1``, ...);
 * simplify the configuration: fewer device blocks, fewer host blocks, a smaller block size.
@@ -120,6 +121,8 @@ _Best = tuple[MachineConfig, tuple[Call, ...], BaseException]
 
 
 def _delete_calls(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
+    """Delta debugging: chunks of halving size, then every window of two or three neighbouring calls (a preempt
+    and its readmit go together), then every sequence's calls at once (an admit and everything naming it)."""
     config, calls, failure = best
     current = list(calls)
     chunk = max(1, len(current) // 2)
@@ -134,29 +137,60 @@ def _delete_calls(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes
                 start += chunk
         if not deleted:
             chunk //= 2
+    for width in (2, 3):
+        start = 0
+        while start + width <= len(current) and not shrinker.out_of_time():
+            candidate = current[:start] + current[start + width :]
+            found = shrinker.fails(config, candidate) if candidate else None
+            if found is not None:
+                current, failure = candidate, found
+            else:
+                start += 1
+    for seq in sorted({name for call in current for name in _sequences(call)}):
+        if shrinker.out_of_time():
+            break
+        candidate = [call for call in current if seq not in _sequences(call)]
+        found = shrinker.fails(config, candidate) if candidate and len(candidate) < len(current) else None
+        if found is not None:
+            current, failure = candidate, found
     return config, tuple(current), failure
 
 
+def _sequences(call: Call) -> set[str]:
+    """The sequence ids a call names (in its arguments, or inside a misuse call)."""
+    names: set[str] = set()
+    for name, value in call.arguments:
+        if name in SEQ_ARGUMENTS and isinstance(value, str):
+            names.add(value)
+        elif isinstance(value, MisuseCall):
+            names.update(_SEQ_ID.findall(" ".join(str(item) for item in value.args)))
+    return names
+
+
 def _smaller(value: Any) -> Iterator[Any]:
-    """Simpler values of one argument, simplest first: shorter lists, zero tokens, smaller integers."""
-    if isinstance(value, MisuseCall) or isinstance(value, (str, bool)):
+    """Simpler values of one argument, simplest first: shorter lists (of tokens, of namespace parts), zero tokens,
+    smaller integers."""
+    if isinstance(value, (MisuseCall, str, bool)):
         return
     if type(value) is int:
         yield from sorted({candidate for candidate in (0, 1, value // 2, value - 1) if 0 <= candidate < value})
         return
-    if isinstance(value, (list, tuple)) and all(type(item) is int for item in value):
-        kind = type(value)
-        seen = {tuple(value)}
-        shorter = [value[:0], value[: len(value) // 2], value[:-1], value[1:]]
-        zeros = [
+    if not isinstance(value, (list, tuple)):
+        return
+    kind = type(value)
+    candidates = [value[:0], value[: len(value) // 2], value[:-1], value[1:]]
+    if all(type(item) is int for item in value):
+        candidates.append(kind(0 for _ in value))
+        candidates += [
             kind(0 if index == position else item for index, item in enumerate(value))
             for position in range(len(value))
             if value[position]
         ]
-        for candidate in [*shorter, kind(0 for _ in value), *zeros]:
-            if tuple(candidate) not in seen:
-                seen.add(tuple(candidate))
-                yield kind(candidate)
+    seen = {tuple(value)}
+    for candidate in candidates:
+        if tuple(candidate) not in seen:
+            seen.add(tuple(candidate))
+            yield kind(candidate)
 
 
 def _simplify_arguments(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
@@ -206,17 +240,15 @@ def _renumber(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tu
 
 def _simplify_config(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
     config, calls, failure = best
-    fields = (
-        ("num_blocks", min_blocks, ()),
-        ("num_host_blocks", 0, ()),
-        ("block_size", 1, tuple(size for size in block_sizes if size < config.block_size)),
-    )
-    for name, lowest, allowed in fields:
+    for name, lowest in (("num_blocks", min_blocks), ("num_host_blocks", 0), ("block_size", 1)):
         improved = True
         while improved and not shrinker.out_of_time():
             improved = False
             value = getattr(config, name)
-            options = allowed or sorted({v for v in (lowest, value // 2, value - 1) if lowest <= v < value})
+            if name == "block_size" and block_sizes:
+                options = sorted(size for size in block_sizes if size < value)
+            else:
+                options = sorted({v for v in (lowest, value // 2, value - 1) if lowest <= v < value})
             for smaller in options:
                 trial = attrs.evolve(config, **cast(dict[str, Any], {name: smaller}))
                 found = shrinker.fails(trial, calls)

@@ -98,8 +98,9 @@ def check_redis_url(url: str) -> None:
     database = parsed.path.lstrip("/")
     if not parsed.hostname or port is None or not database.isdigit():
         raise ValueError(f"--database {url}: expected redis://HOST:PORT/N (a host, a port and a database number)")
+    client = redis_client(url)
     try:
-        redis_client(url).ping()
+        client.ping()
     except Exception as error:  # noqa: BLE001 -- whatever the client says, in one line
         raise ValueError(f"--database {url}: cannot reach Redis ({' '.join(str(error).split())})") from None
 

@@ -139,15 +139,17 @@ class _Worker:
         self.examples_db: Optional[ExampleDatabase] = None  # opened on the first Hypothesis round
         self.stats = RunStats(on_step=reporter.on_step)
 
-    def take_example(self) -> bool:
-        """Whether the campaign's example budget allows one more program (and count it)."""
+    def take_examples(self, wanted: int) -> int:
+        """How many of ``wanted`` programs the campaign's example budget still allows (they are counted now); 0
+        once the budget is spent, which ends the search."""
         with self.budget.get_lock():
-            if self.budget.value == 0:
-                self.stop.set()
-                return False
-            if self.budget.value > 0:
-                self.budget.value -= 1
-        return True
+            if self.budget.value < 0:
+                return wanted
+            granted = min(wanted, self.budget.value)
+            self.budget.value -= granted
+        if not granted:
+            self.stop.set()
+        return granted
 
     def search(self) -> None:
         batch = 0
@@ -176,7 +178,7 @@ class _Worker:
                 safeguards = Safeguards(journal, watchdog)
                 target = Target(factory, swarm.machine, self.stats, safeguards)
                 for _ in range(BATCH):
-                    if self.stop.is_set() or not self.take_example():
+                    if self.stop.is_set() or not self.take_examples(1):
                         return
                     self.reporter.example()
                     try:
@@ -192,14 +194,15 @@ class _Worker:
 
     def hypothesis_round(self, swarm: SwarmConfig) -> None:
         """A short Hypothesis search (no shrinking: kvfuzz shrinks what it claims) on the shared example database."""
-        if not self.take_example():
+        examples = self.take_examples(HYPOTHESIS_EXAMPLES)
+        if not examples:
             return
         if self.examples_db is None:
             self.examples_db = open_examples(self.plan.database, self.plan.state / "examples")
         summary = run(
             self.factories[swarm.allocator],
             swarm.machine,
-            examples=HYPOTHESIS_EXAMPLES,
+            examples=examples,
             steps=min(swarm.program_length, 100),
             allocator_name=swarm.allocator,
             shrink=False,
@@ -212,9 +215,6 @@ class _Worker:
         )
         self.reporter.examples += summary.examples
         self.reporter.steps += summary.steps
-        if self.budget.value > 0:
-            with self.budget.get_lock():
-                self.budget.value = max(0, self.budget.value - max(0, summary.examples - 1))
         if summary.failed and summary.calls and summary.failure is not None:
             watchdog = Watchdog(self.plan.call_timeout) if self.plan.call_timeout else None
             with watchdog or contextlib.nullcontext():

@@ -1,0 +1,395 @@
+"""kvfuzz campaign: swarmed configurations, signatures, shrinking to a fixpoint, workers, known findings, the
+distinct-failure table, and bad input. The campaigns here last a few seconds; the Redis ones are in
+test_campaign_redis.py."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from factories import kvfuzz
+
+from kvfuzz.allocator import PagedAllocator, PoolSpec
+from kvfuzz.campaign.shrink import renumbered, shrink
+from kvfuzz.campaign.signature import TEARDOWN, signature_of
+from kvfuzz.campaign.swarm import ALWAYS_ENABLED, MAX_BLOCKS, MAX_PROGRAM_LENGTH, draw_swarm, probe_limits
+from kvfuzz.cli import main
+from kvfuzz.corpus import replay_trace
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.misuse import MisuseCall
+from kvfuzz.program.call import Call
+from kvfuzz.program.execution import Target
+from kvfuzz.program.operations import OPERATIONS
+from kvfuzz.program.random_programs import random_program
+from kvfuzz.program.replay import replay
+from kvfuzz.registry import AllocatorUnusable, load_factory
+from kvfuzz.trace import Trace, from_json, load
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+def _picky(spec: PoolSpec) -> PagedAllocator:
+    """An allocator that builds only block sizes 2 and 8, and pools of at least 3 blocks."""
+    if spec.block_size not in (2, 8) or spec.num_blocks < 3:
+        raise ValueError(f"unsupported pool {spec}")
+    return PagedAllocator(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=1)
+
+
+# -- swarm --------------------------------------------------------------------------------------------------------
+
+
+def test_swarm_draws_every_geometry_within_what_the_allocator_builds() -> None:
+    limits = probe_limits("picky", _picky, MachineConfig())
+    assert limits.block_sizes == (2, 8) and limits.min_blocks == 3 and limits.inflight_window == 1
+    rng = random.Random(0)
+    draws = [draw_swarm(rng, limits, MachineConfig()) for _ in range(2000)]
+    blocks = [draw.machine.num_blocks for draw in draws]
+    assert min(blocks) == 3 and max(blocks) > MAX_BLOCKS // 2
+    assert sum(count <= 6 for count in blocks) > len(blocks) * 0.4  # biased toward tiny pools
+    assert {draw.machine.block_size for draw in draws} == {2, 8}
+    assert {draw.machine.num_host_blocks for draw in draws} >= {0, 1, 4, 20}
+    lengths = [draw.program_length for draw in draws]
+    assert min(lengths) <= 10 and max(lengths) > MAX_PROGRAM_LENGTH // 2 and max(lengths) <= MAX_PROGRAM_LENGTH
+    subsets = {draw.operations for draw in draws}
+    assert len(subsets) > 100
+    assert all(set(ALWAYS_ENABLED) <= set(subset) for subset in subsets)
+    every = tuple(operation.name for operation in OPERATIONS)
+    assert every in subsets  # some swarms keep every operation of the table, new ones included
+    for name in set(every) - set(ALWAYS_ENABLED):  # and each operation is left out of some
+        assert any(name not in subset for subset in subsets)
+    for draw in draws[:50]:  # every draw builds
+        _picky(draw.machine.pool_spec())
+
+
+def test_an_allocator_that_builds_no_block_size_is_refused_with_its_reason() -> None:
+    def never(spec: PoolSpec) -> PagedAllocator:
+        raise ValueError("this allocator is never built")
+
+    with pytest.raises(AllocatorUnusable, match="never built"):
+        probe_limits("never", never, MachineConfig())
+
+
+def test_a_trace_records_the_swarm_and_old_traces_still_load(tmp_path: Path) -> None:
+    old = load(REPOSITORY / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c430.json")
+    assert old.swarm is None
+    swarm = {"program_length": 40, "operations": ["admit", "step", "fork"]}
+    trace = Trace(old.allocator, MachineConfig(block_size=2, num_blocks=3), old.program, old.failure, swarm=swarm)
+    again = from_json(json.loads(json.dumps(trace.to_json())))
+    assert again.swarm == swarm and again.config == trace.config
+    bad = {**trace.to_json(), "swarm": {"program_length": 40, "operations": ["admit", "frobnicate"]}}
+    with pytest.raises(Exception, match=r"swarm.operations\[1\]: \"frobnicate\" is not an operation"):
+        from_json(bad, "bad.json")
+
+
+# -- signatures and shrinking -------------------------------------------------------------------------------------
+
+
+class _KeyErrorOnThirdAdmit(PagedAllocator):
+    def admit(self, seq, namespace, tokens):  # type: ignore[no-untyped-def]
+        if len(self._seqs) >= 2:
+            return self._lookup_missing(seq)
+        return super().admit(seq, namespace, tokens)
+
+    def _lookup_missing(self, seq):  # type: ignore[no-untyped-def]
+        return {}[seq]
+
+
+def test_a_crash_signature_names_the_exception_and_the_allocators_frame() -> None:
+    def factory(spec: PoolSpec) -> PagedAllocator:
+        return _KeyErrorOnThirdAdmit(spec.block_size, spec.num_blocks, spec.num_host_blocks)
+
+    calls = [Call("admit", {"seq": f"s{i}", "namespace": (), "system": (), "suffix": [1]}) for i in range(3)]
+    outcome = replay(Target(factory), calls)
+    assert outcome.failure is not None
+    signature = signature_of("x", outcome.failure, calls, outcome.failed_at)
+    assert signature.failure == "crash (KeyError)"
+    assert signature.operation == "admit"
+    assert signature.frame == f"{__name__}._KeyErrorOnThirdAdmit._lookup_missing"
+
+
+def test_a_failure_of_the_teardown_has_the_teardown_as_its_operation() -> None:
+    factory = load_factory("zoo:LeakOnCancel")
+    calls = [Call("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1]}), Call("free", {"seq": "s0"})]
+    outcome = replay(Target(factory), calls)
+    assert outcome.failure is not None
+    assert signature_of("zoo:LeakOnCancel", outcome.failure, calls, outcome.failed_at).operation in ("free", TEARDOWN)
+
+
+def test_renumbering_names_sequences_in_order_of_first_use_in_misuse_calls_too() -> None:
+    calls = [
+        Call("admit", {"seq": "s7", "namespace": (), "system": (), "suffix": [1]}),
+        Call("fork", {"parent": "s7", "child": "s12"}),
+        Call("misuse", {"call": MisuseCall("free", ("s12",), "s12 was already freed")}),
+    ]
+    renamed = renumbered(calls)
+    assert renamed[0].kwargs()["seq"] == "s0"
+    assert renamed[1].kwargs() == {"parent": "s0", "child": "s1"}
+    assert renamed[2].kwargs()["call"] == MisuseCall("free", ("s1",), "s1 was already freed")
+
+
+def _failing_program(spec: str, seed: int):  # type: ignore[no-untyped-def]
+    factory = load_factory(spec)
+    limits = probe_limits(spec, factory, MachineConfig())
+    rng = random.Random(seed)
+    while True:
+        swarm = draw_swarm(rng, limits, MachineConfig())
+        found = random_program(Target(factory, swarm.machine), rng, swarm.program_length, swarm.operation_records())
+        if found is not None and len(found.calls) >= 8:
+            return factory, limits, swarm, found
+
+
+@pytest.mark.parametrize("seed", [3, 5])
+def test_shrinking_reaches_a_fixpoint_of_calls_arguments_ids_and_pool(seed: int) -> None:
+    spec = "zoo:NoCopyOnWrite"
+    factory, limits, swarm, found = _failing_program(spec, seed)
+    outcome = replay(Target(factory, swarm.machine), found.calls)
+    assert outcome.failure is not None
+    signature = signature_of(spec, outcome.failure, found.calls, outcome.failed_at)
+    shrunk = shrink(
+        factory,
+        swarm.machine,
+        found.calls,
+        outcome.failure,
+        signature,
+        seconds=120,
+        min_blocks=limits.min_blocks,
+        block_sizes=limits.block_sizes,
+    )
+    assert shrunk.stopped_early is None
+    assert len(shrunk.calls) <= 5 < len(found.calls)
+    assert shrunk.config.num_blocks <= 2 and shrunk.config.num_host_blocks == 0
+    admits = [call.kwargs() for call in shrunk.calls if call.rule == "admit"]
+    assert admits[0]["seq"] == "s0" and admits[0]["system"] == () and admits[0]["namespace"] == ()
+    assert all(len(admit["suffix"]) == 1 for admit in admits)
+    again = replay(Target(factory, shrunk.config), shrunk.calls)
+    assert again.failure is not None
+    assert signature_of(spec, again.failure, shrunk.calls, again.failed_at) == signature
+
+
+def test_shrinking_says_when_its_time_bound_stopped_it() -> None:
+    spec = "zoo:NoCopyOnWrite"
+    factory, limits, swarm, found = _failing_program(spec, 3)
+    outcome = replay(Target(factory, swarm.machine), found.calls)
+    assert outcome.failure is not None
+    signature = signature_of(spec, outcome.failure, found.calls, outcome.failed_at)
+    shrunk = shrink(factory, swarm.machine, found.calls, outcome.failure, signature, seconds=0.0)
+    assert shrunk.stopped_early == "shrinking stopped early: its time bound (0 s) ran out"
+    assert list(shrunk.calls) == list(found.calls)
+
+
+# -- campaigns ----------------------------------------------------------------------------------------------------
+
+
+def _campaign(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    done = kvfuzz("campaign", "--json", "--known", str(tmp_path / "no-known"), *args, cwd=tmp_path)
+    assert done.stdout, done.stderr
+    return done, json.loads(done.stdout)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "no-known").mkdir()
+    return tmp_path
+
+
+def test_a_campaign_against_two_bugs_reports_both_each_shrunk_and_replayable(workdir: Path) -> None:
+    done, result = _campaign(
+        workdir,
+        "--allocator",
+        "kvfuzz.zoo.combined:shallow_and_deep",
+        "--duration",
+        "25",
+        "--workers",
+        "2",
+        "--seed",
+        "2",
+        "--shrink-time",
+        "20",
+    )
+    assert done.returncode == 1, done.stderr
+    assert result["workers"] == 2 and result["ended_by"] == "duration" and result["examples"] > 0
+    shown = {"NoCopyOnWrite": 0, "SwapInWrongHostBlock": 0}
+    for failure in result["failures"]:
+        assert failure["trace"] is not None and failure["shrunk_length"] is not None
+        assert failure["seen"] >= 1 and failure["first_seconds"] <= result["seconds"]
+        trace = load(workdir / failure["trace"])
+        assert trace.swarm is not None and len(trace.program) == failure["shrunk_length"]
+        assert replay_trace(trace).reproduced
+        for variant in shown:
+            shown[variant] += replay_trace(trace, f"zoo:{variant}").reproduced
+    assert shown["NoCopyOnWrite"] >= 1, result["failures"]
+    assert shown["SwapInWrongHostBlock"] >= 1, result["failures"]
+    keys = [json.dumps(failure["signature"], sort_keys=True) for failure in result["failures"]]
+    assert len(keys) == len(set(keys))  # de-duplicated across the workers
+
+
+def test_a_campaign_against_the_correct_allocator_runs_clean(workdir: Path) -> None:
+    done, result = _campaign(workdir, "--duration", "4", "--workers", "2", "--seed", "1")
+    assert done.returncode == 0, done.stderr
+    assert result["failures"] == [] and result["known"] == [] and result["examples"] > 10
+    assert result["allocators"] == ["kvfuzz.allocator.paged:paged_allocator"]
+
+
+def test_stop_after_and_max_examples_end_the_campaign(workdir: Path) -> None:
+    done, result = _campaign(
+        workdir, "--allocator", "zoo:NoCopyOnWrite", "--stop-after", "1", "--workers", "1", "--seed", "3"
+    )
+    assert done.returncode == 1, done.stderr
+    assert result["ended_by"] == "stop-after" and len(result["failures"]) == 1
+    assert result["failures"][0]["shrunk_length"] <= 5
+    done, result = _campaign(workdir, "--max-examples", "30", "--workers", "2", "--seed", "3")
+    assert done.returncode == 0, done.stderr
+    assert result["ended_by"] == "max-examples" and 10 <= result["examples"] <= 30
+
+
+def test_known_findings_of_the_corpus_are_counted_not_reported_as_new(workdir: Path) -> None:
+    corpus = REPOSITORY / "corpus"
+    done = kvfuzz(
+        "campaign",
+        "--json",
+        "--known",
+        str(corpus),
+        "--allocator",
+        "zoo:NoCopyOnWrite",
+        "--duration",
+        "8",
+        "--workers",
+        "1",
+        "--seed",
+        "3",
+        cwd=workdir,
+    )
+    result = json.loads(done.stdout)
+    known = {(entry["signature"]["failure"], entry["signature"]["operation"]): entry for entry in result["known"]}
+    new = {(entry["signature"]["failure"], entry["signature"]["operation"]) for entry in result["failures"]}
+    signature = ("invariant 5 (exclusive writes)", "grow")
+    assert signature in known, result
+    assert signature not in new
+    assert "nocopyonwrite-exclusive-writes-b4ceae19c430.json (known bug:" in known[signature]["known"]
+    assert known[signature]["seen"] >= 1
+
+
+def test_the_table_lists_each_distinct_failure_with_its_trace(workdir: Path) -> None:
+    done = kvfuzz(
+        "campaign",
+        "--known",
+        str(workdir / "no-known"),
+        "--allocator",
+        "zoo:NoCopyOnWrite",
+        "--stop-after",
+        "1",
+        "--workers",
+        "1",
+        "--seed",
+        "3",
+        cwd=workdir,
+    )
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "kvfuzz campaign: zoo:NoCopyOnWrite"
+    header = lines.index("new failures:") + 1
+    assert lines[header].split() == ["signature", "first", "found", "seen", "shrunk", "trace"]
+    row = lines[header + 1]
+    assert row.strip().startswith("invariant ") and ".kvfuzz/corpus/nocopyonwrite-" in row and " calls " in row
+    assert "replay it with: kvfuzz replay .kvfuzz/corpus/" in done.stdout
+    assert "examples" in done.stderr and "steps/s" in done.stderr  # the progress line
+
+
+def test_a_worker_the_allocator_kills_is_reported_with_its_program_and_replaced(workdir: Path) -> None:
+    done, result = _campaign(
+        workdir,
+        "--allocator",
+        "tests.hostile:segfaults_on_rollback",
+        "--duration",
+        "8",
+        "--workers",
+        "2",
+        "--seed",
+        "4",
+        env={**_environment(), "PYTHONPATH": str(REPOSITORY)},
+    )
+    assert done.returncode == 1, done.stderr
+    assert result["dead_workers"], result
+    dead = result["dead_workers"][0]
+    assert dead["how"] == "killed by signal 11 (SIGSEGV)"
+    trace = load(workdir / dead["trace"])
+    assert trace.program[-1].rule == "rollback"
+    deaths = [failure for failure in result["failures"] if failure["signature"]["failure"] == "crash (the process died)"]
+    assert len(deaths) == 1 and deaths[0]["seen"] >= len(result["dead_workers"])
+    assert deaths[0]["trace"] == dead["trace"]
+    assert result["examples"] > 0 and result["ended_by"] == "duration"  # the campaign went on
+    assert "replaced" in done.stderr
+
+
+def _environment() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
+
+
+def test_the_default_corpus_is_not_collected_by_pytest_in_a_checkout(tmp_path: Path) -> None:
+    """A campaign run from the root of a checkout (kvfuzz's own: ``testpaths`` lists ``corpus``) saves its traces
+    where pytest does not collect them; the same trace in the collected corpus would be a failing test."""
+    (tmp_path / "corpus").mkdir()
+    shutil.copy(REPOSITORY / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "tests").mkdir()
+    done = kvfuzz("campaign", "--allocator", "zoo:NoCopyOnWrite", "--stop-after", "1", "--workers", "1", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    saved = list((tmp_path / ".kvfuzz" / "corpus").glob("*.json"))
+    assert len(saved) == 1
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    collected = subprocess.run(collect, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert "no tests collected" in collected.stdout, collected.stdout
+    shutil.copy(saved[0], tmp_path / "corpus" / saved[0].name)  # the control: in the collected corpus, it is a test
+    collected = subprocess.run(collect, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert saved[0].stem in collected.stdout, collected.stdout
+
+
+# -- bad input ----------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--duration", "0"], "--duration: '0': must be more than 0 seconds"),
+        (["--duration", "-5"], "--duration: '-5': must be more than 0 seconds"),
+        (["--duration", "nan"], "--duration: 'nan': must be more than 0 seconds"),
+        (["--workers", "0"], "--workers: must be >= 1, got 0"),
+        (["--workers", "100000"], "--workers 100000: more than 4 per core"),
+        (["--max-examples", "0"], "--max-examples: must be >= 1, got 0"),
+        (["--stop-after", "0"], "--stop-after: must be >= 1, got 0"),
+        (["--allocator", "zoo:Nope"], "no zoo variant named 'Nope'"),
+        (["--allocator", "zoo:Nothing*"], "the pattern matches no registered or zoo allocator"),
+        (["--database", "redis://127.0.0.1:PORT/0"], "cannot reach Redis"),
+        (["--database", "redis://127.0.0.1/0"], "expected redis://HOST:PORT/N"),
+        (["--database", "http://example.com"], "only redis://HOST:PORT/N URLs, or a directory"),
+        (["--corpus", "FILE"], "not a directory"),
+        (["--known", "MISSING"], "--known MISSING: not a directory"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_status_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, arguments, message
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FILE").write_text("")
+    arguments = [argument.replace("PORT", str(_free_port())) for argument in arguments]
+    status = main(["campaign", "--duration", "1", *arguments])
+    captured = capsys.readouterr()
+    assert status == 2
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvfuzz: ") and message in lines[0], captured.err
+    assert not (tmp_path / ".kvfuzz").exists()  # refused before any work
