@@ -237,6 +237,9 @@ class Campaign:
                     trace_path = str(path)
         if trace_path is not None:
             key = self._death_finding(Path(trace_path), how)
+            finding = self.tally.findings.get(key) if key is not None else None
+            if finding is not None and finding.trace is not None:
+                trace_path = finding.trace  # the same death saved once: this worker's copy was dropped
         self.tally.dead.append(DeadWorker(number, pid, how, trace_path, key))
         self.event(f"worker {number} (pid {pid}) {how}; its program: {trace_path or 'lost (no journal)'}; replaced")
         if not self.stop.is_set():

@@ -48,7 +48,11 @@ CONFIRM_REPLAYS = 3
 """Replays of a shrunk program on fresh allocators before it is reported: fewer failing than all is flaky."""
 
 BATCH = 20
-"""Random programs run under one swarm configuration."""
+"""Random programs run under one swarm configuration, at most."""
+
+BATCH_SECONDS = 1.0
+"""A batch ends after this long even if shorter than :data:`BATCH` (long programs, a slow allocator, a busy
+machine), so that a campaign of a few seconds still tries several configurations."""
 
 HYPOTHESIS_EVERY = 4
 """One batch in this many is a Hypothesis round on the shared example database."""
@@ -177,8 +181,9 @@ class _Worker:
             with Watchdog(self.plan.call_timeout) if self.plan.call_timeout else contextlib.nullcontext() as watchdog:
                 safeguards = Safeguards(journal, watchdog)
                 target = Target(factory, swarm.machine, self.stats, safeguards)
+                ends = time.monotonic() + BATCH_SECONDS
                 for _ in range(BATCH):
-                    if self.stop.is_set() or not self.take_examples(1):
+                    if time.monotonic() > ends or self.stop.is_set() or not self.take_examples(1):
                         return
                     self.reporter.example()
                     try:
