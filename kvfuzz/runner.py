@@ -235,6 +235,7 @@ def run(
     call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT,
     journal_dir: Optional[Path] = None,
     confirm_replays: int = CONFIRM_REPLAYS,
+    database_key: Optional[bytes] = None,
 ) -> RunSummary:
     """Run the machine against ``factory``; never raises for a failure the machine finds, nor for Ctrl-C.
 
@@ -244,7 +245,10 @@ def run(
     Hypothesis's alone (no random programs unless ``random_examples`` says so) and random (Hypothesis ignores a
     database in derandomized or seeded runs). Otherwise runs are derandomized unless a ``seed`` is given or
     ``derandomize`` is false. ``call_timeout`` bounds each operation (None: no watchdog); ``journal_dir`` keeps the
-    running program in a journal there (see :class:`~kvfuzz.program.safeguards.Journal`).
+    running program in a journal there (see :class:`~kvfuzz.program.safeguards.Journal`). ``database_key``
+    replaces the part of the example database's key that Hypothesis derives from the machine class (whose name is
+    the factory's), so that runs of one allocator under different configurations keep their examples apart (a
+    saved example that does not fail when replayed is deleted).
     """
     if database is not None:
         if seed is not None:
@@ -291,6 +295,8 @@ def run(
                             examples - random_examples, steps, derandomize=False, shrink=shrink, database=database
                         ),
                     )
+                    if database_key is not None:
+                        cast(Any, test).hypothesis.inner_test._hypothesis_internal_add_digest = database_key
                     # A derandomized run is seeded explicitly rather than by Hypothesis's derandomize, whose seed is a
                     # digest of the test that came out different under pytest than from the command line.
                     if seed is not None or derandomize:

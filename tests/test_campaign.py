@@ -322,7 +322,8 @@ def test_a_worker_the_allocator_kills_is_reported_with_its_program_and_replaced(
     for dead in result["dead_workers"]:
         trace = load(workdir / dead["trace"])
         assert trace.program[-1].rule in ("rollback", "misuse")  # a misuse call of rollback segfaults too
-    deaths = [failure for failure in result["failures"] if failure["signature"]["failure"] == "crash (the process died)"]
+    died = "crash (the process died)"
+    deaths = [failure for failure in result["failures"] if failure["signature"]["failure"] == died]
     assert {death["signature"]["operation"] for death in deaths} <= {"rollback", "misuse"}
     assert sum(death["seen"] for death in deaths) == len(result["dead_workers"])  # each death saved once
     assert {death["trace"] for death in deaths} == {dead["trace"] for dead in result["dead_workers"]}

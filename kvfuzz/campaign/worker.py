@@ -11,6 +11,8 @@ process the campaign recovers that program from the journal.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import random
 import signal
@@ -50,12 +52,14 @@ CONFIRM_REPLAYS = 3
 BATCH = 20
 """Random programs run under one swarm configuration, at most."""
 
-BATCH_SECONDS = 1.0
-"""A batch ends after this long even if shorter than :data:`BATCH` (long programs, a slow allocator, a busy
-machine), so that a campaign of a few seconds still tries several configurations."""
+BATCH_STEPS = 1500
+"""A batch also ends once its programs have made this many calls (long programs), so that a campaign of a few
+seconds still tries several configurations; counted in calls, not seconds, so that a worker's search is the same
+on a busy machine."""
 
 HYPOTHESIS_EVERY = 4
-"""One batch in this many is a Hypothesis round on the shared example database."""
+"""One batch in this many is a Hypothesis round on the shared example database (the second batch, then every
+fourth), so that the failures saved there by other workers are replayed early."""
 
 HYPOTHESIS_EXAMPLES = 20
 """Examples of one Hypothesis round."""
@@ -162,7 +166,7 @@ class _Worker:
             swarm = draw_swarm(self.rng, self.limits[spec], self.plan.base)
             batch += 1
             every = self.plan.hypothesis_every
-            if every and batch % every == 0:
+            if every and batch % every == 2 % every:
                 self.hypothesis_round(swarm)
             else:
                 self.random_batch(swarm)
@@ -181,9 +185,9 @@ class _Worker:
             with Watchdog(self.plan.call_timeout) if self.plan.call_timeout else contextlib.nullcontext() as watchdog:
                 safeguards = Safeguards(journal, watchdog)
                 target = Target(factory, swarm.machine, self.stats, safeguards)
-                ends = time.monotonic() + BATCH_SECONDS
+                ends = self.stats.steps + BATCH_STEPS
                 for _ in range(BATCH):
-                    if time.monotonic() > ends or self.stop.is_set() or not self.take_examples(1):
+                    if self.stats.steps >= ends or self.stop.is_set() or not self.take_examples(1):
                         return
                     self.reporter.example()
                     try:
@@ -217,6 +221,7 @@ class _Worker:
             call_timeout=self.plan.call_timeout,
             journal_dir=self.plan.corpus,
             confirm_replays=0,
+            database_key=_database_key(swarm),
         )
         self.reporter.examples += summary.examples
         self.reporter.steps += summary.steps
@@ -319,6 +324,13 @@ class _Worker:
                 unsaved,
             )
         )
+
+
+def _database_key(swarm: SwarmConfig) -> bytes:
+    """The example database's key for one allocator and pool: an example saved under another geometry would not
+    fail here, and Hypothesis deletes a saved example that does not fail."""
+    text = json.dumps([swarm.allocator, config_json(swarm.machine, None)], sort_keys=True)
+    return hashlib.sha256(text.encode()).digest()
 
 
 def _confirm(
