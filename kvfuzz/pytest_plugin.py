@@ -16,10 +16,17 @@
   ``--kvfuzz-seed`` override it; ``--kvfuzz-kernel`` picks invariant 2's attention kernel). A failure is saved as
   a trace in ``--kvfuzz-corpus`` (default ``corpus``) and, with ``--kvfuzz-database DIR``, in a Hypothesis example
   database that the next run tries first.
+* Under ``--kvfuzz-profile nightly`` the item runs a campaign instead (:mod:`kvfuzz.campaign`): swarmed
+  configurations on ``--kvfuzz-workers`` processes (default: the cores) for ``--kvfuzz-duration`` seconds (default
+  600), every distinct failure shrunk and saved; ``--kvfuzz-database`` may then be a ``redis://HOST:PORT/N`` shared
+  by machines. The item fails with the table of new distinct failures; the corpus's known findings are counted,
+  not reported.
 """
 
 from __future__ import annotations
 
+import os
+import random
 from pathlib import Path
 from typing import Optional
 
@@ -27,6 +34,10 @@ import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from kvfuzz import journals
+from kvfuzz.campaign.report import table
+from kvfuzz.campaign.store import check_redis_url, is_redis
+from kvfuzz.campaign.supervisor import DEFAULT_DURATION, CampaignOptions, run_campaign
+from kvfuzz.campaign.swarm import probe_limits
 from kvfuzz.corpus import replay_trace, save_failure
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES, KernelUnavailable, make_kernel
@@ -80,6 +91,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="attention kernel of invariant 2 for --kvfuzz-allocator runs: gather (default), flex, allocator",
     )
     group.addoption(
+        "--kvfuzz-duration",
+        type=float,
+        default=DEFAULT_DURATION,
+        metavar="SECONDS",
+        help=f"how long the nightly profile's campaign runs (default {DEFAULT_DURATION:g})",
+    )
+    group.addoption(
+        "--kvfuzz-workers", type=int, metavar="N", help="worker processes of the nightly campaign (default: the cores)"
+    )
+    group.addoption(
         "--kvfuzz-replay-allocator",
         metavar="SPEC",
         help="replay collected traces against this allocator instead of the recorded ones",
@@ -88,10 +109,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """kvfuzz's options checked before anything is collected: a bad one is a usage error, one line."""
-    for name in ("kvfuzz_examples", "kvfuzz_steps"):
+    for name in ("kvfuzz_examples", "kvfuzz_steps", "kvfuzz_workers"):
         value = config.getoption(name)
         if value is not None and value < 1:
             raise pytest.UsageError(f"--{name.replace('_', '-')}={value}: must be >= 1")
+    duration = config.getoption("kvfuzz_duration")
+    if not duration > 0:
+        raise pytest.UsageError(f"--kvfuzz-duration={duration}: must be more than 0 seconds")
+    database = config.getoption("kvfuzz_database")
+    if database and is_redis(database):
+        if config.getoption("kvfuzz_profile") != "nightly":
+            raise pytest.UsageError("--kvfuzz-database redis://... is for the nightly profile's campaign")
+        try:
+            check_redis_url(database)
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
     if config.getoption("kvfuzz_seed") is not None and config.getoption("kvfuzz_database"):
         raise pytest.UsageError(
             "--kvfuzz-seed and --kvfuzz-database cannot be combined (Hypothesis ignores the database under a seed)"
@@ -182,6 +214,9 @@ class MachineItem(_KvfuzzItem):
 
     def runtest(self) -> None:
         option = self.config.getoption
+        if option("kvfuzz_profile") == "nightly":
+            self._campaign()
+            return
         config = MachineConfig(kernel=option("kvfuzz_kernel"))
         try:
             factory = load_factory(self.spec)
@@ -231,6 +266,34 @@ class MachineItem(_KvfuzzItem):
             f"{summary.invariant}\n\nshrunk program ({summary.program_length} operations):\n"
             f"{summary.program}\n\n{summary.explanation}{trace}" + "".join(f"\n({note})" for note in notes)
         )
+
+    def _campaign(self) -> None:
+        """The nightly profile: a campaign; fails with the table of new distinct failures."""
+        option = self.config.getoption
+        base = MachineConfig(kernel=option("kvfuzz_kernel"))
+        try:
+            limits = probe_limits(self.spec, load_factory(self.spec), base)
+        except (AllocatorNotFound, AllocatorUnusable) as error:
+            raise KvfuzzFailure(str(error)) from error
+        corpus = Path(option("kvfuzz_corpus"))
+        result = run_campaign(
+            CampaignOptions(
+                (self.spec,),
+                (limits,),
+                option("kvfuzz_workers") or os.cpu_count() or 1,
+                corpus,
+                duration=option("kvfuzz_duration"),
+                known=(corpus,),
+                database=option("kvfuzz_database"),
+                seed=option("kvfuzz_seed") if option("kvfuzz_seed") is not None else random.randrange(2**32),
+                call_timeout=option("kvfuzz_call_timeout") or None,
+                base=base,
+            )
+        )
+        if result.ended_by == "interrupted":
+            self.session.shouldstop = "kvfuzz: interrupted by the user"
+        if result.new or result.errors:
+            raise KvfuzzFailure("\n".join(table(result)))
 
     def reportinfo(self):
         return self.path, None, self.name

@@ -392,3 +392,27 @@ def test_bad_input_is_one_line_and_exit_status_2(
     lines = captured.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvfuzz: ") and message in lines[0], captured.err
     assert not (tmp_path / ".kvfuzz").exists()  # refused before any work
+
+
+# -- the pytest plugin's nightly profile ---------------------------------------------------------------------------
+
+pytest_plugins = ["pytester"]
+
+
+def test_the_nightly_profile_runs_a_campaign_and_fails_with_its_table(pytester: pytest.Pytester) -> None:
+    failed = pytester.runpytest_subprocess(
+        "--kvfuzz-allocator=zoo:NoCopyOnWrite",
+        "--kvfuzz-profile=nightly",
+        "--kvfuzz-duration=6",
+        "--kvfuzz-workers=1",
+        "--kvfuzz-seed=2",
+        "-p",
+        "no:cacheprovider",
+    )
+    failed.assert_outcomes(failed=1)
+    output = failed.stdout.str()
+    assert "new failures:" in output and "invariant 5 (exclusive writes) in grow" in output, output
+    assert list((pytester.path / "corpus").glob("nocopyonwrite-exclusive-writes-*.json"))
+    bad = pytester.runpytest_subprocess("--kvfuzz-allocator=zoo:NoCopyOnWrite", "--kvfuzz-duration=0")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--kvfuzz-duration=0.0: must be more than 0 seconds" in bad.stderr.str()

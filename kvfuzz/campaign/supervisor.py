@@ -34,6 +34,9 @@ from kvfuzz.engine.config import MachineConfig
 from kvfuzz.program.safeguards import JOURNAL_PREFIX
 from kvfuzz.trace import TraceError, load
 
+DEFAULT_DURATION = 600.0
+"""Seconds a campaign runs unless told otherwise (``kvfuzz campaign``, the plugin's nightly profile)."""
+
 STATE_DIRECTORY = ".kvfuzz-campaign"
 """Inside the corpus: the local example database and the workers' signature claims (hidden: never collected)."""
 

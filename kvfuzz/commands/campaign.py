@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvfuzz.campaign.report import CampaignResult, table
 from kvfuzz.campaign.store import check_redis_url, is_redis
-from kvfuzz.campaign.supervisor import CampaignOptions, run_campaign
+from kvfuzz.campaign.supervisor import DEFAULT_DURATION, CampaignOptions, run_campaign
 from kvfuzz.campaign.swarm import MAX_BLOCKS, MAX_PROGRAM_LENGTH, Limits, probe_limits
 from kvfuzz.commands.options import at_least, at_least_seconds
 from kvfuzz.engine.config import MachineConfig
@@ -27,7 +27,6 @@ DEFAULT_CORPUS = ".kvfuzz/corpus"
 """Where a campaign saves new traces by default: a hidden directory, so that a campaign run inside a checkout of a
 project (kvfuzz's own included) never adds failing tests to the directories its pytest collects."""
 
-DEFAULT_DURATION = 600.0
 WORKERS_PER_CORE = 4
 """More workers than this many per core only slow each other down: ``--workers`` above it is refused."""
 
