@@ -10,7 +10,7 @@
    expected invariant was found, seconds to it, and its shrunk length. Median and worst over the seeds.
 
 Usage: python benchmarks/campaign.py [--scaling-seconds S] [--two-bugs-seconds S] [--seconds S] [--seeds N]
-                                     [--workers N] [--only NAME ...] [--skip-zoo] [--json FILE]
+                                     [--workers N] [--only NAME ...] [--skip-zoo | --zoo-only] [--json FILE]
 """
 
 from __future__ import annotations
@@ -155,12 +155,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", nargs="+", default=[])
     parser.add_argument("--skip-zoo", action="store_true")
+    parser.add_argument("--zoo-only", action="store_true", help="only the zoo's table")
     parser.add_argument("--json", default="benchmarks/results/campaign.json")
     args = parser.parse_args()
-    results: dict[str, Any] = {
-        "scaling": scaling(args.scaling_seconds),
-        "two_bugs": two_bugs(args.two_bugs_seconds, args.workers),
-    }
+    results: dict[str, Any] = {}
+    if not args.zoo_only:
+        results["scaling"] = scaling(args.scaling_seconds)
+        results["two_bugs"] = two_bugs(args.two_bugs_seconds, args.workers)
     if not args.skip_zoo:
         results["zoo"] = zoo(args.seconds, args.seeds, args.workers, args.only)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -331,6 +331,31 @@ def test_a_worker_the_allocator_kills_is_reported_with_its_program_and_replaced(
     assert "replaced" in done.stderr
 
 
+def test_a_hang_is_a_finding_of_its_own_saved_with_its_program_and_the_campaign_goes_on(workdir: Path) -> None:
+    done, result = _campaign(
+        workdir,
+        "--allocator",
+        "tests.hostile:hangs_on_rollback",
+        "--duration",
+        "12",
+        "--workers",
+        "1",
+        "--seed",
+        "4",
+        "--call-timeout",
+        "0.5",
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPOSITORY), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert done.returncode == 1, done.stderr
+    hangs = [failure for failure in result["failures"] if failure["signature"]["failure"] == "hang"]
+    assert hangs, result
+    assert {hang["signature"]["operation"] for hang in hangs} <= {"rollback", "misuse"}
+    for hang in hangs:
+        assert hang["note"] == "not shrunk: every replay of a hang costs the call timeout"
+        assert load(workdir / hang["trace"]).program[-1].rule in ("rollback", "misuse")
+    assert result["dead_workers"] == [] and result["ended_by"] == "duration"
+
+
 def test_the_default_corpus_is_not_collected_by_pytest_in_a_checkout(tmp_path: Path) -> None:
     """A campaign run from the root of a checkout (kvfuzz's own: ``testpaths`` lists ``corpus``) saves its traces
     where pytest does not collect them; the same trace in the collected corpus would be a failing test."""

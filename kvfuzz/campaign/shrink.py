@@ -56,6 +56,7 @@ class _Shrinker:
 
     def __init__(
         self,
+        journalled: MachineConfig,
         factory: AllocatorFactory,
         signature: Signature,
         safeguards: Safeguards,
@@ -63,6 +64,7 @@ class _Shrinker:
         stop: Callable[[], bool],
         stats: Optional[RunStats],
     ) -> None:
+        self.journalled = journalled  # the configuration the journal's header records
         self.factory = factory  # builds a fresh allocator for every replay
         self.signature = signature  # what every kept candidate fails with
         self.safeguards = safeguards  # the worker's watchdog and journal
@@ -77,8 +79,11 @@ class _Shrinker:
     def fails(self, config: MachineConfig, calls: Sequence[Call]) -> Optional[BaseException]:
         """The failure of this candidate if it has the signature; None otherwise."""
         self.replays += 1
+        safeguards = self.safeguards
+        if config != self.journalled:  # the journal's header names the first pool: a death here would misreport it
+            safeguards = Safeguards(None, safeguards.watchdog)
         try:
-            outcome = replay(Target(self.factory, config, self.stats, self.safeguards), calls)
+            outcome = replay(Target(self.factory, config, self.stats, safeguards), calls)
         except NotApplicable:
             return None
         if outcome.failure is None:
@@ -103,7 +108,7 @@ def shrink(
 ) -> Shrunk:
     """Shrink ``calls`` under ``config`` (which fail with ``signature``) to a fixpoint of every pass, within
     ``seconds``; never below ``min_blocks`` device blocks, and only to block sizes in ``block_sizes``."""
-    shrinker = _Shrinker(factory, signature, safeguards, time.perf_counter() + seconds, stop, stats)
+    shrinker = _Shrinker(config, factory, signature, safeguards, time.perf_counter() + seconds, stop, stats)
     best: tuple[MachineConfig, tuple[Call, ...], BaseException] = (config, tuple(calls), failure)
     passes = (_delete_calls, _simplify_arguments, _renumber, _simplify_config)
     while True:
