@@ -114,6 +114,7 @@ def zoo(seconds: float, seeds: int, workers: int, only: list[str]) -> list[dict[
                     "caught": first is not None,
                     "seconds": first.first_seconds if first else None,
                     "shrunk_length": first.shrunk_length if first else None,
+                    "shrink_note": first.note if first else None,
                     "distinct": len(result.new),
                 }
             )
