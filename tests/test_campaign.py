@@ -366,6 +366,9 @@ def test_the_default_corpus_is_not_collected_by_pytest_in_a_checkout(tmp_path: P
     assert done.returncode == 1, done.stderr
     saved = list((tmp_path / ".kvfuzz" / "corpus").glob("*.json"))
     assert len(saved) == 1
+    # The new failure's event points at its timeline.
+    shown = [line for line in (done.stdout + done.stderr).splitlines() if "see it as a timeline: kvfuzz show" in line]
+    assert len(shown) == 1 and saved[0].name in shown[0], done.stdout + done.stderr
     collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
     collected = subprocess.run(collect, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert "no tests collected" in collected.stdout, collected.stdout

@@ -32,6 +32,7 @@ from kvfuzz.campaign.worker import HYPOTHESIS_EVERY, WorkerPlan, worker_main
 from kvfuzz.corpus import PROCESS_DIED
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.program.safeguards import JOURNAL_PREFIX
+from kvfuzz.timeline.hint import show_hint
 from kvfuzz.trace import TraceError, load
 
 DEFAULT_DURATION = 600.0
@@ -334,6 +335,8 @@ class Campaign:
             )
             where = message.trace or "NOT SAVED (the trace is in the result)"
             self.event(f"  shrunk to {message.shrunk_length} calls: {where}")
+            if message.trace:
+                self.event(f"  {show_hint(Path(message.trace))}")
         elif isinstance(message, Seen):
             self._seen(message.signature, message.key, message.known)
         elif isinstance(message, Done):
