@@ -174,10 +174,21 @@ def replay_trace(
         raise NotApplicable(f"the trace ran the {trace.config.kernel!r} attention kernel: {error}") from error
     tries = trace.flaky[1] if trace.flaky is not None else 1
     outcomes: list[ReplayOutcome] = []
+    diverged: Optional[NotApplicable] = None
     with Watchdog(call_timeout) if call_timeout is not None else contextlib.nullcontext() as watchdog:
         target = Target(factory, trace.config, safeguards=Safeguards(watchdog=watchdog))
         for _ in range(tries):
-            outcomes.append(replay(target, trace.program, on_call if not outcomes else None))
+            try:
+                outcomes.append(replay(target, trace.program, on_call if not outcomes else None))
+            except NotApplicable as error:
+                if trace.flaky is None:
+                    raise
+                # A nondeterministic allocator took another path (a refusal where the recording had none): this try
+                # does not reproduce, and the others still count.
+                diverged = error
+    if not outcomes:
+        assert diverged is not None
+        raise diverged
     reproducing = [outcome for outcome in outcomes if reproduces_recorded(trace, outcome.failure)]
     failing = [outcome for outcome in outcomes if outcome.failure is not None]
     shown = (reproducing or failing or outcomes)[0 if (reproducing or failing) else -1]

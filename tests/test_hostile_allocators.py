@@ -253,3 +253,41 @@ def test_pytest_skip_in_the_allocator_fails_the_plugin_item_it_is_no_skip(tmp_pa
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 failed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
     assert "crash (Skipped)" in done.stdout
+
+
+def test_a_flaky_replay_that_takes_another_path_counts_as_not_reproduced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A nondeterministic allocator may refuse in one try where the recording did not, so a later call of the trace
+    cannot be made: that try does not reproduce, and the replay goes on (only a trace not marked flaky raises)."""
+    import attrs
+
+    from kvfuzz import corpus
+    from kvfuzz.program.replay import NotApplicable
+    from kvfuzz.trace import load
+
+    for seed in range(8):
+        summary = run(hostile.sometimes_leaks, examples=60, steps=30, seed=seed, confirm_replays=8)
+        if summary.flaky and summary.reproduced:
+            break
+    else:
+        pytest.fail("no run of a leak that happens half the time was reported flaky")
+    saved = corpus.save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), 1, tmp_path)
+    assert saved is not None
+    trace = load(saved.path)
+    real_replay = corpus.replay
+    tries: list[int] = []
+
+    def diverging_every_other_try(*args, **kwargs):  # type: ignore[no-untyped-def]
+        tries.append(1)
+        if len(tries) % 2 == 0:
+            raise NotApplicable("call 3 cannot be made in the state the calls before it left")
+        return real_replay(*args, **kwargs)
+
+    monkeypatch.setattr(corpus, "replay", diverging_every_other_try)
+    replayed = corpus.replay_trace(trace)
+    assert replayed.tries == 8 and len(tries) == 8 and replayed.reproductions <= 4
+    tries.clear()
+    tries.append(1)  # the next try diverges: a trace not marked flaky does not fit, and that is said
+    with pytest.raises(NotApplicable):
+        corpus.replay_trace(attrs.evolve(trace, flaky=None))
