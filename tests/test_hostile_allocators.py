@@ -18,7 +18,7 @@ from kvfuzz.allocator import paged_allocator
 from kvfuzz.engine import Invariant, MachineConfig
 from kvfuzz.program.execution import Target
 from kvfuzz.program.replay import replay
-from kvfuzz.runner import run
+from kvfuzz.runner import RunSummary, run
 from tests import hostile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,16 +160,20 @@ def test_a_segfault_leaves_a_journal_that_becomes_a_replayable_trace(tmp_path: P
     assert "signal 11" in replayed.stdout
 
 
+def _flaky_leak_run() -> RunSummary:
+    """A run against a leak that happens half the time, reported flaky (8 confirming replays) yet reproduced."""
+    for seed in range(8):
+        summary = run(hostile.sometimes_leaks, examples=60, steps=30, seed=seed, confirm_replays=8)
+        if summary.flaky and summary.reproduced:
+            return summary
+    pytest.fail("no run of a leak that happens half the time was reported flaky")
+
+
 def test_a_flaky_failure_is_saved_flaky_and_replayed_and_exported_as_such(tmp_path: Path) -> None:
     from kvfuzz.corpus import export_test, replay_trace, save_failure
     from kvfuzz.trace import load
 
-    for seed in range(8):
-        summary = run(hostile.sometimes_leaks, examples=60, steps=30, seed=seed, confirm_replays=8)
-        if summary.flaky and summary.reproduced:
-            break
-    else:
-        pytest.fail("no run of a leak that happens half the time was reported flaky")
+    summary = _flaky_leak_run()
     saved = save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), 1, tmp_path)
     assert saved is not None and saved.error is None
     trace = load(saved.path)
@@ -266,12 +270,7 @@ def test_a_flaky_replay_that_takes_another_path_counts_as_not_reproduced(
     from kvfuzz.program.replay import NotApplicable
     from kvfuzz.trace import load
 
-    for seed in range(8):
-        summary = run(hostile.sometimes_leaks, examples=60, steps=30, seed=seed, confirm_replays=8)
-        if summary.flaky and summary.reproduced:
-            break
-    else:
-        pytest.fail("no run of a leak that happens half the time was reported flaky")
+    summary = _flaky_leak_run()
     saved = corpus.save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), 1, tmp_path)
     assert saved is not None
     trace = load(saved.path)
