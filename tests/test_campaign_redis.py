@@ -65,7 +65,7 @@ def _campaign(cwd: Path, redis_url: str, corpus: str) -> dict:
         "--known",
         "no-known",
         "--max-examples",
-        "100",  # batches of random programs, and Hypothesis rounds on the shared example database
+        "300",  # batches of random programs, and Hypothesis rounds that find the bug too and save it there
         "--workers",
         "1",
         "--seed",
