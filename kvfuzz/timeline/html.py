@@ -134,15 +134,7 @@ def _column_width(count: int) -> int:
 
 
 def _span_class(cell: Cell) -> str:
-    if cell.holders and cell.pending:
-        return "span-held-pending"
-    if len(cell.holders) > 1:
-        return "span-shared"
-    if cell.holders:
-        return "span-held"
-    if cell.pending:
-        return "span-pending"
-    return "span-cached" if cell.cached else "span-free"
+    return f"span-{cell.state}"
 
 
 def _svg(timeline: Timeline) -> Iterator[str]:

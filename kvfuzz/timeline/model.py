@@ -56,6 +56,19 @@ class Cell:
     pending: bool = False  # released while work was in flight that may still land on it
     cached: bool = False  # in the allocator's cached set (None of kvfuzz's business otherwise)
 
+    @property
+    def state(self) -> str:
+        """What the lane draws for this cell: held-pending, shared, held, pending, cached, or free."""
+        if self.holders and self.pending:
+            return "held-pending"
+        if len(self.holders) > 1:
+            return "shared"
+        if self.holders:
+            return "held"
+        if self.pending:
+            return "pending"
+        return "cached" if self.cached else "free"
+
     def describe(self) -> str:
         parts = [f"held by {', '.join(map(str, self.holders))}" if self.holders else "unreferenced"]
         if self.refcount is not None:

@@ -50,15 +50,8 @@ _OFFSETS = {kind: index for index, kind in enumerate(_MARKERS)}
 
 
 def _state(cell: Cell) -> str:
-    if cell.holders and cell.pending:
-        return "held-pending"
-    if len(cell.holders) > 1:
-        return "shared"
-    if cell.holders:
-        return "held"
-    if cell.pending:
-        return "pending"
-    return "cached" if cell.cached else ""
+    """The cell's state, with a free block drawn as nothing."""
+    return "" if cell.state == "free" else cell.state
 
 
 def _label(cell: Cell) -> str:
