@@ -113,6 +113,16 @@ class BlockPool:
 
     # -- cache maintenance ---------------------------------------------------------------------------------------
 
+    def evict_block(self, block: int) -> None:
+        """Drop ``block``'s cache entry if it has one; an evictable block becomes free, a pending one settles as free.
+        A referenced block is left alone."""
+        if self._refcount[block] > 0:
+            return
+        if block in self._evictable:
+            del self._evictable[block]
+            self._free[block] = None
+        self._on_evict(block)
+
     def evict(self, count: int) -> int:
         """Drop up to ``count`` least recently used evictable blocks; return how many."""
         dropped = 0

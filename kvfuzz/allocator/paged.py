@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import Collection, Optional
+from typing import Collection, Optional, Sequence
 
 import attrs
 
@@ -107,6 +107,7 @@ class PagedAllocator:
             swap=self.num_host_blocks > 0,
             rollback=True,
             eviction=True,
+            targeted_eviction=prefix_caching,
             inflight_window=inflight_window,
             reserved_blocks=reserved_blocks,
             sliding_window=sliding_window,
@@ -288,6 +289,13 @@ class PagedAllocator:
 
     def reset_cache(self) -> None:
         self._pool.evict(self.num_blocks)
+
+    def evict_blocks(self, blocks: Sequence[int]) -> None:
+        for block in blocks:
+            if not 0 <= block < self.num_blocks:
+                raise InvalidArgument(f"evict_blocks: block {block} is outside the pool")
+        for block in blocks:
+            self._pool.evict_block(block)
 
     def step_completed(self, step: int) -> None:
         if step <= self._pool.last_completed_step:

@@ -42,6 +42,7 @@ DECLARED_METHODS: dict[str, tuple[str, ...]] = {
     "swap": ("swap_out", "swap_in"),
     "rollback": ("rollback",),
     "eviction": ("evict", "reset_cache"),
+    "targeted_eviction": ("evict_blocks",),
     "introspection": ("refcount", "free_blocks", "cached_blocks", "pending_blocks"),
 }
 """Capability -> the methods that come with it: an allocator has them exactly when it declares the capability, and
@@ -100,6 +101,10 @@ class AllocatorProtocol(Protocol):
 
     def reset_cache(self) -> None:
         """Drop every cached, unreferenced block."""
+
+    def evict_blocks(self, blocks: Sequence[int]) -> None:
+        """Drop from the cache those of ``blocks`` (all unreferenced) that are cached; leave every other block as it
+        is. Declared by ``capabilities.targeted_eviction``."""
 
     def step_completed(self, step: int) -> None:
         """Step ``step`` (counted from 0) has finished on the device: every write and read it issued is done."""

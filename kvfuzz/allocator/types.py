@@ -5,6 +5,7 @@ All are frozen attrs classes: results are facts about one call, never updated af
 
 from __future__ import annotations
 
+import enum
 from typing import Iterable, Optional, Tuple
 
 import attrs
@@ -23,6 +24,18 @@ Tokens = Tuple[int, ...]
 
 NULL_BLOCK = -1
 """The block-table entry of a logical block a sliding-window allocator has dropped: no physical block, never read."""
+
+
+class EvictionOrder(enum.Enum):
+    """An eviction policy an allocator may declare in ``Capabilities.eviction_order``.
+
+    ``LRU``: a cached block is evicted, or reused for new content, only while no free block is left, and then the
+    least recently released one first; a cache hit takes a block out of the order and its release puts it back as
+    the most recent, and the blocks one release frees count as released tail first (vLLM's free queue, kvfuzz's
+    allocator).
+    """
+
+    LRU = "lru"
 
 
 def _non_negative(_instance: object, attribute: attrs.Attribute, value: int) -> None:
@@ -82,6 +95,15 @@ class Capabilities:
     ``speculative_tokens`` = k says ``rollback`` drops only unverified drafts: of a ``grow`` of n tokens the last
     ``min(n - 1, k)`` are drafts (the first is the token the previous step sampled), and a rollback drops at most the
     drafts of the sequence's latest grow not yet dropped. None: any tokens but the first may be rolled back.
+    ``evict_rounds_up`` says ``evict(n)`` drops whole cached subtrees until at least ``n`` blocks are gone (or every
+    evictable block), as SGLang's ``RadixCache.evict`` drops whole leaves: it may drop more than ``n``, never fewer
+    while more are cached, and returns how many it dropped.
+    ``targeted_eviction`` says ``evict_blocks(blocks)`` is implemented (vLLM's ``evict_blocks``, used by KV
+    connectors and offloading): the listed blocks that are cached are dropped from the cache, nothing else.
+    ``complete_caching`` is a policy: every full block a completed step wrote stays matchable for its namespace and
+    prefix until it is evicted or the cache reset, so an admission of that prefix must report it cached.
+    ``eviction_order`` is a policy: the order in which cached blocks are evicted or reused for new content
+    (:class:`EvictionOrder`), checked on every eviction and every reuse.
     """
 
     fork: bool = False
@@ -113,6 +135,10 @@ class Capabilities:
     speculative_tokens: Optional[int] = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
     )
+    evict_rounds_up: bool = False
+    targeted_eviction: bool = False
+    complete_caching: bool = False
+    eviction_order: Optional[EvictionOrder] = None
 
 
 @attrs.frozen

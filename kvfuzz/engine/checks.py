@@ -635,13 +635,62 @@ class Checks:
             if block in free:
                 h.released_lookahead.discard(block)
 
-    def evict_count(self, num_blocks: int, dropped: int) -> None:
-        """Invariant 4: evict(n) reports between 0 and n blocks dropped."""
-        if not 0 <= dropped <= num_blocks:
+    def evicted(self, before: Sequence[int]) -> list[int]:
+        """The blocks that left the cached set since ``before`` was taken, in its order (empty without
+        introspection)."""
+        alloc = self.introspection
+        if alloc is None:
+            return []
+        after = set(alloc.cached_blocks())
+        return [block for block in before if block not in after]
+
+    def evict_count(self, num_blocks: int, dropped: int, before: Sequence[int], evicted: Sequence[int]) -> None:
+        """Invariant 4: evict(n) reports between 0 and n blocks dropped (under ``evict_rounds_up``: at least n, or
+        every cached block), and, with introspection, exactly the number that left the cached set."""
+        rounds_up = self.state.caps.evict_rounds_up
+        if dropped < 0 or (not rounds_up and dropped > num_blocks):
             self.fail(
                 Invariant.FREE_SET,
                 f"evict({num_blocks}) reports {dropped} blocks dropped",
-                [f"expected: between 0 and {num_blocks}"],
+                [f"expected: between 0 and {num_blocks}" if not rounds_up else "expected: a count of blocks, >= 0"],
+            )
+        if self.introspection is None:
+            return
+        if dropped != len(evicted):
+            self.fail(
+                Invariant.FREE_SET,
+                f"evict({num_blocks}) reports {dropped} blocks dropped, but {len(evicted)} left the cached set",
+                [f"left the cached set: {sorted(evicted)}", f"cached before: {sorted(before)}"],
+            )
+        least = min(num_blocks, len(before))
+        if rounds_up and len(evicted) < least:
+            self.fail(
+                Invariant.FREE_SET,
+                f"evict({num_blocks}) dropped {len(evicted)} block(s) while {len(before)} were cached",
+                [
+                    f"expected: at least {least}: evict_rounds_up drops whole cached subtrees until at least "
+                    f"{num_blocks} blocks are gone, or every cached block",
+                    f"found:    dropped {sorted(evicted)}; still cached: "
+                    f"{sorted(set(before) - set(evicted))}",
+                ],
+            )
+
+    def evict_targets(self, targets: Sequence[int], before: Sequence[int], evicted: Sequence[int]) -> None:
+        """Invariant 4: evict_blocks drops exactly the named blocks that were cached, and nothing else."""
+        cached_before = set(before)
+        kept = [block for block in targets if block in cached_before and block not in evicted]
+        unnamed = [block for block in evicted if block not in targets]
+        if kept or unnamed:
+            self.fail(
+                Invariant.FREE_SET,
+                f"evict_blocks({list(targets)}) "
+                + (f"left block(s) {kept} cached" if kept else f"dropped block(s) {unnamed} it was not given"),
+                [
+                    f"expected: exactly the named blocks that were cached dropped: "
+                    f"{sorted(cached_before & set(targets))}",
+                    f"found:    dropped {sorted(evicted)}",
+                    *self.pools.block_story((kept or unnamed)[0]),
+                ],
             )
 
     def cache_empty(self) -> None:
@@ -848,6 +897,25 @@ class Checks:
         )
 
     # -- invariant 9: cache soundness ----------------------------------------------------------------------------
+
+    def hit_on_evicted(self, seq: str, num_cached: int, table: tuple[int, ...], evicted: dict[int, str]) -> None:
+        """Invariant 9: a hit covers no block an eviction dropped from the cache and no table has mapped since,
+        whatever K/V the block still holds. ``evicted`` maps such a block's logical index in ``table`` to the
+        eviction."""
+        size = self.state.block_size
+        for index, eviction in sorted(evicted.items()):
+            if index * size < num_cached:
+                self.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"cache hit of {num_cached} tokens for {seq} covers logical block {index} (block {table[index]}), "
+                    "which an eviction dropped from the cache",
+                    [
+                        f"expected: a hit that stops before logical block {index} (position {index * size}): the "
+                        f"block was evicted by {eviction}, and no table has mapped it since",
+                        f"found:    {num_cached} cached tokens, running on past it",
+                        *self.pools.block_story(table[index]),
+                    ],
+                )
 
     def cache_hit(self, seq: str, num_cached: int) -> bool:
         """Invariant 9 for an admission's reported hit; returns whether it covers K/V only the next step writes."""

@@ -277,29 +277,38 @@ class Engine:
         self._settle(self._set_table(seq, table, "after rollback, given to", released, held_tokens=old_len))
 
     def evict(self, num_blocks: int) -> None:
-        """Ask the allocator to drop up to ``num_blocks`` cached, unreferenced blocks."""
+        """Ask the allocator to drop up to ``num_blocks`` cached, unreferenced blocks (at least that many, or every
+        cached one, under ``evict_rounds_up``)."""
         self._begin("evict", num_blocks)
         introspection = self.checks.introspection
-        before = set(introspection.cached_blocks()) if introspection is not None else set()
+        before = list(introspection.cached_blocks()) if introspection is not None else []
         dropped = self._call(lambda: self.allocator.evict(num_blocks))
         self.checks.result(f"evict({num_blocks})", dropped, int)
-        self.checks.evict_count(num_blocks, dropped)
+        evicted = self.checks.evicted(before)
+        self.checks.evict_count(num_blocks, dropped, before, evicted)
         self.stats["evicted blocks"] += dropped
-        evicted = before - set(introspection.cached_blocks()) if introspection is not None else set()
-        for block in evicted:
-            self.pools.note(block, f"evicted from the cache (evict({num_blocks}))")
-        self._settle(TableChange(frozenset(evicted), (), ()))
+        self._evicted(evicted, f"evict({num_blocks})")
+
+    def evict_blocks(self, blocks: tuple[int, ...]) -> None:
+        """Ask the allocator to drop these unreferenced blocks from its cache (those it caches; the others stay as
+        they are): none may be matched again until a table maps it anew."""
+        self._begin("evict_blocks", list(blocks))
+        introspection = self.checks.introspection
+        before = list(introspection.cached_blocks()) if introspection is not None else []
+        self._call(lambda: self.allocator.evict_blocks(blocks))
+        if introspection is not None:
+            self.checks.evict_targets(blocks, before, self.checks.evicted(before))
+        self.stats["targeted evictions"] += 1
+        self._evicted(blocks, f"evict_blocks({list(blocks)})")
 
     def reset_cache(self) -> None:
-        """Ask the allocator to drop every cached, unreferenced block."""
+        """Ask the allocator to drop every cached, unreferenced block: none of the unreferenced blocks outside the
+        in-flight window may be matched again until a table maps it anew."""
         self._begin("reset_cache")
-        introspection = self.checks.introspection
-        before = set(introspection.cached_blocks()) if introspection is not None else set()
         self._call(self.allocator.reset_cache)
         self.checks.cache_empty()
-        for block in before:
-            self.pools.note(block, "evicted from the cache (reset_cache)")
-        self._settle(TableChange(frozenset(before), (), ()))
+        in_window = self.pools.late_work_by_block
+        self._evicted([block for block in self.expected.refs.released if block not in in_window], "reset_cache()")
 
     def step(self) -> int:
         """One forward pass: write the K/V of every new token, then every running sequence attends."""
@@ -413,6 +422,15 @@ class Engine:
         self.checks.result(self.checks.operation, result, result_type)
         return result
 
+    def _evicted(self, blocks: Sequence[int], by: str) -> None:
+        """``blocks`` left the cache: note it in their histories, remember it for the cache-soundness check, and
+        check the pool's sets around them."""
+        step = self.pools.next_step
+        for block in blocks:
+            self.pools.note(block, f"evicted from the cache by {by}")
+            self.expected.evicted[block] = f"{by} while step {step} was being scheduled"
+        self._settle(TableChange(frozenset(blocks), (), ()))
+
     def _table(self, seq: SeqId) -> tuple[int, ...]:
         table = self.checks.block_table(seq, self.allocator.block_table(seq))
         self.checks.table_shape(seq, table)
@@ -437,6 +455,11 @@ class Engine:
         model.status, model.written, model.drafts = Status.RUNNING, num_cached, 0
         table = self._table(seq)
         self.checks.admit_table(seq, tuple(reported), table)
+        evicted = self.expected.evicted
+        hit_blocks = table[: -(-min(num_cached, len(table) * self.block_size) // self.block_size)]
+        stale = {index: evicted[block] for index, block in enumerate(hit_blocks) if block in evicted}
+        if stale:
+            self.checks.hit_on_evicted(seq, num_cached, table, stale)
         self.checks.accounting(self._set_table(seq, table, "admitted as", hit_tokens=num_cached).touched)
         model.awaits_step = self.checks.cache_hit(seq, num_cached)
         # A whole-prompt hit passes only under recomputes_last_token: the engine writes the last token again.
@@ -479,6 +502,8 @@ class Engine:
         hit_blocks = -(-hit_tokens // self.block_size)
         old = model.table
         change = state.refs.replace(seq, old, table)
+        for block in change.acquired:
+            state.evicted.pop(block, None)
         model.table = table
         pools = self.pools
         for index, block in enumerate(table):

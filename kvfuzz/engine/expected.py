@@ -66,10 +66,12 @@ class TableChange:
 
 class BlockRefs:
     """Holders of every referenced block. Invariant kept: a block is a key of ``holders`` exactly while some running
-    sequence's table maps it, and its set lists every (sequence, logical index) entry that does."""
+    sequence's table maps it, and its set lists every (sequence, logical index) entry that does; a block is a key of
+    ``released`` exactly while some table mapped it once and none maps it now."""
 
     def __init__(self) -> None:
         self.holders: dict[int, set[tuple[SeqId, int]]] = {}  # block -> the table entries that reference it
+        self.released: dict[int, None] = {}  # blocks once mapped and now unreferenced, in the order they were released
 
     def refcount(self, block: int) -> int:
         return len(self.holders.get(block, ()))
@@ -99,6 +101,10 @@ class BlockRefs:
                 holders.add((seq, index))
                 touched.add(after)
         released = [block for block in released if block not in self.holders]
+        for block in acquired:
+            self.released.pop(block, None)
+        for block in reversed(released):
+            self.released[block] = None
         return TableChange(frozenset(touched), tuple(reversed(released)), tuple(acquired))
 
 
@@ -131,6 +137,8 @@ class ProgramState(Protocol):
 
     def length(self, seq: SeqId) -> int: ...
 
+    def released_blocks(self) -> list[int]: ...
+
 
 class ExpectedState:
     """The engine's expectation of one allocator, kept by the engine and read by the checks and the operation table.
@@ -155,6 +163,9 @@ class ExpectedState:
         self.retired: dict[SeqId, tuple[Namespace, tuple[int, ...]]] = {}
         # Blocks released as look-ahead entries and neither referenced again nor seen free since: never cached.
         self.released_lookahead: set[int] = set()
+        # Blocks an eviction dropped from the cache and no table has mapped since, with the eviction that dropped
+        # each: a cache hit on one of them is unsound, whatever K/V it still holds.
+        self.evicted: dict[int, str] = {}
         self._ids = itertools.count()  # numbers of the ids new_id hands out
 
     def new_id(self) -> SeqId:
@@ -216,6 +227,11 @@ class ExpectedState:
 
     def length(self, seq: SeqId) -> int:
         return len(self.reference.tokens(seq))
+
+    def released_blocks(self) -> list[int]:
+        """Blocks some table once mapped and none maps now, oldest release first: what targeted eviction picks from
+        (the cached ones among them, and free ones it must leave alone)."""
+        return list(self.refs.released)
 
     def host_blocks_in_use(self) -> int:
         return sum(len(mapped(model.host_table)) for model in self.seqs.values())

@@ -84,6 +84,9 @@ class Snapshot:
     def length(self, seq: SeqId) -> int:
         return self._state.length(seq)
 
+    def released_blocks(self) -> list[int]:
+        return self._once("released blocks", self._state.released_blocks)
+
 
 @functools.lru_cache(maxsize=None)
 def system_prompts(block_size: int) -> tuple[tuple[int, ...], ...]:
@@ -151,6 +154,35 @@ class Integers:
         return type(value) is int and self.low <= value <= self.high
 
 
+@attrs.frozen
+class BlockIds:
+    """One to ``most`` distinct block ids, each one of those ``options(state)`` lists now (targeted eviction's
+    victims), in the order drawn."""
+
+    options: Callable[[ProgramState], Sequence[int]]
+    most: int = 3
+
+    def available(self, state: ProgramState) -> bool:
+        return bool(self.options(state))
+
+    def strategy(self) -> st.SearchStrategy[list[int]]:
+        return st.runner().flatmap(
+            lambda machine: st.lists(
+                st.sampled_from(self.options(machine.expected)), min_size=1, max_size=self.most, unique=True
+            )
+        )
+
+    def draw(self, state: ProgramState, rng: random.Random) -> list[int]:
+        options = list(self.options(state))
+        return rng.sample(options, rng.randint(1, min(self.most, len(options))))
+
+    def accepts(self, state: ProgramState, value: Any) -> bool:
+        if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= self.most or len(set(value)) != len(value):
+            return False
+        options = set(self.options(state))
+        return all(type(block) is int and block in options for block in value)
+
+
 LengthRanges = Callable[[ProgramState], tuple[tuple[int, int], ...]]
 """The state (its block size, what the allocator declares) -> the (shortest, longest) length ranges a token list is
 drawn from, each equally likely."""
@@ -187,4 +219,4 @@ class TokenLists:
         return any(low <= len(value) <= high for low, high in self.ranges(state))
 
 
-Argument = Union[Pick, NewSeqId, Integers, TokenLists]
+Argument = Union[Pick, NewSeqId, Integers, TokenLists, BlockIds]

@@ -24,6 +24,7 @@ from kvfuzz.program.arguments import (
     NAMESPACES,
     VOCABULARY,
     Argument,
+    BlockIds,
     Integers,
     NewSeqId,
     Pick,
@@ -196,6 +197,14 @@ OPERATIONS: tuple[Operation, ...] = (
         needs=("eviction",),
         condition=lambda state: bool(state.finished),
         doc="drop up to that many cached, unreferenced blocks",
+    ),
+    Operation(
+        "evict_blocks",
+        lambda engine, blocks: engine.evict_blocks(tuple(blocks)),
+        (("blocks", BlockIds(lambda state: state.released_blocks())),),
+        needs=("targeted_eviction",),
+        doc="drop particular blocks from the cache by id (a KV connector's or an offloader's eviction): picked "
+        "among the blocks some sequence released, cached or not",
     ),
     Operation(
         "reset_cache",

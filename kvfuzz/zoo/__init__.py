@@ -11,7 +11,7 @@ import attrs
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.engine.violations import Invariant
-from kvfuzz.zoo import cache_keys, contract, deep, deferred_free, host_pool, lookahead, variants
+from kvfuzz.zoo import cache_keys, contract, deep, deferred_free, eviction, host_pool, lookahead, variants
 
 
 @attrs.frozen
@@ -140,6 +140,8 @@ VARIANTS: tuple[Variant, ...] = (
         Invariant.CONTENT,
         lookahead_blocks=2,
     ),
+    Variant(eviction.EvictsOneSubtree, "rounding eviction stops short", Invariant.FREE_SET),
+    Variant(eviction.EvictBlocksKeepsEntry, "targeted eviction keeps the cache entry", Invariant.CACHE_SOUNDNESS),
 )
 
 
