@@ -106,3 +106,52 @@ def test_the_timeline_names_the_library_blocks(tmp_path) -> None:
         assert lane.library_name == f"SGLang page {lane.block + 1}"
     page = render_html(timeline)
     assert all(lane.library_name in page for lane in device)
+
+
+def _cache_two_prompts(engine: Engine) -> None:
+    """Two finished two-page prompts that share nothing: two cached leaves of two pages each in the tree."""
+    engine.admit("s0", (), PROMPT)
+    engine.admit("s1", (), (3, 3, 3, 3, 0, 0, 0, 0))
+    engine.step()
+    engine.free("s0")
+    engine.free("s1")
+
+
+def test_evict_rounds_up_to_whole_leaves_and_is_checked_exactly() -> None:
+    engine = Engine(radix_cache(MachineConfig().pool_spec()), MachineConfig())
+    _cache_two_prompts(engine)
+    allocator = engine.allocator
+    assert len(allocator.cached_blocks()) == 4
+    dropped = allocator.evict(1)  # at least one page: SGLang drops one whole two-page leaf
+    assert dropped == 2
+    assert len(allocator.cached_blocks()) == 2
+    engine.evict(1)  # the engine's checks accept the rounding: 2 more, everything cached
+    assert not allocator.cached_blocks()
+    assert engine.stats["evicted blocks"] == 2
+
+
+class _EvictStopsAtOneLeaf(SGLangRadixAllocator):
+    """Reports the tokens SGLang evicted, but asks it for one page only, whatever n is: a rounding eviction that
+    stops short."""
+
+    @in_context
+    def evict(self, num_blocks):
+        return SGLangRadixAllocator.evict.__wrapped__(self, min(num_blocks, 1))
+
+
+def test_a_rounding_eviction_that_stops_short_is_caught() -> None:
+    engine = Engine(_EvictStopsAtOneLeaf(MachineConfig().pool_spec()), MachineConfig())
+    _cache_two_prompts(engine)
+    with pytest.raises(InvariantViolation) as caught:
+        engine.evict(3)
+    assert caught.value.invariant is Invariant.FREE_SET
+    assert "at least 3" in str(caught.value)
+
+
+def test_reset_cache_drops_every_unlocked_page() -> None:
+    engine = Engine(radix_cache(MachineConfig().pool_spec()), MachineConfig())
+    _cache_two_prompts(engine)
+    engine.admit("s2", (), PROMPT + (0,))  # locks the first prompt's pages
+    engine.reset_cache()
+    assert not engine.allocator.cached_blocks()
+    assert engine.allocator.admit("s3", (), PROMPT + (0,)).num_cached_tokens == 8  # locked pages stay matchable

@@ -190,3 +190,22 @@ def test_rollback_reaches_only_the_drafts_of_the_latest_grow() -> None:
     allocator.grow("a", (3,))
     with pytest.raises(InvalidArgument):
         allocator.rollback("a", 1)
+
+
+def test_evict_blocks_cuts_a_cached_chain_in_the_middle() -> None:
+    """Targeted eviction (KV connectors' invalid blocks, offloading): evicting the middle block of a cached chain
+    stops the next hit before it, though the blocks after it keep their hashes; kvfuzz drives it as
+    ``evict_blocks`` and checks the hit does not run on past the evicted block."""
+    from kvfuzz.engine import Engine
+
+    engine = Engine(vllm_v1.kv_cache_manager(SPEC), MachineConfig(block_size=4, num_blocks=6))
+    prompt = PROMPT[:8] + (0, 1, 2, 3, 0)  # three full blocks and one token
+    engine.admit("a", (), prompt)
+    engine.step()
+    table = engine.expected.seqs["a"].table
+    engine.free("a")
+    assert engine.allocator.capabilities.targeted_eviction
+    assert sorted(engine.allocator.cached_blocks()) == sorted(table[:3])
+    engine.evict_blocks((table[1],))
+    assert sorted(engine.allocator.cached_blocks()) == sorted((table[0], table[2]))
+    assert engine.allocator.admit("b", (), prompt).num_cached_tokens == 4  # the first block only

@@ -15,7 +15,9 @@ Mapping of the contract onto the scheduler's calls:
   ``Scheduler._preempt_request`` resets it.
 * ``reset_cache``: ``reset_prefix_cache`` when no block is in use (its own precondition); otherwise ``evict_blocks``
   over every cached, unreferenced block. ``evict(n)``: ``evict_blocks`` over the first ``n`` cached blocks of the
-  free queue, the ones vLLM would evict first.
+  free queue, the ones vLLM would evict first. ``evict_blocks`` (targeted eviction, declared with prefix caching):
+  ``KVCacheManager.evict_blocks`` over the named blocks, as a KV connector reports invalid blocks and an offloading
+  connector drops evicted ones; vLLM drops their hashes and leaves them where they are in the free queue.
 * ``step_completed``: the scheduler's bookkeeping of finished steps (in-flight tokens, deferred frees).
 
 After each scheduled operation the request's ``num_computed_tokens`` counts the scheduled tokens, as
@@ -67,7 +69,7 @@ import json
 import logging
 import types
 from collections import Counter, deque
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import attrs
 
@@ -77,6 +79,7 @@ from kvfuzz.allocator.types import (
     NULL_BLOCK,
     AdmitResult,
     Capabilities,
+    EvictionOrder,
     GrowResult,
     Namespace,
     PoolSpec,
@@ -223,6 +226,8 @@ class VllmV1Allocator:
             prefix_cache=options.prefix_caching,
             namespaces=options.prefix_caching,
             eviction=options.prefix_caching,
+            targeted_eviction=options.prefix_caching,
+            eviction_order=EvictionOrder.LRU if options.prefix_caching and options.sliding_window is None else None,
             inflight_window=options.inflight_window,
             sliding_window=options.sliding_window,
             introspection=True,
@@ -383,6 +388,12 @@ class VllmV1Allocator:
         cached = {block.block_id for block in self._free_queue() if block.block_hash is not None}
         if cached:
             self._manager.evict_blocks(cached)
+
+    def evict_blocks(self, blocks: Sequence[int]) -> None:
+        bad = [block for block in blocks if not 0 <= block < self.num_blocks]
+        if bad:
+            raise InvalidArgument(f"evict_blocks: block(s) {bad} outside the pool")
+        self._manager.evict_blocks({block + 1 for block in blocks})
 
     def step_completed(self, step: int) -> None:
         if step <= self._last_completed:

@@ -78,10 +78,13 @@ class BlockPool:
         return blocks
 
     def take(self, block: int) -> None:
-        """Add a reference to ``block`` (a prefix-cache hit or a fork); an unreferenced block leaves its queue."""
+        """Add a reference to ``block`` (a prefix-cache hit or a fork); an unreferenced block leaves its queue, and a
+        pending one its place in the settling order too, so that its next release queues it as the most recent."""
         if self._refcount[block] == 0:
             self._evictable.pop(block, None)
-            self._pending.pop(block, None)
+            until = self._pending.pop(block, None)
+            if until is not None:
+                self._pending_order.remove((until, block))
         self._refcount[block] += 1
 
     def release(self, block: int) -> None:

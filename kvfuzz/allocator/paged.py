@@ -29,6 +29,7 @@ from kvfuzz.allocator.types import (
     AdmitResult,
     BlockCopy,
     Capabilities,
+    EvictionOrder,
     GrowResult,
     Namespace,
     PoolSpec,
@@ -108,6 +109,7 @@ class PagedAllocator:
             rollback=True,
             eviction=True,
             targeted_eviction=prefix_caching,
+            eviction_order=EvictionOrder.LRU if prefix_caching else None,
             inflight_window=inflight_window,
             reserved_blocks=reserved_blocks,
             sliding_window=sliding_window,
@@ -418,8 +420,9 @@ class PagedAllocator:
 
     def _drop_out_of_window(self, state: _Sequence) -> None:
         """With a sliding window w, release every block whose positions all lie before ``len - w``; blocks that
-        would be dropped at once are never allocated at all."""
-        for index in range(self._first_kept_index(len(state.tokens))):
+        would be dropped at once are never allocated at all. The last dropped block is released first, as a free
+        releases a table's tail first."""
+        for index in reversed(range(self._first_kept_index(len(state.tokens)))):
             if state.table[index] != NULL_BLOCK:
                 self._pool.release(state.table[index])
                 state.table[index] = NULL_BLOCK

@@ -17,7 +17,7 @@ from kvfuzz.accounting.occupancy import Occupancy, measure
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
 from kvfuzz.allocator.protocol import AllocatorProtocol
 from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, BlockCopy, GrowResult, Namespace, SeqId, SwapResult, Tokens
-from kvfuzz.engine.checks import Checks
+from kvfuzz.engine.checks import CacheSnapshot, Checks
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.expected import ExpectedState, SeqModel, Status, TableChange, mapped
 from kvfuzz.engine.misuse import MisuseCall
@@ -96,13 +96,14 @@ class Engine:
     def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> bool:
         """A new request; returns whether it was admitted."""
         self._begin("admit", seq, namespace, tokens)
+        before = self.checks.cache_snapshot()
         result = self._attempt(
             lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._reach(len(tokens)), absent=seq
         )
         if result is None:
             return False
         self.expected.reference.add(seq, namespace, tokens)
-        self._admitted(seq, result.block_table, result.num_cached_tokens)
+        self._admitted(seq, result.block_table, result.num_cached_tokens, before)
         return True
 
     def readmit(self, seq: SeqId) -> bool:
@@ -110,12 +111,13 @@ class Engine:
         reference = self.expected.reference
         namespace, tokens = reference.namespace(seq), tuple(reference.tokens(seq))
         self._begin("readmit", seq)
+        before = self.checks.cache_snapshot()
         result = self._attempt(
             lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._reach(len(tokens)), absent=seq
         )
         if result is None:
             return False
-        self._admitted(seq, result.block_table, result.num_cached_tokens)
+        self._admitted(seq, result.block_table, result.num_cached_tokens, before)
         return True
 
     def grow(self, seq: SeqId, tokens: Tokens) -> bool:
@@ -124,6 +126,7 @@ class Engine:
         old_len = self.expected.length(seq)
         self._begin("grow", seq, tokens)
         needed = max(0, self._reach(old_len + len(tokens)) - len(model.table)) + (old_len % self.block_size != 0)
+        before = self.checks.cache_snapshot()
         result = self._attempt(lambda: self.allocator.grow(seq, tokens), GrowResult, needed)
         if result is None:
             return False
@@ -136,6 +139,7 @@ class Engine:
         table = self._table(seq)
         self.checks.grow_slots(seq, result.slots, table, old_len, len(tokens))
         self._settle(self._set_table(seq, table, "grown into", f"released by {seq}'s copy-on-write (grow)"))
+        self.checks.eviction_order(before, (), reuse=True)
         for copy in result.copies:
             self.checks.exclusive(copy.dst, seq, f"copy-on-write copy from block {copy.src}")
         targets = self._write_targets(seq, table, old_len)
@@ -151,6 +155,7 @@ class Engine:
         self._begin("fork", parent, child)
         needed = int(self.caps.fork_copies and state.length(parent) % self.block_size != 0)
         needed += self.caps.lookahead_blocks  # the child may get look-ahead blocks of its own
+        before = self.checks.cache_snapshot()
         # Checked as a tuple of BlockCopy by the result check before it is used as one.
         copies = cast(
             Optional[tuple[BlockCopy, ...]],
@@ -177,6 +182,7 @@ class Engine:
             self._set_table(child, table, "shared by fork with"),
             [(child, p) for index in moved for p in range(index * size, min((index + 1) * size, written))],
         )
+        self.checks.eviction_order(before, (), reuse=True)
         for copy in copies:
             self.checks.exclusive(copy.dst, child, f"fork copy from block {copy.src}")
         self.checks.outside_inflight_window({copy.dst for copy in copies}, child)
@@ -240,6 +246,7 @@ class Engine:
         state = self.expected
         model = state.seqs[seq]
         self._begin("swap_in", seq)
+        before = self.checks.cache_snapshot()
         result = self._attempt(lambda: self.allocator.swap_in(seq), SwapResult, len(mapped(model.host_table)))
         if result is None:
             return False
@@ -253,6 +260,7 @@ class Engine:
         self._settle(
             change, positions=[(seq, position) for position in range(state.sliding_window_start(seq), model.written)]
         )
+        self.checks.eviction_order(before, (), reuse=True)
         for _, block in result.mapping:
             self.checks.exclusive(block, seq, "swap-in copy")
         self.checks.outside_inflight_window({block for _, block in result.mapping}, seq)
@@ -282,12 +290,14 @@ class Engine:
         self._begin("evict", num_blocks)
         introspection = self.checks.introspection
         before = list(introspection.cached_blocks()) if introspection is not None else []
+        order_before = self.checks.cache_snapshot()
         dropped = self._call(lambda: self.allocator.evict(num_blocks))
         self.checks.result(f"evict({num_blocks})", dropped, int)
         evicted = self.checks.evicted(before)
         self.checks.evict_count(num_blocks, dropped, before, evicted)
         self.stats["evicted blocks"] += dropped
         self._evicted(evicted, f"evict({num_blocks})")
+        self.checks.eviction_order(order_before, (), reuse=False)
 
     def evict_blocks(self, blocks: tuple[int, ...]) -> None:
         """Ask the allocator to drop these unreferenced blocks from its cache (those it caches; the others stay as
@@ -449,7 +459,9 @@ class Engine:
         state.seqs[seq].written = len(tags)
         return slots, writes
 
-    def _admitted(self, seq: SeqId, reported: Sequence[int], num_cached: int) -> None:
+    def _admitted(
+        self, seq: SeqId, reported: Sequence[int], num_cached: int, before: Optional[CacheSnapshot] = None
+    ) -> None:
         model = self.expected.seqs.setdefault(seq, SeqModel(seq, Status.RUNNING))
         model.joined_step = self.pools.next_step
         model.status, model.written, model.drafts = Status.RUNNING, num_cached, 0
@@ -462,6 +474,7 @@ class Engine:
             self.checks.hit_on_evicted(seq, num_cached, table, stale)
         self.checks.accounting(self._set_table(seq, table, "admitted as", hit_tokens=num_cached).touched)
         model.awaits_step = self.checks.cache_hit(seq, num_cached)
+        self.checks.eviction_order(before, hit_blocks, reuse=True)
         # A whole-prompt hit passes only under recomputes_last_token: the engine writes the last token again.
         model.written = min(num_cached, self.expected.length(seq) - 1)
         targets = self._write_targets(seq, table, model.written)

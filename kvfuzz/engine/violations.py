@@ -7,7 +7,7 @@ from typing import Sequence
 
 
 class Invariant(enum.Enum):
-    """The invariants of docs/invariants.md, numbered as there."""
+    """The invariants of docs/invariants.md, numbered as there; from 13 on, the policies an allocator may declare."""
 
     CONTENT = (1, "content")
     ATTENTION = (2, "attention")
@@ -21,6 +21,7 @@ class Invariant(enum.Enum):
     QUIESCENCE = (10, "quiescence")
     MISUSE = (11, "misuse")
     RESULTS = (12, "well-formed results")
+    EVICTION_ORDER = (13, "eviction order")
 
     @property
     def number(self) -> int:

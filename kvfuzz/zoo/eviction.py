@@ -10,6 +10,8 @@ from typing import Sequence
 
 import attrs
 
+from kvfuzz.allocator.block_pool import BlockPool
+from kvfuzz.allocator.errors import OutOfBlocks
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.prefix_cache import CacheEntry
 
@@ -74,3 +76,35 @@ class EvictBlocksKeepsEntry(PagedAllocator):
             if block in self._pool._evictable:
                 del self._pool._evictable[block]
                 self._pool._free[block] = None
+
+
+class _MostRecentFirstPool(BlockPool):
+    """Hands out the most recently released cached block first once no free block is left."""
+
+    def allocate(self, count: int, reserve: int = 0) -> list[int]:
+        available = self.num_available()
+        if count + reserve > available:
+            raise OutOfBlocks(
+                f"need {count} block(s) (+{reserve} reserved), {available} available", needed=count, available=available
+            )
+        blocks = []
+        for _ in range(count):
+            if self._free:
+                block = next(iter(self._free))
+                del self._free[block]
+            else:
+                block = next(reversed(self._evictable))
+                del self._evictable[block]
+                self._on_evict(block)
+            self._refcount[block] = 1
+            blocks.append(block)
+        return blocks
+
+
+class EvictsMostRecentFirst(PagedAllocator):
+    """LRU declared, MRU done: under pressure the allocator reuses the most recently released cached block, as a
+    free queue that pushes cached blocks at the head instead of the tail (the reuse order vLLM keeps for uncached
+    blocks, applied to cached ones). Every hit stays sound; what is lost is the prefix most likely to be asked for
+    again. Caught by invariant 13 (eviction order)."""
+
+    pool_class = _MostRecentFirstPool

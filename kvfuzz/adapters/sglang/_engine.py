@@ -73,6 +73,7 @@ def sglang() -> types.SimpleNamespace:
         alloc_req_slots,
     )
     from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.common import checkpoint_kv_cache, evict_from_tree_cache, release_kv_cache
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
@@ -90,6 +91,7 @@ def sglang() -> types.SimpleNamespace:
         PagedTokenToKVPoolAllocator=PagedTokenToKVPoolAllocator,
         ReqToTokenPool=ReqToTokenPool,
         RadixCache=RadixCache,
+        EvictParams=EvictParams,
         CacheInitParams=CacheInitParams,
         alloc_req_slots=alloc_req_slots,
         alloc_paged_token_slots_extend=alloc_paged_token_slots_extend,

@@ -36,11 +36,15 @@ Introspection is read off SGLang's state: free blocks from the allocator's free 
 of tree nodes no request locks (what ``RadixCache.evict`` may drop), refcounts from the live requests' rows. W = 0:
 the synchronous scheduler (no overlap), which frees at once.
 
-Not declared: fork, swap (HiRadixCache is out of scope), rollback (speculative decoding is out of scope), and
-eviction: SGLang evicts inside admission and decode allocation, as driven here, but ``RadixCache.evict(n)`` drops
-whole leaves until at least ``n`` tokens are gone, where kvfuzz's ``evict(n)`` drops at most ``n`` blocks, and
-``RadixCache.reset()`` is safe only on an idle engine (``flush_cache``). The admission budget is free plus evictable
-pages; the PrefillAdder's reservation for running requests' future decode tokens is scheduling policy, not modelled.
+Eviction: ``evict(n)`` is ``RadixCache.evict`` asked for ``n`` pages' worth of tokens; it drops whole unlocked
+leaves, least recently used first, until at least that many tokens are gone or nothing unlocked is left, so it may
+drop more than ``n`` blocks: declared as ``evict_rounds_up``. ``reset_cache`` is the same call asked for every
+evictable token (``RadixCache.reset()`` is safe only on an idle engine, ``flush_cache``). SGLang also evicts inside
+admission and decode allocation, as driven here.
+
+Not declared: fork, swap (HiRadixCache is out of scope), rollback (speculative decoding is out of scope). The
+admission budget is free plus evictable pages; the PrefillAdder's reservation for running requests' future decode
+tokens is scheduling policy, not modelled.
 """
 
 from __future__ import annotations
@@ -119,7 +123,12 @@ class SGLangRadixAllocator:
             )
         self.block_size, self.num_blocks, self.num_host_blocks = spec.block_size, spec.num_blocks, 0
         self.capabilities = Capabilities(
-            prefix_cache=True, namespaces=namespaces, introspection=True, remaps_on_step=True
+            prefix_cache=True,
+            namespaces=namespaces,
+            eviction=True,
+            evict_rounds_up=True,
+            introspection=True,
+            remaps_on_step=True,
         )
         self.key_fields = key_fields
         self._build(spec)
@@ -243,11 +252,16 @@ class SGLangRadixAllocator:
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
         raise Unsupported("rollback: speculative decoding is out of scope")
 
+    @in_context
     def evict(self, num_blocks: int) -> int:
-        raise Unsupported("evict: RadixCache.evict(n) drops whole leaves, at least n tokens, not at most n blocks")
+        if num_blocks < 0:
+            raise InvalidArgument(f"evict: cannot evict {num_blocks} blocks")
+        result = self.tree.evict(sglang().EvictParams(num_tokens=num_blocks * self.block_size))
+        return int(result.num_tokens_evicted) // self.block_size
 
+    @in_context
     def reset_cache(self) -> None:
-        raise Unsupported("reset_cache: RadixCache.reset() is safe only on an idle engine (flush_cache)")
+        self.tree.evict(sglang().EvictParams(num_tokens=self.tree.evictable_size()))
 
     # -- introspection -------------------------------------------------------------------------------------------
 
