@@ -228,6 +228,7 @@ class VllmV1Allocator:
             eviction=options.prefix_caching,
             targeted_eviction=options.prefix_caching,
             eviction_order=EvictionOrder.LRU if options.prefix_caching and options.sliding_window is None else None,
+            complete_caching=options.prefix_caching and options.sliding_window is None,
             inflight_window=options.inflight_window,
             sliding_window=options.sliding_window,
             introspection=True,

@@ -110,6 +110,7 @@ class PagedAllocator:
             eviction=True,
             targeted_eviction=prefix_caching,
             eviction_order=EvictionOrder.LRU if prefix_caching else None,
+            complete_caching=prefix_caching and sliding_window is None,
             inflight_window=inflight_window,
             reserved_blocks=reserved_blocks,
             sliding_window=sliding_window,

@@ -2,8 +2,9 @@
 
 A full block is keyed by a chained hash: the hash of (the previous block's hash, or the namespace for the first block)
 and the block's tokens. A lookup never trusts the hash alone: the entry keeps the namespace and the whole token
-prefix up to the block's end, and a hit must match both exactly. Each hash maps to at most one block and each block
-to at most one entry.
+prefix up to the block's end, and a hit must match both exactly. A hash may map to several blocks holding the same
+content (two sequences that computed the same prefix before either was cached, as vLLM keeps them), so that evicting
+one copy leaves the other matchable; each block has at most one entry.
 """
 
 from __future__ import annotations
@@ -33,33 +34,35 @@ class CacheEntry:
 
 
 class PrefixCache:
-    """Bidirectional map between cache entries and physical blocks."""
+    """Map between cache entries and physical blocks: each hash to the blocks registered under it, oldest first,
+    and each block to its entry."""
 
     def __init__(self) -> None:
-        self._block_by_hash: dict[int, int] = {}
+        self._blocks_by_hash: dict[int, dict[int, None]] = {}
         self._entry_by_block: dict[int, CacheEntry] = {}
 
     def lookup(self, block_hash: int, namespace: Namespace, prefix: Tokens) -> Optional[int]:
-        """The block holding exactly ``prefix`` under ``namespace``, or ``None``."""
-        block = self._block_by_hash.get(block_hash)
-        if block is None:
-            return None
-        entry = self._entry_by_block[block]
-        if entry.namespace != namespace or entry.prefix != prefix:
-            return None
-        return block
+        """The first block registered as holding exactly ``prefix`` under ``namespace``, or ``None``."""
+        for block in self._blocks_by_hash.get(block_hash, ()):
+            entry = self._entry_by_block[block]
+            if entry.namespace == namespace and entry.prefix == prefix:
+                return block
+        return None
 
     def register(self, block: int, entry: CacheEntry) -> None:
-        """Make ``block`` matchable as ``entry``, unless the hash already has a block or the block an entry."""
-        if entry.block_hash in self._block_by_hash or block in self._entry_by_block:
+        """Make ``block`` matchable as ``entry``, unless the block already has an entry."""
+        if block in self._entry_by_block:
             return
-        self._block_by_hash[entry.block_hash] = block
+        self._blocks_by_hash.setdefault(entry.block_hash, {})[block] = None
         self._entry_by_block[block] = entry
 
     def unregister(self, block: int) -> None:
         entry = self._entry_by_block.pop(block, None)
         if entry is not None:
-            del self._block_by_hash[entry.block_hash]
+            blocks = self._blocks_by_hash[entry.block_hash]
+            del blocks[block]
+            if not blocks:
+                del self._blocks_by_hash[entry.block_hash]
 
     def is_cached(self, block: int) -> bool:
         return block in self._entry_by_block

@@ -1088,6 +1088,78 @@ class Checks:
                 ],
             )
 
+    # -- invariant 14: complete caching (a declared policy) -------------------------------------------------------
+
+    def owes_caching(self) -> bool:
+        """Whether the allocator declares complete caching and shows its sets (without a sliding window, whose
+        dropped blocks a hit may legitimately skip)."""
+        caps = self.state.caps
+        return caps.complete_caching and self.introspection is not None and caps.sliding_window is None
+
+    def _matchable_now(self, tag: int) -> list[tuple[int, str]]:
+        """The blocks owed matchable as prefix ``tag`` that the allocator still holds: referenced, cached or
+        pending (one that went to the free set was evicted)."""
+        alloc = self.introspection
+        assert alloc is not None
+        holders = self.state.matchable.holders(tag)
+        if not holders:
+            return []
+        cached, pending, referenced = alloc.cached_blocks(), alloc.pending_blocks(), self.state.refs.holders
+        return [(b, w) for b, w in holders.items() if b in referenced or b in cached or b in pending]
+
+    def owed_hit(self, tags: Sequence[int]) -> list[tuple[int, str]]:
+        """For a prompt with these position tags, one (block, who wrote it) per leading full block an admission
+        must report cached: a block owed matchable still holds its prefix. A hit never covers the whole prompt
+        (the engine needs a query token), so its last token's block is never owed."""
+        size = self.state.block_size
+        owed: list[tuple[int, str]] = []
+        for index in range((len(tags) - 1) // size):
+            holders = self._matchable_now(tags[(index + 1) * size - 1])
+            if not holders:
+                break
+            owed.append(holders[0])
+        return owed
+
+    def missed_hit(self, seq: str, num_cached: int, owed: Sequence[tuple[int, str]]) -> None:
+        """Invariant 14: an admission reports at least the cached tokens the cache owes it."""
+        size = self.state.block_size
+        if num_cached >= len(owed) * size:
+            return
+        index = num_cached // size
+        block, written = owed[index]
+        self.fail(
+            Invariant.COMPLETE_CACHING,
+            f"admission of {seq} reports {num_cached} cached tokens, but its first {len(owed) * size} are matchable "
+            "(a missed hit)",
+            [
+                f"logical block {index} (positions {index * size}..{(index + 1) * size - 1}, "
+                f"{self.prefix(seq, (index + 1) * size - 1)}): block {block} holds its K/V, written by {written}, "
+                "and no eviction has dropped it",
+                f"expected: at least {len(owed) * size} cached tokens (complete caching; a hit never covers the "
+                "whole prompt)",
+                f"found:    {num_cached}",
+                *self.pools.block_story(block),
+            ],
+        )
+
+    def released_matchable(self, block: int) -> None:
+        """Invariant 14: a block owed matchable that its last holder released stays matchable (it, or another block
+        holding the same prefix, is cached or pending), rather than going to the free set."""
+        tag = self.state.matchable.tag_of.get(block)
+        if tag is None or self._matchable_now(tag):
+            return
+        self.fail(
+            Invariant.COMPLETE_CACHING,
+            f"block {block} went to the free set when it was released, though the cache owes its prefix",
+            [
+                f"block {block} holds a full block written by {self.state.matchable.holders(tag)[block]}",
+                "expected: it stays cached (matchable for its namespace and prefix) until it is evicted or the cache "
+                "reset",
+                "found:    no block holding that prefix is referenced, cached or pending",
+                *self.pools.block_story(block),
+            ],
+        )
+
     # -- invariant 10: quiescence --------------------------------------------------------------------------------
 
     def quiescent(self) -> None:

@@ -20,9 +20,11 @@ from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, BlockCopy, GrowResul
 from kvfuzz.engine.checks import CacheSnapshot, Checks
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.expected import ExpectedState, SeqModel, Status, TableChange, mapped
+from kvfuzz.engine.matchable import Filled
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.pools import KVPools, SlotWrite
 from kvfuzz.engine.violations import Invariant
+from kvfuzz.reference.content import prefix_tags
 from kvfuzz.reference.contiguous import ContiguousReference
 
 T = TypeVar("T")
@@ -97,13 +99,14 @@ class Engine:
         """A new request; returns whether it was admitted."""
         self._begin("admit", seq, namespace, tokens)
         before = self.checks.cache_snapshot()
+        owed = self.checks.owed_hit(prefix_tags(namespace, tokens)) if self.checks.owes_caching() else []
         result = self._attempt(
             lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._reach(len(tokens)), absent=seq
         )
         if result is None:
             return False
         self.expected.reference.add(seq, namespace, tokens)
-        self._admitted(seq, result.block_table, result.num_cached_tokens, before)
+        self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed)
         return True
 
     def readmit(self, seq: SeqId) -> bool:
@@ -112,12 +115,13 @@ class Engine:
         namespace, tokens = reference.namespace(seq), tuple(reference.tokens(seq))
         self._begin("readmit", seq)
         before = self.checks.cache_snapshot()
+        owed = self.checks.owed_hit(reference.tags(seq)) if self.checks.owes_caching() else []
         result = self._attempt(
             lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._reach(len(tokens)), absent=seq
         )
         if result is None:
             return False
-        self._admitted(seq, result.block_table, result.num_cached_tokens, before)
+        self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed)
         return True
 
     def grow(self, seq: SeqId, tokens: Tokens) -> bool:
@@ -143,6 +147,7 @@ class Engine:
         for copy in result.copies:
             self.checks.exclusive(copy.dst, seq, f"copy-on-write copy from block {copy.src}")
         targets = self._write_targets(seq, table, old_len)
+        self.expected.matchable.forget([*targets.values(), *(copy.dst for copy in result.copies)])
         for index, block in targets.items():
             self.checks.exclusive(block, seq, f"grow schedules writes of {seq}'s logical block {index}")
         self.checks.outside_inflight_window(set(targets.values()) | {copy.dst for copy in result.copies}, seq)
@@ -164,6 +169,7 @@ class Engine:
         if copies is None:
             return False
         self.checks.fork_copies_declared(parent, child, copies)
+        self.expected.matchable.forget(copy.dst for copy in copies)
         for copy in copies:
             self.pools.copy_block(copy.src, copy.dst)
             self.stats["fork copies"] += 1
@@ -251,6 +257,7 @@ class Engine:
         if result is None:
             return False
         self.checks.swap_in_mapping(seq, result.mapping, model.host_table)
+        self.expected.matchable.forget(block for _, block in result.mapping)
         for host_block, block in result.mapping:
             self.pools.swap_from_host(host_block, block)
         host_table = mapped(model.host_table)
@@ -327,6 +334,8 @@ class Engine:
         slots: list[int] = []
         writes: list[SlotWrite] = []
         for seq in self.expected.ids(Status.RUNNING):
+            if self.checks.owes_caching():
+                self._note_filled(seq, step)
             seq_slots, seq_writes = self._take_scheduled_writes(seq)
             slots += seq_slots
             writes += seq_writes
@@ -436,6 +445,7 @@ class Engine:
         """``blocks`` left the cache: note it in their histories, remember it for the cache-soundness check, and
         check the pool's sets around them."""
         step = self.pools.next_step
+        self.expected.matchable.forget(blocks)
         for block in blocks:
             self.pools.note(block, f"evicted from the cache by {by}")
             self.expected.evicted[block] = f"{by} while step {step} was being scheduled"
@@ -460,7 +470,12 @@ class Engine:
         return slots, writes
 
     def _admitted(
-        self, seq: SeqId, reported: Sequence[int], num_cached: int, before: Optional[CacheSnapshot] = None
+        self,
+        seq: SeqId,
+        reported: Sequence[int],
+        num_cached: int,
+        before: Optional[CacheSnapshot] = None,
+        owed: Sequence[tuple[int, str]] = (),
     ) -> None:
         model = self.expected.seqs.setdefault(seq, SeqModel(seq, Status.RUNNING))
         model.joined_step = self.pools.next_step
@@ -474,10 +489,12 @@ class Engine:
             self.checks.hit_on_evicted(seq, num_cached, table, stale)
         self.checks.accounting(self._set_table(seq, table, "admitted as", hit_tokens=num_cached).touched)
         model.awaits_step = self.checks.cache_hit(seq, num_cached)
+        self.checks.missed_hit(seq, num_cached, owed)
         self.checks.eviction_order(before, hit_blocks, reuse=True)
         # A whole-prompt hit passes only under recomputes_last_token: the engine writes the last token again.
         model.written = min(num_cached, self.expected.length(seq) - 1)
         targets = self._write_targets(seq, table, model.written)
+        self.expected.matchable.forget(targets.values())
         for index, block in targets.items():
             self.checks.exclusive(block, seq, f"admit schedules writes of {seq}'s logical block {index}")
         self.checks.outside_inflight_window(targets.values(), seq)
@@ -541,12 +558,41 @@ class Engine:
             if table:
                 self.checks.lookahead_exclusive(seq, hit_tokens)
             self.checks.lookahead_not_cached()
+        if self.checks.owes_caching():
+            for block in change.released:
+                self.checks.released_matchable(block)
         return change
 
     def _settle(self, change: TableChange, positions: Sequence[tuple[SeqId, int]] = ()) -> None:
         """After an operation: content of what it touched, then refcounts and the free set."""
         self.checks.content(self.pools.take_dirty(), positions)
         self.checks.accounting(change.touched)
+
+    def _note_filled(self, seq: SeqId, step: int) -> None:
+        """Complete caching: the full blocks of ``seq`` that step ``step`` fills are owed matchable once the step
+        its writes were scheduled for has surely completed (step c + W + 1, c the last completed now)."""
+        model, size = self.expected.seqs[seq], self.block_size
+        due = self.pools.last_completed + self.caps.inflight_window + 1
+        tags = self.expected.reference.tags(seq)
+        for index in range(model.written // size, len(tags) // size):
+            block = model.table[index]
+            if block != NULL_BLOCK:
+                written = f"{seq} as its logical block {index} at step {step}"
+                self.expected.matchable.fill(Filled(due, seq, index, block, tags[(index + 1) * size - 1], written))
+
+    def _owe_filled(self, step: int) -> None:
+        """The blocks filled in time for ``step``'s completion are owed matchable, if their writer still maps them."""
+        state = self.expected
+        for filled in state.matchable.due(step):
+            model = state.seqs.get(filled.seq)
+            if (
+                model is not None
+                and model.status is Status.RUNNING
+                and filled.index < len(model.table)
+                and model.table[filled.index] == filled.block
+                and model.written >= (filled.index + 1) * self.block_size
+            ):
+                state.matchable.owe(filled)
 
     def _complete(self, steps: list[int]) -> None:
         """Complete each step (adopting its remaps), then check what its completion settled: the blocks whose
@@ -559,6 +605,7 @@ class Engine:
             self._call(functools.partial(self.allocator.step_completed, step))
             if self.caps.remaps_on_step:
                 self._adopt_remaps()
+            self._owe_filled(step)
             self.checks.accounting(settled)
             if self.caps.lookahead_blocks:
                 self.checks.lookahead_not_cached()

@@ -16,6 +16,7 @@ import attrs
 
 from kvfuzz.allocator.types import NULL_BLOCK, Capabilities, Namespace, SeqId
 from kvfuzz.reference.content import prefix_tags
+from kvfuzz.engine.matchable import MatchablePrefixes
 from kvfuzz.reference.contiguous import ContiguousReference
 
 RETIRED_KEPT = 256
@@ -166,6 +167,7 @@ class ExpectedState:
         # Blocks an eviction dropped from the cache and no table has mapped since, with the eviction that dropped
         # each: a cache hit on one of them is unsound, whatever K/V it still holds.
         self.evicted: dict[int, str] = {}
+        self.matchable = MatchablePrefixes()  # under complete caching: the full blocks the cache owes matchable
         self._ids = itertools.count()  # numbers of the ids new_id hands out
 
     def new_id(self) -> SeqId:

@@ -22,6 +22,7 @@ class Invariant(enum.Enum):
     MISUSE = (11, "misuse")
     RESULTS = (12, "well-formed results")
     EVICTION_ORDER = (13, "eviction order")
+    COMPLETE_CACHING = (14, "complete caching")
 
     @property
     def number(self) -> int:

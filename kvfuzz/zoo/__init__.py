@@ -143,6 +143,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(eviction.EvictsOneSubtree, "rounding eviction stops short", Invariant.FREE_SET),
     Variant(eviction.EvictBlocksKeepsEntry, "targeted eviction keeps the cache entry", Invariant.CACHE_SOUNDNESS),
     Variant(eviction.EvictsMostRecentFirst, "most recently used evicted first", Invariant.EVICTION_ORDER),
+    Variant(eviction.CachesPromptBlocksOnly, "generated blocks never cached", Invariant.COMPLETE_CACHING),
 )
 
 

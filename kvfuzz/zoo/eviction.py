@@ -14,6 +14,7 @@ from kvfuzz.allocator.block_pool import BlockPool
 from kvfuzz.allocator.errors import OutOfBlocks
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.prefix_cache import CacheEntry
+from kvfuzz.allocator.types import GrowResult, SeqId, Tokens
 
 
 class SubtreeEvictor(PagedAllocator):
@@ -108,3 +109,17 @@ class EvictsMostRecentFirst(PagedAllocator):
     again. Caught by invariant 13 (eviction order)."""
 
     pool_class = _MostRecentFirstPool
+
+
+class CachesPromptBlocksOnly(PagedAllocator):
+    """Complete caching declared, prompts cached only: blocks filled by decode or later chunks are never registered,
+    as a cache that hashes a request's blocks once, at admission, and forgets the tokens it generates. Every hit is
+    sound; a later request with the grown prefix recomputes what the cache should have served. Caught by invariant
+    14 (complete caching)."""
+
+    def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
+        queued = len(self._registrations)
+        result = super().grow(seq, tokens)
+        while len(self._registrations) > queued:
+            self._registrations.pop()
+        return result
