@@ -235,3 +235,55 @@ def test_the_same_allocator_without_a_declared_order_is_not_held_to_one() -> Non
     h = engine(declaring(_PrefersCachedBlocks, eviction_order=None))
     cache(h, CHAIN)
     assert h.admit("new", (), (3, 3, 3))
+
+
+# -- complete caching ----------------------------------------------------------------------------------------------
+
+
+def test_kvfuzz_allocator_keeps_every_computed_full_block_matchable() -> None:
+    h = engine(make_allocator(window=1))
+    assert h.caps.complete_caching
+    assert h.admit("s0", (), CHAIN[:6])
+    h.step()
+    assert h.grow("s0", CHAIN[6:9])  # fills the second block by a chunk
+    h.step()
+    h.step()
+    h.free("s0")
+    assert h.admit("again", (), CHAIN)
+    assert h.stats["cache-hit tokens"] == 8
+
+
+class _DropsCacheAtStepCompletion(PagedAllocator):
+    """Drops every cached, unreferenced block whenever a step completes: no eviction was asked for, no room needed."""
+
+    def step_completed(self, step: int) -> None:
+        super().step_completed(step)
+        self.reset_cache()
+
+
+def test_a_cache_dropped_without_an_eviction_is_a_missed_hit_naming_the_block_and_its_writer() -> None:
+    h = engine(declaring(_DropsCacheAtStepCompletion))
+    (table,) = cache(h, CHAIN)
+    h.step()  # its completion drops the cached chain
+    with pytest.raises(InvariantViolation) as caught:
+        h.admit("again", (), CHAIN)
+    assert caught.value.invariant is Invariant.COMPLETE_CACHING
+    explanation = str(caught.value)
+    assert "reports 0 cached tokens, but its first 12 are matchable (a missed hit)" in explanation
+    assert f"block {table[0]} holds its K/V, written by p0 as its logical block 0 at step 0" in explanation
+
+
+def test_evicted_blocks_are_no_longer_owed() -> None:
+    h = engine(make_allocator())
+    (table,) = cache(h, CHAIN)
+    h.evict_blocks((table[1],))
+    h.evict(1)  # the least recently released: the chain's last full block
+    assert h.admit("again", (), CHAIN)
+    assert h.stats["cache-hit tokens"] == 4
+
+
+def test_the_same_drop_is_not_held_against_an_allocator_that_does_not_declare_complete_caching() -> None:
+    h = engine(declaring(_DropsCacheAtStepCompletion, complete_caching=False))
+    cache(h, CHAIN)
+    h.step()
+    assert h.admit("again", (), CHAIN)

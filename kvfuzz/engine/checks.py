@@ -1033,26 +1033,28 @@ class Checks:
     # -- invariant 13: eviction order (a declared policy) ---------------------------------------------------------
 
     def cache_snapshot(self) -> Optional[CacheSnapshot]:
-        """What the eviction-order check needs before an operation that may evict, or None when no order is declared
-        (or the allocator cannot show its sets)."""
+        """What the eviction-order and complete-caching checks need before an operation that may evict, or None when
+        neither policy is declared (or the allocator cannot show its sets)."""
         alloc = self.introspection
-        if self.state.caps.eviction_order is None or alloc is None:
+        if alloc is None or (self.state.caps.eviction_order is None and not self.owes_caching()):
             return None
         return CacheSnapshot(
             tuple(alloc.cached_blocks()), frozenset(alloc.free_blocks()), tuple(self.state.refs.released)
         )
 
-    def eviction_order(self, before: Optional[CacheSnapshot], hits: Iterable[int], reuse: bool) -> None:
-        """Invariant 13: the cached blocks an operation evicted or reused (every block that left the cached set, other
-        than by a cache hit) are the least recently released ones, and, when the operation handed them out for new
-        content (``reuse``), no block that was free before it is still free."""
+    def evictions(self, before: Optional[CacheSnapshot], hits: Iterable[int], reuse: bool) -> None:
+        """The cached blocks an operation evicted or reused (every block that left the cached set, other than by a
+        hit): the complete-caching debt for them ends, and invariant 13 holds of them. Invariant 13: they are the
+        least recently released ones, and, when the operation handed them out for new content (``reuse``), no block
+        that was free before it is still free."""
         alloc = self.introspection
         if before is None or alloc is None:
             return
         hit = set(hits)
         cached_after = set(alloc.cached_blocks())
         gone = [block for block in before.cached if block not in cached_after and block not in hit]
-        if not gone:
+        self.state.matchable.forget(gone)
+        if not gone or self.state.caps.eviction_order is None:
             return
         was_cached = set(before.cached) - hit
         known = [block for block in before.recency if block in was_cached]
@@ -1096,9 +1098,8 @@ class Checks:
         caps = self.state.caps
         return caps.complete_caching and self.introspection is not None and caps.sliding_window is None
 
-    def _matchable_now(self, tag: int) -> list[tuple[int, str]]:
-        """The blocks owed matchable as prefix ``tag`` that the allocator still holds: referenced, cached or
-        pending (one that went to the free set was evicted)."""
+    def _kept(self, tag: int) -> list[tuple[int, str]]:
+        """The blocks owed matchable as prefix ``tag`` that the allocator keeps: referenced, cached or pending."""
         alloc = self.introspection
         assert alloc is not None
         holders = self.state.matchable.holders(tag)
@@ -1109,15 +1110,17 @@ class Checks:
 
     def owed_hit(self, tags: Sequence[int]) -> list[tuple[int, str]]:
         """For a prompt with these position tags, one (block, who wrote it) per leading full block an admission
-        must report cached: a block owed matchable still holds its prefix. A hit never covers the whole prompt
-        (the engine needs a query token), so its last token's block is never owed."""
+        must report cached: a block owed matchable holds its prefix (a block that went to the free set without an
+        eviction is still owed). A hit never covers the whole prompt (the engine needs a query token), so its last
+        token's block is never owed."""
         size = self.state.block_size
+        matchable = self.state.matchable
         owed: list[tuple[int, str]] = []
         for index in range((len(tags) - 1) // size):
-            holders = self._matchable_now(tags[(index + 1) * size - 1])
+            holders = matchable.holders(tags[(index + 1) * size - 1])
             if not holders:
                 break
-            owed.append(holders[0])
+            owed.append(next(iter(holders.items())))
         return owed
 
     def missed_hit(self, seq: str, num_cached: int, owed: Sequence[tuple[int, str]]) -> None:
@@ -1146,7 +1149,7 @@ class Checks:
         """Invariant 14: a block owed matchable that its last holder released stays matchable (it, or another block
         holding the same prefix, is cached or pending), rather than going to the free set."""
         tag = self.state.matchable.tag_of.get(block)
-        if tag is None or self._matchable_now(tag):
+        if tag is None or self._kept(tag):
             return
         self.fail(
             Invariant.COMPLETE_CACHING,

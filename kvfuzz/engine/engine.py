@@ -143,7 +143,7 @@ class Engine:
         table = self._table(seq)
         self.checks.grow_slots(seq, result.slots, table, old_len, len(tokens))
         self._settle(self._set_table(seq, table, "grown into", f"released by {seq}'s copy-on-write (grow)"))
-        self.checks.eviction_order(before, (), reuse=True)
+        self.checks.evictions(before, (), reuse=True)
         for copy in result.copies:
             self.checks.exclusive(copy.dst, seq, f"copy-on-write copy from block {copy.src}")
         targets = self._write_targets(seq, table, old_len)
@@ -188,7 +188,7 @@ class Engine:
             self._set_table(child, table, "shared by fork with"),
             [(child, p) for index in moved for p in range(index * size, min((index + 1) * size, written))],
         )
-        self.checks.eviction_order(before, (), reuse=True)
+        self.checks.evictions(before, (), reuse=True)
         for copy in copies:
             self.checks.exclusive(copy.dst, child, f"fork copy from block {copy.src}")
         self.checks.outside_inflight_window({copy.dst for copy in copies}, child)
@@ -267,7 +267,7 @@ class Engine:
         self._settle(
             change, positions=[(seq, position) for position in range(state.sliding_window_start(seq), model.written)]
         )
-        self.checks.eviction_order(before, (), reuse=True)
+        self.checks.evictions(before, (), reuse=True)
         for _, block in result.mapping:
             self.checks.exclusive(block, seq, "swap-in copy")
         self.checks.outside_inflight_window({block for _, block in result.mapping}, seq)
@@ -304,7 +304,7 @@ class Engine:
         self.checks.evict_count(num_blocks, dropped, before, evicted)
         self.stats["evicted blocks"] += dropped
         self._evicted(evicted, f"evict({num_blocks})")
-        self.checks.eviction_order(order_before, (), reuse=False)
+        self.checks.evictions(order_before, (), reuse=False)
 
     def evict_blocks(self, blocks: tuple[int, ...]) -> None:
         """Ask the allocator to drop these unreferenced blocks from its cache (those it caches; the others stay as
@@ -490,7 +490,7 @@ class Engine:
         self.checks.accounting(self._set_table(seq, table, "admitted as", hit_tokens=num_cached).touched)
         model.awaits_step = self.checks.cache_hit(seq, num_cached)
         self.checks.missed_hit(seq, num_cached, owed)
-        self.checks.eviction_order(before, hit_blocks, reuse=True)
+        self.checks.evictions(before, hit_blocks, reuse=True)
         # A whole-prompt hit passes only under recomputes_last_token: the engine writes the last token again.
         model.written = min(num_cached, self.expected.length(seq) - 1)
         targets = self._write_targets(seq, table, model.written)

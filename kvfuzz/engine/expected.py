@@ -15,8 +15,8 @@ from typing import Iterable, Optional, Protocol
 import attrs
 
 from kvfuzz.allocator.types import NULL_BLOCK, Capabilities, Namespace, SeqId
-from kvfuzz.reference.content import prefix_tags
 from kvfuzz.engine.matchable import MatchablePrefixes
+from kvfuzz.reference.content import prefix_tags
 from kvfuzz.reference.contiguous import ContiguousReference
 
 RETIRED_KEPT = 256
