@@ -6,6 +6,7 @@ import fails loudly rather than skipping.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -198,7 +199,7 @@ def test_evict_blocks_cuts_a_cached_chain_in_the_middle() -> None:
     ``evict_blocks`` and checks the hit does not run on past the evicted block."""
     from kvfuzz.engine import Engine
 
-    engine = Engine(vllm_v1.kv_cache_manager(SPEC), MachineConfig(block_size=4, num_blocks=6))
+    engine = Engine(vllm_v1.kv_cache_manager_kv_connector(SPEC), MachineConfig(block_size=4, num_blocks=6))
     prompt = PROMPT[:8] + (0, 1, 2, 3, 0)  # three full blocks and one token
     engine.admit("a", (), prompt)
     engine.step()
@@ -209,3 +210,32 @@ def test_evict_blocks_cuts_a_cached_chain_in_the_middle() -> None:
     engine.evict_blocks((table[1],))
     assert sorted(engine.allocator.cached_blocks()) == sorted((table[0], table[2]))
     assert engine.allocator.admit("b", (), prompt).num_cached_tokens == 4  # the first block only
+
+
+def test_the_default_factory_declares_the_policies_and_a_kv_connector_adds_targeted_eviction() -> None:
+    default, connector = vllm_v1.kv_cache_manager(SPEC), vllm_v1.kv_cache_manager_kv_connector(SPEC)
+    assert default.capabilities.complete_caching and default.capabilities.eviction_order is not None
+    assert not default.capabilities.targeted_eviction
+    assert connector.capabilities.targeted_eviction and connector.capabilities.eviction_order is not None
+
+
+def test_a_kv_connector_eviction_breaks_the_lru_order() -> None:
+    """vLLM's evict_blocks leaves the evicted blocks where they are in the free queue, behind cached ones, so the
+    next allocation evicts a cached block while they stand free (corpus/vllm-v1-kv-cache-manager-kv-connector-*)."""
+    summary = run(vllm_v1.kv_cache_manager_kv_connector, MachineConfig(), examples=300)
+    assert summary.failed and summary.invariant == "invariant 13 (eviction order)", summary.explanation
+    assert "for new content while block" in summary.explanation and "evict_blocks" in summary.explanation
+
+
+def _without_the_order(spec: PoolSpec) -> vllm_v1.VllmV1Allocator:
+    allocator = vllm_v1.kv_cache_manager_kv_connector(spec)
+    allocator.capabilities = attrs.evolve(allocator.capabilities, eviction_order=None)
+    return allocator
+
+
+def test_machine_holds_under_targeted_eviction_apart_from_the_order() -> None:
+    """Everything but the order finding holds with a KV connector's evictions: no hit runs on past an evicted block,
+    and every other computed block stays matchable."""
+    run_state_machine_as_test(
+        machine_for(_without_the_order, MachineConfig()), settings=settings(PROFILES["ci"], max_examples=60)
+    )

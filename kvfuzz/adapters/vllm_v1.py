@@ -15,9 +15,10 @@ Mapping of the contract onto the scheduler's calls:
   ``Scheduler._preempt_request`` resets it.
 * ``reset_cache``: ``reset_prefix_cache`` when no block is in use (its own precondition); otherwise ``evict_blocks``
   over every cached, unreferenced block. ``evict(n)``: ``evict_blocks`` over the first ``n`` cached blocks of the
-  free queue, the ones vLLM would evict first. ``evict_blocks`` (targeted eviction, declared with prefix caching):
-  ``KVCacheManager.evict_blocks`` over the named blocks, as a KV connector reports invalid blocks and an offloading
-  connector drops evicted ones; vLLM drops their hashes and leaves them where they are in the free queue.
+  free queue, the ones vLLM would evict first. ``evict_blocks`` (targeted eviction, declared by the ``_kv_connector``
+  factory): ``KVCacheManager.evict_blocks`` over the named blocks, as a KV connector reports invalid blocks and an
+  offloading connector drops evicted ones; vLLM drops their hashes and leaves them where they are in the free queue
+  (which breaks its LRU order: ``corpus/vllm-v1-kv-cache-manager-kv-connector-eviction-order-*.json``).
 * ``step_completed``: the scheduler's bookkeeping of finished steps (in-flight tokens, deferred frees).
 
 After each scheduled operation the request's ``num_computed_tokens`` counts the scheduled tokens, as
@@ -140,6 +141,8 @@ class VllmOptions:
     priority policy); under FCFS it takes its victims before scheduling them.
     ``speculative_tokens`` is vLLM's ``num_speculative_tokens`` (0: no speculative decoding), and
     ``lookahead_tokens`` its ``num_lookahead_tokens``: k for an EAGLE or draft-model proposer, 0 for n-gram.
+    ``kv_connector`` says a KV connector (or offloading) evicts particular blocks by id (``evict_blocks``), which
+    the adapter then declares as targeted eviction; without one, vLLM never calls it.
     """
 
     prefix_caching: bool = True
@@ -149,6 +152,7 @@ class VllmOptions:
     priority_policy: bool = False
     speculative_tokens: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     lookahead_tokens: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    kv_connector: bool = False
 
 
 class _NamespaceKeys:
@@ -226,7 +230,7 @@ class VllmV1Allocator:
             prefix_cache=options.prefix_caching,
             namespaces=options.prefix_caching,
             eviction=options.prefix_caching,
-            targeted_eviction=options.prefix_caching,
+            targeted_eviction=options.prefix_caching and options.kv_connector,
             eviction_order=EvictionOrder.LRU if options.prefix_caching and options.sliding_window is None else None,
             complete_caching=options.prefix_caching and options.sliding_window is None,
             inflight_window=options.inflight_window,
@@ -513,6 +517,11 @@ kv_cache_manager_priority = _factory(
 )
 kv_cache_manager_lora = _factory(
     "kv_cache_manager_lora", "Prefix caching, namespaces as LoRA adapters, W = 0.", namespace_key="lora"
+)
+kv_cache_manager_kv_connector = _factory(
+    "kv_cache_manager_kv_connector",
+    "Prefix caching, W = 0, with a KV connector that evicts particular blocks by id (targeted eviction).",
+    kv_connector=True,
 )
 kv_cache_manager_deferred_free = _factory(
     "kv_cache_manager_deferred_free",
