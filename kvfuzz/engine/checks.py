@@ -681,8 +681,7 @@ class Checks:
                 [
                     f"expected: at least {least}: evict_rounds_up drops whole cached subtrees until at least "
                     f"{num_blocks} blocks are gone, or every cached block",
-                    f"found:    dropped {sorted(evicted)}; still cached: "
-                    f"{sorted(set(before) - set(evicted))}",
+                    f"found:    dropped {sorted(evicted)}; still cached: {sorted(set(before) - set(evicted))}",
                 ],
             )
 
@@ -1069,8 +1068,7 @@ class Checks:
                 f"{'reused' if reuse else 'evicted'} cached block {wrong} before block {skipped}, which was released "
                 "earlier",
                 [
-                    "expected: least recently released first (LRU; a release frees its tail blocks first): "
-                    f"{oldest}",
+                    f"expected: least recently released first (LRU; a release frees its tail blocks first): {oldest}",
                     f"found:    {'reused' if reuse else 'evicted'} {gone}",
                     f"cached blocks, least recently released first: {order}",
                     *self.pools.block_story(wrong),

@@ -3,8 +3,8 @@
 Hypothesis shrinks within its own budget and sometimes keeps calls that do not matter (a step that changes nothing,
 an admit whose blocks are never touched). Replaying is cheap, so kvfuzz then deletes chunks of calls, halving the
 chunk size down to single calls (delta debugging), then pairs of calls anywhere in the program, and keeps every
-deletion after which the program still breaks the same invariant. A call whose arguments no longer make sense after a deletion (a grow of a sequence that was
-never admitted) makes the candidate invalid, never a finding.
+deletion after which the program still breaks the same invariant. A call whose arguments no longer make sense after
+a deletion (a grow of a sequence that was never admitted) makes the candidate invalid, never a finding.
 """
 
 from __future__ import annotations
