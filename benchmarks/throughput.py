@@ -78,6 +78,11 @@ class BareState:
     def length(self, seq: SeqId) -> int:
         return self.lengths[seq]
 
+    def released_blocks(self) -> list[int]:
+        """No blocks are modelled here, so targeted eviction is never drawn (the real machine draws it when a
+        sequence has released blocks)."""
+        return []
+
     # -- what each operation does to the bookkeeping -------------------------------------------------------------
 
     def admit(self, seq: SeqId, namespace: tuple, system: tuple, suffix: list) -> None:

@@ -315,7 +315,6 @@ class Engine:
         self._call(lambda: self.allocator.evict_blocks(blocks))
         if introspection is not None:
             self.checks.evict_targets(blocks, before, self.checks.evicted(before))
-        self.stats["targeted evictions"] += 1
         self._evicted(blocks, f"evict_blocks({list(blocks)})")
 
     def reset_cache(self) -> None:
