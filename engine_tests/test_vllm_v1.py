@@ -222,9 +222,18 @@ def test_the_default_factory_declares_the_policies_and_a_kv_connector_adds_targe
 def test_a_kv_connector_eviction_breaks_the_lru_order() -> None:
     """vLLM's evict_blocks leaves the evicted blocks where they are in the free queue, behind cached ones, so the
     next allocation evicts a cached block while they stand free (corpus/vllm-v1-kv-cache-manager-kv-connector-*)."""
-    summary = run(vllm_v1.kv_cache_manager_kv_connector, MachineConfig(), examples=300)
-    assert summary.failed and summary.invariant == "invariant 13 (eviction order)", summary.explanation
-    assert "for new content while block" in summary.explanation and "evict_blocks" in summary.explanation
+    from kvfuzz.engine import Engine, Invariant, InvariantViolation
+
+    config = MachineConfig(block_size=4, num_blocks=4)
+    engine = Engine(vllm_v1.kv_cache_manager_kv_connector(config.pool_spec()), config)
+    engine.admit("s0", (), PROMPT)
+    engine.step()
+    engine.free("s0")  # free queue: the partial block, the unused one, then blocks 1 and 0, cached
+    engine.evict_blocks((0,))  # block 0 loses its hash but stays last in the queue
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("s1", (), (3, 2, 1, 0, 0, 0, 0, 0, 0))  # pops three blocks: the third is block 1, cached
+    assert caught.value.invariant is Invariant.EVICTION_ORDER
+    assert "reused cached block 1 for new content while block 0 was free" in str(caught.value)
 
 
 def _without_the_order(spec: PoolSpec) -> vllm_v1.VllmV1Allocator:
