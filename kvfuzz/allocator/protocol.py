@@ -102,15 +102,21 @@ class AllocatorProtocol(Protocol):
     def reset_cache(self) -> None:
         """Drop every cached, unreferenced block."""
 
-    def evict_blocks(self, blocks: Sequence[int]) -> None:
-        """Drop from the cache those of ``blocks`` (all unreferenced) that are cached; leave every other block as it
-        is. Declared by ``capabilities.targeted_eviction``."""
-
     def step_completed(self, step: int) -> None:
         """Step ``step`` (counted from 0) has finished on the device: every write and read it issued is done."""
 
     def block_table(self, seq: SeqId) -> Sequence[int]:
         """The physical blocks of ``seq``'s logical blocks, in order."""
+
+
+@runtime_checkable
+class EvictsBlocks(Protocol):
+    """Optional: targeted eviction by block id (vLLM's ``evict_blocks``, used by KV connectors and offloading); an
+    allocator that implements it sets ``capabilities.targeted_eviction``."""
+
+    def evict_blocks(self, blocks: Sequence[int]) -> None:
+        """Drop from the cache those of ``blocks`` (all unreferenced) that are cached; leave every other block as it
+        is."""
 
 
 @runtime_checkable

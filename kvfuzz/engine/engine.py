@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence, TypeVar, cast
 
 from kvfuzz.accounting.occupancy import Occupancy, measure
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
-from kvfuzz.allocator.protocol import AllocatorProtocol
+from kvfuzz.allocator.protocol import AllocatorProtocol, EvictsBlocks
 from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, BlockCopy, GrowResult, Namespace, SeqId, SwapResult, Tokens
 from kvfuzz.engine.checks import CacheSnapshot, Checks
 from kvfuzz.engine.config import MachineConfig
@@ -312,7 +312,7 @@ class Engine:
         self._begin("evict_blocks", list(blocks))
         introspection = self.checks.introspection
         before = list(introspection.cached_blocks()) if introspection is not None else []
-        self._call(lambda: self.allocator.evict_blocks(blocks))
+        self._call(lambda: cast(EvictsBlocks, self.allocator).evict_blocks(blocks))
         if introspection is not None:
             self.checks.evict_targets(blocks, before, self.checks.evicted(before))
         self._evicted(blocks, f"evict_blocks({list(blocks)})")
