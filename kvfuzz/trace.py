@@ -512,7 +512,7 @@ ARGUMENT_TYPES = {
     "call": "misuse",
 }
 """The JSON type of each argument the operations take, by name (an operation's argument kind decides otherwise)."""
-_KIND_TYPES = {"NewSeqId": "string", "Integers": "integer", "TokenLists": "integers"}
+_KIND_TYPES = {"NewSeqId": "string", "Integers": "integer", "TokenLists": "integers", "BlockIds": "integers"}
 
 
 def _list(field: str, value: Any) -> list[Any]:
