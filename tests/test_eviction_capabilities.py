@@ -287,3 +287,46 @@ def test_the_same_drop_is_not_held_against_an_allocator_that_does_not_declare_co
     cache(h, CHAIN)
     h.step()
     assert h.admit("again", (), CHAIN)
+
+
+def test_with_window_two_a_rollback_before_the_block_is_owed_cancels_the_debt() -> None:
+    """W = 2: the prompt's writes land in step 1, which completes at step 3's launch, but the allocator can only know
+    them complete once step c + W + 1 = 2 has. A rollback into the block before then cancels what was owed, and the
+    sequence may refill the block in place with other tokens: no missed hit for the old prefix."""
+    h = engine(make_allocator(window=2))
+    h.step()  # step 0: the pipeline fills, nothing completes
+    assert h.admit("s0", (), CHAIN[:11])  # two full blocks, owed once step 2 has completed
+    h.step()
+    h.step()
+    h.step()  # step 1 completes, step 2 not yet
+    h.rollback("s0", 8)  # back into the first block: it holds CHAIN[:3]
+    assert h.grow("s0", (CHAIN[3] + 1,))  # the first block is full again, with another prefix
+    h.step()  # step 2 completes
+    assert h.admit("s1", (), CHAIN[:5])
+    assert h.stats["cache-hit tokens"] == 0
+
+
+def test_with_window_two_a_full_block_is_owed_from_step_c_plus_three_and_survives_a_rollback() -> None:
+    """W = 2, once step c + W + 1 has completed: a rollback into the block no longer cancels the debt (the allocator
+    copies the block before writing it), and a cache dropped without an eviction is a missed hit."""
+    h = engine(make_allocator(window=2))
+    h.step()
+    assert h.admit("s0", (), CHAIN[:11])
+    for _ in range(4):
+        h.step()  # step 2 completes at step 4's launch
+    h.rollback("s0", 8)
+    assert h.grow("s0", (CHAIN[3] + 1,))
+    assert h.admit("s1", (), CHAIN[:5])
+    assert h.stats["cache-hit tokens"] == 4
+
+    dropping = engine(declaring(_DropsCacheAtStepCompletion, window=2))
+    dropping.step()
+    assert dropping.admit("s0", (), CHAIN[:11])
+    for _ in range(4):
+        dropping.step()
+    dropping.free("s0")
+    for _ in range(3):
+        dropping.step()  # the released blocks leave the window, and a completion drops them
+    with pytest.raises(InvariantViolation) as caught:
+        dropping.admit("again", (), CHAIN)
+    assert caught.value.invariant is Invariant.COMPLETE_CACHING

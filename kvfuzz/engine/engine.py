@@ -208,6 +208,7 @@ class Engine:
         self._call(lambda: self.allocator.free(seq))
         change = self._set_table(seq, (), "released (free) by")
         host_table = mapped(state.seqs[seq].host_table)
+        state.matchable.cancel(seq)
         del state.seqs[seq]
         state.retire(seq)
         state.reference.remove(seq)
@@ -223,6 +224,7 @@ class Engine:
         change = self._set_table(seq, (), "released (preempt) by")
         model = self.expected.seqs[seq]
         model.status, model.written, model.drafts = Status.PREEMPTED, 0, 0
+        self.expected.matchable.cancel(seq)
         self._settle(change)
 
     def swap_out(self, seq: SeqId) -> bool:
@@ -241,6 +243,7 @@ class Engine:
         host_of = dict(result.mapping)
         host_table = tuple(host_of.get(block, NULL_BLOCK) for block in model.table)
         change = self._set_table(seq, (), "released (swap-out) by")
+        state.matchable.cancel(seq)
         model.status, model.host_table = Status.SWAPPED, host_table
         self.stats["swapped out blocks"] += len(live)
         self._settle(change)
@@ -285,6 +288,7 @@ class Engine:
         new_len = old_len - num_tokens
         state.reference.truncate(seq, new_len)
         model.written = min(model.written, new_len)
+        state.matchable.cancel(seq, new_len // self.block_size)
         model.drafts = max(0, model.drafts - num_tokens)
         table = self._table(seq)
         self.checks.rollback_table(seq, model.table, table)

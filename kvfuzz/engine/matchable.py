@@ -3,8 +3,10 @@ its namespace and prefix, until it is evicted or the cache reset.
 
 A full block's prefix is named by the tag of its last position (the tag chains the namespace and every token before
 it). Writes scheduled while step c was the last completed land in a step that has completed once step c + W + 1 has,
-so a block filled by them is owed from then on, if the sequence that wrote it still maps it there; an allocator
-that registers blocks earlier (vLLM, when scheduled) meets the promise early.
+so a block filled by them is owed from then on, if the sequence that wrote it still maps it there and has not
+dropped those tokens meanwhile (a rollback into the block, a preemption, a swap-out or a free before step c + W + 1
+completes cancels the promise: the block's content was never owed, and the allocator may write it anew in place);
+an allocator that registers blocks earlier (vLLM, when scheduled) meets the promise early.
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ class MatchablePrefixes:
         """The filled blocks owed once ``step`` has completed, removed from the waiting list."""
         while self.filled and self.filled[0].due <= step:
             yield self.filled.popleft()
+
+    def cancel(self, seq: SeqId, first_index: int = 0) -> None:
+        """``seq`` dropped its tokens from logical block ``first_index`` on before the blocks they filled were owed:
+        those blocks are owed nothing (even if the same tokens are written into the same block again, which a new
+        fill records with its own step)."""
+        self.filled = deque(filled for filled in self.filled if filled.seq != seq or filled.index < first_index)
 
     def owe(self, filled: Filled) -> None:
         """``filled.block`` is owed matchable as its prefix from now on."""
