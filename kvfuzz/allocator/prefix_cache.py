@@ -49,6 +49,11 @@ class PrefixCache:
                 return block
         return None
 
+    def first_block(self, block_hash: int) -> Optional[int]:
+        """The first block registered under ``block_hash``, whatever prefix it holds (only a variant that trusts the
+        hash alone asks this), or ``None``."""
+        return next(iter(self._blocks_by_hash.get(block_hash, ())), None)
+
     def register(self, block: int, entry: CacheEntry) -> None:
         """Make ``block`` matchable as ``entry``, unless the block already has an entry."""
         if block in self._entry_by_block:

@@ -19,7 +19,7 @@ class _TrustsTheKey(PrefixCache):
     """A lookup that returns the block registered under the hash without comparing namespace or tokens."""
 
     def lookup(self, block_hash: int, namespace: Namespace, prefix: Tokens) -> Optional[int]:
-        return self._block_by_hash.get(block_hash)
+        return self.first_block(block_hash)
 
 
 class CollidingBlockKey(PagedAllocator):

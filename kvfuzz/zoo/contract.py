@@ -9,6 +9,8 @@ slip is caught and named by the right invariant. Never use them for anything els
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from kvfuzz.allocator.errors import OutOfBlocks, Unsupported
@@ -94,7 +96,8 @@ def _registers_at_allocation(capabilities: Capabilities, **declared: bool) -> Ca
     """The capabilities of an engine that hashes blocks when it allocates them, with an FCFS scheduler that preempts
     only computed requests and keeps the blocks of rejected drafts (no rollback), declaring ``declared`` of the
     three behaviours that follow."""
-    return attrs.evolve(capabilities, preempt_scheduled=False, rollback=False, **declared)
+    changes: dict[str, Any] = {"preempt_scheduled": False, "rollback": False, **declared}
+    return attrs.evolve(capabilities, **changes)
 
 
 class ScheduledHitUnshared(MatchableAtAllocation):

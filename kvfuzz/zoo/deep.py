@@ -128,7 +128,7 @@ class TrustsShortBlockHash(PagedAllocator):
     def _match(self, namespace: Namespace, tokens: Tokens, hashes: list[int]) -> list[int]:
         hits = []
         for block_hash in hashes:
-            block = self._cache._block_by_hash.get(block_hash)
+            block = self._cache.first_block(block_hash)
             if block is None:
                 break
             hits.append(block)
