@@ -450,7 +450,7 @@ class Engine:
         step = self.pools.next_step
         self.expected.matchable.forget(blocks)
         for block in blocks:
-            self.pools.note(block, f"evicted from the cache by {by}")
+            self.pools.note(block, f"evicted from the cache ({by})")
             self.expected.evicted[block] = f"{by} while step {step} was being scheduled"
         self._settle(TableChange(frozenset(blocks), (), ()))
 
