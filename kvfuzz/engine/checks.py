@@ -821,7 +821,7 @@ class Checks:
         after = self.counts()
         evicted = self._evicted_by_refusal(invariant, before, error, cached_before)
         if before is not None and evicted:
-            before = PoolCounts(before.free + len(evicted), before.cached - len(evicted), before.pending)
+            before = attrs.evolve(before, free=before.free + len(evicted), cached=before.cached - len(evicted))
         if after != before:
             self.fail(
                 invariant,
