@@ -8,7 +8,14 @@ from kvfuzz.allocator.paged import PagedAllocator
 
 
 class _SettlesStaleEntries(BlockPool):
-    """Settles every deferred-free entry that comes due, without asking whether the block still waits on it."""
+    """Settles every deferred-free entry that comes due, without asking whether the block still waits on it; a
+    pending block taken again keeps its entry in the settling order."""
+
+    def take(self, block: int) -> None:
+        if self.refcount(block) == 0:
+            self._evictable.pop(block, None)
+            self._pending.pop(block, None)
+        self._refcount[block] += 1
 
     def step_completed(self, step: int) -> None:
         self.last_completed_step = step
