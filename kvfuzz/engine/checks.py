@@ -908,6 +908,32 @@ class Checks:
 
     # -- invariant 9: cache soundness ----------------------------------------------------------------------------
 
+    def withdrawn_writes_unread(self, seq: str, why: str) -> None:
+        """Invariant 9: withdrawing ``seq``'s scheduled writes (``why``: a preemption, or an abort whose engine does not
+        declare ``free_lands_scheduled_writes``) leaves no other sequence holding a cache hit on them; a hit on
+        scheduled writes is sound only while the step that writes them is sure to run."""
+        h = self.state
+        size = h.block_size
+        for position, slot in h.scheduled_writes(seq):
+            block = slot // size
+            for holder, index in sorted(h.refs.holders.get(block, ())):
+                relies = index * size + slot % size
+                if holder != seq and index == position // size and h.seqs[holder].written > relies:
+                    self.fail(
+                        Invariant.CACHE_SOUNDNESS,
+                        f"{why} withdraws {seq}'s scheduled write of position {position} into block {block}, which "
+                        f"{holder}'s cache hit covers",
+                        [
+                            f"{holder} holds block {block} as its logical block {index} and counts position "
+                            f"{relies} as computed: its admission hit K/V that {seq}'s next step was to write",
+                            f"expected: a hit only on K/V a step is sure to write (an engine whose {why.split('(')[0]} "
+                            "withdraws scheduled writes must not let another request hit them; vLLM lands an "
+                            "aborted request's scheduled step: free_lands_scheduled_writes)",
+                            f"found:    {holder} would read K/V at position {relies} that no step writes",
+                            *self.pools.block_story(block),
+                        ],
+                    )
+
     def hit_on_evicted(self, seq: str, num_cached: int, table: tuple[int, ...], evicted: dict[int, str]) -> None:
         """Invariant 9: a hit covers no block an eviction dropped from the cache and no table has mapped since,
         whatever K/V the block still holds. ``evicted`` maps such a block's logical index in ``table`` to the

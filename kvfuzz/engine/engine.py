@@ -201,10 +201,13 @@ class Engine:
         writes land first. Otherwise they are withdrawn with it."""
         state = self.expected
         self._begin("free", seq)
-        if self.caps.free_lands_scheduled_writes and state.seqs[seq].status is Status.RUNNING:
-            slots, writes = self._take_scheduled_writes(seq, "scheduled before the abort")
-            if slots:
-                self.pools.write(slots, writes)
+        if state.seqs[seq].status is Status.RUNNING:
+            if self.caps.free_lands_scheduled_writes:
+                slots, writes = self._take_scheduled_writes(seq, "scheduled before the abort")
+                if slots:
+                    self.pools.write(slots, writes)
+            else:
+                self.checks.withdrawn_writes_unread(seq, f"free({seq!r})")
         self._call(lambda: self.allocator.free(seq))
         change = self._set_table(seq, (), "released (free) by")
         host_table = mapped(state.seqs[seq].host_table)
@@ -220,6 +223,7 @@ class Engine:
     def preempt(self, seq: SeqId) -> None:
         """Release a running sequence for recomputation; it keeps its tokens and waits to be readmitted."""
         self._begin("preempt", seq)
+        self.checks.withdrawn_writes_unread(seq, f"preempt({seq!r})")
         self._call(lambda: self.allocator.preempt(seq))
         change = self._set_table(seq, (), "released (preempt) by")
         model = self.expected.seqs[seq]
