@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from kvfuzz.engine.violations import InvariantViolation
+from kvfuzz.program.execution import Target
+from kvfuzz.program.operations import BY_NAME
+from kvfuzz.program.random_programs import random_search
 from kvfuzz.runner import run
 from kvfuzz.statemachines import MachineConfig
 from kvfuzz.zoo import VARIANTS, variant
@@ -15,16 +19,28 @@ BUG_CLASSES_COVERED = {name.split()[0] for name in (v.bug_class for v in VARIANT
 FOCUSED: dict[str, tuple[MachineConfig, int]] = {
     # Deep variants hide from the default pool and program length; each is caught here by the configuration its
     # trigger needs (a tiny pool, a longer program, smaller blocks), derandomized, so the test is deterministic.
-    "StaleEntryAfterPressureEviction": (MachineConfig(num_blocks=5), 100),
     "SwapInTakesPendingBlocks": (MachineConfig(num_blocks=6), 100),
     "CachedTailWrittenInPlace": (MachineConfig(), 100),
     "SwapInRefusalReleasesHost": (MachineConfig(num_blocks=6), 100),
     "AbortWhileSwappedLeaksHost": (MachineConfig(num_blocks=8), 100),
     "WholePoolPromptRefused": (MachineConfig(num_blocks=4), 50),
     "TrustsShortBlockHash": (MachineConfig(num_blocks=32), 100),
-    "RollbackKeepsPendingRegistration": (MachineConfig(block_size=2), 100),
 }
 """Deep variant -> the machine configuration and program length its test runs."""
+
+SWARMED: dict[str, tuple[MachineConfig, tuple[str, ...]]] = {
+    # Deep variants whose trigger also needs the right mix of operations, as a campaign's swarm draws it: random
+    # programs (seeded, so the test is deterministic) over a subset of the operation table.
+    "StaleEntryAfterPressureEviction": (
+        MachineConfig(num_blocks=4, block_size=2),
+        ("admit", "step", "grow", "decode", "free"),
+    ),
+    "RollbackKeepsPendingRegistration": (
+        MachineConfig(num_blocks=8, block_size=2),
+        ("admit", "step", "grow", "decode", "rollback", "free"),
+    ),
+}
+"""Deep variant -> the machine configuration and the operations of the random programs its test runs."""
 
 SHALLOW = [v for v in VARIANTS if not v.deep]
 DEEP = [v for v in VARIANTS if v.deep]
@@ -45,8 +61,19 @@ def test_deep_variant_is_caught_in_the_configuration_it_needs(broken) -> None:
     assert summary.violated is broken.expected, summary.explanation
 
 
+@pytest.mark.parametrize("name", sorted(SWARMED))
+def test_deep_variant_is_caught_by_the_operations_it_needs(name) -> None:
+    broken = variant(name)
+    config, operations = SWARMED[name]
+    found = random_search(
+        Target(broken.factory(), config), examples=300, steps=60, seed=0, operations=[BY_NAME[o] for o in operations]
+    )
+    assert found is not None, f"{name} escaped 300 random programs over {operations} in {config}"
+    assert isinstance(found.failure, InvariantViolation) and found.failure.invariant is broken.expected, found.failure
+
+
 def test_every_deep_variant_has_a_focused_configuration() -> None:
-    assert sorted(FOCUSED) == sorted(v.name for v in DEEP)
+    assert sorted([*FOCUSED, *SWARMED]) == sorted(v.name for v in DEEP)
     assert len(DEEP) >= 6
 
 
