@@ -264,10 +264,19 @@ def test_declaring_a_refusal_that_evicts_hides_no_referenced_block_freed():
 
 
 def test_declaring_a_refusal_that_evicts_hides_no_false_refusal():
-    summary = run(
-        declaring(FalseOutOfBlocks, window=1, refusal_evicts=True), MachineConfig(), examples=300, shrink=False
-    )
-    assert summary.failed and summary.violated is Invariant.NO_FALSE_REFUSAL, summary.explanation
+    """A pool of two free and two cached blocks refuses a three-block prompt: declared or not, that refusal is
+    false."""
+    allocator = declaring(FalseOutOfBlocks, window=1, refusal_evicts=True)(PoolSpec(4, 4))
+    engine = Engine(allocator, MachineConfig(block_size=4, num_blocks=4))
+    engine.admit("a", (), (1, 2, 3, 4, 5, 6, 7, 8, 9))
+    for _ in range(3):
+        engine.step()  # with W = 1, a's two full blocks are cached once the step after their write completes
+    engine.free("a")
+    for _ in range(2):
+        engine.step()  # and settle, cached, once the window of the free closes: two cached blocks, two free
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("b", (), (9,) * 12)
+    assert caught.value.invariant is Invariant.NO_FALSE_REFUSAL, caught.value
 
 
 # -- the three behaviours of a block matchable when scheduled -----------------------------------------------------
