@@ -259,7 +259,7 @@ def test_known_findings_of_the_corpus_are_counted_not_reported_as_new(workdir: P
         "--allocator",
         "zoo:NoCopyOnWrite",
         "--max-examples",
-        "20",
+        "60",
         "--workers",
         "1",
         "--seed",
