@@ -18,12 +18,12 @@ The opening comment holds the command exactly as a user types it (it must start 
 the two comments is replaced. A second kind of region, ``<!-- table: zoo -->`` ... ``<!-- /table -->``, is a
 markdown table of the zoo's variants generated from ``kvfuzz.zoo.VARIANTS``.
 
-How commands run: in this process, through ``kvfuzz.cli.main``, with the repository root as the current directory;
-standard output is what is shown, standard error (progress lines) is dropped; each distinct command runs once. A
-command must exit 0 or 1 (1 is a finding, e.g. a zoo allocator caught); another status, or an exception, is an error
-for that region, which is then left as it is. ``kvfuzz run`` is given ``--corpus`` pointing at a fresh temporary
-directory, so a failure's trace is never written into the repository, and that directory is shown as ``corpus``,
-where the command as shown would write it.
+How commands run: each in a fresh Python process through ``kvfuzz.cli.main``, with the repository root as the
+current directory; standard output is what is shown, standard error (progress lines and any traceback) is dropped
+unless the command fails; each distinct command runs once. A command must exit 0 or 1 (1 is a finding, e.g. a zoo
+allocator caught); another status is an error for that region, which is then left as it is. ``kvfuzz run`` is
+given ``--corpus`` pointing at a fresh temporary directory, so a failure's trace is never written into the
+repository, and that directory is shown as ``corpus``, where the command as shown would write it.
 
 Volatile fields: timings differ on every run, so they are replaced by ``…`` in the output before it is shown or
 compared: a number followed by `` s`` (seconds), a number followed by `` steps/s``, and a markdown table cell
@@ -47,18 +47,16 @@ against the program shown.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import difflib
-import io
 import os
 import re
 import shlex
+import subprocess
 import sys
 import tempfile
-import traceback
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,20 +89,10 @@ class SampleError(RuntimeError):
     """A region that cannot be rendered: a bad marker, or a command that failed."""
 
 
-@contextlib.contextmanager
-def _working_directory(path: Path) -> Iterator[None]:
-    previous = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(previous)
-
-
 def run_command(command: str) -> str:
-    """Run ``command`` (``kvfuzz ...``) in-process from the repository root; its normalised standard output."""
-    from kvfuzz.cli import main
-
+    """Run ``command`` (``kvfuzz ...``) in a fresh Python process from the repository root, as a user's shell runs
+    it (a command run inside another program, under pytest for instance, may draw its examples differently); its
+    normalised standard output."""
     words = shlex.split(command)
     if not words or words[0] != "kvfuzz":
         raise SampleError(f"sample command must start with 'kvfuzz': {command!r}")
@@ -112,18 +100,16 @@ def run_command(command: str) -> str:
     with tempfile.TemporaryDirectory(prefix="kvfuzz-samples-") as corpus:
         if arguments[:1] == ["run"] and "--corpus" not in arguments:
             arguments += ["--corpus", corpus]
-        out, err = io.StringIO(), io.StringIO()
-        with _working_directory(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                status = main(arguments)
-            except SystemExit as exit:  # argparse's usage errors
-                status = exit.code if isinstance(exit.code, int) else 2
-            except Exception as error:  # noqa: BLE001 -- kvfuzz itself crashed: say which sample, with the traceback
-                trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-                raise SampleError(f"{command!r} raised:\n{trace}") from error
-        if status not in (0, 1):
-            raise SampleError(f"{command!r} exited with status {status}:\n{err.getvalue()}")
-        return normalise(out.getvalue().replace(corpus, "corpus"))
+        done = subprocess.run(
+            [sys.executable, "-c", "import sys; from kvfuzz.cli import main; sys.exit(main())", *arguments],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+        )
+        if done.returncode not in (0, 1):
+            raise SampleError(f"{command!r} exited with status {done.returncode}:\n{done.stderr}")
+        return normalise(done.stdout.replace(corpus, "corpus"))
 
 
 def zoo_table() -> str:
