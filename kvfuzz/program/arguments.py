@@ -166,11 +166,13 @@ class BlockIds:
         return bool(self.options(state))
 
     def strategy(self) -> st.SearchStrategy[list[int]]:
-        return st.runner().flatmap(
-            lambda machine: st.lists(
-                st.sampled_from(self.options(machine.expected)), min_size=1, max_size=self.most, unique=True
-            )
-        )
+        return st.runner().flatmap(lambda machine: self._subsets(list(self.options(machine.expected))))
+
+    def _subsets(self, options: list[int]) -> st.SearchStrategy[list[int]]:
+        """One to ``most`` distinct ``options`` in drawn order (a first pick, then up to ``most - 1`` more, repeats
+        dropped)."""
+        picks = st.lists(st.sampled_from(options), min_size=1, max_size=self.most)
+        return picks.map(lambda drawn: list(dict.fromkeys(drawn)))
 
     def draw(self, state: ProgramState, rng: random.Random) -> list[int]:
         options = list(self.options(state))
