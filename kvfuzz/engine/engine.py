@@ -194,11 +194,12 @@ class Engine:
         self.checks.outside_inflight_window({copy.dst for copy in copies}, child)
         return True
 
-    def free(self, seq: SeqId) -> None:
+    def free(self, seq: SeqId, *, run_ends: bool = False) -> None:
         """The request finished or was cancelled (possibly before its first step).
 
         Under ``free_lands_scheduled_writes`` the step its tokens were scheduled for runs in full, abort or not: their
-        writes land first. Otherwise they are withdrawn with it."""
+        writes land first. Otherwise they are withdrawn with it, which no other sequence may have hit, unless the
+        run ends (``run_ends``: every sequence goes, and nothing reads again)."""
         state = self.expected
         self._begin("free", seq)
         if state.seqs[seq].status is Status.RUNNING:
@@ -206,7 +207,7 @@ class Engine:
                 slots, writes = self._take_scheduled_writes(seq, "scheduled before the abort")
                 if slots:
                     self.pools.write(slots, writes)
-            else:
+            elif not run_ends:
                 self.checks.withdrawn_writes_unread(seq, f"free({seq!r})")
         self._call(lambda: self.allocator.free(seq))
         change = self._set_table(seq, (), "released (free) by")
@@ -372,21 +373,21 @@ class Engine:
         else:
             self.checks.misuse_accepted(call)
 
-    def dismiss(self, seq: SeqId) -> None:
-        """The engine is done with ``seq`` wherever it is (cancelled, or the run ends): a preempted sequence holds no
-        blocks and is forgotten without calling the allocator; any other is freed."""
+    def dismiss(self, seq: SeqId, *, run_ends: bool = False) -> None:
+        """The engine is done with ``seq`` wherever it is (cancelled, or the run ends: ``run_ends``): a preempted
+        sequence holds no blocks and is forgotten without calling the allocator; any other is freed."""
         state = self.expected
         if state.seqs[seq].status is Status.PREEMPTED:
             del state.seqs[seq]
             state.retire(seq)
             state.reference.remove(seq)
         else:
-            self.free(seq)
+            self.free(seq, run_ends=run_ends)
 
     def quiesce(self) -> None:
         """Invariant 10: once every sequence is gone and the in-flight work done, every block is free."""
         for seq in list(self.expected.seqs):
-            self.dismiss(seq)
+            self.dismiss(seq, run_ends=True)
         self._begin("quiesce")
         self._complete(self.pools.steps_to_complete(drain=True))
         while self.pools.late_work_by_block:
