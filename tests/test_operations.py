@@ -127,5 +127,5 @@ def test_every_call_hypothesis_draws_is_one_replay_accepts(monkeypatch) -> None:
         original(self, name, arguments)
 
     monkeypatch.setattr(Execution, "execute", execute)
-    run_state_machine_as_test(machine_for(paged_allocator), settings=run_settings(60, 40))
+    run_state_machine_as_test(machine_for(paged_allocator), settings=run_settings(150, 40))
     assert len(checked) > 500 and set(checked) == set(BY_NAME)

@@ -53,7 +53,7 @@ def test_variant_is_caught_with_the_expected_invariant(broken) -> None:
     assert summary.violated is broken.expected, summary.explanation
 
 
-@pytest.mark.parametrize("broken", DEEP, ids=lambda v: v.name)
+@pytest.mark.parametrize("broken", [v for v in DEEP if v.name in FOCUSED], ids=lambda v: v.name)
 def test_deep_variant_is_caught_in_the_configuration_it_needs(broken) -> None:
     config, steps = FOCUSED[broken.name]
     summary = run(broken.factory(), config, examples=200, steps=steps, shrink=False)
