@@ -144,8 +144,9 @@ class Introspectable(Protocol):
 @runtime_checkable
 class HostIntrospectable(Protocol):
     """Optional beside :class:`Introspectable`, for an allocator with a host pool: its host free set. An allocator
-    that declares ``introspection`` and ``swap`` and implements this query has its host pool checked like the
-    device pool (kvfuzz looks for the method; nothing else is declared).
+    that declares ``introspection`` and implements this query has its host pool checked like the device pool, whether
+    the pool is swap's destination or a cache tier the allocator fills by itself (kvfuzz looks for the method;
+    nothing else is declared).
 
     Like the device sets, the collection may be a live view, must be cheap, and must not be deduplicated.
     """

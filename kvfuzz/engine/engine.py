@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence, TypeVar, cast
 
 from kvfuzz.accounting.occupancy import Occupancy, measure
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
-from kvfuzz.allocator.protocol import AllocatorProtocol, EvictsBlocks
+from kvfuzz.allocator.protocol import AllocatorProtocol, EvictsBlocks, HostIntrospectable
 from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, BlockCopy, GrowResult, Namespace, SeqId, SwapResult, Tokens
 from kvfuzz.engine.checks import CacheSnapshot, Checks
 from kvfuzz.engine.config import MachineConfig
@@ -62,7 +62,10 @@ class Engine:
         self.allocator = allocator  # the allocator under test
         self.caps = caps  # what it declares
         self.config = config  # pool geometry, model shape and attention kernel
-        num_host_blocks = allocator.num_host_blocks if caps.swap else 0
+        # A host pool is swap's destination, or a second cache tier the allocator fills by itself (SGLang's
+        # HiCache): either way, one it lists (HostIntrospectable) is checked.
+        host_pool = caps.swap or (caps.introspection and isinstance(allocator, HostIntrospectable))
+        num_host_blocks = allocator.num_host_blocks if host_pool else 0
         self.pools = KVPools(config.shape, config.block_size, config.num_blocks, num_host_blocks, caps.inflight_window)
         self.expected = ExpectedState(
             caps, config.block_size, config.num_blocks, num_host_blocks, ContiguousReference(config.shape)

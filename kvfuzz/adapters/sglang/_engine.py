@@ -102,16 +102,19 @@ def sglang() -> types.SimpleNamespace:
         retract_decode_steps=envs.SGLANG_RETRACT_DECODE_STEPS.get,
         context=context,
         use_context=use_context,
+        create_context=create_context,
+        ServerArgs=ServerArgs,
     )
 
 
 def in_context(method: Any) -> Any:
-    """Run an adapter method with SGLang's runtime context active."""
+    """Run an adapter method with SGLang's runtime context active: the adapter's own ``runtime_context`` when it
+    has one (the host-tier adapter serves with other options), else the default one."""
 
     @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         engine = sglang()
-        with engine.use_context(engine.context):
-            return method(*args, **kwargs)
+        with engine.use_context(getattr(self, "runtime_context", None) or engine.context):
+            return method(self, *args, **kwargs)
 
     return wrapper
