@@ -14,6 +14,8 @@ from kvfuzz.adapters.sglang._engine import in_context
 from kvfuzz.adapters.sglang.hicache import (
     SGLangHiCacheAllocator,
     hiradix_cache,
+    hiradix_cache_rust,
+    hiradix_cache_rust_write_back,
     hiradix_cache_write_back,
     hiradix_cache_write_through_selective,
 )
@@ -27,15 +29,26 @@ PROMPT = (1, 2, 3, 0, 2, 2, 1, 3, 0, 1, 2, 3, 3)  # three full pages of four tok
 OTHER = (3, 1, 0, 2) * 3 + (1,)  # as long, nothing in common with PROMPT
 
 
+HOST_TIER = MachineConfig(block_size=4, num_blocks=6, num_host_blocks=12)
+"""A device pool small enough that cached prefixes leave it for the host, and a host pool twice its size."""
+
+
 def test_machine_under_the_ci_profile() -> None:
     run_state_machine_as_test(machine_for(hiradix_cache, MachineConfig()), settings=PROFILES["ci"])
 
 
-@pytest.mark.parametrize("factory", [hiradix_cache_write_back, hiradix_cache_write_through_selective])
-def test_machine_under_the_other_write_policies(factory) -> None:
-    run_state_machine_as_test(
-        machine_for(factory, MachineConfig()), settings=settings(PROFILES["ci"], max_examples=40)
-    )
+@pytest.mark.parametrize(
+    "factory",
+    [
+        hiradix_cache,
+        hiradix_cache_write_back,
+        hiradix_cache_write_through_selective,
+        hiradix_cache_rust,
+        hiradix_cache_rust_write_back,
+    ],
+)
+def test_machine_with_a_host_tier_larger_than_the_device(factory) -> None:
+    run_state_machine_as_test(machine_for(factory, HOST_TIER), settings=settings(PROFILES["ci"], max_examples=60))
 
 
 def _finished(allocator: SGLangHiCacheAllocator, seq: str, tokens: tuple[int, ...], step: int) -> tuple[int, ...]:

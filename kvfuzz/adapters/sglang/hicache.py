@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import types
 from typing import Any, Collection
 
 import torch
@@ -105,20 +106,19 @@ def hicache() -> Any:
     host_common.ALLOC_MEMORY_FUNCS.setdefault("cpu", _unpinned_host_tensor)
     if not hasattr(host_mha, "transfer_kv_direct"):  # bound only where sgl_kernel (CUDA, ROCm, XPU) loads
         vars(host_mha)["transfer_kv_direct"] = _copy_pages_direct
-    return type(
-        "HiCache",
-        (),
-        {
-            "InitLoadBackParams": InitLoadBackParams,
-            "MHATokenToKVPool": MHATokenToKVPool,
-            "FULL": ComponentType.FULL,
-            "UnifiedRadixCache": UnifiedRadixCache,
-        },
+    return types.SimpleNamespace(
+        InitLoadBackParams=InitLoadBackParams,
+        MHATokenToKVPool=MHATokenToKVPool,
+        FULL=ComponentType.FULL,
+        UnifiedRadixCache=UnifiedRadixCache,
     )
 
 
-class SGLangHiCacheAllocator(SGLangRadixAllocator):
-    """kvfuzz's contract over SGLang's UnifiedRadixCache with HiCache (host tier) attached."""
+class HiCacheAllocator(SGLangRadixAllocator):
+    """kvfuzz's contract over SGLang's UnifiedRadixCache with HiCache (host tier) attached, over either tree core;
+    the subclasses read the tree's state each core exposes."""
+
+    tree_core_backend = "python"  # SGLang's TreeCore implementation: "python" or "rust" (its default)
 
     def __init__(self, spec: PoolSpec, *, write_policy: str = "write_through") -> None:
         if write_policy not in WRITE_POLICIES:
@@ -169,7 +169,7 @@ class SGLangHiCacheAllocator(SGLangRadixAllocator):
             token_to_kv_pool_allocator=self.token_pool,
             page_size=page,
             tree_components=(hi.FULL,),
-            tree_core_backend="python",
+            tree_core_backend=self.tree_core_backend,
         )
         self.tree = hi.UnifiedRadixCache(params)
         self.tree.init_hicache(self.server_args, params)
@@ -222,7 +222,11 @@ class SGLangHiCacheAllocator(SGLangRadixAllocator):
         SGLangRadixAllocator.free.__wrapped__(self, seq)
         self._poll_events()
 
-    # -- introspection -------------------------------------------------------------------------------------------
+
+class SGLangHiCacheAllocator(HiCacheAllocator):
+    """Over SGLang's Python tree core, whose nodes list their device and host pages: device and host pools checked."""
+
+    tree_core_backend = "python"
 
     def _nodes(self) -> list[Any]:
         """Every node of the tree but the roots, with its FULL component's data."""
@@ -241,7 +245,10 @@ class SGLangHiCacheAllocator(SGLangRadixAllocator):
     def cached_blocks(self) -> Collection[int]:
         """Device pages of tree nodes that no request and no transfer locks: what eviction may drop or demote."""
         return [
-            page - 1 for data in self._nodes() if data.value is not None and data.lock_ref == 0 for page in self._page_ids(data.value)
+            page - 1
+            for data in self._nodes()
+            if data.value is not None and data.lock_ref == 0
+            for page in self._page_ids(data.value)
         ]
 
     def host_free_blocks(self) -> Collection[int]:
@@ -258,6 +265,19 @@ class SGLangHiCacheAllocator(SGLangRadixAllocator):
         return self._page_ids(free_slots) + held
 
 
+class SGLangHiCacheRustAllocator(HiCacheAllocator):
+    """Over SGLang's Rust tree core (its default), which lists only the device pages of unlocked nodes (the walk its
+    KV canary makes): the device pool is checked, the host pool only through SGLang's own assertions."""
+
+    tree_core_backend = "rust"
+
+    def cached_blocks(self) -> Collection[int]:
+        """Device pages of tree nodes no request or transfer locks (``walk_for_kv_canary(unlocked_only=True)``)."""
+        slots = self.tree.tree_core.walk_for_kv_canary(True, False).slot_indices
+        page = self.block_size
+        return [slot // page - 1 for slot in slots.tolist() if slot % page == 0]  # one slot per page: its first
+
+
 def hiradix_cache(spec: PoolSpec) -> SGLangHiCacheAllocator:
     """SGLang's radix cache with HiCache, write-through (every inserted node backed up to the host at once)."""
     return SGLangHiCacheAllocator(spec)
@@ -271,3 +291,13 @@ def hiradix_cache_write_back(spec: PoolSpec) -> SGLangHiCacheAllocator:
 def hiradix_cache_write_through_selective(spec: PoolSpec) -> SGLangHiCacheAllocator:
     """The same, write-through-selective: a node is backed up on its second hit."""
     return SGLangHiCacheAllocator(spec, write_policy="write_through_selective")
+
+
+def hiradix_cache_rust(spec: PoolSpec) -> SGLangHiCacheRustAllocator:
+    """Write-through over SGLang's default (Rust) tree core; its host pool is not listed."""
+    return SGLangHiCacheRustAllocator(spec)
+
+
+def hiradix_cache_rust_write_back(spec: PoolSpec) -> SGLangHiCacheRustAllocator:
+    """Write-back over SGLang's default (Rust) tree core."""
+    return SGLangHiCacheRustAllocator(spec, write_policy="write_back")
