@@ -5,7 +5,8 @@
 # SGLang pins a CUDA torch and a full serving stack, so SGLang itself goes in with --no-deps, and the packages are
 # named here that the modules the adapter drives import at module level: sglang.srt.mem_cache.{allocator,
 # memory_pool, radix_cache, common, allocation}, sglang.srt.managers.schedule_batch (Req), sglang.srt.server_args
-# and runtime_context. torchvision is not installed: its wheel does not load beside the CPU torch, and the adapter
+# and runtime_context; for the host tier (kvfuzz.adapters.sglang.hicache) sglang.srt.mem_cache.unified_radix_cache,
+# pool_host and hybrid_cache, which need nothing more. torchvision is not installed: its wheel does not load beside the CPU torch, and the adapter
 # stands in for the two constants SGLang's multimodal configs import from it (kvfuzz/adapters/sglang/_engine.py).
 pip_install --no-deps sglang==0.5.23
 # Versions as SGLang 0.5.23 pins them, where it pins them.

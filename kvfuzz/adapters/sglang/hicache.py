@@ -31,10 +31,12 @@ sizes the host pool from ``hicache_ratio`` plus one page, and the adapter picks 
 SGLang registers host memory with CUDA (``cudaHostRegister``) for every device type it knows, and has no CPU entry,
 so the adapter registers one that allocates without pinning (pinning only speeds DMA; no index or ownership changes).
 
-Introspection uses the Python tree core (``tree_core_backend="python"``, SGLang's fallback when its Rust core is
-unavailable), the one that exposes its nodes: cached blocks are the device pages of nodes no request or transfer
-locks; the host free set is the host pool's free pages plus the host pages of nodes whose host copy no one pins
-(what ``evict_host`` may drop). The host pool is checked at quiescence: every host page free or reusable, once.
+Introspection. Over the Python tree core (``tree_core_backend="python"``, SGLang's fallback when its Rust core is
+unavailable), which exposes its nodes, cached blocks are the device pages of nodes no request or transfer locks, and
+the host free set is the host pool's free pages plus the host pages of nodes whose host copy no one pins (what
+``evict_host`` may drop); kvfuzz checks the host pool at quiescence: every host page free or reusable, once. SGLang's
+default Rust tree core exposes no nodes; over it (the ``_rust`` factories) cached blocks come from the walk its KV
+canary makes (``walk_for_kv_canary``, unlocked nodes only) and the host pool is not listed.
 
 Not declared: swap (SGLang's per-request host backup, ``backup_kv_cache``/``restore_kv_cache``, serves only decode
 servers of prefill/decode disaggregation), fork, rollback, eviction, as in the device-only adapter. W = 0: the
