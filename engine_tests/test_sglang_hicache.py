@@ -11,8 +11,11 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvfuzz.adapters.sglang._engine import in_context
+from kvfuzz.adapters.sglang.adapter import SGLangRadixAllocator
 from kvfuzz.adapters.sglang.hicache import (
     SGLangHiCacheAllocator,
+    SGLangHiCacheRustAllocator,
+    hicache,
     hiradix_cache,
     hiradix_cache_rust,
     hiradix_cache_rust_write_back,
@@ -98,7 +101,8 @@ def test_a_prefix_demoted_to_the_host_is_matched_there_and_recomputed() -> None:
 
 
 class _LoadsBack(SGLangHiCacheAllocator):
-    """Lets SGLang load host hits back and reports them as cached, as if kvfuzz had copied them into its pools."""
+    """Lets SGLang load host hits back (its own 10-token threshold lowered to one), as if kvfuzz had copied the
+    loaded K/V into its pools: the admission then matches the loaded pages on the device and reports them cached."""
 
     @in_context
     def _build(self, spec: PoolSpec) -> None:
@@ -106,28 +110,15 @@ class _LoadsBack(SGLangHiCacheAllocator):
         self.tree.load_back_threshold = 1
 
     def _init_load_back(self, seq, req) -> None:
-        tree = self.tree
-        lock = tree.lock(req.last_node)
+        lock = self.tree.lock(req.last_node)
         try:
-            from kvfuzz.adapters.sglang.hicache import hicache
-
-            loaded, req.last_node = tree.init_load_back(
+            self.loaded, _ = self.tree.init_load_back(
                 hicache().InitLoadBackParams(
                     best_match_node=req.best_match_node, host_hit_length=req.host_hit_length, req=req
                 )
             )
         finally:
-            tree.unlock(lock)
-        req.prefix_len += loaded
-        req.kv.cache_protected_len = req.prefix_len
-        self._loaded = loaded
-
-    def _admit_req(self, seq, req, length):
-        req.init_next_round_input(self.tree)
-        self._loaded = 0
-        if req.needs_host_load_back():
-            self._init_load_back(seq, req)
-        return SGLangHiCacheAllocator.__mro__[1]._admit_req(self, seq, req, length)
+            self.tree.unlock(lock)
 
 
 def test_a_load_back_reported_as_a_hit_is_caught() -> None:
@@ -141,7 +132,7 @@ def test_a_load_back_reported_as_a_hit_is_caught() -> None:
         engine.free(seq)
     with pytest.raises(InvariantViolation) as caught:
         engine.admit("s2", (), PROMPT)
-    assert engine.allocator._loaded == 12  # SGLang loaded the three host pages back
+    assert engine.allocator.loaded == 12  # SGLang loaded the three host pages back
     assert caught.value.invariant is Invariant.CACHE_SOUNDNESS
 
 
@@ -163,3 +154,44 @@ def test_a_host_page_leak_is_caught_at_quiescence() -> None:
         engine.quiesce()
     assert caught.value.invariant is Invariant.QUIESCENCE
     assert "host free set" in str(caught.value)
+
+
+class _NoPollAfterFree(SGLangHiCacheAllocator):
+    """Leaves the write-throughs a finish queues unacknowledged until the next step's event poll."""
+
+    @in_context
+    def free(self, seq) -> None:
+        SGLangRadixAllocator.free.__wrapped__(self, seq)
+
+
+def test_pages_held_by_an_unacknowledged_write_through_are_caught() -> None:
+    """Why the adapter polls the events after a finish: until its write-through is acknowledged, SGLang keeps the
+    finished prompt's pages locked, in none of the sets the contract has (see the contract's second-tier gaps)."""
+    config = MachineConfig(block_size=4, num_blocks=8, num_host_blocks=6)
+    engine = Engine(_NoPollAfterFree(config.pool_spec()), config)
+    engine.admit("s0", (), PROMPT)
+    engine.step()  # the prompt's three full pages are checkpointed and written through at the step
+    for token in (1, 2, 3):  # decode steps fill a fourth page, which only the finish inserts
+        engine.grow("s0", (token,))
+        engine.step()
+    with pytest.raises(InvariantViolation) as caught:
+        engine.free("s0")
+    assert caught.value.invariant is Invariant.FREE_SET
+    assert "none of the free, cached and pending sets" in str(caught.value)
+
+
+class _RustListsLockedPages(SGLangHiCacheRustAllocator):
+    """Lists every device page in the tree as cached, locked or not."""
+
+    def cached_blocks(self):
+        slots = self.tree.tree_core.walk_for_kv_canary(False, False).slot_indices
+        return [slot // self.block_size - 1 for slot in slots.tolist() if slot % self.block_size == 0]
+
+
+def test_the_rust_core_walk_of_unlocked_nodes_is_what_keeps_locked_pages_out() -> None:
+    config = MachineConfig(block_size=4, num_blocks=8, num_host_blocks=6)
+    engine = Engine(_RustListsLockedPages(config.pool_spec()), config)
+    engine.admit("s0", (), PROMPT)
+    with pytest.raises(InvariantViolation) as caught:
+        engine.step()  # checkpoints the prompt into the tree, where s0 still locks it
+    assert caught.value.invariant is Invariant.FREE_SET
