@@ -54,8 +54,7 @@ from typing import Any, Collection
 import torch
 
 from kvfuzz.adapters.sglang._engine import in_context, sglang
-from kvfuzz.adapters.sglang.adapter import SALTED, SGLangRadixAllocator
-from kvfuzz.allocator.errors import InvalidArgument
+from kvfuzz.adapters.sglang.adapter import SGLangRadixAllocator
 from kvfuzz.allocator.types import PoolSpec, SeqId
 
 WRITE_POLICIES = ("write_through", "write_back", "write_through_selective")
@@ -101,10 +100,10 @@ def hicache() -> Any:
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    # Two notices per allocator built, about what kvfuzz asks for: a host pool smaller than the device pool, and
-    # CPU events that cannot time transfers.
-    logging.getLogger("sglang.srt.mem_cache.pool_host.base").setLevel(logging.ERROR)
-    logging.getLogger("sglang.srt.mem_cache.l2_transfer").setLevel(logging.ERROR)
+    # Warnings about what kvfuzz asks for on purpose, once per allocator or per eviction: a host pool smaller than
+    # the device pool, CPU events that cannot time transfers, write-back dropping a subtree when the host is full.
+    for module in ("pool_host.base", "l2_transfer", "unified_radix_cache"):
+        logging.getLogger(f"sglang.srt.mem_cache.{module}").setLevel(logging.ERROR)
     host_common.ALLOC_MEMORY_FUNCS.setdefault("cpu", _unpinned_host_tensor)
     if not hasattr(host_mha, "transfer_kv_direct"):  # bound only where sgl_kernel (CUDA, ROCm, XPU) loads
         vars(host_mha)["transfer_kv_direct"] = _copy_pages_direct
@@ -125,11 +124,12 @@ class HiCacheAllocator(SGLangRadixAllocator):
     def __init__(self, spec: PoolSpec, *, write_policy: str = "write_through") -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"write policy {write_policy!r}: SGLang knows {', '.join(WRITE_POLICIES)}")
-        self.write_policy = write_policy
-        self.host_pages = max(1, spec.num_host_blocks)
+        host_pages = max(1, spec.num_host_blocks)
         engine = sglang()
-        # Host pages = int(device tokens * ratio) // page + 1; this ratio gives host_pages exactly.
-        ratio = ((self.host_pages - 1) * spec.block_size + 0.5) / (spec.num_blocks * spec.block_size)
+        # SGLang's host pool has int(device tokens * ratio) // page + 1 pages; this ratio gives host_pages.
+        ratio = ((host_pages - 1) * spec.block_size + 0.5) / (spec.num_blocks * spec.block_size)
+        # The serving options --enable-hierarchical-cache --hicache-ratio R --hicache-write-policy P
+        # --hicache-io-backend direct --hicache-mem-layout layer_first set; init_hicache and the tree read them.
         self.server_args = engine.ServerArgs(
             model_path="dummy",
             device="cpu",
@@ -140,9 +140,9 @@ class HiCacheAllocator(SGLangRadixAllocator):
             hicache_io_backend="direct",
             hicache_mem_layout="layer_first",
         )
-        self.runtime_context = engine.create_context(self.server_args, role="scheduler")
-        super().__init__(spec, key_fields=SALTED)
-        self.num_host_blocks = self.host_pool.page_num
+        self.runtime_context = engine.create_context(self.server_args, role="scheduler")  # active around each call
+        super().__init__(spec)
+        self.num_host_blocks = self.host_pool.page_num  # as SGLang sized it
 
     @in_context
     def _build(self, spec: PoolSpec) -> None:
@@ -173,7 +173,7 @@ class HiCacheAllocator(SGLangRadixAllocator):
             tree_components=(hi.FULL,),
             tree_core_backend=self.tree_core_backend,
         )
-        self.tree = hi.UnifiedRadixCache(params)
+        self.tree = hi.UnifiedRadixCache(params)  # the radix tree, then its host tier attached
         self.tree.init_hicache(self.server_args, params)
         self.tree.load_back_threshold = NO_LOAD_BACK
         self.host_pool = self.tree.cache_controller.mem_pool_host.anchor_entry.host_pool  # the KV host pool
@@ -205,8 +205,8 @@ class HiCacheAllocator(SGLangRadixAllocator):
                 tree.dec_host_lock_ref(req.best_match_node, host_pin)
         finally:
             tree.unlock(device_lock)
-        if loaded:
-            raise InvalidArgument(
+        if loaded:  # load_back_threshold no longer declines: SGLang changed, and the adapter must follow
+            raise RuntimeError(
                 f"admit {seq!r}: SGLang loaded {loaded} host tokens back, which kvfuzz's admit cannot express"
             )
 
