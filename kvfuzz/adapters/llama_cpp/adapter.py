@@ -1,0 +1,306 @@
+"""llama.cpp's unified KV cache (``llama_kv_cache``, llama-cpp-python 0.3.36) behind kvfuzz's contract.
+
+The adapter is a scheduler shim in the manner of llama.cpp's own server: each kvfuzz sequence is a llama.cpp
+``seq_id`` in one context whose cache is unified (one buffer of cells shared by every sequence), and each operation
+is the memory call the server makes for it:
+
+* ``admit``: ``llama_decode`` of the prompt, every token tagged with the sequence's ``seq_id``, at positions
+  ``0 .. len - 1``; a preempted sequence comes back the same way, with every token it had;
+* ``grow``: ``llama_decode`` of the new tokens at the next positions;
+* ``fork``: ``llama_memory_seq_cp(parent, child, -1, -1)``: the child joins every cell of the parent (no copy);
+* ``free`` and ``preempt``: ``llama_memory_seq_rm(seq, -1, -1)``;
+* ``rollback``: ``llama_memory_seq_rm(seq, len - n, -1)``: the tail positions go.
+
+llama.cpp decodes at once, so K/V are in the cache when ``admit`` or ``grow`` returns and ``step_completed`` has
+nothing to do. A ``llama_decode`` that finds no room returns 1 and leaves the cache as it was: ``OutOfBlocks``.
+
+**The mapping of blocks.** A llama.cpp cell holds one token's K/V and the cache places each token in any empty
+cell (``find_slot`` tests them one by one), so the honest block is one cell: ``block_size`` = 1, ``num_blocks`` =
+the cache's cells (llama.cpp pads a context to a multiple of 256 cells, so ``num_blocks`` must be one). A sequence's
+block table is its cells in position order. A cell shared after ``seq_cp`` is a block with several references.
+
+**What is read back.** llama.cpp's API does not expose cell indices; the adapter reads them where the library
+itself uses them (``_library``): the cells each decode writes (the K write's index tensor), and the cells each new
+token attends to (its attention-mask row). Between decodes it follows the memory calls' documented effect on that
+picture (``seq_cp`` adds the child to the parent's cells, ``seq_rm`` removes the sequence from the cells of the
+range; a cell no sequence holds is empty), and after every call it checks the picture against what llama.cpp
+says: every used cell's position and sequence ids in cell order (the state API), each live sequence's
+``seq_pos_min`` and ``seq_pos_max``, the mask of the token just decoded (exactly its sequence's cells), and the
+logits of that token against a fresh contiguous decode of the same tokens in a second context (the end-to-end check
+that the cells it read hold the right K/V). A disagreement is raised as an ``AllocatorError`` naming the call,
+the sequence and the cells: kvfuzz reports it (invariant 11), and the adapter never repairs it.
+
+What cannot be observed: the cache's empty cells are seen only as the complement of the used ones, and the
+positions of used cells only in index order, so a cell that moved while keeping its order would go unseen
+between decodes (the next decode's mask would show it); K/V bytes are compared through the logits only.
+
+Not supported: prefix caching and eviction (llama.cpp matches no prompt across sequences; the server's prompt
+reuse is per slot), swap (llama.cpp's state save/restore numbers no host blocks), namespaces. The number of live
+sequences is bounded by ``n_seq_max`` (256 at most): a sequence id llama.cpp cannot give is refused with
+``OutOfBlocks``, a limit the contract has no word for (docs/real-allocators.md).
+"""
+
+from __future__ import annotations
+
+from typing import Collection, Optional
+
+import attrs
+
+from kvfuzz.adapters.base import SequenceLedger
+from kvfuzz.adapters.llama_cpp._library import Context, Decoded
+from kvfuzz.allocator.errors import AllocatorError, InvalidArgument, OutOfBlocks, Unsupported
+from kvfuzz.allocator.types import (
+    AdmitResult,
+    BlockCopy,
+    Capabilities,
+    GrowResult,
+    Namespace,
+    PoolSpec,
+    SeqId,
+    Slot,
+    SwapResult,
+    Tokens,
+)
+
+LOGITS_TOLERANCE = 1e-3
+"""Largest difference allowed between a decode's logits and a fresh contiguous decode's: the two read the same K/V
+in a different cell order, so float sums may differ in the last bits (observed: below 1e-5); one wrong or missing
+cell moves the logits of the tiny model by more than 0.01."""
+
+MAX_SEQUENCES = 256
+"""llama.cpp's LLAMA_MAX_SEQ: the most sequence ids a context may have."""
+
+
+@attrs.define
+class _Sequence:
+    """A live (or preempted) kvfuzz sequence: its llama.cpp id and its tokens."""
+
+    seq_id: int  # llama.cpp's seq_id while the sequence holds cells; -1 while preempted
+    tokens: list[int]  # every token, in order (position i holds tokens[i])
+
+
+class LlamaCppKVCache:
+    """llama.cpp's unified KV cache, one cell per block, driven through llama-cpp-python.
+
+    Invariant kept: ``_cells`` maps every cell llama.cpp holds for some sequence to (position, llama seq ids), as
+    the calls so far have made it and as llama.cpp's own answers confirmed after the latest call; a cell absent is
+    empty. Every running sequence's cells hold positions ``0 .. len - 1`` exactly once.
+    """
+
+    block_size = 1
+    num_host_blocks = 0
+
+    def __init__(self, spec: PoolSpec, *, reference: Optional[Context] = None, num_seqs: int = MAX_SEQUENCES) -> None:
+        if spec.block_size != 1:
+            raise ValueError(
+                f"llama.cpp's KV cache holds one token per cell: block_size must be 1, not {spec.block_size}"
+            )
+        self._context = Context(spec.num_blocks, num_seqs)  # the cache under test
+        # a second context over the same weights, for the contiguous recomputations
+        self._reference = reference if reference is not None else Context(spec.num_blocks, 1)
+        self.num_blocks = self._context.num_cells
+        self.capabilities = Capabilities(fork=True, rollback=True, introspection=True)
+        self._ledger = SequenceLedger()  # phases, and the misuse checks
+        self._seqs: dict[SeqId, _Sequence] = {}  # every sequence held or preempted
+        self._cells: dict[int, tuple[int, frozenset[int]]] = {}  # used cell -> (position, llama seq ids)
+
+    # -- operations -------------------------------------------------------------------------------------------
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        readmitted = self._ledger.check_admit(seq, tokens)
+        if namespace != ():
+            raise Unsupported(f"admit: llama.cpp has no namespaces; {seq!r} came with {namespace!r}")
+        tokens = tuple(tokens)
+        if readmitted and self._seqs[seq].tokens != list(tokens):
+            raise InvalidArgument(f"admit: preempted sequence {seq!r} must come back with the tokens it had")
+        seq_id = self._free_seq_id(seq)
+        decoded = self._decode("admit", seq, seq_id, tokens, 0)
+        self._seqs[seq] = _Sequence(seq_id, list(tokens))
+        self._ledger.admitted(seq)
+        self._written("admit", seq, seq_id, decoded, 0)
+        return AdmitResult(self.block_table(seq), 0)
+
+    def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
+        self._ledger.running(seq, "grow")
+        self._ledger.check_tokens("grow", seq, tokens)
+        state = self._seqs[seq]
+        start = len(state.tokens)
+        decoded = self._decode("grow", seq, state.seq_id, tuple(tokens), start)
+        state.tokens.extend(tokens)
+        self._written("grow", seq, state.seq_id, decoded, start)
+        return GrowResult(tuple(Slot(cell, 0) for cell in decoded.written))
+
+    def fork(self, parent: SeqId, child: SeqId) -> Optional[list[BlockCopy]]:
+        self._ledger.check_fork(parent, child)
+        source = self._seqs[parent]
+        seq_id = self._free_seq_id(child)
+        self._context.seq_cp(source.seq_id, seq_id, -1, -1)
+        for cell, (pos, ids) in list(self._cells.items()):
+            if source.seq_id in ids:
+                self._cells[cell] = (pos, ids | {seq_id})
+        self._seqs[child] = _Sequence(seq_id, list(source.tokens))
+        self._ledger.admitted(child)
+        self._verify(f"fork({parent!r}, {child!r}) (seq_cp {source.seq_id} -> {seq_id})")
+        return None
+
+    def free(self, seq: SeqId) -> None:
+        self._ledger.live(seq, "free")
+        self._remove(seq, "free")
+        del self._seqs[seq]
+        self._ledger.freed(seq)
+
+    def preempt(self, seq: SeqId) -> None:
+        self._ledger.running(seq, "preempt")
+        self._remove(seq, "preempt")
+        self._seqs[seq].seq_id = -1
+        self._ledger.preempted(seq)
+
+    def rollback(self, seq: SeqId, num_tokens: int) -> None:
+        self._ledger.running(seq, "rollback")
+        state = self._seqs[seq]
+        if not 1 <= num_tokens < len(state.tokens):
+            raise InvalidArgument(f"rollback: {seq!r} holds {len(state.tokens)} tokens; cannot drop {num_tokens}")
+        keep = len(state.tokens) - num_tokens
+        removed = self._context.seq_rm(state.seq_id, keep, -1)
+        if not removed:
+            raise AllocatorError(f"rollback: llama_memory_seq_rm({state.seq_id}, {keep}, -1) returned false")
+        self._drop(state.seq_id, keep)
+        del state.tokens[keep:]
+        self._verify(f"rollback({seq!r}, {num_tokens}) (seq_rm {state.seq_id} from position {keep})")
+
+    def step_completed(self, step: int) -> None:
+        """llama_decode computes K/V before it returns: a step has nothing left to do."""
+
+    def block_table(self, seq: SeqId) -> tuple[int, ...]:
+        self._ledger.live(seq, "block_table")
+        seq_id = self._seqs[seq].seq_id
+        return tuple(
+            cell for _, cell in sorted((pos, cell) for cell, (pos, ids) in self._cells.items() if seq_id in ids)
+        )
+
+    def swap_out(self, seq: SeqId) -> SwapResult:
+        raise Unsupported("swap_out: not driven for llama.cpp")
+
+    def swap_in(self, seq: SeqId) -> SwapResult:
+        raise Unsupported("swap_in: not driven for llama.cpp")
+
+    def evict(self, num_blocks: int) -> int:
+        raise Unsupported("evict: llama.cpp keeps no cache of finished sequences")
+
+    def reset_cache(self) -> None:
+        raise Unsupported("reset_cache: llama.cpp keeps no cache of finished sequences")
+
+    # -- introspection ----------------------------------------------------------------------------------------
+
+    def refcount(self, block: int) -> int:
+        cell = self._cells.get(block)
+        return 0 if cell is None else len(cell[1])
+
+    def free_blocks(self) -> Collection[int]:
+        return [cell for cell in range(self.num_blocks) if cell not in self._cells]
+
+    def cached_blocks(self) -> Collection[int]:
+        return ()
+
+    def pending_blocks(self) -> Collection[int]:
+        return ()
+
+    def library_block_name(self, block: int) -> str:
+        return f"llama.cpp cell {block}"
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+
+    def _free_seq_id(self, seq: SeqId) -> int:
+        used = {state.seq_id for state in self._seqs.values()}
+        for seq_id in range(self._context.num_seqs):
+            if seq_id not in used:
+                return seq_id
+        raise OutOfBlocks(f"{seq!r}: every one of llama.cpp's {self._context.num_seqs} sequence ids is in use")
+
+    def _decode(self, op: str, seq: SeqId, seq_id: int, tokens: tuple[int, ...], start: int) -> Decoded:
+        decoded = self._context.decode(seq_id, tokens, start)
+        if decoded.status == 1:
+            self._verify(f"{op}({seq!r}) refused by llama_decode")
+            free = self.num_blocks - len(self._cells)
+            raise OutOfBlocks(
+                f"{op}: llama_decode found no cells for {len(tokens)} tokens of {seq!r}",
+                needed=len(tokens),
+                available=free,
+            )
+        if decoded.status != 0:
+            raise AllocatorError(f"{op}: llama_decode of {len(tokens)} tokens of {seq!r} returned {decoded.status}")
+        return decoded
+
+    def _written(self, op: str, seq: SeqId, seq_id: int, decoded: Decoded, start: int) -> None:
+        """Record the cells a decode wrote (as llama.cpp's apply_ubatch does: a cell written is the new token's
+        alone), then check the picture and the decode's attention against llama.cpp."""
+        for offset, cell in enumerate(decoded.written):
+            self._cells[cell] = (start + offset, frozenset({seq_id}))
+        call = f"{op}({seq!r}) (seq {seq_id}, positions {start}..{start + len(decoded.written) - 1})"
+        self._verify(call)
+        cells = set(self.block_table(seq))
+        if decoded.visible[-1] != cells:
+            raise AllocatorError(
+                f"{call}: the last token's attention mask reads cells {sorted(decoded.visible[-1])}, "
+                f"but the sequence's cells are {sorted(cells)}"
+            )
+        reference = self._reference
+        reference.clear()
+        fresh = reference.decode(0, tuple(self._seqs[seq].tokens), 0)
+        if fresh.status != 0:
+            raise RuntimeError(f"the reference context could not decode {len(self._seqs[seq].tokens)} tokens")
+        difference = max(abs(a - b) for a, b in zip(decoded.logits, fresh.logits))
+        if difference > LOGITS_TOLERANCE:
+            raise AllocatorError(
+                f"{call}: the logits differ by {difference:.3g} from a fresh contiguous decode of the same "
+                f"{len(self._seqs[seq].tokens)} tokens: the cells it attended to do not hold the sequence's K/V"
+            )
+
+    def _remove(self, seq: SeqId, op: str) -> None:
+        state = self._seqs[seq]
+        if state.seq_id < 0:
+            return
+        if not self._context.seq_rm(state.seq_id, -1, -1):
+            raise AllocatorError(f"{op}: llama_memory_seq_rm({state.seq_id}, -1, -1) returned false")
+        self._drop(state.seq_id, 0)
+        self._verify(f"{op}({seq!r}) (seq_rm {state.seq_id})")
+
+    def _drop(self, seq_id: int, first: int) -> None:
+        """``seq_rm(seq_id, first, -1)``'s documented effect: the sequence leaves its cells from position
+        ``first`` on; a cell no sequence holds is empty."""
+        for cell, (pos, ids) in list(self._cells.items()):
+            if seq_id in ids and pos >= first:
+                if ids == {seq_id}:
+                    del self._cells[cell]
+                else:
+                    self._cells[cell] = (pos, ids - {seq_id})
+
+    def _verify(self, call: str) -> None:
+        """The picture against llama.cpp's own answers: every used cell in index order, and each live sequence's
+        position range."""
+        expected = [self._cells[cell] for cell in sorted(self._cells)]
+        found = [(cell.pos, cell.seq_ids) for cell in self._context.used_cells()]
+        if found != expected:
+            raise AllocatorError(
+                f"after {call}: llama.cpp holds {len(found)} used cells, (position, seq ids) in cell order "
+                f"{_cells_text(found)}; its documented behaviour gives {len(expected)} at cells {sorted(self._cells)}: "
+                f"{_cells_text(expected)}"
+            )
+        for seq, state in self._seqs.items():
+            if state.seq_id < 0:
+                continue
+            bounds = (self._context.pos_min(state.seq_id), self._context.pos_max(state.seq_id))
+            if bounds != (0, len(state.tokens) - 1):
+                raise AllocatorError(
+                    f"after {call}: llama.cpp's seq_pos_min/max of {seq!r} (seq {state.seq_id}) are {bounds}, "
+                    f"but it holds {len(state.tokens)} tokens"
+                )
+
+
+def _cells_text(cells: list[tuple[int, frozenset[int]]]) -> str:
+    return "[" + ", ".join(f"({pos}, {sorted(ids)})" for pos, ids in cells) + "]"
+
+
+def unified_cache(spec: PoolSpec) -> LlamaCppKVCache:
+    """The factory: llama.cpp's unified KV cache of ``spec.num_blocks`` cells (a multiple of 256), block size 1."""
+    return LlamaCppKVCache(spec)
