@@ -21,8 +21,8 @@ from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.profiles import PROFILES
 from kvfuzz.statemachines import MachineConfig, machine_for
 
-SPEC = PoolSpec(block_size=1, num_blocks=256)
-CONFIG = MachineConfig(block_size=1, num_blocks=256, num_host_blocks=0)
+SPEC = PoolSpec(block_size=1, num_blocks=16)  # a cache of 256 cells, the first 240 held by the ballast
+CONFIG = MachineConfig(block_size=1, num_blocks=16, num_host_blocks=0)
 PROMPT = (1, 2, 3, 0, 2)
 
 
@@ -31,17 +31,25 @@ def test_machine_under_the_ci_profile() -> None:
 
 
 def test_each_token_gets_one_cell_read_back_from_the_decode() -> None:
-    """A fresh cache searches from cell 0 and takes empty cells one by one: the prompt lands in cells 0..4, and a
-    second sequence after it; the blocks no sequence holds are free."""
+    """The cache searches on from the ballast and takes empty cells one by one: the prompt lands in cells
+    240..244 (blocks 0..4), a second sequence after it; the blocks no sequence holds are free."""
     allocator = unified_cache(SPEC)
-    assert allocator.num_blocks == 256 and allocator.block_size == 1
+    assert allocator.num_blocks == 16 and allocator.block_size == 1
+    assert allocator.library_block_name(0) == "llama.cpp cell 240"
     assert allocator.admit("a", (), PROMPT).block_table == (0, 1, 2, 3, 4)
     assert allocator.admit("b", (), (3, 3)).block_table == (5, 6)
     grown = allocator.grow("a", (1, 0))
     assert [(slot.block, slot.offset) for slot in grown.slots] == [(7, 0), (8, 0)]
     assert allocator.block_table("a") == (0, 1, 2, 3, 4, 7, 8)
-    assert sorted(allocator.free_blocks()) == list(range(9, 256))
-    assert [allocator.refcount(cell) for cell in (0, 5, 9)] == [1, 1, 0]
+    assert sorted(allocator.free_blocks()) == list(range(9, 16))
+    assert [allocator.refcount(block) for block in (0, 5, 9)] == [1, 1, 0]
+
+
+def test_a_pool_of_whole_contexts_has_no_ballast() -> None:
+    allocator = unified_cache(PoolSpec(block_size=1, num_blocks=256))
+    assert allocator.library_block_name(0) == "llama.cpp cell 0"
+    assert allocator.admit("a", (), PROMPT).block_table == (0, 1, 2, 3, 4)
+    assert len(allocator.free_blocks()) == 251
 
 
 def test_a_fork_shares_every_cell_and_each_branch_then_writes_its_own() -> None:
@@ -73,14 +81,14 @@ def test_rollback_drops_the_tail_and_the_next_decode_matches_a_fresh_one() -> No
 
 def test_a_full_cache_refuses_and_changes_nothing() -> None:
     allocator = unified_cache(SPEC)
-    allocator.admit("a", (), (1,) * 250)
+    allocator.admit("a", (), (1,) * 10)
     before = (allocator.block_table("a"), sorted(allocator.free_blocks()))
     with pytest.raises(OutOfBlocks):
         allocator.admit("b", (), (2,) * 7)
     with pytest.raises(OutOfBlocks):
         allocator.grow("a", (0,) * 7)
     assert (allocator.block_table("a"), sorted(allocator.free_blocks())) == before
-    allocator.grow("a", (0,) * 6)  # exactly the six cells left
+    allocator.grow("a", (0,) * 6)  # exactly the six cells left: never one of the ballast's
     assert not allocator.free_blocks()
 
 
@@ -97,11 +105,9 @@ def test_misuse_is_refused_with_the_contract_errors() -> None:
     assert not allocator.admit("a", (), PROMPT).num_cached_tokens
 
 
-def test_a_pool_llama_cpp_cannot_build_is_refused() -> None:
+def test_blocks_of_several_tokens_are_refused() -> None:
     with pytest.raises(ValueError, match="block_size must be 1"):
-        unified_cache(PoolSpec(block_size=4, num_blocks=256))
-    with pytest.raises(ValueError, match="multiple of 256"):
-        unified_cache(PoolSpec(block_size=1, num_blocks=16))
+        unified_cache(PoolSpec(block_size=4, num_blocks=16))
 
 
 # -- each check the adapter makes, shown to fail ---------------------------------------------------------------
@@ -123,7 +129,7 @@ class _ForkCopiesAllButTheLastCell(LlamaCppKVCache):
 def test_a_seq_cp_with_the_wrong_range_is_caught_by_the_cell_list() -> None:
     allocator = _ForkCopiesAllButTheLastCell(SPEC)
     allocator.admit("a", (), PROMPT)
-    with pytest.raises(AllocatorError, match=r"llama.cpp holds 5 used cells.*\(4, \[0\]\)"):
+    with pytest.raises(AllocatorError, match=r"#244 in index order \(cell 244\) holds position 4 of seq ids \[0\], "):
         allocator.fork("a", "b")
 
 
@@ -174,7 +180,8 @@ class _MisreadsTheWrittenCells(LlamaCppKVCache):
 def test_cells_misread_are_caught_by_the_attention_mask() -> None:
     allocator = _MisreadsTheWrittenCells(SPEC)
     with pytest.raises(
-        AllocatorError, match=r"attention mask reads cells \[0, 1, 2, 3, 4\], but the sequence's cells "
+        AllocatorError,
+        match=r"attention mask reads cells \[240, 241, 242, 243, 244\], but the sequence's cells are \[241, ",
     ):
         allocator.admit("a", (), PROMPT)
 

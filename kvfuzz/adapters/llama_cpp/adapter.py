@@ -15,9 +15,12 @@ llama.cpp decodes at once, so K/V are in the cache when ``admit`` or ``grow`` re
 nothing to do. A ``llama_decode`` that finds no room returns 1 and leaves the cache as it was: ``OutOfBlocks``.
 
 **The mapping of blocks.** A llama.cpp cell holds one token's K/V and the cache places each token in any empty
-cell (``find_slot`` tests them one by one), so the honest block is one cell: ``block_size`` = 1, ``num_blocks`` =
-the cache's cells (llama.cpp pads a context to a multiple of 256 cells, so ``num_blocks`` must be one). A sequence's
-block table is its cells in position order. A cell shared after ``seq_cp`` is a block with several references.
+cell (``find_slot`` tests them one by one), so the honest block is one cell: ``block_size`` = 1. A sequence's block
+table is its cells in position order; a cell shared after ``seq_cp`` is a block with several references. llama.cpp
+pads a context to a multiple of 256 cells, so a pool of ``num_blocks`` is a cache of the next multiple of 256 whose
+first cells (as many as the padding) hold a ballast sequence: decoded first into the empty cache, it takes cells
+``0 .. padding - 1``, kvfuzz never touches it, and llama.cpp must step over it like any sequence's cells. kvfuzz's
+block ``b`` is then llama.cpp's cell ``b + padding``, and llama.cpp has exactly ``num_blocks`` cells to give.
 
 **What is read back.** llama.cpp's API does not expose cell indices; the adapter reads them where the library
 itself uses them (``_library``): the cells each decode writes (the K write's index tensor), and the cells each new
@@ -42,12 +45,13 @@ sequences is bounded by ``n_seq_max`` (256 at most): a sequence id llama.cpp can
 
 from __future__ import annotations
 
+import functools
 from typing import Collection, Optional
 
 import attrs
 
 from kvfuzz.adapters.base import SequenceLedger
-from kvfuzz.adapters.llama_cpp._library import Context, Decoded
+from kvfuzz.adapters.llama_cpp._library import CELLS_PADDING, Context, Decoded
 from kvfuzz.allocator.errors import AllocatorError, InvalidArgument, OutOfBlocks, Unsupported
 from kvfuzz.allocator.types import (
     AdmitResult,
@@ -68,7 +72,10 @@ in a different cell order, so float sums may differ in the last bits (observed: 
 cell moves the logits of the tiny model by more than 0.01."""
 
 MAX_SEQUENCES = 256
-"""llama.cpp's LLAMA_MAX_SEQ: the most sequence ids a context may have."""
+"""llama.cpp's LLAMA_MAX_SEQ: the most sequence ids a context may have. The last one is the ballast's."""
+
+BALLAST_TOKEN = 0
+"""The token the ballast sequence repeats."""
 
 
 @attrs.define
@@ -79,30 +86,50 @@ class _Sequence:
     tokens: list[int]  # every token, in order (position i holds tokens[i])
 
 
+@functools.lru_cache(maxsize=None)
+def _reference(num_cells: int) -> Context:
+    """The context the contiguous recomputations run in (one per process and size: each use clears it first)."""
+    return Context(num_cells, 1)
+
+
 class LlamaCppKVCache:
     """llama.cpp's unified KV cache, one cell per block, driven through llama-cpp-python.
 
-    Invariant kept: ``_cells`` maps every cell llama.cpp holds for some sequence to (position, llama seq ids), as
-    the calls so far have made it and as llama.cpp's own answers confirmed after the latest call; a cell absent is
-    empty. Every running sequence's cells hold positions ``0 .. len - 1`` exactly once.
+    Invariant kept: ``_cells`` maps every cell llama.cpp holds for some sequence (the ballast included) to
+    (position, llama seq ids), as the calls so far have made it and as llama.cpp's own answers confirmed after the
+    latest call; a cell absent is empty. Every running sequence's cells hold positions ``0 .. len - 1`` exactly
+    once; the ballast holds cells ``0 .. ballast - 1``.
     """
 
     block_size = 1
     num_host_blocks = 0
 
-    def __init__(self, spec: PoolSpec, *, reference: Optional[Context] = None, num_seqs: int = MAX_SEQUENCES) -> None:
+    def __init__(self, spec: PoolSpec, *, num_seqs: int = MAX_SEQUENCES) -> None:
         if spec.block_size != 1:
             raise ValueError(
                 f"llama.cpp's KV cache holds one token per cell: block_size must be 1, not {spec.block_size}"
             )
-        self._context = Context(spec.num_blocks, num_seqs)  # the cache under test
-        # a second context over the same weights, for the contiguous recomputations
-        self._reference = reference if reference is not None else Context(spec.num_blocks, 1)
-        self.num_blocks = self._context.num_cells
+        num_cells = -(-spec.num_blocks // CELLS_PADDING) * CELLS_PADDING
+        self._context = Context(num_cells, num_seqs)  # the cache under test
+        self._reference = _reference(num_cells)  # a second context over the same weights
+        self.num_blocks = spec.num_blocks
         self.capabilities = Capabilities(fork=True, rollback=True, introspection=True)
         self._ledger = SequenceLedger()  # phases, and the misuse checks
         self._seqs: dict[SeqId, _Sequence] = {}  # every sequence held or preempted
         self._cells: dict[int, tuple[int, frozenset[int]]] = {}  # used cell -> (position, llama seq ids)
+        self._ballast = num_cells - spec.num_blocks  # cells 0 .. ballast - 1 are the ballast's
+        self._ballast_id = num_seqs - 1  # the ballast's llama seq id, never given to a kvfuzz sequence
+        if self._ballast:
+            tokens = (BALLAST_TOKEN,) * self._ballast
+            decoded = self._context.decode(self._ballast_id, tokens, 0)
+            if decoded.status != 0 or decoded.written != tuple(range(self._ballast)):
+                raise RuntimeError(
+                    f"the ballast of {self._ballast} tokens went to cells {decoded.written} (status {decoded.status}), "
+                    f"not to cells 0 .. {self._ballast - 1} of the empty cache"
+                )
+            for pos, cell in enumerate(decoded.written):
+                self._cells[cell] = (pos, frozenset({self._ballast_id}))
+            self._verify(f"the ballast's decode ({self._ballast} cells)")
 
     # -- operations -------------------------------------------------------------------------------------------
 
@@ -128,7 +155,7 @@ class LlamaCppKVCache:
         decoded = self._decode("grow", seq, state.seq_id, tuple(tokens), start)
         state.tokens.extend(tokens)
         self._written("grow", seq, state.seq_id, decoded, start)
-        return GrowResult(tuple(Slot(cell, 0) for cell in decoded.written))
+        return GrowResult(tuple(Slot(cell - self._ballast, 0) for cell in decoded.written))
 
     def fork(self, parent: SeqId, child: SeqId) -> Optional[list[BlockCopy]]:
         self._ledger.check_fork(parent, child)
@@ -161,8 +188,7 @@ class LlamaCppKVCache:
         if not 1 <= num_tokens < len(state.tokens):
             raise InvalidArgument(f"rollback: {seq!r} holds {len(state.tokens)} tokens; cannot drop {num_tokens}")
         keep = len(state.tokens) - num_tokens
-        removed = self._context.seq_rm(state.seq_id, keep, -1)
-        if not removed:
+        if not self._context.seq_rm(state.seq_id, keep, -1):
             raise AllocatorError(f"rollback: llama_memory_seq_rm({state.seq_id}, {keep}, -1) returned false")
         self._drop(state.seq_id, keep)
         del state.tokens[keep:]
@@ -173,10 +199,7 @@ class LlamaCppKVCache:
 
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         self._ledger.live(seq, "block_table")
-        seq_id = self._seqs[seq].seq_id
-        return tuple(
-            cell for _, cell in sorted((pos, cell) for cell, (pos, ids) in self._cells.items() if seq_id in ids)
-        )
+        return tuple(cell - self._ballast for cell in self._cells_of(self._seqs[seq].seq_id))
 
     def swap_out(self, seq: SeqId) -> SwapResult:
         raise Unsupported("swap_out: not driven for llama.cpp")
@@ -193,11 +216,11 @@ class LlamaCppKVCache:
     # -- introspection ----------------------------------------------------------------------------------------
 
     def refcount(self, block: int) -> int:
-        cell = self._cells.get(block)
+        cell = self._cells.get(block + self._ballast)
         return 0 if cell is None else len(cell[1])
 
     def free_blocks(self) -> Collection[int]:
-        return [cell for cell in range(self.num_blocks) if cell not in self._cells]
+        return [block for block in range(self.num_blocks) if block + self._ballast not in self._cells]
 
     def cached_blocks(self) -> Collection[int]:
         return ()
@@ -206,26 +229,29 @@ class LlamaCppKVCache:
         return ()
 
     def library_block_name(self, block: int) -> str:
-        return f"llama.cpp cell {block}"
+        return f"llama.cpp cell {block + self._ballast}"
 
     # -- helpers ----------------------------------------------------------------------------------------------
 
+    def _cells_of(self, seq_id: int) -> list[int]:
+        """The cells holding ``seq_id``, in position order."""
+        return [cell for _, cell in sorted((pos, cell) for cell, (pos, ids) in self._cells.items() if seq_id in ids)]
+
     def _free_seq_id(self, seq: SeqId) -> int:
         used = {state.seq_id for state in self._seqs.values()}
-        for seq_id in range(self._context.num_seqs):
+        for seq_id in range(self._ballast_id):
             if seq_id not in used:
                 return seq_id
-        raise OutOfBlocks(f"{seq!r}: every one of llama.cpp's {self._context.num_seqs} sequence ids is in use")
+        raise OutOfBlocks(f"{seq!r}: every one of llama.cpp's {self._ballast_id} sequence ids is in use")
 
     def _decode(self, op: str, seq: SeqId, seq_id: int, tokens: tuple[int, ...], start: int) -> Decoded:
         decoded = self._context.decode(seq_id, tokens, start)
         if decoded.status == 1:
-            self._verify(f"{op}({seq!r}) refused by llama_decode")
-            free = self.num_blocks - len(self._cells)
+            self._verify(f"{op}({seq!r}), refused by llama_decode")
             raise OutOfBlocks(
                 f"{op}: llama_decode found no cells for {len(tokens)} tokens of {seq!r}",
                 needed=len(tokens),
-                available=free,
+                available=len(self.free_blocks()),
             )
         if decoded.status != 0:
             raise AllocatorError(f"{op}: llama_decode of {len(tokens)} tokens of {seq!r} returned {decoded.status}")
@@ -234,26 +260,30 @@ class LlamaCppKVCache:
     def _written(self, op: str, seq: SeqId, seq_id: int, decoded: Decoded, start: int) -> None:
         """Record the cells a decode wrote (as llama.cpp's apply_ubatch does: a cell written is the new token's
         alone), then check the picture and the decode's attention against llama.cpp."""
+        call = f"{op}({seq!r}) (seq {seq_id}, positions {start}..{start + len(decoded.written) - 1})"
+        ballast = [cell for cell in decoded.written if cell < self._ballast]
+        if ballast:
+            raise AllocatorError(f"{call}: llama.cpp wrote into the ballast's cells {ballast}, which it holds")
         for offset, cell in enumerate(decoded.written):
             self._cells[cell] = (start + offset, frozenset({seq_id}))
-        call = f"{op}({seq!r}) (seq {seq_id}, positions {start}..{start + len(decoded.written) - 1})"
         self._verify(call)
-        cells = set(self.block_table(seq))
+        cells = set(self._cells_of(seq_id))
         if decoded.visible[-1] != cells:
             raise AllocatorError(
                 f"{call}: the last token's attention mask reads cells {sorted(decoded.visible[-1])}, "
                 f"but the sequence's cells are {sorted(cells)}"
             )
+        tokens = tuple(self._seqs[seq].tokens)
         reference = self._reference
         reference.clear()
-        fresh = reference.decode(0, tuple(self._seqs[seq].tokens), 0)
+        fresh = reference.decode(0, tokens, 0)
         if fresh.status != 0:
-            raise RuntimeError(f"the reference context could not decode {len(self._seqs[seq].tokens)} tokens")
+            raise RuntimeError(f"the reference context could not decode {len(tokens)} tokens")
         difference = max(abs(a - b) for a, b in zip(decoded.logits, fresh.logits))
         if difference > LOGITS_TOLERANCE:
             raise AllocatorError(
                 f"{call}: the logits differ by {difference:.3g} from a fresh contiguous decode of the same "
-                f"{len(self._seqs[seq].tokens)} tokens: the cells it attended to do not hold the sequence's K/V"
+                f"{len(tokens)} tokens: the cells it attended to do not hold the sequence's K/V"
             )
 
     def _remove(self, seq: SeqId, op: str) -> None:
@@ -276,31 +306,39 @@ class LlamaCppKVCache:
                     self._cells[cell] = (pos, ids - {seq_id})
 
     def _verify(self, call: str) -> None:
-        """The picture against llama.cpp's own answers: every used cell in index order, and each live sequence's
-        position range."""
-        expected = [self._cells[cell] for cell in sorted(self._cells)]
+        """The picture against llama.cpp's own answers: every used cell in index order, and each sequence's
+        position range (the ballast's included)."""
+        order = sorted(self._cells)
+        expected = [self._cells[cell] for cell in order]
         found = [(cell.pos, cell.seq_ids) for cell in self._context.used_cells()]
         if found != expected:
+            first = next(i for i in range(max(len(found), len(expected))) if _at(found, i) != _at(expected, i))
+            where = f"cell {order[first]}" if first < len(order) else "beyond the cells expected"
             raise AllocatorError(
-                f"after {call}: llama.cpp holds {len(found)} used cells, (position, seq ids) in cell order "
-                f"{_cells_text(found)}; its documented behaviour gives {len(expected)} at cells {sorted(self._cells)}: "
-                f"{_cells_text(expected)}"
+                f"after {call}: llama.cpp holds {len(found)} used cells where its documented behaviour gives "
+                f"{len(expected)}; used cell #{first} in index order ({where}) holds {_cell_text(_at(found, first))}, "
+                f"expected {_cell_text(_at(expected, first))}"
             )
-        for seq, state in self._seqs.items():
-            if state.seq_id < 0:
-                continue
-            bounds = (self._context.pos_min(state.seq_id), self._context.pos_max(state.seq_id))
-            if bounds != (0, len(state.tokens) - 1):
+        lengths = {state.seq_id: (seq, len(state.tokens)) for seq, state in self._seqs.items() if state.seq_id >= 0}
+        if self._ballast:
+            lengths[self._ballast_id] = ("the ballast", self._ballast)
+        for seq_id, (seq, length) in lengths.items():
+            bounds = (self._context.pos_min(seq_id), self._context.pos_max(seq_id))
+            if bounds != (0, length - 1):
                 raise AllocatorError(
-                    f"after {call}: llama.cpp's seq_pos_min/max of {seq!r} (seq {state.seq_id}) are {bounds}, "
-                    f"but it holds {len(state.tokens)} tokens"
+                    f"after {call}: llama.cpp's seq_pos_min/max of {seq!r} (seq {seq_id}) are {bounds}, "
+                    f"but it holds {length} tokens"
                 )
 
 
-def _cells_text(cells: list[tuple[int, frozenset[int]]]) -> str:
-    return "[" + ", ".join(f"({pos}, {sorted(ids)})" for pos, ids in cells) + "]"
+def _at(cells: list[tuple[int, frozenset[int]]], index: int) -> Optional[tuple[int, frozenset[int]]]:
+    return cells[index] if index < len(cells) else None
+
+
+def _cell_text(cell: Optional[tuple[int, frozenset[int]]]) -> str:
+    return "nothing" if cell is None else f"position {cell[0]} of seq ids {sorted(cell[1])}"
 
 
 def unified_cache(spec: PoolSpec) -> LlamaCppKVCache:
-    """The factory: llama.cpp's unified KV cache of ``spec.num_blocks`` cells (a multiple of 256), block size 1."""
+    """The factory: llama.cpp's unified KV cache with ``spec.num_blocks`` cells to give, block size 1."""
     return LlamaCppKVCache(spec)
