@@ -43,6 +43,7 @@ GGML_MAX_NAME = 64  # ggml.h
 GGML_TYPE_F32 = 0  # enum ggml_type
 GGML_TYPE_I64 = 27  # enum ggml_type
 LLAMA_FLASH_ATTN_TYPE_DISABLED = 0  # the mask then reaches soft_max as f32, as the adapter reads it
+STATE_MAGIC = 0xAF143CD8  # llama_context's io_magic, the first word of a sequence's state
 CELLS_PADDING = 256  # llama_context pads n_ctx (and so the unified cache) to a multiple of this
 
 
@@ -223,17 +224,22 @@ class Context:
         return int(self._llama.llama_memory_seq_pos_max(self._memory, seq_id))
 
     def used_cells(self, seq_id: int = -1) -> tuple[UsedCell, ...]:
-        """The non-empty cells (of ``seq_id``, or all with -1), in cell-index order, from the state API."""
+        """The non-empty cells (of ``seq_id``, or all with -1), in cell-index order, from the state API: the magic
+        word, the sequence id, the number of streams, then per stream the cell count and each cell's position,
+        count of sequence ids and ids (the K/V rows that follow are not read)."""
         llama = self._llama
         size = int(llama.llama_state_seq_get_size(self._context, seq_id))
         buffer = (ctypes.c_uint8 * size)()
         written = int(llama.llama_state_seq_get_data(self._context, buffer, size, seq_id))
         data = bytes(buffer)[:written]
-        (num_streams,) = struct.unpack_from("<I", data, 0)
-        if num_streams != 1:
-            raise RuntimeError(f"a unified KV cache has one stream; llama.cpp's state has {num_streams}")
-        (count,) = struct.unpack_from("<I", data, 4)
-        offset, cells = 8, []
+        magic, written_seq, num_streams = struct.unpack_from("<Iii", data, 0)
+        if magic != STATE_MAGIC or written_seq != seq_id or num_streams != 1:
+            raise RuntimeError(
+                f"llama.cpp's sequence state starts {magic:#x}, seq {written_seq}, {num_streams} streams; "
+                f"expected {STATE_MAGIC:#x}, seq {seq_id}, one stream (the cache is unified)"
+            )
+        (count,) = struct.unpack_from("<I", data, 12)
+        offset, cells = 16, []
         for _ in range(count):
             pos, num_ids = struct.unpack_from("<iI", data, offset)
             ids = struct.unpack_from(f"<{num_ids}i", data, offset + 8)

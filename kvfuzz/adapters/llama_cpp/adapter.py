@@ -179,7 +179,6 @@ class LlamaCppKVCache:
     def preempt(self, seq: SeqId) -> None:
         self._ledger.running(seq, "preempt")
         self._remove(seq, "preempt")
-        self._seqs[seq].seq_id = -1
         self._ledger.preempted(seq)
 
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
@@ -288,12 +287,11 @@ class LlamaCppKVCache:
 
     def _remove(self, seq: SeqId, op: str) -> None:
         state = self._seqs[seq]
-        if state.seq_id < 0:
-            return
         if not self._context.seq_rm(state.seq_id, -1, -1):
             raise AllocatorError(f"{op}: llama_memory_seq_rm({state.seq_id}, -1, -1) returned false")
         self._drop(state.seq_id, 0)
-        self._verify(f"{op}({seq!r}) (seq_rm {state.seq_id})")
+        seq_id, state.seq_id = state.seq_id, -1  # it holds no cells now
+        self._verify(f"{op}({seq!r}) (seq_rm {seq_id})")
 
     def _drop(self, seq_id: int, first: int) -> None:
         """``seq_rm(seq_id, first, -1)``'s documented effect: the sequence leaves its cells from position
