@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvfuzz.adapters.llama_cpp import LlamaCppKVCache, unified_cache
+from kvfuzz.adapters.llama_cpp import LlamaCppKVCache, unified_cache, unified_cache_micro_batches
 from kvfuzz.adapters.llama_cpp._library import Decoded
 from kvfuzz.allocator import AllocatorError, InvalidArgument, OutOfBlocks, PoolSpec, UnknownSequence
 from kvfuzz.engine import Engine
@@ -26,8 +26,9 @@ CONFIG = MachineConfig(block_size=1, num_blocks=16, num_host_blocks=0)
 PROMPT = (1, 2, 3, 0, 2)
 
 
-def test_machine_under_the_ci_profile() -> None:
-    run_state_machine_as_test(machine_for(unified_cache, CONFIG), settings=PROFILES["ci"])
+@pytest.mark.parametrize("factory", [unified_cache, unified_cache_micro_batches], ids=lambda factory: factory.__name__)
+def test_machine_under_the_ci_profile(factory) -> None:
+    run_state_machine_as_test(machine_for(factory, CONFIG), settings=PROFILES["ci"])
 
 
 def test_each_token_gets_one_cell_read_back_from_the_decode() -> None:
@@ -67,6 +68,12 @@ def test_a_fork_shares_every_cell_and_each_branch_then_writes_its_own() -> None:
     assert all(allocator.refcount(cell) == 1 for cell in parent) and allocator.refcount(parent_cell) == 0
 
 
+def test_micro_batches_are_read_back_in_order() -> None:
+    allocator = unified_cache_micro_batches(SPEC)
+    assert allocator.admit("a", (), PROMPT).block_table == (0, 1, 2, 3, 4)  # three micro-batches: 2 + 2 + 1
+    assert [slot.block for slot in allocator.grow("a", (1, 2, 3)).slots] == [5, 6, 7]
+
+
 def test_rollback_drops_the_tail_and_the_next_decode_matches_a_fresh_one() -> None:
     """After ``seq_rm`` of the tail, a grow attends to the kept cells only: its logits equal those of a fresh
     contiguous decode of the kept tokens and the new one (the adapter checks it on every decode)."""
@@ -79,8 +86,10 @@ def test_rollback_drops_the_tail_and_the_next_decode_matches_a_fresh_one() -> No
     assert len(allocator.block_table("a")) == 5
 
 
-def test_a_full_cache_refuses_and_changes_nothing() -> None:
-    allocator = unified_cache(SPEC)
+@pytest.mark.parametrize("factory", [unified_cache, unified_cache_micro_batches], ids=lambda factory: factory.__name__)
+def test_a_full_cache_refuses_and_changes_nothing(factory) -> None:
+    """Refused whole, micro-batches or not: llama.cpp places every micro-batch before it computes any."""
+    allocator = factory(SPEC)
     allocator.admit("a", (), (1,) * 10)
     before = (allocator.block_table("a"), sorted(allocator.free_blocks()))
     with pytest.raises(OutOfBlocks):

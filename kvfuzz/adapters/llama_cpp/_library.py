@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import re
 import struct
 import tempfile
 from pathlib import Path
@@ -44,6 +45,7 @@ GGML_TYPE_F32 = 0  # enum ggml_type
 GGML_TYPE_I64 = 27  # enum ggml_type
 LLAMA_FLASH_ATTN_TYPE_DISABLED = 0  # the mask then reaches soft_max as f32, as the adapter reads it
 STATE_MAGIC = 0xAF143CD8  # llama_context's io_magic, the first word of a sequence's state
+_K_CACHE = re.compile(r"cache_k_l(\d+)\b")  # the name of a layer's K cache, and of the views written into it
 CELLS_PADDING = 256  # llama_context pads n_ctx (and so the unified cache) to a multiple of this
 
 
@@ -138,10 +140,14 @@ class Context:
     """One llama.cpp context over the tiny model, with a unified KV cache of ``num_cells`` cells (one stream: every
     sequence's cells in one buffer, so ``seq_cp`` shares cells instead of copying buffers) and flash attention off.
 
-    Invariant kept: ``_writes`` and ``_masks`` hold what the eval callback read during the latest ``decode`` only.
+    ``ubatch`` is llama.cpp's n_ubatch: a decode of more tokens is split into micro-batches of that many, placed
+    together before any is computed (``llama_kv_cache::prepare``), then computed one by one, each in its own graph.
+
+    Invariant kept: ``_ubatches`` holds what the eval callback read during the latest ``decode`` only, one entry per
+    micro-batch computed, in order.
     """
 
-    def __init__(self, num_cells: int, num_seqs: int) -> None:
+    def __init__(self, num_cells: int, num_seqs: int, ubatch: Optional[int] = None) -> None:
         if num_cells % CELLS_PADDING:
             raise ValueError(
                 f"llama.cpp pads its context to a multiple of {CELLS_PADDING} cells; asked for {num_cells}"
@@ -149,13 +155,12 @@ class Context:
         llama = _llama()
         model = tiny_model()
         self._llama = llama  # the llama_cpp module
-        self._writes: list[tuple[int, ...]] = []  # per layer, the cells the latest decode's K write went to
-        self._masks: list[tuple[frozenset[int], ...]] = []  # the latest decode's mask rows (first layer's only)
+        self._ubatches: list[_Ubatch] = []  # what the latest decode's micro-batches wrote and read
         self._callback = llama.ggml_backend_sched_eval_callback(self._observe)  # kept alive with the context
         params = llama.llama_context_default_params()
         params.n_ctx = num_cells
         params.n_batch = num_cells
-        params.n_ubatch = num_cells
+        params.n_ubatch = ubatch or num_cells
         params.n_seq_max = num_seqs
         params.n_threads = 1
         params.n_threads_batch = 1
@@ -194,19 +199,23 @@ class Context:
             batch.seq_id[i][0] = seq_id
             batch.logits[i] = i == len(tokens) - 1
         batch.n_tokens = len(tokens)
-        self._writes = []
-        self._masks = []
+        self._ubatches = []
         status = int(self._llama.llama_decode(self._context, batch))
         if status != 0:
             return Decoded(status, (), (), ())
-        writes = self._writes
-        if not writes or any(cells != writes[0] for cells in writes):
-            raise RuntimeError(f"llama_decode's K writes were not read back alike for every layer: {writes}")
-        if len(writes[0]) != len(tokens) or len(self._masks) != 1:
-            raise RuntimeError(f"llama_decode of {len(tokens)} tokens: read {writes} and {len(self._masks)} masks")
+        written: list[int] = []
+        visible: list[frozenset[int]] = []
+        for ubatch in self._ubatches:
+            cells = ubatch.writes[0] if ubatch.writes else ()
+            if any(layer != cells for layer in ubatch.writes) or ubatch.mask is None:
+                raise RuntimeError(f"llama_decode's micro-batch was not read back whole: {ubatch}")
+            written.extend(cells)
+            visible.extend(ubatch.mask[: len(cells)])
+        if len(written) != len(tokens):
+            raise RuntimeError(f"llama_decode of {len(tokens)} tokens: read writes to {written}")
         row = self._llama.llama_get_logits_ith(self._context, -1)
         logits = tuple(float(row[i]) for i in range(self.vocabulary))
-        return Decoded(status, writes[0], self._masks[0][: len(tokens)], logits)
+        return Decoded(status, tuple(written), tuple(visible), logits)
 
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         return bool(self._llama.llama_memory_seq_rm(self._memory, seq_id, p0, p1))
@@ -257,15 +266,26 @@ class Context:
         node = _GgmlTensor.from_address(pointer)
         op = _op_name()(node.op)
         name = node.name.decode(errors="replace")
-        if op == b"SET_ROWS" and name.startswith("cache_k_l"):
+        layer = _K_CACHE.match(name)
+        if op == b"SET_ROWS" and layer:
             if not ask:
-                self._writes.append(_read_indices(node.src[1].contents))
+                if layer.group(1) == "0":  # the first layer: a new micro-batch's graph
+                    self._ubatches.append(_Ubatch())
+                self._ubatches[-1].writes.append(_read_indices(node.src[1].contents))
             return True
-        if op == b"SOFT_MAX" and node.src[1] and not self._masks:
+        if op == b"SOFT_MAX" and node.src[1] and self._ubatches and self._ubatches[-1].mask is None:
             if not ask:
-                self._masks.append(_read_mask(node.src[1].contents))
+                self._ubatches[-1].mask = _read_mask(node.src[1].contents)
             return True
         return False
+
+
+@attrs.define
+class _Ubatch:
+    """What the eval callback read of one micro-batch's graph."""
+
+    writes: list[tuple[int, ...]] = attrs.field(factory=list)  # per layer, the cells its K write went to
+    mask: Optional[tuple[frozenset[int], ...]] = None  # the first layer's attention mask, one row per token
 
 
 def _read_indices(tensor: _GgmlTensor) -> tuple[int, ...]:

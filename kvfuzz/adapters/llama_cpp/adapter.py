@@ -104,13 +104,13 @@ class LlamaCppKVCache:
     block_size = 1
     num_host_blocks = 0
 
-    def __init__(self, spec: PoolSpec, *, num_seqs: int = MAX_SEQUENCES) -> None:
+    def __init__(self, spec: PoolSpec, *, num_seqs: int = MAX_SEQUENCES, ubatch: Optional[int] = None) -> None:
         if spec.block_size != 1:
             raise ValueError(
                 f"llama.cpp's KV cache holds one token per cell: block_size must be 1, not {spec.block_size}"
             )
         num_cells = -(-spec.num_blocks // CELLS_PADDING) * CELLS_PADDING
-        self._context = Context(num_cells, num_seqs)  # the cache under test
+        self._context = Context(num_cells, num_seqs, ubatch)  # the cache under test
         self._reference = _reference(num_cells)  # a second context over the same weights
         self.num_blocks = spec.num_blocks
         self.capabilities = Capabilities(fork=True, rollback=True, introspection=True)
@@ -338,5 +338,12 @@ def _cell_text(cell: Optional[tuple[int, frozenset[int]]]) -> str:
 
 
 def unified_cache(spec: PoolSpec) -> LlamaCppKVCache:
-    """The factory: llama.cpp's unified KV cache with ``spec.num_blocks`` cells to give, block size 1."""
+    """The factory: llama.cpp's unified KV cache with ``spec.num_blocks`` cells to give, block size 1; a decode is
+    one micro-batch."""
     return LlamaCppKVCache(spec)
+
+
+def unified_cache_micro_batches(spec: PoolSpec) -> LlamaCppKVCache:
+    """The same cache with micro-batches of two tokens (n_ubatch = 2): a decode of more tokens is placed whole
+    before any micro-batch runs (``llama_kv_cache::prepare``), then computed one micro-batch at a time."""
+    return LlamaCppKVCache(spec, ubatch=2)
