@@ -14,7 +14,7 @@ import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvfuzz.adapters.llama_cpp import LlamaCppKVCache, unified_cache, unified_cache_micro_batches
-from kvfuzz.adapters.llama_cpp._library import Decoded
+from kvfuzz.adapters.llama_cpp._library import Context, Decoded
 from kvfuzz.allocator import AllocatorError, InvalidArgument, OutOfBlocks, PoolSpec, UnknownSequence
 from kvfuzz.engine import Engine
 from kvfuzz.engine.violations import InvariantViolation
@@ -99,6 +99,19 @@ def test_a_full_cache_refuses_and_changes_nothing(factory) -> None:
     assert (allocator.block_table("a"), sorted(allocator.free_blocks())) == before
     allocator.grow("a", (0,) * 6)  # exactly the six cells left: never one of the ballast's
     assert not allocator.free_blocks()
+
+
+def test_memory_clear_empties_the_cache_the_reference_decodes_into() -> None:
+    """The recomputations the logits are checked against run in a second context cleared before each use
+    (``llama_memory_clear``): clear must leave no cell and no sequence behind."""
+    context = Context(256, 4)
+    context.decode(0, PROMPT, 0)
+    context.seq_cp(0, 1, -1, -1)
+    assert [cell.pos for cell in context.used_cells()] == [0, 1, 2, 3, 4]
+    context.clear()
+    assert context.used_cells() == ()
+    assert (context.pos_min(0), context.pos_max(0), context.pos_max(1)) == (-1, -1, -1)
+    assert context.decode(0, PROMPT[:2], 0).written == (0, 1)  # the search starts again at cell 0
 
 
 def test_misuse_is_refused_with_the_contract_errors() -> None:
