@@ -174,7 +174,6 @@ class Context:
         self._context = context  # the llama_context pointer
         self._memory = llama.llama_get_memory(context)  # its KV cache (llama_memory_t)
         self.num_cells = int(llama.llama_n_ctx(context))  # the cells the cache has: n_ctx, unified
-        self.num_seqs = num_seqs  # sequence ids 0 .. num_seqs - 1 may be used
         self.vocabulary = int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model)))  # logits per token
         self._batch = llama.llama_batch_init(num_cells, 0, 1)  # one sequence id per token
 

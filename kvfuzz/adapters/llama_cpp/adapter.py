@@ -104,13 +104,13 @@ class LlamaCppKVCache:
     block_size = 1
     num_host_blocks = 0
 
-    def __init__(self, spec: PoolSpec, *, num_seqs: int = MAX_SEQUENCES, ubatch: Optional[int] = None) -> None:
+    def __init__(self, spec: PoolSpec, *, ubatch: Optional[int] = None) -> None:
         if spec.block_size != 1:
             raise ValueError(
                 f"llama.cpp's KV cache holds one token per cell: block_size must be 1, not {spec.block_size}"
             )
         num_cells = -(-spec.num_blocks // CELLS_PADDING) * CELLS_PADDING
-        self._context = Context(num_cells, num_seqs, ubatch)  # the cache under test
+        self._context = Context(num_cells, MAX_SEQUENCES, ubatch)  # the cache under test
         self._reference = _reference(num_cells)  # a second context over the same weights
         self.num_blocks = spec.num_blocks
         self.capabilities = Capabilities(fork=True, rollback=True, introspection=True)
@@ -118,7 +118,7 @@ class LlamaCppKVCache:
         self._seqs: dict[SeqId, _Sequence] = {}  # every sequence held or preempted
         self._cells: dict[int, tuple[int, frozenset[int]]] = {}  # used cell -> (position, llama seq ids)
         self._ballast = num_cells - spec.num_blocks  # cells 0 .. ballast - 1 are the ballast's
-        self._ballast_id = num_seqs - 1  # the ballast's llama seq id, never given to a kvfuzz sequence
+        self._ballast_id = MAX_SEQUENCES - 1  # the ballast's llama seq id, never given to a kvfuzz sequence
         if self._ballast:
             tokens = (BALLAST_TOKEN,) * self._ballast
             decoded = self._context.decode(self._ballast_id, tokens, 0)
