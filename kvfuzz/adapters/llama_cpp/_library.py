@@ -13,9 +13,9 @@ through a public interface:
 * every used cell's position and sequence ids, in cell-index order: ``llama_state_seq_get_data`` with sequence -1
   writes the cache's metadata (position, then the sequence ids) for each non-empty cell, in index order.
 
-The callback reads ``struct ggml_tensor`` (ggml.h) through a ctypes mirror of its layout, the same for every ggml
-of the llama-cpp-python 0.3 line; it checks what it reads (the index tensor is ``GGML_TYPE_I64`` with one entry per
-token) and fails loudly otherwise.
+The callback reads ``struct ggml_tensor`` through a ctypes mirror of its layout in the ggml.h that llama-cpp-python
+0.3.36 vendors (the version the recipe pins); it checks what it reads (the index tensor is ``GGML_TYPE_I64``, the
+mask f32, one entry or row per token) and fails loudly otherwise.
 """
 
 from __future__ import annotations
@@ -104,17 +104,18 @@ def _op_name() -> Any:
 @functools.lru_cache(maxsize=None)
 def tiny_model() -> Any:
     """The tiny llama model (kvfuzz.adapters.llama_cpp.model), written to a temporary directory and loaded once per
-    process; every context shares its weights."""
+    process; every context shares its weights. The file is removed once loaded (a mapping of it outlives its
+    name)."""
     from kvfuzz.adapters.llama_cpp.model import write_tiny_llama
 
     llama = _llama()
-    directory = Path(tempfile.mkdtemp(prefix="kvfuzz-llama-"))
-    path = write_tiny_llama(directory / "tiny-llama.gguf")
     params = llama.llama_model_default_params()
     params.n_gpu_layers = 0
-    model = llama.llama_model_load_from_file(str(path).encode(), params)
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-llama-") as directory:
+        path = write_tiny_llama(Path(directory) / "tiny-llama.gguf")
+        model = llama.llama_model_load_from_file(str(path).encode(), params)
     if not model:
-        raise RuntimeError(f"llama.cpp could not load the tiny model written at {path}")
+        raise RuntimeError("llama.cpp could not load the tiny model kvfuzz wrote")
     return model
 
 
