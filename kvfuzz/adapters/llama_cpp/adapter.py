@@ -2,7 +2,8 @@
 
 The adapter is a scheduler shim in the manner of llama.cpp's own server: each kvfuzz sequence is a llama.cpp
 ``seq_id`` in one context whose cache is unified (one buffer of cells shared by every sequence), and each operation
-is the memory call the server makes for it:
+is the memory call the server makes for it (it clears a slot with ``seq_rm(id, -1, -1)``, copies a slot into another
+with ``seq_cp(id, other, -1, -1)``, and drops rejected drafts with ``seq_rm`` of the tail):
 
 * ``admit``: ``llama_decode`` of the prompt, every token tagged with the sequence's ``seq_id``, at positions
   ``0 .. len - 1``; a preempted sequence comes back the same way, with every token it had;
