@@ -296,7 +296,8 @@ class VllmV1Allocator:
         elif tuple(request.all_token_ids) != tuple(tokens):
             raise InvalidArgument(f"admit: preempted sequence {seq!r} comes back with other tokens than it had")
         hit, num_hit, _ = self._manager.get_computed_blocks(request)
-        num_new = request.num_tokens - num_hit
+        num_external = self._external_hit(seq, request, num_hit)
+        num_new = request.num_tokens - num_hit - num_external
         if (
             self._manager.allocate_slots(
                 request,
@@ -304,18 +305,20 @@ class VllmV1Allocator:
                 num_new_computed_tokens=num_hit,
                 new_computed_blocks=hit,
                 num_lookahead_tokens=self._lookahead_tokens,
+                num_external_computed_tokens=num_external,
             )
             is None
         ):
-            raise self._refusal(f"admit of {seq!r} ({len(tokens)} tokens, {num_hit} cached)")
+            raise self._refusal(f"admit of {seq!r} ({len(tokens)} tokens, {num_hit} cached, {num_external} external)")
         self._check_no_copies("admit")
         self._preempted.pop(seq, None)
         request.status = self._vllm.RequestStatus.RUNNING
-        request.num_computed_tokens = num_hit
+        request.num_computed_tokens = num_hit + num_external
         self._scheduled(request, num_new)
         self._running[seq] = request
         self.sequences.admitted(seq)
-        return AdmitResult(self.block_table(seq), num_hit)
+        loads = self._external_loads(seq, request, num_hit, num_external)
+        return AdmitResult(self.block_table(seq), num_hit + num_external, loads)
 
     def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
         request = self._request(seq, "grow")
@@ -439,6 +442,19 @@ class VllmV1Allocator:
         return [
             block_id - 1 for block_id, held in self._deferred.holds.items() if held and blocks[block_id].ref_cnt == held
         ]
+
+    # -- a KV connector's part in admission (none here; kvfuzz.adapters.vllm_offload has one) --------------------
+
+    def _external_hit(self, seq: SeqId, request: Any, num_local: int) -> int:
+        """The connector's ``get_num_new_matched_tokens``: tokens past the local hit it can load (none here)."""
+        return 0
+
+    def _external_loads(
+        self, seq: SeqId, request: Any, num_local: int, num_external: int
+    ) -> tuple[tuple[int, int], ...]:
+        """The connector's ``update_state_after_alloc``: the (host block, kvfuzz block) loads of an admission's
+        external hit, once its slots are allocated (none here)."""
+        return ()
 
     # -- helpers -------------------------------------------------------------------------------------------------
 

@@ -10,13 +10,14 @@ from kvfuzz.allocator.errors import (
     Unsupported,
 )
 from kvfuzz.allocator.paged import PagedAllocator, paged_allocator, synchronous_allocator
-from kvfuzz.allocator.protocol import AllocatorProtocol, HostIntrospectable, Introspectable
+from kvfuzz.allocator.protocol import AllocatorProtocol, HostCache, HostIntrospectable, Introspectable
 from kvfuzz.allocator.types import (
     AdmitResult,
     BlockCopy,
     Capabilities,
     EvictionOrder,
     GrowResult,
+    HostTransfers,
     Namespace,
     PoolSpec,
     SeqId,
@@ -33,7 +34,9 @@ __all__ = [
     "Capabilities",
     "EvictionOrder",
     "GrowResult",
+    "HostCache",
     "HostIntrospectable",
+    "HostTransfers",
     "Introspectable",
     "InvalidArgument",
     "Misuse",

@@ -24,6 +24,7 @@ from kvfuzz.allocator.types import (
     BlockCopy,
     Capabilities,
     GrowResult,
+    HostTransfers,
     Namespace,
     SeqId,
     SwapResult,
@@ -44,6 +45,7 @@ DECLARED_METHODS: dict[str, tuple[str, ...]] = {
     "eviction": ("evict", "reset_cache"),
     "targeted_eviction": ("evict_blocks",),
     "introspection": ("refcount", "free_blocks", "cached_blocks", "pending_blocks"),
+    "host_cache": ("take_transfers",),
 }
 """Capability -> the methods that come with it: an allocator has them exactly when it declares the capability, and
 kvfuzz calls none of them otherwise (misuse probes included)."""
@@ -154,6 +156,19 @@ class HostIntrospectable(Protocol):
     def host_free_blocks(self) -> Collection[int]:
         """Host blocks (``0 .. num_host_blocks - 1``, as ``swap_out`` numbers them) that no swapped-out sequence
         holds: free, or holding a cached copy the allocator may hand out again."""
+
+
+@runtime_checkable
+class HostCache(Protocol):
+    """Optional: the allocator keeps a host tier of cached blocks; it sets ``capabilities.host_cache``.
+
+    Loads come with ``admit`` (``AdmitResult.loads``); stores are ordered here, once per step launch.
+    """
+
+    def take_transfers(self, step: int) -> HostTransfers:
+        """Step ``step`` is being launched: the stores ordered now (copied when ``step`` completes) and the earlier
+        stores to finish now. The engine then finishes the flushed stores, lands the loads ordered since the previous
+        launch, and writes the step's tokens."""
 
 
 @runtime_checkable

@@ -104,6 +104,10 @@ class Capabilities:
     prefix until it is evicted or the cache reset, so an admission of that prefix must report it cached.
     ``eviction_order`` is a policy: the order in which cached blocks are evicted or reused for new content
     (:class:`EvictionOrder`), checked on every eviction and every reuse.
+    ``host_cache`` says the allocator keeps a second, host tier of cached blocks in its ``num_host_blocks`` host
+    blocks: ``admit`` may report cached tokens whose K/V it loads from host blocks (``AdmitResult.loads``, landed by
+    the engine when the next step is launched, before its writes), and at each step launch ``take_transfers`` orders
+    stores of device blocks into host blocks, which land when that step completes (or earlier, when flushed).
     """
 
     fork: bool = False
@@ -139,6 +143,7 @@ class Capabilities:
     targeted_eviction: bool = False
     complete_caching: bool = False
     eviction_order: Optional[EvictionOrder] = None
+    host_cache: bool = False
 
 
 @attrs.frozen
@@ -169,16 +174,22 @@ def _copy_tuple(copies: Iterable[BlockCopy]) -> Tuple[BlockCopy, ...]:
     return tuple(copies)
 
 
+def _pair_tuple(pairs: Iterable[Iterable[int]]) -> Tuple[Tuple[int, int], ...]:
+    return tuple((a, b) for a, b in pairs)
+
+
 @attrs.frozen
 class AdmitResult:
     """What ``admit`` returns: the block table covering every prompt token, and how many leading tokens are cached.
 
-    The first ``num_cached_tokens`` positions already hold their K/V in the table's blocks; the engine writes the
-    rest at the next step.
+    The first ``num_cached_tokens`` positions already hold their K/V in the table's blocks, or (under
+    ``host_cache``) in the host blocks of ``loads``: (host block, device block) pairs the engine copies when it
+    launches the next step, before that step writes or reads. The engine writes the rest at the next step.
     """
 
     block_table: Tuple[int, ...] = attrs.field(converter=_int_tuple)
     num_cached_tokens: int = attrs.field(validator=_non_negative)
+    loads: Tuple[Tuple[int, int], ...] = attrs.field(converter=_pair_tuple, factory=tuple)
 
 
 @attrs.frozen
@@ -197,6 +208,21 @@ class SwapResult:
     """
 
     mapping: Tuple[Tuple[int, int], ...] = attrs.field(converter=lambda pairs: tuple(tuple(p) for p in pairs))
+
+
+@attrs.frozen
+class HostTransfers:
+    """What ``take_transfers(step)`` returns when the engine launches ``step``, under ``host_cache``.
+
+    ``stores``: (device block, host block) pairs ordered now. The worker reads each device block until ``step``
+    completes, so the engine copies it then, just before ``step_completed(step)``: the allocator must leave the
+    device block unwritten and the host block unread until that step completes. ``flushed``: (device block, host
+    block) pairs of stores still in flight (ordered at earlier launches, or in ``stores`` now), which the engine
+    finishes now, before this step writes (vLLM flushes the store of a block it hands out again).
+    """
+
+    stores: Tuple[Tuple[int, int], ...] = attrs.field(converter=_pair_tuple, factory=tuple)
+    flushed: Tuple[Tuple[int, int], ...] = attrs.field(converter=_pair_tuple, factory=tuple)
 
 
 @attrs.frozen

@@ -9,14 +9,23 @@ from __future__ import annotations
 import collections.abc
 import functools
 import itertools
-from typing import Iterable, NoReturn, Optional, Sequence, cast
+from typing import Collection, Iterable, NoReturn, Optional, Sequence, cast
 
 import attrs
 import torch
 
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
 from kvfuzz.allocator.protocol import AllocatorProtocol, HostIntrospectable, Introspectable
-from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, BlockCopy, GrowResult, Namespace, Slot, SwapResult
+from kvfuzz.allocator.types import (
+    NULL_BLOCK,
+    AdmitResult,
+    BlockCopy,
+    GrowResult,
+    HostTransfers,
+    Namespace,
+    Slot,
+    SwapResult,
+)
 from kvfuzz.engine.expected import ExpectedState, Status
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.pools import KVPools, SlotWrite
@@ -35,7 +44,8 @@ def _shown(value: object) -> str:
 
 
 _RESULT_SHAPES = {
-    AdmitResult: "(block_table=[int, ...], num_cached_tokens=int)",
+    AdmitResult: "(block_table=[int, ...], num_cached_tokens=int, loads=[(int, int), ...])",
+    HostTransfers: "(stores=[(int, int), ...], flushed=[(int, int), ...])",
     GrowResult: "(slots=[Slot(block=int, offset=int), ...], copies=[BlockCopy(src=int, dst=int), ...])",
     SwapResult: "(mapping=[(int, int), ...])",
     int: "",
@@ -55,7 +65,9 @@ def _malformed(result: object, expected: type) -> Optional[str]:
     elif not isinstance(result, expected):
         return _shown(result)
     elif isinstance(result, AdmitResult):
-        numbers = [*result.block_table, result.num_cached_tokens]
+        numbers = [*result.block_table, result.num_cached_tokens, *(n for pair in result.loads for n in pair)]
+    elif isinstance(result, HostTransfers):
+        numbers = [n for pair in (*result.stores, *result.flushed) for n in pair]
     elif isinstance(result, GrowResult):
         if not all(isinstance(slot, Slot) for slot in result.slots):
             return f"slots {list(result.slots)}"
@@ -383,6 +395,63 @@ class Checks:
                 f"swap-in of {seq} copies host blocks {sources}",
                 [f"expected: the host blocks it was swapped out to, {list(host_table)}"],
             )
+
+    def host_loads(self, seq: str, loads: Sequence[tuple[int, int]], num_cached: int) -> None:
+        """Invariants 9 and 5 for an admission's host-tier loads: only under ``host_cache``, from host blocks that
+        exist, each into a distinct block of the sequence's cache hit that it alone references."""
+        h = self.state
+        size = h.block_size
+        table = h.seqs[seq].table
+        hit_blocks = [block for block in table[: -(-num_cached // size)] if block != NULL_BLOCK]
+        if not h.caps.host_cache:
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"admit of {seq} orders host-tier loads {list(loads)}",
+                ["expected: none: the allocator does not declare host_cache"],
+            )
+        for host_block, block in loads:
+            if not (_is_int(host_block) and 0 <= host_block < h.num_host_blocks) or block not in hit_blocks:
+                self.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"admit of {seq} loads host block {_shown(host_block)} into block {_shown(block)}",
+                    [
+                        f"expected: a host block 0 .. {h.num_host_blocks - 1} loaded into one of the blocks its "
+                        f"{num_cached}-token hit covers, {hit_blocks}",
+                        *(self.pools.block_story(block) if _is_int(block) and block >= 0 else ()),
+                    ],
+                )
+            self.exclusive(block, seq, f"host-tier load for {seq} from host block {host_block}")
+        destinations = [block for _, block in loads]
+        if len(set(destinations)) != len(destinations):
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"admit of {seq} loads two host blocks into one device block: {list(loads)}",
+                ["expected: each device block loaded once"],
+            )
+
+    def host_transfers(self, step: int, transfers: HostTransfers, in_flight: Sequence[tuple[int, int]]) -> None:
+        """Invariant 12 for ``take_transfers(step)``: stores between existing blocks, and only in-flight stores
+        flushed."""
+        h = self.state
+        for block, host_block in transfers.stores:
+            if not (
+                _is_int(block)
+                and 0 <= block < h.num_blocks
+                and _is_int(host_block)
+                and 0 <= host_block < h.num_host_blocks
+            ):
+                self.fail(
+                    Invariant.RESULTS,
+                    f"take_transfers({step}) stores block {_shown(block)} into host block {_shown(host_block)}",
+                    [f"expected: a device block 0 .. {h.num_blocks - 1} and a host block 0 .. {h.num_host_blocks - 1}"],
+                )
+        for pair in transfers.flushed:
+            if tuple(pair) not in in_flight:
+                self.fail(
+                    Invariant.RESULTS,
+                    f"take_transfers({step}) flushes the store {pair}, which is not in flight",
+                    [f"expected: one of the stores ordered and not yet landed, {sorted(in_flight)}"],
+                )
 
     # -- invariant 2: attention ----------------------------------------------------------------------------------
 
@@ -953,8 +1022,11 @@ class Checks:
                     ],
                 )
 
-    def cache_hit(self, seq: str, num_cached: int) -> bool:
-        """Invariant 9 for an admission's reported hit; returns whether it covers K/V only the next step writes."""
+    def cache_hit(self, seq: str, num_cached: int, loading: Collection[int] = ()) -> bool:
+        """Invariant 9 for an admission's reported hit; returns whether it covers K/V only the next step writes.
+
+        ``loading``: device blocks a host-tier load fills when the next step is launched (``host_cache``); a hit on
+        them awaits that step, and their content is checked when the load lands."""
         h = self.state
         length = len(h.reference.tokens(seq))
         if num_cached > length:
@@ -989,6 +1061,9 @@ class Checks:
             if table[position // size] == NULL_BLOCK:
                 continue
             slot = table[position // size] * size + position % size
+            if slot // size in loading:
+                awaits_step = True  # a host-tier load fills it before the next step reads it
+                continue
             record = self.pools.record(slot)
             tag = h.reference.tags(seq)[position]
             if h.caps.hits_scheduled_writes and record is not None and record.tag == tag:

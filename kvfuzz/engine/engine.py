@@ -15,8 +15,18 @@ from typing import Callable, Optional, Sequence, TypeVar, cast
 
 from kvfuzz.accounting.occupancy import Occupancy, measure
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
-from kvfuzz.allocator.protocol import AllocatorProtocol, EvictsBlocks, HostIntrospectable
-from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, BlockCopy, GrowResult, Namespace, SeqId, SwapResult, Tokens
+from kvfuzz.allocator.protocol import AllocatorProtocol, EvictsBlocks, HostCache, HostIntrospectable
+from kvfuzz.allocator.types import (
+    NULL_BLOCK,
+    AdmitResult,
+    BlockCopy,
+    GrowResult,
+    HostTransfers,
+    Namespace,
+    SeqId,
+    SwapResult,
+    Tokens,
+)
 from kvfuzz.engine.checks import CacheSnapshot, Checks
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.expected import ExpectedState, SeqModel, Status, TableChange, mapped
@@ -62,9 +72,10 @@ class Engine:
         self.allocator = allocator  # the allocator under test
         self.caps = caps  # what it declares
         self.config = config  # pool geometry, model shape and attention kernel
-        # A host pool is swap's destination, or a second cache tier the allocator fills by itself (SGLang's
-        # HiCache): either way, one it lists (HostIntrospectable) is checked.
-        host_pool = caps.swap or (caps.introspection and isinstance(allocator, HostIntrospectable))
+        # A host pool is swap's destination, a second cache tier the allocator declares (host_cache: loads and
+        # stores the engine performs), or one the allocator fills by itself (SGLang's HiCache): one it lists
+        # (HostIntrospectable) is checked.
+        host_pool = caps.swap or caps.host_cache or (caps.introspection and isinstance(allocator, HostIntrospectable))
         num_host_blocks = allocator.num_host_blocks if host_pool else 0
         self.pools = KVPools(config.shape, config.block_size, config.num_blocks, num_host_blocks, caps.inflight_window)
         self.expected = ExpectedState(
@@ -73,6 +84,11 @@ class Engine:
         self.checks = Checks(self.expected, self.pools, allocator, config.kernel)
         self.stats: Counter[str] = stats if stats is not None else Counter()  # operations and outcomes, by name
         self.on_step = on_step  # called with the pool's occupancy after every step
+        # Under host_cache: loads ordered by admissions since the last launch, (sequence, host block, device block),
+        # landed when the next step is launched; and stores in flight, step -> (device block, host block) pairs,
+        # landed when that step completes unless flushed first.
+        self.host_loads: list[tuple[SeqId, int, int]] = []
+        self.host_stores: dict[int, list[tuple[int, int]]] = {}
 
     def close(self) -> None:
         """The example is over: release the K/V pools now rather than when the garbage collector runs."""
@@ -109,7 +125,7 @@ class Engine:
         if result is None:
             return False
         self.expected.reference.add(seq, namespace, tokens)
-        self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed)
+        self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed, result.loads)
         return True
 
     def readmit(self, seq: SeqId) -> bool:
@@ -124,7 +140,7 @@ class Engine:
         )
         if result is None:
             return False
-        self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed)
+        self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed, result.loads)
         return True
 
     def grow(self, seq: SeqId, tokens: Tokens) -> bool:
@@ -350,6 +366,8 @@ class Engine:
             seq_slots, seq_writes = self._take_scheduled_writes(seq)
             slots += seq_slots
             writes += seq_writes
+        if self.caps.host_cache:
+            self._host_transfers(step)
         self.pools.launch_step()
         if slots:
             self.pools.write(slots, writes)
@@ -487,6 +505,7 @@ class Engine:
         num_cached: int,
         before: Optional[CacheSnapshot] = None,
         owed: Sequence[tuple[int, str]] = (),
+        loads: Sequence[tuple[int, int]] = (),
     ) -> None:
         model = self.expected.seqs.setdefault(seq, SeqModel(seq, Status.RUNNING))
         model.joined_step = self.pools.next_step
@@ -499,7 +518,13 @@ class Engine:
         if stale:
             self.checks.hit_on_evicted(seq, num_cached, table, stale)
         self.checks.accounting(self._set_table(seq, table, "admitted as", hit_tokens=num_cached).touched)
-        model.awaits_step = self.checks.cache_hit(seq, num_cached)
+        if loads:
+            self.checks.host_loads(seq, loads, num_cached)
+            self.checks.outside_inflight_window([block for _, block in loads], seq)
+            self.host_loads += [(seq, host_block, block) for host_block, block in loads]
+            self.stats["host-tier loads"] += len(loads)
+        loading = {block for _, _, block in self.host_loads}
+        model.awaits_step = self.checks.cache_hit(seq, num_cached, loading) or bool(loads)
         self.checks.missed_hit(seq, num_cached, owed)
         self.checks.evictions(before, hit_blocks, reuse=True)
         # A whole-prompt hit passes only under recomputes_last_token: the engine writes the last token again.
@@ -574,6 +599,40 @@ class Engine:
                 self.checks.released_matchable(block)
         return change
 
+    def _host_transfers(self, step: int) -> None:
+        """Under ``host_cache``, as ``step`` is launched: the allocator's transfer order, then the flushed stores and
+        the loads land (in that order, as vLLM's worker flushes before it loads), each load checked for content."""
+        transfers = self._call(functools.partial(cast(HostCache, self.allocator).take_transfers, step))
+        self.checks.result(f"take_transfers({step})", transfers, HostTransfers)
+        stores = list(transfers.stores)
+        in_flight = [pair for pairs in self.host_stores.values() for pair in pairs] + stores
+        self.checks.host_transfers(step, transfers, in_flight)
+        for pair in transfers.flushed:
+            for pairs in (*self.host_stores.values(), stores):
+                if pair in pairs:
+                    pairs.remove(pair)
+                    break
+            self._land_store(pair, f"flushed before step {step}")
+        size = self.block_size
+        positions: list[tuple[SeqId, int]] = []
+        for seq, host_block, block in self.host_loads:
+            self.pools.note(block, f"loaded from host block {host_block} for {seq}")
+            self.pools.swap_from_host(host_block, block, f"loaded from host block {host_block} for {seq}")
+            model = self.expected.seqs.get(seq)
+            if model is not None and model.status is Status.RUNNING and block in model.table:
+                index = model.table.index(block)
+                positions += [(seq, p) for p in range(index * size, min((index + 1) * size, model.written))]
+        self.host_loads.clear()
+        self.checks.content(self.pools.take_dirty(), positions)
+        if stores:
+            self.host_stores.setdefault(step, []).extend(stores)
+        self.stats["host-tier stores"] += len(transfers.stores)
+
+    def _land_store(self, pair: tuple[int, int], when: str) -> None:
+        block, host_block = pair
+        self.pools.note(block, f"stored into host block {host_block} ({when})")
+        self.pools.swap_to_host(block, host_block, f"stored from block {block} ({when})")
+
     def _settle(self, change: TableChange, positions: Sequence[tuple[SeqId, int]] = ()) -> None:
         """After an operation: content of what it touched, then refcounts and the free set."""
         self.checks.content(self.pools.take_dirty(), positions)
@@ -613,6 +672,8 @@ class Engine:
         for step in steps:
             self.checks.operation = f"{operation}, completing step {step}"
             settled = set(self.pools.complete_step(step)) | self.checks.pending_now()
+            for pair in self.host_stores.pop(step, ()):
+                self._land_store(pair, f"as step {step} completed")
             self._call(functools.partial(self.allocator.step_completed, step))
             if self.caps.remaps_on_step:
                 self._adopt_remaps()

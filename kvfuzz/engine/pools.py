@@ -50,8 +50,9 @@ class PoolEvent:
     """One change the engine made to a block's K/V, for an observer (the timeline of ``kvfuzz show``).
 
     ``kind`` is ``write`` (a step's writes), ``copy`` (copy-on-write or fork copy), ``swap-out`` (``block`` is then
-    a host block), ``swap-in`` (``source`` is then a host block) or ``land`` (late in-flight work landed); ``writes``
-    lists, for each slot of ``block`` changed, its offset and the write it now holds.
+    a host block; a host-tier store too), ``swap-in`` (``source`` is then a host block; a host-tier load too) or
+    ``land`` (late in-flight work landed); ``writes`` lists, for each slot of ``block`` changed, its offset and the
+    write it now holds.
     """
 
     kind: str  # write, copy, swap-out, swap-in or land
@@ -148,7 +149,8 @@ class KVPools:
             "copy",
         )
 
-    def swap_to_host(self, block: int, host_block: int) -> None:
+    def swap_to_host(self, block: int, host_block: int, via: str = "") -> None:
+        """Copy device block ``block`` into host block ``host_block`` (a swap-out, or a host-tier store)."""
         self._copy(
             self.keys,
             self.values,
@@ -158,12 +160,13 @@ class KVPools:
             self.host_values,
             self.host_shadow,
             host_block,
-            f"swapped out from block {block}",
+            via or f"swapped out from block {block}",
             "swap-out",
             mark_dirty=False,
         )
 
-    def swap_from_host(self, host_block: int, block: int) -> None:
+    def swap_from_host(self, host_block: int, block: int, via: str = "") -> None:
+        """Copy host block ``host_block`` into device block ``block`` (a swap-in, or a host-tier load)."""
         self._copy(
             self.host_keys,
             self.host_values,
@@ -173,7 +176,7 @@ class KVPools:
             self.values,
             self.shadow,
             block,
-            f"swapped in from host block {host_block}",
+            via or f"swapped in from host block {host_block}",
             "swap-in",
         )
 
