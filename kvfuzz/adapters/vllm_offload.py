@@ -106,6 +106,7 @@ class VllmOffloadAllocator(VllmV1Allocator):
         self._submitted: dict[int, list[int]] = {}  # step -> the jobs submitted at its launch
         self._fenced: dict[int, set[int]] = {}  # vLLM block of a finished request -> its store jobs in flight
         self._allocated: set[int] = set()  # vLLM blocks handed to requests since the last launch
+        self._scheduled_states: list[_RequestState] = []  # requests given tokens to compute since the last launch
         self._new_ids: list[SeqId] = []  # requests first scheduled since the last launch
         self._preempted_states: list[_RequestState] = []  # requests preempted since the last launch
 
@@ -134,14 +135,17 @@ class VllmOffloadAllocator(VllmV1Allocator):
         flush = {job_id for state in self._preempted_states for job_id in state.jobs}
         flush |= {job_id for block in self._allocated for job_id in self._fenced.get(block, ())}
         stores = self._store_jobs(flush)
+        # A request freed after it was scheduled this round was aborted after vLLM's schedule(): it signals its end
+        # at the next launch.
+        finishing = [state for state in self._finished if not any(state is other for other in self._scheduled_states)]
         # A sync load in the flush list has landed already (the worker waited for it in its own step).
         flush = {job_id for job_id in flush - self._flushed if self._jobs[job_id].is_store}
         self._flushed |= flush
-        for state in self._finished:
+        for state in finishing:
             if not state.signaled:
                 state.signaled = True
                 self._cpu.on_request_finished(state.context)
-        self._finished = [state for state in self._finished if state.jobs]
+        self._finished = [state for state in self._finished if state.jobs or not state.signaled]
         self._cpu.on_schedule_end(
             self._off.ScheduleEndContext(self._new_ids, [state.context.req_id for state in self._preempted_states])
         )
@@ -149,6 +153,7 @@ class VllmOffloadAllocator(VllmV1Allocator):
         if submitted:
             self._submitted[step] = submitted
         self._unsubmitted, self._allocated, self._new_ids, self._preempted_states = [], set(), [], []
+        self._scheduled_states = []
         return HostTransfers(
             stores=[self._kvfuzz_pair(job_id, pair) for job_id in stores for pair in self._jobs[job_id].pairs],
             flushed=[self._kvfuzz_pair(job_id, pair) for job_id in sorted(flush) for pair in self._jobs[job_id].pairs],
@@ -210,10 +215,13 @@ class VllmOffloadAllocator(VllmV1Allocator):
         return key
 
     def _scheduled_blocks(self, seq: SeqId) -> None:
-        """The scheduler output's block ids for ``seq``: every block it holds counts as allocated this round."""
+        """The scheduler output's block ids for ``seq``: its new blocks (every block, at admission) count as
+        allocated this round."""
         (blocks,) = self._manager.get_blocks(seq).get_block_ids()
-        self._states[seq].block_ids = list(blocks)
-        self._allocated.update(blocks)
+        state = self._states[seq]
+        self._allocated.update(blocks[len(state.block_ids) :])
+        state.block_ids = list(blocks)
+        self._scheduled_states.append(state)
 
     def _store_jobs(self, flush: set[int]) -> list[int]:
         """``_build_store_jobs``: one store job per request with computed full blocks not yet offered."""
@@ -239,7 +247,8 @@ class VllmOffloadAllocator(VllmV1Allocator):
             jobs.append(job_id)
             if state.finished:
                 self._fence(job_id)
-                if self._allocated.intersection(sources):
+                scheduled_now = any(state is other for other in self._scheduled_states)
+                if not scheduled_now and self._allocated.intersection(sources):
                     flush.add(job_id)
         return jobs
 
