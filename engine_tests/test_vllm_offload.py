@@ -1,0 +1,168 @@
+"""vLLM's CPU KV offloading as a second cache tier (kvfuzz.adapters.vllm_offload), in vLLM's own environment.
+
+Runs in the environment ``scripts/third_party_env.sh vllm`` builds (CI runs it there): without vLLM 0.33.0 the import
+fails loudly rather than skipping. Each check the adapter relies on is shown able to fail: a wrapper that gets one
+part of the worker's or the connector's job wrong is caught by kvfuzz's checks.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvfuzz.adapters import vllm_offload
+from kvfuzz.allocator import PoolSpec
+from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.engine import Engine
+from kvfuzz.engine.violations import Invariant, InvariantViolation
+from kvfuzz.profiles import PROFILES
+from kvfuzz.statemachines import machine_for
+
+PROMPT = (1, 2, 3, 0, 2, 2, 1, 3, 1)  # two full blocks and one token
+# Four device blocks, so that a finished request's blocks are handed out again soon; eight CPU chunks, so that its
+# chunks outlive the next request's stores.
+CONFIG = MachineConfig(block_size=4, num_blocks=4, num_host_blocks=8)
+
+
+@pytest.mark.parametrize(
+    "factory, examples",
+    [(vllm_offload.cpu_offloading, None), (vllm_offload.cpu_offloading_arc, 40)],
+    ids=lambda value: getattr(value, "__name__", str(value)),
+)
+def test_machine_holds(factory, examples) -> None:
+    """kvfuzz's ci profile (fewer examples for ARC, to keep the suite short)."""
+    profile = PROFILES["ci"] if examples is None else settings(PROFILES["ci"], max_examples=examples)
+    run_state_machine_as_test(machine_for(factory, MachineConfig()), settings=profile)
+
+
+def test_declares_a_host_cache_with_the_deferred_free_window() -> None:
+    allocator = vllm_offload.cpu_offloading(PoolSpec(4, 8, 4))
+    caps = allocator.capabilities
+    assert caps.host_cache and not caps.swap and caps.inflight_window == 1 and caps.prefix_cache
+    assert allocator.num_host_blocks == 4
+    with pytest.raises(ValueError, match="num_host_blocks"):
+        vllm_offload.cpu_offloading(PoolSpec(4, 8, 0))
+
+
+def _engine(allocator: object) -> Engine:
+    return Engine(allocator, CONFIG)  # type: ignore[arg-type]
+
+
+def _evicted_prefix_comes_back(engine: Engine) -> None:
+    """``a`` fills two blocks and finishes; its GPU copies are evicted; ``d`` with the same prompt then hits them in
+    the CPU tier."""
+    engine.step()
+    assert engine.admit("a", (), PROMPT)
+    engine.free("a")
+    engine.step()  # launches a's stores; completes step 0, which releases a's blocks (deferred free, W = 1)
+    engine.evict(CONFIG.num_blocks)
+    for _ in range(3):
+        engine.step()  # a's stores land and are reported complete
+    assert engine.admit("d", (), PROMPT + (0,))
+
+
+def test_a_prefix_evicted_from_the_gpu_is_loaded_back_from_the_cpu_tier() -> None:
+    engine = _engine(vllm_offload.cpu_offloading(CONFIG.pool_spec()))
+    _evicted_prefix_comes_back(engine)
+    assert engine.stats["host-tier loads"] == 2 and engine.stats["cache-hit tokens"] == 8
+    assert engine.expected.seqs["d"].written == 8
+    engine.step()  # the loads land before the step; the content and attention checks pass
+    engine.quiesce()
+
+
+class _LoadsFromTheWrongChunk(vllm_offload.VllmOffloadAllocator):
+    """The worker reads each load from the next CPU chunk instead of the one prepare_load named."""
+
+    def _external_loads(self, seq, request, num_local, num_external):
+        loads = super()._external_loads(seq, request, num_local, num_external)
+        return tuple(((chunk + 1) % self.num_host_blocks, block) for chunk, block in loads)
+
+
+class _LoadsIntoTheWrongBlock(vllm_offload.VllmOffloadAllocator):
+    """The loads go into the request's first block past its hit instead of the hit's own blocks."""
+
+    def _external_loads(self, seq, request, num_local, num_external):
+        loads = super()._external_loads(seq, request, num_local, num_external)
+        past_hit = self.block_table(seq)[(num_local + num_external) // self.block_size]
+        return tuple((chunk, past_hit) for chunk, _ in loads[:1])
+
+
+def test_a_load_from_the_wrong_chunk_is_caught_when_it_lands() -> None:
+    engine = _engine(_LoadsFromTheWrongChunk(CONFIG.pool_spec()))
+    _evicted_prefix_comes_back(engine)
+    with pytest.raises(InvariantViolation) as caught:
+        engine.step()
+    assert caught.value.invariant is Invariant.CONTENT
+    assert "loaded from host block" in caught.value.explain()
+
+
+def test_a_load_into_a_block_outside_the_hit_is_caught_at_admission() -> None:
+    engine = _engine(_LoadsIntoTheWrongBlock(CONFIG.pool_spec()))
+    with pytest.raises(InvariantViolation) as caught:
+        _evicted_prefix_comes_back(engine)
+    assert caught.value.invariant is Invariant.CACHE_SOUNDNESS
+    assert "loads host block" in caught.value.summary
+
+
+class _NeverFlushes(vllm_offload.VllmOffloadAllocator):
+    """The connector forgets ``jobs_to_flush``: a finished request's store still in flight when its block is handed
+    out again is not finished first."""
+
+    def take_transfers(self, step):
+        return attrs.evolve(super().take_transfers(step), flushed=())
+
+
+def _block_reused_while_its_store_is_in_flight(engine: Engine) -> None:
+    """``a`` is admitted and aborted in the same round, so its stores go out with the step that writes it; its
+    blocks come back when the previous step completes, before those stores land; ``c`` takes one and writes it.
+    Then ``d`` loads ``a``'s prefix from the CPU tier."""
+    engine.step()
+    assert engine.admit("a", (), PROMPT)
+    engine.free("a")
+    engine.step()
+    engine.evict(CONFIG.num_blocks)
+    assert engine.admit("c", (), (3,) * 12)  # three blocks: one of them was a's
+    engine.step()  # the flush (if any) lands a's store before c writes the block
+    engine.free("c")
+    engine.step()
+    engine.step()
+    assert engine.admit("d", (), PROMPT)
+    assert engine.stats["host-tier loads"] == 2
+    engine.step()
+
+
+def test_the_flush_of_a_reused_block_keeps_the_cpu_copy_right() -> None:
+    engine = _engine(vllm_offload.cpu_offloading(CONFIG.pool_spec()))
+    _block_reused_while_its_store_is_in_flight(engine)
+    engine.quiesce()
+
+
+def test_a_missing_flush_is_caught_when_the_stale_copy_is_loaded() -> None:
+    engine = _engine(_NeverFlushes(CONFIG.pool_spec()))
+    with pytest.raises(InvariantViolation) as caught:
+        _block_reused_while_its_store_is_in_flight(engine)
+    assert caught.value.invariant is Invariant.CONTENT
+    assert "K/V of sequence c" in caught.value.explain()
+
+
+class _FlushesWhatIsNotInFlight(vllm_offload.VllmOffloadAllocator):
+    """Reports every store it ever ordered as flushed again at each launch."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.ordered: list[tuple[int, int]] = []
+
+    def take_transfers(self, step):
+        transfers = super().take_transfers(step)
+        self.ordered += transfers.stores
+        return attrs.evolve(transfers, flushed=tuple(self.ordered[:1]) if step >= 3 else transfers.flushed)
+
+
+def test_a_flush_of_a_store_already_landed_is_caught() -> None:
+    engine = _engine(_FlushesWhatIsNotInFlight(CONFIG.pool_spec()))
+    with pytest.raises(InvariantViolation) as caught:
+        _evicted_prefix_comes_back(engine)
+    assert caught.value.invariant is Invariant.RESULTS
+    assert "not in flight" in caught.value.summary
