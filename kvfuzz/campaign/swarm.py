@@ -48,6 +48,7 @@ class Limits:
     min_blocks: int  # the smallest device pool the factory builds
     inflight_window: int  # the W the allocator declares
     host_blocks: bool  # whether it keeps the host blocks it is given (swap is possible)
+    host_cache: bool = False  # whether it declares host_cache: then every pool drawn has host blocks
 
 
 @attrs.frozen
@@ -98,8 +99,14 @@ def probe_limits(spec: str, factory: AllocatorFactory, base: MachineConfig) -> L
         assert refusal is not None
         raise refusal
     block_size = base.block_size if base.block_size in accepted else accepted[0]
+    host_cache = probe.capabilities.host_cache
     min_blocks = next(
-        (count for count in (1, 2, 3, 4, 6, 8, 16) if _builds(spec, factory, PoolSpec(block_size, count, 0))), 16
+        (
+            count
+            for count in (1, 2, 3, 4, 6, 8, 16)
+            if _builds(spec, factory, PoolSpec(block_size, count, 4 if host_cache else 0))
+        ),
+        16,
     )
     return Limits(
         spec,
@@ -107,6 +114,7 @@ def probe_limits(spec: str, factory: AllocatorFactory, base: MachineConfig) -> L
         min_blocks,
         probe.capabilities.inflight_window,
         getattr(probe, "num_host_blocks", 0) > 0,
+        host_cache,
     )
 
 
@@ -132,7 +140,7 @@ def draw_swarm(rng: random.Random, limits: Limits, base: MachineConfig) -> Swarm
         num_blocks = rng.randint(max(low, 33), max(low, MAX_BLOCKS))
     block_size = rng.choice(limits.block_sizes)
     roll = rng.random()
-    if not limits.host_blocks or roll < 0.25:
+    if not limits.host_blocks or (roll < 0.25 and not limits.host_cache):
         host_blocks = 0
     elif roll < 0.75:
         host_blocks = rng.randint(1, 4)
