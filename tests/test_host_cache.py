@@ -8,6 +8,7 @@ environment (engine_tests/test_vllm_offload.py).
 
 from __future__ import annotations
 
+import random
 from typing import Optional
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvfuzz.allocator import AdmitResult, Capabilities, GrowResult, HostTransfers, OutOfBlocks, PoolSpec, Slot
 from kvfuzz.allocator.errors import InvalidArgument, SequenceExists, UnknownSequence
+from kvfuzz.campaign.swarm import draw_swarm, probe_limits
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.engine import Engine
 from kvfuzz.engine.violations import Invariant, InvariantViolation
@@ -221,3 +223,18 @@ def test_loads_without_host_cache_are_refused() -> None:
     with pytest.raises(InvariantViolation) as caught:
         engine.admit("a", (), PROMPT)
     assert caught.value.invariant is Invariant.CACHE_SOUNDNESS and "host_cache" in caught.value.explain()
+
+
+def test_a_campaign_gives_a_host_cache_allocator_host_blocks_in_every_pool() -> None:
+    def needs_host_blocks(spec: PoolSpec) -> HostTierAllocator:
+        if spec.num_host_blocks < 1:
+            raise ValueError("a host tier needs host blocks")
+        return HostTierAllocator(spec)
+
+    limits = probe_limits("host tier", needs_host_blocks, CONFIG)
+    assert limits.host_cache and limits.min_blocks == 1
+    rng = random.Random(0)
+    draws = [draw_swarm(rng, limits, CONFIG) for _ in range(500)]
+    assert min(draw.machine.num_host_blocks for draw in draws) >= 1
+    for draw in draws[:50]:
+        needs_host_blocks(draw.machine.pool_spec())
