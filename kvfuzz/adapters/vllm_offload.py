@@ -90,8 +90,6 @@ class VllmOffloadAllocator(VllmV1Allocator):
     """vLLM's KV-cache manager with a CPU tier of ``spec.num_host_blocks`` chunks (see the module docstring)."""
 
     def __init__(self, spec: PoolSpec, cache_policy: str = "lru") -> None:
-        if spec.num_host_blocks < 1:
-            raise ValueError("the vLLM CPU offloading adapter needs num_host_blocks >= 1 (its CPU chunks)")
         super().__init__(spec, VllmOptions(inflight_window=1))
         self._off = _import_offloading()
         self.num_host_blocks = spec.num_host_blocks
