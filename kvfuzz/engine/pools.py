@@ -242,15 +242,17 @@ class KVPools:
         return closed
 
     def release(self, block: int, seq: SeqId) -> None:
-        """No live sequence references ``block`` any more; work in flight on it may still land later."""
+        """No live sequence references ``block`` any more; work in flight on it may still land later: the writes of
+        steps not yet completed (a completed step's writes have landed, and cannot overtake a later one, such as a
+        host-tier load ordered before the release)."""
         lands_at = self.last_completed + self.inflight_window
         if lands_at <= self.last_completed:
             return
         size = self.block_size
         writes = tuple(
-            (offset, self.shadow[block * size + offset])
+            (offset, record)
             for offset in range(size)
-            if block * size + offset in self.shadow
+            if (record := self.shadow.get(block * size + offset)) is not None and record.step > self.last_completed
         )
         rows = slice(block * size, (block + 1) * size)
         work = LateWork(
