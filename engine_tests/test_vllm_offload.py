@@ -54,7 +54,8 @@ def _evicted_prefix_comes_back(engine: Engine) -> None:
     engine.step()
     assert engine.admit("a", (), PROMPT)
     engine.free("a")
-    engine.step()  # launches a's stores; completes step 0, which releases a's blocks (deferred free, W = 1)
+    engine.step()  # launches a's stores
+    engine.step()  # completes step 1, which ran a's tokens: a's blocks come back (deferred free, W = 1)
     engine.evict(CONFIG.num_blocks)
     for _ in range(3):
         engine.step()  # a's stores land and are reported complete
@@ -112,17 +113,25 @@ class _NeverFlushes(vllm_offload.VllmOffloadAllocator):
         return attrs.evolve(super().take_transfers(step), flushed=())
 
 
+FLUSH_CONFIG = MachineConfig(block_size=4, num_blocks=6, num_host_blocks=2)
+OTHER_PROMPT = (3, 1, 2, 0, 1, 1, 2, 2, 0)
+
+
 def _block_reused_while_its_store_is_in_flight(engine: Engine) -> None:
-    """``a`` is admitted and aborted in the same round, so its stores go out with the step that writes it; its
-    blocks come back when the previous step completes, before those stores land; ``c`` takes one and writes it.
+    """``x`` fills both CPU chunks; ``a``'s first offer finds them still being written and is refused; ``a``
+    finishes, and its last offer, at the next launch, evicts ``x``'s chunks. That store is still in flight when
+    ``a``'s blocks come back (they are fenced by the step before), so ``c``, which takes them, makes vLLM flush it.
     Then ``d`` loads ``a``'s prefix from the CPU tier."""
+    assert engine.admit("x", (), OTHER_PROMPT)
     engine.step()
     assert engine.admit("a", (), PROMPT)
-    engine.free("a")
     engine.step()
-    engine.evict(CONFIG.num_blocks)
-    assert engine.admit("c", (), (3,) * 12)  # three blocks: one of them was a's
-    engine.step()  # the flush (if any) lands a's store before c writes the block
+    engine.free("x")
+    engine.free("a")
+    engine.step()  # a's last store goes out; the step before completes and a's blocks come back
+    engine.evict(FLUSH_CONFIG.num_blocks)
+    assert engine.admit("c", (), (3,) * 24)  # every block, a's among them
+    engine.step()  # the flush lands a's store before c writes its blocks
     engine.free("c")
     engine.step()
     engine.step()
@@ -132,13 +141,13 @@ def _block_reused_while_its_store_is_in_flight(engine: Engine) -> None:
 
 
 def test_the_flush_of_a_reused_block_keeps_the_cpu_copy_right() -> None:
-    engine = _engine(vllm_offload.cpu_offloading(CONFIG.pool_spec()))
+    engine = Engine(vllm_offload.cpu_offloading(FLUSH_CONFIG.pool_spec()), FLUSH_CONFIG)
     _block_reused_while_its_store_is_in_flight(engine)
     engine.quiesce()
 
 
 def test_a_missing_flush_is_caught_when_the_stale_copy_is_loaded() -> None:
-    engine = _engine(_NeverFlushes(CONFIG.pool_spec()))
+    engine = Engine(_NeverFlushes(FLUSH_CONFIG.pool_spec()), FLUSH_CONFIG)
     with pytest.raises(InvariantViolation) as caught:
         _block_reused_while_its_store_is_in_flight(engine)
     assert caught.value.invariant is Invariant.CONTENT

@@ -64,7 +64,8 @@ class _RequestState:
     """One request's offloading state, as the connector's ``RequestOffloadState`` keeps it.
 
     Invariant kept: ``jobs`` lists exactly this request's transfer jobs not yet reported complete; the state lives
-    from the request's first admission until it has finished and its last job completed.
+    from the request's first admission until it has finished and its last job completed (a preempted request that
+    never comes back keeps it, as vLLM keeps a waiting request's).
     """
 
     request: Any  # the vLLM Request
@@ -107,6 +108,7 @@ class VllmOffloadAllocator(VllmV1Allocator):
         self._scheduled_states: list[_RequestState] = []  # requests given tokens to compute since the last launch
         self._new_ids: list[SeqId] = []  # requests first scheduled since the last launch
         self._preempted_states: list[_RequestState] = []  # requests preempted since the last launch
+        self._aborting = False  # free() is releasing a request whose tokens were scheduled this round
 
     # -- the contract --------------------------------------------------------------------------------------------
 
@@ -116,13 +118,27 @@ class VllmOffloadAllocator(VllmV1Allocator):
         return result
 
     def free(self, seq: SeqId) -> None:
-        super().free(seq)
+        state = self._states.get(seq)
+        self._aborting = state is not None and any(state is other for other in self._scheduled_states)
+        try:
+            super().free(seq)
+        finally:
+            self._aborting = False
         state = self._states.pop(seq)
         state.finished = True
         self._finished.append(state)
         # request_finished: its blocks with stores in flight are fenced, so handing one out again flushes them.
         for job_id in state.jobs:
             self._fence(job_id)
+
+    def _release(self, request: Any) -> None:
+        """The scheduler's deferred free, fenced as vLLM fences it (``sched_step_seq``): a request aborted in the
+        round its tokens were scheduled keeps its blocks until the step running them completes, one step past W."""
+        if not self._aborting:
+            super()._release(request)
+            return
+        fence = self._last_completed + self._inflight_window + 1
+        self._deferred.defer(fence, self._manager.pop_blocks_for_free(request))
 
     def preempt(self, seq: SeqId) -> None:
         super().preempt(seq)

@@ -184,7 +184,8 @@ class _DeferredFrees:
     """Released blocks held back until a step completes, as ``Scheduler.deferred_frees`` holds them.
 
     Each queued entry keeps one ``ref_cnt`` on every block it lists; ``holds[block_id]`` counts the entries listing a
-    block. Entries are queued in fence order and returned, tail blocks first, once their fence step has completed.
+    block. Entries are returned, tail blocks first, once their fence step has completed (a subclass may queue a later
+    fence before an earlier one).
     """
 
     def __init__(self) -> None:
@@ -199,10 +200,15 @@ class _DeferredFrees:
         self.holds.update(block.block_id for block in blocks)
 
     def drain(self, completed: int, free_blocks: Callable[[Any], None]) -> None:
-        while self._queue and self._queue[0][0] <= completed:
-            _, blocks = self._queue.popleft()
+        """Return every entry whose fence step has completed, in queue order."""
+        kept: deque[tuple[int, list[Any]]] = deque()
+        for fence, blocks in self._queue:
+            if fence > completed:
+                kept.append((fence, blocks))
+                continue
             self.holds.subtract(block.block_id for block in blocks)
             free_blocks(reversed(blocks))
+        self._queue = kept
 
 
 @attrs.frozen

@@ -88,6 +88,9 @@ class Engine:
         # landed when the next step is launched; and stores in flight, step -> (device block, host block) pairs,
         # landed when that step completes unless flushed first.
         self.host_loads: list[tuple[SeqId, int, int]] = []
+        # Under host_cache, the writes of sequences freed since the last launch: that launch makes them, after the
+        # flushed stores and the loads (written at once otherwise, since nothing can tell the two orders apart).
+        self.aborted_writes: list[tuple[int, SlotWrite]] = []
         self.host_stores: dict[int, list[tuple[int, int]]] = {}
 
     def close(self) -> None:
@@ -224,7 +227,14 @@ class Engine:
         if state.seqs[seq].status is Status.RUNNING:
             if self.caps.free_lands_scheduled_writes:
                 slots, writes = self._take_scheduled_writes(seq, "scheduled before the abort")
-                if slots:
+                if self.caps.host_cache:
+                    self.aborted_writes += zip(slots, writes)
+                    state.aborted_tags.update((slot, write.tag) for slot, write in zip(slots, writes))
+                    if slots:  # the step that makes them reads every block of the table until it completes
+                        until = self.pools.last_completed + self.caps.inflight_window + 1
+                        for block in mapped(state.seqs[seq].table):
+                            self.pools.read_until[block] = max(self.pools.read_until.get(block, -1), until)
+                elif slots:
                     self.pools.write(slots, writes)
             elif not run_ends:
                 self.checks.withdrawn_writes_unread(seq, f"free({seq!r})")
@@ -368,6 +378,10 @@ class Engine:
             writes += seq_writes
         if self.caps.host_cache:
             self._host_transfers(step)
+            slots[:0] = [slot for slot, _ in self.aborted_writes]
+            writes[:0] = [write for _, write in self.aborted_writes]
+            self.aborted_writes.clear()
+            self.expected.aborted_tags.clear()
         self.pools.launch_step()
         if slots:
             self.pools.write(slots, writes)

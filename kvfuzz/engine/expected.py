@@ -168,6 +168,9 @@ class ExpectedState:
         # each: a cache hit on one of them is unsound, whatever K/V it still holds.
         self.evicted: dict[int, str] = {}
         self.matchable = MatchablePrefixes()  # under complete caching: the full blocks the cache owes matchable
+        # Under host_cache, slot -> tag of the writes of sequences freed since the last launch, which that launch
+        # still makes (after its flushed stores and loads land, as a worker orders them).
+        self.aborted_tags: dict[int, int] = {}
         self._ids = itertools.count()  # numbers of the ids new_id hands out
 
     def new_id(self) -> SeqId:
@@ -288,10 +291,13 @@ class ExpectedState:
         return None
 
     def scheduled_tags(self) -> dict[int, int]:
-        """Slot -> tag of every write the next step makes (the first running sequence's, should two write one slot)."""
+        """Slot -> tag of every write the next step makes (the first running sequence's, should two write one slot;
+        then those of sequences freed since the last launch, under ``host_cache``)."""
         scheduled: dict[int, int] = {}
         for seq in self.ids(Status.RUNNING):
             tags = self.reference.tags(seq)
             for position, slot in self.scheduled_writes(seq):
                 scheduled.setdefault(slot, tags[position])
+        for slot, tag in self.aborted_tags.items():
+            scheduled.setdefault(slot, tag)
         return scheduled

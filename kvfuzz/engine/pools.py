@@ -103,6 +103,9 @@ class KVPools:
         self._in_flight: deque[int] = deque()  # launched steps not yet completed, oldest first
         self._late_work: dict[int, list[LateWork]] = {}  # step -> late work that lands when it completes
         self.late_work_by_block: dict[int, LateWork] = {}  # released block -> its pending late work
+        # Block -> the step that may still read it for a sequence freed before that step launched (under host_cache
+        # the step still runs): a release of the block keeps it in flight until then.
+        self.read_until: dict[int, int] = {}
         self.history: dict[int, deque[str]] = {}  # block -> its latest events, for explanations
         # Unreferenced blocks the allocator listed as cached when the checks last looked: one handed out for writing
         # was evicted first, which its history says.
@@ -244,8 +247,14 @@ class KVPools:
     def release(self, block: int, seq: SeqId) -> None:
         """No live sequence references ``block`` any more; work in flight on it may still land later: the writes of
         steps not yet completed (a completed step's writes have landed, and cannot overtake a later one, such as a
-        host-tier load ordered before the release)."""
-        lands_at = self.last_completed + self.inflight_window
+        host-tier load ordered before the release). The window lasts at least until ``read_until[block]``, and no
+        shorter than a window the block is still in."""
+        earlier = self.late_work_by_block.get(block)  # a window still open from an earlier release
+        lands_at = max(
+            self.last_completed + self.inflight_window,
+            self.read_until.pop(block, -1),
+            earlier.lands_at if earlier is not None else -1,
+        )
         if lands_at <= self.last_completed:
             return
         size = self.block_size
