@@ -70,7 +70,11 @@ def _call_tuple(calls: Iterable[Call]) -> tuple[Call, ...]:
 
 @attrs.frozen
 class Trace:
-    """One saved failure: which allocator, which machine configuration, the program, and what broke."""
+    """One saved failure: which allocator, which machine configuration, the program, and what broke.
+
+    Invariant kept: the configuration asks the allocator's factory for the W the trace recorded
+    (``config.inflight_window == inflight_window`` whenever one was recorded), so that a replay of a trace whose
+    campaign swarmed W builds the allocator with that W."""
 
     allocator: str
     config: MachineConfig
@@ -81,6 +85,10 @@ class Trace:
     kvfuzz_version: str = kvfuzz.__version__
     flaky: Optional[tuple[int, int]] = None  # (reproduced, replays) when confirmation replays did not all fail
     swarm: Optional[dict[str, Any]] = None  # a campaign's draw: {"program_length": n, "operations": [...]}
+
+    def __attrs_post_init__(self) -> None:
+        if self.inflight_window is not None and self.config.inflight_window != self.inflight_window:
+            object.__setattr__(self, "config", attrs.evolve(self.config, inflight_window=self.inflight_window))
 
     def digest(self) -> str:
         """Identifies the failure: the same allocator, configuration and program give the same digest."""

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 from factories import kvfuzz
 
+from kvfuzz import zoo
 from kvfuzz.allocator import PagedAllocator, PoolSpec
+from kvfuzz.allocator.paged import paged_allocator
 from kvfuzz.campaign.shrink import renumbered, shrink
 from kvfuzz.campaign.signature import TEARDOWN, signature_of
 from kvfuzz.campaign.swarm import ALWAYS_ENABLED, MAX_BLOCKS, MAX_PROGRAM_LENGTH, draw_swarm, probe_limits
@@ -29,7 +31,7 @@ from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.program.random_programs import random_program
 from kvfuzz.program.replay import replay
-from kvfuzz.registry import AllocatorUnusable, load_factory
+from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorUnusable, load_factory
 from kvfuzz.trace import Trace, from_json, load
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -66,6 +68,31 @@ def test_swarm_draws_every_geometry_within_what_the_allocator_builds() -> None:
         assert any(name not in subset for subset in subsets)
     for draw in draws[:50]:  # every draw builds
         _picky(draw.machine.pool_spec())
+
+
+def test_swarm_draws_the_in_flight_window_a_factory_builds_when_asked() -> None:
+    limits = probe_limits(DEFAULT_ALLOCATOR, paged_allocator, MachineConfig())
+    assert limits.windows == (0, 1, 2, 3)
+    rng = random.Random(4)
+    draws = [draw_swarm(rng, limits, MachineConfig()) for _ in range(400)]
+    assert {draw.machine.inflight_window for draw in draws} == {0, 1, 2, 3}
+    for draw in draws[:20]:  # the factory builds the W drawn, and the engine runs it
+        built = paged_allocator(draw.machine.pool_spec())
+        assert built.capabilities.inflight_window == draw.machine.inflight_window
+        assert f"W = {draw.machine.inflight_window}" in draw.describe()
+    fixed = probe_limits("zoo:StaleDeferredFree", zoo.variant("StaleDeferredFree").factory(), MachineConfig())
+    assert fixed.windows == () and fixed.inflight_window == 2  # a zoo variant keeps its own W: never swarmed
+    assert {draw_swarm(rng, fixed, MachineConfig()).machine.inflight_window for _ in range(50)} == {None}
+
+
+def test_a_trace_asks_the_factory_for_the_window_it_recorded(tmp_path: Path) -> None:
+    old = load(REPOSITORY / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c430.json")
+    trace = Trace(DEFAULT_ALLOCATOR, MachineConfig(num_blocks=6), old.program, old.failure, inflight_window=3)
+    assert trace.config.inflight_window == 3
+    again = from_json(json.loads(json.dumps(trace.to_json())))
+    assert again.config == trace.config and again.inflight_window == 3
+    engine = Target(paged_allocator, again.config).start().engine
+    assert engine.caps.inflight_window == 3 and engine.pools.inflight_window == 3
 
 
 def test_an_allocator_that_builds_no_block_size_is_refused_with_its_reason() -> None:

@@ -429,20 +429,30 @@ class PagedAllocator:
                 state.table[index] = NULL_BLOCK
 
 
+def _window(spec: PoolSpec, default: int) -> int:
+    """The W a factory of kvfuzz's allocator builds: the one asked for, else the factory's ``default``."""
+    return default if spec.inflight_window is None else spec.inflight_window
+
+
 def paged_allocator(spec: PoolSpec) -> PagedAllocator:
-    """kvfuzz's default allocator: prefix caching, swap, and one step of asynchronous scheduling in flight (W = 1)."""
-    return PagedAllocator(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=1)
+    """kvfuzz's default allocator: prefix caching, swap, and one step of asynchronous scheduling in flight (W = 1,
+    or the W the spec asks for)."""
+    return PagedAllocator(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=_window(spec, 1))
 
 
 def sliding_window_allocator(spec: PoolSpec) -> PagedAllocator:
     """The default allocator with a sliding window of three blocks: older blocks are dropped as sequences grow."""
-    return PagedAllocator(spec.block_size, spec.num_blocks, inflight_window=1, sliding_window=3 * spec.block_size)
+    return PagedAllocator(
+        spec.block_size, spec.num_blocks, inflight_window=_window(spec, 1), sliding_window=3 * spec.block_size
+    )
 
 
 def lookahead_allocator(spec: PoolSpec) -> PagedAllocator:
     """The default allocator with two look-ahead blocks per sequence, kept through rollbacks (speculative decoding
     with a drafter that writes ahead of the tokens)."""
-    return PagedAllocator(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=1, lookahead_blocks=2)
+    return PagedAllocator(
+        spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=_window(spec, 1), lookahead_blocks=2
+    )
 
 
 def synchronous_allocator(spec: PoolSpec) -> PagedAllocator:
@@ -453,5 +463,5 @@ def synchronous_allocator(spec: PoolSpec) -> PagedAllocator:
 def unshared_allocator(spec: PoolSpec) -> PagedAllocator:
     """The default allocator with its prefix cache off: paging without prefix sharing (forks still share)."""
     return PagedAllocator(
-        spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=1, prefix_caching=False
+        spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=_window(spec, 1), prefix_caching=False
     )

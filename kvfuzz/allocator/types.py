@@ -232,3 +232,7 @@ class PoolSpec:
     block_size: int = attrs.field(validator=attrs.validators.ge(1))
     num_blocks: int = attrs.field(validator=attrs.validators.ge(1))
     num_host_blocks: int = attrs.field(default=0, validator=_non_negative)
+    # The in-flight window W kvfuzz asks for (a campaign swarms it), or None for the factory's own. A factory whose
+    # allocator's W is configurable (kvfuzz's own) builds it with this W; any other ignores it: kvfuzz always runs the
+    # W the allocator declares.
+    inflight_window: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(_non_negative))

@@ -9,7 +9,8 @@ never admitted, a swap without host blocks) is never taken for a finding. The pa
   neighbouring calls, and all the calls that name one sequence;
 * simplify arguments: shorter token lists (prompts, suffixes, tokens per grow), zero token values, smaller integers;
 * renumber sequence ids in order of first use (``s0``, ``s1``, ...);
-* simplify the configuration: fewer device blocks, fewer host blocks, a smaller block size.
+* simplify the configuration: fewer device blocks, fewer host blocks, a smaller block size, a smaller W (when the
+  campaign chose W).
 
 They repeat until none changes anything (the fixpoint) or the time bound runs out; the result says which.
 """
@@ -245,7 +246,10 @@ def _renumber(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tu
 
 def _simplify_config(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
     config, calls, failure = best
-    for name, lowest in (("num_blocks", min_blocks), ("num_host_blocks", 0), ("block_size", 1)):
+    fields = [("num_blocks", min_blocks), ("num_host_blocks", 0), ("block_size", 1)]
+    if config.inflight_window is not None:  # a W the campaign asked for (the factory builds any): a smaller one
+        fields.append(("inflight_window", 0))
+    for name, lowest in fields:
         improved = True
         while improved and not shrinker.out_of_time():
             improved = False

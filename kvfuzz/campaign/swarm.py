@@ -4,8 +4,9 @@ subset of operations, within what the allocator accepts.
 No single setting finds every bug: a stale-cache bug needs a pool of a few blocks, an accounting drift a long
 program, a rollback slip a program where swap is left out so that rollbacks come often. A campaign therefore draws,
 for each batch of programs, a :class:`SwarmConfig`: the number of blocks (biased toward tiny pools, reaching
-large ones), the block size, the host blocks, the program length (a few calls to a few hundred) and a random subset
-of the operation table (every operation the table has, so a new operation is swarmed as soon as it is added).
+large ones), the block size, the host blocks, the in-flight window W (for a factory that builds the W it is asked
+for, as kvfuzz's own do), the program length (a few calls to a few hundred) and a random subset of the operation
+table (every operation the table has, so a new operation is swarmed as soon as it is added).
 
 What an allocator accepts (:class:`Limits`) is found by asking its factory for pools before the campaign starts:
 block sizes and pool sizes whose allocator the factory refuses to build, or builds with another geometry, are never
@@ -35,6 +36,8 @@ MAX_BLOCKS = 256
 """The largest device pool a campaign draws (a few kilobytes of K/V per block in the default model shape)."""
 
 MAX_HOST_BLOCKS = 32
+MAX_WINDOW = 3
+"""The largest in-flight window W a campaign asks of a factory that builds the W it is asked for."""
 MAX_PROGRAM_LENGTH = 300
 
 
@@ -49,6 +52,7 @@ class Limits:
     inflight_window: int  # the W the allocator declares
     host_blocks: bool  # whether it keeps the host blocks it is given (swap is possible)
     host_cache: bool = False  # whether it declares host_cache: then every pool drawn has host blocks
+    windows: tuple[int, ...] = ()  # the W values its factory builds when asked (PoolSpec.inflight_window), if any
 
 
 @attrs.frozen
@@ -72,8 +76,9 @@ class SwarmConfig:
 
     def describe(self) -> str:
         machine = self.machine
+        window = "" if machine.inflight_window is None else f", W = {machine.inflight_window}"
         return (
-            f"{machine.num_blocks} blocks x {machine.block_size} slots, {machine.num_host_blocks} host blocks, "
+            f"{machine.num_blocks} blocks x {machine.block_size} slots, {machine.num_host_blocks} host blocks{window}, "
             f"{self.program_length} calls over {', '.join(self.operations)}"
         )
 
@@ -115,7 +120,21 @@ def probe_limits(spec: str, factory: AllocatorFactory, base: MachineConfig) -> L
         probe.capabilities.inflight_window,
         getattr(probe, "num_host_blocks", 0) > 0,
         host_cache,
+        _windows(spec, factory, block_size),
     )
+
+
+def _windows(spec: str, factory: AllocatorFactory, block_size: int) -> tuple[int, ...]:
+    """The W values 0 .. :data:`MAX_WINDOW` that ``factory`` builds when asked for them, if it builds every one
+    (kvfuzz's own allocators); () for a factory whose allocator keeps its own W."""
+    for window in range(MAX_WINDOW + 1):
+        try:
+            built = probe_allocator(spec, factory, PoolSpec(block_size, 16, 4, window))
+        except (AllocatorUnusable, AllocatorNotFound):
+            return ()
+        if built.capabilities.inflight_window != window:
+            return ()
+    return tuple(range(MAX_WINDOW + 1))
 
 
 def _builds(spec: str, factory: AllocatorFactory, pool: PoolSpec) -> bool:
@@ -128,7 +147,8 @@ def _builds(spec: str, factory: AllocatorFactory, pool: PoolSpec) -> bool:
 
 def draw_swarm(rng: random.Random, limits: Limits, base: MachineConfig) -> SwarmConfig:
     """One configuration: half the pools tiny (the smallest up to 6 blocks), most of the rest up to 32, one in five
-    up to :data:`MAX_BLOCKS`; program lengths mostly short or medium, one in five long; each operation beyond
+    up to :data:`MAX_BLOCKS`; W any the factory builds, 0 and 1 twice as often as larger ones; program lengths mostly
+    short or medium, one in five long; each operation beyond
     :data:`ALWAYS_ENABLED` kept with probability one half, except one swarm in four that keeps them all."""
     low = limits.min_blocks
     roll = rng.random()
@@ -159,5 +179,10 @@ def draw_swarm(rng: random.Random, limits: Limits, base: MachineConfig) -> Swarm
         for operation in OPERATIONS
         if operation.name in ALWAYS_ENABLED or everything or rng.random() < 0.5
     )
-    machine = attrs.evolve(base, block_size=block_size, num_blocks=num_blocks, num_host_blocks=host_blocks)
+    # W: the declared one, or for a factory that builds the W it is asked for, any up to MAX_WINDOW (W = 0 and 1
+    # most often: a synchronous engine and one step in flight; W >= 2 for the deferred frees that outlive a step).
+    window = rng.choice((*limits.windows, *limits.windows[:2])) if limits.windows else None
+    machine = attrs.evolve(
+        base, block_size=block_size, num_blocks=num_blocks, num_host_blocks=host_blocks, inflight_window=window
+    )
     return SwarmConfig(limits.allocator, machine, length, operations)

@@ -301,7 +301,7 @@ class _Worker:
             config,
             calls,
             _failure_record(failure, signature),
-            limits.inflight_window,
+            limits.inflight_window if config.inflight_window is None else config.inflight_window,
             flaky=(reproduced, replays) if replays and reproduced != replays else None,
             swarm=swarm.to_json(),
         )

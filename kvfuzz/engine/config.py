@@ -25,9 +25,14 @@ class MachineConfig:
     num_host_blocks: int = attrs.field(default=4, validator=attrs.validators.ge(0))
     shape: ModelShape = ModelShape()
     kernel: str = attrs.field(default="gather", validator=attrs.validators.in_(KERNEL_NAMES))
+    # The in-flight window W asked of the allocator's factory (PoolSpec.inflight_window): None leaves the factory's
+    # own; a replayed trace asks for the W it recorded.
+    inflight_window: Optional[int] = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(0))
+    )
 
     def pool_spec(self) -> PoolSpec:
-        return PoolSpec(self.block_size, self.num_blocks, self.num_host_blocks)
+        return PoolSpec(self.block_size, self.num_blocks, self.num_host_blocks, self.inflight_window)
 
 
 def config_json(config: MachineConfig, inflight_window: Optional[int]) -> dict[str, Any]:
