@@ -94,7 +94,13 @@ class VllmOffloadAllocator(VllmV1Allocator):
         super().__init__(spec, VllmOptions(inflight_window=1))
         self._off = _import_offloading()
         self.num_host_blocks = spec.num_host_blocks
-        self.capabilities = attrs.evolve(self.capabilities, host_cache=True)
+        # The connector's fence holds a finished request's blocks until its stores are done, so vLLM's free queue
+        # takes them in the order the fences lift, not the order kvfuzz freed the requests, and a hit may come from
+        # the CPU tier instead of the device cache: neither policy of the device cache (LRU order, complete caching)
+        # is declared for the pair.
+        self.capabilities = attrs.evolve(
+            self.capabilities, host_cache=True, eviction_order=None, complete_caching=False
+        )
         self._cpu = self._off.CPUOffloadingManager(num_chunks=spec.num_host_blocks, cache_policy=cache_policy)
         self._states: dict[SeqId, _RequestState] = {}  # running or preempted requests
         self._finished: list[_RequestState] = []  # freed requests until signaled finished with no job in flight

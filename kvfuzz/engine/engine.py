@@ -528,7 +528,10 @@ class Engine:
         self.checks.admit_table(seq, tuple(reported), table)
         evicted = self.expected.evicted
         hit_blocks = table[: -(-min(num_cached, len(table) * self.block_size) // self.block_size)]
-        stale = {index: evicted[block] for index, block in enumerate(hit_blocks) if block in evicted}
+        loaded = {block for _, block in loads}  # a host-tier load refills these: their old content is not read
+        stale = {
+            index: evicted[block] for index, block in enumerate(hit_blocks) if block in evicted and block not in loaded
+        }
         if stale:
             self.checks.hit_on_evicted(seq, num_cached, table, stale)
         self.checks.accounting(self._set_table(seq, table, "admitted as", hit_tokens=num_cached).touched)
