@@ -70,12 +70,16 @@ class BlockPool:
                 block = next(iter(self._free))
                 del self._free[block]
             else:
-                block = next(iter(self._evictable))
+                block = self._next_evictable()
                 del self._evictable[block]
                 self._on_evict(block)
             self._refcount[block] = 1
             blocks.append(block)
         return blocks
+
+    def _next_evictable(self) -> int:
+        """The cached block ``allocate`` reuses once no free block is left: the least recently released."""
+        return next(iter(self._evictable))
 
     def take(self, block: int) -> None:
         """Add a reference to ``block`` (a prefix-cache hit or a fork); an unreferenced block leaves its queue, and a

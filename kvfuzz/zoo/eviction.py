@@ -11,7 +11,6 @@ from typing import Sequence
 import attrs
 
 from kvfuzz.allocator.block_pool import BlockPool
-from kvfuzz.allocator.errors import OutOfBlocks
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.prefix_cache import CacheEntry
 from kvfuzz.allocator.types import GrowResult, SeqId, Tokens
@@ -82,24 +81,8 @@ class EvictBlocksKeepsEntry(PagedAllocator):
 class _MostRecentFirstPool(BlockPool):
     """Hands out the most recently released cached block first once no free block is left."""
 
-    def allocate(self, count: int, reserve: int = 0) -> list[int]:
-        available = self.num_available()
-        if count + reserve > available:
-            raise OutOfBlocks(
-                f"need {count} block(s) (+{reserve} reserved), {available} available", needed=count, available=available
-            )
-        blocks = []
-        for _ in range(count):
-            if self._free:
-                block = next(iter(self._free))
-                del self._free[block]
-            else:
-                block = next(reversed(self._evictable))
-                del self._evictable[block]
-                self._on_evict(block)
-            self._refcount[block] = 1
-            blocks.append(block)
-        return blocks
+    def _next_evictable(self) -> int:
+        return next(reversed(self._evictable))
 
 
 class EvictsMostRecentFirst(PagedAllocator):
