@@ -19,6 +19,7 @@ from factories import kvfuzz
 from kvfuzz import zoo
 from kvfuzz.allocator import PagedAllocator, PoolSpec
 from kvfuzz.allocator.paged import paged_allocator
+from kvfuzz.campaign import shrink as shrinking
 from kvfuzz.campaign.shrink import renumbered, shrink
 from kvfuzz.campaign.signature import TEARDOWN, signature_of
 from kvfuzz.campaign.swarm import ALWAYS_ENABLED, MAX_BLOCKS, MAX_PROGRAM_LENGTH, draw_swarm, probe_limits
@@ -198,6 +199,56 @@ def test_shrinking_reaches_a_fixpoint_of_calls_arguments_ids_and_pool(seed: int)
     again = replay(Target(factory, shrunk.config), shrunk.calls)
     assert again.failure is not None
     assert signature_of(spec, again.failure, shrunk.calls, again.failed_at) == signature
+
+
+class _PreemptionModel:
+    """A stand-in for replays in a test of one deletion pass: a program is applicable when every preempt names a
+    running sequence, every readmit a preempted one and every grow a running one, and it fails when it is applicable
+    and grows both s0 and s1."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def out_of_time(self) -> bool:
+        return False
+
+    def fails(self, config: MachineConfig, calls: list[Call]) -> BaseException | None:
+        self.replays += 1
+        running: set[str] = set()
+        preempted: set[str] = set()
+        grown: set[str] = set()
+        for call in calls:
+            seq = call.kwargs()["seq"]
+            if call.rule == "admit":
+                running.add(seq)
+            elif call.rule == "preempt" and seq in running:
+                running.remove(seq)
+                preempted.add(seq)
+            elif call.rule == "readmit" and seq in preempted:
+                preempted.remove(seq)
+                running.add(seq)
+            elif call.rule == "grow" and seq in running:
+                grown.add(seq)
+            else:
+                return None
+        return AssertionError("both grown") if {"s0", "s1"} <= grown else None
+
+
+def test_shrinking_deletes_a_distant_pair_of_calls_that_only_go_together() -> None:
+    """A preempt and its readmit with needed work between them: neither goes alone (the readmit would name a running
+    sequence, or s0 would grow while preempted), no window of neighbours covers both, and deleting every call naming
+    s0 loses the failure. Only the pair deletion reaches the three calls the failure needs."""
+    calls = [Call(rule, {"seq": seq}) for rule, seq in [("admit", "s0"), ("preempt", "s0"), ("admit", "s1")]]
+    calls += [Call(rule, {"seq": seq}) for rule, seq in [("grow", "s1"), ("readmit", "s0"), ("grow", "s0")]]
+    model = _PreemptionModel()
+    assert model.fails(MachineConfig(), calls) is not None
+    _, shrunk, _ = shrinking._delete_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    assert [(call.rule, call.kwargs()["seq"]) for call in shrunk] == [
+        ("admit", "s0"),
+        ("admit", "s1"),
+        ("grow", "s1"),
+        ("grow", "s0"),
+    ]
 
 
 def test_shrinking_says_when_its_time_bound_stopped_it() -> None:

@@ -6,7 +6,7 @@ smaller candidates and keeps one only when its replay, on a fresh allocator, fai
 never admitted, a swap without host blocks) is never taken for a finding. The passes:
 
 * delete calls: chunks of halving size down to single calls (delta debugging), every window of two or three
-  neighbouring calls, and all the calls that name one sequence;
+  neighbouring calls, all the calls that name one sequence, and every pair of distant calls naming one sequence;
 * simplify arguments: shorter token lists (prompts, suffixes, tokens per grow), zero token values, smaller integers;
 * renumber sequence ids in order of first use (``s0``, ``s1``, ...);
 * simplify the configuration: fewer device blocks, fewer host blocks, a smaller block size, a smaller W (when the
@@ -128,7 +128,8 @@ _Best = tuple[MachineConfig, tuple[Call, ...], BaseException]
 
 def _delete_calls(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
     """Delta debugging: chunks of halving size, then every window of two or three neighbouring calls (a preempt
-    and its readmit go together), then every sequence's calls at once (an admit and everything naming it)."""
+    and its readmit go together), then every sequence's calls at once (an admit and everything naming it), then
+    distant pairs of calls naming one sequence."""
     config, calls, failure = best
     current = list(calls)
     chunk = max(1, len(current) // 2)
@@ -159,7 +160,30 @@ def _delete_calls(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes
         found = shrinker.fails(config, candidate) if candidate and len(candidate) < len(current) else None
         if found is not None:
             current, failure = candidate, found
+    current, failure = _delete_distant_pairs(shrinker, config, current, failure)
     return config, tuple(current), failure
+
+
+def _delete_distant_pairs(
+    shrinker: _Shrinker, config: MachineConfig, calls: list[Call], failure: BaseException
+) -> tuple[list[Call], BaseException]:
+    """Every pair of calls naming one sequence, three or more calls apart (a preempt and its readmit with other
+    work between them, an admission and the free that undoes it); closer pairs are the windows' job."""
+    current, first = calls, 0
+    while first < len(current) and not shrinker.out_of_time():
+        names, deleted = _sequences(current[first]), False
+        for second in range(first + 3, len(current)):
+            if shrinker.out_of_time():
+                break
+            if names & _sequences(current[second]):
+                candidate = current[:first] + current[first + 1 : second] + current[second + 1 :]
+                found = shrinker.fails(config, candidate)
+                if found is not None:
+                    current, failure, deleted = candidate, found, True
+                    break
+        if not deleted:
+            first += 1
+    return current, failure
 
 
 def _sequences(call: Call) -> set[str]:
