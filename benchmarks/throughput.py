@@ -7,10 +7,14 @@ Prints steps per second (a step is one executed rule) of:
   bookkeeping only, no allocator and no checks, and the ratio of the two (target: full >= 0.75 x bare);
 * the full machine at 64, 1024 and 16384 blocks (target: 16384 no more than 20% slower than 64);
 * kvfuzz run's default mix (random programs for half the examples, then the machine), for reference;
+* a campaign worker: a one-worker ``kvfuzz campaign`` against kvfuzz's allocator for ``--campaign-seconds``
+  (its own process, swarmed pools and operation subsets, random batches between Hypothesis rounds, every check), and
+  its ratio to the bare machine (target: worker >= 0.75 x bare);
 * the full machine at 64 blocks under each attention kernel of invariant 2 (``--kernels``, default gather and flex),
   side by side.
 
-Usage: python benchmarks/throughput.py [--examples N] [--steps N] [--repeats N] [--kernels K,K] [--json FILE]
+Usage: python benchmarks/throughput.py [--examples N] [--steps N] [--repeats N] [--kernels K,K]
+                                       [--campaign-seconds S] [--json FILE]
 """
 
 from __future__ import annotations
@@ -18,15 +22,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from kvfuzz.allocator import paged_allocator
 from kvfuzz.allocator.types import Capabilities, PoolSpec, SeqId
+from kvfuzz.campaign.supervisor import CampaignOptions, run_campaign
+from kvfuzz.campaign.swarm import probe_limits
 from kvfuzz.engine import MachineConfig, Status
 from kvfuzz.program.operations import OPERATIONS, Operation
+from kvfuzz.registry import DEFAULT_ALLOCATOR, load_factory
 from kvfuzz.runner import run, run_settings
 
 
@@ -187,6 +196,18 @@ def full_steps_per_second(
     return summary.steps_per_second
 
 
+def campaign_worker_steps_per_second(seconds: float) -> float:
+    """A one-worker campaign against kvfuzz's allocator: the steps/s its worker process reports."""
+    limits = probe_limits(DEFAULT_ALLOCATOR, load_factory(DEFAULT_ALLOCATOR), MachineConfig())
+    with tempfile.TemporaryDirectory() as corpus:
+        result = run_campaign(
+            CampaignOptions((DEFAULT_ALLOCATOR,), (limits,), 1, Path(corpus), duration=seconds, seed=0)
+        )
+    if result.findings:
+        raise SystemExit(f"the correct allocator failed in a campaign: {[finding.text for finding in result.findings]}")
+    return result.steps_per_second
+
+
 def median_of(repeats: int, measure: Callable[[], float]) -> float:
     return statistics.median(measure() for _ in range(repeats))
 
@@ -200,6 +221,9 @@ def main() -> None:
         "--kernels",
         default="gather,flex",
         help="attention kernels to time side by side at 64 blocks (default gather,flex)",
+    )
+    parser.add_argument(
+        "--campaign-seconds", type=float, default=20, help="the one-worker campaign's duration (default 20)"
     )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
@@ -218,7 +242,11 @@ def main() -> None:
         figures[f"kernel_{kernel}_64"] = median_of(
             args.repeats, lambda kernel=kernel: full_steps_per_second(args.examples, args.steps, 64, kernel=kernel)
         )
+    figures["campaign_worker"] = median_of(
+        args.repeats, lambda: campaign_worker_steps_per_second(args.campaign_seconds)
+    )
     figures["full_over_bare"] = figures["full_64"] / figures["bare_64"]
+    figures["worker_over_bare"] = figures["campaign_worker"] / figures["bare_64"]
     figures["slowdown_16384_vs_64"] = 1 - figures["full_16384"] / figures["full_64"]
 
     print(f"{args.examples} examples x up to {args.steps} steps, median of {args.repeats}")
@@ -234,7 +262,12 @@ def main() -> None:
             f"  full machine, 64 blocks, {kernel + ' attention kernel:':<26} "
             f"{figures[f'kernel_{kernel}_64']:8.0f} steps/s"
         )
+    print(
+        f"  a campaign worker (1 worker, {args.campaign_seconds:g} s, swarmed pools):        "
+        f"{figures['campaign_worker']:8.0f} steps/s"
+    )
     print(f"  full / bare at 64 blocks:  {figures['full_over_bare']:.2f}  (target >= 0.75)")
+    print(f"  campaign worker / bare:    {figures['worker_over_bare']:.2f}  (target >= 0.75)")
     print(f"  16384 vs 64 blocks:        {100 * figures['slowdown_16384_vs_64']:+.1f}% slower  (target <= 20%)")
     if args.json:
         with open(args.json, "w") as handle:
