@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+import attrs
+
 from kvfuzz.corpus import PROCESS_DIED
 from kvfuzz.program.safeguards import JOURNAL_FORMAT, JOURNAL_PREFIX
 from kvfuzz.trace import FORMAT, TraceError, from_json, save
@@ -49,10 +51,19 @@ def _last_program(lines: list[str]) -> tuple[Optional[dict[str, Any]], list[dict
     return header, program
 
 
-def recover(directory: Path) -> list[tuple[Path, str]]:
-    """Turn every journal in ``directory`` whose process is gone into a trace; returns (path, message) for each
-    journal handled: the trace it became, or why it could not become one."""
-    handled: list[tuple[Path, str]] = []
+@attrs.frozen
+class Recovered:
+    """One journal of a process that died, handled."""
+
+    pid: int  # the process that wrote it
+    trace: Optional[Path]  # the trace it became; None when it could not become one (the message says why)
+    message: str  # one line for a person: where the trace is, or why there is none
+
+
+def recover(directory: Path) -> list[Recovered]:
+    """Turn every journal in ``directory`` whose process is gone into a trace; returns one record per journal
+    handled: the trace it became, or why it could not become one."""
+    handled: list[Recovered] = []
     for journal in sorted(directory.glob(f"{JOURNAL_PREFIX}*.jsonl")):
         try:
             pid = int(journal.stem[len(JOURNAL_PREFIX) :])
@@ -63,7 +74,7 @@ def recover(directory: Path) -> list[tuple[Path, str]]:
         try:
             header, program = _last_program(journal.read_text(encoding="utf-8", errors="replace").splitlines())
         except OSError as error:
-            handled.append((journal, f"could not read {journal}: {error}"))
+            handled.append(Recovered(pid, None, f"could not read {journal}: {error}"))
             continue
         if header is None:  # the process died before it wrote the header: nothing ran
             journal.unlink(missing_ok=True)
@@ -89,8 +100,9 @@ def recover(directory: Path) -> list[tuple[Path, str]]:
         try:
             path, _ = save(from_json(data), directory)
         except (TraceError, OSError) as error:
-            handled.append((journal, f"the journal {journal} of a run that died could not become a trace: {error}"))
+            message = f"the journal {journal} of a run that died could not become a trace: {error}"
+            handled.append(Recovered(pid, None, message))
             continue
         journal.unlink(missing_ok=True)
-        handled.append((path, f"recovered the program a run that died (pid {pid}) was running: {path}"))
+        handled.append(Recovered(pid, path, f"recovered the program a run that died (pid {pid}) was running: {path}"))
     return handled

@@ -304,6 +304,6 @@ def _recover(corpus: Path) -> Optional[list[str]]:
     journal (the run then keeps none)."""
     try:
         corpus.mkdir(parents=True, exist_ok=True)
-        return [message for _, message in journals.recover(corpus)]
+        return [recovered.message for recovered in journals.recover(corpus)]
     except OSError:
         return None

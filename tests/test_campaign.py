@@ -10,6 +10,7 @@ import random
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +23,18 @@ from kvfuzz.allocator.paged import paged_allocator
 from kvfuzz.campaign import shrink as shrinking
 from kvfuzz.campaign.shrink import renumbered, shrink
 from kvfuzz.campaign.signature import TEARDOWN, signature_of
+from kvfuzz.campaign.supervisor import Campaign, CampaignOptions, _Slot
 from kvfuzz.campaign.swarm import ALWAYS_ENABLED, MAX_BLOCKS, MAX_PROGRAM_LENGTH, draw_swarm, probe_limits
 from kvfuzz.cli import main
 from kvfuzz.corpus import replay_trace
-from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.program.random_programs import random_program
 from kvfuzz.program.replay import replay
+from kvfuzz.program.safeguards import JOURNAL_FORMAT, JOURNAL_PREFIX
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorUnusable, load_factory
 from kvfuzz.trace import Trace, from_json, load
 
@@ -407,6 +410,39 @@ def test_a_worker_the_allocator_kills_is_reported_with_its_program_and_replaced(
     assert {death["trace"] for death in deaths} == {dead["trace"] for dead in result["dead_workers"]}
     assert result["examples"] > 0 and result["ended_by"] == "duration"  # the campaign went on
     assert "replaced" in done.stderr
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_two_workers_dying_between_two_checks_each_keep_their_program(tmp_path: Path) -> None:
+    """The first death recovers every journal of a dead process, the second worker's too: the second death must
+    still be reported with the trace its journal became, not as lost."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    config = config_json(MachineConfig(block_size=4, num_blocks=8), None)
+    pids = [_dead_pid(), _dead_pid()]
+    for pid, seq in zip(pids, ("s0", "s1")):
+        header = {"format": JOURNAL_FORMAT, "pid": pid, "allocator": DEFAULT_ALLOCATOR, "config": config}
+        call = {"rule": "admit", "arguments": {"seq": seq, "namespace": [], "system": [], "suffix": [1, 2]}}
+        lines = [json.dumps(header), json.dumps({"example": 1}), json.dumps(call)]
+        (corpus / f"{JOURNAL_PREFIX}{pid}.jsonl").write_text("\n".join(lines) + "\n")
+    limits = probe_limits(DEFAULT_ALLOCATOR, load_factory(DEFAULT_ALLOCATOR), MachineConfig())
+    campaign = Campaign(CampaignOptions((DEFAULT_ALLOCATOR,), (limits,), 1, corpus, duration=1.0))
+    campaign.stop.set()  # no replacement workers
+    for number, pid in enumerate(pids):
+        process = types.SimpleNamespace(pid=pid)
+        campaign._died(number, _Slot(process, 0, 0.0), "killed by signal 11 (SIGSEGV)")
+    traces = [dead.trace for dead in campaign.tally.dead]
+    assert all(traces), campaign.tally.dead
+    assert all(Path(trace).exists() for trace in traces if trace)
+    # The same death (a crash in admit) is saved once; the second is counted against it.
+    [finding] = campaign.tally.findings.values()
+    assert finding.seen == 2 and finding.trace == traces[0] == traces[1]
 
 
 def test_a_hang_is_a_finding_of_its_own_saved_with_its_program_and_the_campaign_goes_on(workdir: Path) -> None:

@@ -122,6 +122,7 @@ class Campaign:
         self.claims = Path(tempfile.mkdtemp(prefix="claims-", dir=self._state_dir()))
         self.store = open_store(options.database, self.claims)
         self.known: dict[str, str] = {}
+        self.recovered: dict[int, str] = {}  # pid -> trace its journal became, until that death is handled
 
     def _state_dir(self) -> Path:
         self.state.mkdir(parents=True, exist_ok=True)
@@ -134,8 +135,8 @@ class Campaign:
 
     def run(self) -> CampaignResult:
         options = self.options
-        for _, message in journals.recover(options.corpus):
-            self.event(f"kvfuzz: {message}")
+        for recovered in journals.recover(options.corpus):
+            self.event(f"kvfuzz: {recovered.message}")
         self.known = known_signatures(
             [*options.known, options.corpus], options.allocators, options.call_timeout or 60.0
         )
@@ -233,12 +234,13 @@ class Campaign:
         pid = slot.process.pid
         slot.done = True
         self.tally.shrinking.pop(number, None)
-        trace_path: Optional[str] = None
         key: Optional[str] = None
         if (self.options.corpus / f"{JOURNAL_PREFIX}{pid}.jsonl").exists():
-            for path, message in journals.recover(self.options.corpus):
-                if f"(pid {pid})" in message:
-                    trace_path = str(path)
+            for recovered in journals.recover(self.options.corpus):
+                if recovered.trace is not None:
+                    self.recovered[recovered.pid] = str(recovered.trace)
+        # Another worker's death may have recovered this one's journal first (two deaths between two checks).
+        trace_path = self.recovered.pop(pid, None)
         if trace_path is not None:
             key = self._death_finding(Path(trace_path), how)
             finding = self.tally.findings.get(key) if key is not None else None

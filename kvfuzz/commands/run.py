@@ -139,8 +139,8 @@ def _journal_dir(corpus: Path) -> Optional[Path]:
     after one line saying what a crash would cost."""
     try:
         corpus.mkdir(parents=True, exist_ok=True)
-        for _, message in journals.recover(corpus):
-            print(f"kvfuzz: {message}", file=sys.stderr)
+        for recovered in journals.recover(corpus):
+            print(f"kvfuzz: {recovered.message}", file=sys.stderr)
         probe = corpus / f".kvfuzz-write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
