@@ -10,7 +10,7 @@ from kvfuzz.allocator.errors import (
     Unsupported,
 )
 from kvfuzz.allocator.paged import PagedAllocator, paged_allocator, synchronous_allocator
-from kvfuzz.allocator.protocol import AllocatorProtocol, HostCache, HostIntrospectable, Introspectable
+from kvfuzz.allocator.protocol import AllocatorProtocol, GroupedTables, HostCache, HostIntrospectable, Introspectable
 from kvfuzz.allocator.types import (
     AdmitResult,
     BlockCopy,
@@ -18,6 +18,7 @@ from kvfuzz.allocator.types import (
     EvictionOrder,
     GrowResult,
     HostTransfers,
+    KVGroup,
     Namespace,
     PoolSpec,
     SeqId,
@@ -33,12 +34,14 @@ __all__ = [
     "BlockCopy",
     "Capabilities",
     "EvictionOrder",
+    "GroupedTables",
     "GrowResult",
     "HostCache",
     "HostIntrospectable",
     "HostTransfers",
     "Introspectable",
     "InvalidArgument",
+    "KVGroup",
     "Misuse",
     "Namespace",
     "OutOfBlocks",

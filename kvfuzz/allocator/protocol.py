@@ -46,15 +46,18 @@ DECLARED_METHODS: dict[str, tuple[str, ...]] = {
     "targeted_eviction": ("evict_blocks",),
     "introspection": ("refcount", "free_blocks", "cached_blocks", "pending_blocks"),
     "host_cache": ("take_transfers",),
+    "kv_groups": ("group_block_tables",),
 }
 """Capability -> the methods that come with it: an allocator has them exactly when it declares the capability, and
-kvfuzz calls none of them otherwise (misuse probes included)."""
+kvfuzz calls none of them otherwise (misuse probes included). A capability counts as declared when it is truthy:
+True, a positive number, a non-empty tuple (``kv_groups``)."""
 
 
 def declares(capabilities: Capabilities, method: str) -> bool:
     """Whether an allocator declaring ``capabilities`` has ``method``: a core method, or one its capability brings."""
     return method in CORE_METHODS or any(
-        method in methods and getattr(capabilities, capability) for capability, methods in DECLARED_METHODS.items()
+        method in methods and bool(getattr(capabilities, capability))
+        for capability, methods in DECLARED_METHODS.items()
     )
 
 
@@ -119,6 +122,20 @@ class EvictsBlocks(Protocol):
     def evict_blocks(self, blocks: Sequence[int]) -> None:
         """Drop from the cache those of ``blocks`` (all unreferenced) that are cached; leave every other block as it
         is."""
+
+
+@runtime_checkable
+class GroupedTables(Protocol):
+    """Optional: the allocator keeps one block table per KV-cache group; it sets ``capabilities.kv_groups``.
+
+    The engine reads every group's table after each operation that may change one (admit, grow, fork, free,
+    preempt), and derives each group's slots from its table: position ``p`` of group g lives in
+    ``(tables[g][p // block_size], p % block_size)``.
+    """
+
+    def group_block_tables(self, seq: SeqId) -> Sequence[Sequence[int]]:
+        """One block table per group, in ``capabilities.kv_groups`` order (group 0's equals ``block_table(seq)``);
+        ``NULL_BLOCK`` where a sliding-window group dropped a block."""
 
 
 @runtime_checkable

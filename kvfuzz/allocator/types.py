@@ -44,6 +44,52 @@ def _non_negative(_instance: object, attribute: attrs.Attribute, value: int) -> 
 
 
 @attrs.frozen
+class KVGroup:
+    """One KV-cache group: the layers that share one block table per sequence (vLLM's KV-cache group).
+
+    Invariant kept: ``name`` is non-empty and ``sliding_window`` is None or >= 1.
+    """
+
+    name: str = attrs.field(validator=attrs.validators.min_len(1))  # "full", "sliding", ...: used in reports
+    # Tokens this group's attention reads back (its blocks before ``len - w`` may be NULL_BLOCK); None = full attention.
+    sliding_window: Optional[int] = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
+    )
+
+
+GROUPED_UNSUPPORTED = (
+    "swap",
+    "host_cache",
+    "rollback",
+    "lookahead_blocks",
+    "fork_copies",
+    "remaps_on_step",
+    "attention_kernel",
+    "complete_caching",
+    "eviction_order",
+)
+"""Capabilities kvfuzz does not check together with several KV-cache groups yet: an allocator declaring groups must
+leave these at their defaults (vLLM v1 has no swap; the others are refused until kvfuzz checks them per group)."""
+
+
+def _kv_groups(instance: "Capabilities", _attribute: attrs.Attribute, groups: Tuple[KVGroup, ...]) -> None:
+    if not groups:
+        return
+    if len(groups) < 2:
+        raise ValueError("kv_groups needs two or more groups: one group is the plain contract (use sliding_window)")
+    if not all(isinstance(group, KVGroup) for group in groups):
+        raise ValueError(f"kv_groups must hold KVGroup values, got {groups!r}")
+    names = [group.name for group in groups]
+    if len(set(names)) != len(names):
+        raise ValueError(f"kv_groups names must differ, got {names}")
+    if instance.sliding_window is not None:
+        raise ValueError("with kv_groups, sliding_window must be None: each group declares its own window")
+    declared = [name for name in GROUPED_UNSUPPORTED if getattr(instance, name)]
+    if declared:
+        raise ValueError(f"kvfuzz does not check {', '.join(declared)} together with kv_groups yet")
+
+
+@attrs.frozen
 class Capabilities:
     """What an allocator declares it can do; the machine drives only what is declared.
 
@@ -108,6 +154,16 @@ class Capabilities:
     blocks: ``admit`` may report cached tokens whose K/V it loads from host blocks (``AdmitResult.loads``, landed by
     the engine when the next step is launched, before its writes), and at each step launch ``take_transfers`` orders
     stores of device blocks into host blocks, which land when that step completes (or earlier, when flushed).
+    ``kv_groups`` (two or more :class:`KVGroup`) says each sequence has one block table per group (vLLM's KV-cache
+    groups: a model mixing full-attention and sliding-window layers), every group drawing block ids from the one
+    pool of ``num_blocks`` blocks of ``block_size`` slots (vLLM unifies the groups' page sizes). ``block_table``,
+    ``AdmitResult.block_table`` and ``GrowResult.slots`` are group 0's; ``group_block_tables`` returns every group's
+    table in ``kv_groups`` order (:class:`~kvfuzz.allocator.protocol.GroupedTables`), a sliding-window group's
+    dropped blocks as ``NULL_BLOCK``. ``AdmitResult.num_cached_tokens`` is the hit of every group: a hit of n tokens
+    is valid only if each full-attention group's blocks for positions < n, and each sliding-window group's blocks
+    covering positions [n - w, n), hold that prefix's K/V for that group. A physical block is in at most one group's
+    tables at a time (several sequences may share it within that group); refcounts count entries of every group.
+    With groups, ``sliding_window`` must be None and the capabilities in :data:`GROUPED_UNSUPPORTED` stay off.
     """
 
     fork: bool = False
@@ -144,6 +200,7 @@ class Capabilities:
     complete_caching: bool = False
     eviction_order: Optional[EvictionOrder] = None
     host_cache: bool = False
+    kv_groups: Tuple[KVGroup, ...] = attrs.field(default=(), converter=tuple, validator=_kv_groups)
 
 
 @attrs.frozen
