@@ -72,6 +72,10 @@ GROUPED_UNSUPPORTED = (
 leave these at their defaults (vLLM v1 has no swap; the others are refused until kvfuzz checks them per group)."""
 
 
+def _group_tuple(groups: Iterable[KVGroup]) -> Tuple[KVGroup, ...]:
+    return tuple(groups)
+
+
 def _kv_groups(instance: "Capabilities", _attribute: attrs.Attribute, groups: Tuple[KVGroup, ...]) -> None:
     if not groups:
         return
@@ -200,7 +204,7 @@ class Capabilities:
     complete_caching: bool = False
     eviction_order: Optional[EvictionOrder] = None
     host_cache: bool = False
-    kv_groups: Tuple[KVGroup, ...] = attrs.field(default=(), converter=tuple, validator=_kv_groups)
+    kv_groups: Tuple[KVGroup, ...] = attrs.field(default=(), converter=_group_tuple, validator=_kv_groups)
 
 
 @attrs.frozen

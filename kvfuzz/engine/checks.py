@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
-from kvfuzz.allocator.protocol import AllocatorProtocol, HostIntrospectable, Introspectable
+from kvfuzz.allocator.protocol import AllocatorProtocol, GroupedTables, HostIntrospectable, Introspectable
 from kvfuzz.allocator.types import (
     NULL_BLOCK,
     AdmitResult,
@@ -138,7 +138,7 @@ class Checks:
         index, offset = divmod(position, h.block_size)
         block = h.seqs[seq].table[index]
         return (
-            f"sequence {seq} position {position} -> logical block {index} -> physical block {block} "
+            f"{h.label(seq)} position {position} -> logical block {index} -> physical block {block} "
             f"offset {offset} (slot {block * h.block_size + offset})"
         )
 
@@ -301,7 +301,7 @@ class Checks:
                 f"block table of {seq} drops logical block {index}, which attention still reads",
                 [
                     f"expected: blocks covering positions {h.sliding_window_start(seq)} onwards "
-                    f"(sliding window {h.caps.sliding_window})",
+                    f"(sliding window {h.window(seq)})",
                     f"found:    {list(table)}",
                 ],
             )
@@ -342,6 +342,14 @@ class Checks:
                 ["expected: block ids as int", f"found:    {[_shown(block) for block in blocks]}"],
             )
         return blocks
+
+    def allocator_table(self, seq: str) -> tuple[int, ...]:
+        """The allocator's current table of ``seq``, or of a group table its owner's ``group_block_tables`` entry
+        (unchecked: for comparing with what the engine recorded)."""
+        model = self.state.seqs[seq]
+        if not model.owner:
+            return tuple(self.allocator.block_table(seq))
+        return tuple(cast(GroupedTables, self.allocator).group_block_tables(model.owner)[model.group])
 
     def admit_table(self, seq: str, reported: tuple[int, ...], table: tuple[int, ...]) -> None:
         """Invariant 1: the table admit returned is the one ``block_table`` reports."""
@@ -464,7 +472,7 @@ class Checks:
         """Invariant 2: attention through the block tables, by the configured kernel, equals attention over the
         contiguous reference: bit for bit for the gather kernel, within the kernel's tolerance otherwise."""
         h = self.state
-        seqs = [seq for seq in h.ids(Status.RUNNING) if h.length(seq)]
+        seqs = [seq for seq in h.ids(Status.RUNNING, groups=True) if h.length(seq)]
         if not seqs:
             return
         starts = [h.sliding_window_start(seq) for seq in seqs]
@@ -487,7 +495,8 @@ class Checks:
         seq = seqs[mismatch.row]
         self.fail(
             Invariant.ATTENTION,
-            f"attention of {seq} through its block table ({kernel.name} kernel) differs from the contiguous reference",
+            f"attention of {h.label(seq)} through its block table ({kernel.name} kernel) differs from the contiguous "
+            "reference",
             [
                 f"max abs difference {mismatch.max_abs_diff:g}, allowed: "
                 f"{'none (bitwise)' if tolerance is None else tolerance}",
@@ -869,11 +878,11 @@ class Checks:
         for seq, model in h.seqs.items():
             if model.status is not Status.RUNNING:
                 continue
-            table = tuple(self.allocator.block_table(seq))
+            table = self.allocator_table(seq)
             if table != model.table:
                 self.fail(
                     invariant,
-                    f"refused with {type(error).__name__}, but {seq}'s block table changed",
+                    f"refused with {type(error).__name__}, but the block table of {h.label(seq)} changed",
                     [f"refusal: {error}", f"expected: {list(model.table)}", f"found:    {list(table)}"],
                 )
         if absent is not None:
@@ -1314,7 +1323,7 @@ class Checks:
         """Invariant 10 without introspection: leaks show as a refusal, so one sequence as large as the whole pool
         (less the reserved blocks) must be admitted, then it is freed."""
         h = self.state
-        usable = h.num_blocks - h.caps.reserved_blocks
+        usable = (h.num_blocks - h.caps.reserved_blocks) // max(1, len(h.caps.kv_groups))  # every group needs its own
         tokens = tuple(itertools.islice(itertools.cycle(range(97, 101)), usable * h.block_size))
         try:
             self.allocator.admit(probe, ("kvfuzz-quiescence-probe",), tokens)

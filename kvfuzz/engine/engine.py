@@ -29,7 +29,8 @@ from kvfuzz.allocator.types import (
 )
 from kvfuzz.engine.checks import CacheSnapshot, Checks
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.engine.expected import ExpectedState, SeqModel, Status, TableChange, mapped
+from kvfuzz.engine.expected import ExpectedState, SeqModel, Status, TableChange, group_namespace, mapped
+from kvfuzz.engine.group_checks import GroupChecks
 from kvfuzz.engine.matchable import Filled
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.pools import KVPools, SlotWrite
@@ -45,6 +46,16 @@ def _fork_copies(result: object) -> object:
     if result is None:
         return ()
     return tuple(result) if isinstance(result, list) else result
+
+
+def _merged(first: TableChange, second: TableChange) -> TableChange:
+    """Two table updates of one operation (a sequence's tables in two KV-cache groups) as one."""
+    return TableChange(
+        first.touched | second.touched, first.released + second.released, first.acquired + second.acquired
+    )
+
+
+_UNCHANGED = TableChange(frozenset(), (), ())
 
 
 class GeometryMismatch(ValueError):
@@ -82,6 +93,8 @@ class Engine:
             caps, config.block_size, config.num_blocks, num_host_blocks, ContiguousReference(config.shape)
         )
         self.checks = Checks(self.expected, self.pools, allocator, config.kernel)
+        # Under kv_groups, the checks of the groups' tables (None otherwise).
+        self.group_checks = GroupChecks(self.checks) if caps.kv_groups else None
         self.stats: Counter[str] = stats if stats is not None else Counter()  # operations and outcomes, by name
         self.on_step = on_step  # called with the pool's occupancy after every step
         # Under host_cache: loads ordered by admissions since the last launch, (sequence, host block, device block),
@@ -105,7 +118,7 @@ class Engine:
         """The device pool now: blocks referenced by running sequences, their fill, sharing, and the allocator's
         cached, free and pending sets where it exposes them."""
         state = self.expected
-        running = [(state.seqs[seq].table, state.length(seq)) for seq in state.ids(Status.RUNNING)]
+        running = [(state.seqs[seq].table, state.length(seq)) for seq in state.ids(Status.RUNNING, groups=True)]
         counts = self.checks.counts()
         return measure(
             self.pools.next_step - 1,
@@ -123,11 +136,13 @@ class Engine:
         before = self.checks.cache_snapshot()
         owed = self.checks.owed_hit(prefix_tags(namespace, tokens)) if self.checks.owes_caching() else []
         result = self._attempt(
-            lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._reach(len(tokens)), absent=seq
+            lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._admit_needs(tokens), absent=seq
         )
         if result is None:
             return False
         self.expected.reference.add(seq, namespace, tokens)
+        for group, table_id in zip(self.caps.kv_groups[1:], self.expected.group_tables(seq)):
+            self.expected.reference.add(table_id, group_namespace(namespace, group.name), tokens)
         self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed, result.loads)
         return True
 
@@ -139,7 +154,7 @@ class Engine:
         before = self.checks.cache_snapshot()
         owed = self.checks.owed_hit(reference.tags(seq)) if self.checks.owes_caching() else []
         result = self._attempt(
-            lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._reach(len(tokens)), absent=seq
+            lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._admit_needs(tokens), absent=seq
         )
         if result is None:
             return False
@@ -151,7 +166,11 @@ class Engine:
         model = self.expected.seqs[seq]
         old_len = self.expected.length(seq)
         self._begin("grow", seq, tokens)
-        needed = max(0, self._reach(old_len + len(tokens)) - len(model.table)) + (old_len % self.block_size != 0)
+        needed = sum(
+            max(0, self._reach(old_len + len(tokens)) - len(self.expected.seqs[table_id].table))
+            + (old_len % self.block_size != 0)
+            for table_id in (seq, *self.expected.group_tables(seq))
+        )
         before = self.checks.cache_snapshot()
         result = self._attempt(lambda: self.allocator.grow(seq, tokens), GrowResult, needed)
         if result is None:
@@ -159,20 +178,25 @@ class Engine:
         for copy in result.copies:
             self.pools.copy_block(copy.src, copy.dst)
             self.stats["copy-on-write copies"] += 1
-        self.expected.reference.extend(seq, tokens)
+        for table_id in (seq, *self.expected.group_tables(seq)):
+            self.expected.reference.extend(table_id, tokens)
         speculative = self.caps.speculative_tokens
         model.drafts = 0 if speculative is None else min(len(tokens) - 1, speculative)
         table = self._table(seq)
         self.checks.grow_slots(seq, result.slots, table, old_len, len(tokens))
-        self._settle(self._set_table(seq, table, "grown into", f"released by {seq}'s copy-on-write (grow)"))
+        released = f"released by {seq}'s copy-on-write (grow)"
+        change = self._set_table(seq, table, "grown into", released)
+        self._settle(_merged(change, self._set_group_tables(seq, table, "grown into", released)))
         self.checks.evictions(before, (), reuse=True)
+        table_ids = (seq, *self.expected.group_tables(seq))
         for copy in result.copies:
-            self.checks.exclusive(copy.dst, seq, f"copy-on-write copy from block {copy.src}")
-        targets = self._write_targets(seq, table, old_len)
-        self.expected.matchable.forget([*targets.values(), *(copy.dst for copy in result.copies)])
-        for index, block in targets.items():
-            self.checks.exclusive(block, seq, f"grow schedules writes of {seq}'s logical block {index}")
-        self.checks.outside_inflight_window(set(targets.values()) | {copy.dst for copy in result.copies}, seq)
+            holders = {holder for holder, _ in self.expected.refs.holders.get(copy.dst, ())}
+            writer = next((table_id for table_id in table_ids if table_id in holders), seq)  # the group it went to
+            self.checks.exclusive(copy.dst, writer, f"copy-on-write copy from block {copy.src}")
+        self.expected.matchable.forget(copy.dst for copy in result.copies)
+        for table_id in table_ids:
+            self._schedule_writes(table_id, old_len, "grow")
+        self.checks.outside_inflight_window({copy.dst for copy in result.copies}, seq)
         return True
 
     def fork(self, parent: SeqId, child: SeqId) -> bool:
@@ -206,9 +230,28 @@ class Engine:
         self.checks.fork_table(parent, child, tuple(moved_to.get(block, block) for block in filled), table)
         size, written = self.block_size, state.seqs[child].written
         moved = [index for index, (old, new) in enumerate(zip(parent_table, table)) if old != new]
+        change = self._set_table(child, table, "shared by fork with")
+        for parent_id, child_id in zip(state.group_tables(parent), state.group_tables(child)):
+            state.reference.fork(parent_id, child_id)
+            parent_model = state.seqs[parent_id]
+            state.seqs[child_id] = SeqModel(
+                child_id,
+                Status.RUNNING,
+                written=written,
+                joined_step=self.pools.next_step,
+                group=parent_model.group,
+                owner=child,
+            )
+        if self.group_checks is not None:
+            for parent_id, child_id, group_table in zip(
+                state.group_tables(parent), state.group_tables(child), self.group_checks.tables(child, table)
+            ):
+                self.checks.table_shape(child_id, group_table)
+                filled = state.seqs[parent_id].table[: state.num_blocks_for(parent)]
+                self.checks.fork_table(parent_id, child_id, filled, group_table)
+                change = _merged(change, self._set_table(child_id, group_table, "shared by fork with"))
         self._settle(
-            self._set_table(child, table, "shared by fork with"),
-            [(child, p) for index in moved for p in range(index * size, min((index + 1) * size, written))],
+            change, [(child, p) for index in moved for p in range(index * size, min((index + 1) * size, written))]
         )
         self.checks.evictions(before, (), reuse=True)
         for copy in copies:
@@ -225,7 +268,12 @@ class Engine:
         state = self.expected
         self._begin("free", seq)
         if state.seqs[seq].status is Status.RUNNING:
-            if self.caps.free_lands_scheduled_writes:
+            if self.caps.free_lands_scheduled_writes and self.caps.kv_groups:
+                for table_id in (seq, *state.group_tables(seq)):
+                    slots, writes = self._take_scheduled_writes(table_id, "scheduled before the abort")
+                    if slots:
+                        self.pools.write(slots, writes)
+            elif self.caps.free_lands_scheduled_writes:
                 slots, writes = self._take_scheduled_writes(seq, "scheduled before the abort")
                 if self.caps.host_cache:
                     self.aborted_writes += zip(slots, writes)
@@ -237,9 +285,13 @@ class Engine:
                 elif slots:
                     self.pools.write(slots, writes)
             elif not run_ends:
-                self.checks.withdrawn_writes_unread(seq, f"free({seq!r})")
+                for table_id in (seq, *state.group_tables(seq)):
+                    self.checks.withdrawn_writes_unread(table_id, f"free({seq!r})")
         self._call(lambda: self.allocator.free(seq))
         change = self._set_table(seq, (), "released (free) by")
+        for table_id in state.group_tables(seq):
+            change = _merged(change, self._set_table(table_id, (), "released (free) by"))
+            self._forget(table_id)
         host_table = mapped(state.seqs[seq].host_table)
         state.matchable.cancel(seq)
         del state.seqs[seq]
@@ -253,11 +305,15 @@ class Engine:
     def preempt(self, seq: SeqId) -> None:
         """Release a running sequence for recomputation; it keeps its tokens and waits to be readmitted."""
         self._begin("preempt", seq)
-        self.checks.withdrawn_writes_unread(seq, f"preempt({seq!r})")
+        table_ids = (seq, *self.expected.group_tables(seq))
+        for table_id in table_ids:
+            self.checks.withdrawn_writes_unread(table_id, f"preempt({seq!r})")
         self._call(lambda: self.allocator.preempt(seq))
-        change = self._set_table(seq, (), "released (preempt) by")
-        model = self.expected.seqs[seq]
-        model.status, model.written, model.drafts = Status.PREEMPTED, 0, 0
+        change = _UNCHANGED
+        for table_id in table_ids:
+            change = _merged(change, self._set_table(table_id, (), "released (preempt) by"))
+            model = self.expected.seqs[table_id]
+            model.status, model.written, model.drafts = Status.PREEMPTED, 0, 0
         self.expected.matchable.cancel(seq)
         self._settle(change)
 
@@ -370,7 +426,7 @@ class Engine:
         step = self.pools.next_step
         slots: list[int] = []
         writes: list[SlotWrite] = []
-        for seq in self.expected.ids(Status.RUNNING):
+        for seq in self.expected.ids(Status.RUNNING, groups=True):
             if self.checks.owes_caching():
                 self._note_filled(seq, step)
             seq_slots, seq_writes = self._take_scheduled_writes(seq)
@@ -413,6 +469,8 @@ class Engine:
         sequence holds no blocks and is forgotten without calling the allocator; any other is freed."""
         state = self.expected
         if state.seqs[seq].status is Status.PREEMPTED:
+            for table_id in state.group_tables(seq):
+                self._forget(table_id)
             del state.seqs[seq]
             state.retire(seq)
             state.reference.remove(seq)
@@ -421,7 +479,7 @@ class Engine:
 
     def quiesce(self) -> None:
         """Invariant 10: once every sequence is gone and the in-flight work done, every block is free."""
-        for seq in list(self.expected.seqs):
+        for seq in [seq for seq, model in self.expected.seqs.items() if not model.owner]:
             self.dismiss(seq, run_ends=True)
         self._begin("quiesce")
         self._complete(self.pools.steps_to_complete(drain=True))
@@ -449,6 +507,10 @@ class Engine:
     def _reach(self, num_tokens: int) -> int:
         """The most blocks a table may hold for ``num_tokens`` tokens: those they fill, and the look-ahead."""
         return self._blocks(num_tokens) + self.caps.lookahead_blocks
+
+    def _admit_needs(self, tokens: Tokens) -> int:
+        """The most blocks an admission of ``tokens`` may need: a table's reach in every KV-cache group."""
+        return self._reach(len(tokens)) * max(1, len(self.caps.kv_groups))
 
     def _call(self, call: Callable[[], T]) -> T:
         """Run an operation that may not be refused."""
@@ -526,35 +588,91 @@ class Engine:
         model.status, model.written, model.drafts = Status.RUNNING, num_cached, 0
         table = self._table(seq)
         self.checks.admit_table(seq, tuple(reported), table)
-        evicted = self.expected.evicted
-        hit_blocks = table[: -(-min(num_cached, len(table) * self.block_size) // self.block_size)]
+        table_ids = (seq, *self.expected.group_tables(seq))
+        for group, table_id in enumerate(table_ids[1:], start=1):
+            member = self.expected.seqs.setdefault(table_id, SeqModel(table_id, Status.RUNNING, group=group, owner=seq))
+            member.status, member.written, member.joined_step = Status.RUNNING, num_cached, model.joined_step
         loaded = {block for _, block in loads}  # a host-tier load refills these: their old content is not read
-        stale = {
-            index: evicted[block] for index, block in enumerate(hit_blocks) if block in evicted and block not in loaded
-        }
-        if stale:
-            self.checks.hit_on_evicted(seq, num_cached, table, stale)
-        self.checks.accounting(self._set_table(seq, table, "admitted as", hit_tokens=num_cached).touched)
+        group_tables = self._group_tables(seq, table)
+        for table_id, read in ((seq, table), *group_tables):
+            self._hit_not_evicted(table_id, read, num_cached, loaded)
+        change = self._set_table(seq, table, "admitted as", hit_tokens=num_cached)
+        for table_id, read in group_tables:
+            change = _merged(change, self._set_table(table_id, read, "admitted as", hit_tokens=num_cached))
+        if self.group_checks is not None:
+            self.group_checks.one_group(change.touched)
+        self.checks.accounting(change.touched)
         if loads:
             self.checks.host_loads(seq, loads, num_cached)
             self.checks.outside_inflight_window([block for _, block in loads], seq)
             self.host_loads += [(seq, host_block, block) for host_block, block in loads]
             self.stats["host-tier loads"] += len(loads)
         loading = {block for _, _, block in self.host_loads}
-        model.awaits_step = self.checks.cache_hit(seq, num_cached, loading) or bool(loads)
+        awaits = bool(loads)
+        for table_id in table_ids:
+            if self.group_checks is not None:
+                self.group_checks.hit_window(table_id, num_cached)
+            awaits = self.checks.cache_hit(table_id, num_cached, loading) or awaits
+        model.awaits_step = awaits
         self.checks.missed_hit(seq, num_cached, owed)
+        hit_blocks = table[: -(-min(num_cached, len(table) * self.block_size) // self.block_size)]
         self.checks.evictions(before, hit_blocks, reuse=True)
         # A whole-prompt hit passes only under recomputes_last_token: the engine writes the last token again.
-        model.written = min(num_cached, self.expected.length(seq) - 1)
-        targets = self._write_targets(seq, table, model.written)
-        self.expected.matchable.forget(targets.values())
-        for index, block in targets.items():
-            self.checks.exclusive(block, seq, f"admit schedules writes of {seq}'s logical block {index}")
-        self.checks.outside_inflight_window(targets.values(), seq)
+        for table_id in table_ids:
+            self.expected.seqs[table_id].written = min(num_cached, self.expected.length(seq) - 1)
+            self._schedule_writes(table_id, model.written, "admit")
         if num_cached:
             self.stats["cache hits"] += 1
             self.stats["cache-hit tokens"] += num_cached
         self.checks.content(self.pools.take_dirty())
+
+    def _hit_not_evicted(self, seq: SeqId, table: tuple[int, ...], num_cached: int, loaded: set[int]) -> None:
+        """Invariant 9: the hit of ``num_cached`` tokens covers no block of ``seq``'s new ``table`` (a sequence's, or
+        one group's) that an eviction dropped, unless a host-tier load (``loaded``) refills it."""
+        evicted = self.expected.evicted
+        hit_blocks = table[: -(-min(num_cached, len(table) * self.block_size) // self.block_size)]
+        stale = {
+            index: evicted[block] for index, block in enumerate(hit_blocks) if block in evicted and block not in loaded
+        }
+        if stale:
+            self.checks.hit_on_evicted(seq, num_cached, table, stale)
+
+    def _schedule_writes(self, seq: SeqId, first_position: int, op: str) -> None:
+        """The next step writes ``seq``'s table (a sequence's, or one group's) from ``first_position`` on: each block
+        it writes is no longer matchable, is ``seq``'s alone and is outside the in-flight window."""
+        targets = self._write_targets(seq, self.expected.seqs[seq].table, first_position)
+        self.expected.matchable.forget(targets.values())
+        for index, block in targets.items():
+            self.checks.exclusive(block, seq, f"{op} schedules writes of {seq}'s logical block {index}")
+        self.checks.outside_inflight_window(targets.values(), seq)
+
+    def _set_group_tables(
+        self, seq: SeqId, table: tuple[int, ...], event: str, released: str = "", hit_tokens: int = 0
+    ) -> TableChange:
+        """Under ``kv_groups``: read and record ``seq``'s tables in groups 1 onwards (``table`` is group 0's, just
+        read)."""
+        change = _UNCHANGED
+        for table_id, group_table in self._group_tables(seq, table):
+            change = _merged(change, self._set_table(table_id, group_table, event, released, hit_tokens))
+        return change
+
+    def _group_tables(self, seq: SeqId, table: tuple[int, ...]) -> list[tuple[SeqId, tuple[int, ...]]]:
+        """Under ``kv_groups``: (group table id, table read now) of ``seq``'s groups 1 onwards, each checked well
+        formed and shaped as a table of its own (``table`` is group 0's, just read); [] otherwise."""
+        if self.group_checks is None:
+            return []
+        read = list(zip(self.expected.group_tables(seq), self.group_checks.tables(seq, table)))
+        for table_id, group_table in read:
+            self.checks.table_shape(table_id, group_table)
+        return read
+
+    def _forget(self, table_id: SeqId) -> None:
+        """A group table leaves with its sequence (freed, or dismissed while preempted)."""
+        state = self.expected
+        state.matchable.cancel(table_id)
+        del state.seqs[table_id]
+        state.retire(table_id)
+        state.reference.remove(table_id)
 
     def _write_targets(self, seq: SeqId, table: tuple[int, ...], first_position: int) -> dict[int, int]:
         """Logical index -> block of every block the next step writes, from ``first_position`` on (dropped
@@ -651,8 +769,11 @@ class Engine:
         self.pools.swap_to_host(block, host_block, f"stored from block {block} ({when})")
 
     def _settle(self, change: TableChange, positions: Sequence[tuple[SeqId, int]] = ()) -> None:
-        """After an operation: content of what it touched, then refcounts and the free set."""
+        """After an operation: content of what it touched, then (under ``kv_groups``) one group per block, then
+        refcounts and the free set."""
         self.checks.content(self.pools.take_dirty(), positions)
+        if self.group_checks is not None:
+            self.group_checks.one_group(change.touched)
         self.checks.accounting(change.touched)
 
     def _note_filled(self, seq: SeqId, step: int) -> None:

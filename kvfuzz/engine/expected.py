@@ -28,6 +28,20 @@ def mapped(table: Iterable[int]) -> list[int]:
     return [block for block in table if block != NULL_BLOCK]
 
 
+GROUP_MARK = "\x00kv-group:"
+"""The namespace part that makes a KV-cache group's K/V differ from every other group's (different layers)."""
+
+
+def group_seq(seq: SeqId, group_name: str) -> SeqId:
+    """The id of ``seq``'s table in the KV-cache group ``group_name`` (never an id the machine draws)."""
+    return f"{seq}@{group_name}"
+
+
+def group_namespace(namespace: Namespace, group_name: str) -> Namespace:
+    """The namespace whose K/V stand for ``group_name``'s layers: ``namespace`` with one more part."""
+    return (*namespace, GROUP_MARK + group_name)
+
+
 class Status(enum.Enum):
     RUNNING = "running"
     SWAPPED = "swapped out"
@@ -54,6 +68,8 @@ class SeqModel:
     awaits_step: bool = False
     joined_step: int = 0
     drafts: int = 0
+    group: int = 0  # the KV-cache group whose table this is (0 without kv_groups)
+    owner: SeqId = ""  # the sequence a group table belongs to ("" for a sequence itself)
 
 
 @attrs.frozen
@@ -199,19 +215,40 @@ class ExpectedState:
         """No sequence has ever had this id."""
         return seq not in self.seqs and seq not in self.finished
 
-    def ids(self, status: Status) -> list[SeqId]:
-        return [seq for seq, model in self.seqs.items() if model.status is status]
+    def ids(self, status: Status, groups: bool = False) -> list[SeqId]:
+        """Sequences with ``status``, and with ``groups`` the group tables (other than group 0's) of those."""
+        return [seq for seq, model in self.seqs.items() if model.status is status and (groups or not model.owner)]
 
     def live_ids(self) -> list[SeqId]:
         """Sequences that hold blocks or a place in the host pool: everything but the preempted."""
-        return [seq for seq, model in self.seqs.items() if model.status is not Status.PREEMPTED]
+        return [seq for seq, model in self.seqs.items() if model.status is not Status.PREEMPTED and not model.owner]
+
+    def group_tables(self, seq: SeqId) -> list[SeqId]:
+        """The ids of ``seq``'s tables in groups 1 onwards (none without ``kv_groups``)."""
+        return [group_seq(seq, group.name) for group in self.caps.kv_groups[1:]]
+
+    def label(self, seq: SeqId) -> str:
+        """How reports name ``seq``: ``sequence s2``, or under ``kv_groups`` ``sequence s2, group sliding``."""
+        model = self.seqs.get(seq)
+        if not self.caps.kv_groups or model is None:
+            return f"sequence {seq}"
+        return f"sequence {model.owner or seq}, group {self.caps.kv_groups[model.group].name}"
+
+    def window(self, seq: SeqId) -> Optional[int]:
+        """The sliding window of ``seq``'s table: its group's under ``kv_groups``, else ``sliding_window``."""
+        if self.caps.kv_groups:
+            return self.caps.kv_groups[self.seqs[seq].group].sliding_window
+        return self.caps.sliding_window
 
     def computed_ids(self) -> list[SeqId]:
         """Running sequences whose every token has been written by a step."""
         return [
             seq
             for seq, model in self.seqs.items()
-            if model.status is Status.RUNNING and model.written == self.length(seq) and not model.awaits_step
+            if model.status is Status.RUNNING
+            and not model.owner
+            and model.written == self.length(seq)
+            and not model.awaits_step
         ]
 
     def preemptible_ids(self) -> list[SeqId]:
@@ -252,7 +289,7 @@ class ExpectedState:
 
     def sliding_window_start(self, seq: SeqId) -> int:
         """The first position attention reads: 0, or ``len - w`` under a sliding window of w."""
-        sliding_window = self.caps.sliding_window
+        sliding_window = self.window(seq)
         return 0 if sliding_window is None else max(0, self.length(seq) - sliding_window)
 
     def rollback_limit(self, seq: SeqId) -> int:
@@ -261,7 +298,7 @@ class ExpectedState:
         limit = self.length(seq) - 1
         if self.caps.speculative_tokens is not None:
             limit = min(limit, self.seqs[seq].drafts)
-        sliding_window = self.caps.sliding_window
+        sliding_window = self.window(seq)
         table = self.seqs[seq].table
         if sliding_window is not None and NULL_BLOCK in table:
             first_kept = (len(table) - table[::-1].index(NULL_BLOCK)) * self.block_size
@@ -284,7 +321,7 @@ class ExpectedState:
     def scheduled_writer(self, slot: int) -> Optional[tuple[SeqId, int]]:
         """The running sequence and position the next step writes into ``slot``, if any (scans every schedule:
         for explanations only)."""
-        for seq in self.ids(Status.RUNNING):
+        for seq in self.ids(Status.RUNNING, groups=True):
             for position, scheduled in self.scheduled_writes(seq):
                 if scheduled == slot:
                     return seq, position
@@ -294,7 +331,7 @@ class ExpectedState:
         """Slot -> tag of every write the next step makes (the first running sequence's, should two write one slot;
         then those of sequences freed since the last launch, under ``host_cache``)."""
         scheduled: dict[int, int] = {}
-        for seq in self.ids(Status.RUNNING):
+        for seq in self.ids(Status.RUNNING, groups=True):
             tags = self.reference.tags(seq)
             for position, slot in self.scheduled_writes(seq):
                 scheduled.setdefault(slot, tags[position])

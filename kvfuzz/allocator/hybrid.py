@@ -1,0 +1,342 @@
+"""kvfuzz's own allocator for a hybrid model: several KV-cache groups (full attention, sliding window) over one
+shared block pool, with prefix caching under the hybrid hit rule.
+
+Each sequence has one block table per group; every group draws fresh blocks from the one :class:`BlockPool`, and a
+block sits in one group's tables only. A full block becomes matchable for its group once the step that wrote it has
+completed, keyed by its group as well as its namespace and prefix (the groups hold different layers' K/V). A hit of
+k blocks is the longest for which every full-attention group matches blocks 0..k-1 and every sliding-window group
+of window w matches the blocks covering positions [k * block_size - w, k * block_size); a hit never covers a whole
+prompt. A sliding-window group drops (``NULL_BLOCK``) its blocks before ``len - w`` as a sequence grows, and at
+admission maps no block wholly before its hit window. A write into a partial tail block that another sequence
+shares, or that holds cached content, copies the block first. Released blocks wait out the in-flight window W.
+"""
+
+from __future__ import annotations
+
+from typing import Collection, Optional, Sequence
+
+import attrs
+
+from kvfuzz.allocator.block_pool import BlockPool
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence
+from kvfuzz.allocator.prefix_cache import CacheEntry, PrefixCache, chain_hash
+from kvfuzz.allocator.types import (
+    NULL_BLOCK,
+    AdmitResult,
+    BlockCopy,
+    Capabilities,
+    GrowResult,
+    KVGroup,
+    Namespace,
+    PoolSpec,
+    SeqId,
+    Slot,
+    Tokens,
+)
+
+
+@attrs.define(eq=False)
+class _Sequence:
+    """One live sequence: its namespace and tokens, and per group its block table and full blocks' chained hashes
+    (``tables[g]`` and ``hashes[g]``, in ``kv_groups`` order)."""
+
+    namespace: Namespace  # the request's namespace, as the engine gave it
+    tokens: list[int]  # every token so far
+    tables: list[list[int]]  # per group: the physical block of each logical block, NULL_BLOCK where dropped
+    hashes: list[list[int]]  # per group: the chained hash of each full block
+    live: bool = True  # False once freed or preempted: its pending registrations lapse
+
+
+@attrs.frozen
+class _Registration:
+    """Make ``block`` matchable as ``entry`` once step ``commit_after`` has completed, if ``seq`` still maps it as
+    its logical block ``index`` in group ``group``."""
+
+    commit_after: int  # the step whose completion lands the block's writes
+    seq: _Sequence  # the writer
+    group: int  # the group whose table holds the block
+    index: int  # its logical index there
+    block: int  # the physical block
+    entry: CacheEntry  # what it will hold
+
+    def still_valid(self) -> bool:
+        table = self.seq.tables[self.group]
+        return self.seq.live and self.index < len(table) and table[self.index] == self.block
+
+
+class HybridAllocator:
+    """A refcounted, prefix-caching, copy-on-write allocator with one block table per KV-cache group: a
+    full-attention group, then a sliding-window group of ``sliding_window`` tokens, over one pool."""
+
+    def __init__(
+        self,
+        block_size: int,
+        num_blocks: int,
+        num_host_blocks: int = 0,
+        *,
+        inflight_window: int = 0,
+        prefix_caching: bool = True,
+        sliding_window: Optional[int] = None,
+        lookahead_blocks: int = 0,
+    ) -> None:
+        if lookahead_blocks:
+            raise ValueError("HybridAllocator: look-ahead blocks are not implemented")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.num_host_blocks = 0  # no swap, no host tier (as vLLM v1)
+        window = 2 * block_size + 1 if sliding_window is None else sliding_window
+        self.capabilities = Capabilities(
+            fork=True,
+            prefix_cache=prefix_caching,
+            namespaces=prefix_caching,
+            eviction=True,
+            targeted_eviction=prefix_caching,
+            inflight_window=inflight_window,
+            introspection=True,
+            kv_groups=(KVGroup("full"), KVGroup("sliding", sliding_window=window)),
+        )
+        self._groups = self.capabilities.kv_groups
+        self._cache = PrefixCache()
+        self._pool = BlockPool(
+            num_blocks, inflight_window, is_cached=self._cache.is_cached, on_evict=self._cache.unregister
+        )
+        self._seqs: dict[SeqId, _Sequence] = {}
+        self._registrations: list[_Registration] = []
+
+    # -- the contract --------------------------------------------------------------------------------------------
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        tokens = tuple(tokens)
+        if seq in self._seqs:
+            raise SequenceExists(f"admit: sequence {seq!r} is already live")
+        if not tokens:
+            raise InvalidArgument(f"admit: sequence {seq!r} has no tokens")
+        hashes = [self._full_block_hashes(group, namespace, tokens, []) for group in range(len(self._groups))]
+        matched = [self._matches(group, namespace, tokens, hashes[group]) for group in range(len(self._groups))]
+        hit = self._hit_blocks(matched, len(tokens))
+        reach = self._blocks_for(len(tokens))
+        plans = []  # per group: (first mapped index, hit blocks taken) of its table
+        for group, found in enumerate(matched):
+            first = self._first_hit_index(group, hit)
+            plans.append((first, [found[index] for index in range(first, hit)]))
+        fresh_needed = sum(reach - hit for _ in self._groups)
+        evictable = self._pool.evictable_blocks()
+        self._check_room(fresh_needed, sum(block in evictable for _, taken in plans for block in taken))
+        tables = []
+        for first, taken in plans:
+            for block in taken:
+                self._pool.take(block)
+            tables.append([NULL_BLOCK] * first + taken + self._pool.allocate(reach - hit))
+        state = _Sequence(namespace, list(tokens), tables, hashes)
+        self._seqs[seq] = state
+        self._schedule_registrations(state, first_index=hit)
+        return AdmitResult(tuple(tables[0]), hit * self.block_size)
+
+    def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
+        state = self._running(seq, "grow")
+        if not tokens:
+            raise InvalidArgument(f"grow: sequence {seq!r} given no tokens")
+        old_len, new_len = len(state.tokens), len(state.tokens) + len(tokens)
+        reach = self._blocks_for(new_len)
+        tail_index = old_len // self.block_size  # the partly filled block, when old_len is not block-aligned
+        plans = []  # per group: (blocks dropped at once, fresh blocks, whether the tail is copied)
+        for group, table in enumerate(state.tables):
+            new_indices = range(len(table), reach)
+            dropped = sum(index < self._first_kept_index(group, new_len) for index in new_indices)
+            tail = table[tail_index] if old_len % self.block_size else NULL_BLOCK
+            copy_tail = tail != NULL_BLOCK and self._must_copy_before_write(tail)
+            plans.append((dropped, len(new_indices) - dropped, copy_tail))
+        self._check_room(sum(fresh + copy for _, fresh, copy in plans))
+        copies = []
+        for table, (dropped, fresh, copy_tail) in zip(state.tables, plans):
+            if copy_tail:
+                (private,) = self._pool.allocate(1)
+                copies.append(BlockCopy(src=table[tail_index], dst=private))
+                self._pool.release(table[tail_index])
+                table[tail_index] = private
+            table.extend([NULL_BLOCK] * dropped + self._pool.allocate(fresh))
+        first_new_full = len(state.hashes[0])
+        state.tokens.extend(tokens)
+        for group, group_hashes in enumerate(state.hashes):
+            self._full_block_hashes(group, state.namespace, tuple(state.tokens), group_hashes)
+        self._schedule_registrations(state, first_index=first_new_full)
+        self._drop_out_of_window(state)
+        size = self.block_size
+        slots = [Slot(state.tables[0][p // size], p % size) for p in range(old_len, new_len)]
+        return GrowResult(slots, copies)
+
+    def fork(self, parent: SeqId, child: SeqId) -> None:
+        source = self._running(parent, "fork")
+        if child in self._seqs:
+            raise SequenceExists(f"fork: child {child!r} is already live")
+        for table in source.tables:
+            for block in table:
+                if block != NULL_BLOCK:
+                    self._pool.take(block)
+        self._seqs[child] = _Sequence(
+            source.namespace,
+            list(source.tokens),
+            [list(table) for table in source.tables],
+            [list(group_hashes) for group_hashes in source.hashes],
+        )
+
+    def free(self, seq: SeqId) -> None:
+        state = self._seqs.pop(seq, None)
+        if state is None:
+            raise UnknownSequence(f"free: sequence {seq!r} is not live (never admitted, or already freed)")
+        state.live = False
+        for table in state.tables:
+            for block in reversed(table):  # tail first, so a table's tail blocks are evicted first
+                if block != NULL_BLOCK:
+                    self._pool.release(block)
+
+    def preempt(self, seq: SeqId) -> None:
+        self._running(seq, "preempt")
+        self.free(seq)
+
+    def evict(self, num_blocks: int) -> int:
+        if num_blocks < 0:
+            raise InvalidArgument(f"evict: cannot evict {num_blocks} blocks")
+        return self._pool.evict(num_blocks)
+
+    def reset_cache(self) -> None:
+        self._pool.evict(self.num_blocks)
+
+    def evict_blocks(self, blocks: Sequence[int]) -> None:
+        for block in blocks:
+            if not 0 <= block < self.num_blocks:
+                raise InvalidArgument(f"evict_blocks: block {block} is outside the pool")
+        for block in blocks:
+            self._pool.evict_block(block)
+
+    def step_completed(self, step: int) -> None:
+        if step <= self._pool.last_completed_step:
+            raise InvalidArgument(f"step_completed({step}) after step {self._pool.last_completed_step} completed")
+        self._pool.step_completed(step)
+        due = [registration for registration in self._registrations if registration.commit_after <= step]
+        self._registrations = [registration for registration in self._registrations if registration.commit_after > step]
+        for registration in due:
+            if registration.still_valid():
+                self._cache.register(registration.block, registration.entry)
+
+    def block_table(self, seq: SeqId) -> tuple[int, ...]:
+        return tuple(self._running(seq, "block_table").tables[0])
+
+    def group_block_tables(self, seq: SeqId) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(table) for table in self._running(seq, "group_block_tables").tables)
+
+    # -- introspection -------------------------------------------------------------------------------------------
+
+    def refcount(self, block: int) -> int:
+        return self._pool.refcount(block)
+
+    def free_blocks(self) -> Collection[int]:
+        return self._pool.free_blocks()
+
+    def cached_blocks(self) -> Collection[int]:
+        return self._pool.evictable_blocks()
+
+    def pending_blocks(self) -> Collection[int]:
+        return self._pool.pending_blocks()
+
+    # -- helpers -------------------------------------------------------------------------------------------------
+
+    def _key_namespace(self, group: int, namespace: Namespace) -> Namespace:
+        """The namespace the prefix cache keys a group's block with: the group's name, then every part."""
+        return (f"group:{self._groups[group].name}", *namespace)
+
+    def _window(self, group: int) -> Optional[int]:
+        return self._groups[group].sliding_window
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _first_kept_index(self, group: int, num_tokens: int) -> int:
+        """A group's logical blocks before this one lie wholly before its window (0 for full attention)."""
+        window = self._window(group)
+        return 0 if window is None else max(0, num_tokens - window) // self.block_size
+
+    def _first_hit_index(self, group: int, hit_blocks: int) -> int:
+        """The first logical block a hit of ``hit_blocks`` blocks needs in ``group``: 0 for full attention, the
+        first block covering position ``hit - w`` for a sliding window of w."""
+        return self._first_kept_index(group, hit_blocks * self.block_size)
+
+    def _full_block_hashes(self, group: int, namespace: Namespace, tokens: Tokens, hashes: list[int]) -> list[int]:
+        """Extend ``hashes`` with the chained hash, for ``group``, of every full block of ``tokens`` not yet hashed."""
+        size, key = self.block_size, self._key_namespace(group, namespace)
+        for index in range(len(hashes), len(tokens) // size):
+            previous = hashes[index - 1] if index else None
+            hashes.append(chain_hash(previous, key, tokens[index * size : (index + 1) * size]))
+        return hashes
+
+    def _matches(self, group: int, namespace: Namespace, tokens: Tokens, hashes: list[int]) -> dict[int, int]:
+        """Logical index -> the cached block holding ``group``'s K/V of that full block of ``tokens``."""
+        if not self.capabilities.prefix_cache:
+            return {}
+        key, size = self._key_namespace(group, namespace), self.block_size
+        found = {}
+        for index, block_hash in enumerate(hashes):
+            block = self._cache.lookup(block_hash, key, tokens[: (index + 1) * size])
+            if block is not None:
+                found[index] = block
+        return found
+
+    def _hit_blocks(self, matched: list[dict[int, int]], num_tokens: int) -> int:
+        """The longest hit, in blocks, valid in every group (the hybrid rule), short of the whole prompt: the engine
+        needs the last token's query to sample from."""
+        for hit in range((num_tokens - 1) // self.block_size, 0, -1):
+            if all(
+                all(index in found for index in range(self._first_hit_index(group, hit), hit))
+                for group, found in enumerate(matched)
+            ):
+                return hit
+        return 0
+
+    def _must_copy_before_write(self, tail: int) -> bool:
+        """A partial tail is copied before a write if another sequence shares it or it holds cached content."""
+        return self._pool.refcount(tail) > 1 or self._cache.is_cached(tail)
+
+    def _running(self, seq: SeqId, op: str) -> _Sequence:
+        state = self._seqs.get(seq)
+        if state is None:
+            raise UnknownSequence(f"{op}: sequence {seq!r} is not live (never admitted, freed, or preempted)")
+        return state
+
+    def _check_room(self, fresh_needed: int, taken_from_evictable: int = 0) -> None:
+        available = self._pool.num_available() - taken_from_evictable
+        if fresh_needed > available:
+            raise OutOfBlocks(
+                f"need {fresh_needed} fresh block(s), {available} available", needed=fresh_needed, available=available
+            )
+
+    def _schedule_registrations(self, state: _Sequence, first_index: int) -> None:
+        """Every group's full blocks from ``first_index`` on become matchable after the step that writes them
+        completes."""
+        if not self.capabilities.prefix_cache:
+            return
+        commit_after = self._pool.last_completed_step + self._pool.inflight_window + 1
+        size = self.block_size
+        for group, (table, group_hashes) in enumerate(zip(state.tables, state.hashes)):
+            key = self._key_namespace(group, state.namespace)
+            for index in range(first_index, len(group_hashes)):
+                if table[index] == NULL_BLOCK:
+                    continue
+                entry = CacheEntry(group_hashes[index], key, tuple(state.tokens[: (index + 1) * size]))
+                self._registrations.append(_Registration(commit_after, state, group, index, table[index], entry))
+
+    def _drop_out_of_window(self, state: _Sequence) -> None:
+        """Each sliding-window group releases every block whose positions all lie before ``len - w``, the last
+        dropped first."""
+        for group, table in enumerate(state.tables):
+            for index in reversed(range(self._first_kept_index(group, len(state.tokens)))):
+                if table[index] != NULL_BLOCK:
+                    self._pool.release(table[index])
+                    table[index] = NULL_BLOCK
+
+
+def hybrid_allocator(spec: PoolSpec) -> HybridAllocator:
+    """kvfuzz's hybrid-model allocator: a full-attention group and a sliding-window group of two blocks and one
+    token over one pool, prefix caching under the hybrid hit rule, and W = 1 (or the W the spec asks for)."""
+    return HybridAllocator(
+        spec.block_size, spec.num_blocks, inflight_window=1 if spec.inflight_window is None else spec.inflight_window
+    )

@@ -1,0 +1,88 @@
+"""The checks that only several KV-cache groups need (``Capabilities.kv_groups``): every group's table read back
+well formed, a physical block in one group's tables at a time, and the hybrid prefix-hit rule's window.
+
+Everything else a group table must keep (content, attention over its window, refcounts, the free set, exclusive
+writes, cache soundness) is checked by :class:`~kvfuzz.engine.checks.Checks` on the group table itself, which the
+expected state keeps as a sequence of its own (``group_seq``).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+from typing import Iterable, cast
+
+from kvfuzz.allocator.protocol import GroupedTables
+from kvfuzz.allocator.types import NULL_BLOCK, SeqId
+from kvfuzz.engine.checks import Checks
+from kvfuzz.engine.violations import Invariant
+
+
+class GroupChecks:
+    """Checks of the groups' tables, raised through the engine's :class:`Checks` (same operation label)."""
+
+    def __init__(self, checks: Checks) -> None:
+        self.checks = checks  # the engine's checks: its state, pools, allocator and operation label
+        self.allocator = cast(GroupedTables, checks.allocator)  # the allocator's group tables
+
+    def tables(self, seq: SeqId, group0: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Invariant 12: ``group_block_tables(seq)`` returned one sequence of int block ids per group, group 0's
+        equal to ``block_table(seq)`` (``group0``); returns the tables of groups 1 onwards."""
+        checks, groups = self.checks, self.checks.state.caps.kv_groups
+        found = self.allocator.group_block_tables(seq)
+        names = [group.name for group in groups]
+        if not isinstance(found, collections.abc.Sequence) or len(found) != len(groups):
+            checks.fail(
+                Invariant.RESULTS,
+                f"group_block_tables({seq!r}) returned {found!r}",
+                [f"expected: one block table per group, {len(groups)} in the order {names}"],
+            )
+        tables = [checks.block_table(f"{seq} (group {name})", table) for name, table in zip(names, found)]
+        if tables[0] != group0:
+            checks.fail(
+                Invariant.RESULTS,
+                f"group_block_tables({seq!r}) gives group {names[0]} a table unlike block_table({seq!r})",
+                [f"expected: {list(group0)} (group 0's table is the block table)", f"found:    {list(tables[0])}"],
+            )
+        return tables[1:]
+
+    def one_group(self, touched: Iterable[int]) -> None:
+        """Invariant 3 under groups: each touched block is mapped by the tables of one group at most (sequences may
+        share it within that group, never across groups: the groups are different layers)."""
+        h = self.checks.state
+        for block in touched:
+            holders = h.refs.holders.get(block, ())
+            groups = {h.seqs[holder].group for holder, _ in holders}
+            if len(groups) > 1:
+                entries = sorted(f"{h.label(holder)} logical block {index}" for holder, index in holders)
+                self.checks.fail(
+                    Invariant.REFCOUNTS,
+                    f"block {block} is mapped by the tables of {len(groups)} KV-cache groups at once",
+                    [
+                        "expected: a physical block in one group's tables at a time (each group is other layers, "
+                        "with K/V of its own)",
+                        f"found:    {'; '.join(entries)}",
+                        *self.checks.pools.block_story(block),
+                    ],
+                )
+
+    def hit_window(self, seq: SeqId, num_cached: int) -> None:
+        """Invariant 9, the hybrid rule: a hit of n tokens needs a sliding-window group's blocks covering positions
+        [n - w, n); only blocks wholly before them may be dropped (NULL_BLOCK)."""
+        h = self.checks.state
+        window = h.window(seq)
+        if window is None or not num_cached:
+            return
+        size, table = h.block_size, h.seqs[seq].table
+        first = max(0, num_cached - window)
+        for index in range(first // size, -(-num_cached // size)):
+            if table[index] == NULL_BLOCK:
+                self.checks.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"cache hit of {num_cached} tokens for {h.label(seq)} leaves logical block {index} dropped, "
+                    f"inside the window the next token reads",
+                    [
+                        f"expected: blocks holding positions {first}..{num_cached - 1} (sliding window {window}): a "
+                        "hit of n tokens is valid only where every group holds what its attention reads at n",
+                        f"found:    table {list(table)}",
+                    ],
+                )
