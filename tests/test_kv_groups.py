@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kvfuzz.allocator import Capabilities, KVGroup
+from kvfuzz.allocator.hybrid import HybridAllocator, hybrid_allocator
 from kvfuzz.allocator.protocol import declares
+from kvfuzz.engine import Engine, Invariant, InvariantViolation, MachineConfig
+from kvfuzz.runner import run
+from kvfuzz.zoo.hybrid import BlockInBothGroups, HybridHitFromFullGroup
 
 HYBRID = (KVGroup("full"), KVGroup("sliding", sliding_window=8))
 
@@ -36,3 +41,76 @@ def test_a_group_needs_a_name_and_a_positive_window():
         KVGroup("")
     with pytest.raises(ValueError):
         KVGroup("sliding", sliding_window=0)
+
+
+# -- the engine around a grouped allocator ------------------------------------------------------------------------
+
+CONFIG = MachineConfig(block_size=4, num_blocks=16)
+PROMPT = (5, 6, 7, 8, 9, 10, 11, 12)
+
+
+def _engine(cls: type[HybridAllocator] = HybridAllocator) -> Engine:
+    return Engine(cls(CONFIG.block_size, CONFIG.num_blocks, inflight_window=0, sliding_window=9), CONFIG)
+
+
+def test_kvfuzz_hybrid_allocator_runs_clean() -> None:
+    summary = run(hybrid_allocator, MachineConfig(), examples=150, steps=40, shrink=False)
+    assert not summary.failed, summary.explanation
+    assert summary.operations["cache hits"] > 0, summary.operations
+
+
+def test_each_group_holds_its_own_kv_for_the_same_position() -> None:
+    """The engine writes every token into each group's slot with that group's K/V: the two slots of one position
+    differ in content, so a block read through the wrong group's table is a content failure."""
+    engine = _engine()
+    engine.admit("s0", ("ns",), PROMPT)
+    engine.step()
+    full = engine.expected.seqs["s0"].table
+    sliding = engine.expected.seqs["s0@sliding"].table
+    assert len(full) == len(sliding) == 2 and not set(full) & set(sliding)
+    size = CONFIG.block_size
+    full_record = engine.pools.record(full[1] * size + 3)
+    sliding_record = engine.pools.record(sliding[1] * size + 3)
+    assert full_record is not None and sliding_record is not None
+    assert full_record.position == sliding_record.position == 7
+    assert full_record.tag != sliding_record.tag
+    keys, _ = engine.pools.rows([full[1] * size + 3, sliding[1] * size + 3])
+    assert not torch.equal(keys[0], keys[1])
+    assert "group sliding" in sliding_record.describe()
+
+
+def _evict_the_sliding_window_then_hit(engine: Engine) -> None:
+    """s0's first block stays cached in the full group while its sliding-window copy is dropped and evicted; then
+    s1 asks for s0's prompt again."""
+    engine.admit("s0", ("ns",), PROMPT[:4])
+    engine.step()
+    engine.grow("s0", PROMPT[4:] + (13, 14, 15, 16, 17))  # 13 tokens: the sliding group drops block 0
+    engine.step()
+    engine.step()
+    dropped = [block for block in engine.expected.released_blocks() if block not in engine.expected.refs.holders]
+    assert dropped, "the sliding group released its first block"
+    engine.evict_blocks(tuple(dropped))
+    engine.admit("s1", ("ns",), PROMPT)
+
+
+def test_a_hit_must_hold_in_the_sliding_window_group_too() -> None:
+    engine = _engine()
+    _evict_the_sliding_window_then_hit(engine)  # the correct allocator reports no hit
+    assert engine.expected.seqs["s1"].written == 0
+
+
+def test_a_hit_from_the_full_group_alone_is_unsound() -> None:
+    engine = _engine(HybridHitFromFullGroup)
+    with pytest.raises(InvariantViolation) as caught:
+        _evict_the_sliding_window_then_hit(engine)
+    assert caught.value.invariant is Invariant.CACHE_SOUNDNESS
+    assert "sequence s1, group sliding" in caught.value.summary
+
+
+def test_one_block_in_two_groups_is_named_with_both_entries() -> None:
+    engine = _engine(BlockInBothGroups)
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("s0", ("ns",), PROMPT[:6])
+    assert caught.value.invariant is Invariant.REFCOUNTS
+    assert "2 KV-cache groups" in caught.value.summary
+    assert "sequence s0, group full logical block 1; sequence s0, group sliding logical block 1" in str(caught.value)

@@ -18,7 +18,7 @@ from typing import Collection, Optional, Sequence
 import attrs
 
 from kvfuzz.allocator.block_pool import BlockPool
-from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
 from kvfuzz.allocator.prefix_cache import CacheEntry, PrefixCache, chain_hash
 from kvfuzz.allocator.types import (
     NULL_BLOCK,
@@ -31,6 +31,7 @@ from kvfuzz.allocator.types import (
     PoolSpec,
     SeqId,
     Slot,
+    SwapResult,
     Tokens,
 )
 
@@ -115,18 +116,23 @@ class HybridAllocator:
         matched = [self._matches(group, namespace, tokens, hashes[group]) for group in range(len(self._groups))]
         hit = self._hit_blocks(matched, len(tokens))
         reach = self._blocks_for(len(tokens))
-        plans = []  # per group: (first mapped index, hit blocks taken) of its table
-        for group, found in enumerate(matched):
-            first = self._first_hit_index(group, hit)
-            plans.append((first, [found[index] for index in range(first, hit)]))
-        fresh_needed = sum(reach - hit for _ in self._groups)
+        # Per group: the hit's cached block for each logical block from the group's first mapped one on, None where a
+        # fresh block goes (every block from the hit on; inside the hit, none under the hybrid rule).
+        plans = [
+            [found.get(index) if index < hit else None for index in range(self._first_hit_index(group, hit), reach)]
+            for group, found in enumerate(matched)
+        ]
+        taken = [block for plan in plans for block in plan if block is not None]
         evictable = self._pool.evictable_blocks()
-        self._check_room(fresh_needed, sum(block in evictable for _, taken in plans for block in taken))
-        tables = []
-        for first, taken in plans:
-            for block in taken:
-                self._pool.take(block)
-            tables.append([NULL_BLOCK] * first + taken + self._pool.allocate(reach - hit))
+        fresh_needed = sum(block is None for plan in plans for block in plan)
+        self._check_room(fresh_needed, sum(block in evictable for block in taken))
+        for block in taken:
+            self._pool.take(block)
+        fresh = iter(self._pool.allocate(fresh_needed))
+        tables = [
+            [NULL_BLOCK] * (reach - len(plan)) + [next(fresh) if block is None else block for block in plan]
+            for plan in plans
+        ]
         state = _Sequence(namespace, list(tokens), tables, hashes)
         self._seqs[seq] = state
         self._schedule_registrations(state, first_index=hit)
@@ -193,6 +199,15 @@ class HybridAllocator:
     def preempt(self, seq: SeqId) -> None:
         self._running(seq, "preempt")
         self.free(seq)
+
+    def swap_out(self, seq: SeqId) -> SwapResult:
+        raise Unsupported("swap_out: the hybrid allocator has no host pool (as vLLM v1)")
+
+    def swap_in(self, seq: SeqId) -> SwapResult:
+        raise Unsupported("swap_in: the hybrid allocator has no host pool (as vLLM v1)")
+
+    def rollback(self, seq: SeqId, num_tokens: int) -> None:
+        raise Unsupported("rollback: kvfuzz does not check rollback together with KV-cache groups yet")
 
     def evict(self, num_blocks: int) -> int:
         if num_blocks < 0:

@@ -27,6 +27,7 @@ from kvfuzz.allocator.types import (
     SwapResult,
 )
 from kvfuzz.engine.expected import ExpectedState, Status
+from kvfuzz.engine.groups import shown_namespace
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.pools import KVPools, SlotWrite
 from kvfuzz.engine.violations import Invariant, violation
@@ -144,7 +145,7 @@ class Checks:
 
     def prefix(self, seq: str, position: int) -> str:
         tokens = self.state.reference.tokens(seq)[: position + 1]
-        return f"namespace {self.state.reference.namespace(seq)!r}, tokens {tokens}"
+        return f"namespace {shown_namespace(self.state.reference.namespace(seq))}, tokens {tokens}"
 
     @staticmethod
     def found(record: Optional[SlotWrite]) -> str:
@@ -152,7 +153,7 @@ class Checks:
 
     @staticmethod
     def _content(prefix: tuple[Namespace, tuple[int, ...]]) -> str:
-        return f"namespace {prefix[0]!r}, tokens {list(prefix[1])}"
+        return f"namespace {shown_namespace(prefix[0])}, tokens {list(prefix[1])}"
 
     def _block_content(self, seq: str, index: int) -> tuple[Namespace, tuple[int, ...]]:
         """``seq``'s namespace and tokens up to the end of its logical block ``index`` (or its last token)."""
@@ -1086,7 +1087,7 @@ class Checks:
                 why, cause = self._unsound_hit(seq, position, slot, record, tag)
                 self.fail(
                     Invariant.CACHE_SOUNDNESS,
-                    f"cache hit of {num_cached} tokens for {seq} covers position {position}, but {why}",
+                    f"cache hit of {num_cached} tokens for {h.label(seq)} covers position {position}, but {why}",
                     [
                         self.where(seq, position),
                         f"expected: K/V of {self.prefix(seq, position)}, written "

@@ -29,8 +29,9 @@ from kvfuzz.allocator.types import (
 )
 from kvfuzz.engine.checks import CacheSnapshot, Checks
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.engine.expected import ExpectedState, SeqModel, Status, TableChange, group_namespace, mapped
+from kvfuzz.engine.expected import ExpectedState, SeqModel, Status, TableChange, mapped
 from kvfuzz.engine.group_checks import GroupChecks
+from kvfuzz.engine.groups import group_namespace
 from kvfuzz.engine.matchable import Filled
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.pools import KVPools, SlotWrite

@@ -15,6 +15,7 @@ from typing import Iterable, Optional, Protocol
 import attrs
 
 from kvfuzz.allocator.types import NULL_BLOCK, Capabilities, Namespace, SeqId
+from kvfuzz.engine.groups import group_seq
 from kvfuzz.engine.matchable import MatchablePrefixes
 from kvfuzz.reference.content import prefix_tags
 from kvfuzz.reference.contiguous import ContiguousReference
@@ -26,20 +27,6 @@ RETIRED_KEPT = 256
 def mapped(table: Iterable[int]) -> list[int]:
     """The physical blocks a table maps, in order, without its dropped (NULL_BLOCK) entries."""
     return [block for block in table if block != NULL_BLOCK]
-
-
-GROUP_MARK = "\x00kv-group:"
-"""The namespace part that makes a KV-cache group's K/V differ from every other group's (different layers)."""
-
-
-def group_seq(seq: SeqId, group_name: str) -> SeqId:
-    """The id of ``seq``'s table in the KV-cache group ``group_name`` (never an id the machine draws)."""
-    return f"{seq}@{group_name}"
-
-
-def group_namespace(namespace: Namespace, group_name: str) -> Namespace:
-    """The namespace whose K/V stand for ``group_name``'s layers: ``namespace`` with one more part."""
-    return (*namespace, GROUP_MARK + group_name)
 
 
 class Status(enum.Enum):

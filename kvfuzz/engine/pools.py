@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from kvfuzz.allocator.types import Namespace, SeqId
+from kvfuzz.engine.groups import shown_namespace
 from kvfuzz.reference.content import ModelShape, kv_for_tags
 
 _HISTORY_LENGTH = 8
@@ -40,7 +41,7 @@ class SlotWrite:
     def describe(self) -> str:
         how = f" ({self.via})" if self.via else ""
         return (
-            f"K/V of sequence {self.seq} (namespace {self.namespace!r}) position {self.position}, "
+            f"K/V of sequence {self.seq} (namespace {shown_namespace(self.namespace)}) position {self.position}, "
             f"put here by step {self.step}{how}"
         )
 

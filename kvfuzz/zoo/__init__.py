@@ -4,14 +4,18 @@ kvfuzz must name when it catches it.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import attrs
 
+from kvfuzz.allocator.hybrid import HybridAllocator
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.engine.violations import Invariant
-from kvfuzz.zoo import cache_keys, contract, deep, deferred_free, eviction, host_pool, lookahead, variants
+from kvfuzz.zoo import cache_keys, contract, deep, deferred_free, eviction, host_pool, hybrid, lookahead, variants
+
+ZooAllocator = Union[PagedAllocator, HybridAllocator]
+"""What a zoo variant subclasses: kvfuzz's allocator, or its hybrid (KV-cache groups) allocator."""
 
 
 @attrs.frozen
@@ -22,7 +26,7 @@ class Variant:
     in most seeds: its trigger needs pool pressure, a long program, a rollback or swap at a particular moment, or a
     tiny pool."""
 
-    allocator: type[PagedAllocator]
+    allocator: type[ZooAllocator]
     bug_class: str
     expected: Invariant
     inflight_window: int = 1
@@ -38,8 +42,8 @@ class Variant:
     def description(self) -> str:
         return " ".join((self.allocator.__doc__ or "").split())
 
-    def factory(self) -> Callable[[PoolSpec], PagedAllocator]:
-        def build(spec: PoolSpec) -> PagedAllocator:
+    def factory(self) -> Callable[[PoolSpec], ZooAllocator]:
+        def build(spec: PoolSpec) -> ZooAllocator:
             return self.allocator(
                 spec.block_size,
                 spec.num_blocks,
@@ -144,6 +148,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(eviction.EvictBlocksKeepsEntry, "targeted eviction keeps the cache entry", Invariant.CACHE_SOUNDNESS),
     Variant(eviction.EvictsMostRecentFirst, "most recently used evicted first", Invariant.EVICTION_ORDER),
     Variant(eviction.CachesPromptBlocksOnly, "generated blocks never cached", Invariant.COMPLETE_CACHING),
+    Variant(hybrid.HybridHitFromFullGroup, "9 hybrid hit taken from the full group alone", Invariant.CACHE_SOUNDNESS),
+    Variant(hybrid.BlockInBothGroups, "one block in two KV-cache groups", Invariant.REFCOUNTS),
 )
 
 
