@@ -1087,7 +1087,8 @@ class Checks:
                 why, cause = self._unsound_hit(seq, position, slot, record, tag)
                 self.fail(
                     Invariant.CACHE_SOUNDNESS,
-                    f"cache hit of {num_cached} tokens for {h.label(seq)} covers position {position}, but {why}",
+                    f"cache hit of {num_cached} tokens for {h.label(seq) if h.caps.kv_groups else seq} covers "
+                    f"position {position}, but {why}",
                     [
                         self.where(seq, position),
                         f"expected: K/V of {self.prefix(seq, position)}, written "

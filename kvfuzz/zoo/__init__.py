@@ -149,7 +149,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(eviction.EvictsMostRecentFirst, "most recently used evicted first", Invariant.EVICTION_ORDER),
     Variant(eviction.CachesPromptBlocksOnly, "generated blocks never cached", Invariant.COMPLETE_CACHING),
     Variant(hybrid.HybridHitFromFullGroup, "9 hybrid hit taken from the full group alone", Invariant.CACHE_SOUNDNESS),
-    Variant(hybrid.BlockInBothGroups, "one block in two KV-cache groups", Invariant.REFCOUNTS),
+    Variant(hybrid.BlockInBothGroups, "11 one block in two KV-cache groups", Invariant.REFCOUNTS),
 )
 
 
