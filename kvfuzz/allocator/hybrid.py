@@ -5,7 +5,8 @@ Each sequence has one block table per group; every group draws fresh blocks from
 block sits in one group's tables only. A full block becomes matchable for its group once the step that wrote it has
 completed, keyed by its group as well as its namespace and prefix (the groups hold different layers' K/V). A hit of
 k blocks is the longest for which every full-attention group matches blocks 0..k-1 and every sliding-window group
-of window w matches the blocks covering positions [k * block_size - w, k * block_size); a hit never covers a whole
+of window w matches the blocks covering positions [n - w + 1, n), n = k * block_size (what the token after the hit
+reads besides itself); a hit never covers a whole
 prompt. A sliding-window group drops (``NULL_BLOCK``) its blocks before ``len - w`` as a sequence grows, and at
 admission maps no block wholly before its hit window. A write into a partial tail block that another sequence
 shares, or that holds cached content, copies the block first. Released blocks wait out the in-flight window W.
@@ -272,9 +273,10 @@ class HybridAllocator:
         return 0 if window is None else max(0, num_tokens - window) // self.block_size
 
     def _first_hit_index(self, group: int, hit_blocks: int) -> int:
-        """The first logical block a hit of ``hit_blocks`` blocks needs in ``group``: 0 for full attention, the
-        first block covering position ``hit - w`` for a sliding window of w."""
-        return self._first_kept_index(group, hit_blocks * self.block_size)
+        """The first logical block a hit of n = ``hit_blocks`` blocks' tokens needs in ``group``: 0 for full
+        attention; for a sliding window of w, the block of position n - w + 1, the first the next token reads."""
+        window = self._window(group)
+        return 0 if window is None else max(0, hit_blocks * self.block_size - window + 1) // self.block_size
 
     def _full_block_hashes(self, group: int, namespace: Namespace, tokens: Tokens, hashes: list[int]) -> list[int]:
         """Extend ``hashes`` with the chained hash, for ``group``, of every full block of ``tokens`` not yet hashed."""

@@ -165,7 +165,8 @@ class Capabilities:
     table in ``kv_groups`` order (:class:`~kvfuzz.allocator.protocol.GroupedTables`), a sliding-window group's
     dropped blocks as ``NULL_BLOCK``. ``AdmitResult.num_cached_tokens`` is the hit of every group: a hit of n tokens
     is valid only if each full-attention group's blocks for positions < n, and each sliding-window group's blocks
-    covering positions [n - w, n), hold that prefix's K/V for that group. A physical block is in at most one group's
+    covering positions [n - w + 1, n) (what the next token reads besides itself), hold that prefix's K/V for that
+    group. A physical block is in at most one group's
     tables at a time (several sequences may share it within that group); refcounts count entries of every group.
     With groups, ``sliding_window`` must be None and the capabilities in :data:`GROUPED_UNSUPPORTED` stay off.
     """

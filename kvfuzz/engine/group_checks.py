@@ -67,13 +67,14 @@ class GroupChecks:
 
     def hit_window(self, seq: SeqId, num_cached: int) -> None:
         """Invariant 9, the hybrid rule: a hit of n tokens needs a sliding-window group's blocks covering positions
-        [n - w, n); only blocks wholly before them may be dropped (NULL_BLOCK)."""
+        [n - w + 1, n), the ones the next token (position n) reads besides its own; only blocks wholly before them
+        may be dropped (NULL_BLOCK)."""
         h = self.checks.state
         window = h.window(seq)
         if window is None or not num_cached:
             return
         size, table = h.block_size, h.seqs[seq].table
-        first = max(0, num_cached - window)
+        first = max(0, num_cached - window + 1)
         for index in range(first // size, -(-num_cached // size)):
             if table[index] == NULL_BLOCK:
                 self.checks.fail(
