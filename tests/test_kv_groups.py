@@ -8,6 +8,7 @@ import torch
 from kvfuzz.allocator import Capabilities, KVGroup
 from kvfuzz.allocator.hybrid import HybridAllocator, hybrid_allocator
 from kvfuzz.allocator.protocol import declares
+from kvfuzz.allocator.types import NULL_BLOCK
 from kvfuzz.engine import Engine, Invariant, InvariantViolation, MachineConfig
 from kvfuzz.runner import run
 from kvfuzz.zoo.hybrid import BlockInBothGroups, HybridHitFromFullGroup
@@ -114,3 +115,22 @@ def test_one_block_in_two_groups_is_named_with_both_entries() -> None:
     assert caught.value.invariant is Invariant.REFCOUNTS
     assert "2 KV-cache groups" in caught.value.summary
     assert "sequence s0, group full logical block 1; sequence s0, group sliding logical block 1" in str(caught.value)
+
+
+def test_a_hit_may_leave_out_the_sliding_blocks_the_next_token_does_not_read() -> None:
+    """Window 9, blocks of 4: a hit of 12 tokens needs the sliding group's positions 4..11 (what position 12 reads
+    besides itself), so its block 0, dropped and evicted, may stay NULL_BLOCK while the full group hits all three."""
+    engine = _engine()
+    tokens = tuple(range(20, 34))
+    engine.admit("s0", ("ns",), tokens[:12])
+    engine.step()
+    engine.grow("s0", tokens[12:14])  # 14 tokens: the sliding group drops block 0 (positions 0..3 < 14 - 9)
+    engine.step()
+    engine.step()
+    dropped = [block for block in engine.expected.released_blocks() if block not in engine.expected.refs.holders]
+    engine.evict_blocks(tuple(dropped))
+    engine.admit("s1", ("ns",), tokens[:13])
+    assert engine.expected.seqs["s1"].written == 12
+    assert engine.expected.seqs["s1@sliding"].table[0] == NULL_BLOCK
+    engine.step()
+    engine.quiesce()
