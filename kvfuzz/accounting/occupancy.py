@@ -24,8 +24,8 @@ class Occupancy:
     Identities: ``referenced_blocks · block_size = effective_positions + tail_waste_positions``;
     ``logical_blocks − referenced_blocks = saved_by_sharing ≥ 0``; with introspection,
     ``referenced + cached + free + pending = num_blocks``. ``table_entries`` counts block-table entries (one table per
-    sequence, shared by all layers); ``cached_blocks``, ``free_blocks`` and ``pending_blocks`` are None when the
-    allocator does not expose them.
+    sequence, shared by all layers; one per KV-cache group under ``kv_groups``); ``cached_blocks``, ``free_blocks``
+    and ``pending_blocks`` are None when the allocator does not expose them.
     """
 
     step: int

@@ -13,6 +13,8 @@ import functools
 from collections import Counter
 from typing import Callable, Optional, Sequence, TypeVar, cast
 
+import attrs
+
 from kvfuzz.accounting.occupancy import Occupancy, measure
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
 from kvfuzz.allocator.protocol import AllocatorProtocol, EvictsBlocks, HostCache, HostIntrospectable
@@ -121,13 +123,15 @@ class Engine:
         state = self.expected
         running = [(state.seqs[seq].table, state.length(seq)) for seq in state.ids(Status.RUNNING, groups=True)]
         counts = self.checks.counts()
-        return measure(
+        occupancy = measure(
             self.pools.next_step - 1,
             running,
             self.block_size,
             self.config.num_blocks,
             *((counts.cached, counts.free, counts.pending) if counts is not None else ()),
         )
+        # Under kv_groups every group's tables hold blocks, but the sequences are those of group 0.
+        return attrs.evolve(occupancy, sequences=len(state.ids(Status.RUNNING))) if self.caps.kv_groups else occupancy
 
     # -- operations ----------------------------------------------------------------------------------------------
 
