@@ -548,7 +548,7 @@ class Checks:
                     f"block {block} has refcount {found}",
                     [
                         f"expected: {len(holders)}, the block-table entries referencing it: "
-                        f"{sorted(holders) or 'none'}",
+                        f"{self.state.entries(holders) or 'none'}",
                         *self.pools.block_story(block),
                     ],
                 )
@@ -558,7 +558,8 @@ class Checks:
             if holders and member_of:
                 self.fail(
                     Invariant.FREE_SET,
-                    f"block {block} is referenced by {sorted(holders)} yet listed as {' and '.join(member_of)}",
+                    f"block {block} is referenced by {self.state.entries(holders)} yet listed as "
+                    f"{' and '.join(member_of)}",
                     self.pools.block_story(block),
                 )
             if not holders and len(member_of) != 1:
@@ -808,8 +809,9 @@ class Checks:
                 Invariant.EXCLUSIVE_WRITES,
                 f"{what} into block {block} while it is shared",
                 [
-                    f"expected: block {block} referenced by {seq} alone (copy-on-write first)",
-                    f"found:    referenced by {sorted(holders)}",
+                    f"expected: block {block} referenced by {self.state.label(seq) if caps.kv_groups else seq} alone "
+                    "(copy-on-write first)",
+                    f"found:    referenced by {self.state.entries(holders)}",
                     *self.pools.block_story(block),
                 ],
             )

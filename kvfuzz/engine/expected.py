@@ -221,6 +221,13 @@ class ExpectedState:
             return f"sequence {seq}"
         return f"sequence {model.owner or seq}, group {self.caps.kv_groups[model.group].name}"
 
+    def entries(self, holders: Iterable[tuple[SeqId, int]]) -> str:
+        """Block-table entries as reports list them: ``[('s1', 0), ('s2', 0)]``, or under ``kv_groups`` each with
+        its group: ``sequence s1, group full logical block 0; ...``."""
+        if not self.caps.kv_groups:
+            return str(sorted(holders))
+        return "; ".join(f"{self.label(seq)} logical block {index}" for seq, index in sorted(holders))
+
     def window(self, seq: SeqId) -> Optional[int]:
         """The sliding window of ``seq``'s table: its group's under ``kv_groups``, else ``sliding_window``."""
         if self.caps.kv_groups:

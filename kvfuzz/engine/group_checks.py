@@ -53,14 +53,13 @@ class GroupChecks:
             holders = h.refs.holders.get(block, ())
             groups = {h.seqs[holder].group for holder, _ in holders}
             if len(groups) > 1:
-                entries = sorted(f"{h.label(holder)} logical block {index}" for holder, index in holders)
                 self.checks.fail(
                     Invariant.REFCOUNTS,
                     f"block {block} is mapped by the tables of {len(groups)} KV-cache groups at once",
                     [
                         "expected: a physical block in one group's tables at a time (each group is other layers, "
                         "with K/V of its own)",
-                        f"found:    {'; '.join(entries)}",
+                        f"found:    {h.entries(holders)}",
                         *self.checks.pools.block_story(block),
                     ],
                 )
