@@ -11,7 +11,7 @@ from kvfuzz.allocator.protocol import declares
 from kvfuzz.allocator.types import NULL_BLOCK
 from kvfuzz.engine import Engine, Invariant, InvariantViolation, MachineConfig
 from kvfuzz.runner import run
-from kvfuzz.zoo.hybrid import BlockInBothGroups, HybridHitFromFullGroup
+from kvfuzz.zoo.hybrid import BlockInBothGroups, HitGroupsSwapped, HybridHitFromFullGroup
 
 HYBRID = (KVGroup("full"), KVGroup("sliding", sliding_window=8))
 
@@ -134,3 +134,17 @@ def test_a_hit_may_leave_out_the_sliding_blocks_the_next_token_does_not_read() -
     assert engine.expected.seqs["s1@sliding"].table[0] == NULL_BLOCK
     engine.step()
     engine.quiesce()
+
+
+def test_a_block_read_through_the_wrong_group_is_another_layers_kv() -> None:
+    """Each group's cached block of one prefix given to the other group: every block is in one group's tables, so
+    only the K/V tell the mix-up, and the report names both groups."""
+    engine = _engine(HitGroupsSwapped)
+    engine.admit("s0", ("ns",), PROMPT[:5])
+    engine.step()
+    engine.free("s0")
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("s1", ("ns",), PROMPT[:6])
+    assert caught.value.invariant is Invariant.CACHE_SOUNDNESS
+    assert "cache hit of 4 tokens for sequence s1, group full" in caught.value.summary
+    assert "in group sliding" in str(caught.value) and "differ only in their KV-cache group" in str(caught.value)

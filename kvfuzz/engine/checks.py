@@ -27,7 +27,7 @@ from kvfuzz.allocator.types import (
     SwapResult,
 )
 from kvfuzz.engine.expected import ExpectedState, Status
-from kvfuzz.engine.groups import shown_namespace
+from kvfuzz.engine.groups import group_of, shown_namespace
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.pools import KVPools, SlotWrite
 from kvfuzz.engine.violations import Invariant, violation
@@ -165,6 +165,11 @@ class Checks:
         """What two different prefixes that were given one block have in common: the likely flaw of the key."""
         if len(mine[1]) != len(theirs[1]):
             return "they sit at different positions: the block was shared across logical blocks"
+        if mine[1] == theirs[1] and group_of(mine[0]) != group_of(theirs[0]):
+            return (
+                "the prefixes differ only in their KV-cache group: the block holds another group's layers' K/V (a "
+                "group mixed up in a table, or a cache key that leaves the group out)"
+            )
         if mine[1] == theirs[1]:
             return (
                 "the prefixes differ only in their namespace: the cache key leaves the namespace out, or joins its "

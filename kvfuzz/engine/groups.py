@@ -21,8 +21,12 @@ def group_namespace(namespace: Namespace, group_name: str) -> Namespace:
     return (*namespace, GROUP_MARK + group_name)
 
 
+def group_of(namespace: Namespace) -> str:
+    """The KV-cache group whose K/V ``namespace`` stands for ("" for a sequence's own namespace)."""
+    return namespace[-1][len(GROUP_MARK) :] if namespace and namespace[-1].startswith(GROUP_MARK) else ""
+
+
 def shown_namespace(namespace: Namespace) -> str:
     """``namespace`` as reports show it: a group's K/V as the request's namespace and the group's name."""
-    if namespace and namespace[-1].startswith(GROUP_MARK):
-        return f"{namespace[:-1]!r} in group {namespace[-1][len(GROUP_MARK) :]}"
-    return repr(namespace)
+    group = group_of(namespace)
+    return f"{namespace[:-1]!r} in group {group}" if group else repr(namespace)

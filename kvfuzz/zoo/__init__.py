@@ -150,6 +150,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(eviction.CachesPromptBlocksOnly, "generated blocks never cached", Invariant.COMPLETE_CACHING),
     Variant(hybrid.HybridHitFromFullGroup, "9 hybrid hit taken from the full group alone", Invariant.CACHE_SOUNDNESS),
     Variant(hybrid.BlockInBothGroups, "11 one block in two KV-cache groups", Invariant.REFCOUNTS),
+    Variant(hybrid.HitGroupsSwapped, "11 a hit's blocks given to the wrong KV-cache group", Invariant.CACHE_SOUNDNESS),
 )
 
 

@@ -4,7 +4,7 @@ hybrid allocator."""
 from __future__ import annotations
 
 from kvfuzz.allocator.hybrid import HybridAllocator
-from kvfuzz.allocator.types import AdmitResult, Namespace, SeqId, Tokens
+from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, Namespace, SeqId, Tokens
 
 
 class HybridHitFromFullGroup(HybridAllocator):
@@ -30,4 +30,18 @@ class BlockInBothGroups(HybridAllocator):
             self._pool.take(full[-1])
             self._pool.release(sliding[-1])
             sliding[-1] = full[-1]
+        return result
+
+
+class HitGroupsSwapped(HybridAllocator):
+    """Assembles a hit's tables with the groups' cached blocks swapped (a group index mixed up): each group maps the
+    other group's block of the same prefix, so its layers read another layer's K/V."""
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        result = super().admit(seq, namespace, tokens)
+        full, sliding = self._seqs[seq].tables
+        index = result.num_cached_tokens // self.block_size - 1  # the hit's last block, which both groups map
+        if index >= 0 and NULL_BLOCK not in (full[index], sliding[index]):
+            full[index], sliding[index] = sliding[index], full[index]
+            return AdmitResult(tuple(full), result.num_cached_tokens)
         return result
