@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from kvfuzz.allocator import BlockCopy, InvalidArgument, PagedAllocator, PoolSpec, UnknownSequence
+from kvfuzz.zoo.variants import NoCopyOnWrite
 
 
 def make_allocator(window: int = 0, prefix_caching: bool = True, introspection: bool = True, reserved_blocks: int = 0):
@@ -75,6 +76,18 @@ class CopyTailOnFork(PagedAllocator):
         self._pool.release(tail)
         state.table[-1] = fresh
         return [BlockCopy(tail, fresh)]
+
+
+class NoCopyOnWriteCopy(NoCopyOnWrite):
+    """The zoo's NoCopyOnWrite slip in a class of its own: the same failures, from other code (for the campaign's
+    known findings, which carry over only to allocators of the trace's class)."""
+
+
+no_copy_on_write_deferred_free = declaring(NoCopyOnWrite, window=2)
+"""The zoo's NoCopyOnWrite (its class, its slip) in another configuration: W = 2 where the zoo's builds W = 1."""
+
+no_copy_on_write_copy = declaring(NoCopyOnWriteCopy, window=1)
+"""The same slip as the zoo's NoCopyOnWrite and its configuration, in another class."""
 
 
 # -- the allocator unit tests: the allocator built directly, and tokens ------------------------------------------

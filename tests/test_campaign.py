@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from factories import kvfuzz
 
@@ -21,6 +22,7 @@ from kvfuzz import zoo
 from kvfuzz.allocator import PagedAllocator, PoolSpec
 from kvfuzz.allocator.paged import paged_allocator
 from kvfuzz.campaign import shrink as shrinking
+from kvfuzz.campaign.known import known_signatures, trace_signature
 from kvfuzz.campaign.shrink import renumbered, shrink
 from kvfuzz.campaign.signature import TEARDOWN, signature_of
 from kvfuzz.campaign.supervisor import Campaign, CampaignOptions, _Slot
@@ -355,6 +357,29 @@ def test_known_findings_of_the_corpus_are_counted_not_reported_as_new(workdir: P
     assert signature not in new
     assert "nocopyonwrite-exclusive-writes-b4ceae19c430.json (known bug:" in known[signature]["known"]
     assert known[signature]["seen"] >= 1
+
+
+def test_a_known_finding_carries_over_only_to_allocators_of_the_traces_class(tmp_path: Path) -> None:
+    # The corpus trace was recorded against zoo:NoCopyOnWrite; the campaign runs the same class at another W, and a
+    # copy of the slip in another class. Both fail the trace's program the same way; only the first runs its code.
+    trace = REPOSITORY / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c430.json"
+    shutil.copy(trace, tmp_path)
+    same_class, other_class = "factories:no_copy_on_write_deferred_free", "factories:no_copy_on_write_copy"
+    recorded = trace_signature(load(trace), 10.0)
+    assert recorded is not None and recorded.allocator == "zoo:NoCopyOnWrite"
+    for spec in (same_class, other_class):
+        found = trace_signature(attrs.evolve(load(trace), allocator=spec), 10.0)
+        assert found is not None and (found.failure, found.operation) == (recorded.failure, recorded.operation)
+
+    known = known_signatures([tmp_path], [same_class, other_class], 10.0)
+
+    same = trace_signature(attrs.evolve(load(trace), allocator=same_class), 10.0)
+    other = trace_signature(attrs.evolve(load(trace), allocator=other_class), 10.0)
+    assert same is not None and other is not None
+    assert same.key() in known
+    assert "recorded against zoo:NoCopyOnWrite" in known[same.key()]
+    assert other.key() not in known
+    assert recorded.key() not in known  # the recorded allocator is not in the campaign
 
 
 def test_the_table_lists_each_distinct_failure_with_its_trace(workdir: Path) -> None:

@@ -5,13 +5,23 @@ signature of the failure it reproduces becomes known, so that the campaign count
 new (a ``known_bug`` trace of this repository's corpus, a failure an earlier campaign saved). A trace that no longer
 reproduces (the bug was fixed) makes nothing known. A trace of a process the allocator killed is not replayed (the
 replay would die too): its signature is read from the trace.
+
+A trace is also replayed against the campaign's other allocators that run the same code: factories whose
+allocators are instances of the same class as the trace's, configured differently (vLLM v0's block manager with and
+without chunked-prefill preemption, vLLM v1's default and LoRA managers). Where the trace's program fails there with
+the same failure, in the same operation and, for a crash, in the same frame as on the allocator it was recorded
+against, it is the same bug met in another configuration: that allocator's signature is known too. A failure that
+differs in any of those, or an allocator of another class (each zoo variant is one), stays new.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator, Optional
 
+import attrs
+
+from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.campaign.signature import TEARDOWN, Signature, signature_of
 from kvfuzz.corpus import PROCESS_DIED
 from kvfuzz.program.execution import Safeguards, Target
@@ -22,10 +32,38 @@ from kvfuzz.trace import Trace, TraceError, is_trace_file, load
 
 
 def known_signatures(directories: Iterable[Path], allocators: Iterable[str], call_timeout: float) -> dict[str, str]:
-    """Signature key -> where it is known from (``path`` or ``path (known bug: reason)``), for the traces in
-    ``directories`` (not recursively) recorded against one of ``allocators``."""
-    wanted = set(allocators)
+    """Signature key -> where it is known from (``path`` or ``path (known bug: reason)``, and for an allocator that
+    runs the trace's code in another configuration, which), for the traces in ``directories`` (not recursively)
+    recorded against one of ``allocators`` or against an allocator of the same class as one of them."""
+    wanted = tuple(dict.fromkeys(allocators))
+    classes = _ClassCache()
     known: dict[str, str] = {}
+    for path, trace in _traces(directories):
+        pool = trace.config.pool_spec()
+        recorded = classes.of(trace.allocator, pool)
+        died = str(trace.failure.get("title")).startswith(PROCESS_DIED)
+        siblings = [
+            spec
+            for spec in wanted
+            if spec != trace.allocator and not died and recorded is not None and classes.of(spec, pool) is recorded
+        ]
+        if trace.allocator not in wanted and not siblings:
+            continue
+        signature = trace_signature(trace, call_timeout)
+        if signature is None:
+            continue
+        reason = f" (known bug: {trace.known_bug})" if trace.known_bug else ""
+        if trace.allocator in wanted:
+            known.setdefault(signature.key(), f"{path}{reason}")
+        for spec in siblings:
+            found = trace_signature(attrs.evolve(trace, allocator=spec), call_timeout)
+            if found is not None and attrs.evolve(found, allocator=trace.allocator) == signature:
+                known.setdefault(found.key(), f"{path}{reason}, recorded against {trace.allocator}, same failure here")
+    return known
+
+
+def _traces(directories: Iterable[Path]) -> Iterator[tuple[Path, Trace]]:
+    """The valid traces of ``directories`` (not recursively), in file-name order."""
     for directory in directories:
         if not directory.is_dir():
             continue
@@ -33,16 +71,33 @@ def known_signatures(directories: Iterable[Path], allocators: Iterable[str], cal
             if not is_trace_file(path):
                 continue
             try:
-                trace = load(path)
+                yield path, load(path)
             except TraceError:
                 continue
-            if trace.allocator not in wanted:
-                continue
-            signature = trace_signature(trace, call_timeout)
-            if signature is not None and signature.key() not in known:
-                reason = f" (known bug: {trace.known_bug})" if trace.known_bug else ""
-                known[signature.key()] = f"{path}{reason}"
-    return known
+
+
+class _ClassCache:
+    """The class of the allocator a spec's factory builds for a pool, built once per (spec, pool); None where the
+    factory cannot be loaded or refuses the pool."""
+
+    def __init__(self) -> None:
+        self.classes: dict[tuple[str, PoolSpec], Optional[type]] = {}
+
+    def of(self, spec: str, pool: PoolSpec) -> Optional[type]:
+        if (spec, pool) not in self.classes:
+            self.classes[spec, pool] = _built_class(spec, pool)
+        return self.classes[spec, pool]
+
+
+def _built_class(spec: str, pool: PoolSpec) -> Optional[type]:
+    try:
+        factory = load_factory(spec)
+    except AllocatorNotFound:
+        return None
+    try:
+        return type(factory(pool))
+    except Exception:  # noqa: BLE001 -- a factory that refuses this pool shares no trace recorded on it
+        return None
 
 
 def trace_signature(trace: Trace, call_timeout: float) -> Signature | None:
