@@ -10,6 +10,7 @@ import random
 import shutil
 import subprocess
 import sys
+import sysconfig
 import types
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,60 @@ def test_a_failure_of_the_teardown_has_the_teardown_as_its_operation() -> None:
     outcome = replay(Target(factory), calls)
     assert outcome.failure is not None
     assert signature_of("zoo:LeakOnCancel", outcome.failure, calls, outcome.failed_at).operation in ("free", TEARDOWN)
+
+
+class _KeyErrorOnFree(PagedAllocator):
+    """An allocator whose free raises KeyError (as vLLM v0's does for a swapped-out sequence)."""
+
+    def free(self, seq):  # type: ignore[no-untyped-def]
+        return {}[seq]
+
+
+def test_a_crash_while_the_teardown_frees_a_sequence_is_a_crash_in_free() -> None:
+    # The same bug, whether the program frees the sequence or leaves it to the teardown: one signature.
+    def factory(spec: PoolSpec) -> PagedAllocator:
+        return _KeyErrorOnFree(spec.block_size, spec.num_blocks, spec.num_host_blocks)
+
+    admit = Call("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1]})
+    signatures = []
+    for calls in ([admit, Call("free", {"seq": "s0"})], [admit]):
+        outcome = replay(Target(factory), calls)
+        assert outcome.failure is not None
+        signatures.append(signature_of("x", outcome.failure, calls, outcome.failed_at))
+    assert signatures[0].operation == "free"
+    assert signatures[1] == signatures[0]
+    assert signatures[0].frame == f"{__name__}._KeyErrorOnFree.free"
+
+
+def test_a_quiescence_failure_is_one_of_the_teardown() -> None:
+    # Without introspection the leak shows only at the end, when the whole pool cannot be admitted.
+    factory = load_factory("zoo:OpaqueLeakOnCancel")
+    calls = [Call("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1]}), Call("free", {"seq": "s0"})]
+    outcome = replay(Target(factory), calls)
+    assert outcome.failure is not None and outcome.failed_at == len(calls)
+    assert signature_of("zoo:OpaqueLeakOnCancel", outcome.failure, calls, outcome.failed_at).operation == TEARDOWN
+
+
+def test_a_crash_in_an_installed_library_is_named_by_the_librarys_frame() -> None:
+    # A virtual environment's site-packages lie inside its platstdlib (venv/lib/python3.X): a library's frame must not
+    # be taken for the standard library's, or every crash of vLLM or SGLang is named by the adapter's method.
+    library = Path(sysconfig.get_paths()["purelib"]) / "kvfuzz_test_library" / "pool.py"
+    code = compile("def mark_accessed(blocks):\n    return blocks[1]\n", str(library), "exec")
+    namespace: dict[str, Any] = {"__name__": "kvfuzz_test_library.pool"}
+    exec(code, namespace)
+
+    class CrashesInTheLibrary(PagedAllocator):
+        def free(self, seq):  # type: ignore[no-untyped-def]
+            return namespace["mark_accessed"]({})
+
+    def factory(spec: PoolSpec) -> PagedAllocator:
+        return CrashesInTheLibrary(spec.block_size, spec.num_blocks, spec.num_host_blocks)
+
+    calls = [Call("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1]}), Call("free", {"seq": "s0"})]
+    outcome = replay(Target(factory), calls)
+    assert outcome.failure is not None
+    signature = signature_of("x", outcome.failure, calls, outcome.failed_at)
+    assert signature.frame == "kvfuzz_test_library.pool.mark_accessed"
 
 
 def test_renumbering_names_sequences_in_order_of_first_use_in_misuse_calls_too() -> None:

@@ -1,9 +1,13 @@
 """Failure signatures: what makes two failures of a campaign the same finding.
 
 A signature is the allocator, the failure (the broken invariant, or a crash with its exception type, or a hang),
-the operation of the table whose call failed (``teardown`` for the quiescence check at the end), and for a crash
-the allocator's frame that raised (module and function, never a line number, which moves with every edit). A new
-signature is shrunk and saved once; a known one is only counted.
+the operation of the table whose call failed, and for a crash the allocator's frame that raised (module and
+function, never a line number, which moves with every edit). A new signature is shrunk and saved once; a known one
+is only counted.
+
+The teardown first frees every sequence still alive, then checks quiescence: a failure while it frees one is a
+failure of ``free``, as if the program had ended with that call (the same bug, whether the program freed the
+sequence or left it to the teardown); a failure after that is one of ``teardown``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import attrs
 
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call
+from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.program.safeguards import AllocatorHang
 from kvfuzz.program.stats import failure_kind
 
@@ -31,6 +36,12 @@ _HARNESS = tuple(
 """kvfuzz's own code around an allocator call: a crash's frame is the innermost frame outside it (and outside the
 standard library)."""
 _STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
+_SITE_PACKAGES = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+"""Where installed libraries live: inside ``platstdlib`` in a virtual environment (``venv/lib/python3.X``), yet
+an allocator's code (vLLM's, SGLang's), never the standard library's."""
+_ENGINE = str(Path(__file__).resolve().parent.parent / "engine" / "engine.py")
+"""The engine, with one method per operation: the teardown frees sequences through its ``free``."""
+_OPERATION_NAMES = frozenset(operation.name for operation in OPERATIONS)
 
 
 @attrs.frozen
@@ -59,11 +70,30 @@ def signature_of(allocator: str, failure: BaseException, calls: Sequence[Call], 
     """The signature of ``failure``, raised by call ``failed_at`` of ``calls`` (``len(calls)``: the teardown; None:
     the last call)."""
     index = len(calls) - 1 if failed_at is None else failed_at
-    operation = calls[index].rule if 0 <= index < len(calls) else TEARDOWN
+    operation = calls[index].rule if 0 <= index < len(calls) else _teardown_operation(failure)
     frame = None
     if not isinstance(failure, (InvariantViolation, AllocatorHang)):
         frame = allocator_frame(getattr(failure, "original", failure))
     return Signature(allocator, failure_kind(failure), operation, frame)
+
+
+def _teardown_operation(failure: BaseException) -> str:
+    """``free`` for a failure raised while the teardown freed a sequence (the violation's operation, or for a crash
+    the engine's operation method in its traceback), else :data:`TEARDOWN`."""
+    if isinstance(failure, InvariantViolation):
+        name = failure.operation.partition("(")[0]
+        return name if name in _OPERATION_NAMES else TEARDOWN
+    if isinstance(failure, AllocatorHang):
+        return TEARDOWN
+    operation = TEARDOWN
+    for frame, _ in traceback.walk_tb(getattr(failure, "original", failure).__traceback__):
+        if frame.f_code.co_filename == _ENGINE and frame.f_code.co_name in _OPERATION_NAMES:
+            operation = frame.f_code.co_name
+    return operation
+
+
+def _is_standard_library(path: str) -> bool:
+    return path.startswith(_STDLIB) and not path.startswith(_SITE_PACKAGES)
 
 
 def allocator_frame(error: BaseException) -> Optional[str]:
@@ -72,7 +102,7 @@ def allocator_frame(error: BaseException) -> Optional[str]:
     found: Optional[str] = None
     for frame, _ in traceback.walk_tb(error.__traceback__):
         path = frame.f_code.co_filename
-        if path.startswith(_HARNESS) or path.startswith(_STDLIB) or path.startswith("<"):
+        if path.startswith(_HARNESS) or _is_standard_library(path) or path.startswith("<"):
             continue
         name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)  # co_qualname: Python 3.11+
         found = f"{frame.f_globals.get('__name__', Path(path).stem)}.{name}"
