@@ -90,6 +90,14 @@ no_copy_on_write_copy = declaring(NoCopyOnWriteCopy, window=1)
 """The same slip as the zoo's NoCopyOnWrite and its configuration, in another class."""
 
 
+def even_pools_only(spec: PoolSpec) -> PagedAllocator:
+    """kvfuzz's correct allocator, for pools of an even number of blocks only (as HF transformers' allocator with
+    sectors of two blocks): any other pool is refused when it is built."""
+    if spec.num_blocks % 2:
+        raise ValueError(f"{spec.num_blocks} blocks do not fill sectors of 2 blocks")
+    return PagedAllocator(spec.block_size, spec.num_blocks, spec.num_host_blocks)
+
+
 # -- the allocator unit tests: the allocator built directly, and tokens ------------------------------------------
 
 B = 4  # block size of every allocator in the allocator unit tests unless a test says otherwise

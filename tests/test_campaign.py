@@ -375,6 +375,25 @@ def test_a_campaign_against_the_correct_allocator_runs_clean(workdir: Path) -> N
     assert result["allocators"] == ["kvfuzz.allocator.paged:paged_allocator"]
 
 
+def test_a_pool_the_factory_refuses_is_drawn_again_not_a_dead_worker(workdir: Path) -> None:
+    # The probe before the campaign builds pools of 1, 2, 3, 4, 6, 8 and 16 blocks; the swarm draws any count.
+    done, result = _campaign(
+        workdir,
+        "--allocator",
+        "tests.factories:even_pools_only",
+        "--max-examples",
+        "60",
+        "--workers",
+        "1",
+        "--seed",
+        "3",
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPOSITORY), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert done.returncode == 0, done.stderr
+    assert result["errors"] == [] and result["failures"] == [], result
+    assert result["ended_by"] == "max-examples" and result["examples"] == 60
+
+
 def test_stop_after_and_max_examples_end_the_campaign(workdir: Path) -> None:
     done, result = _campaign(
         workdir, "--allocator", "zoo:NoCopyOnWrite", "--stop-after", "1", "--workers", "1", "--seed", "3"

@@ -109,7 +109,7 @@ def probe_limits(spec: str, factory: AllocatorFactory, base: MachineConfig) -> L
         (
             count
             for count in (1, 2, 3, 4, 6, 8, 16)
-            if _builds(spec, factory, PoolSpec(block_size, count, 4 if host_cache else 0))
+            if builds(spec, factory, PoolSpec(block_size, count, 4 if host_cache else 0))
         ),
         16,
     )
@@ -137,7 +137,8 @@ def _windows(spec: str, factory: AllocatorFactory, block_size: int) -> tuple[int
     return tuple(range(MAX_WINDOW + 1))
 
 
-def _builds(spec: str, factory: AllocatorFactory, pool: PoolSpec) -> bool:
+def builds(spec: str, factory: AllocatorFactory, pool: PoolSpec) -> bool:
+    """Whether ``factory`` builds an allocator kvfuzz can drive for ``pool``."""
     try:
         probe_allocator(spec, factory, pool)
     except (AllocatorUnusable, AllocatorNotFound):

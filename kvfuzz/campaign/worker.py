@@ -28,11 +28,12 @@ from typing import Any, Optional, Sequence
 import attrs
 from hypothesis.database import ExampleDatabase
 
+from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
 from kvfuzz.campaign.shrink import shrink
 from kvfuzz.campaign.signature import Signature, signature_of
 from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
-from kvfuzz.campaign.swarm import Limits, SwarmConfig, draw_swarm
+from kvfuzz.campaign.swarm import Limits, SwarmConfig, builds, draw_swarm
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call, program_text
@@ -146,6 +147,7 @@ class _Worker:
         self.store: SignatureStore = open_store(plan.database, plan.claims or plan.state / "claims")
         self.examples_db: Optional[ExampleDatabase] = None  # opened on the first Hypothesis round
         self.stats = RunStats(on_step=reporter.on_step)
+        self.built: dict[tuple[str, PoolSpec], bool] = {}  # whether each factory builds each pool drawn so far
 
     def take_examples(self, wanted: int) -> int:
         """How many of ``wanted`` programs the campaign's example budget still allows (they are counted now); 0
@@ -164,12 +166,23 @@ class _Worker:
         while not self.stop.is_set():
             spec = self.rng.choice(self.plan.allocators)
             swarm = draw_swarm(self.rng, self.limits[spec], self.plan.base)
+            if not self.builds(swarm):
+                continue  # a pool the factory refuses (one its sectors cannot fill, say): draw another
             batch += 1
             every = self.plan.hypothesis_every
             if every and batch % every == 2 % every:
                 self.hypothesis_round(swarm)
             else:
                 self.random_batch(swarm)
+
+    def builds(self, swarm: SwarmConfig) -> bool:
+        """Whether the swarm's factory builds its pool: the probe before the campaign asked only for each block size
+        and for tiny pools, and a factory may refuse some counts of blocks in between."""
+        pool = swarm.machine.pool_spec()
+        key = (swarm.allocator, pool)
+        if key not in self.built:
+            self.built[key] = builds(swarm.allocator, self.factories[swarm.allocator], pool)
+        return self.built[key]
 
     def _journal(self, swarm: SwarmConfig) -> Optional[Journal]:
         try:
