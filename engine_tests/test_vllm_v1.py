@@ -15,6 +15,9 @@ from kvfuzz.adapters import vllm_v1
 from kvfuzz.allocator import InvalidArgument, OutOfBlocks, PoolSpec, UnknownSequence, Unsupported
 from kvfuzz.allocator.types import NULL_BLOCK
 from kvfuzz.profiles import PROFILES
+from kvfuzz.program.call import Call
+from kvfuzz.program.execution import Target
+from kvfuzz.program.replay import replay
 from kvfuzz.runner import run
 from kvfuzz.statemachines import MachineConfig, machine_for
 
@@ -248,3 +251,20 @@ def test_machine_holds_under_targeted_eviction_apart_from_the_order() -> None:
     run_state_machine_as_test(
         machine_for(_without_the_order, MachineConfig()), settings=settings(PROFILES["ci"], max_examples=60)
     )
+
+
+def test_a_block_holding_drafts_when_written_is_not_owed_matchable() -> None:
+    """Found by a campaign: block 1 (8 slots) is written at step 0 with 5 verified tokens and 3 drafts; one draft is
+    rejected and the request preempted. vLLM caches only verified tokens, so block 1 (15 tokens then) is not cached,
+    and complete caching must not owe it."""
+    calls = [
+        Call("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [0] * 7}),
+        Call("grow", {"seq": "s0", "tokens": [0] * 9}),
+        Call("step", {}),
+        Call("rollback", {"seq": "s0", "num_tokens": 1}),
+        Call("preempt", {"seq": "s0"}),
+        Call("readmit", {"seq": "s0"}),
+    ]
+    config = MachineConfig(block_size=8, num_blocks=3, num_host_blocks=0)
+    outcome = replay(Target(vllm_v1.kv_cache_manager_spec_decode, config), calls)
+    assert outcome.failure is None, outcome.failure

@@ -783,11 +783,13 @@ class Engine:
 
     def _note_filled(self, seq: SeqId, step: int) -> None:
         """Complete caching: the full blocks of ``seq`` that step ``step`` fills are owed matchable once the step
-        its writes were scheduled for has surely completed (step c + W + 1, c the last completed now)."""
+        its writes were scheduled for has surely completed (step c + W + 1, c the last completed now). A block that
+        holds drafts of the latest grow is not: a rollback may still reject them, and an allocator caches only
+        verified tokens (vLLM's ``allocate_slots`` caches up to ``request.num_tokens``, never a draft)."""
         model, size = self.expected.seqs[seq], self.block_size
         due = self.pools.last_completed + self.caps.inflight_window + 1
         tags = self.expected.reference.tags(seq)
-        for index in range(model.written // size, len(tags) // size):
+        for index in range(model.written // size, (len(tags) - model.drafts) // size):
             block = model.table[index]
             if block != NULL_BLOCK:
                 written = f"{seq} as its logical block {index} at step {step}"
