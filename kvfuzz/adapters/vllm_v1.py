@@ -254,7 +254,7 @@ class VllmV1Allocator:
             vllm.KVCacheConfig(
                 num_blocks=spec.num_blocks + 1,
                 kv_cache_tensors=[],
-                kv_cache_groups=[vllm.KVCacheGroupSpec(["kvfuzz.attn"], self._kv_spec(options))],
+                kv_cache_groups=self._kv_cache_groups(options),
             ),
             max_model_len=MAX_MODEL_LEN,
             scheduler_block_size=spec.block_size,
@@ -278,12 +278,19 @@ class VllmV1Allocator:
         self._in_flight: deque[_InFlight] = deque()
         self._last_completed = -1
 
-    def _kv_spec(self, options: VllmOptions) -> Any:
+    def _kv_cache_groups(self, options: VllmOptions) -> list[Any]:
+        """The ``KVCacheGroupSpec`` list the manager is built over: one group here (full attention, or a sliding
+        window), so vLLM picks its ``UnitaryKVCacheCoordinator`` (or, without prefix caching, its
+        ``KVCacheCoordinatorNoPrefixCache``)."""
+        return [self._vllm.KVCacheGroupSpec(["kvfuzz.attn"], self._kv_spec(options.sliding_window))]
+
+    def _kv_spec(self, sliding_window: Optional[int]) -> Any:
+        """A full-attention spec, or a sliding-window one of ``sliding_window`` tokens, of one KV head of size 1."""
         vllm = self._vllm
         shape = dict(block_size=self.block_size, num_kv_heads=1, head_size=1, dtype=vllm.torch.float32)
-        if options.sliding_window is None:
+        if sliding_window is None:
             return vllm.FullAttentionSpec(**shape)
-        return vllm.SlidingWindowSpec(**shape, sliding_window=options.sliding_window)
+        return vllm.SlidingWindowSpec(**shape, sliding_window=sliding_window)
 
     # -- the contract --------------------------------------------------------------------------------------------
 
@@ -424,9 +431,8 @@ class VllmV1Allocator:
         return f"vLLM block {block + 1}"
 
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
-        self._request(seq, "block_table")
-        (blocks,) = self._manager.get_blocks(seq).blocks
-        return tuple(self._kvfuzz_id(block) for block in blocks)
+        """The table of the manager's first KV-cache group (its only one here)."""
+        return self._group_tables(seq, "block_table")[0]
 
     # -- introspection -------------------------------------------------------------------------------------------
 
@@ -468,6 +474,13 @@ class VllmV1Allocator:
         """The running request's ``Request`` (``sequences`` raises for any other)."""
         self.sequences.running(seq, op)
         return self._running[seq]
+
+    def _group_tables(self, seq: SeqId, op: str) -> tuple[tuple[int, ...], ...]:
+        """The running request's table in each KV-cache group, in the manager's group order."""
+        self._request(seq, op)
+        return tuple(
+            tuple(self._kvfuzz_id(block) for block in blocks) for blocks in self._manager.get_blocks(seq).blocks
+        )
 
     def _scheduled(self, request: Any, num_tokens: int) -> None:
         """The scheduler's ``_update_after_schedule``: the tokens count as computed and in flight until the step

@@ -1,0 +1,104 @@
+"""vLLM 0.33's hybrid KV cache (``HybridKVCacheCoordinator``) behind kvfuzz's contract, with two KV-cache groups.
+
+A model that mixes full-attention layers with sliding-window layers gets one KV-cache group per kind, and vLLM's
+``KVCacheManager`` then builds a ``HybridKVCacheCoordinator`` over them (with prefix caching; without it, a
+``KVCacheCoordinatorNoPrefixCache``): one ``SingleTypeKVCacheManager`` per group, all allocating from one shared
+``BlockPool``, each keeping its own table per request. The adapter is the scheduler shim of
+:mod:`kvfuzz.adapters.vllm_v1` unchanged (admission, growth, frees, preemption, eviction, deferred frees), over a
+``KVCacheConfig`` of two groups of the same block size: group 0 full attention, group 1 a sliding window of
+``sliding_window`` tokens. What the two groups add:
+
+* two tables per sequence, declared as ``kv_groups`` (full attention, then the sliding window) and read back with
+  ``group_block_tables``; ``block_table`` and the slots of ``admit`` and ``grow`` are group 0's, as the contract
+  asks. A block the sliding-window manager drops (``remove_skipped_blocks``, called by ``allocate_slots`` before it
+  checks for room, on the tokens whose step has completed) is vLLM's null block, reported as
+  :data:`~kvfuzz.allocator.types.NULL_BLOCK`; the cached hit of the sliding-window group also starts with null
+  entries for the blocks before the window.
+* the hit: ``get_computed_blocks`` asks the coordinator's ``find_longest_cache_hit``, full attention first (the
+  longest run of cached blocks from the start), then the sliding window within that bound (the latest position at
+  which ``ceil((sliding_window - 1) / block_size)`` contiguous blocks are cached), and cuts the full-attention hit
+  back to it: the hit reported is the one every group holds.
+* one pool: block ``b`` is vLLM block ``b + 1`` in either group (vLLM's null block 0 never shows), a block is in
+  one group's tables at a time (each group hashes its blocks under its own group id), and ``refcount``,
+  ``free_blocks``, ``cached_blocks`` and ``pending_blocks`` read the one ``BlockPool``.
+
+Declared, as for the single sliding-window group of :mod:`kvfuzz.adapters.vllm_v1`: no ``eviction_order`` and no
+``complete_caching`` (the sliding-window group frees out-of-window blocks while the request runs, cached, so they
+reach the free queue before the request's other blocks, and a hit needs only the blocks of the last window); and
+a refused ``grow`` may still have dropped out-of-window blocks, which invariant 7 reports (see the module
+docstring of :mod:`kvfuzz.adapters.vllm_v1`). Speculative decoding and targeted eviction are not driven here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+from kvfuzz.adapters.vllm_v1 import VllmOptions, VllmV1Allocator
+from kvfuzz.allocator.types import KVGroup, PoolSpec, SeqId
+
+FULL_ATTENTION = "full attention"
+"""The name of group 0, the full-attention layers."""
+
+SLIDING_WINDOW = "sliding window"
+"""The name of group 1, the sliding-window layers."""
+
+
+class VllmHybridAllocator(VllmV1Allocator):
+    """One vLLM ``KVCacheManager`` over a full-attention group and a sliding-window group (see the module docstring).
+
+    ``options.sliding_window`` is the window of group 1 (required); group 0 is full attention.
+    """
+
+    def __init__(self, spec: PoolSpec, options: VllmOptions) -> None:
+        if options.sliding_window is None:
+            raise ValueError("VllmHybridAllocator: the sliding-window group needs options.sliding_window")
+        if options.speculative_tokens or options.kv_connector:
+            raise ValueError("VllmHybridAllocator: speculative decoding and KV connectors are not driven here")
+        super().__init__(spec, options)
+        self.capabilities = attrs.evolve(
+            self.capabilities,
+            sliding_window=None,
+            kv_groups=(KVGroup(FULL_ATTENTION), KVGroup(SLIDING_WINDOW, sliding_window=options.sliding_window)),
+        )
+
+    def _kv_cache_groups(self, options: VllmOptions) -> list[Any]:
+        """Two groups of the same block size, so vLLM builds its ``HybridKVCacheCoordinator`` (with prefix caching)."""
+        group = self._vllm.KVCacheGroupSpec
+        return [
+            group(["kvfuzz.full_attn"], self._kv_spec(None)),
+            group(["kvfuzz.sliding_attn"], self._kv_spec(options.sliding_window)),
+        ]
+
+    def group_block_tables(self, seq: SeqId) -> tuple[tuple[int, ...], ...]:
+        """The full-attention table, then the sliding-window table (``NULL_BLOCK`` where vLLM has its null block)."""
+        return self._group_tables(seq, "group_block_tables")
+
+
+def _factory(name: str, doc: str, **options: Any) -> Callable[[PoolSpec], VllmHybridAllocator]:
+    def factory(spec: PoolSpec) -> VllmHybridAllocator:
+        return VllmHybridAllocator(spec, VllmOptions(**options))
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = doc
+    return factory
+
+
+kv_cache_manager_hybrid = _factory(
+    "kv_cache_manager_hybrid",
+    "Full attention and an 8-token sliding window in two KV-cache groups, prefix caching, W = 0.",
+    sliding_window=8,
+)
+kv_cache_manager_hybrid_deferred_free = _factory(
+    "kv_cache_manager_hybrid_deferred_free",
+    "Full attention and an 8-token sliding window, prefix caching; deferred frees (W = 1).",
+    sliding_window=8,
+    inflight_window=1,
+)
+kv_cache_manager_hybrid_no_prefix_cache = _factory(
+    "kv_cache_manager_hybrid_no_prefix_cache",
+    "Full attention and an 8-token sliding window in two KV-cache groups, no prefix caching, W = 0.",
+    sliding_window=8,
+    prefix_caching=False,
+)
