@@ -1,0 +1,145 @@
+"""vLLM's hybrid KV cache (two KV-cache groups under ``HybridKVCacheCoordinator``) behind kvfuzz
+(kvfuzz.adapters.vllm_hybrid).
+
+Runs in vLLM's environment (``scripts/third_party_env.sh vllm``; CI runs it there): without vLLM 0.33.0 the import
+fails loudly rather than skipping.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvfuzz.adapters import vllm_hybrid
+from kvfuzz.allocator import PoolSpec
+from kvfuzz.allocator.types import NULL_BLOCK, KVGroup
+
+SPEC = PoolSpec(block_size=4, num_blocks=16)
+PROMPT = tuple(range(20))  # five full blocks
+
+
+def _in_tables(tables) -> list[int]:
+    return [block for table in tables for block in table if block != NULL_BLOCK]
+
+
+def test_two_groups_build_the_hybrid_coordinator_and_are_declared() -> None:
+    """Two KV-cache groups make vLLM pick HybridKVCacheCoordinator (with prefix caching), its no-prefix-cache
+    coordinator otherwise; the adapter declares both groups and no single-group window."""
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator, KVCacheCoordinatorNoPrefixCache
+
+    cached = vllm_hybrid.kv_cache_manager_hybrid(SPEC)
+    uncached = vllm_hybrid.kv_cache_manager_hybrid_no_prefix_cache(SPEC)
+    assert type(cached._manager.coordinator) is HybridKVCacheCoordinator
+    assert type(uncached._manager.coordinator) is KVCacheCoordinatorNoPrefixCache
+    for allocator in (cached, uncached):
+        assert len(allocator._manager.coordinator.single_type_managers) == 2
+        caps = allocator.capabilities
+        assert caps.kv_groups == (KVGroup("full attention"), KVGroup("sliding window", sliding_window=8))
+        assert caps.sliding_window is None and not caps.complete_caching and caps.eviction_order is None
+    assert cached.capabilities.prefix_cache and not uncached.capabilities.prefix_cache
+
+
+def test_each_group_has_its_own_blocks_from_the_one_pool() -> None:
+    """Admission allocates a table in each group from the shared pool: no block in both, every block referenced
+    once, and the pool kvfuzz sees (the null block hidden) is exactly what the tables leave."""
+    allocator = vllm_hybrid.kv_cache_manager_hybrid(SPEC)
+    result = allocator.admit("a", (), PROMPT)
+    full, sliding = allocator.group_block_tables("a")
+    assert result.block_table == full == allocator.block_table("a")
+    assert len(full) == len(sliding) == 5 and NULL_BLOCK not in full + sliding
+    assert not set(full) & set(sliding)
+    assert all(allocator.refcount(block) == 1 for block in full + sliding)
+    assert sorted(allocator.free_blocks()) == sorted(set(range(SPEC.num_blocks)) - set(full + sliding))
+
+
+def test_the_sliding_group_drops_blocks_out_of_its_window_and_the_full_group_keeps_them() -> None:
+    """Once the prompt's step has completed, the next allocation drops the sliding-window blocks wholly before
+    the window (vLLM's null block, NULL_BLOCK here); full attention keeps every block. The dropped blocks were
+    hashed, so they go to the free queue as cached blocks."""
+    allocator = vllm_hybrid.kv_cache_manager_hybrid(SPEC)
+    allocator.admit("a", (), PROMPT)
+    _, before = allocator.group_block_tables("a")
+    allocator.step_completed(0)
+    slots = allocator.grow("a", (99,)).slots
+    full, sliding = allocator.group_block_tables("a")
+    # 20 tokens computed, window 8: positions 0..12 are out of it, so blocks 0..2 (positions 0..11) go.
+    assert sliding[:3] == (NULL_BLOCK,) * 3 and sliding[3:5] == before[3:5] and NULL_BLOCK not in full
+    assert slots[0].block == full[5]  # grow's slots are group 0's
+    assert sorted(allocator.cached_blocks()) == sorted(before[:3])
+    assert all(allocator.refcount(block) == 0 for block in before[:3])
+
+
+def test_a_hit_covers_only_the_last_window_of_the_sliding_group() -> None:
+    """A hit of the whole 20-token prefix shares every full-attention block, and in the sliding group only the
+    two blocks the last window needs (ceil((8 - 1) / 4)); the blocks before them are null in the new table."""
+    allocator = vllm_hybrid.kv_cache_manager_hybrid(SPEC)
+    allocator.admit("a", (), PROMPT)
+    full_a, sliding_a = allocator.group_block_tables("a")
+    allocator.step_completed(0)
+    hit = allocator.admit("b", (), PROMPT + (7,))
+    full_b, sliding_b = allocator.group_block_tables("b")
+    assert hit.num_cached_tokens == 20
+    assert full_b[:5] == full_a and sliding_b[:5] == (NULL_BLOCK,) * 3 + sliding_a[3:]
+    assert full_b[5] != sliding_b[5] and NULL_BLOCK not in (full_b[5], sliding_b[5])
+    assert allocator.refcount(sliding_a[3]) == 2 and allocator.refcount(sliding_a[0]) == 1
+
+
+def test_the_sliding_group_limits_the_hit() -> None:
+    """The hybrid rule: the hit is the longest prefix every group holds. With the sliding-window block of
+    positions 8..11 evicted, full attention alone still holds 12 tokens, but the sliding window needs two
+    contiguous cached blocks ending where the hit ends, so the hit falls back to 8 tokens. A shim that reported
+    the full-attention hit would claim 4 tokens whose sliding-window K/V no block holds."""
+    allocator = vllm_hybrid.kv_cache_manager_hybrid(SPEC)
+    allocator.admit("a", (), PROMPT[:12] + (0,))
+    full, sliding = allocator.group_block_tables("a")
+    allocator.step_completed(0)
+    allocator.free("a")
+    allocator.evict_blocks([sliding[2]])
+    assert sorted(allocator.cached_blocks()) == sorted(full[:3] + sliding[:2])
+    prompt = PROMPT[:12] + (5, 5, 5, 5, 5)
+    request = allocator._vllm.Request(
+        request_id="probe",
+        prompt_token_ids=list(prompt),
+        sampling_params=allocator._sampling,
+        pooling_params=None,
+        block_hasher=allocator._hasher,
+    )
+    _, per_group = allocator._manager.coordinator.find_longest_cache_hit_per_group(request.block_hashes, 16)
+    assert per_group == (12, 8)  # each group alone: full attention holds 12 tokens, the sliding window 8
+    hit = allocator.admit("b", (), prompt)
+    assert hit.num_cached_tokens == 8
+    full_b, sliding_b = allocator.group_block_tables("b")
+    assert full_b[:2] == full[:2] and full_b[2] != full[2]
+    assert sliding_b[:2] == sliding[:2]
+
+
+def test_no_prefix_cache_never_hits_and_still_keeps_two_tables() -> None:
+    spec = PoolSpec(block_size=4, num_blocks=24)
+    allocator = vllm_hybrid.kv_cache_manager_hybrid_no_prefix_cache(spec)
+    allocator.admit("a", (), PROMPT)
+    allocator.step_completed(0)
+    assert allocator.admit("b", (), PROMPT + (1,)).num_cached_tokens == 0
+    tables = allocator.group_block_tables("a") + allocator.group_block_tables("b")
+    assert len(set(_in_tables(tables))) == 5 + 5 + 6 + 6 == spec.num_blocks - len(allocator.free_blocks())
+    allocator.free("a")
+    allocator.free("b")
+    assert allocator.cached_blocks() == [] and sorted(allocator.free_blocks()) == list(range(spec.num_blocks))
+
+
+def test_deferred_frees_hold_both_groups_blocks_until_the_fence() -> None:
+    allocator = vllm_hybrid.kv_cache_manager_hybrid_deferred_free(SPEC)
+    assert allocator.capabilities.inflight_window == 1
+    allocator.admit("a", (), PROMPT)
+    held = _in_tables(allocator.group_block_tables("a"))
+    allocator.free("a")
+    assert sorted(allocator.pending_blocks()) == sorted(held)
+    allocator.step_completed(0)
+    assert allocator.pending_blocks() == []
+    assert sorted(allocator.free_blocks() + allocator.cached_blocks()) == list(range(SPEC.num_blocks))
+
+
+def test_a_hybrid_factory_needs_its_window_and_drives_neither_drafts_nor_a_connector() -> None:
+    from kvfuzz.adapters.vllm_v1 import VllmOptions
+
+    for options in (VllmOptions(), VllmOptions(sliding_window=8, speculative_tokens=2)):
+        with pytest.raises(ValueError):
+            vllm_hybrid.VllmHybridAllocator(SPEC, options)
