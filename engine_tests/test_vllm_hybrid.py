@@ -143,3 +143,22 @@ def test_a_hybrid_factory_needs_its_window_and_drives_neither_drafts_nor_a_conne
     for options in (VllmOptions(), VllmOptions(sliding_window=8, speculative_tokens=2)):
         with pytest.raises(ValueError):
             vllm_hybrid.VllmHybridAllocator(SPEC, options)
+
+
+def test_a_hit_needs_only_the_window_the_next_token_reads() -> None:
+    """The token after a hit of n reads positions n - w + 1 .. n, so vLLM keeps the sliding-window blocks of
+    positions n - w + 1 .. n - 1 and maps the one before them to its null block; at block size 1 that is exactly
+    one block less than [n - w, n), which kvfuzz's hybrid rule once demanded (a false invariant 9)."""
+    from kvfuzz.engine import Engine
+    from kvfuzz.statemachines import MachineConfig
+
+    config = MachineConfig(block_size=1, num_blocks=64)
+    engine = Engine(vllm_hybrid.kv_cache_manager_hybrid(config.pool_spec()), config)
+    engine.admit("a", (), PROMPT[:9])
+    engine.step()
+    engine.free("a")
+    engine.admit("b", (), PROMPT[:8] + (99,))  # a hit of 8 tokens: the next token, position 8, reads 1..8
+    full, sliding = engine.allocator.group_block_tables("b")
+    assert sliding[0] == NULL_BLOCK and NULL_BLOCK not in sliding[1:] + full
+    assert engine.allocator.refcount(sliding[1]) == 1 and engine.expected.seqs["b"].table == full
+    engine.step()
