@@ -7,14 +7,69 @@ fails loudly rather than skipping.
 
 from __future__ import annotations
 
+import attrs
 import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from kvfuzz.adapters import vllm_hybrid
 from kvfuzz.allocator import PoolSpec
-from kvfuzz.allocator.types import NULL_BLOCK, KVGroup
+from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, KVGroup, Namespace, SeqId, Tokens
+from kvfuzz.profiles import PROFILES
+from kvfuzz.runner import run
+from kvfuzz.statemachines import MachineConfig, machine_for
 
 SPEC = PoolSpec(block_size=4, num_blocks=16)
 PROMPT = tuple(range(20))  # five full blocks
+
+
+@pytest.mark.parametrize(
+    "factory, examples",
+    [
+        (vllm_hybrid.kv_cache_manager_hybrid, None),
+        (vllm_hybrid.kv_cache_manager_hybrid_no_prefix_cache, None),
+        (vllm_hybrid.kv_cache_manager_hybrid_deferred_free, 40),
+    ],
+    ids=lambda value: getattr(value, "__name__", str(value)),
+)
+def test_machine_holds(factory, examples) -> None:
+    """kvfuzz's ci profile, every group's table checked (fewer examples where a refused grow's out-of-window drop,
+    a declared mismatch, comes up early)."""
+    profile = PROFILES["ci"] if examples is None else settings(PROFILES["ci"], max_examples=examples)
+    run_state_machine_as_test(machine_for(factory, MachineConfig()), settings=profile)
+
+
+class _FullAttentionHit(vllm_hybrid.VllmHybridAllocator):
+    """A wrong shim: it reports the full-attention group's own hit (vLLM's per-group lookup) where the two groups
+    disagree, while vLLM allocates by the hybrid hit."""
+
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        probe = self._vllm.Request(
+            request_id=f"probe-{seq}",
+            prompt_token_ids=list(tokens),
+            sampling_params=self._sampling,
+            pooling_params=None,
+            block_hasher=self._hasher,
+            **self._keys.request_kwargs(namespace),
+        )
+        _, (full_hit, _) = self._manager.coordinator.find_longest_cache_hit_per_group(
+            probe.block_hashes, len(tokens) - 1
+        )
+        result = super().admit(seq, namespace, tokens)
+        return attrs.evolve(result, num_cached_tokens=max(full_hit, result.num_cached_tokens))
+
+
+def _full_attention_hit(spec: PoolSpec) -> _FullAttentionHit:
+    from kvfuzz.adapters.vllm_v1 import VllmOptions
+
+    return _FullAttentionHit(spec, VllmOptions(sliding_window=8))
+
+
+def test_a_shim_reporting_the_full_attention_hit_alone_is_caught() -> None:
+    """The hit where the sliding-window group's window was evicted: the wrong shim claims tokens whose blocks vLLM
+    handed out fresh, and the machine finds the claim unsound."""
+    summary = run(_full_attention_hit, MachineConfig(num_blocks=64), examples=300)
+    assert summary.failed and summary.invariant == "invariant 9 (cache soundness)", summary.explanation
 
 
 def _in_tables(tables) -> list[int]:
