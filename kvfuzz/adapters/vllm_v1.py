@@ -57,10 +57,10 @@ outside the speculative-decoding factories (only rejected drafts are ever droppe
 Partial-block hits (``hash_block_size < block_size``) are not driven: their copy-on-write copy is ordered at
 admission, which kvfuzz's ``admit`` cannot express.
 
-Two known disagreements with kvfuzz's checks, both vLLM's design rather than the adapter's: ``allocate_slots``
-makes full blocks matchable when their tokens are scheduled, before the step writes them (invariant 9 flags a hit
-on them in the same scheduling round); and with a sliding window it drops out-of-window blocks before it checks for
-room, so a refused grow can still release them (invariant 7).
+Two behaviours of ``allocate_slots`` the adapter declares, both vLLM's design rather than the adapter's: it makes
+full blocks matchable when their tokens are scheduled, before the step writes them (``hits_scheduled_writes`` and
+the two that follow); and with a sliding window it drops out-of-window blocks before it checks for room, so a
+refused grow can still release them (``refusal_drops_window``).
 """
 
 from __future__ import annotations
@@ -241,6 +241,7 @@ class VllmV1Allocator:
             complete_caching=options.prefix_caching and options.sliding_window is None,
             inflight_window=options.inflight_window,
             sliding_window=options.sliding_window,
+            refusal_drops_window=options.sliding_window is not None,
             introspection=True,
             hits_scheduled_writes=True,
             shares_scheduled_blocks=True,

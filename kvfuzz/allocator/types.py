@@ -72,6 +72,12 @@ GROUPED_UNSUPPORTED = (
 leave these at their defaults (vLLM v1 has no swap; the others are refused until kvfuzz checks them per group)."""
 
 
+def _needs_a_window(instance: "Capabilities", _attribute: attrs.Attribute, drops: bool) -> None:
+    windows = [group.sliding_window for group in instance.kv_groups] + [instance.sliding_window]
+    if drops and all(window is None for window in windows):
+        raise ValueError("refusal_drops_window needs a sliding window (sliding_window, or a group's)")
+
+
 def _group_tuple(groups: Iterable[KVGroup]) -> Tuple[KVGroup, ...]:
     return tuple(groups)
 
@@ -135,6 +141,10 @@ class Capabilities:
     shared). Without it, a hit of the whole prompt is a violation (invariant 9).
     ``refusal_evicts`` says an out-of-blocks refusal may first drop cached, unreferenced blocks (evicting toward the
     request, then refusing): those blocks may leave the cached set for the free set; nothing else may change.
+    ``refusal_drops_window`` says an out-of-blocks refusal of a ``grow`` may first drop (map to :data:`NULL_BLOCK`)
+    blocks of the growing sequence that no later step reads: those whose positions all lie before ``len + 1 - w``,
+    outside the window of the sequence's next token (vLLM's ``allocate_slots`` frees out-of-window blocks before it
+    checks for room). They are released as a successful grow releases them; no other entry or block may change.
     ``preemption`` = False says the engine never preempts: ``preempt`` is never called (and need not exist).
     ``single_token_grow`` says the engine grows a sequence by exactly one token at a time (decode only, no chunks or
     drafts): every ``grow`` the machine makes appends one token.
@@ -194,6 +204,7 @@ class Capabilities:
     fork_copies: bool = False
     recomputes_last_token: bool = False
     refusal_evicts: bool = False
+    refusal_drops_window: bool = attrs.field(default=False, validator=_needs_a_window)
     preemption: bool = True
     single_token_grow: bool = False
     lookahead_blocks: int = attrs.field(default=0, validator=_non_negative)

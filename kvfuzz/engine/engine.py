@@ -29,7 +29,7 @@ from kvfuzz.allocator.types import (
     SwapResult,
     Tokens,
 )
-from kvfuzz.engine.checks import CacheSnapshot, Checks
+from kvfuzz.engine.checks import CacheSnapshot, Checks, PoolCounts
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.expected import ExpectedState, SeqModel, Status, TableChange, mapped
 from kvfuzz.engine.group_checks import GroupChecks
@@ -177,7 +177,7 @@ class Engine:
             for table_id in (seq, *self.expected.group_tables(seq))
         )
         before = self.checks.cache_snapshot()
-        result = self._attempt(lambda: self.allocator.grow(seq, tokens), GrowResult, needed)
+        result = self._attempt(lambda: self.allocator.grow(seq, tokens), GrowResult, needed, grown=seq)
         if result is None:
             return False
         for copy in result.copies:
@@ -531,15 +531,19 @@ class Engine:
         needed: int,
         absent: Optional[SeqId] = None,
         host: bool = False,
+        grown: Optional[SeqId] = None,
     ) -> Optional[T]:
         """Run an operation that may be refused for lack of space; check its result is well formed, and that a
-        refusal is clean and justified."""
+        refusal is clean and justified (``grown``: the sequence a ``grow`` grows, whose out-of-window blocks a
+        refusal may drop under ``refusal_drops_window``)."""
         before = self.checks.counts()
         cached_before = self.checks.cached_set() if self.caps.refusal_evicts else None
         try:
             result = call()
         except OutOfBlocks as error:
             self.stats["refused (out of blocks)"] += 1
+            if grown is not None and self.caps.refusal_drops_window:
+                before = self._refusal_drops(grown, before, error)
             evicted = self.checks.unchanged(Invariant.ATOMIC_REFUSAL, before, error, absent, cached_before)
             for block in evicted:
                 self.pools.note(block, f"evicted from the cache by the refused {self.checks.operation}")
@@ -550,6 +554,27 @@ class Engine:
             self.checks.valid_call_refused(error, out_of_blocks_allowed=True)
         self.checks.result(self.checks.operation, result, result_type)
         return result
+
+    def _refusal_drops(self, seq: SeqId, before: Optional[PoolCounts], error: OutOfBlocks) -> Optional[PoolCounts]:
+        """Under ``refusal_drops_window``: record the blocks a refused grow of ``seq`` dropped out of its next
+        token's window (each changed entry must be such a drop), released as a successful grow releases them;
+        returns the pool counts the refusal must otherwise leave as they were."""
+        state = self.expected
+        table_ids = (seq, *state.group_tables(seq))
+        found = {table_id: self.checks.allocator_table(table_id) for table_id in table_ids}
+        for table_id in table_ids:
+            self.checks.only_drops(table_id, found[table_id], error)
+        if all(found[table_id] == state.seqs[table_id].table for table_id in table_ids):
+            return before
+        for table_id in table_ids:
+            state.seqs[table_id].dropped_at_length = state.length(seq)
+        table = self._table(seq)
+        released = f"dropped out of {seq}'s next window by its refused grow"
+        change = self._set_table(seq, table, "kept by", released)
+        change = _merged(change, self._set_group_tables(seq, table, "kept by", released))
+        self._settle(change)
+        self.stats["blocks dropped by refused grows"] += len(change.released)
+        return self.checks.with_released(before, change.released)
 
     def _evicted(self, blocks: Sequence[int], by: str) -> None:
         """``blocks`` left the cache: note it in their histories, remember it for the cache-soundness check, and
@@ -591,12 +616,14 @@ class Engine:
         model = self.expected.seqs.setdefault(seq, SeqModel(seq, Status.RUNNING))
         model.joined_step = self.pools.next_step
         model.status, model.written, model.drafts = Status.RUNNING, num_cached, 0
+        model.dropped_at_length = -1
         table = self._table(seq)
         self.checks.admit_table(seq, tuple(reported), table)
         table_ids = (seq, *self.expected.group_tables(seq))
         for group, table_id in enumerate(table_ids[1:], start=1):
             member = self.expected.seqs.setdefault(table_id, SeqModel(table_id, Status.RUNNING, group=group, owner=seq))
             member.status, member.written, member.joined_step = Status.RUNNING, num_cached, model.joined_step
+            member.dropped_at_length = -1
         loaded = {block for _, block in loads}  # a host-tier load refills these: their old content is not read
         group_tables = self._group_tables(seq, table)
         for table_id, read in ((seq, table), *group_tables):

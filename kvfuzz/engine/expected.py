@@ -57,6 +57,9 @@ class SeqModel:
     drafts: int = 0
     group: int = 0  # the KV-cache group whose table this is (0 without kv_groups)
     owner: SeqId = ""  # the sequence a group table belongs to ("" for a sequence itself)
+    # The length at which a refused grow dropped blocks out of the next token's window (refusal_drops_window), -1
+    # for none: while the sequence keeps that length, its window starts one position later (``len + 1 - w``).
+    dropped_at_length: int = -1
 
 
 @attrs.frozen
@@ -282,9 +285,13 @@ class ExpectedState:
         }
 
     def sliding_window_start(self, seq: SeqId) -> int:
-        """The first position attention reads: 0, or ``len - w`` under a sliding window of w."""
+        """The first position attention reads: 0, or ``len - w`` under a sliding window of w (``len + 1 - w``, the
+        next token's window, once a refused grow dropped blocks out of it at this length)."""
         sliding_window = self.window(seq)
-        return 0 if sliding_window is None else max(0, self.length(seq) - sliding_window)
+        if sliding_window is None:
+            return 0
+        length, model = self.length(seq), self.seqs.get(seq)
+        return max(0, length - sliding_window + (model is not None and model.dropped_at_length == length))
 
     def rollback_limit(self, seq: SeqId) -> int:
         """The most tokens ``seq`` can drop: one must stay, no dropped block may come back into the window, and under
