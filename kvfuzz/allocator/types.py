@@ -73,8 +73,10 @@ leave these at their defaults (vLLM v1 has no swap; the others are refused until
 
 
 def _needs_a_window(instance: "Capabilities", _attribute: attrs.Attribute, drops: bool) -> None:
-    windows = [group.sliding_window for group in instance.kv_groups] + [instance.sliding_window]
-    if drops and all(window is None for window in windows):
+    if not drops:
+        return
+    windows = [getattr(group, "sliding_window", None) for group in instance.kv_groups] + [instance.sliding_window]
+    if all(window is None for window in windows):
         raise ValueError("refusal_drops_window needs a sliding window (sliding_window, or a group's)")
 
 
