@@ -173,10 +173,15 @@ def test_no_prefix_cache_never_hits_and_still_keeps_two_tables() -> None:
     assert allocator.cached_blocks() == [] and sorted(allocator.free_blocks()) == list(range(spec.num_blocks))
 
 
-def test_a_hybrid_factory_needs_its_window_and_drives_neither_drafts_nor_a_connector() -> None:
+def test_a_hybrid_factory_needs_its_window_and_drives_no_drafts_connector_or_deferred_frees() -> None:
     from kvfuzz.adapters.vllm_v1 import VllmOptions
 
-    for options in (VllmOptions(), VllmOptions(sliding_window=8, speculative_tokens=2)):
+    for options in (
+        VllmOptions(),
+        VllmOptions(sliding_window=8, speculative_tokens=2),
+        VllmOptions(sliding_window=8, kv_connector=True),
+        VllmOptions(sliding_window=8, inflight_window=1),
+    ):
         with pytest.raises(ValueError):
             vllm_hybrid.VllmHybridAllocator(SPEC, options)
 

@@ -4,7 +4,7 @@ A model that mixes full-attention layers with sliding-window layers gets one KV-
 ``KVCacheManager`` then builds a ``HybridKVCacheCoordinator`` over them (with prefix caching; without it, a
 ``KVCacheCoordinatorNoPrefixCache``): one ``SingleTypeKVCacheManager`` per group, all allocating from one shared
 ``BlockPool``, each keeping its own table per request. The adapter is the scheduler shim of
-:mod:`kvfuzz.adapters.vllm_v1` unchanged (admission, growth, frees, preemption, eviction, deferred frees), over a
+:mod:`kvfuzz.adapters.vllm_v1` unchanged (admission, growth, frees, preemption, eviction), over a
 ``KVCacheConfig`` of two groups of the same block size: group 0 full attention, group 1 a sliding window of
 ``sliding_window`` tokens. What the two groups add:
 
@@ -58,8 +58,10 @@ class VllmHybridAllocator(VllmV1Allocator):
     def __init__(self, spec: PoolSpec, options: VllmOptions) -> None:
         if options.sliding_window is None:
             raise ValueError("VllmHybridAllocator: the sliding-window group needs options.sliding_window")
-        if options.speculative_tokens or options.kv_connector:
-            raise ValueError("VllmHybridAllocator: speculative decoding and KV connectors are not driven here")
+        if options.speculative_tokens or options.kv_connector or options.inflight_window:
+            raise ValueError(
+                "VllmHybridAllocator: speculative decoding, KV connectors and deferred frees are not driven here"
+            )
         super().__init__(spec, options)
         self.capabilities = attrs.evolve(
             self.capabilities,
