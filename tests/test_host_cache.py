@@ -238,3 +238,93 @@ def test_a_campaign_gives_a_host_cache_allocator_host_blocks_in_every_pool() -> 
     assert min(draw.machine.num_host_blocks for draw in draws) >= 1
     for draw in draws[:50]:
         needs_host_blocks(draw.machine.pool_spec())
+
+
+class HoldsLoadDestinations(HostTierAllocator):
+    """W = 0, introspected: a released block is free at once, unless a load ordered into it has not yet been
+    acknowledged, which happens when the step whose launch lands the load completes (as SGLang's HiCache holds a
+    load-back's pages until its event poll after that step): until then it is pending."""
+
+    def __init__(self, spec: PoolSpec) -> None:
+        super().__init__(spec)
+        self.capabilities = Capabilities(prefix_cache=True, namespaces=True, host_cache=True, introspection=True)
+        self.filling: dict[int, int] = {}  # device block a load fills -> the step launching it (-1: not launched)
+
+    def admit(self, seq, namespace, tokens):
+        result = super().admit(seq, namespace, tokens)
+        self.filling.update((block, -1) for _, block in result.loads)
+        return result
+
+    def take_transfers(self, step):
+        self.filling = {block: step if launched < 0 else launched for block, launched in self.filling.items()}
+        return super().take_transfers(step)
+
+    def _release(self, seq):
+        super()._release(seq)
+        self.free_list += [block for block, _ in self.released if block not in self.filling]
+        self.released = [entry for entry in self.released if entry[0] in self.filling]
+
+    def step_completed(self, step):
+        self.filling = {block: launched for block, launched in self.filling.items() if launched != step}
+        super().step_completed(step)
+
+    def refcount(self, block):
+        return sum(table.count(block) for table in self.tables.values())
+
+    def free_blocks(self):
+        return self.free_list
+
+    def cached_blocks(self):
+        return ()
+
+    def pending_blocks(self):
+        return [block for block, _ in self.released]
+
+
+class FreesLoadDestinationsAtOnce(HoldsLoadDestinations):
+    """Hands a released block out again while a load ordered into it has not landed yet."""
+
+    def _release(self, seq):
+        HostTierAllocator._release(self, seq)
+        self.free_list += [block for block, _ in self.released]
+        self.released = []
+
+
+W0 = MachineConfig(block_size=4, num_blocks=8, num_host_blocks=4)
+
+
+def test_the_machine_holds_a_tier_that_holds_load_destinations_until_acknowledged() -> None:
+    run_state_machine_as_test(
+        machine_for(HoldsLoadDestinations, W0), settings=settings(PROFILES["ci"], max_examples=40)
+    )
+
+
+def _loads_then_frees(engine: Engine) -> list[int]:
+    """``a`` computes PROMPT (stored to the host as its step completes); ``b`` hits it on the host and is freed
+    before any step lands its loads; returns the blocks those loads fill."""
+    assert engine.admit("a", (), PROMPT)
+    engine.step()
+    engine.free("a")
+    assert engine.admit("b", (), PROMPT + (0,))
+    loading = [block for _, _, block in engine.host_loads]
+    assert len(loading) == 2
+    engine.free("b")
+    return loading
+
+
+def test_a_load_destination_released_before_the_load_lands_may_stay_pending_until_it_is_acknowledged() -> None:
+    allocator = HoldsLoadDestinations(W0.pool_spec())
+    engine = Engine(allocator, W0)
+    loading = _loads_then_frees(engine)
+    assert sorted(allocator.pending_blocks()) == sorted(loading)  # accepted: in flight until the next step completes
+    engine.quiesce()  # launches a step that lands the loads, whose completion acknowledges them
+    assert engine.stats["host-tier loads"] == 2 and not allocator.pending_blocks() and not engine.host_loads
+
+
+def test_a_load_destination_handed_out_before_the_load_lands_is_caught() -> None:
+    engine = Engine(FreesLoadDestinationsAtOnce(W0.pool_spec()), W0)
+    loading = _loads_then_frees(engine)
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("c", (), (3,) * 4 * 8)  # the whole pool, the loads' destinations included
+    assert caught.value.invariant is Invariant.NON_REUSE_WINDOW
+    assert f"block {loading[0]}" in str(caught.value) or f"block {loading[1]}" in str(caught.value)

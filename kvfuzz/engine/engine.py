@@ -292,6 +292,7 @@ class Engine:
             elif not run_ends:
                 for table_id in (seq, *state.group_tables(seq)):
                     self.checks.withdrawn_writes_unread(table_id, f"free({seq!r})")
+            self._hold_loading(seq)
         self._call(lambda: self.allocator.free(seq))
         change = self._set_table(seq, (), "released (free) by")
         for table_id in state.group_tables(seq):
@@ -313,6 +314,7 @@ class Engine:
         table_ids = (seq, *self.expected.group_tables(seq))
         for table_id in table_ids:
             self.checks.withdrawn_writes_unread(table_id, f"preempt({seq!r})")
+        self._hold_loading(seq)
         self._call(lambda: self.allocator.preempt(seq))
         change = _UNCHANGED
         for table_id in table_ids:
@@ -488,7 +490,9 @@ class Engine:
             self.dismiss(seq, run_ends=True)
         self._begin("quiesce")
         self._complete(self.pools.steps_to_complete(drain=True))
-        while self.pools.late_work_by_block:
+        while self.pools.late_work_by_block or self.host_loads:
+            if self.caps.host_cache:  # a launch lands the loads still ordered, as the worker would
+                self._host_transfers(self.pools.next_step)
             self.pools.launch_step()
             self._complete(self.pools.steps_to_complete(drain=True))
         if self.caps.eviction:
@@ -794,6 +798,17 @@ class Engine:
         if stores:
             self.host_stores.setdefault(step, []).extend(stores)
         self.stats["host-tier stores"] += len(transfers.stores)
+
+    def _hold_loading(self, seq: SeqId) -> None:
+        """Under ``host_cache``, before ``seq`` releases its table: a block that a load ordered since the last launch
+        still fills stays in flight until the next step to complete has completed, which comes after the next
+        launch lands the load (under W = 0 it is the step of that launch): the allocator may hold it pending until
+        then, as one that acknowledges the load when its step completes does, and must not hand it out before."""
+        loading = {block for _, _, block in self.host_loads}
+        until = self.pools.last_completed + 1
+        for block in mapped(self.expected.seqs[seq].table):
+            if block in loading:
+                self.pools.read_until[block] = max(self.pools.read_until.get(block, -1), until)
 
     def _land_store(self, pair: tuple[int, int], when: str) -> None:
         block, host_block = pair

@@ -105,7 +105,8 @@ class KVPools:
         self._late_work: dict[int, list[LateWork]] = {}  # step -> late work that lands when it completes
         self.late_work_by_block: dict[int, LateWork] = {}  # released block -> its pending late work
         # Block -> the step that may still read it for a sequence freed before that step launched (under host_cache
-        # the step still runs): a release of the block keeps it in flight until then.
+        # the step still runs), or that lands a host-tier load into it: a release of the block keeps it in flight
+        # until then.
         self.read_until: dict[int, int] = {}
         self.history: dict[int, deque[str]] = {}  # block -> its latest events, for explanations
         # Unreferenced blocks the allocator listed as cached when the checks last looked: one handed out for writing
