@@ -6,6 +6,7 @@ import fails loudly rather than skipping.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -15,14 +16,13 @@ from kvfuzz.adapters.sglang.adapter import SGLangRadixAllocator
 from kvfuzz.adapters.sglang.hicache import (
     SGLangHiCacheAllocator,
     SGLangHiCacheRustAllocator,
-    hicache,
     hiradix_cache,
     hiradix_cache_rust,
     hiradix_cache_rust_write_back,
     hiradix_cache_write_back,
     hiradix_cache_write_through_selective,
 )
-from kvfuzz.allocator import PoolSpec
+from kvfuzz.allocator import HostTransfers, PoolSpec
 from kvfuzz.engine import Engine
 from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.profiles import PROFILES
@@ -32,8 +32,9 @@ PROMPT = (1, 2, 3, 0, 2, 2, 1, 3, 0, 1, 2, 3, 3)  # three full pages of four tok
 OTHER = (3, 1, 0, 2) * 3 + (1,)  # as long, nothing in common with PROMPT
 
 
-HOST_TIER = MachineConfig(block_size=4, num_blocks=6, num_host_blocks=12)
-"""A device pool small enough that cached prefixes leave it for the host, and a host pool twice its size."""
+HOST_TIER = MachineConfig(block_size=8, num_blocks=6, num_host_blocks=12)
+"""A device pool small enough that cached prefixes leave it for the host, and a host pool twice its size; pages of
+eight tokens, so that a host hit of two pages clears SGLang's load-back threshold (10 tokens) and is loaded back."""
 
 
 def test_machine_under_the_ci_profile() -> None:
@@ -87,53 +88,105 @@ def test_write_back_backs_up_only_what_the_device_evicts() -> None:
     assert sorted(allocator.host_free_blocks()) == list(range(6))
 
 
-def test_a_prefix_demoted_to_the_host_is_matched_there_and_recomputed() -> None:
-    allocator = hiradix_cache(PoolSpec(block_size=4, num_blocks=4, num_host_blocks=6))
-    _finished(allocator, "s0", PROMPT, 0)
-    _finished(allocator, "s1", OTHER, 1)  # evicts the first prompt from the device; its host copy stays
-    admitted = allocator.admit("s2", (), PROMPT)
-    req = allocator._requests["s2"].req
-    assert req.host_hit_length == 12  # SGLang found three pages on the host ...
-    assert admitted.num_cached_tokens == 0  # ... declined to load them back, and recomputes them
-    allocator.step_completed(2)
-    allocator.free("s2")
-    assert sorted(allocator.host_free_blocks()) == list(range(6))
+LONG = 8  # block size at which a three-page prompt's host hit (24 tokens) clears SGLang's 10-token load-back threshold
+LONG_PROMPT = tuple(t for t in PROMPT[:12] for _ in (0, 1)) + (1,)  # three pages of eight tokens and one more
+LONG_OTHER = tuple(t for t in OTHER[:12] for _ in (0, 1)) + (0,)
 
 
-class _LoadsBack(SGLangHiCacheAllocator):
-    """Lets SGLang load host hits back (its own 10-token threshold lowered to one), as if kvfuzz had copied the
-    loaded K/V into its pools: the admission then matches the loaded pages on the device and reports them cached."""
-
-    @in_context
-    def _build(self, spec: PoolSpec) -> None:
-        SGLangHiCacheAllocator._build.__wrapped__(self, spec)
-        self.tree.load_back_threshold = 1
-
-    def _init_load_back(self, seq, req) -> None:
-        lock = self.tree.lock(req.last_node)
-        try:
-            self.loaded, _ = self.tree.init_load_back(
-                hicache().InitLoadBackParams(
-                    best_match_node=req.best_match_node, host_hit_length=req.host_hit_length, req=req
-                )
-            )
-        finally:
-            self.tree.unlock(lock)
-
-
-def test_a_load_back_reported_as_a_hit_is_caught() -> None:
-    """What declining load-back keeps out: a hit on pages whose K/V only the host copy holds, which kvfuzz's pools
-    never received (no contract call carries the copy)."""
-    config = MachineConfig(block_size=4, num_blocks=4, num_host_blocks=6)
-    engine = Engine(_LoadsBack(config.pool_spec()), config)
-    for seq, tokens in (("s0", PROMPT), ("s1", OTHER)):
-        engine.admit(seq, (), tokens)
+def _demoted(factory, engine: Engine) -> None:
+    """``s0`` computes LONG_PROMPT and finishes; ``s1`` then needs every device page, so s0's pages leave the device
+    for the host (demoted after their write-through, or backed up as they are evicted under write-back)."""
+    for seq, tokens in (("s0", LONG_PROMPT), ("s1", LONG_OTHER)):
+        assert engine.admit(seq, (), tokens)
         engine.step()
         engine.free(seq)
+
+
+@pytest.mark.parametrize("factory", [hiradix_cache, hiradix_cache_write_back, hiradix_cache_rust])
+def test_a_host_hit_is_loaded_back_and_read_through_kvfuzz_checks(factory) -> None:
+    config = MachineConfig(block_size=LONG, num_blocks=4, num_host_blocks=6)
+    engine = Engine(factory(config.pool_spec()), config)
+    allocator = engine.allocator
+    _demoted(factory, engine)
+    stores = engine.stats["host-tier stores"]
+    assert stores >= 3  # s0's three full pages reached the host, reported as stores
+    assert engine.admit("s2", (), LONG_PROMPT)
+    req = allocator._requests["s2"].req
+    assert req.host_hit_length == 24 and req.host_loaded_length == 24  # SGLang loaded the three pages back ...
+    table = engine.expected.seqs["s2"].table
+    loads = [(host, block) for _, host, block in engine.host_loads]
+    assert [block for _, block in loads] == list(table[:3])  # ... into the first three blocks of s2's table
+    assert engine.expected.seqs["s2"].written == 24  # reported cached: the next step computes one token
+    engine.step()  # the loads land (their K/V checked against the reference), then s2 attends over them
+    assert not engine.host_loads and engine.stats["host-tier loads"] == 3
+    engine.free("s2")
+    engine.quiesce()
+
+
+def test_write_through_stores_are_reported_at_the_next_launch() -> None:
+    config = MachineConfig(block_size=4, num_blocks=8, num_host_blocks=6)
+    allocator = hiradix_cache(config.pool_spec())
+    engine = Engine(allocator, config)
+    assert engine.admit("s0", (), PROMPT)
+    engine.step()  # s0's three full pages are inserted as the step completes, and written through
+    table = engine.expected.seqs["s0"].table
+    transfers = allocator.take_transfers(1)
+    assert [block for block, _ in transfers.stores] == list(table[:3]) and transfers.flushed == transfers.stores
+    assert len({host for _, host in transfers.stores}) == 3
+
+
+def test_write_back_stores_are_reported_when_the_device_evicts() -> None:
+    config = MachineConfig(block_size=4, num_blocks=4, num_host_blocks=6)
+    allocator = hiradix_cache_write_back(config.pool_spec())
+    engine = Engine(allocator, config)
+    assert engine.admit("s0", (), PROMPT)
+    engine.step()
+    table = engine.expected.seqs["s0"].table
+    engine.free("s0")
+    assert allocator.transfers.stores == []  # write-back: nothing copied while the pages stay on the device
+    assert engine.admit("s1", (), OTHER)  # needs every device page: s0's are backed up as they are evicted
+    assert sorted(block for block, _ in allocator.transfers.stores) == sorted(table[:3])
+    engine.step()
+    assert engine.stats["host-tier stores"] == 3
+
+
+class _LoadsIntoTheNextBlock(SGLangHiCacheAllocator):
+    """Reports each load-back's destination one block off (the next block of the table, cyclically)."""
+
+    def admit(self, seq, namespace, tokens):
+        result = super().admit(seq, namespace, tokens)
+        loaded = [block for _, block in result.loads]
+        shifted = [(host, loaded[(i + 1) % len(loaded)]) for i, (host, _) in enumerate(result.loads)]
+        return attrs.evolve(result, loads=shifted)
+
+
+def test_a_load_reported_into_the_wrong_block_is_caught() -> None:
+    config = MachineConfig(block_size=LONG, num_blocks=4, num_host_blocks=6)
+    engine = Engine(_LoadsIntoTheNextBlock(config.pool_spec()), config)
+    _demoted(hiradix_cache, engine)
+    assert engine.admit("s2", (), LONG_PROMPT)
     with pytest.raises(InvariantViolation) as caught:
-        engine.admit("s2", (), PROMPT)
-    assert engine.allocator.loaded == 12  # SGLang loaded the three host pages back
-    assert caught.value.invariant is Invariant.CACHE_SOUNDNESS
+        engine.step()
+    assert caught.value.invariant is Invariant.CONTENT
+    assert "loaded from host block" in caught.value.explain()
+
+
+class _ForgetsStores(SGLangHiCacheAllocator):
+    """Reports no store: the host pages SGLang backed up hold nothing kvfuzz copied."""
+
+    def take_transfers(self, step):
+        super().take_transfers(step)
+        return HostTransfers()
+
+
+def test_a_load_of_a_store_never_reported_is_caught() -> None:
+    config = MachineConfig(block_size=LONG, num_blocks=4, num_host_blocks=6)
+    engine = Engine(_ForgetsStores(config.pool_spec()), config)
+    _demoted(hiradix_cache, engine)
+    assert engine.admit("s2", (), LONG_PROMPT)
+    with pytest.raises(InvariantViolation) as caught:
+        engine.step()
+    assert caught.value.invariant is Invariant.CONTENT
 
 
 class _LeaksHostPages(SGLangHiCacheAllocator):
@@ -166,7 +219,8 @@ class _NoPollAfterFree(SGLangHiCacheAllocator):
 
 def test_pages_held_by_an_unacknowledged_write_through_are_caught() -> None:
     """Why the adapter polls the events after a finish: until its write-through is acknowledged, SGLang keeps the
-    finished prompt's pages locked, in none of the sets the contract has (see the contract's second-tier gaps)."""
+    finished prompt's pages locked; the adapter lists them pending (as it does a load-back's pages), but they were
+    not released within an in-flight window (see the contract's second-tier gaps)."""
     config = MachineConfig(block_size=4, num_blocks=8, num_host_blocks=6)
     engine = Engine(_NoPollAfterFree(config.pool_spec()), config)
     engine.admit("s0", (), PROMPT)
@@ -177,7 +231,7 @@ def test_pages_held_by_an_unacknowledged_write_through_are_caught() -> None:
     with pytest.raises(InvariantViolation) as caught:
         engine.free("s0")
     assert caught.value.invariant is Invariant.FREE_SET
-    assert "none of the free, cached and pending sets" in str(caught.value)
+    assert "pending, but only 0 were released within the in-flight window" in str(caught.value)
 
 
 class _RustListsLockedPages(SGLangHiCacheRustAllocator):

@@ -291,23 +291,30 @@ class SGLangRadixAllocator:
     # -- the scheduler's steps -----------------------------------------------------------------------------------
 
     def _admit_req(self, seq: SeqId, req: Any, length: int) -> int:
-        """Match, check the prefill budget, lock, take a row and allocate the prompt; return the cached length."""
+        """Match, lock, check the prefill budget, extend the match, take a row and allocate the prompt; return the
+        cached length."""
         engine = sglang()
         req.init_next_round_input(self.tree)
-        prefix_len = req.prefix_len
         lock = self.tree.lock(req.last_node)
         try:
-            self._check_room(self._pages(length) - prefix_len // self.block_size, f"admit {seq!r}")
+            self._check_room(self._pages(length) - req.prefix_len // self.block_size, f"admit {seq!r}")
         except OutOfBlocks:
             self.tree.unlock(lock)
             req.prefix_len, req.last_node, req.kv.cache_protected_len = 0, None, 0
             raise
+        lock = self._extend_match(req, lock)
+        prefix_len = req.prefix_len
         req.lock, req.extend_end = lock, length
         engine.alloc_req_slots(self.req_to_token_pool, [req], self.tree)
         prefix = self.tree.prefix_device_indices(req)
         self._row(req)[:prefix_len] = prefix.to(torch.int32)
         self._alloc_extend(req, prefix_len, length)
         return prefix_len
+
+    def _extend_match(self, req: Any, lock: Any) -> Any:
+        """Once the budget admits the request, what may lengthen its match past the device (a host tier's load-back);
+        ``lock`` pins the match, and the lock returned pins the request's match from then on. Here: nothing."""
+        return lock
 
     def _alloc_extend(self, req: Any, prefix_len: int, seq_len: int) -> None:
         """``alloc_for_extend`` for one request whose row holds ``prefix_len`` slots: evict, allocate, write."""

@@ -8,22 +8,29 @@ reusing :class:`~kvfuzz.adapters.sglang.adapter.SGLangRadixAllocator`'s lifecycl
 allocation, checkpoints, finish, abort, retraction) and adding what the scheduler adds with HiCache on:
 
 * admission: ``Req.init_next_round_input`` matches on the device and, past the device prefix, on the host
-  (``host_hit_length``, ``best_match_node``); with a host hit, ``PrefillAdder`` pins the match (device lock and host
-  lock) and calls ``init_load_back``; the request's prefix grows by what it loaded.
-* HiCache events: ``check_hicache_events`` (``writing_check`` and ``loading_check``) runs where the scheduler's event
-  loop runs it, once the results of a step are processed, and after a finished request is released (its insert
-  queues the write-through of its new nodes).
+  (``host_hit_length``, ``best_match_node``); ``PrefillAdder`` pins the device match and checks the prefill budget,
+  and with a host hit pins the host match (host lock and device lock) and calls ``init_load_back``, which allocates
+  fresh device pages and queues a host-to-device copy into them (``HybridCacheController.load``), or declines a hit
+  under ``load_back_threshold`` (SGLang's own default, 10 tokens, kept as ``init_hicache`` sets it); on success the
+  request's prefix grows by what it loaded and its lock moves to the loaded node.
+* step launch (``take_transfers``): the scheduler's ``ready_to_load_host_cache`` before the batch's forward
+  (``start_loading``: the loads its admissions queued are copied).
+* HiCache events: ``check_hicache_events`` (``flush_pending_backups``, ``writing_check`` and ``loading_check``) runs
+  where the scheduler's event loop runs it, once the results of a step are processed, and after a finished
+  request is released (its insert queues the write-through of its new nodes).
 * write policy: ``write_through`` (every inserted node is backed up to the host when inserted), ``write_back``
-  (backed up when evicted from the device) or ``write_through_selective`` (backed up on its second hit).
+  (backed up when evicted from the device, synchronously) or ``write_through_selective`` (backed up on its second
+  hit).
 
-What kvfuzz's contract cannot express, and so what the adapter does not drive: **load-back**. A host hit makes
-``init_load_back`` allocate fresh device pages and queue a host-to-device copy into them, and the request's prefix
-then covers those pages. kvfuzz plays the engine that performs every copy an allocator orders, but ``admit`` returns
-no copies, and no operation reports the device-to-host copies of write-through or write-back, so kvfuzz's pools
-cannot hold what the loaded pages would hold: every load-back would read as a hit on unwritten slots. The adapter
-therefore runs HiCache with ``load_back_threshold`` above any prompt: ``init_load_back`` is called as the scheduler
-calls it and declines (it takes and drops its locks, as it does for SGLang's own host hits under 10 tokens), and the
-request recomputes its host-hit span, whose insert then lands on the host-only nodes. See docs/real-allocators.md.
+Driven as a second cache tier (``host_cache``). A thin wrapper around the controller records, without changing
+them, the copies SGLang makes, as kvfuzz blocks: ``load`` (a load-back's (host page, device page) pairs, returned
+by the admission as ``AdmitResult.loads``, whose ``num_cached_tokens`` covers the loaded span; kvfuzz lands them at
+the next launch, where SGLang's ``start_loading`` copies them) and ``start_writing`` (every backup, write-through,
+write-back or selective, as SGLang submits it and copies it at once; returned by the next ``take_transfers`` as
+stores flushed at that launch, before its loads and writes: between steps kvfuzz writes no device block and reads
+no host block, so that is the order SGLang copied in). A load-back's pages stay locked until its acknowledgement
+at the event poll after the step that ran it; if its request is released first they are listed pending, which
+kvfuzz allows for a block a load still fills, until that step completes.
 
 Geometry: kvfuzz's host block ``h`` is the host pool's page ``h`` (host token slots ``h * page_size ..``); SGLang
 sizes the host pool from ``hicache_ratio`` plus one page, and the adapter picks the ratio that gives exactly
@@ -36,12 +43,15 @@ unavailable), which exposes its nodes, cached blocks are the device pages of nod
 the host free set is the host pool's free pages plus the host pages of nodes whose host copy no one pins (what
 ``evict_host`` may drop); kvfuzz checks the host pool at quiescence: every host page free or reusable, once. SGLang's
 default Rust tree core exposes no nodes; over it (the ``_rust`` factories) cached blocks come from the walk its KV
-canary makes (``walk_for_kv_canary``, unlocked nodes only) and the host pool is not listed.
+canary makes (``walk_for_kv_canary``, unlocked nodes only) and the host pool is not listed. Over either core,
+pending blocks are the device pages of locked nodes that no running request maps (a released request's load-back
+awaiting its acknowledgement).
 
 Not declared: swap (SGLang's per-request host backup, ``backup_kv_cache``/``restore_kv_cache``, serves only decode
-servers of prefill/decode disaggregation), fork, rollback, eviction, as in the device-only adapter. W = 0: the
-transfers on a CPU stream complete before the next event poll, and device pages stay locked until their write is
-acknowledged, so nothing is handed out early.
+servers of prefill/decode disaggregation), fork, rollback, as in the device-only adapter. W = 0: the transfers on a
+CPU stream complete before the next event poll, and device pages stay locked until their copy is acknowledged, so
+nothing is handed out early; the adapter polls right after a release that queued a write-through, so a page held
+only by an unacknowledged write-through is never seen (the contract has no set for it).
 """
 
 from __future__ import annotations
@@ -51,17 +61,15 @@ import logging
 import types
 from typing import Any, Collection
 
+import attrs
 import torch
 
 from kvfuzz.adapters.sglang._engine import in_context, sglang
-from kvfuzz.adapters.sglang.adapter import SGLangRadixAllocator
-from kvfuzz.allocator.types import PoolSpec, SeqId
+from kvfuzz.adapters.sglang.adapter import SGLangRadixAllocator, _Phase
+from kvfuzz.allocator.types import AdmitResult, HostTransfers, Namespace, PoolSpec, SeqId, Tokens
 
 WRITE_POLICIES = ("write_through", "write_back", "write_through_selective")
 """SGLang's ``--hicache-write-policy`` values."""
-
-NO_LOAD_BACK = 1 << 40
-"""``load_back_threshold`` above any prompt: ``init_load_back`` declines every host hit (see the module doc)."""
 
 
 def _unpinned_host_tensor(
@@ -115,6 +123,54 @@ def hicache() -> Any:
     )
 
 
+def _page_pairs(source: torch.Tensor, destination: torch.Tensor, page_size: int, what: str) -> list[tuple[int, int]]:
+    """The (source page, destination page) pairs of a copy SGLang queues from token slots ``source`` to token slots
+    ``destination``, which kvfuzz can express only as whole pages, each slot to the same offset."""
+    pairs: dict[int, int] = {}
+    for src, dst in zip(source.tolist(), destination.tolist()):
+        page = dst // page_size
+        if src % page_size != dst % page_size or pairs.setdefault(src // page_size, page) != page:
+            raise RuntimeError(f"SGLang's {what} copies slot {src} to slot {dst}, not page to page at one offset")
+    if len(source) != len(pairs) * page_size:
+        raise RuntimeError(f"SGLang's {what} copies {len(source)} slots, not the whole of pages {sorted(pairs)}")
+    return list(pairs.items())
+
+
+@attrs.define
+class _TransferLog:
+    """The copies SGLang's cache controller makes between the device and host pools, as kvfuzz numbers the blocks
+    (device page ``p`` is block ``p - 1``, host page ``h`` host block ``h``), kept until the adapter reports them.
+
+    Invariant kept: ``stores`` holds, in submission order, every device-to-host copy the controller has submitted
+    (``start_writing``, which copies at once) since the last step launch; ``loads`` every host-to-device copy the
+    controller has queued (``load``) since the last admission returned.
+    """
+
+    stores: list[tuple[int, int]] = attrs.field(factory=list)  # (device block, host block), copied already
+    loads: list[tuple[int, int]] = attrs.field(factory=list)  # (host block, device block), copied at the next launch
+
+
+def _record_transfers(controller: Any, log: _TransferLog, page_size: int) -> None:
+    """Wrap the controller's ``start_writing`` and ``load`` so that each copy is recorded in ``log`` before (for a
+    write) or after (for a load) it goes through unchanged."""
+    submit_writes, queue_load = controller.start_writing, controller.load
+
+    def start_writing() -> None:
+        for op in controller.write_queue:
+            pairs = _page_pairs(op.device_indices, op.host_indices, page_size, "backup")
+            log.stores += [(device - 1, host) for device, host in pairs]
+        submit_writes()
+
+    def load(host_indices: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        device_indices = queue_load(host_indices, *args, **kwargs)
+        if device_indices is not None:
+            pairs = _page_pairs(host_indices, device_indices, page_size, "load-back")
+            log.loads += [(host, device - 1) for host, device in pairs]
+        return device_indices
+
+    vars(controller).update(start_writing=start_writing, load=load)  # instance attributes shadow the methods
+
+
 class HiCacheAllocator(SGLangRadixAllocator):
     """kvfuzz's contract over SGLang's UnifiedRadixCache with HiCache (host tier) attached, over either tree core;
     the subclasses read the tree's state each core exposes."""
@@ -141,7 +197,9 @@ class HiCacheAllocator(SGLangRadixAllocator):
             hicache_mem_layout="layer_first",
         )
         self.runtime_context = engine.create_context(self.server_args, role="scheduler")  # active around each call
+        self.transfers = _TransferLog()  # the controller's copies not yet reported to kvfuzz
         super().__init__(spec)
+        self.capabilities = attrs.evolve(self.capabilities, host_cache=True)
         self.num_host_blocks = self.host_pool.page_num  # as SGLang sized it
 
     @in_context
@@ -174,45 +232,32 @@ class HiCacheAllocator(SGLangRadixAllocator):
             tree_core_backend=self.tree_core_backend,
         )
         self.tree = hi.UnifiedRadixCache(params)  # the radix tree, then its host tier attached
-        self.tree.init_hicache(self.server_args, params)
-        self.tree.load_back_threshold = NO_LOAD_BACK
+        self.tree.init_hicache(self.server_args, params)  # load_back_threshold: SGLang's own, 10 tokens
         self.host_pool = self.tree.cache_controller.mem_pool_host.anchor_entry.host_pool  # the KV host pool
+        _record_transfers(self.tree.cache_controller, self.transfers, page)
 
-    # -- the scheduler's steps, with HiCache ---------------------------------------------------------------------
+    # -- the contract, with the host tier ------------------------------------------------------------------------
 
-    def _admit_req(self, seq: SeqId, req: Any, length: int) -> int:
-        """Match, then, with a host hit, ``PrefillAdder``'s load-back attempt; then the device-only admission."""
-        # The device admission matches again (init_next_round_input); its result is the same, since a declined
-        # load-back leaves the tree as it was.
-        req.init_next_round_input(self.tree)
-        if req.needs_host_load_back():
-            self._init_load_back(seq, req)
-        return super()._admit_req(seq, req, length)
-
-    def _init_load_back(self, seq: SeqId, req: Any) -> None:
-        """``PrefillAdder.add_one_req`` with a host hit: pin the device match, pin the host match, load back."""
-        tree, hi = self.tree, hicache()
-        device_lock = tree.lock(req.last_node)
+    @in_context
+    def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> AdmitResult:
+        """The device-only admission, whose match may load host pages back (``_extend_match``): their copies are
+        reported as ``loads``, and the request's cached prefix covers them."""
         try:
-            host_pin = tree.inc_host_lock_ref(req.best_match_node).to_dec_params()
-            try:
-                loaded, _ = tree.init_load_back(
-                    hi.InitLoadBackParams(
-                        best_match_node=req.best_match_node, host_hit_length=req.host_hit_length, req=req
-                    )
-                )
-            finally:
-                tree.dec_host_lock_ref(req.best_match_node, host_pin)
+            result = SGLangRadixAllocator.admit.__wrapped__(self, seq, namespace, tokens)
         finally:
-            tree.unlock(device_lock)
-        if loaded:  # load_back_threshold no longer declines: SGLang changed, and the adapter must follow
-            raise RuntimeError(
-                f"admit {seq!r}: SGLang loaded {loaded} host tokens back, which kvfuzz's admit cannot express"
-            )
+            loads, self.transfers.loads = self.transfers.loads, []
+        return attrs.evolve(result, loads=loads)
 
-    def _poll_events(self) -> None:
-        """The event loop's ``check_hicache_events``: acknowledge finished write-throughs and load-backs."""
-        self.tree.check_hicache_events()
+    @in_context
+    def take_transfers(self, step: int) -> HostTransfers:
+        """The scheduler's launch of a batch: ``ready_to_load_host_cache`` starts the load-backs its admissions
+        queued (kvfuzz lands them now, from the admissions' ``loads``). The backups SGLang submitted since the last
+        launch are reported too, as stores flushed at once: SGLang copied each when it submitted it, between steps,
+        and until this launch kvfuzz neither writes a device block nor reads a host block, so landing them now,
+        before the loads and the step's writes, is the order SGLang copied in."""
+        self.tree.ready_to_load_host_cache()
+        stores, self.transfers.stores = self.transfers.stores, []
+        return HostTransfers(stores, flushed=stores)
 
     @in_context
     def step_completed(self, step: int) -> None:
@@ -223,6 +268,57 @@ class HiCacheAllocator(SGLangRadixAllocator):
     def free(self, seq: SeqId) -> None:
         SGLangRadixAllocator.free.__wrapped__(self, seq)
         self._poll_events()
+
+    # -- introspection -------------------------------------------------------------------------------------------
+
+    def pending_blocks(self) -> Collection[int]:
+        """Device pages the tree keeps locked though no running request maps them: those a load-back fills, from
+        the release of the request it was for until the load is acknowledged after the step that runs it."""
+        referenced = {
+            block for state in self._requests.values() if state.phase is _Phase.RUNNING for block in self._table(state)
+        }
+        return [block for block in self._locked_blocks() if block not in referenced]
+
+    def _locked_blocks(self) -> list[int]:
+        """Device pages of tree nodes some request or transfer locks."""
+        raise NotImplementedError
+
+    # -- the scheduler's steps, with HiCache ---------------------------------------------------------------------
+
+    def _extend_match(self, req: Any, lock: Any) -> Any:
+        """``PrefillAdder.add_one_req`` with a host hit: pin the host match (host lock and device lock), load back,
+        and on success take the request's prefix to the loaded node; SGLang declines a load of fewer than
+        ``load_back_threshold`` tokens, and the request recomputes that span."""
+        if not req.needs_host_load_back():
+            return lock
+        tree, hi = self.tree, hicache()
+        node, promised = req.best_match_node, req.host_hit_length
+        host_pin = tree.inc_host_lock_ref(node).to_dec_params()
+        try:
+            pin = tree.lock(node)
+            try:
+                loaded, last_node = tree.init_load_back(
+                    hi.InitLoadBackParams(best_match_node=node, host_hit_length=promised, req=req)
+                )
+            finally:
+                tree.unlock(pin)
+        finally:
+            tree.dec_host_lock_ref(node, host_pin)
+        req.host_loaded_length, req.last_node = loaded, last_node
+        if 0 < loaded < promised:  # the scheduler's own check
+            raise RuntimeError(f"HiCache load-back committed {loaded} of the {promised} host-hit tokens")
+        if not loaded:
+            return lock
+        req.prefix_len += loaded
+        req.kv.cache_protected_len = req.prefix_len
+        request_lock = tree.lock(req.last_node)
+        tree.unlock(lock)
+        return request_lock
+
+    def _poll_events(self) -> None:
+        """The event loop's ``check_hicache_events``: submit queued backups, acknowledge finished write-throughs and
+        load-backs."""
+        self.tree.check_hicache_events()
 
 
 class SGLangHiCacheAllocator(HiCacheAllocator):
@@ -253,6 +349,14 @@ class SGLangHiCacheAllocator(HiCacheAllocator):
             for page in self._page_ids(data.value)
         ]
 
+    def _locked_blocks(self) -> list[int]:
+        return [
+            page - 1
+            for data in self._nodes()
+            if data.value is not None and data.lock_ref > 0
+            for page in self._page_ids(data.value)
+        ]
+
     def host_free_blocks(self) -> Collection[int]:
         """The host pool's free pages, and the host pages of nodes whose host copy nobody pins (``evict_host`` may
         drop them)."""
@@ -275,9 +379,17 @@ class SGLangHiCacheRustAllocator(HiCacheAllocator):
 
     def cached_blocks(self) -> Collection[int]:
         """Device pages of tree nodes no request or transfer locks (``walk_for_kv_canary(unlocked_only=True)``)."""
-        slots = self.tree.tree_core.walk_for_kv_canary(True, False).slot_indices
+        return self._walk(unlocked_only=True)
+
+    def _locked_blocks(self) -> list[int]:
+        unlocked = set(self._walk(unlocked_only=True))
+        return [block for block in self._walk(unlocked_only=False) if block not in unlocked]
+
+    def _walk(self, *, unlocked_only: bool) -> list[int]:
+        """The device pages of the tree's nodes (those no one locks, or all), one slot per page: its first."""
+        slots = self.tree.tree_core.walk_for_kv_canary(unlocked_only, False).slot_indices
         page = self.block_size
-        return [slot // page - 1 for slot in slots.tolist() if slot % page == 0]  # one slot per page: its first
+        return [slot // page - 1 for slot in slots.tolist() if slot % page == 0]
 
 
 def hiradix_cache(spec: PoolSpec) -> SGLangHiCacheAllocator:
