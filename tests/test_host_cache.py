@@ -328,3 +328,22 @@ def test_a_load_destination_handed_out_before_the_load_lands_is_caught() -> None
         engine.admit("c", (), (3,) * 4 * 8)  # the whole pool, the loads' destinations included
     assert caught.value.invariant is Invariant.NON_REUSE_WINDOW
     assert f"block {loading[0]}" in str(caught.value) or f"block {loading[1]}" in str(caught.value)
+
+
+class HoldsItsWholeTable(HoldsLoadDestinations):
+    """Holds every block of a released table while a load into it is pending, the blocks past the loaded prefix
+    (which no load fills and no load extends) included."""
+
+    def _release(self, seq):
+        held = any(block in self.filling for block in self.tables.get(seq, ()))
+        HostTierAllocator._release(self, seq)
+        if not held:
+            self.free_list += [block for block, _ in self.released]
+            self.released = []
+
+
+def test_holding_blocks_past_the_prefix_a_pending_load_extends_is_caught() -> None:
+    engine = Engine(HoldsItsWholeTable(W0.pool_spec()), W0)
+    with pytest.raises(InvariantViolation) as caught:
+        _loads_then_frees(engine)  # b's third block holds its computed tail: pending outside any window
+    assert caught.value.invariant is Invariant.FREE_SET and "pending" in str(caught.value)

@@ -535,7 +535,8 @@ class Checks:
         """Blocks released within the in-flight window and not referenced again: a correct allocator holds
         exactly these pending, and cannot hand them out yet."""
         h = self.state
-        return [block for block in self.pools.late_work_by_block if block not in h.refs.holders]
+        held = self.pools.held_until.keys() - self.pools.late_work_by_block.keys()
+        return [block for block in (*self.pools.late_work_by_block, *held) if block not in h.refs.holders]
 
     def accounting(self, touched: Iterable[int]) -> None:
         """Refcounts and set membership of the touched blocks, and the pool-wide counts identity."""
@@ -580,7 +581,11 @@ class Checks:
                 self.pools.seen_cached.discard(block)
         in_window = self.unreferenced_in_inflight_window()
         if len(pending) > len(in_window):
-            stuck = next(block for block in pending if block not in self.pools.late_work_by_block)
+            stuck = next(
+                block
+                for block in pending
+                if block not in self.pools.late_work_by_block and block not in self.pools.held_until
+            )
             self.fail(
                 Invariant.FREE_SET,
                 f"{len(pending)} block(s) pending, but only {len(in_window)} were "

@@ -490,7 +490,7 @@ class Engine:
             self.dismiss(seq, run_ends=True)
         self._begin("quiesce")
         self._complete(self.pools.steps_to_complete(drain=True))
-        while self.pools.late_work_by_block or self.host_loads:
+        while self.pools.late_work_by_block or self.pools.held_until or self.host_loads:
             if self.caps.host_cache:  # a launch lands the loads still ordered, as the worker would
                 self._host_transfers(self.pools.next_step)
             self.pools.launch_step()
@@ -803,12 +803,18 @@ class Engine:
         """Under ``host_cache``, before ``seq`` releases its table: a block that a load ordered since the last launch
         still fills stays in flight until the next step to complete has completed, which comes after the next
         launch lands the load (under W = 0 it is the step of that launch): the allocator may hold it pending until
-        then, as one that acknowledges the load when its step completes does, and must not hand it out before."""
+        then, as one that acknowledges the load when its step completes does, and must not hand it out before. The
+        blocks of the prefix such a load extends (its table before the loaded block) may be held pending until then
+        too, as a tree cache keeps a loaded node's ancestors resident, but may be handed out: no load writes them."""
         loading = {block for _, _, block in self.host_loads}
         until = self.pools.last_completed + 1
-        for block in mapped(self.expected.seqs[seq].table):
+        table = self.expected.seqs[seq].table
+        last_loaded = max((index for index, block in enumerate(table) if block in loading), default=-1)
+        for block in mapped(table[: last_loaded + 1]):
             if block in loading:
                 self.pools.read_until[block] = max(self.pools.read_until.get(block, -1), until)
+            else:  # the prefix the load extends, which a tree cache keeps resident until it acknowledges the load
+                self.pools.held_until[block] = max(self.pools.held_until.get(block, -1), until)
 
     def _land_store(self, pair: tuple[int, int], when: str) -> None:
         block, host_block = pair

@@ -108,6 +108,9 @@ class KVPools:
         # the step still runs), or that lands a host-tier load into it: a release of the block keeps it in flight
         # until then.
         self.read_until: dict[int, int] = {}
+        # Released block -> the step until whose completion the allocator may hold it pending though no late work
+        # lands on it, and may still hand it out (under host_cache, the prefix a load not yet landed extends).
+        self.held_until: dict[int, int] = {}
         self.history: dict[int, deque[str]] = {}  # block -> its latest events, for explanations
         # Unreferenced blocks the allocator listed as cached when the checks last looked: one handed out for writing
         # was evicted first, which its history says.
@@ -238,7 +241,9 @@ class KVPools:
         """Step ``step`` completes: the late work due now lands, after every newer write. Returns the blocks whose
         in-flight window closed."""
         self.last_completed = step
-        closed = []
+        closed = [block for block, until in self.held_until.items() if until <= step]
+        for block in closed:
+            del self.held_until[block]
         for work in self._late_work.pop(step, ()):
             if self.late_work_by_block.get(work.block) is work:
                 del self.late_work_by_block[work.block]
