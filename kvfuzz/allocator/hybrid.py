@@ -14,12 +14,14 @@ shares, or that holds cached content, copies the block first. Released blocks wa
 
 from __future__ import annotations
 
-from typing import Collection, Optional, Sequence
+from collections import deque
+from typing import Optional
 
 import attrs
 
 from kvfuzz.allocator.block_pool import BlockPool
 from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.allocator.pooled import PooledAllocator
 from kvfuzz.allocator.prefix_cache import CacheEntry, PrefixCache, chain_hash
 from kvfuzz.allocator.types import (
     NULL_BLOCK,
@@ -66,7 +68,7 @@ class _Registration:
         return self.seq.live and self.index < len(table) and table[self.index] == self.block
 
 
-class HybridAllocator:
+class HybridAllocator(PooledAllocator):
     """A refcounted, prefix-caching, copy-on-write allocator with one block table per KV-cache group: a
     full-attention group, then a sliding-window group of ``sliding_window`` tokens, over one pool."""
 
@@ -103,7 +105,7 @@ class HybridAllocator:
             num_blocks, inflight_window, is_cached=self._cache.is_cached, on_evict=self._cache.unregister
         )
         self._seqs: dict[SeqId, _Sequence] = {}
-        self._registrations: list[_Registration] = []
+        self._registrations = deque()
 
     # -- the contract --------------------------------------------------------------------------------------------
 
@@ -210,50 +212,11 @@ class HybridAllocator:
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
         raise Unsupported("rollback: kvfuzz does not check rollback together with KV-cache groups yet")
 
-    def evict(self, num_blocks: int) -> int:
-        if num_blocks < 0:
-            raise InvalidArgument(f"evict: cannot evict {num_blocks} blocks")
-        return self._pool.evict(num_blocks)
-
-    def reset_cache(self) -> None:
-        self._pool.evict(self.num_blocks)
-
-    def evict_blocks(self, blocks: Sequence[int]) -> None:
-        for block in blocks:
-            if not 0 <= block < self.num_blocks:
-                raise InvalidArgument(f"evict_blocks: block {block} is outside the pool")
-        for block in blocks:
-            self._pool.evict_block(block)
-
-    def step_completed(self, step: int) -> None:
-        if step <= self._pool.last_completed_step:
-            raise InvalidArgument(f"step_completed({step}) after step {self._pool.last_completed_step} completed")
-        self._pool.step_completed(step)
-        due = [registration for registration in self._registrations if registration.commit_after <= step]
-        self._registrations = [registration for registration in self._registrations if registration.commit_after > step]
-        for registration in due:
-            if registration.still_valid():
-                self._cache.register(registration.block, registration.entry)
-
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         return tuple(self._running(seq, "block_table").tables[0])
 
     def group_block_tables(self, seq: SeqId) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(table) for table in self._running(seq, "group_block_tables").tables)
-
-    # -- introspection -------------------------------------------------------------------------------------------
-
-    def refcount(self, block: int) -> int:
-        return self._pool.refcount(block)
-
-    def free_blocks(self) -> Collection[int]:
-        return self._pool.free_blocks()
-
-    def cached_blocks(self) -> Collection[int]:
-        return self._pool.evictable_blocks()
-
-    def pending_blocks(self) -> Collection[int]:
-        return self._pool.pending_blocks()
 
     # -- helpers -------------------------------------------------------------------------------------------------
 

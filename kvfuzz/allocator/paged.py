@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import Collection, Optional, Sequence
+from typing import Collection, Optional
 
 import attrs
 
 from kvfuzz.allocator.block_pool import BlockPool
 from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.allocator.pooled import PooledAllocator
 from kvfuzz.allocator.prefix_cache import CacheEntry, PrefixCache, chain_hash
 from kvfuzz.allocator.types import (
     NULL_BLOCK,
@@ -78,7 +79,7 @@ class _Registration:
         )
 
 
-class PagedAllocator:
+class PagedAllocator(PooledAllocator):
     """A refcounted, prefix-caching, copy-on-write paged allocator with swap, rollback and an in-flight window."""
 
     pool_class = BlockPool
@@ -124,7 +125,7 @@ class PagedAllocator:
         )
         self._host_free: dict[int, None] = dict.fromkeys(range(num_host_blocks))
         self._seqs: dict[SeqId, _Sequence] = {}
-        self._registrations: deque[_Registration] = deque()
+        self._registrations = deque()
         self._version_clock = itertools.count()
 
     # -- the contract --------------------------------------------------------------------------------------------
@@ -285,46 +286,10 @@ class PagedAllocator:
         for index in range(new_len // self.block_size, keep):
             state.versions[index] = next(self._version_clock)
 
-    def evict(self, num_blocks: int) -> int:
-        if num_blocks < 0:
-            raise InvalidArgument(f"evict: cannot evict {num_blocks} blocks")
-        return self._pool.evict(num_blocks)
-
-    def reset_cache(self) -> None:
-        self._pool.evict(self.num_blocks)
-
-    def evict_blocks(self, blocks: Sequence[int]) -> None:
-        for block in blocks:
-            if not 0 <= block < self.num_blocks:
-                raise InvalidArgument(f"evict_blocks: block {block} is outside the pool")
-        for block in blocks:
-            self._pool.evict_block(block)
-
-    def step_completed(self, step: int) -> None:
-        if step <= self._pool.last_completed_step:
-            raise InvalidArgument(f"step_completed({step}) after step {self._pool.last_completed_step} completed")
-        self._pool.step_completed(step)
-        while self._registrations and self._registrations[0].commit_after <= step:
-            registration = self._registrations.popleft()
-            if registration.still_valid():
-                self._cache.register(registration.block, registration.entry)
-
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         return tuple(self._running(seq, "block_table").table)
 
-    # -- introspection -------------------------------------------------------------------------------------------
-
-    def refcount(self, block: int) -> int:
-        return self._pool.refcount(block)
-
-    def free_blocks(self) -> Collection[int]:
-        return self._pool.free_blocks()
-
-    def cached_blocks(self) -> Collection[int]:
-        return self._pool.evictable_blocks()
-
-    def pending_blocks(self) -> Collection[int]:
-        return self._pool.pending_blocks()
+    # -- introspection (the pool's, in PooledAllocator) ----------------------------------------------------------
 
     def host_free_blocks(self) -> Collection[int]:
         return self._host_free.keys()
