@@ -173,3 +173,27 @@ def test_a_flush_of_a_store_already_landed_is_caught() -> None:
         _evicted_prefix_comes_back(engine)
     assert caught.value.invariant is Invariant.RESULTS
     assert "not in flight" in caught.value.summary
+
+
+class _ForgetsCachedChunks(vllm_offload.VllmOffloadAllocator):
+    """A CPU free set that leaves out the cached chunks no transfer uses, which the policy may evict."""
+
+    def host_free_blocks(self):
+        cpu = self._cpu
+        return [*range(cpu._num_allocated_chunks, cpu._num_chunks), *cpu._free_list]
+
+
+def test_the_cpu_tier_free_set_is_checked() -> None:
+    """The adapter lists the CPU tier's free chunks, so a CPU chunk lost to the free set is caught: the right list
+    passes quiescence, one without the cached chunks fails it naming them."""
+    engine = _engine(vllm_offload.cpu_offloading(CONFIG.pool_spec()))
+    _evicted_prefix_comes_back(engine)
+    engine.step()
+    engine.quiesce()
+    engine = _engine(_ForgetsCachedChunks(CONFIG.pool_spec()))
+    _evicted_prefix_comes_back(engine)
+    engine.step()
+    with pytest.raises(InvariantViolation) as caught:
+        engine.quiesce()
+    assert caught.value.invariant is Invariant.QUIESCENCE
+    assert "leaked:   [0, 1]" in caught.value.explain()

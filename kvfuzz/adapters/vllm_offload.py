@@ -32,13 +32,15 @@ request readmitted with transfers still in flight) the adapter admits it without
 prompt asynchronously and recompute the last token. The connector's own scheduler class is not run (it needs a
 full ``VllmConfig`` and ``SchedulerOutput``): its bookkeeping above is the adapter's, read from vLLM 0.33's source,
 so kvfuzz tests the CPU offloading manager and its lifetimes against the GPU pool, not that class's code.
-The CPU tier is not introspected: its free set is not checked (``host_free_blocks`` is not implemented).
+The CPU tier's free set (``host_free_blocks``) is read from the manager: chunks never allocated, its free list, and
+the cached chunks no transfer uses (``ref_cnt`` 0, what its policy may evict), so kvfuzz checks the CPU pool as it
+checks the GPU pool.
 """
 
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import attrs
 
@@ -149,6 +151,15 @@ class VllmOffloadAllocator(VllmV1Allocator):
     def preempt(self, seq: SeqId) -> None:
         super().preempt(seq)
         self._preempted_states.append(self._states[seq])
+
+    def host_free_blocks(self) -> Collection[int]:
+        """CPU chunks no transfer uses: never allocated yet, on the manager's free list, or cached with ``ref_cnt`` 0
+        (what its policy may evict); a chunk whose store is in flight (``ref_cnt`` -1) or a load reads is not."""
+        cpu = self._cpu
+        policy = cpu._policy
+        cached = policy.chunks.values() if hasattr(policy, "chunks") else [*policy.t1.values(), *policy.t2.values()]
+        unused = [chunk.chunk_id for chunk in cached if chunk.ref_cnt == 0]
+        return [*range(cpu._num_allocated_chunks, cpu._num_chunks), *cpu._free_list, *unused]
 
     def take_transfers(self, step: int) -> HostTransfers:
         """``build_connector_meta`` for the step being launched, then the worker's submission of its jobs."""
