@@ -92,6 +92,10 @@ class BareState:
         sequence has released blocks)."""
         return []
 
+    def landable_ids(self) -> list[SeqId]:
+        """No loads are modelled here (kvfuzz's allocator has no host tier), so none is ever reported landed."""
+        return []
+
     # -- what each operation does to the bookkeeping -------------------------------------------------------------
 
     def admit(self, seq: SeqId, namespace: tuple, system: tuple, suffix: list) -> None:

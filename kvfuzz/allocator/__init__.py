@@ -10,7 +10,14 @@ from kvfuzz.allocator.errors import (
     Unsupported,
 )
 from kvfuzz.allocator.paged import PagedAllocator, paged_allocator, synchronous_allocator
-from kvfuzz.allocator.protocol import AllocatorProtocol, GroupedTables, HostCache, HostIntrospectable, Introspectable
+from kvfuzz.allocator.protocol import (
+    AllocatorProtocol,
+    AsyncLoads,
+    GroupedTables,
+    HostCache,
+    HostIntrospectable,
+    Introspectable,
+)
 from kvfuzz.allocator.types import (
     AdmitResult,
     BlockCopy,
@@ -36,6 +43,7 @@ __all__ = [
     "EvictionOrder",
     "GroupedTables",
     "GrowResult",
+    "AsyncLoads",
     "HostCache",
     "HostIntrospectable",
     "HostTransfers",

@@ -46,6 +46,7 @@ DECLARED_METHODS: dict[str, tuple[str, ...]] = {
     "targeted_eviction": ("evict_blocks",),
     "introspection": ("refcount", "free_blocks", "cached_blocks", "pending_blocks"),
     "host_cache": ("take_transfers",),
+    "async_loads": ("loads_landed", "resume"),
     "kv_groups": ("group_block_tables",),
 }
 """Capability -> the methods that come with it: an allocator has them exactly when it declares the capability, and
@@ -186,6 +187,24 @@ class HostCache(Protocol):
         """Step ``step`` is being launched: the stores ordered now (copied when ``step`` completes) and the earlier
         stores to finish now. The engine then finishes the flushed stores, lands the loads ordered since the previous
         launch, and writes the step's tokens."""
+
+
+@runtime_checkable
+class AsyncLoads(Protocol):
+    """Optional: an admission may wait for its host-tier loads over several steps; the allocator sets
+    ``capabilities.async_loads`` (with ``host_cache``).
+
+    An admission that returns ``AdmitResult.waits_for_loads`` leaves its sequence loading until the engine reports
+    the loads landed, then waiting until ``resume`` schedules it.
+    """
+
+    def loads_landed(self, seq: SeqId) -> None:
+        """The worker reports every load ordered for ``seq``'s admission done, with the output of the latest completed
+        step (vLLM's ``finished_recving``); ``seq`` may have been freed since, and its blocks are released now."""
+
+    def resume(self, seq: SeqId) -> AdmitResult:
+        """Schedule ``seq``, whose loads have landed: allocate the rest of its prompt and return its whole table and
+        the tokens cached (those its admission reported). ``OutOfBlocks`` when there is no room, changing nothing."""
 
 
 @runtime_checkable

@@ -80,6 +80,11 @@ def _needs_a_window(instance: "Capabilities", _attribute: attrs.Attribute, drops
         raise ValueError("refusal_drops_window needs a sliding window (sliding_window, or a group's)")
 
 
+def _needs_host_cache(instance: "Capabilities", _attribute: attrs.Attribute, async_loads: bool) -> None:
+    if async_loads and not instance.host_cache:
+        raise ValueError("async_loads needs host_cache: the loads it makes wait are host-tier loads")
+
+
 def _group_tuple(groups: Iterable[KVGroup]) -> Tuple[KVGroup, ...]:
     return tuple(groups)
 
@@ -170,6 +175,16 @@ class Capabilities:
     blocks: ``admit`` may report cached tokens whose K/V it loads from host blocks (``AdmitResult.loads``, landed by
     the engine when the next step is launched, before its writes), and at each step launch ``take_transfers`` orders
     stores of device blocks into host blocks, which land when that step completes (or earlier, when flushed).
+    ``async_loads`` (with ``host_cache``) says an admission may wait for its loads over several steps, as vLLM's
+    connectors load asynchronously (``WAITING_FOR_REMOTE_KVS``): ``admit`` returns
+    ``AdmitResult.waits_for_loads``, a table covering only the cached tokens, and loads into it; the sequence is
+    then *loading*: it is neither grown, forked, preempted, swapped nor rolled back, no step computes or reads it,
+    and only ``free`` may end it. The loads start at the next launch; the engine, as the worker, performs them at
+    some later point after a step has completed (any number of steps later) and then reports them with
+    ``loads_landed(seq)`` (:class:`~kvfuzz.allocator.protocol.AsyncLoads`), also for a sequence freed meanwhile,
+    whose loaded blocks stay in flight until then. A landed sequence waits to be scheduled: ``resume(seq)``
+    allocates the rest of its prompt and returns the whole table with the same cached tokens (refused with
+    ``OutOfBlocks``, changing nothing, when there is no room); the engine writes the rest at the next step.
     ``kv_groups`` (two or more :class:`KVGroup`) says each sequence has one block table per group (vLLM's KV-cache
     groups: a model mixing full-attention and sliding-window layers), every group drawing block ids from the one
     pool of ``num_blocks`` blocks of ``block_size`` slots (vLLM unifies the groups' page sizes). ``block_table``,
@@ -218,6 +233,7 @@ class Capabilities:
     complete_caching: bool = False
     eviction_order: Optional[EvictionOrder] = None
     host_cache: bool = False
+    async_loads: bool = attrs.field(default=False, validator=_needs_host_cache)
     kv_groups: Tuple[KVGroup, ...] = attrs.field(default=(), converter=_group_tuple, validator=_kv_groups)
 
 
@@ -260,11 +276,15 @@ class AdmitResult:
     The first ``num_cached_tokens`` positions already hold their K/V in the table's blocks, or (under
     ``host_cache``) in the host blocks of ``loads``: (host block, device block) pairs the engine copies when it
     launches the next step, before that step writes or reads. The engine writes the rest at the next step.
+    ``waits_for_loads`` (only under ``async_loads``, with loads): the admission waits for its loads: the table
+    covers only the ``num_cached_tokens`` (``ceil(num_cached_tokens / block_size)`` blocks), the loads land when the
+    engine reports them (``loads_landed``), and ``resume`` later allocates the rest of the prompt.
     """
 
     block_table: Tuple[int, ...] = attrs.field(converter=_int_tuple)
     num_cached_tokens: int = attrs.field(validator=_non_negative)
     loads: Tuple[Tuple[int, int], ...] = attrs.field(converter=_pair_tuple, factory=tuple)
+    waits_for_loads: bool = False
 
 
 @attrs.frozen

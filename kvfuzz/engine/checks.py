@@ -29,7 +29,7 @@ from kvfuzz.allocator.types import (
 from kvfuzz.engine.expected import ExpectedState, Status
 from kvfuzz.engine.groups import group_of, shown_namespace
 from kvfuzz.engine.misuse import MisuseCall
-from kvfuzz.engine.pools import KVPools, SlotWrite
+from kvfuzz.engine.pools import UNTIL_LOADS_LAND, KVPools, SlotWrite
 from kvfuzz.engine.violations import Invariant, violation
 from kvfuzz.kernels import AttentionKernel, PagedBatch, compare, make_kernel
 from kvfuzz.reference.content import kv_for_tags
@@ -443,6 +443,35 @@ class Checks:
                 ["expected: each device block loaded once"],
             )
 
+    def waits_for_loads(self, seq: str, result: AdmitResult) -> None:
+        """An admission that waits for its loads: only under ``async_loads``, with loads to wait for."""
+        h = self.state
+        if not h.caps.async_loads:
+            self.fail(
+                Invariant.RESULTS,
+                f"admit of {seq} waits for its loads",
+                ["expected: an admission that does not wait: the allocator does not declare async_loads"],
+            )
+        if not result.loads:
+            self.fail(
+                Invariant.RESULTS,
+                f"admit of {seq} waits for its loads but orders none",
+                ["expected: host-tier loads to wait for (an admission with nothing to load does not wait)"],
+            )
+
+    def resumed_hit(self, seq: str, result: AdmitResult, covered: int) -> None:
+        """``resume`` of a sequence whose loads landed reports the hit its admission reported, and loads nothing."""
+        if result.num_cached_tokens != covered or result.loads or result.waits_for_loads:
+            self.fail(
+                Invariant.RESULTS,
+                f"resume of {seq} reports {result.num_cached_tokens} cached tokens, loads {list(result.loads)}"
+                + (" and waits for them" if result.waits_for_loads else ""),
+                [
+                    f"expected: the {covered} cached tokens its admission reported (loaded since), nothing more to "
+                    "load, no waiting"
+                ],
+            )
+
     def host_transfers(self, step: int, transfers: HostTransfers, in_flight: Sequence[tuple[int, int]]) -> None:
         """Invariant 12 for ``take_transfers(step)``: stores between existing blocks, and only in-flight stores
         flushed."""
@@ -605,6 +634,21 @@ class Checks:
                 f"{len(pending)} + {h.refs.num_referenced()} = {total}",
                 [f"expected: {h.num_blocks} (every block exactly once)"],
             )
+
+    def host_transfers_unfree(self, in_use: dict[int, str]) -> None:
+        """Invariant 4 on a host tier: a host block a transfer still uses (``in_use``: host block -> the transfer) is
+        not in the host free set, from which another store could take it."""
+        host = self.host_introspection
+        if host is None or not in_use:
+            return
+        free = set(host.host_free_blocks())
+        for block, transfer in sorted(in_use.items()):
+            if block in free:
+                self.fail(
+                    Invariant.FREE_SET,
+                    f"host block {block} is in the host free set while {transfer}",
+                    ["expected: out of the host free set until that transfer is done"],
+                )
 
     def host_accounting(self, touched: Iterable[int], released_by: str = "") -> None:
         """Invariant 4 on the host pool: each touched host block is in the host free set exactly when no swapped-out
@@ -851,6 +895,17 @@ class Checks:
         pools = self.pools
         for block in blocks:
             work = pools.late_work_by_block.get(block)
+            if work is not None and work.lands_at == UNTIL_LOADS_LAND:
+                self.fail(
+                    Invariant.NON_REUSE_WINDOW,
+                    f"block {block} handed to {seq} for writing while an asynchronous load still fills it",
+                    [
+                        f"block {block} was released by {work.released_by} while step {work.released_at} was being "
+                        "scheduled, with a host-tier load into it under way; the worker writes it until the load is "
+                        "reported landed (loads_landed), which it has not been",
+                        *pools.block_story(block),
+                    ],
+                )
             if work is not None:
                 completed = work.lands_at - pools.inflight_window
                 self.fail(

@@ -17,7 +17,7 @@ import attrs
 
 from kvfuzz.accounting.occupancy import Occupancy, measure
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
-from kvfuzz.allocator.protocol import AllocatorProtocol, EvictsBlocks, HostCache, HostIntrospectable
+from kvfuzz.allocator.protocol import AllocatorProtocol, AsyncLoads, EvictsBlocks, HostCache, HostIntrospectable
 from kvfuzz.allocator.types import (
     NULL_BLOCK,
     AdmitResult,
@@ -31,12 +31,12 @@ from kvfuzz.allocator.types import (
 )
 from kvfuzz.engine.checks import CacheSnapshot, Checks, PoolCounts
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.engine.expected import ExpectedState, SeqModel, Status, TableChange, mapped
+from kvfuzz.engine.expected import AsyncLoad, ExpectedState, SeqModel, Status, TableChange, mapped
 from kvfuzz.engine.group_checks import GroupChecks
 from kvfuzz.engine.groups import group_namespace
 from kvfuzz.engine.matchable import Filled
 from kvfuzz.engine.misuse import MisuseCall
-from kvfuzz.engine.pools import KVPools, SlotWrite
+from kvfuzz.engine.pools import UNTIL_LOADS_LAND, KVPools, SlotWrite
 from kvfuzz.engine.violations import Invariant
 from kvfuzz.reference.content import prefix_tags
 from kvfuzz.reference.contiguous import ContiguousReference
@@ -148,7 +148,10 @@ class Engine:
         self.expected.reference.add(seq, namespace, tokens)
         for group, table_id in zip(self.caps.kv_groups[1:], self.expected.group_tables(seq)):
             self.expected.reference.add(table_id, group_namespace(namespace, group.name), tokens)
-        self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed, result.loads)
+        if result.waits_for_loads:
+            self._loading(seq, result, before, owed)
+        else:
+            self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed, result.loads)
         return True
 
     def readmit(self, seq: SeqId) -> bool:
@@ -163,7 +166,56 @@ class Engine:
         )
         if result is None:
             return False
-        self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed, result.loads)
+        if result.waits_for_loads:
+            self._loading(seq, result, before, owed)
+        else:
+            self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed, result.loads)
+        return True
+
+    def land_loads(self, seq: SeqId) -> None:
+        """Under ``async_loads``: the worker has finished ``seq``'s asynchronous loads (their step completed some
+        time ago). The engine performs them now, checks a live sequence's whole hit holds its prefix, and reports
+        them to the allocator; a sequence freed while loading lets its blocks go, each leaving the in-flight window
+        once its own window (from its release) has closed."""
+        self._begin("land_loads", seq)
+        load = self.expected.async_loads.pop(seq)
+        for host_block, block in load.pairs:
+            via = f"loaded asynchronously from host block {host_block} for {seq}"
+            self.pools.note(block, via)
+            self.pools.swap_from_host(host_block, block, via, step=self.pools.last_completed)
+        model = self.expected.seqs.get(seq)
+        covered = model.covered_tokens or 0 if model is not None else 0
+        positions = [(seq, position) for position in range(covered)]
+        if model is not None:
+            model.written = covered
+        self.checks.content(self.pools.take_dirty(), positions)
+        self._call(lambda: cast(AsyncLoads, self.allocator).loads_landed(seq))
+        self.stats["asynchronous loads landed"] += 1
+        if model is not None:
+            model.status = Status.LOADED
+            self.checks.accounting(mapped(model.table))
+        else:
+            self.checks.accounting(self.pools.lift(mapped(load.table)))
+
+    def resume(self, seq: SeqId) -> bool:
+        """Under ``async_loads``: schedule a sequence whose loads have landed; the allocator allocates the rest of its
+        prompt (or refuses, changing nothing) and returns the whole table with the hit its admission reported.
+        Returns whether it found room."""
+        self._begin("resume", seq)
+        model = self.expected.seqs[seq]
+        covered = model.covered_tokens or 0
+        before = self.checks.cache_snapshot()
+        result = self._attempt(
+            lambda: cast(AsyncLoads, self.allocator).resume(seq),
+            AdmitResult,
+            self._blocks(self.expected.length(seq)) - len(model.table),
+        )
+        if result is None:
+            return False
+        self.checks.resumed_hit(seq, result, covered)
+        model.covered_tokens = None
+        self._admitted(seq, result.block_table, result.num_cached_tokens, before)
+        self.stats["resumed after asynchronous loads"] += 1
         return True
 
     def grow(self, seq: SeqId, tokens: Tokens) -> bool:
@@ -293,6 +345,8 @@ class Engine:
                 for table_id in (seq, *state.group_tables(seq)):
                     self.checks.withdrawn_writes_unread(table_id, f"free({seq!r})")
             self._hold_loading(seq)
+        elif seq in state.async_loads:
+            self._hold_until_landed(seq)
         self._call(lambda: self.allocator.free(seq))
         change = self._set_table(seq, (), "released (free) by")
         for table_id in state.group_tables(seq):
@@ -490,11 +544,15 @@ class Engine:
             self.dismiss(seq, run_ends=True)
         self._begin("quiesce")
         self._complete(self.pools.steps_to_complete(drain=True))
-        while self.pools.late_work_by_block or self.pools.held_until or self.host_loads:
+        while self.pools.late_work_by_block or self.pools.held_until or self.host_loads or self.expected.async_loads:
             if self.caps.host_cache:  # a launch lands the loads still ordered, as the worker would
                 self._host_transfers(self.pools.next_step)
             self.pools.launch_step()
             self._complete(self.pools.steps_to_complete(drain=True))
+            operation = self.checks.operation
+            for seq in self.expected.landable_ids():  # the worker reports every asynchronous load
+                self.land_loads(seq)
+            self.checks.operation = operation
         if self.caps.eviction:
             self._call(self.allocator.reset_cache)
         if self.checks.introspection is not None:
@@ -662,6 +720,34 @@ class Engine:
             self.stats["cache-hit tokens"] += num_cached
         self.checks.content(self.pools.take_dirty())
 
+    def _loading(
+        self, seq: SeqId, result: AdmitResult, before: Optional[CacheSnapshot], owed: Sequence[tuple[int, str]]
+    ) -> None:
+        """Under ``async_loads``: an admission waiting for its loads. Its table covers the hit alone; the hit's blocks
+        that no load fills must hold the prefix now, and the loaded ones are checked when the loads land."""
+        num_cached = result.num_cached_tokens
+        self.checks.waits_for_loads(seq, result)
+        model = self.expected.seqs.setdefault(seq, SeqModel(seq, Status.LOADING))
+        model.status, model.written, model.drafts, model.covered_tokens = Status.LOADING, 0, 0, num_cached
+        model.joined_step, model.dropped_at_length = self.pools.next_step, -1
+        table = self._table(seq)
+        self.checks.admit_table(seq, tuple(result.block_table), table)
+        loaded = {block for _, block in result.loads}
+        self._hit_not_evicted(seq, table, num_cached, loaded)
+        change = self._set_table(seq, table, "admitted (waiting for its loads) as", hit_tokens=num_cached)
+        self.checks.accounting(change.touched)
+        self.checks.host_loads(seq, result.loads, num_cached)
+        self.checks.outside_inflight_window(loaded, seq)
+        self.checks.cache_hit(seq, num_cached, loaded)
+        self.checks.missed_hit(seq, num_cached, owed)
+        self.checks.evictions(before, table, reuse=True)
+        self.expected.async_loads[seq] = AsyncLoad(result.loads, table)
+        self.stats["host-tier loads"] += len(result.loads)
+        self.stats["admissions waiting for their loads"] += 1
+        self.stats["cache hits"] += 1
+        self.stats["cache-hit tokens"] += num_cached
+        self.checks.content(self.pools.take_dirty())
+
     def _hit_not_evicted(self, seq: SeqId, table: tuple[int, ...], num_cached: int, loaded: set[int]) -> None:
         """Invariant 9: the hit of ``num_cached`` tokens covers no block of ``seq``'s new ``table`` (a sequence's, or
         one group's) that an eviction dropped, unless a host-tier load (``loaded``) refills it."""
@@ -794,10 +880,27 @@ class Engine:
                 index = model.table.index(block)
                 positions += [(seq, p) for p in range(index * size, min((index + 1) * size, model.written))]
         self.host_loads.clear()
+        for load in self.expected.async_loads.values():
+            if load.launched_at is None:
+                load.launched_at = step  # the worker starts them now; they land when the engine reports them
         self.checks.content(self.pools.take_dirty(), positions)
         if stores:
             self.host_stores.setdefault(step, []).extend(stores)
         self.stats["host-tier stores"] += len(transfers.stores)
+        self.checks.host_transfers_unfree(self._host_in_use())
+
+    def _host_in_use(self) -> dict[int, str]:
+        """Under ``host_cache``: host block -> the transfer still using it: a store in flight writing it, or an
+        asynchronous load not yet reported reading it."""
+        in_use = {
+            host_block: f"the store of block {block} into it, ordered at the launch of step {step}, is in flight"
+            for step, pairs in self.host_stores.items()
+            for block, host_block in pairs
+        }
+        for seq, load in self.expected.async_loads.items():
+            for host_block, block in load.pairs:
+                in_use[host_block] = f"the asynchronous load of {seq} from it into block {block} is not reported landed"
+        return in_use
 
     def _hold_loading(self, seq: SeqId) -> None:
         """Under ``host_cache``, before ``seq`` releases its table: a block that a load ordered since the last launch
@@ -815,6 +918,19 @@ class Engine:
                 self.pools.read_until[block] = max(self.pools.read_until.get(block, -1), until)
             else:  # the prefix the load extends, which a tree cache keeps resident until it acknowledges the load
                 self.pools.held_until[block] = max(self.pools.held_until.get(block, -1), until)
+
+    def _hold_until_landed(self, seq: SeqId) -> None:
+        """Under ``async_loads``, before a loading sequence releases its table: the blocks its loads fill stay in
+        flight until the engine reports those loads landed (the worker still writes them); the rest of its table may
+        be held pending until then (vLLM frees a loading request's blocks only once its loads are done), but may be
+        handed out."""
+        load = self.expected.async_loads[seq]
+        loading = {block for _, block in load.pairs}
+        for block in mapped(load.table):
+            if block in loading:
+                self.pools.read_until[block] = UNTIL_LOADS_LAND
+            else:
+                self.pools.held_until[block] = UNTIL_LOADS_LAND
 
     def _land_store(self, pair: tuple[int, int], when: str) -> None:
         block, host_block = pair
@@ -868,9 +984,13 @@ class Engine:
             for pair in self.host_stores.pop(step, ()):
                 self._land_store(pair, f"as step {step} completed")
             self._call(functools.partial(self.allocator.step_completed, step))
+            if self.caps.host_cache:
+                self.checks.host_transfers_unfree(self._host_in_use())
             if self.caps.remaps_on_step:
                 self._adopt_remaps()
             self._owe_filled(step)
+            for load in self.expected.async_loads.values():
+                load.landable = load.landable or (load.launched_at is not None and load.launched_at <= step)
             self.checks.accounting(settled)
             if self.caps.lookahead_blocks:
                 self.checks.lookahead_not_cached()

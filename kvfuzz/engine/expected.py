@@ -33,6 +33,8 @@ class Status(enum.Enum):
     RUNNING = "running"
     SWAPPED = "swapped out"
     PREEMPTED = "preempted"
+    LOADING = "loading"  # admitted under async_loads, its loads not yet landed: holds its cache hit's blocks only
+    LOADED = "loaded"  # its loads landed: waits for resume to allocate the rest of its prompt
 
 
 @attrs.define
@@ -60,6 +62,19 @@ class SeqModel:
     # The length at which a refused grow dropped blocks out of the next token's window (refusal_drops_window), -1
     # for none: while the sequence keeps that length, its window starts one position later (``len + 1 - w``).
     dropped_at_length: int = -1
+    # While LOADING or LOADED: the tokens its table covers, its admission's cache hit (None: every token).
+    covered_tokens: Optional[int] = None
+
+
+@attrs.define
+class AsyncLoad:
+    """One admission's asynchronous host-tier loads (``async_loads``), from the admission until the engine reports
+    them landed. Invariant kept: ``landable`` is set exactly when the step that started them has completed."""
+
+    pairs: tuple[tuple[int, int], ...]  # (host block, device block), as the admission ordered them
+    table: tuple[int, ...]  # the sequence's table when it was admitted: the blocks its hit covers
+    launched_at: Optional[int] = None  # the step whose launch started them (None: not launched yet)
+    landable: bool = False  # that step has completed: the worker may report them done
 
 
 @attrs.frozen
@@ -146,6 +161,8 @@ class ProgramState(Protocol):
 
     def released_blocks(self) -> list[int]: ...
 
+    def landable_ids(self) -> list[SeqId]: ...
+
 
 class ExpectedState:
     """The engine's expectation of one allocator, kept by the engine and read by the checks and the operation table.
@@ -177,6 +194,8 @@ class ExpectedState:
         # Under host_cache, slot -> tag of the writes of sequences freed since the last launch, which that launch
         # still makes (after its flushed stores and loads land, as a worker orders them).
         self.aborted_tags: dict[int, int] = {}
+        # Under async_loads: sequence (live or freed) -> its admission's loads not yet reported landed.
+        self.async_loads: dict[SeqId, AsyncLoad] = {}
         self._ids = itertools.count()  # numbers of the ids new_id hands out
 
     def new_id(self) -> SeqId:
@@ -272,6 +291,10 @@ class ExpectedState:
         (the cached ones among them, and free ones it must leave alone)."""
         return list(self.refs.released)
 
+    def landable_ids(self) -> list[SeqId]:
+        """Sequences (live, or freed while loading) whose asynchronous loads may be reported landed now."""
+        return [seq for seq, load in self.async_loads.items() if load.landable]
+
     def host_blocks_in_use(self) -> int:
         return sum(len(mapped(model.host_table)) for model in self.seqs.values())
 
@@ -307,8 +330,11 @@ class ExpectedState:
         return limit
 
     def num_blocks_for(self, seq: SeqId) -> int:
-        """How many blocks ``seq``'s tokens fill: its table holds these, then at most ``lookahead_blocks`` more."""
-        return -(-self.length(seq) // self.block_size)
+        """How many blocks ``seq``'s tokens fill: its table holds these, then at most ``lookahead_blocks`` more (a
+        loading or loaded sequence's table covers its cache hit alone)."""
+        model = self.seqs.get(seq)
+        covered = model.covered_tokens if model is not None else None
+        return -(-(self.length(seq) if covered is None else covered) // self.block_size)
 
     def scheduled_writes(self, seq: SeqId) -> list[tuple[int, int]]:
         """(position, slot) of every token of ``seq`` the next step writes."""

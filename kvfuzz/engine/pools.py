@@ -22,6 +22,10 @@ from kvfuzz.reference.content import ModelShape, kv_for_tags
 
 _HISTORY_LENGTH = 8
 
+UNTIL_LOADS_LAND = 1 << 62
+"""A step no run reaches: the ``read_until`` / ``held_until`` of a block an asynchronous load still fills (or whose
+loading sequence was freed), until the engine reports that load landed and :meth:`KVPools.lift` ends the hold."""
+
 
 @attrs.frozen
 class SlotWrite:
@@ -111,6 +115,9 @@ class KVPools:
         # Released block -> the step until whose completion the allocator may hold it pending though no late work
         # lands on it, and may still hand it out (under host_cache, the prefix a load not yet landed extends).
         self.held_until: dict[int, int] = {}
+        # Released block held until an asynchronous load lands (UNTIL_LOADS_LAND) -> the step its own in-flight
+        # window would have ended at without that hold.
+        self._window_after_hold: dict[int, int] = {}
         self.history: dict[int, deque[str]] = {}  # block -> its latest events, for explanations
         # Unreferenced blocks the allocator listed as cached when the checks last looked: one handed out for writing
         # was evicted first, which its history says.
@@ -173,8 +180,9 @@ class KVPools:
             mark_dirty=False,
         )
 
-    def swap_from_host(self, host_block: int, block: int, via: str = "") -> None:
-        """Copy host block ``host_block`` into device block ``block`` (a swap-in, or a host-tier load)."""
+    def swap_from_host(self, host_block: int, block: int, via: str = "", step: Optional[int] = None) -> None:
+        """Copy host block ``host_block`` into device block ``block`` (a swap-in, or a host-tier load) as part of step
+        ``step`` (default: the next step; an asynchronous load reported landed was part of a completed one)."""
         self._copy(
             self.host_keys,
             self.host_values,
@@ -186,6 +194,7 @@ class KVPools:
             block,
             via or f"swapped in from host block {host_block}",
             "swap-in",
+            step=step,
         )
 
     def _copy(
@@ -201,6 +210,7 @@ class KVPools:
         via: str,
         kind: str,
         mark_dirty: bool = True,
+        step: Optional[int] = None,
     ) -> None:
         size = self.block_size
         src_rows, dst_rows = slice(src * size, (src + 1) * size), slice(dst * size, (dst + 1) * size)
@@ -211,7 +221,9 @@ class KVPools:
             if record is None:
                 dst_shadow.pop(dst * size + offset, None)
             else:
-                dst_shadow[dst * size + offset] = attrs.evolve(record, step=self.next_step, via=via)
+                dst_shadow[dst * size + offset] = attrs.evolve(
+                    record, step=self.next_step if step is None else step, via=via
+                )
         if mark_dirty:
             self.dirty.update(range(dst * size, (dst + 1) * size))
         if self.observer is not None:
@@ -257,11 +269,12 @@ class KVPools:
         host-tier load ordered before the release). The window lasts at least until ``read_until[block]``, and no
         shorter than a window the block is still in."""
         earlier = self.late_work_by_block.get(block)  # a window still open from an earlier release
-        lands_at = max(
-            self.last_completed + self.inflight_window,
-            self.read_until.pop(block, -1),
-            earlier.lands_at if earlier is not None else -1,
-        )
+        own_window = self.last_completed + self.inflight_window
+        if earlier is not None and earlier.lands_at != UNTIL_LOADS_LAND:
+            own_window = max(own_window, earlier.lands_at)
+        lands_at = max(own_window, self.read_until.pop(block, -1), earlier.lands_at if earlier is not None else -1)
+        if lands_at == UNTIL_LOADS_LAND:
+            self._window_after_hold[block] = max(own_window, self._window_after_hold.get(block, -1))
         if lands_at <= self.last_completed:
             return
         size = self.block_size
@@ -276,6 +289,40 @@ class KVPools:
         )
         self._late_work.setdefault(lands_at, []).append(work)
         self.late_work_by_block[block] = work
+
+    def lift(self, blocks: Iterable[int]) -> list[int]:
+        """An asynchronous load into (or next to) ``blocks`` is reported landed: their holds until then end. A
+        released one stays in flight (not to be handed out) only as long as its own window from its release lasts,
+        but may be held pending for a window from now, as an allocator that frees it only now does. Returns the
+        blocks whose window closed."""
+        closed = []
+        pending_until = self.last_completed + self.inflight_window
+        for block in blocks:
+            if self.held_until.get(block) == UNTIL_LOADS_LAND:
+                del self.held_until[block]
+                closed.append(block)
+                if pending_until > self.last_completed:
+                    self.held_until[block] = pending_until
+            if self.read_until.get(block) == UNTIL_LOADS_LAND:
+                del self.read_until[block]  # still referenced: its release starts an ordinary window
+            work = self.late_work_by_block.get(block)
+            if work is None or work.lands_at != UNTIL_LOADS_LAND:
+                continue
+            self._late_work[UNTIL_LOADS_LAND].remove(work)
+            del self.late_work_by_block[block]
+            window = self._window_after_hold.pop(block)
+            if window > self.last_completed:
+                work = attrs.evolve(work, lands_at=window)
+                self._late_work.setdefault(window, []).append(work)
+                self.late_work_by_block[block] = work
+            else:
+                self._land(work)
+                closed.append(block)
+                if pending_until > self.last_completed:
+                    self.held_until[block] = pending_until
+        if not self._late_work.get(UNTIL_LOADS_LAND, True):
+            del self._late_work[UNTIL_LOADS_LAND]
+        return closed
 
     def _land(self, work: LateWork) -> None:
         size = self.block_size

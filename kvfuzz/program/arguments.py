@@ -87,6 +87,9 @@ class Snapshot:
     def released_blocks(self) -> list[int]:
         return self._once("released blocks", self._state.released_blocks)
 
+    def landable_ids(self) -> list[SeqId]:
+        return self._once("landable", self._state.landable_ids)
+
 
 @functools.lru_cache(maxsize=None)
 def system_prompts(block_size: int) -> tuple[tuple[int, ...], ...]:

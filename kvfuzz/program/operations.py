@@ -214,6 +214,21 @@ OPERATIONS: tuple[Operation, ...] = (
         doc="drop every cached, unreferenced block",
     ),
     Operation(
+        "land_loads",
+        lambda engine, seq: engine.land_loads(seq),
+        (("seq", Pick(lambda state: state.landable_ids())),),
+        needs=("async_loads",),
+        doc="the worker reports a sequence's asynchronous loads done (their step completed; the sequence may have "
+        "been freed since): the engine performs them and tells the allocator",
+    ),
+    Operation(
+        "resume",
+        lambda engine, seq: engine.resume(seq),
+        (("seq", Pick(lambda state: state.ids(Status.LOADED))),),
+        needs=("async_loads",),
+        doc="schedule a sequence whose loads have landed: the rest of its prompt is allocated and written",
+    ),
+    Operation(
         "misuse",
         lambda engine, call: engine.misuse(call),
         (("call", Pick(misuse_calls)),),
