@@ -16,6 +16,7 @@ from kvfuzz.adapters import vllm_offload
 from kvfuzz.allocator import PoolSpec
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.engine import Engine
+from kvfuzz.engine.expected import Status
 from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.profiles import PROFILES
 from kvfuzz.statemachines import machine_for
@@ -28,7 +29,11 @@ CONFIG = MachineConfig(block_size=4, num_blocks=4, num_host_blocks=8)
 
 @pytest.mark.parametrize(
     "factory, examples",
-    [(vllm_offload.cpu_offloading, None), (vllm_offload.cpu_offloading_arc, 40)],
+    [
+        (vllm_offload.cpu_offloading, None),
+        (vllm_offload.cpu_offloading_arc, 40),
+        (vllm_offload.cpu_offloading_async_loads, None),
+    ],
     ids=lambda value: getattr(value, "__name__", str(value)),
 )
 def test_machine_holds(factory, examples) -> None:
@@ -197,3 +202,91 @@ def test_the_cpu_tier_free_set_is_checked() -> None:
         engine.quiesce()
     assert caught.value.invariant is Invariant.QUIESCENCE
     assert "leaked:   [0, 1]" in caught.value.explain()
+
+
+# -- asynchronous loads (cpu_offloading_async_loads): the request waits, WAITING_FOR_REMOTE_KVS ----------------------
+
+
+def _async_engine(allocator_class: type = vllm_offload.VllmOffloadAllocator) -> Engine:
+    return _engine(allocator_class(CONFIG.pool_spec(), asynchronous_loads=True))
+
+
+def test_an_asynchronous_load_makes_the_request_wait_until_it_is_reported() -> None:
+    engine = _async_engine()
+    assert engine.allocator.capabilities.async_loads
+    _evicted_prefix_comes_back(engine)
+    d = engine.expected.seqs["d"]
+    assert d.status is Status.LOADING and len(d.table) == 2  # blocks for the 8 loaded tokens alone
+    request = engine.allocator._loading["d"]
+    assert request.status is request.status.WAITING_FOR_REMOTE_KVS
+    for _ in range(3):  # the loads stay in flight over several steps; d computes nothing
+        engine.step()
+    assert "d" in engine.expected.landable_ids() and d.status is Status.LOADING
+    engine.land_loads("d")  # complete_load, then the delayed cache_blocks
+    assert d.status is Status.LOADED
+    assert engine.resume("d")  # allocate_slots for the last two tokens
+    engine.step()
+    assert engine.expected.computed_ids() == ["d"] and engine.stats["resumed after asynchronous loads"] == 1
+    engine.quiesce()
+
+
+def test_a_request_aborted_while_loading_keeps_its_blocks_until_its_loads_land() -> None:
+    engine = _async_engine()
+    _evicted_prefix_comes_back(engine)
+    loading = list(engine.expected.seqs["d"].table)
+    engine.free("d")  # delay_free_blocks: vLLM keeps them until finished_recving
+    engine.step()
+    engine.step()
+    assert sorted(engine.allocator.pending_blocks()) == sorted(loading)
+    engine.land_loads("d")  # _free_blocks, through the deferred frees (W = 1)
+    engine.step()
+    engine.step()
+    assert not engine.allocator.pending_blocks()
+    engine.quiesce()
+
+
+class _FreesLoadingRequestsAtOnce(vllm_offload.VllmOffloadAllocator):
+    """Frees a request aborted while loading at once, as if its loads could not land any more."""
+
+    def _free_waiting(self, seq):
+        if seq in self._loading:
+            self._landed[seq] = self._loading.pop(seq)
+        super()._free_waiting(seq)
+
+
+def test_blocks_of_an_aborted_loading_request_handed_out_before_its_loads_land_are_caught() -> None:
+    engine = _async_engine(_FreesLoadingRequestsAtOnce)
+    _evicted_prefix_comes_back(engine)
+    engine.free("d")
+    engine.step()
+    engine.step()  # the deferred free (W = 1) returns d's blocks
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("e", (), (3,) * 4 * CONFIG.num_blocks)  # the whole pool
+    assert caught.value.invariant is Invariant.NON_REUSE_WINDOW
+    assert "asynchronous load still fills it" in str(caught.value)
+
+
+class _CompletesLoadsWithTheirStep(vllm_offload.VllmOffloadAllocator):
+    """Reports an asynchronous load complete to the CPU manager when the step that started it completes, as for a
+    synchronous one: its chunks are unpinned while the worker may still read them."""
+
+    def _external_loads(self, seq, request, num_local, num_external):
+        loads = super()._external_loads(seq, request, num_local, num_external)
+        if seq in self._async_jobs:
+            self._unsubmitted.append(self._async_jobs[seq])
+        return loads
+
+    def loads_landed(self, seq):
+        job_id = self._async_jobs.pop(seq)
+        if job_id in self._jobs:
+            self._complete(job_id)
+        vllm_offload.VllmV1Allocator.loads_landed(self, seq)
+
+
+def test_cpu_chunks_released_before_the_asynchronous_load_is_reported_are_caught() -> None:
+    engine = _async_engine(_CompletesLoadsWithTheirStep)
+    _evicted_prefix_comes_back(engine)
+    engine.step()
+    with pytest.raises(InvariantViolation) as caught:
+        engine.step()  # the step that started d's loads completes: the CPU manager unpins their chunks
+    assert caught.value.invariant is Invariant.FREE_SET

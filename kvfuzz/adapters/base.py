@@ -22,6 +22,7 @@ class Phase(enum.Enum):
     RUNNING = "running"
     SWAPPED = "swapped out"
     PREEMPTED = "preempted"
+    LOADING = "waiting for its loads"  # admitted under async_loads: holds blocks, computes nothing until resumed
 
 
 class SequenceLedger:
@@ -33,14 +34,14 @@ class SequenceLedger:
     """
 
     def __init__(self) -> None:
-        self.phases: dict[SeqId, Phase] = {}  # every sequence held: running, swapped out, or preempted
+        self.phases: dict[SeqId, Phase] = {}  # every sequence held: running, swapped out, preempted, or loading
 
     # -- checks, before the library is called --------------------------------------------------------------------
 
     def check_admit(self, seq: SeqId, tokens: Sequence[int]) -> bool:
         """``admit(seq, ...)`` may go ahead; returns whether ``seq`` comes back from preemption."""
         phase = self.phases.get(seq)
-        if phase is Phase.RUNNING or phase is Phase.SWAPPED:
+        if phase is Phase.RUNNING or phase is Phase.SWAPPED or phase is Phase.LOADING:
             raise SequenceExists(f"admit: sequence {seq!r} is already live ({phase.value})")
         self.check_tokens("admit", seq, tokens)
         return phase is Phase.PREEMPTED
@@ -61,11 +62,12 @@ class SequenceLedger:
         """``seq`` is running: raises UnknownSequence if it is not held (never admitted, freed, or preempted) and
         InvalidArgument if it is swapped out."""
         phase = self._held(seq, op)
-        if phase is Phase.SWAPPED:
-            raise InvalidArgument(f"{op}: sequence {seq!r} is swapped out")
+        if phase is Phase.SWAPPED or phase is Phase.LOADING:
+            raise InvalidArgument(f"{op}: sequence {seq!r} is {phase.value}")
 
     def live(self, seq: SeqId, op: str) -> Phase:
-        """``seq`` holds blocks on the device or the host (running or swapped out); returns which."""
+        """``seq`` holds blocks on the device or the host (running, swapped out, or waiting for its loads); returns
+        which."""
         return self._held(seq, op)
 
     def swapped(self, seq: SeqId, op: str) -> None:
@@ -84,6 +86,10 @@ class SequenceLedger:
     def admitted(self, seq: SeqId) -> None:
         """Admitted, forked, or swapped back in: running."""
         self.phases[seq] = Phase.RUNNING
+
+    def loading(self, seq: SeqId) -> None:
+        """Admitted under ``async_loads``: waiting for its loads (then for ``resume``)."""
+        self.phases[seq] = Phase.LOADING
 
     def swapped_out(self, seq: SeqId) -> None:
         self.phases[seq] = Phase.SWAPPED

@@ -45,7 +45,8 @@ from typing import Any, Callable, Collection
 import attrs
 
 from kvfuzz.adapters.vllm_v1 import VllmOptions, VllmV1Allocator
-from kvfuzz.allocator.types import GrowResult, HostTransfers, PoolSpec, SeqId, Tokens
+from kvfuzz.allocator.errors import InvalidArgument
+from kvfuzz.allocator.types import AdmitResult, GrowResult, HostTransfers, PoolSpec, SeqId, Tokens
 
 
 def _import_offloading() -> types.SimpleNamespace:
@@ -92,23 +93,29 @@ class _Job:
 class VllmOffloadAllocator(VllmV1Allocator):
     """vLLM's KV-cache manager with a CPU tier of ``spec.num_host_blocks`` chunks (see the module docstring)."""
 
-    def __init__(self, spec: PoolSpec, cache_policy: str = "lru") -> None:
+    def __init__(self, spec: PoolSpec, cache_policy: str = "lru", asynchronous_loads: bool = False) -> None:
         super().__init__(spec, VllmOptions(inflight_window=1))
         self._off = _import_offloading()
         self.num_host_blocks = spec.num_host_blocks
+        self._asynchronous_loads = asynchronous_loads  # no sync-load budget: every external hit loads asynchronously
         # The connector's fence holds a finished request's blocks until its stores are done, so vLLM's free queue
         # takes them in the order the fences lift, not the order kvfuzz freed the requests, and a hit may come from
         # the CPU tier instead of the device cache: neither policy of the device cache (LRU order, complete caching)
         # is declared for the pair.
         self.capabilities = attrs.evolve(
-            self.capabilities, host_cache=True, eviction_order=None, complete_caching=False
+            self.capabilities,
+            host_cache=True,
+            async_loads=asynchronous_loads,
+            eviction_order=None,
+            complete_caching=False,
         )
         self._cpu = self._off.CPUOffloadingManager(num_chunks=spec.num_host_blocks, cache_policy=cache_policy)
         self._states: dict[SeqId, _RequestState] = {}  # running or preempted requests
         self._finished: list[_RequestState] = []  # freed requests until signaled finished with no job in flight
         self._jobs: dict[int, _Job] = {}  # job id -> job, until reported complete
         self._next_job = 0  # the next job id
-        self._unsubmitted: list[int] = []  # load jobs ordered since the last launch
+        self._unsubmitted: list[int] = []  # synchronous load jobs ordered since the last launch
+        self._async_jobs: dict[SeqId, int] = {}  # request -> its asynchronous load job, until reported landed
         self._flushed: set[int] = set()  # store jobs flushed already: the worker's wait on them again returns at once
         self._submitted: dict[int, list[int]] = {}  # step -> the jobs submitted at its launch
         self._fenced: dict[int, set[int]] = {}  # vLLM block of a finished request -> its store jobs in flight
@@ -190,6 +197,21 @@ class VllmOffloadAllocator(VllmV1Allocator):
             flushed=[self._kvfuzz_pair(job_id, pair) for job_id in sorted(flush) for pair in self._jobs[job_id].pairs],
         )
 
+    def loads_landed(self, seq: SeqId) -> None:
+        """``update_connector_output`` with the request's asynchronous load job among the worker's completed jobs
+        (``complete_load``), then the scheduler's side (:meth:`VllmV1Allocator.loads_landed`)."""
+        job_id = self._async_jobs.pop(seq, None)
+        if job_id is None:
+            raise InvalidArgument(f"loads_landed: sequence {seq!r} has no asynchronous load in flight")
+        self._complete(job_id)
+        super().loads_landed(seq)
+
+    def resume(self, seq: SeqId) -> AdmitResult:
+        """The scheduler's ``resume``, then the scheduler output's new blocks for the request, as at admission."""
+        result = super().resume(seq)
+        self._scheduled_blocks(seq)
+        return result
+
     def step_completed(self, step: int) -> None:
         """``update_connector_output``: the worker reports the jobs submitted at this step's launch as done."""
         if step > self._last_completed:
@@ -199,7 +221,7 @@ class VllmOffloadAllocator(VllmV1Allocator):
 
     # -- the connector's part in admission -----------------------------------------------------------------------
 
-    def _external_hit(self, seq: SeqId, request: Any, num_local: int) -> int:
+    def _external_hit(self, seq: SeqId, request: Any, num_local: int) -> tuple[int, bool]:
         state = self._states.get(seq)
         if state is None:
             context = self._off.ReqContext(req_id=seq)
@@ -207,17 +229,17 @@ class VllmOffloadAllocator(VllmV1Allocator):
             state = self._states[seq] = _RequestState(request, context)
         state.block_ids, state.next_stored = [], 0
         if state.jobs:
-            return 0  # vLLM delays a request with transfers in flight; kvfuzz's admit cannot wait
+            return 0, False  # vLLM delays a request with transfers in flight; kvfuzz's admit cannot wait
         size = self.block_size
         hit = 0
         for index in range(num_local // size, min(len(request.block_hashes), (request.num_tokens - 1) // size)):
             found = self._cpu.lookup(self._key(state, index), state.context)
             if found is self._off.LookupResult.HIT_PENDING:
-                return 0  # vLLM defers the request until the pending store completes
+                return 0, False  # vLLM defers the request until the pending store completes
             if found is not self._off.LookupResult.HIT:
                 break
             hit += 1
-        return hit * size
+        return hit * size, self._asynchronous_loads and hit > 0
 
     def _external_loads(
         self, seq: SeqId, request: Any, num_local: int, num_external: int
@@ -234,7 +256,10 @@ class VllmOffloadAllocator(VllmV1Allocator):
         chunks = self._cpu.prepare_load(keys, state.context).block_ids.tolist()
         pairs = tuple(zip(chunks, state.block_ids[first:end]))
         job_id = self._new_job(_Job(state, keys, False, pairs))
-        self._unsubmitted.append(job_id)
+        if self._asynchronous_loads:
+            self._async_jobs[seq] = job_id  # complete when kvfuzz, as the worker, reports it (loads_landed)
+        else:
+            self._unsubmitted.append(job_id)
         return tuple((chunk, block - 1) for chunk, block in pairs)
 
     # -- helpers -------------------------------------------------------------------------------------------------
@@ -332,6 +357,12 @@ def _factory(name: str, doc: str, **options: Any) -> Callable[[PoolSpec], VllmOf
 cpu_offloading = _factory(
     "cpu_offloading",
     "vLLM's KV-cache manager (deferred frees, W = 1) with a CPU tier of num_host_blocks chunks under LRU.",
+)
+cpu_offloading_async_loads = _factory(
+    "cpu_offloading_async_loads",
+    "As cpu_offloading, without a sync-load budget: every CPU hit loads asynchronously, the request waiting "
+    "(WAITING_FOR_REMOTE_KVS) until kvfuzz reports its loads landed (async_loads).",
+    asynchronous_loads=True,
 )
 cpu_offloading_arc = _factory(
     "cpu_offloading_arc", "As cpu_offloading, with the CPU tier under the ARC cache policy.", cache_policy="arc"

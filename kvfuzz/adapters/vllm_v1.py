@@ -192,12 +192,17 @@ class _DeferredFrees:
         self._queue: deque[tuple[int, list[Any]]] = deque()
         self.holds: Counter[int] = Counter()
 
-    def defer(self, fence: int, blocks: list[Any]) -> None:
+    def defer(self, fence: int, blocks: list[Any]) -> list[Any]:
+        """Queue ``blocks`` (less the null block) until step ``fence`` has completed; returns the list queued."""
         blocks = [block for block in blocks if not block.is_null]
-        if not blocks:
-            return
-        self._queue.append((fence, blocks))
-        self.holds.update(block.block_id for block in blocks)
+        if blocks:
+            self._queue.append((fence, blocks))
+            self.holds.update(block.block_id for block in blocks)
+        return blocks
+
+    def refence(self, blocks: list[Any], fence: int) -> None:
+        """The entry queued with exactly the list ``blocks`` now waits for step ``fence`` instead."""
+        self._queue = deque((fence if listed is blocks else old, listed) for old, listed in self._queue)
 
     def drain(self, completed: int, free_blocks: Callable[[Any], None]) -> None:
         """Return every entry whose fence step has completed, in queue order."""
@@ -209,6 +214,11 @@ class _DeferredFrees:
             self.holds.subtract(block.block_id for block in blocks)
             free_blocks(reversed(blocks))
         self._queue = kept
+
+
+_UNTIL_LOADS_LAND = 1 << 62
+"""The fence of a deferred free that waits for a request's asynchronous loads rather than a step (re-fenced once the
+loads are reported landed)."""
 
 
 @attrs.frozen
@@ -275,6 +285,10 @@ class VllmV1Allocator:
         self._lookahead_tokens = options.lookahead_tokens  # slots allocated ahead of the tokens, for the drafter
         self._running: dict[SeqId, Any] = {}  # running request -> its vLLM Request
         self._preempted: dict[SeqId, Any] = {}  # preempted request -> its Request, reset as the scheduler resets it
+        self._loading: dict[SeqId, Any] = {}  # request waiting for its asynchronous loads -> its Request
+        self._landed: dict[SeqId, Any] = {}  # request whose loads landed, waiting to be scheduled -> its Request
+        # Request freed while loading -> its blocks, held by a deferred free until its loads are reported landed.
+        self._orphans: dict[SeqId, list[Any]] = {}
         self._deferred = _DeferredFrees()
         self._in_flight: deque[_InFlight] = deque()
         self._last_completed = -1
@@ -310,7 +324,9 @@ class VllmV1Allocator:
         elif tuple(request.all_token_ids) != tuple(tokens):
             raise InvalidArgument(f"admit: preempted sequence {seq!r} comes back with other tokens than it had")
         hit, num_hit, _ = self._manager.get_computed_blocks(request)
-        num_external = self._external_hit(seq, request, num_hit)
+        num_external, load_async = self._external_hit(seq, request, num_hit)
+        if load_async:
+            return self._admit_loading(seq, request, hit, num_hit, num_external)
         num_new = request.num_tokens - num_hit - num_external
         if (
             self._manager.allocate_slots(
@@ -354,6 +370,9 @@ class VllmV1Allocator:
         return GrowResult([Slot(table[p // size], p % size) for p in range(old_len, request.num_tokens_with_spec)])
 
     def free(self, seq: SeqId) -> None:
+        if seq in self._loading or seq in self._landed:
+            self._free_waiting(seq)
+            return
         request = self._request(seq, "free")
         self._accept_drafts(request)
         del self._running[seq]
@@ -417,6 +436,43 @@ class VllmV1Allocator:
             raise InvalidArgument(f"evict_blocks: block(s) {bad} outside the pool")
         self._manager.evict_blocks({block + 1 for block in blocks})
 
+    def loads_landed(self, seq: SeqId) -> None:
+        """``_update_from_kv_xfer_finished`` with ``seq`` among the worker's ``finished_recving``, then the next
+        schedule's ``_update_waiting_for_remote_kv``: a waiting request caches the blocks its loads filled
+        (``cache_blocks``, delayed since its admission) and waits to be scheduled; one finished meanwhile has its
+        blocks freed now (``_free_blocks``), through the deferred frees."""
+        orphan = self._orphans.pop(seq, None)
+        if orphan is not None:
+            self._deferred.refence(orphan, self._last_completed + self._inflight_window)
+            self._deferred.drain(self._last_completed, self._pool.free_blocks)
+            return
+        request = self._loading.pop(seq, None)
+        if request is None:
+            raise InvalidArgument(f"loads_landed: sequence {seq!r} has no loads in flight")
+        self._manager.cache_blocks(request, request.num_computed_tokens)
+        request.status = (
+            self._vllm.RequestStatus.PREEMPTED if request.num_preemptions else self._vllm.RequestStatus.WAITING
+        )
+        self._landed[seq] = request
+
+    def resume(self, seq: SeqId) -> AdmitResult:
+        """The scheduler picks a request whose loads landed: ``allocate_slots`` for the rest of its prompt (no new
+        hit: its computed tokens are those loaded), then it runs as a newly scheduled request."""
+        request = self._landed.get(seq)
+        if request is None:
+            raise InvalidArgument(f"resume: sequence {seq!r} has no landed loads")
+        num_cached = request.num_computed_tokens
+        num_new = request.num_tokens - num_cached
+        if self._manager.allocate_slots(request, num_new, num_lookahead_tokens=self._lookahead_tokens) is None:
+            raise self._refusal(f"resume of {seq!r} ({num_new} tokens past its {num_cached} loaded)")
+        self._check_no_copies("resume")
+        del self._landed[seq]
+        request.status = self._vllm.RequestStatus.RUNNING
+        self._scheduled(request, num_new)
+        self._running[seq] = request
+        self.sequences.admitted(seq)
+        return AdmitResult(self.block_table(seq), num_cached)
+
     def step_completed(self, step: int) -> None:
         if step <= self._last_completed:
             raise InvalidArgument(f"step_completed({step}) after step {self._last_completed} completed")
@@ -458,9 +514,10 @@ class VllmV1Allocator:
 
     # -- a KV connector's part in admission (none here; kvfuzz.adapters.vllm_offload has one) --------------------
 
-    def _external_hit(self, seq: SeqId, request: Any, num_local: int) -> int:
-        """The connector's ``get_num_new_matched_tokens``: tokens past the local hit it can load (none here)."""
-        return 0
+    def _external_hit(self, seq: SeqId, request: Any, num_local: int) -> tuple[int, bool]:
+        """The connector's ``get_num_new_matched_tokens``: tokens past the local hit it can load (none here), and
+        whether it loads them asynchronously."""
+        return 0, False
 
     def _external_loads(
         self, seq: SeqId, request: Any, num_local: int, num_external: int
@@ -468,6 +525,46 @@ class VllmV1Allocator:
         """The connector's ``update_state_after_alloc``: the (host block, kvfuzz block) loads of an admission's
         external hit, once its slots are allocated (none here)."""
         return ()
+
+    # -- the scheduler's side of asynchronous loads (WAITING_FOR_REMOTE_KVS) -------------------------------------
+
+    def _admit_loading(self, seq: SeqId, request: Any, hit: Any, num_hit: int, num_external: int) -> AdmitResult:
+        """The scheduler's admission of a request whose external hit loads asynchronously: ``allocate_slots`` for the
+        hit alone (no new tokens), its caching delayed until the loads land (``delay_cache_blocks``); the request
+        waits (``WAITING_FOR_REMOTE_KVS``) with its hit counted as computed, and computes nothing until resumed."""
+        if (
+            self._manager.allocate_slots(
+                request,
+                0,
+                num_new_computed_tokens=num_hit,
+                new_computed_blocks=hit,
+                num_external_computed_tokens=num_external,
+                delay_cache_blocks=True,
+            )
+            is None
+        ):
+            raise self._refusal(f"admit of {seq!r} ({num_hit} cached, {num_external} to load asynchronously)")
+        self._check_no_copies("admit")
+        self._preempted.pop(seq, None)
+        request.status = self._vllm.RequestStatus.WAITING_FOR_REMOTE_KVS
+        request.num_computed_tokens = num_hit + num_external
+        self._loading[seq] = request
+        self.sequences.loading(seq)
+        loads = self._external_loads(seq, request, num_hit, num_external)
+        return AdmitResult(self.block_table(seq), num_hit + num_external, loads, waits_for_loads=True)
+
+    def _free_waiting(self, seq: SeqId) -> None:
+        """``finish_requests`` of a waiting request: one whose loads landed is freed as any other; one still loading
+        keeps its blocks (``delay_free_blocks``) until its loads are reported (``loads_landed``)."""
+        request = self._loading.pop(seq, None)
+        if request is None:
+            request = self._landed.pop(seq)
+            request.status = self._vllm.RequestStatus.FINISHED_ABORTED
+            self._release(request)
+        else:
+            request.status = self._vllm.RequestStatus.FINISHED_ABORTED
+            self._orphans[seq] = self._deferred.defer(_UNTIL_LOADS_LAND, self._manager.pop_blocks_for_free(request))
+        self.sequences.freed(seq)
 
     # -- helpers -------------------------------------------------------------------------------------------------
 
@@ -477,8 +574,9 @@ class VllmV1Allocator:
         return self._running[seq]
 
     def _group_tables(self, seq: SeqId, op: str) -> tuple[tuple[int, ...], ...]:
-        """The running request's table in each KV-cache group, in the manager's group order."""
-        self._request(seq, op)
+        """The table in each KV-cache group, in the manager's group order, of a running request or one waiting for
+        its loads."""
+        self.sequences.live(seq, op)
         return tuple(
             tuple(self._kvfuzz_id(block) for block in blocks) for blocks in self._manager.get_blocks(seq).blocks
         )
