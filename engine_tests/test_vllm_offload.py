@@ -290,3 +290,73 @@ def test_cpu_chunks_released_before_the_asynchronous_load_is_reported_are_caught
     with pytest.raises(InvariantViolation) as caught:
         engine.step()  # the step that started d's loads completes: the CPU manager unpins their chunks
     assert caught.value.invariant is Invariant.FREE_SET
+
+
+def _run(engine: Engine, calls: list[tuple[str, dict]]) -> None:
+    from kvfuzz.program.operations import BY_NAME
+
+    for name, arguments in calls:
+        assert BY_NAME[name].accepts(engine.expected, arguments), (name, arguments)
+        BY_NAME[name].apply(engine, **arguments)
+    engine.quiesce()
+
+
+SYSTEM = (1, 0, 3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1)
+
+
+def test_a_block_two_aborted_loading_requests_share_stays_held_until_both_loads_land() -> None:
+    """s3 and s4 both hit block 0 on the GPU and load the rest; both are aborted while loading. When s4's loads land
+    vLLM still holds block 0 for s3 (delay_free_blocks), which kvfuzz once reported as a block pending outside any
+    window (a campaign's false report, fixed in the engine)."""
+    config = MachineConfig(block_size=8, num_blocks=5, num_host_blocks=4, inflight_window=1)
+    engine = Engine(vllm_offload.cpu_offloading_async_loads(config.pool_spec()), config)
+    _run(
+        engine,
+        [
+            ("admit", dict(seq="s0", namespace=(), system=SYSTEM, suffix=[0])),
+            ("step", {}),
+            ("admit", dict(seq="s1", namespace=(), system=(), suffix=[0])),
+            ("free", dict(seq="s0")),
+            ("step", {}),
+            ("admit", dict(seq="s2", namespace=(), system=SYSTEM[1:], suffix=[0])),
+            ("free", dict(seq="s2")),
+            ("step", {}),
+            ("step", {}),
+            ("admit", dict(seq="s3", namespace=(), system=SYSTEM, suffix=[0])),
+            ("admit", dict(seq="s4", namespace=(), system=SYSTEM, suffix=[0])),
+            ("free", dict(seq="s4")),
+            ("step", {}),
+            ("free", dict(seq="s3")),
+            ("step", {}),
+            ("land_loads", dict(seq="s4")),
+            ("step", {}),
+        ],
+    )
+    assert engine.stats["admissions waiting for their loads"] == 2
+
+
+def test_a_reset_cache_leaves_the_blocks_of_an_aborted_loading_request_matchable() -> None:
+    """vLLM holds an aborted loading request's blocks until its loads land, so reset_cache cannot drop the GPU hit
+    among them, and a later request hits it (kvfuzz once reported that hit as a hit on an evicted block)."""
+    config = MachineConfig(block_size=4, num_blocks=5, num_host_blocks=3, inflight_window=1)
+    engine = Engine(vllm_offload.cpu_offloading_async_loads(config.pool_spec()), config)
+    system, namespace = (1, 0, 3, 2, 1, 0, 3, 2, 1), ("a", "bc")
+    _run(
+        engine,
+        [
+            ("admit", dict(seq="s0", namespace=(), system=(), suffix=[0])),
+            ("free", dict(seq="s0")),
+            ("admit", dict(seq="s1", namespace=(), system=(), suffix=[0])),
+            ("admit", dict(seq="s2", namespace=namespace, system=system, suffix=[0, 0, 0])),
+            ("step", {}),
+            ("preempt", dict(seq="s2")),
+            ("decode", dict(token=0)),
+            ("evict", dict(num_blocks=2)),
+            ("admit", dict(seq="s3", namespace=namespace, system=system, suffix=[0])),
+            ("free", dict(seq="s3")),
+            ("step", {}),
+            ("reset_cache", {}),
+            ("admit", dict(seq="s4", namespace=namespace, system=system, suffix=[0])),
+        ],
+    )
+    assert engine.stats["cache-hit tokens"] >= 8

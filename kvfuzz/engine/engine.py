@@ -194,8 +194,9 @@ class Engine:
         if model is not None:
             model.status = Status.LOADED
             self.checks.accounting(mapped(model.table))
-        else:
-            self.checks.accounting(self.pools.lift(mapped(load.table)))
+        else:  # its blocks go, but for those another sequence freed while loading still holds until its own report
+            held = {block for other in self.expected.async_loads.values() for block in mapped(other.table)}
+            self.checks.accounting(self.pools.lift([block for block in mapped(load.table) if block not in held]))
 
     def resume(self, seq: SeqId) -> bool:
         """Under ``async_loads``: schedule a sequence whose loads have landed; the allocator allocates the rest of its
@@ -474,12 +475,13 @@ class Engine:
 
     def reset_cache(self) -> None:
         """Ask the allocator to drop every cached, unreferenced block: none of the unreferenced blocks outside the
-        in-flight window may be matched again until a table maps it anew."""
+        in-flight window (and not held pending) may be matched again until a table maps it anew."""
         self._begin("reset_cache")
         self._call(self.allocator.reset_cache)
         self.checks.cache_empty()
-        in_window = self.pools.late_work_by_block
-        self._evicted([block for block in self.expected.refs.released if block not in in_window], "reset_cache()")
+        # A block in flight, or one the allocator may hold pending, may be cached again once released from that.
+        held = self.pools.late_work_by_block.keys() | self.pools.held_until.keys()
+        self._evicted([block for block in self.expected.refs.released if block not in held], "reset_cache()")
 
     def step(self) -> int:
         """One forward pass: write the K/V of every new token, then every running sequence attends."""
