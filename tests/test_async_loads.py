@@ -191,6 +191,8 @@ def test_a_sequence_waits_for_its_loads_over_several_steps_then_resumes() -> Non
     for _ in range(3):  # the loads stay in flight while other steps run
         engine.step()
     assert "b" in engine.expected.landable_ids() and engine.expected.seqs["b"].status is Status.LOADING
+    held = engine.occupancy()  # b's two blocks count as held, filled up to its hit
+    assert (held.sequences, held.referenced_blocks, held.effective_positions) == (1, 2, 8)
     engine.land_loads("b")
     assert engine.expected.seqs["b"].status is Status.LOADED and engine.expected.seqs["b"].written == 8
     assert engine.resume("b")

@@ -118,10 +118,13 @@ class Engine:
         return self.config.block_size
 
     def occupancy(self) -> Occupancy:
-        """The device pool now: blocks referenced by running sequences, their fill, sharing, and the allocator's
-        cached, free and pending sets where it exposes them."""
+        """The device pool now: blocks referenced by running sequences (and by those waiting for or after their
+        asynchronous loads, filled up to their hit), their fill, sharing, and the allocator's cached, free and pending
+        sets where it exposes them."""
         state = self.expected
         running = [(state.seqs[seq].table, state.length(seq)) for seq in state.ids(Status.RUNNING, groups=True)]
+        for status in (Status.LOADING, Status.LOADED):
+            running += [(state.seqs[seq].table, state.seqs[seq].covered_tokens or 0) for seq in state.ids(status)]
         counts = self.checks.counts()
         occupancy = measure(
             self.pools.next_step - 1,
