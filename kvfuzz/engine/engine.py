@@ -151,10 +151,7 @@ class Engine:
         self.expected.reference.add(seq, namespace, tokens)
         for group, table_id in zip(self.caps.kv_groups[1:], self.expected.group_tables(seq)):
             self.expected.reference.add(table_id, group_namespace(namespace, group.name), tokens)
-        if result.waits_for_loads:
-            self._loading(seq, result, before, owed)
-        else:
-            self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed, result.loads)
+        self._admission(seq, result, before, owed)
         return True
 
     def readmit(self, seq: SeqId) -> bool:
@@ -169,10 +166,7 @@ class Engine:
         )
         if result is None:
             return False
-        if result.waits_for_loads:
-            self._loading(seq, result, before, owed)
-        else:
-            self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed, result.loads)
+        self._admission(seq, result, before, owed)
         return True
 
     def land_loads(self, seq: SeqId) -> None:
@@ -724,6 +718,15 @@ class Engine:
             self.stats["cache hits"] += 1
             self.stats["cache-hit tokens"] += num_cached
         self.checks.content(self.pools.take_dirty())
+
+    def _admission(
+        self, seq: SeqId, result: AdmitResult, before: Optional[CacheSnapshot], owed: Sequence[tuple[int, str]]
+    ) -> None:
+        """An admission (or readmission) the allocator accepted: one that waits for its loads, or one that runs."""
+        if result.waits_for_loads:
+            self._loading(seq, result, before, owed)
+        else:
+            self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed, result.loads)
 
     def _loading(
         self, seq: SeqId, result: AdmitResult, before: Optional[CacheSnapshot], owed: Sequence[tuple[int, str]]
