@@ -249,9 +249,11 @@ def test_a_resume_that_leaves_the_loaded_blocks_behind_is_caught() -> None:
     engine = Engine(ResumesIntoFreshBlocks(CONFIG.pool_spec()), CONFIG)
     _stored_then_waiting(engine)
     _land(engine, "b")
+    loaded = list(engine.expected.seqs["b"].table)
     with pytest.raises(InvariantViolation) as caught:
         engine.resume("b")
     assert caught.value.invariant is Invariant.CACHE_SOUNDNESS
+    assert "resume of b maps its cached logical block 0" in str(caught.value) and str(loaded) in str(caught.value)
 
 
 def test_waiting_for_loads_is_refused_unless_declared() -> None:

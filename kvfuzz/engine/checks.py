@@ -460,7 +460,25 @@ class Checks:
             )
 
     def resumed_hit(self, seq: str, result: AdmitResult, covered: int) -> None:
-        """``resume`` of a sequence whose loads landed reports the hit its admission reported, and loads nothing."""
+        """``resume`` of a sequence whose loads landed reports the hit its admission reported, loads nothing, and
+        keeps the hit in the blocks that hold it (invariant 9: a hit moved elsewhere holds nothing)."""
+        held = self.state.seqs[seq].table
+        moved = [
+            index
+            for index, block in enumerate(held)
+            if index >= len(result.block_table) or result.block_table[index] != block
+        ]
+        if moved:
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"resume of {seq} maps its cached logical block {moved[0]} to block "
+                f"{result.block_table[moved[0]] if moved[0] < len(result.block_table) else 'none'}",
+                [
+                    f"expected: the blocks its admission's hit holds (loaded or matched), {list(held)}, then the rest",
+                    f"found:    {list(result.block_table)}",
+                    *self.pools.block_story(held[moved[0]]),
+                ],
+            )
         if result.num_cached_tokens != covered or result.loads or result.waits_for_loads:
             self.fail(
                 Invariant.RESULTS,

@@ -83,6 +83,8 @@ def _admit(engine: Engine, seq: str, namespace: tuple[str, ...], system: tuple[i
 
 
 def _decode(engine: Engine, token: int) -> None:
+    for seq in engine.expected.ids(Status.LOADED):  # the scheduler picks up requests whose loads have landed
+        engine.resume(seq)
     for seq in engine.expected.computed_ids():
         engine.grow(seq, (token,))
     engine.step()
@@ -152,7 +154,8 @@ OPERATIONS: tuple[Operation, ...] = (
         _decode,
         (("token", Integers(0, VOCABULARY - 1)),),
         condition=lambda state: bool(state.computed_ids()),
-        doc="one continuous-batching iteration: every computed sequence appends the token, then a step runs",
+        doc="one continuous-batching iteration: sequences whose asynchronous loads landed are resumed, every computed "
+        "sequence appends the token, then a step runs",
     ),
     Operation(
         "fork",
