@@ -113,6 +113,26 @@ def test_flex_reads_the_pool_in_place_and_agrees_with_gather(dtype: torch.dtype)
     assert compare(FlexKernel().attend(wrong), gathered, different_kernel_tolerance(dtype)) is not None
 
 
+def test_rows_of_groups_with_smaller_blocks_read_only_their_rows() -> None:
+    """Pools of 8 rows per block; rows "a" and "c" hold 4 tokens per block (a KV-cache group of smaller blocks), so
+    rows 4..7 of their blocks, full of large values, must never be read; row "b" holds 8 per block."""
+    shape = ModelShape(num_layers=1, num_kv_heads=1, num_query_heads=2, head_dim=4)
+    rows, blocks = 8, 6
+    torch.manual_seed(0)
+    keys = torch.rand(blocks * rows, *shape.kv_row_shape)
+    values = torch.rand(blocks * rows, *shape.kv_row_shape)
+    for block in (0, 2, 3, 5):  # the blocks of rows "a" and "c": their unused rows
+        keys[block * rows + 4 : (block + 1) * rows] = values[block * rows + 4 : (block + 1) * rows] = 1000.0
+    tables = [(3, 0), (1, 4), (5, 2)]
+    queries = torch.rand(3, 1, 2, 4)
+    batch = PagedBatch(("a", "b", "c"), tables, (0, 0, 2), (7, 13, 8), queries, keys, values, rows, (4, 8, 4))
+    assert batch.slots(0) == [24, 25, 26, 27, 0, 1, 2]  # positions 0..6: block 3 rows 0..3, then block 0 rows 0..2
+    assert batch.slots(1)[-5:] == [32, 33, 34, 35, 36]  # positions 8..12: block 4 rows 0..4
+    gathered = GatherKernel().attend(batch)
+    assert torch.isfinite(gathered).all() and gathered.abs().max() < 1
+    assert compare(FlexKernel().attend(batch), gathered, different_kernel_tolerance(torch.float32)) is None
+
+
 # -- in the machine ----------------------------------------------------------------------------------------------
 
 

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
 from kvfuzz.allocator import Capabilities, KVGroup
-from kvfuzz.allocator.hybrid import HybridAllocator, hybrid_allocator
+from kvfuzz.allocator.hybrid import HybridAllocator, hybrid_allocator, hybrid_allocator_sliding_double
 from kvfuzz.allocator.protocol import declares
-from kvfuzz.allocator.types import NULL_BLOCK
+from kvfuzz.allocator.types import NULL_BLOCK, group_block_sizes
 from kvfuzz.engine import Engine, Invariant, InvariantViolation, MachineConfig
+from kvfuzz.engine.engine import GeometryMismatch
 from kvfuzz.runner import run
-from kvfuzz.zoo.hybrid import BlockInBothGroups, HitGroupsSwapped, HybridHitFromFullGroup
+from kvfuzz.zoo.hybrid import (
+    BlockInBothGroups,
+    HitGroupsSwapped,
+    HitInPoolBlocks,
+    HybridHitFromFullGroup,
+    WindowInPoolBlocks,
+)
 
 HYBRID = (KVGroup("full"), KVGroup("sliding", sliding_window=8))
 
@@ -148,3 +156,116 @@ def test_a_block_read_through_the_wrong_group_is_another_layers_kv() -> None:
     assert caught.value.invariant is Invariant.CACHE_SOUNDNESS
     assert "cache hit of 4 tokens for sequence s1, group full" in caught.value.summary
     assert "in group sliding" in str(caught.value) and "differ only in their KV-cache group" in str(caught.value)
+
+
+# -- groups of different block sizes ------------------------------------------------------------------------------
+
+
+def _double_engine(cls: type[HybridAllocator] = HybridAllocator, window: int = 17) -> Engine:
+    """Blocks of 4 tokens in the full group and 8 in the sliding group (window 17), over one pool of 16 blocks (the
+    zoo's slips below set the sliding group's 8 themselves)."""
+    options = {"sliding_block_size": 8} if cls is HybridAllocator else {}
+    return Engine(
+        cls(CONFIG.block_size, CONFIG.num_blocks, inflight_window=0, sliding_window=window, **options), CONFIG
+    )
+
+
+def test_a_group_block_size_must_be_a_positive_multiple_of_the_pool_block_size() -> None:
+    with pytest.raises(ValueError):
+        KVGroup("sliding", block_size=0)
+    assert group_block_sizes((KVGroup("full"), KVGroup("sliding", block_size=12)), 4) == (4, 12)
+    with pytest.raises(ValueError, match="multiple of the pool's block size 4, got sliding: 6"):
+        group_block_sizes((KVGroup("full"), KVGroup("sliding", block_size=6)), 4)
+    with pytest.raises(ValueError, match="got sliding: 6"):
+        HybridAllocator(CONFIG.block_size, CONFIG.num_blocks, sliding_block_size=6)
+    odd = HybridAllocator(CONFIG.block_size, CONFIG.num_blocks)
+    odd.capabilities = attrs.evolve(odd.capabilities, kv_groups=(KVGroup("full"), KVGroup("sliding", block_size=6)))
+    with pytest.raises(GeometryMismatch, match="multiple of the pool's block size 4, got sliding: 6"):
+        Engine(odd, CONFIG)
+
+
+def test_each_group_lays_its_positions_out_at_its_own_block_size() -> None:
+    """Pool rows per block are the largest group's (8); the full group uses the first 4 rows of each of its blocks.
+    Position 9 of a 10-token prompt: full group block 2 offset 1, sliding group block 1 offset 1."""
+    engine = _double_engine()
+    engine.admit("s0", ("ns",), tuple(range(40, 50)))
+    engine.step()
+    full = engine.expected.seqs["s0"].table
+    sliding = engine.expected.seqs["s0@sliding"].table
+    assert len(full) == 3 and len(sliding) == 2  # ceil(10 / 4), ceil(10 / 8)
+    assert engine.expected.rows == 8 and engine.pools.keys.shape[0] == CONFIG.num_blocks * 8
+    full_record = engine.pools.record(full[2] * 8 + 1)
+    sliding_record = engine.pools.record(sliding[1] * 8 + 1)
+    assert full_record is not None and full_record.position == 9
+    assert sliding_record is not None and sliding_record.position == 9
+    assert engine.pools.record(full[2] * 8 + 4) is None  # rows 4..7 of a full-group block are never used
+    engine.grow("s0", (50,))
+    engine.step()
+    engine.quiesce()
+
+
+def test_a_hit_is_a_multiple_of_every_group_block_size() -> None:
+    """A 13-token prompt after a 12-token one: 12 tokens are cached in the full group (3 blocks of 4), but the
+    sliding group's second block (positions 8..15) is not full, so the hit is 8 (the lcm of 4 and 8)."""
+    engine = _double_engine()
+    tokens = tuple(range(60, 80))
+    engine.admit("s0", ("ns",), tokens[:16])
+    engine.step()
+    engine.free("s0")
+    engine.admit("s1", ("ns",), tokens[:13])
+    assert engine.expected.seqs["s1"].written == 8
+    engine.admit("s2", ("ns",), tokens[:17])
+    assert engine.expected.seqs["s2"].written == 16
+    engine.step()
+    engine.quiesce()
+
+
+def test_kvfuzz_hybrid_allocator_with_a_double_sliding_block_runs_clean() -> None:
+    summary = run(hybrid_allocator_sliding_double, MachineConfig(), examples=150, steps=40, shrink=False)
+    assert not summary.failed, summary.explanation
+    assert summary.operations["cache hits"] > 0, summary.operations
+
+
+class _SlidingTableAtPoolBlockSize(HybridAllocator):
+    """Declares the sliding group at 8 tokens per block but sizes its table in blocks of the pool's 4."""
+
+    def _blocks_for(self, group: int, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+
+def test_a_group_table_sized_at_the_pool_block_size_is_caught() -> None:
+    engine = Engine(
+        _SlidingTableAtPoolBlockSize(CONFIG.block_size, CONFIG.num_blocks, inflight_window=0, sliding_block_size=8),
+        CONFIG,
+    )
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("s0", ("ns",), tuple(range(40, 50)))
+    assert caught.value.invariant is Invariant.REFCOUNTS
+    assert "holds 3 block(s) for 10 tokens" in caught.value.summary
+    assert "exactly 2 block(s) of 8 slots" in str(caught.value)
+
+
+def test_a_window_found_at_the_pool_block_size_drops_a_block_still_read() -> None:
+    """Window 17, 20 tokens: the window starts at position 3, so the sliding group keeps both 8-token blocks;
+    counted in 4-token blocks, (20 - 17) // 4 = 0 too, but at 24 tokens 7 // 4 = 1 drops block 0 (positions 0..7),
+    which position 7 of the window (24 - 17 = 7) still needs."""
+    engine = _double_engine(WindowInPoolBlocks)
+    engine.admit("s0", ("ns",), tuple(range(40, 60)))
+    engine.step()
+    with pytest.raises(InvariantViolation) as caught:
+        engine.grow("s0", tuple(range(60, 64)))
+    assert caught.value.invariant is Invariant.CONTENT
+    assert "drops logical block 0, which attention still reads" in caught.value.summary
+
+
+def test_a_hit_ending_inside_a_larger_group_block_is_unsound() -> None:
+    engine = _double_engine(HitInPoolBlocks)
+    tokens = tuple(range(60, 80))
+    engine.admit("s0", ("ns",), tokens[:16])
+    engine.step()
+    engine.free("s0")
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("s1", ("ns",), tokens[:13])
+    assert caught.value.invariant is Invariant.CACHE_SOUNDNESS
+    assert "cache hit of 12 tokens for sequence s1 ends inside a block of group sliding" in caught.value.summary
+    assert "a multiple of 8 tokens" in str(caught.value)

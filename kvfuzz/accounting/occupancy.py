@@ -6,7 +6,7 @@ allocator returned, plus the allocator's own free and cached sets where it expos
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 import attrs
 
@@ -21,7 +21,9 @@ SERIES_LIMIT = 4096
 class Occupancy:
     """The device pool after one step. Blocks are physical blocks; positions are token slots.
 
-    Identities: ``referenced_blocks · block_size = effective_positions + tail_waste_positions``;
+    Identities: ``referenced_blocks · block_size = effective_positions + tail_waste_positions`` (``block_size``: the
+    slots of one physical block; under KV-cache groups of different block sizes, the largest, and a block a smaller
+    group holds counts its unused slots as waste);
     ``logical_blocks − referenced_blocks = saved_by_sharing ≥ 0``; with introspection,
     ``referenced + cached + free + pending = num_blocks``. ``table_entries`` counts block-table entries (one table per
     sequence, shared by all layers; one per KV-cache group under ``kv_groups``); ``cached_blocks``, ``free_blocks``
@@ -79,22 +81,26 @@ def measure(
     cached_blocks: Optional[int] = None,
     free_blocks: Optional[int] = None,
     pending_blocks: Optional[int] = None,
+    table_block_sizes: Optional[Sequence[int]] = None,
 ) -> Occupancy:
     """Occupancy from (block table, token count) pairs of the sequences holding device blocks.
 
     A physical block shared by several sequences counts once; its filled slots are the most any of its users has
-    written into it (shared blocks hold the same prefix, so the fills nest).
+    written into it (shared blocks hold the same prefix, so the fills nest). ``table_block_sizes``, under KV-cache
+    groups of different block sizes: the tokens one block holds in each table, in order (``block_size`` is then the
+    slots of a physical block, the largest of them).
     """
     fill: dict[int, int] = {}
     logical = entries = sequences = 0
-    for table, length in tables:
+    for number, (table, length) in enumerate(tables):
         sequences += 1
+        size = block_size if table_block_sizes is None else table_block_sizes[number]
         for index, block in enumerate(table):
             entries += 1
             if block == NULL_BLOCK:
                 continue
             logical += 1
-            used = max(0, min(block_size, length - index * block_size))
+            used = max(0, min(size, length - index * size))
             if used > fill.get(block, -1):
                 fill[block] = used
     return Occupancy(

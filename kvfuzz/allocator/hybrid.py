@@ -2,18 +2,21 @@
 shared block pool, with prefix caching under the hybrid hit rule.
 
 Each sequence has one block table per group; every group draws fresh blocks from the one :class:`BlockPool`, and a
-block sits in one group's tables only. A full block becomes matchable for its group once the step that wrote it has
-completed, keyed by its group as well as its namespace and prefix (the groups hold different layers' K/V). A hit of
-k blocks is the longest for which every full-attention group matches blocks 0..k-1 and every sliding-window group
-of window w matches the blocks covering positions [n - w + 1, n), n = k * block_size (what the token after the hit
-reads besides itself); a hit never covers a whole
-prompt. A sliding-window group drops (``NULL_BLOCK``) its blocks before ``len - w`` as a sequence grows, and at
-admission maps no block wholly before its hit window. A write into a partial tail block that another sequence
-shares, or that holds cached content, copies the block first. Released blocks wait out the in-flight window W.
+block sits in one group's tables only. The sliding-window group's blocks may hold more tokens than the pool's
+``block_size`` (``sliding_block_size``, a multiple of it): group g's table holds ``ceil(len / size_g)`` blocks. A
+full block becomes matchable for its group once the step that wrote it has completed, keyed by its group as well as
+its namespace and prefix (the groups hold different layers' K/V). A hit of n tokens, n a multiple of every group's
+block size (their lcm), is the longest for which the full-attention group matches every block before n and the
+sliding-window group of window w matches the blocks covering positions [n - w + 1, n) (what the token after the
+hit reads besides itself); a hit never covers a whole prompt. A sliding-window group drops (``NULL_BLOCK``) its
+blocks before ``len - w`` as a sequence grows, and at admission maps no block wholly before its hit window. A
+write into a partial tail block that another sequence shares, or that holds cached content, copies the block first.
+Released blocks wait out the in-flight window W.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Optional
 
@@ -36,6 +39,7 @@ from kvfuzz.allocator.types import (
     Slot,
     SwapResult,
     Tokens,
+    group_block_sizes,
 )
 
 
@@ -70,7 +74,8 @@ class _Registration:
 
 class HybridAllocator(PooledAllocator):
     """A refcounted, prefix-caching, copy-on-write allocator with one block table per KV-cache group: a
-    full-attention group, then a sliding-window group of ``sliding_window`` tokens, over one pool."""
+    full-attention group, then a sliding-window group of ``sliding_window`` tokens whose blocks hold
+    ``sliding_block_size`` tokens (the pool's ``block_size`` when None), over one pool."""
 
     def __init__(
         self,
@@ -82,13 +87,15 @@ class HybridAllocator(PooledAllocator):
         prefix_caching: bool = True,
         sliding_window: Optional[int] = None,
         lookahead_blocks: int = 0,
+        sliding_block_size: Optional[int] = None,
     ) -> None:
         if lookahead_blocks:
             raise ValueError("HybridAllocator: look-ahead blocks are not implemented")
+        sliding_size = block_size if sliding_block_size is None else sliding_block_size
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.num_host_blocks = 0  # no swap, no host tier (as vLLM v1)
-        window = 2 * block_size + 1 if sliding_window is None else sliding_window
+        window = 2 * sliding_size + 1 if sliding_window is None else sliding_window
         self.capabilities = Capabilities(
             fork=True,
             prefix_cache=prefix_caching,
@@ -97,9 +104,15 @@ class HybridAllocator(PooledAllocator):
             targeted_eviction=prefix_caching,
             inflight_window=inflight_window,
             introspection=True,
-            kv_groups=(KVGroup("full"), KVGroup("sliding", sliding_window=window)),
+            kv_groups=(
+                KVGroup("full"),
+                KVGroup("sliding", sliding_window=window, block_size=sliding_block_size),
+            ),
         )
         self._groups = self.capabilities.kv_groups
+        # Tokens one block holds in each group, and their lcm: every hit is a multiple of it.
+        self._sizes = group_block_sizes(self._groups, block_size)
+        self._hit_unit = math.lcm(*self._sizes)
         self._cache = PrefixCache()
         self._pool = BlockPool(
             num_blocks, inflight_window, is_cached=self._cache.is_cached, on_evict=self._cache.unregister
@@ -117,12 +130,14 @@ class HybridAllocator(PooledAllocator):
             raise InvalidArgument(f"admit: sequence {seq!r} has no tokens")
         hashes = [self._full_block_hashes(group, namespace, tokens, []) for group in range(len(self._groups))]
         matched = [self._matches(group, namespace, tokens, hashes[group]) for group in range(len(self._groups))]
-        hit = self._hit_blocks(matched, len(tokens))
-        reach = self._blocks_for(len(tokens))
+        hit = self._hit_tokens(matched, len(tokens))
         # Per group: the hit's cached block for each logical block from the group's first mapped one on, None where a
         # fresh block goes (every block from the hit on; inside the hit, none under the hybrid rule).
         plans = [
-            [found.get(index) if index < hit else None for index in range(self._first_hit_index(group, hit), reach)]
+            [
+                found.get(index) if index < hit // self._sizes[group] else None
+                for index in range(self._first_hit_index(group, hit), self._blocks_for(group, len(tokens)))
+            ]
             for group, found in enumerate(matched)
         ]
         taken = [block for plan in plans for block in plan if block is not None]
@@ -133,44 +148,45 @@ class HybridAllocator(PooledAllocator):
             self._pool.take(block)
         fresh = iter(self._pool.allocate(fresh_needed))
         tables = [
-            [NULL_BLOCK] * (reach - len(plan)) + [next(fresh) if block is None else block for block in plan]
-            for plan in plans
+            [NULL_BLOCK] * (self._blocks_for(group, len(tokens)) - len(plan))
+            + [next(fresh) if block is None else block for block in plan]
+            for group, plan in enumerate(plans)
         ]
         state = _Sequence(namespace, list(tokens), tables, hashes)
         self._seqs[seq] = state
-        self._schedule_registrations(state, first_index=hit)
-        return AdmitResult(tuple(tables[0]), hit * self.block_size)
+        self._schedule_registrations(state, [hit // size for size in self._sizes])
+        return AdmitResult(tuple(tables[0]), hit)
 
     def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
         state = self._running(seq, "grow")
         if not tokens:
             raise InvalidArgument(f"grow: sequence {seq!r} given no tokens")
         old_len, new_len = len(state.tokens), len(state.tokens) + len(tokens)
-        reach = self._blocks_for(new_len)
-        tail_index = old_len // self.block_size  # the partly filled block, when old_len is not block-aligned
-        plans = []  # per group: (blocks dropped at once, fresh blocks, whether the tail is copied)
+        # Per group: (blocks dropped at once, fresh blocks, the partly filled tail block's index if it is copied).
+        plans: list[tuple[int, int, Optional[int]]] = []
         for group, table in enumerate(state.tables):
-            new_indices = range(len(table), reach)
+            new_indices = range(len(table), self._blocks_for(group, new_len))
             dropped = sum(index < self._first_kept_index(group, new_len) for index in new_indices)
-            tail = table[tail_index] if old_len % self.block_size else NULL_BLOCK
+            tail_index = old_len // self._sizes[group]  # the partly filled block, when old_len is not aligned
+            tail = table[tail_index] if old_len % self._sizes[group] else NULL_BLOCK
             copy_tail = tail != NULL_BLOCK and self._must_copy_before_write(tail)
-            plans.append((dropped, len(new_indices) - dropped, copy_tail))
-        self._check_room(sum(fresh + copy for _, fresh, copy in plans))
+            plans.append((dropped, len(new_indices) - dropped, tail_index if copy_tail else None))
+        self._check_room(sum(fresh + (copied is not None) for _, fresh, copied in plans))
         copies = []
-        for table, (dropped, fresh, copy_tail) in zip(state.tables, plans):
-            if copy_tail:
+        for table, (dropped, fresh, copied) in zip(state.tables, plans):
+            if copied is not None:
                 (private,) = self._pool.allocate(1)
-                copies.append(BlockCopy(src=table[tail_index], dst=private))
-                self._pool.release(table[tail_index])
-                table[tail_index] = private
+                copies.append(BlockCopy(src=table[copied], dst=private))
+                self._pool.release(table[copied])
+                table[copied] = private
             table.extend([NULL_BLOCK] * dropped + self._pool.allocate(fresh))
-        first_new_full = len(state.hashes[0])
+        first_new_full = [len(group_hashes) for group_hashes in state.hashes]
         state.tokens.extend(tokens)
         for group, group_hashes in enumerate(state.hashes):
             self._full_block_hashes(group, state.namespace, tuple(state.tokens), group_hashes)
-        self._schedule_registrations(state, first_index=first_new_full)
+        self._schedule_registrations(state, first_new_full)
         self._drop_out_of_window(state)
-        size = self.block_size
+        size = self._sizes[0]
         slots = [Slot(state.tables[0][p // size], p % size) for p in range(old_len, new_len)]
         return GrowResult(slots, copies)
 
@@ -227,23 +243,24 @@ class HybridAllocator(PooledAllocator):
     def _window(self, group: int) -> Optional[int]:
         return self._groups[group].sliding_window
 
-    def _blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+    def _blocks_for(self, group: int, num_tokens: int) -> int:
+        """How many blocks ``num_tokens`` tokens fill in ``group``."""
+        return -(-num_tokens // self._sizes[group])
 
     def _first_kept_index(self, group: int, num_tokens: int) -> int:
         """A group's logical blocks before this one lie wholly before its window (0 for full attention)."""
         window = self._window(group)
-        return 0 if window is None else max(0, num_tokens - window) // self.block_size
+        return 0 if window is None else max(0, num_tokens - window) // self._sizes[group]
 
-    def _first_hit_index(self, group: int, hit_blocks: int) -> int:
-        """The first logical block a hit of n = ``hit_blocks`` blocks' tokens needs in ``group``: 0 for full
-        attention; for a sliding window of w, the block of position n - w + 1, the first the next token reads."""
+    def _first_hit_index(self, group: int, hit_tokens: int) -> int:
+        """The first logical block a hit of n = ``hit_tokens`` tokens needs in ``group``: 0 for full attention; for
+        a sliding window of w, the block of position n - w + 1, the first the next token reads."""
         window = self._window(group)
-        return 0 if window is None else max(0, hit_blocks * self.block_size - window + 1) // self.block_size
+        return 0 if window is None else max(0, hit_tokens - window + 1) // self._sizes[group]
 
     def _full_block_hashes(self, group: int, namespace: Namespace, tokens: Tokens, hashes: list[int]) -> list[int]:
         """Extend ``hashes`` with the chained hash, for ``group``, of every full block of ``tokens`` not yet hashed."""
-        size, key = self.block_size, self._key_namespace(group, namespace)
+        size, key = self._sizes[group], self._key_namespace(group, namespace)
         for index in range(len(hashes), len(tokens) // size):
             previous = hashes[index - 1] if index else None
             hashes.append(chain_hash(previous, key, tokens[index * size : (index + 1) * size]))
@@ -253,7 +270,7 @@ class HybridAllocator(PooledAllocator):
         """Logical index -> the cached block holding ``group``'s K/V of that full block of ``tokens``."""
         if not self.capabilities.prefix_cache:
             return {}
-        key, size = self._key_namespace(group, namespace), self.block_size
+        key, size = self._key_namespace(group, namespace), self._sizes[group]
         found = {}
         for index, block_hash in enumerate(hashes):
             block = self._cache.lookup(block_hash, key, tokens[: (index + 1) * size])
@@ -261,12 +278,13 @@ class HybridAllocator(PooledAllocator):
                 found[index] = block
         return found
 
-    def _hit_blocks(self, matched: list[dict[int, int]], num_tokens: int) -> int:
-        """The longest hit, in blocks, valid in every group (the hybrid rule), short of the whole prompt: the engine
-        needs the last token's query to sample from."""
-        for hit in range((num_tokens - 1) // self.block_size, 0, -1):
+    def _hit_tokens(self, matched: list[dict[int, int]], num_tokens: int) -> int:
+        """The longest hit, in tokens, valid in every group (the hybrid rule): a multiple of every group's block
+        size, short of the whole prompt (the engine needs the last token's query to sample from)."""
+        unit = self._hit_unit
+        for hit in range((num_tokens - 1) // unit * unit, 0, -unit):
             if all(
-                all(index in found for index in range(self._first_hit_index(group, hit), hit))
+                all(index in found for index in range(self._first_hit_index(group, hit), hit // self._sizes[group]))
                 for group, found in enumerate(matched)
             ):
                 return hit
@@ -289,16 +307,15 @@ class HybridAllocator(PooledAllocator):
                 f"need {fresh_needed} fresh block(s), {available} available", needed=fresh_needed, available=available
             )
 
-    def _schedule_registrations(self, state: _Sequence, first_index: int) -> None:
-        """Every group's full blocks from ``first_index`` on become matchable after the step that writes them
-        completes."""
+    def _schedule_registrations(self, state: _Sequence, first_indices: list[int]) -> None:
+        """Every group's full blocks from its ``first_indices`` entry on become matchable after the step that writes
+        them completes."""
         if not self.capabilities.prefix_cache:
             return
         commit_after = self._pool.last_completed_step + self._pool.inflight_window + 1
-        size = self.block_size
         for group, (table, group_hashes) in enumerate(zip(state.tables, state.hashes)):
-            key = self._key_namespace(group, state.namespace)
-            for index in range(first_index, len(group_hashes)):
+            key, size = self._key_namespace(group, state.namespace), self._sizes[group]
+            for index in range(first_indices[group], len(group_hashes)):
                 if table[index] == NULL_BLOCK:
                     continue
                 entry = CacheEntry(group_hashes[index], key, tuple(state.tokens[: (index + 1) * size]))
@@ -319,4 +336,16 @@ def hybrid_allocator(spec: PoolSpec) -> HybridAllocator:
     token over one pool, prefix caching under the hybrid hit rule, and W = 1 (or the W the spec asks for)."""
     return HybridAllocator(
         spec.block_size, spec.num_blocks, inflight_window=1 if spec.inflight_window is None else spec.inflight_window
+    )
+
+
+def hybrid_allocator_sliding_double(spec: PoolSpec) -> HybridAllocator:
+    """kvfuzz's hybrid-model allocator whose sliding-window group holds twice the pool's block size per block (its
+    window two of those blocks and one token): groups of different block sizes over one pool, hits in multiples of
+    the larger, W = 1 (or the W the spec asks for)."""
+    return HybridAllocator(
+        spec.block_size,
+        spec.num_blocks,
+        inflight_window=1 if spec.inflight_window is None else spec.inflight_window,
+        sliding_block_size=2 * spec.block_size,
     )

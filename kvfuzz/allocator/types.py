@@ -47,7 +47,8 @@ def _non_negative(_instance: object, attribute: attrs.Attribute, value: int) -> 
 class KVGroup:
     """One KV-cache group: the layers that share one block table per sequence (vLLM's KV-cache group).
 
-    Invariant kept: ``name`` is non-empty and ``sliding_window`` is None or >= 1.
+    Invariant kept: ``name`` is non-empty, ``sliding_window`` is None or >= 1, and ``block_size`` is None or >= 1
+    (that it is a multiple of the pool's block size is checked against the pool: :func:`group_block_sizes`).
     """
 
     name: str = attrs.field(validator=attrs.validators.min_len(1))  # "full", "sliding", ...: used in reports
@@ -55,6 +56,8 @@ class KVGroup:
     sliding_window: Optional[int] = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
     )
+    # Tokens one block holds in this group: a multiple of the pool's block_size; None = the pool's block_size.
+    block_size: Optional[int] = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
 
 
 GROUPED_UNSUPPORTED = (
@@ -70,6 +73,21 @@ GROUPED_UNSUPPORTED = (
 )
 """Capabilities kvfuzz does not check together with several KV-cache groups yet: an allocator declaring groups must
 leave these at their defaults (vLLM v1 has no swap; the others are refused until kvfuzz checks them per group)."""
+
+
+def group_block_sizes(groups: Iterable[KVGroup], block_size: int) -> Tuple[int, ...]:
+    """The tokens one block holds in each group, in order (``block_size``, the pool's, for a group that leaves it
+    None); raises ValueError unless each is a multiple of ``block_size``. The pool's block size is vLLM's
+    ``hash_block_size``, the unit prefixes are hashed in, which every group's block size must be a multiple of."""
+    groups = tuple(groups)
+    sizes = tuple(block_size if group.block_size is None else group.block_size for group in groups)
+    wrong = [f"{group.name}: {size}" for group, size in zip(groups, sizes) if size % block_size]
+    if wrong:
+        raise ValueError(
+            f"a KV-cache group's block size must be a multiple of the pool's block size {block_size}, got "
+            f"{', '.join(wrong)}"
+        )
+    return sizes
 
 
 def _needs_a_window(instance: "Capabilities", _attribute: attrs.Attribute, drops: bool) -> None:
@@ -187,13 +205,17 @@ class Capabilities:
     ``OutOfBlocks``, changing nothing, when there is no room); the engine writes the rest at the next step.
     ``kv_groups`` (two or more :class:`KVGroup`) says each sequence has one block table per group (vLLM's KV-cache
     groups: a model mixing full-attention and sliding-window layers), every group drawing block ids from the one
-    pool of ``num_blocks`` blocks of ``block_size`` slots (vLLM unifies the groups' page sizes). ``block_table``,
+    pool of ``num_blocks`` blocks (vLLM unifies the groups' page sizes). A block holds ``KVGroup.block_size`` tokens
+    in its group (the pool's ``block_size`` when None; a multiple of it, as vLLM requires each group's block size
+    to be a multiple of its ``hash_block_size``): group g's table holds ``ceil(len / block_size_g)`` blocks and
+    position p lives at (``table_g[p // block_size_g]``, ``p % block_size_g``). ``block_table``,
     ``AdmitResult.block_table`` and ``GrowResult.slots`` are group 0's; ``group_block_tables`` returns every group's
     table in ``kv_groups`` order (:class:`~kvfuzz.allocator.protocol.GroupedTables`), a sliding-window group's
     dropped blocks as ``NULL_BLOCK``. ``AdmitResult.num_cached_tokens`` is the hit of every group: a hit of n tokens
     is valid only if each full-attention group's blocks for positions < n, and each sliding-window group's blocks
     covering positions [n - w + 1, n) (what the next token reads besides itself), hold that prefix's K/V for that
-    group. A physical block is in at most one group's
+    group; and n is a multiple of every group's block size (of their lcm, vLLM's ``scheduler_block_size``), so that
+    no group's next write lands in a block the hit took from the cache. A physical block is in at most one group's
     tables at a time (several sequences may share it within that group); refcounts count entries of every group.
     With groups, ``sliding_window`` must be None and the capabilities in :data:`GROUPED_UNSUPPORTED` stay off.
     """

@@ -136,11 +136,12 @@ class Checks:
 
     def where(self, seq: str, position: int) -> str:
         h = self.state
-        index, offset = divmod(position, h.block_size)
+        layout = h.layout(seq)
+        index, offset = divmod(position, layout.size)
         block = h.seqs[seq].table[index]
         return (
             f"{h.label(seq)} position {position} -> logical block {index} -> physical block {block} "
-            f"offset {offset} (slot {block * h.block_size + offset})"
+            f"offset {offset} (slot {layout.slot(block, offset)})"
         )
 
     def prefix(self, seq: str, position: int) -> str:
@@ -157,8 +158,8 @@ class Checks:
 
     def _block_content(self, seq: str, index: int) -> tuple[Namespace, tuple[int, ...]]:
         """``seq``'s namespace and tokens up to the end of its logical block ``index`` (or its last token)."""
-        reference = self.state.reference
-        return reference.namespace(seq), tuple(reference.tokens(seq)[: (index + 1) * self.state.block_size])
+        reference, end = self.state.reference, self.state.layout(seq).first_position(index + 1)
+        return reference.namespace(seq), tuple(reference.tokens(seq)[:end])
 
     @staticmethod
     def _why_alike(mine: tuple[Namespace, tuple[int, ...]], theirs: tuple[Namespace, tuple[int, ...]]) -> str:
@@ -185,13 +186,12 @@ class Checks:
         write the slot holds, show two different prefixes given one block: both expected contents, and what they
         have in common."""
         h = self.state
-        size = h.block_size
-        block, offset = divmod(slot, size)
+        block, offset = divmod(slot, h.rows)
         tag = h.reference.tags(seq)[position]
-        mine = self._block_content(seq, position // size)
+        mine = self._block_content(seq, h.layout(seq).index(position))
         others = []
         for holder, index in sorted(h.refs.holders.get(block, ())):
-            theirs_at = index * size + offset
+            theirs_at = h.layout(holder).first_position(index) + offset
             if holder != seq and theirs_at < h.length(holder) and h.reference.tags(holder)[theirs_at] != tag:
                 others.append((holder, self._block_content(holder, index)))
         if others:
@@ -222,23 +222,21 @@ class Checks:
     def content(self, slots: Iterable[int], positions: Iterable[tuple[str, int]] = ()) -> None:
         """Every written position mapped to one of ``slots``, and every listed position, holds its own K/V."""
         h = self.state
-        size = h.block_size
         wanted: dict[tuple[str, int], int] = {}
         by_block: dict[int, list[int]] = {}
         for slot in slots:
-            by_block.setdefault(slot // size, []).append(slot % size)
+            by_block.setdefault(slot // h.rows, []).append(slot % h.rows)
         for block, offsets in by_block.items():
             for seq, index in h.refs.holders.get(block, ()):
-                written = h.seqs[seq].written
+                written, layout = h.seqs[seq].written, h.layout(seq)
                 for offset in offsets:
-                    position = index * size + offset
-                    if position < written:
-                        wanted[(seq, position)] = block * size + offset
+                    position = layout.first_position(index) + offset
+                    if offset < layout.size and position < written:
+                        wanted[(seq, position)] = layout.slot(block, offset)
         for seq, position in positions:
             if position < h.sliding_window_start(seq):
                 continue
-            table = h.seqs[seq].table
-            wanted[(seq, position)] = table[position // size] * size + position % size
+            wanted[(seq, position)] = h.layout(seq).slot_of(h.seqs[seq].table, position)
         if not wanted:
             return
         expected_tags = []
@@ -253,7 +251,7 @@ class Checks:
                         f"expected: K/V of {self.prefix(seq, position)}",
                         f"found:    {self.found(record)}",
                         *self.root_cause(seq, position, slot, record),
-                        *self.pools.block_story(slot // size),
+                        *self.pools.block_story(slot // h.rows),
                     ],
                 )
             expected_tags.append(tag)
@@ -285,9 +283,10 @@ class Checks:
                 Invariant.REFCOUNTS,
                 f"block table of {seq} holds {len(table)} block(s) for {len(h.reference.tokens(seq))} tokens",
                 [
-                    f"expected: exactly {want} block(s) of {h.block_size} slots"
+                    f"expected: exactly {want} block(s) of {h.layout(seq).size} slots"
                     if not lookahead
-                    else f"expected: {want} block(s) of {h.block_size} slots, then at most {lookahead} look-ahead "
+                    else f"expected: {want} block(s) of {h.layout(seq).size} slots, then at most {lookahead} "
+                    "look-ahead "
                     f"block(s) (lookahead_blocks = {lookahead})",
                     f"found:    {list(table)}",
                 ],
@@ -299,7 +298,7 @@ class Checks:
                 f"block table of {seq} names block(s) {bad} outside the pool",
                 [f"expected: blocks in 0..{h.num_blocks - 1}", f"found:    {list(table)}"],
             )
-        first_read = h.sliding_window_start(seq) // h.block_size
+        first_read = h.layout(seq).index(h.sliding_window_start(seq))
         if NULL_BLOCK in table[first_read:]:
             index = table.index(NULL_BLOCK, first_read)
             self.fail(
@@ -368,7 +367,7 @@ class Checks:
 
     def grow_slots(self, seq: str, slots: Sequence[Slot], table: tuple[int, ...], old_len: int, count: int) -> None:
         """Invariant 1: grow returned one slot per token, each where the block table puts that position."""
-        size = self.state.block_size
+        size = self.state.layout(seq).size
         for position, slot in enumerate(slots, start=old_len):
             want = (table[position // size], position % size)
             if (slot.block, slot.offset) != want:
@@ -414,9 +413,8 @@ class Checks:
         """Invariants 9 and 5 for an admission's host-tier loads: only under ``host_cache``, from host blocks that
         exist, each into a distinct block of the sequence's cache hit that it alone references."""
         h = self.state
-        size = h.block_size
         table = h.seqs[seq].table
-        hit_blocks = [block for block in table[: -(-num_cached // size)] if block != NULL_BLOCK]
+        hit_blocks = [block for block in table[: h.layout(seq).blocks_for(num_cached)] if block != NULL_BLOCK]
         if not h.caps.host_cache:
             self.fail(
                 Invariant.CACHE_SOUNDNESS,
@@ -537,7 +535,8 @@ class Checks:
             h.reference.queries(seqs),
             self.pools.keys,
             self.pools.values,
-            h.block_size,
+            h.rows,
+            [h.layout(seq).size for seq in seqs],
         )
         kernel = self.kernel
         tolerance = kernel.tolerance(self.pools.keys.dtype)
@@ -751,7 +750,7 @@ class Checks:
         drafts next (invariant 5), and is never served to a cache hit (invariant 9: ``seq`` was just admitted with
         ``hit_tokens`` cached tokens)."""
         h = self.state
-        hit_blocks = -(-hit_tokens // h.block_size)
+        hit_blocks = h.layout(seq).blocks_for(hit_tokens)
         for index, block in enumerate(h.seqs[seq].table):
             holders = h.refs.holders.get(block, set())
             if len(holders) < 2:
@@ -896,8 +895,8 @@ class Checks:
         mine = [index for holder, index in holders if holder == seq]
         if len(mine) != 1:
             return False
-        size = h.block_size
-        lo, hi = mine[0] * size, (mine[0] + 1) * size
+        layout = h.layout(seq)
+        lo, hi = layout.first_position(mine[0]), layout.first_position(mine[0] + 1)
         tags = h.reference.tags(seq)
         if not all(index == mine[0] and h.reference.tags(holder)[lo:hi] == tags[lo:hi] for holder, index in holders):
             return False
@@ -1109,12 +1108,12 @@ class Checks:
         declare ``free_lands_scheduled_writes``) leaves no other sequence holding a cache hit on them; a hit on
         scheduled writes is sound only while the step that writes them is sure to run."""
         h = self.state
-        size = h.block_size
+        mine = h.layout(seq)
         for position, slot in h.scheduled_writes(seq):
-            block = slot // size
+            block = mine.block_of(slot)
             for holder, index in sorted(h.refs.holders.get(block, ())):
-                relies = index * size + slot % size
-                if holder != seq and index == position // size and h.seqs[holder].written > relies:
+                relies = h.layout(holder).first_position(index) + mine.offset_of(slot)
+                if holder != seq and index == mine.index(position) and h.seqs[holder].written > relies:
                     self.fail(
                         Invariant.CACHE_SOUNDNESS,
                         f"{why} withdraws {seq}'s scheduled write of position {position} into block {block}, which "
@@ -1134,15 +1133,16 @@ class Checks:
         """Invariant 9: a hit covers no block an eviction dropped from the cache and no table has mapped since,
         whatever K/V the block still holds. ``evicted`` maps such a block's logical index in ``table`` to the
         eviction."""
-        size = self.state.block_size
+        first_position = self.state.layout(seq).first_position
         for index, eviction in sorted(evicted.items()):
-            if index * size < num_cached:
+            if first_position(index) < num_cached:
                 self.fail(
                     Invariant.CACHE_SOUNDNESS,
                     f"cache hit of {num_cached} tokens for {seq} covers logical block {index} (block {table[index]}), "
                     "which an eviction dropped from the cache",
                     [
-                        f"expected: a hit that stops before logical block {index} (position {index * size}): the "
+                        f"expected: a hit that stops before logical block {index} (position {first_position(index)}): "
+                        "the "
                         f"block was evicted by {eviction}, and no table has mapped it since",
                         f"found:    {num_cached} cached tokens, running on past it",
                         *self.pools.block_story(table[index]),
@@ -1180,15 +1180,15 @@ class Checks:
                     f"found:    all {length} positions reported cached, up to {self.where(seq, length - 1)}",
                 ],
             )
-        size = h.block_size
+        layout = h.layout(seq)
         table = h.seqs[seq].table
         awaits_step = False
         scheduled: Optional[dict[int, int]] = None  # the next step's writes, gathered once if a hit needs them
         for position in range(num_cached):
-            if table[position // size] == NULL_BLOCK:
+            if table[layout.index(position)] == NULL_BLOCK:
                 continue
-            slot = table[position // size] * size + position % size
-            if slot // size in loading:
+            slot = layout.slot_of(table, position)
+            if layout.block_of(slot) in loading:
                 awaits_step = True  # a host-tier load fills it before the next step reads it
                 continue
             record = self.pools.record(slot)
@@ -1216,7 +1216,7 @@ class Checks:
                         ),
                         f"found:    {self.found(record)}",
                         *cause,
-                        *self.pools.block_story(slot // size),
+                        *self.pools.block_story(layout.block_of(slot)),
                     ],
                 )
         return awaits_step
@@ -1239,8 +1239,8 @@ class Checks:
                 ],
             )
         if writer is not None:
-            theirs = self._block_content(writer[0], writer[1] // h.block_size)
-            mine = self._block_content(seq, position // h.block_size)
+            theirs = self._block_content(writer[0], h.layout(writer[0]).index(writer[1]))
+            mine = self._block_content(seq, h.layout(seq).index(position))
             return (
                 f"another prefix's scheduled write will fill it: {writer[0]} position {writer[1]} writes there at "
                 f"the next step (step {next_step})",

@@ -28,6 +28,7 @@ from kvfuzz.allocator.types import (
     SeqId,
     SwapResult,
     Tokens,
+    group_block_sizes,
 )
 from kvfuzz.engine.checks import CacheSnapshot, Checks, PoolCounts
 from kvfuzz.engine.config import MachineConfig
@@ -83,6 +84,10 @@ class Engine:
         ]
         if mismatch:
             raise GeometryMismatch(f"allocator geometry {mismatch} differs from the machine config {config}")
+        try:
+            group_block_sizes(caps.kv_groups, config.block_size)
+        except ValueError as error:
+            raise GeometryMismatch(str(error)) from None
         self.allocator = allocator  # the allocator under test
         self.caps = caps  # what it declares
         self.config = config  # pool geometry, model shape and attention kernel
@@ -91,10 +96,11 @@ class Engine:
         # (HostIntrospectable) is checked.
         host_pool = caps.swap or caps.host_cache or (caps.introspection and isinstance(allocator, HostIntrospectable))
         num_host_blocks = allocator.num_host_blocks if host_pool else 0
-        self.pools = KVPools(config.shape, config.block_size, config.num_blocks, num_host_blocks, caps.inflight_window)
         self.expected = ExpectedState(
             caps, config.block_size, config.num_blocks, num_host_blocks, ContiguousReference(config.shape)
         )
+        # Every physical block gets the rows of the largest group's block (config.block_size without groups).
+        self.pools = KVPools(config.shape, self.expected.rows, config.num_blocks, num_host_blocks, caps.inflight_window)
         self.checks = Checks(self.expected, self.pools, allocator, config.kernel)
         # Under kv_groups, the checks of the groups' tables (None otherwise).
         self.group_checks = GroupChecks(self.checks) if caps.kv_groups else None
@@ -122,16 +128,21 @@ class Engine:
         asynchronous loads, filled up to their hit), their fill, sharing, and the allocator's cached, free and pending
         sets where it exposes them."""
         state = self.expected
-        running = [(state.seqs[seq].table, state.length(seq)) for seq in state.ids(Status.RUNNING, groups=True)]
+        # (table id, tokens its table holds) of every sequence and group table holding device blocks.
+        holders = [(seq, state.length(seq)) for seq in state.ids(Status.RUNNING, groups=True)]
         for status in (Status.LOADING, Status.LOADED):
-            running += [(state.seqs[seq].table, state.seqs[seq].covered_tokens or 0) for seq in state.ids(status)]
+            holders += [(seq, state.seqs[seq].covered_tokens or 0) for seq in state.ids(status)]
+        running = [(state.seqs[seq].table, tokens) for seq, tokens in holders]
         counts = self.checks.counts()
         occupancy = measure(
             self.pools.next_step - 1,
             running,
-            self.block_size,
+            state.rows,
             self.config.num_blocks,
-            *((counts.cached, counts.free, counts.pending) if counts is not None else ()),
+            cached_blocks=None if counts is None else counts.cached,
+            free_blocks=None if counts is None else counts.free,
+            pending_blocks=None if counts is None else counts.pending,
+            table_block_sizes=[state.layout(seq).size for seq, _ in holders] if len(state.layouts) > 1 else None,
         )
         # Under kv_groups every group's tables hold blocks, but the sequences are those of group 0.
         return attrs.evolve(occupancy, sequences=len(state.ids(Status.RUNNING))) if self.caps.kv_groups else occupancy
@@ -206,7 +217,7 @@ class Engine:
         result = self._attempt(
             lambda: cast(AsyncLoads, self.allocator).resume(seq),
             AdmitResult,
-            self._blocks(self.expected.length(seq)) - len(model.table),
+            self._blocks(self.expected.length(seq), seq) - len(model.table),
         )
         if result is None:
             return False
@@ -222,8 +233,8 @@ class Engine:
         old_len = self.expected.length(seq)
         self._begin("grow", seq, tokens)
         needed = sum(
-            max(0, self._reach(old_len + len(tokens)) - len(self.expected.seqs[table_id].table))
-            + (old_len % self.block_size != 0)
+            max(0, self._reach(old_len + len(tokens), table_id) - len(self.expected.seqs[table_id].table))
+            + (old_len % self.expected.layout(table_id).size != 0)
             for table_id in (seq, *self.expected.group_tables(seq))
         )
         before = self.checks.cache_snapshot()
@@ -283,7 +294,7 @@ class Engine:
         moved_to = {copy.src: copy.dst for copy in copies}
         filled = parent_table[: state.num_blocks_for(parent)]
         self.checks.fork_table(parent, child, tuple(moved_to.get(block, block) for block in filled), table)
-        size, written = self.block_size, state.seqs[child].written
+        layout, written = state.layout(child), state.seqs[child].written
         moved = [index for index, (old, new) in enumerate(zip(parent_table, table)) if old != new]
         change = self._set_table(child, table, "shared by fork with")
         for parent_id, child_id in zip(state.group_tables(parent), state.group_tables(child)):
@@ -306,7 +317,12 @@ class Engine:
                 self.checks.fork_table(parent_id, child_id, filled, group_table)
                 change = _merged(change, self._set_table(child_id, group_table, "shared by fork with"))
         self._settle(
-            change, [(child, p) for index in moved for p in range(index * size, min((index + 1) * size, written))]
+            change,
+            [
+                (child, p)
+                for index in moved
+                for p in range(layout.first_position(index), min(layout.first_position(index + 1), written))
+            ],
         )
         self.checks.evictions(before, (), reuse=True)
         for copy in copies:
@@ -567,16 +583,18 @@ class Engine:
         self.checks.operation = f"{op}({shown})"
         self.stats[op] += 1
 
-    def _blocks(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+    def _blocks(self, num_tokens: int, table_id: SeqId) -> int:
+        """How many blocks ``num_tokens`` tokens fill in ``table_id``'s table (a sequence's, or one group's)."""
+        return self.expected.layout(table_id).blocks_for(num_tokens)
 
-    def _reach(self, num_tokens: int) -> int:
-        """The most blocks a table may hold for ``num_tokens`` tokens: those they fill, and the look-ahead."""
-        return self._blocks(num_tokens) + self.caps.lookahead_blocks
+    def _reach(self, num_tokens: int, table_id: SeqId) -> int:
+        """The most blocks ``table_id``'s table may hold for ``num_tokens`` tokens: those they fill, and the
+        look-ahead."""
+        return self._blocks(num_tokens, table_id) + self.caps.lookahead_blocks
 
     def _admit_needs(self, tokens: Tokens) -> int:
         """The most blocks an admission of ``tokens`` may need: a table's reach in every KV-cache group."""
-        return self._reach(len(tokens)) * max(1, len(self.caps.kv_groups))
+        return sum(layout.blocks_for(len(tokens)) + self.caps.lookahead_blocks for layout in self.expected.layouts)
 
     def _call(self, call: Callable[[], T]) -> T:
         """Run an operation that may not be refused."""
@@ -659,7 +677,7 @@ class Engine:
         tags, namespace = state.reference.tags(seq), state.reference.namespace(seq)
         slots, writes = [], []
         for position, slot in state.scheduled_writes(seq):
-            self.checks.exclusive(slot // self.block_size, seq, f"step {step} writes {seq} position {position}")
+            self.checks.exclusive(slot // state.rows, seq, f"step {step} writes {seq} position {position}")
             slots.append(slot)
             writes.append(SlotWrite(tags[position], seq, namespace, position, step, via))
         state.seqs[seq].written = len(tags)
@@ -702,13 +720,19 @@ class Engine:
             self.stats["host-tier loads"] += len(loads)
         loading = {block for _, _, block in self.host_loads}
         awaits = bool(loads)
+        if self.group_checks is not None:
+            self.group_checks.hit_aligned(seq, num_cached)
         for table_id in table_ids:
             if self.group_checks is not None:
                 self.group_checks.hit_window(table_id, num_cached)
             awaits = self.checks.cache_hit(table_id, num_cached, loading) or awaits
         model.awaits_step = awaits
         self.checks.missed_hit(seq, num_cached, owed)
-        hit_blocks = table[: -(-min(num_cached, len(table) * self.block_size) // self.block_size)]
+        hit_blocks = [
+            block
+            for table_id, read in ((seq, table), *group_tables)
+            for block in read[: self.expected.layout(table_id).blocks_for(num_cached)]
+        ]
         self.checks.evictions(before, hit_blocks, reuse=True)
         # A whole-prompt hit passes only under recomputes_last_token: the engine writes the last token again.
         for table_id in table_ids:
@@ -760,7 +784,7 @@ class Engine:
         """Invariant 9: the hit of ``num_cached`` tokens covers no block of ``seq``'s new ``table`` (a sequence's, or
         one group's) that an eviction dropped, unless a host-tier load (``loaded``) refills it."""
         evicted = self.expected.evicted
-        hit_blocks = table[: -(-min(num_cached, len(table) * self.block_size) // self.block_size)]
+        hit_blocks = table[: self.expected.layout(seq).blocks_for(num_cached)]
         stale = {
             index: evicted[block] for index, block in enumerate(hit_blocks) if block in evicted and block not in loaded
         }
@@ -809,7 +833,7 @@ class Engine:
         entries are never written)."""
         return {
             index: table[index]
-            for index in range(first_position // self.block_size, len(table))
+            for index in range(self.expected.layout(seq).index(first_position), len(table))
             if table[index] != NULL_BLOCK
         }
 
@@ -830,7 +854,7 @@ class Engine:
         now, unless a rollback just dropped some), which tells its look-ahead entries apart."""
         state = self.expected
         model = state.seqs[seq]
-        hit_blocks = -(-hit_tokens // self.block_size)
+        hit_blocks = state.layout(seq).blocks_for(hit_tokens)
         old = model.table
         change = state.refs.replace(seq, old, table)
         for block in change.acquired:
@@ -851,8 +875,8 @@ class Engine:
             pools.note(block, released or f"{event} {seq}")
             pools.release(block, seq)
         if self.caps.lookahead_blocks:
-            held = self._blocks(state.length(seq) if held_tokens is None else held_tokens)
-            for index in range(self._blocks(state.length(seq)) if table else held, min(held, len(table))):
+            held = self._blocks(state.length(seq) if held_tokens is None else held_tokens, seq)
+            for index in range(self._blocks(state.length(seq), seq) if table else held, min(held, len(table))):
                 pools.note(table[index], f"kept as look-ahead by {seq} (logical block {index})")
             state.released_lookahead |= {block for block in old[held:] if block in change.released}
             state.released_lookahead -= set(change.acquired)

@@ -14,8 +14,9 @@ from typing import Iterable, Optional, Protocol
 
 import attrs
 
-from kvfuzz.allocator.types import NULL_BLOCK, Capabilities, Namespace, SeqId
+from kvfuzz.allocator.types import NULL_BLOCK, Capabilities, Namespace, SeqId, group_block_sizes
 from kvfuzz.engine.groups import group_seq
+from kvfuzz.engine.layout import TableLayout
 from kvfuzz.engine.matchable import MatchablePrefixes
 from kvfuzz.reference.content import prefix_tags
 from kvfuzz.reference.contiguous import ContiguousReference
@@ -175,7 +176,11 @@ class ExpectedState:
         self, caps: Capabilities, block_size: int, num_blocks: int, num_host_blocks: int, reference: ContiguousReference
     ) -> None:
         self.caps = caps  # what the allocator declares
-        self.block_size = block_size  # slots per block
+        self.block_size = block_size  # tokens per block of the pool (of a group that declares no size of its own)
+        sizes = group_block_sizes(caps.kv_groups, block_size) if caps.kv_groups else (block_size,)
+        self.rows = max(sizes)  # rows (slots) every physical block has in the K/V pools
+        # Per KV-cache group (one without groups): where its tables' positions live in the pools.
+        self.layouts = tuple(TableLayout(size, self.rows) for size in sizes)
         self.num_blocks = num_blocks  # device blocks in the pool
         self.num_host_blocks = num_host_blocks  # host blocks, 0 unless the allocator declares swap
         self.reference = reference  # every live sequence's namespace and tokens, and attention over them
@@ -249,6 +254,11 @@ class ExpectedState:
         if not self.caps.kv_groups:
             return str(sorted(holders))
         return "; ".join(f"{self.label(seq)} logical block {index}" for seq, index in sorted(holders))
+
+    def layout(self, seq: SeqId) -> TableLayout:
+        """Where ``seq``'s table (a sequence's, or one group's) keeps its positions in the pools."""
+        model = self.seqs.get(seq)
+        return self.layouts[model.group if model is not None else 0]
 
     def window(self, seq: SeqId) -> Optional[int]:
         """The sliding window of ``seq``'s table: its group's under ``kv_groups``, else ``sliding_window``."""
@@ -325,7 +335,7 @@ class ExpectedState:
         sliding_window = self.window(seq)
         table = self.seqs[seq].table
         if sliding_window is not None and NULL_BLOCK in table:
-            first_kept = (len(table) - table[::-1].index(NULL_BLOCK)) * self.block_size
+            first_kept = self.layout(seq).first_position(len(table) - table[::-1].index(NULL_BLOCK))
             limit = min(limit, self.length(seq) - sliding_window - first_kept)
         return limit
 
@@ -334,15 +344,15 @@ class ExpectedState:
         loading or loaded sequence's table covers its cache hit alone)."""
         model = self.seqs.get(seq)
         covered = model.covered_tokens if model is not None else None
-        return -(-(self.length(seq) if covered is None else covered) // self.block_size)
+        return self.layout(seq).blocks_for(self.length(seq) if covered is None else covered)
 
     def scheduled_writes(self, seq: SeqId) -> list[tuple[int, int]]:
         """(position, slot) of every token of ``seq`` the next step writes."""
-        model, size = self.seqs[seq], self.block_size
+        model, layout = self.seqs[seq], self.layout(seq)
         return [
-            (position, model.table[position // size] * size + position % size)
+            (position, layout.slot_of(model.table, position))
             for position in range(model.written, self.length(seq))
-            if model.table[position // size] != NULL_BLOCK
+            if model.table[layout.index(position)] != NULL_BLOCK
         ]
 
     def scheduled_writer(self, slot: int) -> Optional[tuple[SeqId, int]]:

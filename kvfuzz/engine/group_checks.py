@@ -1,5 +1,6 @@
 """The checks that only several KV-cache groups need (``Capabilities.kv_groups``): every group's table read back
-well formed, a physical block in one group's tables at a time, and the hybrid prefix-hit rule's window.
+well formed, a physical block in one group's tables at a time, and the hybrid prefix-hit rule (its window, and a hit
+that ends on a block boundary of every group).
 
 Everything else a group table must keep (content, attention over its window, refcounts, the free set, exclusive
 writes, cache soundness) is checked by :class:`~kvfuzz.engine.checks.Checks` on the group table itself, which the
@@ -9,6 +10,7 @@ expected state keeps as a sequence of its own (``group_seq``).
 from __future__ import annotations
 
 import collections.abc
+import math
 from typing import Iterable, cast
 
 from kvfuzz.allocator.protocol import GroupedTables
@@ -72,9 +74,9 @@ class GroupChecks:
         window = h.window(seq)
         if window is None or not num_cached:
             return
-        size, table = h.block_size, h.seqs[seq].table
+        layout, table = h.layout(seq), h.seqs[seq].table
         first = max(0, num_cached - window + 1)
-        for index in range(first // size, -(-num_cached // size)):
+        for index in range(layout.index(first), layout.blocks_for(num_cached)):
             if table[index] == NULL_BLOCK:
                 self.checks.fail(
                     Invariant.CACHE_SOUNDNESS,
@@ -86,3 +88,29 @@ class GroupChecks:
                         f"found:    table {list(table)}",
                     ],
                 )
+
+    def hit_aligned(self, seq: SeqId, num_cached: int) -> None:
+        """Invariant 9, the hybrid rule: a hit of n tokens ends on a block boundary of every group (n a multiple of
+        each group's block size, so of their lcm: vLLM's ``scheduler_block_size``), unless it is the whole prompt of
+        an engine that recomputes its last token. A hit ending inside a group's block leaves the rest of that block,
+        which the hit took from the cache, to the next step's writes."""
+        h = self.checks.state
+        if h.caps.recomputes_last_token and num_cached == h.length(seq):
+            return
+        sizes = [layout.size for layout in h.layouts]
+        unaligned = [(group, size) for group, size in zip(h.caps.kv_groups, sizes) if num_cached % size]
+        if unaligned:
+            group, size = unaligned[0]
+            self.checks.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"cache hit of {num_cached} tokens for sequence {seq} ends inside a block of group {group.name} "
+                f"({size} tokens per block)",
+                [
+                    f"expected: a hit that is a multiple of {math.lcm(*sizes)} tokens (every group's block size: "
+                    f"{', '.join(f'{g.name} {s}' for g, s in zip(h.caps.kv_groups, sizes))}), so that each group's hit "
+                    "covers whole blocks",
+                    f"found:    {num_cached} cached tokens, ending at offset {num_cached % size} of group "
+                    f"{group.name}'s logical block {num_cached // size}: that block would hold the hit's K/V before "
+                    "the offset and the next step's writes after it",
+                ],
+            )

@@ -44,8 +44,10 @@ class PagedBatch:
 
     Row ``i`` is sequence ``seqs[i]``: its query (of its last token) is ``queries[i]`` ``[L, Hq, D]``; it reads
     positions ``starts[i] .. lengths[i] - 1`` (``starts`` > 0 only under a sliding window), position ``p`` at pool
-    row ``tables[i][p // block_size] * block_size + p % block_size``. ``keys`` and ``values`` are the engine's whole
-    pools ``[num_blocks * block_size, L, Hkv, D]``, never copies.
+    row ``tables[i][p // size_i] * block_size + p % size_i``, where ``size_i = block_sizes[i]`` is the tokens a
+    block holds in row i's KV-cache group (``block_size`` for every row when ``block_sizes`` is empty: the plain
+    layout). ``keys`` and ``values`` are the engine's whole pools ``[num_blocks * block_size, L, Hkv, D]``, never
+    copies; ``block_size`` is the rows every physical block has, and row i uses the first ``size_i`` of them.
     """
 
     seqs: tuple[SeqId, ...] = attrs.field(converter=_seq_tuple)
@@ -55,16 +57,22 @@ class PagedBatch:
     queries: torch.Tensor
     keys: torch.Tensor
     values: torch.Tensor
-    block_size: int
+    block_size: int  # rows every physical block has in the pools
+    # Per row, the tokens one block holds in its table (empty: block_size for every row).
+    block_sizes: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
 
     @property
     def num_blocks(self) -> int:
         return self.keys.shape[0] // self.block_size
 
+    def tokens_per_block(self, row: int) -> int:
+        """How many tokens one block holds in row ``row``'s table."""
+        return self.block_sizes[row] if self.block_sizes else self.block_size
+
     def slots(self, row: int) -> list[int]:
         """The pool rows that row ``row`` reads, in position order."""
-        table, size = self.tables[row], self.block_size
-        return [table[p // size] * size + p % size for p in range(self.starts[row], self.lengths[row])]
+        table, rows, size = self.tables[row], self.block_size, self.tokens_per_block(row)
+        return [table[p // size] * rows + p % size for p in range(self.starts[row], self.lengths[row])]
 
 
 class AttentionKernel(Protocol):

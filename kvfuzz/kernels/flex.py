@@ -55,8 +55,9 @@ def block_mask_for(batch: PagedBatch) -> BlockMask:
     ``offset[b, block]`` is the first logical position of physical ``block`` in row ``b``'s table, minus the row's
     window start (:data:`_ABSENT` where the table does not name the block); slot ``kv`` is read iff its position
     relative to the start, ``offset[b, kv // size] + kv % size``, lies in ``[0, length - start)``: causal for the
-    last token and inside the sliding window. Two lookups per slot: eager flex evaluates the mask_mod under four
-    nested vmaps, whose cost grows with every op.
+    last token and inside the sliding window (and, where row b's KV-cache group holds fewer tokens per block than
+    the pools have rows, ``kv % size`` is below that count). Two lookups per slot: eager flex evaluates the mask_mod
+    under four nested vmaps, whose cost grows with every op.
     """
     device, size, num_blocks = batch.keys.device, batch.block_size, batch.num_blocks
     rows = len(batch.seqs)
@@ -64,18 +65,30 @@ def block_mask_for(batch: PagedBatch) -> BlockMask:
     kv_indices = torch.zeros((rows, 1, 1, num_blocks), dtype=torch.int32)
     kv_num_blocks = torch.zeros((rows, 1, 1), dtype=torch.int32)
     for row, table in enumerate(batch.tables):
+        tokens = batch.tokens_per_block(row)
         for index, block in enumerate(table):
             if block != NULL_BLOCK:
-                offset[row, block] = index * size - batch.starts[row]
-        read = [block for block in table[batch.starts[row] // size :] if block != NULL_BLOCK]
+                offset[row, block] = index * tokens - batch.starts[row]
+        read = [block for block in table[batch.starts[row] // tokens :] if block != NULL_BLOCK]
         kv_indices[row, 0, 0, : len(read)] = torch.tensor(read, dtype=torch.int32)
         kv_num_blocks[row] = len(read)
     offset = offset.to(device)
     spans = torch.tensor([length - start for start, length in zip(batch.starts, batch.lengths)], device=device)
 
-    def physical_mask(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        relative = offset[b, kv_idx // size] + kv_idx % size
-        return (relative >= 0) & (relative < spans[b])
+    if batch.block_sizes and any(tokens != size for tokens in batch.block_sizes):
+        # A group whose blocks hold fewer tokens than the pools' rows uses the first ``tokens`` rows of each.
+        held = torch.tensor(batch.block_sizes, device=device)
+
+        def physical_mask(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+            within = kv_idx % size
+            relative = offset[b, kv_idx // size] + within
+            return (within < held[b]) & (relative >= 0) & (relative < spans[b])
+
+    else:
+
+        def physical_mask(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+            relative = offset[b, kv_idx // size] + kv_idx % size
+            return (relative >= 0) & (relative < spans[b])
 
     return BlockMask.from_kv_blocks(
         kv_num_blocks.to(device),

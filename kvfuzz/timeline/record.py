@@ -238,7 +238,7 @@ class _Recorder:
         table = tables.get(seq) if isinstance(seq, str) else None
         if table is None or not table.written:
             return
-        size = self.engine.block_size
+        size = self.engine.expected.layout(str(seq)).size
         for index in range(-(-table.written // size)):
             block = table.table[index] if index < len(table.table) else NULL_BLOCK
             if block == NULL_BLOCK:
@@ -253,7 +253,7 @@ class _Recorder:
     def _written_by(self, block: int, count: int) -> str:
         """Who wrote the first ``count`` slots of ``block``, and whether those steps have completed."""
         pools = self.engine.pools
-        records = [pools.record(block * self.engine.block_size + offset) for offset in range(count)]
+        records = [pools.record(block * self.engine.expected.rows + offset) for offset in range(count)]
         if not any(records):
             return "no write has put K/V here yet"
         steps = sorted({record.step for record in records if record is not None})
@@ -280,7 +280,7 @@ class _Recorder:
         table = tables.get(seq) if isinstance(seq, str) else None
         if table is None or table.status != "running":
             return
-        size = self.engine.block_size
+        size = self.engine.expected.layout(str(seq)).size
         by_block: dict[int, list[int]] = {}
         for position in range(table.written, table.length):
             index = position // size

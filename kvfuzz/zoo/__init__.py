@@ -151,6 +151,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(hybrid.HybridHitFromFullGroup, "9 hybrid hit taken from the full group alone", Invariant.CACHE_SOUNDNESS),
     Variant(hybrid.BlockInBothGroups, "11 one block in two KV-cache groups", Invariant.REFCOUNTS),
     Variant(hybrid.HitGroupsSwapped, "11 a hit's blocks given to the wrong KV-cache group", Invariant.CACHE_SOUNDNESS),
+    Variant(hybrid.WindowInPoolBlocks, "11 a group's window found at the pool's block size", Invariant.CONTENT),
+    Variant(hybrid.HitInPoolBlocks, "11 a hit ending inside a larger group's block", Invariant.CACHE_SOUNDNESS),
 )
 
 

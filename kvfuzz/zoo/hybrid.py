@@ -3,6 +3,8 @@ hybrid allocator."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvfuzz.allocator.hybrid import HybridAllocator
 from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, Namespace, SeqId, Tokens
 
@@ -12,11 +14,11 @@ class HybridHitFromFullGroup(HybridAllocator):
     group's blocks of that window were dropped or evicted, it maps fresh, unwritten blocks there and reports them
     cached."""
 
-    def _hit_blocks(self, matched: list[dict[int, int]], num_tokens: int) -> int:
+    def _hit_tokens(self, matched: list[dict[int, int]], num_tokens: int) -> int:
         hit = 0
         while hit < (num_tokens - 1) // self.block_size and hit in matched[0]:
             hit += 1
-        return hit
+        return hit * self.block_size
 
 
 class BlockInBothGroups(HybridAllocator):
@@ -45,3 +47,35 @@ class HitGroupsSwapped(HybridAllocator):
             full[index], sliding[index] = sliding[index], full[index]
             return AdmitResult(tuple(full), result.num_cached_tokens)
         return result
+
+
+class _SlidingGroupAtTwiceTheBlockSize(HybridAllocator):
+    """kvfuzz's hybrid allocator with its sliding-window group at twice the pool's block size (the base of the
+    slips below, which get the per-group block arithmetic wrong)."""
+
+    def __init__(self, block_size: int, num_blocks: int, num_host_blocks: int = 0, **options: Any) -> None:
+        super().__init__(block_size, num_blocks, num_host_blocks, sliding_block_size=2 * block_size, **options)
+
+
+class WindowInPoolBlocks(_SlidingGroupAtTwiceTheBlockSize):
+    """Finds the sliding-window group's out-of-window blocks in units of the pool's block size rather than the
+    group's own (twice as large): it drops blocks that still hold positions inside the window."""
+
+    def _first_kept_index(self, group: int, num_tokens: int) -> int:
+        window = self._window(group)
+        return 0 if window is None else max(0, num_tokens - window) // self.block_size
+
+
+class HitInPoolBlocks(_SlidingGroupAtTwiceTheBlockSize):
+    """Steps a hit by the pool's block size rather than by every group's (the lcm, vLLM's scheduler block size): a
+    hit may end inside a block of the sliding-window group, whose next writes then land in a block the hit shares
+    with the cache."""
+
+    def _hit_tokens(self, matched: list[dict[int, int]], num_tokens: int) -> int:
+        for hit in range((num_tokens - 1) // self.block_size * self.block_size, 0, -self.block_size):
+            if all(
+                all(index in found for index in range(self._first_hit_index(group, hit), hit // self._sizes[group]))
+                for group, found in enumerate(matched)
+            ):
+                return hit
+        return 0
