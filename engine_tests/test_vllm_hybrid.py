@@ -24,7 +24,11 @@ PROMPT = tuple(range(20))  # five full blocks
 
 @pytest.mark.parametrize(
     "factory",
-    [vllm_hybrid.kv_cache_manager_hybrid, vllm_hybrid.kv_cache_manager_hybrid_no_prefix_cache],
+    [
+        vllm_hybrid.kv_cache_manager_hybrid,
+        vllm_hybrid.kv_cache_manager_hybrid_no_prefix_cache,
+        vllm_hybrid.kv_cache_manager_hybrid_sliding_double,
+    ],
     ids=lambda factory: factory.__name__,
 )
 def test_machine_holds(factory) -> None:
@@ -203,3 +207,77 @@ def test_a_hit_needs_only_the_window_the_next_token_reads() -> None:
     assert sliding[0] == NULL_BLOCK and NULL_BLOCK not in sliding[1:] + full
     assert engine.allocator.refcount(sliding[1]) == 1 and engine.expected.seqs["b"].table == full
     engine.step()
+
+
+# -- groups of different block sizes ------------------------------------------------------------------------------
+
+
+def test_groups_of_different_block_sizes_are_built_as_vllm_resolves_them() -> None:
+    """Full attention in blocks of 4, the sliding window in blocks of 8: vLLM hashes in the smaller (its
+    hash_block_size, gcd of the two), schedules in the larger (scheduler_block_size, their lcm); the adapter
+    declares the sliding group's block size."""
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+
+    allocator = vllm_hybrid.kv_cache_manager_hybrid_sliding_double(SPEC)
+    coordinator = allocator._manager.coordinator
+    assert type(coordinator) is HybridKVCacheCoordinator
+    assert (coordinator.hash_block_size, coordinator.scheduler_block_size) == (4, 8)
+    assert [manager.block_size for manager in coordinator.single_type_managers] == [4, 8]
+    full, sliding = allocator.capabilities.kv_groups
+    assert (full.block_size, sliding.block_size, sliding.sliding_window) == (None, 8, 16)
+
+
+def test_each_group_table_holds_its_own_block_count() -> None:
+    """20 tokens fill five 4-token blocks in the full-attention group and three 8-token blocks in the sliding one
+    (the last half full), all distinct blocks of the one pool."""
+    allocator = vllm_hybrid.kv_cache_manager_hybrid_sliding_double(SPEC)
+    result = allocator.admit("a", (), PROMPT)
+    full, sliding = allocator.group_block_tables("a")
+    assert result.block_table == full and len(full) == 5 and len(sliding) == 3
+    assert len(set(_in_tables((full, sliding)))) == 8 == SPEC.num_blocks - len(allocator.free_blocks())
+    slots = allocator.grow("a", (99, 98)).slots  # grow's slots are group 0's, at its block size of 4
+    full_after, sliding_after = allocator.group_block_tables("a")
+    assert [(slot.block, slot.offset) for slot in slots] == [(full_after[5], 0), (full_after[5], 1)]
+    assert len(sliding_after) == 3  # 22 tokens still fit three 8-token blocks
+
+
+def test_a_hit_is_a_multiple_of_the_scheduler_block_size() -> None:
+    """After a 16-token prompt, a 13-token prompt could hit 12 tokens in the full-attention group alone; vLLM
+    aligns the hit to scheduler_block_size (8), so the sliding group's hit covers whole 8-token blocks. kvfuzz's
+    machine checks the admission (the hit of 8 is sound and aligned)."""
+    from kvfuzz.engine import Engine
+
+    config = MachineConfig(block_size=4, num_blocks=32)
+    engine = Engine(vllm_hybrid.kv_cache_manager_hybrid_sliding_double(config.pool_spec()), config)
+    engine.admit("a", (), PROMPT[:16])
+    engine.step()
+    engine.free("a")
+    engine.admit("b", (), PROMPT[:12] + (99,))
+    assert engine.expected.seqs["b"].written == 8
+    engine.admit("c", (), PROMPT[:16] + (99,))
+    assert engine.expected.seqs["c"].written == 16
+    engine.step()
+    engine.quiesce()
+
+
+class _GroupBlockSizeUndeclared(vllm_hybrid.VllmHybridAllocator):
+    """A wrong shim: it builds the sliding group in 8-token blocks but declares it at the pool's block size."""
+
+    def __init__(self, spec: PoolSpec) -> None:
+        from kvfuzz.adapters.vllm_v1 import VllmOptions
+
+        super().__init__(spec, VllmOptions(sliding_window=16), sliding_block_factor=2)
+        full, sliding = self.capabilities.kv_groups
+        self.capabilities = attrs.evolve(self.capabilities, kv_groups=(full, attrs.evolve(sliding, block_size=None)))
+
+
+def test_a_shim_that_leaves_the_group_block_size_undeclared_is_caught() -> None:
+    """kvfuzz then expects five sliding-window blocks for 20 tokens and finds vLLM's three."""
+    from kvfuzz.engine import Engine, Invariant, InvariantViolation
+
+    config = MachineConfig(block_size=4, num_blocks=16)
+    engine = Engine(_GroupBlockSizeUndeclared(config.pool_spec()), config)
+    with pytest.raises(InvariantViolation) as caught:
+        engine.admit("a", (), PROMPT)
+    assert caught.value.invariant is Invariant.REFCOUNTS
+    assert "holds 3 block(s) for 20 tokens" in caught.value.summary

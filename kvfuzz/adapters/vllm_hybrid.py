@@ -52,10 +52,15 @@ SLIDING_WINDOW = "sliding window"
 class VllmHybridAllocator(VllmV1Allocator):
     """One vLLM ``KVCacheManager`` over a full-attention group and a sliding-window group (see the module docstring).
 
-    ``options.sliding_window`` is the window of group 1 (required); group 0 is full attention.
+    ``options.sliding_window`` is the window of group 1 (required); group 0 is full attention. ``sliding_block_factor``
+    makes group 1's blocks hold that many times the pool's ``block_size`` tokens (group 0's blocks hold
+    ``block_size``, vLLM's ``hash_block_size``; the ``scheduler_block_size`` is their lcm, the larger).
     """
 
-    def __init__(self, spec: PoolSpec, options: VllmOptions) -> None:
+    def __init__(self, spec: PoolSpec, options: VllmOptions, sliding_block_factor: int = 1) -> None:
+        if sliding_block_factor < 1:
+            raise ValueError(f"VllmHybridAllocator: sliding_block_factor must be >= 1, got {sliding_block_factor}")
+        self._sliding_block_size = sliding_block_factor * spec.block_size  # tokens per block of group 1
         if options.sliding_window is None:
             raise ValueError("VllmHybridAllocator: the sliding-window group needs options.sliding_window")
         if options.speculative_tokens or options.kv_connector or options.inflight_window:
@@ -66,15 +71,28 @@ class VllmHybridAllocator(VllmV1Allocator):
         self.capabilities = attrs.evolve(
             self.capabilities,
             sliding_window=None,
-            kv_groups=(KVGroup(FULL_ATTENTION), KVGroup(SLIDING_WINDOW, sliding_window=options.sliding_window)),
+            kv_groups=(
+                KVGroup(FULL_ATTENTION),
+                KVGroup(
+                    SLIDING_WINDOW,
+                    sliding_window=options.sliding_window,
+                    block_size=None if sliding_block_factor == 1 else self._sliding_block_size,
+                ),
+            ),
         )
 
+    def _scheduler_block_size(self) -> int:
+        """The lcm of the groups' block sizes (vLLM's ``resolve_kv_cache_block_sizes``): group 1's, a multiple of
+        group 0's."""
+        return self._sliding_block_size
+
     def _kv_cache_groups(self, options: VllmOptions) -> list[Any]:
-        """Two groups of the same block size, so vLLM builds its ``HybridKVCacheCoordinator`` (with prefix caching)."""
+        """Two groups, so vLLM builds its ``HybridKVCacheCoordinator`` (with prefix caching): full attention in blocks
+        of the pool's block size, the sliding window in blocks of ``sliding_block_factor`` times that."""
         group = self._vllm.KVCacheGroupSpec
         return [
             group(["kvfuzz.full_attn"], self._kv_spec(None)),
-            group(["kvfuzz.sliding_attn"], self._kv_spec(options.sliding_window)),
+            group(["kvfuzz.sliding_attn"], self._kv_spec(options.sliding_window, self._sliding_block_size)),
         ]
 
     def group_block_tables(self, seq: SeqId) -> tuple[tuple[int, ...], ...]:
@@ -82,9 +100,11 @@ class VllmHybridAllocator(VllmV1Allocator):
         return self._group_tables(seq, "group_block_tables")
 
 
-def _factory(name: str, doc: str, **options: Any) -> Callable[[PoolSpec], VllmHybridAllocator]:
+def _factory(
+    name: str, doc: str, sliding_block_factor: int = 1, **options: Any
+) -> Callable[[PoolSpec], VllmHybridAllocator]:
     def factory(spec: PoolSpec) -> VllmHybridAllocator:
-        return VllmHybridAllocator(spec, VllmOptions(**options))
+        return VllmHybridAllocator(spec, VllmOptions(**options), sliding_block_factor)
 
     factory.__name__ = factory.__qualname__ = name
     factory.__doc__ = doc
@@ -101,4 +121,12 @@ kv_cache_manager_hybrid_no_prefix_cache = _factory(
     "Full attention and an 8-token sliding window in two KV-cache groups, no prefix caching, W = 0.",
     sliding_window=8,
     prefix_caching=False,
+)
+kv_cache_manager_hybrid_sliding_double = _factory(
+    "kv_cache_manager_hybrid_sliding_double",
+    "Full attention in blocks of the pool's block size and a 16-token sliding window in blocks of twice that, two "
+    "KV-cache groups of different block sizes (hash_block_size the smaller, scheduler_block_size the larger), "
+    "prefix caching, W = 0.",
+    sliding_block_factor=2,
+    sliding_window=16,
 )

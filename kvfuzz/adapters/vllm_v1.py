@@ -268,7 +268,7 @@ class VllmV1Allocator:
                 kv_cache_groups=self._kv_cache_groups(options),
             ),
             max_model_len=MAX_MODEL_LEN,
-            scheduler_block_size=spec.block_size,
+            scheduler_block_size=self._scheduler_block_size(),
             hash_block_size=spec.block_size,
             enable_caching=options.prefix_caching,
         )
@@ -299,10 +299,16 @@ class VllmV1Allocator:
         ``KVCacheCoordinatorNoPrefixCache``)."""
         return [self._vllm.KVCacheGroupSpec(["kvfuzz.attn"], self._kv_spec(options.sliding_window))]
 
-    def _kv_spec(self, sliding_window: Optional[int]) -> Any:
-        """A full-attention spec, or a sliding-window one of ``sliding_window`` tokens, of one KV head of size 1."""
+    def _scheduler_block_size(self) -> int:
+        """vLLM's ``scheduler_block_size``, the unit its hits are aligned to: the block size of the one group here."""
+        return self.block_size
+
+    def _kv_spec(self, sliding_window: Optional[int], block_size: Optional[int] = None) -> Any:
+        """A full-attention spec, or a sliding-window one of ``sliding_window`` tokens, of one KV head of size 1, with
+        blocks of ``block_size`` tokens (the pool's when None)."""
         vllm = self._vllm
-        shape = dict(block_size=self.block_size, num_kv_heads=1, head_size=1, dtype=vllm.torch.float32)
+        size = self.block_size if block_size is None else block_size
+        shape = dict(block_size=size, num_kv_heads=1, head_size=1, dtype=vllm.torch.float32)
         if sliding_window is None:
             return vllm.FullAttentionSpec(**shape)
         return vllm.SlidingWindowSpec(**shape, sliding_window=sliding_window)
