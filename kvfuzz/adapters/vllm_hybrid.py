@@ -5,8 +5,11 @@ A model that mixes full-attention layers with sliding-window layers gets one KV-
 ``KVCacheCoordinatorNoPrefixCache``): one ``SingleTypeKVCacheManager`` per group, all allocating from one shared
 ``BlockPool``, each keeping its own table per request. The adapter is the scheduler shim of
 :mod:`kvfuzz.adapters.vllm_v1` unchanged (admission, growth, frees, preemption, eviction), over a
-``KVCacheConfig`` of two groups of the same block size: group 0 full attention, group 1 a sliding window of
-``sliding_window`` tokens. What the two groups add:
+``KVCacheConfig`` of two groups: group 0 full attention, group 1 a sliding window of ``sliding_window`` tokens, in
+blocks of the same size, or (``kv_cache_manager_hybrid_sliding_double``) group 1 in blocks of twice group 0's, as a
+model whose sliding-window layers store half the bytes per token gets them. The pool's ``block_size`` is then vLLM's
+``hash_block_size`` (the gcd of the two) and group 0's, and the manager's ``scheduler_block_size`` is their lcm,
+group 1's, to which vLLM aligns every hit. What the two groups add:
 
 * two tables per sequence, declared as ``kv_groups`` (full attention, then the sliding window) and read back with
   ``group_block_tables``; ``block_table`` and the slots of ``admit`` and ``grow`` are group 0's, as the contract
