@@ -1340,7 +1340,7 @@ class Checks:
         must report cached: a block owed matchable holds its prefix (a block that went to the free set without an
         eviction is still owed). A hit never covers the whole prompt (the engine needs a query token), so its last
         token's block is never owed."""
-        size = self.state.block_size
+        size = self.state.layouts[0].size  # a sequence's own table (group 0's)
         matchable = self.state.matchable
         owed: list[tuple[int, str]] = []
         for index in range((len(tags) - 1) // size):
@@ -1352,7 +1352,7 @@ class Checks:
 
     def missed_hit(self, seq: str, num_cached: int, owed: Sequence[tuple[int, str]]) -> None:
         """Invariant 14: an admission reports at least the cached tokens the cache owes it."""
-        size = self.state.block_size
+        size = self.state.layout(seq).size
         if num_cached >= len(owed) * size:
             return
         index = num_cached // size

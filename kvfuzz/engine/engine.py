@@ -270,7 +270,7 @@ class Engine:
         allocator returned (then its table differs from the parent's exactly at their destinations)."""
         state = self.expected
         self._begin("fork", parent, child)
-        needed = int(self.caps.fork_copies and state.length(parent) % self.block_size != 0)
+        needed = int(self.caps.fork_copies and state.length(parent) % state.layout(parent).size != 0)
         needed += self.caps.lookahead_blocks  # the child may get look-ahead blocks of its own
         before = self.checks.cache_snapshot()
         # Checked as a tuple of BlockCopy by the result check before it is used as one.
@@ -453,7 +453,7 @@ class Engine:
         new_len = old_len - num_tokens
         state.reference.truncate(seq, new_len)
         model.written = min(model.written, new_len)
-        state.matchable.cancel(seq, new_len // self.block_size)
+        state.matchable.cancel(seq, new_len // state.layout(seq).size)
         model.drafts = max(0, model.drafts - num_tokens)
         table = self._table(seq)
         self.checks.rollback_table(seq, model.table, table)
@@ -902,14 +902,13 @@ class Engine:
                     pairs.remove(pair)
                     break
             self._land_store(pair, f"flushed before step {step}")
-        size = self.block_size
         positions: list[tuple[SeqId, int]] = []
         for seq, host_block, block in self.host_loads:
             self.pools.note(block, f"loaded from host block {host_block} for {seq}")
             self.pools.swap_from_host(host_block, block, f"loaded from host block {host_block} for {seq}")
             model = self.expected.seqs.get(seq)
             if model is not None and model.status is Status.RUNNING and block in model.table:
-                index = model.table.index(block)
+                index, size = model.table.index(block), self.expected.layout(seq).size
                 positions += [(seq, p) for p in range(index * size, min((index + 1) * size, model.written))]
         self.host_loads.clear()
         for load in self.expected.async_loads.values():
@@ -982,7 +981,7 @@ class Engine:
         its writes were scheduled for has surely completed (step c + W + 1, c the last completed now). A block that
         holds drafts of the latest grow is not: a rollback may still reject them, and an allocator caches only
         verified tokens (vLLM's ``allocate_slots`` caches up to ``request.num_tokens``, never a draft)."""
-        model, size = self.expected.seqs[seq], self.block_size
+        model, size = self.expected.seqs[seq], self.expected.layout(seq).size
         due = self.pools.last_completed + self.caps.inflight_window + 1
         tags = self.expected.reference.tags(seq)
         for index in range(model.written // size, (len(tags) - model.drafts) // size):
@@ -1001,7 +1000,7 @@ class Engine:
                 and model.status is Status.RUNNING
                 and filled.index < len(model.table)
                 and model.table[filled.index] == filled.block
-                and model.written >= (filled.index + 1) * self.block_size
+                and model.written >= state.layout(filled.seq).first_position(filled.index + 1)
             ):
                 state.matchable.owe(filled)
 
@@ -1033,11 +1032,10 @@ class Engine:
         """An allocator that declares ``remaps_on_step`` may swap a running sequence's block for one holding the same
         K/V when a step completes (de-duplication): every new table is adopted, then every written position that
         moved is checked bit for bit, with refcounts and the free set."""
-        size = self.block_size
         touched: set[int] = set()
         positions: list[tuple[SeqId, int]] = []
         for seq in self.expected.ids(Status.RUNNING):
-            model = self.expected.seqs[seq]
+            model, size = self.expected.seqs[seq], self.expected.layout(seq).size
             table = self._table(seq)
             if table == model.table:
                 continue
