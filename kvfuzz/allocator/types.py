@@ -70,6 +70,7 @@ GROUPED_UNSUPPORTED = (
     "attention_kernel",
     "complete_caching",
     "eviction_order",
+    "dedupes_copied_tail",
 )
 """Capabilities kvfuzz does not check together with several KV-cache groups yet: an allocator declaring groups must
 leave these at their defaults (vLLM v1 has no swap; the others are refused until kvfuzz checks them per group)."""
@@ -101,6 +102,11 @@ def _needs_a_window(instance: "Capabilities", _attribute: attrs.Attribute, drops
 def _needs_host_cache(instance: "Capabilities", _attribute: attrs.Attribute, async_loads: bool) -> None:
     if async_loads and not instance.host_cache:
         raise ValueError("async_loads needs host_cache: the loads it makes wait are host-tier loads")
+
+
+def _needs_swap(instance: "Capabilities", _attribute: attrs.Attribute, shares: bool) -> None:
+    if shares and not instance.swap:
+        raise ValueError("shares_host_blocks needs swap: the host blocks it shares are swap-out destinations")
 
 
 def _group_tuple(groups: Iterable[KVGroup]) -> Tuple[KVGroup, ...]:
@@ -203,6 +209,19 @@ class Capabilities:
     whose loaded blocks stay in flight until then. A landed sequence waits to be scheduled: ``resume(seq)``
     allocates the rest of its prompt and returns the whole table with the same cached tokens (refused with
     ``OutOfBlocks``, changing nothing, when there is no room); the engine writes the rest at the next step.
+    ``shares_host_blocks`` (with ``swap``) says ``swap_out`` may map a device block to a host block that another
+    swapped-out sequence already holds, when that host block holds exactly the K/V the block swapped out holds: the
+    same namespace and tokens up to the end of that full logical block, at the same logical index (vLLM v0's host
+    allocator deduplicates full blocks by content). The engine still copies the block over it (identical K/V);
+    a shared host block stays out of the host free set until its last holder is swapped in or freed. Without it
+    every swap-out takes host blocks no other swapped-out sequence holds.
+    ``dedupes_copied_tail`` says a ``grow`` that orders a copy-on-write copy of the sequence's partial tail block may,
+    once that logical block is full, map instead a block that already holds the same K/V for it (vLLM v0 looks the
+    full block's content up and drops its fresh copy): the copy's destination is then in no table, unreferenced
+    and not cached (free, or pending under W > 0), and the copy into it is wasted work, not a write into anyone's
+    block. The block the table maps must hold the sequence's written positions of that logical block (checked bit
+    for bit) and receives its remaining writes under the exclusive-write rules. Without it every copy's
+    destination is in the growing sequence's table, referenced by it alone.
     ``kv_groups`` (two or more :class:`KVGroup`) says each sequence has one block table per group (vLLM's KV-cache
     groups: a model mixing full-attention and sliding-window layers), every group drawing block ids from the one
     pool of ``num_blocks`` blocks (vLLM unifies the groups' page sizes). A block holds ``KVGroup.block_size`` tokens
@@ -256,6 +275,8 @@ class Capabilities:
     eviction_order: Optional[EvictionOrder] = None
     host_cache: bool = False
     async_loads: bool = attrs.field(default=False, validator=_needs_host_cache)
+    shares_host_blocks: bool = attrs.field(default=False, validator=_needs_swap)
+    dedupes_copied_tail: bool = False
     kv_groups: Tuple[KVGroup, ...] = attrs.field(default=(), converter=_group_tuple, validator=_kv_groups)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections.abc
 import functools
 import itertools
-from typing import Collection, Iterable, NoReturn, Optional, Sequence, cast
+from typing import Collection, Iterable, Mapping, NoReturn, Optional, Sequence, cast
 
 import attrs
 import torch
@@ -380,9 +380,14 @@ class Checks:
             self.fail(Invariant.CONTENT, f"grow of {count} tokens returned {len(slots)} slots")
 
     def swap_out_mapping(
-        self, seq: str, mapping: Sequence[tuple[int, int]], table: tuple[int, ...], host_in_use: set[int]
+        self,
+        seq: str,
+        mapping: Sequence[tuple[int, int]],
+        table: tuple[int, ...],
+        host_holders: Mapping[int, Sequence[tuple[str, int]]],
     ) -> None:
-        """Invariant 1: swap-out copies every block of the table once, to host blocks nobody else holds."""
+        """Invariant 1: swap-out copies every block of the table once, to distinct host blocks that no other
+        swapped-out sequence holds (``host_holders``), or under ``shares_host_blocks`` one that holds the same K/V."""
         host_of = dict(mapping)
         live = [block for block in table if block != NULL_BLOCK]
         if sorted(host_of) != sorted(live) or len(mapping) != len(live):
@@ -391,13 +396,54 @@ class Checks:
                 f"swap-out of {seq} maps device blocks {sorted(host_of)}",
                 [f"expected: the blocks of its table {list(table)}, each once"],
             )
-        clash = sorted(set(host_of.values()) & host_in_use)
-        if clash or len(set(host_of.values())) != len(host_of):
+        clash = sorted(set(host_of.values()) & host_holders.keys())
+        if len(set(host_of.values())) != len(host_of) or (clash and not self.state.caps.shares_host_blocks):
             self.fail(
                 Invariant.CONTENT,
                 f"swap-out of {seq} reuses host block(s) {clash or host_of}",
                 ["expected: distinct host blocks no other swapped-out sequence holds"],
             )
+        index_of = {block: index for index, block in enumerate(table) if block != NULL_BLOCK}
+        for block, host_block in mapping:
+            for holder, holder_index in host_holders.get(host_block, ()):
+                self._same_host_content(seq, index_of[block], block, host_block, holder, holder_index)
+
+    def _same_host_content(
+        self, seq: str, index: int, block: int, host_block: int, holder: str, holder_index: int
+    ) -> None:
+        """Under ``shares_host_blocks``: ``seq``'s logical block ``index``, swapped out to ``host_block``, which
+        ``holder`` holds as its logical block ``holder_index``, is full in both with the same K/V at the same index
+        (same namespace and tokens up to its end: the same tags)."""
+        h = self.state
+        size = h.block_size
+        lo, hi = index * size, (index + 1) * size
+        mine, theirs = h.reference.tags(seq), h.reference.tags(holder)
+        if index == holder_index and hi <= min(len(mine), len(theirs)) and mine[lo:hi] == theirs[lo:hi]:
+            return
+        if index != holder_index:
+            found = f"found:    {holder} holds it as its logical block {holder_index}, not {index}"
+        elif hi > min(len(mine), len(theirs)):
+            short = seq if len(mine) < hi else holder
+            found = (
+                f"found:    {short}'s logical block {index} is not full ({len(h.reference.tags(short)) - lo} tokens)"
+            )
+        else:
+            position = next(p for p in range(lo, hi) if mine[p] != theirs[p])
+            found = (
+                f"found:    position {position} differs: {seq} holds {self.prefix(seq, position)}, "
+                f"{holder} holds {self.prefix(holder, position)}"
+            )
+        self.fail(
+            Invariant.CONTENT,
+            f"swap-out of {seq} maps its logical block {index} (block {block}) to host block {host_block}, which "
+            f"swapped-out {holder} holds with other K/V",
+            [
+                "expected: a host block another swapped-out sequence holds only with the same K/V (shares_host_blocks):"
+                " the same full logical block, namespace and tokens up to its end",
+                found,
+                *self.pools.block_story(block),
+            ],
+        )
 
     def swap_in_mapping(self, seq: str, mapping: Sequence[tuple[int, int]], host_table: tuple[int, ...]) -> None:
         """Invariant 1: swap-in copies back exactly the host blocks the sequence was swapped out to."""
@@ -669,7 +715,8 @@ class Checks:
 
     def host_accounting(self, touched: Iterable[int], released_by: str = "") -> None:
         """Invariant 4 on the host pool: each touched host block is in the host free set exactly when no swapped-out
-        sequence holds it, and the free host blocks with the held ones account for every host block once."""
+        sequence holds it (a host block shared under ``shares_host_blocks`` until its last holder goes), and the free
+        host blocks with the held ones account for every host block once."""
         host = self.host_introspection
         if host is None:
             return
@@ -677,15 +724,19 @@ class Checks:
         held = h.host_holders()
         free = host.host_free_blocks()
         for block in touched:
-            holder = held.get(block)
-            if holder is not None and block in free:
+            holders = held.get(block)
+            if holders and block in free:
+                named = " and ".join(f"{seq}'s logical block {index}" for seq, index in holders)
                 self.fail(
                     Invariant.FREE_SET,
-                    f"host block {block} holds swapped-out {holder[0]}'s logical block {holder[1]}, yet is listed "
-                    "in the host free set",
-                    ["expected: out of the host free set until its sequence is swapped in or freed"],
+                    f"host block {block} holds swapped-out {named}, yet is listed in the host free set",
+                    [
+                        "expected: out of the host free set until its "
+                        + ("last holder is" if len(holders) > 1 else "sequence is")
+                        + " swapped in or freed"
+                    ],
                 )
-            if holder is None and block not in free:
+            if not holders and block not in free:
                 self.fail(
                     Invariant.FREE_SET,
                     f"host block {block} is held by no swapped-out sequence, yet is not in the host free set"
@@ -886,6 +937,74 @@ class Checks:
                     *self.pools.block_story(block),
                 ],
             )
+
+    def copy_deduplicated(self, seq: str, copy: BlockCopy, old_table: tuple[int, ...], old_len: int) -> int:
+        """Invariant 5 for a grow's copy whose destination ``seq``'s table does not map after the grow: allowed only
+        under ``dedupes_copied_tail``, as a copy of the partial tail block (logical block ``old_len // block_size``)
+        that the grow filled, into a block no table references and the allocator does not list as cached (the
+        table maps another block for it, whose content the caller checks). Returns that logical index."""
+        h = self.state
+        size = h.block_size
+        index = old_len // size
+        holders = h.refs.holders.get(copy.dst, set())
+        cached = self.introspection is not None and copy.dst in self.introspection.cached_blocks()
+        if not (old_len % size and index < len(old_table) and old_table[index] == copy.src):
+            found = (
+                f"block {copy.src} is not {seq}'s partial tail before the grow (table {list(old_table)}, "
+                f"{old_len} tokens)"
+            )
+        elif h.length(seq) < (index + 1) * size:
+            found = f"the grow leaves {seq}'s logical block {index} partial ({h.length(seq)} tokens)"
+        elif holders:
+            found = f"block {copy.dst} is referenced by {h.entries(holders)}"
+        elif cached:
+            found = f"block {copy.dst} is listed as cached: the copy overwrites cached K/V"
+        else:
+            return index
+        self.fail(
+            Invariant.EXCLUSIVE_WRITES,
+            f"copy-on-write copy from block {copy.src} into block {copy.dst}, which {seq}'s table does not map after "
+            "the grow",
+            [
+                f"expected: block {copy.dst} referenced by {seq} alone, or (dedupes_copied_tail) a copy of the partial "
+                "tail the grow filled, into a block left unreferenced and uncached",
+                f"found:    {found}; table after the grow {list(h.seqs[seq].table)}",
+                *self.pools.block_story(copy.dst),
+            ],
+        )
+
+    def deduplicated_tail(self, seq: str, index: int, dst: int) -> None:
+        """Invariant 1 under ``dedupes_copied_tail``: the block ``seq``'s table maps at logical block ``index`` in
+        place of the copy into ``dst`` holds every written position of it (bit for bit), or, under
+        ``hits_scheduled_writes``, the next step writes it there before anything reads it."""
+        h = self.state
+        size = h.block_size
+        block = h.seqs[seq].table[index]
+        tags = h.reference.tags(seq)
+        present: list[tuple[str, int]] = []
+        scheduled: Optional[dict[int, int]] = None  # the next step's writes, gathered once if needed
+        for position in range(index * size, min((index + 1) * size, h.seqs[seq].written)):
+            slot = block * size + position % size
+            record = self.pools.record(slot)
+            if record is not None and record.tag == tags[position]:
+                present.append((seq, position))
+                continue
+            if h.caps.hits_scheduled_writes:
+                scheduled = h.scheduled_tags() if scheduled is None else scheduled
+                if scheduled.get(slot) == tags[position]:
+                    continue
+            self.fail(
+                Invariant.CONTENT,
+                f"grow of {seq} maps its logical block {index} to block {block} in place of its copy into block "
+                f"{dst}, but {self.where(seq, position)} holds another prefix's K/V",
+                [
+                    f"expected: K/V of {self.prefix(seq, position)} (dedupes_copied_tail: a block holding the same "
+                    "K/V)",
+                    f"found:    {self.found(record)}",
+                    *self.pools.block_story(block),
+                ],
+            )
+        self.content((), present)
 
     def _same_content(self, block: int, seq: str, holders: set) -> bool:
         """Every holder maps ``block`` at ``seq``'s logical index and expects the same tags in all of it (they matched

@@ -248,14 +248,21 @@ class Engine:
             self.expected.reference.extend(table_id, tokens)
         speculative = self.caps.speculative_tokens
         model.drafts = 0 if speculative is None else min(len(tokens) - 1, speculative)
+        old_table = model.table
         table = self._table(seq)
         self.checks.grow_slots(seq, result.slots, table, old_len, len(tokens))
         released = f"released by {seq}'s copy-on-write (grow)"
         change = self._set_table(seq, table, "grown into", released)
-        self._settle(_merged(change, self._set_group_tables(seq, table, "grown into", released)))
+        change = _merged(change, self._set_group_tables(seq, table, "grown into", released))
+        deduplicated = self._deduplicated_copies(seq, result.copies, old_table, old_len)
+        self._settle(change)
+        if deduplicated:
+            self.checks.accounting(copy.dst for copy in deduplicated)
         self.checks.evictions(before, (), reuse=True)
         table_ids = (seq, *self.expected.group_tables(seq))
         for copy in result.copies:
+            if copy in deduplicated:
+                continue  # wasted work into a block nobody holds: not a write into anyone's block
             holders = {holder for holder, _ in self.expected.refs.holders.get(copy.dst, ())}
             writer = next((table_id for table_id in table_ids if table_id in holders), seq)  # the group it went to
             self.checks.exclusive(copy.dst, writer, f"copy-on-write copy from block {copy.src}")
@@ -264,6 +271,29 @@ class Engine:
             self._schedule_writes(table_id, old_len, "grow")
         self.checks.outside_inflight_window({copy.dst for copy in result.copies}, seq)
         return True
+
+    def _deduplicated_copies(
+        self, seq: SeqId, copies: Sequence[BlockCopy], old_table: tuple[int, ...], old_len: int
+    ) -> list[BlockCopy]:
+        """Under ``dedupes_copied_tail``: the copies whose destination ``seq``'s table does not map after its grow,
+        each checked (a copy of the partial tail the grow filled, into a block left unreferenced and uncached, while
+        the table maps a block holding the same K/V) and released as wasted work."""
+        if not self.caps.dedupes_copied_tail:
+            return []
+        table = self.expected.seqs[seq].table
+        deduplicated = []
+        for copy in copies:
+            if copy.dst in table:
+                continue
+            index = self.checks.copy_deduplicated(seq, copy, old_table, old_len)
+            self.checks.deduplicated_tail(seq, index, copy.dst)
+            self.pools.note(
+                copy.dst, f"copy-on-write destination dropped by {seq}'s grow, its table mapping block {table[index]}"
+            )
+            self.pools.release(copy.dst, seq)
+            deduplicated.append(copy)
+            self.stats["copy-on-write copies deduplicated"] += 1
+        return deduplicated
 
     def fork(self, parent: SeqId, child: SeqId) -> bool:
         """Parallel sampling or beam search: ``child`` shares all of ``parent``'s blocks, or gets the copies the
@@ -401,8 +431,11 @@ class Engine:
         result = self._attempt(lambda: self.allocator.swap_out(seq), SwapResult, len(live), host=True)
         if result is None:
             return False
-        in_use = {block for other in state.seqs.values() for block in mapped(other.host_table)}
-        self.checks.swap_out_mapping(seq, result.mapping, model.table, in_use)
+        held = state.host_holders()
+        self.checks.swap_out_mapping(seq, result.mapping, model.table, held)
+        shared = sum(host_block in held for _, host_block in result.mapping)
+        if shared:
+            self.stats["host blocks shared at swap-out"] += shared
         for block, host_block in result.mapping:
             self.pools.swap_to_host(block, host_block)
         host_of = dict(result.mapping)

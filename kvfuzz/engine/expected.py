@@ -306,16 +306,19 @@ class ExpectedState:
         return [seq for seq, load in self.async_loads.items() if load.landable]
 
     def host_blocks_in_use(self) -> int:
-        return sum(len(mapped(model.host_table)) for model in self.seqs.values())
+        """Distinct host blocks some swapped-out sequence holds (one block may have several holders under
+        ``shares_host_blocks``)."""
+        return len(self.host_holders())
 
-    def host_holders(self) -> dict[int, tuple[SeqId, int]]:
-        """Host block -> the (swapped-out sequence, logical index) holding it."""
-        return {
-            block: (seq, index)
-            for seq, model in self.seqs.items()
-            for index, block in enumerate(model.host_table)
-            if block != NULL_BLOCK
-        }
+    def host_holders(self) -> dict[int, list[tuple[SeqId, int]]]:
+        """Host block -> every (swapped-out sequence, logical index) holding it: one, or several under
+        ``shares_host_blocks``."""
+        holders: dict[int, list[tuple[SeqId, int]]] = {}
+        for seq, model in self.seqs.items():
+            for index, block in enumerate(model.host_table):
+                if block != NULL_BLOCK:
+                    holders.setdefault(block, []).append((seq, index))
+        return holders
 
     def sliding_window_start(self, seq: SeqId) -> int:
         """The first position attention reads: 0, or ``len - w`` under a sliding window of w (``len + 1 - w``, the
