@@ -6,6 +6,7 @@ import fails loudly rather than skipping.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -18,7 +19,7 @@ from kvfuzz.adapters.vllm_v0 import (
 )
 from kvfuzz.allocator import BlockCopy, OutOfBlocks, PoolSpec
 from kvfuzz.engine import Engine
-from kvfuzz.engine.violations import InvariantViolation
+from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.profiles import PROFILES
 from kvfuzz.statemachines import MachineConfig, machine_for
 
@@ -88,6 +89,76 @@ def test_the_host_free_set_follows_swaps_and_the_engine_checks_it() -> None:
     assert engine.swap_in("a")
     assert sorted(manager.host_free_blocks()) == [0, 1, 2, 3]
     engine.quiesce()
+
+
+def _forks_decode(manager) -> Engine:
+    """``admit(s0, 23 tokens); step(); fork(s0, s1); fork(s1, s2); decode()`` at block size 8 (the campaign's
+    program): s0's append copies the shared tail (block 2) into block 3; s1's copies it into block 4, then, the block
+    being full, v0 finds block 3 with the same content, maps it and frees block 4 with the copy 2 -> 4 ordered."""
+    engine = Engine(manager, MachineConfig(block_size=8, num_blocks=16, num_host_blocks=0))
+    engine.admit("s0", (), tuple(range(23)))
+    engine.step()
+    engine.fork("s0", "s1")
+    engine.fork("s1", "s2")
+    for seq in ("s0", "s1", "s2"):
+        assert engine.grow(seq, (7,))
+    return engine
+
+
+def test_a_copy_on_write_deduplicated_against_an_identical_full_block_is_declared_and_accepted() -> None:
+    manager = block_space_manager(PoolSpec(8, 16, 0))
+    assert manager.capabilities.dedupes_copied_tail
+    engine = _forks_decode(manager)
+    assert engine.stats["copy-on-write copies deduplicated"] == 1
+    tables = {seq: manager.block_table(seq) for seq in ("s0", "s1", "s2")}
+    assert tables["s0"][2] == tables["s1"][2] == tables["s2"][2], "each full tail deduplicated to one block"
+    engine.step()
+    engine.quiesce()
+
+
+def test_without_dedupes_copied_tail_the_wasted_copy_is_reported() -> None:
+    manager = block_space_manager(PoolSpec(8, 16, 0))
+    manager.capabilities = attrs.evolve(manager.capabilities, dedupes_copied_tail=False)
+    with pytest.raises(InvariantViolation) as caught:
+        _forks_decode(manager)
+    assert caught.value.invariant is Invariant.EXCLUSIVE_WRITES
+    assert "copy-on-write copy from block 2 into block 4 while it is shared" in caught.value.summary
+
+
+def _swap_twins(manager) -> Engine:
+    """Two requests with the same 6-token prompt, each computed and swapped out: v0's host allocator maps the
+    second's full block to the host block the first holds with the same content."""
+    engine = Engine(manager, MachineConfig(block_size=4, num_blocks=16, num_host_blocks=8))
+    for seq in ("a", "b"):
+        engine.admit(seq, (), tuple(range(6)))
+        engine.step()
+        assert engine.swap_out(seq)
+    return engine
+
+
+def test_a_host_block_shared_at_swap_out_is_declared_and_checked() -> None:
+    manager = block_space_manager(PoolSpec(4, 16, 8))
+    assert manager.capabilities.shares_host_blocks
+    assert not block_space_manager_no_caching(PoolSpec(4, 16, 8)).capabilities.shares_host_blocks
+    engine = _swap_twins(manager)
+    shared = engine.expected.seqs["a"].host_table[0]
+    assert engine.expected.seqs["b"].host_table[0] == shared
+    assert engine.stats["host blocks shared at swap-out"] == 1
+    assert engine.swap_in("a")
+    assert shared not in manager.host_free_blocks(), "b still holds it"
+    engine.step()
+    assert engine.swap_in("b")
+    engine.step()
+    engine.quiesce()
+
+
+def test_without_shares_host_blocks_the_shared_host_block_is_reported() -> None:
+    manager = block_space_manager(PoolSpec(4, 16, 8))
+    manager.capabilities = attrs.evolve(manager.capabilities, shares_host_blocks=False)
+    with pytest.raises(InvariantViolation) as caught:
+        _swap_twins(manager)
+    assert caught.value.invariant is Invariant.CONTENT
+    assert "swap-out of b reuses host block(s) [0]" in caught.value.summary
 
 
 def test_refusals_leave_the_block_manager_as_it_was() -> None:

@@ -108,7 +108,10 @@ class VllmV0BlockManager:
         self._caching = enable_caching
         # v0 makes full blocks matchable (content-hashed) when it allocates them, recomputes a fully cached prompt's
         # last token inside the cached block, and its scheduler preempts only requests it has not scheduled in the
-        # current round, unless a chunked prefill is preempted part-way.
+        # current round, unless a chunked prefill is preempted part-way. With prefix caching its host allocator
+        # deduplicates full blocks by content too (a swap-out may share a host block), and a copy-on-write into a
+        # forked tail that fills the block is deduplicated against an identical full block, the copy's fresh
+        # destination freed with the copy still ordered.
         self.capabilities = Capabilities(
             fork=fork,
             prefix_cache=enable_caching,
@@ -122,6 +125,8 @@ class VllmV0BlockManager:
             free_lands_scheduled_writes=True,
             preempt_scheduled=preempt_scheduled,
             recomputes_in_place=enable_caching,
+            shares_host_blocks=enable_caching and spec.num_host_blocks > 0,
+            dedupes_copied_tail=enable_caching and fork,
         )
         self.sequences = SequenceLedger()  # the sequences held and their phases; raises the misuse errors
         self._live: dict[SeqId, _Request] = {}  # running or swapped-out sequence -> its request
