@@ -1225,13 +1225,17 @@ class Checks:
     def withdrawn_writes_unread(self, seq: str, why: str) -> None:
         """Invariant 9: withdrawing ``seq``'s scheduled writes (``why``: a preemption, or an abort whose engine does not
         declare ``free_lands_scheduled_writes``) leaves no other sequence holding a cache hit on them; a hit on
-        scheduled writes is sound only while the step that writes them is sure to run."""
+        scheduled writes is sound only while the step that writes them is sure to run. A slot a step has already
+        written with the holder's K/V (a rewrite in place, ``recomputes_in_place``) loses nothing."""
         h = self.state
         mine = h.layout(seq)
         for position, slot in h.scheduled_writes(seq):
             block = mine.block_of(slot)
+            record = self.pools.record(slot)
             for holder, index in sorted(h.refs.holders.get(block, ())):
                 relies = h.layout(holder).first_position(index) + mine.offset_of(slot)
+                if record is not None and record.tag == h.reference.tags(holder)[relies]:
+                    continue  # a step already wrote it: the withdrawn write would only rewrite it (in place)
                 if holder != seq and index == mine.index(position) and h.seqs[holder].written > relies:
                     self.fail(
                         Invariant.CACHE_SOUNDNESS,
