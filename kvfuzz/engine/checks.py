@@ -1234,23 +1234,24 @@ class Checks:
             record = self.pools.record(slot)
             for holder, index in sorted(h.refs.holders.get(block, ())):
                 relies = h.layout(holder).first_position(index) + mine.offset_of(slot)
+                if holder == seq or index != mine.index(position) or h.seqs[holder].written <= relies:
+                    continue
                 if record is not None and record.tag == h.reference.tags(holder)[relies]:
                     continue  # a step already wrote it: the withdrawn write would only rewrite it (in place)
-                if holder != seq and index == mine.index(position) and h.seqs[holder].written > relies:
-                    self.fail(
-                        Invariant.CACHE_SOUNDNESS,
-                        f"{why} withdraws {seq}'s scheduled write of position {position} into block {block}, which "
-                        f"{holder}'s cache hit covers",
-                        [
-                            f"{holder} holds block {block} as its logical block {index} and counts position "
-                            f"{relies} as computed: its admission hit K/V that {seq}'s next step was to write",
-                            f"expected: a hit only on K/V a step is sure to write (an engine whose {why.split('(')[0]} "
-                            "withdraws scheduled writes must not let another request hit them; vLLM lands an "
-                            "aborted request's scheduled step: free_lands_scheduled_writes)",
-                            f"found:    {holder} would read K/V at position {relies} that no step writes",
-                            *self.pools.block_story(block),
-                        ],
-                    )
+                self.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"{why} withdraws {seq}'s scheduled write of position {position} into block {block}, which "
+                    f"{holder}'s cache hit covers",
+                    [
+                        f"{holder} holds block {block} as its logical block {index} and counts position "
+                        f"{relies} as computed: its admission hit K/V that {seq}'s next step was to write",
+                        f"expected: a hit only on K/V a step is sure to write (an engine whose {why.split('(')[0]} "
+                        "withdraws scheduled writes must not let another request hit them; vLLM lands an "
+                        "aborted request's scheduled step: free_lands_scheduled_writes)",
+                        f"found:    {holder} would read K/V at position {relies} that no step writes",
+                        *self.pools.block_story(block),
+                    ],
+                )
 
     def hit_on_evicted(self, seq: str, num_cached: int, table: tuple[int, ...], evicted: dict[int, str]) -> None:
         """Invariant 9: a hit covers no block an eviction dropped from the cache and no table has mapped since,
