@@ -311,6 +311,109 @@ def test_shrinking_deletes_a_distant_pair_of_calls_that_only_go_together() -> No
     ]
 
 
+class _TokensModel:
+    """A stand-in for replays in a test of the merging pass: a program is applicable when every grow names an
+    admitted sequence, every admit's suffix has at most 3 tokens and every grow at most 2 (the operations' bounds),
+    and it fails when it is applicable, s0 ends with at least 4 tokens and a step (or a decode, which ends with one)
+    comes after s0's admission."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def out_of_time(self) -> bool:
+        return False
+
+    def fails(self, config: MachineConfig, calls: list[Call]) -> BaseException | None:
+        self.replays += 1
+        lengths: dict[str, int] = {}
+        stepped = False
+        for call in calls:
+            arguments = call.kwargs()
+            if call.rule == "admit" and len(arguments["suffix"]) <= 3:
+                lengths[arguments["seq"]] = len(arguments["suffix"])
+            elif call.rule == "grow" and arguments["seq"] in lengths and len(arguments["tokens"]) <= 2:
+                lengths[arguments["seq"]] += len(arguments["tokens"])
+            elif call.rule in ("step", "decode"):
+                stepped = stepped or "s0" in lengths
+            else:
+                return None
+        return AssertionError("s0 long and stepped") if stepped and lengths.get("s0", 0) >= 4 else None
+
+
+def _admit(seq: str, suffix: list[int]) -> Call:
+    return Call("admit", {"seq": seq, "namespace": (), "system": (), "suffix": suffix})
+
+
+def test_shrinking_merges_grows_into_their_admission_within_the_operations_bounds() -> None:
+    """No single call of these five goes (each grow carries a token s0 needs, the step is the only one): merging
+    reaches the three calls a program needs when an admission carries at most 3 tokens, and never a longer
+    suffix."""
+    calls = [_admit("s0", [0]), Call("grow", {"seq": "s0", "tokens": [1]}), Call("step", {})]
+    calls += [Call("grow", {"seq": "s0", "tokens": [2]}), Call("grow", {"seq": "s0", "tokens": [3]})]
+    model = _TokensModel()
+    assert model.fails(MachineConfig(), calls) is not None
+    _, deleted, _ = shrinking._delete_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    assert list(deleted) == calls
+    _, merged, _ = shrinking._merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    assert list(merged) == [_admit("s0", [0, 1, 2]), Call("step", {}), Call("grow", {"seq": "s0", "tokens": [3]})]
+
+
+def test_shrinking_merges_two_grows_of_one_sequence_into_one() -> None:
+    calls = [_admit("s0", [0, 0, 0]), Call("step", {}), Call("grow", {"seq": "s0", "tokens": [1]})]
+    calls += [_admit("s1", [0]), Call("grow", {"seq": "s0", "tokens": [2]})]
+    model = _TokensModel()
+    assert model.fails(MachineConfig(), calls) is not None
+    _, merged, _ = shrinking._merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    assert list(merged) == [
+        _admit("s0", [0, 0, 0]),
+        Call("step", {}),
+        Call("grow", {"seq": "s0", "tokens": [1, 2]}),
+        _admit("s1", [0]),
+    ]
+
+
+def test_shrinking_replaces_a_decode_by_a_step_when_its_tokens_do_not_matter() -> None:
+    calls = [_admit("s0", [0, 0, 0]), Call("grow", {"seq": "s0", "tokens": [0]}), Call("decode", {"token": 2})]
+    model = _TokensModel()
+    assert model.fails(MachineConfig(), calls) is not None
+    _, merged, _ = shrinking._merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    assert list(merged) == [_admit("s0", [0, 0, 0]), Call("grow", {"seq": "s0", "tokens": [0]}), Call("step", {})]
+
+
+class _PressureModel:
+    """A stand-in for replays in a test of shrinking the pool and the calls together: each admission takes one
+    block, and a program fails when its admissions fill the pool and the last one finds it full (exactly
+    ``num_blocks + 1`` admissions); with fewer, nothing fails, and with more an earlier one was refused first."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def out_of_time(self) -> bool:
+        return False
+
+    def fails(self, config: MachineConfig, calls: list[Call]) -> BaseException | None:
+        self.replays += 1
+        full = len(calls) == config.num_blocks + 1
+        return AssertionError("the last admission found the pool full") if full else None
+
+
+def test_shrinking_takes_a_smaller_pool_and_one_call_fewer_together() -> None:
+    """Neither a smaller pool alone nor one admission fewer alone keeps the failure; both together do, down to the
+    smallest pool the factory builds."""
+    calls = tuple(_admit(f"s{index}", [0]) for index in range(5))
+    config = MachineConfig(block_size=1, num_blocks=4, num_host_blocks=0)
+    model = _PressureModel()
+    best = (config, calls, AssertionError())
+    assert shrinking._simplify_config(model, best, 2, ())[:2] == best[:2]  # type: ignore[arg-type]
+    assert shrinking._delete_calls(model, best, 2, ())[:2] == best[:2]  # type: ignore[arg-type]
+    while True:
+        smaller = shrinking._smaller_pool_fewer_calls(model, best, 2, ())  # type: ignore[arg-type]
+        if smaller[:2] == best[:2]:
+            break
+        best = smaller
+    assert best[0].num_blocks == 2 and len(best[1]) == 3
+
+
 def test_shrinking_says_when_its_time_bound_stopped_it() -> None:
     spec = "zoo:NoCopyOnWrite"
     factory, limits, swarm, found = _failing_program(spec, 3)

@@ -7,12 +7,16 @@ never admitted, a swap without host blocks) is never taken for a finding. The pa
 
 * delete calls: chunks of halving size down to single calls (delta debugging), every window of two or three
   neighbouring calls, all the calls that name one sequence, and every pair of distant calls naming one sequence;
+* merge calls: a grow and the next grow of its sequence into one grow, an admit and the grow after it into an admit
+  with the longer suffix (within the operations' bounds), a decode into a step;
 * simplify arguments: shorter token lists (prompts, suffixes, tokens per grow), zero token values, smaller integers;
 * renumber sequence ids in order of first use (``s0``, ``s1``, ...);
 * simplify the configuration: fewer device blocks, fewer host blocks, a smaller block size, a smaller W (when the
-  campaign chose W).
+  campaign chose W);
+* a smaller pool (or W) and one call fewer together, where neither goes alone (a program building pool pressure).
 
-They repeat until none changes anything (the fixpoint) or the time bound runs out; the result says which.
+They repeat until none changes anything (the fixpoint) or the time bound runs out; the result says which. The last
+two run only once the others have reached their fixpoint, and the others run again after any change they make.
 """
 
 from __future__ import annotations
@@ -111,14 +115,22 @@ def shrink(
     ``seconds``; never below ``min_blocks`` device blocks, and only to block sizes in ``block_sizes``."""
     shrinker = _Shrinker(config, factory, signature, safeguards, time.perf_counter() + seconds, stop, stats)
     best: tuple[MachineConfig, tuple[Call, ...], BaseException] = (config, tuple(calls), failure)
-    passes = (_delete_calls, _simplify_arguments, _renumber, _simplify_config)
+    # The first passes run to their fixpoint before the others are tried: those move a program from one fixpoint
+    # of the first to another, and never lengthen it, so a shrink never ends longer than the first passes alone.
+    stages = (
+        (_delete_calls, _simplify_arguments, _renumber, _simplify_config),
+        (_merge_calls, _smaller_pool_fewer_calls),
+    )
     while True:
         before = best[:2]
-        for shrink_pass in passes:
-            if shrinker.out_of_time():
-                why = "the campaign ended" if stop() else f"its time bound ({seconds:g} s) ran out"
-                return Shrunk(best[0], best[1], best[2], shrinker.replays, f"shrinking stopped early: {why}")
-            best = shrink_pass(shrinker, best, min_blocks, tuple(block_sizes))
+        for stage in stages:
+            for shrink_pass in stage:
+                if shrinker.out_of_time():
+                    why = "the campaign ended" if stop() else f"its time bound ({seconds:g} s) ran out"
+                    return Shrunk(best[0], best[1], best[2], shrinker.replays, f"shrinking stopped early: {why}")
+                best = shrink_pass(shrinker, best, min_blocks, tuple(block_sizes))
+            if best[:2] != before:
+                break
         if best[:2] == before:
             return Shrunk(best[0], best[1], best[2], shrinker.replays)
 
@@ -184,6 +196,46 @@ def _delete_distant_pairs(
         if not deleted:
             first += 1
     return current, failure
+
+
+def _merge_calls(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
+    """Replace calls by fewer or simpler ones with the same effect on the pool: a grow and the next call naming its
+    sequence, when that is a grow too, by one grow of both token lists (in the first's place or the second's); an
+    admit and a grow that follows it by an admit with the longer suffix; a decode by a step (the tokens it appends
+    are not always what the failure needs). A merged list longer than the operation draws makes the candidate
+    invalid (replay refuses it), never a finding."""
+    config, calls, failure = best
+    current, index = list(calls), 0
+    while index < len(current) and not shrinker.out_of_time():
+        for candidate in _merges(current, index):
+            found = shrinker.fails(config, candidate)
+            if found is not None:
+                current, failure = candidate, found
+                break
+        else:
+            index += 1
+    return config, tuple(current), failure
+
+
+def _merges(calls: list[Call], index: int) -> Iterator[list[Call]]:
+    """The candidates :func:`_merge_calls` tries for the call at ``index``, each a whole program."""
+    call = calls[index]
+    before, after = calls[:index], calls[index + 1 :]
+    if call.rule == "decode":
+        yield before + [Call("step", {})] + after
+        return
+    if call.rule not in ("admit", "grow"):
+        return
+    seq = call.kwargs()["seq"]
+    later = next((position for position, other in enumerate(after) if seq in _sequences(other)), None)
+    if later is None or after[later].rule != "grow":
+        return
+    field = "suffix" if call.rule == "admit" else "tokens"
+    merged = Call(call.rule, {**call.kwargs(), field: [*call.kwargs()[field], *after[later].kwargs()["tokens"]]})
+    between, rest = after[:later], after[later + 1 :]
+    yield before + [merged] + between + rest
+    if between:
+        yield before + between + [merged] + rest
 
 
 def _sequences(call: Call) -> set[str]:
@@ -289,3 +341,26 @@ def _simplify_config(shrinker: _Shrinker, best: _Best, min_blocks: int, block_si
                     config, failure, improved = trial, found, True
                     break
     return config, calls, failure
+
+
+def _smaller_pool_fewer_calls(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
+    """A smaller pool (fewer device blocks, or a smaller W the campaign chose) together with one call fewer, for
+    programs that build pool pressure or age blocks through the in-flight window: there, a smaller pool alone
+    changes when a refusal comes and deleting any one call alone undoes the pressure, while both together keep the
+    failure. The first pair that still fails is kept (the passes then run again)."""
+    config, calls, failure = best
+    fields = [("num_blocks", min_blocks)]
+    if config.inflight_window is not None:
+        fields.append(("inflight_window", 0))
+    for name, lowest in fields:
+        value = getattr(config, name)
+        for smaller in sorted({v for v in (lowest, value // 2, value - 1) if lowest <= v < value}, reverse=True):
+            trial = attrs.evolve(config, **cast(dict[str, Any], {name: smaller}))
+            for index in range(len(calls)):
+                if shrinker.out_of_time():
+                    return best
+                candidate = calls[:index] + calls[index + 1 :]
+                found = shrinker.fails(trial, candidate) if candidate else None
+                if found is not None:
+                    return trial, candidate, found
+    return best
