@@ -118,7 +118,7 @@ def shrink(
     # The first passes run to their fixpoint before the others are tried: those move a program from one fixpoint
     # of the first to another, and never lengthen it, so a shrink never ends longer than the first passes alone.
     stages = (
-        (_delete_calls, _simplify_arguments, _renumber, _simplify_config),
+        (_delete_calls, _simplify_arguments, _simplify_shared_values, _renumber, _simplify_config),
         (_merge_calls, _smaller_pool_fewer_calls),
     )
     while True:
@@ -290,6 +290,36 @@ def _simplify_arguments(shrinker: _Shrinker, best: _Best, min_blocks: int, block
                     if found is not None:
                         current, failure, improved = trial, found, True
                         break
+    return config, tuple(current), failure
+
+
+def _simplify_shared_values(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
+    """A value several calls share (the namespace and system prompt of two admissions whose hit the failure needs)
+    simplified in all of them at once, where changing one alone breaks what they share."""
+    config, calls, failure = best
+    current = list(calls)
+    shared: dict[tuple[str, str, Any], int] = {}
+    for call in current:
+        for name, value in call.arguments:
+            if name not in SEQ_ARGUMENTS and not isinstance(value, (MisuseCall, list)):
+                key = (call.rule, name, value)
+                shared[key] = shared.get(key, 0) + 1
+    for (rule, name, value), count in shared.items():
+        if count < 2:
+            continue
+        for candidate in _smaller(value):
+            if shrinker.out_of_time():
+                return config, tuple(current), failure
+            trial = [
+                Call(call.rule, {**call.kwargs(), name: candidate})
+                if call.rule == rule and call.kwargs().get(name) == value
+                else call
+                for call in current
+            ]
+            found = shrinker.fails(config, trial)
+            if found is not None:
+                current, failure = trial, found
+                break
     return config, tuple(current), failure
 
 
