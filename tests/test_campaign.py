@@ -281,16 +281,21 @@ def test_shrinking_reaches_a_fixpoint_of_calls_arguments_ids_and_pool(seed: int)
         assert not fails(attrs.evolve(shrunk.config, num_blocks=shrunk.config.num_blocks - 1), calls)
 
 
-class _PreemptionModel:
-    """A stand-in for replays in a test of one deletion pass: a program is applicable when every preempt names a
-    running sequence, every readmit a preempted one and every grow a running one, and it fails when it is applicable
-    and grows both s0 and s1."""
+class _StandIn:
+    """What a shrink pass asks of its shrinker, answered by a model instead of replays: the replays counted, and no
+    time bound."""
 
     def __init__(self) -> None:
         self.replays = 0
 
     def out_of_time(self) -> bool:
         return False
+
+
+class _PreemptionModel(_StandIn):
+    """A stand-in for replays in a test of one deletion pass: a program is applicable when every preempt names a
+    running sequence, every readmit a preempted one and every grow a running one, and it fails when it is applicable
+    and grows both s0 and s1."""
 
     def fails(self, config: MachineConfig, calls: list[Call]) -> BaseException | None:
         self.replays += 1
@@ -331,17 +336,11 @@ def test_shrinking_deletes_a_distant_pair_of_calls_that_only_go_together() -> No
     ]
 
 
-class _TokensModel:
+class _TokensModel(_StandIn):
     """A stand-in for replays in a test of the merging pass: a program is applicable when every grow names an
     admitted sequence, every admit's suffix has at most 3 tokens and every grow at most 2 (the operations' bounds),
     and it fails when it is applicable, s0 ends with at least 4 tokens and a step (or a decode, which ends with one)
     comes after s0's admission."""
-
-    def __init__(self) -> None:
-        self.replays = 0
-
-    def out_of_time(self) -> bool:
-        return False
 
     def fails(self, config: MachineConfig, calls: list[Call]) -> BaseException | None:
         self.replays += 1
@@ -400,16 +399,10 @@ def test_shrinking_replaces_a_decode_by_a_step_when_its_tokens_do_not_matter() -
     assert list(merged) == [_admit("s0", [0, 0, 0]), Call("grow", {"seq": "s0", "tokens": [0]}), Call("step", {})]
 
 
-class _PressureModel:
+class _PressureModel(_StandIn):
     """A stand-in for replays in a test of shrinking the pool and the calls together: each admission takes one
     block, and a program fails when its admissions fill the pool and the last one finds it full (exactly
     ``num_blocks + 1`` admissions); with fewer, nothing fails, and with more an earlier one was refused first."""
-
-    def __init__(self) -> None:
-        self.replays = 0
-
-    def out_of_time(self) -> bool:
-        return False
 
     def fails(self, config: MachineConfig, calls: list[Call]) -> BaseException | None:
         self.replays += 1
