@@ -18,7 +18,7 @@ from kvfuzz.workload import WorkloadError, replay_workload
 from kvfuzz.workload.constructed import GENERATORS, constructed, constructed_json
 from kvfuzz.workload.format import FORMAT, load_workload, parse_workload
 from kvfuzz.workload.report import percentile
-from kvfuzz.workload.scheduler import Scheduler
+from kvfuzz.workload.scheduler import ReplayError, Scheduler
 from kvfuzz.zoo import variant
 from kvfuzz.zoo.variants import MatchableAtAllocation
 
@@ -343,3 +343,15 @@ def test_an_allocator_crash_ends_the_replay_with_a_report():
 
     report, _ = _replay(constructed("uniform"), factory=Crashes)
     assert report.failed and report.failure.startswith("crash (RuntimeError) during grow(")
+
+
+def test_an_allocator_whose_loads_make_requests_wait_is_refused_before_any_work():
+    """Workload replay does not model a request waiting for its asynchronous loads: such an allocator is refused with
+    one line instead of stalling the workload."""
+    from test_async_loads import AsyncHostTierAllocator
+
+    config = _config(block_size=4, num_blocks=8)
+    config = attrs.evolve(config, num_host_blocks=4)
+    workload = _workload([{"id": "a", "arrival": 0, "prompt_len": 4, "output_len": 2}])
+    with pytest.raises(ReplayError, match="declares async_loads: workload replay does not yet model"):
+        Scheduler(workload, AsyncHostTierAllocator(config.pool_spec()), config, "async host tier")

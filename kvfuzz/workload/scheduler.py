@@ -94,6 +94,11 @@ class Scheduler:
                 f"workload {workload.name} gives requests namespaces, but {allocator_name} does not "
                 "declare namespace support: its cache hits could not be judged"
             )
+        if allocator.capabilities.async_loads:
+            raise ReplayError(
+                f"{allocator_name} declares async_loads: workload replay does not yet model requests waiting for "
+                "their loads (kvfuzz run and kvfuzz campaign drive them)"
+            )
         if max_running < 1:
             raise ReplayError(f"max_running must be >= 1, got {max_running}")
         self.workload, self.config, self.allocator_name = workload, config, allocator_name
