@@ -17,7 +17,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from test_host_cache import HostTierAllocator
 
 from kvfuzz.allocator import AdmitResult, Capabilities, OutOfBlocks, PoolSpec
-from kvfuzz.allocator.errors import UnknownSequence
+from kvfuzz.allocator.errors import SequenceExists, UnknownSequence
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.engine import Engine
 from kvfuzz.engine.expected import Status
@@ -57,7 +57,7 @@ class AsyncHostTierAllocator(HostTierAllocator):
 
     def admit(self, seq, namespace, tokens):
         if seq in self.waiting:
-            raise UnknownSequence(f"{seq} is waiting already")  # any refusal will do: the engine never asks
+            raise SequenceExists(f"admit: {seq} is waiting for its loads")
         pending = list(self.unsubmitted)
         result = super().admit(seq, namespace, tokens)
         if not result.loads:

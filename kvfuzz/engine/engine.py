@@ -951,11 +951,14 @@ class Engine:
         if stores:
             self.host_stores.setdefault(step, []).extend(stores)
         self.stats["host-tier stores"] += len(transfers.stores)
-        self.checks.host_transfers_unfree(self._host_in_use())
+        self._check_host_in_use()
 
-    def _host_in_use(self) -> dict[int, str]:
-        """Under ``host_cache``: host block -> the transfer still using it: a store in flight writing it, or an
-        asynchronous load not yet reported reading it."""
+    def _check_host_in_use(self) -> None:
+        """Under ``host_cache``, where the allocator lists its host free set: no host block a transfer still uses (a
+        store in flight writing it, an asynchronous load not yet reported reading it) is in that set. Nothing is
+        gathered when there is no set to check it against (every launch and completed step passes here)."""
+        if self.checks.host_introspection is None:
+            return
         in_use = {
             host_block: f"the store of block {block} into it, ordered at the launch of step {step}, is in flight"
             for step, pairs in self.host_stores.items()
@@ -964,7 +967,7 @@ class Engine:
         for seq, load in self.expected.async_loads.items():
             for host_block, block in load.pairs:
                 in_use[host_block] = f"the asynchronous load of {seq} from it into block {block} is not reported landed"
-        return in_use
+        self.checks.host_transfers_unfree(in_use)
 
     def _hold_loading(self, seq: SeqId) -> None:
         """Under ``host_cache``, before ``seq`` releases its table: a block that a load ordered since the last launch
@@ -1049,7 +1052,7 @@ class Engine:
                 self._land_store(pair, f"as step {step} completed")
             self._call(functools.partial(self.allocator.step_completed, step))
             if self.caps.host_cache:
-                self.checks.host_transfers_unfree(self._host_in_use())
+                self._check_host_in_use()
             if self.caps.remaps_on_step:
                 self._adopt_remaps()
             self._owe_filled(step)
