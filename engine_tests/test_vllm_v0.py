@@ -6,6 +6,10 @@ import fails loudly rather than skipping.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import attrs
 import pytest
 from hypothesis import Phase, settings
@@ -218,3 +222,35 @@ def test_the_timeline_names_the_library_blocks(tmp_path) -> None:
         assert lane.library_name == f"vLLM v0 block {lane.block}"
     page = render_html(timeline)
     assert all(lane.library_name in page for lane in device)
+
+
+_BLOCK_HASHES = """
+from kvfuzz.adapters.vllm_v0 import block_space_manager
+from kvfuzz.allocator import PoolSpec
+
+manager = block_space_manager(PoolSpec(block_size=2, num_blocks=8))
+manager.admit("s0", (), (1, 2, 3, 0, 1))
+manager.admit("s1", ("lora",), (1, 2, 3, 0, 1))
+tables = manager._manager.block_tables
+blocks = [block for request in manager._live.values() for block in tables[request.seq.seq_id].blocks]
+print([block.content_hash for block in blocks if block.is_full])
+"""
+
+
+def test_block_hashes_are_the_same_in_every_process() -> None:
+    """vLLM draws its hashes per process (``hash('None')``, and ``None`` hashed by address); the adapter pins them,
+    so that a program replays the same way in a fresh process, whatever its hash seed."""
+    printed = set()
+    for seed in ("0", "1", "2"):
+        result = subprocess.run(
+            [sys.executable, "-c", _BLOCK_HASHES],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        printed.add(result.stdout.strip().splitlines()[-1])
+    assert len(printed) == 1, printed
+    hashes = next(iter(printed)).strip("[]").split(", ")
+    assert len(hashes) == 4 and all(int(value) for value in hashes)  # each full block of both prompts, hashed

@@ -67,6 +67,44 @@ if not _has_v0_block_manager():
 ENGINE_WATERMARK = 0.01
 """``SelfAttnBlockSpaceManager``'s default watermark, which the v0 scheduler leaves in place."""
 
+PINNED_NONE_HASH = 0x6B76_6675_7A7A
+"""The hash v0 gives "no previous block" in every process (vLLM takes ``hash('None')``, which differs per process)."""
+
+NO_EXTRA_HASH = -0x6B76_6675_7A7A
+"""The ``extra_hash`` of a block without a LoRA adapter in every process (vLLM hashes ``None``, whose hash in Python
+3.11 is its address)."""
+
+
+def _pin_block_hashes() -> None:
+    """Make v0's block hashes the same in every process, so that a program replays the same way in a fresh one.
+
+    vLLM's hashes are otherwise drawn per process: the chain starts from ``hash('None')`` (randomized per interpreter)
+    and a block without a LoRA adapter hashes ``None`` into its key (an address in Python 3.11). Which blocks the
+    evictor and the computed-blocks tracker meet first then differs between processes, and a bug reached through
+    them fails one way in one process and another way (or not at all) in the next: a finding that cannot be saved.
+    Pinning both to constants changes no decision vLLM makes in one process, only which arbitrary values it hashes.
+    """
+    from vllm.core.block import prefix_caching_block as module
+
+    if getattr(module, "_kvfuzz_pinned", False):
+        return
+    for holder in (module.PrefixCachingBlockAllocator, module.PrefixCachingBlock, module.ComputedBlocksTracker):
+        holder._none_hash = PINNED_NONE_HASH
+    hash_block_tokens = module.PrefixCachingBlock.hash_block_tokens.__func__
+
+    def pinned(
+        cls: type,
+        is_first_block: bool,
+        prev_block_hash: Optional[int],
+        cur_block_token_ids: Any,
+        extra_hash: Any = None,
+    ) -> int:
+        extra = NO_EXTRA_HASH if extra_hash is None else extra_hash
+        return int(hash_block_tokens(cls, is_first_block, prev_block_hash, cur_block_token_ids, extra))
+
+    module.PrefixCachingBlock.hash_block_tokens = classmethod(pinned)  # type: ignore[method-assign,assignment]
+    module._kvfuzz_pinned = True  # type: ignore[attr-defined]
+
 
 @attrs.define(eq=False)
 class _Request:
@@ -92,6 +130,8 @@ class VllmV0BlockManager:
     ) -> None:
         from vllm.core.block_manager import SelfAttnBlockSpaceManager
         from vllm.utils import Device
+
+        _pin_block_hashes()
 
         self.block_size = spec.block_size
         self.num_blocks = spec.num_blocks
