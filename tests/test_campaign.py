@@ -19,9 +19,8 @@ import attrs
 import pytest
 from factories import kvfuzz
 
-from kvfuzz import zoo
 from kvfuzz.allocator import PagedAllocator, PoolSpec
-from kvfuzz.allocator.paged import paged_allocator
+from kvfuzz.allocator.paged import paged_allocator, synchronous_allocator
 from kvfuzz.campaign import shrink as shrinking
 from kvfuzz.campaign.known import known_signatures, trace_signature
 from kvfuzz.campaign.shrink import _smaller, renumbered, shrink
@@ -87,8 +86,8 @@ def test_swarm_draws_the_in_flight_window_a_factory_builds_when_asked() -> None:
         built = paged_allocator(draw.machine.pool_spec())
         assert built.capabilities.inflight_window == draw.machine.inflight_window
         assert f"W = {draw.machine.inflight_window}" in draw.describe()
-    fixed = probe_limits("zoo:StaleDeferredFree", zoo.variant("StaleDeferredFree").factory(), MachineConfig())
-    assert fixed.windows == () and fixed.inflight_window == 2  # a zoo variant keeps its own W: never swarmed
+    fixed = probe_limits("kvfuzz-synchronous", synchronous_allocator, MachineConfig())
+    assert fixed.windows == () and fixed.inflight_window == 0  # a factory that keeps its own W: never swarmed
     assert {draw_swarm(rng, fixed, MachineConfig()).machine.inflight_window for _ in range(50)} == {None}
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from kvfuzz.allocator import PoolSpec
+from kvfuzz.campaign.swarm import probe_limits
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import BY_NAME
@@ -99,3 +101,14 @@ def test_zoo_runs_deep_variants_only_when_asked() -> None:
     assert with_deep == [v.name for v in VARIANTS]
     named = [result.variant.name for result in run_zoo(examples=1, steps=1, shrink=False, names=[DEEP[0].name])]
     assert named == [DEEP[0].name]
+
+
+def test_a_variant_is_built_with_the_window_it_is_asked_for_and_its_own_otherwise() -> None:
+    """A campaign swarms W over a zoo variant as over kvfuzz's own allocator (and its shrinker can lower W), while a
+    run that asks for no W gets the window the variant declares."""
+    broken = variant("StaleDeferredFree")
+    assert broken.inflight_window == 2
+    build = broken.factory()
+    assert build(PoolSpec(2, 8, 0)).capabilities.inflight_window == 2
+    assert [build(PoolSpec(2, 8, 0, window)).capabilities.inflight_window for window in range(4)] == [0, 1, 2, 3]
+    assert probe_limits("zoo:StaleDeferredFree", build, MachineConfig()).windows == (0, 1, 2, 3)

@@ -48,7 +48,7 @@ class Variant:
                 spec.block_size,
                 spec.num_blocks,
                 spec.num_host_blocks,
-                inflight_window=self.inflight_window,
+                inflight_window=self.inflight_window if spec.inflight_window is None else spec.inflight_window,
                 sliding_window=self.sliding_window,
                 lookahead_blocks=self.lookahead_blocks,
             )
