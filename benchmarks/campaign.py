@@ -13,6 +13,7 @@
 
 Usage: python benchmarks/campaign.py [--scaling-seconds S] [--two-bugs-seconds S] [--seconds S] [--seeds N]
                                      [--workers N] [--only NAME ...] [--skip-zoo | --zoo-only] [--json FILE]
+                                     [--keep DIR]
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def two_bugs(seconds: float, workers: int) -> dict[str, Any]:
     return {"rows": rows, "both": found == {"NoCopyOnWrite", "SwapInWrongHostBlock"}}
 
 
-def zoo(seconds: float, seeds: int, workers: int, only: list[str]) -> list[dict[str, Any]]:
+def zoo(seconds: float, seeds: int, workers: int, only: list[str], keep: Optional[Path]) -> list[dict[str, Any]]:
     print(f"## the zoo: a {seconds:g} s campaign with {workers} workers per variant and seed ({seeds} seeds)\n")
     print("| variant | expected | caught | as expected | first failure s (median / worst) | shrunk (median / worst) |")
     print("|---|---|---|---|---|---|", flush=True)
@@ -110,8 +111,11 @@ def zoo(seconds: float, seeds: int, workers: int, only: list[str]) -> list[dict[
             continue
         runs = []
         for seed in range(seeds):
-            with tempfile.TemporaryDirectory() as corpus:
-                result = campaign(f"zoo:{variant.name}", seconds, workers, seed, Path(corpus), stop_after=1)
+            if keep is not None:
+                result = campaign(f"zoo:{variant.name}", seconds, workers, seed, keep / f"{variant.name}-{seed}", 1)
+            else:
+                with tempfile.TemporaryDirectory() as corpus:
+                    result = campaign(f"zoo:{variant.name}", seconds, workers, seed, Path(corpus), stop_after=1)
             first = min(result.new, key=lambda finding: finding.first_seconds) if result.new else None
             runs.append(
                 {
@@ -164,13 +168,14 @@ def main() -> None:
     parser.add_argument("--skip-zoo", action="store_true")
     parser.add_argument("--zoo-only", action="store_true", help="only the zoo's table")
     parser.add_argument("--json", default="benchmarks/results/campaign.json")
+    parser.add_argument("--keep", type=Path, help="keep each zoo campaign's traces in KEEP/VARIANT-SEED")
     args = parser.parse_args()
     results: dict[str, Any] = {}
     if not args.zoo_only:
         results["scaling"] = scaling(args.scaling_seconds)
         results["two_bugs"] = two_bugs(args.two_bugs_seconds, args.workers)
     if not args.skip_zoo:
-        results["zoo"] = zoo(args.seconds, args.seeds, args.workers, args.only)
+        results["zoo"] = zoo(args.seconds, args.seeds, args.workers, args.only, args.keep)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -5,8 +5,10 @@ smaller candidates and keeps one only when its replay, on a fresh allocator, fai
 :class:`~kvfuzz.campaign.signature.Signature`; a candidate whose calls no longer make sense (a grow of a sequence
 never admitted, a swap without host blocks) is never taken for a finding. The passes:
 
-* delete calls: chunks of halving size down to single calls (delta debugging), every window of two or three
-  neighbouring calls, all the calls that name one sequence, and every pair of distant calls naming one sequence;
+* delete calls: chunks of halving size down to single calls (delta debugging; with a chunk go the later calls of
+  the sequences it admitted or forked), every window of two or three neighbouring calls, all the calls that name one
+  sequence;
+* delete every pair of distant calls naming one sequence (replays quadratic in the length);
 * merge calls: a grow and the next grow of its sequence into one grow, an admit and the grow after it into an admit
   with the longer suffix (within the operations' bounds), a decode into a step;
 * simplify arguments: shorter token lists (prompts, suffixes, tokens per grow), zero token values, smaller integers;
@@ -15,30 +17,83 @@ never admitted, a swap without host blocks) is never taken for a finding. The pa
   campaign chose W);
 * a smaller pool (or W) and one call fewer together, where neither goes alone (a program building pool pressure).
 
-They repeat until none changes anything (the fixpoint) or the time bound runs out; the result says which. The last
-two run only once the others have reached their fixpoint, and the others run again after any change they make.
+Two things steer the candidates, from the run of the program kept last (its landmarks); neither decides what is
+kept. A targeted eviction names blocks by id, and calls deleted before it change which block holds what it evicted:
+each replay re-aims it at the released block that now holds the same K/V (``evict_blocks([9])`` becomes
+``evict_blocks([0])`` once the admissions that pushed the content to block 9 are gone). And a program that fails
+under pool pressure (every block mapped before its last call) stops failing when a deletion frees blocks: a
+deleted candidate is tried in a pool as much smaller than what it maps in a roomy pool as the kept program's was,
+so calls and blocks go together.
+
+They repeat until none changes anything (the fixpoint) or the time bound runs out; the result says which. The
+configuration is simplified first (a smaller pool makes every later replay cheaper). Distant pairs, merging and the
+last pass run only once the others have reached their fixpoint, and the others run again after any change they
+make.
+
+A fixpoint is local: deleting calls cannot undo what a long random program happened to build first (a pool filled
+by swaps where one admission would do). So a program still longer than :data:`LONG_PROGRAM` calls at its fixpoint is
+shrunk again from other starting points (restarts): random programs of the campaign's swarm (its operations and
+program length) under the shrunk configuration, until one fails with the same signature; the shortest fixpoint
+wins. The failing programs of other signatures such a search meets are handed back, never dropped.
 """
 
 from __future__ import annotations
 
+import random
 import re
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence, cast
 
 import attrs
 
+from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.campaign.signature import Signature, signature_of
+from kvfuzz.campaign.swarm import builds
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.misuse import MisuseCall
+from kvfuzz.program.arguments import system_prompts
 from kvfuzz.program.call import Call
-from kvfuzz.program.execution import Safeguards, Target
+from kvfuzz.program.execution import Execution, Safeguards, Target
+from kvfuzz.program.operations import BY_NAME, Operation
+from kvfuzz.program.random_programs import random_program
 from kvfuzz.program.replay import NotApplicable, replay
+from kvfuzz.program.safeguards import AllocatorHang
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory
 
 SEQ_ARGUMENTS = ("seq", "parent", "child")
 """Arguments that name a sequence, renumbered together."""
 _SEQ_ID = re.compile(r"\bs[0-9]+\b")
+
+
+LONG_PROGRAM = 5
+"""A program longer than this many calls at its fixpoint is shrunk again from other failing programs (restarts)."""
+
+RESTARTS = 3
+"""Other failing programs one shrink starts from, at most."""
+
+RESTART_SEARCH = 200
+"""Random programs a restart tries to find one that fails with the same signature, before restarts give up."""
+
+
+@attrs.frozen
+class Restarts:
+    """Where a shrink finds other programs failing the same way: random programs of a campaign's swarm."""
+
+    operations: tuple[Operation, ...]  # the swarm's operations
+    program_length: int  # the swarm's program length
+    rng: random.Random = attrs.field(eq=False)  # a stream of its own (the worker's seeds it from the signature)
+
+
+@attrs.frozen
+class Failing:
+    """A failing program a restart search met with another signature than the one being shrunk (one per
+    signature)."""
+
+    config: MachineConfig
+    calls: tuple[Call, ...]
+    failure: BaseException
+    signature: Signature  # as the program's own run named it
 
 
 @attrs.frozen
@@ -51,13 +106,46 @@ class Shrunk:
     failure: BaseException  # what the final program raised on its last replay
     replays: int  # candidate programs replayed
     stopped_early: Optional[str] = None
+    restarts: int = 0  # other failing programs shrunk from (the result is the shortest of every fixpoint)
+    others: tuple[Failing, ...] = ()  # failures of other signatures met while searching for restarts, one each
+
+
+BlockTags = tuple[Optional[int], ...]
+"""What a device block holds: the tag of each slot's K/V (None: never written)."""
+
+EvictionKey = tuple[tuple[int, ...], int]
+"""A targeted eviction in a program: the blocks it names, and how many equal calls came before it."""
+
+
+@attrs.frozen
+class _Kept:
+    """A candidate that failed with the signature, as replayed (its targeted evictions re-aimed), with what its run
+    showed that steers the next candidates."""
+
+    config: MachineConfig
+    calls: tuple[Call, ...]  # the calls made: a kept program replays exactly
+    failure: BaseException
+    mapped_before_last: int  # blocks some table had mapped before its last call (all of them: pool pressure)
+    evicted: dict[EvictionKey, tuple[BlockTags, ...]]  # what each targeted eviction's blocks held when it ran
+
+
+@attrs.frozen
+class _Run:
+    """One replay of a candidate that could be made to its end or its failure."""
+
+    failure: Optional[BaseException]
+    failed_at: Optional[int]
+    calls: tuple[Call, ...]  # the calls made
+    mapped_before_last: int
+    evicted: dict[EvictionKey, tuple[BlockTags, ...]]
 
 
 class _Shrinker:
-    """The state of one shrink: the best program so far and the replays' budget.
+    """The state of one shrink: the replays' budget, and what the last kept candidate's run showed.
 
-    Invariant kept: ``config`` and ``calls`` always fail with ``signature`` (they are only replaced by a candidate
-    whose replay did)."""
+    Invariant kept: ``landmarks`` is the run of the last candidate that failed with ``signature`` (the program the
+    passes are shrinking, except briefly after a restart's fixpoint came out longer); candidates are steered by it,
+    never judged by it: a candidate is kept only when its own replay fails with the signature."""
 
     def __init__(
         self,
@@ -65,7 +153,7 @@ class _Shrinker:
         factory: AllocatorFactory,
         signature: Signature,
         safeguards: Safeguards,
-        deadline: float,
+        seconds: float,
         stop: Callable[[], bool],
         stats: Optional[RunStats],
     ) -> None:
@@ -73,28 +161,152 @@ class _Shrinker:
         self.factory = factory  # builds a fresh allocator for every replay
         self.signature = signature  # what every kept candidate fails with
         self.safeguards = safeguards  # the worker's watchdog and journal
-        self.deadline = deadline  # perf_counter time the shrink must end by
+        self.seconds = seconds  # the time bound
+        self.deadline = time.perf_counter() + seconds  # perf_counter time the shrink must end by
         self.stop = stop  # the campaign asks the shrink to end now
         self.stats = stats  # counts the replays' steps
         self.replays = 0
+        self.built: dict[PoolSpec, bool] = {}  # whether the factory builds each pool asked of it so far
+        self.landmarks: Optional[_Kept] = None  # the last candidate kept
+        self.deficit_of: Optional[_Kept] = None  # the landmarks whose deficit was measured
+        self.deficit_blocks: Optional[int] = None  # that deficit (None: not a pool-pressure failure)
+
+    def builds(self, config: MachineConfig) -> bool:
+        """Whether the factory builds this configuration's pool (some refuse counts of blocks their sectors cannot
+        fill): a smaller pool it refuses is no candidate."""
+        pool = config.pool_spec()
+        if pool not in self.built:
+            self.built[pool] = builds(self.signature.allocator, self.factory, pool)
+        return self.built[pool]
 
     def out_of_time(self) -> bool:
         return time.perf_counter() >= self.deadline or self.stop()
 
-    def fails(self, config: MachineConfig, calls: Sequence[Call]) -> Optional[BaseException]:
-        """The failure of this candidate if it has the signature; None otherwise."""
-        self.replays += 1
+    def why_stopped(self) -> str:
+        return "the campaign ended" if self.stop() else f"its time bound ({self.seconds:g} s) ran out"
+
+    def target(self, config: MachineConfig) -> Target:
         safeguards = self.safeguards
         if config != self.journalled:  # the journal's header names the first pool: a death here would misreport it
             safeguards = Safeguards(None, safeguards.watchdog)
+        return Target(self.factory, config, self.stats, safeguards)
+
+    def fails(self, config: MachineConfig, calls: Sequence[Call], reaim: bool = True) -> Optional[_Kept]:
+        """The candidate as replayed, if it fails with the signature (it becomes the landmarks); None otherwise.
+        Without ``reaim`` its targeted evictions are made as they are (a pass trying smaller block ids)."""
+        run = self.run(config, calls, reaim)
+        return None if run is None else self._kept(config, run)
+
+    def fails_shorter(self, config: MachineConfig, calls: Sequence[Call], min_blocks: int) -> Optional[_Kept]:
+        """:meth:`fails` for a candidate with calls deleted. When the program kept last fails under pool pressure
+        (every block mapped before its last call, and more wanted: its :meth:`deficit`), fewer calls want fewer
+        blocks and the same pool no longer runs short where it did: the candidate is tried in a pool as much
+        smaller than what it maps in a roomy one as the kept program's was, then in the same pool (and kept in the
+        roomy one if it fails there: the pressure was not what the failure needed, and the configuration pass
+        shrinks the pool)."""
+        deficit = self.deficit(config)
+        if deficit is None:
+            return self.fails(config, calls)
+        roomy_config = _roomy(config, calls)
+        roomy = self.run(roomy_config, calls)
+        if roomy is None:
+            return None
+        kept = self._kept(roomy_config, roomy)  # the pressure was not what it needed: the pool shrinks later
+        if kept is not None:
+            return kept
+        blocks = roomy.mapped_before_last - deficit
+        if min_blocks <= blocks < config.num_blocks:
+            kept = self.fails(attrs.evolve(config, num_blocks=blocks), calls)
+        return kept if kept is not None else self.fails(config, calls)
+
+    def deficit(self, config: MachineConfig) -> Optional[int]:
+        """How many blocks more than ``config``'s pool the program kept last maps before its last call in a roomy
+        pool, if it fails under pool pressure in ``config`` (None otherwise, or if even the roomy pool fills)."""
+        landmarks = self.landmarks
+        if landmarks is None or landmarks.config != config or landmarks.mapped_before_last < config.num_blocks:
+            return None
+        if self.deficit_of is not landmarks:
+            roomy_config = _roomy(config, landmarks.calls)
+            roomy = self.run(roomy_config, landmarks.calls)
+            wanted = None if roomy is None else roomy.mapped_before_last
+            self.deficit_of = landmarks
+            self.deficit_blocks = None
+            if wanted is not None and config.num_blocks < wanted < roomy_config.num_blocks:
+                self.deficit_blocks = wanted - config.num_blocks
+        return self.deficit_blocks
+
+    def _kept(self, config: MachineConfig, run: _Run) -> Optional[_Kept]:
+        if run.failure is None:
+            return None
+        found = signature_of(self.signature.allocator, run.failure, run.calls, run.failed_at)
+        if found != self.signature:
+            return None
+        self.landmarks = _Kept(config, run.calls, run.failure, run.mapped_before_last, run.evicted)
+        return self.landmarks
+
+    def run(self, config: MachineConfig, calls: Sequence[Call], reaim: bool = True) -> Optional[_Run]:
+        """Replay a candidate on a fresh allocator, re-aiming its targeted evictions (None: it cannot be made, or
+        the factory does not build its pool)."""
+        if not self.builds(config):
+            return None
+        self.replays += 1
+        made: list[Call] = []
+        evicted: dict[EvictionKey, tuple[BlockTags, ...]] = {}
+        mapped = [0]
+
+        def rewrite(index: int, call: Call, execution: Execution) -> Call:
+            if index == len(calls) - 1:
+                mapped[0] = execution.engine.expected.refs.num_ever_mapped()
+            if call.rule == "evict_blocks":
+                call = self._reaimed(call, made, execution, evicted, reaim)
+            made.append(call)
+            return call
+
         try:
-            outcome = replay(Target(self.factory, config, self.stats, safeguards), calls)
+            outcome = replay(self.target(config), calls, rewrite=rewrite)
         except NotApplicable:
             return None
-        if outcome.failure is None:
-            return None
-        found = signature_of(self.signature.allocator, outcome.failure, calls, outcome.failed_at)
-        return outcome.failure if found == self.signature else None
+        return _Run(outcome.failure, outcome.failed_at, tuple(made), mapped[0], evicted)
+
+    def _reaimed(
+        self,
+        call: Call,
+        made: list[Call],
+        execution: Execution,
+        evicted: dict[EvictionKey, tuple[BlockTags, ...]],
+        reaim: bool,
+    ) -> Call:
+        """A targeted eviction aimed at the blocks that now hold what its blocks held in the program kept last
+        (the calls deleted before it changed which block that is); what its blocks hold is recorded."""
+        pools, released = execution.engine.pools, execution.engine.expected.released_blocks()
+        blocks = call.kwargs()["blocks"]
+        landmarks = self.landmarks if reaim else None
+        intended = None if landmarks is None else landmarks.evicted.get(_eviction_key(call, made))
+        if intended is not None and len(intended) == len(blocks):
+            aimed: list[int] = []
+            for block, tags in zip(blocks, intended):
+                if pools.block_tags(block) != tags and any(tag is not None for tag in tags):
+                    holders = (other for other in released if other not in aimed and pools.block_tags(other) == tags)
+                    block = next(holders, block)
+                aimed.append(block)
+            if aimed != list(blocks):
+                call = Call(call.rule, {**call.kwargs(), "blocks": type(blocks)(aimed)})
+        blocks = call.kwargs()["blocks"]
+        evicted[_eviction_key(call, made)] = tuple(pools.block_tags(block) for block in blocks)
+        return call
+
+
+ROOM_PER_CALL = 8
+"""Blocks a roomy pool adds per call of the program: more than one call maps (a decode grows every sequence by a
+token, an admission its prompt), so a program there never runs short."""
+
+
+def _roomy(config: MachineConfig, calls: Sequence[Call]) -> MachineConfig:
+    return attrs.evolve(config, num_blocks=config.num_blocks + ROOM_PER_CALL * len(calls))
+
+
+def _eviction_key(call: Call, made: Sequence[Call]) -> EvictionKey:
+    return tuple(call.kwargs()["blocks"]), sum(1 for earlier in made if earlier == call)
 
 
 def shrink(
@@ -110,48 +322,105 @@ def shrink(
     safeguards: Safeguards = Safeguards(),
     stop: Callable[[], bool] = lambda: False,
     stats: Optional[RunStats] = None,
+    restarts: Optional[Restarts] = None,
 ) -> Shrunk:
     """Shrink ``calls`` under ``config`` (which fail with ``signature``) to a fixpoint of every pass, within
-    ``seconds``; never below ``min_blocks`` device blocks, and only to block sizes in ``block_sizes``."""
-    shrinker = _Shrinker(config, factory, signature, safeguards, time.perf_counter() + seconds, stop, stats)
-    best: tuple[MachineConfig, tuple[Call, ...], BaseException] = (config, tuple(calls), failure)
+    ``seconds``; never below ``min_blocks`` device blocks, and only to block sizes in ``block_sizes``. With
+    ``restarts``, a fixpoint longer than :data:`LONG_PROGRAM` calls is shrunk again from other failing programs."""
+    shrinker = _Shrinker(config, factory, signature, safeguards, seconds, stop, stats)
+    limits = (min_blocks, tuple(block_sizes))
+    shrinker.fails(config, calls)  # its run steers the first candidates (the landmarks)
+    best, stopped = _fixpoint(shrinker, (config, tuple(calls), failure), *limits)
+    others: list[Failing] = []
+    started = 0
+    while restarts is not None and stopped is None and len(best[1]) > LONG_PROGRAM and started < RESTARTS:
+        found = _another_program(shrinker, best[0], best[1], restarts, others)
+        if found is None:
+            break
+        started += 1
+        candidate, candidate_stopped = _fixpoint(shrinker, found, *limits)
+        if len(candidate[1]) < len(best[1]):
+            best, stopped = candidate, candidate_stopped
+        elif candidate_stopped is not None:
+            break  # out of time: the best so far did reach its fixpoint
+    note = None if stopped is None else f"shrinking stopped early: {stopped}"
+    return Shrunk(best[0], best[1], best[2], shrinker.replays, note, started, tuple(others))
+
+
+_Best = tuple[MachineConfig, tuple[Call, ...], BaseException]
+
+
+def _fixpoint(
+    shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]
+) -> tuple[_Best, Optional[str]]:
+    """Every pass until none changes anything; with why it stopped before that (None: the fixpoint)."""
     # The first passes run to their fixpoint before the others are tried: those move a program from one fixpoint
     # of the first to another, and never lengthen it, so a shrink never ends longer than the first passes alone.
     stages = (
-        (_delete_calls, _simplify_arguments, _simplify_shared_values, _renumber, _simplify_config),
-        (_merge_calls, _smaller_pool_fewer_calls),
+        (_simplify_config, _delete_calls, _simplify_arguments, _simplify_shared_values, _renumber),
+        (_delete_distant_pairs, _merge_calls, _smaller_pool_fewer_calls),
     )
     while True:
         before = best[:2]
         for stage in stages:
             for shrink_pass in stage:
                 if shrinker.out_of_time():
-                    why = "the campaign ended" if stop() else f"its time bound ({seconds:g} s) ran out"
-                    return Shrunk(best[0], best[1], best[2], shrinker.replays, f"shrinking stopped early: {why}")
-                best = shrink_pass(shrinker, best, min_blocks, tuple(block_sizes))
+                    return best, shrinker.why_stopped()
+                best = shrink_pass(shrinker, best, min_blocks, block_sizes)
             if best[:2] != before:
                 break
         if best[:2] == before:
-            return Shrunk(best[0], best[1], best[2], shrinker.replays)
+            return best, None
 
 
-_Best = tuple[MachineConfig, tuple[Call, ...], BaseException]
+def _another_program(
+    shrinker: _Shrinker, config: MachineConfig, calls: tuple[Call, ...], restarts: Restarts, others: list[Failing]
+) -> Optional[_Best]:
+    """A random program of the swarm (with the operations ``calls`` make too: a program found by Hypothesis draws
+    from every rule) that fails with the signature, or None (none within :data:`RESTART_SEARCH` programs, out of
+    time, or a hang); drawn under ``config`` and, every other time, under the configuration the failure was found in
+    (a simpler pool can make the failure rare: no host blocks leaves no swap to free blocks with). A failure of
+    another signature goes to ``others`` (once per signature)."""
+    operations = tuple(dict.fromkeys((*restarts.operations, *(BY_NAME[call.rule] for call in calls))))
+    configs = tuple(dict.fromkeys((config, shrinker.journalled)))
+    for attempt in range(RESTART_SEARCH):
+        if shrinker.out_of_time():
+            return None
+        config = configs[attempt % len(configs)]
+        try:
+            found = random_program(shrinker.target(config), restarts.rng, restarts.program_length, operations)
+        except AllocatorHang as hang:  # every further program may hang too: no more restarts
+            stats = shrinker.stats
+            if stats is not None and stats.last_failing_program:
+                hung = tuple(stats.last_failing_program)
+                others.append(Failing(config, hung, hang, signature_of(shrinker.signature.allocator, hang, hung, None)))
+            return None
+        if found is None:
+            continue
+        kept = shrinker.fails(config, found.calls)
+        if kept is not None:
+            return config, kept.calls, kept.failure
+        met = signature_of(shrinker.signature.allocator, found.failure, found.calls, None)
+        if met != shrinker.signature and all(met != other.signature for other in others):
+            others.append(Failing(config, found.calls, found.failure, met))
+    return None
 
 
 def _delete_calls(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
-    """Delta debugging: chunks of halving size, then every window of two or three neighbouring calls (a preempt
-    and its readmit go together), then every sequence's calls at once (an admit and everything naming it), then
-    distant pairs of calls naming one sequence."""
+    """Delta debugging: chunks of halving size (each with the later calls of the sequences it brought in), then
+    every window of two or three neighbouring calls (a preempt and its readmit go together), then every sequence's
+    calls at once (an admit and everything naming it). Each costs a number of replays about linear in the program's
+    length; distant pairs, quadratic, are a later pass."""
     config, calls, failure = best
     current = list(calls)
     chunk = max(1, len(current) // 2)
     while chunk >= 1 and not shrinker.out_of_time():
         start, deleted = 0, False
         while start < len(current) and not shrinker.out_of_time():
-            candidate = current[:start] + current[start + chunk :]
-            found = shrinker.fails(config, candidate) if candidate else None
+            candidate = _without_chunk(current, start, start + chunk)
+            found = shrinker.fails_shorter(config, candidate, min_blocks) if candidate else None
             if found is not None:
-                current, failure, deleted = candidate, found, True
+                config, current, failure, deleted = found.config, list(found.calls), found.failure, True
             else:
                 start += chunk
         if not deleted:
@@ -160,28 +429,50 @@ def _delete_calls(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes
         start = 0
         while start + width <= len(current) and not shrinker.out_of_time():
             candidate = current[:start] + current[start + width :]
-            found = shrinker.fails(config, candidate) if candidate else None
+            found = shrinker.fails_shorter(config, candidate, min_blocks) if candidate else None
             if found is not None:
-                current, failure = candidate, found
+                config, current, failure = found.config, list(found.calls), found.failure
             else:
                 start += 1
     for seq in sorted({name for call in current for name in _sequences(call)}):
         if shrinker.out_of_time():
             break
         candidate = [call for call in current if seq not in _sequences(call)]
-        found = shrinker.fails(config, candidate) if candidate and len(candidate) < len(current) else None
+        shorter = candidate and len(candidate) < len(current)
+        found = shrinker.fails_shorter(config, candidate, min_blocks) if shorter else None
         if found is not None:
-            current, failure = candidate, found
-    current, failure = _delete_distant_pairs(shrinker, config, current, failure)
+            config, current, failure = found.config, list(found.calls), found.failure
     return config, tuple(current), failure
 
 
-def _delete_distant_pairs(
-    shrinker: _Shrinker, config: MachineConfig, calls: list[Call], failure: BaseException
-) -> tuple[list[Call], BaseException]:
+def _without_chunk(calls: list[Call], start: int, end: int) -> list[Call]:
+    """``calls`` less those from ``start`` to ``end`` and every later call naming a sequence one of those brought
+    in (admitted, or forked as a child), transitively: without its admission such a call could not be made, so a
+    chunk deleted alone would leave a program that cannot be replayed."""
+    born = {name for call in calls[start:end] for name in _introduced(call)}
+    kept = calls[:start]
+    for call in calls[end:]:
+        if _sequences(call) & born:
+            born.update(_introduced(call))
+        else:
+            kept.append(call)
+    return kept
+
+
+def _introduced(call: Call) -> set[str]:
+    """The sequence a call brings in: an admission's, a fork's child."""
+    argument = {"admit": "seq", "fork": "child"}.get(call.rule)
+    name = None if argument is None else call.kwargs().get(argument)
+    return {name} if isinstance(name, str) else set()
+
+
+def _delete_distant_pairs(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
     """Every pair of calls naming one sequence, three or more calls apart (a preempt and its readmit with other
-    work between them, an admission and the free that undoes it); closer pairs are the windows' job."""
-    current, first = calls, 0
+    work between them, an admission and the free that undoes it); closer pairs are the windows' job. Its replays
+    grow with the square of the program's length, so it runs once the linear passes have reached their fixpoint
+    (on a long program in a large pool it would otherwise spend the time bound before the pool gets smaller)."""
+    config, calls, failure = best
+    current, first = list(calls), 0
     while first < len(current) and not shrinker.out_of_time():
         names, deleted = _sequences(current[first]), False
         for second in range(first + 3, len(current)):
@@ -189,13 +480,13 @@ def _delete_distant_pairs(
                 break
             if names & _sequences(current[second]):
                 candidate = current[:first] + current[first + 1 : second] + current[second + 1 :]
-                found = shrinker.fails(config, candidate)
+                found = shrinker.fails_shorter(config, candidate, min_blocks)
                 if found is not None:
-                    current, failure, deleted = candidate, found, True
+                    config, current, failure, deleted = found.config, list(found.calls), found.failure, True
                     break
         if not deleted:
             first += 1
-    return current, failure
+    return config, tuple(current), failure
 
 
 def _merge_calls(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
@@ -210,7 +501,7 @@ def _merge_calls(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes:
         for candidate in _merges(current, index):
             found = shrinker.fails(config, candidate)
             if found is not None:
-                current, failure = candidate, found
+                current, failure = list(found.calls), found.failure
                 break
         else:
             index += 1
@@ -286,9 +577,9 @@ def _simplify_arguments(shrinker: _Shrinker, best: _Best, min_blocks: int, block
                 for candidate in _smaller(current[index].kwargs()[name]):
                     trial = current[:index] + [Call(current[index].rule, {**current[index].kwargs(), name: candidate})]
                     trial += current[index + 1 :]
-                    found = shrinker.fails(config, trial)
+                    found = shrinker.fails(config, trial, reaim=False)
                     if found is not None:
-                        current, failure, improved = trial, found, True
+                        current, failure, improved = trial, found.failure, True
                         break
     return config, tuple(current), failure
 
@@ -316,9 +607,9 @@ def _simplify_shared_values(shrinker: _Shrinker, best: _Best, min_blocks: int, b
                 else call
                 for call in current
             ]
-            found = shrinker.fails(config, trial)
+            found = shrinker.fails(config, trial, reaim=False)
             if found is not None:
-                current, failure = trial, found
+                current, failure = trial, found.failure
                 break
     return config, tuple(current), failure
 
@@ -347,7 +638,7 @@ def _renumber(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tu
     if candidate == list(calls):
         return best
     found = shrinker.fails(config, candidate)
-    return (config, tuple(candidate), found) if found is not None else best
+    return (config, found.calls, found.failure) if found is not None else best
 
 
 def _simplify_config(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
@@ -363,14 +654,71 @@ def _simplify_config(shrinker: _Shrinker, best: _Best, min_blocks: int, block_si
             if name == "block_size" and block_sizes:
                 options = sorted(size for size in block_sizes if size < value)
             else:
-                options = sorted({v for v in (lowest, value // 2, value - 1) if lowest <= v < value})
+                options = _smaller_counts(value, lowest)
             for smaller in options:
                 trial = attrs.evolve(config, **cast(dict[str, Any], {name: smaller}))
-                found = shrinker.fails(trial, calls)
-                if found is not None:
-                    config, failure, improved = trial, found, True
+                programs = _at_block_size(calls, value, smaller) if name == "block_size" else [calls]
+                for program in programs:
+                    found = shrinker.fails(trial, program)
+                    if found is not None:
+                        config, calls, failure, improved = trial, found.calls, found.failure, True
+                        break
+                if improved:
                     break
     return config, calls, failure
+
+
+def _smaller_counts(value: int, lowest: int) -> list[int]:
+    """Smaller values of a count (blocks, W), smallest first: the lowest, then halfway, three quarters, seven
+    eighths ... of the way up, then one less; a pool that must keep most of its blocks reaches its smallest size in
+    a few halvings of the distance instead of one block at a time."""
+    options = {lowest, value // 2, value - 1}
+    gap = value - lowest
+    while gap > 1:
+        gap //= 2
+        options.add(value - gap)
+    return sorted(option for option in options if lowest <= option < value)
+
+
+def _at_block_size(calls: tuple[Call, ...], old: int, new: int) -> list[tuple[Call, ...]]:
+    """``calls`` rewritten for blocks of ``new`` slots instead of ``old``, as candidates, the likeliest first.
+
+    A shared system prompt is drawn among prompts that end just below, at or past a block boundary
+    (:func:`~kvfuzz.program.arguments.system_prompts`), so each becomes the new size's prompt of the same role. Token
+    lists (suffixes, grown tokens) then either keep their length in blocks (scaled, at least one token: a program
+    building pool pressure still fills as many blocks) or keep their tokens (cut to the new size's bounds; replay
+    refuses a list still too long)."""
+    roles: dict[int, int] = {}
+    for index, prompt in enumerate(_prompts_by_role(old)):
+        roles.setdefault(len(prompt), index)
+    renamed = _prompts_by_role(new)
+
+    def rewrite(call: Call, scale: bool) -> Call:
+        arguments = dict(call.kwargs())
+        system = arguments.get("system")
+        if isinstance(system, (list, tuple)) and len(system) in roles:
+            arguments["system"] = type(system)(renamed[roles[len(system)]])
+        for name in ("suffix", "tokens"):
+            tokens = arguments.get(name)
+            if isinstance(tokens, list) and tokens:
+                length = max(1, -(-len(tokens) * new // old)) if scale else min(len(tokens), new + 2)
+                arguments[name] = tokens[:length]
+        return Call(call.rule, arguments)
+
+    candidates: list[tuple[Call, ...]] = []
+    for scale in (True, False):
+        candidate = tuple(rewrite(call, scale) for call in calls)
+        if candidate not in candidates:
+            candidates.append(candidate)
+    return candidates
+
+
+def _prompts_by_role(block_size: int) -> tuple[tuple[int, ...], ...]:
+    """The system prompts of one block size by role: empty, a block less one token, one block, two blocks, two
+    blocks and one token (at one slot per block the first two coincide; the empty prompt keeps role 0)."""
+    by_length = {len(prompt): prompt for prompt in system_prompts(block_size)}
+    lengths = (0, block_size - 1, block_size, 2 * block_size, 2 * block_size + 1)
+    return tuple(by_length[length] for length in lengths)
 
 
 def _smaller_pool_fewer_calls(shrinker: _Shrinker, best: _Best, min_blocks: int, block_sizes: tuple[int, ...]) -> _Best:
@@ -392,5 +740,5 @@ def _smaller_pool_fewer_calls(shrinker: _Shrinker, best: _Best, min_blocks: int,
                 candidate = calls[:index] + calls[index + 1 :]
                 found = shrinker.fails(trial, candidate) if candidate else None
                 if found is not None:
-                    return trial, candidate, found
+                    return trial, found.calls, found.failure
     return best

@@ -30,7 +30,7 @@ from hypothesis.database import ExampleDatabase
 
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
-from kvfuzz.campaign.shrink import shrink
+from kvfuzz.campaign.shrink import Failing, Restarts, shrink
 from kvfuzz.campaign.signature import Signature, signature_of
 from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
 from kvfuzz.campaign.swarm import Limits, SwarmConfig, builds, draw_swarm
@@ -273,9 +273,25 @@ class _Worker:
         self.reporter.send(Claimed(self.plan.slot, signature.to_json(), key, len(calls)))
         self.reporter.phase = "shrinking"
         try:
-            self.save(swarm, calls, failure, signature, safeguards)
+            others = self.save(swarm, calls, failure, signature, safeguards)
         finally:
             self.reporter.phase = "searching"
+        for other in others:  # met while shrinking: each counted, or claimed, shrunk and saved, like any failure
+            if self.stop.is_set():
+                break
+            at = attrs.evolve(swarm, machine=other.config)
+            self.failure(
+                at,
+                list(other.calls),
+                other.failure,
+                safeguards if at == swarm else Safeguards(None, safeguards.watchdog),
+            )
+
+    def _restart_rng(self, signature: Signature) -> random.Random:
+        """The random stream a shrink's restarts draw from: the worker's seed and the signature's, so that how far a
+        time-bounded shrink got leaves the worker's own search stream (and what it finds next) unchanged."""
+        digest = hashlib.sha256(f"{self.plan.seed} {signature.key()}".encode()).digest()
+        return random.Random(int.from_bytes(digest[:8], "little"))
 
     def save(
         self,
@@ -284,11 +300,13 @@ class _Worker:
         failure: BaseException,
         signature: Signature,
         safeguards: Safeguards,
-    ) -> None:
+    ) -> tuple[Failing, ...]:
+        """Shrink, confirm and save one claimed failure; return the failures of other signatures its shrinking met."""
         factory = self.factories[swarm.allocator]
         limits = self.limits[swarm.allocator]
         config: MachineConfig = swarm.machine
         note: Optional[str] = None
+        others: tuple[Failing, ...] = ()
         if isinstance(failure, AllocatorHang):
             note = "not shrunk: every replay of a hang costs the call timeout"
             reproduced = replays = 0
@@ -305,8 +323,10 @@ class _Worker:
                 safeguards=safeguards,
                 stop=self.halt.is_set,
                 stats=self.stats,
+                restarts=Restarts(swarm.operation_records(), swarm.program_length, self._restart_rng(signature)),
             )
             config, calls, failure, note = shrunk.config, list(shrunk.calls), shrunk.failure, shrunk.stopped_early
+            others = shrunk.others
             replays = CONFIRM_REPLAYS
             reproduced = _confirm(factory, config, calls, signature, safeguards, replays)
         trace = Trace(
@@ -337,6 +357,7 @@ class _Worker:
                 unsaved,
             )
         )
+        return others
 
 
 def _database_key(swarm: SwarmConfig) -> bytes:

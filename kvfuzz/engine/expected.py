@@ -102,6 +102,10 @@ class BlockRefs:
     def num_referenced(self) -> int:
         return len(self.holders)
 
+    def num_ever_mapped(self) -> int:
+        """Blocks some table has mapped so far (referenced now or released)."""
+        return len(self.holders) + len(self.released)
+
     def replace(self, seq: SeqId, old: tuple[int, ...], new: tuple[int, ...]) -> TableChange:
         """``seq``'s table went from ``old`` to ``new``."""
         touched, released, acquired = set(), [], []

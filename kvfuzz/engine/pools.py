@@ -132,6 +132,15 @@ class KVPools:
         self._late_work.clear()
         self.late_work_by_block.clear()
 
+    def block_tags(self, block: int) -> tuple[Optional[int], ...]:
+        """The tag of the K/V each slot of a device block holds (None: never written): what the block holds,
+        whichever sequence wrote it."""
+        first = block * self.block_size
+        return tuple(
+            None if (record := self.shadow.get(slot)) is None else record.tag
+            for slot in range(first, first + self.block_size)
+        )
+
     # -- writes and copies ---------------------------------------------------------------------------------------
 
     def write(self, slots: list[int], writes: list[SlotWrite]) -> None:

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import attrs
 
 from kvfuzz.program.call import Call
-from kvfuzz.program.execution import Target
+from kvfuzz.program.execution import Execution, Target
 from kvfuzz.program.safeguards import AllocatorHang
 from kvfuzz.program.stats import failure_kind
 
@@ -34,8 +34,16 @@ class ReplayOutcome:
     failed_at: Optional[int]
 
 
+Rewrite = Callable[[int, Call, Execution], Call]
+"""Called before each call of a replay with the execution as the calls before it left it; the call it returns is
+made in its place (a shrinker re-aiming a targeted eviction at the block that now holds what it evicted)."""
+
+
 def replay(
-    target: Target, calls: Sequence[Call], on_call: Optional[Callable[[int, Call], None]] = None
+    target: Target,
+    calls: Sequence[Call],
+    on_call: Optional[Callable[[int, Call], None]] = None,
+    rewrite: Optional[Rewrite] = None,
 ) -> ReplayOutcome:
     """Run ``calls`` on a fresh allocator, then the teardown, stopping at the first failure (a hang included).
 
@@ -44,6 +52,8 @@ def replay(
     execution = target.start()
     try:
         for index, call in enumerate(calls):
+            if rewrite is not None:
+                call = rewrite(index, call, execution)
             if not execution.accepts(call):
                 raise NotApplicable(f"call {index + 1}, {call}, cannot be made in the state the calls before it left")
             if on_call is not None:
