@@ -288,7 +288,7 @@ def run(
     journal: Optional[Journal] = None
     if journal_dir is not None:
         with contextlib.suppress(OSError):  # no journal is better than no run: the run still reports what it finds
-            journal = Journal(journal_dir, allocator_name, config_json(config, None))
+            journal = Journal(journal_dir, allocator_name, config_json(config, config.inflight_window))
     failure: Optional[BaseException] = None
     calls: list[Call] = []
     flaky_in_search = interrupted = False

@@ -76,6 +76,19 @@ class _SegfaultsOnRollback(PagedAllocator):
         ctypes.string_at(0)  # reads address 0: SIGSEGV
 
 
+class _LeaksAndSegfaultsInSmallPools(PagedAllocator):
+    """Leaks a freed sequence's blocks (an invariant, in any pool) and kills the process admitting into a pool of
+    fewer than 4 blocks: a shrinker trying a smaller pool dies there."""
+
+    def admit(self, seq: str, namespace: tuple[str, ...], tokens: tuple[int, ...]) -> AdmitResult:
+        if self.num_blocks < 4:
+            ctypes.string_at(0)
+        return super().admit(seq, namespace, tokens)
+
+    def free(self, seq: str) -> None:
+        self._seqs.pop(seq)  # its blocks stay referenced
+
+
 class _SometimesLeaks(PagedAllocator):
     """Leaks a preempted sequence's table entry half the time (a race, as far as kvfuzz can tell)."""
 
@@ -136,6 +149,10 @@ def hangs_on_rollback(spec: PoolSpec) -> PagedAllocator:
 
 def segfaults_on_rollback(spec: PoolSpec) -> PagedAllocator:
     return _build(_SegfaultsOnRollback, spec)
+
+
+def leaks_and_segfaults_in_small_pools(spec: PoolSpec) -> PagedAllocator:
+    return _build(_LeaksAndSegfaultsInSmallPools, spec)
 
 
 def sometimes_leaks(spec: PoolSpec) -> PagedAllocator:

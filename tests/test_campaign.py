@@ -829,6 +829,7 @@ def test_a_worker_the_allocator_kills_is_reported_with_its_program_and_replaced(
     dead = result["dead_workers"][0]
     assert dead["how"] == "killed by signal 11 (SIGSEGV)"
     for dead in result["dead_workers"]:
+        assert dead["trace"], (dead, done.stderr)  # each death's program recovered from its journal
         trace = load(workdir / dead["trace"])
         assert trace.program[-1].rule in ("rollback", "misuse")  # a misuse call of rollback segfaults too
     died = "crash (the process died)"

@@ -165,6 +165,56 @@ def test_a_segfault_leaves_a_journal_that_becomes_a_replayable_trace(tmp_path: P
     assert "signal 11" in replayed.stdout
 
 
+_SHRINK_INTO_A_SMALL_POOL = """
+import sys
+from pathlib import Path
+
+from kvfuzz.campaign.shrink import shrink
+from kvfuzz.campaign.signature import signature_of
+from kvfuzz.engine.config import MachineConfig, config_json
+from kvfuzz.program.call import Call
+from kvfuzz.program.execution import Safeguards, Target
+from kvfuzz.program.replay import replay
+from kvfuzz.program.safeguards import Journal
+from tests.hostile import leaks_and_segfaults_in_small_pools as factory
+
+name = "tests.hostile:leaks_and_segfaults_in_small_pools"
+config = MachineConfig(block_size=2, num_blocks=16, num_host_blocks=0)
+admit = {"seq": "s0", "namespace": (), "system": (), "suffix": [1, 2, 3]}
+calls = [Call("admit", admit), Call("step", {}), Call("free", {"seq": "s0"})]
+outcome = replay(Target(factory, config), calls)
+assert outcome.failure is not None, "the leak fails in the pool it was found in"
+signature = signature_of(name, outcome.failure, calls, outcome.failed_at)
+journal = Journal(Path(sys.argv[1]), name, config_json(config, config.inflight_window))
+shrink(factory, config, calls, outcome.failure, signature, seconds=60, safeguards=Safeguards(journal))
+print("the shrink never tried a pool of fewer than 4 blocks")
+"""
+
+
+def test_a_death_while_shrinking_in_a_smaller_pool_is_recovered_with_that_pool(tmp_path: Path) -> None:
+    """The shrinker replays candidates in smaller pools than the failure was found in; the allocator kills the process
+    in one. The journal names the pool each program ran in, so the recovered trace is the program that died, in the
+    pool it died in, and its replay dies the same way (with the first pool it would replay the leak instead)."""
+    from kvfuzz.journals import recover
+    from kvfuzz.trace import load
+
+    died = subprocess.run(
+        [sys.executable, "-c", _SHRINK_INTO_A_SMALL_POOL, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert died.returncode == -signal.SIGSEGV, died.stdout + died.stderr
+    (recovered,) = recover(tmp_path)
+    assert recovered.trace is not None, recovered.message
+    trace = load(recovered.trace)
+    assert trace.config.num_blocks < 4 and trace.program[-1].rule == "admit"
+    replayed = _kvfuzz("replay", str(recovered.trace), cwd=ROOT)
+    assert replayed.returncode == 1 and "signal 11" in replayed.stdout, replayed.stdout + replayed.stderr
+
+
 def _flaky_leak_run() -> RunSummary:
     """A run against a leak that happens half the time, reported flaky (8 confirming replays) yet reproduced."""
     for seed in range(8):

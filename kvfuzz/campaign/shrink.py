@@ -149,7 +149,7 @@ class _Shrinker:
 
     def __init__(
         self,
-        journalled: MachineConfig,
+        found_in: MachineConfig,
         factory: AllocatorFactory,
         signature: Signature,
         safeguards: Safeguards,
@@ -157,7 +157,7 @@ class _Shrinker:
         stop: Callable[[], bool],
         stats: Optional[RunStats],
     ) -> None:
-        self.journalled = journalled  # the configuration the journal's header records
+        self.found_in = found_in  # the configuration the failure was found in
         self.factory = factory  # builds a fresh allocator for every replay
         self.signature = signature  # what every kept candidate fails with
         self.safeguards = safeguards  # the worker's watchdog and journal
@@ -186,10 +186,9 @@ class _Shrinker:
         return "the campaign ended" if self.stop() else f"its time bound ({self.seconds:g} s) ran out"
 
     def target(self, config: MachineConfig) -> Target:
-        safeguards = self.safeguards
-        if config != self.journalled:  # the journal's header names the first pool: a death here would misreport it
-            safeguards = Safeguards(None, safeguards.watchdog)
-        return Target(self.factory, config, self.stats, safeguards)
+        """Where a candidate runs: journalled under its own configuration, so a death in a smaller pool is
+        recovered with that pool."""
+        return Target(self.factory, config, self.stats, self.safeguards)
 
     def fails(self, config: MachineConfig, calls: Sequence[Call], reaim: bool = True) -> Optional[_Kept]:
         """The candidate as replayed, if it fails with the signature (it becomes the landmarks); None otherwise.
@@ -382,7 +381,7 @@ def _another_program(
     (a simpler pool can make the failure rare: no host blocks leaves no swap to free blocks with). A failure of
     another signature goes to ``others`` (once per signature)."""
     operations = tuple(dict.fromkeys((*restarts.operations, *(BY_NAME[call.rule] for call in calls))))
-    configs = tuple(dict.fromkeys((config, shrinker.journalled)))
+    configs = tuple(dict.fromkeys((config, shrinker.found_in)))
     for attempt in range(RESTART_SEARCH):
         if shrinker.out_of_time():
             return None

@@ -239,6 +239,8 @@ class Campaign:
             for recovered in journals.recover(self.options.corpus):
                 if recovered.trace is not None:
                     self.recovered[recovered.pid] = str(recovered.trace)
+                else:
+                    self.event(f"kvfuzz: {recovered.message}")  # why that death's program is lost
         # Another worker's death may have recovered this one's journal first (two deaths between two checks).
         trace_path = self.recovered.pop(pid, None)
         if trace_path is not None:

@@ -186,7 +186,7 @@ class _Worker:
 
     def _journal(self, swarm: SwarmConfig) -> Optional[Journal]:
         try:
-            return Journal(self.plan.corpus, swarm.allocator, config_json(swarm.machine, None))
+            return Journal(self.plan.corpus, swarm.allocator, config_json(swarm.machine, swarm.machine.inflight_window))
         except OSError:
             return None  # no journal is better than no search: a crash then loses its program
 
@@ -239,9 +239,14 @@ class _Worker:
         self.reporter.examples += summary.examples
         self.reporter.steps += summary.steps
         if summary.failed and summary.calls and summary.failure is not None:
-            watchdog = Watchdog(self.plan.call_timeout) if self.plan.call_timeout else None
-            with watchdog or contextlib.nullcontext():
-                self.failure(swarm, list(summary.calls), summary.failure, Safeguards(None, watchdog))
+            journal = self._journal(swarm)  # its replays and shrinking are journalled like a random batch's
+            try:
+                watchdog = Watchdog(self.plan.call_timeout) if self.plan.call_timeout else None
+                with watchdog or contextlib.nullcontext():
+                    self.failure(swarm, list(summary.calls), summary.failure, Safeguards(journal, watchdog))
+            finally:
+                if journal is not None:
+                    journal.close()
 
     def failure(self, swarm: SwarmConfig, calls: list[Call], failure: BaseException, safeguards: Safeguards) -> None:
         """A failing program: count it if its signature is known, else claim it, shrink it, confirm it and save it."""
@@ -279,13 +284,7 @@ class _Worker:
         for other in others:  # met while shrinking: each counted, or claimed, shrunk and saved, like any failure
             if self.stop.is_set():
                 break
-            at = attrs.evolve(swarm, machine=other.config)
-            self.failure(
-                at,
-                list(other.calls),
-                other.failure,
-                safeguards if at == swarm else Safeguards(None, safeguards.watchdog),
-            )
+            self.failure(attrs.evolve(swarm, machine=other.config), list(other.calls), other.failure, safeguards)
 
     def _restart_rng(self, signature: Signature) -> random.Random:
         """The random stream a shrink's restarts draw from: the worker's seed and the signature's, so that how far a

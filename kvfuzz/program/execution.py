@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
-from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.engine import Engine
 from kvfuzz.program.call import Call, program_json
 from kvfuzz.program.operations import BY_NAME
@@ -46,7 +46,8 @@ class Execution:
         if stats is not None:
             stats.example_started()
         if safeguards.journal is not None:
-            safeguards.journal.begin_example()
+            config = engine.config
+            safeguards.journal.begin_example(config_json(config, config.inflight_window))
 
     def accepts(self, call: Call) -> bool:
         """Whether ``call`` could have been drawn in the current state (its operation enabled, its arguments ones

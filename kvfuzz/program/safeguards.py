@@ -166,7 +166,8 @@ JOURNAL_FORMAT = "kvfuzz-journal/1"
 class Journal:
     """An append-only file of the programs a run executes, one JSON object a line, flushed before each call: a
     header (``{"format": "kvfuzz-journal/1", "pid": ..., "allocator": ..., "config": {...}}``), then
-    ``{"example": n}`` before each program and ``{"rule": ..., "arguments": {...}}`` per call, in the trace format.
+    ``{"example": n}`` before each program and ``{"rule": ..., "arguments": {...}}`` per call, in the trace format;
+    a program run under another configuration than the last header's is preceded by a header of its own.
     If the process dies, the last program in the file is the one that killed it; :mod:`kvfuzz.corpus` turns such
     a journal into a trace. A run that ends normally deletes its journal."""
 
@@ -175,12 +176,25 @@ class Journal:
         self.path = directory / f"{JOURNAL_PREFIX}{os.getpid()}.jsonl"  # one per process
         self._file: Optional[IO[str]] = open(self.path, "w", encoding="utf-8")
         self._examples = 0
+        self._allocator = allocator  # what every header names
+        self._config = config_json  # the configuration the last header records
         self.error: Optional[OSError] = None  # why the journal was given up, if it was
-        self._write({"format": JOURNAL_FORMAT, "pid": os.getpid(), "allocator": allocator, "config": config_json})
+        self._write_header()
 
-    def begin_example(self) -> None:
+    def begin_example(self, config_json: Optional[dict[str, Any]] = None) -> None:
+        """A program starts; under ``config_json`` when given (a shrinker replays candidates in smaller pools): a
+        configuration other than the last header's gets a header of its own first, so the program a death leaves
+        last is recovered with the pool it ran in."""
+        if config_json is not None and config_json != self._config:
+            self._config = config_json
+            self._write_header()
         self._examples += 1
         self._write({"example": self._examples})
+
+    def _write_header(self) -> None:
+        self._write(
+            {"format": JOURNAL_FORMAT, "pid": os.getpid(), "allocator": self._allocator, "config": self._config}
+        )
 
     def call(self, record: dict[str, Any]) -> None:
         """One call, as a trace's program lists it (``{"rule": ..., "arguments": {...}}``)."""
