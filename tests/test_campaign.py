@@ -589,6 +589,23 @@ def test_a_long_fixpoint_is_shrunk_again_from_other_failing_programs_of_the_swar
     assert signature_of(spec, rerun.failure, again.calls, rerun.failed_at) == signature
 
 
+def test_a_restart_search_draws_short_programs_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short failing program is a better start than one of the swarm's full length (and a short passing one is a
+    cheap miss): the search's programs grow by a call each, from 8 calls to the swarm's length."""
+    asked: list[int] = []
+
+    def passing(target: Target, rng: random.Random, length: int, operations: object) -> None:
+        asked.append(length)
+        return None
+
+    monkeypatch.setattr(shrinking, "random_program", passing)
+    wanted = Signature("kvfuzz", "invariant 13 (eviction order)", "evict")
+    shrinker = shrinking._Shrinker(MachineConfig(), paged_allocator, wanted, Safeguards(), 120.0, lambda: False, None)
+    restarts = shrinking.Restarts(OPERATIONS, 12, random.Random(0))
+    assert shrinking._another_program(shrinker, MachineConfig(), (), restarts, []) is None
+    assert asked[:6] == [8, 9, 10, 11, 12, 12] and len(asked) == shrinking.RESTART_SEARCH
+
+
 def test_a_restart_search_hands_back_the_failures_of_other_signatures_once_each() -> None:
     spec = "zoo:NoCopyOnWrite"
     factory = load_factory(spec)

@@ -75,6 +75,10 @@ RESTARTS = 3
 RESTART_SEARCH = 200
 """Random programs a restart tries to find one that fails with the same signature, before restarts give up."""
 
+RESTART_SHORTEST = 8
+"""The length of a restart search's first program; each next one may be a call longer, up to the swarm's program
+length: a short failing program is a better start (and a short passing one a cheap miss)."""
+
 
 @attrs.frozen
 class Restarts:
@@ -387,7 +391,8 @@ def _another_program(
             return None
         config = configs[attempt % len(configs)]
         try:
-            found = random_program(shrinker.target(config), restarts.rng, restarts.program_length, operations)
+            length = min(restarts.program_length, RESTART_SHORTEST + attempt)
+            found = random_program(shrinker.target(config), restarts.rng, length, operations)
         except AllocatorHang as hang:  # every further program may hang too: no more restarts
             stats = shrinker.stats
             if stats is not None and stats.last_failing_program:
