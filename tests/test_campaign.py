@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import time
 import types
 from pathlib import Path
 from typing import Any, Sequence
@@ -605,36 +604,6 @@ def test_a_restart_search_draws_short_programs_first(monkeypatch: pytest.MonkeyP
     restarts = shrinking.Restarts(OPERATIONS, 12, random.Random(0))
     assert shrinking._another_program(shrinker, MachineConfig(), (), restarts, []) is None
     assert asked[:6] == [8, 9, 10, 11, 12, 12] and len(asked) == shrinking.RESTART_SEARCH
-
-
-def test_a_long_program_that_has_not_reached_its_fixpoint_at_half_the_bound_leaves_restarts_time(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The program as found is shrunk for half the bound; unfinished then, a restart's shorter fixpoint wins, and
-    the shortest program so far is shrunk on with the time left."""
-    long = tuple(_admit(f"s{index}", [index]) for index in range(12))
-    short = long[:3]
-    budgets: list[float] = []
-    results = iter(
-        [
-            ((MachineConfig(), long, AssertionError()), "its time bound ran out"),
-            (None, "its time bound ran out"),
-            ((MachineConfig(), short[:2], AssertionError()), None),
-        ]
-    )
-
-    def fixpoint(shrinker: shrinking._Shrinker, best: Any, *limits: Any) -> Any:
-        budgets.append(shrinker.deadline - time.perf_counter())
-        result, stopped = next(results)
-        return (best if result is None else result), stopped
-
-    monkeypatch.setattr(shrinking, "_fixpoint", fixpoint)
-    monkeypatch.setattr(shrinking, "_another_program", lambda *args: (MachineConfig(), short, AssertionError()))
-    restarts = shrinking.Restarts(OPERATIONS, 12, random.Random(0))
-    wanted = Signature("kvfuzz", "invariant 3 (refcounts)", "admit")
-    shrunk = shrink(paged_allocator, MachineConfig(), long, AssertionError(), wanted, seconds=100, restarts=restarts)
-    assert budgets[0] <= 50 and budgets[1] > 90 and len(budgets) == 3
-    assert shrunk.calls == short[:2] and shrunk.stopped_early is None and shrunk.restarts == 1
 
 
 def test_a_restart_search_hands_back_the_failures_of_other_signatures_once_each() -> None:

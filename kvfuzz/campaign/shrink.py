@@ -32,11 +32,9 @@ make.
 
 A fixpoint is local: deleting calls cannot undo what a long random program happened to build first (a pool filled
 by swaps where one admission would do). So a program still longer than :data:`LONG_PROGRAM` calls at its fixpoint is
-shrunk again from other starting points (restarts): random programs of the campaign's swarm (its operations; from 8
-calls long, a call longer each try, up to its program length) under the shrunk configuration, until one fails with
-the same signature; the shortest fixpoint wins. The program as found gets half the time bound first, so a long one
-cannot spend it all before a restart is tried; the shortest program so far then gets what is left. The failing
-programs of other signatures such a search meets are handed back, never dropped.
+shrunk again from other starting points (restarts): random programs of the campaign's swarm (its operations and
+program length) under the shrunk configuration, until one fails with the same signature; the shortest fixpoint
+wins. The failing programs of other signatures such a search meets are handed back, never dropped.
 """
 
 from __future__ import annotations
@@ -331,20 +329,14 @@ def shrink(
 ) -> Shrunk:
     """Shrink ``calls`` under ``config`` (which fail with ``signature``) to a fixpoint of every pass, within
     ``seconds``; never below ``min_blocks`` device blocks, and only to block sizes in ``block_sizes``. With
-    ``restarts``, a fixpoint longer than :data:`LONG_PROGRAM` calls is shrunk again from other failing programs; the
-    program as found then gets half the time bound first, and if it has not reached its fixpoint by then, restarts
-    are tried before the shortest program so far is shrunk on with the time left."""
+    ``restarts``, a fixpoint longer than :data:`LONG_PROGRAM` calls is shrunk again from other failing programs."""
     shrinker = _Shrinker(config, factory, signature, safeguards, seconds, stop, stats)
     limits = (min_blocks, tuple(block_sizes))
     shrinker.fails(config, calls)  # its run steers the first candidates (the landmarks)
-    deadline = shrinker.deadline
-    if restarts is not None:  # the program as found gets half the bound first: a long one must leave restarts time
-        shrinker.deadline -= seconds / 2
     best, stopped = _fixpoint(shrinker, (config, tuple(calls), failure), *limits)
-    shrinker.deadline = deadline
     others: list[Failing] = []
     started = 0
-    while restarts is not None and not shrinker.out_of_time() and len(best[1]) > LONG_PROGRAM and started < RESTARTS:
+    while restarts is not None and stopped is None and len(best[1]) > LONG_PROGRAM and started < RESTARTS:
         found = _another_program(shrinker, best[0], best[1], restarts, others)
         if found is None:
             break
@@ -353,9 +345,7 @@ def shrink(
         if len(candidate[1]) < len(best[1]):
             best, stopped = candidate, candidate_stopped
         elif candidate_stopped is not None:
-            break  # out of time
-    if stopped is not None and not shrinker.out_of_time():  # the shortest start, shrunk on with the time left
-        best, stopped = _fixpoint(shrinker, best, *limits)
+            break  # out of time: the best so far did reach its fixpoint
     note = None if stopped is None else f"shrinking stopped early: {stopped}"
     return Shrunk(best[0], best[1], best[2], shrinker.replays, note, started, tuple(others))
 
