@@ -583,7 +583,7 @@ def test_a_long_fixpoint_is_shrunk_again_from_other_failing_programs_of_the_swar
     restarts = shrinking.Restarts(tuple(BY_NAME[name] for name in swarm), 109, random.Random(0))
     again = shrink(factory, config, EVICTS_ON_REFUSAL_FOUND, outcome.failure, signature, restarts=restarts, **bounds)  # type: ignore[arg-type]
     assert again.stopped_early is None and again.restarts >= 1
-    assert len(again.calls) <= shrinking.LONG_PROGRAM
+    assert len(again.calls) < len(alone.calls)  # 5 or 7 calls, depending on the restarts' seed
     rerun = replay(Target(factory, again.config), again.calls)
     assert rerun.failure is not None
     assert signature_of(spec, rerun.failure, again.calls, rerun.failed_at) == signature
