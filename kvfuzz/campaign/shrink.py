@@ -2,8 +2,11 @@
 
 A program found by random search keeps calls, tokens and blocks that do not matter. Each pass below proposes
 smaller candidates and keeps one only when its replay, on a fresh allocator, fails with the same
-:class:`~kvfuzz.campaign.signature.Signature`; a candidate whose calls no longer make sense (a grow of a sequence
-never admitted, a swap without host blocks) is never taken for a finding. The passes:
+:class:`~kvfuzz.campaign.signature.Signature`. A deletion often strands a later call: one that could not be made
+where it now stands (a readmission whose preemption the pool no longer forces, a decode with nothing computed, an
+eviction of a block no longer released). The replay skips such a call, and the candidate is the calls it made (they
+replay exactly, as saved): in a long program of preemptions and targeted evictions most candidates strand some call,
+and throwing them away left delta debugging little to delete. The passes:
 
 * delete calls: chunks of halving size down to single calls (delta debugging; with a chunk go the later calls of
   the sequences it admitted or forked), every window of two or three neighbouring calls, all the calls that name one
@@ -56,7 +59,7 @@ from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Execution, Safeguards, Target
 from kvfuzz.program.operations import BY_NAME, Operation
 from kvfuzz.program.random_programs import random_program
-from kvfuzz.program.replay import NotApplicable, replay
+from kvfuzz.program.replay import replay
 from kvfuzz.program.safeguards import AllocatorHang
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory
@@ -212,8 +215,8 @@ class _Shrinker:
             return self.fails(config, calls)
         roomy_config = _roomy(config, calls)
         roomy = self.run(roomy_config, calls)
-        if roomy is None:
-            return None
+        if roomy is None:  # the factory does not build so large a pool
+            return self.fails(config, calls)
         kept = self._kept(roomy_config, roomy)  # the pressure was not what it needed: the pool shrinks later
         if kept is not None:
             return kept
@@ -248,8 +251,9 @@ class _Shrinker:
         return self.landmarks
 
     def run(self, config: MachineConfig, calls: Sequence[Call], reaim: bool = True) -> Optional[_Run]:
-        """Replay a candidate on a fresh allocator, re-aiming its targeted evictions (None: it cannot be made, or
-        the factory does not build its pool)."""
+        """Replay a candidate on a fresh allocator, re-aiming its targeted evictions and skipping the calls that
+        cannot be made where they stand; the run's calls are those made (None: the factory does not build its
+        pool)."""
         if not self.builds(config):
             return None
         self.replays += 1
@@ -257,19 +261,21 @@ class _Shrinker:
         evicted: dict[EvictionKey, tuple[BlockTags, ...]] = {}
         mapped = [0]
 
-        def rewrite(index: int, call: Call, execution: Execution) -> Call:
+        def rewrite(index: int, call: Call, execution: Execution) -> Optional[Call]:
             if index == len(calls) - 1:
                 mapped[0] = execution.engine.expected.refs.num_ever_mapped()
             if call.rule == "evict_blocks":
                 call = self._reaimed(call, made, execution, evicted, reaim)
+            if not execution.accepts(call):
+                return None
             made.append(call)
             return call
 
-        try:
-            outcome = replay(self.target(config), calls, rewrite=rewrite)
-        except NotApplicable:
-            return None
-        return _Run(outcome.failure, outcome.failed_at, tuple(made), mapped[0], evicted)
+        outcome = replay(self.target(config), calls, rewrite=rewrite)
+        failed_at = outcome.failed_at
+        if failed_at is not None:  # an index into the calls made: the failing call is the last made, or teardown
+            failed_at = len(made) - 1 if failed_at < len(calls) else len(made)
+        return _Run(outcome.failure, failed_at, tuple(made), mapped[0], evicted)
 
     def _reaimed(
         self,

@@ -34,9 +34,11 @@ class ReplayOutcome:
     failed_at: Optional[int]
 
 
-Rewrite = Callable[[int, Call, Execution], Call]
+Rewrite = Callable[[int, Call, Execution], Optional[Call]]
 """Called before each call of a replay with the execution as the calls before it left it; the call it returns is
-made in its place (a shrinker re-aiming a targeted eviction at the block that now holds what it evicted)."""
+made in its place (a shrinker re-aiming a targeted eviction at the block that now holds what it evicted), and
+None skips it (a shrinker leaving out a call that a deletion stranded: one that cannot be made where it now
+stands)."""
 
 
 def replay(
@@ -47,13 +49,17 @@ def replay(
 ) -> ReplayOutcome:
     """Run ``calls`` on a fresh allocator, then the teardown, stopping at the first failure (a hang included).
 
-    Raises :class:`NotApplicable` if some call cannot be made in the state the earlier calls left.
+    Raises :class:`NotApplicable` if some call cannot be made in the state the earlier calls left (a call
+    ``rewrite`` returns None for is skipped, not made). ``failed_at`` indexes ``calls``, skipped calls included.
     """
     execution = target.start()
     try:
         for index, call in enumerate(calls):
             if rewrite is not None:
-                call = rewrite(index, call, execution)
+                rewritten = rewrite(index, call, execution)
+                if rewritten is None:
+                    continue
+                call = rewritten
             if not execution.accepts(call):
                 raise NotApplicable(f"call {index + 1}, {call}, cannot be made in the state the calls before it left")
             if on_call is not None:
