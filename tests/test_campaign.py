@@ -600,9 +600,9 @@ def test_shrinking_a_pool_that_must_keep_most_of_its_blocks_halves_the_distance(
 
 
 EVICTS_ON_REFUSAL_FOUND = [
-    # A program a campaign found against zoo:EvictsOnRefusal (block size 1, 4 blocks, W = 1), at what was the
-    # fixpoint of every shrink pass before stranded calls were skipped (the passes now take it to 9 calls): each call
-    # goes only with others, and the pool, the W and the prompts cannot be smaller.
+    # A program a campaign found against zoo:EvictsOnRefusal (block size 1, 4 blocks, W = 1). The passes alone take
+    # it to 9 calls (11 before stranded calls were skipped), a fixpoint: no call goes alone, and the pool, the W and
+    # the prompts cannot be smaller.
     _admit("s0", [0]),
     Call("preempt", {"seq": "s0"}),
     Call("step", {}),
