@@ -26,7 +26,7 @@ from kvfuzz.campaign.known import known_signatures, trace_signature
 from kvfuzz.campaign.shrink import _smaller, renumbered, shrink
 from kvfuzz.campaign.signature import TEARDOWN, Signature, signature_of
 from kvfuzz.campaign.supervisor import Campaign, CampaignOptions, _Slot
-from kvfuzz.campaign.swarm import ALWAYS_ENABLED, MAX_BLOCKS, MAX_PROGRAM_LENGTH, draw_swarm, probe_limits
+from kvfuzz.campaign.swarm import ALWAYS_ENABLED, MAX_BLOCKS, MAX_PROGRAM_LENGTH, Limits, draw_swarm, probe_limits
 from kvfuzz.cli import main
 from kvfuzz.corpus import replay_trace
 from kvfuzz.engine.config import MachineConfig, config_json
@@ -236,17 +236,19 @@ def _failing_program(spec: str, seed: int):  # type: ignore[no-untyped-def]
             return factory, limits, swarm, found
 
 
-@pytest.mark.parametrize("seed", [3, 5])
-def test_shrinking_reaches_a_fixpoint_of_calls_arguments_ids_and_pool(seed: int) -> None:
-    spec = "zoo:NoCopyOnWrite"
-    factory, limits, swarm, found = _failing_program(spec, seed)
-    outcome = replay(Target(factory, swarm.machine), found.calls)
+def _shrunk_within_limits(
+    spec: str, limits: Limits, config: MachineConfig, calls: Sequence[Call]
+) -> tuple[shrinking.Shrunk, Signature]:
+    """``calls`` (which must fail under ``config``) shrunk as a campaign would, within the allocator's limits and
+    without restarts, to the fixpoint (a bound no test reaches); with the signature it fails with."""
+    factory = load_factory(spec)
+    outcome = replay(Target(factory, config), calls)
     assert outcome.failure is not None
-    signature = signature_of(spec, outcome.failure, found.calls, outcome.failed_at)
+    signature = signature_of(spec, outcome.failure, calls, outcome.failed_at)
     shrunk = shrink(
         factory,
-        swarm.machine,
-        found.calls,
+        config,
+        calls,
         outcome.failure,
         signature,
         seconds=120,
@@ -254,6 +256,14 @@ def test_shrinking_reaches_a_fixpoint_of_calls_arguments_ids_and_pool(seed: int)
         block_sizes=limits.block_sizes,
     )
     assert shrunk.stopped_early is None
+    return shrunk, signature
+
+
+@pytest.mark.parametrize("seed", [3, 5])
+def test_shrinking_reaches_a_fixpoint_of_calls_arguments_ids_and_pool(seed: int) -> None:
+    spec = "zoo:NoCopyOnWrite"
+    factory, limits, swarm, found = _failing_program(spec, seed)
+    shrunk, signature = _shrunk_within_limits(spec, limits, swarm.machine, found.calls)
     assert len(shrunk.calls) <= 8 < len(found.calls)
     assert shrunk.config.num_host_blocks == 0
     admits = [call.kwargs() for call in shrunk.calls if call.rule == "admit"]
@@ -420,20 +430,7 @@ def test_a_long_program_whose_deletions_strand_calls_shrinks_in_few_replays() ->
     trace = load(Path(__file__).parent / "data" / "windowinpoolblocks-as-found.json")
     factory = load_factory(trace.allocator)
     limits = probe_limits(trace.allocator, factory, trace.config)
-    outcome = replay(Target(factory, trace.config), trace.program)
-    assert outcome.failure is not None
-    signature = signature_of(trace.allocator, outcome.failure, trace.program, outcome.failed_at)
-    shrunk = shrink(
-        factory,
-        trace.config,
-        trace.program,
-        outcome.failure,
-        signature,
-        seconds=120,
-        min_blocks=limits.min_blocks,
-        block_sizes=limits.block_sizes,
-    )
-    assert shrunk.stopped_early is None
+    shrunk, signature = _shrunk_within_limits(trace.allocator, limits, trace.config, trace.program)
     assert len(shrunk.calls) <= 4 and shrunk.replays <= 300, (len(shrunk.calls), shrunk.replays)
     again = replay(Target(factory, shrunk.config), shrunk.calls)  # the calls made: it replays exactly, as saved
     assert again.failure is not None
