@@ -261,17 +261,16 @@ class _Shrinker:
         evicted: dict[EvictionKey, tuple[BlockTags, ...]] = {}
         mapped = [0]
 
-        def rewrite(index: int, call: Call, execution: Execution) -> Optional[Call]:
+        def rewrite(index: int, call: Call, execution: Execution) -> Call:
             if index == len(calls) - 1:
                 mapped[0] = execution.engine.expected.refs.num_ever_mapped()
             if call.rule == "evict_blocks":
                 call = self._reaimed(call, made, execution, evicted, reaim)
-            if not execution.accepts(call):
-                return None
-            made.append(call)
             return call
 
-        outcome = replay(self.target(config), calls, rewrite=rewrite)
+        outcome = replay(
+            self.target(config), calls, on_call=lambda _, call: made.append(call), rewrite=rewrite, skip_stranded=True
+        )
         failed_at = outcome.failed_at
         if failed_at is not None:  # an index into the calls made: the failing call is the last made, or teardown
             failed_at = len(made) - 1 if failed_at < len(calls) else len(made)

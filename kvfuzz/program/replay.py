@@ -34,11 +34,9 @@ class ReplayOutcome:
     failed_at: Optional[int]
 
 
-Rewrite = Callable[[int, Call, Execution], Optional[Call]]
+Rewrite = Callable[[int, Call, Execution], Call]
 """Called before each call of a replay with the execution as the calls before it left it; the call it returns is
-made in its place (a shrinker re-aiming a targeted eviction at the block that now holds what it evicted), and
-None skips it (a shrinker leaving out a call that a deletion stranded: one that cannot be made where it now
-stands)."""
+made in its place (a shrinker re-aiming a targeted eviction at the block that now holds what it evicted)."""
 
 
 def replay(
@@ -46,21 +44,22 @@ def replay(
     calls: Sequence[Call],
     on_call: Optional[Callable[[int, Call], None]] = None,
     rewrite: Optional[Rewrite] = None,
+    skip_stranded: bool = False,
 ) -> ReplayOutcome:
     """Run ``calls`` on a fresh allocator, then the teardown, stopping at the first failure (a hang included).
 
-    Raises :class:`NotApplicable` if some call cannot be made in the state the earlier calls left (a call
-    ``rewrite`` returns None for is skipped, not made). ``failed_at`` indexes ``calls``, skipped calls included.
+    Raises :class:`NotApplicable` if some call cannot be made in the state the earlier calls left; with
+    ``skip_stranded`` such a call is skipped instead (a shrinker's candidate, where a deletion stranded it), and
+    ``on_call`` sees only the calls made. ``failed_at`` indexes ``calls``, skipped calls included.
     """
     execution = target.start()
     try:
         for index, call in enumerate(calls):
             if rewrite is not None:
-                rewritten = rewrite(index, call, execution)
-                if rewritten is None:
-                    continue
-                call = rewritten
+                call = rewrite(index, call, execution)
             if not execution.accepts(call):
+                if skip_stranded:
+                    continue
                 raise NotApplicable(f"call {index + 1}, {call}, cannot be made in the state the calls before it left")
             if on_call is not None:
                 on_call(index, call)
