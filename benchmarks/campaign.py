@@ -28,10 +28,10 @@ from typing import Any, Optional
 from kvfuzz.campaign.report import CampaignResult
 from kvfuzz.campaign.supervisor import CampaignOptions, run_campaign
 from kvfuzz.campaign.swarm import probe_limits
-from kvfuzz.corpus import replay_trace
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.registry import DEFAULT_ALLOCATOR, load_factory
-from kvfuzz.trace import load
+from kvfuzz.saved.corpus import replay_trace
+from kvfuzz.saved.trace import load
 from kvfuzz.zoo import VARIANTS
 
 

@@ -33,7 +33,8 @@ from kvfuzz.engine import MachineConfig
 from kvfuzz.program.execution import Target
 from kvfuzz.program.random_programs import random_search
 from kvfuzz.program.stats import RunStats
-from kvfuzz.runner import RunSummary, run, single_threaded_torch
+from kvfuzz.runner import RunSummary, run
+from kvfuzz.threads import single_threaded_torch
 from kvfuzz.zoo import VARIANTS, Variant
 
 

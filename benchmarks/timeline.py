@@ -23,15 +23,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from kvfuzz.corpus import replay_trace
 from kvfuzz.program.arguments import Snapshot
 from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.registry import AllocatorNotFound, load_factory
-from kvfuzz.runner import single_threaded_torch
+from kvfuzz.saved.corpus import replay_trace
+from kvfuzz.saved.trace import Trace, is_trace_file, load
+from kvfuzz.threads import single_threaded_torch
 from kvfuzz.timeline.html import render_html
 from kvfuzz.timeline.record import record
-from kvfuzz.trace import Trace, is_trace_file, load
 
 ROOT = Path(__file__).resolve().parent.parent
 FAILURE = ROOT / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c430.json"  # its configuration is reused

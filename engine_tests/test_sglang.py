@@ -92,9 +92,9 @@ def test_the_timeline_names_the_library_blocks(tmp_path) -> None:
     (SGLang's page 0 is its padding page: kvfuzz's block b is SGLang's page b + 1)."""
     from pathlib import Path
 
+    from kvfuzz.saved.trace import load
     from kvfuzz.timeline.html import render_html
     from kvfuzz.timeline.record import record
-    from kvfuzz.trace import load
 
     corpus = Path(__file__).resolve().parent.parent / "corpus"
     path = corpus / "sglang-radix-cache-lora-cache-soundness-d851dea53690.json"

@@ -208,9 +208,9 @@ def test_the_timeline_names_the_library_blocks(tmp_path) -> None:
     (vLLM v0 numbers blocks as the contract does)."""
     from pathlib import Path
 
+    from kvfuzz.saved.trace import load
     from kvfuzz.timeline.html import render_html
     from kvfuzz.timeline.record import record
-    from kvfuzz.trace import load
 
     corpus = Path(__file__).resolve().parent.parent / "corpus"
     path = corpus / "vllm-v0-free-swapped-block-pool-indexerror-ad1d6ca8ad9b.json"

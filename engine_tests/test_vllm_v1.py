@@ -142,9 +142,9 @@ def test_the_timeline_names_the_library_blocks(tmp_path) -> None:
     (vLLM reserves block 0 as its null block: kvfuzz's block b is vLLM's b + 1)."""
     from pathlib import Path
 
+    from kvfuzz.saved.trace import load
     from kvfuzz.timeline.html import render_html
     from kvfuzz.timeline.record import record
-    from kvfuzz.trace import load
 
     corpus = Path(__file__).resolve().parent.parent / "corpus"
     path = corpus / "vllm-v1-kv-cache-manager-cache-soundness-382d392d8a83.json"

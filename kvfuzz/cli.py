@@ -11,13 +11,10 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Optional, Sequence
 
-from kvfuzz.accounting import command as account
-from kvfuzz.commands import campaign, export, replay, run, show, zoo
-from kvfuzz.workload import command as replay_workload
-from kvfuzz.workload import serving_command
+from kvfuzz.commands import account, campaign, export, replay, replay_workload, run, serving, show, zoo
 
 # In the order ``kvfuzz --help`` lists them.
-COMMANDS = (run, campaign, replay, show, export, zoo, account, replay_workload, serving_command)
+COMMANDS = (run, campaign, replay, show, export, zoo, account, replay_workload, serving)
 
 # Arguments (by dest) that name a file a command writes, and how the user spelled them: the directory must exist.
 OUTPUT_FILES = {"output": "-o", "plot": "--plot"}

@@ -9,7 +9,7 @@
   Which files are collected: a ``.json`` file whose bytes hold ``kvfuzz-trace`` anywhere, in UTF-8, UTF-16 or
   UTF-32 (so formatting and key order never matter), and a ``.json`` file whose bytes are no text at all in a
   directory that holds a trace (a damaged trace). Each is one item: one that is not a valid trace fails with one
-  line naming the file and the reason (see :func:`kvfuzz.trace.load`), so a bad file never stops the session.
+  line naming the file and the reason (see :func:`kvfuzz.saved.trace.load`), so a bad file never stops the session.
   Other JSON files (workloads, ``package.json``) are left alone.
 * ``pytest --kvfuzz-allocator=pkg.mod:factory`` adds one test per allocator that runs the machine against it under
   a settings profile (``--kvfuzz-profile ci|dev|nightly``; ``--kvfuzz-examples``, ``--kvfuzz-steps`` and
@@ -33,19 +33,19 @@ from typing import Optional
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from kvfuzz import journals
 from kvfuzz.campaign.report import table
 from kvfuzz.campaign.store import check_redis_url, is_redis
 from kvfuzz.campaign.supervisor import DEFAULT_DURATION, CampaignOptions, run_campaign
 from kvfuzz.campaign.swarm import probe_limits
-from kvfuzz.corpus import replay_trace, save_failure
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES, KernelUnavailable, make_kernel
 from kvfuzz.profiles import PROFILES
 from kvfuzz.program.replay import NotApplicable
 from kvfuzz.registry import AllocatorNotFound, AllocatorUnusable, load_factory, probe_allocator
 from kvfuzz.runner import DEFAULT_CALL_TIMEOUT, run
-from kvfuzz.trace import TraceError, TraceUnavailable, is_trace_file, json_file_kind, load
+from kvfuzz.saved import journals
+from kvfuzz.saved.corpus import replay_trace, save_failure
+from kvfuzz.saved.trace import TraceError, TraceUnavailable, is_trace_file, json_file_kind, load
 
 
 class KvfuzzFailure(Exception):

@@ -15,10 +15,9 @@ import contextlib
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, cast
+from typing import Any, Callable, Optional, cast
 
 import attrs
-import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
@@ -38,21 +37,10 @@ from kvfuzz.program.safeguards import AllocatorHang, Journal, UserInterrupt, Wat
 from kvfuzz.program.stats import RunStats, failure_kind
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory
 from kvfuzz.statemachines.machine import machine_for
+from kvfuzz.threads import single_threaded_torch
 
 # load_factory and AllocatorNotFound lived here before kvfuzz.registry; exported tests import them from here.
 __all__ = ["DEFAULT_ALLOCATOR", "AllocatorNotFound", "RunSummary", "load_factory", "run", "run_settings"]
-
-
-@contextlib.contextmanager
-def single_threaded_torch() -> Iterator[None]:
-    """kvfuzz's tensors are tiny: intra-op threads cost more than they save (attention is ~15x slower on two
-    threads than on one on a 2-core machine), so a run uses one thread and restores the setting afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def run_settings(

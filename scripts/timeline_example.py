@@ -25,9 +25,9 @@ SOURCE = "corpus/nocopyonwrite-exclusive-writes-b4ceae19c430.json"  # as the REA
 
 
 def draw(out: Path) -> None:
+    from kvfuzz.saved.trace import load
     from kvfuzz.timeline.png import render_png
     from kvfuzz.timeline.record import record
-    from kvfuzz.trace import load
 
     render_png(record(load(TRACE), SOURCE), out)
 

@@ -10,7 +10,7 @@ from kvfuzz.statemachines import MachineConfig
 # factories.py holds assertion helpers (check_counts): let pytest rewrite their asserts as in the test files.
 pytest.register_assert_rewrite("factories")
 
-# kvfuzz's tensors are tiny; intra-op threads only add overhead (see kvfuzz.runner.single_threaded_torch).
+# kvfuzz's tensors are tiny; intra-op threads only add overhead (see kvfuzz.threads.single_threaded_torch).
 torch.set_num_threads(1)
 
 

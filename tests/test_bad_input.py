@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import kvfuzz.commands.run
-import kvfuzz.zoo.report
+import kvfuzz.zoo_run
 from kvfuzz.allocator.paged import paged_allocator
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.cli import main
@@ -96,7 +96,7 @@ def no_work(monkeypatch):
         raise AssertionError("bad input reached the work")
 
     monkeypatch.setattr(kvfuzz.commands.run, "run", work)
-    monkeypatch.setattr(kvfuzz.zoo.report, "run_zoo", work)
+    monkeypatch.setattr(kvfuzz.zoo_run, "run_zoo", work)
     monkeypatch.setattr(Scheduler, "run", work)
 
 

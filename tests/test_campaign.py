@@ -28,7 +28,6 @@ from kvfuzz.campaign.signature import TEARDOWN, Signature, signature_of
 from kvfuzz.campaign.supervisor import Campaign, CampaignOptions, _Slot
 from kvfuzz.campaign.swarm import ALWAYS_ENABLED, MAX_BLOCKS, MAX_PROGRAM_LENGTH, Limits, draw_swarm, probe_limits
 from kvfuzz.cli import main
-from kvfuzz.corpus import replay_trace
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.program.arguments import system_prompts
@@ -40,7 +39,8 @@ from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import JOURNAL_FORMAT, JOURNAL_PREFIX, AllocatorHang, Watchdog
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorUnusable, load_factory
-from kvfuzz.trace import Trace, from_json, load
+from kvfuzz.saved.corpus import replay_trace
+from kvfuzz.saved.trace import Trace, from_json, load
 from kvfuzz.zoo import variant as zoo_variant
 from tests.hostile import hangs_on_rollback
 

@@ -12,12 +12,12 @@ import pytest
 from factories import kvfuzz
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from kvfuzz.corpus import export_test, replay_trace, trace_of
 from kvfuzz.program.call import Call
 from kvfuzz.registry import load_factory
 from kvfuzz.runner import run
+from kvfuzz.saved.corpus import export_test, replay_trace, trace_of
+from kvfuzz.saved.trace import Trace, load, save
 from kvfuzz.statemachines import MachineConfig, MisuseCall
-from kvfuzz.trace import Trace, load, save
 from kvfuzz.zoo import variant
 
 pytest_plugins = ["pytester"]

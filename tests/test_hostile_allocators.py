@@ -196,8 +196,8 @@ def test_a_death_while_shrinking_in_a_smaller_pool_is_recovered_with_that_pool(t
     """The shrinker replays candidates in smaller pools than the failure was found in; the allocator kills the process
     in one. The journal names the pool each program ran in, so the recovered trace is the program that died, in the
     pool it died in, and its replay dies the same way (with the first pool it would replay the leak instead)."""
-    from kvfuzz.journals import recover
-    from kvfuzz.trace import load
+    from kvfuzz.saved.journals import recover
+    from kvfuzz.saved.trace import load
 
     died = subprocess.run(
         [sys.executable, "-c", _SHRINK_INTO_A_SMALL_POOL, str(tmp_path)],
@@ -226,8 +226,8 @@ def _flaky_leak_run() -> RunSummary:
 
 
 def test_a_flaky_failure_is_saved_flaky_and_replayed_and_exported_as_such(tmp_path: Path) -> None:
-    from kvfuzz.corpus import export_test, replay_trace, save_failure
-    from kvfuzz.trace import load
+    from kvfuzz.saved.corpus import export_test, replay_trace, save_failure
+    from kvfuzz.saved.trace import load
 
     summary = _flaky_leak_run()
     saved = save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), 1, tmp_path)
@@ -324,7 +324,7 @@ def test_a_flaky_replay_that_takes_another_path_counts_as_not_reproduced(
 
     from kvfuzz import corpus
     from kvfuzz.program.replay import NotApplicable
-    from kvfuzz.trace import load
+    from kvfuzz.saved.trace import load
 
     summary = _flaky_leak_run()
     saved = corpus.save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), 1, tmp_path)

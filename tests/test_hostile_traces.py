@@ -2,8 +2,8 @@
 
 * Saving: a trace is written atomically; a corpus that cannot be written still shows the whole trace, and an empty
   or damaged file of the trace's name is replaced instead of being taken for the saved trace.
-* Loading: ``kvfuzz.trace.load`` refuses what replay, export or the plugin could not handle safely (a pool that does
-  not fit in memory, an operation that does not exist, a file that is not UTF-8 JSON...) with one line naming the
+* Loading: ``kvfuzz.saved.trace.load`` refuses what replay, export or the plugin could not handle safely (a pool that
+  does not fit in memory, an operation that does not exist, a file that is not UTF-8 JSON...) with one line naming the
   file and the field; ``kvfuzz replay`` goes on to the next file and ``kvfuzz export`` writes nothing.
 * Collection: every trace file is collected whatever its layout, and each bad one is one failing item.
 """
@@ -23,12 +23,12 @@ from typing import Any, Callable
 import pytest
 from factories import kvfuzz
 
-from kvfuzz.corpus import export_test
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.registry import AllocatorNotFound, load_factory
-from kvfuzz.trace import FORMAT, Trace, TraceError, load, save
+from kvfuzz.saved.corpus import export_test
+from kvfuzz.saved.trace import FORMAT, Trace, TraceError, load, save
 
 pytest_plugins = ["pytester"]
 
@@ -336,9 +336,9 @@ def test_every_program_the_machine_draws_survives_save_and_load(tmp_path: Path) 
 
 
 def test_a_trace_built_from_a_json_object_is_validated_like_a_file() -> None:
-    """``kvfuzz.trace.from_json`` (journal recovery builds traces with it) checks what ``load`` checks. Old code had
-    no such function: code that built a Trace from JSON did so unchecked."""
-    from kvfuzz.trace import from_json
+    """``kvfuzz.saved.trace.from_json`` (journal recovery builds traces with it) checks what ``load`` checks. Old code
+    had no such function: code that built a Trace from JSON did so unchecked."""
+    from kvfuzz.saved.trace import from_json
 
     assert from_json(trace_data()).digest() == load(KNOWN_BUG).digest()
     with pytest.raises(TraceError, match=r'^journal: program\[1\]\.rule: "frobnicate" is not an operation'):

@@ -15,7 +15,6 @@ from factories import make_allocator
 
 from kvfuzz.allocator import paged_allocator
 from kvfuzz.allocator.paged import PagedAllocator
-from kvfuzz.corpus import export_test, replay_trace
 from kvfuzz.engine import Engine, Invariant, InvariantViolation, MachineConfig
 from kvfuzz.kernels import (
     FlexKernel,
@@ -31,7 +30,8 @@ from kvfuzz.program.call import Call
 from kvfuzz.program.replay import NotApplicable
 from kvfuzz.reference.content import ModelShape
 from kvfuzz.runner import run
-from kvfuzz.trace import Trace, load, save
+from kvfuzz.saved.corpus import export_test, replay_trace
+from kvfuzz.saved.trace import Trace, load, save
 from kvfuzz.zoo import variant
 
 DTYPES = [torch.float32, torch.bfloat16]

@@ -17,17 +17,17 @@ import pytest
 from factories import kvfuzz
 
 from kvfuzz.cli import main
-from kvfuzz.corpus import replay_trace
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.program.arguments import system_prompts
 from kvfuzz.program.call import Call
 from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.saved.corpus import replay_trace
+from kvfuzz.saved.hint import show_hint
+from kvfuzz.saved.trace import Trace, is_trace_file, load, save
 from kvfuzz.timeline import record as recording
-from kvfuzz.timeline.hint import show_hint
 from kvfuzz.timeline.html import render_html
 from kvfuzz.timeline.png import render_png
 from kvfuzz.timeline.record import failure_blocks, record
-from kvfuzz.trace import Trace, is_trace_file, load, save
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 CORPUS_TRACES = sorted(path for path in CORPUS.glob("*.json") if is_trace_file(path))

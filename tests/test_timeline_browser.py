@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from test_timeline import NO_COPY_ON_WRITE, Page
 
+from kvfuzz.saved.trace import load
 from kvfuzz.timeline.html import render_html
 from kvfuzz.timeline.record import record
-from kvfuzz.trace import load
 
 WINDOW = "--window-size=1280,800"
 

@@ -13,7 +13,7 @@ from kvfuzz.program.random_programs import random_search
 from kvfuzz.runner import run
 from kvfuzz.statemachines import MachineConfig
 from kvfuzz.zoo import VARIANTS, variant
-from kvfuzz.zoo.report import run_zoo
+from kvfuzz.zoo_run import run_zoo
 
 BUG_CLASSES_COVERED = {name.split()[0] for name in (v.bug_class for v in VARIANTS) if name[0].isdigit()}
 

@@ -21,7 +21,6 @@ from typing import Any, Callable, Optional
 
 import attrs
 
-from kvfuzz import journals
 from kvfuzz.campaign.known import known_signatures
 from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
 from kvfuzz.campaign.report import CampaignResult, DeadWorker, Finding
@@ -29,11 +28,12 @@ from kvfuzz.campaign.signature import TEARDOWN, Signature
 from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.swarm import Limits
 from kvfuzz.campaign.worker import HYPOTHESIS_EVERY, WorkerPlan, worker_main
-from kvfuzz.corpus import PROCESS_DIED
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.program.safeguards import JOURNAL_PREFIX
-from kvfuzz.timeline.hint import show_hint
-from kvfuzz.trace import TraceError, load
+from kvfuzz.saved import journals
+from kvfuzz.saved.corpus import PROCESS_DIED
+from kvfuzz.saved.hint import show_hint
+from kvfuzz.saved.trace import TraceError, load
 
 DEFAULT_DURATION = 600.0
 """Seconds a campaign runs unless told otherwise (``kvfuzz campaign``, the plugin's nightly profile)."""

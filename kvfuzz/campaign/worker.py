@@ -43,9 +43,10 @@ from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import AllocatorHang, Journal, Watchdog
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory, load_factory
-from kvfuzz.runner import run, single_threaded_torch
+from kvfuzz.runner import run
+from kvfuzz.saved.trace import Trace, failure_record, save
 from kvfuzz.statemachines.machine import machine_for
-from kvfuzz.trace import Trace, failure_record, save
+from kvfuzz.threads import single_threaded_torch
 
 CONFIRM_REPLAYS = 3
 """Replays of a shrunk program on fresh allocators before it is reported: fewer failing than all is flaky."""

@@ -7,9 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvfuzz.corpus import export_test
-from kvfuzz.trace import TraceError
-from kvfuzz.trace import load as load_trace
+from kvfuzz.saved.corpus import export_test
+from kvfuzz.saved.trace import TraceError
+from kvfuzz.saved.trace import load as load_trace
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -11,7 +11,7 @@ import torch
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.reference.content import ModelShape
 from kvfuzz.runner import DEFAULT_CALL_TIMEOUT
-from kvfuzz.trace import DTYPES
+from kvfuzz.saved.trace import DTYPES
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Optional
 
 from kvfuzz.commands.options import at_least_seconds
-from kvfuzz.corpus import replay_trace
 from kvfuzz.program.replay import NotApplicable
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.runner import DEFAULT_CALL_TIMEOUT
-from kvfuzz.timeline.hint import show_hint
-from kvfuzz.trace import TraceError, TraceUnavailable
-from kvfuzz.trace import load as load_trace
+from kvfuzz.saved.corpus import replay_trace
+from kvfuzz.saved.hint import show_hint
+from kvfuzz.saved.trace import TraceError, TraceUnavailable
+from kvfuzz.saved.trace import load as load_trace
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -15,14 +15,14 @@ from typing import Optional
 import attrs
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from kvfuzz import journals
 from kvfuzz.commands.options import machine_arguments, machine_config
-from kvfuzz.corpus import save_failure
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES, make_kernel
 from kvfuzz.program.safeguards import deferred_interrupts
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
 from kvfuzz.runner import RunSummary, run
+from kvfuzz.saved import journals
+from kvfuzz.saved.corpus import save_failure
 from kvfuzz.text import plural
 
 

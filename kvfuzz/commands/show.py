@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from kvfuzz.registry import AllocatorNotFound, load_factory
-from kvfuzz.timeline.hint import default_page
-from kvfuzz.trace import TraceError
-from kvfuzz.trace import load as load_trace
+from kvfuzz.saved.hint import default_page
+from kvfuzz.saved.trace import TraceError
+from kvfuzz.saved.trace import load as load_trace
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

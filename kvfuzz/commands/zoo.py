@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run_command(args: argparse.Namespace) -> int:
     from kvfuzz.zoo import VARIANTS
-    from kvfuzz.zoo.report import markdown_header, markdown_row, run_zoo
+    from kvfuzz.zoo_run import markdown_header, markdown_row, run_zoo
 
     unknown = set(args.only) - {variant.name for variant in VARIANTS}
     try:

@@ -168,7 +168,7 @@ class Journal:
     header (``{"format": "kvfuzz-journal/1", "pid": ..., "allocator": ..., "config": {...}}``), then
     ``{"example": n}`` before each program and ``{"rule": ..., "arguments": {...}}`` per call, in the trace format;
     a program run under another configuration than the last header's is preceded by a header of its own.
-    If the process dies, the last program in the file is the one that killed it; :mod:`kvfuzz.corpus` turns such
+    If the process dies, the last program in the file is the one that killed it; :mod:`kvfuzz.saved.corpus` turns such
     a journal into a trace. A run that ends normally deletes its journal."""
 
     def __init__(self, directory: Path, allocator: str, config_json: dict[str, Any]) -> None:

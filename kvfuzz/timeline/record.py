@@ -18,7 +18,6 @@ import attrs
 
 from kvfuzz.allocator.protocol import NamesLibraryBlocks
 from kvfuzz.allocator.types import NULL_BLOCK
-from kvfuzz.corpus import PROCESS_DIED, reproduces_recorded
 from kvfuzz.engine.engine import Engine
 from kvfuzz.engine.pools import PoolEvent, SlotWrite
 from kvfuzz.engine.violations import InvariantViolation
@@ -26,7 +25,10 @@ from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Execution, Safeguards, Target
 from kvfuzz.program.safeguards import AllocatorHang, Watchdog
 from kvfuzz.registry import AllocatorNotFound, load_factory
-from kvfuzz.runner import DEFAULT_CALL_TIMEOUT, single_threaded_torch
+from kvfuzz.runner import DEFAULT_CALL_TIMEOUT
+from kvfuzz.saved.corpus import PROCESS_DIED, reproduces_recorded
+from kvfuzz.saved.trace import Trace
+from kvfuzz.threads import single_threaded_torch
 from kvfuzz.timeline.model import (
     DEVICE,
     EMPTY,
@@ -40,7 +42,6 @@ from kvfuzz.timeline.model import (
     SeqTable,
     Timeline,
 )
-from kvfuzz.trace import Trace
 
 MAX_COLUMNS = 10_000
 """The most calls one timeline shows: a longer trace shows the window of its last calls, up to the failure."""

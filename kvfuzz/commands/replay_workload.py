@@ -8,11 +8,11 @@ import json
 import sys
 from pathlib import Path
 
-from kvfuzz.accounting.command import parse_lengths
+from kvfuzz.commands.account import parse_lengths
 from kvfuzz.commands.options import at_least
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
-from kvfuzz.runner import single_threaded_torch
+from kvfuzz.threads import single_threaded_torch
 from kvfuzz.workload.constructed import GENERATORS, constructed
 from kvfuzz.workload.format import Workload, WorkloadError, load_workload
 from kvfuzz.workload.scheduler import ReplayError, Scheduler

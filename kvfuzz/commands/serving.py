@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from kvfuzz.accounting.command import parse_lengths
+from kvfuzz.commands.account import parse_lengths
 from kvfuzz.commands.options import at_least
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
-from kvfuzz.runner import single_threaded_torch
+from kvfuzz.threads import single_threaded_torch
 from kvfuzz.workload.ablation import ablate, ablation_table, variants
 from kvfuzz.workload.arrivals import ArrivalShape
 from kvfuzz.workload.budget import POLICIES, Policy, ServingSettings

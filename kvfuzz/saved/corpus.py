@@ -26,8 +26,8 @@ from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.program.stats import failure_kind
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.runner import DEFAULT_CALL_TIMEOUT, RunSummary
-from kvfuzz.timeline.hint import show_hint
-from kvfuzz.trace import Trace, failure_record, save
+from kvfuzz.saved.hint import show_hint
+from kvfuzz.saved.trace import Trace, failure_record, save
 
 
 def trace_of(
@@ -89,7 +89,7 @@ def save_failure(
 
 
 PROCESS_DIED = "crash (the process died)"
-"""The title of a trace recovered from the journal of a run the allocator killed (:mod:`kvfuzz.journals`)."""
+"""The title of a trace recovered from the journal of a run the allocator killed (:mod:`kvfuzz.saved.journals`)."""
 
 
 class ProcessDied(Exception):
@@ -199,7 +199,7 @@ def _replay_in_child(trace: Trace, spec: str, call_timeout: Optional[float]) -> 
     """Replay in a child Python process, which is expected to die; its death is the recorded failure."""
     child = {**trace.to_json(), "allocator": spec, "failure": {**trace.failure, "title": "replayed in a child"}}
     script = (
-        "import json, sys; from kvfuzz.corpus import replay_trace; from kvfuzz.trace import from_json; "
+        "import json, sys; from kvfuzz.saved.corpus import replay_trace; from kvfuzz.saved.trace import from_json; "
         "r = replay_trace(from_json(json.load(sys.stdin)), call_timeout=%r); "
         "print(json.dumps({'failed': r.failed, 'at': r.outcome.failed_at, 'what': r.describe_failure()}))"
     ) % (call_timeout,)

@@ -129,7 +129,7 @@ def save(trace: Trace, directory: Path) -> tuple[Path, bool]:
     truncated or damaged one is replaced. The trace is written to a temporary file in the same directory, flushed
     and synced, then renamed over the final name, so that name never holds part of a trace. Raises ``OSError``
     when the directory cannot be created or written (the caller then shows the trace instead, see
-    :mod:`kvfuzz.corpus`), leaving no temporary file behind.
+    :mod:`kvfuzz.saved.corpus`), leaving no temporary file behind.
     """
     path = directory / trace.file_name()
     if _already_saved(path, trace):

@@ -14,9 +14,9 @@ from typing import Any, Optional
 
 import attrs
 
-from kvfuzz.corpus import PROCESS_DIED
 from kvfuzz.program.safeguards import JOURNAL_FORMAT, JOURNAL_PREFIX
-from kvfuzz.trace import FORMAT, TraceError, from_json, save
+from kvfuzz.saved.corpus import PROCESS_DIED
+from kvfuzz.saved.trace import FORMAT, TraceError, from_json, save
 
 
 def _alive(pid: int) -> bool:
