@@ -41,8 +41,9 @@ from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES, KernelUnavailable, make_kernel
 from kvfuzz.profiles import PROFILES
 from kvfuzz.program.replay import NotApplicable
+from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
 from kvfuzz.registry import AllocatorNotFound, AllocatorUnusable, load_factory, probe_allocator
-from kvfuzz.runner import DEFAULT_CALL_TIMEOUT, run
+from kvfuzz.runner import run
 from kvfuzz.saved import journals
 from kvfuzz.saved.corpus import replay_trace, save_failure
 from kvfuzz.saved.trace import TraceError, TraceUnavailable, is_trace_file, json_file_kind, load

@@ -33,7 +33,14 @@ from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.random_programs import random_search
 from kvfuzz.program.replay import NotApplicable, minimize, replay
-from kvfuzz.program.safeguards import AllocatorHang, Journal, UserInterrupt, Watchdog, user_interrupts
+from kvfuzz.program.safeguards import (
+    DEFAULT_CALL_TIMEOUT,
+    AllocatorHang,
+    Journal,
+    UserInterrupt,
+    Watchdog,
+    user_interrupts,
+)
 from kvfuzz.program.stats import RunStats, failure_kind
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory
 from kvfuzz.statemachines.machine import machine_for
@@ -61,9 +68,6 @@ def run_settings(
         suppress_health_check=list(HealthCheck),
     )
 
-
-DEFAULT_CALL_TIMEOUT = 60.0
-"""Seconds one operation (the allocator's calls and kvfuzz's checks of them) may take before it is a hang."""
 
 CONFIRM_REPLAYS = 5
 """How many times a shrunk failure is replayed before it is reported: a failure that does not reproduce every time

@@ -8,10 +8,9 @@ from typing import Callable
 
 import torch
 
-from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.config import DTYPES, MachineConfig
+from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
 from kvfuzz.reference.content import ModelShape
-from kvfuzz.runner import DEFAULT_CALL_TIMEOUT
-from kvfuzz.saved.trace import DTYPES
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

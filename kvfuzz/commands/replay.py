@@ -17,8 +17,8 @@ from typing import Optional
 
 from kvfuzz.commands.options import at_least_seconds
 from kvfuzz.program.replay import NotApplicable
+from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
 from kvfuzz.registry import AllocatorNotFound, load_factory
-from kvfuzz.runner import DEFAULT_CALL_TIMEOUT
 from kvfuzz.saved.corpus import replay_trace
 from kvfuzz.saved.hint import show_hint
 from kvfuzz.saved.trace import TraceError, TraceUnavailable

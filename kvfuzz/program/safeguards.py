@@ -22,6 +22,9 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Iterator, Optional
 
+DEFAULT_CALL_TIMEOUT = 60.0
+"""Seconds one operation (the allocator's calls and kvfuzz's checks of them) may take before it is a hang."""
+
 
 class UserInterrupt(KeyboardInterrupt):
     """Ctrl-C (SIGINT) from the person running kvfuzz: stop, report what was found, never blame the allocator."""

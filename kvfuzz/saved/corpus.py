@@ -22,10 +22,10 @@ from kvfuzz.kernels import KernelUnavailable, make_kernel
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.replay import NotApplicable, ReplayOutcome, replay
-from kvfuzz.program.safeguards import Watchdog
+from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
 from kvfuzz.program.stats import failure_kind
 from kvfuzz.registry import AllocatorNotFound, load_factory
-from kvfuzz.runner import DEFAULT_CALL_TIMEOUT, RunSummary
+from kvfuzz.runner import RunSummary
 from kvfuzz.saved.hint import show_hint
 from kvfuzz.saved.trace import Trace, failure_record, save
 

@@ -23,9 +23,8 @@ from kvfuzz.engine.pools import PoolEvent, SlotWrite
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Execution, Safeguards, Target
-from kvfuzz.program.safeguards import AllocatorHang, Watchdog
+from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, AllocatorHang, Watchdog
 from kvfuzz.registry import AllocatorNotFound, load_factory
-from kvfuzz.runner import DEFAULT_CALL_TIMEOUT
 from kvfuzz.saved.corpus import PROCESS_DIED, reproduces_recorded
 from kvfuzz.saved.trace import Trace
 from kvfuzz.threads import single_threaded_torch
