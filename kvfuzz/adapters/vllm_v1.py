@@ -86,7 +86,6 @@ from kvfuzz.allocator.types import (
     PoolSpec,
     SeqId,
     Slot,
-    SwapResult,
     Tokens,
 )
 
@@ -241,7 +240,9 @@ class VllmV1Allocator:
         speculative = options.speculative_tokens
         if options.lookahead_tokens and not speculative:
             raise ValueError("VllmOptions: lookahead_tokens without speculative_tokens")
-        # allocate_slots registers full blocks in the prefix cache when their tokens are scheduled.
+        # allocate_slots registers full blocks in the prefix cache when their tokens are scheduled. vLLM v1 shares
+        # blocks between requests only through the prefix cache (no fork) and preempts by recomputation, with no
+        # host pool (no swap).
         self.capabilities = Capabilities(
             prefix_cache=options.prefix_caching,
             namespaces=options.prefix_caching,
@@ -396,15 +397,6 @@ class VllmV1Allocator:
         request.num_preemptions += 1
         self._preempted[seq] = request
         self.sequences.preempted(seq)
-
-    def fork(self, parent: SeqId, child: SeqId) -> None:
-        raise Unsupported("fork: vLLM v1 shares blocks between requests only through the prefix cache")
-
-    def swap_out(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_out: vLLM v1 preempts by recomputation, it has no host pool")
-
-    def swap_in(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_in: vLLM v1 preempts by recomputation, it has no host pool")
 
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
         if not self._speculative_tokens:
