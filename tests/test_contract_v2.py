@@ -5,6 +5,9 @@ nearby real bug."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import attrs
 import pytest
 from factories import declaring
@@ -22,6 +25,7 @@ from kvfuzz.allocator import (
     UnknownSequence,
     Unsupported,
 )
+from kvfuzz.allocator.features import CAPABILITY_DOC, CapabilityDoc, capability_table
 from kvfuzz.allocator.protocol import CAPABILITY_PROTOCOLS, CORE_METHODS, DECLARED_METHODS, declares
 from kvfuzz.engine import Engine
 from kvfuzz.engine.violations import Invariant, InvariantViolation
@@ -176,6 +180,29 @@ def test_the_methods_of_a_capability_are_its_protocols_and_come_with_its_declara
         "evict",
         "reset_cache",
     )
+
+
+CONTRACT_PAGE = Path(__file__).resolve().parent.parent / "docs" / "contract.md"
+
+
+def test_the_capability_table_of_the_contract_page_is_the_fields_metadata():
+    """A field missing from docs/contract.md, or a text there that is not the field's, fails here: rewrite the table
+    with ``python scripts/samples.py docs/contract.md``."""
+    region = re.search(r"^<!-- table: capabilities -->\n(.*?)^<!-- /table -->$", CONTRACT_PAGE.read_text(), re.M | re.S)
+    assert region is not None, "docs/contract.md has no capability table region"
+    shown = region.group(1)
+    fields = attrs.fields(Capabilities)
+    assert [field.name for field in fields if f"| `{field.name}` |" not in shown] == []
+    assert shown == capability_table(fields), "stale: python scripts/samples.py docs/contract.md"
+
+
+def test_every_capability_is_documented_in_its_metadata_and_its_docstring_shows_it():
+    docstring = " ".join((Capabilities.__doc__ or "").split())
+    for field in attrs.fields(Capabilities):
+        doc = field.metadata.get(CAPABILITY_DOC)
+        assert isinstance(doc, CapabilityDoc) and doc.meaning and doc.declared_by, field.name
+        meaning = re.sub(r"`([^`]+)`", r"``\1``", " ".join(doc.meaning.split()))
+        assert f"``{field.name}`` (default {field.default!r}): {meaning}." in docstring, field.name
 
 
 # -- no preemption, and one token per grow ------------------------------------------------------------------------
