@@ -3,8 +3,8 @@
 kvfuzz plays the serving engine: it calls these operations between steps, writes K/V where the allocator says,
 performs the copies it orders, and tells it when each step has completed. :class:`AllocatorProtocol` holds what every
 allocator has; each optional capability has a protocol of its own (:data:`CAPABILITY_PROTOCOLS`), whose methods the
-allocator has exactly when it declares that capability in ``capabilities``. kvfuzz never calls a method whose
-capability is not declared, so the method need not exist (an allocator that keeps a stub raising
+allocator has when it declares that capability in ``capabilities``. kvfuzz never calls a method whose capability is
+not declared, so the method need not exist (an allocator that keeps a stub raising
 :class:`~kvfuzz.allocator.errors.Unsupported` still works).
 
 Rules every implementation keeps:
@@ -267,10 +267,10 @@ CAPABILITY_PROTOCOLS: Mapping[str, type] = {
     "async_loads": AsyncLoads,
     "kv_groups": GroupedTables,
 }
-"""Capability -> the protocol of the methods that come with it. An allocator has those methods exactly when it
-declares the capability; kvfuzz calls none of them otherwise (misuse probes included) and narrows to the protocol
-only where the declaration guards the call. A capability counts as declared when it is truthy: True, a positive
-number, a non-empty tuple (``kv_groups``)."""
+"""Capability -> the protocol of the methods that come with it. An allocator that declares the capability has
+those methods; kvfuzz calls none of them otherwise (misuse probes included), so they need not exist, and narrows to
+the protocol only where the declaration guards the call. A capability counts as declared when it is truthy: True, a
+positive number, a non-empty tuple (``kv_groups``)."""
 
 DECLARED_METHODS: Mapping[str, tuple[str, ...]] = {
     capability: _methods(protocol) for capability, protocol in CAPABILITY_PROTOCOLS.items()
