@@ -15,7 +15,6 @@ from kvfuzz.allocator import (
     SequenceExists,
     Slot,
     UnknownSequence,
-    Unsupported,
 )
 
 
@@ -84,20 +83,6 @@ class SimpleAllocator:
 
     def step_completed(self, step):
         pass
-
-    def fork(self, parent, child):
-        raise Unsupported("fork")
-
-    def swap_out(self, seq):
-        raise Unsupported("swap")
-
-    swap_in = swap_out
-
-    def evict(self, num_blocks):
-        raise Unsupported("eviction")
-
-    def reset_cache(self):
-        raise Unsupported("eviction")
 
 
 def make_allocator(spec: PoolSpec) -> SimpleAllocator:

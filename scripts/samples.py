@@ -16,7 +16,8 @@ The opening comment holds the command exactly as a user types it (it must start 
 ``; from: REGEX`` (show the output from the first line matching REGEX on, after a ``...`` line) and
 ``; until: REGEX`` (stop before the first line after that matching REGEX, then a ``...`` line). Everything between
 the two comments is replaced. A second kind of region, ``<!-- table: zoo -->`` ... ``<!-- /table -->``, is a
-markdown table of the zoo's variants generated from ``kvfuzz.zoo.VARIANTS``.
+markdown table generated from the code: ``zoo``, the zoo's variants (``kvfuzz.zoo.VARIANTS``), or ``capabilities``,
+the fields of ``Capabilities`` by feature (from their metadata).
 
 How commands run: each in a fresh Python process through ``kvfuzz.cli.main``, with the repository root as the
 current directory; standard output is what is shown, standard error (progress lines and any traceback) is dropped
@@ -125,7 +126,17 @@ def zoo_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-TABLES: dict[str, Callable[[], str]] = {"zoo": zoo_table}
+def capabilities_table() -> str:
+    """Every field of ``Capabilities``, by feature, from the fields' metadata."""
+    import attrs
+
+    from kvfuzz.allocator.features import capability_table
+    from kvfuzz.allocator.types import Capabilities
+
+    return capability_table(attrs.fields(Capabilities))
+
+
+TABLES: dict[str, Callable[[], str]] = {"zoo": zoo_table, "capabilities": capabilities_table}
 
 
 def _parse(marker: str) -> tuple[str, dict[str, str]]:

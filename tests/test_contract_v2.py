@@ -5,6 +5,10 @@ nearby real bug."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import attrs
 import pytest
 from factories import declaring
 
@@ -19,13 +23,16 @@ from kvfuzz.allocator import (
     SequenceExists,
     Slot,
     UnknownSequence,
+    Unsupported,
 )
-from kvfuzz.allocator.protocol import CORE_METHODS
+from kvfuzz.allocator.features import CAPABILITY_DOC, CapabilityDoc, capability_table
+from kvfuzz.allocator.protocol import CAPABILITY_PROTOCOLS, CORE_METHODS, DECLARED_METHODS, declares
 from kvfuzz.engine import Engine
 from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
 from kvfuzz.program.replay import NotApplicable, replay
+from kvfuzz.registry import load_factory
 from kvfuzz.runner import run
 from kvfuzz.statemachines import MachineConfig
 from kvfuzz.zoo.contract import (
@@ -105,6 +112,97 @@ def test_an_allocator_declaring_nothing_is_driven_only_through_its_core_methods(
     summary = run(BareAllocator, MachineConfig(), examples=60)
     assert not summary.failed, summary.explanation
     assert summary.operations["misuse"] > 0 and summary.operations["preempt"] > 0
+
+
+class StubbedAllocator(BareAllocator):
+    """:class:`BareAllocator` as third-party code may still write it: a stub raising ``Unsupported`` for every method
+    of a capability it does not declare."""
+
+    def fork(self, parent, child):
+        raise Unsupported("fork")
+
+    def swap_out(self, seq):
+        raise Unsupported("swap_out")
+
+    swap_in = swap_out
+
+    def rollback(self, seq, num_tokens):
+        raise Unsupported("rollback")
+
+    def evict(self, num_blocks):
+        raise Unsupported("evict")
+
+    def reset_cache(self):
+        raise Unsupported("reset_cache")
+
+
+def _stubbed_declaring_fork(spec: PoolSpec) -> StubbedAllocator:
+    allocator = StubbedAllocator(spec)
+    allocator.capabilities = Capabilities(fork=True)
+    return allocator
+
+
+def test_an_allocator_keeping_stubs_for_what_it_does_not_declare_still_runs():
+    """The stubs are never called, misuse probes included; declared, the same stub is a valid call refused (11)."""
+    summary = run(StubbedAllocator, MachineConfig(), examples=60)
+    assert not summary.failed, summary.explanation
+    assert summary.operations["misuse"] > 0 and not summary.operations.get("fork")
+    declared = run(_stubbed_declaring_fork, MachineConfig(), examples=60, shrink=False)
+    assert declared.failed and declared.violated is Invariant.MISUSE, declared.explanation
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "kvfuzz.allocator.reservation:reservation_allocator",
+        "kvfuzz.allocator.hybrid:hybrid_allocator",
+        "kvfuzz.adapters.torch_paged:paged_attention",
+        "examples.simple_allocator:make_allocator",
+    ],
+)
+def test_a_shipped_allocator_has_no_method_of_a_capability_it_does_not_declare(name):
+    allocator = load_factory(name)(PoolSpec(block_size=4, num_blocks=16))
+    undeclared = [method for methods in DECLARED_METHODS.values() for method in methods]
+    undeclared = [method for method in undeclared if not declares(allocator.capabilities, method)]
+    assert {"swap_out", "swap_in"} <= set(undeclared)
+    assert [method for method in undeclared if hasattr(allocator, method)] == []
+
+
+def test_the_methods_of_a_capability_are_its_protocols_and_come_with_its_declaration():
+    fields = {field.name for field in attrs.fields(Capabilities)}
+    assert set(CAPABILITY_PROTOCOLS) <= fields
+    assert not set(CORE_METHODS) & {method for methods in DECLARED_METHODS.values() for method in methods}
+    allocator = PagedAllocator(4, 16, 4, inflight_window=1)
+    for capability, protocol in CAPABILITY_PROTOCOLS.items():
+        if getattr(allocator.capabilities, capability):
+            assert isinstance(allocator, protocol), capability
+    assert DECLARED_METHODS["swap"] == ("swap_out", "swap_in") and DECLARED_METHODS["eviction"] == (
+        "evict",
+        "reset_cache",
+    )
+
+
+CONTRACT_PAGE = Path(__file__).resolve().parent.parent / "docs" / "contract.md"
+
+
+def test_the_capability_table_of_the_contract_page_is_the_fields_metadata():
+    """A field missing from docs/contract.md, or a text there that is not the field's, fails here: rewrite the table
+    with ``python scripts/samples.py docs/contract.md``."""
+    region = re.search(r"^<!-- table: capabilities -->\n(.*?)^<!-- /table -->$", CONTRACT_PAGE.read_text(), re.M | re.S)
+    assert region is not None, "docs/contract.md has no capability table region"
+    shown = region.group(1)
+    fields = attrs.fields(Capabilities)
+    assert [field.name for field in fields if f"| `{field.name}` |" not in shown] == []
+    assert shown == capability_table(fields), "stale: python scripts/samples.py docs/contract.md"
+
+
+def test_every_capability_is_documented_in_its_metadata_and_its_docstring_shows_it():
+    docstring = " ".join((Capabilities.__doc__ or "").split())
+    for field in attrs.fields(Capabilities):
+        doc = field.metadata.get(CAPABILITY_DOC)
+        assert isinstance(doc, CapabilityDoc) and doc.meaning and doc.declared_by, field.name
+        meaning = re.sub(r"`([^`]+)`", r"``\1``", " ".join(doc.meaning.split()))
+        assert f"``{field.name}`` (default {field.default!r}): {meaning}." in docstring, field.name
 
 
 # -- no preemption, and one token per grow ------------------------------------------------------------------------

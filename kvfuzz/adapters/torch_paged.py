@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 
 from kvfuzz.adapters.base import SequenceLedger
-from kvfuzz.allocator.errors import OutOfBlocks, Unsupported
+from kvfuzz.allocator.errors import OutOfBlocks
 from kvfuzz.allocator.types import (
     AdmitResult,
     Capabilities,
@@ -40,7 +40,6 @@ from kvfuzz.allocator.types import (
     PoolSpec,
     SeqId,
     Slot,
-    SwapResult,
     Tokens,
 )
 from kvfuzz.kernels.flex import eager_flex_attention, pool_as_heads
@@ -56,6 +55,8 @@ class TorchPagedAttention:
     its token count; every other batch index has been erased (or never reserved).
     """
 
+    # PagedAttention has no page sharing (no fork), no host pool (no swap), its reserve only grows a batch's capacity
+    # (no rollback), and it caches nothing (no eviction): none of those methods exists.
     capabilities = Capabilities(introspection=True, attention_kernel=True)
     num_host_blocks = 0
 
@@ -121,24 +122,6 @@ class TorchPagedAttention:
 
     def step_completed(self, step: int) -> None:
         """Nothing to do: ``erase`` frees pages at once (W = 0)."""
-
-    def fork(self, parent: SeqId, child: SeqId) -> None:
-        raise Unsupported("fork: PagedAttention has no page sharing")
-
-    def swap_out(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap: PagedAttention has no host pool")
-
-    def swap_in(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap: PagedAttention has no host pool")
-
-    def rollback(self, seq: SeqId, num_tokens: int) -> None:
-        raise Unsupported("rollback: PagedAttention.reserve only grows a batch's capacity")
-
-    def evict(self, num_blocks: int) -> int:
-        raise Unsupported("eviction: PagedAttention caches nothing")
-
-    def reset_cache(self) -> None:
-        raise Unsupported("eviction: PagedAttention caches nothing")
 
     # -- introspection -----------------------------------------------------------------------------------------
 

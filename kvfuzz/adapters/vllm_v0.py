@@ -151,7 +151,9 @@ class VllmV0BlockManager:
         # current round, unless a chunked prefill is preempted part-way. With prefix caching its host allocator
         # deduplicates full blocks by content too (a swap-out may share a host block), and a copy-on-write into a
         # forked tail that fills the block is deduplicated against an identical full block, the copy's fresh
-        # destination freed with the copy still ordered.
+        # destination freed with the copy still ordered. The block manager has no rollback (drafts live in lookahead
+        # slots) and no eviction: it evicts only when it allocates, and its reset_prefix_cache refuses while any block
+        # is in use; neither method exists.
         self.capabilities = Capabilities(
             fork=fork,
             prefix_cache=enable_caching,
@@ -298,15 +300,6 @@ class VllmV0BlockManager:
         request.seq.status = SequenceStatus.RUNNING
         self.sequences.admitted(seq)
         return SwapResult(mapping)
-
-    def rollback(self, seq: SeqId, num_tokens: int) -> None:
-        raise Unsupported("rollback: vLLM v0's block manager has no rollback (drafts live in lookahead slots)")
-
-    def evict(self, num_blocks: int) -> int:
-        raise Unsupported("evict: vLLM v0's block manager evicts only when it allocates")
-
-    def reset_cache(self) -> None:
-        raise Unsupported("reset_cache: vLLM v0's reset_prefix_cache refuses while any block is in use")
 
     def step_completed(self, step: int) -> None:
         if step <= self._last_completed:

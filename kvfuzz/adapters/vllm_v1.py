@@ -66,15 +66,19 @@ refused grow can still release them (``refusal_drops_window``).
 from __future__ import annotations
 
 import importlib.util
-import json
-import logging
-import types
-from collections import Counter, deque
+from collections import deque
 from typing import Any, Callable, Optional, Sequence
 
-import attrs
-
 from kvfuzz.adapters.base import SequenceLedger
+from kvfuzz.adapters.vllm_scheduler import (
+    MAX_MODEL_LEN,
+    UNTIL_LOADS_LAND,
+    DeferredFrees,
+    InFlight,
+    NamespaceKeys,
+    VllmOptions,
+    import_vllm,
+)
 from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, Unsupported
 from kvfuzz.allocator.types import (
     NULL_BLOCK,
@@ -86,7 +90,6 @@ from kvfuzz.allocator.types import (
     PoolSpec,
     SeqId,
     Slot,
-    SwapResult,
     Tokens,
 )
 
@@ -96,152 +99,21 @@ if importlib.util.find_spec("vllm") is None:
         "kvfuzz.adapters.vllm_v1 needs vllm 0.33.0; build an environment with scripts/third_party_env.sh vllm"
     )
 
-MAX_MODEL_LEN = 1 << 20
-"""The manager's ``max_model_len``: far above any sequence kvfuzz builds, so vLLM never caps a sequence's slots."""
-
-
-def _import_vllm() -> types.SimpleNamespace:
-    """vLLM's modules, imported on first use (importing vLLM takes seconds)."""
-    import torch
-    from vllm.lora.request import LoRARequest
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
-    from vllm.v1.request import Request, RequestStatus
-
-    # reset_prefix_cache logs every success at INFO; kvfuzz resets the cache at the end of every example.
-    logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
-    return types.SimpleNamespace(
-        torch=torch,
-        LoRARequest=LoRARequest,
-        SamplingParams=SamplingParams,
-        sha256=sha256,
-        KVCacheManager=KVCacheManager,
-        get_request_block_hasher=get_request_block_hasher,
-        init_none_hash=init_none_hash,
-        FullAttentionSpec=FullAttentionSpec,
-        KVCacheConfig=KVCacheConfig,
-        KVCacheGroupSpec=KVCacheGroupSpec,
-        SlidingWindowSpec=SlidingWindowSpec,
-        Request=Request,
-        RequestStatus=RequestStatus,
-    )
-
-
-@attrs.frozen
-class VllmOptions:
-    """How the manager is configured and driven.
-
-    ``namespace_key`` is ``"cache_salt"`` or ``"lora"``: which of vLLM's extra hash keys carries a namespace.
-    ``inflight_window`` W > 0 emulates the scheduler's deferred frees with W + 1 batches in flight.
-    ``sliding_window`` (tokens) builds a sliding-window group instead of full attention.
-    ``priority_policy`` says the scheduler may preempt a request it has already scheduled in this round (vLLM's
-    priority policy); under FCFS it takes its victims before scheduling them.
-    ``speculative_tokens`` is vLLM's ``num_speculative_tokens`` (0: no speculative decoding), and
-    ``lookahead_tokens`` its ``num_lookahead_tokens``: k for an EAGLE or draft-model proposer, 0 for n-gram.
-    ``kv_connector`` says a KV connector (or offloading) evicts particular blocks by id (``evict_blocks``), which
-    the adapter then declares as targeted eviction; without one, vLLM never calls it.
-    """
-
-    prefix_caching: bool = True
-    namespace_key: str = attrs.field(default="cache_salt", validator=attrs.validators.in_(("cache_salt", "lora")))
-    inflight_window: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    sliding_window: Optional[int] = None
-    priority_policy: bool = False
-    speculative_tokens: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    lookahead_tokens: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    kv_connector: bool = False
-
-
-class _NamespaceKeys:
-    """Maps kvfuzz namespaces onto a request's extra hash keys, injectively: equal keys only for equal namespaces.
-
-    Each non-empty namespace gets one LoRA adapter id, kept for the life of the allocator.
-    """
-
-    def __init__(self, kind: str, lora_request: Callable[..., Any]) -> None:
-        self._kind = kind
-        self._lora_request = lora_request
-        self._lora_ids: dict[Namespace, int] = {}
-
-    def request_kwargs(self, namespace: Namespace) -> dict[str, Any]:
-        if not namespace:
-            return {}
-        encoded = json.dumps(list(namespace))
-        if self._kind == "cache_salt":
-            return {"cache_salt": encoded}
-        lora_id = self._lora_ids.setdefault(namespace, len(self._lora_ids) + 1)
-        return {
-            "lora_request": self._lora_request(
-                lora_name=encoded, lora_int_id=lora_id, lora_path=f"/kvfuzz/lora/{lora_id}"
-            )
-        }
-
-
-class _DeferredFrees:
-    """Released blocks held back until a step completes, as ``Scheduler.deferred_frees`` holds them.
-
-    Each queued entry keeps one ``ref_cnt`` on every block it lists; ``holds[block_id]`` counts the entries listing a
-    block. Entries are returned, tail blocks first, once their fence step has completed (a subclass may queue a later
-    fence before an earlier one).
-    """
-
-    def __init__(self) -> None:
-        self._queue: deque[tuple[int, list[Any]]] = deque()
-        self.holds: Counter[int] = Counter()
-
-    def defer(self, fence: int, blocks: list[Any]) -> list[Any]:
-        """Queue ``blocks`` (less the null block) until step ``fence`` has completed; returns the list queued."""
-        blocks = [block for block in blocks if not block.is_null]
-        if blocks:
-            self._queue.append((fence, blocks))
-            self.holds.update(block.block_id for block in blocks)
-        return blocks
-
-    def refence(self, blocks: list[Any], fence: int) -> None:
-        """The entry queued with exactly the list ``blocks`` now waits for step ``fence`` instead."""
-        self._queue = deque((fence if listed is blocks else old, listed) for old, listed in self._queue)
-
-    def drain(self, completed: int, free_blocks: Callable[[Any], None]) -> None:
-        """Return every entry whose fence step has completed, in queue order."""
-        kept: deque[tuple[int, list[Any]]] = deque()
-        for fence, blocks in self._queue:
-            if fence > completed:
-                kept.append((fence, blocks))
-                continue
-            self.holds.subtract(block.block_id for block in blocks)
-            free_blocks(reversed(blocks))
-        self._queue = kept
-
-
-_UNTIL_LOADS_LAND = 1 << 62
-"""The fence of a deferred free that waits for a request's asynchronous loads rather than a step (re-fenced once the
-loads are reported landed)."""
-
-
-@attrs.frozen
-class _InFlight:
-    """``tokens`` tokens of ``request`` are computed by a step that has completed once step ``done_after`` has."""
-
-    done_after: int
-    request: Any
-    tokens: int
-
 
 class VllmV1Allocator:
     """One vLLM ``KVCacheManager`` driven as vLLM's v1 scheduler drives it (see the module docstring)."""
 
     def __init__(self, spec: PoolSpec, options: VllmOptions = VllmOptions()) -> None:
-        self._vllm = vllm = _import_vllm()
+        self._vllm = vllm = import_vllm()
         self.block_size = spec.block_size
         self.num_blocks = spec.num_blocks
         self.num_host_blocks = 0
         speculative = options.speculative_tokens
         if options.lookahead_tokens and not speculative:
             raise ValueError("VllmOptions: lookahead_tokens without speculative_tokens")
-        # allocate_slots registers full blocks in the prefix cache when their tokens are scheduled.
+        # allocate_slots registers full blocks in the prefix cache when their tokens are scheduled. vLLM v1 shares
+        # blocks between requests only through the prefix cache (no fork) and preempts by recomputation, with no
+        # host pool (no swap).
         self.capabilities = Capabilities(
             prefix_cache=options.prefix_caching,
             namespaces=options.prefix_caching,
@@ -278,7 +150,7 @@ class VllmV1Allocator:
             vllm.init_none_hash(vllm.sha256)
             self._hasher = vllm.get_request_block_hasher(spec.block_size, vllm.sha256)
         self._sampling = vllm.SamplingParams(max_tokens=MAX_MODEL_LEN)
-        self._keys = _NamespaceKeys(options.namespace_key, vllm.LoRARequest)
+        self._keys = NamespaceKeys(options.namespace_key, vllm.LoRARequest)
         self._inflight_window = options.inflight_window
         self.sequences = SequenceLedger()  # the requests held and their phases; raises the misuse errors
         self._speculative_tokens = speculative  # drafts carried by each grow (0: no speculative decoding)
@@ -289,8 +161,8 @@ class VllmV1Allocator:
         self._landed: dict[SeqId, Any] = {}  # request whose loads landed, waiting to be scheduled -> its Request
         # Request freed while loading -> its blocks, held by a deferred free until its loads are reported landed.
         self._orphans: dict[SeqId, list[Any]] = {}
-        self._deferred = _DeferredFrees()
-        self._in_flight: deque[_InFlight] = deque()
+        self._deferred = DeferredFrees()
+        self._in_flight: deque[InFlight] = deque()
         self._last_completed = -1
 
     def _kv_cache_groups(self, options: VllmOptions) -> list[Any]:
@@ -396,15 +268,6 @@ class VllmV1Allocator:
         request.num_preemptions += 1
         self._preempted[seq] = request
         self.sequences.preempted(seq)
-
-    def fork(self, parent: SeqId, child: SeqId) -> None:
-        raise Unsupported("fork: vLLM v1 shares blocks between requests only through the prefix cache")
-
-    def swap_out(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_out: vLLM v1 preempts by recomputation, it has no host pool")
-
-    def swap_in(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_in: vLLM v1 preempts by recomputation, it has no host pool")
 
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
         if not self._speculative_tokens:
@@ -569,7 +432,7 @@ class VllmV1Allocator:
             self._release(request)
         else:
             request.status = self._vllm.RequestStatus.FINISHED_ABORTED
-            self._orphans[seq] = self._deferred.defer(_UNTIL_LOADS_LAND, self._manager.pop_blocks_for_free(request))
+            self._orphans[seq] = self._deferred.defer(UNTIL_LOADS_LAND, self._manager.pop_blocks_for_free(request))
         self.sequences.freed(seq)
 
     # -- helpers -------------------------------------------------------------------------------------------------
@@ -592,7 +455,7 @@ class VllmV1Allocator:
         that computes them (the next one launched) has completed."""
         request.num_computed_tokens += num_tokens
         request.num_in_flight_tokens += num_tokens
-        self._in_flight.append(_InFlight(self._last_completed + self._inflight_window + 1, request, num_tokens))
+        self._in_flight.append(InFlight(self._last_completed + self._inflight_window + 1, request, num_tokens))
 
     def _accept_drafts(self, request: Any) -> None:
         """The drafts left of the latest grow were accepted: as ``update_from_output`` does, they join the request's

@@ -23,7 +23,7 @@ from typing import Optional
 import attrs
 
 from kvfuzz.allocator.block_pool import BlockPool
-from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence
 from kvfuzz.allocator.pooled import PooledAllocator
 from kvfuzz.allocator.prefix_cache import CacheEntry, PrefixCache, chain_hash
 from kvfuzz.allocator.types import (
@@ -37,7 +37,6 @@ from kvfuzz.allocator.types import (
     PoolSpec,
     SeqId,
     Slot,
-    SwapResult,
     Tokens,
     group_block_sizes,
 )
@@ -95,6 +94,7 @@ class HybridAllocator(PooledAllocator):
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.num_host_blocks = 0  # no swap, no host tier (as vLLM v1)
+        # No rollback either: kvfuzz does not check rollback together with KV-cache groups yet.
         window = 2 * sliding_size + 1 if sliding_window is None else sliding_window
         self.capabilities = Capabilities(
             fork=True,
@@ -218,15 +218,6 @@ class HybridAllocator(PooledAllocator):
     def preempt(self, seq: SeqId) -> None:
         self._running(seq, "preempt")
         self.free(seq)
-
-    def swap_out(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_out: the hybrid allocator has no host pool (as vLLM v1)")
-
-    def swap_in(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_in: the hybrid allocator has no host pool (as vLLM v1)")
-
-    def rollback(self, seq: SeqId, num_tokens: int) -> None:
-        raise Unsupported("rollback: kvfuzz does not check rollback together with KV-cache groups yet")
 
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         return tuple(self._running(seq, "block_table").tables[0])

@@ -1,8 +1,11 @@
 """The protocol a paged KV-cache allocator implements to be driven by kvfuzz.
 
 kvfuzz plays the serving engine: it calls these operations between steps, writes K/V where the allocator says,
-performs the copies it orders, and tells it when each step has completed. Operations the allocator does not declare
-in ``capabilities`` are never called (they may raise :class:`~kvfuzz.allocator.errors.Unsupported`).
+performs the copies it orders, and tells it when each step has completed. :class:`AllocatorProtocol` holds what every
+allocator has; each optional capability has a protocol of its own (:data:`CAPABILITY_PROTOCOLS`), whose methods the
+allocator has when it declares that capability in ``capabilities``. kvfuzz never calls a method whose capability is
+not declared, so the method need not exist (an allocator that keeps a stub raising
+:class:`~kvfuzz.allocator.errors.Unsupported` still works).
 
 Rules every implementation keeps:
 
@@ -17,7 +20,8 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Collection, Optional, Protocol, Sequence, runtime_checkable
+import inspect
+from typing import TYPE_CHECKING, Collection, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 from kvfuzz.allocator.types import (
     AdmitResult,
@@ -34,37 +38,10 @@ from kvfuzz.allocator.types import (
 if TYPE_CHECKING:
     import torch
 
-CORE_METHODS = ("admit", "grow", "free", "step_completed", "block_table")
-"""Methods every allocator has, whatever it declares."""
-
-DECLARED_METHODS: dict[str, tuple[str, ...]] = {
-    "preemption": ("preempt",),
-    "fork": ("fork",),
-    "swap": ("swap_out", "swap_in"),
-    "rollback": ("rollback",),
-    "eviction": ("evict", "reset_cache"),
-    "targeted_eviction": ("evict_blocks",),
-    "introspection": ("refcount", "free_blocks", "cached_blocks", "pending_blocks"),
-    "host_cache": ("take_transfers",),
-    "async_loads": ("loads_landed", "resume"),
-    "kv_groups": ("group_block_tables",),
-}
-"""Capability -> the methods that come with it: an allocator has them exactly when it declares the capability, and
-kvfuzz calls none of them otherwise (misuse probes included). A capability counts as declared when it is truthy:
-True, a positive number, a non-empty tuple (``kv_groups``)."""
-
-
-def declares(capabilities: Capabilities, method: str) -> bool:
-    """Whether an allocator declaring ``capabilities`` has ``method``: a core method, or one its capability brings."""
-    return method in CORE_METHODS or any(
-        method in methods and bool(getattr(capabilities, capability))
-        for capability, methods in DECLARED_METHODS.items()
-    )
-
 
 @runtime_checkable
 class AllocatorProtocol(Protocol):
-    """A paged KV-cache block manager."""
+    """A paged KV-cache block manager: what every allocator has, whatever it declares (:data:`CORE_METHODS`)."""
 
     block_size: int
     num_blocks: int
@@ -77,6 +54,29 @@ class AllocatorProtocol(Protocol):
     def grow(self, seq: SeqId, tokens: Tokens) -> GrowResult:
         """Append ``len(tokens) >= 1`` tokens; return their slots and any block copies to perform first."""
 
+    def free(self, seq: SeqId) -> None:
+        """Finish or cancel ``seq`` (at any moment, even before its first step). Full blocks may stay cached."""
+
+    def step_completed(self, step: int) -> None:
+        """Step ``step`` (counted from 0) has finished on the device: every write and read it issued is done."""
+
+    def block_table(self, seq: SeqId) -> Sequence[int]:
+        """The physical blocks of ``seq``'s logical blocks, in order."""
+
+
+@runtime_checkable
+class Preempts(Protocol):
+    """Optional: the engine preempts by recomputation; comes with ``capabilities.preemption`` (declared by default)."""
+
+    def preempt(self, seq: SeqId) -> None:
+        """Release ``seq`` for recomputation; the engine admits it again later under the same id."""
+
+
+@runtime_checkable
+class Forks(Protocol):
+    """Optional: a sequence shares its blocks with a new one (parallel sampling, beam search); the allocator sets
+    ``capabilities.fork``."""
+
     def fork(self, parent: SeqId, child: SeqId) -> Optional[Sequence[BlockCopy]]:
         """Make ``child`` share every block of ``parent`` (same tokens, same namespace).
 
@@ -84,11 +84,10 @@ class AllocatorProtocol(Protocol):
         it returns those copies, and the child's table differs from the parent's exactly at their destinations.
         Returning None means every block is shared."""
 
-    def free(self, seq: SeqId) -> None:
-        """Finish or cancel ``seq`` (at any moment, even before its first step). Full blocks may stay cached."""
 
-    def preempt(self, seq: SeqId) -> None:
-        """Release ``seq`` for recomputation; the engine admits it again later under the same id."""
+@runtime_checkable
+class Swaps(Protocol):
+    """Optional: a sequence's blocks move to the host pool and back; the allocator sets ``capabilities.swap``."""
 
     def swap_out(self, seq: SeqId) -> SwapResult:
         """Move ``seq``'s blocks to the host pool; returns (device block, host block) copies to perform."""
@@ -96,23 +95,27 @@ class AllocatorProtocol(Protocol):
     def swap_in(self, seq: SeqId) -> SwapResult:
         """Bring a swapped-out ``seq`` back; returns (host block, device block) copies to perform."""
 
+
+@runtime_checkable
+class RollsBack(Protocol):
+    """Optional: rejected speculative drafts are dropped; the allocator sets ``capabilities.rollback``."""
+
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
         """Drop the last ``num_tokens`` tokens of ``seq`` (rejected speculative drafts); keeps at least one token.
 
         The table left is a prefix of the table before; blocks of dropped tokens may stay as look-ahead blocks, up
         to ``capabilities.lookahead_blocks``."""
 
+
+@runtime_checkable
+class Evicts(Protocol):
+    """Optional: cached blocks are dropped on request; the allocator sets ``capabilities.eviction``."""
+
     def evict(self, num_blocks: int) -> int:
         """Drop up to ``num_blocks`` cached, unreferenced blocks; return how many were dropped."""
 
     def reset_cache(self) -> None:
         """Drop every cached, unreferenced block."""
-
-    def step_completed(self, step: int) -> None:
-        """Step ``step`` (counted from 0) has finished on the device: every write and read it issued is done."""
-
-    def block_table(self, seq: SeqId) -> Sequence[int]:
-        """The physical blocks of ``seq``'s logical blocks, in order."""
 
 
 @runtime_checkable
@@ -242,3 +245,42 @@ class NamesLibraryBlocks(Protocol):
 
     def library_block_name(self, block: int) -> str:
         """Contract block ``block`` as the library names it: ``"vLLM block 4"``."""
+
+
+def _methods(protocol: type) -> tuple[str, ...]:
+    """The methods ``protocol`` itself defines, in the order it defines them."""
+    return tuple(name for name, value in vars(protocol).items() if inspect.isfunction(value) and name[0] != "_")
+
+
+CORE_METHODS: tuple[str, ...] = _methods(AllocatorProtocol)
+"""Methods every allocator has, whatever it declares: those of :class:`AllocatorProtocol`."""
+
+CAPABILITY_PROTOCOLS: Mapping[str, type] = {
+    "preemption": Preempts,
+    "fork": Forks,
+    "swap": Swaps,
+    "rollback": RollsBack,
+    "eviction": Evicts,
+    "targeted_eviction": EvictsBlocks,
+    "introspection": Introspectable,
+    "host_cache": HostCache,
+    "async_loads": AsyncLoads,
+    "kv_groups": GroupedTables,
+}
+"""Capability -> the protocol of the methods that come with it. An allocator that declares the capability has
+those methods; kvfuzz calls none of them otherwise (misuse probes included), so they need not exist, and narrows to
+the protocol only where the declaration guards the call. A capability counts as declared when it is truthy: True, a
+positive number, a non-empty tuple (``kv_groups``)."""
+
+DECLARED_METHODS: Mapping[str, tuple[str, ...]] = {
+    capability: _methods(protocol) for capability, protocol in CAPABILITY_PROTOCOLS.items()
+}
+"""Capability -> the methods that come with it, read off :data:`CAPABILITY_PROTOCOLS`."""
+
+
+def declares(capabilities: Capabilities, method: str) -> bool:
+    """Whether an allocator declaring ``capabilities`` has ``method``: a core method, or one its capability brings."""
+    return method in CORE_METHODS or any(
+        method in methods and bool(getattr(capabilities, capability))
+        for capability, methods in DECLARED_METHODS.items()
+    )

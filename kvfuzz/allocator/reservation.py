@@ -13,17 +13,15 @@ from __future__ import annotations
 
 from typing import Collection
 
-from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence, Unsupported
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, SequenceExists, UnknownSequence
 from kvfuzz.allocator.types import (
     AdmitResult,
-    BlockCopy,
     Capabilities,
     GrowResult,
     Namespace,
     PoolSpec,
     SeqId,
     Slot,
-    SwapResult,
     Tokens,
 )
 
@@ -37,7 +35,9 @@ class ReservationAllocator:
         self.block_size = block_size  # positions in one reservation
         self.num_blocks = num_blocks  # reservations the pool holds
         self.num_host_blocks = 0  # no host pool
-        self.capabilities = Capabilities(introspection=True)  # nothing shared, nothing swapped
+        # A fixed reservation shares nothing, has no host pool, drops no tokens and caches nothing: no fork, swap,
+        # rollback or eviction, and none of their methods.
+        self.capabilities = Capabilities(introspection=True)
         self._free: dict[int, None] = dict.fromkeys(range(num_blocks))  # regions no sequence holds, oldest first
         self._lengths: dict[SeqId, int] = {}  # live sequence -> its tokens
         self._tables: dict[SeqId, list[int]] = {}  # live sequence -> its regions
@@ -81,9 +81,6 @@ class ReservationAllocator:
         size = self.block_size
         return GrowResult(tuple(Slot(table[p // size], p % size) for p in range(old, new)))
 
-    def fork(self, parent: SeqId, child: SeqId) -> list[BlockCopy]:
-        raise Unsupported("fork: a fixed reservation shares nothing")
-
     def free(self, seq: SeqId) -> None:
         for region in self._live(seq, "free"):
             self._free[region] = None
@@ -91,23 +88,6 @@ class ReservationAllocator:
 
     def preempt(self, seq: SeqId) -> None:
         self.free(seq)
-
-    def swap_out(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_out: no host pool")
-
-    def swap_in(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_in: no host pool")
-
-    def rollback(self, seq: SeqId, num_tokens: int) -> None:
-        raise Unsupported("rollback: not supported")
-
-    def evict(self, num_blocks: int) -> int:
-        if num_blocks < 0:
-            raise InvalidArgument(f"evict: cannot evict {num_blocks} blocks")
-        return 0  # nothing is ever cached
-
-    def reset_cache(self) -> None:
-        """Nothing is cached."""
 
     def step_completed(self, step: int) -> None:
         """Regions are released at once; a completed step changes nothing."""

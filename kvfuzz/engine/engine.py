@@ -17,7 +17,18 @@ import attrs
 
 from kvfuzz.accounting.occupancy import Occupancy, measure
 from kvfuzz.allocator.errors import AllocatorError, Misuse, OutOfBlocks
-from kvfuzz.allocator.protocol import AllocatorProtocol, AsyncLoads, EvictsBlocks, HostCache, HostIntrospectable
+from kvfuzz.allocator.protocol import (
+    AllocatorProtocol,
+    AsyncLoads,
+    Evicts,
+    EvictsBlocks,
+    Forks,
+    HostCache,
+    HostIntrospectable,
+    Preempts,
+    RollsBack,
+    Swaps,
+)
 from kvfuzz.allocator.types import (
     NULL_BLOCK,
     AdmitResult,
@@ -306,7 +317,9 @@ class Engine:
         # Checked as a tuple of BlockCopy by the result check before it is used as one.
         copies = cast(
             Optional[tuple[BlockCopy, ...]],
-            self._attempt(lambda: _fork_copies(self.allocator.fork(parent, child)), tuple, needed, absent=child),
+            self._attempt(
+                lambda: _fork_copies(cast(Forks, self.allocator).fork(parent, child)), tuple, needed, absent=child
+            ),
         )
         if copies is None:
             return False
@@ -413,7 +426,7 @@ class Engine:
         for table_id in table_ids:
             self.checks.withdrawn_writes_unread(table_id, f"preempt({seq!r})")
         self._hold_loading(seq)
-        self._call(lambda: self.allocator.preempt(seq))
+        self._call(lambda: cast(Preempts, self.allocator).preempt(seq))
         change = _UNCHANGED
         for table_id in table_ids:
             change = _merged(change, self._set_table(table_id, (), "released (preempt) by"))
@@ -428,7 +441,7 @@ class Engine:
         model = state.seqs[seq]
         self._begin("swap_out", seq)
         live = mapped(model.table)
-        result = self._attempt(lambda: self.allocator.swap_out(seq), SwapResult, len(live), host=True)
+        result = self._attempt(lambda: cast(Swaps, self.allocator).swap_out(seq), SwapResult, len(live), host=True)
         if result is None:
             return False
         held = state.host_holders()
@@ -454,7 +467,9 @@ class Engine:
         model = state.seqs[seq]
         self._begin("swap_in", seq)
         before = self.checks.cache_snapshot()
-        result = self._attempt(lambda: self.allocator.swap_in(seq), SwapResult, len(mapped(model.host_table)))
+        result = self._attempt(
+            lambda: cast(Swaps, self.allocator).swap_in(seq), SwapResult, len(mapped(model.host_table))
+        )
         if result is None:
             return False
         self.checks.swap_in_mapping(seq, result.mapping, model.host_table)
@@ -480,7 +495,7 @@ class Engine:
         """Drop the last tokens (rejected speculative drafts)."""
         state = self.expected
         self._begin("rollback", seq, num_tokens)
-        self._call(lambda: self.allocator.rollback(seq, num_tokens))
+        self._call(lambda: cast(RollsBack, self.allocator).rollback(seq, num_tokens))
         model = state.seqs[seq]
         old_len = state.length(seq)
         new_len = old_len - num_tokens
@@ -500,7 +515,7 @@ class Engine:
         introspection = self.checks.introspection
         before = list(introspection.cached_blocks()) if introspection is not None else []
         order_before = self.checks.cache_snapshot()
-        dropped = self._call(lambda: self.allocator.evict(num_blocks))
+        dropped = self._call(lambda: cast(Evicts, self.allocator).evict(num_blocks))
         self.checks.result(f"evict({num_blocks})", dropped, int)
         evicted = self.checks.evicted(before)
         self.checks.evict_count(num_blocks, dropped, before, evicted)
@@ -523,7 +538,7 @@ class Engine:
         """Ask the allocator to drop every cached, unreferenced block: none of the unreferenced blocks outside the
         in-flight window (and not held pending) may be matched again until a table maps it anew."""
         self._begin("reset_cache")
-        self._call(self.allocator.reset_cache)
+        self._call(cast(Evicts, self.allocator).reset_cache)
         self.checks.cache_empty()
         # A block in flight, or one the allocator may hold pending, may be cached again once released from that.
         held = self.pools.late_work_by_block.keys() | self.pools.held_until.keys()
@@ -602,7 +617,7 @@ class Engine:
                 self.land_loads(seq)
             self.checks.operation = operation
         if self.caps.eviction:
-            self._call(self.allocator.reset_cache)
+            self._call(cast(Evicts, self.allocator).reset_cache)
         if self.checks.introspection is not None:
             self.checks.accounting(())
             self.checks.quiescent()

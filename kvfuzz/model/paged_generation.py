@@ -19,13 +19,13 @@ time exactly as the paged run does, so equal K/V give bit-identical logits.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 import attrs
 import torch
 
 from kvfuzz.allocator.errors import OutOfBlocks
-from kvfuzz.allocator.protocol import AllocatorProtocol
+from kvfuzz.allocator.protocol import AllocatorProtocol, Forks, Preempts
 from kvfuzz.allocator.types import BlockCopy, SeqId
 from kvfuzz.model.tiny_lm import ContiguousKV, TinyLM
 
@@ -166,7 +166,7 @@ class PagedGeneration:
             return False
         victim = victims[0]
         self.released |= set(victim.table)
-        self.allocator.preempt(victim.seq)
+        cast(Preempts, self.allocator).preempt(victim.seq)
         self.running.remove(victim)
         self.preempted.append(victim)
         self.events["preemptions"] += 1
@@ -195,7 +195,7 @@ class PagedGeneration:
     def _fork(self, parent: PagedSequence) -> None:
         logits = parent.logits[0]
         for rank, child in enumerate(parent.request.sequences()[1:], start=1):
-            copies = self.allocator.fork(parent.seq, child) or ()
+            copies = cast(Forks, self.allocator).fork(parent.seq, child) or ()
             for copy in copies:
                 self.pools.copy(copy)
                 self.events["fork copies"] += 1

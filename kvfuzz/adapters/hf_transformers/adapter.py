@@ -53,7 +53,6 @@ from kvfuzz.allocator.types import (
     Namespace,
     SeqId,
     Slot,
-    SwapResult,
     Tokens,
 )
 
@@ -91,6 +90,8 @@ class TransformersPagedCache:
         sharing = cache.use_prefix_sharing
         # With sharing, mark_complete_blocks swaps a duplicate block for the cached one when a step completes.
         # Without it, fork copies every block of the parent: kvfuzz cannot size that refusal, so it is not driven.
+        # Never swap (transformers' CPU offloading needs a pinned host pool and its scheduler) nor rollback (its
+        # continuous batching has no speculative decoding): neither method exists.
         self.capabilities = Capabilities(
             fork=sharing,
             fork_copies=sharing,
@@ -165,15 +166,6 @@ class TransformersPagedCache:
         self._forget(seq, "preempt")
         self.cache.free_blocks(seq, no_cache=True)
         self.sequences.preempted(seq)
-
-    def swap_out(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_out: transformers' CPU offloading needs a pinned host pool and its scheduler")
-
-    def swap_in(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_in: transformers' CPU offloading needs a pinned host pool and its scheduler")
-
-    def rollback(self, seq: SeqId, num_tokens: int) -> None:
-        raise Unsupported("rollback: transformers' continuous batching has no speculative decoding")
 
     def evict(self, num_blocks: int) -> int:
         if num_blocks < 0:

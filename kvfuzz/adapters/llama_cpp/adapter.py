@@ -63,7 +63,6 @@ from kvfuzz.allocator.types import (
     PoolSpec,
     SeqId,
     Slot,
-    SwapResult,
     Tokens,
 )
 
@@ -114,6 +113,8 @@ class LlamaCppKVCache:
         self._context = Context(num_cells, MAX_SEQUENCES, ubatch)  # the cache under test
         self._reference = _reference(num_cells)  # a second context over the same weights
         self.num_blocks = spec.num_blocks
+        # Swap is not driven for llama.cpp, and it keeps no cache of finished sequences (no eviction): no swap_out,
+        # swap_in, evict or reset_cache.
         self.capabilities = Capabilities(fork=True, rollback=True, introspection=True)
         self._ledger = SequenceLedger()  # phases, and the misuse checks
         self._seqs: dict[SeqId, _Sequence] = {}  # every sequence held or preempted
@@ -200,18 +201,6 @@ class LlamaCppKVCache:
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         self._ledger.live(seq, "block_table")
         return tuple(cell - self._ballast for cell in self._cells_of(self._seqs[seq].seq_id))
-
-    def swap_out(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_out: not driven for llama.cpp")
-
-    def swap_in(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_in: not driven for llama.cpp")
-
-    def evict(self, num_blocks: int) -> int:
-        raise Unsupported("evict: llama.cpp keeps no cache of finished sequences")
-
-    def reset_cache(self) -> None:
-        raise Unsupported("reset_cache: llama.cpp keeps no cache of finished sequences")
 
     # -- introspection ----------------------------------------------------------------------------------------
 

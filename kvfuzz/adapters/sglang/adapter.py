@@ -58,7 +58,7 @@ import torch
 
 from kvfuzz.adapters.base import SequenceLedger
 from kvfuzz.adapters.sglang._engine import in_context, sglang
-from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, Unsupported
+from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks
 from kvfuzz.allocator.types import (
     AdmitResult,
     Capabilities,
@@ -67,7 +67,6 @@ from kvfuzz.allocator.types import (
     PoolSpec,
     SeqId,
     Slot,
-    SwapResult,
     Tokens,
 )
 
@@ -122,6 +121,8 @@ class SGLangRadixAllocator:
                 "not the paged allocator this adapter drives"
             )
         self.block_size, self.num_blocks, self.num_host_blocks = spec.block_size, spec.num_blocks, 0
+        # RadixCache shares KV only through the tree, not between live requests (no fork); its host tier is
+        # HiRadixCache's cache (hicache.py), not swap; speculative decoding is out of scope (no rollback).
         self.capabilities = Capabilities(
             prefix_cache=True,
             namespaces=namespaces,
@@ -239,18 +240,6 @@ class SGLangRadixAllocator:
 
     def block_table(self, seq: SeqId) -> tuple[int, ...]:
         return self._table(self._running(seq, "block_table"))
-
-    def fork(self, parent: SeqId, child: SeqId) -> None:
-        raise Unsupported("fork: SGLang's RadixCache shares KV only through the tree, not between live requests")
-
-    def swap_out(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_out: the host tier (HiRadixCache) is out of scope")
-
-    def swap_in(self, seq: SeqId) -> SwapResult:
-        raise Unsupported("swap_in: the host tier (HiRadixCache) is out of scope")
-
-    def rollback(self, seq: SeqId, num_tokens: int) -> None:
-        raise Unsupported("rollback: speculative decoding is out of scope")
 
     @in_context
     def evict(self, num_blocks: int) -> int:
