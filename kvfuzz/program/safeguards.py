@@ -54,7 +54,7 @@ def _raise_user_interrupt(signum: int, frame: Optional[FrameType]) -> None:
     raise UserInterrupt()
 
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Signals that mean the person (or their CI) wants the run to stop: never the allocator's crash."""
 
 
@@ -66,7 +66,7 @@ def user_interrupts() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or _interrupts_active:
         yield
         return
-    previous = {signum: signal.signal(signum, _raise_user_interrupt) for signum in _STOP_SIGNALS}
+    previous = {signum: signal.signal(signum, _raise_user_interrupt) for signum in STOP_SIGNALS}
     _interrupts_active = True
     try:
         yield
@@ -78,17 +78,19 @@ def user_interrupts() -> Iterator[None]:
 
 @contextlib.contextmanager
 def deferred_interrupts() -> Iterator[list[int]]:
-    """While active (in the main thread), Ctrl-C is counted in the yielded list instead of raised: for printing and
-    saving a failure that must not be lost half-way."""
+    """While active (in the main thread), Ctrl-C (and SIGTERM, SIGHUP) is recorded in the yielded list, signal
+    number by signal number, instead of raised: for printing and saving a failure that must not be lost half-way,
+    and for a campaign, which tells its workers to stop and waits for what they hold."""
     pressed: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield pressed
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    previous = {signum: signal.signal(signum, lambda signum, frame: pressed.append(signum)) for signum in STOP_SIGNALS}
     try:
         yield pressed
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def escaped(error: BaseException) -> BaseException:
