@@ -33,7 +33,7 @@ from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.swarm import Limits
 from kvfuzz.campaign.worker import HYPOTHESIS_EVERY, WorkerPlan, patience_of, worker_main
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.program.safeguards import JOURNAL_PREFIX, deferred_interrupts
+from kvfuzz.program.safeguards import deferred_interrupts, journal_path
 from kvfuzz.saved import journals
 from kvfuzz.saved.corpus import PROCESS_DIED
 from kvfuzz.saved.hint import show_hint
@@ -261,7 +261,7 @@ class Campaign:
         slot.done = True
         self.tally.shrinking.pop(number, None)
         key: Optional[str] = None
-        if (self.options.corpus / f"{JOURNAL_PREFIX}{pid}.jsonl").exists():
+        if journal_path(self.options.corpus, pid).exists():
             for recovered in journals.recover(self.options.corpus):
                 if recovered.trace is not None:
                     self.recovered[recovered.pid] = str(recovered.trace)

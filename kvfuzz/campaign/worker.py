@@ -41,7 +41,7 @@ from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.random_programs import random_program
 from kvfuzz.program.replay import NotApplicable, replay
-from kvfuzz.program.safeguards import JOURNAL_PREFIX, STOP_SIGNALS, AllocatorHang, Journal, Watchdog
+from kvfuzz.program.safeguards import STOP_SIGNALS, AllocatorHang, Journal, Watchdog, journal_path
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory, load_factory
 from kvfuzz.runner import run
@@ -143,7 +143,7 @@ def worker_main(
             stop.set()
 
         patience = patience_of(plan.call_timeout)
-        journal = plan.corpus / f"{JOURNAL_PREFIX}{os.getpid()}.jsonl"
+        journal = journal_path(plan.corpus)
         tie_to_parent(plan.supervisor, orphaned, patience, lambda: journal.unlink(missing_ok=True), patience + 10)
     try:
         with single_threaded_torch():

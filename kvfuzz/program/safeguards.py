@@ -168,6 +168,11 @@ JOURNAL_PREFIX = ".kvfuzz-journal-"
 JOURNAL_FORMAT = "kvfuzz-journal/1"
 
 
+def journal_path(directory: Path, pid: Optional[int] = None) -> Path:
+    """Where the process ``pid`` (default: this one) keeps its journal in ``directory``."""
+    return directory / f"{JOURNAL_PREFIX}{os.getpid() if pid is None else pid}.jsonl"
+
+
 class Journal:
     """An append-only file of the programs a run executes, one JSON object a line, flushed before each call: a
     header (``{"format": "kvfuzz-journal/1", "pid": ..., "allocator": ..., "config": {...}}``), then
@@ -178,7 +183,7 @@ class Journal:
 
     def __init__(self, directory: Path, allocator: str, config_json: dict[str, Any]) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"{JOURNAL_PREFIX}{os.getpid()}.jsonl"  # one per process
+        self.path = journal_path(directory)  # one per process
         self._file: Optional[IO[str]] = open(self.path, "w", encoding="utf-8")
         self._examples = 0
         self._allocator = allocator  # what every header names
