@@ -15,7 +15,8 @@
   a settings profile (``--kvfuzz-profile ci|dev|nightly``; ``--kvfuzz-examples``, ``--kvfuzz-steps`` and
   ``--kvfuzz-seed`` override it; ``--kvfuzz-kernel`` picks invariant 2's attention kernel). A failure is saved as
   a trace in ``--kvfuzz-corpus`` (default ``corpus``) and, with ``--kvfuzz-database DIR``, in a Hypothesis example
-  database that the next run tries first.
+  database that the next run tries first. ``--kvfuzz-isolate`` runs the allocator in a child process
+  (:mod:`kvfuzz.isolation`): a segfault in it fails the item with its program and trace instead of ending pytest.
 * Under ``--kvfuzz-profile nightly`` the item runs a campaign instead (:mod:`kvfuzz.campaign`): swarmed
   configurations on ``--kvfuzz-workers`` processes (default: the cores) for ``--kvfuzz-duration`` seconds (default
   600), every distinct failure shrunk and saved; ``--kvfuzz-database`` may then be a ``redis://HOST:PORT/N`` shared
@@ -38,6 +39,7 @@ from kvfuzz.campaign.store import check_redis_url, is_redis
 from kvfuzz.campaign.supervisor import DEFAULT_DURATION, CampaignOptions, run_campaign
 from kvfuzz.campaign.swarm import probe_limits
 from kvfuzz.engine.config import MachineConfig
+from kvfuzz.isolation import Died, RunRequest, Stopped, run_isolated
 from kvfuzz.kernels import KERNEL_NAMES, KernelUnavailable, make_kernel
 from kvfuzz.profiles import PROFILES
 from kvfuzz.program.replay import NotApplicable
@@ -45,8 +47,9 @@ from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
 from kvfuzz.registry import AllocatorNotFound, AllocatorUnusable, load_factory, probe_allocator
 from kvfuzz.runner import run
 from kvfuzz.saved import journals
-from kvfuzz.saved.corpus import replay_trace, save_failure
+from kvfuzz.saved.corpus import replay_trace, save_trace, trace_of
 from kvfuzz.saved.trace import TraceError, TraceUnavailable, is_trace_file, json_file_kind, load
+from kvfuzz.statemachines.machine import machine_for
 
 
 class KvfuzzFailure(Exception):
@@ -100,6 +103,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--kvfuzz-workers", type=int, metavar="N", help="worker processes of the nightly campaign (default: the cores)"
+    )
+    group.addoption(
+        "--kvfuzz-isolate",
+        action="store_true",
+        help="run --kvfuzz-allocator's allocator in a child process: a segfault or an abort in it fails the item "
+        "with its program, saved as a trace, instead of killing pytest",
     )
     group.addoption(
         "--kvfuzz-replay-allocator",
@@ -226,30 +235,55 @@ class MachineItem(_KvfuzzItem):
         except (AllocatorNotFound, AllocatorUnusable, KernelUnavailable) as error:
             raise KvfuzzFailure(str(error)) from error
         profile = PROFILES[option("kvfuzz_profile")]
-        database = DirectoryBasedExampleDatabase(option("kvfuzz_database")) if option("kvfuzz_database") else None
         corpus = Path(option("kvfuzz_corpus"))
         recovered = _recover(corpus)
-        summary = run(
-            factory,
-            config,
-            examples=option("kvfuzz_examples") or profile.max_examples,
-            steps=option("kvfuzz_steps") or profile.stateful_step_count,
-            seed=option("kvfuzz_seed"),
-            derandomize=profile.derandomize,
-            allocator_name=self.spec,
-            database=database,
-            call_timeout=option("kvfuzz_call_timeout") or None,
-            journal_dir=corpus if recovered is not None else None,
-        )
+        examples = option("kvfuzz_examples") or profile.max_examples
+        steps = option("kvfuzz_steps") or profile.stateful_step_count
+        journal_dir = corpus if recovered is not None else None
+        inflight_window = probe.capabilities.inflight_window
+        if option("kvfuzz_isolate"):
+            outcome = run_isolated(
+                RunRequest(
+                    self.spec,
+                    config,
+                    inflight_window,
+                    examples,
+                    steps,
+                    seed=option("kvfuzz_seed"),
+                    derandomize=profile.derandomize,
+                    database=option("kvfuzz_database"),
+                    call_timeout=option("kvfuzz_call_timeout") or None,
+                    journal_dir=journal_dir,
+                )
+            )
+            if isinstance(outcome, Stopped):
+                raise KeyboardInterrupt  # the user's Ctrl-C before the child had a result: pytest stops the session
+            if isinstance(outcome, Died):
+                machine = machine_for(factory, outcome.trace.config).__name__ if outcome.trace is not None else ""
+                raise KvfuzzFailure(outcome.describe(machine))
+            summary, failed = outcome.summary, outcome.trace
+        else:
+            database = DirectoryBasedExampleDatabase(option("kvfuzz_database")) if option("kvfuzz_database") else None
+            summary = run(
+                factory,
+                config,
+                examples=examples,
+                steps=steps,
+                seed=option("kvfuzz_seed"),
+                derandomize=profile.derandomize,
+                allocator_name=self.spec,
+                database=database,
+                call_timeout=option("kvfuzz_call_timeout") or None,
+                journal_dir=journal_dir,
+            )
+            failed = trace_of(summary, self.spec, config, inflight_window)
         if not summary.failed:
             if summary.interrupted:
                 raise KeyboardInterrupt  # the user's Ctrl-C, and no failure to report: pytest stops the session
             if recovered:
                 raise KvfuzzFailure("\n".join(recovered))  # a run that died left a failure behind: now a trace
             return
-        saved = save_failure(
-            summary, self.spec, config, probe.capabilities.inflight_window, Path(option("kvfuzz_corpus"))
-        )
+        saved = save_trace(failed, corpus) if failed is not None else None
         if saved is None:
             trace = ""
         elif saved.error is None:

@@ -118,7 +118,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvfuzz.runner",),  # run(): search, shrink, summarise
     ("kvfuzz.saved",),  # traces, the corpus, journals
     ("kvfuzz.trace", "kvfuzz.corpus"),  # kvfuzz.saved's trace and corpus under their names before the move
-    ("kvfuzz.timeline", "kvfuzz.campaign", "kvfuzz.zoo_run"),  # kvfuzz show; campaigns; the zoo's table
+    ("kvfuzz.timeline", "kvfuzz.campaign", "kvfuzz.zoo_run", "kvfuzz.isolation"),  # show; campaigns; zoo; --isolate
     ("kvfuzz.commands", "kvfuzz.pytest_plugin"),  # the subcommands; the pytest plugin
     ("kvfuzz.cli",),  # the kvfuzz command
 )

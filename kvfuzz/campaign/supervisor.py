@@ -2,9 +2,11 @@
 signature, dead workers reported with the program that killed them and replaced, until the campaign's end.
 
 The campaign ends when its duration is up, when its examples are run, when ``stop_after`` new distinct failures
-are found, or on Ctrl-C. Workers then stop searching; a shrink in progress runs to its own time bound (on Ctrl-C it
-stops at once, and its finding says it stopped early), and every claimed finding is saved before the result
-returns.
+are found, or on Ctrl-C, SIGTERM or SIGHUP (:attr:`Campaign.signal` says which). Workers then stop searching; a
+shrink in progress runs to its own time bound (on a signal it stops at once, and its finding says it stopped early),
+and every claimed finding is saved before the result returns. Workers never outlive the campaign: a worker whose
+campaign was killed stops by itself (:mod:`kvfuzz.lifeline`). One campaign at a time holds a local corpus
+(:mod:`kvfuzz.campaign.lock`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import multiprocessing
+import os
 import queue as queue_module
 import signal
 import tempfile
@@ -22,14 +25,15 @@ from typing import Any, Callable, Optional
 import attrs
 
 from kvfuzz.campaign.known import known_signatures
+from kvfuzz.campaign.lock import CorpusLock
 from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
 from kvfuzz.campaign.report import CampaignResult, DeadWorker, Finding
 from kvfuzz.campaign.signature import TEARDOWN, Signature
 from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.swarm import Limits
-from kvfuzz.campaign.worker import HYPOTHESIS_EVERY, WorkerPlan, worker_main
+from kvfuzz.campaign.worker import HYPOTHESIS_EVERY, WorkerPlan, patience_of, worker_main
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.program.safeguards import JOURNAL_PREFIX
+from kvfuzz.program.safeguards import deferred_interrupts, journal_path
 from kvfuzz.saved import journals
 from kvfuzz.saved.corpus import PROCESS_DIED
 from kvfuzz.saved.hint import show_hint
@@ -98,7 +102,8 @@ class Campaign:
     """One campaign in progress; :meth:`run` returns its :class:`CampaignResult`.
 
     ``status`` receives the progress line (about every half second), ``event`` one line per new failure and per
-    dead worker."""
+    dead worker. Constructing it takes the corpus's lock (:class:`~kvfuzz.campaign.lock.CorpusInUse` when another
+    campaign holds it); :meth:`run` releases it."""
 
     def __init__(
         self,
@@ -118,7 +123,10 @@ class Campaign:
         self.slots: dict[int, _Slot] = {}
         self.started = time.monotonic()
         self.ended_by: Optional[str] = None
+        self.signal: Optional[int] = None  # the signal that ended the campaign (SIGINT, SIGTERM, SIGHUP), if one did
         self.state = options.corpus / STATE_DIRECTORY
+        self.lock = CorpusLock(self.state, options.corpus)
+        self.lock.acquire()
         self.claims = Path(tempfile.mkdtemp(prefix="claims-", dir=self._state_dir()))
         self.store = open_store(options.database, self.claims)
         self.known: dict[str, str] = {}
@@ -131,44 +139,17 @@ class Campaign:
     @property
     def patience(self) -> float:
         """Seconds without a word from a worker before it is taken for hung in C code the watchdog cannot interrupt."""
-        return 2 * (self.options.call_timeout or 60.0) + 10.0
+        return patience_of(self.options.call_timeout)
 
     def run(self) -> CampaignResult:
+        """Run to the end. Ctrl-C, SIGTERM and SIGHUP are recorded, never raised, while it runs (a queue read cut
+        short would lose a message): the loop ends the campaign on the first, within a tenth of a second."""
         options = self.options
-        for recovered in journals.recover(options.corpus):
-            self.event(f"kvfuzz: {recovered.message}")
-        self.known = known_signatures(
-            [*options.known, options.corpus], options.allocators, options.call_timeout or 60.0
-        )
-        self.started = time.monotonic()
-        for number in range(options.workers):
-            self._start(number, 0)
-        last_status = 0.0
         try:
-            while True:
-                try:
-                    self._drain(timeout=0.1)
-                    self._check_end()
-                    self._check_workers()
-                    if time.monotonic() - last_status >= 0.5:
-                        self.status(self.progress_line())
-                        last_status = time.monotonic()
-                    if self.stop.is_set() and all(slot.done for slot in self.slots.values()):
-                        break
-                except KeyboardInterrupt:
-                    self.ended_by = "interrupted"
-                    self.stop.set()
-                    self.halt.set()
+            with deferred_interrupts() as received:
+                self._run(received)
         finally:
-            for slot in self.slots.values():
-                if slot.process.is_alive():
-                    slot.process.kill()
-                slot.process.join(timeout=5)
-            self._drain(timeout=0)
-            with contextlib.suppress(OSError):
-                for claim in self.claims.iterdir():
-                    claim.unlink()
-                self.claims.rmdir()
+            self.lock.release()
         self.status(self.progress_line())
         if self.ended_by is None:
             self.ended_by = "max-examples"
@@ -186,6 +167,50 @@ class Campaign:
             tuple(self.tally.errors),
             str(options.corpus),
         )
+
+    def _run(self, received: list[int]) -> None:
+        options = self.options
+        for recovered in journals.recover(options.corpus):
+            self.event(f"kvfuzz: {recovered.message}")
+        self.known = known_signatures(
+            [*options.known, options.corpus], options.allocators, options.call_timeout or 60.0
+        )
+        self.started = time.monotonic()
+        if not received:
+            for number in range(options.workers):
+                self._start(number, 0)
+        last_status = 0.0
+        try:
+            while True:
+                if received and self.signal is None:
+                    self._interrupted(received[0])
+                self._drain(timeout=0.1)
+                self._check_end()
+                self._check_workers()
+                if time.monotonic() - last_status >= 0.5:
+                    self.status(self.progress_line())
+                    last_status = time.monotonic()
+                if self.stop.is_set() and all(slot.done for slot in self.slots.values()):
+                    break
+        finally:
+            for slot in self.slots.values():
+                if slot.process.is_alive():
+                    slot.process.kill()
+                slot.process.join(timeout=5)
+            self._drain(timeout=0)
+            with contextlib.suppress(OSError):
+                for claim in self.claims.iterdir():
+                    claim.unlink()
+                self.claims.rmdir()
+
+    def _interrupted(self, signum: int) -> None:
+        """The user (or their CI) asked the campaign to stop: the workers stop searching, and a shrink in progress
+        stops now and saves its program as far as it got."""
+        self.signal = signum
+        self.ended_by = "interrupted"
+        self.stop.set()
+        self.halt.set()
+        self.event(f"kvfuzz: {signal.Signals(signum).name}: stopping; saving what the workers hold")
 
     # -- workers -------------------------------------------------------------------------------------------------
 
@@ -205,6 +230,7 @@ class Campaign:
             options.shrink_seconds,
             options.hypothesis_every,
             self.claims,
+            os.getpid(),
         )
         process = self.context.Process(
             target=worker_main, args=(plan, self.queue, self.stop, self.halt, self.budget), daemon=True
@@ -235,7 +261,7 @@ class Campaign:
         slot.done = True
         self.tally.shrinking.pop(number, None)
         key: Optional[str] = None
-        if (self.options.corpus / f"{JOURNAL_PREFIX}{pid}.jsonl").exists():
+        if journal_path(self.options.corpus, pid).exists():
             for recovered in journals.recover(self.options.corpus):
                 if recovered.trace is not None:
                     self.recovered[recovered.pid] = str(recovered.trace)

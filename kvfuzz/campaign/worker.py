@@ -36,11 +36,12 @@ from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
 from kvfuzz.campaign.swarm import Limits, SwarmConfig, builds, draw_swarm
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import InvariantViolation
+from kvfuzz.lifeline import tie_to_parent
 from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.random_programs import random_program
 from kvfuzz.program.replay import NotApplicable, replay
-from kvfuzz.program.safeguards import AllocatorHang, Journal, Watchdog
+from kvfuzz.program.safeguards import STOP_SIGNALS, AllocatorHang, Journal, Watchdog, journal_path
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory, load_factory
 from kvfuzz.runner import run
@@ -67,6 +68,12 @@ HYPOTHESIS_EXAMPLES = 20
 """Examples of one Hypothesis round."""
 
 
+def patience_of(call_timeout: Optional[float]) -> float:
+    """Seconds without a word from a worker before the campaign takes it for hung in C code the watchdog cannot
+    interrupt; also how long a worker whose campaign died has to save what it holds."""
+    return 2 * (call_timeout or 60.0) + 10.0
+
+
 @attrs.frozen
 class WorkerPlan:
     """Everything a worker needs, fixed when it starts (picklable: it crosses into the worker process)."""
@@ -84,6 +91,7 @@ class WorkerPlan:
     shrink_seconds: float = 30.0  # the time bound of one shrink
     hypothesis_every: int = HYPOTHESIS_EVERY  # 0: no Hypothesis rounds
     claims: Optional[Path] = None  # without Redis: the campaign's directory of signature claims
+    supervisor: Optional[int] = None  # the campaign's pid: the worker ends soon after it is gone; None: never
 
 
 class _Reporter:
@@ -118,9 +126,25 @@ def worker_main(
 ) -> None:
     """The worker process: search until ``stop`` is set or ``budget`` (examples left to start, shared by every
     worker; negative: unbounded) runs out; a shrink in progress ends early only when ``halt`` is set. kvfuzz's own
-    errors are sent as :class:`Crashed`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign handles Ctrl-C and tells the workers to stop
+    errors are sent as :class:`Crashed`.
+
+    The signals that stop a campaign (Ctrl-C, SIGTERM, SIGHUP: a terminal or ``timeout`` sends them to the whole
+    process group) are the campaign's to handle: it tells the workers to stop. A worker whose campaign is gone, however
+    it died, stops by itself as on Ctrl-C (the failure it is shrinking is saved as found), and is ended, its journal
+    removed, if that takes longer than the campaign's patience (:func:`kvfuzz.lifeline.tie_to_parent`)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     reporter = _Reporter(queue, plan.slot)
+    if plan.supervisor is not None:
+
+        def orphaned() -> None:
+            queue.cancel_join_thread()  # nobody reads the queue any more: exiting must not wait to flush it
+            halt.set()
+            stop.set()
+
+        patience = patience_of(plan.call_timeout)
+        journal = journal_path(plan.corpus)
+        tie_to_parent(plan.supervisor, orphaned, patience, lambda: journal.unlink(missing_ok=True), patience + 10)
     try:
         with single_threaded_torch():
             _Worker(plan, reporter, stop, halt, budget).search()

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from kvfuzz.campaign.report import CampaignResult, table
 from kvfuzz.campaign.store import check_redis_url, is_redis
-from kvfuzz.campaign.supervisor import DEFAULT_DURATION, CampaignOptions, run_campaign
+from kvfuzz.campaign.supervisor import DEFAULT_DURATION, Campaign, CampaignOptions
 from kvfuzz.campaign.swarm import MAX_BLOCKS, MAX_PROGRAM_LENGTH, Limits, probe_limits
 from kvfuzz.commands.options import at_least, at_least_seconds
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.program.operations import OPERATIONS
+from kvfuzz.program.safeguards import deferred_interrupts
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, AllocatorUnusable, load_factory, registered_allocators
 from kvfuzz.text import plural
 
@@ -164,23 +165,31 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
 
 
 def campaign_command(args: argparse.Namespace) -> int:
+    """Exit status: 2 for bad input (or a corpus another campaign holds), 128 + the signal's number when Ctrl-C
+    (130), SIGTERM (143) or SIGHUP (129) ended it, 3 when every worker failed in kvfuzz itself, else 1 for a new
+    failure and 0. A signal never loses what was found: the table is printed and every claimed failure saved."""
+    status_line = _StatusLine(sys.stderr.isatty())
     try:
         options = _options(args)
+        campaign = Campaign(options, status=status_line.update, event=status_line.event)
     except (AllocatorNotFound, AllocatorUnusable, ValueError) as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
-    terminal = sys.stderr.isatty()
-    if not args.json:
-        print(_header(options), flush=True)
-    status_line = _StatusLine(terminal)
-    result = run_campaign(options, status=status_line.update, event=status_line.event)
-    status_line.close()
-    if args.json:
-        print(json.dumps(result.to_json(), indent=2))
-    else:
-        _print_result(result)
-    if result.ended_by == "interrupted":
-        return 130
+    except OSError as error:
+        print(f"kvfuzz: --corpus {args.corpus}: cannot write its campaign state ({error})", file=sys.stderr)
+        return 2
+    # A signal while the result is printed waits for it (the campaign itself records them while it runs).
+    with deferred_interrupts():
+        if not args.json:
+            print(_header(options), flush=True)
+        result = campaign.run()
+        status_line.close()
+        if args.json:
+            print(json.dumps(result.to_json(), indent=2))
+        else:
+            _print_result(result)
+    if campaign.signal is not None:
+        return 128 + campaign.signal
     if result.errors and not result.findings:
         return 3
     return 1 if result.new else 0

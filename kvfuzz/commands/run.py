@@ -8,6 +8,7 @@ import faulthandler
 import io
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
@@ -17,12 +18,16 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 from kvfuzz.commands.options import machine_arguments, machine_config
 from kvfuzz.engine.config import MachineConfig
+from kvfuzz.isolation import Died, RunRequest, Stopped, run_isolated
 from kvfuzz.kernels import KERNEL_NAMES, make_kernel
-from kvfuzz.program.safeguards import deferred_interrupts
-from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
+from kvfuzz.last_words import last_words
+from kvfuzz.program.safeguards import deferred_interrupts, journal_path
+from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory, probe_allocator
 from kvfuzz.runner import RunSummary, run
 from kvfuzz.saved import journals
-from kvfuzz.saved.corpus import save_failure
+from kvfuzz.saved.corpus import PROCESS_DIED, save_trace, trace_of
+from kvfuzz.saved.trace import Trace
+from kvfuzz.statemachines.machine import machine_for
 from kvfuzz.text import plural
 
 
@@ -51,6 +56,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="attention kernel of invariant 2: gather (the reference's, bitwise; default), "
         "flex (FlexAttention over the paged pools, eager, within a tolerance), allocator "
         "(the allocator's own paged attention, if it declares one); saved in traces",
+    )
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run the allocator in a child process: a segfault or an abort in it is reported by this run, with its "
+        "program saved as a trace (docs/failures.md); costs a second interpreter's start",
     )
     machine_arguments(parser)
     parser.set_defaults(handler=run_command)
@@ -95,8 +106,8 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
         print(f"\ninterrupted after {plural(summary.examples, 'example')}{found}")
 
 
-def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig, inflight_window: int) -> int:
-    """Print the run's outcome, then save a failure's trace: the failure is on the terminal before the corpus is
+def _report(summary: RunSummary, trace: Optional[Trace], args: argparse.Namespace, config: MachineConfig) -> int:
+    """Print the run's outcome, then save a failure's ``trace``: the failure is on the terminal before the corpus is
     touched, and a trace that cannot be saved is printed whole. The exit status is 130 for a run the user
     interrupted (its failure, if any, saved all the same), else 1 for any failure, saved or not, and 0.
 
@@ -105,9 +116,7 @@ def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig
     if not args.json:
         _print_summary(summary, config)
         sys.stdout.flush()
-    saved = (
-        save_failure(summary, args.allocator, config, inflight_window, Path(args.corpus)) if summary.failed else None
-    )
+    saved = save_trace(trace, Path(args.corpus)) if trace is not None else None
     if args.json:
         unsaved = saved is not None and saved.error is not None
         error = f"cannot write {saved.path} ({saved.error})" if saved is not None and unsaved else None
@@ -154,6 +163,77 @@ def _journal_dir(corpus: Path) -> Optional[Path]:
     return corpus
 
 
+def _report_death(died: Died, args: argparse.Namespace, factory: AllocatorFactory) -> int:
+    """The isolated child died without a result: a signal killed it (exit status 1, its program saved from its
+    journal), or it exited, which kvfuzz's own run never does (exit status 3)."""
+    status = 1 if died.killed else 3
+    machine = machine_for(factory, died.trace.config).__name__ if died.trace is not None else ""
+    if args.json:
+        fields = {
+            "allocator": args.allocator,
+            "failed": died.killed,
+            "isolated_child": died.how,
+            "invariant": PROCESS_DIED if died.killed else None,
+            "program": died.program(machine),
+            "program_length": len(died.trace.program) if died.trace is not None else None,
+            "explanation": str(died.trace.failure.get("explanation", "")) if died.trace is not None else None,
+            "trace": str(died.path) if died.path is not None else None,
+            "trace_error": None if died.path is not None else died.message,
+        }
+        print(json.dumps(fields, indent=2))
+    elif died.killed:
+        print(f"FAILED: {died.describe(machine)}")
+    else:
+        print(f"kvfuzz: {died.describe(machine)}", file=sys.stderr)
+    return status
+
+
+def _run_isolated(
+    args: argparse.Namespace, config: MachineConfig, factory: AllocatorFactory, inflight_window: int
+) -> int:
+    """``--isolate``: the run in a child process (:mod:`kvfuzz.isolation`), reported here as without it."""
+    outcome = run_isolated(
+        RunRequest(
+            args.allocator,
+            config,
+            inflight_window,
+            examples=args.examples,
+            steps=args.steps,
+            seed=args.seed,
+            shrink=not args.no_shrink,
+            database=args.database,
+            call_timeout=args.call_timeout or None,
+            journal_dir=_journal_dir(Path(args.corpus)),
+            progress=not args.json,
+        )
+    )
+    with deferred_interrupts() as pressed:
+        if isinstance(outcome, Stopped):
+            if args.json:
+                print(json.dumps({"allocator": args.allocator, "failed": False, "interrupted": True}, indent=2))
+            else:
+                print("interrupted before the isolated run had a result; no failure found")
+            return 130
+        if isinstance(outcome, Died):
+            return _report_death(outcome, args, factory)
+        status = _report(outcome.summary, outcome.trace, args, config)
+    return 130 if pressed else status
+
+
+def _dying_words(journal_dir: Optional[Path], corpus: str) -> contextlib.AbstractContextManager[None]:
+    """Without ``--isolate``: if the allocator kills this process, a last line names its journal and the command
+    that turns it into a trace (:mod:`kvfuzz.last_words`)."""
+    if journal_dir is None:
+        return contextlib.nullcontext()
+    journal = journal_path(journal_dir)
+    return last_words(
+        journal,
+        f"kvfuzz: this run (pid {os.getpid()}) died; the program it was running is in its journal {journal}: the "
+        f"next `kvfuzz run --corpus {shlex.quote(corpus)}` turns it into a trace first thing (with --isolate, the run "
+        "reports such a death itself)",
+    )
+
+
 def run_command(args: argparse.Namespace) -> int:
     try:  # every check before any work: nothing is printed on standard output, nothing written, until all pass
         config = attrs.evolve(machine_config(args), kernel=args.kernel)
@@ -180,25 +260,31 @@ def run_command(args: argparse.Namespace) -> int:
             f"{plural(shape.num_layers, 'layer')}, {shape.num_kv_heads} KV / "
             f"{plural(shape.num_query_heads, 'query head')}, head dim {shape.head_dim}, {args.dtype} on "
             f"{shape.device}, {config.kernel} attention kernel\n"
-            f"  {plural(args.examples, 'example')} of up to {plural(args.steps, 'step')}, {search}",
+            f"  {plural(args.examples, 'example')} of up to {plural(args.steps, 'step')}, {search}"
+            + (", the allocator in a child process (--isolate)" if args.isolate else ""),
             flush=True,
         )
+    inflight_window = probe.capabilities.inflight_window
+    if args.isolate:
+        return _run_isolated(args, config, factory, inflight_window)
     database = DirectoryBasedExampleDatabase(args.database) if args.database else None
     _enable_faulthandler()
+    journal_dir = _journal_dir(Path(args.corpus))
     # Ctrl-C outside the run (which stops with what it found) would lose a failure not yet saved: it waits.
     with deferred_interrupts() as pressed:
-        summary = run(
-            factory,
-            config,
-            examples=args.examples,
-            steps=args.steps,
-            seed=args.seed,
-            allocator_name=args.allocator,
-            shrink=not args.no_shrink,
-            database=database,
-            progress=progress,
-            call_timeout=args.call_timeout or None,
-            journal_dir=_journal_dir(Path(args.corpus)),
-        )
-        status = _report(summary, args, config, probe.capabilities.inflight_window)
+        with _dying_words(journal_dir, args.corpus):
+            summary = run(
+                factory,
+                config,
+                examples=args.examples,
+                steps=args.steps,
+                seed=args.seed,
+                allocator_name=args.allocator,
+                shrink=not args.no_shrink,
+                database=database,
+                progress=progress,
+                call_timeout=args.call_timeout or None,
+                journal_dir=journal_dir,
+            )
+        status = _report(summary, trace_of(summary, args.allocator, config, inflight_window), args, config)
     return 130 if pressed else status

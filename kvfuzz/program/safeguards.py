@@ -54,7 +54,7 @@ def _raise_user_interrupt(signum: int, frame: Optional[FrameType]) -> None:
     raise UserInterrupt()
 
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Signals that mean the person (or their CI) wants the run to stop: never the allocator's crash."""
 
 
@@ -66,7 +66,7 @@ def user_interrupts() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or _interrupts_active:
         yield
         return
-    previous = {signum: signal.signal(signum, _raise_user_interrupt) for signum in _STOP_SIGNALS}
+    previous = {signum: signal.signal(signum, _raise_user_interrupt) for signum in STOP_SIGNALS}
     _interrupts_active = True
     try:
         yield
@@ -78,17 +78,19 @@ def user_interrupts() -> Iterator[None]:
 
 @contextlib.contextmanager
 def deferred_interrupts() -> Iterator[list[int]]:
-    """While active (in the main thread), Ctrl-C is counted in the yielded list instead of raised: for printing and
-    saving a failure that must not be lost half-way."""
+    """While active (in the main thread), Ctrl-C (and SIGTERM, SIGHUP) is recorded in the yielded list, signal
+    number by signal number, instead of raised: for printing and saving a failure that must not be lost half-way,
+    and for a campaign, which tells its workers to stop and waits for what they hold."""
     pressed: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield pressed
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    previous = {signum: signal.signal(signum, lambda signum, frame: pressed.append(signum)) for signum in STOP_SIGNALS}
     try:
         yield pressed
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def escaped(error: BaseException) -> BaseException:
@@ -166,6 +168,11 @@ JOURNAL_PREFIX = ".kvfuzz-journal-"
 JOURNAL_FORMAT = "kvfuzz-journal/1"
 
 
+def journal_path(directory: Path, pid: Optional[int] = None) -> Path:
+    """Where the process ``pid`` (default: this one) keeps its journal in ``directory``."""
+    return directory / f"{JOURNAL_PREFIX}{os.getpid() if pid is None else pid}.jsonl"
+
+
 class Journal:
     """An append-only file of the programs a run executes, one JSON object a line, flushed before each call: a
     header (``{"format": "kvfuzz-journal/1", "pid": ..., "allocator": ..., "config": {...}}``), then
@@ -176,7 +183,7 @@ class Journal:
 
     def __init__(self, directory: Path, allocator: str, config_json: dict[str, Any]) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"{JOURNAL_PREFIX}{os.getpid()}.jsonl"  # one per process
+        self.path = journal_path(directory)  # one per process
         self._file: Optional[IO[str]] = open(self.path, "w", encoding="utf-8")
         self._examples = 0
         self._allocator = allocator  # what every header names

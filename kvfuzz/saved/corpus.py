@@ -79,8 +79,11 @@ def save_failure(
     """Save a failed run's trace in ``directory``; None if the run has no program to save. A corpus that cannot be
     written (read-only, full, not a directory) raises nothing: the result carries the error and the trace."""
     trace = trace_of(summary, allocator, config, inflight_window)
-    if trace is None:
-        return None
+    return None if trace is None else save_trace(trace, directory)
+
+
+def save_trace(trace: Trace, directory: Path) -> SavedTrace:
+    """Save ``trace`` in ``directory``; a corpus that cannot be written raises nothing (see :func:`save_failure`)."""
     try:
         path, written = save(trace, directory)
     except OSError as error:

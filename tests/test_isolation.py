@@ -1,0 +1,102 @@
+"""A process-killing crash reported by the run it killed: ``kvfuzz run --isolate`` (and the plugin's
+``--kvfuzz-isolate``) runs the allocator in a child process and reports its death with its program, saved as a trace;
+a failure that does not kill is reported as without isolation; and without isolation, the dying run's last words name
+its journal and the command that recovers it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from kvfuzz.saved.corpus import PROCESS_DIED
+from kvfuzz.saved.trace import load
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _kvfuzz(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "kvfuzz.cli", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+
+
+def test_isolate_reports_a_segfault_with_its_program_saves_its_trace_and_exits_1(tmp_path: Path) -> None:
+    done = _kvfuzz("run", "--isolate", "--allocator", "tests.hostile:segfaults_on_rollback", "--corpus", str(tmp_path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert f"FAILED: {PROCESS_DIED}: the isolated run (pid " in done.stdout
+    assert "was killed by signal 11 (SIGSEGV)" in done.stdout
+    (trace_path,) = tmp_path.glob("*.json")  # saved by this run, not left to the next one
+    assert not list(tmp_path.glob(".kvfuzz-journal-*"))
+    trace = load(trace_path)
+    assert trace.failure["title"] == PROCESS_DIED and trace.program[-1].rule == "rollback"
+    assert f"trace saved to {trace_path}" in lines and f"replay it with: kvfuzz replay {trace_path}" in lines
+    program = lines[lines.index("state = KVCacheMachine_segfaults_on_rollback()") :]
+    assert program[len(trace.program)].startswith("state.rollback(")  # the program, printed, up to the fatal call
+    assert "Segmentation fault" in done.stderr  # where it died: the child's faulthandler
+
+
+def test_isolate_reports_an_ordinary_failure_as_a_run_in_one_process_does(tmp_path: Path) -> None:
+    """The child's exception class cannot cross into the parent; its trace carries the invariant all the same."""
+    args = ("run", "--json", "--allocator", "zoo:NoCopyOnWrite", "--examples", "200", "--corpus")
+    isolated = _kvfuzz(*args, str(tmp_path / "isolated"), "--isolate")
+    alone = _kvfuzz(*args, str(tmp_path / "alone"))
+    assert isolated.returncode == alone.returncode == 1, isolated.stderr + alone.stderr
+    found, expected = json.loads(isolated.stdout), json.loads(alone.stdout)
+    for field in ("failed", "invariant", "program", "explanation", "examples", "reproduced", "replays"):
+        assert found[field] == expected[field], field
+    assert Path(found["trace"]).name == Path(expected["trace"]).name
+    assert load(Path(found["trace"])).failure == load(Path(expected["trace"])).failure
+
+
+def test_without_isolation_the_dying_runs_last_words_name_its_journal_and_the_recovery(tmp_path: Path) -> None:
+    died = _kvfuzz("run", "--allocator", "tests.hostile:segfaults_on_rollback", "--corpus", str(tmp_path))
+    assert died.returncode == -signal.SIGSEGV, died.stdout + died.stderr
+    (journal,) = tmp_path.glob(".kvfuzz-journal-*.jsonl")
+    last = died.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("kvfuzz: this run (pid ") and f"in its journal {journal}:" in last, died.stderr
+    assert f"the next `kvfuzz run --corpus {tmp_path}` turns it into a trace" in last
+
+
+def test_the_plugins_isolate_option_fails_the_item_with_the_death_and_its_trace(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path),
+         "--kvfuzz-allocator=tests.hostile:segfaults_on_rollback", "--kvfuzz-isolate", f"--kvfuzz-corpus={corpus}",
+         str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 failed" in done.stdout and "was killed by signal 11 (SIGSEGV)" in done.stdout
+    (trace_path,) = corpus.glob("*.json")
+    assert f"trace saved to {trace_path}" in done.stdout
+    assert load(trace_path).program[-1].rule == "rollback"
+
+
+def test_ctrl_c_reaches_the_isolated_child_through_the_run_which_stops_with_what_it_found(tmp_path: Path) -> None:
+    """The child has a process group of its own, as a terminal's Ctrl-C does not reach it: the run forwards it."""
+    command = [
+        sys.executable,
+        "-m",
+        "kvfuzz.cli",
+        "run",
+        "--isolate",
+        "--examples",
+        "100000",
+        "--corpus",
+        str(tmp_path),
+    ]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    assert process.stderr is not None
+    for line in process.stderr:
+        if "random programs: example" in line:
+            break
+    process.send_signal(signal.SIGINT)  # to the run alone
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stdout + stderr
+    assert "interrupted after" in stdout and "no failure found" in stdout and "Traceback" not in stderr
+    assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob(".kvfuzz-journal-*"))
