@@ -6,7 +6,7 @@ import pytest
 from factories import make_allocator
 
 from kvfuzz.engine import Engine, Invariant, InvariantViolation, MachineConfig, MisuseCall
-from kvfuzz.engine.checks import Checks
+from kvfuzz.engine.checks.window import InflightWindow
 from kvfuzz.engine.misuse import misuse_calls
 from kvfuzz.zoo import variant
 
@@ -53,7 +53,7 @@ def test_window_violation_names_the_release_and_the_new_owner() -> None:
 def test_premature_reuse_corrupts_data_observably(monkeypatch) -> None:
     """With the window check switched off, the late in-flight work of the freed sequence lands on the new owner's
     block when its step completes, and the content check traces the corruption to it."""
-    monkeypatch.setattr(Checks, "outside_inflight_window", lambda self, blocks, seq: None)
+    monkeypatch.setattr(InflightWindow, "outside", lambda self, blocks, seq: None)
     h = engine(variant("ImmediateReuse").factory())
     h.admit("s0", (), (1,) * 32)
     h.step()

@@ -33,7 +33,6 @@ from kvfuzz.allocator.types import (
 from kvfuzz.engine.checks import CacheSnapshot, Checks, PoolCounts
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.expected import AsyncLoad, ExpectedState, SeqModel, Status, TableChange, mapped
-from kvfuzz.engine.group_checks import GroupChecks
 from kvfuzz.engine.groups import group_namespace
 from kvfuzz.engine.matchable import Filled
 from kvfuzz.engine.misuse import MisuseCall
@@ -103,7 +102,7 @@ class Engine:
         self.pools = KVPools(config.shape, self.expected.rows, config.num_blocks, num_host_blocks, caps.inflight_window)
         self.checks = Checks(self.expected, self.pools, allocator, config.kernel)
         # Under kv_groups, the checks of the groups' tables (None otherwise).
-        self.group_checks = GroupChecks(self.checks) if caps.kv_groups else None
+        self.group_checks = self.checks.groups
         self.stats: Counter[str] = stats if stats is not None else Counter()  # operations and outcomes, by name
         self.on_step = on_step  # called with the pool's occupancy after every step
         # Under host_cache: loads ordered by admissions since the last launch, (sequence, host block, device block),
@@ -133,7 +132,7 @@ class Engine:
         for status in (Status.LOADING, Status.LOADED):
             holders += [(seq, state.seqs[seq].covered_tokens or 0) for seq in state.ids(status)]
         running = [(state.seqs[seq].table, tokens) for seq, tokens in holders]
-        counts = self.checks.counts()
+        counts = self.checks.context.counts()
         occupancy = measure(
             self.pools.next_step - 1,
             running,
@@ -152,8 +151,12 @@ class Engine:
     def admit(self, seq: SeqId, namespace: Namespace, tokens: Tokens) -> bool:
         """A new request; returns whether it was admitted."""
         self._begin("admit", seq, namespace, tokens)
-        before = self.checks.cache_snapshot()
-        owed = self.checks.owed_hit(prefix_tags(namespace, tokens)) if self.checks.owes_caching() else []
+        before = self.checks.eviction_order.snapshot()
+        owed = (
+            self.checks.complete_caching.owed_hit(prefix_tags(namespace, tokens))
+            if self.checks.context.owes_caching()
+            else []
+        )
         result = self._attempt(
             lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._admit_needs(tokens), absent=seq
         )
@@ -170,8 +173,8 @@ class Engine:
         reference = self.expected.reference
         namespace, tokens = reference.namespace(seq), tuple(reference.tokens(seq))
         self._begin("readmit", seq)
-        before = self.checks.cache_snapshot()
-        owed = self.checks.owed_hit(reference.tags(seq)) if self.checks.owes_caching() else []
+        before = self.checks.eviction_order.snapshot()
+        owed = self.checks.complete_caching.owed_hit(reference.tags(seq)) if self.checks.context.owes_caching() else []
         result = self._attempt(
             lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self._admit_needs(tokens), absent=seq
         )
@@ -196,15 +199,17 @@ class Engine:
         positions = [(seq, position) for position in range(covered)]
         if model is not None:
             model.written = covered
-        self.checks.content(self.pools.take_dirty(), positions)
+        self.checks.content.holds(self.pools.take_dirty(), positions)
         self._call(lambda: cast(AsyncLoads, self.allocator).loads_landed(seq))
         self.stats["asynchronous loads landed"] += 1
         if model is not None:
             model.status = Status.LOADED
-            self.checks.accounting(mapped(model.table))
+            self.checks.accounting.touched(mapped(model.table))
         else:  # its blocks go, but for those another sequence freed while loading still holds until its own report
             held = {block for other in self.expected.async_loads.values() for block in mapped(other.table)}
-            self.checks.accounting(self.pools.lift([block for block in mapped(load.table) if block not in held]))
+            self.checks.accounting.touched(
+                self.pools.lift([block for block in mapped(load.table) if block not in held])
+            )
 
     def resume(self, seq: SeqId) -> bool:
         """Under ``async_loads``: schedule a sequence whose loads have landed; the allocator allocates the rest of its
@@ -213,7 +218,7 @@ class Engine:
         self._begin("resume", seq)
         model = self.expected.seqs[seq]
         covered = model.covered_tokens or 0
-        before = self.checks.cache_snapshot()
+        before = self.checks.eviction_order.snapshot()
         result = self._attempt(
             lambda: cast(AsyncLoads, self.allocator).resume(seq),
             AdmitResult,
@@ -221,7 +226,7 @@ class Engine:
         )
         if result is None:
             return False
-        self.checks.resumed_hit(seq, result, covered)
+        self.checks.cache.resumed_hit(seq, result, covered)
         model.covered_tokens = None
         self._admitted(seq, result.block_table, result.num_cached_tokens, before)
         self.stats["resumed after asynchronous loads"] += 1
@@ -237,7 +242,7 @@ class Engine:
             + (old_len % self.expected.layout(table_id).size != 0)
             for table_id in (seq, *self.expected.group_tables(seq))
         )
-        before = self.checks.cache_snapshot()
+        before = self.checks.eviction_order.snapshot()
         result = self._attempt(lambda: self.allocator.grow(seq, tokens), GrowResult, needed, grown=seq)
         if result is None:
             return False
@@ -250,26 +255,26 @@ class Engine:
         model.drafts = 0 if speculative is None else min(len(tokens) - 1, speculative)
         old_table = model.table
         table = self._table(seq)
-        self.checks.grow_slots(seq, result.slots, table, old_len, len(tokens))
+        self.checks.content.grow_slots(seq, result.slots, table, old_len, len(tokens))
         released = f"released by {seq}'s copy-on-write (grow)"
         change = self._set_table(seq, table, "grown into", released)
         change = _merged(change, self._set_group_tables(seq, table, "grown into", released))
         deduplicated = self._deduplicated_copies(seq, result.copies, old_table, old_len)
         self._settle(change)
         if deduplicated:
-            self.checks.accounting(copy.dst for copy in deduplicated)
-        self.checks.evictions(before, (), reuse=True)
+            self.checks.accounting.touched(copy.dst for copy in deduplicated)
+        self.checks.eviction_order.evictions(before, (), reuse=True)
         table_ids = (seq, *self.expected.group_tables(seq))
         for copy in result.copies:
             if copy in deduplicated:
                 continue  # wasted work into a block nobody holds: not a write into anyone's block
             holders = {holder for holder, _ in self.expected.refs.holders.get(copy.dst, ())}
             writer = next((table_id for table_id in table_ids if table_id in holders), seq)  # the group it went to
-            self.checks.exclusive(copy.dst, writer, f"copy-on-write copy from block {copy.src}")
+            self.checks.exclusive.block(copy.dst, writer, f"copy-on-write copy from block {copy.src}")
         self.expected.matchable.forget(copy.dst for copy in result.copies)
         for table_id in table_ids:
             self._schedule_writes(table_id, old_len, "grow")
-        self.checks.outside_inflight_window({copy.dst for copy in result.copies}, seq)
+        self.checks.window.outside({copy.dst for copy in result.copies}, seq)
         return True
 
     def _deduplicated_copies(
@@ -285,8 +290,8 @@ class Engine:
         for copy in copies:
             if copy.dst in table:
                 continue
-            index = self.checks.copy_deduplicated(seq, copy, old_table, old_len)
-            self.checks.deduplicated_tail(seq, index, copy.dst)
+            index = self.checks.exclusive.copy_deduplicated(seq, copy, old_table, old_len)
+            self.checks.content.deduplicated_tail(seq, index, copy.dst)
             self.pools.note(
                 copy.dst, f"copy-on-write destination dropped by {seq}'s grow, its table mapping block {table[index]}"
             )
@@ -302,7 +307,7 @@ class Engine:
         self._begin("fork", parent, child)
         needed = int(self.caps.fork_copies and state.length(parent) % state.layout(parent).size != 0)
         needed += self.caps.lookahead_blocks  # the child may get look-ahead blocks of its own
-        before = self.checks.cache_snapshot()
+        before = self.checks.eviction_order.snapshot()
         # Checked as a tuple of BlockCopy by the result check before it is used as one.
         copies = cast(
             Optional[tuple[BlockCopy, ...]],
@@ -310,7 +315,7 @@ class Engine:
         )
         if copies is None:
             return False
-        self.checks.fork_copies_declared(parent, child, copies)
+        self.checks.accounting.fork_copies_declared(parent, child, copies)
         self.expected.matchable.forget(copy.dst for copy in copies)
         for copy in copies:
             self.pools.copy_block(copy.src, copy.dst)
@@ -323,7 +328,7 @@ class Engine:
         table = self._table(child)
         moved_to = {copy.src: copy.dst for copy in copies}
         filled = parent_table[: state.num_blocks_for(parent)]
-        self.checks.fork_table(parent, child, tuple(moved_to.get(block, block) for block in filled), table)
+        self.checks.accounting.fork_table(parent, child, tuple(moved_to.get(block, block) for block in filled), table)
         layout, written = state.layout(child), state.seqs[child].written
         moved = [index for index, (old, new) in enumerate(zip(parent_table, table)) if old != new]
         change = self._set_table(child, table, "shared by fork with")
@@ -342,9 +347,9 @@ class Engine:
             for parent_id, child_id, group_table in zip(
                 state.group_tables(parent), state.group_tables(child), self.group_checks.tables(child, table)
             ):
-                self.checks.table_shape(child_id, group_table)
+                self.checks.results.table_shape(child_id, group_table)
                 filled = state.seqs[parent_id].table[: state.num_blocks_for(parent)]
-                self.checks.fork_table(parent_id, child_id, filled, group_table)
+                self.checks.accounting.fork_table(parent_id, child_id, filled, group_table)
                 change = _merged(change, self._set_table(child_id, group_table, "shared by fork with"))
         self._settle(
             change,
@@ -354,10 +359,10 @@ class Engine:
                 for p in range(layout.first_position(index), min(layout.first_position(index + 1), written))
             ],
         )
-        self.checks.evictions(before, (), reuse=True)
+        self.checks.eviction_order.evictions(before, (), reuse=True)
         for copy in copies:
-            self.checks.exclusive(copy.dst, child, f"fork copy from block {copy.src}")
-        self.checks.outside_inflight_window({copy.dst for copy in copies}, child)
+            self.checks.exclusive.block(copy.dst, child, f"fork copy from block {copy.src}")
+        self.checks.window.outside({copy.dst for copy in copies}, child)
         return True
 
     def free(self, seq: SeqId, *, run_ends: bool = False) -> None:
@@ -387,7 +392,7 @@ class Engine:
                     self.pools.write(slots, writes)
             elif not run_ends:
                 for table_id in (seq, *state.group_tables(seq)):
-                    self.checks.withdrawn_writes_unread(table_id, f"free({seq!r})")
+                    self.checks.cache.withdrawn_writes_unread(table_id, f"free({seq!r})")
             self._hold_loading(seq)
         elif seq in state.async_loads:
             self._hold_until_landed(seq)
@@ -404,14 +409,14 @@ class Engine:
         state.finished.append(seq)
         self._settle(change)
         if host_table:
-            self.checks.host_accounting(host_table, released_by=f"free({seq!r}) of a swapped-out sequence")
+            self.checks.accounting.host_accounting(host_table, released_by=f"free({seq!r}) of a swapped-out sequence")
 
     def preempt(self, seq: SeqId) -> None:
         """Release a running sequence for recomputation; it keeps its tokens and waits to be readmitted."""
         self._begin("preempt", seq)
         table_ids = (seq, *self.expected.group_tables(seq))
         for table_id in table_ids:
-            self.checks.withdrawn_writes_unread(table_id, f"preempt({seq!r})")
+            self.checks.cache.withdrawn_writes_unread(table_id, f"preempt({seq!r})")
         self._hold_loading(seq)
         self._call(lambda: self.allocator.preempt(seq))
         change = _UNCHANGED
@@ -432,7 +437,7 @@ class Engine:
         if result is None:
             return False
         held = state.host_holders()
-        self.checks.swap_out_mapping(seq, result.mapping, model.table, held)
+        self.checks.content.swap_out_mapping(seq, result.mapping, model.table, held)
         shared = sum(host_block in held for _, host_block in result.mapping)
         if shared:
             self.stats["host blocks shared at swap-out"] += shared
@@ -445,7 +450,7 @@ class Engine:
         model.status, model.host_table = Status.SWAPPED, host_table
         self.stats["swapped out blocks"] += len(live)
         self._settle(change)
-        self.checks.host_accounting(host_of.values())
+        self.checks.accounting.host_accounting(host_of.values())
         return True
 
     def swap_in(self, seq: SeqId) -> bool:
@@ -453,11 +458,11 @@ class Engine:
         state = self.expected
         model = state.seqs[seq]
         self._begin("swap_in", seq)
-        before = self.checks.cache_snapshot()
+        before = self.checks.eviction_order.snapshot()
         result = self._attempt(lambda: self.allocator.swap_in(seq), SwapResult, len(mapped(model.host_table)))
         if result is None:
             return False
-        self.checks.swap_in_mapping(seq, result.mapping, model.host_table)
+        self.checks.content.swap_in_mapping(seq, result.mapping, model.host_table)
         self.expected.matchable.forget(block for _, block in result.mapping)
         for host_block, block in result.mapping:
             self.pools.swap_from_host(host_block, block)
@@ -468,11 +473,11 @@ class Engine:
         self._settle(
             change, positions=[(seq, position) for position in range(state.sliding_window_start(seq), model.written)]
         )
-        self.checks.evictions(before, (), reuse=True)
+        self.checks.eviction_order.evictions(before, (), reuse=True)
         for _, block in result.mapping:
-            self.checks.exclusive(block, seq, "swap-in copy")
-        self.checks.outside_inflight_window({block for _, block in result.mapping}, seq)
-        self.checks.host_accounting(host_table, released_by=f"swap_in({seq!r})")
+            self.checks.exclusive.block(block, seq, "swap-in copy")
+        self.checks.window.outside({block for _, block in result.mapping}, seq)
+        self.checks.accounting.host_accounting(host_table, released_by=f"swap_in({seq!r})")
         self.stats["swapped in blocks"] += len(result.mapping)
         return True
 
@@ -489,7 +494,7 @@ class Engine:
         state.matchable.cancel(seq, new_len // state.layout(seq).size)
         model.drafts = max(0, model.drafts - num_tokens)
         table = self._table(seq)
-        self.checks.rollback_table(seq, model.table, table)
+        self.checks.content.rollback_table(seq, model.table, table)
         released = f"released by {seq}'s rollback of {num_tokens} token(s), to length {new_len}"
         self._settle(self._set_table(seq, table, "after rollback, given to", released, held_tokens=old_len))
 
@@ -497,26 +502,26 @@ class Engine:
         """Ask the allocator to drop up to ``num_blocks`` cached, unreferenced blocks (at least that many, or every
         cached one, under ``evict_rounds_up``)."""
         self._begin("evict", num_blocks)
-        introspection = self.checks.introspection
+        introspection = self.checks.context.introspection
         before = list(introspection.cached_blocks()) if introspection is not None else []
-        order_before = self.checks.cache_snapshot()
+        order_before = self.checks.eviction_order.snapshot()
         dropped = self._call(lambda: self.allocator.evict(num_blocks))
-        self.checks.result(f"evict({num_blocks})", dropped, int)
-        evicted = self.checks.evicted(before)
-        self.checks.evict_count(num_blocks, dropped, before, evicted)
+        self.checks.results.result(f"evict({num_blocks})", dropped, int)
+        evicted = self.checks.context.evicted(before)
+        self.checks.accounting.evict_count(num_blocks, dropped, before, evicted)
         self.stats["evicted blocks"] += dropped
         self._evicted(evicted, f"evict({num_blocks})")
-        self.checks.evictions(order_before, (), reuse=False)
+        self.checks.eviction_order.evictions(order_before, (), reuse=False)
 
     def evict_blocks(self, blocks: tuple[int, ...]) -> None:
         """Ask the allocator to drop these unreferenced blocks from its cache (those it caches; the others stay as
         they are): none may be matched again until a table maps it anew."""
         self._begin("evict_blocks", list(blocks))
-        introspection = self.checks.introspection
+        introspection = self.checks.context.introspection
         before = list(introspection.cached_blocks()) if introspection is not None else []
         self._call(lambda: cast(EvictsBlocks, self.allocator).evict_blocks(blocks))
         if introspection is not None:
-            self.checks.evict_targets(blocks, before, self.checks.evicted(before))
+            self.checks.accounting.evict_targets(blocks, before, self.checks.context.evicted(before))
         self._evicted(blocks, f"evict_blocks({list(blocks)})")
 
     def reset_cache(self) -> None:
@@ -524,7 +529,7 @@ class Engine:
         in-flight window (and not held pending) may be matched again until a table maps it anew."""
         self._begin("reset_cache")
         self._call(self.allocator.reset_cache)
-        self.checks.cache_empty()
+        self.checks.accounting.cache_empty()
         # A block in flight, or one the allocator may hold pending, may be cached again once released from that.
         held = self.pools.late_work_by_block.keys() | self.pools.held_until.keys()
         self._evicted([block for block in self.expected.refs.released if block not in held], "reset_cache()")
@@ -536,7 +541,7 @@ class Engine:
         slots: list[int] = []
         writes: list[SlotWrite] = []
         for seq in self.expected.ids(Status.RUNNING, groups=True):
-            if self.checks.owes_caching():
+            if self.checks.context.owes_caching():
                 self._note_filled(seq, step)
             seq_slots, seq_writes = self._take_scheduled_writes(seq)
             slots += seq_slots
@@ -553,8 +558,8 @@ class Engine:
         for model in self.expected.seqs.values():
             model.awaits_step = False
         self.stats["tokens written"] += len(slots)
-        self.checks.content(self.pools.take_dirty())
-        self.checks.attention()
+        self.checks.content.holds(self.pools.take_dirty())
+        self.checks.attention.check()
         self._complete(self.pools.steps_to_complete())
         if self.on_step is not None:
             self.on_step(self.occupancy())
@@ -563,15 +568,15 @@ class Engine:
     def misuse(self, call: MisuseCall) -> None:
         """A call that breaks the contract: it must raise a Misuse error and change nothing."""
         self._begin("misuse", call)
-        before = self.checks.counts()
+        before = self.checks.context.counts()
         try:
             getattr(self.allocator, call.op)(*call.args)
         except Misuse as error:
-            self.checks.unchanged(Invariant.MISUSE, before, error)
+            self.checks.refusals.unchanged(Invariant.MISUSE, before, error)
         except Exception as error:  # noqa: BLE001 -- any other exception type is the finding
-            self.checks.misuse_refused_untyped(call, error)
+            self.checks.refusals.misuse_refused_untyped(call, error)
         else:
-            self.checks.misuse_accepted(call)
+            self.checks.refusals.misuse_accepted(call)
 
     def dismiss(self, seq: SeqId, *, run_ends: bool = False) -> None:
         """The engine is done with ``seq`` wherever it is (cancelled, or the run ends: ``run_ends``): a preempted
@@ -597,23 +602,23 @@ class Engine:
                 self._host_transfers(self.pools.next_step)
             self.pools.launch_step()
             self._complete(self.pools.steps_to_complete(drain=True))
-            operation = self.checks.operation
+            operation = self.checks.context.operation
             for seq in self.expected.landable_ids():  # the worker reports every asynchronous load
                 self.land_loads(seq)
-            self.checks.operation = operation
+            self.checks.context.operation = operation
         if self.caps.eviction:
             self._call(self.allocator.reset_cache)
-        if self.checks.introspection is not None:
-            self.checks.accounting(())
-            self.checks.quiescent()
+        if self.checks.context.introspection is not None:
+            self.checks.accounting.touched(())
+            self.checks.quiescence.quiescent()
         else:
-            self.checks.whole_pool_admissible(self.expected.new_id())
+            self.checks.quiescence.whole_pool_admissible(self.expected.new_id())
 
     # -- the engine's side of each operation ---------------------------------------------------------------------
 
     def _begin(self, op: str, *args: object) -> None:
         shown = ", ".join(str(arg) if isinstance(arg, MisuseCall) else repr(arg) for arg in args)
-        self.checks.operation = f"{op}({shown})"
+        self.checks.context.operation = f"{op}({shown})"
         self.stats[op] += 1
 
     def _blocks(self, num_tokens: int, table_id: SeqId) -> int:
@@ -634,7 +639,7 @@ class Engine:
         try:
             return call()
         except AllocatorError as error:
-            self.checks.valid_call_refused(error, out_of_blocks_allowed=False)
+            self.checks.refusals.valid_call_refused(error, out_of_blocks_allowed=False)
 
     def _attempt(
         self,
@@ -648,23 +653,23 @@ class Engine:
         """Run an operation that may be refused for lack of space; check its result is well formed, and that a
         refusal is clean and justified (``grown``: the sequence a ``grow`` grows, whose out-of-window blocks a
         refusal may drop under ``refusal_drops_window``)."""
-        before = self.checks.counts()
-        cached_before = self.checks.cached_set() if self.caps.refusal_evicts else None
+        before = self.checks.context.counts()
+        cached_before = self.checks.context.cached_set() if self.caps.refusal_evicts else None
         try:
             result = call()
         except OutOfBlocks as error:
             self.stats["refused (out of blocks)"] += 1
             if grown is not None and self.caps.refusal_drops_window:
                 before = self._refusal_drops(grown, before, error)
-            evicted = self.checks.unchanged(Invariant.ATOMIC_REFUSAL, before, error, absent, cached_before)
+            evicted = self.checks.refusals.unchanged(Invariant.ATOMIC_REFUSAL, before, error, absent, cached_before)
             for block in evicted:
-                self.pools.note(block, f"evicted from the cache by the refused {self.checks.operation}")
+                self.pools.note(block, f"evicted from the cache by the refused {self.checks.context.operation}")
                 self.stats["evicted blocks (refusals)"] += 1
-            self.checks.not_false(needed, error, host)
+            self.checks.refusals.not_false(needed, error, host)
             return None
         except AllocatorError as error:
-            self.checks.valid_call_refused(error, out_of_blocks_allowed=True)
-        self.checks.result(self.checks.operation, result, result_type)
+            self.checks.refusals.valid_call_refused(error, out_of_blocks_allowed=True)
+        self.checks.results.result(self.checks.context.operation, result, result_type)
         return result
 
     def _refusal_drops(self, seq: SeqId, before: Optional[PoolCounts], error: OutOfBlocks) -> Optional[PoolCounts]:
@@ -673,9 +678,9 @@ class Engine:
         returns the pool counts the refusal must otherwise leave as they were."""
         state = self.expected
         table_ids = (seq, *state.group_tables(seq))
-        found = {table_id: self.checks.allocator_table(table_id) for table_id in table_ids}
+        found = {table_id: self.checks.context.allocator_table(table_id) for table_id in table_ids}
         for table_id in table_ids:
-            self.checks.only_drops(table_id, found[table_id], error)
+            self.checks.refusals.only_drops(table_id, found[table_id], error)
         if all(found[table_id] == state.seqs[table_id].table for table_id in table_ids):
             return before
         for table_id in table_ids:
@@ -686,7 +691,7 @@ class Engine:
         change = _merged(change, self._set_group_tables(seq, table, "kept by", released))
         self._settle(change)
         self.stats["blocks dropped by refused grows"] += len(change.released)
-        return self.checks.with_released(before, change.released)
+        return self.checks.refusals.with_released(before, change.released)
 
     def _evicted(self, blocks: Sequence[int], by: str) -> None:
         """``blocks`` left the cache: note it in their histories, remember it for the cache-soundness check, and
@@ -699,8 +704,8 @@ class Engine:
         self._settle(TableChange(frozenset(blocks), (), ()))
 
     def _table(self, seq: SeqId) -> tuple[int, ...]:
-        table = self.checks.block_table(seq, self.allocator.block_table(seq))
-        self.checks.table_shape(seq, table)
+        table = self.checks.results.block_table(seq, self.allocator.block_table(seq))
+        self.checks.results.table_shape(seq, table)
         return table
 
     def _take_scheduled_writes(self, seq: SeqId, via: str = "") -> tuple[list[int], list[SlotWrite]]:
@@ -710,7 +715,7 @@ class Engine:
         tags, namespace = state.reference.tags(seq), state.reference.namespace(seq)
         slots, writes = [], []
         for position, slot in state.scheduled_writes(seq):
-            self.checks.exclusive(slot // state.rows, seq, f"step {step} writes {seq} position {position}")
+            self.checks.exclusive.block(slot // state.rows, seq, f"step {step} writes {seq} position {position}")
             slots.append(slot)
             writes.append(SlotWrite(tags[position], seq, namespace, position, step, via))
         state.seqs[seq].written = len(tags)
@@ -730,7 +735,7 @@ class Engine:
         model.status, model.written, model.drafts = Status.RUNNING, num_cached, 0
         model.dropped_at_length = -1
         table = self._table(seq)
-        self.checks.admit_table(seq, tuple(reported), table)
+        self.checks.content.admit_table(seq, tuple(reported), table)
         table_ids = (seq, *self.expected.group_tables(seq))
         for group, table_id in enumerate(table_ids[1:], start=1):
             member = self.expected.seqs.setdefault(table_id, SeqModel(table_id, Status.RUNNING, group=group, owner=seq))
@@ -745,10 +750,10 @@ class Engine:
             change = _merged(change, self._set_table(table_id, read, "admitted as", hit_tokens=num_cached))
         if self.group_checks is not None:
             self.group_checks.one_group(change.touched)
-        self.checks.accounting(change.touched)
+        self.checks.accounting.touched(change.touched)
         if loads:
-            self.checks.host_loads(seq, loads, num_cached)
-            self.checks.outside_inflight_window([block for _, block in loads], seq)
+            self.checks.cache.host_loads(seq, loads, num_cached)
+            self.checks.window.outside([block for _, block in loads], seq)
             self.host_loads += [(seq, host_block, block) for host_block, block in loads]
             self.stats["host-tier loads"] += len(loads)
         loading = {block for _, _, block in self.host_loads}
@@ -758,15 +763,15 @@ class Engine:
         for table_id in table_ids:
             if self.group_checks is not None:
                 self.group_checks.hit_window(table_id, num_cached)
-            awaits = self.checks.cache_hit(table_id, num_cached, loading) or awaits
+            awaits = self.checks.cache.cache_hit(table_id, num_cached, loading) or awaits
         model.awaits_step = awaits
-        self.checks.missed_hit(seq, num_cached, owed)
+        self.checks.complete_caching.missed_hit(seq, num_cached, owed)
         hit_blocks = [
             block
             for table_id, read in ((seq, table), *group_tables)
             for block in read[: self.expected.layout(table_id).blocks_for(num_cached)]
         ]
-        self.checks.evictions(before, hit_blocks, reuse=True)
+        self.checks.eviction_order.evictions(before, hit_blocks, reuse=True)
         # A whole-prompt hit passes only under recomputes_last_token: the engine writes the last token again.
         for table_id in table_ids:
             self.expected.seqs[table_id].written = min(num_cached, self.expected.length(seq) - 1)
@@ -774,7 +779,7 @@ class Engine:
         if num_cached:
             self.stats["cache hits"] += 1
             self.stats["cache-hit tokens"] += num_cached
-        self.checks.content(self.pools.take_dirty())
+        self.checks.content.holds(self.pools.take_dirty())
 
     def _admission(
         self, seq: SeqId, result: AdmitResult, before: Optional[CacheSnapshot], owed: Sequence[tuple[int, str]]
@@ -791,27 +796,27 @@ class Engine:
         """Under ``async_loads``: an admission waiting for its loads. Its table covers the hit alone; the hit's blocks
         that no load fills must hold the prefix now, and the loaded ones are checked when the loads land."""
         num_cached = result.num_cached_tokens
-        self.checks.waits_for_loads(seq, result)
+        self.checks.results.waits_for_loads(seq, result)
         model = self.expected.seqs.setdefault(seq, SeqModel(seq, Status.LOADING))
         model.status, model.written, model.drafts, model.covered_tokens = Status.LOADING, 0, 0, num_cached
         model.joined_step, model.dropped_at_length = self.pools.next_step, -1
         table = self._table(seq)
-        self.checks.admit_table(seq, tuple(result.block_table), table)
+        self.checks.content.admit_table(seq, tuple(result.block_table), table)
         loaded = {block for _, block in result.loads}
         self._hit_not_evicted(seq, table, num_cached, loaded)
         change = self._set_table(seq, table, "admitted (waiting for its loads) as", hit_tokens=num_cached)
-        self.checks.accounting(change.touched)
-        self.checks.host_loads(seq, result.loads, num_cached)
-        self.checks.outside_inflight_window(loaded, seq)
-        self.checks.cache_hit(seq, num_cached, loaded)
-        self.checks.missed_hit(seq, num_cached, owed)
-        self.checks.evictions(before, table, reuse=True)
+        self.checks.accounting.touched(change.touched)
+        self.checks.cache.host_loads(seq, result.loads, num_cached)
+        self.checks.window.outside(loaded, seq)
+        self.checks.cache.cache_hit(seq, num_cached, loaded)
+        self.checks.complete_caching.missed_hit(seq, num_cached, owed)
+        self.checks.eviction_order.evictions(before, table, reuse=True)
         self.expected.async_loads[seq] = AsyncLoad(result.loads, table)
         self.stats["host-tier loads"] += len(result.loads)
         self.stats["admissions waiting for their loads"] += 1
         self.stats["cache hits"] += 1
         self.stats["cache-hit tokens"] += num_cached
-        self.checks.content(self.pools.take_dirty())
+        self.checks.content.holds(self.pools.take_dirty())
 
     def _hit_not_evicted(self, seq: SeqId, table: tuple[int, ...], num_cached: int, loaded: set[int]) -> None:
         """Invariant 9: the hit of ``num_cached`` tokens covers no block of ``seq``'s new ``table`` (a sequence's, or
@@ -822,7 +827,7 @@ class Engine:
             index: evicted[block] for index, block in enumerate(hit_blocks) if block in evicted and block not in loaded
         }
         if stale:
-            self.checks.hit_on_evicted(seq, num_cached, table, stale)
+            self.checks.cache.hit_on_evicted(seq, num_cached, table, stale)
 
     def _schedule_writes(self, seq: SeqId, first_position: int, op: str) -> None:
         """The next step writes ``seq``'s table (a sequence's, or one group's) from ``first_position`` on: each block
@@ -830,8 +835,8 @@ class Engine:
         targets = self._write_targets(seq, self.expected.seqs[seq].table, first_position)
         self.expected.matchable.forget(targets.values())
         for index, block in targets.items():
-            self.checks.exclusive(block, seq, f"{op} schedules writes of {seq}'s logical block {index}")
-        self.checks.outside_inflight_window(targets.values(), seq)
+            self.checks.exclusive.block(block, seq, f"{op} schedules writes of {seq}'s logical block {index}")
+        self.checks.window.outside(targets.values(), seq)
 
     def _set_group_tables(
         self, seq: SeqId, table: tuple[int, ...], event: str, released: str = "", hit_tokens: int = 0
@@ -850,7 +855,7 @@ class Engine:
             return []
         read = list(zip(self.expected.group_tables(seq), self.group_checks.tables(seq, table)))
         for table_id, group_table in read:
-            self.checks.table_shape(table_id, group_table)
+            self.checks.results.table_shape(table_id, group_table)
         return read
 
     def _forget(self, table_id: SeqId) -> None:
@@ -914,21 +919,21 @@ class Engine:
             state.released_lookahead |= {block for block in old[held:] if block in change.released}
             state.released_lookahead -= set(change.acquired)
             if table:
-                self.checks.lookahead_exclusive(seq, hit_tokens)
-            self.checks.lookahead_not_cached()
-        if self.checks.owes_caching():
+                self.checks.exclusive.lookahead_exclusive(seq, hit_tokens)
+            self.checks.cache.lookahead_not_cached()
+        if self.checks.context.owes_caching():
             for block in change.released:
-                self.checks.released_matchable(block)
+                self.checks.complete_caching.released_matchable(block)
         return change
 
     def _host_transfers(self, step: int) -> None:
         """Under ``host_cache``, as ``step`` is launched: the allocator's transfer order, then the flushed stores and
         the loads land (in that order, as vLLM's worker flushes before it loads), each load checked for content."""
         transfers = self._call(functools.partial(cast(HostCache, self.allocator).take_transfers, step))
-        self.checks.result(f"take_transfers({step})", transfers, HostTransfers)
+        self.checks.results.result(f"take_transfers({step})", transfers, HostTransfers)
         stores = list(transfers.stores)
         in_flight = [pair for pairs in self.host_stores.values() for pair in pairs] + stores
-        self.checks.host_transfers(step, transfers, in_flight)
+        self.checks.results.host_transfers(step, transfers, in_flight)
         for pair in transfers.flushed:
             for pairs in (*self.host_stores.values(), stores):
                 if pair in pairs:
@@ -947,7 +952,7 @@ class Engine:
         for load in self.expected.async_loads.values():
             if load.launched_at is None:
                 load.launched_at = step  # the worker starts them now; they land when the engine reports them
-        self.checks.content(self.pools.take_dirty(), positions)
+        self.checks.content.holds(self.pools.take_dirty(), positions)
         if stores:
             self.host_stores.setdefault(step, []).extend(stores)
         self.stats["host-tier stores"] += len(transfers.stores)
@@ -957,7 +962,7 @@ class Engine:
         """Under ``host_cache``, where the allocator lists its host free set: no host block a transfer still uses (a
         store in flight writing it, an asynchronous load not yet reported reading it) is in that set. Nothing is
         gathered when there is no set to check it against (every launch and completed step passes here)."""
-        if self.checks.host_introspection is None:
+        if self.checks.context.host_introspection is None:
             return
         in_use = {
             host_block: f"the store of block {block} into it, ordered at the launch of step {step}, is in flight"
@@ -967,7 +972,7 @@ class Engine:
         for seq, load in self.expected.async_loads.items():
             for host_block, block in load.pairs:
                 in_use[host_block] = f"the asynchronous load of {seq} from it into block {block} is not reported landed"
-        self.checks.host_transfers_unfree(in_use)
+        self.checks.accounting.host_transfers_unfree(in_use)
 
     def _hold_loading(self, seq: SeqId) -> None:
         """Under ``host_cache``, before ``seq`` releases its table: a block that a load ordered since the last launch
@@ -1007,10 +1012,10 @@ class Engine:
     def _settle(self, change: TableChange, positions: Sequence[tuple[SeqId, int]] = ()) -> None:
         """After an operation: content of what it touched, then (under ``kv_groups``) one group per block, then
         refcounts and the free set."""
-        self.checks.content(self.pools.take_dirty(), positions)
+        self.checks.content.holds(self.pools.take_dirty(), positions)
         if self.group_checks is not None:
             self.group_checks.one_group(change.touched)
-        self.checks.accounting(change.touched)
+        self.checks.accounting.touched(change.touched)
 
     def _note_filled(self, seq: SeqId, step: int) -> None:
         """Complete caching: the full blocks of ``seq`` that step ``step`` fills are owed matchable once the step
@@ -1044,10 +1049,10 @@ class Engine:
         """Complete each step (adopting its remaps), then check what its completion settled: the blocks whose
         in-flight window closed and every block the allocator held pending, so that a fault in deferred freeing is
         blamed on this step."""
-        operation = self.checks.operation
+        operation = self.checks.context.operation
         for step in steps:
-            self.checks.operation = f"{operation}, completing step {step}"
-            settled = set(self.pools.complete_step(step)) | self.checks.pending_now()
+            self.checks.context.operation = f"{operation}, completing step {step}"
+            settled = set(self.pools.complete_step(step)) | self.checks.context.pending_now()
             for pair in self.host_stores.pop(step, ()):
                 self._land_store(pair, f"as step {step} completed")
             self._call(functools.partial(self.allocator.step_completed, step))
@@ -1058,11 +1063,11 @@ class Engine:
             self._owe_filled(step)
             for load in self.expected.async_loads.values():
                 load.landable = load.landable or (load.launched_at is not None and load.launched_at <= step)
-            self.checks.accounting(settled)
+            self.checks.accounting.touched(settled)
             if self.caps.lookahead_blocks:
-                self.checks.lookahead_not_cached()
-        self.checks.content(self.pools.take_dirty())
-        self.checks.operation = operation
+                self.checks.cache.lookahead_not_cached()
+        self.checks.content.holds(self.pools.take_dirty())
+        self.checks.context.operation = operation
 
     def _adopt_remaps(self) -> None:
         """An allocator that declares ``remaps_on_step`` may swap a running sequence's block for one holding the same
@@ -1082,5 +1087,5 @@ class Engine:
                 (seq, p) for index in moved for p in range(index * size, min((index + 1) * size, model.written))
             ]
         if touched:
-            self.checks.content(self.pools.take_dirty(), positions)
-            self.checks.accounting(touched)
+            self.checks.content.holds(self.pools.take_dirty(), positions)
+            self.checks.accounting.touched(touched)
