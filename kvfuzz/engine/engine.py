@@ -29,7 +29,7 @@ from kvfuzz.engine.features.groups import GroupTables, WindowDrops, forget
 from kvfuzz.engine.features.host_tier import AsyncLoading, HostTier
 from kvfuzz.engine.features.lookahead import LookAhead
 from kvfuzz.engine.features.prefix_cache import CachingDebt
-from kvfuzz.engine.features.scheduling import aborted_writes
+from kvfuzz.engine.features.scheduling import abort_policy
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.violations import Invariant
 from kvfuzz.reference.content import prefix_tags
@@ -61,7 +61,7 @@ class Engine(EngineCore):
         self.window_drops = WindowDrops(self, self.groups) if caps.refusal_drops_window else None
         self.host_tier = HostTier(self) if caps.host_cache else None
         self.async_loading = AsyncLoading(self) if caps.async_loads else None
-        self.aborted_writes = aborted_writes(self, self.host_tier)
+        self.abort_policy = abort_policy(self, self.host_tier)
         self.lookahead = LookAhead(self) if caps.lookahead_blocks else None
         self.caching_debt = CachingDebt(self) if checks.context.owes_caching() else None
         self.tail_dedup = TailDeduplication(self) if caps.dedupes_copied_tail else None
@@ -253,7 +253,7 @@ class Engine(EngineCore):
         state = self.expected
         self.begin("free", seq)
         if state.seqs[seq].status is Status.RUNNING:
-            self.aborted_writes.abort(seq, run_ends)
+            self.abort_policy.abort(seq, run_ends)
         self.events.fire_releasing(seq)
         self.call(lambda: self.allocator.free(seq))
         change = self.set_table(seq, (), "released (free) by")

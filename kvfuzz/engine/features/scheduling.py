@@ -1,7 +1,7 @@
 """Scheduling and preemption: what becomes of a freed sequence's scheduled writes (``free_lands_scheduled_writes``).
 
 This module is the one place that owns that capability's combinations with the host tier and with KV-cache groups:
-:func:`aborted_writes` picks the policy once, when the engine is built.
+:func:`abort_policy` picks the policy once, when the engine is built.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.features.host_tier import HostTier
 
 
-class AbortedWrites(Protocol):
+class AbortPolicy(Protocol):
     """What the engine does with the writes a running sequence had scheduled when it is freed."""
 
     def abort(self, seq: SeqId, run_ends: bool) -> None: ...
@@ -58,7 +58,7 @@ class DeferredWrites:
         self.host_tier.defer_aborted(seq)
 
 
-def aborted_writes(core: EngineCore, host_tier: Optional[HostTier]) -> AbortedWrites:
+def abort_policy(core: EngineCore, host_tier: Optional[HostTier]) -> AbortPolicy:
     """The policy for a freed sequence's scheduled writes that the allocator's capabilities call for."""
     caps = core.caps
     if not caps.free_lands_scheduled_writes:
