@@ -152,8 +152,9 @@ def test_a_feature_is_built_and_subscribed_only_when_the_allocator_declares_it()
     features = ("groups", "window_drops", "host_tier", "async_loading", "lookahead", "caching_debt", "tail_dedup")
     assert all(getattr(bare, name) is None for name in (*features, "remaps"))
     events = bare.events
-    assert not (events.table_set or events.releasing or events.scheduling or events.launched or events.completing)
+    assert not (events.table_set or events.releasing or events.scheduling or events.launching or events.completing)
     assert len(events.table_changed) == 1 and len(events.completed) == 1  # the accounting checks
+    assert len(events.launched) == 2 and len(events.quiesced) == 1  # content and attention; quiescence
     caching = engine(make_allocator())
     assert caching.caching_debt is not None
     assert caching.events.table_set == [caching.caching_debt.table_set]

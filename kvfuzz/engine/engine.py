@@ -69,32 +69,45 @@ class Engine(EngineCore):
         self._subscribe()
 
     def _subscribe(self) -> None:
-        """Every subscriber of the core's events, in the order each event runs them."""
-        events, accounting = self.events, self.checks.accounting
-        if self.lookahead is not None:
-            events.table_set.append(self.lookahead.table_set)
-        if self.caching_debt is not None:
-            events.table_set.append(self.caching_debt.table_set)
-            events.scheduling.append(self.caching_debt.scheduling)
+        """Every subscriber of the core's events, event by event in lifecycle order, each event's in the order it
+        runs them (the order in which their violations would be found)."""
+        events, checks, pools = self.events, self.checks, self.pools
+        host_tier, async_loading, debt, lookahead = (
+            self.host_tier,
+            self.async_loading,
+            self.caching_debt,
+            self.lookahead,
+        )
+        if lookahead is not None:
+            events.table_set.append(lookahead.table_set)
+        if debt is not None:
+            events.table_set.append(debt.table_set)
         if self.groups is not None:
             events.table_changed.append(self.groups.changed)
-        events.table_changed.append(lambda change: accounting.touched(change.touched))
-        if self.host_tier is not None:
-            events.releasing.append(self.host_tier.hold_loading)
-            events.launched.append(self.host_tier.launched)
-            events.completing.append(self.host_tier.completing)
-            events.completed.append(self.host_tier.completed)
-        if self.async_loading is not None:
-            events.releasing.append(self.async_loading.hold_until_landed)
+        events.table_changed.append(lambda change: checks.accounting.touched(change.touched))
+        if host_tier is not None:
+            events.releasing.append(host_tier.hold_loading)
+        if async_loading is not None:
+            events.releasing.append(async_loading.hold_until_landed)
+        if debt is not None:
+            events.scheduling.append(debt.scheduling)
+        if host_tier is not None:
+            events.launching.append(host_tier.launching)
+        events.launched.append(lambda step: checks.content.holds(pools.take_dirty()))
+        events.launched.append(lambda step: checks.attention.check())
+        if host_tier is not None:
+            events.completing.append(host_tier.completing)
+            events.completed.append(host_tier.completed)
         if self.remaps is not None:
             events.completed.append(self.remaps.completed)
-        if self.caching_debt is not None:
-            events.completed.append(self.caching_debt.completed)
-        if self.async_loading is not None:
-            events.completed.append(self.async_loading.landable)
-        events.completed.append(lambda completion: accounting.touched(completion.settled))
-        if self.lookahead is not None:
-            events.completed.append(self.lookahead.completed)
+        if debt is not None:
+            events.completed.append(debt.completed)
+        if async_loading is not None:
+            events.completed.append(async_loading.landable)
+        events.completed.append(lambda completion: checks.accounting.touched(completion.settled))
+        if lookahead is not None:
+            events.completed.append(lookahead.completed)
+        events.quiesced.append(checks.quiescence.check)
 
     # -- operations ----------------------------------------------------------------------------------------------
 
@@ -403,7 +416,7 @@ class Engine(EngineCore):
             seq_slots, seq_writes = self.take_scheduled_writes(seq)
             launch.slots += seq_slots
             launch.writes += seq_writes
-        self.events.fire_launched(launch)
+        self.events.fire_launching(launch)
         slots, writes = launch.slots, launch.writes
         self.pools.launch_step()
         if slots:
@@ -411,8 +424,7 @@ class Engine(EngineCore):
         for model in self.expected.seqs.values():
             model.awaits_step = False
         self.stats["tokens written"] += len(slots)
-        self.checks.content.holds(self.pools.take_dirty())
-        self.checks.attention.check()
+        self.events.fire_launched(step)
         self.complete(self.pools.steps_to_complete())
         if self.on_step is not None:
             self.on_step(self.occupancy())
@@ -468,11 +480,7 @@ class Engine(EngineCore):
             self.checks.context.operation = operation
         if self.caps.eviction:
             self.call(self.allocator.reset_cache)
-        if self.checks.context.introspection is not None:
-            self.checks.accounting.touched(())
-            self.checks.quiescence.quiescent()
-        else:
-            self.checks.quiescence.whole_pool_admissible(self.expected.new_id())
+        self.events.fire_quiesced()
 
     # -- admissions ----------------------------------------------------------------------------------------------
 

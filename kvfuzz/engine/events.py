@@ -63,11 +63,15 @@ class EngineEvents:
         # A step is being scheduled, before the writes of its running sequences are gathered.
         self.scheduling: list[Callable[[int], None]] = []
         # A step's writes are gathered; it is launched (and they are made) once every subscriber has run.
-        self.launched: list[Callable[[Launch], None]] = []
+        self.launching: list[Callable[[Launch], None]] = []
+        # A step is launched and its writes made: what they wrote, and what attention reads, is checked.
+        self.launched: list[Callable[[int], None]] = []
         # A step is completing, before the allocator hears of it.
         self.completing: list[Callable[[int], None]] = []
         # A step has completed and the allocator has heard of it.
         self.completed: list[Callable[[Completion], None]] = []
+        # Every sequence is gone and the in-flight work done.
+        self.quiesced: list[Callable[[], None]] = []
 
     def fire_table_set(
         self,
@@ -95,9 +99,13 @@ class EngineEvents:
         for handler in self.scheduling:
             handler(step)
 
-    def fire_launched(self, launch: Launch) -> None:
-        for handler in self.launched:
+    def fire_launching(self, launch: Launch) -> None:
+        for handler in self.launching:
             handler(launch)
+
+    def fire_launched(self, step: int) -> None:
+        for handler in self.launched:
+            handler(step)
 
     def fire_completing(self, step: int) -> None:
         for handler in self.completing:
@@ -106,3 +114,7 @@ class EngineEvents:
     def fire_completed(self, completion: Completion) -> None:
         for handler in self.completed:
             handler(completion)
+
+    def fire_quiesced(self) -> None:
+        for handler in self.quiesced:
+            handler()

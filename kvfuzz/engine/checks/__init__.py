@@ -45,7 +45,7 @@ class Checks:
         self.window = InflightWindow(context)  # invariant 6
         self.refusals = RefusalChecks(context, self.accounting)  # invariants 7, 8 and 11
         self.cache = CacheSoundness(context, self.exclusive)  # invariant 9
-        self.quiescence = Quiescence(context)  # invariant 10
+        self.quiescence = Quiescence(context, self.accounting)  # invariant 10
         self.results = ResultChecks(context)  # invariant 12
         self.eviction_order = EvictionOrder(context)  # invariant 13
         self.complete_caching = CompleteCaching(context)  # invariant 14

@@ -6,12 +6,25 @@ import collections.abc
 import itertools
 
 from kvfuzz.allocator.errors import OutOfBlocks
-from kvfuzz.engine.checks.context import Checker
+from kvfuzz.engine.checks.accounting import AccountingChecks
+from kvfuzz.engine.checks.context import CheckContext, Checker
 from kvfuzz.engine.violations import Invariant
 
 
 class Quiescence(Checker):
     """Invariant 10, through the allocator's sets where it shows them, else by admitting a whole-pool probe."""
+
+    def __init__(self, context: CheckContext, accounting: AccountingChecks) -> None:
+        super().__init__(context)
+        self.accounting = accounting  # invariants 3 and 4, over the whole pool first
+
+    def check(self) -> None:
+        """Every sequence is gone and the in-flight work done: every block is free (and accounted for)."""
+        if self.introspection is not None:
+            self.accounting.touched(())
+            self.quiescent()
+        else:
+            self.whole_pool_admissible(self.state.new_id())
 
     def quiescent(self) -> None:
         h = self.state

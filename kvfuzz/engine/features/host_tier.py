@@ -53,8 +53,8 @@ class HostTier:
             for block in mapped(state.seqs[seq].table):
                 core.pools.read_until[block] = max(core.pools.read_until.get(block, -1), until)
 
-    def launched(self, launch: Launch) -> None:
-        """A step is launched: its transfers land, then the aborted writes come first among its writes."""
+    def launching(self, launch: Launch) -> None:
+        """A step is being launched: its transfers land, then the aborted writes come first among its writes."""
         self.transfers(launch.step)
         launch.slots[:0] = [slot for slot, _ in self.aborted_writes]
         launch.writes[:0] = [write for _, write in self.aborted_writes]
