@@ -72,12 +72,8 @@ class Engine(EngineCore):
         """Every subscriber of the core's events, event by event in lifecycle order, each event's in the order it
         runs them (the order in which their violations would be found)."""
         events, checks, pools = self.events, self.checks, self.pools
-        host_tier, async_loading, debt, lookahead = (
-            self.host_tier,
-            self.async_loading,
-            self.caching_debt,
-            self.lookahead,
-        )
+        host_tier, async_loading = self.host_tier, self.async_loading
+        debt, lookahead = self.caching_debt, self.lookahead
         if lookahead is not None:
             events.table_set.append(lookahead.table_set)
         if debt is not None:
