@@ -114,11 +114,11 @@ def test_a_host_hit_is_loaded_back_and_read_through_kvfuzz_checks(factory) -> No
     req = allocator._requests["s2"].req
     assert req.host_hit_length == 24 and req.host_loaded_length == 24  # SGLang loaded the three pages back ...
     table = engine.expected.seqs["s2"].table
-    loads = [(host, block) for _, host, block in engine.host_loads]
+    loads = [(host, block) for _, host, block in engine.host_tier.loads]
     assert [block for _, block in loads] == list(table[:3])  # ... into the first three blocks of s2's table
     assert engine.expected.seqs["s2"].written == 24  # reported cached: the next step computes one token
     engine.step()  # the loads land (their K/V checked against the reference), then s2 attends over them
-    assert not engine.host_loads and engine.stats["host-tier loads"] == 3
+    assert not engine.host_tier.loads and engine.stats["host-tier loads"] == 3
     engine.free("s2")
     engine.quiesce()
 

@@ -6,7 +6,7 @@ import pytest
 from factories import make_allocator
 
 from kvfuzz.engine import Engine, Invariant, InvariantViolation, MachineConfig, MisuseCall
-from kvfuzz.engine.checks import Checks
+from kvfuzz.engine.checks.window import InflightWindow
 from kvfuzz.engine.misuse import misuse_calls
 from kvfuzz.zoo import variant
 
@@ -53,7 +53,7 @@ def test_window_violation_names_the_release_and_the_new_owner() -> None:
 def test_premature_reuse_corrupts_data_observably(monkeypatch) -> None:
     """With the window check switched off, the late in-flight work of the freed sequence lands on the new owner's
     block when its step completes, and the content check traces the corruption to it."""
-    monkeypatch.setattr(Checks, "outside_inflight_window", lambda self, blocks, seq: None)
+    monkeypatch.setattr(InflightWindow, "outside", lambda self, blocks, seq: None)
     h = engine(variant("ImmediateReuse").factory())
     h.admit("s0", (), (1,) * 32)
     h.step()
@@ -142,3 +142,22 @@ def test_leak_without_introspection_is_caught_by_the_quiescence_probe() -> None:
     with pytest.raises(InvariantViolation) as caught:
         h.quiesce()
     assert caught.value.invariant is Invariant.QUIESCENCE
+
+
+def test_a_feature_is_built_and_subscribed_only_when_the_allocator_declares_it() -> None:
+    """An allocator that declares no optional capability gets no feature, and its events run the core's own
+    subscribers alone (refcounts and the free set); declaring complete caching builds that feature and subscribes it
+    to the events it needs, and nothing else."""
+    bare = engine(make_allocator(prefix_caching=False, introspection=False))
+    features = ("groups", "window_drops", "host_tier", "async_loading", "lookahead", "caching_debt", "tail_dedup")
+    assert all(getattr(bare, name) is None for name in (*features, "remaps"))
+    events = bare.events
+    assert not (events.table_set or events.releasing or events.scheduling or events.launching or events.completing)
+    assert len(events.table_changed) == 1 and len(events.completed) == 1  # the accounting checks
+    assert len(events.launched) == 2 and len(events.quiesced) == 1  # content and attention; quiescence
+    caching = engine(make_allocator())
+    assert caching.caching_debt is not None
+    assert caching.events.table_set == [caching.caching_debt.table_set]
+    assert caching.events.scheduling == [caching.caching_debt.scheduling]
+    assert caching.events.completed[0] == caching.caching_debt.completed and len(caching.events.completed) == 2
+    assert all(getattr(caching, name) is None for name in features if name != "caching_debt")

@@ -306,7 +306,7 @@ def _loads_then_frees(engine: Engine) -> list[int]:
     engine.step()
     engine.free("a")
     assert engine.admit("b", (), PROMPT + (0,))
-    loading = [block for _, _, block in engine.host_loads]
+    loading = [block for _, _, block in engine.host_tier.loads]
     assert len(loading) == 2
     engine.free("b")
     return loading
@@ -318,7 +318,7 @@ def test_a_load_destination_released_before_the_load_lands_may_stay_pending_unti
     loading = _loads_then_frees(engine)
     assert sorted(allocator.pending_blocks()) == sorted(loading)  # accepted: in flight until the next step completes
     engine.quiesce()  # launches a step that lands the loads, whose completion acknowledges them
-    assert engine.stats["host-tier loads"] == 2 and not allocator.pending_blocks() and not engine.host_loads
+    assert engine.stats["host-tier loads"] == 2 and not allocator.pending_blocks() and not engine.host_tier.loads
 
 
 def test_a_load_destination_handed_out_before_the_load_lands_is_caught() -> None:

@@ -142,7 +142,7 @@ def test_the_correct_allocator_passes_by_hand_under_each_kernel(kernel: str, dty
     cfg = config(kernel, dtype)
     h = Engine(make_allocator(window=1)(cfg.pool_spec()), cfg)
     life_cycle(h)
-    assert h.checks.kernel.name == kernel
+    assert h.checks.attention.kernel.name == kernel
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -173,7 +173,7 @@ class WrongEntryKernel(FlexKernel):
 def test_a_kernel_reading_a_wrong_table_entry_breaks_invariant_2(dtype: torch.dtype) -> None:
     cfg = config("flex", dtype)
     h = Engine(make_allocator(window=1)(cfg.pool_spec()), cfg)
-    h.checks.kernel = WrongEntryKernel()
+    h.checks.attention.kernel = WrongEntryKernel()
     with pytest.raises(InvariantViolation) as caught:
         life_cycle(h)
     assert caught.value.invariant is Invariant.ATTENTION

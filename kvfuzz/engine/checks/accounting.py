@@ -1,0 +1,219 @@
+"""Invariants 3 and 4, refcounts and the free set: every block's refcount is the number of table entries naming it,
+and every unreferenced block is in exactly one of the free, cached and pending sets (device and host pools)."""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from kvfuzz.allocator.types import (
+    BlockCopy,
+)
+from kvfuzz.engine.checks.context import Checker
+from kvfuzz.engine.violations import Invariant
+
+
+class AccountingChecks(Checker):
+    """Invariants 3 and 4 on the blocks an operation touched, and the pool-wide identity
+    free + cached + pending + referenced = every block."""
+
+    def touched(self, touched: Iterable[int]) -> None:
+        """Refcounts and set membership of the touched blocks, and the pool-wide counts identity."""
+        h = self.state
+        alloc = self.introspection
+        if alloc is None:
+            return
+        free, cached, pending = alloc.free_blocks(), alloc.cached_blocks(), alloc.pending_blocks()
+        for block in touched:
+            holders = h.refs.holders.get(block, ())
+            found = alloc.refcount(block)
+            if found != len(holders):
+                self.fail(
+                    Invariant.REFCOUNTS,
+                    f"block {block} has refcount {found}",
+                    [
+                        f"expected: {len(holders)}, the block-table entries referencing it: "
+                        f"{self.state.entries(holders) or 'none'}",
+                        *self.pools.block_story(block),
+                    ],
+                )
+            member_of = [
+                name for name, blocks in (("free", free), ("cached", cached), ("pending", pending)) if block in blocks
+            ]
+            if holders and member_of:
+                self.fail(
+                    Invariant.FREE_SET,
+                    f"block {block} is referenced by {self.state.entries(holders)} yet listed as "
+                    f"{' and '.join(member_of)}",
+                    self.pools.block_story(block),
+                )
+            if not holders and len(member_of) != 1:
+                self.fail(
+                    Invariant.FREE_SET,
+                    f"unreferenced block {block} is in "
+                    f"{' and '.join(member_of) or 'none of the free, cached and pending sets'}",
+                    ["expected: exactly one of them", *self.pools.block_story(block)],
+                )
+            if member_of == ["cached"]:
+                self.pools.seen_cached.add(block)
+            else:
+                self.pools.seen_cached.discard(block)
+        in_window = self.context.unreferenced_in_inflight_window()
+        if len(pending) > len(in_window):
+            stuck = next(
+                block
+                for block in pending
+                if block not in self.pools.late_work_by_block and block not in self.pools.held_until
+            )
+            self.fail(
+                Invariant.FREE_SET,
+                f"{len(pending)} block(s) pending, but only {len(in_window)} were "
+                f"released within the in-flight window (W = {h.caps.inflight_window})",
+                [
+                    f"block {stuck} is still pending though its window has closed (last completed step: "
+                    f"{self.pools.last_completed})",
+                    "expected: it is back in the free or cached set",
+                    *self.pools.block_story(stuck),
+                ],
+            )
+        total = len(free) + len(cached) + len(pending) + h.refs.num_referenced()
+        if total != h.num_blocks:
+            self.fail(
+                Invariant.FREE_SET,
+                f"free + cached + pending + referenced = {len(free)} + {len(cached)} + "
+                f"{len(pending)} + {h.refs.num_referenced()} = {total}",
+                [f"expected: {h.num_blocks} (every block exactly once)"],
+            )
+
+    def host_transfers_unfree(self, in_use: dict[int, str]) -> None:
+        """Invariant 4 on a host tier: a host block a transfer still uses (``in_use``: host block -> the transfer) is
+        not in the host free set, from which another store could take it."""
+        host = self.host_introspection
+        if host is None or not in_use:
+            return
+        free = set(host.host_free_blocks())
+        for block, transfer in sorted(in_use.items()):
+            if block in free:
+                self.fail(
+                    Invariant.FREE_SET,
+                    f"host block {block} is in the host free set while {transfer}",
+                    ["expected: out of the host free set until that transfer is done"],
+                )
+
+    def host_accounting(self, touched: Iterable[int], released_by: str = "") -> None:
+        """Invariant 4 on the host pool: each touched host block is in the host free set exactly when no swapped-out
+        sequence holds it (a host block shared under ``shares_host_blocks`` until its last holder goes), and the free
+        host blocks with the held ones account for every host block once."""
+        host = self.host_introspection
+        if host is None:
+            return
+        h = self.state
+        held = h.host_holders()
+        free = host.host_free_blocks()
+        for block in touched:
+            holders = held.get(block)
+            if holders and block in free:
+                named = " and ".join(f"{seq}'s logical block {index}" for seq, index in holders)
+                self.fail(
+                    Invariant.FREE_SET,
+                    f"host block {block} holds swapped-out {named}, yet is listed in the host free set",
+                    [
+                        "expected: out of the host free set until its "
+                        + ("last holder is" if len(holders) > 1 else "sequence is")
+                        + " swapped in or freed"
+                    ],
+                )
+            if not holders and block not in free:
+                self.fail(
+                    Invariant.FREE_SET,
+                    f"host block {block} is held by no swapped-out sequence, yet is not in the host free set"
+                    + (f": {released_by} leaked it" if released_by else ""),
+                    [
+                        "expected: back in host_free_blocks() once no swapped-out sequence holds it",
+                        f"found:    host free set {sorted(free)[:20]}",
+                    ],
+                )
+        if len(free) + len(held) != h.num_host_blocks:
+            self.fail(
+                Invariant.FREE_SET,
+                f"free + held host blocks = {len(free)} + {len(held)} = {len(free) + len(held)}",
+                [
+                    f"expected: {h.num_host_blocks} (every host block exactly once)",
+                    f"found:    host free set {sorted(free)[:20]}, held {sorted(held)[:20]}",
+                ],
+            )
+
+    def fork_copies_declared(self, parent: str, child: str, copies: Sequence[BlockCopy]) -> None:
+        """Invariant 3: fork copies blocks only when the allocator declares ``fork_copies``."""
+        if copies and not self.state.caps.fork_copies:
+            self.fail(
+                Invariant.REFCOUNTS,
+                f"fork of {parent} into {child} returned copies {list(copies)}",
+                ["expected: none: the allocator does not declare fork_copies, so fork shares every block"],
+            )
+
+    def fork_table(self, parent: str, child: str, expected: tuple[int, ...], table: tuple[int, ...]) -> None:
+        """Invariant 3: the child's table is the parent's, except where fork ordered a copy (``expected``: the parent's
+        blocks holding tokens); look-ahead blocks beyond them are the child's own, as ``table_shape`` bounds them."""
+        if table[: len(expected)] != expected:
+            self.fail(
+                Invariant.REFCOUNTS,
+                f"fork gave {child} a block table unlike its parent {parent}'s",
+                [f"expected: {list(expected)} (shared, or the copies it ordered)", f"found:    {list(table)}"],
+            )
+
+    def evict_count(self, num_blocks: int, dropped: int, before: Sequence[int], evicted: Sequence[int]) -> None:
+        """Invariant 4: evict(n) reports between 0 and n blocks dropped (under ``evict_rounds_up``: at least n, or
+        every cached block), and, with introspection, exactly the number that left the cached set."""
+        rounds_up = self.state.caps.evict_rounds_up
+        if dropped < 0 or (not rounds_up and dropped > num_blocks):
+            self.fail(
+                Invariant.FREE_SET,
+                f"evict({num_blocks}) reports {dropped} blocks dropped",
+                [f"expected: between 0 and {num_blocks}" if not rounds_up else "expected: a count of blocks, >= 0"],
+            )
+        if self.introspection is None:
+            return
+        if dropped != len(evicted):
+            self.fail(
+                Invariant.FREE_SET,
+                f"evict({num_blocks}) reports {dropped} blocks dropped, but {len(evicted)} left the cached set",
+                [f"left the cached set: {sorted(evicted)}", f"cached before: {sorted(before)}"],
+            )
+        least = min(num_blocks, len(before))
+        if rounds_up and len(evicted) < least:
+            self.fail(
+                Invariant.FREE_SET,
+                f"evict({num_blocks}) dropped {len(evicted)} block(s) while {len(before)} were cached",
+                [
+                    f"expected: at least {least}: evict_rounds_up drops whole cached subtrees until at least "
+                    f"{num_blocks} blocks are gone, or every cached block",
+                    f"found:    dropped {sorted(evicted)}; still cached: {sorted(set(before) - set(evicted))}",
+                ],
+            )
+
+    def evict_targets(self, targets: Sequence[int], before: Sequence[int], evicted: Sequence[int]) -> None:
+        """Invariant 4: evict_blocks drops exactly the named blocks that were cached, and nothing else."""
+        cached_before = set(before)
+        kept = [block for block in targets if block in cached_before and block not in evicted]
+        unnamed = [block for block in evicted if block not in targets]
+        if kept or unnamed:
+            self.fail(
+                Invariant.FREE_SET,
+                f"evict_blocks({list(targets)}) "
+                + (f"left block(s) {kept} cached" if kept else f"dropped block(s) {unnamed} it was not given"),
+                [
+                    f"expected: exactly the named blocks that were cached dropped: "
+                    f"{sorted(cached_before & set(targets))}",
+                    f"found:    dropped {sorted(evicted)}",
+                    *self.pools.block_story((kept or unnamed)[0]),
+                ],
+            )
+
+    def cache_empty(self) -> None:
+        """Invariant 4: after reset_cache no cached, unreferenced block is left."""
+        if self.introspection is not None and len(self.introspection.cached_blocks()):
+            self.fail(
+                Invariant.FREE_SET,
+                f"reset_cache left {len(self.introspection.cached_blocks())} cached unreferenced block(s)",
+                ["expected: none"],
+            )

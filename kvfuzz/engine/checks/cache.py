@@ -1,0 +1,271 @@
+"""Invariant 9, cache soundness: a cache hit covers only K/V its prefix wrote, by a completed step (or one sure to
+run), in blocks no eviction dropped; look-ahead blocks are never cached; host-tier loads fill only the hit."""
+
+from __future__ import annotations
+
+from typing import Collection, Optional, Sequence
+
+from kvfuzz.allocator.types import (
+    NULL_BLOCK,
+    AdmitResult,
+)
+from kvfuzz.engine.checks.context import CheckContext, Checker
+from kvfuzz.engine.checks.exclusive import ExclusiveWrites
+from kvfuzz.engine.checks.explain import block_content, found, prefix, root_cause, shown_content, where, why_alike
+from kvfuzz.engine.checks.results import is_int, shown
+from kvfuzz.engine.pools import SlotWrite
+from kvfuzz.engine.violations import Invariant
+
+
+class CacheSoundness(Checker):
+    """Invariant 9 on admissions' hits, withdrawn writes, look-ahead blocks and host-tier loads."""
+
+    def __init__(self, context: CheckContext, exclusive: ExclusiveWrites) -> None:
+        super().__init__(context)
+        self.exclusive = exclusive  # invariant 5, for the blocks a host-tier load writes
+
+    def withdrawn_writes_unread(self, seq: str, why: str) -> None:
+        """Invariant 9: withdrawing ``seq``'s scheduled writes (``why``: a preemption, or an abort whose engine does not
+        declare ``free_lands_scheduled_writes``) leaves no other sequence holding a cache hit on them; a hit on
+        scheduled writes is sound only while the step that writes them is sure to run. A slot a step has already
+        written with the holder's K/V (a rewrite in place, ``recomputes_in_place``) loses nothing."""
+        h = self.state
+        mine = h.layout(seq)
+        for position, slot in h.scheduled_writes(seq):
+            block = mine.block_of(slot)
+            record = self.pools.record(slot)
+            for holder, index in sorted(h.refs.holders.get(block, ())):
+                relies = h.layout(holder).first_position(index) + mine.offset_of(slot)
+                if holder == seq or index != mine.index(position) or h.seqs[holder].written <= relies:
+                    continue
+                if record is not None and record.tag == h.reference.tags(holder)[relies]:
+                    continue  # a step already wrote it: the withdrawn write would only rewrite it (in place)
+                self.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"{why} withdraws {seq}'s scheduled write of position {position} into block {block}, which "
+                    f"{holder}'s cache hit covers",
+                    [
+                        f"{holder} holds block {block} as its logical block {index} and counts position "
+                        f"{relies} as computed: its admission hit K/V that {seq}'s next step was to write",
+                        f"expected: a hit only on K/V a step is sure to write (an engine whose {why.split('(')[0]} "
+                        "withdraws scheduled writes must not let another request hit them; vLLM lands an "
+                        "aborted request's scheduled step: free_lands_scheduled_writes)",
+                        f"found:    {holder} would read K/V at position {relies} that no step writes",
+                        *self.pools.block_story(block),
+                    ],
+                )
+
+    def hit_on_evicted(self, seq: str, num_cached: int, table: tuple[int, ...], evicted: dict[int, str]) -> None:
+        """Invariant 9: a hit covers no block an eviction dropped from the cache and no table has mapped since,
+        whatever K/V the block still holds. ``evicted`` maps such a block's logical index in ``table`` to the
+        eviction."""
+        first_position = self.state.layout(seq).first_position
+        for index, eviction in sorted(evicted.items()):
+            if first_position(index) < num_cached:
+                self.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"cache hit of {num_cached} tokens for {seq} covers logical block {index} (block {table[index]}), "
+                    "which an eviction dropped from the cache",
+                    [
+                        f"expected: a hit that stops before logical block {index} (position {first_position(index)}): "
+                        "the "
+                        f"block was evicted by {eviction}, and no table has mapped it since",
+                        f"found:    {num_cached} cached tokens, running on past it",
+                        *self.pools.block_story(table[index]),
+                    ],
+                )
+
+    def cache_hit(self, seq: str, num_cached: int, loading: Collection[int] = ()) -> bool:
+        """Invariant 9 for an admission's reported hit; returns whether it covers K/V only the next step writes.
+
+        ``loading``: device blocks a host-tier load fills when the next step is launched (``host_cache``); a hit on
+        them awaits that step, and their content is checked when the load lands."""
+        h = self.state
+        length = len(h.reference.tokens(seq))
+        if num_cached > length:
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"admit of {seq} reports {num_cached} cached tokens",
+                [f"expected: at most the prompt's {length} tokens"],
+            )
+        if num_cached and not h.caps.prefix_cache:
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"admit of {seq} reports {num_cached} cached tokens",
+                ["expected: 0: the allocator does not declare a prefix cache"],
+            )
+        if num_cached and num_cached == length and not h.caps.recomputes_last_token:
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"admit of {seq} reports a cache hit of its whole prompt ({length} tokens)",
+                [
+                    f"expected: at most {length - 1} cached tokens: the engine needs at least one query token to "
+                    "sample the next token from, and a request prefilled with none is handed another request's "
+                    "logits (an allocator whose engine recomputes the last token itself declares "
+                    "recomputes_last_token)",
+                    f"found:    all {length} positions reported cached, up to {where(self.state, seq, length - 1)}",
+                ],
+            )
+        layout = h.layout(seq)
+        table = h.seqs[seq].table
+        awaits_step = False
+        scheduled: Optional[dict[int, int]] = None  # the next step's writes, gathered once if a hit needs them
+        for position in range(num_cached):
+            if table[layout.index(position)] == NULL_BLOCK:
+                continue
+            slot = layout.slot_of(table, position)
+            if layout.block_of(slot) in loading:
+                awaits_step = True  # a host-tier load fills it before the next step reads it
+                continue
+            record = self.pools.record(slot)
+            tag = h.reference.tags(seq)[position]
+            if h.caps.hits_scheduled_writes and record is not None and record.tag == tag:
+                continue  # written by a launched step
+            if h.caps.hits_scheduled_writes:
+                scheduled = h.scheduled_tags() if scheduled is None else scheduled
+                if scheduled.get(slot) == tag:
+                    awaits_step = True  # written by the next step, before anything reads it
+                    continue
+            if record is None or record.tag != tag or record.step > self.pools.last_completed:
+                why, cause = self._unsound_hit(seq, position, slot, record, tag)
+                self.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"cache hit of {num_cached} tokens for {h.label(seq) if h.caps.kv_groups else seq} covers "
+                    f"position {position}, but {why}",
+                    [
+                        where(self.state, seq, position),
+                        f"expected: K/V of {prefix(self.state, seq, position)}, written "
+                        + (
+                            "by a step, or scheduled by a live sequence for the next one"
+                            if h.caps.hits_scheduled_writes
+                            else "by a completed step"
+                        ),
+                        f"found:    {found(record)}",
+                        *cause,
+                        *self.pools.block_story(layout.block_of(slot)),
+                    ],
+                )
+        return awaits_step
+
+    def _unsound_hit(
+        self, seq: str, position: int, slot: int, record: Optional[SlotWrite], tag: int
+    ) -> tuple[str, list[str]]:
+        """Why a hit may not cover ``slot``, for the summary, and the root-cause lines: what the slot holds, or
+        which scheduled write will fill it."""
+        h = self.state
+        writer = h.scheduled_writer(slot) if record is None or record.tag != tag else None
+        next_step = self.pools.next_step
+        if writer is not None and h.reference.tags(writer[0])[writer[1]] == tag:
+            return (
+                f"nothing is written there yet: {writer[0]} writes it at the next step (step {next_step})",
+                [
+                    f"root cause: the block became matchable when {writer[0]}'s write was scheduled, not when a step "
+                    "had written it; only an allocator that declares hits_scheduled_writes may count K/V a step "
+                    "has yet to write as cached"
+                ],
+            )
+        if writer is not None:
+            theirs = block_content(self.state, writer[0], h.layout(writer[0]).index(writer[1]))
+            mine = block_content(self.state, seq, h.layout(seq).index(position))
+            return (
+                f"another prefix's scheduled write will fill it: {writer[0]} position {writer[1]} writes there at "
+                f"the next step (step {next_step})",
+                [
+                    f"root cause: the hit matched a block that {writer[0]} is about to fill with other K/V:",
+                    f"  {seq} expects {shown_content(mine)}",
+                    f"  {writer[0]} writes {shown_content(theirs)}",
+                    f"  {why_alike(mine, theirs)}, or the block's cache entry outlived a change to "
+                    f"{writer[0]}'s tokens (a rollback, see the block's history)",
+                ],
+            )
+        if record is None:
+            return "nothing has been written there, and no live sequence is scheduled to write it", []
+        if record.tag != tag:
+            return "it holds another prefix's K/V", root_cause(self.state, seq, position, slot, record)
+        return f"the step that put it there has not completed (last completed: {self.pools.last_completed})", []
+
+    def resumed_hit(self, seq: str, result: AdmitResult, covered: int) -> None:
+        """``resume`` of a sequence whose loads landed reports the hit its admission reported, loads nothing, and
+        keeps the hit in the blocks that hold it (invariant 9: a hit moved elsewhere holds nothing)."""
+        held = self.state.seqs[seq].table
+        moved = [
+            index
+            for index, block in enumerate(held)
+            if index >= len(result.block_table) or result.block_table[index] != block
+        ]
+        if moved:
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"resume of {seq} maps its cached logical block {moved[0]} to block "
+                f"{result.block_table[moved[0]] if moved[0] < len(result.block_table) else 'none'}",
+                [
+                    f"expected: the blocks its admission's hit holds (loaded or matched), {list(held)}, then the rest",
+                    f"found:    {list(result.block_table)}",
+                    *self.pools.block_story(held[moved[0]]),
+                ],
+            )
+        if result.num_cached_tokens != covered or result.loads or result.waits_for_loads:
+            self.fail(
+                Invariant.RESULTS,
+                f"resume of {seq} reports {result.num_cached_tokens} cached tokens, loads {list(result.loads)}"
+                + (" and waits for them" if result.waits_for_loads else ""),
+                [
+                    f"expected: the {covered} cached tokens its admission reported (loaded since), nothing more to "
+                    "load, no waiting"
+                ],
+            )
+
+    def lookahead_not_cached(self) -> None:
+        """Invariant 9 under ``lookahead_blocks``: a block released as a look-ahead entry holds no K/V of any prefix,
+        so the allocator never lists it as cached (reusable) content; checked until it is referenced again or free."""
+        h = self.state
+        alloc = self.introspection
+        if alloc is None or not h.released_lookahead:
+            return
+        cached, free = alloc.cached_blocks(), alloc.free_blocks()
+        for block in sorted(h.released_lookahead):
+            if block in cached:
+                self.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"block {block}, released as a look-ahead block, is listed as cached",
+                    [
+                        "expected: free (or pending): a look-ahead block holds no tokens of its sequence, so no "
+                        "prefix may be matched to it",
+                        "found:    in the cached (evictable) set",
+                        *self.pools.block_story(block),
+                    ],
+                )
+            if block in free:
+                h.released_lookahead.discard(block)
+
+    def host_loads(self, seq: str, loads: Sequence[tuple[int, int]], num_cached: int) -> None:
+        """Invariants 9 and 5 for an admission's host-tier loads: only under ``host_cache``, from host blocks that
+        exist, each into a distinct block of the sequence's cache hit that it alone references."""
+        h = self.state
+        table = h.seqs[seq].table
+        hit_blocks = [block for block in table[: h.layout(seq).blocks_for(num_cached)] if block != NULL_BLOCK]
+        if not h.caps.host_cache:
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"admit of {seq} orders host-tier loads {list(loads)}",
+                ["expected: none: the allocator does not declare host_cache"],
+            )
+        for host_block, block in loads:
+            if not (is_int(host_block) and 0 <= host_block < h.num_host_blocks) or block not in hit_blocks:
+                self.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"admit of {seq} loads host block {shown(host_block)} into block {shown(block)}",
+                    [
+                        f"expected: a host block 0 .. {h.num_host_blocks - 1} loaded into one of the blocks its "
+                        f"{num_cached}-token hit covers, {hit_blocks}",
+                        *(self.pools.block_story(block) if is_int(block) and block >= 0 else ()),
+                    ],
+                )
+            self.exclusive.block(block, seq, f"host-tier load for {seq} from host block {host_block}")
+        destinations = [block for _, block in loads]
+        if len(set(destinations)) != len(destinations):
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"admit of {seq} loads two host blocks into one device block: {list(loads)}",
+                ["expected: each device block loaded once"],
+            )

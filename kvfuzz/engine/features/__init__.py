@@ -1,0 +1,12 @@
+"""The engine's features: the capability-specific parts of its lifecycle, one module per feature, each holding its
+slice of the expected state, its handlers of the engine's events and the calls to the checks it needs. The engine
+(:mod:`kvfuzz.engine.engine`) builds a feature and subscribes its handlers only when the allocator declares it.
+
+* :mod:`~kvfuzz.engine.features.scheduling`: a freed sequence's scheduled writes (and that policy's combinations);
+* :mod:`~kvfuzz.engine.features.prefix_cache`: the complete-caching debt;
+* :mod:`~kvfuzz.engine.features.host_tier`: the host tier's transfers and asynchronous loads;
+* :mod:`~kvfuzz.engine.features.lookahead`: look-ahead blocks;
+* :mod:`~kvfuzz.engine.features.copies`: deduplicated copy-on-write copies and remaps at step completion;
+* :mod:`~kvfuzz.engine.features.groups`: KV-cache groups' tables and the blocks a refused grow drops out of its
+  window.
+"""
