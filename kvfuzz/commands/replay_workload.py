@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kvfuzz.commands.account import parse_lengths
 from kvfuzz.commands.options import at_least
+from kvfuzz.commands.output_files import OutputNotWritten, written_atomically
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
 from kvfuzz.threads import single_threaded_torch
@@ -115,8 +116,9 @@ def run_command(args: argparse.Namespace) -> int:
         from kvfuzz.workload.plot import PlotUnavailable, plot_occupancy
 
         try:  # the directory and matplotlib were checked up front; this is a write that failed all the same
-            plot_occupancy(reports, Path(args.plot))
-        except (PlotUnavailable, OSError) as error:
+            with written_atomically(Path(args.plot)) as picture:
+                plot_occupancy(reports, picture)
+        except (PlotUnavailable, OutputNotWritten) as error:
             print(f"kvfuzz: the occupancy plot was not written: {error}", file=sys.stderr)
             return 2
         if not args.json:

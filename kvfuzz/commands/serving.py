@@ -13,6 +13,7 @@ from typing import Callable
 
 from kvfuzz.commands.account import parse_lengths
 from kvfuzz.commands.options import at_least
+from kvfuzz.commands.output_files import OutputNotWritten, written_atomically
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
@@ -192,8 +193,9 @@ def run_capacity(args: argparse.Namespace) -> int:
         from kvfuzz.workload.plot import PlotUnavailable, plot_capacity
 
         try:
-            plot_capacity(results, target, Path(args.plot))
-        except (PlotUnavailable, OSError) as error:
+            with written_atomically(Path(args.plot)) as picture:
+                plot_capacity(results, target, picture)
+        except (PlotUnavailable, OutputNotWritten) as error:
             print(f"kvfuzz: the capacity plot was not written: {error}", file=sys.stderr)
             return 2
         if not args.json:

@@ -1,0 +1,161 @@
+"""What the command line writes and what its exit status says (issue 28, items 1, 3 and 6).
+
+* An output is never an input: ``show --html/--png``, ``export -o`` and ``replay-workload --plot`` refuse a file
+  that is the trace or workload they read (the same path, a symbolic link to it, a hard link), and two outputs that
+  are one file, in one line and exit status 2, before any work. Every output is written to a temporary file beside it
+  and renamed over its name: a write that fails halfway leaves neither a partial file nor a temporary one, and the
+  error names the path.
+* ``--json`` keeps standard output for kvfuzz's JSON: whatever the allocator prints (Python's ``print``, a write to
+  file descriptor 1, C's ``printf``), at import, construction or in an operation, goes to standard error.
+* A factory that exits or raises anything while it is loaded or built is a usage error (2) for every command;
+  ``replay`` replays every file whatever happens to one; a ``GeneratorExit`` from an operation is the allocator's
+  crash.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvfuzz.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_COPY_ON_WRITE = ROOT / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c430.json"
+
+
+def kvfuzz(*args: str, cwd: Path, **kwargs: object) -> subprocess.CompletedProcess:
+    """``kvfuzz ARGS`` in a child process in ``cwd``, with ``cwd`` and the repository importable."""
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT)])},
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def refused(capsys: pytest.CaptureFixture[str], argv: list[str], *words: str) -> str:
+    """``kvfuzz ARGV`` in this process: exit status 2, nothing on standard output, one line on standard error
+    starting ``kvfuzz: `` and holding ``words``. Returns the line."""
+    status = main(argv)
+    out, err = capsys.readouterr()
+    assert status == 2, (status, out, err)
+    assert out == "", out
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvfuzz: "), err
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    """A copy of a corpus trace that reproduces (NoCopyOnWrite), in its own directory."""
+    path = tmp_path / "trace.json"
+    shutil.copyfile(NO_COPY_ON_WRITE, path)
+    return path
+
+
+# -- item 1: an output is never an input ---------------------------------------------------------------------------
+
+
+def _aliases(path: Path) -> dict[str, Path]:
+    """Three names of the file ``path``: itself, a symbolic link to it, a hard link to it."""
+    symlink = path.with_name("symlink.json")
+    symlink.symlink_to(path.name)
+    hardlink = path.with_name("hardlink.json")
+    os.link(path, hardlink)
+    return {"same path": path, "symbolic link": symlink, "hard link": hardlink}
+
+
+@pytest.mark.parametrize("flag", ["--html", "--png"])
+def test_show_refuses_to_draw_over_the_trace_it_reads(flag: str, trace: Path, capsys) -> None:
+    """Before: the trace was overwritten with the HTML page or the PNG, and the command exited 0."""
+    before = trace.read_bytes()
+    for how, alias in _aliases(trace).items():
+        line = refused(capsys, ["show", str(trace), flag, str(alias)], flag, str(alias), "is the input")
+        assert trace.read_bytes() == before, how
+        assert not line.endswith("None"), line
+
+
+def test_show_refuses_a_default_page_that_is_the_trace(trace: Path, capsys, monkeypatch) -> None:
+    """A trace named NAME.html is its own default page (NAME.html in the current directory)."""
+    page_named = trace.rename(trace.with_name("failure.html"))
+    before = page_named.read_bytes()
+    monkeypatch.chdir(page_named.parent)
+    refused(capsys, ["show", "failure.html"], "failure.html", "is the input")
+    assert page_named.read_bytes() == before
+
+
+def test_show_refuses_one_file_for_both_the_page_and_the_picture(trace: Path, capsys) -> None:
+    out = trace.with_name("out")
+    refused(capsys, ["show", str(trace), "--html", str(out), "--png", str(out)], "--png", "--html", "same file")
+    assert not out.exists()
+
+
+def test_export_refuses_to_write_over_the_trace_it_reads(trace: Path, capsys) -> None:
+    """Before: the trace was replaced by the exported Python file, and the command exited 0."""
+    before = trace.read_bytes()
+    for how, alias in _aliases(trace).items():
+        refused(capsys, ["export", str(trace), "-o", str(alias)], "-o", str(alias), "is the input")
+        assert trace.read_bytes() == before, how
+
+
+def test_replay_workload_refuses_to_plot_over_the_workload_it_reads(tmp_path: Path, capsys) -> None:
+    workload = tmp_path / "uniform.json"
+    shutil.copyfile(ROOT / "workloads" / "constructed" / "uniform.json", workload)
+    before = workload.read_bytes()
+    for how, alias in _aliases(workload).items():
+        refused(capsys, ["replay-workload", str(workload), "--plot", str(alias)], "--plot", "is the input")
+        assert workload.read_bytes() == before, how
+
+
+def test_export_to_a_place_it_cannot_write_is_one_line(trace: Path, capsys) -> None:
+    """Before: a PermissionError traceback (root included: /proc takes no new files)."""
+    refused(capsys, ["export", str(trace), "-o", "/proc/test_kvfuzz_export.py"], "/proc/test_kvfuzz_export.py")
+
+
+def _small_files() -> None:
+    """In the child: any regular file written past 1 KiB fails with EFBIG, as a write to a full disk fails."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["show", "trace.json", "--html", "out.html"], ["export", "trace.json", "-o", "out.html"]],
+    ids=["show", "export"],
+)
+def test_a_write_that_fails_halfway_keeps_the_old_file_and_leaves_nothing_else(command: list[str], trace: Path) -> None:
+    """Before: ``show`` left a page cut at the limit and said "cannot write None"; ``export`` left a partial file and
+    a traceback."""
+    old = trace.with_name("out.html")
+    old.write_text("the previous page\n")
+    done = kvfuzz(*command, cwd=trace.parent, preexec_fn=_small_files)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvfuzz: cannot write out.html: "), done.stderr
+    assert "None" not in lines[0] and "Traceback" not in done.stderr
+    assert old.read_text() == "the previous page\n"
+    assert sorted(path.name for path in trace.parent.iterdir()) == ["out.html", "trace.json"]
+
+
+def test_outputs_that_are_not_inputs_are_still_written(trace: Path) -> None:
+    """The refusals above refuse only what they must: a new file beside the trace is written, a link to another
+    file is followed (its target is the file written, the link kept)."""
+    other = trace.with_name("other.py")
+    other.write_text("# old\n")
+    link = trace.with_name("link.py")
+    link.symlink_to(other.name)
+    done = kvfuzz("export", "trace.json", "-o", "link.py", cwd=trace.parent)
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and "def test_" in other.read_text()
