@@ -1,7 +1,8 @@
 """The ``kvfuzz`` command line: each subcommand's module registers its parser and handler; ``main`` dispatches.
 
 Bad usage is one line on standard error, ``kvfuzz: ...``, and exit status 2, before any work: argparse's own errors
-(an unknown option, a value of the wrong type or out of range) as well as the checks each command makes.
+(an unknown option, a value of the wrong type or out of range) as well as the checks each command makes. With
+``--json``, standard output carries the command's JSON and nothing else (:mod:`kvfuzz.commands.json_stdout`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 from typing import Callable, NoReturn, Optional, Sequence
 
 from kvfuzz.commands import account, campaign, export, replay, replay_workload, run, serving, show, zoo
+from kvfuzz.commands.json_stdout import stdout_for_json_only
 from kvfuzz.commands.output_files import check_outputs
 
 # In the order ``kvfuzz --help`` lists them.
@@ -67,6 +69,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
     handler: Callable[[argparse.Namespace], int] = args.handler
+    if getattr(args, "json", False):  # standard output carries the command's JSON alone, whatever the allocator prints
+        with stdout_for_json_only():
+            return handler(args)
     return handler(args)
 
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -159,3 +160,62 @@ def test_outputs_that_are_not_inputs_are_still_written(trace: Path) -> None:
     done = kvfuzz("export", "trace.json", "-o", "link.py", cwd=trace.parent)
     assert done.returncode == 0, done.stderr
     assert link.is_symlink() and "def test_" in other.read_text()
+
+
+# -- item 3: --json output is JSON alone ---------------------------------------------------------------------------
+
+NOISY = """
+import ctypes
+import json
+import os
+
+from kvfuzz.allocator.paged import PagedAllocator
+
+print("noise: print at import")
+os.write(1, b"noise: descriptor 1 at import\\n")
+
+
+class Noisy(PagedAllocator):
+    def admit(self, seq, namespace, tokens):
+        print("noise: print in admit")
+        os.write(1, b"noise: descriptor 1 in admit\\n")
+        return super().admit(seq, namespace, tokens)
+
+
+def factory(spec):
+    print("noise: print when built")
+    ctypes.CDLL(None).printf(b"noise: C printf when built\\n")
+    return Noisy(spec.block_size, spec.num_blocks, spec.num_host_blocks)
+"""
+
+JSON_COMMANDS = {
+    "run": ["run", "--allocator", "noisy:factory", "--examples", "4", "--steps", "10", "--json"],
+    "replay-workload": ["replay-workload", "constructed:uniform", "--allocator", "noisy:factory", "--json"],
+    "serve": ["serve", "poisson:0.5:1", "--requests", "5", "--allocator", "noisy:factory", "--json"],
+    "campaign workers": [
+        "campaign", "--allocator", "noisy:factory", "--workers", "1", "--max-examples", "3", "--corpus", "found",
+        "--json",
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", sorted(JSON_COMMANDS))
+def test_json_output_stays_json_whatever_the_allocator_prints(command: str, tmp_path: Path) -> None:
+    """Before: the allocator's lines came first on standard output and ``json.loads`` failed on them (a campaign's
+    workers printed there too)."""
+    (tmp_path / "noisy.py").write_text(NOISY)
+    done = kvfuzz(*JSON_COMMANDS[command], cwd=tmp_path)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert "noise" not in done.stdout
+    json.loads(done.stdout)  # one JSON document, nothing else
+    for noise in ("print at import", "descriptor 1 at import", "print when built", "C printf when built"):
+        assert f"noise: {noise}" in done.stderr, noise
+    assert "noise: print in admit" in done.stderr and "noise: descriptor 1 in admit" in done.stderr
+
+
+def test_without_json_the_allocator_prints_where_it_always_did(tmp_path: Path) -> None:
+    """The redirection is for --json alone: a run without it leaves the allocator's standard output alone."""
+    (tmp_path / "noisy.py").write_text(NOISY)
+    done = kvfuzz("run", "--allocator", "noisy:factory", "--examples", "2", "--steps", "5", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "noise: print in admit" in done.stdout and "noise: C printf when built" in done.stdout

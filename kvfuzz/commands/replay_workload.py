@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
 from kvfuzz.commands.account import parse_lengths
+from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import at_least
 from kvfuzz.commands.output_files import OutputNotWritten, written_atomically
 from kvfuzz.engine.config import MachineConfig
@@ -104,9 +104,7 @@ def run_command(args: argparse.Namespace) -> int:
     with single_threaded_torch():
         reports = [scheduler.run() for scheduler in schedulers]
     if args.json:
-        print(
-            json.dumps([report.to_json() for report in reports] if args.block_sizes else reports[0].to_json(), indent=2)
-        )
+        emit_json([report.to_json() for report in reports] if args.block_sizes else reports[0].to_json())
     else:
         for report in reports:
             print("\n".join(report.describe()) + "\n")

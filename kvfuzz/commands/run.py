@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import faulthandler
 import io
-import json
 import os
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Optional
 import attrs
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import machine_arguments, machine_config
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES, make_kernel
@@ -118,7 +118,7 @@ def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig
             "trace_error": error,
             "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
         }
-        print(json.dumps({**summary.to_json(), **fields}, indent=2))
+        emit_json({**summary.to_json(), **fields})
     elif saved is not None:
         print(f"\n{saved.report()}")
     if summary.interrupted:
