@@ -219,3 +219,133 @@ def test_without_json_the_allocator_prints_where_it_always_did(tmp_path: Path) -
     done = kvfuzz("run", "--allocator", "noisy:factory", "--examples", "2", "--steps", "5", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "noise: print in admit" in done.stdout and "noise: C printf when built" in done.stdout
+
+
+# -- item 6: every exit status means one thing ---------------------------------------------------------------------
+
+EXITING = """
+import sys
+
+import pytest
+
+
+def exits(spec):
+    sys.exit(0)
+
+
+def exits_with_3(spec):
+    sys.exit(3)
+
+
+def generator_exit(spec):
+    raise GeneratorExit
+
+
+def skips(spec):
+    pytest.skip("the factory called pytest.skip")
+"""
+
+FACTORY_ESCAPES = {"exits": "SystemExit", "exits_with_3": "SystemExit: 3", "generator_exit": "GeneratorExit",
+                   "skips": "Skipped"}  # fmt: skip
+
+
+@pytest.fixture
+def exiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``exiting:NAME`` importable: factories that exit or raise a BaseException when called, and
+    ``exits_at_import:factory``, whose module exits when imported."""
+    (tmp_path / "exiting.py").write_text(EXITING)
+    (tmp_path / "exits_at_import.py").write_text("import sys\n\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in ("exiting", "exits_at_import"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", sorted(FACTORY_ESCAPES))
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run"],
+        ["campaign", "--max-examples", "1"],
+        ["replay-workload", "constructed:uniform"],
+        ["serve", "poisson:0.5:1", "--requests", "2"],
+    ],
+    ids=["run", "campaign", "replay-workload", "serve"],
+)
+def test_a_factory_that_exits_while_it_is_built_is_a_usage_error(name, command, exiting: Path, capsys) -> None:
+    """Before: sys.exit(0) in the factory ended ``kvfuzz run`` with exit status 0, having run nothing; GeneratorExit
+    and pytest.skip were tracebacks."""
+    corpus = ["--corpus", str(exiting / "corpus")] if command[0] in ("run", "campaign") else []
+    refused(capsys, [*command, *corpus, "--allocator", f"exiting:{name}"], f"exiting:{name}", FACTORY_ESCAPES[name])
+    assert not (exiting / "corpus").exists()
+
+
+@pytest.mark.parametrize("command", [["run"], ["campaign", "--max-examples", "1"]], ids=["run", "kvfuzz campaign"])
+def test_a_module_that_exits_when_imported_is_a_usage_error(command, exiting: Path, capsys) -> None:
+    refused(
+        capsys,
+        [*command, "--corpus", str(exiting / "corpus"), "--allocator", "exits_at_import:factory"],
+        "exits_at_import",
+        "SystemExit",
+    )
+
+
+def _trace_of(allocator: str, directory: Path) -> Path:
+    """The NoCopyOnWrite trace, recorded against ``allocator`` instead."""
+    data = json.loads(NO_COPY_ON_WRITE.read_text())
+    path = directory / f"{allocator.replace(':', '-')}.json"
+    path.write_text(json.dumps({**data, "allocator": allocator}))
+    return path
+
+
+def test_replay_replays_every_file_whatever_happens_to_one(exiting: Path, capsys) -> None:
+    """Before: the first factory that exited ended the whole replay with exit status 0, the files after it never
+    replayed and no summary printed."""
+    good = _trace_of("zoo:NoCopyOnWrite", exiting)
+    files = [good, *(_trace_of(f"exiting:{name}", exiting) for name in sorted(FACTORY_ESCAPES))]
+    files += [_trace_of("exits_at_import:factory", exiting), good]
+    status = main(["replay", *map(str, files)])
+    out, err = capsys.readouterr()
+    assert status == 2, out + err
+    assert out.count("REPRODUCED at call 4") == 2, out
+    errors = err.splitlines()
+    assert len(errors) == 5 and all(line.startswith("kvfuzz: ") for line in errors), err
+    for line, name in zip(errors, [*sorted(FACTORY_ESCAPES), "exits_at_import"]):
+        assert name in line and "Traceback" not in line, line
+    assert (
+        "7 traces: 2 reproduced, 0 failed differently, 0 no longer reproduce, 0 skipped, 5 could not be replayed; "
+        "exit status 2" in out
+    )
+
+
+def test_show_reports_a_factory_that_exits_in_one_line(exiting: Path, capsys) -> None:
+    """Before: sys.exit(0) in the factory ended ``kvfuzz show`` with exit status 0 and no page."""
+    page = exiting / "page.html"
+    argv = ["show", str(NO_COPY_ON_WRITE), "--allocator", "exiting:exits", "--html", str(page)]
+    refused(capsys, argv, "replay could not start", "SystemExit")
+    assert not page.exists()
+
+
+def test_the_plugin_reports_a_factory_that_exits_in_one_line(exiting: Path) -> None:
+    """Before: the factory's SystemExit failed the item with a traceback (pytest.skip skipped it)."""
+    for name in ("exits", "skips"):
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(exiting),
+             f"--kvfuzz-allocator=exiting:{name}", f"--kvfuzz-corpus={exiting / 'corpus'}", str(exiting)],
+            cwd=exiting, capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(exiting), str(ROOT)])},
+        )  # fmt: skip
+        output = done.stdout + done.stderr
+        assert done.returncode == pytest.ExitCode.TESTS_FAILED, output
+        assert f"--allocator 'exiting:{name}': the factory raised {FACTORY_ESCAPES[name]}" in output, output
+        assert "Traceback" not in output and "1 failed" in output
+
+
+def test_generator_exit_from_an_operation_is_a_crash_finding_with_its_trace(tmp_path: Path, capsys) -> None:
+    """Before: GeneratorExit passed through kvfuzz as if it were its own, and ended the run with a traceback."""
+    status = main(["run", "--allocator", "tests.hostile:generator_exit_on_fork", "--corpus", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert status == 1, out + err
+    assert "crash (GeneratorExit)" in out and "state.fork(" in out
+    (trace,) = tmp_path.glob("*.json")
+    assert json.loads(trace.read_text())["program"]

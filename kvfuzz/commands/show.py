@@ -64,7 +64,9 @@ def run_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         timeline = record(trace, args.trace, args.allocator)
-    except Exception as error:  # noqa: BLE001 -- building the allocator or its engine failed: one line, as replay says
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # building the allocator or its engine failed or exited: one line, as replay says
         one_line = " ".join(f"{type(error).__name__}: {error}".split())
         return _usage_error(f"{args.trace}: replay could not start: {one_line}")
     try:
