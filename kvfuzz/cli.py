@@ -1,23 +1,29 @@
 """The ``kvfuzz`` command line: each subcommand's module registers its parser and handler; ``main`` dispatches.
 
 Bad usage is one line on standard error, ``kvfuzz: ...``, and exit status 2, before any work: argparse's own errors
-(an unknown option, a value of the wrong type or out of range) as well as the checks each command makes.
+(an unknown option, a value of the wrong type or out of range) as well as the checks each command makes. With
+``--json``, standard output carries the command's JSON and nothing else (:mod:`kvfuzz.commands.json_stdout`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Callable, NoReturn, Optional, Sequence
 
 from kvfuzz.commands import account, campaign, export, replay, replay_workload, run, serving, show, zoo
+from kvfuzz.commands.json_stdout import stdout_for_json_only
+from kvfuzz.commands.output_files import check_outputs
 
 # In the order ``kvfuzz --help`` lists them.
 COMMANDS = (run, campaign, replay, show, export, zoo, account, replay_workload, serving)
 
-# Arguments (by dest) that name a file a command writes, and how the user spelled them: the directory must exist.
-OUTPUT_FILES = {"output": "-o", "plot": "--plot"}
+# Arguments (by dest) that name a file a command writes, and how the user spelled them: the directory must exist,
+# and none may be a file the command reads (INPUT_FILES) or the file of another output.
+OUTPUT_FILES = {"output": "-o", "plot": "--plot", "html": "--html", "png": "--png"}
+
+# Arguments (by dest) that name a file a command reads (a trace, a workload), and how --help names them.
+INPUT_FILES = {"trace": "TRACE"}
 
 
 class UsageError(Exception):
@@ -40,16 +46,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def check_output_files(args: argparse.Namespace) -> None:
-    """Every file the command will write goes into a directory that exists: checked before it runs, not after."""
-    for dest, flag in OUTPUT_FILES.items():
-        value = getattr(args, dest, None)
-        if not value:
-            continue
-        path = Path(value)
-        if path.is_dir():
-            raise UsageError(f"{flag} {value}: is a directory; name the file to write")
-        if not path.resolve().parent.is_dir():
-            raise UsageError(f"{flag} {value}: directory {path.parent} does not exist")
+    """Every file the command will write goes into a directory that exists and is none of the files it reads:
+    checked before it runs, not after (:func:`~kvfuzz.commands.output_files.check_outputs`)."""
+    try:
+        check_outputs(
+            {flag: getattr(args, dest, None) for dest, flag in OUTPUT_FILES.items()},
+            {name: getattr(args, dest, None) for dest, name in INPUT_FILES.items()},
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -64,6 +69,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
     handler: Callable[[argparse.Namespace], int] = args.handler
+    if getattr(args, "json", False):  # standard output carries the command's JSON alone, whatever the allocator prints
+        with stdout_for_json_only():
+            return handler(args)
     return handler(args)
 
 

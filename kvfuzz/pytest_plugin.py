@@ -3,8 +3,9 @@
 * Trace files (``kvfuzz-trace/1`` JSON, e.g. under ``corpus/``) are collected as tests. Each replays its program,
   without Hypothesis, against its recorded allocator (or ``--kvfuzz-replay-allocator``): it fails while the recorded
   failure reproduces, and passes once the bug is fixed. A trace marked ``known_bug`` is the reverse: it passes
-  while the bug still reproduces and fails once it stops, so the mark gets removed. A trace whose allocator cannot
-  be imported (or that ran on a CUDA device this machine lacks) is skipped, with the reason.
+  while the bug still reproduces and fails once it stops, so the mark gets removed. A trace whose allocator is not
+  installed here (or that ran on a CUDA device this machine lacks) is skipped, with the reason; one whose allocator
+  raises or exits (``sys.exit``, ``pytest.skip``) while it is imported or built fails, in one line.
 
   Which files are collected: a ``.json`` file whose bytes hold ``kvfuzz-trace`` anywhere, in UTF-8, UTF-16 or
   UTF-32 (so formatting and key order never matter), and a ``.json`` file whose bytes are no text at all in a
@@ -17,6 +18,8 @@
   a trace in ``--kvfuzz-corpus`` (default ``corpus``) and, with ``--kvfuzz-database DIR``, in a Hypothesis example
   database that the next run tries first. ``--kvfuzz-isolate`` runs the allocator in a child process
   (:mod:`kvfuzz.isolation`): a segfault in it fails the item with its program and trace instead of ending pytest.
+  A factory that raises or exits while it is loaded or built fails the
+  item with one line naming the allocator and what it raised, before any run.
 * Under ``--kvfuzz-profile nightly`` the item runs a campaign instead (:mod:`kvfuzz.campaign`): swarmed
   configurations on ``--kvfuzz-workers`` processes (default: the cores) for ``--kvfuzz-duration`` seconds (default
   600), every distinct failure shrunk and saved; ``--kvfuzz-database`` may then be a ``redis://HOST:PORT/N`` shared
@@ -47,7 +50,7 @@ from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
 from kvfuzz.registry import AllocatorNotFound, AllocatorUnusable, load_factory, probe_allocator
 from kvfuzz.runner import run
 from kvfuzz.saved import journals
-from kvfuzz.saved.corpus import replay_trace, save_trace, trace_of
+from kvfuzz.saved.corpus import allocator_missing, replay_trace, save_trace, trace_of
 from kvfuzz.saved.trace import TraceError, TraceUnavailable, is_trace_file, json_file_kind, load
 from kvfuzz.statemachines.machine import machine_for
 
@@ -194,9 +197,16 @@ class TraceItem(_KvfuzzItem):
                 call_timeout=self.config.getoption("kvfuzz_call_timeout") or None,
             )
         except AllocatorNotFound as error:
+            if not allocator_missing(error):  # it is here, and its import raised or exited
+                raise KvfuzzFailure(str(error)) from error
             pytest.skip(f"cannot load the trace's allocator: {error}")
         except NotApplicable as error:
             raise KvfuzzFailure(f"the trace's program does not fit this allocator: {error}") from error
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # building the allocator failed or exited (a pytest.skip is no skip here)
+            raised = " ".join(f"{type(error).__name__}: {error}".split())
+            raise KvfuzzFailure(f"replay could not start: {raised}") from error
         if trace.known_bug:
             if not replayed.reproduced:
                 raise KvfuzzFailure(

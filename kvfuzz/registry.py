@@ -43,12 +43,15 @@ def registered_allocators() -> dict[str, importlib.metadata.EntryPoint]:
 def load_factory(spec: str) -> AllocatorFactory:
     """A name registered in the ``kvfuzz.allocators`` entry-point group -> its factory; ``package.module:factory``
     (importable from the environment or the current directory) -> the factory; ``zoo:Name`` -> a broken
-    allocator from the zoo."""
+    allocator from the zoo. Anything that fails (a module whose import raises or exits included; only a
+    ``KeyboardInterrupt`` passes through) is :class:`AllocatorNotFound`, one line naming ``spec``."""
     registered = registered_allocators()
     if spec in registered:
         try:
             return registered[spec].load()
-        except Exception as error:  # noqa: BLE001 -- any import failure of a plugin is reported the same way
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # any import failure of a plugin (a sys.exit included) is reported the same way
             raise AllocatorNotFound(
                 f"--allocator {spec!r}: the registered entry point failed to load: {error}"
             ) from error
@@ -72,7 +75,9 @@ def load_factory(spec: str) -> AllocatorFactory:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise AllocatorNotFound(f"--allocator {spec!r}: cannot import {module_name!r}: {error}") from error
-    except Exception as error:  # noqa: BLE001 -- a module that fails while importing is reported, not a traceback
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # a module that fails or exits while importing is reported, not a traceback
         raise AllocatorNotFound(
             f"--allocator {spec!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
         ) from error
@@ -94,8 +99,9 @@ def probe_allocator(spec: str, factory: AllocatorFactory, pool: PoolSpec) -> All
     (``block_size`` and ``num_blocks`` as given; ``num_host_blocks`` as given or 0).
 
     Returns the allocator, never driven. Raises :class:`AllocatorNotFound` when the factory needs a package that is
-    not installed (it raised ImportError), :class:`AllocatorUnusable` otherwise; either message is one line that
-    names ``spec``."""
+    not installed (it raised ImportError), :class:`AllocatorUnusable` otherwise (whatever it raised, ``SystemExit``
+    and other ``BaseException``s included; only a ``KeyboardInterrupt`` passes through); either message is one line
+    that names ``spec``."""
     where = f"--allocator {spec!r}"
     try:
         signature = inspect.signature(factory)
@@ -113,7 +119,9 @@ def probe_allocator(spec: str, factory: AllocatorFactory, pool: PoolSpec) -> All
     except ImportError as error:
         text = " ".join(str(error).split()) or type(error).__name__
         raise AllocatorNotFound(f"{where}: the factory needs a package that is not installed: {text}") from error
-    except Exception as error:  # noqa: BLE001 -- whatever the factory raised is reported in one line
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # whatever the factory raised (a sys.exit, a pytest.skip) is reported in one line
         raise AllocatorUnusable(f"{where}: the factory raised {_one_line(error)} when called with {pool}") from error
     if allocator is None:
         raise AllocatorUnusable(f"{where}: the factory returned None, not an allocator")

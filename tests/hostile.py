@@ -170,3 +170,12 @@ def returns_admit_result_of_strings(spec: PoolSpec) -> PagedAllocator:
             return AdmitResult([str(block) for block in result.block_table], result.num_cached_tokens)  # type: ignore[misc]
 
     return _build(_Strings, spec)
+
+
+class _GeneratorExitOnFork(PagedAllocator):
+    def fork(self, parent: str, child: str) -> None:
+        raise GeneratorExit  # no generator is being closed: the allocator's own BaseException
+
+
+def generator_exit_on_fork(spec: PoolSpec) -> PagedAllocator:
+    return _build(_GeneratorExitOnFork, spec)

@@ -43,6 +43,7 @@ def test_block_ids_of_the_wrong_type_get_a_contract_message() -> None:
         (hostile.exits_on_fork, "SystemExit"),
         (hostile.skips_on_preempt, "Skipped"),
         (hostile.interrupts_on_rollback, "KeyboardInterrupt"),
+        (hostile.generator_exit_on_fork, "GeneratorExit"),
     ],
 )
 def test_a_base_exception_from_the_allocator_is_its_crash(factory, escaped: str) -> None:

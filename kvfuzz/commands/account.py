@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
 from kvfuzz.accounting.arithmetic import KVShape, Layout, account
+from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import at_least
 
 BYTES_PER_SCALAR = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
@@ -130,16 +130,13 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "lengths": len(lengths),
-                    "valid_positions": sum(lengths),
-                    "kv_bytes_per_position": shape.kv_bytes(1),
-                    "layouts": [layout.to_json() for layout in layouts],
-                },
-                indent=2,
-            )
+        emit_json(
+            {
+                "lengths": len(lengths),
+                "valid_positions": sum(lengths),
+                "kv_bytes_per_position": shape.kv_bytes(1),
+                "layouts": [layout.to_json() for layout in layouts],
+            }
         )
         return 0
     print(f"kvfuzz account: {len(lengths)} sequences, {sum(lengths):,} valid positions (longest {max(lengths):,})")

@@ -17,6 +17,7 @@ from kvfuzz.campaign.report import CampaignResult, table
 from kvfuzz.campaign.store import check_redis_url, is_redis
 from kvfuzz.campaign.supervisor import DEFAULT_DURATION, Campaign, CampaignOptions
 from kvfuzz.campaign.swarm import MAX_BLOCKS, MAX_PROGRAM_LENGTH, Limits, probe_limits
+from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import at_least, at_least_seconds
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.program.operations import OPERATIONS
@@ -185,7 +186,7 @@ def campaign_command(args: argparse.Namespace) -> int:
         result = campaign.run()
         status_line.close()
         if args.json:
-            print(json.dumps(result.to_json(), indent=2))
+            emit_json(result.to_json())
         else:
             _print_result(result)
     if campaign.signal is not None:

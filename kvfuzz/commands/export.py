@@ -1,5 +1,5 @@
-"""``kvfuzz export``: a saved trace as a standalone pytest file. A file that is not a valid trace is refused with one
-line and exit status 2, and nothing is written."""
+"""``kvfuzz export``: a saved trace as a standalone pytest file. A file that is not a valid trace, and an ``-o`` that
+is the trace itself or cannot be written, are refused with one line and exit status 2, and nothing is written."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvfuzz.commands.output_files import OutputNotWritten, write_text
 from kvfuzz.saved.corpus import export_test
 from kvfuzz.saved.trace import TraceError
 from kvfuzz.saved.trace import load as load_trace
@@ -28,7 +29,11 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     text = export_test(trace, args.trace, args.allocator)
     if args.output:
-        Path(args.output).write_text(text)
+        try:
+            write_text(Path(args.output), text)
+        except OutputNotWritten as error:
+            print(f"kvfuzz: {error}", file=sys.stderr)
+            return 2
         print(f"wrote {args.output}; run it with: pytest {args.output}")
     else:
         print(text, end="")

@@ -1,10 +1,12 @@
 """``kvfuzz replay``: re-execute saved traces, call by call, without Hypothesis.
 
-Each file is reported on its own and the next one is replayed whatever happened to it. The exit status is the worst
-of the files': 2 for a file that is not a valid trace (or whose program does not fit the allocator), 1 for a
-recorded failure that reproduces (or fails differently), 0 otherwise. A trace whose recorded allocator cannot be
-loaded here (an engine library that is not installed) or that needs a CUDA device this machine lacks is skipped: it
-does not raise the status. An ``--allocator`` that cannot be loaded is a usage error (2), before any replay.
+Each file is reported on its own and the next one is replayed whatever happened to it (its allocator raising or
+exiting while it is imported or built included); several files end with a line counting each outcome and giving
+the exit status. The exit status is the worst of the files': 2 for a file that is not a valid trace (or whose
+program does not fit the allocator, or whose allocator fails or exits while it is imported or built), 1 for a
+recorded failure that reproduces (or fails differently), 0 otherwise. A trace whose recorded allocator is not here
+(an engine library that is not installed) or that needs a CUDA device this machine lacks is skipped: it does not
+raise the status. An ``--allocator`` that cannot be loaded is a usage error (2), before any replay.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from kvfuzz.commands.options import at_least_seconds
 from kvfuzz.program.replay import NotApplicable
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
 from kvfuzz.registry import AllocatorNotFound, load_factory
-from kvfuzz.saved.corpus import replay_trace
+from kvfuzz.saved.corpus import allocator_missing, replay_trace
 from kvfuzz.saved.hint import show_hint
 from kvfuzz.saved.trace import TraceError, TraceUnavailable
 from kvfuzz.saved.trace import load as load_trace
@@ -59,10 +61,11 @@ def run_command(args: argparse.Namespace) -> int:
     outcomes: Counter[str] = Counter()
     for path in args.traces:
         outcomes[_replay_file(path, args.allocator, args.call_timeout or None)] += 1
+    status = max(OUTCOMES[outcome] for outcome in outcomes)
     if len(args.traces) > 1:
         counts = ", ".join(f"{outcomes[outcome]} {outcome}" for outcome in OUTCOMES)
-        print(f"{len(args.traces)} traces: {counts}")
-    return max(OUTCOMES[outcome] for outcome in outcomes)
+        print(f"{len(args.traces)} traces: {counts}; exit status {status}")
+    return status
 
 
 def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[float]) -> str:
@@ -75,9 +78,13 @@ def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[flo
     except TraceError as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return "could not be replayed"
+    spec = allocator or trace.allocator
     try:
-        load_factory(allocator or trace.allocator)
+        load_factory(spec)
     except AllocatorNotFound as error:
+        if not allocator_missing(error):  # it is here, and its import raised or exited
+            print(f"kvfuzz: {path}: {error}", file=sys.stderr)
+            return "could not be replayed"
         print(f"{path}: skipped: cannot load its allocator here: {error}\n")
         return "skipped"
     print(
@@ -94,11 +101,11 @@ def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[flo
     except NotApplicable as error:
         print(f"kvfuzz: {path}: {error}", file=sys.stderr)
         return "could not be replayed"
-    except Exception as error:  # noqa: BLE001 -- building the allocator or its kernel failed: report, go on
-        print(
-            f"kvfuzz: {path}: replay could not start: {type(error).__name__}: {error}".replace("\n", " "),
-            file=sys.stderr,
-        )
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # building the allocator or its kernel failed (a sys.exit too): report, go on
+        raised = " ".join(f"{type(error).__name__}: {error}".split())
+        print(f"kvfuzz: {path}: replay could not start against {spec!r}: {raised}", file=sys.stderr)
         return "could not be replayed"
     failed_at = replayed.outcome.failed_at
     if not replayed.failed:

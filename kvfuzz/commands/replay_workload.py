@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
 from kvfuzz.commands.account import parse_lengths
+from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import at_least
+from kvfuzz.commands.output_files import OutputNotWritten, written_atomically
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
 from kvfuzz.threads import single_threaded_torch
@@ -103,9 +104,7 @@ def run_command(args: argparse.Namespace) -> int:
     with single_threaded_torch():
         reports = [scheduler.run() for scheduler in schedulers]
     if args.json:
-        print(
-            json.dumps([report.to_json() for report in reports] if args.block_sizes else reports[0].to_json(), indent=2)
-        )
+        emit_json([report.to_json() for report in reports] if args.block_sizes else reports[0].to_json())
     else:
         for report in reports:
             print("\n".join(report.describe()) + "\n")
@@ -115,8 +114,9 @@ def run_command(args: argparse.Namespace) -> int:
         from kvfuzz.workload.plot import PlotUnavailable, plot_occupancy
 
         try:  # the directory and matplotlib were checked up front; this is a write that failed all the same
-            plot_occupancy(reports, Path(args.plot))
-        except (PlotUnavailable, OSError) as error:
+            with written_atomically(Path(args.plot)) as picture:
+                plot_occupancy(reports, picture)
+        except (PlotUnavailable, OutputNotWritten) as error:
             print(f"kvfuzz: the occupancy plot was not written: {error}", file=sys.stderr)
             return 2
         if not args.json:

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import faulthandler
 import io
-import json
 import os
 import shlex
 import sys
@@ -16,6 +15,7 @@ from typing import Optional
 import attrs
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import machine_arguments, machine_config
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.isolation import Died, RunRequest, Stopped, run_isolated
@@ -127,7 +127,7 @@ def _report(summary: RunSummary, trace: Optional[Trace], args: argparse.Namespac
             "trace_error": error,
             "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
         }
-        print(json.dumps({**summary.to_json(), **fields}, indent=2))
+        emit_json({**summary.to_json(), **fields})
     elif saved is not None:
         print(f"\n{saved.report()}")
     if summary.interrupted:
@@ -180,7 +180,7 @@ def _report_death(died: Died, args: argparse.Namespace, factory: AllocatorFactor
             "trace": str(died.path) if died.path is not None else None,
             "trace_error": None if died.path is not None else died.message,
         }
-        print(json.dumps(fields, indent=2))
+        emit_json(fields)
     elif died.killed:
         print(f"FAILED: {died.describe(machine)}")
     else:
@@ -210,7 +210,7 @@ def _run_isolated(
     with deferred_interrupts() as pressed:
         if isinstance(outcome, Stopped):
             if args.json:
-                print(json.dumps({"allocator": args.allocator, "failed": False, "interrupted": True}, indent=2))
+                emit_json({"allocator": args.allocator, "failed": False, "interrupted": True})
             else:
                 print("interrupted before the isolated run had a result; no failure found")
             return 130

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from typing import Callable
 
 from kvfuzz.commands.account import parse_lengths
+from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import at_least
+from kvfuzz.commands.output_files import OutputNotWritten, written_atomically
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
@@ -143,7 +144,10 @@ def run_serve(args: argparse.Namespace) -> int:
         return _refuse(error)
     with single_threaded_torch():
         report = scheduler.serve()
-    print(json.dumps(report.to_json(), indent=2) if args.json else "\n".join(report.describe()))
+    if args.json:
+        emit_json(report.to_json())
+    else:
+        print("\n".join(report.describe()))
     return 1 if report.failed else 0
 
 
@@ -183,7 +187,7 @@ def run_capacity(args: argparse.Namespace) -> int:
     with single_threaded_torch():
         results = [find_capacity(layout, rates, args.seed, shape, settings, target) for layout in layouts]
     if args.json:
-        print(json.dumps([_capacity_json(result) for result in results], indent=2))
+        emit_json([_capacity_json(result) for result in results])
     else:
         print(settings.cost.describe())
         print(f"scheduling: {settings.policy.value}, token budget {settings.token_budget} per step")
@@ -192,8 +196,9 @@ def run_capacity(args: argparse.Namespace) -> int:
         from kvfuzz.workload.plot import PlotUnavailable, plot_capacity
 
         try:
-            plot_capacity(results, target, Path(args.plot))
-        except (PlotUnavailable, OSError) as error:
+            with written_atomically(Path(args.plot)) as picture:
+                plot_capacity(results, target, picture)
+        except (PlotUnavailable, OutputNotWritten) as error:
             print(f"kvfuzz: the capacity plot was not written: {error}", file=sys.stderr)
             return 2
         if not args.json:
@@ -229,7 +234,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     with single_threaded_torch():
         served = ablate(workload, rows)
     if args.json:
-        print(json.dumps([{"factor": v.factor, "setting": v.setting, **r.to_json()} for v, r in served], indent=2))
+        emit_json([{"factor": v.factor, "setting": v.setting, **r.to_json()} for v, r in served])
     else:
         print(f"workload {workload.name}: {workload.source.describe()}")
         print(rows[0].settings.cost.describe())

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from kvfuzz.commands.output_files import OutputNotWritten, check_outputs, write_text, written_atomically
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.saved.hint import default_page
 from kvfuzz.saved.trace import TraceError
@@ -43,9 +44,10 @@ def run_command(args: argparse.Namespace) -> int:
     except TraceError as error:
         return _usage_error(str(error))
     page = Path(args.html) if args.html else default_page(Path(args.trace))
-    for flag, value in (("--html", page), ("--png", args.png)):
-        if value is not None and not Path(value).resolve().parent.is_dir():
-            return _usage_error(f"{flag} {value}: directory {Path(value).parent} does not exist")
+    try:  # the default page too: a trace named NAME.html in the current directory is its own default page
+        check_outputs({"--html": str(page), "--png": args.png}, {"TRACE": args.trace})
+    except ValueError as error:
+        return _usage_error(str(error))
     if args.png is not None:
         try:
             import matplotlib  # noqa: F401 -- only whether the plot extra is installed
@@ -62,17 +64,20 @@ def run_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         timeline = record(trace, args.trace, args.allocator)
-    except Exception as error:  # noqa: BLE001 -- building the allocator or its engine failed: one line, as replay says
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # building the allocator or its engine failed or exited: one line, as replay says
         one_line = " ".join(f"{type(error).__name__}: {error}".split())
         return _usage_error(f"{args.trace}: replay could not start: {one_line}")
     try:
-        page.write_text(render_html(timeline), encoding="utf-8")
+        write_text(page, render_html(timeline))
         if args.png is not None:
             from kvfuzz.timeline.png import render_png
 
-            render_png(timeline, Path(args.png))
-    except OSError as error:
-        return _usage_error(f"cannot write {error.filename}: {error.strerror}")
+            with written_atomically(Path(args.png)) as picture:
+                render_png(timeline, picture)
+    except OutputNotWritten as error:
+        return _usage_error(str(error))
     for note in timeline.notes:
         print(f"note: {note}")
     outcome = timeline.outcome

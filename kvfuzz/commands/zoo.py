@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import machine_arguments, machine_config
 from kvfuzz.registry import AllocatorNotFound, probe_allocator
 
@@ -54,7 +54,7 @@ def run_command(args: argparse.Namespace) -> int:
         on_result=None if args.json else lambda result: print(markdown_row(result.row()), flush=True),
     )
     if args.json:
-        print(json.dumps([result.to_json() for result in results], indent=2))
+        emit_json([result.to_json() for result in results])
     else:
         caught = sum(result.caught_as_expected for result in results)
         print(

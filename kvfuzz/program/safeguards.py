@@ -95,12 +95,11 @@ def deferred_interrupts() -> Iterator[list[int]]:
 
 def escaped(error: BaseException) -> BaseException:
     """What an exception leaving an allocator operation means: the user's interrupt and a hang pass through; any
-    other non-``Exception`` (a ``KeyboardInterrupt`` only while SIGINT is ours) becomes :class:`AllocatorEscape`."""
+    other non-``Exception`` (``SystemExit``, ``GeneratorExit``, a test runner's outcome; a ``KeyboardInterrupt`` only
+    while SIGINT is ours) becomes :class:`AllocatorEscape`."""
     if isinstance(error, (Exception, UserInterrupt, AllocatorHang)):
         return error
     if isinstance(error, KeyboardInterrupt) and not _interrupts_active:
-        return error
-    if isinstance(error, GeneratorExit):
         return error
     return AllocatorEscape(error)
 

@@ -152,6 +152,14 @@ class TraceReplay:
         return described
 
 
+def allocator_missing(error: AllocatorNotFound) -> bool:
+    """Whether ``error`` says the trace's allocator is not here (its module, a package it needs, the name it is
+    registered or listed under), rather than that it is here and failed while it was loaded (a module that raised
+    or exited while importing): a trace of a missing allocator is skipped, one of a failing allocator is an error."""
+    cause = error.__cause__
+    return cause is None or isinstance(cause, (ImportError, LookupError))
+
+
 def replay_trace(
     trace: Trace,
     allocator: Optional[str] = None,

@@ -1,0 +1,75 @@
+"""The files a command writes: never one of the files it reads, and each written whole or not at all.
+
+A trace may be the only record of a failure, so an output that names an input (the same path, a symbolic link to
+it, a hard link) is refused before any work, as is one file named for two outputs. An output is written to a
+temporary file beside it and renamed over its name: the name holds the old file or the whole new one, never part of
+it, and a write that fails leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+from typing import Iterator, Mapping, Optional
+
+
+class OutputNotWritten(Exception):
+    """An output could not be written: the message names the path and says why, in one line."""
+
+
+def same_file(first: Path, second: Path) -> bool:
+    """Whether two names are one file: the same path, or links (symbolic or hard) to one file."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:  # one of them does not exist yet: one file only if both names resolve to one path
+        return os.path.realpath(first) == os.path.realpath(second)
+
+
+def check_outputs(outputs: Mapping[str, Optional[str]], inputs: Mapping[str, Optional[str]]) -> None:
+    """``outputs`` (flag -> path, None when not asked for) can be written without touching ``inputs`` (argument
+    -> path, None when not a file): each goes into a directory that exists, is no directory itself, is none of the
+    inputs and not the file of another output. Raises ``ValueError``, one line naming the flag and the path."""
+    checked: dict[str, Path] = {}
+    for flag, value in outputs.items():
+        if not value:
+            continue
+        path = Path(value)
+        if path.is_dir():
+            raise ValueError(f"{flag} {value}: is a directory; name the file to write")
+        if not path.resolve().parent.is_dir():
+            raise ValueError(f"{flag} {value}: directory {path.parent} does not exist")
+        for name, source in inputs.items():
+            if source is not None and Path(source).exists() and same_file(path, Path(source)):
+                raise ValueError(
+                    f"{flag} {value}: is the input {name} {source}, which writing it would destroy; name another file"
+                )
+        for other_flag, other in checked.items():
+            if same_file(path, other):
+                raise ValueError(f"{flag} {value}: is the same file as {other_flag} {other}; name another file")
+        checked[flag] = path
+
+
+@contextlib.contextmanager
+def written_atomically(path: Path) -> Iterator[Path]:
+    """A temporary path for the caller to write ``path``'s content to (hidden, in the same directory, with the same
+    suffix, so that a writer choosing its format by the suffix still does); once the block ends it is renamed over
+    ``path`` (over a symbolic link's target, the link kept). A block that raises leaves ``path`` as it was and no
+    temporary file; an ``OSError`` becomes :class:`OutputNotWritten` naming ``path``."""
+    target = Path(os.path.realpath(path))
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{target.suffix}")
+    try:
+        yield temporary
+        os.replace(temporary, target)
+    except OSError as error:
+        raise OutputNotWritten(f"cannot write {path}: {error.strerror or error}") from error
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)  # still there only when the block or the rename failed
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) as the whole content of ``path``, atomically (:func:`written_atomically`)."""
+    with written_atomically(path) as temporary:
+        temporary.write_text(text, encoding="utf-8")
