@@ -37,6 +37,7 @@ from typing import Optional
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from kvfuzz.campaign.lock import CorpusInUse
 from kvfuzz.campaign.report import table
 from kvfuzz.campaign.store import check_redis_url, is_redis
 from kvfuzz.campaign.supervisor import DEFAULT_DURATION, CampaignOptions, run_campaign
@@ -321,20 +322,23 @@ class MachineItem(_KvfuzzItem):
         except (AllocatorNotFound, AllocatorUnusable) as error:
             raise KvfuzzFailure(str(error)) from error
         corpus = Path(option("kvfuzz_corpus"))
-        result = run_campaign(
-            CampaignOptions(
-                (self.spec,),
-                (limits,),
-                option("kvfuzz_workers") or os.cpu_count() or 1,
-                corpus,
-                duration=option("kvfuzz_duration"),
-                known=(corpus,),
-                database=option("kvfuzz_database"),
-                seed=option("kvfuzz_seed") if option("kvfuzz_seed") is not None else random.randrange(2**32),
-                call_timeout=option("kvfuzz_call_timeout") or None,
-                base=base,
+        try:
+            result = run_campaign(
+                CampaignOptions(
+                    (self.spec,),
+                    (limits,),
+                    option("kvfuzz_workers") or os.cpu_count() or 1,
+                    corpus,
+                    duration=option("kvfuzz_duration"),
+                    known=(corpus,),
+                    database=option("kvfuzz_database"),
+                    seed=option("kvfuzz_seed") if option("kvfuzz_seed") is not None else random.randrange(2**32),
+                    call_timeout=option("kvfuzz_call_timeout") or None,
+                    base=base,
+                )
             )
-        )
+        except CorpusInUse as error:  # another campaign holds the corpus: one line, nothing run
+            raise KvfuzzFailure(str(error)) from None
         if result.ended_by == "interrupted":
             self.session.shouldstop = "kvfuzz: interrupted by the user"
         if result.new or result.errors:

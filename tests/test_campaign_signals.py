@@ -129,6 +129,8 @@ def test_sighup_ends_a_clean_campaign_with_its_table_and_status_129(tmp_path: Pa
     assert result["ended_by"] == "interrupted" and result["failures"] == [] and result["examples"] > 0
 
 
+pytest_plugins = ["pytester"]
+
 _HOLD_THE_LOCK = """
 import fcntl, os, sys, time
 descriptor = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
@@ -168,6 +170,29 @@ def test_a_second_campaign_on_a_corpus_in_use_is_refused_and_a_dead_ones_lock_ta
     finally:
         taken.release()
     CorpusLock(corpus / STATE_DIRECTORY, corpus).acquire()  # released: free again
+
+
+def test_the_nightly_profile_on_a_corpus_in_use_fails_its_item_with_one_line(pytester: pytest.Pytester) -> None:
+    """The plugin's campaign meets the same lock: its item fails with the refusal, not with a traceback."""
+    lock = pytester.path / "corpus" / STATE_DIRECTORY / LOCK_FILE
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_THE_LOCK, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_for(holder.stdout, "held", seconds=60)
+        result = pytester.runpytest_subprocess(
+            "--kvfuzz-allocator=zoo:NoCopyOnWrite",
+            "--kvfuzz-profile=nightly",
+            "--kvfuzz-duration=5",
+            "-p",
+            "no:cacheprovider",
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert f"another campaign (pid {holder.pid}) is running on it" in output, output
+    assert "Traceback" not in output and "CorpusInUse" not in output, output
 
 
 def test_workers_end_when_their_campaign_is_killed(tmp_path: Path) -> None:
