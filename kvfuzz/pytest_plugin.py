@@ -4,7 +4,11 @@
   without Hypothesis, against its recorded allocator (or ``--kvfuzz-replay-allocator``): it fails while the recorded
   failure reproduces, and passes once the bug is fixed. A trace marked ``known_bug`` is the reverse: it passes
   while the bug still reproduces and fails once it stops, so the mark gets removed. A trace whose allocator cannot
-  be imported (or that ran on a CUDA device this machine lacks) is skipped, with the reason.
+  be imported (or that ran on a CUDA device this machine lacks) is skipped, with the reason. A trace names code
+  that its replay imports and calls: one naming a ``MODULE:FACTORY`` that is not registered, a ``zoo:`` name or
+  kvfuzz's own fails with one line naming what it would import, unless its module is under a prefix the
+  ``kvfuzz_trusted_allocators`` ini list names (a project's own allocators, for its own corpus) or the session
+  passes ``--kvfuzz-trust-allocator`` (see :class:`kvfuzz.registry.AllocatorTrust`).
 
   Which files are collected: a ``.json`` file whose bytes hold ``kvfuzz-trace`` anywhere, in UTF-8, UTF-16 or
   UTF-32 (so formatting and key order never matter), and a ``.json`` file whose bytes are no text at all in a
@@ -42,7 +46,14 @@ from kvfuzz.kernels import KERNEL_NAMES, KernelUnavailable, make_kernel
 from kvfuzz.profiles import PROFILES
 from kvfuzz.program.replay import NotApplicable
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
-from kvfuzz.registry import AllocatorNotFound, AllocatorUnusable, load_factory, probe_allocator
+from kvfuzz.registry import (
+    AllocatorNotFound,
+    AllocatorTrust,
+    AllocatorUnusable,
+    UntrustedAllocator,
+    load_factory,
+    probe_allocator,
+)
 from kvfuzz.runner import run
 from kvfuzz.saved import journals
 from kvfuzz.saved.corpus import replay_trace, save_failure
@@ -106,10 +117,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SPEC",
         help="replay collected traces against this allocator instead of the recorded ones",
     )
+    group.addoption(
+        "--kvfuzz-trust-allocator",
+        action="store_true",
+        help="import and call the allocator any collected trace names, even one not registered, not a zoo: name "
+        "and not kvfuzz's own (only for traces from a source you trust: a trace can name any importable callable)",
+    )
+    parser.addini(
+        "kvfuzz_trusted_allocators",
+        type="linelist",
+        default=[],
+        help="module prefixes whose allocators collected traces may name (a project's own, e.g. mypackage)",
+    )
+
+
+_TRUST = pytest.StashKey[AllocatorTrust]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """kvfuzz's options checked before anything is collected: a bad one is a usage error, one line."""
+    try:
+        config.stash[_TRUST] = AllocatorTrust(
+            tuple(config.getini("kvfuzz_trusted_allocators")), config.getoption("kvfuzz_trust_allocator")
+        )
+    except ValueError as error:
+        raise pytest.UsageError(f"kvfuzz_trusted_allocators: {error}") from None
     for name in ("kvfuzz_examples", "kvfuzz_steps", "kvfuzz_workers"):
         value = config.getoption(name)
         if value is not None and value < 1:
@@ -183,7 +215,14 @@ class TraceItem(_KvfuzzItem):
                 trace,
                 self.config.getoption("kvfuzz_replay_allocator"),
                 call_timeout=self.config.getoption("kvfuzz_call_timeout") or None,
+                trust=self.config.stash[_TRUST],
             )
+        except UntrustedAllocator as error:
+            raise KvfuzzFailure(
+                f"{error}: list its module in the kvfuzz_trusted_allocators ini setting if it is your project's, "
+                "pass --kvfuzz-trust-allocator if you trust where the trace came from, or replay against an "
+                "allocator you name (--kvfuzz-replay-allocator SPEC)"
+            ) from error
         except AllocatorNotFound as error:
             pytest.skip(f"cannot load the trace's allocator: {error}")
         except NotApplicable as error:

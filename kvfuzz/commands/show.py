@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 from kvfuzz.saved.hint import default_page
 from kvfuzz.saved.trace import TraceError
 from kvfuzz.saved.trace import load as load_trace
@@ -29,6 +29,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--png", metavar="OUT.png", help="also draw the timeline as a PNG (needs matplotlib)")
     parser.add_argument("--allocator", help="replay against this allocator instead of the recorded one")
+    parser.add_argument(
+        "--trust-allocator",
+        action="store_true",
+        help="replay the allocator the trace names even when it is not registered, a zoo: name or kvfuzz's own "
+        "(only for traces from a source you trust)",
+    )
     parser.set_defaults(handler=run_command)
 
 
@@ -61,7 +67,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     try:
-        timeline = record(trace, args.trace, args.allocator)
+        timeline = record(trace, args.trace, args.allocator, trust=AllocatorTrust(everything=args.trust_allocator))
     except Exception as error:  # noqa: BLE001 -- building the allocator or its engine failed: one line, as replay says
         one_line = " ".join(f"{type(error).__name__}: {error}".split())
         return _usage_error(f"{args.trace}: replay could not start: {one_line}")
