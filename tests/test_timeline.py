@@ -307,6 +307,6 @@ def test_an_allocator_that_cannot_be_built_is_one_line(tmp_path: Path) -> None:
         "page.html",
         "--trust-allocator",
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(CORPUS.parent)])},
     )
     _refused(done, "replay could not start", "no pool for you")
