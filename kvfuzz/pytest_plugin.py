@@ -35,17 +35,8 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from hypothesis.database import DirectoryBasedExampleDatabase
 
-from kvfuzz.campaign.report import table
-from kvfuzz.campaign.store import check_redis_url, is_redis
-from kvfuzz.campaign.supervisor import DEFAULT_DURATION, CampaignOptions, run_campaign
-from kvfuzz.campaign.swarm import probe_limits
-from kvfuzz.engine.config import MachineConfig
-from kvfuzz.kernels import KERNEL_NAMES, KernelUnavailable, make_kernel
-from kvfuzz.profiles import PROFILES
-from kvfuzz.program.replay import NotApplicable
-from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
+from kvfuzz.option_defaults import CALL_TIMEOUT, CAMPAIGN_DURATION, KERNEL_NAMES, PROFILE_NAMES
 from kvfuzz.registry import (
     AllocatorNotFound,
     AllocatorTrust,
@@ -54,10 +45,8 @@ from kvfuzz.registry import (
     load_factory,
     probe_allocator,
 )
-from kvfuzz.runner import run
-from kvfuzz.saved import journals
-from kvfuzz.saved.corpus import replay_trace, save_failure
-from kvfuzz.saved.trace import TraceError, TraceUnavailable, is_trace_file, json_file_kind, load
+from kvfuzz.saved.files import is_trace_file, json_file_kind
+from kvfuzz.torch_check import INSTALL_TORCH, torch_unavailable
 
 
 class KvfuzzFailure(Exception):
@@ -76,7 +65,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--kvfuzz-profile",
-        choices=sorted(PROFILES),
+        choices=sorted(PROFILE_NAMES),
         default="ci",
         help="settings profile: ci (bounded, derandomized; default), dev, nightly (long)",
     )
@@ -87,9 +76,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--kvfuzz-call-timeout",
         type=float,
-        default=DEFAULT_CALL_TIMEOUT,
+        default=CALL_TIMEOUT,
         metavar="SECONDS",
-        help=f"an operation still running after this long is a hang (default {DEFAULT_CALL_TIMEOUT:g}; 0: no watchdog)",
+        help=f"an operation still running after this long is a hang (default {CALL_TIMEOUT:g}; 0: no watchdog)",
     )
     group.addoption(
         "--kvfuzz-database",
@@ -105,9 +94,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--kvfuzz-duration",
         type=float,
-        default=DEFAULT_DURATION,
+        default=CAMPAIGN_DURATION,
         metavar="SECONDS",
-        help=f"how long the nightly profile's campaign runs (default {DEFAULT_DURATION:g})",
+        help=f"how long the nightly profile's campaign runs (default {CAMPAIGN_DURATION:g})",
     )
     group.addoption(
         "--kvfuzz-workers", type=int, metavar="N", help="worker processes of the nightly campaign (default: the cores)"
@@ -149,17 +138,33 @@ def pytest_configure(config: pytest.Config) -> None:
     duration = config.getoption("kvfuzz_duration")
     if not duration > 0:
         raise pytest.UsageError(f"--kvfuzz-duration={duration}: must be more than 0 seconds")
+    if config.getoption("kvfuzz_allocator"):
+        _require_torch("--kvfuzz-allocator", pytest.UsageError)
     database = config.getoption("kvfuzz_database")
-    if database and is_redis(database):
-        if config.getoption("kvfuzz_profile") != "nightly":
-            raise pytest.UsageError("--kvfuzz-database redis://... is for the nightly profile's campaign")
-        try:
-            check_redis_url(database)
-        except ValueError as error:
-            raise pytest.UsageError(str(error)) from None
+    if database:
+        _require_torch("--kvfuzz-database", pytest.UsageError)
+        from kvfuzz.campaign.store import check_redis_url, is_redis
+
+        if is_redis(database):
+            if config.getoption("kvfuzz_profile") != "nightly":
+                raise pytest.UsageError("--kvfuzz-database redis://... is for the nightly profile's campaign")
+            try:
+                check_redis_url(database)
+            except ValueError as error:
+                raise pytest.UsageError(str(error)) from None
     if config.getoption("kvfuzz_seed") is not None and config.getoption("kvfuzz_database"):
         raise pytest.UsageError(
             "--kvfuzz-seed and --kvfuzz-database cannot be combined (Hypothesis ignores the database under a seed)"
+        )
+
+
+def _require_torch(what: str, error: type[Exception]) -> None:
+    """Raise ``error``, one line saying what to install, where torch cannot be imported: the plugin imports it only
+    for a kvfuzz option or trace that needs it, so an unrelated session never does."""
+    problem = torch_unavailable()
+    if problem is not None:
+        raise error(
+            f"kvfuzz: {what} needs torch, which cannot be imported here ({problem}); install it: {INSTALL_TORCH}"
         )
 
 
@@ -204,6 +209,11 @@ class TraceItem(_KvfuzzItem):
     """One trace, replayed as a regression test."""
 
     def runtest(self) -> None:
+        _require_torch("replaying a trace", KvfuzzFailure)
+        from kvfuzz.program.replay import NotApplicable
+        from kvfuzz.saved.corpus import replay_trace
+        from kvfuzz.saved.trace import TraceError, TraceUnavailable, load
+
         try:
             trace = load(self.path)
         except TraceUnavailable as error:
@@ -253,6 +263,14 @@ class MachineItem(_KvfuzzItem):
         self.spec = spec
 
     def runtest(self) -> None:
+        from hypothesis.database import DirectoryBasedExampleDatabase
+
+        from kvfuzz.engine.config import MachineConfig
+        from kvfuzz.kernels import KernelUnavailable, make_kernel
+        from kvfuzz.profiles import PROFILES
+        from kvfuzz.runner import run
+        from kvfuzz.saved.corpus import save_failure
+
         option = self.config.getoption
         if option("kvfuzz_profile") == "nightly":
             self._campaign()
@@ -309,6 +327,11 @@ class MachineItem(_KvfuzzItem):
 
     def _campaign(self) -> None:
         """The nightly profile: a campaign; fails with the table of new distinct failures."""
+        from kvfuzz.campaign.report import table
+        from kvfuzz.campaign.supervisor import CampaignOptions, run_campaign
+        from kvfuzz.campaign.swarm import probe_limits
+        from kvfuzz.engine.config import MachineConfig
+
         option = self.config.getoption
         base = MachineConfig(kernel=option("kvfuzz_kernel"))
         try:
@@ -342,6 +365,8 @@ class MachineItem(_KvfuzzItem):
 def _recover(corpus: Path) -> Optional[list[str]]:
     """Turn the journals of runs that died into traces; the messages, or None if the corpus cannot hold a
     journal (the run then keeps none)."""
+    from kvfuzz.saved import journals
+
     try:
         corpus.mkdir(parents=True, exist_ok=True)
         return [recovered.message for recovered in journals.recover(corpus)]

@@ -20,14 +20,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
-from kvfuzz.commands.options import at_least_seconds
-from kvfuzz.program.replay import NotApplicable
-from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
+from kvfuzz.commands.options import at_least_seconds, needs_torch
+from kvfuzz.option_defaults import CALL_TIMEOUT
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, UntrustedAllocator, load_factory
-from kvfuzz.saved.corpus import replay_trace
 from kvfuzz.saved.hint import show_hint
-from kvfuzz.saved.trace import TraceError, TraceUnavailable
-from kvfuzz.saved.trace import load as load_trace
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,11 +39,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--call-timeout",
         type=at_least_seconds,
-        default=DEFAULT_CALL_TIMEOUT,
+        default=CALL_TIMEOUT,
         metavar="SECONDS",
-        help=f"an operation still running after this long is a hang (default {DEFAULT_CALL_TIMEOUT:g}; 0: no watchdog)",
+        help=f"an operation still running after this long is a hang (default {CALL_TIMEOUT:g}; 0: no watchdog)",
     )
-    parser.set_defaults(handler=run_command)
+    parser.set_defaults(handler=needs_torch(run_command))
 
 
 # How each file ended, for the closing count, and the exit status each outcome gives.
@@ -79,6 +75,11 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[float], trust: AllocatorTrust) -> str:
     """Replay one file and print what happened; returns its outcome (a key of :data:`OUTCOMES`)."""
+    from kvfuzz.program.replay import NotApplicable
+    from kvfuzz.saved.corpus import replay_trace
+    from kvfuzz.saved.trace import TraceError, TraceUnavailable
+    from kvfuzz.saved.trace import load as load_trace
+
     try:
         trace = load_trace(Path(path))
     except TraceUnavailable as error:

@@ -7,16 +7,16 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvfuzz.commands.account import parse_lengths
-from kvfuzz.commands.options import at_least
-from kvfuzz.engine.config import MachineConfig
+from kvfuzz.commands.options import at_least, needs_torch
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
-from kvfuzz.threads import single_threaded_torch
 from kvfuzz.workload.constructed import GENERATORS, constructed
 from kvfuzz.workload.format import Workload, WorkloadError, load_workload
-from kvfuzz.workload.scheduler import ReplayError, Scheduler
-from kvfuzz.workload.sweep import sweep_table
+
+if TYPE_CHECKING:
+    from kvfuzz.engine.config import MachineConfig
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--plot", metavar="PNG", help="draw the occupancy over time (needs kvfuzz[plot])")
     parser.add_argument("--json", action="store_true", help="print the report(s) as JSON")
-    parser.set_defaults(handler=run_command)
+    parser.set_defaults(handler=needs_torch(run_command))
 
 
 def _workload(source: str) -> Workload:
@@ -61,6 +61,8 @@ def _workload(source: str) -> Workload:
 
 def _pools(args: argparse.Namespace) -> list[MachineConfig]:
     """The pool of each replay: one, or one per block size of a sweep, each holding the same positions."""
+    from kvfuzz.engine.config import MachineConfig
+
     sizes = parse_lengths(args.block_sizes, "--block-sizes") if args.block_sizes else [args.block_size]
     if min(sizes) < 1:
         raise ValueError("--block-sizes: a block size must be >= 1")
@@ -81,6 +83,10 @@ def _pools(args: argparse.Namespace) -> list[MachineConfig]:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from kvfuzz.threads import single_threaded_torch
+    from kvfuzz.workload.scheduler import ReplayError, Scheduler
+    from kvfuzz.workload.sweep import sweep_table
+
     try:  # every check before any replay: the arguments, the workload, the plot's library, and each pool's allocator
         pools = _pools(args)
         workload = _workload(args.trace)

@@ -10,20 +10,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import attrs
-from hypothesis.database import DirectoryBasedExampleDatabase
-
-from kvfuzz.commands.options import machine_arguments, machine_config
-from kvfuzz.engine.config import MachineConfig
-from kvfuzz.kernels import KERNEL_NAMES, make_kernel
-from kvfuzz.program.safeguards import deferred_interrupts
+from kvfuzz.commands.options import machine_arguments, machine_config, needs_torch
+from kvfuzz.option_defaults import KERNEL_NAMES
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
-from kvfuzz.runner import RunSummary, run
-from kvfuzz.saved import journals
-from kvfuzz.saved.corpus import save_failure
 from kvfuzz.text import plural
+
+if TYPE_CHECKING:
+    from kvfuzz.engine.config import MachineConfig
+    from kvfuzz.runner import RunSummary
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(the allocator's own paged attention, if it declares one); saved in traces",
     )
     machine_arguments(parser)
-    parser.set_defaults(handler=run_command)
+    parser.set_defaults(handler=needs_torch(run_command))
 
 
 def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
@@ -102,6 +98,8 @@ def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig
 
     With ``--json``, standard output stays one JSON object: ``trace`` is the saved file (or null), ``trace_error``
     why it could not be saved (or null), and ``unsaved_trace`` the trace itself when it could not be saved."""
+    from kvfuzz.saved.corpus import save_failure
+
     if not args.json:
         _print_summary(summary, config)
         sys.stdout.flush()
@@ -137,6 +135,8 @@ def _enable_faulthandler() -> None:
 def _journal_dir(corpus: Path) -> Optional[Path]:
     """The corpus, if the run can keep its journal there (and recover the journals of runs that died); else None,
     after one line saying what a crash would cost."""
+    from kvfuzz.saved import journals
+
     try:
         corpus.mkdir(parents=True, exist_ok=True)
         for recovered in journals.recover(corpus):
@@ -155,6 +155,13 @@ def _journal_dir(corpus: Path) -> Optional[Path]:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    import attrs
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    from kvfuzz.kernels import make_kernel
+    from kvfuzz.program.safeguards import deferred_interrupts
+    from kvfuzz.runner import run
+
     try:  # every check before any work: nothing is printed on standard output, nothing written, until all pass
         config = attrs.evolve(machine_config(args), kernel=args.kernel)
         if args.database is not None and args.seed is not None:

@@ -13,10 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+from kvfuzz.commands.options import needs_torch
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 from kvfuzz.saved.hint import default_page
-from kvfuzz.saved.trace import TraceError
-from kvfuzz.saved.trace import load as load_trace
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="replay the allocator the trace names even when it is not registered, a zoo: name or kvfuzz's own "
         "(only for traces from a source you trust)",
     )
-    parser.set_defaults(handler=run_command)
+    parser.set_defaults(handler=needs_torch(run_command))
 
 
 def _usage_error(message: str) -> int:
@@ -44,6 +43,9 @@ def _usage_error(message: str) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from kvfuzz.saved.trace import TraceError
+    from kvfuzz.saved.trace import load as load_trace
+
     try:
         trace = load_trace(Path(args.trace))
     except TraceError as error:

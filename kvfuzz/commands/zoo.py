@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from kvfuzz.commands.options import machine_arguments, machine_config
+from kvfuzz.commands.options import machine_arguments, machine_config, needs_torch
 from kvfuzz.registry import AllocatorNotFound, probe_allocator
 
 
@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--json", action="store_true", help="print the results as one JSON list")
     machine_arguments(parser)
     parser.set_defaults(examples=600)
-    parser.set_defaults(handler=run_command)
+    parser.set_defaults(handler=needs_torch(run_command))
 
 
 def run_command(args: argparse.Namespace) -> int:
