@@ -1,6 +1,7 @@
-"""A trace names code that its replay imports and calls: `kvfuzz replay`, `kvfuzz show` and the pytest plugin load
-only allocators that are registered, `zoo:` names, kvfuzz's own, trusted by the user, or named by the user; a trace
-naming anything else is refused with one line naming what it would import, and nothing is imported."""
+"""A trace names code that its replay imports and calls: `kvfuzz replay`, `kvfuzz show`, the pytest plugin and a
+campaign's known corpus load only allocators that are registered, `zoo:` names, kvfuzz's own, trusted by the user,
+or named by the user; a trace naming anything else is refused with one line naming what it would import, and nothing
+is imported."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from factories import kvfuzz
 
+from kvfuzz.campaign.known import known_signatures
 from kvfuzz.registry import AllocatorTrust, UntrustedAllocator
 
 pytest_plugins = ["pytester"]
@@ -119,3 +121,14 @@ def test_the_plugin_trusts_the_module_prefixes_a_project_lists(pytester: pytest.
     bad = pytester.runpytest("planted-trace.json", "-p", "no:cacheprovider")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*kvfuzz_trusted_allocators*'planted.' is not a dotted module name*"])
+
+
+def test_a_campaign_passes_over_an_untrusted_trace_in_its_known_corpus(tmp_path: Path, monkeypatch) -> None:
+    """Before: every trace of a known corpus had its allocator built, to compare classes with the campaign's."""
+    _planted(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert known_signatures([tmp_path], ["zoo:NoCopyOnWrite"], 10.0) == {}
+    assert not (tmp_path / "IMPORTED").exists()
+    # A trace recorded against an allocator the campaign itself runs is the user's own: it is replayed.
+    assert known_signatures([tmp_path], ["planted:factory"], 10.0) == {}  # the correct allocator: nothing reproduces
+    assert (tmp_path / "IMPORTED").exists()
