@@ -1,7 +1,9 @@
 """The ``kvfuzz`` command line: each subcommand's module registers its parser and handler; ``main`` dispatches.
 
 Bad usage is one line on standard error, ``kvfuzz: ...``, and exit status 2, before any work: argparse's own errors
-(an unknown option, a value of the wrong type or out of range) as well as the checks each command makes.
+(an unknown option, a value of the wrong type or out of range) as well as the checks each command makes. Ctrl-C in
+a command that does not handle it itself (``run`` and ``campaign`` report what they found) is one line and exit
+status 130, not a traceback.
 """
 
 from __future__ import annotations
@@ -64,7 +66,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
     handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print(f"\nkvfuzz: {args.command} interrupted (Ctrl-C) before it finished: nothing to report", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

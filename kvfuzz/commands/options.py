@@ -39,6 +39,12 @@ def needs_torch(handler: Handler) -> Handler:
     return checked
 
 
+def progress(line: str) -> None:
+    """A progress line of a long command: on standard error, so that standard output (a table, ``--json``) holds
+    only the result."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def at_least(minimum: int) -> Callable[[str], int]:
     """An argparse ``type``: an integer ``>= minimum``; anything else is a usage error naming the argument."""
 

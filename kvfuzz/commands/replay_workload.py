@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvfuzz.commands.account import parse_lengths
-from kvfuzz.commands.options import at_least, needs_torch
+from kvfuzz.commands.options import at_least, needs_torch, progress
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
 from kvfuzz.workload.constructed import GENERATORS, constructed
 from kvfuzz.workload.format import Workload, WorkloadError, load_workload
@@ -50,13 +50,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=needs_torch(run_command))
 
 
+LARGE_FILE_BYTES = 2**20
+"""A workload file this large takes a noticeable time to read and check: a progress line says so."""
+
+
 def _workload(source: str) -> Workload:
     if source.startswith("constructed:"):
         try:
             return constructed(source.split(":", 1)[1])
         except KeyError as error:
             raise WorkloadError(str(error.args[0])) from error
-    return load_workload(Path(source))
+    path = Path(source)
+    size = path.stat().st_size if path.is_file() else 0
+    if size >= LARGE_FILE_BYTES:
+        progress(f"kvfuzz: reading the workload {source} ({size / 2**20:.1f} MiB)")
+    return load_workload(path)
 
 
 def _pools(args: argparse.Namespace) -> list[MachineConfig]:

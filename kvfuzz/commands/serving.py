@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from kvfuzz.commands.account import parse_lengths
-from kvfuzz.commands.options import at_least, needs_torch
+from kvfuzz.commands.options import at_least, needs_torch, progress
 from kvfuzz.option_defaults import KERNEL_NAMES, POLICY_NAMES
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
 from kvfuzz.workload.arrivals import ArrivalShape
 from kvfuzz.workload.cost import CostModel
-from kvfuzz.workload.format import WorkloadError
+from kvfuzz.workload.format import WorkloadError, check_request_count
 from kvfuzz.workload.sources import SOURCES_HELP, workload_from
 
 if TYPE_CHECKING:
@@ -172,6 +172,7 @@ def run_capacity(args: argparse.Namespace) -> int:
         sizes = parse_lengths(args.block_sizes, "--block-sizes")
         if 0 in sizes:
             raise ValueError("--block-sizes: a block size must be >= 1")
+        check_request_count(args.requests, "--requests")
         shape = ArrivalShape(requests=args.requests)
         if args.reserve < shape.longest():
             raise ValueError(
@@ -183,11 +184,13 @@ def run_capacity(args: argparse.Namespace) -> int:
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             raise ValueError("--plot needs matplotlib: pip install 'kvfuzz[plot]'")
         settings, target = _settings(args), LatencyTarget(args.ttft_p99, args.tpot_p99)
-    except ValueError as error:
+    except ValueError as error:  # WorkloadError included
         return _refuse(error)
     layouts = [paged(size, args.pool_positions) for size in sizes] + [reservation(args.reserve, args.pool_positions)]
     with single_threaded_torch():
-        results = [find_capacity(layout, rates, args.seed, shape, settings, target) for layout in layouts]
+        results = [
+            find_capacity(layout, rates, args.seed, shape, settings, target, progress=progress) for layout in layouts
+        ]
     if args.json:
         print(json.dumps([_capacity_json(result) for result in results], indent=2))
     else:
@@ -237,7 +240,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     except (WorkloadError, ValueError) as error:
         return _refuse(error)
     with single_threaded_torch():
-        served = ablate(workload, rows)
+        served = ablate(workload, rows, progress)
     if args.json:
         print(json.dumps([{"factor": v.factor, "setting": v.setting, **r.to_json()} for v, r in served], indent=2))
     else:
