@@ -2,7 +2,9 @@
 
 Bad usage is one line on standard error, ``kvfuzz: ...``, and exit status 2, before any work: argparse's own errors
 (an unknown option, a value of the wrong type or out of range) as well as the checks each command makes. With
-``--json``, standard output carries the command's JSON and nothing else (:mod:`kvfuzz.commands.json_stdout`).
+``--json``, standard output carries the command's JSON and nothing else (:mod:`kvfuzz.commands.json_stdout`). Ctrl-C
+in a command that does not handle it itself (``run`` and ``campaign`` report what they found) is one line and exit
+status 130, not a traceback.
 """
 
 from __future__ import annotations
@@ -69,10 +71,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
     handler: Callable[[argparse.Namespace], int] = args.handler
-    if getattr(args, "json", False):  # standard output carries the command's JSON alone, whatever the allocator prints
-        with stdout_for_json_only():
-            return handler(args)
-    return handler(args)
+    try:
+        if getattr(args, "json", False):  # standard output carries the command's JSON alone, whatever else prints
+            with stdout_for_json_only():
+                return handler(args)
+        return handler(args)
+    except KeyboardInterrupt:
+        print(f"\nkvfuzz: {args.command} interrupted (Ctrl-C) before it finished: nothing to report", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

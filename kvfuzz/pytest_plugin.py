@@ -5,7 +5,11 @@
   failure reproduces, and passes once the bug is fixed. A trace marked ``known_bug`` is the reverse: it passes
   while the bug still reproduces and fails once it stops, so the mark gets removed. A trace whose allocator is not
   installed here (or that ran on a CUDA device this machine lacks) is skipped, with the reason; one whose allocator
-  raises or exits (``sys.exit``, ``pytest.skip``) while it is imported or built fails, in one line.
+  raises or exits (``sys.exit``, ``pytest.skip``) while it is imported or built fails, in one line. A trace names
+  code that its replay imports and calls: one naming a ``MODULE:FACTORY`` that is not registered, a ``zoo:`` name or
+  kvfuzz's own fails with one line naming what it would import, unless its module is under a prefix the
+  ``kvfuzz_trusted_allocators`` ini list names (a project's own allocators, for its own corpus) or the session
+  passes ``--kvfuzz-trust-allocator`` (see :class:`kvfuzz.registry.AllocatorTrust`).
 
   Which files are collected: a ``.json`` file whose bytes hold ``kvfuzz-trace`` anywhere, in UTF-8, UTF-16 or
   UTF-32 (so formatting and key order never matter), and a ``.json`` file whose bytes are no text at all in a
@@ -35,25 +39,18 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from hypothesis.database import DirectoryBasedExampleDatabase
 
-from kvfuzz.campaign.lock import CorpusInUse
-from kvfuzz.campaign.report import table
-from kvfuzz.campaign.store import check_redis_url, is_redis
-from kvfuzz.campaign.supervisor import DEFAULT_DURATION, CampaignOptions, run_campaign
-from kvfuzz.campaign.swarm import probe_limits
-from kvfuzz.engine.config import MachineConfig
-from kvfuzz.isolation import Died, RunRequest, Stopped, run_isolated
-from kvfuzz.kernels import KERNEL_NAMES, KernelUnavailable, make_kernel
-from kvfuzz.profiles import PROFILES
-from kvfuzz.program.replay import NotApplicable
-from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
-from kvfuzz.registry import AllocatorNotFound, AllocatorUnusable, load_factory, probe_allocator
-from kvfuzz.runner import run
-from kvfuzz.saved import journals
-from kvfuzz.saved.corpus import allocator_missing, replay_trace, save_trace, trace_of
-from kvfuzz.saved.trace import TraceError, TraceUnavailable, is_trace_file, json_file_kind, load
-from kvfuzz.statemachines.machine import machine_for
+from kvfuzz.option_defaults import CALL_TIMEOUT, CAMPAIGN_DURATION, KERNEL_NAMES, PROFILE_NAMES
+from kvfuzz.registry import (
+    AllocatorNotFound,
+    AllocatorTrust,
+    AllocatorUnusable,
+    UntrustedAllocator,
+    load_factory,
+    probe_allocator,
+)
+from kvfuzz.saved.files import is_trace_file, json_file_kind
+from kvfuzz.torch_check import INSTALL_TORCH, torch_unavailable
 
 
 class KvfuzzFailure(Exception):
@@ -72,7 +69,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--kvfuzz-profile",
-        choices=sorted(PROFILES),
+        choices=sorted(PROFILE_NAMES),
         default="ci",
         help="settings profile: ci (bounded, derandomized; default), dev, nightly (long)",
     )
@@ -83,9 +80,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--kvfuzz-call-timeout",
         type=float,
-        default=DEFAULT_CALL_TIMEOUT,
+        default=CALL_TIMEOUT,
         metavar="SECONDS",
-        help=f"an operation still running after this long is a hang (default {DEFAULT_CALL_TIMEOUT:g}; 0: no watchdog)",
+        help=f"an operation still running after this long is a hang (default {CALL_TIMEOUT:g}; 0: no watchdog)",
     )
     group.addoption(
         "--kvfuzz-database",
@@ -101,9 +98,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--kvfuzz-duration",
         type=float,
-        default=DEFAULT_DURATION,
+        default=CAMPAIGN_DURATION,
         metavar="SECONDS",
-        help=f"how long the nightly profile's campaign runs (default {DEFAULT_DURATION:g})",
+        help=f"how long the nightly profile's campaign runs (default {CAMPAIGN_DURATION:g})",
     )
     group.addoption(
         "--kvfuzz-workers", type=int, metavar="N", help="worker processes of the nightly campaign (default: the cores)"
@@ -119,10 +116,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SPEC",
         help="replay collected traces against this allocator instead of the recorded ones",
     )
+    group.addoption(
+        "--kvfuzz-trust-allocator",
+        action="store_true",
+        help="import and call the allocator any collected trace names, even one not registered, not a zoo: name "
+        "and not kvfuzz's own (only for traces from a source you trust: a trace can name any importable callable)",
+    )
+    parser.addini(
+        "kvfuzz_trusted_allocators",
+        type="linelist",
+        default=[],
+        help="module prefixes whose allocators collected traces may name (a project's own, e.g. mypackage)",
+    )
+
+
+_TRUST = pytest.StashKey[AllocatorTrust]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """kvfuzz's options checked before anything is collected: a bad one is a usage error, one line."""
+    try:
+        config.stash[_TRUST] = AllocatorTrust(
+            tuple(config.getini("kvfuzz_trusted_allocators")), config.getoption("kvfuzz_trust_allocator")
+        )
+    except ValueError as error:
+        raise pytest.UsageError(f"kvfuzz_trusted_allocators: {error}") from None
     for name in ("kvfuzz_examples", "kvfuzz_steps", "kvfuzz_workers"):
         value = config.getoption(name)
         if value is not None and value < 1:
@@ -130,17 +148,33 @@ def pytest_configure(config: pytest.Config) -> None:
     duration = config.getoption("kvfuzz_duration")
     if not duration > 0:
         raise pytest.UsageError(f"--kvfuzz-duration={duration}: must be more than 0 seconds")
+    if config.getoption("kvfuzz_allocator"):
+        _require_torch("--kvfuzz-allocator", pytest.UsageError)
     database = config.getoption("kvfuzz_database")
-    if database and is_redis(database):
-        if config.getoption("kvfuzz_profile") != "nightly":
-            raise pytest.UsageError("--kvfuzz-database redis://... is for the nightly profile's campaign")
-        try:
-            check_redis_url(database)
-        except ValueError as error:
-            raise pytest.UsageError(str(error)) from None
+    if database:
+        _require_torch("--kvfuzz-database", pytest.UsageError)
+        from kvfuzz.campaign.store import check_redis_url, is_redis
+
+        if is_redis(database):
+            if config.getoption("kvfuzz_profile") != "nightly":
+                raise pytest.UsageError("--kvfuzz-database redis://... is for the nightly profile's campaign")
+            try:
+                check_redis_url(database)
+            except ValueError as error:
+                raise pytest.UsageError(str(error)) from None
     if config.getoption("kvfuzz_seed") is not None and config.getoption("kvfuzz_database"):
         raise pytest.UsageError(
             "--kvfuzz-seed and --kvfuzz-database cannot be combined (Hypothesis ignores the database under a seed)"
+        )
+
+
+def _require_torch(what: str, error: type[Exception]) -> None:
+    """Raise ``error``, one line saying what to install, where torch cannot be imported: the plugin imports it only
+    for a kvfuzz option or trace that needs it, so an unrelated session never does."""
+    problem = torch_unavailable()
+    if problem is not None:
+        raise error(
+            f"kvfuzz: {what} needs torch, which cannot be imported here ({problem}); install it: {INSTALL_TORCH}"
         )
 
 
@@ -185,6 +219,11 @@ class TraceItem(_KvfuzzItem):
     """One trace, replayed as a regression test."""
 
     def runtest(self) -> None:
+        _require_torch("replaying a trace", KvfuzzFailure)
+        from kvfuzz.program.replay import NotApplicable
+        from kvfuzz.saved.corpus import allocator_missing, replay_trace
+        from kvfuzz.saved.trace import TraceError, TraceUnavailable, load
+
         try:
             trace = load(self.path)
         except TraceUnavailable as error:
@@ -196,7 +235,14 @@ class TraceItem(_KvfuzzItem):
                 trace,
                 self.config.getoption("kvfuzz_replay_allocator"),
                 call_timeout=self.config.getoption("kvfuzz_call_timeout") or None,
+                trust=self.config.stash[_TRUST],
             )
+        except UntrustedAllocator as error:
+            raise KvfuzzFailure(
+                f"{error}: list its module in the kvfuzz_trusted_allocators ini setting if it is your project's, "
+                "pass --kvfuzz-trust-allocator if you trust where the trace came from, or replay against an "
+                "allocator you name (--kvfuzz-replay-allocator SPEC)"
+            ) from error
         except AllocatorNotFound as error:
             if not allocator_missing(error):  # it is here, and its import raised or exited
                 raise KvfuzzFailure(str(error)) from error
@@ -234,6 +280,16 @@ class MachineItem(_KvfuzzItem):
         self.spec = spec
 
     def runtest(self) -> None:
+        from hypothesis.database import DirectoryBasedExampleDatabase
+
+        from kvfuzz.engine.config import MachineConfig
+        from kvfuzz.isolation import Died, RunRequest, Stopped, run_isolated
+        from kvfuzz.kernels import KernelUnavailable, make_kernel
+        from kvfuzz.profiles import PROFILES
+        from kvfuzz.runner import run
+        from kvfuzz.saved.corpus import save_trace, trace_of
+        from kvfuzz.statemachines.machine import machine_for
+
         option = self.config.getoption
         if option("kvfuzz_profile") == "nightly":
             self._campaign()
@@ -315,6 +371,12 @@ class MachineItem(_KvfuzzItem):
 
     def _campaign(self) -> None:
         """The nightly profile: a campaign; fails with the table of new distinct failures."""
+        from kvfuzz.campaign.lock import CorpusInUse
+        from kvfuzz.campaign.report import table
+        from kvfuzz.campaign.supervisor import CampaignOptions, run_campaign
+        from kvfuzz.campaign.swarm import probe_limits
+        from kvfuzz.engine.config import MachineConfig
+
         option = self.config.getoption
         base = MachineConfig(kernel=option("kvfuzz_kernel"))
         try:
@@ -351,6 +413,8 @@ class MachineItem(_KvfuzzItem):
 def _recover(corpus: Path) -> Optional[list[str]]:
     """Turn the journals of runs that died into traces; the messages, or None if the corpus cannot hold a
     journal (the run then keeps none)."""
+    from kvfuzz.saved import journals
+
     try:
         corpus.mkdir(parents=True, exist_ok=True)
         return [recovered.message for recovered in journals.recover(corpus)]

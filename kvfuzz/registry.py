@@ -1,7 +1,9 @@
 """Finding allocators by name: an entry point an installed package registers, ``MODULE:FACTORY``, or ``zoo:NAME``.
 
 Every command, the pytest plugin and trace replay load allocators through :func:`load_factory`, and check what the
-factory builds with :func:`probe_allocator` before any work starts.
+factory builds with :func:`probe_allocator` before any work starts. A name read from a trace is checked against an
+:class:`AllocatorTrust` first: loading ``MODULE:FACTORY`` imports the module and calls the factory, so a trace
+from elsewhere could otherwise run any importable callable.
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ import importlib
 import importlib.metadata
 import inspect
 import os
+import re
 import sys
 from typing import Callable
+
+import attrs
 
 from kvfuzz.allocator.protocol import CORE_METHODS, DECLARED_METHODS, AllocatorProtocol
 from kvfuzz.allocator.types import Capabilities, PoolSpec
@@ -24,6 +29,56 @@ ALLOCATOR_ENTRY_POINTS = "kvfuzz.allocators"
 
 
 ACCEPTED_FORMS = "MODULE:FACTORY (e.g. kvfuzz.allocator.paged:paged_allocator), zoo:NAME, or a registered name"
+
+
+OWN_ALLOCATOR_MODULES = ("kvfuzz.allocator", "kvfuzz.adapters")
+"""kvfuzz's own allocators and its adapters of engine libraries: a trace naming a factory in these modules runs only
+code kvfuzz ships (and the engine library the adapter wraps)."""
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+class UntrustedAllocator(Exception):
+    """A trace names an allocator that replaying it would import and call, and nothing trusts it: the message is one
+    line naming the module and the callable; the caller adds how its user can trust it."""
+
+
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
+
+
+@attrs.frozen
+class AllocatorTrust:
+    """Which allocators a trace may name and have imported and called by its replay. Always: a ``zoo:`` name, a name
+    registered in the ``kvfuzz.allocators`` entry-point group (or the ``MODULE:FACTORY`` such an entry point names),
+    a factory in kvfuzz's own allocator and adapter modules (:data:`OWN_ALLOCATOR_MODULES`), and a bare name that
+    is not registered (nothing is imported for it: loading it fails). Besides: ``MODULE:FACTORY`` whose module is
+    one of ``modules`` or inside one (the prefixes a project lists for its own corpus), and anything when
+    ``everything`` (the user said they trust the trace). An allocator the user names on the command line is not a
+    trace's and is never checked."""
+
+    modules: tuple[str, ...] = ()
+    everything: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        bad = [prefix for prefix in self.modules if not _MODULE_NAME.fullmatch(prefix)]
+        if bad:
+            raise ValueError(f"trusted allocator modules: {bad[0]!r} is not a dotted module name (e.g. mypackage.kv)")
+
+    def check(self, spec: str) -> None:
+        """Nothing if replaying a trace that names ``spec`` may load it; else :class:`UntrustedAllocator`."""
+        module, _, attribute = spec.partition(":")
+        if self.everything or spec.startswith("zoo:") or not attribute:
+            return
+        registered = registered_allocators()
+        if spec in registered or spec in {entry.value for entry in registered.values()}:
+            return
+        if _within(module, OWN_ALLOCATOR_MODULES + self.modules):
+            return
+        raise UntrustedAllocator(
+            f"the trace names the allocator {spec!r}: replaying it would import the module {module!r} and call its "
+            f"{attribute!r}, which is not a registered allocator, a zoo: name or kvfuzz's own, and is not trusted"
+        )
 
 
 class AllocatorNotFound(LookupError):

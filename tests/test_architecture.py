@@ -108,8 +108,17 @@ def test_no_import_cycles_in_kvfuzz() -> None:
 # modules of different prefixes points to a strictly lower layer (imports inside one package, or one module, are that
 # package's own business, and the cycle test covers them).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("kvfuzz", "kvfuzz.text", "kvfuzz.threads", "kvfuzz.lifeline", "kvfuzz.last_words"),  # version; words; threads;
-    # a child process's tie to its parent; the line a dying run leaves
+    # the package's version; words; torch's threads; whether torch imports; the defaults the parsers show; a child
+    # process's tie to its parent; the line a dying run leaves
+    (
+        "kvfuzz",
+        "kvfuzz.text",
+        "kvfuzz.threads",
+        "kvfuzz.torch_check",
+        "kvfuzz.option_defaults",
+        "kvfuzz.lifeline",
+        "kvfuzz.last_words",
+    ),
     ("kvfuzz.allocator",),  # the contract, and kvfuzz's own allocators
     ("kvfuzz.reference", "kvfuzz.accounting", "kvfuzz.model"),  # K/V content and attention; paging arithmetic
     ("kvfuzz.kernels",),  # attention kernels of invariant 2

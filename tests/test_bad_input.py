@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import kvfuzz.commands.run
+import kvfuzz.runner
 import kvfuzz.zoo_run
 from kvfuzz.allocator.paged import paged_allocator
 from kvfuzz.allocator.types import PoolSpec
@@ -95,7 +95,7 @@ def no_work(monkeypatch):
     def work(*args, **kwargs):
         raise AssertionError("bad input reached the work")
 
-    monkeypatch.setattr(kvfuzz.commands.run, "run", work)
+    monkeypatch.setattr(kvfuzz.runner, "run", work)  # kvfuzz run imports it when it runs
     monkeypatch.setattr(kvfuzz.zoo_run, "run_zoo", work)
     monkeypatch.setattr(Scheduler, "run", work)
 
@@ -314,7 +314,7 @@ def test_the_run_header_says_derandomized_only_when_it_is(capsys, tmp_path, monk
     def stop(*args, **kwargs):
         raise Stop
 
-    monkeypatch.setattr(kvfuzz.commands.run, "run", stop)  # the header is printed before the run starts
+    monkeypatch.setattr(kvfuzz.runner, "run", stop)  # the header is printed before the run starts
     headers = {}
     for name, extra in {"plain": [], "seed": ["--seed", "7"], "database": ["--database", str(tmp_path / "db")]}.items():
         with pytest.raises(Stop):

@@ -127,7 +127,7 @@ def test_plugin_collects_traces_as_regression_tests(pytester: pytest.Pytester, s
     data = json.loads(saved_trace.read_text())
     (corpus / "open.json").write_text(json.dumps(data))
     (corpus / "known.json").write_text(json.dumps({**data, "known_bug": "deliberate zoo slip"}))
-    (corpus / "missing.json").write_text(json.dumps({**data, "allocator": "no_such_package:factory"}))
+    (corpus / "missing.json").write_text(json.dumps({**data, "allocator": "kvfuzz.adapters.no_such_adapter:factory"}))
     result = pytester.runpytest("corpus", "-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(failed=1, passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*still reproduces*", "*cannot load the trace's allocator*"])

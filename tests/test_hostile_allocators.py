@@ -18,6 +18,7 @@ from kvfuzz.allocator import paged_allocator
 from kvfuzz.engine import Invariant, MachineConfig
 from kvfuzz.program.execution import Target
 from kvfuzz.program.replay import replay
+from kvfuzz.registry import AllocatorTrust
 from kvfuzz.runner import RunSummary, run
 from tests import hostile
 
@@ -162,7 +163,7 @@ def test_a_segfault_leaves_a_journal_that_becomes_a_replayable_trace(tmp_path: P
     assert trace["program"][-1]["rule"] == "rollback"
     assert trace["failure"]["title"].startswith("crash (the process died")
     # Replayed in a child process, the trace reproduces the death; the replay itself survives it.
-    replayed = _kvfuzz("replay", str(traces[0]), cwd=ROOT)
+    replayed = _kvfuzz("replay", str(traces[0]), "--trust-allocator", cwd=ROOT)
     assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
     assert "signal 11" in replayed.stdout
 
@@ -213,7 +214,7 @@ def test_a_death_while_shrinking_in_a_smaller_pool_is_recovered_with_that_pool(t
     assert recovered.trace is not None, recovered.message
     trace = load(recovered.trace)
     assert trace.config.num_blocks < 4 and trace.program[-1].rule == "admit"
-    replayed = _kvfuzz("replay", str(recovered.trace), cwd=ROOT)
+    replayed = _kvfuzz("replay", str(recovered.trace), "--trust-allocator", cwd=ROOT)
     assert replayed.returncode == 1 and "signal 11" in replayed.stdout, replayed.stdout + replayed.stderr
 
 
@@ -236,7 +237,7 @@ def test_a_flaky_failure_is_saved_flaky_and_replayed_and_exported_as_such(tmp_pa
     trace = load(saved.path)
     assert trace.flaky == (summary.reproduced, 8)
     assert json.loads(saved.path.read_text())["flaky"] == {"reproduced": summary.reproduced, "replays": 8}
-    replayed = replay_trace(trace)
+    replayed = replay_trace(trace, trust=AllocatorTrust(("tests",)))
     assert replayed.tries == 8 and 0 < replayed.reproductions < 8 + 1
     assert "flaky: reproduced in" in replayed.describe_failure() or not replayed.failed
     exported = export_test(trace, str(saved.path))
@@ -257,7 +258,7 @@ def test_a_hang_through_the_cli_is_saved_and_its_replay_reports_the_hang(tmp_pat
     assert done.returncode == 1, done.stdout + done.stderr
     assert "hang" in done.stdout and "did not return within 0.5 s" in done.stdout
     (trace,) = tmp_path.glob("*.json")
-    replayed = _kvfuzz("replay", str(trace), "--call-timeout", "0.5", cwd=ROOT, timeout=120)
+    replayed = _kvfuzz("replay", str(trace), "--trust-allocator", "--call-timeout", "0.5", cwd=ROOT, timeout=120)
     assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
 
 
@@ -300,7 +301,7 @@ def test_ctrl_c_while_shrinking_prints_and_saves_the_best_failure_and_exits_130(
     assert "shrunk only as far as it got" in done.stdout and "Traceback" not in done.stderr
     assert "Flaky" not in done.stdout
     (trace,) = tmp_path.glob("*.json")
-    replayed = _kvfuzz("replay", str(trace), cwd=ROOT, env_slow="0")
+    replayed = _kvfuzz("replay", str(trace), "--trust-allocator", cwd=ROOT, env_slow="0")
     assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout
 
 
@@ -341,12 +342,12 @@ def test_a_flaky_replay_that_takes_another_path_counts_as_not_reproduced(
         return real_replay(*args, **kwargs)
 
     monkeypatch.setattr(corpus, "replay", diverging_every_other_try)
-    replayed = corpus.replay_trace(trace)
+    replayed = corpus.replay_trace(trace, trust=AllocatorTrust(("tests",)))
     assert replayed.tries == 8 and len(tries) == 8 and replayed.reproductions <= 4
     tries.clear()
     tries.append(1)  # the next try diverges: a trace not marked flaky does not fit, and that is said
     with pytest.raises(NotApplicable):
-        corpus.replay_trace(attrs.evolve(trace, flaky=None))
+        corpus.replay_trace(attrs.evolve(trace, flaky=None), trust=AllocatorTrust(("tests",)))
 
 
 def test_a_ctrl_c_that_hypothesis_wraps_in_a_flaky_failure_is_the_users_interrupt() -> None:

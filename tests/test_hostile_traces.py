@@ -371,10 +371,10 @@ def test_replay_goes_on_after_bad_files_and_exits_with_the_worst_status(tmp_path
 
 def test_replay_skips_a_trace_whose_allocator_is_not_installed(tmp_path: Path) -> None:
     """Old code reported the missing engine library as a usage error (exit 2)."""
-    absent = write(tmp_path / "absent.json", {**trace_data(), "allocator": "kvfuzz_absent_engine:factory"})
+    absent = write(tmp_path / "absent.json", {**trace_data(), "allocator": "kvfuzz.adapters.absent_engine:factory"})
     result = kvfuzz("replay", absent.name, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "skipped" in result.stdout and "kvfuzz_absent_engine" in result.stdout
+    assert "skipped" in result.stdout and "kvfuzz.adapters.absent_engine" in result.stdout
     # An --allocator that cannot be loaded is the user's mistake, not the trace's: a usage error.
     wrong = kvfuzz("replay", absent.name, "--allocator", "kvfuzz_absent_engine:factory", cwd=tmp_path)
     assert wrong.returncode == 2 and "kvfuzz_absent_engine" in wrong.stderr

@@ -301,6 +301,12 @@ def test_an_allocator_that_cannot_be_built_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "broken.py").write_text("def factory(spec):\n    raise RuntimeError('no pool for you')\n")
     path, _ = save(Trace("broken:factory", trace.config, trace.program, trace.failure, 1), tmp_path)
     done = kvfuzz(
-        "show", str(path), "--html", "page.html", cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}
+        "show",
+        str(path),
+        "--html",
+        "page.html",
+        "--trust-allocator",
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(CORPUS.parent)])},
     )
     _refused(done, "replay could not start", "no pool for you")

@@ -14,11 +14,11 @@ from factories import CopyTailOnFork, declaring, make_allocator
 from kvfuzz.allocator.paged import PagedAllocator, paged_allocator, synchronous_allocator
 from kvfuzz.cli import main
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.workload import WorkloadError, replay_workload
+from kvfuzz.workload import WorkloadError
 from kvfuzz.workload.constructed import GENERATORS, constructed, constructed_json
 from kvfuzz.workload.format import FORMAT, load_workload, parse_workload
 from kvfuzz.workload.report import percentile
-from kvfuzz.workload.scheduler import ReplayError, Scheduler
+from kvfuzz.workload.scheduler import ReplayError, Scheduler, replay_workload
 from kvfuzz.zoo import variant
 from kvfuzz.zoo.variants import MatchableAtAllocation
 

@@ -12,6 +12,10 @@ without chunked-prefill preemption, vLLM v1's default and LoRA managers). Where 
 the same failure, in the same operation and, for a crash, in the same frame as on the allocator it was recorded
 against, it is the same bug met in another configuration: that allocator's signature is known too. A failure that
 differs in any of those, or an allocator of another class (each zoo variant is one), stays new.
+
+A trace recorded against an allocator that is neither one of the campaign's (the user named those) nor trusted by
+:class:`~kvfuzz.registry.AllocatorTrust` is passed over unimported: a corpus directory may hold traces from
+elsewhere, and a trace can name any importable callable.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from kvfuzz.campaign.signature import TEARDOWN, Signature, signature_of
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import Watchdog
-from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, UntrustedAllocator, load_factory
 from kvfuzz.saved.corpus import PROCESS_DIED
 from kvfuzz.saved.trace import Trace, TraceError, is_trace_file, load
 
@@ -39,6 +43,11 @@ def known_signatures(directories: Iterable[Path], allocators: Iterable[str], cal
     classes = _ClassCache()
     known: dict[str, str] = {}
     for path, trace in _traces(directories):
+        if trace.allocator not in wanted:
+            try:
+                AllocatorTrust().check(trace.allocator)
+            except UntrustedAllocator:
+                continue
         pool = trace.config.pool_spec()
         recorded = classes.of(trace.allocator, pool)
         died = str(trace.failure.get("title")).startswith(PROCESS_DIED)

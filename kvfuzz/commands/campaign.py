@@ -12,18 +12,17 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kvfuzz.campaign.report import CampaignResult, table
-from kvfuzz.campaign.store import check_redis_url, is_redis
-from kvfuzz.campaign.supervisor import DEFAULT_DURATION, Campaign, CampaignOptions
-from kvfuzz.campaign.swarm import MAX_BLOCKS, MAX_PROGRAM_LENGTH, Limits, probe_limits
 from kvfuzz.commands.json_stdout import emit_json
-from kvfuzz.commands.options import at_least, at_least_seconds
-from kvfuzz.engine.config import MachineConfig
-from kvfuzz.program.operations import OPERATIONS
-from kvfuzz.program.safeguards import deferred_interrupts
+from kvfuzz.commands.options import at_least, at_least_seconds, needs_torch
+from kvfuzz.option_defaults import CAMPAIGN_DURATION
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, AllocatorUnusable, load_factory, registered_allocators
 from kvfuzz.text import plural
+
+if TYPE_CHECKING:
+    from kvfuzz.campaign.report import CampaignResult
+    from kvfuzz.campaign.supervisor import CampaignOptions
 
 DEFAULT_CORPUS = ".kvfuzz/corpus"
 """Where a campaign saves new traces by default: a hidden directory, so that a campaign run inside a checkout of a
@@ -46,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"names ('kvfuzz*', 'zoo:*'); repeatable: the work is spread over all of them (default {DEFAULT_ALLOCATOR})",
     )
     parser.add_argument(
-        "--duration", type=_seconds, metavar="SECONDS", help=f"stop after this long (default {DEFAULT_DURATION:g})"
+        "--duration", type=_seconds, metavar="SECONDS", help=f"stop after this long (default {CAMPAIGN_DURATION:g})"
     )
     parser.add_argument("--max-examples", type=at_least(1), metavar="N", help="stop after N programs")
     parser.add_argument("--stop-after", type=at_least(1), metavar="N", help="stop after N new distinct failures")
@@ -88,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="an operation still running after this long is a hang (default 10; 0: no watchdog)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    parser.set_defaults(handler=campaign_command)
+    parser.set_defaults(handler=needs_torch(campaign_command))
 
 
 def _seconds(text: str) -> float:
@@ -122,6 +121,11 @@ def expand_allocators(specs: list[str]) -> tuple[str, ...]:
 
 def _options(args: argparse.Namespace) -> CampaignOptions:
     """Every check before any work; ``ValueError`` or ``AllocatorNotFound``/``AllocatorUnusable`` (one line)."""
+    from kvfuzz.campaign.store import check_redis_url, is_redis
+    from kvfuzz.campaign.supervisor import DEFAULT_DURATION, CampaignOptions
+    from kvfuzz.campaign.swarm import Limits, probe_limits
+    from kvfuzz.engine.config import MachineConfig
+
     cores = os.cpu_count() or 1
     workers = args.workers if args.workers is not None else cores
     if workers > WORKERS_PER_CORE * cores:
@@ -169,6 +173,9 @@ def campaign_command(args: argparse.Namespace) -> int:
     """Exit status: 2 for bad input (or a corpus another campaign holds), 128 + the signal's number when Ctrl-C
     (130), SIGTERM (143) or SIGHUP (129) ended it, 3 when every worker failed in kvfuzz itself, else 1 for a new
     failure and 0. A signal never loses what was found: the table is printed and every claimed failure saved."""
+    from kvfuzz.campaign.supervisor import Campaign
+    from kvfuzz.program.safeguards import deferred_interrupts
+
     status_line = _StatusLine(sys.stderr.isatty())
     try:
         options = _options(args)
@@ -197,6 +204,9 @@ def campaign_command(args: argparse.Namespace) -> int:
 
 
 def _header(options: CampaignOptions) -> str:
+    from kvfuzz.campaign.swarm import MAX_BLOCKS, MAX_PROGRAM_LENGTH
+    from kvfuzz.program.operations import OPERATIONS
+
     until = [f"{options.duration:g} s" if options.duration else None]
     until += [plural(options.max_examples, "example") if options.max_examples else None]
     until += [f"{plural(options.stop_after, 'new failure')}" if options.stop_after else None]
@@ -248,6 +258,8 @@ class _StatusLine:
 
 
 def _print_result(result: CampaignResult) -> None:
+    from kvfuzz.campaign.report import table
+
     print("\n".join(table(result)))
     for number, finding in enumerate(result.new, 1):
         print(f"\nfailure {number}: {finding.text}")

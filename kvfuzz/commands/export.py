@@ -7,10 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvfuzz.commands.options import needs_torch
 from kvfuzz.commands.output_files import OutputNotWritten, write_text
-from kvfuzz.saved.corpus import export_test
-from kvfuzz.saved.trace import TraceError
-from kvfuzz.saved.trace import load as load_trace
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -18,10 +16,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("trace", metavar="FILE")
     parser.add_argument("--allocator", help="test this allocator instead of the recorded one")
     parser.add_argument("-o", "--output", help="the file to write (default: stdout)")
-    parser.set_defaults(handler=run_command)
+    parser.set_defaults(handler=needs_torch(run_command))
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from kvfuzz.saved.corpus import export_test
+    from kvfuzz.saved.trace import TraceError
+    from kvfuzz.saved.trace import load as load_trace
+
     try:
         trace = load_trace(Path(args.trace))
     except TraceError as error:

@@ -1,16 +1,48 @@
 """The machine and pool arguments that ``kvfuzz run`` and ``kvfuzz zoo`` share, the configuration they give, and the
-checks every command applies to its arguments before any work starts."""
+checks every command applies to its arguments before any work starts. Registering a parser imports nothing heavy
+(its defaults come from :mod:`kvfuzz.option_defaults`); a command that drives tensors is marked
+:func:`needs_torch`, and imports torch and the engine in its handler."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+import functools
+import sys
+from typing import TYPE_CHECKING, Callable
 
-import torch
+from kvfuzz import option_defaults as defaults
+from kvfuzz.torch_check import INSTALL_TORCH, torch_unavailable
 
-from kvfuzz.engine.config import DTYPES, MachineConfig
-from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
-from kvfuzz.reference.content import ModelShape
+if TYPE_CHECKING:
+    from kvfuzz.engine.config import MachineConfig
+
+Handler = Callable[[argparse.Namespace], int]
+"""A command's handler: the parsed arguments -> the exit status."""
+
+
+def needs_torch(handler: Handler) -> Handler:
+    """``handler``, run only where torch imports: elsewhere one line on standard error saying what to install, and
+    exit status 2, before any work."""
+
+    @functools.wraps(handler)
+    def checked(args: argparse.Namespace) -> int:
+        problem = torch_unavailable()
+        if problem is not None:
+            print(
+                f"kvfuzz: {args.command} needs torch, which cannot be imported here ({problem}); install it: "
+                f"{INSTALL_TORCH}",
+                file=sys.stderr,
+            )
+            return 2
+        return handler(args)
+
+    return checked
+
+
+def progress(line: str) -> None:
+    """A progress line of a long command: on standard error, so that standard output (a table, ``--json``) holds
+    only the result."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
@@ -31,6 +63,8 @@ def at_least(minimum: int) -> Callable[[str], int]:
 
 def check_device(name: str) -> str:
     """``name`` if torch can put tensors there; otherwise ``ValueError`` saying why, in one line."""
+    import torch
+
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError, ValueError):
@@ -73,27 +107,30 @@ def machine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--call-timeout",
         type=at_least_seconds,
-        default=DEFAULT_CALL_TIMEOUT,
+        default=defaults.CALL_TIMEOUT,
         metavar="SECONDS",
-        help=f"an operation still running after this long is reported as a hang (default {DEFAULT_CALL_TIMEOUT:g}; "
+        help=f"an operation still running after this long is reported as a hang (default {defaults.CALL_TIMEOUT:g}; "
         "0 switches the watchdog off)",
     )
     pool = parser.add_argument_group("pool and model")
-    pool.add_argument("--block-size", type=at_least(1), default=MachineConfig().block_size)
-    pool.add_argument("--num-blocks", type=at_least(1), default=MachineConfig().num_blocks)
-    pool.add_argument("--host-blocks", type=at_least(0), default=MachineConfig().num_host_blocks)
-    pool.add_argument("--layers", type=at_least(1), default=ModelShape().num_layers)
-    pool.add_argument("--kv-heads", type=at_least(1), default=ModelShape().num_kv_heads)
+    pool.add_argument("--block-size", type=at_least(1), default=defaults.BLOCK_SIZE)
+    pool.add_argument("--num-blocks", type=at_least(1), default=defaults.NUM_BLOCKS)
+    pool.add_argument("--host-blocks", type=at_least(0), default=defaults.NUM_HOST_BLOCKS)
+    pool.add_argument("--layers", type=at_least(1), default=defaults.NUM_LAYERS)
+    pool.add_argument("--kv-heads", type=at_least(1), default=defaults.NUM_KV_HEADS)
     pool.add_argument(
-        "--query-heads", type=at_least(1), default=ModelShape().num_query_heads, help="a multiple of --kv-heads"
+        "--query-heads", type=at_least(1), default=defaults.NUM_QUERY_HEADS, help="a multiple of --kv-heads"
     )
-    pool.add_argument("--head-dim", type=at_least(1), default=ModelShape().head_dim)
-    pool.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    pool.add_argument("--head-dim", type=at_least(1), default=defaults.HEAD_DIM)
+    pool.add_argument("--dtype", choices=sorted(defaults.DTYPE_NAMES), default="float32")
     pool.add_argument("--device", default="cpu", help="torch device of the pools: cpu (default), cuda, cuda:N")
 
 
 def machine_config(args: argparse.Namespace) -> MachineConfig:
     """The configuration :func:`machine_arguments` parsed; ``ValueError`` (one line) where it is inconsistent."""
+    from kvfuzz.engine.config import DTYPES, MachineConfig
+    from kvfuzz.reference.content import ModelShape
+
     if args.query_heads % args.kv_heads:
         raise ValueError(
             f"--query-heads {args.query_heads} is not a multiple of --kv-heads {args.kv_heads} (grouped queries)"

@@ -7,6 +7,11 @@ program does not fit the allocator, or whose allocator fails or exits while it i
 recorded failure that reproduces (or fails differently), 0 otherwise. A trace whose recorded allocator is not here
 (an engine library that is not installed) or that needs a CUDA device this machine lacks is skipped: it does not
 raise the status. An ``--allocator`` that cannot be loaded is a usage error (2), before any replay.
+
+A trace names the allocator its replay imports and calls: one that no :class:`~kvfuzz.registry.AllocatorTrust`
+rule covers (a ``MODULE:FACTORY`` that is not registered and not kvfuzz's own) is refused with one line naming what
+it would import (2), unless ``--trust-allocator`` says the traces' source is trusted; ``--allocator`` replays
+against an allocator the user names instead.
 """
 
 from __future__ import annotations
@@ -17,14 +22,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
-from kvfuzz.commands.options import at_least_seconds
-from kvfuzz.program.replay import NotApplicable
-from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
-from kvfuzz.registry import AllocatorNotFound, load_factory
-from kvfuzz.saved.corpus import allocator_missing, replay_trace
+from kvfuzz.commands.options import at_least_seconds, needs_torch
+from kvfuzz.option_defaults import CALL_TIMEOUT
+from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, UntrustedAllocator, load_factory
 from kvfuzz.saved.hint import show_hint
-from kvfuzz.saved.trace import TraceError, TraceUnavailable
-from kvfuzz.saved.trace import load as load_trace
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,13 +33,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("traces", nargs="+", metavar="FILE")
     parser.add_argument("--allocator", help="replay against this allocator instead of the recorded one")
     parser.add_argument(
+        "--trust-allocator",
+        action="store_true",
+        help="import and call the allocator a trace names even when it is not registered, a zoo: name or kvfuzz's "
+        "own (only for traces from a source you trust: a trace can name any importable callable)",
+    )
+    parser.add_argument(
         "--call-timeout",
         type=at_least_seconds,
-        default=DEFAULT_CALL_TIMEOUT,
+        default=CALL_TIMEOUT,
         metavar="SECONDS",
-        help=f"an operation still running after this long is a hang (default {DEFAULT_CALL_TIMEOUT:g}; 0: no watchdog)",
+        help=f"an operation still running after this long is a hang (default {CALL_TIMEOUT:g}; 0: no watchdog)",
     )
-    parser.set_defaults(handler=run_command)
+    parser.set_defaults(handler=needs_torch(run_command))
 
 
 # How each file ended, for the closing count, and the exit status each outcome gives.
@@ -59,8 +66,9 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"kvfuzz: {error}", file=sys.stderr)
             return 2
     outcomes: Counter[str] = Counter()
+    trust = AllocatorTrust(everything=args.trust_allocator)
     for path in args.traces:
-        outcomes[_replay_file(path, args.allocator, args.call_timeout or None)] += 1
+        outcomes[_replay_file(path, args.allocator, args.call_timeout or None, trust)] += 1
     status = max(OUTCOMES[outcome] for outcome in outcomes)
     if len(args.traces) > 1:
         counts = ", ".join(f"{outcomes[outcome]} {outcome}" for outcome in OUTCOMES)
@@ -68,8 +76,13 @@ def run_command(args: argparse.Namespace) -> int:
     return status
 
 
-def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[float]) -> str:
+def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[float], trust: AllocatorTrust) -> str:
     """Replay one file and print what happened; returns its outcome (a key of :data:`OUTCOMES`)."""
+    from kvfuzz.program.replay import NotApplicable
+    from kvfuzz.saved.corpus import allocator_missing, replay_trace
+    from kvfuzz.saved.trace import TraceError, TraceUnavailable
+    from kvfuzz.saved.trace import load as load_trace
+
     try:
         trace = load_trace(Path(path))
     except TraceUnavailable as error:
@@ -79,6 +92,16 @@ def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[flo
         print(f"kvfuzz: {error}", file=sys.stderr)
         return "could not be replayed"
     spec = allocator or trace.allocator
+    try:
+        if allocator is None:
+            trust.check(trace.allocator)
+    except UntrustedAllocator as error:
+        print(
+            f"kvfuzz: {path}: {error}: replay it against an allocator you name (--allocator SPEC), or pass "
+            "--trust-allocator if you trust where the trace came from",
+            file=sys.stderr,
+        )
+        return "could not be replayed"
     try:
         load_factory(spec)
     except AllocatorNotFound as error:
@@ -97,6 +120,7 @@ def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[flo
             allocator,
             on_call=lambda index, call: print(f"  {index + 1:3}  {call}"),
             call_timeout=call_timeout,
+            trust=trust,
         )
     except NotApplicable as error:
         print(f"kvfuzz: {path}: {error}", file=sys.stderr)

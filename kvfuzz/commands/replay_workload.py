@@ -6,18 +6,18 @@ import argparse
 import importlib.util
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvfuzz.commands.account import parse_lengths
 from kvfuzz.commands.json_stdout import emit_json
-from kvfuzz.commands.options import at_least
+from kvfuzz.commands.options import at_least, needs_torch, progress
 from kvfuzz.commands.output_files import OutputNotWritten, written_atomically
-from kvfuzz.engine.config import MachineConfig
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
-from kvfuzz.threads import single_threaded_torch
 from kvfuzz.workload.constructed import GENERATORS, constructed
 from kvfuzz.workload.format import Workload, WorkloadError, load_workload
-from kvfuzz.workload.scheduler import ReplayError, Scheduler
-from kvfuzz.workload.sweep import sweep_table
+
+if TYPE_CHECKING:
+    from kvfuzz.engine.config import MachineConfig
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,7 +48,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--plot", metavar="PNG", help="draw the occupancy over time (needs kvfuzz[plot])")
     parser.add_argument("--json", action="store_true", help="print the report(s) as JSON")
-    parser.set_defaults(handler=run_command)
+    parser.set_defaults(handler=needs_torch(run_command))
+
+
+LARGE_FILE_BYTES = 2**20
+"""A workload file this large takes a noticeable time to read and check: a progress line says so."""
 
 
 def _workload(source: str) -> Workload:
@@ -57,11 +61,17 @@ def _workload(source: str) -> Workload:
             return constructed(source.split(":", 1)[1])
         except KeyError as error:
             raise WorkloadError(str(error.args[0])) from error
-    return load_workload(Path(source))
+    path = Path(source)
+    size = path.stat().st_size if path.is_file() else 0
+    if size >= LARGE_FILE_BYTES:
+        progress(f"kvfuzz: reading the workload {source} ({size / 2**20:.1f} MiB)")
+    return load_workload(path)
 
 
 def _pools(args: argparse.Namespace) -> list[MachineConfig]:
     """The pool of each replay: one, or one per block size of a sweep, each holding the same positions."""
+    from kvfuzz.engine.config import MachineConfig
+
     sizes = parse_lengths(args.block_sizes, "--block-sizes") if args.block_sizes else [args.block_size]
     if min(sizes) < 1:
         raise ValueError("--block-sizes: a block size must be >= 1")
@@ -82,6 +92,10 @@ def _pools(args: argparse.Namespace) -> list[MachineConfig]:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from kvfuzz.threads import single_threaded_torch
+    from kvfuzz.workload.scheduler import ReplayError, Scheduler
+    from kvfuzz.workload.sweep import sweep_table
+
     try:  # every check before any replay: the arguments, the workload, the plot's library, and each pool's allocator
         pools = _pools(args)
         workload = _workload(args.trace)

@@ -10,25 +10,20 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Optional
-
-import attrs
-from hypothesis.database import DirectoryBasedExampleDatabase
+from typing import TYPE_CHECKING, Optional
 
 from kvfuzz.commands.json_stdout import emit_json
-from kvfuzz.commands.options import machine_arguments, machine_config
-from kvfuzz.engine.config import MachineConfig
-from kvfuzz.isolation import Died, RunRequest, Stopped, run_isolated
-from kvfuzz.kernels import KERNEL_NAMES, make_kernel
+from kvfuzz.commands.options import machine_arguments, machine_config, needs_torch
 from kvfuzz.last_words import last_words
-from kvfuzz.program.safeguards import deferred_interrupts, journal_path
+from kvfuzz.option_defaults import KERNEL_NAMES
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory, probe_allocator
-from kvfuzz.runner import RunSummary, run
-from kvfuzz.saved import journals
-from kvfuzz.saved.corpus import PROCESS_DIED, save_trace, trace_of
-from kvfuzz.saved.trace import Trace
-from kvfuzz.statemachines.machine import machine_for
 from kvfuzz.text import plural
+
+if TYPE_CHECKING:
+    from kvfuzz.engine.config import MachineConfig
+    from kvfuzz.isolation import Died
+    from kvfuzz.runner import RunSummary
+    from kvfuzz.saved.trace import Trace
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "program saved as a trace (docs/failures.md); costs a second interpreter's start",
     )
     machine_arguments(parser)
-    parser.set_defaults(handler=run_command)
+    parser.set_defaults(handler=needs_torch(run_command))
 
 
 def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
@@ -113,6 +108,8 @@ def _report(summary: RunSummary, trace: Optional[Trace], args: argparse.Namespac
 
     With ``--json``, standard output stays one JSON object: ``trace`` is the saved file (or null), ``trace_error``
     why it could not be saved (or null), and ``unsaved_trace`` the trace itself when it could not be saved."""
+    from kvfuzz.saved.corpus import save_trace
+
     if not args.json:
         _print_summary(summary, config)
         sys.stdout.flush()
@@ -146,6 +143,8 @@ def _enable_faulthandler() -> None:
 def _journal_dir(corpus: Path) -> Optional[Path]:
     """The corpus, if the run can keep its journal there (and recover the journals of runs that died); else None,
     after one line saying what a crash would cost."""
+    from kvfuzz.saved import journals
+
     try:
         corpus.mkdir(parents=True, exist_ok=True)
         for recovered in journals.recover(corpus):
@@ -166,6 +165,9 @@ def _journal_dir(corpus: Path) -> Optional[Path]:
 def _report_death(died: Died, args: argparse.Namespace, factory: AllocatorFactory) -> int:
     """The isolated child died without a result: a signal killed it (exit status 1, its program saved from its
     journal), or it exited, which kvfuzz's own run never does (exit status 3)."""
+    from kvfuzz.saved.corpus import PROCESS_DIED
+    from kvfuzz.statemachines.machine import machine_for
+
     status = 1 if died.killed else 3
     machine = machine_for(factory, died.trace.config).__name__ if died.trace is not None else ""
     if args.json:
@@ -192,6 +194,9 @@ def _run_isolated(
     args: argparse.Namespace, config: MachineConfig, factory: AllocatorFactory, inflight_window: int
 ) -> int:
     """``--isolate``: the run in a child process (:mod:`kvfuzz.isolation`), reported here as without it."""
+    from kvfuzz.isolation import Died, RunRequest, Stopped, run_isolated
+    from kvfuzz.program.safeguards import deferred_interrupts
+
     outcome = run_isolated(
         RunRequest(
             args.allocator,
@@ -223,6 +228,8 @@ def _run_isolated(
 def _dying_words(journal_dir: Optional[Path], corpus: str) -> contextlib.AbstractContextManager[None]:
     """Without ``--isolate``: if the allocator kills this process, a last line names its journal and the command
     that turns it into a trace (:mod:`kvfuzz.last_words`)."""
+    from kvfuzz.program.safeguards import journal_path
+
     if journal_dir is None:
         return contextlib.nullcontext()
     journal = journal_path(journal_dir)
@@ -235,6 +242,14 @@ def _dying_words(journal_dir: Optional[Path], corpus: str) -> contextlib.Abstrac
 
 
 def run_command(args: argparse.Namespace) -> int:
+    import attrs
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    from kvfuzz.kernels import make_kernel
+    from kvfuzz.program.safeguards import deferred_interrupts
+    from kvfuzz.runner import run
+    from kvfuzz.saved.corpus import trace_of
+
     try:  # every check before any work: nothing is printed on standard output, nothing written, until all pass
         config = attrs.evolve(machine_config(args), kernel=args.kernel)
         if args.database is not None and args.seed is not None:

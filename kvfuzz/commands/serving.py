@@ -8,26 +8,22 @@ import argparse
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from kvfuzz.commands.account import parse_lengths
 from kvfuzz.commands.json_stdout import emit_json
-from kvfuzz.commands.options import at_least
+from kvfuzz.commands.options import at_least, needs_torch, progress
 from kvfuzz.commands.output_files import OutputNotWritten, written_atomically
-from kvfuzz.engine.config import MachineConfig
-from kvfuzz.kernels import KERNEL_NAMES
+from kvfuzz.option_defaults import KERNEL_NAMES, POLICY_NAMES
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
-from kvfuzz.threads import single_threaded_torch
-from kvfuzz.workload.ablation import ablate, ablation_table, variants
 from kvfuzz.workload.arrivals import ArrivalShape
-from kvfuzz.workload.budget import POLICIES, Policy, ServingSettings
-from kvfuzz.workload.capacity import Capacity, LatencyTarget, capacity_table, find_capacity
 from kvfuzz.workload.cost import CostModel
-from kvfuzz.workload.format import WorkloadError
-from kvfuzz.workload.layouts import paged, reservation
-from kvfuzz.workload.provenance import MixedEvidence
-from kvfuzz.workload.scheduler import ReplayError
+from kvfuzz.workload.format import WorkloadError, check_request_count
 from kvfuzz.workload.sources import SOURCES_HELP, workload_from
+
+if TYPE_CHECKING:
+    from kvfuzz.workload.budget import ServingSettings
+    from kvfuzz.workload.capacity import Capacity
 
 DEFAULT_RATES = "0.1,0.2,0.3,0.4,0.5,0.6,0.8"
 
@@ -51,7 +47,7 @@ def _number(minimum: float, strict: bool) -> Callable[[str], float]:
 def _scheduling(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("scheduling and the cost model")
     group.add_argument("--token-budget", type=at_least(1), default=64, help="tokens computed per step (default 64)")
-    group.add_argument("--policy", choices=POLICIES, default="decode-first", help="who takes the budget first")
+    group.add_argument("--policy", choices=POLICY_NAMES, default="decode-first", help="who takes the budget first")
     group.add_argument("--max-running", type=at_least(1), default=256, help="most requests running (default 256)")
     group.add_argument("--timeout", type=at_least(1), help="abort a request not finished this many steps after arrival")
     defaults = CostModel()
@@ -69,6 +65,8 @@ def _scheduling(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace) -> ServingSettings:
+    from kvfuzz.workload.budget import Policy, ServingSettings
+
     cost = CostModel(args.step_ms / 1e3, args.token_us / 1e6, args.kv_us / 1e6)
     return ServingSettings(args.token_budget, Policy(args.policy), args.max_running, args.timeout, cost)
 
@@ -90,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     serve.add_argument("--requests", type=at_least(1), default=60, help="requests of a poisson: workload")
     _scheduling(serve)
-    serve.set_defaults(handler=run_serve)
+    serve.set_defaults(handler=needs_torch(run_serve))
 
     capacity = subparsers.add_parser(
         "capacity",
@@ -109,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     capacity.add_argument("--tpot-p99", type=_number(0, True), default=2.0, help="target p99 TPOT, steps (2)")
     capacity.add_argument("--plot", metavar="PNG", help="draw p99 latency against rate (needs kvfuzz[plot])")
     _scheduling(capacity)
-    capacity.set_defaults(handler=run_capacity)
+    capacity.set_defaults(handler=needs_torch(run_capacity))
 
     ablation = subparsers.add_parser(
         "ablate",
@@ -124,7 +122,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ablation.add_argument("--step-seconds", type=_number(0, True), default=0.05, help="an imported trace's s/step")
     ablation.add_argument("--requests", type=at_least(1), default=40, help="requests of a poisson: workload (40)")
     _scheduling(ablation)
-    ablation.set_defaults(handler=run_ablate)
+    ablation.set_defaults(handler=needs_torch(run_ablate))
 
 
 def _refuse(error: Exception) -> int:
@@ -133,6 +131,10 @@ def _refuse(error: Exception) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from kvfuzz.engine.config import MachineConfig
+    from kvfuzz.threads import single_threaded_torch
+    from kvfuzz.workload.scheduler import ReplayError
+
     try:
         if args.pool_positions % args.block_size:
             raise ValueError(f"--pool-positions {args.pool_positions} is not a multiple of --block-size")
@@ -165,11 +167,16 @@ def _rates(text: str) -> list[float]:
 
 
 def run_capacity(args: argparse.Namespace) -> int:
+    from kvfuzz.threads import single_threaded_torch
+    from kvfuzz.workload.capacity import LatencyTarget, capacity_table, find_capacity
+    from kvfuzz.workload.layouts import paged, reservation
+
     try:
         rates = _rates(args.rates)
         sizes = parse_lengths(args.block_sizes, "--block-sizes")
         if 0 in sizes:
             raise ValueError("--block-sizes: a block size must be >= 1")
+        check_request_count(args.requests, "--requests")
         shape = ArrivalShape(requests=args.requests)
         if args.reserve < shape.longest():
             raise ValueError(
@@ -181,11 +188,13 @@ def run_capacity(args: argparse.Namespace) -> int:
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             raise ValueError("--plot needs matplotlib: pip install 'kvfuzz[plot]'")
         settings, target = _settings(args), LatencyTarget(args.ttft_p99, args.tpot_p99)
-    except ValueError as error:
+    except ValueError as error:  # WorkloadError included
         return _refuse(error)
     layouts = [paged(size, args.pool_positions) for size in sizes] + [reservation(args.reserve, args.pool_positions)]
     with single_threaded_torch():
-        results = [find_capacity(layout, rates, args.seed, shape, settings, target) for layout in layouts]
+        results = [
+            find_capacity(layout, rates, args.seed, shape, settings, target, progress=progress) for layout in layouts
+        ]
     if args.json:
         emit_json([_capacity_json(result) for result in results])
     else:
@@ -220,6 +229,10 @@ def _capacity_json(result: Capacity) -> dict:
 
 
 def run_ablate(args: argparse.Namespace) -> int:
+    from kvfuzz.threads import single_threaded_torch
+    from kvfuzz.workload.ablation import ablate, ablation_table, variants
+    from kvfuzz.workload.provenance import MixedEvidence
+
     try:
         workload = workload_from(args.trace, args.step_seconds, args.requests)
         longest = max(len(request.prompt) + request.output_len for request in workload.requests)
@@ -232,7 +245,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     except (WorkloadError, ValueError) as error:
         return _refuse(error)
     with single_threaded_torch():
-        served = ablate(workload, rows)
+        served = ablate(workload, rows, progress)
     if args.json:
         emit_json([{"factor": v.factor, "setting": v.setting, **r.to_json()} for v, r in served])
     else:

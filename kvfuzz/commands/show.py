@@ -13,11 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+from kvfuzz.commands.options import needs_torch
 from kvfuzz.commands.output_files import OutputNotWritten, check_outputs, write_text, written_atomically
-from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 from kvfuzz.saved.hint import default_page
-from kvfuzz.saved.trace import TraceError
-from kvfuzz.saved.trace import load as load_trace
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,7 +29,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--png", metavar="OUT.png", help="also draw the timeline as a PNG (needs matplotlib)")
     parser.add_argument("--allocator", help="replay against this allocator instead of the recorded one")
-    parser.set_defaults(handler=run_command)
+    parser.add_argument(
+        "--trust-allocator",
+        action="store_true",
+        help="replay the allocator the trace names even when it is not registered, a zoo: name or kvfuzz's own "
+        "(only for traces from a source you trust)",
+    )
+    parser.set_defaults(handler=needs_torch(run_command))
 
 
 def _usage_error(message: str) -> int:
@@ -39,6 +44,9 @@ def _usage_error(message: str) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from kvfuzz.saved.trace import TraceError
+    from kvfuzz.saved.trace import load as load_trace
+
     try:
         trace = load_trace(Path(args.trace))
     except TraceError as error:
@@ -63,7 +71,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     try:
-        timeline = record(trace, args.trace, args.allocator)
+        timeline = record(trace, args.trace, args.allocator, trust=AllocatorTrust(everything=args.trust_allocator))
     except KeyboardInterrupt:
         raise
     except BaseException as error:  # building the allocator or its engine failed or exited: one line, as replay says

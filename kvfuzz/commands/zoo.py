@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from kvfuzz.commands.json_stdout import emit_json
-from kvfuzz.commands.options import machine_arguments, machine_config
+from kvfuzz.commands.options import machine_arguments, machine_config, needs_torch, progress
 from kvfuzz.registry import AllocatorNotFound, probe_allocator
 
 
@@ -21,12 +21,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--json", action="store_true", help="print the results as one JSON list")
     machine_arguments(parser)
     parser.set_defaults(examples=600)
-    parser.set_defaults(handler=run_command)
+    parser.set_defaults(handler=needs_torch(run_command))
 
 
 def run_command(args: argparse.Namespace) -> int:
     from kvfuzz.zoo import VARIANTS
-    from kvfuzz.zoo_run import markdown_header, markdown_row, run_zoo
+    from kvfuzz.zoo_run import ZooResult, markdown_header, markdown_row, run_zoo
 
     unknown = set(args.only) - {variant.name for variant in VARIANTS}
     try:
@@ -35,14 +35,28 @@ def run_command(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"no zoo variant named {', '.join(sorted(unknown))}; known: {', '.join(v.name for v in VARIANTS)}"
             )
-        for variant in VARIANTS:  # each builds for this pool before any runs
-            if variant.name in args.only or not args.only and (args.deep or not variant.deep):
-                probe_allocator(f"zoo:{variant.name}", variant.factory(), config.pool_spec())
+        selected = [
+            variant
+            for variant in VARIANTS
+            if variant.name in args.only or not args.only and (args.deep or not variant.deep)
+        ]
+        for variant in selected:  # each builds for this pool before any runs
+            probe_allocator(f"zoo:{variant.name}", variant.factory(), config.pool_spec())
     except (AllocatorNotFound, ValueError) as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
     if not args.json:
         print(markdown_header(), flush=True)
+    done: list[ZooResult] = []
+
+    def on_result(result: ZooResult) -> None:  # a row on standard output as it comes; with --json, progress lines
+        done.append(result)
+        if args.json:
+            verdict = "caught as expected" if result.caught_as_expected else "NOT caught as expected"
+            progress(f"zoo: {result.variant.name} {verdict} ({len(done)} of {len(selected)})")
+        else:
+            print(markdown_row(result.row()), flush=True)
+
     results = run_zoo(
         config,
         examples=args.examples,
@@ -51,7 +65,7 @@ def run_command(args: argparse.Namespace) -> int:
         shrink=not args.no_shrink,
         names=args.only,
         deep=args.deep,
-        on_result=None if args.json else lambda result: print(markdown_row(result.row()), flush=True),
+        on_result=on_result,
     )
     if args.json:
         emit_json([result.to_json() for result in results])

@@ -24,7 +24,7 @@ from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.replay import NotApplicable, ReplayOutcome, replay
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
 from kvfuzz.program.stats import failure_kind
-from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 from kvfuzz.runner import RunSummary
 from kvfuzz.saved.hint import show_hint
 from kvfuzz.saved.trace import Trace, failure_record, save
@@ -165,16 +165,20 @@ def replay_trace(
     allocator: Optional[str] = None,
     on_call: Optional[Callable[[int, Call], None]] = None,
     call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT,
+    trust: AllocatorTrust = AllocatorTrust(),
 ) -> TraceReplay:
     """Replay ``trace`` against its recorded allocator, or ``allocator`` if given: once, or as many times as its
     confirmation replays when it is flaky; a trace of a process the allocator killed is replayed in a child
     process, so the replay survives the crash it reproduces. Each operation runs under a watchdog of
     ``call_timeout`` seconds (None: none).
 
-    Raises :class:`~kvfuzz.runner.AllocatorNotFound` if the allocator cannot be loaded, and
-    :class:`~kvfuzz.program.replay.NotApplicable` if the program (or the trace's attention kernel) does
-    not fit the allocator.
+    Raises :class:`~kvfuzz.registry.UntrustedAllocator`, before anything is imported, if ``allocator`` is not
+    given and ``trust`` does not cover the recorded one; :class:`~kvfuzz.registry.AllocatorNotFound` if the
+    allocator cannot be loaded, and :class:`~kvfuzz.program.replay.NotApplicable` if the program (or the trace's
+    attention kernel) does not fit the allocator.
     """
+    if allocator is None:
+        trust.check(trace.allocator)
     spec = allocator or trace.allocator
     if str(trace.failure.get("title")).startswith(PROCESS_DIED):
         return _replay_in_child(trace, spec, call_timeout)
@@ -207,13 +211,14 @@ def replay_trace(
 
 
 def _replay_in_child(trace: Trace, spec: str, call_timeout: Optional[float]) -> TraceReplay:
-    """Replay in a child Python process, which is expected to die; its death is the recorded failure."""
+    """Replay in a child Python process, which is expected to die; its death is the recorded failure. ``spec`` was
+    checked against the caller's trust already: the child is given it as the allocator to replay against."""
     child = {**trace.to_json(), "allocator": spec, "failure": {**trace.failure, "title": "replayed in a child"}}
     script = (
         "import json, sys; from kvfuzz.saved.corpus import replay_trace; from kvfuzz.saved.trace import from_json; "
-        "r = replay_trace(from_json(json.load(sys.stdin)), call_timeout=%r); "
+        "r = replay_trace(from_json(json.load(sys.stdin)), %r, call_timeout=%r); "
         "print(json.dumps({'failed': r.failed, 'at': r.outcome.failed_at, 'what': r.describe_failure()}))"
-    ) % (call_timeout,)
+    ) % (spec, call_timeout)
     done = subprocess.run(
         [sys.executable, "-X", "faulthandler", "-c", script],
         input=json.dumps(child),

@@ -33,7 +33,6 @@ operation's, and a pool geometry over :data:`GEOMETRY_LIMITS` or over 1 GiB of K
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import hashlib
 import json
@@ -55,8 +54,15 @@ from kvfuzz.kernels import KERNEL_NAMES
 from kvfuzz.program.call import Call, program_json
 from kvfuzz.program.operations import BY_NAME
 from kvfuzz.reference.content import ModelShape
+from kvfuzz.saved.files import (  # noqa: F401 -- is_trace_file and json_file_kind are used from here
+    FORMAT,
+    MAX_FILE_BYTES,
+    is_trace_file,
+    json_file_kind,
+    text_encoding,
+    utf8_error,
+)
 
-FORMAT = "kvfuzz-trace/1"
 _TUPLE_ARGUMENTS = {"namespace", "system"}
 
 
@@ -177,8 +183,6 @@ def _sync_directory(directory: Path) -> None:
 # before replay allocates pools, calls the allocator or writes Python, and reports the first problem as one line that
 # names the file and the field.
 
-MAX_FILE_BYTES = 16 * 2**20
-"""The largest trace file read: the biggest shrunk programs are a few hundred calls, a few hundred KiB."""
 MAX_PROGRAM_CALLS = 100_000
 MAX_POOL_BYTES = 2**30
 """Replay allocates the device and host K/V pools of the trace's configuration: at most 1 GiB."""
@@ -257,7 +261,7 @@ def _read_json(path: Path) -> Any:
         raise TraceError(f"{path}: empty file, not a kvfuzz trace")
     encoding = text_encoding(raw)
     if encoding is None:
-        bad = _utf8_error(raw)
+        bad = utf8_error(raw)
         offset = bad.start if bad is not None else 0
         raise TraceError(
             f"{path}: not UTF-8 text (byte 0x{raw[offset]:02x} at offset {offset}); a kvfuzz trace is UTF-8 JSON"
@@ -272,36 +276,6 @@ def _read_json(path: Path) -> Any:
         raise TraceError(f"{path}: not valid JSON: {error}") from None
     except ValueError as error:  # json.JSONDecodeError, or an integer of more digits than Python converts
         raise TraceError(f"{path}: not valid JSON: {_one_line(str(error))}") from None
-
-
-def text_encoding(raw: bytes) -> Optional[str]:
-    """The encoding of a JSON file's bytes, cheaply: ``UTF-8`` (a byte-order mark allowed), ``UTF-16`` or ``UTF-32``
-    (with a byte-order mark, or the zero bytes of ASCII JSON text), or None if the bytes decode as none of them."""
-    boms = (
-        (codecs.BOM_UTF32_LE, "utf-32", "UTF-32"),  # before UTF-16's: it begins with the same two bytes
-        (codecs.BOM_UTF32_BE, "utf-32", "UTF-32"),
-        (codecs.BOM_UTF16_LE, "utf-16", "UTF-16"),
-        (codecs.BOM_UTF16_BE, "utf-16", "UTF-16"),
-    )
-    wide = next(((codec, name) for bom, codec, name in boms if raw.startswith(bom)), None)
-    if wide is None and b"\x00" in raw[:4]:
-        codec = json.detect_encoding(raw)
-        wide = (codec, codec[:6].upper()) if codec.startswith("utf-") and codec[4:6] in ("16", "32") else None
-    if wide is not None:
-        try:
-            raw.decode(wide[0])
-            return wide[1]
-        except UnicodeDecodeError:
-            pass
-    return "UTF-8" if _utf8_error(raw) is None else None
-
-
-def _utf8_error(raw: bytes) -> Optional[UnicodeDecodeError]:
-    try:
-        raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        return error
-    return None
 
 
 def _no_constant(name: str) -> Any:
@@ -564,33 +538,3 @@ def _failure(value: Any) -> dict[str, Any]:
     _string("failure.operation", failure.get("operation"), MAX_TEXT, optional=True)
     _string("failure.explanation", failure.get("explanation", ""), MAX_TEXT)
     return failure
-
-
-TRACE_MARKERS = tuple(
-    FORMAT.split("/")[0].encode(codec) for codec in ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
-)
-"""``kvfuzz-trace`` as bytes in each encoding :func:`text_encoding` recognises."""
-
-
-def json_file_kind(path: Path) -> Optional[str]:
-    """What the pytest plugin makes of a file, from its bytes (the first 16 MiB): None unless it is a regular
-    ``.json`` file; ``"trace"`` if its bytes hold ``kvfuzz-trace`` in UTF-8, UTF-16 or UTF-32, wherever it stands
-    (formatting and key order do not matter); ``"undecodable"`` if the bytes are no text :func:`text_encoding`
-    recognises; ``"other"`` for any other JSON file (a workload, a ``package.json``)."""
-    if path.suffix != ".json":
-        return None
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_FILE_BYTES)
-    except OSError:
-        return None
-    if any(marker in raw for marker in TRACE_MARKERS):
-        return "trace"
-    return "undecodable" if text_encoding(raw) is None else "other"
-
-
-def is_trace_file(path: Path) -> bool:
-    """Whether ``path`` is a ``.json`` file whose bytes name the trace format (see :func:`json_file_kind`)."""
-    return json_file_kind(path) == "trace"

@@ -24,7 +24,7 @@ from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Execution, Safeguards, Target
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, AllocatorHang, Watchdog
-from kvfuzz.registry import AllocatorNotFound, load_factory
+from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, UntrustedAllocator, load_factory
 from kvfuzz.saved.corpus import PROCESS_DIED, reproduces_recorded
 from kvfuzz.saved.trace import Trace
 from kvfuzz.threads import single_threaded_torch
@@ -357,16 +357,27 @@ def record(
     allocator: Optional[str] = None,
     max_columns: Optional[int] = None,
     call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT,
+    trust: AllocatorTrust = AllocatorTrust(),
 ) -> Timeline:
     """Replay ``trace`` against its allocator (or ``allocator``) and record its timeline. An allocator that cannot
-    be loaded here gives a timeline of the program and the recorded failure alone, with a note saying why; a trace
-    of a process the allocator killed is replayed up to the call that killed it."""
+    be loaded here, or that the trace names and ``trust`` does not cover (nothing is imported then), gives a
+    timeline of the program and the recorded failure alone, with a note saying why; a trace of a process the
+    allocator killed is replayed up to the call that killed it."""
     spec = allocator or trace.allocator
     max_columns = MAX_COLUMNS if max_columns is None else max_columns
     program = list(trace.program)
     notes: list[str] = []
     recorded = str(trace.failure.get("explanation") or trace.failure.get("title") or "")
     title = str(trace.failure.get("title"))
+    try:
+        if allocator is None:
+            trust.check(spec)
+    except UntrustedAllocator as error:
+        notes.append(
+            f"not replayed: {error} (--trust-allocator replays it, if you trust where the trace came from; "
+            "--allocator SPEC replays against an allocator you name)"
+        )
+        return _unreplayed(trace, source, spec, program, recorded, notes, max_columns)
     try:
         factory = load_factory(spec)
     except AllocatorNotFound as error:

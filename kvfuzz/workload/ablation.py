@@ -10,7 +10,7 @@ tables (4 bytes per entry; a reservation's one entry per sequence is its base po
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import attrs
 
@@ -55,10 +55,14 @@ def variants(block_size: int, reserve: int, pool_positions: int, settings: Servi
     ]
 
 
-def ablate(workload: Workload, rows: Sequence[Variant]) -> list[tuple[Variant, ServingReport]]:
-    """Serve ``workload`` once per variant."""
+def ablate(
+    workload: Workload, rows: Sequence[Variant], progress: Optional[Callable[[str], None]] = None
+) -> list[tuple[Variant, ServingReport]]:
+    """Serve ``workload`` once per variant; each is announced to ``progress`` as it starts."""
     served = []
-    for variant in rows:
+    for number, variant in enumerate(rows, start=1):
+        if progress is not None:
+            progress(f"serving {variant.factor} = {variant.setting} ({number} of {len(rows)})")
         config = variant.layout.config(variant.kernel)
         allocator = variant.layout.factory(config.pool_spec())
         served.append((variant, variant.settings.scheduler(workload, allocator, config, variant.layout.name).serve()))

@@ -33,7 +33,7 @@ from kvfuzz.allocator.types import SeqId
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.expected import Status
 from kvfuzz.workload.cost import CostModel, StepLoad, clock
-from kvfuzz.workload.format import Workload
+from kvfuzz.workload.format import MAX_STEPS, Workload
 from kvfuzz.workload.scheduler import DONE, Phase, ReplayError, Scheduler, Tracked
 from kvfuzz.workload.serving_report import Distribution, Latencies, ServingReport, TimedOut
 
@@ -63,7 +63,7 @@ class BudgetScheduler(Scheduler):
         max_running: int = 256,
         timeout_steps: Optional[int] = None,
         cost: CostModel = CostModel(),
-        max_steps: int = 100_000,
+        max_steps: int = MAX_STEPS,
     ) -> None:
         super().__init__(workload, allocator, config, allocator_name, max_running, max_steps)
         if token_budget < 1:

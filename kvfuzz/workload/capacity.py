@@ -11,7 +11,7 @@ are requests per step; the modelled seconds of the cost model are shown beside t
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import attrs
 
@@ -90,10 +90,14 @@ def find_capacity(
     settings: ServingSettings,
     target: LatencyTarget,
     kernel: str = "gather",
+    progress: Optional[Callable[[str], None]] = None,
 ) -> Capacity:
-    """Replay the arrival process on ``layout`` at each rate, lowest first, until one misses ``target``."""
+    """Replay the arrival process on ``layout`` at each rate, lowest first, until one misses ``target``; each replay
+    is announced to ``progress`` as it starts."""
     points = []
     for rate in sorted(rates):
+        if progress is not None:
+            progress(f"{layout.label}: replaying {shape.requests} requests at {rate:g} per step")
         config = layout.config(kernel)
         report = settings.scheduler(poisson(rate, seed, shape), layout.factory(config.pool_spec()), config, layout.name)
         served = report.serve()

@@ -19,6 +19,12 @@ prompt is its group's prefix followed by its own ``prompt`` tokens (or ``prompt_
 (not before ``arrival``) cancels it in the scheduling round before that step, wherever it is. ``id``, ``arrival``,
 ``output_len`` and one of ``prompt`` and ``prompt_len`` are required; a field not named here is refused, so that a
 misspelled one is not silently ignored.
+
+A workload is bounded before any token is derived: a file of at most :data:`MAX_WORKLOAD_BYTES`, at most
+:data:`MAX_REQUESTS` requests, a prompt of at most :data:`MAX_PROMPT_TOKENS` (its prefix group's included) and all
+prompts together at most :data:`MAX_WORKLOAD_PROMPT_TOKENS`, at most :data:`MAX_SAMPLES` samples, and every request
+able to finish (arrive and generate its output) within the :data:`MAX_STEPS` steps a replay runs. Anything else is
+refused with one line naming the request and the limit.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import hashlib
 import json
 import random
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import attrs
 
@@ -50,6 +56,20 @@ REQUEST_FIELDS = (
     "namespace",
     "prefix_group",
 )
+
+MAX_WORKLOAD_BYTES = 64 * 2**20
+"""The largest workload file read (JSON or CSV): a hundred thousand requests with explicit prompts fit."""
+MAX_REQUESTS = 100_000
+"""Requests in one workload."""
+MAX_STEPS = 100_000
+"""The steps a replay runs at most (:class:`~kvfuzz.workload.scheduler.Scheduler`'s ``max_steps``): a request that
+arrives later, or could not generate its output before, can never finish."""
+MAX_PROMPT_TOKENS = 2**20
+"""Tokens of one request's prompt, its prefix group's included."""
+MAX_WORKLOAD_PROMPT_TOKENS = 2**22
+"""Tokens of every prompt and prefix group of a workload together: replay holds them all in memory."""
+MAX_SAMPLES = 256
+"""Parallel samples of one request."""
 
 
 class WorkloadError(ValueError):
@@ -135,22 +155,67 @@ def _tokens(value: Any, where: str) -> Tokens:
     return tuple(value)
 
 
-def _groups(raw: Any) -> dict[str, Tokens]:
+Prompt = Union[Tokens, int]
+"""A prompt as a workload gives it, before any token is derived: its tokens, or how many to derive."""
+
+
+def _length(prompt: Prompt) -> int:
+    return prompt if isinstance(prompt, int) else len(prompt)
+
+
+def _prompt_length(value: Any, key: str, where: str, minimum: int) -> int:
+    """A prompt length (``prompt_len``, a group's ``length``) checked, within :data:`MAX_PROMPT_TOKENS`."""
+    length = _checked_int(value, key, where, minimum)
+    if length > MAX_PROMPT_TOKENS:
+        raise WorkloadError(f"{where}: {key!r} {length:,} is over the limit of {MAX_PROMPT_TOKENS:,} tokens per prompt")
+    return length
+
+
+def _groups(raw: Any) -> dict[str, Prompt]:
+    """Each prefix group checked: its tokens, or the length to derive them by (none derived here)."""
     if not isinstance(raw, dict):
         raise WorkloadError("'prefix_groups' must be an object mapping group names to {length} or {tokens}")
-    groups = {}
+    groups: dict[str, Prompt] = {}
     for name, spec in raw.items():
         where = f"prefix group {name!r}"
         if isinstance(spec, dict) and len(spec) == 1 and "tokens" in spec:
             groups[name] = _tokens(spec["tokens"], where)
         elif isinstance(spec, dict) and len(spec) == 1 and "length" in spec:
-            groups[name] = derived_tokens(f"group:{name}", _checked_int(spec["length"], "length", where, 1))
+            groups[name] = _prompt_length(spec["length"], "length", where, 1)
         else:
             raise WorkloadError(f'{where}: expected {{"length": N}} or {{"tokens": [...]}}')
     return groups
 
 
-def _request(entry: Any, number: int, groups: dict[str, Tokens]) -> Request:
+def _derived_groups(groups: dict[str, Prompt]) -> dict[str, Tokens]:
+    return {
+        name: derived_tokens(f"group:{name}", prompt) if isinstance(prompt, int) else prompt
+        for name, prompt in groups.items()
+    }
+
+
+@attrs.frozen
+class _CheckedRequest:
+    """A request entry with every field checked and within the limits, its own prompt not yet derived."""
+
+    id: str
+    arrival: int
+    own: Prompt  # the request's own prompt tokens, or how many to derive from its id
+    output_len: int
+    samples: int
+    cancel_at: Optional[int]
+    namespace: Namespace
+    group: Optional[str]
+
+    def built(self, groups: dict[str, Tokens]) -> Request:
+        own = derived_tokens(self.id, self.own) if isinstance(self.own, int) else self.own
+        prompt = (groups[self.group] if self.group else ()) + own
+        return Request(
+            self.id, self.arrival, prompt, self.output_len, self.samples, self.cancel_at, self.namespace, self.group
+        )
+
+
+def _request(entry: Any, number: int, groups: dict[str, Prompt]) -> _CheckedRequest:
     if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry["id"]:
         raise WorkloadError(f"request #{number}: expected an object with a non-empty string 'id'")
     where = f"request {entry['id']!r} (#{number})"
@@ -162,35 +227,39 @@ def _request(entry: Any, number: int, groups: dict[str, Tokens]) -> Request:
         raise WorkloadError(f"{where}: prefix group {group!r} is not defined in 'prefix_groups'")
     if ("prompt" in entry) == ("prompt_len" in entry):
         raise WorkloadError(f"{where}: give exactly one of 'prompt' (tokens) and 'prompt_len'")
-    own = (
+    own: Prompt = (
         _tokens(entry["prompt"], f"{where} 'prompt'")
         if "prompt" in entry
-        else derived_tokens(entry["id"], _checked_int(entry["prompt_len"], "prompt_len", where, 0))
+        else _prompt_length(entry["prompt_len"], "prompt_len", where, 0)
     )
-    prompt = (groups[group] if group else ()) + own
-    if not prompt:
+    length = (_length(groups[group]) if group else 0) + _length(own)
+    if not length:
         raise WorkloadError(f"{where}: the prompt is empty")
+    if length > MAX_PROMPT_TOKENS:
+        raise WorkloadError(
+            f"{where}: its prompt of {length:,} tokens is over the limit of {MAX_PROMPT_TOKENS:,} tokens per prompt"
+        )
     arrival = _int(entry, "arrival", where, 0)
     if arrival is None:
         raise WorkloadError(f"{where}: 'arrival' is required")
     if "output_len" not in entry:
         raise WorkloadError(f"{where}: 'output_len' is required (the tokens it generates, >= 1)")
+    output_len = _checked_int(entry["output_len"], "output_len", where, 1)
+    if arrival + output_len > MAX_STEPS:
+        raise WorkloadError(
+            f"{where}: arriving at step {arrival:,} and generating {output_len:,} tokens, it cannot finish within "
+            f"the limit of {MAX_STEPS:,} steps a replay runs"
+        )
+    samples = _int_or(entry, "samples", where, 1, default=1)
+    if samples > MAX_SAMPLES:
+        raise WorkloadError(f"{where}: 'samples' {samples:,} is over the limit of {MAX_SAMPLES} samples per request")
     cancel_at = _int(entry, "cancel_at", where, 0)
     if cancel_at is not None and cancel_at < arrival:
         raise WorkloadError(f"{where}: 'cancel_at' {cancel_at} is before its 'arrival' {arrival}")
     namespace = entry.get("namespace", [])
     if not isinstance(namespace, list) or not all(isinstance(part, str) for part in namespace):
         raise WorkloadError(f"{where}: 'namespace' must be a list of strings")
-    return Request(
-        entry["id"],
-        arrival,
-        prompt,
-        _checked_int(entry["output_len"], "output_len", where, 1),
-        _int_or(entry, "samples", where, 1, default=1),
-        cancel_at,
-        tuple(namespace),
-        group,
-    )
+    return _CheckedRequest(entry["id"], arrival, own, output_len, samples, cancel_at, tuple(namespace), group)
 
 
 def parse_workload(data: Any, where: str = "workload") -> Workload:
@@ -213,24 +282,54 @@ def parse_workload(data: Any, where: str = "workload") -> Workload:
     raw = data.get("requests")
     if not isinstance(raw, list) or not raw:
         raise WorkloadError(f"{where}: 'requests' must be a non-empty list")
-    requests = [_request(entry, number, groups) for number, entry in enumerate(raw, start=1)]
+    check_request_count(len(raw), where)
+    checked = [_request(entry, number, groups) for number, entry in enumerate(raw, start=1)]
     seen: set[str] = set()
-    for request in requests:
+    for request in checked:
         if request.id in seen:
             raise WorkloadError(f"{where}: request id {request.id!r} appears twice")
         seen.add(request.id)
-    requests.sort(key=lambda request: request.arrival)
+    total = sum(map(_length, groups.values())) + sum(
+        (_length(groups[request.group]) if request.group else 0) + _length(request.own) for request in checked
+    )
+    if total > MAX_WORKLOAD_PROMPT_TOKENS:
+        raise WorkloadError(
+            f"{where}: its prompts hold {total:,} tokens together, over the limit of "
+            f"{MAX_WORKLOAD_PROMPT_TOKENS:,} tokens per workload"
+        )
+    derived = _derived_groups(groups)
+    requests = sorted((request.built(derived) for request in checked), key=lambda request: request.arrival)
     return Workload(
         str(data.get("name", Path(where).stem)),
         origin,
         str(data.get("description", "")),
         tuple(requests),
-        groups,
+        derived,
         provenance,
     )
 
 
+def check_request_count(count: int, where: str) -> None:
+    """A :class:`WorkloadError` if a workload of ``count`` requests is over :data:`MAX_REQUESTS`."""
+    if count > MAX_REQUESTS:
+        raise WorkloadError(f"{where}: {count:,} requests is over the limit of {MAX_REQUESTS:,} requests per workload")
+
+
+def check_file_size(path: Path) -> None:
+    """A :class:`WorkloadError` if the workload file at ``path`` is over :data:`MAX_WORKLOAD_BYTES`, before it is
+    read (a file that cannot be examined is left to the reading, which says why)."""
+    try:
+        size = Path(path).stat().st_size
+    except OSError:
+        return
+    if size > MAX_WORKLOAD_BYTES:
+        raise WorkloadError(
+            f"{path}: {size:,} bytes is over the limit of {MAX_WORKLOAD_BYTES // 2**20} MiB per workload file"
+        )
+
+
 def load_workload(path: Path) -> Workload:
+    check_file_size(path)
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as error:

@@ -15,7 +15,14 @@ import datetime
 from pathlib import Path
 from typing import Optional
 
-from kvfuzz.workload.format import FORMAT, Workload, WorkloadError, parse_workload
+from kvfuzz.workload.format import (
+    FORMAT,
+    Workload,
+    WorkloadError,
+    check_file_size,
+    check_request_count,
+    parse_workload,
+)
 
 AZURE_FORMAT = "azure-llm-inference-csv"
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -43,6 +50,7 @@ def import_azure_csv(path: Path, step_seconds: float, max_requests: Optional[int
     raises :class:`~kvfuzz.workload.format.WorkloadError` naming the row and column of a malformed entry."""
     if not step_seconds > 0:
         raise WorkloadError(f"the step length must be > 0 seconds, got {step_seconds}")
+    check_file_size(path)
     try:
         with open(path, newline="") as handle:
             rows = list(csv.reader(handle))
@@ -53,8 +61,10 @@ def import_azure_csv(path: Path, step_seconds: float, max_requests: Optional[int
         raise WorkloadError(
             f"{path}: not an Azure LLM inference trace: expected the header {','.join(AZURE_COLUMNS)}, found {found}"
         )
+    rows = rows[1 : (max_requests + 1) if max_requests else None]
+    check_request_count(len(rows), str(path))
     entries = []
-    for number, row in enumerate(rows[1 : (max_requests + 1) if max_requests else None], start=2):
+    for number, row in enumerate(rows, start=2):
         where = f"{path} line {number}"
         if len(row) != len(AZURE_COLUMNS):
             raise WorkloadError(f"{where}: expected {len(AZURE_COLUMNS)} columns, found {len(row)}")

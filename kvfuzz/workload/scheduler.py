@@ -29,7 +29,7 @@ from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.engine import Engine
 from kvfuzz.engine.expected import Status
 from kvfuzz.engine.violations import InvariantViolation
-from kvfuzz.workload.format import Request, Workload
+from kvfuzz.workload.format import MAX_STEPS, Request, Workload
 from kvfuzz.workload.report import Latency, Preemption, Refusal, ReplayReport
 
 
@@ -87,7 +87,7 @@ class Scheduler:
         config: MachineConfig,
         allocator_name: str,
         max_running: int = 256,
-        max_steps: int = 100_000,
+        max_steps: int = MAX_STEPS,
     ) -> None:
         if any(request.namespace for request in workload.requests) and not allocator.capabilities.namespaces:
             raise ReplayError(

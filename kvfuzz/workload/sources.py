@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvfuzz.workload.arrivals import ArrivalShape, poisson
 from kvfuzz.workload.constructed import constructed
-from kvfuzz.workload.format import Workload, WorkloadError, load_workload
+from kvfuzz.workload.format import Workload, WorkloadError, check_request_count, load_workload
 from kvfuzz.workload.importers import import_azure_csv
 
 SOURCES_HELP = "a kvfuzz-workload/1 JSON file, constructed:NAME, poisson:RATE[:SEED] or azure-csv:PATH"
@@ -23,6 +23,7 @@ def workload_from(source: str, step_seconds: float = 0.05, requests: int = 60) -
         except KeyError as error:
             raise WorkloadError(str(error.args[0])) from error
     if kind == "poisson":
+        check_request_count(requests, source)
         rate, _, seed = rest.partition(":")
         try:
             return poisson(float(rate), int(seed or 0), ArrivalShape(requests=requests))

@@ -1,0 +1,20 @@
+"""The defaults and choices that ``kvfuzz``'s parsers and the pytest plugin's options show, spelled here without
+importing torch, Hypothesis or the engine: ``--help`` and usage errors answer at once, and where torch cannot be
+imported at all. Each mirrors a value defined with the code that uses it; tests/test_without_torch.py checks that
+every one equals its source."""
+
+from __future__ import annotations
+
+BLOCK_SIZE = 4  # kvfuzz.engine.config.MachineConfig().block_size
+NUM_BLOCKS = 16  # MachineConfig().num_blocks
+NUM_HOST_BLOCKS = 4  # MachineConfig().num_host_blocks
+NUM_LAYERS = 2  # kvfuzz.reference.content.ModelShape().num_layers
+NUM_KV_HEADS = 2  # ModelShape().num_kv_heads
+NUM_QUERY_HEADS = 4  # ModelShape().num_query_heads
+HEAD_DIM = 8  # ModelShape().head_dim
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # tuple(kvfuzz.engine.config.DTYPES)
+KERNEL_NAMES = ("gather", "flex", "allocator")  # kvfuzz.kernels.KERNEL_NAMES
+CALL_TIMEOUT = 60.0  # kvfuzz.program.safeguards.DEFAULT_CALL_TIMEOUT
+CAMPAIGN_DURATION = 600.0  # kvfuzz.campaign.supervisor.DEFAULT_DURATION
+PROFILE_NAMES = ("ci", "dev", "nightly")  # tuple(kvfuzz.profiles.PROFILES)
+POLICY_NAMES = ("decode-first", "prefill-first")  # kvfuzz.workload.budget.POLICIES

@@ -1,0 +1,172 @@
+"""Workloads are bounded before work: a prompt, an output, a sample count, a request count, an arrival or a file that
+makes a workload impossible or enormous is refused with one line naming the limit (exit status 2) before any token
+is derived; Ctrl-C during a replay is one line; long commands print progress on standard error, never on standard
+output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from factories import kvfuzz
+
+from kvfuzz.workload import format as workload_format
+from kvfuzz.workload.format import (
+    FORMAT,
+    MAX_PROMPT_TOKENS,
+    MAX_REQUESTS,
+    MAX_SAMPLES,
+    MAX_STEPS,
+    MAX_WORKLOAD_BYTES,
+    MAX_WORKLOAD_PROMPT_TOKENS,
+    WorkloadError,
+    parse_workload,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _workload(*requests: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"format": FORMAT, "name": "w", "origin": "constructed", "requests": list(requests), **fields}
+
+
+def _request(number: int = 0, **fields: Any) -> dict[str, Any]:
+    return {"id": f"r{number}", "arrival": 0, "prompt_len": 4, "output_len": 2, **fields}
+
+
+@pytest.fixture
+def nothing_derived(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if any token is derived: the bounds must hold before."""
+
+    def derive(name: str, count: int) -> tuple[int, ...]:
+        raise AssertionError(f"{count} tokens derived for {name} before the bounds were checked")
+
+    monkeypatch.setattr(workload_format, "derived_tokens", derive)
+
+
+BEYOND = {
+    "a prompt of 10^9 tokens": (_workload(_request(prompt_len=10**9)), f"limit of {MAX_PROMPT_TOKENS:,} tokens"),
+    "a prefix group of 10^9 tokens": (
+        _workload(_request(prefix_group="g"), prefix_groups={"g": {"length": 10**9}}),
+        f"limit of {MAX_PROMPT_TOKENS:,} tokens",
+    ),
+    "a group and a prompt over the limit together": (
+        _workload(_request(prefix_group="g", prompt_len=MAX_PROMPT_TOKENS), prefix_groups={"g": {"length": 1}}),
+        f"its prompt of {MAX_PROMPT_TOKENS + 1:,} tokens is over the limit",
+    ),
+    "prompts over the workload's limit together": (
+        _workload(*(_request(number, prompt_len=MAX_PROMPT_TOKENS) for number in range(5))),
+        f"limit of {MAX_WORKLOAD_PROMPT_TOKENS:,} tokens per workload",
+    ),
+    "an arrival at 10^12": (_workload(_request(arrival=10**12)), f"limit of {MAX_STEPS:,} steps"),
+    "an output longer than a replay": (_workload(_request(output_len=10**9)), f"limit of {MAX_STEPS:,} steps"),
+    "an output that cannot finish after its arrival": (
+        _workload(_request(arrival=MAX_STEPS - 10, output_len=11)),
+        f"limit of {MAX_STEPS:,} steps",
+    ),
+    "10^6 samples": (_workload(_request(samples=10**6)), f"limit of {MAX_SAMPLES} samples"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BEYOND))
+def test_a_workload_beyond_a_limit_is_refused_before_any_token_is_derived(case: str, nothing_derived: None) -> None:
+    data, limit = BEYOND[case]
+    with pytest.raises(WorkloadError, match="over the limit|cannot finish") as refused:
+        parse_workload(data)
+    assert limit in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_limits_themselves_are_accepted() -> None:
+    at_limits = _workload(
+        _request(0, prompt_len=MAX_PROMPT_TOKENS - 1, prefix_group="g", samples=MAX_SAMPLES),
+        _request(1, arrival=MAX_STEPS - 1, output_len=1),
+        prefix_groups={"g": {"length": 1}},
+    )
+    workload = parse_workload(at_limits)
+    assert len(workload.requests[0].prompt) == MAX_PROMPT_TOKENS
+
+
+def test_too_many_requests_are_refused_before_any_is_read(nothing_derived: None) -> None:
+    many = _workload(*([None] * (MAX_REQUESTS + 1)))  # not even valid requests: the count is checked first
+    with pytest.raises(WorkloadError, match=f"{MAX_REQUESTS + 1:,} requests is over the limit of {MAX_REQUESTS:,}"):
+        parse_workload(many)
+
+
+def test_the_cli_refuses_an_impossible_workload_at_once(tmp_path: Path) -> None:
+    """Before: a prompt of 10^9 tokens spent minutes and gigabytes before the check that it cannot fit, and an
+    arrival at 10^12 was reported as a replay crash (exit 1) after 100,000 empty steps."""
+    for name, data in (("prompt", BEYOND["a prompt of 10^9 tokens"][0]), ("arrival", BEYOND["an arrival at 10^12"][0])):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(data))
+        started = time.monotonic()
+        done = kvfuzz("replay-workload", path.name, cwd=tmp_path)
+        assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("kvfuzz: ") and ("over the limit" in line or "cannot finish" in line)
+        assert time.monotonic() - started < 60
+
+
+def test_a_workload_file_over_the_size_limit_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "huge.json"
+    with open(path, "wb") as handle:  # sparse: the size is what is checked, before a byte is read
+        handle.truncate(MAX_WORKLOAD_BYTES + 1)
+    with pytest.raises(WorkloadError, match=f"over the limit of {MAX_WORKLOAD_BYTES // 2**20} MiB"):
+        workload_format.load_workload(path)
+    csv = tmp_path / "huge.csv"
+    with open(csv, "wb") as handle:
+        handle.truncate(MAX_WORKLOAD_BYTES + 1)
+    done = kvfuzz("serve", f"azure-csv:{csv}", cwd=tmp_path)
+    assert done.returncode == 2 and "over the limit" in done.stderr
+
+
+def test_a_poisson_workload_of_too_many_requests_is_refused(tmp_path: Path) -> None:
+    serve = kvfuzz("serve", "poisson:0.5", "--requests", str(10**7), cwd=tmp_path)
+    assert serve.returncode == 2 and f"limit of {MAX_REQUESTS:,} requests" in serve.stderr
+    capacity = kvfuzz("capacity", "--requests", str(10**7), cwd=tmp_path)
+    assert capacity.returncode == 2 and f"limit of {MAX_REQUESTS:,} requests" in capacity.stderr
+
+
+def test_ctrl_c_during_replay_workload_is_one_line(tmp_path: Path) -> None:
+    requests = [_request(number, arrival=number, prompt_len=40, output_len=400) for number in range(400)]
+    (tmp_path / "long.json").write_text(json.dumps(_workload(*requests)))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "kvfuzz.cli", "replay-workload", "long.json", "--pool-positions", "8192"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        time.sleep(8)  # torch imported, the replay under way (it runs for minutes)
+        assert child.poll() is None, "the replay ended before it could be interrupted"
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 130, err
+    assert "Traceback" not in out + err
+    assert err.strip().splitlines() == [
+        "kvfuzz: replay-workload interrupted (Ctrl-C) before it finished: nothing to report"
+    ]
+
+
+def test_long_commands_print_progress_on_standard_error_only(tmp_path: Path) -> None:
+    zoo = kvfuzz("zoo", "--only", "NoCopyOnWrite", "--examples", "300", "--json", cwd=tmp_path)
+    assert json.loads(zoo.stdout)[0]["variant"] == "NoCopyOnWrite"
+    assert "zoo: NoCopyOnWrite caught as expected (1 of 1)" in zoo.stderr
+    capacity = kvfuzz("capacity", "--rates", "0.5", "--requests", "4", "--block-sizes", "16", "--json", cwd=tmp_path)
+    assert capacity.returncode in (0, 1), capacity.stderr
+    assert len(json.loads(capacity.stdout)) == 2
+    assert "paged" in capacity.stderr and "replaying 4 requests at 0.5 per step" in capacity.stderr
+    ablate = kvfuzz("ablate", "--requests", "4", "--json", cwd=tmp_path)
+    assert ablate.returncode in (0, 1), ablate.stderr
+    rows = json.loads(ablate.stdout)
+    assert f"serving baseline = {rows[0]['setting']} (1 of {len(rows)})" in ablate.stderr
