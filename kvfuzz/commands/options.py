@@ -64,9 +64,14 @@ def at_least_seconds(text: str) -> float:
     return value
 
 
-def machine_arguments(parser: argparse.ArgumentParser) -> None:
+RUN_EXAMPLES = 100
+"""The examples of a ``kvfuzz run`` unless ``--examples`` says otherwise."""
+
+
+def machine_arguments(parser: argparse.ArgumentParser, examples: int = RUN_EXAMPLES) -> None:
+    """The machine, pool and model options; ``examples`` is the command's default budget, and its help says so."""
     group = parser.add_argument_group("machine")
-    group.add_argument("--examples", type=at_least(1), default=100, help="Hypothesis examples to run (default 100)")
+    group.add_argument("--examples", type=at_least(1), default=examples, help=f"examples to run (default {examples})")
     group.add_argument("--steps", type=at_least(1), default=50, help="most operations per example (default 50)")
     group.add_argument("--seed", type=int, help="random seed (default: derandomized, the same run every time)")
     group.add_argument("--no-shrink", action="store_true", help="report the first failure as found, unshrunk")
