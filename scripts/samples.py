@@ -23,7 +23,8 @@ current directory; standard output is what is shown, standard error (progress li
 unless the command fails; each distinct command runs once. A command must exit 0 or 1 (1 is a finding, e.g. a zoo
 allocator caught); another status is an error for that region, which is then left as it is. ``kvfuzz run`` is
 given ``--corpus`` pointing at a fresh temporary directory, so a failure's trace is never written into the
-repository, and that directory is shown as ``corpus``, where the command as shown would write it.
+repository, and that directory is shown as ``.kvfuzz/corpus`` (``DEFAULT_CORPUS``), where the command as shown
+would write it.
 
 Volatile fields: timings differ on every run, so they are replaced by ``…`` in the output before it is shown or
 compared: a number followed by `` s`` (seconds), a number followed by `` steps/s``, and a markdown table cell
@@ -59,6 +60,9 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the checkout's kvfuzz, whatever copy is installed
+
+from kvfuzz.commands.options import DEFAULT_CORPUS  # noqa: E402 -- after the path that finds it
 
 REGION = re.compile(r"^<!-- (sample|table): (.+?) -->\n(.*?)^<!-- /\1 -->$", re.MULTILINE | re.DOTALL)
 """An opening comment on a line of its own, the body, and the matching closing comment on a line of its own."""
@@ -109,7 +113,7 @@ def run_command(command: str) -> str:
         )
         if done.returncode not in (0, 1):
             raise SampleError(f"{command!r} exited with status {done.returncode}:\n{done.stderr}")
-        return normalise(done.stdout.replace(corpus, "corpus"))
+        return normalise(done.stdout.replace(corpus, DEFAULT_CORPUS))
 
 
 def zoo_table() -> str:

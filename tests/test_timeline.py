@@ -291,8 +291,8 @@ def test_run_and_replay_point_at_the_timeline(tmp_path: Path) -> None:
     assert show_hint(NO_COPY_ON_WRITE) in done.stdout
     run = kvfuzz("run", "--allocator", "zoo:NoCopyOnWrite", "--examples", "30", "--seed", "1", cwd=tmp_path)
     assert run.returncode == 1, run.stderr
-    saved = next((tmp_path / "corpus").glob("*.json"))
-    assert show_hint(Path("corpus") / saved.name) in run.stdout
+    saved = next((tmp_path / ".kvfuzz" / "corpus").glob("*.json"))
+    assert show_hint(Path(".kvfuzz") / "corpus" / saved.name) in run.stdout
 
 
 def test_an_allocator_that_cannot_be_built_is_one_line(tmp_path: Path) -> None:

@@ -1,13 +1,16 @@
-"""The machine and pool arguments that ``kvfuzz run`` and ``kvfuzz zoo`` share, the configuration they give, and the
-checks every command applies to its arguments before any work starts."""
+"""The machine and pool arguments that ``kvfuzz run`` and ``kvfuzz zoo`` share, the configuration they give, the
+defaults and checks of the flags several commands share (one meaning and one default each), and the checks every
+command applies to its arguments before any work starts."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 
+from kvfuzz.campaign.store import check_redis_url, is_redis
 from kvfuzz.engine.config import DTYPES, MachineConfig
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
 from kvfuzz.reference.content import ModelShape
@@ -64,8 +67,26 @@ def at_least_seconds(text: str) -> float:
     return value
 
 
+DEFAULT_CORPUS = ".kvfuzz/corpus"
+"""Where ``kvfuzz run`` and ``kvfuzz campaign`` save new traces by default: a hidden directory, so that a run inside a
+checkout of a project (kvfuzz's own included) never adds failing tests to the directories its pytest collects. A
+trace becomes a regression test when it is put in a collected corpus (``--corpus corpus``, or a copy)."""
+
 RUN_EXAMPLES = 100
 """The examples of a ``kvfuzz run`` unless ``--examples`` says otherwise."""
+
+
+def check_database(database: Optional[str]) -> None:
+    """``--database`` as every command takes it: ``redis://HOST:PORT/N`` (a server that answers), or a directory (that
+    may not exist yet); ``ValueError`` (one line) for another URL, a file, or a Redis that cannot be used."""
+    if database is None:
+        return
+    if is_redis(database):
+        check_redis_url(database)
+    elif "://" in database:
+        raise ValueError(f"--database {database}: only redis://HOST:PORT/N URLs, or a directory")
+    elif Path(database).exists() and not Path(database).is_dir():
+        raise ValueError(f"--database {database}: not a directory")
 
 
 def machine_arguments(parser: argparse.ArgumentParser, examples: int = RUN_EXAMPLES) -> None:

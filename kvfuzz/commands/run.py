@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Optional
 
 import attrs
-from hypothesis.database import DirectoryBasedExampleDatabase
 
-from kvfuzz.commands.options import machine_arguments, machine_config
+from kvfuzz.campaign.store import open_examples
+from kvfuzz.commands.options import DEFAULT_CORPUS, check_database, machine_arguments, machine_config
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.kernels import KERNEL_NAMES, make_kernel
 from kvfuzz.program.safeguards import deferred_interrupts
@@ -36,13 +36,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument(
-        "--corpus", default="corpus", metavar="DIR", help="where a failure's trace is saved (default: corpus)"
+        "--corpus",
+        default=DEFAULT_CORPUS,
+        metavar="DIR",
+        help=f"where a failure's trace is saved (default {DEFAULT_CORPUS}, which pytest does not collect)",
     )
     parser.add_argument(
         "--database",
-        metavar="DIR",
-        help="Hypothesis example database: failing examples are saved there and tried first "
-        "by the next run (share it between CI runs); makes the run random, not seeded",
+        metavar="URL|DIR",
+        help="Hypothesis example database, redis://HOST:PORT/N or a directory: failing examples are saved there and "
+        "tried first by the next run (share it between CI runs); makes the run random, not seeded",
     )
     parser.add_argument(
         "--kernel",
@@ -159,6 +162,7 @@ def run_command(args: argparse.Namespace) -> int:
         config = attrs.evolve(machine_config(args), kernel=args.kernel)
         if args.database is not None and args.seed is not None:
             raise ValueError("--seed and --database cannot be combined (Hypothesis ignores the database under a seed)")
+        check_database(args.database)
         factory = load_factory(args.allocator)
         probe = probe_allocator(args.allocator, factory, config.pool_spec())  # never driven; gives the window
         make_kernel(config.kernel, probe)
@@ -183,7 +187,7 @@ def run_command(args: argparse.Namespace) -> int:
             f"  {plural(args.examples, 'example')} of up to {plural(args.steps, 'step')}, {search}",
             flush=True,
         )
-    database = DirectoryBasedExampleDatabase(args.database) if args.database else None
+    database = None if args.database is None else open_examples(args.database, Path(args.database))
     _enable_faulthandler()
     # Ctrl-C outside the run (which stops with what it found) would lose a failure not yet saved: it waits.
     with deferred_interrupts() as pressed:
