@@ -100,3 +100,17 @@ def test_run_takes_a_database_url_as_campaign_does_or_refuses_it_in_one_line(tmp
     assert result.returncode == 2
     assert result.stderr.startswith(f"kvfuzz: --database {url}") and result.stderr.count("\n") == 1, result.stderr
     assert result.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_a_failure_in_the_teardown_is_blamed_on_the_teardown(tmp_path: Path) -> None:
+    """The teardown frees every sequence still alive: a refcount it then finds wrong was reported as ``violated by
+    free('s0')``, a call the printed program does not contain."""
+    from test_timeline import teardown_refcount_trace
+
+    from kvfuzz.saved.trace import save
+
+    path, _ = save(teardown_refcount_trace(), tmp_path)
+    result = kvfuzz("replay", str(path), cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "state.free(" not in result.stdout
+    assert "invariant 3 (refcounts) violated by the teardown's free('s0') (scheduling step 1):" in result.stdout
