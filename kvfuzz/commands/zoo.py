@@ -11,9 +11,10 @@ from kvfuzz.registry import AllocatorNotFound, probe_allocator
 
 ZOO_EXAMPLES = 2000
 """Each variant's budget unless ``--examples`` says otherwise: the test suite's, and enough for every variant that is
-not deep. Measured: ``FullHitCappedInPlace``, the latest, first fails at example 435 of the derandomized run, among
-the random programs of a budget's first half; a budget of 600 (300 random programs) let it escape. A variant that is
-caught stops at its first failure, so the budget costs only the variants that escape."""
+not deep. Measured (the derandomized run of each): the latest, ``FullHitCappedInPlace`` and ``EvictsOnRefusal``,
+first fail at examples 435 and 684, among the random programs of the budget's first half; a budget of 600 (300
+random programs) let ``FullHitCappedInPlace`` escape. A variant that is caught stops at its first failure, so the
+budget costs only the variants that escape."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
