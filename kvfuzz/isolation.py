@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Optional, Union
 
 import attrs
-from hypothesis.database import DirectoryBasedExampleDatabase
 
+from kvfuzz.campaign.store import open_examples
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.lifeline import tie_to_parent
 from kvfuzz.program.call import program_text
@@ -50,7 +50,7 @@ class RunRequest:
     seed: Optional[int] = None
     derandomize: Optional[bool] = None
     shrink: bool = True
-    database: Optional[str] = None  # an example-database directory
+    database: Optional[str] = None  # the example database: a directory, or redis://HOST:PORT/N
     call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT
     journal_dir: Optional[Path] = None  # where the child keeps its journal; None: a death loses the program
     progress: bool = False  # the child prints progress lines on standard error
@@ -183,7 +183,7 @@ def _child(request: RunRequest, sending: Connection, parent: int) -> None:
         derandomize=request.derandomize,
         allocator_name=request.allocator,
         shrink=request.shrink,
-        database=DirectoryBasedExampleDatabase(request.database) if request.database else None,
+        database=open_examples(request.database, Path(request.database)) if request.database else None,
         progress=(lambda line: print(line, file=sys.stderr, flush=True)) if request.progress else None,
         call_timeout=request.call_timeout,
         journal_dir=request.journal_dir,

@@ -61,7 +61,7 @@ class ZooResult:
 def run_zoo(
     config: MachineConfig = MachineConfig(),
     *,
-    examples: int = 600,
+    examples: int,
     steps: int = 50,
     seed: Optional[int] = None,
     shrink: bool = True,
@@ -69,8 +69,8 @@ def run_zoo(
     deep: bool = False,
     on_result: Optional[Callable[[ZooResult], None]] = None,
 ) -> list[ZooResult]:
-    """Run the machine against each variant (those named, or else every variant a default run is expected to
-    catch, and the deep ones too when ``deep`` is set); report each result as it comes."""
+    """Run the machine for ``examples`` examples against each variant (those named, or else every variant a default
+    run is expected to catch, and the deep ones too when ``deep`` is set); report each result as it comes."""
     wanted = set(names)
     unknown = wanted - {variant.name for variant in VARIANTS}
     if unknown:

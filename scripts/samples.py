@@ -19,12 +19,15 @@ the two comments is replaced. A second kind of region, ``<!-- table: zoo -->`` .
 markdown table generated from the code: ``zoo``, the zoo's variants (``kvfuzz.zoo.VARIANTS``), or ``capabilities``,
 the fields of ``Capabilities`` by feature (from their metadata).
 
-How commands run: each in a fresh Python process through ``kvfuzz.cli.main``, with the repository root as the
-current directory; standard output is what is shown, standard error (progress lines and any traceback) is dropped
+How commands run: as a user's shell runs them, each through the installed ``kvfuzz`` command (the console script
+beside this Python, so a sample is what an installed kvfuzz prints, not only what the checkout's modules print: a
+stale install, or a module the package leaves out, makes a sample stale), in a fresh process with the repository root
+as the current directory; standard output is what is shown, standard error (progress lines and any traceback) is dropped
 unless the command fails; each distinct command runs once. A command must exit 0 or 1 (1 is a finding, e.g. a zoo
 allocator caught); another status is an error for that region, which is then left as it is. ``kvfuzz run`` is
 given ``--corpus`` pointing at a fresh temporary directory, so a failure's trace is never written into the
-repository, and that directory is shown as ``corpus``, where the command as shown would write it.
+repository, and that directory is shown as ``.kvfuzz/corpus`` (``DEFAULT_CORPUS``), where the command as shown
+would write it.
 
 Volatile fields: timings differ on every run, so they are replaced by ``…`` in the output before it is shown or
 compared: a number followed by `` s`` (seconds), a number followed by `` steps/s``, and a markdown table cell
@@ -50,7 +53,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import os
 import re
 import shlex
 import subprocess
@@ -60,6 +62,9 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the checkout's kvfuzz, whatever copy is installed
+
+from kvfuzz.commands.options import DEFAULT_CORPUS  # noqa: E402 -- after the path that finds it
 
 REGION = re.compile(r"^<!-- (sample|table): (.+?) -->\n(.*?)^<!-- /\1 -->$", re.MULTILINE | re.DOTALL)
 """An opening comment on a line of its own, the body, and the matching closing comment on a line of its own."""
@@ -90,10 +95,18 @@ class SampleError(RuntimeError):
     """A region that cannot be rendered: a bad marker, or a command that failed."""
 
 
+def installed_kvfuzz() -> Path:
+    """The ``kvfuzz`` command a user's shell runs here: the console script installed beside this Python."""
+    script = Path(sys.executable).parent / "kvfuzz"
+    if not script.is_file():
+        raise SampleError(f"no kvfuzz command beside {sys.executable}: install this checkout (pip install .)")
+    return script
+
+
 def run_command(command: str) -> str:
-    """Run ``command`` (``kvfuzz ...``) in a fresh Python process from the repository root, as a user's shell runs
-    it (a command run inside another program, under pytest for instance, may draw its examples differently); its
-    normalised standard output."""
+    """Run ``command`` (``kvfuzz ...``) through the installed ``kvfuzz`` command in a fresh process from the
+    repository root, as a user's shell runs it (a command run inside another program, under pytest for instance,
+    may draw its examples differently); its normalised standard output."""
     words = shlex.split(command)
     if not words or words[0] != "kvfuzz":
         raise SampleError(f"sample command must start with 'kvfuzz': {command!r}")
@@ -102,15 +115,11 @@ def run_command(command: str) -> str:
         if arguments[:1] == ["run"] and "--corpus" not in arguments:
             arguments += ["--corpus", corpus]
         done = subprocess.run(
-            [sys.executable, "-c", "import sys; from kvfuzz.cli import main; sys.exit(main())", *arguments],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+            [sys.executable, str(installed_kvfuzz()), *arguments], cwd=ROOT, capture_output=True, text=True
         )
         if done.returncode not in (0, 1):
             raise SampleError(f"{command!r} exited with status {done.returncode}:\n{done.stderr}")
-        return normalise(done.stdout.replace(corpus, "corpus"))
+        return normalise(done.stdout.replace(corpus, DEFAULT_CORPUS))
 
 
 def zoo_table() -> str:

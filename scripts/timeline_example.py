@@ -1,5 +1,6 @@
 """Draw the example timeline the README and docs/timeline.md show: ``docs/timeline.png``, the picture
-``kvfuzz show --png`` draws of the corpus trace of the zoo's NoCopyOnWrite (the README's first failure).
+``kvfuzz show --png`` draws of the trace that the README's walk-through (``kvfuzz run --allocator zoo:NoCopyOnWrite``)
+saves, so that the picture tells the story of the program the README prints and explains.
 
 Usage::
 
@@ -13,15 +14,39 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE = ROOT / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c430.json"
+sys.path.insert(0, str(ROOT))  # the checkout's kvfuzz, whatever copy is installed
+
+from kvfuzz.commands.options import DEFAULT_CORPUS  # noqa: E402 -- after the path that finds it
+
 PICTURE = ROOT / "docs" / "timeline.png"
-SOURCE = "corpus/nocopyonwrite-exclusive-writes-b4ceae19c430.json"  # as the README's reader would name it
+WALKTHROUGH = "kvfuzz run --allocator zoo:NoCopyOnWrite"
+"""The README's walk-through, as its sample region names it."""
+
+
+def walkthrough_trace(corpus: Path) -> Path:
+    """Run the walk-through as ``scripts/samples.py`` runs the README's sample (a fresh Python process from the
+    repository root, derandomized, saving into ``corpus``) and return the trace it saved."""
+    command = "import sys; from kvfuzz.cli import main; sys.exit(main())"
+    done = subprocess.run(
+        [sys.executable, "-c", command, *shlex.split(WALKTHROUGH)[1:], "--corpus", str(corpus)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+    )
+    traces = sorted(corpus.glob("*.json"))
+    if done.returncode != 1 or len(traces) != 1:
+        raise RuntimeError(f"{WALKTHROUGH!r} exited {done.returncode} saving {len(traces)} traces:\n{done.stderr}")
+    return traces[0]
 
 
 def draw(out: Path) -> None:
@@ -29,7 +54,9 @@ def draw(out: Path) -> None:
     from kvfuzz.timeline.png import render_png
     from kvfuzz.timeline.record import record
 
-    render_png(record(load(TRACE), SOURCE), out)
+    with tempfile.TemporaryDirectory() as corpus:
+        trace = walkthrough_trace(Path(corpus))
+        render_png(record(load(trace), f"{DEFAULT_CORPUS}/{trace.name}"), out)  # as the README's reader names it
 
 
 def differs(committed: Path, fresh: Path) -> Optional[str]:

@@ -131,7 +131,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvfuzz.runner",),  # run(): search, shrink, summarise
     ("kvfuzz.saved",),  # traces, the corpus, journals
     ("kvfuzz.trace", "kvfuzz.corpus"),  # kvfuzz.saved's trace and corpus under their names before the move
-    ("kvfuzz.timeline", "kvfuzz.campaign", "kvfuzz.zoo_run", "kvfuzz.isolation"),  # show; campaigns; zoo; --isolate
+    ("kvfuzz.timeline", "kvfuzz.campaign", "kvfuzz.zoo_run"),  # show; campaigns; zoo; --isolate
+    ("kvfuzz.isolation",),  # run --isolate: the run in a child process, its example database a campaign's
     ("kvfuzz.commands", "kvfuzz.pytest_plugin"),  # the subcommands; the pytest plugin
     ("kvfuzz.cli",),  # the kvfuzz command
 )

@@ -30,6 +30,7 @@ from kvfuzz.campaign.swarm import ALWAYS_ENABLED, MAX_BLOCKS, MAX_PROGRAM_LENGTH
 from kvfuzz.cli import main
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.misuse import MisuseCall
+from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.arguments import system_prompts
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Safeguards, Target
@@ -180,6 +181,17 @@ def test_a_crash_while_the_teardown_frees_a_sequence_is_a_crash_in_free() -> Non
     assert signatures[0].operation == "free"
     assert signatures[1] == signatures[0]
     assert signatures[0].frame == f"{__name__}._KeyErrorOnFree.free"
+
+
+def test_a_violation_while_the_teardown_frees_a_sequence_is_one_of_free() -> None:
+    # Its explanation names the teardown's free; its signature is free's, as if the program had freed the sequence.
+    factory = load_factory("zoo:FreeForgetsSharedRefcount")
+    admit = Call("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1, 2, 3]})
+    calls = [admit, Call("step", {}), Call("fork", {"child": "s1", "parent": "s0"})]
+    outcome = replay(Target(factory), calls)
+    assert isinstance(outcome.failure, InvariantViolation) and outcome.failed_at == len(calls)
+    assert outcome.failure.operation == "the teardown's free('s0')"
+    assert signature_of("x", outcome.failure, calls, outcome.failed_at).operation == "free"
 
 
 def test_a_quiescence_failure_is_one_of_the_teardown() -> None:

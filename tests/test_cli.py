@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
+import pytest
 from factories import kvfuzz
 
 
@@ -23,7 +25,7 @@ def test_run_on_a_broken_allocator_prints_the_program_and_the_explanation_and_fa
     assert "invariant 9 (cache soundness)" in result.stdout
     assert "shrunk program" in result.stdout and "state.admit(" in result.stdout
     assert "expected:" in result.stdout and "found:" in result.stdout
-    assert len(list((tmp_path / "corpus").glob("*.json"))) == 1
+    assert len(list((tmp_path / ".kvfuzz" / "corpus").glob("*.json"))) == 1
 
 
 def test_unknown_allocator_is_a_usage_error(tmp_path: Path) -> None:
@@ -56,3 +58,59 @@ def test_zoo_prints_a_row_per_variant_and_passes_when_each_is_caught_as_expected
     assert "| LeakOnCancel | 2 leak on cancel | yes | invariant 4 (free set) |" in result.stdout
     assert "2 of 2 variants caught by the expected invariant" in result.stdout
     assert kvfuzz("zoo", "--only", "NoSuchVariant", cwd=tmp_path).returncode == 2
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    """Every subcommand's parser, by name."""
+    from kvfuzz.commands import account, campaign, export, replay, replay_workload, run, serving, show, zoo
+
+    subparsers = argparse.ArgumentParser().add_subparsers()
+    for command in (run, campaign, replay, show, export, zoo, account, replay_workload, serving):
+        command.register(subparsers)
+    return dict(subparsers.choices)
+
+
+@pytest.mark.parametrize("flag", ["--call-timeout", "--corpus", "--database"])
+def test_a_flag_has_one_default_in_every_command(flag: str) -> None:
+    defaults = {
+        name: action.default
+        for name, parser in _commands().items()
+        for action in parser._actions
+        if flag in action.option_strings
+    }
+    assert len(defaults) >= 2, f"{flag} is one command's flag: {sorted(defaults)}"
+    assert len(set(defaults.values())) == 1, defaults
+
+
+def test_the_walkthrough_saves_its_trace_where_pytest_does_not_collect(tmp_path: Path) -> None:
+    """The README's walk-through, then its ``pytest``, in a checkout: the trace of the zoo's slip must not land in the
+    ``corpus`` that pytest collects (``testpaths``), where it would be a regression test that fails."""
+    result = kvfuzz("run", "--allocator", "zoo:NoCopyOnWrite", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert not (tmp_path / "corpus").exists()
+    (saved,) = (tmp_path / ".kvfuzz" / "corpus").glob("*.json")
+    assert f"trace saved to .kvfuzz/corpus/{saved.name}" in result.stdout
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "http://example.invalid/db"])
+def test_run_takes_a_database_url_as_campaign_does_or_refuses_it_in_one_line(tmp_path: Path, url: str) -> None:
+    """``--database redis://...`` is Redis in ``kvfuzz campaign``; ``kvfuzz run`` took it for a directory named
+    ``redis:``. Here no Redis answers (or its client is not installed), and any other URL is not a database."""
+    result = kvfuzz("run", "--database", url, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"kvfuzz: --database {url}") and result.stderr.count("\n") == 1, result.stderr
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_a_failure_in_the_teardown_is_blamed_on_the_teardown(tmp_path: Path) -> None:
+    """The teardown frees every sequence still alive: a refcount it then finds wrong was reported as ``violated by
+    free('s0')``, a call the printed program does not contain."""
+    from test_timeline import teardown_refcount_trace
+
+    from kvfuzz.saved.trace import save
+
+    path, _ = save(teardown_refcount_trace(), tmp_path)
+    result = kvfuzz("replay", str(path), cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "state.free(" not in result.stdout
+    assert "invariant 3 (refcounts) violated by the teardown's free('s0') (scheduling step 1):" in result.stdout

@@ -29,8 +29,8 @@ def saved_trace(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("run")
     result = kvfuzz("run", "--allocator", "zoo:NoCopyOnWrite", "--examples", "300", cwd=directory)
     assert result.returncode == 1, result.stdout + result.stderr
-    traces = list((directory / "corpus").glob("*.json"))
-    assert len(traces) == 1 and "trace saved to corpus/" in result.stdout
+    traces = list((directory / ".kvfuzz" / "corpus").glob("*.json"))
+    assert len(traces) == 1 and "trace saved to .kvfuzz/corpus/" in result.stdout
     return traces[0]
 
 
@@ -44,7 +44,7 @@ def test_a_trace_records_allocator_configuration_program_and_failure(saved_trace
 
 
 def test_the_same_failure_is_not_saved_twice(saved_trace: Path) -> None:
-    result = kvfuzz("run", "--allocator", "zoo:NoCopyOnWrite", "--examples", "300", cwd=saved_trace.parent.parent)
+    result = kvfuzz("run", "--allocator", "zoo:NoCopyOnWrite", "--examples", "300", cwd=saved_trace.parents[2])
     assert "already in the corpus" in result.stdout
     assert len(list(saved_trace.parent.glob("*.json"))) == 1
 

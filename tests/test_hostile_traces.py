@@ -106,7 +106,7 @@ def test_a_write_that_fails_halfway_leaves_no_partial_trace(tmp_path: Path) -> N
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "NOT saved" in result.stdout and "File too large" in result.stdout
     assert trace_json_in(result.stdout)["allocator"] == "zoo:NoCopyOnWrite"
-    assert [path.name for path in (tmp_path / "corpus").iterdir()] == []  # neither a partial trace nor a temporary
+    assert [path.name for path in (tmp_path / ".kvfuzz" / "corpus").iterdir()] == []  # no partial trace, no temporary
     again = kvfuzz("run", "--allocator", "zoo:NoCopyOnWrite", "--examples", "300", cwd=tmp_path)
     assert "trace saved to" in again.stdout and "already in the corpus" not in again.stdout
 

@@ -39,7 +39,11 @@ def test_every_sample_matches_what_its_command_prints() -> None:
     assert any(verdict.region.kind == "sample" for verdict in verdicts), "no sample regions found"
     stale = [verdict for verdict in verdicts if verdict.stale]
     if stale:
-        pytest.fail("\n".join(verdict.describe() for verdict in stale) + "\nrewrite them: python scripts/samples.py")
+        pytest.fail(
+            "\n".join(verdict.describe() for verdict in stale)
+            + f"\nrewrite them: python scripts/samples.py (samples are what {samples.installed_kvfuzz()} prints: "
+            "if its kvfuzz is not this checkout's, pip install . first)"
+        )
 
 
 def test_the_readme_walks_through_a_caught_bug() -> None:
@@ -113,3 +117,41 @@ def test_links_stay_inside_the_repository_and_resolve() -> None:
 
 def test_the_readme_is_a_front_door() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def test_the_walkthrough_prose_and_picture_tell_the_program_the_sample_prints() -> None:
+    """The paragraph under the README's walk-through sample, and the picture's caption, name the sequences, the
+    operations and the blocks of the program the sample prints (regenerated, it may draw another)."""
+    readme = ROOT / "README.md"
+    (region,) = [r for r in samples.regions(readme) if r.marker.startswith("kvfuzz run --allocator zoo:NoCopyOnWrite")]
+    text = readme.read_text()
+    prose = text[text.index("<!-- /sample -->", region.span[1]) : text.index("\n## ", region.span[1])]
+    calls = re.findall(r"^state\.(\w+)\((.*)\)$", region.body, flags=re.MULTILINE)
+    sequences = set(re.findall(r"'(s\d+)'", " ".join(arguments for _, arguments in calls)))
+    assert set(re.findall(r"\bs\d+\b", prose)) == sequences
+    assert {name for name, _ in calls} - {"teardown"} <= set(re.findall(r"`(\w+)`", prose))
+    explained = set(re.findall(r"\bblock (\d+)", region.body))
+    assert explained and explained <= set(re.findall(r"\bblock (\d+)", prose))
+
+
+def test_the_picture_is_of_the_walkthroughs_trace() -> None:
+    spec = importlib.util.spec_from_file_location("kvfuzz_timeline_example", ROOT / "scripts" / "timeline_example.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    markers = [region.marker for region in samples.regions(ROOT / "README.md")]
+    assert any(marker.split(";")[0] == script.WALKTHROUGH for marker in markers)
+
+
+def test_a_sample_is_what_the_installed_kvfuzz_command_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user runs the ``kvfuzz`` their install put beside their Python, not the checkout's modules: the samples ran
+    the checkout, so a sample could pass its check while an installed kvfuzz printed something else."""
+    bin_directory = tmp_path / "bin"
+    bin_directory.mkdir()
+    (bin_directory / "python").symlink_to(sys.executable)
+    (bin_directory / "kvfuzz").write_text("import sys\nprint('installed kvfuzz:', *sys.argv[1:])\n")
+    monkeypatch.setattr(samples.sys, "executable", str(bin_directory / "python"))
+    assert samples.run_command("kvfuzz account --lengths 3") == "installed kvfuzz: account --lengths 3\n"
+    (bin_directory / "kvfuzz").unlink()
+    with pytest.raises(samples.SampleError, match="no kvfuzz command beside"):
+        samples.run_command("kvfuzz account --lengths 3")

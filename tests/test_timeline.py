@@ -291,8 +291,8 @@ def test_run_and_replay_point_at_the_timeline(tmp_path: Path) -> None:
     assert show_hint(NO_COPY_ON_WRITE) in done.stdout
     run = kvfuzz("run", "--allocator", "zoo:NoCopyOnWrite", "--examples", "30", "--seed", "1", cwd=tmp_path)
     assert run.returncode == 1, run.stderr
-    saved = next((tmp_path / "corpus").glob("*.json"))
-    assert show_hint(Path("corpus") / saved.name) in run.stdout
+    saved = next((tmp_path / ".kvfuzz" / "corpus").glob("*.json"))
+    assert show_hint(Path(".kvfuzz") / "corpus" / saved.name) in run.stdout
 
 
 def test_an_allocator_that_cannot_be_built_is_one_line(tmp_path: Path) -> None:
@@ -310,3 +310,35 @@ def test_an_allocator_that_cannot_be_built_is_one_line(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(CORPUS.parent)])},
     )
     _refused(done, "replay could not start", "no pool for you")
+
+
+def teardown_refcount_trace() -> Trace:
+    """FreeForgetsSharedRefcount skips the decrement of blocks a sibling shares: ``s0`` is forked into ``s1``, the
+    teardown frees ``s0``, and block 0 keeps refcount 2 with ``s1`` its only holder."""
+    program = [
+        Call("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1, 2, 3]}),
+        Call("step", {}),
+        Call("fork", {"child": "s1", "parent": "s0"}),
+    ]
+    return Trace("zoo:FreeForgetsSharedRefcount", MachineConfig(), program, {"invariant": 3, "title": "refcounts"}, 1)
+
+
+def test_a_refcount_found_wrong_is_drawn_in_its_lane_not_only_in_hover_text(tmp_path: Path) -> None:
+    """The teardown's column is one call wide: too narrow for ``s1/0 rc2≠1``, yet the refcount the failure is about
+    must be on the lane (in red), not only in the span's title."""
+    trace = teardown_refcount_trace()
+    page = render_html(record(trace, "refcount.json"))
+    lane = page.split('id="lane-device-0"', 1)[1].split("</g>", 1)[0]
+    teardown = lane.rsplit("<rect ", 1)[1]
+    assert 'data-calls="4-4"' in teardown and "refcount 2" in teardown  # the hover text had it already
+    assert '<text class="span-text rc-bad"' in teardown and "rc2\u22601</text>" in teardown
+
+
+def test_a_picture_labels_a_wrong_refcount_where_the_holders_do_not_fit() -> None:
+    from kvfuzz.timeline.model import Cell, Holding
+    from kvfuzz.timeline.png import span_label
+
+    wrong = Cell((Holding("s1", 0),), refcount=2)
+    assert span_label(wrong, 40) == "s1/0 rc2(!)"
+    assert span_label(wrong, 8) == "rc2(!)"
+    assert span_label(Cell((Holding("s1", 0),), refcount=1), 4) == ""

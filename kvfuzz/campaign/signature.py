@@ -22,6 +22,7 @@ import attrs
 
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call
+from kvfuzz.program.execution import TEARDOWN_OPERATION
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.program.safeguards import AllocatorHang
 from kvfuzz.program.stats import failure_kind
@@ -81,7 +82,7 @@ def _teardown_operation(failure: BaseException) -> str:
     """``free`` for a failure raised while the teardown freed a sequence (the violation's operation, or for a crash
     the engine's operation method in its traceback), else :data:`TEARDOWN`."""
     if isinstance(failure, InvariantViolation):
-        name = failure.operation.partition("(")[0]
+        name = failure.operation.removeprefix(TEARDOWN_OPERATION).partition("(")[0]
         return name if name in _OPERATION_NAMES else TEARDOWN
     if isinstance(failure, AllocatorHang):
         return TEARDOWN

@@ -33,7 +33,7 @@ from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.swarm import Limits
 from kvfuzz.campaign.worker import HYPOTHESIS_EVERY, WorkerPlan, patience_of, worker_main
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.program.safeguards import deferred_interrupts, journal_path
+from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, deferred_interrupts, journal_path
 from kvfuzz.saved import journals
 from kvfuzz.saved.corpus import PROCESS_DIED
 from kvfuzz.saved.hint import show_hint
@@ -61,7 +61,7 @@ class CampaignOptions:
     known: tuple[Path, ...] = ()  # corpus directories whose traces' signatures are known findings
     database: Optional[str] = None  # redis://host:port/N, or an example-database directory
     seed: int = 0  # the campaign's seed: each worker's stream derives from it
-    call_timeout: Optional[float] = 10.0
+    call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT
     shrink_seconds: float = 30.0
     base: MachineConfig = MachineConfig()  # model shape and kernel; the geometry is swarmed
     hypothesis_every: int = HYPOTHESIS_EVERY

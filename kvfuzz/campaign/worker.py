@@ -41,7 +41,7 @@ from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.random_programs import random_program
 from kvfuzz.program.replay import NotApplicable, replay
-from kvfuzz.program.safeguards import STOP_SIGNALS, AllocatorHang, Journal, Watchdog, journal_path
+from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, STOP_SIGNALS, AllocatorHang, Journal, Watchdog, journal_path
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory, load_factory
 from kvfuzz.runner import run
@@ -71,7 +71,7 @@ HYPOTHESIS_EXAMPLES = 20
 def patience_of(call_timeout: Optional[float]) -> float:
     """Seconds without a word from a worker before the campaign takes it for hung in C code the watchdog cannot
     interrupt; also how long a worker whose campaign died has to save what it holds."""
-    return 2 * (call_timeout or 60.0) + 10.0
+    return 2 * (call_timeout or DEFAULT_CALL_TIMEOUT) + 10.0
 
 
 @attrs.frozen
@@ -87,7 +87,7 @@ class WorkerPlan:
     database: Optional[str]  # redis://... or an example-database directory; None: the local default
     state: Path  # the campaign's local state: example database and, without Redis, the signature store
     known: dict[str, str] = attrs.field(factory=dict)  # signature key -> where it is known from (corpus traces)
-    call_timeout: Optional[float] = 10.0  # the watchdog's limit per operation
+    call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT  # the watchdog's limit per operation
     shrink_seconds: float = 30.0  # the time bound of one shrink
     hypothesis_every: int = HYPOTHESIS_EVERY  # 0: no Hypothesis rounds
     claims: Optional[Path] = None  # without Redis: the campaign's directory of signature claims

@@ -15,18 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvfuzz.commands.json_stdout import emit_json
-from kvfuzz.commands.options import at_least, at_least_seconds, needs_torch
-from kvfuzz.option_defaults import CAMPAIGN_DURATION
+from kvfuzz.commands.options import DEFAULT_CORPUS, at_least, at_least_seconds, check_database, needs_torch
+from kvfuzz.option_defaults import CALL_TIMEOUT, CAMPAIGN_DURATION
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, AllocatorUnusable, load_factory, registered_allocators
 from kvfuzz.text import plural
 
 if TYPE_CHECKING:
     from kvfuzz.campaign.report import CampaignResult
     from kvfuzz.campaign.supervisor import CampaignOptions
-
-DEFAULT_CORPUS = ".kvfuzz/corpus"
-"""Where a campaign saves new traces by default: a hidden directory, so that a campaign run inside a checkout of a
-project (kvfuzz's own included) never adds failing tests to the directories its pytest collects."""
 
 WORKERS_PER_CORE = 4
 """More workers than this many per core only slow each other down: ``--workers`` above it is refused."""
@@ -82,9 +78,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--call-timeout",
         type=at_least_seconds,
-        default=10.0,
+        default=CALL_TIMEOUT,
         metavar="SECONDS",
-        help="an operation still running after this long is a hang (default 10; 0: no watchdog)",
+        help=f"an operation still running after this long is a hang (default {CALL_TIMEOUT:g}; 0: no watchdog)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.set_defaults(handler=needs_torch(campaign_command))
@@ -121,7 +117,6 @@ def expand_allocators(specs: list[str]) -> tuple[str, ...]:
 
 def _options(args: argparse.Namespace) -> CampaignOptions:
     """Every check before any work; ``ValueError`` or ``AllocatorNotFound``/``AllocatorUnusable`` (one line)."""
-    from kvfuzz.campaign.store import check_redis_url, is_redis
     from kvfuzz.campaign.supervisor import DEFAULT_DURATION, CampaignOptions
     from kvfuzz.campaign.swarm import Limits, probe_limits
     from kvfuzz.engine.config import MachineConfig
@@ -137,13 +132,7 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
     if corpus.exists() and not corpus.is_dir():
         raise ValueError(f"--corpus {args.corpus}: not a directory")
     database = args.database
-    if database is not None:
-        if is_redis(database):
-            check_redis_url(database)
-        elif "://" in database:
-            raise ValueError(f"--database {database}: only redis://HOST:PORT/N URLs, or a directory")
-        elif Path(database).exists() and not Path(database).is_dir():
-            raise ValueError(f"--database {database}: not a directory")
+    check_database(database)
     known = [Path(path) for path in args.known] if args.known else ([Path("corpus")] if Path("corpus").is_dir() else [])
     for path in known:
         if not path.is_dir():

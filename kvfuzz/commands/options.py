@@ -1,14 +1,16 @@
-"""The machine and pool arguments that ``kvfuzz run`` and ``kvfuzz zoo`` share, the configuration they give, and the
-checks every command applies to its arguments before any work starts. Registering a parser imports nothing heavy
-(its defaults come from :mod:`kvfuzz.option_defaults`); a command that drives tensors is marked
-:func:`needs_torch`, and imports torch and the engine in its handler."""
+"""The machine and pool arguments that ``kvfuzz run`` and ``kvfuzz zoo`` share, the configuration they give, the
+defaults and checks of the flags several commands share (one meaning and one default each), and the checks every
+command applies to its arguments before any work starts. Registering a parser imports nothing heavy (its defaults
+come from :mod:`kvfuzz.option_defaults`); a command that drives tensors is marked :func:`needs_torch`, and imports
+torch and the engine in its handler."""
 
 from __future__ import annotations
 
 import argparse
 import functools
 import sys
-from typing import TYPE_CHECKING, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
 
 from kvfuzz import option_defaults as defaults
 from kvfuzz.torch_check import INSTALL_TORCH, torch_unavailable
@@ -98,9 +100,34 @@ def at_least_seconds(text: str) -> float:
     return value
 
 
-def machine_arguments(parser: argparse.ArgumentParser) -> None:
+DEFAULT_CORPUS = ".kvfuzz/corpus"
+"""Where ``kvfuzz run`` and ``kvfuzz campaign`` save new traces by default: a hidden directory, so that a run inside a
+checkout of a project (kvfuzz's own included) never adds failing tests to the directories its pytest collects. A
+trace becomes a regression test when it is put in a collected corpus (``--corpus corpus``, or a copy)."""
+
+RUN_EXAMPLES = 100
+"""The examples of a ``kvfuzz run`` unless ``--examples`` says otherwise."""
+
+
+def check_database(database: Optional[str]) -> None:
+    """``--database`` as every command takes it: ``redis://HOST:PORT/N`` (a server that answers), or a directory (that
+    may not exist yet); ``ValueError`` (one line) for another URL, a file, or a Redis that cannot be used."""
+    from kvfuzz.campaign.store import check_redis_url, is_redis
+
+    if database is None:
+        return
+    if is_redis(database):
+        check_redis_url(database)
+    elif "://" in database:
+        raise ValueError(f"--database {database}: only redis://HOST:PORT/N URLs, or a directory")
+    elif Path(database).exists() and not Path(database).is_dir():
+        raise ValueError(f"--database {database}: not a directory")
+
+
+def machine_arguments(parser: argparse.ArgumentParser, examples: int = RUN_EXAMPLES) -> None:
+    """The machine, pool and model options; ``examples`` is the command's default budget, and its help says so."""
     group = parser.add_argument_group("machine")
-    group.add_argument("--examples", type=at_least(1), default=100, help="Hypothesis examples to run (default 100)")
+    group.add_argument("--examples", type=at_least(1), default=examples, help=f"examples to run (default {examples})")
     group.add_argument("--steps", type=at_least(1), default=50, help="most operations per example (default 50)")
     group.add_argument("--seed", type=int, help="random seed (default: derandomized, the same run every time)")
     group.add_argument("--no-shrink", action="store_true", help="report the first failure as found, unshrunk")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from kvfuzz.commands.json_stdout import emit_json
-from kvfuzz.commands.options import machine_arguments, machine_config, needs_torch
+from kvfuzz.commands.options import DEFAULT_CORPUS, check_database, machine_arguments, machine_config, needs_torch
 from kvfuzz.last_words import last_words
 from kvfuzz.option_defaults import KERNEL_NAMES
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory, probe_allocator
@@ -36,13 +36,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument(
-        "--corpus", default="corpus", metavar="DIR", help="where a failure's trace is saved (default: corpus)"
+        "--corpus",
+        default=DEFAULT_CORPUS,
+        metavar="DIR",
+        help=f"where a failure's trace is saved (default {DEFAULT_CORPUS}, which pytest does not collect)",
     )
     parser.add_argument(
         "--database",
-        metavar="DIR",
-        help="Hypothesis example database: failing examples are saved there and tried first "
-        "by the next run (share it between CI runs); makes the run random, not seeded",
+        metavar="URL|DIR",
+        help="Hypothesis example database, redis://HOST:PORT/N or a directory: failing examples are saved there and "
+        "tried first by the next run (share it between CI runs); makes the run random, not seeded",
     )
     parser.add_argument(
         "--kernel",
@@ -243,8 +246,8 @@ def _dying_words(journal_dir: Optional[Path], corpus: str) -> contextlib.Abstrac
 
 def run_command(args: argparse.Namespace) -> int:
     import attrs
-    from hypothesis.database import DirectoryBasedExampleDatabase
 
+    from kvfuzz.campaign.store import open_examples
     from kvfuzz.kernels import make_kernel
     from kvfuzz.program.safeguards import deferred_interrupts
     from kvfuzz.runner import run
@@ -254,6 +257,7 @@ def run_command(args: argparse.Namespace) -> int:
         config = attrs.evolve(machine_config(args), kernel=args.kernel)
         if args.database is not None and args.seed is not None:
             raise ValueError("--seed and --database cannot be combined (Hypothesis ignores the database under a seed)")
+        check_database(args.database)
         factory = load_factory(args.allocator)
         probe = probe_allocator(args.allocator, factory, config.pool_spec())  # never driven; gives the window
         make_kernel(config.kernel, probe)
@@ -282,7 +286,7 @@ def run_command(args: argparse.Namespace) -> int:
     inflight_window = probe.capabilities.inflight_window
     if args.isolate:
         return _run_isolated(args, config, factory, inflight_window)
-    database = DirectoryBasedExampleDatabase(args.database) if args.database else None
+    database = None if args.database is None else open_examples(args.database, Path(args.database))
     _enable_faulthandler()
     journal_dir = _journal_dir(Path(args.corpus))
     # Ctrl-C outside the run (which stops with what it found) would lose a failure not yet saved: it waits.

@@ -13,6 +13,7 @@ import attrs
 
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.engine import Engine
+from kvfuzz.engine.violations import InvariantViolation, violation
 from kvfuzz.program.call import Call, program_json
 from kvfuzz.program.operations import BY_NAME
 from kvfuzz.program.safeguards import AllocatorHang, Journal, UserInterrupt, Watchdog, escaped
@@ -71,9 +72,20 @@ class Execution:
         pools are released either way, so a run's memory does not wait for the garbage collector."""
         try:
             if not self.failed:
-                self._guarded("teardown (quiesce)", self.engine.quiesce)
+                self._guarded("teardown (quiesce)", self._quiesce)
         finally:
             self.engine.close()
+
+    def _quiesce(self) -> None:
+        """The engine's teardown, with a violation it finds blamed on the teardown: the sequences it frees are freed
+        by the teardown, not by a call of the program, which an explanation naming ``free('s0')`` alone would
+        suggest. The violation keeps its type and traceback, so Hypothesis sees the same failure."""
+        try:
+            self.engine.quiesce()
+            return
+        except InvariantViolation as found:
+            blamed, traceback = at_teardown(found), found.__traceback__
+        raise blamed.with_traceback(traceback)  # outside the handler: no second exception chained to the first
 
     def _guarded(self, operation: object, perform: Callable[[], None]) -> None:
         """Run one operation under the watchdog (``operation`` names it in a hang report: a call, printed only
@@ -127,3 +139,12 @@ class Target:
             on_step=stats.occupancy.record if stats is not None else None,
         )
         return Execution(engine, stats, self.safeguards)
+
+
+TEARDOWN_OPERATION = "the teardown's "
+"""How an explanation names an operation the teardown performed: ``the teardown's free('s0')``."""
+
+
+def at_teardown(found: InvariantViolation) -> InvariantViolation:
+    """``found``, raised while the teardown performed an operation, as the teardown's."""
+    return violation(found.invariant, TEARDOWN_OPERATION + found.operation, found.step, found.summary, found.details)

@@ -183,6 +183,14 @@ def _column_heads(columns: tuple[Column, ...], width_of: int, height: int, faili
         yield "</g>"
 
 
+def _refcount_text(cell: Cell, pool: str) -> str:
+    """The allocator's refcount as a span shows it: ``rcN≠M`` where it differs from the M holders kvfuzz counts (a
+    device block), ``rcN`` for a shared block, else nothing."""
+    if cell.refcount is not None and pool == DEVICE and cell.refcount != len(cell.holders):
+        return f"rc{cell.refcount}\u2260{len(cell.holders)}"
+    return f"rc{cell.refcount}" if cell.refcount is not None and len(cell.holders) > 1 else ""
+
+
 def _lane(row: int, lane: Lane, cells: tuple[Cell, ...], columns: tuple[Column, ...], width_of: int) -> Iterator[str]:
     y = _HEADER + row * _LANE
     in_failure = " in-failure" if lane.in_failure else ""
@@ -206,14 +214,14 @@ def _lane(row: int, lane: Lane, cells: tuple[Cell, ...], columns: tuple[Column, 
             yield f'height="{_LANE - 8}" '
             yield f'data-holders="{_e(" ".join(map(str, cell.holders)))}" data-calls="{calls}">'
             yield f"<title>{_e(tip)}</title></rect>"
-            text = " ".join(map(str, cell.holders))
-            if cell.refcount is not None and lane.pool == DEVICE and cell.refcount != len(cell.holders):
-                text += f" rc{cell.refcount}\u2260{len(cell.holders)}"
-            elif cell.refcount is not None and len(cell.holders) > 1:
-                text += f" rc{cell.refcount}"
-            if text and w >= 7 * len(text) + 4:
-                bad = " rc-bad" if "\u2260" in text else ""
-                yield f'<text class="span-text{bad}" x="{x + 4}" y="{y + _LANE - 10}">{_e(text)}</text>'
+            holders, refcount = " ".join(map(str, cell.holders)), _refcount_text(cell, lane.pool)
+            wrong = "\u2260" in refcount
+            # The holders and the refcount where both fit; else a wrong refcount alone, which the lane must show.
+            for text in (f"{holders} {refcount}".strip(), refcount if wrong else ""):
+                if text and w >= 7 * len(text) + 4:
+                    bad = " rc-bad" if wrong else ""
+                    yield f'<text class="span-text{bad}" x="{x + 4}" y="{y + _LANE - 10}">{_e(text)}</text>'
+                    break
         start = index
     yield "</g>"
 

@@ -18,7 +18,7 @@ from kvfuzz.timeline.model import Cell, Timeline
 MAX_PICTURE_COLUMNS = 120
 """The most calls one picture draws legibly: a longer timeline is drawn from its last this many."""
 MAX_SPAN_LABELS = 80
-"""Spans labelled with their holders, at most (the widest first); the page has every one."""
+"""Spans labelled with their holders, at most (a wrong refcount first, then the widest); the page has every one."""
 
 _FILL = {
     "held": ("#bee3f8", "#3182ce", "held by one table entry"),
@@ -54,12 +54,20 @@ def _state(cell: Cell) -> str:
     return "" if cell.state == "free" else cell.state
 
 
-def _label(cell: Cell) -> str:
+def _labels(cell: Cell) -> tuple[str, ...]:
+    """What a span may say, longest first: its holders with the allocator's refcount (``rcN(!)`` where it differs
+    from the holders kvfuzz counts), then, for such a wrong refcount, the refcount alone, which the lane must show
+    even where the holders do not fit."""
     holders = " ".join(map(str, cell.holders))
     refcount = cell.refcount
     if refcount is not None and refcount != len(cell.holders):
-        return f"{holders} rc{refcount}(!)"
-    return f"{holders} rc{refcount}" if refcount is not None and refcount > 1 else holders
+        return (f"{holders} rc{refcount}(!)".strip(), f"rc{refcount}(!)")
+    return (f"{holders} rc{refcount}" if refcount is not None and refcount > 1 else holders,)
+
+
+def span_label(cell: Cell, characters: float) -> str:
+    """The longest of the span's labels that fits in ``characters`` characters ("" if none does)."""
+    return next((label for label in _labels(cell) if label and characters >= len(label) + 1), "")
 
 
 def render_png(timeline: Timeline, path: Path) -> None:
@@ -95,7 +103,7 @@ def render_png(timeline: Timeline, path: Path) -> None:
         if failing is not None and failing >= first:
             axes.axvspan(failing - first, failing - first + 1, color="#fed7d7", zorder=0)
         spans: dict[str, list[tuple[int, tuple[float, float]]]] = {state: [] for state in _FILL}
-        labels: list[tuple[float, int, int, str]] = []
+        labels: list[tuple[bool, float, int, int, str]] = []
         for row, cells in enumerate(timeline.cells):
             y = len(lanes) - 1 - row
             cells = cells[first:]
@@ -106,14 +114,14 @@ def render_png(timeline: Timeline, path: Path) -> None:
                 state = _state(cells[start])
                 if state:
                     spans[state].append((y, (start + 0.04, index - start - 0.08)))
-                    text = _label(cells[start])
-                    if text and (index - start) * column_inches * 72 / 4.4 >= len(text) + 1:
-                        labels.append((index - start, start, y, text))
+                    text = span_label(cells[start], (index - start) * column_inches * 72 / 4.4)
+                    if text:  # a wrong refcount first, then the widest spans
+                        labels.append(("(!)" in text, index - start, start, y, text))
                 start = index
         for state, (face, edge, _) in _FILL.items():
             for y, extent in spans[state]:
                 axes.broken_barh([extent], (y - 0.34, 0.68), facecolors=face, edgecolors=edge, linewidth=0.8)
-        for _, start, y, text in sorted(labels, reverse=True)[:MAX_SPAN_LABELS]:
+        for _, _, start, y, text in sorted(labels, reverse=True)[:MAX_SPAN_LABELS]:
             axes.text(start + 0.1, y - 0.2, text, fontsize=7, family="monospace")
         row_of = {lane.key: len(lanes) - 1 - row for row, lane in enumerate(lanes)}
         points: dict[str, tuple[list[float], list[float]]] = {kind: ([], []) for kind in _MARKERS}
