@@ -21,10 +21,7 @@ from factories import kvfuzz
 
 from kvfuzz.allocator import PagedAllocator, PoolSpec
 from kvfuzz.allocator.paged import paged_allocator, synchronous_allocator
-from kvfuzz.campaign import shrink as shrinking
 from kvfuzz.campaign.known import known_signatures, trace_signature
-from kvfuzz.campaign.shrink import _smaller, renumbered, shrink
-from kvfuzz.campaign.signature import TEARDOWN, Signature, signature_of
 from kvfuzz.campaign.supervisor import Campaign, CampaignOptions, _Slot
 from kvfuzz.campaign.swarm import ALWAYS_ENABLED, MAX_BLOCKS, MAX_PROGRAM_LENGTH, Limits, draw_swarm, probe_limits
 from kvfuzz.cli import main
@@ -41,6 +38,11 @@ from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorUnusable, load_factory
 from kvfuzz.saved.corpus import replay_trace
 from kvfuzz.saved.trace import Trace, from_json, load
+from kvfuzz.shrink import candidates, configuration, deletions, fixpoint
+from kvfuzz.shrink import restarts as restarting
+from kvfuzz.shrink.fixpoint import shrink
+from kvfuzz.shrink.signature import TEARDOWN, Signature, signature_of
+from kvfuzz.shrink.simplify import _smaller, renumbered
 from kvfuzz.zoo import variant as zoo_variant
 from tests.hostile import hangs_on_rollback
 
@@ -238,7 +240,7 @@ def _failing_program(spec: str, seed: int):  # type: ignore[no-untyped-def]
 
 def _shrunk_within_limits(
     spec: str, limits: Limits, config: MachineConfig, calls: Sequence[Call]
-) -> tuple[shrinking.Shrunk, Signature]:
+) -> tuple[fixpoint.Shrunk, Signature]:
     """``calls`` (which must fail under ``config``) shrunk as a campaign would, within the allocator's limits and
     without restarts, to the fixpoint (a bound no test reaches); with the signature it fails with."""
     factory = load_factory(spec)
@@ -308,11 +310,11 @@ class _StandIn:
         """What the program raises under ``config`` in the model (None: it passes or cannot be made)."""
         raise NotImplementedError
 
-    def fails(self, config: MachineConfig, calls: Sequence[Call], reaim: bool = True) -> shrinking._Kept | None:
+    def fails(self, config: MachineConfig, calls: Sequence[Call], reaim: bool = True) -> candidates._Kept | None:
         failure = self.failure(config, list(calls))
-        return None if failure is None else shrinking._Kept(config, tuple(calls), failure, 0, {})
+        return None if failure is None else candidates._Kept(config, tuple(calls), failure, 0, {})
 
-    def fails_shorter(self, config: MachineConfig, calls: Sequence[Call], min_blocks: int) -> shrinking._Kept | None:
+    def fails_shorter(self, config: MachineConfig, calls: Sequence[Call], min_blocks: int) -> candidates._Kept | None:
         return self.fails(config, calls)
 
 
@@ -352,8 +354,8 @@ def test_shrinking_deletes_a_distant_pair_of_calls_that_only_go_together() -> No
     model = _PreemptionModel()
     assert model.fails(MachineConfig(), calls) is not None
     best = (MachineConfig(), tuple(calls), AssertionError())
-    assert shrinking._delete_calls(model, best, 1, ())[:2] == best[:2]  # type: ignore[arg-type]
-    _, shrunk, _ = shrinking._delete_distant_pairs(model, best, 1, ())  # type: ignore[arg-type]
+    assert deletions.delete_calls(model, best, 1, ())[:2] == best[:2]  # type: ignore[arg-type]
+    _, shrunk, _ = deletions.delete_distant_pairs(model, best, 1, ())  # type: ignore[arg-type]
     assert [(call.rule, call.kwargs()["seq"]) for call in shrunk] == [
         ("admit", "s0"),
         ("admit", "s1"),
@@ -395,9 +397,9 @@ def test_a_deleted_chunk_takes_the_later_calls_of_the_sequences_it_brought_in() 
     calls = [_admit("s0", [0]), _admit("s1", [1]), Call("grow", {"seq": "s1", "tokens": [2]})]
     calls += [Call("fork", {"parent": "s1", "child": "s2"}), Call("grow", {"seq": "s2", "tokens": [3]})]
     calls += [Call("grow", {"seq": "s0", "tokens": [4]}), Call("free", {"seq": "s1"}), Call("step", {})]
-    kept = shrinking._without_chunk(calls, 1, 2)
+    kept = deletions._without_chunk(calls, 1, 2)
     assert kept == [calls[0], calls[5], calls[7]]
-    assert shrinking._without_chunk(calls, 2, 3) == calls[:2] + calls[3:]  # a grow brings no sequence in
+    assert deletions._without_chunk(calls, 2, 3) == calls[:2] + calls[3:]  # a grow brings no sequence in
 
 
 def test_a_candidate_is_the_calls_that_can_be_made_where_they_stand() -> None:
@@ -416,7 +418,7 @@ def test_a_candidate_is_the_calls_that_can_be_made_where_they_stand() -> None:
     candidate = bug[:2] + [Call("readmit", {"seq": "s0"})] + bug[2:]
     with pytest.raises(NotApplicable):
         replay(Target(factory, config), candidate)
-    shrinker = shrinking._Shrinker(config, factory, signature, Safeguards(), 60, lambda: False, None)
+    shrinker = candidates.Shrinker(config, factory, signature, Safeguards(), 60, lambda: False, None)
     kept = shrinker.fails(config, candidate)
     assert kept is not None and list(kept.calls) == bug
 
@@ -445,9 +447,9 @@ def test_shrinking_merges_grows_into_their_admission_within_the_operations_bound
     calls += [Call("grow", {"seq": "s0", "tokens": [2]}), Call("grow", {"seq": "s0", "tokens": [3]})]
     model = _TokensModel()
     assert model.fails(MachineConfig(), calls) is not None
-    _, deleted, _ = shrinking._delete_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    _, deleted, _ = deletions.delete_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
     assert list(deleted) == calls
-    _, merged, _ = shrinking._merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    _, merged, _ = deletions.merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
     assert list(merged) == [_admit("s0", [0, 1, 2]), Call("step", {}), Call("grow", {"seq": "s0", "tokens": [3]})]
 
 
@@ -456,7 +458,7 @@ def test_shrinking_merges_two_grows_of_one_sequence_into_one() -> None:
     calls += [_admit("s1", [0]), Call("grow", {"seq": "s0", "tokens": [2]})]
     model = _TokensModel()
     assert model.fails(MachineConfig(), calls) is not None
-    _, merged, _ = shrinking._merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    _, merged, _ = deletions.merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
     assert list(merged) == [
         _admit("s0", [0, 0, 0]),
         Call("step", {}),
@@ -469,7 +471,7 @@ def test_shrinking_replaces_a_decode_by_a_step_when_its_tokens_do_not_matter() -
     calls = [_admit("s0", [0, 0, 0]), Call("grow", {"seq": "s0", "tokens": [0]}), Call("decode", {"token": 2})]
     model = _TokensModel()
     assert model.fails(MachineConfig(), calls) is not None
-    _, merged, _ = shrinking._merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    _, merged, _ = deletions.merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
     assert list(merged) == [_admit("s0", [0, 0, 0]), Call("grow", {"seq": "s0", "tokens": [0]}), Call("step", {})]
 
 
@@ -491,10 +493,10 @@ def test_shrinking_takes_a_smaller_pool_and_one_call_fewer_together() -> None:
     config = MachineConfig(block_size=1, num_blocks=4, num_host_blocks=0)
     model = _PressureModel()
     best = (config, calls, AssertionError())
-    assert shrinking._simplify_config(model, best, 2, ())[:2] == best[:2]  # type: ignore[arg-type]
-    assert shrinking._delete_calls(model, best, 2, ())[:2] == best[:2]  # type: ignore[arg-type]
+    assert configuration.simplify_config(model, best, 2, ())[:2] == best[:2]  # type: ignore[arg-type]
+    assert deletions.delete_calls(model, best, 2, ())[:2] == best[:2]  # type: ignore[arg-type]
     while True:
-        smaller = shrinking._smaller_pool_fewer_calls(model, best, 2, ())  # type: ignore[arg-type]
+        smaller = configuration.smaller_pool_fewer_calls(model, best, 2, ())  # type: ignore[arg-type]
         if smaller[:2] == best[:2]:
             break
         best = smaller
@@ -528,13 +530,13 @@ def test_shrinking_the_block_size_carries_system_prompts_and_token_lists_to_the_
     model = _BlockSizeModel()
     assert model.fails(config, list(calls)) is not None
     assert model.fails(attrs.evolve(config, block_size=4), list(calls)) is None
-    shrunk_config, shrunk, _ = shrinking._simplify_config(model, (config, calls, AssertionError()), 1, (1, 2, 4, 8))  # type: ignore[arg-type]
+    shrunk_config, shrunk, _ = configuration.simplify_config(model, (config, calls, AssertionError()), 1, (1, 2, 4, 8))  # type: ignore[arg-type]
     assert shrunk_config.block_size == 1
     assert shrunk[0].kwargs()["system"] == next(prompt for prompt in system_prompts(1) if len(prompt) == 1)
     assert shrunk[0].kwargs()["suffix"] == [0]
 
 
-def _shrunk_by_replays(spec: str, config: MachineConfig, calls: list[Call]) -> shrinking.Shrunk:
+def _shrunk_by_replays(spec: str, config: MachineConfig, calls: list[Call]) -> fixpoint.Shrunk:
     """``calls`` (which must fail under ``config``) shrunk by real replays, without restarts: what the passes alone
     reach."""
     factory = load_factory(spec)
@@ -591,7 +593,7 @@ class _MostOfThePoolModel(_StandIn):
 def test_shrinking_a_pool_that_must_keep_most_of_its_blocks_halves_the_distance() -> None:
     config = MachineConfig(block_size=1, num_blocks=149, num_host_blocks=0)
     model = _MostOfThePoolModel()
-    shrunk_config, _, _ = shrinking._simplify_config(model, (config, (_admit("s0", [0]),), AssertionError()), 1, ())  # type: ignore[arg-type]
+    shrunk_config, _, _ = configuration.simplify_config(model, (config, (_admit("s0", [0]),), AssertionError()), 1, ())  # type: ignore[arg-type]
     assert shrunk_config.num_blocks == 130
     assert model.replays <= 40  # one block at a time would take 19 rounds of 3 candidates and more
 
@@ -626,9 +628,9 @@ def test_a_long_fixpoint_is_shrunk_again_from_other_failing_programs_of_the_swar
     bounds = {"seconds": 120.0, "min_blocks": limits.min_blocks, "block_sizes": limits.block_sizes}
     alone = shrink(factory, config, EVICTS_ON_REFUSAL_FOUND, outcome.failure, signature, **bounds)  # type: ignore[arg-type]
     assert alone.stopped_early is None and alone.restarts == 0
-    assert len(alone.calls) > shrinking.LONG_PROGRAM  # 9 calls: the passes' fixpoint
+    assert len(alone.calls) > restarting.LONG_PROGRAM  # 9 calls: the passes' fixpoint
     swarm = ("admit", "step", "readmit", "grow", "preempt", "fork", "swap_out")
-    restarts = shrinking.Restarts(tuple(BY_NAME[name] for name in swarm), 109, random.Random(0))
+    restarts = restarting.Restarts(tuple(BY_NAME[name] for name in swarm), 109, random.Random(0))
     again = shrink(factory, config, EVICTS_ON_REFUSAL_FOUND, outcome.failure, signature, restarts=restarts, **bounds)  # type: ignore[arg-type]
     assert again.stopped_early is None and again.restarts >= 1
     assert len(again.calls) < len(alone.calls), len(again.calls)
@@ -646,22 +648,22 @@ def test_a_restart_search_draws_short_programs_first(monkeypatch: pytest.MonkeyP
         asked.append(length)
         return None
 
-    monkeypatch.setattr(shrinking, "random_program", passing)
+    monkeypatch.setattr(restarting, "random_program", passing)
     wanted = Signature("kvfuzz", "invariant 13 (eviction order)", "evict")
-    shrinker = shrinking._Shrinker(MachineConfig(), paged_allocator, wanted, Safeguards(), 120.0, lambda: False, None)
-    restarts = shrinking.Restarts(OPERATIONS, 12, random.Random(0))
-    assert shrinking._another_program(shrinker, MachineConfig(), (), restarts, []) is None
-    assert asked[:6] == [8, 9, 10, 11, 12, 12] and len(asked) == shrinking.RESTART_SEARCH
+    shrinker = candidates.Shrinker(MachineConfig(), paged_allocator, wanted, Safeguards(), 120.0, lambda: False, None)
+    restarts = restarting.Restarts(OPERATIONS, 12, random.Random(0))
+    assert restarting.another_program(shrinker, MachineConfig(), (), restarts, []) is None
+    assert asked[:6] == [8, 9, 10, 11, 12, 12] and len(asked) == restarting.RESTART_SEARCH
 
 
 def test_a_restart_search_hands_back_the_failures_of_other_signatures_once_each() -> None:
     spec = "zoo:NoCopyOnWrite"
     factory = load_factory(spec)
     wanted = Signature(spec, "invariant 13 (eviction order)", "evict")  # a failure this variant never has
-    shrinker = shrinking._Shrinker(MachineConfig(), factory, wanted, Safeguards(), 120.0, lambda: False, None)
-    others: list[shrinking.Failing] = []
-    restarts = shrinking.Restarts(OPERATIONS, 60, random.Random(0))
-    assert shrinking._another_program(shrinker, MachineConfig(), (), restarts, others) is None
+    shrinker = candidates.Shrinker(MachineConfig(), factory, wanted, Safeguards(), 120.0, lambda: False, None)
+    others: list[restarting.Failing] = []
+    restarts = restarting.Restarts(OPERATIONS, 60, random.Random(0))
+    assert restarting.another_program(shrinker, MachineConfig(), (), restarts, others) is None
     assert others and len({other.signature for other in others}) == len(others)
     assert "invariant 5 (exclusive writes)" in {other.signature.failure for other in others}
     for other in others:
@@ -693,13 +695,13 @@ def test_a_restart_search_that_meets_a_hang_hands_it_back_and_stops() -> None:
     wanted = Signature("hangs", "invariant 13 (eviction order)", "evict")  # a failure this allocator never has
     stats = RunStats()
     with Watchdog(0.5) as watchdog:
-        shrinker = shrinking._Shrinker(
+        shrinker = candidates.Shrinker(
             MachineConfig(), hangs_on_rollback, wanted, Safeguards(None, watchdog), 120.0, lambda: False, stats
         )
-        others: list[shrinking.Failing] = []
+        others: list[restarting.Failing] = []
         operations = tuple(BY_NAME[name] for name in ("admit", "step", "rollback"))
-        restarts = shrinking.Restarts(operations, 30, random.Random(0))
-        assert shrinking._another_program(shrinker, MachineConfig(), (), restarts, others) is None
+        restarts = restarting.Restarts(operations, 30, random.Random(0))
+        assert restarting.another_program(shrinker, MachineConfig(), (), restarts, others) is None
     (hang,) = [other for other in others if isinstance(other.failure, AllocatorHang)]
     assert hang.signature.failure == "hang" and hang.signature.operation == "rollback"
     assert hang.calls and hang.calls[-1].rule == "rollback"

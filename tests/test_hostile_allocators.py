@@ -170,8 +170,8 @@ _SHRINK_INTO_A_SMALL_POOL = """
 import sys
 from pathlib import Path
 
-from kvfuzz.campaign.shrink import shrink
-from kvfuzz.campaign.signature import signature_of
+from kvfuzz.shrink.fixpoint import shrink
+from kvfuzz.shrink.signature import signature_of
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Safeguards, Target

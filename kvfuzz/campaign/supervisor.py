@@ -24,7 +24,6 @@ import attrs
 from kvfuzz.campaign.known import known_signatures
 from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
 from kvfuzz.campaign.report import CampaignResult, DeadWorker, Finding
-from kvfuzz.campaign.signature import TEARDOWN, Signature
 from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.swarm import Limits
 from kvfuzz.campaign.worker import HYPOTHESIS_EVERY, WorkerPlan, worker_main
@@ -34,6 +33,7 @@ from kvfuzz.saved import journals
 from kvfuzz.saved.corpus import PROCESS_DIED
 from kvfuzz.saved.hint import show_hint
 from kvfuzz.saved.trace import TraceError, load
+from kvfuzz.shrink.signature import TEARDOWN, Signature
 
 DEFAULT_DURATION = 600.0
 """Seconds a campaign runs unless told otherwise (``kvfuzz campaign``, the plugin's nightly profile)."""

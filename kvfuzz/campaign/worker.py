@@ -30,10 +30,8 @@ from hypothesis.database import ExampleDatabase
 
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
-from kvfuzz.campaign.shrink import Failing, Restarts, shrink
-from kvfuzz.campaign.signature import Signature, signature_of
 from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
-from kvfuzz.campaign.swarm import Limits, SwarmConfig, builds, draw_swarm
+from kvfuzz.campaign.swarm import Limits, SwarmConfig, draw_swarm
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call, program_text
@@ -42,9 +40,12 @@ from kvfuzz.program.random_programs import random_program
 from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import AllocatorHang, Journal, Watchdog
 from kvfuzz.program.stats import RunStats
-from kvfuzz.registry import AllocatorFactory, load_factory
+from kvfuzz.registry import AllocatorFactory, builds, load_factory
 from kvfuzz.runner import run
 from kvfuzz.saved.trace import Trace, failure_record, save
+from kvfuzz.shrink.fixpoint import shrink
+from kvfuzz.shrink.restarts import Failing, Restarts
+from kvfuzz.shrink.signature import Signature, signature_of
 from kvfuzz.statemachines.machine import machine_for
 from kvfuzz.threads import single_threaded_torch
 

@@ -31,7 +31,17 @@ TEARDOWN = "teardown"
 
 _HARNESS = tuple(
     str(Path(__file__).resolve().parent.parent / part)
-    for part in ("engine", "program", "reference", "kernels", "accounting", "campaign", "statemachines", "runner.py")
+    for part in (
+        "engine",
+        "program",
+        "shrink",
+        "reference",
+        "kernels",
+        "accounting",
+        "campaign",
+        "statemachines",
+        "runner.py",
+    )
 )
 """kvfuzz's own code around an allocator call: a crash's frame is the innermost frame outside it (and outside the
 standard library)."""
