@@ -40,6 +40,7 @@ from kvfuzz.saved.corpus import replay_trace
 from kvfuzz.saved.trace import Trace, from_json, load
 from kvfuzz.shrink import candidates, configuration, deletions, fixpoint
 from kvfuzz.shrink import restarts as restarting
+from kvfuzz.shrink.candidates import Pools
 from kvfuzz.shrink.fixpoint import shrink
 from kvfuzz.shrink.signature import TEARDOWN, Signature, signature_of
 from kvfuzz.shrink.simplify import _smaller, renumbered
@@ -254,8 +255,7 @@ def _shrunk_within_limits(
         outcome.failure,
         signature,
         seconds=120,
-        min_blocks=limits.min_blocks,
-        block_sizes=limits.block_sizes,
+        pools=Pools(limits.min_blocks, limits.block_sizes),
     )
     assert shrunk.stopped_early is None
     return shrunk, signature
@@ -300,8 +300,9 @@ class _StandIn:
     """What a shrink pass asks of its shrinker, answered by a model instead of replays: the replays counted, and no
     time bound."""
 
-    def __init__(self) -> None:
+    def __init__(self, pools: Pools = Pools()) -> None:
         self.replays = 0
+        self.pools = pools  # the configurations the configuration passes may try
 
     def out_of_time(self) -> bool:
         return False
@@ -314,7 +315,7 @@ class _StandIn:
         failure = self.failure(config, list(calls))
         return None if failure is None else candidates._Kept(config, tuple(calls), failure, 0, {})
 
-    def fails_shorter(self, config: MachineConfig, calls: Sequence[Call], min_blocks: int) -> candidates._Kept | None:
+    def fails_shorter(self, config: MachineConfig, calls: Sequence[Call]) -> candidates._Kept | None:
         return self.fails(config, calls)
 
 
@@ -354,8 +355,8 @@ def test_shrinking_deletes_a_distant_pair_of_calls_that_only_go_together() -> No
     model = _PreemptionModel()
     assert model.fails(MachineConfig(), calls) is not None
     best = (MachineConfig(), tuple(calls), AssertionError())
-    assert deletions.delete_calls(model, best, 1, ())[:2] == best[:2]  # type: ignore[arg-type]
-    _, shrunk, _ = deletions.delete_distant_pairs(model, best, 1, ())  # type: ignore[arg-type]
+    assert deletions.delete_calls(model, best)[:2] == best[:2]  # type: ignore[arg-type]
+    _, shrunk, _ = deletions.delete_distant_pairs(model, best)  # type: ignore[arg-type]
     assert [(call.rule, call.kwargs()["seq"]) for call in shrunk] == [
         ("admit", "s0"),
         ("admit", "s1"),
@@ -447,9 +448,9 @@ def test_shrinking_merges_grows_into_their_admission_within_the_operations_bound
     calls += [Call("grow", {"seq": "s0", "tokens": [2]}), Call("grow", {"seq": "s0", "tokens": [3]})]
     model = _TokensModel()
     assert model.fails(MachineConfig(), calls) is not None
-    _, deleted, _ = deletions.delete_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    _, deleted, _ = deletions.delete_calls(model, (MachineConfig(), tuple(calls), AssertionError()))  # type: ignore[arg-type]
     assert list(deleted) == calls
-    _, merged, _ = deletions.merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    _, merged, _ = deletions.merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()))  # type: ignore[arg-type]
     assert list(merged) == [_admit("s0", [0, 1, 2]), Call("step", {}), Call("grow", {"seq": "s0", "tokens": [3]})]
 
 
@@ -458,7 +459,7 @@ def test_shrinking_merges_two_grows_of_one_sequence_into_one() -> None:
     calls += [_admit("s1", [0]), Call("grow", {"seq": "s0", "tokens": [2]})]
     model = _TokensModel()
     assert model.fails(MachineConfig(), calls) is not None
-    _, merged, _ = deletions.merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    _, merged, _ = deletions.merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()))  # type: ignore[arg-type]
     assert list(merged) == [
         _admit("s0", [0, 0, 0]),
         Call("step", {}),
@@ -471,7 +472,7 @@ def test_shrinking_replaces_a_decode_by_a_step_when_its_tokens_do_not_matter() -
     calls = [_admit("s0", [0, 0, 0]), Call("grow", {"seq": "s0", "tokens": [0]}), Call("decode", {"token": 2})]
     model = _TokensModel()
     assert model.fails(MachineConfig(), calls) is not None
-    _, merged, _ = deletions.merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()), 1, ())  # type: ignore[arg-type]
+    _, merged, _ = deletions.merge_calls(model, (MachineConfig(), tuple(calls), AssertionError()))  # type: ignore[arg-type]
     assert list(merged) == [_admit("s0", [0, 0, 0]), Call("grow", {"seq": "s0", "tokens": [0]}), Call("step", {})]
 
 
@@ -491,12 +492,12 @@ def test_shrinking_takes_a_smaller_pool_and_one_call_fewer_together() -> None:
     smallest pool the factory builds."""
     calls = tuple(_admit(f"s{index}", [0]) for index in range(5))
     config = MachineConfig(block_size=1, num_blocks=4, num_host_blocks=0)
-    model = _PressureModel()
+    model = _PressureModel(Pools(min_blocks=2))
     best = (config, calls, AssertionError())
-    assert configuration.simplify_config(model, best, 2, ())[:2] == best[:2]  # type: ignore[arg-type]
-    assert deletions.delete_calls(model, best, 2, ())[:2] == best[:2]  # type: ignore[arg-type]
+    assert configuration.simplify_config(model, best)[:2] == best[:2]  # type: ignore[arg-type]
+    assert deletions.delete_calls(model, best)[:2] == best[:2]  # type: ignore[arg-type]
     while True:
-        smaller = configuration.smaller_pool_fewer_calls(model, best, 2, ())  # type: ignore[arg-type]
+        smaller = configuration.smaller_pool_fewer_calls(model, best)  # type: ignore[arg-type]
         if smaller[:2] == best[:2]:
             break
         best = smaller
@@ -527,10 +528,10 @@ def test_shrinking_the_block_size_carries_system_prompts_and_token_lists_to_the_
     one_block = next(prompt for prompt in system_prompts(8) if len(prompt) == 8)
     calls = (Call("admit", {"seq": "s0", "namespace": (), "system": one_block, "suffix": [0, 1, 2]}),)
     config = MachineConfig(block_size=8, num_blocks=4, num_host_blocks=0)
-    model = _BlockSizeModel()
+    model = _BlockSizeModel(Pools(1, (1, 2, 4, 8)))
     assert model.fails(config, list(calls)) is not None
     assert model.fails(attrs.evolve(config, block_size=4), list(calls)) is None
-    shrunk_config, shrunk, _ = configuration.simplify_config(model, (config, calls, AssertionError()), 1, (1, 2, 4, 8))  # type: ignore[arg-type]
+    shrunk_config, shrunk, _ = configuration.simplify_config(model, (config, calls, AssertionError()))  # type: ignore[arg-type]
     assert shrunk_config.block_size == 1
     assert shrunk[0].kwargs()["system"] == next(prompt for prompt in system_prompts(1) if len(prompt) == 1)
     assert shrunk[0].kwargs()["suffix"] == [0]
@@ -543,7 +544,7 @@ def _shrunk_by_replays(spec: str, config: MachineConfig, calls: list[Call]) -> f
     outcome = replay(Target(factory, config), calls)
     assert outcome.failure is not None
     signature = signature_of(spec, outcome.failure, calls, outcome.failed_at)
-    shrunk = shrink(factory, config, calls, outcome.failure, signature, seconds=60, min_blocks=1, block_sizes=(1,))
+    shrunk = shrink(factory, config, calls, outcome.failure, signature, seconds=60, pools=Pools(1, (1,)))
     assert shrunk.stopped_early is None
     again = replay(Target(factory, shrunk.config), shrunk.calls)  # the result replays exactly, as saved
     assert again.failure is not None
@@ -593,7 +594,7 @@ class _MostOfThePoolModel(_StandIn):
 def test_shrinking_a_pool_that_must_keep_most_of_its_blocks_halves_the_distance() -> None:
     config = MachineConfig(block_size=1, num_blocks=149, num_host_blocks=0)
     model = _MostOfThePoolModel()
-    shrunk_config, _, _ = configuration.simplify_config(model, (config, (_admit("s0", [0]),), AssertionError()), 1, ())  # type: ignore[arg-type]
+    shrunk_config, _, _ = configuration.simplify_config(model, (config, (_admit("s0", [0]),), AssertionError()))  # type: ignore[arg-type]
     assert shrunk_config.num_blocks == 130
     assert model.replays <= 40  # one block at a time would take 19 rounds of 3 candidates and more
 
@@ -625,7 +626,7 @@ def test_a_long_fixpoint_is_shrunk_again_from_other_failing_programs_of_the_swar
     assert outcome.failure is not None
     signature = signature_of(spec, outcome.failure, EVICTS_ON_REFUSAL_FOUND, outcome.failed_at)
     assert signature.failure == "invariant 7 (atomic refusal)"
-    bounds = {"seconds": 120.0, "min_blocks": limits.min_blocks, "block_sizes": limits.block_sizes}
+    bounds = {"seconds": 120.0, "pools": Pools(limits.min_blocks, limits.block_sizes)}
     alone = shrink(factory, config, EVICTS_ON_REFUSAL_FOUND, outcome.failure, signature, **bounds)  # type: ignore[arg-type]
     assert alone.stopped_early is None and alone.restarts == 0
     assert len(alone.calls) > restarting.LONG_PROGRAM  # 9 calls: the passes' fixpoint
@@ -686,7 +687,7 @@ def test_shrinking_never_takes_a_pool_the_factory_refuses() -> None:
     outcome = replay(Target(_even_pools_only, config), found.calls)
     assert outcome.failure is not None
     signature = signature_of("even", outcome.failure, found.calls, outcome.failed_at)
-    shrunk = shrink(_even_pools_only, config, found.calls, outcome.failure, signature, seconds=120)
+    shrunk = shrink(_even_pools_only, config, found.calls, outcome.failure, signature, seconds=120, pools=Pools())
     assert shrunk.stopped_early is None
     assert shrunk.config.num_blocks % 2 == 0 and shrunk.config.num_blocks < 10
 

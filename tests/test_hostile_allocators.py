@@ -170,6 +170,7 @@ _SHRINK_INTO_A_SMALL_POOL = """
 import sys
 from pathlib import Path
 
+from kvfuzz.shrink.candidates import Pools
 from kvfuzz.shrink.fixpoint import shrink
 from kvfuzz.shrink.signature import signature_of
 from kvfuzz.engine.config import MachineConfig, config_json
@@ -187,7 +188,7 @@ outcome = replay(Target(factory, config), calls)
 assert outcome.failure is not None, "the leak fails in the pool it was found in"
 signature = signature_of(name, outcome.failure, calls, outcome.failed_at)
 journal = Journal(Path(sys.argv[1]), name, config_json(config, config.inflight_window))
-shrink(factory, config, calls, outcome.failure, signature, seconds=60, safeguards=Safeguards(journal))
+shrink(factory, config, calls, outcome.failure, signature, seconds=60, pools=Pools(), safeguards=Safeguards(journal))
 print("the shrink never tried a pool of fewer than 4 blocks")
 """
 

@@ -43,6 +43,7 @@ from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory, builds, load_factory
 from kvfuzz.runner import run
 from kvfuzz.saved.trace import Trace, failure_record, save
+from kvfuzz.shrink.candidates import Pools
 from kvfuzz.shrink.fixpoint import shrink
 from kvfuzz.shrink.restarts import Failing, Restarts
 from kvfuzz.shrink.signature import Signature, signature_of
@@ -319,8 +320,7 @@ class _Worker:
                 failure,
                 signature,
                 seconds=self.plan.shrink_seconds,
-                min_blocks=limits.min_blocks,
-                block_sizes=limits.block_sizes,
+                pools=Pools(limits.min_blocks, limits.block_sizes),
                 safeguards=safeguards,
                 stop=self.halt.is_set,
                 stats=self.stats,

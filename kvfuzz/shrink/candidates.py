@@ -79,7 +79,8 @@ class _Run:
 
 
 class Shrinker:
-    """The state of one shrink: the replays' budget, and what the last kept candidate's run showed.
+    """The state of one shrink in the configuration the failure was found in (``kvfuzz run``'s, which the user
+    chose): the replays' budget, and what the last kept candidate's run showed.
 
     Invariant kept: ``landmarks`` is the run of the last candidate that failed with ``signature`` (the program the
     passes are shrinking, except briefly after a restart's fixpoint came out longer); candidates are steered by it,
@@ -106,8 +107,6 @@ class Shrinker:
         self.replays = 0
         self.built: dict[PoolSpec, bool] = {}  # whether the factory builds each pool asked of it so far
         self.landmarks: Optional[_Kept] = None  # the last candidate kept
-        self.deficit_of: Optional[_Kept] = None  # the landmarks whose deficit was measured
-        self.deficit_blocks: Optional[int] = None  # that deficit (None: not a pool-pressure failure)
 
     def builds(self, config: MachineConfig) -> bool:
         """Whether the factory builds this configuration's pool (some refuse counts of blocks their sectors cannot
@@ -134,43 +133,9 @@ class Shrinker:
         run = self.run(config, calls, reaim)
         return None if run is None else self._kept(config, run)
 
-    def fails_shorter(self, config: MachineConfig, calls: Sequence[Call], min_blocks: int) -> Optional[_Kept]:
-        """:meth:`fails` for a candidate with calls deleted. When the program kept last fails under pool pressure
-        (every block mapped before its last call, and more wanted: its :meth:`deficit`), fewer calls want fewer
-        blocks and the same pool no longer runs short where it did: the candidate is tried in a pool as much
-        smaller than what it maps in a roomy one as the kept program's was, then in the same pool (and kept in the
-        roomy one if it fails there: the pressure was not what the failure needed, and the configuration pass
-        shrinks the pool)."""
-        deficit = self.deficit(config)
-        if deficit is None:
-            return self.fails(config, calls)
-        roomy_config = _roomy(config, calls)
-        roomy = self.run(roomy_config, calls)
-        if roomy is None:  # the factory does not build so large a pool
-            return self.fails(config, calls)
-        kept = self._kept(roomy_config, roomy)  # the pressure was not what it needed: the pool shrinks later
-        if kept is not None:
-            return kept
-        blocks = roomy.mapped_before_last - deficit
-        if min_blocks <= blocks < config.num_blocks:
-            kept = self.fails(attrs.evolve(config, num_blocks=blocks), calls)
-        return kept if kept is not None else self.fails(config, calls)
-
-    def deficit(self, config: MachineConfig) -> Optional[int]:
-        """How many blocks more than ``config``'s pool the program kept last maps before its last call in a roomy
-        pool, if it fails under pool pressure in ``config`` (None otherwise, or if even the roomy pool fills)."""
-        landmarks = self.landmarks
-        if landmarks is None or landmarks.config != config or landmarks.mapped_before_last < config.num_blocks:
-            return None
-        if self.deficit_of is not landmarks:
-            roomy_config = _roomy(config, landmarks.calls)
-            roomy = self.run(roomy_config, landmarks.calls)
-            wanted = None if roomy is None else roomy.mapped_before_last
-            self.deficit_of = landmarks
-            self.deficit_blocks = None
-            if wanted is not None and config.num_blocks < wanted < roomy_config.num_blocks:
-                self.deficit_blocks = wanted - config.num_blocks
-        return self.deficit_blocks
+    def fails_shorter(self, config: MachineConfig, calls: Sequence[Call]) -> Optional[_Kept]:
+        """:meth:`fails` for a candidate with calls deleted (in the same configuration)."""
+        return self.fails(config, calls)
 
     def _kept(self, config: MachineConfig, run: _Run) -> Optional[_Kept]:
         if run.failure is None:
@@ -233,6 +198,78 @@ class Shrinker:
         blocks = call.kwargs()["blocks"]
         evicted[_eviction_key(call, made)] = tuple(pools.block_tags(block) for block in blocks)
         return call
+
+
+@attrs.frozen
+class Pools:
+    """The configurations a shrink may move a failure to (a campaign's, which drew the configuration): never below
+    ``min_blocks`` device blocks, and only to block sizes in ``block_sizes`` (none listed: any the factory builds);
+    fewer host blocks and, when the configuration asked for one, a smaller W."""
+
+    min_blocks: int = 1
+    block_sizes: tuple[int, ...] = ()
+
+
+class PoolShrinker(Shrinker):
+    """A shrink that may also change the configuration, within ``pools``: a candidate with calls deleted from a
+    program that fails under pool pressure is tried in a smaller pool too.
+
+    Invariant kept (beside :class:`Shrinker`'s): ``deficit_blocks`` is the deficit of ``deficit_of``, the landmarks
+    it was measured for."""
+
+    def __init__(
+        self,
+        found_in: MachineConfig,
+        factory: AllocatorFactory,
+        signature: Signature,
+        safeguards: Safeguards,
+        seconds: float,
+        stop: Callable[[], bool],
+        stats: Optional[RunStats],
+        pools: Pools,
+    ) -> None:
+        super().__init__(found_in, factory, signature, safeguards, seconds, stop, stats)
+        self.pools = pools  # the configurations candidates may run in
+        self.deficit_of: Optional[_Kept] = None  # the landmarks whose deficit was measured
+        self.deficit_blocks: Optional[int] = None  # that deficit (None: not a pool-pressure failure)
+
+    def fails_shorter(self, config: MachineConfig, calls: Sequence[Call]) -> Optional[_Kept]:
+        """:meth:`fails` for a candidate with calls deleted. When the program kept last fails under pool pressure
+        (every block mapped before its last call, and more wanted: its :meth:`deficit`), fewer calls want fewer
+        blocks and the same pool no longer runs short where it did: the candidate is tried in a pool as much
+        smaller than what it maps in a roomy one as the kept program's was, then in the same pool (and kept in the
+        roomy one if it fails there: the pressure was not what the failure needed, and the configuration pass
+        shrinks the pool)."""
+        deficit = self.deficit(config)
+        if deficit is None:
+            return self.fails(config, calls)
+        roomy_config = _roomy(config, calls)
+        roomy = self.run(roomy_config, calls)
+        if roomy is None:  # the factory does not build so large a pool
+            return self.fails(config, calls)
+        kept = self._kept(roomy_config, roomy)  # the pressure was not what it needed: the pool shrinks later
+        if kept is not None:
+            return kept
+        blocks = roomy.mapped_before_last - deficit
+        if self.pools.min_blocks <= blocks < config.num_blocks:
+            kept = self.fails(attrs.evolve(config, num_blocks=blocks), calls)
+        return kept if kept is not None else self.fails(config, calls)
+
+    def deficit(self, config: MachineConfig) -> Optional[int]:
+        """How many blocks more than ``config``'s pool the program kept last maps before its last call in a roomy
+        pool, if it fails under pool pressure in ``config`` (None otherwise, or if even the roomy pool fills)."""
+        landmarks = self.landmarks
+        if landmarks is None or landmarks.config != config or landmarks.mapped_before_last < config.num_blocks:
+            return None
+        if self.deficit_of is not landmarks:
+            roomy_config = _roomy(config, landmarks.calls)
+            roomy = self.run(roomy_config, landmarks.calls)
+            wanted = None if roomy is None else roomy.mapped_before_last
+            self.deficit_of = landmarks
+            self.deficit_blocks = None
+            if wanted is not None and config.num_blocks < wanted < roomy_config.num_blocks:
+                self.deficit_blocks = wanted - config.num_blocks
+        return self.deficit_blocks
 
 
 ROOM_PER_CALL = 8

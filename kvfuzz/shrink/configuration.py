@@ -10,12 +10,12 @@ import attrs
 
 from kvfuzz.program.arguments import system_prompts
 from kvfuzz.program.call import Call
-from kvfuzz.shrink.candidates import Best, Shrinker
+from kvfuzz.shrink.candidates import Best, PoolShrinker
 
 
-def simplify_config(shrinker: Shrinker, best: Best, min_blocks: int, block_sizes: tuple[int, ...]) -> Best:
+def simplify_config(shrinker: PoolShrinker, best: Best) -> Best:
     config, calls, failure = best
-    fields = [("num_blocks", min_blocks), ("num_host_blocks", 0), ("block_size", 1)]
+    fields = [("num_blocks", shrinker.pools.min_blocks), ("num_host_blocks", 0), ("block_size", 1)]
     if config.inflight_window is not None:  # a W the campaign asked for (the factory builds any): a smaller one
         fields.append(("inflight_window", 0))
     for name, lowest in fields:
@@ -23,8 +23,8 @@ def simplify_config(shrinker: Shrinker, best: Best, min_blocks: int, block_sizes
         while improved and not shrinker.out_of_time():
             improved = False
             value = getattr(config, name)
-            if name == "block_size" and block_sizes:
-                options = sorted(size for size in block_sizes if size < value)
+            if name == "block_size" and shrinker.pools.block_sizes:
+                options = sorted(size for size in shrinker.pools.block_sizes if size < value)
             else:
                 options = _smaller_counts(value, lowest)
             for smaller in options:
@@ -93,13 +93,13 @@ def _prompts_by_role(block_size: int) -> tuple[tuple[int, ...], ...]:
     return tuple(by_length[length] for length in lengths)
 
 
-def smaller_pool_fewer_calls(shrinker: Shrinker, best: Best, min_blocks: int, block_sizes: tuple[int, ...]) -> Best:
+def smaller_pool_fewer_calls(shrinker: PoolShrinker, best: Best) -> Best:
     """A smaller pool (fewer device blocks, or a smaller W the campaign chose) together with one call fewer, for
     programs that build pool pressure or age blocks through the in-flight window: there, a smaller pool alone
     changes when a refusal comes and deleting any one call alone undoes the pressure, while both together keep the
     failure. The first pair that still fails is kept (the passes then run again)."""
     config, calls, failure = best
-    fields = [("num_blocks", min_blocks)]
+    fields = [("num_blocks", shrinker.pools.min_blocks)]
     if config.inflight_window is not None:
         fields.append(("inflight_window", 0))
     for name, lowest in fields:

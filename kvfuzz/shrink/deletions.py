@@ -16,7 +16,7 @@ from kvfuzz.program.call import Call
 from kvfuzz.shrink.candidates import Best, Shrinker, sequences
 
 
-def delete_calls(shrinker: Shrinker, best: Best, min_blocks: int, block_sizes: tuple[int, ...]) -> Best:
+def delete_calls(shrinker: Shrinker, best: Best) -> Best:
     """Delta debugging: chunks of halving size (each with the later calls of the sequences it brought in), then
     every window of two or three neighbouring calls (a preempt and its readmit go together), then every sequence's
     calls at once (an admit and everything naming it). Each costs a number of replays about linear in the program's
@@ -28,7 +28,7 @@ def delete_calls(shrinker: Shrinker, best: Best, min_blocks: int, block_sizes: t
         start, deleted = 0, False
         while start < len(current) and not shrinker.out_of_time():
             candidate = _without_chunk(current, start, start + chunk)
-            found = shrinker.fails_shorter(config, candidate, min_blocks) if candidate else None
+            found = shrinker.fails_shorter(config, candidate) if candidate else None
             if found is not None:
                 config, current, failure, deleted = found.config, list(found.calls), found.failure, True
             else:
@@ -39,7 +39,7 @@ def delete_calls(shrinker: Shrinker, best: Best, min_blocks: int, block_sizes: t
         start = 0
         while start + width <= len(current) and not shrinker.out_of_time():
             candidate = current[:start] + current[start + width :]
-            found = shrinker.fails_shorter(config, candidate, min_blocks) if candidate else None
+            found = shrinker.fails_shorter(config, candidate) if candidate else None
             if found is not None:
                 config, current, failure = found.config, list(found.calls), found.failure
             else:
@@ -49,7 +49,7 @@ def delete_calls(shrinker: Shrinker, best: Best, min_blocks: int, block_sizes: t
             break
         candidate = [call for call in current if seq not in sequences(call)]
         shorter = candidate and len(candidate) < len(current)
-        found = shrinker.fails_shorter(config, candidate, min_blocks) if shorter else None
+        found = shrinker.fails_shorter(config, candidate) if shorter else None
         if found is not None:
             config, current, failure = found.config, list(found.calls), found.failure
     return config, tuple(current), failure
@@ -76,7 +76,7 @@ def _introduced(call: Call) -> set[str]:
     return {name} if isinstance(name, str) else set()
 
 
-def delete_distant_pairs(shrinker: Shrinker, best: Best, min_blocks: int, block_sizes: tuple[int, ...]) -> Best:
+def delete_distant_pairs(shrinker: Shrinker, best: Best) -> Best:
     """Every pair of calls naming one sequence, three or more calls apart (a preempt and its readmit with other
     work between them, an admission and the free that undoes it); closer pairs are the windows' job. Its replays
     grow with the square of the program's length, so it runs once the linear passes have reached their fixpoint
@@ -90,7 +90,7 @@ def delete_distant_pairs(shrinker: Shrinker, best: Best, min_blocks: int, block_
                 break
             if names & sequences(current[second]):
                 candidate = current[:first] + current[first + 1 : second] + current[second + 1 :]
-                found = shrinker.fails_shorter(config, candidate, min_blocks)
+                found = shrinker.fails_shorter(config, candidate)
                 if found is not None:
                     config, current, failure, deleted = found.config, list(found.calls), found.failure, True
                     break
@@ -99,7 +99,7 @@ def delete_distant_pairs(shrinker: Shrinker, best: Best, min_blocks: int, block_
     return config, tuple(current), failure
 
 
-def merge_calls(shrinker: Shrinker, best: Best, min_blocks: int, block_sizes: tuple[int, ...]) -> Best:
+def merge_calls(shrinker: Shrinker, best: Best) -> Best:
     """Replace calls by fewer or simpler ones with the same effect on the pool: a grow and the next call naming its
     sequence, when that is a grow too, by one grow of both token lists (in the first's place or the second's); an
     admit and a grow that follows it by an admit with the longer suffix; a decode by a step (the tokens it appends

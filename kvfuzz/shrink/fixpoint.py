@@ -3,7 +3,7 @@ programs (the passes and their order are described in :mod:`kvfuzz.shrink`)."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
 import attrs
 
@@ -12,12 +12,14 @@ from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Safeguards
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory
-from kvfuzz.shrink.candidates import Best, Shrinker
+from kvfuzz.shrink.candidates import Best, Pools, PoolShrinker, Shrinker
 from kvfuzz.shrink.configuration import simplify_config, smaller_pool_fewer_calls
 from kvfuzz.shrink.deletions import delete_calls, delete_distant_pairs, merge_calls
 from kvfuzz.shrink.restarts import LONG_PROGRAM, RESTARTS, Failing, Restarts, another_program
 from kvfuzz.shrink.signature import Signature
 from kvfuzz.shrink.simplify import renumber, simplify_arguments, simplify_shared_values
+
+ShrinkerT = TypeVar("ShrinkerT", bound=Shrinker)
 
 
 @attrs.frozen
@@ -34,6 +36,23 @@ class Shrunk:
     others: tuple[Failing, ...] = ()  # failures of other signatures met while searching for restarts, one each
 
 
+Pass = Callable[[ShrinkerT, Best], Best]
+"""One pass: the program it was given, or a smaller one failing with the shrink's signature."""
+
+CALL_STAGES: tuple[tuple[Pass[Shrinker], ...], ...] = (
+    (delete_calls, simplify_arguments, simplify_shared_values, renumber),
+    (delete_distant_pairs, merge_calls),
+)
+"""The passes of a shrink in the configuration the failure was found in, in stages (see :func:`_fixpoint`)."""
+
+POOL_STAGES: tuple[tuple[Pass[PoolShrinker], ...], ...] = (
+    (simplify_config, *CALL_STAGES[0]),
+    (*CALL_STAGES[1], smaller_pool_fewer_calls),
+)
+"""The passes of a shrink that may change the configuration: the configuration is simplified first (a smaller pool
+makes every later replay cheaper), and a smaller pool with one call fewer comes last."""
+
+
 def shrink(
     factory: AllocatorFactory,
     config: MachineConfig,
@@ -42,20 +61,27 @@ def shrink(
     signature: Signature,
     *,
     seconds: float,
-    min_blocks: int = 1,
-    block_sizes: Sequence[int] = (),
+    pools: Optional[Pools] = None,
     safeguards: Safeguards = Safeguards(),
     stop: Callable[[], bool] = lambda: False,
     stats: Optional[RunStats] = None,
     restarts: Optional[Restarts] = None,
 ) -> Shrunk:
     """Shrink ``calls`` under ``config`` (which fail with ``signature``) to a fixpoint of every pass, within
-    ``seconds``; never below ``min_blocks`` device blocks, and only to block sizes in ``block_sizes``. With
-    ``restarts``, a fixpoint longer than :data:`LONG_PROGRAM` calls is shrunk again from other failing programs."""
-    shrinker = Shrinker(config, factory, signature, safeguards, seconds, stop, stats)
-    limits = (min_blocks, tuple(block_sizes))
-    shrinker.fails(config, calls)  # its run steers the first candidates (the landmarks)
-    best, stopped = _fixpoint(shrinker, (config, tuple(calls), failure), *limits)
+    ``seconds``: in ``config`` itself, or with ``pools`` in any configuration they allow. With ``restarts``, a
+    fixpoint longer than :data:`LONG_PROGRAM` calls is shrunk again from other failing programs."""
+    if pools is None:
+        shrinker = Shrinker(config, factory, signature, safeguards, seconds, stop, stats)
+        return _shrink(shrinker, CALL_STAGES, (config, tuple(calls), failure), restarts)
+    in_pools = PoolShrinker(config, factory, signature, safeguards, seconds, stop, stats, pools)
+    return _shrink(in_pools, POOL_STAGES, (config, tuple(calls), failure), restarts)
+
+
+def _shrink(
+    shrinker: ShrinkerT, stages: Sequence[Sequence[Pass[ShrinkerT]]], best: Best, restarts: Optional[Restarts]
+) -> Shrunk:
+    shrinker.fails(best[0], best[1])  # its run steers the first candidates (the landmarks)
+    best, stopped = _fixpoint(shrinker, stages, best)
     others: list[Failing] = []
     started = 0
     while restarts is not None and stopped is None and len(best[1]) > LONG_PROGRAM and started < RESTARTS:
@@ -63,7 +89,7 @@ def shrink(
         if found is None:
             break
         started += 1
-        candidate, candidate_stopped = _fixpoint(shrinker, found, *limits)
+        candidate, candidate_stopped = _fixpoint(shrinker, stages, found)
         if len(candidate[1]) < len(best[1]):
             best, stopped = candidate, candidate_stopped
         elif candidate_stopped is not None:
@@ -73,22 +99,18 @@ def shrink(
 
 
 def _fixpoint(
-    shrinker: Shrinker, best: Best, min_blocks: int, block_sizes: tuple[int, ...]
+    shrinker: ShrinkerT, stages: Sequence[Sequence[Pass[ShrinkerT]]], best: Best
 ) -> tuple[Best, Optional[str]]:
     """Every pass until none changes anything; with why it stopped before that (None: the fixpoint)."""
     # The first passes run to their fixpoint before the others are tried: those move a program from one fixpoint
     # of the first to another, and never lengthen it, so a shrink never ends longer than the first passes alone.
-    stages = (
-        (simplify_config, delete_calls, simplify_arguments, simplify_shared_values, renumber),
-        (delete_distant_pairs, merge_calls, smaller_pool_fewer_calls),
-    )
     while True:
         before = best[:2]
         for stage in stages:
             for shrink_pass in stage:
                 if shrinker.out_of_time():
                     return best, shrinker.why_stopped()
-                best = shrink_pass(shrinker, best, min_blocks, block_sizes)
+                best = shrink_pass(shrinker, best)
             if best[:2] != before:
                 break
         if best[:2] == before:

@@ -36,7 +36,7 @@ def _smaller(value: Any) -> Iterator[Any]:
             yield kind(candidate)
 
 
-def simplify_arguments(shrinker: Shrinker, best: Best, min_blocks: int, block_sizes: tuple[int, ...]) -> Best:
+def simplify_arguments(shrinker: Shrinker, best: Best) -> Best:
     config, calls, failure = best
     current = list(calls)
     for index in range(len(current)):
@@ -54,7 +54,7 @@ def simplify_arguments(shrinker: Shrinker, best: Best, min_blocks: int, block_si
     return config, tuple(current), failure
 
 
-def simplify_shared_values(shrinker: Shrinker, best: Best, min_blocks: int, block_sizes: tuple[int, ...]) -> Best:
+def simplify_shared_values(shrinker: Shrinker, best: Best) -> Best:
     """A value several calls share (the namespace and system prompt of two admissions whose hit the failure needs)
     simplified in all of them at once, where changing one alone breaks what they share."""
     config, calls, failure = best
@@ -102,7 +102,7 @@ def renumbered(calls: Sequence[Call]) -> list[Call]:
     return [Call(call.rule, {name: value_of(name, value) for name, value in call.arguments}) for call in calls]
 
 
-def renumber(shrinker: Shrinker, best: Best, min_blocks: int, block_sizes: tuple[int, ...]) -> Best:
+def renumber(shrinker: Shrinker, best: Best) -> Best:
     config, calls, failure = best
     candidate = renumbered(calls)
     if candidate == list(calls):
