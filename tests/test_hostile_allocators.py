@@ -53,14 +53,28 @@ def test_a_base_exception_from_the_allocator_is_its_crash(factory, escaped: str)
     assert summary.reproduced == summary.replays > 0
 
 
-def test_a_hang_is_reported_in_the_named_operation_with_the_program_so_far() -> None:
+def test_a_hang_is_reported_in_the_named_operation_shrunk_and_confirmed() -> None:
     started = time.perf_counter()
     # 2 s: well above any legitimate call on a loaded machine (a 0.5 s bound once caught a slow first admit).
     summary = run(hostile.hangs_on_rollback, examples=50, steps=30, call_timeout=2.0)
-    assert time.perf_counter() - started < 30
+    # The search, the shrink (its 10 s, and 2 s for each of at most 10 replays that hang) and 2 confirming replays.
+    assert time.perf_counter() - started < 90
     assert summary.failed and summary.invariant == "hang"
     assert "rollback" in (summary.explanation or "") and "2 s" in (summary.explanation or "")
-    assert summary.calls[-1].rule == "rollback" and summary.shrink_note is not None
+    assert summary.calls[-1].rule == "rollback" and summary.shrunk and summary.program_length <= 4
+    assert summary.reproduced == summary.replays == 2
+
+
+def test_a_hang_after_a_sequence_of_calls_shrinks_to_those_calls() -> None:
+    """The allocator hangs freeing a parent it forked and then rolled back (preempt frees it too): a hang is shrunk
+    like any failure, each replay bounded by the watchdog, a shorter program kept only if it hangs in the same
+    operation; what is left is the calls the hang needs."""
+    summary = run(hostile.hangs_freeing_a_forked_parent, examples=100, steps=30, call_timeout=1.0)
+    assert summary.failed and summary.invariant == "hang" and summary.shrunk, summary.explanation
+    rules = [call.rule for call in summary.calls]
+    assert rules[-1] in ("free", "preempt") and {"admit", "fork", "rollback"} <= set(rules), rules
+    assert len(rules) <= 5, (summary.program, summary.shrink_note)  # found at 24 calls
+    assert summary.reproduced == summary.replays == 2
 
 
 def test_a_hang_whose_interrupt_the_allocator_swallows_is_still_a_hang() -> None:
@@ -98,13 +112,13 @@ def test_ctrl_c_while_shrinking_keeps_the_best_failure_found_so_far(monkeypatch)
     # a fixed time landed in the search, or after the run had ended, whenever the machine was slower or faster.
     import kvfuzz.runner
 
-    shrink = kvfuzz.runner.minimize
+    shrink = kvfuzz.runner.shrink_to_fixpoint
 
     def interrupted_shrink(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
         return shrink(*args, **kwargs)
 
-    monkeypatch.setattr(kvfuzz.runner, "minimize", interrupted_shrink)
+    monkeypatch.setattr(kvfuzz.runner, "shrink_to_fixpoint", interrupted_shrink)
     summary = run(hostile.slow_free_leak, examples=200, steps=50, random_examples=0)
     assert summary.interrupted and summary.failed and summary.calls
     assert summary.invariant != "crash (FlakyFailure)" and "Flaky" not in (summary.invariant or "")

@@ -10,6 +10,7 @@ import attrs
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Safeguards
+from kvfuzz.program.safeguards import AllocatorHang
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory
 from kvfuzz.shrink.candidates import Best, Pools, PoolShrinker, Shrinker
@@ -53,6 +54,11 @@ POOL_STAGES: tuple[tuple[Pass[PoolShrinker], ...], ...] = (
 makes every later replay cheaper), and a smaller pool with one call fewer comes last."""
 
 
+HUNG_REPLAYS = 10
+"""A hang's shrink may spend the watchdog's limit on this many replays beyond its time bound: every candidate that
+keeps the hang (and the program's own replay) costs that long."""
+
+
 def shrink(
     factory: AllocatorFactory,
     config: MachineConfig,
@@ -68,8 +74,12 @@ def shrink(
     restarts: Optional[Restarts] = None,
 ) -> Shrunk:
     """Shrink ``calls`` under ``config`` (which fail with ``signature``) to a fixpoint of every pass, within
-    ``seconds``: in ``config`` itself, or with ``pools`` in any configuration they allow. With ``restarts``, a
-    fixpoint longer than :data:`LONG_PROGRAM` calls is shrunk again from other failing programs."""
+    ``seconds`` (a hang's, :data:`HUNG_REPLAYS` times its watchdog's limit more): in ``config`` itself, or with
+    ``pools`` in any configuration they allow. With ``restarts``, a fixpoint longer than :data:`LONG_PROGRAM` calls
+    is shrunk again from other failing programs. Each replay runs under ``safeguards``: with a watchdog, a candidate
+    that hangs ends at its limit, and is kept only if the failure is a hang in the same operation."""
+    if isinstance(failure, AllocatorHang):
+        seconds += HUNG_REPLAYS * failure.seconds
     if pools is None:
         shrinker = Shrinker(config, factory, signature, safeguards, seconds, stop, stats)
         return _shrink(shrinker, CALL_STAGES, (config, tuple(calls), failure), restarts)
