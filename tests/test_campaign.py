@@ -942,7 +942,7 @@ def test_two_workers_dying_between_two_checks_each_keep_their_program(tmp_path: 
     assert finding.seen == 2 and finding.trace == traces[0] == traces[1]
 
 
-def test_a_hang_is_a_finding_of_its_own_saved_with_its_program_and_the_campaign_goes_on(workdir: Path) -> None:
+def test_a_hang_is_a_finding_of_its_own_shrunk_confirmed_and_saved_and_the_campaign_goes_on(workdir: Path) -> None:
     done, result = _campaign(
         workdir,
         "--allocator",
@@ -961,9 +961,10 @@ def test_a_hang_is_a_finding_of_its_own_saved_with_its_program_and_the_campaign_
     hangs = [failure for failure in result["failures"] if failure["signature"]["failure"] == "hang"]
     assert hangs, result
     assert {hang["signature"]["operation"] for hang in hangs} <= {"rollback", "misuse"}
-    for hang in hangs:
-        assert hang["note"] == "not shrunk: every replay of a hang costs the call timeout"
-        assert load(workdir / hang["trace"]).program[-1].rule in ("rollback", "misuse")
+    for hang in hangs:  # shrunk like any finding (to its fixpoint), and confirmed
+        assert hang["note"] is None and hang["reproduced"] == hang["replays"] == 2, hang
+        program = load(workdir / hang["trace"]).program
+        assert program[-1].rule in ("rollback", "misuse") and len(program) <= 4, program
     assert result["dead_workers"] == [] and result["ended_by"] == "duration"
 
 
