@@ -221,7 +221,7 @@ class MachineItem(_KvfuzzItem):
         config = MachineConfig(kernel=option("kvfuzz_kernel"))
         try:
             factory = load_factory(self.spec)
-            probe = probe_allocator(self.spec, factory, config.pool_spec())  # never driven; gives the window
+            probe = probe_allocator(self.spec, factory, config.pool_spec())  # never driven: checked before work
             make_kernel(config.kernel, probe)
         except (AllocatorNotFound, AllocatorUnusable, KernelUnavailable) as error:
             raise KvfuzzFailure(str(error)) from error
@@ -247,9 +247,7 @@ class MachineItem(_KvfuzzItem):
             if recovered:
                 raise KvfuzzFailure("\n".join(recovered))  # a run that died left a failure behind: now a trace
             return
-        saved = save_failure(
-            summary, self.spec, config, probe.capabilities.inflight_window, Path(option("kvfuzz_corpus"))
-        )
+        saved = save_failure(summary, self.spec, config, Path(option("kvfuzz_corpus")))
         if saved is None:
             trace = ""
         elif saved.error is None:

@@ -88,10 +88,12 @@ class RunSummary:
     """What one run did, and on failure the shrunk program and why it fails.
 
     ``examples`` counts the programs of the search (random programs and Hypothesis's examples), not the replays of
-    shrinking and confirmation. ``first_failure_examples`` and ``first_failure_seconds`` say when the first failing
-    example was met, before any shrinking. ``reproduced`` of ``replays`` says how often the reported program failed
-    the same way when replayed on fresh allocators (fewer than all: flaky). ``interrupted`` says the user stopped
-    the run; ``shrink_note`` says why the program was not shrunk further, when it was not.
+    shrinking and confirmation. ``declared_window`` is the in-flight window W the allocator declared (None: no
+    program ran); the configuration's ``inflight_window`` is the W the run asked of its factory.
+    ``first_failure_examples`` and ``first_failure_seconds`` say when the first failing example was met, before any
+    shrinking. ``reproduced`` of ``replays`` says how often the reported program failed the same way when replayed
+    on fresh allocators (fewer than all: flaky). ``interrupted`` says the user stopped the run; ``shrink_note`` says
+    why the program was not shrunk further, when it was not.
     """
 
     allocator: str
@@ -111,6 +113,7 @@ class RunSummary:
     reproduced: Optional[int] = None
     replays: int = 0
     examples_asked: Optional[int] = None
+    declared_window: Optional[int] = None
     occupancy: Optional[OccupancySummary] = attrs.field(default=None, repr=False)
     violated: Optional[Invariant] = attrs.field(default=None, repr=False)  # None when the failure is a crash
     calls: tuple[Call, ...] = attrs.field(default=(), repr=False)
@@ -403,6 +406,7 @@ def run(
         reproduced=reproduced,
         replays=replays,
         examples_asked=examples,
+        declared_window=stats.declared_window,
         occupancy=stats.occupancy.summary(),
     )
     if failure is None:

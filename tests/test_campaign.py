@@ -100,10 +100,10 @@ def test_swarm_draws_the_in_flight_window_a_factory_builds_when_asked() -> None:
 
 def test_a_trace_asks_the_factory_for_the_window_it_recorded(tmp_path: Path) -> None:
     old = load(REPOSITORY / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c430.json")
-    trace = Trace(DEFAULT_ALLOCATOR, MachineConfig(num_blocks=6), old.program, old.failure, inflight_window=3)
-    assert trace.config.inflight_window == 3
+    trace = Trace(DEFAULT_ALLOCATOR, MachineConfig(num_blocks=6), old.program, old.failure, declared_window=3)
+    assert trace.config.inflight_window is None  # the configuration as given: the file records the declared W
     again = from_json(json.loads(json.dumps(trace.to_json())))
-    assert again.config == trace.config and again.inflight_window == 3
+    assert again.config == attrs.evolve(trace.config, inflight_window=3) and again.declared_window == 3
     engine = Target(paged_allocator, again.config).start().engine
     assert engine.caps.inflight_window == 3 and engine.pools.inflight_window == 3
 

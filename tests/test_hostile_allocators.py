@@ -245,7 +245,7 @@ def test_a_flaky_failure_is_saved_flaky_and_replayed_and_exported_as_such(tmp_pa
     from kvfuzz.saved.trace import load
 
     summary = _flaky_leak_run()
-    saved = save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), 1, tmp_path)
+    saved = save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), tmp_path)
     assert saved is not None and saved.error is None
     trace = load(saved.path)
     assert trace.flaky == (summary.reproduced, 8)
@@ -342,7 +342,7 @@ def test_a_flaky_replay_that_takes_another_path_counts_as_not_reproduced(
     from kvfuzz.saved.trace import load
 
     summary = _flaky_leak_run()
-    saved = corpus.save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), 1, tmp_path)
+    saved = corpus.save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), tmp_path)
     assert saved is not None
     trace = load(saved.path)
     real_replay = corpus.replay

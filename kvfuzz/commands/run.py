@@ -95,7 +95,7 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
         print(f"\ninterrupted after {plural(summary.examples, 'example')}{found}")
 
 
-def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig, inflight_window: int) -> int:
+def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig) -> int:
     """Print the run's outcome, then save a failure's trace: the failure is on the terminal before the corpus is
     touched, and a trace that cannot be saved is printed whole. The exit status is 130 for a run the user
     interrupted (its failure, if any, saved all the same), else 1 for any failure, saved or not, and 0.
@@ -105,9 +105,7 @@ def _report(summary: RunSummary, args: argparse.Namespace, config: MachineConfig
     if not args.json:
         _print_summary(summary, config)
         sys.stdout.flush()
-    saved = (
-        save_failure(summary, args.allocator, config, inflight_window, Path(args.corpus)) if summary.failed else None
-    )
+    saved = save_failure(summary, args.allocator, config, Path(args.corpus)) if summary.failed else None
     if args.json:
         unsaved = saved is not None and saved.error is not None
         error = f"cannot write {saved.path} ({saved.error})" if saved is not None and unsaved else None
@@ -160,7 +158,7 @@ def run_command(args: argparse.Namespace) -> int:
         if args.database is not None and args.seed is not None:
             raise ValueError("--seed and --database cannot be combined (Hypothesis ignores the database under a seed)")
         factory = load_factory(args.allocator)
-        probe = probe_allocator(args.allocator, factory, config.pool_spec())  # never driven; gives the window
+        probe = probe_allocator(args.allocator, factory, config.pool_spec())  # never driven: checked before work
         make_kernel(config.kernel, probe)
     except (AllocatorNotFound, ValueError) as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
@@ -200,5 +198,5 @@ def run_command(args: argparse.Namespace) -> int:
             call_timeout=args.call_timeout or None,
             journal_dir=_journal_dir(Path(args.corpus)),
         )
-        status = _report(summary, args, config, probe.capabilities.inflight_window)
+        status = _report(summary, args, config)
     return 130 if pressed else status

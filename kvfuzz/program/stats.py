@@ -47,9 +47,12 @@ class RunStats:
     best_program: Optional[list[Call]] = None
     best_failure: Optional[BaseException] = None
     last_failing_program: Optional[list[Call]] = None
+    declared_window: Optional[int] = None  # the in-flight window W the allocator of the latest example declared
     on_step: Optional[Callable[["RunStats"], None]] = None
 
-    def example_started(self) -> None:
+    def example_started(self, declared_window: int) -> None:
+        """A program starts, against an allocator that declares ``declared_window``."""
+        self.declared_window = declared_window
         if self.first_kind is None:
             self.examples += 1
         else:

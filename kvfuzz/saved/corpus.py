@@ -30,9 +30,7 @@ from kvfuzz.saved.hint import show_hint
 from kvfuzz.saved.trace import Trace, failure_record, save
 
 
-def trace_of(
-    summary: RunSummary, allocator: str, config: MachineConfig, inflight_window: Optional[int]
-) -> Optional[Trace]:
+def trace_of(summary: RunSummary, allocator: str, config: MachineConfig) -> Optional[Trace]:
     """The trace of a failed run, or None if it has no program to replay."""
     if not summary.failed or not summary.calls:
         return None
@@ -43,7 +41,7 @@ def trace_of(
         else {"invariant": None, "title": summary.invariant, "operation": None, "explanation": summary.explanation}
     )
     flaky = (summary.reproduced or 0, summary.replays) if summary.flaky else None
-    return Trace(allocator, config, summary.calls, record, inflight_window, flaky=flaky)
+    return Trace(allocator, config, summary.calls, record, summary.declared_window, flaky=flaky)
 
 
 @attrs.frozen
@@ -73,12 +71,10 @@ class SavedTrace:
         )
 
 
-def save_failure(
-    summary: RunSummary, allocator: str, config: MachineConfig, inflight_window: Optional[int], directory: Path
-) -> Optional[SavedTrace]:
+def save_failure(summary: RunSummary, allocator: str, config: MachineConfig, directory: Path) -> Optional[SavedTrace]:
     """Save a failed run's trace in ``directory``; None if the run has no program to save. A corpus that cannot be
     written (read-only, full, not a directory) raises nothing: the result carries the error and the trace."""
-    trace = trace_of(summary, allocator, config, inflight_window)
+    trace = trace_of(summary, allocator, config)
     if trace is None:
         return None
     try:
