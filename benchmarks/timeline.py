@@ -52,7 +52,7 @@ def long_trace(calls: int, seed: int = 0) -> Trace:
                 execution.execute(operation.name, operation.draw(state, rng))
         finally:
             execution.engine.close()
-    return Trace(ALLOCATOR, short.config, execution.calls, short.failure, short.inflight_window)
+    return Trace(ALLOCATOR, short.config, execution.calls, short.failure, short.declared_window)
 
 
 def timed(action: Callable[[], object], repeat: int) -> tuple[str, object]:

@@ -62,7 +62,7 @@ def _picky(spec: PoolSpec) -> PagedAllocator:
 
 def test_swarm_draws_every_geometry_within_what_the_allocator_builds() -> None:
     limits = probe_limits("picky", _picky, MachineConfig())
-    assert limits.block_sizes == (2, 8) and limits.min_blocks == 3 and limits.inflight_window == 1
+    assert limits.block_sizes == (2, 8) and limits.min_blocks == 3 and limits.declared_window == 1
     rng = random.Random(0)
     draws = [draw_swarm(rng, limits, MachineConfig()) for _ in range(2000)]
     blocks = [draw.machine.num_blocks for draw in draws]
@@ -94,7 +94,7 @@ def test_swarm_draws_the_in_flight_window_a_factory_builds_when_asked() -> None:
         assert built.capabilities.inflight_window == draw.machine.inflight_window
         assert f"W = {draw.machine.inflight_window}" in draw.describe()
     fixed = probe_limits("kvfuzz-synchronous", synchronous_allocator, MachineConfig())
-    assert fixed.windows == () and fixed.inflight_window == 0  # a factory that keeps its own W: never swarmed
+    assert fixed.windows == () and fixed.declared_window == 0  # a factory that keeps its own W: never swarmed
     assert {draw_swarm(rng, fixed, MachineConfig()).machine.inflight_window for _ in range(50)} == {None}
 
 

@@ -49,7 +49,7 @@ class Limits:
     allocator: str  # the spec the campaign was given
     block_sizes: tuple[int, ...]  # accepted block sizes, ascending
     min_blocks: int  # the smallest device pool the factory builds
-    inflight_window: int  # the W the allocator declares
+    declared_window: int  # the W the allocator declares when asked for none
     host_blocks: bool  # whether it keeps the host blocks it is given (swap is possible)
     host_cache: bool = False  # whether it declares host_cache: then every pool drawn has host blocks
     windows: tuple[int, ...] = ()  # the W values its factory builds when asked (PoolSpec.inflight_window), if any

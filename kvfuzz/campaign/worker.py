@@ -329,7 +329,7 @@ class _Worker:
             calls,
             _failure_record(failure, signature),
             # the W declared: the one asked for (the probe found the factory builds it), else the factory's own
-            limits.inflight_window if config.inflight_window is None else config.inflight_window,
+            limits.declared_window if config.inflight_window is None else config.inflight_window,
             flaky=(reproduced, replays) if replays and reproduced != replays else None,
             swarm=swarm.to_json(),
         )
