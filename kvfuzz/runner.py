@@ -31,6 +31,7 @@ from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
+from kvfuzz.program.failures import Broken, FailureKind, failure_kind
 from kvfuzz.program.random_programs import random_search
 from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import (
@@ -41,7 +42,7 @@ from kvfuzz.program.safeguards import (
     Watchdog,
     user_interrupts,
 )
-from kvfuzz.program.stats import RunStats, failure_kind
+from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory
 from kvfuzz.shrink.fixpoint import shrink as shrink_to_fixpoint
 from kvfuzz.shrink.signature import signature_of
@@ -87,9 +88,10 @@ on the replays that hang again: :data:`kvfuzz.shrink.fixpoint.HUNG_REPLAYS`)."""
 class RunSummary:
     """What one run did, and on failure the shrunk program and why it fails.
 
-    ``examples`` counts the programs of the search (random programs and Hypothesis's examples), not the replays of
-    shrinking and confirmation. ``declared_window`` is the in-flight window W the allocator declared (None: no
-    program ran); the configuration's ``inflight_window`` is the W the run asked of its factory.
+    ``kind`` is what failed, the one record of it (``invariant`` prints it, ``violated`` is its invariant when it
+    broke one). ``examples`` counts the programs of the search (random programs and Hypothesis's examples), not the
+    replays of shrinking and confirmation. ``declared_window`` is the in-flight window W the allocator declared
+    (None: no program ran); the configuration's ``inflight_window`` is the W the run asked of its factory.
     ``first_failure_examples`` and ``first_failure_seconds`` say when the first failing example was met, before any
     shrinking. ``reproduced`` of ``replays`` says how often the reported program failed the same way when replayed
     on fresh allocators (fewer than all: flaky). ``interrupted`` says the user stopped the run; ``shrink_note`` says
@@ -102,7 +104,7 @@ class RunSummary:
     seconds: float
     failed: bool
     operations: dict[str, int]
-    invariant: Optional[str] = None  # display text: "invariant 5 (exclusive writes)", or "crash (KeyError)"
+    kind: Optional[FailureKind] = None  # what failed: an invariant broken, a crash or a hang (None: nothing)
     program: Optional[str] = None
     explanation: Optional[str] = None
     first_failure_examples: Optional[int] = None
@@ -115,9 +117,18 @@ class RunSummary:
     examples_asked: Optional[int] = None
     declared_window: Optional[int] = None
     occupancy: Optional[OccupancySummary] = attrs.field(default=None, repr=False)
-    violated: Optional[Invariant] = attrs.field(default=None, repr=False)  # None when the failure is a crash
     calls: tuple[Call, ...] = attrs.field(default=(), repr=False)
     failure: Optional[BaseException] = attrs.field(default=None, repr=False)
+
+    @property
+    def invariant(self) -> Optional[str]:
+        """The failure as printed: "invariant 5 (exclusive writes)", "crash (KeyError)", "hang" (None: none)."""
+        return None if self.kind is None else str(self.kind)
+
+    @property
+    def violated(self) -> Optional[Invariant]:
+        """The invariant broken, when the failure is one (None for a crash or a hang)."""
+        return self.kind.invariant if isinstance(self.kind, Broken) else None
 
     @property
     def steps_per_second(self) -> float:
@@ -139,9 +150,11 @@ class RunSummary:
         )
 
     def to_json(self) -> dict[str, Any]:
-        fields = attrs.asdict(
-            self, filter=lambda attribute, _: attribute.name not in ("calls", "failure", "occupancy", "violated")
-        )
+        fields = attrs.asdict(self, filter=lambda attribute, _: attribute.name not in ("calls", "failure", "occupancy"))
+        fields = {
+            ("invariant" if name == "kind" else name): (self.invariant if name == "kind" else value)
+            for name, value in fields.items()
+        }
         return {
             **fields,
             "flaky": self.flaky,
@@ -421,21 +434,12 @@ def run(
             for line in note.splitlines()
             if line.strip() and not line.startswith(("Falsifying", "Failing test case"))
         )
-    summary = attrs.evolve(summary, program=program, calls=tuple(calls), failure=failure)
+    summary = attrs.evolve(summary, kind=failure_kind(failure), program=program, calls=tuple(calls), failure=failure)
     if isinstance(failure, InvariantViolation):
-        return attrs.evolve(
-            summary, invariant=str(failure.invariant), violated=failure.invariant, explanation=failure.explain()
-        )
+        return attrs.evolve(summary, explanation=failure.explain())
     if isinstance(failure, AllocatorHang):
-        return attrs.evolve(
-            summary,
-            invariant="hang",
-            explanation=f"the allocator hung: {failure}\nthe program up to the call that hung is above",
-        )
+        explanation = f"the allocator hung: {failure}\nthe program up to the call that hung is above"
+        return attrs.evolve(summary, explanation=explanation)
     shown = getattr(failure, "original", failure)
     crash = "".join(traceback.format_exception(type(shown), shown, shown.__traceback__, limit=-4))
-    return attrs.evolve(
-        summary,
-        invariant=failure_kind(failure),
-        explanation=f"the allocator (or kvfuzz) raised an unexpected exception:\n{crash}",
-    )
+    return attrs.evolve(summary, explanation=f"the allocator (or kvfuzz) raised an unexpected exception:\n{crash}")

@@ -17,6 +17,7 @@ import pytest
 from kvfuzz.allocator import paged_allocator
 from kvfuzz.engine import Invariant, MachineConfig
 from kvfuzz.program.execution import Target
+from kvfuzz.program.failures import Broken, Crash, Hang
 from kvfuzz.program.replay import replay
 from kvfuzz.runner import RunSummary, run
 from tests import hostile
@@ -26,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_none_instead_of_a_refusal_is_a_contract_violation_not_a_refusal() -> None:
     summary = run(hostile.none_when_full, MachineConfig(num_blocks=4), examples=60, steps=30)
-    assert summary.failed and summary.violated is Invariant.RESULTS, summary.explanation
+    assert summary.failed and summary.kind == Broken(Invariant.RESULTS), summary.explanation
+    assert summary.violated is Invariant.RESULTS and summary.invariant == str(Invariant.RESULTS)
     assert "returned None (NoneType)" in (summary.explanation or "")
     assert "OutOfBlocks" in (summary.explanation or "")
 
@@ -48,7 +50,8 @@ def test_block_ids_of_the_wrong_type_get_a_contract_message() -> None:
 def test_a_base_exception_from_the_allocator_is_its_crash(factory, escaped: str) -> None:
     summary = run(factory, examples=100, steps=30)
     assert summary.failed and not summary.interrupted
-    assert summary.invariant == f"crash ({escaped})", summary.invariant
+    assert summary.kind == Crash(escaped) and summary.invariant == f"crash ({escaped})", summary.invariant
+    assert summary.violated is None and summary.to_json()["invariant"] == f"crash ({escaped})"
     assert summary.calls and summary.program_length <= 6
     assert summary.reproduced == summary.replays > 0
 
@@ -70,7 +73,7 @@ def test_a_hang_after_a_sequence_of_calls_shrinks_to_those_calls() -> None:
     like any failure, each replay bounded by the watchdog, a shorter program kept only if it hangs in the same
     operation; what is left is the calls the hang needs."""
     summary = run(hostile.hangs_freeing_a_forked_parent, examples=100, steps=30, call_timeout=1.0)
-    assert summary.failed and summary.invariant == "hang" and summary.shrunk, summary.explanation
+    assert summary.failed and summary.kind == Hang() and summary.shrunk, summary.explanation
     rules = [call.rule for call in summary.calls]
     assert rules[-1] in ("free", "preempt") and {"admit", "fork", "rollback"} <= set(rules), rules
     assert len(rules) <= 5, (summary.program, summary.shrink_note)  # found at 24 calls

@@ -21,9 +21,9 @@ from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.kernels import KernelUnavailable, make_kernel
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Safeguards, Target
+from kvfuzz.program.failures import failure_kind
 from kvfuzz.program.replay import NotApplicable, ReplayOutcome, replay
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
-from kvfuzz.program.stats import failure_kind
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.runner import RunSummary
 from kvfuzz.saved.hint import show_hint
@@ -109,7 +109,7 @@ def reproduces_recorded(trace: Trace, failure: Optional[BaseException]) -> bool:
     if isinstance(failure, ProcessDied):
         return title.startswith(PROCESS_DIED)
     return trace.failure.get("invariant") is None and (
-        failure_kind(failure) == title or f"({type(failure).__name__})" in title
+        str(failure_kind(failure)) == title or f"({type(failure).__name__})" in title
     )
 
 

@@ -22,9 +22,9 @@ import attrs
 
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call
+from kvfuzz.program.failures import failure_kind
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.program.safeguards import AllocatorHang
-from kvfuzz.program.stats import failure_kind
 
 TEARDOWN = "teardown"
 """The operation of a failure raised after the last call, by the quiescence check of the teardown."""
@@ -84,7 +84,7 @@ def signature_of(allocator: str, failure: BaseException, calls: Sequence[Call], 
     frame = None
     if not isinstance(failure, (InvariantViolation, AllocatorHang)):
         frame = allocator_frame(getattr(failure, "original", failure))
-    return Signature(allocator, failure_kind(failure), operation, frame)
+    return Signature(allocator, str(failure_kind(failure)), operation, frame)
 
 
 def _teardown_operation(failure: BaseException) -> str:
