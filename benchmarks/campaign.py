@@ -44,7 +44,7 @@ def campaign(
 
 
 def scaling(seconds: float) -> dict[str, Any]:
-    rows = {}
+    rows: dict[int, dict[str, Any]] = {}
     for workers in (1, 2):
         with tempfile.TemporaryDirectory() as corpus:
             result = campaign(DEFAULT_ALLOCATOR, seconds, workers, 0, Path(corpus))
@@ -71,9 +71,9 @@ def two_bugs(seconds: float, workers: int) -> dict[str, Any]:
     spec = "kvfuzz.zoo.combined:shallow_and_deep"
     with tempfile.TemporaryDirectory() as corpus:
         result = campaign(spec, seconds, workers, 0, Path(corpus))
-        rows = []
+        rows: list[dict[str, Any]] = []
         for finding in result.new:
-            against = []
+            against: list[str] = []
             if finding.trace is not None:
                 trace = load(Path(finding.trace))
                 against = [
@@ -105,11 +105,11 @@ def zoo(seconds: float, seeds: int, workers: int, only: list[str], keep: Optiona
     print(f"## the zoo: a {seconds:g} s campaign with {workers} workers per variant and seed ({seeds} seeds)\n")
     print("| variant | expected | caught | as expected | first failure s (median / worst) | shrunk (median / worst) |")
     print("|---|---|---|---|---|---|", flush=True)
-    records = []
+    records: list[dict[str, Any]] = []
     for variant in VARIANTS:
         if only and variant.name not in only:
             continue
-        runs = []
+        runs: list[dict[str, Any]] = []
         for seed in range(seeds):
             if keep is not None:
                 result = campaign(f"zoo:{variant.name}", seconds, workers, seed, keep / f"{variant.name}-{seed}", 1)

@@ -27,7 +27,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from kvfuzz.engine import MachineConfig
 from kvfuzz.program.execution import Target
@@ -53,7 +53,7 @@ def random_only(variant: Variant, config: MachineConfig, seed: int, examples: in
     }
 
 
-def summarised(variant: Variant, summary: RunSummary) -> dict:
+def summarised(variant: Variant, summary: RunSummary) -> dict[str, Any]:
     return {
         "failed": summary.failed,
         "expected": summary.invariant == str(variant.expected),
@@ -126,11 +126,11 @@ def main() -> None:
         for column in ("caught", "examples med / worst", "seconds med / worst", "length")
     ]
     print("| " + " | ".join(header) + " |\n" + "|---" * len(header) + "|", flush=True)
-    records = []
+    records: list[dict[str, Any]] = []
     for variant in VARIANTS:
         if args.only and variant.name not in args.only:
             continue
-        runs = {name: [] for name in searches}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in searches}
         for seed in range(args.seeds):
             runs["kvfuzz"].append(
                 summarised(variant, run(variant.factory(), config, examples=args.examples, steps=args.steps, seed=seed))

@@ -36,9 +36,9 @@ def clean_differences(programs: int, rng: random.Random) -> list[float]:
             try:
                 if roll < 0.3 or not live:
                     live.append(f"s{call}")
-                    cache.admit(live[-1], (), [rng.randrange(4) for _ in range(rng.randint(1, 6))])
+                    cache.admit(live[-1], (), tuple(rng.randrange(4) for _ in range(rng.randint(1, 6))))
                 elif roll < 0.6:
-                    cache.grow(rng.choice(live), [rng.randrange(4) for _ in range(rng.randint(1, 3))])
+                    cache.grow(rng.choice(live), tuple(rng.randrange(4) for _ in range(rng.randint(1, 3))))
                 elif roll < 0.75:
                     cache.fork(rng.choice(live), f"s{call}")
                     live.append(f"s{call}")

@@ -21,7 +21,7 @@ import random
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 from kvfuzz.program.arguments import Snapshot
 from kvfuzz.program.execution import Target
@@ -52,14 +52,17 @@ def long_trace(calls: int, seed: int = 0) -> Trace:
                 execution.execute(operation.name, operation.draw(state, rng))
         finally:
             execution.engine.close()
-    return Trace(ALLOCATOR, short.config, execution.calls, short.failure, short.inflight_window)
+    return Trace(ALLOCATOR, short.config, execution.calls, short.failure, short.declared_window)
 
 
-def timed(action: Callable[[], object], repeat: int) -> tuple[str, object]:
+Result = TypeVar("Result")
+
+
+def timed(action: Callable[[], Result], repeat: int) -> tuple[str, Result]:
     """The best of ``repeat`` runs, as wall-clock and CPU seconds (the CPU time is what a busy machine's other
     processes cannot inflate), and the last run's result."""
-    wall, cpu, result = float("inf"), float("inf"), None
-    for _ in range(repeat):
+    wall, cpu = float("inf"), float("inf")
+    for _ in range(max(1, repeat)):
         started, started_cpu = time.perf_counter(), time.process_time()
         result = action()
         wall = min(wall, time.perf_counter() - started)
@@ -73,15 +76,15 @@ def measure(name: str, trace: Trace, repeat: int) -> None:
     with single_threaded_torch():  # as record() runs it, so that the two replays compare
         replay_seconds, _ = timed(lambda: replay_trace(trace, call_timeout=None), repeat)
     record_seconds, timeline = timed(lambda: record(trace, name, call_timeout=None), repeat)
-    page_seconds, page = timed(lambda: render_html(timeline), repeat)  # type: ignore[arg-type]
+    page_seconds, page = timed(lambda: render_html(timeline), repeat)
     with tempfile.TemporaryDirectory() as directory:
         png = Path(directory) / "timeline.png"
-        png_seconds, _ = timed(lambda: render_png(timeline, png), repeat)  # type: ignore[arg-type]
+        png_seconds, _ = timed(lambda: render_png(timeline, png), repeat)
         png_bytes = png.stat().st_size
-    print(f"{name}: {len(trace.program)} calls, {len(timeline.lanes)} lanes, {len(timeline.marks)} marks")  # type: ignore[union-attr]
+    print(f"{name}: {len(trace.program)} calls, {len(timeline.lanes)} lanes, {len(timeline.marks)} marks")
     print(f"  plain replay                   {replay_seconds}")
     print(f"  replay recording the timeline  {record_seconds}")
-    print(f"  page (HTML)                    {page_seconds}  {len(page.encode()) / 1024:8.1f} KiB")  # type: ignore[union-attr]
+    print(f"  page (HTML)                    {page_seconds}  {len(page.encode()) / 1024:8.1f} KiB")
     print(f"  picture (PNG)                  {png_seconds}  {png_bytes / 1024:8.1f} KiB")
 
 

@@ -44,7 +44,6 @@ class RunRequest:
 
     allocator: str  # the spec the child loads the factory from
     config: MachineConfig
-    inflight_window: Optional[int]  # the allocator's, recorded in a failure's trace
     examples: int
     steps: int
     seed: Optional[int] = None
@@ -188,6 +187,6 @@ def _child(request: RunRequest, sending: Connection, parent: int) -> None:
         call_timeout=request.call_timeout,
         journal_dir=request.journal_dir,
     )
-    trace = trace_of(summary, request.allocator, request.config, request.inflight_window)
+    trace = trace_of(summary, request.allocator, request.config)
     with deferred_interrupts(), contextlib.suppress(BrokenPipeError):  # broken: the parent is gone, nobody to tell
         sending.send(Finished(attrs.evolve(summary, failure=None), trace))

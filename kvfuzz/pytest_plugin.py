@@ -297,7 +297,7 @@ class MachineItem(_KvfuzzItem):
         config = MachineConfig(kernel=option("kvfuzz_kernel"))
         try:
             factory = load_factory(self.spec)
-            probe = probe_allocator(self.spec, factory, config.pool_spec())  # never driven; gives the window
+            probe = probe_allocator(self.spec, factory, config.pool_spec())  # never driven: checked before work
             make_kernel(config.kernel, probe)
         except (AllocatorNotFound, AllocatorUnusable, KernelUnavailable) as error:
             raise KvfuzzFailure(str(error)) from error
@@ -307,13 +307,11 @@ class MachineItem(_KvfuzzItem):
         examples = option("kvfuzz_examples") or profile.max_examples
         steps = option("kvfuzz_steps") or profile.stateful_step_count
         journal_dir = corpus if recovered is not None else None
-        inflight_window = probe.capabilities.inflight_window
         if option("kvfuzz_isolate"):
             outcome = run_isolated(
                 RunRequest(
                     self.spec,
                     config,
-                    inflight_window,
                     examples,
                     steps,
                     seed=option("kvfuzz_seed"),
@@ -343,7 +341,7 @@ class MachineItem(_KvfuzzItem):
                 call_timeout=option("kvfuzz_call_timeout") or None,
                 journal_dir=journal_dir,
             )
-            failed = trace_of(summary, self.spec, config, inflight_window)
+            failed = trace_of(summary, self.spec, config)
         if not summary.failed:
             if summary.interrupted:
                 raise KeyboardInterrupt  # the user's Ctrl-C, and no failure to report: pytest stops the session

@@ -206,3 +206,12 @@ def probe_allocator(spec: str, factory: AllocatorFactory, pool: PoolSpec) -> All
             "(num_host_blocks may be 0)"
         )
     return allocator
+
+
+def builds(spec: str, factory: AllocatorFactory, pool: PoolSpec) -> bool:
+    """Whether ``factory`` builds an allocator kvfuzz can drive for ``pool``."""
+    try:
+        probe_allocator(spec, factory, pool)
+    except (AllocatorUnusable, AllocatorNotFound):
+        return False
+    return True

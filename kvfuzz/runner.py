@@ -31,8 +31,9 @@ from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
+from kvfuzz.program.failures import Broken, FailureKind, failure_kind
 from kvfuzz.program.random_programs import random_search
-from kvfuzz.program.replay import NotApplicable, minimize, replay
+from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import (
     DEFAULT_CALL_TIMEOUT,
     AllocatorHang,
@@ -41,8 +42,10 @@ from kvfuzz.program.safeguards import (
     Watchdog,
     user_interrupts,
 )
-from kvfuzz.program.stats import RunStats, failure_kind
+from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory
+from kvfuzz.shrink.fixpoint import shrink as shrink_to_fixpoint
+from kvfuzz.shrink.signature import signature_of
 from kvfuzz.statemachines.machine import machine_for
 from kvfuzz.threads import single_threaded_torch
 
@@ -73,16 +76,26 @@ CONFIRM_REPLAYS = 5
 """How many times a shrunk failure is replayed before it is reported: a failure that does not reproduce every time
 is reported as flaky, with the count."""
 
+CONFIRM_HANG_REPLAYS = 2
+"""At most this many confirming replays of a hang: each that hangs again costs the watchdog's limit."""
+
+SHRINK_SECONDS = 10.0
+"""The time bound of kvfuzz's own shrinking, after Hypothesis's (a hang's shrink may also spend the watchdog's limit
+on the replays that hang again: :data:`kvfuzz.shrink.fixpoint.HUNG_REPLAYS`)."""
+
 
 @attrs.frozen
 class RunSummary:
     """What one run did, and on failure the shrunk program and why it fails.
 
-    ``examples`` counts the programs of the search (random programs and Hypothesis's examples), not the replays of
-    shrinking and confirmation. ``first_failure_examples`` and ``first_failure_seconds`` say when the first failing
-    example was met, before any shrinking. ``reproduced`` of ``replays`` says how often the reported program failed
-    the same way when replayed on fresh allocators (fewer than all: flaky). ``interrupted`` says the user stopped
-    the run; ``shrink_note`` says why the program was not shrunk further, when it was not.
+    ``kind`` is what failed, the one record of it (``invariant`` prints it, ``violated`` is its invariant when it
+    broke one). ``examples`` counts the programs of the search (random programs and Hypothesis's examples), not the
+    replays of shrinking and confirmation. ``declared_window`` is the in-flight window W the allocator declared
+    (None: no program ran); the configuration's ``inflight_window`` is the W the run asked of its factory.
+    ``first_failure_examples`` and ``first_failure_seconds`` say when the first failing example was met, before any
+    shrinking. ``reproduced`` of ``replays`` says how often the reported program failed the same way when replayed
+    on fresh allocators (fewer than all: flaky). ``interrupted`` says the user stopped the run; ``shrink_note`` says
+    why the program was not shrunk further, when it was not.
     """
 
     allocator: str
@@ -91,7 +104,7 @@ class RunSummary:
     seconds: float
     failed: bool
     operations: dict[str, int]
-    invariant: Optional[str] = None  # display text: "invariant 5 (exclusive writes)", or "crash (KeyError)"
+    kind: Optional[FailureKind] = None  # what failed: an invariant broken, a crash or a hang (None: nothing)
     program: Optional[str] = None
     explanation: Optional[str] = None
     first_failure_examples: Optional[int] = None
@@ -102,10 +115,20 @@ class RunSummary:
     reproduced: Optional[int] = None
     replays: int = 0
     examples_asked: Optional[int] = None
+    declared_window: Optional[int] = None
     occupancy: Optional[OccupancySummary] = attrs.field(default=None, repr=False)
-    violated: Optional[Invariant] = attrs.field(default=None, repr=False)  # None when the failure is a crash
     calls: tuple[Call, ...] = attrs.field(default=(), repr=False)
     failure: Optional[BaseException] = attrs.field(default=None, repr=False)
+
+    @property
+    def invariant(self) -> Optional[str]:
+        """The failure as printed: "invariant 5 (exclusive writes)", "crash (KeyError)", "hang" (None: none)."""
+        return None if self.kind is None else str(self.kind)
+
+    @property
+    def violated(self) -> Optional[Invariant]:
+        """The invariant broken, when the failure is one (None for a crash or a hang)."""
+        return self.kind.invariant if isinstance(self.kind, Broken) else None
 
     @property
     def steps_per_second(self) -> float:
@@ -127,9 +150,11 @@ class RunSummary:
         )
 
     def to_json(self) -> dict[str, Any]:
-        fields = attrs.asdict(
-            self, filter=lambda attribute, _: attribute.name not in ("calls", "failure", "occupancy", "violated")
-        )
+        fields = attrs.asdict(self, filter=lambda attribute, _: attribute.name not in ("calls", "failure", "occupancy"))
+        fields = {
+            ("invariant" if name == "kind" else name): (self.invariant if name == "kind" else value)
+            for name, value in fields.items()
+        }
         return {
             **fields,
             "flaky": self.flaky,
@@ -160,17 +185,32 @@ class Progress:
             )
 
 
-def _shrink_further(target: Target, calls: list[Call], failure: BaseException) -> tuple[BaseException, list[Call]]:
-    """Delete calls the failure (the same broken invariant, or a crash of the same exception type) does not need;
-    keep the program as it was if replay disagrees (a nondeterministic allocator)."""
-    shorter = minimize(target, calls, failure_kind(failure))
+def _shrink_further(
+    target: Target, allocator: str, calls: list[Call], failure: BaseException
+) -> tuple[BaseException, list[Call], Optional[str]]:
+    """Shrink the program with :func:`kvfuzz.shrink.fixpoint.shrink` in the run's configuration, within
+    :data:`SHRINK_SECONDS`: a candidate is kept only when it fails with the signature the program's own replay
+    has (the same broken invariant or crash at the same operation; a hang in the same operation). The program as
+    it was if its replay fails otherwise (a nondeterministic allocator); with why it was not shrunk further, if it
+    was not."""
     try:
-        replayed = replay(target, shorter).failure
+        outcome = replay(target, calls)
     except NotApplicable:
-        return failure, calls
-    if replayed is None or failure_kind(replayed) != failure_kind(failure):
-        return failure, calls
-    return replayed, shorter
+        return failure, calls, "not shrunk further: the program did not replay (the allocator answered differently)"
+    if outcome.failure is None or failure_kind(outcome.failure) != failure_kind(failure):
+        return failure, calls, "not shrunk further: its replay did not fail the same way"
+    signature = signature_of(allocator, outcome.failure, calls, outcome.failed_at)
+    shrunk = shrink_to_fixpoint(
+        target.factory,
+        target.config,
+        calls,
+        outcome.failure,
+        signature,
+        seconds=SHRINK_SECONDS,
+        safeguards=target.safeguards,
+        stats=target.stats,
+    )
+    return shrunk.failure, list(shrunk.calls), shrunk.stopped_early
 
 
 def confirm(target: Target, calls: list[Call], failure: BaseException, replays: int) -> int:
@@ -283,7 +323,7 @@ def run(
             journal = Journal(journal_dir, allocator_name, config_json(config, config.inflight_window))
     failure: Optional[BaseException] = None
     calls: list[Call] = []
-    flaky_in_search = interrupted = False
+    flaky_in_search = interrupted = shrunk = False
     shrink_note: Optional[str] = None
     report: list[str] = []
     counted = _HypothesisCount()
@@ -324,32 +364,36 @@ def run(
                         except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding
                             failure, flaky_in_search = _unwrap(error)
                             calls = list(stats.last_failing_program or [])
-                if isinstance(failure, Exception):
-                    if flaky_in_search and stats.best_program is not None:
-                        failure, calls = stats.best_failure or failure, list(stats.best_program)
-                    if shrink and calls:
-                        stats.phase = "shrinking"
-                        failure, calls = _shrink_further(
-                            Target(factory, config, stats, target.safeguards), calls, failure
-                        )
+                if isinstance(failure, Exception) and flaky_in_search and stats.best_program is not None:
+                    failure, calls = stats.best_failure or failure, list(stats.best_program)
             except AllocatorHang as hang:
                 if stats.best_failure is not None and not isinstance(stats.best_failure, AllocatorHang):
                     failure, calls = stats.best_failure, list(stats.best_program or [])
-                    shrink_note = f"shrinking stopped when a candidate program hung ({hang})"
+                    shrink_note = f"Hypothesis's shrinking stopped when a candidate program hung ({hang})"
                 else:
                     failure, calls = hang, list(stats.last_failing_program or [])
-                    shrink_note = "not shrunk: every replay of a hang costs the call timeout"
             except UserInterrupt:
                 interrupted = True
-                if stats.best_failure is not None:
-                    failure, calls = stats.best_failure, list(stats.best_program or [])
-                    shrink_note = "interrupted: shrunk only as far as it got"
-                else:
-                    failure = None
+                failure = None
+            if failure is not None and shrink and calls and not interrupted:
+                stats.phase = "shrinking"
+                try:
+                    failure, calls, note = _shrink_further(target, allocator_name, calls, failure)
+                    shrunk = True
+                    shrink_note = note if shrink_note is None or note is None else f"{shrink_note}; {note}"
+                except UserInterrupt:
+                    interrupted = True
+            if interrupted and stats.best_failure is not None:
+                failure, calls = stats.best_failure, list(stats.best_program or [])
+                shrink_note = "interrupted: shrunk only as far as it got"
             reproduced: Optional[int] = None
             replays = 0
-            if failure is not None and calls and not interrupted and not isinstance(failure, AllocatorHang):
-                replays = confirm_replays
+            if failure is not None and calls and not interrupted:
+                replays = (
+                    min(confirm_replays, CONFIRM_HANG_REPLAYS)
+                    if isinstance(failure, AllocatorHang)
+                    else confirm_replays
+                )
                 stats.phase = "confirming"
                 try:
                     reproduced = confirm(Target(factory, config, None, target.safeguards), calls, failure, replays)
@@ -369,12 +413,13 @@ def run(
         dict(sorted(stats.operations.items())),
         first_failure_examples=stats.first_failure_examples,
         first_failure_seconds=stats.first_failure_seconds,
-        shrunk=shrink and shrink_note is None,
+        shrunk=shrunk,
         interrupted=interrupted,
         shrink_note=shrink_note,
         reproduced=reproduced,
         replays=replays,
         examples_asked=examples,
+        declared_window=stats.declared_window,
         occupancy=stats.occupancy.summary(),
     )
     if failure is None:
@@ -389,21 +434,12 @@ def run(
             for line in note.splitlines()
             if line.strip() and not line.startswith(("Falsifying", "Failing test case"))
         )
-    summary = attrs.evolve(summary, program=program, calls=tuple(calls), failure=failure)
+    summary = attrs.evolve(summary, kind=failure_kind(failure), program=program, calls=tuple(calls), failure=failure)
     if isinstance(failure, InvariantViolation):
-        return attrs.evolve(
-            summary, invariant=str(failure.invariant), violated=failure.invariant, explanation=failure.explain()
-        )
+        return attrs.evolve(summary, explanation=failure.explain())
     if isinstance(failure, AllocatorHang):
-        return attrs.evolve(
-            summary,
-            invariant="hang",
-            explanation=f"the allocator hung: {failure}\nthe program up to the call that hung is above",
-        )
+        explanation = f"the allocator hung: {failure}\nthe program up to the call that hung is above"
+        return attrs.evolve(summary, explanation=explanation)
     shown = getattr(failure, "original", failure)
     crash = "".join(traceback.format_exception(type(shown), shown, shown.__traceback__, limit=-4))
-    return attrs.evolve(
-        summary,
-        invariant=failure_kind(failure),
-        explanation=f"the allocator (or kvfuzz) raised an unexpected exception:\n{crash}",
-    )
+    return attrs.evolve(summary, explanation=f"the allocator (or kvfuzz) raised an unexpected exception:\n{crash}")

@@ -54,6 +54,35 @@ class _HangsOnRollback(PagedAllocator):
             time.sleep(0.01)
 
 
+class _HangsFreeingAForkedParent(PagedAllocator):
+    """Hangs in ``free`` of a sequence that was forked and then rolled back (a wait on a child's release that never
+    comes): only a program that admits, forks, rolls the parent back and frees it hangs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._forked: set[str] = set()  # parents forked since their admission
+        self._rolled_back: set[str] = set()  # forked parents rolled back since
+
+    def fork(self, parent: str, child: str) -> None:
+        super().fork(parent, child)
+        self._forked.add(parent)
+
+    def rollback(self, seq: str, num_tokens: int) -> None:
+        super().rollback(seq, num_tokens)
+        if seq in self._forked:
+            self._rolled_back.add(seq)
+
+    def free(self, seq: str) -> None:
+        while seq in self._rolled_back:
+            time.sleep(0.01)
+        self._forked.discard(seq)
+        super().free(seq)
+
+
+def hangs_freeing_a_forked_parent(spec: PoolSpec) -> PagedAllocator:
+    return _build(_HangsFreeingAForkedParent, spec)
+
+
 class _SwallowsInterrupts(PagedAllocator):
     """Hangs in rollback and catches whatever interrupts it (a bare ``except:`` around a retry loop)."""
 

@@ -1,5 +1,6 @@
 """The package's structure: no import cycles anywhere in kvfuzz/, and every import pointing down an ordered list of
-layers (contract -> allocators -> engine model -> programs -> machine -> runner -> saved failures -> commands/CLI)."""
+layers (contract -> allocators -> engine model -> programs -> shrinking -> machine -> runner -> saved failures ->
+commands/CLI)."""
 
 from __future__ import annotations
 
@@ -127,6 +128,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvfuzz.zoo", "kvfuzz.workload"),  # broken allocators, each with its invariant; workload replay on the engine
     ("kvfuzz.registry",),  # allocators by name
     ("kvfuzz.program",),  # the operation table, programs, replay
+    ("kvfuzz.shrink",),  # failure signatures, and shrinking a failing program to a fixpoint
     ("kvfuzz.statemachines", "kvfuzz.profiles"),  # the Hypothesis machine and its settings profiles
     ("kvfuzz.runner",),  # run(): search, shrink, summarise
     ("kvfuzz.saved",),  # traces, the corpus, journals

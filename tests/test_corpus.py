@@ -8,17 +8,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 from factories import kvfuzz
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.program.call import Call
 from kvfuzz.registry import load_factory
 from kvfuzz.runner import run
 from kvfuzz.saved.corpus import export_test, replay_trace, trace_of
-from kvfuzz.saved.trace import Trace, load, save
+from kvfuzz.saved.trace import Trace, from_json, load, save
 from kvfuzz.statemachines import MachineConfig, MisuseCall
-from kvfuzz.zoo import variant
+from kvfuzz.zoo import ZooAllocator, variant
 
 pytest_plugins = ["pytester"]
 
@@ -86,12 +88,29 @@ def test_trace_round_trip_keeps_tuples_and_misuse_calls(tmp_path: Path) -> None:
     path, written = save(trace, tmp_path)
     assert written and not save(trace, tmp_path)[1]
     loaded = load(path)
-    assert loaded.program == trace.program and loaded.config == trace.config and loaded.digest() == trace.digest()
+    assert loaded.program == trace.program and loaded.digest() == trace.digest()
+    assert loaded.config == attrs.evolve(trace.config, inflight_window=1)  # it asks for the W the file records
+
+
+def _leak_declaring_window_2(spec: PoolSpec) -> ZooAllocator:
+    """LeakOnCancel, declaring W = 2 whatever its pool asks (None: the factory's own)."""
+    return variant("LeakOnCancel").factory()(attrs.evolve(spec, inflight_window=2))
+
+
+def test_the_run_summary_carries_the_declared_window_and_the_trace_takes_it_from_there() -> None:
+    """The run asks the factory for no W; the allocator declares 2: the summary says so, and the trace records 2
+    (its configuration still asks for none) and, loaded, asks for 2."""
+    summary = run(_leak_declaring_window_2, MachineConfig(), examples=20)
+    assert summary.failed and summary.declared_window == 2
+    trace = trace_of(summary, "tests.test_corpus:_leak_declaring_window_2", MachineConfig())
+    assert trace is not None and trace.declared_window == 2 and trace.config.inflight_window is None
+    assert trace.to_json()["config"]["inflight_window"] == 2
+    assert from_json(trace.to_json()).config.inflight_window == 2
 
 
 def test_known_bug_traces_replay_through_the_public_api() -> None:
     summary = run(variant("RepeatedBlockAfterRollback").factory(), MachineConfig(), examples=300)
-    trace = trace_of(summary, "zoo:RepeatedBlockAfterRollback", MachineConfig(), 1)
+    trace = trace_of(summary, "zoo:RepeatedBlockAfterRollback", MachineConfig())
     assert trace is not None and replay_trace(trace).reproduced
     assert not replay_trace(trace, "kvfuzz.allocator.paged:paged_allocator").failed
     assert "def test_" in export_test(trace, "memory")

@@ -17,6 +17,7 @@ import pytest
 from kvfuzz.allocator import paged_allocator
 from kvfuzz.engine import Invariant, MachineConfig
 from kvfuzz.program.execution import Target
+from kvfuzz.program.failures import Broken, Crash, Hang
 from kvfuzz.program.replay import replay
 from kvfuzz.registry import AllocatorTrust
 from kvfuzz.runner import RunSummary, run
@@ -27,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_none_instead_of_a_refusal_is_a_contract_violation_not_a_refusal() -> None:
     summary = run(hostile.none_when_full, MachineConfig(num_blocks=4), examples=60, steps=30)
-    assert summary.failed and summary.violated is Invariant.RESULTS, summary.explanation
+    assert summary.failed and summary.kind == Broken(Invariant.RESULTS), summary.explanation
+    assert summary.violated is Invariant.RESULTS and summary.invariant == str(Invariant.RESULTS)
     assert "returned None (NoneType)" in (summary.explanation or "")
     assert "OutOfBlocks" in (summary.explanation or "")
 
@@ -50,19 +52,34 @@ def test_block_ids_of_the_wrong_type_get_a_contract_message() -> None:
 def test_a_base_exception_from_the_allocator_is_its_crash(factory, escaped: str) -> None:
     summary = run(factory, examples=100, steps=30)
     assert summary.failed and not summary.interrupted
-    assert summary.invariant == f"crash ({escaped})", summary.invariant
+    assert summary.kind == Crash(escaped) and summary.invariant == f"crash ({escaped})", summary.invariant
+    assert summary.violated is None and summary.to_json()["invariant"] == f"crash ({escaped})"
     assert summary.calls and summary.program_length <= 6
     assert summary.reproduced == summary.replays > 0
 
 
-def test_a_hang_is_reported_in_the_named_operation_with_the_program_so_far() -> None:
+def test_a_hang_is_reported_in_the_named_operation_shrunk_and_confirmed() -> None:
     started = time.perf_counter()
     # 2 s: well above any legitimate call on a loaded machine (a 0.5 s bound once caught a slow first admit).
     summary = run(hostile.hangs_on_rollback, examples=50, steps=30, call_timeout=2.0)
-    assert time.perf_counter() - started < 30
+    # The search, the shrink (its 10 s, and 2 s for each of at most 10 replays that hang) and 2 confirming replays.
+    assert time.perf_counter() - started < 90
     assert summary.failed and summary.invariant == "hang"
     assert "rollback" in (summary.explanation or "") and "2 s" in (summary.explanation or "")
-    assert summary.calls[-1].rule == "rollback" and summary.shrink_note is not None
+    assert summary.calls[-1].rule == "rollback" and summary.shrunk and summary.program_length <= 4
+    assert summary.reproduced == summary.replays == 2
+
+
+def test_a_hang_after_a_sequence_of_calls_shrinks_to_those_calls() -> None:
+    """The allocator hangs freeing a parent it forked and then rolled back (preempt frees it too): a hang is shrunk
+    like any failure, each replay bounded by the watchdog, a shorter program kept only if it hangs in the same
+    operation; what is left is the calls the hang needs."""
+    summary = run(hostile.hangs_freeing_a_forked_parent, examples=100, steps=30, call_timeout=1.0)
+    assert summary.failed and summary.kind == Hang() and summary.shrunk, summary.explanation
+    rules = [call.rule for call in summary.calls]
+    assert rules[-1] in ("free", "preempt") and {"admit", "fork", "rollback"} <= set(rules), rules
+    assert len(rules) <= 5, (summary.program, summary.shrink_note)  # found at 24 calls
+    assert summary.reproduced == summary.replays == 2
 
 
 def test_a_hang_whose_interrupt_the_allocator_swallows_is_still_a_hang() -> None:
@@ -100,13 +117,13 @@ def test_ctrl_c_while_shrinking_keeps_the_best_failure_found_so_far(monkeypatch)
     # a fixed time landed in the search, or after the run had ended, whenever the machine was slower or faster.
     import kvfuzz.runner
 
-    shrink = kvfuzz.runner.minimize
+    shrink = kvfuzz.runner.shrink_to_fixpoint
 
     def interrupted_shrink(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
         return shrink(*args, **kwargs)
 
-    monkeypatch.setattr(kvfuzz.runner, "minimize", interrupted_shrink)
+    monkeypatch.setattr(kvfuzz.runner, "shrink_to_fixpoint", interrupted_shrink)
     summary = run(hostile.slow_free_leak, examples=200, steps=50, random_examples=0)
     assert summary.interrupted and summary.failed and summary.calls
     assert summary.invariant != "crash (FlakyFailure)" and "Flaky" not in (summary.invariant or "")
@@ -172,8 +189,9 @@ _SHRINK_INTO_A_SMALL_POOL = """
 import sys
 from pathlib import Path
 
-from kvfuzz.campaign.shrink import shrink
-from kvfuzz.campaign.signature import signature_of
+from kvfuzz.shrink.candidates import Pools
+from kvfuzz.shrink.fixpoint import shrink
+from kvfuzz.shrink.signature import signature_of
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Safeguards, Target
@@ -189,7 +207,7 @@ outcome = replay(Target(factory, config), calls)
 assert outcome.failure is not None, "the leak fails in the pool it was found in"
 signature = signature_of(name, outcome.failure, calls, outcome.failed_at)
 journal = Journal(Path(sys.argv[1]), name, config_json(config, config.inflight_window))
-shrink(factory, config, calls, outcome.failure, signature, seconds=60, safeguards=Safeguards(journal))
+shrink(factory, config, calls, outcome.failure, signature, seconds=60, pools=Pools(), safeguards=Safeguards(journal))
 print("the shrink never tried a pool of fewer than 4 blocks")
 """
 
@@ -232,7 +250,7 @@ def test_a_flaky_failure_is_saved_flaky_and_replayed_and_exported_as_such(tmp_pa
     from kvfuzz.saved.trace import load
 
     summary = _flaky_leak_run()
-    saved = save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), 1, tmp_path)
+    saved = save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), tmp_path)
     assert saved is not None and saved.error is None
     trace = load(saved.path)
     assert trace.flaky == (summary.reproduced, 8)
@@ -329,7 +347,7 @@ def test_a_flaky_replay_that_takes_another_path_counts_as_not_reproduced(
     from kvfuzz.saved.trace import load
 
     summary = _flaky_leak_run()
-    saved = corpus.save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), 1, tmp_path)
+    saved = corpus.save_failure(summary, "tests.hostile:sometimes_leaks", MachineConfig(), tmp_path)
     assert saved is not None
     trace = load(saved.path)
     real_replay = corpus.replay

@@ -135,3 +135,29 @@ def test_every_call_hypothesis_draws_is_one_replay_accepts(monkeypatch) -> None:
     factory, config = CONFIGS["asynchronous host tier"]
     run_state_machine_as_test(machine_for(factory, config), settings=run_settings(200, 40))  # resume is rare
     assert len(checked) > 500 and set(checked) == set(BY_NAME)
+
+
+def test_a_snapshot_answers_every_state_query_once_and_draws_ids_from_the_state() -> None:
+    """The snapshot names no query: each one the state answers (with or without arguments) passes through and is
+    asked of the state once while the snapshot lives; a new id is drawn from the state every time."""
+    from kvfuzz.engine.expected import ProgramState, Status
+    from kvfuzz.program.arguments import Snapshot
+
+    execution = Target(paged_allocator, MachineConfig()).start()
+    execution.execute("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1, 2]})
+    state = execution.engine.expected
+    asked: list[str] = []
+    queries = [name for name in vars(ProgramState) if not name.startswith("_") and callable(getattr(state, name))]
+    assert {"ids", "computed_ids", "length", "new_id"} <= set(queries)
+    for name in queries:
+        original = getattr(state, name)
+        setattr(state, name, lambda *args, name=name, original=original: asked.append(name) or original(*args))
+    snapshot = Snapshot(state)
+    answers = []
+    for _ in range(2):
+        assert snapshot.ids(Status.RUNNING) == ["s0"] and snapshot.length("s0") == 2
+        assert snapshot.computed_ids() == [] and snapshot.caps is state.caps
+        answers.append(list(asked))
+    assert {"ids", "length", "computed_ids"} <= set(answers[0]) and answers[1] == answers[0]  # asked again: kept
+    assert snapshot.new_id() != snapshot.new_id() and asked.count("new_id") == 2
+    execution.teardown()

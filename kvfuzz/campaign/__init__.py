@@ -1,9 +1,9 @@
-"""Campaigns: every distinct failure kvfuzz can reach in a time budget, on every core and across machines.
+"""Campaigns: every distinct failure kvfuzz can reach in a time budget, on every core and across machines. What
+makes two failures one finding and how one is shrunk live below, in :mod:`kvfuzz.shrink` (``kvfuzz run`` shrinks
+with it too).
 
 * :mod:`~kvfuzz.campaign.swarm`: each batch of programs draws its own pool geometry, program length and subset of
   the operation table, within what the allocator builds;
-* :mod:`~kvfuzz.campaign.signature`: what makes two failures the same finding;
-* :mod:`~kvfuzz.campaign.shrink`: shrinking a failure to a fixpoint (calls, arguments, configuration);
 * :mod:`~kvfuzz.campaign.store`: the signature store and example database, local or in Redis;
 * :mod:`~kvfuzz.campaign.known`: the findings the corpus already holds;
 * :mod:`~kvfuzz.campaign.worker`: one worker process's search;

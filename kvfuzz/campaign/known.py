@@ -26,13 +26,13 @@ from typing import Iterable, Iterator, Optional
 import attrs
 
 from kvfuzz.allocator.types import PoolSpec
-from kvfuzz.campaign.signature import TEARDOWN, Signature, signature_of
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, UntrustedAllocator, load_factory
 from kvfuzz.saved.corpus import PROCESS_DIED
 from kvfuzz.saved.trace import Trace, TraceError, is_trace_file, load
+from kvfuzz.shrink.signature import TEARDOWN, Signature, signature_of
 
 
 def known_signatures(directories: Iterable[Path], allocators: Iterable[str], call_timeout: float) -> dict[str, str]:

@@ -16,7 +16,7 @@ from typing import Any, Optional, Protocol
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-from kvfuzz.campaign.signature import Signature
+from kvfuzz.shrink.signature import Signature
 
 REDIS_SIGNATURES = "kvfuzz:signatures"
 """The Redis hash of claimed signatures: signature key -> JSON record (the signature, where it was found)."""

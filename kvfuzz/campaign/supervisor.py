@@ -28,7 +28,6 @@ from kvfuzz.campaign.known import known_signatures
 from kvfuzz.campaign.lock import CorpusLock
 from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
 from kvfuzz.campaign.report import CampaignResult, DeadWorker, Finding
-from kvfuzz.campaign.signature import TEARDOWN, Signature
 from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.swarm import Limits
 from kvfuzz.campaign.worker import HYPOTHESIS_EVERY, WorkerPlan, patience_of, worker_main
@@ -38,6 +37,7 @@ from kvfuzz.saved import journals
 from kvfuzz.saved.corpus import PROCESS_DIED
 from kvfuzz.saved.hint import show_hint
 from kvfuzz.saved.trace import TraceError, load
+from kvfuzz.shrink.signature import TEARDOWN, Signature
 
 DEFAULT_DURATION = 600.0
 """Seconds a campaign runs unless told otherwise (``kvfuzz campaign``, the plugin's nightly profile)."""

@@ -23,7 +23,7 @@ import attrs
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.program.operations import BY_NAME, OPERATIONS, Operation
-from kvfuzz.registry import AllocatorFactory, AllocatorNotFound, AllocatorUnusable, probe_allocator
+from kvfuzz.registry import AllocatorFactory, AllocatorNotFound, AllocatorUnusable, builds, probe_allocator
 
 ALWAYS_ENABLED = ("admit", "step")
 """Operations every swarm keeps: admit is always enabled (so a program never runs out of calls), step makes the
@@ -49,7 +49,7 @@ class Limits:
     allocator: str  # the spec the campaign was given
     block_sizes: tuple[int, ...]  # accepted block sizes, ascending
     min_blocks: int  # the smallest device pool the factory builds
-    inflight_window: int  # the W the allocator declares
+    declared_window: int  # the W the allocator declares when asked for none
     host_blocks: bool  # whether it keeps the host blocks it is given (swap is possible)
     host_cache: bool = False  # whether it declares host_cache: then every pool drawn has host blocks
     windows: tuple[int, ...] = ()  # the W values its factory builds when asked (PoolSpec.inflight_window), if any
@@ -135,15 +135,6 @@ def _windows(spec: str, factory: AllocatorFactory, block_size: int) -> tuple[int
         if built.capabilities.inflight_window != window:
             return ()
     return tuple(range(MAX_WINDOW + 1))
-
-
-def builds(spec: str, factory: AllocatorFactory, pool: PoolSpec) -> bool:
-    """Whether ``factory`` builds an allocator kvfuzz can drive for ``pool``."""
-    try:
-        probe_allocator(spec, factory, pool)
-    except (AllocatorUnusable, AllocatorNotFound):
-        return False
-    return True
 
 
 def draw_swarm(rng: random.Random, limits: Limits, base: MachineConfig) -> SwarmConfig:

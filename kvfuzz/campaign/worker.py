@@ -30,10 +30,8 @@ from hypothesis.database import ExampleDatabase
 
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
-from kvfuzz.campaign.shrink import Failing, Restarts, shrink
-from kvfuzz.campaign.signature import Signature, signature_of
 from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
-from kvfuzz.campaign.swarm import Limits, SwarmConfig, builds, draw_swarm
+from kvfuzz.campaign.swarm import Limits, SwarmConfig, draw_swarm
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.lifeline import tie_to_parent
@@ -43,9 +41,13 @@ from kvfuzz.program.random_programs import random_program
 from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, STOP_SIGNALS, AllocatorHang, Journal, Watchdog, journal_path
 from kvfuzz.program.stats import RunStats
-from kvfuzz.registry import AllocatorFactory, load_factory
-from kvfuzz.runner import run
+from kvfuzz.registry import AllocatorFactory, builds, load_factory
+from kvfuzz.runner import CONFIRM_HANG_REPLAYS, run
 from kvfuzz.saved.trace import Trace, failure_record, save
+from kvfuzz.shrink.candidates import Pools
+from kvfuzz.shrink.fixpoint import shrink
+from kvfuzz.shrink.restarts import Failing, Restarts
+from kvfuzz.shrink.signature import Signature, signature_of
 from kvfuzz.statemachines.machine import machine_for
 from kvfuzz.threads import single_threaded_torch
 
@@ -277,13 +279,12 @@ class _Worker:
         """A failing program: count it if its signature is known, else claim it, shrink it, confirm it and save it."""
         factory = self.factories[swarm.allocator]
         failed_at: Optional[int] = None
-        if not isinstance(failure, AllocatorHang):  # every replay of a hang costs the call timeout
-            try:
-                outcome = replay(Target(factory, swarm.machine, None, safeguards), calls)
-            except NotApplicable:
-                outcome = None
-            if outcome is not None and outcome.failure is not None:
-                failure, failed_at = outcome.failure, outcome.failed_at
+        try:  # a hang's replay costs the watchdog's limit, and tells a hang in the teardown from one in the last call
+            outcome = replay(Target(factory, swarm.machine, None, safeguards), calls)
+        except NotApplicable:
+            outcome = None
+        if outcome is not None and outcome.failure is not None:
+            failure, failed_at = outcome.failure, outcome.failed_at
         signature = signature_of(swarm.allocator, failure, calls, failed_at)
         key = signature.key()
         if key in self.plan.known:
@@ -329,36 +330,30 @@ class _Worker:
         factory = self.factories[swarm.allocator]
         limits = self.limits[swarm.allocator]
         config: MachineConfig = swarm.machine
-        note: Optional[str] = None
-        others: tuple[Failing, ...] = ()
-        if isinstance(failure, AllocatorHang):
-            note = "not shrunk: every replay of a hang costs the call timeout"
-            reproduced = replays = 0
-        else:
-            shrunk = shrink(
-                factory,
-                config,
-                calls,
-                failure,
-                signature,
-                seconds=self.plan.shrink_seconds,
-                min_blocks=limits.min_blocks,
-                block_sizes=limits.block_sizes,
-                safeguards=safeguards,
-                stop=self.halt.is_set,
-                stats=self.stats,
-                restarts=Restarts(swarm.operation_records(), swarm.program_length, self._restart_rng(signature)),
-            )
-            config, calls, failure, note = shrunk.config, list(shrunk.calls), shrunk.failure, shrunk.stopped_early
-            others = shrunk.others
-            replays = CONFIRM_REPLAYS
-            reproduced = _confirm(factory, config, calls, signature, safeguards, replays)
+        shrunk = shrink(
+            factory,
+            config,
+            calls,
+            failure,
+            signature,
+            seconds=self.plan.shrink_seconds,
+            pools=Pools(limits.min_blocks, limits.block_sizes),
+            safeguards=safeguards,
+            stop=self.halt.is_set,
+            stats=self.stats,
+            restarts=Restarts(swarm.operation_records(), swarm.program_length, self._restart_rng(signature)),
+        )
+        config, calls, failure, note = shrunk.config, list(shrunk.calls), shrunk.failure, shrunk.stopped_early
+        others = shrunk.others
+        replays = min(CONFIRM_REPLAYS, CONFIRM_HANG_REPLAYS) if isinstance(failure, AllocatorHang) else CONFIRM_REPLAYS
+        reproduced = _confirm(factory, config, calls, signature, safeguards, replays)
         trace = Trace(
             swarm.allocator,
             config,
             calls,
             _failure_record(failure, signature),
-            limits.inflight_window if config.inflight_window is None else config.inflight_window,
+            # the W declared: the one asked for (the probe found the factory builds it), else the factory's own
+            limits.declared_window if config.inflight_window is None else config.inflight_window,
             flaky=(reproduced, replays) if replays and reproduced != replays else None,
             swarm=swarm.to_json(),
         )

@@ -193,9 +193,7 @@ def _report_death(died: Died, args: argparse.Namespace, factory: AllocatorFactor
     return status
 
 
-def _run_isolated(
-    args: argparse.Namespace, config: MachineConfig, factory: AllocatorFactory, inflight_window: int
-) -> int:
+def _run_isolated(args: argparse.Namespace, config: MachineConfig, factory: AllocatorFactory) -> int:
     """``--isolate``: the run in a child process (:mod:`kvfuzz.isolation`), reported here as without it."""
     from kvfuzz.isolation import Died, RunRequest, Stopped, run_isolated
     from kvfuzz.program.safeguards import deferred_interrupts
@@ -204,7 +202,6 @@ def _run_isolated(
         RunRequest(
             args.allocator,
             config,
-            inflight_window,
             examples=args.examples,
             steps=args.steps,
             seed=args.seed,
@@ -259,7 +256,7 @@ def run_command(args: argparse.Namespace) -> int:
             raise ValueError("--seed and --database cannot be combined (Hypothesis ignores the database under a seed)")
         check_database(args.database)
         factory = load_factory(args.allocator)
-        probe = probe_allocator(args.allocator, factory, config.pool_spec())  # never driven; gives the window
+        probe = probe_allocator(args.allocator, factory, config.pool_spec())  # never driven: checked before work
         make_kernel(config.kernel, probe)
     except (AllocatorNotFound, ValueError) as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
@@ -283,9 +280,8 @@ def run_command(args: argparse.Namespace) -> int:
             + (", the allocator in a child process (--isolate)" if args.isolate else ""),
             flush=True,
         )
-    inflight_window = probe.capabilities.inflight_window
     if args.isolate:
-        return _run_isolated(args, config, factory, inflight_window)
+        return _run_isolated(args, config, factory)
     database = None if args.database is None else open_examples(args.database, Path(args.database))
     _enable_faulthandler()
     journal_dir = _journal_dir(Path(args.corpus))
@@ -305,5 +301,5 @@ def run_command(args: argparse.Namespace) -> int:
                 call_timeout=args.call_timeout or None,
                 journal_dir=journal_dir,
             )
-        status = _report(summary, trace_of(summary, args.allocator, config, inflight_window), args, config)
+        status = _report(summary, trace_of(summary, args.allocator, config), args, config)
     return 130 if pressed else status

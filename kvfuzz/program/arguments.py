@@ -20,7 +20,7 @@ import attrs
 from hypothesis import strategies as st
 
 from kvfuzz.allocator.types import Namespace, SeqId
-from kvfuzz.engine.expected import ProgramState, Status
+from kvfuzz.engine.expected import ProgramState
 
 VOCABULARY = 4
 """Token ids are 0 .. VOCABULARY - 1: few enough that prompts share prefixes often."""
@@ -32,63 +32,44 @@ NAMESPACES: tuple[Namespace, ...] = ((), ("ab", "c"), ("a", "bc"), ("lora-7",))
 
 class Snapshot:
     """The state's queries, each answered once: enablement asks every operation in turn, and most ask for the same
-    lists (running, computed). Valid until the state changes, that is, until the next call is executed; ids are
-    still drawn from the state itself."""
+    lists (running, computed). Every query of :class:`ProgramState` passes through, none named here: an attribute is
+    the state's own, and a method's answer is kept per arguments. Valid until the state changes, that is, until the
+    next call is executed; ids (:data:`DRAWS`) are still drawn from the state itself."""
+
+    DRAWS = frozenset({"new_id"})
+    """Queries that change the state: passed through, never kept."""
 
     def __init__(self, state: ProgramState) -> None:
         self._state = state  # the live state behind the answers
-        self.caps = state.caps
-        self.block_size = state.block_size
-        self.num_host_blocks = state.num_host_blocks
-        self.finished = state.finished
-        self._answers: dict[object, Any] = {}  # query (a name, a Status for ids, a Pick's options) -> its answer
+        self._answers: dict[tuple[object, ...], Any] = {}  # (query, its arguments) -> its answer
 
-    def _once(self, query: object, answer: Callable[[], Any]) -> Any:
+    def __getattr__(self, name: str) -> Any:
+        """The state's attribute, or its query answered once per arguments; kept on the snapshot, so that a query
+        asked again costs a dictionary lookup."""
+        if name.startswith("_"):  # never the state's private parts (nor, before __init__, a lookup of _state)
+            raise AttributeError(name)
+        asked = getattr(self._state, name)
+        if not callable(asked) or name in self.DRAWS:
+            setattr(self, name, asked)
+            return asked
         answers = self._answers
-        if query not in answers:
-            answers[query] = answer()
-        return answers[query]
+
+        def query(*args: Any) -> Any:
+            key = (name, *args)
+            if key not in answers:
+                answers[key] = asked(*args)
+            return answers[key]
+
+        setattr(self, name, query)
+        return query
 
     def options(self, pick: Callable[["Snapshot"], Sequence[Any]]) -> Sequence[Any]:
         """What a :class:`Pick` may choose from now, asked once per state however many times enablement and the
         draw ask it (the misuse calls, for one, are built anew by each asking)."""
-        return self._once(pick, lambda: pick(self))
-
-    def new_id(self) -> SeqId:
-        return self._state.new_id()
-
-    def is_fresh(self, seq: SeqId) -> bool:
-        return self._state.is_fresh(seq)
-
-    def ids(self, status: Status) -> list[SeqId]:
-        return self._once(status, lambda: self._state.ids(status))
-
-    def live_ids(self) -> list[SeqId]:
-        return self._once("live", self._state.live_ids)
-
-    def computed_ids(self) -> list[SeqId]:
-        return self._once("computed", self._state.computed_ids)
-
-    def preemptible_ids(self) -> list[SeqId]:
-        return self._once("preemptible", self._state.preemptible_ids)
-
-    def freeable_ids(self) -> list[SeqId]:
-        return self._once("freeable", self._state.freeable_ids)
-
-    def rollbackable_ids(self) -> list[SeqId]:
-        return self._once("rollbackable", self._state.rollbackable_ids)
-
-    def rollback_limit(self, seq: SeqId) -> int:
-        return self._state.rollback_limit(seq)
-
-    def length(self, seq: SeqId) -> int:
-        return self._state.length(seq)
-
-    def released_blocks(self) -> list[int]:
-        return self._once("released blocks", self._state.released_blocks)
-
-    def landable_ids(self) -> list[SeqId]:
-        return self._once("landable", self._state.landable_ids)
+        key = ("options", pick)
+        if key not in self._answers:
+            self._answers[key] = pick(self)
+        return self._answers[key]
 
 
 @functools.lru_cache(maxsize=None)

@@ -45,7 +45,7 @@ class Execution:
         self.calls: list[Call] = []  # the program so far
         self.failed = False  # a call raised or was interrupted
         if stats is not None:
-            stats.example_started()
+            stats.example_started(engine.caps.inflight_window)
         if safeguards.journal is not None:
             config = engine.config
             safeguards.journal.begin_example(config_json(config, config.inflight_window))

@@ -10,19 +10,7 @@ import attrs
 
 from kvfuzz.accounting.occupancy import OccupancyLog
 from kvfuzz.program.call import Call
-from kvfuzz.program.safeguards import AllocatorHang
-
-
-def failure_kind(error: BaseException) -> str:
-    """What makes two failures the same bug for shrinking and confirmation: the invariant broken, or the type of
-    the exception (for a ``BaseException`` that escaped the allocator, the type that escaped)."""
-    invariant = getattr(error, "invariant", None)
-    if invariant is not None:
-        return str(invariant)
-    if isinstance(error, AllocatorHang):
-        return "hang"
-    original = getattr(error, "original", None)
-    return f"crash ({type(original if isinstance(original, BaseException) else error).__name__})"
+from kvfuzz.program.failures import FailureKind, failure_kind
 
 
 @attrs.define
@@ -43,13 +31,16 @@ class RunStats:
     phase: str = "random programs"  # what the run is doing now, for progress lines
     first_failure_examples: Optional[int] = None
     first_failure_seconds: Optional[float] = None
-    first_kind: Optional[str] = None  # failure_kind of the first failure
+    first_kind: Optional[FailureKind] = None  # the kind of the first failure
     best_program: Optional[list[Call]] = None
     best_failure: Optional[BaseException] = None
     last_failing_program: Optional[list[Call]] = None
+    declared_window: Optional[int] = None  # the in-flight window W the allocator of the latest example declared
     on_step: Optional[Callable[["RunStats"], None]] = None
 
-    def example_started(self) -> None:
+    def example_started(self, declared_window: int) -> None:
+        """A program starts, against an allocator that declares ``declared_window``."""
+        self.declared_window = declared_window
         if self.first_kind is None:
             self.examples += 1
         else:

@@ -21,18 +21,16 @@ from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.kernels import KernelUnavailable, make_kernel
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Safeguards, Target
+from kvfuzz.program.failures import failure_kind
 from kvfuzz.program.replay import NotApplicable, ReplayOutcome, replay
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
-from kvfuzz.program.stats import failure_kind
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 from kvfuzz.runner import RunSummary
 from kvfuzz.saved.hint import show_hint
 from kvfuzz.saved.trace import Trace, failure_record, save
 
 
-def trace_of(
-    summary: RunSummary, allocator: str, config: MachineConfig, inflight_window: Optional[int]
-) -> Optional[Trace]:
+def trace_of(summary: RunSummary, allocator: str, config: MachineConfig) -> Optional[Trace]:
     """The trace of a failed run, or None if it has no program to replay."""
     if not summary.failed or not summary.calls:
         return None
@@ -43,7 +41,7 @@ def trace_of(
         else {"invariant": None, "title": summary.invariant, "operation": None, "explanation": summary.explanation}
     )
     flaky = (summary.reproduced or 0, summary.replays) if summary.flaky else None
-    return Trace(allocator, config, summary.calls, record, inflight_window, flaky=flaky)
+    return Trace(allocator, config, summary.calls, record, summary.declared_window, flaky=flaky)
 
 
 @attrs.frozen
@@ -73,12 +71,10 @@ class SavedTrace:
         )
 
 
-def save_failure(
-    summary: RunSummary, allocator: str, config: MachineConfig, inflight_window: Optional[int], directory: Path
-) -> Optional[SavedTrace]:
+def save_failure(summary: RunSummary, allocator: str, config: MachineConfig, directory: Path) -> Optional[SavedTrace]:
     """Save a failed run's trace in ``directory``; None if the run has no program to save. A corpus that cannot be
     written (read-only, full, not a directory) raises nothing: the result carries the error and the trace."""
-    trace = trace_of(summary, allocator, config, inflight_window)
+    trace = trace_of(summary, allocator, config)
     return None if trace is None else save_trace(trace, directory)
 
 
@@ -116,7 +112,7 @@ def reproduces_recorded(trace: Trace, failure: Optional[BaseException]) -> bool:
     if isinstance(failure, ProcessDied):
         return title.startswith(PROCESS_DIED)
     return trace.failure.get("invariant") is None and (
-        failure_kind(failure) == title or f"({type(failure).__name__})" in title
+        str(failure_kind(failure)) == title or f"({type(failure).__name__})" in title
     )
 
 

@@ -18,7 +18,8 @@ A trace is one JSON object (format ``kvfuzz-trace/1``)::
 
 ``program`` lists the machine's rules with concrete arguments; tuples are written as JSON lists and a misuse call
 as ``{"misuse": {"op": ..., "args": [...], "why": ...}}``. ``inflight_window`` records the W the allocator declared
-(for a reader; replay uses whatever the allocator declares). A trace with ``known_bug`` null is a regression test
+when the failure was found; a replay asks the allocator's factory for that W (``PoolSpec.inflight_window``), so a
+trace of a campaign that swarmed W replays with its W. A trace with ``known_bug`` null is a regression test
 that passes once the failure stops reproducing; one with a reason passes while it still reproduces. ``config`` may
 also hold ``"kernel"``, the attention kernel invariant 2 ran (``flex``, ``allocator``); without it, ``gather``.
 A trace written by ``kvfuzz campaign`` also holds ``"swarm"``: the program length and the operations of the
@@ -78,23 +79,19 @@ def _call_tuple(calls: Iterable[Call]) -> tuple[Call, ...]:
 class Trace:
     """One saved failure: which allocator, which machine configuration, the program, and what broke.
 
-    Invariant kept: the configuration asks the allocator's factory for the W the trace recorded
-    (``config.inflight_window == inflight_window`` whenever one was recorded), so that a replay of a trace whose
-    campaign swarmed W builds the allocator with that W."""
+    ``config.inflight_window`` is the W asked of the allocator's factory (None: its own); ``declared_window`` the W
+    the allocator declared (``Capabilities.inflight_window``; None: not known). The file records the declared W, or
+    the asked one when none is known, and a loaded trace asks for the W its file records."""
 
     allocator: str
     config: MachineConfig
     program: tuple[Call, ...] = attrs.field(converter=_call_tuple)
     failure: dict[str, Any]
-    inflight_window: Optional[int] = None
+    declared_window: Optional[int] = None
     known_bug: Optional[str] = None
     kvfuzz_version: str = kvfuzz.__version__
     flaky: Optional[tuple[int, int]] = None  # (reproduced, replays) when confirmation replays did not all fail
     swarm: Optional[dict[str, Any]] = None  # a campaign's draw: {"program_length": n, "operations": [...]}
-
-    def __attrs_post_init__(self) -> None:
-        if self.inflight_window is not None and self.config.inflight_window != self.inflight_window:
-            object.__setattr__(self, "config", attrs.evolve(self.config, inflight_window=self.inflight_window))
 
     def digest(self) -> str:
         """Identifies the failure: the same allocator, configuration and program give the same digest."""
@@ -105,12 +102,16 @@ class Trace:
         slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{self.allocator.split(':')[-1]}-{self.failure.get('title', '')}")
         return f"{slug.strip('-').lower()}-{self.digest()}.json"
 
+    def recorded_window(self) -> Optional[int]:
+        """The W the file records: the declared one, else the one asked for."""
+        return self.config.inflight_window if self.declared_window is None else self.declared_window
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "kvfuzz_version": self.kvfuzz_version,
             "allocator": self.allocator,
-            "config": config_json(self.config, self.inflight_window),
+            "config": config_json(self.config, self.recorded_window()),
             "program": program_json(self.program),
             "failure": self.failure,
             "known_bug": self.known_bug,
@@ -361,13 +362,13 @@ def _trace(data: Any) -> Trace:
     allocator = _name("allocator", data["allocator"])
     if not allocator:
         raise _Invalid("allocator", "empty")
-    config, inflight_window = _config(data["config"])
+    config = _config(data["config"])
     program = _program(data["program"])
     failure = _failure(data["failure"])
     known_bug = _string("known_bug", data.get("known_bug"), optional=True)
     flaky = _flaky(data.get("flaky"))
     swarm = _swarm(data.get("swarm"))
-    return Trace(allocator, config, program, failure, inflight_window, known_bug, version_text, flaky, swarm)
+    return Trace(allocator, config, program, failure, config.inflight_window, known_bug, version_text, flaky, swarm)
 
 
 def _swarm(value: Any) -> Optional[dict[str, Any]]:
@@ -393,7 +394,8 @@ def _flaky(value: Any) -> Optional[tuple[int, int]]:
     return _integer("flaky.reproduced", fields["reproduced"], 0, replays), replays
 
 
-def _config(value: Any) -> tuple[MachineConfig, Optional[int]]:
+def _config(value: Any) -> MachineConfig:
+    """The configuration a trace records, asking the allocator's factory for the W it recorded."""
     config = _fields(value, "config", _CONFIG_FIELDS)
     limit = " (kvfuzz's limits keep one example's K/V pools under 1 GiB)"
     sizes = {name: _integer(f"config.{name}", config[name], *GEOMETRY_LIMITS[name], limit) for name in GEOMETRY_LIMITS}
@@ -430,8 +432,7 @@ def _config(value: Any) -> tuple[MachineConfig, Optional[int]]:
     shape = ModelShape(
         sizes["num_layers"], sizes["num_kv_heads"], sizes["num_query_heads"], sizes["head_dim"], DTYPES[dtype], device
     )
-    machine = MachineConfig(sizes["block_size"], sizes["num_blocks"], sizes["num_host_blocks"], shape, kernel)
-    return machine, window
+    return MachineConfig(sizes["block_size"], sizes["num_blocks"], sizes["num_host_blocks"], shape, kernel, window)
 
 
 def _program(value: Any) -> list[Call]:

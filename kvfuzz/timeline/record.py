@@ -547,7 +547,7 @@ def _library_name(name_of: Optional[Callable[[int], str]], pool: str, block: int
 
 def _setting(trace: Trace) -> str:
     config = trace.config
-    window = f", W = {trace.inflight_window}" if trace.inflight_window is not None else ""
+    window = f", W = {trace.recorded_window()}" if trace.recorded_window() is not None else ""
     return (
         f"{config.num_blocks} device blocks of {config.block_size} slots, {config.num_host_blocks} host blocks{window}"
     )

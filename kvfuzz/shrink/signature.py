@@ -23,16 +23,26 @@ import attrs
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import TEARDOWN_OPERATION
+from kvfuzz.program.failures import failure_kind
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.program.safeguards import AllocatorHang
-from kvfuzz.program.stats import failure_kind
 
 TEARDOWN = "teardown"
 """The operation of a failure raised after the last call, by the quiescence check of the teardown."""
 
 _HARNESS = tuple(
     str(Path(__file__).resolve().parent.parent / part)
-    for part in ("engine", "program", "reference", "kernels", "accounting", "campaign", "statemachines", "runner.py")
+    for part in (
+        "engine",
+        "program",
+        "shrink",
+        "reference",
+        "kernels",
+        "accounting",
+        "campaign",
+        "statemachines",
+        "runner.py",
+    )
 )
 """kvfuzz's own code around an allocator call: a crash's frame is the innermost frame outside it (and outside the
 standard library)."""
@@ -75,7 +85,7 @@ def signature_of(allocator: str, failure: BaseException, calls: Sequence[Call], 
     frame = None
     if not isinstance(failure, (InvariantViolation, AllocatorHang)):
         frame = allocator_frame(getattr(failure, "original", failure))
-    return Signature(allocator, failure_kind(failure), operation, frame)
+    return Signature(allocator, str(failure_kind(failure)), operation, frame)
 
 
 def _teardown_operation(failure: BaseException) -> str:
