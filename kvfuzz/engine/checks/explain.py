@@ -9,7 +9,7 @@ from typing import Optional
 from kvfuzz.allocator.types import Namespace
 from kvfuzz.engine.expected import ExpectedState
 from kvfuzz.engine.groups import group_of, shown_namespace
-from kvfuzz.engine.pools import SlotWrite
+from kvfuzz.engine.pools import UNTIL_LOADS_LAND, KVPools, SlotWrite
 
 
 def where(state: ExpectedState, seq: str, position: int) -> str:
@@ -30,6 +30,27 @@ def prefix(state: ExpectedState, seq: str, position: int) -> str:
 
 def found(record: Optional[SlotWrite]) -> str:
     return "nothing: no write or copy has put K/V in this slot" if record is None else record.describe()
+
+
+def open_window(pools: KVPools, block: int) -> Optional[str]:
+    """Why ``block``'s in-flight window is still open (work issued before its release may land on it, or the
+    allocator may hold it pending), or None when it is closed: what the pools' records of late work and holds know."""
+    work = pools.late_work_by_block.get(block)
+    if work is not None and work.lands_at == UNTIL_LOADS_LAND:
+        return (
+            f"released by {work.released_by} while step {work.released_at} was being scheduled, with a host-tier "
+            "load into it not yet reported landed"
+        )
+    if work is not None:
+        return (
+            f"released by {work.released_by} while step {work.released_at} was being scheduled; with "
+            f"W = {pools.inflight_window}, its in-flight window lasts until step {work.lands_at} completes"
+        )
+    until = pools.held_until.get(block)
+    if until is not None:
+        ends = "an asynchronous load lands" if until == UNTIL_LOADS_LAND else f"step {until} completes"
+        return f"released, and the allocator may hold it pending until {ends}"
+    return None
 
 
 def shown_content(prefix: tuple[Namespace, tuple[int, ...]]) -> str:
