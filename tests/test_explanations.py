@@ -9,6 +9,7 @@ from factories import declaring
 
 from kvfuzz.allocator import PagedAllocator, PoolSpec
 from kvfuzz.engine import Engine
+from kvfuzz.engine.checks.explain import why_alike
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.zoo import variant
@@ -236,3 +237,13 @@ def test_a_pending_block_a_live_sequence_maps_is_not_said_to_be_past_its_window(
     assert violation.invariant is Invariant.FREE_SET
     assert "though its window has closed" not in text
     assert "block 0 is pending though [('a', 0)] still maps it" in text
+
+
+def test_prefixes_that_part_inside_the_block_suspect_a_write_in_place_first():
+    cached, rewritten = ((), (1, 2, 3, 0, 1, 1, 2, 3)), ((), (1, 2, 3, 0, 1, 1, 2, 1))
+    assert (
+        "agree up to position 6, inside the block, and differ from position 7 on: the block was written in place"
+        in (why_alike(cached, rewritten, block_start=4))
+    )
+    parted_at_the_block = ((), (1, 2, 3, 0, 2, 1, 2, 3))
+    assert "a hash collision" in why_alike(cached, parted_at_the_block, block_start=4)

@@ -73,6 +73,7 @@ CAUSES: dict[str, str] = {
     "HostLeakOnFreeSwapped": "of a swapped-out sequence leaked it",
     "CollidingBlockKey": "expect different K/V in it",
     "SwapInTakesPendingBlocks": "for writing before its in-flight window closed",
+    "CachedTailWrittenInPlace": "the block was written in place past what its cache entry covered",
     "SwapInRefusalReleasesHost": "refused with OutOfBlocks, but the pool changed",
     "AbortWhileSwappedLeaksHost": "of a swapped-out sequence leaked it",
     "WholePoolPromptRefused": "refused for lack of blocks while the device pool could serve it",
@@ -103,7 +104,6 @@ CAUSES: dict[str, str] = {
 
 CAUSE_NOT_NAMED: dict[str, str] = {
     # Variants whose explanation does not name the seeded slip yet, and what it says instead.
-    "CachedTailWrittenInPlace": "blames a hash collision for a cached block written in place after a rollback",
     "StaleEntryAfterPressureEviction": "blames a scheduled write for a cache entry that survived its block's reuse",
 }
 """Variant -> what its explanation says instead of its cause (open work: issue 28 item 10)."""
