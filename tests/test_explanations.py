@@ -9,6 +9,7 @@ from factories import declaring
 
 from kvfuzz.allocator import PagedAllocator, PoolSpec
 from kvfuzz.engine import Engine
+from kvfuzz.engine.checks.explain import why_alike
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.zoo import variant
@@ -137,3 +138,112 @@ def test_an_explicit_eviction_is_in_the_block_s_history():
     engine.step()
     engine.evict(1)
     assert "evicted from the cache (evict(1))" in "\n".join(engine.pools.block_story(block))
+
+
+# -- the true cause, where one symptom has several ----------------------------------------------------------------
+
+
+class _AdmitTakesPendingBlocks(PagedAllocator):
+    """An admission that counts blocks still in their in-flight window as free: before allocating, it returns every
+    pending block to the free set and drops its cache entry (a free-block counter that includes blocks "about to be
+    freed")."""
+
+    def admit(self, seq, namespace, tokens):
+        pool = self._pool
+        for block in list(pool._pending):
+            del pool._pending[block]
+            self._cache.unregister(block)
+            pool._free[block] = None
+        pool._pending_order.clear()
+        return super().admit(seq, namespace, tokens)
+
+
+class _FreeLeaks(PagedAllocator):
+    """A free that drops each block's reference but never returns a block to the pool (the cleanup the finish path
+    runs, skipped)."""
+
+    def free(self, seq):
+        state = self._seqs.pop(seq)
+        state.live = False
+        for block in state.table:
+            self._pool._refcount[block] -= 1
+
+
+class _RollbackQueuesKeptBlock(PagedAllocator):
+    """A rollback whose deferred-free queue is off by one: besides the dropped tail, it queues the last block it
+    keeps, which the sequence still maps."""
+
+    def rollback(self, seq, num_tokens):
+        super().rollback(seq, num_tokens)
+        pool = self._pool
+        kept = self._seqs[seq].table[-1]
+        until = pool.last_completed_step + pool.inflight_window
+        pool._pending[kept] = until
+        pool._pending_order.append((until, kept))
+
+
+def _one_window(cls: type, num_blocks: int) -> tuple[Engine, MachineConfig]:
+    config = MachineConfig(block_size=4, num_blocks=num_blocks, num_host_blocks=0)
+    return _engine(cls(4, num_blocks, inflight_window=1), config), config
+
+
+def test_a_missed_hit_on_a_block_handed_out_again_inside_its_window_says_so():
+    engine, _ = _one_window(_AdmitTakesPendingBlocks, 2)
+    _committed(engine, "a", (1, 2, 3, 0, 1))
+    engine.free("a")
+    violation = _violation(lambda: engine.admit("b", (), (1, 2, 3, 0, 2)))
+    text = violation.explain()
+    assert violation.invariant is Invariant.COMPLETE_CACHING
+    assert "block 0 was handed out again inside its in-flight window: b maps it as its logical block 1" in text
+    assert "released by a while step 3 was being scheduled; with W = 1, its in-flight window lasts until step 2" in text
+
+
+def test_a_missed_hit_on_a_block_freed_inside_its_window_says_so():
+    engine, _ = _one_window(_AdmitTakesPendingBlocks, 8)
+    _committed(engine, "a", (1, 2, 3, 0, 1))
+    engine.free("a")
+    violation = _violation(lambda: engine.admit("b", (), (1, 2, 3, 0, 2)))
+    assert violation.invariant is Invariant.COMPLETE_CACHING
+    assert "block 0 is in the free set inside its in-flight window (it was released by a" in violation.explain()
+
+
+def test_a_missed_hit_on_a_block_the_allocator_keeps_says_the_lookup_missed_it():
+    engine = _engine(variant("CachesPromptBlocksOnly").factory()(PoolSpec(4, 8)))
+    engine.admit("a", (), (1, 2, 3))
+    engine.step()
+    engine.grow("a", (0, 1))
+    for _ in range(3):
+        engine.step()
+    violation = _violation(lambda: engine.admit("b", (), (1, 2, 3, 0, 2)))
+    assert violation.invariant is Invariant.COMPLETE_CACHING
+    assert "block 0 is still mapped by [('a', 0)], yet the cache did not match it" in violation.explain()
+
+
+def test_a_leaked_owed_block_is_not_said_to_have_gone_to_the_free_set():
+    engine, _ = _one_window(_FreeLeaks, 8)
+    _committed(engine, "a", (1, 2, 3, 0, 1))
+    violation = _violation(lambda: engine.free("a"))
+    assert violation.invariant is Invariant.COMPLETE_CACHING
+    assert "went to the free set" not in violation.summary
+    assert "went to none of the free, cached and pending sets (leaked)" in violation.summary
+
+
+def test_a_pending_block_a_live_sequence_maps_is_not_said_to_be_past_its_window():
+    engine, _ = _one_window(_RollbackQueuesKeptBlock, 8)
+    engine.admit("a", (), (1, 2, 3, 0, 1, 2, 3, 0, 1))
+    engine.step()
+    violation = _violation(lambda: engine.rollback("a", 5))
+    text = violation.explain()
+    assert violation.invariant is Invariant.FREE_SET
+    assert "though its window has closed" not in text
+    assert "block 0 is pending though [('a', 0)] still maps it" in text
+
+
+def test_prefixes_that_part_inside_the_block_suspect_a_write_in_place_first():
+    cached, rewritten = ((), (1, 2, 3, 0, 1, 1, 2, 3)), ((), (1, 2, 3, 0, 1, 1, 2, 1))
+    assert (
+        "agree up to position 6, inside the block, and differ from position 7 on: the block was written in place"
+        in (why_alike(cached, rewritten, block_start=4))
+    )
+    parted_at_the_block = ((), (1, 2, 3, 0, 2, 1, 2, 3))
+    assert "a hash collision" in why_alike(cached, parted_at_the_block, block_start=4)

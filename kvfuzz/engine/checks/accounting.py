@@ -3,7 +3,7 @@ and every unreferenced block is in exactly one of the free, cached and pending s
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 from kvfuzz.allocator.types import (
     BlockCopy,
@@ -59,21 +59,11 @@ class AccountingChecks(Checker):
                 self.pools.seen_cached.discard(block)
         in_window = self.context.unreferenced_in_inflight_window()
         if len(pending) > len(in_window):
-            stuck = next(
-                block
-                for block in pending
-                if block not in self.pools.late_work_by_block and block not in self.pools.held_until
-            )
             self.fail(
                 Invariant.FREE_SET,
                 f"{len(pending)} block(s) pending, but only {len(in_window)} were "
                 f"released within the in-flight window (W = {h.caps.inflight_window})",
-                [
-                    f"block {stuck} is still pending though its window has closed (last completed step: "
-                    f"{self.pools.last_completed})",
-                    "expected: it is back in the free or cached set",
-                    *self.pools.block_story(stuck),
-                ],
+                self._why_pending(pending, in_window),
             )
         total = len(free) + len(cached) + len(pending) + h.refs.num_referenced()
         if total != h.num_blocks:
@@ -83,6 +73,27 @@ class AccountingChecks(Checker):
                 f"{len(pending)} + {h.refs.num_referenced()} = {total}",
                 [f"expected: {h.num_blocks} (every block exactly once)"],
             )
+
+    def _why_pending(self, pending: Collection[int], in_window: Sequence[int]) -> list[str]:
+        """Why one pending block should not be: a table still maps it (it was put in the pending set while live), or
+        it was not released within the in-flight window (its window has closed, or it was never released)."""
+        holders = self.state.refs.holders
+        mapped = [block for block in pending if block in holders]
+        if mapped:
+            block = mapped[0]
+            return [
+                f"block {block} is pending though {self.state.entries(holders[block])} still maps it: it was put in "
+                "the pending set while a live sequence holds it",
+                "expected: out of the pending set until its last holder releases it",
+                *self.pools.block_story(block),
+            ]
+        stuck = next(block for block in pending if block not in in_window)
+        return [
+            f"block {stuck} is still pending though its window has closed (last completed step: "
+            f"{self.pools.last_completed})",
+            "expected: it is back in the free or cached set",
+            *self.pools.block_story(stuck),
+        ]
 
     def host_transfers_unfree(self, in_use: dict[int, str]) -> None:
         """Invariant 4 on a host tier: a host block a transfer still uses (``in_use``: host block -> the transfer) is

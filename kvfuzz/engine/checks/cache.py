@@ -166,7 +166,9 @@ class CacheSoundness(Checker):
             )
         if writer is not None:
             theirs = block_content(self.state, writer[0], h.layout(writer[0]).index(writer[1]))
-            mine = block_content(self.state, seq, h.layout(seq).index(position))
+            index = h.layout(seq).index(position)
+            mine = block_content(self.state, seq, index)
+            alike = why_alike(mine, theirs, h.layout(seq).first_position(index))
             return (
                 f"another prefix's scheduled write will fill it: {writer[0]} position {writer[1]} writes there at "
                 f"the next step (step {next_step})",
@@ -174,7 +176,7 @@ class CacheSoundness(Checker):
                     f"root cause: the hit matched a block that {writer[0]} is about to fill with other K/V:",
                     f"  {seq} expects {shown_content(mine)}",
                     f"  {writer[0]} writes {shown_content(theirs)}",
-                    f"  {why_alike(mine, theirs)}, or the block's cache entry outlived a change to "
+                    f"  {alike}, or the block's cache entry outlived a change to "
                     f"{writer[0]}'s tokens (a rollback, see the block's history)",
                 ],
             )
