@@ -198,3 +198,31 @@ def test_the_engine_runs_without_hypothesis() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=PACKAGE.parent)
     assert done.returncode == 0, done.stderr
+
+
+def optional_calls(source: str) -> set[str]:
+    """The capability protocols a module narrows the allocator to (``cast(Forks, ...)``): the optional methods it
+    calls."""
+    from kvfuzz.allocator.protocol import CAPABILITY_PROTOCOLS
+
+    protocols = {protocol.__name__ for protocol in CAPABILITY_PROTOCOLS.values()}
+    return {
+        node.args[0].id
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "cast"
+        and isinstance(node.args[0], ast.Name)
+        and node.args[0].id in protocols
+    }
+
+
+def test_the_optional_check_finds_an_optional_call() -> None:
+    assert optional_calls("x = cast(Forks, allocator).fork(parent, child)") == {"Forks"}
+    assert optional_calls("x = cast(HostTier, feature).ordered(seq, loads)") == set()
+
+
+def test_an_optional_capability_s_operations_live_in_its_feature_module() -> None:
+    """engine.py keeps the core operations: the optional ones (fork, preempt, swaps, rollback, evictions) are their
+    feature modules' (engine/features/), and engine.py calls no optional method but the cache reset of quiesce."""
+    assert optional_calls((PACKAGE / "engine" / "engine.py").read_text()) <= {"Evicts"}

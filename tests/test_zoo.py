@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import pkgutil
 
 import pytest
 
+import kvfuzz.zoo
 from kvfuzz.allocator import PoolSpec
 from kvfuzz.campaign.swarm import probe_limits
 from kvfuzz.commands.zoo import ZOO_EXAMPLES
@@ -168,6 +171,23 @@ def test_shrunk_program_is_short_and_explained(name) -> None:
 
 def test_every_variant_has_its_cause_or_says_why_not() -> None:
     assert sorted([*CAUSES, *CAUSE_NOT_NAMED]) == sorted(v.name for v in VARIANTS)
+
+
+def test_every_zoo_module_registers_its_own_slips_and_the_zoo_collects_them_all() -> None:
+    """Each zoo module registers the slips it defines (its VARIANTS, beside their classes), and the package's
+    VARIANTS collects every module's: a module left out of the collection, or a slip registered away from its class,
+    fails here."""
+    registering = []
+    for module_info in pkgutil.iter_modules(kvfuzz.zoo.__path__):
+        module = importlib.import_module(f"kvfuzz.zoo.{module_info.name}")
+        slips = getattr(module, "VARIANTS", None)
+        if slips is None:
+            continue
+        registering.append(module.__name__)
+        assert all(slip.allocator.__module__ == module.__name__ for slip in slips), module.__name__
+        assert all(slip in VARIANTS for slip in slips), f"{module.__name__}'s slips are not all in kvfuzz.zoo.VARIANTS"
+    assert sum(len(importlib.import_module(name).VARIANTS) for name in registering) == len(VARIANTS)
+    assert len({slip.name for slip in VARIANTS}) == len(VARIANTS)
 
 
 def test_zoo_covers_the_design_bug_classes() -> None:

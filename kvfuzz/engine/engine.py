@@ -17,13 +17,14 @@ from typing import Callable, Optional, Sequence, cast
 
 from kvfuzz.accounting.occupancy import Occupancy
 from kvfuzz.allocator.errors import Misuse
-from kvfuzz.allocator.protocol import AllocatorProtocol, Evicts, EvictsBlocks, Forks, Preempts, RollsBack, Swaps
-from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, BlockCopy, GrowResult, Namespace, SeqId, SwapResult, Tokens
+from kvfuzz.allocator.protocol import AllocatorProtocol, Evicts
+from kvfuzz.allocator.types import AdmitResult, BlockCopy, GrowResult, Namespace, SeqId, Tokens
 from kvfuzz.engine.checks import CacheSnapshot
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.engine.core import UNCHANGED, EngineCore, GeometryMismatch, OnRefusal, merged
+from kvfuzz.engine.core import EngineCore, GeometryMismatch, OnRefusal, merged
 from kvfuzz.engine.events import Launch
 from kvfuzz.engine.expected import SeqModel, Status, mapped
+from kvfuzz.engine.features import eviction, forks, preemption, rollback, swap
 from kvfuzz.engine.features.copies import StepRemaps, TailDeduplication
 from kvfuzz.engine.features.groups import GroupTables, WindowDrops, forget
 from kvfuzz.engine.features.host_tier import AsyncLoading, HostTier
@@ -35,13 +36,6 @@ from kvfuzz.engine.violations import Invariant
 from kvfuzz.reference.content import prefix_tags
 
 __all__ = ["Engine", "GeometryMismatch"]
-
-
-def _fork_copies(result: object) -> object:
-    """fork's copies as a tuple (None means every block is shared); anything else is left for the checks to name."""
-    if result is None:
-        return ()
-    return tuple(result) if isinstance(result, list) else result
 
 
 class Engine(EngineCore):
@@ -207,54 +201,8 @@ class Engine(EngineCore):
         return True
 
     def fork(self, parent: SeqId, child: SeqId) -> bool:
-        """Parallel sampling or beam search: ``child`` shares all of ``parent``'s blocks, or gets the copies the
-        allocator returned (then its table differs from the parent's exactly at their destinations)."""
-        state = self.expected
-        self.begin("fork", parent, child)
-        needed = int(self.caps.fork_copies and state.length(parent) % state.layout(parent).size != 0)
-        needed += self.caps.lookahead_blocks  # the child may get look-ahead blocks of its own
-        before = self.checks.eviction_order.snapshot()
-        # Checked as a tuple of BlockCopy by the result check before it is used as one.
-        copies = cast(
-            Optional[tuple[BlockCopy, ...]],
-            self.attempt(
-                lambda: _fork_copies(cast(Forks, self.allocator).fork(parent, child)), tuple, needed, absent=child
-            ),
-        )
-        if copies is None:
-            return False
-        self.checks.accounting.fork_copies_declared(parent, child, copies)
-        self.expected.matchable.forget(copy.dst for copy in copies)
-        for copy in copies:
-            self.pools.copy_block(copy.src, copy.dst)
-            self.stats["fork copies"] += 1
-        state.reference.fork(parent, child)
-        parent_table = state.seqs[parent].table
-        state.seqs[child] = SeqModel(
-            child, Status.RUNNING, written=state.seqs[parent].written, joined_step=self.pools.next_step
-        )
-        table = self.table(child)
-        moved_to = {copy.src: copy.dst for copy in copies}
-        filled = parent_table[: state.num_blocks_for(parent)]
-        self.checks.accounting.fork_table(parent, child, tuple(moved_to.get(block, block) for block in filled), table)
-        layout, written = state.layout(child), state.seqs[child].written
-        moved = [index for index, (old, new) in enumerate(zip(parent_table, table)) if old != new]
-        change = self.set_table(child, table, "shared by fork with")
-        if self.groups is not None:
-            change = merged(change, self.groups.forked(parent, child, table, written))
-        self.settle(
-            change,
-            [
-                (child, p)
-                for index in moved
-                for p in range(layout.first_position(index), min(layout.first_position(index + 1), written))
-            ],
-        )
-        self.checks.eviction_order.evictions(before, (), reuse=True)
-        for copy in copies:
-            self.checks.exclusive.block(copy.dst, child, f"fork copy from block {copy.src}")
-        self.checks.window.outside({copy.dst for copy in copies}, child)
-        return True
+        """Under ``fork``: see :func:`kvfuzz.engine.features.forks.fork`."""
+        return forks.fork(self, self.groups, parent, child)
 
     def free(self, seq: SeqId, *, run_ends: bool = False) -> None:
         """The request finished or was cancelled (possibly before its first step).
@@ -282,129 +230,32 @@ class Engine(EngineCore):
             self.checks.accounting.host_accounting(host_table, released_by=f"free({seq!r}) of a swapped-out sequence")
 
     def preempt(self, seq: SeqId) -> None:
-        """Release a running sequence for recomputation; it keeps its tokens and waits to be readmitted."""
-        self.begin("preempt", seq)
-        table_ids = (seq, *self.expected.group_tables(seq))
-        for table_id in table_ids:
-            self.checks.cache.withdrawn_writes_unread(table_id, f"preempt({seq!r})")
-        self.events.fire_releasing(seq)
-        self.call(lambda: cast(Preempts, self.allocator).preempt(seq))
-        change = UNCHANGED
-        for table_id in table_ids:
-            change = merged(change, self.set_table(table_id, (), "released (preempt) by"))
-            model = self.expected.seqs[table_id]
-            model.status, model.written, model.drafts = Status.PREEMPTED, 0, 0
-        self.expected.matchable.cancel(seq)
-        self.settle(change)
+        """Under ``preemption``: see :func:`kvfuzz.engine.features.preemption.preempt`."""
+        preemption.preempt(self, seq)
 
     def swap_out(self, seq: SeqId) -> bool:
-        """Move a running sequence's K/V to the host pool."""
-        state = self.expected
-        model = state.seqs[seq]
-        self.begin("swap_out", seq)
-        live = mapped(model.table)
-        result = self.attempt(lambda: cast(Swaps, self.allocator).swap_out(seq), SwapResult, len(live), host=True)
-        if result is None:
-            return False
-        held = state.host_holders()
-        self.checks.content.swap_out_mapping(seq, result.mapping, model.table, held)
-        shared = sum(host_block in held for _, host_block in result.mapping)
-        if shared:
-            self.stats["host blocks shared at swap-out"] += shared
-        for block, host_block in result.mapping:
-            self.pools.swap_to_host(block, host_block)
-        host_of = dict(result.mapping)
-        host_table = tuple(host_of.get(block, NULL_BLOCK) for block in model.table)
-        change = self.set_table(seq, (), "released (swap-out) by")
-        state.matchable.cancel(seq)
-        model.status, model.host_table = Status.SWAPPED, host_table
-        self.stats["swapped out blocks"] += len(live)
-        self.settle(change)
-        self.checks.accounting.host_accounting(host_of.values())
-        return True
+        """Under ``swap``: see :func:`kvfuzz.engine.features.swap.swap_out`."""
+        return swap.swap_out(self, seq)
 
     def swap_in(self, seq: SeqId) -> bool:
-        """Bring a swapped-out sequence back to the device."""
-        state = self.expected
-        model = state.seqs[seq]
-        self.begin("swap_in", seq)
-        before = self.checks.eviction_order.snapshot()
-        result = self.attempt(
-            lambda: cast(Swaps, self.allocator).swap_in(seq), SwapResult, len(mapped(model.host_table))
-        )
-        if result is None:
-            return False
-        self.checks.content.swap_in_mapping(seq, result.mapping, model.host_table)
-        self.expected.matchable.forget(block for _, block in result.mapping)
-        for host_block, block in result.mapping:
-            self.pools.swap_from_host(host_block, block)
-        host_table = mapped(model.host_table)
-        model.status, model.host_table, model.joined_step = Status.RUNNING, (), self.pools.next_step
-        table = self.table(seq)
-        change = self.set_table(seq, table, "swapped in for")
-        self.settle(
-            change, positions=[(seq, position) for position in range(state.sliding_window_start(seq), model.written)]
-        )
-        self.checks.eviction_order.evictions(before, (), reuse=True)
-        for _, block in result.mapping:
-            self.checks.exclusive.block(block, seq, "swap-in copy")
-        self.checks.window.outside({block for _, block in result.mapping}, seq)
-        self.checks.accounting.host_accounting(host_table, released_by=f"swap_in({seq!r})")
-        self.stats["swapped in blocks"] += len(result.mapping)
-        return True
+        """Under ``swap``: see :func:`kvfuzz.engine.features.swap.swap_in`."""
+        return swap.swap_in(self, seq)
 
     def rollback(self, seq: SeqId, num_tokens: int) -> None:
-        """Drop the last tokens (rejected speculative drafts)."""
-        state = self.expected
-        self.begin("rollback", seq, num_tokens)
-        self.call(lambda: cast(RollsBack, self.allocator).rollback(seq, num_tokens))
-        model = state.seqs[seq]
-        old_len = state.length(seq)
-        new_len = old_len - num_tokens
-        state.reference.truncate(seq, new_len)
-        model.written = min(model.written, new_len)
-        state.matchable.cancel(seq, new_len // state.layout(seq).size)
-        model.drafts = max(0, model.drafts - num_tokens)
-        table = self.table(seq)
-        self.checks.content.rollback_table(seq, model.table, table)
-        released = f"released by {seq}'s rollback of {num_tokens} token(s), to length {new_len}"
-        self.settle(self.set_table(seq, table, "after rollback, given to", released, held_tokens=old_len))
+        """Under ``rollback``: see :func:`kvfuzz.engine.features.rollback.rollback`."""
+        rollback.rollback(self, seq, num_tokens)
 
     def evict(self, num_blocks: int) -> None:
-        """Ask the allocator to drop up to ``num_blocks`` cached, unreferenced blocks (at least that many, or every
-        cached one, under ``evict_rounds_up``)."""
-        self.begin("evict", num_blocks)
-        introspection = self.checks.context.introspection
-        before = list(introspection.cached_blocks()) if introspection is not None else []
-        order_before = self.checks.eviction_order.snapshot()
-        dropped = self.call(lambda: cast(Evicts, self.allocator).evict(num_blocks))
-        self.checks.results.result(f"evict({num_blocks})", dropped, int)
-        evicted = self.checks.context.evicted(before)
-        self.checks.accounting.evict_count(num_blocks, dropped, before, evicted)
-        self.stats["evicted blocks"] += dropped
-        self.evicted(evicted, f"evict({num_blocks})")
-        self.checks.eviction_order.evictions(order_before, (), reuse=False)
+        """Under ``eviction``: see :func:`kvfuzz.engine.features.eviction.evict`."""
+        eviction.evict(self, num_blocks)
 
     def evict_blocks(self, blocks: tuple[int, ...]) -> None:
-        """Ask the allocator to drop these unreferenced blocks from its cache (those it caches; the others stay as
-        they are): none may be matched again until a table maps it anew."""
-        self.begin("evict_blocks", list(blocks))
-        introspection = self.checks.context.introspection
-        before = list(introspection.cached_blocks()) if introspection is not None else []
-        self.call(lambda: cast(EvictsBlocks, self.allocator).evict_blocks(blocks))
-        if introspection is not None:
-            self.checks.accounting.evict_targets(blocks, before, self.checks.context.evicted(before))
-        self.evicted(blocks, f"evict_blocks({list(blocks)})")
+        """Under ``targeted_eviction``: see :func:`kvfuzz.engine.features.eviction.evict_blocks`."""
+        eviction.evict_blocks(self, blocks)
 
     def reset_cache(self) -> None:
-        """Ask the allocator to drop every cached, unreferenced block: none of the unreferenced blocks outside the
-        in-flight window (and not held pending) may be matched again until a table maps it anew."""
-        self.begin("reset_cache")
-        self.call(cast(Evicts, self.allocator).reset_cache)
-        self.checks.accounting.cache_empty()
-        # A block in flight, or one the allocator may hold pending, may be cached again once released from that.
-        held = self.pools.late_work_by_block.keys() | self.pools.held_until.keys()
-        self.evicted([block for block in self.expected.refs.released if block not in held], "reset_cache()")
+        """Under ``eviction``: see :func:`kvfuzz.engine.features.eviction.reset_cache`."""
+        eviction.reset_cache(self)
 
     def step(self) -> int:
         """One forward pass: write the K/V of every new token, then every running sequence attends."""

@@ -19,6 +19,7 @@ import attrs
 
 from kvfuzz.engine.engine import Engine
 from kvfuzz.engine.expected import ProgramState, Status
+from kvfuzz.engine.features import eviction, forks, preemption, rollback, swap
 from kvfuzz.engine.misuse import misuse_calls
 from kvfuzz.program.arguments import (
     NAMESPACES,
@@ -90,8 +91,20 @@ def _decode(engine: Engine, token: int) -> None:
     engine.step()
 
 
+def _fork(engine: Engine, parent: str, child: str) -> None:
+    forks.fork(engine, engine.groups, parent, child)
+
+
+def _swap_out(engine: Engine, seq: str) -> None:
+    swap.swap_out(engine, seq)
+
+
+def _swap_in(engine: Engine, seq: str) -> None:
+    swap.swap_in(engine, seq)
+
+
 def _rollback(engine: Engine, seq: str, num_tokens: int) -> None:
-    engine.rollback(seq, min(num_tokens, engine.expected.rollback_limit(seq)))
+    rollback.rollback(engine, seq, min(num_tokens, engine.expected.rollback_limit(seq)))
 
 
 def _grown_tokens(state: ProgramState) -> tuple[tuple[int, int], ...]:
@@ -144,7 +157,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "preempt",
-        lambda engine, seq: engine.preempt(seq),
+        lambda engine, seq: preemption.preempt(engine, seq),
         (("seq", Pick(lambda state: state.preemptible_ids())),),
         needs=("preemption",),
         doc="release a running sequence for recomputation",
@@ -159,14 +172,14 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "fork",
-        lambda engine, parent, child: engine.fork(parent, child),
+        _fork,
         (("parent", Pick(lambda state: state.computed_ids())), ("child", NewSeqId())),
         needs=("fork",),
         doc="parallel sampling or beam search: the child shares the parent's blocks",
     ),
     Operation(
         "swap_out",
-        lambda engine, seq: engine.swap_out(seq),
+        _swap_out,
         (("seq", Pick(lambda state: state.computed_ids())),),
         needs=("swap",),
         condition=lambda state: state.num_host_blocks > 0,
@@ -180,7 +193,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "swap_in",
-        lambda engine, seq: engine.swap_in(seq),
+        _swap_in,
         (("seq", Pick(_swapped)),),
         needs=("swap",),
         doc="bring a swapped-out sequence back to the device",
@@ -195,7 +208,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "evict",
-        lambda engine, num_blocks: engine.evict(num_blocks),
+        lambda engine, num_blocks: eviction.evict(engine, num_blocks),
         (("num_blocks", Integers(1, 4)),),
         needs=("eviction",),
         condition=lambda state: bool(state.finished),
@@ -203,7 +216,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "evict_blocks",
-        lambda engine, blocks: engine.evict_blocks(tuple(blocks)),
+        lambda engine, blocks: eviction.evict_blocks(engine, tuple(blocks)),
         (("blocks", BlockIds(lambda state: state.released_blocks())),),
         needs=("targeted_eviction",),
         doc="drop particular blocks from the cache by id (a KV connector's or an offloader's eviction): picked "
@@ -211,7 +224,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "reset_cache",
-        lambda engine: engine.reset_cache(),
+        lambda engine: eviction.reset_cache(engine),
         needs=("eviction",),
         condition=lambda state: bool(state.finished),
         doc="drop every cached, unreferenced block",

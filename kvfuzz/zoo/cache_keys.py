@@ -7,6 +7,8 @@ from typing import Optional
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.prefix_cache import PrefixCache, chain_hash
 from kvfuzz.allocator.types import Namespace, Tokens
+from kvfuzz.engine.violations import Invariant
+from kvfuzz.zoo.entry import Variant
 
 
 def token_sum(block_tokens: Tokens) -> int:
@@ -40,3 +42,7 @@ class CollidingBlockKey(PagedAllocator):
             block_key = (token_sum(tokens[index * size : (index + 1) * size]),)
             hashes.append(chain_hash(previous, namespace, block_key))
         return hashes
+
+
+VARIANTS: tuple[Variant, ...] = (Variant(CollidingBlockKey, "1 colliding cache key", Invariant.CACHE_SOUNDNESS),)
+"""This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

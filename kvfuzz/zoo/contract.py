@@ -16,6 +16,8 @@ import attrs
 from kvfuzz.allocator.errors import OutOfBlocks, Unsupported
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.types import Capabilities, GrowResult, SeqId, Tokens
+from kvfuzz.engine.violations import Invariant
+from kvfuzz.zoo.entry import Variant
 from kvfuzz.zoo.variants import MatchableAtAllocation
 
 
@@ -124,3 +126,15 @@ class AbortKeepsScheduledHash(MatchableAtAllocation):
         self.capabilities = _registers_at_allocation(
             self.capabilities, hits_scheduled_writes=True, shares_scheduled_blocks=True
         )
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(PreemptUnsupported, "engine without preemption, undeclared", Invariant.MISUSE),
+    Variant(OneBlockPerGrow, "decode-only grow, undeclared", Invariant.REFCOUNTS),
+    Variant(FullPromptHit, "9 hit covers the whole prompt", Invariant.CACHE_SOUNDNESS),
+    Variant(EvictsOnRefusal, "6 refusal that evicts, undeclared", Invariant.ATOMIC_REFUSAL),
+    Variant(RefusalEvictsReferenced, "6 refusal that evicts a referenced block", Invariant.ATOMIC_REFUSAL),
+    Variant(ScheduledHitUnshared, "5 scheduled hit without same-round sharing", Invariant.EXCLUSIVE_WRITES),
+    Variant(AbortKeepsScheduledHash, "5 withdrawn writes stay matchable", Invariant.CACHE_SOUNDNESS),
+)
+"""This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

@@ -14,6 +14,8 @@ from kvfuzz.allocator.errors import OutOfBlocks
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.prefix_cache import chain_hash
 from kvfuzz.allocator.types import AdmitResult, Namespace, SeqId, SwapResult, Tokens
+from kvfuzz.engine.violations import Invariant
+from kvfuzz.zoo.entry import Variant
 
 
 class _ForgetsEvictedEntries(BlockPool):
@@ -146,3 +148,36 @@ class RollbackKeepsPendingRegistration(PagedAllocator):
         versions = list(state.versions)
         super().rollback(seq, num_tokens)
         state.versions[:] = versions[: len(state.versions)]
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(
+        StaleEntryAfterPressureEviction,
+        "1 stale cache entry after eviction under pressure",
+        Invariant.CACHE_SOUNDNESS,
+        deep=True,
+    ),
+    Variant(SwapInTakesPendingBlocks, "3 swap-in takes pending blocks", Invariant.NON_REUSE_WINDOW, deep=True),
+    Variant(
+        CachedTailWrittenInPlace,
+        "8 rollback leaves a cached block writable",
+        Invariant.CACHE_SOUNDNESS,
+        deep=True,
+    ),
+    Variant(
+        SwapInRefusalReleasesHost,
+        "6 refused swap-in frees its host blocks",
+        Invariant.ATOMIC_REFUSAL,
+        deep=True,
+    ),
+    Variant(AbortWhileSwappedLeaksHost, "2 host blocks leaked on abort", Invariant.FREE_SET, deep=True),
+    Variant(WholePoolPromptRefused, "6 whole-pool prompt refused", Invariant.NO_FALSE_REFUSAL, deep=True),
+    Variant(TrustsShortBlockHash, "1 short hash trusted", Invariant.CACHE_SOUNDNESS, deep=True),
+    Variant(
+        RollbackKeepsPendingRegistration,
+        "5 rollback keeps a pending registration",
+        Invariant.CACHE_SOUNDNESS,
+        deep=True,
+    ),
+)
+"""This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

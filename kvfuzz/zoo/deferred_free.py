@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from kvfuzz.allocator.block_pool import BlockPool
 from kvfuzz.allocator.paged import PagedAllocator
+from kvfuzz.engine.violations import Invariant
+from kvfuzz.zoo.entry import Variant
 
 
 class _SettlesStaleEntries(BlockPool):
@@ -34,3 +36,9 @@ class StaleDeferredFree(PagedAllocator):
     """
 
     pool_class = _SettlesStaleEntries
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(StaleDeferredFree, "3 stale deferred free", Invariant.FREE_SET, inflight_window=2),
+)
+"""This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

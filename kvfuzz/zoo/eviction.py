@@ -14,6 +14,8 @@ from kvfuzz.allocator.block_pool import BlockPool
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.prefix_cache import CacheEntry
 from kvfuzz.allocator.types import GrowResult, SeqId, Tokens
+from kvfuzz.engine.violations import Invariant
+from kvfuzz.zoo.entry import Variant
 
 
 class SubtreeEvictor(PagedAllocator):
@@ -106,3 +108,12 @@ class CachesPromptBlocksOnly(PagedAllocator):
         while len(self._registrations) > queued:
             self._registrations.pop()
         return result
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(EvictsOneSubtree, "rounding eviction stops short", Invariant.FREE_SET),
+    Variant(EvictBlocksKeepsEntry, "targeted eviction keeps the cache entry", Invariant.CACHE_SOUNDNESS),
+    Variant(EvictsMostRecentFirst, "most recently used evicted first", Invariant.EVICTION_ORDER),
+    Variant(CachesPromptBlocksOnly, "generated blocks never cached", Invariant.COMPLETE_CACHING),
+)
+"""This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 from kvfuzz.allocator.errors import UnknownSequence
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.types import SeqId
+from kvfuzz.engine.violations import Invariant
+from kvfuzz.zoo.entry import Variant
 
 
 class HostLeakOnFreeSwapped(PagedAllocator):
@@ -24,3 +26,7 @@ class HostLeakOnFreeSwapped(PagedAllocator):
             return
         del self._seqs[seq]
         state.live = False
+
+
+VARIANTS: tuple[Variant, ...] = (Variant(HostLeakOnFreeSwapped, "2 host blocks leaked on cancel", Invariant.FREE_SET),)
+"""This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

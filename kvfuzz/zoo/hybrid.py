@@ -7,6 +7,8 @@ from typing import Any
 
 from kvfuzz.allocator.hybrid import HybridAllocator
 from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, Namespace, SeqId, Tokens
+from kvfuzz.engine.violations import Invariant
+from kvfuzz.zoo.entry import Variant
 
 
 class HybridHitFromFullGroup(HybridAllocator):
@@ -79,3 +81,13 @@ class HitInPoolBlocks(_SlidingGroupAtTwiceTheBlockSize):
             ):
                 return hit
         return 0
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(HybridHitFromFullGroup, "9 hybrid hit taken from the full group alone", Invariant.CACHE_SOUNDNESS),
+    Variant(BlockInBothGroups, "11 one block in two KV-cache groups", Invariant.REFCOUNTS),
+    Variant(HitGroupsSwapped, "11 a hit's blocks given to the wrong KV-cache group", Invariant.CACHE_SOUNDNESS),
+    Variant(WindowInPoolBlocks, "11 a group's window found at the pool's block size", Invariant.CONTENT),
+    Variant(HitInPoolBlocks, "11 a hit ending inside a larger group's block", Invariant.CACHE_SOUNDNESS),
+)
+"""This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 from kvfuzz.allocator.errors import InvalidArgument
 from kvfuzz.allocator.paged import PagedAllocator, _Sequence
 from kvfuzz.allocator.types import NULL_BLOCK, SeqId
+from kvfuzz.engine.violations import Invariant
+from kvfuzz.zoo.entry import Variant
 
 
 class LookaheadSharedByFork(PagedAllocator):
@@ -76,3 +78,27 @@ class RollbackDropsAcceptedBlock(PagedAllocator):
             self._pool.release(state.table[first_rejected])
             del state.table[first_rejected], state.versions[first_rejected]
         super().rollback(seq, num_tokens)
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(
+        LookaheadSharedByFork,
+        "8 look-ahead block shared with a fork sibling",
+        Invariant.EXCLUSIVE_WRITES,
+        lookahead_blocks=1,
+    ),
+    Variant(
+        LookaheadKeepsCachedBlock,
+        "8 rollback keeps cached content as look-ahead",
+        Invariant.CACHE_SOUNDNESS,
+        lookahead_blocks=2,
+    ),
+    Variant(LookaheadLeakOnFree, "2 look-ahead leaked on free", Invariant.REFCOUNTS, lookahead_blocks=1),
+    Variant(
+        RollbackDropsAcceptedBlock,
+        "8 rollback frees a block holding accepted tokens",
+        Invariant.CONTENT,
+        lookahead_blocks=2,
+    ),
+)
+"""This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

@@ -14,6 +14,8 @@ from kvfuzz.allocator.errors import OutOfBlocks
 from kvfuzz.allocator.paged import PagedAllocator, _Sequence
 from kvfuzz.allocator.prefix_cache import CacheEntry
 from kvfuzz.allocator.types import NULL_BLOCK, AdmitResult, GrowResult, Namespace, SeqId, SwapResult, Tokens
+from kvfuzz.engine.violations import Invariant
+from kvfuzz.zoo.entry import Variant
 
 
 class NoCopyOnWrite(PagedAllocator):
@@ -335,3 +337,35 @@ class RepeatedBlockAfterRollback(PagedAllocator):
             state.table.append(stale)
             state.versions.append(next(self._version_clock))
         return super().grow(seq, tokens)
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(KeyWithoutNamespace, "1 incomplete cache key", Invariant.CACHE_SOUNDNESS),
+    Variant(KeyConcatenatesNamespace, "1 ambiguous cache key", Invariant.CACHE_SOUNDNESS),
+    Variant(LeakOnCancel, "2 leak on cancel", Invariant.FREE_SET),
+    Variant(OpaqueLeakOnCancel, "2 leak on cancel", Invariant.QUIESCENCE),
+    Variant(ImmediateReuse, "3 reuse before in-flight work finished", Invariant.NON_REUSE_WINDOW),
+    Variant(DroppedDeferredFree, "3 dropped deferred free", Invariant.FREE_SET, inflight_window=2),
+    Variant(FreeForgetsSharedRefcount, "4 refcount under-count", Invariant.REFCOUNTS),
+    Variant(ReleasedTwiceOnPreempt, "4 double free", Invariant.REFCOUNTS),
+    Variant(MatchableAtAllocation, "5 matchable before written", Invariant.CACHE_SOUNDNESS),
+    Variant(LeakyRefusal, "6 accounting drift", Invariant.ATOMIC_REFUSAL),
+    Variant(FalseOutOfBlocks, "6 accounting drift", Invariant.NO_FALSE_REFUSAL),
+    Variant(NonAtomicHostRefusal, "6 accounting drift", Invariant.ATOMIC_REFUSAL),
+    Variant(UnlockedPrefix, "7 matched prefix not locked", Invariant.REFCOUNTS),
+    Variant(RollbackKeepsStaleBlock, "8 rollback leaves stale state", Invariant.REFCOUNTS),
+    Variant(FullHitCappedInPlace, "9 full-prompt hit edge case", Invariant.EXCLUSIVE_WRITES, inflight_window=0),
+    Variant(NoCopyOnWrite, "10 copy-on-write missing", Invariant.EXCLUSIVE_WRITES),
+    Variant(CopiesWrongBlock, "10 copy-on-write copies the wrong block", Invariant.CONTENT),
+    Variant(SwapInWrongHostBlock, "swap-in maps the wrong host block", Invariant.CONTENT),
+    Variant(SilentDoubleFree, "misuse accepted silently", Invariant.MISUSE),
+    Variant(
+        WindowDropIgnoresSharing,
+        "11 sliding window drops a shared block",
+        Invariant.REFCOUNTS,
+        sliding_window=9,
+    ),
+    Variant(RepeatedBlockAfterRollback, "4 repeated block freed per occurrence", Invariant.REFCOUNTS),
+    Variant(ReturnsNoneWhenFull, "6 refusal returned, not raised", Invariant.RESULTS),
+)
+"""This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

@@ -1,6 +1,16 @@
 """The engine's features: the capability-specific parts of its lifecycle, one module per feature, each holding its
 slice of the expected state, its handlers of the engine's events and the calls to the checks it needs. The engine
-(:mod:`kvfuzz.engine.engine`) builds a feature and subscribes its handlers only when the allocator declares it.
+(:mod:`kvfuzz.engine.engine`) builds a feature and subscribes its handlers only when the allocator declares it. A
+capability that brings an operation holds the operation too, as a function of the engine core that the operation
+table's row calls (the operation table's ``needs`` is the declaration that guards it):
+
+* :mod:`~kvfuzz.engine.features.forks`: fork;
+* :mod:`~kvfuzz.engine.features.preemption`: preempt;
+* :mod:`~kvfuzz.engine.features.swap`: swap_out and swap_in;
+* :mod:`~kvfuzz.engine.features.rollback`: rollback;
+* :mod:`~kvfuzz.engine.features.eviction`: evict, evict_blocks and reset_cache;
+
+and the features that subscribe to events:
 
 * :mod:`~kvfuzz.engine.features.scheduling`: a freed sequence's scheduled writes (and that policy's combinations);
 * :mod:`~kvfuzz.engine.features.prefix_cache`: the complete-caching debt;
