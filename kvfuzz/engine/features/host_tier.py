@@ -206,7 +206,14 @@ class AsyncLoading:
             model.status = Status.LOADED
             core.checks.accounting.touched(mapped(model.table))
         else:  # its blocks go, but for those another sequence freed while loading still holds until its own report
-            held = {block for other in core.expected.async_loads.values() for block in mapped(other.table)}
+            # (a live one's loads hold nothing: its blocks are referenced, and hold_until_landed marks them if it too
+            # is freed before its report; counting it here kept the hold of a block it shares past every report)
+            held = {
+                block
+                for other_seq, other in core.expected.async_loads.items()
+                if other_seq not in core.expected.seqs
+                for block in mapped(other.table)
+            }
             core.checks.accounting.touched(
                 core.pools.lift([block for block in mapped(load.table) if block not in held])
             )
