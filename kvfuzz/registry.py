@@ -31,9 +31,10 @@ ALLOCATOR_ENTRY_POINTS = "kvfuzz.allocators"
 ACCEPTED_FORMS = "MODULE:FACTORY (e.g. kvfuzz.allocator.paged:paged_allocator), zoo:NAME, or a registered name"
 
 
-OWN_ALLOCATOR_MODULES = ("kvfuzz.allocator", "kvfuzz.adapters")
-"""kvfuzz's own allocators and its adapters of engine libraries: a trace naming a factory in these modules runs only
-code kvfuzz ships (and the engine library the adapter wraps)."""
+OWN_ALLOCATOR_MODULES = ("kvfuzz.allocator", "kvfuzz.adapters", "kvfuzz.zoo")
+"""kvfuzz's own allocators, its adapters of engine libraries and its zoo of broken allocators (a campaign's trace of
+``kvfuzz.zoo.combined:...`` names its factory so): a trace naming a factory in these modules runs only code kvfuzz
+ships (and the engine library the adapter wraps)."""
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 

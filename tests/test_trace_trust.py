@@ -46,6 +46,7 @@ def _planted(directory: Path) -> Path:
         "kvfuzz.allocator.paged:paged_allocator",  # kvfuzz's own, and a registered entry point's value
         "kvfuzz.allocator.hybrid:hybrid_allocator",
         "kvfuzz.adapters.vllm_v1:kv_cache_manager_priority",  # the corpus's traces of engine libraries
+        "kvfuzz.zoo.combined:shallow_and_deep",  # a campaign's trace of the zoo's combined slips
         "no_such_registered_name",  # nothing is imported for a bare name: loading it fails
     ],
 )
