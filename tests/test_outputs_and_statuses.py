@@ -243,6 +243,18 @@ def generator_exit(spec):
 
 def skips(spec):
     pytest.skip("the factory called pytest.skip")
+
+
+BUILT = []
+
+
+def exits_on_its_third_build(spec):
+    from kvfuzz.allocator.paged import paged_allocator
+
+    BUILT.append(spec)
+    if len(BUILT) == 3:
+        sys.exit(0)
+    return paged_allocator(spec)
 """
 
 FACTORY_ESCAPES = {"exits": "SystemExit", "exits_with_3": "SystemExit: 3", "generator_exit": "GeneratorExit",
@@ -339,6 +351,15 @@ def test_the_plugin_reports_a_factory_that_exits_in_one_line(exiting: Path) -> N
         assert done.returncode == pytest.ExitCode.TESTS_FAILED, output
         assert f"--allocator 'exiting:{name}': the factory raised {FACTORY_ESCAPES[name]}" in output, output
         assert "Traceback" not in output and "1 failed" in output
+
+
+def test_a_factory_that_exits_on_a_later_build_is_a_crash_finding_not_the_run_s_exit(exiting: Path, capsys) -> None:
+    """Before: the first build is checked, but sys.exit(0) in a later one (a new example's allocator) ended
+    ``kvfuzz run`` with exit status 0 in the middle of its search."""
+    status = main(["run", "--allocator", "exiting:exits_on_its_third_build", "--corpus", str(exiting / "corpus")])
+    out, err = capsys.readouterr()
+    assert status == 1, out + err
+    assert "crash (SystemExit)" in out, out
 
 
 def test_generator_exit_from_an_operation_is_a_crash_finding_with_its_trace(tmp_path: Path, capsys) -> None:

@@ -130,10 +130,19 @@ class Target:
     safeguards: Safeguards = attrs.field(default=Safeguards(), eq=False)
 
     def start(self) -> Execution:
-        """A fresh allocator and engine, ready for a program's first call."""
+        """A fresh allocator and engine, ready for a program's first call. A factory that lets a ``BaseException``
+        out of a later build (the first one is checked before any run) is the allocator's crash, as an operation's
+        is (:func:`~kvfuzz.program.safeguards.escaped`): ``sys.exit`` there never ends kvfuzz with its status."""
         stats = self.stats
+        try:
+            allocator = self.factory(self.config.pool_spec())
+        except BaseException as raised:
+            error = escaped(raised)
+            if error is raised:
+                raise
+            raise error from raised
         engine = Engine(
-            self.factory(self.config.pool_spec()),
+            allocator,
             self.config,
             stats.operations if stats is not None else None,
             on_step=stats.occupancy.record if stats is not None else None,

@@ -51,7 +51,10 @@ def random_program(
 ) -> Optional[RandomFailure]:
     """Run one random program of ``length`` calls, each an operation of ``operations`` enabled at that point (the
     caller keeps one that is always enabled, such as ``admit``), then the teardown; the failure, if it fails."""
-    execution = target.start()
+    try:
+        execution = target.start()
+    except Exception as error:  # noqa: BLE001 -- the factory failed to build this program's allocator
+        return RandomFailure((), error)
     try:
         for _ in range(length):
             state = Snapshot(execution.engine.expected)

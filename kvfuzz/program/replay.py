@@ -46,7 +46,10 @@ def replay(
     ``skip_stranded`` such a call is skipped instead (a shrinker's candidate, where a deletion stranded it), and
     ``on_call`` sees only the calls made. ``failed_at`` indexes ``calls``, skipped calls included.
     """
-    execution = target.start()
+    try:
+        execution = target.start()
+    except (Exception, AllocatorHang) as error:  # noqa: BLE001 -- the factory failed before the first call
+        return ReplayOutcome(error, 0)
     try:
         for index, call in enumerate(calls):
             if rewrite is not None:
