@@ -150,6 +150,13 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--kvfuzz-duration={duration}: must be more than 0 seconds")
     if config.getoption("kvfuzz_allocator"):
         _require_torch("--kvfuzz-allocator", pytest.UsageError)
+        from kvfuzz.engine.config import MachineConfig
+
+        for spec in config.getoption("kvfuzz_allocator"):  # built once before any run, as kvfuzz run does
+            try:
+                probe_allocator(spec, load_factory(spec), MachineConfig().pool_spec())
+            except (AllocatorNotFound, AllocatorUnusable) as error:
+                raise pytest.UsageError(str(error)) from None
     database = config.getoption("kvfuzz_database")
     if database:
         _require_torch("--kvfuzz-database", pytest.UsageError)

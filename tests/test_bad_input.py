@@ -357,9 +357,9 @@ def test_the_plugin_refuses_zero_examples_or_steps_as_a_usage_error(option, tmp_
 
 def test_the_plugin_reports_an_unusable_factory_in_one_line(tmp_path):
     """Before: the probe in MachineItem called the factory bare, so its exception failed the item with a
-    traceback."""
+    traceback; then it failed the item (exit 1, a finding's status). Now it is pytest's usage error, before any run."""
     result = _pytest(tmp_path, "--kvfuzz-allocator=test_bad_input:raises")
     output = result.stdout + result.stderr
-    assert result.returncode == pytest.ExitCode.TESTS_FAILED, output
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, output
     assert "--allocator 'test_bad_input:raises': the factory raised RuntimeError" in output
     assert "Traceback" not in output and "site-packages" not in output
