@@ -46,6 +46,7 @@ from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory
 from kvfuzz.shrink.fixpoint import shrink as shrink_to_fixpoint
 from kvfuzz.shrink.signature import signature_of
+from kvfuzz.statemachines.draws import source_independent_draws
 from kvfuzz.statemachines.machine import machine_for
 from kvfuzz.threads import single_threaded_torch
 
@@ -358,6 +359,7 @@ def run(
                     with (
                         with_reporter(lambda value: report.append(str(value))),
                         cast(Any, collector).with_value(counted),
+                        source_independent_draws(),
                     ):
                         try:
                             test()
