@@ -263,7 +263,7 @@ def long_trace(calls_before: int) -> Trace:
             Call("step", {}),
             Call("free", {"seq": seq}),
         ]
-    return Trace(short.allocator, short.config, program + list(short.program), short.failure, short.inflight_window)
+    return Trace(short.allocator, short.config, program + list(short.program), short.failure, short.declared_window)
 
 
 def test_a_trace_over_the_limit_shows_the_window_and_says_so(
