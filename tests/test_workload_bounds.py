@@ -170,3 +170,17 @@ def test_long_commands_print_progress_on_standard_error_only(tmp_path: Path) -> 
     assert ablate.returncode in (0, 1), ablate.stderr
     rows = json.loads(ablate.stdout)
     assert f"serving baseline = {rows[0]['setting']} (1 of {len(rows)})" in ablate.stderr
+
+
+@pytest.mark.parametrize(
+    "command", [["replay-workload"], ["serve"], ["ablate"]], ids=["replay-workload", "serve", "ablate"]
+)
+def test_a_large_workload_file_is_announced_before_it_is_read(command: list[str], tmp_path: Path) -> None:
+    """Before: only replay-workload said it was reading a large file; serve and ablate read one in silence."""
+    source = ROOT / "workloads" / "constructed" / "shared-system-prompt.json"
+    large = tmp_path / "large.json"
+    large.write_text(source.read_text() + " " * 2**20)  # the same workload, over a MiB of file
+    done = kvfuzz(*command, str(large), "--json", cwd=tmp_path)
+    assert done.returncode in (0, 1), done.stderr
+    json.loads(done.stdout)  # standard output holds the JSON alone
+    assert f"kvfuzz: reading the workload {large} (1.0 MiB)" in done.stderr, done.stderr

@@ -15,6 +15,7 @@ from kvfuzz.commands.output_files import OutputNotWritten, written_atomically
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, load_factory, probe_allocator
 from kvfuzz.workload.constructed import GENERATORS, constructed
 from kvfuzz.workload.format import Workload, WorkloadError, load_workload
+from kvfuzz.workload.sources import announce_large
 
 if TYPE_CHECKING:
     from kvfuzz.engine.config import MachineConfig
@@ -51,21 +52,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=needs_torch(run_command))
 
 
-LARGE_FILE_BYTES = 2**20
-"""A workload file this large takes a noticeable time to read and check: a progress line says so."""
-
-
 def _workload(source: str) -> Workload:
     if source.startswith("constructed:"):
         try:
             return constructed(source.split(":", 1)[1])
         except KeyError as error:
             raise WorkloadError(str(error.args[0])) from error
-    path = Path(source)
-    size = path.stat().st_size if path.is_file() else 0
-    if size >= LARGE_FILE_BYTES:
-        progress(f"kvfuzz: reading the workload {source} ({size / 2**20:.1f} MiB)")
-    return load_workload(path)
+    announce_large(Path(source), progress)
+    return load_workload(Path(source))
 
 
 def _pools(args: argparse.Namespace) -> list[MachineConfig]:

@@ -138,7 +138,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         if args.pool_positions % args.block_size:
             raise ValueError(f"--pool-positions {args.pool_positions} is not a multiple of --block-size")
-        workload = workload_from(args.trace, args.step_seconds, args.requests)
+        workload = workload_from(args.trace, args.step_seconds, args.requests, progress)
         config = MachineConfig(args.block_size, args.pool_positions // args.block_size, 0, kernel=args.kernel)
         allocator = probe_allocator(args.allocator, load_factory(args.allocator), config.pool_spec())
         scheduler = _settings(args).scheduler(workload, allocator, config, args.allocator)
@@ -234,7 +234,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     from kvfuzz.workload.provenance import MixedEvidence
 
     try:
-        workload = workload_from(args.trace, args.step_seconds, args.requests)
+        workload = workload_from(args.trace, args.step_seconds, args.requests, progress)
         longest = max(len(request.prompt) + request.output_len for request in workload.requests)
         if args.reserve < longest:
             raise ValueError(f"--reserve {args.reserve} is shorter than the longest request ({longest} positions)")

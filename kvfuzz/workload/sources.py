@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Optional
 
 from kvfuzz.workload.arrivals import ArrivalShape, poisson
 from kvfuzz.workload.constructed import constructed
@@ -12,10 +13,26 @@ from kvfuzz.workload.importers import import_azure_csv
 
 SOURCES_HELP = "a kvfuzz-workload/1 JSON file, constructed:NAME, poisson:RATE[:SEED] or azure-csv:PATH"
 
+LARGE_FILE_BYTES = 2**20
+"""A workload file this large takes a noticeable time to read and check: a progress line says so first."""
 
-def workload_from(source: str, step_seconds: float = 0.05, requests: int = 60) -> Workload:
+
+def announce_large(path: Path, progress: Optional[Callable[[str], None]]) -> None:
+    """One progress line before a file of :data:`LARGE_FILE_BYTES` or more is read."""
+    size = path.stat().st_size if path.is_file() else 0
+    if progress is not None and size >= LARGE_FILE_BYTES:
+        progress(f"kvfuzz: reading the workload {path} ({size / 2**20:.1f} MiB)")
+
+
+def workload_from(
+    source: str,
+    step_seconds: float = 0.05,
+    requests: int = 60,
+    progress: Optional[Callable[[str], None]] = None,
+) -> Workload:
     """The workload ``source`` names (``step_seconds``: the step length an imported trace's times are divided by;
-    ``requests``: how many the Poisson process makes); raises WorkloadError."""
+    ``requests``: how many the Poisson process makes; ``progress``: told before a large file is read); raises
+    WorkloadError."""
     kind, _, rest = source.partition(":")
     if kind == "constructed":
         try:
@@ -30,5 +47,7 @@ def workload_from(source: str, step_seconds: float = 0.05, requests: int = 60) -
         except ValueError as error:
             raise WorkloadError(f"{source}: expected poisson:RATE[:SEED] with a rate > 0 ({error})") from None
     if kind == "azure-csv":
+        announce_large(Path(rest), progress)
         return import_azure_csv(Path(rest), step_seconds)
+    announce_large(Path(source), progress)
     return load_workload(Path(source))
