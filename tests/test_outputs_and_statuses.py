@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from factories import kvfuzz as run_kvfuzz
 
 from kvfuzz.cli import main
 
@@ -32,15 +33,9 @@ NO_COPY_ON_WRITE = ROOT / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c43
 
 
 def kvfuzz(*args: str, cwd: Path, **kwargs: object) -> subprocess.CompletedProcess:
-    """``kvfuzz ARGS`` in a child process in ``cwd``, with ``cwd`` and the repository importable."""
-    return subprocess.run(
-        [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT)])},
-        **kwargs,  # type: ignore[arg-type]
+    """``kvfuzz ARGS`` as :func:`factories.kvfuzz` runs it, with ``cwd`` and the repository importable."""
+    return run_kvfuzz(
+        *args, cwd=cwd, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT)])}, **kwargs
     )
 
 
