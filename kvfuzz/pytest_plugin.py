@@ -291,7 +291,7 @@ class MachineItem(_KvfuzzItem):
 
         from kvfuzz.engine.config import MachineConfig
         from kvfuzz.isolation import Died, RunRequest, Stopped, run_isolated
-        from kvfuzz.kernels import KernelUnavailable, make_kernel
+        from kvfuzz.kernels import KernelUnavailable, make_kernel, prepare_kernel
         from kvfuzz.profiles import PROFILES
         from kvfuzz.runner import run
         from kvfuzz.saved.corpus import save_trace, trace_of
@@ -303,9 +303,10 @@ class MachineItem(_KvfuzzItem):
             return
         config = MachineConfig(kernel=option("kvfuzz_kernel"))
         try:
+            prepare_kernel(config.kernel, config.shape)  # before the allocator's package, and so its engine, loads
             factory = load_factory(self.spec)
             probe = probe_allocator(self.spec, factory, config.pool_spec())  # never driven: checked before work
-            make_kernel(config.kernel, probe)
+            make_kernel(config.kernel, probe, config.shape)
         except (AllocatorNotFound, AllocatorUnusable, KernelUnavailable) as error:
             raise KvfuzzFailure(str(error)) from error
         profile = PROFILES[option("kvfuzz_profile")]

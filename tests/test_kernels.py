@@ -85,9 +85,9 @@ def test_each_kernel_states_its_tolerance() -> None:
 def test_unknown_kernels_and_an_allocator_without_attention_are_refused() -> None:
     allocator = paged_allocator(config("gather").pool_spec())
     with pytest.raises(KernelUnavailable, match="no attention kernel named 'triton'"):
-        make_kernel("triton", allocator)
+        make_kernel("triton", allocator, ModelShape())
     with pytest.raises(KernelUnavailable, match="does not provide its own attention"):
-        make_kernel("allocator", allocator)
+        make_kernel("allocator", allocator, ModelShape())
     with pytest.raises(ValueError):
         MachineConfig(kernel="triton")
 

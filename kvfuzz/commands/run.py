@@ -245,7 +245,7 @@ def run_command(args: argparse.Namespace) -> int:
     import attrs
 
     from kvfuzz.campaign.store import open_examples
-    from kvfuzz.kernels import make_kernel
+    from kvfuzz.kernels import make_kernel, prepare_kernel
     from kvfuzz.program.safeguards import deferred_interrupts
     from kvfuzz.runner import run
     from kvfuzz.saved.corpus import trace_of
@@ -255,9 +255,10 @@ def run_command(args: argparse.Namespace) -> int:
         if args.database is not None and args.seed is not None:
             raise ValueError("--seed and --database cannot be combined (Hypothesis ignores the database under a seed)")
         check_database(args.database)
+        prepare_kernel(config.kernel, config.shape)  # before the allocator's package, and so its engine, loads
         factory = load_factory(args.allocator)
         probe = probe_allocator(args.allocator, factory, config.pool_spec())  # never driven: checked before work
-        make_kernel(config.kernel, probe)
+        make_kernel(config.kernel, probe, config.shape)
     except (AllocatorNotFound, ValueError) as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2

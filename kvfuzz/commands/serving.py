@@ -132,6 +132,7 @@ def _refuse(error: Exception) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     from kvfuzz.engine.config import MachineConfig
+    from kvfuzz.kernels import make_kernel, prepare_kernel
     from kvfuzz.threads import single_threaded_torch
     from kvfuzz.workload.scheduler import ReplayError
 
@@ -140,7 +141,9 @@ def run_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--pool-positions {args.pool_positions} is not a multiple of --block-size")
         workload = workload_from(args.trace, args.step_seconds, args.requests, progress)
         config = MachineConfig(args.block_size, args.pool_positions // args.block_size, 0, kernel=args.kernel)
+        prepare_kernel(config.kernel, config.shape)  # before the allocator's package, and so its engine, loads
         allocator = probe_allocator(args.allocator, load_factory(args.allocator), config.pool_spec())
+        make_kernel(config.kernel, allocator, config.shape)  # a kernel that cannot run here: refused before work
         scheduler = _settings(args).scheduler(workload, allocator, config, args.allocator)
     except (WorkloadError, AllocatorNotFound, ReplayError, ValueError) as error:
         return _refuse(error)

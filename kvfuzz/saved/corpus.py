@@ -18,7 +18,7 @@ import attrs
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.violations import InvariantViolation
-from kvfuzz.kernels import KernelUnavailable, make_kernel
+from kvfuzz.kernels import KernelUnavailable, make_kernel, prepare_kernel
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.failures import failure_kind
@@ -178,9 +178,10 @@ def replay_trace(
     spec = allocator or trace.allocator
     if str(trace.failure.get("title")).startswith(PROCESS_DIED):
         return _replay_in_child(trace, spec, call_timeout)
+    prepare_kernel(trace.config.kernel, trace.config.shape)  # before the allocator's package, and its engine, loads
     factory = load_factory(spec)
     try:
-        make_kernel(trace.config.kernel, factory(trace.config.pool_spec()))
+        make_kernel(trace.config.kernel, factory(trace.config.pool_spec()), trace.config.shape)
     except KernelUnavailable as error:
         raise NotApplicable(f"the trace ran the {trace.config.kernel!r} attention kernel: {error}") from error
     tries = trace.flaky[1] if trace.flaky is not None else 1

@@ -20,7 +20,7 @@ class AttentionCheck(Checker):
     @functools.cached_property
     def kernel(self) -> AttentionKernel:
         """The attention kernel the machine's config names (made once per engine)."""
-        return make_kernel(self.kernel_name, self.allocator)
+        return make_kernel(self.kernel_name, self.allocator, self.pools.shape)
 
     def check(self) -> None:
         """Invariant 2: attention through the block tables, by the configured kernel, equals attention over the
