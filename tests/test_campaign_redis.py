@@ -110,3 +110,174 @@ def test_an_unreachable_redis_is_refused_before_any_work(tmp_path: Path) -> None
     assert done.stdout == ""
     assert len(done.stderr.splitlines()) == 1 and "cannot reach Redis" in done.stderr
     assert not (tmp_path / ".kvfuzz").exists()
+
+
+# -- findings stored in Redis, and kvfuzz findings ---------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS_TRACE = next((ROOT / "corpus").glob("nocopyonwrite-exclusive-writes-*.json"))
+"""A zoo trace of this repository (4 calls): the program the in-process tests store."""
+
+
+def _stored_trace(calls: int | None = None) -> tuple[str, dict]:
+    """(the signature key, a finding record) for the corpus trace, its program cut to ``calls`` or repeated."""
+    import attrs
+
+    from kvfuzz.campaign.cluster import finding_record
+    from kvfuzz.saved.trace import load
+    from kvfuzz.shrink.signature import Signature
+
+    trace = load(CORPUS_TRACE)
+    if calls is not None:
+        program = (list(trace.program) * (calls // len(trace.program) + 1))[:calls]
+        trace = attrs.evolve(trace, program=program)
+    signature = Signature(trace.allocator, "invariant 5 (exclusive writes)", "grow")
+    return signature.key(), finding_record(trace, signature, 7, 1234, None)
+
+
+def test_a_finding_is_stored_once_and_replaced_only_by_a_strictly_shorter_program(redis_url: str) -> None:
+    import redis
+
+    from kvfuzz.campaign.cluster import REDIS_FINDINGS, ClusterFindings
+
+    cluster = ClusterFindings(redis_url)
+    key, four = _stored_trace(4)
+    assert cluster.store(key, four) == "stored"
+    assert cluster.store(key, dict(four, machine="another")) == "kept"  # as long: the first stays
+    assert cluster.store(key, _stored_trace(8)[1]) == "kept"
+    assert json.loads(redis.Redis.from_url(redis_url).hget(REDIS_FINDINGS, key))["machine"] == four["machine"]
+    assert cluster.store(key, _stored_trace(2)[1]) == "replaced"
+    assert json.loads(redis.Redis.from_url(redis_url).hget(REDIS_FINDINGS, key))["length"] == 2
+    assert cluster.keys() == [key]
+    # A record that cannot be read counts as none: the next finding replaces it.
+    redis.Redis.from_url(redis_url).hset(REDIS_FINDINGS, key, b"{not json")
+    assert cluster.store(key, four) == "replaced"
+
+
+def _race(redis_url: str, key: str, lengths: list[int]) -> tuple[dict[int, str], dict]:
+    """Clients, one per length, store a record of that many calls under ``key`` at the same moment (each its own
+    connection, as machines would): each one's outcome (by its index, the record's pid), and the record left."""
+    import threading
+
+    import redis
+
+    from kvfuzz.campaign.cluster import REDIS_FINDINGS, ClusterFindings
+
+    redis.Redis.from_url(redis_url).delete(REDIS_FINDINGS)
+    barrier = threading.Barrier(len(lengths))
+    outcomes: dict[int, str] = {}
+
+    def store(worker: int, length: int) -> None:
+        cluster = ClusterFindings(redis_url)
+        cluster.client.ping()  # connected before the barrier: the stores race, not the connections
+        mine = dict(_stored_trace(length)[1], pid=worker)
+        barrier.wait()
+        outcomes[worker] = cluster.store(key, mine)
+
+    threads = [threading.Thread(target=store, args=pair) for pair in enumerate(lengths)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes, json.loads(redis.Redis.from_url(redis_url).hget(REDIS_FINDINGS, key))
+
+
+def test_machines_racing_to_store_one_finding_store_it_once(redis_url: str) -> None:
+    """Eight clients store the same signature at the same moment: one record stands, the shortest program's, and
+    only one of the equally long ones was stored."""
+    key = _stored_trace()[0]
+    outcomes, final = _race(redis_url, key, [4] * 8)
+    assert sorted(outcomes.values()) == ["kept"] * 7 + ["stored"]
+    assert outcomes[final["pid"]] == "stored"
+    lengths = [9, 5, 7, 3, 8, 6, 4, 3]
+    outcomes, final = _race(redis_url, key, lengths)
+    assert final["length"] == 3 and lengths[final["pid"]] == 3
+    assert outcomes[final["pid"]] in ("stored", "replaced")
+    assert list(outcomes.values()).count("stored") == 1, outcomes
+
+
+def _findings(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from kvfuzz.cli import main
+
+    status = main(["findings", *args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.mark.parametrize(
+    "database, says",
+    [
+        ("redis://127.0.0.1/0", "expected redis://HOST:PORT/N"),
+        ("redis://127.0.0.1:port/0", "the port is not a number"),
+        ("a-directory", "kvfuzz findings reads the Redis campaigns shared"),
+        ("unreachable", "cannot reach Redis"),
+    ],
+)
+def test_findings_refuses_a_database_it_cannot_read_with_one_line(
+    database: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if database == "unreachable":
+        database = f"redis://127.0.0.1:{_free_port()}/0"
+    status, out, err = _findings("--database", database, "-o", str(tmp_path / "out"), capsys=capsys)
+    assert (status, out) == (2, "")
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_findings_refuses_an_unknown_key_and_an_output_that_is_a_file_before_writing(
+    redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvfuzz.campaign.cluster import ClusterFindings
+
+    key, record = _stored_trace()
+    ClusterFindings(redis_url).store(key, record)
+    out_dir = tmp_path / "out"
+    status, out, err = _findings("--database", redis_url, key, "0000feed", "-o", str(out_dir), capsys=capsys)
+    assert (status, out) == (2, "")
+    assert err.splitlines() == [
+        f"kvfuzz: no finding 0000feed in {redis_url} (kvfuzz findings --database {redis_url} lists them)"
+    ]
+    assert not out_dir.exists()  # the known key was not written either
+    (tmp_path / "file").write_text("")
+    status, out, err = _findings("--database", redis_url, "-o", str(tmp_path / "file"), capsys=capsys)
+    assert (status, out, err) == (2, "", f"kvfuzz: -o {tmp_path / 'file'}: not a directory\n")
+    # A prefix naming one key alone selects it, and writes a trace equal to the one stored.
+    status, out, err = _findings("--database", redis_url, key[:6], "-o", str(out_dir), capsys=capsys)
+    assert (status, err) == (0, "")
+    from kvfuzz.saved.trace import load
+
+    (written,) = out_dir.glob("*.json")
+    assert load(written).digest() == load(CORPUS_TRACE).digest()
+    assert f"{key}  invariant 5 (exclusive writes) in grow  zoo:NoCopyOnWrite  4" in out
+
+
+def test_a_stored_record_is_untrusted_input(redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A record someone else wrote into the server: checked as a trace file is, each bad one a line, never
+    written; the good ones still listed and written; exit status 2."""
+    import redis
+
+    from kvfuzz.campaign.cluster import REDIS_FINDINGS, ClusterFindings
+    from kvfuzz.shrink.signature import Signature
+
+    key, record = _stored_trace()
+    ClusterFindings(redis_url).store(key, record)
+    bad_rule = json.loads(json.dumps(record))
+    bad_rule["trace"]["program"][0]["rule"] = "frobnicate"
+    valid = _stored_trace()[1]
+    client = redis.Redis.from_url(redis_url)
+    client.hset(REDIS_FINDINGS, "aaaa000000000001", json.dumps(dict(bad_rule, signature=dict(record["signature"]))))
+    client.hset(
+        REDIS_FINDINGS, "aaaa000000000002", json.dumps(valid)
+    )  # a valid record, under a key that is not its signature's
+    client.hset(REDIS_FINDINGS, "aaaa000000000003", b"\x80 not utf-8")
+    decode = dict(record["signature"], operation="decode")  # a signature of its own, its key the right one
+    evil = dict(record, signature=decode, machine="evil\x1b[2J")
+    client.hset(REDIS_FINDINGS, Signature(**decode).key(), json.dumps(evil))
+    status, out, err = _findings("--database", redis_url, "-o", str(tmp_path / "out"), capsys=capsys)
+    assert status == 2
+    lines = err.splitlines()
+    assert len(lines) == 4, err
+    for says in ('"frobnicate" is not an operation', "not the one its key names", "not UTF-8", "machine: expected"):
+        assert len([line for line in lines if says in line]) == 1, (says, err)
+    assert [path.name for path in (tmp_path / "out").glob("*.json")] == [CORPUS_TRACE.name]
+    assert "1 finding in" in out and "aaaa" not in out and "evil" not in out
