@@ -9,6 +9,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -249,6 +250,9 @@ def test_findings_refuses_an_unknown_key_and_an_output_that_is_a_file_before_wri
     (written,) = out_dir.glob("*.json")
     assert load(written).digest() == load(CORPUS_TRACE).digest()
     assert f"{key}  invariant 5 (exclusive writes) in grow  zoo:NoCopyOnWrite  4" in out
+    status, out, err = _findings("--database", redis_url, "--json", capsys=capsys)
+    (entry,) = json.loads(out)["findings"]
+    assert (status, entry["key"], entry["length"], entry["seed"], entry["worker_seed"]) == (0, key, 4, 7, 1234)
 
 
 def test_a_stored_record_is_untrusted_input(redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -281,3 +285,60 @@ def test_a_stored_record_is_untrusted_input(redis_url: str, tmp_path: Path, caps
         assert len([line for line in lines if says in line]) == 1, (says, err)
     assert [path.name for path in (tmp_path / "out").glob("*.json")] == [CORPUS_TRACE.name]
     assert "1 finding in" in out and "aaaa" not in out and "evil" not in out
+
+
+@pytest.mark.slow
+def test_two_machines_fetch_and_replay_each_others_findings(tmp_path: Path, redis_url: str) -> None:
+    """Two campaigns at once, as two machines would run them: their own corpora and seeds, one Redis. Each stops at
+    its first new finding; a signature the other claimed first is only counted, so their findings differ. Each then
+    lists both with ``kvfuzz findings``, writes the other's trace and replays it: the failure reproduces."""
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this tree's kvfuzz, whatever is installed
+    (tmp_path / "no-known").mkdir()
+    machines = {"a": "11", "b": "12"}
+    campaigns = {
+        name: subprocess.Popen(
+            [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", "campaign", "--json"]
+            + ["--allocator", "zoo:NoCopyOnWrite", "--database", redis_url, "--corpus", f"corpus-{name}"]
+            + ["--known", "no-known", "--workers", "1", "--seed", seed, "--stop-after", "1", "--duration", "120"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, seed in machines.items()
+    }
+    results = {}
+    for name, process in campaigns.items():
+        out, err = process.communicate(timeout=280)
+        assert process.returncode == 1, err  # a new failure found
+        (failure,) = json.loads(out)["failures"]
+        assert failure["trace"].startswith(f"corpus-{name}/"), failure
+        results[name] = failure
+    keys = {name: _key(failure["signature"]) for name, failure in results.items()}
+    assert keys["a"] != keys["b"]  # one claim per signature across both machines
+    for name, other in (("a", "b"), ("b", "a")):
+        listed = kvfuzz("findings", "--database", redis_url, "--json", cwd=tmp_path, env=env)
+        assert listed.returncode == 0, listed.stderr
+        findings = {entry["key"]: entry for entry in json.loads(listed.stdout)["findings"]}
+        assert set(findings) == set(keys.values())  # every machine's findings, from either machine
+        theirs = findings[keys[other]]
+        assert theirs["seed"] == int(machines[other]) and theirs["trace_file"] == results[other]["trace"]
+        assert theirs["length"] == results[other]["shrunk_length"] and theirs["machine"] == socket.gethostname()
+        fetched = kvfuzz(
+            "findings", "--database", redis_url, keys[other], "-o", f"fetched-{name}", cwd=tmp_path, env=env
+        )
+        assert fetched.returncode == 0, fetched.stderr
+        (path,) = (tmp_path / f"fetched-{name}").glob("*.json")
+        assert path.read_text() == (tmp_path / results[other]["trace"]).read_text()  # the finder's trace, as saved
+        replayed = kvfuzz("replay", str(path), cwd=tmp_path, env=env)
+        assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+        assert "REPRODUCED" in replayed.stdout, replayed.stdout
+
+
+def _key(signature: dict) -> str:
+    from kvfuzz.shrink.signature import Signature
+
+    return Signature(**signature).key()

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import needs_torch
 
 
@@ -86,10 +87,7 @@ def run_command(args: argparse.Namespace) -> int:
                 return 2
             files[finding.key] = str(path)
     if args.json:
-        import json
-
-        entries = [_entry(finding, files.get(finding.key)) for finding in findings]
-        print(json.dumps({"database": url, "findings": entries}, indent=2))
+        emit_json({"database": url, "findings": [_entry(finding, files.get(finding.key)) for finding in findings]})
     else:
         _table(findings, files, url)
     return status
