@@ -174,7 +174,7 @@ class StoredFinding:
     signature: Signature  # what makes it one finding
     trace: Trace  # the shrunk trace, validated as a trace file is
     machine: str  # the hostname of the machine that found it
-    pid: int  # the campaign process there that stored it
+    pid: int  # the process there that stored it: the finding worker (the campaign, for a dead worker's program)
     time: str  # when it was stored, UTC, ISO 8601
     seed: Optional[int]  # the finding campaign's --seed
     worker_seed: Optional[int]  # the finding worker's own seed stream
