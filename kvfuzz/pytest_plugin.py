@@ -160,7 +160,7 @@ def pytest_configure(config: pytest.Config) -> None:
     database = config.getoption("kvfuzz_database")
     if database:
         _require_torch("--kvfuzz-database", pytest.UsageError)
-        from kvfuzz.campaign.store import check_redis_url, is_redis
+        from kvfuzz.campaign.cluster import check_redis_url, is_redis
 
         if is_redis(database):
             if config.getoption("kvfuzz_profile") != "nightly":

@@ -9,6 +9,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -110,3 +111,234 @@ def test_an_unreachable_redis_is_refused_before_any_work(tmp_path: Path) -> None
     assert done.stdout == ""
     assert len(done.stderr.splitlines()) == 1 and "cannot reach Redis" in done.stderr
     assert not (tmp_path / ".kvfuzz").exists()
+
+
+# -- findings stored in Redis, and kvfuzz findings ---------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS_TRACE = next((ROOT / "corpus").glob("nocopyonwrite-exclusive-writes-*.json"))
+"""A zoo trace of this repository (4 calls): the program the in-process tests store."""
+
+
+def _stored_trace(calls: int | None = None) -> tuple[str, dict]:
+    """(the signature key, a finding record) for the corpus trace, its program cut to ``calls`` or repeated."""
+    import attrs
+
+    from kvfuzz.campaign.cluster import finding_record
+    from kvfuzz.saved.trace import load
+    from kvfuzz.shrink.signature import Signature
+
+    trace = load(CORPUS_TRACE)
+    if calls is not None:
+        program = (list(trace.program) * (calls // len(trace.program) + 1))[:calls]
+        trace = attrs.evolve(trace, program=program)
+    signature = Signature(trace.allocator, "invariant 5 (exclusive writes)", "grow")
+    return signature.key(), finding_record(trace, signature, 7, 1234, None)
+
+
+def test_a_finding_is_stored_once_and_replaced_only_by_a_strictly_shorter_program(redis_url: str) -> None:
+    import redis
+
+    from kvfuzz.campaign.cluster import REDIS_FINDINGS, ClusterFindings
+
+    cluster = ClusterFindings(redis_url)
+    key, four = _stored_trace(4)
+    assert cluster.store(key, four) == "stored"
+    assert cluster.store(key, dict(four, machine="another")) == "kept"  # as long: the first stays
+    assert cluster.store(key, _stored_trace(8)[1]) == "kept"
+    assert json.loads(redis.Redis.from_url(redis_url).hget(REDIS_FINDINGS, key))["machine"] == four["machine"]
+    assert cluster.store(key, _stored_trace(2)[1]) == "replaced"
+    assert json.loads(redis.Redis.from_url(redis_url).hget(REDIS_FINDINGS, key))["length"] == 2
+    assert cluster.keys() == [key]
+    # A record that cannot be read counts as none: the next finding replaces it.
+    redis.Redis.from_url(redis_url).hset(REDIS_FINDINGS, key, b"{not json")
+    assert cluster.store(key, four) == "replaced"
+
+
+def _race(redis_url: str, key: str, lengths: list[int]) -> tuple[dict[int, str], dict]:
+    """Clients, one per length, store a record of that many calls under ``key`` at the same moment (each its own
+    connection, as machines would): each one's outcome (by its index, the record's pid), and the record left."""
+    import threading
+
+    import redis
+
+    from kvfuzz.campaign.cluster import REDIS_FINDINGS, ClusterFindings
+
+    redis.Redis.from_url(redis_url).delete(REDIS_FINDINGS)
+    barrier = threading.Barrier(len(lengths))
+    outcomes: dict[int, str] = {}
+
+    def store(worker: int, length: int) -> None:
+        cluster = ClusterFindings(redis_url)
+        cluster.client.ping()  # connected before the barrier: the stores race, not the connections
+        mine = dict(_stored_trace(length)[1], pid=worker)
+        barrier.wait()
+        outcomes[worker] = cluster.store(key, mine)
+
+    threads = [threading.Thread(target=store, args=pair) for pair in enumerate(lengths)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes, json.loads(redis.Redis.from_url(redis_url).hget(REDIS_FINDINGS, key))
+
+
+def test_machines_racing_to_store_one_finding_store_it_once(redis_url: str) -> None:
+    """Eight clients store the same signature at the same moment: one record stands, the shortest program's, and
+    only one of the equally long ones was stored."""
+    key = _stored_trace()[0]
+    outcomes, final = _race(redis_url, key, [4] * 8)
+    assert sorted(outcomes.values()) == ["kept"] * 7 + ["stored"]
+    assert outcomes[final["pid"]] == "stored"
+    lengths = [9, 5, 7, 3, 8, 6, 4, 3]
+    outcomes, final = _race(redis_url, key, lengths)
+    assert final["length"] == 3 and lengths[final["pid"]] == 3
+    assert outcomes[final["pid"]] in ("stored", "replaced")
+    assert list(outcomes.values()).count("stored") == 1, outcomes
+
+
+def _findings(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from kvfuzz.cli import main
+
+    status = main(["findings", *args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.mark.parametrize(
+    "database, says",
+    [
+        ("redis://127.0.0.1/0", "expected redis://HOST:PORT/N"),
+        ("redis://127.0.0.1:port/0", "the port is not a number"),
+        ("a-directory", "kvfuzz findings reads the Redis campaigns shared"),
+        ("unreachable", "cannot reach Redis"),
+    ],
+)
+def test_findings_refuses_a_database_it_cannot_read_with_one_line(
+    database: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if database == "unreachable":
+        database = f"redis://127.0.0.1:{_free_port()}/0"
+    status, out, err = _findings("--database", database, "-o", str(tmp_path / "out"), capsys=capsys)
+    assert (status, out) == (2, "")
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_findings_refuses_an_unknown_key_and_an_output_that_is_a_file_before_writing(
+    redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvfuzz.campaign.cluster import ClusterFindings
+
+    key, record = _stored_trace()
+    ClusterFindings(redis_url).store(key, record)
+    out_dir = tmp_path / "out"
+    status, out, err = _findings("--database", redis_url, key, "0000feed", "-o", str(out_dir), capsys=capsys)
+    assert (status, out) == (2, "")
+    assert err.splitlines() == [
+        f"kvfuzz: no finding 0000feed in {redis_url} (kvfuzz findings --database {redis_url} lists them)"
+    ]
+    assert not out_dir.exists()  # the known key was not written either
+    (tmp_path / "file").write_text("")
+    status, out, err = _findings("--database", redis_url, "-o", str(tmp_path / "file"), capsys=capsys)
+    assert (status, out, err) == (2, "", f"kvfuzz: -o {tmp_path / 'file'}: not a directory\n")
+    # A prefix naming one key alone selects it, and writes a trace equal to the one stored.
+    status, out, err = _findings("--database", redis_url, key[:6], "-o", str(out_dir), capsys=capsys)
+    assert (status, err) == (0, "")
+    from kvfuzz.saved.trace import load
+
+    (written,) = out_dir.glob("*.json")
+    assert load(written).digest() == load(CORPUS_TRACE).digest()
+    assert f"{key}  invariant 5 (exclusive writes) in grow  zoo:NoCopyOnWrite  4" in out
+    status, out, err = _findings("--database", redis_url, "--json", capsys=capsys)
+    (entry,) = json.loads(out)["findings"]
+    assert (status, entry["key"], entry["length"], entry["seed"], entry["worker_seed"]) == (0, key, 4, 7, 1234)
+
+
+def test_a_stored_record_is_untrusted_input(redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A record someone else wrote into the server: checked as a trace file is, each bad one a line, never
+    written; the good ones still listed and written; exit status 2."""
+    import redis
+
+    from kvfuzz.campaign.cluster import REDIS_FINDINGS, ClusterFindings
+    from kvfuzz.shrink.signature import Signature
+
+    key, record = _stored_trace()
+    ClusterFindings(redis_url).store(key, record)
+    bad_rule = json.loads(json.dumps(record))
+    bad_rule["trace"]["program"][0]["rule"] = "frobnicate"
+    valid = _stored_trace()[1]
+    client = redis.Redis.from_url(redis_url)
+    client.hset(REDIS_FINDINGS, "aaaa000000000001", json.dumps(dict(bad_rule, signature=dict(record["signature"]))))
+    client.hset(
+        REDIS_FINDINGS, "aaaa000000000002", json.dumps(valid)
+    )  # a valid record, under a key that is not its signature's
+    client.hset(REDIS_FINDINGS, "aaaa000000000003", b"\x80 not utf-8")
+    decode = dict(record["signature"], operation="decode")  # a signature of its own, its key the right one
+    evil = dict(record, signature=decode, machine="evil\x1b[2J")
+    client.hset(REDIS_FINDINGS, Signature(**decode).key(), json.dumps(evil))
+    status, out, err = _findings("--database", redis_url, "-o", str(tmp_path / "out"), capsys=capsys)
+    assert status == 2
+    lines = err.splitlines()
+    assert len(lines) == 4, err
+    for says in ('"frobnicate" is not an operation', "not the one its key names", "not UTF-8", "machine: expected"):
+        assert len([line for line in lines if says in line]) == 1, (says, err)
+    assert [path.name for path in (tmp_path / "out").glob("*.json")] == [CORPUS_TRACE.name]
+    assert "1 finding in" in out and "aaaa" not in out and "evil" not in out
+
+
+@pytest.mark.slow
+def test_two_machines_fetch_and_replay_each_others_findings(tmp_path: Path, redis_url: str) -> None:
+    """Two campaigns at once, as two machines would run them: their own corpora and seeds, one Redis. Each stops at
+    its first new finding; a signature the other claimed first is only counted, so their findings differ. Each then
+    lists both with ``kvfuzz findings``, writes the other's trace and replays it: the failure reproduces."""
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this tree's kvfuzz, whatever is installed
+    (tmp_path / "no-known").mkdir()
+    machines = {"a": "11", "b": "12"}
+    campaigns = {
+        name: subprocess.Popen(
+            [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", "campaign", "--json"]
+            + ["--allocator", "zoo:NoCopyOnWrite", "--database", redis_url, "--corpus", f"corpus-{name}"]
+            + ["--known", "no-known", "--workers", "1", "--seed", seed, "--stop-after", "1", "--duration", "120"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, seed in machines.items()
+    }
+    results = {}
+    for name, process in campaigns.items():
+        out, err = process.communicate(timeout=280)
+        assert process.returncode == 1, err  # a new failure found
+        (failure,) = json.loads(out)["failures"]
+        assert failure["trace"].startswith(f"corpus-{name}/"), failure
+        results[name] = failure
+    keys = {name: _key(failure["signature"]) for name, failure in results.items()}
+    assert keys["a"] != keys["b"]  # one claim per signature across both machines
+    for name, other in (("a", "b"), ("b", "a")):
+        listed = kvfuzz("findings", "--database", redis_url, "--json", cwd=tmp_path, env=env)
+        assert listed.returncode == 0, listed.stderr
+        findings = {entry["key"]: entry for entry in json.loads(listed.stdout)["findings"]}
+        assert set(findings) == set(keys.values())  # every machine's findings, from either machine
+        theirs = findings[keys[other]]
+        assert theirs["seed"] == int(machines[other]) and theirs["trace_file"] == results[other]["trace"]
+        assert theirs["length"] == results[other]["shrunk_length"] and theirs["machine"] == socket.gethostname()
+        fetched = kvfuzz(
+            "findings", "--database", redis_url, keys[other], "-o", f"fetched-{name}", cwd=tmp_path, env=env
+        )
+        assert fetched.returncode == 0, fetched.stderr
+        (path,) = (tmp_path / f"fetched-{name}").glob("*.json")
+        assert path.read_text() == (tmp_path / results[other]["trace"]).read_text()  # the finder's trace, as saved
+        replayed = kvfuzz("replay", str(path), cwd=tmp_path, env=env)
+        assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+        assert "REPRODUCED" in replayed.stdout, replayed.stdout
+
+
+def _key(signature: dict) -> str:
+    from kvfuzz.shrink.signature import Signature
+
+    return Signature(**signature).key()

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 
+from kvfuzz.campaign.cluster import ClusterFindings, finding_record, is_redis
 from kvfuzz.campaign.known import known_signatures
 from kvfuzz.campaign.lock import CorpusLock
 from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
@@ -129,6 +130,8 @@ class Campaign:
         self.lock.acquire()
         self.claims = Path(tempfile.mkdtemp(prefix="claims-", dir=self._state_dir()))
         self.store = open_store(options.database, self.claims)
+        # with Redis: where a dead worker's finding is stored for every machine, as the workers store theirs
+        self.cluster = ClusterFindings(options.database) if is_redis(options.database) else None
         self.known: dict[str, str] = {}
         self.recovered: dict[int, str] = {}  # pid -> trace its journal became, until that death is handled
 
@@ -231,6 +234,7 @@ class Campaign:
             options.hypothesis_every,
             self.claims,
             os.getpid(),
+            options.seed,
         )
         process = self.context.Process(
             target=worker_main, args=(plan, self.queue, self.stop, self.halt, self.budget), daemon=True
@@ -270,7 +274,7 @@ class Campaign:
         # Another worker's death may have recovered this one's journal first (two deaths between two checks).
         trace_path = self.recovered.pop(pid, None)
         if trace_path is not None:
-            key = self._death_finding(Path(trace_path), how)
+            key = self._death_finding(Path(trace_path), how, worker_seed(self.options.seed, number, slot.incarnation))
             finding = self.tally.findings.get(key) if key is not None else None
             if finding is not None and finding.trace is not None:
                 trace_path = finding.trace  # the same death saved once: this worker's copy was dropped
@@ -279,7 +283,9 @@ class Campaign:
         if not self.stop.is_set():
             self._start(number, slot.incarnation + 1)
 
-    def _death_finding(self, path: Path, how: str) -> Optional[str]:
+    def _death_finding(self, path: Path, how: str, seed: int) -> Optional[str]:
+        """The trace a dead worker's journal became, as a finding (``seed``: that worker's seed stream): counted when
+        its signature is known or claimed elsewhere, else claimed, kept, and stored in Redis when there is one."""
         try:
             trace = load(path)
         except TraceError:
@@ -297,6 +303,12 @@ class Campaign:
         if prior is not None:
             self._seen(signature.to_json(), key, f"found earlier by {prior.get('found_by', 'another campaign')}")
             return key
+        note = f"a worker {how}: not shrunk (every replay kills the process); kvfuzz replay runs it in a child"
+        if self.cluster is not None:
+            try:
+                self.cluster.store(key, finding_record(trace, signature, self.options.seed, seed, str(path)))
+            except Exception as error:  # noqa: BLE001 -- the server went away: the local trace still stands
+                note += f"; not stored in Redis ({' '.join(str(error).split())})"
         self.tally.findings[key] = Finding(
             signature.to_json(),
             self._text(signature.to_json()),
@@ -307,7 +319,7 @@ class Campaign:
             program_length=len(trace.program),
             shrunk_length=len(trace.program),
             trace=str(path),
-            note=f"a worker {how}: not shrunk (every replay kills the process); kvfuzz replay runs it in a child",
+            note=note,
             explanation=str(trace.failure.get("explanation", "")),
         )
         self.tally.order.append(key)

@@ -29,6 +29,7 @@ import attrs
 from hypothesis.database import ExampleDatabase
 
 from kvfuzz.allocator.types import PoolSpec
+from kvfuzz.campaign.cluster import ClusterFindings, finding_record, is_redis
 from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
 from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
 from kvfuzz.campaign.swarm import Limits, SwarmConfig, draw_swarm
@@ -94,6 +95,7 @@ class WorkerPlan:
     hypothesis_every: int = HYPOTHESIS_EVERY  # 0: no Hypothesis rounds
     claims: Optional[Path] = None  # without Redis: the campaign's directory of signature claims
     supervisor: Optional[int] = None  # the campaign's pid: the worker ends soon after it is gone; None: never
+    campaign_seed: Optional[int] = None  # the campaign's --seed, recorded with each finding stored in Redis
 
 
 class _Reporter:
@@ -172,6 +174,8 @@ class _Worker:
         self.factories: dict[str, AllocatorFactory] = {spec: load_factory(spec) for spec in plan.allocators}
         self.limits = dict(zip(plan.allocators, plan.limits))
         self.store: SignatureStore = open_store(plan.database, plan.claims or plan.state / "claims")
+        # with Redis: where each saved finding's trace is stored for every machine (kvfuzz findings)
+        self.cluster = ClusterFindings(plan.database) if is_redis(plan.database) else None
         self.examples_db: Optional[ExampleDatabase] = None  # opened on the first Hypothesis round
         self.stats = RunStats(on_step=reporter.on_step)
         self.built: dict[tuple[str, PoolSpec], bool] = {}  # whether each factory builds each pool drawn so far
@@ -362,6 +366,13 @@ class _Worker:
             saved, unsaved = str(path), None
         except OSError:
             saved, unsaved = None, trace.to_json()
+        if self.cluster is not None:
+            record = finding_record(trace, signature, self.plan.campaign_seed, self.plan.seed, saved)
+            try:
+                self.cluster.store(signature.key(), record)
+            except Exception as error:  # noqa: BLE001 -- the server went away: the local trace still stands
+                problem = f"not stored in Redis ({' '.join(str(error).split())})"
+                note = f"{note}; {problem}" if note else problem
         self.reporter.send(
             Saved(
                 self.plan.slot,

@@ -112,7 +112,7 @@ RUN_EXAMPLES = 100
 def check_database(database: Optional[str]) -> None:
     """``--database`` as every command takes it: ``redis://HOST:PORT/N`` (a server that answers), or a directory (that
     may not exist yet); ``ValueError`` (one line) for another URL, a file, or a Redis that cannot be used."""
-    from kvfuzz.campaign.store import check_redis_url, is_redis
+    from kvfuzz.campaign.cluster import check_redis_url, is_redis
 
     if database is None:
         return

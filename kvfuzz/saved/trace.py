@@ -256,27 +256,34 @@ def _read_json(path: Path) -> Any:
             raw = handle.read(MAX_FILE_BYTES + 1)
     except OSError as error:
         raise TraceError(f"{path}: cannot read: {error.strerror or error}") from None
+    return parse_json(raw, str(path))
+
+
+def parse_json(raw: bytes, source: str) -> Any:
+    """The JSON value of ``raw``, bytes from anywhere (a file, a Redis record), checked as a trace file's bytes are:
+    at most 16 MiB of UTF-8 JSON, without NaN or Infinity, repeated fields or too deep a nesting. Raises
+    :class:`TraceError`, one line starting with ``source``."""
     if len(raw) > MAX_FILE_BYTES:
-        raise TraceError(f"{path}: over 16 MiB, more than any trace kvfuzz writes")
+        raise TraceError(f"{source}: over 16 MiB, more than any trace kvfuzz writes")
     if not raw.strip():
-        raise TraceError(f"{path}: empty file, not a kvfuzz trace")
+        raise TraceError(f"{source}: empty, not a kvfuzz trace")
     encoding = text_encoding(raw)
     if encoding is None:
         bad = utf8_error(raw)
         offset = bad.start if bad is not None else 0
         raise TraceError(
-            f"{path}: not UTF-8 text (byte 0x{raw[offset]:02x} at offset {offset}); a kvfuzz trace is UTF-8 JSON"
+            f"{source}: not UTF-8 text (byte 0x{raw[offset]:02x} at offset {offset}); a kvfuzz trace is UTF-8 JSON"
         )
     if encoding != "UTF-8":
-        raise TraceError(f"{path}: {encoding} text; a kvfuzz trace is UTF-8 JSON (re-save the file as UTF-8)")
+        raise TraceError(f"{source}: {encoding} text; a kvfuzz trace is UTF-8 JSON (re-save the file as UTF-8)")
     try:
         return json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
     except RecursionError:
-        raise TraceError(f"{path}: not a kvfuzz trace: its JSON is nested too deeply") from None
+        raise TraceError(f"{source}: not a kvfuzz trace: its JSON is nested too deeply") from None
     except _Invalid as error:
-        raise TraceError(f"{path}: not valid JSON: {error}") from None
+        raise TraceError(f"{source}: not valid JSON: {error}") from None
     except ValueError as error:  # json.JSONDecodeError, or an integer of more digits than Python converts
-        raise TraceError(f"{path}: not valid JSON: {_one_line(str(error))}") from None
+        raise TraceError(f"{source}: not valid JSON: {_one_line(str(error))}") from None
 
 
 def _no_constant(name: str) -> Any:
