@@ -1,6 +1,7 @@
 """Attention kernels for invariant 2, by name: ``gather`` (the reference's own function on gathered K/V, bitwise),
-``flex`` (FlexAttention over the paged pools, within a tolerance) and ``allocator`` (the allocator's own
-paged-attention path, where it declares one).
+``flex`` (FlexAttention over the paged pools, within a tolerance), ``allocator`` (the allocator's own
+paged-attention path, where it declares one) and ``sglang-triton`` (SGLang's Triton decode and extend attention,
+from the installed SGLang; Triton's interpreter on CPU).
 
 A kernel is made for one allocator and one model shape (its dtype and device decide its tolerance and, for the
 engines' Triton kernels, whether Triton's interpreter runs them). Names are fixed here, so the command line can
@@ -31,14 +32,29 @@ from kvfuzz.reference.content import ModelShape
 KernelFactory = Callable[[AllocatorProtocol, ModelShape], AttentionKernel]
 """Makes a kernel for a machine driving an allocator over pools of a model shape; raises KernelUnavailable."""
 
+
+def _sglang_triton(_allocator: AllocatorProtocol, shape: ModelShape) -> AttentionKernel:
+    """SGLang's Triton decode and extend attention, imported only when asked for."""
+    from kvfuzz.kernels.sglang_triton import SGLangTritonKernel
+
+    return SGLangTritonKernel(shape)
+
+
+def _prepare_sglang_triton(shape: ModelShape) -> None:
+    from kvfuzz.kernels.triton_setup import interpret_on_cpu
+
+    interpret_on_cpu("sglang-triton", shape)
+
+
 KERNELS: dict[str, KernelFactory] = {
     "gather": lambda _allocator, _shape: GatherKernel(),
     "flex": lambda _allocator, _shape: FlexKernel(),
     "allocator": lambda allocator, _shape: AllocatorKernel(allocator),
+    "sglang-triton": _sglang_triton,
 }
 KERNEL_NAMES = tuple(KERNELS)
 
-PREPARE: dict[str, Callable[[ModelShape], None]] = {}
+PREPARE: dict[str, Callable[[ModelShape], None]] = {"sglang-triton": _prepare_sglang_triton}
 """Per kernel name, what must happen in this process before its engine's package is first imported."""
 
 
