@@ -11,7 +11,8 @@ in :data:`PREPARE`, which :func:`prepare_kernel` runs before the allocator, and 
 
 from __future__ import annotations
 
-from typing import Callable
+import importlib
+from typing import Any, Callable
 
 from kvfuzz.allocator.protocol import AllocatorProtocol
 from kvfuzz.kernels.allocator import AllocatorKernel
@@ -31,10 +32,19 @@ from kvfuzz.reference.content import ModelShape
 KernelFactory = Callable[[AllocatorProtocol, ModelShape], AttentionKernel]
 """Makes a kernel for a machine driving an allocator over pools of a model shape; raises KernelUnavailable."""
 
+
+def _lazy(module: str) -> Any:
+    """``kvfuzz.kernels.<module>``, imported when a kernel of it is first made (CUDA-only kernels stay unloaded)."""
+    return importlib.import_module(f"kvfuzz.kernels.{module}")
+
+
 KERNELS: dict[str, KernelFactory] = {
     "gather": lambda _allocator, _shape: GatherKernel(),
     "flex": lambda _allocator, _shape: FlexKernel(),
     "allocator": lambda allocator, _shape: AllocatorKernel(allocator),
+    "flex-compiled": lambda _allocator, shape: _lazy("flex_compiled").FlexCompiledKernel(shape),
+    "flashinfer": lambda _allocator, shape: _lazy("flashinfer").FlashInferKernel(shape, prefill=False),
+    "flashinfer-prefill": lambda _allocator, shape: _lazy("flashinfer").FlashInferKernel(shape, prefill=True),
 }
 KERNEL_NAMES = tuple(KERNELS)
 
