@@ -61,7 +61,7 @@ def page_tables(batch: PagedBatch) -> tuple[PageTables, ...]:
         grouped.setdefault(key, []).append(row)
     plans = []
     for (size, window_left), rows in sorted(grouped.items()):
-        indptr, indices, last_lengths = [0], [], []
+        indptr, indices, last_lengths = [0], list[int](), list[int]()
         for row in rows:
             start, length = batch.starts[row], batch.lengths[row]
             first, last = start // size, (length - 1) // size
