@@ -75,7 +75,7 @@ class FlashInferKernel:
     def __init__(self, shape: ModelShape, prefill: bool) -> None:
         self.name = "flashinfer-prefill" if prefill else "flashinfer"
         flashinfer = check_flashinfer(self.name, shape)
-        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=shape.device)
+        workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=shape.device)  # zeroed, as its docs ask
         self._prefill = prefill  # one causal query per row through the prefill wrapper, else the decode wrapper
         if prefill:
             self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
