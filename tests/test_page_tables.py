@@ -4,6 +4,7 @@ made where they cannot run, with one line."""
 
 from __future__ import annotations
 
+import importlib.abc
 import os
 import subprocess
 import sys
@@ -177,6 +178,30 @@ def test_flashinfer_absent_is_named_as_the_reason(monkeypatch: pytest.MonkeyPatc
     shape = cuda_shape(monkeypatch, head_dim=64, dtype=torch.bfloat16)
     with pytest.raises(KernelUnavailable, match="needs the flashinfer package"):
         make_kernel("flashinfer-prefill", paged_allocator(MachineConfig().pool_spec()), shape)
+
+
+def test_flashinfer_failing_to_load_is_named_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    class FailsToLoad(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "flashinfer":
+                raise RuntimeError("CUDA 13.0 driver,\n 12.8 runtime")
+            return None
+
+    monkeypatch.delitem(sys.modules, "flashinfer", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [FailsToLoad(), *sys.meta_path])
+    shape = cuda_shape(monkeypatch, head_dim=128, dtype=torch.float16)
+    with pytest.raises(KernelUnavailable) as raised:
+        make_kernel("flashinfer", paged_allocator(MachineConfig().pool_spec()), shape)
+    assert (
+        str(raised.value)
+        == "--kernel flashinfer: importing flashinfer raised RuntimeError: CUDA 13.0 driver, 12.8 runtime"
+    )
+
+
+def test_flex_compiled_without_triton_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "triton", None)  # find_spec then reports it absent, installed or not
+    with pytest.raises(KernelUnavailable, match="needs the triton package"):
+        make_kernel("flex-compiled", paged_allocator(MachineConfig().pool_spec()), cuda_shape(monkeypatch))
 
 
 def test_importing_the_kernels_loads_neither_flashinfer_nor_the_cuda_only_modules() -> None:

@@ -48,8 +48,16 @@ def check_flashinfer(name: str, shape: ModelShape) -> Any:
         return importlib.import_module("flashinfer")
     except ImportError as error:
         raise KernelUnavailable(
-            f"--kernel {name} needs the flashinfer package (pip install flashinfer-python): {error}"
+            f"--kernel {name} needs the flashinfer package (pip install flashinfer-python): {_one_line(error)}"
         ) from None
+    except Exception as error:  # noqa: BLE001 -- a package that fails to load (a CUDA mismatch): why, in one line
+        raise KernelUnavailable(
+            f"--kernel {name}: importing flashinfer raised {type(error).__name__}: {_one_line(error)}"
+        ) from None
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
 
 
 def layer_pages(pool: torch.Tensor, layer: int, block_size: int, page_size: int) -> torch.Tensor:

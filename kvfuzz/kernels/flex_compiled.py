@@ -10,6 +10,7 @@ warm-up absorbs the first compilations; kvfuzz's row counts vary, so a few more 
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Callable
 
 import torch
@@ -38,6 +39,8 @@ class FlexCompiledKernel:
                 "--kernel flex-compiled runs on CUDA only (torch.compile's flex kernels are Triton's): use --device "
                 "cuda, or --kernel flex on CPU"
             )
+        if importlib.util.find_spec("triton") is None:
+            raise KernelUnavailable("--kernel flex-compiled needs the triton package, which torch.compile generates")
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
         return different_kernel_tolerance(dtype)
