@@ -121,11 +121,12 @@ def kernel_unavailable(name: str, device: str) -> Optional[str]:
     """Why kernel ``name`` cannot run over the kernel runs' pools on ``device`` here (None: it can)."""
     from kvfuzz.allocator import paged_allocator
     from kvfuzz.engine.config import DTYPES, MachineConfig
-    from kvfuzz.kernels import KernelUnavailable, make_kernel
+    from kvfuzz.kernels import KernelUnavailable, make_kernel, prepare_kernel
     from kvfuzz.reference.content import ModelShape
 
     shape = ModelShape(2, 2, 8, 64, DTYPES["bfloat16"], device)
     try:
+        prepare_kernel(name, shape)  # as kvfuzz run does, before the kernel's engine loads (kvfuzz.kernels.PREPARE)
         make_kernel(name, paged_allocator(MachineConfig(block_size=16, num_blocks=64, shape=shape).pool_spec()), shape)
     except KernelUnavailable as error:
         return str(error)
