@@ -13,7 +13,15 @@ NUM_KV_HEADS = 2  # ModelShape().num_kv_heads
 NUM_QUERY_HEADS = 4  # ModelShape().num_query_heads
 HEAD_DIM = 8  # ModelShape().head_dim
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # tuple(kvfuzz.engine.config.DTYPES)
-KERNEL_NAMES = ("gather", "flex", "allocator", "sglang-triton")  # kvfuzz.kernels.KERNEL_NAMES
+KERNEL_NAMES = (
+    "gather",
+    "flex",
+    "allocator",
+    "sglang-triton",
+    "flex-compiled",
+    "flashinfer",
+    "flashinfer-prefill",
+)  # kvfuzz.kernels.KERNEL_NAMES
 CALL_TIMEOUT = 60.0  # kvfuzz.program.safeguards.DEFAULT_CALL_TIMEOUT
 CAMPAIGN_DURATION = 600.0  # kvfuzz.campaign.supervisor.DEFAULT_DURATION
 PROFILE_NAMES = ("ci", "dev", "nightly")  # tuple(kvfuzz.profiles.PROFILES)

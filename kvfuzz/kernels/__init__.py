@@ -1,7 +1,8 @@
 """Attention kernels for invariant 2, by name: ``gather`` (the reference's own function on gathered K/V, bitwise),
 ``flex`` (FlexAttention over the paged pools, within a tolerance), ``allocator`` (the allocator's own
-paged-attention path, where it declares one) and ``sglang-triton`` (SGLang's Triton decode and extend attention,
-from the installed SGLang; Triton's interpreter on CPU).
+paged-attention path, where it declares one), ``sglang-triton`` (SGLang's Triton decode and extend attention,
+from the installed SGLang; Triton's interpreter on CPU), and on CUDA only ``flex-compiled`` (FlexAttention under
+torch.compile), ``flashinfer`` and ``flashinfer-prefill`` (FlashInfer's paged decode and prefill wrappers).
 
 A kernel is made for one allocator and one model shape (its dtype and device decide its tolerance and, for the
 engines' Triton kernels, whether Triton's interpreter runs them). Names are fixed here, so the command line can
@@ -12,7 +13,8 @@ in :data:`PREPARE`, which :func:`prepare_kernel` runs before the allocator, and 
 
 from __future__ import annotations
 
-from typing import Callable
+import importlib
+from typing import Any, Callable
 
 from kvfuzz.allocator.protocol import AllocatorProtocol
 from kvfuzz.kernels.allocator import AllocatorKernel
@@ -33,11 +35,9 @@ KernelFactory = Callable[[AllocatorProtocol, ModelShape], AttentionKernel]
 """Makes a kernel for a machine driving an allocator over pools of a model shape; raises KernelUnavailable."""
 
 
-def _sglang_triton(_allocator: AllocatorProtocol, shape: ModelShape) -> AttentionKernel:
-    """SGLang's Triton decode and extend attention, imported only when asked for."""
-    from kvfuzz.kernels.sglang_triton import SGLangTritonKernel
-
-    return SGLangTritonKernel(shape)
+def _lazy(module: str) -> Any:
+    """``kvfuzz.kernels.<module>``, imported when a kernel of it is first made (CUDA-only kernels stay unloaded)."""
+    return importlib.import_module(f"kvfuzz.kernels.{module}")
 
 
 def _prepare_sglang_triton(shape: ModelShape) -> None:
@@ -50,7 +50,10 @@ KERNELS: dict[str, KernelFactory] = {
     "gather": lambda _allocator, _shape: GatherKernel(),
     "flex": lambda _allocator, _shape: FlexKernel(),
     "allocator": lambda allocator, _shape: AllocatorKernel(allocator),
-    "sglang-triton": _sglang_triton,
+    "sglang-triton": lambda _allocator, shape: _lazy("sglang_triton").SGLangTritonKernel(shape),
+    "flex-compiled": lambda _allocator, shape: _lazy("flex_compiled").FlexCompiledKernel(shape),
+    "flashinfer": lambda _allocator, shape: _lazy("flashinfer").FlashInferKernel(shape, prefill=False),
+    "flashinfer-prefill": lambda _allocator, shape: _lazy("flashinfer").FlashInferKernel(shape, prefill=True),
 }
 KERNEL_NAMES = tuple(KERNELS)
 
