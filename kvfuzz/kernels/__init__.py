@@ -1,6 +1,7 @@
 """Attention kernels for invariant 2, by name: ``gather`` (the reference's own function on gathered K/V, bitwise),
-``flex`` (FlexAttention over the paged pools, within a tolerance) and ``allocator`` (the allocator's own
-paged-attention path, where it declares one).
+``flex`` (FlexAttention over the paged pools, within a tolerance), ``allocator`` (the allocator's own
+paged-attention path, where it declares one) and ``vllm-triton`` (vLLM's Triton unified attention, from the
+installed vLLM package; Triton's interpreter on CPU).
 
 A kernel is made for one allocator and one model shape (its dtype and device decide its tolerance and, for the
 engines' Triton kernels, whether Triton's interpreter runs them). Names are fixed here, so the command line can
@@ -26,6 +27,8 @@ from kvfuzz.kernels.base import (
 )
 from kvfuzz.kernels.flex import FlexKernel
 from kvfuzz.kernels.gather import GatherKernel
+from kvfuzz.kernels.vllm_triton import VllmTritonKernel
+from kvfuzz.kernels.vllm_triton import prepare as prepare_vllm_triton
 from kvfuzz.reference.content import ModelShape
 
 KernelFactory = Callable[[AllocatorProtocol, ModelShape], AttentionKernel]
@@ -35,10 +38,11 @@ KERNELS: dict[str, KernelFactory] = {
     "gather": lambda _allocator, _shape: GatherKernel(),
     "flex": lambda _allocator, _shape: FlexKernel(),
     "allocator": lambda allocator, _shape: AllocatorKernel(allocator),
+    "vllm-triton": lambda _allocator, shape: VllmTritonKernel(shape),  # imports vLLM and Triton only when made
 }
 KERNEL_NAMES = tuple(KERNELS)
 
-PREPARE: dict[str, Callable[[ModelShape], None]] = {}
+PREPARE: dict[str, Callable[[ModelShape], None]] = {"vllm-triton": prepare_vllm_triton}
 """Per kernel name, what must happen in this process before its engine's package is first imported."""
 
 
@@ -67,6 +71,7 @@ __all__ = [
     "KernelFactory",
     "PREPARE",
     "KernelUnavailable",
+    "VllmTritonKernel",
     "Mismatch",
     "PagedBatch",
     "Tolerance",
