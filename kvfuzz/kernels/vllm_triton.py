@@ -166,4 +166,3 @@ class VllmTritonKernel:
             for launch in plan:
                 self._launch(batch, launch, layer, out)
         return out
-
