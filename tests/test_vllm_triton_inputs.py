@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 
-import pytest
 import torch
 from test_bad_input import usage_error
 

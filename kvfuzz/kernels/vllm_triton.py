@@ -10,8 +10,9 @@ reference's; query heads map to KV heads as in the reference (``num_queries_per_
 On CPU the kernel runs under Triton's interpreter, chosen by ``TRITON_INTERPRET=1``, which Triton reads when it is
 first imported: :func:`prepare` sets it, before anything imports Triton. vLLM's ``triton_utils`` replaces Triton
 with a placeholder when Triton reports no active GPU driver, unless ``CUDA_VISIBLE_DEVICES`` is set and empty (it
-then takes the process for a distributed worker whose driver comes later); :func:`load_unified_attention` sets it
-so only while it imports vLLM's op on CPU, and restores it at once (docs/kernels.md says why this way).
+then takes the process for a distributed worker whose driver comes later); kvfuzz sets it
+so only while :func:`prepare` imports ``vllm.triton_utils`` on CPU, before the allocator (and so vLLM) is
+loaded, and restores it at once (docs/kernels.md says why this way).
 """
 
 from __future__ import annotations
@@ -46,9 +47,24 @@ def _require(package: str, why: str) -> None:
         raise KernelUnavailable(f"kernel 'vllm-triton' needs {why}, which is not installed ({INSTALL})")
 
 
+@contextlib.contextmanager
+def _no_visible_devices() -> Iterator[None]:
+    """``CUDA_VISIBLE_DEVICES`` set and empty for the block, then restored as it was."""
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+
 def prepare(shape: ModelShape) -> None:
     """Set the process up for the kernel over pools of ``shape``, before Triton or vLLM is imported: on CPU, choose
-    Triton's interpreter (refusing if Triton was already imported without it), and refuse dtypes it cannot run."""
+    Triton's interpreter (refusing if Triton was already imported without it), refuse dtypes it cannot run, and
+    import vLLM's ``triton_utils`` with no visible CUDA device, so that it keeps Triton (module docstring)."""
     _require("vllm", "vLLM 0.33.0 (its Triton unified attention)")
     _require("triton", "Triton (pip install 'kvfuzz[triton]')")
     if not _interpreted(shape):
@@ -65,32 +81,18 @@ def prepare(shape: ModelShape) -> None:
                 "chosen; set TRITON_INTERPRET=1 in the environment"
             )
         os.environ["TRITON_INTERPRET"] = "1"
-
-
-@contextlib.contextmanager
-def _no_visible_devices() -> Iterator[None]:
-    """``CUDA_VISIBLE_DEVICES`` set and empty for the block, then restored as it was."""
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    if "vllm.triton_utils" not in sys.modules:  # it decides once, on import, whether Triton is usable
+        with _no_visible_devices():
+            importlib.import_module("vllm.triton_utils")
 
 
 def load_unified_attention(shape: ModelShape) -> Callable[..., None]:
     """vLLM's ``unified_attention`` with Triton behind it (never vLLM's placeholder); :func:`prepare` first."""
     prepare(shape)
-    first = "vllm.triton_utils" not in sys.modules
-    with _no_visible_devices() if first and _interpreted(shape) else contextlib.nullcontext():
-        triton_utils = importlib.import_module("vllm.triton_utils")
-    if not triton_utils.HAS_TRITON:
+    if not importlib.import_module("vllm.triton_utils").HAS_TRITON:
         raise KernelUnavailable(
-            "kernel 'vllm-triton': vLLM disabled Triton here (it saw no GPU driver"
-            + (", and vLLM was imported before kvfuzz prepared the kernel)" if not first else ")")
+            "kernel 'vllm-triton': vLLM disabled Triton here: it saw no GPU driver (was vLLM imported before "
+            "kvfuzz prepared the kernel?)"
         )
     function: Callable[..., None] = importlib.import_module(OP_MODULE).unified_attention
     return function
