@@ -117,7 +117,8 @@ def test_a_broken_table_is_caught_through_vllms_kernel_as_invariant_2() -> None:
 def test_a_short_run_passes_through_vllms_kernel(allocator: str, tmp_path: Path) -> None:
     """kvfuzz's allocator, and vLLM v1's own KV-cache manager (its sliding-window variant), each driven by the
     machine from the command line (which prepares the kernel before the allocator loads vLLM), with invariant 2
-    computed by vLLM's kernel at every step (seed 2: some ten batches each, eight of vLLM's read a sliding window). One layer and one KV head (two query heads) keep the interpreter short."""
+    computed by vLLM's kernel at every step (seed 2: some ten batches each, eight of vLLM's read a sliding window).
+    One layer and one KV head (two query heads) keep the interpreter short."""
     done = subprocess.run(
         [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", "run", "--allocator", allocator, "--kernel", "vllm-triton"]
         + ["--examples", "10", "--steps", "30", "--seed", "2", "--layers", "1", "--kv-heads", "1", "--query-heads", "2"]
