@@ -17,6 +17,7 @@ KERNEL_NAMES = (
     "gather",
     "flex",
     "allocator",
+    "vllm-triton",
     "sglang-triton",
     "flex-compiled",
     "flashinfer",

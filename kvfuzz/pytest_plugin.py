@@ -93,7 +93,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--kvfuzz-kernel",
         choices=KERNEL_NAMES,
         default="gather",
-        help="attention kernel of invariant 2 for --kvfuzz-allocator runs: gather (default), flex, allocator",
+        help="attention kernel of invariant 2 for --kvfuzz-allocator runs: gather (default), flex, allocator, "
+        "vllm-triton",
     )
     group.addoption(
         "--kvfuzz-duration",

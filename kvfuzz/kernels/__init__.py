@@ -1,8 +1,9 @@
 """Attention kernels for invariant 2, by name: ``gather`` (the reference's own function on gathered K/V, bitwise),
 ``flex`` (FlexAttention over the paged pools, within a tolerance), ``allocator`` (the allocator's own
-paged-attention path, where it declares one), ``sglang-triton`` (SGLang's Triton decode and extend attention,
-from the installed SGLang; Triton's interpreter on CPU), and on CUDA only ``flex-compiled`` (FlexAttention under
-torch.compile), ``flashinfer`` and ``flashinfer-prefill`` (FlashInfer's paged decode and prefill wrappers).
+paged-attention path, where it declares one), ``vllm-triton`` and ``sglang-triton`` (vLLM's Triton unified attention
+and SGLang's Triton decode and extend attention, from the installed engines; Triton's interpreter on CPU), and on
+CUDA only ``flex-compiled`` (FlexAttention under torch.compile), ``flashinfer`` and ``flashinfer-prefill``
+(FlashInfer's paged decode and prefill wrappers).
 
 A kernel is made for one allocator and one model shape (its dtype and device decide its tolerance and, for the
 engines' Triton kernels, whether Triton's interpreter runs them). Names are fixed here, so the command line can
@@ -40,6 +41,10 @@ def _lazy(module: str) -> Any:
     return importlib.import_module(f"kvfuzz.kernels.{module}")
 
 
+def _prepare_vllm_triton(shape: ModelShape) -> None:
+    _lazy("vllm_triton").prepare(shape)
+
+
 def _prepare_sglang_triton(shape: ModelShape) -> None:
     from kvfuzz.kernels.triton_setup import interpret_on_cpu
 
@@ -50,6 +55,7 @@ KERNELS: dict[str, KernelFactory] = {
     "gather": lambda _allocator, _shape: GatherKernel(),
     "flex": lambda _allocator, _shape: FlexKernel(),
     "allocator": lambda allocator, _shape: AllocatorKernel(allocator),
+    "vllm-triton": lambda _allocator, shape: _lazy("vllm_triton").VllmTritonKernel(shape),
     "sglang-triton": lambda _allocator, shape: _lazy("sglang_triton").SGLangTritonKernel(shape),
     "flex-compiled": lambda _allocator, shape: _lazy("flex_compiled").FlexCompiledKernel(shape),
     "flashinfer": lambda _allocator, shape: _lazy("flashinfer").FlashInferKernel(shape, prefill=False),
@@ -57,7 +63,10 @@ KERNELS: dict[str, KernelFactory] = {
 }
 KERNEL_NAMES = tuple(KERNELS)
 
-PREPARE: dict[str, Callable[[ModelShape], None]] = {"sglang-triton": _prepare_sglang_triton}
+PREPARE: dict[str, Callable[[ModelShape], None]] = {
+    "vllm-triton": _prepare_vllm_triton,
+    "sglang-triton": _prepare_sglang_triton,
+}
 """Per kernel name, what must happen in this process before its engine's package is first imported."""
 
 

@@ -9,3 +9,6 @@ pip_install --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.11  # the versions vLL
 pip_install packaging psutil pyzmq urllib3 regex numpy msgspec pydantic cbor2 'transformers>=5.16.1,<5.21.0' \
     aiohttp requests openai-harmony openai pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo prometheus_client \
     'fastapi>=0.133.0,<0.137.0' partial_json_parser 'llguidance>=1.7.0,<1.8.0'
+# kvfuzz's vllm-triton kernel (kvfuzz.kernels.vllm_triton) runs vLLM's Triton unified attention: Triton (the
+# version of kvfuzz's triton extra), and einops, which vLLM's attention ops import.
+pip_install triton==3.9.0 einops==0.8.2
