@@ -37,9 +37,7 @@ def check_accounting(scheduler: Any, tables: dict[str, list[int]], step: int) ->
     reported = pool.get_num_free_blocks()
     if reported != usable - len(holders):
         leaked = sorted(
-            block.block_id
-            for block in pool.blocks[1:]
-            if block.block_id not in free and block.block_id not in holders
+            block.block_id for block in pool.blocks[1:] if block.block_id not in free and block.block_id not in holders
         )
         raise SchedulerViolation(
             Check.ACCOUNTING,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
 
@@ -18,14 +19,25 @@ SHARED = tuple((index * 5 + index // 3) % VOCABULARY for index in range(256))
 """The token stream every shared prefix is a start of: prompts that pick the same prefix share its blocks."""
 
 
+@attrs.define
+class Tally:
+    """Examples and steps counted over every machine a search builds (shrinking's replays included)."""
+
+    examples: int = 0  # machines torn down
+    steps: int = 0  # their schedule() calls, the drains' included
+
+
 def prefix_lengths(setup: SchedulerSetup) -> tuple[int, ...]:
     """The shared prefixes a prompt may start with: none, one block, one block and a half, two blocks."""
     size = setup.block_size
     return (0, size, size + size // 2, 2 * size)
 
 
-def machine_for_setup(setup: SchedulerSetup, worker: WorkerFactory = Worker) -> type[RuleBasedStateMachine]:
-    """A state machine class driving fresh ``Scheduler`` instances of ``setup`` with ``worker``."""
+def machine_for_setup(
+    setup: SchedulerSetup, worker: WorkerFactory = Worker, tally: Optional[Tally] = None
+) -> type[RuleBasedStateMachine]:
+    """A state machine class driving fresh ``Scheduler`` instances of ``setup`` with ``worker``, counting into
+    ``tally``."""
     prefixes = prefix_lengths(setup)
     longest = setup.max_model_len
 
@@ -61,8 +73,13 @@ def machine_for_setup(setup: SchedulerSetup, worker: WorkerFactory = Worker) -> 
                 raise
 
         def teardown(self) -> None:
-            if self.failed is None:
-                self.session.drain()
+            try:
+                if self.failed is None:
+                    self.session.drain()
+            finally:
+                if tally is not None:
+                    tally.examples += 1
+                    tally.steps += self.session.steps
 
     SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = "VllmV1SchedulerMachine"
     return SchedulerMachine

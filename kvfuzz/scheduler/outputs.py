@@ -64,11 +64,12 @@ class OutputLedger:
             )
         if finishes and not expected.finished:
             expected.finished = True
+            whole = expected_output(request, expected.prompt_length, expected.max_tokens)
             if len(expected.received) != expected.max_tokens:
                 raise SchedulerViolation(
                     Check.OUTPUTS,
                     step,
                     request,
                     f"finished with {len(expected.received)} output tokens {expected.received}, but its max_tokens "
-                    f"is {expected.max_tokens} (expected {expected_output(request, expected.prompt_length, expected.max_tokens)})",
+                    f"is {expected.max_tokens} (expected {whole})",
                 )

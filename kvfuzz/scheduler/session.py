@@ -99,7 +99,11 @@ class Session:
         described = []
         for request in requests:
             held = self.scheduler.requests.get(request)
-            status = "unknown to the scheduler" if held is None else f"{held.status.name}, {held.num_computed_tokens} computed"
+            status = (
+                "unknown to the scheduler"
+                if held is None
+                else f"{held.status.name}, {held.num_computed_tokens} computed"
+            )
             expected = self.outputs.requests[request]
             described.append(f"{request} ({status}, {len(expected.received)} of {expected.max_tokens} output tokens)")
         return "; ".join(described)

@@ -19,8 +19,6 @@ from typing import Any
 
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 
-NOT_INSTALLED = "kvfuzz: --scheduler vllm-v1 needs vllm 0.33.0, which is not installed here; build its environment with scripts/third_party_env.sh vllm"
-
 
 def vllm_missing() -> bool:
     """Whether vLLM cannot be found (checked without importing it)."""
@@ -44,7 +42,25 @@ def vllm() -> types.SimpleNamespace:
     # The block pool logs every prefix-cache reset at INFO.
     logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
     init_none_hash(sha256)
-    return types.SimpleNamespace(**{name: value for name, value in locals().items() if name != "torch"}, torch=torch)
+    return types.SimpleNamespace(
+        torch=torch,
+        CacheConfig=CacheConfig,
+        DeviceConfig=DeviceConfig,
+        ModelConfig=ModelConfig,
+        SchedulerConfig=SchedulerConfig,
+        VllmConfig=VllmConfig,
+        SamplingParams=SamplingParams,
+        sha256=sha256,
+        get_request_block_hasher=get_request_block_hasher,
+        Scheduler=Scheduler,
+        FullAttentionSpec=FullAttentionSpec,
+        KVCacheConfig=KVCacheConfig,
+        KVCacheGroupSpec=KVCacheGroupSpec,
+        ModelRunnerOutput=ModelRunnerOutput,
+        Request=Request,
+        RequestStatus=RequestStatus,
+        StructuredOutputManager=StructuredOutputManager,
+    )
 
 
 def _model_dir() -> Path:

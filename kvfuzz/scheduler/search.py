@@ -1,0 +1,94 @@
+"""The search over one scheduler configuration: the Hypothesis machine run for a number of examples (derandomized,
+so the same run every time), its failure shrunk by Hypothesis to the fewest requests and steps, and the outcome."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import attrs
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.machine import Tally, machine_for_setup
+from kvfuzz.scheduler.session import Session, WorkerFactory
+from kvfuzz.scheduler.violations import SchedulerViolation
+from kvfuzz.scheduler.vllm_build import vllm_config
+from kvfuzz.scheduler.worker import Worker
+from kvfuzz.text import plural
+
+
+@attrs.frozen
+class Outcome:
+    """What a search found."""
+
+    setup: SchedulerSetup  # the configuration searched
+    examples: int  # examples run (shrinking's replays included)
+    steps: int  # schedule() calls over all of them
+    build_seconds: float  # building the configuration's VllmConfig (vLLM imported) and a first Scheduler
+    seconds: float  # the search itself
+    failure: Optional[SchedulerViolation]  # the shrunk failure, or None
+    program: str  # Hypothesis's falsifying example: the calls that reproduce it ("" when passed)
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+    def describe(self) -> list[str]:
+        verdict = "FAILED" if self.failure is not None else "passed"
+        lines = [
+            f"{verdict}: {plural(self.examples, 'example')}, {plural(self.steps, 'step')} in {self.seconds:.1f} s "
+            f"({self.steps_per_second:.0f} steps/s; building vLLM's configuration took {self.build_seconds:.1f} s)"
+        ]
+        if self.failure is not None:
+            lines += ["", str(self.failure), "", self.program]
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "failed": self.failure is not None,
+            "examples": self.examples,
+            "steps": self.steps,
+            "seconds": round(self.seconds, 3),
+            "steps_per_second": round(self.steps_per_second, 1),
+            "build_seconds": round(self.build_seconds, 3),
+            "check": self.failure.check.value if self.failure is not None else None,
+            "explanation": str(self.failure) if self.failure is not None else None,
+            "program": self.program or None,
+        }
+
+
+def search(
+    setup: SchedulerSetup, examples: int, steps: int, shrink: bool = True, worker: WorkerFactory = Worker
+) -> Outcome:
+    """Run the machine for ``examples`` examples of up to ``steps`` operations; a :class:`SchedulerViolation` is
+    shrunk (unless ``shrink`` is off) and returned, any other exception propagates."""
+    started = time.perf_counter()
+    vllm_config(setup)
+    Session(setup, worker)  # the first scheduler pays vLLM's lazy imports, outside the timed search
+    build_seconds = time.perf_counter() - started
+    tally = Tally()
+    machine = machine_for_setup(setup, worker, tally)
+
+    phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
+    profile = settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
+    failure: Optional[SchedulerViolation] = None
+    program = ""
+    started = time.perf_counter()
+    try:
+        run_state_machine_as_test(machine, settings=profile)
+    except SchedulerViolation as error:
+        failure = error
+        program = "\n".join(note for note in getattr(error, "__notes__", ()) if note)
+    return Outcome(setup, tally.examples, tally.steps, build_seconds, time.perf_counter() - started, failure, program)
