@@ -25,6 +25,8 @@ class Tally:
 
     examples: int = 0  # machines torn down
     steps: int = 0  # their schedule() calls, the drains' included
+    preemptions: int = 0  # requests the scheduler preempted
+    hit_tokens: int = 0  # tokens found computed in the prefix cache
 
 
 def prefix_lengths(setup: SchedulerSetup) -> tuple[int, ...]:
@@ -80,6 +82,8 @@ def machine_for_setup(
                 if tally is not None:
                     tally.examples += 1
                     tally.steps += self.session.steps
+                    tally.preemptions += self.session.preemptions
+                    tally.hit_tokens += self.session.hit_tokens
 
     SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = "VllmV1SchedulerMachine"
     return SchedulerMachine

@@ -26,6 +26,8 @@ class Outcome:
     setup: SchedulerSetup  # the configuration searched
     examples: int  # examples run (shrinking's replays included)
     steps: int  # schedule() calls over all of them
+    preemptions: int  # requests the scheduler preempted over all of them
+    hit_tokens: int  # tokens new and resumed requests found in the prefix cache
     build_seconds: float  # building the configuration's VllmConfig (vLLM imported) and a first Scheduler
     seconds: float  # the search itself
     failure: Optional[SchedulerViolation]  # the shrunk failure, or None
@@ -39,7 +41,9 @@ class Outcome:
         verdict = "FAILED" if self.failure is not None else "passed"
         lines = [
             f"{verdict}: {plural(self.examples, 'example')}, {plural(self.steps, 'step')} in {self.seconds:.1f} s "
-            f"({self.steps_per_second:.0f} steps/s; building vLLM's configuration took {self.build_seconds:.1f} s)"
+            f"({self.steps_per_second:.0f} steps/s; building vLLM's configuration took {self.build_seconds:.1f} s)",
+            f"the scheduler preempted {plural(self.preemptions, 'request')}; "
+            f"{plural(self.hit_tokens, 'prompt token')} hit the prefix cache",
         ]
         if self.failure is not None:
             lines += ["", str(self.failure), "", self.program]
@@ -50,6 +54,8 @@ class Outcome:
             "failed": self.failure is not None,
             "examples": self.examples,
             "steps": self.steps,
+            "preemptions": self.preemptions,
+            "hit_tokens": self.hit_tokens,
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps_per_second, 1),
             "build_seconds": round(self.build_seconds, 3),
@@ -91,4 +97,14 @@ def search(
     except SchedulerViolation as error:
         failure = error
         program = "\n".join(note for note in getattr(error, "__notes__", ()) if note)
-    return Outcome(setup, tally.examples, tally.steps, build_seconds, time.perf_counter() - started, failure, program)
+    return Outcome(
+        setup,
+        tally.examples,
+        tally.steps,
+        tally.preemptions,
+        tally.hit_tokens,
+        build_seconds,
+        time.perf_counter() - started,
+        failure,
+        program,
+    )

@@ -36,6 +36,8 @@ class Session:
         self.outputs = OutputLedger()  # every request's output so far
         self.steps = 0  # schedule() calls so far
         self.lengths: dict[str, int] = {}  # request -> prompt length + max_tokens
+        self.preemptions = 0  # requests the scheduler preempted
+        self.hit_tokens = 0  # tokens new and resumed requests found computed (prefix-cache hits)
 
     def add(self, prompt: list[int], max_tokens: int) -> str:
         """Add a request (ids ``r0``, ``r1``, ... in arrival order); returns its id."""
@@ -54,6 +56,14 @@ class Session:
         """One engine step, every check run; returns the tokens it scheduled."""
         output = self.scheduler.schedule()
         self.steps += 1
+        self.preemptions += len(output.preempted_req_ids or ())
+        self.hit_tokens += sum(new.num_computed_tokens for new in output.scheduled_new_reqs)
+        cached = output.scheduled_cached_reqs
+        self.hit_tokens += sum(
+            computed
+            for request, computed in zip(cached.req_ids, cached.num_computed_tokens)
+            if request in cached.resumed_req_ids
+        )
         self.worker.consume(output, self.steps)
         check_accounting(self.scheduler, self.worker.live_tables(), self.steps)
         order, sampled = self.worker.execute(output, self.steps)

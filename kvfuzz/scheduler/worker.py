@@ -1,6 +1,14 @@
-"""kvfuzz as vLLM's model runner: worker-side block tables kept from each ``SchedulerOutput`` as vLLM's GPU model
-runner keeps them (``_update_states``), the K/V of every scheduled token written into the slot those tables give,
+"""kvfuzz as vLLM's model runner: worker-side block tables kept from each ``SchedulerOutput`` as the model runner
+the configuration selects keeps them, the K/V of every scheduled token written into the slot those tables give,
 the content every scheduled token attends to checked, and a ``ModelRunnerOutput`` of the fake model's tokens.
+
+vLLM 0.33.0 has two model runners, and the scheduler speaks to each its own way (``use_v2_model_runner``, the
+default where Triton is installed, as in kvfuzz's vLLM environment):
+
+* the V1 runner (``GPUModelRunner._update_states``) keeps a preempted request's state: the scheduler resumes it among
+  the cached requests (``resumed_req_ids``), with a new table that replaces the old;
+* the V2 runner (``gpu/model_runner.py``) drops a preempted request as a finished one (``preempted_req_ids``), and the
+  scheduler resumes it as a new request whose ``prefill_token_ids`` are all its tokens, outputs included.
 
 Invariants the worker holds vLLM to:
 
@@ -10,7 +18,8 @@ Invariants the worker holds vLLM to:
   prefix cache handed the block over;
 * every scheduled position is one whose token the worker knows (no speculative decoding here), and falls inside the
   request's table;
-* the scheduler counts as many outputs for a request it schedules again as the fake model sampled for it.
+* the scheduler counts as many outputs for a request it schedules again as the fake model sampled for it, and a
+  request resumed as new carries exactly its prompt and those outputs.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from kvfuzz.reference.content import kv_for_tags, prefix_tags
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
+from kvfuzz.scheduler.vllm_build import vllm_config
 
 
 @attrs.define
@@ -56,7 +66,9 @@ class Worker:
         self.keys = torch.zeros((slots, *MODEL_SHAPE.kv_row_shape), dtype=MODEL_SHAPE.dtype)  # the K pool
         self.values = torch.zeros_like(self.keys)  # the V pool
         self.shadow: list[Optional[Write]] = [None] * slots  # slot -> its last write
+        self.runner_v2 = bool(vllm_config(setup).use_v2_model_runner)  # which model runner's protocol is spoken
         self.requests: dict[str, RequestState] = {}  # every request the worker holds, as the model runner's
+        self.history: dict[str, list[int]] = {}  # unfinished request -> every token the fake model sampled for it
         self.computed: dict[str, int] = {}  # request scheduled this step -> its computed tokens before the step
 
     # -- the scheduler's output, as the model runner reads it ------------------------------------------------------
@@ -66,13 +78,26 @@ class Worker:
         with their block ids, cached ones extended by their new block ids or, resumed, given their new table."""
         for request in output.finished_req_ids:
             self.requests.pop(request, None)
+            self.history.pop(request, None)
         for request in output.preempted_req_ids or ():
-            if request in self.requests:
+            if self.runner_v2:
+                self.requests.pop(request, None)
+            elif request in self.requests:
                 self.requests[request].preempted = True
         self.computed = {}
         for new in output.scheduled_new_reqs:
             prompt = list(new.prompt_token_ids)
-            self.requests[new.req_id] = RequestState(prompt, len(prompt), list(new.block_ids[0]))
+            tokens = prompt if new.prefill_token_ids is None else list(new.prefill_token_ids)
+            sampled = self.history.setdefault(new.req_id, [])
+            if tokens != prompt + sampled:
+                raise SchedulerViolation(
+                    Check.OUTPUTS,
+                    step,
+                    new.req_id,
+                    f"scheduled as new with tokens {tokens}, but its prompt is {prompt} and the fake model sampled "
+                    f"{sampled} for it",
+                )
+            self.requests[new.req_id] = RequestState(tokens, len(prompt), list(new.block_ids[0]))
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
         for index, request in enumerate(cached.req_ids):
@@ -124,6 +149,7 @@ class Worker:
             if end == len(state.tokens):
                 tokens = self.sampled(request, len(state.tokens))
                 state.tokens.extend(tokens)
+                self.history[request].extend(tokens)
                 sampled.append(tokens)
             else:
                 sampled.append([])
