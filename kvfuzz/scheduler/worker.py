@@ -57,8 +57,8 @@ class Write:
 
 
 class Worker:
-    """The worker side of one example. Subclasses in the engine tests seed bugs by overriding :meth:`positions` or
-    :meth:`sampled`."""
+    """The worker side of one example. Subclasses in the engine tests seed bugs by overriding :meth:`slots` (the
+    write path's slot mapping) or :meth:`sampled` (the model's output)."""
 
     def __init__(self, setup: SchedulerSetup) -> None:
         self.block_size = setup.block_size  # slots per block
@@ -125,9 +125,10 @@ class Worker:
 
     # -- the step ----------------------------------------------------------------------------------------------
 
-    def positions(self, request: str, computed: int, scheduled: int) -> range:
-        """The positions of a request's scheduled tokens this step: ``computed`` onwards."""
-        return range(computed, computed + scheduled)
+    def slots(self, request: str, positions: range, step: int) -> list[int]:
+        """The slots the K/V of a request's tokens at ``positions`` are written to: the slot mapping the model runner
+        computes from its table."""
+        return [self._slot(request, position, step) for position in positions]
 
     def sampled(self, request: str, position: int) -> list[int]:
         """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample."""
@@ -139,7 +140,8 @@ class Worker:
         token)."""
         scheduled = output.num_scheduled_tokens
         for request, count in scheduled.items():
-            self._write(request, self.positions(request, self.computed[request], count), step)
+            computed = self.computed[request]
+            self._write(request, range(computed, computed + count), step)
         order, sampled = [], []
         for request, count in scheduled.items():
             state = self.requests[request]
@@ -185,7 +187,7 @@ class Worker:
         if not positions:
             return
         tags = prefix_tags((), state.tokens[: positions.stop])[positions.start :]
-        slots = [self._slot(request, position, step) for position in positions]
+        slots = self.slots(request, positions, step)
         keys, values = kv_for_tags(tags, MODEL_SHAPE)
         index = torch.tensor(slots, dtype=torch.int64)
         self.keys[index] = keys
