@@ -38,6 +38,16 @@ def test_the_unmodified_scheduler_passes_and_reaches_preemption_and_hits() -> No
     assert outcome.preemptions > 0 and outcome.hit_tokens > 0, outcome.describe()
 
 
+def test_the_v1_model_runner_s_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With vLLM's V1 model runner the scheduler resumes a preempted request among the cached ones, with a table
+    that replaces the old; the worker follows (VLLM_USE_V2_MODEL_RUNNER is read each time the config is asked)."""
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert not Worker(SMALL).runner_v2
+    outcome = search(SMALL, examples=15, steps=30)
+    assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"
+    assert outcome.preemptions > 0, outcome.describe()
+
+
 def test_without_prefix_caching_and_with_a_token_budget_of_one_block() -> None:
     setup = SchedulerSetup(num_blocks=8, max_num_batched_tokens=4, max_num_seqs=2, prefix_caching=False)
     outcome = search(setup, examples=15, steps=30)

@@ -108,14 +108,14 @@ class Worker:
                 state.preempted = False
             elif blocks is not None:
                 state.table.extend(blocks[0])
-            sampled = len(state.tokens) - state.prompt_length
-            if cached.num_output_tokens[index] != sampled:
+            outputs = len(state.tokens) - state.prompt_length
+            if cached.num_output_tokens[index] != outputs:
                 raise SchedulerViolation(
                     Check.OUTPUTS,
                     step,
                     request,
                     f"the scheduler counts {cached.num_output_tokens[index]} output tokens, but the fake model "
-                    f"sampled {sampled}",
+                    f"sampled {outputs}",
                 )
             self.computed[request] = cached.num_computed_tokens[index]
 

@@ -9,3 +9,7 @@ pip_install --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.11  # the versions vLL
 pip_install packaging psutil pyzmq urllib3 regex numpy msgspec pydantic cbor2 'transformers>=5.16.1,<5.21.0' \
     aiohttp requests openai-harmony openai pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo prometheus_client \
     'fastapi>=0.133.0,<0.137.0' partial_json_parser 'llguidance>=1.7.0,<1.8.0'
+# kvfuzz.scheduler (kvfuzz run --scheduler vllm-v1) builds vLLM's Scheduler from a model config.json: vLLM inspects
+# the architecture in a subprocess that imports einops. With Triton installed vLLM picks its V2 model runner, whose
+# protocol kvfuzz's worker speaks by default (the V1 runner's is tested too, by VLLM_USE_V2_MODEL_RUNNER=0).
+pip_install einops==0.8.2 triton==3.9.0
