@@ -55,7 +55,7 @@ def machine_for_setup(
             target=requests,
             prefix=st.sampled_from(prefixes),
             suffix=st.lists(st.integers(0, VOCABULARY - 1), max_size=2 * setup.block_size),
-            max_tokens=st.integers(1, 2 * setup.block_size),
+            max_tokens=st.integers(1, max(2 * setup.block_size, longest // 4)),
         )
         def add_request(self, prefix: int, suffix: list[int], max_tokens: int) -> str:
             prompt = (list(SHARED[:prefix]) + suffix)[: longest - 1] or [0]
