@@ -6,6 +6,7 @@ fails loudly rather than skipping."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Iterator
 
@@ -13,6 +14,7 @@ import pytest
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from kvfuzz.cli import main
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import expected_output
 from kvfuzz.scheduler.search import search
@@ -203,3 +205,15 @@ def test_progress_catches_a_request_that_never_finishes() -> None:
         r"progress check failed at step \d+, request r0: .*r0 \(RUNNING, 10 computed, 1 of 4 output tokens\)",
         str(caught.value),
     ), caught.value
+
+
+def test_the_cli_runs_the_target_and_refuses_what_vllm_refuses_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--scheduler", "vllm-v1", "--examples", "5", "--num-blocks", "8", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["scheduler"] == "vllm-v1" and summary["failed"] is False and summary["steps"] > 0
+    assert main(["run", "--scheduler", "vllm-v1", "--max-num-batched-tokens", "3"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "kvfuzz: max_num_batched_tokens (3) must be greater than or equal to max_num_seqs (4)."
+    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any, Callable, Optional
 
 from kvfuzz import option_defaults as defaults
@@ -69,6 +70,14 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     return None
 
 
+def one_line(error: ValueError) -> str:
+    """A configuration error in one line: pydantic's (vLLM's configs) is several, its reason on the line that says
+    ``Value error,``."""
+    lines = str(error).splitlines()
+    reason = next((line for line in lines if "Value error, " in line), lines[0] if lines else repr(error))
+    return reason.split("Value error, ", 1)[-1].split(" [type=", 1)[0].strip()
+
+
 def _setup(args: argparse.Namespace) -> Any:
     from kvfuzz.scheduler.config import SchedulerSetup
 
@@ -91,8 +100,13 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
     if problem is None:
         try:
             setup = _setup(args)
+            from kvfuzz.scheduler.vllm_build import vllm_config
+
+            started = time.perf_counter()
+            vllm_config(setup)  # vLLM's own validation of the configuration, before any work
+            configured = time.perf_counter() - started
         except ValueError as error:
-            problem = str(error)
+            problem = one_line(error)
     if problem is not None:
         print(f"kvfuzz: {problem}", file=sys.stderr)
         return 2
@@ -100,13 +114,14 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
 
     if not args.json:
         print(
-            f"kvfuzz run: --scheduler {args.scheduler} ({SCHEDULERS[args.scheduler]})\n  {setup.describe()}\n  "
+            f"kvfuzz run: --scheduler {args.scheduler} ({SCHEDULERS[args.scheduler]}; vLLM imported and configured "
+            f"in {configured:.1f} s)\n  {setup.describe()}\n  "
             f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, derandomized",
             flush=True,
         )
     outcome = search(setup, examples=args.examples, steps=args.steps, shrink=not args.no_shrink)
     if args.json:
-        emit_json({"scheduler": args.scheduler, **outcome.to_json()})
+        emit_json({"scheduler": args.scheduler, "configure_seconds": round(configured, 3), **outcome.to_json()})
     else:
         print("\n".join(outcome.describe()))
     return 1 if outcome.failure is not None else 0

@@ -12,9 +12,8 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.machine import Tally, machine_for_setup
-from kvfuzz.scheduler.session import Session, WorkerFactory
+from kvfuzz.scheduler.session import WorkerFactory
 from kvfuzz.scheduler.violations import SchedulerViolation
-from kvfuzz.scheduler.vllm_build import vllm_config
 from kvfuzz.scheduler.worker import Worker
 from kvfuzz.text import plural
 
@@ -28,7 +27,6 @@ class Outcome:
     steps: int  # schedule() calls over all of them
     preemptions: int  # requests the scheduler preempted over all of them
     hit_tokens: int  # tokens new and resumed requests found in the prefix cache
-    build_seconds: float  # building the configuration's VllmConfig (vLLM imported) and a first Scheduler
     seconds: float  # the search itself
     failure: Optional[SchedulerViolation]  # the shrunk failure, or None
     program: str  # Hypothesis's falsifying example: the calls that reproduce it ("" when passed)
@@ -41,7 +39,7 @@ class Outcome:
         verdict = "FAILED" if self.failure is not None else "passed"
         lines = [
             f"{verdict}: {plural(self.examples, 'example')}, {plural(self.steps, 'step')} in {self.seconds:.1f} s "
-            f"({self.steps_per_second:.0f} steps/s; building vLLM's configuration took {self.build_seconds:.1f} s)",
+            f"({self.steps_per_second:.0f} steps/s)",
             f"the scheduler preempted {plural(self.preemptions, 'request')}; "
             f"{plural(self.hit_tokens, 'prompt token')} hit the prefix cache",
         ]
@@ -58,7 +56,6 @@ class Outcome:
             "hit_tokens": self.hit_tokens,
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps_per_second, 1),
-            "build_seconds": round(self.build_seconds, 3),
             "check": self.failure.check.value if self.failure is not None else None,
             "explanation": str(self.failure) if self.failure is not None else None,
             "program": self.program or None,
@@ -70,10 +67,6 @@ def search(
 ) -> Outcome:
     """Run the machine for ``examples`` examples of up to ``steps`` operations; a :class:`SchedulerViolation` is
     shrunk (unless ``shrink`` is off) and returned, any other exception propagates."""
-    started = time.perf_counter()
-    vllm_config(setup)
-    Session(setup, worker)  # the first scheduler pays vLLM's lazy imports, outside the timed search
-    build_seconds = time.perf_counter() - started
     tally = Tally()
     machine = machine_for_setup(setup, worker, tally)
 
@@ -103,7 +96,6 @@ def search(
         tally.steps,
         tally.preemptions,
         tally.hit_tokens,
-        build_seconds,
         time.perf_counter() - started,
         failure,
         program,
