@@ -16,6 +16,7 @@ from kvfuzz.scheduler.session import WorkerFactory
 from kvfuzz.scheduler.violations import SchedulerViolation
 from kvfuzz.scheduler.worker import Worker
 from kvfuzz.text import plural
+from kvfuzz.threads import single_threaded_torch
 
 
 @attrs.frozen
@@ -86,7 +87,8 @@ def search(
     program = ""
     started = time.perf_counter()
     try:
-        run_state_machine_as_test(machine, settings=profile)
+        with single_threaded_torch():
+            run_state_machine_as_test(machine, settings=profile)
     except SchedulerViolation as error:
         failure = error
         program = "\n".join(note for note in getattr(error, "__notes__", ()) if note)
