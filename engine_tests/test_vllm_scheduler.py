@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import pytest
 from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from kvfuzz.cli import main
@@ -147,6 +148,31 @@ def test_accounting_catches_a_block_lost_on_free(monkeypatch: pytest.MonkeyPatch
     assert re.search(
         r"accounting check failed at step \d+: the manager reports 7 free blocks, but the running requests' tables "
         r"hold 0 distinct blocks of 8, so 8 must be free; blocks neither free nor in a table: \[\d+\]",
+        str(caught.value),
+    ), caught.value
+
+
+def test_accounting_catches_a_block_id_dropped_from_the_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler allocates two blocks for a prompt but tells the worker of one."""
+    original = KVCacheBlocks.get_block_ids
+    armed = [True]
+
+    def get_block_ids(self: KVCacheBlocks, allow_none: bool = False, **kwargs: Any) -> Any:
+        ids = original(self, allow_none, **kwargs)
+        if armed[0] and ids is not None and len(ids[0]) >= 2:
+            armed[0] = False
+            return (ids[0][:-1],)
+        return ids
+
+    monkeypatch.setattr(KVCacheBlocks, "get_block_ids", get_block_ids)
+    session = Session(SMALL)
+    session.add(PREFIX + [1], 2)
+    with pytest.raises(SchedulerViolation) as caught:
+        session.step()
+    assert caught.value.check is Check.ACCOUNTING
+    assert re.search(
+        r"accounting check failed at step 1: the manager reports 5 free blocks, but the running requests' tables "
+        r"hold 2 distinct blocks of 8, so 6 must be free; blocks neither free nor in a table: \[\d+\]",
         str(caught.value),
     ), caught.value
 
