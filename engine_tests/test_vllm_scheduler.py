@@ -243,3 +243,16 @@ def test_the_cli_runs_the_target_and_refuses_what_vllm_refuses_in_one_line(capsy
     assert captured.err.splitlines() == [
         "kvfuzz: max_num_batched_tokens (3) must be greater than or equal to max_num_seqs (4)."
     ]
+
+
+def test_an_exception_of_vllm_s_own_is_a_finding_with_its_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM asserting in ``schedule()`` once a request is preempted: reported as a crash, shrunk to its program."""
+
+    def preempt(self: Scheduler, request: Any, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"seeded: preempting {request.request_id}")
+
+    monkeypatch.setattr(Scheduler, "_preempt_request", preempt)
+    outcome = search(SMALL, examples=50, steps=30)
+    assert outcome.check() == "crash", outcome.describe()
+    assert outcome.explanation().startswith("crash: AssertionError: seeded: preempting r")
+    assert "state.add_request(" in outcome.program

@@ -4,7 +4,7 @@ stops arrivals and drains every request (the progress check)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 import attrs
 from hypothesis import strategies as st
@@ -14,6 +14,8 @@ from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.session import Session, WorkerFactory
 from kvfuzz.scheduler.worker import Worker
+
+T = TypeVar("T")
 
 SHARED = tuple((index * 5 + index // 3) % VOCABULARY for index in range(256))
 """The token stream every shared prefix is a start of: prompts that pick the same prefix share its blocks."""
@@ -49,7 +51,15 @@ def machine_for_setup(
         def __init__(self) -> None:
             super().__init__()
             self.session = Session(setup, worker)  # one example's scheduler, worker and outputs
-            self.failed: Optional[BaseException] = None  # a check failed: the teardown does not drain
+            self.failed = False  # an operation raised (a check, or vLLM itself): the teardown does not drain
+
+        def _guarded(self, action: Callable[[], T]) -> T:
+            """``action()``, noting a failure so that the teardown leaves the broken example alone."""
+            try:
+                return action()
+            except BaseException:
+                self.failed = True
+                raise
 
         @rule(
             target=requests,
@@ -59,24 +69,20 @@ def machine_for_setup(
         )
         def add_request(self, prefix: int, suffix: list[int], max_tokens: int) -> str:
             prompt = (list(SHARED[:prefix]) + suffix)[: longest - 1] or [0]
-            return self.session.add(prompt, min(max_tokens, longest - len(prompt)))
+            return self._guarded(lambda: self.session.add(prompt, min(max_tokens, longest - len(prompt))))
 
         @rule(request=requests)
         def abort(self, request: str) -> None:
-            self.session.abort(request)
+            self._guarded(lambda: self.session.abort(request))
 
         @precondition(lambda self: self.session.scheduler.has_requests())
         @rule()
         def step(self) -> None:
-            try:
-                self.session.step()
-            except BaseException as error:
-                self.failed = error
-                raise
+            self._guarded(self.session.step)
 
         def teardown(self) -> None:
             try:
-                if self.failed is None:
+                if not self.failed:
                     self.session.drain()
             finally:
                 if tally is not None:

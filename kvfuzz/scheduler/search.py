@@ -29,7 +29,7 @@ class Outcome:
     preemptions: int  # requests the scheduler preempted over all of them
     hit_tokens: int  # tokens new and resumed requests found in the prefix cache
     seconds: float  # the search itself
-    failure: Optional[SchedulerViolation]  # the shrunk failure, or None
+    failure: Optional[Exception]  # the shrunk failure (a check's SchedulerViolation, or vLLM's own exception), or None
     program: str  # Hypothesis's falsifying example: the calls that reproduce it ("" when passed)
 
     @property
@@ -45,8 +45,19 @@ class Outcome:
             f"{plural(self.hit_tokens, 'prompt token')} hit the prefix cache",
         ]
         if self.failure is not None:
-            lines += ["", str(self.failure), "", self.program]
+            lines += ["", self.explanation(), "", self.program]
         return lines
+
+    def check(self) -> Optional[str]:
+        """The check that failed, ``crash`` for an exception of vLLM's own, or None."""
+        if self.failure is None:
+            return None
+        return self.failure.check.value if isinstance(self.failure, SchedulerViolation) else "crash"
+
+    def explanation(self) -> str:
+        if isinstance(self.failure, SchedulerViolation) or self.failure is None:
+            return str(self.failure or "")
+        return f"crash: {type(self.failure).__name__}: {self.failure}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,8 +68,8 @@ class Outcome:
             "hit_tokens": self.hit_tokens,
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps_per_second, 1),
-            "check": self.failure.check.value if self.failure is not None else None,
-            "explanation": str(self.failure) if self.failure is not None else None,
+            "check": self.check(),
+            "explanation": self.explanation() or None,
             "program": self.program or None,
         }
 
@@ -66,8 +77,8 @@ class Outcome:
 def search(
     setup: SchedulerSetup, examples: int, steps: int, shrink: bool = True, worker: WorkerFactory = Worker
 ) -> Outcome:
-    """Run the machine for ``examples`` examples of up to ``steps`` operations; a :class:`SchedulerViolation` is
-    shrunk (unless ``shrink`` is off) and returned, any other exception propagates."""
+    """Run the machine for ``examples`` examples of up to ``steps`` operations; a failure (a
+    :class:`SchedulerViolation`, or any exception vLLM raises) is shrunk, unless ``shrink`` is off, and returned."""
     tally = Tally()
     machine = machine_for_setup(setup, worker, tally)
 
@@ -83,13 +94,13 @@ def search(
         report_multiple_bugs=False,
         print_blob=False,
     )
-    failure: Optional[SchedulerViolation] = None
+    failure: Optional[Exception] = None
     program = ""
     started = time.perf_counter()
     try:
         with single_threaded_torch():
             run_state_machine_as_test(machine, settings=profile)
-    except SchedulerViolation as error:
+    except Exception as error:  # noqa: BLE001 -- an exception from vLLM is a finding, reported with its program
         failure = error
         program = "\n".join(note for note in getattr(error, "__notes__", ()) if note)
     return Outcome(
