@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import pytest
 from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from kvfuzz.cli import main
@@ -82,16 +82,50 @@ class HitBlindWorker(Worker):
         return super().slots(request, positions, step)
 
 
-def test_content_catches_a_suffix_written_over_the_shared_cached_blocks() -> None:
+def test_exclusivity_catches_a_suffix_written_over_the_shared_cached_blocks() -> None:
     session = Session(SMALL, HitBlindWorker)
     finish(session, PREFIX + [1], 2)
     session.add(PREFIX + [3, 3], 2)
     with pytest.raises(SchedulerViolation) as caught:
         session.step()
+    assert caught.value.check is Check.EXCLUSIVE
+    assert re.search(
+        r"exclusive check failed at step \d+, request r1: its position 8 \(tag 0x[0-9a-f]+\) is written to block \d+, "
+        r"slot \d+, which request r1 relies on for its position 0 \(tag 0x[0-9a-f]+\); the slot holds tag "
+        r"0x[0-9a-f]+, written at step 1",
+        str(caught.value),
+    ), caught.value
+
+
+def test_content_catches_a_prefix_hit_on_another_prefix_s_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manager's hit hands over, for the second block of a prefix, a cached block of another prefix: nothing is
+    overwritten (refcounts and free count stay consistent), but what the request attends to is not its own."""
+    original = KVCacheManager.get_computed_blocks
+
+    def get_computed_blocks(self: KVCacheManager, request: Any, *args: Any, **kwargs: Any) -> Any:
+        found = original(self, request, *args, **kwargs)
+        blocks = found[0]
+        hits = blocks.blocks[0]
+        if len(hits) >= 2:
+            pool = self.block_pool
+            hits[1] = next(
+                block
+                for block in pool.free_block_queue.get_all_free_blocks()
+                if block.block_hash is not None and block not in hits
+            )
+        return found
+
+    monkeypatch.setattr(KVCacheManager, "get_computed_blocks", get_computed_blocks)
+    session = Session(SMALL)
+    finish(session, PREFIX + [1], 2)
+    finish(session, [3, 3, 3, 3, 0], 2)
+    session.add(PREFIX + [3], 2)
+    with pytest.raises(SchedulerViolation) as caught:
+        session.step()
     assert caught.value.check is Check.CONTENT
     assert re.search(
-        r"content check failed at step \d+, request r1: position 0 \(block \d+, slot \d+\) should hold the K/V of "
-        r"the request's own tokens \[1\] .* but holds the K/V of request r1's position 8",
+        r"content check failed at step \d+, request r2: position 4 \(block \d+, slot \d+\) should hold the K/V of the "
+        r"request's own tokens \[1, 2, 3, 0, 2\] \(tag 0x[0-9a-f]+\), but holds the K/V of request r1's position 0",
         str(caught.value),
     ), caught.value
 
@@ -121,10 +155,12 @@ def double_allocation(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("double_allocation")
-def test_content_catches_a_block_handed_out_while_in_use_from_random_requests() -> None:
+def test_exclusivity_catches_a_block_handed_out_while_in_use_from_random_requests() -> None:
     outcome = search(SchedulerSetup(num_blocks=8, prefix_caching=False), examples=50, steps=30)
-    assert outcome.failure is not None and outcome.failure.check is Check.CONTENT, outcome.describe()
-    assert "holds the K/V of request" in str(outcome.failure)
+    assert outcome.check() == "exclusive", outcome.describe()
+    assert re.search(r"which request r\d+ (relies on|wrote this step) for its position \d+", outcome.explanation()), (
+        outcome.describe()
+    )
     assert "state.add_request(" in outcome.program and "state.step()" in outcome.program
 
 

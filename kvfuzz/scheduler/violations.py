@@ -11,6 +11,7 @@ class Check(enum.Enum):
     """The checks kvfuzz runs on the real scheduler (docs/scheduler.md)."""
 
     CONTENT = "content"  # every position a scheduled token attends to holds its own request's K/V
+    EXCLUSIVE = "exclusive"  # no write gives a slot content other than what a live request or this step needs there
     OUTPUTS = "outputs"  # every request's output is exactly the tokens the fake model sampled for it, in order
     ACCOUNTING = "accounting"  # the manager's free blocks and refcounts agree with the worker's tables
     PROGRESS = "progress"  # once arrivals stop, every request finishes within a bound

@@ -16,6 +16,9 @@ Invariants the worker holds vLLM to:
   ``c .. c + n - 1`` holds the K/V of that request's own tokens up to it (kvfuzz's tag-based K/V of
   :mod:`kvfuzz.reference.content`), whether this step wrote it, an earlier step did, or another request did and the
   prefix cache handed the block over;
+* **exclusive writes**: no scheduled token's K/V is written over a slot whose content a live request (one the worker
+  holds, not preempted) relies on, a position it has computed, nor over a slot another write of the same step
+  took (unless the content is the same);
 * every scheduled position is one whose token the worker knows (no speculative decoding here), and falls inside the
   request's table;
 * the scheduler counts as many outputs for a request it schedules again as the fake model sampled for it, and a
@@ -43,6 +46,7 @@ class RequestState:
     tokens: list[int]  # the prompt, then every token the fake model sampled for it
     prompt_length: int  # how many of ``tokens`` are the prompt
     table: list[int]  # vLLM block ids, in position order
+    computed: int = 0  # positions whose K/V the request relies on (computed, or found in the prefix cache)
     preempted: bool = False  # preempted and not resumed since: ``table`` is stale
 
 
@@ -54,6 +58,16 @@ class Write:
     position: int  # the token's position in that request
     tag: int  # the tag of that request's prefix up to the position
     step: int  # the step that wrote it
+
+
+@attrs.frozen
+class Claim:
+    """Who needs a slot's content this step: a live request that computed the position, or this step's writer."""
+
+    request: str  # the request
+    position: int  # its position the slot holds
+    tag: int  # the content it needs there
+    why: str  # "relies on" or "wrote this step", for the message
 
 
 class Worker:
@@ -97,7 +111,9 @@ class Worker:
                     f"scheduled as new with tokens {tokens}, but its prompt is {prompt} and the fake model sampled "
                     f"{sampled} for it",
                 )
-            self.requests[new.req_id] = RequestState(tokens, len(prompt), list(new.block_ids[0]))
+            self.requests[new.req_id] = RequestState(
+                tokens, len(prompt), list(new.block_ids[0]), computed=new.num_computed_tokens
+            )
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
         for index, request in enumerate(cached.req_ids):
@@ -117,7 +133,7 @@ class Worker:
                     f"the scheduler counts {cached.num_output_tokens[index]} output tokens, but the fake model "
                     f"sampled {outputs}",
                 )
-            self.computed[request] = cached.num_computed_tokens[index]
+            self.computed[request] = state.computed = cached.num_computed_tokens[index]
 
     def live_tables(self) -> dict[str, list[int]]:
         """The table of every request the worker holds that is not preempted: the blocks it may read and write."""
@@ -139,14 +155,16 @@ class Worker:
         request ids in order, and each one's sampled tokens (none for a prefill chunk that ends before the last
         token)."""
         scheduled = output.num_scheduled_tokens
+        taken = self._relied_on(step)
         for request, count in scheduled.items():
             computed = self.computed[request]
-            self._write(request, range(computed, computed + count), step)
+            self._write(request, range(computed, computed + count), step, taken)
         order, sampled = [], []
         for request, count in scheduled.items():
             state = self.requests[request]
             end = self.computed[request] + count
             self._check_content(request, end, step)
+            state.computed = end
             order.append(request)
             if end == len(state.tokens):
                 tokens = self.sampled(request, len(state.tokens))
@@ -174,7 +192,23 @@ class Worker:
             )
         return table[entry] * self.block_size + position % self.block_size
 
-    def _write(self, request: str, positions: range, step: int) -> None:
+    def _relied_on(self, step: int) -> dict[int, Claim]:
+        """Slot -> the claim of a live request that has computed that position and relies on its content (when
+        several do, as blocks the prefix cache shares, the first: they need the same content, or the content check
+        fails one of them)."""
+        relied: dict[int, Claim] = {}
+        for request, state in self.requests.items():
+            if not state.preempted and state.computed:
+                tags = prefix_tags((), state.tokens[: state.computed])
+                for position, tag in enumerate(tags):
+                    relied.setdefault(self._slot(request, position, step), Claim(request, position, tag, "relies on"))
+        return relied
+
+    def _write(self, request: str, positions: range, step: int, taken: dict[int, Claim]) -> None:
+        """Write the K/V of a request's tokens at ``positions``. A write that gives a slot in ``taken`` content other
+        than its claim needs breaks exclusivity; ``taken`` gets a claim for every slot written. (A request admitted
+        in the same step as the one that writes its prefix relies on that step's write: vLLM caches full blocks
+        when they are scheduled, and the step writes every token's K/V before attention reads it.)"""
         state = self.requests[request]
         if positions.stop > len(state.tokens):
             raise SchedulerViolation(
@@ -188,6 +222,20 @@ class Worker:
             return
         tags = prefix_tags((), state.tokens[: positions.stop])[positions.start :]
         slots = self.slots(request, positions, step)
+        for slot, position, tag in zip(slots, positions, tags):
+            claim = taken.get(slot)
+            if claim is not None and claim.tag != tag:
+                found = self.shadow[slot]
+                raise SchedulerViolation(
+                    Check.EXCLUSIVE,
+                    step,
+                    request,
+                    f"its position {position} (tag {tag:#x}) is written to block {slot // self.block_size}, slot "
+                    f"{slot}, which request {claim.request} {claim.why} for its position {claim.position} (tag "
+                    f"{claim.tag:#x}); the slot holds "
+                    + ("nothing yet" if found is None else f"tag {found.tag:#x}, written at step {found.step}"),
+                )
+            taken[slot] = Claim(request, position, tag, "wrote this step")
         keys, values = kv_for_tags(tags, MODEL_SHAPE)
         index = torch.tensor(slots, dtype=torch.int64)
         self.keys[index] = keys
