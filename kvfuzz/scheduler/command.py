@@ -7,10 +7,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from kvfuzz import option_defaults as defaults
 from kvfuzz.text import plural
+
+if TYPE_CHECKING:
+    from kvfuzz.scheduler.config import SchedulerSetup
 
 SCHEDULERS = {"vllm-v1": "vLLM 0.33.0's v1 Scheduler with its KVCacheManager"}
 """The schedulers ``--scheduler`` names, and what each is."""
@@ -78,7 +81,7 @@ def one_line(error: ValueError) -> str:
     return reason.split("Value error, ", 1)[-1].split(" [type=", 1)[0].strip()
 
 
-def _setup(args: argparse.Namespace) -> Any:
+def _setup(args: argparse.Namespace) -> SchedulerSetup:
     from kvfuzz.scheduler.config import SchedulerSetup
 
     chosen = {
