@@ -130,7 +130,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvfuzz.program",),  # the operation table, programs, replay
     ("kvfuzz.shrink",),  # failure signatures, and shrinking a failing program to a fixpoint
     ("kvfuzz.statemachines", "kvfuzz.profiles"),  # the Hypothesis machine and its settings profiles
-    ("kvfuzz.runner",),  # run(): search, shrink, summarise
+    # run(): search, shrink, summarise; the real-scheduler target (its worker, checks, machine and search), which
+    # needs only the reference's K/V beneath it
+    ("kvfuzz.runner", "kvfuzz.scheduler"),
     ("kvfuzz.saved",),  # traces, the corpus, journals
     ("kvfuzz.trace", "kvfuzz.corpus"),  # kvfuzz.saved's trace and corpus under their names before the move
     ("kvfuzz.timeline", "kvfuzz.campaign", "kvfuzz.zoo_run"),  # show; campaigns; zoo; --isolate

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Optional
 from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import DEFAULT_CORPUS, check_database, machine_arguments, machine_config, needs_torch
 from kvfuzz.last_words import last_words
-from kvfuzz.option_defaults import KERNEL_NAMES
+from kvfuzz.option_defaults import KERNEL_NAMES, SCHEDULER_NAMES
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory, probe_allocator
+from kvfuzz.scheduler.command import add_arguments as scheduler_arguments
+from kvfuzz.scheduler.command import run_scheduler, usage_error
 from kvfuzz.text import plural
 
 if TYPE_CHECKING:
@@ -27,12 +29,19 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("run", help="run the machine against an allocator")
-    parser.add_argument(
+    parser = subparsers.add_parser("run", help="run the machine against an allocator, or a real scheduler")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument(
         "--allocator",
         default=DEFAULT_ALLOCATOR,
         help=f"MODULE:FACTORY called with a PoolSpec (default {DEFAULT_ALLOCATOR}); "
         "zoo:NAME for a broken allocator from kvfuzz's zoo",
+    )
+    target.add_argument(
+        "--scheduler",
+        choices=SCHEDULER_NAMES,
+        help="instead of an allocator, a real engine scheduler that decides for itself, kvfuzz playing its model "
+        "runner (docs/scheduler.md)",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument(
@@ -63,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "program saved as a trace (docs/failures.md); costs a second interpreter's start",
     )
     machine_arguments(parser)
+    scheduler_arguments(parser)
     parser.set_defaults(handler=needs_torch(run_command))
 
 
@@ -243,6 +253,8 @@ def _dying_words(journal_dir: Optional[Path], corpus: str) -> contextlib.Abstrac
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if args.scheduler is not None or usage_error(args) is not None:
+        return run_scheduler(args, emit_json)  # a scheduler target, or a scheduler's option without one (refused)
     import attrs
 
     from kvfuzz.campaign.store import open_examples

@@ -10,5 +10,8 @@ pip_install packaging psutil pyzmq urllib3 regex numpy msgspec pydantic cbor2 't
     aiohttp requests openai-harmony openai pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo prometheus_client \
     'fastapi>=0.133.0,<0.137.0' partial_json_parser 'llguidance>=1.7.0,<1.8.0'
 # kvfuzz's vllm-triton kernel (kvfuzz.kernels.vllm_triton) runs vLLM's Triton unified attention: Triton (the
-# version of kvfuzz's triton extra), and einops, which vLLM's attention ops import.
+# version of kvfuzz's triton extra), and einops, which vLLM's attention ops import. kvfuzz.scheduler (kvfuzz run
+# --scheduler vllm-v1) builds vLLM's Scheduler from a model config.json: vLLM inspects the architecture in a
+# subprocess that imports einops. With Triton installed vLLM picks its V2 model runner, whose protocol kvfuzz's
+# worker speaks by default (the V1 runner's is tested too, by VLLM_USE_V2_MODEL_RUNNER=0).
 pip_install triton==3.9.0 einops==0.8.2

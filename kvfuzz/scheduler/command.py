@@ -1,0 +1,130 @@
+"""``kvfuzz run --scheduler NAME``: the Hypothesis machine against a real scheduler, every check on, and its outcome
+printed (or one JSON object). Usage errors are one line on standard error and exit status 2, before any work:
+flags that mean nothing to a scheduler target, and vLLM not installed here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from kvfuzz import option_defaults as defaults
+from kvfuzz.text import plural
+
+if TYPE_CHECKING:
+    from kvfuzz.scheduler.config import SchedulerSetup
+
+SCHEDULERS = {"vllm-v1": "vLLM 0.33.0's v1 Scheduler with its KVCacheManager"}
+"""The schedulers ``--scheduler`` names, and what each is."""
+
+_ALLOCATOR_ONLY = (
+    ("isolate", False, "--isolate"),
+    ("database", None, "--database"),
+    ("seed", None, "--seed"),
+    ("kernel", "gather", "--kernel"),
+    ("host_blocks", defaults.NUM_HOST_BLOCKS, "--host-blocks"),
+    ("layers", defaults.NUM_LAYERS, "--layers"),
+    ("kv_heads", defaults.NUM_KV_HEADS, "--kv-heads"),
+    ("query_heads", defaults.NUM_QUERY_HEADS, "--query-heads"),
+    ("head_dim", defaults.HEAD_DIM, "--head-dim"),
+    ("dtype", "float32", "--dtype"),
+    ("device", "cpu", "--device"),
+)
+"""(attribute, its default, flag) of ``kvfuzz run``'s options that a scheduler target does not take (yet)."""
+
+SCHEDULER_ONLY = ("max_num_batched_tokens", "max_num_seqs", "no_prefix_caching")
+"""The attributes of the options only a scheduler target takes."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a scheduler target (``kvfuzz run``'s ``--scheduler`` is registered beside ``--allocator``)."""
+    group = parser.add_argument_group("scheduler target (with --scheduler; docs/scheduler.md)")
+    group.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        metavar="N",
+        help="the step's token budget; longer prompts are prefilled in chunks "
+        f"(default {defaults.SCHEDULER_TOKEN_BUDGET})",
+    )
+    group.add_argument(
+        "--max-num-seqs", type=int, metavar="N", help=f"most running requests (default {defaults.SCHEDULER_MAX_SEQS})"
+    )
+    group.add_argument("--no-prefix-caching", action="store_true", default=None, help="switch prefix caching off")
+
+
+def usage_error(args: argparse.Namespace) -> Optional[str]:
+    """The one line a ``kvfuzz run`` with these arguments is refused with, if any."""
+    if args.scheduler is None:
+        given = [name for name in SCHEDULER_ONLY if getattr(args, name) is not None]
+        if given:
+            return f"--{given[0].replace('_', '-')} needs --scheduler"
+        return None
+    for attribute, default, flag in _ALLOCATOR_ONLY:
+        if getattr(args, attribute) != default:
+            return f"--scheduler does not take {flag} (yet; docs/scheduler.md says what a scheduler target covers)"
+    from kvfuzz.scheduler.vllm_build import vllm_missing
+
+    if vllm_missing():
+        return (
+            f"--scheduler {args.scheduler} needs vllm 0.33.0, which is not installed here; build its environment "
+            "with scripts/third_party_env.sh vllm"
+        )
+    return None
+
+
+def one_line(error: ValueError) -> str:
+    """A configuration error in one line: pydantic's (vLLM's configs) is several, its reason on the line that says
+    ``Value error,``."""
+    lines = str(error).splitlines()
+    reason = next((line for line in lines if "Value error, " in line), lines[0] if lines else repr(error))
+    return reason.split("Value error, ", 1)[-1].split(" [type=", 1)[0].strip()
+
+
+def _setup(args: argparse.Namespace) -> SchedulerSetup:
+    from kvfuzz.scheduler.config import SchedulerSetup
+
+    chosen = {
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "prefix_caching": False if args.no_prefix_caching else None,
+    }
+    return SchedulerSetup(
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        **{name: value for name, value in chosen.items() if value is not None},
+    )
+
+
+def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) -> int:
+    """``kvfuzz run --scheduler``: exit status 0 (passed), 1 (a check failed), 2 (a usage error). With ``--json``
+    the outcome goes to ``emit_json`` (the CLI's, which keeps standard output for it)."""
+    problem = usage_error(args)
+    if problem is None:
+        try:
+            setup = _setup(args)
+            from kvfuzz.scheduler.vllm_build import vllm_config
+
+            started = time.perf_counter()
+            vllm_config(setup)  # vLLM's own validation of the configuration, before any work
+            configured = time.perf_counter() - started
+        except ValueError as error:
+            problem = one_line(error)
+    if problem is not None:
+        print(f"kvfuzz: {problem}", file=sys.stderr)
+        return 2
+    from kvfuzz.scheduler.search import search
+
+    if not args.json:
+        print(
+            f"kvfuzz run: --scheduler {args.scheduler} ({SCHEDULERS[args.scheduler]}; vLLM imported and configured "
+            f"in {configured:.1f} s)\n  {setup.describe()}\n  "
+            f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, derandomized",
+            flush=True,
+        )
+    outcome = search(setup, examples=args.examples, steps=args.steps, shrink=not args.no_shrink)
+    if args.json:
+        emit_json({"scheduler": args.scheduler, "configure_seconds": round(configured, 3), **outcome.to_json()})
+    else:
+        print("\n".join(outcome.describe()))
+    return 1 if outcome.failure is not None else 0

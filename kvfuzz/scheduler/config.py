@@ -1,0 +1,43 @@
+"""What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching."""
+
+from __future__ import annotations
+
+import attrs
+
+from kvfuzz.reference.content import ModelShape
+
+MODEL_SHAPE = ModelShape(num_layers=2, num_kv_heads=2, num_query_heads=2, head_dim=4)
+"""The K/V kvfuzz writes for every scheduled token: small, since only its content is compared, never attended."""
+
+
+@attrs.frozen
+class SchedulerSetup:
+    """One configuration of vLLM's v1 ``Scheduler``.
+
+    Invariants: the pool holds ``num_blocks`` blocks of ``block_size`` slots besides vLLM's null block, and no
+    request is longer than the pool (``max_model_len``), so that a request alone in the engine always fits, as vLLM
+    checks at startup for a real model."""
+
+    num_blocks: int = 16  # usable blocks of the pool (vLLM gets one more, its null block 0)
+    block_size: int = 4  # slots per block
+    max_num_batched_tokens: int = 16  # the step's token budget: prompts longer than it are prefilled in chunks
+    max_num_seqs: int = 4  # most requests running at once
+    prefix_caching: bool = True  # vLLM's automatic prefix caching
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len < 2:
+            raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest request (prompt and output) the target is given: the whole pool."""
+        return self.num_blocks * self.block_size
+
+    def describe(self) -> str:
+        return (
+            f"{self.num_blocks} blocks x {self.block_size} slots, token budget {self.max_num_batched_tokens}, "
+            f"at most {self.max_num_seqs} running, prefix caching {'on' if self.prefix_caching else 'off'}"
+        )

@@ -1,0 +1,95 @@
+"""The Hypothesis state machine over the real scheduler: operations are requests (add one, abort one) and steps, so
+a failing example shrinks to the fewest requests and steps that still fail, as Hypothesis shrinks. Its teardown
+stops arrivals and drains every request (the progress check)."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, TypeVar
+
+import attrs
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
+
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.fake_model import VOCABULARY
+from kvfuzz.scheduler.session import Session, WorkerFactory
+from kvfuzz.scheduler.worker import Worker
+
+T = TypeVar("T")
+
+SHARED = tuple((index * 5 + index // 3) % VOCABULARY for index in range(256))
+"""The token stream every shared prefix is a start of: prompts that pick the same prefix share its blocks."""
+
+
+@attrs.define
+class Tally:
+    """Examples and steps counted over every machine a search builds (shrinking's replays included)."""
+
+    examples: int = 0  # machines torn down
+    steps: int = 0  # their schedule() calls, the drains' included
+    preemptions: int = 0  # requests the scheduler preempted
+    hit_tokens: int = 0  # tokens found computed in the prefix cache
+
+
+def prefix_lengths(setup: SchedulerSetup) -> tuple[int, ...]:
+    """The shared prefixes a prompt may start with: none, one block, one block and a half, two blocks."""
+    size = setup.block_size
+    return (0, size, size + size // 2, 2 * size)
+
+
+def machine_for_setup(
+    setup: SchedulerSetup, worker: WorkerFactory = Worker, tally: Optional[Tally] = None
+) -> type[RuleBasedStateMachine]:
+    """A state machine class driving fresh ``Scheduler`` instances of ``setup`` with ``worker``, counting into
+    ``tally``."""
+    prefixes = prefix_lengths(setup)
+    longest = setup.max_model_len
+
+    class SchedulerMachine(RuleBasedStateMachine):
+        requests = Bundle("requests")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.session = Session(setup, worker)  # one example's scheduler, worker and outputs
+            self.failed = False  # an operation raised (a check, or vLLM itself): the teardown does not drain
+
+        def _guarded(self, action: Callable[[], T]) -> T:
+            """``action()``, noting a failure so that the teardown leaves the broken example alone."""
+            try:
+                return action()
+            except BaseException:
+                self.failed = True
+                raise
+
+        @rule(
+            target=requests,
+            prefix=st.sampled_from(prefixes),
+            suffix=st.lists(st.integers(0, VOCABULARY - 1), max_size=2 * setup.block_size),
+            max_tokens=st.integers(1, max(2 * setup.block_size, longest // 4)),
+        )
+        def add_request(self, prefix: int, suffix: list[int], max_tokens: int) -> str:
+            prompt = (list(SHARED[:prefix]) + suffix)[: longest - 1] or [0]
+            return self._guarded(lambda: self.session.add(prompt, min(max_tokens, longest - len(prompt))))
+
+        @rule(request=requests)
+        def abort(self, request: str) -> None:
+            self._guarded(lambda: self.session.abort(request))
+
+        @precondition(lambda self: self.session.scheduler.has_requests())
+        @rule()
+        def step(self) -> None:
+            self._guarded(self.session.step)
+
+        def teardown(self) -> None:
+            try:
+                if not self.failed:
+                    self.session.drain()
+            finally:
+                if tally is not None:
+                    tally.examples += 1
+                    tally.steps += self.session.steps
+                    tally.preemptions += self.session.preemptions
+                    tally.hit_tokens += self.session.hit_tokens
+
+    SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = "VllmV1SchedulerMachine"
+    return SchedulerMachine

@@ -1,0 +1,115 @@
+"""The search over one scheduler configuration: the Hypothesis machine run for a number of examples (derandomized,
+so the same run every time), its failure shrunk by Hypothesis to the fewest requests and steps, and the outcome."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import attrs
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.machine import Tally, machine_for_setup
+from kvfuzz.scheduler.session import WorkerFactory
+from kvfuzz.scheduler.violations import SchedulerViolation
+from kvfuzz.scheduler.worker import Worker
+from kvfuzz.text import plural
+from kvfuzz.threads import single_threaded_torch
+
+
+@attrs.frozen
+class Outcome:
+    """What a search found."""
+
+    setup: SchedulerSetup  # the configuration searched
+    examples: int  # examples run (shrinking's replays included)
+    steps: int  # schedule() calls over all of them
+    preemptions: int  # requests the scheduler preempted over all of them
+    hit_tokens: int  # tokens new and resumed requests found in the prefix cache
+    seconds: float  # the search itself
+    failure: Optional[Exception]  # the shrunk failure (a check's SchedulerViolation, or vLLM's own exception), or None
+    program: str  # Hypothesis's falsifying example: the calls that reproduce it ("" when passed)
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+    def describe(self) -> list[str]:
+        verdict = "FAILED" if self.failure is not None else "passed"
+        lines = [
+            f"{verdict}: {plural(self.examples, 'example')}, {plural(self.steps, 'step')} in {self.seconds:.1f} s "
+            f"({self.steps_per_second:.0f} steps/s)",
+            f"the scheduler preempted {plural(self.preemptions, 'request')}; "
+            f"{plural(self.hit_tokens, 'prompt token')} hit the prefix cache",
+        ]
+        if self.failure is not None:
+            lines += ["", self.explanation(), "", self.program]
+        return lines
+
+    def check(self) -> Optional[str]:
+        """The check that failed, ``crash`` for an exception of vLLM's own, or None."""
+        if self.failure is None:
+            return None
+        return self.failure.check.value if isinstance(self.failure, SchedulerViolation) else "crash"
+
+    def explanation(self) -> str:
+        if isinstance(self.failure, SchedulerViolation) or self.failure is None:
+            return str(self.failure or "")
+        return f"crash: {type(self.failure).__name__}: {self.failure}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "failed": self.failure is not None,
+            "examples": self.examples,
+            "steps": self.steps,
+            "preemptions": self.preemptions,
+            "hit_tokens": self.hit_tokens,
+            "seconds": round(self.seconds, 3),
+            "steps_per_second": round(self.steps_per_second, 1),
+            "check": self.check(),
+            "explanation": self.explanation() or None,
+            "program": self.program or None,
+        }
+
+
+def search(
+    setup: SchedulerSetup, examples: int, steps: int, shrink: bool = True, worker: WorkerFactory = Worker
+) -> Outcome:
+    """Run the machine for ``examples`` examples of up to ``steps`` operations; a failure (a
+    :class:`SchedulerViolation`, or any exception vLLM raises) is shrunk, unless ``shrink`` is off, and returned."""
+    tally = Tally()
+    machine = machine_for_setup(setup, worker, tally)
+
+    phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
+    profile = settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
+    failure: Optional[Exception] = None
+    program = ""
+    started = time.perf_counter()
+    try:
+        with single_threaded_torch():
+            run_state_machine_as_test(machine, settings=profile)
+    except Exception as error:  # noqa: BLE001 -- an exception from vLLM is a finding, reported with its program
+        failure = error
+        program = "\n".join(note for note in getattr(error, "__notes__", ()) if note)
+    return Outcome(
+        setup,
+        tally.examples,
+        tally.steps,
+        tally.preemptions,
+        tally.hit_tokens,
+        time.perf_counter() - started,
+        failure,
+        program,
+    )

@@ -1,0 +1,119 @@
+"""One example against vLLM's real scheduler: requests added and aborted as a client would, and steps run as
+vLLM's engine core runs them (``schedule()``, the worker, ``update_from_output()``), every check after each.
+
+The order within a step: ``schedule()``; the worker reads the output (finished, preempted, new and cached
+requests); the accounting check; the worker writes the scheduled tokens' K/V and checks what they attend to
+(content); ``update_from_output()`` with the fake model's tokens; the output check."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from kvfuzz.scheduler.accounting import check_accounting
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.outputs import OutputLedger
+from kvfuzz.scheduler.violations import Check, SchedulerViolation
+from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm
+from kvfuzz.scheduler.worker import Worker
+
+WorkerFactory = Callable[[SchedulerSetup], Worker]
+"""Builds the worker of an example (the engine tests pass subclasses that seed bugs)."""
+
+
+def drain_bound(remaining_tokens: int) -> int:
+    """The steps a drain may take: each step computes at least one token of some request unless it is stuck, and a
+    preemption recomputes what it dropped, so four times the requests' tokens, and a margin, is generous."""
+    return 4 * remaining_tokens + 16
+
+
+class Session:
+    """A fresh ``Scheduler``, its worker and the output ledger; ``steps`` counts ``schedule()`` calls."""
+
+    def __init__(self, setup: SchedulerSetup, worker: WorkerFactory = Worker) -> None:
+        self.setup = setup  # the configuration
+        self.scheduler = new_scheduler(setup)  # vLLM's v1 Scheduler, with its real KVCacheManager
+        self.worker = worker(setup)  # kvfuzz as the model runner
+        self.outputs = OutputLedger()  # every request's output so far
+        self.steps = 0  # schedule() calls so far
+        self.lengths: dict[str, int] = {}  # request -> prompt length + max_tokens
+        self.preemptions = 0  # requests the scheduler preempted
+        self.hit_tokens = 0  # tokens new and resumed requests found computed (prefix-cache hits)
+
+    def add(self, prompt: list[int], max_tokens: int) -> str:
+        """Add a request (ids ``r0``, ``r1``, ... in arrival order); returns its id."""
+        request = f"r{len(self.lengths)}"
+        self.scheduler.add_request(new_request(request, prompt, max_tokens, self.setup.block_size))
+        self.outputs.added(request, len(prompt), max_tokens)
+        self.lengths[request] = len(prompt) + max_tokens
+        return request
+
+    def abort(self, request: str) -> None:
+        """Abort a request, as a client disconnecting does (a finished one is left alone, as vLLM leaves it)."""
+        self.scheduler.finish_requests(request, vllm().RequestStatus.FINISHED_ABORTED)
+        self.outputs.aborted(request)
+
+    def step(self) -> int:
+        """One engine step, every check run; returns the tokens it scheduled."""
+        output = self.scheduler.schedule()
+        self.steps += 1
+        self.preemptions += len(output.preempted_req_ids or ())
+        self.hit_tokens += sum(new.num_computed_tokens for new in output.scheduled_new_reqs)
+        cached = output.scheduled_cached_reqs
+        self.hit_tokens += sum(
+            computed
+            for request, computed in zip(cached.req_ids, cached.num_computed_tokens)
+            if request in cached.resumed_req_ids
+        )
+        self.worker.consume(output, self.steps)
+        check_accounting(self.scheduler, self.worker.live_tables(), self.steps)
+        order, sampled = self.worker.execute(output, self.steps)
+        result = vllm().ModelRunnerOutput(
+            req_ids=order,
+            req_id_to_index={request: index for index, request in enumerate(order)},
+            sampled_token_ids=sampled,
+        )
+        self.outputs.receive(self.scheduler.update_from_output(output, result), self.steps)
+        return int(output.total_num_scheduled_tokens)
+
+    def drain(self) -> None:
+        """Arrivals stopped: run steps until every request has finished, within :func:`drain_bound`; then one more
+        step tells the worker of the last finished requests, after which it holds no table and every block is free
+        (the accounting check)."""
+        unfinished = self.outputs.unfinished()
+        bound = drain_bound(sum(self.lengths[request] for request in unfinished))
+        for _ in range(bound):
+            if not self.outputs.unfinished():
+                break
+            if self.step() == 0:
+                stuck = self.outputs.unfinished()
+                raise SchedulerViolation(
+                    Check.PROGRESS,
+                    self.steps,
+                    stuck[0],
+                    f"the step scheduled nothing while {len(stuck)} request(s) are unfinished: {self._describe(stuck)}",
+                )
+        unfinished = self.outputs.unfinished()
+        if unfinished:
+            raise SchedulerViolation(
+                Check.PROGRESS,
+                self.steps,
+                unfinished[0],
+                f"{len(unfinished)} request(s) still unfinished {bound} steps after arrivals stopped: "
+                f"{self._describe(unfinished)}",
+            )
+        if self.scheduler.has_requests():
+            self.step()
+
+    def _describe(self, requests: list[str]) -> str:
+        """Each request's status in the scheduler, its computed tokens and its output so far."""
+        described = []
+        for request in requests:
+            held = self.scheduler.requests.get(request)
+            status = (
+                "unknown to the scheduler"
+                if held is None
+                else f"{held.status.name}, {held.num_computed_tokens} computed"
+            )
+            expected = self.outputs.requests[request]
+            described.append(f"{request} ({status}, {len(expected.received)} of {expected.max_tokens} output tokens)")
+        return "; ".join(described)

@@ -1,0 +1,30 @@
+"""What a failed check of the scheduler target reports: the check, the step, the request, what was expected and what
+was found."""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional
+
+
+class Check(enum.Enum):
+    """The checks kvfuzz runs on the real scheduler (docs/scheduler.md)."""
+
+    CONTENT = "content"  # every position a scheduled token attends to holds its own request's K/V
+    EXCLUSIVE = "exclusive"  # no write gives a slot content other than what a live request or this step needs there
+    OUTPUTS = "outputs"  # every request's output is exactly the tokens the fake model sampled for it, in order
+    ACCOUNTING = "accounting"  # the manager's free blocks and refcounts agree with the worker's tables
+    PROGRESS = "progress"  # once arrivals stop, every request finishes within a bound
+
+
+class SchedulerViolation(Exception):
+    """A check failed. The message names the check, the step (the number of ``schedule()`` calls so far) and the
+    request, then says what was expected and what was found."""
+
+    def __init__(self, check: Check, step: int, request: Optional[str], detail: str) -> None:
+        self.check = check  # which check failed
+        self.step = step  # the step it failed at
+        self.request = request  # the request it concerns, if one
+        self.detail = detail  # expected vs found
+        about = f", request {request}" if request is not None else ""
+        super().__init__(f"{check.value} check failed at step {step}{about}: {detail}")

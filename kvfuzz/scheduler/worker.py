@@ -1,0 +1,271 @@
+"""kvfuzz as vLLM's model runner: worker-side block tables kept from each ``SchedulerOutput`` as the model runner
+the configuration selects keeps them, the K/V of every scheduled token written into the slot those tables give,
+the content every scheduled token attends to checked, and a ``ModelRunnerOutput`` of the fake model's tokens.
+
+vLLM 0.33.0 has two model runners, and the scheduler speaks to each its own way (``use_v2_model_runner``, the
+default where Triton is installed, as in kvfuzz's vLLM environment):
+
+* the V1 runner (``GPUModelRunner._update_states``) keeps a preempted request's state: the scheduler resumes it among
+  the cached requests (``resumed_req_ids``), with a new table that replaces the old;
+* the V2 runner (``gpu/model_runner.py``) drops a preempted request as a finished one (``preempted_req_ids``), and the
+  scheduler resumes it as a new request whose ``prefill_token_ids`` are all its tokens, outputs included.
+
+Invariants the worker holds vLLM to:
+
+* **content**: after a step's writes, every position ``0 .. c + n - 1`` of a request scheduled for positions
+  ``c .. c + n - 1`` holds the K/V of that request's own tokens up to it (kvfuzz's tag-based K/V of
+  :mod:`kvfuzz.reference.content`), whether this step wrote it, an earlier step did, or another request did and the
+  prefix cache handed the block over;
+* **exclusive writes**: no scheduled token's K/V is written over a slot whose content a live request (one the worker
+  holds, not preempted) relies on, a position it has computed, nor over a slot another write of the same step
+  took (unless the content is the same);
+* every scheduled position is one whose token the worker knows (no speculative decoding here), and falls inside the
+  request's table;
+* the scheduler counts as many outputs for a request it schedules again as the fake model sampled for it, and a
+  request resumed as new carries exactly its prompt and those outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import attrs
+import torch
+
+from kvfuzz.reference.content import kv_for_tags, prefix_tags
+from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
+from kvfuzz.scheduler.fake_model import sampled_token
+from kvfuzz.scheduler.violations import Check, SchedulerViolation
+from kvfuzz.scheduler.vllm_build import vllm_config
+
+
+@attrs.define
+class RequestState:
+    """What the worker keeps of one request, as the model runner's ``CachedRequestState``."""
+
+    tokens: list[int]  # the prompt, then every token the fake model sampled for it
+    prompt_length: int  # how many of ``tokens`` are the prompt
+    table: list[int]  # vLLM block ids, in position order
+    computed: int = 0  # positions whose K/V the request relies on (computed, or found in the prefix cache)
+    preempted: bool = False  # preempted and not resumed since: ``table`` is stale
+
+
+@attrs.frozen
+class Write:
+    """Who last wrote a slot: its shadow record."""
+
+    request: str  # the request whose token was written
+    position: int  # the token's position in that request
+    tag: int  # the tag of that request's prefix up to the position
+    step: int  # the step that wrote it
+
+
+@attrs.frozen
+class Claim:
+    """Who needs a slot's content this step: a live request that computed the position, or this step's writer."""
+
+    request: str  # the request
+    position: int  # its position the slot holds
+    tag: int  # the content it needs there
+    why: str  # "relies on" or "wrote this step", for the message
+
+
+class Worker:
+    """The worker side of one example. Subclasses in the engine tests seed bugs by overriding :meth:`slots` (the
+    write path's slot mapping) or :meth:`sampled` (the model's output)."""
+
+    def __init__(self, setup: SchedulerSetup) -> None:
+        self.block_size = setup.block_size  # slots per block
+        slots = (setup.num_blocks + 1) * setup.block_size  # vLLM's null block 0 included
+        self.keys = torch.zeros((slots, *MODEL_SHAPE.kv_row_shape), dtype=MODEL_SHAPE.dtype)  # the K pool
+        self.values = torch.zeros_like(self.keys)  # the V pool
+        self.shadow: list[Optional[Write]] = [None] * slots  # slot -> its last write
+        self.runner_v2 = bool(vllm_config(setup).use_v2_model_runner)  # which model runner's protocol is spoken
+        self.requests: dict[str, RequestState] = {}  # every request the worker holds, as the model runner's
+        self.history: dict[str, list[int]] = {}  # unfinished request -> every token the fake model sampled for it
+        self.computed: dict[str, int] = {}  # request scheduled this step -> its computed tokens before the step
+
+    # -- the scheduler's output, as the model runner reads it ------------------------------------------------------
+
+    def consume(self, output: Any, step: int) -> None:
+        """Update the tables from ``output``: finished requests dropped, preempted ones marked stale, new ones added
+        with their block ids, cached ones extended by their new block ids or, resumed, given their new table."""
+        for request in output.finished_req_ids:
+            self.requests.pop(request, None)
+            self.history.pop(request, None)
+        for request in output.preempted_req_ids or ():
+            if self.runner_v2:
+                self.requests.pop(request, None)
+            elif request in self.requests:
+                self.requests[request].preempted = True
+        self.computed = {}
+        for new in output.scheduled_new_reqs:
+            prompt = list(new.prompt_token_ids)
+            tokens = prompt if new.prefill_token_ids is None else list(new.prefill_token_ids)
+            sampled = self.history.setdefault(new.req_id, [])
+            if tokens != prompt + sampled:
+                raise SchedulerViolation(
+                    Check.OUTPUTS,
+                    step,
+                    new.req_id,
+                    f"scheduled as new with tokens {tokens}, but its prompt is {prompt} and the fake model sampled "
+                    f"{sampled} for it",
+                )
+            self.requests[new.req_id] = RequestState(
+                tokens, len(prompt), list(new.block_ids[0]), computed=new.num_computed_tokens
+            )
+            self.computed[new.req_id] = new.num_computed_tokens
+        cached = output.scheduled_cached_reqs
+        for index, request in enumerate(cached.req_ids):
+            state = self.requests[request]
+            blocks = cached.new_block_ids[index]
+            if request in cached.resumed_req_ids:
+                state.table = list(blocks[0])
+                state.preempted = False
+            elif blocks is not None:
+                state.table.extend(blocks[0])
+            outputs = len(state.tokens) - state.prompt_length
+            if cached.num_output_tokens[index] != outputs:
+                raise SchedulerViolation(
+                    Check.OUTPUTS,
+                    step,
+                    request,
+                    f"the scheduler counts {cached.num_output_tokens[index]} output tokens, but the fake model "
+                    f"sampled {outputs}",
+                )
+            self.computed[request] = state.computed = cached.num_computed_tokens[index]
+
+    def live_tables(self) -> dict[str, list[int]]:
+        """The table of every request the worker holds that is not preempted: the blocks it may read and write."""
+        return {request: state.table for request, state in self.requests.items() if not state.preempted}
+
+    # -- the step ----------------------------------------------------------------------------------------------
+
+    def slots(self, request: str, positions: range, step: int) -> list[int]:
+        """The slots the K/V of a request's tokens at ``positions`` are written to: the slot mapping the model runner
+        computes from its table."""
+        return [self._slot(request, position, step) for position in positions]
+
+    def sampled(self, request: str, position: int) -> list[int]:
+        """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample."""
+        return [sampled_token(request, position)]
+
+    def execute(self, output: Any, step: int) -> tuple[list[str], list[list[int]]]:
+        """Write the K/V of every scheduled token, check what each scheduled request attends to, and sample: the
+        request ids in order, and each one's sampled tokens (none for a prefill chunk that ends before the last
+        token)."""
+        scheduled = output.num_scheduled_tokens
+        taken = self._relied_on(step)
+        for request, count in scheduled.items():
+            computed = self.computed[request]
+            self._write(request, range(computed, computed + count), step, taken)
+        order, sampled = [], []
+        for request, count in scheduled.items():
+            state = self.requests[request]
+            end = self.computed[request] + count
+            self._check_content(request, end, step)
+            state.computed = end
+            order.append(request)
+            if end == len(state.tokens):
+                tokens = self.sampled(request, len(state.tokens))
+                state.tokens.extend(tokens)
+                self.history[request].extend(tokens)
+                sampled.append(tokens)
+            else:
+                sampled.append([])
+        return order, sampled
+
+    def _slot(self, request: str, position: int, step: int) -> int:
+        table = self.requests[request].table
+        entry = position // self.block_size
+        if entry >= len(table):
+            raise SchedulerViolation(
+                Check.CONTENT,
+                step,
+                request,
+                f"position {position} falls in table entry {entry}, but the request's table has only "
+                f"{len(table)} block(s): {table}",
+            )
+        if table[entry] == 0:
+            raise SchedulerViolation(
+                Check.CONTENT, step, request, f"position {position} maps to vLLM's null block 0 (table {table})"
+            )
+        return table[entry] * self.block_size + position % self.block_size
+
+    def _relied_on(self, step: int) -> dict[int, Claim]:
+        """Slot -> the claim of a live request that has computed that position and relies on its content (when
+        several do, as blocks the prefix cache shares, the first: they need the same content, or the content check
+        fails one of them)."""
+        relied: dict[int, Claim] = {}
+        for request, state in self.requests.items():
+            if not state.preempted and state.computed:
+                tags = prefix_tags((), state.tokens[: state.computed])
+                for position, tag in enumerate(tags):
+                    relied.setdefault(self._slot(request, position, step), Claim(request, position, tag, "relies on"))
+        return relied
+
+    def _write(self, request: str, positions: range, step: int, taken: dict[int, Claim]) -> None:
+        """Write the K/V of a request's tokens at ``positions``. A write that gives a slot in ``taken`` content other
+        than its claim needs breaks exclusivity; ``taken`` gets a claim for every slot written. (A request admitted
+        in the same step as the one that writes its prefix relies on that step's write: vLLM caches full blocks
+        when they are scheduled, and the step writes every token's K/V before attention reads it.)"""
+        state = self.requests[request]
+        if positions.stop > len(state.tokens):
+            raise SchedulerViolation(
+                Check.CONTENT,
+                step,
+                request,
+                f"positions {positions.start}..{positions.stop - 1} scheduled, but the request has only "
+                f"{len(state.tokens)} tokens",
+            )
+        if not positions:
+            return
+        tags = prefix_tags((), state.tokens[: positions.stop])[positions.start :]
+        slots = self.slots(request, positions, step)
+        for slot, position, tag in zip(slots, positions, tags):
+            claim = taken.get(slot)
+            if claim is not None and claim.tag != tag:
+                found = self.shadow[slot]
+                raise SchedulerViolation(
+                    Check.EXCLUSIVE,
+                    step,
+                    request,
+                    f"its position {position} (tag {tag:#x}) is written to block {slot // self.block_size}, slot "
+                    f"{slot}, which request {claim.request} {claim.why} for its position {claim.position} (tag "
+                    f"{claim.tag:#x}); the slot holds "
+                    + ("nothing yet" if found is None else f"tag {found.tag:#x}, written at step {found.step}"),
+                )
+            taken[slot] = Claim(request, position, tag, "wrote this step")
+        keys, values = kv_for_tags(tags, MODEL_SHAPE)
+        index = torch.tensor(slots, dtype=torch.int64)
+        self.keys[index] = keys
+        self.values[index] = values
+        for slot, position, tag in zip(slots, positions, tags):
+            self.shadow[slot] = Write(request, position, tag, step)
+
+    def _check_content(self, request: str, end: int, step: int) -> None:
+        """Every position before ``end`` holds the K/V of the request's own prefix up to it."""
+        state = self.requests[request]
+        tags = prefix_tags((), state.tokens[:end])
+        slots = [self._slot(request, position, step) for position in range(end)]
+        keys, values = kv_for_tags(tags, MODEL_SHAPE)
+        index = torch.tensor(slots, dtype=torch.int64)
+        bad = ((self.keys[index] != keys) | (self.values[index] != values)).flatten(1).any(1)
+        if not bool(bad.any()):
+            return
+        position = int(bad.nonzero()[0, 0])
+        slot = slots[position]
+        found = self.shadow[slot]
+        holds = (
+            "nothing written there"
+            if found is None
+            else f"the K/V of request {found.request}'s position {found.position} (tag {found.tag:#x}), written at "
+            f"step {found.step}"
+        )
+        raise SchedulerViolation(
+            Check.CONTENT,
+            step,
+            request,
+            f"position {position} (block {slot // self.block_size}, slot {slot}) should hold the K/V of the "
+            f"request's own tokens {state.tokens[: position + 1]} (tag {tags[position]:#x}), but holds {holds}",
+        )

@@ -1,0 +1,49 @@
+"""``kvfuzz run --scheduler``'s usage errors, in kvfuzz's own environment (no vLLM): each is one line on standard
+error and exit status 2, before any work. The scheduler target itself is tested in vLLM's environment
+(engine_tests/test_vllm_scheduler.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from factories import kvfuzz
+
+
+def test_the_scheduler_target_without_vllm_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: this is the refusal for environments without it")
+    done = kvfuzz("run", "--scheduler", "vllm-v1", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "kvfuzz: --scheduler vllm-v1 needs vllm 0.33.0, which is not installed here; build its environment with "
+        "scripts/third_party_env.sh vllm"
+    ]
+    assert not (tmp_path / ".kvfuzz").exists()
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--max-num-seqs", "2"], "kvfuzz: --max-num-seqs needs --scheduler"),
+        (["--no-prefix-caching"], "kvfuzz: --no-prefix-caching needs --scheduler"),
+        (
+            ["--scheduler", "vllm-v1", "--isolate"],
+            "kvfuzz: --scheduler does not take --isolate (yet; docs/scheduler.md says what a scheduler target covers)",
+        ),
+        (
+            ["--scheduler", "vllm-v1", "--kv-heads", "1"],
+            "kvfuzz: --scheduler does not take --kv-heads (yet; docs/scheduler.md says what a scheduler target covers)",
+        ),
+    ],
+)
+def test_options_of_the_other_target_are_refused_in_one_line(tmp_path: Path, args: list[str], line: str) -> None:
+    done = kvfuzz("run", *args, cwd=tmp_path)
+    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (2, "", [line])
+
+
+def test_allocator_and_scheduler_are_exclusive(tmp_path: Path) -> None:
+    done = kvfuzz("run", "--scheduler", "vllm-v1", "--allocator", "zoo:leaky_free", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "argument --allocator: not allowed with argument --scheduler" in done.stderr
