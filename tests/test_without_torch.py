@@ -161,6 +161,12 @@ def _pytest(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.parametrize(
+    "without_torch",
+    # Three pytest sessions each: the second flavour, which the plugin handles as the first, waits for --slow.
+    [pytest.param("missing"), pytest.param("cuda build without its driver", marks=pytest.mark.slow)],
+    indirect=True,
+)
 def test_the_plugin_leaves_an_unrelated_session_alone(without_torch: dict[str, str], tmp_path: Path) -> None:
     (tmp_path / "test_unrelated.py").write_text("def test_arithmetic():\n    assert 1 + 1 == 2\n")
     (tmp_path / "package.json").write_text('{"name": "not a trace"}')
