@@ -53,11 +53,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import os
 import re
 import shlex
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -184,9 +186,28 @@ class Renderer:
     """Renders regions, running each distinct command once."""
 
     def __init__(self) -> None:
-        self.outputs: dict[str, str] = {}
+        self.outputs: dict[str, str] = {}  # command -> its normalised standard output
+        self.errors: dict[str, SampleError] = {}  # command -> why it could not be run (raised when it is rendered)
+
+    def prefetch(self, commands: Sequence[str]) -> None:
+        """Run the commands not run yet side by side, one per CPU: each is a process of its own and derandomized,
+        so its output is the same as when run alone, and the samples take the wall time of about their total CPU
+        time divided by the CPUs, not of their sum."""
+        pending = [command for command in dict.fromkeys(commands) if command not in self.outputs]
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            futures = {command: pool.submit(run_command, command) for command in pending}
+        for command, future in futures.items():
+            error = future.exception()
+            if error is None:
+                self.outputs[command] = future.result()
+            elif isinstance(error, SampleError):
+                self.errors[command] = error
+            else:
+                raise error
 
     def output(self, command: str) -> str:
+        if command in self.errors:
+            raise self.errors[command]
         if command not in self.outputs:
             self.outputs[command] = run_command(command)
         return self.outputs[command]
@@ -251,15 +272,23 @@ class Verdict:
 
 
 def judge(paths: Sequence[Path], renderer: Optional[Renderer] = None) -> list[Verdict]:
-    """Every region of ``paths``, rendered (each distinct command runs once)."""
+    """Every region of ``paths``, rendered (each distinct command runs once, side by side with the others)."""
     renderer = renderer or Renderer()
-    verdicts = []
-    for path in paths:
-        for region in regions(path):
+    found = [region for path in paths for region in regions(path)]
+    commands = []
+    for region in found:
+        if region.kind == "sample":
             try:
-                verdicts.append(Verdict(region, renderer.render(region.kind, region.marker)))
-            except SampleError as error:
-                verdicts.append(Verdict(region, None, str(error)))
+                commands.append(_parse(region.marker)[0])
+            except SampleError:
+                pass  # reported when the region is rendered
+    renderer.prefetch(commands)
+    verdicts = []
+    for region in found:
+        try:
+            verdicts.append(Verdict(region, renderer.render(region.kind, region.marker)))
+        except SampleError as error:
+            verdicts.append(Verdict(region, None, str(error)))
     return verdicts
 
 

@@ -128,6 +128,7 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_a_campaign_against_two_bugs_reports_both_each_shrunk_and_replayable(workdir: Path) -> None:
     done, result = _campaign(
         workdir,
@@ -159,6 +160,7 @@ def test_a_campaign_against_two_bugs_reports_both_each_shrunk_and_replayable(wor
     assert len(keys) == len(set(keys))  # each signature once, however often it was met
 
 
+@pytest.mark.slow
 def test_a_campaign_against_the_correct_allocator_runs_clean(workdir: Path) -> None:
     done, result = _campaign(workdir, "--duration", "4", "--workers", "2", "--seed", "1")
     assert done.returncode == 0, done.stderr
@@ -166,6 +168,7 @@ def test_a_campaign_against_the_correct_allocator_runs_clean(workdir: Path) -> N
     assert result["allocators"] == ["kvfuzz.allocator.paged:paged_allocator"]
 
 
+@pytest.mark.slow
 def test_a_pool_the_factory_refuses_is_drawn_again_not_a_dead_worker(workdir: Path) -> None:
     # The probe before the campaign builds pools of 1, 2, 3, 4, 6, 8 and 16 blocks; the swarm draws any count.
     done, result = _campaign(
@@ -197,6 +200,7 @@ def test_stop_after_and_max_examples_end_the_campaign(workdir: Path) -> None:
     assert result["ended_by"] == "max-examples" and 10 <= result["examples"] <= 30
 
 
+@pytest.mark.slow
 def test_known_findings_of_the_corpus_are_counted_not_reported_as_new(workdir: Path) -> None:
     corpus = REPOSITORY / "corpus"
     done = kvfuzz(
@@ -247,6 +251,7 @@ def test_a_known_finding_carries_over_only_to_allocators_of_the_traces_class(tmp
     assert recorded.key() not in known  # the recorded allocator is not in the campaign
 
 
+@pytest.mark.slow
 def test_the_table_lists_each_distinct_failure_with_its_trace(workdir: Path) -> None:
     done = kvfuzz(
         "campaign",
@@ -273,6 +278,7 @@ def test_the_table_lists_each_distinct_failure_with_its_trace(workdir: Path) -> 
     assert "examples" in done.stderr and "steps/s" in done.stderr  # the progress line
 
 
+@pytest.mark.slow
 def test_a_worker_the_allocator_kills_is_reported_with_its_program_and_replaced(workdir: Path) -> None:
     done, result = _campaign(
         workdir,
@@ -336,6 +342,7 @@ def test_two_workers_dying_between_two_checks_each_keep_their_program(tmp_path: 
     assert finding.seen == 2 and finding.trace == traces[0] == traces[1]
 
 
+@pytest.mark.slow
 def test_a_hang_is_a_finding_of_its_own_shrunk_confirmed_and_saved_and_the_campaign_goes_on(workdir: Path) -> None:
     done, result = _campaign(
         workdir,
@@ -362,6 +369,7 @@ def test_a_hang_is_a_finding_of_its_own_shrunk_confirmed_and_saved_and_the_campa
     assert result["dead_workers"] == [] and result["ended_by"] == "duration"
 
 
+@pytest.mark.slow
 def test_the_default_corpus_is_not_collected_by_pytest_in_a_checkout(tmp_path: Path) -> None:
     """A campaign run from the root of a checkout (kvfuzz's own: ``testpaths`` lists ``corpus``) saves its traces
     where pytest does not collect them; the same trace in the collected corpus would be a failing test."""
@@ -433,6 +441,7 @@ def test_bad_input_is_one_line_and_exit_status_2(
 pytest_plugins = ["pytester"]
 
 
+@pytest.mark.slow
 def test_the_nightly_profile_runs_a_campaign_and_fails_with_its_table(pytester: pytest.Pytester) -> None:
     failed = pytester.runpytest_subprocess(
         "--kvfuzz-allocator=zoo:NoCopyOnWrite",

@@ -77,6 +77,7 @@ def _campaign(cwd: Path, redis_url: str, corpus: str) -> dict:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 def test_a_second_campaign_on_the_same_redis_does_not_report_the_firsts_findings_again(
     tmp_path: Path, redis_url: str
 ) -> None:

@@ -82,6 +82,7 @@ def _kill_all(pids: list[int]) -> None:
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads worker pids from /proc")
 
 
+@pytest.mark.slow
 def test_sigterm_ends_the_campaign_like_ctrl_c_and_saves_the_failure_being_shrunk(tmp_path: Path) -> None:
     # Each free sleeps 0.2 s: the leak is found at the first free, and shrinking it takes many seconds.
     campaign = _start(
@@ -112,6 +113,7 @@ def test_sigterm_ends_the_campaign_like_ctrl_c_and_saves_the_failure_being_shrun
     assert not list((tmp_path / "corpus").glob(".kvfuzz-journal-*"))
 
 
+@pytest.mark.slow
 def test_sighup_ends_a_clean_campaign_with_its_table_and_status_129(tmp_path: Path) -> None:
     campaign = _start(tmp_path / "corpus", "--workers", "2", "--duration", "300", "--seed", "1")
     workers: list[int] = []
@@ -172,6 +174,7 @@ def test_a_second_campaign_on_a_corpus_in_use_is_refused_and_a_dead_ones_lock_ta
     CorpusLock(corpus / STATE_DIRECTORY, corpus).acquire()  # released: free again
 
 
+@pytest.mark.slow
 def test_the_nightly_profile_on_a_corpus_in_use_fails_its_item_with_one_line(pytester: pytest.Pytester) -> None:
     """The plugin's campaign meets the same lock: its item fails with the refusal, not with a traceback."""
     lock = pytester.path / "corpus" / STATE_DIRECTORY / LOCK_FILE
@@ -195,6 +198,7 @@ def test_the_nightly_profile_on_a_corpus_in_use_fails_its_item_with_one_line(pyt
     assert "Traceback" not in output and "CorpusInUse" not in output, output
 
 
+@pytest.mark.slow
 def test_workers_end_when_their_campaign_is_killed(tmp_path: Path) -> None:
     """SIGKILL leaves the campaign no chance to stop its workers: each notices it is gone, stops, and removes its
     journal (its death is not the allocator's)."""

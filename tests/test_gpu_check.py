@@ -35,7 +35,7 @@ def gpu_check(*args: str, env: dict[str, str], timeout: float = 120) -> subproce
     )
 
 
-@pytest.mark.gpu_check
+@pytest.mark.slow
 def test_the_dry_run_checks_reports_what_is_unavailable_and_fails_on_a_broken_allocator(tmp_path: Path) -> None:
     (tmp_path / "broken_for_gpu_check.py").write_text(BROKEN)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}

@@ -162,6 +162,7 @@ def _kvfuzz(*args: str, cwd: Path, timeout: float = 300, env_slow: str = "0.002"
     )
 
 
+@pytest.mark.slow
 def test_a_segfault_leaves_a_journal_that_becomes_a_replayable_trace(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     died = _kvfuzz("run", "--allocator", "tests.hostile:segfaults_on_rollback", "--corpus", str(corpus), cwd=ROOT)
@@ -212,6 +213,7 @@ print("the shrink never tried a pool of fewer than 4 blocks")
 """
 
 
+@pytest.mark.slow
 def test_a_death_while_shrinking_in_a_smaller_pool_is_recovered_with_that_pool(tmp_path: Path) -> None:
     """The shrinker replays candidates in smaller pools than the failure was found in; the allocator kills the process
     in one. The journal names the pool each program ran in, so the recovered trace is the program that died, in the
@@ -270,6 +272,7 @@ def test_sys_exit_in_the_allocator_fails_the_run_and_saves_the_crash(tmp_path: P
     assert len(list(tmp_path.glob("*.json"))) == 1
 
 
+@pytest.mark.slow
 def test_a_hang_through_the_cli_is_saved_and_its_replay_reports_the_hang(tmp_path: Path) -> None:
     args = ("--allocator", "tests.hostile:hangs_on_rollback", "--corpus", str(tmp_path), "--call-timeout", "0.5")
     done = _kvfuzz("run", *args, cwd=ROOT, timeout=120)
@@ -310,6 +313,7 @@ def test_ctrl_c_on_a_correct_allocator_exits_130_with_no_failure_and_no_trace(tm
     assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob(".kvfuzz-journal-*"))
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_shrinking_prints_and_saves_the_best_failure_and_exits_130(tmp_path: Path) -> None:
     # Each admit takes 0.3 s and every failing program admits three times: shrinking takes many seconds, and
     # Ctrl-C arrives once the progress line says it is under way.

@@ -80,7 +80,7 @@ def test_correct_allocator_passes_on_cuda() -> None:
     run_state_machine_as_test(machine_for(paged_allocator, config), settings=CI)
 
 
-@pytest.mark.campaign
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [0, 1, 3])
 def test_long_campaign(window) -> None:
     summary = run(make_allocator(window=window), MachineConfig(), examples=5000, steps=100, seed=window)

@@ -131,9 +131,9 @@ def test_every_call_hypothesis_draws_is_one_replay_accepts(monkeypatch) -> None:
         original(self, name, arguments)
 
     monkeypatch.setattr(Execution, "execute", execute)
-    run_state_machine_as_test(machine_for(paged_allocator), settings=run_settings(150, 40))
+    run_state_machine_as_test(machine_for(paged_allocator), settings=run_settings(60, 40))
     factory, config = CONFIGS["asynchronous host tier"]
-    run_state_machine_as_test(machine_for(factory, config), settings=run_settings(200, 40))  # resume is rare
+    run_state_machine_as_test(machine_for(factory, config), settings=run_settings(100, 40))  # resume is rare
     assert len(checked) > 500 and set(checked) == set(BY_NAME)
 
 

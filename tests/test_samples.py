@@ -155,3 +155,15 @@ def test_a_sample_is_what_the_installed_kvfuzz_command_prints(tmp_path: Path, mo
     (bin_directory / "kvfuzz").unlink()
     with pytest.raises(samples.SampleError, match="no kvfuzz command beside"):
         samples.run_command("kvfuzz account --lengths 3")
+
+
+def test_a_command_that_cannot_run_is_reported_in_its_region_after_the_others_ran(tmp_path: Path) -> None:
+    renderer = samples.Renderer()
+    renderer.outputs["kvfuzz run"] = "passed\n"
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- sample: ls -l -->\nold\n<!-- /sample -->\n<!-- sample: kvfuzz run -->\nold\n<!-- /sample -->\n"
+    )
+    bad, good = samples.judge([page], renderer)
+    assert bad.want is None and bad.error is not None and "must start with 'kvfuzz'" in bad.error
+    assert good.want == "```text\n$ kvfuzz run\npassed\n```\n" and good.error is None

@@ -2,7 +2,8 @@
 failure in it), its DOM holds the lanes, and the console stays silent.
 
 Chromium is a system component (``apt-get install chromium``, as ``.ci/run`` does): a machine without it fails
-these tests, loudly; they never skip.
+these tests, loudly; they never skip for its absence. They are slow (Chromium starts for each), so a plain
+``pytest`` leaves them to ``pytest --slow``, which the second step of ``.ci/run`` runs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from test_timeline import NO_COPY_ON_WRITE, Page
 from kvfuzz.saved.trace import load
 from kvfuzz.timeline.html import render_html
 from kvfuzz.timeline.record import record
+
+pytestmark = pytest.mark.slow
 
 WINDOW = "--window-size=1280,800"
 

@@ -5,6 +5,7 @@ import neither torch nor Hypothesis, and replay-workload runs without Hypothesis
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,13 +23,87 @@ BROKEN_TORCH = {
 }
 
 
+COMMANDS_THAT_DRIVE_TENSORS = [
+    ("run",),
+    ("zoo", "--only", "NoCopyOnWrite"),
+    ("campaign", "--duration", "1"),
+    ("replay", "trace.json"),
+    ("show", "trace.json"),
+    ("export", "trace.json"),
+    ("replay-workload", "constructed:uniform"),
+    ("serve", "poisson:0.5:1"),
+    ("capacity",),
+    ("ablate",),
+]
+"""Every command that needs torch, with arguments that would otherwise do work."""
+
+COMMANDS_THAT_DO_NOT = [
+    ("--help",),
+    ("run", "--help"),
+    *[(command, "--help") for command in ("campaign", "replay", "show", "export", "zoo", "replay-workload")],
+    *[(command, "--help") for command in ("serve", "capacity", "ablate")],
+    ("run", "--examples", "0"),
+    ("account", "--lengths", "37,91,128"),
+]
+"""--help, a usage error and ``kvfuzz account``: what works without torch."""
+
+_DRIVER = """
+import contextlib, io, json, sys
+from kvfuzz.cli import main
+outcomes = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(argv)
+    outcomes.append([status, out.getvalue(), err.getvalue()])
+print(json.dumps(outcomes))
+"""
+"""Runs kvfuzz's main() on each argument list of argv[1] (JSON) in turn, and prints each one's exit status, standard
+output and standard error (JSON): one interpreter for all the commands, instead of one per command."""
+
+
+def _environment(directory: Path, flavour: str) -> dict[str, str]:
+    """An environment whose ``import torch`` fails: a package named torch, first on the path, that raises."""
+    shadow = directory / "shadow"
+    (shadow / "torch").mkdir(parents=True)
+    (shadow / "torch" / "__init__.py").write_text(BROKEN_TORCH[flavour])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(ROOT)])}
+
+
 @pytest.fixture(params=sorted(BROKEN_TORCH))
 def without_torch(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
-    """An environment whose ``import torch`` fails: a package named torch, first on the path, that raises."""
-    shadow = tmp_path / "shadow"
-    (shadow / "torch").mkdir(parents=True)
-    (shadow / "torch" / "__init__.py").write_text(BROKEN_TORCH[request.param])
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(ROOT)])}
+    return _environment(tmp_path, request.param)
+
+
+Outcome = tuple[int, str, str]
+"""A command's exit status, standard output and standard error."""
+
+
+@pytest.fixture(scope="module", params=sorted(BROKEN_TORCH))
+def outcomes(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, ...], Outcome]:
+    """Each command of both lists, run where torch cannot be imported, in one child interpreter (``work/`` is its
+    directory, which must stay empty: the commands that need torch do nothing); the key ``()`` holds what is left
+    in ``work/`` afterwards, as the standard output of a status 0."""
+    directory = tmp_path_factory.mktemp("without-torch")
+    work = directory / "work"
+    work.mkdir()
+    commands = COMMANDS_THAT_DRIVE_TENSORS + COMMANDS_THAT_DO_NOT
+    done = subprocess.run(
+        [sys.executable, "-c", _DRIVER, json.dumps(commands)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=work,
+        env=_environment(directory, request.param),
+    )
+    assert done.returncode == 0, done.stderr
+    found: dict[tuple[str, ...], Outcome] = {
+        command: (status, out, err) for command, (status, out, err) in zip(commands, json.loads(done.stdout))
+    }
+    found[()] = (0, " ".join(sorted(path.name for path in work.iterdir())), "")
+    return found
 
 
 def _kvfuzz(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -37,45 +112,42 @@ def _kvfuzz(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedP
     )
 
 
-def test_help_usage_errors_and_account_work_without_torch(without_torch: dict[str, str], tmp_path: Path) -> None:
+def test_the_command_line_starts_without_torch(without_torch: dict[str, str], tmp_path: Path) -> None:
+    """``python -m kvfuzz.cli`` itself, in a fresh process: its --help, and a command that needs torch."""
     top = _kvfuzz(without_torch, "--help", cwd=tmp_path)
     assert top.returncode == 0 and "replay-workload" in top.stdout, top.stderr
-    run_help = _kvfuzz(without_torch, "run", "--help", cwd=tmp_path)
-    assert run_help.returncode == 0 and "--block-size" in run_help.stdout, run_help.stderr
+    run = _kvfuzz(without_torch, "run", cwd=tmp_path)
+    assert run.returncode == 2 and run.stdout == "" and "kvfuzz: run needs torch" in run.stderr
+
+
+def test_help_usage_errors_and_account_work_without_torch(outcomes: dict[tuple[str, ...], Outcome]) -> None:
+    status, out, err = outcomes[("--help",)]
+    assert status == 0 and "replay-workload" in out, err
+    status, out, err = outcomes[("run", "--help")]
+    assert status == 0 and "--block-size" in out, err
     for command in ("campaign", "replay", "show", "export", "zoo", "replay-workload", "serve", "capacity", "ablate"):
-        assert _kvfuzz(without_torch, command, "--help", cwd=tmp_path).returncode == 0, command
-    usage = _kvfuzz(without_torch, "run", "--examples", "0", cwd=tmp_path)
-    assert usage.returncode == 2 and len(usage.stderr.splitlines()) == 1 and "--examples" in usage.stderr
-    account = _kvfuzz(without_torch, "account", "--lengths", "37,91,128", cwd=tmp_path)
-    assert account.returncode == 0 and "3 sequences" in account.stdout, account.stderr
+        assert outcomes[(command, "--help")][0] == 0, command
+    status, out, err = outcomes[("run", "--examples", "0")]
+    assert status == 2 and len(err.splitlines()) == 1 and "--examples" in err
+    status, out, err = outcomes[("account", "--lengths", "37,91,128")]
+    assert status == 0 and "3 sequences" in out, err
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("run",),
-        ("zoo", "--only", "NoCopyOnWrite"),
-        ("campaign", "--duration", "1"),
-        ("replay", "trace.json"),
-        ("show", "trace.json"),
-        ("export", "trace.json"),
-        ("replay-workload", "constructed:uniform"),
-        ("serve", "poisson:0.5:1"),
-        ("capacity",),
-        ("ablate",),
-    ],
-)
+@pytest.mark.parametrize("args", COMMANDS_THAT_DRIVE_TENSORS)
 def test_commands_that_drive_tensors_say_what_to_install(
-    without_torch: dict[str, str], tmp_path: Path, args: tuple[str, ...]
+    outcomes: dict[tuple[str, ...], Outcome], args: tuple[str, ...]
 ) -> None:
-    done = _kvfuzz(without_torch, *args, cwd=tmp_path)
-    assert done.returncode == 2 and done.stdout == ""
-    (line,) = done.stderr.splitlines()
+    status, out, err = outcomes[args]
+    assert status == 2 and out == ""
+    (line,) = err.splitlines()
     assert (
         line.startswith(f"kvfuzz: {args[0]} needs torch, which cannot be imported here (")
         and "pip install torch" in line
     )
-    assert not (tmp_path / "corpus").exists()  # nothing was done
+
+
+def test_the_commands_that_need_torch_did_nothing(outcomes: dict[tuple[str, ...], Outcome]) -> None:
+    assert outcomes[()][1] == ""  # no corpus, no output file: nothing was done
 
 
 def _pytest(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -89,6 +161,12 @@ def _pytest(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.parametrize(
+    "without_torch",
+    # Three pytest sessions each: the second flavour, which the plugin handles as the first, waits for --slow.
+    [pytest.param("missing"), pytest.param("cuda build without its driver", marks=pytest.mark.slow)],
+    indirect=True,
+)
 def test_the_plugin_leaves_an_unrelated_session_alone(without_torch: dict[str, str], tmp_path: Path) -> None:
     (tmp_path / "test_unrelated.py").write_text("def test_arithmetic():\n    assert 1 + 1 == 2\n")
     (tmp_path / "package.json").write_text('{"name": "not a trace"}')

@@ -227,6 +227,7 @@ def test_zoo_help_states_the_number_of_examples_it_runs(tmp_path) -> None:
     assert f"(default {examples})" in " ".join(shown.split())
 
 
+@pytest.mark.slow
 def test_zoo_with_its_defaults_catches_the_slowest_shallow_variants(tmp_path) -> None:
     """FullHitCappedInPlace and EvictsOnRefusal first fail at examples 435 and 684 of the derandomized run, in the
     random programs of a budget's first half: run as a user runs it (a child process), the zoo's default budget must
