@@ -140,8 +140,8 @@ def test_every_call_hypothesis_draws_is_one_replay_accepts(monkeypatch) -> None:
 def test_a_snapshot_answers_every_state_query_once_and_draws_ids_from_the_state() -> None:
     """The snapshot names no query: each one the state answers (with or without arguments) passes through and is
     asked of the state once while the snapshot lives; a new id is drawn from the state every time."""
+    from kvfuzz.engine.arguments import Snapshot
     from kvfuzz.engine.expected import ProgramState, Status
-    from kvfuzz.program.arguments import Snapshot
 
     execution = Target(paged_allocator, MachineConfig()).start()
     execution.execute("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1, 2]})

@@ -12,19 +12,9 @@ valid when its operation is enabled and every argument is one the operation coul
 
 from __future__ import annotations
 
-import random
-from typing import Any, Callable, Mapping
-
-import attrs
-
-from kvfuzz.engine.engine import Engine
-from kvfuzz.engine.expected import ProgramState, Status
-from kvfuzz.engine.features import eviction, forks, preemption, rollback, swap
-from kvfuzz.engine.misuse import misuse_calls
-from kvfuzz.program.arguments import (
+from kvfuzz.engine.arguments import (
     NAMESPACES,
     VOCABULARY,
-    Argument,
     BlockIds,
     Integers,
     NewSeqId,
@@ -32,49 +22,11 @@ from kvfuzz.program.arguments import (
     TokenLists,
     system_prompts,
 )
-
-
-def _always(state: ProgramState) -> bool:
-    return True
-
-
-@attrs.frozen
-class Operation:
-    """One operation: what it needs, how its arguments are drawn, and what the engine does with them."""
-
-    name: str  # the rule name programs, traces and exported tests use
-    apply: Callable[..., None]  # apply(engine, **arguments): the engine performs it and checks
-    arguments: tuple[tuple[str, Argument], ...] = ()  # in draw order
-    needs: tuple[str, ...] = ()  # Capabilities fields that must all be declared
-    condition: Callable[[ProgramState], bool] = _always  # what else the state must hold
-    doc: str = ""  # what it models, for a person
-
-    def enabled(self, state: ProgramState) -> bool:
-        """Whether a program may call this operation now (plain loops: it is asked for every operation before
-        every call)."""
-        caps = state.caps
-        for capability in self.needs:
-            if not getattr(caps, capability):
-                return False
-        if not self.condition(state):
-            return False
-        for _, argument in self.arguments:
-            if not argument.available(state):
-                return False
-        return True
-
-    def accepts(self, state: ProgramState, arguments: Mapping[str, Any]) -> bool:
-        """Whether a recorded call with these arguments could have been drawn now."""
-        return (
-            self.enabled(state)
-            and set(arguments) == {name for name, _ in self.arguments}
-            and all(argument.accepts(state, arguments[name]) for name, argument in self.arguments)
-        )
-
-    def draw(self, state: ProgramState, rng: random.Random) -> dict[str, Any]:
-        """Arguments drawn by a plain random generator, with the machine's distribution."""
-        return {name: argument.draw(state, rng) for name, argument in self.arguments}
-
+from kvfuzz.engine.engine import Engine
+from kvfuzz.engine.expected import ProgramState, Status
+from kvfuzz.engine.features import eviction, forks, preemption, rollback, swap
+from kvfuzz.engine.misuse import misuse_calls
+from kvfuzz.engine.operation import Operation
 
 # -- what each operation does --------------------------------------------------------------------------------------
 
