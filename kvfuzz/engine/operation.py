@@ -28,7 +28,7 @@ class Operation:
     """One operation: what it needs, how its arguments are drawn, and what the engine does with them."""
 
     name: str  # the rule name programs, traces and exported tests use
-    apply: Callable[..., None]  # apply(engine, **arguments): the engine performs it and checks
+    apply: Callable[..., object]  # apply(engine, **arguments): the engine performs it and checks (any result ignored)
     arguments: tuple[tuple[str, Argument], ...] = ()  # in draw order
     needs: tuple[str, ...] = ()  # Capabilities fields that must all be declared
     condition: Callable[[ProgramState], bool] = _always  # what else the state must hold

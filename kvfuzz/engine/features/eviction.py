@@ -4,7 +4,7 @@ dropped is checked against the cache before the call (invariant 4's counts, 13's
 again until a table maps it anew (9).
 
 The operations are functions of the engine core; :class:`kvfuzz.engine.Engine`'s methods of the same names and the
-operation table's rows call them.
+feature's rows of the operation table (:data:`ROWS`) call them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import cast
 
 from kvfuzz.allocator.protocol import Evicts, EvictsBlocks
+from kvfuzz.engine.arguments import BlockIds, Integers
 from kvfuzz.engine.core import EngineCore
+from kvfuzz.engine.operation import Operation
 
 
 def evict(core: EngineCore, num_blocks: int) -> None:
@@ -54,3 +56,31 @@ def reset_cache(core: EngineCore) -> None:
     # A block in flight, or one the allocator may hold pending, may be cached again once released from that.
     held = core.pools.late_work_by_block.keys() | core.pools.held_until.keys()
     core.evicted([block for block in core.expected.refs.released if block not in held], "reset_cache()")
+
+
+ROWS: tuple[Operation, ...] = (
+    Operation(
+        "evict",
+        lambda engine, num_blocks: evict(engine, num_blocks),
+        (("num_blocks", Integers(1, 4)),),
+        needs=("eviction",),
+        condition=lambda state: bool(state.finished),
+        doc="drop up to that many cached, unreferenced blocks",
+    ),
+    Operation(
+        "evict_blocks",
+        lambda engine, blocks: evict_blocks(engine, tuple(blocks)),
+        (("blocks", BlockIds(lambda state: state.released_blocks())),),
+        needs=("targeted_eviction",),
+        doc="drop particular blocks from the cache by id (a KV connector's or an offloader's eviction): picked "
+        "among the blocks some sequence released, cached or not",
+    ),
+    Operation(
+        "reset_cache",
+        lambda engine: reset_cache(engine),
+        needs=("eviction",),
+        condition=lambda state: bool(state.finished),
+        doc="drop every cached, unreferenced block",
+    ),
+)
+"""The feature's rows of the operation table."""

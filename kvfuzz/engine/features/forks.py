@@ -3,7 +3,8 @@ the copies the allocator returned, and then its table differs from the parent's 
 (invariant 4); every copy's destination is the child's alone (5) and outside the in-flight window (6).
 
 The operation is a function of the engine core (the groups feature, when declared, records the child's group
-tables); :meth:`kvfuzz.engine.Engine.fork` and the operation table's ``fork`` row call it.
+tables); :meth:`kvfuzz.engine.Engine.fork` and the ``fork`` row (:data:`ROWS`, its row of the operation table) call
+it.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from typing import Optional, cast
 
 from kvfuzz.allocator.protocol import Forks
 from kvfuzz.allocator.types import BlockCopy, SeqId
+from kvfuzz.engine.arguments import NewSeqId, Pick
 from kvfuzz.engine.core import EngineCore, merged
 from kvfuzz.engine.expected import SeqModel, Status
 from kvfuzz.engine.features.groups import GroupTables
+from kvfuzz.engine.operation import Operation
 
 
 def _fork_copies(result: object) -> object:
@@ -73,3 +76,15 @@ def fork(core: EngineCore, groups: Optional[GroupTables], parent: SeqId, child: 
         checks.exclusive.block(copy.dst, child, f"fork copy from block {copy.src}")
     checks.window.outside({copy.dst for copy in copies}, child)
     return True
+
+
+ROWS: tuple[Operation, ...] = (
+    Operation(
+        "fork",
+        lambda engine, parent, child: fork(engine, engine.groups, parent, child),
+        (("parent", Pick(lambda state: state.computed_ids())), ("child", NewSeqId())),
+        needs=("fork",),
+        doc="parallel sampling or beam search: the child shares the parent's blocks",
+    ),
+)
+"""The feature's rows of the operation table."""

@@ -1,6 +1,7 @@
 """The host tier and asynchronous loads (``host_cache``, ``async_loads``): the loads and stores between the device
 and host pools that the allocator orders and the engine performs as its worker would, each checked as it lands, and
-admissions that wait for their loads to land before they are scheduled (``resume``).
+admissions that wait for their loads to land before they are scheduled (``resume``). The ``land_loads`` and
+``resume`` rows (:data:`ROWS`, its rows of the operation table) call the engine's methods of those names.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from typing import Optional, Sequence, cast
 
 from kvfuzz.allocator.protocol import AsyncLoads, HostCache
 from kvfuzz.allocator.types import AdmitResult, HostTransfers, SeqId
+from kvfuzz.engine.arguments import Pick
 from kvfuzz.engine.checks import CacheSnapshot
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.events import Completion, Launch
 from kvfuzz.engine.expected import AsyncLoad, SeqModel, Status, mapped
+from kvfuzz.engine.operation import Operation
 from kvfuzz.engine.pools import UNTIL_LOADS_LAND, SlotWrite
 
 
@@ -257,3 +260,23 @@ class AsyncLoading:
                 pools.read_until[block] = UNTIL_LOADS_LAND
             else:
                 pools.held_until[block] = UNTIL_LOADS_LAND
+
+
+ROWS: tuple[Operation, ...] = (
+    Operation(
+        "land_loads",
+        lambda engine, seq: engine.land_loads(seq),
+        (("seq", Pick(lambda state: state.landable_ids())),),
+        needs=("async_loads",),
+        doc="the worker reports a sequence's asynchronous loads done (their step completed; the sequence may have "
+        "been freed since): the engine performs them and tells the allocator",
+    ),
+    Operation(
+        "resume",
+        lambda engine, seq: engine.resume(seq),
+        (("seq", Pick(lambda state: state.ids(Status.LOADED))),),
+        needs=("async_loads",),
+        doc="schedule a sequence whose loads have landed: the rest of its prompt is allocated and written",
+    ),
+)
+"""The feature's rows of the operation table."""

@@ -2,8 +2,8 @@
 prefix of the table before, beyond which only look-ahead blocks may stay (invariant 1's table check); the blocks
 released start their in-flight windows like any release.
 
-The operation is a function of the engine core; :meth:`kvfuzz.engine.Engine.rollback` and the operation table's
-``rollback`` row call it.
+The operation is a function of the engine core; :meth:`kvfuzz.engine.Engine.rollback` and the ``rollback`` row
+(:data:`ROWS`, its row of the operation table) call it; the row drops at most the state's ``rollback_limit``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from typing import cast
 
 from kvfuzz.allocator.protocol import RollsBack
 from kvfuzz.allocator.types import SeqId
+from kvfuzz.engine.arguments import Integers, Pick
 from kvfuzz.engine.core import EngineCore
+from kvfuzz.engine.operation import Operation
 
 
 def rollback(core: EngineCore, seq: SeqId, num_tokens: int) -> None:
@@ -31,3 +33,20 @@ def rollback(core: EngineCore, seq: SeqId, num_tokens: int) -> None:
     core.checks.content.rollback_table(seq, model.table, table)
     released = f"released by {seq}'s rollback of {num_tokens} token(s), to length {new_len}"
     core.settle(core.set_table(seq, table, "after rollback, given to", released, held_tokens=old_len))
+
+
+def _rollback(engine: EngineCore, seq: SeqId, num_tokens: int) -> None:
+    rollback(engine, seq, min(num_tokens, engine.expected.rollback_limit(seq)))
+
+
+ROWS: tuple[Operation, ...] = (
+    Operation(
+        "rollback",
+        _rollback,
+        (("seq", Pick(lambda state: state.rollbackable_ids())), ("num_tokens", Integers(1, 6))),
+        needs=("rollback",),
+        doc="reject drafts: drop that many tokens, or as many as leave one (and, under a sliding window, no dropped "
+        "block back in the window)",
+    ),
+)
+"""The feature's rows of the operation table."""

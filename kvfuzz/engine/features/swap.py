@@ -3,7 +3,8 @@ against the table it moves (invariant 1), the host pool's accounting after each 
 swap-in fills are the sequence's alone (5) and outside the in-flight window (6).
 
 The operations are functions of the engine core; :meth:`kvfuzz.engine.Engine.swap_out`,
-:meth:`~kvfuzz.engine.Engine.swap_in` and the operation table's ``swap_out`` and ``swap_in`` rows call them.
+:meth:`~kvfuzz.engine.Engine.swap_in` and the ``swap_out`` and ``swap_in`` rows (:data:`ROWS`, its rows of the
+operation table) call them.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from typing import cast
 
 from kvfuzz.allocator.protocol import Swaps
 from kvfuzz.allocator.types import NULL_BLOCK, SeqId, SwapResult
+from kvfuzz.engine.arguments import Pick
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.expected import Status, mapped
+from kvfuzz.engine.operation import Operation
 
 
 def swap_out(core: EngineCore, seq: SeqId) -> bool:
@@ -70,3 +73,23 @@ def swap_in(core: EngineCore, seq: SeqId) -> bool:
     checks.accounting.host_accounting(host_table, released_by=f"swap_in({seq!r})")
     core.stats["swapped in blocks"] += len(result.mapping)
     return True
+
+
+ROWS: tuple[Operation, ...] = (
+    Operation(
+        "swap_out",
+        lambda engine, seq: swap_out(engine, seq),
+        (("seq", Pick(lambda state: state.computed_ids())),),
+        needs=("swap",),
+        condition=lambda state: state.num_host_blocks > 0,
+        doc="move a computed sequence's K/V to the host pool",
+    ),
+    Operation(
+        "swap_in",
+        lambda engine, seq: swap_in(engine, seq),
+        (("seq", Pick(lambda state: state.ids(Status.SWAPPED))),),
+        needs=("swap",),
+        doc="bring a swapped-out sequence back to the device",
+    ),
+)
+"""The feature's rows of the operation table."""
