@@ -1,5 +1,6 @@
 """Invariant 9, cache soundness: a cache hit covers only K/V its prefix wrote, by a completed step (or one sure to
-run), in blocks no eviction dropped; look-ahead blocks are never cached; host-tier loads fill only the hit."""
+run), in blocks no eviction dropped; host-tier loads fill only the hit. (That look-ahead blocks are never cached is
+:mod:`kvfuzz.engine.features.lookahead`'s own check.)"""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from kvfuzz.engine.violations import Invariant
 
 
 class CacheSoundness(Checker):
-    """Invariant 9 on admissions' hits, withdrawn writes, look-ahead blocks and host-tier loads."""
+    """Invariant 9 on admissions' hits, withdrawn writes and host-tier loads."""
 
     def __init__(self, context: CheckContext, exclusive: ExclusiveWrites) -> None:
         super().__init__(context)
@@ -216,29 +217,6 @@ class CacheSoundness(Checker):
                     "load, no waiting"
                 ],
             )
-
-    def lookahead_not_cached(self) -> None:
-        """Invariant 9 under ``lookahead_blocks``: a block released as a look-ahead entry holds no K/V of any prefix,
-        so the allocator never lists it as cached (reusable) content; checked until it is referenced again or free."""
-        h = self.state
-        alloc = self.introspection
-        if alloc is None or not h.released_lookahead:
-            return
-        cached, free = alloc.cached_blocks(), alloc.free_blocks()
-        for block in sorted(h.released_lookahead):
-            if block in cached:
-                self.fail(
-                    Invariant.CACHE_SOUNDNESS,
-                    f"block {block}, released as a look-ahead block, is listed as cached",
-                    [
-                        "expected: free (or pending): a look-ahead block holds no tokens of its sequence, so no "
-                        "prefix may be matched to it",
-                        "found:    in the cached (evictable) set",
-                        *self.pools.block_story(block),
-                    ],
-                )
-            if block in free:
-                h.released_lookahead.discard(block)
 
     def host_loads(self, seq: str, loads: Sequence[tuple[int, int]], num_cached: int) -> None:
         """Invariants 9 and 5 for an admission's host-tier loads: only under ``host_cache``, from host blocks that

@@ -4,7 +4,7 @@ features, :mod:`~kvfuzz.engine.features.swap` and :mod:`~kvfuzz.engine.features.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -99,36 +99,3 @@ class ContentChecks(Checker):
                 )
         if len(slots) != count:
             self.fail(Invariant.CONTENT, f"grow of {count} tokens returned {len(slots)} slots")
-
-    def deduplicated_tail(self, seq: str, index: int, dst: int) -> None:
-        """Invariant 1 under ``dedupes_copied_tail``: the block ``seq``'s table maps at logical block ``index`` in
-        place of the copy into ``dst`` holds every written position of it (bit for bit), or, under
-        ``hits_scheduled_writes``, the next step writes it there before anything reads it."""
-        h = self.state
-        size = h.block_size
-        block = h.seqs[seq].table[index]
-        tags = h.reference.tags(seq)
-        present: list[tuple[str, int]] = []
-        scheduled: Optional[dict[int, int]] = None  # the next step's writes, gathered once if needed
-        for position in range(index * size, min((index + 1) * size, h.seqs[seq].written)):
-            slot = block * size + position % size
-            record = self.pools.record(slot)
-            if record is not None and record.tag == tags[position]:
-                present.append((seq, position))
-                continue
-            if h.caps.hits_scheduled_writes:
-                scheduled = h.scheduled_tags() if scheduled is None else scheduled
-                if scheduled.get(slot) == tags[position]:
-                    continue
-            self.fail(
-                Invariant.CONTENT,
-                f"grow of {seq} maps its logical block {index} to block {block} in place of its copy into block "
-                f"{dst}, but {where(self.state, seq, position)} holds another prefix's K/V",
-                [
-                    f"expected: K/V of {prefix(self.state, seq, position)} (dedupes_copied_tail: a block holding the "
-                    "same K/V)",
-                    f"found:    {found(record)}",
-                    *self.pools.block_story(block),
-                ],
-            )
-        self.holds((), present)
