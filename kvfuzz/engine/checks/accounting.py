@@ -92,21 +92,6 @@ class AccountingChecks(Checker):
             *self.pools.block_story(stuck),
         ]
 
-    def host_transfers_unfree(self, in_use: dict[int, str]) -> None:
-        """Invariant 4 on a host tier: a host block a transfer still uses (``in_use``: host block -> the transfer) is
-        not in the host free set, from which another store could take it."""
-        host = self.host_introspection
-        if host is None or not in_use:
-            return
-        free = set(host.host_free_blocks())
-        for block, transfer in sorted(in_use.items()):
-            if block in free:
-                self.fail(
-                    Invariant.FREE_SET,
-                    f"host block {block} is in the host free set while {transfer}",
-                    ["expected: out of the host free set until that transfer is done"],
-                )
-
     def host_accounting(self, touched: Iterable[int], released_by: str = "") -> None:
         """Invariant 4 on the host pool: each touched host block is in the host free set exactly when no swapped-out
         sequence holds it (a host block shared under ``shares_host_blocks`` until its last holder goes), and the free

@@ -8,7 +8,6 @@ from typing import Collection, Optional, Sequence
 
 from kvfuzz.allocator.types import (
     NULL_BLOCK,
-    AdmitResult,
 )
 from kvfuzz.engine.checks.context import CheckContext, Checker
 from kvfuzz.engine.checks.exclusive import ExclusiveWrites
@@ -186,37 +185,6 @@ class CacheSoundness(Checker):
         if record.tag != tag:
             return "it holds another prefix's K/V", root_cause(self.state, seq, position, slot, record)
         return f"the step that put it there has not completed (last completed: {self.pools.last_completed})", []
-
-    def resumed_hit(self, seq: str, result: AdmitResult, covered: int) -> None:
-        """``resume`` of a sequence whose loads landed reports the hit its admission reported, loads nothing, and
-        keeps the hit in the blocks that hold it (invariant 9: a hit moved elsewhere holds nothing)."""
-        held = self.state.seqs[seq].table
-        moved = [
-            index
-            for index, block in enumerate(held)
-            if index >= len(result.block_table) or result.block_table[index] != block
-        ]
-        if moved:
-            self.fail(
-                Invariant.CACHE_SOUNDNESS,
-                f"resume of {seq} maps its cached logical block {moved[0]} to block "
-                f"{result.block_table[moved[0]] if moved[0] < len(result.block_table) else 'none'}",
-                [
-                    f"expected: the blocks its admission's hit holds (loaded or matched), {list(held)}, then the rest",
-                    f"found:    {list(result.block_table)}",
-                    *self.pools.block_story(held[moved[0]]),
-                ],
-            )
-        if result.num_cached_tokens != covered or result.loads or result.waits_for_loads:
-            self.fail(
-                Invariant.RESULTS,
-                f"resume of {seq} reports {result.num_cached_tokens} cached tokens, loads {list(result.loads)}"
-                + (" and waits for them" if result.waits_for_loads else ""),
-                [
-                    f"expected: the {covered} cached tokens its admission reported (loaded since), nothing more to "
-                    "load, no waiting"
-                ],
-            )
 
     def host_loads(self, seq: str, loads: Sequence[tuple[int, int]], num_cached: int) -> None:
         """Invariants 9 and 5 for an admission's host-tier loads: only under ``host_cache``, from host blocks that
