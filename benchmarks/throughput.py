@@ -37,7 +37,8 @@ from kvfuzz.campaign.supervisor import CampaignOptions, run_campaign
 from kvfuzz.campaign.swarm import probe_limits
 from kvfuzz.engine import MachineConfig, Status
 from kvfuzz.engine.expected import ProgramState
-from kvfuzz.program.operations import OPERATIONS, Operation
+from kvfuzz.engine.operation import Operation
+from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.registry import DEFAULT_ALLOCATOR, load_factory
 from kvfuzz.runner import run, run_settings
 

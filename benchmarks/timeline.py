@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from kvfuzz.program.arguments import Snapshot
+from kvfuzz.engine.arguments import Snapshot
 from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.registry import AllocatorNotFound, load_factory

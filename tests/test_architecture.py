@@ -228,3 +228,44 @@ def test_an_optional_capability_s_operations_live_in_its_feature_module() -> Non
     """engine.py keeps the core operations: the optional ones (fork, preempt, swaps, rollback, evictions) are their
     feature modules' (engine/features/), and engine.py calls no optional method but the cache reset of quiesce."""
     assert optional_calls((PACKAGE / "engine" / "engine.py").read_text()) <= {"Evicts"}
+
+
+# Checkers whose whole invariant is one feature's policy: every method of theirs may have that one feature as caller.
+FEATURE_CHECKERS = {"CompleteCaching", "GroupChecks"}
+
+
+def one_feature_checks(checks: dict[str, str], callers: dict[str, str]) -> list[str]:
+    """The checker methods (``checks``: checks module path -> its source) that one feature module alone calls
+    (``callers``: module path -> its source, the checks modules included): those belong in that feature."""
+    found = []
+    for module, source in checks.items():
+        for node in ast.parse(source).body:
+            if not isinstance(node, ast.ClassDef) or node.name in FEATURE_CHECKERS:
+                continue
+            if "Checker" not in {base.id for base in node.bases if isinstance(base, ast.Name)}:
+                continue  # the shared context, a snapshot: no checks
+            for method in node.body:
+                if not isinstance(method, ast.FunctionDef) or method.name.startswith("_"):
+                    continue
+                called = {path for path, text in callers.items() if f".{method.name}(" in text} - {module}
+                if len(called) == 1 and next(iter(called)).startswith("engine/features/"):
+                    found.append(f"{node.name}.{method.name} ({module}), called only by {next(iter(called))}")
+    return sorted(found)
+
+
+def test_the_one_feature_check_finder_finds_one() -> None:
+    checks = {"engine/checks/x.py": "class X(Checker):\n    def shared(self): ...\n    def mine(self): ...\n"}
+    callers = {
+        "engine/features/a.py": "checks.x.shared(); checks.x.mine()",
+        "engine/engine.py": "checks.x.shared()",
+        **checks,
+    }
+    assert one_feature_checks(checks, callers) == ["X.mine (engine/checks/x.py), called only by engine/features/a.py"]
+
+
+def test_a_check_one_feature_alone_triggers_lives_in_that_feature() -> None:
+    """A check of engine/checks/ is one that the core, or several features, trigger; a check only one feature
+    triggers is a function of that feature's module (docs/invariants.md)."""
+    sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in PACKAGE.rglob("*.py")}
+    checks = {path: text for path, text in sources.items() if path.startswith("engine/checks/")}
+    assert one_feature_checks(checks, sources) == []

@@ -12,7 +12,7 @@ from factories import declaring, make_allocator
 
 from kvfuzz.allocator import EvictionOrder, PagedAllocator
 from kvfuzz.engine import Engine, Invariant, InvariantViolation, MachineConfig
-from kvfuzz.program.arguments import BlockIds
+from kvfuzz.engine.arguments import BlockIds
 from kvfuzz.program.operations import BY_NAME
 from kvfuzz.zoo.eviction import SubtreeEvictor
 

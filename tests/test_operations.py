@@ -18,7 +18,7 @@ from kvfuzz.allocator.paged import sliding_window_allocator
 from kvfuzz.engine import MachineConfig, MisuseCall
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Execution, Target
-from kvfuzz.program.operations import BY_NAME, OPERATIONS
+from kvfuzz.program.operations import BY_NAME, CORE, OPERATIONS, assembled
 from kvfuzz.runner import run_settings
 from kvfuzz.statemachines import machine_for
 
@@ -140,8 +140,8 @@ def test_every_call_hypothesis_draws_is_one_replay_accepts(monkeypatch) -> None:
 def test_a_snapshot_answers_every_state_query_once_and_draws_ids_from_the_state() -> None:
     """The snapshot names no query: each one the state answers (with or without arguments) passes through and is
     asked of the state once while the snapshot lives; a new id is drawn from the state every time."""
+    from kvfuzz.engine.arguments import Snapshot
     from kvfuzz.engine.expected import ProgramState, Status
-    from kvfuzz.program.arguments import Snapshot
 
     execution = Target(paged_allocator, MachineConfig()).start()
     execution.execute("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1, 2]})
@@ -161,3 +161,34 @@ def test_a_snapshot_answers_every_state_query_once_and_draws_ids_from_the_state(
     assert {"ids", "length", "computed_ids"} <= set(answers[0]) and answers[1] == answers[0]  # asked again: kept
     assert snapshot.new_id() != snapshot.new_id() and asked.count("new_id") == 2
     execution.teardown()
+
+
+def test_the_table_keeps_its_order_whichever_module_holds_a_row() -> None:
+    """The table's order is random programs' order of choices: rows moving from the table into their features (or a
+    new feature's rows) leave it as it was, and a new operation goes at the end."""
+    assert [operation.name for operation in OPERATIONS] == [
+        "admit", "step", "readmit", "grow", "preempt", "decode", "fork", "swap_out", "free", "swap_in", "rollback",
+        "evict", "evict_blocks", "reset_cache", "land_loads", "resume", "misuse",
+    ]  # fmt: skip
+
+
+def test_the_table_is_assembled_only_when_its_order_names_each_row_once() -> None:
+    step, free = BY_NAME["step"], BY_NAME["free"]
+    assert assembled((step, free), ("free", "step")) == (free, step)
+    for order in [("step",), ("free", "step", "misuse"), ("free", "step", "step")]:
+        with pytest.raises(ValueError, match="ORDER and its rows disagree"):
+            assembled((step, free), order)
+    with pytest.raises(ValueError, match="ORDER and its rows disagree"):
+        assembled((step, free, step), ("free", "step"))
+
+
+def test_a_feature_s_rows_live_in_its_feature_module() -> None:
+    """Each optional capability's operations are declared by its feature, and the table holds every one of them."""
+    from kvfuzz.engine.features import eviction, forks, host_tier, preemption, rollback, swap
+
+    owners = {"fork": forks, "preempt": preemption, "swap_out": swap, "swap_in": swap, "rollback": rollback}
+    owners |= {"evict": eviction, "evict_blocks": eviction, "reset_cache": eviction}
+    owners |= {"land_loads": host_tier, "resume": host_tier}
+    for name, module in owners.items():
+        assert BY_NAME[name] in module.ROWS, name
+    assert all(operation.needs == () for operation in CORE)

@@ -14,10 +14,10 @@ import pytest
 from kvfuzz.allocator import PagedAllocator, PoolSpec
 from kvfuzz.allocator.paged import paged_allocator
 from kvfuzz.campaign.swarm import Limits, draw_swarm, probe_limits
+from kvfuzz.engine.arguments import system_prompts
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.violations import InvariantViolation
-from kvfuzz.program.arguments import system_prompts
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.operations import BY_NAME, OPERATIONS

@@ -17,8 +17,8 @@ import pytest
 from factories import kvfuzz
 
 from kvfuzz.cli import main
+from kvfuzz.engine.arguments import system_prompts
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.program.arguments import system_prompts
 from kvfuzz.program.call import Call
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.saved.corpus import replay_trace

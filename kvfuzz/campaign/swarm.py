@@ -22,7 +22,8 @@ import attrs
 
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.program.operations import BY_NAME, OPERATIONS, Operation
+from kvfuzz.engine.operation import Operation
+from kvfuzz.program.operations import BY_NAME, OPERATIONS
 from kvfuzz.registry import AllocatorFactory, AllocatorNotFound, AllocatorUnusable, builds, probe_allocator
 
 ALWAYS_ENABLED = ("admit", "step")

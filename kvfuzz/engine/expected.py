@@ -194,8 +194,6 @@ class ExpectedState:
         # The namespace and tokens of the latest RETIRED_KEPT sequences gone from the reference (freed, or dismissed
         # while preempted), oldest first: their writes may still sit in cached blocks.
         self.retired: dict[SeqId, tuple[Namespace, tuple[int, ...]]] = {}
-        # Blocks released as look-ahead entries and neither referenced again nor seen free since: never cached.
-        self.released_lookahead: set[int] = set()
         # Blocks an eviction dropped from the cache and no table has mapped since, with the eviction that dropped
         # each: a cache hit on one of them is unsound, whatever K/V it still holds.
         self.evicted: dict[int, str] = {}

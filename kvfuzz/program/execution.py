@@ -87,7 +87,7 @@ class Execution:
             blamed, traceback = at_teardown(found), found.__traceback__
         raise blamed.with_traceback(traceback)  # outside the handler: no second exception chained to the first
 
-    def _guarded(self, operation: object, perform: Callable[[], None]) -> None:
+    def _guarded(self, operation: object, perform: Callable[[], object]) -> None:
         """Run one operation under the watchdog (``operation`` names it in a hang report: a call, printed only
         then). A failure marks the execution failed and is counted with its program; a ``BaseException`` the
         allocator lets out is reported as its crash (:class:`~kvfuzz.program.safeguards.AllocatorEscape`), never as

@@ -1,82 +1,35 @@
 """The operation table: every operation a program may call, in one place.
 
-Each :class:`Operation` names the capabilities and the state it needs, how each argument is drawn, and what the
-engine does with it. The Hypothesis machine builds one rule per entry, random programs draw from the enabled
-entries, replay validates a recorded call against the same entry, and the benchmark's bare machine reads it too:
-enablement and validity are written nowhere else, and adding an operation is adding an entry.
+Each :class:`~kvfuzz.engine.operation.Operation` names the capabilities and the state it needs, how each argument is
+drawn, and what the engine does with it. The Hypothesis machine builds one rule per entry, random programs draw from
+the enabled entries, replay validates a recorded call against the same entry, and the benchmark's bare machine reads
+it too: enablement and validity are written nowhere else, and adding an operation is adding an entry.
 
-An operation is enabled when the allocator declares every capability in ``needs``, ``condition`` holds, and every
-argument has something to draw from (a ``Pick`` over running sequences needs a running sequence). A recorded call is
-valid when its operation is enabled and every argument is one the operation could have drawn in that state.
+The core's rows (what every allocator does) are here; a capability's rows are its feature's (``ROWS`` in each module
+of :mod:`kvfuzz.engine.features` that brings an operation), beside the engine functions they call. The table is
+assembled from both in the fixed order :data:`ORDER` names.
 """
 
 from __future__ import annotations
 
-import random
-from typing import Any, Callable, Mapping
+from typing import Sequence
 
-import attrs
-
-from kvfuzz.engine.engine import Engine
-from kvfuzz.engine.expected import ProgramState, Status
-from kvfuzz.engine.features import eviction, forks, preemption, rollback, swap
-from kvfuzz.engine.misuse import misuse_calls
-from kvfuzz.program.arguments import (
+from kvfuzz.engine.arguments import (
     NAMESPACES,
     VOCABULARY,
-    Argument,
-    BlockIds,
     Integers,
     NewSeqId,
     Pick,
     TokenLists,
     system_prompts,
 )
+from kvfuzz.engine.engine import Engine
+from kvfuzz.engine.expected import ProgramState, Status
+from kvfuzz.engine.features import eviction, forks, host_tier, preemption, rollback, swap
+from kvfuzz.engine.misuse import misuse_calls
+from kvfuzz.engine.operation import Operation
 
-
-def _always(state: ProgramState) -> bool:
-    return True
-
-
-@attrs.frozen
-class Operation:
-    """One operation: what it needs, how its arguments are drawn, and what the engine does with them."""
-
-    name: str  # the rule name programs, traces and exported tests use
-    apply: Callable[..., None]  # apply(engine, **arguments): the engine performs it and checks
-    arguments: tuple[tuple[str, Argument], ...] = ()  # in draw order
-    needs: tuple[str, ...] = ()  # Capabilities fields that must all be declared
-    condition: Callable[[ProgramState], bool] = _always  # what else the state must hold
-    doc: str = ""  # what it models, for a person
-
-    def enabled(self, state: ProgramState) -> bool:
-        """Whether a program may call this operation now (plain loops: it is asked for every operation before
-        every call)."""
-        caps = state.caps
-        for capability in self.needs:
-            if not getattr(caps, capability):
-                return False
-        if not self.condition(state):
-            return False
-        for _, argument in self.arguments:
-            if not argument.available(state):
-                return False
-        return True
-
-    def accepts(self, state: ProgramState, arguments: Mapping[str, Any]) -> bool:
-        """Whether a recorded call with these arguments could have been drawn now."""
-        return (
-            self.enabled(state)
-            and set(arguments) == {name for name, _ in self.arguments}
-            and all(argument.accepts(state, arguments[name]) for name, argument in self.arguments)
-        )
-
-    def draw(self, state: ProgramState, rng: random.Random) -> dict[str, Any]:
-        """Arguments drawn by a plain random generator, with the machine's distribution."""
-        return {name: argument.draw(state, rng) for name, argument in self.arguments}
-
-
-# -- what each operation does --------------------------------------------------------------------------------------
+# -- the core's rows ------------------------------------------------------------------------------------------------
 
 
 def _admit(engine: Engine, seq: str, namespace: tuple[str, ...], system: tuple[int, ...], suffix: list[int]) -> None:
@@ -89,22 +42,6 @@ def _decode(engine: Engine, token: int) -> None:
     for seq in engine.expected.computed_ids():
         engine.grow(seq, (token,))
     engine.step()
-
-
-def _fork(engine: Engine, parent: str, child: str) -> None:
-    forks.fork(engine, engine.groups, parent, child)
-
-
-def _swap_out(engine: Engine, seq: str) -> None:
-    swap.swap_out(engine, seq)
-
-
-def _swap_in(engine: Engine, seq: str) -> None:
-    swap.swap_in(engine, seq)
-
-
-def _rollback(engine: Engine, seq: str, num_tokens: int) -> None:
-    rollback.rollback(engine, seq, min(num_tokens, engine.expected.rollback_limit(seq)))
 
 
 def _grown_tokens(state: ProgramState) -> tuple[tuple[int, int], ...]:
@@ -124,12 +61,7 @@ def _preempted(state: ProgramState) -> list[str]:
     return state.ids(Status.PREEMPTED)
 
 
-def _swapped(state: ProgramState) -> list[str]:
-    return state.ids(Status.SWAPPED)
-
-
-# The order is random programs' order of choices (Hypothesis orders rules by name).
-OPERATIONS: tuple[Operation, ...] = (
+CORE: tuple[Operation, ...] = (
     Operation(
         "admit",
         _admit,
@@ -156,13 +88,6 @@ OPERATIONS: tuple[Operation, ...] = (
         "where the engine grows by one)",
     ),
     Operation(
-        "preempt",
-        lambda engine, seq: preemption.preempt(engine, seq),
-        (("seq", Pick(lambda state: state.preemptible_ids())),),
-        needs=("preemption",),
-        doc="release a running sequence for recomputation",
-    ),
-    Operation(
         "decode",
         _decode,
         (("token", Integers(0, VOCABULARY - 1)),),
@@ -171,78 +96,10 @@ OPERATIONS: tuple[Operation, ...] = (
         "sequence appends the token, then a step runs",
     ),
     Operation(
-        "fork",
-        _fork,
-        (("parent", Pick(lambda state: state.computed_ids())), ("child", NewSeqId())),
-        needs=("fork",),
-        doc="parallel sampling or beam search: the child shares the parent's blocks",
-    ),
-    Operation(
-        "swap_out",
-        _swap_out,
-        (("seq", Pick(lambda state: state.computed_ids())),),
-        needs=("swap",),
-        condition=lambda state: state.num_host_blocks > 0,
-        doc="move a computed sequence's K/V to the host pool",
-    ),
-    Operation(
         "free",
         lambda engine, seq: engine.free(seq),
         (("seq", Pick(lambda state: state.freeable_ids())),),
         doc="the request finished or was cancelled, at any moment (only once computed where the engine has no abort)",
-    ),
-    Operation(
-        "swap_in",
-        _swap_in,
-        (("seq", Pick(_swapped)),),
-        needs=("swap",),
-        doc="bring a swapped-out sequence back to the device",
-    ),
-    Operation(
-        "rollback",
-        _rollback,
-        (("seq", Pick(lambda state: state.rollbackable_ids())), ("num_tokens", Integers(1, 6))),
-        needs=("rollback",),
-        doc="reject drafts: drop that many tokens, or as many as leave one (and, under a sliding window, no dropped "
-        "block back in the window)",
-    ),
-    Operation(
-        "evict",
-        lambda engine, num_blocks: eviction.evict(engine, num_blocks),
-        (("num_blocks", Integers(1, 4)),),
-        needs=("eviction",),
-        condition=lambda state: bool(state.finished),
-        doc="drop up to that many cached, unreferenced blocks",
-    ),
-    Operation(
-        "evict_blocks",
-        lambda engine, blocks: eviction.evict_blocks(engine, tuple(blocks)),
-        (("blocks", BlockIds(lambda state: state.released_blocks())),),
-        needs=("targeted_eviction",),
-        doc="drop particular blocks from the cache by id (a KV connector's or an offloader's eviction): picked "
-        "among the blocks some sequence released, cached or not",
-    ),
-    Operation(
-        "reset_cache",
-        lambda engine: eviction.reset_cache(engine),
-        needs=("eviction",),
-        condition=lambda state: bool(state.finished),
-        doc="drop every cached, unreferenced block",
-    ),
-    Operation(
-        "land_loads",
-        lambda engine, seq: engine.land_loads(seq),
-        (("seq", Pick(lambda state: state.landable_ids())),),
-        needs=("async_loads",),
-        doc="the worker reports a sequence's asynchronous loads done (their step completed; the sequence may have "
-        "been freed since): the engine performs them and tells the allocator",
-    ),
-    Operation(
-        "resume",
-        lambda engine, seq: engine.resume(seq),
-        (("seq", Pick(lambda state: state.ids(Status.LOADED))),),
-        needs=("async_loads",),
-        doc="schedule a sequence whose loads have landed: the rest of its prompt is allocated and written",
     ),
     Operation(
         "misuse",
@@ -252,5 +109,52 @@ OPERATIONS: tuple[Operation, ...] = (
         doc="a call that breaks the contract: it must raise a Misuse error and change nothing",
     ),
 )
+"""The core's rows: every allocator is called through them."""
+
+FEATURES: tuple[tuple[Operation, ...], ...] = (
+    preemption.ROWS,
+    forks.ROWS,
+    swap.ROWS,
+    rollback.ROWS,
+    eviction.ROWS,
+    host_tier.ROWS,
+)
+"""Every feature's rows of the operation table."""
+
+ORDER: tuple[str, ...] = (
+    "admit",
+    "step",
+    "readmit",
+    "grow",
+    "preempt",
+    "decode",
+    "fork",
+    "swap_out",
+    "free",
+    "swap_in",
+    "rollback",
+    "evict",
+    "evict_blocks",
+    "reset_cache",
+    "land_loads",
+    "resume",
+    "misuse",
+)
+"""The table's order, by operation name: the order in which the operations were added, with a few core ones early. It
+is random programs' order of choices, so it is fixed: a seeded random program draws the same calls only while it
+stays (Hypothesis orders its rules by name, whatever this order). A new operation goes at the end."""
+
+
+def assembled(rows: Sequence[Operation], order: Sequence[str]) -> tuple[Operation, ...]:
+    """``rows`` in ``order``; raises ValueError unless ``order`` names each row exactly once."""
+    by_name = {row.name: row for row in rows}
+    if len(by_name) != len(rows) or len(set(order)) != len(order) or set(by_name) != set(order):
+        named = sorted(set(by_name) ^ set(order))
+        raise ValueError(f"the operation table's ORDER and its rows disagree (names: {named}, or a name twice)")
+    return tuple(by_name[name] for name in order)
+
+
+OPERATIONS: tuple[Operation, ...] = assembled(CORE + tuple(row for rows in FEATURES for row in rows), ORDER)
+"""The operation table."""
 
 BY_NAME: dict[str, Operation] = {operation.name: operation for operation in OPERATIONS}

@@ -14,10 +14,11 @@ from typing import Optional, Sequence
 
 import attrs
 
-from kvfuzz.program.arguments import Snapshot
+from kvfuzz.engine.arguments import Snapshot
+from kvfuzz.engine.operation import Operation
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
-from kvfuzz.program.operations import OPERATIONS, Operation
+from kvfuzz.program.operations import OPERATIONS
 
 
 @attrs.frozen

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import attrs
 
-from kvfuzz.program.arguments import system_prompts
+from kvfuzz.engine.arguments import system_prompts
 from kvfuzz.program.call import Call
 from kvfuzz.shrink.candidates import Best, PoolShrinker
 
@@ -56,7 +56,7 @@ def _at_block_size(calls: tuple[Call, ...], old: int, new: int) -> list[tuple[Ca
     """``calls`` rewritten for blocks of ``new`` slots instead of ``old``, as candidates, the likeliest first.
 
     A shared system prompt is drawn among prompts that end just below, at or past a block boundary
-    (:func:`~kvfuzz.program.arguments.system_prompts`), so each becomes the new size's prompt of the same role. Token
+    (:func:`~kvfuzz.engine.arguments.system_prompts`), so each becomes the new size's prompt of the same role. Token
     lists (suffixes, grown tokens) then either keep their length in blocks (scaled, at least one token: a program
     building pool pressure still fills as many blocks) or keep their tokens (cut to the new size's bounds; replay
     refuses a list still too long)."""

@@ -9,8 +9,9 @@ from typing import Optional
 import attrs
 
 from kvfuzz.engine.config import MachineConfig
+from kvfuzz.engine.operation import Operation
 from kvfuzz.program.call import Call
-from kvfuzz.program.operations import BY_NAME, Operation
+from kvfuzz.program.operations import BY_NAME
 from kvfuzz.program.random_programs import random_program
 from kvfuzz.program.safeguards import AllocatorHang
 from kvfuzz.shrink.candidates import Best, Shrinker

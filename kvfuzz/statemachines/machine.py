@@ -13,10 +13,11 @@ from typing import Any, Callable, Optional, cast
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from hypothesis.strategies import SearchStrategy
 
+from kvfuzz.engine.arguments import Snapshot
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.program.arguments import Snapshot
+from kvfuzz.engine.operation import Operation
 from kvfuzz.program.execution import Execution, Safeguards, Target
-from kvfuzz.program.operations import OPERATIONS, Operation
+from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory
 

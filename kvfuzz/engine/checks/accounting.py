@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from typing import Collection, Iterable, Sequence
 
-from kvfuzz.allocator.types import (
-    BlockCopy,
-)
 from kvfuzz.engine.checks.context import Checker
 from kvfuzz.engine.violations import Invariant
 
@@ -95,21 +92,6 @@ class AccountingChecks(Checker):
             *self.pools.block_story(stuck),
         ]
 
-    def host_transfers_unfree(self, in_use: dict[int, str]) -> None:
-        """Invariant 4 on a host tier: a host block a transfer still uses (``in_use``: host block -> the transfer) is
-        not in the host free set, from which another store could take it."""
-        host = self.host_introspection
-        if host is None or not in_use:
-            return
-        free = set(host.host_free_blocks())
-        for block, transfer in sorted(in_use.items()):
-            if block in free:
-                self.fail(
-                    Invariant.FREE_SET,
-                    f"host block {block} is in the host free set while {transfer}",
-                    ["expected: out of the host free set until that transfer is done"],
-                )
-
     def host_accounting(self, touched: Iterable[int], released_by: str = "") -> None:
         """Invariant 4 on the host pool: each touched host block is in the host free set exactly when no swapped-out
         sequence holds it (a host block shared under ``shares_host_blocks`` until its last holder goes), and the free
@@ -153,15 +135,6 @@ class AccountingChecks(Checker):
                 ],
             )
 
-    def fork_copies_declared(self, parent: str, child: str, copies: Sequence[BlockCopy]) -> None:
-        """Invariant 3: fork copies blocks only when the allocator declares ``fork_copies``."""
-        if copies and not self.state.caps.fork_copies:
-            self.fail(
-                Invariant.REFCOUNTS,
-                f"fork of {parent} into {child} returned copies {list(copies)}",
-                ["expected: none: the allocator does not declare fork_copies, so fork shares every block"],
-            )
-
     def fork_table(self, parent: str, child: str, expected: tuple[int, ...], table: tuple[int, ...]) -> None:
         """Invariant 3: the child's table is the parent's, except where fork ordered a copy (``expected``: the parent's
         blocks holding tokens); look-ahead blocks beyond them are the child's own, as ``table_shape`` bounds them."""
@@ -170,61 +143,4 @@ class AccountingChecks(Checker):
                 Invariant.REFCOUNTS,
                 f"fork gave {child} a block table unlike its parent {parent}'s",
                 [f"expected: {list(expected)} (shared, or the copies it ordered)", f"found:    {list(table)}"],
-            )
-
-    def evict_count(self, num_blocks: int, dropped: int, before: Sequence[int], evicted: Sequence[int]) -> None:
-        """Invariant 4: evict(n) reports between 0 and n blocks dropped (under ``evict_rounds_up``: at least n, or
-        every cached block), and, with introspection, exactly the number that left the cached set."""
-        rounds_up = self.state.caps.evict_rounds_up
-        if dropped < 0 or (not rounds_up and dropped > num_blocks):
-            self.fail(
-                Invariant.FREE_SET,
-                f"evict({num_blocks}) reports {dropped} blocks dropped",
-                [f"expected: between 0 and {num_blocks}" if not rounds_up else "expected: a count of blocks, >= 0"],
-            )
-        if self.introspection is None:
-            return
-        if dropped != len(evicted):
-            self.fail(
-                Invariant.FREE_SET,
-                f"evict({num_blocks}) reports {dropped} blocks dropped, but {len(evicted)} left the cached set",
-                [f"left the cached set: {sorted(evicted)}", f"cached before: {sorted(before)}"],
-            )
-        least = min(num_blocks, len(before))
-        if rounds_up and len(evicted) < least:
-            self.fail(
-                Invariant.FREE_SET,
-                f"evict({num_blocks}) dropped {len(evicted)} block(s) while {len(before)} were cached",
-                [
-                    f"expected: at least {least}: evict_rounds_up drops whole cached subtrees until at least "
-                    f"{num_blocks} blocks are gone, or every cached block",
-                    f"found:    dropped {sorted(evicted)}; still cached: {sorted(set(before) - set(evicted))}",
-                ],
-            )
-
-    def evict_targets(self, targets: Sequence[int], before: Sequence[int], evicted: Sequence[int]) -> None:
-        """Invariant 4: evict_blocks drops exactly the named blocks that were cached, and nothing else."""
-        cached_before = set(before)
-        kept = [block for block in targets if block in cached_before and block not in evicted]
-        unnamed = [block for block in evicted if block not in targets]
-        if kept or unnamed:
-            self.fail(
-                Invariant.FREE_SET,
-                f"evict_blocks({list(targets)}) "
-                + (f"left block(s) {kept} cached" if kept else f"dropped block(s) {unnamed} it was not given"),
-                [
-                    f"expected: exactly the named blocks that were cached dropped: "
-                    f"{sorted(cached_before & set(targets))}",
-                    f"found:    dropped {sorted(evicted)}",
-                    *self.pools.block_story((kept or unnamed)[0]),
-                ],
-            )
-
-    def cache_empty(self) -> None:
-        """Invariant 4: after reset_cache no cached, unreferenced block is left."""
-        if self.introspection is not None and len(self.introspection.cached_blocks()):
-            self.fail(
-                Invariant.FREE_SET,
-                f"reset_cache left {len(self.introspection.cached_blocks())} cached unreferenced block(s)",
-                ["expected: none"],
             )

@@ -1,5 +1,6 @@
 """Invariant 9, cache soundness: a cache hit covers only K/V its prefix wrote, by a completed step (or one sure to
-run), in blocks no eviction dropped; look-ahead blocks are never cached; host-tier loads fill only the hit."""
+run), in blocks no eviction dropped; host-tier loads fill only the hit. (That look-ahead blocks are never cached is
+:mod:`kvfuzz.engine.features.lookahead`'s own check.)"""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from typing import Collection, Optional, Sequence
 
 from kvfuzz.allocator.types import (
     NULL_BLOCK,
-    AdmitResult,
 )
 from kvfuzz.engine.checks.context import CheckContext, Checker
 from kvfuzz.engine.checks.exclusive import ExclusiveWrites
@@ -18,7 +18,7 @@ from kvfuzz.engine.violations import Invariant
 
 
 class CacheSoundness(Checker):
-    """Invariant 9 on admissions' hits, withdrawn writes, look-ahead blocks and host-tier loads."""
+    """Invariant 9 on admissions' hits, withdrawn writes and host-tier loads."""
 
     def __init__(self, context: CheckContext, exclusive: ExclusiveWrites) -> None:
         super().__init__(context)
@@ -185,60 +185,6 @@ class CacheSoundness(Checker):
         if record.tag != tag:
             return "it holds another prefix's K/V", root_cause(self.state, seq, position, slot, record)
         return f"the step that put it there has not completed (last completed: {self.pools.last_completed})", []
-
-    def resumed_hit(self, seq: str, result: AdmitResult, covered: int) -> None:
-        """``resume`` of a sequence whose loads landed reports the hit its admission reported, loads nothing, and
-        keeps the hit in the blocks that hold it (invariant 9: a hit moved elsewhere holds nothing)."""
-        held = self.state.seqs[seq].table
-        moved = [
-            index
-            for index, block in enumerate(held)
-            if index >= len(result.block_table) or result.block_table[index] != block
-        ]
-        if moved:
-            self.fail(
-                Invariant.CACHE_SOUNDNESS,
-                f"resume of {seq} maps its cached logical block {moved[0]} to block "
-                f"{result.block_table[moved[0]] if moved[0] < len(result.block_table) else 'none'}",
-                [
-                    f"expected: the blocks its admission's hit holds (loaded or matched), {list(held)}, then the rest",
-                    f"found:    {list(result.block_table)}",
-                    *self.pools.block_story(held[moved[0]]),
-                ],
-            )
-        if result.num_cached_tokens != covered or result.loads or result.waits_for_loads:
-            self.fail(
-                Invariant.RESULTS,
-                f"resume of {seq} reports {result.num_cached_tokens} cached tokens, loads {list(result.loads)}"
-                + (" and waits for them" if result.waits_for_loads else ""),
-                [
-                    f"expected: the {covered} cached tokens its admission reported (loaded since), nothing more to "
-                    "load, no waiting"
-                ],
-            )
-
-    def lookahead_not_cached(self) -> None:
-        """Invariant 9 under ``lookahead_blocks``: a block released as a look-ahead entry holds no K/V of any prefix,
-        so the allocator never lists it as cached (reusable) content; checked until it is referenced again or free."""
-        h = self.state
-        alloc = self.introspection
-        if alloc is None or not h.released_lookahead:
-            return
-        cached, free = alloc.cached_blocks(), alloc.free_blocks()
-        for block in sorted(h.released_lookahead):
-            if block in cached:
-                self.fail(
-                    Invariant.CACHE_SOUNDNESS,
-                    f"block {block}, released as a look-ahead block, is listed as cached",
-                    [
-                        "expected: free (or pending): a look-ahead block holds no tokens of its sequence, so no "
-                        "prefix may be matched to it",
-                        "found:    in the cached (evictable) set",
-                        *self.pools.block_story(block),
-                    ],
-                )
-            if block in free:
-                h.released_lookahead.discard(block)
 
     def host_loads(self, seq: str, loads: Sequence[tuple[int, int]], num_cached: int) -> None:
         """Invariants 9 and 5 for an admission's host-tier loads: only under ``host_cache``, from host blocks that

@@ -1,14 +1,14 @@
-"""Invariant 1, content: every written position holds its own K/V, bit for bit, and every table, slot, swap and
-rollback the allocator returns puts each position where its K/V is."""
+"""Invariant 1, content: every written position holds its own K/V, bit for bit, and every table and slot the
+allocator returns puts each position where its K/V is (the swap mappings and the rollback table are checked by their
+features, :mod:`~kvfuzz.engine.features.swap` and :mod:`~kvfuzz.engine.features.rollback`)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Sequence
 
 import torch
 
 from kvfuzz.allocator.types import (
-    NULL_BLOCK,
     Slot,
 )
 from kvfuzz.engine.checks.context import Checker
@@ -99,130 +99,3 @@ class ContentChecks(Checker):
                 )
         if len(slots) != count:
             self.fail(Invariant.CONTENT, f"grow of {count} tokens returned {len(slots)} slots")
-
-    def swap_out_mapping(
-        self,
-        seq: str,
-        mapping: Sequence[tuple[int, int]],
-        table: tuple[int, ...],
-        host_holders: Mapping[int, Sequence[tuple[str, int]]],
-    ) -> None:
-        """Invariant 1: swap-out copies every block of the table once, to distinct host blocks that no other
-        swapped-out sequence holds (``host_holders``), or under ``shares_host_blocks`` one that holds the same K/V."""
-        host_of = dict(mapping)
-        live = [block for block in table if block != NULL_BLOCK]
-        if sorted(host_of) != sorted(live) or len(mapping) != len(live):
-            self.fail(
-                Invariant.CONTENT,
-                f"swap-out of {seq} maps device blocks {sorted(host_of)}",
-                [f"expected: the blocks of its table {list(table)}, each once"],
-            )
-        clash = sorted(set(host_of.values()) & host_holders.keys())
-        if len(set(host_of.values())) != len(host_of) or (clash and not self.state.caps.shares_host_blocks):
-            self.fail(
-                Invariant.CONTENT,
-                f"swap-out of {seq} reuses host block(s) {clash or host_of}",
-                ["expected: distinct host blocks no other swapped-out sequence holds"],
-            )
-        index_of = {block: index for index, block in enumerate(table) if block != NULL_BLOCK}
-        for block, host_block in mapping:
-            for holder, holder_index in host_holders.get(host_block, ()):
-                self._same_host_content(seq, index_of[block], block, host_block, holder, holder_index)
-
-    def _same_host_content(
-        self, seq: str, index: int, block: int, host_block: int, holder: str, holder_index: int
-    ) -> None:
-        """Under ``shares_host_blocks``: ``seq``'s logical block ``index``, swapped out to ``host_block``, which
-        ``holder`` holds as its logical block ``holder_index``, is full in both with the same K/V at the same index
-        (same namespace and tokens up to its end: the same tags)."""
-        h = self.state
-        size = h.block_size
-        lo, hi = index * size, (index + 1) * size
-        mine, theirs = h.reference.tags(seq), h.reference.tags(holder)
-        if index == holder_index and hi <= min(len(mine), len(theirs)) and mine[lo:hi] == theirs[lo:hi]:
-            return
-        if index != holder_index:
-            found = f"found:    {holder} holds it as its logical block {holder_index}, not {index}"
-        elif hi > min(len(mine), len(theirs)):
-            short = seq if len(mine) < hi else holder
-            found = (
-                f"found:    {short}'s logical block {index} is not full ({len(h.reference.tags(short)) - lo} tokens)"
-            )
-        else:
-            position = next(p for p in range(lo, hi) if mine[p] != theirs[p])
-            found = (
-                f"found:    position {position} differs: {seq} holds {prefix(self.state, seq, position)}, "
-                f"{holder} holds {prefix(self.state, holder, position)}"
-            )
-        self.fail(
-            Invariant.CONTENT,
-            f"swap-out of {seq} maps its logical block {index} (block {block}) to host block {host_block}, which "
-            f"swapped-out {holder} holds with other K/V",
-            [
-                "expected: a host block another swapped-out sequence holds only with the same K/V (shares_host_blocks):"
-                " the same full logical block, namespace and tokens up to its end",
-                found,
-                *self.pools.block_story(block),
-            ],
-        )
-
-    def swap_in_mapping(self, seq: str, mapping: Sequence[tuple[int, int]], host_table: tuple[int, ...]) -> None:
-        """Invariant 1: swap-in copies back exactly the host blocks the sequence was swapped out to."""
-        sources = sorted(src for src, _ in mapping)
-        if sources != sorted(block for block in host_table if block != NULL_BLOCK):
-            self.fail(
-                Invariant.CONTENT,
-                f"swap-in of {seq} copies host blocks {sources}",
-                [f"expected: the host blocks it was swapped out to, {list(host_table)}"],
-            )
-
-    def rollback_table(self, seq: str, before: tuple[int, ...], table: tuple[int, ...]) -> None:
-        """Invariant 1: a rollback leaves a prefix of the table: every kept position stays in its block."""
-        if table != before[: len(table)]:
-            self.fail(
-                Invariant.CONTENT,
-                f"rollback of {seq} changed the blocks of positions it kept",
-                [
-                    f"expected: a prefix of its table before the rollback, {list(before)}",
-                    f"found:    {list(table)}",
-                    *(
-                        line
-                        for index, (old, new) in enumerate(zip(before, table))
-                        if old != new
-                        for line in self.pools.block_story(old)
-                    ),
-                ],
-            )
-
-    def deduplicated_tail(self, seq: str, index: int, dst: int) -> None:
-        """Invariant 1 under ``dedupes_copied_tail``: the block ``seq``'s table maps at logical block ``index`` in
-        place of the copy into ``dst`` holds every written position of it (bit for bit), or, under
-        ``hits_scheduled_writes``, the next step writes it there before anything reads it."""
-        h = self.state
-        size = h.block_size
-        block = h.seqs[seq].table[index]
-        tags = h.reference.tags(seq)
-        present: list[tuple[str, int]] = []
-        scheduled: Optional[dict[int, int]] = None  # the next step's writes, gathered once if needed
-        for position in range(index * size, min((index + 1) * size, h.seqs[seq].written)):
-            slot = block * size + position % size
-            record = self.pools.record(slot)
-            if record is not None and record.tag == tags[position]:
-                present.append((seq, position))
-                continue
-            if h.caps.hits_scheduled_writes:
-                scheduled = h.scheduled_tags() if scheduled is None else scheduled
-                if scheduled.get(slot) == tags[position]:
-                    continue
-            self.fail(
-                Invariant.CONTENT,
-                f"grow of {seq} maps its logical block {index} to block {block} in place of its copy into block "
-                f"{dst}, but {where(self.state, seq, position)} holds another prefix's K/V",
-                [
-                    f"expected: K/V of {prefix(self.state, seq, position)} (dedupes_copied_tail: a block holding the "
-                    "same K/V)",
-                    f"found:    {found(record)}",
-                    *self.pools.block_story(block),
-                ],
-            )
-        self.holds((), present)

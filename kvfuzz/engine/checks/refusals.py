@@ -3,14 +3,11 @@ only a contract-breaking call is refused as misuse."""
 
 from __future__ import annotations
 
-from typing import NoReturn, Optional, Sequence
+from typing import NoReturn, Optional
 
 import attrs
 
 from kvfuzz.allocator.errors import AllocatorError, Misuse
-from kvfuzz.allocator.types import (
-    NULL_BLOCK,
-)
 from kvfuzz.engine.checks.accounting import AccountingChecks
 from kvfuzz.engine.checks.context import CheckContext, Checker, PoolCounts
 from kvfuzz.engine.expected import Status
@@ -81,38 +78,6 @@ class RefusalChecks(Checker):
             )
         self.accounting.touched({*h.refs.holders, *evicted})
         return evicted
-
-    def only_drops(self, seq: str, table: tuple[int, ...], error: Exception) -> None:
-        """Invariant 7 under ``refusal_drops_window``: a refused grow changed ``seq``'s table (or group table) at most
-        by dropping entries (block -> ``NULL_BLOCK``); whether the window allowed each drop is the table's shape."""
-        old = self.state.seqs[seq].table
-        if len(table) == len(old) and all(new in (was, NULL_BLOCK) for was, new in zip(old, table)):
-            return
-        self.fail(
-            Invariant.ATOMIC_REFUSAL,
-            f"refused with {type(error).__name__}, but the block table of {self.state.label(seq)} changed other "
-            "than by dropping blocks out of its window",
-            [
-                f"refusal: {error}",
-                "expected: the table as before, some entries NULL_BLOCK at most (refusal_drops_window)",
-                f"was:      {list(old)}",
-                f"found:    {list(table)}",
-            ],
-        )
-
-    def with_released(self, before: Optional[PoolCounts], released: Sequence[int]) -> Optional[PoolCounts]:
-        """``before``, plus the ``released`` blocks (unreferenced now, their sets checked by the accounting) in the
-        allocator's sets that hold them."""
-        alloc = self.introspection
-        if before is None or alloc is None or not released:
-            return before
-        gone = set(released)
-        return attrs.evolve(
-            before,
-            free=before.free + len(gone & set(alloc.free_blocks())),
-            cached=before.cached + len(gone & set(alloc.cached_blocks())),
-            pending=before.pending + len(gone & set(alloc.pending_blocks())),
-        )
 
     def _evicted_by_refusal(
         self,

@@ -145,30 +145,6 @@ class ResultChecks(Checker):
                 ],
             )
 
-    def host_transfers(self, step: int, transfers: HostTransfers, in_flight: Sequence[tuple[int, int]]) -> None:
-        """Invariant 12 for ``take_transfers(step)``: stores between existing blocks, and only in-flight stores
-        flushed."""
-        h = self.state
-        for block, host_block in transfers.stores:
-            if not (
-                is_int(block)
-                and 0 <= block < h.num_blocks
-                and is_int(host_block)
-                and 0 <= host_block < h.num_host_blocks
-            ):
-                self.fail(
-                    Invariant.RESULTS,
-                    f"take_transfers({step}) stores block {shown(block)} into host block {shown(host_block)}",
-                    [f"expected: a device block 0 .. {h.num_blocks - 1} and a host block 0 .. {h.num_host_blocks - 1}"],
-                )
-        for pair in transfers.flushed:
-            if tuple(pair) not in in_flight:
-                self.fail(
-                    Invariant.RESULTS,
-                    f"take_transfers({step}) flushes the store {pair}, which is not in flight",
-                    [f"expected: one of the stores ordered and not yet landed, {sorted(in_flight)}"],
-                )
-
     def waits_for_loads(self, seq: str, result: AdmitResult) -> None:
         """An admission that waits for its loads: only under ``async_loads``, with loads to wait for."""
         h = self.state

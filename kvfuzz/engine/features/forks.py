@@ -1,20 +1,26 @@
 """Forks (``fork``): parallel sampling and beam search. A child shares every block of its parent's table, or gets
 the copies the allocator returned, and then its table differs from the parent's exactly at their destinations
-(invariant 4); every copy's destination is the child's alone (5) and outside the in-flight window (6).
+(invariant 4); every copy's destination is the child's alone (5) and outside the in-flight window (6). The check
+that copies come only with ``fork_copies`` (3) is the feature's own.
 
 The operation is a function of the engine core (the groups feature, when declared, records the child's group
-tables); :meth:`kvfuzz.engine.Engine.fork` and the operation table's ``fork`` row call it.
+tables); :meth:`kvfuzz.engine.Engine.fork` and the ``fork`` row (:data:`ROWS`, its row of the operation table) call
+it.
 """
 
 from __future__ import annotations
 
-from typing import Optional, cast
+from typing import Optional, Sequence, cast
 
 from kvfuzz.allocator.protocol import Forks
 from kvfuzz.allocator.types import BlockCopy, SeqId
+from kvfuzz.engine.arguments import NewSeqId, Pick
+from kvfuzz.engine.checks import CheckContext
 from kvfuzz.engine.core import EngineCore, merged
 from kvfuzz.engine.expected import SeqModel, Status
 from kvfuzz.engine.features.groups import GroupTables
+from kvfuzz.engine.operation import Operation
+from kvfuzz.engine.violations import Invariant
 
 
 def _fork_copies(result: object) -> object:
@@ -41,7 +47,7 @@ def fork(core: EngineCore, groups: Optional[GroupTables], parent: SeqId, child: 
     )
     if copies is None:
         return False
-    checks.accounting.fork_copies_declared(parent, child, copies)
+    check_copies_declared(checks.context, parent, child, copies)
     state.matchable.forget(copy.dst for copy in copies)
     for copy in copies:
         core.pools.copy_block(copy.src, copy.dst)
@@ -73,3 +79,25 @@ def fork(core: EngineCore, groups: Optional[GroupTables], parent: SeqId, child: 
         checks.exclusive.block(copy.dst, child, f"fork copy from block {copy.src}")
     checks.window.outside({copy.dst for copy in copies}, child)
     return True
+
+
+def check_copies_declared(context: CheckContext, parent: str, child: str, copies: Sequence[BlockCopy]) -> None:
+    """Invariant 3: fork copies blocks only when the allocator declares ``fork_copies``."""
+    if copies and not context.state.caps.fork_copies:
+        context.fail(
+            Invariant.REFCOUNTS,
+            f"fork of {parent} into {child} returned copies {list(copies)}",
+            ["expected: none: the allocator does not declare fork_copies, so fork shares every block"],
+        )
+
+
+ROWS: tuple[Operation, ...] = (
+    Operation(
+        "fork",
+        lambda engine, parent, child: fork(engine, engine.groups, parent, child),
+        (("parent", Pick(lambda state: state.computed_ids())), ("child", NewSeqId())),
+        needs=("fork",),
+        doc="parallel sampling or beam search: the child shares the parent's blocks",
+    ),
+)
+"""The feature's rows of the operation table."""

@@ -3,20 +3,24 @@ onwards, read back and recorded beside its own (group 0's), forked and forgotten
 grow may drop out of its next token's window.
 
 A group table is a sequence of its own in the expected state (``group_seq``), so every other check holds of it as
-it holds of a sequence; the checks only groups need are :class:`~kvfuzz.engine.checks.groups.GroupChecks`.
+it holds of a sequence; the checks only groups need are :class:`~kvfuzz.engine.checks.groups.GroupChecks`. The check
+that a refused grow only dropped blocks out of the window (invariant 7) is :class:`WindowDrops`'s own.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
+
+import attrs
 
 from kvfuzz.allocator.errors import OutOfBlocks
-from kvfuzz.allocator.types import Namespace, SeqId, Tokens
-from kvfuzz.engine.checks import PoolCounts
+from kvfuzz.allocator.types import NULL_BLOCK, Namespace, SeqId, Tokens
+from kvfuzz.engine.checks import CheckContext, PoolCounts
 from kvfuzz.engine.checks.groups import GroupChecks
 from kvfuzz.engine.core import UNCHANGED, EngineCore, merged
 from kvfuzz.engine.expected import SeqModel, Status, TableChange
 from kvfuzz.engine.groups import group_namespace
+from kvfuzz.engine.violations import Invariant
 
 
 class GroupTables:
@@ -112,7 +116,7 @@ class WindowDrops:
         table_ids = (seq, *state.group_tables(seq))
         found = {table_id: core.checks.context.allocator_table(table_id) for table_id in table_ids}
         for table_id in table_ids:
-            core.checks.refusals.only_drops(table_id, found[table_id], error)
+            check_only_drops(core.checks.context, table_id, found[table_id], error)
         if all(found[table_id] == state.seqs[table_id].table for table_id in table_ids):
             return before
         for table_id in table_ids:
@@ -124,4 +128,38 @@ class WindowDrops:
             change = merged(change, self.groups.set_tables(seq, table, "kept by", released))
         core.settle(change)
         core.stats["blocks dropped by refused grows"] += len(change.released)
-        return core.checks.refusals.with_released(before, change.released)
+        return with_released(core.checks.context, before, change.released)
+
+
+def check_only_drops(context: CheckContext, seq: str, table: tuple[int, ...], error: Exception) -> None:
+    """Invariant 7 under ``refusal_drops_window``: a refused grow changed ``seq``'s table (or group table) at most
+    by dropping entries (block -> ``NULL_BLOCK``); whether the window allowed each drop is the table's shape."""
+    old = context.state.seqs[seq].table
+    if len(table) == len(old) and all(new in (was, NULL_BLOCK) for was, new in zip(old, table)):
+        return
+    context.fail(
+        Invariant.ATOMIC_REFUSAL,
+        f"refused with {type(error).__name__}, but the block table of {context.state.label(seq)} changed other "
+        "than by dropping blocks out of its window",
+        [
+            f"refusal: {error}",
+            "expected: the table as before, some entries NULL_BLOCK at most (refusal_drops_window)",
+            f"was:      {list(old)}",
+            f"found:    {list(table)}",
+        ],
+    )
+
+
+def with_released(context: CheckContext, before: Optional[PoolCounts], released: Sequence[int]) -> Optional[PoolCounts]:
+    """``before``, plus the ``released`` blocks (unreferenced now, their sets checked by the accounting) in the
+    allocator's sets that hold them."""
+    alloc = context.introspection
+    if before is None or alloc is None or not released:
+        return before
+    gone = set(released)
+    return attrs.evolve(
+        before,
+        free=before.free + len(gone & set(alloc.free_blocks())),
+        cached=before.cached + len(gone & set(alloc.cached_blocks())),
+        pending=before.pending + len(gone & set(alloc.pending_blocks())),
+    )

@@ -1,6 +1,9 @@
 """The host tier and asynchronous loads (``host_cache``, ``async_loads``): the loads and stores between the device
 and host pools that the allocator orders and the engine performs as its worker would, each checked as it lands, and
-admissions that wait for their loads to land before they are scheduled (``resume``).
+admissions that wait for their loads to land before they are scheduled (``resume``). The ``land_loads`` and
+``resume`` rows (:data:`ROWS`, its rows of the operation table) call the engine's methods of those names. The checks
+only the host tier triggers are the feature's own: the transfers it takes (invariant 12), the host blocks they use
+(4) and a resumed sequence's hit (9 and 12).
 """
 
 from __future__ import annotations
@@ -10,11 +13,15 @@ from typing import Optional, Sequence, cast
 
 from kvfuzz.allocator.protocol import AsyncLoads, HostCache
 from kvfuzz.allocator.types import AdmitResult, HostTransfers, SeqId
-from kvfuzz.engine.checks import CacheSnapshot
+from kvfuzz.engine.arguments import Pick
+from kvfuzz.engine.checks import CacheSnapshot, CheckContext
+from kvfuzz.engine.checks.results import is_int, shown
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.events import Completion, Launch
 from kvfuzz.engine.expected import AsyncLoad, SeqModel, Status, mapped
+from kvfuzz.engine.operation import Operation
 from kvfuzz.engine.pools import UNTIL_LOADS_LAND, SlotWrite
+from kvfuzz.engine.violations import Invariant
 
 
 class HostTier:
@@ -69,7 +76,7 @@ class HostTier:
         core.checks.results.result(f"take_transfers({step})", transfers, HostTransfers)
         stores = list(transfers.stores)
         in_flight = [pair for pairs in self.stores.values() for pair in pairs] + stores
-        core.checks.results.host_transfers(step, transfers, in_flight)
+        check_host_transfers(core.checks.context, step, transfers, in_flight)
         for pair in transfers.flushed:
             for pairs in (*self.stores.values(), stores):
                 if pair in pairs:
@@ -113,7 +120,7 @@ class HostTier:
         for seq, load in core.expected.async_loads.items():
             for host_block, block in load.pairs:
                 in_use[host_block] = f"the asynchronous load of {seq} from it into block {block} is not reported landed"
-        core.checks.accounting.host_transfers_unfree(in_use)
+        check_host_transfers_unfree(core.checks.context, in_use)
 
     def completing(self, step: int) -> None:
         """The stores ordered at ``step``'s launch land as it completes."""
@@ -234,7 +241,7 @@ class AsyncLoading:
         )
         if result is None:
             return None
-        core.checks.cache.resumed_hit(seq, result, covered)
+        check_resumed_hit(core.checks.context, seq, result, covered)
         model.covered_tokens = None
         return result, before
 
@@ -257,3 +264,95 @@ class AsyncLoading:
                 pools.read_until[block] = UNTIL_LOADS_LAND
             else:
                 pools.held_until[block] = UNTIL_LOADS_LAND
+
+
+def check_resumed_hit(context: CheckContext, seq: str, result: AdmitResult, covered: int) -> None:
+    """``resume`` of a sequence whose loads landed reports the hit its admission reported, loads nothing, and
+    keeps the hit in the blocks that hold it (invariant 9: a hit moved elsewhere holds nothing)."""
+    held = context.state.seqs[seq].table
+    moved = [
+        index
+        for index, block in enumerate(held)
+        if index >= len(result.block_table) or result.block_table[index] != block
+    ]
+    if moved:
+        context.fail(
+            Invariant.CACHE_SOUNDNESS,
+            f"resume of {seq} maps its cached logical block {moved[0]} to block "
+            f"{result.block_table[moved[0]] if moved[0] < len(result.block_table) else 'none'}",
+            [
+                f"expected: the blocks its admission's hit holds (loaded or matched), {list(held)}, then the rest",
+                f"found:    {list(result.block_table)}",
+                *context.pools.block_story(held[moved[0]]),
+            ],
+        )
+    if result.num_cached_tokens != covered or result.loads or result.waits_for_loads:
+        context.fail(
+            Invariant.RESULTS,
+            f"resume of {seq} reports {result.num_cached_tokens} cached tokens, loads {list(result.loads)}"
+            + (" and waits for them" if result.waits_for_loads else ""),
+            [
+                f"expected: the {covered} cached tokens its admission reported (loaded since), nothing more to "
+                "load, no waiting"
+            ],
+        )
+
+
+def check_host_transfers_unfree(context: CheckContext, in_use: dict[int, str]) -> None:
+    """Invariant 4 on a host tier: a host block a transfer still uses (``in_use``: host block -> the transfer) is
+    not in the host free set, from which another store could take it."""
+    host = context.host_introspection
+    if host is None or not in_use:
+        return
+    free = set(host.host_free_blocks())
+    for block, transfer in sorted(in_use.items()):
+        if block in free:
+            context.fail(
+                Invariant.FREE_SET,
+                f"host block {block} is in the host free set while {transfer}",
+                ["expected: out of the host free set until that transfer is done"],
+            )
+
+
+def check_host_transfers(
+    context: CheckContext, step: int, transfers: HostTransfers, in_flight: Sequence[tuple[int, int]]
+) -> None:
+    """Invariant 12 for ``take_transfers(step)``: stores between existing blocks, and only in-flight stores
+    flushed."""
+    h = context.state
+    for block, host_block in transfers.stores:
+        if not (
+            is_int(block) and 0 <= block < h.num_blocks and is_int(host_block) and 0 <= host_block < h.num_host_blocks
+        ):
+            context.fail(
+                Invariant.RESULTS,
+                f"take_transfers({step}) stores block {shown(block)} into host block {shown(host_block)}",
+                [f"expected: a device block 0 .. {h.num_blocks - 1} and a host block 0 .. {h.num_host_blocks - 1}"],
+            )
+    for pair in transfers.flushed:
+        if tuple(pair) not in in_flight:
+            context.fail(
+                Invariant.RESULTS,
+                f"take_transfers({step}) flushes the store {pair}, which is not in flight",
+                [f"expected: one of the stores ordered and not yet landed, {sorted(in_flight)}"],
+            )
+
+
+ROWS: tuple[Operation, ...] = (
+    Operation(
+        "land_loads",
+        lambda engine, seq: engine.land_loads(seq),
+        (("seq", Pick(lambda state: state.landable_ids())),),
+        needs=("async_loads",),
+        doc="the worker reports a sequence's asynchronous loads done (their step completed; the sequence may have "
+        "been freed since): the engine performs them and tells the allocator",
+    ),
+    Operation(
+        "resume",
+        lambda engine, seq: engine.resume(seq),
+        (("seq", Pick(lambda state: state.ids(Status.LOADED))),),
+        needs=("async_loads",),
+        doc="schedule a sequence whose loads have landed: the rest of its prompt is allocated and written",
+    ),
+)
+"""The feature's rows of the operation table."""

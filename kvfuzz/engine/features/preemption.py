@@ -2,8 +2,8 @@
 are never read (invariant 9), it keeps its tokens, and it waits to be readmitted (:meth:`kvfuzz.engine.Engine.readmit`,
 an admission like any other).
 
-The operation is a function of the engine core; :meth:`kvfuzz.engine.Engine.preempt` and the operation table's
-``preempt`` row call it.
+The operation is a function of the engine core; :meth:`kvfuzz.engine.Engine.preempt` and the ``preempt`` row
+(:data:`ROWS`, its row of the operation table) call it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from typing import cast
 
 from kvfuzz.allocator.protocol import Preempts
 from kvfuzz.allocator.types import SeqId
+from kvfuzz.engine.arguments import Pick
 from kvfuzz.engine.core import UNCHANGED, EngineCore, merged
 from kvfuzz.engine.expected import Status
+from kvfuzz.engine.operation import Operation
 
 
 def preempt(core: EngineCore, seq: SeqId) -> None:
@@ -31,3 +33,15 @@ def preempt(core: EngineCore, seq: SeqId) -> None:
         model.status, model.written, model.drafts = Status.PREEMPTED, 0, 0
     core.expected.matchable.cancel(seq)
     core.settle(change)
+
+
+ROWS: tuple[Operation, ...] = (
+    Operation(
+        "preempt",
+        lambda engine, seq: preempt(engine, seq),
+        (("seq", Pick(lambda state: state.preemptible_ids())),),
+        needs=("preemption",),
+        doc="release a running sequence for recomputation",
+    ),
+)
+"""The feature's rows of the operation table."""

@@ -1,19 +1,26 @@
 """Swapping (``swap``): a computed sequence's K/V moves to the host pool and back. The mapping each way is checked
 against the table it moves (invariant 1), the host pool's accounting after each move (4), and the device blocks a
-swap-in fills are the sequence's alone (5) and outside the in-flight window (6).
+swap-in fills are the sequence's alone (5) and outside the in-flight window (6). The mapping checks are the
+feature's own (only a swap triggers them); the others are the invariants' checkers'.
 
 The operations are functions of the engine core; :meth:`kvfuzz.engine.Engine.swap_out`,
-:meth:`~kvfuzz.engine.Engine.swap_in` and the operation table's ``swap_out`` and ``swap_in`` rows call them.
+:meth:`~kvfuzz.engine.Engine.swap_in` and the ``swap_out`` and ``swap_in`` rows (:data:`ROWS`, its rows of the
+operation table) call them.
 """
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Mapping, Sequence, cast
 
 from kvfuzz.allocator.protocol import Swaps
 from kvfuzz.allocator.types import NULL_BLOCK, SeqId, SwapResult
+from kvfuzz.engine.arguments import Pick
+from kvfuzz.engine.checks import CheckContext
+from kvfuzz.engine.checks.explain import prefix
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.expected import Status, mapped
+from kvfuzz.engine.operation import Operation
+from kvfuzz.engine.violations import Invariant
 
 
 def swap_out(core: EngineCore, seq: SeqId) -> bool:
@@ -26,7 +33,7 @@ def swap_out(core: EngineCore, seq: SeqId) -> bool:
     if result is None:
         return False
     held = state.host_holders()
-    checks.content.swap_out_mapping(seq, result.mapping, model.table, held)
+    check_swap_out_mapping(checks.context, seq, result.mapping, model.table, held)
     shared = sum(host_block in held for _, host_block in result.mapping)
     if shared:
         core.stats["host blocks shared at swap-out"] += shared
@@ -52,7 +59,7 @@ def swap_in(core: EngineCore, seq: SeqId) -> bool:
     result = core.attempt(lambda: cast(Swaps, core.allocator).swap_in(seq), SwapResult, len(mapped(model.host_table)))
     if result is None:
         return False
-    checks.content.swap_in_mapping(seq, result.mapping, model.host_table)
+    check_swap_in_mapping(checks.context, seq, result.mapping, model.host_table)
     state.matchable.forget(block for _, block in result.mapping)
     for host_block, block in result.mapping:
         core.pools.swap_from_host(host_block, block)
@@ -70,3 +77,102 @@ def swap_in(core: EngineCore, seq: SeqId) -> bool:
     checks.accounting.host_accounting(host_table, released_by=f"swap_in({seq!r})")
     core.stats["swapped in blocks"] += len(result.mapping)
     return True
+
+
+def check_swap_out_mapping(
+    context: CheckContext,
+    seq: str,
+    mapping: Sequence[tuple[int, int]],
+    table: tuple[int, ...],
+    host_holders: Mapping[int, Sequence[tuple[str, int]]],
+) -> None:
+    """Invariant 1: swap-out copies every block of the table once, to distinct host blocks that no other
+    swapped-out sequence holds (``host_holders``), or under ``shares_host_blocks`` one that holds the same K/V."""
+    host_of = dict(mapping)
+    live = [block for block in table if block != NULL_BLOCK]
+    if sorted(host_of) != sorted(live) or len(mapping) != len(live):
+        context.fail(
+            Invariant.CONTENT,
+            f"swap-out of {seq} maps device blocks {sorted(host_of)}",
+            [f"expected: the blocks of its table {list(table)}, each once"],
+        )
+    clash = sorted(set(host_of.values()) & host_holders.keys())
+    if len(set(host_of.values())) != len(host_of) or (clash and not context.state.caps.shares_host_blocks):
+        context.fail(
+            Invariant.CONTENT,
+            f"swap-out of {seq} reuses host block(s) {clash or host_of}",
+            ["expected: distinct host blocks no other swapped-out sequence holds"],
+        )
+    index_of = {block: index for index, block in enumerate(table) if block != NULL_BLOCK}
+    for block, host_block in mapping:
+        for holder, holder_index in host_holders.get(host_block, ()):
+            _same_host_content(context, seq, index_of[block], block, host_block, holder, holder_index)
+
+
+def _same_host_content(
+    context: CheckContext, seq: str, index: int, block: int, host_block: int, holder: str, holder_index: int
+) -> None:
+    """Under ``shares_host_blocks``: ``seq``'s logical block ``index``, swapped out to ``host_block``, which
+    ``holder`` holds as its logical block ``holder_index``, is full in both with the same K/V at the same index
+    (same namespace and tokens up to its end: the same tags)."""
+    h = context.state
+    size = h.block_size
+    lo, hi = index * size, (index + 1) * size
+    mine, theirs = h.reference.tags(seq), h.reference.tags(holder)
+    if index == holder_index and hi <= min(len(mine), len(theirs)) and mine[lo:hi] == theirs[lo:hi]:
+        return
+    if index != holder_index:
+        found = f"found:    {holder} holds it as its logical block {holder_index}, not {index}"
+    elif hi > min(len(mine), len(theirs)):
+        short = seq if len(mine) < hi else holder
+        found = f"found:    {short}'s logical block {index} is not full ({len(h.reference.tags(short)) - lo} tokens)"
+    else:
+        position = next(p for p in range(lo, hi) if mine[p] != theirs[p])
+        found = (
+            f"found:    position {position} differs: {seq} holds {prefix(context.state, seq, position)}, "
+            f"{holder} holds {prefix(context.state, holder, position)}"
+        )
+    context.fail(
+        Invariant.CONTENT,
+        f"swap-out of {seq} maps its logical block {index} (block {block}) to host block {host_block}, which "
+        f"swapped-out {holder} holds with other K/V",
+        [
+            "expected: a host block another swapped-out sequence holds only with the same K/V (shares_host_blocks):"
+            " the same full logical block, namespace and tokens up to its end",
+            found,
+            *context.pools.block_story(block),
+        ],
+    )
+
+
+def check_swap_in_mapping(
+    context: CheckContext, seq: str, mapping: Sequence[tuple[int, int]], host_table: tuple[int, ...]
+) -> None:
+    """Invariant 1: swap-in copies back exactly the host blocks the sequence was swapped out to."""
+    sources = sorted(src for src, _ in mapping)
+    if sources != sorted(block for block in host_table if block != NULL_BLOCK):
+        context.fail(
+            Invariant.CONTENT,
+            f"swap-in of {seq} copies host blocks {sources}",
+            [f"expected: the host blocks it was swapped out to, {list(host_table)}"],
+        )
+
+
+ROWS: tuple[Operation, ...] = (
+    Operation(
+        "swap_out",
+        lambda engine, seq: swap_out(engine, seq),
+        (("seq", Pick(lambda state: state.computed_ids())),),
+        needs=("swap",),
+        condition=lambda state: state.num_host_blocks > 0,
+        doc="move a computed sequence's K/V to the host pool",
+    ),
+    Operation(
+        "swap_in",
+        lambda engine, seq: swap_in(engine, seq),
+        (("seq", Pick(lambda state: state.ids(Status.SWAPPED))),),
+        needs=("swap",),
+        doc="bring a swapped-out sequence back to the device",
+    ),
+)
+"""The feature's rows of the operation table."""

@@ -7,20 +7,23 @@ pairs whose parts concatenate to the same string, and the same tokens are drawn 
 
 Each argument kind draws the same distribution both ways: :meth:`strategy` for the Hypothesis machine (it reads the
 machine's state through ``st.runner()``, whose ``expected`` attribute is a :class:`ProgramState`), :meth:`draw`
-for random programs, :meth:`accepts` for replay.
+for random programs, :meth:`accepts` for replay. Hypothesis is imported only when a strategy is built: the engine's
+features declare their operations with these kinds, and the engine runs without Hypothesis.
 """
 
 from __future__ import annotations
 
 import functools
 import random
-from typing import Any, Callable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 import attrs
-from hypothesis import strategies as st
 
 from kvfuzz.allocator.types import Namespace, SeqId
 from kvfuzz.engine.expected import ProgramState
+
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
 
 VOCABULARY = 4
 """Token ids are 0 .. VOCABULARY - 1: few enough that prompts share prefixes often."""
@@ -92,6 +95,8 @@ class Pick:
         return bool(self._choices(state))
 
     def strategy(self) -> st.SearchStrategy[Any]:
+        from hypothesis import strategies as st
+
         return st.runner().flatmap(lambda machine: st.sampled_from(self._choices(machine.expected)))
 
     def draw(self, state: ProgramState, rng: random.Random) -> Any:
@@ -109,6 +114,8 @@ class NewSeqId:
         return True
 
     def strategy(self) -> st.SearchStrategy[SeqId]:
+        from hypothesis import strategies as st
+
         return st.runner().map(lambda machine: machine.expected.new_id())
 
     def draw(self, state: ProgramState, rng: random.Random) -> SeqId:
@@ -129,6 +136,8 @@ class Integers:
         return True
 
     def strategy(self) -> st.SearchStrategy[int]:
+        from hypothesis import strategies as st
+
         return st.integers(self.low, self.high)
 
     def draw(self, state: ProgramState, rng: random.Random) -> int:
@@ -150,11 +159,15 @@ class BlockIds:
         return bool(self.options(state))
 
     def strategy(self) -> st.SearchStrategy[list[int]]:
+        from hypothesis import strategies as st
+
         return st.runner().flatmap(lambda machine: self._subsets(list(self.options(machine.expected))))
 
     def _subsets(self, options: list[int]) -> st.SearchStrategy[list[int]]:
         """One to ``most`` distinct ``options`` in drawn order (a first pick, then up to ``most - 1`` more, repeats
         dropped)."""
+        from hypothesis import strategies as st
+
         picks = st.lists(st.sampled_from(options), min_size=1, max_size=self.most)
         return picks.map(lambda drawn: list(dict.fromkeys(drawn)))
 
@@ -176,6 +189,8 @@ drawn from, each equally likely."""
 
 @functools.lru_cache(maxsize=None)
 def _token_lists(ranges: tuple[tuple[int, int], ...]) -> st.SearchStrategy[list[int]]:
+    from hypothesis import strategies as st
+
     token = st.integers(0, VOCABULARY - 1)
     lists = [st.lists(token, min_size=low, max_size=high) for low, high in ranges]
     return lists[0] if len(lists) == 1 else st.one_of(*lists)
@@ -192,6 +207,8 @@ class TokenLists:
         return True
 
     def strategy(self) -> st.SearchStrategy[list[int]]:
+        from hypothesis import strategies as st
+
         return st.runner().flatmap(lambda machine: _token_lists(self.ranges(machine.expected)))
 
     def draw(self, state: ProgramState, rng: random.Random) -> list[int]:

@@ -1,0 +1,61 @@
+"""One row of the operation table (:mod:`kvfuzz.program.operations`): an operation a program may call, what it needs,
+how its arguments are drawn (:mod:`kvfuzz.engine.arguments`) and what the engine does with them.
+
+It lives beside the engine so that each feature (:mod:`kvfuzz.engine.features`) declares its own rows next to the
+engine functions they call. An operation is enabled when the allocator declares every capability in ``needs``,
+``condition`` holds, and every argument has something to draw from (a ``Pick`` over running sequences needs a running
+sequence). A recorded call is valid when its operation is enabled and every argument is one the operation could have
+drawn in that state.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Mapping
+
+import attrs
+
+from kvfuzz.engine.arguments import Argument
+from kvfuzz.engine.expected import ProgramState
+
+
+def _always(state: ProgramState) -> bool:
+    return True
+
+
+@attrs.frozen
+class Operation:
+    """One operation: what it needs, how its arguments are drawn, and what the engine does with them."""
+
+    name: str  # the rule name programs, traces and exported tests use
+    apply: Callable[..., object]  # apply(engine, **arguments): the engine performs it and checks (any result ignored)
+    arguments: tuple[tuple[str, Argument], ...] = ()  # in draw order
+    needs: tuple[str, ...] = ()  # Capabilities fields that must all be declared
+    condition: Callable[[ProgramState], bool] = _always  # what else the state must hold
+    doc: str = ""  # what it models, for a person
+
+    def enabled(self, state: ProgramState) -> bool:
+        """Whether a program may call this operation now (plain loops: it is asked for every operation before
+        every call)."""
+        caps = state.caps
+        for capability in self.needs:
+            if not getattr(caps, capability):
+                return False
+        if not self.condition(state):
+            return False
+        for _, argument in self.arguments:
+            if not argument.available(state):
+                return False
+        return True
+
+    def accepts(self, state: ProgramState, arguments: Mapping[str, Any]) -> bool:
+        """Whether a recorded call with these arguments could have been drawn now."""
+        return (
+            self.enabled(state)
+            and set(arguments) == {name for name, _ in self.arguments}
+            and all(argument.accepts(state, arguments[name]) for name, argument in self.arguments)
+        )
+
+    def draw(self, state: ProgramState, rng: random.Random) -> dict[str, Any]:
+        """Arguments drawn by a plain random generator, with the machine's distribution."""
+        return {name: argument.draw(state, rng) for name, argument in self.arguments}
