@@ -77,6 +77,7 @@ CAUSES: dict[str, str] = {
     "ReturnsNoneWhenFull": "returned None",
     "StaleDeferredFree": "yet listed as cached",
     "HostLeakOnFreeSwapped": "of a swapped-out sequence leaked it",
+    "OpaqueHostLeakOnFreeSwapped": "some host blocks leaked",
     "CollidingBlockKey": "expect different K/V in it",
     "SwapInTakesPendingBlocks": "for writing before its in-flight window closed",
     "CachedTailWrittenInPlace": "the block was written in place past what its cache entry covered",

@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import attrs
 
+from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.text import plural
 
 
@@ -69,6 +70,7 @@ class CampaignResult:
     dead_workers: tuple[DeadWorker, ...] = ()
     errors: tuple[str, ...] = ()  # kvfuzz's own failures in workers (tracebacks), for a bug report
     corpus: str = ""
+    rerun: Optional[Rerun] = None  # the settings it ran under, its seed among them: how to run it again
 
     @property
     def new(self) -> tuple[Finding, ...]:
@@ -96,6 +98,9 @@ class CampaignResult:
             "known": [finding.to_json() for finding in self.known],
             "dead_workers": [attrs.asdict(dead) for dead in self.dead_workers],
             "errors": list(self.errors),
+            "seed": None if self.rerun is None else self.rerun.seed,
+            "rerun": None if self.rerun is None else self.rerun.to_json(),
+            "rerun_command": None if self.rerun is None else self.rerun.command(),
         }
 
 
@@ -120,6 +125,8 @@ def table(result: CampaignResult) -> list[str]:
     lines.append(
         f"{plural(len(result.new), 'new distinct failure')}, {plural(len(result.known), 'known failure')} met again"
     )
+    if result.rerun is not None:
+        lines.append(f"rerun: {result.rerun.command()}")
     if result.new:
         lines += ["", "new failures:"]
         lines += _rows(result.new, known=False)

@@ -29,6 +29,7 @@ from kvfuzz.campaign.known import known_signatures
 from kvfuzz.campaign.lock import CorpusLock
 from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
 from kvfuzz.campaign.report import CampaignResult, DeadWorker, Finding
+from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.swarm import Limits
 from kvfuzz.campaign.worker import HYPOTHESIS_EVERY, WorkerPlan, patience_of, worker_main
@@ -169,6 +170,7 @@ class Campaign:
             tuple(self.tally.dead),
             tuple(self.tally.errors),
             str(options.corpus),
+            Rerun.of(options),
         )
 
     def _run(self, received: list[int]) -> None:

@@ -169,7 +169,10 @@ class _Worker:
         self.stop = stop  # set by the campaign when it ends
         self.halt = halt  # set on Ctrl-C: shrinks end early too
         self.budget = budget  # examples left to start, shared by every worker; negative: no limit
-        random.seed(plan.seed)  # Hypothesis draws from the global random: each worker its own stream
+        # The random batches draw from self.rng alone, so they repeat under the same seed. The global random is
+        # seeded too, but Hypothesis rounds do not repeat: Hypothesis seeds its search itself, and a seeded search
+        # would ignore the shared example database (docs/campaigns.md: what a rerun repeats).
+        random.seed(plan.seed)
         self.rng = random.Random(plan.seed)
         self.factories: dict[str, AllocatorFactory] = {spec: load_factory(spec) for spec in plan.allocators}
         self.limits = dict(zip(plan.allocators, plan.limits))

@@ -60,14 +60,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="DIR",
         help=f"where new failures are saved as traces (default {DEFAULT_CORPUS}, which pytest does not collect)",
     )
-    parser.add_argument(
+    known = parser.add_mutually_exclusive_group()
+    known.add_argument(
         "--known",
         action="append",
         metavar="DIR",
         help="a corpus whose traces are known findings, counted and not reported as new; repeatable "
         "(default: ./corpus when it exists)",
     )
-    parser.add_argument("--seed", type=int, help="the campaign's seed (default: random, printed)")
+    known.add_argument(
+        "--no-known", action="store_true", help="no known corpus, not even ./corpus (the campaign's own still counts)"
+    )
+    parser.add_argument(
+        "--seed", type=int, help="the campaign's seed (default: drawn at random; printed, and in the rerun command)"
+    )
     parser.add_argument(
         "--shrink-time",
         type=_seconds,
@@ -133,7 +139,12 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
         raise ValueError(f"--corpus {args.corpus}: not a directory")
     database = args.database
     check_database(database)
-    known = [Path(path) for path in args.known] if args.known else ([Path("corpus")] if Path("corpus").is_dir() else [])
+    if args.no_known:
+        known = []
+    elif args.known:
+        known = [Path(path) for path in args.known]
+    else:
+        known = [Path("corpus")] if Path("corpus").is_dir() else []
     for path in known:
         if not path.is_dir():
             raise ValueError(f"--known {path}: not a directory")

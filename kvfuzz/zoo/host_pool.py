@@ -28,5 +28,17 @@ class HostLeakOnFreeSwapped(PagedAllocator):
         state.live = False
 
 
-VARIANTS: tuple[Variant, ...] = (Variant(HostLeakOnFreeSwapped, "2 host blocks leaked on cancel", Invariant.FREE_SET),)
+class OpaqueHostLeakOnFreeSwapped(HostLeakOnFreeSwapped):
+    """Class 2, the same host leak in an allocator that shows its device sets but no host free set (no
+    ``host_free_blocks``, as an adapter over a library that keeps its host pool private): only the quiescence
+    probe of the host pool, a swap-out that needs every host block, sees it.
+    """
+
+    host_free_blocks = None  # type: ignore[assignment]  # the slip's setting: the host query is not there
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(HostLeakOnFreeSwapped, "2 host blocks leaked on cancel", Invariant.FREE_SET),
+    Variant(OpaqueHostLeakOnFreeSwapped, "2 host blocks leaked on cancel", Invariant.QUIESCENCE),
+)
 """This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

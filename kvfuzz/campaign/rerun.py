@@ -1,0 +1,93 @@
+"""What it takes to run a campaign again: every setting of ``kvfuzz campaign`` it ran under, the seed among them
+(the one given, or the one drawn when none was), as structured fields and as a command line to paste.
+
+What a rerun repeats: every worker's seed stream derives from the seed alone (one per slot), so each slot draws the
+same configurations and runs the same random programs in the same order. With one worker and an end that is counted
+(``--max-examples`` or ``--stop-after``, not ``--duration``), a rerun with a fresh corpus and example database (or
+the first run's corpus moved away) runs the same programs, meets the same signatures at the same example numbers and
+saves the same traces. Not repeated: the Hypothesis rounds (one batch in four) replay the example database as it is
+then and draw their other examples from Hypothesis's own random stream; with several workers, how far each one gets
+and which meets a signature first depend on the machine's timing; with ``--duration``, so does where the campaign
+stops; and a rerun on the first run's corpus knows its findings (its traces are there) and counts them as known.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import TYPE_CHECKING, Any, Optional
+
+import attrs
+
+import kvfuzz
+
+if TYPE_CHECKING:
+    from kvfuzz.campaign.supervisor import CampaignOptions
+
+
+@attrs.frozen
+class Rerun:
+    """The settings a campaign ran under, as ``kvfuzz campaign``'s options name them. Invariant: :meth:`command`
+    names every one of them, so that it does not depend on a default (but for the paths, which are as given:
+    relative ones to ``directory``)."""
+
+    allocators: tuple[str, ...]  # every allocator, patterns expanded
+    seed: int  # the campaign's seed: given, or drawn
+    workers: int
+    duration: Optional[float]  # seconds; None: no time limit
+    max_examples: Optional[int]
+    stop_after: Optional[int]
+    corpus: str  # --corpus, as given
+    known: tuple[str, ...]  # the known corpora (--known, or ./corpus when it existed); () : none
+    database: Optional[str]  # redis://... or an example-database directory; None: inside the corpus
+    shrink_seconds: float  # --shrink-time
+    call_timeout: Optional[float]  # --call-timeout; None: no watchdog (0 on the command line)
+    directory: str  # where the campaign ran: relative paths are relative to it
+    version: str  # kvfuzz's version
+
+    @classmethod
+    def of(cls, options: CampaignOptions) -> Rerun:
+        return cls(
+            options.allocators,
+            options.seed,
+            options.workers,
+            options.duration,
+            options.max_examples,
+            options.stop_after,
+            str(options.corpus),
+            tuple(map(str, options.known)),
+            options.database,
+            options.shrink_seconds,
+            options.call_timeout,
+            os.getcwd(),
+            kvfuzz.__version__,
+        )
+
+    def arguments(self) -> list[str]:
+        """``kvfuzz campaign``'s arguments for the same campaign."""
+        args: list[str] = []
+        for spec in self.allocators:
+            args += ["--allocator", spec]
+        args += ["--seed", str(self.seed), "--workers", str(self.workers)]
+        if self.duration is not None:
+            args += ["--duration", repr(self.duration)]
+        if self.max_examples is not None:
+            args += ["--max-examples", str(self.max_examples)]
+        if self.stop_after is not None:
+            args += ["--stop-after", str(self.stop_after)]
+        args += ["--corpus", self.corpus]
+        for path in self.known:
+            args += ["--known", path]
+        if not self.known:
+            args.append("--no-known")
+        if self.database is not None:
+            args += ["--database", self.database]
+        args += ["--shrink-time", repr(self.shrink_seconds), "--call-timeout", repr(self.call_timeout or 0.0)]
+        return args
+
+    def command(self) -> str:
+        """The command line, ready to paste in ``directory`` (each argument quoted for a POSIX shell)."""
+        return shlex.join(["kvfuzz", "campaign", *self.arguments()])
+
+    def to_json(self) -> dict[str, Any]:
+        return {**attrs.asdict(self), "allocators": list(self.allocators), "known": list(self.known)}
