@@ -22,7 +22,11 @@ PROMPT = (0, 1, 2, 3, 4, 5, 6, 7, 8)  # two full blocks and one token
 
 @pytest.mark.parametrize(
     "factory",
-    [paged_attention_cache, paged_attention_cache_no_sharing, paged_attention_cache_two_block_sectors],
+    [
+        pytest.param(paged_attention_cache, marks=pytest.mark.slow),
+        pytest.param(paged_attention_cache_no_sharing, marks=pytest.mark.slow),
+        paged_attention_cache_two_block_sectors,
+    ],
     ids=lambda factory: factory.__name__,
 )
 def test_machine_passes_under_ci(factory) -> None:

@@ -286,6 +286,7 @@ def test_only_loading_and_loaded_sequences_are_offered_to_land_and_resume() -> N
     assert BY_NAME["resume"].accepts(state, {"seq": "b"}) and not BY_NAME["land_loads"].enabled(state)
 
 
+@pytest.mark.slow
 def test_the_machine_holds_a_correct_asynchronous_host_tier() -> None:
     run_state_machine_as_test(
         machine_for(AsyncHostTierAllocator, CONFIG), settings=settings(PROFILES["ci"], max_examples=80)

@@ -192,6 +192,7 @@ def test_a_pool_the_factory_refuses_is_drawn_again_not_a_dead_worker(workdir: Pa
     assert result["ended_by"] == "max-examples" and result["examples"] == 60
 
 
+@pytest.mark.slow
 def test_stop_after_and_max_examples_end_the_campaign(workdir: Path) -> None:
     done, result = _campaign(
         workdir, "--allocator", "zoo:NoCopyOnWrite", "--stop-after", "1", "--workers", "1", "--seed", "3"

@@ -10,6 +10,7 @@ import pytest
 from factories import kvfuzz
 
 
+@pytest.mark.slow
 def test_run_json_summary_has_the_documented_keys(tmp_path: Path) -> None:
     result = kvfuzz("run", "--examples", "10", "--steps", "20", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -92,7 +93,9 @@ def test_the_walkthrough_saves_its_trace_where_pytest_does_not_collect(tmp_path:
     assert f"trace saved to .kvfuzz/corpus/{saved.name}" in result.stdout
 
 
-@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "http://example.invalid/db"])
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:1/0", pytest.param("http://example.invalid/db", marks=pytest.mark.slow)]
+)
 def test_run_takes_a_database_url_as_campaign_does_or_refuses_it_in_one_line(tmp_path: Path, url: str) -> None:
     """``--database redis://...`` is Redis in ``kvfuzz campaign``; ``kvfuzz run`` took it for a directory named
     ``redis:``. Here no Redis answers (or its client is not installed), and any other URL is not a database."""

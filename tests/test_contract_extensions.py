@@ -14,6 +14,7 @@ from kvfuzz.runner import run
 from kvfuzz.zoo.variants import FullHitCappedInPlace, MatchableAtAllocation
 
 
+@pytest.mark.slow
 def test_registering_at_allocation_is_sound_when_declared_and_preemption_waits_for_the_step():
     """MatchableAtAllocation behaves as vLLM does; declared so, with an FCFS engine and no rollback (vLLM keeps the
     blocks of rejected drafts), every invariant holds."""
@@ -109,7 +110,7 @@ class _RemapsToAStranger(PagedAllocator):
             self._seqs[live[0]].table[0] = self._seqs[live[1]].table[0]
 
 
-@pytest.mark.parametrize("window", [0, 1])
+@pytest.mark.parametrize("window", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_a_correct_copying_fork_passes(window):
     summary = run(declaring(CopyTailOnFork, window, fork_copies=True), MachineConfig(), examples=200)
     assert not summary.failed, summary.explanation

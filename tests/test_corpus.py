@@ -62,6 +62,7 @@ def test_replay_fails_while_the_bug_reproduces_and_passes_on_the_correct_allocat
     assert fixed.returncode == 0 and "no longer reproduces" in fixed.stdout
 
 
+@pytest.mark.slow
 def test_exported_file_fails_and_passes_the_same_way_under_pytest(saved_trace: Path, tmp_path: Path) -> None:
     for allocator, expected in ((None, 1), ("kvfuzz.allocator.paged:paged_allocator", 0)):
         path = tmp_path / f"test_exported_{expected}.py"

@@ -58,6 +58,7 @@ def test_a_base_exception_from_the_allocator_is_its_crash(factory, escaped: str)
     assert summary.reproduced == summary.replays > 0
 
 
+@pytest.mark.slow
 def test_a_hang_is_reported_in_the_named_operation_shrunk_and_confirmed() -> None:
     started = time.perf_counter()
     # 2 s: well above any legitimate call on a loaded machine (a 0.5 s bound once caught a slow first admit).
@@ -70,6 +71,7 @@ def test_a_hang_is_reported_in_the_named_operation_shrunk_and_confirmed() -> Non
     assert summary.reproduced == summary.replays == 2
 
 
+@pytest.mark.slow
 def test_a_hang_after_a_sequence_of_calls_shrinks_to_those_calls() -> None:
     """The allocator hangs freeing a parent it forked and then rolled back (preempt frees it too): a hang is shrunk
     like any failure, each replay bounded by the watchdog, a shorter program kept only if it hangs in the same
@@ -82,6 +84,7 @@ def test_a_hang_after_a_sequence_of_calls_shrinks_to_those_calls() -> None:
     assert summary.reproduced == summary.replays == 2
 
 
+@pytest.mark.slow
 def test_a_hang_whose_interrupt_the_allocator_swallows_is_still_a_hang() -> None:
     """The allocator catches the watchdog's interrupt and goes on for 3 s: it is interrupted again, and a call that
     returns past its deadline is a hang all the same."""

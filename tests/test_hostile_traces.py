@@ -99,6 +99,7 @@ def _full_disk() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
 
 
+@pytest.mark.slow
 def test_a_write_that_fails_halfway_leaves_no_partial_trace(tmp_path: Path) -> None:
     """Old code: the write stopped at the limit, left a truncated .json that every later run took for the saved
     trace ("already in the corpus") and that pytest could not load, and the failure was a traceback."""
@@ -380,6 +381,7 @@ def test_replay_skips_a_trace_whose_allocator_is_not_installed(tmp_path: Path) -
     assert wrong.returncode == 2 and "kvfuzz_absent_engine" in wrong.stderr
 
 
+@pytest.mark.slow
 def test_replay_of_the_whole_corpus_reports_absent_engines_as_skipped() -> None:
     """The issue's done-criterion: ``kvfuzz replay corpus/*.json`` exits 1 or 0 as documented in this environment.
     Old code exited 2, reporting each trace of an engine that is not installed as a usage error."""

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvfuzz.saved.corpus import PROCESS_DIED
 from kvfuzz.saved.trace import load
 
@@ -40,6 +42,7 @@ def test_isolate_reports_a_segfault_with_its_program_saves_its_trace_and_exits_1
     assert "Segmentation fault" in done.stderr  # where it died: the child's faulthandler
 
 
+@pytest.mark.slow
 def test_isolate_reports_an_ordinary_failure_as_a_run_in_one_process_does(tmp_path: Path) -> None:
     """The child's exception class cannot cross into the parent; its trace carries the invariant all the same."""
     args = ("run", "--json", "--allocator", "zoo:NoCopyOnWrite", "--examples", "200", "--corpus")
@@ -62,6 +65,7 @@ def test_without_isolation_the_dying_runs_last_words_name_its_journal_and_the_re
     assert f"the next `kvfuzz run --corpus {tmp_path}` turns it into a trace" in last
 
 
+@pytest.mark.slow
 def test_the_plugins_isolate_option_fails_the_item_with_the_death_and_its_trace(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     done = subprocess.run(
@@ -77,6 +81,7 @@ def test_the_plugins_isolate_option_fails_the_item_with_the_death_and_its_trace(
     assert load(trace_path).program[-1].rule == "rollback"
 
 
+@pytest.mark.slow
 def test_ctrl_c_reaches_the_isolated_child_through_the_run_which_stops_with_what_it_found(tmp_path: Path) -> None:
     """The child has a process group of its own, as a terminal's Ctrl-C does not reach it: the run forwards it."""
     command = [

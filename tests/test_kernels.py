@@ -222,6 +222,7 @@ def test_a_trace_run_under_the_allocator_kernel_does_not_fit_an_allocator_withou
         replay_trace(trace, "kvfuzz.allocator.paged:paged_allocator")
 
 
+@pytest.mark.slow
 def test_run_kernel_option(tmp_path: Path) -> None:
     def kvfuzz(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(

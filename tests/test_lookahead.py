@@ -101,7 +101,7 @@ def test_a_refusal_for_want_of_lookahead_changes_nothing() -> None:
     assert sorted(a.free_blocks()) == [0, 1, 2]
 
 
-@pytest.mark.parametrize("window", [0, 1])
+@pytest.mark.parametrize("window", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_the_lookahead_allocator_passes_the_machine(window: int) -> None:
     run_state_machine_as_test(machine_for(factory(window=window), MachineConfig()), settings=PROFILES["ci"])
 

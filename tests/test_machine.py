@@ -20,11 +20,11 @@ CI = PROFILES["ci"]
     "factory",
     [
         make_allocator(window=0),
-        make_allocator(window=1),
-        make_allocator(window=2),
-        make_allocator(window=1, prefix_caching=False),
-        make_allocator(window=1, introspection=False),
-        make_allocator(window=0, reserved_blocks=2),
+        pytest.param(make_allocator(window=1), marks=pytest.mark.slow),
+        pytest.param(make_allocator(window=2), marks=pytest.mark.slow),
+        pytest.param(make_allocator(window=1, prefix_caching=False), marks=pytest.mark.slow),
+        pytest.param(make_allocator(window=1, introspection=False), marks=pytest.mark.slow),
+        pytest.param(make_allocator(window=0, reserved_blocks=2), marks=pytest.mark.slow),
     ],
     ids=lambda factory: factory.__name__,
 )
@@ -32,8 +32,15 @@ def test_correct_allocator_passes_under_ci_profile(factory) -> None:
     run_state_machine_as_test(machine_for(factory, MachineConfig()), settings=CI)
 
 
-@pytest.mark.parametrize("window", [0, 2])
-@pytest.mark.parametrize("sliding_window", [4, 9])
+@pytest.mark.parametrize(
+    ("sliding_window", "window"),
+    [
+        (4, 0),
+        pytest.param(4, 2, marks=pytest.mark.slow),
+        pytest.param(9, 0, marks=pytest.mark.slow),
+        pytest.param(9, 2, marks=pytest.mark.slow),
+    ],
+)
 def test_correct_sliding_window_allocator_passes(window, sliding_window) -> None:
     def factory(spec):
         return PagedAllocator(spec.block_size, spec.num_blocks, inflight_window=window, sliding_window=sliding_window)
@@ -41,7 +48,7 @@ def test_correct_sliding_window_allocator_passes(window, sliding_window) -> None
     run_state_machine_as_test(machine_for(factory, MachineConfig()), settings=CI)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)])
 def test_correct_allocator_passes_in_half_precision(dtype) -> None:
     config = MachineConfig(shape=ModelShape(num_layers=3, num_kv_heads=1, num_query_heads=3, dtype=dtype))
     run_state_machine_as_test(machine_for(paged_allocator, config), settings=CI)

@@ -120,6 +120,7 @@ def test_the_machine_has_one_rule_per_operation_and_the_table_enables_them() -> 
     machine.teardown()
 
 
+@pytest.mark.slow
 def test_every_call_hypothesis_draws_is_one_replay_accepts(monkeypatch) -> None:
     """The strategies the machine's rules draw from, and replay's validity, come from one description."""
     checked: list[str] = []

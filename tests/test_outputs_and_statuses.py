@@ -128,7 +128,10 @@ def _small_files() -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [["show", "trace.json", "--html", "out.html"], ["export", "trace.json", "-o", "out.html"]],
+    [
+        pytest.param(["show", "trace.json", "--html", "out.html"], marks=pytest.mark.slow),
+        ["export", "trace.json", "-o", "out.html"],
+    ],
     ids=["show", "export"],
 )
 def test_a_write_that_fails_halfway_keeps_the_old_file_and_leaves_nothing_else(command: list[str], trace: Path) -> None:
@@ -194,7 +197,9 @@ JSON_COMMANDS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("command", sorted(JSON_COMMANDS))
+@pytest.mark.parametrize(
+    "command", [name if name == "run" else pytest.param(name, marks=pytest.mark.slow) for name in sorted(JSON_COMMANDS)]
+)
 def test_json_output_stays_json_whatever_the_allocator_prints(command: str, tmp_path: Path) -> None:
     """Before: the allocator's lines came first on standard output and ``json.loads`` failed on them (a campaign's
     workers printed there too)."""
@@ -333,6 +338,7 @@ def test_show_reports_a_factory_that_exits_in_one_line(exiting: Path, capsys) ->
     assert not page.exists()
 
 
+@pytest.mark.slow
 def test_the_plugin_reports_a_factory_that_exits_in_one_line(exiting: Path) -> None:
     """Before: the factory's SystemExit failed the item with a traceback (pytest.skip skipped it); now it is pytest's
     usage error, one line, as a factory that raises is for kvfuzz run."""

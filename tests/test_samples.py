@@ -34,6 +34,7 @@ def _load_script() -> ModuleType:
 samples = _load_script()
 
 
+@pytest.mark.slow
 def test_every_sample_matches_what_its_command_prints() -> None:
     verdicts = samples.judge(samples.markdown_files())
     assert any(verdict.region.kind == "sample" for verdict in verdicts), "no sample regions found"

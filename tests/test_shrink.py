@@ -341,6 +341,7 @@ def test_a_candidate_is_the_calls_that_can_be_made_where_they_stand() -> None:
     assert kept is not None and list(kept.calls) == bug
 
 
+@pytest.mark.slow
 def test_a_long_program_whose_deletions_strand_calls_shrinks_in_few_replays() -> None:
     """A program a campaign found against zoo:WindowInPoolBlocks (222 calls in 51 blocks, with preemptions the pool
     forced, targeted evictions and readmissions): nearly every deletion leaves some later call that could not be
@@ -534,6 +535,7 @@ EVICTS_ON_REFUSAL_FOUND = [
 ]
 
 
+@pytest.mark.slow
 def test_a_long_fixpoint_is_shrunk_again_from_other_failing_programs_of_the_swarm() -> None:
     spec = "zoo:EvictsOnRefusal"
     factory = load_factory(spec)

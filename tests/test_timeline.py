@@ -240,6 +240,7 @@ def _refused(done, *words: str) -> None:
         assert word in lines[0]
 
 
+@pytest.mark.slow
 def test_bad_input(tmp_path: Path) -> None:
     newer = json.loads(NO_COPY_ON_WRITE.read_text())
     newer["format"] = "kvfuzz-trace/2"

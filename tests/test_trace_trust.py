@@ -73,6 +73,7 @@ def test_trusted_module_prefixes_cover_their_modules_and_nothing_else() -> None:
         AllocatorTrust(("tests.",))
 
 
+@pytest.mark.slow
 def test_replay_refuses_an_untrusted_allocator_without_importing_it(tmp_path: Path) -> None:
     trace = _planted(tmp_path)
     refused = kvfuzz("replay", trace.name, cwd=tmp_path)

@@ -126,6 +126,7 @@ def test_a_workload_file_over_the_size_limit_is_not_read(tmp_path: Path) -> None
     assert done.returncode == 2 and "over the limit" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_poisson_workload_of_too_many_requests_is_refused(tmp_path: Path) -> None:
     serve = kvfuzz("serve", "poisson:0.5", "--requests", str(10**7), cwd=tmp_path)
     assert serve.returncode == 2 and f"limit of {MAX_REQUESTS:,} requests" in serve.stderr
@@ -133,6 +134,7 @@ def test_a_poisson_workload_of_too_many_requests_is_refused(tmp_path: Path) -> N
     assert capacity.returncode == 2 and f"limit of {MAX_REQUESTS:,} requests" in capacity.stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_replay_workload_is_one_line(tmp_path: Path) -> None:
     requests = [_request(number, arrival=number, prompt_len=40, output_len=400) for number in range(400)]
     (tmp_path / "long.json").write_text(json.dumps(_workload(*requests)))
@@ -158,6 +160,7 @@ def test_ctrl_c_during_replay_workload_is_one_line(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_long_commands_print_progress_on_standard_error_only(tmp_path: Path) -> None:
     zoo = kvfuzz("zoo", "--only", "NoCopyOnWrite", "--examples", "300", "--json", cwd=tmp_path)
     assert json.loads(zoo.stdout)[0]["variant"] == "NoCopyOnWrite"
@@ -173,7 +176,13 @@ def test_long_commands_print_progress_on_standard_error_only(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(
-    "command", [["replay-workload"], ["serve"], ["ablate"]], ids=["replay-workload", "serve", "ablate"]
+    "command",
+    [
+        pytest.param(["replay-workload"], marks=pytest.mark.slow),
+        ["serve"],
+        pytest.param(["ablate"], marks=pytest.mark.slow),
+    ],
+    ids=["replay-workload", "serve", "ablate"],
 )
 def test_a_large_workload_file_is_announced_before_it_is_read(command: list[str], tmp_path: Path) -> None:
     """Before: only replay-workload said it was reading a large file; serve and ablate read one in silence."""

@@ -125,7 +125,11 @@ SHALLOW = [v for v in VARIANTS if not v.deep]
 DEEP = [v for v in VARIANTS if v.deep]
 
 
-@pytest.mark.parametrize("broken", SHALLOW, ids=lambda v: v.name)
+@pytest.mark.parametrize(
+    "broken",
+    [pytest.param(v, marks=pytest.mark.slow) if v.name == "EvictsOnRefusal" else v for v in SHALLOW],
+    ids=lambda v: v.name,
+)
 def test_variant_is_caught_with_the_expected_invariant(broken) -> None:
     summary = run(broken.factory(), MachineConfig(), examples=ZOO_EXAMPLES, steps=50, shrink=False)
     assert summary.failed, f"{broken.name} escaped {summary.examples} examples"
