@@ -140,7 +140,9 @@ def measure(args: argparse.Namespace, checkouts: dict[str, Path], scratch: str) 
         processes = {tree: Measuring(path, ALLOCATORS[name], scratch) for tree, path in checkouts.items()}
         for process in processes.values():
             process.ready()
-        figures[name] = {tree: {"kvfuzz": process.where, "switched": process.switched} for tree, process in processes.items()}
+        figures[name] = {
+            tree: {"kvfuzz": process.where, "switched": process.switched} for tree, process in processes.items()
+        }
         for repeat in range(args.repeats if not args.profile else 1):
             for tree, process in processes.items():
                 found = figures[name][tree]

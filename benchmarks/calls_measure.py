@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 RANDOM_PROGRAMS = 30
 """Random programs of one measurement (each of PROGRAM_CALLS calls)."""
@@ -95,7 +95,7 @@ class CallCounter:
         self.count = 0  # calls executed since the counter was made
         original = Execution.execute
 
-        def execute(execution: Any, name: str, arguments: Any) -> None:
+        def execute(execution: Execution, name: str, arguments: Mapping[str, Any]) -> None:
             self.count += 1
             original(execution, name, arguments)
 
@@ -259,7 +259,10 @@ def main() -> None:
 
     measurer = Measurer(sys.argv[1])
     measurer.random_programs(1, programs=3)  # warm-up: lazy imports and first-call costs stay out of the figures
-    print(ANSWER + json.dumps({"ready": str(Path(kvfuzz.__file__).parent), "switched": len(measurer.switch.methods)}), flush=True)
+    print(
+        ANSWER + json.dumps({"ready": str(Path(kvfuzz.__file__).parent), "switched": len(measurer.switch.methods)}),
+        flush=True,
+    )
     for line in sys.stdin:
         request = json.loads(line)
         if "phase" in request:
