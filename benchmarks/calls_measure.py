@@ -99,7 +99,7 @@ class CallCounter:
             self.count += 1
             original(execution, name, arguments)
 
-        Execution.execute = execute  # type: ignore[method-assign]
+        Execution.execute = execute  # type: ignore[method-assign,assignment]
 
 
 class Attribution:
