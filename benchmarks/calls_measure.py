@@ -3,8 +3,9 @@ answering requests read from stdin, one JSON object a line, with one line ``CALL
 
 Requests: ``{"phase": P, "checks": bool, "seed": n}`` runs phase P (``random``, ``hypothesis`` or ``worker``) and
 answers ``{"calls": n, "cpu": seconds}``; ``{"profile": n}`` answers ``{"text": ...}``, cProfile's top ``n`` by
-cumulative and by own time over random programs; ``{"breakdown": true}`` answers each category's CPU seconds over
-random programs (:class:`Attribution`) and the calls made. Every phase runs with checks on unless ``checks`` is
+cumulative and by own time over random programs; ``{"breakdown": PACKAGE}`` answers each category's CPU seconds
+over random programs (:class:`Attribution`, PACKAGE being the library's), the calls made, and the same programs'
+calls and CPU seconds unprofiled. Every phase runs with checks on unless ``checks`` is
 false.
 
 A call is one ``Execution.execute`` (one operation of a program, whoever drew it); CPU time is
@@ -107,14 +108,17 @@ class Attribution:
     (``kvfuzz/adapters/`` and whatever it calls outside the library: torch, the standard library, kvfuzz's types),
     ``kvfuzz`` (kvfuzz's own engine, checks, program drivers, and whatever they call outside the library and the
     adapters) and ``other`` (code entered from neither: Hypothesis, the benchmark). A function outside these trees
-    (torch, the standard library, a C function) counts for whoever called it. The profiler's own time is excluded,
-    but profiling slows Python-heavy code more than C-heavy code, so the shares are estimates."""
+    (torch, the standard library, a C function) counts for whoever called it. Profiling costs time at every call
+    and return, which would weigh on code made of many small calls: that cost per event is measured first
+    (:meth:`calibrate`) and taken off each category's events, so the figures estimate the unprofiled times."""
 
     def __init__(self, library: Path, kvfuzz_root: Path) -> None:
         self.library = str(library)  # the engine's package directory
         self.adapters = str(kvfuzz_root / "adapters")
         self.kvfuzz = str(kvfuzz_root)
         self.seconds = {"library": 0.0, "adapter": 0.0, "kvfuzz": 0.0, "other": 0.0}  # CPU seconds by category
+        self.events = dict.fromkeys(self.seconds, 0)  # profiling events counted against each category
+        self.per_event = 0.0  # the profiler's own cost per event, measured by calibrate()
         self.stack: list[str] = ["other"]  # the category of each frame being run
         self.categories: dict[str, Optional[str]] = {}  # file -> its category, None: its caller's
         self.last = 0.0
@@ -138,6 +142,7 @@ class Attribution:
     def trace(self, frame: FrameType, event: str, arg: object) -> None:
         now = time.process_time()
         self.seconds[self.stack[-1]] += now - self.last
+        self.events[self.stack[-1]] += 1
         if event == "call":
             self.stack.append(self.category(frame.f_code.co_filename, self.stack[-1]))
         elif event == "c_call":
@@ -153,6 +158,26 @@ class Attribution:
             work()
         finally:
             sys.setprofile(None)
+
+    def calibrate(self, calls: int = 50_000) -> None:
+        """The time an empty function's call and return are charged under the profiler, per event."""
+        self.run(lambda: _empty_calls(calls))
+        self.per_event = self.seconds["other"] / self.events["other"]
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        self.events = dict.fromkeys(self.seconds, 0)
+
+    def estimates(self) -> dict[str, float]:
+        """Each category's CPU seconds less the profiler's cost of its events."""
+        return {name: max(0.0, seconds - self.per_event * self.events[name]) for name, seconds in self.seconds.items()}
+
+
+def _empty() -> None:
+    """Calibration: a call that does nothing."""
+
+
+def _empty_calls(calls: int) -> None:
+    for _ in range(calls):
+        _empty()
 
 
 class Measurer:
@@ -249,9 +274,11 @@ class Measurer:
         if spec is None or not spec.submodule_search_locations:
             raise SystemExit(f"{library} is not importable here")
         attribution = Attribution(Path(list(spec.submodule_search_locations)[0]), Path(kvfuzz.__file__).parent)
+        attribution.calibrate()
         calls = self.counter.count
         attribution.run(lambda: self.random_programs(0))
-        return {"calls": self.counter.count - calls, "seconds": attribution.seconds}
+        profiled = {"calls": self.counter.count - calls, "seconds": attribution.estimates()}
+        return {**profiled, "unprofiled": self.measure("random", True, 0)}
 
 
 def main() -> None:
