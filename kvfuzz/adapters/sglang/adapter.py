@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import enum
 from array import array
+from collections import Counter
 from typing import Any, Collection
 
 import attrs
@@ -135,6 +136,10 @@ class SGLangRadixAllocator:
         self._build(spec)
         self.sequences = SequenceLedger()  # the requests held and their phases; raises the misuse errors
         self._requests: dict[SeqId, _Request] = {}  # running or retracted request -> its Req and progress
+        # Every block's references from the running requests' tables, and what they were read from (the row tensor's
+        # version, and each running request's row and length): see _refcounts.
+        self._refcounts_read: tuple[int, tuple[tuple[int, int], ...]] = (-1, ())
+        self._refcounts_found: Counter[int] = Counter()
 
     @in_context
     def _build(self, spec: PoolSpec) -> None:
@@ -255,9 +260,7 @@ class SGLangRadixAllocator:
     # -- introspection -------------------------------------------------------------------------------------------
 
     def refcount(self, block: int) -> int:
-        return sum(
-            self._table(state).count(block) for state in self._requests.values() if state.phase is _Phase.RUNNING
-        )
+        return self._refcounts()[block]
 
     def free_blocks(self) -> Collection[int]:
         return [page - 1 for page in self.token_pool.get_all_free_pages().tolist()]
@@ -271,7 +274,7 @@ class SGLangRadixAllocator:
             node = stack.pop()
             stack.extend(node.children.values())
             if node.lock_ref == 0:
-                blocks.extend(int(slot) // page - 1 for slot in node.value[::page].tolist())
+                blocks.extend(slot // page - 1 for slot in node.value[::page].tolist())  # tolist() gives ints
         return blocks
 
     def pending_blocks(self) -> Collection[int]:
@@ -365,9 +368,26 @@ class SGLangRadixAllocator:
     def _pages(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def _refcounts(self) -> Counter[int]:
+        """Every block's references from the running requests' tables. The checks ask for several blocks' counts in a
+        row, so the tables are read again only when what they are read from changed: the running requests' rows and
+        lengths, or the ``req_to_token`` tensor's contents (torch bumps a tensor's version at every in-place write,
+        through any view of it, and SGLang writes rows only in place)."""
+        running = [state for state in self._requests.values() if state.phase is _Phase.RUNNING]
+        read = (
+            self.req_to_token_pool.req_to_token._version,
+            tuple((state.req.kv.req_pool_idx, state.length) for state in running),
+        )
+        if read != self._refcounts_read:
+            self._refcounts_read = read
+            self._refcounts_found = Counter(block for state in running for block in self._table(state))
+        return self._refcounts_found
+
     def _table(self, state: _Request) -> tuple[int, ...]:
+        """The request's block table, read off the first slot of each of its pages in its row (one indexing of the
+        ``req_to_token`` tensor: refcount reads every running request's table)."""
         page = self.block_size
-        firsts = self._row(state.req)[0 : state.length : page].tolist()
+        firsts = self.req_to_token_pool.req_to_token[state.req.kv.req_pool_idx, 0 : state.length : page].tolist()
         return tuple(slot // page - 1 for slot in firsts)
 
 
