@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ALLOCATORS = {
     "kvfuzz": "kvfuzz.allocator.paged:paged_allocator",
@@ -99,8 +99,16 @@ def importable(name: str) -> bool:
     return library is None or importlib.util.find_spec(library) is not None
 
 
+class Parser(argparse.ArgumentParser):
+    """Bad input is one line on stderr and exit status 2, before any measurement."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="measurements per figure; the median is printed")
     parser.add_argument("--baseline", type=Path, help="another checkout of kvfuzz, measured in the same run")
     parser.add_argument(
