@@ -8,6 +8,7 @@ refuses to import where vLLM is not installed.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import types
@@ -22,8 +23,10 @@ MAX_MODEL_LEN = 1 << 20
 """The manager's ``max_model_len``: far above any sequence kvfuzz builds, so vLLM never caps a sequence's slots."""
 
 
+@functools.cache
 def import_vllm() -> types.SimpleNamespace:
-    """vLLM's modules, imported on first use (importing vLLM takes seconds)."""
+    """vLLM's modules, imported on first use (importing vLLM takes seconds); the namespace is built once and shared
+    by every allocator (each example builds one: rebuilding it cost about a millisecond), so nobody may change it."""
     import torch
     from vllm.lora.request import LoRARequest
     from vllm.sampling_params import SamplingParams

@@ -145,6 +145,8 @@ class VllmV1Allocator:
             enable_caching=options.prefix_caching,
         )
         self._pool = self._manager.block_pool
+        if self._pool.null_block.block_id - 1 != NULL_BLOCK:  # what block tables and the free queue are read by
+            raise RuntimeError(f"vLLM's null block is block {self._pool.null_block.block_id}, not 0")
         self._hasher = None
         if options.prefix_caching:
             vllm.init_none_hash(vllm.sha256)
@@ -367,12 +369,14 @@ class VllmV1Allocator:
         return self._pool.blocks[block + 1].ref_cnt - self._deferred.holds[block + 1]
 
     def free_blocks(self) -> list[int]:
-        """The free queue's blocks that hold no cached hash, in queue order."""
-        return [self._kvfuzz_id(block) for block in self._free_queue() if block.block_hash is None]
+        """The free queue's blocks that hold no cached hash, in queue order. Each is ``block_id - 1`` (vLLM's null
+        block is its block 0, so that is :data:`NULL_BLOCK` for it too), computed inline: the checks ask for these
+        sets several times a call."""
+        return [block.block_id - 1 for block in self._free_queue() if block.block_hash is None]
 
     def cached_blocks(self) -> list[int]:
-        """The free queue's blocks that still hold a cached hash (evictable), in eviction order."""
-        return [self._kvfuzz_id(block) for block in self._free_queue() if block.block_hash is not None]
+        """The free queue's blocks that still hold a cached hash (evictable), in eviction order (as free_blocks)."""
+        return [block.block_id - 1 for block in self._free_queue() if block.block_hash is not None]
 
     def pending_blocks(self) -> list[int]:
         """Blocks that only deferred frees still hold."""
@@ -447,7 +451,8 @@ class VllmV1Allocator:
         its loads."""
         self.sequences.live(seq, op)
         return tuple(
-            tuple(self._kvfuzz_id(block) for block in blocks) for blocks in self._manager.get_blocks(seq).blocks
+            tuple(block.block_id - 1 for block in blocks)  # the null block, vLLM's block 0, is NULL_BLOCK
+            for blocks in self._manager.get_blocks(seq).blocks
         )
 
     def _scheduled(self, request: Any, num_tokens: int) -> None:
@@ -494,10 +499,6 @@ class VllmV1Allocator:
 
     def _free_queue(self) -> list[Any]:
         return self._pool.free_block_queue.get_all_free_blocks()
-
-    @staticmethod
-    def _kvfuzz_id(block: Any) -> int:
-        return NULL_BLOCK if block.is_null else block.block_id - 1
 
 
 def _factory(name: str, doc: str, **options: Any) -> Callable[[PoolSpec], VllmV1Allocator]:

@@ -255,6 +255,7 @@ class SGLangRadixAllocator:
     # -- introspection -------------------------------------------------------------------------------------------
 
     def refcount(self, block: int) -> int:
+        # Read afresh at every question: a count cached across calls could go stale and report (or hide) a leak.
         return sum(
             self._table(state).count(block) for state in self._requests.values() if state.phase is _Phase.RUNNING
         )
@@ -271,7 +272,7 @@ class SGLangRadixAllocator:
             node = stack.pop()
             stack.extend(node.children.values())
             if node.lock_ref == 0:
-                blocks.extend(int(slot) // page - 1 for slot in node.value[::page].tolist())
+                blocks.extend(slot // page - 1 for slot in node.value[::page].tolist())  # tolist() gives ints
         return blocks
 
     def pending_blocks(self) -> Collection[int]:
@@ -366,8 +367,10 @@ class SGLangRadixAllocator:
         return -(-num_tokens // self.block_size)
 
     def _table(self, state: _Request) -> tuple[int, ...]:
+        """The request's block table, read off the first slot of each of its pages in its row (one indexing of the
+        ``req_to_token`` tensor: refcount reads every running request's table)."""
         page = self.block_size
-        firsts = self._row(state.req)[0 : state.length : page].tolist()
+        firsts = self.req_to_token_pool.req_to_token[state.req.kv.req_pool_idx, 0 : state.length : page].tolist()
         return tuple(slot // page - 1 for slot in firsts)
 
 
