@@ -24,8 +24,7 @@ from kvfuzz.allocator import PagedAllocator, PoolSpec
 from kvfuzz.allocator.paged import paged_allocator, synchronous_allocator
 from kvfuzz.campaign.known import known_signatures, trace_signature
 from kvfuzz.campaign.report import CampaignResult, table
-from kvfuzz.campaign.rerun import Rerun
-from kvfuzz.campaign.supervisor import Campaign, CampaignOptions, _Slot
+from kvfuzz.campaign.supervisor import Campaign, CampaignOptions, _Slot, rerun_of
 from kvfuzz.campaign.swarm import ALWAYS_ENABLED, MAX_BLOCKS, MAX_PROGRAM_LENGTH, draw_swarm, probe_limits
 from kvfuzz.cli import main
 from kvfuzz.engine.config import MachineConfig, config_json
@@ -271,11 +270,11 @@ def test_the_rerun_command_names_every_setting_and_parses_back_to_them(tmp_path:
         call_timeout=None,
         shrink_seconds=7.25,
     )
-    rerun = Rerun.of(options)
+    rerun = rerun_of(options)
     assert rerun.version == kvfuzz_version
     command = shlex.split(rerun.command())
     parsed = _options(_parser().parse_args(command[1:]))
-    assert attrs.evolve(Rerun.of(parsed), directory=rerun.directory) == rerun
+    assert attrs.evolve(rerun_of(parsed), directory=rerun.directory) == rerun
     lines = table(CampaignResult(options.allocators, 3, 1.0, 4, 5, "duration", (), rerun=rerun))
     assert f"rerun: {rerun.command()}" in lines
 

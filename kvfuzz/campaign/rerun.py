@@ -13,16 +13,10 @@ stops; and a rerun on the first run's corpus knows its findings (its traces are 
 
 from __future__ import annotations
 
-import os
 import shlex
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import attrs
-
-import kvfuzz
-
-if TYPE_CHECKING:
-    from kvfuzz.campaign.supervisor import CampaignOptions
 
 
 @attrs.frozen
@@ -44,24 +38,6 @@ class Rerun:
     call_timeout: Optional[float]  # --call-timeout; None: no watchdog (0 on the command line)
     directory: str  # where the campaign ran: relative paths are relative to it
     version: str  # kvfuzz's version
-
-    @classmethod
-    def of(cls, options: CampaignOptions) -> Rerun:
-        return cls(
-            options.allocators,
-            options.seed,
-            options.workers,
-            options.duration,
-            options.max_examples,
-            options.stop_after,
-            str(options.corpus),
-            tuple(map(str, options.known)),
-            options.database,
-            options.shrink_seconds,
-            options.call_timeout,
-            os.getcwd(),
-            kvfuzz.__version__,
-        )
 
     def arguments(self) -> list[str]:
         """``kvfuzz campaign``'s arguments for the same campaign."""

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 
+import kvfuzz
 from kvfuzz.campaign.cluster import ClusterFindings, finding_record, is_redis
 from kvfuzz.campaign.known import known_signatures
 from kvfuzz.campaign.lock import CorpusLock
@@ -170,7 +171,7 @@ class Campaign:
             tuple(self.tally.dead),
             tuple(self.tally.errors),
             str(options.corpus),
-            Rerun.of(options),
+            rerun_of(options),
         )
 
     def _run(self, received: list[int]) -> None:
@@ -463,3 +464,22 @@ def run_campaign(
 ) -> CampaignResult:
     """Run a campaign to its end; see :class:`Campaign`."""
     return Campaign(options, status, event).run()
+
+
+def rerun_of(options: CampaignOptions) -> Rerun:
+    """The settings of a campaign run with ``options`` in this directory, by this kvfuzz: how to run it again."""
+    return Rerun(
+        options.allocators,
+        options.seed,
+        options.workers,
+        options.duration,
+        options.max_examples,
+        options.stop_after,
+        str(options.corpus),
+        tuple(map(str, options.known)),
+        options.database,
+        options.shrink_seconds,
+        options.call_timeout,
+        os.getcwd(),
+        kvfuzz.__version__,
+    )
