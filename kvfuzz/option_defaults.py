@@ -23,6 +23,7 @@ KERNEL_NAMES = (
     "flashinfer",
     "flashinfer-prefill",
 )  # kvfuzz.kernels.KERNEL_NAMES
+CORPUS = ".kvfuzz/corpus"  # kvfuzz.commands.options.DEFAULT_CORPUS (its docstring says why hidden)
 CALL_TIMEOUT = 60.0  # kvfuzz.program.safeguards.DEFAULT_CALL_TIMEOUT
 CAMPAIGN_DURATION = 600.0  # kvfuzz.campaign.supervisor.DEFAULT_DURATION
 PROFILE_NAMES = ("ci", "dev", "nightly")  # tuple(kvfuzz.profiles.PROFILES)

@@ -94,7 +94,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=KERNEL_NAMES,
         default="gather",
         help="attention kernel of invariant 2 for --kvfuzz-allocator runs: gather (default), flex, allocator, "
-        "vllm-triton",
+        "vllm-triton, sglang-triton; on CUDA flex-compiled, flashinfer, flashinfer-prefill",
     )
     group.addoption(
         "--kvfuzz-duration",

@@ -343,3 +343,19 @@ def _key(signature: dict) -> str:
     from kvfuzz.shrink.signature import Signature
 
     return Signature(**signature).key()
+
+
+@pytest.mark.parametrize("stored", ["[]", "1", '"x"', "not json"])
+def test_a_claim_stored_by_someone_else_that_is_not_an_object_is_a_claim_with_nothing_to_say(
+    redis_url: str, stored: str
+) -> None:
+    """A worker meeting a claimed signature reads the first finder's record (``prior.get(...)``): whatever the server
+    holds there, it gets an object back, never a list or a number that would end the worker."""
+    import redis
+
+    from kvfuzz.campaign.cluster import REDIS_SIGNATURES, RedisStore
+    from kvfuzz.shrink.signature import Signature
+
+    signature = Signature("kvfuzz", "invariant 5 (exclusive writes)", "grow")
+    redis.Redis.from_url(redis_url).hset(REDIS_SIGNATURES, signature.key(), stored)
+    assert RedisStore(redis_url).claim(signature, {"found_by": "me"}) == {"signature": signature.to_json()}

@@ -44,7 +44,7 @@ def test_the_dry_run_checks_reports_what_is_unavailable_and_fails_on_a_broken_al
         "--device",
         "cpu",
         "--budget",
-        "45",
+        "120",
         "--kernels",
         "gather,flashinfer,flex-compiled,no-such-kernel",
         "--allocators",

@@ -65,14 +65,14 @@ def test_indptr_offsets_consecutive_runs() -> None:
 
 
 def test_the_interpreter_is_chosen_on_cpu_before_triton_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(triton_setup.INTERPRET, raising=False)
+    monkeypatch.setenv(triton_setup.INTERPRET, "0")  # not "1", and undone after the test
     monkeypatch.delitem(sys.modules, "triton", raising=False)
     triton_setup.interpret_on_cpu("sglang-triton", ModelShape())
     assert triton_setup.interpreting()
 
 
 def test_triton_imported_without_the_interpreter_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(triton_setup.INTERPRET, raising=False)
+    monkeypatch.setenv(triton_setup.INTERPRET, "0")  # not "1", and undone after the test
     monkeypatch.setitem(sys.modules, "triton", sys)  # stands for a Triton already imported
     with pytest.raises(KernelUnavailable, match="Triton was imported before TRITON_INTERPRET=1"):
         triton_setup.interpret_on_cpu("sglang-triton", ModelShape())

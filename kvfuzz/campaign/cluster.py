@@ -109,10 +109,11 @@ class RedisStore:
             return None
         stored = self.client.hget(REDIS_SIGNATURES, key)
         try:
-            found: dict[str, Any] = json.loads(stored) if stored is not None else {}
-            return found
+            found = json.loads(stored) if stored is not None else {}
         except ValueError:
-            return {"signature": signature.to_json()}
+            found = None
+        # what another machine stored is untrusted: anything but an object stands for a claim with nothing to say
+        return found if isinstance(found, dict) else {"signature": signature.to_json()}
 
     def seen(self, signature: Signature) -> None:
         self.client.hincrby(REDIS_SEEN, signature.key(), 1)

@@ -100,7 +100,7 @@ def at_least_seconds(text: str) -> float:
     return value
 
 
-DEFAULT_CORPUS = ".kvfuzz/corpus"
+DEFAULT_CORPUS = defaults.CORPUS
 """Where ``kvfuzz run`` and ``kvfuzz campaign`` save new traces by default: a hidden directory, so that a run inside a
 checkout of a project (kvfuzz's own included) never adds failing tests to the directories its pytest collects. A
 trace becomes a regression test when it is put in a collected corpus (``--corpus corpus``, or a copy)."""

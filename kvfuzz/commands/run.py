@@ -62,8 +62,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="gather",
         help="attention kernel of invariant 2: gather (the reference's, bitwise; default), "
         "flex (FlexAttention over the paged pools, eager, within a tolerance), allocator "
-        "(the allocator's own paged attention, if it declares one), vllm-triton (vLLM's Triton unified attention, from "
-        "the installed vLLM; Triton's interpreter on CPU); saved in traces",
+        "(the allocator's own paged attention, if it declares one), vllm-triton and sglang-triton (the engines' Triton "
+        "attention, from the installed engine; Triton's interpreter on CPU), and with --device cuda only "
+        "flex-compiled, flashinfer, flashinfer-prefill; saved in traces",
     )
     parser.add_argument(
         "--isolate",

@@ -3,8 +3,8 @@
 It reads the pools exactly as the eager ``flex`` kernel does, through the same block mask
 (:func:`kvfuzz.kernels.flex.block_mask_for`): the difference under test is the compiled kernel, which visits only the
 blocks the mask lists and evaluates the mask_mod inside them, where the eager kernel evaluates it everywhere. One
-compiled function serves every kernel made in the process; shapes that change recompile it (the GPU check's
-warm-up absorbs the first compilations; kvfuzz's row counts vary, so a few more follow).
+compiled function serves every kernel made in the process; shapes that change recompile it (kvfuzz's row counts
+vary, so a run's first steps compile several times: its steps/s include that, as the GPU check's figures say).
 """
 
 from __future__ import annotations

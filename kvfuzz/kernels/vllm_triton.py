@@ -22,7 +22,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -65,18 +65,27 @@ def prepare(shape: ModelShape) -> None:
     interpret_on_cpu("vllm-triton", shape)
     if "vllm.triton_utils" not in sys.modules:  # it decides once, on import, whether Triton is usable
         with _no_visible_devices():
-            importlib.import_module("vllm.triton_utils")
+            _import("vllm.triton_utils")
+
+
+def _import(module: str) -> Any:
+    """``module``, or :class:`KernelUnavailable` in one line when it (or what it imports) cannot be imported."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        reason = " ".join(str(error).split())
+        raise KernelUnavailable(f"kernel 'vllm-triton': cannot import {module} ({reason}); {INSTALL}") from None
 
 
 def load_unified_attention(shape: ModelShape) -> Callable[..., None]:
     """vLLM's ``unified_attention`` with Triton behind it (never vLLM's placeholder); :func:`prepare` first."""
     prepare(shape)
-    if not importlib.import_module("vllm.triton_utils").HAS_TRITON:
+    if not _import("vllm.triton_utils").HAS_TRITON:
         raise KernelUnavailable(
             "kernel 'vllm-triton': vLLM disabled Triton here: it saw no GPU driver (was vLLM imported before "
             "kvfuzz prepared the kernel?)"
         )
-    function: Callable[..., None] = importlib.import_module(OP_MODULE).unified_attention
+    function: Callable[..., None] = _import(OP_MODULE).unified_attention
     return function
 
 

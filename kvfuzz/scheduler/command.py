@@ -30,6 +30,8 @@ _ALLOCATOR_ONLY = (
     ("head_dim", defaults.HEAD_DIM, "--head-dim"),
     ("dtype", "float32", "--dtype"),
     ("device", "cpu", "--device"),
+    ("call_timeout", defaults.CALL_TIMEOUT, "--call-timeout"),
+    ("corpus", defaults.CORPUS, "--corpus"),
 )
 """(attribute, its default, flag) of ``kvfuzz run``'s options that a scheduler target does not take (yet)."""
 
