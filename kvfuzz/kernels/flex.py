@@ -17,7 +17,7 @@ its debug switch runs the same math as plain torch ops instead.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.attention.flex_attention as flex_module
@@ -108,14 +108,20 @@ class FlexKernel:
         return different_kernel_tolerance(dtype)
 
     def attend(self, batch: PagedBatch) -> torch.Tensor:
-        rows, layers, query_heads, dim = batch.queries.shape
-        queries = batch.queries.reshape(rows, layers * query_heads, 1, dim)
         with eager_flex_attention():
-            out = flex_attention(
-                queries,
-                pool_as_heads(batch.keys),
-                pool_as_heads(batch.values),
-                block_mask=block_mask_for(batch),
-                enable_gqa=True,
-            )
-        return out.reshape(rows, layers, query_heads, dim)
+            return flex_over_pools(flex_attention, batch)
+
+
+def flex_over_pools(function: Callable[..., torch.Tensor], batch: PagedBatch) -> torch.Tensor:
+    """``function`` (flex_attention, eager or compiled) over the paged pools of ``batch`` through its block mask: each
+    row one query over ``L * Hq`` heads, ``[S, L, Hq, D]`` back."""
+    rows, layers, query_heads, dim = batch.queries.shape
+    queries = batch.queries.reshape(rows, layers * query_heads, 1, dim)
+    out = function(
+        queries,
+        pool_as_heads(batch.keys),
+        pool_as_heads(batch.values),
+        block_mask=block_mask_for(batch),
+        enable_gqa=True,
+    )
+    return out.reshape(rows, layers, query_heads, dim)

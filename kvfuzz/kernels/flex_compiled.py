@@ -17,7 +17,7 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from kvfuzz.kernels.base import KernelUnavailable, PagedBatch, Tolerance, different_kernel_tolerance
-from kvfuzz.kernels.flex import block_mask_for, pool_as_heads
+from kvfuzz.kernels.flex import flex_over_pools
 from kvfuzz.reference.content import ModelShape
 
 
@@ -46,13 +46,4 @@ class FlexCompiledKernel:
         return different_kernel_tolerance(dtype)
 
     def attend(self, batch: PagedBatch) -> torch.Tensor:
-        rows, layers, query_heads, dim = batch.queries.shape
-        queries = batch.queries.reshape(rows, layers * query_heads, 1, dim)
-        out = compiled_flex_attention()(
-            queries,
-            pool_as_heads(batch.keys),
-            pool_as_heads(batch.values),
-            block_mask=block_mask_for(batch),
-            enable_gqa=True,
-        )
-        return out.reshape(rows, layers, query_heads, dim)
+        return flex_over_pools(compiled_flex_attention(), batch)
