@@ -10,9 +10,10 @@ and health checks, which a slow allocator trips for reasons that are not bugs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import ExampleDatabase
 
 _COMMON: dict[str, Any] = dict(
     deadline=None, suppress_health_check=list(HealthCheck), print_blob=False, report_multiple_bugs=False
@@ -23,3 +24,22 @@ PROFILES: dict[str, settings] = {
     "dev": settings(max_examples=500, stateful_step_count=60, **_COMMON),
     "nightly": settings(max_examples=20_000, stateful_step_count=100, **_COMMON),
 }
+
+
+def run_settings(
+    examples: int, steps: int, derandomize: bool = True, shrink: bool = True, database: Optional[ExampleDatabase] = None
+) -> settings:
+    """Explicit settings: no deadline and no health checks (an allocator may be slow), and the example database
+    only when one is given."""
+    phases = (Phase.explicit, Phase.reuse, Phase.generate) + ((Phase.shrink,) if shrink else ())
+    return settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        derandomize=derandomize,
+        database=database,
+        print_blob=False,
+        report_multiple_bugs=False,
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+    )

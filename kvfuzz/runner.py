@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional, cast
 
 import attrs
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky
@@ -29,6 +28,7 @@ from hypothesis.statistics import collector
 from kvfuzz.accounting.occupancy import OccupancySummary
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import Invariant, InvariantViolation
+from kvfuzz.profiles import run_settings
 from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.failures import Broken, FailureKind, failure_kind
@@ -52,25 +52,6 @@ from kvfuzz.threads import single_threaded_torch
 
 # load_factory and AllocatorNotFound lived here before kvfuzz.registry; exported tests import them from here.
 __all__ = ["DEFAULT_ALLOCATOR", "AllocatorNotFound", "RunSummary", "load_factory", "run", "run_settings"]
-
-
-def run_settings(
-    examples: int, steps: int, derandomize: bool = True, shrink: bool = True, database: Optional[ExampleDatabase] = None
-) -> settings:
-    """Explicit settings: no deadline and no health checks (an allocator may be slow), and the example database
-    only when one is given."""
-    phases = (Phase.explicit, Phase.reuse, Phase.generate) + ((Phase.shrink,) if shrink else ())
-    return settings(
-        max_examples=examples,
-        stateful_step_count=steps,
-        deadline=None,
-        derandomize=derandomize,
-        database=database,
-        print_blob=False,
-        report_multiple_bugs=False,
-        phases=phases,
-        suppress_health_check=list(HealthCheck),
-    )
 
 
 CONFIRM_REPLAYS = 5

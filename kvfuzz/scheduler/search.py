@@ -7,9 +7,9 @@ import time
 from typing import Any, Optional
 
 import attrs
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvfuzz.profiles import run_settings
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.machine import Tally, machine_for_setup
 from kvfuzz.scheduler.session import WorkerFactory
@@ -82,18 +82,7 @@ def search(
     tally = Tally()
     machine = machine_for_setup(setup, worker, tally)
 
-    phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
-    profile = settings(
-        max_examples=examples,
-        stateful_step_count=steps,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        phases=phases,
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-        print_blob=False,
-    )
+    profile = run_settings(examples, steps, shrink=shrink)
     failure: Optional[Exception] = None
     program = ""
     started = time.perf_counter()
