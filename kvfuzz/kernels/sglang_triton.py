@@ -29,8 +29,8 @@ from typing import Any, Callable, NamedTuple
 import numpy
 import torch
 
-from kvfuzz.kernels.base import KernelUnavailable, PagedBatch, Tolerance, different_kernel_tolerance
-from kvfuzz.kernels.triton_setup import interpret_on_cpu
+from kvfuzz.kernels.base import PagedBatch, Tolerance, different_kernel_tolerance
+from kvfuzz.kernels.triton_setup import import_engine_module, interpret_on_cpu
 from kvfuzz.reference.content import ModelShape
 
 NAME = "sglang-triton"
@@ -90,16 +90,18 @@ class _SGLang(NamedTuple):
 
 
 def _load_sglang() -> _SGLang:
-    try:
-        from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
-        from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
-        from sglang.kernels.ops.attention.kv_indices import create_flashinfer_kv_indices_triton
-    except ImportError as error:
-        raise KernelUnavailable(
-            f"kernel {NAME!r} needs SGLang 0.5.23 and Triton, not installed here ({error}); "
-            "`scripts/third_party_env.sh sglang DIR` builds an environment with both"
-        ) from None
-    return _SGLang(decode_attention_fwd, extend_attention_fwd, create_flashinfer_kv_indices_triton)
+    def entry(module: str, name: str) -> Any:
+        needs, install = (
+            "SGLang 0.5.23 and Triton",
+            "`scripts/third_party_env.sh sglang DIR` builds an environment with both",
+        )
+        return getattr(import_engine_module(NAME, f"sglang.kernels.ops.attention.{module}", needs, install), name)
+
+    return _SGLang(
+        entry("decode_attention", "decode_attention_fwd"),
+        entry("extend_attention", "extend_attention_fwd"),
+        entry("kv_indices", "create_flashinfer_kv_indices_triton"),
+    )
 
 
 class SGLangTritonKernel:

@@ -1,4 +1,4 @@
-"""Triton's interpreter for the engines' Triton kernels on CPU tensors.
+"""What the engines' Triton kernels share: Triton's interpreter on CPU tensors, and importing the engine's module.
 
 Triton compiles its kernels for a GPU; on a CPU-only machine its interpreter (``TRITON_INTERPRET=1``) runs the same
 kernel source on CPU tensors, one program at a time in NumPy. Triton reads that variable when a module decorates its
@@ -9,8 +9,10 @@ and the pytest plugin run before they load the allocator. Pools on a GPU leave t
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from typing import Any
 
 import torch
 
@@ -60,3 +62,15 @@ def check_interpreter_dtype(kernel: str, shape: ModelShape) -> None:
             f"kernel {kernel!r} on CPU runs in Triton's interpreter, which cannot run "
             f"{str(shape.dtype).removeprefix('torch.')} pools: use {names}"
         )
+
+
+def import_engine_module(kernel: str, module: str, needs: str, install: str) -> Any:
+    """The engine's ``module`` for ``kernel``, or :class:`KernelUnavailable` in one line when it (or anything it
+    imports) cannot be imported: which kernel, what it ``needs``, why the import failed, and how to ``install`` it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        reason = " ".join(str(error).split())
+        raise KernelUnavailable(
+            f"kernel {kernel!r} needs {needs}: cannot import {module} ({reason}); {install}"
+        ) from None

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from kvfuzz.kernels.base import KernelUnavailable, PagedBatch, Tolerance, different_kernel_tolerance
-from kvfuzz.kernels.triton_setup import interpret_on_cpu, on_cpu
+from kvfuzz.kernels.triton_setup import import_engine_module, interpret_on_cpu, on_cpu
 from kvfuzz.kernels.vllm_metadata import Launch, launches
 from kvfuzz.reference.content import ModelShape
 
@@ -69,12 +69,7 @@ def prepare(shape: ModelShape) -> None:
 
 
 def _import(module: str) -> Any:
-    """``module``, or :class:`KernelUnavailable` in one line when it (or what it imports) cannot be imported."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as error:
-        reason = " ".join(str(error).split())
-        raise KernelUnavailable(f"kernel 'vllm-triton': cannot import {module} ({reason}); {INSTALL}") from None
+    return import_engine_module("vllm-triton", module, "vLLM 0.33.0 and Triton", INSTALL)
 
 
 def load_unified_attention(shape: ModelShape) -> Callable[..., None]:
