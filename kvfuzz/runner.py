@@ -43,6 +43,7 @@ from kvfuzz.program.safeguards import (
     user_interrupts,
 )
 from kvfuzz.program.stats import RunStats
+from kvfuzz.program.swarm import draw_operations
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory
 from kvfuzz.shrink.fixpoint import shrink as shrink_to_fixpoint
 from kvfuzz.shrink.signature import signature_of
@@ -77,7 +78,8 @@ class RunSummary:
     ``first_failure_examples`` and ``first_failure_seconds`` say when the first failing example was met, before any
     shrinking. ``reproduced`` of ``replays`` says how often the reported program failed the same way when replayed
     on fresh allocators (fewer than all: flaky). ``interrupted`` says the user stopped the run; ``shrink_note`` says
-    why the program was not shrunk further, when it was not.
+    why the program was not shrunk further, when it was not. ``swarms`` counts the distinct operation subsets the
+    random programs were drawn over (:mod:`kvfuzz.program.swarm`).
     """
 
     allocator: str
@@ -98,6 +100,7 @@ class RunSummary:
     replays: int = 0
     examples_asked: Optional[int] = None
     declared_window: Optional[int] = None
+    swarms: int = 0  # the distinct operation subsets the random programs were drawn over
     occupancy: Optional[OccupancySummary] = attrs.field(default=None, repr=False)
     calls: tuple[Call, ...] = attrs.field(default=(), repr=False)
     failure: Optional[BaseException] = attrs.field(default=None, repr=False)
@@ -319,6 +322,7 @@ def run(
                     examples=random_examples,
                     steps=steps,
                     seed=(0 if derandomize else None) if seed is None else seed,
+                    swarm=draw_operations,
                 )
                 if found is not None:
                     failure, calls = found.failure, list(found.calls)
@@ -403,6 +407,7 @@ def run(
         replays=replays,
         examples_asked=examples,
         declared_window=stats.declared_window,
+        swarms=len(stats.swarms),
         occupancy=stats.occupancy.summary(),
     )
     if failure is None:

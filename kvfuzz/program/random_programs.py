@@ -1,16 +1,18 @@
 """Random programs over the operation table, run without Hypothesis.
 
-Plain random programs (every enabled operation equally likely, arguments drawn as the machine draws them, lengths
-uniform up to the step budget) reach many allocator bugs in fewer examples than Hypothesis's generation, which
-starts from the simplest programs and switches rules off per example. kvfuzz therefore spends the first examples of
-a run on random programs; a failure among them is shrunk by replay (deleting calls) and reported like any other.
+Plain random programs (each over the operations given, or over its own subset of them that a swarm draws,
+:mod:`kvfuzz.program.swarm`; every enabled operation of the program's set equally likely, arguments drawn as the
+machine draws them, lengths uniform up to the step budget) reach many allocator bugs in fewer examples than
+Hypothesis's generation, which starts from the simplest programs and switches rules off per example. kvfuzz
+therefore spends the first examples of a run on random programs; a failure among them is shrunk by replay
+(deleting calls) and reported like any other.
 The programs are made of the machine's own rule calls, so they print, save and replay the same way.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import attrs
 
@@ -36,12 +38,18 @@ def random_search(
     steps: int,
     seed: Optional[int],
     operations: Sequence[Operation] = OPERATIONS,
+    swarm: Optional[Callable[[random.Random, Sequence[Operation]], Sequence[Operation]]] = None,
 ) -> Optional[RandomFailure]:
-    """Run up to ``examples`` random programs of up to ``steps`` calls over ``operations``; return the first that
-    fails."""
+    """Run up to ``examples`` random programs of up to ``steps`` calls over ``operations``, or with a ``swarm``
+    (such as :func:`~kvfuzz.program.swarm.draw_operations`) each over the subset of ``operations`` it draws for
+    that program; return the first that fails. The subsets drawn are counted in the target's stats
+    (:attr:`~kvfuzz.program.stats.RunStats.swarms`)."""
     rng = random.Random(seed)
     for _ in range(examples):
-        found = random_program(target, rng, rng.randint(1, steps), operations)
+        chosen = operations if swarm is None else swarm(rng, operations)
+        if target.stats is not None:
+            target.stats.swarms.add(tuple(operation.name for operation in chosen))
+        found = random_program(target, rng, rng.randint(1, steps), chosen)
         if found is not None:
             return found
     return None
