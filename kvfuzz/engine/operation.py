@@ -33,6 +33,12 @@ class Operation:
     needs: tuple[str, ...] = ()  # Capabilities fields that must all be declared
     condition: Callable[[ProgramState], bool] = _always  # what else the state must hold
     doc: str = ""  # what it models, for a person
+    # The arguments whose availability depends on the state (those of the other kinds always have a value to draw).
+    gated: tuple[Argument, ...] = attrs.field(init=False, eq=False, repr=False)
+
+    @gated.default
+    def _gated_arguments(self) -> tuple[Argument, ...]:
+        return tuple(argument for _, argument in self.arguments if argument.gating)
 
     def enabled(self, state: ProgramState) -> bool:
         """Whether a program may call this operation now (plain loops: it is asked for every operation before
@@ -41,9 +47,9 @@ class Operation:
         for capability in self.needs:
             if not getattr(caps, capability):
                 return False
-        if not self.condition(state):
+        if self.condition is not _always and not self.condition(state):
             return False
-        for _, argument in self.arguments:
+        for argument in self.gated:
             if not argument.available(state):
                 return False
         return True

@@ -57,8 +57,9 @@ def random_program(
     except Exception as error:  # noqa: BLE001 -- the factory failed to build this program's allocator
         return RandomFailure((), error)
     try:
+        snapshot = Snapshot(execution.engine.expected)
         for _ in range(length):
-            state = Snapshot(execution.engine.expected)
+            state = snapshot.renewed()  # the state after the previous call
             enabled = [operation for operation in operations if operation.enabled(state)]
             if not enabled:
                 break
