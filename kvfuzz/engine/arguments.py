@@ -45,7 +45,7 @@ class Snapshot:
 
     def __init__(self, state: ProgramState) -> None:
         self._state = state  # the live state behind the answers
-        self._answers: dict[tuple[object, ...], Any] = {}  # (query, its arguments) -> its answer
+        self._answers: dict[object, Any] = {}  # (query, its arguments) -> its answer; a pick -> its options
         self._attributes: list[str] = []  # the state's attributes kept on the snapshot since it was last renewed
 
     def renewed(self) -> Snapshot:
@@ -72,9 +72,10 @@ class Snapshot:
 
         def query(*args: Any) -> Any:
             key = (name, *args)
-            if key not in answers:
-                answers[key] = asked(*args)
-            return answers[key]
+            answer = answers.get(key, answers)  # the dictionary itself: no answer yet (no query answers with it)
+            if answer is answers:
+                answer = answers[key] = asked(*args)
+            return answer
 
         setattr(self, name, query)
         return query
@@ -82,10 +83,11 @@ class Snapshot:
     def options(self, pick: Callable[["Snapshot"], Sequence[Any]]) -> Sequence[Any]:
         """What a :class:`Pick` may choose from now, asked once per state however many times enablement and the
         draw ask it (the misuse calls, for one, are built anew by each asking)."""
-        key = ("options", pick)
-        if key not in self._answers:
-            self._answers[key] = pick(self)
-        return self._answers[key]
+        answers = self._answers  # keyed by the pick itself: a query's key is a tuple, never equal to a function
+        options = answers.get(pick, answers)
+        if options is answers:
+            options = answers[pick] = pick(self)
+        return options
 
 
 @functools.lru_cache(maxsize=None)
