@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 import attrs
 
+from kvfuzz.allocator.types import Capabilities
 from kvfuzz.engine.arguments import Argument
 from kvfuzz.engine.expected import ProgramState
 
@@ -43,10 +44,18 @@ class Operation:
     def enabled(self, state: ProgramState) -> bool:
         """Whether a program may call this operation now (plain loops: it is asked for every operation before
         every call)."""
-        caps = state.caps
+        return self.declared(state.caps) and self.allowed(state)
+
+    def declared(self, caps: Capabilities) -> bool:
+        """Whether the allocator declares every capability the operation needs (fixed for an example)."""
         for capability in self.needs:
             if not getattr(caps, capability):
                 return False
+        return True
+
+    def allowed(self, state: ProgramState) -> bool:
+        """Whether the state lets a program call this operation now, the allocator declaring what it needs:
+        ``condition`` holds and every argument has something to draw from."""
         if self.condition is not _always and not self.condition(state):
             return False
         for argument in self.gated:

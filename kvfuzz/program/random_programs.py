@@ -58,9 +58,10 @@ def random_program(
         return RandomFailure((), error)
     try:
         snapshot = Snapshot(execution.engine.expected)
+        declared = [operation for operation in operations if operation.declared(execution.engine.expected.caps)]
         for _ in range(length):
             state = snapshot.renewed()  # the state after the previous call
-            enabled = [operation for operation in operations if operation.enabled(state)]
+            enabled = [operation for operation in declared if operation.allowed(state)]
             if not enabled:
                 break
             operation = rng.choice(enabled)
