@@ -94,8 +94,16 @@ class ContiguousReference:
         self, seqs: Sequence[SeqId], queries: torch.Tensor, starts: Optional[Sequence[int]] = None
     ) -> torch.Tensor:
         """Attention of ``queries`` over each sequence's contiguous K/V from ``starts`` (a sliding window) on,
-        padded with zeros to the longest (made from their tags in one batch)."""
+        padded with zeros to the longest (:meth:`windows`)."""
+        keys, values, lengths = self.windows(seqs, starts)
+        return attend(queries, keys, values, torch.tensor(lengths))
+
+    def windows(
+        self, seqs: Sequence[SeqId], starts: Optional[Sequence[int]] = None
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Each sequence's K and V from ``starts`` on, ``[S, N, L, Hkv, D]`` padded with zeros to the longest window
+        (made from their tags in one batch), and each window's length."""
         starts = starts or [0] * len(seqs)
         windows = [self._seqs[seq].tags[start:] for seq, start in zip(seqs, starts)]
         keys, values = padded_kv_for_tags(windows, self.shape)
-        return attend(queries, keys, values, torch.tensor([len(window) for window in windows]))
+        return keys, values, [len(window) for window in windows]
