@@ -231,7 +231,7 @@ def test_an_optional_capability_s_operations_live_in_its_feature_module() -> Non
 
 
 # Checkers whose whole invariant is one feature's policy: every method of theirs may have that one feature as caller.
-FEATURE_CHECKERS = {"CompleteCaching", "GroupChecks"}
+FEATURE_CHECKERS = {"CompleteCaching"}
 
 
 def one_feature_checks(checks: dict[str, str], callers: dict[str, str]) -> list[str]:

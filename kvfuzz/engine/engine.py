@@ -51,7 +51,7 @@ class Engine(EngineCore):
     ) -> None:
         super().__init__(allocator, config, stats, on_step)
         caps, checks = self.caps, self.checks
-        self.groups = GroupTables(self, checks.groups) if checks.groups is not None else None
+        self.groups = GroupTables(self) if caps.kv_groups else None
         self.window_drops = WindowDrops(self, self.groups) if caps.refusal_drops_window else None
         self.host_tier = HostTier(self) if caps.host_cache else None
         self.async_loading = AsyncLoading(self) if caps.async_loads else None
