@@ -29,7 +29,7 @@ from kvfuzz.engine.features.copies import StepRemaps, TailDeduplication
 from kvfuzz.engine.features.groups import GroupTables, WindowDrops, forget
 from kvfuzz.engine.features.host_tier import AsyncLoading, HostTier
 from kvfuzz.engine.features.lookahead import LookAhead
-from kvfuzz.engine.features.prefix_cache import CachingDebt
+from kvfuzz.engine.features.prefix_cache import CachingDebt, check_missed_hit
 from kvfuzz.engine.features.scheduling import abort_policy
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.violations import Invariant
@@ -377,7 +377,7 @@ class Engine(EngineCore):
                 self.groups.hit_window(table_id, num_cached)
             awaits = self.checks.cache.cache_hit(table_id, num_cached, loading) or awaits
         model.awaits_step = awaits
-        self.checks.complete_caching.missed_hit(seq, num_cached, owed)
+        check_missed_hit(self.checks.context, seq, num_cached, owed)
         hit_blocks = [
             block
             for table_id, read in ((seq, table), *group_tables)

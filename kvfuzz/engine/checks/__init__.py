@@ -14,7 +14,6 @@ from kvfuzz.allocator.protocol import AllocatorProtocol, HostIntrospectable, Int
 from kvfuzz.engine.checks.accounting import AccountingChecks
 from kvfuzz.engine.checks.attention import AttentionCheck
 from kvfuzz.engine.checks.cache import CacheSoundness
-from kvfuzz.engine.checks.complete_caching import CompleteCaching
 from kvfuzz.engine.checks.content import ContentChecks
 from kvfuzz.engine.checks.context import CheckContext, PoolCounts
 from kvfuzz.engine.checks.eviction_order import CacheSnapshot, EvictionOrder
@@ -47,7 +46,6 @@ class Checks:
         self.quiescence = Quiescence(context, self.accounting)  # invariant 10
         self.results = ResultChecks(context)  # invariant 12
         self.eviction_order = EvictionOrder(context)  # invariant 13
-        self.complete_caching = CompleteCaching(context)  # invariant 14
 
     @property
     def operation(self) -> str:

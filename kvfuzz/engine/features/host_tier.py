@@ -19,6 +19,7 @@ from kvfuzz.engine.checks.results import is_int, shown
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.events import Completion, Launch
 from kvfuzz.engine.expected import AsyncLoad, SeqModel, Status, mapped
+from kvfuzz.engine.features.prefix_cache import check_missed_hit
 from kvfuzz.engine.operation import Operation
 from kvfuzz.engine.pools import UNTIL_LOADS_LAND, SlotWrite
 from kvfuzz.engine.violations import Invariant
@@ -181,7 +182,7 @@ class AsyncLoading:
         checks.cache.host_loads(seq, result.loads, num_cached)
         checks.window.outside(loaded, seq)
         checks.cache.cache_hit(seq, num_cached, loaded)
-        checks.complete_caching.missed_hit(seq, num_cached, owed)
+        check_missed_hit(checks.context, seq, num_cached, owed)
         checks.eviction_order.evictions(before, table, reuse=True)
         core.expected.async_loads[seq] = AsyncLoad(result.loads, table)
         core.stats["host-tier loads"] += len(result.loads)
