@@ -6,7 +6,7 @@ import functools
 
 from kvfuzz.engine.checks.context import CheckContext, Checker
 from kvfuzz.engine.expected import Status
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 from kvfuzz.kernels import AttentionKernel, PagedBatch, compare, make_kernel
 
 
@@ -58,4 +58,5 @@ class AttentionCheck(Checker):
                 f"reads positions {starts[mismatch.row]}..{h.length(seq) - 1}",
                 f"block table: {list(h.seqs[seq].table)}",
             ],
+            Cause("attention through the block table that differs from the contiguous reference"),
         )
