@@ -21,11 +21,10 @@ import attrs
 
 from kvfuzz.allocator.paged import PagedAllocator
 from kvfuzz.allocator.types import PoolSpec
-from kvfuzz.zoo.contract import VARIANTS as CONTRACT_VARIANTS
+from kvfuzz.zoo import contract, variants
 from kvfuzz.zoo.contract import FullPromptHit
 from kvfuzz.zoo.entry import Variant
 from kvfuzz.zoo.variants import (
-    VARIANTS,
     FreeForgetsSharedRefcount,
     KeyWithoutNamespace,
     MatchableAtAllocation,
@@ -81,7 +80,7 @@ class Combined:
 
 
 def _variants(*classes: type) -> tuple[Variant, ...]:
-    return tuple(v for v in (*VARIANTS, *CONTRACT_VARIANTS) if v.allocator in classes)
+    return tuple(v for v in (*variants.VARIANTS, *contract.VARIANTS) if v.allocator in classes)
 
 
 COMBINED: tuple[Combined, ...] = (
