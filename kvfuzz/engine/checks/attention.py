@@ -10,7 +10,7 @@ import torch
 from kvfuzz.allocator.types import SeqId
 from kvfuzz.engine.checks.context import CheckContext, Checker
 from kvfuzz.engine.expected import Status
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 from kvfuzz.kernels import AttentionKernel, GatherKernel, PagedBatch, compare, make_kernel
 
 _NO_QUERIES = torch.empty(0)
@@ -68,6 +68,7 @@ class AttentionCheck(Checker):
                 f"reads positions {starts[mismatch.row]}..{h.length(seq) - 1}",
                 f"block table: {list(h.seqs[seq].table)}",
             ],
+            Cause("attention through the block table that differs from the contiguous reference"),
         )
 
     def _reads_the_reference(
