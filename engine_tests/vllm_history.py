@@ -1,6 +1,7 @@
-"""Two scheduler-level KV-cache bugs from vLLM v1's history (one released, one caught in review), put back into
-vLLM 0.33.0 at runtime (the installed package is never edited): each function takes a ``pytest.MonkeyPatch`` and
-patches the fix back out, so the scheduler behaves as it did before the fix until the monkeypatch is undone.
+"""Two scheduler-level KV-cache bugs from vLLM v1's history (one reported as issue #11562, one named in the review of
+its fix), put back into vLLM 0.33.0 at runtime (the installed package is never edited): each function takes a
+``pytest.MonkeyPatch`` and patches the fix back out, so the scheduler behaves as it did before the fix until the
+monkeypatch is undone.
 
 Both live where the scheduler admits a waiting request whose prompt hits the prefix cache: ``allocate_slots`` must
 take a reference on the hit blocks ("touch" them, which also takes an evictable hit block out of the free queue)
