@@ -17,8 +17,9 @@ from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
 
 
 def touch_before_the_capacity_check(patch: pytest.MonkeyPatch) -> None:
-    """vLLM issue #11562, fixed by pull request #11565, "[Bugfix] Move the _touch(computed_blocks) call in the
-    allocate_slots method to after the check for allocating new blocks".
+    """vLLM issue #11562, "[Bug]: assert total_num_scheduled_tokens > 0", fixed by pull request #11565, "[Bugfix]
+    Move the _touch(computed_blocks) call in the allocate_slots method to after the check for allocating new
+    blocks".
 
     Before the fix, ``allocate_slots`` touched a request's prefix-hit blocks first and checked for enough free
     blocks after; when the check failed it returned None (the scheduler leaves the request waiting) without
