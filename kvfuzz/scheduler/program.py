@@ -35,6 +35,10 @@ class AddRequest:
     def __str__(self) -> str:
         return f"add(prompt={list(self.prompt)}, max_tokens={self.max_tokens})"
 
+    def source(self, client: str) -> str:
+        """The Python statement that performs it on ``client`` (an exported test's)."""
+        return f"{client}.add({list(self.prompt)}, {self.max_tokens})"
+
 
 @attrs.frozen
 class Abort:
@@ -51,6 +55,9 @@ class Abort:
     def __str__(self) -> str:
         return f"abort({self.request!r})"
 
+    def source(self, client: str) -> str:
+        return f"{client}.abort({self.request!r})"
+
 
 @attrs.frozen
 class Step:
@@ -64,6 +71,9 @@ class Step:
 
     def __str__(self) -> str:
         return "step()"
+
+    def source(self, client: str) -> str:
+        return f"{client}.step()"
 
 
 Operation = Union[AddRequest, Abort, Step]
