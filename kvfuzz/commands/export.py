@@ -20,6 +20,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from kvfuzz.commands import scheduler_traces
+
+    if scheduler_traces.is_scheduler_trace(args.trace):
+        return scheduler_traces.export(args.trace, args.output, args.allocator)
     from kvfuzz.saved.corpus import export_test
     from kvfuzz.saved.trace import TraceError
     from kvfuzz.saved.trace import load as load_trace
