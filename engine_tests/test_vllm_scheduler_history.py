@@ -8,13 +8,17 @@ Runs in the vLLM environment (``scripts/third_party_env.sh vllm``); without vLLM
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from engine_tests.vllm_history import capacity_check_ignores_evictable_hits, touch_before_the_capacity_check
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.machine import machine_for_setup
+from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.search import search
+from kvfuzz.scheduler.trace import load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 SMALL = SchedulerSetup(num_blocks=8)  # a pool small enough that admissions are refused and hits are evicted
@@ -99,3 +103,25 @@ def test_the_evictable_hits_shrunk_program_fails_with_the_bug_and_passes_without
     capacity_check_ignores_evictable_hits(monkeypatch)
     with pytest.raises(ValueError, match="Cannot get 1 free blocks from the pool"):
         replay_the_evictable_hits_shrunk_program()
+
+
+CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+
+
+@pytest.mark.parametrize(
+    ("file", "patch"),
+    [
+        ("vllm-v1-scheduler-issue-11562-touch-first-3e993e943ea3.json", touch_before_the_capacity_check),
+        ("vllm-v1-scheduler-pull-11565-evictable-hits-61fdff1af58a.json", capacity_check_ignores_evictable_hits),
+    ],
+)
+def test_each_bug_s_corpus_trace_reproduces_it_word_for_word_and_replays_clean_without_it(
+    file: str, patch: Callable[[pytest.MonkeyPatch], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = load(CORPUS / file)
+    assert trace.known_bug is None  # a regression trace: the pytest plugin fails it the day the failure comes back
+    clean = replay(trace)
+    assert not clean.failed, clean.describe_failure()
+    patch(monkeypatch)
+    again = replay(trace)
+    assert again.reproduced and again.identical, again.describe_failure()

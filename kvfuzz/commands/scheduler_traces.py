@@ -3,8 +3,9 @@
 (:func:`kvfuzz.saved.files.json_file_kind`), and keeps allocator traces to itself.
 
 A file that is not a valid scheduler trace is one line and exit status 2, before any work, as is a replay where vLLM
-is missing or refuses the trace's configuration. Replay's outcomes are allocator replay's: ``reproduced`` and
-``failed differently`` (1), ``no longer reproduce`` (0), ``could not be replayed`` (2)."""
+refuses the trace's configuration. Replay's outcomes are allocator replay's: ``reproduced`` and ``failed
+differently`` (1), ``no longer reproduce`` and ``skipped`` (0: vLLM is not installed here, as a trace whose
+allocator is not installed is skipped), ``could not be replayed`` (2)."""
 
 from __future__ import annotations
 
@@ -38,11 +39,15 @@ def replay_file(path: str) -> str:
     """Replay one scheduler trace and print what happened; returns its outcome (a key of
     :data:`kvfuzz.commands.replay.OUTCOMES`)."""
     from kvfuzz.scheduler.recorder import vllm_version
-    from kvfuzz.scheduler.replay import ReplayRefused, replay
+    from kvfuzz.scheduler.replay import ReplayRefused, missing_vllm, replay
+    from kvfuzz.scheduler.vllm_build import vllm_missing
 
     trace = _load(path)
     if trace is None:
         return "could not be replayed"
+    if vllm_missing():  # as a trace whose allocator is not installed: skipped, and the other files go on
+        print(f"{path}: skipped: {missing_vllm(trace)}\n")
+        return "skipped"
     known = f" (known bug: {trace.known_bug})" if trace.known_bug else ""
     print(f"{path}: recorded against {trace.scheduler}: {trace.failure.check}{known}")
     print(f"  {trace.setup.describe()}; vLLM {trace.vllm_version}, {trace.model_runner} model runner")

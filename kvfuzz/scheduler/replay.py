@@ -72,6 +72,14 @@ def model_runner(name: str) -> Iterator[None]:
             os.environ[RUNNER_VARIABLE] = before
 
 
+def missing_vllm(trace: SchedulerTrace) -> str:
+    """Why ``trace`` cannot be replayed where vLLM is not installed, and what to do about it."""
+    return (
+        f"a {trace.scheduler} trace needs vllm {trace.vllm_version}, which is not installed here; build its "
+        "environment with scripts/third_party_env.sh vllm"
+    )
+
+
 def replay(
     trace: SchedulerTrace,
     worker: WorkerFactory = Worker,
@@ -82,10 +90,7 @@ def replay(
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
-        raise ReplayRefused(
-            f"a {trace.scheduler} trace needs vllm {trace.vllm_version}, which is not installed here; build its "
-            "environment with scripts/third_party_env.sh vllm"
-        )
+        raise ReplayRefused(missing_vllm(trace))
     with model_runner(trace.model_runner):
         try:
             session = Session(trace.setup, worker)
