@@ -25,12 +25,13 @@ from kvfuzz.allocator.paged import paged_allocator, synchronous_allocator
 from kvfuzz.campaign.known import known_signatures, trace_signature
 from kvfuzz.campaign.report import CampaignResult, table
 from kvfuzz.campaign.supervisor import Campaign, CampaignOptions, _Slot, rerun_of
-from kvfuzz.campaign.swarm import ALWAYS_ENABLED, MAX_BLOCKS, MAX_PROGRAM_LENGTH, draw_swarm, probe_limits
+from kvfuzz.campaign.swarm import MAX_BLOCKS, MAX_PROGRAM_LENGTH, draw_swarm, probe_limits
 from kvfuzz.cli import main
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.program.safeguards import JOURNAL_FORMAT, JOURNAL_PREFIX
+from kvfuzz.program.swarm import ALWAYS_ENABLED
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorUnusable, load_factory
 from kvfuzz.saved.corpus import replay_trace
 from kvfuzz.saved.trace import Trace, from_json, load

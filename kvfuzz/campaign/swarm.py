@@ -23,12 +23,9 @@ import attrs
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.operation import Operation
-from kvfuzz.program.operations import BY_NAME, OPERATIONS
+from kvfuzz.program.operations import BY_NAME
+from kvfuzz.program.swarm import draw_operations
 from kvfuzz.registry import AllocatorFactory, AllocatorNotFound, AllocatorUnusable, builds, probe_allocator
-
-ALWAYS_ENABLED = ("admit", "step")
-"""Operations every swarm keeps: admit is always enabled (so a program never runs out of calls), step makes the
-written K/V real."""
 
 BLOCK_SIZES = (1, 2, 4, 8, 16)
 """The block sizes a campaign tries; those the allocator does not build are left out."""
@@ -60,7 +57,7 @@ class Limits:
 class SwarmConfig:
     """The configuration of one batch of programs: the allocator (one of the campaign's set), the machine
     configuration, the program length and the operations its programs may call (always including
-    :data:`ALWAYS_ENABLED`, in the table's order)."""
+    :data:`~kvfuzz.program.swarm.ALWAYS_ENABLED`, in the table's order)."""
 
     allocator: str  # spec of the allocator factory
     machine: MachineConfig  # pool geometry (and the campaign's model shape and kernel)
@@ -141,8 +138,7 @@ def _windows(spec: str, factory: AllocatorFactory, block_size: int) -> tuple[int
 def draw_swarm(rng: random.Random, limits: Limits, base: MachineConfig) -> SwarmConfig:
     """One configuration: half the pools tiny (the smallest up to 6 blocks), most of the rest up to 32, one in five
     up to :data:`MAX_BLOCKS`; W any the factory builds, 0 and 1 twice as often as larger ones; program lengths mostly
-    short or medium, one in five long; each operation beyond
-    :data:`ALWAYS_ENABLED` kept with probability one half, except one swarm in four that keeps them all."""
+    short or medium, one in five long; the operations as :func:`~kvfuzz.program.swarm.draw_operations` draws them."""
     low = limits.min_blocks
     roll = rng.random()
     if roll < 0.5:
@@ -166,12 +162,7 @@ def draw_swarm(rng: random.Random, limits: Limits, base: MachineConfig) -> Swarm
         length = rng.randint(31, 100)
     else:
         length = rng.randint(101, MAX_PROGRAM_LENGTH)
-    everything = rng.random() < 0.25
-    operations = tuple(
-        operation.name
-        for operation in OPERATIONS
-        if operation.name in ALWAYS_ENABLED or everything or rng.random() < 0.5
-    )
+    operations = tuple(operation.name for operation in draw_operations(rng))
     # W: the declared one, or for a factory that builds the W it is asked for, any up to MAX_WINDOW (W = 0 and 1
     # most often: a synchronous engine and one step in flight; W >= 2 for the deferred frees that outlive a step).
     window = rng.choice((*limits.windows, *limits.windows[:2])) if limits.windows else None
