@@ -208,3 +208,37 @@ def test_pytest_fails_a_damaged_scheduler_trace_in_one_line(pytester: pytest.Pyt
     result = pytester.runpytest("corpus", "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(['*bad.json: shrunk: must be true or false, not "yes"*'])
+
+
+class _Worker:
+    runner_v2 = False
+
+
+class _Session:
+    """What the recorder reads of a session: its setup, its worker's runner and the program so far."""
+
+    def __init__(self, *program: Any) -> None:
+        self.setup = TRACE.setup
+        self.worker = _Worker()
+        self.program = list(program)
+
+
+@pytest.mark.parametrize("same_failure", [True, False], ids=["same failure", "another failure"])
+def test_the_unshrunk_trace_gives_way_only_to_a_shrunk_trace_of_the_same_failure(
+    same_failure: bool, tmp_path: Path
+) -> None:
+    """Hypothesis reports one failure, and when shrinking meets another kind of failure it may report that one: the
+    first one's unshrunk trace then stays on disk beside it (before, it was deleted, and that failure lost)."""
+    from kvfuzz.scheduler.recorder import FailureRecorder
+
+    found = SchedulerViolation(Check.ACCOUNTING, 3, "r1", "block 1 has ref_cnt 3")
+    reported = found if same_failure else SchedulerViolation(Check.CONTENT, 1, "r0", "slot 4 holds r1's K/V")
+    recorder = FailureRecorder("vllm-v1", tmp_path)
+    recorder(_Session(AddRequest([1, 2, 3, 4, 5], 2), Step(), AddRequest([1, 2], 1), Step()), found)
+    first = recorder.first
+    assert first is not None and first.path.exists()
+    recorder(_Session(AddRequest([1], 1), Step()), reported)
+    saved = recorder.finish(reported, shrunk=True)
+    assert saved is not None and saved.path.exists() and load(saved.path).failure == RecordedFailure.of(reported)
+    assert first.path.exists() is not same_failure
+    assert len(list(tmp_path.glob("*.json"))) == (1 if same_failure else 2)

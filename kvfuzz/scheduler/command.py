@@ -145,4 +145,11 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
         )
     elif saved is not None:
         print(f"\n{saved.report()}")
+    first = recorder.first
+    if saved is not None and first is not None and first is not saved and first.path.exists():
+        print(
+            f"kvfuzz: the failure found first ({first.trace.failure.check}) is not the one reported; its unshrunk "
+            f"trace is kept: {first.path}",
+            file=sys.stderr,
+        )
     return 1 if outcome.failure is not None else 0

@@ -79,7 +79,9 @@ class FailureRecorder:
 
     def finish(self, failure: Optional[BaseException], shrunk: bool) -> Optional[SavedSchedulerTrace]:
         """Save the search's ``failure`` (the latest failing example, which Hypothesis replays last) and remove the
-        unshrunk trace it supersedes; returns where the trace is (None when nothing failed)."""
+        unshrunk trace it supersedes, only if that one failed the same way: Hypothesis reports one failure, and when
+        shrinking met another kind it may report that one, so the first stays on disk, never lost; returns where the
+        reported trace is (None when nothing failed)."""
         if self.latest is None or failure is None:
             return self.first
         trace, error = self.latest
@@ -87,6 +89,12 @@ class FailureRecorder:
             return self.first
         saved = save_scheduler_trace(trace, self.directory)
         first = self.first
-        if saved.error is None and first is not None and first.written and first.path != saved.path:
+        if (
+            saved.error is None
+            and first is not None
+            and first.written
+            and first.path != saved.path
+            and trace.failure.same_kind(first.trace.failure)  # a different failure met while shrinking keeps both
+        ):
             first.path.unlink(missing_ok=True)
         return saved
