@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Protocol
 
 import pytest
 
@@ -216,6 +216,36 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         items.append(MachineItem.from_parent(session, name=f"kvfuzz[{spec}]", spec=spec))
 
 
+class _Replayed(Protocol):
+    """What a replay of either kind of trace says to the regression rule."""
+
+    @property
+    def failed(self) -> bool: ...
+
+    @property
+    def reproduced(self) -> bool: ...
+
+    def describe_failure(self) -> str: ...
+
+
+def _judge(known_bug: Optional[str], replayed: _Replayed, target: str, where: str, path: Path) -> None:
+    """A trace's regression rule, for allocator and scheduler traces alike: a trace fails while its recorded failure
+    reproduces (or it fails differently: ``where`` it failed, against ``target``); a ``known_bug`` trace passes while
+    it reproduces and fails once it stops."""
+    if known_bug:
+        if not replayed.reproduced:
+            raise KvfuzzFailure(
+                f"known bug ({known_bug}) no longer reproduces against {target}: {replayed.describe_failure()}\n"
+                "If it was fixed, clear known_bug in the trace."
+            )
+    elif replayed.failed:
+        verdict = "still reproduces" if replayed.reproduced else "fails differently"
+        raise KvfuzzFailure(
+            f"the recorded failure {verdict} {where}:\n{replayed.describe_failure()}\n"
+            f"replay it with: kvfuzz replay {path}"
+        )
+
+
 class TraceFile(pytest.File):
     def collect(self):
         yield TraceItem.from_parent(self, name=self.path.stem)
@@ -269,19 +299,7 @@ class TraceItem(_KvfuzzItem):
         except BaseException as error:  # building the allocator failed or exited (a pytest.skip is no skip here)
             raised = " ".join(f"{type(error).__name__}: {error}".split())
             raise KvfuzzFailure(f"replay could not start: {raised}") from error
-        if trace.known_bug:
-            if not replayed.reproduced:
-                raise KvfuzzFailure(
-                    f"known bug ({trace.known_bug}) no longer reproduces against "
-                    f"{replayed.allocator}: {replayed.describe_failure()}\n"
-                    "If it was fixed, clear known_bug in the trace."
-                )
-        elif replayed.failed:
-            verdict = "still reproduces" if replayed.reproduced else "fails differently"
-            raise KvfuzzFailure(
-                f"the recorded failure {verdict} against {replayed.allocator}:\n"
-                f"{replayed.describe_failure()}\nreplay it with: kvfuzz replay {self.path}"
-            )
+        _judge(trace.known_bug, replayed, replayed.allocator, f"against {replayed.allocator}", self.path)
 
     def reportinfo(self):
         return self.path, None, f"kvfuzz trace {self.name}"
@@ -313,18 +331,7 @@ class SchedulerTraceItem(_KvfuzzItem):
             replayed = replay(trace)
         except ReplayRefused as error:
             raise KvfuzzFailure(f"the trace cannot be replayed here: {error}") from error
-        if trace.known_bug:
-            if not replayed.reproduced:
-                raise KvfuzzFailure(
-                    f"known bug ({trace.known_bug}) no longer reproduces: {replayed.describe_failure()}\n"
-                    "If it was fixed, clear known_bug in the trace."
-                )
-        elif replayed.failed:
-            verdict = "still reproduces" if replayed.reproduced else "fails differently"
-            raise KvfuzzFailure(
-                f"the recorded failure {verdict} at {replayed.where()} of {trace.scheduler}:\n"
-                f"{replayed.describe_failure()}\nreplay it with: kvfuzz replay {self.path}"
-            )
+        _judge(trace.known_bug, replayed, trace.scheduler, f"at {replayed.where()} of {trace.scheduler}", self.path)
 
     def reportinfo(self):
         return self.path, None, f"kvfuzz scheduler trace {self.name}"
