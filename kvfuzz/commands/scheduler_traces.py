@@ -91,7 +91,7 @@ def show(path: str, html: Optional[str], png: Optional[str], allocator: Optional
 
 def export(path: str, output: Optional[str], allocator: Optional[str]) -> int:
     """``kvfuzz export`` of a scheduler trace: a pytest file replaying it."""
-    from kvfuzz.commands.output_files import OutputNotWritten, write_text
+    from kvfuzz.commands.output_files import write_or_print
     from kvfuzz.scheduler.export import export_test
 
     if allocator is not None:
@@ -100,14 +100,4 @@ def export(path: str, output: Optional[str], allocator: Optional[str]) -> int:
     trace = _load(path)
     if trace is None:
         return 2
-    text = export_test(trace, path)
-    if output:
-        try:
-            write_text(Path(output), text)
-        except OutputNotWritten as error:
-            print(f"kvfuzz: {error}", file=sys.stderr)
-            return 2
-        print(f"wrote {output}; run it with: pytest {output} (in vLLM's environment)")
-    else:
-        print(text, end="")
-    return 0
+    return write_or_print(export_test(trace, path), output, "pytest {path} (in vLLM's environment)")
