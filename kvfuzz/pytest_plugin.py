@@ -16,6 +16,9 @@
   directory that holds a trace (a damaged trace). Each is one item: one that is not a valid trace fails with one
   line naming the file and the reason (see :func:`kvfuzz.saved.trace.load`), so a bad file never stops the session.
   Other JSON files (workloads, ``package.json``) are left alone.
+* Scheduler traces (``kvfuzz-scheduler-trace/1``, a ``kvfuzz run --scheduler`` failure) are collected the same way
+  and replayed against the installed vLLM with the same rules (``known_bug`` included); where vLLM is not installed
+  they are skipped, with the reason, as a trace whose allocator is not installed is.
 * ``pytest --kvfuzz-allocator=pkg.mod:factory`` adds one test per allocator that runs the machine against it under
   a settings profile (``--kvfuzz-profile ci|dev|nightly``; ``--kvfuzz-examples``, ``--kvfuzz-steps`` and
   ``--kvfuzz-seed`` override it; ``--kvfuzz-kernel`` picks invariant 2's attention kernel). A failure is saved as
@@ -36,7 +39,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Protocol
 
 import pytest
 
@@ -49,7 +52,7 @@ from kvfuzz.registry import (
     load_factory,
     probe_allocator,
 )
-from kvfuzz.saved.files import is_trace_file, json_file_kind
+from kvfuzz.saved.files import json_file_kind
 from kvfuzz.torch_check import INSTALL_TORCH, torch_unavailable
 
 
@@ -191,6 +194,8 @@ _TRACE_DIRECTORIES = pytest.StashKey[dict[Path, bool]]()
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional[pytest.Collector]:
     kind = json_file_kind(file_path)
+    if kind == "scheduler-trace":
+        return SchedulerTraceFile.from_parent(parent, path=file_path)
     if kind == "trace" or (kind == "undecodable" and _holds_traces(parent.config, file_path.parent)):
         return TraceFile.from_parent(parent, path=file_path)
     return None
@@ -200,13 +205,45 @@ def _holds_traces(config: pytest.Config, directory: Path) -> bool:
     """Whether ``directory`` holds a trace file (looked up once per directory and session)."""
     known = config.stash.setdefault(_TRACE_DIRECTORIES, {})
     if directory not in known:
-        known[directory] = any(is_trace_file(path) for path in directory.glob("*.json"))
+        known[directory] = any(
+            json_file_kind(path) in ("trace", "scheduler-trace") for path in directory.glob("*.json")
+        )
     return known[directory]
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     for spec in config.getoption("kvfuzz_allocator"):
         items.append(MachineItem.from_parent(session, name=f"kvfuzz[{spec}]", spec=spec))
+
+
+class _Replayed(Protocol):
+    """What a replay of either kind of trace says to the regression rule."""
+
+    @property
+    def failed(self) -> bool: ...
+
+    @property
+    def reproduced(self) -> bool: ...
+
+    def describe_failure(self) -> str: ...
+
+
+def _judge(known_bug: Optional[str], replayed: _Replayed, target: str, where: str, path: Path) -> None:
+    """A trace's regression rule, for allocator and scheduler traces alike: a trace fails while its recorded failure
+    reproduces (or it fails differently: ``where`` it failed, against ``target``); a ``known_bug`` trace passes while
+    it reproduces and fails once it stops."""
+    if known_bug:
+        if not replayed.reproduced:
+            raise KvfuzzFailure(
+                f"known bug ({known_bug}) no longer reproduces against {target}: {replayed.describe_failure()}\n"
+                "If it was fixed, clear known_bug in the trace."
+            )
+    elif replayed.failed:
+        verdict = "still reproduces" if replayed.reproduced else "fails differently"
+        raise KvfuzzFailure(
+            f"the recorded failure {verdict} {where}:\n{replayed.describe_failure()}\n"
+            f"replay it with: kvfuzz replay {path}"
+        )
 
 
 class TraceFile(pytest.File):
@@ -262,22 +299,42 @@ class TraceItem(_KvfuzzItem):
         except BaseException as error:  # building the allocator failed or exited (a pytest.skip is no skip here)
             raised = " ".join(f"{type(error).__name__}: {error}".split())
             raise KvfuzzFailure(f"replay could not start: {raised}") from error
-        if trace.known_bug:
-            if not replayed.reproduced:
-                raise KvfuzzFailure(
-                    f"known bug ({trace.known_bug}) no longer reproduces against "
-                    f"{replayed.allocator}: {replayed.describe_failure()}\n"
-                    "If it was fixed, clear known_bug in the trace."
-                )
-        elif replayed.failed:
-            verdict = "still reproduces" if replayed.reproduced else "fails differently"
-            raise KvfuzzFailure(
-                f"the recorded failure {verdict} against {replayed.allocator}:\n"
-                f"{replayed.describe_failure()}\nreplay it with: kvfuzz replay {self.path}"
-            )
+        _judge(trace.known_bug, replayed, replayed.allocator, f"against {replayed.allocator}", self.path)
 
     def reportinfo(self):
         return self.path, None, f"kvfuzz trace {self.name}"
+
+
+class SchedulerTraceFile(pytest.File):
+    def collect(self):
+        yield SchedulerTraceItem.from_parent(self, name=self.path.stem)
+
+
+class SchedulerTraceItem(_KvfuzzItem):
+    """One scheduler trace (:mod:`kvfuzz.scheduler.trace`), replayed as a regression test with the allocator
+    traces' rules: it fails while the recorded failure reproduces (passes while a ``known_bug`` one does), and is
+    skipped, with the reason, where vLLM is not installed."""
+
+    def runtest(self) -> None:
+        _require_torch("replaying a scheduler trace", KvfuzzFailure)
+        from kvfuzz.scheduler.replay import ReplayRefused, replay
+        from kvfuzz.scheduler.trace import SchedulerTraceError, load
+        from kvfuzz.scheduler.vllm_build import vllm_missing
+
+        try:
+            trace = load(self.path)
+        except SchedulerTraceError as error:
+            raise KvfuzzFailure(str(error)) from error
+        if vllm_missing():
+            pytest.skip(f"a {trace.scheduler} trace needs vllm {trace.vllm_version}, which is not installed here")
+        try:
+            replayed = replay(trace)
+        except ReplayRefused as error:
+            raise KvfuzzFailure(f"the trace cannot be replayed here: {error}") from error
+        _judge(trace.known_bug, replayed, trace.scheduler, f"at {replayed.where()} of {trace.scheduler}", self.path)
+
+    def reportinfo(self):
+        return self.path, None, f"kvfuzz scheduler trace {self.name}"
 
 
 class MachineItem(_KvfuzzItem):

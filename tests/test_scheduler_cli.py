@@ -41,10 +41,6 @@ def test_the_scheduler_target_without_vllm_is_one_line_and_exit_2(tmp_path: Path
             "kvfuzz: --scheduler does not take --call-timeout (yet; docs/scheduler.md says what a scheduler target "
             "covers)",
         ),
-        (  # a failure is printed, not saved, yet
-            ["--scheduler", "vllm-v1", "--corpus", "elsewhere"],
-            "kvfuzz: --scheduler does not take --corpus (yet; docs/scheduler.md says what a scheduler target covers)",
-        ),
     ],
 )
 def test_options_of_the_other_target_are_refused_in_one_line(tmp_path: Path, args: list[str], line: str) -> None:

@@ -145,6 +145,9 @@ def test_ctrl_c_during_replay_workload_is_one_line(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+        # as in a terminal: a shell that ran this session in the background (cmd &) left SIGINT ignored, and a child
+        # inherits that, so that Python would install no KeyboardInterrupt and the Ctrl-C would be lost
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         time.sleep(8)  # torch imported, the replay under way (it runs for minutes)

@@ -222,15 +222,16 @@ def parse_finding(key: str, raw: bytes, source: str) -> StoredFinding:
 
 
 def _signature(value: Any, source: str) -> Signature:
-    names = ("allocator", "failure", "operation", "frame")
-    if not isinstance(value, dict) or set(value) != set(names):
-        raise TraceError(f"{source}: signature: expected an object with {', '.join(names)}")
+    names = ("allocator", "failure", "operation", "frame", "cause")
+    if not isinstance(value, dict) or not set(names) - {"cause"} <= set(value) <= set(names):
+        raise TraceError(f"{source}: signature: expected an object with {', '.join(names)} (cause optional)")
     where = f"{source}: signature"
     return Signature(
         _string(value, "allocator", where),
         _string(value, "failure", where),
-        _string(value, "operation", where),
+        _string(value, "operation", where, optional=True),
         _string(value, "frame", where, optional=True),
+        _string(value, "cause", where, optional=True) if "cause" in value else None,
     )
 
 

@@ -2,9 +2,14 @@
 
 Each trace recorded against one of the campaign's allocators is replayed once, before the campaign starts, and the
 signature of the failure it reproduces becomes known, so that the campaign counts it instead of reporting it as
-new (a ``known_bug`` trace of this repository's corpus, a failure an earlier campaign saved). A trace that no longer
-reproduces (the bug was fixed) makes nothing known. A trace of a process the allocator killed is not replayed (the
-replay would die too): its signature is read from the trace.
+new (a ``known_bug`` trace of this repository's corpus, a failure an earlier campaign saved). Only the failure the
+trace recorded becomes known, as ``kvfuzz replay`` judges it (:func:`~kvfuzz.saved.corpus.reproduces_recorded`: the
+same invariant, for the same cause where the trace recorded one): a trace that no longer reproduces (the bug was
+fixed) makes nothing known, and neither does one that now fails differently (a regression met on the known bug's
+path), so that the campaign reports that new failure instead of counting it as the known bug. A signature names the
+cause, not the operation that met it (:mod:`kvfuzz.shrink.signature`), so a known bug the campaign meets through
+another operation is still the known one. A trace of a process the allocator killed is not replayed (the replay
+would die too): its signature is read from the trace.
 
 A trace is also replayed against the campaign's other allocators that run the same code: factories whose
 allocators are instances of the same class as the trace's, configured differently (vLLM v0's block manager with and
@@ -30,7 +35,7 @@ from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, UntrustedAllocator, load_factory
-from kvfuzz.saved.corpus import PROCESS_DIED
+from kvfuzz.saved.corpus import PROCESS_DIED, reproduces_recorded
 from kvfuzz.saved.trace import Trace, TraceError, is_trace_file, load
 from kvfuzz.shrink.signature import TEARDOWN, Signature, signature_of
 
@@ -110,7 +115,8 @@ def _built_class(spec: str, pool: PoolSpec) -> Optional[type]:
 
 
 def trace_signature(trace: Trace, call_timeout: float) -> Signature | None:
-    """The signature of the failure ``trace`` reproduces now; None if it no longer does (or cannot be replayed)."""
+    """The signature of the failure ``trace`` reproduces now; None if it no longer does, fails otherwise than it
+    recorded (another invariant, or the same for another cause), or cannot be replayed."""
     title = str(trace.failure.get("title"))
     if title.startswith(PROCESS_DIED):
         operation = trace.program[-1].rule if trace.program else TEARDOWN
@@ -121,6 +127,7 @@ def trace_signature(trace: Trace, call_timeout: float) -> Signature | None:
             outcome = replay(Target(factory, trace.config, safeguards=Safeguards(watchdog=watchdog)), trace.program)
     except (AllocatorNotFound, NotApplicable):
         return None
-    if outcome.failure is None:
+    if not reproduces_recorded(trace, outcome.failure):
         return None
+    assert outcome.failure is not None  # reproduces_recorded says so
     return signature_of(trace.allocator, outcome.failure, trace.program, outcome.failed_at)

@@ -410,8 +410,7 @@ class Campaign:
             self.tally.findings[key] = attrs.evolve(finding, seen=finding.seen + 1)
 
     def _text(self, signature: dict[str, Optional[str]]) -> str:
-        frame = f" at {signature['frame']}" if signature.get("frame") else ""
-        text = f"{signature['failure']} in {signature['operation']}{frame}"
+        text = str(Signature(**signature))  # type: ignore[arg-type]  # Signature.to_json()'s fields
         return f"{text} [{signature['allocator']}]" if len(self.options.allocators) > 1 else text
 
     # -- ending --------------------------------------------------------------------------------------------------

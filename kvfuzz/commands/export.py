@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kvfuzz.commands.options import needs_torch
-from kvfuzz.commands.output_files import OutputNotWritten, write_text
+from kvfuzz.commands.output_files import write_or_print
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,6 +20,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from kvfuzz.commands import scheduler_traces
+
+    if scheduler_traces.is_scheduler_trace(args.trace):
+        return scheduler_traces.export(args.trace, args.output, args.allocator)
     from kvfuzz.saved.corpus import export_test
     from kvfuzz.saved.trace import TraceError
     from kvfuzz.saved.trace import load as load_trace
@@ -29,14 +33,4 @@ def run_command(args: argparse.Namespace) -> int:
     except TraceError as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
-    text = export_test(trace, args.trace, args.allocator)
-    if args.output:
-        try:
-            write_text(Path(args.output), text)
-        except OutputNotWritten as error:
-            print(f"kvfuzz: {error}", file=sys.stderr)
-            return 2
-        print(f"wrote {args.output}; run it with: pytest {args.output}")
-    else:
-        print(text, end="")
-    return 0
+    return write_or_print(export_test(trace, args.trace, args.allocator), args.output, "pytest {path}")

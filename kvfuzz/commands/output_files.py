@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
 
@@ -73,3 +74,18 @@ def write_text(path: Path, text: str) -> None:
     """Write ``text`` (UTF-8) as the whole content of ``path``, atomically (:func:`written_atomically`)."""
     with written_atomically(path) as temporary:
         temporary.write_text(text, encoding="utf-8")
+
+
+def write_or_print(text: str, output: Optional[str], run_it: str) -> int:
+    """An exported file's text written to ``output`` (then a line saying so and how to run it: ``run_it``, given
+    the path), or printed when no output is named; the exit status (2, in one line, when it cannot be written)."""
+    if not output:
+        print(text, end="")
+        return 0
+    try:
+        write_text(Path(output), text)
+    except OutputNotWritten as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {output}; run it with: {run_it.format(path=output)}")
+    return 0

@@ -78,6 +78,15 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[float], trust: AllocatorTrust) -> str:
     """Replay one file and print what happened; returns its outcome (a key of :data:`OUTCOMES`)."""
+    from kvfuzz.commands.scheduler_traces import is_scheduler_trace, replay_file
+
+    if is_scheduler_trace(path):
+        if allocator is not None:
+            print(
+                f"kvfuzz: {path}: a scheduler trace is replayed against its scheduler, not --allocator", file=sys.stderr
+            )
+            return "could not be replayed"
+        return replay_file(path)
     from kvfuzz.program.replay import NotApplicable
     from kvfuzz.saved.corpus import allocator_missing, replay_trace
     from kvfuzz.saved.trace import TraceError, TraceUnavailable

@@ -44,6 +44,10 @@ def _usage_error(message: str) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from kvfuzz.commands import scheduler_traces
+
+    if scheduler_traces.is_scheduler_trace(args.trace):
+        return scheduler_traces.show(args.trace, args.html, args.png, args.allocator)
     from kvfuzz.saved.trace import TraceError
     from kvfuzz.saved.trace import load as load_trace
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, Union
 
 import attrs
 
@@ -37,31 +37,45 @@ class Snapshot:
     """The state's queries, each answered once: enablement asks every operation in turn, and most ask for the same
     lists (running, computed). Every query of :class:`ProgramState` passes through, none named here: an attribute is
     the state's own, and a method's answer is kept per arguments. Valid until the state changes, that is, until the
-    next call is executed; ids (:data:`DRAWS`) are still drawn from the state itself."""
+    next call is executed, after which :meth:`renewed` forgets every answer; ids (:data:`DRAWS`) are still drawn from
+    the state itself."""
 
     DRAWS = frozenset({"new_id"})
     """Queries that change the state: passed through, never kept."""
 
     def __init__(self, state: ProgramState) -> None:
         self._state = state  # the live state behind the answers
-        self._answers: dict[tuple[object, ...], Any] = {}  # (query, its arguments) -> its answer
+        self._answers: dict[object, Any] = {}  # (query, its arguments) -> its answer; a pick -> its options
+        self._attributes: list[str] = []  # the state's attributes kept on the snapshot since it was last renewed
+
+    def renewed(self) -> Snapshot:
+        """This snapshot with every answer and attribute it kept forgotten, for the state as it is now (after a
+        call): cheaper than a new one, since its queries stay bound to the same state."""
+        self._answers.clear()
+        for name in self._attributes:
+            del self.__dict__[name]
+        self._attributes.clear()
+        return self
 
     def __getattr__(self, name: str) -> Any:
         """The state's attribute, or its query answered once per arguments; kept on the snapshot, so that a query
-        asked again costs a dictionary lookup."""
+        asked again costs a dictionary lookup (an attribute until :meth:`renewed`, a query for good, its answers
+        until then)."""
         if name.startswith("_"):  # never the state's private parts (nor, before __init__, a lookup of _state)
             raise AttributeError(name)
         asked = getattr(self._state, name)
         if not callable(asked) or name in self.DRAWS:
             setattr(self, name, asked)
+            self._attributes.append(name)
             return asked
         answers = self._answers
 
         def query(*args: Any) -> Any:
             key = (name, *args)
-            if key not in answers:
-                answers[key] = asked(*args)
-            return answers[key]
+            answer = answers.get(key, answers)  # the dictionary itself: no answer yet (no query answers with it)
+            if answer is answers:
+                answer = answers[key] = asked(*args)
+            return answer
 
         setattr(self, name, query)
         return query
@@ -69,10 +83,11 @@ class Snapshot:
     def options(self, pick: Callable[["Snapshot"], Sequence[Any]]) -> Sequence[Any]:
         """What a :class:`Pick` may choose from now, asked once per state however many times enablement and the
         draw ask it (the misuse calls, for one, are built anew by each asking)."""
-        key = ("options", pick)
-        if key not in self._answers:
-            self._answers[key] = pick(self)
-        return self._answers[key]
+        answers = self._answers  # keyed by the pick itself: a query's key is a tuple, never equal to a function
+        options = answers.get(pick, answers)
+        if options is answers:
+            options = answers[pick] = pick(self)
+        return options
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,6 +100,8 @@ def system_prompts(block_size: int) -> tuple[tuple[int, ...], ...]:
 @attrs.frozen
 class Pick:
     """One of the values ``options(state)`` lists now: a sequence in some state, a namespace, a system prompt."""
+
+    gating: ClassVar[bool] = True  # whether it can have nothing to draw from (enablement asks it)
 
     options: Callable[[ProgramState], Sequence[Any]]
 
@@ -110,6 +127,8 @@ class Pick:
 class NewSeqId:
     """A sequence id never used before in this example."""
 
+    gating: ClassVar[bool] = False  # whether it can have nothing to draw from (enablement asks it)
+
     def available(self, state: ProgramState) -> bool:
         return True
 
@@ -128,6 +147,8 @@ class NewSeqId:
 @attrs.frozen
 class Integers:
     """An integer from ``low`` to ``high``, both included."""
+
+    gating: ClassVar[bool] = False  # whether it can have nothing to draw from (enablement asks it)
 
     low: int
     high: int
@@ -151,6 +172,8 @@ class Integers:
 class BlockIds:
     """One to ``most`` distinct block ids, each one of those ``options(state)`` lists now (targeted eviction's
     victims), in the order drawn."""
+
+    gating: ClassVar[bool] = True  # whether it can have nothing to draw from (enablement asks it)
 
     options: Callable[[ProgramState], Sequence[int]]
     most: int = 3
@@ -200,6 +223,8 @@ def _token_lists(ranges: tuple[tuple[int, int], ...]) -> st.SearchStrategy[list[
 class TokenLists:
     """A list of token ids whose length lies in one of ``ranges(state)``: the range first (each equally likely), then
     the length within it, then the tokens."""
+
+    gating: ClassVar[bool] = False  # whether it can have nothing to draw from (enablement asks it)
 
     ranges: LengthRanges
 

@@ -29,7 +29,7 @@ from kvfuzz.engine.features.copies import StepRemaps, TailDeduplication
 from kvfuzz.engine.features.groups import GroupTables, WindowDrops, forget
 from kvfuzz.engine.features.host_tier import AsyncLoading, HostTier
 from kvfuzz.engine.features.lookahead import LookAhead
-from kvfuzz.engine.features.prefix_cache import CachingDebt
+from kvfuzz.engine.features.prefix_cache import CachingDebt, check_missed_hit
 from kvfuzz.engine.features.scheduling import abort_policy
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.violations import Invariant
@@ -51,10 +51,11 @@ class Engine(EngineCore):
     ) -> None:
         super().__init__(allocator, config, stats, on_step)
         caps, checks = self.caps, self.checks
-        self.groups = GroupTables(self, checks.groups) if checks.groups is not None else None
+        self.groups = GroupTables(self) if caps.kv_groups else None
         self.window_drops = WindowDrops(self, self.groups) if caps.refusal_drops_window else None
-        self.host_tier = HostTier(self) if caps.host_cache else None
         self.async_loading = AsyncLoading(self) if caps.async_loads else None
+        self.expected.async_loading = self.async_loading  # which loads the operation table may report landed
+        self.host_tier = HostTier(self, self.async_loading) if caps.host_cache else None
         self.abort_policy = abort_policy(self, self.host_tier)
         self.lookahead = LookAhead(self) if caps.lookahead_blocks else None
         self.caching_debt = CachingDebt(self) if checks.context.owes_caching() else None
@@ -313,11 +314,12 @@ class Engine(EngineCore):
             self.dismiss(seq, run_ends=True)
         self.begin("quiesce")
         self.complete(self.pools.steps_to_complete(drain=True))
-        host_tier = self.host_tier
+        host_tier, async_loading = self.host_tier, self.async_loading
         while (
             self.pools.late_work_by_block
             or self.pools.held_until
-            or self.expected.async_loads
+            or async_loading is not None
+            and async_loading.loads
             or host_tier
             and host_tier.loads
         ):
@@ -377,7 +379,7 @@ class Engine(EngineCore):
                 self.groups.hit_window(table_id, num_cached)
             awaits = self.checks.cache.cache_hit(table_id, num_cached, loading) or awaits
         model.awaits_step = awaits
-        self.checks.complete_caching.missed_hit(seq, num_cached, owed)
+        check_missed_hit(self.checks.context, seq, num_cached, owed)
         hit_blocks = [
             block
             for table_id, read in ((seq, table), *group_tables)

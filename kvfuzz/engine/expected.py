@@ -67,17 +67,6 @@ class SeqModel:
     covered_tokens: Optional[int] = None
 
 
-@attrs.define
-class AsyncLoad:
-    """One admission's asynchronous host-tier loads (``async_loads``), from the admission until the engine reports
-    them landed. Invariant kept: ``landable`` is set exactly when the step that started them has completed."""
-
-    pairs: tuple[tuple[int, int], ...]  # (host block, device block), as the admission ordered them
-    table: tuple[int, ...]  # the sequence's table when it was admitted: the blocks its hit covers
-    launched_at: Optional[int] = None  # the step whose launch started them (None: not launched yet)
-    landable: bool = False  # that step has completed: the worker may report them done
-
-
 @attrs.frozen
 class TableChange:
     """What one table update did to the blocks: every block whose holders changed, and which became (un)referenced."""
@@ -133,6 +122,13 @@ class BlockRefs:
         for block in reversed(released):
             self.released[block] = None
         return TableChange(frozenset(touched), tuple(reversed(released)), tuple(acquired))
+
+
+class LandableLoads(Protocol):
+    """Under ``async_loads``, the feature that keeps the admissions' asynchronous loads
+    (:class:`kvfuzz.engine.features.host_tier.AsyncLoading`): which of them may be reported landed now."""
+
+    def landable_ids(self) -> list[SeqId]: ...
 
 
 class ProgramState(Protocol):
@@ -201,8 +197,8 @@ class ExpectedState:
         # Under host_cache, slot -> tag of the writes of sequences freed since the last launch, which that launch
         # still makes (after its flushed stores and loads land, as a worker orders them).
         self.aborted_tags: dict[int, int] = {}
-        # Under async_loads: sequence (live or freed) -> its admission's loads not yet reported landed.
-        self.async_loads: dict[SeqId, AsyncLoad] = {}
+        # Under async_loads: the feature keeping the loads not yet reported landed (None otherwise).
+        self.async_loading: Optional[LandableLoads] = None
         self._ids = itertools.count()  # numbers of the ids new_id hands out
 
     def new_id(self) -> SeqId:
@@ -305,7 +301,7 @@ class ExpectedState:
 
     def landable_ids(self) -> list[SeqId]:
         """Sequences (live, or freed while loading) whose asynchronous loads may be reported landed now."""
-        return [seq for seq, load in self.async_loads.items() if load.landable]
+        return [] if self.async_loading is None else self.async_loading.landable_ids()
 
     def host_blocks_in_use(self) -> int:
         """Distinct host blocks some swapped-out sequence holds (one block may have several holders under

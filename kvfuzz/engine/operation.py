@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 import attrs
 
+from kvfuzz.allocator.types import Capabilities
 from kvfuzz.engine.arguments import Argument
 from kvfuzz.engine.expected import ProgramState
 
@@ -33,17 +34,31 @@ class Operation:
     needs: tuple[str, ...] = ()  # Capabilities fields that must all be declared
     condition: Callable[[ProgramState], bool] = _always  # what else the state must hold
     doc: str = ""  # what it models, for a person
+    # The arguments whose availability depends on the state (those of the other kinds always have a value to draw).
+    gated: tuple[Argument, ...] = attrs.field(init=False, eq=False, repr=False)
+
+    @gated.default
+    def _gated_arguments(self) -> tuple[Argument, ...]:
+        return tuple(argument for _, argument in self.arguments if argument.gating)
 
     def enabled(self, state: ProgramState) -> bool:
         """Whether a program may call this operation now (plain loops: it is asked for every operation before
         every call)."""
-        caps = state.caps
+        return self.declared(state.caps) and self.allowed(state)
+
+    def declared(self, caps: Capabilities) -> bool:
+        """Whether the allocator declares every capability the operation needs (fixed for an example)."""
         for capability in self.needs:
             if not getattr(caps, capability):
                 return False
-        if not self.condition(state):
+        return True
+
+    def allowed(self, state: ProgramState) -> bool:
+        """Whether the state lets a program call this operation now, the allocator declaring what it needs:
+        ``condition`` holds and every argument has something to draw from."""
+        if self.condition is not _always and not self.condition(state):
             return False
-        for _, argument in self.arguments:
+        for argument in self.gated:
             if not argument.available(state):
                 return False
         return True

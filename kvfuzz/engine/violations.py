@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from typing import Sequence
 
+import attrs
+
 
 class Invariant(enum.Enum):
     """The invariants of docs/invariants.md, numbered as there; from 13 on, the policies an allocator may declare."""
@@ -36,22 +38,55 @@ class Invariant(enum.Enum):
         return f"invariant {self.number} ({self.title})"
 
 
+@attrs.frozen
+class Cause:
+    """What a check knows about why its invariant broke, in words a person reads (``"a cache hit on K/V another
+    prefix wrote"``): with the invariant, it makes a failure one finding (:mod:`kvfuzz.shrink.signature`), so two
+    bugs that break one invariant in one operation for different reasons are two findings, and one bug met through
+    several operations is one. ``by_operation``: the failing operation is part of the cause (a result the operation
+    itself returned malformed), so the same words in two operations are two findings.
+
+    The words are the finding's identity: two checks that name the same cause use the same words, and a check names
+    nothing in them that varies from one program to the next (no block, sequence or position)."""
+
+    words: str
+    by_operation: bool = False
+
+    def __str__(self) -> str:
+        return self.words
+
+
+UNNAMED = Cause("", by_operation=True)
+"""The cause of a violation whose check names none: the failure is then told apart by its operation, as before
+checks named causes."""
+
+
 class InvariantViolation(AssertionError):
-    """One invariant broken by one operation: what was expected, what was found, and where it came from."""
+    """One invariant broken by one operation: what was expected, what was found, where it came from, and what the
+    check knows of its cause."""
 
     def __init__(
-        self, invariant: Invariant, operation: str, step: int, summary: str, details: Sequence[str] = ()
+        self,
+        invariant: Invariant,
+        operation: str,
+        step: int,
+        summary: str,
+        details: Sequence[str] = (),
+        cause: Cause = UNNAMED,
     ) -> None:
         self.invariant = invariant
         self.operation = operation
         self.step = step
         self.summary = summary
         self.details = tuple(details)
+        self.cause = cause
         super().__init__(self.explain())
 
     def explain(self) -> str:
         lines = [f"{self.invariant} violated by {self.operation} (scheduling step {self.step}):", f"  {self.summary}"]
         lines.extend(f"  {line}" for line in self.details)
+        if self.cause.words:
+            lines.append(f"  cause: {self.cause}")
         return "\n".join(lines)
 
 
@@ -66,6 +101,6 @@ trading one invariant's failure for another's while shrinking."""
 
 
 def violation(
-    invariant: Invariant, operation: str, step: int, summary: str, details: Sequence[str] = ()
+    invariant: Invariant, operation: str, step: int, summary: str, details: Sequence[str] = (), cause: Cause = UNNAMED
 ) -> InvariantViolation:
-    return VIOLATION_TYPES[invariant](invariant, operation, step, summary, details)
+    return VIOLATION_TYPES[invariant](invariant, operation, step, summary, details, cause)

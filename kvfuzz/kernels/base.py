@@ -69,6 +69,10 @@ class PagedBatch:
         """How many tokens one block holds in row ``row``'s table."""
         return self.block_sizes[row] if self.block_sizes else self.block_size
 
+    def window_lengths(self) -> list[int]:
+        """How many positions each row reads."""
+        return [length - start for start, length in zip(self.starts, self.lengths)]
+
     def slots(self, row: int) -> list[int]:
         """The pool rows that row ``row`` reads, in position order."""
         table, rows, size = self.tables[row], self.block_size, self.tokens_per_block(row)
@@ -101,7 +105,7 @@ Why these numbers: every K, V and query holds values in [-1, 1), and the output 
 rows, so it lies in [-1, 1]: absolute error is what matters, and ``rtol`` is kept to one unit roundoff u of the
 dtype. Both sides read the same stored inputs; they differ only in
 
-1. reduction order: a blocked or materialised softmax and a matmul instead of the reference's einsums, both
+1. reduction order: a blocked or materialised softmax and other matmuls than the reference's batched ones, both
    accumulating in float32, which costs a few float32 ulps (1.8e-7 observed);
 2. the precision the kernel keeps between its steps: FlexAttention (like most fused kernels) casts the softmax
    weights back to the input dtype and computes ``weights @ V`` and its output in that dtype, while the reference

@@ -21,8 +21,14 @@ class GatherKernel:
         return None
 
     def attend(self, batch: PagedBatch) -> torch.Tensor:
+        keys, values = self.gathered(batch)
+        return attend(batch.queries, keys, values, torch.tensor(batch.window_lengths()))
+
+    def gathered(self, batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V that :meth:`attend` reads, ``[S, N, L, Hkv, D]``: each row's positions through its block
+        table, zeros past its window's end (N the longest window)."""
         device = batch.keys.device
-        lengths = [length - start for start, length in zip(batch.starts, batch.lengths)]
+        lengths = batch.window_lengths()
         longest = max(lengths)
         # One index tensor built from Python lists: padding reads row 0, which the mask below replaces by zeros.
         rows = [batch.slots(row) for row in range(len(batch.seqs))]
@@ -30,6 +36,4 @@ class GatherKernel:
         valid = torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
         valid = valid.to(device)[:, :, None, None, None]
         index = index.to(device)
-        keys = torch.where(valid, batch.keys[index], 0)
-        values = torch.where(valid, batch.values[index], 0)
-        return attend(batch.queries, keys, values, torch.tensor(lengths))
+        return torch.where(valid, batch.keys[index], 0), torch.where(valid, batch.values[index], 0)

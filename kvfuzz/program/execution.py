@@ -156,4 +156,6 @@ TEARDOWN_OPERATION = "the teardown's "
 
 def at_teardown(found: InvariantViolation) -> InvariantViolation:
     """``found``, raised while the teardown performed an operation, as the teardown's."""
-    return violation(found.invariant, TEARDOWN_OPERATION + found.operation, found.step, found.summary, found.details)
+    return violation(
+        found.invariant, TEARDOWN_OPERATION + found.operation, found.step, found.summary, found.details, found.cause
+    )

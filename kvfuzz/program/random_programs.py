@@ -65,9 +65,11 @@ def random_program(
     except Exception as error:  # noqa: BLE001 -- the factory failed to build this program's allocator
         return RandomFailure((), error)
     try:
+        snapshot = Snapshot(execution.engine.expected)
+        declared = [operation for operation in operations if operation.declared(execution.engine.expected.caps)]
         for _ in range(length):
-            state = Snapshot(execution.engine.expected)
-            enabled = [operation for operation in operations if operation.enabled(state)]
+            state = snapshot.renewed()  # the state after the previous call
+            enabled = [operation for operation in declared if operation.allowed(state)]
             if not enabled:
                 break
             operation = rng.choice(enabled)

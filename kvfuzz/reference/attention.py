@@ -17,9 +17,11 @@ def attend(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, leng
     """
     num_seqs, max_len, num_layers, kv_heads, head_dim = keys.shape
     group = queries.shape[2] // kv_heads
-    k = keys.float().permute(0, 2, 3, 1, 4).repeat_interleave(group, dim=2)  # [S, L, Hq, N, D]
-    v = values.float().permute(0, 2, 3, 1, 4).repeat_interleave(group, dim=2)
-    scores = torch.einsum("slhd,slhnd->slhn", queries.float(), k) * head_dim**-0.5
+    # Query head h reads KV head h // group: the queries of one KV head side by side, [S, L, Hkv, group, D].
+    q = queries.float().reshape(num_seqs, num_layers, kv_heads, group, head_dim)
+    k = keys.float().permute(0, 2, 3, 4, 1)  # [S, L, Hkv, D, N]
+    v = values.float().permute(0, 2, 3, 1, 4)  # [S, L, Hkv, N, D]
+    scores = torch.matmul(q, k) * head_dim**-0.5  # [S, L, Hkv, group, N]
     valid = torch.arange(max_len, device=keys.device).unsqueeze(0) < lengths.to(keys.device).unsqueeze(1)
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    return torch.einsum("slhn,slhnd->slhd", torch.softmax(scores, dim=-1), v)
+    scores = scores.masked_fill(~valid[:, None, None, None, :], float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v).reshape(num_seqs, num_layers, group * kv_heads, head_dim)

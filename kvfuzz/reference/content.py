@@ -128,10 +128,34 @@ class _RowTable:
 
     def lookup(self, tags: Sequence[int]) -> torch.Tensor:
         """``[len(tags), len(salts), *row_shape]``, a new tensor (never a view of the table)."""
+        if not self._hold(tags):
+            return _values(tags, self.salts, self.row_shape, self.shape)
+        index = self.index
+        return self.rows[torch.tensor([index[tag] for tag in tags], dtype=torch.int64, device=self.rows.device)]
+
+    def padded(self, tag_lists: Sequence[Sequence[int]]) -> torch.Tensor:
+        """``[len(tag_lists), longest, len(salts), *row_shape]``: each list's rows, then zeros up to the longest (one
+        index of the table for the whole batch)."""
+        tags = [tag for tag_list in tag_lists for tag in tag_list]
+        lengths = [len(tag_list) for tag_list in tag_lists]
+        longest = max(lengths, default=0)
+        if not self._hold(tags):
+            rows = [_values(tag_list, self.salts, self.row_shape, self.shape) for tag_list in tag_lists]
+            return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        index = self.index
+        positions = [[index[tag] for tag in tag_list] + [0] * (longest - len(tag_list)) for tag_list in tag_lists]
+        found = self.rows[torch.tensor(positions, dtype=torch.int64, device=self.rows.device)]
+        valid = torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+        mask = valid.to(self.rows.device).reshape(len(tag_lists), longest, *(1,) * (found.dim() - 2))
+        return torch.where(mask, found, 0)
+
+    def _hold(self, tags: Sequence[int]) -> bool:
+        """Generate the rows of those ``tags`` the table lacks; False (the table unchanged) when they are more
+        than it can hold."""
         index = self.index
         missing = [tag for tag in dict.fromkeys(tags) if tag not in index]
         if len(missing) > self.CAPACITY:
-            return _values(tags, self.salts, self.row_shape, self.shape)
+            return False
         if missing:
             if len(index) + len(missing) > self.CAPACITY:
                 index.clear()
@@ -148,23 +172,34 @@ class _RowTable:
                 self.rows = grown
             self.rows[start:needed] = _values(missing, self.salts, self.row_shape, self.shape)
             index.update(zip(missing, range(start, needed)))
-        return self.rows[torch.tensor([index[tag] for tag in tags], dtype=torch.int64, device=self.rows.device)]
+        return True
 
 
 _TABLES: dict[tuple[ModelShape, tuple[int, ...]], _RowTable] = {}  # (shape, salts) -> the rows generated so far
 
 
-def _rows(tags: Sequence[int], salts: tuple[int, ...], row_shape: tuple[int, ...], shape: ModelShape) -> torch.Tensor:
+def _table(salts: tuple[int, ...], row_shape: tuple[int, ...], shape: ModelShape) -> _RowTable:
     table = _TABLES.get((shape, salts))
     if table is None:
         table = _TABLES[(shape, salts)] = _RowTable(salts, row_shape, shape)
-    return table.lookup(tags)
+    return table
+
+
+def _rows(tags: Sequence[int], salts: tuple[int, ...], row_shape: tuple[int, ...], shape: ModelShape) -> torch.Tensor:
+    return _table(salts, row_shape, shape).lookup(tags)
 
 
 def kv_for_tags(tags: Sequence[int], shape: ModelShape) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the positions with these tags, each ``[len(tags), layers, kv_heads, head_dim]``."""
     both = _rows(tags, (_SALT_K, _SALT_V), shape.kv_row_shape, shape)
     return both[:, 0], both[:, 1]
+
+
+def padded_kv_for_tags(tag_lists: Sequence[Sequence[int]], shape: ModelShape) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of several lists of tagged positions, each ``[len(tag_lists), longest, layers, kv_heads, head_dim]``,
+    zero past each list's end (what ``pad_sequence`` makes of each list's :func:`kv_for_tags`, bit for bit)."""
+    both = _table((_SALT_K, _SALT_V), shape.kv_row_shape, shape).padded(tag_lists)
+    return both[:, :, 0].contiguous(), both[:, :, 1].contiguous()
 
 
 def queries_for_tags(tags: Sequence[int], shape: ModelShape) -> torch.Tensor:

@@ -1,7 +1,9 @@
-"""The naive contiguous reference: one plain K and one plain V tensor per sequence, never paged, never shared.
+"""The naive contiguous reference: each sequence's K and V as plain tensors, never paged, never shared.
 
 It is the oracle the paged pools are checked against. Its tensors always hold the K/V of every token the sequence
-has, in order: ``keys(seq)[p]`` is the K of (namespace, tokens[0..p]).
+has, in order: ``keys(seq)[p]`` is the K of (namespace, tokens[0..p]). They are made from the sequence's tags when
+asked for (by attention, once per step, for the whole batch), not kept: a position's K/V is a function of its tag
+alone, so the tags are the whole of a sequence's contiguous state.
 """
 
 from __future__ import annotations
@@ -10,22 +12,27 @@ from typing import Iterable, Optional, Sequence
 
 import attrs
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from kvfuzz.allocator.types import Namespace, SeqId
 from kvfuzz.reference.attention import attend
-from kvfuzz.reference.content import ModelShape, extend_tag, kv_for_tags, namespace_tag, prefix_tags, queries_for_tags
+from kvfuzz.reference.content import (
+    ModelShape,
+    extend_tag,
+    kv_for_tags,
+    namespace_tag,
+    padded_kv_for_tags,
+    prefix_tags,
+    queries_for_tags,
+)
 
 
 @attrs.define
 class _Contiguous:
-    """One sequence: its namespace, tokens, per-position tags and contiguous K/V ``[n, L, Hkv, D]``."""
+    """One sequence: its namespace, tokens and per-position tags (``tags[p]`` is the tag of ``tokens[: p + 1]``)."""
 
     namespace: Namespace
     tokens: list[int]
     tags: list[int]
-    keys: torch.Tensor
-    values: torch.Tensor
 
 
 class ContiguousReference:
@@ -39,9 +46,7 @@ class ContiguousReference:
         return seq in self._seqs
 
     def add(self, seq: SeqId, namespace: Namespace, tokens: Sequence[int]) -> None:
-        tags = prefix_tags(namespace, tokens)
-        keys, values = kv_for_tags(tags, self.shape)
-        self._seqs[seq] = _Contiguous(namespace, list(tokens), tags, keys, values)
+        self._seqs[seq] = _Contiguous(namespace, list(tokens), prefix_tags(namespace, tokens))
 
     def extend(self, seq: SeqId, tokens: Iterable[int]) -> list[int]:
         """Append tokens; returns their tags."""
@@ -52,22 +57,16 @@ class ContiguousReference:
             tag = extend_tag(tag, token)
             new_tags.append(tag)
             state.tokens.append(token)
-        keys, values = kv_for_tags(new_tags, self.shape)
         state.tags.extend(new_tags)
-        state.keys = torch.cat([state.keys, keys])
-        state.values = torch.cat([state.values, values])
         return new_tags
 
     def fork(self, parent: SeqId, child: SeqId) -> None:
         source = self._seqs[parent]
-        self._seqs[child] = _Contiguous(
-            source.namespace, list(source.tokens), list(source.tags), source.keys, source.values
-        )
+        self._seqs[child] = _Contiguous(source.namespace, list(source.tokens), list(source.tags))
 
     def truncate(self, seq: SeqId, length: int) -> None:
         state = self._seqs[seq]
         del state.tokens[length:], state.tags[length:]
-        state.keys, state.values = state.keys[:length], state.values[:length]
 
     def remove(self, seq: SeqId) -> None:
         del self._seqs[seq]
@@ -82,10 +81,10 @@ class ContiguousReference:
         return self._seqs[seq].tags
 
     def keys(self, seq: SeqId) -> torch.Tensor:
-        return self._seqs[seq].keys
+        return kv_for_tags(self._seqs[seq].tags, self.shape)[0]
 
     def values(self, seq: SeqId) -> torch.Tensor:
-        return self._seqs[seq].values
+        return kv_for_tags(self._seqs[seq].tags, self.shape)[1]
 
     def queries(self, seqs: Sequence[SeqId]) -> torch.Tensor:
         """The query of each sequence's last token, ``[S, L, Hq, D]``."""
@@ -95,10 +94,16 @@ class ContiguousReference:
         self, seqs: Sequence[SeqId], queries: torch.Tensor, starts: Optional[Sequence[int]] = None
     ) -> torch.Tensor:
         """Attention of ``queries`` over each sequence's contiguous K/V from ``starts`` (a sliding window) on,
-        padded with zeros to the longest (one ``pad_sequence`` call, not a copy per sequence)."""
-        starts = starts or [0] * len(seqs)
-        lengths = [len(self._seqs[seq].tags) - start for seq, start in zip(seqs, starts)]
-        states = [self._seqs[seq] for seq in seqs]
-        keys = pad_sequence([state.keys[start:] for state, start in zip(states, starts)], batch_first=True)
-        values = pad_sequence([state.values[start:] for state, start in zip(states, starts)], batch_first=True)
+        padded with zeros to the longest (:meth:`windows`)."""
+        keys, values, lengths = self.windows(seqs, starts)
         return attend(queries, keys, values, torch.tensor(lengths))
+
+    def windows(
+        self, seqs: Sequence[SeqId], starts: Optional[Sequence[int]] = None
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Each sequence's K and V from ``starts`` on, ``[S, N, L, Hkv, D]`` padded with zeros to the longest window
+        (made from their tags in one batch), and each window's length."""
+        starts = starts or [0] * len(seqs)
+        windows = [self._seqs[seq].tags[start:] for seq, start in zip(seqs, starts)]
+        keys, values = padded_kv_for_tags(windows, self.shape)
+        return keys, values, [len(window) for window in windows]

@@ -103,11 +103,14 @@ class ProcessDied(Exception):
 
 
 def reproduces_recorded(trace: Trace, failure: Optional[BaseException]) -> bool:
-    """``failure`` is the trace's recorded failure: the same invariant, or the same kind of crash or hang."""
+    """``failure`` is the trace's recorded failure: the same invariant for the same cause (where the trace recorded
+    one), or the same kind of crash or hang."""
     if failure is None:
         return False
     if isinstance(failure, InvariantViolation):
-        return failure.invariant.number == trace.failure.get("invariant")
+        cause = trace.failure.get("cause")
+        same_cause = cause is None or failure.cause.words == cause
+        return failure.invariant.number == trace.failure.get("invariant") and same_cause
     title = str(trace.failure.get("title"))
     if isinstance(failure, ProcessDied):
         return title.startswith(PROCESS_DIED)

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 FORMAT = "kvfuzz-trace/1"
+SCHEDULER_FORMAT = "kvfuzz-scheduler-trace/1"
+"""A scheduler target's trace (:mod:`kvfuzz.scheduler.trace`, whose ``FORMAT`` it is): its own kind of file."""
 MAX_FILE_BYTES = 16 * 2**20
 """The largest trace file read: the biggest shrunk programs are a few hundred calls, a few hundred KiB."""
 
@@ -51,11 +53,18 @@ TRACE_MARKERS = tuple(
 )
 """``kvfuzz-trace`` as bytes in each encoding :func:`text_encoding` recognises."""
 
+SCHEDULER_TRACE_MARKERS = tuple(
+    SCHEDULER_FORMAT.split("/")[0].encode(codec)
+    for codec in ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
+)
+"""``kvfuzz-scheduler-trace`` likewise."""
+
 
 def json_file_kind(path: Path) -> Optional[str]:
     """What the pytest plugin makes of a file, from its bytes (the first 16 MiB): None unless it is a regular
     ``.json`` file; ``"trace"`` if its bytes hold ``kvfuzz-trace`` in UTF-8, UTF-16 or UTF-32, wherever it stands
-    (formatting and key order do not matter); ``"undecodable"`` if the bytes are no text :func:`text_encoding`
+    (formatting and key order do not matter), or ``"scheduler-trace"`` if they hold ``kvfuzz-scheduler-trace`` (a
+    scheduler target's trace, looked for first); ``"undecodable"`` if the bytes are no text :func:`text_encoding`
     recognises; ``"other"`` for any other JSON file (a workload, a ``package.json``)."""
     if path.suffix != ".json":
         return None
@@ -66,11 +75,14 @@ def json_file_kind(path: Path) -> Optional[str]:
             raw = handle.read(MAX_FILE_BYTES)
     except OSError:
         return None
+    if any(marker in raw for marker in SCHEDULER_TRACE_MARKERS):
+        return "scheduler-trace"
     if any(marker in raw for marker in TRACE_MARKERS):
         return "trace"
     return "undecodable" if text_encoding(raw) is None else "other"
 
 
 def is_trace_file(path: Path) -> bool:
-    """Whether ``path`` is a ``.json`` file whose bytes name the trace format (see :func:`json_file_kind`)."""
+    """Whether ``path`` is a ``.json`` file whose bytes name the allocator trace format (see
+    :func:`json_file_kind`)."""
     return json_file_kind(path) == "trace"

@@ -25,6 +25,9 @@ also hold ``"kernel"``, the attention kernel invariant 2 ran (``flex``, ``alloca
 A trace written by ``kvfuzz campaign`` also holds ``"swarm"``: the program length and the operations of the
 configuration its search drew (``{"program_length": 40, "operations": ["admit", "step", ...]}``); the geometry it
 drew is the trace's ``config``, so replay and export run exactly that pool. Traces without it load as before.
+A broken invariant's ``failure`` also holds ``"cause"`` where its check named one (``"a cache hit covering the whole
+prompt"``): a replay reproduces the failure only if it breaks the same invariant for the same cause. Traces without
+it (written before checks named causes) reproduce on the same invariant, as before.
 
 A trace may come from anywhere, so :func:`load` trusts nothing in it: it reads UTF-8 JSON files of at most 16 MiB,
 refuses unknown fields, wrong JSON types, rules that are not operations, arguments that are not exactly the
@@ -121,12 +124,13 @@ class Trace:
 
 
 def failure_record(violation: InvariantViolation) -> dict[str, Any]:
-    return {
+    record = {
         "invariant": violation.invariant.number,
         "title": violation.invariant.title,
         "operation": violation.operation,
         "explanation": violation.explain(),
     }
+    return {**record, "cause": violation.cause.words} if violation.cause.words else record
 
 
 def save(trace: Trace, directory: Path) -> tuple[Path, bool]:
@@ -210,7 +214,7 @@ _TOP_FIELDS = {"format": True, "kvfuzz_version": False, "allocator": True, "conf
 _TOP_FIELDS.update({"failure": True, "known_bug": False, "flaky": False, "swarm": False})  # field -> required
 _CONFIG_FIELDS = {name: True for name in GEOMETRY_LIMITS}
 _CONFIG_FIELDS.update({"inflight_window": False, "dtype": True, "device": True, "kernel": False})
-_FAILURE_FIELDS = {"invariant": True, "title": True, "operation": False, "explanation": False}
+_FAILURE_FIELDS = {"invariant": True, "title": True, "operation": False, "explanation": False, "cause": False}
 
 
 class TraceUnavailable(TraceError):
@@ -545,4 +549,5 @@ def _failure(value: Any) -> dict[str, Any]:
     _string("failure.title", failure["title"], MAX_NAME)
     _string("failure.operation", failure.get("operation"), MAX_TEXT, optional=True)
     _string("failure.explanation", failure.get("explanation", ""), MAX_TEXT)
+    _string("failure.cause", failure.get("cause"), MAX_TEXT, optional=True)
     return failure

@@ -31,7 +31,6 @@ _ALLOCATOR_ONLY = (
     ("dtype", "float32", "--dtype"),
     ("device", "cpu", "--device"),
     ("call_timeout", defaults.CALL_TIMEOUT, "--call-timeout"),
-    ("corpus", defaults.CORPUS, "--corpus"),
 )
 """(attribute, its default, flag) of ``kvfuzz run``'s options that a scheduler target does not take (yet)."""
 
@@ -115,6 +114,9 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
     if problem is not None:
         print(f"kvfuzz: {problem}", file=sys.stderr)
         return 2
+    from pathlib import Path
+
+    from kvfuzz.scheduler.recorder import FailureRecorder
     from kvfuzz.scheduler.search import search
 
     if not args.json:
@@ -124,9 +126,30 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
             f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, derandomized",
             flush=True,
         )
-    outcome = search(setup, examples=args.examples, steps=args.steps, shrink=not args.no_shrink)
+    recorder = FailureRecorder(args.scheduler, Path(args.corpus))
+    outcome = search(setup, examples=args.examples, steps=args.steps, shrink=not args.no_shrink, witness=recorder)
+    if not args.json:
+        print("\n".join(outcome.describe()), flush=True)
+    saved = recorder.finish(outcome.failure, shrunk=not args.no_shrink)
     if args.json:
-        emit_json({"scheduler": args.scheduler, "configure_seconds": round(configured, 3), **outcome.to_json()})
-    else:
-        print("\n".join(outcome.describe()))
+        unsaved = saved is not None and saved.error is not None
+        if saved is not None and saved.error is not None:
+            print(f"kvfuzz: trace NOT saved: cannot write {saved.path} ({saved.error})", file=sys.stderr)
+        fields = {
+            "trace": str(saved.path) if saved is not None and not unsaved else None,
+            "trace_error": saved.error if saved is not None else None,
+            "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
+        }
+        emit_json(
+            {"scheduler": args.scheduler, "configure_seconds": round(configured, 3), **outcome.to_json(), **fields}
+        )
+    elif saved is not None:
+        print(f"\n{saved.report()}")
+    first = recorder.first
+    if saved is not None and first is not None and first is not saved and first.path.exists():
+        print(
+            f"kvfuzz: the failure found first ({first.trace.failure.check}) is not the one reported; its unshrunk "
+            f"trace is kept: {first.path}",
+            file=sys.stderr,
+        )
     return 1 if outcome.failure is not None else 0

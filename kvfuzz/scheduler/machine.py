@@ -17,6 +17,10 @@ from kvfuzz.scheduler.worker import Worker
 
 T = TypeVar("T")
 
+Witness = Callable[[Session, BaseException], None]
+"""Told of every example that fails, with its session (whose ``program`` holds the operations) and the failure:
+the first one Hypothesis finds, its shrinking attempts, and the shrunk example it replays last."""
+
 SHARED = tuple((index * 5 + index // 3) % VOCABULARY for index in range(256))
 """The token stream every shared prefix is a start of: prompts that pick the same prefix share its blocks."""
 
@@ -38,10 +42,13 @@ def prefix_lengths(setup: SchedulerSetup) -> tuple[int, ...]:
 
 
 def machine_for_setup(
-    setup: SchedulerSetup, worker: WorkerFactory = Worker, tally: Optional[Tally] = None
+    setup: SchedulerSetup,
+    worker: WorkerFactory = Worker,
+    tally: Optional[Tally] = None,
+    witness: Optional[Witness] = None,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class driving fresh ``Scheduler`` instances of ``setup`` with ``worker``, counting into
-    ``tally``."""
+    ``tally`` and telling ``witness`` of each failing example."""
     prefixes = prefix_lengths(setup)
     longest = setup.max_model_len
 
@@ -57,9 +64,14 @@ def machine_for_setup(
             """``action()``, noting a failure so that the teardown leaves the broken example alone."""
             try:
                 return action()
-            except BaseException:
+            except BaseException as error:
                 self.failed = True
+                self._witness(error)
                 raise
+
+        def _witness(self, error: BaseException) -> None:
+            if witness is not None and isinstance(error, Exception):  # not a KeyboardInterrupt
+                witness(self.session, error)
 
         @rule(
             target=requests,
@@ -84,6 +96,9 @@ def machine_for_setup(
             try:
                 if not self.failed:
                     self.session.drain()
+            except BaseException as error:
+                self._witness(error)
+                raise
             finally:
                 if tally is not None:
                     tally.examples += 1

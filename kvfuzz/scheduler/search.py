@@ -11,7 +11,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvfuzz.profiles import run_settings
 from kvfuzz.scheduler.config import SchedulerSetup
-from kvfuzz.scheduler.machine import Tally, machine_for_setup
+from kvfuzz.scheduler.machine import Tally, Witness, machine_for_setup
 from kvfuzz.scheduler.session import WorkerFactory
 from kvfuzz.scheduler.violations import SchedulerViolation
 from kvfuzz.scheduler.worker import Worker
@@ -75,12 +75,18 @@ class Outcome:
 
 
 def search(
-    setup: SchedulerSetup, examples: int, steps: int, shrink: bool = True, worker: WorkerFactory = Worker
+    setup: SchedulerSetup,
+    examples: int,
+    steps: int,
+    shrink: bool = True,
+    worker: WorkerFactory = Worker,
+    witness: Optional[Witness] = None,
 ) -> Outcome:
     """Run the machine for ``examples`` examples of up to ``steps`` operations; a failure (a
-    :class:`SchedulerViolation`, or any exception vLLM raises) is shrunk, unless ``shrink`` is off, and returned."""
+    :class:`SchedulerViolation`, or any exception vLLM raises) is shrunk, unless ``shrink`` is off, and returned.
+    ``witness`` is told of every failing example (the first found, shrinking's, and the shrunk one last)."""
     tally = Tally()
-    machine = machine_for_setup(setup, worker, tally)
+    machine = machine_for_setup(setup, worker, tally, witness)
 
     profile = run_settings(examples, steps, shrink=shrink)
     failure: Optional[Exception] = None

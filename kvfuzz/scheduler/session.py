@@ -12,6 +12,7 @@ from typing import Callable
 from kvfuzz.scheduler.accounting import check_accounting
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.outputs import OutputLedger
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm
 from kvfuzz.scheduler.worker import Worker
@@ -38,10 +39,12 @@ class Session:
         self.lengths: dict[str, int] = {}  # request -> prompt length + max_tokens
         self.preemptions = 0  # requests the scheduler preempted
         self.hit_tokens = 0  # tokens new and resumed requests found computed (prefix-cache hits)
+        self.program: list[Operation] = []  # the client's operations so far, each recorded before it runs
 
     def add(self, prompt: list[int], max_tokens: int) -> str:
         """Add a request (ids ``r0``, ``r1``, ... in arrival order); returns its id."""
         request = f"r{len(self.lengths)}"
+        self.program.append(AddRequest(prompt, max_tokens))
         self.scheduler.add_request(new_request(request, prompt, max_tokens, self.setup.block_size))
         self.outputs.added(request, len(prompt), max_tokens)
         self.lengths[request] = len(prompt) + max_tokens
@@ -49,11 +52,17 @@ class Session:
 
     def abort(self, request: str) -> None:
         """Abort a request, as a client disconnecting does (a finished one is left alone, as vLLM leaves it)."""
+        self.program.append(Abort(request))
         self.scheduler.finish_requests(request, vllm().RequestStatus.FINISHED_ABORTED)
         self.outputs.aborted(request)
 
     def step(self) -> int:
-        """One engine step, every check run; returns the tokens it scheduled."""
+        """One engine step the client asked for, every check run; returns the tokens it scheduled."""
+        self.program.append(Step())
+        return self._step()
+
+    def _step(self) -> int:
+        """One engine step (the client's, or the drain's), every check run; returns the tokens it scheduled."""
         output = self.scheduler.schedule()
         self.steps += 1
         self.preemptions += len(output.preempted_req_ids or ())
@@ -84,7 +93,7 @@ class Session:
         for _ in range(bound):
             if not self.outputs.unfinished():
                 break
-            if self.step() == 0:
+            if self._step() == 0:
                 stuck = self.outputs.unfinished()
                 raise SchedulerViolation(
                     Check.PROGRESS,
@@ -102,7 +111,7 @@ class Session:
                 f"{self._describe(unfinished)}",
             )
         if self.scheduler.has_requests():
-            self.step()
+            self._step()
 
     def _describe(self, requests: list[str]) -> str:
         """Each request's status in the scheduler, its computed tokens and its output so far."""

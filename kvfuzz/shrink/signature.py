@@ -1,9 +1,18 @@
 """Failure signatures: what makes two failures of a campaign the same finding.
 
-A signature is the allocator, the failure (the broken invariant, or a crash with its exception type, or a hang),
-the operation of the table whose call failed, and for a crash the allocator's frame that raised (module and
-function, never a line number, which moves with every edit). A new signature is shrunk and saved once; a known one
-is only counted.
+A signature is the allocator, the failure (the broken invariant, or a crash with its exception type, or a hang) and
+what is known of its cause:
+
+* a broken invariant: the cause its check named (:class:`~kvfuzz.engine.violations.Cause`, "a cache hit covering
+  the whole prompt", "a refcount one too high after preempt released the block"), and the failing operation only
+  where the cause says the operation is part of it, or where the check named no cause. Two bugs that break one
+  invariant in one operation for different reasons are two findings; one bug met through several operations is one;
+* a crash: the failing operation and the allocator's frame that raised (module and function, never a line number,
+  which moves with every edit);
+* a hang: the operation that hung.
+
+A new signature is shrunk and saved once; a known one is only counted. Shrinking keeps the signature, so the
+findings of a campaign are its shrunk programs grouped by the cause they end in.
 
 The teardown first frees every sequence still alive, then checks quiescence: a failure while it frees one is a
 failure of ``free``, as if the program had ended with that call (the same bug, whether the program freed the
@@ -57,21 +66,28 @@ _OPERATION_NAMES = frozenset(operation.name for operation in OPERATIONS)
 
 @attrs.frozen
 class Signature:
-    """One distinct failure of one allocator: equal signatures are the same finding."""
+    """One distinct failure of one allocator: equal signatures are the same finding. Invariant: ``operation`` is
+    None exactly where a broken invariant's named cause makes the finding whatever operation met it, and ``cause``
+    is None for crashes, hangs and violations whose check named no cause."""
 
     allocator: str  # the allocator's spec
     failure: str  # "invariant 5 (exclusive writes)", "crash (KeyError)", "hang", "crash (the process died)"
-    operation: str  # the failing call's operation, or TEARDOWN
+    operation: Optional[str]  # the failing call's operation, or TEARDOWN; None where the cause is the finding
     frame: Optional[str] = None  # crashes: "module.function" of the allocator's innermost frame
+    cause: Optional[str] = None  # broken invariants: the cause the check named, in words
 
     def key(self) -> str:
         """A stable string for stores and files: the fields joined, hashed to a short digest."""
-        text = "\x1f".join([self.allocator, self.failure, self.operation, self.frame or ""])
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        fields = [self.allocator, self.failure, self.operation or "", self.frame or ""]
+        if self.cause is not None:
+            fields.append(self.cause)  # without one, the key is the one a signature had before causes
+        return hashlib.sha256("\x1f".join(fields).encode()).hexdigest()[:16]
 
     def __str__(self) -> str:
+        cause = f": {self.cause}" if self.cause else ""
+        operation = f" in {self.operation}" if self.operation else ""
         frame = f" at {self.frame}" if self.frame else ""
-        return f"{self.failure} in {self.operation}{frame}"
+        return f"{self.failure}{cause}{operation}{frame}"
 
     def to_json(self) -> dict[str, Optional[str]]:
         return attrs.asdict(self)
@@ -80,12 +96,22 @@ class Signature:
 def signature_of(allocator: str, failure: BaseException, calls: Sequence[Call], failed_at: Optional[int]) -> Signature:
     """The signature of ``failure``, raised by call ``failed_at`` of ``calls`` (``len(calls)``: the teardown; None:
     the last call)."""
-    index = len(calls) - 1 if failed_at is None else failed_at
-    operation = calls[index].rule if 0 <= index < len(calls) else _teardown_operation(failure)
+    kind = str(failure_kind(failure))
+    if isinstance(failure, InvariantViolation) and failure.cause.words:
+        cause = failure.cause
+        operation = _operation(failure, calls, failed_at) if cause.by_operation else None
+        return Signature(allocator, kind, operation, cause=cause.words)
     frame = None
     if not isinstance(failure, (InvariantViolation, AllocatorHang)):
         frame = allocator_frame(getattr(failure, "original", failure))
-    return Signature(allocator, str(failure_kind(failure)), operation, frame)
+    return Signature(allocator, kind, _operation(failure, calls, failed_at), frame)
+
+
+def _operation(failure: BaseException, calls: Sequence[Call], failed_at: Optional[int]) -> str:
+    """The operation of the call ``failed_at`` of ``calls`` that raised ``failure`` (the last call for None; for
+    ``len(calls)``, the teardown's)."""
+    index = len(calls) - 1 if failed_at is None else failed_at
+    return calls[index].rule if 0 <= index < len(calls) else _teardown_operation(failure)
 
 
 def _teardown_operation(failure: BaseException) -> str:

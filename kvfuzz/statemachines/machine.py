@@ -41,7 +41,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         (Hypothesis asks every rule's precondition before each draw)."""
         calls = len(self.execution.calls)
         if self._snapshot[0] != calls:
-            self._snapshot = (calls, Snapshot(self.execution.engine.expected))
+            self._snapshot = (calls, self._snapshot[1].renewed())
         return self._snapshot[1]
 
     def teardown(self) -> None:

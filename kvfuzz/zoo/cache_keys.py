@@ -44,5 +44,7 @@ class CollidingBlockKey(PagedAllocator):
         return hashes
 
 
-VARIANTS: tuple[Variant, ...] = (Variant(CollidingBlockKey, "1 colliding cache key", Invariant.CACHE_SOUNDNESS),)
+VARIANTS: tuple[Variant, ...] = (
+    Variant(CollidingBlockKey, "1 colliding cache key", Invariant.CACHE_SOUNDNESS, cause="expect different K/V in it"),
+)
 """This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

@@ -129,12 +129,34 @@ class AbortKeepsScheduledHash(MatchableAtAllocation):
 
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant(PreemptUnsupported, "engine without preemption, undeclared", Invariant.MISUSE),
-    Variant(OneBlockPerGrow, "decode-only grow, undeclared", Invariant.REFCOUNTS),
-    Variant(FullPromptHit, "9 hit covers the whole prompt", Invariant.CACHE_SOUNDNESS),
-    Variant(EvictsOnRefusal, "6 refusal that evicts, undeclared", Invariant.ATOMIC_REFUSAL),
-    Variant(RefusalEvictsReferenced, "6 refusal that evicts a referenced block", Invariant.ATOMIC_REFUSAL),
-    Variant(ScheduledHitUnshared, "5 scheduled hit without same-round sharing", Invariant.EXCLUSIVE_WRITES),
-    Variant(AbortKeepsScheduledHash, "5 withdrawn writes stay matchable", Invariant.CACHE_SOUNDNESS),
+    Variant(
+        PreemptUnsupported, "engine without preemption, undeclared", Invariant.MISUSE, cause="refused with Unsupported"
+    ),
+    Variant(OneBlockPerGrow, "decode-only grow, undeclared", Invariant.REFCOUNTS, cause="block(s) for"),
+    Variant(
+        FullPromptHit,
+        "9 hit covers the whole prompt",
+        Invariant.CACHE_SOUNDNESS,
+        cause="reports a cache hit of its whole prompt",
+    ),
+    Variant(
+        EvictsOnRefusal,
+        "6 refusal that evicts, undeclared",
+        Invariant.ATOMIC_REFUSAL,
+        cause="refused with OutOfBlocks, but the pool changed",
+    ),
+    Variant(
+        RefusalEvictsReferenced,
+        "6 refusal that evicts a referenced block",
+        Invariant.ATOMIC_REFUSAL,
+        cause="refused with OutOfBlocks, but the pool changed",
+    ),
+    Variant(
+        ScheduledHitUnshared,
+        "5 scheduled hit without same-round sharing",
+        Invariant.EXCLUSIVE_WRITES,
+        cause="while it is shared",
+    ),
+    Variant(AbortKeepsScheduledHash, "5 withdrawn writes stay matchable", Invariant.CACHE_SOUNDNESS, cause="withdraws"),
 )
 """This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

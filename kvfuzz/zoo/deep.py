@@ -157,27 +157,50 @@ VARIANTS: tuple[Variant, ...] = (
         Invariant.CACHE_SOUNDNESS,
         deep=True,
     ),
-    Variant(SwapInTakesPendingBlocks, "3 swap-in takes pending blocks", Invariant.NON_REUSE_WINDOW, deep=True),
+    Variant(
+        SwapInTakesPendingBlocks,
+        "3 swap-in takes pending blocks",
+        Invariant.NON_REUSE_WINDOW,
+        deep=True,
+        cause="for writing before its in-flight window closed",
+    ),
     Variant(
         CachedTailWrittenInPlace,
         "8 rollback leaves a cached block writable",
         Invariant.CACHE_SOUNDNESS,
         deep=True,
+        cause="the block was written in place past what its cache entry covered",
     ),
     Variant(
         SwapInRefusalReleasesHost,
         "6 refused swap-in frees its host blocks",
         Invariant.ATOMIC_REFUSAL,
         deep=True,
+        cause="refused with OutOfBlocks, but the pool changed",
     ),
-    Variant(AbortWhileSwappedLeaksHost, "2 host blocks leaked on abort", Invariant.FREE_SET, deep=True),
-    Variant(WholePoolPromptRefused, "6 whole-pool prompt refused", Invariant.NO_FALSE_REFUSAL, deep=True),
-    Variant(TrustsShortBlockHash, "1 short hash trusted", Invariant.CACHE_SOUNDNESS, deep=True),
+    Variant(
+        AbortWhileSwappedLeaksHost,
+        "2 host blocks leaked on abort",
+        Invariant.FREE_SET,
+        deep=True,
+        cause="of a swapped-out sequence leaked it",
+    ),
+    Variant(
+        WholePoolPromptRefused,
+        "6 whole-pool prompt refused",
+        Invariant.NO_FALSE_REFUSAL,
+        deep=True,
+        cause="refused for lack of blocks while the device pool could serve it",
+    ),
+    Variant(
+        TrustsShortBlockHash, "1 short hash trusted", Invariant.CACHE_SOUNDNESS, deep=True, cause="a hash collision"
+    ),
     Variant(
         RollbackKeepsPendingRegistration,
         "5 rollback keeps a pending registration",
         Invariant.CACHE_SOUNDNESS,
         deep=True,
+        cause="but nothing has been written there",
     ),
 )
 """This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

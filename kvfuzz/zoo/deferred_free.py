@@ -39,6 +39,8 @@ class StaleDeferredFree(PagedAllocator):
 
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant(StaleDeferredFree, "3 stale deferred free", Invariant.FREE_SET, inflight_window=2),
+    Variant(
+        StaleDeferredFree, "3 stale deferred free", Invariant.FREE_SET, inflight_window=2, cause="yet listed as cached"
+    ),
 )
 """This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

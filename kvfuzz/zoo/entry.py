@@ -18,10 +18,10 @@ ZooAllocator = Union[PagedAllocator, HybridAllocator]
 @attrs.frozen
 class Variant:
     """One broken allocator: its class, the bug class (docs/invariants.md) it belongs to, the invariant that must
-    catch it, the in-flight window it declares and, for sliding-window slips, its window in tokens; for look-ahead
-    slips, its look-ahead blocks. A deep variant (:mod:`kvfuzz.zoo.deep`) is one the default ``kvfuzz run`` misses
-    in most seeds: its trigger needs pool pressure, a long program, a rollback or swap at a particular moment, or a
-    tiny pool."""
+    catch it and the phrase of its explanation that names the slip, the in-flight window it declares and, for
+    sliding-window slips, its window in tokens; for look-ahead slips, its look-ahead blocks. A deep variant
+    (:mod:`kvfuzz.zoo.deep`) is one the default ``kvfuzz run`` misses in most seeds: its trigger needs pool pressure,
+    a long program, a rollback or swap at a particular moment, or a tiny pool."""
 
     allocator: type[ZooAllocator]
     bug_class: str
@@ -30,6 +30,10 @@ class Variant:
     sliding_window: Optional[int] = None
     deep: bool = False  # reached by campaigns (swarmed pools, long programs), rarely by a default run
     lookahead_blocks: int = 0  # the look-ahead it allocates and declares (look-ahead slips)
+    # A phrase its failure's explanation must contain, naming the slip it seeds: the cause a person reads
+    # (tests/test_zoo.py checks it against the bug that is really there). None: its explanation does not name the slip
+    # yet (the test lists what it says instead).
+    cause: Optional[str] = None
 
     @property
     def name(self) -> str:

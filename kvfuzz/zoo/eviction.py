@@ -111,9 +111,29 @@ class CachesPromptBlocksOnly(PagedAllocator):
 
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant(EvictsOneSubtree, "rounding eviction stops short", Invariant.FREE_SET),
-    Variant(EvictBlocksKeepsEntry, "targeted eviction keeps the cache entry", Invariant.CACHE_SOUNDNESS),
-    Variant(EvictsMostRecentFirst, "most recently used evicted first", Invariant.EVICTION_ORDER),
-    Variant(CachesPromptBlocksOnly, "generated blocks never cached", Invariant.COMPLETE_CACHING),
+    Variant(
+        EvictsOneSubtree,
+        "rounding eviction stops short",
+        Invariant.FREE_SET,
+        cause="evict_rounds_up drops whole cached subtrees",
+    ),
+    Variant(
+        EvictBlocksKeepsEntry,
+        "targeted eviction keeps the cache entry",
+        Invariant.CACHE_SOUNDNESS,
+        cause="which an eviction dropped from the cache",
+    ),
+    Variant(
+        EvictsMostRecentFirst,
+        "most recently used evicted first",
+        Invariant.EVICTION_ORDER,
+        cause="which was released earlier",
+    ),
+    Variant(
+        CachesPromptBlocksOnly,
+        "generated blocks never cached",
+        Invariant.COMPLETE_CACHING,
+        cause="its prefix was never registered",
+    ),
 )
 """This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

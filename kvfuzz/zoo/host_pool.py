@@ -38,7 +38,17 @@ class OpaqueHostLeakOnFreeSwapped(HostLeakOnFreeSwapped):
 
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant(HostLeakOnFreeSwapped, "2 host blocks leaked on cancel", Invariant.FREE_SET),
-    Variant(OpaqueHostLeakOnFreeSwapped, "2 host blocks leaked on cancel", Invariant.QUIESCENCE),
+    Variant(
+        HostLeakOnFreeSwapped,
+        "2 host blocks leaked on cancel",
+        Invariant.FREE_SET,
+        cause="of a swapped-out sequence leaked it",
+    ),
+    Variant(
+        OpaqueHostLeakOnFreeSwapped,
+        "2 host blocks leaked on cancel",
+        Invariant.QUIESCENCE,
+        cause="some host blocks leaked",
+    ),
 )
 """This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

@@ -84,10 +84,32 @@ class HitInPoolBlocks(_SlidingGroupAtTwiceTheBlockSize):
 
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant(HybridHitFromFullGroup, "9 hybrid hit taken from the full group alone", Invariant.CACHE_SOUNDNESS),
-    Variant(BlockInBothGroups, "11 one block in two KV-cache groups", Invariant.REFCOUNTS),
-    Variant(HitGroupsSwapped, "11 a hit's blocks given to the wrong KV-cache group", Invariant.CACHE_SOUNDNESS),
-    Variant(WindowInPoolBlocks, "11 a group's window found at the pool's block size", Invariant.CONTENT),
-    Variant(HitInPoolBlocks, "11 a hit ending inside a larger group's block", Invariant.CACHE_SOUNDNESS),
+    Variant(
+        HybridHitFromFullGroup,
+        "9 hybrid hit taken from the full group alone",
+        Invariant.CACHE_SOUNDNESS,
+        cause="which an eviction dropped from the cache",
+    ),
+    Variant(
+        BlockInBothGroups, "11 one block in two KV-cache groups", Invariant.REFCOUNTS, cause="KV-cache groups at once"
+    ),
+    Variant(
+        HitGroupsSwapped,
+        "11 a hit's blocks given to the wrong KV-cache group",
+        Invariant.CACHE_SOUNDNESS,
+        cause="differ only in their KV-cache group",
+    ),
+    Variant(
+        WindowInPoolBlocks,
+        "11 a group's window found at the pool's block size",
+        Invariant.CONTENT,
+        cause="which attention still reads",
+    ),
+    Variant(
+        HitInPoolBlocks,
+        "11 a hit ending inside a larger group's block",
+        Invariant.CACHE_SOUNDNESS,
+        cause="which an eviction dropped from the cache",
+    ),
 )
 """This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

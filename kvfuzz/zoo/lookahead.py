@@ -86,19 +86,28 @@ VARIANTS: tuple[Variant, ...] = (
         "8 look-ahead block shared with a fork sibling",
         Invariant.EXCLUSIVE_WRITES,
         lookahead_blocks=1,
+        cause="look-ahead block",
     ),
     Variant(
         LookaheadKeepsCachedBlock,
         "8 rollback keeps cached content as look-ahead",
         Invariant.CACHE_SOUNDNESS,
         lookahead_blocks=2,
+        cause="released as a look-ahead block, is listed as cached",
     ),
-    Variant(LookaheadLeakOnFree, "2 look-ahead leaked on free", Invariant.REFCOUNTS, lookahead_blocks=1),
+    Variant(
+        LookaheadLeakOnFree,
+        "2 look-ahead leaked on free",
+        Invariant.REFCOUNTS,
+        lookahead_blocks=1,
+        cause="has refcount",
+    ),
     Variant(
         RollbackDropsAcceptedBlock,
         "8 rollback frees a block holding accepted tokens",
         Invariant.CONTENT,
         lookahead_blocks=2,
+        cause="changed the blocks of positions it kept",
     ),
 )
 """This module's slips, in the zoo's order, each with its bug class and the invariant that must catch it."""

@@ -14,12 +14,10 @@ from kvfuzz.allocator.protocol import AllocatorProtocol, HostIntrospectable, Int
 from kvfuzz.engine.checks.accounting import AccountingChecks
 from kvfuzz.engine.checks.attention import AttentionCheck
 from kvfuzz.engine.checks.cache import CacheSoundness
-from kvfuzz.engine.checks.complete_caching import CompleteCaching
 from kvfuzz.engine.checks.content import ContentChecks
 from kvfuzz.engine.checks.context import CheckContext, PoolCounts
 from kvfuzz.engine.checks.eviction_order import CacheSnapshot, EvictionOrder
 from kvfuzz.engine.checks.exclusive import ExclusiveWrites
-from kvfuzz.engine.checks.groups import GroupChecks
 from kvfuzz.engine.checks.quiescence import Quiescence
 from kvfuzz.engine.checks.refusals import RefusalChecks
 from kvfuzz.engine.checks.results import ResultChecks
@@ -31,7 +29,7 @@ __all__ = ["CacheSnapshot", "CheckContext", "Checks", "PoolCounts"]
 
 
 class Checks:
-    """One engine's checkers, one per invariant, sharing one context; ``groups`` only under ``kv_groups``. The
+    """One engine's checkers, one per invariant, sharing one context. The
     allocator's set queries other code reads (``counts``, ``cached_set``, the introspection) and the operation label
     are the context's."""
 
@@ -48,8 +46,6 @@ class Checks:
         self.quiescence = Quiescence(context, self.accounting)  # invariant 10
         self.results = ResultChecks(context)  # invariant 12
         self.eviction_order = EvictionOrder(context)  # invariant 13
-        self.complete_caching = CompleteCaching(context)  # invariant 14
-        self.groups = GroupChecks(context, self.results) if state.caps.kv_groups else None  # several groups' tables
 
     @property
     def operation(self) -> str:

@@ -6,7 +6,12 @@ from __future__ import annotations
 from typing import Collection, Iterable, Sequence
 
 from kvfuzz.engine.checks.context import Checker
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
+
+OVER_COUNT = Cause("a refcount above the table entries naming the block: a reference never released")
+UNDER_COUNT = Cause(
+    "a refcount below the table entries naming the block: a reference released too often or never taken"
+)
 
 
 class AccountingChecks(Checker):
@@ -32,6 +37,7 @@ class AccountingChecks(Checker):
                         f"{self.state.entries(holders) or 'none'}",
                         *self.pools.block_story(block),
                     ],
+                    OVER_COUNT if found > len(holders) else UNDER_COUNT,
                 )
             member_of = [
                 name for name, blocks in (("free", free), ("cached", cached), ("pending", pending)) if block in blocks
@@ -42,6 +48,7 @@ class AccountingChecks(Checker):
                     f"block {block} is referenced by {self.state.entries(holders)} yet listed as "
                     f"{' and '.join(member_of)}",
                     self.pools.block_story(block),
+                    Cause("a referenced block listed as free, cached or pending"),
                 )
             if not holders and len(member_of) != 1:
                 self.fail(
@@ -49,6 +56,7 @@ class AccountingChecks(Checker):
                     f"unreferenced block {block} is in "
                     f"{' and '.join(member_of) or 'none of the free, cached and pending sets'}",
                     ["expected: exactly one of them", *self.pools.block_story(block)],
+                    Cause("an unreferenced block in none, or several, of the free, cached and pending sets"),
                 )
             if member_of == ["cached"]:
                 self.pools.seen_cached.add(block)
@@ -60,7 +68,7 @@ class AccountingChecks(Checker):
                 Invariant.FREE_SET,
                 f"{len(pending)} block(s) pending, but only {len(in_window)} were "
                 f"released within the in-flight window (W = {h.caps.inflight_window})",
-                self._why_pending(pending, in_window),
+                *self._why_pending(pending, in_window),
             )
         total = len(free) + len(cached) + len(pending) + h.refs.num_referenced()
         if total != h.num_blocks:
@@ -69,11 +77,13 @@ class AccountingChecks(Checker):
                 f"free + cached + pending + referenced = {len(free)} + {len(cached)} + "
                 f"{len(pending)} + {h.refs.num_referenced()} = {total}",
                 [f"expected: {h.num_blocks} (every block exactly once)"],
+                Cause("the free, cached, pending and referenced blocks do not add up to the pool"),
             )
 
-    def _why_pending(self, pending: Collection[int], in_window: Sequence[int]) -> list[str]:
+    def _why_pending(self, pending: Collection[int], in_window: Sequence[int]) -> tuple[list[str], Cause]:
         """Why one pending block should not be: a table still maps it (it was put in the pending set while live), or
-        it was not released within the in-flight window (its window has closed, or it was never released)."""
+        it was not released within the in-flight window (its window has closed, or it was never released); the
+        lines that say so, and that cause."""
         holders = self.state.refs.holders
         mapped = [block for block in pending if block in holders]
         if mapped:
@@ -83,14 +93,14 @@ class AccountingChecks(Checker):
                 "the pending set while a live sequence holds it",
                 "expected: out of the pending set until its last holder releases it",
                 *self.pools.block_story(block),
-            ]
+            ], Cause("a block put in the pending set while a live sequence still maps it")
         stuck = next(block for block in pending if block not in in_window)
         return [
             f"block {stuck} is still pending though its window has closed (last completed step: "
             f"{self.pools.last_completed})",
             "expected: it is back in the free or cached set",
             *self.pools.block_story(stuck),
-        ]
+        ], Cause("a block still pending after its in-flight window closed")
 
     def host_accounting(self, touched: Iterable[int], released_by: str = "") -> None:
         """Invariant 4 on the host pool: each touched host block is in the host free set exactly when no swapped-out
@@ -114,6 +124,7 @@ class AccountingChecks(Checker):
                         + ("last holder is" if len(holders) > 1 else "sequence is")
                         + " swapped in or freed"
                     ],
+                    Cause("a host block that holds a swapped-out sequence listed in the host free set"),
                 )
             if not holders and block not in free:
                 self.fail(
@@ -124,6 +135,7 @@ class AccountingChecks(Checker):
                         "expected: back in host_free_blocks() once no swapped-out sequence holds it",
                         f"found:    host free set {sorted(free)[:20]}",
                     ],
+                    Cause("a host block leaked: held by no swapped-out sequence, yet not free"),
                 )
         if len(free) + len(held) != h.num_host_blocks:
             self.fail(
@@ -133,6 +145,7 @@ class AccountingChecks(Checker):
                     f"expected: {h.num_host_blocks} (every host block exactly once)",
                     f"found:    host free set {sorted(free)[:20]}, held {sorted(held)[:20]}",
                 ],
+                Cause("the free and held host blocks do not add up to the host pool"),
             )
 
     def fork_table(self, parent: str, child: str, expected: tuple[int, ...], table: tuple[int, ...]) -> None:
@@ -143,4 +156,5 @@ class AccountingChecks(Checker):
                 Invariant.REFCOUNTS,
                 f"fork gave {child} a block table unlike its parent {parent}'s",
                 [f"expected: {list(expected)} (shared, or the copies it ordered)", f"found:    {list(table)}"],
+                Cause("a forked child's block table unlike its parent's"),
             )

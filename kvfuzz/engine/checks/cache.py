@@ -14,7 +14,10 @@ from kvfuzz.engine.checks.exclusive import ExclusiveWrites
 from kvfuzz.engine.checks.explain import block_content, found, prefix, root_cause, shown_content, where, why_alike
 from kvfuzz.engine.checks.results import is_int, shown
 from kvfuzz.engine.pools import SlotWrite
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
+
+UNWRITTEN = Cause("a cache hit on K/V no completed step has written")
+OTHER_PREFIX = Cause("a cache hit on a block that holds, or is about to hold, another prefix's K/V")
 
 
 class CacheSoundness(Checker):
@@ -53,6 +56,7 @@ class CacheSoundness(Checker):
                         f"found:    {holder} would read K/V at position {relies} that no step writes",
                         *self.pools.block_story(block),
                     ],
+                    Cause("a cache hit on scheduled writes that were then withdrawn"),
                 )
 
     def hit_on_evicted(self, seq: str, num_cached: int, table: tuple[int, ...], evicted: dict[int, str]) -> None:
@@ -73,6 +77,7 @@ class CacheSoundness(Checker):
                         f"found:    {num_cached} cached tokens, running on past it",
                         *self.pools.block_story(table[index]),
                     ],
+                    Cause("a cache hit covering a block an eviction dropped"),
                 )
 
     def cache_hit(self, seq: str, num_cached: int, loading: Collection[int] = ()) -> bool:
@@ -87,12 +92,14 @@ class CacheSoundness(Checker):
                 Invariant.CACHE_SOUNDNESS,
                 f"admit of {seq} reports {num_cached} cached tokens",
                 [f"expected: at most the prompt's {length} tokens"],
+                Cause("a cache hit longer than the prompt"),
             )
         if num_cached and not h.caps.prefix_cache:
             self.fail(
                 Invariant.CACHE_SOUNDNESS,
                 f"admit of {seq} reports {num_cached} cached tokens",
                 ["expected: 0: the allocator does not declare a prefix cache"],
+                Cause("a cache hit from an allocator that declares no prefix cache"),
             )
         if num_cached and num_cached == length and not h.caps.recomputes_last_token:
             self.fail(
@@ -105,6 +112,7 @@ class CacheSoundness(Checker):
                     "recomputes_last_token)",
                     f"found:    all {length} positions reported cached, up to {where(self.state, seq, length - 1)}",
                 ],
+                Cause("a cache hit covering the whole prompt"),
             )
         layout = h.layout(seq)
         table = h.seqs[seq].table
@@ -127,7 +135,7 @@ class CacheSoundness(Checker):
                     awaits_step = True  # written by the next step, before anything reads it
                     continue
             if record is None or record.tag != tag or record.step > self.pools.last_completed:
-                why, cause = self._unsound_hit(seq, position, slot, record, tag)
+                why, lines, cause = self._unsound_hit(seq, position, slot, record, tag)
                 self.fail(
                     Invariant.CACHE_SOUNDNESS,
                     f"cache hit of {num_cached} tokens for {h.label(seq) if h.caps.kv_groups else seq} covers "
@@ -141,17 +149,18 @@ class CacheSoundness(Checker):
                             else "by a completed step"
                         ),
                         f"found:    {found(record)}",
-                        *cause,
+                        *lines,
                         *self.pools.block_story(layout.block_of(slot)),
                     ],
+                    cause,
                 )
         return awaits_step
 
     def _unsound_hit(
         self, seq: str, position: int, slot: int, record: Optional[SlotWrite], tag: int
-    ) -> tuple[str, list[str]]:
-        """Why a hit may not cover ``slot``, for the summary, and the root-cause lines: what the slot holds, or
-        which scheduled write will fill it."""
+    ) -> tuple[str, list[str], Cause]:
+        """Why a hit may not cover ``slot``, for the summary, the root-cause lines (what the slot holds, or which
+        scheduled write will fill it) and the cause: K/V no completed step wrote, or another prefix's."""
         h = self.state
         writer = h.scheduled_writer(slot) if record is None or record.tag != tag else None
         next_step = self.pools.next_step
@@ -163,6 +172,7 @@ class CacheSoundness(Checker):
                     "had written it; only an allocator that declares hits_scheduled_writes may count K/V a step "
                     "has yet to write as cached"
                 ],
+                UNWRITTEN,
             )
         if writer is not None:
             theirs = block_content(self.state, writer[0], h.layout(writer[0]).index(writer[1]))
@@ -179,12 +189,14 @@ class CacheSoundness(Checker):
                     f"  {alike}, or the block's cache entry outlived a change to "
                     f"{writer[0]}'s tokens (a rollback, see the block's history)",
                 ],
+                OTHER_PREFIX,
             )
         if record is None:
-            return "nothing has been written there, and no live sequence is scheduled to write it", []
+            return "nothing has been written there, and no live sequence is scheduled to write it", [], UNWRITTEN
         if record.tag != tag:
-            return "it holds another prefix's K/V", root_cause(self.state, seq, position, slot, record)
-        return f"the step that put it there has not completed (last completed: {self.pools.last_completed})", []
+            return "it holds another prefix's K/V", root_cause(self.state, seq, position, slot, record), OTHER_PREFIX
+        completed = self.pools.last_completed
+        return f"the step that put it there has not completed (last completed: {completed})", [], UNWRITTEN
 
     def host_loads(self, seq: str, loads: Sequence[tuple[int, int]], num_cached: int) -> None:
         """Invariants 9 and 5 for an admission's host-tier loads: only under ``host_cache``, from host blocks that
@@ -197,6 +209,7 @@ class CacheSoundness(Checker):
                 Invariant.CACHE_SOUNDNESS,
                 f"admit of {seq} orders host-tier loads {list(loads)}",
                 ["expected: none: the allocator does not declare host_cache"],
+                Cause("host-tier loads from an allocator that declares no host_cache"),
             )
         for host_block, block in loads:
             if not (is_int(host_block) and 0 <= host_block < h.num_host_blocks) or block not in hit_blocks:
@@ -208,6 +221,7 @@ class CacheSoundness(Checker):
                         f"{num_cached}-token hit covers, {hit_blocks}",
                         *(self.pools.block_story(block) if is_int(block) and block >= 0 else ()),
                     ],
+                    Cause("a host-tier load from no host block, or into a block outside the hit"),
                 )
             self.exclusive.block(block, seq, f"host-tier load for {seq} from host block {host_block}")
         destinations = [block for _, block in loads]
@@ -216,4 +230,5 @@ class CacheSoundness(Checker):
                 Invariant.CACHE_SOUNDNESS,
                 f"admit of {seq} loads two host blocks into one device block: {list(loads)}",
                 ["expected: each device block loaded once"],
+                Cause("two host-tier loads into one device block"),
             )

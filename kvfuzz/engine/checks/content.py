@@ -4,7 +4,7 @@ features, :mod:`~kvfuzz.engine.features.swap` and :mod:`~kvfuzz.engine.features.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 
@@ -13,7 +13,8 @@ from kvfuzz.allocator.types import (
 )
 from kvfuzz.engine.checks.context import Checker
 from kvfuzz.engine.checks.explain import found, prefix, root_cause, where
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.pools import SlotWrite
+from kvfuzz.engine.violations import Cause, Invariant
 from kvfuzz.reference.content import kv_for_tags
 
 
@@ -55,9 +56,26 @@ class ContentChecks(Checker):
                         *root_cause(self.state, seq, position, slot, record),
                         *self.pools.block_story(slot // h.rows),
                     ],
+                    self._clobbered(seq, slot, record),
                 )
             expected_tags.append(tag)
         self._bits(list(wanted.items()), expected_tags)
+
+    def _clobbered(self, seq: str, slot: int, record: Optional[SlotWrite]) -> Cause:
+        """Which kind of write left another prefix's K/V (or none) where ``seq`` expects its own in ``slot``."""
+        h = self.state
+        if record is None:
+            return Cause("a position whose slot no write reached")
+        holders = {holder for holder, _ in h.refs.holders.get(slot // h.rows, ()) if holder != seq}
+        if record.seq in holders:
+            return Cause("a write by another holder of a shared block (a block two sequences hold was written)")
+        if record.via.startswith("late in-flight work"):
+            return Cause("late in-flight work landed in a block handed out again")
+        if record.via.startswith("loaded"):
+            return Cause("a host-tier load brought another prefix's K/V")
+        if record.via:
+            return Cause("a write withdrawn or moved by the engine (an abort's scheduled writes) left stale K/V")
+        return Cause("a write for another prefix into a block this sequence maps")
 
     def _bits(self, entries: list[tuple[tuple[str, int], int]], tags: list[int]) -> None:
         """The pool's values equal the reference's bit for bit (the shadow records already agree)."""
@@ -75,6 +93,7 @@ class ContentChecks(Checker):
                 f"found:    values that differ in {len(rows)} checked position(s); the record says "
                 f"{found(self.pools.record(slot))}",
             ],
+            Cause("pool values that differ from what the shadow record says was written"),
         )
 
     def admit_table(self, seq: str, reported: tuple[int, ...], table: tuple[int, ...]) -> None:
@@ -84,6 +103,7 @@ class ContentChecks(Checker):
                 Invariant.CONTENT,
                 f"admit returned block table {list(reported)} for {seq}",
                 [f"found: block_table({seq!r}) says {list(table)}"],
+                Cause("admit returned a block table unlike block_table's"),
             )
 
     def grow_slots(self, seq: str, slots: Sequence[Slot], table: tuple[int, ...], old_len: int, count: int) -> None:
@@ -96,6 +116,11 @@ class ContentChecks(Checker):
                     Invariant.CONTENT,
                     f"grow returned slot (block {slot.block}, offset {slot.offset}) for {seq} position {position}",
                     [f"expected: (block {want[0]}, offset {want[1]}) as its block table says: {list(table)}"],
+                    Cause("grow returned a slot its block table does not put there"),
                 )
         if len(slots) != count:
-            self.fail(Invariant.CONTENT, f"grow of {count} tokens returned {len(slots)} slots")
+            self.fail(
+                Invariant.CONTENT,
+                f"grow of {count} tokens returned {len(slots)} slots",
+                cause=Cause("grow returned a slot count unlike the tokens grown"),
+            )

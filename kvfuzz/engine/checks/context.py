@@ -11,7 +11,7 @@ import attrs
 from kvfuzz.allocator.protocol import AllocatorProtocol, GroupedTables, HostIntrospectable, Introspectable
 from kvfuzz.engine.expected import ExpectedState
 from kvfuzz.engine.pools import KVPools
-from kvfuzz.engine.violations import Invariant, violation
+from kvfuzz.engine.violations import UNNAMED, Cause, Invariant, violation
 
 
 @attrs.frozen
@@ -98,8 +98,8 @@ class CheckContext:
         caps = self.state.caps
         return caps.complete_caching and self.introspection is not None and caps.sliding_window is None
 
-    def fail(self, invariant: Invariant, summary: str, details: Iterable[str] = ()) -> NoReturn:
-        raise violation(invariant, self.operation, self.pools.next_step, summary, list(details))
+    def fail(self, invariant: Invariant, summary: str, details: Iterable[str] = (), cause: Cause = UNNAMED) -> NoReturn:
+        raise violation(invariant, self.operation, self.pools.next_step, summary, list(details), cause)
 
 
 class Checker:
@@ -113,5 +113,5 @@ class Checker:
         self.introspection = context.introspection
         self.host_introspection = context.host_introspection
 
-    def fail(self, invariant: Invariant, summary: str, details: Iterable[str] = ()) -> NoReturn:
-        self.context.fail(invariant, summary, details)
+    def fail(self, invariant: Invariant, summary: str, details: Iterable[str] = (), cause: Cause = UNNAMED) -> NoReturn:
+        self.context.fail(invariant, summary, details, cause)

@@ -4,7 +4,7 @@ its writer alone."""
 from __future__ import annotations
 
 from kvfuzz.engine.checks.context import Checker
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 class ExclusiveWrites(Checker):
@@ -31,6 +31,7 @@ class ExclusiveWrites(Checker):
                     f"found:    referenced by {self.state.entries(holders)}",
                     *self.pools.block_story(block),
                 ],
+                Cause(f"{_kind_of_write(what)} into a block another table entry references"),
             )
 
     def _same_content(self, block: int, seq: str, holders: set) -> bool:
@@ -50,3 +51,15 @@ class ExclusiveWrites(Checker):
             return True
         step = self.pools.next_step
         return all(h.seqs[holder].joined_step == step for holder, _ in holders if holder != seq)
+
+
+def _kind_of_write(what: str) -> str:
+    """The kind of write ``what`` describes (``"step 3 writes s0 position 4"``: a step's write), without the
+    blocks, sequences and steps it names."""
+    if "host-tier load" in what:
+        return "a host-tier load"
+    if "copy" in what:
+        return "a " + what.partition(" from")[0].partition(" copy")[0] + " copy"
+    if "schedules writes" in what:
+        return "writes scheduled by " + what.partition(" schedules")[0].partition("(")[0]
+    return "a step's write"

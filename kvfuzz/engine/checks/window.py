@@ -6,7 +6,7 @@ from typing import Iterable
 
 from kvfuzz.engine.checks.context import Checker
 from kvfuzz.engine.pools import UNTIL_LOADS_LAND
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 class InflightWindow(Checker):
@@ -27,6 +27,7 @@ class InflightWindow(Checker):
                         "reported landed (loads_landed), which it has not been",
                         *pools.block_story(block),
                     ],
+                    Cause("a block handed out for writing while an asynchronous load still fills it"),
                 )
             if work is not None:
                 completed = work.lands_at - pools.inflight_window
@@ -42,4 +43,5 @@ class InflightWindow(Checker):
                         f"{work.lands_at} has not completed",
                         *pools.block_story(block),
                     ],
+                    Cause("a block handed out for writing before its in-flight window closed"),
                 )

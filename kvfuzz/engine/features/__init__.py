@@ -14,11 +14,11 @@ guards it) and the checks that operation alone triggers:
 and the features that subscribe to events:
 
 * :mod:`~kvfuzz.engine.features.scheduling`: a freed sequence's scheduled writes (and that policy's combinations);
-* :mod:`~kvfuzz.engine.features.prefix_cache`: the complete-caching debt;
+* :mod:`~kvfuzz.engine.features.prefix_cache`: the complete-caching debt, and its checks of invariant 14;
 * :mod:`~kvfuzz.engine.features.host_tier`: the host tier's transfers and asynchronous loads (and the rows of
   land_loads and resume, which call the engine's methods of those names);
 * :mod:`~kvfuzz.engine.features.lookahead`: look-ahead blocks;
 * :mod:`~kvfuzz.engine.features.copies`: deduplicated copy-on-write copies and remaps at step completion;
-* :mod:`~kvfuzz.engine.features.groups`: KV-cache groups' tables and the blocks a refused grow drops out of its
-  window.
+* :mod:`~kvfuzz.engine.features.groups`: KV-cache groups' tables (and the checks only they need) and the blocks a
+  refused grow drops out of its window.
 """

@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 from typing import Optional, Sequence, cast
 
+import attrs
+
 from kvfuzz.allocator.protocol import AsyncLoads, HostCache
 from kvfuzz.allocator.types import AdmitResult, HostTransfers, SeqId
 from kvfuzz.engine.arguments import Pick
@@ -18,7 +20,8 @@ from kvfuzz.engine.checks import CacheSnapshot, CheckContext
 from kvfuzz.engine.checks.results import is_int, shown
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.events import Completion, Launch
-from kvfuzz.engine.expected import AsyncLoad, SeqModel, Status, mapped
+from kvfuzz.engine.expected import SeqModel, Status, mapped
+from kvfuzz.engine.features.prefix_cache import check_missed_hit
 from kvfuzz.engine.operation import Operation
 from kvfuzz.engine.pools import UNTIL_LOADS_LAND, SlotWrite
 from kvfuzz.engine.violations import Invariant
@@ -29,8 +32,9 @@ class HostTier:
     since the last launch, which the next launch lands; ``stores`` the stores ordered and not landed, by the step
     whose completion lands them (unless the allocator flushes them first)."""
 
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: EngineCore, async_loading: Optional[AsyncLoading]) -> None:
         self.core = core  # the engine this feature is part of
+        self.async_loading = async_loading  # the admissions' asynchronous loads, under async_loads
         # Loads ordered by admissions since the last launch, (sequence, host block, device block).
         self.loads: list[tuple[SeqId, int, int]] = []
         # The writes of sequences freed since the last launch: that launch makes them, after the flushed stores and
@@ -92,7 +96,7 @@ class HostTier:
                 index, size = model.table.index(block), core.expected.layout(seq).size
                 positions += [(seq, p) for p in range(index * size, min((index + 1) * size, model.written))]
         self.loads.clear()
-        for load in core.expected.async_loads.values():
+        for load in self.async_loading.loads.values() if self.async_loading is not None else ():
             if load.launched_at is None:
                 load.launched_at = step  # the worker starts them now; they land when the engine reports them
         core.checks.content.holds(core.pools.take_dirty(), positions)
@@ -117,7 +121,7 @@ class HostTier:
             for step, pairs in self.stores.items()
             for block, host_block in pairs
         }
-        for seq, load in core.expected.async_loads.items():
+        for seq, load in self.async_loading.loads.items() if self.async_loading is not None else ():
             for host_block, block in load.pairs:
                 in_use[host_block] = f"the asynchronous load of {seq} from it into block {block} is not reported landed"
         check_host_transfers_unfree(core.checks.context, in_use)
@@ -153,13 +157,29 @@ class HostTier:
                 pools.held_until[block] = max(pools.held_until.get(block, -1), until)
 
 
+@attrs.define
+class AsyncLoad:
+    """One admission's asynchronous host-tier loads (``async_loads``), from the admission until the engine reports
+    them landed. Invariant kept: ``landable`` is set exactly when the step that started them has completed."""
+
+    pairs: tuple[tuple[int, int], ...]  # (host block, device block), as the admission ordered them
+    table: tuple[int, ...]  # the sequence's table when it was admitted: the blocks its hit covers
+    launched_at: Optional[int] = None  # the step whose launch started them (None: not launched yet)
+    landable: bool = False  # that step has completed: the worker may report them done
+
+
 class AsyncLoading:
-    """Under ``async_loads``: admissions waiting for their loads (the expected state's ``async_loads``), landed when
-    the engine reports them and then resumed. Invariant kept: a load is ``landable`` once the step whose launch
-    started it has completed."""
+    """Under ``async_loads``: admissions waiting for their loads (``loads``), landed when the engine reports them and
+    then resumed. Invariant kept: a load is ``landable`` once the step whose launch started it has completed."""
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core  # the engine this feature is part of
+        # Sequence (live or freed) -> its admission's loads not yet reported landed.
+        self.loads: dict[SeqId, AsyncLoad] = {}
+
+    def landable_ids(self) -> list[SeqId]:
+        """Sequences (live, or freed while loading) whose asynchronous loads may be reported landed now."""
+        return [seq for seq, load in self.loads.items() if load.landable]
 
     def waiting(
         self, seq: SeqId, result: AdmitResult, before: Optional[CacheSnapshot], owed: Sequence[tuple[int, str]]
@@ -181,9 +201,9 @@ class AsyncLoading:
         checks.cache.host_loads(seq, result.loads, num_cached)
         checks.window.outside(loaded, seq)
         checks.cache.cache_hit(seq, num_cached, loaded)
-        checks.complete_caching.missed_hit(seq, num_cached, owed)
+        check_missed_hit(checks.context, seq, num_cached, owed)
         checks.eviction_order.evictions(before, table, reuse=True)
-        core.expected.async_loads[seq] = AsyncLoad(result.loads, table)
+        self.loads[seq] = AsyncLoad(result.loads, table)
         core.stats["host-tier loads"] += len(result.loads)
         core.stats["admissions waiting for their loads"] += 1
         core.stats["cache hits"] += 1
@@ -196,7 +216,7 @@ class AsyncLoading:
         leaving the in-flight window once its own window (from its release) has closed."""
         core = self.core
         core.begin("land_loads", seq)
-        load = core.expected.async_loads.pop(seq)
+        load = self.loads.pop(seq)
         for host_block, block in load.pairs:
             via = f"loaded asynchronously from host block {host_block} for {seq}"
             core.pools.note(block, via)
@@ -217,7 +237,7 @@ class AsyncLoading:
             # is freed before its report; counting it here kept the hold of a block it shares past every report)
             held = {
                 block
-                for other_seq, other in core.expected.async_loads.items()
+                for other_seq, other in self.loads.items()
                 if other_seq not in core.expected.seqs
                 for block in mapped(other.table)
             }
@@ -247,14 +267,14 @@ class AsyncLoading:
 
     def landable(self, completion: Completion) -> None:
         """The loads whose launch step has completed may be reported landed."""
-        for load in self.core.expected.async_loads.values():
+        for load in self.loads.values():
             load.landable = load.landable or (load.launched_at is not None and load.launched_at <= completion.step)
 
     def hold_until_landed(self, seq: SeqId) -> None:
         """Before a loading sequence releases its table: the blocks its loads fill stay in flight until the engine
         reports those loads landed (the worker still writes them); the rest of its table may be held pending until
         then (vLLM frees a loading request's blocks only once its loads are done), but may be handed out."""
-        load = self.core.expected.async_loads.get(seq)
+        load = self.loads.get(seq)
         if load is None:
             return
         pools = self.core.pools

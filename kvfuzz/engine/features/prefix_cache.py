@@ -1,7 +1,9 @@
 """The prefix cache's declared policy of complete caching (``complete_caching``): every full block a completed step
 wrote is owed matchable until an eviction or a reset drops it. The engine notes the blocks each step fills, owes them
-once that step has surely completed, and has invariant 14 checked at admissions and releases
-(:mod:`kvfuzz.engine.checks.complete_caching`); the debt itself is the expected state's ``matchable``.
+once that step has surely completed, and has invariant 14 checked at admissions and releases: a block owed matchable
+stays matchable (cached, pending or referenced), and an admission reports at least the hit the cache owes it. Those
+checks are the feature's own (only complete caching triggers them); the debt itself is the expected state's
+``matchable`` (:mod:`kvfuzz.engine.matchable`), which evictions, forks, swaps and rollbacks also settle.
 """
 
 from __future__ import annotations
@@ -9,10 +11,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from kvfuzz.allocator.types import NULL_BLOCK, SeqId
+from kvfuzz.engine.checks import CheckContext
+from kvfuzz.engine.checks.explain import open_window, prefix
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.events import Completion, TableSet
 from kvfuzz.engine.expected import Status
 from kvfuzz.engine.matchable import Filled
+from kvfuzz.engine.violations import Invariant
 
 
 class CachingDebt:
@@ -24,12 +29,12 @@ class CachingDebt:
 
     def owed(self, tags: Sequence[int]) -> list[tuple[int, str]]:
         """What an admission of a prompt with these tags must report cached (before the allocator is called)."""
-        return self.core.checks.complete_caching.owed_hit(tags)
+        return owed_hit(self.core.checks.context, tags)
 
     def table_set(self, record: TableSet) -> None:
         """A block owed matchable that a table released stays matchable."""
         for block in record.change.released:
-            self.core.checks.complete_caching.released_matchable(block)
+            check_released_matchable(self.core.checks.context, block)
 
     def scheduling(self, step: int) -> None:
         """Step ``step`` is scheduled: the full blocks each running table's writes fill are noted."""
@@ -65,3 +70,128 @@ class CachingDebt:
                 and model.written >= state.layout(filled.seq).first_position(filled.index + 1)
             ):
                 state.matchable.owe(filled)
+
+
+def _kept(context: CheckContext, tag: int) -> list[tuple[int, str]]:
+    """The blocks owed matchable as prefix ``tag`` that the allocator keeps: referenced, cached or pending."""
+    alloc = context.introspection
+    assert alloc is not None
+    holders = context.state.matchable.holders(tag)
+    if not holders:
+        return []
+    cached, pending, referenced = alloc.cached_blocks(), alloc.pending_blocks(), context.state.refs.holders
+    return [(b, w) for b, w in holders.items() if b in referenced or b in cached or b in pending]
+
+
+def owed_hit(context: CheckContext, tags: Sequence[int]) -> list[tuple[int, str]]:
+    """For a prompt with these position tags, one (block, who wrote it) per leading full block an admission
+    must report cached: a block owed matchable holds its prefix (a block that went to the free set without an
+    eviction is still owed). A hit never covers the whole prompt (the engine needs a query token), so its last
+    token's block is never owed."""
+    size = context.state.layouts[0].size  # a sequence's own table (group 0's)
+    matchable = context.state.matchable
+    owed: list[tuple[int, str]] = []
+    for index in range((len(tags) - 1) // size):
+        holders = matchable.holders(tags[(index + 1) * size - 1])
+        if not holders:
+            break
+        owed.append(next(iter(holders.items())))
+    return owed
+
+
+def check_missed_hit(context: CheckContext, seq: str, num_cached: int, owed: Sequence[tuple[int, str]]) -> None:
+    """Invariant 14: an admission reports at least the cached tokens the cache owes it."""
+    size = context.state.layout(seq).size
+    if num_cached >= len(owed) * size:
+        return
+    index = num_cached // size
+    block, written = owed[index]
+    context.fail(
+        Invariant.COMPLETE_CACHING,
+        f"admission of {seq} reports {num_cached} cached tokens, but its first {len(owed) * size} are matchable "
+        "(a missed hit)",
+        [
+            f"logical block {index} (positions {index * size}..{(index + 1) * size - 1}, "
+            f"{prefix(context.state, seq, (index + 1) * size - 1)}): block {block} holds its K/V, written by "
+            f"{written}, and no eviction has dropped it",
+            f"cause: {_why_missed(context, seq, block)}",
+            f"expected: at least {len(owed) * size} cached tokens (complete caching; a hit never covers the "
+            "whole prompt)",
+            f"found:    {num_cached}",
+            *context.pools.block_story(block),
+        ],
+    )
+
+
+def _why_missed(context: CheckContext, seq: str, block: int) -> str:
+    """Where the owed ``block`` is now, by what the expected state knows (the tables that map it, its in-flight
+    window) and the allocator's sets: the true cause of a missed hit."""
+    alloc = context.introspection
+    assert alloc is not None
+    window = open_window(context.pools, block)
+    holders = sorted(context.state.refs.holders.get(block, ()))
+    mine = [index for holder, index in holders if holder == seq]
+    if mine and window is not None:
+        return (
+            f"block {block} was handed out again inside its in-flight window: {seq} maps it as its logical block "
+            f"{mine[0]} for new content, though it was {window}; the allocator took it from its in-flight window "
+            "and dropped its cache entry"
+        )
+    if mine:
+        return (
+            f"block {block} was handed out again to {seq} as its logical block {mine[0]} for new content: the "
+            "allocator dropped its cache entry without evicting it"
+        )
+    if holders:
+        return (
+            f"block {block} is still mapped by {context.state.entries(holders)}, yet the cache did not match it: its "
+            "prefix was never registered, or the lookup missed it"
+        )
+    if block in alloc.pending_blocks():
+        return (
+            f"block {block} is pending in its in-flight window, where it stays matchable, yet the cache did not "
+            "match it: its prefix was never registered, or the lookup missed it"
+        )
+    if block in alloc.cached_blocks():
+        return (
+            f"block {block} is in the cached set, yet the cache did not match it: its prefix was never registered, "
+            "or the lookup missed it"
+        )
+    if block in alloc.free_blocks():
+        if window is not None:
+            return (
+                f"block {block} is in the free set inside its in-flight window (it was {window}): the allocator "
+                "freed it early and dropped its cache entry"
+            )
+        return f"block {block} went to the free set without an eviction: its cache entry was dropped"
+    return (
+        f"block {block} is in none of the free, cached and pending sets, and no table maps it: it was leaked, "
+        "and its cache entry with it"
+    )
+
+
+def check_released_matchable(context: CheckContext, block: int) -> None:
+    """Invariant 14: a block owed matchable that its last holder released stays matchable (it, or another block
+    holding the same prefix, is cached or pending), rather than going to the free set or nowhere (a leak)."""
+    tag = context.state.matchable.tag_of.get(block)
+    if tag is None or _kept(context, tag):
+        return
+    alloc = context.introspection
+    assert alloc is not None
+    if block in alloc.free_blocks():
+        went = "went to the free set"
+    else:
+        references = alloc.refcount(block)
+        went = "went to none of the free, cached and pending sets (leaked" + (
+            f": the allocator still counts {references} reference(s) to it)" if references else ")"
+        )
+    context.fail(
+        Invariant.COMPLETE_CACHING,
+        f"block {block} {went} when it was released, though the cache owes its prefix",
+        [
+            f"block {block} holds a full block written by {context.state.matchable.holders(tag)[block]}",
+            "expected: it stays cached (matchable for its namespace and prefix) until it is evicted or the cache reset",
+            "found:    no block holding that prefix is referenced, cached or pending",
+            *context.pools.block_story(block),
+        ],
+    )

@@ -1,0 +1,103 @@
+"""``kvfuzz replay``, ``show`` and ``export`` of a scheduler target's trace (``kvfuzz-scheduler-trace/1``,
+:mod:`kvfuzz.scheduler.trace`): each command hands a file of that kind here, by its bytes
+(:func:`kvfuzz.saved.files.json_file_kind`), and keeps allocator traces to itself.
+
+A file that is not a valid scheduler trace is one line and exit status 2, before any work, as is a replay where vLLM
+refuses the trace's configuration. Replay's outcomes are allocator replay's: ``reproduced`` and ``failed
+differently`` (1), ``no longer reproduce`` and ``skipped`` (0: vLLM is not installed here, as a trace whose
+allocator is not installed is skipped), ``could not be replayed`` (2)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from kvfuzz.saved.files import json_file_kind
+
+if TYPE_CHECKING:
+    from kvfuzz.scheduler.trace import SchedulerTrace
+
+
+def is_scheduler_trace(path: str) -> bool:
+    """Whether ``path`` is a ``.json`` file whose bytes name the scheduler trace format."""
+    return json_file_kind(Path(path)) == "scheduler-trace"
+
+
+def _load(path: str) -> Optional[SchedulerTrace]:
+    """The trace, or None after one line on standard error."""
+    from kvfuzz.scheduler.trace import SchedulerTraceError, load
+
+    try:
+        return load(Path(path))
+    except SchedulerTraceError as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return None
+
+
+def replay_file(path: str) -> str:
+    """Replay one scheduler trace and print what happened; returns its outcome (a key of
+    :data:`kvfuzz.commands.replay.OUTCOMES`)."""
+    from kvfuzz.scheduler.recorder import vllm_version
+    from kvfuzz.scheduler.replay import ReplayRefused, missing_vllm, replay
+    from kvfuzz.scheduler.vllm_build import vllm_missing
+
+    trace = _load(path)
+    if trace is None:
+        return "could not be replayed"
+    if vllm_missing():  # as a trace whose allocator is not installed: skipped, and the other files go on
+        print(f"{path}: skipped: {missing_vllm(trace)}\n")
+        return "skipped"
+    known = f" (known bug: {trace.known_bug})" if trace.known_bug else ""
+    print(f"{path}: recorded against {trace.scheduler}: {trace.failure.check}{known}")
+    print(f"  {trace.setup.describe()}; vLLM {trace.vllm_version}, {trace.model_runner} model runner")
+    here = vllm_version()
+    if here != trace.vllm_version and here != "unknown":
+        print(f"  note: recorded with vLLM {trace.vllm_version}, replayed with {here}")
+    try:
+        replayed = replay(trace, on_operation=lambda index, operation: print(f"  {index + 1:3}  {operation}"))
+    except ReplayRefused as error:
+        print(f"kvfuzz: {path}: {error}", file=sys.stderr)
+        return "could not be replayed"
+    if not replayed.failed:
+        print("  ok   every check passed, the drain included: the failure no longer reproduces\n")
+        return "no longer reproduce"
+    verdict = "REPRODUCED" if replayed.reproduced else "FAILED DIFFERENTLY"
+    same = " (the recorded message, word for word)" if replayed.identical else ""
+    print(f"  >>   {verdict} at {replayed.where()}{same}:")
+    print("\n".join(f"       {line}" for line in replayed.describe_failure().splitlines()))
+    if not replayed.reproduced:
+        print(f"       recorded: {trace.failure.describe()}")
+    print(f"       see it with: kvfuzz show {path}\n")
+    return "reproduced" if replayed.reproduced else "failed differently"
+
+
+def show(path: str, html: Optional[str], png: Optional[str], allocator: Optional[str]) -> int:
+    """``kvfuzz show`` of a scheduler trace: its configuration, program and failure, as text (no timeline yet)."""
+    for flag, value in (("--html", html), ("--png", png), ("--allocator", allocator)):
+        if value is not None:
+            print(
+                f"kvfuzz: {path}: a scheduler trace takes no {flag} (it is shown as text; no timeline yet)",
+                file=sys.stderr,
+            )
+            return 2
+    trace = _load(path)
+    if trace is None:
+        return 2
+    print("\n".join(trace.describe()))
+    print(f"\nreplay it with: kvfuzz replay {path}")
+    return 0
+
+
+def export(path: str, output: Optional[str], allocator: Optional[str]) -> int:
+    """``kvfuzz export`` of a scheduler trace: a pytest file replaying it."""
+    from kvfuzz.commands.output_files import write_or_print
+    from kvfuzz.scheduler.export import export_test
+
+    if allocator is not None:
+        print(f"kvfuzz: {path}: a scheduler trace takes no --allocator", file=sys.stderr)
+        return 2
+    trace = _load(path)
+    if trace is None:
+        return 2
+    return write_or_print(export_test(trace, path), output, "pytest {path} (in vLLM's environment)")

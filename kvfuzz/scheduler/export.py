@@ -1,0 +1,50 @@
+"""A scheduler trace as a standalone pytest file: the recorded configuration and model runner, the client's
+operations as calls on a :class:`~kvfuzz.scheduler.session.Session`, then the drain. It fails (the check's
+violation, or vLLM's own exception) while the failure reproduces, and passes once it is fixed; run it where vLLM is
+installed (without it the test fails on the import, loudly)."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+from kvfuzz.scheduler.trace import SchedulerTrace
+
+
+def _docstring_text(text: str) -> str:
+    """``text`` as it may stand inside a triple-quoted docstring: nothing a trace holds can end it or run."""
+    escaped = text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    return "".join(
+        char if char == "\n" or char.isprintable() else char.encode("unicode_escape").decode() for char in escaped
+    )
+
+
+def export_test(trace: SchedulerTrace, source: str) -> str:
+    """The pytest file's text."""
+    name = re.sub(r"[^a-z0-9]+", "_", f"{trace.scheduler} {trace.failure.check}".lower()).strip("_")
+    setup = trace.setup
+    calls = "\n".join(f"        {operation.source('session')}" for operation in trace.program)
+    message = _docstring_text(textwrap.indent(trace.failure.describe(), "    "))
+    known = f"\nKnown bug: {_docstring_text(trace.known_bug)}\n" if trace.known_bug else ""
+    runner_v2 = trace.model_runner == "V2"
+    return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.
+
+Recorded failure of {trace.scheduler} (vLLM {_docstring_text(trace.vllm_version)}, {trace.model_runner} model runner):
+{message}
+{known}"""
+
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.replay import model_runner
+from kvfuzz.scheduler.session import Session
+
+
+def test_{name}_{trace.digest()}():
+    setup = SchedulerSetup(num_blocks={setup.num_blocks}, block_size={setup.block_size},
+                           max_num_batched_tokens={setup.max_num_batched_tokens}, max_num_seqs={setup.max_num_seqs},
+                           prefix_caching={setup.prefix_caching})
+    with model_runner({trace.model_runner!r}):
+        session = Session(setup)
+        assert session.worker.runner_v2 is {runner_v2}, "vLLM did not select the recorded model runner"
+{calls}
+        session.drain()
+'''

@@ -1,0 +1,118 @@
+"""Replaying a scheduler trace without Hypothesis: the recorded configuration rebuilt (the model runner protocol
+selected as recorded), the client's operations performed in order, then the drain, every check on; the failure that
+happens is compared with the recorded one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Callable, Iterator, Optional
+
+import attrs
+
+from kvfuzz.scheduler.program import Operation
+from kvfuzz.scheduler.session import Session, WorkerFactory
+from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
+from kvfuzz.scheduler.worker import Worker
+
+RUNNER_VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
+"""The environment variable vLLM 0.33.0 selects its model runner by (read each time its configuration is asked)."""
+
+
+class ReplayRefused(Exception):
+    """The trace cannot be replayed here; the message is one line saying why."""
+
+
+@attrs.frozen
+class SchedulerReplay:
+    """What a replay found: the failure (None: every check passed) and where: the index of the operation that
+    failed, or ``len(program)`` for the drain."""
+
+    trace: SchedulerTrace
+    failure: Optional[RecordedFailure]
+    failed_at: Optional[int]
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+    @property
+    def reproduced(self) -> bool:
+        """The recorded failure happened again: the same check (for a crash, the same exception type)."""
+        return self.failure is not None and self.failure.same_kind(self.trace.failure)
+
+    @property
+    def identical(self) -> bool:
+        """The message is the recorded one, word for word (the target is deterministic, so it should be)."""
+        return self.failure is not None and self.failure.message == self.trace.failure.message
+
+    def where(self) -> str:
+        if self.failed_at is None:
+            return "nowhere"
+        return "the drain" if self.failed_at == len(self.trace.program) else f"operation {self.failed_at + 1}"
+
+    def describe_failure(self) -> str:
+        if self.failure is None:
+            return "every check passed"
+        return self.failure.describe()
+
+
+@contextlib.contextmanager
+def model_runner(name: str) -> Iterator[None]:
+    """vLLM's ``name`` model runner (``V1`` or ``V2``) selected while the block runs, the environment restored
+    after."""
+    before = os.environ.get(RUNNER_VARIABLE)
+    os.environ[RUNNER_VARIABLE] = "1" if name == "V2" else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[RUNNER_VARIABLE]
+        else:
+            os.environ[RUNNER_VARIABLE] = before
+
+
+def missing_vllm(trace: SchedulerTrace) -> str:
+    """Why ``trace`` cannot be replayed where vLLM is not installed, and what to do about it."""
+    return (
+        f"a {trace.scheduler} trace needs vllm {trace.vllm_version}, which is not installed here; build its "
+        "environment with scripts/third_party_env.sh vllm"
+    )
+
+
+def replay(
+    trace: SchedulerTrace,
+    worker: WorkerFactory = Worker,
+    on_operation: Optional[Callable[[int, Operation], None]] = None,
+) -> SchedulerReplay:
+    """Replay ``trace`` against the installed vLLM. Raises :class:`ReplayRefused` when vLLM is not installed, its
+    configuration refuses the trace's, or the recorded model runner cannot be selected here."""
+    from kvfuzz.scheduler.vllm_build import vllm_missing
+
+    if vllm_missing():
+        raise ReplayRefused(missing_vllm(trace))
+    with model_runner(trace.model_runner):
+        try:
+            session = Session(trace.setup, worker)
+        except ValueError as error:
+            reason = " ".join(str(error).split())
+            raise ReplayRefused(
+                f"vLLM refuses the trace's configuration ({trace.setup.describe()}): {reason}"
+            ) from None
+        here = "V2" if session.worker.runner_v2 else "V1"
+        if here != trace.model_runner:
+            raise ReplayRefused(
+                f"the trace was recorded with vLLM's {trace.model_runner} model runner, and this vLLM selects {here}"
+            )
+        for index, operation in enumerate(trace.program):
+            if on_operation is not None:
+                on_operation(index, operation)
+            try:
+                operation.apply(session)
+            except Exception as error:  # noqa: BLE001 -- a check's violation, or vLLM's own exception: the finding
+                return SchedulerReplay(trace, RecordedFailure.of(error), index)
+        try:
+            session.drain()
+        except Exception as error:  # noqa: BLE001 -- as above
+            return SchedulerReplay(trace, RecordedFailure.of(error), len(trace.program))
+    return SchedulerReplay(trace, None, None)

@@ -1,0 +1,343 @@
+"""Scheduler traces: a failure of a scheduler target, saved so that it can be replayed without Hypothesis.
+
+A scheduler trace is its own kind of file, beside the allocator traces of :mod:`kvfuzz.saved.trace` (format
+``kvfuzz-scheduler-trace/1``)::
+
+    {
+      "format": "kvfuzz-scheduler-trace/1",
+      "kvfuzz_version": "0.1.0",
+      "scheduler": "vllm-v1",
+      "engine": {"vllm_version": "0.33.0", "model_runner": "V2"},
+      "config": {"num_blocks": 8, "block_size": 4, "max_num_batched_tokens": 16, "max_num_seqs": 4,
+                 "prefix_caching": true},
+      "program": [{"op": "add", "prompt": [1, 2, 3, 0], "max_tokens": 8}, {"op": "step"},
+                  {"op": "abort", "request": "r0"}, ...],
+      "shrunk": true,
+      "failure": {"check": "accounting", "exception": null, "step": 3, "request": null,
+                  "message": "accounting check failed at step 3: ..."},
+      "known_bug": null
+    }
+
+``engine.model_runner`` is the protocol the worker spoke (``V2``: a preempted request is dropped and resumed as new;
+``V1``: it is kept and resumed among the cached requests); a replay selects the same one. ``program`` is the
+client's operations (:mod:`kvfuzz.scheduler.program`); the drain after them is implied. ``shrunk`` is false for the
+trace saved when the failure was first found, before shrinking. ``failure.check`` is a check's name
+(:class:`~kvfuzz.scheduler.violations.Check`) or ``crash`` for an exception of the engine's own, whose type is
+``failure.exception``.
+
+A trace may come from anywhere, so :func:`load` trusts nothing in it: UTF-8 JSON of at most 16 MiB, no unknown or
+missing fields, values of the right JSON types and within :data:`LIMITS`, each problem one
+:class:`SchedulerTraceError` line naming the file and the field. :func:`save` writes atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+
+import kvfuzz
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.fake_model import VOCABULARY
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
+from kvfuzz.scheduler.violations import Check, SchedulerViolation
+
+FORMAT = "kvfuzz-scheduler-trace/1"
+MAX_FILE_BYTES = 16 * 2**20
+SCHEDULERS = ("vllm-v1",)
+"""The scheduler targets a trace may name (``kvfuzz run --scheduler``)."""
+MODEL_RUNNERS = ("V1", "V2")
+CRASH = "crash"
+"""``failure.check`` of an exception the engine raised itself."""
+LIMITS = {
+    "num_blocks": 1 << 16,
+    "block_size": 1 << 10,
+    "max_num_batched_tokens": 1 << 20,
+    "max_num_seqs": 1 << 12,
+    "program": 1 << 16,
+}
+"""The largest configuration values and program a trace may hold."""
+MAX_TEXT = 1 << 16
+
+
+class SchedulerTraceError(ValueError):
+    """A file that is not a valid scheduler trace; the message is one line naming the file and the field."""
+
+
+@attrs.frozen
+class RecordedFailure:
+    """What broke: a check (``check`` its name) or a crash (``check`` is ``crash``, ``exception`` the type's name),
+    at ``step`` about ``request`` where the check names them, and the whole message."""
+
+    check: str
+    message: str
+    exception: Optional[str] = None
+    step: Optional[int] = None
+    request: Optional[str] = None
+
+    @classmethod
+    def of(cls, error: BaseException) -> RecordedFailure:
+        if isinstance(error, SchedulerViolation):
+            return cls(error.check.value, str(error), None, error.step, error.request)
+        return cls(CRASH, f"{type(error).__name__}: {error}", type(error).__name__)
+
+    def same_kind(self, other: RecordedFailure) -> bool:
+        """The same check (for a crash: the same exception type): what a replay must reproduce."""
+        return (self.check, self.exception) == (other.check, other.exception)
+
+    def describe(self) -> str:
+        return self.message if self.check != CRASH else f"crash: {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "exception": self.exception,
+            "step": self.step,
+            "request": self.request,
+            "message": self.message,
+        }
+
+
+def _operations(operations: Any) -> tuple[Operation, ...]:
+    return tuple(operations)
+
+
+@attrs.frozen
+class SchedulerTrace:
+    """One saved failure of a scheduler target: the scheduler, the engine's configuration and version, the model
+    runner protocol, the client's program and the failure. ``shrunk`` is False for the trace saved when the failure
+    was first found."""
+
+    scheduler: str
+    setup: SchedulerSetup
+    model_runner: str  # "V1" or "V2": the protocol the worker spoke
+    vllm_version: str
+    program: tuple[Operation, ...] = attrs.field(converter=_operations)
+    failure: RecordedFailure
+    shrunk: bool
+    known_bug: Optional[str] = None
+    kvfuzz_version: str = kvfuzz.__version__
+
+    def config_json(self) -> dict[str, Any]:
+        return {
+            "num_blocks": self.setup.num_blocks,
+            "block_size": self.setup.block_size,
+            "max_num_batched_tokens": self.setup.max_num_batched_tokens,
+            "max_num_seqs": self.setup.max_num_seqs,
+            "prefix_caching": self.setup.prefix_caching,
+        }
+
+    def digest(self) -> str:
+        """Identifies the failure: the same scheduler, configuration, runner and program give the same digest."""
+        key = [self.scheduler, self.config_json(), self.model_runner, [op.to_json() for op in self.program]]
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+    def file_name(self) -> str:
+        return f"{self.scheduler}-{self.failure.check}-{self.digest()}.json"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "kvfuzz_version": self.kvfuzz_version,
+            "scheduler": self.scheduler,
+            "engine": {"vllm_version": self.vllm_version, "model_runner": self.model_runner},
+            "config": self.config_json(),
+            "program": [operation.to_json() for operation in self.program],
+            "shrunk": self.shrunk,
+            "failure": self.failure.to_json(),
+            "known_bug": self.known_bug,
+        }
+
+    def describe(self) -> list[str]:
+        """For a person: what was run and what broke (``kvfuzz show``)."""
+        lines = [
+            f"scheduler trace ({FORMAT}) of {self.scheduler}, vLLM {self.vllm_version}, "
+            f"{self.model_runner} model runner protocol",
+            f"  {self.setup.describe()}",
+            f"  {'shrunk' if self.shrunk else 'as first found (not shrunk)'}: {len(self.program)} operation(s), "
+            "then the drain",
+        ]
+        lines += [f"  {index + 1:3}  {operation}" for index, operation in enumerate(self.program)]
+        lines += ["", f"failure: {self.failure.describe()}"]
+        if self.known_bug:
+            lines.append(f"known bug: {self.known_bug}")
+        return lines
+
+
+def save(trace: SchedulerTrace, directory: Path) -> tuple[Path, bool]:
+    """Write ``trace`` into ``directory`` unless a valid trace with its digest is there; returns (path, written).
+    Written to a temporary file in the directory, synced, then renamed over the final name, so the name never holds
+    part of a trace. Raises ``OSError`` when the directory cannot be created or written, leaving no temporary file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / trace.file_name()
+    try:
+        if load(path).digest() == trace.digest():
+            return path, False
+    except (SchedulerTraceError, OSError):
+        pass
+    handle, temporary = tempfile.mkstemp(prefix=".kvfuzz-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            json.dump(trace.to_json(), stream, indent=2)
+            stream.write("\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path, True
+
+
+class _Invalid(Exception):
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+
+
+def load(path: Path) -> SchedulerTrace:
+    """Read and check a scheduler trace file; :class:`SchedulerTraceError` (one line) if it is not a valid one."""
+    try:
+        with open(path, "rb") as stream:
+            raw = stream.read(MAX_FILE_BYTES + 1)
+    except OSError as error:
+        raise SchedulerTraceError(f"{path}: cannot read it ({error.strerror or error})") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise SchedulerTraceError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a trace kvfuzz wrote")
+    try:
+        data = json.loads(raw.decode("utf-8-sig"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise SchedulerTraceError(f"{path}: not UTF-8 JSON ({' '.join(str(error).split())})") from None
+    return from_json(data, str(path))
+
+
+def from_json(data: Any, source: str = "trace") -> SchedulerTrace:
+    try:
+        return _trace(data)
+    except _Invalid as error:
+        raise SchedulerTraceError(f"{source}: {' '.join(str(error).split())}") from None
+
+
+def _fields(value: Any, where: str, fields: dict[str, bool]) -> dict[str, Any]:
+    """``value`` as an object with exactly ``fields`` (name: required)."""
+    if not isinstance(value, dict):
+        raise _Invalid(where, f"must be a JSON object, not {type(value).__name__}")
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise _Invalid(where, f"unknown field {unknown[0]!r}")
+    missing = [name for name, required in fields.items() if required and name not in value]
+    if missing:
+        raise _Invalid(where, f"missing field {missing[0]!r}")
+    return value
+
+
+def _integer(field: str, value: Any, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _Invalid(field, f"must be an integer, not {json.dumps(value)[:40]}")
+    if not low <= value <= high:
+        raise _Invalid(field, f"must be in {low}..{high}, not {value}")
+    return value
+
+
+def _text(field: str, value: Any, optional: bool = False) -> Optional[str]:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise _Invalid(field, f"must be a string{' or null' if optional else ''}, not {json.dumps(value)[:40]}")
+    if len(value) > MAX_TEXT:
+        raise _Invalid(field, f"longer than {MAX_TEXT} characters")
+    return value
+
+
+def _boolean(field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(field, f"must be true or false, not {json.dumps(value)[:40]}")
+    return value
+
+
+def _choice(field: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise _Invalid(field, f"must be one of {', '.join(choices)}, not {json.dumps(value)[:40]}")
+    return str(value)
+
+
+def _trace(data: Any) -> SchedulerTrace:
+    fields = {"format": True, "kvfuzz_version": True, "scheduler": True, "engine": True, "config": True}
+    fields.update(program=True, shrunk=True, failure=True, known_bug=False)
+    data = _fields(data, "the trace", fields)
+    if data["format"] != FORMAT:
+        raise _Invalid("format", f"must be {FORMAT!r}, not {json.dumps(data['format'])[:40]} (another kind of file)")
+    engine = _fields(data["engine"], "engine", {"vllm_version": True, "model_runner": True})
+    setup = _config(data["config"])
+    return SchedulerTrace(
+        scheduler=_choice("scheduler", data["scheduler"], SCHEDULERS),
+        setup=setup,
+        model_runner=_choice("engine.model_runner", engine["model_runner"], MODEL_RUNNERS),
+        vllm_version=str(_text("engine.vllm_version", engine["vllm_version"])),
+        program=_program(data["program"], setup),
+        failure=_failure(data["failure"]),
+        shrunk=_boolean("shrunk", data["shrunk"]),
+        known_bug=_text("known_bug", data.get("known_bug"), optional=True),
+        kvfuzz_version=str(_text("kvfuzz_version", data["kvfuzz_version"])),
+    )
+
+
+def _config(value: Any) -> SchedulerSetup:
+    config = _fields(value, "config", {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")})
+    numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
+    try:
+        return SchedulerSetup(prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]), **numbers)
+    except ValueError as error:
+        raise _Invalid("config", str(error)) from None
+
+
+def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
+    if not isinstance(value, list):
+        raise _Invalid("program", f"must be a JSON list, not {type(value).__name__}")
+    if len(value) > LIMITS["program"]:
+        raise _Invalid("program", f"longer than {LIMITS['program']} operations")
+    program: list[Operation] = []
+    added = 0
+    for index, item in enumerate(value):
+        where = f"program[{index}]"
+        if not isinstance(item, dict) or item.get("op") not in ("add", "abort", "step"):
+            raise _Invalid(where, "must be an object whose op is add, abort or step")
+        if item["op"] == "step":
+            _fields(item, where, {"op": True})
+            program.append(Step())
+        elif item["op"] == "abort":
+            request = _text(f"{where}.request", _fields(item, where, {"op": True, "request": True})["request"])
+            if not re.fullmatch(r"r\d{1,6}", str(request)) or int(str(request)[1:]) >= added:
+                raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
+            program.append(Abort(str(request)))
+        else:
+            item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True})
+            prompt = item["prompt"]
+            if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
+                raise _Invalid(f"{where}.prompt", f"must be a list of 1..{setup.max_model_len - 1} tokens")
+            tokens = [_integer(f"{where}.prompt", token, 0, VOCABULARY - 1) for token in prompt]
+            room = setup.max_model_len - len(tokens)
+            program.append(AddRequest(tokens, _integer(f"{where}.max_tokens", item["max_tokens"], 1, room)))
+            added += 1
+    return program
+
+
+def _failure(value: Any) -> RecordedFailure:
+    fields = {"check": True, "exception": True, "step": True, "request": True, "message": True}
+    failure = _fields(value, "failure", fields)
+    check = _choice("failure.check", failure["check"], (*(check.value for check in Check), CRASH))
+    exception = _text("failure.exception", failure["exception"], optional=True)
+    if (check == CRASH) != (exception is not None):
+        raise _Invalid("failure.exception", "must name the exception's type for a crash, and be null otherwise")
+    step = failure["step"]
+    return RecordedFailure(
+        check=check,
+        message=str(_text("failure.message", failure["message"])),
+        exception=exception,
+        step=None if step is None else _integer("failure.step", step, 0, 1 << 40),
+        request=_text("failure.request", failure["request"], optional=True),
+    )

@@ -1,0 +1,244 @@
+"""Scheduler traces in kvfuzz's own environment (no vLLM): the format's round trip and versioning, every refusal
+one line naming the file and the field, the file kind told from the bytes, atomic saving, ``show`` and ``export``
+(which need no vLLM), and ``replay`` and the pytest plugin skipping such a trace, with the reason, where vLLM is
+missing. Replaying one against vLLM is engine_tests/test_vllm_scheduler_traces.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from kvfuzz.cli import main
+from kvfuzz.saved.files import SCHEDULER_FORMAT, json_file_kind
+from kvfuzz.scheduler import trace as scheduler_trace
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.program import Abort, AddRequest, Step
+from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, SchedulerTraceError, from_json, load, save
+from kvfuzz.scheduler.violations import Check, SchedulerViolation
+
+pytest_plugins = ["pytester"]
+
+VLLM_MISSING = importlib.util.find_spec("vllm") is None
+
+TRACE = SchedulerTrace(
+    scheduler="vllm-v1",
+    setup=SchedulerSetup(num_blocks=8, max_num_seqs=2, prefix_caching=False),
+    model_runner="V1",
+    vllm_version="0.33.0",
+    program=[AddRequest([1, 2, 3], 4), Step(), Abort("r0"), Step()],
+    failure=RecordedFailure.of(SchedulerViolation(Check.ACCOUNTING, 2, "r0", "the manager reports 7 free blocks")),
+    shrunk=True,
+)
+
+
+def test_a_trace_round_trips_and_names_its_kind() -> None:
+    data = TRACE.to_json()
+    assert data["format"] == "kvfuzz-scheduler-trace/1" == scheduler_trace.FORMAT == SCHEDULER_FORMAT
+    assert data["engine"] == {"vllm_version": "0.33.0", "model_runner": "V1"}
+    assert data["config"] == {
+        "num_blocks": 8,
+        "block_size": 4,
+        "max_num_batched_tokens": 16,
+        "max_num_seqs": 2,
+        "prefix_caching": False,
+    }
+    assert data["program"] == [
+        {"op": "add", "prompt": [1, 2, 3], "max_tokens": 4},
+        {"op": "step"},
+        {"op": "abort", "request": "r0"},
+        {"op": "step"},
+    ]
+    assert data["failure"] == {
+        "check": "accounting",
+        "exception": None,
+        "step": 2,
+        "request": "r0",
+        "message": "accounting check failed at step 2, request r0: the manager reports 7 free blocks",
+    }
+    assert from_json(json.loads(json.dumps(data))) == TRACE
+
+
+def test_a_crash_is_recorded_with_its_exception_type() -> None:
+    failure = RecordedFailure.of(AssertionError("seeded"))
+    assert (failure.check, failure.exception, failure.message) == ("crash", "AssertionError", "AssertionError: seeded")
+    assert failure.same_kind(RecordedFailure.of(AssertionError("other words")))
+    assert not failure.same_kind(RecordedFailure.of(KeyError("seeded")))
+
+
+def test_the_digest_names_configuration_runner_and_program() -> None:
+    import attrs
+
+    assert attrs.evolve(TRACE, shrunk=False).digest() == TRACE.digest()
+    assert attrs.evolve(TRACE, model_runner="V2").digest() != TRACE.digest()
+    assert attrs.evolve(TRACE, program=TRACE.program[:-1]).digest() != TRACE.digest()
+    assert TRACE.file_name() == f"vllm-v1-accounting-{TRACE.digest()}.json"
+
+
+def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    data = json.loads(json.dumps(TRACE.to_json()))
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize(
+    "change, line",
+    [
+        (lambda d: d.update(format="kvfuzz-scheduler-trace/2"), "format: must be 'kvfuzz-scheduler-trace/1', not "),
+        (lambda d: d.update(extra=1), "the trace: unknown field 'extra'"),
+        (lambda d: d.pop("engine"), "the trace: missing field 'engine'"),
+        (lambda d: d.update(scheduler="sglang"), 'scheduler: must be one of vllm-v1, not "sglang"'),
+        (lambda d: d["engine"].update(model_runner="V3"), 'engine.model_runner: must be one of V1, V2, not "V3"'),
+        (lambda d: d["config"].update(num_blocks=0), "config.num_blocks: must be in 1..65536, not 0"),
+        (lambda d: d["config"].update(block_size=True), "config.block_size: must be an integer, not true"),
+        (lambda d: d["config"].update(prefix_caching=1), "config.prefix_caching: must be true or false, not 1"),
+        (lambda d: d["program"][0].update(prompt=[1, 9]), "program[0].prompt: must be in 0..3, not 9"),
+        (lambda d: d["program"][0].update(prompt=[]), "program[0].prompt: must be a list of 1..31 tokens"),
+        (lambda d: d["program"][0].update(max_tokens=30), "program[0].max_tokens: must be in 1..29, not 30"),
+        (lambda d: d["program"][2].update(request="r1"), "program[2].request: must name a request added before it"),
+        (lambda d: d["program"].insert(0, {"op": "reset"}), "program[0]: must be an object whose op is add, abort"),
+        (lambda d: d["program"][1].update(extra=1), "program[1]: unknown field 'extra'"),
+        (lambda d: d["failure"].update(check="content-ish"), "failure.check: must be one of content, exclusive"),
+        (lambda d: d["failure"].update(check="crash"), "failure.exception: must name the exception's type for a"),
+    ],
+)
+def test_a_bad_trace_is_refused_in_one_line_naming_the_field(
+    tmp_path: Path, change: Callable[[dict[str, Any]], None], line: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(edit(change)))
+    with pytest.raises(SchedulerTraceError) as caught:
+        load(path)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{path}: {line}"), message
+
+
+def test_saving_is_atomic_and_once(tmp_path: Path) -> None:
+    path, written = save(TRACE, tmp_path / "corpus")
+    assert written and load(path) == TRACE and path.name == TRACE.file_name()
+    assert save(TRACE, tmp_path / "corpus") == (path, False)
+    path.write_text("{")  # a damaged file of the trace's name is replaced
+    assert save(TRACE, tmp_path / "corpus") == (path, True) and load(path) == TRACE
+    assert [entry.name for entry in (tmp_path / "corpus").iterdir()] == [path.name]  # no temporary file left
+
+
+def test_the_file_kind_is_told_from_the_bytes(tmp_path: Path) -> None:
+    path, _ = save(TRACE, tmp_path)
+    assert json_file_kind(path) == "scheduler-trace"
+    wide = tmp_path / "wide.json"
+    wide.write_bytes(json.dumps(TRACE.to_json()).encode("utf-16"))
+    assert json_file_kind(wide) == "scheduler-trace"
+    allocator = tmp_path / "allocator.json"
+    allocator.write_text('{"format": "kvfuzz-trace/1"}')
+    assert json_file_kind(allocator) == "trace"
+
+
+def test_show_and_export_need_no_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = save(TRACE, tmp_path)
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[:7] == [
+        "scheduler trace (kvfuzz-scheduler-trace/1) of vllm-v1, vLLM 0.33.0, V1 model runner protocol",
+        "  8 blocks x 4 slots, token budget 16, at most 2 running, prefix caching off",
+        "  shrunk: 4 operation(s), then the drain",
+        "    1  add(prompt=[1, 2, 3], max_tokens=4)",
+        "    2  step()",
+        "    3  abort('r0')",
+        "    4  step()",
+    ]
+    assert "failure: accounting check failed at step 2, request r0: the manager reports 7 free blocks" in out
+    exported = tmp_path / "test_exported.py"
+    assert main(["export", str(path), "-o", str(exported)]) == 0
+    text = exported.read_text()
+    compile(text, str(exported), "exec")
+    assert "with model_runner('V1'):" in text and "session.add([1, 2, 3], 4)" in text
+    assert "session.abort('r0')" in text and text.rstrip().endswith("session.drain()")
+    assert "max_num_seqs=2" in text and "prefix_caching=False" in text
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["show", "T", "--html", "x.html"], "a scheduler trace takes no --html (it is shown as text; no timeline yet)"),
+        (["export", "T", "--allocator", "kvfuzz"], "a scheduler trace takes no --allocator"),
+        (
+            ["replay", "T", "--allocator", "kvfuzz"],
+            "a scheduler trace is replayed against its scheduler, not --allocator",
+        ),
+    ],
+)
+def test_options_of_allocator_traces_are_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], line: str
+) -> None:
+    path, _ = save(TRACE, tmp_path)
+    assert main([str(path) if arg == "T" else arg for arg in argv]) == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err.splitlines()) == ("", [f"kvfuzz: {path}: {line}"])
+
+
+@pytest.mark.skipif(not VLLM_MISSING, reason="vLLM is installed here: this is the refusal for environments without it")
+def test_replay_without_vllm_skips_the_trace_with_the_reason_as_for_an_absent_allocator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _ = save(TRACE, tmp_path)
+    assert main(["replay", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert captured.out.splitlines() == [
+        f"{path}: skipped: a vllm-v1 trace needs vllm 0.33.0, which is not installed here; build its environment "
+        "with scripts/third_party_env.sh vllm",
+        "",
+    ]
+
+
+@pytest.mark.skipif(not VLLM_MISSING, reason="vLLM is installed here: this is the skip for environments without it")
+def test_pytest_skips_a_scheduler_trace_where_vllm_is_missing(pytester: pytest.Pytester) -> None:
+    save(TRACE, pytester.path / "corpus")
+    result = pytester.runpytest("corpus", "-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*a vllm-v1 trace needs vllm 0.33.0, which is not installed here*"])
+
+
+def test_pytest_fails_a_damaged_scheduler_trace_in_one_line(pytester: pytest.Pytester) -> None:
+    (pytester.path / "corpus").mkdir()
+    (pytester.path / "corpus" / "bad.json").write_text(json.dumps(edit(lambda d: d.update(shrunk="yes"))))
+    result = pytester.runpytest("corpus", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(['*bad.json: shrunk: must be true or false, not "yes"*'])
+
+
+class _Worker:
+    runner_v2 = False
+
+
+class _Session:
+    """What the recorder reads of a session: its setup, its worker's runner and the program so far."""
+
+    def __init__(self, *program: Any) -> None:
+        self.setup = TRACE.setup
+        self.worker = _Worker()
+        self.program = list(program)
+
+
+@pytest.mark.parametrize("same_failure", [True, False], ids=["same failure", "another failure"])
+def test_the_unshrunk_trace_gives_way_only_to_a_shrunk_trace_of_the_same_failure(
+    same_failure: bool, tmp_path: Path
+) -> None:
+    """Hypothesis reports one failure, and when shrinking meets another kind of failure it may report that one: the
+    first one's unshrunk trace then stays on disk beside it (before, it was deleted, and that failure lost)."""
+    from kvfuzz.scheduler.recorder import FailureRecorder
+
+    found = SchedulerViolation(Check.ACCOUNTING, 3, "r1", "block 1 has ref_cnt 3")
+    reported = found if same_failure else SchedulerViolation(Check.CONTENT, 1, "r0", "slot 4 holds r1's K/V")
+    recorder = FailureRecorder("vllm-v1", tmp_path)
+    recorder(_Session(AddRequest([1, 2, 3, 4, 5], 2), Step(), AddRequest([1, 2], 1), Step()), found)
+    first = recorder.first
+    assert first is not None and first.path.exists()
+    recorder(_Session(AddRequest([1], 1), Step()), reported)
+    saved = recorder.finish(reported, shrunk=True)
+    assert saved is not None and saved.path.exists() and load(saved.path).failure == RecordedFailure.of(reported)
+    assert first.path.exists() is not same_failure
+    assert len(list(tmp_path.glob("*.json"))) == (1 if same_failure else 2)

@@ -1,0 +1,95 @@
+"""One finding per bug, both ways: a signature is the invariant and the cause its check names, so two bugs breaking
+one invariant in one operation are two findings, one bug met through several operations is one, and a campaign's
+known trace makes known only the failure it recorded."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import attrs
+
+from kvfuzz.campaign.known import known_signatures
+from kvfuzz.engine import MachineConfig
+from kvfuzz.engine.violations import InvariantViolation, violation
+from kvfuzz.program.execution import Target
+from kvfuzz.program.random_programs import random_program
+from kvfuzz.program.replay import replay
+from kvfuzz.registry import load_factory
+from kvfuzz.saved.trace import Trace, failure_record, save
+from kvfuzz.shrink.signature import signature_of
+
+
+def _failures(spec: str, programs: int, seed: int = 1) -> list:
+    """(calls, violation, failed_at) of every failing program among ``programs`` seeded random programs."""
+    target = Target(load_factory(spec), MachineConfig())
+    rng = random.Random(seed)
+    found = []
+    for _ in range(programs):
+        failed = random_program(target, rng, rng.randint(1, 40))
+        if failed is None:
+            continue
+        outcome = replay(target, failed.calls)
+        assert isinstance(outcome.failure, InvariantViolation)
+        found.append((failed.calls, outcome.failure, outcome.failed_at))
+    return found
+
+
+def _without_cause(failure: InvariantViolation) -> InvariantViolation:
+    return violation(failure.invariant, failure.operation, failure.step, failure.summary, failure.details)
+
+
+def test_two_bugs_breaking_one_invariant_in_one_operation_are_two_findings() -> None:
+    # Blocks matchable before they are written, and a cache key without the namespace: both break cache soundness
+    # in admit, which invariant and operation alone merged into one finding.
+    spec = "kvfuzz.zoo.combined:unwritten_and_namespace"
+    in_admit = [
+        (calls, failure, at)
+        for calls, failure, at in _failures(spec, 150)
+        if signature_of(spec, _without_cause(failure), calls, at).operation == "admit"
+    ]
+    causes = {signature_of(spec, failure, calls, at).cause for calls, failure, at in in_admit}
+    assert {
+        "a cache hit on K/V no completed step has written",
+        "a cache hit on a block that holds, or is about to hold, another prefix's K/V",
+    } <= causes
+    assert len({signature_of(spec, _without_cause(f), c, a) for c, f, a in in_admit}) == 1
+
+
+def test_one_bug_met_through_several_operations_is_one_finding() -> None:
+    # A free that skips shared blocks leaves refcounts too high, met by whichever operation next touches the block.
+    spec = "zoo:FreeForgetsSharedRefcount"
+    found = _failures(spec, 60)
+    operations = {signature_of(spec, _without_cause(f), calls, at).operation for calls, f, at in found}
+    assert len(operations) >= 2
+    signatures = {signature_of(spec, failure, calls, at) for calls, failure, at in found}
+    assert len(signatures) == 1
+    (signature,) = signatures
+    assert signature.operation is None and signature.cause is not None and signature.cause.startswith("a refcount")
+    assert "a refcount above the table entries" in str(signature)  # the report says the cause in words
+
+
+def test_a_known_trace_makes_known_its_bug_whatever_operation_meets_it(tmp_path: Path) -> None:
+    spec = "zoo:FreeForgetsSharedRefcount"
+    found = _failures(spec, 60)
+    calls, failure, _ = found[0]
+    save(Trace(spec, MachineConfig(), calls, failure_record(failure), known_bug="unfixed"), tmp_path)
+    known = known_signatures([tmp_path], [spec], call_timeout=30)
+    assert known
+    for calls, other, at in found:  # met in several operations: every one is the known bug
+        assert signature_of(spec, other, calls, at).key() in known
+
+
+def test_a_known_trace_that_now_fails_for_another_cause_hides_nothing(tmp_path: Path) -> None:
+    # The trace recorded an under-count; its program now breaks the same invariant for another cause (a
+    # regression on the known bug's path): that new failure must stay new.
+    spec = "zoo:FreeForgetsSharedRefcount"
+    calls, failure, at = _failures(spec, 60)[0]
+    recorded = "a refcount below the table entries naming the block: a reference released too often or never taken"
+    assert failure.cause.words != recorded
+    trace = Trace(spec, MachineConfig(), calls, {**failure_record(failure), "cause": recorded})
+    save(trace, tmp_path)
+    assert known_signatures([tmp_path], [spec], call_timeout=30) == {}
+    # The same trace recording the cause it reproduces makes it known.
+    save(attrs.evolve(trace, failure=failure_record(failure)), tmp_path / "same")
+    assert known_signatures([tmp_path / "same"], [spec], call_timeout=30)
