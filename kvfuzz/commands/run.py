@@ -84,8 +84,8 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
         f"({summary.steps_per_second:.0f} steps/s)"
     )
     print(
-        f"operations (random programs over {plural(summary.swarms, 'distinct operation subset')}, "
-        "Hypothesis's examples over rules it switches off per example):"
+        f"operations (random programs over the whole table and over {plural(summary.swarms, 'weighted subset')} "
+        "of it, Hypothesis's examples over rules it switches off per example):"
     )
     width = max((len(name) for name in summary.operations), default=0)
     for name, count in summary.operations.items():
