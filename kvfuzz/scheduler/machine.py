@@ -4,7 +4,7 @@ stops arrivals and drains every request (the progress check)."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import attrs
 from hypothesis import strategies as st
@@ -46,9 +46,14 @@ def machine_for_setup(
     worker: WorkerFactory = Worker,
     tally: Optional[Tally] = None,
     witness: Optional[Witness] = None,
+    session: Optional[Callable[[], Any]] = None,
+    name: str = "VllmV1SchedulerMachine",
 ) -> type[RuleBasedStateMachine]:
     """A state machine class driving fresh ``Scheduler`` instances of ``setup`` with ``worker``, counting into
-    ``tally`` and telling ``witness`` of each failing example."""
+    ``tally`` and telling ``witness`` of each failing example. ``session`` builds another engine's session instead
+    (:class:`kvfuzz.scheduler.sglang.session.SGLangSession`: the same client operations, ``has_requests``, counters
+    and ``program``)."""
+    new_session = session if session is not None else (lambda: Session(setup, worker))
     prefixes = prefix_lengths(setup)
     longest = setup.max_model_len
 
@@ -57,7 +62,7 @@ def machine_for_setup(
 
         def __init__(self) -> None:
             super().__init__()
-            self.session = Session(setup, worker)  # one example's scheduler, worker and outputs
+            self.session = new_session()  # one example's scheduler, worker and outputs
             self.failed = False  # an operation raised (a check, or vLLM itself): the teardown does not drain
 
         def _guarded(self, action: Callable[[], T]) -> T:
@@ -106,5 +111,5 @@ def machine_for_setup(
                     tally.preemptions += self.session.preemptions
                     tally.hit_tokens += self.session.hit_tokens
 
-    SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = "VllmV1SchedulerMachine"
+    SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = name
     return SchedulerMachine

@@ -41,9 +41,10 @@ class OutputLedger:
         """Check the outputs ``update_from_output`` returned at ``step``."""
         for outputs in engine_outputs.values():
             for output in outputs.outputs:
-                self._receive(output.request_id, list(output.new_token_ids), output.finish_reason is not None, step)
+                self.record(output.request_id, list(output.new_token_ids), output.finish_reason is not None, step)
 
-    def _receive(self, request: str, tokens: list[int], finishes: bool, step: int) -> None:
+    def record(self, request: str, tokens: list[int], finishes: bool, step: int) -> None:
+        """Check the ``tokens`` an engine reported for ``request`` at ``step`` (``finishes``: and that it finished)."""
         expected = self.requests[request]
         if expected.finished and tokens:
             raise SchedulerViolation(

@@ -4,7 +4,7 @@ so the same run every time), its failure shrunk by Hypothesis to the fewest requ
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import attrs
 from hypothesis.stateful import run_state_machine_as_test
@@ -81,12 +81,15 @@ def search(
     shrink: bool = True,
     worker: WorkerFactory = Worker,
     witness: Optional[Witness] = None,
+    session: Optional[Callable[[], Any]] = None,
+    name: str = "VllmV1SchedulerMachine",
 ) -> Outcome:
     """Run the machine for ``examples`` examples of up to ``steps`` operations; a failure (a
     :class:`SchedulerViolation`, or any exception vLLM raises) is shrunk, unless ``shrink`` is off, and returned.
-    ``witness`` is told of every failing example (the first found, shrinking's, and the shrunk one last)."""
+    ``witness`` is told of every failing example (the first found, shrinking's, and the shrunk one last);
+    ``session`` and ``name`` select another engine's session (:func:`machine_for_setup`)."""
     tally = Tally()
-    machine = machine_for_setup(setup, worker, tally, witness)
+    machine = machine_for_setup(setup, worker, tally, witness, session, name)
 
     profile = run_settings(examples, steps, shrink=shrink)
     failure: Optional[Exception] = None

@@ -27,14 +27,13 @@ Invariants the worker holds vLLM to:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import attrs
-import torch
 
-from kvfuzz.reference.content import kv_for_tags, prefix_tags
-from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
+from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
+from kvfuzz.scheduler.kv_slots import Claim, SlotPool
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import vllm_config
 
@@ -50,36 +49,13 @@ class RequestState:
     preempted: bool = False  # preempted and not resumed since: ``table`` is stale
 
 
-@attrs.frozen
-class Write:
-    """Who last wrote a slot: its shadow record."""
-
-    request: str  # the request whose token was written
-    position: int  # the token's position in that request
-    tag: int  # the tag of that request's prefix up to the position
-    step: int  # the step that wrote it
-
-
-@attrs.frozen
-class Claim:
-    """Who needs a slot's content this step: a live request that computed the position, or this step's writer."""
-
-    request: str  # the request
-    position: int  # its position the slot holds
-    tag: int  # the content it needs there
-    why: str  # "relies on" or "wrote this step", for the message
-
-
 class Worker:
     """The worker side of one example. Subclasses in the engine tests seed bugs by overriding :meth:`slots` (the
     write path's slot mapping) or :meth:`sampled` (the model's output)."""
 
     def __init__(self, setup: SchedulerSetup) -> None:
         self.block_size = setup.block_size  # slots per block
-        slots = (setup.num_blocks + 1) * setup.block_size  # vLLM's null block 0 included
-        self.keys = torch.zeros((slots, *MODEL_SHAPE.kv_row_shape), dtype=MODEL_SHAPE.dtype)  # the K pool
-        self.values = torch.zeros_like(self.keys)  # the V pool
-        self.shadow: list[Optional[Write]] = [None] * slots  # slot -> its last write
+        self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)  # vLLM's null block 0 too
         self.runner_v2 = bool(vllm_config(setup).use_v2_model_runner)  # which model runner's protocol is spoken
         self.requests: dict[str, RequestState] = {}  # every request the worker holds, as the model runner's
         self.history: dict[str, list[int]] = {}  # unfinished request -> every token the fake model sampled for it
@@ -199,9 +175,8 @@ class Worker:
         relied: dict[int, Claim] = {}
         for request, state in self.requests.items():
             if not state.preempted and state.computed:
-                tags = prefix_tags((), state.tokens[: state.computed])
-                for position, tag in enumerate(tags):
-                    relied.setdefault(self._slot(request, position, step), Claim(request, position, tag, "relies on"))
+                slots = [self._slot(request, position, step) for position in range(state.computed)]
+                self.kv.claim(request, state.tokens[: state.computed], slots, relied)
         return relied
 
     def _write(self, request: str, positions: range, step: int, taken: dict[int, Claim]) -> None:
@@ -220,52 +195,10 @@ class Worker:
             )
         if not positions:
             return
-        tags = prefix_tags((), state.tokens[: positions.stop])[positions.start :]
-        slots = self.slots(request, positions, step)
-        for slot, position, tag in zip(slots, positions, tags):
-            claim = taken.get(slot)
-            if claim is not None and claim.tag != tag:
-                found = self.shadow[slot]
-                raise SchedulerViolation(
-                    Check.EXCLUSIVE,
-                    step,
-                    request,
-                    f"its position {position} (tag {tag:#x}) is written to block {slot // self.block_size}, slot "
-                    f"{slot}, which request {claim.request} {claim.why} for its position {claim.position} (tag "
-                    f"{claim.tag:#x}); the slot holds "
-                    + ("nothing yet" if found is None else f"tag {found.tag:#x}, written at step {found.step}"),
-                )
-            taken[slot] = Claim(request, position, tag, "wrote this step")
-        keys, values = kv_for_tags(tags, MODEL_SHAPE)
-        index = torch.tensor(slots, dtype=torch.int64)
-        self.keys[index] = keys
-        self.values[index] = values
-        for slot, position, tag in zip(slots, positions, tags):
-            self.shadow[slot] = Write(request, position, tag, step)
+        self.kv.write(request, state.tokens, positions, self.slots(request, positions, step), step, taken)
 
     def _check_content(self, request: str, end: int, step: int) -> None:
         """Every position before ``end`` holds the K/V of the request's own prefix up to it."""
         state = self.requests[request]
-        tags = prefix_tags((), state.tokens[:end])
         slots = [self._slot(request, position, step) for position in range(end)]
-        keys, values = kv_for_tags(tags, MODEL_SHAPE)
-        index = torch.tensor(slots, dtype=torch.int64)
-        bad = ((self.keys[index] != keys) | (self.values[index] != values)).flatten(1).any(1)
-        if not bool(bad.any()):
-            return
-        position = int(bad.nonzero()[0, 0])
-        slot = slots[position]
-        found = self.shadow[slot]
-        holds = (
-            "nothing written there"
-            if found is None
-            else f"the K/V of request {found.request}'s position {found.position} (tag {found.tag:#x}), written at "
-            f"step {found.step}"
-        )
-        raise SchedulerViolation(
-            Check.CONTENT,
-            step,
-            request,
-            f"position {position} (block {slot // self.block_size}, slot {slot}) should hold the K/V of the "
-            f"request's own tokens {state.tokens[: position + 1]} (tag {tags[position]:#x}), but holds {holds}",
-        )
+        self.kv.check(request, state.tokens[:end], slots, step)
