@@ -28,6 +28,6 @@ CALL_TIMEOUT = 60.0  # kvfuzz.program.safeguards.DEFAULT_CALL_TIMEOUT
 CAMPAIGN_DURATION = 600.0  # kvfuzz.campaign.supervisor.DEFAULT_DURATION
 PROFILE_NAMES = ("ci", "dev", "nightly")  # tuple(kvfuzz.profiles.PROFILES)
 POLICY_NAMES = ("decode-first", "prefill-first")  # kvfuzz.workload.budget.POLICIES
-SCHEDULER_NAMES = ("vllm-v1",)  # tuple(kvfuzz.scheduler.command.SCHEDULERS)
+SCHEDULER_NAMES = ("vllm-v1", "sglang")  # tuple(kvfuzz.scheduler.command.SCHEDULERS)
 SCHEDULER_TOKEN_BUDGET = 16  # kvfuzz.scheduler.config.SchedulerSetup().max_num_batched_tokens
 SCHEDULER_MAX_SEQS = 4  # SchedulerSetup().max_num_seqs

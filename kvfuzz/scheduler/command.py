@@ -15,7 +15,10 @@ from kvfuzz.text import plural
 if TYPE_CHECKING:
     from kvfuzz.scheduler.config import SchedulerSetup
 
-SCHEDULERS = {"vllm-v1": "vLLM 0.33.0's v1 Scheduler with its KVCacheManager"}
+SCHEDULERS = {
+    "vllm-v1": "vLLM 0.33.0's v1 Scheduler with its KVCacheManager",
+    "sglang": "SGLang 0.5.23's SchedulePolicy, PrefillAdder and ScheduleBatch over its radix cache",
+}
 """The schedulers ``--scheduler`` names, and what each is."""
 
 _ALLOCATOR_ONLY = (
@@ -64,6 +67,15 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     for attribute, default, flag in _ALLOCATOR_ONLY:
         if getattr(args, attribute) != default:
             return f"--scheduler does not take {flag} (yet; docs/scheduler.md says what a scheduler target covers)"
+    if args.scheduler == "sglang":
+        from kvfuzz.scheduler.sglang.build import sglang_missing
+
+        if sglang_missing():
+            return (
+                "--scheduler sglang needs sglang 0.5.23, which is not installed here; build its environment with "
+                "scripts/third_party_env.sh sglang"
+            )
+        return None
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
@@ -101,6 +113,16 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
     """``kvfuzz run --scheduler``: exit status 0 (passed), 1 (a check failed), 2 (a usage error). With ``--json``
     the outcome goes to ``emit_json`` (the CLI's, which keeps standard output for it)."""
     problem = usage_error(args)
+    if problem is None and args.scheduler == "sglang":
+        from kvfuzz.scheduler.sglang.command import run_sglang, setup_problem
+
+        try:
+            setup = _setup(args)
+            problem = setup_problem(setup)
+        except ValueError as error:
+            problem = str(error)
+        if problem is None:
+            return run_sglang(args, setup, emit_json)
     if problem is None:
         try:
             setup = _setup(args)
