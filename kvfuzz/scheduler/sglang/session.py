@@ -96,7 +96,7 @@ class SGLangSession:
                 reqs[0].rid,
                 f"the batch writes {len(write_slots)} slots (out_cache_loc) for {sum(counts)} scheduled tokens",
             )
-        taken = self._relied_on(exclude={req.rid for req in reqs})
+        taken = self._relied_on()
         offset = 0
         for req, start, count in zip(reqs, starts, counts):
             if extend:
@@ -141,7 +141,7 @@ class SGLangSession:
         rid = req.rid  # type: ignore[attr-defined]
         self.kv.check(rid, self.tokens[rid][:end], self._row(req, end), self.steps)
 
-    def _relied_on(self, exclude: set[str]) -> dict[int, Claim]:
+    def _relied_on(self) -> dict[int, Claim]:
         """Slot -> the claim of a request holding KV (running, chunked, or this batch's) on a position it computed."""
         claims: dict[int, Claim] = {}
         for request, req in self.scheduler.requests.items():
