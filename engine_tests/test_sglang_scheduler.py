@@ -41,6 +41,17 @@ def test_a_program_with_prefix_hits_runs_clean_and_outputs_are_the_fake_models()
         assert expected.finished and len(expected.received) == expected.max_tokens
 
 
+def test_a_page_size_of_one_is_refused_in_one_line_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvfuzz.cli import main
+
+    assert main(["run", "--scheduler", "sglang", "--block-size", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "kvfuzz: --scheduler sglang needs --block-size >= 2 (SGLang serves page size 1 with another allocator)"
+    ]
+
+
 def test_the_search_passes_on_sglang_as_released() -> None:
     outcome = _search(SMALL)
     assert outcome.failure is None, outcome.describe()

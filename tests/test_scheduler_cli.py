@@ -23,6 +23,17 @@ def test_the_scheduler_target_without_vllm_is_one_line_and_exit_2(tmp_path: Path
     assert not (tmp_path / ".kvfuzz").exists()
 
 
+def test_the_sglang_scheduler_target_without_sglang_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("SGLang is installed here: this is the refusal for environments without it")
+    done = kvfuzz("run", "--scheduler", "sglang", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "kvfuzz: --scheduler sglang needs sglang 0.5.23, which is not installed here; build its environment with "
+        "scripts/third_party_env.sh sglang"
+    ]
+
+
 @pytest.mark.parametrize(
     "args, line",
     [
