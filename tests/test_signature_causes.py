@@ -11,7 +11,8 @@ import attrs
 
 from kvfuzz.campaign.known import known_signatures
 from kvfuzz.engine import MachineConfig
-from kvfuzz.engine.violations import InvariantViolation, violation
+from kvfuzz.engine.checks.accounting import OVER_COUNT, UNDER_COUNT
+from kvfuzz.engine.violations import REFINED, InvariantViolation, violation
 from kvfuzz.program.execution import Target
 from kvfuzz.program.random_programs import random_program
 from kvfuzz.program.replay import replay
@@ -93,3 +94,29 @@ def test_a_known_trace_that_now_fails_for_another_cause_hides_nothing(tmp_path: 
     # The same trace recording the cause it reproduces makes it known.
     save(attrs.evolve(trace, failure=failure_record(failure)), tmp_path / "same")
     assert known_signatures([tmp_path / "same"], [spec], call_timeout=30)
+
+
+def test_two_bugs_with_one_cause_on_different_release_paths_are_two_findings() -> None:
+    # A preemption that releases a block twice and a cache hit that takes no reference both leave a refcount below
+    # the table entries: the path that released or took the block (a whole-table release, an admission) tells
+    # them apart, where over- vs under-count alone merged them into one finding.
+    spec = "kvfuzz.zoo.combined:under_count_two_paths"
+    found = _failures(spec, 150)
+    coarse = {failure.cause.words.partition(REFINED)[0] for _, failure, _ in found}
+    assert coarse == {UNDER_COUNT.words}
+    signatures = {signature_of(spec, failure, calls, at) for calls, failure, at in found}
+    assert {str(s.cause).partition(REFINED)[2] for s in signatures} == {
+        "last touched by a release of a sequence's whole device table (free, preempt or swap-out)",
+        "last touched by an admission that mapped blocks (a cache hit shares them)",
+    }
+    assert all(s.operation is None for s in signatures)
+
+
+def test_a_trace_recording_the_coarser_cause_still_reproduces_the_refined_one(tmp_path: Path) -> None:
+    # Traces saved before a cause was refined (the refcount's release path) still reproduce their failure and
+    # make it known, under the refined signature.
+    spec = "zoo:FreeForgetsSharedRefcount"
+    calls, failure, at = _failures(spec, 60)[0]
+    assert failure.cause.words.startswith(OVER_COUNT.words + REFINED)
+    save(Trace(spec, MachineConfig(), calls, {**failure_record(failure), "cause": OVER_COUNT.words}), tmp_path)
+    assert set(known_signatures([tmp_path], [spec], call_timeout=30)) == {signature_of(spec, failure, calls, at).key()}

@@ -52,9 +52,18 @@ class Cause:
     words: str
     by_operation: bool = False
 
+    def refined(self, detail: str) -> Cause:
+        """This cause told apart further by ``detail`` (the path that released a block): its words, then ``; `` and
+        the detail, so that a trace that recorded the coarser words still reproduces the finer cause
+        (:func:`kvfuzz.saved.corpus.reproduces_recorded`)."""
+        return Cause(f"{self.words}{REFINED}{detail}", self.by_operation)
+
     def __str__(self) -> str:
         return self.words
 
+
+REFINED = "; "
+"""What joins a cause's words to the detail that refines them (:meth:`Cause.refined`)."""
 
 UNNAMED = Cause("", by_operation=True)
 """The cause of a violation whose check names none: the failure is then told apart by its operation, as before
