@@ -12,8 +12,8 @@ namespace's K/V), ``unwritten_and_namespace`` (cache soundness on admit: a hit o
 on another namespace's K/V) and ``refcount_over_and_under`` (refcounts: a free that leaves shared blocks' refcounts
 too high, and a preemption that releases one block twice). ``under_count_two_paths`` pairs two bugs with the same
 cause, a refcount below the table entries, reached by different paths (a preemption that releases one block twice,
-and a cache hit that maps evictable blocks without taking a reference): the path that released or took the block
-tells them apart. :data:`COMBINED` lists each with its bugs.
+and a grow after a rollback that appends the sequence's last block again without taking a reference): the path
+that released or took the block tells them apart. :data:`COMBINED` lists each with its bugs.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from kvfuzz.zoo.variants import (
     MatchableAtAllocation,
     NoCopyOnWrite,
     ReleasedTwiceOnPreempt,
+    RepeatedBlockAfterRollback,
     SwapInWrongHostBlock,
-    UnlockedPrefix,
 )
 
 
@@ -56,9 +56,10 @@ class RefcountOverAndUnder(FreeForgetsSharedRefcount, ReleasedTwiceOnPreempt):
     (ReleasedTwiceOnPreempt)."""
 
 
-class UnderCountTwoPaths(ReleasedTwiceOnPreempt, UnlockedPrefix):
-    """A preemption that releases a block twice (ReleasedTwiceOnPreempt) and a cache hit that takes no reference on
-    evictable blocks (UnlockedPrefix): both leave a refcount below the table entries, by different paths."""
+class UnderCountTwoPaths(ReleasedTwiceOnPreempt, RepeatedBlockAfterRollback):
+    """A preemption that releases a block twice (ReleasedTwiceOnPreempt) and a grow after a rollback that maps a
+    block twice on one reference (RepeatedBlockAfterRollback): both leave a refcount below the table entries, by
+    different paths."""
 
 
 def _factory(allocator: type[PagedAllocator]) -> Callable[[PoolSpec], PagedAllocator]:
@@ -98,6 +99,6 @@ COMBINED: tuple[Combined, ...] = (
     Combined("whole_prompt_and_namespace", _variants(FullPromptHit, KeyWithoutNamespace)),
     Combined("unwritten_and_namespace", _variants(MatchableAtAllocation, KeyWithoutNamespace)),
     Combined("refcount_over_and_under", _variants(FreeForgetsSharedRefcount, ReleasedTwiceOnPreempt)),
-    Combined("under_count_two_paths", _variants(ReleasedTwiceOnPreempt, UnlockedPrefix)),
+    Combined("under_count_two_paths", _variants(ReleasedTwiceOnPreempt, RepeatedBlockAfterRollback)),
 )
 """Every combined allocator of this module, with its bugs."""
