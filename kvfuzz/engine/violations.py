@@ -43,8 +43,8 @@ class Cause:
     """What a check knows about why its invariant broke, in words a person reads (``"a cache hit on K/V another
     prefix wrote"``): with the invariant, it makes a failure one finding (:mod:`kvfuzz.shrink.signature`), so two
     bugs that break one invariant in one operation for different reasons are two findings, and one bug met through
-    several operations is one. ``by_operation``: the failing operation is part of the cause (a result the operation
-    itself returned malformed), so the same words in two operations are two findings.
+    several operations is one. ``by_operation``: the failing operation is part of the cause (a valid call of the
+    operation refused with an unexpected error), so the same words in two operations are two findings.
 
     The words are the finding's identity: two checks that name the same cause use the same words, and a check names
     nothing in them that varies from one program to the next (no block, sequence or position)."""

@@ -88,7 +88,7 @@ class ResultChecks(Checker):
                     "kvfuzz.allocator.errors.OutOfBlocks",
                     f"found:    {problem}",
                 ],
-                Cause(f"a result that is not a well-formed {expected.__name__}", by_operation=True),
+                Cause(f"a result that is not a well-formed {expected.__name__}"),
             )
 
     def block_table(self, seq: str, table: object) -> tuple[int, ...]:
