@@ -43,6 +43,9 @@ class Snapshot:
     DRAWS = frozenset({"new_id"})
     """Queries that change the state: passed through, never kept."""
 
+    FIXED = frozenset({"caps", "block_size", "num_host_blocks"})
+    """Attributes fixed for an example (set when the state is made, never reassigned): kept across renewals."""
+
     def __init__(self, state: ProgramState) -> None:
         self._state = state  # the live state behind the answers
         self._answers: dict[object, Any] = {}  # (query, its arguments) -> its answer; a pick -> its options
@@ -66,7 +69,8 @@ class Snapshot:
         asked = getattr(self._state, name)
         if not callable(asked) or name in self.DRAWS:
             setattr(self, name, asked)
-            self._attributes.append(name)
+            if name not in self.FIXED:
+                self._attributes.append(name)
             return asked
         answers = self._answers
 
@@ -121,6 +125,14 @@ class Pick:
 
     def accepts(self, state: ProgramState, value: Any) -> bool:
         return value in self._choices(state)
+
+
+@attrs.frozen
+class FilledPick(Pick):
+    """A :class:`Pick` whose options are never empty, in any state (the misuse calls: growing a sequence nobody
+    admitted is always one), so that enablement need not build them: they are built only when drawn from."""
+
+    gating: ClassVar[bool] = False  # whether it can have nothing to draw from (enablement asks it)
 
 
 @attrs.frozen
@@ -247,4 +259,4 @@ class TokenLists:
         return any(low <= len(value) <= high for low, high in self.ranges(state))
 
 
-Argument = Union[Pick, NewSeqId, Integers, TokenLists, BlockIds]
+Argument = Union[Pick, FilledPick, NewSeqId, Integers, TokenLists, BlockIds]
