@@ -43,8 +43,9 @@ class Snapshot:
     DRAWS = frozenset({"new_id"})
     """Queries that change the state: passed through, never kept."""
 
-    FIXED = frozenset({"caps", "block_size", "num_host_blocks"})
-    """Attributes fixed for an example (set when the state is made, never reassigned): kept across renewals."""
+    KEPT = frozenset({"caps", "block_size", "num_host_blocks", "finished"})
+    """Attributes the state sets when it is made and never reassigns (``finished`` is one list, appended to in place,
+    so the snapshot reads it live, as it always did): kept across renewals."""
 
     def __init__(self, state: ProgramState) -> None:
         self._state = state  # the live state behind the answers
@@ -69,7 +70,7 @@ class Snapshot:
         asked = getattr(self._state, name)
         if not callable(asked) or name in self.DRAWS:
             setattr(self, name, asked)
-            if name not in self.FIXED:
+            if name not in self.KEPT:
                 self._attributes.append(name)
             return asked
         answers = self._answers
@@ -130,7 +131,8 @@ class Pick:
 @attrs.frozen
 class FilledPick(Pick):
     """A :class:`Pick` whose options are never empty, in any state (the misuse calls: growing a sequence nobody
-    admitted is always one), so that enablement need not build them: they are built only when drawn from."""
+    admitted is always one; the namespaces; the system prompts, the empty one among them), so that enablement need
+    not build them: they are built only when drawn from."""
 
     gating: ClassVar[bool] = False  # whether it can have nothing to draw from (enablement asks it)
 

@@ -68,8 +68,8 @@ CORE: tuple[Operation, ...] = (
         _admit,
         (
             ("seq", NewSeqId()),
-            ("namespace", Pick(_namespaces)),
-            ("system", Pick(lambda state: system_prompts(state.block_size))),
+            ("namespace", FilledPick(_namespaces)),
+            ("system", FilledPick(lambda state: system_prompts(state.block_size))),
             ("suffix", TokenLists(lambda state: ((1, state.block_size + 2),))),
         ),
         doc="a request whose prompt is a shared system prompt followed by its own suffix",
