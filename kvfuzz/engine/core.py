@@ -261,8 +261,11 @@ class EngineCore:
         step = self.pools.next_step
         tags, namespace = state.reference.tags(seq), state.reference.namespace(seq)
         slots, writes = [], []
+        checked = -1  # the block of the latest write checked exclusive: a block's verdict is the same for its slots
         for position, slot in state.scheduled_writes(seq):
-            self.checks.exclusive.block(slot // state.rows, seq, f"step {step} writes {seq} position {position}")
+            if slot // state.rows != checked:
+                checked = slot // state.rows
+                self.checks.exclusive.block(checked, seq, f"step {step} writes {seq} position {position}")
             slots.append(slot)
             writes.append(SlotWrite(tags[position], seq, namespace, position, step, via))
         state.seqs[seq].written = len(tags)
