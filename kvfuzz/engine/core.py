@@ -20,7 +20,7 @@ from kvfuzz.allocator.types import NULL_BLOCK, SeqId, Tokens, group_block_sizes
 from kvfuzz.engine.checks import Checks, PoolCounts
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.events import Completion, EngineEvents
-from kvfuzz.engine.expected import ExpectedState, Status, TableChange
+from kvfuzz.engine.expected import ExpectedState, Status, TableChange, common_prefix
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.pools import KVPools, SlotWrite
 from kvfuzz.engine.violations import Invariant
@@ -210,7 +210,8 @@ class EngineCore:
             state.evicted.pop(block, None)
         model.table = table
         pools = self.pools
-        for index, block in enumerate(table):
+        for index in range(common_prefix(old, table), len(table)):
+            block = table[index]
             if index < len(old) and old[index] == block:
                 continue
             if index < hit_blocks:
