@@ -18,7 +18,7 @@ def crash_message(error: BaseException) -> str:
     if text or not frames:
         return f"{name}: {text}"
     frame = frames[-1]
-    last = frame.end_lineno or frame.lineno or 0
+    last = getattr(frame, "end_lineno", None) or frame.lineno or 0  # end_lineno: Python 3.11 on
     lines = [linecache.getline(frame.filename, number).strip() for number in range(frame.lineno or 0, last + 1)]
     statement = re.sub(r"\s+\)", ")", re.sub(r"\(\s+", "(", " ".join(line for line in lines if line)))
     path = frame.filename.replace("\\", "/").split("site-packages/")[-1]
