@@ -355,6 +355,10 @@ def test_the_cli_runs_the_target_and_refuses_what_vllm_refuses_in_one_line(capsy
     assert main(["run", "--scheduler", "vllm-v1", "--examples", "5", "--num-blocks", "8", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["scheduler"] == "vllm-v1" and summary["failed"] is False and summary["steps"] > 0
+    assert main(["run", "--scheduler", "vllm-v1", "--policy", "priority", "--examples", "5", "--num-blocks", "8"]) == 0
+    assert "8 blocks x 4 slots, token budget 16, at most 4 running, prefix caching on, priority scheduling" in (
+        capsys.readouterr().out
+    )
     assert main(["run", "--scheduler", "vllm-v1", "--max-num-batched-tokens", "3"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
