@@ -105,7 +105,8 @@ def _positions(batch: Batch) -> tuple[Any, Any]:
     batch lays them out."""
     import torch
 
-    starts, positions = [0], []
+    starts: list[int] = [0]
+    positions: list[int] = []
     for _, scheduled in batch:
         positions.extend(scheduled)
         starts.append(len(positions))
