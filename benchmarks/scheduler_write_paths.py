@@ -18,7 +18,14 @@ prepare_write_path("vllm")  # Triton's interpreter, before vLLM is imported
 from kvfuzz.scheduler.attention import ATTENTIONS  # noqa: E402
 from kvfuzz.scheduler.config import SchedulerSetup  # noqa: E402
 from kvfuzz.scheduler.search import search  # noqa: E402
+from kvfuzz.scheduler.session import WorkerFactory  # noqa: E402
 from kvfuzz.scheduler.worker import Worker  # noqa: E402
+
+
+def worker_for(write_path: str, attention: str) -> WorkerFactory:
+    """The worker of each example: the write path and attention check named."""
+    factory, check = WRITE_PATHS[write_path], ATTENTIONS[attention]
+    return lambda setup: Worker(setup, factory, check(setup.block_size))
 
 
 def main() -> None:
@@ -31,14 +38,13 @@ def main() -> None:
     baseline = None
     for write_path in ("kvfuzz", "vllm"):
         for attention in ("off", "gather"):
-            factory, check = WRITE_PATHS[write_path], ATTENTIONS[attention]
             started = time.process_time()
             outcome = search(
                 setup,
                 examples=args.examples,
                 steps=50,
                 shrink=False,
-                worker=lambda chosen, factory=factory, check=check: Worker(chosen, factory, check(chosen.block_size)),
+                worker=worker_for(write_path, attention),
             )
             rate = outcome.steps / (time.process_time() - started)
             baseline = baseline or rate

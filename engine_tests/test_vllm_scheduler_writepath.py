@@ -9,7 +9,9 @@ process it must be collected before any module that imports vLLM's scheduler, as
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -22,13 +24,17 @@ from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 from vllm.v1.worker.gpu.block_table import BlockTables  # noqa: E402
 
 from kvfuzz.kernels.gather import GatherKernel  # noqa: E402
-from kvfuzz.scheduler.attention import KernelAttention  # noqa: E402
-from kvfuzz.scheduler.config import SchedulerSetup  # noqa: E402
+from kvfuzz.scheduler.attention import ATTENTIONS, KernelAttention  # noqa: E402
+from kvfuzz.scheduler.config import ATTENTION_NAMES, WRITE_PATH_NAMES, SchedulerSetup  # noqa: E402
+from kvfuzz.scheduler.recorder import FailureRecorder  # noqa: E402
+from kvfuzz.scheduler.replay import replay  # noqa: E402
 from kvfuzz.scheduler.search import search  # noqa: E402
 from kvfuzz.scheduler.session import Session, WorkerFactory  # noqa: E402
+from kvfuzz.scheduler.trace import load  # noqa: E402
 from kvfuzz.scheduler.violations import Check, SchedulerViolation  # noqa: E402
 from kvfuzz.scheduler.worker import Worker  # noqa: E402
 from kvfuzz.scheduler.write_paths import (  # noqa: E402
+    WRITE_PATHS,
     OwnSlotMapping,
     VllmV1BlockTable,
     VllmV2BlockTables,
@@ -61,6 +67,10 @@ def violation(action: Callable[[], object]) -> SchedulerViolation:
     with pytest.raises(SchedulerViolation) as caught:
         action()
     return caught.value
+
+
+def test_the_names_the_command_line_and_traces_take_are_the_implemented_ones() -> None:
+    assert tuple(WRITE_PATHS) == WRITE_PATH_NAMES and tuple(ATTENTIONS) == ATTENTION_NAMES
 
 
 def test_vllm_s_v2_block_tables_agree_with_kvfuzz_s_on_the_unmodified_scheduler() -> None:
@@ -162,3 +172,31 @@ def test_the_command_line_runs_vllm_s_write_path_with_attention(capsys: pytest.C
     status = main(["run", "--scheduler", "vllm-v1", "--write-path", "vllm", "--attention", "gather", "--examples", "3"])
     out = capsys.readouterr().out
     assert status == 0 and "write path vllm, attention gather" in out and "passed:" in out, out
+
+
+def test_a_slot_mapping_failure_is_saved_with_its_write_path_and_replays(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The trace records the write path and attention check, and a replay uses them: with kvfuzz's own write path
+    the failure would be gone."""
+    original = BlockTables.append_block_ids
+
+    def one_early(self: BlockTables, req_index: int, new_block_ids: tuple[list[int], ...], overwrite: bool) -> None:
+        if not overwrite:
+            self.num_blocks.np[0, req_index] -= 1
+        original(self, req_index, new_block_ids, overwrite)
+
+    monkeypatch.setattr(BlockTables, "append_block_ids", one_early)
+    session = Session(SMALL, vllm_worker)
+    recorder = FailureRecorder("vllm-v1", tmp_path)
+    found = violation(lambda: [session.add(PROMPT, 8), *(session.step() for _ in range(20))])
+    recorder(session, found)
+    assert recorder.first is not None and recorder.first.error is None
+    saved = json.loads(recorder.first.path.read_text())
+    assert saved["engine"]["write_path"] == "vllm" and saved["engine"]["attention"] == "gather", saved["engine"]
+    trace = load(recorder.first.path)
+    assert (trace.write_path, trace.attention) == ("vllm", "gather")
+    assert "write path vllm, attention gather" in trace.describe()[0]
+    again = replay(trace)
+    assert again.reproduced and again.identical, again.describe_failure()
+    assert not replay(trace, worker=own_worker).failed  # the default worker would have lost it

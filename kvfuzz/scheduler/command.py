@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from kvfuzz import option_defaults as defaults
+from kvfuzz.scheduler.config import ATTENTION_NAMES, WRITE_PATH_NAMES
 from kvfuzz.text import plural
 
 if TYPE_CHECKING:
@@ -37,9 +38,6 @@ _ALLOCATOR_ONLY = (
 
 SCHEDULER_ONLY = ("max_num_batched_tokens", "max_num_seqs", "no_prefix_caching", "write_path", "attention")
 """The attributes of the options only a scheduler target takes."""
-
-WRITE_PATH_NAMES = ("kvfuzz", "vllm")  # tuple(kvfuzz.scheduler.write_paths.WRITE_PATHS), without importing torch
-ATTENTION_NAMES = ("off", "gather", "vllm-triton")  # tuple(kvfuzz.scheduler.attention.ATTENTIONS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
