@@ -24,8 +24,9 @@ from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 from vllm.v1.worker.gpu.block_table import BlockTables  # noqa: E402
 
 from kvfuzz.kernels.gather import GatherKernel  # noqa: E402
+from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES  # noqa: E402
 from kvfuzz.scheduler.attention import ATTENTIONS, KernelAttention  # noqa: E402
-from kvfuzz.scheduler.config import ATTENTION_NAMES, WRITE_PATH_NAMES, SchedulerSetup  # noqa: E402
+from kvfuzz.scheduler.config import SchedulerSetup  # noqa: E402
 from kvfuzz.scheduler.recorder import FailureRecorder  # noqa: E402
 from kvfuzz.scheduler.replay import replay  # noqa: E402
 from kvfuzz.scheduler.search import search  # noqa: E402

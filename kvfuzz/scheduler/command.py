@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from kvfuzz import option_defaults as defaults
-from kvfuzz.scheduler.config import ATTENTION_NAMES, WRITE_PATH_NAMES
+from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
 from kvfuzz.text import plural
 
 if TYPE_CHECKING:

@@ -6,12 +6,6 @@ import attrs
 
 from kvfuzz.reference.content import ModelShape
 
-WRITE_PATH_NAMES = ("kvfuzz", "vllm")
-"""Who decides where a scheduled token's K/V is written (kvfuzz.scheduler.write_paths.WRITE_PATHS); the first is the
-default."""
-ATTENTION_NAMES = ("off", "gather", "vllm-triton")
-"""The attention checks (kvfuzz.scheduler.attention.ATTENTIONS); the first is the default."""
-
 MODEL_SHAPE = ModelShape(num_layers=2, num_kv_heads=2, num_query_heads=2, head_dim=4)
 """The K/V kvfuzz writes for every scheduled token: small, since only its content is compared, never attended."""
 

@@ -44,7 +44,8 @@ from typing import Any, Optional
 import attrs
 
 import kvfuzz
-from kvfuzz.scheduler.config import ATTENTION_NAMES, WRITE_PATH_NAMES, SchedulerSetup
+from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
+from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
