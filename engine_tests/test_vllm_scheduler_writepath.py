@@ -167,6 +167,24 @@ def test_an_attention_read_with_the_wrong_context_length_is_an_attention_violati
     ), str(found)
 
 
+def test_vllm_s_triton_attention_through_the_tables_agrees_and_catches_the_short_context() -> None:
+    """The same check with vLLM's Triton unified attention (interpreted; about a CPU-second a step), within its
+    stated tolerance: the unmodified run passes, the short context is caught at the first step."""
+    from kvfuzz.kernels.vllm_triton import VllmTritonKernel
+    from kvfuzz.scheduler.config import MODEL_SHAPE
+
+    def triton(setup: SchedulerSetup) -> Worker:
+        return Worker(setup, OwnSlotMapping, ATTENTIONS["vllm-triton"](setup.block_size))
+
+    def short(setup: SchedulerSetup) -> Worker:
+        return Worker(setup, OwnSlotMapping, ShortContext(VllmTritonKernel(MODEL_SHAPE), setup.block_size))
+
+    run_one(triton, max_tokens=2)
+    found = violation(lambda: run_one(short, max_tokens=2))
+    assert found.check is Check.ATTENTION and found.step == 1, str(found)
+    assert "(vllm-triton kernel, context length 1)" in str(found) and "allowed: atol 1e-05, rtol 1e-05" in str(found)
+
+
 def test_the_command_line_runs_vllm_s_write_path_with_attention(capsys: pytest.CaptureFixture[str]) -> None:
     from kvfuzz.cli import main
 
