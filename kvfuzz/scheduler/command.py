@@ -36,7 +36,7 @@ _ALLOCATOR_ONLY = (
 )
 """(attribute, its default, flag) of ``kvfuzz run``'s options that a scheduler target does not take (yet)."""
 
-SCHEDULER_ONLY = ("max_num_batched_tokens", "max_num_seqs", "no_prefix_caching", "write_path", "attention")
+SCHEDULER_ONLY = ("max_num_batched_tokens", "max_num_seqs", "no_prefix_caching", "policy", "write_path", "attention")
 """The attributes of the options only a scheduler target takes."""
 
 
@@ -55,10 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--no-prefix-caching", action="store_true", default=None, help="switch prefix caching off")
     group.add_argument(
+        "--policy",
+        choices=defaults.SCHEDULER_POLICIES,
+        help="vLLM's scheduling policy; under priority every request is drawn with a priority (default fcfs)",
+    )
+    group.add_argument(
         "--write-path",
         choices=WRITE_PATH_NAMES,
         help="who decides where K/V is written: kvfuzz's own slot mapping (the default: fast), or vLLM's worker-side "
-        "block tables and slot mapping kernel, checked against kvfuzz's tables (Triton's interpreter; ~13x slower)",
+        "block tables and slot mapping kernel, checked against kvfuzz's tables (Triton's interpreter; about 9x the CPU)",
     )
     group.add_argument(
         "--attention",
@@ -102,6 +107,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_num_seqs": args.max_num_seqs,
         "prefix_caching": False if args.no_prefix_caching else None,
+        "policy": args.policy,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

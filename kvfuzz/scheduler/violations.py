@@ -17,6 +17,7 @@ class Check(enum.Enum):
     PROGRESS = "progress"  # once arrivals stop, every request finishes within a bound
     SLOT_MAPPING = "slot-mapping"  # the engine's own slot mapping writes each token where the tables say
     ATTENTION = "attention"  # attention through the tables equals the reference's over the request's own K/V
+    BATCH = "batch"  # every request a step schedules is one the model runner can execute, its table covering it
 
 
 class SchedulerViolation(Exception):

@@ -34,6 +34,7 @@ import torch
 
 from kvfuzz.reference.content import kv_for_tags, prefix_tags
 from kvfuzz.scheduler.attention import Attending, AttentionCheck, NoAttention
+from kvfuzz.scheduler.batch import check_batch, check_table_covers
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
@@ -102,7 +103,9 @@ class Worker:
 
     def consume(self, output: Any, step: int) -> None:
         """Update the tables from ``output``: finished requests dropped, preempted ones marked stale, new ones added
-        with their block ids, cached ones extended by their new block ids or, resumed, given their new table."""
+        with their block ids, cached ones extended by their new block ids or, resumed, given their new table. The
+        batch is checked first (:func:`~kvfuzz.scheduler.batch.check_batch`)."""
+        check_batch(output, self.live_tables(), step)
         for request in output.finished_req_ids:
             self.requests.pop(request, None)
             self.history.pop(request, None)
@@ -169,6 +172,9 @@ class Worker:
         request ids in order, and each one's sampled tokens (none for a prefill chunk that ends before the last
         token)."""
         scheduled = output.num_scheduled_tokens
+        for request, count in scheduled.items():
+            table = self.requests[request].table
+            check_table_covers(request, table, self.computed[request], count, self.block_size, step)
         taken = self._relied_on(step)
         batch = [
             (request, range(self.computed[request], self.computed[request] + count))
@@ -178,15 +184,10 @@ class Worker:
             self._check_known(request, positions, step)
         for (request, positions), slots in zip(batch, self.write_path.slot_mapping(batch, step)):
             self._write(request, positions, slots, step, taken)
-        self.attention.check(
-            [
-                Attending(request, tuple(self.requests[request].tokens), tuple(self.requests[request].table), positions)
-                for request, positions in batch
-            ],
-            self.keys,
-            self.values,
-            step,
-        )
+        attending = [
+            Attending(request, tuple(self.requests[request].tokens), tuple(self.requests[request].table), positions)
+            for request, positions in batch
+        ]
         order, sampled = [], []
         for request, count in scheduled.items():
             state = self.requests[request]
@@ -201,6 +202,7 @@ class Worker:
                 sampled.append(tokens)
             else:
                 sampled.append([])
+        self.attention.check(attending, self.keys, self.values, step)  # after content: it names the slot at fault
         return order, sampled
 
     def _slot(self, request: str, position: int, step: int) -> int:
