@@ -62,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--write-path",
         choices=WRITE_PATH_NAMES,
-        help="who decides where K/V is written: kvfuzz's own slot mapping (the default: fast), or vLLM's worker-side "
-        "block tables and slot mapping kernel, checked against kvfuzz's tables (Triton's interpreter; about 9x the CPU)",
+        help="who decides where K/V is written: kvfuzz's own slot mapping (the default: fast), or vLLM's "
+        "worker-side block tables and slot mapping kernel, checked against kvfuzz's tables (Triton's interpreter; "
+        "about 9x the CPU)",
     )
     group.add_argument(
         "--attention",
