@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+import attrs
 import pytest
 
 from kvfuzz.cli import main
@@ -33,6 +34,23 @@ TRACE = SchedulerTrace(
     failure=RecordedFailure.of(SchedulerViolation(Check.ACCOUNTING, 2, "r0", "the manager reports 7 free blocks")),
     shrunk=True,
 )
+
+
+def test_async_scheduling_is_recorded_and_a_trace_without_it_is_synchronous() -> None:
+    """The field is written only when true, so a trace from before it existed loads as synchronous and keeps its
+    digest (and file name); an async trace round-trips, says so and hashes differently."""
+    data = TRACE.to_json()
+    assert "async_scheduling" not in data["config"]
+    assert from_json(data).setup.async_scheduling is False and from_json(data).digest() == TRACE.digest()
+    async_trace = attrs.evolve(TRACE, setup=attrs.evolve(TRACE.setup, async_scheduling=True))
+    async_data = async_trace.to_json()
+    assert async_data["config"]["async_scheduling"] is True
+    loaded = from_json(async_data)
+    assert loaded == async_trace and loaded.digest() != TRACE.digest()
+    assert "prefix caching off, async scheduling" in loaded.describe()[1]
+    async_data["config"]["async_scheduling"] = "yes"
+    with pytest.raises(SchedulerTraceError, match=r"^trace: config.async_scheduling: must be true or false, not"):
+        from_json(async_data)
 
 
 def test_a_trace_round_trips_and_names_its_kind() -> None:

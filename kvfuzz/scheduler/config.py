@@ -1,4 +1,5 @@
-"""What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching."""
+"""What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching,
+synchronous or async scheduling."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class SchedulerSetup:
     max_num_batched_tokens: int = 16  # the step's token budget: prompts longer than it are prefilled in chunks
     max_num_seqs: int = 4  # most requests running at once
     prefix_caching: bool = True  # vLLM's automatic prefix caching
+    async_scheduling: bool = False  # vLLM's AsyncScheduler, driven with two batches in flight (async_batches.py)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -40,4 +42,5 @@ class SchedulerSetup:
         return (
             f"{self.num_blocks} blocks x {self.block_size} slots, token budget {self.max_num_batched_tokens}, "
             f"at most {self.max_num_seqs} running, prefix caching {'on' if self.prefix_caching else 'off'}"
+            + (", async scheduling" if self.async_scheduling else "")
         )

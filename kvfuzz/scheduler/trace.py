@@ -18,6 +18,8 @@ A scheduler trace is its own kind of file, beside the allocator traces of :mod:`
       "known_bug": null
     }
 
+``config.async_scheduling`` (vLLM's ``AsyncScheduler`` with two batches in flight) is written only when true, and a
+trace without it (every trace before it existed) is synchronous, so older traces load and keep their digests.
 ``engine.model_runner`` is the protocol the worker spoke (``V2``: a preempted request is dropped and resumed as new;
 ``V1``: it is kept and resumed among the cached requests); a replay selects the same one. ``program`` is the
 client's operations (:mod:`kvfuzz.scheduler.program`); the drain after them is implied. ``shrunk`` is false for the
@@ -124,13 +126,16 @@ class SchedulerTrace:
     kvfuzz_version: str = kvfuzz.__version__
 
     def config_json(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "num_blocks": self.setup.num_blocks,
             "block_size": self.setup.block_size,
             "max_num_batched_tokens": self.setup.max_num_batched_tokens,
             "max_num_seqs": self.setup.max_num_seqs,
             "prefix_caching": self.setup.prefix_caching,
         }
+        if self.setup.async_scheduling:  # absent when false: synchronous traces read and hash as before it existed
+            config["async_scheduling"] = True
+        return config
 
     def digest(self) -> str:
         """Identifies the failure: the same scheduler, configuration, runner and program give the same digest."""
@@ -287,10 +292,15 @@ def _trace(data: Any) -> SchedulerTrace:
 
 
 def _config(value: Any) -> SchedulerSetup:
-    config = _fields(value, "config", {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")})
+    fields = {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")}
+    config = _fields(value, "config", {**fields, "async_scheduling": False})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
     try:
-        return SchedulerSetup(prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]), **numbers)
+        return SchedulerSetup(
+            prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]),
+            async_scheduling=_boolean("config.async_scheduling", config.get("async_scheduling", False)),
+            **numbers,
+        )
     except ValueError as error:
         raise _Invalid("config", str(error)) from None
 
