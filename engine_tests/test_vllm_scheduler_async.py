@@ -72,6 +72,35 @@ def test_released_catches_a_write_the_device_runs_before_the_in_flight_reads(mon
     assert "state.add_request(" in outcome.program and "state.step()" in outcome.program
 
 
+def test_vllm_reuses_a_block_released_while_read_in_flight_at_once_relying_on_the_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shrunk program of docs/scheduler.md: r0's prompt is launched (step 1, reading block 1), r0 is aborted while
+    step 1 is in flight, and step 2 writes r1's prompt into the same block before step 1's output returns. vLLM 0.33.0
+    (no KV connector, so no deferred frees) does it by design, relying on the stream's order: counted as a rewrite,
+    and a violation only for a device that does not order step 2 after step 1."""
+
+    def program(session: Session) -> None:
+        session.add([0], 1)
+        session.step()
+        session.abort("r0")
+        session.add([0], 1)
+        session.step()
+
+    session = Session(ASYNC)
+    program(session)
+    assert session.loop.rewrites == 1
+    session.drain()
+    monkeypatch.setattr(BatchQueue, "ordered", lambda self, reader, writer: False)
+    with pytest.raises(SchedulerViolation) as caught:
+        program(Session(ASYNC))
+    assert str(caught.value) == (
+        "released check failed at step 2, request r1: step 2 writes request r1's K/V (from position 0) into block 1, "
+        "which request(s) ['r0'] released (no table of theirs holds it now) while step 1, which reads it for them, is "
+        "in flight (its output not yet returned), and the device does not run step 2's writes after step 1's reads"
+    )
+
+
 def test_accounting_under_async_catches_finished_requests_never_told_to_the_worker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
