@@ -195,7 +195,7 @@ def test_the_cli_s_async_option_is_recorded_in_the_trace_and_replays(
     assert json.loads(path.read_text())["config"]["async_scheduling"] is True
     trace = load(path)
     assert trace.setup.async_scheduling and "async scheduling" in trace.describe()[1]
-    assert "prefix_caching=True, async_scheduling=True)" in export_test(trace, str(path))
+    assert "prefix_caching=True, policy='fcfs', async_scheduling=True)" in export_test(trace, str(path))
     replayed = replay(trace)
     assert replayed.reproduced and replayed.identical, replayed.describe_failure()
     monkeypatch.undo()
