@@ -133,7 +133,7 @@ def test_the_search_finds_the_release_of_the_protected_prefix(monkeypatch: pytes
 
 def test_a_model_whose_tokens_sglang_reports_otherwise_is_caught_by_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The loop's decode result processing hands SGLang a token other than the one sampled."""
-    loop_class = type(SGLangSession(SMALL).scheduler)
+    loop_class = type(SGLangSession(SMALL).loop)
     original = loop_class.process
 
     def process(self: Any, batch: Any, next_token_ids: list[int]) -> None:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+import attrs
 import pytest
 
 from kvfuzz.cli import main
@@ -33,6 +34,23 @@ TRACE = SchedulerTrace(
     failure=RecordedFailure.of(SchedulerViolation(Check.ACCOUNTING, 2, "r0", "the manager reports 7 free blocks")),
     shrunk=True,
 )
+
+
+def test_async_scheduling_is_recorded_and_a_trace_without_it_is_synchronous() -> None:
+    """The field is written only when true, so a trace from before it existed loads as synchronous and keeps its
+    digest (and file name); an async trace round-trips, says so and hashes differently."""
+    data = TRACE.to_json()
+    assert "async_scheduling" not in data["config"]
+    assert from_json(data).setup.async_scheduling is False and from_json(data).digest() == TRACE.digest()
+    async_trace = attrs.evolve(TRACE, setup=attrs.evolve(TRACE.setup, async_scheduling=True))
+    async_data = async_trace.to_json()
+    assert async_data["config"]["async_scheduling"] is True
+    loaded = from_json(async_data)
+    assert loaded == async_trace and loaded.digest() != TRACE.digest()
+    assert "prefix caching off, async scheduling" in loaded.describe()[1]
+    async_data["config"]["async_scheduling"] = "yes"
+    with pytest.raises(SchedulerTraceError, match=r"^trace: config.async_scheduling: must be true or false, not"):
+        from_json(async_data)
 
 
 def test_a_trace_round_trips_and_names_its_kind() -> None:
@@ -62,11 +80,45 @@ def test_a_trace_round_trips_and_names_its_kind() -> None:
     assert from_json(json.loads(json.dumps(data))) == TRACE
 
 
+def test_a_non_default_write_path_and_attention_are_recorded_and_named() -> None:
+    """Written only when not the defaults (older traces lack them and load as the defaults); part of the digest."""
+    other = attrs.evolve(TRACE, write_path="vllm", attention="gather")
+    assert other.to_json()["engine"] == {
+        "vllm_version": "0.33.0",
+        "model_runner": "V1",
+        "write_path": "vllm",
+        "attention": "gather",
+    }
+    assert (from_json(other.to_json()).write_path, from_json(other.to_json()).attention) == ("vllm", "gather")
+    assert (from_json(TRACE.to_json()).write_path, from_json(TRACE.to_json()).attention) == ("kvfuzz", "off")
+    assert other.digest() != TRACE.digest()
+    assert other.describe()[0].endswith("V1 model runner protocol, write path vllm, attention gather")
+
+
 def test_a_crash_is_recorded_with_its_exception_type() -> None:
     failure = RecordedFailure.of(AssertionError("seeded"))
     assert (failure.check, failure.exception, failure.message) == ("crash", "AssertionError", "AssertionError: seeded")
     assert failure.same_kind(RecordedFailure.of(AssertionError("other words")))
     assert not failure.same_kind(RecordedFailure.of(KeyError("seeded")))
+
+
+def test_a_crash_without_a_message_says_where_and_which_statement(tmp_path: Path) -> None:
+    """A bare ``assert`` in the engine reads as the statement that failed, on one line, and where it is (the path
+    from the package directory on)."""
+    source = tmp_path / "site-packages" / "engine" / "sched.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("def schedule(running):\n    assert len(running) + 1 <= len(\n        running\n    )\n")
+    spec = importlib.util.spec_from_file_location("engine_sched", source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(AssertionError) as caught:
+        module.schedule([1])
+    failure = RecordedFailure.of(caught.value)
+    assert failure.message == (
+        "AssertionError at engine/sched.py:2 in schedule(): assert len(running) + 1 <= len(running)"
+    ), failure.message
+    assert failure.exception == "AssertionError"
 
 
 def test_the_digest_names_configuration_runner_and_program() -> None:
@@ -76,6 +128,29 @@ def test_the_digest_names_configuration_runner_and_program() -> None:
     assert attrs.evolve(TRACE, model_runner="V2").digest() != TRACE.digest()
     assert attrs.evolve(TRACE, program=TRACE.program[:-1]).digest() != TRACE.digest()
     assert TRACE.file_name() == f"vllm-v1-accounting-{TRACE.digest()}.json"
+
+
+def test_a_priority_trace_records_its_policy_and_priorities_and_an_fcfs_trace_reads_as_before() -> None:
+    """The policy and each add's priority are written only where they differ from FCFS and 0, so that traces
+    written before priority scheduling existed (corpus/vllm-v1-*.json) keep their bytes and digests."""
+    import attrs
+
+    priority = attrs.evolve(
+        TRACE,
+        setup=attrs.evolve(TRACE.setup, policy="priority"),
+        program=[AddRequest([1, 2, 3], 4, priority=2), AddRequest([1], 1), Step()],
+    )
+    data = priority.to_json()
+    assert data["config"]["policy"] == "priority"
+    assert data["program"][:2] == [
+        {"op": "add", "prompt": [1, 2, 3], "max_tokens": 4, "priority": 2},
+        {"op": "add", "prompt": [1], "max_tokens": 1},
+    ]
+    assert from_json(json.loads(json.dumps(data))) == priority
+    assert "policy" not in TRACE.to_json()["config"]
+    assert priority.digest() != attrs.evolve(priority, setup=TRACE.setup).digest()
+    assert "    1  add(prompt=[1, 2, 3], max_tokens=4, priority=2)" in priority.describe()
+    assert "priority scheduling" in priority.describe()[1]
 
 
 def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -95,6 +170,8 @@ def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         (lambda d: d["config"].update(num_blocks=0), "config.num_blocks: must be in 1..65536, not 0"),
         (lambda d: d["config"].update(block_size=True), "config.block_size: must be an integer, not true"),
         (lambda d: d["config"].update(prefix_caching=1), "config.prefix_caching: must be true or false, not 1"),
+        (lambda d: d["config"].update(policy="lifo"), 'config.policy: must be one of fcfs, priority, not "lifo"'),
+        (lambda d: d["program"][0].update(priority="high"), 'program[0].priority: must be an integer, not "high"'),
         (lambda d: d["program"][0].update(prompt=[1, 9]), "program[0].prompt: must be in 0..3, not 9"),
         (lambda d: d["program"][0].update(prompt=[]), "program[0].prompt: must be a list of 1..31 tokens"),
         (lambda d: d["program"][0].update(max_tokens=30), "program[0].max_tokens: must be in 1..29, not 30"),
@@ -103,6 +180,8 @@ def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         (lambda d: d["program"][1].update(extra=1), "program[1]: unknown field 'extra'"),
         (lambda d: d["failure"].update(check="content-ish"), "failure.check: must be one of content, exclusive"),
         (lambda d: d["failure"].update(check="crash"), "failure.exception: must name the exception's type for a"),
+        (lambda d: d["engine"].update(write_path="mine"), "engine.write_path: must be one of kvfuzz, vllm, not"),
+        (lambda d: d["engine"].update(attention="flex"), "engine.attention: must be one of off, gather, vllm-triton"),
     ],
 )
 def test_a_bad_trace_is_refused_in_one_line_naming_the_field(
@@ -210,12 +289,20 @@ def test_pytest_fails_a_damaged_scheduler_trace_in_one_line(pytester: pytest.Pyt
     result.stdout.fnmatch_lines(['*bad.json: shrunk: must be true or false, not "yes"*'])
 
 
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 class _Worker:
     runner_v2 = False
+    write_path = _Named("kvfuzz")  # the defaults, which a trace leaves out
+    attention = _Named("off")
 
 
 class _Session:
-    """What the recorder reads of a session: its setup, its worker's runner and the program so far."""
+    """What the recorder reads of a session: its setup, its worker's runner, write path and attention, and the
+    program so far."""
 
     def __init__(self, *program: Any) -> None:
         self.setup = TRACE.setup

@@ -12,6 +12,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rul
 
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import VOCABULARY
+from kvfuzz.scheduler.priority import priority_arguments
 from kvfuzz.scheduler.session import Session, WorkerFactory
 from kvfuzz.scheduler.worker import Worker
 
@@ -33,6 +34,7 @@ class Tally:
     steps: int = 0  # their schedule() calls, the drains' included
     preemptions: int = 0  # requests the scheduler preempted
     hit_tokens: int = 0  # tokens found computed in the prefix cache
+    rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
 
 
 def prefix_lengths(setup: SchedulerSetup) -> tuple[int, ...]:
@@ -83,16 +85,17 @@ def machine_for_setup(
             prefix=st.sampled_from(prefixes),
             suffix=st.lists(st.integers(0, VOCABULARY - 1), max_size=2 * setup.block_size),
             max_tokens=st.integers(1, max(2 * setup.block_size, longest // 4)),
+            **priority_arguments(setup),
         )
-        def add_request(self, prefix: int, suffix: list[int], max_tokens: int) -> str:
+        def add_request(self, prefix: int, suffix: list[int], max_tokens: int, priority: int = 0) -> str:
             prompt = (list(SHARED[:prefix]) + suffix)[: longest - 1] or [0]
-            return self._guarded(lambda: self.session.add(prompt, min(max_tokens, longest - len(prompt))))
+            return self._guarded(lambda: self.session.add(prompt, min(max_tokens, longest - len(prompt)), priority))
 
         @rule(request=requests)
         def abort(self, request: str) -> None:
             self._guarded(lambda: self.session.abort(request))
 
-        @precondition(lambda self: self.session.scheduler.has_requests())
+        @precondition(lambda self: self.session.busy())
         @rule()
         def step(self) -> None:
             self._guarded(self.session.step)
@@ -110,6 +113,7 @@ def machine_for_setup(
                     tally.steps += self.session.steps
                     tally.preemptions += self.session.preemptions
                     tally.hit_tokens += self.session.hit_tokens
+                    tally.rewrites += self.session.loop.rewrites
 
     SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = name
     return SchedulerMachine

@@ -33,6 +33,7 @@ def vllm() -> types.SimpleNamespace:
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.outputs import ModelRunnerOutput
@@ -53,6 +54,7 @@ def vllm() -> types.SimpleNamespace:
         sha256=sha256,
         get_request_block_hasher=get_request_block_hasher,
         Scheduler=Scheduler,
+        AsyncScheduler=AsyncScheduler,
         FullAttentionSpec=FullAttentionSpec,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
@@ -88,7 +90,8 @@ _MODEL_DIR: list[Path] = []  # the model directory, once written
 
 @functools.lru_cache(maxsize=8)
 def vllm_config(setup: SchedulerSetup) -> Any:
-    """The ``VllmConfig`` of ``setup``: synchronous scheduling, FCFS, chunked prefill, no speculative decoding."""
+    """The ``VllmConfig`` of ``setup``: synchronous or async scheduling as it says, its policy, chunked prefill, no
+    speculative decoding."""
     v = vllm()
     if not _MODEL_DIR:
         _MODEL_DIR.append(_model_dir())
@@ -103,7 +106,8 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         max_model_len=setup.max_model_len,
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
-        async_scheduling=False,
+        async_scheduling=setup.async_scheduling,
+        policy=setup.policy,
     )
     return v.VllmConfig(
         model_config=model, cache_config=cache, scheduler_config=scheduler, device_config=v.DeviceConfig(device="cpu")
@@ -111,8 +115,8 @@ def vllm_config(setup: SchedulerSetup) -> Any:
 
 
 def new_scheduler(setup: SchedulerSetup) -> Any:
-    """A fresh ``Scheduler`` with its real ``KVCacheManager`` over ``num_blocks + 1`` physical blocks (block 0 is
-    vLLM's null block)."""
+    """A fresh ``Scheduler`` (``AsyncScheduler`` under async scheduling, as vLLM's engine core picks it) with its
+    real ``KVCacheManager`` over ``num_blocks + 1`` physical blocks (block 0 is vLLM's null block)."""
     v = vllm()
     config = vllm_config(setup)
     spec = v.FullAttentionSpec(
@@ -125,7 +129,8 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
     kv_cache = v.KVCacheConfig(
         num_blocks=setup.num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(layers, spec)]
     )
-    return v.Scheduler(
+    scheduler = v.AsyncScheduler if setup.async_scheduling else v.Scheduler
+    return scheduler(
         vllm_config=config,
         kv_cache_config=kv_cache,
         structured_output_manager=v.StructuredOutputManager(config),
@@ -134,14 +139,19 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
     )
 
 
-def new_request(request_id: str, prompt: list[int], max_tokens: int, block_size: int) -> Any:
+def new_request(
+    request_id: str, prompt: list[int], max_tokens: int, block_size: int, arrival: int, priority: int = 0
+) -> Any:
     """A vLLM ``Request`` generating exactly ``max_tokens`` tokens (no end-of-sequence token stops it), its block
-    hashes from vLLM's own hasher (sha256, the engine default)."""
+    hashes from vLLM's own hasher (sha256, the engine default). Its arrival time is ``arrival``, its ordinal, not
+    the clock: the priority policy breaks ties by arrival time, and a replay must break them the same way."""
     v = vllm()
     return v.Request(
         request_id=request_id,
         prompt_token_ids=list(prompt),
         sampling_params=v.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         pooling_params=None,
+        arrival_time=float(arrival),
+        priority=priority,
         block_hasher=v.get_request_block_hasher(block_size, v.sha256),
     )

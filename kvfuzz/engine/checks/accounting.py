@@ -14,6 +14,47 @@ UNDER_COUNT = Cause(
 )
 
 
+_WHOLE_TABLE = "a release of a sequence's whole device table (free, preempt or swap-out)"
+_RELEASE_PATHS: dict[str, str] = {
+    "free": _WHOLE_TABLE,
+    "preempt": _WHOLE_TABLE,
+    "swap_out": _WHOLE_TABLE,
+    "swap_in": "a swap-in that mapped device blocks",
+    "rollback": "a rollback that released the blocks it dropped",
+    "grow": "a grow that changed the table (a new block, a copy-on-write, a block out of the window)",
+    "decode": "a grow that changed the table (a new block, a copy-on-write, a block out of the window)",
+    "fork": "a fork that shared the parent's blocks",
+    "admit": "an admission that mapped blocks (a cache hit shares them)",
+    "readmit": "an admission that mapped blocks (a cache hit shares them)",
+    "resume": "an admission that mapped blocks (a cache hit shares them)",
+    "land_loads": "an admission that mapped blocks (a cache hit shares them)",
+    "evict": "an eviction of cached blocks",
+    "evict_blocks": "an eviction of cached blocks",
+    "reset_cache": "an eviction of cached blocks",
+}
+"""Operation -> the path by which its table change releases or takes references. Operations that change tables
+the same way share a path (a preemption or a swap-out releases the whole device table as a free does), so that one
+release path is one finding whichever of them met it."""
+COMPLETED_STEP = "a completed step that settled deferred releases"
+OTHER_PATH = "another operation"
+
+
+def release_path(operation: str) -> str:
+    """The path that released or took the references of the blocks an operation touched, from the operation's label
+    (``free('s0')``, ``grow('s1', ...), completing step 3``): the refcount check runs
+    on the blocks each operation touched, so the operation it runs in is the one whose release (or take) last
+    touched the block."""
+    if ", completing step " in operation:
+        return COMPLETED_STEP
+    name = operation.partition("(")[0]
+    return _RELEASE_PATHS.get(name, OTHER_PATH)
+
+
+def _member_of(block: int, free: Collection[int], cached: Collection[int], pending: Collection[int]) -> list[str]:
+    """The names of the allocator's sets that list ``block``, in the order reports give them."""
+    return [name for name, blocks in (("free", free), ("cached", cached), ("pending", pending)) if block in blocks]
+
+
 class AccountingChecks(Checker):
     """Invariants 3 and 4 on the blocks an operation touched, and the pool-wide identity
     free + cached + pending + referenced = every block."""
@@ -25,9 +66,10 @@ class AccountingChecks(Checker):
         if alloc is None:
             return
         free, cached, pending = alloc.free_blocks(), alloc.cached_blocks(), alloc.pending_blocks()
+        holders_of, refcount, seen_cached = h.refs.holders, alloc.refcount, self.pools.seen_cached
         for block in touched:
-            holders = h.refs.holders.get(block, ())
-            found = alloc.refcount(block)
+            holders = holders_of.get(block, ())
+            found = refcount(block)
             if found != len(holders):
                 self.fail(
                     Invariant.REFCOUNTS,
@@ -37,32 +79,34 @@ class AccountingChecks(Checker):
                         f"{self.state.entries(holders) or 'none'}",
                         *self.pools.block_story(block),
                     ],
-                    OVER_COUNT if found > len(holders) else UNDER_COUNT,
+                    (OVER_COUNT if found > len(holders) else UNDER_COUNT).refined(
+                        f"last touched by {release_path(self.context.operation)}"
+                    ),
                 )
-            member_of = [
-                name for name, blocks in (("free", free), ("cached", cached), ("pending", pending)) if block in blocks
-            ]
-            if holders and member_of:
+            in_cached = block in cached
+            listed = (block in free) + in_cached + (block in pending)  # how many of the three sets list it
+            if holders and listed:
                 self.fail(
                     Invariant.FREE_SET,
                     f"block {block} is referenced by {self.state.entries(holders)} yet listed as "
-                    f"{' and '.join(member_of)}",
+                    f"{' and '.join(_member_of(block, free, cached, pending))}",
                     self.pools.block_story(block),
                     Cause("a referenced block listed as free, cached or pending"),
                 )
-            if not holders and len(member_of) != 1:
+            if not holders and listed != 1:
+                member_of = " and ".join(_member_of(block, free, cached, pending))
                 self.fail(
                     Invariant.FREE_SET,
-                    f"unreferenced block {block} is in "
-                    f"{' and '.join(member_of) or 'none of the free, cached and pending sets'}",
+                    f"unreferenced block {block} is in {member_of or 'none of the free, cached and pending sets'}",
                     ["expected: exactly one of them", *self.pools.block_story(block)],
                     Cause("an unreferenced block in none, or several, of the free, cached and pending sets"),
                 )
-            if member_of == ["cached"]:
-                self.pools.seen_cached.add(block)
+            if in_cached and listed == 1:
+                seen_cached.add(block)
             else:
-                self.pools.seen_cached.discard(block)
-        in_window = self.context.unreferenced_in_inflight_window()
+                seen_cached.discard(block)
+        # With none pending, none can be too many: the window's blocks are listed only when some are.
+        in_window = self.context.unreferenced_in_inflight_window() if len(pending) else ()
         if len(pending) > len(in_window):
             self.fail(
                 Invariant.FREE_SET,

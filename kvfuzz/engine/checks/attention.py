@@ -8,10 +8,15 @@ import attrs
 import torch
 
 from kvfuzz.allocator.types import SeqId
+from kvfuzz.engine.checks.content import clobbered
 from kvfuzz.engine.checks.context import CheckContext, Checker
 from kvfuzz.engine.expected import Status
 from kvfuzz.engine.violations import Cause, Invariant
 from kvfuzz.kernels import AttentionKernel, GatherKernel, PagedBatch, compare, make_kernel
+
+UNEXPLAINED_ATTENTION = Cause("attention through the block table that differs from the contiguous reference")
+"""The cause of an attention mismatch where every position read holds its own K/V by the shadow record (values
+that differ from what was written, or a kernel that reads them wrong)."""
 
 _NO_QUERIES = torch.empty(0)
 """The queries of a batch made to read K/V alone."""
@@ -68,8 +73,21 @@ class AttentionCheck(Checker):
                 f"reads positions {starts[mismatch.row]}..{h.length(seq) - 1}",
                 f"block table: {list(h.seqs[seq].table)}",
             ],
-            Cause("attention through the block table that differs from the contiguous reference"),
+            self._why(seq, starts[mismatch.row]),
         )
+
+    def _why(self, seq: SeqId, start: int) -> Cause:
+        """The cause of ``seq``'s attention mismatch: the kind of write that left the first position it reads with
+        another prefix's K/V (or none: never written), as the content check names it; where every position it reads
+        holds its own K/V by the record, values that differ from what was written."""
+        h = self.state
+        table, layout, tags = h.seqs[seq].table, h.layout(seq), h.reference.tags(seq)
+        for position in range(start, h.length(seq)):
+            slot = layout.slot_of(table, position)
+            record = self.pools.record(slot)
+            if record is None or record.tag != tags[position]:
+                return clobbered(h, seq, slot, record)
+        return UNEXPLAINED_ATTENTION
 
     def _reads_the_reference(
         self, kernel: GatherKernel, batch: PagedBatch, seqs: list[SeqId], starts: list[int]
@@ -78,6 +96,23 @@ class AttentionCheck(Checker):
         bit for bit, zeros alike past its end). It then attends with the reference's own function on the same
         queries, so the two attentions are equal bit for bit and need not be computed; K/V that differ anywhere
         are left to the comparison of the attentions, which decides as it always did."""
+        if self._reads_the_reference_tags(batch, seqs, starts):
+            return True
         keys, values = kernel.gathered(batch)
         want_keys, want_values, _ = self.state.reference.windows(seqs, starts)
         return torch.equal(keys, want_keys) and torch.equal(values, want_values)
+
+    def _reads_the_reference_tags(self, batch: PagedBatch, seqs: list[SeqId], starts: list[int]) -> bool:
+        """Whether every slot the gather kernel reads has a shadow record whose tag is the reference's at that
+        position. The pools keep each recorded slot's K/V equal to its record's (``KVPools``: written, copied and
+        landed together), and the reference's K/V are its tags', so equal tags mean the K/V the kernel gathers
+        equal the reference's windows bit for bit, without either being made. A slot without a record, or with
+        another tag, answers False: the tensors are then compared, as before."""
+        shadow, reference = self.pools.shadow, self.state.reference
+        for row, seq in enumerate(seqs):
+            tags = reference.tags(seq)
+            for position, slot in enumerate(batch.slots(row), start=starts[row]):
+                record = shadow.get(slot)
+                if record is None or record.tag != tags[position]:
+                    return False
+        return True

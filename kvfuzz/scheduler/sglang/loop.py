@@ -33,6 +33,8 @@ NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 class SchedulerLoop:
     """The scheduler's KV-cache state of one example, and its step."""
 
+    rewrites = 0  # released pages written while a batch reading them is in flight: none, no batch is ever in flight
+
     def __init__(self, setup: SchedulerSetup) -> None:
         api = sglang()
         self.setup = setup

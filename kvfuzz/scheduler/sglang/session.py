@@ -30,7 +30,7 @@ class SGLangSession:
 
     def __init__(self, setup: SchedulerSetup, sampler: Sampler = sampled_token) -> None:
         self.setup = setup
-        self.scheduler = SchedulerLoop(setup)  # SGLang's scheduling loop (``has_requests`` for the machine)
+        self.loop = SchedulerLoop(setup)  # SGLang's scheduling pieces in kvfuzz's copy of the Scheduler's loop
         self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)  # page 0 included
         self.sampler = sampler
         self.outputs = OutputLedger()
@@ -44,12 +44,15 @@ class SGLangSession:
 
     @property
     def preemptions(self) -> int:
-        return int(self.scheduler.retractions)
+        return int(self.loop.retractions)
 
-    def add(self, prompt: list[int], max_tokens: int) -> str:
+    def add(self, prompt: list[int], max_tokens: int, priority: int = 0) -> str:
+        """Add a request (ids ``r0``, ``r1``, ...); ``priority`` must be 0 (priority scheduling is not driven)."""
+        if priority:
+            raise ValueError(f"the SGLang target does not drive priority scheduling (priority {priority})")
         request = f"r{len(self.lengths)}"
         self.program.append(AddRequest(prompt, max_tokens))
-        finishes_with = self.scheduler.add_request(request, prompt, max_tokens)
+        finishes_with = self.loop.add_request(request, prompt, max_tokens)
         self.outputs.added(request, len(prompt), max(finishes_with, 0))
         if finishes_with < 0:  # refused by SGLang's validation: finished at once, with no output
             self.outputs.aborted(request)
@@ -61,9 +64,13 @@ class SGLangSession:
 
     def abort(self, request: str) -> None:
         self.program.append(Abort(request))
-        self.scheduler.abort(request)
+        self.loop.abort(request)
         self.outputs.aborted(request)
         self.aborted.add(request)
+
+    def busy(self) -> bool:
+        """Whether a step has anything to do: requests waiting, running or being prefilled."""
+        return bool(self.loop.has_requests())
 
     def step(self) -> int:
         self.program.append(Step())
@@ -71,7 +78,7 @@ class SGLangSession:
 
     def _step(self) -> int:
         """One ``get_next_batch_to_run``, the batch run by kvfuzz, ``process_batch_result``, every check."""
-        loop = self.scheduler
+        loop = self.loop
         batch = loop.next_batch()
         self.steps += 1
         for request, req in loop.requests.items():  # a retracted request relies on nothing
@@ -134,7 +141,7 @@ class SGLangSession:
 
     def _row(self, req: object, end: int) -> list[int]:
         """The request's slots for positions ``0 .. end - 1``, as attention reads them: its ``req_to_token`` row."""
-        pool = self.scheduler.pools.req_to_token_pool
+        pool = self.loop.pools.req_to_token_pool
         return [int(s) for s in pool.req_to_token[req.kv.req_pool_idx, :end].tolist()]  # type: ignore[attr-defined]
 
     def _check_content(self, req: object, end: int) -> None:
@@ -144,7 +151,7 @@ class SGLangSession:
     def _relied_on(self) -> dict[int, Claim]:
         """Slot -> the claim of a request holding KV (running, chunked, or this batch's) on a position it computed."""
         claims: dict[int, Claim] = {}
-        for request, req in self.scheduler.requests.items():
+        for request, req in self.loop.requests.items():
             computed = self.computed[request]
             if computed and req.kv.holds_kv and not req.finished():
                 slots = self._row(req, computed)
@@ -174,13 +181,13 @@ class SGLangSession:
             )
 
     def _check_accounting(self) -> None:
-        check_accounting(self.scheduler, self.steps)
+        check_accounting(self.loop, self.steps)
 
     def drain(self) -> None:
         unfinished = self.outputs.unfinished()
         bound = drain_bound(sum(self.lengths[request] for request in unfinished))
         for _ in range(bound):
-            if not self.scheduler.has_requests():
+            if not self.loop.has_requests():
                 break
             if self._step() == 0 and self.outputs.unfinished():
                 stuck = self.outputs.unfinished()
@@ -191,7 +198,7 @@ class SGLangSession:
                     f"the step scheduled nothing while {len(stuck)} request(s) are unfinished: {self._describe(stuck)}",
                 )
         unfinished = self.outputs.unfinished()
-        if unfinished or self.scheduler.has_requests():
+        if unfinished or self.loop.has_requests():
             raise SchedulerViolation(
                 Check.PROGRESS,
                 self.steps,
@@ -201,7 +208,7 @@ class SGLangSession:
             )
 
     def _describe(self, requests: list[str]) -> str:
-        loop = self.scheduler
+        loop = self.loop
         described = []
         for request in requests:
             req = loop.requests[request]
