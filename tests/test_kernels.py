@@ -176,6 +176,9 @@ def test_the_gather_kernel_s_reads_are_decided_by_their_tags_and_any_other_tag_g
     h.step()
     slot = h.expected.layout("s4").slot_of(h.expected.seqs["s4"].table, 0)
     record = h.pools.shadow[slot]
+    assert not h.pools.made  # no step has read the tensors: they do not exist yet
+    assert h.pools.keys.shape[0] > slot  # made now, from the records
+    # a record changed behind the pools' back (not through a write) leaves the tensors as they are
     h.pools.shadow[slot] = attrs.evolve(record, tag=record.tag ^ 1)  # the tensors still hold the right K/V
     h.checks.attention.check()
     assert gathers == [1]  # the tags disagreed: the tensors were compared (and agreed)
