@@ -125,7 +125,8 @@ class KVPools:
         # Released block held until an asynchronous load lands (UNTIL_LOADS_LAND) -> the step its own in-flight
         # window would have ended at without that hold.
         self._window_after_hold: dict[int, int] = {}
-        self.history: dict[int, deque[str]] = {}  # block -> its latest events, for explanations
+        # Block -> its latest events, for explanations: (step, text, its arguments), made into text by block_story.
+        self.history: dict[int, deque[tuple[int, str, tuple[object, ...]]]] = {}
         # Unreferenced blocks the allocator listed as cached when the checks last looked: one handed out for writing
         # was evicted first, which its history says.
         self.seen_cached: set[int] = set()
@@ -418,15 +419,19 @@ class KVPools:
 
     # -- provenance ----------------------------------------------------------------------------------------------
 
-    def note(self, block: int, event: str) -> None:
-        """Record an event in the block's short history, for explanations."""
-        self.history.setdefault(block, deque(maxlen=_HISTORY_LENGTH)).append(f"step {self.next_step}: {event}")
+    def note(self, block: int, event: str, *args: object) -> None:
+        """Record an event in the block's short history, for explanations: ``event``, or with ``args``
+        ``event.format(*args)``, made into text only when an explanation reads it (the arguments are strings and
+        numbers, which nothing changes)."""
+        self.history.setdefault(block, deque(maxlen=_HISTORY_LENGTH)).append((self.next_step, event, args))
 
     def block_story(self, block: int) -> list[str]:
         events = self.history.get(block)
         if not events:
             return [f"block {block} history: (no events recorded)"]
-        return [f"block {block} history (latest last):"] + [f"  {event}" for event in events]
+        return [f"block {block} history (latest last):"] + [
+            f"  step {step}: {event.format(*args) if args else event}" for step, event, args in events
+        ]
 
     def take_dirty(self) -> set[int]:
         dirty, self.dirty = self.dirty, set()
