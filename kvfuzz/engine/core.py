@@ -133,7 +133,7 @@ class EngineCore:
         when a report reads it; a list argument is copied now, so that the label shows it as it was called)."""
         if any(type(arg) is list for arg in args):
             args = tuple(list(arg) if type(arg) is list else arg for arg in args)
-        self.checks.context.label_lazily(functools.partial(call_label, op, args))
+        self.checks.context.operation = functools.partial(call_label, op, args)
         self.stats[op] += 1
 
     def blocks(self, num_tokens: int, table_id: SeqId) -> int:

@@ -56,12 +56,9 @@ class CheckContext:
         return label
 
     @operation.setter
-    def operation(self, label: str) -> None:
+    def operation(self, label: Union[str, Callable[[], str]]) -> None:
+        """The operation being checked: its text, or what makes it, called only when something reads it."""
         self._label = label
-
-    def label_lazily(self, make: Callable[[], str]) -> None:
-        """The operation being checked is the one ``make`` names, made into text only when something reads it."""
-        self._label = make
 
     def counts(self) -> Optional[PoolCounts]:
         """The sizes of the allocator's sets, or None without introspection."""
