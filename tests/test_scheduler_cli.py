@@ -32,6 +32,8 @@ def test_the_scheduler_target_without_vllm_is_one_line_and_exit_2(tmp_path: Path
         (["--attention", "gather"], "kvfuzz: --attention needs --scheduler"),
         (["--policy", "priority"], "kvfuzz: --policy needs --scheduler"),
         (["--async-scheduling"], "kvfuzz: --async-scheduling needs --scheduler"),
+        (["--cache-salts"], "kvfuzz: --cache-salts needs --scheduler"),
+        (["--stop-tokens"], "kvfuzz: --stop-tokens needs --scheduler"),
         (
             ["--scheduler", "vllm-v1", "--isolate"],
             "kvfuzz: --scheduler does not take --isolate (yet; docs/scheduler.md says what a scheduler target covers)",

@@ -14,7 +14,8 @@ Invariants the worker holds vLLM to:
 
 * **content**: after a step's writes, every position ``0 .. c + n - 1`` of a request scheduled for positions
   ``c .. c + n - 1`` holds the K/V of that request's own tokens up to it (kvfuzz's tag-based K/V of
-  :mod:`kvfuzz.reference.content`), whether this step wrote it, an earlier step did, or another request did and the
+  :mod:`kvfuzz.reference.content`, under the request's cache salt as namespace), whether this step wrote it, an
+  earlier step did, or another request did and the
   prefix cache handed the block over;
 * **exclusive writes**: no scheduled token's K/V is written over a slot whose content a live request (one the worker
   holds, not preempted) relies on, a position it has computed, nor over a slot another write of the same step
@@ -53,6 +54,7 @@ class RequestState:
     table: list[int]  # vLLM block ids, in position order
     computed: int = 0  # positions whose K/V the request relies on (computed, or found in the prefix cache)
     preempted: bool = False  # preempted and not resumed since: ``table`` is stale
+    namespace: tuple[str, ...] = ()  # its K/V tags' namespace: its cache salt, if any (kvfuzz.scheduler.requests)
 
 
 @attrs.frozen
@@ -63,6 +65,7 @@ class Write:
     position: int  # the token's position in that request
     tag: int  # the tag of that request's prefix up to the position
     step: int  # the step that wrote it
+    namespace: tuple[str, ...] = ()  # that request's K/V namespace (its cache salt, if any)
 
 
 @attrs.frozen
@@ -98,6 +101,7 @@ class Worker:
         self.requests: dict[str, RequestState] = {}  # every request the worker holds, as the model runner's
         self.history: dict[str, list[int]] = {}  # unfinished request -> every token the fake model sampled for it
         self.computed: dict[str, int] = {}  # request scheduled this step -> its computed tokens before the step
+        self.namespaces: dict[str, tuple[str, ...]] = {}  # request -> its K/V namespace, told by the client's side
         self.write_path = write_path(setup, self.runner_v2, self)  # decides the slots K/V is written to
         self.attention = NoAttention() if attention is None else attention  # attention beside the reference
 
@@ -111,6 +115,7 @@ class Worker:
         for request in output.finished_req_ids:
             self.requests.pop(request, None)
             self.history.pop(request, None)
+            self.namespaces.pop(request, None)
         for request in output.preempted_req_ids or ():
             if self.runner_v2:
                 self.requests.pop(request, None)
@@ -130,7 +135,11 @@ class Worker:
                     f"{sampled} for it",
                 )
             self.requests[new.req_id] = RequestState(
-                tokens, len(prompt), list(new.block_ids[0]), computed=new.num_computed_tokens
+                tokens,
+                len(prompt),
+                list(new.block_ids[0]),
+                computed=new.num_computed_tokens,
+                namespace=self.namespaces.get(new.req_id, ()),
             )
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
@@ -187,7 +196,13 @@ class Worker:
         for (request, positions), slots in zip(batch, self.write_path.slot_mapping(batch, step)):
             self._write(request, positions, slots, step, taken)
         attending = [
-            Attending(request, tuple(self.requests[request].tokens), tuple(self.requests[request].table), positions)
+            Attending(
+                request,
+                tuple(self.requests[request].tokens),
+                tuple(self.requests[request].table),
+                positions,
+                self.requests[request].namespace,
+            )
             for request, positions in batch
         ]
         order, sampled = [], []
@@ -231,7 +246,7 @@ class Worker:
         relied: dict[int, Claim] = {}
         for request, state in self.requests.items():
             if not state.preempted and state.computed:
-                tags = prefix_tags((), state.tokens[: state.computed])
+                tags = prefix_tags(state.namespace, state.tokens[: state.computed])
                 for position, tag in enumerate(tags):
                     relied.setdefault(self._slot(request, position, step), Claim(request, position, tag, "relies on"))
         return relied
@@ -282,7 +297,7 @@ class Worker:
         if not positions:
             return
         self._check_mapping(request, positions, slots, step)
-        tags = prefix_tags((), state.tokens[: positions.stop])[positions.start :]
+        tags = prefix_tags(state.namespace, state.tokens[: positions.stop])[positions.start :]
         for slot, position, tag in zip(slots, positions, tags):
             claim = taken.get(slot)
             if claim is not None and claim.tag != tag:
@@ -302,12 +317,12 @@ class Worker:
         self.keys[index] = keys
         self.values[index] = values
         for slot, position, tag in zip(slots, positions, tags):
-            self.shadow[slot] = Write(request, position, tag, step)
+            self.shadow[slot] = Write(request, position, tag, step, state.namespace)
 
     def _check_content(self, request: str, end: int, step: int) -> None:
         """Every position before ``end`` holds the K/V of the request's own prefix up to it."""
         state = self.requests[request]
-        tags = prefix_tags((), state.tokens[:end])
+        tags = prefix_tags(state.namespace, state.tokens[:end])
         slots = [self._slot(request, position, step) for position in range(end)]
         keys, values = kv_for_tags(tags, MODEL_SHAPE)
         index = torch.tensor(slots, dtype=torch.int64)
@@ -320,13 +335,19 @@ class Worker:
         holds = (
             "nothing written there"
             if found is None
-            else f"the K/V of request {found.request}'s position {found.position} (tag {found.tag:#x}), written at "
-            f"step {found.step}"
+            else f"the K/V of request {found.request}'s position {found.position}{_salted(found.namespace)} (tag "
+            f"{found.tag:#x}), written at step {found.step}"
         )
         raise SchedulerViolation(
             Check.CONTENT,
             step,
             request,
             f"position {position} (block {slot // self.block_size}, slot {slot}) should hold the K/V of the "
-            f"request's own tokens {state.tokens[: position + 1]} (tag {tags[position]:#x}), but holds {holds}",
+            f"request's own tokens {state.tokens[: position + 1]}{_salted(state.namespace)} (tag "
+            f"{tags[position]:#x}), but holds {holds}",
         )
+
+
+def _salted(namespace: tuple[str, ...]) -> str:
+    """How a message names a K/V namespace: its cache salt, or nothing (no salt)."""
+    return f" under cache salt {namespace[-1]!r}" if namespace else ""
