@@ -120,16 +120,21 @@ def test_the_scheduler_not_stopping_is_caught_by_the_outputs_check(monkeypatch: 
 
 
 @pytest.mark.parametrize(
-    "bug, checks",
+    "bug, checks, named",
     [
         # a block shared across salts is caught by whichever sees it first: a request relying on another salt's
         # K/V (content), or two requests of different salts sharing a block one of them writes (exclusive writes)
-        (ignore_salt, {Check.CONTENT, Check.EXCLUSIVE}),
-        (ignore_stop_tokens, {Check.OUTPUTS}),
+        (ignore_salt, {Check.CONTENT, Check.EXCLUSIVE}, "under cache salt"),
+        (ignore_stop_tokens, {Check.OUTPUTS}, "is its first stop token"),
     ],
 )
 def test_each_seeded_bug_is_found_from_random_requests_and_its_trace_replays(
-    bug: Any, checks: set[Check], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    bug: Any,
+    checks: set[Check],
+    named: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     bug(monkeypatch)
     corpus = tmp_path / "corpus"
@@ -137,6 +142,7 @@ def test_each_seeded_bug_is_found_from_random_requests_and_its_trace_replays(
     assert main([*run, "--examples", "50", "--corpus", str(corpus), "--json"]) == 1
     summary = json.loads(capsys.readouterr().out)
     assert summary["check"] in {check.value for check in checks}, summary
+    assert named in summary["explanation"], summary["explanation"]  # the message says why
     trace = load(Path(summary["trace"]))
     assert trace.setup.cache_salts and trace.setup.stop_tokens
     replayed = replay(trace)

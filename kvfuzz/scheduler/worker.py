@@ -306,8 +306,9 @@ class Worker:
                     Check.EXCLUSIVE,
                     step,
                     request,
-                    f"its position {position} (tag {tag:#x}) is written to block {slot // self.block_size}, slot "
-                    f"{slot}, which request {claim.request} {claim.why} for its position {claim.position} (tag "
+                    f"its position {position}{_salted(state.namespace)} (tag {tag:#x}) is written to block "
+                    f"{slot // self.block_size}, slot {slot}, which request {claim.request} {claim.why} for its "
+                    f"position {claim.position}{_salted(self.requests[claim.request].namespace)} (tag "
                     f"{claim.tag:#x}); the slot holds "
                     + ("nothing yet" if found is None else f"tag {found.tag:#x}, written at step {found.step}"),
                 )
