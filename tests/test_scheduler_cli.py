@@ -43,6 +43,8 @@ def test_the_sglang_scheduler_target_without_sglang_is_one_line_and_exit_2(tmp_p
         (["--attention", "gather"], "kvfuzz: --attention needs --scheduler"),
         (["--policy", "priority"], "kvfuzz: --policy needs --scheduler"),
         (["--async-scheduling"], "kvfuzz: --async-scheduling needs --scheduler"),
+        (["--cache-salts"], "kvfuzz: --cache-salts needs --scheduler"),
+        (["--stop-tokens"], "kvfuzz: --stop-tokens needs --scheduler"),
         (
             ["--scheduler", "vllm-v1", "--isolate"],
             "kvfuzz: --scheduler does not take --isolate (yet; docs/scheduler.md says what a scheduler target covers)",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -151,6 +152,48 @@ def test_a_priority_trace_records_its_policy_and_priorities_and_an_fcfs_trace_re
     assert priority.digest() != attrs.evolve(priority, setup=TRACE.setup).digest()
     assert "    1  add(prompt=[1, 2, 3], max_tokens=4, priority=2)" in priority.describe()
     assert "priority scheduling" in priority.describe()[1]
+
+
+def test_cache_salts_and_stop_tokens_are_recorded_only_where_set() -> None:
+    """A request's cache salt and stop token ids, and the search's switches for them, are written only where set, so
+    that traces written before they existed (corpus/vllm-v1-*.json) keep their bytes and digests; a salted and
+    stopping trace round-trips, reads in ``show`` and exports as calls that pass them on."""
+    from kvfuzz.scheduler.export import export_test
+
+    salted = attrs.evolve(
+        TRACE,
+        setup=attrs.evolve(TRACE.setup, cache_salts=True, stop_tokens=True),
+        program=[AddRequest([1, 2, 3], 4, cache_salt="a", stop_token_ids=(2, 0)), AddRequest([1], 1), Step()],
+    )
+    data = salted.to_json()
+    assert (data["config"]["cache_salts"], data["config"]["stop_tokens"]) == (True, True)
+    assert data["program"][:2] == [
+        {"op": "add", "prompt": [1, 2, 3], "max_tokens": 4, "cache_salt": "a", "stop_token_ids": [2, 0]},
+        {"op": "add", "prompt": [1], "max_tokens": 1},
+    ]
+    assert from_json(json.loads(json.dumps(data))) == salted
+    assert not {"cache_salts", "stop_tokens"} & TRACE.to_json()["config"].keys()
+    assert salted.digest() != attrs.evolve(salted, program=[AddRequest([1, 2, 3], 4), *salted.program[1:]]).digest()
+    assert "    1  add(prompt=[1, 2, 3], max_tokens=4, cache_salt='a', stop_token_ids=[2, 0])" in salted.describe()
+    assert salted.describe()[1].endswith("prefix caching off, cache salts, stop tokens")
+    exported = export_test(salted, "salted.json")
+    assert "session.add([1, 2, 3], 4, cache_salt='a', stop_token_ids=[2, 0])" in exported
+    assert "cache_salts=True, stop_tokens=True)" in exported
+
+
+@pytest.mark.parametrize(
+    "stops, line",
+    [
+        ([1, 1], "program[0].stop_token_ids: must be a list of distinct tokens"),
+        ([4], "program[0].stop_token_ids: must be in 0..3, not 4"),
+        ("1", "program[0].stop_token_ids: must be a list of distinct tokens"),
+    ],
+)
+def test_bad_stop_token_ids_are_refused_naming_the_field(stops: Any, line: str) -> None:
+    data = json.loads(json.dumps(TRACE.to_json()))
+    data["program"][0]["stop_token_ids"] = stops
+    with pytest.raises(SchedulerTraceError, match="^" + re.escape(f"trace: {line}")):
+        from_json(data)
 
 
 def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:

@@ -47,6 +47,8 @@ SCHEDULER_ONLY = (
     "write_path",
     "attention",
     "async_scheduling",
+    "cache_salts",
+    "stop_tokens",
 )
 """The attributes of the options only a scheduler target takes."""
 
@@ -87,6 +89,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="vLLM's AsyncScheduler, two batches in flight as its engine core runs them",
+    )
+    group.add_argument(
+        "--cache-salts",
+        action="store_true",
+        default=None,
+        help="draw each request with a cache salt (or none): the prefix cache must not share blocks across salts",
+    )
+    group.add_argument(
+        "--stop-tokens",
+        action="store_true",
+        default=None,
+        help="draw each request with stop token ids: it ends at the first one sampled",
     )
 
 
@@ -140,6 +154,8 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "prefix_caching": False if args.no_prefix_caching else None,
         "policy": args.policy,
         "async_scheduling": True if args.async_scheduling else None,
+        "cache_salts": True if args.cache_salts else None,
+        "stop_tokens": True if args.stop_tokens else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

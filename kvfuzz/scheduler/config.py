@@ -1,5 +1,6 @@
 """What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
-scheduling policy, synchronous or async scheduling."""
+scheduling policy, synchronous or async scheduling; and which request fields the machine draws besides prompt,
+length and priority (cache salts, stop tokens)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ class SchedulerSetup:
     prefix_caching: bool = True  # vLLM's automatic prefix caching
     policy: str = "fcfs"  # vLLM's scheduling policy: "fcfs" or "priority" (kvfuzz.scheduler.priority)
     async_scheduling: bool = False  # vLLM's AsyncScheduler, driven with two batches in flight (async_batches.py)
+    cache_salts: bool = False  # requests drawn with a cache salt, or none (kvfuzz.scheduler.requests)
+    stop_tokens: bool = False  # requests drawn with stop token ids (kvfuzz.scheduler.requests)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -50,4 +53,6 @@ class SchedulerSetup:
             f"at most {self.max_num_seqs} running, prefix caching {'on' if self.prefix_caching else 'off'}"
             + (f", {self.policy} scheduling" if self.policy != "fcfs" else "")
             + (", async scheduling" if self.async_scheduling else "")
+            + (", cache salts" if self.cache_salts else "")
+            + (", stop tokens" if self.stop_tokens else "")
         )

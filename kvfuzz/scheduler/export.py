@@ -27,7 +27,12 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     message = _docstring_text(textwrap.indent(trace.failure.describe(), "    "))
     known = f"\nKnown bug: {_docstring_text(trace.known_bug)}\n" if trace.known_bug else ""
     runner_v2 = trace.model_runner == "V2"
-    export_async = ", async_scheduling=True" if setup.async_scheduling else ""
+    drawn = {
+        "async_scheduling": setup.async_scheduling,
+        "cache_salts": setup.cache_salts,
+        "stop_tokens": setup.stop_tokens,
+    }
+    export_async = "".join(f", {name}=True" for name, on in drawn.items() if on)
     return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.
 
 Recorded failure of {trace.scheduler} (vLLM {_docstring_text(trace.vllm_version)}, {trace.model_runner} model runner):

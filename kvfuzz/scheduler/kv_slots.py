@@ -26,6 +26,7 @@ class Write:
     position: int  # the token's position in that request
     tag: int  # the tag of that request's prefix up to the position
     step: int  # the step that wrote it
+    namespace: tuple[str, ...] = ()  # that request's K/V namespace (its cache salt, if any)
 
 
 @attrs.frozen
@@ -36,6 +37,7 @@ class Claim:
     position: int  # its position the slot holds
     tag: int  # the content it needs there
     why: str  # "relies on" or "wrote this step", for the message
+    namespace: tuple[str, ...] = ()  # the request's K/V namespace (its cache salt, if any), for the message
 
 
 class SlotPool:
@@ -47,20 +49,36 @@ class SlotPool:
         self.values = torch.zeros_like(self.keys)
         self.shadow: list[Optional[Write]] = [None] * slots
 
-    def claim(self, request: str, tokens: list[int], slots: list[int], claims: dict[int, Claim]) -> None:
-        """Claim ``slots`` (positions ``0 .. len(tokens) - 1``) for a live request relying on their content; a slot
-        already claimed keeps its first claim (shared blocks need the same content, or the content check fails)."""
-        for position, (slot, tag) in enumerate(zip(slots, prefix_tags((), tokens))):
-            claims.setdefault(slot, Claim(request, position, tag, "relies on"))
+    def claim(
+        self,
+        request: str,
+        tokens: list[int],
+        slots: list[int],
+        claims: dict[int, Claim],
+        namespace: tuple[str, ...] = (),
+    ) -> None:
+        """Claim ``slots`` (positions ``0 .. len(tokens) - 1``) for a live request relying on their content (the K/V of
+        its tokens under ``namespace``); a slot already claimed keeps its first claim (shared blocks need the same
+        content, or the content check fails)."""
+        for position, (slot, tag) in enumerate(zip(slots, prefix_tags(namespace, tokens))):
+            claims.setdefault(slot, Claim(request, position, tag, "relies on", namespace))
 
     def write(
-        self, request: str, tokens: list[int], positions: range, slots: list[int], step: int, taken: dict[int, Claim]
+        self,
+        request: str,
+        tokens: list[int],
+        positions: range,
+        slots: list[int],
+        step: int,
+        taken: dict[int, Claim],
+        namespace: tuple[str, ...] = (),
     ) -> None:
-        """Write the K/V of ``tokens``' positions ``positions`` into ``slots``. A write that gives a slot in ``taken``
-        content other than its claim needs breaks exclusivity; ``taken`` gets a claim for every slot written."""
+        """Write the K/V of ``tokens``' positions ``positions`` (under ``namespace``, the request's cache salt if any)
+        into ``slots``. A write that gives a slot in ``taken`` content other than its claim needs breaks exclusivity;
+        ``taken`` gets a claim for every slot written."""
         if not positions:
             return
-        tags = prefix_tags((), tokens[: positions.stop])[positions.start :]
+        tags = prefix_tags(namespace, tokens[: positions.stop])[positions.start :]
         for slot, position, tag in zip(slots, positions, tags):
             claim = taken.get(slot)
             if claim is not None and claim.tag != tag:
@@ -69,23 +87,25 @@ class SlotPool:
                     Check.EXCLUSIVE,
                     step,
                     request,
-                    f"its position {position} (tag {tag:#x}) is written to block {slot // self.block_size}, slot "
-                    f"{slot}, which request {claim.request} {claim.why} for its position {claim.position} (tag "
-                    f"{claim.tag:#x}); the slot holds "
+                    f"its position {position}{salted(namespace)} (tag {tag:#x}) is written to block "
+                    f"{slot // self.block_size}, slot {slot}, which request {claim.request} {claim.why} for its "
+                    f"position {claim.position}{salted(claim.namespace)} (tag {claim.tag:#x}); the slot holds "
                     + ("nothing yet" if found is None else f"tag {found.tag:#x}, written at step {found.step}"),
                 )
-            taken[slot] = Claim(request, position, tag, "wrote this step")
+            taken[slot] = Claim(request, position, tag, "wrote this step", namespace)
         keys, values = kv_for_tags(tags, MODEL_SHAPE)
         index = torch.tensor(slots, dtype=torch.int64)
         self.keys[index] = keys
         self.values[index] = values
         for slot, position, tag in zip(slots, positions, tags):
-            self.shadow[slot] = Write(request, position, tag, step)
+            self.shadow[slot] = Write(request, position, tag, step, namespace)
 
-    def check(self, request: str, tokens: list[int], slots: list[int], step: int) -> None:
+    def check(
+        self, request: str, tokens: list[int], slots: list[int], step: int, namespace: tuple[str, ...] = ()
+    ) -> None:
         """Every position of ``tokens`` holds, at its slot in ``slots``, the K/V of the request's own prefix up to
-        it."""
-        tags = prefix_tags((), tokens)
+        it (under ``namespace``, its cache salt if any)."""
+        tags = prefix_tags(namespace, tokens)
         keys, values = kv_for_tags(tags, MODEL_SHAPE)
         index = torch.tensor(slots, dtype=torch.int64)
         bad = ((self.keys[index] != keys) | (self.values[index] != values)).flatten(1).any(1)
@@ -97,13 +117,19 @@ class SlotPool:
         holds = (
             "nothing written there"
             if found is None
-            else f"the K/V of request {found.request}'s position {found.position} (tag {found.tag:#x}), written at "
-            f"step {found.step}"
+            else f"the K/V of request {found.request}'s position {found.position}{salted(found.namespace)} (tag "
+            f"{found.tag:#x}), written at step {found.step}"
         )
         raise SchedulerViolation(
             Check.CONTENT,
             step,
             request,
             f"position {position} (block {slot // self.block_size}, slot {slot}) should hold the K/V of the "
-            f"request's own tokens {tokens[: position + 1]} (tag {tags[position]:#x}), but holds {holds}",
+            f"request's own tokens {tokens[: position + 1]}{salted(namespace)} (tag {tags[position]:#x}), but holds "
+            f"{holds}",
         )
+
+
+def salted(namespace: tuple[str, ...]) -> str:
+    """How a message names a K/V namespace: its cache salt, or nothing (no salt)."""
+    return f" under cache salt {namespace[-1]!r}" if namespace else ""

@@ -13,6 +13,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rul
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.priority import priority_arguments
+from kvfuzz.scheduler.requests import request_arguments
 from kvfuzz.scheduler.session import Session, WorkerFactory
 from kvfuzz.scheduler.worker import Worker
 
@@ -86,10 +87,20 @@ def machine_for_setup(
             suffix=st.lists(st.integers(0, VOCABULARY - 1), max_size=2 * setup.block_size),
             max_tokens=st.integers(1, max(2 * setup.block_size, longest // 4)),
             **priority_arguments(setup),
+            **request_arguments(setup),
         )
-        def add_request(self, prefix: int, suffix: list[int], max_tokens: int, priority: int = 0) -> str:
+        def add_request(
+            self,
+            prefix: int,
+            suffix: list[int],
+            max_tokens: int,
+            priority: int = 0,
+            cache_salt: Optional[str] = None,
+            stop_token_ids: tuple[int, ...] = (),
+        ) -> str:
             prompt = (list(SHARED[:prefix]) + suffix)[: longest - 1] or [0]
-            return self._guarded(lambda: self.session.add(prompt, min(max_tokens, longest - len(prompt)), priority))
+            length = min(max_tokens, longest - len(prompt))
+            return self._guarded(lambda: self.session.add(prompt, length, priority, cache_salt, stop_token_ids))
 
         @rule(request=requests)
         def abort(self, request: str) -> None:

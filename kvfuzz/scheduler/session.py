@@ -9,13 +9,14 @@ right after launching it; async scheduling keeps up to two in flight (:mod:`kvfu
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 from kvfuzz.scheduler.accounting import check_accounting
 from kvfuzz.scheduler.async_batches import DEPTH, Batch, BatchQueue, Progress, SynchronousLoop
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
+from kvfuzz.scheduler.requests import salt_namespace
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm
 from kvfuzz.scheduler.worker import Worker
@@ -48,14 +49,27 @@ class Session:
         self.program: list[Operation] = []  # the client's operations so far, each recorded before it runs
         self.loop: EngineLoop = BatchQueue() if setup.async_scheduling else SynchronousLoop()  # the engine core
 
-    def add(self, prompt: list[int], max_tokens: int, priority: int = 0) -> str:
+    def add(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        priority: int = 0,
+        cache_salt: Optional[str] = None,
+        stop_token_ids: tuple[int, ...] = (),
+    ) -> str:
         """Add a request (ids ``r0``, ``r1``, ... in arrival order) of ``priority`` (smaller runs first under the
-        priority policy; FCFS ignores it); returns its id."""
+        priority policy; FCFS ignores it), under ``cache_salt``, stopping at the first sampled token among
+        ``stop_token_ids``; returns its id. The worker is told the request's namespace (vLLM's model runner is not
+        told the salt; kvfuzz's K/V depends on it so that the content check sees a hit across salts)."""
         arrival = len(self.lengths)
         request = f"r{arrival}"
-        self.program.append(AddRequest(prompt, max_tokens, priority))
-        self.scheduler.add_request(new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority))
-        self.outputs.added(request, len(prompt), max_tokens)
+        stops = tuple(stop_token_ids)
+        self.program.append(AddRequest(prompt, max_tokens, priority, cache_salt, stops))
+        self.worker.namespaces[request] = salt_namespace(cache_salt)
+        self.scheduler.add_request(
+            new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority, cache_salt, list(stops))
+        )
+        self.outputs.added(request, len(prompt), max_tokens, stops)
         self.lengths[request] = len(prompt) + max_tokens
         return request
 
@@ -164,5 +178,5 @@ class Session:
                 else f"{held.status.name}, {held.num_computed_tokens} computed"
             )
             expected = self.outputs.requests[request]
-            described.append(f"{request} ({status}, {len(expected.received)} of {expected.max_tokens} output tokens)")
+            described.append(f"{request} ({status}, {len(expected.received)} of {expected.length} output tokens)")
         return "; ".join(described)

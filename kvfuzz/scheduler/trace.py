@@ -30,7 +30,9 @@ trace saved when the failure was first found, before shrinking. ``failure.check`
 ``failure.exception``.
 
 Added without a new format version, each left out at its default so that older traces read and digest as before:
-``config.policy`` (``fcfs`` when absent, or ``priority``) and an add's ``priority`` (0 when absent).
+``config.policy`` (``fcfs`` when absent, or ``priority``) and an add's ``priority`` (0 when absent);
+``config.cache_salts`` and ``config.stop_tokens`` (false when absent: what the search drew), an add's ``cache_salt``
+(none when absent) and ``stop_token_ids`` (none when absent).
 
 A trace may come from anywhere, so :func:`load` trusts nothing in it: UTF-8 JSON of at most 16 MiB, no unknown or
 missing fields, values of the right JSON types and within :data:`LIMITS`, each problem one
@@ -154,6 +156,8 @@ class SchedulerTrace:
             "prefix_caching": self.setup.prefix_caching,
             **({"policy": self.setup.policy} if self.setup.policy != "fcfs" else {}),
             **({"async_scheduling": True} if self.setup.async_scheduling else {}),
+            **({"cache_salts": True} if self.setup.cache_salts else {}),
+            **({"stop_tokens": True} if self.setup.stop_tokens else {}),
         }
 
     def digest(self) -> str:
@@ -324,7 +328,8 @@ def _trace(data: Any) -> SchedulerTrace:
 
 def _config(value: Any) -> SchedulerSetup:
     required = {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")}
-    config = _fields(value, "config", {**required, "policy": False, "async_scheduling": False})
+    optional = {"policy": False, "async_scheduling": False, "cache_salts": False, "stop_tokens": False}
+    config = _fields(value, "config", {**required, **optional})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
     policy = _choice("config.policy", config.get("policy", "fcfs"), POLICIES)
     try:
@@ -332,6 +337,8 @@ def _config(value: Any) -> SchedulerSetup:
             prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]),
             policy=policy,
             async_scheduling=_boolean("config.async_scheduling", config.get("async_scheduling", False)),
+            cache_salts=_boolean("config.cache_salts", config.get("cache_salts", False)),
+            stop_tokens=_boolean("config.stop_tokens", config.get("stop_tokens", False)),
             **numbers,
         )
     except ValueError as error:
@@ -358,7 +365,8 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
                 raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
             program.append(Abort(str(request)))
         else:
-            item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, "priority": False})
+            extras = {"priority": False, "cache_salt": False, "stop_token_ids": False}
+            item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, **extras})
             prompt = item["prompt"]
             if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
                 raise _Invalid(f"{where}.prompt", f"must be a list of 1..{setup.max_model_len - 1} tokens")
@@ -366,9 +374,18 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
             room = setup.max_model_len - len(tokens)
             max_tokens = _integer(f"{where}.max_tokens", item["max_tokens"], 1, room)
             priority = _integer(f"{where}.priority", item.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY)
-            program.append(AddRequest(tokens, max_tokens, priority))
+            salt = _text(f"{where}.cache_salt", item.get("cache_salt"), optional=True)
+            program.append(AddRequest(tokens, max_tokens, priority, salt, _stop_token_ids(where, item)))
             added += 1
     return program
+
+
+def _stop_token_ids(where: str, item: dict[str, Any]) -> tuple[int, ...]:
+    """An add's stop token ids: distinct tokens of the vocabulary (none when absent)."""
+    stops = item.get("stop_token_ids", [])
+    if not isinstance(stops, list) or len(set(map(repr, stops))) != len(stops):
+        raise _Invalid(f"{where}.stop_token_ids", "must be a list of distinct tokens")
+    return tuple(_integer(f"{where}.stop_token_ids", token, 0, VOCABULARY - 1) for token in stops)
 
 
 def _failure(value: Any) -> RecordedFailure:

@@ -15,7 +15,7 @@ import logging
 import tempfile
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 
@@ -140,18 +140,27 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
 
 
 def new_request(
-    request_id: str, prompt: list[int], max_tokens: int, block_size: int, arrival: int, priority: int = 0
+    request_id: str,
+    prompt: list[int],
+    max_tokens: int,
+    block_size: int,
+    arrival: int,
+    priority: int = 0,
+    cache_salt: Optional[str] = None,
+    stop_token_ids: Optional[list[int]] = None,
 ) -> Any:
-    """A vLLM ``Request`` generating exactly ``max_tokens`` tokens (no end-of-sequence token stops it), its block
-    hashes from vLLM's own hasher (sha256, the engine default). Its arrival time is ``arrival``, its ordinal, not
-    the clock: the priority policy breaks ties by arrival time, and a replay must break them the same way."""
+    """A vLLM ``Request`` generating ``max_tokens`` tokens unless one of ``stop_token_ids`` is sampled first (no
+    end-of-sequence token stops it), under ``cache_salt``, its block hashes from vLLM's own hasher (sha256, the
+    engine default). Its arrival time is ``arrival``, its ordinal, not the clock: the priority policy breaks ties by
+    arrival time, and a replay must break them the same way."""
     v = vllm()
     return v.Request(
         request_id=request_id,
         prompt_token_ids=list(prompt),
-        sampling_params=v.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        sampling_params=v.SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=stop_token_ids),
         pooling_params=None,
         arrival_time=float(arrival),
         priority=priority,
+        cache_salt=cache_salt,
         block_hasher=v.get_request_block_hasher(block_size, v.sha256),
     )

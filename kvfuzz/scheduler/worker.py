@@ -14,7 +14,8 @@ Invariants the worker holds vLLM to:
 
 * **content**: after a step's writes, every position ``0 .. c + n - 1`` of a request scheduled for positions
   ``c .. c + n - 1`` holds the K/V of that request's own tokens up to it (kvfuzz's tag-based K/V of
-  :mod:`kvfuzz.reference.content`), whether this step wrote it, an earlier step did, or another request did and the
+  :mod:`kvfuzz.reference.content`, under the request's cache salt as namespace), whether this step wrote it, an
+  earlier step did, or another request did and the
   prefix cache handed the block over;
 * **exclusive writes**: no scheduled token's K/V is written over a slot whose content a live request (one the worker
   holds, not preempted) relies on, a position it has computed, nor over a slot another write of the same step
@@ -52,6 +53,7 @@ class RequestState:
     table: list[int]  # vLLM block ids, in position order
     computed: int = 0  # positions whose K/V the request relies on (computed, or found in the prefix cache)
     preempted: bool = False  # preempted and not resumed since: ``table`` is stale
+    namespace: tuple[str, ...] = ()  # its K/V tags' namespace: its cache salt, if any (kvfuzz.scheduler.requests)
 
 
 class Worker:
@@ -74,6 +76,7 @@ class Worker:
         self.requests: dict[str, RequestState] = {}  # every request the worker holds, as the model runner's
         self.history: dict[str, list[int]] = {}  # unfinished request -> every token the fake model sampled for it
         self.computed: dict[str, int] = {}  # request scheduled this step -> its computed tokens before the step
+        self.namespaces: dict[str, tuple[str, ...]] = {}  # request -> its K/V namespace, told by the client's side
         self.write_path = write_path(setup, self.runner_v2, self)  # decides the slots K/V is written to
         self.attention = NoAttention() if attention is None else attention  # attention beside the reference
 
@@ -87,6 +90,7 @@ class Worker:
         for request in output.finished_req_ids:
             self.requests.pop(request, None)
             self.history.pop(request, None)
+            self.namespaces.pop(request, None)
         for request in output.preempted_req_ids or ():
             if self.runner_v2:
                 self.requests.pop(request, None)
@@ -106,7 +110,11 @@ class Worker:
                     f"{sampled} for it",
                 )
             self.requests[new.req_id] = RequestState(
-                tokens, len(prompt), list(new.block_ids[0]), computed=new.num_computed_tokens
+                tokens,
+                len(prompt),
+                list(new.block_ids[0]),
+                computed=new.num_computed_tokens,
+                namespace=self.namespaces.get(new.req_id, ()),
             )
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
@@ -163,7 +171,13 @@ class Worker:
         for (request, positions), slots in zip(batch, self.write_path.slot_mapping(batch, step)):
             self._write(request, positions, slots, step, taken)
         attending = [
-            Attending(request, tuple(self.requests[request].tokens), tuple(self.requests[request].table), positions)
+            Attending(
+                request,
+                tuple(self.requests[request].tokens),
+                tuple(self.requests[request].table),
+                positions,
+                self.requests[request].namespace,
+            )
             for request, positions in batch
         ]
         order, sampled = [], []
@@ -208,7 +222,7 @@ class Worker:
         for request, state in self.requests.items():
             if not state.preempted and state.computed:
                 slots = [self._slot(request, position, step) for position in range(state.computed)]
-                self.kv.claim(request, state.tokens[: state.computed], slots, relied)
+                self.kv.claim(request, state.tokens[: state.computed], slots, relied, state.namespace)
         return relied
 
     def _check_known(self, request: str, positions: range, step: int) -> None:
@@ -257,10 +271,10 @@ class Worker:
         if not positions:
             return
         self._check_mapping(request, positions, slots, step)
-        self.kv.write(request, state.tokens, positions, slots, step, taken)
+        self.kv.write(request, state.tokens, positions, slots, step, taken, state.namespace)
 
     def _check_content(self, request: str, end: int, step: int) -> None:
         """Every position before ``end`` holds the K/V of the request's own prefix up to it."""
         state = self.requests[request]
         slots = [self._slot(request, position, step) for position in range(end)]
-        self.kv.check(request, state.tokens[:end], slots, step)
+        self.kv.check(request, state.tokens[:end], slots, step, state.namespace)
