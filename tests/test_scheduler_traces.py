@@ -62,6 +62,20 @@ def test_a_trace_round_trips_and_names_its_kind() -> None:
     assert from_json(json.loads(json.dumps(data))) == TRACE
 
 
+def test_speculative_decoding_is_recorded_and_a_trace_without_it_keeps_its_digest() -> None:
+    import attrs
+
+    speculative = attrs.evolve(TRACE, setup=attrs.evolve(TRACE.setup, speculative_tokens=2))
+    data = speculative.to_json()
+    assert data["config"]["speculative_tokens"] == 2
+    assert from_json(json.loads(json.dumps(data))) == speculative
+    assert speculative.digest() != TRACE.digest()
+    # written before speculative decoding was driven: no field, no drafts, the digest it was saved under
+    assert "speculative_tokens" not in TRACE.to_json()["config"]
+    assert from_json(TRACE.to_json()).setup.speculative_tokens == 0
+    assert TRACE.digest() == "41662bf53feb"
+
+
 def test_a_crash_is_recorded_with_its_exception_type() -> None:
     failure = RecordedFailure.of(AssertionError("seeded"))
     assert (failure.check, failure.exception, failure.message) == ("crash", "AssertionError", "AssertionError: seeded")
@@ -95,6 +109,7 @@ def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         (lambda d: d["config"].update(num_blocks=0), "config.num_blocks: must be in 1..65536, not 0"),
         (lambda d: d["config"].update(block_size=True), "config.block_size: must be an integer, not true"),
         (lambda d: d["config"].update(prefix_caching=1), "config.prefix_caching: must be true or false, not 1"),
+        (lambda d: d["config"].update(speculative_tokens=-1), "config.speculative_tokens: must be in 0..64, not -1"),
         (lambda d: d["program"][0].update(prompt=[1, 9]), "program[0].prompt: must be in 0..3, not 9"),
         (lambda d: d["program"][0].update(prompt=[]), "program[0].prompt: must be a list of 1..31 tokens"),
         (lambda d: d["program"][0].update(max_tokens=30), "program[0].max_tokens: must be in 1..29, not 30"),

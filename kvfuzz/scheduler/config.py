@@ -23,11 +23,14 @@ class SchedulerSetup:
     max_num_batched_tokens: int = 16  # the step's token budget: prompts longer than it are prefilled in chunks
     max_num_seqs: int = 4  # most requests running at once
     prefix_caching: bool = True  # vLLM's automatic prefix caching
+    speculative_tokens: int = 0  # k: the most drafts scheduled per request and step (0: no speculative decoding)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.speculative_tokens < 0:
+            raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
 
@@ -40,4 +43,5 @@ class SchedulerSetup:
         return (
             f"{self.num_blocks} blocks x {self.block_size} slots, token budget {self.max_num_batched_tokens}, "
             f"at most {self.max_num_seqs} running, prefix caching {'on' if self.prefix_caching else 'off'}"
+            + (f", {self.speculative_tokens} speculative draft(s)" if self.speculative_tokens else "")
         )

@@ -33,6 +33,8 @@ class Tally:
     steps: int = 0  # their schedule() calls, the drains' included
     preemptions: int = 0  # requests the scheduler preempted
     hit_tokens: int = 0  # tokens found computed in the prefix cache
+    drafts: int = 0  # speculative drafts scheduled (the scheduler's placeholders included)
+    accepted_drafts: int = 0  # of them, accepted by the fake model
 
 
 def prefix_lengths(setup: SchedulerSetup) -> tuple[int, ...]:
@@ -105,6 +107,9 @@ def machine_for_setup(
                     tally.steps += self.session.steps
                     tally.preemptions += self.session.preemptions
                     tally.hit_tokens += self.session.hit_tokens
+                    drafts = self.session.worker.speculation.stats
+                    tally.drafts += drafts.scheduled
+                    tally.accepted_drafts += drafts.accepted
 
     SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = "VllmV1SchedulerMachine"
     return SchedulerMachine

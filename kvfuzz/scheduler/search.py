@@ -31,6 +31,8 @@ class Outcome:
     seconds: float  # the search itself
     failure: Optional[Exception]  # the shrunk failure (a check's SchedulerViolation, or vLLM's own exception), or None
     program: str  # Hypothesis's falsifying example: the calls that reproduce it ("" when passed)
+    drafts: int = 0  # speculative drafts scheduled over all examples
+    accepted_drafts: int = 0  # of them, accepted
 
     @property
     def steps_per_second(self) -> float:
@@ -44,6 +46,11 @@ class Outcome:
             f"the scheduler preempted {plural(self.preemptions, 'request')}; "
             f"{plural(self.hit_tokens, 'prompt token')} hit the prefix cache",
         ]
+        if self.setup.speculative_tokens:
+            lines.append(
+                f"{plural(self.drafts, 'speculative draft')} scheduled: {self.accepted_drafts} accepted, "
+                f"{self.drafts - self.accepted_drafts} rejected"
+            )
         if self.failure is not None:
             lines += ["", self.explanation(), "", self.program]
         return lines
@@ -66,6 +73,8 @@ class Outcome:
             "steps": self.steps,
             "preemptions": self.preemptions,
             "hit_tokens": self.hit_tokens,
+            "drafts": self.drafts,
+            "accepted_drafts": self.accepted_drafts,
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps_per_second, 1),
             "check": self.check(),
@@ -107,4 +116,6 @@ def search(
         time.perf_counter() - started,
         failure,
         program,
+        tally.drafts,
+        tally.accepted_drafts,
     )

@@ -82,6 +82,9 @@ class Session:
             sampled_token_ids=sampled,
         )
         self.outputs.receive(self.scheduler.update_from_output(output, result), self.steps)
+        drafts = self.worker.take_draft_token_ids()
+        if drafts is not None and output.total_num_scheduled_tokens > 0:  # as the engine core's post_step
+            self.scheduler.update_draft_token_ids(vllm().DraftTokenIds(*drafts))
         return int(output.total_num_scheduled_tokens)
 
     def drain(self) -> None:

@@ -9,7 +9,7 @@ A scheduler trace is its own kind of file, beside the allocator traces of :mod:`
       "scheduler": "vllm-v1",
       "engine": {"vllm_version": "0.33.0", "model_runner": "V2"},
       "config": {"num_blocks": 8, "block_size": 4, "max_num_batched_tokens": 16, "max_num_seqs": 4,
-                 "prefix_caching": true},
+                 "prefix_caching": true, "speculative_tokens": 2},
       "program": [{"op": "add", "prompt": [1, 2, 3, 0], "max_tokens": 8}, {"op": "step"},
                   {"op": "abort", "request": "r0"}, ...],
       "shrunk": true,
@@ -18,8 +18,10 @@ A scheduler trace is its own kind of file, beside the allocator traces of :mod:`
       "known_bug": null
     }
 
-``engine.model_runner`` is the protocol the worker spoke (``V2``: a preempted request is dropped and resumed as new;
-``V1``: it is kept and resumed among the cached requests); a replay selects the same one. ``program`` is the
+``config.speculative_tokens`` (speculative decoding with that many drafts) is written only when it is not 0, and a
+trace without it (every trace written before speculative decoding was driven) has none; so such a trace keeps its
+digest. ``engine.model_runner`` is the protocol the worker spoke (``V2``: a preempted request is dropped and resumed
+as new; ``V1``: it is kept and resumed among the cached requests); a replay selects the same one. ``program`` is the
 client's operations (:mod:`kvfuzz.scheduler.program`); the drain after them is implied. ``shrunk`` is false for the
 trace saved when the failure was first found, before shrinking. ``failure.check`` is a check's name
 (:class:`~kvfuzz.scheduler.violations.Check`) or ``crash`` for an exception of the engine's own, whose type is
@@ -62,6 +64,8 @@ LIMITS = {
     "program": 1 << 16,
 }
 """The largest configuration values and program a trace may hold."""
+MAX_SPECULATIVE_TOKENS = 1 << 6
+"""The most drafts per step a trace's configuration may ask for."""
 MAX_TEXT = 1 << 16
 
 
@@ -124,13 +128,16 @@ class SchedulerTrace:
     kvfuzz_version: str = kvfuzz.__version__
 
     def config_json(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "num_blocks": self.setup.num_blocks,
             "block_size": self.setup.block_size,
             "max_num_batched_tokens": self.setup.max_num_batched_tokens,
             "max_num_seqs": self.setup.max_num_seqs,
             "prefix_caching": self.setup.prefix_caching,
         }
+        if self.setup.speculative_tokens:
+            config["speculative_tokens"] = self.setup.speculative_tokens
+        return config
 
     def digest(self) -> str:
         """Identifies the failure: the same scheduler, configuration, runner and program give the same digest."""
@@ -287,10 +294,16 @@ def _trace(data: Any) -> SchedulerTrace:
 
 
 def _config(value: Any) -> SchedulerSetup:
-    config = _fields(value, "config", {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")})
+    fields = {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")}
+    config = _fields(value, "config", {**fields, "speculative_tokens": False})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
+    speculative = _integer("config.speculative_tokens", config.get("speculative_tokens", 0), 0, MAX_SPECULATIVE_TOKENS)
     try:
-        return SchedulerSetup(prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]), **numbers)
+        return SchedulerSetup(
+            prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]),
+            speculative_tokens=speculative,
+            **numbers,
+        )
     except ValueError as error:
         raise _Invalid("config", str(error)) from None
 

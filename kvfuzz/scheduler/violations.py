@@ -15,6 +15,7 @@ class Check(enum.Enum):
     OUTPUTS = "outputs"  # every request's output is exactly the tokens the fake model sampled for it, in order
     ACCOUNTING = "accounting"  # the manager's free blocks and refcounts agree with the worker's tables
     PROGRESS = "progress"  # once arrivals stop, every request finishes within a bound
+    SPECULATIVE = "speculative"  # drafts scheduled as proposed, and rejected ones rolled back
 
 
 class SchedulerViolation(Exception):

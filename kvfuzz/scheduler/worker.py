@@ -19,7 +19,8 @@ Invariants the worker holds vLLM to:
 * **exclusive writes**: no scheduled token's K/V is written over a slot whose content a live request (one the worker
   holds, not preempted) relies on, a position it has computed, nor over a slot another write of the same step
   took (unless the content is the same);
-* every scheduled position is one whose token the worker knows (no speculative decoding here), and falls inside the
+* every scheduled position is one whose token the worker knows, or a draft scheduled for it (speculative decoding,
+  :mod:`kvfuzz.scheduler.speculative`, which also checks the drafts and their rollback), and falls inside the
   request's table;
 * the scheduler counts as many outputs for a request it schedules again as the fake model sampled for it, and a
   request resumed as new carries exactly its prompt and those outputs.
@@ -35,6 +36,7 @@ import torch
 from kvfuzz.reference.content import kv_for_tags, prefix_tags
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
+from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import vllm_config
 
@@ -58,6 +60,7 @@ class Write:
     position: int  # the token's position in that request
     tag: int  # the tag of that request's prefix up to the position
     step: int  # the step that wrote it
+    draft: bool = False  # the token was a speculative draft, not yet verified when written
 
 
 @attrs.frozen
@@ -72,7 +75,8 @@ class Claim:
 
 class Worker:
     """The worker side of one example. Subclasses in the engine tests seed bugs by overriding :meth:`slots` (the
-    write path's slot mapping) or :meth:`sampled` (the model's output)."""
+    write path's slot mapping), :meth:`sampled` (the model's output) or :meth:`verified_tokens` (the output of a
+    step with drafts)."""
 
     def __init__(self, setup: SchedulerSetup) -> None:
         self.block_size = setup.block_size  # slots per block
@@ -84,6 +88,8 @@ class Worker:
         self.requests: dict[str, RequestState] = {}  # every request the worker holds, as the model runner's
         self.history: dict[str, list[int]] = {}  # unfinished request -> every token the fake model sampled for it
         self.computed: dict[str, int] = {}  # request scheduled this step -> its computed tokens before the step
+        self.speculation = speculation_for(setup.speculative_tokens)  # the drafts proposed, scheduled and verified
+        self.drafts: Optional[tuple[list[str], list[list[int]]]] = None  # proposed after the last step, untaken
 
     # -- the scheduler's output, as the model runner reads it ------------------------------------------------------
 
@@ -93,7 +99,9 @@ class Worker:
         for request in output.finished_req_ids:
             self.requests.pop(request, None)
             self.history.pop(request, None)
+            self.speculation.forget(request)
         for request in output.preempted_req_ids or ():
+            self.speculation.forget(request)  # the scheduler drops a preempted request's drafts
             if self.runner_v2:
                 self.requests.pop(request, None)
             elif request in self.requests:
@@ -133,7 +141,11 @@ class Worker:
                     f"the scheduler counts {cached.num_output_tokens[index]} output tokens, but the fake model "
                     f"sampled {outputs}",
                 )
+            if request not in cached.resumed_req_ids:
+                self.speculation.check_computed(request, cached.num_computed_tokens[index], step)
             self.computed[request] = state.computed = cached.num_computed_tokens[index]
+        known = {request: len(self.requests[request].tokens) for request in output.num_scheduled_tokens}
+        self.speculation.schedule(output, known, step)
 
     def live_tables(self) -> dict[str, list[int]]:
         """The table of every request the worker holds that is not preempted: the blocks it may read and write."""
@@ -150,6 +162,17 @@ class Worker:
         """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample."""
         return [sampled_token(request, position)]
 
+    def verified_tokens(self, request: str, known: int, verified: Verified) -> list[int]:
+        """The tokens returned for a request with ``known`` tokens whose drafts ``verified`` judged: the accepted
+        drafts (the fake model's own tokens), then the fake model's sample after them."""
+        return list(verified.drafts[: verified.accepted]) + self.sampled(request, known + verified.accepted)
+
+    def take_draft_token_ids(self) -> Optional[tuple[list[str], list[list[int]]]]:
+        """The drafts proposed after the last step (request ids, and each one's drafts), once, as vLLM's model
+        runner gives them to the engine core; None when speculative decoding proposed nothing."""
+        drafts, self.drafts = self.drafts, None
+        return drafts
+
     def execute(self, output: Any, step: int) -> tuple[list[str], list[list[int]]]:
         """Write the K/V of every scheduled token, check what each scheduled request attends to, and sample: the
         request ids in order, and each one's sampled tokens (none for a prefill chunk that ends before the last
@@ -160,20 +183,30 @@ class Worker:
             computed = self.computed[request]
             self._write(request, range(computed, computed + count), step, taken)
         order, sampled = [], []
+        lengths: dict[str, int] = {}  # request that sampled -> its sequence's length after the step
         for request, count in scheduled.items():
             state = self.requests[request]
             end = self.computed[request] + count
             self._check_content(request, end, step)
-            state.computed = end
+            known = len(state.tokens)
             order.append(request)
-            if end == len(state.tokens):
-                tokens = self.sampled(request, len(state.tokens))
-                state.tokens.extend(tokens)
-                self.history[request].extend(tokens)
-                sampled.append(tokens)
-            else:
+            if end < known:  # a prefill chunk that stops short samples nothing
+                state.computed = end
                 sampled.append([])
+                continue
+            verified = self.speculation.verify(request, known, end, step)
+            state.computed = verified.computed  # rejected drafts' positions are stale: nothing relies on them
+            tokens = self.verified_tokens(request, known, verified)
+            state.tokens.extend(tokens)
+            self.history[request].extend(tokens)
+            sampled.append(tokens)
+            lengths[request] = len(state.tokens)
+        self.drafts = self.speculation.propose(output, lengths)
         return order, sampled
+
+    def _tokens(self, request: str) -> list[int]:
+        """A request's known tokens, then the drafts scheduled for it this step: what its scheduled positions hold."""
+        return self.requests[request].tokens + self.speculation.drafts(request)
 
     def _slot(self, request: str, position: int, step: int) -> int:
         table = self.requests[request].table
@@ -209,18 +242,20 @@ class Worker:
         than its claim needs breaks exclusivity; ``taken`` gets a claim for every slot written. (A request admitted
         in the same step as the one that writes its prefix relies on that step's write: vLLM caches full blocks
         when they are scheduled, and the step writes every token's K/V before attention reads it.)"""
-        state = self.requests[request]
-        if positions.stop > len(state.tokens):
+        tokens = self._tokens(request)
+        known = len(self.requests[request].tokens)
+        if positions.stop > len(tokens):
+            drafted = len(tokens) - known
             raise SchedulerViolation(
                 Check.CONTENT,
                 step,
                 request,
                 f"positions {positions.start}..{positions.stop - 1} scheduled, but the request has only "
-                f"{len(state.tokens)} tokens",
+                f"{known} tokens" + (f" and {drafted} draft(s)" if drafted else ""),
             )
         if not positions:
             return
-        tags = prefix_tags((), state.tokens[: positions.stop])[positions.start :]
+        tags = prefix_tags((), tokens[: positions.stop])[positions.start :]
         slots = self.slots(request, positions, step)
         for slot, position, tag in zip(slots, positions, tags):
             claim = taken.get(slot)
@@ -241,12 +276,12 @@ class Worker:
         self.keys[index] = keys
         self.values[index] = values
         for slot, position, tag in zip(slots, positions, tags):
-            self.shadow[slot] = Write(request, position, tag, step)
+            self.shadow[slot] = Write(request, position, tag, step, draft=position >= known)
 
     def _check_content(self, request: str, end: int, step: int) -> None:
         """Every position before ``end`` holds the K/V of the request's own prefix up to it."""
-        state = self.requests[request]
-        tags = prefix_tags((), state.tokens[:end])
+        tokens = self._tokens(request)
+        tags = prefix_tags((), tokens[:end])
         slots = [self._slot(request, position, step) for position in range(end)]
         keys, values = kv_for_tags(tags, MODEL_SHAPE)
         index = torch.tensor(slots, dtype=torch.int64)
@@ -259,13 +294,13 @@ class Worker:
         holds = (
             "nothing written there"
             if found is None
-            else f"the K/V of request {found.request}'s position {found.position} (tag {found.tag:#x}), written at "
-            f"step {found.step}"
+            else f"the K/V of request {found.request}'s {'draft at ' if found.draft else ''}position "
+            f"{found.position} (tag {found.tag:#x}), written at step {found.step}"
         )
         raise SchedulerViolation(
             Check.CONTENT,
             step,
             request,
             f"position {position} (block {slot // self.block_size}, slot {slot}) should hold the K/V of the "
-            f"request's own tokens {state.tokens[: position + 1]} (tag {tags[position]:#x}), but holds {holds}",
+            f"request's own tokens {tokens[: position + 1]} (tag {tags[position]:#x}), but holds {holds}",
         )
