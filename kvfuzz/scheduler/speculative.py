@@ -105,14 +105,18 @@ class Speculation:
         if verified is None or computed == verified.computed:
             return
         rejected = len(verified.drafts) - verified.accepted
+        wrong = (
+            f"positions {verified.computed}..{computed - 1} hold rejected drafts' K/V and must be recomputed"
+            if computed > verified.computed
+            else f"positions {computed}..{verified.computed - 1} hold accepted tokens' K/V, rolled back too"
+        )
         raise SchedulerViolation(
             Check.SPECULATIVE,
             step,
             request,
-            f"the scheduler counts {computed} computed tokens, but after its last step verified drafts "
-            f"{list(verified.drafts)} ({verified.accepted} accepted, {rejected} rejected) only {verified.computed} "
-            f"positions hold valid K/V: positions {verified.computed}..{computed - 1} hold rejected drafts' K/V "
-            "and must be recomputed",
+            f"the scheduler counts {computed} computed tokens, but its last step verified drafts "
+            f"{list(verified.drafts)} ({verified.accepted} accepted, {rejected} rejected), after which positions "
+            f"0..{verified.computed - 1} hold valid K/V: {wrong}",
         )
 
     def schedule(self, output: Any, known: dict[str, int], step: int) -> None:
