@@ -182,7 +182,8 @@ class Worker:
         for request, count in scheduled.items():
             computed = self.computed[request]
             self._write(request, range(computed, computed + count), step, taken)
-        order, sampled = [], []
+        order: list[str] = []
+        sampled: list[list[int]] = []
         lengths: dict[str, int] = {}  # request that sampled -> its sequence's length after the step
         for request, count in scheduled.items():
             state = self.requests[request]
