@@ -139,6 +139,41 @@ def test_content_catches_a_request_attending_to_its_rejected_draft(monkeypatch: 
     ), outcome.failure
 
 
+def test_accounting_catches_a_scheduler_that_frees_the_blocks_of_rejected_drafts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The seeded bug: after the rollback, ``update_from_output`` frees the blocks that only rejected drafts used,
+    which the model runner's table still holds (no protocol tells it to shrink a table): the accounting check, when
+    the block is free, or (as the derandomized search first finds it) once the same request is handed it again."""
+    original = Scheduler.update_from_output
+
+    def update_from_output(self: Scheduler, scheduler_output: Any, model_runner_output: Any) -> Any:
+        outputs = original(self, scheduler_output, model_runner_output)
+        manager = self.kv_cache_manager
+        for request in scheduler_output.scheduled_spec_decode_tokens:
+            held = self.requests.get(request)
+            if held is None or held.is_finished():
+                continue
+            blocks = manager.coordinator.single_type_managers[0].req_to_blocks[request]
+            needed = -(-(held.num_computed_tokens + 1) // self.block_size)
+            if len(blocks) > needed:
+                manager.block_pool.free_blocks(reversed(blocks[needed:]))
+                del blocks[needed:]
+        return outputs
+
+    monkeypatch.setattr(Scheduler, "update_from_output", update_from_output)
+    outcome = search(drafted(4), examples=50, steps=30, shrink=False)
+    assert isinstance(outcome.failure, SchedulerViolation) and outcome.failure.check is Check.ACCOUNTING, (
+        outcome.describe()
+    )
+    assert re.search(
+        r"accounting check failed at step \d+, request (r\d+): block \d+ is held by the tables of \d running "
+        r"request\(s\) \['\1'.*\] \(expected ref_cnt \d, not free\), but the manager's block (is in the free queue|has "
+        r"ref_cnt \d)",
+        str(outcome.failure),
+    ), outcome.failure
+
+
 class RejectedDraftInOutputWorker(Worker):
     """The seeded bug: the model runner returns every scheduled draft, rejected ones included, then the bonus."""
 
