@@ -41,11 +41,13 @@ class Session:
         self.hit_tokens = 0  # tokens new and resumed requests found computed (prefix-cache hits)
         self.program: list[Operation] = []  # the client's operations so far, each recorded before it runs
 
-    def add(self, prompt: list[int], max_tokens: int) -> str:
-        """Add a request (ids ``r0``, ``r1``, ... in arrival order); returns its id."""
-        request = f"r{len(self.lengths)}"
-        self.program.append(AddRequest(prompt, max_tokens))
-        self.scheduler.add_request(new_request(request, prompt, max_tokens, self.setup.block_size))
+    def add(self, prompt: list[int], max_tokens: int, priority: int = 0) -> str:
+        """Add a request (ids ``r0``, ``r1``, ... in arrival order) of ``priority`` (smaller runs first under the
+        priority policy; FCFS ignores it); returns its id."""
+        arrival = len(self.lengths)
+        request = f"r{arrival}"
+        self.program.append(AddRequest(prompt, max_tokens, priority))
+        self.scheduler.add_request(new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority))
         self.outputs.added(request, len(prompt), max_tokens)
         self.lengths[request] = len(prompt) + max_tokens
         return request

@@ -27,6 +27,9 @@ trace saved when the failure was first found, before shrinking. ``failure.check`
 (:class:`~kvfuzz.scheduler.violations.Check`) or ``crash`` for an exception of the engine's own, whose type is
 ``failure.exception``.
 
+Added without a new format version, each left out at its default so that older traces read and digest as before:
+``config.policy`` (``fcfs`` when absent, or ``priority``) and an add's ``priority`` (0 when absent).
+
 A trace may come from anywhere, so :func:`load` trusts nothing in it: UTF-8 JSON of at most 16 MiB, no unknown or
 missing fields, values of the right JSON types and within :data:`LIMITS`, each problem one
 :class:`SchedulerTraceError` line naming the file and the field. :func:`save` writes atomically."""
@@ -44,7 +47,8 @@ from typing import Any, Optional
 import attrs
 
 import kvfuzz
-from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.config import POLICIES, SchedulerSetup
+from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
@@ -67,6 +71,8 @@ LIMITS = {
 MAX_SPECULATIVE_TOKENS = 1 << 6
 """The most drafts per step a trace's configuration may ask for."""
 MAX_TEXT = 1 << 16
+MAX_PRIORITY = 1 << 20
+"""The largest priority (in absolute value) an add may carry."""
 
 
 class SchedulerTraceError(ValueError):
@@ -88,7 +94,7 @@ class RecordedFailure:
     def of(cls, error: BaseException) -> RecordedFailure:
         if isinstance(error, SchedulerViolation):
             return cls(error.check.value, str(error), None, error.step, error.request)
-        return cls(CRASH, f"{type(error).__name__}: {error}", type(error).__name__)
+        return cls(CRASH, crash_message(error), type(error).__name__)
 
     def same_kind(self, other: RecordedFailure) -> bool:
         """The same check (for a crash: the same exception type): what a replay must reproduce."""
@@ -128,16 +134,15 @@ class SchedulerTrace:
     kvfuzz_version: str = kvfuzz.__version__
 
     def config_json(self) -> dict[str, Any]:
-        config: dict[str, Any] = {
+        return {
             "num_blocks": self.setup.num_blocks,
             "block_size": self.setup.block_size,
             "max_num_batched_tokens": self.setup.max_num_batched_tokens,
             "max_num_seqs": self.setup.max_num_seqs,
             "prefix_caching": self.setup.prefix_caching,
+            **({"policy": self.setup.policy} if self.setup.policy != "fcfs" else {}),
+            **({"speculative_tokens": self.setup.speculative_tokens} if self.setup.speculative_tokens else {}),
         }
-        if self.setup.speculative_tokens:
-            config["speculative_tokens"] = self.setup.speculative_tokens
-        return config
 
     def digest(self) -> str:
         """Identifies the failure: the same scheduler, configuration, runner and program give the same digest."""
@@ -294,13 +299,15 @@ def _trace(data: Any) -> SchedulerTrace:
 
 
 def _config(value: Any) -> SchedulerSetup:
-    fields = {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")}
-    config = _fields(value, "config", {**fields, "speculative_tokens": False})
+    required = {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")}
+    config = _fields(value, "config", {**required, "policy": False, "speculative_tokens": False})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
+    policy = _choice("config.policy", config.get("policy", "fcfs"), POLICIES)
     speculative = _integer("config.speculative_tokens", config.get("speculative_tokens", 0), 0, MAX_SPECULATIVE_TOKENS)
     try:
         return SchedulerSetup(
             prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]),
+            policy=policy,
             speculative_tokens=speculative,
             **numbers,
         )
@@ -328,13 +335,15 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
                 raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
             program.append(Abort(str(request)))
         else:
-            item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True})
+            item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, "priority": False})
             prompt = item["prompt"]
             if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
                 raise _Invalid(f"{where}.prompt", f"must be a list of 1..{setup.max_model_len - 1} tokens")
             tokens = [_integer(f"{where}.prompt", token, 0, VOCABULARY - 1) for token in prompt]
             room = setup.max_model_len - len(tokens)
-            program.append(AddRequest(tokens, _integer(f"{where}.max_tokens", item["max_tokens"], 1, room)))
+            max_tokens = _integer(f"{where}.max_tokens", item["max_tokens"], 1, room)
+            priority = _integer(f"{where}.priority", item.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY)
+            program.append(AddRequest(tokens, max_tokens, priority))
             added += 1
     return program
 

@@ -16,6 +16,7 @@ class Check(enum.Enum):
     ACCOUNTING = "accounting"  # the manager's free blocks and refcounts agree with the worker's tables
     PROGRESS = "progress"  # once arrivals stop, every request finishes within a bound
     SPECULATIVE = "speculative"  # drafts scheduled as proposed, and rejected ones rolled back
+    BATCH = "batch"  # every request a step schedules is one the model runner can execute, its table covering it
 
 
 class SchedulerViolation(Exception):
