@@ -36,6 +36,7 @@ class Tally:
     hit_tokens: int = 0  # tokens found computed in the prefix cache
     drafts: int = 0  # speculative drafts scheduled (the scheduler's placeholders included)
     accepted_drafts: int = 0  # of them, accepted by the fake model
+    rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
 
 
 def prefix_lengths(setup: SchedulerSetup) -> tuple[int, ...]:
@@ -91,7 +92,7 @@ def machine_for_setup(
         def abort(self, request: str) -> None:
             self._guarded(lambda: self.session.abort(request))
 
-        @precondition(lambda self: self.session.scheduler.has_requests())
+        @precondition(lambda self: self.session.busy())
         @rule()
         def step(self) -> None:
             self._guarded(self.session.step)
@@ -112,6 +113,7 @@ def machine_for_setup(
                     drafts = self.session.worker.speculation.stats
                     tally.drafts += drafts.scheduled
                     tally.accepted_drafts += drafts.accepted
+                    tally.rewrites += self.session.loop.rewrites
 
     SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = "VllmV1SchedulerMachine"
     return SchedulerMachine

@@ -34,6 +34,7 @@ class Outcome:
     program: str  # Hypothesis's falsifying example: the calls that reproduce it ("" when passed)
     drafts: int = 0  # speculative drafts scheduled over all examples
     accepted_drafts: int = 0  # of them, accepted
+    rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
 
     @property
     def steps_per_second(self) -> float:
@@ -51,6 +52,11 @@ class Outcome:
             lines.append(
                 f"{plural(self.drafts, 'speculative draft')} scheduled: {self.accepted_drafts} accepted, "
                 f"{self.drafts - self.accepted_drafts} rejected"
+            )
+        if self.setup.async_scheduling:
+            lines.append(
+                f"{plural(self.rewrites, 'released block')} written while a step that read it was in flight "
+                "(after it, on the stream)"
             )
         if self.failure is not None:
             lines += ["", self.explanation(), "", self.program]
@@ -76,6 +82,7 @@ class Outcome:
             "hit_tokens": self.hit_tokens,
             "drafts": self.drafts,
             "accepted_drafts": self.accepted_drafts,
+            "released_rewrites": self.rewrites,
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps_per_second, 1),
             "check": self.check(),
@@ -119,4 +126,5 @@ def search(
         program,
         tally.drafts,
         tally.accepted_drafts,
+        tally.rewrites,
     )

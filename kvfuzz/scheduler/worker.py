@@ -23,7 +23,9 @@ Invariants the worker holds vLLM to:
   :mod:`kvfuzz.scheduler.speculative`, which also checks the drafts and their rollback), and falls inside the
   request's table;
 * the scheduler counts as many outputs for a request it schedules again as the fake model sampled for it, and a
-  request resumed as new carries exactly its prompt and those outputs.
+  request resumed as new carries exactly its prompt and those outputs. (Under async scheduling the scheduler's count
+  includes its output placeholders, the tokens of steps still in flight: the worker has sampled those already, since
+  it runs a step when the engine core launches it, as the GPU runs it; :mod:`kvfuzz.scheduler.async_batches`.)
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ import attrs
 import torch
 
 from kvfuzz.reference.content import kv_for_tags, prefix_tags
+from kvfuzz.scheduler.attention import Attending, AttentionCheck, NoAttention
 from kvfuzz.scheduler.batch import check_batch, check_table_covers
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
 from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import vllm_config
+from kvfuzz.scheduler.write_paths import OwnSlotMapping, WritePathFactory
 
 
 @attrs.define
@@ -75,11 +79,20 @@ class Claim:
 
 
 class Worker:
-    """The worker side of one example. Subclasses in the engine tests seed bugs by overriding :meth:`slots` (the
-    write path's slot mapping), :meth:`sampled` (the model's output) or :meth:`verified_tokens` (the output of a
-    step with drafts)."""
+    """The worker side of one example. Subclasses in the engine tests seed bugs by overriding :meth:`slots` (kvfuzz's
+    own slot mapping), :meth:`sampled` (the model's output) or :meth:`verified_tokens` (the output of a step with
+    drafts).
 
-    def __init__(self, setup: SchedulerSetup) -> None:
+    ``write_path`` decides where each scheduled token's K/V is written (:mod:`kvfuzz.scheduler.write_paths`: kvfuzz's
+    own :meth:`slots`, or vLLM's worker-side block tables, checked against :meth:`slots`); ``attention`` computes
+    the step's attention through the tables beside the reference (:mod:`kvfuzz.scheduler.attention`)."""
+
+    def __init__(
+        self,
+        setup: SchedulerSetup,
+        write_path: WritePathFactory = OwnSlotMapping,
+        attention: Optional[AttentionCheck] = None,
+    ) -> None:
         self.block_size = setup.block_size  # slots per block
         slots = (setup.num_blocks + 1) * setup.block_size  # vLLM's null block 0 included
         self.keys = torch.zeros((slots, *MODEL_SHAPE.kv_row_shape), dtype=MODEL_SHAPE.dtype)  # the K pool
@@ -91,6 +104,8 @@ class Worker:
         self.computed: dict[str, int] = {}  # request scheduled this step -> its computed tokens before the step
         self.speculation = speculation_for(setup.speculative_tokens)  # the drafts proposed, scheduled and verified
         self.drafts: Optional[tuple[list[str], list[list[int]]]] = None  # proposed after the last step, untaken
+        self.write_path = write_path(setup, self.runner_v2, self)  # decides the slots K/V is written to
+        self.attention = NoAttention() if attention is None else attention  # attention beside the reference
 
     # -- the scheduler's output, as the model runner reads it ------------------------------------------------------
 
@@ -149,6 +164,7 @@ class Worker:
             self.computed[request] = state.computed = cached.num_computed_tokens[index]
         known = {request: len(self.requests[request].tokens) for request in output.num_scheduled_tokens}
         self.speculation.schedule(output, known, step)
+        self.write_path.consume(output)
 
     def live_tables(self) -> dict[str, list[int]]:
         """The table of every request the worker holds that is not preempted: the blocks it may read and write."""
@@ -185,9 +201,18 @@ class Worker:
             table = self.requests[request].table
             check_table_covers(request, table, self.computed[request], count, self.block_size, step)
         taken = self._relied_on(step)
-        for request, count in scheduled.items():
-            computed = self.computed[request]
-            self._write(request, range(computed, computed + count), step, taken)
+        batch = [
+            (request, range(self.computed[request], self.computed[request] + count))
+            for request, count in scheduled.items()
+        ]
+        for request, positions in batch:
+            self._check_known(request, positions, step)
+        for (request, positions), slots in zip(batch, self.write_path.slot_mapping(batch, step)):
+            self._write(request, positions, slots, step, taken)
+        attending = [  # a request's drafts scheduled this step are its tokens at their positions
+            Attending(request, tuple(self._tokens(request)), tuple(self.requests[request].table), positions)
+            for request, positions in batch
+        ]
         order: list[str] = []
         sampled: list[list[int]] = []
         lengths: dict[str, int] = {}  # request that sampled -> its sequence's length after the step
@@ -208,6 +233,7 @@ class Worker:
             self.history[request].extend(tokens)
             sampled.append(tokens)
             lengths[request] = len(state.tokens)
+        self.attention.check(attending, self.keys, self.values, step)  # after content: it names the slot at fault
         self.drafts = self.speculation.propose(output, lengths)
         return order, sampled
 
@@ -244,11 +270,8 @@ class Worker:
                     relied.setdefault(self._slot(request, position, step), Claim(request, position, tag, "relies on"))
         return relied
 
-    def _write(self, request: str, positions: range, step: int, taken: dict[int, Claim]) -> None:
-        """Write the K/V of a request's tokens at ``positions``. A write that gives a slot in ``taken`` content other
-        than its claim needs breaks exclusivity; ``taken`` gets a claim for every slot written. (A request admitted
-        in the same step as the one that writes its prefix relies on that step's write: vLLM caches full blocks
-        when they are scheduled, and the step writes every token's K/V before attention reads it.)"""
+    def _check_known(self, request: str, positions: range, step: int) -> None:
+        """Every scheduled position is one whose token the worker knows, or a draft scheduled for it."""
         tokens = self._tokens(request)
         known = len(self.requests[request].tokens)
         if positions.stop > len(tokens):
@@ -260,10 +283,42 @@ class Worker:
                 f"positions {positions.start}..{positions.stop - 1} scheduled, but the request has only "
                 f"{known} tokens" + (f" and {drafted} draft(s)" if drafted else ""),
             )
+
+    def _check_mapping(self, request: str, positions: range, slots: list[int], step: int) -> None:
+        """The write path's slots are the ones the worker's tables give (for kvfuzz's own path, trivially)."""
+        expected = self.slots(request, positions, step)
+        for position, want, got in zip(positions, expected, slots):
+            if want != got:
+                table = self.requests[request].table
+                raise SchedulerViolation(
+                    Check.SLOT_MAPPING,
+                    step,
+                    request,
+                    f"its position {position} belongs in block {want // self.block_size} (table entry "
+                    f"{position // self.block_size} of {table}), slot {want}, but the {self.write_path.name} slot "
+                    f"mapping writes it to slot {got} (block {got // self.block_size}, offset "
+                    f"{got % self.block_size})",
+                )
+        if len(slots) != len(expected):
+            raise SchedulerViolation(
+                Check.SLOT_MAPPING,
+                step,
+                request,
+                f"{len(positions)} positions scheduled, but the {self.write_path.name} slot mapping gives "
+                f"{len(slots)} slots",
+            )
+
+    def _write(self, request: str, positions: range, slots: list[int], step: int, taken: dict[int, Claim]) -> None:
+        """Write the K/V of a request's tokens at ``positions`` into ``slots``, once they are checked against the
+        tables. A write that gives a slot in ``taken`` content other than its claim needs breaks exclusivity;
+        ``taken`` gets a claim for every slot written. (A request admitted in the same step as the one that writes
+        its prefix relies on that step's write: vLLM caches full blocks when they are scheduled, and the step
+        writes every token's K/V before attention reads it.)"""
         if not positions:
             return
-        tags = prefix_tags((), tokens[: positions.stop])[positions.start :]
-        slots = self.slots(request, positions, step)
+        self._check_mapping(request, positions, slots, step)
+        known = len(self.requests[request].tokens)  # positions from here on hold drafts
+        tags = prefix_tags((), self._tokens(request)[: positions.stop])[positions.start :]
         for slot, position, tag in zip(slots, positions, tags):
             claim = taken.get(slot)
             if claim is not None and claim.tag != tag:
