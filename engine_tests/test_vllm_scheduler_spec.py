@@ -233,6 +233,18 @@ def test_a_bad_speculative_option_is_one_line_and_exit_2(capsys: pytest.CaptureF
     assert (captured.out, captured.err) == ("", "kvfuzz: speculative_tokens must be >= 0, got -1\n")
 
 
+def test_speculative_decoding_under_async_scheduling_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """kvfuzz hands the scheduler drafts as the synchronous engine core does; under async scheduling vLLM's engine
+    core does not (docs/scheduler.md), so the combination is refused before any work rather than driven wrongly."""
+    assert main(["run", "--scheduler", "vllm-v1", "--speculative-tokens", "2", "--async-scheduling"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "kvfuzz: speculative decoding under async scheduling is not driven (yet): kvfuzz hands the scheduler drafts "
+        "only as the synchronous engine core does (docs/scheduler.md)\n"
+    )
+
+
 HANG = Path(__file__).parent.parent / "corpus" / "vllm-v1-scheduler-speculative-padding-hang-6123748f32e9.json"
 
 

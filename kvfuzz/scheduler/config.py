@@ -39,6 +39,11 @@ class SchedulerSetup:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.speculative_tokens < 0:
             raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
+        if self.speculative_tokens and self.async_scheduling:
+            raise ValueError(
+                "speculative decoding under async scheduling is not driven (yet): kvfuzz hands the scheduler drafts "
+                "only as the synchronous engine core does (docs/scheduler.md)"
+            )
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
 
