@@ -42,6 +42,7 @@ def test_the_sglang_scheduler_target_without_sglang_is_one_line_and_exit_2(tmp_p
         (["--write-path", "vllm"], "kvfuzz: --write-path needs --scheduler"),
         (["--attention", "gather"], "kvfuzz: --attention needs --scheduler"),
         (["--policy", "priority"], "kvfuzz: --policy needs --scheduler"),
+        (["--speculative-tokens", "2"], "kvfuzz: --speculative-tokens needs --scheduler"),
         (["--async-scheduling"], "kvfuzz: --async-scheduling needs --scheduler"),
         (["--cache-salts"], "kvfuzz: --cache-salts needs --scheduler"),
         (["--stop-tokens"], "kvfuzz: --stop-tokens needs --scheduler"),

@@ -81,6 +81,20 @@ def test_a_trace_round_trips_and_names_its_kind() -> None:
     assert from_json(json.loads(json.dumps(data))) == TRACE
 
 
+def test_speculative_decoding_is_recorded_and_a_trace_without_it_keeps_its_digest() -> None:
+    import attrs
+
+    speculative = attrs.evolve(TRACE, setup=attrs.evolve(TRACE.setup, speculative_tokens=2))
+    data = speculative.to_json()
+    assert data["config"]["speculative_tokens"] == 2
+    assert from_json(json.loads(json.dumps(data))) == speculative
+    assert speculative.digest() != TRACE.digest()
+    # written before speculative decoding was driven: no field, no drafts, the digest it was saved under
+    assert "speculative_tokens" not in TRACE.to_json()["config"]
+    assert from_json(TRACE.to_json()).setup.speculative_tokens == 0
+    assert TRACE.digest() == "41662bf53feb"
+
+
 def test_a_non_default_write_path_and_attention_are_recorded_and_named() -> None:
     """Written only when not the defaults (older traces lack them and load as the defaults); part of the digest."""
     other = attrs.evolve(TRACE, write_path="vllm", attention="gather")
@@ -215,6 +229,11 @@ def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         (lambda d: d["config"].update(prefix_caching=1), "config.prefix_caching: must be true or false, not 1"),
         (lambda d: d["config"].update(policy="lifo"), 'config.policy: must be one of fcfs, priority, not "lifo"'),
         (lambda d: d["program"][0].update(priority="high"), 'program[0].priority: must be an integer, not "high"'),
+        (lambda d: d["config"].update(speculative_tokens=-1), "config.speculative_tokens: must be in 0..64, not -1"),
+        (
+            lambda d: d["config"].update(speculative_tokens=2, async_scheduling=True),
+            "config: speculative decoding under async scheduling is not driven (yet)",
+        ),
         (lambda d: d["program"][0].update(prompt=[1, 9]), "program[0].prompt: must be in 0..3, not 9"),
         (lambda d: d["program"][0].update(prompt=[]), "program[0].prompt: must be a list of 1..31 tokens"),
         (lambda d: d["program"][0].update(max_tokens=30), "program[0].max_tokens: must be in 1..29, not 30"),

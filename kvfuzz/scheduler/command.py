@@ -44,6 +44,7 @@ SCHEDULER_ONLY = (
     "max_num_seqs",
     "no_prefix_caching",
     "policy",
+    "speculative_tokens",
     "write_path",
     "attention",
     "async_scheduling",
@@ -71,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         choices=defaults.SCHEDULER_POLICIES,
         help="vLLM's scheduling policy; under priority every request is drawn with a priority (default fcfs)",
+    )
+    group.add_argument(
+        "--speculative-tokens",
+        type=int,
+        metavar="K",
+        help="speculative decoding with up to K drafts per request and step, accepted and rejected by the fake model "
+        "(default 0: none)",
     )
     group.add_argument(
         "--write-path",
@@ -153,6 +161,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "max_num_seqs": args.max_num_seqs,
         "prefix_caching": False if args.no_prefix_caching else None,
         "policy": args.policy,
+        "speculative_tokens": args.speculative_tokens,
         "async_scheduling": True if args.async_scheduling else None,
         "cache_salts": True if args.cache_salts else None,
         "stop_tokens": True if args.stop_tokens else None,

@@ -29,6 +29,7 @@ class SchedulerSetup:
     max_num_seqs: int = 4  # most requests running at once
     prefix_caching: bool = True  # vLLM's automatic prefix caching
     policy: str = "fcfs"  # vLLM's scheduling policy: "fcfs" or "priority" (kvfuzz.scheduler.priority)
+    speculative_tokens: int = 0  # k: the most drafts scheduled per request and step (0: no speculative decoding)
     async_scheduling: bool = False  # vLLM's AsyncScheduler, driven with two batches in flight (async_batches.py)
     cache_salts: bool = False  # requests drawn with a cache salt, or none (kvfuzz.scheduler.requests)
     stop_tokens: bool = False  # requests drawn with stop token ids (kvfuzz.scheduler.requests)
@@ -39,6 +40,13 @@ class SchedulerSetup:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.speculative_tokens < 0:
+            raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
+        if self.speculative_tokens and self.async_scheduling:
+            raise ValueError(
+                "speculative decoding under async scheduling is not driven (yet): kvfuzz hands the scheduler drafts "
+                "only as the synchronous engine core does (docs/scheduler.md)"
+            )
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
 
@@ -52,6 +60,7 @@ class SchedulerSetup:
             f"{self.num_blocks} blocks x {self.block_size} slots, token budget {self.max_num_batched_tokens}, "
             f"at most {self.max_num_seqs} running, prefix caching {'on' if self.prefix_caching else 'off'}"
             + (f", {self.policy} scheduling" if self.policy != "fcfs" else "")
+            + (f", {self.speculative_tokens} speculative draft(s)" if self.speculative_tokens else "")
             + (", async scheduling" if self.async_scheduling else "")
             + (", cache salts" if self.cache_salts else "")
             + (", stop tokens" if self.stop_tokens else "")

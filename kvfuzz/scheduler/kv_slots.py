@@ -27,6 +27,7 @@ class Write:
     tag: int  # the tag of that request's prefix up to the position
     step: int  # the step that wrote it
     namespace: tuple[str, ...] = ()  # that request's K/V namespace (its cache salt, if any)
+    draft: bool = False  # the token was a speculative draft, not yet verified when written
 
 
 @attrs.frozen
@@ -72,10 +73,12 @@ class SlotPool:
         step: int,
         taken: dict[int, Claim],
         namespace: tuple[str, ...] = (),
+        drafts_from: Optional[int] = None,
     ) -> None:
         """Write the K/V of ``tokens``' positions ``positions`` (under ``namespace``, the request's cache salt if any)
-        into ``slots``. A write that gives a slot in ``taken`` content other than its claim needs breaks exclusivity;
-        ``taken`` gets a claim for every slot written."""
+        into ``slots``; positions from ``drafts_from`` on hold speculative drafts (recorded as such). A write that
+        gives a slot in ``taken`` content other than its claim needs breaks exclusivity; ``taken`` gets a claim for
+        every slot written."""
         if not positions:
             return
         tags = prefix_tags(namespace, tokens[: positions.stop])[positions.start :]
@@ -98,7 +101,8 @@ class SlotPool:
         self.keys[index] = keys
         self.values[index] = values
         for slot, position, tag in zip(slots, positions, tags):
-            self.shadow[slot] = Write(request, position, tag, step, namespace)
+            draft = drafts_from is not None and position >= drafts_from
+            self.shadow[slot] = Write(request, position, tag, step, namespace, draft)
 
     def check(
         self, request: str, tokens: list[int], slots: list[int], step: int, namespace: tuple[str, ...] = ()
@@ -117,7 +121,8 @@ class SlotPool:
         holds = (
             "nothing written there"
             if found is None
-            else f"the K/V of request {found.request}'s position {found.position}{salted(found.namespace)} (tag "
+            else f"the K/V of request {found.request}'s {'draft at ' if found.draft else ''}position "
+            f"{found.position}{salted(found.namespace)} (tag "
             f"{found.tag:#x}), written at step {found.step}"
         )
         raise SchedulerViolation(

@@ -35,6 +35,8 @@ class Tally:
     steps: int = 0  # their schedule() calls, the drains' included
     preemptions: int = 0  # requests the scheduler preempted
     hit_tokens: int = 0  # tokens found computed in the prefix cache
+    drafts: int = 0  # speculative drafts scheduled (the scheduler's placeholders included)
+    accepted_drafts: int = 0  # of them, accepted by the fake model
     rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
 
 
@@ -124,6 +126,9 @@ def machine_for_setup(
                     tally.steps += self.session.steps
                     tally.preemptions += self.session.preemptions
                     tally.hit_tokens += self.session.hit_tokens
+                    drafts = self.session.worker.speculation.stats
+                    tally.drafts += drafts.scheduled
+                    tally.accepted_drafts += drafts.accepted
                     tally.rewrites += self.session.loop.rewrites
 
     SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = name

@@ -32,6 +32,8 @@ class Outcome:
     seconds: float  # the search itself
     failure: Optional[Exception]  # the shrunk failure (a check's SchedulerViolation, or vLLM's own exception), or None
     program: str  # Hypothesis's falsifying example: the calls that reproduce it ("" when passed)
+    drafts: int = 0  # speculative drafts scheduled over all examples
+    accepted_drafts: int = 0  # of them, accepted
     rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
 
     @property
@@ -46,6 +48,11 @@ class Outcome:
             f"the scheduler preempted {plural(self.preemptions, 'request')}; "
             f"{plural(self.hit_tokens, 'prompt token')} hit the prefix cache",
         ]
+        if self.setup.speculative_tokens:
+            lines.append(
+                f"{plural(self.drafts, 'speculative draft')} scheduled: {self.accepted_drafts} accepted, "
+                f"{self.drafts - self.accepted_drafts} rejected"
+            )
         if self.setup.async_scheduling:
             lines.append(
                 f"{plural(self.rewrites, 'released block')} written while a step that read it was in flight "
@@ -73,6 +80,8 @@ class Outcome:
             "steps": self.steps,
             "preemptions": self.preemptions,
             "hit_tokens": self.hit_tokens,
+            "drafts": self.drafts,
+            "accepted_drafts": self.accepted_drafts,
             "released_rewrites": self.rewrites,
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps_per_second, 1),
@@ -118,5 +127,7 @@ def search(
         time.perf_counter() - started,
         failure,
         program,
+        tally.drafts,
+        tally.accepted_drafts,
         tally.rewrites,
     )

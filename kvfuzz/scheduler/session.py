@@ -120,8 +120,12 @@ class Session:
         return Batch(self.steps, output, result, int(output.total_num_scheduled_tokens))
 
     def collect(self, batch: Batch) -> None:
-        """``update_from_output()`` with a launched step's output, and the output check."""
+        """``update_from_output()`` with a launched step's output, and the output check; then, as the engine core's
+        ``post_step`` (synchronous scheduling only), the worker's drafts for the next step."""
         self.outputs.receive(self.scheduler.update_from_output(batch.output, batch.result), batch.step)
+        drafts = self.worker.take_draft_token_ids()
+        if drafts is not None and batch.scheduled > 0:
+            self.scheduler.update_draft_token_ids(vllm().DraftTokenIds(*drafts))
 
     def drain(self) -> None:
         """Arrivals stopped: run steps until every request has finished and no batch is in flight, within

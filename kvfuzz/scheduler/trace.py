@@ -9,7 +9,7 @@ A scheduler trace is its own kind of file, beside the allocator traces of :mod:`
       "scheduler": "vllm-v1",
       "engine": {"vllm_version": "0.33.0", "model_runner": "V2", "write_path": "vllm", "attention": "gather"},
       "config": {"num_blocks": 8, "block_size": 4, "max_num_batched_tokens": 16, "max_num_seqs": 4,
-                 "prefix_caching": true},
+                 "prefix_caching": true, "speculative_tokens": 2},
       "program": [{"op": "add", "prompt": [1, 2, 3, 0], "max_tokens": 8}, {"op": "step"},
                   {"op": "abort", "request": "r0"}, ...],
       "shrunk": true,
@@ -18,12 +18,13 @@ A scheduler trace is its own kind of file, beside the allocator traces of :mod:`
       "known_bug": null
     }
 
-``config.async_scheduling`` (vLLM's ``AsyncScheduler`` with two batches in flight) is written only when true, and a
-trace without it (every trace before it existed) is synchronous, so older traces load and keep their digests.
-``engine.model_runner`` is the protocol the worker spoke (``V2``: a preempted request is dropped and resumed as new;
-``V1``: it is kept and resumed among the cached requests); a replay selects the same one. ``engine.write_path``
-(who decided where K/V was written) and ``engine.attention`` (the attention check) are written only when not the
-defaults (``kvfuzz`` and ``off``), and a replay uses the same. ``program`` is the
+``config.speculative_tokens`` (speculative decoding with that many drafts) is written only when it is not 0, and
+``config.async_scheduling`` (vLLM's ``AsyncScheduler`` with two batches in flight) only when true; a trace without
+them (every trace written before either was driven) has no drafts and is synchronous, so older traces load and keep
+their digests. ``engine.model_runner`` is the protocol the worker spoke (``V2``: a preempted request is dropped and
+resumed as new; ``V1``: it is kept and resumed among the cached requests); a replay selects the same one.
+``engine.write_path`` (who decided where K/V was written) and ``engine.attention`` (the attention check) are written
+only when not the defaults (``kvfuzz`` and ``off``), and a replay uses the same. ``program`` is the
 client's operations (:mod:`kvfuzz.scheduler.program`); the drain after them is implied. ``shrunk`` is false for the
 trace saved when the failure was first found, before shrinking. ``failure.check`` is a check's name
 (:class:`~kvfuzz.scheduler.violations.Check`) or ``crash`` for an exception of the engine's own, whose type is
@@ -73,6 +74,8 @@ LIMITS = {
     "program": 1 << 16,
 }
 """The largest configuration values and program a trace may hold."""
+MAX_SPECULATIVE_TOKENS = 1 << 6
+"""The most drafts per step a trace's configuration may ask for."""
 MAX_TEXT = 1 << 16
 MAX_PRIORITY = 1 << 20
 """The largest priority (in absolute value) an add may carry."""
@@ -155,6 +158,7 @@ class SchedulerTrace:
             "max_num_seqs": self.setup.max_num_seqs,
             "prefix_caching": self.setup.prefix_caching,
             **({"policy": self.setup.policy} if self.setup.policy != "fcfs" else {}),
+            **({"speculative_tokens": self.setup.speculative_tokens} if self.setup.speculative_tokens else {}),
             **({"async_scheduling": True} if self.setup.async_scheduling else {}),
             **({"cache_salts": True} if self.setup.cache_salts else {}),
             **({"stop_tokens": True} if self.setup.stop_tokens else {}),
@@ -328,14 +332,22 @@ def _trace(data: Any) -> SchedulerTrace:
 
 def _config(value: Any) -> SchedulerSetup:
     required = {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")}
-    optional = {"policy": False, "async_scheduling": False, "cache_salts": False, "stop_tokens": False}
+    optional = {
+        "policy": False,
+        "speculative_tokens": False,
+        "async_scheduling": False,
+        "cache_salts": False,
+        "stop_tokens": False,
+    }
     config = _fields(value, "config", {**required, **optional})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
     policy = _choice("config.policy", config.get("policy", "fcfs"), POLICIES)
+    speculative = _integer("config.speculative_tokens", config.get("speculative_tokens", 0), 0, MAX_SPECULATIVE_TOKENS)
     try:
         return SchedulerSetup(
             prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]),
             policy=policy,
+            speculative_tokens=speculative,
             async_scheduling=_boolean("config.async_scheduling", config.get("async_scheduling", False)),
             cache_salts=_boolean("config.cache_salts", config.get("cache_salts", False)),
             stop_tokens=_boolean("config.stop_tokens", config.get("stop_tokens", False)),

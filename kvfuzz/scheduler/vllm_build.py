@@ -29,19 +29,21 @@ def vllm_missing() -> bool:
 def vllm() -> types.SimpleNamespace:
     """vLLM's modules the target drives, imported on first use (importing vLLM takes seconds)."""
     import torch
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
 
-    # The block pool logs every prefix-cache reset at INFO.
+    # The block pool logs every prefix-cache reset at INFO; the configuration warns of a token budget that a step's
+    # drafts fill (the small budgets the target draws on purpose).
     logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
+    logging.getLogger("vllm.config.vllm").setLevel(logging.ERROR)
     init_none_hash(sha256)
     return types.SimpleNamespace(
         torch=torch,
@@ -49,6 +51,7 @@ def vllm() -> types.SimpleNamespace:
         DeviceConfig=DeviceConfig,
         ModelConfig=ModelConfig,
         SchedulerConfig=SchedulerConfig,
+        SpeculativeConfig=SpeculativeConfig,
         VllmConfig=VllmConfig,
         SamplingParams=SamplingParams,
         sha256=sha256,
@@ -59,6 +62,7 @@ def vllm() -> types.SimpleNamespace:
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
         ModelRunnerOutput=ModelRunnerOutput,
+        DraftTokenIds=DraftTokenIds,
         Request=Request,
         RequestStatus=RequestStatus,
         StructuredOutputManager=StructuredOutputManager,
@@ -90,8 +94,10 @@ _MODEL_DIR: list[Path] = []  # the model directory, once written
 
 @functools.lru_cache(maxsize=8)
 def vllm_config(setup: SchedulerSetup) -> Any:
-    """The ``VllmConfig`` of ``setup``: synchronous or async scheduling as it says, its policy, chunked prefill, no
-    speculative decoding."""
+    """The ``VllmConfig`` of ``setup``: synchronous or async scheduling as it says, its policy, chunked prefill, and
+    speculative decoding with ``setup.speculative_tokens`` drafts when there are any: vLLM's n-gram method, which needs
+    no draft model (the scheduler sees only the number of drafts; kvfuzz's worker proposes them,
+    :mod:`kvfuzz.scheduler.speculative`)."""
     v = vllm()
     if not _MODEL_DIR:
         _MODEL_DIR.append(_model_dir())
@@ -109,8 +115,17 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         async_scheduling=setup.async_scheduling,
         policy=setup.policy,
     )
+    speculative = (
+        v.SpeculativeConfig(method="ngram", num_speculative_tokens=setup.speculative_tokens)
+        if setup.speculative_tokens
+        else None
+    )
     return v.VllmConfig(
-        model_config=model, cache_config=cache, scheduler_config=scheduler, device_config=v.DeviceConfig(device="cpu")
+        model_config=model,
+        cache_config=cache,
+        scheduler_config=scheduler,
+        device_config=v.DeviceConfig(device="cpu"),
+        speculative_config=speculative,
     )
 
 

@@ -20,7 +20,8 @@ Invariants the worker holds vLLM to:
 * **exclusive writes**: no scheduled token's K/V is written over a slot whose content a live request (one the worker
   holds, not preempted) relies on, a position it has computed, nor over a slot another write of the same step
   took (unless the content is the same);
-* every scheduled position is one whose token the worker knows (no speculative decoding here), and falls inside the
+* every scheduled position is one whose token the worker knows, or a draft scheduled for it (speculative decoding,
+  :mod:`kvfuzz.scheduler.speculative`, which also checks the drafts and their rollback), and falls inside the
   request's table;
 * the scheduler counts as many outputs for a request it schedules again as the fake model sampled for it, and a
   request resumed as new carries exactly its prompt and those outputs. (Under async scheduling the scheduler's count
@@ -39,6 +40,7 @@ from kvfuzz.scheduler.batch import check_batch, check_table_covers
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
+from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import vllm_config
 from kvfuzz.scheduler.write_paths import OwnSlotMapping, WritePathFactory
@@ -58,7 +60,8 @@ class RequestState:
 
 class Worker:
     """The worker side of one example. Subclasses in the engine tests seed bugs by overriding :meth:`slots` (kvfuzz's
-    own slot mapping) or :meth:`sampled` (the model's output).
+    own slot mapping), :meth:`sampled` (the model's output) or :meth:`verified_tokens` (the output of a step with
+    drafts).
 
     ``write_path`` decides where each scheduled token's K/V is written (:mod:`kvfuzz.scheduler.write_paths`: kvfuzz's
     own :meth:`slots`, or vLLM's worker-side block tables, checked against :meth:`slots`); ``attention`` computes
@@ -77,6 +80,8 @@ class Worker:
         self.history: dict[str, list[int]] = {}  # unfinished request -> every token the fake model sampled for it
         self.computed: dict[str, int] = {}  # request scheduled this step -> its computed tokens before the step
         self.namespaces: dict[str, tuple[str, ...]] = {}  # request -> its K/V namespace, told by the client's side
+        self.speculation = speculation_for(setup.speculative_tokens)  # the drafts proposed, scheduled and verified
+        self.drafts: Optional[tuple[list[str], list[list[int]]]] = None  # proposed after the last step, untaken
         self.write_path = write_path(setup, self.runner_v2, self)  # decides the slots K/V is written to
         self.attention = NoAttention() if attention is None else attention  # attention beside the reference
 
@@ -91,7 +96,9 @@ class Worker:
             self.requests.pop(request, None)
             self.history.pop(request, None)
             self.namespaces.pop(request, None)
+            self.speculation.forget(request)
         for request in output.preempted_req_ids or ():
+            self.speculation.forget(request)  # the scheduler drops a preempted request's drafts
             if self.runner_v2:
                 self.requests.pop(request, None)
             elif request in self.requests:
@@ -135,7 +142,11 @@ class Worker:
                     f"the scheduler counts {cached.num_output_tokens[index]} output tokens, but the fake model "
                     f"sampled {outputs}",
                 )
+            if request not in cached.resumed_req_ids:
+                self.speculation.check_computed(request, cached.num_computed_tokens[index], step)
             self.computed[request] = state.computed = cached.num_computed_tokens[index]
+        known = {request: len(self.requests[request].tokens) for request in output.num_scheduled_tokens}
+        self.speculation.schedule(output, known, step)
         self.write_path.consume(output)
 
     def live_tables(self) -> dict[str, list[int]]:
@@ -152,6 +163,17 @@ class Worker:
     def sampled(self, request: str, position: int) -> list[int]:
         """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample."""
         return [sampled_token(request, position)]
+
+    def verified_tokens(self, request: str, known: int, verified: Verified) -> list[int]:
+        """The tokens returned for a request with ``known`` tokens whose drafts ``verified`` judged: the accepted
+        drafts (the fake model's own tokens), then the fake model's sample after them."""
+        return list(verified.drafts[: verified.accepted]) + self.sampled(request, known + verified.accepted)
+
+    def take_draft_token_ids(self) -> Optional[tuple[list[str], list[list[int]]]]:
+        """The drafts proposed after the last step (request ids, and each one's drafts), once, as vLLM's model
+        runner gives them to the engine core; None when speculative decoding proposed nothing."""
+        drafts, self.drafts = self.drafts, None
+        return drafts
 
     def execute(self, output: Any, step: int) -> tuple[list[str], list[list[int]]]:
         """Write the K/V of every scheduled token, check what each scheduled request attends to, and sample: the
@@ -173,29 +195,40 @@ class Worker:
         attending = [
             Attending(
                 request,
-                tuple(self.requests[request].tokens),
+                tuple(self._tokens(request)),  # with the drafts scheduled this step
                 tuple(self.requests[request].table),
                 positions,
                 self.requests[request].namespace,
             )
             for request, positions in batch
         ]
-        order, sampled = [], []
+        order: list[str] = []
+        sampled: list[list[int]] = []
+        lengths: dict[str, int] = {}  # request that sampled -> its sequence's length after the step
         for request, count in scheduled.items():
             state = self.requests[request]
             end = self.computed[request] + count
             self._check_content(request, end, step)
-            state.computed = end
+            known = len(state.tokens)
             order.append(request)
-            if end == len(state.tokens):
-                tokens = self.sampled(request, len(state.tokens))
-                state.tokens.extend(tokens)
-                self.history[request].extend(tokens)
-                sampled.append(tokens)
-            else:
+            if end < known:  # a prefill chunk that stops short samples nothing
+                state.computed = end
                 sampled.append([])
-        self.attention.check(attending, self.kv.keys, self.kv.values, step)  # after content: it names the slot
+                continue
+            verified = self.speculation.verify(request, known, end, step)
+            state.computed = verified.computed  # rejected drafts' positions are stale: nothing relies on them
+            tokens = self.verified_tokens(request, known, verified)
+            state.tokens.extend(tokens)
+            self.history[request].extend(tokens)
+            sampled.append(tokens)
+            lengths[request] = len(state.tokens)
+        self.attention.check(attending, self.kv.keys, self.kv.values, step)  # after content: it names the slot at fault
+        self.drafts = self.speculation.propose(output, lengths)
         return order, sampled
+
+    def _tokens(self, request: str) -> list[int]:
+        """A request's known tokens, then the drafts scheduled for it this step: what its scheduled positions hold."""
+        return self.requests[request].tokens + self.speculation.drafts(request)
 
     def _slot(self, request: str, position: int, step: int) -> int:
         table = self.requests[request].table
@@ -226,15 +259,17 @@ class Worker:
         return relied
 
     def _check_known(self, request: str, positions: range, step: int) -> None:
-        """Every scheduled position is one whose token the worker knows."""
-        state = self.requests[request]
-        if positions.stop > len(state.tokens):
+        """Every scheduled position is one whose token the worker knows, or a draft scheduled for it."""
+        tokens = self._tokens(request)
+        known = len(self.requests[request].tokens)
+        if positions.stop > len(tokens):
+            drafted = len(tokens) - known
             raise SchedulerViolation(
                 Check.CONTENT,
                 step,
                 request,
                 f"positions {positions.start}..{positions.stop - 1} scheduled, but the request has only "
-                f"{len(state.tokens)} tokens",
+                f"{known} tokens" + (f" and {drafted} draft(s)" if drafted else ""),
             )
 
     def _check_mapping(self, request: str, positions: range, slots: list[int], step: int) -> None:
@@ -267,14 +302,15 @@ class Worker:
         ``taken`` gets a claim for every slot written. (A request admitted in the same step as the one that writes
         its prefix relies on that step's write: vLLM caches full blocks when they are scheduled, and the step
         writes every token's K/V before attention reads it.)"""
-        state = self.requests[request]
         if not positions:
             return
         self._check_mapping(request, positions, slots, step)
-        self.kv.write(request, state.tokens, positions, slots, step, taken, state.namespace)
+        state = self.requests[request]
+        known = len(state.tokens)  # positions from here on hold drafts
+        self.kv.write(request, self._tokens(request), positions, slots, step, taken, state.namespace, known)
 
     def _check_content(self, request: str, end: int, step: int) -> None:
-        """Every position before ``end`` holds the K/V of the request's own prefix up to it."""
+        """Every position before ``end`` holds the K/V of the request's own prefix up to it (drafts included)."""
         state = self.requests[request]
         slots = [self._slot(request, position, step) for position in range(end)]
-        self.kv.check(request, state.tokens[:end], slots, step, state.namespace)
+        self.kv.check(request, self._tokens(request)[:end], slots, step, state.namespace)
