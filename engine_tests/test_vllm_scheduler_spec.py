@@ -71,12 +71,12 @@ def test_a_rejection_rolls_back_and_its_slot_is_rewritten_by_the_bonus_token() -
     held = session.scheduler.requests[request]
     assert held.num_computed_tokens == position + 1 == state.computed  # rolled back over the rejected drafts
     rejected_slot = session.worker.slots(request, range(position + 1, position + 2), session.steps)[0]
-    written = session.worker.shadow[rejected_slot]
+    written = session.worker.kv.shadow[rejected_slot]
     assert written is not None and written.draft and written.position == position + 1
     blocks = len(state.table)
     session.step()
     assert len(state.table) >= blocks  # the rejected drafts' blocks stay in its table (the accounting check passed)
-    rewritten = session.worker.shadow[rejected_slot]
+    rewritten = session.worker.kv.shadow[rejected_slot]
     assert rewritten is not None and not rewritten.draft and rewritten.step == session.steps
     session.drain()
     assert session.outputs.requests[request].received == expected_output(request, len(PROMPT), 40)
