@@ -10,8 +10,10 @@ import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
 
+from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import VOCABULARY
+from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.session import Session, WorkerFactory
 from kvfuzz.scheduler.worker import Worker
 
@@ -46,9 +48,12 @@ def machine_for_setup(
     worker: WorkerFactory = Worker,
     tally: Optional[Tally] = None,
     witness: Optional[Witness] = None,
+    watchdog: Optional[Watchdog] = None,
+    journal: Optional[ProgramJournal] = None,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class driving fresh ``Scheduler`` instances of ``setup`` with ``worker``, counting into
-    ``tally`` and telling ``witness`` of each failing example."""
+    ``tally``, telling ``witness`` of each failing example, and bounding each step with ``watchdog`` (entered by the
+    caller) when one is given, and keeping each example's program in ``journal`` when one is given."""
     prefixes = prefix_lengths(setup)
     longest = setup.max_model_len
 
@@ -57,7 +62,7 @@ def machine_for_setup(
 
         def __init__(self) -> None:
             super().__init__()
-            self.session = Session(setup, worker)  # one example's scheduler, worker and outputs
+            self.session = Session(setup, worker, watchdog, journal)  # one example's scheduler, worker and outputs
             self.failed = False  # an operation raised (a check, or vLLM itself): the teardown does not drain
 
         def _guarded(self, action: Callable[[], T]) -> T:

@@ -10,6 +10,7 @@ from typing import Callable, Iterator, Optional
 
 import attrs
 
+from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.session import Session, WorkerFactory
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
@@ -31,6 +32,7 @@ class SchedulerReplay:
     trace: SchedulerTrace
     failure: Optional[RecordedFailure]
     failed_at: Optional[int]
+    error: Optional[Exception] = attrs.field(default=None, eq=False, repr=False)  # the exception itself
 
     @property
     def failed(self) -> bool:
@@ -84,8 +86,10 @@ def replay(
     trace: SchedulerTrace,
     worker: WorkerFactory = Worker,
     on_operation: Optional[Callable[[int, Operation], None]] = None,
+    watchdog: Optional[Watchdog] = None,
 ) -> SchedulerReplay:
-    """Replay ``trace`` against the installed vLLM. Raises :class:`ReplayRefused` when vLLM is not installed, its
+    """Replay ``trace`` against the installed vLLM, each step bounded by ``watchdog`` (entered by the caller) when one
+    is given. Raises :class:`ReplayRefused` when vLLM is not installed, its
     configuration refuses the trace's, or the recorded model runner cannot be selected here."""
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
@@ -93,7 +97,7 @@ def replay(
         raise ReplayRefused(missing_vllm(trace))
     with model_runner(trace.model_runner):
         try:
-            session = Session(trace.setup, worker)
+            session = Session(trace.setup, worker, watchdog)
         except ValueError as error:
             reason = " ".join(str(error).split())
             raise ReplayRefused(
@@ -110,9 +114,9 @@ def replay(
             try:
                 operation.apply(session)
             except Exception as error:  # noqa: BLE001 -- a check's violation, or vLLM's own exception: the finding
-                return SchedulerReplay(trace, RecordedFailure.of(error), index)
+                return SchedulerReplay(trace, RecordedFailure.of(error), index, error)
         try:
             session.drain()
         except Exception as error:  # noqa: BLE001 -- as above
-            return SchedulerReplay(trace, RecordedFailure.of(error), len(trace.program))
+            return SchedulerReplay(trace, RecordedFailure.of(error), len(trace.program), error)
     return SchedulerReplay(trace, None, None)

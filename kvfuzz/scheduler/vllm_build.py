@@ -39,8 +39,10 @@ def vllm() -> types.SimpleNamespace:
     from vllm.v1.request import Request, RequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
 
-    # The block pool logs every prefix-cache reset at INFO.
+    # The block pool logs every prefix-cache reset at INFO; the scheduler's configuration warns of a token budget
+    # above what its running requests could use, which a swarmed configuration may draw (vLLM accepts it).
     logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
+    logging.getLogger("vllm.config.scheduler").setLevel(logging.ERROR)
     init_none_hash(sha256)
     return types.SimpleNamespace(
         torch=torch,
