@@ -74,6 +74,7 @@ class CampaignResult:
     scheduler: Optional[str] = None  # a scheduler campaign's target (``allocators`` is empty then)
     batches: int = 0  # a scheduler campaign's batches, each on a configuration of its own
     refused: int = 0  # configurations a scheduler campaign drew and vLLM's validation refused (redrawn)
+    batch_log: tuple[dict[str, Any], ...] = ()  # a scheduler campaign's batches: configuration, seed, what each ran
 
     @property
     def new(self) -> tuple[Finding, ...]:
@@ -93,6 +94,7 @@ class CampaignResult:
             "scheduler": self.scheduler,
             "batches": self.batches,
             "refused_configurations": self.refused,
+            "batch_log": list(self.batch_log),
             "workers": self.workers,
             "seconds": round(self.seconds, 2),
             "examples": self.examples,

@@ -154,8 +154,13 @@ def scheduler_campaign(
         emit_json(result.to_json())
     else:
         print("\n".join(table(result)))
-        if result.refused:
-            print(f"vLLM's validation refused {plural(result.refused, 'configuration')} drawn; each was redrawn")
+        preemptions = sum(batch["preemptions"] for batch in result.batch_log)
+        hits = sum(batch["hit_tokens"] for batch in result.batch_log)
+        print(
+            f"{plural(result.batches, 'configuration')} drawn (kvfuzz/scheduler/swarm.py), "
+            f"{plural(result.refused, 'more')} refused by vLLM's validation and redrawn; the scheduler preempted "
+            f"{plural(preemptions, 'request')}, {plural(hits, 'prompt token')} hit the prefix cache"
+        )
         for number, finding in enumerate(result.new, 1):
             print(f"\nfailure {number}: {finding.text}")
             if finding.program:

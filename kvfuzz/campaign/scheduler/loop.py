@@ -17,7 +17,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import attrs
 
@@ -121,6 +121,7 @@ class SchedulerCampaign:
         self.steps = 0
         self.batches = 0
         self.refused = 0
+        self.batch_log: list[dict[str, Any]] = []  # each batch: configuration, seed, examples, steps, what it reached
         self.started = time.monotonic()
 
     def run(self) -> CampaignResult:
@@ -162,6 +163,7 @@ class SchedulerCampaign:
             scheduler=options.scheduler,
             batches=self.batches,
             refused=self.refused,
+            batch_log=tuple(self.batch_log),
         )
 
     def _ending(self) -> Optional[str]:
@@ -182,10 +184,12 @@ class SchedulerCampaign:
     def progress_line(self) -> str:
         elapsed = time.monotonic() - self.started
         new = sum(finding.new for finding in self.findings.values())
+        preemptions = sum(batch["preemptions"] for batch in self.batch_log)
+        hits = sum(batch["hit_tokens"] for batch in self.batch_log)
         return (
             f"{elapsed:.0f} s: {self.batches} configurations, {self.examples} examples, {self.steps} steps "
-            f"({self.steps / elapsed if elapsed else 0:.0f} steps/s), {new} new failures, "
-            f"{len(self.findings) - new} known met"
+            f"({self.steps / elapsed if elapsed else 0:.0f} steps/s), {preemptions} preemptions, {hits} prompt "
+            f"tokens hit the cache; {new} new failures, {len(self.findings) - new} known met"
         )
 
     def _record(self, plan: BatchPlan, result: BatchResult, started: float) -> None:
@@ -194,6 +198,17 @@ class SchedulerCampaign:
         outcome = result.outcome
         found_at = (started - self.started + outcome.seconds, self.examples + outcome.examples)
         self.examples += outcome.examples
+        self.batch_log.append(
+            {
+                **plan.config.to_json(),
+                "hypothesis_seed": plan.seed,
+                "examples": outcome.examples,
+                "steps": outcome.steps,
+                "preemptions": outcome.preemptions,
+                "hit_tokens": outcome.hit_tokens,
+                "failure": None if result.signature is None else str(result.signature),
+            }
+        )
         self.steps += outcome.steps + (result.shrunk.steps if result.shrunk is not None else 0)
         signature = result.signature
         if signature is None:
