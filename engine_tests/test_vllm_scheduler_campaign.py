@@ -53,7 +53,7 @@ def test_a_seeded_bug_is_found_saved_and_then_known(
 
 def test_a_clean_campaign_reports_nothing_and_its_seed_reruns_it(tmp_path: Path) -> None:
     def run(corpus: str) -> Any:
-        options = SchedulerCampaignOptions("vllm-v1", 5, tmp_path / corpus, max_examples=40, batch_examples=20)
+        options = SchedulerCampaignOptions("vllm-v1", 5, tmp_path / corpus, max_examples=20, batch_examples=10)
         return SchedulerCampaign(options, vllm_target("vllm-v1")).run()
 
     one, two = run("one"), run("two")
