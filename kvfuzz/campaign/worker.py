@@ -60,8 +60,9 @@ BATCH = 20
 
 BATCH_STEPS = 1500
 """A batch also ends once its programs have made this many calls (long programs), so that a campaign of a few
-seconds still tries several configurations; counted in calls, not seconds, so that a worker's search is the same
-on a busy machine."""
+seconds still tries several configurations; counted in the programs' own calls, not in seconds nor with the replays
+that shrink a failure (their number depends on the shrink's time bound and on what other workers claimed first), so
+that a worker's search is the same under the same seed on a busy machine."""
 
 HYPOTHESIS_EVERY = 4
 """One batch in this many is a Hypothesis round on the shared example database (the second batch, then every
@@ -232,16 +233,19 @@ class _Worker:
             with Watchdog(self.plan.call_timeout) if self.plan.call_timeout else contextlib.nullcontext() as watchdog:
                 safeguards = Safeguards(journal, watchdog)
                 target = Target(factory, swarm.machine, self.stats, safeguards)
-                ends = self.stats.steps + BATCH_STEPS
+                made = 0  # calls of this batch's own programs (BATCH_STEPS), not of the shrinks of what they found
                 for _ in range(BATCH):
-                    if self.stats.steps >= ends or self.stop.is_set() or not self.take_examples(1):
+                    if made >= BATCH_STEPS or self.stop.is_set() or not self.take_examples(1):
                         return
                     self.reporter.example()
+                    before = self.stats.steps
                     try:
                         found = random_program(target, self.rng, swarm.program_length, operations)
                     except AllocatorHang as hang:
+                        made += self.stats.steps - before
                         self.failure(swarm, list(self.stats.last_failing_program or []), hang, safeguards)
                         continue
+                    made += self.stats.steps - before
                     if found is not None:
                         self.failure(swarm, list(found.calls), found.failure, safeguards)
         finally:
