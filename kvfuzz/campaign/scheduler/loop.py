@@ -293,5 +293,5 @@ def run_batch(
     except ReplayRefused as refused:
         return BatchResult(outcome, signature, first, shrunk, saved, f"not confirmed by a replay: {refused}")
     same = replayed.error is not None and scheduler_signature(target.name, replayed.error) == signature
-    note = None if same else f"the shrunk trace's replay found: {replayed.describe_failure()}"
-    return BatchResult(outcome, signature, first, shrunk, saved, note, int(same))
+    unconfirmed = None if same else f"the shrunk trace's replay found: {replayed.describe_failure()}"
+    return BatchResult(outcome, signature, first, shrunk, saved, unconfirmed, int(same))
