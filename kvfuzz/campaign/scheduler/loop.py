@@ -8,7 +8,8 @@ decides what happens next:
 * known (from a corpus trace) or met earlier in the campaign: counted, and the unshrunk trace saved for it removed.
 
 The campaign ends when its duration is up (checked between batches), its examples are run, ``stop_after`` new
-failures are found, or on Ctrl-C (what was found is kept: each failure's trace is on disk before it is shrunk).
+failures are found, or on Ctrl-C, SIGTERM or SIGHUP (the result is printed; what was found is kept: each failure's
+trace is on disk before it is shrunk).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kvfuzz.campaign.report import CampaignResult, Finding
 from kvfuzz.campaign.rerun import SchedulerRerun
 from kvfuzz.campaign.scheduler.known import known_signatures
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
+from kvfuzz.program.safeguards import user_interrupts
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.recorder import FailureRecorder, SavedSchedulerTrace, save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
@@ -129,23 +131,9 @@ class SchedulerCampaign:
         self.known = known_signatures([*options.known, options.corpus], self.target, options.call_timeout)
         self.started = time.monotonic()
         rng = random.Random(options.seed)
-        ended_by = "max-examples"
         try:
-            while True:
-                ending = self._ending()
-                if ending is not None:
-                    ended_by = ending
-                    break
-                config = draw(rng, self.target.validate)
-                examples = options.batch_examples
-                if options.max_examples is not None:
-                    examples = min(examples, options.max_examples - self.examples)
-                plan = BatchPlan(self.batches, config, rng.randrange(2**32), examples)
-                self.refused += config.refused
-                self.batches += 1
-                started = time.monotonic()
-                self._record(plan, self.runner(plan, self._is_new), started)
-                self.status(self.progress_line())
+            with user_interrupts():  # Ctrl-C, SIGTERM (timeout's) and SIGHUP end it with what it found
+                ended_by = self._batches(rng)
         except KeyboardInterrupt:
             ended_by = "interrupted"
         findings = [finding for finding in self.findings.values() if finding.new]
@@ -165,6 +153,24 @@ class SchedulerCampaign:
             refused=self.refused,
             batch_log=tuple(self.batch_log),
         )
+
+    def _batches(self, rng: random.Random) -> str:
+        """Run batches until the campaign's end; returns why it ended."""
+        options = self.options
+        while True:
+            ending = self._ending()
+            if ending is not None:
+                return ending
+            config = draw(rng, self.target.validate)
+            examples = options.batch_examples
+            if options.max_examples is not None:
+                examples = min(examples, options.max_examples - self.examples)
+            plan = BatchPlan(self.batches, config, rng.randrange(2**32), examples)
+            self.refused += config.refused
+            self.batches += 1
+            started = time.monotonic()
+            self._record(plan, self.runner(plan, self._is_new), started)
+            self.status(self.progress_line())
 
     def _ending(self) -> Optional[str]:
         options = self.options
