@@ -339,3 +339,22 @@ def test_the_cli_prints_the_table_and_json_names_the_seed(tmp_path: Path, capsys
     printed = capsys.readouterr().out
     assert status == 0, "the second campaign on the same corpus knows the failure"
     assert "0 new distinct failures, 1 known failure met again" in printed and "seed 3" in printed
+
+
+def test_sigterm_ends_the_campaign_with_what_it_found(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    fake = FakeTarget()
+    search = fake.search
+
+    def terminated_later(config: SwarmConfig, *rest: Any) -> Outcome:
+        if len(fake.searches) == 12:
+            os.kill(os.getpid(), signal.SIGTERM)  # as timeout(1) ends a campaign
+        return search(config, *rest)
+
+    fake.search = terminated_later  # type: ignore[method-assign]
+    result = campaign(fake, tmp_path / "c", max_examples=10_000)
+    assert result.ended_by == "interrupted" and 12 <= len(fake.searches) < 20
+    assert [finding.text for finding in result.new] == ["accounting: the free count"]
+    assert result.new[0].trace is not None and Path(result.new[0].trace).exists()
