@@ -12,6 +12,8 @@ and the program being run is journalled before each call, so a process the alloc
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import random
 import time
 import traceback
 from pathlib import Path
@@ -32,6 +34,7 @@ from kvfuzz.profiles import run_settings
 from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.failures import Broken, FailureKind, failure_kind
+from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.program.random_programs import random_search
 from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import (
@@ -43,8 +46,10 @@ from kvfuzz.program.safeguards import (
     user_interrupts,
 )
 from kvfuzz.program.stats import RunStats
+from kvfuzz.program.swarm import draw_swarm
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory
 from kvfuzz.shrink.fixpoint import shrink as shrink_to_fixpoint
+from kvfuzz.shrink.restarts import Failing, Restarts
 from kvfuzz.shrink.signature import signature_of
 from kvfuzz.statemachines.draws import source_independent_draws
 from kvfuzz.statemachines.machine import machine_for
@@ -77,7 +82,8 @@ class RunSummary:
     ``first_failure_examples`` and ``first_failure_seconds`` say when the first failing example was met, before any
     shrinking. ``reproduced`` of ``replays`` says how often the reported program failed the same way when replayed
     on fresh allocators (fewer than all: flaky). ``interrupted`` says the user stopped the run; ``shrink_note`` says
-    why the program was not shrunk further, when it was not.
+    why the program was not shrunk further, when it was not. ``swarms`` counts the distinct operation subsets the
+    random programs were drawn over (:mod:`kvfuzz.program.swarm`).
     """
 
     allocator: str
@@ -98,6 +104,7 @@ class RunSummary:
     replays: int = 0
     examples_asked: Optional[int] = None
     declared_window: Optional[int] = None
+    swarms: int = 0  # the distinct operation subsets the random programs were drawn over
     occupancy: Optional[OccupancySummary] = attrs.field(default=None, repr=False)
     calls: tuple[Call, ...] = attrs.field(default=(), repr=False)
     failure: Optional[BaseException] = attrs.field(default=None, repr=False)
@@ -168,13 +175,16 @@ class Progress:
 
 
 def _shrink_further(
-    target: Target, allocator: str, calls: list[Call], failure: BaseException
+    target: Target, allocator: str, calls: list[Call], failure: BaseException, steps: int, seed: int
 ) -> tuple[BaseException, list[Call], Optional[str]]:
-    """Shrink the program with :func:`kvfuzz.shrink.fixpoint.shrink` in the run's configuration, within
+    """Shrink the program with the campaign's shrinker (:func:`kvfuzz.shrink.fixpoint.shrink`, restarts included:
+    a fixpoint still long is shrunk again from other failing random programs of up to ``steps`` calls over the
+    operation table, drawn from a stream of ``seed`` and the signature) in the run's configuration, within
     :data:`SHRINK_SECONDS`: a candidate is kept only when it fails with the signature the program's own replay
     has (the same broken invariant or crash at the same operation; a hang in the same operation). The program as
     it was if its replay fails otherwise (a nondeterministic allocator); with why it was not shrunk further, if it
-    was not."""
+    was not, and the failures of other signatures its restarts met, which a run does not report (a campaign
+    does)."""
     try:
         outcome = replay(target, calls)
     except NotApplicable:
@@ -182,6 +192,7 @@ def _shrink_further(
     if outcome.failure is None or failure_kind(outcome.failure) != failure_kind(failure):
         return failure, calls, "not shrunk further: its replay did not fail the same way"
     signature = signature_of(allocator, outcome.failure, calls, outcome.failed_at)
+    digest = hashlib.sha256(f"{seed} {signature.key()}".encode()).digest()
     shrunk = shrink_to_fixpoint(
         target.factory,
         target.config,
@@ -191,8 +202,18 @@ def _shrink_further(
         seconds=SHRINK_SECONDS,
         safeguards=target.safeguards,
         stats=target.stats,
+        restarts=Restarts(OPERATIONS, steps, random.Random(int.from_bytes(digest[:8], "little"))),
     )
-    return shrunk.failure, list(shrunk.calls), shrunk.stopped_early
+    notes = [note for note in (shrunk.stopped_early, _others_met(shrunk.others)) if note is not None]
+    return shrunk.failure, list(shrunk.calls), "; ".join(notes) or None
+
+
+def _others_met(others: tuple[Failing, ...]) -> Optional[str]:
+    """A note naming the failures of other signatures that shrinking met (None: none): a run reports one failure,
+    so the others are named for the user to look into, after this one (a campaign shrinks and saves each)."""
+    if not others:
+        return None
+    return "shrinking also met " + "; ".join(str(other.signature) for other in others) + " (run a campaign for each)"
 
 
 def confirm(target: Target, calls: list[Call], failure: BaseException, replays: int) -> int:
@@ -275,8 +296,11 @@ def run(
 ) -> RunSummary:
     """Run the machine against ``factory``; never raises for a failure the machine finds, nor for Ctrl-C.
 
-    The first ``random_examples`` (default: half of ``examples``) are plain random programs
-    (:mod:`kvfuzz.program.random_programs`); the rest are Hypothesis's. With a ``database``, failing examples are
+    The first ``random_examples`` (default: three quarters of ``examples``) are random programs
+    (:mod:`kvfuzz.program.random_programs`), every third over a weighted subset of the operations that a swarm draws
+    (:func:`~kvfuzz.program.swarm.draw_swarm`), the others over the whole table, so that the whole table's get as
+    many programs as when they had half of ``examples`` to themselves; the rest are Hypothesis's, which switches
+    rules off per example. With a ``database``, failing examples are
     saved there and tried first by the next run against the same allocator and configuration: such a run is
     Hypothesis's alone (no random programs unless ``random_examples`` says so) and random (Hypothesis ignores a
     database in derandomized or seeded runs). Otherwise runs are derandomized unless a ``seed`` is given or
@@ -296,7 +320,7 @@ def run(
     elif derandomize is None:
         derandomize = seed is None
     if random_examples is None:
-        random_examples = 0 if database is not None else examples // 2
+        random_examples = 0 if database is not None else examples * 3 // 4
     random_examples = min(random_examples, examples)
     stats = RunStats(on_step=Progress(progress, examples) if progress is not None else None)
     journal: Optional[Journal] = None
@@ -319,6 +343,7 @@ def run(
                     examples=random_examples,
                     steps=steps,
                     seed=(0 if derandomize else None) if seed is None else seed,
+                    swarm=draw_swarm,
                 )
                 if found is not None:
                     failure, calls = found.failure, list(found.calls)
@@ -361,7 +386,9 @@ def run(
             if failure is not None and shrink and calls and not interrupted:
                 stats.phase = "shrinking"
                 try:
-                    failure, calls, note = _shrink_further(target, allocator_name, calls, failure)
+                    failure, calls, note = _shrink_further(
+                        target, allocator_name, calls, failure, steps, 0 if seed is None else seed
+                    )
                     shrunk = True
                     shrink_note = note if shrink_note is None or note is None else f"{shrink_note}; {note}"
                 except UserInterrupt:
@@ -403,6 +430,7 @@ def run(
         replays=replays,
         examples_asked=examples,
         declared_window=stats.declared_window,
+        swarms=len(stats.swarms),
         occupancy=stats.occupancy.summary(),
     )
     if failure is None:

@@ -160,6 +160,31 @@ def test_flex_follows_a_sliding_window() -> None:
     assert not summary.failed, summary.explanation
 
 
+def test_the_gather_kernel_s_reads_are_decided_by_their_tags_and_any_other_tag_goes_to_the_tensors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under the gather kernel, a step whose every read slot records the reference's tag passes without gathering
+    (the pools keep each recorded slot's K/V equal to its record's); a read slot whose record names another tag sends
+    the check to the tensors, which decide as before."""
+    gathers: list[int] = []
+    gathered = GatherKernel.gathered
+    monkeypatch.setattr(GatherKernel, "gathered", lambda kernel, batch: gathers.append(1) or gathered(kernel, batch))
+    h = Engine(make_allocator(window=1)(config("gather").pool_spec()), config("gather"))
+    life_cycle(h)
+    assert h.checks.attention.kernel.name == "gather" and h.stats["step"] >= 3 and gathers == []
+    assert h.admit("s4", (), (7, 8, 9, 10, 11))
+    h.step()
+    slot = h.expected.layout("s4").slot_of(h.expected.seqs["s4"].table, 0)
+    record = h.pools.shadow[slot]
+    h.pools.shadow[slot] = attrs.evolve(record, tag=record.tag ^ 1)  # the tensors still hold the right K/V
+    h.checks.attention.check()
+    assert gathers == [1]  # the tags disagreed: the tensors were compared (and agreed)
+    h.pools.keys[slot] += 1.0  # now the K/V the kernel reads differ too
+    with pytest.raises(InvariantViolation) as caught:
+        h.checks.attention.check()
+    assert caught.value.invariant is Invariant.ATTENTION
+
+
 class WrongEntryKernel(FlexKernel):
     """A seeded kernel bug: reads every sequence's last logical block from the physical block before it."""
 

@@ -193,3 +193,20 @@ def test_a_feature_s_rows_live_in_its_feature_module() -> None:
     for name, module in owners.items():
         assert BY_NAME[name] in module.ROWS, name
     assert all(operation.needs == () for operation in CORE)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_filled_pick_has_something_to_draw_from_in_every_state(name: str) -> None:
+    """Enablement never asks a ``FilledPick`` (the misuse calls) for its options: they must never be empty, or an
+    operation would be enabled with nothing to draw."""
+    from kvfuzz.engine.arguments import FilledPick
+
+    factory, config = CONFIGS[name]
+    filled = [(operation, argument) for operation in OPERATIONS for _, argument in operation.arguments]
+    filled = [(operation, argument) for operation, argument in filled if isinstance(argument, FilledPick)]
+    assert filled, "no operation draws from a FilledPick"
+    for execution in _states(Target(factory, config), random.Random(3), programs=20, length=40):
+        state = execution.engine.expected
+        for operation, argument in filled:
+            if operation.enabled(state):
+                assert argument.options(state), operation.name

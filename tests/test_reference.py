@@ -102,6 +102,31 @@ def test_kv_for_tags_shape_dtype_and_range(dtype: torch.dtype) -> None:
     assert queries.shape == (5, 3, 6, 16) and queries.dtype == dtype
 
 
+def test_kv_rows_are_splitmix_of_tag_and_lane_computed_by_hand() -> None:
+    """The generated values, checked against splitmix64's finaliser written out in plain integers: each of a row's
+    values is lane i of its salt, ``(tag ^ (i * golden + salt)) mod 2**64`` mixed, its low 24 bits scaled to [-1, 1)."""
+    from kvfuzz.reference import content
+
+    mask = (1 << 64) - 1
+
+    def by_hand(tag: int, salt: int, lane: int) -> float:
+        x = (tag ^ ((lane * 0x9E3779B97F4A7C15 + salt) & mask)) & mask
+        x ^= x >> 30
+        x = (x * 0xBF58476D1CE4E5B9) & mask
+        x ^= x >> 27
+        x = (x * 0x94D049BB133111EB) & mask
+        x ^= x >> 31
+        return (x & 0xFFFFFF) / (1 << 23) - 1.0
+
+    shape = ModelShape(num_layers=1, num_kv_heads=1, num_query_heads=1, head_dim=3)
+    tags = [0, 1, (1 << 63) - 1, 0x123456789ABCDEF]
+    keys, values = kv_for_tags(tags, shape)
+    for row, tag in enumerate(tags):
+        for lane in range(3):
+            assert keys[row, 0, 0, lane].item() == by_hand(tag, content._SALT_K, lane)
+            assert values[row, 0, 0, lane].item() == by_hand(tag, content._SALT_V, lane)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kv_for_tags_is_deterministic(dtype: torch.dtype) -> None:
     shape = ModelShape(dtype=dtype)

@@ -83,7 +83,10 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
         f"{verdict}: {plural(summary.examples, 'example')}, {plural(summary.steps, 'step')} in {summary.seconds:.1f} s "
         f"({summary.steps_per_second:.0f} steps/s)"
     )
-    print("operations:")
+    print(
+        f"operations (random programs over the whole table and over {plural(summary.swarms, 'weighted subset')} "
+        "of it, Hypothesis's examples over rules it switches off per example):"
+    )
     width = max((len(name) for name in summary.operations), default=0)
     for name, count in summary.operations.items():
         print(f"  {name:<{width}}  {count}")

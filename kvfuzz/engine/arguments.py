@@ -43,6 +43,10 @@ class Snapshot:
     DRAWS = frozenset({"new_id"})
     """Queries that change the state: passed through, never kept."""
 
+    KEPT = frozenset({"caps", "block_size", "num_host_blocks", "finished"})
+    """Attributes the state sets when it is made and never reassigns (``finished`` is one list, appended to in place,
+    so the snapshot reads it live, as it always did): kept across renewals."""
+
     def __init__(self, state: ProgramState) -> None:
         self._state = state  # the live state behind the answers
         self._answers: dict[object, Any] = {}  # (query, its arguments) -> its answer; a pick -> its options
@@ -66,7 +70,8 @@ class Snapshot:
         asked = getattr(self._state, name)
         if not callable(asked) or name in self.DRAWS:
             setattr(self, name, asked)
-            self._attributes.append(name)
+            if name not in self.KEPT:
+                self._attributes.append(name)
             return asked
         answers = self._answers
 
@@ -121,6 +126,15 @@ class Pick:
 
     def accepts(self, state: ProgramState, value: Any) -> bool:
         return value in self._choices(state)
+
+
+@attrs.frozen
+class FilledPick(Pick):
+    """A :class:`Pick` whose options are never empty, in any state (the misuse calls: growing a sequence nobody
+    admitted is always one; the namespaces; the system prompts, the empty one among them), so that enablement need
+    not build them: they are built only when drawn from."""
+
+    gating: ClassVar[bool] = False  # whether it can have nothing to draw from (enablement asks it)
 
 
 @attrs.frozen
@@ -247,4 +261,4 @@ class TokenLists:
         return any(low <= len(value) <= high for low, high in self.ranges(state))
 
 
-Argument = Union[Pick, NewSeqId, Integers, TokenLists, BlockIds]
+Argument = Union[Pick, FilledPick, NewSeqId, Integers, TokenLists, BlockIds]

@@ -20,7 +20,7 @@ from kvfuzz.allocator.types import NULL_BLOCK, SeqId, Tokens, group_block_sizes
 from kvfuzz.engine.checks import Checks, PoolCounts
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.events import Completion, EngineEvents
-from kvfuzz.engine.expected import ExpectedState, Status, TableChange
+from kvfuzz.engine.expected import ExpectedState, Status, TableChange, common_prefix
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.pools import KVPools, SlotWrite
 from kvfuzz.engine.violations import Invariant
@@ -210,7 +210,8 @@ class EngineCore:
             state.evicted.pop(block, None)
         model.table = table
         pools = self.pools
-        for index, block in enumerate(table):
+        for index in range(common_prefix(old, table), len(table)):
+            block = table[index]
             if index < len(old) and old[index] == block:
                 continue
             if index < hit_blocks:
@@ -261,8 +262,11 @@ class EngineCore:
         step = self.pools.next_step
         tags, namespace = state.reference.tags(seq), state.reference.namespace(seq)
         slots, writes = [], []
+        checked = -1  # the block of the latest write checked exclusive: a block's verdict is the same for its slots
         for position, slot in state.scheduled_writes(seq):
-            self.checks.exclusive.block(slot // state.rows, seq, f"step {step} writes {seq} position {position}")
+            if slot // state.rows != checked:
+                checked = slot // state.rows
+                self.checks.exclusive.block(checked, seq, f"step {step} writes {seq} position {position}")
             slots.append(slot)
             writes.append(SlotWrite(tags[position], seq, namespace, position, step, via))
         state.seqs[seq].written = len(tags)

@@ -30,6 +30,16 @@ def mapped(table: Iterable[int]) -> list[int]:
     return [block for block in table if block != NULL_BLOCK]
 
 
+def common_prefix(old: tuple[int, ...], new: tuple[int, ...]) -> int:
+    """How many leading entries two tables share, where one extends the other (a grow, a rollback); 0 otherwise
+    (entries past it are compared one by one)."""
+    if new[: len(old)] == old:
+        return len(old)
+    if old[: len(new)] == new:
+        return len(new)
+    return 0
+
+
 class Status(enum.Enum):
     RUNNING = "running"
     SWAPPED = "swapped out"
@@ -98,7 +108,7 @@ class BlockRefs:
     def replace(self, seq: SeqId, old: tuple[int, ...], new: tuple[int, ...]) -> TableChange:
         """``seq``'s table went from ``old`` to ``new``."""
         touched, released, acquired = set(), [], []
-        for index in range(max(len(old), len(new))):
+        for index in range(common_prefix(old, new), max(len(old), len(new))):
             before = old[index] if index < len(old) and old[index] != NULL_BLOCK else None
             after = new[index] if index < len(new) and new[index] != NULL_BLOCK else None
             if before == after:

@@ -11,12 +11,12 @@ drawn in that state.
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 
 from kvfuzz.allocator.types import Capabilities
-from kvfuzz.engine.arguments import Argument
+from kvfuzz.engine.arguments import Argument, BlockIds, Pick, Snapshot
 from kvfuzz.engine.expected import ProgramState
 
 
@@ -36,10 +36,19 @@ class Operation:
     doc: str = ""  # what it models, for a person
     # The arguments whose availability depends on the state (those of the other kinds always have a value to draw).
     gated: tuple[Argument, ...] = attrs.field(init=False, eq=False, repr=False)
+    # Their options, in the same order: a snapshot answers each once per state, whichever operation asks.
+    gate_options: tuple[Callable[[ProgramState], Sequence[Any]], ...] = attrs.field(init=False, eq=False, repr=False)
 
     @gated.default
     def _gated_arguments(self) -> tuple[Argument, ...]:
         return tuple(argument for _, argument in self.arguments if argument.gating)
+
+    @gate_options.default
+    def _gate_options(self) -> tuple[Callable[[ProgramState], Sequence[Any]], ...]:
+        listed = tuple(argument.options for argument in self.gated if isinstance(argument, (Pick, BlockIds)))
+        if len(listed) != len(self.gated):
+            raise TypeError(f"operation {self.name}: an argument that can have nothing to draw from lists no options")
+        return listed
 
     def enabled(self, state: ProgramState) -> bool:
         """Whether a program may call this operation now (plain loops: it is asked for every operation before
@@ -58,6 +67,11 @@ class Operation:
         ``condition`` holds and every argument has something to draw from."""
         if self.condition is not _always and not self.condition(state):
             return False
+        if type(state) is Snapshot:  # the options themselves, each answered once per state (what available asks)
+            for options in self.gate_options:
+                if not state.options(options):
+                    return False
+            return True
         for argument in self.gated:
             if not argument.available(state):
                 return False

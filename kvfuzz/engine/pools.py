@@ -68,22 +68,23 @@ class PoolEvent:
 
 @attrs.frozen
 class LateWork:
-    """In-flight work on a released block: it lands when step ``lands_at`` completes and rewrites what it held."""
+    """In-flight work on a released block: it lands when step ``lands_at`` completes and rewrites what it held.
+    ``writes`` are the block's records then, by offset: their K/V are their tags', as the pools keep every recorded
+    slot's, so the landing makes them from the tags instead of keeping a copy of the block's rows."""
 
     block: int
     released_by: SeqId
     released_at: int
     lands_at: int
     writes: tuple[tuple[int, SlotWrite], ...]
-    keys: torch.Tensor
-    values: torch.Tensor
 
 
 class KVPools:
     """Physical pools, shadow records, steps and late in-flight work for one example.
 
-    Invariant kept: ``shadow[slot]`` names the write whose K/V ``keys[slot]``/``values[slot]`` hold, and no slot
-    without a record was ever written; every block in ``late_work_by_block`` has work that lands exactly when step
+    Invariant kept: ``shadow[slot]`` names the write whose K/V ``keys[slot]``/``values[slot]`` hold (the K/V of its
+    tag, bit for bit: every write, copy and landing changes a slot's rows and record together), and no slot without a
+    record was ever written; every block in ``late_work_by_block`` has work that lands exactly when step
     ``lands_at`` completes.
     """
 
@@ -292,10 +293,7 @@ class KVPools:
             for offset in range(size)
             if (record := self.shadow.get(block * size + offset)) is not None and record.step > self.last_completed
         )
-        rows = slice(block * size, (block + 1) * size)
-        work = LateWork(
-            block, seq, self.next_step, lands_at, writes, self.keys[rows].clone(), self.values[rows].clone()
-        )
+        work = LateWork(block, seq, self.next_step, lands_at, writes)
         self._late_work.setdefault(lands_at, []).append(work)
         self.late_work_by_block[block] = work
 
@@ -341,17 +339,22 @@ class KVPools:
             current = self.shadow.get(slot)
             if current is not None and current.tag == record.tag:
                 continue
-            self.keys[slot] = work.keys[offset]
-            self.values[slot] = work.values[offset]
             self.shadow[slot] = attrs.evolve(
                 record,
                 via=f"late in-flight work from before block {work.block} was released by "
                 f"{work.released_by} at step {work.released_at}, landing as step {work.lands_at} "
                 f"completed",
             )
-            self.dirty.add(slot)
             landed.append((offset, self.shadow[slot]))
-        if landed and self.observer is not None:
+        if not landed:
+            return
+        slots = [work.block * size + offset for offset, _ in landed]
+        keys, values = kv_for_tags([record.tag for _, record in landed], self.shape)
+        index = torch.tensor(slots, device=self.keys.device)
+        self.keys[index] = keys
+        self.values[index] = values
+        self.dirty.update(slots)
+        if self.observer is not None:
             self.observer(PoolEvent("land", work.block, None, tuple(landed)))
 
     # -- provenance ----------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Sequence
 from kvfuzz.engine.arguments import (
     NAMESPACES,
     VOCABULARY,
+    FilledPick,
     Integers,
     NewSeqId,
     Pick,
@@ -67,8 +68,8 @@ CORE: tuple[Operation, ...] = (
         _admit,
         (
             ("seq", NewSeqId()),
-            ("namespace", Pick(_namespaces)),
-            ("system", Pick(lambda state: system_prompts(state.block_size))),
+            ("namespace", FilledPick(_namespaces)),
+            ("system", FilledPick(lambda state: system_prompts(state.block_size))),
             ("suffix", TokenLists(lambda state: ((1, state.block_size + 2),))),
         ),
         doc="a request whose prompt is a shared system prompt followed by its own suffix",
@@ -104,7 +105,7 @@ CORE: tuple[Operation, ...] = (
     Operation(
         "misuse",
         lambda engine, call: engine.misuse(call),
-        (("call", Pick(misuse_calls)),),
+        (("call", FilledPick(misuse_calls)),),
         condition=lambda state: bool(state.live_ids() or state.ids(Status.PREEMPTED) or state.finished),
         doc="a call that breaks the contract: it must raise a Misuse error and change nothing",
     ),

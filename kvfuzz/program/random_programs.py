@@ -4,13 +4,16 @@ Plain random programs (every enabled operation equally likely, arguments drawn a
 uniform up to the step budget) reach many allocator bugs in fewer examples than Hypothesis's generation, which
 starts from the simplest programs and switches rules off per example. kvfuzz therefore spends the first examples of
 a run on random programs; a failure among them is shrunk by replay (deleting calls) and reported like any other.
+With a swarm (:mod:`kvfuzz.program.swarm`), every :data:`SWARM_EVERY`-th program is instead drawn over its own
+weighted subset of the operations, as a campaign's are: the whole table's programs stay the ones a search without a
+swarm runs (their own random stream, in their order), and the swarm's reach what a crowd of cheap operations hides.
 The programs are made of the machine's own rule calls, so they print, save and replay the same way.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import attrs
 
@@ -19,6 +22,11 @@ from kvfuzz.engine.operation import Operation
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
+from kvfuzz.program.swarm import Swarm
+
+SWARM_EVERY = 3
+"""With a swarm, every third program (the third, the sixth, ...) is drawn over a swarm's subset; the others over
+the whole table."""
 
 
 @attrs.frozen
@@ -36,35 +44,60 @@ def random_search(
     steps: int,
     seed: Optional[int],
     operations: Sequence[Operation] = OPERATIONS,
+    swarm: Optional[Callable[[random.Random, Sequence[Operation]], Swarm]] = None,
 ) -> Optional[RandomFailure]:
     """Run up to ``examples`` random programs of up to ``steps`` calls over ``operations``; return the first that
-    fails."""
+    fails. With a ``swarm`` (such as :func:`~kvfuzz.program.swarm.draw_swarm`), every :data:`SWARM_EVERY`-th program
+    is instead over the weighted subset of ``operations`` it draws for that program, and of at least half ``steps``
+    calls (a deep bug needs a long program as often as a mix of operations), from a random stream of its own, so
+    that the others are the programs a search without a swarm runs, in its order. The subsets drawn are
+    counted in the target's stats (:attr:`~kvfuzz.program.stats.RunStats.swarms`)."""
     rng = random.Random(seed)
-    for _ in range(examples):
-        found = random_program(target, rng, rng.randint(1, steps), operations)
+    swarm_rng = random.Random(None if seed is None else f"swarm {seed}")
+    for example in range(examples):
+        if swarm is None or example % SWARM_EVERY != SWARM_EVERY - 1:
+            found = random_program(target, rng, rng.randint(1, steps), operations)
+        else:
+            drawn = swarm(swarm_rng, operations)
+            if target.stats is not None:
+                target.stats.swarms.add(drawn.names())
+            found = random_program(
+                target, swarm_rng, swarm_rng.randint((steps + 1) // 2, steps), drawn.operations, weights=drawn.weights
+            )
         if found is not None:
             return found
     return None
 
 
 def random_program(
-    target: Target, rng: random.Random, length: int, operations: Sequence[Operation] = OPERATIONS
+    target: Target,
+    rng: random.Random,
+    length: int,
+    operations: Sequence[Operation] = OPERATIONS,
+    weights: Optional[Sequence[float]] = None,
 ) -> Optional[RandomFailure]:
     """Run one random program of ``length`` calls, each an operation of ``operations`` enabled at that point (the
-    caller keeps one that is always enabled, such as ``admit``), then the teardown; the failure, if it fails."""
+    caller keeps one that is always enabled, such as ``admit``), then the teardown; the failure, if it fails. The
+    enabled operations are equally likely, or with ``weights`` (one per operation, positive) chosen in proportion
+    to theirs."""
     try:
         execution = target.start()
     except Exception as error:  # noqa: BLE001 -- the factory failed to build this program's allocator
         return RandomFailure((), error)
     try:
         snapshot = Snapshot(execution.engine.expected)
-        declared = [operation for operation in operations if operation.declared(execution.engine.expected.caps)]
+        caps = execution.engine.expected.caps
+        weighted = zip(operations, weights) if weights is not None else ((operation, 1.0) for operation in operations)
+        declared = [(operation, weight) for operation, weight in weighted if operation.declared(caps)]
         for _ in range(length):
             state = snapshot.renewed()  # the state after the previous call
-            enabled = [operation for operation in declared if operation.allowed(state)]
+            enabled = [(operation, weight) for operation, weight in declared if operation.allowed(state)]
             if not enabled:
                 break
-            operation = rng.choice(enabled)
+            if weights is None:  # rng.choice: the stream seeded programs without weights always drew
+                operation = rng.choice(enabled)[0]
+            else:
+                operation = rng.choices(enabled, [weight for _, weight in enabled])[0][0]
             execution.execute(operation.name, operation.draw(state, rng))
         execution.teardown()
     except Exception as error:  # noqa: BLE001 -- any failure is the finding, as for the machine

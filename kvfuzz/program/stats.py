@@ -23,6 +23,7 @@ class RunStats:
     """
 
     operations: Counter[str] = attrs.field(factory=Counter)
+    swarms: set[tuple[str, ...]] = attrs.field(factory=set)  # the distinct operation subsets random programs drew
     occupancy: OccupancyLog = attrs.field(factory=OccupancyLog)
     examples: int = 0  # programs started before the first failure (the search)
     shrink_runs: int = 0  # programs started after it (shrinking and confirming)

@@ -1,4 +1,5 @@
-"""Swarm testing over the operation table: each program calls only a random subset of the operations.
+"""Swarm testing over the operation table: each program calls only a random subset of the operations, each as often
+as the weight the swarm drew for it.
 
 With every operation equally likely in every program, the cheap operations a growing table adds crowd out the ones
 deep bugs need (a run spent more than a thousand calls on targeted eviction while its cache hits halved). Leaving a
@@ -8,6 +9,10 @@ leaving one out is sometimes what a bug needs (a rollback slip shows when swap n
 :data:`ALWAYS_ENABLED`, so a program never runs out of calls, and one draw in :data:`EVERYTHING` keeps every
 operation, so an operation a bug needs together with all the others is never out of reach.
 
+``kvfuzz run``'s swarms (:func:`draw_swarm`) also weigh the operations they keep: each its :data:`WEIGHTS` (the
+calls that build state, admit, grow and decode, above those that only tear it down or probe it) times a factor drawn
+per swarm, so that one swarm leans on swap, another on rollback.
+
 The subset is a property of how a program was drawn, not of the program: a printed, saved or replayed program is
 its calls, and replaying them does not ask which operations were drawn.
 """
@@ -15,7 +20,9 @@ its calls, and replaying them does not ask which operations were drawn.
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from typing import Mapping, Sequence
+
+import attrs
 
 from kvfuzz.engine.operation import Operation
 from kvfuzz.program.operations import OPERATIONS
@@ -30,6 +37,34 @@ EVERYTHING = 0.25
 KEEP = 0.5
 """The chance that any other operation is kept in a draw that does not keep everything."""
 
+WEIGHTS: Mapping[str, float] = {
+    "admit": 3.0,
+    "grow": 2.0,
+    "decode": 2.0,
+    "evict": 0.5,
+    "evict_blocks": 0.5,
+    "reset_cache": 0.5,
+    "misuse": 0.5,
+}
+"""An operation's weight in a swarm before the swarm's own factor (1 for one not named): the calls that build the
+state deep bugs need (requests, their tokens, their cached prefixes) above the cheap ones that empty the cache
+or only probe the contract, which the table has more of."""
+
+FACTORS = (0.25, 1.0, 1.0, 4.0)
+"""The factor a swarm draws for each operation it keeps, uniformly from these."""
+
+
+@attrs.frozen
+class Swarm:
+    """The operations one random program may call (always including :data:`ALWAYS_ENABLED`, in the table's order) and
+    how often each is chosen among those enabled: ``weights[i]`` is ``operations[i]``'s (positive)."""
+
+    operations: tuple[Operation, ...]
+    weights: tuple[float, ...]
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(operation.name for operation in self.operations)
+
 
 def draw_operations(rng: random.Random, operations: Sequence[Operation] = OPERATIONS) -> tuple[Operation, ...]:
     """A subset of ``operations`` in their order: those of :data:`ALWAYS_ENABLED`, and each other one with
@@ -38,3 +73,11 @@ def draw_operations(rng: random.Random, operations: Sequence[Operation] = OPERAT
     return tuple(
         operation for operation in operations if operation.name in ALWAYS_ENABLED or everything or rng.random() < KEEP
     )
+
+
+def draw_swarm(rng: random.Random, operations: Sequence[Operation] = OPERATIONS) -> Swarm:
+    """A subset of ``operations`` as :func:`draw_operations` draws it, each kept one weighted by its :data:`WEIGHTS`
+    times a factor drawn from :data:`FACTORS`."""
+    kept = draw_operations(rng, operations)
+    weights = tuple(WEIGHTS.get(operation.name, 1.0) * rng.choice(FACTORS) for operation in kept)
+    return Swarm(kept, weights)

@@ -12,6 +12,7 @@ import hashlib
 from typing import Iterable, Sequence
 
 import attrs
+import numpy
 import torch
 
 from kvfuzz.allocator.types import Namespace
@@ -81,33 +82,38 @@ class ModelShape:
         return (self.num_layers, self.num_kv_heads, self.head_dim)
 
 
-def _mix_tensor(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finaliser on int64 tensors (wrapping arithmetic, logical shifts), in place on ``x``."""
-    x ^= (x >> 30) & ((1 << 34) - 1)
-    x *= _MIX1
-    x ^= (x >> 27) & ((1 << 37) - 1)
-    x *= _MIX2
-    x ^= (x >> 31) & ((1 << 33) - 1)
+def _mix(x: numpy.ndarray) -> numpy.ndarray:
+    """splitmix64's finaliser on a uint64 array (wrapping arithmetic, logical shifts), in place on ``x``. NumPy
+    rather than torch: the same bits (uint64 wraps as torch's int64 does), a few microseconds less per operation."""
+    x ^= x >> numpy.uint64(30)
+    x *= numpy.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> numpy.uint64(27)
+    x *= numpy.uint64(0x94D049BB133111EB)
+    x ^= x >> numpy.uint64(31)
     return x
 
 
 @functools.lru_cache(maxsize=None)
-def _lanes(salts: tuple[int, ...], count: int) -> torch.Tensor:
-    """Each salt's ``count`` lane offsets, one salt after the other: ``[len(salts) * count]`` (made once per
-    shape, since every batch of rows uses the same)."""
-    lane = torch.arange(count, dtype=torch.int64) * _signed(_GOLDEN)
-    return torch.cat([lane + salt for salt in salts])
+def _lanes(salts: tuple[int, ...], count: int) -> numpy.ndarray:
+    """Each salt's ``count`` lane offsets, one salt after the other, as uint64: ``[len(salts) * count]`` (made once
+    per shape, since every batch of rows uses the same)."""
+    lane = numpy.arange(count, dtype=numpy.uint64) * numpy.uint64(_GOLDEN)
+    return numpy.concatenate([lane + numpy.uint64(salt & _MASK64) for salt in salts])
 
 
 def _values(tags: Sequence[int], salts: tuple[int, ...], row_shape: tuple[int, ...], shape: ModelShape) -> torch.Tensor:
     """Values in [-1, 1) with 23 significant bits, ``[len(tags), len(salts), *row_shape]``: for each tag, one row
-    of ``row_shape`` per salt, cast to the pool's dtype. One batch of tensor operations serves every salt."""
+    of ``row_shape`` per salt, cast to the pool's dtype. One batch of array operations serves every salt."""
     count = 1
     for dim in row_shape:
         count *= dim
-    mixed = _mix_tensor(torch.tensor(list(tags), dtype=torch.int64).unsqueeze(1) ^ _lanes(salts, count))
-    values = (mixed & 0xFFFFFF).to(torch.float32).mul_(1.0 / float(1 << 23)).sub_(1.0)
-    return values.reshape(len(tags), len(salts), *row_shape).to(device=shape.device, dtype=shape.dtype)
+    mixed = _mix(numpy.array(tags, dtype=numpy.uint64)[:, None] ^ _lanes(salts, count))
+    values = (mixed & numpy.uint64(0xFFFFFF)).astype(numpy.float32)
+    values *= numpy.float32(1.0 / float(1 << 23))
+    values -= numpy.float32(1.0)
+    return (
+        torch.from_numpy(values).reshape(len(tags), len(salts), *row_shape).to(device=shape.device, dtype=shape.dtype)
+    )
 
 
 class _RowTable:

@@ -14,6 +14,11 @@ UNDER_COUNT = Cause(
 )
 
 
+def _member_of(block: int, free: Collection[int], cached: Collection[int], pending: Collection[int]) -> list[str]:
+    """The names of the allocator's sets that list ``block``, in the order reports give them."""
+    return [name for name, blocks in (("free", free), ("cached", cached), ("pending", pending)) if block in blocks]
+
+
 class AccountingChecks(Checker):
     """Invariants 3 and 4 on the blocks an operation touched, and the pool-wide identity
     free + cached + pending + referenced = every block."""
@@ -25,9 +30,10 @@ class AccountingChecks(Checker):
         if alloc is None:
             return
         free, cached, pending = alloc.free_blocks(), alloc.cached_blocks(), alloc.pending_blocks()
+        holders_of, refcount, seen_cached = h.refs.holders, alloc.refcount, self.pools.seen_cached
         for block in touched:
-            holders = h.refs.holders.get(block, ())
-            found = alloc.refcount(block)
+            holders = holders_of.get(block, ())
+            found = refcount(block)
             if found != len(holders):
                 self.fail(
                     Invariant.REFCOUNTS,
@@ -39,30 +45,30 @@ class AccountingChecks(Checker):
                     ],
                     OVER_COUNT if found > len(holders) else UNDER_COUNT,
                 )
-            member_of = [
-                name for name, blocks in (("free", free), ("cached", cached), ("pending", pending)) if block in blocks
-            ]
-            if holders and member_of:
+            in_cached = block in cached
+            listed = (block in free) + in_cached + (block in pending)  # how many of the three sets list it
+            if holders and listed:
                 self.fail(
                     Invariant.FREE_SET,
                     f"block {block} is referenced by {self.state.entries(holders)} yet listed as "
-                    f"{' and '.join(member_of)}",
+                    f"{' and '.join(_member_of(block, free, cached, pending))}",
                     self.pools.block_story(block),
                     Cause("a referenced block listed as free, cached or pending"),
                 )
-            if not holders and len(member_of) != 1:
+            if not holders and listed != 1:
+                member_of = " and ".join(_member_of(block, free, cached, pending))
                 self.fail(
                     Invariant.FREE_SET,
-                    f"unreferenced block {block} is in "
-                    f"{' and '.join(member_of) or 'none of the free, cached and pending sets'}",
+                    f"unreferenced block {block} is in {member_of or 'none of the free, cached and pending sets'}",
                     ["expected: exactly one of them", *self.pools.block_story(block)],
                     Cause("an unreferenced block in none, or several, of the free, cached and pending sets"),
                 )
-            if member_of == ["cached"]:
-                self.pools.seen_cached.add(block)
+            if in_cached and listed == 1:
+                seen_cached.add(block)
             else:
-                self.pools.seen_cached.discard(block)
-        in_window = self.context.unreferenced_in_inflight_window()
+                seen_cached.discard(block)
+        # With none pending, none can be too many: the window's blocks are listed only when some are.
+        in_window = self.context.unreferenced_in_inflight_window() if len(pending) else ()
         if len(pending) > len(in_window):
             self.fail(
                 Invariant.FREE_SET,

@@ -78,6 +78,23 @@ class AttentionCheck(Checker):
         bit for bit, zeros alike past its end). It then attends with the reference's own function on the same
         queries, so the two attentions are equal bit for bit and need not be computed; K/V that differ anywhere
         are left to the comparison of the attentions, which decides as it always did."""
+        if self._reads_the_reference_tags(batch, seqs, starts):
+            return True
         keys, values = kernel.gathered(batch)
         want_keys, want_values, _ = self.state.reference.windows(seqs, starts)
         return torch.equal(keys, want_keys) and torch.equal(values, want_values)
+
+    def _reads_the_reference_tags(self, batch: PagedBatch, seqs: list[SeqId], starts: list[int]) -> bool:
+        """Whether every slot the gather kernel reads has a shadow record whose tag is the reference's at that
+        position. The pools keep each recorded slot's K/V equal to its record's (``KVPools``: written, copied and
+        landed together), and the reference's K/V are its tags', so equal tags mean the K/V the kernel gathers
+        equal the reference's windows bit for bit, without either being made. A slot without a record, or with
+        another tag, answers False: the tensors are then compared, as before."""
+        shadow, reference = self.pools.shadow, self.state.reference
+        for row, seq in enumerate(seqs):
+            tags = reference.tags(seq)
+            for position, slot in enumerate(batch.slots(row), start=starts[row]):
+                record = shadow.get(slot)
+                if record is None or record.tag != tags[position]:
+                    return False
+        return True

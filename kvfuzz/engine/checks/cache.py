@@ -192,11 +192,51 @@ class CacheSoundness(Checker):
                 OTHER_PREFIX,
             )
         if record is None:
-            return "nothing has been written there, and no live sequence is scheduled to write it", [], UNWRITTEN
+            summary = "nothing has been written there, and no live sequence is scheduled to write it"
+            if not h.caps.hits_scheduled_writes:
+                return summary, [], UNWRITTEN
+            return (
+                summary,
+                [
+                    "root cause: the allocator matches scheduled writes (hits_scheduled_writes), and no step or "
+                    "scheduled write fills this slot: the block stayed matchable after a preemption or abort "
+                    "withdrew the write it was matched for (see the block's history), where a release that "
+                    "withdraws scheduled writes must drop their cache entries, or it was made matchable with no "
+                    "write scheduled"
+                ],
+                UNWRITTEN,
+            )
         if record.tag != tag:
-            return "it holds another prefix's K/V", root_cause(self.state, seq, position, slot, record), OTHER_PREFIX
+            lines = [*self._hit_from_another_group(seq, position, slot), *root_cause(h, seq, position, slot, record)]
+            return "it holds another prefix's K/V", lines, OTHER_PREFIX
         completed = self.pools.last_completed
         return f"the step that put it there has not completed (last completed: {completed})", [], UNWRITTEN
+
+    def _hit_from_another_group(self, seq: str, position: int, slot: int) -> list[str]:
+        """Under ``kv_groups``, for a group table (``seq``, not group 0's) whose hit covers ``position`` in a block
+        holding another prefix's K/V: when the request's group 0 block holds its own K/V there, the root cause that
+        the hit was taken from group 0's cache alone (else nothing)."""
+        h = self.state
+        model = h.seqs[seq]
+        if not model.owner or model.group == 0 or model.owner not in h.seqs:
+            return []
+        owner = model.owner
+        table = h.seqs[owner].table
+        layout = h.layout(owner)
+        if layout.index(position) >= len(table) or table[layout.index(position)] == NULL_BLOCK:
+            return []
+        theirs = layout.slot_of(table, position)
+        record = self.pools.record(theirs)
+        if record is None or record.tag != h.reference.tags(owner)[position]:
+            return []
+        groups = h.caps.kv_groups
+        return [
+            f"root cause: {owner}'s group {groups[0].name} block for position {position} (block "
+            f"{layout.block_of(theirs)}) holds its K/V, group {groups[model.group].name}'s (block "
+            f"{h.layout(seq).block_of(slot)}) does not: the hit was taken from group {groups[0].name}'s cache alone, "
+            "and where this group's block of those positions was one the window dropped, or one which an eviction "
+            "dropped from the cache, a fresh block was mapped in its place and reported cached"
+        ]
 
     def host_loads(self, seq: str, loads: Sequence[tuple[int, int]], num_cached: int) -> None:
         """Invariants 9 and 5 for an admission's host-tier loads: only under ``host_cache``, from host blocks that

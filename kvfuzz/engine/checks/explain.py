@@ -70,7 +70,11 @@ def why_alike(
     they agree on every position before one inside the block (``block_start``: the block's first position), a
     block written in place past what its cache entry covered."""
     if len(mine[1]) != len(theirs[1]):
-        return "they sit at different positions: the block was shared across logical blocks"
+        return (
+            "they sit at different positions: the block was shared across logical blocks (handed out while still "
+            "held, or matched by a cache key that named a block at another position: a hash collision, or a key "
+            "that leaves out the blocks before it, trusted without comparing the tokens)"
+        )
     if mine[1] == theirs[1] and group_of(mine[0]) != group_of(theirs[0]):
         return (
             "the prefixes differ only in their KV-cache group: the block holds another group's layers' K/V (a "
