@@ -68,6 +68,35 @@ def test_outputs_are_the_fake_model_s_tokens() -> None:
     assert pool.get_num_free_blocks() == SMALL.num_blocks and session.worker.requests == {}
 
 
+def preempted_at(policy: str) -> list[tuple[int, list[str]]]:
+    """A request of priority 1 then one of priority 0 that cannot both fit: the steps that preempted, and whom."""
+    session = Session(SchedulerSetup(num_blocks=8, policy=policy))
+    low = session.add([1, 2, 3, 0] * 3, 14, priority=1)
+    high = session.add([3, 3, 2, 1] * 2, 10, priority=0)
+    preempted = []
+    while session.outputs.unfinished():
+        before = session.preemptions
+        session.step()
+        if session.preemptions > before:
+            held = session.scheduler.requests
+            preempted.append((session.steps, [r for r in (low, high) if held[r].status.name == "PREEMPTED"]))
+    session.drain()
+    return preempted
+
+
+def test_the_policy_decides_whom_vllm_preempts() -> None:
+    """FCFS preempts the request admitted last (r1); the priority policy the one of the lowest priority (r0, of
+    priority 1), although it came first: the configuration's policy reaches vLLM, and each request its priority."""
+    assert preempted_at("fcfs") == [(7, ["r1"])]
+    assert preempted_at("priority") == [(7, ["r0"])]
+
+
+def test_the_priority_policy_passes_and_reaches_preemption_and_hits() -> None:
+    outcome = search(SchedulerSetup(num_blocks=8, policy="priority"), examples=25, steps=30)
+    assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"
+    assert outcome.preemptions > 0 and outcome.hit_tokens > 0, outcome.describe()
+
+
 class HitBlindWorker(Worker):
     """A worker whose slot mapping ignores a new request's prefix hit: its suffix is written over the start of the
     shared cached blocks (the write-path bug the issue names)."""
@@ -213,6 +242,59 @@ def test_accounting_catches_a_block_id_dropped_from_the_output(monkeypatch: pyte
     ), caught.value
 
 
+def test_the_batch_check_catches_tokens_scheduled_beyond_the_request_s_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler's output schedules a block's worth of tokens more than the blocks it gave the request cover
+    (the total kept consistent): the model runner's slot mapping would index past the block table."""
+    original = Scheduler.schedule
+    armed = [True]
+
+    def schedule(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
+        output = original(self, *args, **kwargs)
+        if armed[0] and output.scheduled_new_reqs:
+            armed[0] = False
+            request = output.scheduled_new_reqs[0].req_id
+            output.num_scheduled_tokens[request] += SMALL.block_size
+            output.total_num_scheduled_tokens += SMALL.block_size
+        return output
+
+    monkeypatch.setattr(Scheduler, "schedule", schedule)
+    session = Session(SMALL)
+    session.add(PREFIX + [1], 2)
+    with pytest.raises(SchedulerViolation) as caught:
+        session.step()
+    assert caught.value.check is Check.BATCH
+    assert re.fullmatch(
+        r"batch check failed at step 1, request r0: the step schedules its positions 0\.\.12, but its block table of "
+        r"3 block\(s\) \[\d+, \d+, \d+\] covers positions 0\.\.11 only",
+        str(caught.value),
+    ), caught.value
+
+
+def test_the_batch_check_catches_a_running_request_the_output_forgets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The output schedules tokens for a running request but leaves it out of the cached requests: the model
+    runner would have no row for it."""
+    original = Scheduler.schedule
+
+    def schedule(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
+        output = original(self, *args, **kwargs)
+        cached = output.scheduled_cached_reqs
+        if cached.req_ids:
+            output.scheduled_cached_reqs = type(cached).make_empty()
+        return output
+
+    monkeypatch.setattr(Scheduler, "schedule", schedule)
+    session = Session(SMALL)
+    session.add(PREFIX + [1], 2)
+    session.step()
+    with pytest.raises(SchedulerViolation) as caught:
+        session.step()
+    assert caught.value.check is Check.BATCH
+    assert str(caught.value) == (
+        "batch check failed at step 2, request r0: the step schedules 1 token(s) for it, but the output brings it "
+        "neither as a new nor as a cached request, so the model runner has no table for it; new [], cached []"
+    ), caught.value
+
+
 def test_accounting_catches_a_hit_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     """A prefix hit that does not take a reference: the shared blocks' refcount is one short of the tables."""
     monkeypatch.setattr(BlockPool, "touch", lambda self, blocks: None)
@@ -273,6 +355,10 @@ def test_the_cli_runs_the_target_and_refuses_what_vllm_refuses_in_one_line(capsy
     assert main(["run", "--scheduler", "vllm-v1", "--examples", "5", "--num-blocks", "8", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["scheduler"] == "vllm-v1" and summary["failed"] is False and summary["steps"] > 0
+    assert main(["run", "--scheduler", "vllm-v1", "--policy", "priority", "--examples", "5", "--num-blocks", "8"]) == 0
+    assert "8 blocks x 4 slots, token budget 16, at most 4 running, prefix caching on, priority scheduling" in (
+        capsys.readouterr().out
+    )
     assert main(["run", "--scheduler", "vllm-v1", "--max-num-batched-tokens", "3"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""

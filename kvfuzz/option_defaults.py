@@ -31,3 +31,4 @@ POLICY_NAMES = ("decode-first", "prefill-first")  # kvfuzz.workload.budget.POLIC
 SCHEDULER_NAMES = ("vllm-v1",)  # tuple(kvfuzz.scheduler.command.SCHEDULERS)
 SCHEDULER_TOKEN_BUDGET = 16  # kvfuzz.scheduler.config.SchedulerSetup().max_num_batched_tokens
 SCHEDULER_MAX_SEQS = 4  # SchedulerSetup().max_num_seqs
+SCHEDULER_POLICIES = ("fcfs", "priority")  # kvfuzz.scheduler.config.POLICIES

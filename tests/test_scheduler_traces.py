@@ -69,6 +69,25 @@ def test_a_crash_is_recorded_with_its_exception_type() -> None:
     assert not failure.same_kind(RecordedFailure.of(KeyError("seeded")))
 
 
+def test_a_crash_without_a_message_says_where_and_which_statement(tmp_path: Path) -> None:
+    """A bare ``assert`` in the engine reads as the statement that failed, on one line, and where it is (the path
+    from the package directory on)."""
+    source = tmp_path / "site-packages" / "engine" / "sched.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("def schedule(running):\n    assert len(running) + 1 <= len(\n        running\n    )\n")
+    spec = importlib.util.spec_from_file_location("engine_sched", source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(AssertionError) as caught:
+        module.schedule([1])
+    failure = RecordedFailure.of(caught.value)
+    assert failure.message == (
+        "AssertionError at engine/sched.py:2 in schedule(): assert len(running) + 1 <= len(running)"
+    ), failure.message
+    assert failure.exception == "AssertionError"
+
+
 def test_the_digest_names_configuration_runner_and_program() -> None:
     import attrs
 
@@ -76,6 +95,29 @@ def test_the_digest_names_configuration_runner_and_program() -> None:
     assert attrs.evolve(TRACE, model_runner="V2").digest() != TRACE.digest()
     assert attrs.evolve(TRACE, program=TRACE.program[:-1]).digest() != TRACE.digest()
     assert TRACE.file_name() == f"vllm-v1-accounting-{TRACE.digest()}.json"
+
+
+def test_a_priority_trace_records_its_policy_and_priorities_and_an_fcfs_trace_reads_as_before() -> None:
+    """The policy and each add's priority are written only where they differ from FCFS and 0, so that traces
+    written before priority scheduling existed (corpus/vllm-v1-*.json) keep their bytes and digests."""
+    import attrs
+
+    priority = attrs.evolve(
+        TRACE,
+        setup=attrs.evolve(TRACE.setup, policy="priority"),
+        program=[AddRequest([1, 2, 3], 4, priority=2), AddRequest([1], 1), Step()],
+    )
+    data = priority.to_json()
+    assert data["config"]["policy"] == "priority"
+    assert data["program"][:2] == [
+        {"op": "add", "prompt": [1, 2, 3], "max_tokens": 4, "priority": 2},
+        {"op": "add", "prompt": [1], "max_tokens": 1},
+    ]
+    assert from_json(json.loads(json.dumps(data))) == priority
+    assert "policy" not in TRACE.to_json()["config"]
+    assert priority.digest() != attrs.evolve(priority, setup=TRACE.setup).digest()
+    assert "    1  add(prompt=[1, 2, 3], max_tokens=4, priority=2)" in priority.describe()
+    assert "priority scheduling" in priority.describe()[1]
 
 
 def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -95,6 +137,8 @@ def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         (lambda d: d["config"].update(num_blocks=0), "config.num_blocks: must be in 1..65536, not 0"),
         (lambda d: d["config"].update(block_size=True), "config.block_size: must be an integer, not true"),
         (lambda d: d["config"].update(prefix_caching=1), "config.prefix_caching: must be true or false, not 1"),
+        (lambda d: d["config"].update(policy="lifo"), 'config.policy: must be one of fcfs, priority, not "lifo"'),
+        (lambda d: d["program"][0].update(priority="high"), 'program[0].priority: must be an integer, not "high"'),
         (lambda d: d["program"][0].update(prompt=[1, 9]), "program[0].prompt: must be in 0..3, not 9"),
         (lambda d: d["program"][0].update(prompt=[]), "program[0].prompt: must be a list of 1..31 tokens"),
         (lambda d: d["program"][0].update(max_tokens=30), "program[0].max_tokens: must be in 1..29, not 30"),

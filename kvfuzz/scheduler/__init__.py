@@ -3,6 +3,7 @@
 
 Modules: ``config`` (a target's configuration), ``vllm_build`` (vLLM imported lazily, the scheduler built offline),
 ``fake_model`` (the tokens the fake model samples), ``worker`` (worker-side block tables, K/V writes, the content
-check), ``accounting`` and ``outputs`` (the other checks), ``violations``, ``session`` (one example's steps and the
-drain), ``machine`` (the Hypothesis state machine), ``command`` (``kvfuzz run --scheduler``). vLLM is imported only
-inside this package, and only when a scheduler is built."""
+check), ``accounting``, ``outputs`` and ``batch`` (the other checks), ``violations``, ``crash`` (how an engine's
+own exception is told), ``priority`` (requests' priorities under the priority policy), ``session`` (one example's
+steps and the drain), ``machine`` (the Hypothesis state machine), ``command`` (``kvfuzz run --scheduler``). vLLM is
+imported only inside this package, and only when a scheduler is built."""

@@ -32,7 +32,7 @@ _ALLOCATOR_ONLY = (
 )
 """(attribute, its default, flag) of ``kvfuzz run``'s options that a scheduler target does not take (yet)."""
 
-SCHEDULER_ONLY = ("max_num_batched_tokens", "max_num_seqs", "no_prefix_caching")
+SCHEDULER_ONLY = ("max_num_batched_tokens", "max_num_seqs", "no_prefix_caching", "policy")
 """The attributes of the options only a scheduler target takes."""
 
 
@@ -50,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-num-seqs", type=int, metavar="N", help=f"most running requests (default {defaults.SCHEDULER_MAX_SEQS})"
     )
     group.add_argument("--no-prefix-caching", action="store_true", default=None, help="switch prefix caching off")
+    group.add_argument(
+        "--policy",
+        choices=defaults.SCHEDULER_POLICIES,
+        help="vLLM's scheduling policy; under priority every request is drawn with a priority (default fcfs)",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -87,6 +92,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_num_seqs": args.max_num_seqs,
         "prefix_caching": False if args.no_prefix_caching else None,
+        "policy": args.policy,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

@@ -1,10 +1,14 @@
-"""What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching."""
+"""What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
+scheduling policy."""
 
 from __future__ import annotations
 
 import attrs
 
 from kvfuzz.reference.content import ModelShape
+
+POLICIES = ("fcfs", "priority")
+"""vLLM's scheduling policies: first come first served, or by each request's priority (smaller first, then arrival)."""
 
 MODEL_SHAPE = ModelShape(num_layers=2, num_kv_heads=2, num_query_heads=2, head_dim=4)
 """The K/V kvfuzz writes for every scheduled token: small, since only its content is compared, never attended."""
@@ -23,11 +27,14 @@ class SchedulerSetup:
     max_num_batched_tokens: int = 16  # the step's token budget: prompts longer than it are prefilled in chunks
     max_num_seqs: int = 4  # most requests running at once
     prefix_caching: bool = True  # vLLM's automatic prefix caching
+    policy: str = "fcfs"  # vLLM's scheduling policy: "fcfs" or "priority" (kvfuzz.scheduler.priority)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
 
@@ -40,4 +47,5 @@ class SchedulerSetup:
         return (
             f"{self.num_blocks} blocks x {self.block_size} slots, token budget {self.max_num_batched_tokens}, "
             f"at most {self.max_num_seqs} running, prefix caching {'on' if self.prefix_caching else 'off'}"
+            + (f", {self.policy} scheduling" if self.policy != "fcfs" else "")
         )

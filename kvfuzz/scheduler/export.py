@@ -41,7 +41,7 @@ from kvfuzz.scheduler.session import Session
 def test_{name}_{trace.digest()}():
     setup = SchedulerSetup(num_blocks={setup.num_blocks}, block_size={setup.block_size},
                            max_num_batched_tokens={setup.max_num_batched_tokens}, max_num_seqs={setup.max_num_seqs},
-                           prefix_caching={setup.prefix_caching})
+                           prefix_caching={setup.prefix_caching}, policy={setup.policy!r})
     with model_runner({trace.model_runner!r}):
         session = Session(setup)
         assert session.worker.runner_v2 is {runner_v2}, "vLLM did not select the recorded model runner"

@@ -14,6 +14,7 @@ from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.journal import ProgramJournal
+from kvfuzz.scheduler.priority import priority_arguments
 from kvfuzz.scheduler.session import Session, WorkerFactory
 from kvfuzz.scheduler.worker import Worker
 
@@ -83,10 +84,11 @@ def machine_for_setup(
             prefix=st.sampled_from(prefixes),
             suffix=st.lists(st.integers(0, VOCABULARY - 1), max_size=2 * setup.block_size),
             max_tokens=st.integers(1, max(2 * setup.block_size, longest // 4)),
+            **priority_arguments(setup),
         )
-        def add_request(self, prefix: int, suffix: list[int], max_tokens: int) -> str:
+        def add_request(self, prefix: int, suffix: list[int], max_tokens: int, priority: int = 0) -> str:
             prompt = (list(SHARED[:prefix]) + suffix)[: longest - 1] or [0]
-            return self._guarded(lambda: self.session.add(prompt, min(max_tokens, longest - len(prompt))))
+            return self._guarded(lambda: self.session.add(prompt, min(max_tokens, longest - len(prompt)), priority))
 
         @rule(request=requests)
         def abort(self, request: str) -> None:

@@ -13,7 +13,7 @@ import attrs
 class Client(Protocol):
     """What a program is applied to: the client's side of an example (:class:`kvfuzz.scheduler.session.Session`)."""
 
-    def add(self, prompt: list[int], max_tokens: int) -> str: ...
+    def add(self, prompt: list[int], max_tokens: int, priority: int = 0) -> str: ...
 
     def abort(self, request: str) -> None: ...
 
@@ -26,23 +26,29 @@ def _token_ids(tokens: Iterable[int]) -> tuple[int, ...]:
 
 @attrs.frozen
 class AddRequest:
-    """A request arrives with ``prompt`` and asks for ``max_tokens`` tokens (ids ``r0``, ``r1``, ... in order)."""
+    """A request arrives with ``prompt`` and asks for ``max_tokens`` tokens (ids ``r0``, ``r1``, ... in order), of
+    ``priority`` (the priority policy runs smaller first; 0, the default, is left out of the JSON and the source, so
+    that a program without priorities reads as it did before the policy existed)."""
 
     prompt: tuple[int, ...] = attrs.field(converter=_token_ids)
     max_tokens: int
+    priority: int = 0
 
     def apply(self, session: Client) -> None:
-        session.add(list(self.prompt), self.max_tokens)
+        session.add(list(self.prompt), self.max_tokens, self.priority)
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": "add", "prompt": list(self.prompt), "max_tokens": self.max_tokens}
+        priority = {"priority": self.priority} if self.priority else {}
+        return {"op": "add", "prompt": list(self.prompt), "max_tokens": self.max_tokens, **priority}
 
     def __str__(self) -> str:
-        return f"add(prompt={list(self.prompt)}, max_tokens={self.max_tokens})"
+        priority = f", priority={self.priority}" if self.priority else ""
+        return f"add(prompt={list(self.prompt)}, max_tokens={self.max_tokens}{priority})"
 
     def source(self, client: str) -> str:
         """The Python statement that performs it on ``client`` (an exported test's)."""
-        return f"{client}.add({list(self.prompt)}, {self.max_tokens})"
+        priority = f", priority={self.priority}" if self.priority else ""
+        return f"{client}.add({list(self.prompt)}, {self.max_tokens}{priority})"
 
 
 @attrs.frozen

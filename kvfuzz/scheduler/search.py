@@ -14,6 +14,7 @@ from hypothesis.stateful import get_state_machine_test
 from kvfuzz.profiles import run_settings
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Tally, Witness, machine_for_setup
 from kvfuzz.scheduler.session import WorkerFactory
@@ -61,7 +62,7 @@ class Outcome:
     def explanation(self) -> str:
         if isinstance(self.failure, SchedulerViolation) or self.failure is None:
             return str(self.failure or "")
-        return f"crash: {type(self.failure).__name__}: {self.failure}"
+        return f"crash: {crash_message(self.failure)}"
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -65,11 +65,13 @@ class Session:
         if journal is not None:
             journal.start(setup, "V2" if self.worker.runner_v2 else "V1")
 
-    def add(self, prompt: list[int], max_tokens: int) -> str:
-        """Add a request (ids ``r0``, ``r1``, ... in arrival order); returns its id."""
-        request = f"r{len(self.lengths)}"
-        self._perform(AddRequest(prompt, max_tokens))
-        self.scheduler.add_request(new_request(request, prompt, max_tokens, self.setup.block_size))
+    def add(self, prompt: list[int], max_tokens: int, priority: int = 0) -> str:
+        """Add a request (ids ``r0``, ``r1``, ... in arrival order) of ``priority`` (smaller runs first under the
+        priority policy; FCFS ignores it); returns its id."""
+        arrival = len(self.lengths)
+        request = f"r{arrival}"
+        self._perform(AddRequest(prompt, max_tokens, priority))
+        self.scheduler.add_request(new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority))
         self.outputs.added(request, len(prompt), max_tokens)
         self.lengths[request] = len(prompt) + max_tokens
         return request

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import attrs
 
-from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.config import POLICIES, SchedulerSetup
 
 MODEL_RUNNER = "model_runner"
 """The row that draws vLLM's model runner protocol (``V1`` or ``V2``): selected through vLLM's environment, not the
@@ -46,6 +46,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("max_num_batched_tokens", _biased_small((1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128))),  # chunked prefill
     Dimension("max_num_seqs", _biased_small((1, 2, 3, 4, 6, 8, 16))),
     Dimension("prefix_caching", lambda rng: rng.random() < 0.75),
+    Dimension("policy", lambda rng: rng.choice(POLICIES)),  # FCFS, or priority (preemption by priority)
     Dimension(MODEL_RUNNER, lambda rng: rng.choice(("V1", "V2"))),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""

@@ -25,6 +25,9 @@ trace saved when the failure was first found, before shrinking. ``failure.check`
 (:class:`~kvfuzz.scheduler.violations.Check`) or ``crash`` for an exception of the engine's own, whose type is
 ``failure.exception``.
 
+Added without a new format version, each left out at its default so that older traces read and digest as before:
+``config.policy`` (``fcfs`` when absent, or ``priority``) and an add's ``priority`` (0 when absent).
+
 A trace may come from anywhere, so :func:`load` trusts nothing in it: UTF-8 JSON of at most 16 MiB, no unknown or
 missing fields, values of the right JSON types and within :data:`LIMITS`, each problem one
 :class:`SchedulerTraceError` line naming the file and the field. :func:`save` writes atomically."""
@@ -42,7 +45,8 @@ from typing import Any, Optional
 import attrs
 
 import kvfuzz
-from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.config import POLICIES, SchedulerSetup
+from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
@@ -63,6 +67,8 @@ LIMITS = {
 }
 """The largest configuration values and program a trace may hold."""
 MAX_TEXT = 1 << 16
+MAX_PRIORITY = 1 << 20
+"""The largest priority (in absolute value) an add may carry."""
 
 
 class SchedulerTraceError(ValueError):
@@ -84,7 +90,7 @@ class RecordedFailure:
     def of(cls, error: BaseException) -> RecordedFailure:
         if isinstance(error, SchedulerViolation):
             return cls(error.check.value, str(error), None, error.step, error.request)
-        return cls(CRASH, f"{type(error).__name__}: {error}", type(error).__name__)
+        return cls(CRASH, crash_message(error), type(error).__name__)
 
     def same_kind(self, other: RecordedFailure) -> bool:
         """The same check (for a crash: the same exception type): what a replay must reproduce."""
@@ -130,6 +136,7 @@ class SchedulerTrace:
             "max_num_batched_tokens": self.setup.max_num_batched_tokens,
             "max_num_seqs": self.setup.max_num_seqs,
             "prefix_caching": self.setup.prefix_caching,
+            **({"policy": self.setup.policy} if self.setup.policy != "fcfs" else {}),
         }
 
     def digest(self) -> str:
@@ -287,10 +294,14 @@ def _trace(data: Any) -> SchedulerTrace:
 
 
 def _config(value: Any) -> SchedulerSetup:
-    config = _fields(value, "config", {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")})
+    required = {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")}
+    config = _fields(value, "config", {**required, "policy": False})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
+    policy = _choice("config.policy", config.get("policy", "fcfs"), POLICIES)
     try:
-        return SchedulerSetup(prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]), **numbers)
+        return SchedulerSetup(
+            prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]), policy=policy, **numbers
+        )
     except ValueError as error:
         raise _Invalid("config", str(error)) from None
 
@@ -315,13 +326,15 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
                 raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
             program.append(Abort(str(request)))
         else:
-            item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True})
+            item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, "priority": False})
             prompt = item["prompt"]
             if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
                 raise _Invalid(f"{where}.prompt", f"must be a list of 1..{setup.max_model_len - 1} tokens")
             tokens = [_integer(f"{where}.prompt", token, 0, VOCABULARY - 1) for token in prompt]
             room = setup.max_model_len - len(tokens)
-            program.append(AddRequest(tokens, _integer(f"{where}.max_tokens", item["max_tokens"], 1, room)))
+            max_tokens = _integer(f"{where}.max_tokens", item["max_tokens"], 1, room)
+            priority = _integer(f"{where}.priority", item.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY)
+            program.append(AddRequest(tokens, max_tokens, priority))
             added += 1
     return program
 

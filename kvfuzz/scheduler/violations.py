@@ -16,6 +16,7 @@ class Check(enum.Enum):
     ACCOUNTING = "accounting"  # the manager's free blocks and refcounts agree with the worker's tables
     PROGRESS = "progress"  # once arrivals stop, every request finishes within a bound
     HANG = "hang"  # a step (``schedule()``, the worker, ``update_from_output()``) returns within the call timeout
+    BATCH = "batch"  # every request a step schedules is one the model runner can execute, its table covering it
 
 
 class SchedulerViolation(Exception):

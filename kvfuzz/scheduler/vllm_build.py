@@ -90,7 +90,8 @@ _MODEL_DIR: list[Path] = []  # the model directory, once written
 
 @functools.lru_cache(maxsize=8)
 def vllm_config(setup: SchedulerSetup) -> Any:
-    """The ``VllmConfig`` of ``setup``: synchronous scheduling, FCFS, chunked prefill, no speculative decoding."""
+    """The ``VllmConfig`` of ``setup``: synchronous scheduling, its policy, chunked prefill, no speculative
+    decoding."""
     v = vllm()
     if not _MODEL_DIR:
         _MODEL_DIR.append(_model_dir())
@@ -106,6 +107,7 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
         async_scheduling=False,
+        policy=setup.policy,
     )
     return v.VllmConfig(
         model_config=model, cache_config=cache, scheduler_config=scheduler, device_config=v.DeviceConfig(device="cpu")
@@ -136,14 +138,19 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
     )
 
 
-def new_request(request_id: str, prompt: list[int], max_tokens: int, block_size: int) -> Any:
+def new_request(
+    request_id: str, prompt: list[int], max_tokens: int, block_size: int, arrival: int, priority: int = 0
+) -> Any:
     """A vLLM ``Request`` generating exactly ``max_tokens`` tokens (no end-of-sequence token stops it), its block
-    hashes from vLLM's own hasher (sha256, the engine default)."""
+    hashes from vLLM's own hasher (sha256, the engine default). Its arrival time is ``arrival``, its ordinal, not
+    the clock: the priority policy breaks ties by arrival time, and a replay must break them the same way."""
     v = vllm()
     return v.Request(
         request_id=request_id,
         prompt_token_ids=list(prompt),
         sampling_params=v.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         pooling_params=None,
+        arrival_time=float(arrival),
+        priority=priority,
         block_hasher=v.get_request_block_hasher(block_size, v.sha256),
     )

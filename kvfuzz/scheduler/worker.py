@@ -33,6 +33,7 @@ import attrs
 import torch
 
 from kvfuzz.reference.content import kv_for_tags, prefix_tags
+from kvfuzz.scheduler.batch import check_batch, check_table_covers
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
@@ -89,7 +90,9 @@ class Worker:
 
     def consume(self, output: Any, step: int) -> None:
         """Update the tables from ``output``: finished requests dropped, preempted ones marked stale, new ones added
-        with their block ids, cached ones extended by their new block ids or, resumed, given their new table."""
+        with their block ids, cached ones extended by their new block ids or, resumed, given their new table. The
+        batch is checked first (:func:`~kvfuzz.scheduler.batch.check_batch`)."""
+        check_batch(output, self.live_tables(), step)
         for request in output.finished_req_ids:
             self.requests.pop(request, None)
             self.history.pop(request, None)
@@ -155,6 +158,9 @@ class Worker:
         request ids in order, and each one's sampled tokens (none for a prefill chunk that ends before the last
         token)."""
         scheduled = output.num_scheduled_tokens
+        for request, count in scheduled.items():
+            table = self.requests[request].table
+            check_table_covers(request, table, self.computed[request], count, self.block_size, step)
         taken = self._relied_on(step)
         for request, count in scheduled.items():
             computed = self.computed[request]
