@@ -32,7 +32,7 @@ def test_a_seeded_bug_is_found_saved_and_then_known(
 ) -> None:
     touch_before_the_capacity_check(monkeypatch)
     first = tmp_path / "first"
-    args = ("--seed", "1", "--max-examples", "100", "--stop-after", "1", "--corpus", str(first), "--no-known")
+    args = ("--seed", "3", "--max-examples", "100", "--stop-after", "1", "--corpus", str(first), "--no-known")
     status, result = campaign_json(capsys, *args)
     assert status == 1, result
     [finding] = result["failures"]
@@ -41,10 +41,10 @@ def test_a_seeded_bug_is_found_saved_and_then_known(
     trace = load(Path(finding["trace"]))
     assert trace.shrunk and trace.failure.check == "accounting"
     assert [path.name for path in first.glob("*.json")] == [Path(finding["trace"]).name]  # the unshrunk replaced
-    assert result["seed"] == 1 and "--seed 1" in result["rerun_command"] and result["ended_by"] == "stop-after"
+    assert result["seed"] == 3 and "--seed 3" in result["rerun_command"] and result["ended_by"] == "stop-after"
 
     status, known = campaign_json(
-        capsys, "--seed", "1", "--max-examples", "25", "--corpus", str(tmp_path / "second"), "--known", str(first)
+        capsys, "--seed", "3", "--max-examples", "25", "--corpus", str(tmp_path / "second"), "--known", str(first)
     )
     assert status == 0 and not known["failures"], known
     assert [finding["text"] for finding in known["known"]] == [finding["text"]]

@@ -158,7 +158,7 @@ def scheduler_campaign(
         hits = sum(batch["hit_tokens"] for batch in result.batch_log)
         print(
             f"{plural(result.batches, 'configuration')} drawn (kvfuzz/scheduler/swarm.py), "
-            f"{plural(result.refused, 'more')} refused by vLLM's validation and redrawn; the scheduler preempted "
+            f"{result.refused} more refused by vLLM's validation and redrawn; the scheduler preempted "
             f"{plural(preemptions, 'request')}, {plural(hits, 'prompt token')} hit the prefix cache"
         )
         for number, finding in enumerate(result.new, 1):
