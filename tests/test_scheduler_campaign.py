@@ -49,7 +49,15 @@ class FakeSession:
 
     setup: SchedulerSetup
     program: list[Any]
-    worker: Any = attrs.field(factory=lambda: type("W", (), {"runner_v2": True})())
+    worker: Any = attrs.field(factory=lambda: FakeWorker())
+
+
+class FakeWorker:
+    """What a witness reads of a worker: its protocol, write path and attention check (kvfuzz's defaults)."""
+
+    runner_v2 = True
+    write_path = type("WritePath", (), {"name": "kvfuzz"})()
+    attention = type("Attention", (), {"name": "off"})()
 
 
 @attrs.define(slots=False)  # a test replaces its search

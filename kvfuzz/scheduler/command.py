@@ -10,10 +10,12 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from kvfuzz import option_defaults as defaults
+from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
 from kvfuzz.text import plural
 
 if TYPE_CHECKING:
     from kvfuzz.scheduler.config import SchedulerSetup
+    from kvfuzz.scheduler.session import WorkerFactory
 
 SCHEDULERS = {"vllm-v1": "vLLM 0.33.0's v1 Scheduler with its KVCacheManager"}
 """The schedulers ``--scheduler`` names, and what each is."""
@@ -32,7 +34,7 @@ _ALLOCATOR_ONLY = (
 )
 """(attribute, its default, flag) of ``kvfuzz run``'s options that a scheduler target does not take (yet)."""
 
-SCHEDULER_ONLY = ("max_num_batched_tokens", "max_num_seqs", "no_prefix_caching", "policy")
+SCHEDULER_ONLY = ("max_num_batched_tokens", "max_num_seqs", "no_prefix_caching", "policy", "write_path", "attention")
 """The attributes of the options only a scheduler target takes."""
 
 
@@ -54,6 +56,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         choices=defaults.SCHEDULER_POLICIES,
         help="vLLM's scheduling policy; under priority every request is drawn with a priority (default fcfs)",
+    )
+    group.add_argument(
+        "--write-path",
+        choices=WRITE_PATH_NAMES,
+        help="who decides where K/V is written: kvfuzz's own slot mapping (the default: fast), or vLLM's "
+        "worker-side block tables and slot mapping kernel, checked against kvfuzz's tables (Triton's interpreter; "
+        "about 9x the CPU)",
+    )
+    group.add_argument(
+        "--attention",
+        choices=ATTENTION_NAMES,
+        help="attention of every scheduled token through the tables, against the reference (default off)",
     )
 
 
@@ -101,6 +115,34 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
     )
 
 
+def _prepare(args: argparse.Namespace) -> None:
+    """Before vLLM is imported: Triton's interpreter for vLLM's slot mapping kernels or its Triton attention."""
+    from kvfuzz.scheduler.write_paths import prepare_write_path
+
+    prepare_write_path(args.write_path or "kvfuzz")
+    if args.attention == "vllm-triton":
+        from kvfuzz.kernels.vllm_triton import prepare
+        from kvfuzz.scheduler.config import MODEL_SHAPE
+
+        prepare(MODEL_SHAPE)
+
+
+def _paths(args: argparse.Namespace) -> str:
+    """The write path and attention check, for the run's header."""
+    return f"\n  write path {args.write_path or 'kvfuzz'}, attention {args.attention or 'off'}"
+
+
+def _worker(args: argparse.Namespace) -> WorkerFactory:
+    """The worker of each example: the chosen write path and attention check."""
+
+    from kvfuzz.scheduler.attention import ATTENTIONS
+    from kvfuzz.scheduler.worker import Worker
+    from kvfuzz.scheduler.write_paths import WRITE_PATHS
+
+    attention = ATTENTIONS[args.attention or "off"]
+    return lambda chosen: Worker(chosen, WRITE_PATHS[args.write_path or "kvfuzz"], attention(chosen.block_size))
+
+
 def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) -> int:
     """``kvfuzz run --scheduler``: exit status 0 (passed), 1 (a check failed), 2 (a usage error). With ``--json``
     the outcome goes to ``emit_json`` (the CLI's, which keeps standard output for it)."""
@@ -108,6 +150,7 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
     if problem is None:
         try:
             setup = _setup(args)
+            _prepare(args)  # Triton's interpreter, before vLLM (and so Triton) is imported
             from kvfuzz.scheduler.vllm_build import vllm_config
 
             started = time.perf_counter()
@@ -129,7 +172,8 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
             f"in {configured:.1f} s)\n  {setup.describe()}\n  "
             f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, "
             f"{'derandomized' if args.seed is None else f'seed {args.seed}'}; "
-            + (f"a step running past {args.call_timeout:g} s is a hang" if args.call_timeout else "no watchdog"),
+            + (f"a step running past {args.call_timeout:g} s is a hang" if args.call_timeout else "no watchdog")
+            + _paths(args),
             flush=True,
         )
     recorder = FailureRecorder(args.scheduler, Path(args.corpus))
@@ -138,6 +182,7 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
         examples=args.examples,
         steps=args.steps,
         shrink=not args.no_shrink,
+        worker=_worker(args),
         witness=recorder,
         seed=args.seed,
         call_timeout=args.call_timeout or None,

@@ -16,6 +16,8 @@ class Check(enum.Enum):
     ACCOUNTING = "accounting"  # the manager's free blocks and refcounts agree with the worker's tables
     PROGRESS = "progress"  # once arrivals stop, every request finishes within a bound
     HANG = "hang"  # a step (``schedule()``, the worker, ``update_from_output()``) returns within the call timeout
+    SLOT_MAPPING = "slot-mapping"  # the engine's own slot mapping writes each token where the tables say
+    ATTENTION = "attention"  # attention through the tables equals the reference's over the request's own K/V
     BATCH = "batch"  # every request a step schedules is one the model runner can execute, its table covering it
 
 
