@@ -36,6 +36,23 @@ TRACE = SchedulerTrace(
 )
 
 
+def test_async_scheduling_is_recorded_and_a_trace_without_it_is_synchronous() -> None:
+    """The field is written only when true, so a trace from before it existed loads as synchronous and keeps its
+    digest (and file name); an async trace round-trips, says so and hashes differently."""
+    data = TRACE.to_json()
+    assert "async_scheduling" not in data["config"]
+    assert from_json(data).setup.async_scheduling is False and from_json(data).digest() == TRACE.digest()
+    async_trace = attrs.evolve(TRACE, setup=attrs.evolve(TRACE.setup, async_scheduling=True))
+    async_data = async_trace.to_json()
+    assert async_data["config"]["async_scheduling"] is True
+    loaded = from_json(async_data)
+    assert loaded == async_trace and loaded.digest() != TRACE.digest()
+    assert "prefix caching off, async scheduling" in loaded.describe()[1]
+    async_data["config"]["async_scheduling"] = "yes"
+    with pytest.raises(SchedulerTraceError, match=r"^trace: config.async_scheduling: must be true or false, not"):
+        from_json(async_data)
+
+
 def test_a_trace_round_trips_and_names_its_kind() -> None:
     data = TRACE.to_json()
     assert data["format"] == "kvfuzz-scheduler-trace/1" == scheduler_trace.FORMAT == SCHEDULER_FORMAT

@@ -34,7 +34,15 @@ _ALLOCATOR_ONLY = (
 )
 """(attribute, its default, flag) of ``kvfuzz run``'s options that a scheduler target does not take (yet)."""
 
-SCHEDULER_ONLY = ("max_num_batched_tokens", "max_num_seqs", "no_prefix_caching", "policy", "write_path", "attention")
+SCHEDULER_ONLY = (
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "no_prefix_caching",
+    "policy",
+    "write_path",
+    "attention",
+    "async_scheduling",
+)
 """The attributes of the options only a scheduler target takes."""
 
 
@@ -68,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--attention",
         choices=ATTENTION_NAMES,
         help="attention of every scheduled token through the tables, against the reference (default off)",
+    )
+    group.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        default=None,
+        help="vLLM's AsyncScheduler, two batches in flight as its engine core runs them",
     )
 
 
@@ -107,6 +121,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "max_num_seqs": args.max_num_seqs,
         "prefix_caching": False if args.no_prefix_caching else None,
         "policy": args.policy,
+        "async_scheduling": True if args.async_scheduling else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

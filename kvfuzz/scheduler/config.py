@@ -1,5 +1,5 @@
 """What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
-scheduling policy."""
+scheduling policy, synchronous or async scheduling."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class SchedulerSetup:
     max_num_seqs: int = 4  # most requests running at once
     prefix_caching: bool = True  # vLLM's automatic prefix caching
     policy: str = "fcfs"  # vLLM's scheduling policy: "fcfs" or "priority" (kvfuzz.scheduler.priority)
+    async_scheduling: bool = False  # vLLM's AsyncScheduler, driven with two batches in flight (async_batches.py)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -48,4 +49,5 @@ class SchedulerSetup:
             f"{self.num_blocks} blocks x {self.block_size} slots, token budget {self.max_num_batched_tokens}, "
             f"at most {self.max_num_seqs} running, prefix caching {'on' if self.prefix_caching else 'off'}"
             + (f", {self.policy} scheduling" if self.policy != "fcfs" else "")
+            + (", async scheduling" if self.async_scheduling else "")
         )

@@ -18,6 +18,8 @@ A scheduler trace is its own kind of file, beside the allocator traces of :mod:`
       "known_bug": null
     }
 
+``config.async_scheduling`` (vLLM's ``AsyncScheduler`` with two batches in flight) is written only when true, and a
+trace without it (every trace before it existed) is synchronous, so older traces load and keep their digests.
 ``engine.model_runner`` is the protocol the worker spoke (``V2``: a preempted request is dropped and resumed as new;
 ``V1``: it is kept and resumed among the cached requests); a replay selects the same one. ``engine.write_path``
 (who decided where K/V was written) and ``engine.attention`` (the attention check) are written only when not the
@@ -144,13 +146,14 @@ class SchedulerTrace:
         return engine
 
     def config_json(self) -> dict[str, Any]:
-        return {
+        return {  # policy and async_scheduling absent at their defaults: older traces read and hash as before
             "num_blocks": self.setup.num_blocks,
             "block_size": self.setup.block_size,
             "max_num_batched_tokens": self.setup.max_num_batched_tokens,
             "max_num_seqs": self.setup.max_num_seqs,
             "prefix_caching": self.setup.prefix_caching,
             **({"policy": self.setup.policy} if self.setup.policy != "fcfs" else {}),
+            **({"async_scheduling": True} if self.setup.async_scheduling else {}),
         }
 
     def digest(self) -> str:
@@ -321,12 +324,15 @@ def _trace(data: Any) -> SchedulerTrace:
 
 def _config(value: Any) -> SchedulerSetup:
     required = {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")}
-    config = _fields(value, "config", {**required, "policy": False})
+    config = _fields(value, "config", {**required, "policy": False, "async_scheduling": False})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
     policy = _choice("config.policy", config.get("policy", "fcfs"), POLICIES)
     try:
         return SchedulerSetup(
-            prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]), policy=policy, **numbers
+            prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]),
+            policy=policy,
+            async_scheduling=_boolean("config.async_scheduling", config.get("async_scheduling", False)),
+            **numbers,
         )
     except ValueError as error:
         raise _Invalid("config", str(error)) from None

@@ -19,6 +19,7 @@ class Check(enum.Enum):
     SLOT_MAPPING = "slot-mapping"  # the engine's own slot mapping writes each token where the tables say
     ATTENTION = "attention"  # attention through the tables equals the reference's over the request's own K/V
     BATCH = "batch"  # every request a step schedules is one the model runner can execute, its table covering it
+    RELEASED = "released"  # under async scheduling: a released block is not written before the steps reading it ran
 
 
 class SchedulerViolation(Exception):

@@ -33,6 +33,7 @@ def vllm() -> types.SimpleNamespace:
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.outputs import ModelRunnerOutput
@@ -55,6 +56,7 @@ def vllm() -> types.SimpleNamespace:
         sha256=sha256,
         get_request_block_hasher=get_request_block_hasher,
         Scheduler=Scheduler,
+        AsyncScheduler=AsyncScheduler,
         FullAttentionSpec=FullAttentionSpec,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
@@ -90,8 +92,8 @@ _MODEL_DIR: list[Path] = []  # the model directory, once written
 
 @functools.lru_cache(maxsize=8)
 def vllm_config(setup: SchedulerSetup) -> Any:
-    """The ``VllmConfig`` of ``setup``: synchronous scheduling, its policy, chunked prefill, no speculative
-    decoding."""
+    """The ``VllmConfig`` of ``setup``: synchronous or async scheduling as it says, its policy, chunked prefill, no
+    speculative decoding."""
     v = vllm()
     if not _MODEL_DIR:
         _MODEL_DIR.append(_model_dir())
@@ -106,7 +108,7 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         max_model_len=setup.max_model_len,
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
-        async_scheduling=False,
+        async_scheduling=setup.async_scheduling,
         policy=setup.policy,
     )
     return v.VllmConfig(
@@ -115,8 +117,8 @@ def vllm_config(setup: SchedulerSetup) -> Any:
 
 
 def new_scheduler(setup: SchedulerSetup) -> Any:
-    """A fresh ``Scheduler`` with its real ``KVCacheManager`` over ``num_blocks + 1`` physical blocks (block 0 is
-    vLLM's null block)."""
+    """A fresh ``Scheduler`` (``AsyncScheduler`` under async scheduling, as vLLM's engine core picks it) with its
+    real ``KVCacheManager`` over ``num_blocks + 1`` physical blocks (block 0 is vLLM's null block)."""
     v = vllm()
     config = vllm_config(setup)
     spec = v.FullAttentionSpec(
@@ -129,7 +131,8 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
     kv_cache = v.KVCacheConfig(
         num_blocks=setup.num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(layers, spec)]
     )
-    return v.Scheduler(
+    scheduler = v.AsyncScheduler if setup.async_scheduling else v.Scheduler
+    return scheduler(
         vllm_config=config,
         kv_cache_config=kv_cache,
         structured_output_manager=v.StructuredOutputManager(config),

@@ -22,7 +22,9 @@ Invariants the worker holds vLLM to:
 * every scheduled position is one whose token the worker knows (no speculative decoding here), and falls inside the
   request's table;
 * the scheduler counts as many outputs for a request it schedules again as the fake model sampled for it, and a
-  request resumed as new carries exactly its prompt and those outputs.
+  request resumed as new carries exactly its prompt and those outputs. (Under async scheduling the scheduler's count
+  includes its output placeholders, the tokens of steps still in flight: the worker has sampled those already, since
+  it runs a step when the engine core launches it, as the GPU runs it; :mod:`kvfuzz.scheduler.async_batches`.)
 """
 
 from __future__ import annotations
