@@ -1,8 +1,9 @@
 """``kvfuzz campaign --scheduler vllm-v1`` on vLLM 0.33.0 (docs/scheduler.md, "Campaigns"): a campaign finds a
 seeded historical bug (issue #11562, patched back in by engine_tests/vllm_history.py), saves its shrunk trace, and
 a second campaign knowing that trace counts it as known; a short campaign on 0.33.0 as released reports nothing, and
-its seed reruns it step for step; a step that hangs is a hang finding, and a batch whose process is killed keeps
-its program (``--isolate``). About a minute in vLLM's environment."""
+its seed reruns it step for step; a batch drawn with async scheduling runs the engine core's batch queue, one drawn
+without it the synchronous loop; a step that hangs is a hang finding, and a batch whose process is killed keeps its
+program (``--isolate``). About a minute in vLLM's environment."""
 
 from __future__ import annotations
 
@@ -59,6 +60,32 @@ def test_a_clean_campaign_reports_nothing_and_its_seed_reruns_it(tmp_path: Path)
     one, two = run("one"), run("two")
     assert not one.findings and one.batches == 2, one.to_json()
     assert (one.examples, one.steps) == (two.examples, two.steps) and one.steps > 0
+
+
+def test_a_batch_drawn_with_async_scheduling_runs_the_batch_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvfuzz.scheduler.async_batches import BatchQueue, SynchronousLoop
+
+    loops: dict[tuple[str, bool], int] = {}  # (the loop's kind, the setup's async_scheduling) -> engine steps
+
+    def counting(kind: type) -> Any:
+        step = kind.step
+
+        def counted(self: Any, engine: Any) -> Any:
+            key = (kind.__name__, engine.setup.async_scheduling)
+            loops[key] = loops.get(key, 0) + 1
+            return step(self, engine)
+
+        return counted
+
+    for kind in (BatchQueue, SynchronousLoop):
+        monkeypatch.setattr(kind, "step", counting(kind))
+    # seed 7 draws async scheduling for its first batch and synchronous scheduling for its second
+    options = SchedulerCampaignOptions("vllm-v1", 7, tmp_path / "c", max_examples=10, batch_examples=5, shrink=False)
+    result = SchedulerCampaign(options, vllm_target("vllm-v1")).run()
+    assert [batch["async_scheduling"] for batch in result.batch_log] == [True, False], result.batch_log
+    assert set(loops) == {("BatchQueue", True), ("SynchronousLoop", False)}, loops
 
 
 def test_a_step_that_hangs_is_a_hang_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -131,6 +131,8 @@ def test_the_swarm_draws_only_what_the_validator_accepts_and_counts_the_refusals
     # every dimension takes more than one value over the draws
     assert {d.model_runner for d in draws} == {"V1", "V2"}
     assert {d.setup.prefix_caching for d in draws} == {True, False}
+    assert {d.setup.async_scheduling for d in draws} == {True, False}
+    assert {d.setup.policy for d in draws} == {"fcfs", "priority"}
     assert len({d.setup.num_blocks for d in draws}) > 3 and len({d.setup.block_size for d in draws}) > 3
     assert draws == [swarm.draw(random.Random(1), valid) for _ in range(1)] + draws[1:]
 

@@ -3,7 +3,8 @@ one value per row of :data:`DIMENSIONS`, as allocator campaigns draw their pools
 
 No single configuration reaches every path of the scheduler: preemption needs a small pool or many running
 requests, chunked prefill meeting a prefix hit needs a token budget below the prompts, a cache hit needs prefix
-caching on, the V1 model runner's protocol resumes a preempted request among the cached ones and V2's as a new one.
+caching on, the V1 model runner's protocol resumes a preempted request among the cached ones and V2's as a new one,
+and only async scheduling has a block released while a step that reads it is still in flight.
 
 The table has one row per dimension: the field of :class:`~kvfuzz.scheduler.config.SchedulerSetup` it sets (or
 :data:`MODEL_RUNNER`, the protocol vLLM selects from its environment, which is not part of the setup) and how it is
@@ -47,6 +48,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("max_num_seqs", _biased_small((1, 2, 3, 4, 6, 8, 16))),
     Dimension("prefix_caching", lambda rng: rng.random() < 0.75),
     Dimension("policy", lambda rng: rng.choice(POLICIES)),  # FCFS, or priority (preemption by priority)
+    Dimension("async_scheduling", lambda rng: rng.random() < 0.5),  # two batches in flight, the released-block check
     Dimension(MODEL_RUNNER, lambda rng: rng.choice(("V1", "V2"))),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""

@@ -212,6 +212,7 @@ class SchedulerCampaign:
                 "steps": outcome.steps,
                 "preemptions": outcome.preemptions,
                 "hit_tokens": outcome.hit_tokens,
+                "released_rewrites": outcome.rewrites,  # async scheduling's: 0 under synchronous scheduling
                 "failure": None if result.signature is None else str(result.signature),
             }
         )
