@@ -54,11 +54,6 @@ def test_the_sglang_scheduler_target_without_sglang_is_one_line_and_exit_2(tmp_p
             ["--scheduler", "vllm-v1", "--kv-heads", "1"],
             "kvfuzz: --scheduler does not take --kv-heads (yet; docs/scheduler.md says what a scheduler target covers)",
         ),
-        (  # no watchdog runs around the scheduler yet: a timeout asked for is refused, not ignored
-            ["--scheduler", "vllm-v1", "--call-timeout", "5"],
-            "kvfuzz: --scheduler does not take --call-timeout (yet; docs/scheduler.md says what a scheduler target "
-            "covers)",
-        ),
     ],
 )
 def test_options_of_the_other_target_are_refused_in_one_line(tmp_path: Path, args: list[str], line: str) -> None:

@@ -32,6 +32,7 @@ def check_accounting(scheduler: Any, tables: dict[str, list[int]], step: int) ->
                 requests[0],
                 f"block {block} is held by the tables of {len(requests)} running request(s) {requests} "
                 f"(expected ref_cnt {len(requests)}, not free), but the manager's block {where}",
+                "a held block in the free queue" if block in free else "a held block's ref_cnt",
             )
     usable = len(pool.blocks) - 1  # the null block is never free nor held
     reported = pool.get_num_free_blocks()
@@ -46,4 +47,5 @@ def check_accounting(scheduler: Any, tables: dict[str, list[int]], step: int) ->
             f"the manager reports {reported} free blocks, but the running requests' tables hold {len(holders)} "
             f"distinct blocks of {usable}, so {usable - len(holders)} must be free; blocks neither free nor in a "
             f"table: {leaked}",
+            "the free count",
         )

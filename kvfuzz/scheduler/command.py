@@ -26,7 +26,6 @@ SCHEDULERS = {
 _ALLOCATOR_ONLY = (
     ("isolate", False, "--isolate"),
     ("database", None, "--database"),
-    ("seed", None, "--seed"),
     ("kernel", "gather", "--kernel"),
     ("host_blocks", defaults.NUM_HOST_BLOCKS, "--host-blocks"),
     ("layers", defaults.NUM_LAYERS, "--layers"),
@@ -35,7 +34,6 @@ _ALLOCATOR_ONLY = (
     ("head_dim", defaults.HEAD_DIM, "--head-dim"),
     ("dtype", "float32", "--dtype"),
     ("device", "cpu", "--device"),
-    ("call_timeout", defaults.CALL_TIMEOUT, "--call-timeout"),
 )
 """(attribute, its default, flag) of ``kvfuzz run``'s options that a scheduler target does not take (yet)."""
 
@@ -238,7 +236,9 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
         print(
             f"kvfuzz run: --scheduler {args.scheduler} ({SCHEDULERS[args.scheduler]}; vLLM imported and configured "
             f"in {configured:.1f} s)\n  {setup.describe()}\n  "
-            f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, derandomized"
+            f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, "
+            f"{'derandomized' if args.seed is None else f'seed {args.seed}'}; "
+            + (f"a step running past {args.call_timeout:g} s is a hang" if args.call_timeout else "no watchdog")
             + _paths(args),
             flush=True,
         )
@@ -250,6 +250,8 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
         shrink=not args.no_shrink,
         worker=_worker(args),
         witness=recorder,
+        seed=args.seed,
+        call_timeout=args.call_timeout or None,
     )
     if not args.json:
         print("\n".join(outcome.describe()), flush=True)
@@ -264,7 +266,13 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
             "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
         }
         emit_json(
-            {"scheduler": args.scheduler, "configure_seconds": round(configured, 3), **outcome.to_json(), **fields}
+            {
+                "scheduler": args.scheduler,
+                "seed": args.seed,
+                "configure_seconds": round(configured, 3),
+                **outcome.to_json(),
+                **fields,
+            }
         )
     elif saved is not None:
         print(f"\n{saved.report()}")

@@ -10,8 +10,10 @@ import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
 
+from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import VOCABULARY
+from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.priority import priority_arguments
 from kvfuzz.scheduler.requests import request_arguments
 from kvfuzz.scheduler.session import Session, WorkerFactory
@@ -53,12 +55,15 @@ def machine_for_setup(
     witness: Optional[Witness] = None,
     session: Optional[Callable[[], Any]] = None,
     name: str = "VllmV1SchedulerMachine",
+    watchdog: Optional[Watchdog] = None,
+    journal: Optional[ProgramJournal] = None,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class driving fresh ``Scheduler`` instances of ``setup`` with ``worker``, counting into
-    ``tally`` and telling ``witness`` of each failing example. ``session`` builds another engine's session instead
-    (:class:`kvfuzz.scheduler.sglang.session.SGLangSession`: the same client operations, ``has_requests``, counters
-    and ``program``)."""
-    new_session = session if session is not None else (lambda: Session(setup, worker))
+    ``tally``, telling ``witness`` of each failing example, and bounding each step with ``watchdog`` (entered by the
+    caller) when one is given, and keeping each example's program in ``journal`` when one is given. ``session``
+    builds another engine's session instead (:class:`kvfuzz.scheduler.sglang.session.SGLangSession`: the same client
+    operations, ``has_requests``, counters and ``program``; no watchdog or journal yet)."""
+    new_session = session if session is not None else (lambda: Session(setup, worker, watchdog, journal))
     prefixes = prefix_lengths(setup)
     longest = setup.max_model_len
 

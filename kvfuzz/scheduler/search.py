@@ -3,15 +3,19 @@ so the same run every time), its failure shrunk by Hypothesis to the fewest requ
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable, Optional
 
 import attrs
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis import seed as hypothesis_seed
+from hypothesis.stateful import get_state_machine_test
 
 from kvfuzz.profiles import run_settings
+from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
+from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Tally, Witness, machine_for_setup
 from kvfuzz.scheduler.session import WorkerFactory
 from kvfuzz.scheduler.violations import SchedulerViolation
@@ -100,21 +104,29 @@ def search(
     witness: Optional[Witness] = None,
     session: Optional[Callable[[], Any]] = None,
     name: str = "VllmV1SchedulerMachine",
+    seed: Optional[int] = None,
+    call_timeout: Optional[float] = None,
+    journal: Optional[ProgramJournal] = None,
 ) -> Outcome:
-    """Run the machine for ``examples`` examples of up to ``steps`` operations; a failure (a
+    """Run the machine for ``examples`` examples of up to ``steps`` operations, Hypothesis seeded with ``seed`` (the
+    same seed, the same examples; None: derandomized, as ``kvfuzz run`` without ``--seed``); a failure (a
     :class:`SchedulerViolation`, or any exception vLLM raises) is shrunk, unless ``shrink`` is off, and returned.
     ``witness`` is told of every failing example (the first found, shrinking's, and the shrunk one last);
-    ``session`` and ``name`` select another engine's session (:func:`machine_for_setup`)."""
+    ``session`` and ``name`` select another engine's session (:func:`machine_for_setup`). A step running past
+    ``call_timeout`` seconds is interrupted and fails the hang check (None: no watchdog). ``journal`` keeps each
+    example's program on disk as it runs."""
     tally = Tally()
-    machine = machine_for_setup(setup, worker, tally, witness, session, name)
-
-    profile = run_settings(examples, steps, shrink=shrink)
+    watchdog = Watchdog(call_timeout) if call_timeout is not None else None
+    machine = machine_for_setup(setup, worker, tally, witness, session, name, watchdog, journal)
+    test = get_state_machine_test(machine, settings=run_settings(examples, steps, shrink=shrink))
+    if seed is not None:
+        test = hypothesis_seed(seed)(test)
     failure: Optional[Exception] = None
     program = ""
     started = time.perf_counter()
     try:
-        with single_threaded_torch():
-            run_state_machine_as_test(machine, settings=profile)
+        with single_threaded_torch(), watchdog or contextlib.nullcontext():
+            test()
     except Exception as error:  # noqa: BLE001 -- an exception from vLLM is a finding, reported with its program
         failure = error
         program = "\n".join(note for note in getattr(error, "__notes__", ()) if note)

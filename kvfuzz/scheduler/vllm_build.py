@@ -41,9 +41,11 @@ def vllm() -> types.SimpleNamespace:
     from vllm.v1.structured_output import StructuredOutputManager
 
     # The block pool logs every prefix-cache reset at INFO; the configuration warns of a token budget that a step's
-    # drafts fill (the small budgets the target draws on purpose).
+    # drafts fill (the small budgets the target draws on purpose), and the scheduler's of a token budget above what its
+    # running requests could use, which a swarmed configuration may draw (vLLM accepts both).
     logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
     logging.getLogger("vllm.config.vllm").setLevel(logging.ERROR)
+    logging.getLogger("vllm.config.scheduler").setLevel(logging.ERROR)
     init_none_hash(sha256)
     return types.SimpleNamespace(
         torch=torch,
