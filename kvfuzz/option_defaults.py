@@ -32,3 +32,4 @@ SCHEDULER_NAMES = ("vllm-v1",)  # tuple(kvfuzz.scheduler.command.SCHEDULERS)
 SCHEDULER_TOKEN_BUDGET = 16  # kvfuzz.scheduler.config.SchedulerSetup().max_num_batched_tokens
 SCHEDULER_MAX_SEQS = 4  # SchedulerSetup().max_num_seqs
 SCHEDULER_POLICIES = ("fcfs", "priority")  # kvfuzz.scheduler.config.POLICIES
+SCHEDULER_MODELS = ("full", "sliding-window")  # tuple(kvfuzz.scheduler.models.MODELS)

@@ -34,7 +34,7 @@ _ALLOCATOR_ONLY = (
 )
 """(attribute, its default, flag) of ``kvfuzz run``'s options that a scheduler target does not take (yet)."""
 
-SCHEDULER_ONLY = ("max_num_batched_tokens", "max_num_seqs", "no_prefix_caching", "policy")
+SCHEDULER_ONLY = ("max_num_batched_tokens", "max_num_seqs", "no_prefix_caching", "policy", "model")
 """The attributes of the options only a scheduler target takes."""
 
 
@@ -56,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         choices=defaults.SCHEDULER_POLICIES,
         help="vLLM's scheduling policy; under priority every request is drawn with a priority (default fcfs)",
+    )
+    group.add_argument(
+        "--model",
+        choices=defaults.SCHEDULER_MODELS,
+        help="the model served, which decides the KV-cache groups: full (attention), or sliding-window (sliding "
+        "window and full attention layers, two groups in one pool) (default full)",
     )
 
 
@@ -95,6 +101,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "max_num_seqs": args.max_num_seqs,
         "prefix_caching": False if args.no_prefix_caching else None,
         "policy": args.policy,
+        "model": args.model,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

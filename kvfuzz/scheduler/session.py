@@ -76,7 +76,8 @@ class Session:
             if request in cached.resumed_req_ids
         )
         self.worker.consume(output, self.steps)
-        check_accounting(self.scheduler, self.worker.live_tables(), self.steps)
+        held, maybe = self.worker.holdings()
+        check_accounting(self.scheduler, held, self.steps, maybe)
         order, sampled = self.worker.execute(output, self.steps)
         result = vllm().ModelRunnerOutput(
             req_ids=order,

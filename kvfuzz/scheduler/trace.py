@@ -26,7 +26,9 @@ trace saved when the failure was first found, before shrinking. ``failure.check`
 ``failure.exception``.
 
 Added without a new format version, each left out at its default so that older traces read and digest as before:
-``config.policy`` (``fcfs`` when absent, or ``priority``) and an add's ``priority`` (0 when absent).
+``config.policy`` (``fcfs`` when absent, or ``priority``), an add's ``priority`` (0 when absent), and
+``config.model`` (``full`` when absent, or another of :data:`~kvfuzz.scheduler.models.MODELS`: the model served,
+whose KV-cache groups the engine and the worker keep).
 
 A trace may come from anywhere, so :func:`load` trusts nothing in it: UTF-8 JSON of at most 16 MiB, no unknown or
 missing fields, values of the right JSON types and within :data:`LIMITS`, each problem one
@@ -48,6 +50,7 @@ import kvfuzz
 from kvfuzz.scheduler.config import POLICIES, SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.fake_model import VOCABULARY
+from kvfuzz.scheduler.models import MODELS
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
@@ -137,6 +140,7 @@ class SchedulerTrace:
             "max_num_seqs": self.setup.max_num_seqs,
             "prefix_caching": self.setup.prefix_caching,
             **({"policy": self.setup.policy} if self.setup.policy != "fcfs" else {}),
+            **({"model": self.setup.model} if self.setup.model != "full" else {}),
         }
 
     def digest(self) -> str:
@@ -295,12 +299,16 @@ def _trace(data: Any) -> SchedulerTrace:
 
 def _config(value: Any) -> SchedulerSetup:
     required = {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")}
-    config = _fields(value, "config", {**required, "policy": False})
+    config = _fields(value, "config", {**required, "policy": False, "model": False})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
     policy = _choice("config.policy", config.get("policy", "fcfs"), POLICIES)
+    model = _choice("config.model", config.get("model", "full"), tuple(MODELS))
     try:
         return SchedulerSetup(
-            prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]), policy=policy, **numbers
+            prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]),
+            policy=policy,
+            model=model,
+            **numbers,
         )
     except ValueError as error:
         raise _Invalid("config", str(error)) from None

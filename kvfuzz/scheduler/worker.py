@@ -36,8 +36,9 @@ from kvfuzz.reference.content import kv_for_tags, prefix_tags
 from kvfuzz.scheduler.batch import check_batch, check_table_covers
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
+from kvfuzz.scheduler.groups import group_namespace, group_rules
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
-from kvfuzz.scheduler.vllm_build import vllm_config
+from kvfuzz.scheduler.vllm_build import kv_cache_config, vllm_config
 
 
 @attrs.define
@@ -46,9 +47,9 @@ class RequestState:
 
     tokens: list[int]  # the prompt, then every token the fake model sampled for it
     prompt_length: int  # how many of ``tokens`` are the prompt
-    table: list[int]  # vLLM block ids, in position order
+    tables: list[list[int]]  # per KV-cache group, vLLM block ids in position order
     computed: int = 0  # positions whose K/V the request relies on (computed, or found in the prefix cache)
-    preempted: bool = False  # preempted and not resumed since: ``table`` is stale
+    preempted: bool = False  # preempted and not resumed since: ``tables`` are stale
 
 
 @attrs.frozen
@@ -57,8 +58,9 @@ class Write:
 
     request: str  # the request whose token was written
     position: int  # the token's position in that request
-    tag: int  # the tag of that request's prefix up to the position
+    tag: int  # the tag of that request's prefix up to the position, in the group's namespace
     step: int  # the step that wrote it
+    group: int = 0  # the KV-cache group whose table gave the slot
 
 
 @attrs.frozen
@@ -67,8 +69,9 @@ class Claim:
 
     request: str  # the request
     position: int  # its position the slot holds
-    tag: int  # the content it needs there
+    tag: int  # the content it needs there (in its group's namespace)
     why: str  # "relies on" or "wrote this step", for the message
+    group: int = 0  # the KV-cache group whose table gave the slot
 
 
 class Worker:
@@ -77,6 +80,7 @@ class Worker:
 
     def __init__(self, setup: SchedulerSetup) -> None:
         self.block_size = setup.block_size  # slots per block
+        self.groups = group_rules(kv_cache_config(setup))  # the KV-cache groups, in vLLM's order
         slots = (setup.num_blocks + 1) * setup.block_size  # vLLM's null block 0 included
         self.keys = torch.zeros((slots, *MODEL_SHAPE.kv_row_shape), dtype=MODEL_SHAPE.dtype)  # the K pool
         self.values = torch.zeros_like(self.keys)  # the V pool
@@ -115,7 +119,7 @@ class Worker:
                     f"{sampled} for it",
                 )
             self.requests[new.req_id] = RequestState(
-                tokens, len(prompt), list(new.block_ids[0]), computed=new.num_computed_tokens
+                tokens, len(prompt), [list(ids) for ids in new.block_ids], computed=new.num_computed_tokens
             )
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
@@ -123,10 +127,11 @@ class Worker:
             state = self.requests[request]
             blocks = cached.new_block_ids[index]
             if request in cached.resumed_req_ids:
-                state.table = list(blocks[0])
+                state.tables = [list(ids) for ids in blocks]
                 state.preempted = False
             elif blocks is not None:
-                state.table.extend(blocks[0])
+                for table, ids in zip(state.tables, blocks):
+                    table.extend(ids)
             outputs = len(state.tokens) - state.prompt_length
             if cached.num_output_tokens[index] != outputs:
                 raise SchedulerViolation(
@@ -138,16 +143,36 @@ class Worker:
                 )
             self.computed[request] = state.computed = cached.num_computed_tokens[index]
 
-    def live_tables(self) -> dict[str, list[int]]:
-        """The table of every request the worker holds that is not preempted: the blocks it may read and write."""
-        return {request: state.table for request, state in self.requests.items() if not state.preempted}
+    def live_tables(self) -> dict[str, list[list[int]]]:
+        """The tables (one per group) of every request the worker holds that is not preempted: the blocks it may
+        read and write."""
+        return {request: state.tables for request, state in self.requests.items() if not state.preempted}
+
+    def holdings(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """The blocks of the live tables across groups: those each request must hold (every entry a group still
+        needs), and those it may hold or may have released (a sliding-window group's entries wholly before its
+        window); vLLM's null block in neither."""
+        held: dict[str, list[int]] = {}
+        maybe: dict[str, list[int]] = {}
+        for request, state in self.requests.items():
+            if state.preempted:
+                continue
+            for rule, table in zip(self.groups, state.tables):
+                kept = rule.first_kept_entry(state.computed, self.block_size)
+                held.setdefault(request, []).extend(block for block in table[kept:] if block != 0)
+                maybe.setdefault(request, []).extend(block for block in table[:kept] if block != 0)
+        return held, maybe
+
+    def _in(self, group: int) -> str:
+        """`` in group N (its kind)`` where the model has several groups, for messages; nothing otherwise."""
+        return "" if len(self.groups) == 1 else f" in {self.groups[group].describe()}"
 
     # -- the step ----------------------------------------------------------------------------------------------
 
-    def slots(self, request: str, positions: range, step: int) -> list[int]:
-        """The slots the K/V of a request's tokens at ``positions`` are written to: the slot mapping the model runner
-        computes from its table."""
-        return [self._slot(request, position, step) for position in positions]
+    def slots(self, request: str, positions: range, step: int, group: int = 0) -> list[int]:
+        """The slots the K/V of a request's tokens at ``positions`` are written to in ``group``: the slot mapping
+        the model runner computes from that group's table."""
+        return [self._slot(request, position, step, group) for position in positions]
 
     def sampled(self, request: str, position: int) -> list[int]:
         """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample."""
@@ -159,8 +184,8 @@ class Worker:
         token)."""
         scheduled = output.num_scheduled_tokens
         for request, count in scheduled.items():
-            table = self.requests[request].table
-            check_table_covers(request, table, self.computed[request], count, self.block_size, step)
+            for table in self.requests[request].tables:
+                check_table_covers(request, table, self.computed[request], count, self.block_size, step)
         taken = self._relied_on(step)
         for request, count in scheduled.items():
             computed = self.computed[request]
@@ -169,7 +194,8 @@ class Worker:
         for request, count in scheduled.items():
             state = self.requests[request]
             end = self.computed[request] + count
-            self._check_content(request, end, step)
+            for group in range(len(self.groups)):
+                self._check_content(request, end, step, group)
             state.computed = end
             order.append(request)
             if end == len(state.tokens):
@@ -181,20 +207,24 @@ class Worker:
                 sampled.append([])
         return order, sampled
 
-    def _slot(self, request: str, position: int, step: int) -> int:
-        table = self.requests[request].table
+    def _slot(self, request: str, position: int, step: int, group: int = 0) -> int:
+        table = self.requests[request].tables[group]
         entry = position // self.block_size
         if entry >= len(table):
             raise SchedulerViolation(
                 Check.CONTENT,
                 step,
                 request,
-                f"position {position} falls in table entry {entry}, but the request's table has only "
-                f"{len(table)} block(s): {table}",
+                f"position {position} falls in table entry {entry}, but the request's table{self._in(group)} has "
+                f"only {len(table)} block(s): {table}",
             )
         if table[entry] == 0:
             raise SchedulerViolation(
-                Check.CONTENT, step, request, f"position {position} maps to vLLM's null block 0 (table {table})"
+                Check.CONTENT,
+                step,
+                request,
+                f"position {position} maps to vLLM's null block 0{self._in(group)} (table {table})"
+                + ("" if self.groups[group].window is None else ", but the request still attends it"),
             )
         return table[entry] * self.block_size + position % self.block_size
 
@@ -204,10 +234,13 @@ class Worker:
         fails one of them)."""
         relied: dict[int, Claim] = {}
         for request, state in self.requests.items():
-            if not state.preempted and state.computed:
-                tags = prefix_tags((), state.tokens[: state.computed])
-                for position, tag in enumerate(tags):
-                    relied.setdefault(self._slot(request, position, step), Claim(request, position, tag, "relies on"))
+            if state.preempted or not state.computed:
+                continue
+            for rule in self.groups:
+                tags = prefix_tags(group_namespace(rule.index), state.tokens[: state.computed])
+                for position in range(rule.first_needed(state.computed), state.computed):
+                    claim = Claim(request, position, tags[position], "relies on", rule.index)
+                    relied.setdefault(self._slot(request, position, step, rule.index), claim)
         return relied
 
     def _write(self, request: str, positions: range, step: int, taken: dict[int, Claim]) -> None:
@@ -226,8 +259,14 @@ class Worker:
             )
         if not positions:
             return
-        tags = prefix_tags((), state.tokens[: positions.stop])[positions.start :]
-        slots = self.slots(request, positions, step)
+        for group in range(len(self.groups)):
+            self._write_group(request, positions, step, taken, group)
+
+    def _write_group(self, request: str, positions: range, step: int, taken: dict[int, Claim], group: int) -> None:
+        """:meth:`_write` in one group: its table's slots, its layers' K/V."""
+        state = self.requests[request]
+        tags = prefix_tags(group_namespace(group), state.tokens[: positions.stop])[positions.start :]
+        slots = self.slots(request, positions, step, group)
         for slot, position, tag in zip(slots, positions, tags):
             claim = taken.get(slot)
             if claim is not None and claim.tag != tag:
@@ -237,41 +276,45 @@ class Worker:
                     step,
                     request,
                     f"its position {position} (tag {tag:#x}) is written to block {slot // self.block_size}, slot "
-                    f"{slot}, which request {claim.request} {claim.why} for its position {claim.position} (tag "
-                    f"{claim.tag:#x}); the slot holds "
+                    f"{slot}{self._in(group)}, which request {claim.request} {claim.why} for its position "
+                    f"{claim.position}{self._in(claim.group)} (tag {claim.tag:#x}); the slot holds "
                     + ("nothing yet" if found is None else f"tag {found.tag:#x}, written at step {found.step}"),
                 )
-            taken[slot] = Claim(request, position, tag, "wrote this step")
+            taken[slot] = Claim(request, position, tag, "wrote this step", group)
         keys, values = kv_for_tags(tags, MODEL_SHAPE)
         index = torch.tensor(slots, dtype=torch.int64)
         self.keys[index] = keys
         self.values[index] = values
         for slot, position, tag in zip(slots, positions, tags):
-            self.shadow[slot] = Write(request, position, tag, step)
+            self.shadow[slot] = Write(request, position, tag, step, group)
 
-    def _check_content(self, request: str, end: int, step: int) -> None:
-        """Every position before ``end`` holds the K/V of the request's own prefix up to it."""
+    def _check_content(self, request: str, end: int, step: int, group: int = 0) -> None:
+        """Every position before ``end`` that the step's tokens attend to in ``group`` (all of them for full
+        attention; those within the window of the first scheduled token on, for a sliding window) holds the K/V of
+        the request's own prefix up to it."""
         state = self.requests[request]
-        tags = prefix_tags((), state.tokens[:end])
-        slots = [self._slot(request, position, step) for position in range(end)]
-        keys, values = kv_for_tags(tags, MODEL_SHAPE)
+        tags = prefix_tags(group_namespace(group), state.tokens[:end])
+        start = self.groups[group].first_needed(self.computed[request])
+        slots = [self._slot(request, position, step, group) for position in range(start, end)]
+        keys, values = kv_for_tags(tags[start:], MODEL_SHAPE)
         index = torch.tensor(slots, dtype=torch.int64)
         bad = ((self.keys[index] != keys) | (self.values[index] != values)).flatten(1).any(1)
         if not bool(bad.any()):
             return
-        position = int(bad.nonzero()[0, 0])
-        slot = slots[position]
+        position = start + int(bad.nonzero()[0, 0])
+        slot = slots[position - start]
         found = self.shadow[slot]
         holds = (
             "nothing written there"
             if found is None
-            else f"the K/V of request {found.request}'s position {found.position} (tag {found.tag:#x}), written at "
-            f"step {found.step}"
+            else f"the K/V of request {found.request}'s position {found.position}{self._in(found.group)} (tag "
+            f"{found.tag:#x}), written at step {found.step}"
         )
         raise SchedulerViolation(
             Check.CONTENT,
             step,
             request,
-            f"position {position} (block {slot // self.block_size}, slot {slot}) should hold the K/V of the "
-            f"request's own tokens {state.tokens[: position + 1]} (tag {tags[position]:#x}), but holds {holds}",
+            f"position {position} (block {slot // self.block_size}, slot {slot}{self._in(group)}) should hold the "
+            f"K/V of the request's own tokens {state.tokens[: position + 1]} (tag {tags[position]:#x}), but holds "
+            f"{holds}",
         )
