@@ -28,7 +28,10 @@ def test_the_scheduler_target_without_vllm_is_one_line_and_exit_2(tmp_path: Path
     [
         (["--max-num-seqs", "2"], "kvfuzz: --max-num-seqs needs --scheduler"),
         (["--no-prefix-caching"], "kvfuzz: --no-prefix-caching needs --scheduler"),
+        (["--write-path", "vllm"], "kvfuzz: --write-path needs --scheduler"),
+        (["--attention", "gather"], "kvfuzz: --attention needs --scheduler"),
         (["--policy", "priority"], "kvfuzz: --policy needs --scheduler"),
+        (["--async-scheduling"], "kvfuzz: --async-scheduling needs --scheduler"),
         (
             ["--scheduler", "vllm-v1", "--isolate"],
             "kvfuzz: --scheduler does not take --isolate (yet; docs/scheduler.md says what a scheduler target covers)",

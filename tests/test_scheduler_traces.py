@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+import attrs
 import pytest
 
 from kvfuzz.cli import main
@@ -33,6 +34,23 @@ TRACE = SchedulerTrace(
     failure=RecordedFailure.of(SchedulerViolation(Check.ACCOUNTING, 2, "r0", "the manager reports 7 free blocks")),
     shrunk=True,
 )
+
+
+def test_async_scheduling_is_recorded_and_a_trace_without_it_is_synchronous() -> None:
+    """The field is written only when true, so a trace from before it existed loads as synchronous and keeps its
+    digest (and file name); an async trace round-trips, says so and hashes differently."""
+    data = TRACE.to_json()
+    assert "async_scheduling" not in data["config"]
+    assert from_json(data).setup.async_scheduling is False and from_json(data).digest() == TRACE.digest()
+    async_trace = attrs.evolve(TRACE, setup=attrs.evolve(TRACE.setup, async_scheduling=True))
+    async_data = async_trace.to_json()
+    assert async_data["config"]["async_scheduling"] is True
+    loaded = from_json(async_data)
+    assert loaded == async_trace and loaded.digest() != TRACE.digest()
+    assert "prefix caching off, async scheduling" in loaded.describe()[1]
+    async_data["config"]["async_scheduling"] = "yes"
+    with pytest.raises(SchedulerTraceError, match=r"^trace: config.async_scheduling: must be true or false, not"):
+        from_json(async_data)
 
 
 def test_a_trace_round_trips_and_names_its_kind() -> None:
@@ -60,6 +78,21 @@ def test_a_trace_round_trips_and_names_its_kind() -> None:
         "message": "accounting check failed at step 2, request r0: the manager reports 7 free blocks",
     }
     assert from_json(json.loads(json.dumps(data))) == TRACE
+
+
+def test_a_non_default_write_path_and_attention_are_recorded_and_named() -> None:
+    """Written only when not the defaults (older traces lack them and load as the defaults); part of the digest."""
+    other = attrs.evolve(TRACE, write_path="vllm", attention="gather")
+    assert other.to_json()["engine"] == {
+        "vllm_version": "0.33.0",
+        "model_runner": "V1",
+        "write_path": "vllm",
+        "attention": "gather",
+    }
+    assert (from_json(other.to_json()).write_path, from_json(other.to_json()).attention) == ("vllm", "gather")
+    assert (from_json(TRACE.to_json()).write_path, from_json(TRACE.to_json()).attention) == ("kvfuzz", "off")
+    assert other.digest() != TRACE.digest()
+    assert other.describe()[0].endswith("V1 model runner protocol, write path vllm, attention gather")
 
 
 def test_a_crash_is_recorded_with_its_exception_type() -> None:
@@ -147,6 +180,8 @@ def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         (lambda d: d["program"][1].update(extra=1), "program[1]: unknown field 'extra'"),
         (lambda d: d["failure"].update(check="content-ish"), "failure.check: must be one of content, exclusive"),
         (lambda d: d["failure"].update(check="crash"), "failure.exception: must name the exception's type for a"),
+        (lambda d: d["engine"].update(write_path="mine"), "engine.write_path: must be one of kvfuzz, vllm, not"),
+        (lambda d: d["engine"].update(attention="flex"), "engine.attention: must be one of off, gather, vllm-triton"),
     ],
 )
 def test_a_bad_trace_is_refused_in_one_line_naming_the_field(
@@ -254,12 +289,20 @@ def test_pytest_fails_a_damaged_scheduler_trace_in_one_line(pytester: pytest.Pyt
     result.stdout.fnmatch_lines(['*bad.json: shrunk: must be true or false, not "yes"*'])
 
 
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 class _Worker:
     runner_v2 = False
+    write_path = _Named("kvfuzz")  # the defaults, which a trace leaves out
+    attention = _Named("off")
 
 
 class _Session:
-    """What the recorder reads of a session: its setup, its worker's runner and the program so far."""
+    """What the recorder reads of a session: its setup, its worker's runner, write path and attention, and the
+    program so far."""
 
     def __init__(self, *program: Any) -> None:
         self.setup = TRACE.setup

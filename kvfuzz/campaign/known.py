@@ -31,6 +31,7 @@ from typing import Iterable, Iterator, Optional
 import attrs
 
 from kvfuzz.allocator.types import PoolSpec
+from kvfuzz.campaign.cluster import ClusterFindings, parse_finding
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import Watchdog
@@ -73,6 +74,33 @@ def known_signatures(directories: Iterable[Path], allocators: Iterable[str], cal
             found = trace_signature(attrs.evolve(trace, allocator=spec), call_timeout)
             if found is not None and attrs.evolve(found, allocator=trace.allocator) == signature:
                 known.setdefault(found.key(), f"{path}{reason}, recorded against {trace.allocator}, same failure here")
+    return known
+
+
+def stored_findings_known(cluster: ClusterFindings, allocators: Iterable[str], call_timeout: float) -> dict[str, str]:
+    """Signature key -> where it is known from, for the findings of a campaign's Redis stored under a key that is no
+    longer their signature's (stored before checks named causes, or before a cause was refined): each one recorded
+    against one of ``allocators`` is replayed, as a corpus trace is, and the signature it reproduces now is known,
+    so that the campaign does not shrink and store the same bug again under its new key. The record itself stays
+    under its old key, listed and fetched by ``kvfuzz findings`` as before. A finding stored under its current key
+    needs none of this (its claim matches); one that no longer reproduces its recorded failure makes nothing
+    known."""
+    wanted = set(allocators)
+    known: dict[str, str] = {}
+    for key, raw in cluster.fetch(cluster.keys()).items():
+        if raw is None:
+            continue
+        try:
+            finding = parse_finding(key, raw, f"{cluster.url} finding {key}")
+        except TraceError:
+            continue  # not ours to judge here: kvfuzz findings names what is wrong with it
+        if finding.trace.allocator not in wanted:
+            continue
+        signature = trace_signature(finding.trace, call_timeout)
+        if signature is not None and signature.key() != key:
+            known.setdefault(
+                signature.key(), f"{cluster.url} finding {key} (stored as {finding.signature}, re-keyed on load)"
+            )
     return known
 
 

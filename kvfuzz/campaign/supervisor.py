@@ -26,7 +26,7 @@ import attrs
 
 import kvfuzz
 from kvfuzz.campaign.cluster import ClusterFindings, finding_record, is_redis
-from kvfuzz.campaign.known import known_signatures
+from kvfuzz.campaign.known import known_signatures, stored_findings_known
 from kvfuzz.campaign.lock import CorpusLock
 from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
 from kvfuzz.campaign.report import CampaignResult, DeadWorker, Finding
@@ -181,6 +181,9 @@ class Campaign:
         self.known = known_signatures(
             [*options.known, options.corpus], options.allocators, options.call_timeout or 60.0
         )
+        if self.cluster is not None:  # findings stored under an earlier signature's key: known under today's
+            stale = stored_findings_known(self.cluster, options.allocators, options.call_timeout or 60.0)
+            self.known = {**stale, **self.known}
         self.started = time.monotonic()
         if not received:
             for number in range(options.workers):

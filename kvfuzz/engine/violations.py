@@ -43,8 +43,8 @@ class Cause:
     """What a check knows about why its invariant broke, in words a person reads (``"a cache hit on K/V another
     prefix wrote"``): with the invariant, it makes a failure one finding (:mod:`kvfuzz.shrink.signature`), so two
     bugs that break one invariant in one operation for different reasons are two findings, and one bug met through
-    several operations is one. ``by_operation``: the failing operation is part of the cause (a result the operation
-    itself returned malformed), so the same words in two operations are two findings.
+    several operations is one. ``by_operation``: the failing operation is part of the cause (a valid call of the
+    operation refused with an unexpected error), so the same words in two operations are two findings.
 
     The words are the finding's identity: two checks that name the same cause use the same words, and a check names
     nothing in them that varies from one program to the next (no block, sequence or position)."""
@@ -52,9 +52,18 @@ class Cause:
     words: str
     by_operation: bool = False
 
+    def refined(self, detail: str) -> Cause:
+        """This cause told apart further by ``detail`` (the path that released a block): its words, then ``; `` and
+        the detail, so that a trace that recorded the coarser words still reproduces the finer cause
+        (:func:`kvfuzz.saved.corpus.reproduces_recorded`)."""
+        return Cause(f"{self.words}{REFINED}{detail}", self.by_operation)
+
     def __str__(self) -> str:
         return self.words
 
+
+REFINED = "; "
+"""What joins a cause's words to the detail that refines them (:meth:`Cause.refined`)."""
 
 UNNAMED = Cause("", by_operation=True)
 """The cause of a violation whose check names none: the failure is then told apart by its operation, as before

@@ -17,7 +17,7 @@ import attrs
 
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.misuse import MisuseCall
-from kvfuzz.engine.violations import InvariantViolation
+from kvfuzz.engine.violations import REFINED, InvariantViolation
 from kvfuzz.kernels import KernelUnavailable, make_kernel, prepare_kernel
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Safeguards, Target
@@ -104,12 +104,14 @@ class ProcessDied(Exception):
 
 def reproduces_recorded(trace: Trace, failure: Optional[BaseException]) -> bool:
     """``failure`` is the trace's recorded failure: the same invariant for the same cause (where the trace recorded
-    one), or the same kind of crash or hang."""
+    one; a cause refined since, :meth:`~kvfuzz.engine.violations.Cause.refined`, is still the cause recorded), or
+    the same kind of crash or hang."""
     if failure is None:
         return False
     if isinstance(failure, InvariantViolation):
         cause = trace.failure.get("cause")
-        same_cause = cause is None or failure.cause.words == cause
+        words = failure.cause.words
+        same_cause = cause is None or words == cause or words.startswith(f"{cause}{REFINED}")
         return failure.invariant.number == trace.failure.get("invariant") and same_cause
     title = str(trace.failure.get("title"))
     if isinstance(failure, ProcessDied):

@@ -10,10 +10,12 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from kvfuzz import option_defaults as defaults
+from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
 from kvfuzz.text import plural
 
 if TYPE_CHECKING:
     from kvfuzz.scheduler.config import SchedulerSetup
+    from kvfuzz.scheduler.session import WorkerFactory
 
 SCHEDULERS = {"vllm-v1": "vLLM 0.33.0's v1 Scheduler with its KVCacheManager"}
 """The schedulers ``--scheduler`` names, and what each is."""
@@ -34,7 +36,16 @@ _ALLOCATOR_ONLY = (
 )
 """(attribute, its default, flag) of ``kvfuzz run``'s options that a scheduler target does not take (yet)."""
 
-SCHEDULER_ONLY = ("max_num_batched_tokens", "max_num_seqs", "no_prefix_caching", "policy", "model")
+SCHEDULER_ONLY = (
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "no_prefix_caching",
+    "policy",
+    "write_path",
+    "attention",
+    "async_scheduling",
+    "model",
+)
 """The attributes of the options only a scheduler target takes."""
 
 
@@ -63,6 +74,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the model served, which decides the KV-cache groups: full (attention), or sliding-window (sliding "
         "window and full attention layers, two groups in one pool) (default full)",
     )
+    group.add_argument(
+        "--write-path",
+        choices=WRITE_PATH_NAMES,
+        help="who decides where K/V is written: kvfuzz's own slot mapping (the default: fast), or vLLM's "
+        "worker-side block tables and slot mapping kernel, checked against kvfuzz's tables (Triton's interpreter; "
+        "about 9x the CPU)",
+    )
+    group.add_argument(
+        "--attention",
+        choices=ATTENTION_NAMES,
+        help="attention of every scheduled token through the tables, against the reference (default off)",
+    )
+    group.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        default=None,
+        help="vLLM's AsyncScheduler, two batches in flight as its engine core runs them",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -75,6 +104,12 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     for attribute, default, flag in _ALLOCATOR_ONLY:
         if getattr(args, attribute) != default:
             return f"--scheduler does not take {flag} (yet; docs/scheduler.md says what a scheduler target covers)"
+    if args.model not in (None, "full"):
+        for attribute, flag in (("write_path", "--write-path"), ("attention", "--attention")):
+            if getattr(args, attribute) not in (None, "kvfuzz", "off"):
+                return (
+                    f"--model {args.model} does not take {flag} (yet: it reads one KV-cache group; docs/scheduler.md)"
+                )
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
@@ -102,12 +137,41 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "prefix_caching": False if args.no_prefix_caching else None,
         "policy": args.policy,
         "model": args.model,
+        "async_scheduling": True if args.async_scheduling else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,
         block_size=args.block_size,
         **{name: value for name, value in chosen.items() if value is not None},
     )
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    """Before vLLM is imported: Triton's interpreter for vLLM's slot mapping kernels or its Triton attention."""
+    from kvfuzz.scheduler.write_paths import prepare_write_path
+
+    prepare_write_path(args.write_path or "kvfuzz")
+    if args.attention == "vllm-triton":
+        from kvfuzz.kernels.vllm_triton import prepare
+        from kvfuzz.scheduler.config import MODEL_SHAPE
+
+        prepare(MODEL_SHAPE)
+
+
+def _paths(args: argparse.Namespace) -> str:
+    """The write path and attention check, for the run's header."""
+    return f"\n  write path {args.write_path or 'kvfuzz'}, attention {args.attention or 'off'}"
+
+
+def _worker(args: argparse.Namespace) -> WorkerFactory:
+    """The worker of each example: the chosen write path and attention check."""
+
+    from kvfuzz.scheduler.attention import ATTENTIONS
+    from kvfuzz.scheduler.worker import Worker
+    from kvfuzz.scheduler.write_paths import WRITE_PATHS
+
+    attention = ATTENTIONS[args.attention or "off"]
+    return lambda chosen: Worker(chosen, WRITE_PATHS[args.write_path or "kvfuzz"], attention(chosen.block_size))
 
 
 def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) -> int:
@@ -117,6 +181,7 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
     if problem is None:
         try:
             setup = _setup(args)
+            _prepare(args)  # Triton's interpreter, before vLLM (and so Triton) is imported
             from kvfuzz.scheduler.vllm_build import vllm_config
 
             started = time.perf_counter()
@@ -136,11 +201,19 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
         print(
             f"kvfuzz run: --scheduler {args.scheduler} ({SCHEDULERS[args.scheduler]}; vLLM imported and configured "
             f"in {configured:.1f} s)\n  {setup.describe()}\n  "
-            f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, derandomized",
+            f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, derandomized"
+            + _paths(args),
             flush=True,
         )
     recorder = FailureRecorder(args.scheduler, Path(args.corpus))
-    outcome = search(setup, examples=args.examples, steps=args.steps, shrink=not args.no_shrink, witness=recorder)
+    outcome = search(
+        setup,
+        examples=args.examples,
+        steps=args.steps,
+        shrink=not args.no_shrink,
+        worker=_worker(args),
+        witness=recorder,
+    )
     if not args.json:
         print("\n".join(outcome.describe()), flush=True)
     saved = recorder.finish(outcome.failure, shrunk=not args.no_shrink)

@@ -1,5 +1,5 @@
 """What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
-scheduling policy."""
+scheduling policy, synchronous or async scheduling."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class SchedulerSetup:
     prefix_caching: bool = True  # vLLM's automatic prefix caching
     policy: str = "fcfs"  # vLLM's scheduling policy: "fcfs" or "priority" (kvfuzz.scheduler.priority)
     model: str = "full"  # the model served: its KV-cache groups (kvfuzz.scheduler.models)
+    async_scheduling: bool = False  # vLLM's AsyncScheduler, driven with two batches in flight (async_batches.py)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -39,6 +40,8 @@ class SchedulerSetup:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.model != "full" and self.async_scheduling:
+            raise ValueError(f"model {self.model} is not driven under async scheduling (yet; docs/scheduler.md)")
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
 
@@ -54,4 +57,5 @@ class SchedulerSetup:
             f"at most {self.max_num_seqs} running, prefix caching {'on' if self.prefix_caching else 'off'}"
             + (f", {self.policy} scheduling" if self.policy != "fcfs" else "")
             + (f", model {self.model}: {MODELS[self.model].description}" if self.model != "full" else "")
+            + (", async scheduling" if self.async_scheduling else "")
         )

@@ -34,6 +34,7 @@ class Tally:
     steps: int = 0  # their schedule() calls, the drains' included
     preemptions: int = 0  # requests the scheduler preempted
     hit_tokens: int = 0  # tokens found computed in the prefix cache
+    rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
 
 
 def prefix_lengths(setup: SchedulerSetup) -> tuple[int, ...]:
@@ -89,7 +90,7 @@ def machine_for_setup(
         def abort(self, request: str) -> None:
             self._guarded(lambda: self.session.abort(request))
 
-        @precondition(lambda self: self.session.scheduler.has_requests())
+        @precondition(lambda self: self.session.busy())
         @rule()
         def step(self) -> None:
             self._guarded(self.session.step)
@@ -107,6 +108,7 @@ def machine_for_setup(
                     tally.steps += self.session.steps
                     tally.preemptions += self.session.preemptions
                     tally.hit_tokens += self.session.hit_tokens
+                    tally.rewrites += self.session.loop.rewrites
 
     SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = "VllmV1SchedulerMachine"
     return SchedulerMachine

@@ -70,7 +70,17 @@ class FailureRecorder:
         program: tuple[Operation, ...] = tuple(session.program)
         runner = "V2" if session.worker.runner_v2 else "V1"
         failure = RecordedFailure.of(error)
-        return SchedulerTrace(self.scheduler, session.setup, runner, self._version, program, failure, shrunk)
+        return SchedulerTrace(
+            self.scheduler,
+            session.setup,
+            runner,
+            self._version,
+            program,
+            failure,
+            shrunk,
+            write_path=session.worker.write_path.name,
+            attention=session.worker.attention.name,
+        )
 
     def __call__(self, session: Session, error: BaseException) -> None:
         if self.first is None:

@@ -14,6 +14,7 @@ from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.session import Session, WorkerFactory
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
 from kvfuzz.scheduler.worker import Worker
+from kvfuzz.scheduler.write_paths import WRITE_PATHS, prepare_write_path
 
 RUNNER_VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
 """The environment variable vLLM 0.33.0 selects its model runner by (read each time its configuration is asked)."""
@@ -80,17 +81,41 @@ def missing_vllm(trace: SchedulerTrace) -> str:
     )
 
 
+def recorded_worker(trace: SchedulerTrace) -> WorkerFactory:
+    """The worker the trace was recorded with: its write path and attention check. Raises :class:`ReplayRefused`
+    when they cannot run here (Triton's interpreter must be chosen before vLLM is imported)."""
+    try:
+        prepare_write_path(trace.write_path)
+        if trace.attention == "vllm-triton":
+            from kvfuzz.kernels.vllm_triton import prepare
+            from kvfuzz.scheduler.config import MODEL_SHAPE
+
+            prepare(MODEL_SHAPE)
+    except ValueError as error:
+        raise ReplayRefused(
+            f"the trace was recorded with write path {trace.write_path} and attention {trace.attention}, which "
+            f"cannot run here: {' '.join(str(error).split())}"
+        ) from None
+    from kvfuzz.scheduler.attention import ATTENTIONS
+
+    write_path, attention = WRITE_PATHS[trace.write_path], ATTENTIONS[trace.attention]
+    return lambda setup: Worker(setup, write_path, attention(setup.block_size))
+
+
 def replay(
     trace: SchedulerTrace,
-    worker: WorkerFactory = Worker,
+    worker: Optional[WorkerFactory] = None,
     on_operation: Optional[Callable[[int, Operation], None]] = None,
 ) -> SchedulerReplay:
-    """Replay ``trace`` against the installed vLLM. Raises :class:`ReplayRefused` when vLLM is not installed, its
-    configuration refuses the trace's, or the recorded model runner cannot be selected here."""
+    """Replay ``trace`` against the installed vLLM, with ``worker`` (by default the one the trace was recorded
+    with: :func:`recorded_worker`). Raises :class:`ReplayRefused` when vLLM is not installed, its configuration
+    refuses the trace's, the recorded model runner cannot be selected here, or the recorded worker cannot run."""
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
         raise ReplayRefused(missing_vllm(trace))
+    if worker is None:
+        worker = recorded_worker(trace)
     with model_runner(trace.model_runner):
         try:
             session = Session(trace.setup, worker)

@@ -32,6 +32,7 @@ class Outcome:
     seconds: float  # the search itself
     failure: Optional[Exception]  # the shrunk failure (a check's SchedulerViolation, or vLLM's own exception), or None
     program: str  # Hypothesis's falsifying example: the calls that reproduce it ("" when passed)
+    rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
 
     @property
     def steps_per_second(self) -> float:
@@ -45,6 +46,11 @@ class Outcome:
             f"the scheduler preempted {plural(self.preemptions, 'request')}; "
             f"{plural(self.hit_tokens, 'prompt token')} hit the prefix cache",
         ]
+        if self.setup.async_scheduling:
+            lines.append(
+                f"{plural(self.rewrites, 'released block')} written while a step that read it was in flight "
+                "(after it, on the stream)"
+            )
         if self.failure is not None:
             lines += ["", self.explanation(), "", self.program]
         return lines
@@ -67,6 +73,7 @@ class Outcome:
             "steps": self.steps,
             "preemptions": self.preemptions,
             "hit_tokens": self.hit_tokens,
+            "released_rewrites": self.rewrites,
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps_per_second, 1),
             "check": self.check(),
@@ -108,4 +115,5 @@ def search(
         time.perf_counter() - started,
         failure,
         program,
+        tally.rewrites,
     )

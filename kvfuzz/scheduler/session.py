@@ -1,15 +1,18 @@
 """One example against vLLM's real scheduler: requests added and aborted as a client would, and steps run as
 vLLM's engine core runs them (``schedule()``, the worker, ``update_from_output()``), every check after each.
 
-The order within a step: ``schedule()``; the worker reads the output (finished, preempted, new and cached
-requests); the accounting check; the worker writes the scheduled tokens' K/V and checks what they attend to
-(content); ``update_from_output()`` with the fake model's tokens; the output check."""
+A step is launched (:meth:`Session.launch`): ``schedule()``; the worker reads the output (finished, preempted, new
+and cached requests); the accounting check; under async scheduling the released-block check; the worker writes the
+scheduled tokens' K/V and checks what they attend to (content). It is collected (:meth:`Session.collect`):
+``update_from_output()`` with the fake model's tokens; the output check. Synchronous scheduling collects each step
+right after launching it; async scheduling keeps up to two in flight (:mod:`kvfuzz.scheduler.async_batches`)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Union
 
 from kvfuzz.scheduler.accounting import check_accounting
+from kvfuzz.scheduler.async_batches import DEPTH, Batch, BatchQueue, Progress, SynchronousLoop
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
@@ -19,6 +22,9 @@ from kvfuzz.scheduler.worker import Worker
 
 WorkerFactory = Callable[[SchedulerSetup], Worker]
 """Builds the worker of an example (the engine tests pass subclasses that seed bugs)."""
+
+EngineLoop = Union[SynchronousLoop, BatchQueue]
+"""How the engine core runs steps: one at a time, or with batches in flight (async scheduling)."""
 
 
 def drain_bound(remaining_tokens: int) -> int:
@@ -40,6 +46,7 @@ class Session:
         self.preemptions = 0  # requests the scheduler preempted
         self.hit_tokens = 0  # tokens new and resumed requests found computed (prefix-cache hits)
         self.program: list[Operation] = []  # the client's operations so far, each recorded before it runs
+        self.loop: EngineLoop = BatchQueue() if setup.async_scheduling else SynchronousLoop()  # the engine core
 
     def add(self, prompt: list[int], max_tokens: int, priority: int = 0) -> str:
         """Add a request (ids ``r0``, ``r1``, ... in arrival order) of ``priority`` (smaller runs first under the
@@ -61,10 +68,22 @@ class Session:
     def step(self) -> int:
         """One engine step the client asked for, every check run; returns the tokens it scheduled."""
         self.program.append(Step())
-        return self._step()
+        return self._step().scheduled
 
-    def _step(self) -> int:
-        """One engine step (the client's, or the drain's), every check run; returns the tokens it scheduled."""
+    def _step(self) -> Progress:
+        """One engine step (the client's, or the drain's), every check run."""
+        return self.loop.step(self)
+
+    def has_requests(self) -> bool:
+        return bool(self.scheduler.has_requests())
+
+    def busy(self) -> bool:
+        """Whether a step has anything to do: requests in the scheduler, or batches in flight."""
+        return self.has_requests() or bool(self.loop.in_flight())
+
+    def launch(self) -> Batch:
+        """Schedule a step and run it on the worker (the model runner's ``execute_model``); its output is returned
+        to the scheduler by :meth:`collect`."""
         output = self.scheduler.schedule()
         self.steps += 1
         self.preemptions += len(output.preempted_req_ids or ())
@@ -76,28 +95,33 @@ class Session:
             if request in cached.resumed_req_ids
         )
         self.worker.consume(output, self.steps)
-        held, maybe = self.worker.holdings()
-        check_accounting(self.scheduler, held, self.steps, maybe)
+        self._check_accounting()
+        self.loop.before_execute(output, self.worker, self.steps)
         order, sampled = self.worker.execute(output, self.steps)
         result = vllm().ModelRunnerOutput(
             req_ids=order,
             req_id_to_index={request: index for index, request in enumerate(order)},
             sampled_token_ids=sampled,
         )
-        self.outputs.receive(self.scheduler.update_from_output(output, result), self.steps)
-        return int(output.total_num_scheduled_tokens)
+        return Batch(self.steps, output, result, int(output.total_num_scheduled_tokens))
+
+    def collect(self, batch: Batch) -> None:
+        """``update_from_output()`` with a launched step's output, and the output check."""
+        self.outputs.receive(self.scheduler.update_from_output(batch.output, batch.result), batch.step)
 
     def drain(self) -> None:
-        """Arrivals stopped: run steps until every request has finished, within :func:`drain_bound`; then one more
-        step tells the worker of the last finished requests, after which it holds no table and every block is free
-        (the accounting check)."""
+        """Arrivals stopped: run steps until every request has finished and no batch is in flight, within
+        :func:`drain_bound`; then steps until the scheduler has nothing left to tell the worker (the last finished
+        requests), after which it holds no table and every block is free (the accounting check, once more)."""
         unfinished = self.outputs.unfinished()
         bound = drain_bound(sum(self.lengths[request] for request in unfinished))
         for _ in range(bound):
-            if not self.outputs.unfinished():
+            if not self.outputs.unfinished() and not self.loop.in_flight():
                 break
-            if self._step() == 0:
+            if not self._step():
                 stuck = self.outputs.unfinished()
+                if not stuck:  # only empty batches were in flight
+                    continue
                 raise SchedulerViolation(
                     Check.PROGRESS,
                     self.steps,
@@ -113,8 +137,26 @@ class Session:
                 f"{len(unfinished)} request(s) still unfinished {bound} steps after arrivals stopped: "
                 f"{self._describe(unfinished)}",
             )
-        if self.scheduler.has_requests():
+        for _ in range(DEPTH + 1):
+            if not self.busy():
+                # quiescent: the worker was told of every finish, so it holds no table and every block is free
+                self._check_accounting()
+                return
             self._step()
+        in_flight = self.loop.in_flight()
+        left = (
+            f"the batch(es) of step(s) {in_flight} are still in flight (their output never returned)"
+            if in_flight
+            else f"the scheduler still has {self.scheduler.get_num_unfinished_requests()} unfinished request(s)"
+        )
+        raise SchedulerViolation(
+            Check.PROGRESS, self.steps, None, f"every request finished, but {DEPTH + 1} steps later {left}"
+        )
+
+    def _check_accounting(self) -> None:
+        """The accounting check against the blocks the worker's live tables hold, in every KV-cache group."""
+        held, maybe = self.worker.holdings()
+        check_accounting(self.scheduler, held, self.steps, maybe)
 
     def _describe(self, requests: list[str]) -> str:
         """Each request's status in the scheduler, its computed tokens and its output so far."""

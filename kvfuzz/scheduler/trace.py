@@ -7,7 +7,7 @@ A scheduler trace is its own kind of file, beside the allocator traces of :mod:`
       "format": "kvfuzz-scheduler-trace/1",
       "kvfuzz_version": "0.1.0",
       "scheduler": "vllm-v1",
-      "engine": {"vllm_version": "0.33.0", "model_runner": "V2"},
+      "engine": {"vllm_version": "0.33.0", "model_runner": "V2", "write_path": "vllm", "attention": "gather"},
       "config": {"num_blocks": 8, "block_size": 4, "max_num_batched_tokens": 16, "max_num_seqs": 4,
                  "prefix_caching": true},
       "program": [{"op": "add", "prompt": [1, 2, 3, 0], "max_tokens": 8}, {"op": "step"},
@@ -18,8 +18,12 @@ A scheduler trace is its own kind of file, beside the allocator traces of :mod:`
       "known_bug": null
     }
 
+``config.async_scheduling`` (vLLM's ``AsyncScheduler`` with two batches in flight) is written only when true, and a
+trace without it (every trace before it existed) is synchronous, so older traces load and keep their digests.
 ``engine.model_runner`` is the protocol the worker spoke (``V2``: a preempted request is dropped and resumed as new;
-``V1``: it is kept and resumed among the cached requests); a replay selects the same one. ``program`` is the
+``V1``: it is kept and resumed among the cached requests); a replay selects the same one. ``engine.write_path``
+(who decided where K/V was written) and ``engine.attention`` (the attention check) are written only when not the
+defaults (``kvfuzz`` and ``off``), and a replay uses the same. ``program`` is the
 client's operations (:mod:`kvfuzz.scheduler.program`); the drain after them is implied. ``shrunk`` is false for the
 trace saved when the failure was first found, before shrinking. ``failure.check`` is a check's name
 (:class:`~kvfuzz.scheduler.violations.Check`) or ``crash`` for an exception of the engine's own, whose type is
@@ -47,6 +51,7 @@ from typing import Any, Optional
 import attrs
 
 import kvfuzz
+from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
 from kvfuzz.scheduler.config import POLICIES, SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.fake_model import VOCABULARY
@@ -131,9 +136,20 @@ class SchedulerTrace:
     shrunk: bool
     known_bug: Optional[str] = None
     kvfuzz_version: str = kvfuzz.__version__
+    write_path: str = WRITE_PATH_NAMES[0]  # who decided where K/V was written
+    attention: str = ATTENTION_NAMES[0]  # the attention check
+
+    def engine_json(self) -> dict[str, Any]:
+        """The engine's version, the runner protocol, and the write path and attention check unless defaults."""
+        engine = {"vllm_version": self.vllm_version, "model_runner": self.model_runner}
+        if self.write_path != WRITE_PATH_NAMES[0]:
+            engine["write_path"] = self.write_path
+        if self.attention != ATTENTION_NAMES[0]:
+            engine["attention"] = self.attention
+        return engine
 
     def config_json(self) -> dict[str, Any]:
-        return {
+        return {  # policy and async_scheduling absent at their defaults: older traces read and hash as before
             "num_blocks": self.setup.num_blocks,
             "block_size": self.setup.block_size,
             "max_num_batched_tokens": self.setup.max_num_batched_tokens,
@@ -141,11 +157,15 @@ class SchedulerTrace:
             "prefix_caching": self.setup.prefix_caching,
             **({"policy": self.setup.policy} if self.setup.policy != "fcfs" else {}),
             **({"model": self.setup.model} if self.setup.model != "full" else {}),
+            **({"async_scheduling": True} if self.setup.async_scheduling else {}),
         }
 
     def digest(self) -> str:
         """Identifies the failure: the same scheduler, configuration, runner and program give the same digest."""
         key = [self.scheduler, self.config_json(), self.model_runner, [op.to_json() for op in self.program]]
+        worker = {name: value for name, value in self.engine_json().items() if name in ("write_path", "attention")}
+        if worker:
+            key.append(worker)
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
     def file_name(self) -> str:
@@ -156,7 +176,7 @@ class SchedulerTrace:
             "format": FORMAT,
             "kvfuzz_version": self.kvfuzz_version,
             "scheduler": self.scheduler,
-            "engine": {"vllm_version": self.vllm_version, "model_runner": self.model_runner},
+            "engine": self.engine_json(),
             "config": self.config_json(),
             "program": [operation.to_json() for operation in self.program],
             "shrunk": self.shrunk,
@@ -168,7 +188,12 @@ class SchedulerTrace:
         """For a person: what was run and what broke (``kvfuzz show``)."""
         lines = [
             f"scheduler trace ({FORMAT}) of {self.scheduler}, vLLM {self.vllm_version}, "
-            f"{self.model_runner} model runner protocol",
+            f"{self.model_runner} model runner protocol"
+            + (
+                f", write path {self.write_path}, attention {self.attention}"
+                if (self.write_path, self.attention) != (WRITE_PATH_NAMES[0], ATTENTION_NAMES[0])
+                else ""
+            ),
             f"  {self.setup.describe()}",
             f"  {'shrunk' if self.shrunk else 'as first found (not shrunk)'}: {len(self.program)} operation(s), "
             "then the drain",
@@ -282,7 +307,9 @@ def _trace(data: Any) -> SchedulerTrace:
     data = _fields(data, "the trace", fields)
     if data["format"] != FORMAT:
         raise _Invalid("format", f"must be {FORMAT!r}, not {json.dumps(data['format'])[:40]} (another kind of file)")
-    engine = _fields(data["engine"], "engine", {"vllm_version": True, "model_runner": True})
+    engine = _fields(
+        data["engine"], "engine", {"vllm_version": True, "model_runner": True, "write_path": False, "attention": False}
+    )
     setup = _config(data["config"])
     return SchedulerTrace(
         scheduler=_choice("scheduler", data["scheduler"], SCHEDULERS),
@@ -294,12 +321,14 @@ def _trace(data: Any) -> SchedulerTrace:
         shrunk=_boolean("shrunk", data["shrunk"]),
         known_bug=_text("known_bug", data.get("known_bug"), optional=True),
         kvfuzz_version=str(_text("kvfuzz_version", data["kvfuzz_version"])),
+        write_path=_choice("engine.write_path", engine.get("write_path", WRITE_PATH_NAMES[0]), WRITE_PATH_NAMES),
+        attention=_choice("engine.attention", engine.get("attention", ATTENTION_NAMES[0]), ATTENTION_NAMES),
     )
 
 
 def _config(value: Any) -> SchedulerSetup:
     required = {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")}
-    config = _fields(value, "config", {**required, "policy": False, "model": False})
+    config = _fields(value, "config", {**required, "policy": False, "async_scheduling": False, "model": False})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
     policy = _choice("config.policy", config.get("policy", "fcfs"), POLICIES)
     model = _choice("config.model", config.get("model", "full"), tuple(MODELS))
@@ -308,6 +337,7 @@ def _config(value: Any) -> SchedulerSetup:
             prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]),
             policy=policy,
             model=model,
+            async_scheduling=_boolean("config.async_scheduling", config.get("async_scheduling", False)),
             **numbers,
         )
     except ValueError as error:

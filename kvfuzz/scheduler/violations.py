@@ -15,7 +15,10 @@ class Check(enum.Enum):
     OUTPUTS = "outputs"  # every request's output is exactly the tokens the fake model sampled for it, in order
     ACCOUNTING = "accounting"  # the manager's free blocks and refcounts agree with the worker's tables
     PROGRESS = "progress"  # once arrivals stop, every request finishes within a bound
+    SLOT_MAPPING = "slot-mapping"  # the engine's own slot mapping writes each token where the tables say
+    ATTENTION = "attention"  # attention through the tables equals the reference's over the request's own K/V
     BATCH = "batch"  # every request a step schedules is one the model runner can execute, its table covering it
+    RELEASED = "released"  # under async scheduling: a released block is not written before the steps reading it ran
 
 
 class SchedulerViolation(Exception):

@@ -39,6 +39,7 @@ def vllm() -> types.SimpleNamespace:
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
     from vllm.v1.outputs import ModelRunnerOutput
@@ -59,6 +60,7 @@ def vllm() -> types.SimpleNamespace:
         sha256=sha256,
         get_request_block_hasher=get_request_block_hasher,
         Scheduler=Scheduler,
+        AsyncScheduler=AsyncScheduler,
         FullAttentionSpec=FullAttentionSpec,
         SlidingWindowSpec=SlidingWindowSpec,
         get_global_kv_cache_groups=get_global_kv_cache_groups,
@@ -83,8 +85,8 @@ def _model_dir(model: str, block_size: int) -> Path:
 
 @functools.lru_cache(maxsize=8)
 def vllm_config(setup: SchedulerSetup) -> Any:
-    """The ``VllmConfig`` of ``setup``: synchronous scheduling, its policy, chunked prefill, no speculative
-    decoding."""
+    """The ``VllmConfig`` of ``setup``: synchronous or async scheduling as it says, its policy, chunked prefill, no
+    speculative decoding."""
     v = vllm()
     directory = _model_dir(setup.model, setup.block_size if setup.model != FULL.name else 1)
     model = v.ModelConfig(
@@ -98,7 +100,7 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         max_model_len=setup.max_model_len,
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
-        async_scheduling=False,
+        async_scheduling=setup.async_scheduling,
         policy=setup.policy,
     )
     config = v.VllmConfig(
@@ -154,11 +156,12 @@ def kv_cache_config(setup: SchedulerSetup) -> Any:
 
 
 def new_scheduler(setup: SchedulerSetup) -> Any:
-    """A fresh ``Scheduler`` with its real ``KVCacheManager`` over ``num_blocks + 1`` physical blocks (block 0 is
-    vLLM's null block)."""
+    """A fresh ``Scheduler`` (``AsyncScheduler`` under async scheduling, as vLLM's engine core picks it) with its
+    real ``KVCacheManager`` over ``num_blocks + 1`` physical blocks (block 0 is vLLM's null block)."""
     v = vllm()
     config = vllm_config(setup)
-    return v.Scheduler(
+    scheduler = v.AsyncScheduler if setup.async_scheduling else v.Scheduler
+    return scheduler(
         vllm_config=config,
         kv_cache_config=kv_cache_config(setup),
         structured_output_manager=v.StructuredOutputManager(config),

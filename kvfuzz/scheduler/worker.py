@@ -22,7 +22,9 @@ Invariants the worker holds vLLM to:
 * every scheduled position is one whose token the worker knows (no speculative decoding here), and falls inside the
   request's table;
 * the scheduler counts as many outputs for a request it schedules again as the fake model sampled for it, and a
-  request resumed as new carries exactly its prompt and those outputs.
+  request resumed as new carries exactly its prompt and those outputs. (Under async scheduling the scheduler's count
+  includes its output placeholders, the tokens of steps still in flight: the worker has sampled those already, since
+  it runs a step when the engine core launches it, as the GPU runs it; :mod:`kvfuzz.scheduler.async_batches`.)
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ import attrs
 import torch
 
 from kvfuzz.reference.content import kv_for_tags, prefix_tags
+from kvfuzz.scheduler.attention import Attending, AttentionCheck, NoAttention
 from kvfuzz.scheduler.batch import check_batch, check_table_covers
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
 from kvfuzz.scheduler.groups import group_namespace, group_rules
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import kv_cache_config, vllm_config
+from kvfuzz.scheduler.write_paths import OwnSlotMapping, WritePathFactory
 
 
 @attrs.define
@@ -50,6 +54,12 @@ class RequestState:
     tables: list[list[int]]  # per KV-cache group, vLLM block ids in position order
     computed: int = 0  # positions whose K/V the request relies on (computed, or found in the prefix cache)
     preempted: bool = False  # preempted and not resumed since: ``tables`` are stale
+
+    @property
+    def table(self) -> list[int]:
+        """Group 0's table: the only one of a one-group model (the write path, attention and async scheduling read
+        it; they are not driven with several groups)."""
+        return self.tables[0]
 
 
 @attrs.frozen
@@ -75,10 +85,19 @@ class Claim:
 
 
 class Worker:
-    """The worker side of one example. Subclasses in the engine tests seed bugs by overriding :meth:`slots` (the
-    write path's slot mapping) or :meth:`sampled` (the model's output)."""
+    """The worker side of one example. Subclasses in the engine tests seed bugs by overriding :meth:`slots` (kvfuzz's
+    own slot mapping) or :meth:`sampled` (the model's output).
 
-    def __init__(self, setup: SchedulerSetup) -> None:
+    ``write_path`` decides where each scheduled token's K/V is written (:mod:`kvfuzz.scheduler.write_paths`: kvfuzz's
+    own :meth:`slots`, or vLLM's worker-side block tables, checked against :meth:`slots`); ``attention`` computes
+    the step's attention through the tables beside the reference (:mod:`kvfuzz.scheduler.attention`)."""
+
+    def __init__(
+        self,
+        setup: SchedulerSetup,
+        write_path: WritePathFactory = OwnSlotMapping,
+        attention: Optional[AttentionCheck] = None,
+    ) -> None:
         self.block_size = setup.block_size  # slots per block
         self.groups = group_rules(kv_cache_config(setup))  # the KV-cache groups, in vLLM's order
         slots = (setup.num_blocks + 1) * setup.block_size  # vLLM's null block 0 included
@@ -89,6 +108,8 @@ class Worker:
         self.requests: dict[str, RequestState] = {}  # every request the worker holds, as the model runner's
         self.history: dict[str, list[int]] = {}  # unfinished request -> every token the fake model sampled for it
         self.computed: dict[str, int] = {}  # request scheduled this step -> its computed tokens before the step
+        self.write_path = write_path(setup, self.runner_v2, self)  # decides the slots K/V is written to
+        self.attention = NoAttention() if attention is None else attention  # attention beside the reference
 
     # -- the scheduler's output, as the model runner reads it ------------------------------------------------------
 
@@ -142,6 +163,7 @@ class Worker:
                     f"sampled {outputs}",
                 )
             self.computed[request] = state.computed = cached.num_computed_tokens[index]
+        self.write_path.consume(output)
 
     def live_tables(self) -> dict[str, list[list[int]]]:
         """The tables (one per group) of every request the worker holds that is not preempted: the blocks it may
@@ -187,9 +209,18 @@ class Worker:
             for table in self.requests[request].tables:
                 check_table_covers(request, table, self.computed[request], count, self.block_size, step)
         taken = self._relied_on(step)
-        for request, count in scheduled.items():
-            computed = self.computed[request]
-            self._write(request, range(computed, computed + count), step, taken)
+        batch = [
+            (request, range(self.computed[request], self.computed[request] + count))
+            for request, count in scheduled.items()
+        ]
+        for request, positions in batch:
+            self._check_known(request, positions, step)
+        for (request, positions), slots in zip(batch, self.write_path.slot_mapping(batch, step)):
+            self._write(request, positions, slots, step, taken)
+        attending = [
+            Attending(request, tuple(self.requests[request].tokens), tuple(self.requests[request].table), positions)
+            for request, positions in batch
+        ]
         order, sampled = [], []
         for request, count in scheduled.items():
             state = self.requests[request]
@@ -205,6 +236,7 @@ class Worker:
                 sampled.append(tokens)
             else:
                 sampled.append([])
+        self.attention.check(attending, self.keys, self.values, step)  # after content: it names the slot at fault
         return order, sampled
 
     def _slot(self, request: str, position: int, step: int, group: int = 0) -> int:
@@ -243,11 +275,8 @@ class Worker:
                     relied.setdefault(self._slot(request, position, step, rule.index), claim)
         return relied
 
-    def _write(self, request: str, positions: range, step: int, taken: dict[int, Claim]) -> None:
-        """Write the K/V of a request's tokens at ``positions``. A write that gives a slot in ``taken`` content other
-        than its claim needs breaks exclusivity; ``taken`` gets a claim for every slot written. (A request admitted
-        in the same step as the one that writes its prefix relies on that step's write: vLLM caches full blocks
-        when they are scheduled, and the step writes every token's K/V before attention reads it.)"""
+    def _check_known(self, request: str, positions: range, step: int) -> None:
+        """Every scheduled position is one whose token the worker knows."""
         state = self.requests[request]
         if positions.stop > len(state.tokens):
             raise SchedulerViolation(
@@ -257,16 +286,50 @@ class Worker:
                 f"positions {positions.start}..{positions.stop - 1} scheduled, but the request has only "
                 f"{len(state.tokens)} tokens",
             )
+
+    def _check_mapping(self, request: str, positions: range, slots: list[int], step: int) -> None:
+        """The write path's slots are the ones the worker's tables give (for kvfuzz's own path, trivially)."""
+        expected = self.slots(request, positions, step)
+        for position, want, got in zip(positions, expected, slots):
+            if want != got:
+                table = self.requests[request].table
+                raise SchedulerViolation(
+                    Check.SLOT_MAPPING,
+                    step,
+                    request,
+                    f"its position {position} belongs in block {want // self.block_size} (table entry "
+                    f"{position // self.block_size} of {table}), slot {want}, but the {self.write_path.name} slot "
+                    f"mapping writes it to slot {got} (block {got // self.block_size}, offset "
+                    f"{got % self.block_size})",
+                )
+        if len(slots) != len(expected):
+            raise SchedulerViolation(
+                Check.SLOT_MAPPING,
+                step,
+                request,
+                f"{len(positions)} positions scheduled, but the {self.write_path.name} slot mapping gives "
+                f"{len(slots)} slots",
+            )
+
+    def _write(self, request: str, positions: range, slots: list[int], step: int, taken: dict[int, Claim]) -> None:
+        """Write the K/V of a request's tokens at ``positions`` into ``slots``, once they are checked against the
+        tables. A write that gives a slot in ``taken`` content other than its claim needs breaks exclusivity;
+        ``taken`` gets a claim for every slot written. (A request admitted in the same step as the one that writes
+        its prefix relies on that step's write: vLLM caches full blocks when they are scheduled, and the step
+        writes every token's K/V before attention reads it.)"""
         if not positions:
             return
+        self._check_mapping(request, positions, slots, step)
         for group in range(len(self.groups)):
-            self._write_group(request, positions, step, taken, group)
+            group_slots = slots if group == 0 else self.slots(request, positions, step, group)
+            self._write_group(request, positions, group_slots, step, taken, group)
 
-    def _write_group(self, request: str, positions: range, step: int, taken: dict[int, Claim], group: int) -> None:
-        """:meth:`_write` in one group: its table's slots, its layers' K/V."""
+    def _write_group(
+        self, request: str, positions: range, slots: list[int], step: int, taken: dict[int, Claim], group: int
+    ) -> None:
+        """:meth:`_write` in one group: its table's ``slots``, its layers' K/V."""
         state = self.requests[request]
         tags = prefix_tags(group_namespace(group), state.tokens[: positions.stop])[positions.start :]
-        slots = self.slots(request, positions, step, group)
         for slot, position, tag in zip(slots, positions, tags):
             claim = taken.get(slot)
             if claim is not None and claim.tag != tag:

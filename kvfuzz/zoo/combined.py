@@ -10,7 +10,10 @@ signature of invariant and operation alone merged into one finding (the second b
 ``whole_prompt_and_namespace`` (cache soundness on admit: a hit covering the whole prompt, and a hit on another
 namespace's K/V), ``unwritten_and_namespace`` (cache soundness on admit: a hit on K/V no step wrote yet, and a hit
 on another namespace's K/V) and ``refcount_over_and_under`` (refcounts: a free that leaves shared blocks' refcounts
-too high, and a preemption that releases one block twice). :data:`COMBINED` lists each with its bugs.
+too high, and a preemption that releases one block twice). ``under_count_two_paths`` pairs two bugs with the same
+cause, a refcount below the table entries, reached by different paths (a preemption that releases one block twice,
+and a grow after a rollback that appends the sequence's last block again without taking a reference): the path
+that released or took the block tells them apart. :data:`COMBINED` lists each with its bugs.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from kvfuzz.zoo.variants import (
     MatchableAtAllocation,
     NoCopyOnWrite,
     ReleasedTwiceOnPreempt,
+    RepeatedBlockAfterRollback,
     SwapInWrongHostBlock,
 )
 
@@ -52,6 +56,12 @@ class RefcountOverAndUnder(FreeForgetsSharedRefcount, ReleasedTwiceOnPreempt):
     (ReleasedTwiceOnPreempt)."""
 
 
+class UnderCountTwoPaths(ReleasedTwiceOnPreempt, RepeatedBlockAfterRollback):
+    """A preemption that releases a block twice (ReleasedTwiceOnPreempt) and a grow after a rollback that maps a
+    block twice on one reference (RepeatedBlockAfterRollback): both leave a refcount below the table entries, by
+    different paths."""
+
+
 def _factory(allocator: type[PagedAllocator]) -> Callable[[PoolSpec], PagedAllocator]:
     def build(spec: PoolSpec) -> PagedAllocator:
         return allocator(spec.block_size, spec.num_blocks, spec.num_host_blocks, inflight_window=1)
@@ -64,6 +74,7 @@ shallow_and_deep = _factory(ShallowAndDeep)
 whole_prompt_and_namespace = _factory(WholePromptAndNamespace)
 unwritten_and_namespace = _factory(UnwrittenAndNamespace)
 refcount_over_and_under = _factory(RefcountOverAndUnder)
+under_count_two_paths = _factory(UnderCountTwoPaths)
 
 
 @attrs.frozen
@@ -88,5 +99,6 @@ COMBINED: tuple[Combined, ...] = (
     Combined("whole_prompt_and_namespace", _variants(FullPromptHit, KeyWithoutNamespace)),
     Combined("unwritten_and_namespace", _variants(MatchableAtAllocation, KeyWithoutNamespace)),
     Combined("refcount_over_and_under", _variants(FreeForgetsSharedRefcount, ReleasedTwiceOnPreempt)),
+    Combined("under_count_two_paths", _variants(ReleasedTwiceOnPreempt, RepeatedBlockAfterRollback)),
 )
 """Every combined allocator of this module, with its bugs."""

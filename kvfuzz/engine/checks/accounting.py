@@ -14,6 +14,42 @@ UNDER_COUNT = Cause(
 )
 
 
+_WHOLE_TABLE = "a release of a sequence's whole device table (free, preempt or swap-out)"
+_RELEASE_PATHS: dict[str, str] = {
+    "free": _WHOLE_TABLE,
+    "preempt": _WHOLE_TABLE,
+    "swap_out": _WHOLE_TABLE,
+    "swap_in": "a swap-in that mapped device blocks",
+    "rollback": "a rollback that released the blocks it dropped",
+    "grow": "a grow that changed the table (a new block, a copy-on-write, a block out of the window)",
+    "decode": "a grow that changed the table (a new block, a copy-on-write, a block out of the window)",
+    "fork": "a fork that shared the parent's blocks",
+    "admit": "an admission that mapped blocks (a cache hit shares them)",
+    "readmit": "an admission that mapped blocks (a cache hit shares them)",
+    "resume": "an admission that mapped blocks (a cache hit shares them)",
+    "land_loads": "an admission that mapped blocks (a cache hit shares them)",
+    "evict": "an eviction of cached blocks",
+    "evict_blocks": "an eviction of cached blocks",
+    "reset_cache": "an eviction of cached blocks",
+}
+"""Operation -> the path by which its table change releases or takes references. Operations that change tables
+the same way share a path (a preemption or a swap-out releases the whole device table as a free does), so that one
+release path is one finding whichever of them met it."""
+COMPLETED_STEP = "a completed step that settled deferred releases"
+OTHER_PATH = "another operation"
+
+
+def release_path(operation: str) -> str:
+    """The path that released or took the references of the blocks an operation touched, from the operation's label
+    (``free('s0')``, ``grow('s1', ...), completing step 3``): the refcount check runs
+    on the blocks each operation touched, so the operation it runs in is the one whose release (or take) last
+    touched the block."""
+    if ", completing step " in operation:
+        return COMPLETED_STEP
+    name = operation.partition("(")[0]
+    return _RELEASE_PATHS.get(name, OTHER_PATH)
+
+
 def _member_of(block: int, free: Collection[int], cached: Collection[int], pending: Collection[int]) -> list[str]:
     """The names of the allocator's sets that list ``block``, in the order reports give them."""
     return [name for name, blocks in (("free", free), ("cached", cached), ("pending", pending)) if block in blocks]
@@ -43,7 +79,9 @@ class AccountingChecks(Checker):
                         f"{self.state.entries(holders) or 'none'}",
                         *self.pools.block_story(block),
                     ],
-                    OVER_COUNT if found > len(holders) else UNDER_COUNT,
+                    (OVER_COUNT if found > len(holders) else UNDER_COUNT).refined(
+                        f"last touched by {release_path(self.context.operation)}"
+                    ),
                 )
             in_cached = block in cached
             listed = (block in free) + in_cached + (block in pending)  # how many of the three sets list it

@@ -8,10 +8,15 @@ import attrs
 import torch
 
 from kvfuzz.allocator.types import SeqId
+from kvfuzz.engine.checks.content import clobbered
 from kvfuzz.engine.checks.context import CheckContext, Checker
 from kvfuzz.engine.expected import Status
 from kvfuzz.engine.violations import Cause, Invariant
 from kvfuzz.kernels import AttentionKernel, GatherKernel, PagedBatch, compare, make_kernel
+
+UNEXPLAINED_ATTENTION = Cause("attention through the block table that differs from the contiguous reference")
+"""The cause of an attention mismatch where every position read holds its own K/V by the shadow record (values
+that differ from what was written, or a kernel that reads them wrong)."""
 
 _NO_QUERIES = torch.empty(0)
 """The queries of a batch made to read K/V alone."""
@@ -68,8 +73,21 @@ class AttentionCheck(Checker):
                 f"reads positions {starts[mismatch.row]}..{h.length(seq) - 1}",
                 f"block table: {list(h.seqs[seq].table)}",
             ],
-            Cause("attention through the block table that differs from the contiguous reference"),
+            self._why(seq, starts[mismatch.row]),
         )
+
+    def _why(self, seq: SeqId, start: int) -> Cause:
+        """The cause of ``seq``'s attention mismatch: the kind of write that left the first position it reads with
+        another prefix's K/V (or none: never written), as the content check names it; where every position it reads
+        holds its own K/V by the record, values that differ from what was written."""
+        h = self.state
+        table, layout, tags = h.seqs[seq].table, h.layout(seq), h.reference.tags(seq)
+        for position in range(start, h.length(seq)):
+            slot = layout.slot_of(table, position)
+            record = self.pools.record(slot)
+            if record is None or record.tag != tags[position]:
+                return clobbered(h, seq, slot, record)
+        return UNEXPLAINED_ATTENTION
 
     def _reads_the_reference(
         self, kernel: GatherKernel, batch: PagedBatch, seqs: list[SeqId], starts: list[int]

@@ -13,9 +13,31 @@ from kvfuzz.allocator.types import (
 )
 from kvfuzz.engine.checks.context import Checker
 from kvfuzz.engine.checks.explain import found, prefix, root_cause, where
+from kvfuzz.engine.expected import ExpectedState
 from kvfuzz.engine.pools import SlotWrite
 from kvfuzz.engine.violations import Cause, Invariant
 from kvfuzz.reference.content import kv_for_tags
+
+
+def clobbered(state: ExpectedState, seq: str, slot: int, record: Optional[SlotWrite]) -> Cause:
+    """Which kind of write left another prefix's K/V (or none) where ``seq`` expects its own in ``slot``: the cause
+    of a content mismatch, and of an attention mismatch that reads it."""
+    if record is None:
+        return Cause("a position whose slot no write reached")
+    holders = {holder for holder, _ in state.refs.holders.get(slot // state.rows, ()) if holder != seq}
+    if record.seq in holders:
+        return Cause("a write by another holder of a shared block (a block two sequences hold was written)")
+    if record.via.startswith("late in-flight work"):
+        return Cause("late in-flight work landed in a block handed out again")
+    if record.via.startswith("loaded"):
+        return Cause("a host-tier load brought another prefix's K/V")
+    if record.via.startswith("copied from"):
+        return Cause("a copy-on-write copy brought another prefix's K/V (stale content after a copy)")
+    if record.via.startswith("swapped in"):
+        return Cause("a swap-in brought another prefix's K/V")
+    if record.via:
+        return Cause("a write withdrawn or moved by the engine (an abort's scheduled writes) left stale K/V")
+    return Cause("a write for another prefix into a block this sequence maps")
 
 
 class ContentChecks(Checker):
@@ -56,26 +78,10 @@ class ContentChecks(Checker):
                         *root_cause(self.state, seq, position, slot, record),
                         *self.pools.block_story(slot // h.rows),
                     ],
-                    self._clobbered(seq, slot, record),
+                    clobbered(self.state, seq, slot, record),
                 )
             expected_tags.append(tag)
         self._bits(list(wanted.items()), expected_tags)
-
-    def _clobbered(self, seq: str, slot: int, record: Optional[SlotWrite]) -> Cause:
-        """Which kind of write left another prefix's K/V (or none) where ``seq`` expects its own in ``slot``."""
-        h = self.state
-        if record is None:
-            return Cause("a position whose slot no write reached")
-        holders = {holder for holder, _ in h.refs.holders.get(slot // h.rows, ()) if holder != seq}
-        if record.seq in holders:
-            return Cause("a write by another holder of a shared block (a block two sequences hold was written)")
-        if record.via.startswith("late in-flight work"):
-            return Cause("late in-flight work landed in a block handed out again")
-        if record.via.startswith("loaded"):
-            return Cause("a host-tier load brought another prefix's K/V")
-        if record.via:
-            return Cause("a write withdrawn or moved by the engine (an abort's scheduled writes) left stale K/V")
-        return Cause("a write for another prefix into a block this sequence maps")
 
     def _bits(self, entries: list[tuple[tuple[str, int], int]], tags: list[int]) -> None:
         """The pool's values equal the reference's bit for bit (the shadow records already agree)."""

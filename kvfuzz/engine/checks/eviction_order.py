@@ -9,7 +9,7 @@ from typing import Iterable, Optional
 import attrs
 
 from kvfuzz.engine.checks.context import Checker
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 @attrs.frozen
@@ -70,6 +70,7 @@ class EvictionOrder(Checker):
                     *self.pools.block_story(wrong),
                     *self.pools.block_story(skipped),
                 ],
+                Cause("cached blocks evicted out of least-recently-released order"),
             )
         still_free = sorted(before.free & set(alloc.free_blocks())) if reuse else []
         if still_free:
@@ -82,4 +83,5 @@ class EvictionOrder(Checker):
                     *self.pools.block_story(gone[0]),
                     *self.pools.block_story(still_free[0]),
                 ],
+                Cause("a cached block reused for new content while a free block was left"),
             )

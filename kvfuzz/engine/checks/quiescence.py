@@ -12,7 +12,11 @@ from kvfuzz.allocator.protocol import Swaps
 from kvfuzz.allocator.types import SeqId
 from kvfuzz.engine.checks.accounting import AccountingChecks
 from kvfuzz.engine.checks.context import CheckContext, Checker
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
+
+LEAKED_REFERENCE = Cause("a reference never released: a block still counted referenced once every sequence is gone")
+LEAKED_BLOCKS = Cause("blocks leaked: fewer blocks reusable than the pool once every sequence is gone")
+LEAKED_HOST_BLOCKS = Cause("host blocks leaked: fewer host blocks free than the host pool once every sequence is gone")
 
 
 class Quiescence(Checker):
@@ -49,6 +53,7 @@ class Quiescence(Checker):
                     Invariant.QUIESCENCE,
                     f"every sequence is gone, yet block {block} has refcount {alloc.refcount(block)}",
                     self.pools.block_story(block),
+                    LEAKED_REFERENCE,
                 )
         free, cached, pending = alloc.free_blocks(), alloc.cached_blocks(), alloc.pending_blocks()
         reusable = len(free) + (0 if h.caps.eviction else len(cached))
@@ -62,6 +67,7 @@ class Quiescence(Checker):
                     f"leaked: {lost[:20]}",
                     *(line for block in lost[:2] for line in self.pools.block_story(block)),
                 ],
+                LEAKED_BLOCKS,
             )
         if not isinstance(free, collections.abc.Set) and len(set(free)) != len(free):
             duplicated = sorted(block for block, n in collections.Counter(free).items() if n > 1)
@@ -69,6 +75,7 @@ class Quiescence(Checker):
                 Invariant.QUIESCENCE,
                 f"the free set lists block(s) {duplicated} more than once",
                 self.pools.block_story(duplicated[0]),
+                Cause("a block listed in the free set more than once (released twice)"),
             )
         host = self.host_introspection
         if host is not None:
@@ -82,6 +89,7 @@ class Quiescence(Checker):
                         f"expected: every host block 0..{h.num_host_blocks - 1} free, once",
                         f"leaked:   {sorted(set(range(h.num_host_blocks)) - set(host_free))[:20]}",
                     ],
+                    LEAKED_HOST_BLOCKS,
                 )
 
     def usable(self) -> int:
@@ -116,6 +124,7 @@ class Quiescence(Checker):
                     else f"every sequence is gone, yet {' + '.join(map(str, sizes))} blocks in {len(sizes)} sequences "
                     f"are refused: {error}",
                     ["some blocks leaked"],
+                    LEAKED_BLOCKS,
                 )
         return probes
 
@@ -145,6 +154,7 @@ class Quiescence(Checker):
                         Invariant.QUIESCENCE,
                         f"every sequence is gone, yet a {size}-block probe of the host pool is refused: {error}",
                         ["some blocks leaked"],
+                        LEAKED_BLOCKS,
                     )
                 probes.append(probe)
             try:
@@ -155,6 +165,7 @@ class Quiescence(Checker):
                     f"every sequence is gone, yet swapping out {size} block(s) with {left} of {h.num_host_blocks} "
                     f"host blocks unused is refused: {error}",
                     ["some host blocks leaked (the allocator shows no host free set, host_free_blocks)"],
+                    LEAKED_HOST_BLOCKS,
                 )
             left -= size
         return probes

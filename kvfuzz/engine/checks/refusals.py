@@ -3,6 +3,7 @@ only a contract-breaking call is refused as misuse."""
 
 from __future__ import annotations
 
+import re
 from typing import NoReturn, Optional
 
 import attrs
@@ -12,7 +13,13 @@ from kvfuzz.engine.checks.accounting import AccountingChecks
 from kvfuzz.engine.checks.context import CheckContext, Checker, PoolCounts
 from kvfuzz.engine.expected import Status
 from kvfuzz.engine.misuse import MisuseCall
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
+
+
+def misuse_kind(call: MisuseCall) -> str:
+    """Why ``call`` breaks the contract, without the sequence it names (``s3 was already freed``: ``a sequence was
+    already freed``): the same misuse, whichever sequence a program used."""
+    return re.sub(r"\bs\d+\b", "a sequence", call.why)
 
 
 class RefusalChecks(Checker):
@@ -45,6 +52,7 @@ class RefusalChecks(Checker):
                     invariant,
                     f"refused with {type(error).__name__}, but the block table of {h.label(seq)} changed",
                     [f"refusal: {error}", f"expected: {list(model.table)}", f"found:    {list(table)}"],
+                    Cause("a refusal that changed a running sequence's block table"),
                 )
         if absent is not None:
             try:
@@ -56,6 +64,7 @@ class RefusalChecks(Checker):
                     invariant,
                     f"refused with {type(error).__name__}, but {absent} now has a block table",
                     [f"refusal: {error}", f"found: {list(absent_table)}"],
+                    Cause("a refusal that left the refused sequence a block table"),
                 )
         after = self.context.counts()
         evicted = self._evicted_by_refusal(invariant, before, error, cached_before)
@@ -75,6 +84,7 @@ class RefusalChecks(Checker):
                     ),
                     f"found:    {after}",
                 ],
+                Cause("a refusal that changed the pool (blocks taken or released before the refusal)"),
             )
         self.accounting.touched({*h.refs.holders, *evicted})
         return evicted
@@ -96,6 +106,7 @@ class RefusalChecks(Checker):
                 invariant,
                 f"refused with {type(error).__name__}, but block(s) {joined} became cached",
                 [f"refusal: {error}", "expected: a refusal may only drop cached, unreferenced blocks (refusal_evicts)"],
+                Cause("a refusal that made blocks cached"),
             )
         return cached_before - cached_after
 
@@ -119,6 +130,7 @@ class RefusalChecks(Checker):
                     f"available: {available} unreferenced block(s) outside the in-flight window"
                     + (f", beyond {h.caps.reserved_blocks} reserved" if not host and h.caps.reserved_blocks else ""),
                 ],
+                Cause(f"an out-of-blocks refusal while the {where} could serve it"),
             )
 
     def valid_call_refused(self, error: AllocatorError, out_of_blocks_allowed: bool) -> NoReturn:
@@ -127,6 +139,7 @@ class RefusalChecks(Checker):
             Invariant.MISUSE,
             f"a valid call was refused with {type(error).__name__}: {error}",
             ["expected: the call to succeed" + (", or OutOfBlocks" if out_of_blocks_allowed else "")],
+            Cause(f"a valid call refused with {type(error).__name__}", by_operation=True),
         )
 
     def misuse_refused_untyped(self, call: MisuseCall, error: Exception) -> NoReturn:
@@ -135,6 +148,9 @@ class RefusalChecks(Checker):
             Invariant.MISUSE,
             f"{call} ({call.why}) raised {type(error).__name__}: {error}",
             ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"],
+            Cause(
+                f"a contract-breaking {call.op} ({misuse_kind(call)}) that raised {type(error).__name__}, not Misuse"
+            ),
         )
 
     def misuse_accepted(self, call: MisuseCall) -> NoReturn:
@@ -143,4 +159,5 @@ class RefusalChecks(Checker):
             Invariant.MISUSE,
             f"{call} ({call.why}) was accepted silently",
             ["expected: a kvfuzz.allocator.errors.Misuse subclass, with nothing changed"],
+            Cause(f"a contract-breaking {call.op} ({misuse_kind(call)}) accepted silently"),
         )

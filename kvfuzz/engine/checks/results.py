@@ -16,7 +16,7 @@ from kvfuzz.allocator.types import (
     SwapResult,
 )
 from kvfuzz.engine.checks.context import Checker
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 def is_int(value: object) -> bool:
@@ -88,6 +88,7 @@ class ResultChecks(Checker):
                     "kvfuzz.allocator.errors.OutOfBlocks",
                     f"found:    {problem}",
                 ],
+                Cause(f"a result that is not a well-formed {expected.__name__}"),
             )
 
     def block_table(self, seq: str, table: object) -> tuple[int, ...]:
@@ -98,6 +99,7 @@ class ResultChecks(Checker):
                 Invariant.RESULTS,
                 f"block_table({seq!r}) returned {shown(table)}",
                 ["expected: a sequence of int block ids", f"found:    {shown(table)}"],
+                Cause("block_table returned something other than a sequence of block ids"),
             )
         blocks = tuple(table)
         bad = [block for block in blocks if not is_int(block)]
@@ -106,6 +108,7 @@ class ResultChecks(Checker):
                 Invariant.RESULTS,
                 f"block_table({seq!r}) lists {shown(bad[0])}",
                 ["expected: block ids as int", f"found:    {[shown(block) for block in blocks]}"],
+                Cause("block_table listed a block id that is not an int"),
             )
         return blocks
 
@@ -124,6 +127,7 @@ class ResultChecks(Checker):
                     f"block(s) (lookahead_blocks = {lookahead})",
                     f"found:    {list(table)}",
                 ],
+                Cause(f"a block table {'longer' if len(table) > want else 'shorter'} than its tokens need"),
             )
         bad = [block for block in table if not 0 <= block < h.num_blocks and block != NULL_BLOCK]
         if bad:
@@ -131,6 +135,7 @@ class ResultChecks(Checker):
                 Invariant.REFCOUNTS,
                 f"block table of {seq} names block(s) {bad} outside the pool",
                 [f"expected: blocks in 0..{h.num_blocks - 1}", f"found:    {list(table)}"],
+                Cause("a block table naming a block outside the pool"),
             )
         first_read = h.layout(seq).index(h.sliding_window_start(seq))
         if NULL_BLOCK in table[first_read:]:
@@ -143,6 +148,7 @@ class ResultChecks(Checker):
                     f"(sliding window {h.window(seq)})",
                     f"found:    {list(table)}",
                 ],
+                Cause("a block table that drops a block attention still reads"),
             )
 
     def waits_for_loads(self, seq: str, result: AdmitResult) -> None:
@@ -153,10 +159,12 @@ class ResultChecks(Checker):
                 Invariant.RESULTS,
                 f"admit of {seq} waits for its loads",
                 ["expected: an admission that does not wait: the allocator does not declare async_loads"],
+                Cause("an admission that waits for its loads without declaring async_loads"),
             )
         if not result.loads:
             self.fail(
                 Invariant.RESULTS,
                 f"admit of {seq} waits for its loads but orders none",
                 ["expected: host-tier loads to wait for (an admission with nothing to load does not wait)"],
+                Cause("an admission that waits for loads it does not order"),
             )

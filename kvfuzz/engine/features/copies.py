@@ -14,7 +14,7 @@ from kvfuzz.engine.checks.explain import found, prefix, where
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.events import Completion
 from kvfuzz.engine.expected import Status
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 class TailDeduplication:
@@ -110,6 +110,7 @@ def check_copy_deduplicated(
             f"found:    {found}; table after the grow {list(h.seqs[seq].table)}",
             *context.pools.block_story(copy.dst),
         ],
+        Cause("a copy-on-write copy into a block the grown table does not map"),
     )
 
 
@@ -143,5 +144,6 @@ def check_deduplicated_tail(checks: Checks, seq: str, index: int, dst: int) -> N
                 f"found:    {found(record)}",
                 *context.pools.block_story(block),
             ],
+            Cause("a deduplicated tail block without the K/V of the copy it replaces"),
         )
     checks.content.holds((), present)

@@ -17,7 +17,7 @@ from kvfuzz.engine.arguments import BlockIds, Integers
 from kvfuzz.engine.checks import CheckContext
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.operation import Operation
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 def evict(core: EngineCore, num_blocks: int) -> None:
@@ -72,6 +72,7 @@ def check_evict_count(
             Invariant.FREE_SET,
             f"evict({num_blocks}) reports {dropped} blocks dropped",
             [f"expected: between 0 and {num_blocks}" if not rounds_up else "expected: a count of blocks, >= 0"],
+            Cause("evict reported a count of dropped blocks out of range"),
         )
     if context.introspection is None:
         return
@@ -80,6 +81,7 @@ def check_evict_count(
             Invariant.FREE_SET,
             f"evict({num_blocks}) reports {dropped} blocks dropped, but {len(evicted)} left the cached set",
             [f"left the cached set: {sorted(evicted)}", f"cached before: {sorted(before)}"],
+            Cause("evict reported a count unlike the blocks that left the cached set"),
         )
     least = min(num_blocks, len(before))
     if rounds_up and len(evicted) < least:
@@ -91,6 +93,7 @@ def check_evict_count(
                 f"{num_blocks} blocks are gone, or every cached block",
                 f"found:    dropped {sorted(evicted)}; still cached: {sorted(set(before) - set(evicted))}",
             ],
+            Cause("evict dropped fewer blocks than evict_rounds_up requires"),
         )
 
 
@@ -111,6 +114,11 @@ def check_evict_targets(
                 f"found:    dropped {sorted(evicted)}",
                 *context.pools.block_story((kept or unnamed)[0]),
             ],
+            Cause(
+                "evict_blocks left a named cached block cached"
+                if kept
+                else "evict_blocks dropped a block it was not given"
+            ),
         )
 
 
@@ -121,6 +129,7 @@ def check_cache_empty(context: CheckContext) -> None:
             Invariant.FREE_SET,
             f"reset_cache left {len(context.introspection.cached_blocks())} cached unreferenced block(s)",
             ["expected: none"],
+            Cause("reset_cache left cached blocks"),
         )
 
 

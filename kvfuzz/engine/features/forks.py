@@ -20,7 +20,7 @@ from kvfuzz.engine.core import EngineCore, merged
 from kvfuzz.engine.expected import SeqModel, Status
 from kvfuzz.engine.features.groups import GroupTables
 from kvfuzz.engine.operation import Operation
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 def _fork_copies(result: object) -> object:
@@ -88,6 +88,7 @@ def check_copies_declared(context: CheckContext, parent: str, child: str, copies
             Invariant.REFCOUNTS,
             f"fork of {parent} into {child} returned copies {list(copies)}",
             ["expected: none: the allocator does not declare fork_copies, so fork shares every block"],
+            Cause("a fork that returned copies without declaring fork_copies"),
         )
 
 

@@ -26,7 +26,7 @@ from kvfuzz.engine.checks.results import ResultChecks
 from kvfuzz.engine.core import UNCHANGED, EngineCore, merged
 from kvfuzz.engine.expected import SeqModel, Status, TableChange
 from kvfuzz.engine.groups import group_namespace
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 class GroupTables:
@@ -115,6 +115,7 @@ class GroupChecks(Checker):
                 Invariant.RESULTS,
                 f"group_block_tables({seq!r}) returned {found!r}",
                 [f"expected: one block table per group, {len(groups)} in the order {names}"],
+                Cause("group_block_tables returned other than one block table per group"),
             )
         tables = [self.results.block_table(f"{seq} (group {name})", table) for name, table in zip(names, found)]
         if tables[0] != group0:
@@ -122,6 +123,7 @@ class GroupChecks(Checker):
                 Invariant.RESULTS,
                 f"group_block_tables({seq!r}) gives group {names[0]} a table unlike block_table({seq!r})",
                 [f"expected: {list(group0)} (group 0's table is the block table)", f"found:    {list(tables[0])}"],
+                Cause("group_block_tables gave group 0 a table unlike block_table"),
             )
         return tables[1:]
 
@@ -142,6 +144,7 @@ class GroupChecks(Checker):
                         f"found:    {h.entries(holders)}",
                         *self.pools.block_story(block),
                     ],
+                    Cause("a block mapped by the tables of two KV-cache groups at once"),
                 )
 
     def hit_window(self, seq: SeqId, num_cached: int) -> None:
@@ -165,6 +168,7 @@ class GroupChecks(Checker):
                         "hit of n tokens is valid only where every group holds what its attention reads at n",
                         f"found:    table {list(table)}",
                     ],
+                    Cause("a cache hit that leaves a block the sliding window reads dropped"),
                 )
 
     def hit_aligned(self, seq: SeqId, num_cached: int) -> None:
@@ -191,6 +195,7 @@ class GroupChecks(Checker):
                     f"{group.name}'s logical block {num_cached // size}: that block would hold the hit's K/V before "
                     "the offset and the next step's writes after it",
                 ],
+                Cause("a cache hit ending inside a group's block"),
             )
 
 
@@ -251,6 +256,7 @@ def check_only_drops(context: CheckContext, seq: str, table: tuple[int, ...], er
             f"was:      {list(old)}",
             f"found:    {list(table)}",
         ],
+        Cause("a refused grow that changed a table other than by dropping blocks out of its window"),
     )
 
 

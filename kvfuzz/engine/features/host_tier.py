@@ -24,7 +24,7 @@ from kvfuzz.engine.expected import SeqModel, Status, mapped
 from kvfuzz.engine.features.prefix_cache import check_missed_hit
 from kvfuzz.engine.operation import Operation
 from kvfuzz.engine.pools import UNTIL_LOADS_LAND, SlotWrite
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 class HostTier:
@@ -305,6 +305,7 @@ def check_resumed_hit(context: CheckContext, seq: str, result: AdmitResult, cove
                 f"found:    {list(result.block_table)}",
                 *context.pools.block_story(held[moved[0]]),
             ],
+            Cause("a resume that moved its cache hit to other blocks"),
         )
     if result.num_cached_tokens != covered or result.loads or result.waits_for_loads:
         context.fail(
@@ -315,6 +316,7 @@ def check_resumed_hit(context: CheckContext, seq: str, result: AdmitResult, cove
                 f"expected: the {covered} cached tokens its admission reported (loaded since), nothing more to "
                 "load, no waiting"
             ],
+            Cause("a resume that reports another hit, or loads or waits again"),
         )
 
 
@@ -331,6 +333,7 @@ def check_host_transfers_unfree(context: CheckContext, in_use: dict[int, str]) -
                 Invariant.FREE_SET,
                 f"host block {block} is in the host free set while {transfer}",
                 ["expected: out of the host free set until that transfer is done"],
+                Cause("a host block in the host free set while a transfer still uses it"),
             )
 
 
@@ -348,6 +351,7 @@ def check_host_transfers(
                 Invariant.RESULTS,
                 f"take_transfers({step}) stores block {shown(block)} into host block {shown(host_block)}",
                 [f"expected: a device block 0 .. {h.num_blocks - 1} and a host block 0 .. {h.num_host_blocks - 1}"],
+                Cause("take_transfers ordered a store outside the pools"),
             )
     for pair in transfers.flushed:
         if tuple(pair) not in in_flight:
@@ -355,6 +359,7 @@ def check_host_transfers(
                 Invariant.RESULTS,
                 f"take_transfers({step}) flushes the store {pair}, which is not in flight",
                 [f"expected: one of the stores ordered and not yet landed, {sorted(in_flight)}"],
+                Cause("take_transfers flushed a store not in flight"),
             )
 
 

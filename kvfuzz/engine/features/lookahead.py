@@ -10,7 +10,7 @@ from __future__ import annotations
 from kvfuzz.engine.checks import CheckContext
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.events import Completion, TableSet
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 class LookAhead:
@@ -68,6 +68,7 @@ def check_exclusive(context: CheckContext, seq: str, hit_tokens: int = 0) -> Non
                 f"found:    referenced by {sorted(holders)}",
                 *context.pools.block_story(block),
             ],
+            Cause("a cache hit on another sequence's look-ahead block" if matched else "a shared look-ahead block"),
         )
 
 
@@ -89,6 +90,7 @@ def check_not_cached(context: CheckContext, released: set[int]) -> None:
                     "found:    in the cached (evictable) set",
                     *context.pools.block_story(block),
                 ],
+                Cause("a block released as a look-ahead block listed as cached"),
             )
         if block in free:
             released.discard(block)

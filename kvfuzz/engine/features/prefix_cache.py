@@ -17,7 +17,7 @@ from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.events import Completion, TableSet
 from kvfuzz.engine.expected import Status
 from kvfuzz.engine.matchable import Filled
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 class CachingDebt:
@@ -106,6 +106,7 @@ def check_missed_hit(context: CheckContext, seq: str, num_cached: int, owed: Seq
         return
     index = num_cached // size
     block, written = owed[index]
+    why, cause = _why_missed(context, seq, block)
     context.fail(
         Invariant.COMPLETE_CACHING,
         f"admission of {seq} reports {num_cached} cached tokens, but its first {len(owed) * size} are matchable "
@@ -114,18 +115,20 @@ def check_missed_hit(context: CheckContext, seq: str, num_cached: int, owed: Seq
             f"logical block {index} (positions {index * size}..{(index + 1) * size - 1}, "
             f"{prefix(context.state, seq, (index + 1) * size - 1)}): block {block} holds its K/V, written by "
             f"{written}, and no eviction has dropped it",
-            f"cause: {_why_missed(context, seq, block)}",
+            f"why:      {why}",
             f"expected: at least {len(owed) * size} cached tokens (complete caching; a hit never covers the "
             "whole prompt)",
             f"found:    {num_cached}",
             *context.pools.block_story(block),
         ],
+        cause,
     )
 
 
-def _why_missed(context: CheckContext, seq: str, block: int) -> str:
+def _why_missed(context: CheckContext, seq: str, block: int) -> tuple[str, Cause]:
     """Where the owed ``block`` is now, by what the expected state knows (the tables that map it, its in-flight
-    window) and the allocator's sets: the true cause of a missed hit."""
+    window) and the allocator's sets: the true cause of a missed hit, in the words of this block and as the cause
+    that makes it one finding."""
     alloc = context.introspection
     assert alloc is not None
     window = open_window(context.pools, block)
@@ -136,38 +139,40 @@ def _why_missed(context: CheckContext, seq: str, block: int) -> str:
             f"block {block} was handed out again inside its in-flight window: {seq} maps it as its logical block "
             f"{mine[0]} for new content, though it was {window}; the allocator took it from its in-flight window "
             "and dropped its cache entry"
-        )
+        ), Cause("a missed hit: a block handed out again inside its in-flight window, its cache entry dropped")
     if mine:
         return (
             f"block {block} was handed out again to {seq} as its logical block {mine[0]} for new content: the "
             "allocator dropped its cache entry without evicting it"
-        )
+        ), Cause("a missed hit: a block handed out again for new content without an eviction")
     if holders:
         return (
             f"block {block} is still mapped by {context.state.entries(holders)}, yet the cache did not match it: its "
             "prefix was never registered, or the lookup missed it"
-        )
+        ), Cause("a missed hit: a prefix a live table still maps, never registered or missed by the lookup")
     if block in alloc.pending_blocks():
         return (
             f"block {block} is pending in its in-flight window, where it stays matchable, yet the cache did not "
             "match it: its prefix was never registered, or the lookup missed it"
-        )
+        ), Cause("a missed hit: a pending block's prefix, never registered or missed by the lookup")
     if block in alloc.cached_blocks():
         return (
             f"block {block} is in the cached set, yet the cache did not match it: its prefix was never registered, "
             "or the lookup missed it"
-        )
+        ), Cause("a missed hit: a cached block's prefix, never registered or missed by the lookup")
     if block in alloc.free_blocks():
         if window is not None:
             return (
                 f"block {block} is in the free set inside its in-flight window (it was {window}): the allocator "
                 "freed it early and dropped its cache entry"
-            )
-        return f"block {block} went to the free set without an eviction: its cache entry was dropped"
+            ), Cause("a missed hit: a block freed early inside its in-flight window, its cache entry dropped")
+        return f"block {block} went to the free set without an eviction: its cache entry was dropped", Cause(
+            "a missed hit: a block freed without an eviction, its cache entry dropped"
+        )
     return (
         f"block {block} is in none of the free, cached and pending sets, and no table maps it: it was leaked, "
         "and its cache entry with it"
-    )
+    ), Cause("a missed hit: a block leaked with its cache entry")
 
 
 def check_released_matchable(context: CheckContext, block: int) -> None:
@@ -180,11 +185,13 @@ def check_released_matchable(context: CheckContext, block: int) -> None:
     assert alloc is not None
     if block in alloc.free_blocks():
         went = "went to the free set"
+        cause = Cause("a released block the cache owes went to the free set")
     else:
         references = alloc.refcount(block)
         went = "went to none of the free, cached and pending sets (leaked" + (
             f": the allocator still counts {references} reference(s) to it)" if references else ")"
         )
+        cause = Cause("a released block the cache owes leaked, its cache entry with it")
     context.fail(
         Invariant.COMPLETE_CACHING,
         f"block {block} {went} when it was released, though the cache owes its prefix",
@@ -194,4 +201,5 @@ def check_released_matchable(context: CheckContext, block: int) -> None:
             "found:    no block holding that prefix is referenced, cached or pending",
             *context.pools.block_story(block),
         ],
+        cause,
     )

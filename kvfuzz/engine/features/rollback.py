@@ -17,7 +17,7 @@ from kvfuzz.engine.arguments import Integers, Pick
 from kvfuzz.engine.checks import CheckContext
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.operation import Operation
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 def rollback(core: EngineCore, seq: SeqId, num_tokens: int) -> None:
@@ -54,6 +54,7 @@ def check_rollback_table(context: CheckContext, seq: str, before: tuple[int, ...
                     for line in context.pools.block_story(old)
                 ),
             ],
+            Cause("a rollback that changed the blocks of positions it kept"),
         )
 
 

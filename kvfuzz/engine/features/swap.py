@@ -20,7 +20,7 @@ from kvfuzz.engine.checks.explain import prefix
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.expected import Status, mapped
 from kvfuzz.engine.operation import Operation
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Cause, Invariant
 
 
 def swap_out(core: EngineCore, seq: SeqId) -> bool:
@@ -95,6 +95,7 @@ def check_swap_out_mapping(
             Invariant.CONTENT,
             f"swap-out of {seq} maps device blocks {sorted(host_of)}",
             [f"expected: the blocks of its table {list(table)}, each once"],
+            Cause("a swap-out mapping that does not copy each block of the table once"),
         )
     clash = sorted(set(host_of.values()) & host_holders.keys())
     if len(set(host_of.values())) != len(host_of) or (clash and not context.state.caps.shares_host_blocks):
@@ -102,6 +103,7 @@ def check_swap_out_mapping(
             Invariant.CONTENT,
             f"swap-out of {seq} reuses host block(s) {clash or host_of}",
             ["expected: distinct host blocks no other swapped-out sequence holds"],
+            Cause("a swap-out into a host block another swapped-out sequence holds"),
         )
     index_of = {block: index for index, block in enumerate(table) if block != NULL_BLOCK}
     for block, host_block in mapping:
@@ -142,6 +144,7 @@ def _same_host_content(
             found,
             *context.pools.block_story(block),
         ],
+        Cause("a swap-out sharing a host block that holds other K/V"),
     )
 
 
@@ -155,6 +158,7 @@ def check_swap_in_mapping(
             Invariant.CONTENT,
             f"swap-in of {seq} copies host blocks {sources}",
             [f"expected: the host blocks it was swapped out to, {list(host_table)}"],
+            Cause("a swap-in that copies other host blocks than its swap-out filled"),
         )
 
 

@@ -1,0 +1,161 @@
+"""vLLM's engine core under async scheduling: two batches in flight, and the check on blocks released while a step
+in flight still reads them.
+
+With ``async_scheduling`` vLLM's engine core (``EngineCore.step_with_batch_queue``, a queue of depth
+``max_concurrent_batches``, 2 without pipeline parallelism) schedules step N+1 and launches it before step N's output
+has come back: ``schedule()``, the model runner's non-blocking ``execute_model``, and only when the queue is full (or
+nothing else can be scheduled) the oldest batch's output is awaited and handed to ``update_from_output``, in launch
+order. The ``AsyncScheduler`` counts the token each launched decode will sample as an *output placeholder* and
+schedules the next decode on it, before the token is known.
+
+kvfuzz's worker runs a step when it is launched, as vLLM's GPU model runner does: each step is queued on one stream,
+so its K/V writes come after the reads of every step launched before it. The output of the step is kept in the queue
+and returned to the scheduler later. :class:`BatchQueue` keeps, for each block, the steps in flight whose attention
+reads it and for which requests; a block a request released (finished, aborted, preempted: no table of the request
+holds it any more) while such a step is in flight, written by a later step before that step's output returned, is
+the hazard async scheduling opens. vLLM 0.33.0 returns such a block to the free queue at once (it defers frees only
+for a KV-consumer connector, whose loads are not ordered on the stream) and relies on the stream's order; the check
+holds the write path to that order (:meth:`BatchQueue.ordered`), and counts each such rewrite, so a run says how
+often the hazard was reached."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Protocol
+
+import attrs
+
+from kvfuzz.scheduler.violations import Check, SchedulerViolation
+
+DEPTH = 2
+"""Batches in flight: vLLM's ``max_concurrent_batches`` under async scheduling without pipeline parallelism."""
+
+
+@attrs.frozen
+class Batch:
+    """One launched step: its number (the ``schedule()`` call), the scheduler's output and the model runner's output,
+    held back until the engine core awaits it."""
+
+    step: int
+    output: Any  # the SchedulerOutput
+    result: Any  # the ModelRunnerOutput
+    scheduled: int  # tokens it scheduled
+
+
+class Engine(Protocol):
+    """What the queue drives: :class:`kvfuzz.scheduler.session.Session`."""
+
+    def has_requests(self) -> bool: ...
+
+    def launch(self) -> Batch: ...
+
+    def collect(self, batch: Batch) -> None: ...
+
+
+@attrs.frozen
+class Progress:
+    """What one engine step did: the tokens it scheduled, and whether it returned a batch that computed some."""
+
+    scheduled: int
+    collected: bool
+
+    def __bool__(self) -> bool:
+        return self.scheduled > 0 or self.collected
+
+
+class SynchronousLoop:
+    """vLLM's engine core without async scheduling (``EngineCore.step``): each step is scheduled, executed and its
+    output returned before the next is scheduled; nothing is ever in flight between steps."""
+
+    rewrites = 0  # blocks rewritten while a step reading them for their former owner was in flight: never
+
+    def in_flight(self) -> list[int]:
+        """The steps launched whose output has not returned: none between steps."""
+        return []
+
+    def step(self, engine: Engine) -> Progress:
+        batch = engine.launch()
+        engine.collect(batch)
+        return Progress(batch.scheduled, False)
+
+    def before_execute(self, output: Any, worker: Any, step: int) -> None:
+        """Nothing is in flight when a step runs."""
+
+
+class BatchQueue:
+    """vLLM's engine core with async scheduling: up to :data:`DEPTH` batches in flight, returned in launch order.
+
+    Invariants: ``batches`` holds the launched steps whose output has not been returned, newest first;
+    ``readers[block][step]`` is the set of requests whose attention step ``step`` (in flight) reads ``block`` for;
+    no step writes a block that a request released while a step reading it for that request is in flight, unless
+    the device runs the write after that step (:meth:`ordered`)."""
+
+    def __init__(self) -> None:
+        self.batches: collections.deque[Batch] = collections.deque()  # in flight, newest first
+        self.readers: dict[int, dict[int, set[str]]] = {}  # block -> in-flight step -> requests it reads it for
+        self.rewrites = 0  # released blocks written while a step that read them is in flight (ordered by the stream)
+
+    def in_flight(self) -> list[int]:
+        """The steps launched whose output has not returned, oldest first."""
+        return [batch.step for batch in reversed(self.batches)]
+
+    def ordered(self, reader: int, writer: int) -> bool:
+        """Whether the device runs step ``writer``'s writes after step ``reader``'s reads: vLLM's GPU model runner
+        queues every step on one stream, so a step launched later runs after."""
+        return reader < writer
+
+    def step(self, engine: Engine) -> Progress:
+        """One call of ``step_with_batch_queue``: launch a step if the scheduler has requests, and return the oldest
+        batch unless the queue has room and there is more to launch."""
+        scheduled = 0
+        if engine.has_requests():
+            batch = engine.launch()
+            scheduled = batch.scheduled
+            self.batches.appendleft(batch)
+            if len(self.batches) < DEPTH and (scheduled > 0 or engine.has_requests()):
+                return Progress(scheduled, False)
+        elif not self.batches:
+            return Progress(0, False)
+        oldest = self.batches.pop()
+        for steps in self.readers.values():
+            steps.pop(oldest.step, None)
+        engine.collect(oldest)
+        return Progress(scheduled, oldest.scheduled > 0)
+
+    def before_execute(self, output: Any, worker: Any, step: int) -> None:
+        """Check the blocks the worker is about to write for ``step`` against the in-flight steps that read them, then
+        record the blocks this step reads. Called once the worker has read ``output`` (its tables are the
+        scheduler's) and before it writes."""
+        size = worker.block_size
+        live = worker.live_tables()
+        for request, count in output.num_scheduled_tokens.items():
+            table = worker.requests[request].table
+            start = worker.computed[request]
+            written = {
+                table[position // size] for position in range(start, start + count) if position // size < len(table)
+            }
+            for block in sorted(written):
+                self._check_write(block, request, start, step, live)
+        for request, count in output.num_scheduled_tokens.items():
+            table = worker.requests[request].table
+            end = worker.computed[request] + count
+            for block in table[: -(-end // size)]:
+                self.readers.setdefault(block, {}).setdefault(step, set()).add(request)
+
+    def _check_write(self, block: int, writer: str, start: int, step: int, live: dict[str, list[int]]) -> None:
+        for reader, requests in sorted(self.readers.get(block, {}).items()):
+            released = sorted(request for request in requests if block not in live.get(request, ()))
+            if reader == step or not released:
+                continue
+            if self.ordered(reader, step):
+                self.rewrites += 1
+                continue
+            raise SchedulerViolation(
+                Check.RELEASED,
+                step,
+                writer,
+                f"step {step} writes request {writer}'s K/V (from position {start}) into block {block}, which "
+                f"request(s) {released} released (no table of theirs holds it now) while step {reader}, which reads "
+                f"it for them, is in flight (its output not yet returned), and the device does not run step {step}'s "
+                f"writes after step {reader}'s reads",
+            )

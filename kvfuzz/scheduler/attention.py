@@ -1,0 +1,130 @@
+"""Attention through the worker's tables, with the reference beside it (invariant 2 for a real scheduler).
+
+After a step's writes, every scheduled token of every request attends, causally, to its request's positions
+``0 .. p`` (the context length ``p + 1``) read through the request's block table from the paged pools, with the
+query kvfuzz derives from the token's prefix (:func:`~kvfuzz.reference.content.queries_for_tags`). The reference
+attends the same query over the request's own contiguous K/V (:func:`~kvfuzz.reference.content.padded_kv_for_tags`
+of its own tokens), with :func:`kvfuzz.reference.attention.attend`. The two must agree: bit for bit for the
+``gather`` kernel (the reference's own function on the gathered K/V), within the kernel's stated tolerance for
+another (``vllm-triton``: vLLM's Triton unified attention in Triton's interpreter). The content check already
+compares every attended position's K/V bit for bit; this adds the kernel's read path: the block table's
+indexing and the context lengths it is given.
+
+Checks are types: :class:`NoAttention` (``off``) computes nothing, :class:`KernelAttention` runs a kernel of
+:mod:`kvfuzz.kernels`."""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+import attrs
+import torch
+
+from kvfuzz.kernels.base import AttentionKernel, PagedBatch, compare
+from kvfuzz.reference.attention import attend
+from kvfuzz.reference.content import padded_kv_for_tags, prefix_tags, queries_for_tags
+from kvfuzz.scheduler.config import MODEL_SHAPE
+from kvfuzz.scheduler.violations import Check, SchedulerViolation
+
+
+@attrs.frozen
+class Attending:
+    """A scheduled request's view for attention: its tokens, its block table and the positions it computed this
+    step (each attends to every position up to it)."""
+
+    request: str
+    tokens: tuple[int, ...]  # every token the worker knows for the request
+    table: tuple[int, ...]  # its block ids, in position order
+    positions: range  # the positions scheduled this step
+
+
+class AttentionCheck(Protocol):
+    """Computes the step's attention through the tables and compares it with the reference."""
+
+    name: str
+
+    def check(self, attending: Sequence[Attending], keys: torch.Tensor, values: torch.Tensor, step: int) -> None:
+        """Raise :class:`SchedulerViolation` (``attention``) where the paged result differs from the reference."""
+
+
+class NoAttention:
+    """No attention computed (the content check alone)."""
+
+    name = "off"
+
+    def check(self, attending: Sequence[Attending], keys: torch.Tensor, values: torch.Tensor, step: int) -> None:
+        return None
+
+
+class KernelAttention:
+    """Attention of every scheduled token through a kernel of :mod:`kvfuzz.kernels`, against the reference."""
+
+    def __init__(self, kernel: AttentionKernel, block_size: int) -> None:
+        self.kernel = kernel  # the paged side
+        self.block_size = block_size  # slots per block of the pools
+        self.name = kernel.name
+
+    def context_length(self, position: int) -> int:
+        """How many positions the token at ``position`` attends to (causal: itself and every one before it)."""
+        return position + 1
+
+    def check(self, attending: Sequence[Attending], keys: torch.Tensor, values: torch.Tensor, step: int) -> None:
+        rows = [(request, position) for request in attending for position in request.positions]
+        if not rows:
+            return
+        tags = {request.request: prefix_tags((), request.tokens) for request in attending}
+        lengths = [self.context_length(position) for _, position in rows]
+        queries = queries_for_tags([tags[request.request][position] for request, position in rows], MODEL_SHAPE)
+        batch = PagedBatch(
+            seqs=[f"{request.request}@{position}" for request, position in rows],
+            tables=[request.table for request, _ in rows],
+            starts=[0] * len(rows),
+            lengths=lengths,
+            queries=queries,
+            keys=keys,
+            values=values,
+            block_size=self.block_size,
+        )
+        paged = self.kernel.attend(batch)
+        own = [tags[request.request][: position + 1] for request, position in rows]
+        own_keys, own_values = padded_kv_for_tags(own, MODEL_SHAPE)
+        expected = attend(queries, own_keys, own_values, torch.tensor([len(prefix) for prefix in own]))
+        mismatch = compare(paged, expected, self.kernel.tolerance(MODEL_SHAPE.dtype))
+        if mismatch is None:
+            return
+        request, position = rows[mismatch.row]
+        tolerance = self.kernel.tolerance(MODEL_SHAPE.dtype)
+        raise SchedulerViolation(
+            Check.ATTENTION,
+            step,
+            request.request,
+            f"the attention of its position {position} through its table {list(request.table)} ({self.name} "
+            f"kernel, context length {lengths[mismatch.row]}) differs from the reference over its own "
+            f"{position + 1} positions' K/V by up to {mismatch.max_abs_diff:.3g} (allowed: "
+            + ("none, bit for bit" if tolerance is None else str(tolerance))
+            + ")",
+        )
+
+
+AttentionFactory = Callable[[int], AttentionCheck]
+"""Builds the attention check for pools of a block size."""
+
+
+def _gather(block_size: int) -> AttentionCheck:
+    from kvfuzz.kernels.gather import GatherKernel
+
+    return KernelAttention(GatherKernel(), block_size)
+
+
+def _vllm_triton(block_size: int) -> AttentionCheck:
+    from kvfuzz.kernels.vllm_triton import VllmTritonKernel
+
+    return KernelAttention(VllmTritonKernel(MODEL_SHAPE), block_size)
+
+
+ATTENTIONS: dict[str, AttentionFactory] = {
+    "off": lambda _block_size: NoAttention(),
+    "gather": _gather,
+    "vllm-triton": _vllm_triton,
+}
+"""The attention checks ``kvfuzz run --scheduler --attention`` names."""
