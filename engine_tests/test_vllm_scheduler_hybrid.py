@@ -112,6 +112,14 @@ def test_the_cli_option_the_trace_and_its_replay(
 ) -> None:
     assert main(["run", "--model", "sliding-window"]) == 2
     assert capsys.readouterr().err.splitlines() == ["kvfuzz: --model needs --scheduler"]
+    assert main(["run", *HYBRID_ARGS, "--attention", "gather"]) == 2  # it reads one group
+    assert capsys.readouterr().err.splitlines() == [
+        "kvfuzz: --model sliding-window does not take --attention (yet: it reads one KV-cache group; docs/scheduler.md)"
+    ]
+    assert main(["run", *HYBRID_ARGS, "--async-scheduling"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "kvfuzz: model sliding-window is not driven under async scheduling (yet; docs/scheduler.md)"
+    ]
     assert main(["run", *HYBRID_ARGS, "--examples", "3", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["failed"] is False and summary["steps"] > 0
