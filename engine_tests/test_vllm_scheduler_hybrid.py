@@ -68,6 +68,15 @@ def test_the_unmodified_scheduler_passes_with_two_groups() -> None:
     assert outcome.preemptions > 0 and outcome.hit_tokens > 0, outcome.describe()
 
 
+def test_the_v1_model_runner_s_protocol_with_two_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the V1 model runner a preempted request resumes among the cached ones with a new table per group."""
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    setup = SchedulerSetup(num_blocks=12, model="sliding-window")
+    outcome = search(setup, examples=15, steps=30, shrink=False)
+    assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"
+    assert outcome.preemptions > 0, outcome.describe()
+
+
 def frees_one_block_early(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded: the sliding-window manager counts a block more as skipped, freeing the block that holds the start of
     the window while the request still attends it."""
