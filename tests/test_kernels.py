@@ -176,6 +176,9 @@ def test_the_gather_kernel_s_reads_are_decided_by_their_tags_and_any_other_tag_g
     h.step()
     slot = h.expected.layout("s4").slot_of(h.expected.seqs["s4"].table, 0)
     record = h.pools.shadow[slot]
+    assert not h.pools.made  # no step has read the tensors: they do not exist yet
+    assert h.pools.keys.shape[0] > slot  # made now, from the records
+    # a record changed behind the pools' back (not through a write) leaves the tensors as they are
     h.pools.shadow[slot] = attrs.evolve(record, tag=record.tag ^ 1)  # the tensors still hold the right K/V
     h.checks.attention.check()
     assert gathers == [1]  # the tags disagreed: the tensors were compared (and agreed)
@@ -183,6 +186,23 @@ def test_the_gather_kernel_s_reads_are_decided_by_their_tags_and_any_other_tag_g
     with pytest.raises(InvariantViolation) as caught:
         h.checks.attention.check()
     assert caught.value.invariant is Invariant.ATTENTION
+
+
+def test_the_pools_tensors_are_made_only_when_read_and_their_bits_are_then_checked() -> None:
+    """A passing example under the gather kernel never makes the pools' tensors; once something has read them, a
+    row that differs from its record's K/V (written behind the pools' back) is invariant 1's, bit for bit."""
+    h = Engine(make_allocator(window=1)(config("gather").pool_spec()), config("gather"))
+    life_cycle(h)
+    assert h.admit("s4", (), (7, 8, 9, 10, 11))
+    h.step()
+    assert not h.pools.made
+    h.checks.content.holds((), [("s4", 0)])  # no tensors: the records are the whole content
+    slot = h.expected.layout("s4").slot_of(h.expected.seqs["s4"].table, 0)
+    h.pools.keys[slot] += 1.0  # made now from the records, then one row changed behind their back
+    assert h.pools.made
+    with pytest.raises(InvariantViolation) as caught:
+        h.checks.content.holds((), [("s4", 0)])
+    assert caught.value.invariant is Invariant.CONTENT and "values differ" in str(caught.value)
 
 
 class WrongEntryKernel(FlexKernel):

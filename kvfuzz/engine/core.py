@@ -47,6 +47,12 @@ class GeometryMismatch(ValueError):
     """The allocator a factory built does not have the pool geometry kvfuzz asked for."""
 
 
+def call_label(op: str, args: tuple[object, ...]) -> str:
+    """An operation's call as reports show it: ``grow('s1', (3,))`` (a misuse call by its own description)."""
+    shown = ", ".join(str(arg) if isinstance(arg, MisuseCall) else repr(arg) for arg in args)
+    return f"{op}({shown})"
+
+
 class EngineCore:
     """One example's engine core around one allocator: its K/V pools, its expected state, the checks, and the
     subscribers of its events."""
@@ -123,9 +129,11 @@ class EngineCore:
     # -- calling the allocator -----------------------------------------------------------------------------------
 
     def begin(self, op: str, *args: object) -> None:
-        """An operation starts: every check until the next one is labelled with it."""
-        shown = ", ".join(str(arg) if isinstance(arg, MisuseCall) else repr(arg) for arg in args)
-        self.checks.context.operation = f"{op}({shown})"
+        """An operation starts: every check until the next one is labelled with it (the label made into text only
+        when a report reads it; a list argument is copied now, so that the label shows it as it was called)."""
+        if any(type(arg) is list for arg in args):
+            args = tuple(list(arg) if type(arg) is list else arg for arg in args)
+        self.checks.context.operation = functools.partial(call_label, op, args)
         self.stats[op] += 1
 
     def blocks(self, num_tokens: int, table_id: SeqId) -> int:
@@ -175,7 +183,7 @@ class EngineCore:
             return None
         except AllocatorError as error:
             self.checks.refusals.valid_call_refused(error, out_of_blocks_allowed=True)
-        self.checks.results.result(self.checks.context.operation, result, result_type)
+        self.checks.results.result(result, result_type)
         return result
 
     # -- tables --------------------------------------------------------------------------------------------------
@@ -215,14 +223,17 @@ class EngineCore:
             if index < len(old) and old[index] == block:
                 continue
             if index < hit_blocks:
-                pools.note(block, f"matched by {seq}'s cache hit as its logical block {index}")
+                pools.note(block, "matched by {}'s cache hit as its logical block {}", seq, index)
                 continue
             if block in pools.seen_cached and not reuses_cached:
                 pools.note(block, "evicted from the cache, to be reused")
                 pools.seen_cached.discard(block)
-            pools.note(block, f"{event} {seq} as logical block {index}")
+            pools.note(block, "{} {} as logical block {}", event, seq, index)
         for block in change.released:
-            pools.note(block, released or f"{event} {seq}")
+            if released:
+                pools.note(block, released)
+            else:
+                pools.note(block, "{} {}", event, seq)
             pools.release(block, seq)
         self.events.fire_table_set(seq, old, table, change, hit_tokens, held_tokens)
         return change
@@ -239,7 +250,7 @@ class EngineCore:
         step = self.pools.next_step
         self.expected.matchable.forget(blocks)
         for block in blocks:
-            self.pools.note(block, f"evicted from the cache ({by})")
+            self.pools.note(block, "evicted from the cache ({})", by)
             self.expected.evicted[block] = f"{by} while step {step} was being scheduled"
         self.settle(TableChange(frozenset(blocks), (), ()))
 

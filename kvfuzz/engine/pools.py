@@ -82,10 +82,17 @@ class LateWork:
 class KVPools:
     """Physical pools, shadow records, steps and late in-flight work for one example.
 
-    Invariant kept: ``shadow[slot]`` names the write whose K/V ``keys[slot]``/``values[slot]`` hold (the K/V of its
-    tag, bit for bit: every write, copy and landing changes a slot's rows and record together), and no slot without a
-    record was ever written; every block in ``late_work_by_block`` has work that lands exactly when step
-    ``lands_at`` completes.
+    The shadow records are the pools' content: ``shadow[slot]`` names the write whose K/V the slot holds, and a slot
+    without a record holds zeros (nothing was ever written there). The tensors (``keys``, ``values``, ``host_keys``,
+    ``host_values``) are made from the records only when something reads them (a kernel other than the gather
+    kernel's tag check, or invariant 1's bitwise comparison once they exist), and then kept: a write, copy or landing
+    changes the records and marks the slots it changed stale, and the next read of a tensor rebuilds those rows from
+    their records (the K/V of the record's tag, bit for bit, or zeros). Under the gather kernel a passing example
+    never makes them.
+
+    Invariant kept: once made, every row of the tensors not in ``_stale`` (``_host_stale``) holds its slot's record's
+    K/V, unless something outside the pools wrote into the tensors it was given; every block in
+    ``late_work_by_block`` has work that lands exactly when step ``lands_at`` completes.
     """
 
     def __init__(
@@ -94,14 +101,13 @@ class KVPools:
         self.shape = shape  # layers, heads, head dim, dtype and device of every K/V row
         self.block_size = block_size  # slots per block: slot = block * block_size + offset
         self.inflight_window = inflight_window  # W: steps a released block's in-flight work may still land
-        row = shape.kv_row_shape
-        # Zero-initialised, as engines allocate their caches: a kernel whose mask multiplies unread slots by a zero
-        # weight (eager FlexAttention) must not meet NaN left by torch.empty. A read of an unwritten slot is still
-        # invariant 1's to report: the shadow records know nothing was written there.
-        self.keys = torch.zeros((num_blocks * block_size, *row), dtype=shape.dtype, device=shape.device)
-        self.values = torch.zeros_like(self.keys)
-        self.host_keys = torch.zeros((num_host_blocks * block_size, *row), dtype=shape.dtype, device=shape.device)
-        self.host_values = torch.zeros_like(self.host_keys)
+        self._num_slots = num_blocks * block_size  # rows of the device pool
+        self._num_host_slots = num_host_blocks * block_size  # rows of the host pool
+        # The device pool's K and V, and the host pool's, once made (None until something reads them).
+        self._device: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self._host: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self._stale: set[int] = set()  # device slots whose records changed since the device tensors were updated
+        self._host_stale: set[int] = set()  # the same for the host pool
         self.shadow: dict[int, SlotWrite] = {}  # device slot -> the write whose K/V it holds
         self.host_shadow: dict[int, SlotWrite] = {}  # host slot -> the write whose K/V it holds
         self.next_step = 0  # the step being scheduled: launched by the next step()
@@ -119,7 +125,8 @@ class KVPools:
         # Released block held until an asynchronous load lands (UNTIL_LOADS_LAND) -> the step its own in-flight
         # window would have ended at without that hold.
         self._window_after_hold: dict[int, int] = {}
-        self.history: dict[int, deque[str]] = {}  # block -> its latest events, for explanations
+        # Block -> its latest events, for explanations: (step, text, its arguments), made into text by block_story.
+        self.history: dict[int, deque[tuple[int, str, tuple[object, ...]]]] = {}
         # Unreferenced blocks the allocator listed as cached when the checks last looked: one handed out for writing
         # was evicted first, which its history says.
         self.seen_cached: set[int] = set()
@@ -128,10 +135,91 @@ class KVPools:
 
     def close(self) -> None:
         """Release the pools' memory; nothing may be written or read afterwards."""
-        empty = self.keys.new_empty((0, *self.keys.shape[1:]))
-        self.keys = self.values = self.host_keys = self.host_values = empty
+        self._num_slots = self._num_host_slots = 0
+        self._device = self._host = None
+        self._stale.clear()
+        self._host_stale.clear()
         self._late_work.clear()
         self.late_work_by_block.clear()
+
+    # -- the tensors, made from the records when read ------------------------------------------------------------
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """The device pool's K, ``[num_blocks * block_size, layers, kv_heads, head_dim]`` (made or brought up to date
+        from the records now)."""
+        return self._device_tensors()[0]
+
+    @property
+    def values(self) -> torch.Tensor:
+        """The device pool's V, as :attr:`keys`."""
+        return self._device_tensors()[1]
+
+    @property
+    def host_keys(self) -> torch.Tensor:
+        """The host pool's K, ``[num_host_blocks * block_size, ...]`` (made or brought up to date now)."""
+        return self._host_tensors()[0]
+
+    @property
+    def host_values(self) -> torch.Tensor:
+        """The host pool's V, as :attr:`host_keys`."""
+        return self._host_tensors()[1]
+
+    @property
+    def made(self) -> bool:
+        """Whether the device tensors exist (something has read them in this example)."""
+        return self._device is not None
+
+    def _device_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._device is None:
+            self._device = self._made(self._num_slots, self.shadow)
+            self._stale.clear()
+        elif self._stale:
+            self._update(self._device, self._stale, self.shadow)
+        return self._device
+
+    def _host_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._host is None:
+            self._host = self._made(self._num_host_slots, self.host_shadow)
+            self._host_stale.clear()
+        elif self._host_stale:
+            self._update(self._host, self._host_stale, self.host_shadow)
+        return self._host
+
+    def _made(self, slots: int, shadow: dict[int, SlotWrite]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A pool of ``slots`` rows holding its records' K/V. Zero where there is none, as engines allocate their
+        caches: a kernel whose mask multiplies unread slots by a zero weight (eager FlexAttention) must not meet NaN
+        left by torch.empty. A read of an unwritten slot is still invariant 1's to report: the records know nothing
+        was written there."""
+        shape = self.shape
+        keys = torch.zeros((slots, *shape.kv_row_shape), dtype=shape.dtype, device=shape.device)
+        values = torch.zeros_like(keys)
+        recorded = [slot for slot in shadow if slot < slots]
+        if recorded:
+            self._rewrite((keys, values), recorded, shadow)
+        return keys, values
+
+    def _update(
+        self, tensors: tuple[torch.Tensor, torch.Tensor], stale: set[int], shadow: dict[int, SlotWrite]
+    ) -> None:
+        """Rows of ``stale`` slots rebuilt from their records (zeros where a copy left none); ``stale`` emptied."""
+        recorded = [slot for slot in stale if slot in shadow]
+        if recorded:
+            self._rewrite(tensors, recorded, shadow)
+        if len(recorded) != len(stale):
+            cleared = torch.tensor([slot for slot in stale if slot not in shadow], device=tensors[0].device)
+            tensors[0][cleared] = 0
+            tensors[1][cleared] = 0
+        stale.clear()
+
+    def _rewrite(
+        self, tensors: tuple[torch.Tensor, torch.Tensor], slots: list[int], shadow: dict[int, SlotWrite]
+    ) -> None:
+        """The rows of ``slots`` (each recorded) set to their records' K/V."""
+        keys, values = kv_for_tags([shadow[slot].tag for slot in slots], self.shape)
+        index = torch.tensor(slots, device=tensors[0].device)
+        tensors[0][index] = keys
+        tensors[1][index] = values
 
     def block_tags(self, block: int) -> tuple[Optional[int], ...]:
         """The tag of the K/V each slot of a device block holds (None: never written): what the block holds,
@@ -146,11 +234,9 @@ class KVPools:
 
     def write(self, slots: list[int], writes: list[SlotWrite]) -> None:
         """Write the K/V of each tagged position into its slot (the writes of the step being launched)."""
-        keys, values = kv_for_tags([w.tag for w in writes], self.shape)
-        index = torch.tensor(slots, device=self.keys.device)
-        self.keys[index] = keys
-        self.values[index] = values
         self.shadow.update(zip(slots, writes))
+        if self._device is not None:
+            self._stale.update(slots)
         self.dirty.update(slots)
         if self.observer is not None:
             by_block: dict[int, list[tuple[int, SlotWrite]]] = {}
@@ -161,45 +247,20 @@ class KVPools:
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy-on-write: the whole of block ``src`` into block ``dst``, as part of the next step's work."""
-        self._copy(
-            self.keys,
-            self.values,
-            self.shadow,
-            src,
-            self.keys,
-            self.values,
-            self.shadow,
-            dst,
-            f"copied from block {src}",
-            "copy",
-        )
+        self._copy(self.shadow, src, self.shadow, dst, f"copied from block {src}", "copy")
 
     def swap_to_host(self, block: int, host_block: int, via: str = "") -> None:
         """Copy device block ``block`` into host block ``host_block`` (a swap-out, or a host-tier store)."""
         self._copy(
-            self.keys,
-            self.values,
-            self.shadow,
-            block,
-            self.host_keys,
-            self.host_values,
-            self.host_shadow,
-            host_block,
-            via or f"swapped out from block {block}",
-            "swap-out",
-            mark_dirty=False,
+            self.shadow, block, self.host_shadow, host_block, via or f"swapped out from block {block}", "swap-out"
         )
 
     def swap_from_host(self, host_block: int, block: int, via: str = "", step: Optional[int] = None) -> None:
         """Copy host block ``host_block`` into device block ``block`` (a swap-in, or a host-tier load) as part of step
         ``step`` (default: the next step; an asynchronous load reported landed was part of a completed one)."""
         self._copy(
-            self.host_keys,
-            self.host_values,
             self.host_shadow,
             host_block,
-            self.keys,
-            self.values,
             self.shadow,
             block,
             via or f"swapped in from host block {host_block}",
@@ -209,23 +270,24 @@ class KVPools:
 
     def _copy(
         self,
-        src_keys: torch.Tensor,
-        src_values: torch.Tensor,
         src_shadow: dict[int, SlotWrite],
         src: int,
-        dst_keys: torch.Tensor,
-        dst_values: torch.Tensor,
         dst_shadow: dict[int, SlotWrite],
         dst: int,
         via: str,
         kind: str,
-        mark_dirty: bool = True,
         step: Optional[int] = None,
     ) -> None:
+        """Block ``src``'s records into block ``dst`` (of the same pool or the other one: ``dst_shadow`` says which);
+        the device pool's destination slots are marked written (dirty) for the checks."""
         size = self.block_size
-        src_rows, dst_rows = slice(src * size, (src + 1) * size), slice(dst * size, (dst + 1) * size)
-        dst_keys[dst_rows] = src_keys[src_rows]
-        dst_values[dst_rows] = src_values[src_rows]
+        dst_slots = range(dst * size, (dst + 1) * size)
+        to_device = dst_shadow is self.shadow
+        if to_device:
+            if self._device is not None:
+                self._stale.update(dst_slots)
+        elif self._host is not None:
+            self._host_stale.update(dst_slots)
         for offset in range(size):
             record = src_shadow.get(src * size + offset)
             if record is None:
@@ -234,8 +296,8 @@ class KVPools:
                 dst_shadow[dst * size + offset] = attrs.evolve(
                     record, step=self.next_step if step is None else step, via=via
                 )
-        if mark_dirty:
-            self.dirty.update(range(dst * size, (dst + 1) * size))
+        if to_device:
+            self.dirty.update(dst_slots)
         if self.observer is not None:
             changed = tuple(
                 (offset, dst_shadow[dst * size + offset]) for offset in range(size) if dst * size + offset in dst_shadow
@@ -349,25 +411,27 @@ class KVPools:
         if not landed:
             return
         slots = [work.block * size + offset for offset, _ in landed]
-        keys, values = kv_for_tags([record.tag for _, record in landed], self.shape)
-        index = torch.tensor(slots, device=self.keys.device)
-        self.keys[index] = keys
-        self.values[index] = values
+        if self._device is not None:
+            self._stale.update(slots)
         self.dirty.update(slots)
         if self.observer is not None:
             self.observer(PoolEvent("land", work.block, None, tuple(landed)))
 
     # -- provenance ----------------------------------------------------------------------------------------------
 
-    def note(self, block: int, event: str) -> None:
-        """Record an event in the block's short history, for explanations."""
-        self.history.setdefault(block, deque(maxlen=_HISTORY_LENGTH)).append(f"step {self.next_step}: {event}")
+    def note(self, block: int, event: str, *args: object) -> None:
+        """Record an event in the block's short history, for explanations: ``event``, or with ``args``
+        ``event.format(*args)``, made into text only when an explanation reads it (the arguments are strings and
+        numbers, which nothing changes)."""
+        self.history.setdefault(block, deque(maxlen=_HISTORY_LENGTH)).append((self.next_step, event, args))
 
     def block_story(self, block: int) -> list[str]:
         events = self.history.get(block)
         if not events:
             return [f"block {block} history: (no events recorded)"]
-        return [f"block {block} history (latest last):"] + [f"  {event}" for event in events]
+        return [f"block {block} history (latest last):"] + [
+            f"  step {step}: {event.format(*args) if args else event}" for step, event, args in events
+        ]
 
     def take_dirty(self) -> set[int]:
         dirty, self.dirty = self.dirty, set()
@@ -377,5 +441,7 @@ class KVPools:
         return self.shadow.get(slot)
 
     def rows(self, slots: Iterable[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.tensor(list(slots), device=self.keys.device)
-        return self.keys[index], self.values[index]
+        """The device pool's K and V rows of ``slots`` (the tensors made or brought up to date first)."""
+        keys, values = self._device_tensors()
+        index = torch.tensor(list(slots), device=keys.device)
+        return keys[index], values[index]

@@ -21,6 +21,9 @@ that differ from what was written, or a kernel that reads them wrong)."""
 _NO_QUERIES = torch.empty(0)
 """The queries of a batch made to read K/V alone."""
 
+_NO_POOL = torch.empty(0)
+"""The pools of a batch whose reads are first decided by their tags (the tensors are put in when read)."""
+
 
 class AttentionCheck(Checker):
     """Invariant 2, by the attention kernel the machine's config names (made once per engine, on first use)."""
@@ -48,16 +51,19 @@ class AttentionCheck(Checker):
             starts,
             [h.length(seq) for seq in seqs],
             _NO_QUERIES,
-            self.pools.keys,
-            self.pools.values,
+            _NO_POOL,  # the pools' tensors, put in only when read: the gather kernel's tag check needs none
+            _NO_POOL,
             h.rows,
             [h.layout(seq).size for seq in seqs],
         )
         kernel = self.kernel
-        if type(kernel) is GatherKernel and self._reads_the_reference(kernel, reads, seqs, starts):  # not a subclass
+        if type(kernel) is GatherKernel and self._reads_the_reference_tags(reads, seqs, starts):  # not a subclass
+            return
+        reads = attrs.evolve(reads, keys=self.pools.keys, values=self.pools.values)
+        if type(kernel) is GatherKernel and self._gathers_the_reference(kernel, reads, seqs, starts):
             return
         batch = attrs.evolve(reads, queries=h.reference.queries(seqs))
-        tolerance = kernel.tolerance(self.pools.keys.dtype)
+        tolerance = kernel.tolerance(self.pools.shape.dtype)
         paged = kernel.attend(batch)
         mismatch = compare(paged, h.reference.attention(seqs, batch.queries, starts), tolerance)
         if mismatch is None:
@@ -89,24 +95,22 @@ class AttentionCheck(Checker):
                 return clobbered(h, seq, slot, record)
         return UNEXPLAINED_ATTENTION
 
-    def _reads_the_reference(
+    def _gathers_the_reference(
         self, kernel: GatherKernel, batch: PagedBatch, seqs: list[SeqId], starts: list[int]
     ) -> bool:
         """Whether the gather kernel reads, through the block tables, exactly the reference's K/V (every window
         bit for bit, zeros alike past its end). It then attends with the reference's own function on the same
         queries, so the two attentions are equal bit for bit and need not be computed; K/V that differ anywhere
         are left to the comparison of the attentions, which decides as it always did."""
-        if self._reads_the_reference_tags(batch, seqs, starts):
-            return True
         keys, values = kernel.gathered(batch)
         want_keys, want_values, _ = self.state.reference.windows(seqs, starts)
         return torch.equal(keys, want_keys) and torch.equal(values, want_values)
 
     def _reads_the_reference_tags(self, batch: PagedBatch, seqs: list[SeqId], starts: list[int]) -> bool:
         """Whether every slot the gather kernel reads has a shadow record whose tag is the reference's at that
-        position. The pools keep each recorded slot's K/V equal to its record's (``KVPools``: written, copied and
-        landed together), and the reference's K/V are its tags', so equal tags mean the K/V the kernel gathers
-        equal the reference's windows bit for bit, without either being made. A slot without a record, or with
+        position. A recorded slot's K/V are its record's (``KVPools`` makes its tensors from the records), and the
+        reference's K/V are its tags', so equal tags mean the K/V the kernel gathers equal the reference's windows
+        bit for bit, without either being made. A slot without a record, or with
         another tag, answers False: the tensors are then compared, as before."""
         shadow, reference = self.pools.shadow, self.state.reference
         for row, seq in enumerate(seqs):

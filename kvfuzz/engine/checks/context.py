@@ -4,7 +4,7 @@ operation being checked, which every violation carries."""
 
 from __future__ import annotations
 
-from typing import Iterable, NoReturn, Optional, Sequence, cast
+from typing import Callable, Iterable, NoReturn, Optional, Sequence, Union, cast
 
 import attrs
 
@@ -43,7 +43,22 @@ class CheckContext:
             if state.caps.introspection and state.num_host_blocks and isinstance(allocator, HostIntrospectable)
             else None
         )
-        self.operation = "setup"  # the operation being checked, as a call a person can read
+        # The operation being checked, as a call a person can read, or what makes that text when a report first
+        # asks for it (most operations pass every check, and their labels are never read).
+        self._label: Union[str, Callable[[], str]] = "setup"
+
+    @property
+    def operation(self) -> str:
+        """The operation being checked, as a call a person can read (made now if it was set lazily)."""
+        label = self._label
+        if not isinstance(label, str):
+            label = self._label = label()
+        return label
+
+    @operation.setter
+    def operation(self, label: Union[str, Callable[[], str]]) -> None:
+        """The operation being checked: its text, or what makes it, called only when something reads it."""
+        self._label = label
 
     def counts(self) -> Optional[PoolCounts]:
         """The sizes of the allocator's sets, or None without introspection."""

@@ -74,15 +74,16 @@ def _malformed(result: object, expected: type) -> Optional[str]:
 class ResultChecks(Checker):
     """Invariant 12 (and a table's shape, which invariants 1 and 3 own): results as the contract types them."""
 
-    def result(self, operation: str, result: object, expected: type) -> None:
-        """Invariant 12: an operation returned the contract's result type, with integer block ids and counts.
+    def result(self, result: object, expected: type, operation: Optional[str] = None) -> None:
+        """Invariant 12: an operation (``operation``, by default the one being checked) returned the contract's
+        result type, with integer block ids and counts.
 
         ``None`` in particular is never a refusal (a refusal raises ``OutOfBlocks``), so it is not counted as one."""
         problem = _malformed(result, expected)
         if problem is not None:
             self.fail(
                 Invariant.RESULTS,
-                f"{operation} returned {shown(result)}",
+                f"{self.context.operation if operation is None else operation} returned {shown(result)}",
                 [
                     f"expected: {expected.__name__}{_RESULT_SHAPES.get(expected, '')}; a refusal raises "
                     "kvfuzz.allocator.errors.OutOfBlocks",

@@ -29,7 +29,7 @@ def evict(core: EngineCore, num_blocks: int) -> None:
     before = list(introspection.cached_blocks()) if introspection is not None else []
     order_before = checks.eviction_order.snapshot()
     dropped = core.call(lambda: cast(Evicts, core.allocator).evict(num_blocks))
-    checks.results.result(f"evict({num_blocks})", dropped, int)
+    checks.results.result(dropped, int, f"evict({num_blocks})")
     evicted = checks.context.evicted(before)
     check_evict_count(checks.context, num_blocks, dropped, before, evicted)
     core.stats["evicted blocks"] += dropped

@@ -77,7 +77,7 @@ class HostTier:
         that order, as vLLM's worker flushes before it loads), each load checked for content."""
         core = self.core
         transfers = core.call(functools.partial(cast(HostCache, core.allocator).take_transfers, step))
-        core.checks.results.result(f"take_transfers({step})", transfers, HostTransfers)
+        core.checks.results.result(transfers, HostTransfers, f"take_transfers({step})")
         stores = list(transfers.stores)
         in_flight = [pair for pairs in self.stores.values() for pair in pairs] + stores
         check_host_transfers(core.checks.context, step, transfers, in_flight)
