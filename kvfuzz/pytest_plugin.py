@@ -317,6 +317,7 @@ class SchedulerTraceItem(_KvfuzzItem):
 
     def runtest(self) -> None:
         _require_torch("replaying a scheduler trace", KvfuzzFailure)
+        from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
         from kvfuzz.scheduler.replay import ReplayRefused, replay
         from kvfuzz.scheduler.trace import SchedulerTraceError, load
         from kvfuzz.scheduler.vllm_build import vllm_missing
@@ -328,7 +329,8 @@ class SchedulerTraceItem(_KvfuzzItem):
         if vllm_missing():
             pytest.skip(f"a {trace.scheduler} trace needs vllm {trace.vllm_version}, which is not installed here")
         try:
-            replayed = replay(trace)
+            with Watchdog(DEFAULT_CALL_TIMEOUT) as watchdog:  # a trace of a hang fails its hang check, never hangs
+                replayed = replay(trace, watchdog=watchdog)
         except ReplayRefused as error:
             raise KvfuzzFailure(f"the trace cannot be replayed here: {error}") from error
         _judge(trace.known_bug, replayed, trace.scheduler, f"at {replayed.where()} of {trace.scheduler}", self.path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -97,6 +98,20 @@ def test_a_trace_round_trips_and_names_its_kind() -> None:
     assert from_json(json.loads(json.dumps(data))) == TRACE
 
 
+def test_speculative_decoding_is_recorded_and_a_trace_without_it_keeps_its_digest() -> None:
+    import attrs
+
+    speculative = attrs.evolve(TRACE, setup=attrs.evolve(TRACE.setup, speculative_tokens=2))
+    data = speculative.to_json()
+    assert data["config"]["speculative_tokens"] == 2
+    assert from_json(json.loads(json.dumps(data))) == speculative
+    assert speculative.digest() != TRACE.digest()
+    # written before speculative decoding was driven: no field, no drafts, the digest it was saved under
+    assert "speculative_tokens" not in TRACE.to_json()["config"]
+    assert from_json(TRACE.to_json()).setup.speculative_tokens == 0
+    assert TRACE.digest() == "41662bf53feb"
+
+
 def test_a_non_default_write_path_and_attention_are_recorded_and_named() -> None:
     """Written only when not the defaults (older traces lack them and load as the defaults); part of the digest."""
     other = attrs.evolve(TRACE, write_path="vllm", attention="gather")
@@ -170,6 +185,48 @@ def test_a_priority_trace_records_its_policy_and_priorities_and_an_fcfs_trace_re
     assert "priority scheduling" in priority.describe()[1]
 
 
+def test_cache_salts_and_stop_tokens_are_recorded_only_where_set() -> None:
+    """A request's cache salt and stop token ids, and the search's switches for them, are written only where set, so
+    that traces written before they existed (corpus/vllm-v1-*.json) keep their bytes and digests; a salted and
+    stopping trace round-trips, reads in ``show`` and exports as calls that pass them on."""
+    from kvfuzz.scheduler.export import export_test
+
+    salted = attrs.evolve(
+        TRACE,
+        setup=attrs.evolve(TRACE.setup, cache_salts=True, stop_tokens=True),
+        program=[AddRequest([1, 2, 3], 4, cache_salt="a", stop_token_ids=(2, 0)), AddRequest([1], 1), Step()],
+    )
+    data = salted.to_json()
+    assert (data["config"]["cache_salts"], data["config"]["stop_tokens"]) == (True, True)
+    assert data["program"][:2] == [
+        {"op": "add", "prompt": [1, 2, 3], "max_tokens": 4, "cache_salt": "a", "stop_token_ids": [2, 0]},
+        {"op": "add", "prompt": [1], "max_tokens": 1},
+    ]
+    assert from_json(json.loads(json.dumps(data))) == salted
+    assert not {"cache_salts", "stop_tokens"} & TRACE.to_json()["config"].keys()
+    assert salted.digest() != attrs.evolve(salted, program=[AddRequest([1, 2, 3], 4), *salted.program[1:]]).digest()
+    assert "    1  add(prompt=[1, 2, 3], max_tokens=4, cache_salt='a', stop_token_ids=[2, 0])" in salted.describe()
+    assert salted.describe()[1].endswith("prefix caching off, cache salts, stop tokens")
+    exported = export_test(salted, "salted.json")
+    assert "session.add([1, 2, 3], 4, cache_salt='a', stop_token_ids=[2, 0])" in exported
+    assert "cache_salts=True, stop_tokens=True)" in exported
+
+
+@pytest.mark.parametrize(
+    "stops, line",
+    [
+        ([1, 1], "program[0].stop_token_ids: must be a list of distinct tokens"),
+        ([4], "program[0].stop_token_ids: must be in 0..3, not 4"),
+        ("1", "program[0].stop_token_ids: must be a list of distinct tokens"),
+    ],
+)
+def test_bad_stop_token_ids_are_refused_naming_the_field(stops: Any, line: str) -> None:
+    data = json.loads(json.dumps(TRACE.to_json()))
+    data["program"][0]["stop_token_ids"] = stops
+    with pytest.raises(SchedulerTraceError, match="^" + re.escape(f"trace: {line}")):
+        from_json(data)
+
+
 def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     data = json.loads(json.dumps(TRACE.to_json()))
     change(data)
@@ -189,6 +246,11 @@ def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         (lambda d: d["config"].update(prefix_caching=1), "config.prefix_caching: must be true or false, not 1"),
         (lambda d: d["config"].update(policy="lifo"), 'config.policy: must be one of fcfs, priority, not "lifo"'),
         (lambda d: d["program"][0].update(priority="high"), 'program[0].priority: must be an integer, not "high"'),
+        (lambda d: d["config"].update(speculative_tokens=-1), "config.speculative_tokens: must be in 0..64, not -1"),
+        (
+            lambda d: d["config"].update(speculative_tokens=2, async_scheduling=True),
+            "config: speculative decoding under async scheduling is not driven (yet)",
+        ),
         (lambda d: d["program"][0].update(prompt=[1, 9]), "program[0].prompt: must be in 0..3, not 9"),
         (lambda d: d["program"][0].update(prompt=[]), "program[0].prompt: must be a list of 1..31 tokens"),
         (lambda d: d["program"][0].update(max_tokens=30), "program[0].max_tokens: must be in 1..29, not 30"),

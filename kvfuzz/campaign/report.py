@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import attrs
 
-from kvfuzz.campaign.rerun import Rerun
+from kvfuzz.campaign.rerun import Rerun, SchedulerRerun
 from kvfuzz.text import plural
 
 
@@ -70,7 +70,11 @@ class CampaignResult:
     dead_workers: tuple[DeadWorker, ...] = ()
     errors: tuple[str, ...] = ()  # kvfuzz's own failures in workers (tracebacks), for a bug report
     corpus: str = ""
-    rerun: Optional[Rerun] = None  # the settings it ran under, its seed among them: how to run it again
+    rerun: Optional[Rerun | SchedulerRerun] = None  # the settings it ran under, its seed among them: how to rerun it
+    scheduler: Optional[str] = None  # a scheduler campaign's target (``allocators`` is empty then)
+    batches: int = 0  # a scheduler campaign's batches, each on a configuration of its own
+    refused: int = 0  # configurations a scheduler campaign drew and vLLM's validation refused (redrawn)
+    batch_log: tuple[dict[str, Any], ...] = ()  # a scheduler campaign's batches: configuration, seed, what each ran
 
     @property
     def new(self) -> tuple[Finding, ...]:
@@ -87,6 +91,10 @@ class CampaignResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "allocators": list(self.allocators),
+            "scheduler": self.scheduler,
+            "batches": self.batches,
+            "refused_configurations": self.refused,
+            "batch_log": list(self.batch_log),
             "workers": self.workers,
             "seconds": round(self.seconds, 2),
             "examples": self.examples,

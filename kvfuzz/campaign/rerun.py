@@ -67,3 +67,52 @@ class Rerun:
 
     def to_json(self) -> dict[str, Any]:
         return {**attrs.asdict(self), "allocators": list(self.allocators), "known": list(self.known)}
+
+
+@attrs.frozen
+class SchedulerRerun:
+    """The settings a scheduler campaign (``kvfuzz campaign --scheduler``) ran under. Invariant: :meth:`command`
+    names every one of them. What a rerun repeats: the seed alone decides every batch's configuration and
+    Hypothesis seed, so with an end that is counted (``--max-examples``, ``--stop-after``) and a fresh corpus, a
+    rerun runs the same examples and finds the same failures; with ``--duration``, where it stops depends on the
+    machine."""
+
+    scheduler: str
+    seed: int
+    duration: Optional[float]
+    max_examples: Optional[int]
+    stop_after: Optional[int]
+    batch_examples: int  # examples per configuration drawn
+    corpus: str
+    known: tuple[str, ...]
+    shrink: bool
+    isolate: bool
+    call_timeout: Optional[float]
+    directory: str
+    version: str
+
+    def arguments(self) -> list[str]:
+        args = ["--scheduler", self.scheduler, "--seed", str(self.seed)]
+        if self.duration is not None:
+            args += ["--duration", repr(self.duration)]
+        if self.max_examples is not None:
+            args += ["--max-examples", str(self.max_examples)]
+        if self.stop_after is not None:
+            args += ["--stop-after", str(self.stop_after)]
+        args += ["--batch-examples", str(self.batch_examples), "--corpus", self.corpus]
+        for path in self.known:
+            args += ["--known", path]
+        if not self.known:
+            args.append("--no-known")
+        if not self.shrink:
+            args.append("--no-shrink")
+        if self.isolate:
+            args.append("--isolate")
+        args += ["--call-timeout", repr(self.call_timeout or 0.0)]
+        return args
+
+    def command(self) -> str:
+        return shlex.join(["kvfuzz", "campaign", *self.arguments()])
+
+    def to_json(self) -> dict[str, Any]:
+        return {**attrs.asdict(self), "known": list(self.known)}

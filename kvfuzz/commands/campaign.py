@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 
 from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import DEFAULT_CORPUS, at_least, at_least_seconds, check_database, needs_torch
+from kvfuzz.commands.scheduler_campaign import add_arguments as scheduler_arguments
+from kvfuzz.commands.scheduler_campaign import scheduler_campaign
+from kvfuzz.commands.scheduler_campaign import usage_error as scheduler_usage_error
 from kvfuzz.option_defaults import CALL_TIMEOUT, CAMPAIGN_DURATION
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, AllocatorUnusable, load_factory, registered_allocators
 from kvfuzz.text import plural
@@ -77,7 +80,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--shrink-time",
         type=_seconds,
-        default=30.0,
         metavar="SECONDS",
         help="the time bound of shrinking one failure (default 30)",
     )
@@ -89,6 +91,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"an operation still running after this long is a hang (default {CALL_TIMEOUT:g}; 0: no watchdog)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    scheduler_arguments(parser)
     parser.set_defaults(handler=needs_torch(campaign_command))
 
 
@@ -165,7 +168,7 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
         database=database,
         seed=args.seed if args.seed is not None else random.SystemRandom().randrange(2**32),
         call_timeout=args.call_timeout or None,
-        shrink_seconds=args.shrink_time,
+        shrink_seconds=args.shrink_time if args.shrink_time is not None else 30.0,
     )
 
 
@@ -176,6 +179,8 @@ def campaign_command(args: argparse.Namespace) -> int:
     from kvfuzz.campaign.supervisor import Campaign
     from kvfuzz.program.safeguards import deferred_interrupts
 
+    if args.scheduler is not None or scheduler_usage_error(args) is not None:
+        return scheduler_campaign(args, emit_json)  # a scheduler campaign, or a scheduler's option without one
     status_line = _StatusLine(sys.stderr.isatty())
     try:
         options = _options(args)

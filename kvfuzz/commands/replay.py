@@ -86,7 +86,7 @@ def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[flo
                 f"kvfuzz: {path}: a scheduler trace is replayed against its scheduler, not --allocator", file=sys.stderr
             )
             return "could not be replayed"
-        return replay_file(path)
+        return replay_file(path, call_timeout)
     from kvfuzz.program.replay import NotApplicable
     from kvfuzz.saved.corpus import allocator_missing, replay_trace
     from kvfuzz.saved.trace import TraceError, TraceUnavailable

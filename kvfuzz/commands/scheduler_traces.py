@@ -9,6 +9,7 @@ allocator is not installed is skipped), ``could not be replayed`` (2)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -35,9 +36,11 @@ def _load(path: str) -> Optional[SchedulerTrace]:
         return None
 
 
-def replay_file(path: str) -> str:
+def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
     """Replay one scheduler trace and print what happened; returns its outcome (a key of
-    :data:`kvfuzz.commands.replay.OUTCOMES`)."""
+    :data:`kvfuzz.commands.replay.OUTCOMES`); a step running past ``call_timeout`` seconds fails the hang check (None:
+    no watchdog)."""
+    from kvfuzz.program.safeguards import Watchdog
     from kvfuzz.scheduler.recorder import vllm_version
     from kvfuzz.scheduler.replay import ReplayRefused, missing_vllm, replay
     from kvfuzz.scheduler.vllm_build import vllm_missing
@@ -55,7 +58,12 @@ def replay_file(path: str) -> str:
     if here != trace.vllm_version and here != "unknown":
         print(f"  note: recorded with vLLM {trace.vllm_version}, replayed with {here}")
     try:
-        replayed = replay(trace, on_operation=lambda index, operation: print(f"  {index + 1:3}  {operation}"))
+        with Watchdog(call_timeout) if call_timeout else contextlib.nullcontext() as watchdog:
+            replayed = replay(
+                trace,
+                on_operation=lambda index, operation: print(f"  {index + 1:3}  {operation}"),
+                watchdog=watchdog,
+            )
     except ReplayRefused as error:
         print(f"kvfuzz: {path}: {error}", file=sys.stderr)
         return "could not be replayed"

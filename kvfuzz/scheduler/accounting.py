@@ -47,6 +47,7 @@ def check_accounting(
                 requests[0],
                 f"block {block} is held by the tables of {len(requests)} running request(s) {requests} "
                 f"(expected ref_cnt {expected}, not free), but the manager's block {where}",
+                "a held block in the free queue" if block in free else "a held block's ref_cnt",
             )
     for block, requests in sorted(optional.items()):
         count = pool.blocks[block].ref_cnt
@@ -57,6 +58,7 @@ def check_accounting(
                 requests[0],
                 f"block {block} is held by no table entry a running request still needs, and by {len(requests)} "
                 f"out-of-window entries {requests} at most, but the manager's block has ref_cnt {count}",
+                "an out-of-window block's ref_cnt",
             )
     usable = len(pool.blocks) - 1  # the null block is never free nor held
     reported = pool.get_num_free_blocks()
@@ -75,4 +77,5 @@ def check_accounting(
             None,
             f"the manager reports {reported} free blocks, but the running requests' tables hold {len(holders)} "
             f"distinct blocks of {usable}, so {must} must be free; blocks neither free nor in a table: {leaked}",
+            "the free count",
         )

@@ -36,6 +36,7 @@ class Attending:
     tokens: tuple[int, ...]  # every token the worker knows for the request
     table: tuple[int, ...]  # its block ids, in position order
     positions: range  # the positions scheduled this step
+    namespace: tuple[str, ...] = ()  # its K/V tags' namespace (its cache salt, if any)
 
 
 class AttentionCheck(Protocol):
@@ -72,7 +73,7 @@ class KernelAttention:
         rows = [(request, position) for request in attending for position in request.positions]
         if not rows:
             return
-        tags = {request.request: prefix_tags((), request.tokens) for request in attending}
+        tags = {request.request: prefix_tags(request.namespace, request.tokens) for request in attending}
         lengths = [self.context_length(position) for _, position in rows]
         queries = queries_for_tags([tags[request.request][position] for request, position in rows], MODEL_SHAPE)
         batch = PagedBatch(

@@ -17,13 +17,15 @@ if TYPE_CHECKING:
     from kvfuzz.scheduler.config import SchedulerSetup
     from kvfuzz.scheduler.session import WorkerFactory
 
-SCHEDULERS = {"vllm-v1": "vLLM 0.33.0's v1 Scheduler with its KVCacheManager"}
+SCHEDULERS = {
+    "vllm-v1": "vLLM 0.33.0's v1 Scheduler with its KVCacheManager",
+    "sglang": "SGLang 0.5.23's SchedulePolicy, PrefillAdder and ScheduleBatch over its radix cache",
+}
 """The schedulers ``--scheduler`` names, and what each is."""
 
 _ALLOCATOR_ONLY = (
     ("isolate", False, "--isolate"),
     ("database", None, "--database"),
-    ("seed", None, "--seed"),
     ("kernel", "gather", "--kernel"),
     ("host_blocks", defaults.NUM_HOST_BLOCKS, "--host-blocks"),
     ("layers", defaults.NUM_LAYERS, "--layers"),
@@ -32,7 +34,6 @@ _ALLOCATOR_ONLY = (
     ("head_dim", defaults.HEAD_DIM, "--head-dim"),
     ("dtype", "float32", "--dtype"),
     ("device", "cpu", "--device"),
-    ("call_timeout", defaults.CALL_TIMEOUT, "--call-timeout"),
 )
 """(attribute, its default, flag) of ``kvfuzz run``'s options that a scheduler target does not take (yet)."""
 
@@ -41,10 +42,13 @@ SCHEDULER_ONLY = (
     "max_num_seqs",
     "no_prefix_caching",
     "policy",
+    "speculative_tokens",
     "write_path",
     "attention",
     "async_scheduling",
     "model",
+    "cache_salts",
+    "stop_tokens",
 )
 """The attributes of the options only a scheduler target takes."""
 
@@ -75,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "window and full attention layers, two groups in one pool) (default full)",
     )
     group.add_argument(
+        "--speculative-tokens",
+        type=int,
+        metavar="K",
+        help="speculative decoding with up to K drafts per request and step, accepted and rejected by the fake model "
+        "(default 0: none)",
+    )
+    group.add_argument(
         "--write-path",
         choices=WRITE_PATH_NAMES,
         help="who decides where K/V is written: kvfuzz's own slot mapping (the default: fast), or vLLM's "
@@ -92,6 +103,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="vLLM's AsyncScheduler, two batches in flight as its engine core runs them",
     )
+    group.add_argument(
+        "--cache-salts",
+        action="store_true",
+        default=None,
+        help="draw each request with a cache salt (or none): the prefix cache must not share blocks across salts",
+    )
+    group.add_argument(
+        "--stop-tokens",
+        action="store_true",
+        default=None,
+        help="draw each request with stop token ids: it ends at the first one sampled",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -104,6 +127,19 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     for attribute, default, flag in _ALLOCATOR_ONLY:
         if getattr(args, attribute) != default:
             return f"--scheduler does not take {flag} (yet; docs/scheduler.md says what a scheduler target covers)"
+    if args.scheduler == "sglang":
+        from kvfuzz.scheduler.sglang.build import sglang_missing
+
+        for name in ("policy", "model", "write_path", "attention", "async_scheduling"):
+            if getattr(args, name) is not None:
+                return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/scheduler.md#sglang)"
+
+        if sglang_missing():
+            return (
+                "--scheduler sglang needs sglang 0.5.23, which is not installed here; build its environment with "
+                "scripts/third_party_env.sh sglang"
+            )
+        return None
     if args.model not in (None, "full"):
         for attribute, flag in (("write_path", "--write-path"), ("attention", "--attention")):
             if getattr(args, attribute) not in (None, "kvfuzz", "off"):
@@ -137,7 +173,10 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "prefix_caching": False if args.no_prefix_caching else None,
         "policy": args.policy,
         "model": args.model,
+        "speculative_tokens": args.speculative_tokens,
         "async_scheduling": True if args.async_scheduling else None,
+        "cache_salts": True if args.cache_salts else None,
+        "stop_tokens": True if args.stop_tokens else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,
@@ -178,6 +217,16 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
     """``kvfuzz run --scheduler``: exit status 0 (passed), 1 (a check failed), 2 (a usage error). With ``--json``
     the outcome goes to ``emit_json`` (the CLI's, which keeps standard output for it)."""
     problem = usage_error(args)
+    if problem is None and args.scheduler == "sglang":
+        from kvfuzz.scheduler.sglang.command import run_sglang, setup_problem
+
+        try:
+            setup = _setup(args)
+            problem = setup_problem(setup)
+        except ValueError as error:
+            problem = str(error)
+        if problem is None:
+            return run_sglang(args, setup, emit_json)
     if problem is None:
         try:
             setup = _setup(args)
@@ -201,7 +250,9 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
         print(
             f"kvfuzz run: --scheduler {args.scheduler} ({SCHEDULERS[args.scheduler]}; vLLM imported and configured "
             f"in {configured:.1f} s)\n  {setup.describe()}\n  "
-            f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, derandomized"
+            f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, "
+            f"{'derandomized' if args.seed is None else f'seed {args.seed}'}; "
+            + (f"a step running past {args.call_timeout:g} s is a hang" if args.call_timeout else "no watchdog")
             + _paths(args),
             flush=True,
         )
@@ -213,6 +264,8 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
         shrink=not args.no_shrink,
         worker=_worker(args),
         witness=recorder,
+        seed=args.seed,
+        call_timeout=args.call_timeout or None,
     )
     if not args.json:
         print("\n".join(outcome.describe()), flush=True)
@@ -227,7 +280,13 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
             "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
         }
         emit_json(
-            {"scheduler": args.scheduler, "configure_seconds": round(configured, 3), **outcome.to_json(), **fields}
+            {
+                "scheduler": args.scheduler,
+                "seed": args.seed,
+                "configure_seconds": round(configured, 3),
+                **outcome.to_json(),
+                **fields,
+            }
         )
     elif saved is not None:
         print(f"\n{saved.report()}")

@@ -1,5 +1,6 @@
 """What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
-scheduling policy, synchronous or async scheduling."""
+scheduling policy, synchronous or async scheduling; and which request fields the machine draws besides prompt,
+length and priority (cache salts, stop tokens)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ class SchedulerSetup:
     prefix_caching: bool = True  # vLLM's automatic prefix caching
     policy: str = "fcfs"  # vLLM's scheduling policy: "fcfs" or "priority" (kvfuzz.scheduler.priority)
     model: str = "full"  # the model served: its KV-cache groups (kvfuzz.scheduler.models)
+    speculative_tokens: int = 0  # k: the most drafts scheduled per request and step (0: no speculative decoding)
     async_scheduling: bool = False  # vLLM's AsyncScheduler, driven with two batches in flight (async_batches.py)
+    cache_salts: bool = False  # requests drawn with a cache salt, or none (kvfuzz.scheduler.requests)
+    stop_tokens: bool = False  # requests drawn with stop token ids (kvfuzz.scheduler.requests)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -42,6 +46,13 @@ class SchedulerSetup:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
         if self.model != "full" and self.async_scheduling:
             raise ValueError(f"model {self.model} is not driven under async scheduling (yet; docs/scheduler.md)")
+        if self.speculative_tokens < 0:
+            raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
+        if self.speculative_tokens and self.async_scheduling:
+            raise ValueError(
+                "speculative decoding under async scheduling is not driven (yet): kvfuzz hands the scheduler drafts "
+                "only as the synchronous engine core does (docs/scheduler.md)"
+            )
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
 
@@ -57,5 +68,8 @@ class SchedulerSetup:
             f"at most {self.max_num_seqs} running, prefix caching {'on' if self.prefix_caching else 'off'}"
             + (f", {self.policy} scheduling" if self.policy != "fcfs" else "")
             + (f", model {self.model}: {MODELS[self.model].description}" if self.model != "full" else "")
+            + (f", {self.speculative_tokens} speculative draft(s)" if self.speculative_tokens else "")
             + (", async scheduling" if self.async_scheduling else "")
+            + (", cache salts" if self.cache_salts else "")
+            + (", stop tokens" if self.stop_tokens else "")
         )

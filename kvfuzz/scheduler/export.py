@@ -28,7 +28,14 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     known = f"\nKnown bug: {_docstring_text(trace.known_bug)}\n" if trace.known_bug else ""
     runner_v2 = trace.model_runner == "V2"
     model = f", model={setup.model!r}" if setup.model != "full" else ""
-    export_async = ", async_scheduling=True" if setup.async_scheduling else ""
+    speculative = f", speculative_tokens={setup.speculative_tokens}" if setup.speculative_tokens else ""
+    options = model + speculative
+    drawn = {
+        "async_scheduling": setup.async_scheduling,
+        "cache_salts": setup.cache_salts,
+        "stop_tokens": setup.stop_tokens,
+    }
+    export_async = "".join(f", {name}=True" for name, on in drawn.items() if on)
     return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.
 
 Recorded failure of {trace.scheduler} (vLLM {_docstring_text(trace.vllm_version)}, {trace.model_runner} model runner):
@@ -43,7 +50,7 @@ from kvfuzz.scheduler.session import Session
 def test_{name}_{trace.digest()}():
     setup = SchedulerSetup(num_blocks={setup.num_blocks}, block_size={setup.block_size},
                            max_num_batched_tokens={setup.max_num_batched_tokens}, max_num_seqs={setup.max_num_seqs},
-                           prefix_caching={setup.prefix_caching}, policy={setup.policy!r}{model}{export_async})
+                           prefix_caching={setup.prefix_caching}, policy={setup.policy!r}{options}{export_async})
     with model_runner({trace.model_runner!r}):
         session = Session(setup)
         assert session.worker.runner_v2 is {runner_v2}, "vLLM did not select the recorded model runner"

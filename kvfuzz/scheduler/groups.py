@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 import attrs
 
+from kvfuzz.scheduler.kv_slots import GROUP_PREFIX
+
 
 @attrs.frozen
 class GroupRule:
@@ -44,8 +46,8 @@ class GroupRule:
 
 def group_namespace(index: int) -> tuple[str, ...]:
     """The namespace a group's K/V is tagged under: none for group 0 (so a one-group model's K/V is what it always
-    was), the group's name for the others."""
-    return () if index == 0 else (f"kv-cache group {index}",)
+    was), the group's name for the others; a request's cache salt, if any, follows it."""
+    return () if index == 0 else (f"{GROUP_PREFIX}{index}",)
 
 
 def group_rules(kv_cache_config: Any) -> tuple[GroupRule, ...]:

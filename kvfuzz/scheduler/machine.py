@@ -4,15 +4,18 @@ stops arrivals and drains every request (the progress check)."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
 
+from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import VOCABULARY
+from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.priority import priority_arguments
+from kvfuzz.scheduler.requests import request_arguments
 from kvfuzz.scheduler.session import Session, WorkerFactory
 from kvfuzz.scheduler.worker import Worker
 
@@ -34,6 +37,8 @@ class Tally:
     steps: int = 0  # their schedule() calls, the drains' included
     preemptions: int = 0  # requests the scheduler preempted
     hit_tokens: int = 0  # tokens found computed in the prefix cache
+    drafts: int = 0  # speculative drafts scheduled (the scheduler's placeholders included)
+    accepted_drafts: int = 0  # of them, accepted by the fake model
     rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
 
 
@@ -48,9 +53,17 @@ def machine_for_setup(
     worker: WorkerFactory = Worker,
     tally: Optional[Tally] = None,
     witness: Optional[Witness] = None,
+    session: Optional[Callable[[], Any]] = None,
+    name: str = "VllmV1SchedulerMachine",
+    watchdog: Optional[Watchdog] = None,
+    journal: Optional[ProgramJournal] = None,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class driving fresh ``Scheduler`` instances of ``setup`` with ``worker``, counting into
-    ``tally`` and telling ``witness`` of each failing example."""
+    ``tally``, telling ``witness`` of each failing example, and bounding each step with ``watchdog`` (entered by the
+    caller) when one is given, and keeping each example's program in ``journal`` when one is given. ``session``
+    builds another engine's session instead (:class:`kvfuzz.scheduler.sglang.session.SGLangSession`: the same client
+    operations, ``has_requests``, counters and ``program``; no watchdog or journal yet)."""
+    new_session = session if session is not None else (lambda: Session(setup, worker, watchdog, journal))
     prefixes = prefix_lengths(setup)
     longest = setup.max_model_len
 
@@ -59,7 +72,7 @@ def machine_for_setup(
 
         def __init__(self) -> None:
             super().__init__()
-            self.session = Session(setup, worker)  # one example's scheduler, worker and outputs
+            self.session = new_session()  # one example's scheduler, worker and outputs
             self.failed = False  # an operation raised (a check, or vLLM itself): the teardown does not drain
 
         def _guarded(self, action: Callable[[], T]) -> T:
@@ -81,10 +94,20 @@ def machine_for_setup(
             suffix=st.lists(st.integers(0, VOCABULARY - 1), max_size=2 * setup.block_size),
             max_tokens=st.integers(1, max(2 * setup.block_size, longest // 4)),
             **priority_arguments(setup),
+            **request_arguments(setup),
         )
-        def add_request(self, prefix: int, suffix: list[int], max_tokens: int, priority: int = 0) -> str:
+        def add_request(
+            self,
+            prefix: int,
+            suffix: list[int],
+            max_tokens: int,
+            priority: int = 0,
+            cache_salt: Optional[str] = None,
+            stop_token_ids: tuple[int, ...] = (),
+        ) -> str:
             prompt = (list(SHARED[:prefix]) + suffix)[: longest - 1] or [0]
-            return self._guarded(lambda: self.session.add(prompt, min(max_tokens, longest - len(prompt)), priority))
+            length = min(max_tokens, longest - len(prompt))
+            return self._guarded(lambda: self.session.add(prompt, length, priority, cache_salt, stop_token_ids))
 
         @rule(request=requests)
         def abort(self, request: str) -> None:
@@ -108,7 +131,10 @@ def machine_for_setup(
                     tally.steps += self.session.steps
                     tally.preemptions += self.session.preemptions
                     tally.hit_tokens += self.session.hit_tokens
+                    drafts = self.session.worker.speculation.stats
+                    tally.drafts += drafts.scheduled
+                    tally.accepted_drafts += drafts.accepted
                     tally.rewrites += self.session.loop.rewrites
 
-    SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = "VllmV1SchedulerMachine"
+    SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = name
     return SchedulerMachine

@@ -1,6 +1,7 @@
 """Every request's output checked against the fake model: the tokens ``update_from_output`` reports for a request
 are exactly :func:`~kvfuzz.scheduler.fake_model.expected_output`, in order, none lost or repeated (across preemption
-and resumption too); a request that finishes by length has all ``max_tokens`` of them; nothing follows a finish."""
+and resumption too); a request finishes with exactly :func:`~kvfuzz.scheduler.requests.output_length` of them (all
+``max_tokens``, or up to and including its first stop token), never more; nothing follows a finish."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import attrs
 
 from kvfuzz.scheduler.fake_model import expected_output
+from kvfuzz.scheduler.requests import output_length
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 
@@ -17,9 +19,21 @@ class Expected:
     """One request's output so far, and what ends it."""
 
     prompt_length: int  # the prompt's tokens
-    max_tokens: int  # the output it finishes with, unless aborted
+    max_tokens: int  # the most output tokens it asks for
+    length: int  # the output it finishes with, unless aborted: max_tokens, or up to its first stop token
+    stop_token_ids: tuple[int, ...] = ()  # the sampled tokens that end it
     received: list[int] = attrs.Factory(list)  # the output tokens reported so far
     finished: bool = False  # reported finished, or aborted
+
+    def ending(self, request: str) -> str:
+        """Why ``request`` should finish with ``length`` tokens, for a message."""
+        last = expected_output(request, self.prompt_length, self.length)[-1]
+        if last in self.stop_token_ids:
+            return f"its output #{self.length - 1}, {last}, is its first stop token (stop_token_ids " + (
+                f"{list(self.stop_token_ids)})"
+            )
+        stops = f", none of them a stop token of {list(self.stop_token_ids)}" if self.stop_token_ids else ""
+        return f"its max_tokens is {self.max_tokens}{stops}"
 
 
 class OutputLedger:
@@ -28,8 +42,9 @@ class OutputLedger:
     def __init__(self) -> None:
         self.requests: dict[str, Expected] = {}  # request -> its output so far
 
-    def added(self, request: str, prompt_length: int, max_tokens: int) -> None:
-        self.requests[request] = Expected(prompt_length, max_tokens)
+    def added(self, request: str, prompt_length: int, max_tokens: int, stop_token_ids: tuple[int, ...] = ()) -> None:
+        length = output_length(request, prompt_length, max_tokens, stop_token_ids)
+        self.requests[request] = Expected(prompt_length, max_tokens, length, stop_token_ids)
 
     def aborted(self, request: str) -> None:
         self.requests[request].finished = True
@@ -41,9 +56,10 @@ class OutputLedger:
         """Check the outputs ``update_from_output`` returned at ``step``."""
         for outputs in engine_outputs.values():
             for output in outputs.outputs:
-                self._receive(output.request_id, list(output.new_token_ids), output.finish_reason is not None, step)
+                self.record(output.request_id, list(output.new_token_ids), output.finish_reason is not None, step)
 
-    def _receive(self, request: str, tokens: list[int], finishes: bool, step: int) -> None:
+    def record(self, request: str, tokens: list[int], finishes: bool, step: int) -> None:
+        """Check the ``tokens`` an engine reported for ``request`` at ``step`` (``finishes``: and that it finished)."""
         expected = self.requests[request]
         if expected.finished and tokens:
             raise SchedulerViolation(
@@ -62,14 +78,22 @@ class OutputLedger:
                 f"(expected output {want}, reported {expected.received}; this step reported tokens "
                 f"#{start}..#{len(expected.received) - 1})",
             )
+        whole = expected_output(request, expected.prompt_length, expected.length)
+        if len(expected.received) > expected.length:
+            raise SchedulerViolation(
+                Check.OUTPUTS,
+                step,
+                request,
+                f"{len(expected.received)} output tokens {expected.received} reported, but it should have finished "
+                f"with {expected.length}: {expected.ending(request)} (expected {whole})",
+            )
         if finishes and not expected.finished:
             expected.finished = True
-            whole = expected_output(request, expected.prompt_length, expected.max_tokens)
-            if len(expected.received) != expected.max_tokens:
+            if len(expected.received) != expected.length:
                 raise SchedulerViolation(
                     Check.OUTPUTS,
                     step,
                     request,
-                    f"finished with {len(expected.received)} output tokens {expected.received}, but its max_tokens "
-                    f"is {expected.max_tokens} (expected {whole})",
+                    f"finished with {len(expected.received)} output tokens {expected.received}, but "
+                    f"{expected.ending(request)} (expected {whole})",
                 )

@@ -5,7 +5,7 @@ after them is not part of it: a replay drains as the machine's teardown does, un
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol, Union
+from typing import Any, Optional, Protocol, Union
 
 import attrs
 
@@ -13,7 +13,14 @@ import attrs
 class Client(Protocol):
     """What a program is applied to: the client's side of an example (:class:`kvfuzz.scheduler.session.Session`)."""
 
-    def add(self, prompt: list[int], max_tokens: int, priority: int = 0) -> str: ...
+    def add(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        priority: int = 0,
+        cache_salt: Optional[str] = None,
+        stop_token_ids: tuple[int, ...] = (),
+    ) -> str: ...
 
     def abort(self, request: str) -> None: ...
 
@@ -27,28 +34,42 @@ def _token_ids(tokens: Iterable[int]) -> tuple[int, ...]:
 @attrs.frozen
 class AddRequest:
     """A request arrives with ``prompt`` and asks for ``max_tokens`` tokens (ids ``r0``, ``r1``, ... in order), of
-    ``priority`` (the priority policy runs smaller first; 0, the default, is left out of the JSON and the source, so
-    that a program without priorities reads as it did before the policy existed)."""
+    ``priority`` (the priority policy runs smaller first), under ``cache_salt`` (the prefix cache shares blocks only
+    between requests of the same salt), ending early at the first sampled token among ``stop_token_ids``. Each is
+    left out of the JSON and the source at its default (0, no salt, no stop tokens), so that a program without them
+    reads, saves and digests as it did before they existed."""
 
     prompt: tuple[int, ...] = attrs.field(converter=_token_ids)
     max_tokens: int
     priority: int = 0
+    cache_salt: Optional[str] = None
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_token_ids)
 
     def apply(self, session: Client) -> None:
-        session.add(list(self.prompt), self.max_tokens, self.priority)
+        session.add(list(self.prompt), self.max_tokens, self.priority, self.cache_salt, self.stop_token_ids)
+
+    def _extras(self) -> dict[str, Any]:
+        """The fields not at their defaults, by name."""
+        extras: dict[str, Any] = {}
+        if self.priority:
+            extras["priority"] = self.priority
+        if self.cache_salt is not None:
+            extras["cache_salt"] = self.cache_salt
+        if self.stop_token_ids:
+            extras["stop_token_ids"] = list(self.stop_token_ids)
+        return extras
 
     def to_json(self) -> dict[str, Any]:
-        priority = {"priority": self.priority} if self.priority else {}
-        return {"op": "add", "prompt": list(self.prompt), "max_tokens": self.max_tokens, **priority}
+        return {"op": "add", "prompt": list(self.prompt), "max_tokens": self.max_tokens, **self._extras()}
 
     def __str__(self) -> str:
-        priority = f", priority={self.priority}" if self.priority else ""
-        return f"add(prompt={list(self.prompt)}, max_tokens={self.max_tokens}{priority})"
+        extras = "".join(f", {name}={value!r}" for name, value in self._extras().items())
+        return f"add(prompt={list(self.prompt)}, max_tokens={self.max_tokens}{extras})"
 
     def source(self, client: str) -> str:
         """The Python statement that performs it on ``client`` (an exported test's)."""
-        priority = f", priority={self.priority}" if self.priority else ""
-        return f"{client}.add({list(self.prompt)}, {self.max_tokens}{priority})"
+        extras = "".join(f", {name}={value!r}" for name, value in self._extras().items())
+        return f"{client}.add({list(self.prompt)}, {self.max_tokens}{extras})"
 
 
 @attrs.frozen

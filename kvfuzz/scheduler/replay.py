@@ -10,6 +10,7 @@ from typing import Callable, Iterator, Optional
 
 import attrs
 
+from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.session import Session, WorkerFactory
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
@@ -32,6 +33,7 @@ class SchedulerReplay:
     trace: SchedulerTrace
     failure: Optional[RecordedFailure]
     failed_at: Optional[int]
+    error: Optional[Exception] = attrs.field(default=None, eq=False, repr=False)  # the exception itself
 
     @property
     def failed(self) -> bool:
@@ -106,10 +108,12 @@ def replay(
     trace: SchedulerTrace,
     worker: Optional[WorkerFactory] = None,
     on_operation: Optional[Callable[[int, Operation], None]] = None,
+    watchdog: Optional[Watchdog] = None,
 ) -> SchedulerReplay:
     """Replay ``trace`` against the installed vLLM, with ``worker`` (by default the one the trace was recorded
-    with: :func:`recorded_worker`). Raises :class:`ReplayRefused` when vLLM is not installed, its configuration
-    refuses the trace's, the recorded model runner cannot be selected here, or the recorded worker cannot run."""
+    with: :func:`recorded_worker`), each step bounded by ``watchdog`` (entered by the caller) when one is given.
+    Raises :class:`ReplayRefused` when vLLM is not installed, its configuration refuses the trace's, the recorded
+    model runner cannot be selected here, or the recorded worker cannot run."""
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
@@ -118,7 +122,7 @@ def replay(
         worker = recorded_worker(trace)
     with model_runner(trace.model_runner):
         try:
-            session = Session(trace.setup, worker)
+            session = Session(trace.setup, worker, watchdog)
         except ValueError as error:
             reason = " ".join(str(error).split())
             raise ReplayRefused(
@@ -135,9 +139,9 @@ def replay(
             try:
                 operation.apply(session)
             except Exception as error:  # noqa: BLE001 -- a check's violation, or vLLM's own exception: the finding
-                return SchedulerReplay(trace, RecordedFailure.of(error), index)
+                return SchedulerReplay(trace, RecordedFailure.of(error), index, error)
         try:
             session.drain()
         except Exception as error:  # noqa: BLE001 -- as above
-            return SchedulerReplay(trace, RecordedFailure.of(error), len(trace.program))
+            return SchedulerReplay(trace, RecordedFailure.of(error), len(trace.program), error)
     return SchedulerReplay(trace, None, None)

@@ -3,15 +3,19 @@ so the same run every time), its failure shrunk by Hypothesis to the fewest requ
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import attrs
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis import seed as hypothesis_seed
+from hypothesis.stateful import get_state_machine_test
 
 from kvfuzz.profiles import run_settings
+from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
+from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Tally, Witness, machine_for_setup
 from kvfuzz.scheduler.session import WorkerFactory
 from kvfuzz.scheduler.violations import SchedulerViolation
@@ -32,6 +36,8 @@ class Outcome:
     seconds: float  # the search itself
     failure: Optional[Exception]  # the shrunk failure (a check's SchedulerViolation, or vLLM's own exception), or None
     program: str  # Hypothesis's falsifying example: the calls that reproduce it ("" when passed)
+    drafts: int = 0  # speculative drafts scheduled over all examples
+    accepted_drafts: int = 0  # of them, accepted
     rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
 
     @property
@@ -46,6 +52,11 @@ class Outcome:
             f"the scheduler preempted {plural(self.preemptions, 'request')}; "
             f"{plural(self.hit_tokens, 'prompt token')} hit the prefix cache",
         ]
+        if self.setup.speculative_tokens:
+            lines.append(
+                f"{plural(self.drafts, 'speculative draft')} scheduled: {self.accepted_drafts} accepted, "
+                f"{self.drafts - self.accepted_drafts} rejected"
+            )
         if self.setup.async_scheduling:
             lines.append(
                 f"{plural(self.rewrites, 'released block')} written while a step that read it was in flight "
@@ -73,6 +84,8 @@ class Outcome:
             "steps": self.steps,
             "preemptions": self.preemptions,
             "hit_tokens": self.hit_tokens,
+            "drafts": self.drafts,
+            "accepted_drafts": self.accepted_drafts,
             "released_rewrites": self.rewrites,
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps_per_second, 1),
@@ -89,20 +102,31 @@ def search(
     shrink: bool = True,
     worker: WorkerFactory = Worker,
     witness: Optional[Witness] = None,
+    session: Optional[Callable[[], Any]] = None,
+    name: str = "VllmV1SchedulerMachine",
+    seed: Optional[int] = None,
+    call_timeout: Optional[float] = None,
+    journal: Optional[ProgramJournal] = None,
 ) -> Outcome:
-    """Run the machine for ``examples`` examples of up to ``steps`` operations; a failure (a
+    """Run the machine for ``examples`` examples of up to ``steps`` operations, Hypothesis seeded with ``seed`` (the
+    same seed, the same examples; None: derandomized, as ``kvfuzz run`` without ``--seed``); a failure (a
     :class:`SchedulerViolation`, or any exception vLLM raises) is shrunk, unless ``shrink`` is off, and returned.
-    ``witness`` is told of every failing example (the first found, shrinking's, and the shrunk one last)."""
+    ``witness`` is told of every failing example (the first found, shrinking's, and the shrunk one last);
+    ``session`` and ``name`` select another engine's session (:func:`machine_for_setup`). A step running past
+    ``call_timeout`` seconds is interrupted and fails the hang check (None: no watchdog). ``journal`` keeps each
+    example's program on disk as it runs."""
     tally = Tally()
-    machine = machine_for_setup(setup, worker, tally, witness)
-
-    profile = run_settings(examples, steps, shrink=shrink)
+    watchdog = Watchdog(call_timeout) if call_timeout is not None else None
+    machine = machine_for_setup(setup, worker, tally, witness, session, name, watchdog, journal)
+    test = get_state_machine_test(machine, settings=run_settings(examples, steps, shrink=shrink))
+    if seed is not None:
+        test = hypothesis_seed(seed)(test)
     failure: Optional[Exception] = None
     program = ""
     started = time.perf_counter()
     try:
-        with single_threaded_torch():
-            run_state_machine_as_test(machine, settings=profile)
+        with single_threaded_torch(), watchdog or contextlib.nullcontext():
+            test()
     except Exception as error:  # noqa: BLE001 -- an exception from vLLM is a finding, reported with its program
         failure = error
         program = "\n".join(note for note in getattr(error, "__notes__", ()) if note)
@@ -115,5 +139,7 @@ def search(
         time.perf_counter() - started,
         failure,
         program,
+        tally.drafts,
+        tally.accepted_drafts,
         tally.rewrites,
     )

@@ -9,13 +9,18 @@ right after launching it; async scheduling keeps up to two in flight (:mod:`kvfu
 
 from __future__ import annotations
 
-from typing import Callable, Union
+import traceback
+from pathlib import Path
+from typing import Callable, Optional, Union
 
+from kvfuzz.program.safeguards import AllocatorHang, Watchdog
 from kvfuzz.scheduler.accounting import check_accounting
 from kvfuzz.scheduler.async_batches import DEPTH, Batch, BatchQueue, Progress, SynchronousLoop
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
+from kvfuzz.scheduler.requests import salt_namespace
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm
 from kvfuzz.scheduler.worker import Worker
@@ -33,11 +38,29 @@ def drain_bound(remaining_tokens: int) -> int:
     return 4 * remaining_tokens + 16
 
 
+def interrupted_in(hang: BaseException) -> str:
+    """Where the watchdog's interrupt found the step: the innermost frame outside the watchdog, as
+    ``module.function``."""
+    frames = traceback.extract_tb(hang.__traceback__)[:-1]  # the last is the watchdog's own signal handler
+    if not frames:
+        return "an unknown frame"
+    frame = frames[-1]
+    return f"{Path(frame.filename).stem}.{frame.name} ({frame.filename}:{frame.lineno})"
+
+
 class Session:
     """A fresh ``Scheduler``, its worker and the output ledger; ``steps`` counts ``schedule()`` calls."""
 
-    def __init__(self, setup: SchedulerSetup, worker: WorkerFactory = Worker) -> None:
+    def __init__(
+        self,
+        setup: SchedulerSetup,
+        worker: WorkerFactory = Worker,
+        watchdog: Optional[Watchdog] = None,
+        journal: Optional[ProgramJournal] = None,
+    ) -> None:
         self.setup = setup  # the configuration
+        self.watchdog = watchdog  # interrupts a step that runs past its limit (None: no limit); entered by the caller
+        self.journal = journal  # keeps the program on disk, each operation before it runs (None: only in memory)
         self.scheduler = new_scheduler(setup)  # vLLM's v1 Scheduler, with its real KVCacheManager
         self.worker = worker(setup)  # kvfuzz as the model runner
         self.outputs = OutputLedger()  # every request's output so far
@@ -47,32 +70,78 @@ class Session:
         self.hit_tokens = 0  # tokens new and resumed requests found computed (prefix-cache hits)
         self.program: list[Operation] = []  # the client's operations so far, each recorded before it runs
         self.loop: EngineLoop = BatchQueue() if setup.async_scheduling else SynchronousLoop()  # the engine core
+        if journal is not None:
+            journal.start(setup, "V2" if self.worker.runner_v2 else "V1")
 
-    def add(self, prompt: list[int], max_tokens: int, priority: int = 0) -> str:
+    def add(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        priority: int = 0,
+        cache_salt: Optional[str] = None,
+        stop_token_ids: tuple[int, ...] = (),
+    ) -> str:
         """Add a request (ids ``r0``, ``r1``, ... in arrival order) of ``priority`` (smaller runs first under the
-        priority policy; FCFS ignores it); returns its id."""
+        priority policy; FCFS ignores it), under ``cache_salt``, stopping at the first sampled token among
+        ``stop_token_ids``; returns its id. The worker is told the request's namespace (vLLM's model runner is not
+        told the salt; kvfuzz's K/V depends on it so that the content check sees a hit across salts)."""
         arrival = len(self.lengths)
         request = f"r{arrival}"
-        self.program.append(AddRequest(prompt, max_tokens, priority))
-        self.scheduler.add_request(new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority))
-        self.outputs.added(request, len(prompt), max_tokens)
+        stops = tuple(stop_token_ids)
+        self._perform(AddRequest(prompt, max_tokens, priority, cache_salt, stops))
+        self.worker.namespaces[request] = salt_namespace(cache_salt)
+        self.scheduler.add_request(
+            new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority, cache_salt, list(stops))
+        )
+        self.outputs.added(request, len(prompt), max_tokens, stops)
         self.lengths[request] = len(prompt) + max_tokens
         return request
 
+    def _perform(self, operation: Operation) -> None:
+        """Record ``operation``, about to run, in the program and the journal."""
+        self.program.append(operation)
+        if self.journal is not None:
+            self.journal.record(operation)
+
     def abort(self, request: str) -> None:
         """Abort a request, as a client disconnecting does (a finished one is left alone, as vLLM leaves it)."""
-        self.program.append(Abort(request))
+        self._perform(Abort(request))
         self.scheduler.finish_requests(request, vllm().RequestStatus.FINISHED_ABORTED)
         self.outputs.aborted(request)
 
     def step(self) -> int:
         """One engine step the client asked for, every check run; returns the tokens it scheduled."""
-        self.program.append(Step())
+        self._perform(Step())
         return self._step().scheduled
 
     def _step(self) -> Progress:
-        """One engine step (the client's, or the drain's), every check run."""
-        return self.loop.step(self)
+        """One engine step (the client's, or the drain's), every check run. A step that runs past the watchdog's
+        limit is a :attr:`Check.HANG` violation (a ``schedule()`` stuck in a loop is a finding, not a stuck search)."""
+        if self.watchdog is None:
+            return self.loop.step(self)
+        step = self.steps + 1
+        self.watchdog.arm(f"step {step}")
+        try:
+            progress = self.loop.step(self)
+        except AllocatorHang as hang:
+            self.watchdog.disarm()
+            raise SchedulerViolation(
+                Check.HANG,
+                step,
+                None,
+                f"step {step} (schedule(), the worker, update_from_output()) did not return within "
+                f"{hang.seconds:g} s (--call-timeout); interrupted in {interrupted_in(hang)}",
+                "a step that does not return",
+            ) from None
+        if self.watchdog.disarm():
+            raise SchedulerViolation(
+                Check.HANG,
+                step,
+                None,
+                f"step {step} returned only after more than {self.watchdog.seconds:g} s (--call-timeout)",
+                "a step that does not return",
+            )
+        return progress
 
     def has_requests(self) -> bool:
         return bool(self.scheduler.has_requests())
@@ -106,8 +175,12 @@ class Session:
         return Batch(self.steps, output, result, int(output.total_num_scheduled_tokens))
 
     def collect(self, batch: Batch) -> None:
-        """``update_from_output()`` with a launched step's output, and the output check."""
+        """``update_from_output()`` with a launched step's output, and the output check; then, as the engine core's
+        ``post_step`` (synchronous scheduling only), the worker's drafts for the next step."""
         self.outputs.receive(self.scheduler.update_from_output(batch.output, batch.result), batch.step)
+        drafts = self.worker.take_draft_token_ids()
+        if drafts is not None and batch.scheduled > 0:
+            self.scheduler.update_draft_token_ids(vllm().DraftTokenIds(*drafts))
 
     def drain(self) -> None:
         """Arrivals stopped: run steps until every request has finished and no batch is in flight, within
@@ -127,6 +200,7 @@ class Session:
                     self.steps,
                     stuck[0],
                     f"the step scheduled nothing while {len(stuck)} request(s) are unfinished: {self._describe(stuck)}",
+                    "a drain step scheduled nothing",
                 )
         unfinished = self.outputs.unfinished()
         if unfinished:
@@ -136,6 +210,7 @@ class Session:
                 unfinished[0],
                 f"{len(unfinished)} request(s) still unfinished {bound} steps after arrivals stopped: "
                 f"{self._describe(unfinished)}",
+                "the drain ran past its bound",
             )
         for _ in range(DEPTH + 1):
             if not self.busy():
@@ -150,7 +225,11 @@ class Session:
             else f"the scheduler still has {self.scheduler.get_num_unfinished_requests()} unfinished request(s)"
         )
         raise SchedulerViolation(
-            Check.PROGRESS, self.steps, None, f"every request finished, but {DEPTH + 1} steps later {left}"
+            Check.PROGRESS,
+            self.steps,
+            None,
+            f"every request finished, but {DEPTH + 1} steps later {left}",
+            "work left after every request finished",
         )
 
     def _check_accounting(self) -> None:
@@ -169,5 +248,5 @@ class Session:
                 else f"{held.status.name}, {held.num_computed_tokens} computed"
             )
             expected = self.outputs.requests[request]
-            described.append(f"{request} ({status}, {len(expected.received)} of {expected.max_tokens} output tokens)")
+            described.append(f"{request} ({status}, {len(expected.received)} of {expected.length} output tokens)")
         return "; ".join(described)

@@ -9,7 +9,7 @@ A scheduler trace is its own kind of file, beside the allocator traces of :mod:`
       "scheduler": "vllm-v1",
       "engine": {"vllm_version": "0.33.0", "model_runner": "V2", "write_path": "vllm", "attention": "gather"},
       "config": {"num_blocks": 8, "block_size": 4, "max_num_batched_tokens": 16, "max_num_seqs": 4,
-                 "prefix_caching": true},
+                 "prefix_caching": true, "speculative_tokens": 2},
       "program": [{"op": "add", "prompt": [1, 2, 3, 0], "max_tokens": 8}, {"op": "step"},
                   {"op": "abort", "request": "r0"}, ...],
       "shrunk": true,
@@ -18,21 +18,23 @@ A scheduler trace is its own kind of file, beside the allocator traces of :mod:`
       "known_bug": null
     }
 
-``config.async_scheduling`` (vLLM's ``AsyncScheduler`` with two batches in flight) is written only when true, and a
-trace without it (every trace before it existed) is synchronous, so older traces load and keep their digests.
-``engine.model_runner`` is the protocol the worker spoke (``V2``: a preempted request is dropped and resumed as new;
-``V1``: it is kept and resumed among the cached requests); a replay selects the same one. ``engine.write_path``
-(who decided where K/V was written) and ``engine.attention`` (the attention check) are written only when not the
-defaults (``kvfuzz`` and ``off``), and a replay uses the same. ``program`` is the
+``config.speculative_tokens`` (speculative decoding with that many drafts) is written only when it is not 0, and
+``config.async_scheduling`` (vLLM's ``AsyncScheduler`` with two batches in flight) only when true; a trace without
+them (every trace written before either was driven) has no drafts and is synchronous, so older traces load and keep
+their digests. ``engine.model_runner`` is the protocol the worker spoke (``V2``: a preempted request is dropped and
+resumed as new; ``V1``: it is kept and resumed among the cached requests); a replay selects the same one.
+``engine.write_path`` (who decided where K/V was written) and ``engine.attention`` (the attention check) are written
+only when not the defaults (``kvfuzz`` and ``off``), and a replay uses the same. ``program`` is the
 client's operations (:mod:`kvfuzz.scheduler.program`); the drain after them is implied. ``shrunk`` is false for the
 trace saved when the failure was first found, before shrinking. ``failure.check`` is a check's name
 (:class:`~kvfuzz.scheduler.violations.Check`) or ``crash`` for an exception of the engine's own, whose type is
 ``failure.exception``.
 
 Added without a new format version, each left out at its default so that older traces read and digest as before:
-``config.policy`` (``fcfs`` when absent, or ``priority``), an add's ``priority`` (0 when absent), and
-``config.model`` (``full`` when absent, or another of :data:`~kvfuzz.scheduler.models.MODELS`: the model served,
-whose KV-cache groups the engine and the worker keep).
+``config.policy`` (``fcfs`` when absent, or ``priority``) and an add's ``priority`` (0 when absent);
+``config.cache_salts`` and ``config.stop_tokens`` (false when absent: what the search drew), an add's ``cache_salt``
+(none when absent) and ``stop_token_ids`` (none when absent); ``config.model`` (``full`` when absent, or another of
+:data:`~kvfuzz.scheduler.models.MODELS`: the model served, whose KV-cache groups the engine and the worker keep).
 
 A trace may come from anywhere, so :func:`load` trusts nothing in it: UTF-8 JSON of at most 16 MiB, no unknown or
 missing fields, values of the right JSON types and within :data:`LIMITS`, each problem one
@@ -74,6 +76,8 @@ LIMITS = {
     "program": 1 << 16,
 }
 """The largest configuration values and program a trace may hold."""
+MAX_SPECULATIVE_TOKENS = 1 << 6
+"""The most drafts per step a trace's configuration may ask for."""
 MAX_TEXT = 1 << 16
 MAX_PRIORITY = 1 << 20
 """The largest priority (in absolute value) an add may carry."""
@@ -157,7 +161,10 @@ class SchedulerTrace:
             "prefix_caching": self.setup.prefix_caching,
             **({"policy": self.setup.policy} if self.setup.policy != "fcfs" else {}),
             **({"model": self.setup.model} if self.setup.model != "full" else {}),
+            **({"speculative_tokens": self.setup.speculative_tokens} if self.setup.speculative_tokens else {}),
             **({"async_scheduling": True} if self.setup.async_scheduling else {}),
+            **({"cache_salts": True} if self.setup.cache_salts else {}),
+            **({"stop_tokens": True} if self.setup.stop_tokens else {}),
         }
 
     def digest(self) -> str:
@@ -328,16 +335,28 @@ def _trace(data: Any) -> SchedulerTrace:
 
 def _config(value: Any) -> SchedulerSetup:
     required = {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")}
-    config = _fields(value, "config", {**required, "policy": False, "async_scheduling": False, "model": False})
+    optional = {
+        "policy": False,
+        "model": False,
+        "speculative_tokens": False,
+        "async_scheduling": False,
+        "cache_salts": False,
+        "stop_tokens": False,
+    }
+    config = _fields(value, "config", {**required, **optional})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
     policy = _choice("config.policy", config.get("policy", "fcfs"), POLICIES)
+    speculative = _integer("config.speculative_tokens", config.get("speculative_tokens", 0), 0, MAX_SPECULATIVE_TOKENS)
     model = _choice("config.model", config.get("model", "full"), tuple(MODELS))
     try:
         return SchedulerSetup(
             prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]),
             policy=policy,
             model=model,
+            speculative_tokens=speculative,
             async_scheduling=_boolean("config.async_scheduling", config.get("async_scheduling", False)),
+            cache_salts=_boolean("config.cache_salts", config.get("cache_salts", False)),
+            stop_tokens=_boolean("config.stop_tokens", config.get("stop_tokens", False)),
             **numbers,
         )
     except ValueError as error:
@@ -364,7 +383,8 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
                 raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
             program.append(Abort(str(request)))
         else:
-            item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, "priority": False})
+            extras = {"priority": False, "cache_salt": False, "stop_token_ids": False}
+            item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, **extras})
             prompt = item["prompt"]
             if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
                 raise _Invalid(f"{where}.prompt", f"must be a list of 1..{setup.max_model_len - 1} tokens")
@@ -372,9 +392,18 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
             room = setup.max_model_len - len(tokens)
             max_tokens = _integer(f"{where}.max_tokens", item["max_tokens"], 1, room)
             priority = _integer(f"{where}.priority", item.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY)
-            program.append(AddRequest(tokens, max_tokens, priority))
+            salt = _text(f"{where}.cache_salt", item.get("cache_salt"), optional=True)
+            program.append(AddRequest(tokens, max_tokens, priority, salt, _stop_token_ids(where, item)))
             added += 1
     return program
+
+
+def _stop_token_ids(where: str, item: dict[str, Any]) -> tuple[int, ...]:
+    """An add's stop token ids: distinct tokens of the vocabulary (none when absent)."""
+    stops = item.get("stop_token_ids", [])
+    if not isinstance(stops, list) or len(set(map(repr, stops))) != len(stops):
+        raise _Invalid(f"{where}.stop_token_ids", "must be a list of distinct tokens")
+    return tuple(_integer(f"{where}.stop_token_ids", token, 0, VOCABULARY - 1) for token in stops)
 
 
 def _failure(value: Any) -> RecordedFailure:

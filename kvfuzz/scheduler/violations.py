@@ -15,6 +15,8 @@ class Check(enum.Enum):
     OUTPUTS = "outputs"  # every request's output is exactly the tokens the fake model sampled for it, in order
     ACCOUNTING = "accounting"  # the manager's free blocks and refcounts agree with the worker's tables
     PROGRESS = "progress"  # once arrivals stop, every request finishes within a bound
+    SPECULATIVE = "speculative"  # drafts scheduled as proposed, and rejected ones rolled back
+    HANG = "hang"  # a step (``schedule()``, the worker, ``update_from_output()``) returns within the call timeout
     SLOT_MAPPING = "slot-mapping"  # the engine's own slot mapping writes each token where the tables say
     ATTENTION = "attention"  # attention through the tables equals the reference's over the request's own K/V
     BATCH = "batch"  # every request a step schedules is one the model runner can execute, its table covering it
@@ -23,12 +25,21 @@ class Check(enum.Enum):
 
 class SchedulerViolation(Exception):
     """A check failed. The message names the check, the step (the number of ``schedule()`` calls so far) and the
-    request, then says what was expected and what was found."""
+    request, then says what was expected and what was found. ``cause`` is what the check knows of why, in a few
+    words that do not depend on the example (the block, the request and the step do not appear in it), where it
+    knows one: a campaign's signature tells two failures of one check apart by it."""
 
-    def __init__(self, check: Check, step: int, request: Optional[str], detail: str) -> None:
+    def __init__(
+        self, check: Check, step: int, request: Optional[str], detail: str, cause: Optional[str] = None
+    ) -> None:
         self.check = check  # which check failed
         self.step = step  # the step it failed at
         self.request = request  # the request it concerns, if one
         self.detail = detail  # expected vs found
+        self.cause = cause  # why, where the check knows: "a held block's ref_cnt", "a drain step scheduled nothing"
         about = f", request {request}" if request is not None else ""
         super().__init__(f"{check.value} check failed at step {step}{about}: {detail}")
+
+    def __reduce__(self) -> tuple[type, tuple[Check, int, Optional[str], str, Optional[str]]]:
+        """Pickled with its fields (an isolated batch sends its failure to the campaign)."""
+        return (SchedulerViolation, (self.check, self.step, self.request, self.detail, self.cause))

@@ -19,7 +19,7 @@ import logging
 import tempfile
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.models import FULL, MODELS
@@ -34,7 +34,7 @@ def vllm_missing() -> bool:
 def vllm() -> types.SimpleNamespace:
     """vLLM's modules the target drives, imported on first use (importing vLLM takes seconds)."""
     import torch
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
@@ -42,12 +42,16 @@ def vllm() -> types.SimpleNamespace:
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
 
-    # The block pool logs every prefix-cache reset at INFO.
+    # The block pool logs every prefix-cache reset at INFO; the configuration warns of a token budget that a step's
+    # drafts fill (the small budgets the target draws on purpose), and the scheduler's of a token budget above what its
+    # running requests could use, which a swarmed configuration may draw (vLLM accepts both).
     logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
+    logging.getLogger("vllm.config.vllm").setLevel(logging.ERROR)
+    logging.getLogger("vllm.config.scheduler").setLevel(logging.ERROR)
     init_none_hash(sha256)
     return types.SimpleNamespace(
         torch=torch,
@@ -55,6 +59,7 @@ def vllm() -> types.SimpleNamespace:
         DeviceConfig=DeviceConfig,
         ModelConfig=ModelConfig,
         SchedulerConfig=SchedulerConfig,
+        SpeculativeConfig=SpeculativeConfig,
         VllmConfig=VllmConfig,
         SamplingParams=SamplingParams,
         sha256=sha256,
@@ -68,6 +73,7 @@ def vllm() -> types.SimpleNamespace:
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
         ModelRunnerOutput=ModelRunnerOutput,
+        DraftTokenIds=DraftTokenIds,
         Request=Request,
         RequestStatus=RequestStatus,
         StructuredOutputManager=StructuredOutputManager,
@@ -85,8 +91,10 @@ def _model_dir(model: str, block_size: int) -> Path:
 
 @functools.lru_cache(maxsize=8)
 def vllm_config(setup: SchedulerSetup) -> Any:
-    """The ``VllmConfig`` of ``setup``: synchronous or async scheduling as it says, its policy, chunked prefill, no
-    speculative decoding."""
+    """The ``VllmConfig`` of ``setup``: synchronous or async scheduling as it says, its policy, chunked prefill, and
+    speculative decoding with ``setup.speculative_tokens`` drafts when there are any: vLLM's n-gram method, which needs
+    no draft model (the scheduler sees only the number of drafts; kvfuzz's worker proposes them,
+    :mod:`kvfuzz.scheduler.speculative`)."""
     v = vllm()
     directory = _model_dir(setup.model, setup.block_size if setup.model != FULL.name else 1)
     model = v.ModelConfig(
@@ -103,8 +111,17 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         async_scheduling=setup.async_scheduling,
         policy=setup.policy,
     )
+    speculative = (
+        v.SpeculativeConfig(method="ngram", num_speculative_tokens=setup.speculative_tokens)
+        if setup.speculative_tokens
+        else None
+    )
     config = v.VllmConfig(
-        model_config=model, cache_config=cache, scheduler_config=scheduler, device_config=v.DeviceConfig(device="cpu")
+        model_config=model,
+        cache_config=cache,
+        scheduler_config=scheduler,
+        device_config=v.DeviceConfig(device="cpu"),
+        speculative_config=speculative,
     )
     if setup.model != FULL.name:
         # What a GPU engine core has: the hybrid allocator on (vLLM's CPU platform switches it off), the pool's size
@@ -171,18 +188,27 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
 
 
 def new_request(
-    request_id: str, prompt: list[int], max_tokens: int, block_size: int, arrival: int, priority: int = 0
+    request_id: str,
+    prompt: list[int],
+    max_tokens: int,
+    block_size: int,
+    arrival: int,
+    priority: int = 0,
+    cache_salt: Optional[str] = None,
+    stop_token_ids: Optional[list[int]] = None,
 ) -> Any:
-    """A vLLM ``Request`` generating exactly ``max_tokens`` tokens (no end-of-sequence token stops it), its block
-    hashes from vLLM's own hasher (sha256, the engine default). Its arrival time is ``arrival``, its ordinal, not
-    the clock: the priority policy breaks ties by arrival time, and a replay must break them the same way."""
+    """A vLLM ``Request`` generating ``max_tokens`` tokens unless one of ``stop_token_ids`` is sampled first (no
+    end-of-sequence token stops it), under ``cache_salt``, its block hashes from vLLM's own hasher (sha256, the
+    engine default). Its arrival time is ``arrival``, its ordinal, not the clock: the priority policy breaks ties by
+    arrival time, and a replay must break them the same way."""
     v = vllm()
     return v.Request(
         request_id=request_id,
         prompt_token_ids=list(prompt),
-        sampling_params=v.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        sampling_params=v.SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=stop_token_ids),
         pooling_params=None,
         arrival_time=float(arrival),
         priority=priority,
+        cache_salt=cache_salt,
         block_hasher=v.get_request_block_hasher(block_size, v.sha256),
     )

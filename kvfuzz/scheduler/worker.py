@@ -14,12 +14,14 @@ Invariants the worker holds vLLM to:
 
 * **content**: after a step's writes, every position ``0 .. c + n - 1`` of a request scheduled for positions
   ``c .. c + n - 1`` holds the K/V of that request's own tokens up to it (kvfuzz's tag-based K/V of
-  :mod:`kvfuzz.reference.content`), whether this step wrote it, an earlier step did, or another request did and the
+  :mod:`kvfuzz.reference.content`, under the request's cache salt as namespace), whether this step wrote it, an
+  earlier step did, or another request did and the
   prefix cache handed the block over;
 * **exclusive writes**: no scheduled token's K/V is written over a slot whose content a live request (one the worker
   holds, not preempted) relies on, a position it has computed, nor over a slot another write of the same step
   took (unless the content is the same);
-* every scheduled position is one whose token the worker knows (no speculative decoding here), and falls inside the
+* every scheduled position is one whose token the worker knows, or a draft scheduled for it (speculative decoding,
+  :mod:`kvfuzz.scheduler.speculative`, which also checks the drafts and their rollback), and falls inside the
   request's table;
 * the scheduler counts as many outputs for a request it schedules again as the fake model sampled for it, and a
   request resumed as new carries exactly its prompt and those outputs. (Under async scheduling the scheduler's count
@@ -32,14 +34,14 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import attrs
-import torch
 
-from kvfuzz.reference.content import kv_for_tags, prefix_tags
 from kvfuzz.scheduler.attention import Attending, AttentionCheck, NoAttention
 from kvfuzz.scheduler.batch import check_batch, check_table_covers
-from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
+from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
 from kvfuzz.scheduler.groups import group_namespace, group_rules
+from kvfuzz.scheduler.kv_slots import Claim, SlotPool
+from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import kv_cache_config, vllm_config
 from kvfuzz.scheduler.write_paths import OwnSlotMapping, WritePathFactory
@@ -54,6 +56,7 @@ class RequestState:
     tables: list[list[int]]  # per KV-cache group, vLLM block ids in position order
     computed: int = 0  # positions whose K/V the request relies on (computed, or found in the prefix cache)
     preempted: bool = False  # preempted and not resumed since: ``tables`` are stale
+    namespace: tuple[str, ...] = ()  # its K/V tags' namespace: its cache salt, if any (kvfuzz.scheduler.requests)
 
     @property
     def table(self) -> list[int]:
@@ -62,31 +65,10 @@ class RequestState:
         return self.tables[0]
 
 
-@attrs.frozen
-class Write:
-    """Who last wrote a slot: its shadow record."""
-
-    request: str  # the request whose token was written
-    position: int  # the token's position in that request
-    tag: int  # the tag of that request's prefix up to the position, in the group's namespace
-    step: int  # the step that wrote it
-    group: int = 0  # the KV-cache group whose table gave the slot
-
-
-@attrs.frozen
-class Claim:
-    """Who needs a slot's content this step: a live request that computed the position, or this step's writer."""
-
-    request: str  # the request
-    position: int  # its position the slot holds
-    tag: int  # the content it needs there (in its group's namespace)
-    why: str  # "relies on" or "wrote this step", for the message
-    group: int = 0  # the KV-cache group whose table gave the slot
-
-
 class Worker:
     """The worker side of one example. Subclasses in the engine tests seed bugs by overriding :meth:`slots` (kvfuzz's
-    own slot mapping) or :meth:`sampled` (the model's output).
+    own slot mapping), :meth:`sampled` (the model's output) or :meth:`verified_tokens` (the output of a step with
+    drafts).
 
     ``write_path`` decides where each scheduled token's K/V is written (:mod:`kvfuzz.scheduler.write_paths`: kvfuzz's
     own :meth:`slots`, or vLLM's worker-side block tables, checked against :meth:`slots`); ``attention`` computes
@@ -100,14 +82,15 @@ class Worker:
     ) -> None:
         self.block_size = setup.block_size  # slots per block
         self.groups = group_rules(kv_cache_config(setup))  # the KV-cache groups, in vLLM's order
-        slots = (setup.num_blocks + 1) * setup.block_size  # vLLM's null block 0 included
-        self.keys = torch.zeros((slots, *MODEL_SHAPE.kv_row_shape), dtype=MODEL_SHAPE.dtype)  # the K pool
-        self.values = torch.zeros_like(self.keys)  # the V pool
-        self.shadow: list[Optional[Write]] = [None] * slots  # slot -> its last write
+        # one pool for every group (vLLM's hybrid allocator gives them one block pool); vLLM's null block 0 too
+        self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)
         self.runner_v2 = bool(vllm_config(setup).use_v2_model_runner)  # which model runner's protocol is spoken
         self.requests: dict[str, RequestState] = {}  # every request the worker holds, as the model runner's
         self.history: dict[str, list[int]] = {}  # unfinished request -> every token the fake model sampled for it
         self.computed: dict[str, int] = {}  # request scheduled this step -> its computed tokens before the step
+        self.namespaces: dict[str, tuple[str, ...]] = {}  # request -> its K/V namespace, told by the client's side
+        self.speculation = speculation_for(setup.speculative_tokens)  # the drafts proposed, scheduled and verified
+        self.drafts: Optional[tuple[list[str], list[list[int]]]] = None  # proposed after the last step, untaken
         self.write_path = write_path(setup, self.runner_v2, self)  # decides the slots K/V is written to
         self.attention = NoAttention() if attention is None else attention  # attention beside the reference
 
@@ -121,7 +104,10 @@ class Worker:
         for request in output.finished_req_ids:
             self.requests.pop(request, None)
             self.history.pop(request, None)
+            self.namespaces.pop(request, None)
+            self.speculation.forget(request)
         for request in output.preempted_req_ids or ():
+            self.speculation.forget(request)  # the scheduler drops a preempted request's drafts
             if self.runner_v2:
                 self.requests.pop(request, None)
             elif request in self.requests:
@@ -140,7 +126,11 @@ class Worker:
                     f"{sampled} for it",
                 )
             self.requests[new.req_id] = RequestState(
-                tokens, len(prompt), [list(ids) for ids in new.block_ids], computed=new.num_computed_tokens
+                tokens,
+                len(prompt),
+                [list(ids) for ids in new.block_ids],
+                computed=new.num_computed_tokens,
+                namespace=self.namespaces.get(new.req_id, ()),
             )
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
@@ -162,7 +152,11 @@ class Worker:
                     f"the scheduler counts {cached.num_output_tokens[index]} output tokens, but the fake model "
                     f"sampled {outputs}",
                 )
+            if request not in cached.resumed_req_ids:
+                self.speculation.check_computed(request, cached.num_computed_tokens[index], step)
             self.computed[request] = state.computed = cached.num_computed_tokens[index]
+        known = {request: len(self.requests[request].tokens) for request in output.num_scheduled_tokens}
+        self.speculation.schedule(output, known, step)
         self.write_path.consume(output)
 
     def live_tables(self) -> dict[str, list[list[int]]]:
@@ -200,6 +194,17 @@ class Worker:
         """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample."""
         return [sampled_token(request, position)]
 
+    def verified_tokens(self, request: str, known: int, verified: Verified) -> list[int]:
+        """The tokens returned for a request with ``known`` tokens whose drafts ``verified`` judged: the accepted
+        drafts (the fake model's own tokens), then the fake model's sample after them."""
+        return list(verified.drafts[: verified.accepted]) + self.sampled(request, known + verified.accepted)
+
+    def take_draft_token_ids(self) -> Optional[tuple[list[str], list[list[int]]]]:
+        """The drafts proposed after the last step (request ids, and each one's drafts), once, as vLLM's model
+        runner gives them to the engine core; None when speculative decoding proposed nothing."""
+        drafts, self.drafts = self.drafts, None
+        return drafts
+
     def execute(self, output: Any, step: int) -> tuple[list[str], list[list[int]]]:
         """Write the K/V of every scheduled token, check what each scheduled request attends to, and sample: the
         request ids in order, and each one's sampled tokens (none for a prefill chunk that ends before the last
@@ -218,26 +223,47 @@ class Worker:
         for (request, positions), slots in zip(batch, self.write_path.slot_mapping(batch, step)):
             self._write(request, positions, slots, step, taken)
         attending = [
-            Attending(request, tuple(self.requests[request].tokens), tuple(self.requests[request].table), positions)
+            Attending(
+                request,
+                tuple(self._tokens(request)),  # with the drafts scheduled this step
+                tuple(self.requests[request].table),
+                positions,
+                self.requests[request].namespace,
+            )
             for request, positions in batch
         ]
-        order, sampled = [], []
+        order: list[str] = []
+        sampled: list[list[int]] = []
+        lengths: dict[str, int] = {}  # request that sampled -> its sequence's length after the step
         for request, count in scheduled.items():
             state = self.requests[request]
             end = self.computed[request] + count
             for group in range(len(self.groups)):
                 self._check_content(request, end, step, group)
-            state.computed = end
+            known = len(state.tokens)
             order.append(request)
-            if end == len(state.tokens):
-                tokens = self.sampled(request, len(state.tokens))
-                state.tokens.extend(tokens)
-                self.history[request].extend(tokens)
-                sampled.append(tokens)
-            else:
+            if end < known:  # a prefill chunk that stops short samples nothing
+                state.computed = end
                 sampled.append([])
-        self.attention.check(attending, self.keys, self.values, step)  # after content: it names the slot at fault
+                continue
+            verified = self.speculation.verify(request, known, end, step)
+            state.computed = verified.computed  # rejected drafts' positions are stale: nothing relies on them
+            tokens = self.verified_tokens(request, known, verified)
+            state.tokens.extend(tokens)
+            self.history[request].extend(tokens)
+            sampled.append(tokens)
+            lengths[request] = len(state.tokens)
+        self.attention.check(attending, self.kv.keys, self.kv.values, step)  # after content: it names the slot at fault
+        self.drafts = self.speculation.propose(output, lengths)
         return order, sampled
+
+    def _tokens(self, request: str) -> list[int]:
+        """A request's known tokens, then the drafts scheduled for it this step: what its scheduled positions hold."""
+        return self.requests[request].tokens + self.speculation.drafts(request)
+
+    def _namespace(self, request: str, group: int) -> tuple[str, ...]:
+        """The namespace of a request's K/V tags in ``group``: the group's, then the request's cache salt's."""
+        return group_namespace(group) + self.requests[request].namespace
 
     def _slot(self, request: str, position: int, step: int, group: int = 0) -> int:
         table = self.requests[request].tables[group]
@@ -269,22 +295,24 @@ class Worker:
             if state.preempted or not state.computed:
                 continue
             for rule in self.groups:
-                tags = prefix_tags(group_namespace(rule.index), state.tokens[: state.computed])
-                for position in range(rule.first_needed(state.computed), state.computed):
-                    claim = Claim(request, position, tags[position], "relies on", rule.index)
-                    relied.setdefault(self._slot(request, position, step, rule.index), claim)
+                start = rule.first_needed(state.computed)
+                slots = [self._slot(request, position, step, rule.index) for position in range(start, state.computed)]
+                namespace = self._namespace(request, rule.index)
+                self.kv.claim(request, state.tokens[: state.computed], slots, relied, namespace, start)
         return relied
 
     def _check_known(self, request: str, positions: range, step: int) -> None:
-        """Every scheduled position is one whose token the worker knows."""
-        state = self.requests[request]
-        if positions.stop > len(state.tokens):
+        """Every scheduled position is one whose token the worker knows, or a draft scheduled for it."""
+        tokens = self._tokens(request)
+        known = len(self.requests[request].tokens)
+        if positions.stop > len(tokens):
+            drafted = len(tokens) - known
             raise SchedulerViolation(
                 Check.CONTENT,
                 step,
                 request,
                 f"positions {positions.start}..{positions.stop - 1} scheduled, but the request has only "
-                f"{len(state.tokens)} tokens",
+                f"{known} tokens" + (f" and {drafted} draft(s)" if drafted else ""),
             )
 
     def _check_mapping(self, request: str, positions: range, slots: list[int], step: int) -> None:
@@ -320,64 +348,17 @@ class Worker:
         if not positions:
             return
         self._check_mapping(request, positions, slots, step)
+        state = self.requests[request]
+        known = len(state.tokens)  # positions from here on hold drafts
         for group in range(len(self.groups)):
             group_slots = slots if group == 0 else self.slots(request, positions, step, group)
-            self._write_group(request, positions, group_slots, step, taken, group)
-
-    def _write_group(
-        self, request: str, positions: range, slots: list[int], step: int, taken: dict[int, Claim], group: int
-    ) -> None:
-        """:meth:`_write` in one group: its table's ``slots``, its layers' K/V."""
-        state = self.requests[request]
-        tags = prefix_tags(group_namespace(group), state.tokens[: positions.stop])[positions.start :]
-        for slot, position, tag in zip(slots, positions, tags):
-            claim = taken.get(slot)
-            if claim is not None and claim.tag != tag:
-                found = self.shadow[slot]
-                raise SchedulerViolation(
-                    Check.EXCLUSIVE,
-                    step,
-                    request,
-                    f"its position {position} (tag {tag:#x}) is written to block {slot // self.block_size}, slot "
-                    f"{slot}{self._in(group)}, which request {claim.request} {claim.why} for its position "
-                    f"{claim.position}{self._in(claim.group)} (tag {claim.tag:#x}); the slot holds "
-                    + ("nothing yet" if found is None else f"tag {found.tag:#x}, written at step {found.step}"),
-                )
-            taken[slot] = Claim(request, position, tag, "wrote this step", group)
-        keys, values = kv_for_tags(tags, MODEL_SHAPE)
-        index = torch.tensor(slots, dtype=torch.int64)
-        self.keys[index] = keys
-        self.values[index] = values
-        for slot, position, tag in zip(slots, positions, tags):
-            self.shadow[slot] = Write(request, position, tag, step, group)
+            namespace = self._namespace(request, group)
+            self.kv.write(request, self._tokens(request), positions, group_slots, step, taken, namespace, known)
 
     def _check_content(self, request: str, end: int, step: int, group: int = 0) -> None:
         """Every position before ``end`` that the step's tokens attend to in ``group`` (all of them for full
         attention; those within the window of the first scheduled token on, for a sliding window) holds the K/V of
-        the request's own prefix up to it."""
-        state = self.requests[request]
-        tags = prefix_tags(group_namespace(group), state.tokens[:end])
+        the request's own prefix up to it (drafts included)."""
         start = self.groups[group].first_needed(self.computed[request])
         slots = [self._slot(request, position, step, group) for position in range(start, end)]
-        keys, values = kv_for_tags(tags[start:], MODEL_SHAPE)
-        index = torch.tensor(slots, dtype=torch.int64)
-        bad = ((self.keys[index] != keys) | (self.values[index] != values)).flatten(1).any(1)
-        if not bool(bad.any()):
-            return
-        position = start + int(bad.nonzero()[0, 0])
-        slot = slots[position - start]
-        found = self.shadow[slot]
-        holds = (
-            "nothing written there"
-            if found is None
-            else f"the K/V of request {found.request}'s position {found.position}{self._in(found.group)} (tag "
-            f"{found.tag:#x}), written at step {found.step}"
-        )
-        raise SchedulerViolation(
-            Check.CONTENT,
-            step,
-            request,
-            f"position {position} (block {slot // self.block_size}, slot {slot}{self._in(group)}) should hold the "
-            f"K/V of the request's own tokens {state.tokens[: position + 1]} (tag {tags[position]:#x}), but holds "
-            f"{holds}",
-        )
+        self.kv.check(request, self._tokens(request)[:end], slots, step, self._namespace(request, group), start)

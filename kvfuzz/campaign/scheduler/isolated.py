@@ -1,0 +1,156 @@
+"""A scheduler campaign's batches in child processes (``kvfuzz campaign --scheduler NAME --isolate``): a crash that
+kills the process (a segfault in a native extension, an abort) or a hang that no interrupt reaches (a loop in C
+code) ends the child, never the campaign, and the program the child was running is kept as a scheduler trace.
+
+Each batch is a child forked from the campaign, which has imported vLLM already (a fork costs milliseconds; a fresh
+interpreter would import vLLM again, seconds per batch). The child runs the batch as the campaign would in its own
+process (:func:`~kvfuzz.campaign.scheduler.loop.run_batch`, with the watchdog that turns a step past
+``--call-timeout`` into a hang finding) and sends back its result; it keeps the running example's program in a
+journal (:mod:`kvfuzz.scheduler.journal`), which doubles as its heartbeat. A child that dies without a result, or
+whose journal has not moved for twice the call timeout and ten seconds (a hang the watchdog's interrupt could not
+reach), is killed and its journal becomes a trace whose failure is ``crash (SchedulerProcessDied)``: not shrunk,
+since every replay would kill the process again. The child never outlives the campaign (:mod:`kvfuzz.lifeline`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Callable, Optional
+
+from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, Runner, SchedulerCampaignOptions, run_batch
+from kvfuzz.campaign.scheduler.target import PROCESS_DIED, SchedulerProcessDied, SchedulerTarget, scheduler_signature
+from kvfuzz.lifeline import tie_to_parent
+from kvfuzz.scheduler.journal import ProgramJournal, read_journal
+from kvfuzz.scheduler.recorder import save_scheduler_trace, vllm_version
+from kvfuzz.scheduler.search import Outcome
+from kvfuzz.scheduler.trace import CRASH, RecordedFailure, SchedulerTrace
+from kvfuzz.shrink.signature import Signature
+
+
+def patience_of(call_timeout: Optional[float]) -> float:
+    """Seconds without a journal line before a child is taken for hung where the watchdog cannot reach."""
+    return 2 * (call_timeout or 60.0) + 10
+
+
+def isolated_runner(target: SchedulerTarget, options: SchedulerCampaignOptions) -> Runner:
+    """A batch runner that runs each batch in a child process (see the module)."""
+    journal = options.corpus / f".kvfuzz-scheduler-journal-{os.getpid()}.jsonl"
+
+    def run(plan: BatchPlan, is_new: Callable[[Signature], bool]) -> BatchResult:
+        options.corpus.mkdir(parents=True, exist_ok=True)
+        try:
+            return _run_child(target, options, plan, is_new, journal)
+        finally:
+            journal.unlink(missing_ok=True)
+
+    return run
+
+
+def _run_child(
+    target: SchedulerTarget,
+    options: SchedulerCampaignOptions,
+    plan: BatchPlan,
+    is_new: Callable[[Signature], bool],
+    journal: Path,
+) -> BatchResult:
+    context = multiprocessing.get_context("fork")
+    receiving, sending = context.Pipe(duplex=False)
+    child = context.Process(
+        target=_child, args=(target, options, plan, is_new, journal, sending, os.getpid()), name="kvfuzz-batch"
+    )
+    journal.unlink(missing_ok=True)
+    started = time.monotonic()
+    child.start()
+    sending.close()
+    patience = patience_of(options.call_timeout)
+    how: Optional[str] = None
+    try:
+        while True:
+            if receiving.poll(0.2):
+                try:
+                    result: BatchResult = receiving.recv()
+                    return result
+                except EOFError:
+                    pass  # it died while sending, or before: its exit code says how
+            if not child.is_alive():
+                child.join()
+                code = child.exitcode
+                how = f"was killed by signal {-code} ({signal.Signals(-code).name})" if code and code < 0 else None
+                how = how or f"exited with status {code} without a result"
+                break
+            if time.monotonic() - max(started, _modified(journal)) > patience:
+                how = f"hung: no operation for {patience:.0f} s (past the watchdog's interrupts), killed"
+                break
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+        receiving.close()
+    return _death(target, options, plan, is_new, journal, how)
+
+
+def _modified(path: Path) -> float:
+    """When ``path`` last changed, on the monotonic clock (0 when it does not exist)."""
+    try:
+        age = time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
+    return time.monotonic() - age
+
+
+def _child(
+    target: SchedulerTarget,
+    options: SchedulerCampaignOptions,
+    plan: BatchPlan,
+    is_new: Callable[[Signature], bool],
+    journal_path: Path,
+    sending: Connection,
+    parent: int,
+) -> None:
+    os.setpgid(0, 0)  # the campaign alone gets the terminal's Ctrl-C, and ends the child itself
+    tie_to_parent(parent, lambda: os.kill(os.getpid(), signal.SIGKILL), 0.0)
+    journal = ProgramJournal(journal_path)
+    try:
+        result = run_batch(target, options, plan, is_new, journal)
+    finally:
+        journal.close()
+    with contextlib.suppress(BrokenPipeError):
+        sending.send(result)
+
+
+def _death(
+    target: SchedulerTarget,
+    options: SchedulerCampaignOptions,
+    plan: BatchPlan,
+    is_new: Callable[[Signature], bool],
+    journal: Path,
+    how: str,
+) -> BatchResult:
+    """A child ended without a result: the program its journal held, as a finding."""
+    message = f"the process running the batch {how}"
+    failure = SchedulerProcessDied(message)
+    signature = scheduler_signature(target.name, failure)
+    example = read_journal(journal)
+    outcome = Outcome(plan.config.setup, 0, 0, 0, 0, 0.0, failure, "")
+    if example is None:
+        return BatchResult(outcome, signature, None, note=f"{message}; its program is lost (no journal)")
+    trace = SchedulerTrace(
+        target.name,
+        example.setup,
+        example.model_runner,
+        vllm_version(),
+        example.program,
+        RecordedFailure(CRASH, f"{PROCESS_DIED}: {message}", PROCESS_DIED),
+        shrunk=False,
+    )
+    if not is_new(signature):
+        return BatchResult(outcome, signature, None)
+    saved = save_scheduler_trace(trace, options.corpus)
+    note = f"{message}: not shrunk (every replay would kill the process)"
+    return BatchResult(outcome, signature, saved, saved=saved, note=note)

@@ -1,0 +1,101 @@
+"""What a scheduler campaign asks of its target, and what makes two of its failures one finding.
+
+:class:`SchedulerTarget` is the campaign's whole view of the engine: whether vLLM accepts a configuration, a search
+of one batch, and a replay of a saved trace. The real one (:func:`vllm_target`) imports vLLM lazily; the tests of
+kvfuzz's own environment pass fakes.
+
+A signature (:class:`~kvfuzz.shrink.signature.Signature`, the allocator campaign's) names the scheduler, the check
+(``crash (TYPE)`` for an exception of the engine's own) and what is known of the cause: the cause the check named
+where it names one (``accounting: a held block's ref_cnt``), and for a crash the innermost frame outside kvfuzz's
+harness and the standard library (``crash (ValueError) at vllm.v1.core.block_pool.BlockPool.get_new_blocks``). The
+step, the request and the block never enter it: the same bug met in another example is the same finding.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import attrs
+
+from kvfuzz.program.safeguards import Watchdog
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.journal import ProgramJournal
+from kvfuzz.scheduler.machine import Witness
+from kvfuzz.scheduler.replay import SchedulerReplay, model_runner, replay
+from kvfuzz.scheduler.search import Outcome, search
+from kvfuzz.scheduler.swarm import SwarmConfig
+from kvfuzz.scheduler.trace import SchedulerTrace
+from kvfuzz.scheduler.violations import SchedulerViolation
+from kvfuzz.shrink.signature import Signature, allocator_frame
+
+Search = Callable[[SwarmConfig, int, int, bool, Optional[Witness], Optional[float], Optional[ProgramJournal]], Outcome]
+"""(configuration, examples, Hypothesis seed, shrink, witness, call timeout, journal) -> the batch's outcome."""
+Replay = Callable[[SchedulerTrace, Optional[float]], SchedulerReplay]
+"""(trace, call timeout) -> what the replay found."""
+
+
+PROCESS_DIED = "SchedulerProcessDied"
+"""The exception type a trace of an isolated batch whose process died records (``failure.exception``)."""
+
+
+class SchedulerProcessDied(Exception):
+    """The child running an isolated batch died, or hung past any interrupt, and was killed."""
+
+
+@attrs.frozen
+class SchedulerTarget:
+    """A scheduler a campaign runs: ``validate`` raises ``ValueError`` (one line) for a configuration the engine
+    refuses; ``search`` runs one batch; ``replay`` replays a trace."""
+
+    name: str  # --scheduler
+    validate: Callable[[SchedulerSetup, str], None]  # (setup, model runner)
+    search: Search
+    replay: Replay
+
+
+def scheduler_signature(scheduler: str, failure: BaseException) -> Signature:
+    """The signature of ``failure``: the check and its cause, or a crash's type and frame."""
+    if isinstance(failure, SchedulerViolation):
+        return Signature(scheduler, failure.check.value, None, cause=failure.cause)
+    return Signature(scheduler, f"crash ({type(failure).__name__})", None, allocator_frame(failure))
+
+
+def vllm_target(name: str) -> SchedulerTarget:
+    """vLLM's v1 scheduler (imported on first use)."""
+    return SchedulerTarget(name, _validate, _search, _replay)
+
+
+def _validate(setup: SchedulerSetup, runner: str) -> None:
+    from kvfuzz.scheduler.vllm_build import vllm_config
+
+    with model_runner(runner):
+        vllm_config(setup)
+
+
+def _search(
+    config: SwarmConfig,
+    examples: int,
+    seed: int,
+    shrink: bool,
+    witness: Optional[Witness],
+    call_timeout: Optional[float],
+    journal: Optional[ProgramJournal],
+) -> Outcome:
+    with model_runner(config.model_runner):
+        return search(
+            config.setup,
+            examples,
+            config.steps,
+            shrink=shrink,
+            witness=witness,
+            seed=seed,
+            call_timeout=call_timeout,
+            journal=journal,
+        )
+
+
+def _replay(trace: SchedulerTrace, call_timeout: Optional[float]) -> SchedulerReplay:
+    if call_timeout is None:
+        return replay(trace)
+    with Watchdog(call_timeout) as watchdog:
+        return replay(trace, watchdog=watchdog)

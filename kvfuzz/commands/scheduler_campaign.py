@@ -1,0 +1,177 @@
+"""``kvfuzz campaign --scheduler NAME``: a campaign against a real scheduler (docs/scheduler.md), its usage errors
+one line and exit status 2 before any work: options only an allocator campaign takes, options only a scheduler
+campaign takes given without ``--scheduler``, and vLLM not installed here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from kvfuzz.text import plural
+
+ALLOCATOR_ONLY = (
+    ("workers", None, "--workers (a scheduler campaign runs one worker)"),
+    (
+        "database",
+        None,
+        "--database (the shared store carries allocator traces and Hypothesis examples; a scheduler campaign "
+        "keeps its findings in --corpus)",
+    ),
+    ("shrink_time", None, "--shrink-time (Hypothesis bounds a scheduler failure's shrinking itself)"),
+)
+"""(attribute, its default, what to say) of ``kvfuzz campaign``'s options a scheduler campaign does not take."""
+
+SCHEDULER_ONLY = ("batch_examples", "no_shrink", "isolate")
+"""The attributes of ``kvfuzz campaign``'s options only a scheduler campaign takes."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvfuzz.option_defaults import SCHEDULER_NAMES
+
+    group = parser.add_argument_group("scheduler campaign (with --scheduler; docs/scheduler.md)")
+    group.add_argument(
+        "--batch-examples",
+        type=_at_least_one,
+        metavar="N",
+        help="examples per configuration drawn from the swarm table (default 25)",
+    )
+    group.add_argument("--no-shrink", action="store_true", default=None, help="save failures as found, unshrunk")
+    group.add_argument(
+        "--isolate",
+        action="store_true",
+        default=None,
+        help="run each batch in a child process: a crash or a hang of the engine kills the child, not the campaign",
+    )
+    parser.add_argument(
+        "--scheduler",
+        choices=SCHEDULER_NAMES,
+        help="instead of allocators, a real engine scheduler, its configuration swarmed per batch",
+    )
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
+
+
+def usage_error(args: argparse.Namespace) -> Optional[str]:
+    """The one line a ``kvfuzz campaign`` with these arguments is refused with, if any."""
+    if args.scheduler is None:
+        given = [name for name in SCHEDULER_ONLY if getattr(args, name) is not None]
+        return f"--{given[0].replace('_', '-')} needs --scheduler" if given else None
+    if args.allocator:
+        return "--scheduler and --allocator exclude each other"
+    for attribute, default, what in ALLOCATOR_ONLY:
+        if getattr(args, attribute) != default:
+            return f"--scheduler does not take {what}"
+    corpus = Path(args.corpus)
+    if corpus.exists() and not corpus.is_dir():
+        return f"--corpus {args.corpus}: not a directory"
+    for path in args.known or ():
+        if not Path(path).is_dir():
+            return f"--known {path}: not a directory"
+    from kvfuzz.scheduler.vllm_build import vllm_missing
+
+    if vllm_missing():
+        return (
+            f"--scheduler {args.scheduler} needs vllm 0.33.0, which is not installed here; build its environment "
+            "with scripts/third_party_env.sh vllm"
+        )
+    return None
+
+
+def scheduler_campaign(
+    args: argparse.Namespace, emit_json: Callable[[Any], None], target: Any = None, runner: Any = None
+) -> int:
+    """Exit status: 2 for bad input, 130 on Ctrl-C, 1 for a new failure, else 0. ``target`` and ``runner`` replace
+    the real scheduler's (tests without vLLM)."""
+    from kvfuzz.campaign.report import table
+    from kvfuzz.campaign.scheduler.loop import BATCH_EXAMPLES, SchedulerCampaign, SchedulerCampaignOptions
+    from kvfuzz.campaign.supervisor import DEFAULT_DURATION
+
+    problem = usage_error(args) if target is None else None
+    if problem is not None:
+        print(f"kvfuzz: {problem}", file=sys.stderr)
+        return 2
+    if args.no_known:
+        known: list[Path] = []
+    elif args.known:
+        known = [Path(path) for path in args.known]
+    else:
+        known = [Path("corpus")] if Path("corpus").is_dir() else []
+    duration = args.duration if args.duration is not None else (None if args.max_examples else DEFAULT_DURATION)
+    options = SchedulerCampaignOptions(
+        args.scheduler,
+        args.seed if args.seed is not None else random.SystemRandom().randrange(2**32),
+        Path(args.corpus),
+        duration=duration,
+        max_examples=args.max_examples,
+        stop_after=args.stop_after,
+        batch_examples=args.batch_examples or BATCH_EXAMPLES,
+        known=tuple(known),
+        shrink=not args.no_shrink,
+        isolate=bool(args.isolate),
+        call_timeout=args.call_timeout or None,
+    )
+    if target is None:
+        from kvfuzz.campaign.scheduler.target import vllm_target
+
+        target = vllm_target(args.scheduler)
+    if not args.json:
+        ends = " or ".join(
+            part
+            for part in (
+                f"{duration:g} s" if duration else None,
+                plural(args.max_examples, "example") if args.max_examples else None,
+                plural(args.stop_after, "new failure") if args.stop_after else None,
+            )
+            if part
+        )
+        print(
+            f"kvfuzz campaign: --scheduler {args.scheduler}\n  until {ends}, seed {options.seed}; each batch of "
+            f"{plural(options.batch_examples, 'example')} draws the engine's configuration from the swarm table "
+            f"(kvfuzz/scheduler/swarm.py){', in a child process' if options.isolate else ''}\n  new failures saved to "
+            f"{options.corpus}; known findings from: {', '.join(map(str, known)) or 'none'} and the corpus",
+            flush=True,
+        )
+    status = (lambda line: print(f"  {line}", file=sys.stderr, flush=True)) if not args.json else None
+    event = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if options.isolate:
+        from kvfuzz.campaign.scheduler.isolated import isolated_runner
+
+        runner = runner or isolated_runner(target, options)
+    result = SchedulerCampaign(options, target, status, event, runner).run()
+    if args.json:
+        emit_json(result.to_json())
+    else:
+        print("\n".join(table(result)))
+        preemptions = sum(batch["preemptions"] for batch in result.batch_log)
+        hits = sum(batch["hit_tokens"] for batch in result.batch_log)
+        print(
+            f"{plural(result.batches, 'configuration')} drawn (kvfuzz/scheduler/swarm.py), "
+            f"{result.refused} more refused by vLLM's validation and redrawn; the scheduler preempted "
+            f"{plural(preemptions, 'request')}, {plural(hits, 'prompt token')} hit the prefix cache"
+        )
+        for number, finding in enumerate(result.new, 1):
+            print(f"\nfailure {number}: {finding.text}")
+            if finding.program:
+                print(finding.program)
+            if finding.explanation:
+                print(f"\n{finding.explanation}")
+            if finding.trace:
+                print(f"replay it with: kvfuzz replay {finding.trace}")
+            elif finding.unsaved_trace is not None:
+                unsaved = json.dumps(finding.unsaved_trace)
+                print(f"trace NOT saved (the corpus could not be written); here it is:\n{unsaved}")
+    if result.ended_by == "interrupted":
+        return 130
+    return 1 if result.new else 0

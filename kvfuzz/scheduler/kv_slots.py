@@ -1,0 +1,155 @@
+"""The K/V pool kvfuzz writes as the model of a scheduler target, engine-neutral: slots addressed as the engine
+addresses them (``slot // block_size`` is the block or page), the tag-based K/V of a request's own tokens written
+there with a shadow record of who wrote it, and the two checks on it:
+
+* **exclusive writes**: a write gives no slot content other than what a claim on it needs (a live request that
+  computed that position, or another write of the same step);
+* **content**: every position a scheduled token attends to holds the K/V of the request's own tokens up to it."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+import torch
+
+from kvfuzz.reference.content import kv_for_tags, prefix_tags
+from kvfuzz.scheduler.config import MODEL_SHAPE
+from kvfuzz.scheduler.violations import Check, SchedulerViolation
+
+
+@attrs.frozen
+class Write:
+    """Who last wrote a slot: its shadow record."""
+
+    request: str  # the request whose token was written
+    position: int  # the token's position in that request
+    tag: int  # the tag of that request's prefix up to the position
+    step: int  # the step that wrote it
+    namespace: tuple[str, ...] = ()  # that request's K/V namespace (its cache salt, if any)
+    draft: bool = False  # the token was a speculative draft, not yet verified when written
+
+
+@attrs.frozen
+class Claim:
+    """Who needs a slot's content this step: a live request that computed the position, or this step's writer."""
+
+    request: str  # the request
+    position: int  # its position the slot holds
+    tag: int  # the content it needs there
+    why: str  # "relies on" or "wrote this step", for the message
+    namespace: tuple[str, ...] = ()  # the request's K/V namespace (its cache salt, if any), for the message
+
+
+class SlotPool:
+    """K and V of ``slots`` slots, ``block_size`` to a block, and each slot's last write (``None``: never written)."""
+
+    def __init__(self, slots: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.keys = torch.zeros((slots, *MODEL_SHAPE.kv_row_shape), dtype=MODEL_SHAPE.dtype)
+        self.values = torch.zeros_like(self.keys)
+        self.shadow: list[Optional[Write]] = [None] * slots
+
+    def claim(
+        self,
+        request: str,
+        tokens: list[int],
+        slots: list[int],
+        claims: dict[int, Claim],
+        namespace: tuple[str, ...] = (),
+        start: int = 0,
+    ) -> None:
+        """Claim ``slots`` (positions ``start .. len(tokens) - 1``) for a live request relying on their content (the
+        K/V of its tokens under ``namespace``); a slot already claimed keeps its first claim (shared blocks need the
+        same content, or the content check fails)."""
+        tags = prefix_tags(namespace, tokens)
+        for position, slot in zip(range(start, len(tokens)), slots):
+            claims.setdefault(slot, Claim(request, position, tags[position], "relies on", namespace))
+
+    def write(
+        self,
+        request: str,
+        tokens: list[int],
+        positions: range,
+        slots: list[int],
+        step: int,
+        taken: dict[int, Claim],
+        namespace: tuple[str, ...] = (),
+        drafts_from: Optional[int] = None,
+    ) -> None:
+        """Write the K/V of ``tokens``' positions ``positions`` (under ``namespace``, the request's cache salt if any)
+        into ``slots``; positions from ``drafts_from`` on hold speculative drafts (recorded as such). A write that
+        gives a slot in ``taken`` content other than its claim needs breaks exclusivity; ``taken`` gets a claim for
+        every slot written."""
+        if not positions:
+            return
+        tags = prefix_tags(namespace, tokens[: positions.stop])[positions.start :]
+        for slot, position, tag in zip(slots, positions, tags):
+            claim = taken.get(slot)
+            if claim is not None and claim.tag != tag:
+                found = self.shadow[slot]
+                raise SchedulerViolation(
+                    Check.EXCLUSIVE,
+                    step,
+                    request,
+                    f"its position {position}{salted(namespace)} (tag {tag:#x}) is written to block "
+                    f"{slot // self.block_size}, slot {slot}, which request {claim.request} {claim.why} for its "
+                    f"position {claim.position}{salted(claim.namespace)} (tag {claim.tag:#x}); the slot holds "
+                    + ("nothing yet" if found is None else f"tag {found.tag:#x}, written at step {found.step}"),
+                )
+            taken[slot] = Claim(request, position, tag, "wrote this step", namespace)
+        keys, values = kv_for_tags(tags, MODEL_SHAPE)
+        index = torch.tensor(slots, dtype=torch.int64)
+        self.keys[index] = keys
+        self.values[index] = values
+        for slot, position, tag in zip(slots, positions, tags):
+            draft = drafts_from is not None and position >= drafts_from
+            self.shadow[slot] = Write(request, position, tag, step, namespace, draft)
+
+    def check(
+        self,
+        request: str,
+        tokens: list[int],
+        slots: list[int],
+        step: int,
+        namespace: tuple[str, ...] = (),
+        start: int = 0,
+    ) -> None:
+        """Every position of ``tokens`` from ``start`` on holds, at its slot in ``slots`` (one per such position), the
+        K/V of the request's own prefix up to it (under ``namespace``, its cache salt if any)."""
+        tags = prefix_tags(namespace, tokens)
+        keys, values = kv_for_tags(tags[start:], MODEL_SHAPE)
+        index = torch.tensor(slots, dtype=torch.int64)
+        bad = ((self.keys[index] != keys) | (self.values[index] != values)).flatten(1).any(1)
+        if not bool(bad.any()):
+            return
+        position = start + int(bad.nonzero()[0, 0])
+        slot = slots[position - start]
+        found = self.shadow[slot]
+        holds = (
+            "nothing written there"
+            if found is None
+            else f"the K/V of request {found.request}'s {'draft at ' if found.draft else ''}position "
+            f"{found.position}{salted(found.namespace)} (tag "
+            f"{found.tag:#x}), written at step {found.step}"
+        )
+        raise SchedulerViolation(
+            Check.CONTENT,
+            step,
+            request,
+            f"position {position} (block {slot // self.block_size}, slot {slot}) should hold the K/V of the "
+            f"request's own tokens {tokens[: position + 1]}{salted(namespace)} (tag {tags[position]:#x}), but holds "
+            f"{holds}",
+        )
+
+
+GROUP_PREFIX = "kv-cache group "
+"""How a namespace's entry naming a KV-cache group begins (the engine's group whose layers hold the K/V); any other
+entry is a cache salt."""
+
+
+def salted(namespace: tuple[str, ...]) -> str:
+    """How a message names a K/V namespace: its KV-cache group (group 0 has none) and its cache salt, or nothing."""
+    groups = "".join(f" in {entry}" for entry in namespace if entry.startswith(GROUP_PREFIX))
+    salts = [entry for entry in namespace if not entry.startswith(GROUP_PREFIX)]
+    return groups + (f" under cache salt {salts[-1]!r}" if salts else "")

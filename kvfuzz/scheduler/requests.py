@@ -1,0 +1,59 @@
+"""Request variety in the scheduler target beyond prompt, length and priority: cache salts and stop tokens.
+
+* **Cache salts** (``SchedulerSetup.cache_salts``): a request is drawn with a cache salt from :data:`CACHE_SALTS` or
+  none. vLLM folds the salt into the hash of a request's first block, so the prefix cache must never hand a block
+  computed under one salt to a request of another (nor to an unsalted one). The worker's K/V of a request is a
+  function of its namespace (:func:`salt_namespace`: empty without a salt) and its tokens up to the position, so two
+  requests with equal prompts under different salts have different K/V, and the content check sees a hit across
+  salts. An unsalted request's K/V is exactly what it was before salts existed.
+* **Stop tokens** (``SchedulerSetup.stop_tokens``): a request is drawn with up to :data:`MAX_STOP_TOKENS` stop token
+  ids from the fake model's vocabulary. vLLM's ``check_stop`` ends a request at the first sampled token that is one
+  of them, that token included in its output (before its length cap is looked at), so its expected output is
+  :func:`output_length` tokens of the fake model's.
+
+Each is drawn only where the setup switches it on, so that the default machine, its examples and its shrunk programs
+stay what they were before either existed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from hypothesis import strategies as st
+
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.fake_model import VOCABULARY, sampled_token
+
+CACHE_SALTS = ("a", "b")
+"""The cache salts a request may carry, besides none: two, so that equal prompts under two salts are common."""
+
+MAX_STOP_TOKENS = 2
+"""A request carries at most this many stop token ids (none, often)."""
+
+
+def salt_namespace(cache_salt: Optional[str]) -> tuple[str, ...]:
+    """The namespace of a request's K/V tags: none without a salt (so its K/V is what it always was), the salt
+    otherwise. An empty salt is none, as vLLM's block hasher takes it."""
+    return ("cache_salt", cache_salt) if cache_salt else ()
+
+
+def output_length(request: str, prompt_length: int, max_tokens: int, stop_token_ids: Sequence[int]) -> int:
+    """How many output tokens a request finishes with, unless aborted: up to and including the first token the fake
+    model samples that is a stop token, or ``max_tokens``."""
+    for index in range(max_tokens):
+        if sampled_token(request, prompt_length + index) in stop_token_ids:
+            return index + 1
+    return max_tokens
+
+
+def request_arguments(setup: SchedulerSetup) -> dict[str, Any]:
+    """The ``add_request`` rule's extra arguments under ``setup``: a cache salt (or none) with ``cache_salts``, stop
+    token ids with ``stop_tokens``; nothing otherwise (the rule's defaults: no salt, no stop tokens)."""
+    arguments: dict[str, Any] = {}
+    if setup.cache_salts:
+        arguments["cache_salt"] = st.sampled_from((None, *CACHE_SALTS))
+    if setup.stop_tokens:
+        arguments["stop_token_ids"] = st.lists(
+            st.integers(0, VOCABULARY - 1), max_size=MAX_STOP_TOKENS, unique=True
+        ).map(tuple)
+    return arguments

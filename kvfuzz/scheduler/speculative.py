@@ -1,0 +1,219 @@
+"""Speculative decoding as kvfuzz's model runner plays it: drafts proposed after each step that samples, the drafts
+the scheduler schedules verified against the fake model, and the scheduler's rollback of rejected drafts checked.
+
+The fake model verifies greedily: a request whose sequence has ``L`` tokens, scheduled with drafts ``d0 .. dk-1`` at
+positions ``L .. L + k - 1``, accepts ``d0`` if it is the token the fake model samples at ``L``, then ``d1`` if it is
+the one at ``L + 1``, and so on up to the first mismatch; it returns the accepted drafts and one more sample (the
+bonus token, the fake model's own where the first rejected draft stood). So the tokens returned are always the fake
+model's, in order, whatever was drafted, and a rejected draft never reaches the output.
+
+The drafter is a deterministic function of the request and the position, as the fake model is: the draft for a
+position is the fake model's token there with probability about 2/3 (so acceptance is real, and runs of accepted
+drafts are common), another token otherwise; a proposal is ``k`` drafts long, or occasionally shorter (a drafter
+finds no continuation). The scheduler's ``-1`` placeholders (drafts it pads a resumed request's one-token step with)
+are never accepted.
+
+Invariants :class:`Speculation` holds the scheduler to, at every step:
+
+* the drafts scheduled for a request are a start of the ones proposed for it after its last step, at the positions
+  they were proposed for (or all placeholders), and fill exactly the scheduled positions beyond its known tokens;
+* after a step with drafts, the scheduler's ``num_computed_tokens`` of the request is its known tokens before the
+  step plus the accepted drafts: the rejected drafts' positions rolled back, so that their slots, which hold a
+  rejected draft's K/V, are stale: no claim relies on them (the next write over them is legal) and the next step
+  recomputes the first of them with the bonus token.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import attrs
+
+from kvfuzz.reference.content import extend_tag, namespace_tag
+from kvfuzz.scheduler.fake_model import VOCABULARY, sampled_token
+from kvfuzz.scheduler.violations import Check, SchedulerViolation
+
+PLACEHOLDER = -1
+"""The draft token vLLM's scheduler pads a resumed request's step with: never accepted."""
+
+
+def draft_token(request: str, position: int) -> int:
+    """The drafter's token for ``request`` at ``position``: the fake model's, or (about a third of the time) another."""
+    roll = extend_tag(namespace_tag(("draft", request)), position)
+    model = sampled_token(request, position)
+    if roll % 3:
+        return model
+    return (model + 1 + (roll >> 8) % (VOCABULARY - 1)) % VOCABULARY
+
+
+def proposal(request: str, position: int, k: int) -> list[int]:
+    """The drafts proposed for a request whose sequence has ``position`` tokens: ``k`` of them, or (one time in five)
+    fewer, none included."""
+    roll = extend_tag(namespace_tag(("drafts", request)), position)
+    count = k if roll % 5 else (roll >> 8) % k
+    return [draft_token(request, position + index) for index in range(count)]
+
+
+def accepted(request: str, position: int, drafts: list[int]) -> int:
+    """How many of ``drafts`` (at positions ``position ..``) greedy verification against the fake model accepts."""
+    count = 0
+    for index, draft in enumerate(drafts):
+        if draft != sampled_token(request, position + index):
+            break
+        count += 1
+    return count
+
+
+@attrs.frozen
+class Verified:
+    """What a step's verification of one request's drafts found."""
+
+    drafts: tuple[int, ...]  # the drafts scheduled
+    accepted: int  # how many of them were accepted (a start of them)
+    computed: int  # the positions whose K/V is valid after the step: known tokens before it plus the accepted
+
+
+@attrs.define
+class DraftStats:
+    """Drafts counted over one example."""
+
+    scheduled: int = 0  # drafts scheduled (placeholders included)
+    accepted: int = 0  # of them, accepted
+    placeholders: int = 0  # of them, the scheduler's placeholders
+
+
+class Speculation:
+    """The worker's speculative decoding with ``k`` drafts: what it proposed to each request, what the scheduler
+    scheduled of it this step, and the check of the rollback."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k  # the most drafts a proposal holds (vLLM's num_speculative_tokens)
+        self.proposed: dict[str, tuple[int, list[int]]] = {}  # request -> (first position, drafts) proposed last
+        self.scheduled: dict[str, list[int]] = {}  # request -> its drafts scheduled this step
+        self.verified: dict[str, Verified] = {}  # request -> the last verification of its drafts, until checked
+        self.stats = DraftStats()  # drafts counted
+
+    def forget(self, request: str) -> None:
+        """The worker dropped ``request`` (finished, or preempted under the V2 runner)."""
+        self.proposed.pop(request, None)
+        self.verified.pop(request, None)
+
+    def check_computed(self, request: str, computed: int, step: int) -> None:
+        """The scheduler's ``num_computed_tokens`` of a request it schedules again (not resumed), after a step that
+        verified drafts of it: the known tokens plus the accepted drafts, the rejected ones rolled back."""
+        verified = self.verified.pop(request, None)
+        if verified is None or computed == verified.computed:
+            return
+        rejected = len(verified.drafts) - verified.accepted
+        wrong = (
+            f"positions {verified.computed}..{computed - 1} hold rejected drafts' K/V and must be recomputed"
+            if computed > verified.computed
+            else f"positions {computed}..{verified.computed - 1} hold accepted tokens' K/V, rolled back too"
+        )
+        raise SchedulerViolation(
+            Check.SPECULATIVE,
+            step,
+            request,
+            f"the scheduler counts {computed} computed tokens, but its last step verified drafts "
+            f"{list(verified.drafts)} ({verified.accepted} accepted, {rejected} rejected), after which positions "
+            f"0..{verified.computed - 1} hold valid K/V: {wrong}",
+        )
+
+    def schedule(self, output: Any, known: dict[str, int], step: int) -> None:
+        """Read the drafts the scheduler scheduled this step (``known``: each scheduled request's known tokens) and
+        check them against what was proposed."""
+        self.scheduled = {}
+        for request, drafts in output.scheduled_spec_decode_tokens.items():
+            drafts = list(drafts)
+            self.scheduled[request] = drafts
+            self.stats.scheduled += len(drafts)
+            if drafts and all(draft == PLACEHOLDER for draft in drafts):
+                self.stats.placeholders += len(drafts)
+                continue
+            start, proposed = self.proposed.get(request, (None, []))
+            if drafts != proposed[: len(drafts)] or start != known[request]:
+                raise SchedulerViolation(
+                    Check.SPECULATIVE,
+                    step,
+                    request,
+                    f"scheduled with drafts {drafts} at positions from {known[request]}, but the drafts proposed for "
+                    + ("it were none" if start is None else f"it were {proposed} at positions from {start}"),
+                )
+
+    def drafts(self, request: str) -> list[int]:
+        """The drafts scheduled for ``request`` this step."""
+        return self.scheduled.get(request, [])
+
+    def verify(self, request: str, known: int, end: int, step: int) -> Verified:
+        """Verify the drafts of a request with ``known`` tokens scheduled up to position ``end``: they must fill
+        exactly the positions beyond the known tokens."""
+        drafts = self.drafts(request)
+        if known + len(drafts) != end:
+            raise SchedulerViolation(
+                Check.SPECULATIVE,
+                step,
+                request,
+                f"positions up to {end - 1} scheduled with {len(drafts)} draft(s) {drafts}, but the request has "
+                f"{known} known tokens: the drafts must fill positions {known}..{end - 1}",
+            )
+        count = accepted(request, known, drafts)
+        self.stats.accepted += count
+        verified = Verified(tuple(drafts), count, known + count)
+        if drafts:
+            self.verified[request] = verified
+        return verified
+
+    def propose(self, output: Any, sampled: dict[str, int]) -> Optional[tuple[list[str], list[list[int]]]]:
+        """The drafts proposed after this step for every request that sampled (``sampled``: its sequence's length
+        now), as the model runner's ``take_draft_token_ids`` gives them; None where the step asks for none. A request
+        the step did not schedule keeps the drafts proposed before, as the scheduler keeps them; one it scheduled has
+        none but what this step proposes."""
+        for request in output.num_scheduled_tokens:
+            self.proposed.pop(request, None)
+        if getattr(output, "skip_drafts", False):
+            return None
+        order, drafts = [], []
+        for request, length in sampled.items():
+            proposed = proposal(request, length, self.k)
+            self.proposed[request] = (length, proposed)
+            order.append(request)
+            drafts.append(list(proposed))
+        return order, drafts
+
+
+class NoSpeculation:
+    """The worker without speculative decoding: no drafts proposed, and none may be scheduled."""
+
+    def __init__(self) -> None:
+        self.stats = DraftStats()  # always zero: nothing drafted
+
+    def forget(self, request: str) -> None:
+        """Nothing is kept per request."""
+
+    def check_computed(self, request: str, computed: int, step: int) -> None:
+        """No draft was verified, so nothing rolls back."""
+
+    def schedule(self, output: Any, known: dict[str, int], step: int) -> None:
+        """No drafts may be scheduled: none was proposed."""
+        for request, drafts in output.scheduled_spec_decode_tokens.items():
+            if drafts:
+                raise SchedulerViolation(
+                    Check.SPECULATIVE,
+                    step,
+                    request,
+                    f"scheduled with drafts {list(drafts)}, but speculative decoding is off and none was proposed",
+                )
+
+    def drafts(self, request: str) -> list[int]:
+        return []
+
+    def verify(self, request: str, known: int, end: int, step: int) -> Verified:
+        return Verified((), 0, end)
+
+    def propose(self, output: Any, sampled: dict[str, int]) -> Optional[tuple[list[str], list[list[int]]]]:
+        return None
+
+
+def speculation_for(k: int) -> Speculation | NoSpeculation:
+    """The worker's speculative decoding with ``k`` drafts (none when ``k`` is 0)."""
+    return Speculation(k) if k else NoSpeculation()

@@ -1,0 +1,370 @@
+"""``kvfuzz campaign --scheduler`` without vLLM: the swarm table, the campaign's bookkeeping (signatures, traces saved
+before and after shrinking, known traces, the seed) on a fake target whose "scheduler" fails in small pools with
+prefix caching on, and the usage errors. The real scheduler's campaign is tested in vLLM's environment
+(engine_tests/test_vllm_scheduler_campaign.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+import pytest
+from factories import kvfuzz
+
+from kvfuzz.campaign.scheduler.loop import SchedulerCampaign, SchedulerCampaignOptions
+from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
+from kvfuzz.scheduler import swarm
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.journal import ProgramJournal, read_journal
+from kvfuzz.scheduler.machine import Witness
+from kvfuzz.scheduler.program import AddRequest, Step
+from kvfuzz.scheduler.replay import SchedulerReplay
+from kvfuzz.scheduler.search import Outcome
+from kvfuzz.scheduler.swarm import SwarmConfig
+from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, load
+from kvfuzz.scheduler.violations import Check, SchedulerViolation
+
+FOUND = (AddRequest([1, 2, 3], 2), AddRequest([1, 2], 1), Step(), Step(), Step())
+"""The fake search's failing example as found."""
+SHRUNK = (AddRequest([1, 2], 1), Step())
+"""... and shrunk."""
+
+
+def buggy(setup: SchedulerSetup) -> bool:
+    """Where the fake scheduler fails: small pools with prefix caching on."""
+    return setup.prefix_caching and setup.num_blocks <= 6
+
+
+def leak(step: int = 2) -> SchedulerViolation:
+    return SchedulerViolation(Check.ACCOUNTING, step, None, "the manager reports 0 free blocks ...", "the free count")
+
+
+@attrs.define
+class FakeSession:
+    """What a witness reads of a session."""
+
+    setup: SchedulerSetup
+    program: list[Any]
+    worker: Any = attrs.field(factory=lambda: FakeWorker())
+
+
+class FakeWorker:
+    """What a witness reads of a worker: its protocol, write path and attention check (kvfuzz's defaults)."""
+
+    runner_v2 = True
+    write_path = type("WritePath", (), {"name": "kvfuzz"})()
+    attention = type("Attention", (), {"name": "off"})()
+
+
+@attrs.define(slots=False)  # a test replaces its search
+class FakeTarget:
+    """A scheduler whose searches fail where :func:`buggy` says, as Hypothesis would report: the witness told of the
+    example as found, then (shrinking) of the shrunk one, which is the failure returned."""
+
+    fixed: bool = False  # the bug is gone: replays pass
+    searches: list[tuple[SchedulerSetup, str, int, int, bool]] = attrs.field(factory=list)
+
+    def target(self) -> SchedulerTarget:
+        return SchedulerTarget("vllm-v1", self.validate, self.search, self.replay)
+
+    def validate(self, setup: SchedulerSetup, runner: str) -> None:
+        if setup.max_num_batched_tokens < setup.max_num_seqs:  # as vLLM refuses it
+            raise ValueError("max_num_batched_tokens must be greater than or equal to max_num_seqs")
+
+    def search(
+        self,
+        config: SwarmConfig,
+        examples: int,
+        seed: int,
+        shrink: bool,
+        witness: Optional[Witness],
+        call_timeout: Optional[float],
+        journal: Optional[ProgramJournal],
+    ) -> Outcome:
+        self.searches.append((config.setup, config.model_runner, examples, seed, shrink))
+        if not buggy(config.setup):
+            return Outcome(config.setup, examples, 10 * examples, 0, 0, 0.01, None, "")
+        error = leak()
+        assert witness is not None
+        witness(FakeSession(config.setup, list(FOUND)), error)  # type: ignore[arg-type]
+        if shrink:
+            error = leak(1)
+            witness(FakeSession(config.setup, list(SHRUNK)), error)  # type: ignore[arg-type]
+        return Outcome(config.setup, 3, 30, 0, 0, 0.01, error, "state = VllmV1SchedulerMachine()\n...")
+
+    def replay(self, trace: SchedulerTrace, call_timeout: Optional[float]) -> SchedulerReplay:
+        if self.fixed or not buggy(trace.setup):
+            return SchedulerReplay(trace, None, None)
+        error = leak(1)
+        return SchedulerReplay(trace, RecordedFailure.of(error), len(trace.program), error)
+
+
+def campaign(fake: FakeTarget, corpus: Path, seed: int = 7, **options: Any) -> Any:
+    settings = SchedulerCampaignOptions("vllm-v1", seed, corpus, max_examples=options.pop("max_examples", 400))
+    return SchedulerCampaign(attrs.evolve(settings, **options), fake.target()).run()
+
+
+# -- the swarm table ---------------------------------------------------------------------------------------------
+
+
+def test_every_row_of_the_swarm_table_sets_a_field_of_the_setup_or_the_model_runner() -> None:
+    fields = {field.name for field in attrs.fields(SchedulerSetup)}
+    names = [dimension.name for dimension in swarm.DIMENSIONS]
+    assert len(names) == len(set(names))
+    assert set(names) - fields == {swarm.MODEL_RUNNER}
+    assert fields <= set(names), "a SchedulerSetup field no row swarms"
+
+
+def test_the_swarm_draws_only_what_the_validator_accepts_and_counts_the_refusals() -> None:
+    def valid(setup: SchedulerSetup, runner: str) -> None:
+        if setup.max_num_batched_tokens < setup.max_num_seqs:
+            raise ValueError("refused")
+
+    rng = random.Random(1)
+    draws = [swarm.draw(rng, valid) for _ in range(300)]
+    assert all(d.setup.max_num_batched_tokens >= d.setup.max_num_seqs for d in draws)
+    assert sum(d.refused for d in draws) > 0  # the table does draw combinations vLLM refuses: they are redrawn
+    # every dimension takes more than one value over the draws
+    assert {d.model_runner for d in draws} == {"V1", "V2"}
+    assert {d.setup.prefix_caching for d in draws} == {True, False}
+    assert {d.setup.async_scheduling for d in draws} == {True, False}
+    assert {d.setup.policy for d in draws} == {"fcfs", "priority"}
+    assert len({d.setup.num_blocks for d in draws}) > 3 and len({d.setup.block_size for d in draws}) > 3
+    assert draws == [swarm.draw(random.Random(1), valid) for _ in range(1)] + draws[1:]
+
+
+def test_the_same_seed_draws_the_same_configurations() -> None:
+    def valid(setup: SchedulerSetup, runner: str) -> None:
+        pass
+
+    first = [swarm.draw(random.Random(5), valid) for _ in range(3)]
+    rng_a, rng_b = random.Random(9), random.Random(9)
+    assert [swarm.draw(rng_a, valid) for _ in range(20)] == [swarm.draw(rng_b, valid) for _ in range(20)]
+    assert first[0] == first[1] == first[2]
+
+
+def test_a_validator_that_refuses_everything_is_said_so() -> None:
+    def refuse(setup: SchedulerSetup, runner: str) -> None:
+        raise ValueError("no")
+
+    with pytest.raises(swarm.NothingValid, match="every one refused"):
+        swarm.draw(random.Random(0), refuse)
+
+
+# -- the campaign ------------------------------------------------------------------------------------------------
+
+
+def test_a_campaign_finds_the_failure_once_and_keeps_its_shrunk_trace(tmp_path: Path) -> None:
+    fake = FakeTarget()
+    result = campaign(fake, tmp_path / "c")
+    assert [finding.text for finding in result.new] == ["accounting: the free count"]
+    finding = result.new[0]
+    assert finding.seen > 1, "the campaign should have met the failure in several configurations"
+    assert (finding.program_length, finding.shrunk_length, finding.reproduced, finding.replays) == (5, 2, 1, 1)
+    # one trace: the shrunk one replaced the example as found, and the failure met again saved nothing more
+    traces = sorted((tmp_path / "c").glob("*.json"))
+    assert [str(path) for path in traces] == [finding.trace]
+    trace = load(traces[0])
+    assert trace.shrunk and trace.program == SHRUNK and buggy(trace.setup)
+    assert "found in batch" in (finding.note or "") and "Hypothesis seed" in (finding.note or "")
+    # shrinking searched the same configuration again with the same Hypothesis seed
+    shrinks = [search for search in fake.searches if search[4]]
+    assert len(shrinks) == 1
+    assert any(search[:4] == shrinks[0][:4] and not search[4] for search in fake.searches)
+    # the result names the seed and everything to rerun it
+    as_json = result.to_json()
+    assert as_json["seed"] == 7 and as_json["scheduler"] == "vllm-v1" and as_json["allocators"] == []
+    assert as_json["rerun_command"].startswith("kvfuzz campaign --scheduler vllm-v1 --seed 7 --max-examples 400")
+    assert as_json["refused_configurations"] == result.refused > 0
+
+
+def test_the_unshrunk_trace_is_on_disk_before_shrinking(tmp_path: Path) -> None:
+    fake = FakeTarget()
+    seen_on_disk: list[list[str]] = []
+    search = fake.search
+
+    def watching(config: SwarmConfig, examples: int, seed: int, shrink: bool, *rest: Any) -> Outcome:
+        if shrink:
+            seen_on_disk.append([load(path).shrunk for path in (tmp_path / "c").glob("*.json")])  # type: ignore[misc]
+        return search(config, examples, seed, shrink, *rest)
+
+    fake.search = watching  # type: ignore[method-assign]
+    campaign(fake, tmp_path / "c")
+    assert seen_on_disk == [[False]]
+
+
+def test_the_same_seed_reruns_the_same_campaign(tmp_path: Path) -> None:
+    first, second = FakeTarget(), FakeTarget()
+    one = campaign(first, tmp_path / "one", seed=11)
+    two = campaign(second, tmp_path / "two", seed=11)
+    assert first.searches == second.searches
+    assert [(f.text, f.seen, f.first_examples) for f in one.findings] == [
+        (f.text, f.seen, f.first_examples) for f in two.findings
+    ]
+    other = FakeTarget()
+    campaign(other, tmp_path / "three", seed=12)
+    assert other.searches != first.searches
+
+
+def test_a_known_trace_is_counted_only_while_it_reproduces(tmp_path: Path) -> None:
+    campaign(FakeTarget(), tmp_path / "first")
+    known = campaign(FakeTarget(), tmp_path / "second", known=(tmp_path / "first",))
+    assert not known.new and [finding.text for finding in known.known] == ["accounting: the free count"]
+    assert known.known[0].known == str(next((tmp_path / "first").glob("*.json")))
+    assert not list((tmp_path / "second").glob("*.json")), "a known failure met again saves no trace"
+    # the trace no longer reproduces (the bug was fixed): it makes nothing known, so a failure met is new
+    fixed = FakeTarget(fixed=True)
+    again = campaign(fixed, tmp_path / "third", known=(tmp_path / "first",))
+    assert [finding.text for finding in again.new] == ["accounting: the free count"]
+
+
+def test_a_clean_target_reports_nothing(tmp_path: Path) -> None:
+    fake = FakeTarget()
+    fake.search = lambda config, examples, *rest: Outcome(config.setup, examples, 5, 0, 0, 0.01, None, "")  # type: ignore[method-assign]
+    result = campaign(fake, tmp_path / "c", max_examples=100, batch_examples=10)
+    assert (result.new, result.known, result.examples, result.batches) == ((), (), 100, 10)
+    assert not (tmp_path / "c").exists() or not list((tmp_path / "c").glob("*.json"))
+
+
+def test_signatures_name_the_check_and_its_cause_or_the_crash_s_type() -> None:
+    assert str(scheduler_signature("vllm-v1", leak())) == "accounting: the free count"
+    assert scheduler_signature("vllm-v1", leak(3)) == scheduler_signature("vllm-v1", leak(9))
+    refcount = SchedulerViolation(Check.ACCOUNTING, 2, "r1", "block 1 ...", "a held block's ref_cnt")
+    assert scheduler_signature("vllm-v1", refcount) != scheduler_signature("vllm-v1", leak())
+    try:
+        raise ValueError("Cannot get 1 free blocks from the pool")
+    except ValueError as error:
+        crash = scheduler_signature("vllm-v1", error)
+    assert (
+        crash.failure == "crash (ValueError)"
+        and crash.frame is not None
+        and crash.frame.endswith("test_signatures_name_the_check_and_its_cause_or_the_crash_s_type")
+    )
+
+
+def test_a_violation_crosses_a_process_boundary_whole() -> None:
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(leak()))
+    assert (copy.check, copy.step, copy.cause, str(copy)) == (Check.ACCOUNTING, 2, "the free count", str(leak()))
+
+
+def test_the_journal_keeps_whole_operations_and_drops_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    journal = ProgramJournal(path)
+    journal.start(SchedulerSetup(num_blocks=4), "V1")
+    for operation in FOUND:
+        journal.record(operation)
+    journal.close()
+    example = read_journal(path)
+    assert example is not None and (example.setup, example.model_runner, example.program) == (
+        SchedulerSetup(num_blocks=4),
+        "V1",
+        FOUND,
+    )
+    with open(path, "a", encoding="utf-8") as stream:
+        stream.write('{"op": "add", "prom')  # a process killed in the middle of a line
+    example = read_journal(path)
+    assert example is not None and example.program == FOUND
+    journal = ProgramJournal(path)
+    journal.start(SchedulerSetup(), "V2")  # the next example starts the file afresh
+    journal.close()
+    example = read_journal(path)
+    assert example is not None and example.program == ()
+
+
+# -- usage errors --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--batch-examples", "3"], "kvfuzz: --batch-examples needs --scheduler"),
+        (["--isolate"], "kvfuzz: --isolate needs --scheduler"),
+        (
+            ["--scheduler", "vllm-v1", "--database", "redis://localhost:6379/0"],
+            "kvfuzz: --scheduler does not take --database (the shared store carries allocator traces and "
+            "Hypothesis examples; a scheduler campaign keeps its findings in --corpus)",
+        ),
+        (
+            ["--scheduler", "vllm-v1", "--workers", "2"],
+            "kvfuzz: --scheduler does not take --workers (a scheduler campaign runs one worker)",
+        ),
+        (
+            ["--scheduler", "vllm-v1", "--allocator", "zoo:leaky_free"],
+            "kvfuzz: --scheduler and --allocator exclude each other",
+        ),
+        (["--scheduler", "vllm-v1", "--known", "nowhere"], "kvfuzz: --known nowhere: not a directory"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str], line: str
+) -> None:
+    from kvfuzz.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    status = main(["campaign", *args])
+    captured = capsys.readouterr()
+    assert (status, captured.out, captured.err.splitlines()) == (2, "", [line])
+    assert not list(tmp_path.iterdir()), "a refused campaign leaves nothing behind"
+
+
+def test_a_batch_of_no_examples_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvfuzz.cli import main
+
+    assert main(["campaign", "--scheduler", "vllm-v1", "--batch-examples", "0"]) == 2
+    error = capsys.readouterr().err
+    assert len(error.splitlines()) == 1 and "must be at least 1" in error
+
+
+def test_a_scheduler_campaign_without_vllm_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: this is the refusal for environments without it")
+    done = kvfuzz("campaign", "--scheduler", "vllm-v1", "--max-examples", "5", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines() == [
+        "kvfuzz: --scheduler vllm-v1 needs vllm 0.33.0, which is not installed here; build its environment with "
+        "scripts/third_party_env.sh vllm"
+    ]
+
+
+def test_the_cli_prints_the_table_and_json_names_the_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvfuzz.cli import _parser
+    from kvfuzz.commands.scheduler_campaign import scheduler_campaign
+
+    corpus = tmp_path / "c"
+    argv = ["campaign", "--scheduler", "vllm-v1", "--seed", "3", "--max-examples", "200", "--corpus", str(corpus)]
+    emitted: list[Any] = []
+    status = scheduler_campaign(
+        _parser().parse_args([*argv, "--no-known", "--json"]), emitted.append, FakeTarget().target()
+    )
+    assert status == 1 and emitted[0]["seed"] == 3 and len(emitted[0]["failures"]) == 1
+    assert emitted[0]["rerun"]["seed"] == 3 and "--seed 3" in emitted[0]["rerun_command"]
+    json.dumps(emitted[0])  # the whole result is JSON
+    status = scheduler_campaign(_parser().parse_args([*argv, "--no-known"]), emitted.append, FakeTarget().target())
+    printed = capsys.readouterr().out
+    assert status == 0, "the second campaign on the same corpus knows the failure"
+    assert "0 new distinct failures, 1 known failure met again" in printed and "seed 3" in printed
+
+
+def test_sigterm_ends_the_campaign_with_what_it_found(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    fake = FakeTarget()
+    search = fake.search
+
+    def terminated_later(config: SwarmConfig, *rest: Any) -> Outcome:
+        if len(fake.searches) == 12:
+            os.kill(os.getpid(), signal.SIGTERM)  # as timeout(1) ends a campaign
+        return search(config, *rest)
+
+    fake.search = terminated_later  # type: ignore[method-assign]
+    result = campaign(fake, tmp_path / "c", max_examples=10_000)
+    assert result.ended_by == "interrupted" and 12 <= len(fake.searches) < 20
+    assert [finding.text for finding in result.new] == ["accounting: the free count"]
+    assert result.new[0].trace is not None and Path(result.new[0].trace).exists()
