@@ -105,10 +105,10 @@ class HitBlindWorker(Worker):
         super().consume(output, step)
         self.hits = {new.req_id for new in output.scheduled_new_reqs if new.num_computed_tokens}
 
-    def slots(self, request: str, positions: range, step: int) -> list[int]:
+    def slots(self, request: str, positions: range, step: int, group: int = 0) -> list[int]:
         if request in self.hits:
             positions = range(len(positions))
-        return super().slots(request, positions, step)
+        return super().slots(request, positions, step, group)
 
 
 def test_exclusivity_catches_a_suffix_written_over_the_shared_cached_blocks() -> None:

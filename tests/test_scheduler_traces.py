@@ -54,6 +54,23 @@ def test_async_scheduling_is_recorded_and_a_trace_without_it_is_synchronous() ->
         from_json(async_data)
 
 
+def test_the_model_is_recorded_only_when_not_full_attention() -> None:
+    """A trace from before ``config.model`` existed loads as the full-attention model and keeps its digest; a
+    sliding-window trace round-trips, says so and hashes differently; an unknown model is refused in one line."""
+    data = TRACE.to_json()
+    assert "model" not in data["config"]
+    assert from_json(data).setup.model == "full" and from_json(data).digest() == TRACE.digest()
+    hybrid = attrs.evolve(TRACE, setup=attrs.evolve(TRACE.setup, model="sliding-window"))
+    hybrid_data = hybrid.to_json()
+    assert hybrid_data["config"]["model"] == "sliding-window"
+    loaded = from_json(hybrid_data)
+    assert loaded == hybrid and loaded.digest() != TRACE.digest()
+    assert "model sliding-window: a four-layer Gemma 2" in loaded.describe()[1]
+    hybrid_data["config"]["model"] = "mamba"
+    with pytest.raises(SchedulerTraceError, match=r"^trace: config.model: "):
+        from_json(hybrid_data)
+
+
 def test_a_trace_round_trips_and_names_its_kind() -> None:
     data = TRACE.to_json()
     assert data["format"] == "kvfuzz-scheduler-trace/1" == scheduler_trace.FORMAT == SCHEDULER_FORMAT

@@ -218,6 +218,7 @@ def test_the_defaults_the_parsers_show_are_the_code_s() -> None:
     from kvfuzz.scheduler.command import SCHEDULERS
     from kvfuzz.scheduler.config import POLICIES as SCHEDULER_POLICIES
     from kvfuzz.scheduler.config import SchedulerSetup
+    from kvfuzz.scheduler.models import MODELS as SCHEDULER_MODELS
     from kvfuzz.workload.budget import POLICIES
 
     machine, shape = MachineConfig(), ModelShape()
@@ -240,6 +241,7 @@ def test_the_defaults_the_parsers_show_are_the_code_s() -> None:
     assert option_defaults.POLICY_NAMES == POLICIES
     assert option_defaults.SCHEDULER_NAMES == tuple(SCHEDULERS)
     assert option_defaults.SCHEDULER_POLICIES == SCHEDULER_POLICIES
+    assert option_defaults.SCHEDULER_MODELS == tuple(SCHEDULER_MODELS)
     assert (option_defaults.SCHEDULER_TOKEN_BUDGET, option_defaults.SCHEDULER_MAX_SEQS) == (
         SchedulerSetup().max_num_batched_tokens,
         SchedulerSetup().max_num_seqs,

@@ -46,6 +46,7 @@ SCHEDULER_ONLY = (
     "write_path",
     "attention",
     "async_scheduling",
+    "model",
     "cache_salts",
     "stop_tokens",
 )
@@ -70,6 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         choices=defaults.SCHEDULER_POLICIES,
         help="vLLM's scheduling policy; under priority every request is drawn with a priority (default fcfs)",
+    )
+    group.add_argument(
+        "--model",
+        choices=defaults.SCHEDULER_MODELS,
+        help="the model served, which decides the KV-cache groups: full (attention), or sliding-window (sliding "
+        "window and full attention layers, two groups in one pool) (default full)",
     )
     group.add_argument(
         "--speculative-tokens",
@@ -123,7 +130,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     if args.scheduler == "sglang":
         from kvfuzz.scheduler.sglang.build import sglang_missing
 
-        for name in ("policy", "write_path", "attention", "async_scheduling"):
+        for name in ("policy", "model", "write_path", "attention", "async_scheduling"):
             if getattr(args, name) is not None:
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/scheduler.md#sglang)"
 
@@ -133,6 +140,12 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
                 "scripts/third_party_env.sh sglang"
             )
         return None
+    if args.model not in (None, "full"):
+        for attribute, flag in (("write_path", "--write-path"), ("attention", "--attention")):
+            if getattr(args, attribute) not in (None, "kvfuzz", "off"):
+                return (
+                    f"--model {args.model} does not take {flag} (yet: it reads one KV-cache group; docs/scheduler.md)"
+                )
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
@@ -159,6 +172,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "max_num_seqs": args.max_num_seqs,
         "prefix_caching": False if args.no_prefix_caching else None,
         "policy": args.policy,
+        "model": args.model,
         "speculative_tokens": args.speculative_tokens,
         "async_scheduling": True if args.async_scheduling else None,
         "cache_salts": True if args.cache_salts else None,

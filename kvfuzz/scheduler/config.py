@@ -7,6 +7,7 @@ from __future__ import annotations
 import attrs
 
 from kvfuzz.reference.content import ModelShape
+from kvfuzz.scheduler.models import MODELS, max_model_len
 
 POLICIES = ("fcfs", "priority")
 """vLLM's scheduling policies: first come first served, or by each request's priority (smaller first, then arrival)."""
@@ -29,6 +30,7 @@ class SchedulerSetup:
     max_num_seqs: int = 4  # most requests running at once
     prefix_caching: bool = True  # vLLM's automatic prefix caching
     policy: str = "fcfs"  # vLLM's scheduling policy: "fcfs" or "priority" (kvfuzz.scheduler.priority)
+    model: str = "full"  # the model served: its KV-cache groups (kvfuzz.scheduler.models)
     speculative_tokens: int = 0  # k: the most drafts scheduled per request and step (0: no speculative decoding)
     async_scheduling: bool = False  # vLLM's AsyncScheduler, driven with two batches in flight (async_batches.py)
     cache_salts: bool = False  # requests drawn with a cache salt, or none (kvfuzz.scheduler.requests)
@@ -40,6 +42,10 @@ class SchedulerSetup:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.model != "full" and self.async_scheduling:
+            raise ValueError(f"model {self.model} is not driven under async scheduling (yet; docs/scheduler.md)")
         if self.speculative_tokens < 0:
             raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
         if self.speculative_tokens and self.async_scheduling:
@@ -52,14 +58,16 @@ class SchedulerSetup:
 
     @property
     def max_model_len(self) -> int:
-        """The longest request (prompt and output) the target is given: the whole pool."""
-        return self.num_blocks * self.block_size
+        """The longest request (prompt and output) the target is given: the whole pool, or for a hybrid model the
+        longest whose blocks in every group fit the pool (:func:`~kvfuzz.scheduler.models.max_model_len`)."""
+        return max_model_len(MODELS[self.model], self.num_blocks, self.block_size, self.max_num_batched_tokens)
 
     def describe(self) -> str:
         return (
             f"{self.num_blocks} blocks x {self.block_size} slots, token budget {self.max_num_batched_tokens}, "
             f"at most {self.max_num_seqs} running, prefix caching {'on' if self.prefix_caching else 'off'}"
             + (f", {self.policy} scheduling" if self.policy != "fcfs" else "")
+            + (f", model {self.model}: {MODELS[self.model].description}" if self.model != "full" else "")
             + (f", {self.speculative_tokens} speculative draft(s)" if self.speculative_tokens else "")
             + (", async scheduling" if self.async_scheduling else "")
             + (", cache salts" if self.cache_salts else "")

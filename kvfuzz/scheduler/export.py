@@ -27,7 +27,9 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     message = _docstring_text(textwrap.indent(trace.failure.describe(), "    "))
     known = f"\nKnown bug: {_docstring_text(trace.known_bug)}\n" if trace.known_bug else ""
     runner_v2 = trace.model_runner == "V2"
+    model = f", model={setup.model!r}" if setup.model != "full" else ""
     speculative = f", speculative_tokens={setup.speculative_tokens}" if setup.speculative_tokens else ""
+    options = model + speculative
     drawn = {
         "async_scheduling": setup.async_scheduling,
         "cache_salts": setup.cache_salts,
@@ -48,7 +50,7 @@ from kvfuzz.scheduler.session import Session
 def test_{name}_{trace.digest()}():
     setup = SchedulerSetup(num_blocks={setup.num_blocks}, block_size={setup.block_size},
                            max_num_batched_tokens={setup.max_num_batched_tokens}, max_num_seqs={setup.max_num_seqs},
-                           prefix_caching={setup.prefix_caching}, policy={setup.policy!r}{speculative}{export_async})
+                           prefix_caching={setup.prefix_caching}, policy={setup.policy!r}{options}{export_async})
     with model_runner({trace.model_runner!r}):
         session = Session(setup)
         assert session.worker.runner_v2 is {runner_v2}, "vLLM did not select the recorded model runner"

@@ -57,12 +57,14 @@ class SlotPool:
         slots: list[int],
         claims: dict[int, Claim],
         namespace: tuple[str, ...] = (),
+        start: int = 0,
     ) -> None:
-        """Claim ``slots`` (positions ``0 .. len(tokens) - 1``) for a live request relying on their content (the K/V of
-        its tokens under ``namespace``); a slot already claimed keeps its first claim (shared blocks need the same
-        content, or the content check fails)."""
-        for position, (slot, tag) in enumerate(zip(slots, prefix_tags(namespace, tokens))):
-            claims.setdefault(slot, Claim(request, position, tag, "relies on", namespace))
+        """Claim ``slots`` (positions ``start .. len(tokens) - 1``) for a live request relying on their content (the
+        K/V of its tokens under ``namespace``); a slot already claimed keeps its first claim (shared blocks need the
+        same content, or the content check fails)."""
+        tags = prefix_tags(namespace, tokens)
+        for position, slot in zip(range(start, len(tokens)), slots):
+            claims.setdefault(slot, Claim(request, position, tags[position], "relies on", namespace))
 
     def write(
         self,
@@ -105,18 +107,24 @@ class SlotPool:
             self.shadow[slot] = Write(request, position, tag, step, namespace, draft)
 
     def check(
-        self, request: str, tokens: list[int], slots: list[int], step: int, namespace: tuple[str, ...] = ()
+        self,
+        request: str,
+        tokens: list[int],
+        slots: list[int],
+        step: int,
+        namespace: tuple[str, ...] = (),
+        start: int = 0,
     ) -> None:
-        """Every position of ``tokens`` holds, at its slot in ``slots``, the K/V of the request's own prefix up to
-        it (under ``namespace``, its cache salt if any)."""
+        """Every position of ``tokens`` from ``start`` on holds, at its slot in ``slots`` (one per such position), the
+        K/V of the request's own prefix up to it (under ``namespace``, its cache salt if any)."""
         tags = prefix_tags(namespace, tokens)
-        keys, values = kv_for_tags(tags, MODEL_SHAPE)
+        keys, values = kv_for_tags(tags[start:], MODEL_SHAPE)
         index = torch.tensor(slots, dtype=torch.int64)
         bad = ((self.keys[index] != keys) | (self.values[index] != values)).flatten(1).any(1)
         if not bool(bad.any()):
             return
-        position = int(bad.nonzero()[0, 0])
-        slot = slots[position]
+        position = start + int(bad.nonzero()[0, 0])
+        slot = slots[position - start]
         found = self.shadow[slot]
         holds = (
             "nothing written there"
@@ -135,6 +143,13 @@ class SlotPool:
         )
 
 
+GROUP_PREFIX = "kv-cache group "
+"""How a namespace's entry naming a KV-cache group begins (the engine's group whose layers hold the K/V); any other
+entry is a cache salt."""
+
+
 def salted(namespace: tuple[str, ...]) -> str:
-    """How a message names a K/V namespace: its cache salt, or nothing (no salt)."""
-    return f" under cache salt {namespace[-1]!r}" if namespace else ""
+    """How a message names a K/V namespace: its KV-cache group (group 0 has none) and its cache salt, or nothing."""
+    groups = "".join(f" in {entry}" for entry in namespace if entry.startswith(GROUP_PREFIX))
+    salts = [entry for entry in namespace if not entry.startswith(GROUP_PREFIX)]
+    return groups + (f" under cache salt {salts[-1]!r}" if salts else "")

@@ -164,7 +164,7 @@ class Session:
             if request in cached.resumed_req_ids
         )
         self.worker.consume(output, self.steps)
-        check_accounting(self.scheduler, self.worker.live_tables(), self.steps)
+        self._check_accounting()
         self.loop.before_execute(output, self.worker, self.steps)
         order, sampled = self.worker.execute(output, self.steps)
         result = vllm().ModelRunnerOutput(
@@ -215,7 +215,7 @@ class Session:
         for _ in range(DEPTH + 1):
             if not self.busy():
                 # quiescent: the worker was told of every finish, so it holds no table and every block is free
-                check_accounting(self.scheduler, self.worker.live_tables(), self.steps)
+                self._check_accounting()
                 return
             self._step()
         in_flight = self.loop.in_flight()
@@ -231,6 +231,11 @@ class Session:
             f"every request finished, but {DEPTH + 1} steps later {left}",
             "work left after every request finished",
         )
+
+    def _check_accounting(self) -> None:
+        """The accounting check against the blocks the worker's live tables hold, in every KV-cache group."""
+        held, maybe = self.worker.holdings()
+        check_accounting(self.scheduler, held, self.steps, maybe)
 
     def _describe(self, requests: list[str]) -> str:
         """Each request's status in the scheduler, its computed tokens and its output so far."""

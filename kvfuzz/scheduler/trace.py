@@ -33,7 +33,8 @@ trace saved when the failure was first found, before shrinking. ``failure.check`
 Added without a new format version, each left out at its default so that older traces read and digest as before:
 ``config.policy`` (``fcfs`` when absent, or ``priority``) and an add's ``priority`` (0 when absent);
 ``config.cache_salts`` and ``config.stop_tokens`` (false when absent: what the search drew), an add's ``cache_salt``
-(none when absent) and ``stop_token_ids`` (none when absent).
+(none when absent) and ``stop_token_ids`` (none when absent); ``config.model`` (``full`` when absent, or another of
+:data:`~kvfuzz.scheduler.models.MODELS`: the model served, whose KV-cache groups the engine and the worker keep).
 
 A trace may come from anywhere, so :func:`load` trusts nothing in it: UTF-8 JSON of at most 16 MiB, no unknown or
 missing fields, values of the right JSON types and within :data:`LIMITS`, each problem one
@@ -56,6 +57,7 @@ from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
 from kvfuzz.scheduler.config import POLICIES, SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.fake_model import VOCABULARY
+from kvfuzz.scheduler.models import MODELS
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
@@ -158,6 +160,7 @@ class SchedulerTrace:
             "max_num_seqs": self.setup.max_num_seqs,
             "prefix_caching": self.setup.prefix_caching,
             **({"policy": self.setup.policy} if self.setup.policy != "fcfs" else {}),
+            **({"model": self.setup.model} if self.setup.model != "full" else {}),
             **({"speculative_tokens": self.setup.speculative_tokens} if self.setup.speculative_tokens else {}),
             **({"async_scheduling": True} if self.setup.async_scheduling else {}),
             **({"cache_salts": True} if self.setup.cache_salts else {}),
@@ -334,6 +337,7 @@ def _config(value: Any) -> SchedulerSetup:
     required = {name: True for name in (*LIMITS.keys() - {"program"}, "prefix_caching")}
     optional = {
         "policy": False,
+        "model": False,
         "speculative_tokens": False,
         "async_scheduling": False,
         "cache_salts": False,
@@ -343,10 +347,12 @@ def _config(value: Any) -> SchedulerSetup:
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
     policy = _choice("config.policy", config.get("policy", "fcfs"), POLICIES)
     speculative = _integer("config.speculative_tokens", config.get("speculative_tokens", 0), 0, MAX_SPECULATIVE_TOKENS)
+    model = _choice("config.model", config.get("model", "full"), tuple(MODELS))
     try:
         return SchedulerSetup(
             prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]),
             policy=policy,
+            model=model,
             speculative_tokens=speculative,
             async_scheduling=_boolean("config.async_scheduling", config.get("async_scheduling", False)),
             cache_salts=_boolean("config.cache_salts", config.get("cache_salts", False)),

@@ -1,6 +1,10 @@
-"""Building vLLM's v1 ``Scheduler`` offline: a two-layer llama ``config.json`` kvfuzz writes itself (no hub, no
-tokenizer, no GPU), a ``VllmConfig`` on the CPU device, and a ``KVCacheConfig`` of one full-attention group over the
-configured pool. vLLM is imported here only, on first use.
+"""Building vLLM's v1 ``Scheduler`` offline: the ``config.json`` of the configured model
+(:mod:`kvfuzz.scheduler.models`) kvfuzz writes itself (no hub, no tokenizer, no GPU), a ``VllmConfig`` on the CPU
+device, and a ``KVCacheConfig`` over the configured pool: for the two-layer llama one full-attention group (built
+here, as the target always had it); for a hybrid model the one vLLM's own planner (``get_global_kv_cache_groups``,
+``get_kv_cache_configs``) builds from the layers' specs, with ``num_gpu_blocks_override`` the pool and vLLM's hybrid
+allocator on, as on a GPU (vLLM's CPU platform switches it off, and would then treat sliding-window layers as full
+attention). vLLM is imported here only, on first use.
 
 The ``VllmConfig`` is the slow part (vLLM validates the model's architecture); it is built once per configuration
 and kept, and every example gets a fresh ``Scheduler`` over it (milliseconds), so that an example replays the same
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
+from kvfuzz.scheduler.models import FULL, MODELS
 
 
 def vllm_missing() -> bool:
@@ -32,10 +37,11 @@ def vllm() -> types.SimpleNamespace:
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
@@ -61,6 +67,9 @@ def vllm() -> types.SimpleNamespace:
         Scheduler=Scheduler,
         AsyncScheduler=AsyncScheduler,
         FullAttentionSpec=FullAttentionSpec,
+        SlidingWindowSpec=SlidingWindowSpec,
+        get_global_kv_cache_groups=get_global_kv_cache_groups,
+        get_kv_cache_configs=get_kv_cache_configs,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
         ModelRunnerOutput=ModelRunnerOutput,
@@ -71,27 +80,13 @@ def vllm() -> types.SimpleNamespace:
     )
 
 
-def _model_dir() -> Path:
-    """A directory holding the ``config.json`` of a two-layer llama of the target's shape, written once per process."""
+@functools.lru_cache(maxsize=None)
+def _model_dir(model: str, block_size: int) -> Path:
+    """A directory holding the ``config.json`` of ``model`` (its sliding window in ``block_size`` blocks), written
+    once per process."""
     directory = Path(tempfile.mkdtemp(prefix="kvfuzz-scheduler-model-"))
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": MODEL_SHAPE.num_query_heads * MODEL_SHAPE.head_dim,
-        "intermediate_size": 16,
-        "num_attention_heads": MODEL_SHAPE.num_query_heads,
-        "num_key_value_heads": MODEL_SHAPE.num_kv_heads,
-        "num_hidden_layers": MODEL_SHAPE.num_layers,
-        "vocab_size": 64,
-        "max_position_embeddings": 1 << 16,
-        "torch_dtype": "float32",
-        "rms_norm_eps": 1e-5,
-    }
-    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "config.json").write_text(json.dumps(MODELS[model].hf_config(MODEL_SHAPE, block_size)))
     return directory
-
-
-_MODEL_DIR: list[Path] = []  # the model directory, once written
 
 
 @functools.lru_cache(maxsize=8)
@@ -101,10 +96,9 @@ def vllm_config(setup: SchedulerSetup) -> Any:
     no draft model (the scheduler sees only the number of drafts; kvfuzz's worker proposes them,
     :mod:`kvfuzz.scheduler.speculative`)."""
     v = vllm()
-    if not _MODEL_DIR:
-        _MODEL_DIR.append(_model_dir())
+    directory = _model_dir(setup.model, setup.block_size if setup.model != FULL.name else 1)
     model = v.ModelConfig(
-        model=str(_MODEL_DIR[0]), skip_tokenizer_init=True, max_model_len=setup.max_model_len, dtype="float32"
+        model=str(directory), skip_tokenizer_init=True, max_model_len=setup.max_model_len, dtype="float32"
     )
     cache = v.CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.prefix_caching)
     cache.num_gpu_blocks = setup.num_blocks + 1
@@ -122,13 +116,60 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         if setup.speculative_tokens
         else None
     )
-    return v.VllmConfig(
+    config = v.VllmConfig(
         model_config=model,
         cache_config=cache,
         scheduler_config=scheduler,
         device_config=v.DeviceConfig(device="cpu"),
         speculative_config=speculative,
     )
+    if setup.model != FULL.name:
+        # What a GPU engine core has: the hybrid allocator on (vLLM's CPU platform switches it off), the pool's size
+        # as the block-count override, and a resolved KV-cache layout (the engine core resolves one; any will do,
+        # only the pool's size in blocks is used).
+        config.scheduler_config.disable_hybrid_kv_cache_manager = False
+        config.cache_config.num_gpu_blocks_override = setup.num_blocks + 1
+        config.cache_config.kv_cache_layout = "LBNHC"
+    return config
+
+
+def _layer_specs(setup: SchedulerSetup) -> dict[str, Any]:
+    """The KV-cache spec of each attention layer of the model, as vLLM's attention layers report them to the model
+    runner: full attention, or a sliding window of the model's window, of the target's K/V shape."""
+    v = vllm()
+    shape = {
+        "block_size": setup.block_size,
+        "num_kv_heads": MODEL_SHAPE.num_kv_heads,
+        "head_size": MODEL_SHAPE.head_dim,
+        "dtype": v.torch.float32,
+    }
+    window = MODELS[setup.model].sliding_window(setup.block_size)
+    specs = {}
+    for index, blocks in enumerate(MODELS[setup.model].window_blocks):
+        spec = v.FullAttentionSpec(**shape) if blocks is None else v.SlidingWindowSpec(**shape, sliding_window=window)
+        specs[f"model.layers.{index}.self_attn.attn"] = spec
+    return specs
+
+
+@functools.lru_cache(maxsize=8)
+def kv_cache_config(setup: SchedulerSetup) -> Any:
+    """The ``KVCacheConfig`` of ``setup``: ``num_blocks + 1`` blocks (block 0 is vLLM's null block) in one pool that
+    every group allocates from. Raises ``ValueError`` (vLLM's) where the pool cannot hold the model's longest
+    request, or vLLM plans another pool size."""
+    v = vllm()
+    if setup.model == FULL.name:
+        layers = [f"model.layers.{index}.self_attn.attn" for index in range(MODEL_SHAPE.num_layers)]
+        (spec,) = set(_layer_specs(setup).values())
+        return v.KVCacheConfig(
+            num_blocks=setup.num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(layers, spec)]
+        )
+    config = vllm_config(setup)
+    specs = _layer_specs(setup)
+    groups = v.get_global_kv_cache_groups(config, [specs])
+    (planned,) = v.get_kv_cache_configs(config, [specs], [1 << 40], groups)
+    if planned.num_blocks != setup.num_blocks + 1:
+        raise ValueError(f"vLLM planned {planned.num_blocks} blocks for a pool of {setup.num_blocks + 1}")
+    return planned
 
 
 def new_scheduler(setup: SchedulerSetup) -> Any:
@@ -136,20 +177,10 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
     real ``KVCacheManager`` over ``num_blocks + 1`` physical blocks (block 0 is vLLM's null block)."""
     v = vllm()
     config = vllm_config(setup)
-    spec = v.FullAttentionSpec(
-        block_size=setup.block_size,
-        num_kv_heads=MODEL_SHAPE.num_kv_heads,
-        head_size=MODEL_SHAPE.head_dim,
-        dtype=v.torch.float32,
-    )
-    layers = [f"model.layers.{index}.self_attn.attn" for index in range(MODEL_SHAPE.num_layers)]
-    kv_cache = v.KVCacheConfig(
-        num_blocks=setup.num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(layers, spec)]
-    )
     scheduler = v.AsyncScheduler if setup.async_scheduling else v.Scheduler
     return scheduler(
         vllm_config=config,
-        kv_cache_config=kv_cache,
+        kv_cache_config=kv_cache_config(setup),
         structured_output_manager=v.StructuredOutputManager(config),
         block_size=setup.block_size,
         log_stats=False,

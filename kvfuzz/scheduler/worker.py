@@ -39,10 +39,11 @@ from kvfuzz.scheduler.attention import Attending, AttentionCheck, NoAttention
 from kvfuzz.scheduler.batch import check_batch, check_table_covers
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
+from kvfuzz.scheduler.groups import group_namespace, group_rules
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
 from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
-from kvfuzz.scheduler.vllm_build import vllm_config
+from kvfuzz.scheduler.vllm_build import kv_cache_config, vllm_config
 from kvfuzz.scheduler.write_paths import OwnSlotMapping, WritePathFactory
 
 
@@ -52,10 +53,16 @@ class RequestState:
 
     tokens: list[int]  # the prompt, then every token the fake model sampled for it
     prompt_length: int  # how many of ``tokens`` are the prompt
-    table: list[int]  # vLLM block ids, in position order
+    tables: list[list[int]]  # per KV-cache group, vLLM block ids in position order
     computed: int = 0  # positions whose K/V the request relies on (computed, or found in the prefix cache)
-    preempted: bool = False  # preempted and not resumed since: ``table`` is stale
+    preempted: bool = False  # preempted and not resumed since: ``tables`` are stale
     namespace: tuple[str, ...] = ()  # its K/V tags' namespace: its cache salt, if any (kvfuzz.scheduler.requests)
+
+    @property
+    def table(self) -> list[int]:
+        """Group 0's table: the only one of a one-group model (the write path, attention and async scheduling read
+        it; they are not driven with several groups)."""
+        return self.tables[0]
 
 
 class Worker:
@@ -74,7 +81,9 @@ class Worker:
         attention: Optional[AttentionCheck] = None,
     ) -> None:
         self.block_size = setup.block_size  # slots per block
-        self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)  # vLLM's null block 0 too
+        self.groups = group_rules(kv_cache_config(setup))  # the KV-cache groups, in vLLM's order
+        # one pool for every group (vLLM's hybrid allocator gives them one block pool); vLLM's null block 0 too
+        self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)
         self.runner_v2 = bool(vllm_config(setup).use_v2_model_runner)  # which model runner's protocol is spoken
         self.requests: dict[str, RequestState] = {}  # every request the worker holds, as the model runner's
         self.history: dict[str, list[int]] = {}  # unfinished request -> every token the fake model sampled for it
@@ -119,7 +128,7 @@ class Worker:
             self.requests[new.req_id] = RequestState(
                 tokens,
                 len(prompt),
-                list(new.block_ids[0]),
+                [list(ids) for ids in new.block_ids],
                 computed=new.num_computed_tokens,
                 namespace=self.namespaces.get(new.req_id, ()),
             )
@@ -129,10 +138,11 @@ class Worker:
             state = self.requests[request]
             blocks = cached.new_block_ids[index]
             if request in cached.resumed_req_ids:
-                state.table = list(blocks[0])
+                state.tables = [list(ids) for ids in blocks]
                 state.preempted = False
             elif blocks is not None:
-                state.table.extend(blocks[0])
+                for table, ids in zip(state.tables, blocks):
+                    table.extend(ids)
             outputs = len(state.tokens) - state.prompt_length
             if cached.num_output_tokens[index] != outputs:
                 raise SchedulerViolation(
@@ -149,16 +159,36 @@ class Worker:
         self.speculation.schedule(output, known, step)
         self.write_path.consume(output)
 
-    def live_tables(self) -> dict[str, list[int]]:
-        """The table of every request the worker holds that is not preempted: the blocks it may read and write."""
-        return {request: state.table for request, state in self.requests.items() if not state.preempted}
+    def live_tables(self) -> dict[str, list[list[int]]]:
+        """The tables (one per group) of every request the worker holds that is not preempted: the blocks it may
+        read and write."""
+        return {request: state.tables for request, state in self.requests.items() if not state.preempted}
+
+    def holdings(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """The blocks of the live tables across groups: those each request must hold (every entry a group still
+        needs), and those it may hold or may have released (a sliding-window group's entries wholly before its
+        window); vLLM's null block in neither."""
+        held: dict[str, list[int]] = {}
+        maybe: dict[str, list[int]] = {}
+        for request, state in self.requests.items():
+            if state.preempted:
+                continue
+            for rule, table in zip(self.groups, state.tables):
+                kept = rule.first_kept_entry(state.computed, self.block_size)
+                held.setdefault(request, []).extend(block for block in table[kept:] if block != 0)
+                maybe.setdefault(request, []).extend(block for block in table[:kept] if block != 0)
+        return held, maybe
+
+    def _in(self, group: int) -> str:
+        """`` in group N (its kind)`` where the model has several groups, for messages; nothing otherwise."""
+        return "" if len(self.groups) == 1 else f" in {self.groups[group].describe()}"
 
     # -- the step ----------------------------------------------------------------------------------------------
 
-    def slots(self, request: str, positions: range, step: int) -> list[int]:
-        """The slots the K/V of a request's tokens at ``positions`` are written to: the slot mapping the model runner
-        computes from its table."""
-        return [self._slot(request, position, step) for position in positions]
+    def slots(self, request: str, positions: range, step: int, group: int = 0) -> list[int]:
+        """The slots the K/V of a request's tokens at ``positions`` are written to in ``group``: the slot mapping
+        the model runner computes from that group's table."""
+        return [self._slot(request, position, step, group) for position in positions]
 
     def sampled(self, request: str, position: int) -> list[int]:
         """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample."""
@@ -181,8 +211,8 @@ class Worker:
         token)."""
         scheduled = output.num_scheduled_tokens
         for request, count in scheduled.items():
-            table = self.requests[request].table
-            check_table_covers(request, table, self.computed[request], count, self.block_size, step)
+            for table in self.requests[request].tables:
+                check_table_covers(request, table, self.computed[request], count, self.block_size, step)
         taken = self._relied_on(step)
         batch = [
             (request, range(self.computed[request], self.computed[request] + count))
@@ -208,7 +238,8 @@ class Worker:
         for request, count in scheduled.items():
             state = self.requests[request]
             end = self.computed[request] + count
-            self._check_content(request, end, step)
+            for group in range(len(self.groups)):
+                self._check_content(request, end, step, group)
             known = len(state.tokens)
             order.append(request)
             if end < known:  # a prefill chunk that stops short samples nothing
@@ -230,20 +261,28 @@ class Worker:
         """A request's known tokens, then the drafts scheduled for it this step: what its scheduled positions hold."""
         return self.requests[request].tokens + self.speculation.drafts(request)
 
-    def _slot(self, request: str, position: int, step: int) -> int:
-        table = self.requests[request].table
+    def _namespace(self, request: str, group: int) -> tuple[str, ...]:
+        """The namespace of a request's K/V tags in ``group``: the group's, then the request's cache salt's."""
+        return group_namespace(group) + self.requests[request].namespace
+
+    def _slot(self, request: str, position: int, step: int, group: int = 0) -> int:
+        table = self.requests[request].tables[group]
         entry = position // self.block_size
         if entry >= len(table):
             raise SchedulerViolation(
                 Check.CONTENT,
                 step,
                 request,
-                f"position {position} falls in table entry {entry}, but the request's table has only "
-                f"{len(table)} block(s): {table}",
+                f"position {position} falls in table entry {entry}, but the request's table{self._in(group)} has "
+                f"only {len(table)} block(s): {table}",
             )
         if table[entry] == 0:
             raise SchedulerViolation(
-                Check.CONTENT, step, request, f"position {position} maps to vLLM's null block 0 (table {table})"
+                Check.CONTENT,
+                step,
+                request,
+                f"position {position} maps to vLLM's null block 0{self._in(group)} (table {table})"
+                + ("" if self.groups[group].window is None else ", but the request still attends it"),
             )
         return table[entry] * self.block_size + position % self.block_size
 
@@ -253,9 +292,13 @@ class Worker:
         fails one of them)."""
         relied: dict[int, Claim] = {}
         for request, state in self.requests.items():
-            if not state.preempted and state.computed:
-                slots = [self._slot(request, position, step) for position in range(state.computed)]
-                self.kv.claim(request, state.tokens[: state.computed], slots, relied, state.namespace)
+            if state.preempted or not state.computed:
+                continue
+            for rule in self.groups:
+                start = rule.first_needed(state.computed)
+                slots = [self._slot(request, position, step, rule.index) for position in range(start, state.computed)]
+                namespace = self._namespace(request, rule.index)
+                self.kv.claim(request, state.tokens[: state.computed], slots, relied, namespace, start)
         return relied
 
     def _check_known(self, request: str, positions: range, step: int) -> None:
@@ -307,10 +350,15 @@ class Worker:
         self._check_mapping(request, positions, slots, step)
         state = self.requests[request]
         known = len(state.tokens)  # positions from here on hold drafts
-        self.kv.write(request, self._tokens(request), positions, slots, step, taken, state.namespace, known)
+        for group in range(len(self.groups)):
+            group_slots = slots if group == 0 else self.slots(request, positions, step, group)
+            namespace = self._namespace(request, group)
+            self.kv.write(request, self._tokens(request), positions, group_slots, step, taken, namespace, known)
 
-    def _check_content(self, request: str, end: int, step: int) -> None:
-        """Every position before ``end`` holds the K/V of the request's own prefix up to it (drafts included)."""
-        state = self.requests[request]
-        slots = [self._slot(request, position, step) for position in range(end)]
-        self.kv.check(request, self._tokens(request)[:end], slots, step, state.namespace)
+    def _check_content(self, request: str, end: int, step: int, group: int = 0) -> None:
+        """Every position before ``end`` that the step's tokens attend to in ``group`` (all of them for full
+        attention; those within the window of the first scheduled token on, for a sliding window) holds the K/V of
+        the request's own prefix up to it (drafts included)."""
+        start = self.groups[group].first_needed(self.computed[request])
+        slots = [self._slot(request, position, step, group) for position in range(start, end)]
+        self.kv.check(request, self._tokens(request)[:end], slots, step, self._namespace(request, group), start)

@@ -1,0 +1,63 @@
+"""What the worker holds vLLM to in each KV-cache group of the model: which positions of a request its table must
+still serve, and where vLLM's null block is legal.
+
+* **full attention**: every position a request has computed is attended again by each later token, so every table
+  entry up to the request's computed tokens must be a real block holding its K/V; the null block never appears.
+* **sliding window** of ``W`` tokens: a token at position ``p`` attends ``p - W + 1 .. p`` only, so once a request
+  has computed ``c`` tokens, positions before ``c - W + 1`` are never read again. vLLM's sliding-window manager frees
+  the blocks wholly before that point (``remove_skipped_blocks``, when it next allocates for the request) and a
+  prefix-cache hit hands such blocks over as the null block: a table entry wholly before the first needed position
+  may be the null block, a stale block id (the model runner nulls those itself) or a block still held; every entry
+  from the first needed position on must be a real block holding the right K/V.
+
+Each group's K/V is the content of its own layers, so the worker tags a group's K/V with the group
+(:func:`group_namespace`): a block two groups use at once (they alias the same memory in vLLM's hybrid allocator)
+is a write over another group's content."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import attrs
+
+from kvfuzz.scheduler.kv_slots import GROUP_PREFIX
+
+
+@attrs.frozen
+class GroupRule:
+    """One KV-cache group: its index in the ``KVCacheConfig`` and its sliding window (None: full attention)."""
+
+    index: int
+    window: Optional[int]  # tokens a position attends back, itself included; None: all of them
+
+    def first_needed(self, computed: int) -> int:
+        """The first position a request with ``computed`` tokens computed still reads (when it computes its next)."""
+        return 0 if self.window is None else max(0, computed - self.window + 1)
+
+    def first_kept_entry(self, computed: int, block_size: int) -> int:
+        """The first table entry that must hold a real block: entries before it are wholly before
+        :meth:`first_needed`."""
+        return self.first_needed(computed) // block_size
+
+    def describe(self) -> str:
+        kind = "full attention" if self.window is None else f"sliding window of {self.window} tokens"
+        return f"group {self.index} ({kind})"
+
+
+def group_namespace(index: int) -> tuple[str, ...]:
+    """The namespace a group's K/V is tagged under: none for group 0 (so a one-group model's K/V is what it always
+    was), the group's name for the others; a request's cache salt, if any, follows it."""
+    return () if index == 0 else (f"{GROUP_PREFIX}{index}",)
+
+
+def group_rules(kv_cache_config: Any) -> tuple[GroupRule, ...]:
+    """The rule of each group of vLLM's ``KVCacheConfig``, in its order (a spec with a ``sliding_window`` that the
+    manager honours is a sliding-window group; any other attention spec is full attention)."""
+    rules = []
+    for index, group in enumerate(kv_cache_config.kv_cache_groups):
+        kind = type(group.kv_cache_spec).__name__
+        if kind not in ("FullAttentionSpec", "SlidingWindowSpec"):
+            raise ValueError(f"KV-cache group {index} is a {kind}, which the worker does not model")
+        window = group.kv_cache_spec.sliding_window if kind == "SlidingWindowSpec" else None
+        rules.append(GroupRule(index, window))
+    return tuple(rules)
