@@ -130,7 +130,16 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     if args.scheduler == "sglang":
         from kvfuzz.scheduler.sglang.build import sglang_missing
 
-        for name in ("policy", "model", "write_path", "attention", "async_scheduling"):
+        for name in (
+            "policy",
+            "model",
+            "write_path",
+            "attention",
+            "async_scheduling",
+            "speculative_tokens",
+            "cache_salts",
+            "stop_tokens",
+        ):
             if getattr(args, name) is not None:
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/scheduler.md#sglang)"
 

@@ -131,10 +131,10 @@ def machine_for_setup(
                     tally.steps += self.session.steps
                     tally.preemptions += self.session.preemptions
                     tally.hit_tokens += self.session.hit_tokens
-                    drafts = self.session.worker.speculation.stats
-                    tally.drafts += drafts.scheduled
-                    tally.accepted_drafts += drafts.accepted
-                    tally.rewrites += self.session.loop.rewrites
+                    scheduled, accepted = self.session.draft_counts()
+                    tally.drafts += scheduled
+                    tally.accepted_drafts += accepted
+                    tally.rewrites += self.session.released_rewrites()
 
     SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = name
     return SchedulerMachine

@@ -146,6 +146,15 @@ class Session:
     def has_requests(self) -> bool:
         return bool(self.scheduler.has_requests())
 
+    def draft_counts(self) -> tuple[int, int]:
+        """Speculative drafts the scheduler scheduled, and those the worker accepted, so far."""
+        stats = self.worker.speculation.stats
+        return stats.scheduled, stats.accepted
+
+    def released_rewrites(self) -> int:
+        """Released blocks rewritten while a step reading them was still in flight (in order), so far."""
+        return int(self.loop.rewrites)
+
     def busy(self) -> bool:
         """Whether a step has anything to do: requests in the scheduler, or batches in flight."""
         return self.has_requests() or bool(self.loop.in_flight())

@@ -9,7 +9,7 @@ token slots: slot ``s`` is page ``s // block_size``; page 0 is SGLang's padding 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
@@ -46,10 +46,29 @@ class SGLangSession:
     def preemptions(self) -> int:
         return int(self.loop.retractions)
 
-    def add(self, prompt: list[int], max_tokens: int, priority: int = 0) -> str:
-        """Add a request (ids ``r0``, ``r1``, ...); ``priority`` must be 0 (priority scheduling is not driven)."""
-        if priority:
-            raise ValueError(f"the SGLang target does not drive priority scheduling (priority {priority})")
+    def draft_counts(self) -> tuple[int, int]:
+        """Speculative drafts scheduled and accepted: none (speculative decoding is not driven on SGLang)."""
+        return 0, 0
+
+    def released_rewrites(self) -> int:
+        """Released blocks rewritten while a step reading them was in flight: none (no overlap scheduling)."""
+        return 0
+
+    def add(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        priority: int = 0,
+        cache_salt: Optional[str] = None,
+        stop_token_ids: tuple[int, ...] = (),
+    ) -> str:
+        """Add a request (ids ``r0``, ``r1``, ...); ``priority`` must be 0, ``cache_salt`` None and
+        ``stop_token_ids`` empty (priority scheduling, cache salts and stop tokens are not driven on SGLang)."""
+        if priority or cache_salt is not None or stop_token_ids:
+            raise ValueError(
+                "the SGLang target drives no priority, cache salt or stop tokens "
+                f"(priority {priority}, cache salt {cache_salt!r}, stop tokens {list(stop_token_ids)})"
+            )
         request = f"r{len(self.lengths)}"
         self.program.append(AddRequest(prompt, max_tokens))
         finishes_with = self.loop.add_request(request, prompt, max_tokens)
