@@ -31,7 +31,7 @@ from kvfuzz.shrink import candidates, configuration, deletions, fixpoint
 from kvfuzz.shrink import restarts as restarting
 from kvfuzz.shrink.candidates import Pools
 from kvfuzz.shrink.fixpoint import shrink
-from kvfuzz.shrink.signature import TEARDOWN, Signature, signature_of
+from kvfuzz.shrink.signature import Signature, signature_of
 from kvfuzz.shrink.simplify import _smaller, renumbered
 from kvfuzz.zoo import variant as zoo_variant
 from tests.hostile import hangs_on_rollback
@@ -110,13 +110,16 @@ def test_a_violation_while_the_teardown_frees_a_sequence_is_one_of_free() -> Non
     assert at_teardown.cause is not None and at_teardown.cause.startswith("a refcount above")
 
 
-def test_a_quiescence_failure_is_one_of_the_teardown() -> None:
-    # Without introspection the leak shows only at the end, when the whole pool cannot be admitted.
+def test_a_quiescence_failure_is_one_of_the_teardown_keyed_by_its_cause() -> None:
+    # Without introspection the leak shows only at the end, when the whole pool cannot be admitted: raised by the
+    # teardown (after the last call), and keyed by its cause, not by the free that leaked nor by the teardown.
     factory = load_factory("zoo:OpaqueLeakOnCancel")
     calls = [Call("admit", {"seq": "s0", "namespace": (), "system": (), "suffix": [1]}), Call("free", {"seq": "s0"})]
     outcome = replay(Target(factory), calls)
     assert outcome.failure is not None and outcome.failed_at == len(calls)
-    assert signature_of("zoo:OpaqueLeakOnCancel", outcome.failure, calls, outcome.failed_at).operation == TEARDOWN
+    signature = signature_of("zoo:OpaqueLeakOnCancel", outcome.failure, calls, outcome.failed_at)
+    assert signature.operation is None and signature.failure == "invariant 10 (quiescence)"
+    assert signature.cause is not None and signature.cause.startswith("blocks leaked")
 
 
 def test_a_crash_in_an_installed_library_is_named_by_the_librarys_frame() -> None:
