@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 import attrs
@@ -168,3 +169,22 @@ def _rows(findings: tuple[Finding, ...], known: bool) -> list[str]:
         if finding.flaky:
             notes.append(f"  {finding.text}: FLAKY, reproduced in {finding.reproduced} of {finding.replays} replays")
     return lines + notes
+
+
+def new_finding_lines(findings: tuple[Finding, ...]) -> list[str]:
+    """What a campaign's text output says of each new finding after its table: its program, its explanation, and the
+    command that replays its trace (or the whole trace, where the corpus could not be written)."""
+    lines: list[str] = []
+    for number, finding in enumerate(findings, 1):
+        lines += ["", f"failure {number}: {finding.text}"]
+        if finding.program:
+            lines.append(finding.program)
+        if finding.explanation:
+            lines += ["", finding.explanation]
+        if finding.trace:
+            lines.append(f"replay it with: kvfuzz replay {finding.trace}")
+        elif finding.unsaved_trace is not None:
+            lines.append(
+                f"trace NOT saved (the corpus could not be written); here it is:\n{json.dumps(finding.unsaved_trace)}"
+            )
+    return lines

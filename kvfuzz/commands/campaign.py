@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
 import math
 import os
 import random
@@ -263,18 +262,6 @@ class _StatusLine:
 
 
 def _print_result(result: CampaignResult) -> None:
-    from kvfuzz.campaign.report import table
+    from kvfuzz.campaign.report import new_finding_lines, table
 
-    print("\n".join(table(result)))
-    for number, finding in enumerate(result.new, 1):
-        print(f"\nfailure {number}: {finding.text}")
-        if finding.program:
-            print(finding.program)
-        if finding.explanation:
-            print(f"\n{finding.explanation}")
-        if finding.trace:
-            print(f"replay it with: kvfuzz replay {finding.trace}")
-        elif finding.unsaved_trace is not None:
-            print(
-                f"trace NOT saved (the corpus could not be written); here it is:\n{json.dumps(finding.unsaved_trace)}"
-            )
+    print("\n".join(table(result) + new_finding_lines(result.new)))

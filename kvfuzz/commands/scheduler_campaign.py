@@ -5,7 +5,6 @@ campaign takes given without ``--scheduler``, and vLLM not installed here."""
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
@@ -94,7 +93,7 @@ def scheduler_campaign(
 ) -> int:
     """Exit status: 2 for bad input, 130 on Ctrl-C, 1 for a new failure, else 0. ``target`` and ``runner`` replace
     the real scheduler's (tests without vLLM)."""
-    from kvfuzz.campaign.report import table
+    from kvfuzz.campaign.report import new_finding_lines, table
     from kvfuzz.campaign.scheduler.loop import BATCH_EXAMPLES, SchedulerCampaign, SchedulerCampaignOptions
     from kvfuzz.campaign.supervisor import DEFAULT_DURATION
 
@@ -161,17 +160,8 @@ def scheduler_campaign(
             f"{result.refused} more refused by vLLM's validation and redrawn; the scheduler preempted "
             f"{plural(preemptions, 'request')}, {plural(hits, 'prompt token')} hit the prefix cache"
         )
-        for number, finding in enumerate(result.new, 1):
-            print(f"\nfailure {number}: {finding.text}")
-            if finding.program:
-                print(finding.program)
-            if finding.explanation:
-                print(f"\n{finding.explanation}")
-            if finding.trace:
-                print(f"replay it with: kvfuzz replay {finding.trace}")
-            elif finding.unsaved_trace is not None:
-                unsaved = json.dumps(finding.unsaved_trace)
-                print(f"trace NOT saved (the corpus could not be written); here it is:\n{unsaved}")
+        if result.new:
+            print("\n".join(new_finding_lines(result.new)))
     if result.ended_by == "interrupted":
         return 130
     return 1 if result.new else 0
