@@ -11,27 +11,22 @@ import pytest
 from factories import kvfuzz
 
 
-def test_the_scheduler_target_without_vllm_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed here: this is the refusal for environments without it")
-    done = kvfuzz("run", "--scheduler", "vllm-v1", cwd=tmp_path)
+@pytest.mark.parametrize(
+    ("scheduler", "package", "version", "engine"),
+    [("vllm-v1", "vllm", "0.33.0", "vLLM"), ("sglang", "sglang", "0.5.23", "SGLang")],
+)
+def test_a_scheduler_target_without_its_engine_is_one_line_and_exit_2(
+    tmp_path: Path, scheduler: str, package: str, version: str, engine: str
+) -> None:
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{engine} is installed here: this is the refusal for environments without it")
+    done = kvfuzz("run", "--scheduler", scheduler, cwd=tmp_path)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [
-        "kvfuzz: --scheduler vllm-v1 needs vllm 0.33.0, which is not installed here; build its environment with "
-        "scripts/third_party_env.sh vllm"
+        f"kvfuzz: --scheduler {scheduler} needs {package} {version}, which is not installed here; build its "
+        f"environment with scripts/third_party_env.sh {package}"
     ]
     assert not (tmp_path / ".kvfuzz").exists()
-
-
-def test_the_sglang_scheduler_target_without_sglang_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    if importlib.util.find_spec("sglang") is not None:
-        pytest.skip("SGLang is installed here: this is the refusal for environments without it")
-    done = kvfuzz("run", "--scheduler", "sglang", cwd=tmp_path)
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.splitlines() == [
-        "kvfuzz: --scheduler sglang needs sglang 0.5.23, which is not installed here; build its environment with "
-        "scripts/third_party_env.sh sglang"
-    ]
 
 
 @pytest.mark.parametrize(
