@@ -13,7 +13,7 @@ import attrs
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.session import Session, WorkerFactory
-from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
+from kvfuzz.scheduler.trace import SGLANG, RecordedFailure, SchedulerTrace
 from kvfuzz.scheduler.worker import Worker
 from kvfuzz.scheduler.write_paths import WRITE_PATHS, prepare_write_path
 
@@ -114,6 +114,10 @@ def replay(
     with: :func:`recorded_worker`), each step bounded by ``watchdog`` (entered by the caller) when one is given.
     Raises :class:`ReplayRefused` when vLLM is not installed, its configuration refuses the trace's, the recorded
     model runner cannot be selected here, or the recorded worker cannot run."""
+    if trace.scheduler == SGLANG:  # SGLang's scheduling pieces: no worker, runner or watchdog to choose
+        from kvfuzz.scheduler.sglang.traces import replay_sglang
+
+        return replay_sglang(trace, on_operation)
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():

@@ -35,6 +35,9 @@ Added without a new format version, each left out at its default so that older t
 ``config.cache_salts`` and ``config.stop_tokens`` (false when absent: what the search drew), an add's ``cache_salt``
 (none when absent) and ``stop_token_ids`` (none when absent); ``config.model`` (``full`` when absent, or another of
 :data:`~kvfuzz.scheduler.models.MODELS`: the model served, whose KV-cache groups the engine and the worker keep).
+A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
+fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
+write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
 
 A trace may come from anywhere, so :func:`load` trusts nothing in it: UTF-8 JSON of at most 16 MiB, no unknown or
 missing fields, values of the right JSON types and within :data:`LIMITS`, each problem one
@@ -63,8 +66,10 @@ from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 FORMAT = "kvfuzz-scheduler-trace/1"
 MAX_FILE_BYTES = 16 * 2**20
-SCHEDULERS = ("vllm-v1",)
+SCHEDULERS = ("vllm-v1", "sglang")
 """The scheduler targets a trace may name (``kvfuzz run --scheduler``)."""
+SGLANG = "sglang"
+"""The scheduler whose traces name SGLang's version (``engine.sglang_version``) and no model runner."""
 MODEL_RUNNERS = ("V1", "V2")
 CRASH = "crash"
 """``failure.check`` of an exception the engine raised itself."""
@@ -133,8 +138,8 @@ class SchedulerTrace:
 
     scheduler: str
     setup: SchedulerSetup
-    model_runner: str  # "V1" or "V2": the protocol the worker spoke
-    vllm_version: str
+    model_runner: str  # "V1" or "V2": the protocol the worker spoke ("" for SGLang, which has none)
+    vllm_version: str  # the engine's version: vLLM's, or SGLang's for an ``sglang`` trace
     program: tuple[Operation, ...] = attrs.field(converter=_operations)
     failure: RecordedFailure
     shrunk: bool
@@ -143,8 +148,21 @@ class SchedulerTrace:
     write_path: str = WRITE_PATH_NAMES[0]  # who decided where K/V was written
     attention: str = ATTENTION_NAMES[0]  # the attention check
 
+    @property
+    def engine_name(self) -> str:
+        """The engine the trace ran, as a person names it."""
+        return "SGLang" if self.scheduler == SGLANG else "vLLM"
+
+    def engine_description(self) -> str:
+        """The engine's version, and for vLLM the runner protocol spoken."""
+        if self.scheduler == SGLANG:
+            return f"SGLang {self.vllm_version}"
+        return f"vLLM {self.vllm_version}, {self.model_runner} model runner protocol"
+
     def engine_json(self) -> dict[str, Any]:
         """The engine's version, the runner protocol, and the write path and attention check unless defaults."""
+        if self.scheduler == SGLANG:
+            return {"sglang_version": self.vllm_version}
         engine = {"vllm_version": self.vllm_version, "model_runner": self.model_runner}
         if self.write_path != WRITE_PATH_NAMES[0]:
             engine["write_path"] = self.write_path
@@ -194,8 +212,7 @@ class SchedulerTrace:
     def describe(self) -> list[str]:
         """For a person: what was run and what broke (``kvfuzz show``)."""
         lines = [
-            f"scheduler trace ({FORMAT}) of {self.scheduler}, vLLM {self.vllm_version}, "
-            f"{self.model_runner} model runner protocol"
+            f"scheduler trace ({FORMAT}) of {self.scheduler}, {self.engine_description()}"
             + (
                 f", write path {self.write_path}, attention {self.attention}"
                 if (self.write_path, self.attention) != (WRITE_PATH_NAMES[0], ATTENTION_NAMES[0])
@@ -314,12 +331,26 @@ def _trace(data: Any) -> SchedulerTrace:
     data = _fields(data, "the trace", fields)
     if data["format"] != FORMAT:
         raise _Invalid("format", f"must be {FORMAT!r}, not {json.dumps(data['format'])[:40]} (another kind of file)")
+    scheduler = _choice("scheduler", data["scheduler"], SCHEDULERS)
+    setup = _config(data["config"])
+    if scheduler == SGLANG:
+        engine = _fields(data["engine"], "engine", {"sglang_version": True})
+        return SchedulerTrace(
+            scheduler=scheduler,
+            setup=setup,
+            model_runner="",
+            vllm_version=str(_text("engine.sglang_version", engine["sglang_version"])),
+            program=_program(data["program"], setup),
+            failure=_failure(data["failure"]),
+            shrunk=_boolean("shrunk", data["shrunk"]),
+            known_bug=_text("known_bug", data.get("known_bug"), optional=True),
+            kvfuzz_version=str(_text("kvfuzz_version", data["kvfuzz_version"])),
+        )
     engine = _fields(
         data["engine"], "engine", {"vllm_version": True, "model_runner": True, "write_path": False, "attention": False}
     )
-    setup = _config(data["config"])
     return SchedulerTrace(
-        scheduler=_choice("scheduler", data["scheduler"], SCHEDULERS),
+        scheduler=scheduler,
         setup=setup,
         model_runner=_choice("engine.model_runner", engine["model_runner"], MODEL_RUNNERS),
         vllm_version=str(_text("engine.vllm_version", engine["vllm_version"])),
