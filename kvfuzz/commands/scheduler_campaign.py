@@ -78,6 +78,17 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     for path in args.known or ():
         if not Path(path).is_dir():
             return f"--known {path}: not a directory"
+    if args.scheduler == "sglang":
+        from kvfuzz.scheduler.sglang.build import sglang_missing
+
+        if args.isolate:
+            return "--scheduler sglang does not take --isolate (yet: its batches run in the campaign's process)"
+        if sglang_missing():
+            return (
+                "--scheduler sglang needs sglang 0.5.23, which is not installed here; build its environment with "
+                "scripts/third_party_env.sh sglang"
+            )
+        return None
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
@@ -122,9 +133,14 @@ def scheduler_campaign(
         call_timeout=args.call_timeout or None,
     )
     if target is None:
-        from kvfuzz.campaign.scheduler.target import vllm_target
+        if args.scheduler == "sglang":
+            from kvfuzz.campaign.scheduler.sglang_target import sglang_target
 
-        target = vllm_target(args.scheduler)
+            target = sglang_target(args.scheduler)
+        else:
+            from kvfuzz.campaign.scheduler.target import vllm_target
+
+            target = vllm_target(args.scheduler)
     if not args.json:
         ends = " or ".join(
             part

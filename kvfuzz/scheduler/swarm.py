@@ -72,12 +72,13 @@ class SwarmConfig:
     refused before this one."""
 
     setup: SchedulerSetup
-    model_runner: str  # "V1" or "V2"
+    model_runner: str  # "V1" or "V2" ("" for an engine without one: SGLang)
     steps: int  # operations per example, before the drain
     refused: int  # configurations drawn and refused (by SchedulerSetup or vLLM) before this one
 
     def describe(self) -> str:
-        return f"{self.setup.describe()}, {self.model_runner} model runner, up to {self.steps} operations"
+        runner = f", {self.model_runner} model runner" if self.model_runner else ""
+        return f"{self.setup.describe()}{runner}, up to {self.steps} operations"
 
     def to_json(self) -> dict[str, Any]:
         return {**attrs.asdict(self.setup), MODEL_RUNNER: self.model_runner, "steps": self.steps}
@@ -87,11 +88,14 @@ class NothingValid(Exception):
     """The validator refused every configuration drawn."""
 
 
-def draw(rng: random.Random, valid: Callable[[SchedulerSetup, str], None]) -> SwarmConfig:
-    """A configuration ``valid`` accepts (it raises ``ValueError`` for one vLLM refuses); ``rng`` alone decides it,
-    so a seed draws the same configurations. Raises :class:`NothingValid` after :data:`MAX_REDRAWS` refusals."""
+def draw(
+    rng: random.Random, valid: Callable[[SchedulerSetup, str], None], dimensions: tuple[Dimension, ...] = DIMENSIONS
+) -> SwarmConfig:
+    """A configuration of ``dimensions`` (vLLM's table unless another engine's is given) ``valid`` accepts (it raises
+    ``ValueError`` for one the engine refuses); ``rng`` alone decides it, so a seed draws the same configurations.
+    Raises :class:`NothingValid` after :data:`MAX_REDRAWS` refusals."""
     for refused in range(MAX_REDRAWS):
-        values = {dimension.name: dimension.draw(rng) for dimension in DIMENSIONS}
+        values = {dimension.name: dimension.draw(rng) for dimension in dimensions}
         runner = values.pop(MODEL_RUNNER)
         steps = rng.choice(STEPS)
         try:

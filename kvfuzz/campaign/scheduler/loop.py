@@ -29,7 +29,7 @@ from kvfuzz.campaign.scheduler.known import known_signatures
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.program.safeguards import user_interrupts
 from kvfuzz.scheduler.journal import ProgramJournal
-from kvfuzz.scheduler.recorder import FailureRecorder, SavedSchedulerTrace, save_scheduler_trace
+from kvfuzz.scheduler.recorder import SavedSchedulerTrace, save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
 from kvfuzz.scheduler.search import Outcome
 from kvfuzz.scheduler.swarm import SwarmConfig, draw
@@ -161,7 +161,7 @@ class SchedulerCampaign:
             ending = self._ending()
             if ending is not None:
                 return ending
-            config = draw(rng, self.target.validate)
+            config = draw(rng, self.target.validate, self.target.dimensions)
             examples = options.batch_examples
             if options.max_examples is not None:
                 examples = min(examples, options.max_examples - self.examples)
@@ -266,7 +266,7 @@ def run_batch(
     """One batch in this process: searched without shrinking; a new failure searched again with shrinking, its
     shrunk trace saved and replayed once; a known one's unshrunk trace removed. ``journal`` keeps the running
     example's program on disk (an isolated batch's)."""
-    recorder = FailureRecorder(target.name, options.corpus)
+    recorder = target.recorder(target.name, options.corpus)
     outcome = target.search(plan.config, plan.examples, plan.seed, False, recorder, options.call_timeout, journal)
     if outcome.failure is None:
         return BatchResult(outcome, None, None)
@@ -278,7 +278,7 @@ def run_batch(
         return BatchResult(outcome, signature, first)
     if not options.shrink:
         return BatchResult(outcome, signature, first, saved=first, note="not shrunk (--no-shrink)")
-    shrinker = FailureRecorder(target.name, options.corpus)
+    shrinker = target.recorder(target.name, options.corpus)
     shrunk = target.search(plan.config, plan.examples, plan.seed, True, shrinker, options.call_timeout, journal)
     if shrunk.failure is None:
         note = "the batch searched again to shrink it did not fail: the trace is the example as found, not shrunk"

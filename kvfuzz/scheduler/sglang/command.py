@@ -18,6 +18,11 @@ def setup_problem(setup: SchedulerSetup) -> Optional[str]:
     """The one line a configuration SGLang's paged pool cannot serve is refused with."""
     if setup.block_size < 2:
         return "--scheduler sglang needs --block-size >= 2 (SGLang serves page size 1 with another allocator)"
+    if setup.max_num_batched_tokens % setup.block_size:
+        return (
+            f"--scheduler sglang needs --max-num-batched-tokens ({setup.max_num_batched_tokens}) divisible by "
+            f"--block-size ({setup.block_size}): SGLang's server arguments refuse a chunked_prefill_size that is not"
+        )
     return None
 
 
@@ -39,7 +44,7 @@ def run_sglang(args: argparse.Namespace, setup: SchedulerSetup, emit_json: Calla
             f"{plural(args.steps, 'operation')}, derandomized",
             flush=True,
         )
-    recorder = SGLangFailureRecorder(Path(args.corpus))
+    recorder = SGLangFailureRecorder("sglang", Path(args.corpus))
     outcome = search(
         setup,
         examples=args.examples,

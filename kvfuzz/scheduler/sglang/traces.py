@@ -34,8 +34,8 @@ def missing_sglang(trace: SchedulerTrace) -> str:
 class SGLangFailureRecorder(FailureRecorder):
     """The vLLM target's recorder for SGLang's sessions: the trace names SGLang's version and no model runner."""
 
-    def __init__(self, directory: Path) -> None:
-        super().__init__(SGLANG, directory)
+    def __init__(self, scheduler: str, directory: Path) -> None:
+        super().__init__(scheduler, directory)
         self._version = sglang_version()
 
     def _trace(self, session: Any, error: BaseException, shrunk: bool) -> SchedulerTrace:
