@@ -81,3 +81,21 @@ def test_the_known_bug_trace_reproduces_word_for_word() -> None:
     replayed = replay(load(KNOWN))
     assert replayed.reproduced and replayed.identical, replayed.describe_failure()
     assert replayed.where() == "the drain"
+
+
+def test_a_campaign_on_sglang_draws_sglang_s_configurations_and_knows_the_corpus_bug(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvfuzz.campaign.scheduler.known import known_signatures
+    from kvfuzz.campaign.scheduler.sglang_target import sglang_target
+
+    known = known_signatures([CORPUS], sglang_target("sglang"), None)
+    assert list(known.values()) == [f"{KNOWN} (known bug: {load(KNOWN).known_bug})"]
+    assert list(known) == ["sglang|progress|a drain step scheduled nothing"] or len(known) == 1
+
+    argv = ["campaign", "--scheduler", "sglang", "--seed", "7", "--max-examples", "10", "--batch-examples", "5"]
+    assert main([*argv, "--corpus", str(tmp_path / "c"), "--no-known", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["scheduler"] == "sglang" and result["seed"] == 7 and result["failures"] == []
+    for batch in result["batches"] if "batches" in result else []:
+        assert batch["config"]["block_size"] >= 2

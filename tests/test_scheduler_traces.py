@@ -239,7 +239,7 @@ def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         (lambda d: d.update(format="kvfuzz-scheduler-trace/2"), "format: must be 'kvfuzz-scheduler-trace/1', not "),
         (lambda d: d.update(extra=1), "the trace: unknown field 'extra'"),
         (lambda d: d.pop("engine"), "the trace: missing field 'engine'"),
-        (lambda d: d.update(scheduler="sglang"), 'scheduler: must be one of vllm-v1, not "sglang"'),
+        (lambda d: d.update(scheduler="llama-cpp"), 'scheduler: must be one of vllm-v1, sglang, not "llama-cpp"'),
         (lambda d: d["engine"].update(model_runner="V3"), 'engine.model_runner: must be one of V1, V2, not "V3"'),
         (lambda d: d["config"].update(num_blocks=0), "config.num_blocks: must be in 1..65536, not 0"),
         (lambda d: d["config"].update(block_size=True), "config.block_size: must be an integer, not true"),

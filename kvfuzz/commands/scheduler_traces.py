@@ -43,11 +43,10 @@ def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
     from kvfuzz.program.safeguards import Watchdog
     from kvfuzz.scheduler.recorder import vllm_version
     from kvfuzz.scheduler.replay import ReplayRefused, missing_vllm, replay
-    from kvfuzz.scheduler.vllm_build import vllm_missing
-
     from kvfuzz.scheduler.sglang.build import sglang_missing
     from kvfuzz.scheduler.sglang.traces import missing_sglang, sglang_version
     from kvfuzz.scheduler.trace import SGLANG
+    from kvfuzz.scheduler.vllm_build import vllm_missing
 
     trace = _load(path)
     if trace is None:

@@ -23,7 +23,7 @@ def sglang_target(name: str) -> SchedulerTarget:
 
 
 def _validate(setup: SchedulerSetup, runner: str) -> None:
-    from kvfuzz.scheduler.sglang.command import setup_problem
+    from kvfuzz.scheduler.sglang.build import setup_problem
 
     problem = setup_problem(setup)
     if problem is not None:

@@ -8,22 +8,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.sglang.build import setup_problem
 from kvfuzz.text import plural
 
-
-def setup_problem(setup: SchedulerSetup) -> Optional[str]:
-    """The one line a configuration SGLang's paged pool cannot serve is refused with."""
-    if setup.block_size < 2:
-        return "--scheduler sglang needs --block-size >= 2 (SGLang serves page size 1 with another allocator)"
-    if setup.max_num_batched_tokens % setup.block_size:
-        return (
-            f"--scheduler sglang needs --max-num-batched-tokens ({setup.max_num_batched_tokens}) divisible by "
-            f"--block-size ({setup.block_size}): SGLang's server arguments refuse a chunked_prefill_size that is not"
-        )
-    return None
+__all__ = ["run_sglang", "setup_problem"]
 
 
 def run_sglang(args: argparse.Namespace, setup: SchedulerSetup, emit_json: Callable[[Any], None]) -> int:

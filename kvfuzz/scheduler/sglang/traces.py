@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.recorder import FailureRecorder
-from kvfuzz.scheduler.replay import ReplayRefused, SchedulerReplay
+from kvfuzz.scheduler.replay_result import ReplayRefused, SchedulerReplay
 from kvfuzz.scheduler.trace import SGLANG, RecordedFailure, SchedulerTrace
 
 
@@ -48,8 +48,7 @@ def replay_sglang(
 ) -> SchedulerReplay:
     """Replay an ``sglang`` trace against the installed SGLang. Raises :class:`ReplayRefused` when SGLang is not
     installed or the trace's configuration is one the SGLang target refuses."""
-    from kvfuzz.scheduler.sglang.build import sglang_missing
-    from kvfuzz.scheduler.sglang.command import setup_problem
+    from kvfuzz.scheduler.sglang.build import setup_problem, sglang_missing
 
     if sglang_missing():
         raise ReplayRefused(missing_sglang(trace))
