@@ -123,7 +123,7 @@ def median_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
 
 
 def seconds_text(value: Optional[float], duration: float) -> str:
-    return f"not found in {duration:g} s" if value is None else f"{value:.1f}"
+    return f"not found in {duration:g} s" if value is None else f"{value:.1f} s"
 
 
 def ratio_text(before: Optional[float], after: Optional[float]) -> str:
@@ -162,7 +162,7 @@ def table(attempts: Sequence[Attempt], variants: Sequence[Variant], duration: fl
         found = sum(attempt.seconds is not None for attempt in mine)
         overall = median_or_none(medians[tree])
         lines.append(
-            f"{tree}: median over the variants {seconds_text(overall, duration)} s; "
+            f"{tree}: median over the variants {seconds_text(overall, duration)}; "
             f"{found} of {len(mine)} campaigns found a failure; campaign CPU {sum(a.cpu_seconds for a in mine):.0f} s"
         )
     before, after = median_or_none(medians["baseline"]), median_or_none(medians["current"])
@@ -206,7 +206,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 attempts.append(attempt)
                 print(
                     f"# {variant.name} seed {seed} {tree}: first failure "
-                    f"{seconds_text(attempt.seconds, args.duration)} s, {attempt.examples} examples, "
+                    f"{seconds_text(attempt.seconds, args.duration)}, {attempt.examples} examples, "
                     f"{attempt.failure}; campaign CPU {attempt.cpu_seconds:.1f} s, wall {attempt.wall_seconds:.1f} s",
                     flush=True,
                 )
