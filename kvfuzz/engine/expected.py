@@ -48,6 +48,10 @@ class Status(enum.Enum):
     LOADED = "loaded"  # its loads landed: waits for resume to allocate the rest of its prompt
 
 
+STATUSES = tuple(Status)
+"""Every status, in a tuple (iterating the enumeration itself costs more, and a census does it once per call)."""
+
+
 @attrs.define
 class SeqModel:
     """One sequence the engine knows. Positions below ``written`` hold K/V; the rest are written at the next step.
@@ -256,7 +260,7 @@ class ExpectedState:
     def census(self) -> Census:
         """``ids`` of every status, ``live_ids`` and ``computed_ids`` in one pass (the same lists, in the same order:
         ``tests/test_operations.py`` compares them over thousands of states)."""
-        by_status: dict[Status, list[SeqId]] = {status: [] for status in Status}
+        by_status: dict[Status, list[SeqId]] = {status: [] for status in STATUSES}
         live, computed = [], []
         for seq, model in self.seqs.items():
             if model.owner:
