@@ -27,6 +27,7 @@ from kvfuzz.scheduler.vllm_build import kv_cache_config
 
 MAMBA = SchedulerSetup(num_blocks=16, model="mamba-hybrid", prefix_caching=False)
 MAMBA_ARGS = ["--scheduler", "vllm-v1", "--model", "mamba-hybrid", "--no-prefix-caching", "--num-blocks", "16"]
+ALIGN = SchedulerSetup(num_blocks=16, model="mamba-hybrid")  # prefix caching: vLLM's align mode
 
 
 def test_vllm_plans_a_mamba_group_beside_an_attention_group_in_one_pool() -> None:
@@ -40,8 +41,68 @@ def test_vllm_plans_a_mamba_group_beside_an_attention_group_in_one_pool() -> Non
     # without prefix caching (the only mode driven) vLLM runs its no-prefix-cache coordinator over both groups
     assert type(session.scheduler.kv_cache_manager.coordinator).__name__ == "KVCacheCoordinatorNoPrefixCache"
     assert len(session.worker.mamba.groups) == 1 and [rule.window for rule in session.worker.groups] == [None]
-    # vLLM's startup check admits the longest request: 15 blocks of attention and its one state block
-    assert MAMBA.max_model_len == 60
+    # vLLM's startup check admits the longest request: 14 blocks of attention and two resident Mamba blocks
+    assert MAMBA.max_model_len == 56
+
+
+def test_with_prefix_caching_vllm_plans_the_mamba_group_in_align_mode() -> None:
+    config = kv_cache_config(ALIGN)
+    (mamba,) = [g.kv_cache_spec for g in config.kv_cache_groups if isinstance(g.kv_cache_spec, MambaSpec)]
+    assert mamba.mamba_cache_mode == "align" and mamba.block_size == ALIGN.block_size
+    session = Session(ALIGN)
+    assert type(session.scheduler.kv_cache_manager.coordinator).__name__ == "HybridKVCacheCoordinator"
+    assert type(session.worker.mamba).__name__ == "AlignModeStates"
+
+
+def test_a_prefix_hit_restores_the_checkpoint_another_request_wrote() -> None:
+    """Align mode: r0 prefills 8 tokens, leaving a checkpoint of its state at a block boundary; r1 shares those 8
+    and more, hits the prefix cache, and resumes from r0's checkpoint of the hit prefix (the state check passes on
+    it)."""
+    session = Session(ALIGN)
+    first = session.add([1, 2, 3, 0, 1, 2, 3, 0], 1)
+    while first in session.outputs.unfinished():
+        session.step()
+    second = session.add([1, 2, 3, 0, 1, 2, 3, 0, 2, 2, 1], 2)
+    session.step()
+    state = session.worker.requests[second]
+    (group,) = session.worker.mamba.groups
+    hit = session.worker.computed[second]
+    assert hit in (4, 8), session.worker.computed  # vLLM's choice of checkpoint: a whole block of the prefix
+    source = state.tables[group][(hit - 1) // 4]
+    assert all(block == 0 for block in state.tables[group][: (hit - 1) // 4]), state.tables  # interior states null
+    restored = session.worker.mamba.states[(group, source)]
+    assert (restored.request, restored.length) == (first, hit), restored  # r0's state of the prefix, read by r1
+    while second in session.outputs.unfinished():
+        session.step()
+    assert session.outputs.requests[second].received == expected_output(second, 11, 2)
+
+
+def test_the_unmodified_scheduler_passes_in_align_mode() -> None:
+    outcome = search(ALIGN, examples=20, steps=30, shrink=False)
+    assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"
+    assert outcome.preemptions > 0 and outcome.hit_tokens > 0, outcome.describe()
+
+
+def test_a_hit_that_hands_the_null_block_where_the_state_is_read_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded: the Mamba manager's prefix hit puts the cached checkpoint one entry early, leaving the null block in
+    the entry the runner reads the restored state from."""
+    original = MambaManager.find_longest_cache_hit.__func__  # type: ignore[attr-defined]
+
+    def early(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        computed, length = original(cls, *args, **kwargs)
+        for blocks in computed:
+            if len(blocks) >= 2:
+                blocks[-2], blocks[-1] = blocks[-1], blocks[-2]
+        return computed, length
+
+    monkeypatch.setattr(MambaManager, "find_longest_cache_hit", classmethod(early))
+    outcome = search(ALIGN, examples=30, steps=30, shrink=False)
+    assert outcome.failure is not None and outcome.failure.check.value == "content", outcome.explanation()
+    assert re.search(
+        r"its state block in Mamba group \d \(table entry \d+\) is vLLM's null block 0 \(table \[[0-9, ]+\]\), but "
+        r"the step reads its state there",
+        outcome.explanation(),
+    ), outcome.explanation()
 
 
 def test_a_chunked_request_reads_back_its_own_state_and_holds_one_state_block() -> None:
@@ -109,8 +170,8 @@ def test_the_state_check_catches_the_null_block_handed_out_as_a_state(monkeypatc
     outcome = search(MAMBA, examples=10, steps=20, shrink=False)
     assert outcome.failure is not None and outcome.failure.check.value == "content", outcome.explanation()
     assert re.search(
-        r"its state block in Mamba group \d is vLLM's null block 0 \(table \[0\]\), but the step reads and writes "
-        r"its state there",
+        r"its state block in Mamba group \d \(table entry 0\) is vLLM's null block 0 \(table \[0\]\), but the step "
+        r"writes its state there",
         outcome.explanation(),
     ), outcome.explanation()
 
@@ -154,8 +215,8 @@ def test_exclusive_states_catch_a_state_block_shared_by_two_live_requests(monkey
     outcome = search(MAMBA, examples=20, steps=30, shrink=False)
     assert outcome.failure is not None and outcome.failure.check.value == "exclusive", outcome.explanation()
     assert re.search(
-        r"its Mamba state block \d+ \(group \d\) is also in the table of request r\d+ \(group \d\): a state block "
-        r"belongs to one request",
+        r"its Mamba state block \d+ \(group \d\) is also a block request r\d+ still holds: a state block belongs to "
+        r"one request",
         outcome.explanation(),
     ), outcome.explanation()
 
@@ -166,7 +227,7 @@ def test_the_state_read_catches_a_shared_state_block_without_the_exclusive_check
     """The same seeded bug with the exclusive-state check switched off: the state check alone catches it when one
     of the two requests next reads its state and finds the other's."""
     shares_a_live_state_block(monkeypatch)
-    monkeypatch.setattr(MambaStates, "check_exclusive", lambda self, live, step: None)
+    monkeypatch.setattr(MambaStates, "check_exclusive", lambda *args: None)
     outcome = search(MAMBA, examples=20, steps=30, shrink=False)
     assert outcome.failure is not None and outcome.failure.check.value == "content", outcome.explanation()
     assert re.search(
@@ -179,10 +240,9 @@ def test_the_state_read_catches_a_shared_state_block_without_the_exclusive_check
 def test_the_cli_option_the_trace_and_its_replay(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    assert main(["run", "--scheduler", "vllm-v1", "--model", "mamba-hybrid"]) == 2  # prefix caching is on
+    assert main(["run", *MAMBA_ARGS, "--speculative-tokens", "2"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "kvfuzz: model mamba-hybrid is driven without prefix caching (--no-prefix-caching): vLLM's Mamba prefix "
-        "caching needs mamba_cache_mode='align', which is not driven (yet; docs/scheduler.md)"
+        "kvfuzz: model mamba-hybrid is not driven with speculative decoding (yet; docs/scheduler.md)"
     ]
     assert main(["run", *MAMBA_ARGS, "--examples", "3", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)

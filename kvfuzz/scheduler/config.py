@@ -46,11 +46,6 @@ class SchedulerSetup:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
         if self.model != "full" and self.async_scheduling:
             raise ValueError(f"model {self.model} is not driven under async scheduling (yet; docs/scheduler.md)")
-        if self.model == "mamba-hybrid" and self.prefix_caching:
-            raise ValueError(
-                "model mamba-hybrid is driven without prefix caching (--no-prefix-caching): vLLM's Mamba prefix "
-                "caching needs mamba_cache_mode='align', which is not driven (yet; docs/scheduler.md)"
-            )
         if self.model == "mamba-hybrid" and self.speculative_tokens:
             raise ValueError("model mamba-hybrid is not driven with speculative decoding (yet; docs/scheduler.md)")
         if self.speculative_tokens < 0:

@@ -66,14 +66,16 @@ def group_rules(kv_cache_config: Any) -> tuple[GroupRule, ...]:
     return tuple(rules)
 
 
-def mamba_groups(kv_cache_config: Any) -> tuple[int, ...]:
-    """The indices of the Mamba groups of vLLM's ``KVCacheConfig``; only ``mamba_cache_mode="none"`` is modelled
-    (one state block per request)."""
-    groups = []
-    for index, group in enumerate(kv_cache_config.kv_cache_groups):
-        if type(group.kv_cache_spec).__name__ == "MambaSpec":
-            mode = group.kv_cache_spec.mamba_cache_mode
-            if mode != "none":
-                raise ValueError(f"Mamba group {index} is in mode {mode!r}, which the worker does not model")
-            groups.append(index)
-    return tuple(groups)
+def mamba_groups(kv_cache_config: Any) -> tuple[tuple[int, ...], str, int]:
+    """The indices of the Mamba groups of vLLM's ``KVCacheConfig``, their ``mamba_cache_mode`` and block size (one
+    for all: vLLM's planner gives the Mamba layers one spec); ``((), "none", 1)`` without Mamba groups."""
+    specs = {
+        index: group.kv_cache_spec
+        for index, group in enumerate(kv_cache_config.kv_cache_groups)
+        if type(group.kv_cache_spec).__name__ == "MambaSpec"
+    }
+    if not specs:
+        return (), "none", 1
+    (mode,) = {spec.mamba_cache_mode for spec in specs.values()}
+    (block_size,) = {spec.block_size for spec in specs.values()}
+    return tuple(specs), mode, block_size

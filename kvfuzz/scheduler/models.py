@@ -7,8 +7,9 @@ KV-cache group each gets. vLLM builds the ``KVCacheConfig`` from these layers it
   full attention: vLLM's hybrid allocator gives it two KV-cache groups sharing one block pool, and the
   sliding-window group's manager drops (frees, and nulls in the tables) the blocks that fell out of the window.
 * ``mamba-hybrid``: a two-layer Jamba, a Mamba layer then a full-attention layer: two KV-cache groups sharing one
-  block pool, a Mamba group whose table holds one state block per request (``mamba_cache_mode="none"``: its block
-  spans the whole model length) beside the attention group.
+  block pool, a Mamba group beside the attention group: without prefix caching its table holds one state block per
+  request (``mamba_cache_mode="none"``: its block spans the whole model length); with prefix caching vLLM's
+  ``align`` mode keeps a state per block of the pool's block size.
 
 Invariant: the longest request (:func:`max_model_len`) is one vLLM's own startup check admits on the pool: every
 group's blocks for a request of that length fit in the usable blocks together."""
@@ -80,8 +81,8 @@ class MambaHybridModel(SchedulerModel):
     only). Its Mamba state is small (``mamba_d_state`` 1, ``mamba_d_conv`` 2: 64 bytes a layer) so that its page
     fits the attention page of any block size, as vLLM's planner needs (it pads the Mamba page to the attention one).
 
-    Invariant: a request holds exactly one block of the Mamba group (its state), so the startup check reserves one
-    block more than full attention's."""
+    Invariant: a request holds at most two resident blocks of the Mamba group (its state, and in ``align`` mode the
+    previous state until the next step), so the startup check reserves two blocks more than full attention's."""
 
     mamba_layers: int = 1  # Mamba layers, before the attention layers
 
@@ -101,7 +102,9 @@ class MambaHybridModel(SchedulerModel):
         }
 
     def blocks_per_request(self, length: int, block_size: int, budget: int) -> int:
-        return super().blocks_per_request(length, block_size, budget) + 1
+        """Full attention's blocks, and the Mamba group's most resident blocks: one state block without prefix
+        caching, two in ``align`` mode (vLLM's ``MambaSpec.max_memory_usage_bytes``); two for both."""
+        return super().blocks_per_request(length, block_size, budget) + 2
 
 
 FULL = SchedulerModel(

@@ -109,6 +109,9 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         model=str(directory), skip_tokenizer_init=True, max_model_len=setup.max_model_len, dtype="float32"
     )
     cache = v.CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.prefix_caching)
+    if isinstance(MODELS[setup.model], MambaHybridModel):
+        # vLLM's Mamba prefix caching is its "align" mode (a state per block); without it, one state per request
+        cache.mamba_cache_mode = "align" if setup.prefix_caching else "none"
     cache.num_gpu_blocks = setup.num_blocks + 1
     scheduler = v.SchedulerConfig(
         max_num_batched_tokens=setup.max_num_batched_tokens,

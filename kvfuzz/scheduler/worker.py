@@ -41,7 +41,7 @@ from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
 from kvfuzz.scheduler.groups import group_namespace, group_rules, mamba_groups
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
-from kvfuzz.scheduler.mamba_states import MambaStates
+from kvfuzz.scheduler.mamba_states import mamba_states
 from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import kv_cache_config, vllm_config
@@ -84,7 +84,7 @@ class Worker:
         self.block_size = setup.block_size  # slots per block
         self.groups = group_rules(kv_cache_config(setup))  # the attention groups, in vLLM's order
         self.rules = {rule.index: rule for rule in self.groups}  # attention group index -> its rule
-        self.mamba = MambaStates(mamba_groups(kv_cache_config(setup)))  # the Mamba groups' state blocks
+        self.mamba = mamba_states(*mamba_groups(kv_cache_config(setup)))  # the Mamba groups' state blocks
         self.num_groups = len(self.groups) + len(self.mamba.groups)
         # one pool for every group (vLLM's hybrid allocator gives them one block pool); vLLM's null block 0 too
         self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)
@@ -182,8 +182,10 @@ class Worker:
                 kept = rule.first_kept_entry(state.computed, self.block_size)
                 held.setdefault(request, []).extend(block for block in table[kept:] if block != 0)
                 maybe.setdefault(request, []).extend(block for block in table[:kept] if block != 0)
-            for group in self.mamba.groups:  # a state block is held while the request lives
-                held.setdefault(request, []).extend(block for block in state.tables[group] if block != 0)
+            for group in self.mamba.groups:  # the running state's block and those after it are held
+                must, may = self.mamba.held_entries(state.tables[group], state.computed)
+                held.setdefault(request, []).extend(must)
+                maybe.setdefault(request, []).extend(may)
         return held, maybe
 
     def _in(self, group: int) -> str:
@@ -223,7 +225,6 @@ class Worker:
             for rule in self.groups:
                 table = self.requests[request].tables[rule.index]
                 check_table_covers(request, table, self.computed[request], count, self.block_size, step)
-        self.mamba.check_exclusive(self.live_tables(), step)
         taken = self._relied_on(step)
         batch = [
             (request, range(self.computed[request], self.computed[request] + count))
@@ -243,6 +244,7 @@ class Worker:
             )
             for request, positions in batch
         ]
+        held = self.holdings()[0]  # the blocks each live request still needs, before the step
         order: list[str] = []
         sampled: list[list[int]] = []
         lengths: dict[str, int] = {}  # request that sampled -> its sequence's length after the step
@@ -251,9 +253,8 @@ class Worker:
             end = self.computed[request] + count
             for rule in self.groups:
                 self._check_content(request, end, step, rule.index)
-            self.mamba.step(
-                request, state.tables, self._tokens(request), self.computed[request], end, state.namespace, step
-            )
+            span = range(self.computed[request], end)
+            self.mamba.step(request, state.tables, self._tokens(request), span, state.namespace, step, held)
             known = len(state.tokens)
             order.append(request)
             if end < known:  # a prefill chunk that stops short samples nothing
