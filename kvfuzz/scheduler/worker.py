@@ -244,7 +244,7 @@ class Worker:
             )
             for request, positions in batch
         ]
-        held = self.holdings()[0]  # the blocks each live request still needs, before the step
+        held = self.holdings()[0] if self.mamba.groups else {}  # the blocks live requests still need, for Mamba
         order: list[str] = []
         sampled: list[list[int]] = []
         lengths: dict[str, int] = {}  # request that sampled -> its sequence's length after the step
