@@ -224,8 +224,7 @@ class _Zygote:
         """This parent, (re)started first if it is not running or was started in another environment."""
         wanted = _without_per_test(environ)
         if self.process is not None and (self.process.poll() is not None or wanted != self.environ):
-            self.process.kill()
-            self.process.wait()
+            _stop(self.process)
             self.process = None
         if self.process is None:
             self.environ = wanted
@@ -236,7 +235,7 @@ class _Zygote:
                 bufsize=0,  # unbuffered: a line read leaves the next in the pipe, where select() sees it
                 env=dict(environ),
             )
-            atexit.register(self.process.kill)
+            atexit.register(_stop, self.process)
         return self
 
     def run(self, args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
@@ -261,6 +260,12 @@ class _Zygote:
             if not ready:
                 raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err)
             return subprocess.CompletedProcess(command, os.waitstatus_to_exitcode(status), out, err)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """End a warm parent and reap it (its children's CPU time then counts in the test session's)."""
+    process.kill()
+    process.wait()
 
 
 def _without_per_test(environ: Mapping[str, str]) -> dict[str, str]:
