@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 import attrs
 
+from kvfuzz.scheduler.pins import Pins, pin_arguments
+
 
 @attrs.frozen
 class Rerun:
@@ -90,9 +92,10 @@ class SchedulerRerun:
     call_timeout: Optional[float]
     directory: str
     version: str
+    pins: Pins = ()  # swarm rows held at one value (--pin)
 
     def arguments(self) -> list[str]:
-        args = ["--scheduler", self.scheduler, "--seed", str(self.seed)]
+        args = ["--scheduler", self.scheduler, "--seed", str(self.seed), *pin_arguments(self.pins)]
         if self.duration is not None:
             args += ["--duration", repr(self.duration)]
         if self.max_examples is not None:
@@ -115,4 +118,4 @@ class SchedulerRerun:
         return shlex.join(["kvfuzz", "campaign", *self.arguments()])
 
     def to_json(self) -> dict[str, Any]:
-        return {**attrs.asdict(self), "known": list(self.known)}
+        return {**attrs.asdict(self), "known": list(self.known), "pins": dict(self.pins)}

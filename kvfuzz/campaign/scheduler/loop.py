@@ -29,6 +29,7 @@ from kvfuzz.campaign.scheduler.known import known_signatures
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.program.safeguards import user_interrupts
 from kvfuzz.scheduler.journal import ProgramJournal
+from kvfuzz.scheduler.pins import Pins
 from kvfuzz.scheduler.recorder import FailureRecorder, SavedSchedulerTrace, save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
 from kvfuzz.scheduler.search import Outcome
@@ -54,6 +55,7 @@ class SchedulerCampaignOptions:
     shrink: bool = True
     isolate: bool = False  # each batch in a child process (kvfuzz.campaign.scheduler.isolated)
     call_timeout: Optional[float] = 60.0  # a step running longer is a hang (None: no watchdog)
+    pins: Pins = ()  # swarm rows held at one value (--pin), checked against the rows' domains
 
     def rerun(self) -> SchedulerRerun:
         return SchedulerRerun(
@@ -70,6 +72,7 @@ class SchedulerCampaignOptions:
             self.call_timeout,
             os.getcwd(),
             kvfuzz.__version__,
+            self.pins,
         )
 
 
@@ -161,7 +164,7 @@ class SchedulerCampaign:
             ending = self._ending()
             if ending is not None:
                 return ending
-            config = draw(rng, self.target.validate)
+            config = draw(rng, self.target.validate, dict(options.pins))
             examples = options.batch_examples
             if options.max_examples is not None:
                 examples = min(examples, options.max_examples - self.examples)
