@@ -93,6 +93,7 @@ class SchedulerRerun:
     directory: str
     version: str
     pins: Pins = ()  # swarm rows held at one value (--pin)
+    database: Optional[str] = None  # the Redis its findings were stored in too
 
     def arguments(self) -> list[str]:
         args = ["--scheduler", self.scheduler, "--seed", str(self.seed), *pin_arguments(self.pins)]
@@ -112,6 +113,8 @@ class SchedulerRerun:
         if self.isolate:
             args.append("--isolate")
         args += ["--call-timeout", repr(self.call_timeout or 0.0)]
+        if self.database is not None:
+            args += ["--database", self.database]
         return args
 
     def command(self) -> str:

@@ -15,12 +15,6 @@ from kvfuzz.text import plural
 
 ALLOCATOR_ONLY = (
     ("workers", None, "--workers (a scheduler campaign runs one worker)"),
-    (
-        "database",
-        None,
-        "--database (the shared store carries allocator traces and Hypothesis examples; a scheduler campaign "
-        "keeps its findings in --corpus)",
-    ),
     ("shrink_time", None, "--shrink-time (Hypothesis bounds a scheduler failure's shrinking itself)"),
 )
 """(attribute, its default, what to say) of ``kvfuzz campaign``'s options a scheduler campaign does not take."""
@@ -90,6 +84,18 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
         parse_pins(args.pin or ())
     except PinRefused as refused:
         return str(refused)
+    if args.database is not None:
+        from kvfuzz.campaign.cluster import check_redis_url, is_redis
+
+        if not is_redis(args.database):
+            return (
+                f"--database {args.database}: a scheduler campaign stores its findings in a Redis only "
+                "(redis://HOST:PORT/N); without one they are in --corpus"
+            )
+        try:
+            check_redis_url(args.database)
+        except ValueError as error:
+            return str(error)
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
@@ -138,6 +144,7 @@ def scheduler_campaign(
         isolate=bool(args.isolate),
         call_timeout=args.call_timeout or None,
         pins=pins,
+        database=args.database,
     )
     if target is None:
         from kvfuzz.campaign.scheduler.target import vllm_target

@@ -26,6 +26,7 @@ import kvfuzz
 from kvfuzz.campaign.report import CampaignResult, Finding
 from kvfuzz.campaign.rerun import SchedulerRerun
 from kvfuzz.campaign.scheduler.known import known_signatures
+from kvfuzz.campaign.scheduler.shared import share_finding
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.program.safeguards import user_interrupts
 from kvfuzz.scheduler.journal import ProgramJournal
@@ -56,6 +57,7 @@ class SchedulerCampaignOptions:
     isolate: bool = False  # each batch in a child process (kvfuzz.campaign.scheduler.isolated)
     call_timeout: Optional[float] = 60.0  # a step running longer is a hang (None: no watchdog)
     pins: Pins = ()  # swarm rows held at one value (--pin), checked against the rows' domains
+    database: Optional[str] = None  # redis://HOST:PORT/N: new findings' traces are stored there too
 
     def rerun(self) -> SchedulerRerun:
         return SchedulerRerun(
@@ -73,6 +75,7 @@ class SchedulerCampaignOptions:
             os.getcwd(),
             kvfuzz.__version__,
             self.pins,
+            self.database,
         )
 
 
@@ -251,6 +254,9 @@ class SchedulerCampaign:
             unsaved_trace=saved.trace.to_json() if saved is not None and saved.error is not None else None,
         )
         self.event(f"new failure: {signature} ({plan.config.describe()}); trace: {self.findings[key].trace}")
+        if self.options.database is not None and saved is not None and saved.error is None:
+            shared = share_finding(self.options.database, saved.trace, signature, self.options.seed, str(saved.path))
+            self.event(f"  {self.options.database}: {shared}")
 
 
 def _note(plan: BatchPlan, result: BatchResult) -> str:
