@@ -78,3 +78,15 @@ def test_a_scheduler_finding_stored_with_a_broken_trace_is_refused_in_one_line(
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"kvfuzz: {redis_url} finding {key}: trace: ") and "num_blocks" in line, line
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_an_allocator_campaign_on_the_same_redis_passes_over_scheduler_findings(
+    redis_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from kvfuzz.campaign.known import stored_findings_known
+
+    assert scheduler_campaign(redis_url, tmp_path / "a", 3)[0] == 1
+    assert len(ClusterFindings(redis_url).keys()) == 1
+    cluster = ClusterFindings(redis_url)
+    assert stored_findings_known(cluster, ["vllm-v1", "kvfuzz.allocator.paged:paged_allocator"], 5.0) == {}
