@@ -58,7 +58,7 @@ def test_pins_parse_against_the_rows_domains() -> None:
         ),
         (["speculative_tokens=3"], "--pin speculative_tokens=3: speculative_tokens takes one of 0, 1, 2, 4"),
         (["async_scheduling=yes"], "--pin async_scheduling=yes: async_scheduling takes one of false, true"),
-        (["model=hybrid"], "--pin model=hybrid: model takes one of full, sliding-window"),
+        (["model=hybrid"], "--pin model=hybrid: model takes one of full, sliding-window, mamba-hybrid"),
         (["block_size"], "--pin block_size: expected ROW=VALUE; the rows: "),
         (["block_size=4", "block_size=8"], "--pin block_size=8: block_size is pinned twice"),
     ],

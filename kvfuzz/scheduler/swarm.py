@@ -58,6 +58,11 @@ def _weighted(weights: tuple[int, ...]) -> Callable[[random.Random, tuple[Any, .
     return lambda rng, values: rng.choice(tuple(v for v, weight in zip(values, weights) for _ in range(weight)))
 
 
+def _weighted_choice(weights: tuple[int, ...]) -> Callable[[random.Random, tuple[Any, ...]], Any]:
+    """Each value with its weight (``random.choices``)."""
+    return lambda rng, values: rng.choices(values, weights)[0]
+
+
 BOOLEAN = (False, True)
 
 DIMENSIONS: tuple[Dimension, ...] = (
@@ -67,8 +72,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("max_num_seqs", (1, 2, 3, 4, 6, 8, 16), _biased_small),
     Dimension("prefix_caching", BOOLEAN, _chance(0.75)),
     Dimension("policy", POLICIES, _uniform),  # FCFS, or priority (preemption by priority)
-    # a sliding window beside full attention (two KV-cache groups, not under async scheduling) a quarter of the time
-    Dimension("model", ("full", "sliding-window"), _chance(0.25)),
+    # a sliding window beside full attention (two KV-cache groups, not under async scheduling) a quarter of the time;
+    # a Mamba group beside attention a quarter (kept only without async scheduling or drafts)
+    Dimension("model", ("full", "sliding-window", "mamba-hybrid"), _weighted_choice((2, 1, 1))),
     Dimension("async_scheduling", BOOLEAN, _chance(0.5)),  # two batches in flight, the released-block check
     Dimension("speculative_tokens", (0, 1, 2, 4), _weighted((3, 1, 1, 1))),  # k drafts (not under async)
     Dimension("cache_salts", BOOLEAN, _chance(0.25)),  # requests under cache salts: hits must not cross them
