@@ -286,9 +286,9 @@ def test_the_journal_keeps_whole_operations_and_drops_a_torn_line(tmp_path: Path
         (["--batch-examples", "3"], "kvfuzz: --batch-examples needs --scheduler"),
         (["--isolate"], "kvfuzz: --isolate needs --scheduler"),
         (
-            ["--scheduler", "vllm-v1", "--database", "redis://localhost:6379/0"],
-            "kvfuzz: --scheduler does not take --database (the shared store carries allocator traces and "
-            "Hypothesis examples; a scheduler campaign keeps its findings in --corpus)",
+            ["--scheduler", "vllm-v1", "--database", "a-directory"],
+            "kvfuzz: --database a-directory: a scheduler campaign stores its findings in a Redis only "
+            "(redis://HOST:PORT/N); without one they are in --corpus",
         ),
         (
             ["--scheduler", "vllm-v1", "--workers", "2"],

@@ -135,14 +135,16 @@ class BatchQueue:
                 table[position // size] for position in range(start, start + count) if position // size < len(table)
             }
             for block in sorted(written):
-                self._check_write(block, request, start, step, live)
+                self._check_write(block, request, start, step, live, worker.requests)
         for request, count in output.num_scheduled_tokens.items():
             table = worker.requests[request].table
             end = worker.computed[request] + count
             for block in table[: -(-end // size)]:
                 self.readers.setdefault(block, {}).setdefault(step, set()).add(request)
 
-    def _check_write(self, block: int, writer: str, start: int, step: int, live: dict[str, list[int]]) -> None:
+    def _check_write(
+        self, block: int, writer: str, start: int, step: int, live: dict[str, list[int]], states: dict[str, Any]
+    ) -> None:
         for reader, requests in sorted(self.readers.get(block, {}).items()):
             released = sorted(request for request in requests if block not in live.get(request, ()))
             if reader == step or not released:
@@ -158,4 +160,16 @@ class BatchQueue:
                 f"request(s) {released} released (no table of theirs holds it now) while step {reader}, which reads "
                 f"it for them, is in flight (its output not yet returned), and the device does not run step {step}'s "
                 f"writes after step {reader}'s reads",
+                released_cause(writer, released, states),
             )
+
+
+def released_cause(writer: str, released: list[str], requests: dict[str, Any]) -> str:
+    """Who released the block a write reuses too early, as the worker knows them (``requests``: its live and preempted
+    requests' states; a request not among them finished or was aborted): the writer itself, a preempted request, or
+    a finished one."""
+    if writer in released:
+        return "a block the writer itself released"
+    if any(request in requests and requests[request].preempted for request in released):
+        return "a preempted request's block"
+    return "a block of a finished or dropped request"

@@ -104,6 +104,7 @@ class KernelAttention:
             f"{position + 1} positions' K/V by up to {mismatch.max_abs_diff:.3g} (allowed: "
             + ("none, bit for bit" if tolerance is None else str(tolerance))
             + ")",
+            f"the {self.name} kernel's attention",
         )
 
 

@@ -63,7 +63,11 @@ class OutputLedger:
         expected = self.requests[request]
         if expected.finished and tokens:
             raise SchedulerViolation(
-                Check.OUTPUTS, step, request, f"tokens {tokens} reported after the request finished or was aborted"
+                Check.OUTPUTS,
+                step,
+                request,
+                f"tokens {tokens} reported after the request finished or was aborted",
+                "a token after the request finished",
             )
         start = len(expected.received)
         expected.received.extend(tokens)
@@ -77,6 +81,9 @@ class OutputLedger:
                 f"output token #{first} is {expected.received[first]}, but the fake model sampled {want[first]} "
                 f"(expected output {want}, reported {expected.received}; this step reported tokens "
                 f"#{start}..#{len(expected.received) - 1})",
+                mismatch_cause(
+                    expected.received, expected_output(request, expected.prompt_length, len(want) + 8), first
+                ),
             )
         whole = expected_output(request, expected.prompt_length, expected.length)
         if len(expected.received) > expected.length:
@@ -86,6 +93,7 @@ class OutputLedger:
                 request,
                 f"{len(expected.received)} output tokens {expected.received} reported, but it should have finished "
                 f"with {expected.length}: {expected.ending(request)} (expected {whole})",
+                "a token after a stop token" if whole[-1] in expected.stop_token_ids else "a token past max_tokens",
             )
         if finishes and not expected.finished:
             expected.finished = True
@@ -96,4 +104,20 @@ class OutputLedger:
                     request,
                     f"finished with {len(expected.received)} output tokens {expected.received}, but "
                     f"{expected.ending(request)} (expected {whole})",
+                    "finished early",
                 )
+
+
+def mismatch_cause(received: list[int], sampled: list[int], first: int) -> str:
+    """Why the output ``received`` departs at token ``first`` from what the fake model sampled (``sampled``: its
+    outputs, a few past ``received``), told by how the rest lines up: shifted on by one (a token lost), back by one
+    (a token repeated), its first two swapped (out of order), or none of these. The fake model's vocabulary is
+    small, so a rest of one token can line up by chance: the cause is the first reading that fits."""
+    rest = received[first:]
+    if rest == sampled[first + 1 : first + 1 + len(rest)]:
+        return "a token lost"
+    if first > 0 and rest == sampled[first - 1 : first - 1 + len(rest)]:
+        return "a token repeated"
+    if len(rest) >= 2 and rest[:2] == [sampled[first + 1], sampled[first]]:
+        return "tokens out of order"
+    return "a token other than the one sampled"

@@ -58,6 +58,7 @@ class RequestState:
     computed: int = 0  # positions whose K/V the request relies on (computed, or found in the prefix cache)
     preempted: bool = False  # preempted and not resumed since: ``tables`` are stale
     namespace: tuple[str, ...] = ()  # its K/V tags' namespace: its cache salt, if any (kvfuzz.scheduler.requests)
+    hit: int = 0  # positions it was given from the prefix cache when scheduled new or resumed (it never wrote them)
 
     @property
     def table(self) -> list[int]:
@@ -128,6 +129,7 @@ class Worker:
                     new.req_id,
                     f"scheduled as new with tokens {tokens}, but its prompt is {prompt} and the fake model sampled "
                     f"{sampled} for it",
+                    "a request scheduled anew with other tokens",
                 )
             self.requests[new.req_id] = RequestState(
                 tokens,
@@ -135,6 +137,7 @@ class Worker:
                 [list(ids) for ids in new.block_ids],
                 computed=new.num_computed_tokens,
                 namespace=self.namespaces.get(new.req_id, ()),
+                hit=new.num_computed_tokens,
             )
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
@@ -144,6 +147,7 @@ class Worker:
             if request in cached.resumed_req_ids:
                 state.tables = [list(ids) for ids in blocks]
                 state.preempted = False
+                state.hit = cached.num_computed_tokens[index]
             elif blocks is not None:
                 for table, ids in zip(state.tables, blocks):
                     table.extend(ids)
@@ -155,6 +159,7 @@ class Worker:
                     request,
                     f"the scheduler counts {cached.num_output_tokens[index]} output tokens, but the fake model "
                     f"sampled {outputs}",
+                    "the scheduler's count of output tokens",
                 )
             if request not in cached.resumed_req_ids:
                 self.speculation.check_computed(request, cached.num_computed_tokens[index], step)
@@ -290,6 +295,7 @@ class Worker:
                 request,
                 f"position {position} falls in table entry {entry}, but the request's table{self._in(group)} has "
                 f"only {len(table)} block(s): {table}",
+                "a position beyond the request's table",
             )
         if table[entry] == 0:
             raise SchedulerViolation(
@@ -298,6 +304,7 @@ class Worker:
                 request,
                 f"position {position} maps to vLLM's null block 0{self._in(group)} (table {table})"
                 + ("" if self.rules[group].window is None else ", but the request still attends it"),
+                "a position mapped to the null block",
             )
         return table[entry] * self.block_size + position % self.block_size
 
@@ -328,6 +335,7 @@ class Worker:
                 request,
                 f"positions {positions.start}..{positions.stop - 1} scheduled, but the request has only "
                 f"{known} tokens" + (f" and {drafted} draft(s)" if drafted else ""),
+                "positions scheduled past the request's tokens",
             )
 
     def _check_mapping(self, request: str, positions: range, slots: list[int], step: int) -> None:
@@ -344,6 +352,9 @@ class Worker:
                     f"{position // self.block_size} of {table}), slot {want}, but the {self.write_path.name} slot "
                     f"mapping writes it to slot {got} (block {got // self.block_size}, offset "
                     f"{got % self.block_size})",
+                    "a token written to another slot than its table gives"
+                    if got // self.block_size == want // self.block_size
+                    else "a token written to another block than its table gives",
                 )
         if len(slots) != len(expected):
             raise SchedulerViolation(
@@ -352,6 +363,7 @@ class Worker:
                 request,
                 f"{len(positions)} positions scheduled, but the {self.write_path.name} slot mapping gives "
                 f"{len(slots)} slots",
+                "a slot mapping of the wrong length",
             )
 
     def _write(self, request: str, positions: range, slots: list[int], step: int, taken: dict[int, Claim]) -> None:
@@ -377,4 +389,5 @@ class Worker:
         the request's own prefix up to it (drafts included)."""
         start = self.rules[group].first_needed(self.computed[request])
         slots = [self._slot(request, position, step, group) for position in range(start, end)]
-        self.kv.check(request, self._tokens(request)[:end], slots, step, self._namespace(request, group), start)
+        namespace = self._namespace(request, group)
+        self.kv.check(request, self._tokens(request)[:end], slots, step, namespace, start, self.requests[request].hit)

@@ -26,9 +26,11 @@ import kvfuzz
 from kvfuzz.campaign.report import CampaignResult, Finding
 from kvfuzz.campaign.rerun import SchedulerRerun
 from kvfuzz.campaign.scheduler.known import known_signatures
+from kvfuzz.campaign.scheduler.shared import share_finding
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.program.safeguards import user_interrupts
 from kvfuzz.scheduler.journal import ProgramJournal
+from kvfuzz.scheduler.pins import Pins
 from kvfuzz.scheduler.recorder import SavedSchedulerTrace, save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
 from kvfuzz.scheduler.search import Outcome
@@ -54,6 +56,8 @@ class SchedulerCampaignOptions:
     shrink: bool = True
     isolate: bool = False  # each batch in a child process (kvfuzz.campaign.scheduler.isolated)
     call_timeout: Optional[float] = 60.0  # a step running longer is a hang (None: no watchdog)
+    pins: Pins = ()  # swarm rows held at one value (--pin), checked against the rows' domains
+    database: Optional[str] = None  # redis://HOST:PORT/N: new findings' traces are stored there too
 
     def rerun(self) -> SchedulerRerun:
         return SchedulerRerun(
@@ -70,6 +74,8 @@ class SchedulerCampaignOptions:
             self.call_timeout,
             os.getcwd(),
             kvfuzz.__version__,
+            self.pins,
+            self.database,
         )
 
 
@@ -161,7 +167,7 @@ class SchedulerCampaign:
             ending = self._ending()
             if ending is not None:
                 return ending
-            config = draw(rng, self.target.validate, self.target.dimensions)
+            config = draw(rng, self.target.validate, self.target.dimensions, dict(options.pins))
             examples = options.batch_examples
             if options.max_examples is not None:
                 examples = min(examples, options.max_examples - self.examples)
@@ -248,6 +254,9 @@ class SchedulerCampaign:
             unsaved_trace=saved.trace.to_json() if saved is not None and saved.error is not None else None,
         )
         self.event(f"new failure: {signature} ({plan.config.describe()}); trace: {self.findings[key].trace}")
+        if self.options.database is not None and saved is not None and saved.error is None:
+            shared = share_finding(self.options.database, saved.trace, signature, self.options.seed, str(saved.path))
+            self.event(f"  {self.options.database}: {shared}")
 
 
 def _note(plan: BatchPlan, result: BatchResult) -> str:

@@ -121,6 +121,7 @@ class SGLangSession:
                 self.steps,
                 reqs[0].rid,
                 f"the batch writes {len(write_slots)} slots (out_cache_loc) for {sum(counts)} scheduled tokens",
+                "a batch writing other than one slot per scheduled token",
             )
         taken = self._relied_on()
         offset = 0
@@ -155,6 +156,7 @@ class SGLangSession:
                 self.steps,
                 request,
                 f"positions {start}..{start + count - 1} scheduled, but the request has only {len(tokens)} tokens",
+                "positions scheduled past the request's tokens",
             )
         self.kv.write(request, tokens[: start + count], range(start, start + count), slots, self.steps, taken)
 
@@ -187,7 +189,11 @@ class SGLangSession:
         new = output[len(received) :]
         if output[: len(received)] != received:
             raise SchedulerViolation(
-                Check.OUTPUTS, self.steps, rid, f"output_ids {output} no longer start with {received}"
+                Check.OUTPUTS,
+                self.steps,
+                rid,
+                f"output_ids {output} no longer start with {received}",
+                "tokens already reported changed",
             )
         self.outputs.record(rid, new, req.finished(), self.steps)  # type: ignore[attr-defined]
         sampled = self.tokens[rid][self.outputs.requests[rid].prompt_length :]
@@ -197,6 +203,7 @@ class SGLangSession:
                 self.steps,
                 rid,
                 f"SGLang holds output {output}, but the fake model sampled {sampled} for it",
+                "the engine's output other than the tokens sampled",
             )
 
     def _check_accounting(self) -> None:
@@ -215,6 +222,7 @@ class SGLangSession:
                     self.steps,
                     stuck[0],
                     f"the step scheduled nothing while {len(stuck)} request(s) are unfinished: {self._describe(stuck)}",
+                    "a drain step scheduled nothing",
                 )
         unfinished = self.outputs.unfinished()
         if unfinished or self.loop.has_requests():
@@ -224,6 +232,7 @@ class SGLangSession:
                 unfinished[0] if unfinished else None,
                 f"{len(unfinished)} request(s) still unfinished {bound} steps after arrivals stopped: "
                 f"{self._describe(unfinished)}",
+                "the drain ran past its bound",
             )
 
     def _describe(self, requests: list[str]) -> str:

@@ -5,19 +5,27 @@ full-attention model, no async scheduling, no drafts, no cache salts, no stop to
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 from kvfuzz.scheduler.swarm import DIMENSIONS, MODEL_RUNNER, Dimension
+
+
+def _uniform(rng: random.Random, values: tuple[Any, ...]) -> Any:
+    return rng.choice(values)
+
 
 _SHARED = ("num_blocks", "max_num_batched_tokens", "max_num_seqs", "prefix_caching")
 
 SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     *(dimension for dimension in DIMENSIONS if dimension.name in _SHARED),
-    Dimension("block_size", lambda rng: rng.choice((2, 4, 8, 16))),
-    Dimension("policy", lambda rng: "fcfs"),
-    Dimension("model", lambda rng: "full"),
-    Dimension("async_scheduling", lambda rng: False),
-    Dimension("speculative_tokens", lambda rng: 0),
-    Dimension("cache_salts", lambda rng: False),
-    Dimension("stop_tokens", lambda rng: False),
-    Dimension(MODEL_RUNNER, lambda rng: ""),
+    Dimension("block_size", (2, 4, 8, 16), _uniform),
+    Dimension("policy", ("fcfs",), _uniform),
+    Dimension("model", ("full",), _uniform),
+    Dimension("async_scheduling", (False,), _uniform),
+    Dimension("speculative_tokens", (0,), _uniform),
+    Dimension("cache_salts", (False,), _uniform),
+    Dimension("stop_tokens", (False,), _uniform),
+    Dimension(MODEL_RUNNER, ("",), _uniform),
 )
 """SGLang's configuration, one row per dimension (every row of vLLM's table, by name)."""
