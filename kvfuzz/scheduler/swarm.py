@@ -54,6 +54,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("speculative_tokens", lambda rng: rng.choice((0, 0, 0, 1, 2, 4))),  # k drafts (not under async)
     Dimension("cache_salts", lambda rng: rng.random() < 0.25),  # requests under cache salts: hits must not cross them
     Dimension("stop_tokens", lambda rng: rng.random() < 0.25),  # requests that stop early (less pool pressure)
+    Dimension("eos", lambda rng: rng.random() < 0.25),  # requests ending at EOS, or ignoring it
+    Dimension("min_tokens", lambda rng: rng.random() < 0.25),  # stop tokens and EOS masked before min_tokens
     Dimension(MODEL_RUNNER, lambda rng: rng.choice(("V1", "V2"))),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
