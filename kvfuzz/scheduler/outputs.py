@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 
 from kvfuzz.scheduler.ending import Ending
-from kvfuzz.scheduler.fake_model import expected_output
+from kvfuzz.scheduler.fake_model import EOS_TOKEN, expected_output
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 
@@ -33,7 +33,18 @@ class Expected:
         if last in self.ending.stopping:
             return f"its output #{self.length - 1}, {last}, is its first stop token ({conditions})"
         stops = f", none of them a stop token ({conditions})" if conditions else ""
-        return f"its max_tokens is {self.max_tokens}{stops}"
+        ignored = f", and it ignores EOS ({EOS_TOKEN})" if not self.ending.eos else ""
+        return f"its max_tokens is {self.max_tokens}{stops}{ignored}"
+
+    def masked(self, index: int, token: int) -> str:
+        """What a message adds when output ``#index`` is ``token``: that the sampler masks it there, if it does."""
+        sampler = self.ending.sampler
+        if index < sampler.min_tokens and token in sampler.stop_token_ids:
+            return (
+                f": {token} is a stop token, which the sampler never samples before min_tokens {sampler.min_tokens} "
+                "outputs (the min-tokens processor of the sampling params the scheduler's output brought)"
+            )
+        return ""
 
     def whole(self, request: str) -> list[int]:
         """The output ``request`` finishes with."""
@@ -78,9 +89,9 @@ class OutputLedger:
                 Check.OUTPUTS,
                 step,
                 request,
-                f"output token #{first} is {expected.received[first]}, but the fake model sampled {want[first]} "
-                f"(expected output {want}, reported {expected.received}; this step reported tokens "
-                f"#{start}..#{len(expected.received) - 1})",
+                f"output token #{first} is {expected.received[first]}, but the fake model sampled {want[first]}"
+                f"{expected.masked(first, expected.received[first])} (expected output {want}, reported "
+                f"{expected.received}; this step reported tokens #{start}..#{len(expected.received) - 1})",
             )
         whole = expected.whole(request)
         if len(expected.received) > expected.length:
