@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.search import search
 
-DRAWN: dict[str, dict[str, bool]] = {
+DRAWN: dict[str, dict[str, Any]] = {
     "neither": {},
     "cache salts": {"cache_salts": True},
     "stop tokens": {"stop_tokens": True},
