@@ -35,8 +35,9 @@ SHRUNK = (AddRequest([1, 2], 1), Step())
 
 
 def buggy(setup: SchedulerSetup) -> bool:
-    """Where the fake scheduler fails: small pools with prefix caching on."""
-    return setup.prefix_caching and setup.num_blocks <= 6
+    """Where the fake scheduler fails: small pools with prefix caching on, of the full-attention model (the fake's
+    programs are written for its pool: a hybrid model's longest request may be shorter than their prompts)."""
+    return setup.prefix_caching and setup.num_blocks <= 6 and setup.model == "full"
 
 
 def leak(step: int = 2) -> SchedulerViolation:
