@@ -12,6 +12,7 @@ import pytest
 
 from kvfuzz.campaign.scheduler.target import scheduler_signature
 from kvfuzz.scheduler.async_batches import BatchQueue
+from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import expected_output
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
 from kvfuzz.scheduler.outputs import OutputLedger
@@ -113,7 +114,7 @@ def test_exclusive_a_block_shared_across_cache_salts() -> None:
 def ledger(stop: tuple[int, ...] = (), max_tokens: int = 6) -> tuple[OutputLedger, list[int]]:
     """Request r2 with a 4-token prompt, whose outputs begin 0, 1, 2, 3 (the fake model's tokens differ there)."""
     outputs = OutputLedger()
-    outputs.added("r2", 4, max_tokens, stop)
+    outputs.added("r2", 4, max_tokens, Ending(stop))
     sampled = expected_output("r2", 4, max_tokens + 4)
     assert sampled[:4] == [0, 1, 2, 3]
     return outputs, sampled
@@ -131,6 +132,13 @@ def ledger(stop: tuple[int, ...] = (), max_tokens: int = 6) -> tuple[OutputLedge
 def test_outputs_a_wrong_token_is_told_by_how_the_rest_lines_up(received: list[int], cause: str) -> None:
     outputs, sampled = ledger()
     assert caught(Check.OUTPUTS, lambda: outputs.record("r2", received, False, 1)) == cause
+
+
+def test_outputs_a_stop_token_the_sampler_masks_before_min_tokens() -> None:
+    """r2's outputs begin 0, 1, 2, 3: with 1 a stop token and min_tokens 3, the sampler never samples 1 at #1."""
+    outputs = OutputLedger()
+    outputs.added("r2", 4, 6, Ending((1,), min_tokens=3))
+    assert caught(Check.OUTPUTS, lambda: outputs.record("r2", [0, 1], False, 1)) == "a stop token before min_tokens"
 
 
 def test_outputs_a_token_past_max_tokens_and_after_a_stop_token() -> None:

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from kvfuzz.scheduler.pins import PinRefused, describe_pins, parse_pins
 from kvfuzz.text import plural
 
 ALLOCATOR_ONLY = (
@@ -80,6 +79,8 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     for path in args.known or ():
         if not Path(path).is_dir():
             return f"--known {path}: not a directory"
+    from kvfuzz.scheduler.pins import PinRefused, parse_pins  # not at the top: the swarm table imports torch
+
     try:
         parse_pins(args.pin or ())
     except PinRefused as refused:
@@ -125,6 +126,7 @@ def scheduler_campaign(
     from kvfuzz.campaign.report import new_finding_lines, table
     from kvfuzz.campaign.scheduler.loop import BATCH_EXAMPLES, SchedulerCampaign, SchedulerCampaignOptions
     from kvfuzz.campaign.supervisor import DEFAULT_DURATION
+    from kvfuzz.scheduler.pins import PinRefused, describe_pins, parse_pins
     from kvfuzz.scheduler.swarm import NothingValid, draw
 
     problem = usage_error(args) if target is None else None

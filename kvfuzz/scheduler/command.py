@@ -49,6 +49,8 @@ SCHEDULER_ONLY = (
     "model",
     "cache_salts",
     "stop_tokens",
+    "eos",
+    "min_tokens",
 )
 """The attributes of the options only a scheduler target takes."""
 
@@ -116,6 +118,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="draw each request with stop token ids: it ends at the first one sampled",
     )
+    group.add_argument(
+        "--eos",
+        action="store_true",
+        default=None,
+        help="draw each request ending at the model's EOS token or ignoring it (ignore_eos)",
+    )
+    group.add_argument(
+        "--min-tokens",
+        action="store_true",
+        default=None,
+        help="draw each request with min_tokens: no stop token or EOS is sampled before that many outputs",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -140,6 +154,8 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "speculative_tokens",
             "cache_salts",
             "stop_tokens",
+            "eos",
+            "min_tokens",
         ):
             if getattr(args, name) is not None:
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/scheduler.md#sglang)"
@@ -187,6 +203,8 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "async_scheduling": True if args.async_scheduling else None,
         "cache_salts": True if args.cache_salts else None,
         "stop_tokens": True if args.stop_tokens else None,
+        "eos": True if args.eos else None,
+        "min_tokens": True if args.min_tokens else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

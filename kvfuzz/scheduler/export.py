@@ -37,6 +37,8 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
         "async_scheduling": setup.async_scheduling,
         "cache_salts": setup.cache_salts,
         "stop_tokens": setup.stop_tokens,
+        "eos": setup.eos,
+        "min_tokens": setup.min_tokens,
     }
     export_async = "".join(f", {name}=True" for name, on in drawn.items() if on)
     return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.

@@ -79,6 +79,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("speculative_tokens", (0, 1, 2, 4), _weighted((3, 1, 1, 1))),  # k drafts (not under async)
     Dimension("cache_salts", BOOLEAN, _chance(0.25)),  # requests under cache salts: hits must not cross them
     Dimension("stop_tokens", BOOLEAN, _chance(0.25)),  # requests that stop early (less pool pressure)
+    Dimension("eos", BOOLEAN, _chance(0.25)),  # requests ending at EOS, or ignoring it
+    Dimension("min_tokens", BOOLEAN, _chance(0.25)),  # stop tokens and EOS masked before min_tokens
     Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""

@@ -33,7 +33,9 @@ trace saved when the failure was first found, before shrinking. ``failure.check`
 Added without a new format version, each left out at its default so that older traces read and digest as before:
 ``config.policy`` (``fcfs`` when absent, or ``priority``) and an add's ``priority`` (0 when absent);
 ``config.cache_salts`` and ``config.stop_tokens`` (false when absent: what the search drew), an add's ``cache_salt``
-(none when absent) and ``stop_token_ids`` (none when absent); ``config.model`` (``full`` when absent, or another of
+(none when absent) and ``stop_token_ids`` (none when absent); ``config.eos`` and ``config.min_tokens`` (false when
+absent), an add's ``eos`` (false when absent: EOS ignored, as every request before it) and ``min_tokens`` (0 when
+absent, at most its ``max_tokens``); ``config.model`` (``full`` when absent, or another of
 :data:`~kvfuzz.scheduler.models.MODELS`: the model served, whose KV-cache groups the engine and the worker keep).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
@@ -183,6 +185,8 @@ class SchedulerTrace:
             **({"async_scheduling": True} if self.setup.async_scheduling else {}),
             **({"cache_salts": True} if self.setup.cache_salts else {}),
             **({"stop_tokens": True} if self.setup.stop_tokens else {}),
+            **({"eos": True} if self.setup.eos else {}),
+            **({"min_tokens": True} if self.setup.min_tokens else {}),
         }
 
     def digest(self) -> str:
@@ -373,6 +377,8 @@ def _config(value: Any) -> SchedulerSetup:
         "async_scheduling": False,
         "cache_salts": False,
         "stop_tokens": False,
+        "eos": False,
+        "min_tokens": False,
     }
     config = _fields(value, "config", {**required, **optional})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
@@ -388,6 +394,8 @@ def _config(value: Any) -> SchedulerSetup:
             async_scheduling=_boolean("config.async_scheduling", config.get("async_scheduling", False)),
             cache_salts=_boolean("config.cache_salts", config.get("cache_salts", False)),
             stop_tokens=_boolean("config.stop_tokens", config.get("stop_tokens", False)),
+            eos=_boolean("config.eos", config.get("eos", False)),
+            min_tokens=_boolean("config.min_tokens", config.get("min_tokens", False)),
             **numbers,
         )
     except ValueError as error:
@@ -414,7 +422,7 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
                 raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
             program.append(Abort(str(request)))
         else:
-            extras = {"priority": False, "cache_salt": False, "stop_token_ids": False}
+            extras = dict.fromkeys(("priority", "cache_salt", "stop_token_ids", "eos", "min_tokens"), False)
             item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, **extras})
             prompt = item["prompt"]
             if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
@@ -424,7 +432,10 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
             max_tokens = _integer(f"{where}.max_tokens", item["max_tokens"], 1, room)
             priority = _integer(f"{where}.priority", item.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY)
             salt = _text(f"{where}.cache_salt", item.get("cache_salt"), optional=True)
-            program.append(AddRequest(tokens, max_tokens, priority, salt, _stop_token_ids(where, item)))
+            eos = _boolean(f"{where}.eos", item.get("eos", False))
+            min_tokens = _integer(f"{where}.min_tokens", item.get("min_tokens", 0), 0, max_tokens)
+            stops = _stop_token_ids(where, item)
+            program.append(AddRequest(tokens, max_tokens, priority, salt, stops, eos, min_tokens))
             added += 1
     return program
 

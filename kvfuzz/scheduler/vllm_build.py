@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
+from kvfuzz.scheduler.ending import Ending
+from kvfuzz.scheduler.fake_model import EOS_TOKEN
 from kvfuzz.scheduler.models import FULL, MODELS, MambaHybridModel
 
 
@@ -238,17 +240,26 @@ def new_request(
     arrival: int,
     priority: int = 0,
     cache_salt: Optional[str] = None,
-    stop_token_ids: Optional[list[int]] = None,
+    ending: Ending = Ending(),
 ) -> Any:
-    """A vLLM ``Request`` generating ``max_tokens`` tokens unless one of ``stop_token_ids`` is sampled first (no
-    end-of-sequence token stops it), under ``cache_salt``, its block hashes from vLLM's own hasher (sha256, the
-    engine default). Its arrival time is ``arrival``, its ordinal, not the clock: the priority policy breaks ties by
-    arrival time, and a replay must break them the same way."""
+    """A vLLM ``Request`` generating ``max_tokens`` tokens unless ``ending`` stops it first (its stop token ids, the
+    model's EOS token :data:`~kvfuzz.scheduler.fake_model.EOS_TOKEN` unless it ignores EOS, its ``min_tokens``: EOS
+    is given as vLLM's input processor gives the tokenizer's, through ``update_from_generation_config``, which also
+    adds it to the ``all_stop_token_ids`` the sampler masks before ``min_tokens``), under ``cache_salt``, its block
+    hashes from vLLM's own hasher (sha256, the engine default). Its arrival time is ``arrival``, its ordinal, not
+    the clock: the priority policy breaks ties by arrival time, and a replay must break them the same way."""
     v = vllm()
+    sampling = v.SamplingParams(
+        max_tokens=max_tokens,
+        ignore_eos=not ending.eos,
+        stop_token_ids=list(ending.stop_token_ids),
+        min_tokens=ending.min_tokens,
+    )
+    sampling.update_from_generation_config({}, EOS_TOKEN)
     return v.Request(
         request_id=request_id,
         prompt_token_ids=list(prompt),
-        sampling_params=v.SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=stop_token_ids),
+        sampling_params=sampling,
         pooling_params=None,
         arrival_time=float(arrival),
         priority=priority,

@@ -38,7 +38,7 @@ import attrs
 from kvfuzz.scheduler.attention import Attending, AttentionCheck, NoAttention
 from kvfuzz.scheduler.batch import check_batch, check_table_covers
 from kvfuzz.scheduler.config import SchedulerSetup
-from kvfuzz.scheduler.fake_model import sampled_token
+from kvfuzz.scheduler.fake_model import UNMASKED, MinTokens
 from kvfuzz.scheduler.groups import group_namespace, group_rules, mamba_groups
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
 from kvfuzz.scheduler.mamba_states import mamba_states
@@ -46,6 +46,14 @@ from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import kv_cache_config, vllm_config
 from kvfuzz.scheduler.write_paths import OwnSlotMapping, WritePathFactory
+
+
+def min_tokens_of(sampling_params: Any) -> MinTokens:
+    """The min-tokens processor vLLM's model runner builds from a new request's sampling params: its
+    ``min_tokens`` and ``all_stop_token_ids`` (none without sampling params)."""
+    if sampling_params is None or not sampling_params.min_tokens:
+        return UNMASKED
+    return MinTokens(sampling_params.min_tokens, sampling_params.all_stop_token_ids)
 
 
 @attrs.define
@@ -59,6 +67,7 @@ class RequestState:
     preempted: bool = False  # preempted and not resumed since: ``tables`` are stale
     namespace: tuple[str, ...] = ()  # its K/V tags' namespace: its cache salt, if any (kvfuzz.scheduler.requests)
     hit: int = 0  # positions it was given from the prefix cache when scheduled new or resumed (it never wrote them)
+    sampler: MinTokens = UNMASKED  # the sampler's min-tokens processor, from the sampling params the output brought
 
     @property
     def table(self) -> list[int]:
@@ -138,6 +147,7 @@ class Worker:
                 computed=new.num_computed_tokens,
                 namespace=self.namespaces.get(new.req_id, ()),
                 hit=new.num_computed_tokens,
+                sampler=min_tokens_of(new.sampling_params),
             )
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
@@ -207,8 +217,10 @@ class Worker:
         return [self._slot(request, position, step, index) for position in positions]
 
     def sampled(self, request: str, position: int) -> list[int]:
-        """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample."""
-        return [sampled_token(request, position)]
+        """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample,
+        under the min-tokens processor its sampling params (as the scheduler's output brought them) ask for."""
+        state = self.requests[request]
+        return [state.sampler.token(request, state.prompt_length, position)]
 
     def verified_tokens(self, request: str, known: int, verified: Verified) -> list[int]:
         """The tokens returned for a request with ``known`` tokens whose drafts ``verified`` judged: the accepted

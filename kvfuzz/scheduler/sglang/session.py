@@ -61,13 +61,17 @@ class SGLangSession:
         priority: int = 0,
         cache_salt: Optional[str] = None,
         stop_token_ids: tuple[int, ...] = (),
+        eos: bool = False,
+        min_tokens: int = 0,
     ) -> str:
-        """Add a request (ids ``r0``, ``r1``, ...); ``priority`` must be 0, ``cache_salt`` None and
-        ``stop_token_ids`` empty (priority scheduling, cache salts and stop tokens are not driven on SGLang)."""
-        if priority or cache_salt is not None or stop_token_ids:
+        """Add a request (ids ``r0``, ``r1``, ...); ``priority`` must be 0, ``cache_salt`` None,
+        ``stop_token_ids`` empty, ``eos`` false and ``min_tokens`` 0 (priority scheduling, cache salts, stop tokens,
+        EOS and min_tokens are not driven on SGLang)."""
+        if priority or cache_salt is not None or stop_token_ids or eos or min_tokens:
             raise ValueError(
-                "the SGLang target drives no priority, cache salt or stop tokens "
-                f"(priority {priority}, cache salt {cache_salt!r}, stop tokens {list(stop_token_ids)})"
+                "the SGLang target drives no priority, cache salt, stop tokens, EOS or min_tokens "
+                f"(priority {priority}, cache salt {cache_salt!r}, stop tokens {list(stop_token_ids)}, eos {eos}, "
+                f"min_tokens {min_tokens})"
             )
         request = f"r{len(self.lengths)}"
         self.program.append(AddRequest(prompt, max_tokens))
