@@ -12,6 +12,9 @@ from kvfuzz.scheduler.models import MODELS, max_model_len
 POLICIES = ("fcfs", "priority")
 """vLLM's scheduling policies: first come first served, or by each request's priority (smaller first, then arrival)."""
 
+KV_CONNECTORS = ("none", "offloading")
+"""KV connectors the target drives: none, or vLLM's OffloadingConnector (kvfuzz.scheduler.offloading)."""
+
 MODEL_SHAPE = ModelShape(num_layers=2, num_kv_heads=2, num_query_heads=2, head_dim=4)
 """The K/V kvfuzz writes for every scheduled token: small, since only its content is compared, never attended."""
 
@@ -35,6 +38,9 @@ class SchedulerSetup:
     async_scheduling: bool = False  # vLLM's AsyncScheduler, driven with two batches in flight (async_batches.py)
     cache_salts: bool = False  # requests drawn with a cache salt, or none (kvfuzz.scheduler.requests)
     stop_tokens: bool = False  # requests drawn with stop token ids (kvfuzz.scheduler.requests)
+    kv_connector: str = "none"  # "offloading": vLLM's OffloadingConnector, its worker side kvfuzz's (offloading.py)
+    transfer_delay: int = 0  # with a connector: the most steps a store or load completes late
+    load_failures: bool = False  # with a connector: loads may fail part-way (vLLM's recompute recovery)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -52,6 +58,17 @@ class SchedulerSetup:
             raise ValueError(
                 "speculative decoding under async scheduling is not driven (yet): kvfuzz hands the scheduler drafts "
                 "only as the synchronous engine core does (docs/scheduler.md)"
+            )
+        if self.kv_connector not in KV_CONNECTORS:
+            raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)}, got {self.kv_connector!r}")
+        if self.kv_connector == "none" and (self.transfer_delay or self.load_failures):
+            raise ValueError("late transfers and load failures need a KV connector (--kv-connector offloading)")
+        if self.transfer_delay < 0:
+            raise ValueError(f"transfer_delay must be >= 0, got {self.transfer_delay}")
+        if self.kv_connector != "none" and (self.async_scheduling or self.model != "full"):
+            raise ValueError(
+                "the offloading connector is driven only with synchronous scheduling and the full-attention model "
+                "(yet; docs/scheduler.md)"
             )
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
@@ -72,4 +89,7 @@ class SchedulerSetup:
             + (", async scheduling" if self.async_scheduling else "")
             + (", cache salts" if self.cache_salts else "")
             + (", stop tokens" if self.stop_tokens else "")
+            + (f", {self.kv_connector} connector" if self.kv_connector != "none" else "")
+            + (f" (transfers up to {self.transfer_delay} step(s) late)" if self.transfer_delay else "")
+            + (" (loads may fail)" if self.load_failures else "")
         )

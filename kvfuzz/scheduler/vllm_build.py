@@ -16,6 +16,7 @@ import functools
 import importlib.util
 import json
 import logging
+import mmap
 import tempfile
 import types
 from pathlib import Path
@@ -122,6 +123,7 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         scheduler_config=scheduler,
         device_config=v.DeviceConfig(device="cpu"),
         speculative_config=speculative,
+        kv_transfer_config=_kv_transfer_config(setup),
     )
     if setup.model != FULL.name:
         # What a GPU engine core has: the hybrid allocator on (vLLM's CPU platform switches it off), the pool's size
@@ -131,6 +133,26 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         config.cache_config.num_gpu_blocks_override = setup.num_blocks + 1
         config.cache_config.kv_cache_layout = "LBNHC"
     return config
+
+
+def _kv_transfer_config(setup: SchedulerSetup) -> Any:
+    """vLLM's ``OffloadingConnector`` (both roles, as an engine that offloads and reloads its own blocks) over an
+    offload store of as many chunks as the pool has blocks, one block per chunk, failed loads recomputed; or None."""
+    if setup.kv_connector == "none":
+        return None
+    from vllm.config import KVTransferConfig
+
+    kv_bytes_per_block = (
+        2 * MODEL_SHAPE.num_layers * MODEL_SHAPE.num_kv_heads * MODEL_SHAPE.head_dim * 4 * setup.block_size
+    )
+    page = mmap.PAGESIZE  # vLLM's CPU store aligns each chunk to a memory page
+    chunk_bytes = -(-kv_bytes_per_block // page) * page
+    return KVTransferConfig(
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"cpu_bytes_to_use": setup.num_blocks * chunk_bytes},
+    )
 
 
 def _layer_specs(setup: SchedulerSetup) -> dict[str, Any]:
