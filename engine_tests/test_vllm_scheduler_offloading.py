@@ -86,3 +86,24 @@ def test_late_transfers_need_a_connector() -> None:
         SchedulerSetup(transfer_delay=1)
     with pytest.raises(ValueError, match="only with synchronous scheduling"):
         SchedulerSetup(kv_connector="offloading", async_scheduling=True)
+
+
+def test_a_connector_that_forgets_finished_requests_fences_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded vLLM bug: the connector's scheduler side does not fence the blocks of a finished request's stores in
+    flight (``request_finished`` registers no deferred fence), so a store still reading a block the scheduler hands
+    to another request is not flushed before that block is written."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import OffloadingConnectorScheduler
+
+    finished = OffloadingConnectorScheduler.request_finished
+
+    def unfenced(self: Any, request: Any) -> Any:
+        status = self._req_status.get(request.request_id)
+        for job in status.transfer_jobs if status is not None else ():
+            self._jobs[job].deferred_fence_block_ids = None
+        return finished(self, request)
+
+    monkeypatch.setattr(OffloadingConnectorScheduler, "request_finished", unfenced)
+    with pytest.raises(SchedulerViolation) as caught:
+        run_examples(SETUP, 12)
+    assert caught.value.check is Check.TRANSFER, str(caught.value)
+    assert "store job" in str(caught.value)

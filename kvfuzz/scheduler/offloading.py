@@ -27,7 +27,7 @@ copies the block's K/V when it completes, a load writes the chunk's copy into th
 from __future__ import annotations
 
 import zlib
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import attrs
 import torch
@@ -70,6 +70,18 @@ class TransferTally:
     late: int = 0  # transfers reported at least one step after the step that ordered them (every store is)
     flushed: int = 0  # stores the scheduler ordered flushed before a step
 
+    def add(self, other: TransferTally) -> None:
+        """Count ``other``'s transfers too."""
+        for field in attrs.fields(TransferTally):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+    def describe(self) -> str:
+        return (
+            f"the offloading connector stored {self.stores} and loaded {self.loads} block range(s): "
+            f"{self.failed_loads} load(s) failed part-way, {self.late} transfer(s) reported late, "
+            f"{self.flushed} store(s) flushed before a step reused their blocks"
+        )
+
 
 def _draw(*parts: object) -> int:
     """A deterministic draw from ``parts`` (the same in every run and replay)."""
@@ -80,7 +92,9 @@ class NoConnector:
     """No KV connector: nothing is transferred, nothing is reported."""
 
     max_delay = 0
-    tally = TransferTally()
+
+    def __init__(self) -> None:
+        self.tally = TransferTally()  # stays zero
 
     def before_forward(self, output: Any, worker: Any, step: int) -> None:
         """Nothing to submit."""
@@ -158,6 +172,7 @@ class OffloadingWorker:
                         f"store of that chunk has completed",
                         "a load of a chunk never stored",
                     )
+            self._check_load_target(transfer, step)
             self.in_flight[job] = transfer
             if entry.sync:
                 self._complete(transfer, worker.kv)
@@ -241,6 +256,23 @@ class OffloadingWorker:
 
     # -- the checks ----------------------------------------------------------------------------------------------
 
+    def _check_load_target(self, load: Transfer, step: int) -> None:
+        """No block ``load`` writes (from its submission on: transfers are not ordered against each other) is still
+        read by a store in flight."""
+        for store in [*self.in_flight.values(), *self.queued]:
+            if store.load or store.job in self.done:
+                continue
+            for block in sorted(set(load.blocks[: load.filled]) & set(store.blocks)):
+                raise SchedulerViolation(
+                    Check.TRANSFER,
+                    step,
+                    load.request,
+                    f"load job {load.job} (ordered at step {load.ordered}) writes block {block} for request "
+                    f"{load.request}, which store job {store.job} (ordered at step {store.ordered} for request "
+                    f"{store.request}) still reads: the store has not completed and was not flushed",
+                    "a block written while its store is in flight",
+                )
+
     def _check_step(self, output: Any, worker: Any, step: int) -> None:
         """No block the step writes has a store or a load in flight; no block the step reads has a load in
         flight."""
@@ -285,6 +317,6 @@ class OffloadingWorker:
                     )
 
 
-def connector_for(setup: SchedulerSetup) -> Any:
+def connector_for(setup: SchedulerSetup) -> Union[OffloadingWorker, NoConnector]:
     """The worker side of ``setup``'s KV connector: :class:`OffloadingWorker`, or :class:`NoConnector`."""
     return OffloadingWorker(setup) if setup.kv_connector == "offloading" else NoConnector()

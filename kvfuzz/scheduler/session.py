@@ -18,7 +18,7 @@ from kvfuzz.scheduler.accounting import check_accounting
 from kvfuzz.scheduler.async_batches import DEPTH, Batch, BatchQueue, Progress, SynchronousLoop
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.journal import ProgramJournal
-from kvfuzz.scheduler.offloading import connector_for
+from kvfuzz.scheduler.offloading import TransferTally, connector_for
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.requests import salt_namespace
@@ -156,6 +156,10 @@ class Session:
     def released_rewrites(self) -> int:
         """Released blocks rewritten while a step reading them was still in flight (in order), so far."""
         return int(self.loop.rewrites)
+
+    def transfer_counts(self) -> TransferTally:
+        """The KV connector's stores, loads, failed loads, late reports and flushes so far (zero without one)."""
+        return self.connector.tally
 
     def busy(self) -> bool:
         """Whether a step has anything to do: requests in the scheduler, or batches in flight."""

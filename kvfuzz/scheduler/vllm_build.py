@@ -53,6 +53,12 @@ def vllm() -> types.SimpleNamespace:
     logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
     logging.getLogger("vllm.config.vllm").setLevel(logging.ERROR)
     logging.getLogger("vllm.config.scheduler").setLevel(logging.ERROR)
+    # The connector announces itself once per scheduler (every example), and the scheduler warns of every failed
+    # load it recovers from (drawn on purpose with --load-failures).
+    logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.base").setLevel(logging.WARNING)
+    logging.getLogger("vllm.v1.core.sched.scheduler").addFilter(
+        lambda record: not str(record.msg).startswith("Recovered from KV load failure")
+    )
     init_none_hash(sha256)
     return types.SimpleNamespace(
         torch=torch,
