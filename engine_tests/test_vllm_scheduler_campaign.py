@@ -22,7 +22,15 @@ from kvfuzz.campaign.scheduler.target import PROCESS_DIED, vllm_target
 from kvfuzz.cli import main
 from kvfuzz.scheduler.trace import load
 
-LATER_ROWS = {"speculative_tokens": 0, "cache_salts": False, "stop_tokens": False, "model": "full"}
+LATER_ROWS = {
+    "speculative_tokens": 0,
+    "cache_salts": False,
+    "stop_tokens": False,
+    "model": "full",
+    "kv_connector": "none",
+    "transfer_delay": 0,
+    "load_failures": False,
+}
 """Swarm rows added after these tests were written, and the value each is held at here: held without drawing, so
 each seed draws the configurations the tests name (seed 3's first batch async, seed 7's async then synchronous);
 what the rows themselves draw is tested in tests/test_scheduler_campaign.py."""

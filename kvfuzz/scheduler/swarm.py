@@ -54,9 +54,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("speculative_tokens", lambda rng: rng.choice((0, 0, 0, 1, 2, 4))),  # k drafts (not under async)
     Dimension("cache_salts", lambda rng: rng.random() < 0.25),  # requests under cache salts: hits must not cross them
     Dimension("stop_tokens", lambda rng: rng.random() < 0.25),  # requests that stop early (less pool pressure)
-    # vLLM's OffloadingConnector (synchronous scheduling, full attention only) a quarter of the time, late transfers
-    # and failed loads with it
-    Dimension("kv_connector", lambda rng: "offloading" if rng.random() < 0.25 else "none"),
+    # vLLM's OffloadingConnector (synchronous scheduling, full attention only), late transfers and failed loads with
+    # it (refused without it): drawn 8% of the time, so that after the refusals about a fifth of the batches run it
+    Dimension("kv_connector", lambda rng: "offloading" if rng.random() < 0.08 else "none"),
     Dimension("transfer_delay", lambda rng: rng.choice((0, 0, 1, 2, 3))),
     Dimension("load_failures", lambda rng: rng.random() < 0.5),
     Dimension(MODEL_RUNNER, lambda rng: rng.choice(("V1", "V2"))),
