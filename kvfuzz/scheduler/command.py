@@ -79,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         choices=defaults.SCHEDULER_MODELS,
         help="the model served, which decides the KV-cache groups: full (attention), or sliding-window (sliding "
-        "window and full attention layers, two groups in one pool) (default full)",
+        "window and full attention layers, two groups in one pool), or mamba-hybrid (a Mamba layer beside a "
+        "full-attention layer, a Mamba group and an attention group) (default full)",
     )
     group.add_argument(
         "--speculative-tokens",

@@ -48,8 +48,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("max_num_seqs", _biased_small((1, 2, 3, 4, 6, 8, 16))),
     Dimension("prefix_caching", lambda rng: rng.random() < 0.75),
     Dimension("policy", lambda rng: rng.choice(POLICIES)),  # FCFS, or priority (preemption by priority)
-    # a sliding window beside full attention (two KV-cache groups, not under async scheduling) a quarter of the time
-    Dimension("model", lambda rng: "sliding-window" if rng.random() < 0.25 else "full"),
+    # a sliding window beside full attention (two KV-cache groups, not under async scheduling) a quarter of the time;
+    # a Mamba group beside attention a quarter (kept only without async scheduling or drafts)
+    Dimension("model", lambda rng: rng.choices(("full", "sliding-window", "mamba-hybrid"), (2, 1, 1))[0]),
     Dimension("async_scheduling", lambda rng: rng.random() < 0.5),  # two batches in flight, the released-block check
     Dimension("speculative_tokens", lambda rng: rng.choice((0, 0, 0, 1, 2, 4))),  # k drafts (not under async)
     Dimension("cache_salts", lambda rng: rng.random() < 0.25),  # requests under cache salts: hits must not cross them

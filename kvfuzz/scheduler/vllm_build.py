@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
-from kvfuzz.scheduler.models import FULL, MODELS
+from kvfuzz.scheduler.models import FULL, MODELS, MambaHybridModel
 
 
 def vllm_missing() -> bool:
@@ -39,10 +39,16 @@ def vllm() -> types.SimpleNamespace:
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+        SlidingWindowSpec,
+    )
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
@@ -71,6 +77,8 @@ def vllm() -> types.SimpleNamespace:
         SamplingParams=SamplingParams,
         sha256=sha256,
         get_request_block_hasher=get_request_block_hasher,
+        resolve_kv_cache_block_sizes=resolve_kv_cache_block_sizes,
+        MambaSpec=MambaSpec,
         Scheduler=Scheduler,
         AsyncScheduler=AsyncScheduler,
         FullAttentionSpec=FullAttentionSpec,
@@ -108,6 +116,9 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         model=str(directory), skip_tokenizer_init=True, max_model_len=setup.max_model_len, dtype="float32"
     )
     cache = v.CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.prefix_caching)
+    if isinstance(MODELS[setup.model], MambaHybridModel):
+        # vLLM's Mamba prefix caching is its "align" mode (a state per block); without it, one state per request
+        cache.mamba_cache_mode = "align" if setup.prefix_caching else "none"
     cache.num_gpu_blocks = setup.num_blocks + 1
     scheduler = v.SchedulerConfig(
         max_num_batched_tokens=setup.max_num_batched_tokens,
@@ -162,21 +173,48 @@ def _kv_transfer_config(setup: SchedulerSetup) -> Any:
 
 
 def _layer_specs(setup: SchedulerSetup) -> dict[str, Any]:
-    """The KV-cache spec of each attention layer of the model, as vLLM's attention layers report them to the model
-    runner: full attention, or a sliding window of the model's window, of the target's K/V shape."""
+    """The KV-cache spec of each layer of the model, as vLLM's layers report them to the model runner: full
+    attention, or a sliding window of the model's window, of the target's K/V shape; for a Mamba hybrid, its Mamba
+    layers' ``MambaSpec`` first (:func:`_mamba_specs`)."""
     v = vllm()
+    model = MODELS[setup.model]
     shape = {
         "block_size": setup.block_size,
         "num_kv_heads": MODEL_SHAPE.num_kv_heads,
         "head_size": MODEL_SHAPE.head_dim,
         "dtype": v.torch.float32,
     }
-    window = MODELS[setup.model].sliding_window(setup.block_size)
+    window = model.sliding_window(setup.block_size)
+    first = model.mamba_layers if isinstance(model, MambaHybridModel) else 0
     specs = {}
-    for index, blocks in enumerate(MODELS[setup.model].window_blocks):
+    for index, blocks in enumerate(model.window_blocks, start=first):
         spec = v.FullAttentionSpec(**shape) if blocks is None else v.SlidingWindowSpec(**shape, sliding_window=window)
         specs[f"model.layers.{index}.self_attn.attn"] = spec
+    if isinstance(model, MambaHybridModel):
+        page = max(spec.page_size_bytes for spec in specs.values())
+        return _mamba_specs(setup, model, page) | specs
     return specs
+
+
+def _mamba_specs(setup: SchedulerSetup, model: MambaHybridModel, page: int) -> dict[str, Any]:
+    """The ``MambaSpec`` of each Mamba layer, as vLLM's Mamba layer reports it: the state shapes and dtypes of the
+    model class (``JambaForCausalLM``), a block of ``cache_config.mamba_block_size`` tokens (the model length:
+    ``mamba_cache_mode="none"`` keeps one state per request), its page padded to the attention page ``page``, as
+    vLLM's hybrid configuration pads it."""
+    from vllm.model_executor.models.jamba import JambaForCausalLM  # the Mamba model's state shapes, on first use
+
+    v = vllm()
+    config = vllm_config(setup)
+    spec = v.MambaSpec(
+        block_size=config.cache_config.mamba_block_size,
+        shapes=JambaForCausalLM.get_mamba_state_shape_from_config(config),
+        dtypes=JambaForCausalLM.get_mamba_state_dtype_from_config(config),
+        page_size_padded=page,
+        mamba_cache_mode=config.cache_config.mamba_cache_mode,
+    )
+    if spec.page_size_bytes != page:
+        raise ValueError(f"a Mamba state of {spec.page_size_bytes} bytes does not fit the attention page of {page}")
+    return {f"model.layers.{index}.mamba": spec for index in range(model.mamba_layers)}
 
 
 @functools.lru_cache(maxsize=8)
@@ -206,11 +244,16 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
     v = vllm()
     config = vllm_config(setup)
     scheduler = v.AsyncScheduler if setup.async_scheduling else v.Scheduler
+    kv_config = kv_cache_config(setup)
+    # the engine core's block sizes: the pool's for attention groups alone; with a Mamba group the LCM of every
+    # group's block size (its Mamba block spans the model length)
+    block_size, hash_block_size = v.resolve_kv_cache_block_sizes(kv_config, config)
     return scheduler(
         vllm_config=config,
-        kv_cache_config=kv_cache_config(setup),
+        kv_cache_config=kv_config,
         structured_output_manager=v.StructuredOutputManager(config),
-        block_size=setup.block_size,
+        block_size=block_size,
+        hash_block_size=hash_block_size,
         log_stats=False,
     )
 

@@ -39,8 +39,9 @@ from kvfuzz.scheduler.attention import Attending, AttentionCheck, NoAttention
 from kvfuzz.scheduler.batch import check_batch, check_table_covers
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
-from kvfuzz.scheduler.groups import group_namespace, group_rules
+from kvfuzz.scheduler.groups import group_namespace, group_rules, mamba_groups
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
+from kvfuzz.scheduler.mamba_states import mamba_states
 from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import kv_cache_config, vllm_config
@@ -81,7 +82,10 @@ class Worker:
         attention: Optional[AttentionCheck] = None,
     ) -> None:
         self.block_size = setup.block_size  # slots per block
-        self.groups = group_rules(kv_cache_config(setup))  # the KV-cache groups, in vLLM's order
+        self.groups = group_rules(kv_cache_config(setup))  # the attention groups, in vLLM's order
+        self.rules = {rule.index: rule for rule in self.groups}  # attention group index -> its rule
+        self.mamba = mamba_states(*mamba_groups(kv_cache_config(setup)))  # the Mamba groups' state blocks
+        self.num_groups = len(self.groups) + len(self.mamba.groups)
         # one pool for every group (vLLM's hybrid allocator gives them one block pool); vLLM's null block 0 too
         self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)
         self.runner_v2 = bool(vllm_config(setup).use_v2_model_runner)  # which model runner's protocol is spoken
@@ -173,22 +177,29 @@ class Worker:
         for request, state in self.requests.items():
             if state.preempted:
                 continue
-            for rule, table in zip(self.groups, state.tables):
+            for rule in self.groups:
+                table = state.tables[rule.index]
                 kept = rule.first_kept_entry(state.computed, self.block_size)
                 held.setdefault(request, []).extend(block for block in table[kept:] if block != 0)
                 maybe.setdefault(request, []).extend(block for block in table[:kept] if block != 0)
+            for group in self.mamba.groups:  # the running state's block and those after it are held
+                must, may = self.mamba.held_entries(state.tables[group], state.computed)
+                held.setdefault(request, []).extend(must)
+                maybe.setdefault(request, []).extend(may)
         return held, maybe
 
     def _in(self, group: int) -> str:
         """`` in group N (its kind)`` where the model has several groups, for messages; nothing otherwise."""
-        return "" if len(self.groups) == 1 else f" in {self.groups[group].describe()}"
+        return "" if self.num_groups == 1 else f" in {self.rules[group].describe()}"
 
     # -- the step ----------------------------------------------------------------------------------------------
 
-    def slots(self, request: str, positions: range, step: int, group: int = 0) -> list[int]:
-        """The slots the K/V of a request's tokens at ``positions`` are written to in ``group``: the slot mapping
-        the model runner computes from that group's table."""
-        return [self._slot(request, position, step, group) for position in positions]
+    def slots(self, request: str, positions: range, step: int, group: Optional[int] = None) -> list[int]:
+        """The slots the K/V of a request's tokens at ``positions`` are written to in ``group`` (by default the
+        first attention group, the one the write path maps): the slot mapping the model runner computes from that
+        group's table."""
+        index = self.groups[0].index if group is None else group
+        return [self._slot(request, position, step, index) for position in positions]
 
     def sampled(self, request: str, position: int) -> list[int]:
         """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample."""
@@ -211,7 +222,8 @@ class Worker:
         token)."""
         scheduled = output.num_scheduled_tokens
         for request, count in scheduled.items():
-            for table in self.requests[request].tables:
+            for rule in self.groups:
+                table = self.requests[request].tables[rule.index]
                 check_table_covers(request, table, self.computed[request], count, self.block_size, step)
         taken = self._relied_on(step)
         batch = [
@@ -232,14 +244,17 @@ class Worker:
             )
             for request, positions in batch
         ]
+        held = self.holdings()[0] if self.mamba.groups else {}  # the blocks live requests still need, for Mamba
         order: list[str] = []
         sampled: list[list[int]] = []
         lengths: dict[str, int] = {}  # request that sampled -> its sequence's length after the step
         for request, count in scheduled.items():
             state = self.requests[request]
             end = self.computed[request] + count
-            for group in range(len(self.groups)):
-                self._check_content(request, end, step, group)
+            for rule in self.groups:
+                self._check_content(request, end, step, rule.index)
+            span = range(self.computed[request], end)
+            self.mamba.step(request, state.tables, self._tokens(request), span, state.namespace, step, held)
             known = len(state.tokens)
             order.append(request)
             if end < known:  # a prefill chunk that stops short samples nothing
@@ -282,7 +297,7 @@ class Worker:
                 step,
                 request,
                 f"position {position} maps to vLLM's null block 0{self._in(group)} (table {table})"
-                + ("" if self.groups[group].window is None else ", but the request still attends it"),
+                + ("" if self.rules[group].window is None else ", but the request still attends it"),
             )
         return table[entry] * self.block_size + position % self.block_size
 
@@ -350,8 +365,9 @@ class Worker:
         self._check_mapping(request, positions, slots, step)
         state = self.requests[request]
         known = len(state.tokens)  # positions from here on hold drafts
-        for group in range(len(self.groups)):
-            group_slots = slots if group == 0 else self.slots(request, positions, step, group)
+        for rule in self.groups:
+            group = rule.index
+            group_slots = slots if group == self.groups[0].index else self.slots(request, positions, step, group)
             namespace = self._namespace(request, group)
             self.kv.write(request, self._tokens(request), positions, group_slots, step, taken, namespace, known)
 
@@ -359,6 +375,6 @@ class Worker:
         """Every position before ``end`` that the step's tokens attend to in ``group`` (all of them for full
         attention; those within the window of the first scheduled token on, for a sliding window) holds the K/V of
         the request's own prefix up to it (drafts included)."""
-        start = self.groups[group].first_needed(self.computed[request])
+        start = self.rules[group].first_needed(self.computed[request])
         slots = [self._slot(request, position, step, group) for position in range(start, end)]
         self.kv.check(request, self._tokens(request)[:end], slots, step, self._namespace(request, group), start)
