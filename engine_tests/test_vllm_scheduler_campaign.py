@@ -29,6 +29,9 @@ LATER_ROWS = {
     "eos": False,
     "min_tokens": False,
     "model": "full",
+    "kv_connector": "none",
+    "transfer_delay": 0,
+    "load_failures": False,
 }
 """Swarm rows added after these tests were written, and the value each is held at here: held without drawing, so
 each seed draws the configurations the tests name (seed 3's first batch async, seed 7's async then synchronous);

@@ -75,6 +75,8 @@ class FakeTarget:
     def validate(self, setup: SchedulerSetup, runner: str) -> None:
         if setup.max_num_batched_tokens < setup.max_num_seqs:  # as vLLM refuses it
             raise ValueError("max_num_batched_tokens must be greater than or equal to max_num_seqs")
+        if setup.max_model_len < 5:  # FOUND's longest request (a real search draws requests that fit the pool)
+            raise ValueError("the fake search's example does not fit this pool")
 
     def search(
         self,

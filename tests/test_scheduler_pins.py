@@ -54,7 +54,8 @@ def test_pins_parse_against_the_rows_domains() -> None:
             ["async=true"],
             "--pin async=true: no swarm row 'async'; the rows: num_blocks, block_size, max_num_batched_tokens, "
             "max_num_seqs, prefix_caching, policy, model, async_scheduling, speculative_tokens, cache_salts, "
-            "stop_tokens, eos, min_tokens, model_runner (kvfuzz/scheduler/swarm.py)",
+            "stop_tokens, eos, min_tokens, kv_connector, transfer_delay, load_failures, model_runner "
+            "(kvfuzz/scheduler/swarm.py)",
         ),
         (["speculative_tokens=3"], "--pin speculative_tokens=3: speculative_tokens takes one of 0, 1, 2, 4"),
         (["async_scheduling=yes"], "--pin async_scheduling=yes: async_scheduling takes one of false, true"),
@@ -111,7 +112,7 @@ def test_a_pinned_draw_holds_the_row_and_draws_the_others() -> None:
     # a pinned row's draw is still made: where neither draw was refused, the other rows draw what they would unpinned
     pairs = [
         (swarm.draw(random.Random(seed), accept, pins=pins), swarm.draw(random.Random(seed), accept))
-        for seed in range(50)
+        for seed in range(150)
     ]
     same = [(pinned, free) for pinned, free in pairs if pinned.refused == free.refused == 0]
     assert len(same) > 10
@@ -171,3 +172,13 @@ def test_pins_no_valid_configuration_goes_with_are_refused_before_any_batch(
     assert line.startswith("kvfuzz: --pin max_num_batched_tokens=1, max_num_seqs=2: no configuration with these pins")
     assert "1000 configurations drawn, every one refused (the last: " in line
     assert not (tmp_path / "c").exists()
+
+
+def test_a_row_that_needs_another_is_set_only_where_that_row_drew_its_value() -> None:
+    """Late transfers and failed loads mean something only with a KV connector: drawn without one, they would be
+    refused (and redrawn) for nothing."""
+    draws = [swarm.draw(random.Random(seed), accept) for seed in range(400)]
+    without = [d.setup for d in draws if d.setup.kv_connector == "none"]
+    with_ = [d.setup for d in draws if d.setup.kv_connector == "offloading"]
+    assert without and all(s.transfer_delay == 0 and not s.load_failures for s in without)
+    assert {s.transfer_delay for s in with_} == {0, 1, 2, 3} and {s.load_failures for s in with_} == {False, True}

@@ -451,3 +451,20 @@ def test_the_unshrunk_trace_gives_way_only_to_a_shrunk_trace_of_the_same_failure
     assert saved is not None and saved.path.exists() and load(saved.path).failure == RecordedFailure.of(reported)
     assert first.path.exists() is not same_failure
     assert len(list(tmp_path.glob("*.json"))) == (1 if same_failure else 2)
+
+
+def test_the_kv_connector_is_recorded_only_where_set_and_refused_where_unknown() -> None:
+    """A trace without a connector keeps its digest; one with the offloading connector, late transfers and load
+    failures round-trips them (a replay needs them: they decide what the worker does); a bad value is refused."""
+    assert not {"kv_connector", "transfer_delay", "load_failures"} & TRACE.to_json()["config"].keys()
+    setup = attrs.evolve(TRACE.setup, kv_connector="offloading", transfer_delay=2, load_failures=True)
+    data = attrs.evolve(TRACE, setup=setup).to_json()
+    assert (data["config"]["kv_connector"], data["config"]["transfer_delay"], data["config"]["load_failures"]) == (
+        "offloading",
+        2,
+        True,
+    )
+    assert from_json(data).setup == setup and from_json(data).digest() != TRACE.digest()
+    data["config"]["kv_connector"] = "nixl"
+    with pytest.raises(SchedulerTraceError, match=r"^trace: config.kv_connector: "):
+        from_json(data)

@@ -51,6 +51,9 @@ SCHEDULER_ONLY = (
     "stop_tokens",
     "eos",
     "min_tokens",
+    "kv_connector",
+    "transfer_delay",
+    "load_failures",
 )
 """The attributes of the options only a scheduler target takes."""
 
@@ -107,6 +110,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vLLM's AsyncScheduler, two batches in flight as its engine core runs them",
     )
     group.add_argument(
+        "--kv-connector",
+        choices=("none", "offloading"),
+        help="vLLM's OffloadingConnector, kvfuzz as its worker side (default none; docs/scheduler.md#kv-connectors)",
+    )
+    group.add_argument(
+        "--transfer-delay",
+        type=int,
+        help="with --kv-connector: the most steps a store or load completes late (default 0)",
+    )
+    group.add_argument(
+        "--load-failures",
+        action="store_true",
+        default=None,
+        help="with --kv-connector: loads may fail part-way, recovered by vLLM's recompute policy",
+    )
+    group.add_argument(
         "--cache-salts",
         action="store_true",
         default=None,
@@ -156,6 +175,9 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "stop_tokens",
             "eos",
             "min_tokens",
+            "kv_connector",
+            "transfer_delay",
+            "load_failures",
         ):
             if getattr(args, name) is not None:
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/scheduler.md#sglang)"
@@ -205,6 +227,9 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "stop_tokens": True if args.stop_tokens else None,
         "eos": True if args.eos else None,
         "min_tokens": True if args.min_tokens else None,
+        "kv_connector": args.kv_connector,
+        "transfer_delay": args.transfer_delay,
+        "load_failures": True if args.load_failures else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

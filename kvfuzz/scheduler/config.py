@@ -12,6 +12,9 @@ from kvfuzz.scheduler.models import MODELS, max_model_len
 POLICIES = ("fcfs", "priority")
 """vLLM's scheduling policies: first come first served, or by each request's priority (smaller first, then arrival)."""
 
+KV_CONNECTORS = ("none", "offloading")
+"""KV connectors the target drives: none, or vLLM's OffloadingConnector (kvfuzz.scheduler.offloading)."""
+
 MODEL_SHAPE = ModelShape(num_layers=2, num_kv_heads=2, num_query_heads=2, head_dim=4)
 """The K/V kvfuzz writes for every scheduled token: small, since only its content is compared, never attended."""
 
@@ -37,6 +40,9 @@ class SchedulerSetup:
     stop_tokens: bool = False  # requests drawn with stop token ids (kvfuzz.scheduler.requests)
     eos: bool = False  # requests drawn ending at the model's EOS token, or ignoring it (kvfuzz.scheduler.ending)
     min_tokens: bool = False  # requests drawn with min_tokens: no stop token or EOS sampled before (ending.py)
+    kv_connector: str = "none"  # "offloading": vLLM's OffloadingConnector, its worker side kvfuzz's (offloading.py)
+    transfer_delay: int = 0  # with a connector: the most steps a store or load completes late
+    load_failures: bool = False  # with a connector: loads may fail part-way (vLLM's recompute recovery)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -62,6 +68,17 @@ class SchedulerSetup:
                 "min_tokens under speculative decoding is not driven (yet): kvfuzz's sampler does not mask the drafts "
                 "it verifies (docs/scheduler.md)"
             )
+        if self.kv_connector not in KV_CONNECTORS:
+            raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)}, got {self.kv_connector!r}")
+        if self.kv_connector == "none" and (self.transfer_delay or self.load_failures):
+            raise ValueError("late transfers and load failures need a KV connector (--kv-connector offloading)")
+        if self.transfer_delay < 0:
+            raise ValueError(f"transfer_delay must be >= 0, got {self.transfer_delay}")
+        if self.kv_connector != "none" and (self.async_scheduling or self.model != "full"):
+            raise ValueError(
+                "the offloading connector is driven only with synchronous scheduling and the full-attention model "
+                "(yet; docs/scheduler.md)"
+            )
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
 
@@ -83,4 +100,7 @@ class SchedulerSetup:
             + (", stop tokens" if self.stop_tokens else "")
             + (", EOS" if self.eos else "")
             + (", min_tokens" if self.min_tokens else "")
+            + (f", {self.kv_connector} connector" if self.kv_connector != "none" else "")
+            + (f" (transfers up to {self.transfer_delay} step(s) late)" if self.transfer_delay else "")
+            + (" (loads may fail)" if self.load_failures else "")
         )

@@ -14,6 +14,7 @@ from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.journal import ProgramJournal
+from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.priority import priority_arguments
 from kvfuzz.scheduler.requests import request_arguments
 from kvfuzz.scheduler.session import Session, WorkerFactory
@@ -40,6 +41,7 @@ class Tally:
     drafts: int = 0  # speculative drafts scheduled (the scheduler's placeholders included)
     accepted_drafts: int = 0  # of them, accepted by the fake model
     rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
+    transfers: TransferTally = attrs.Factory(TransferTally)  # the KV connector's transfers
 
 
 def prefix_lengths(setup: SchedulerSetup) -> tuple[int, ...]:
@@ -140,6 +142,7 @@ def machine_for_setup(
                     tally.drafts += scheduled
                     tally.accepted_drafts += accepted
                     tally.rewrites += self.session.released_rewrites()
+                    tally.transfers.add(self.session.transfer_counts())
 
     SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = name
     return SchedulerMachine

@@ -17,6 +17,7 @@ from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Tally, Witness, machine_for_setup
+from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.session import WorkerFactory
 from kvfuzz.scheduler.violations import SchedulerViolation
 from kvfuzz.scheduler.worker import Worker
@@ -39,6 +40,7 @@ class Outcome:
     drafts: int = 0  # speculative drafts scheduled over all examples
     accepted_drafts: int = 0  # of them, accepted
     rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
+    transfers: TransferTally = attrs.Factory(TransferTally)  # the KV connector's transfers (all zero without one)
 
     @property
     def steps_per_second(self) -> float:
@@ -62,6 +64,8 @@ class Outcome:
                 f"{plural(self.rewrites, 'released block')} written while a step that read it was in flight "
                 "(after it, on the stream)"
             )
+        if self.setup.kv_connector != "none":
+            lines.append(self.transfers.describe())
         if self.failure is not None:
             lines += ["", self.explanation(), "", self.program]
         return lines
@@ -87,6 +91,7 @@ class Outcome:
             "drafts": self.drafts,
             "accepted_drafts": self.accepted_drafts,
             "released_rewrites": self.rewrites,
+            "transfers": attrs.asdict(self.transfers),
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps_per_second, 1),
             "check": self.check(),
@@ -142,4 +147,5 @@ def search(
         tally.drafts,
         tally.accepted_drafts,
         tally.rewrites,
+        tally.transfers,
     )

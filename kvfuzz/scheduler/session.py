@@ -19,6 +19,7 @@ from kvfuzz.scheduler.async_batches import DEPTH, Batch, BatchQueue, Progress, S
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.journal import ProgramJournal
+from kvfuzz.scheduler.offloading import TransferTally, connector_for
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.requests import salt_namespace
@@ -71,6 +72,7 @@ class Session:
         self.hit_tokens = 0  # tokens new and resumed requests found computed (prefix-cache hits)
         self.program: list[Operation] = []  # the client's operations so far, each recorded before it runs
         self.loop: EngineLoop = BatchQueue() if setup.async_scheduling else SynchronousLoop()  # the engine core
+        self.connector = connector_for(setup)  # the KV connector's worker side (transfers, offload store)
         if journal is not None:
             journal.start(setup, "V2" if self.worker.runner_v2 else "V1")
 
@@ -161,9 +163,13 @@ class Session:
         """Released blocks rewritten while a step reading them was still in flight (in order), so far."""
         return int(self.loop.rewrites)
 
+    def transfer_counts(self) -> TransferTally:
+        """The KV connector's stores, loads, failed loads, late reports and flushes so far (zero without one)."""
+        return self.connector.tally
+
     def busy(self) -> bool:
         """Whether a step has anything to do: requests in the scheduler, or batches in flight."""
-        return self.has_requests() or bool(self.loop.in_flight())
+        return self.has_requests() or bool(self.loop.in_flight()) or self.connector.pending()
 
     def launch(self) -> Batch:
         """Schedule a step and run it on the worker (the model runner's ``execute_model``); its output is returned
@@ -181,11 +187,13 @@ class Session:
         self.worker.consume(output, self.steps)
         self._check_accounting()
         self.loop.before_execute(output, self.worker, self.steps)
+        self.connector.before_forward(output, self.worker, self.steps)
         order, sampled = self.worker.execute(output, self.steps)
         result = vllm().ModelRunnerOutput(
             req_ids=order,
             req_id_to_index={request: index for index, request in enumerate(order)},
             sampled_token_ids=sampled,
+            kv_connector_output=self.connector.after_forward(output, self.worker, self.steps),
         )
         return Batch(self.steps, output, result, int(output.total_num_scheduled_tokens))
 
@@ -206,9 +214,13 @@ class Session:
         for _ in range(bound):
             if not self.outputs.unfinished() and not self.loop.in_flight():
                 break
+            transfers = self.connector.pending() or self.connector.transfers()
             if not self._step():
                 stuck = self.outputs.unfinished()
-                if not stuck:  # only empty batches were in flight
+                # a step that only completes transfers, or orders a load, is progress too
+                if (
+                    not stuck or transfers or self.connector.pending() or self.connector.transfers() != transfers
+                ):  # only empty batches, or transfers, were in flight
                     continue
                 raise SchedulerViolation(
                     Check.PROGRESS,
@@ -227,7 +239,7 @@ class Session:
                 f"{self._describe(unfinished)}",
                 "the drain ran past its bound",
             )
-        for _ in range(DEPTH + 1):
+        for _ in range(DEPTH + 2 + self.connector.max_delay):
             if not self.busy():
                 # quiescent: the worker was told of every finish, so it holds no table and every block is free
                 self._check_accounting()
@@ -243,13 +255,21 @@ class Session:
             Check.PROGRESS,
             self.steps,
             None,
-            f"every request finished, but {DEPTH + 1} steps later {left}",
+            f"every request finished, but {DEPTH + 2 + self.connector.max_delay} steps later {left}",
             "work left after every request finished",
         )
 
     def _check_accounting(self) -> None:
         """The accounting check against the blocks the worker's live tables hold, in every KV-cache group."""
         held, maybe = self.worker.holdings()
+        waiting = {request.request_id for request in getattr(self.scheduler, "kv_holding_waiting", ())}
+        for request in sorted(waiting | self.connector.loading()):
+            # a request waiting with blocks (its load in flight, or finished and not scheduled since; an aborted one
+            # keeps them until its load finished): the worker learns its table when it is scheduled, so it is held
+            # to the manager's own
+            if request in self.scheduler.requests and request not in held:
+                (blocks,) = self.scheduler.kv_cache_manager.get_block_ids(request)
+                held[request] = [block for block in blocks if block != 0]
         check_accounting(self.scheduler, held, self.steps, maybe)
 
     def _describe(self, requests: list[str]) -> str:

@@ -59,7 +59,7 @@ import attrs
 
 import kvfuzz
 from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
-from kvfuzz.scheduler.config import POLICIES, SchedulerSetup
+from kvfuzz.scheduler.config import KV_CONNECTORS, POLICIES, SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.models import MODELS
@@ -85,6 +85,8 @@ LIMITS = {
 """The largest configuration values and program a trace may hold."""
 MAX_SPECULATIVE_TOKENS = 1 << 6
 """The most drafts per step a trace's configuration may ask for."""
+MAX_TRANSFER_DELAY = 1 << 6
+"""The most steps late a trace's configuration may let a KV connector's transfer complete."""
 MAX_TEXT = 1 << 16
 MAX_PRIORITY = 1 << 20
 """The largest priority (in absolute value) an add may carry."""
@@ -187,6 +189,9 @@ class SchedulerTrace:
             **({"stop_tokens": True} if self.setup.stop_tokens else {}),
             **({"eos": True} if self.setup.eos else {}),
             **({"min_tokens": True} if self.setup.min_tokens else {}),
+            **({"kv_connector": self.setup.kv_connector} if self.setup.kv_connector != "none" else {}),
+            **({"transfer_delay": self.setup.transfer_delay} if self.setup.transfer_delay else {}),
+            **({"load_failures": True} if self.setup.load_failures else {}),
         }
 
     def digest(self) -> str:
@@ -379,14 +384,23 @@ def _config(value: Any) -> SchedulerSetup:
         "stop_tokens": False,
         "eos": False,
         "min_tokens": False,
+        "kv_connector": False,
+        "transfer_delay": False,
+        "load_failures": False,
     }
     config = _fields(value, "config", {**required, **optional})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
     policy = _choice("config.policy", config.get("policy", "fcfs"), POLICIES)
     speculative = _integer("config.speculative_tokens", config.get("speculative_tokens", 0), 0, MAX_SPECULATIVE_TOKENS)
     model = _choice("config.model", config.get("model", "full"), tuple(MODELS))
+    connector = _choice("config.kv_connector", config.get("kv_connector", "none"), KV_CONNECTORS)
+    delay = _integer("config.transfer_delay", config.get("transfer_delay", 0), 0, MAX_TRANSFER_DELAY)
     try:
         return SchedulerSetup(
+            num_blocks=numbers["num_blocks"],
+            block_size=numbers["block_size"],
+            max_num_batched_tokens=numbers["max_num_batched_tokens"],
+            max_num_seqs=numbers["max_num_seqs"],
             prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]),
             policy=policy,
             model=model,
@@ -396,7 +410,9 @@ def _config(value: Any) -> SchedulerSetup:
             stop_tokens=_boolean("config.stop_tokens", config.get("stop_tokens", False)),
             eos=_boolean("config.eos", config.get("eos", False)),
             min_tokens=_boolean("config.min_tokens", config.get("min_tokens", False)),
-            **numbers,
+            kv_connector=connector,
+            transfer_delay=delay,
+            load_failures=_boolean("config.load_failures", config.get("load_failures", False)),
         )
     except ValueError as error:
         raise _Invalid("config", str(error)) from None

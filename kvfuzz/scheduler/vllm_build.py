@@ -16,6 +16,7 @@ import functools
 import importlib.util
 import json
 import logging
+import mmap
 import tempfile
 import types
 from pathlib import Path
@@ -60,6 +61,12 @@ def vllm() -> types.SimpleNamespace:
     logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
     logging.getLogger("vllm.config.vllm").setLevel(logging.ERROR)
     logging.getLogger("vllm.config.scheduler").setLevel(logging.ERROR)
+    # The connector announces itself once per scheduler (every example), and the scheduler warns of every failed
+    # load it recovers from (drawn on purpose with --load-failures).
+    logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.base").setLevel(logging.WARNING)
+    logging.getLogger("vllm.v1.core.sched.scheduler").addFilter(
+        lambda record: not str(record.msg).startswith("Recovered from KV load failure")
+    )
     init_none_hash(sha256)
     return types.SimpleNamespace(
         torch=torch,
@@ -135,6 +142,7 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         scheduler_config=scheduler,
         device_config=v.DeviceConfig(device="cpu"),
         speculative_config=speculative,
+        kv_transfer_config=_kv_transfer_config(setup),
     )
     if setup.model != FULL.name:
         # What a GPU engine core has: the hybrid allocator on (vLLM's CPU platform switches it off), the pool's size
@@ -144,6 +152,26 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         config.cache_config.num_gpu_blocks_override = setup.num_blocks + 1
         config.cache_config.kv_cache_layout = "LBNHC"
     return config
+
+
+def _kv_transfer_config(setup: SchedulerSetup) -> Any:
+    """vLLM's ``OffloadingConnector`` (both roles, as an engine that offloads and reloads its own blocks) over an
+    offload store of as many chunks as the pool has blocks, one block per chunk, failed loads recomputed; or None."""
+    if setup.kv_connector == "none":
+        return None
+    from vllm.config import KVTransferConfig
+
+    kv_bytes_per_block = (
+        2 * MODEL_SHAPE.num_layers * MODEL_SHAPE.num_kv_heads * MODEL_SHAPE.head_dim * 4 * setup.block_size
+    )
+    page = mmap.PAGESIZE  # vLLM's CPU store aligns each chunk to a memory page
+    chunk_bytes = -(-kv_bytes_per_block // page) * page
+    return KVTransferConfig(
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"cpu_bytes_to_use": setup.num_blocks * chunk_bytes},
+    )
 
 
 def _layer_specs(setup: SchedulerSetup) -> dict[str, Any]:

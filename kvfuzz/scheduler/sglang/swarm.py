@@ -2,7 +2,7 @@
 where SGLang's target takes the same option, and its own where it differs: pages of at least 2 tokens (SGLang
 serves page size 1 with another allocator), and one value for what the SGLang target does not drive (FCFS, the
 full-attention model, no async scheduling, no drafts, no cache salts, no stop tokens, no EOS, no min_tokens, no
-model runner)."""
+KV connector, no model runner)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("stop_tokens", (False,), _uniform),
     Dimension("eos", (False,), _uniform),
     Dimension("min_tokens", (False,), _uniform),
+    Dimension("kv_connector", ("none",), _uniform),
+    Dimension("transfer_delay", (0,), _uniform),
+    Dimension("load_failures", (False,), _uniform),
     Dimension(MODEL_RUNNER, ("",), _uniform),
 )
 """SGLang's configuration, one row per dimension (every row of vLLM's table, by name)."""
