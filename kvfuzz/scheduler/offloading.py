@@ -92,6 +92,7 @@ class NoConnector:
     """No KV connector: nothing is transferred, nothing is reported."""
 
     max_delay = 0
+    drain_steps = 0  # steps the drain adds for transfers to finish: none
 
     def __init__(self) -> None:
         self.tally = TransferTally()  # stays zero
@@ -128,6 +129,12 @@ class OffloadingWorker:
         self.queued: list[Transfer] = []  # stores ordered by the previous step, submitted at the next one's start
         self.done: set[int] = set()  # jobs in flight whose copy is already performed (flushed stores, sync loads)
         self.tally = TransferTally()
+
+    @property
+    def drain_steps(self) -> int:
+        """Steps the drain adds for transfers to finish once every request did: the step that submits the stores the
+        last one ordered, and the most steps they may report late."""
+        return 1 + self.max_delay
 
     def pending(self) -> bool:
         """Whether a transfer is still to be reported (the engine keeps stepping for it)."""

@@ -239,7 +239,7 @@ class Session:
                 f"{self._describe(unfinished)}",
                 "the drain ran past its bound",
             )
-        for _ in range(DEPTH + 2 + self.connector.max_delay):
+        for _ in range(DEPTH + 1 + self.connector.drain_steps):
             if not self.busy():
                 # quiescent: the worker was told of every finish, so it holds no table and every block is free
                 self._check_accounting()
@@ -255,7 +255,7 @@ class Session:
             Check.PROGRESS,
             self.steps,
             None,
-            f"every request finished, but {DEPTH + 2 + self.connector.max_delay} steps later {left}",
+            f"every request finished, but {DEPTH + 1 + self.connector.drain_steps} steps later {left}",
             "work left after every request finished",
         )
 
