@@ -44,8 +44,6 @@ class SchedulerSetup:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        if self.model != "full" and self.async_scheduling:
-            raise ValueError(f"model {self.model} is not driven under async scheduling (yet; docs/scheduler.md)")
         if self.speculative_tokens < 0:
             raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
         if self.speculative_tokens and self.async_scheduling:

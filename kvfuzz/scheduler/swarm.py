@@ -48,7 +48,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("max_num_seqs", _biased_small((1, 2, 3, 4, 6, 8, 16))),
     Dimension("prefix_caching", lambda rng: rng.random() < 0.75),
     Dimension("policy", lambda rng: rng.choice(POLICIES)),  # FCFS, or priority (preemption by priority)
-    # a sliding window beside full attention (two KV-cache groups, not under async scheduling) a quarter of the time
+    # a sliding window beside full attention (two KV-cache groups) a quarter of the time
     Dimension("model", lambda rng: "sliding-window" if rng.random() < 0.25 else "full"),
     Dimension("async_scheduling", lambda rng: rng.random() < 0.5),  # two batches in flight, the released-block check
     Dimension("speculative_tokens", lambda rng: rng.choice((0, 0, 0, 1, 2, 4))),  # k drafts (not under async)
