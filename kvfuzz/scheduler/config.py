@@ -48,8 +48,10 @@ class SchedulerSetup:
             raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
         if self.speculative_tokens and self.async_scheduling:
             raise ValueError(
-                "speculative decoding under async scheduling is not driven (yet): kvfuzz hands the scheduler drafts "
-                "only as the synchronous engine core does (docs/scheduler.md)"
+                "speculative decoding under async scheduling is not driven (yet): vLLM 0.33.0 runs it on the V2 model "
+                "runner only (its V1 runner refuses n-gram drafts under async), where the scheduler gets -1 "
+                "placeholders and the runner verifies its own drafts at positions it corrects on the device; kvfuzz's "
+                "worker does not model that (docs/scheduler.md#speculative-decoding)"
             )
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
