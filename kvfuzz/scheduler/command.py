@@ -149,11 +149,6 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
                 "scripts/third_party_env.sh sglang"
             )
         return None
-    if args.model not in (None, "full") and args.attention not in (None, "off"):
-        return (
-            f"--model {args.model} does not take --attention (yet: the attention check is full causal attention "
-            "through one table, and a sliding-window group attends only its window; docs/scheduler.md)"
-        )
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():

@@ -60,8 +60,7 @@ class RequestState:
 
     @property
     def table(self) -> list[int]:
-        """Group 0's table: the only one of a one-group model (the attention check reads it; it is not driven with
-        several groups)."""
+        """Group 0's table: the only one of a one-group model."""
         return self.tables[0]
 
 
@@ -226,11 +225,14 @@ class Worker:
             Attending(
                 request,
                 tuple(self._tokens(request)),  # with the drafts scheduled this step
-                tuple(self.requests[request].table),
+                tuple(self.requests[request].tables[rule.index]),
                 positions,
-                self.requests[request].namespace,
+                self._namespace(request, rule.index),
+                rule.window,
+                self._in(rule.index),
             )
             for request, positions in batch
+            for rule in self.groups
         ]
         order: list[str] = []
         sampled: list[list[int]] = []
