@@ -120,6 +120,16 @@ def test_content_catches_a_hit_that_nulls_a_block_inside_the_window(monkeypatch:
 HYBRID_ASYNC = SchedulerSetup(num_blocks=8, model="sliding-window", async_scheduling=True)
 
 
+def test_under_async_the_longest_request_leaves_room_for_two_batches_in_flight() -> None:
+    """vLLM's startup check reserves, for a sliding-window group, blocks for the tokens of every batch in flight
+    (``max_in_flight_tokens``: twice the budget under async scheduling), so on 16 blocks the longest request is 28
+    tokens under async (vLLM's own estimate when given 36) against 36 synchronously; the scheduler builds."""
+    setup = SchedulerSetup(num_blocks=16, model="sliding-window", async_scheduling=True)
+    assert (setup.max_in_flight_tokens, setup.max_model_len, HYBRID.max_model_len) == (32, 28, 36)
+    session = Session(setup)
+    assert session.scheduler.vllm_config.max_in_flight_tokens == 32
+
+
 def test_the_unmodified_async_scheduler_passes_with_two_groups_and_reaches_released_rewrites() -> None:
     outcome = search(HYBRID_ASYNC, examples=20, steps=30, shrink=False)
     assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import attrs
 
 from kvfuzz.reference.content import ModelShape
+from kvfuzz.scheduler.async_batches import DEPTH
 from kvfuzz.scheduler.models import MODELS, max_model_len
 
 POLICIES = ("fcfs", "priority")
@@ -60,7 +61,14 @@ class SchedulerSetup:
     def max_model_len(self) -> int:
         """The longest request (prompt and output) the target is given: the whole pool, or for a hybrid model the
         longest whose blocks in every group fit the pool (:func:`~kvfuzz.scheduler.models.max_model_len`)."""
-        return max_model_len(MODELS[self.model], self.num_blocks, self.block_size, self.max_num_batched_tokens)
+        return max_model_len(MODELS[self.model], self.num_blocks, self.block_size, self.max_in_flight_tokens)
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """The most tokens scheduled and not yet returned, vLLM's ``VllmConfig.max_in_flight_tokens``: the token
+        budget of every batch in flight at once (two under async scheduling; a sliding window's admission cap
+        reserves blocks for them)."""
+        return self.max_num_batched_tokens * (DEPTH if self.async_scheduling else 1)
 
     def describe(self) -> str:
         return (
