@@ -52,7 +52,9 @@ class SlotSource(Protocol):
     """What the write paths read of the worker: its KV-cache groups, and (for :class:`OwnSlotMapping`) its own slot
     computation."""
 
-    groups: Sequence[Any]  # the model's KV-cache groups, in vLLM's order
+    @property
+    def groups(self) -> Sequence[Any]:
+        """The model's KV-cache groups, in vLLM's order."""
 
     def slots(self, request: str, positions: range, step: int, group: int = 0) -> list[int]: ...
 
