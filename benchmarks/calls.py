@@ -6,19 +6,22 @@ other jobs on the machine matter less than they do to wall time (they still shar
 prefer the ratios, measured side by side in one run). Each allocator is measured in its own process
 (benchmarks/calls_measure.py, which says what "checks off" still does), one per checkout: ``--baseline PATH``
 measures another checkout of kvfuzz (a worktree of an older commit, say) in the same run, its measurements
-interleaved with this checkout's, and prints the ratio of each figure to the baseline's (the median of the
-repeats' ratios).
+interleaved with this checkout's (ABBA: which checkout goes first alternates between repeats, so that a drift of the
+machine weighs on both alike), and prints the ratio of each figure to the baseline's: the median of the repeats'
+ratios, and their least and greatest (the spread: a ratio is only as sure as it).
 
 The phases: 30 random programs of 50 calls (``kvfuzz.program.random_programs.random_program``); ``kvfuzz run``'s
 Hypothesis phase, 15 examples of up to 50 steps, no shrinking; a campaign worker's search loop (random batches,
-then a Hypothesis round) until its budget of 40 examples is spent. Each figure is the median of ``--repeats``.
+then a Hypothesis round) until its budget of 40 examples is spent. One measurement runs its phase again, with other
+seeds (the same for both checkouts), until it has taken ``--min-cpu`` CPU seconds (default 2): a phase run once is
+a fraction of a second, at the mercy of one moment of the machine. Each figure is the median of ``--repeats``.
 
 ``--profile`` prints instead cProfile's top ten (by cumulative and by own time) over the random programs;
 ``--breakdown`` prints instead, for vLLM v1 and SGLang (where importable), the CPU time per call inside the
 library, inside kvfuzz's adapter and inside kvfuzz itself (benchmarks/calls_measure.py's ``Attribution``).
 
-Usage: python benchmarks/calls.py [--repeats N] [--baseline PATH] [--allocators NAME,NAME] [--profile | --breakdown]
-                                  [--json FILE]
+Usage: python benchmarks/calls.py [--repeats N] [--min-cpu SECONDS] [--baseline PATH] [--allocators NAME,NAME]
+                                  [--profile | --breakdown] [--json FILE]
 (run it with each engine's environment's Python to include that engine: /path/to/venv-vllm/bin/python ...)
 """
 
@@ -110,6 +113,9 @@ class Parser(argparse.ArgumentParser):
 def parse() -> argparse.Namespace:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="measurements per figure; the median is printed")
+    parser.add_argument(
+        "--min-cpu", type=float, default=2.0, help="CPU seconds one measurement runs for at least (default 2)"
+    )
     parser.add_argument("--baseline", type=Path, help="another checkout of kvfuzz, measured in the same run")
     parser.add_argument(
         "--allocators", help=f"of {', '.join(ALLOCATORS)} (default: kvfuzz and the adapters importable here)"
@@ -121,6 +127,8 @@ def parse() -> argparse.Namespace:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, not {args.repeats}")
+    if not args.min_cpu >= 0:
+        parser.error(f"--min-cpu must be a number of seconds, at least 0, not {args.min_cpu}")
     if args.baseline is not None and not (args.baseline / "kvfuzz" / "__init__.py").is_file():
         parser.error(f"--baseline {args.baseline} is not a checkout of kvfuzz (no kvfuzz/__init__.py there)")
     names = args.allocators.split(",") if args.allocators else [name for name in ALLOCATORS if importable(name)]
@@ -160,10 +168,12 @@ def measure(args: argparse.Namespace, checkouts: dict[str, Path], scratch: str) 
                     found.setdefault("breakdown", []).append(process.ask({"breakdown": LIBRARIES[name]}))
             if args.profile or args.breakdown:
                 continue
+            order = list(processes.items()) if repeat % 2 == 0 else list(processes.items())[::-1]
             for phase in PHASES:
                 for checks in (True, False):
-                    for tree, process in processes.items():
-                        answer = process.ask({"phase": phase, "checks": checks, "seed": repeat})
+                    for tree, process in order:
+                        request = {"phase": phase, "checks": checks, "seed": repeat, "min_cpu": args.min_cpu}
+                        answer = process.ask(request)
                         key = f"{phase} {'on' if checks else 'off'}"
                         figures[name][tree].setdefault(key, []).append(answer["calls"] / answer["cpu"])
         for process in processes.values():
@@ -171,15 +181,17 @@ def measure(args: argparse.Namespace, checkouts: dict[str, Path], scratch: str) 
     return figures
 
 
-def median_ratio(mine: list[float], theirs: list[float]) -> float:
-    return statistics.median(a / b for a, b in zip(mine, theirs))
+def ratios(mine: list[float], theirs: list[float]) -> str:
+    """The median of the repeats' ratios, and their spread (least-greatest)."""
+    each = [a / b for a, b in zip(mine, theirs)]
+    return f"{statistics.median(each):5.2f} [{min(each):.2f}-{max(each):.2f}]"
 
 
 def print_rates(figures: dict[str, Any], baseline: bool, repeats: int) -> None:
     print(f"checked calls per CPU-second, median of {repeats} (checks off: the ceiling, see calls_measure.py)")
     header = f"{'allocator':<9} {'phase':<17} {'checks on':>10} {'off':>8} {'on/off':>7}"
     if baseline:
-        header += f" | {'baseline on':>11} {'off':>8} | {'x on':>6} {'x off':>6}"
+        header += f" | {'baseline on':>11} {'off':>8} | {'x on [spread]':>17} {'x off [spread]':>17}"
     print(header)
     for name, trees in figures.items():
         for phase, label in PHASES.items():
@@ -189,10 +201,10 @@ def print_rates(figures: dict[str, Any], baseline: bool, repeats: int) -> None:
             if baseline:
                 base_on, base_off = trees["baseline"][f"{phase} on"], trees["baseline"][f"{phase} off"]
                 line += f" | {statistics.median(base_on):11.0f} {statistics.median(base_off):8.0f}"
-                line += f" | {median_ratio(on, base_on):6.2f} {median_ratio(off, base_off):6.2f}"
+                line += f" | {ratios(on, base_on):>17} {ratios(off, base_off):>17}"
             print(line)
     if baseline:
-        print("x on / x off: this checkout's figure over the baseline's (median of the repeats' ratios)")
+        print("x on / x off: this checkout's figure over the baseline's: median of repeats' ratios [least-greatest]")
 
 
 def print_breakdown(figures: dict[str, Any]) -> None:

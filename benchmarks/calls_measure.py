@@ -1,12 +1,13 @@
 """The measuring process of benchmarks/calls.py: one allocator, one checkout of kvfuzz (the one on PYTHONPATH),
 answering requests read from stdin, one JSON object a line, with one line ``CALLS-JSON {...}`` on stdout each.
 
-Requests: ``{"phase": P, "checks": bool, "seed": n}`` runs phase P (``random``, ``hypothesis`` or ``worker``) and
-answers ``{"calls": n, "cpu": seconds}``; ``{"profile": n}`` answers ``{"text": ...}``, cProfile's top ``n`` by
-cumulative and by own time over random programs; ``{"breakdown": PACKAGE}`` answers each category's CPU seconds
-over random programs (:class:`Attribution`, PACKAGE being the library's), the calls made, and the same programs'
-calls and CPU seconds unprofiled. Every phase runs with checks on unless ``checks`` is
-false.
+Requests: ``{"phase": P, "checks": bool, "seed": n, "min_cpu": s}`` runs phase P (``random``, ``hypothesis`` or
+``worker``) once with seed n, then again with seeds n + 1000, n + 2000, ... until it has taken at least s CPU seconds
+(``min_cpu`` absent: once), and answers ``{"calls": n, "cpu": seconds, "rounds": n}``; ``{"profile": n}`` answers
+``{"text": ...}``, cProfile's top ``n`` by cumulative and by own time over random programs; ``{"breakdown":
+PACKAGE}`` answers each category's CPU seconds over random programs (:class:`Attribution`, PACKAGE being the
+library's), the calls made, and the same programs' calls and CPU seconds unprofiled. Every phase runs with checks on
+unless ``checks`` is false.
 
 A call is one ``Execution.execute`` (one operation of a program, whoever drew it); CPU time is
 ``time.process_time()`` of this process around the phase only (its imports and the allocator's probe excluded).
@@ -26,6 +27,7 @@ Usage (by benchmarks/calls.py): PYTHONPATH=CHECKOUT python benchmarks/calls_meas
 from __future__ import annotations
 
 import cProfile
+import gc
 import importlib
 import importlib.util
 import inspect
@@ -249,7 +251,10 @@ class Measurer:
             if found:
                 raise SystemExit(f"{self.spec} failed in a campaign worker: {found}")
 
-    def measure(self, phase: str, checks: bool, seed: int) -> dict[str, float]:
+    def measure(self, phase: str, checks: bool, seed: int, min_cpu: float = 0.0) -> dict[str, float]:
+        """Calls and CPU seconds of ``phase`` run with seeds ``seed``, ``seed + 1000``, ... until at least
+        ``min_cpu`` CPU seconds are spent (once at least): a longer measurement averages out more of the machine's
+        moments. Garbage is collected first, outside the clock, so that one measurement does not pay for another's."""
         if phase == "worker" and self.limits is None:
             from kvfuzz.campaign.swarm import probe_limits
             from kvfuzz.engine.config import MachineConfig
@@ -258,9 +263,12 @@ class Measurer:
         work = {"random": self.random_programs, "hypothesis": self.hypothesis, "worker": self.worker}[phase]
         self.switch.set(checks)
         try:
-            calls, started = self.counter.count, time.process_time()
-            work(seed)
-            return {"calls": self.counter.count - calls, "cpu": time.process_time() - started}
+            gc.collect()
+            calls, started, rounds = self.counter.count, time.process_time(), 0
+            while rounds == 0 or time.process_time() - started < min_cpu:
+                work(seed + 1000 * rounds)
+                rounds += 1
+            return {"calls": self.counter.count - calls, "cpu": time.process_time() - started, "rounds": rounds}
         finally:
             self.switch.set(True)
 
@@ -291,7 +299,12 @@ def main() -> None:
     import kvfuzz
 
     measurer = Measurer(sys.argv[1])
-    measurer.random_programs(1, programs=3)  # warm-up: lazy imports and first-call costs stay out of the figures
+    # Warm-up: every phase once, so that lazy imports and first-call costs (the runner's and Hypothesis's imports,
+    # Hypothesis's first collection of garbage, the worker's probe of the allocator: about 2.5 CPU seconds, counted
+    # before in the first Hypothesis-phase measurement alone) stay out of the figures.
+    measurer.random_programs(1, programs=3)
+    measurer.measure("hypothesis", True, 1)
+    measurer.measure("worker", True, 1)
     print(
         ANSWER + json.dumps({"ready": str(Path(kvfuzz.__file__).parent), "switched": len(measurer.switch.methods)}),
         flush=True,
@@ -299,7 +312,9 @@ def main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         if "phase" in request:
-            answer: dict[str, Any] = measurer.measure(request["phase"], request["checks"], request["seed"])
+            answer: dict[str, Any] = measurer.measure(
+                request["phase"], request["checks"], request["seed"], request.get("min_cpu", 0.0)
+            )
         elif "profile" in request:
             answer = measurer.profile(request["profile"])
         else:

@@ -1,6 +1,7 @@
-"""What drawing cache salts and stop tokens costs and changes in the scheduler target (docs/scheduler.md, "Cache
-salts and stop tokens"), side by side in one process over the same derandomized examples: steps per CPU-second,
-and the pressure the examples reach (preemptions, prefix-hit tokens), with neither, each, and both drawn. Runs in
+"""What drawing cache salts, stop tokens, EOS and min_tokens costs and changes in the scheduler target
+(docs/scheduler.md, "Cache salts and stop tokens", "EOS and min_tokens"), side by side in one process over
+derandomized examples: steps per CPU-second, and the pressure the examples reach (preemptions, prefix-hit tokens),
+with none, each, and pairs drawn. Runs in
 the vLLM environment, from the repository root.
 
 Usage: PYTHONPATH=$PWD python benchmarks/scheduler_requests.py [--examples N] [--blocks N]
@@ -10,17 +11,21 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.search import search
 
-DRAWN = {
-    "neither": (False, False),
-    "cache salts": (True, False),
-    "stop tokens": (False, True),
-    "both": (True, True),
+DRAWN: dict[str, dict[str, Any]] = {
+    "neither": {},
+    "cache salts": {"cache_salts": True},
+    "stop tokens": {"stop_tokens": True},
+    "both": {"cache_salts": True, "stop_tokens": True},
+    "EOS": {"eos": True},
+    "min_tokens": {"min_tokens": True},
+    "EOS, min_tokens": {"eos": True, "min_tokens": True},
 }
-"""The request fields drawn, by name: the setup's (cache_salts, stop_tokens)."""
+"""The request fields drawn, by name: the setup's switches turned on."""
 
 
 def main() -> None:
@@ -29,14 +34,14 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=16)
     args = parser.parse_args()
     search(SchedulerSetup(num_blocks=args.blocks), examples=2, steps=5)  # vLLM imported before the clock starts
-    for name, (salts, stops) in DRAWN.items():
+    for name, switches in DRAWN.items():
         started = time.process_time()
-        setup = SchedulerSetup(num_blocks=args.blocks, cache_salts=salts, stop_tokens=stops)
+        setup = SchedulerSetup(num_blocks=args.blocks, **switches)
         outcome = search(setup, examples=args.examples, steps=30)
         rate = outcome.steps / (time.process_time() - started)
         verdict = "passed" if outcome.failure is None else f"FAILED: {outcome.failure}"
         print(
-            f"{name:12}: {outcome.steps:5} steps, {rate:4.0f} steps per CPU-second, {outcome.preemptions:3} "
+            f"{name:15}: {outcome.steps:5} steps, {rate:4.0f} steps per CPU-second, {outcome.preemptions:3} "
             f"preemptions, {outcome.hit_tokens:5} hit tokens, {verdict}",
             flush=True,
         )

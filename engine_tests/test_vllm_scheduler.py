@@ -118,6 +118,7 @@ def test_exclusivity_catches_a_suffix_written_over_the_shared_cached_blocks() ->
     with pytest.raises(SchedulerViolation) as caught:
         session.step()
     assert caught.value.check is Check.EXCLUSIVE
+    assert caught.value.cause == "over its own computed K/V", caught.value  # the suffix over its own cached prefix
     assert re.search(
         r"exclusive check failed at step \d+, request r1: its position 8 \(tag 0x[0-9a-f]+\) is written to block \d+, "
         r"slot \d+, which request r1 relies on for its position 0 \(tag 0x[0-9a-f]+\); the slot holds tag "
@@ -152,6 +153,7 @@ def test_content_catches_a_prefix_hit_on_another_prefix_s_block(monkeypatch: pyt
     with pytest.raises(SchedulerViolation) as caught:
         session.step()
     assert caught.value.check is Check.CONTENT
+    assert caught.value.cause == "a cache hit on other content", caught.value
     assert re.search(
         r"content check failed at step \d+, request r2: position 4 \(block \d+, slot \d+\) should hold the K/V of the "
         r"request's own tokens \[1, 2, 3, 0, 2\] \(tag 0x[0-9a-f]+\), but holds the K/V of request r1's position 0",
@@ -187,6 +189,11 @@ def double_allocation(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_exclusivity_catches_a_block_handed_out_while_in_use_from_random_requests() -> None:
     outcome = search(SchedulerSetup(num_blocks=8, prefix_caching=False), examples=50, steps=30)
     assert outcome.check() == "exclusive", outcome.describe()
+    assert isinstance(outcome.failure, SchedulerViolation) and outcome.failure.cause in (
+        "a block another request holds at another position",
+        "two writes to one slot in a step",
+        "a shared cached prefix block",
+    ), outcome.failure.cause
     assert re.search(r"which request r\d+ (relies on|wrote this step) for its position \d+", outcome.explanation()), (
         outcome.describe()
     )
@@ -327,7 +334,7 @@ def test_outputs_catch_a_token_lost_from_a_request_s_output(monkeypatch: pytest.
     session.add(PREFIX + [1], 4)
     with pytest.raises(SchedulerViolation) as caught:
         session.drain()
-    assert caught.value.check is Check.OUTPUTS
+    assert caught.value.check is Check.OUTPUTS and caught.value.cause == "a token lost", caught.value
     assert expected_output("r0", 9, 4) == [1, 3, 0, 3]  # token #1 (3) lost, so #2 (0) is reported as #1
     assert "request r0: output token #1 is 0, but the fake model sampled 3" in str(caught.value), caught.value
 

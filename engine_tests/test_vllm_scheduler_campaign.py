@@ -22,7 +22,14 @@ from kvfuzz.campaign.scheduler.target import PROCESS_DIED, vllm_target
 from kvfuzz.cli import main
 from kvfuzz.scheduler.trace import load
 
-LATER_ROWS = {"speculative_tokens": 0, "cache_salts": False, "stop_tokens": False, "model": "full"}
+LATER_ROWS = {
+    "speculative_tokens": 0,
+    "cache_salts": False,
+    "stop_tokens": False,
+    "eos": False,
+    "min_tokens": False,
+    "model": "full",
+}
 """Swarm rows added after these tests were written, and the value each is held at here: held without drawing, so
 each seed draws the configurations the tests name (seed 3's first batch async, seed 7's async then synchronous);
 what the rows themselves draw is tested in tests/test_scheduler_campaign.py."""
@@ -33,7 +40,9 @@ def _the_swarm_these_seeds_were_chosen_for(monkeypatch: pytest.MonkeyPatch) -> N
     from kvfuzz.scheduler import swarm
 
     held = tuple(
-        swarm.Dimension(row.name, lambda rng, value=LATER_ROWS[row.name]: value) if row.name in LATER_ROWS else row
+        swarm.Dimension(row.name, row.domain, lambda rng, domain, value=LATER_ROWS[row.name]: value)
+        if row.name in LATER_ROWS
+        else row
         for row in swarm.DIMENSIONS
     )
     monkeypatch.setattr(swarm, "DIMENSIONS", held)
@@ -154,3 +163,15 @@ def test_an_isolated_batch_killed_keeps_its_program(tmp_path: Path, monkeypatch:
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["campaign", "--scheduler", "vllm-v1", "--known", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err.splitlines() == [f"kvfuzz: --known {tmp_path / 'nowhere'}: not a directory"]
+
+
+def test_a_pinned_row_is_what_every_batch_draws(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pins = ("--pin", "speculative_tokens=2", "--pin", "model_runner=V2")  # the first held at 0 above: the pin wins
+    args = ("--seed", "5", "--max-examples", "6", "--batch-examples", "2", "--corpus", str(tmp_path), "--no-known")
+    status, result = campaign_json(capsys, *args, *pins)
+    assert status in (0, 1), result
+    assert result["pins"] == {"speculative_tokens": 2, "model_runner": "V2"}
+    assert len(result["batch_log"]) >= 2 and result["steps"] > 0
+    assert all(batch["speculative_tokens"] == 2 and batch["model_runner"] == "V2" for batch in result["batch_log"])
+    assert all(not batch["async_scheduling"] for batch in result["batch_log"])  # k drafts: synchronous only
+    assert " ".join(pins) in result["rerun_command"]

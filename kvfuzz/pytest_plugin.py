@@ -313,20 +313,25 @@ class SchedulerTraceFile(pytest.File):
 class SchedulerTraceItem(_KvfuzzItem):
     """One scheduler trace (:mod:`kvfuzz.scheduler.trace`), replayed as a regression test with the allocator
     traces' rules: it fails while the recorded failure reproduces (passes while a ``known_bug`` one does), and is
-    skipped, with the reason, where vLLM is not installed."""
+    skipped, with the reason, where its engine (vLLM, or SGLang for an ``sglang`` trace) is not installed."""
 
     def runtest(self) -> None:
         _require_torch("replaying a scheduler trace", KvfuzzFailure)
         from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
         from kvfuzz.scheduler.replay import ReplayRefused, replay
-        from kvfuzz.scheduler.trace import SchedulerTraceError, load
+        from kvfuzz.scheduler.trace import SGLANG, SchedulerTraceError, load
         from kvfuzz.scheduler.vllm_build import vllm_missing
 
         try:
             trace = load(self.path)
         except SchedulerTraceError as error:
             raise KvfuzzFailure(str(error)) from error
-        if vllm_missing():
+        if trace.scheduler == SGLANG:
+            from kvfuzz.scheduler.sglang.build import sglang_missing
+
+            if sglang_missing():
+                pytest.skip(f"a {trace.scheduler} trace needs sglang {trace.vllm_version}, which is not installed here")
+        elif vllm_missing():
             pytest.skip(f"a {trace.scheduler} trace needs vllm {trace.vllm_version}, which is not installed here")
         try:
             with Watchdog(DEFAULT_CALL_TIMEOUT) as watchdog:  # a trace of a hang fails its hang check, never hangs

@@ -7,8 +7,15 @@ to change nothing.
 
 from __future__ import annotations
 
+import atexit
+import json
+import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -181,12 +188,88 @@ def check_counts(a: PagedAllocator, running: dict[str, int] | None = None) -> No
 
 def kvfuzz(*args: str, cwd: Path, **kwargs: Any) -> subprocess.CompletedProcess:
     """Run the ``kvfuzz`` command line in a child process in ``cwd`` (where a failing run leaves its trace, in
-    ``corpus/`` unless ``--corpus`` says otherwise); ``kwargs`` go to ``subprocess.run``."""
+    ``corpus/`` unless ``--corpus`` says otherwise); ``kwargs`` go to ``subprocess.run``.
+
+    The child is forked from the session's warm parent (tests/cli_zygote.py, which has imported torch and kvfuzz once
+    in the caller's environment) unless a keyword argument other than ``timeout`` asks for more than a captured run;
+    then it is ``python -W ignore -m kvfuzz.cli ARGS``, started anew."""
+    timeout = kwargs.pop("timeout", 300)
+    if not kwargs:
+        return _ZYGOTE.started_in(os.environ).run(list(args), cwd, timeout)
     return subprocess.run(
         [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         cwd=cwd,
         **kwargs,
     )
+
+
+# Set by pytest for each test; a fresh child would see the running test's value, the zygote's child is given it.
+_PER_TEST_VARIABLES = frozenset({"PYTEST_CURRENT_TEST"})
+
+
+class _Zygote:
+    """The session's warm parent for command-line children (tests/cli_zygote.py).
+
+    Invariant: ``process``, once started, was started in ``environ`` (the caller's environment without
+    ``_PER_TEST_VARIABLES``), so that what its children read at import is what a fresh interpreter would read."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.environ: dict[str, str] = {}
+
+    def started_in(self, environ: Mapping[str, str]) -> _Zygote:
+        """This parent, (re)started first if it is not running or was started in another environment."""
+        wanted = _without_per_test(environ)
+        if self.process is not None and (self.process.poll() is not None or wanted != self.environ):
+            _stop(self.process)
+            self.process = None
+        if self.process is None:
+            self.environ = wanted
+            self.process = subprocess.Popen(
+                [sys.executable, "-W", "ignore", str(Path(__file__).with_name("cli_zygote.py"))],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                bufsize=0,  # unbuffered: a line read leaves the next in the pipe, where select() sees it
+                env=dict(environ),
+            )
+            atexit.register(_stop, self.process)
+        return self
+
+    def run(self, args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+        assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
+        with tempfile.TemporaryDirectory() as scratch:
+            stdout, stderr = Path(scratch, "stdout"), Path(scratch, "stderr")
+            request = {
+                "args": args,
+                "cwd": str(cwd),
+                "environ": dict(os.environ),
+                "stdout": str(stdout),
+                "stderr": str(stderr),
+            }
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            pid = int(self.process.stdout.readline())
+            ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+            status = int(self.process.stdout.readline())
+            command = [sys.executable, "-W", "ignore", "-m", "kvfuzz.cli", *args]
+            out, err = stdout.read_text(), stderr.read_text()
+            if not ready:
+                raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err)
+            return subprocess.CompletedProcess(command, os.waitstatus_to_exitcode(status), out, err)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """End a warm parent and reap it (its children's CPU time then counts in the test session's)."""
+    process.kill()
+    process.wait()
+
+
+def _without_per_test(environ: Mapping[str, str]) -> dict[str, str]:
+    return {name: value for name, value in environ.items() if name not in _PER_TEST_VARIABLES}
+
+
+_ZYGOTE = _Zygote()

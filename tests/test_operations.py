@@ -210,3 +210,73 @@ def test_a_filled_pick_has_something_to_draw_from_in_every_state(name: str) -> N
         for operation, argument in filled:
             if operation.enabled(state):
                 assert argument.options(state), operation.name
+
+
+def _hits_scheduled_writes(spec: Any) -> Any:
+    """kvfuzz's allocator that registers blocks at allocation, declared as vLLM declares it: a cache hit may cover
+    a block the next step writes, so sequences await a step (not computed while their tokens are all written)."""
+    import attrs
+
+    from kvfuzz.zoo.variants import MatchableAtAllocation
+
+    allocator = MatchableAtAllocation(spec.block_size, spec.num_blocks, inflight_window=0)
+    allocator.capabilities = attrs.evolve(
+        allocator.capabilities,
+        hits_scheduled_writes=True,
+        shares_scheduled_blocks=True,
+        free_lands_scheduled_writes=True,
+        preempt_scheduled=False,
+        fork=False,
+        rollback=False,
+    )
+    return allocator
+
+
+CENSUS_CONFIGS = {**CONFIGS, "hits on scheduled writes": (_hits_scheduled_writes, MachineConfig(num_blocks=8))}
+
+
+@pytest.mark.parametrize("name", sorted(CENSUS_CONFIGS))
+def test_the_census_snapshot_answers_the_sequence_lists_as_the_state_does(name: str) -> None:
+    """Enablement reads ``ids``, ``live_ids`` and ``computed_ids`` from one census of the sequences: in every state
+    random programs reach (the asynchronous host tier's loading and loaded sequences, swapped and preempted ones,
+    sequences awaiting a step among them), each list is the state's own, in the same order, and the enabled
+    operations the same; the census is made once per state however many lists are asked."""
+    from kvfuzz.engine.arguments import CensusSnapshot, snapshot_of
+    from kvfuzz.engine.expected import ExpectedState, Status
+
+    factory, config = CENSUS_CONFIGS[name]
+    censuses = 0
+    original = ExpectedState.census
+
+    def counted(state: ExpectedState) -> Any:
+        nonlocal censuses
+        censuses += 1
+        return original(state)
+
+    statuses_seen: set[Status] = set()
+    states = awaiting = 0
+    try:
+        ExpectedState.census = counted  # type: ignore[method-assign]
+        for execution in _states(Target(factory, config), random.Random(5), programs=30, length=40):
+            state = execution.engine.expected
+            snapshot = snapshot_of(state)
+            assert isinstance(snapshot, CensusSnapshot)
+            before = censuses
+            for _ in range(2):
+                for status in Status:
+                    assert snapshot.ids(status) == state.ids(status)
+                    assert snapshot.ids(status, groups=True) == state.ids(status, groups=True)
+                    statuses_seen.update([status] if state.ids(status) else [])
+                assert snapshot.live_ids() == state.live_ids()
+                assert snapshot.computed_ids() == state.computed_ids()
+                assert snapshot.freeable_ids() == state.freeable_ids()
+            assert censuses == before + 1
+            assert [op.name for op in OPERATIONS if op.enabled(snapshot)] == [
+                op.name for op in OPERATIONS if op.enabled(state)
+            ]
+            states += 1
+            awaiting += any(model.awaits_step for model in state.seqs.values())
+    finally:
+        ExpectedState.census = original  # type: ignore[method-assign]
+    assert states == 1200 and Status.RUNNING in statuses_seen and Status.PREEMPTED in statuses_seen
+    assert awaiting or name != "hits on scheduled writes", "no sequence ever awaited a step"

@@ -41,6 +41,8 @@ def test_a_scheduler_target_without_its_engine_is_one_line_and_exit_2(
         (["--async-scheduling"], "kvfuzz: --async-scheduling needs --scheduler"),
         (["--cache-salts"], "kvfuzz: --cache-salts needs --scheduler"),
         (["--stop-tokens"], "kvfuzz: --stop-tokens needs --scheduler"),
+        (["--eos"], "kvfuzz: --eos needs --scheduler"),
+        (["--min-tokens"], "kvfuzz: --min-tokens needs --scheduler"),
         (
             ["--scheduler", "vllm-v1", "--isolate"],
             "kvfuzz: --scheduler does not take --isolate (yet; docs/scheduler.md says what a scheduler target covers)",

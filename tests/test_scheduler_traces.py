@@ -212,6 +212,49 @@ def test_cache_salts_and_stop_tokens_are_recorded_only_where_set() -> None:
     assert "cache_salts=True, stop_tokens=True)" in exported
 
 
+def test_eos_and_min_tokens_are_recorded_only_where_set() -> None:
+    """A request's ``eos`` and ``min_tokens``, and the search's switches for them, are written only where set (a
+    trace without them, every trace written before they existed, has every request ignore EOS, no min_tokens); a
+    trace with them round-trips, reads in ``show`` and exports as calls that pass them on."""
+    from kvfuzz.scheduler.export import export_test
+
+    ending = attrs.evolve(
+        TRACE,
+        setup=attrs.evolve(TRACE.setup, eos=True, min_tokens=True),
+        program=[AddRequest([1, 2, 3], 4, eos=True, min_tokens=2), AddRequest([1], 1), Step()],
+    )
+    data = ending.to_json()
+    assert (data["config"]["eos"], data["config"]["min_tokens"]) == (True, True)
+    assert data["program"][:2] == [
+        {"op": "add", "prompt": [1, 2, 3], "max_tokens": 4, "eos": True, "min_tokens": 2},
+        {"op": "add", "prompt": [1], "max_tokens": 1},
+    ]
+    assert from_json(json.loads(json.dumps(data))) == ending
+    assert not {"eos", "min_tokens"} & TRACE.to_json()["config"].keys()
+    assert ending.digest() != attrs.evolve(ending, program=[AddRequest([1, 2, 3], 4), *ending.program[1:]]).digest()
+    assert "    1  add(prompt=[1, 2, 3], max_tokens=4, eos=True, min_tokens=2)" in ending.describe()
+    assert ending.describe()[1].endswith("prefix caching off, EOS, min_tokens")
+    exported = export_test(ending, "ending.json")
+    assert "session.add([1, 2, 3], 4, eos=True, min_tokens=2)" in exported
+    assert "eos=True, min_tokens=True)" in exported
+
+
+@pytest.mark.parametrize(
+    "field, value, line",
+    [
+        ("min_tokens", 5, "program[0].min_tokens: must be in 0..{max_tokens}, not 5"),
+        ("min_tokens", -1, "program[0].min_tokens: must be in 0..{max_tokens}, not -1"),
+        ("eos", 1, "program[0].eos: must be true or false, not 1"),
+    ],
+)
+def test_bad_eos_and_min_tokens_are_refused_naming_the_field(field: str, value: Any, line: str) -> None:
+    data = json.loads(json.dumps(TRACE.to_json()))
+    data["program"][0]["max_tokens"] = 4
+    data["program"][0][field] = value
+    with pytest.raises(SchedulerTraceError, match="^" + re.escape(f"trace: {line.format(max_tokens=4)}")):
+        from_json(data)
+
+
 @pytest.mark.parametrize(
     "stops, line",
     [
@@ -239,7 +282,7 @@ def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         (lambda d: d.update(format="kvfuzz-scheduler-trace/2"), "format: must be 'kvfuzz-scheduler-trace/1', not "),
         (lambda d: d.update(extra=1), "the trace: unknown field 'extra'"),
         (lambda d: d.pop("engine"), "the trace: missing field 'engine'"),
-        (lambda d: d.update(scheduler="sglang"), 'scheduler: must be one of vllm-v1, not "sglang"'),
+        (lambda d: d.update(scheduler="llama-cpp"), 'scheduler: must be one of vllm-v1, sglang, not "llama-cpp"'),
         (lambda d: d["engine"].update(model_runner="V3"), 'engine.model_runner: must be one of V1, V2, not "V3"'),
         (lambda d: d["config"].update(num_blocks=0), "config.num_blocks: must be in 1..65536, not 0"),
         (lambda d: d["config"].update(block_size=True), "config.block_size: must be an integer, not true"),

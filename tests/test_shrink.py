@@ -529,9 +529,8 @@ def test_shrinking_a_pool_that_must_keep_most_of_its_blocks_halves_the_distance(
 
 
 EVICTS_ON_REFUSAL_FOUND = [
-    # A program a campaign found against zoo:EvictsOnRefusal (block size 1, 4 blocks, W = 1). The passes alone take
-    # it to 9 calls (11 before stranded calls were skipped), a fixpoint: no call goes alone, and the pool, the W and
-    # the prompts cannot be smaller.
+    # A program a campaign found against zoo:EvictsOnRefusal (block size 1, 4 blocks, W = 1). Its signature is keyed
+    # by its cause (a refusal that changed the pool), and the passes alone take it to 4 calls: a short fixpoint.
     _admit("s0", [0]),
     Call("preempt", {"seq": "s0"}),
     Call("step", {}),
@@ -547,7 +546,7 @@ EVICTS_ON_REFUSAL_FOUND = [
 
 
 @pytest.mark.slow
-def test_a_long_fixpoint_is_shrunk_again_from_other_failing_programs_of_the_swarm() -> None:
+def test_a_short_fixpoint_is_not_shrunk_again() -> None:
     spec = "zoo:EvictsOnRefusal"
     factory = load_factory(spec)
     limits = probe_limits(spec, factory, MachineConfig())
@@ -559,15 +558,71 @@ def test_a_long_fixpoint_is_shrunk_again_from_other_failing_programs_of_the_swar
     bounds = {"seconds": 120.0, "pools": Pools(limits.min_blocks, limits.block_sizes)}
     alone = shrink(factory, config, EVICTS_ON_REFUSAL_FOUND, outcome.failure, signature, **bounds)  # type: ignore[arg-type]
     assert alone.stopped_early is None and alone.restarts == 0
+    assert len(alone.calls) <= restarting.LONG_PROGRAM  # 4 calls: the passes' fixpoint
     swarm = ("admit", "step", "readmit", "grow", "preempt", "fork", "swap_out")
     restarts = restarting.Restarts(tuple(BY_NAME[name] for name in swarm), 109, random.Random(0))
     again = shrink(factory, config, EVICTS_ON_REFUSAL_FOUND, outcome.failure, signature, restarts=restarts, **bounds)  # type: ignore[arg-type]
+    assert again.stopped_early is None and again.restarts == 0 and again.calls == alone.calls
+
+
+HYBRID_HIT_FOUND = [
+    # The first failing program of random_search(seed=2, examples=300, steps=100) against zoo:HybridHitFromFullGroup
+    # in the default configuration: a cache hit covering a block an eviction dropped. The passes alone take it to a
+    # fixpoint of 13 calls: no call goes alone, and the pool cannot be smaller.
+    Call("step", {}),
+    Call("admit", {"seq": "s0", "namespace": ("a", "bc"), "system": (0, 3, 2, 1), "suffix": [3, 0, 1, 2]}),
+    Call("preempt", {"seq": "s0"}),
+    Call("admit", {"seq": "s1", "namespace": (), "system": (0, 3, 2, 1), "suffix": [2, 0]}),
+    Call("evict_blocks", {"blocks": [3]}),
+    Call("grow", {"seq": "s1", "tokens": [1, 2, 2, 1, 3]}),
+    Call("step", {}),
+    Call("readmit", {"seq": "s0"}),
+    Call("fork", {"parent": "s1", "child": "s2"}),
+    Call("grow", {"seq": "s1", "tokens": [2]}),
+    Call("preempt", {"seq": "s0"}),
+    Call("grow", {"seq": "s1", "tokens": [0]}),
+    Call("readmit", {"seq": "s0"}),
+    Call("step", {}),
+    Call("fork", {"parent": "s2", "child": "s3"}),
+    Call("preempt", {"seq": "s1"}),
+    Call("decode", {"token": 0}),
+    Call("decode", {"token": 3}),
+    Call("grow", {"seq": "s2", "tokens": [3]}),
+    Call("misuse", {"call": MisuseCall(op="grow", args=("s3", ()), why="no tokens")}),
+    Call("evict_blocks", {"blocks": [6, 1, 0]}),
+    Call("evict_blocks", {"blocks": [15, 6, 0]}),
+    Call("free", {"seq": "s2"}),
+    Call("fork", {"parent": "s3", "child": "s4"}),
+    Call("evict", {"num_blocks": 4}),
+    Call("admit", {"seq": "s5", "namespace": (), "system": (0, 3, 2, 1, 0, 3, 2, 1), "suffix": [1, 0, 1, 0, 3]}),
+    Call("preempt", {"seq": "s4"}),
+    Call("misuse", {"call": MisuseCall(op="grow", args=("nobody", (1,)), why="nobody was ever admitted")}),
+    Call("preempt", {"seq": "s3"}),
+    Call("reset_cache", {}),
+    Call("readmit", {"seq": "s1"}),
+]
+
+
+@pytest.mark.slow
+def test_a_long_fixpoint_is_shrunk_again_from_other_failing_programs_of_the_swarm() -> None:
+    spec = "zoo:HybridHitFromFullGroup"
+    factory = load_factory(spec)
+    limits = probe_limits(spec, factory, MachineConfig())
+    config = MachineConfig()
+    outcome = replay(Target(factory, config), HYBRID_HIT_FOUND)
+    assert outcome.failure is not None
+    signature = signature_of(spec, outcome.failure, HYBRID_HIT_FOUND, outcome.failed_at)
+    assert signature.failure == "invariant 9 (cache soundness)"
+    assert signature.cause == "a cache hit covering a block an eviction dropped"
+    bounds = {"seconds": 120.0, "pools": Pools(limits.min_blocks, limits.block_sizes)}
+    alone = shrink(factory, config, HYBRID_HIT_FOUND, outcome.failure, signature, **bounds)  # type: ignore[arg-type]
+    assert alone.stopped_early is None and alone.restarts == 0
+    assert len(alone.calls) > restarting.LONG_PROGRAM, len(alone.calls)  # 13 calls: the passes' fixpoint
+    restarts = restarting.Restarts(OPERATIONS, 100, random.Random(0))
+    again = shrink(factory, config, HYBRID_HIT_FOUND, outcome.failure, signature, restarts=restarts, **bounds)  # type: ignore[arg-type]
     assert again.stopped_early is None
-    if len(alone.calls) > restarting.LONG_PROGRAM:  # a long fixpoint: restarts shrink it further
-        assert again.restarts >= 1 and len(again.calls) < len(alone.calls), len(again.calls)
-    else:  # keyed by its cause (a refusal that changed the pool), the passes alone now reach 4 calls: no restart
-        assert again.restarts == 0 and again.calls == alone.calls
-    rerun = replay(Target(factory, again.config), again.calls)
+    assert again.restarts >= 1 and len(again.calls) < len(alone.calls), (len(alone.calls), len(again.calls))
+    rerun = replay(Target(factory, again.config), again.calls)  # the shorter program fails the same way, as saved
     assert rerun.failure is not None
     assert signature_of(spec, rerun.failure, again.calls, rerun.failed_at) == signature
 

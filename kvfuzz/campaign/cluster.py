@@ -33,6 +33,8 @@ from typing import Any, Optional, TypeGuard
 import attrs
 
 from kvfuzz.saved.trace import Trace, TraceError, from_json, parse_json
+from kvfuzz.scheduler import trace as scheduler_trace
+from kvfuzz.scheduler.trace import SchedulerTrace
 from kvfuzz.shrink.signature import Signature
 
 REDIS_SIGNATURES = "kvfuzz:signatures"
@@ -120,7 +122,7 @@ class RedisStore:
 
 
 def finding_record(
-    trace: Trace,
+    trace: Trace | SchedulerTrace,
     signature: Signature,
     seed: Optional[int],
     worker_seed: Optional[int],
@@ -173,7 +175,7 @@ class StoredFinding:
 
     key: str  # its signature's key: the field of kvfuzz:findings it was read from
     signature: Signature  # what makes it one finding
-    trace: Trace  # the shrunk trace, validated as a trace file is
+    trace: Trace | SchedulerTrace  # the shrunk trace (an allocator's or a scheduler's), validated as its file is
     machine: str  # the hostname of the machine that found it
     pid: int  # the process there that stored it: the finding worker (the campaign, for a dead worker's program)
     time: str  # when it was stored, UTC, ISO 8601
@@ -202,9 +204,10 @@ def parse_finding(key: str, raw: bytes, source: str) -> StoredFinding:
         raise TraceError(f"{source}: {problem} (a {FINDING_FORMAT} record)")
     if data["format"] != FINDING_FORMAT:
         raise TraceError(f"{source}: format {_show(data['format'])}, not {FINDING_FORMAT} (another kvfuzz's record?)")
-    trace = from_json(data["trace"], f"{source}: trace")
+    trace = _trace(data["trace"], f"{source}: trace")
     signature = _signature(data["signature"], source)
-    if signature.key() != key or signature.allocator != trace.allocator:
+    target = trace.scheduler if isinstance(trace, SchedulerTrace) else trace.allocator
+    if signature.key() != key or signature.allocator != target:
         raise TraceError(f"{source}: its signature is not the one its key names, or not of its trace's allocator")
     if data["length"] != len(trace.program) or isinstance(data["length"], bool):
         raise TraceError(f"{source}: length {_show(data['length'])} is not its trace's {len(trace.program)} calls")
@@ -219,6 +222,16 @@ def parse_finding(key: str, raw: bytes, source: str) -> StoredFinding:
         _integer(data, "worker_seed", source, optional=True),
         _string(data, "trace_file", source, optional=True),
     )
+
+
+def _trace(value: Any, source: str) -> Trace | SchedulerTrace:
+    """An allocator trace, or a scheduler trace where its format says so, checked as its file would be."""
+    if isinstance(value, dict) and value.get("format") == scheduler_trace.FORMAT:
+        try:
+            return scheduler_trace.from_json(value, source)
+        except ValueError as error:
+            raise TraceError(str(error)) from None
+    return from_json(value, source)
 
 
 def _signature(value: Any, source: str) -> Signature:

@@ -94,8 +94,8 @@ def stored_findings_known(cluster: ClusterFindings, allocators: Iterable[str], c
             finding = parse_finding(key, raw, f"{cluster.url} finding {key}")
         except TraceError:
             continue  # not ours to judge here: kvfuzz findings names what is wrong with it
-        if finding.trace.allocator not in wanted:
-            continue
+        if not isinstance(finding.trace, Trace) or finding.trace.allocator not in wanted:
+            continue  # a scheduler campaign's finding, or another allocator's
         signature = trace_signature(finding.trace, call_timeout)
         if signature is not None and signature.key() != key:
             known.setdefault(

@@ -93,6 +93,7 @@ class CampaignResult:
         return {
             "allocators": list(self.allocators),
             "scheduler": self.scheduler,
+            "pins": dict(self.rerun.pins) if isinstance(self.rerun, SchedulerRerun) else {},  # --pin ROW=VALUE
             "batches": self.batches,
             "refused_configurations": self.refused,
             "batch_log": list(self.batch_log),

@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 import attrs
 
+from kvfuzz.scheduler.pins import Pins, pin_arguments
+
 
 @attrs.frozen
 class Rerun:
@@ -90,9 +92,11 @@ class SchedulerRerun:
     call_timeout: Optional[float]
     directory: str
     version: str
+    pins: Pins = ()  # swarm rows held at one value (--pin)
+    database: Optional[str] = None  # the Redis its findings were stored in too
 
     def arguments(self) -> list[str]:
-        args = ["--scheduler", self.scheduler, "--seed", str(self.seed)]
+        args = ["--scheduler", self.scheduler, "--seed", str(self.seed), *pin_arguments(self.pins)]
         if self.duration is not None:
             args += ["--duration", repr(self.duration)]
         if self.max_examples is not None:
@@ -109,10 +113,12 @@ class SchedulerRerun:
         if self.isolate:
             args.append("--isolate")
         args += ["--call-timeout", repr(self.call_timeout or 0.0)]
+        if self.database is not None:
+            args += ["--database", self.database]
         return args
 
     def command(self) -> str:
         return shlex.join(["kvfuzz", "campaign", *self.arguments()])
 
     def to_json(self) -> dict[str, Any]:
-        return {**attrs.asdict(self), "known": list(self.known)}
+        return {**attrs.asdict(self), "known": list(self.known), "pins": dict(self.pins)}

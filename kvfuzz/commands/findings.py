@@ -46,7 +46,7 @@ class _Refused(Exception):
 
 def run_command(args: argparse.Namespace) -> int:
     from kvfuzz.campaign.cluster import ClusterFindings, StoredFinding, check_redis_url, is_redis, parse_finding
-    from kvfuzz.saved.trace import TraceError, save
+    from kvfuzz.saved.trace import TraceError
 
     url: str = args.database
     try:
@@ -81,7 +81,7 @@ def run_command(args: argparse.Namespace) -> int:
     if directory is not None:
         for finding in findings:
             try:
-                path, _ = save(finding.trace, directory)
+                path = _save(finding.trace, directory)
             except OSError as error:
                 print(f"kvfuzz: -o {directory}: cannot write ({error.strerror or error})", file=sys.stderr)
                 return 2
@@ -91,6 +91,16 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         _table(findings, files, url)
     return status
+
+
+def _save(trace: Any, directory: Path) -> Path:
+    """Write an allocator's or a scheduler's trace as the file its kind has."""
+    from kvfuzz.saved.trace import save
+    from kvfuzz.scheduler import trace as scheduler_trace
+
+    if isinstance(trace, scheduler_trace.SchedulerTrace):
+        return scheduler_trace.save(trace, directory)[0]
+    return save(trace, directory)[0]
 
 
 def _redis(url: str, read: Any) -> Any:

@@ -14,17 +14,11 @@ from kvfuzz.text import plural
 
 ALLOCATOR_ONLY = (
     ("workers", None, "--workers (a scheduler campaign runs one worker)"),
-    (
-        "database",
-        None,
-        "--database (the shared store carries allocator traces and Hypothesis examples; a scheduler campaign "
-        "keeps its findings in --corpus)",
-    ),
     ("shrink_time", None, "--shrink-time (Hypothesis bounds a scheduler failure's shrinking itself)"),
 )
 """(attribute, its default, what to say) of ``kvfuzz campaign``'s options a scheduler campaign does not take."""
 
-SCHEDULER_ONLY = ("batch_examples", "no_shrink", "isolate")
+SCHEDULER_ONLY = ("batch_examples", "no_shrink", "isolate", "pin")
 """The attributes of ``kvfuzz campaign``'s options only a scheduler campaign takes."""
 
 
@@ -44,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="run each batch in a child process: a crash or a hang of the engine kills the child, not the campaign",
+    )
+    group.add_argument(
+        "--pin",
+        action="append",
+        metavar="ROW=VALUE",
+        help="hold a row of the swarm table at one value in every batch (repeatable), e.g. async_scheduling=true, "
+        "speculative_tokens=2, model=sliding-window; the rows and their values: kvfuzz/scheduler/swarm.py",
     )
     parser.add_argument(
         "--scheduler",
@@ -78,6 +79,35 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     for path in args.known or ():
         if not Path(path).is_dir():
             return f"--known {path}: not a directory"
+    from kvfuzz.scheduler.pins import PinRefused, parse_pins  # not at the top: the swarm table imports torch
+
+    try:
+        parse_pins(args.pin or ())
+    except PinRefused as refused:
+        return str(refused)
+    if args.database is not None:
+        from kvfuzz.campaign.cluster import check_redis_url, is_redis
+
+        if not is_redis(args.database):
+            return (
+                f"--database {args.database}: a scheduler campaign stores its findings in a Redis only "
+                "(redis://HOST:PORT/N); without one they are in --corpus"
+            )
+        try:
+            check_redis_url(args.database)
+        except ValueError as error:
+            return str(error)
+    if args.scheduler == "sglang":
+        from kvfuzz.scheduler.sglang.build import sglang_missing
+
+        if args.isolate:
+            return "--scheduler sglang does not take --isolate (yet: its batches run in the campaign's process)"
+        if sglang_missing():
+            return (
+                "--scheduler sglang needs sglang 0.5.23, which is not installed here; build its environment with "
+                "scripts/third_party_env.sh sglang"
+            )
+        return None
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
@@ -96,8 +126,14 @@ def scheduler_campaign(
     from kvfuzz.campaign.report import new_finding_lines, table
     from kvfuzz.campaign.scheduler.loop import BATCH_EXAMPLES, SchedulerCampaign, SchedulerCampaignOptions
     from kvfuzz.campaign.supervisor import DEFAULT_DURATION
+    from kvfuzz.scheduler.pins import PinRefused, describe_pins, parse_pins
+    from kvfuzz.scheduler.swarm import NothingValid, draw
 
     problem = usage_error(args) if target is None else None
+    try:
+        pins = parse_pins(args.pin or ())
+    except PinRefused as refused:
+        problem = problem or str(refused)
     if problem is not None:
         print(f"kvfuzz: {problem}", file=sys.stderr)
         return 2
@@ -120,11 +156,27 @@ def scheduler_campaign(
         shrink=not args.no_shrink,
         isolate=bool(args.isolate),
         call_timeout=args.call_timeout or None,
+        pins=pins,
+        database=args.database,
     )
     if target is None:
-        from kvfuzz.campaign.scheduler.target import vllm_target
+        if args.scheduler == "sglang":
+            from kvfuzz.campaign.scheduler.sglang_target import sglang_target
 
-        target = vllm_target(args.scheduler)
+            target = sglang_target(args.scheduler)
+        else:
+            from kvfuzz.campaign.scheduler.target import vllm_target
+
+            target = vllm_target(args.scheduler)
+    try:  # pins no configuration the engine accepts goes with: refused before any batch runs
+        draw(random.Random(options.seed), target.validate, target.dimensions, dict(pins))
+    except NothingValid as nothing:
+        print(
+            f"kvfuzz: --pin {describe_pins(pins)}: no configuration with these pins is valid: {nothing}",
+            file=sys.stderr,
+        )
+        return 2
+    pinned = f", pinned: {describe_pins(options.pins)}" if options.pins else ""
     if not args.json:
         ends = " or ".join(
             part
@@ -138,8 +190,8 @@ def scheduler_campaign(
         print(
             f"kvfuzz campaign: --scheduler {args.scheduler}\n  until {ends}, seed {options.seed}; each batch of "
             f"{plural(options.batch_examples, 'example')} draws the engine's configuration from the swarm table "
-            f"(kvfuzz/scheduler/swarm.py){', in a child process' if options.isolate else ''}\n  new failures saved to "
-            f"{options.corpus}; known findings from: {', '.join(map(str, known)) or 'none'} and the corpus",
+            f"(kvfuzz/scheduler/swarm.py){pinned}{', in a child process' if options.isolate else ''}\n  new failures "
+            f"saved to {options.corpus}; known findings from: {', '.join(map(str, known)) or 'none'} and the corpus",
             flush=True,
         )
     status = (lambda line: print(f"  {line}", file=sys.stderr, flush=True)) if not args.json else None
@@ -156,7 +208,7 @@ def scheduler_campaign(
         preemptions = sum(batch["preemptions"] for batch in result.batch_log)
         hits = sum(batch["hit_tokens"] for batch in result.batch_log)
         print(
-            f"{plural(result.batches, 'configuration')} drawn (kvfuzz/scheduler/swarm.py), "
+            f"{plural(result.batches, 'configuration')} drawn (kvfuzz/scheduler/swarm.py{pinned}), "
             f"{result.refused} more refused by vLLM's validation and redrawn; the scheduler preempted "
             f"{plural(preemptions, 'request')}, {plural(hits, 'prompt token')} hit the prefix cache"
         )

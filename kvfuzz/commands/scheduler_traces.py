@@ -43,20 +43,24 @@ def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
     from kvfuzz.program.safeguards import Watchdog
     from kvfuzz.scheduler.recorder import vllm_version
     from kvfuzz.scheduler.replay import ReplayRefused, missing_vllm, replay
+    from kvfuzz.scheduler.sglang.build import sglang_missing
+    from kvfuzz.scheduler.sglang.traces import missing_sglang, sglang_version
+    from kvfuzz.scheduler.trace import SGLANG
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     trace = _load(path)
     if trace is None:
         return "could not be replayed"
-    if vllm_missing():  # as a trace whose allocator is not installed: skipped, and the other files go on
-        print(f"{path}: skipped: {missing_vllm(trace)}\n")
+    sglang = trace.scheduler == SGLANG
+    if sglang_missing() if sglang else vllm_missing():  # as a trace whose allocator is not installed: skipped
+        print(f"{path}: skipped: {missing_sglang(trace) if sglang else missing_vllm(trace)}\n")
         return "skipped"
     known = f" (known bug: {trace.known_bug})" if trace.known_bug else ""
     print(f"{path}: recorded against {trace.scheduler}: {trace.failure.check}{known}")
-    print(f"  {trace.setup.describe()}; vLLM {trace.vllm_version}, {trace.model_runner} model runner")
-    here = vllm_version()
+    print(f"  {trace.setup.describe()}; {trace.engine_description()}")
+    here = sglang_version() if sglang else vllm_version()
     if here != trace.vllm_version and here != "unknown":
-        print(f"  note: recorded with vLLM {trace.vllm_version}, replayed with {here}")
+        print(f"  note: recorded with {trace.engine_name} {trace.vllm_version}, replayed with {here}")
     try:
         with Watchdog(call_timeout) if call_timeout else contextlib.nullcontext() as watchdog:
             replayed = replay(

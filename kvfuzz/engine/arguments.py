@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, Union
 import attrs
 
 from kvfuzz.allocator.types import Namespace, SeqId
-from kvfuzz.engine.expected import ProgramState
+from kvfuzz.engine.expected import Census, ExpectedState, ProgramState, Status
 
 if TYPE_CHECKING:
     from hypothesis import strategies as st
@@ -93,6 +93,40 @@ class Snapshot:
         if options is answers:
             options = answers[pick] = pick(self)
         return options
+
+
+class CensusSnapshot(Snapshot):
+    """A :class:`Snapshot` of the engine's :class:`ExpectedState` whose sequence lists (``ids`` of a status,
+    ``live_ids``, ``computed_ids``: most of what enablement asks) come from one pass over the sequences
+    (:meth:`ExpectedState.census`), made at most once per state, instead of a pass for each list. The answers are the
+    state's own (the same lists, in the same order); every other query passes through as in :class:`Snapshot`."""
+
+    def __init__(self, state: ExpectedState) -> None:
+        super().__init__(state)
+        self._expected = state  # the state, typed as what makes a census
+
+    def _census(self) -> Census:
+        census = self._answers.get(CensusSnapshot)  # keyed by the class: no query's key (a tuple) equals it
+        if census is None:
+            census = self._answers[CensusSnapshot] = self._expected.census()
+        return census  # type: ignore[no-any-return]
+
+    def ids(self, status: Status, groups: bool = False) -> list[SeqId]:
+        if groups:  # group tables: not in the census (enablement never asks for them)
+            return self._expected.ids(status, groups)
+        return self._census().by_status[status]
+
+    def live_ids(self) -> list[SeqId]:
+        return self._census().live
+
+    def computed_ids(self) -> list[SeqId]:
+        return self._census().computed
+
+
+def snapshot_of(state: ProgramState) -> Snapshot:
+    """The snapshot enablement and draws read for ``state``: a :class:`CensusSnapshot` of the engine's state, a plain
+    :class:`Snapshot` of any other (the benchmark's bare machine)."""
+    return CensusSnapshot(state) if isinstance(state, ExpectedState) else Snapshot(state)
 
 
 @functools.lru_cache(maxsize=None)

@@ -48,6 +48,10 @@ class Status(enum.Enum):
     LOADED = "loaded"  # its loads landed: waits for resume to allocate the rest of its prompt
 
 
+STATUSES = tuple(Status)
+"""Every status, in a tuple (iterating the enumeration itself costs more, and a census does it once per call)."""
+
+
 @attrs.define
 class SeqModel:
     """One sequence the engine knows. Positions below ``written`` hold K/V; the rest are written at the next step.
@@ -132,6 +136,18 @@ class BlockRefs:
         for block in reversed(released):
             self.released[block] = None
         return TableChange(frozenset(touched), tuple(reversed(released)), tuple(acquired))
+
+
+@attrs.frozen
+class Census:
+    """The sequences (group tables aside), each list in the order of the state's ``seqs``, as enablement reads them:
+    ``by_status`` every status's (what ``ids`` answers; every status a key), ``live`` every one not preempted (what
+    ``live_ids`` answers), ``computed`` the running ones whose every token a step has written and that await no step
+    (what ``computed_ids`` answers). Made in one pass by :meth:`ExpectedState.census`, for one state."""
+
+    by_status: dict[Status, list[SeqId]]
+    live: list[SeqId]
+    computed: list[SeqId]
 
 
 class LandableLoads(Protocol):
@@ -240,6 +256,22 @@ class ExpectedState:
     def ids(self, status: Status, groups: bool = False) -> list[SeqId]:
         """Sequences with ``status``, and with ``groups`` the group tables (other than group 0's) of those."""
         return [seq for seq, model in self.seqs.items() if model.status is status and (groups or not model.owner)]
+
+    def census(self) -> Census:
+        """``ids`` of every status, ``live_ids`` and ``computed_ids`` in one pass (the same lists, in the same order:
+        ``tests/test_operations.py`` compares them over thousands of states)."""
+        by_status: dict[Status, list[SeqId]] = {status: [] for status in STATUSES}
+        live, computed = [], []
+        for seq, model in self.seqs.items():
+            if model.owner:
+                continue
+            status = model.status
+            by_status[status].append(seq)
+            if status is not Status.PREEMPTED:
+                live.append(seq)
+                if status is Status.RUNNING and model.written == self.length(seq) and not model.awaits_step:
+                    computed.append(seq)
+        return Census(by_status, live, computed)
 
     def live_ids(self) -> list[SeqId]:
         """Sequences that hold blocks or a place in the host pool: everything but the preempted."""

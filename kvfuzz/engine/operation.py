@@ -67,7 +67,7 @@ class Operation:
         ``condition`` holds and every argument has something to draw from."""
         if self.condition is not _always and not self.condition(state):
             return False
-        if type(state) is Snapshot:  # the options themselves, each answered once per state (what available asks)
+        if isinstance(state, Snapshot):  # the options themselves, each answered once per state (what available asks)
             for options in self.gate_options:
                 if not state.options(options):
                     return False

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 
 import attrs
 
-from kvfuzz.engine.arguments import Snapshot
+from kvfuzz.engine.arguments import snapshot_of
 from kvfuzz.engine.operation import Operation
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
@@ -85,7 +85,7 @@ def random_program(
     except Exception as error:  # noqa: BLE001 -- the factory failed to build this program's allocator
         return RandomFailure((), error)
     try:
-        snapshot = Snapshot(execution.engine.expected)
+        snapshot = snapshot_of(execution.engine.expected)
         caps = execution.engine.expected.caps
         weighted = zip(operations, weights) if weights is not None else ((operation, 1.0) for operation in operations)
         declared = [(operation, weight) for operation, weight in weighted if operation.declared(caps)]

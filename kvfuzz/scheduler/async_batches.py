@@ -135,21 +135,24 @@ class BatchQueue:
             start = worker.computed[request]
             written = {
                 table[position // size]
-                for table in worker.requests[request].tables
+                for table in (worker.requests[request].tables[rule.index] for rule in worker.groups)
                 for position in range(start, start + count)
                 if position // size < len(table) and table[position // size] != 0
             }
             for block in sorted(written):
-                self._check_write(block, request, start, step, held)
+                self._check_write(block, request, start, step, held, worker.requests)
         for request, count in output.num_scheduled_tokens.items():
             start = worker.computed[request]
             end = start + count
-            for rule, table in zip(worker.groups, worker.requests[request].tables):
+            for rule in worker.groups:
+                table = worker.requests[request].tables[rule.index]
                 for block in table[rule.first_kept_entry(start, size) : -(-end // size)]:
                     if block != 0:
                         self.readers.setdefault(block, {}).setdefault(step, set()).add(request)
 
-    def _check_write(self, block: int, writer: str, start: int, step: int, held: dict[str, set[int]]) -> None:
+    def _check_write(
+        self, block: int, writer: str, start: int, step: int, held: dict[str, set[int]], states: dict[str, Any]
+    ) -> None:
         for reader, requests in sorted(self.readers.get(block, {}).items()):
             released = sorted(request for request in requests if block not in held.get(request, ()))
             if reader == step or not released:
@@ -165,4 +168,16 @@ class BatchQueue:
                 f"request(s) {released} released (no table of theirs holds it now) while step {reader}, which reads "
                 f"it for them, is in flight (its output not yet returned), and the device does not run step {step}'s "
                 f"writes after step {reader}'s reads",
+                released_cause(writer, released, states),
             )
+
+
+def released_cause(writer: str, released: list[str], requests: dict[str, Any]) -> str:
+    """Who released the block a write reuses too early, as the worker knows them (``requests``: its live and preempted
+    requests' states; a request not among them finished or was aborted): the writer itself, a preempted request, or
+    a finished one."""
+    if writer in released:
+        return "a block the writer itself released"
+    if any(request in requests and requests[request].preempted for request in released):
+        return "a preempted request's block"
+    return "a block of a finished or dropped request"

@@ -114,6 +114,7 @@ class KernelAttention:
             f"K/V by up to {mismatch.max_abs_diff:.3g} (allowed: "
             + ("none, bit for bit" if tolerance is None else str(tolerance))
             + ")",
+            f"the {self.name} kernel's attention",
         )
 
 

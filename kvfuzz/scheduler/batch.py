@@ -40,13 +40,20 @@ def check_batch(output: Any, live: Collection[str], step: int) -> None:
                 f"the step schedules {count} token(s) for it{also}, but the output brings it neither as a new nor "
                 f"as a cached request, so the model runner has no table for it; new {new}, cached "
                 f"{list(cached.req_ids)}",
+                "a request scheduled but not brought" + (" (preempted by the same output)" if also else ""),
             )
     for request in brought:
         if brought.count(request) > 1:
-            raise SchedulerViolation(Check.BATCH, step, request, f"the output brings it more than once: {brought}")
+            raise SchedulerViolation(
+                Check.BATCH, step, request, f"the output brings it more than once: {brought}", "a request brought twice"
+            )
         if request not in scheduled:
             raise SchedulerViolation(
-                Check.BATCH, step, request, "the output brings it as a scheduled request, with no tokens scheduled"
+                Check.BATCH,
+                step,
+                request,
+                "the output brings it as a scheduled request, with no tokens scheduled",
+                "a request brought with no tokens scheduled",
             )
     for request in cached.req_ids:
         if request in cached.resumed_req_ids:
@@ -59,6 +66,7 @@ def check_batch(output: Any, live: Collection[str], step: int) -> None:
                 request,
                 f"the output schedules it as a running request for {scheduled[request]} token(s), and the same "
                 f"output {why} it (preempted {sorted(preempted)})",
+                f"a running request the same output {why}",
             )
         if request not in live:
             raise SchedulerViolation(
@@ -67,6 +75,7 @@ def check_batch(output: Any, live: Collection[str], step: int) -> None:
                 request,
                 f"the output schedules it as a running request for {scheduled[request]} token(s), but the model "
                 "runner holds no running state for it (never admitted, finished, or preempted and not resumed)",
+                "a running request the model runner does not hold",
             )
     total = sum(scheduled.values())
     if output.total_num_scheduled_tokens != total:
@@ -76,6 +85,7 @@ def check_batch(output: Any, live: Collection[str], step: int) -> None:
             None,
             f"total_num_scheduled_tokens is {output.total_num_scheduled_tokens}, but the requests' scheduled tokens "
             f"sum to {total}: {dict(scheduled)}",
+            "the total of scheduled tokens",
         )
 
 
@@ -89,4 +99,5 @@ def check_table_covers(request: str, table: list[int], computed: int, count: int
             request,
             f"the step schedules its positions {computed}..{end - 1}, but its block table of {len(table)} "
             f"block(s) {table} covers positions 0..{len(table) * block_size - 1} only",
+            "a table too short for the scheduled positions",
         )

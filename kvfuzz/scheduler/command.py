@@ -49,6 +49,8 @@ SCHEDULER_ONLY = (
     "model",
     "cache_salts",
     "stop_tokens",
+    "eos",
+    "min_tokens",
 )
 """The attributes of the options only a scheduler target takes."""
 
@@ -76,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         choices=defaults.SCHEDULER_MODELS,
         help="the model served, which decides the KV-cache groups: full (attention), or sliding-window (sliding "
-        "window and full attention layers, two groups in one pool) (default full)",
+        "window and full attention layers, two groups in one pool), or mamba-hybrid (a Mamba layer beside a "
+        "full-attention layer, a Mamba group and an attention group) (default full)",
     )
     group.add_argument(
         "--speculative-tokens",
@@ -115,6 +118,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="draw each request with stop token ids: it ends at the first one sampled",
     )
+    group.add_argument(
+        "--eos",
+        action="store_true",
+        default=None,
+        help="draw each request ending at the model's EOS token or ignoring it (ignore_eos)",
+    )
+    group.add_argument(
+        "--min-tokens",
+        action="store_true",
+        default=None,
+        help="draw each request with min_tokens: no stop token or EOS is sampled before that many outputs",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -139,6 +154,8 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "speculative_tokens",
             "cache_salts",
             "stop_tokens",
+            "eos",
+            "min_tokens",
         ):
             if getattr(args, name) is not None:
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/scheduler.md#sglang)"
@@ -149,6 +166,10 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
                 "scripts/third_party_env.sh sglang"
             )
         return None
+    if args.model == "mamba-hybrid":
+        for attribute, flag in (("write_path", "--write-path"), ("attention", "--attention")):
+            if getattr(args, attribute) not in (None, "kvfuzz", "off"):
+                return f"--model mamba-hybrid does not take {flag} (yet: its Mamba group has no per-position K/V)"
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
@@ -180,6 +201,8 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "async_scheduling": True if args.async_scheduling else None,
         "cache_salts": True if args.cache_salts else None,
         "stop_tokens": True if args.stop_tokens else None,
+        "eos": True if args.eos else None,
+        "min_tokens": True if args.min_tokens else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

@@ -1,6 +1,6 @@
 """What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
 scheduling policy, synchronous or async scheduling; and which request fields the machine draws besides prompt,
-length and priority (cache salts, stop tokens)."""
+length and priority (cache salts, stop tokens, EOS, min_tokens)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ class SchedulerSetup:
     async_scheduling: bool = False  # vLLM's AsyncScheduler, driven with two batches in flight (async_batches.py)
     cache_salts: bool = False  # requests drawn with a cache salt, or none (kvfuzz.scheduler.requests)
     stop_tokens: bool = False  # requests drawn with stop token ids (kvfuzz.scheduler.requests)
+    eos: bool = False  # requests drawn ending at the model's EOS token, or ignoring it (kvfuzz.scheduler.ending)
+    min_tokens: bool = False  # requests drawn with min_tokens: no stop token or EOS sampled before (ending.py)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -45,6 +47,10 @@ class SchedulerSetup:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.model == "mamba-hybrid" and self.async_scheduling:
+            raise ValueError(f"model {self.model} is not driven under async scheduling (yet; docs/scheduler.md)")
+        if self.model == "mamba-hybrid" and self.speculative_tokens:
+            raise ValueError("model mamba-hybrid is not driven with speculative decoding (yet; docs/scheduler.md)")
         if self.speculative_tokens < 0:
             raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
         if self.speculative_tokens and self.async_scheduling:
@@ -53,6 +59,11 @@ class SchedulerSetup:
                 "runner only (its V1 runner refuses n-gram drafts under async), where the scheduler gets -1 "
                 "placeholders and the runner verifies its own drafts at positions it corrects on the device; kvfuzz's "
                 "worker does not model that (docs/scheduler.md#speculative-decoding)"
+            )
+        if self.min_tokens and self.speculative_tokens:
+            raise ValueError(
+                "min_tokens under speculative decoding is not driven (yet): kvfuzz's sampler does not mask the drafts "
+                "it verifies (docs/scheduler.md)"
             )
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
@@ -80,4 +91,6 @@ class SchedulerSetup:
             + (", async scheduling" if self.async_scheduling else "")
             + (", cache salts" if self.cache_salts else "")
             + (", stop tokens" if self.stop_tokens else "")
+            + (", EOS" if self.eos else "")
+            + (", min_tokens" if self.min_tokens else "")
         )

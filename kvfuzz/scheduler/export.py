@@ -1,14 +1,15 @@
 """A scheduler trace as a standalone pytest file: the recorded configuration and model runner, the client's
 operations as calls on a :class:`~kvfuzz.scheduler.session.Session`, then the drain. It fails (the check's
 violation, or vLLM's own exception) while the failure reproduces, and passes once it is fixed; run it where vLLM is
-installed (without it the test fails on the import, loudly)."""
+installed (without it the test fails on the import, loudly). An ``sglang`` trace's file plays the same operations on
+an SGLang session, to run in SGLang's environment."""
 
 from __future__ import annotations
 
 import re
 import textwrap
 
-from kvfuzz.scheduler.trace import SchedulerTrace
+from kvfuzz.scheduler.trace import SGLANG, SchedulerTrace
 
 
 def _docstring_text(text: str) -> str:
@@ -26,6 +27,8 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     calls = "\n".join(f"        {operation.source('session')}" for operation in trace.program)
     message = _docstring_text(textwrap.indent(trace.failure.describe(), "    "))
     known = f"\nKnown bug: {_docstring_text(trace.known_bug)}\n" if trace.known_bug else ""
+    if trace.scheduler == SGLANG:
+        return _export_sglang(trace, source, name, message, known)
     runner_v2 = trace.model_runner == "V2"
     model = f", model={setup.model!r}" if setup.model != "full" else ""
     speculative = f", speculative_tokens={setup.speculative_tokens}" if setup.speculative_tokens else ""
@@ -34,6 +37,8 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
         "async_scheduling": setup.async_scheduling,
         "cache_salts": setup.cache_salts,
         "stop_tokens": setup.stop_tokens,
+        "eos": setup.eos,
+        "min_tokens": setup.min_tokens,
     }
     export_async = "".join(f", {name}=True" for name, on in drawn.items() if on)
     return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.
@@ -56,4 +61,29 @@ def test_{name}_{trace.digest()}():
         assert session.worker.runner_v2 is {runner_v2}, "vLLM did not select the recorded model runner"
 {calls}
         session.drain()
+'''
+
+
+def _export_sglang(trace: SchedulerTrace, source: str, name: str, message: str, known: str) -> str:
+    """The pytest file of an ``sglang`` trace: an :class:`~kvfuzz.scheduler.sglang.session.SGLangSession` of the
+    recorded configuration (run it in SGLang's environment)."""
+    setup = trace.setup
+    calls = "\n".join(f"    {operation.source('session')}" for operation in trace.program)
+    return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.
+
+Recorded failure of {trace.scheduler} (SGLang {_docstring_text(trace.vllm_version)}):
+{message}
+{known}"""
+
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.sglang.session import SGLangSession
+
+
+def test_{name}_{trace.digest()}():
+    setup = SchedulerSetup(num_blocks={setup.num_blocks}, block_size={setup.block_size},
+                           max_num_batched_tokens={setup.max_num_batched_tokens}, max_num_seqs={setup.max_num_seqs},
+                           prefix_caching={setup.prefix_caching})
+    session = SGLangSession(setup)
+{calls}
+    session.drain()
 '''

@@ -51,13 +51,31 @@ def group_namespace(index: int) -> tuple[str, ...]:
 
 
 def group_rules(kv_cache_config: Any) -> tuple[GroupRule, ...]:
-    """The rule of each group of vLLM's ``KVCacheConfig``, in its order (a spec with a ``sliding_window`` that the
-    manager honours is a sliding-window group; any other attention spec is full attention)."""
+    """The rule of each attention group of vLLM's ``KVCacheConfig``, in its order (a spec with a ``sliding_window``
+    that the manager honours is a sliding-window group; any other attention spec is full attention). Mamba groups
+    have no K/V positions: :func:`mamba_groups` names them, :mod:`kvfuzz.scheduler.mamba_states` models them."""
     rules = []
     for index, group in enumerate(kv_cache_config.kv_cache_groups):
         kind = type(group.kv_cache_spec).__name__
+        if kind == "MambaSpec":
+            continue
         if kind not in ("FullAttentionSpec", "SlidingWindowSpec"):
             raise ValueError(f"KV-cache group {index} is a {kind}, which the worker does not model")
         window = group.kv_cache_spec.sliding_window if kind == "SlidingWindowSpec" else None
         rules.append(GroupRule(index, window))
     return tuple(rules)
+
+
+def mamba_groups(kv_cache_config: Any) -> tuple[tuple[int, ...], str, int]:
+    """The indices of the Mamba groups of vLLM's ``KVCacheConfig``, their ``mamba_cache_mode`` and block size (one
+    for all: vLLM's planner gives the Mamba layers one spec); ``((), "none", 1)`` without Mamba groups."""
+    specs = {
+        index: group.kv_cache_spec
+        for index, group in enumerate(kv_cache_config.kv_cache_groups)
+        if type(group.kv_cache_spec).__name__ == "MambaSpec"
+    }
+    if not specs:
+        return (), "none", 1
+    (mode,) = {spec.mamba_cache_mode for spec in specs.values()}
+    (block_size,) = {spec.block_size for spec in specs.values()}
+    return tuple(specs), mode, block_size

@@ -72,7 +72,17 @@ def read_journal(path: Path) -> Optional[JournaledExample]:
         for line in whole[1:]:
             item = json.loads(line)
             if item["op"] == "add":
-                program.append(AddRequest(item["prompt"], item["max_tokens"], item.get("priority", 0)))
+                program.append(
+                    AddRequest(
+                        item["prompt"],
+                        item["max_tokens"],
+                        item.get("priority", 0),
+                        item.get("cache_salt"),
+                        item.get("stop_token_ids", ()),
+                        item.get("eos", False),
+                        item.get("min_tokens", 0),
+                    )
+                )
             elif item["op"] == "abort":
                 program.append(Abort(item["request"]))
             else:

@@ -96,6 +96,7 @@ class SlotPool:
                     f"{slot // self.block_size}, slot {slot}, which request {claim.request} {claim.why} for its "
                     f"position {claim.position}{salted(claim.namespace)} (tag {claim.tag:#x}); the slot holds "
                     + ("nothing yet" if found is None else f"tag {found.tag:#x}, written at step {found.step}"),
+                    exclusive_cause(request, position, namespace, claim),
                 )
             taken[slot] = Claim(request, position, tag, "wrote this step", namespace)
         keys, values = kv_for_tags(tags, MODEL_SHAPE)
@@ -114,9 +115,11 @@ class SlotPool:
         step: int,
         namespace: tuple[str, ...] = (),
         start: int = 0,
+        hit: int = 0,
     ) -> None:
         """Every position of ``tokens`` from ``start`` on holds, at its slot in ``slots`` (one per such position), the
-        K/V of the request's own prefix up to it (under ``namespace``, its cache salt if any)."""
+        K/V of the request's own prefix up to it (under ``namespace``, its cache salt if any). Positions below
+        ``hit`` are the ones the request was given from the prefix cache (it never wrote them), for the cause."""
         tags = prefix_tags(namespace, tokens)
         keys, values = kv_for_tags(tags[start:], MODEL_SHAPE)
         index = torch.tensor(slots, dtype=torch.int64)
@@ -140,7 +143,44 @@ class SlotPool:
             f"position {position} (block {slot // self.block_size}, slot {slot}) should hold the K/V of the "
             f"request's own tokens {tokens[: position + 1]}{salted(namespace)} (tag {tags[position]:#x}), but holds "
             f"{holds}",
+            self._content_cause(request, position, tags[position], slot, hit),
         )
+
+    def _content_cause(self, request: str, position: int, tag: int, slot: int, hit: int) -> str:
+        """Why ``slot`` does not hold ``request``'s K/V (``tag``) for ``position``, as far as the shadow tells: a cache
+        hit on content that differs or was never written, the request's own write gone to another slot, a draft's
+        K/V left in place, or content older than the request's write (which never came)."""
+        found = self.shadow[slot]
+        if position < hit:
+            return "a cache hit on unwritten content" if found is None else "a cache hit on other content"
+        if any(
+            write is not None and (write.request, write.position, write.tag) == (request, position, tag)
+            for other, write in enumerate(self.shadow)
+            if other != slot
+        ):
+            return "its write went to another slot"
+        if found is None:
+            return "unwritten content"
+        if found.draft:
+            return "a draft's K/V"
+        if found.request == request:
+            return "its own K/V of another position"
+        return "stale content of another request"
+
+
+def exclusive_cause(request: str, position: int, namespace: tuple[str, ...], claim: Claim) -> str:
+    """The relation between a write (``request``'s ``position`` under ``namespace``) and the claim it breaks: two
+    writes of one step, the writer's own computed K/V, a block shared by a cached prefix (the same position in both
+    requests) under the same or another cache salt, or a block another request holds at another position."""
+    if claim.why == "wrote this step":
+        return "two writes to one slot in a step"
+    if claim.request == request:
+        return "over its own computed K/V"
+    if claim.position != position:
+        return "a block another request holds at another position"
+    if claim.namespace != namespace:
+        return "a block shared across cache salts"
+    return "a shared cached prefix block"
 
 
 GROUP_PREFIX = "kv-cache group "

@@ -104,10 +104,15 @@ def machine_for_setup(
             priority: int = 0,
             cache_salt: Optional[str] = None,
             stop_token_ids: tuple[int, ...] = (),
+            eos: bool = False,
+            min_tokens: int = 0,
         ) -> str:
             prompt = (list(SHARED[:prefix]) + suffix)[: longest - 1] or [0]
             length = min(max_tokens, longest - len(prompt))
-            return self._guarded(lambda: self.session.add(prompt, length, priority, cache_salt, stop_token_ids))
+            least = min(min_tokens, length)
+            return self._guarded(
+                lambda: self.session.add(prompt, length, priority, cache_salt, stop_token_ids, eos, least)
+            )
 
         @rule(request=requests)
         def abort(self, request: str) -> None:

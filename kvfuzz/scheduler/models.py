@@ -6,6 +6,10 @@ KV-cache group each gets. vLLM builds the ``KVCacheConfig`` from these layers it
 * ``sliding-window``: a four-layer Gemma 2, whose layers alternate a sliding window of ``2 x block size`` tokens and
   full attention: vLLM's hybrid allocator gives it two KV-cache groups sharing one block pool, and the
   sliding-window group's manager drops (frees, and nulls in the tables) the blocks that fell out of the window.
+* ``mamba-hybrid``: a two-layer Jamba, a Mamba layer then a full-attention layer: two KV-cache groups sharing one
+  block pool, a Mamba group beside the attention group: without prefix caching its table holds one state block per
+  request (``mamba_cache_mode="none"``: its block spans the whole model length); with prefix caching vLLM's
+  ``align`` mode keeps a state per block of the pool's block size.
 
 Invariant: the longest request (:func:`max_model_len`) is one vLLM's own startup check admits on the pool: every
 group's blocks for a request of that length fit in the usable blocks together."""
@@ -71,6 +75,38 @@ class SchedulerModel:
         return full + -(-min(window - 1 + budget, length) // block_size) + 1
 
 
+@attrs.frozen
+class MambaHybridModel(SchedulerModel):
+    """A Jamba: ``mamba_layers`` Mamba layers, then attention layers as ``window_blocks`` says (full attention
+    only). Its Mamba state is small (``mamba_d_state`` 1, ``mamba_d_conv`` 2: 64 bytes a layer) so that its page
+    fits the attention page of any block size, as vLLM's planner needs (it pads the Mamba page to the attention one).
+
+    Invariant: a request holds at most two resident blocks of the Mamba group (its state, and in ``align`` mode the
+    previous state until the next step), so the startup check reserves two blocks more than full attention's."""
+
+    mamba_layers: int = 1  # Mamba layers, before the attention layers
+
+    def hf_config(self, shape: ModelShape, block_size: int) -> dict[str, Any]:
+        layers = self.mamba_layers + len(self.window_blocks)
+        return super().hf_config(shape, block_size) | {
+            "num_hidden_layers": layers,
+            "attn_layer_period": layers,
+            "attn_layer_offset": self.mamba_layers,
+            "expert_layer_period": layers,
+            "expert_layer_offset": self.mamba_layers,
+            "num_experts": 1,
+            "mamba_d_state": 1,
+            "mamba_d_conv": 2,
+            "mamba_expand": 1,
+            "mamba_dt_rank": 1,
+        }
+
+    def blocks_per_request(self, length: int, block_size: int, budget: int) -> int:
+        """Full attention's blocks, and the Mamba group's most resident blocks: one state block without prefix
+        caching, two in ``align`` mode (vLLM's ``MambaSpec.max_memory_usage_bytes``); two for both."""
+        return super().blocks_per_request(length, block_size, budget) + 2
+
+
 FULL = SchedulerModel(
     "full", "a two-layer llama, full attention (one KV-cache group)", "LlamaForCausalLM", "llama", (None, None)
 )
@@ -81,7 +117,14 @@ SLIDING_WINDOW = SchedulerModel(
     "gemma2",
     (2, None, 2, None),
 )
-MODELS = {model.name: model for model in (FULL, SLIDING_WINDOW)}
+MAMBA_HYBRID = MambaHybridModel(
+    "mamba-hybrid",
+    "a two-layer Jamba, a Mamba layer beside a full-attention layer (a Mamba group and an attention group)",
+    "JambaForCausalLM",
+    "jamba",
+    (None,),
+)
+MODELS = {model.name: model for model in (FULL, SLIDING_WINDOW, MAMBA_HYBRID)}
 """The models ``kvfuzz run --scheduler --model`` takes."""
 
 

@@ -1,7 +1,8 @@
 """Every request's output checked against the fake model: the tokens ``update_from_output`` reports for a request
-are exactly :func:`~kvfuzz.scheduler.fake_model.expected_output`, in order, none lost or repeated (across preemption
-and resumption too); a request finishes with exactly :func:`~kvfuzz.scheduler.requests.output_length` of them (all
-``max_tokens``, or up to and including its first stop token), never more; nothing follows a finish."""
+are exactly :func:`~kvfuzz.scheduler.fake_model.expected_output` (under its ``min_tokens``, as kvfuzz's sampler
+masks its stop tokens), in order, none lost or repeated (across preemption and resumption too); a request finishes
+with exactly :meth:`~kvfuzz.scheduler.ending.Ending.length` of them (all ``max_tokens``, or up to and including its
+first stop token or EOS), never more; nothing follows a finish."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 
 import attrs
 
-from kvfuzz.scheduler.fake_model import expected_output
-from kvfuzz.scheduler.requests import output_length
+from kvfuzz.scheduler.ending import Ending
+from kvfuzz.scheduler.fake_model import EOS_TOKEN, expected_output
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 
@@ -20,20 +21,34 @@ class Expected:
 
     prompt_length: int  # the prompt's tokens
     max_tokens: int  # the most output tokens it asks for
-    length: int  # the output it finishes with, unless aborted: max_tokens, or up to its first stop token
-    stop_token_ids: tuple[int, ...] = ()  # the sampled tokens that end it
+    length: int  # the output it finishes with, unless aborted: max_tokens, or up to its first stop token or EOS
+    ending: Ending = Ending()  # what ends it early
     received: list[int] = attrs.Factory(list)  # the output tokens reported so far
     finished: bool = False  # reported finished, or aborted
 
-    def ending(self, request: str) -> str:
+    def why(self, request: str) -> str:
         """Why ``request`` should finish with ``length`` tokens, for a message."""
-        last = expected_output(request, self.prompt_length, self.length)[-1]
-        if last in self.stop_token_ids:
-            return f"its output #{self.length - 1}, {last}, is its first stop token (stop_token_ids " + (
-                f"{list(self.stop_token_ids)})"
+        last = self.whole(request)[-1]
+        conditions = self.ending.describe()
+        if last in self.ending.stopping:
+            return f"its output #{self.length - 1}, {last}, is its first stop token ({conditions})"
+        stops = f", none of them a stop token ({conditions})" if conditions else ""
+        ignored = f", and it ignores EOS ({EOS_TOKEN})" if not self.ending.eos else ""
+        return f"its max_tokens is {self.max_tokens}{stops}{ignored}"
+
+    def masked(self, index: int, token: int) -> str:
+        """What a message adds when output ``#index`` is ``token``: that the sampler masks it there, if it does."""
+        sampler = self.ending.sampler
+        if index < sampler.min_tokens and token in sampler.stop_token_ids:
+            return (
+                f": {token} is a stop token, which the sampler never samples before min_tokens {sampler.min_tokens} "
+                "outputs (the min-tokens processor of the sampling params the scheduler's output brought)"
             )
-        stops = f", none of them a stop token of {list(self.stop_token_ids)}" if self.stop_token_ids else ""
-        return f"its max_tokens is {self.max_tokens}{stops}"
+        return ""
+
+    def whole(self, request: str) -> list[int]:
+        """The output ``request`` finishes with."""
+        return expected_output(request, self.prompt_length, self.length, self.ending.sampler)
 
 
 class OutputLedger:
@@ -42,9 +57,9 @@ class OutputLedger:
     def __init__(self) -> None:
         self.requests: dict[str, Expected] = {}  # request -> its output so far
 
-    def added(self, request: str, prompt_length: int, max_tokens: int, stop_token_ids: tuple[int, ...] = ()) -> None:
-        length = output_length(request, prompt_length, max_tokens, stop_token_ids)
-        self.requests[request] = Expected(prompt_length, max_tokens, length, stop_token_ids)
+    def added(self, request: str, prompt_length: int, max_tokens: int, ending: Ending = Ending()) -> None:
+        length = ending.length(request, prompt_length, max_tokens)
+        self.requests[request] = Expected(prompt_length, max_tokens, length, ending)
 
     def aborted(self, request: str) -> None:
         self.requests[request].finished = True
@@ -63,29 +78,41 @@ class OutputLedger:
         expected = self.requests[request]
         if expected.finished and tokens:
             raise SchedulerViolation(
-                Check.OUTPUTS, step, request, f"tokens {tokens} reported after the request finished or was aborted"
+                Check.OUTPUTS,
+                step,
+                request,
+                f"tokens {tokens} reported after the request finished or was aborted",
+                "a token after the request finished",
             )
         start = len(expected.received)
         expected.received.extend(tokens)
-        want = expected_output(request, expected.prompt_length, len(expected.received))
+        want = expected_output(request, expected.prompt_length, len(expected.received), expected.ending.sampler)
         if expected.received != want:
             first = next(index for index, (got, ought) in enumerate(zip(expected.received, want)) if got != ought)
             raise SchedulerViolation(
                 Check.OUTPUTS,
                 step,
                 request,
-                f"output token #{first} is {expected.received[first]}, but the fake model sampled {want[first]} "
-                f"(expected output {want}, reported {expected.received}; this step reported tokens "
-                f"#{start}..#{len(expected.received) - 1})",
+                f"output token #{first} is {expected.received[first]}, but the fake model sampled {want[first]}"
+                f"{expected.masked(first, expected.received[first])} (expected output {want}, reported "
+                f"{expected.received}; this step reported tokens #{start}..#{len(expected.received) - 1})",
+                "a stop token before min_tokens"
+                if expected.masked(first, expected.received[first])
+                else mismatch_cause(
+                    expected.received,
+                    expected_output(request, expected.prompt_length, len(want) + 8, expected.ending.sampler),
+                    first,
+                ),
             )
-        whole = expected_output(request, expected.prompt_length, expected.length)
+        whole = expected.whole(request)
         if len(expected.received) > expected.length:
             raise SchedulerViolation(
                 Check.OUTPUTS,
                 step,
                 request,
                 f"{len(expected.received)} output tokens {expected.received} reported, but it should have finished "
-                f"with {expected.length}: {expected.ending(request)} (expected {whole})",
+                f"with {expected.length}: {expected.why(request)} (expected {whole})",
+                "a token after a stop token" if whole[-1] in expected.ending.stopping else "a token past max_tokens",
             )
         if finishes and not expected.finished:
             expected.finished = True
@@ -95,5 +122,21 @@ class OutputLedger:
                     step,
                     request,
                     f"finished with {len(expected.received)} output tokens {expected.received}, but "
-                    f"{expected.ending(request)} (expected {whole})",
+                    f"{expected.why(request)} (expected {whole})",
+                    "finished early",
                 )
+
+
+def mismatch_cause(received: list[int], sampled: list[int], first: int) -> str:
+    """Why the output ``received`` departs at token ``first`` from what the fake model sampled (``sampled``: its
+    outputs, a few past ``received``), told by how the rest lines up: shifted on by one (a token lost), back by one
+    (a token repeated), its first two swapped (out of order), or none of these. The fake model's vocabulary is
+    small, so a rest of one token can line up by chance: the cause is the first reading that fits."""
+    rest = received[first:]
+    if rest == sampled[first + 1 : first + 1 + len(rest)]:
+        return "a token lost"
+    if first > 0 and rest == sampled[first - 1 : first - 1 + len(rest)]:
+        return "a token repeated"
+    if len(rest) >= 2 and rest[:2] == [sampled[first + 1], sampled[first]]:
+        return "tokens out of order"
+    return "a token other than the one sampled"

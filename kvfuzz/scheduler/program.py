@@ -20,6 +20,8 @@ class Client(Protocol):
         priority: int = 0,
         cache_salt: Optional[str] = None,
         stop_token_ids: tuple[int, ...] = (),
+        eos: bool = False,
+        min_tokens: int = 0,
     ) -> str: ...
 
     def abort(self, request: str) -> None: ...
@@ -35,18 +37,30 @@ def _token_ids(tokens: Iterable[int]) -> tuple[int, ...]:
 class AddRequest:
     """A request arrives with ``prompt`` and asks for ``max_tokens`` tokens (ids ``r0``, ``r1``, ... in order), of
     ``priority`` (the priority policy runs smaller first), under ``cache_salt`` (the prefix cache shares blocks only
-    between requests of the same salt), ending early at the first sampled token among ``stop_token_ids``. Each is
-    left out of the JSON and the source at its default (0, no salt, no stop tokens), so that a program without them
-    reads, saves and digests as it did before they existed."""
+    between requests of the same salt), ending early at the first sampled token among ``stop_token_ids``, or at the
+    model's end-of-sequence token unless it ignores EOS (``eos`` false: vLLM's ``ignore_eos``), but never before
+    ``min_tokens`` outputs. Each is left out of the JSON and the source at its default (0, no salt, no stop tokens,
+    EOS ignored, no min_tokens), so that a program without them reads, saves and digests as it did before they
+    existed."""
 
     prompt: tuple[int, ...] = attrs.field(converter=_token_ids)
     max_tokens: int
     priority: int = 0
     cache_salt: Optional[str] = None
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_token_ids)
+    eos: bool = False
+    min_tokens: int = 0
 
     def apply(self, session: Client) -> None:
-        session.add(list(self.prompt), self.max_tokens, self.priority, self.cache_salt, self.stop_token_ids)
+        session.add(
+            list(self.prompt),
+            self.max_tokens,
+            self.priority,
+            self.cache_salt,
+            self.stop_token_ids,
+            self.eos,
+            self.min_tokens,
+        )
 
     def _extras(self) -> dict[str, Any]:
         """The fields not at their defaults, by name."""
@@ -57,6 +71,10 @@ class AddRequest:
             extras["cache_salt"] = self.cache_salt
         if self.stop_token_ids:
             extras["stop_token_ids"] = list(self.stop_token_ids)
+        if self.eos:
+            extras["eos"] = True
+        if self.min_tokens:
+            extras["min_tokens"] = self.min_tokens
         return extras
 
     def to_json(self) -> dict[str, Any]:

@@ -8,56 +8,16 @@ import contextlib
 import os
 from typing import Callable, Iterator, Optional
 
-import attrs
-
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.program import Operation
+from kvfuzz.scheduler.replay_result import ReplayRefused, SchedulerReplay
 from kvfuzz.scheduler.session import Session, WorkerFactory
-from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
+from kvfuzz.scheduler.trace import SGLANG, RecordedFailure, SchedulerTrace
 from kvfuzz.scheduler.worker import Worker
 from kvfuzz.scheduler.write_paths import WRITE_PATHS, prepare_write_path
 
 RUNNER_VARIABLE = "VLLM_USE_V2_MODEL_RUNNER"
 """The environment variable vLLM 0.33.0 selects its model runner by (read each time its configuration is asked)."""
-
-
-class ReplayRefused(Exception):
-    """The trace cannot be replayed here; the message is one line saying why."""
-
-
-@attrs.frozen
-class SchedulerReplay:
-    """What a replay found: the failure (None: every check passed) and where: the index of the operation that
-    failed, or ``len(program)`` for the drain."""
-
-    trace: SchedulerTrace
-    failure: Optional[RecordedFailure]
-    failed_at: Optional[int]
-    error: Optional[Exception] = attrs.field(default=None, eq=False, repr=False)  # the exception itself
-
-    @property
-    def failed(self) -> bool:
-        return self.failure is not None
-
-    @property
-    def reproduced(self) -> bool:
-        """The recorded failure happened again: the same check (for a crash, the same exception type)."""
-        return self.failure is not None and self.failure.same_kind(self.trace.failure)
-
-    @property
-    def identical(self) -> bool:
-        """The message is the recorded one, word for word (the target is deterministic, so it should be)."""
-        return self.failure is not None and self.failure.message == self.trace.failure.message
-
-    def where(self) -> str:
-        if self.failed_at is None:
-            return "nowhere"
-        return "the drain" if self.failed_at == len(self.trace.program) else f"operation {self.failed_at + 1}"
-
-    def describe_failure(self) -> str:
-        if self.failure is None:
-            return "every check passed"
-        return self.failure.describe()
 
 
 @contextlib.contextmanager
@@ -114,6 +74,10 @@ def replay(
     with: :func:`recorded_worker`), each step bounded by ``watchdog`` (entered by the caller) when one is given.
     Raises :class:`ReplayRefused` when vLLM is not installed, its configuration refuses the trace's, the recorded
     model runner cannot be selected here, or the recorded worker cannot run."""
+    if trace.scheduler == SGLANG:  # SGLang's scheduling pieces: no worker, runner or watchdog to choose
+        from kvfuzz.scheduler.sglang.traces import replay_sglang
+
+        return replay_sglang(trace, on_operation)
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():

@@ -1,4 +1,5 @@
-"""Request variety in the scheduler target beyond prompt, length and priority: cache salts and stop tokens.
+"""Request variety in the scheduler target beyond prompt, length and priority: cache salts, stop tokens, EOS and
+min_tokens.
 
 * **Cache salts** (``SchedulerSetup.cache_salts``): a request is drawn with a cache salt from :data:`CACHE_SALTS` or
   none. vLLM folds the salt into the hash of a request's first block, so the prefix cache must never hand a block
@@ -9,26 +10,34 @@
 * **Stop tokens** (``SchedulerSetup.stop_tokens``): a request is drawn with up to :data:`MAX_STOP_TOKENS` stop token
   ids from the fake model's vocabulary. vLLM's ``check_stop`` ends a request at the first sampled token that is one
   of them, that token included in its output (before its length cap is looked at), so its expected output is
-  :func:`output_length` tokens of the fake model's.
+  :meth:`~kvfuzz.scheduler.ending.Ending.length` tokens of the fake model's.
+* **EOS** (``SchedulerSetup.eos``): a request is drawn ending at the model's EOS token, or ignoring it (as every
+  request does without the switch); :mod:`kvfuzz.scheduler.ending`.
+* **min_tokens** (``SchedulerSetup.min_tokens``): a request is drawn with ``min_tokens`` up to
+  :data:`MAX_MIN_TOKENS` (at most its ``max_tokens``): kvfuzz's sampler samples none of its stop tokens, EOS
+  included, before that many outputs (:class:`~kvfuzz.scheduler.fake_model.MinTokens`).
 
 Each is drawn only where the setup switches it on, so that the default machine, its examples and its shrunk programs
 stay what they were before either existed."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Optional
 
 from hypothesis import strategies as st
 
 from kvfuzz.scheduler.config import SchedulerSetup
-from kvfuzz.scheduler.fake_model import VOCABULARY, sampled_token
+from kvfuzz.scheduler.fake_model import VOCABULARY
 
 CACHE_SALTS = ("a", "b")
 """The cache salts a request may carry, besides none: two, so that equal prompts under two salts are common."""
 
 MAX_STOP_TOKENS = 2
 """A request carries at most this many stop token ids (none, often)."""
+
+MAX_MIN_TOKENS = 6
+"""A request is drawn with ``min_tokens`` of at most this many (and at most its ``max_tokens``): beyond a few tokens,
+with a quarter of the samples EOS, the mask rarely changes what a request reaches."""
 
 
 def salt_namespace(cache_salt: Optional[str]) -> tuple[str, ...]:
@@ -37,18 +46,11 @@ def salt_namespace(cache_salt: Optional[str]) -> tuple[str, ...]:
     return ("cache_salt", cache_salt) if cache_salt else ()
 
 
-def output_length(request: str, prompt_length: int, max_tokens: int, stop_token_ids: Sequence[int]) -> int:
-    """How many output tokens a request finishes with, unless aborted: up to and including the first token the fake
-    model samples that is a stop token, or ``max_tokens``."""
-    for index in range(max_tokens):
-        if sampled_token(request, prompt_length + index) in stop_token_ids:
-            return index + 1
-    return max_tokens
-
-
 def request_arguments(setup: SchedulerSetup) -> dict[str, Any]:
     """The ``add_request`` rule's extra arguments under ``setup``: a cache salt (or none) with ``cache_salts``, stop
-    token ids with ``stop_tokens``; nothing otherwise (the rule's defaults: no salt, no stop tokens)."""
+    token ids with ``stop_tokens``, whether it ends at EOS with ``eos``, a ``min_tokens`` (the rule caps it at the
+    request's length) with ``min_tokens``; nothing otherwise (the rule's defaults: no salt, no stop tokens, EOS
+    ignored, no min_tokens)."""
     arguments: dict[str, Any] = {}
     if setup.cache_salts:
         arguments["cache_salt"] = st.sampled_from((None, *CACHE_SALTS))
@@ -56,4 +58,8 @@ def request_arguments(setup: SchedulerSetup) -> dict[str, Any]:
         arguments["stop_token_ids"] = st.lists(
             st.integers(0, VOCABULARY - 1), max_size=MAX_STOP_TOKENS, unique=True
         ).map(tuple)
+    if setup.eos:
+        arguments["eos"] = st.booleans()
+    if setup.min_tokens:
+        arguments["min_tokens"] = st.integers(0, MAX_MIN_TOKENS)
     return arguments

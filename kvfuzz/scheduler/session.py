@@ -17,6 +17,7 @@ from kvfuzz.program.safeguards import AllocatorHang, Watchdog
 from kvfuzz.scheduler.accounting import check_accounting
 from kvfuzz.scheduler.async_batches import DEPTH, Batch, BatchQueue, Progress, SynchronousLoop
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
@@ -80,20 +81,25 @@ class Session:
         priority: int = 0,
         cache_salt: Optional[str] = None,
         stop_token_ids: tuple[int, ...] = (),
+        eos: bool = False,
+        min_tokens: int = 0,
     ) -> str:
         """Add a request (ids ``r0``, ``r1``, ... in arrival order) of ``priority`` (smaller runs first under the
         priority policy; FCFS ignores it), under ``cache_salt``, stopping at the first sampled token among
-        ``stop_token_ids``; returns its id. The worker is told the request's namespace (vLLM's model runner is not
-        told the salt; kvfuzz's K/V depends on it so that the content check sees a hit across salts)."""
+        ``stop_token_ids`` or, with ``eos``, at the model's end-of-sequence token, but not before ``min_tokens``
+        outputs (kvfuzz's sampler masks its stop tokens until then); returns its id. The worker is told the
+        request's namespace (vLLM's model runner is not told the salt; kvfuzz's K/V depends on it so that the
+        content check sees a hit across salts)."""
         arrival = len(self.lengths)
         request = f"r{arrival}"
         stops = tuple(stop_token_ids)
-        self._perform(AddRequest(prompt, max_tokens, priority, cache_salt, stops))
+        self._perform(AddRequest(prompt, max_tokens, priority, cache_salt, stops, eos, min_tokens))
         self.worker.namespaces[request] = salt_namespace(cache_salt)
+        ending = Ending(stops, eos, min_tokens)
         self.scheduler.add_request(
-            new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority, cache_salt, list(stops))
+            new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority, cache_salt, ending)
         )
-        self.outputs.added(request, len(prompt), max_tokens, stops)
+        self.outputs.added(request, len(prompt), max_tokens, ending)
         self.lengths[request] = len(prompt) + max_tokens
         return request
 

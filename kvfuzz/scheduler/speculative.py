@@ -117,6 +117,7 @@ class Speculation:
             f"the scheduler counts {computed} computed tokens, but its last step verified drafts "
             f"{list(verified.drafts)} ({verified.accepted} accepted, {rejected} rejected), after which positions "
             f"0..{verified.computed - 1} hold valid K/V: {wrong}",
+            "rejected drafts not rolled back",
         )
 
     def schedule(self, output: Any, known: dict[str, int], step: int) -> None:
@@ -138,6 +139,7 @@ class Speculation:
                     request,
                     f"scheduled with drafts {drafts} at positions from {known[request]}, but the drafts proposed for "
                     + ("it were none" if start is None else f"it were {proposed} at positions from {start}"),
+                    "drafts scheduled other than proposed",
                 )
 
     def drafts(self, request: str) -> list[int]:
@@ -155,6 +157,7 @@ class Speculation:
                 request,
                 f"positions up to {end - 1} scheduled with {len(drafts)} draft(s) {drafts}, but the request has "
                 f"{known} known tokens: the drafts must fill positions {known}..{end - 1}",
+                "drafts at the wrong positions",
             )
         count = accepted(request, known, drafts)
         self.stats.accepted += count
@@ -202,6 +205,7 @@ class NoSpeculation:
                     step,
                     request,
                     f"scheduled with drafts {list(drafts)}, but speculative decoding is off and none was proposed",
+                    "drafts scheduled other than proposed",
                 )
 
     def drafts(self, request: str) -> list[int]:

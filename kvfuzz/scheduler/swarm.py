@@ -16,7 +16,8 @@ one, and counts the refusals, so a campaign runs only configurations vLLM would 
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
@@ -29,32 +30,58 @@ setup."""
 
 @attrs.frozen
 class Dimension:
-    """One row of the swarm table: ``name`` (a ``SchedulerSetup`` field, or :data:`MODEL_RUNNER`) drawn by
-    ``draw``."""
+    """One row of the swarm table: ``name`` (a ``SchedulerSetup`` field, or :data:`MODEL_RUNNER`) takes one of
+    ``domain``'s values, the one ``draw`` picks from it. Invariant: ``draw`` returns a value of ``domain``, and
+    ``domain`` holds every value it can return (so ``--pin`` accepts exactly the values a campaign can draw)."""
 
     name: str
-    draw: Callable[[random.Random], Any]
+    domain: tuple[Any, ...]
+    draw: Callable[[random.Random, tuple[Any, ...]], Any]  # (rng, domain) -> one of domain's values
 
 
-def _biased_small(values: tuple[int, ...]) -> Callable[[random.Random], int]:
+def _uniform(rng: random.Random, values: tuple[Any, ...]) -> Any:
+    return rng.choice(values)
+
+
+def _biased_small(rng: random.Random, values: tuple[Any, ...]) -> Any:
     """A value of ``values`` (ascending), the small ones more often: the first half of the list twice as likely."""
-    return lambda rng: values[min(int(rng.random() ** 1.5 * len(values)), len(values) - 1)]
+    return values[min(int(rng.random() ** 1.5 * len(values)), len(values) - 1)]
 
+
+def _chance(probability: float) -> Callable[[random.Random, tuple[Any, ...]], Any]:
+    """The second of two values with ``probability``, else the first."""
+    return lambda rng, values: values[1] if rng.random() < probability else values[0]
+
+
+def _weighted(weights: tuple[int, ...]) -> Callable[[random.Random, tuple[Any, ...]], Any]:
+    """Each value as often as its weight says."""
+    return lambda rng, values: rng.choice(tuple(v for v, weight in zip(values, weights) for _ in range(weight)))
+
+
+def _weighted_choice(weights: tuple[int, ...]) -> Callable[[random.Random, tuple[Any, ...]], Any]:
+    """Each value with its weight (``random.choices``)."""
+    return lambda rng, values: rng.choices(values, weights)[0]
+
+
+BOOLEAN = (False, True)
 
 DIMENSIONS: tuple[Dimension, ...] = (
-    Dimension("num_blocks", _biased_small((3, 4, 6, 8, 12, 16, 24, 32, 64))),  # tiny pools preempt often
-    Dimension("block_size", lambda rng: rng.choice((1, 2, 4, 8, 16))),
-    Dimension("max_num_batched_tokens", _biased_small((1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128))),  # chunked prefill
-    Dimension("max_num_seqs", _biased_small((1, 2, 3, 4, 6, 8, 16))),
-    Dimension("prefix_caching", lambda rng: rng.random() < 0.75),
-    Dimension("policy", lambda rng: rng.choice(POLICIES)),  # FCFS, or priority (preemption by priority)
-    # a sliding window beside full attention (two KV-cache groups) a quarter of the time
-    Dimension("model", lambda rng: "sliding-window" if rng.random() < 0.25 else "full"),
-    Dimension("async_scheduling", lambda rng: rng.random() < 0.5),  # two batches in flight, the released-block check
-    Dimension("speculative_tokens", lambda rng: rng.choice((0, 0, 0, 1, 2, 4))),  # k drafts (not under async)
-    Dimension("cache_salts", lambda rng: rng.random() < 0.25),  # requests under cache salts: hits must not cross them
-    Dimension("stop_tokens", lambda rng: rng.random() < 0.25),  # requests that stop early (less pool pressure)
-    Dimension(MODEL_RUNNER, lambda rng: rng.choice(("V1", "V2"))),
+    Dimension("num_blocks", (3, 4, 6, 8, 12, 16, 24, 32, 64), _biased_small),  # tiny pools preempt often
+    Dimension("block_size", (1, 2, 4, 8, 16), _uniform),
+    Dimension("max_num_batched_tokens", (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128), _biased_small),  # chunked prefill
+    Dimension("max_num_seqs", (1, 2, 3, 4, 6, 8, 16), _biased_small),
+    Dimension("prefix_caching", BOOLEAN, _chance(0.75)),
+    Dimension("policy", POLICIES, _uniform),  # FCFS, or priority (preemption by priority)
+    # a sliding window beside full attention (two KV-cache groups) a quarter of the time;
+    # a Mamba group beside attention a quarter (kept only without async scheduling or drafts)
+    Dimension("model", ("full", "sliding-window", "mamba-hybrid"), _weighted_choice((2, 1, 1))),
+    Dimension("async_scheduling", BOOLEAN, _chance(0.5)),  # two batches in flight, the released-block check
+    Dimension("speculative_tokens", (0, 1, 2, 4), _weighted((3, 1, 1, 1))),  # k drafts (not under async)
+    Dimension("cache_salts", BOOLEAN, _chance(0.25)),  # requests under cache salts: hits must not cross them
+    Dimension("stop_tokens", BOOLEAN, _chance(0.25)),  # requests that stop early (less pool pressure)
+    Dimension("eos", BOOLEAN, _chance(0.25)),  # requests ending at EOS, or ignoring it
+    Dimension("min_tokens", BOOLEAN, _chance(0.25)),  # stop tokens and EOS masked before min_tokens
+    Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
 
@@ -72,12 +99,13 @@ class SwarmConfig:
     refused before this one."""
 
     setup: SchedulerSetup
-    model_runner: str  # "V1" or "V2"
+    model_runner: str  # "V1" or "V2" ("" for an engine without one: SGLang)
     steps: int  # operations per example, before the drain
     refused: int  # configurations drawn and refused (by SchedulerSetup or vLLM) before this one
 
     def describe(self) -> str:
-        return f"{self.setup.describe()}, {self.model_runner} model runner, up to {self.steps} operations"
+        runner = f", {self.model_runner} model runner" if self.model_runner else ""
+        return f"{self.setup.describe()}{runner}, up to {self.steps} operations"
 
     def to_json(self) -> dict[str, Any]:
         return {**attrs.asdict(self.setup), MODEL_RUNNER: self.model_runner, "steps": self.steps}
@@ -87,17 +115,27 @@ class NothingValid(Exception):
     """The validator refused every configuration drawn."""
 
 
-def draw(rng: random.Random, valid: Callable[[SchedulerSetup, str], None]) -> SwarmConfig:
-    """A configuration ``valid`` accepts (it raises ``ValueError`` for one vLLM refuses); ``rng`` alone decides it,
-    so a seed draws the same configurations. Raises :class:`NothingValid` after :data:`MAX_REDRAWS` refusals."""
+def draw(
+    rng: random.Random,
+    valid: Callable[[SchedulerSetup, str], None],
+    dimensions: tuple[Dimension, ...] = DIMENSIONS,
+    pins: Mapping[str, Any] = MappingProxyType({}),
+) -> SwarmConfig:
+    """A configuration of ``dimensions`` (vLLM's table unless another engine's is given) ``valid`` accepts (it raises
+    ``ValueError`` for one the engine refuses); ``rng`` alone decides it, so a seed draws the same configurations. A
+    row named in ``pins`` takes its pinned value (its draw is made all the same, so the other rows draw what they
+    would unpinned). Raises :class:`NothingValid` after :data:`MAX_REDRAWS` refusals."""
+    last: Optional[ValueError] = None
     for refused in range(MAX_REDRAWS):
-        values = {dimension.name: dimension.draw(rng) for dimension in DIMENSIONS}
+        values = {dimension.name: dimension.draw(rng, dimension.domain) for dimension in dimensions}
+        values.update(pins)
         runner = values.pop(MODEL_RUNNER)
         steps = rng.choice(STEPS)
         try:
             setup = SchedulerSetup(**values)
             valid(setup, runner)
-        except ValueError:
+        except ValueError as error:
+            last = error
             continue
         return SwarmConfig(setup, runner, steps, refused)
-    raise NothingValid(f"{MAX_REDRAWS} configurations drawn, every one refused")
+    raise NothingValid(f"{MAX_REDRAWS} configurations drawn, every one refused (the last: {last})")

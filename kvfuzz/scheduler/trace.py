@@ -33,8 +33,13 @@ trace saved when the failure was first found, before shrinking. ``failure.check`
 Added without a new format version, each left out at its default so that older traces read and digest as before:
 ``config.policy`` (``fcfs`` when absent, or ``priority``) and an add's ``priority`` (0 when absent);
 ``config.cache_salts`` and ``config.stop_tokens`` (false when absent: what the search drew), an add's ``cache_salt``
-(none when absent) and ``stop_token_ids`` (none when absent); ``config.model`` (``full`` when absent, or another of
+(none when absent) and ``stop_token_ids`` (none when absent); ``config.eos`` and ``config.min_tokens`` (false when
+absent), an add's ``eos`` (false when absent: EOS ignored, as every request before it) and ``min_tokens`` (0 when
+absent, at most its ``max_tokens``); ``config.model`` (``full`` when absent, or another of
 :data:`~kvfuzz.scheduler.models.MODELS`: the model served, whose KV-cache groups the engine and the worker keep).
+A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
+fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
+write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
 
 A trace may come from anywhere, so :func:`load` trusts nothing in it: UTF-8 JSON of at most 16 MiB, no unknown or
 missing fields, values of the right JSON types and within :data:`LIMITS`, each problem one
@@ -63,8 +68,10 @@ from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 FORMAT = "kvfuzz-scheduler-trace/1"
 MAX_FILE_BYTES = 16 * 2**20
-SCHEDULERS = ("vllm-v1",)
+SCHEDULERS = ("vllm-v1", "sglang")
 """The scheduler targets a trace may name (``kvfuzz run --scheduler``)."""
+SGLANG = "sglang"
+"""The scheduler whose traces name SGLang's version (``engine.sglang_version``) and no model runner."""
 MODEL_RUNNERS = ("V1", "V2")
 CRASH = "crash"
 """``failure.check`` of an exception the engine raised itself."""
@@ -133,8 +140,8 @@ class SchedulerTrace:
 
     scheduler: str
     setup: SchedulerSetup
-    model_runner: str  # "V1" or "V2": the protocol the worker spoke
-    vllm_version: str
+    model_runner: str  # "V1" or "V2": the protocol the worker spoke ("" for SGLang, which has none)
+    vllm_version: str  # the engine's version: vLLM's, or SGLang's for an ``sglang`` trace
     program: tuple[Operation, ...] = attrs.field(converter=_operations)
     failure: RecordedFailure
     shrunk: bool
@@ -143,8 +150,21 @@ class SchedulerTrace:
     write_path: str = WRITE_PATH_NAMES[0]  # who decided where K/V was written
     attention: str = ATTENTION_NAMES[0]  # the attention check
 
+    @property
+    def engine_name(self) -> str:
+        """The engine the trace ran, as a person names it."""
+        return "SGLang" if self.scheduler == SGLANG else "vLLM"
+
+    def engine_description(self) -> str:
+        """The engine's version, and for vLLM the runner protocol spoken."""
+        if self.scheduler == SGLANG:
+            return f"SGLang {self.vllm_version}"
+        return f"vLLM {self.vllm_version}, {self.model_runner} model runner protocol"
+
     def engine_json(self) -> dict[str, Any]:
         """The engine's version, the runner protocol, and the write path and attention check unless defaults."""
+        if self.scheduler == SGLANG:
+            return {"sglang_version": self.vllm_version}
         engine = {"vllm_version": self.vllm_version, "model_runner": self.model_runner}
         if self.write_path != WRITE_PATH_NAMES[0]:
             engine["write_path"] = self.write_path
@@ -165,6 +185,8 @@ class SchedulerTrace:
             **({"async_scheduling": True} if self.setup.async_scheduling else {}),
             **({"cache_salts": True} if self.setup.cache_salts else {}),
             **({"stop_tokens": True} if self.setup.stop_tokens else {}),
+            **({"eos": True} if self.setup.eos else {}),
+            **({"min_tokens": True} if self.setup.min_tokens else {}),
         }
 
     def digest(self) -> str:
@@ -194,8 +216,7 @@ class SchedulerTrace:
     def describe(self) -> list[str]:
         """For a person: what was run and what broke (``kvfuzz show``)."""
         lines = [
-            f"scheduler trace ({FORMAT}) of {self.scheduler}, vLLM {self.vllm_version}, "
-            f"{self.model_runner} model runner protocol"
+            f"scheduler trace ({FORMAT}) of {self.scheduler}, {self.engine_description()}"
             + (
                 f", write path {self.write_path}, attention {self.attention}"
                 if (self.write_path, self.attention) != (WRITE_PATH_NAMES[0], ATTENTION_NAMES[0])
@@ -314,12 +335,26 @@ def _trace(data: Any) -> SchedulerTrace:
     data = _fields(data, "the trace", fields)
     if data["format"] != FORMAT:
         raise _Invalid("format", f"must be {FORMAT!r}, not {json.dumps(data['format'])[:40]} (another kind of file)")
+    scheduler = _choice("scheduler", data["scheduler"], SCHEDULERS)
+    setup = _config(data["config"])
+    if scheduler == SGLANG:
+        engine = _fields(data["engine"], "engine", {"sglang_version": True})
+        return SchedulerTrace(
+            scheduler=scheduler,
+            setup=setup,
+            model_runner="",
+            vllm_version=str(_text("engine.sglang_version", engine["sglang_version"])),
+            program=_program(data["program"], setup),
+            failure=_failure(data["failure"]),
+            shrunk=_boolean("shrunk", data["shrunk"]),
+            known_bug=_text("known_bug", data.get("known_bug"), optional=True),
+            kvfuzz_version=str(_text("kvfuzz_version", data["kvfuzz_version"])),
+        )
     engine = _fields(
         data["engine"], "engine", {"vllm_version": True, "model_runner": True, "write_path": False, "attention": False}
     )
-    setup = _config(data["config"])
     return SchedulerTrace(
-        scheduler=_choice("scheduler", data["scheduler"], SCHEDULERS),
+        scheduler=scheduler,
         setup=setup,
         model_runner=_choice("engine.model_runner", engine["model_runner"], MODEL_RUNNERS),
         vllm_version=str(_text("engine.vllm_version", engine["vllm_version"])),
@@ -342,6 +377,8 @@ def _config(value: Any) -> SchedulerSetup:
         "async_scheduling": False,
         "cache_salts": False,
         "stop_tokens": False,
+        "eos": False,
+        "min_tokens": False,
     }
     config = _fields(value, "config", {**required, **optional})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
@@ -357,6 +394,8 @@ def _config(value: Any) -> SchedulerSetup:
             async_scheduling=_boolean("config.async_scheduling", config.get("async_scheduling", False)),
             cache_salts=_boolean("config.cache_salts", config.get("cache_salts", False)),
             stop_tokens=_boolean("config.stop_tokens", config.get("stop_tokens", False)),
+            eos=_boolean("config.eos", config.get("eos", False)),
+            min_tokens=_boolean("config.min_tokens", config.get("min_tokens", False)),
             **numbers,
         )
     except ValueError as error:
@@ -383,7 +422,7 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
                 raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
             program.append(Abort(str(request)))
         else:
-            extras = {"priority": False, "cache_salt": False, "stop_token_ids": False}
+            extras = dict.fromkeys(("priority", "cache_salt", "stop_token_ids", "eos", "min_tokens"), False)
             item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, **extras})
             prompt = item["prompt"]
             if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
@@ -393,7 +432,10 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
             max_tokens = _integer(f"{where}.max_tokens", item["max_tokens"], 1, room)
             priority = _integer(f"{where}.priority", item.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY)
             salt = _text(f"{where}.cache_salt", item.get("cache_salt"), optional=True)
-            program.append(AddRequest(tokens, max_tokens, priority, salt, _stop_token_ids(where, item)))
+            eos = _boolean(f"{where}.eos", item.get("eos", False))
+            min_tokens = _integer(f"{where}.min_tokens", item.get("min_tokens", 0), 0, max_tokens)
+            stops = _stop_token_ids(where, item)
+            program.append(AddRequest(tokens, max_tokens, priority, salt, stops, eos, min_tokens))
             added += 1
     return program
 

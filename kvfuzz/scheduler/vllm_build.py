@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
-from kvfuzz.scheduler.models import FULL, MODELS
+from kvfuzz.scheduler.ending import Ending
+from kvfuzz.scheduler.fake_model import EOS_TOKEN
+from kvfuzz.scheduler.models import FULL, MODELS, MambaHybridModel
 
 
 def vllm_missing() -> bool:
@@ -38,10 +40,16 @@ def vllm() -> types.SimpleNamespace:
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+        SlidingWindowSpec,
+    )
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
@@ -64,6 +72,8 @@ def vllm() -> types.SimpleNamespace:
         SamplingParams=SamplingParams,
         sha256=sha256,
         get_request_block_hasher=get_request_block_hasher,
+        resolve_kv_cache_block_sizes=resolve_kv_cache_block_sizes,
+        MambaSpec=MambaSpec,
         Scheduler=Scheduler,
         AsyncScheduler=AsyncScheduler,
         FullAttentionSpec=FullAttentionSpec,
@@ -101,6 +111,9 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         model=str(directory), skip_tokenizer_init=True, max_model_len=setup.max_model_len, dtype="float32"
     )
     cache = v.CacheConfig(block_size=setup.block_size, enable_prefix_caching=setup.prefix_caching)
+    if isinstance(MODELS[setup.model], MambaHybridModel):
+        # vLLM's Mamba prefix caching is its "align" mode (a state per block); without it, one state per request
+        cache.mamba_cache_mode = "align" if setup.prefix_caching else "none"
     cache.num_gpu_blocks = setup.num_blocks + 1
     scheduler = v.SchedulerConfig(
         max_num_batched_tokens=setup.max_num_batched_tokens,
@@ -134,21 +147,48 @@ def vllm_config(setup: SchedulerSetup) -> Any:
 
 
 def _layer_specs(setup: SchedulerSetup) -> dict[str, Any]:
-    """The KV-cache spec of each attention layer of the model, as vLLM's attention layers report them to the model
-    runner: full attention, or a sliding window of the model's window, of the target's K/V shape."""
+    """The KV-cache spec of each layer of the model, as vLLM's layers report them to the model runner: full
+    attention, or a sliding window of the model's window, of the target's K/V shape; for a Mamba hybrid, its Mamba
+    layers' ``MambaSpec`` first (:func:`_mamba_specs`)."""
     v = vllm()
+    model = MODELS[setup.model]
     shape = {
         "block_size": setup.block_size,
         "num_kv_heads": MODEL_SHAPE.num_kv_heads,
         "head_size": MODEL_SHAPE.head_dim,
         "dtype": v.torch.float32,
     }
-    window = MODELS[setup.model].sliding_window(setup.block_size)
+    window = model.sliding_window(setup.block_size)
+    first = model.mamba_layers if isinstance(model, MambaHybridModel) else 0
     specs = {}
-    for index, blocks in enumerate(MODELS[setup.model].window_blocks):
+    for index, blocks in enumerate(model.window_blocks, start=first):
         spec = v.FullAttentionSpec(**shape) if blocks is None else v.SlidingWindowSpec(**shape, sliding_window=window)
         specs[f"model.layers.{index}.self_attn.attn"] = spec
+    if isinstance(model, MambaHybridModel):
+        page = max(spec.page_size_bytes for spec in specs.values())
+        return _mamba_specs(setup, model, page) | specs
     return specs
+
+
+def _mamba_specs(setup: SchedulerSetup, model: MambaHybridModel, page: int) -> dict[str, Any]:
+    """The ``MambaSpec`` of each Mamba layer, as vLLM's Mamba layer reports it: the state shapes and dtypes of the
+    model class (``JambaForCausalLM``), a block of ``cache_config.mamba_block_size`` tokens (the model length:
+    ``mamba_cache_mode="none"`` keeps one state per request), its page padded to the attention page ``page``, as
+    vLLM's hybrid configuration pads it."""
+    from vllm.model_executor.models.jamba import JambaForCausalLM  # the Mamba model's state shapes, on first use
+
+    v = vllm()
+    config = vllm_config(setup)
+    spec = v.MambaSpec(
+        block_size=config.cache_config.mamba_block_size,
+        shapes=JambaForCausalLM.get_mamba_state_shape_from_config(config),
+        dtypes=JambaForCausalLM.get_mamba_state_dtype_from_config(config),
+        page_size_padded=page,
+        mamba_cache_mode=config.cache_config.mamba_cache_mode,
+    )
+    if spec.page_size_bytes != page:
+        raise ValueError(f"a Mamba state of {spec.page_size_bytes} bytes does not fit the attention page of {page}")
+    return {f"model.layers.{index}.mamba": spec for index in range(model.mamba_layers)}
 
 
 @functools.lru_cache(maxsize=8)
@@ -178,11 +218,16 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
     v = vllm()
     config = vllm_config(setup)
     scheduler = v.AsyncScheduler if setup.async_scheduling else v.Scheduler
+    kv_config = kv_cache_config(setup)
+    # the engine core's block sizes: the pool's for attention groups alone; with a Mamba group the LCM of every
+    # group's block size (its Mamba block spans the model length)
+    block_size, hash_block_size = v.resolve_kv_cache_block_sizes(kv_config, config)
     return scheduler(
         vllm_config=config,
-        kv_cache_config=kv_cache_config(setup),
+        kv_cache_config=kv_config,
         structured_output_manager=v.StructuredOutputManager(config),
-        block_size=setup.block_size,
+        block_size=block_size,
+        hash_block_size=hash_block_size,
         log_stats=False,
     )
 
@@ -195,17 +240,26 @@ def new_request(
     arrival: int,
     priority: int = 0,
     cache_salt: Optional[str] = None,
-    stop_token_ids: Optional[list[int]] = None,
+    ending: Ending = Ending(),
 ) -> Any:
-    """A vLLM ``Request`` generating ``max_tokens`` tokens unless one of ``stop_token_ids`` is sampled first (no
-    end-of-sequence token stops it), under ``cache_salt``, its block hashes from vLLM's own hasher (sha256, the
-    engine default). Its arrival time is ``arrival``, its ordinal, not the clock: the priority policy breaks ties by
-    arrival time, and a replay must break them the same way."""
+    """A vLLM ``Request`` generating ``max_tokens`` tokens unless ``ending`` stops it first (its stop token ids, the
+    model's EOS token :data:`~kvfuzz.scheduler.fake_model.EOS_TOKEN` unless it ignores EOS, its ``min_tokens``: EOS
+    is given as vLLM's input processor gives the tokenizer's, through ``update_from_generation_config``, which also
+    adds it to the ``all_stop_token_ids`` the sampler masks before ``min_tokens``), under ``cache_salt``, its block
+    hashes from vLLM's own hasher (sha256, the engine default). Its arrival time is ``arrival``, its ordinal, not
+    the clock: the priority policy breaks ties by arrival time, and a replay must break them the same way."""
     v = vllm()
+    sampling = v.SamplingParams(
+        max_tokens=max_tokens,
+        ignore_eos=not ending.eos,
+        stop_token_ids=list(ending.stop_token_ids),
+        min_tokens=ending.min_tokens,
+    )
+    sampling.update_from_generation_config({}, EOS_TOKEN)
     return v.Request(
         request_id=request_id,
         prompt_token_ids=list(prompt),
-        sampling_params=v.SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=stop_token_ids),
+        sampling_params=sampling,
         pooling_params=None,
         arrival_time=float(arrival),
         priority=priority,

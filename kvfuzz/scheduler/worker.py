@@ -38,13 +38,22 @@ import attrs
 from kvfuzz.scheduler.attention import Attending, AttentionCheck, NoAttention
 from kvfuzz.scheduler.batch import check_batch, check_table_covers
 from kvfuzz.scheduler.config import SchedulerSetup
-from kvfuzz.scheduler.fake_model import sampled_token
-from kvfuzz.scheduler.groups import group_namespace, group_rules
+from kvfuzz.scheduler.fake_model import UNMASKED, MinTokens
+from kvfuzz.scheduler.groups import group_namespace, group_rules, mamba_groups
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
+from kvfuzz.scheduler.mamba_states import mamba_states
 from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import kv_cache_config, vllm_config
 from kvfuzz.scheduler.write_paths import OwnSlotMapping, WritePathFactory
+
+
+def min_tokens_of(sampling_params: Any) -> MinTokens:
+    """The min-tokens processor vLLM's model runner builds from a new request's sampling params: its
+    ``min_tokens`` and ``all_stop_token_ids`` (none without sampling params)."""
+    if sampling_params is None or not sampling_params.min_tokens:
+        return UNMASKED
+    return MinTokens(sampling_params.min_tokens, sampling_params.all_stop_token_ids)
 
 
 @attrs.define
@@ -57,6 +66,8 @@ class RequestState:
     computed: int = 0  # positions whose K/V the request relies on (computed, or found in the prefix cache)
     preempted: bool = False  # preempted and not resumed since: ``tables`` are stale
     namespace: tuple[str, ...] = ()  # its K/V tags' namespace: its cache salt, if any (kvfuzz.scheduler.requests)
+    hit: int = 0  # positions it was given from the prefix cache when scheduled new or resumed (it never wrote them)
+    sampler: MinTokens = UNMASKED  # the sampler's min-tokens processor, from the sampling params the output brought
 
     @property
     def table(self) -> list[int]:
@@ -80,7 +91,10 @@ class Worker:
         attention: Optional[AttentionCheck] = None,
     ) -> None:
         self.block_size = setup.block_size  # slots per block
-        self.groups = group_rules(kv_cache_config(setup))  # the KV-cache groups, in vLLM's order
+        self.groups = group_rules(kv_cache_config(setup))  # the attention groups, in vLLM's order
+        self.rules = {rule.index: rule for rule in self.groups}  # attention group index -> its rule
+        self.mamba = mamba_states(*mamba_groups(kv_cache_config(setup)))  # the Mamba groups' state blocks
+        self.num_groups = len(self.groups) + len(self.mamba.groups)
         # one pool for every group (vLLM's hybrid allocator gives them one block pool); vLLM's null block 0 too
         self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)
         self.runner_v2 = bool(vllm_config(setup).use_v2_model_runner)  # which model runner's protocol is spoken
@@ -123,6 +137,7 @@ class Worker:
                     new.req_id,
                     f"scheduled as new with tokens {tokens}, but its prompt is {prompt} and the fake model sampled "
                     f"{sampled} for it",
+                    "a request scheduled anew with other tokens",
                 )
             self.requests[new.req_id] = RequestState(
                 tokens,
@@ -130,6 +145,8 @@ class Worker:
                 [list(ids) for ids in new.block_ids],
                 computed=new.num_computed_tokens,
                 namespace=self.namespaces.get(new.req_id, ()),
+                hit=new.num_computed_tokens,
+                sampler=min_tokens_of(new.sampling_params),
             )
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
@@ -139,6 +156,7 @@ class Worker:
             if request in cached.resumed_req_ids:
                 state.tables = [list(ids) for ids in blocks]
                 state.preempted = False
+                state.hit = cached.num_computed_tokens[index]
             elif blocks is not None:
                 for table, ids in zip(state.tables, blocks):
                     table.extend(ids)
@@ -150,6 +168,7 @@ class Worker:
                     request,
                     f"the scheduler counts {cached.num_output_tokens[index]} output tokens, but the fake model "
                     f"sampled {outputs}",
+                    "the scheduler's count of output tokens",
                 )
             if request not in cached.resumed_req_ids:
                 self.speculation.check_computed(request, cached.num_computed_tokens[index], step)
@@ -172,26 +191,35 @@ class Worker:
         for request, state in self.requests.items():
             if state.preempted:
                 continue
-            for rule, table in zip(self.groups, state.tables):
+            for rule in self.groups:
+                table = state.tables[rule.index]
                 kept = rule.first_kept_entry(state.computed, self.block_size)
                 held.setdefault(request, []).extend(block for block in table[kept:] if block != 0)
                 maybe.setdefault(request, []).extend(block for block in table[:kept] if block != 0)
+            for group in self.mamba.groups:  # the running state's block and those after it are held
+                must, may = self.mamba.held_entries(state.tables[group], state.computed)
+                held.setdefault(request, []).extend(must)
+                maybe.setdefault(request, []).extend(may)
         return held, maybe
 
     def _in(self, group: int) -> str:
         """`` in group N (its kind)`` where the model has several groups, for messages; nothing otherwise."""
-        return "" if len(self.groups) == 1 else f" in {self.groups[group].describe()}"
+        return "" if self.num_groups == 1 else f" in {self.rules[group].describe()}"
 
     # -- the step ----------------------------------------------------------------------------------------------
 
-    def slots(self, request: str, positions: range, step: int, group: int = 0) -> list[int]:
-        """The slots the K/V of a request's tokens at ``positions`` are written to in ``group``: the slot mapping
-        the model runner computes from that group's table."""
-        return [self._slot(request, position, step, group) for position in positions]
+    def slots(self, request: str, positions: range, step: int, group: Optional[int] = None) -> list[int]:
+        """The slots the K/V of a request's tokens at ``positions`` are written to in ``group`` (by default the
+        first attention group, the one the write path maps): the slot mapping the model runner computes from that
+        group's table."""
+        index = self.groups[0].index if group is None else group
+        return [self._slot(request, position, step, index) for position in positions]
 
     def sampled(self, request: str, position: int) -> list[int]:
-        """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample."""
-        return [sampled_token(request, position)]
+        """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample,
+        under the min-tokens processor its sampling params (as the scheduler's output brought them) ask for."""
+        state = self.requests[request]
+        return [state.sampler.token(request, state.prompt_length, position)]
 
     def verified_tokens(self, request: str, known: int, verified: Verified) -> list[int]:
         """The tokens returned for a request with ``known`` tokens whose drafts ``verified`` judged: the accepted
@@ -210,7 +238,8 @@ class Worker:
         token)."""
         scheduled = output.num_scheduled_tokens
         for request, count in scheduled.items():
-            for table in self.requests[request].tables:
+            for rule in self.groups:
+                table = self.requests[request].tables[rule.index]
                 check_table_covers(request, table, self.computed[request], count, self.block_size, step)
         taken = self._relied_on(step)
         batch = [
@@ -234,14 +263,17 @@ class Worker:
             for request, positions in batch
             for rule in self.groups
         ]
+        held = self.holdings()[0] if self.mamba.groups else {}  # the blocks live requests still need, for Mamba
         order: list[str] = []
         sampled: list[list[int]] = []
         lengths: dict[str, int] = {}  # request that sampled -> its sequence's length after the step
         for request, count in scheduled.items():
             state = self.requests[request]
             end = self.computed[request] + count
-            for group in range(len(self.groups)):
-                self._check_content(request, end, step, group)
+            for rule in self.groups:
+                self._check_content(request, end, step, rule.index)
+            span = range(self.computed[request], end)
+            self.mamba.step(request, state.tables, self._tokens(request), span, state.namespace, step, held)
             known = len(state.tokens)
             order.append(request)
             if end < known:  # a prefill chunk that stops short samples nothing
@@ -277,6 +309,7 @@ class Worker:
                 request,
                 f"position {position} falls in table entry {entry}, but the request's table{self._in(group)} has "
                 f"only {len(table)} block(s): {table}",
+                "a position beyond the request's table",
             )
         if table[entry] == 0:
             raise SchedulerViolation(
@@ -284,7 +317,8 @@ class Worker:
                 step,
                 request,
                 f"position {position} maps to vLLM's null block 0{self._in(group)} (table {table})"
-                + ("" if self.groups[group].window is None else ", but the request still attends it"),
+                + ("" if self.rules[group].window is None else ", but the request still attends it"),
+                "a position mapped to the null block",
             )
         return table[entry] * self.block_size + position % self.block_size
 
@@ -315,6 +349,7 @@ class Worker:
                 request,
                 f"positions {positions.start}..{positions.stop - 1} scheduled, but the request has only "
                 f"{known} tokens" + (f" and {drafted} draft(s)" if drafted else ""),
+                "positions scheduled past the request's tokens",
             )
 
     def _check_mapping(self, request: str, positions: range, slots: list[int], step: int, group: int) -> None:
@@ -333,6 +368,9 @@ class Worker:
                     f"{self.write_path.name} slot "
                     f"mapping writes it to slot {got} (block {got // self.block_size}, offset "
                     f"{got % self.block_size})",
+                    "a token written to another slot than its table gives"
+                    if got // self.block_size == want // self.block_size
+                    else "a token written to another block than its table gives",
                 )
         if len(slots) != len(expected):
             raise SchedulerViolation(
@@ -341,6 +379,7 @@ class Worker:
                 request,
                 f"{len(positions)} positions scheduled, but the {self.write_path.name} slot mapping gives "
                 f"{len(slots)} slots{self._in(group)}",
+                "a slot mapping of the wrong length",
             )
 
     def _write(
@@ -355,7 +394,8 @@ class Worker:
             return
         state = self.requests[request]
         known = len(state.tokens)  # positions from here on hold drafts
-        for group, group_slots in enumerate(slots):
+        for rule, group_slots in zip(self.groups, slots):
+            group = rule.index
             self._check_mapping(request, positions, group_slots, step, group)
             namespace = self._namespace(request, group)
             self.kv.write(request, self._tokens(request), positions, group_slots, step, taken, namespace, known)
@@ -364,6 +404,7 @@ class Worker:
         """Every position before ``end`` that the step's tokens attend to in ``group`` (all of them for full
         attention; those within the window of the first scheduled token on, for a sliding window) holds the K/V of
         the request's own prefix up to it (drafts included)."""
-        start = self.groups[group].first_needed(self.computed[request])
+        start = self.rules[group].first_needed(self.computed[request])
         slots = [self._slot(request, position, step, group) for position in range(start, end)]
-        self.kv.check(request, self._tokens(request)[:end], slots, step, self._namespace(request, group), start)
+        namespace = self._namespace(request, group)
+        self.kv.check(request, self._tokens(request)[:end], slots, step, namespace, start, self.requests[request].hit)

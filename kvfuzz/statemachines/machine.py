@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, cast
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from hypothesis.strategies import SearchStrategy
 
-from kvfuzz.engine.arguments import Snapshot
+from kvfuzz.engine.arguments import Snapshot, snapshot_of
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.operation import Operation
 from kvfuzz.program.execution import Execution, Safeguards, Target
@@ -33,7 +33,7 @@ class KVCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.execution: Execution = Target(self.factory, self.config, self.stats, self.safeguards).start()
-        self._snapshot: tuple[int, Snapshot] = (-1, Snapshot(self.execution.engine.expected))
+        self._snapshot: tuple[int, Snapshot] = (-1, snapshot_of(self.execution.engine.expected))
 
     @property
     def expected(self) -> Snapshot:

@@ -26,10 +26,12 @@ import kvfuzz
 from kvfuzz.campaign.report import CampaignResult, Finding
 from kvfuzz.campaign.rerun import SchedulerRerun
 from kvfuzz.campaign.scheduler.known import known_signatures
+from kvfuzz.campaign.scheduler.shared import share_finding
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.program.safeguards import user_interrupts
 from kvfuzz.scheduler.journal import ProgramJournal
-from kvfuzz.scheduler.recorder import FailureRecorder, SavedSchedulerTrace, save_scheduler_trace
+from kvfuzz.scheduler.pins import Pins
+from kvfuzz.scheduler.recorder import SavedSchedulerTrace, save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
 from kvfuzz.scheduler.search import Outcome
 from kvfuzz.scheduler.swarm import SwarmConfig, draw
@@ -54,6 +56,8 @@ class SchedulerCampaignOptions:
     shrink: bool = True
     isolate: bool = False  # each batch in a child process (kvfuzz.campaign.scheduler.isolated)
     call_timeout: Optional[float] = 60.0  # a step running longer is a hang (None: no watchdog)
+    pins: Pins = ()  # swarm rows held at one value (--pin), checked against the rows' domains
+    database: Optional[str] = None  # redis://HOST:PORT/N: new findings' traces are stored there too
 
     def rerun(self) -> SchedulerRerun:
         return SchedulerRerun(
@@ -70,6 +74,8 @@ class SchedulerCampaignOptions:
             self.call_timeout,
             os.getcwd(),
             kvfuzz.__version__,
+            self.pins,
+            self.database,
         )
 
 
@@ -161,7 +167,7 @@ class SchedulerCampaign:
             ending = self._ending()
             if ending is not None:
                 return ending
-            config = draw(rng, self.target.validate)
+            config = draw(rng, self.target.validate, self.target.dimensions, dict(options.pins))
             examples = options.batch_examples
             if options.max_examples is not None:
                 examples = min(examples, options.max_examples - self.examples)
@@ -248,6 +254,9 @@ class SchedulerCampaign:
             unsaved_trace=saved.trace.to_json() if saved is not None and saved.error is not None else None,
         )
         self.event(f"new failure: {signature} ({plan.config.describe()}); trace: {self.findings[key].trace}")
+        if self.options.database is not None and saved is not None and saved.error is None:
+            shared = share_finding(self.options.database, saved.trace, signature, self.options.seed, str(saved.path))
+            self.event(f"  {self.options.database}: {shared}")
 
 
 def _note(plan: BatchPlan, result: BatchResult) -> str:
@@ -266,7 +275,7 @@ def run_batch(
     """One batch in this process: searched without shrinking; a new failure searched again with shrinking, its
     shrunk trace saved and replayed once; a known one's unshrunk trace removed. ``journal`` keeps the running
     example's program on disk (an isolated batch's)."""
-    recorder = FailureRecorder(target.name, options.corpus)
+    recorder = target.recorder(target.name, options.corpus)
     outcome = target.search(plan.config, plan.examples, plan.seed, False, recorder, options.call_timeout, journal)
     if outcome.failure is None:
         return BatchResult(outcome, None, None)
@@ -278,7 +287,7 @@ def run_batch(
         return BatchResult(outcome, signature, first)
     if not options.shrink:
         return BatchResult(outcome, signature, first, saved=first, note="not shrunk (--no-shrink)")
-    shrinker = FailureRecorder(target.name, options.corpus)
+    shrinker = target.recorder(target.name, options.corpus)
     shrunk = target.search(plan.config, plan.examples, plan.seed, True, shrinker, options.call_timeout, journal)
     if shrunk.failure is None:
         note = "the batch searched again to shrink it did not fail: the trace is the example as found, not shrunk"

@@ -13,6 +13,7 @@ step, the request and the block never enter it: the same bug met in another exam
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Optional
 
 import attrs
@@ -21,9 +22,10 @@ from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Witness
+from kvfuzz.scheduler.recorder import FailureRecorder
 from kvfuzz.scheduler.replay import SchedulerReplay, model_runner, replay
 from kvfuzz.scheduler.search import Outcome, search
-from kvfuzz.scheduler.swarm import SwarmConfig
+from kvfuzz.scheduler.swarm import DIMENSIONS, Dimension, SwarmConfig
 from kvfuzz.scheduler.trace import SchedulerTrace
 from kvfuzz.scheduler.violations import SchedulerViolation
 from kvfuzz.shrink.signature import Signature, allocator_frame
@@ -51,6 +53,8 @@ class SchedulerTarget:
     validate: Callable[[SchedulerSetup, str], None]  # (setup, model runner)
     search: Search
     replay: Replay
+    recorder: Callable[[str, Path], FailureRecorder] = FailureRecorder  # (name, corpus) -> the batch's witness
+    dimensions: tuple[Dimension, ...] = DIMENSIONS  # the swarm table its batches draw from
 
 
 def scheduler_signature(scheduler: str, failure: BaseException) -> Signature:

@@ -37,7 +37,8 @@ def check_accounting(loop: Any, step: int) -> None:
                 if held
                 else "is neither free nor held by any request or the tree"
             )
-            raise SchedulerViolation(Check.ACCOUNTING, step, None, f"page {number} {detail}")
+            cause = "a page both free and held" if held else "a page neither free nor held"
+            raise SchedulerViolation(Check.ACCOUNTING, step, None, f"page {number} {detail}", cause)
     if not tree.disable:
         evictable, locked = int(tree.evictable_size()), int(tree.protected_size())
         if evictable + locked != tree_tokens:
@@ -47,4 +48,5 @@ def check_accounting(loop: Any, step: int) -> None:
                 None,
                 f"the radix tree reports {evictable} evictable and {locked} protected tokens, but its nodes hold "
                 f"{tree_tokens}",
+                "the radix tree's token count",
             )

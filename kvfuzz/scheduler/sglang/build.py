@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import types
-from typing import Any
+from typing import Any, Optional
 
 import attrs
 import torch
@@ -20,6 +20,18 @@ from kvfuzz.scheduler.fake_model import VOCABULARY
 def sglang_missing() -> bool:
     """Whether SGLang cannot be imported here."""
     return importlib.util.find_spec("sglang") is None
+
+
+def setup_problem(setup: SchedulerSetup) -> Optional[str]:
+    """The one line a configuration SGLang's paged pool cannot serve is refused with."""
+    if setup.block_size < 2:
+        return "--scheduler sglang needs --block-size >= 2 (SGLang serves page size 1 with another allocator)"
+    if setup.max_num_batched_tokens % setup.block_size:
+        return (
+            f"--scheduler sglang needs --max-num-batched-tokens ({setup.max_num_batched_tokens}) divisible by "
+            f"--block-size ({setup.block_size}): SGLang's server arguments refuse a chunked_prefill_size that is not"
+        )
+    return None
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,22 +1,20 @@
 """``kvfuzz run --scheduler sglang``: the Hypothesis machine against SGLang's scheduling loop, every check on, and
-its outcome printed (or one JSON object). A failure's shrunk program is printed; it is not saved as a scheduler trace
-yet (docs/scheduler.md)."""
+its outcome printed (or one JSON object). A failure is saved to ``--corpus`` as a scheduler trace (scheduler
+``sglang``): the first failing example the moment it fails, the shrunk one when the search ends."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
-from typing import Any, Callable, Optional
+from pathlib import Path
+from typing import Any, Callable
 
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.sglang.build import setup_problem
 from kvfuzz.text import plural
 
-
-def setup_problem(setup: SchedulerSetup) -> Optional[str]:
-    """The one line a configuration SGLang's paged pool cannot serve is refused with."""
-    if setup.block_size < 2:
-        return "--scheduler sglang needs --block-size >= 2 (SGLang serves page size 1 with another allocator)"
-    return None
+__all__ = ["run_sglang", "setup_problem"]
 
 
 def run_sglang(args: argparse.Namespace, setup: SchedulerSetup, emit_json: Callable[[Any], None]) -> int:
@@ -24,6 +22,7 @@ def run_sglang(args: argparse.Namespace, setup: SchedulerSetup, emit_json: Calla
     from kvfuzz.scheduler.search import search
     from kvfuzz.scheduler.sglang.build import sglang
     from kvfuzz.scheduler.sglang.session import SGLangSession
+    from kvfuzz.scheduler.sglang.traces import SGLangFailureRecorder
 
     started = time.perf_counter()
     sglang()
@@ -36,16 +35,35 @@ def run_sglang(args: argparse.Namespace, setup: SchedulerSetup, emit_json: Calla
             f"{plural(args.steps, 'operation')}, derandomized",
             flush=True,
         )
+    recorder = SGLangFailureRecorder("sglang", Path(args.corpus))
     outcome = search(
         setup,
         examples=args.examples,
         steps=args.steps,
         shrink=not args.no_shrink,
+        witness=recorder,
         session=lambda: SGLangSession(setup),
         name="SGLangSchedulerMachine",
+        seed=args.seed,
     )
+    saved = recorder.finish(outcome.failure, shrunk=not args.no_shrink)
+    unsaved = saved is not None and saved.error is not None
+    if unsaved and args.json:
+        print(f"kvfuzz: trace NOT saved: cannot write {saved.path} ({saved.error})", file=sys.stderr)  # type: ignore[union-attr]
     if args.json:
-        emit_json({"scheduler": "sglang", "configure_seconds": round(imported, 3), **outcome.to_json()})
+        emit_json(
+            {
+                "scheduler": "sglang",
+                "seed": args.seed,
+                "configure_seconds": round(imported, 3),
+                **outcome.to_json(),
+                "trace": str(saved.path) if saved is not None and not unsaved else None,
+                "trace_error": saved.error if saved is not None else None,
+                "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
+            }
+        )
     else:
         print("\n".join(outcome.describe()).replace("the scheduler preempted", "the scheduler retracted"), flush=True)
+        if saved is not None:
+            print(f"\n{saved.report()}")
     return 1 if outcome.failure is not None else 0

@@ -17,6 +17,7 @@ from array import array
 from typing import Any, Optional
 
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.sglang.admission import SchedulerLimits, admit, sglang_rules
 from kvfuzz.scheduler.sglang.build import ModelStandIn, new_pools, sglang
 
 INIT_NEW_TOKEN_RATIO = 0.7
@@ -56,12 +57,12 @@ class SchedulerLoop:
         )
 
     def add_request(self, rid: str, prompt: list[int], max_tokens: int) -> int:
-        """``handle_generate_request``: a ``Req`` with no stop but its length, its ``max_new_tokens`` clipped as
-        ``init_req_max_new_tokens`` clips it (to ``max_req_len``, and to what the empty pool holds, by the
-        allocator's ``max_new_tokens_for_memory``), its prompt validated as ``validate_input_length`` validates
-        it (shorter than ``max_req_input_len``; ``sglang.srt.managers.utils`` does not import without einops, so
-        the rule is restated here), and appended to the waiting queue. Returns the output length the request will
-        finish with, or -1 where SGLang refuses the prompt (finished, aborted, never queued)."""
+        """``handle_generate_request``: a ``Req`` with no stop but its length, its ``max_new_tokens`` clipped and
+        its prompt validated by SGLang's own ``init_req_max_new_tokens`` and ``validate_input_length``
+        (:mod:`kvfuzz.scheduler.sglang.admission`; ``max_req_len`` the worker's ``min(context_len, capacity) - 1``,
+        ``max_req_input_len`` five less), and appended to the waiting queue. Returns the output length the request
+        will finish with, or -1 where SGLang refuses it (finished, aborted, never queued: SGLang queues it to abort
+        it at its first prefill, which kvfuzz does not drive)."""
         api = sglang()
         params = api.engine.SamplingParams(max_new_tokens=max_tokens, ignore_eos=True)
         params.normalize(None)  # as the tokenizer manager does (no stop strings)
@@ -69,20 +70,20 @@ class SchedulerLoop:
         self.requests[rid] = req
         capacity = self.setup.num_blocks * self.setup.block_size  # max_total_num_tokens
         max_req_len = min(self.setup.max_model_len + 1, capacity) - 1  # the worker's min(context_len, capacity) - 1
-        clipped = self.pools.token_pool.max_new_tokens_for_memory(
-            len(prompt),
-            max(0, min(max_tokens, max_req_len - len(prompt) - 1)),
-            token_capacity=capacity,
-            sliding_window_size=None,
-            chunk_size=self.setup.max_num_batched_tokens,
+        limits = SchedulerLimits(
+            max_new_tokens_limit=sglang_rules().max_new_tokens_limit,
+            max_req_len=max_req_len,
+            max_total_num_tokens=capacity,
+            page_size=self.setup.block_size,
+            token_to_kv_pool_allocator=self.pools.token_pool,
+            chunked_prefill_size=self.setup.max_num_batched_tokens,
         )
-        if clipped is None or len(prompt) >= max_req_len - 5:  # validate_input_length, without auto-truncation
+        if admit(req, limits, max_req_len - 5) is not None:
             req.finished_reason = api.FINISH_ABORT()
             self.finished[rid] = req
             return -1
-        params.max_new_tokens = clipped
         self.waiting_queue.append(req)
-        return int(clipped)
+        return int(params.max_new_tokens)
 
     def abort(self, rid: str) -> None:
         """``abort_request``: a waiting request is dropped at once; a running or chunked one is marked

@@ -61,13 +61,17 @@ class SGLangSession:
         priority: int = 0,
         cache_salt: Optional[str] = None,
         stop_token_ids: tuple[int, ...] = (),
+        eos: bool = False,
+        min_tokens: int = 0,
     ) -> str:
-        """Add a request (ids ``r0``, ``r1``, ...); ``priority`` must be 0, ``cache_salt`` None and
-        ``stop_token_ids`` empty (priority scheduling, cache salts and stop tokens are not driven on SGLang)."""
-        if priority or cache_salt is not None or stop_token_ids:
+        """Add a request (ids ``r0``, ``r1``, ...); ``priority`` must be 0, ``cache_salt`` None,
+        ``stop_token_ids`` empty, ``eos`` false and ``min_tokens`` 0 (priority scheduling, cache salts, stop tokens,
+        EOS and min_tokens are not driven on SGLang)."""
+        if priority or cache_salt is not None or stop_token_ids or eos or min_tokens:
             raise ValueError(
-                "the SGLang target drives no priority, cache salt or stop tokens "
-                f"(priority {priority}, cache salt {cache_salt!r}, stop tokens {list(stop_token_ids)})"
+                "the SGLang target drives no priority, cache salt, stop tokens, EOS or min_tokens "
+                f"(priority {priority}, cache salt {cache_salt!r}, stop tokens {list(stop_token_ids)}, eos {eos}, "
+                f"min_tokens {min_tokens})"
             )
         request = f"r{len(self.lengths)}"
         self.program.append(AddRequest(prompt, max_tokens))
@@ -121,6 +125,7 @@ class SGLangSession:
                 self.steps,
                 reqs[0].rid,
                 f"the batch writes {len(write_slots)} slots (out_cache_loc) for {sum(counts)} scheduled tokens",
+                "a batch writing other than one slot per scheduled token",
             )
         taken = self._relied_on()
         offset = 0
@@ -155,6 +160,7 @@ class SGLangSession:
                 self.steps,
                 request,
                 f"positions {start}..{start + count - 1} scheduled, but the request has only {len(tokens)} tokens",
+                "positions scheduled past the request's tokens",
             )
         self.kv.write(request, tokens[: start + count], range(start, start + count), slots, self.steps, taken)
 
@@ -187,7 +193,11 @@ class SGLangSession:
         new = output[len(received) :]
         if output[: len(received)] != received:
             raise SchedulerViolation(
-                Check.OUTPUTS, self.steps, rid, f"output_ids {output} no longer start with {received}"
+                Check.OUTPUTS,
+                self.steps,
+                rid,
+                f"output_ids {output} no longer start with {received}",
+                "tokens already reported changed",
             )
         self.outputs.record(rid, new, req.finished(), self.steps)  # type: ignore[attr-defined]
         sampled = self.tokens[rid][self.outputs.requests[rid].prompt_length :]
@@ -197,6 +207,7 @@ class SGLangSession:
                 self.steps,
                 rid,
                 f"SGLang holds output {output}, but the fake model sampled {sampled} for it",
+                "the engine's output other than the tokens sampled",
             )
 
     def _check_accounting(self) -> None:
@@ -215,6 +226,7 @@ class SGLangSession:
                     self.steps,
                     stuck[0],
                     f"the step scheduled nothing while {len(stuck)} request(s) are unfinished: {self._describe(stuck)}",
+                    "a drain step scheduled nothing",
                 )
         unfinished = self.outputs.unfinished()
         if unfinished or self.loop.has_requests():
@@ -224,6 +236,7 @@ class SGLangSession:
                 unfinished[0] if unfinished else None,
                 f"{len(unfinished)} request(s) still unfinished {bound} steps after arrivals stopped: "
                 f"{self._describe(unfinished)}",
+                "the drain ran past its bound",
             )
 
     def _describe(self, requests: list[str]) -> str:

@@ -1,0 +1,105 @@
+"""SGLang scheduler failures end to end (docs/scheduler.md, "Failures and traces"): a bug seeded into SGLang's
+``prepare_for_extend`` found by ``kvfuzz run --scheduler sglang``, saved as an ``sglang`` trace, replayed to the same
+message, exported as a test that fails on the bug and passes without it, and run as pytest runs it; and the
+corpus's known-bug trace (the ignore_eos clip) reproducing through SGLang's own admission code.
+
+Runs in SGLang's own environment (``scripts/third_party_env.sh sglang``; CI runs it there)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kvfuzz.cli import main
+from kvfuzz.scheduler.replay import replay
+from kvfuzz.scheduler.sglang.build import sglang
+from kvfuzz.scheduler.trace import load
+
+CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+KNOWN = CORPUS / "sglang-scheduler-ignore-eos-clip-hang-47fe19becd38.json"
+
+
+def _suffix_written_over_the_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare_for_extend's write locations ignore the prefix: a radix hit's suffix written over the start of the
+    shared cached pages (engine_tests/test_sglang_scheduler.py's seeded bug)."""
+    batch_class = sglang().ScheduleBatch
+    original = batch_class.prepare_for_extend
+
+    def prepare_for_extend(self: Any) -> None:
+        original(self)
+        rows = self.req_to_token_pool.req_to_token
+        pieces, offset = [], 0
+        for req, prefix, count in zip(self.reqs, [int(n) for n in self.prefix_lens], self.extend_lens):
+            pieces.append(
+                rows[req.kv.req_pool_idx, :count].to(self.out_cache_loc.dtype)
+                if prefix
+                else self.out_cache_loc[offset : offset + count]
+            )
+            offset += count
+        self.out_cache_loc = torch.cat(pieces)
+
+    monkeypatch.setattr(batch_class, "prepare_for_extend", prepare_for_extend)
+
+
+def test_a_seeded_bug_is_saved_replayed_and_exported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _suffix_written_over_the_prefix(monkeypatch)
+    corpus = tmp_path / "corpus"
+    argv = ["run", "--scheduler", "sglang", "--num-blocks", "8", "--examples", "25", "--corpus", str(corpus)]
+    assert main([*argv, "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["failed"] and result["check"] in ("exclusive", "content")
+    saved = sorted(corpus.glob("sglang-*.json"))
+    assert [str(path) for path in saved] == [result["trace"]]  # the unshrunk trace gave way to the shrunk one
+    trace = load(saved[0])
+    assert trace.scheduler == "sglang" and trace.shrunk and trace.vllm_version == "0.5.23"
+    assert trace.failure.message == result["explanation"]
+
+    replayed = replay(trace)
+    assert replayed.reproduced and replayed.identical, replayed.describe_failure()
+
+    exported = tmp_path / "test_exported.py"
+    assert main(["export", str(saved[0]), "-o", str(exported)]) == 0
+    namespace: dict[str, Any] = {}
+    exec(compile(exported.read_text(), str(exported), "exec"), namespace)
+    test = next(value for name, value in namespace.items() if name.startswith("test_"))
+    with pytest.raises(Exception, match=trace.failure.check):
+        test()
+    monkeypatch.undo()
+    test()  # SGLang as released: the exported program passes
+    assert not replay(trace).failed
+
+
+def test_the_known_bug_trace_reproduces_word_for_word() -> None:
+    """(.ci/run's SGLang line also collects it with the pytest plugin, where a known bug passes while it
+    reproduces.)"""
+    replayed = replay(load(KNOWN))
+    assert replayed.reproduced and replayed.identical, replayed.describe_failure()
+    assert replayed.where() == "the drain"
+
+
+def test_a_campaign_on_sglang_draws_sglang_s_configurations_and_knows_the_corpus_bug(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvfuzz.campaign.scheduler.known import known_signatures
+    from kvfuzz.campaign.scheduler.sglang_target import sglang_target
+
+    known = known_signatures([CORPUS], sglang_target("sglang"), None)  # the corpus bug reproduces: known
+    assert list(known.values()) == [f"{KNOWN} (known bug: {load(KNOWN).known_bug})"]
+
+    argv = ["campaign", "--scheduler", "sglang", "--seed", "7", "--max-examples", "10", "--batch-examples", "5"]
+    assert main([*argv, "--corpus", str(tmp_path / "c"), "--no-known", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["scheduler"] == "sglang" and result["seed"] == 7 and result["failures"] == []
+    assert [
+        (batch["num_blocks"], batch["block_size"], batch["max_num_batched_tokens"]) for batch in result["batch_log"]
+    ] == [
+        (12, 16, 64),
+        (8, 2, 6),
+    ]  # seed 7 draws these from SGLang's table (pages of 2 and more, budgets of whole pages)
+    assert all(batch["steps"] > 0 and batch["model_runner"] == "" for batch in result["batch_log"])

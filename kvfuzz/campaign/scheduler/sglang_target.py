@@ -1,0 +1,59 @@
+"""``kvfuzz campaign --scheduler sglang``'s target: SGLang's scheduling pieces (:mod:`kvfuzz.scheduler.sglang`),
+its batches drawn from SGLang's swarm table, its failures saved as ``sglang`` traces (imported lazily)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from kvfuzz.campaign.scheduler.target import SchedulerTarget
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.journal import ProgramJournal
+from kvfuzz.scheduler.machine import Witness
+from kvfuzz.scheduler.replay import SchedulerReplay, replay
+from kvfuzz.scheduler.search import Outcome, search
+from kvfuzz.scheduler.sglang.swarm import SGLANG_DIMENSIONS
+from kvfuzz.scheduler.sglang.traces import SGLangFailureRecorder
+from kvfuzz.scheduler.swarm import SwarmConfig
+from kvfuzz.scheduler.trace import SchedulerTrace
+
+
+def sglang_target(name: str) -> SchedulerTarget:
+    """SGLang 0.5.23's SchedulePolicy, PrefillAdder and ScheduleBatch over its radix cache."""
+    return SchedulerTarget(name, _validate, _search, _replay, SGLangFailureRecorder, SGLANG_DIMENSIONS)
+
+
+def _validate(setup: SchedulerSetup, runner: str) -> None:
+    from kvfuzz.scheduler.sglang.build import setup_problem
+
+    problem = setup_problem(setup)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def _search(
+    config: SwarmConfig,
+    examples: int,
+    seed: int,
+    shrink: bool,
+    witness: Optional[Witness],
+    call_timeout: Optional[float],
+    journal: Optional[ProgramJournal],
+) -> Outcome:
+    """One batch (no watchdog or journal: a step of SGLang's is not interrupted, and batches are not isolated)."""
+    from kvfuzz.scheduler.sglang.session import SGLangSession
+
+    setup = config.setup
+    return search(
+        setup,
+        examples,
+        config.steps,
+        shrink=shrink,
+        witness=witness,
+        session=lambda: SGLangSession(setup),
+        name="SGLangSchedulerMachine",
+        seed=seed,
+    )
+
+
+def _replay(trace: SchedulerTrace, call_timeout: Optional[float]) -> SchedulerReplay:
+    return replay(trace)

@@ -1,0 +1,173 @@
+"""``kvfuzz campaign --scheduler vllm-v1 --pin ROW=VALUE`` without vLLM: each row's domain is what it draws, a pin is
+checked against it (one line and exit status 2 before any work otherwise), every batch of a pinned campaign draws the
+pinned values, and the --json output, the summary and the rerun command record the pins. The real scheduler's pinned
+campaign is tested in engine_tests/test_vllm_scheduler_campaign.py."""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_scheduler_campaign import FakeTarget
+
+from kvfuzz.scheduler import swarm
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.pins import PinRefused, parse_pins, pin_arguments
+
+
+def accept(setup: SchedulerSetup, runner: str) -> None:
+    pass
+
+
+def test_each_row_draws_exactly_its_domain() -> None:
+    rng = random.Random(0)
+    drawn: dict[str, set[Any]] = {row.name: set() for row in swarm.DIMENSIONS}
+    for _ in range(3000):
+        for row in swarm.DIMENSIONS:
+            drawn[row.name].add(row.draw(rng, row.domain))
+    for row in swarm.DIMENSIONS:
+        assert drawn[row.name] == set(row.domain), row.name
+
+
+def test_pins_parse_against_the_rows_domains() -> None:
+    assert parse_pins(["async_scheduling=true", "speculative_tokens=2", "model=sliding-window"]) == (
+        ("async_scheduling", True),
+        ("speculative_tokens", 2),
+        ("model", "sliding-window"),
+    )
+    assert parse_pins(["prefix_caching=False", "model_runner=v2"]) == (
+        ("prefix_caching", False),
+        ("model_runner", "V2"),
+    )
+    pins = parse_pins(["num_blocks=3", "policy=priority", "cache_salts=true"])
+    assert parse_pins(pin_arguments(pins)[1::2]) == pins  # the rerun's arguments pin the same values again
+
+
+@pytest.mark.parametrize(
+    "texts, line",
+    [
+        (
+            ["async=true"],
+            "--pin async=true: no swarm row 'async'; the rows: num_blocks, block_size, max_num_batched_tokens, "
+            "max_num_seqs, prefix_caching, policy, model, async_scheduling, speculative_tokens, cache_salts, "
+            "stop_tokens, eos, min_tokens, model_runner (kvfuzz/scheduler/swarm.py)",
+        ),
+        (["speculative_tokens=3"], "--pin speculative_tokens=3: speculative_tokens takes one of 0, 1, 2, 4"),
+        (["async_scheduling=yes"], "--pin async_scheduling=yes: async_scheduling takes one of false, true"),
+        (["model=hybrid"], "--pin model=hybrid: model takes one of full, sliding-window, mamba-hybrid"),
+        (["block_size"], "--pin block_size: expected ROW=VALUE; the rows: "),
+        (["block_size=4", "block_size=8"], "--pin block_size=8: block_size is pinned twice"),
+    ],
+)
+def test_a_bad_pin_is_refused_in_one_line(texts: list[str], line: str) -> None:
+    with pytest.raises(PinRefused) as refused:
+        parse_pins(texts)
+    assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
+    if "the rows: " in line:
+        assert str(refused.value).endswith("model_runner (kvfuzz/scheduler/swarm.py)")
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (
+            ["--pin", "speculative_tokens=3"],
+            "kvfuzz: --pin speculative_tokens=3: speculative_tokens takes one of 0, 1, 2, 4",
+        ),
+        (["--pin", "nothing=1"], "kvfuzz: --pin nothing=1: no swarm row 'nothing'; the rows: num_blocks,"),
+    ],
+)
+def test_the_cli_refuses_a_bad_pin_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str], line: str
+) -> None:
+    from kvfuzz.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    status = main(["campaign", "--scheduler", "vllm-v1", "--max-examples", "5", *args])
+    captured = capsys.readouterr()
+    assert status == 2 and captured.out == ""
+    [error] = captured.err.splitlines()
+    assert error.startswith(line), error
+    assert not list(tmp_path.iterdir()), "a refused campaign leaves nothing behind"
+
+
+def test_a_pin_needs_scheduler(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvfuzz.cli import main
+
+    assert main(["campaign", "--pin", "async_scheduling=true"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["kvfuzz: --pin needs --scheduler"]
+
+
+def test_a_pinned_draw_holds_the_row_and_draws_the_others() -> None:
+    pins = {"async_scheduling": True, "speculative_tokens": 0, "model_runner": "V1"}
+    draws = [swarm.draw(random.Random(seed), accept, pins=pins) for seed in range(200)]
+    assert all(d.setup.async_scheduling and d.setup.speculative_tokens == 0 for d in draws)
+    assert {d.model_runner for d in draws} == {"V1"}
+    assert {d.setup.prefix_caching for d in draws} == {True, False} and len({d.setup.num_blocks for d in draws}) > 3
+    # a pinned row's draw is still made: where neither draw was refused, the other rows draw what they would unpinned
+    pairs = [
+        (swarm.draw(random.Random(seed), accept, pins=pins), swarm.draw(random.Random(seed), accept))
+        for seed in range(50)
+    ]
+    same = [(pinned, free) for pinned, free in pairs if pinned.refused == free.refused == 0]
+    assert len(same) > 10
+    assert all(
+        (pinned.setup.num_blocks, pinned.setup.policy, pinned.steps)
+        == (free.setup.num_blocks, free.setup.policy, free.steps)
+        for pinned, free in same
+    )
+
+
+def test_a_pinned_campaign_runs_every_batch_pinned_and_records_the_pins(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvfuzz.cli import _parser
+    from kvfuzz.commands.scheduler_campaign import scheduler_campaign
+
+    pins = ["--pin", "num_blocks=4", "--pin", "prefix_caching=true", "--pin", "model_runner=V2"]
+    argv = ["campaign", "--scheduler", "vllm-v1", "--seed", "3", "--max-examples", "100", "--no-known", *pins]
+    fake = FakeTarget()
+    emitted: list[Any] = []
+    corpus = ["--corpus", str(tmp_path / "c")]
+    status = scheduler_campaign(_parser().parse_args([*argv, *corpus, "--json"]), emitted.append, fake.target())
+    [result] = emitted
+    json.dumps(result)
+    assert status == 1 and result["failures"], "the fake fails in every pinned batch (small pool, caching on)"
+    assert fake.searches and all(
+        setup.num_blocks == 4 and setup.prefix_caching and runner == "V2" for setup, runner, *_ in fake.searches
+    )
+    assert all(batch["num_blocks"] == 4 and batch["model_runner"] == "V2" for batch in result["batch_log"])
+    expected = {"num_blocks": 4, "prefix_caching": True, "model_runner": "V2"}
+    assert result["pins"] == expected and result["rerun"]["pins"] == expected
+    rerun = shlex.split(result["rerun_command"])
+    assert " ".join(pins) in " ".join(rerun)
+    again = _parser().parse_args(rerun[1:])
+    assert parse_pins(again.pin) == tuple(expected.items())
+
+    fake = FakeTarget()
+    status = scheduler_campaign(_parser().parse_args([*argv, "--corpus", str(tmp_path / "d")]), print, fake.target())
+    printed = capsys.readouterr().out
+    assert "pinned: num_blocks=4, prefix_caching=true, model_runner=V2" in printed
+    assert "--pin num_blocks=4 --pin prefix_caching=true --pin model_runner=V2" in printed
+
+
+def test_pins_no_valid_configuration_goes_with_are_refused_before_any_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvfuzz.cli import _parser
+    from kvfuzz.commands.scheduler_campaign import scheduler_campaign
+
+    fake = FakeTarget()  # refuses a token budget below the running-request cap, as vLLM does
+    argv = ["campaign", "--scheduler", "vllm-v1", "--max-examples", "10", "--corpus", str(tmp_path / "c")]
+    pins = ["--pin", "max_num_batched_tokens=1", "--pin", "max_num_seqs=2"]
+    status = scheduler_campaign(_parser().parse_args([*argv, *pins]), print, fake.target())
+    captured = capsys.readouterr()
+    assert (status, captured.out, fake.searches) == (2, "", [])
+    [line] = captured.err.splitlines()
+    assert line.startswith("kvfuzz: --pin max_num_batched_tokens=1, max_num_seqs=2: no configuration with these pins")
+    assert "1000 configurations drawn, every one refused (the last: " in line
+    assert not (tmp_path / "c").exists()

@@ -1,0 +1,92 @@
+"""``kvfuzz campaign --scheduler vllm-v1 --database redis://...`` without vLLM (the fake scheduler of
+tests/test_scheduler_campaign.py): two campaigns on different corpora and seeds, as two machines, store their
+finding's trace in a real ``redis-server`` once; ``kvfuzz findings --database`` lists it beside the allocators' and
+writes it as a scheduler trace file, the one the first campaign saved. (A directory as --database is refused:
+tests/test_scheduler_campaign.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_campaign_redis import redis_url  # noqa: F401 -- the fixture: a real redis-server on a free port
+from test_scheduler_campaign import FakeTarget
+
+from kvfuzz.campaign.cluster import REDIS_FINDINGS, ClusterFindings
+from kvfuzz.scheduler.trace import load
+
+
+def scheduler_campaign(url: str, corpus: Path, seed: int) -> tuple[int, dict[str, Any]]:
+    from kvfuzz.cli import _parser
+    from kvfuzz.commands.scheduler_campaign import scheduler_campaign
+
+    argv = ["campaign", "--scheduler", "vllm-v1", "--seed", str(seed), "--max-examples", "200", "--no-known"]
+    emitted: list[Any] = []
+    args = _parser().parse_args([*argv, "--corpus", str(corpus), "--database", url, "--json"])
+    status = scheduler_campaign(args, emitted.append, FakeTarget().target())
+    return status, emitted[0]
+
+
+def test_two_campaigns_store_a_scheduler_finding_once_and_findings_writes_it(
+    redis_url: str,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kvfuzz.cli import main
+
+    status, first = scheduler_campaign(redis_url, tmp_path / "a", 3)
+    assert status == 1 and len(first["failures"]) == 1, first
+    assert f"--database {redis_url}" in first["rerun_command"] and first["rerun"]["database"] == redis_url
+    [finding] = first["failures"]
+    assert f"{redis_url}: stored" in capsys.readouterr().err
+    status, second = scheduler_campaign(redis_url, tmp_path / "b", 11)
+    assert status == 1 and [f["text"] for f in second["failures"]] == [finding["text"]], second
+    assert f"{redis_url}: kept" in capsys.readouterr().err  # the same signature, a program no shorter: not again
+    assert len(ClusterFindings(redis_url).keys()) == 1
+
+    out = tmp_path / "fetched"
+    assert main(["findings", "--database", redis_url, "--json", "-o", str(out)]) == 0
+    [listed] = json.loads(capsys.readouterr().out)["findings"]
+    assert listed["text"] == finding["text"] and listed["allocator"] == "vllm-v1" and listed["seed"] == 3
+    assert listed["trace_file"] == finding["trace"] and listed["config"]["num_blocks"] <= 6
+    fetched = load(Path(listed["file"]))
+    assert fetched == load(Path(finding["trace"])) and fetched.shrunk
+    assert FakeTarget().replay(fetched, None).error is not None  # what `kvfuzz replay` runs on the real scheduler
+
+    assert main(["findings", "--database", redis_url]) == 0
+    table = capsys.readouterr().out
+    assert "vllm-v1" in table and "1 finding in" in table
+
+
+def test_a_scheduler_finding_stored_with_a_broken_trace_is_refused_in_one_line(
+    redis_url: str,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kvfuzz.cli import main
+
+    assert scheduler_campaign(redis_url, tmp_path / "a", 3)[0] == 1
+    [key] = ClusterFindings(redis_url).keys()
+    client = ClusterFindings(redis_url).client
+    record = json.loads(client.hget(REDIS_FINDINGS, key))
+    record["trace"]["config"]["num_blocks"] = -1
+    client.hset(REDIS_FINDINGS, key, json.dumps(record))
+    capsys.readouterr()
+    assert main(["findings", "--database", redis_url, "-o", str(tmp_path / "out")]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"kvfuzz: {redis_url} finding {key}: trace: ") and "num_blocks" in line, line
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_an_allocator_campaign_on_the_same_redis_passes_over_scheduler_findings(
+    redis_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from kvfuzz.campaign.known import stored_findings_known
+
+    assert scheduler_campaign(redis_url, tmp_path / "a", 3)[0] == 1
+    assert len(ClusterFindings(redis_url).keys()) == 1
+    cluster = ClusterFindings(redis_url)
+    assert stored_findings_known(cluster, ["vllm-v1", "kvfuzz.allocator.paged:paged_allocator"], 5.0) == {}
