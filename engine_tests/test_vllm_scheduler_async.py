@@ -106,6 +106,22 @@ def test_vllm_reuses_a_block_released_while_read_in_flight_at_once_relying_on_th
     )
 
 
+def test_a_request_writing_a_block_it_still_holds_released_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """r0's prompt (one token, block 1) is launched as step 1; step 2 writes its next token into block 1 while step 1,
+    which read it for r0, is in flight. r0 still holds block 1, so nothing was released and nothing is counted or
+    failed, even for a device that orders nothing (the check once compared a block with the request's per-group
+    tables, a list of lists, and took every block read in flight for released)."""
+    monkeypatch.setattr(BatchQueue, "ordered", lambda self, reader, writer: False)
+    session = Session(ASYNC)
+    session.add([0], 3)
+    session.step()
+    session.step()
+    assert session.worker.requests["r0"].table == [1] and session.loop.in_flight() == [2]
+    assert session.loop.rewrites == 0
+    session.drain()
+    assert session.outputs.requests["r0"].received == expected_output("r0", 1, 3)
+
+
 def test_accounting_under_async_catches_finished_requests_never_told_to_the_worker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

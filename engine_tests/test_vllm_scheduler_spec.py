@@ -6,6 +6,7 @@ Runs in the vLLM environment (``scripts/third_party_env.sh vllm``; CI runs it th
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -13,7 +14,9 @@ from typing import Any
 
 import attrs
 import pytest
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine.core import EngineCore
 
 from kvfuzz.cli import main
 from kvfuzz.scheduler.config import SchedulerSetup
@@ -24,6 +27,7 @@ from kvfuzz.scheduler.session import Session
 from kvfuzz.scheduler.speculative import Verified, accepted, proposal
 from kvfuzz.scheduler.trace import load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
+from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm_config
 from kvfuzz.scheduler.worker import Worker
 
 PROMPT = [1, 2, 3, 0, 2, 2, 1]
@@ -234,15 +238,46 @@ def test_a_bad_speculative_option_is_one_line_and_exit_2(capsys: pytest.CaptureF
 
 
 def test_speculative_decoding_under_async_scheduling_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    """kvfuzz hands the scheduler drafts as the synchronous engine core does; under async scheduling vLLM's engine
-    core does not (docs/scheduler.md), so the combination is refused before any work rather than driven wrongly."""
+    """vLLM 0.33.0 drives drafts under async scheduling inside the V2 model runner, which kvfuzz's worker does not
+    model (docs/scheduler.md), so the combination is refused before any work rather than driven wrongly."""
     assert main(["run", "--scheduler", "vllm-v1", "--speculative-tokens", "2", "--async-scheduling"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
-        "kvfuzz: speculative decoding under async scheduling is not driven (yet): kvfuzz hands the scheduler drafts "
-        "only as the synchronous engine core does (docs/scheduler.md)\n"
+        "kvfuzz: speculative decoding under async scheduling is not driven (yet): vLLM 0.33.0 runs it on the V2 model "
+        "runner only (its V1 runner refuses n-gram drafts under async), where the scheduler gets -1 placeholders and "
+        "the runner verifies its own drafts at positions it corrects on the device; kvfuzz's worker does not model "
+        "that (docs/scheduler.md#speculative-decoding)\n"
     )
+
+
+def _async_with_drafts() -> SchedulerSetup:
+    """k = 2 drafts under async scheduling, past kvfuzz's refusal, to ask vLLM itself."""
+    setup = SchedulerSetup(num_blocks=8, speculative_tokens=2)
+    object.__setattr__(setup, "async_scheduling", True)
+    return setup
+
+
+def test_vllm_refuses_n_gram_drafts_under_async_on_the_v1_runner_and_takes_them_on_v2(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What kvfuzz's refusal says of vLLM 0.33.0: its configuration refuses the combination for the V1 model runner;
+    for the V2 runner it builds the AsyncScheduler, whose drafts are -1 placeholders scheduled on the output
+    placeholders of a step in flight, and the engine core never hands drafts back (``post_step`` does only when
+    synchronous)."""
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    with pytest.raises(ValueError, match="Async scheduling is not supported by the V1 model runner with ngram-based"):
+        vllm_config(_async_with_drafts())
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    scheduler = new_scheduler(_async_with_drafts())
+    assert type(scheduler) is AsyncScheduler and scheduler.num_spec_tokens == 2
+    scheduler.add_request(new_request("r0", [1, 2, 3], 4, block_size=4, arrival=0))
+    first = scheduler.schedule()
+    assert first.num_scheduled_tokens == {"r0": 3} and scheduler.requests["r0"].spec_token_ids == [-1, -1]
+    second = scheduler.schedule()  # the first step's output still in flight: drafts are placeholders only
+    assert second.scheduled_spec_decode_tokens == {"r0": [-1, -1]} and second.num_scheduled_tokens == {"r0": 3}
+    assert scheduler.requests["r0"].num_output_placeholders == 4  # 1 sampled, then 1 sampled + 2 drafts
+    assert "not self.async_scheduling" in inspect.getsource(EngineCore.post_step)
 
 
 HANG = Path(__file__).parent.parent / "corpus" / "vllm-v1-scheduler-speculative-padding-hang-6123748f32e9.json"

@@ -14,7 +14,9 @@ import re
 from pathlib import Path
 from typing import Callable
 
+import attrs
 import pytest
+import torch
 
 from kvfuzz.scheduler.write_paths import prepare_write_path
 
@@ -23,6 +25,7 @@ prepare_write_path("vllm")  # Triton's interpreter, before vLLM (and so Triton) 
 from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 from vllm.v1.worker.gpu.block_table import BlockTables  # noqa: E402
 
+from kvfuzz.kernels.base import PagedBatch  # noqa: E402
 from kvfuzz.kernels.gather import GatherKernel  # noqa: E402
 from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES  # noqa: E402
 from kvfuzz.scheduler.attention import ATTENTIONS, KernelAttention  # noqa: E402
@@ -145,6 +148,55 @@ def test_a_slot_mapping_kernel_that_shifts_positions_is_caught(monkeypatch: pyte
     assert "its position 1 belongs in block" in str(found), str(found)
 
 
+HYBRID = SchedulerSetup(num_blocks=12, model="sliding-window")  # two KV-cache groups over one pool
+
+
+def test_vllm_s_block_tables_agree_per_group_with_a_hybrid_model() -> None:
+    """vLLM's V2 ``BlockTables`` with one table per KV-cache group: each group's slot mapping is checked against the
+    worker's table of that group, and attention computed through each group's table (the sliding-window group's
+    within its window), on the unmodified scheduler, with preemptions and hits."""
+    worker = Worker(HYBRID, vllm_write_path)
+    assert isinstance(worker.write_path, VllmV2BlockTables) and worker.write_path.tables.num_kv_cache_groups == 2
+    outcome = search(HYBRID, examples=8, steps=30, worker=vllm_worker)
+    assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"
+    assert outcome.preemptions > 0 and outcome.hit_tokens > 0, outcome.describe()
+
+
+def test_vllm_s_v1_block_table_agrees_per_group_with_a_hybrid_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    worker = Worker(HYBRID, vllm_write_path)
+    assert isinstance(worker.write_path, VllmV1BlockTable) and len(worker.write_path.table.block_tables) == 2
+    outcome = search(HYBRID, examples=6, steps=30, worker=lambda setup: Worker(setup, vllm_write_path))
+    assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"
+    assert outcome.preemptions > 0, outcome.describe()
+
+
+def test_an_off_by_one_append_in_one_group_of_v2_s_block_tables_is_caught_in_that_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seeded: ``BlockTables.append_block_ids`` appends a cached request's new blocks one entry early in the
+    full-attention group only (group 1 in 0.33.0's order). Group 0's slot mapping is right, so a check of one group's
+    table (what the write path did before it read every group) misses it."""
+    original = BlockTables.append_block_ids
+    full = next(rule.index for rule in Worker(HYBRID).groups if rule.window is None)
+
+    def one_early(self: BlockTables, req_index: int, new_block_ids: tuple[list[int], ...], overwrite: bool) -> None:
+        if not overwrite and new_block_ids[full]:
+            self.num_blocks.np[full, req_index] -= 1
+        original(self, req_index, new_block_ids, overwrite)
+
+    monkeypatch.setattr(BlockTables, "append_block_ids", one_early)
+    session = Session(HYBRID, lambda setup: Worker(setup, vllm_write_path))
+    request = session.add(PROMPT, 8)
+    found = violation(lambda: [session.step() for _ in range(8)])
+    assert found.check is Check.SLOT_MAPPING and found.request == request, str(found)
+    assert re.search(
+        rf"its position 8 belongs in block \d+ \(table entry 2 of \[\d+, \d+, \d+\] in group {full} \(full "
+        rf"attention\)\), slot \d+, but the vllm slot mapping writes it to slot \d+ \(block \d+, offset 0\)",
+        str(found),
+    ), str(found)
+
+
 class ShortContext(KernelAttention):
     """Seeded: attention reads one position fewer than the token's context (its own K/V left out)."""
 
@@ -163,6 +215,36 @@ def test_an_attention_read_with_the_wrong_context_length_is_an_attention_violati
         r"attention check failed at step 1, request r0: the attention of its position 1 through its table \[\d+, "
         r"\d+\] \(gather kernel, context length 1\) differs from the reference over its own 2 positions' K/V by up "
         r"to [0-9.e-]+ \(allowed: none, bit for bit\)",
+        str(found),
+    ), str(found)
+
+
+class NoWindow(GatherKernel):
+    """Seeded: a kernel that ignores the sliding window, attending every position from 0."""
+
+    def attend(self, batch: PagedBatch) -> torch.Tensor:
+        return super().attend(attrs.evolve(batch, starts=[0] * len(batch.starts)))
+
+
+def test_attention_that_ignores_the_sliding_window_is_caught_in_the_window_s_group() -> None:
+    """A request of 10 tokens under a window of 8: its prefill's positions 8 and 9 attend from positions 1 and 2 in
+    the sliding-window group. A kernel reading from 0 there differs from the reference over the window."""
+
+    def no_window(setup: SchedulerSetup) -> Worker:
+        return Worker(setup, OwnSlotMapping, KernelAttention(NoWindow(), setup.block_size))
+
+    def prefill(worker: WorkerFactory) -> None:
+        session = Session(HYBRID, worker)
+        session.add(PROMPT * 2, 2)
+        session.step()
+
+    prefill(vllm_worker)  # the right window: passes
+    found = violation(lambda: prefill(no_window))
+    sliding = next(rule.index for rule in Worker(HYBRID).groups if rule.window is not None)
+    assert found.check is Check.ATTENTION and found.step == 1, str(found)
+    assert re.search(
+        rf"the attention of its position 8 through its table \[\d+, \d+, \d+\] in group {sliding} \(sliding window "
+        rf"of 8 tokens\) \(gather kernel, from position 1\) differs from the reference over its own 8 positions' K/V",
         str(found),
     ), str(found)
 

@@ -125,28 +125,36 @@ class BatchQueue:
     def before_execute(self, output: Any, worker: Any, step: int) -> None:
         """Check the blocks the worker is about to write for ``step`` against the in-flight steps that read them, then
         record the blocks this step reads. Called once the worker has read ``output`` (its tables are the
-        scheduler's) and before it writes."""
+        scheduler's) and before it writes. Every KV-cache group's table counts: a step writes each scheduled
+        position's block in every group, and reads, in each group, the entries from the first position its tokens
+        attend (a sliding window's, not those behind it); a request has released a block that is in no entry its
+        groups still need (:meth:`~kvfuzz.scheduler.worker.Worker.holdings`)."""
         size = worker.block_size
-        live = worker.live_tables()
+        held = {request: set(blocks) for request, blocks in worker.holdings()[0].items()}
         for request, count in output.num_scheduled_tokens.items():
-            table = worker.requests[request].table
             start = worker.computed[request]
             written = {
-                table[position // size] for position in range(start, start + count) if position // size < len(table)
+                table[position // size]
+                for table in (worker.requests[request].tables[rule.index] for rule in worker.groups)
+                for position in range(start, start + count)
+                if position // size < len(table) and table[position // size] != 0
             }
             for block in sorted(written):
-                self._check_write(block, request, start, step, live, worker.requests)
+                self._check_write(block, request, start, step, held, worker.requests)
         for request, count in output.num_scheduled_tokens.items():
-            table = worker.requests[request].table
-            end = worker.computed[request] + count
-            for block in table[: -(-end // size)]:
-                self.readers.setdefault(block, {}).setdefault(step, set()).add(request)
+            start = worker.computed[request]
+            end = start + count
+            for rule in worker.groups:
+                table = worker.requests[request].tables[rule.index]
+                for block in table[rule.first_kept_entry(start, size) : -(-end // size)]:
+                    if block != 0:
+                        self.readers.setdefault(block, {}).setdefault(step, set()).add(request)
 
     def _check_write(
-        self, block: int, writer: str, start: int, step: int, live: dict[str, list[int]], states: dict[str, Any]
+        self, block: int, writer: str, start: int, step: int, held: dict[str, set[int]], states: dict[str, Any]
     ) -> None:
         for reader, requests in sorted(self.readers.get(block, {}).items()):
-            released = sorted(request for request in requests if block not in live.get(request, ()))
+            released = sorted(request for request in requests if block not in held.get(request, ()))
             if reader == step or not released:
                 continue
             if self.ordered(reader, step):

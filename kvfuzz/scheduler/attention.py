@@ -1,7 +1,8 @@
 """Attention through the worker's tables, with the reference beside it (invariant 2 for a real scheduler).
 
 After a step's writes, every scheduled token of every request attends, causally, to its request's positions
-``0 .. p`` (the context length ``p + 1``) read through the request's block table from the paged pools, with the
+``0 .. p`` (the context length ``p + 1``; in a sliding-window KV-cache group of ``W`` tokens only ``p - W + 1 ..
+p``), in each KV-cache group, read through the request's block table of that group from the paged pools, with the
 query kvfuzz derives from the token's prefix (:func:`~kvfuzz.reference.content.queries_for_tags`). The reference
 attends the same query over the request's own contiguous K/V (:func:`~kvfuzz.reference.content.padded_kv_for_tags`
 of its own tokens), with :func:`kvfuzz.reference.attention.attend`. The two must agree: bit for bit for the
@@ -15,7 +16,7 @@ Checks are types: :class:`NoAttention` (``off``) computes nothing, :class:`Kerne
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import attrs
 import torch
@@ -29,14 +30,20 @@ from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 @attrs.frozen
 class Attending:
-    """A scheduled request's view for attention: its tokens, its block table and the positions it computed this
-    step (each attends to every position up to it)."""
+    """A scheduled request's view for attention in one KV-cache group: its tokens, its block table there and the
+    positions it computed this step (each attends to every position up to it, or within the group's window)."""
 
     request: str
     tokens: tuple[int, ...]  # every token the worker knows for the request
-    table: tuple[int, ...]  # its block ids, in position order
+    table: tuple[int, ...]  # its block ids in the group, in position order
     positions: range  # the positions scheduled this step
-    namespace: tuple[str, ...] = ()  # its K/V tags' namespace (its cache salt, if any)
+    namespace: tuple[str, ...] = ()  # its K/V tags' namespace in the group (the group's, then its cache salt's)
+    window: Optional[int] = None  # the group's sliding window in tokens; None: full attention
+    group: str = ""  # `` in group N (its kind)`` where the model has several groups, for messages
+
+    def first_attended(self, position: int) -> int:
+        """The first position the token at ``position`` attends to: 0, or the start of its window."""
+        return 0 if self.window is None else max(0, position - self.window + 1)
 
 
 class AttentionCheck(Protocol):
@@ -70,16 +77,17 @@ class KernelAttention:
         return position + 1
 
     def check(self, attending: Sequence[Attending], keys: torch.Tensor, values: torch.Tensor, step: int) -> None:
-        rows = [(request, position) for request in attending for position in request.positions]
+        rows = [(view, position) for view in range(len(attending)) for position in attending[view].positions]
         if not rows:
             return
-        tags = {request.request: prefix_tags(request.namespace, request.tokens) for request in attending}
+        tags = [prefix_tags(request.namespace, request.tokens) for request in attending]
+        starts = [attending[view].first_attended(position) for view, position in rows]
         lengths = [self.context_length(position) for _, position in rows]
-        queries = queries_for_tags([tags[request.request][position] for request, position in rows], MODEL_SHAPE)
+        queries = queries_for_tags([tags[view][position] for view, position in rows], MODEL_SHAPE)
         batch = PagedBatch(
-            seqs=[f"{request.request}@{position}" for request, position in rows],
-            tables=[request.table for request, _ in rows],
-            starts=[0] * len(rows),
+            seqs=[f"{attending[view].request}@{position}" for view, position in rows],
+            tables=[attending[view].table for view, _ in rows],
+            starts=starts,
             lengths=lengths,
             queries=queries,
             keys=keys,
@@ -87,21 +95,23 @@ class KernelAttention:
             block_size=self.block_size,
         )
         paged = self.kernel.attend(batch)
-        own = [tags[request.request][: position + 1] for request, position in rows]
+        own = [tags[view][start : position + 1] for (view, position), start in zip(rows, starts)]
         own_keys, own_values = padded_kv_for_tags(own, MODEL_SHAPE)
         expected = attend(queries, own_keys, own_values, torch.tensor([len(prefix) for prefix in own]))
         mismatch = compare(paged, expected, self.kernel.tolerance(MODEL_SHAPE.dtype))
         if mismatch is None:
             return
-        request, position = rows[mismatch.row]
+        view, position = rows[mismatch.row]
+        request, start = attending[view], starts[mismatch.row]
+        read = f"context length {lengths[mismatch.row]}" if start == 0 else f"from position {start}"
         tolerance = self.kernel.tolerance(MODEL_SHAPE.dtype)
         raise SchedulerViolation(
             Check.ATTENTION,
             step,
             request.request,
-            f"the attention of its position {position} through its table {list(request.table)} ({self.name} "
-            f"kernel, context length {lengths[mismatch.row]}) differs from the reference over its own "
-            f"{position + 1} positions' K/V by up to {mismatch.max_abs_diff:.3g} (allowed: "
+            f"the attention of its position {position} through its table {list(request.table)}{request.group} "
+            f"({self.name} kernel, {read}) differs from the reference over its own {position + 1 - start} positions' "
+            f"K/V by up to {mismatch.max_abs_diff:.3g} (allowed: "
             + ("none, bit for bit" if tolerance is None else str(tolerance))
             + ")",
             f"the {self.name} kernel's attention",

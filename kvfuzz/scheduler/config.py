@@ -7,6 +7,7 @@ from __future__ import annotations
 import attrs
 
 from kvfuzz.reference.content import ModelShape
+from kvfuzz.scheduler.async_batches import DEPTH
 from kvfuzz.scheduler.models import MODELS, max_model_len
 
 POLICIES = ("fcfs", "priority")
@@ -52,7 +53,7 @@ class SchedulerSetup:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        if self.model != "full" and self.async_scheduling:
+        if self.model == "mamba-hybrid" and self.async_scheduling:
             raise ValueError(f"model {self.model} is not driven under async scheduling (yet; docs/scheduler.md)")
         if self.model == "mamba-hybrid" and self.speculative_tokens:
             raise ValueError("model mamba-hybrid is not driven with speculative decoding (yet; docs/scheduler.md)")
@@ -60,8 +61,10 @@ class SchedulerSetup:
             raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
         if self.speculative_tokens and self.async_scheduling:
             raise ValueError(
-                "speculative decoding under async scheduling is not driven (yet): kvfuzz hands the scheduler drafts "
-                "only as the synchronous engine core does (docs/scheduler.md)"
+                "speculative decoding under async scheduling is not driven (yet): vLLM 0.33.0 runs it on the V2 model "
+                "runner only (its V1 runner refuses n-gram drafts under async), where the scheduler gets -1 "
+                "placeholders and the runner verifies its own drafts at positions it corrects on the device; kvfuzz's "
+                "worker does not model that (docs/scheduler.md#speculative-decoding)"
             )
         if self.min_tokens and self.speculative_tokens:
             raise ValueError(
@@ -86,7 +89,14 @@ class SchedulerSetup:
     def max_model_len(self) -> int:
         """The longest request (prompt and output) the target is given: the whole pool, or for a hybrid model the
         longest whose blocks in every group fit the pool (:func:`~kvfuzz.scheduler.models.max_model_len`)."""
-        return max_model_len(MODELS[self.model], self.num_blocks, self.block_size, self.max_num_batched_tokens)
+        return max_model_len(MODELS[self.model], self.num_blocks, self.block_size, self.max_in_flight_tokens)
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """The most tokens scheduled and not yet returned, vLLM's ``VllmConfig.max_in_flight_tokens``: the token
+        budget of every batch in flight at once (two under async scheduling; a sliding window's admission cap
+        reserves blocks for them)."""
+        return self.max_num_batched_tokens * (DEPTH if self.async_scheduling else 1)
 
     def describe(self) -> str:
         return (

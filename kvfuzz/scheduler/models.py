@@ -67,7 +67,7 @@ class SchedulerModel:
     def blocks_per_request(self, length: int, block_size: int, budget: int) -> int:
         """Usable blocks vLLM's startup check reserves for one request of ``length`` tokens: every full-attention
         group's ``ceil(length / block_size)``, and a sliding-window group's admission cap (its window less one, and
-        a step's tokens in flight, at most ``length``, in blocks, plus one)."""
+        the tokens in flight, ``budget``, at most ``length``, in blocks, plus one)."""
         window = self.sliding_window(block_size)
         full = -(-length // block_size)
         if window is None:

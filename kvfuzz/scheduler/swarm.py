@@ -82,7 +82,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("max_num_seqs", (1, 2, 3, 4, 6, 8, 16), _biased_small),
     Dimension("prefix_caching", BOOLEAN, _chance(0.75)),
     Dimension("policy", POLICIES, _uniform),  # FCFS, or priority (preemption by priority)
-    # a sliding window beside full attention (two KV-cache groups, not under async scheduling) a quarter of the time;
+    # a sliding window beside full attention (two KV-cache groups) a quarter of the time;
     # a Mamba group beside attention a quarter (kept only without async scheduling or drafts)
     Dimension("model", ("full", "sliding-window", "mamba-hybrid"), _weighted_choice((2, 1, 1))),
     Dimension("async_scheduling", BOOLEAN, _chance(0.5)),  # two batches in flight, the released-block check

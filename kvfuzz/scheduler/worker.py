@@ -71,8 +71,7 @@ class RequestState:
 
     @property
     def table(self) -> list[int]:
-        """Group 0's table: the only one of a one-group model (the write path, attention and async scheduling read
-        it; they are not driven with several groups)."""
+        """Group 0's table: the only one of a one-group model."""
         return self.tables[0]
 
 
@@ -255,11 +254,14 @@ class Worker:
             Attending(
                 request,
                 tuple(self._tokens(request)),  # with the drafts scheduled this step
-                tuple(self.requests[request].table),
+                tuple(self.requests[request].tables[rule.index]),
                 positions,
-                self.requests[request].namespace,
+                self._namespace(request, rule.index),
+                rule.window,
+                self._in(rule.index),
             )
             for request, positions in batch
+            for rule in self.groups
         ]
         held = self.holdings()[0] if self.mamba.groups else {}  # the blocks live requests still need, for Mamba
         order: list[str] = []
@@ -350,18 +352,20 @@ class Worker:
                 "positions scheduled past the request's tokens",
             )
 
-    def _check_mapping(self, request: str, positions: range, slots: list[int], step: int) -> None:
-        """The write path's slots are the ones the worker's tables give (for kvfuzz's own path, trivially)."""
-        expected = self.slots(request, positions, step)
+    def _check_mapping(self, request: str, positions: range, slots: list[int], step: int, group: int) -> None:
+        """The write path's slots in ``group`` are the ones the worker's table of that group gives (for kvfuzz's own
+        path, trivially)."""
+        expected = self.slots(request, positions, step, group)
         for position, want, got in zip(positions, expected, slots):
             if want != got:
-                table = self.requests[request].table
+                table = self.requests[request].tables[group]
                 raise SchedulerViolation(
                     Check.SLOT_MAPPING,
                     step,
                     request,
                     f"its position {position} belongs in block {want // self.block_size} (table entry "
-                    f"{position // self.block_size} of {table}), slot {want}, but the {self.write_path.name} slot "
+                    f"{position // self.block_size} of {table}{self._in(group)}), slot {want}, but the "
+                    f"{self.write_path.name} slot "
                     f"mapping writes it to slot {got} (block {got // self.block_size}, offset "
                     f"{got % self.block_size})",
                     "a token written to another slot than its table gives"
@@ -374,24 +378,25 @@ class Worker:
                 step,
                 request,
                 f"{len(positions)} positions scheduled, but the {self.write_path.name} slot mapping gives "
-                f"{len(slots)} slots",
+                f"{len(slots)} slots{self._in(group)}",
                 "a slot mapping of the wrong length",
             )
 
-    def _write(self, request: str, positions: range, slots: list[int], step: int, taken: dict[int, Claim]) -> None:
-        """Write the K/V of a request's tokens at ``positions`` into ``slots``, once they are checked against the
-        tables. A write that gives a slot in ``taken`` content other than its claim needs breaks exclusivity;
-        ``taken`` gets a claim for every slot written. (A request admitted in the same step as the one that writes
-        its prefix relies on that step's write: vLLM caches full blocks when they are scheduled, and the step
-        writes every token's K/V before attention reads it.)"""
+    def _write(
+        self, request: str, positions: range, slots: list[list[int]], step: int, taken: dict[int, Claim]
+    ) -> None:
+        """Write the K/V of a request's tokens at ``positions`` into ``slots`` (one list per KV-cache group), once
+        each group's are checked against its table. A write that gives a slot in ``taken`` content other than its
+        claim needs breaks exclusivity; ``taken`` gets a claim for every slot written. (A request admitted in the
+        same step as the one that writes its prefix relies on that step's write: vLLM caches full blocks when they
+        are scheduled, and the step writes every token's K/V before attention reads it.)"""
         if not positions:
             return
-        self._check_mapping(request, positions, slots, step)
         state = self.requests[request]
         known = len(state.tokens)  # positions from here on hold drafts
-        for rule in self.groups:
+        for rule, group_slots in zip(self.groups, slots):
             group = rule.index
-            group_slots = slots if group == self.groups[0].index else self.slots(request, positions, step, group)
+            self._check_mapping(request, positions, group_slots, step, group)
             namespace = self._namespace(request, group)
             self.kv.write(request, self._tokens(request), positions, group_slots, step, taken, namespace, known)
 

@@ -43,14 +43,20 @@ class WritePath(Protocol):
     def consume(self, output: Any) -> None:
         """Keep its tables from the step's ``SchedulerOutput`` (called after the worker's own tables are updated)."""
 
-    def slot_mapping(self, batch: Batch, step: int) -> list[list[int]]:
-        """For each ``(request, positions)`` of ``batch``, the slots its positions' K/V are written to."""
+    def slot_mapping(self, batch: Batch, step: int) -> list[list[list[int]]]:
+        """For each ``(request, positions)`` of ``batch``, and each KV-cache group in order, the slots its positions'
+        K/V are written to in that group."""
 
 
 class SlotSource(Protocol):
-    """What :class:`OwnSlotMapping` reads: the worker's own slot computation."""
+    """What the write paths read of the worker: its KV-cache groups, and (for :class:`OwnSlotMapping`) its own slot
+    computation."""
 
-    def slots(self, request: str, positions: range, step: int) -> list[int]: ...
+    @property
+    def groups(self) -> Sequence[Any]:
+        """The model's KV-cache groups, in vLLM's order."""
+
+    def slots(self, request: str, positions: range, step: int, group: int = 0) -> list[int]: ...
 
 
 WritePathFactory = Callable[[SchedulerSetup, bool, SlotSource], WritePath]
@@ -68,8 +74,11 @@ class OwnSlotMapping:
     def consume(self, output: Any) -> None:
         return None
 
-    def slot_mapping(self, batch: Batch, step: int) -> list[list[int]]:
-        return [self.worker.slots(request, positions, step) for request, positions in batch]
+    def slot_mapping(self, batch: Batch, step: int) -> list[list[list[int]]]:
+        groups = range(len(self.worker.groups))
+        return [
+            [self.worker.slots(request, positions, step, group) for group in groups] for request, positions in batch
+        ]
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,17 +122,19 @@ def _positions(batch: Batch) -> tuple[Any, Any]:
     return torch.tensor(starts, dtype=torch.int32), torch.tensor(positions, dtype=torch.int64)
 
 
-def _split(flat: Sequence[int], batch: Batch) -> list[list[int]]:
-    """The flat slot mapping of a batch, split per request."""
+def _split(flat: Sequence[Sequence[int]], batch: Batch) -> list[list[list[int]]]:
+    """The flat slot mappings of a batch (one per KV-cache group), split per request: each request's slots in each
+    group."""
     result, start = [], 0
     for _, scheduled in batch:
-        result.append(list(flat[start : start + len(scheduled)]))
+        result.append([list(group[start : start + len(scheduled)]) for group in flat])
         start += len(scheduled)
     return result
 
 
 class VllmV1BlockTable:
-    """vLLM's V1 model runner's ``MultiGroupBlockTable`` (one group), kept as its input batch keeps it."""
+    """vLLM's V1 model runner's ``MultiGroupBlockTable`` (one block table per KV-cache group), kept as its input
+    batch keeps it."""
 
     name = "vllm"
 
@@ -139,9 +150,10 @@ class VllmV1BlockTable:
             max_num_batched_tokens=setup.max_num_batched_tokens,
             pin_memory=False,
             device=torch.device("cpu"),
-            block_sizes=[setup.block_size],
-            max_num_blocks=[setup.num_blocks],
+            block_sizes=[setup.block_size] * len(worker.groups),
+            max_num_blocks=[setup.num_blocks] * len(worker.groups),
         )
+        self.groups = len(worker.groups)  # KV-cache groups, one block table each
         self.rows: dict[str, int] = {}  # request in the input batch -> its row
 
     def _remove(self, request: str) -> None:
@@ -171,7 +183,7 @@ class VllmV1BlockTable:
             elif blocks is not None:
                 self.table.append_row(blocks, self.rows[request])
 
-    def slot_mapping(self, batch: Batch, step: int) -> list[list[int]]:
+    def slot_mapping(self, batch: Batch, step: int) -> list[list[list[int]]]:
         if not batch:
             return []
         rows = max(self.rows.values()) + 1
@@ -181,13 +193,15 @@ class VllmV1BlockTable:
         starts, positions = _positions(in_rows)
         self.table.commit_block_table(rows)
         self.table.compute_slot_mapping(rows, starts, positions)
-        flat = self.table[0].slot_mapping.gpu[: len(positions)].tolist()
+        flat = [self.table[group].slot_mapping.gpu[: len(positions)].tolist() for group in range(self.groups)]
         per_request = dict(zip((request for request, _ in in_rows), _split(flat, in_rows)))
         return [per_request[request] for request, _ in batch]
 
 
 class VllmV2BlockTables:
-    """vLLM's V2 model runner's ``BlockTables`` (one group), kept as its model runner keeps it."""
+    """vLLM's V2 model runner's ``BlockTables`` (one block table per KV-cache group), kept as its model runner keeps
+    it. (Its ``sliding_window_reach`` is left off: it masks only ``gather_block_tables``, the tables attention reads,
+    which kvfuzz does not drive, never the slot mapping.)"""
 
     name = "vllm"
 
@@ -198,10 +212,10 @@ class VllmV2BlockTables:
         from vllm.v1.worker.gpu.block_table import BlockTables
 
         self.tables = BlockTables(
-            block_sizes=[setup.block_size],
+            block_sizes=[setup.block_size] * len(worker.groups),
             max_num_reqs=setup.max_num_seqs,
             max_num_batched_tokens=setup.max_num_batched_tokens,
-            max_num_blocks_per_group=[setup.num_blocks],
+            max_num_blocks_per_group=[setup.num_blocks] * len(worker.groups),
             device=torch.device("cpu"),
         )
         self.free = list(range(setup.max_num_seqs))  # free request indices, as RequestState keeps them
@@ -226,14 +240,14 @@ class VllmV2BlockTables:
                 self.tables.append_block_ids(self.index[request], blocks, overwrite=False)
         self.tables.apply_staged_writes()
 
-    def slot_mapping(self, batch: Batch, step: int) -> list[list[int]]:
+    def slot_mapping(self, batch: Batch, step: int) -> list[list[list[int]]]:
         import torch
 
         if not batch:
             return []
         starts, positions = _positions(batch)
         mapping = torch.tensor([self.index[request] for request, _ in batch], dtype=torch.int32)
-        flat = self.tables.compute_slot_mappings(mapping, starts, positions, len(positions))[0].tolist()
+        flat = self.tables.compute_slot_mappings(mapping, starts, positions, len(positions)).tolist()
         return _split(flat, batch)
 
 
