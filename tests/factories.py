@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -273,3 +274,33 @@ def _without_per_test(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 _ZYGOTE = _Zygote()
+
+
+class _FullAttention:
+    """One full-attention KV-cache group, a worker's group 0: every entry of its table is kept."""
+
+    index = 0
+
+    def first_kept_entry(self, computed: int, block_size: int) -> int:
+        return 0
+
+
+def async_worker(
+    tables: dict[str, list[int]],
+    computed: dict[str, int],
+    live: tuple[str, ...],
+    preempted: tuple[str, ...] = (),
+) -> Any:
+    """A scheduler worker as far as the released-block check reads it: block size 4, one full-attention group, each
+    request's table, its computed tokens, and the blocks the ``live`` requests hold."""
+    requests = {
+        request: types.SimpleNamespace(tables=[table], preempted=request in preempted)
+        for request, table in tables.items()
+    }
+    return types.SimpleNamespace(
+        block_size=4,
+        requests=requests,
+        groups=(_FullAttention(),),
+        computed=computed,
+        holdings=lambda: ({request: tables[request] for request in live}, {}),
+    )

@@ -8,6 +8,7 @@ import types
 from typing import Any
 
 import pytest
+from factories import async_worker
 
 from kvfuzz.scheduler.async_batches import Batch, BatchQueue, Progress, SynchronousLoop
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
@@ -60,14 +61,7 @@ def test_the_synchronous_loop_returns_every_step_it_launches() -> None:
 
 
 def worker(tables: dict[str, list[int]], computed: dict[str, int], live: tuple[str, ...]) -> Any:
-    """A worker as far as the check reads it: block size 4, each request's table, computed tokens, live tables."""
-    requests = {request: types.SimpleNamespace(table=table) for request, table in tables.items()}
-    return types.SimpleNamespace(
-        block_size=4,
-        requests=requests,
-        computed=computed,
-        live_tables=lambda: {request: tables[request] for request in live},
-    )
+    return async_worker(tables, computed, live)
 
 
 def output(scheduled: dict[str, int]) -> Any:

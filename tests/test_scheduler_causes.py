@@ -9,6 +9,7 @@ import types
 from typing import Any, Callable, Optional
 
 import pytest
+from factories import async_worker
 
 from kvfuzz.campaign.scheduler.target import scheduler_signature
 from kvfuzz.scheduler.async_batches import BatchQueue
@@ -163,27 +164,8 @@ def test_outputs_finished_early_and_a_token_after_the_finish() -> None:
 # -- released (async scheduling) -------------------------------------------------------------------------------------
 
 
-class FullAttention:
-    """One full-attention group, the worker's group 0: every entry is kept."""
-
-    index = 0
-
-    def first_kept_entry(self, computed: int, block_size: int) -> int:
-        return 0
-
-
 def worker(tables: dict[str, list[int]], live: tuple[str, ...], preempted: tuple[str, ...] = ()) -> Any:
-    requests = {
-        request: types.SimpleNamespace(tables=[table], preempted=request in preempted)
-        for request, table in tables.items()
-    }
-    return types.SimpleNamespace(
-        block_size=4,
-        requests=requests,
-        groups=(FullAttention(),),
-        computed={request: 0 for request in tables},
-        holdings=lambda: ({request: tables[request] for request in live}, {}),
-    )
+    return async_worker(tables, {request: 0 for request in tables}, live, preempted)
 
 
 def released(second: Any, writer: str = "r1") -> Optional[str]:
