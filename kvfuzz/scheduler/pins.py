@@ -2,7 +2,8 @@
 (:data:`kvfuzz.scheduler.swarm.DIMENSIONS`) at one value each, and draws the others as it would.
 
 A pin is checked against its row's domain, the values the row can draw, so a pinned campaign runs only
-configurations an unpinned one could draw. A value is written as :func:`value_text` writes it (``true``/``false``
+configurations an unpinned one could draw, or against a value the row keeps for pins alone (``pin_only``: a feature
+campaigns run only when asked). A value is written as :func:`value_text` writes it (``true``/``false``
 for a yes-or-no row, the number or the name otherwise), the same text the rerun command repeats.
 """
 
@@ -31,7 +32,7 @@ def value_text(value: Any) -> str:
 def parse_pins(texts: Sequence[str]) -> Pins:
     """The pins ``ROW=VALUE`` texts name; raises :class:`PinRefused` for the first one that is not a row of the swarm
     table with a value of its domain."""
-    rows = {dimension.name: dimension.domain for dimension in DIMENSIONS}
+    rows = {dimension.name: dimension.pinnable for dimension in DIMENSIONS}
     pins: dict[str, Any] = {}
     for text in texts:
         row, equals, written = text.partition("=")

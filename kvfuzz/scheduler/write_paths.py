@@ -54,7 +54,7 @@ class SlotSource(Protocol):
 
     @property
     def groups(self) -> Sequence[Any]:
-        """The model's KV-cache groups, in vLLM's order."""
+        """The model's attention groups, in vLLM's order, each with its ``index`` among all KV-cache groups."""
 
     def slots(self, request: str, positions: range, step: int, group: int = 0) -> list[int]: ...
 
@@ -75,7 +75,9 @@ class OwnSlotMapping:
         return None
 
     def slot_mapping(self, batch: Batch, step: int) -> list[list[list[int]]]:
-        groups = range(len(self.worker.groups))
+        groups = [
+            rule.index for rule in self.worker.groups
+        ]  # the attention groups' indexes (a Mamba group may come first)
         return [
             [self.worker.slots(request, positions, step, group) for group in groups] for request, positions in batch
         ]
