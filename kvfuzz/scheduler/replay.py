@@ -10,9 +10,9 @@ from typing import Callable, Iterator, Optional
 
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.program import Operation
-from kvfuzz.scheduler.replay_result import ReplayRefused, SchedulerReplay
+from kvfuzz.scheduler.replay_result import ReplayRefused, SchedulerReplay, replay_program
 from kvfuzz.scheduler.session import Session, WorkerFactory
-from kvfuzz.scheduler.trace import SGLANG, RecordedFailure, SchedulerTrace
+from kvfuzz.scheduler.trace import SGLANG, SchedulerTrace
 from kvfuzz.scheduler.worker import Worker
 from kvfuzz.scheduler.write_paths import WRITE_PATHS, prepare_write_path
 
@@ -97,15 +97,4 @@ def replay(
             raise ReplayRefused(
                 f"the trace was recorded with vLLM's {trace.model_runner} model runner, and this vLLM selects {here}"
             )
-        for index, operation in enumerate(trace.program):
-            if on_operation is not None:
-                on_operation(index, operation)
-            try:
-                operation.apply(session)
-            except Exception as error:  # noqa: BLE001 -- a check's violation, or vLLM's own exception: the finding
-                return SchedulerReplay(trace, RecordedFailure.of(error), index, error)
-        try:
-            session.drain()
-        except Exception as error:  # noqa: BLE001 -- as above
-            return SchedulerReplay(trace, RecordedFailure.of(error), len(trace.program), error)
-    return SchedulerReplay(trace, None, None)
+        return replay_program(session, trace, on_operation)

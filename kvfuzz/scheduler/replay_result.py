@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import attrs
 
+from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
 
 
@@ -47,3 +48,23 @@ class SchedulerReplay:
         if self.failure is None:
             return "every check passed"
         return self.failure.describe()
+
+
+def replay_program(
+    session: Any, trace: SchedulerTrace, on_operation: Optional[Callable[[int, Operation], None]] = None
+) -> SchedulerReplay:
+    """Apply ``trace``'s program to ``session`` (either engine's), then drain it: the first exception (a check's
+    violation, or the engine's own) is the replay's finding, at its operation's index or ``len(program)`` for the
+    drain. ``on_operation`` is told of each operation before it runs."""
+    for index, operation in enumerate(trace.program):
+        if on_operation is not None:
+            on_operation(index, operation)
+        try:
+            operation.apply(session)
+        except Exception as error:  # noqa: BLE001 -- a check's violation, or the engine's own exception: the finding
+            return SchedulerReplay(trace, RecordedFailure.of(error), index, error)
+    try:
+        session.drain()
+    except Exception as error:  # noqa: BLE001 -- as above
+        return SchedulerReplay(trace, RecordedFailure.of(error), len(trace.program), error)
+    return SchedulerReplay(trace, None, None)

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.recorder import FailureRecorder
-from kvfuzz.scheduler.replay_result import ReplayRefused, SchedulerReplay
+from kvfuzz.scheduler.replay_result import ReplayRefused, SchedulerReplay, replay_program
 from kvfuzz.scheduler.trace import SGLANG, RecordedFailure, SchedulerTrace
 
 
@@ -57,16 +57,4 @@ def replay_sglang(
         raise ReplayRefused(f"the trace's configuration cannot run: {problem}")
     from kvfuzz.scheduler.sglang.session import SGLangSession
 
-    session = SGLangSession(trace.setup)
-    for index, operation in enumerate(trace.program):
-        if on_operation is not None:
-            on_operation(index, operation)
-        try:
-            operation.apply(session)
-        except Exception as error:  # noqa: BLE001 -- a check's violation, or SGLang's own exception: the finding
-            return SchedulerReplay(trace, RecordedFailure.of(error), index, error)
-    try:
-        session.drain()
-    except Exception as error:  # noqa: BLE001 -- as above
-        return SchedulerReplay(trace, RecordedFailure.of(error), len(trace.program), error)
-    return SchedulerReplay(trace, None, None)
+    return replay_program(SGLangSession(trace.setup), trace, on_operation)
