@@ -142,7 +142,7 @@ class NothingValid(Exception):
 def draw(
     rng: random.Random,
     valid: Callable[[SchedulerSetup, str], None],
-    dimensions: tuple[Dimension, ...] = DIMENSIONS,
+    dimensions: Optional[tuple[Dimension, ...]] = None,
     pins: Mapping[str, Any] = MappingProxyType({}),
 ) -> SwarmConfig:
     """A configuration of ``dimensions`` (vLLM's table unless another engine's is given) ``valid`` accepts (it raises
@@ -150,9 +150,10 @@ def draw(
     row named in ``pins`` takes its pinned value (its draw is made all the same, so the other rows draw what they
     would unpinned). Raises :class:`NothingValid` after :data:`MAX_REDRAWS` refusals."""
     last: Optional[ValueError] = None
+    rows = DIMENSIONS if dimensions is None else dimensions  # the table as the module holds it now
     for refused in range(MAX_REDRAWS):
         values: dict[str, Any] = {}
-        for dimension in dimensions:
+        for dimension in rows:
             values[dimension.name] = dimension.value(rng, {**values, **pins})
         values.update(pins)
         runner = values.pop(MODEL_RUNNER)

@@ -19,13 +19,14 @@ from typing import Callable, Optional
 import attrs
 
 from kvfuzz.program.safeguards import Watchdog
+from kvfuzz.scheduler import swarm
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Witness
 from kvfuzz.scheduler.recorder import FailureRecorder
 from kvfuzz.scheduler.replay import SchedulerReplay, model_runner, replay
 from kvfuzz.scheduler.search import Outcome, search
-from kvfuzz.scheduler.swarm import DIMENSIONS, Dimension, SwarmConfig
+from kvfuzz.scheduler.swarm import Dimension, SwarmConfig
 from kvfuzz.scheduler.trace import SchedulerTrace
 from kvfuzz.scheduler.violations import SchedulerViolation
 from kvfuzz.shrink.signature import Signature, allocator_frame
@@ -54,7 +55,8 @@ class SchedulerTarget:
     search: Search
     replay: Replay
     recorder: Callable[[str, Path], FailureRecorder] = FailureRecorder  # (name, corpus) -> the batch's witness
-    dimensions: tuple[Dimension, ...] = DIMENSIONS  # the swarm table its batches draw from
+    # the swarm table its batches draw from: by default the swarm module's as it is when the target is made
+    dimensions: tuple[Dimension, ...] = attrs.field(factory=lambda: swarm.DIMENSIONS)
 
 
 def scheduler_signature(scheduler: str, failure: BaseException) -> Signature:
