@@ -61,6 +61,11 @@ def _uniform(rng: random.Random, values: tuple[Any, ...]) -> Any:
     return rng.choice(values)
 
 
+def fixed(rng: random.Random, values: tuple[Any, ...]) -> Any:
+    """A row of one value: that value, drawing nothing (so adding such a row leaves every other draw as it was)."""
+    return values[0]
+
+
 def _biased_small(rng: random.Random, values: tuple[Any, ...]) -> Any:
     """A value of ``values`` (ascending), the small ones more often: the first half of the list twice as likely."""
     return values[min(int(rng.random() ** 1.5 * len(values)), len(values) - 1)]

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import sampled_token
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
+from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.session import drain_bound
@@ -53,6 +54,10 @@ class SGLangSession:
     def released_rewrites(self) -> int:
         """Released blocks rewritten while a step reading them was in flight: none (no overlap scheduling)."""
         return 0
+
+    def transfer_counts(self) -> TransferTally:
+        """A KV connector's transfers: none (no connector is driven on SGLang)."""
+        return TransferTally()
 
     def add(
         self,

@@ -6,32 +6,24 @@ KV connector, no model runner)."""
 
 from __future__ import annotations
 
-import random
-from typing import Any
-
-from kvfuzz.scheduler.swarm import DIMENSIONS, MODEL_RUNNER, Dimension
-
-
-def _uniform(rng: random.Random, values: tuple[Any, ...]) -> Any:
-    return rng.choice(values)
-
+from kvfuzz.scheduler.swarm import DIMENSIONS, MODEL_RUNNER, Dimension, fixed
 
 _SHARED = ("num_blocks", "max_num_batched_tokens", "max_num_seqs", "prefix_caching")
 
 SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     *(dimension for dimension in DIMENSIONS if dimension.name in _SHARED),
-    Dimension("block_size", (2, 4, 8, 16), _uniform),
-    Dimension("policy", ("fcfs",), _uniform),
-    Dimension("model", ("full",), _uniform),
-    Dimension("async_scheduling", (False,), _uniform),
-    Dimension("speculative_tokens", (0,), _uniform),
-    Dimension("cache_salts", (False,), _uniform),
-    Dimension("stop_tokens", (False,), _uniform),
-    Dimension("eos", (False,), _uniform),
-    Dimension("min_tokens", (False,), _uniform),
-    Dimension("kv_connector", ("none",), _uniform),
-    Dimension("transfer_delay", (0,), _uniform),
-    Dimension("load_failures", (False,), _uniform),
-    Dimension(MODEL_RUNNER, ("",), _uniform),
+    Dimension("block_size", (2, 4, 8, 16), lambda rng, values: rng.choice(values)),
+    Dimension("policy", ("fcfs",), fixed),
+    Dimension("model", ("full",), fixed),
+    Dimension("async_scheduling", (False,), fixed),
+    Dimension("speculative_tokens", (0,), fixed),
+    Dimension("cache_salts", (False,), fixed),
+    Dimension("stop_tokens", (False,), fixed),
+    Dimension("eos", (False,), fixed),
+    Dimension("min_tokens", (False,), fixed),
+    Dimension("kv_connector", ("none",), fixed),
+    Dimension("transfer_delay", (0,), fixed),
+    Dimension("load_failures", (False,), fixed),
+    Dimension(MODEL_RUNNER, ("",), fixed),
 )
 """SGLang's configuration, one row per dimension (every row of vLLM's table, by name)."""
