@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from vllm.v1.core.sched import output as output_module
-from vllm.v1.core.sched import scheduler as scheduler_module
 
+from engine_tests.vllm_stop_seeds import check_stop_seeing
 from kvfuzz.cli import main
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import EOS_TOKEN
@@ -34,32 +34,12 @@ R0_OUTPUT = [0, 1, 3, 0, 3, 1, 2, 0]  # the fake model's first 8 tokens for r0 a
 
 def ignore_eos_always(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded bug: the scheduler's stop check never stops at EOS (as if every request ignored it)."""
-    original = scheduler_module.check_stop
-
-    def without_eos(request: Any, max_model_len: int) -> bool:
-        params = request.sampling_params
-        eos, params._eos_token_id = params._eos_token_id, None
-        try:
-            return bool(original(request, max_model_len))
-        finally:
-            params._eos_token_id = eos
-
-    monkeypatch.setattr(scheduler_module, "check_stop", without_eos)
+    check_stop_seeing(monkeypatch, "_eos_token_id", None)
 
 
 def stop_at_eos_always(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded bug: the scheduler's stop check stops at EOS even for a request that ignores it (ignore_eos)."""
-    original = scheduler_module.check_stop
-
-    def with_eos(request: Any, max_model_len: int) -> bool:
-        params = request.sampling_params
-        eos, params._eos_token_id = params._eos_token_id, EOS_TOKEN
-        try:
-            return bool(original(request, max_model_len))
-        finally:
-            params._eos_token_id = eos
-
-    monkeypatch.setattr(scheduler_module, "check_stop", with_eos)
+    check_stop_seeing(monkeypatch, "_eos_token_id", EOS_TOKEN)
 
 
 def drop_min_tokens(monkeypatch: pytest.MonkeyPatch) -> None:

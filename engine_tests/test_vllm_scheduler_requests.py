@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from vllm.v1.core import kv_cache_utils
-from vllm.v1.core.sched import scheduler as scheduler_module
 
+from engine_tests.vllm_stop_seeds import check_stop_seeing
 from kvfuzz.cli import main
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.replay import replay
@@ -46,17 +46,7 @@ def ignore_salt(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def ignore_stop_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded bug: the scheduler's stop check ignores stop token ids (requests run to max_tokens)."""
-    original = scheduler_module.check_stop
-
-    def without_stop_tokens(request: Any, max_model_len: int) -> bool:
-        params = request.sampling_params
-        stops, params.stop_token_ids = params.stop_token_ids, []
-        try:
-            return bool(original(request, max_model_len))
-        finally:
-            params.stop_token_ids = stops
-
-    monkeypatch.setattr(scheduler_module, "check_stop", without_stop_tokens)
+    check_stop_seeing(monkeypatch, "stop_token_ids", [])
 
 
 def run_until_finished(session: Session, request: str) -> None:
