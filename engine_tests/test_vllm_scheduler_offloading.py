@@ -183,3 +183,18 @@ def test_the_reloaded_request_waits_in_the_queue_for_requests_without_blocks(mon
     )
     asked_once_after_its_load(monkeypatch)
     assert not replay(trace).failed
+
+
+def test_building_a_scheduler_with_the_connector_prints_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's connector base class warns that its API is experimental each time a connector is built (once per
+    example: hundreds of lines in a campaign); kvfuzz quiets its logger while it builds the scheduler, and only
+    then."""
+    import logging
+
+    from kvfuzz.scheduler.vllm_build import CONNECTOR_LOGGER, new_scheduler
+
+    before = logging.getLogger(CONNECTOR_LOGGER).level
+    with caplog.at_level(logging.DEBUG):  # every record that reaches the root logger is kept
+        new_scheduler(SETUP)
+    assert not [record for record in caplog.records if "KVConnectorBase_V1" in record.getMessage()]
+    assert logging.getLogger(CONNECTOR_LOGGER).level == before
