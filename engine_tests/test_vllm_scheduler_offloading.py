@@ -4,9 +4,11 @@ passes with stores, loads, flushes, late transfers and failed loads reached; eac
 from __future__ import annotations
 
 import random
+import weakref
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from kvfuzz.scheduler import offloading
@@ -115,6 +117,7 @@ def test_a_connector_that_forgets_finished_requests_fences_is_caught(monkeypatch
 CORPUS = Path(__file__).parent.parent / "corpus"
 RELOAD_HANG = CORPUS / "vllm-v1-scheduler-offloading-one-token-reload-hang-29b8f30c1dd1.json"
 WAITING_HOLDS = CORPUS / "vllm-v1-scheduler-offloading-waiting-queue-holds-blocks-a8dffbbfe266.json"
+LOAD_GATE = CORPUS / "vllm-v1-scheduler-offloading-load-gate-hang-99d75d3823f8.json"
 
 
 def asked_once_after_its_load(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,16 +128,16 @@ def asked_once_after_its_load(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    promoted: set[str] = set()
+    promoted: weakref.WeakSet[Any] = weakref.WeakSet()  # the requests themselves: ids repeat across sessions
     promote, matched = Scheduler._update_waiting_for_remote_kv, OffloadingConnector.get_num_new_matched_tokens
 
     def update_waiting_for_remote_kv(self: Any, request: Any) -> None:
-        promoted.add(request.request_id)
+        promoted.add(request)
         promote(self, request)
 
     def get_num_new_matched_tokens(self: Any, request: Any, num_computed_tokens: int) -> Any:
-        if request.request_id in promoted:
-            promoted.discard(request.request_id)
+        if request in promoted:
+            promoted.discard(request)
             return 0, False
         return matched(self, request, num_computed_tokens)
 
@@ -183,6 +186,27 @@ def test_the_reloaded_request_waits_in_the_queue_for_requests_without_blocks(mon
     )
     asked_once_after_its_load(monkeypatch)
     assert not replay(trace).failed
+
+
+def test_an_async_load_whose_admission_asks_more_than_the_idle_pool_never_runs() -> None:
+    """A second finding in vLLM 0.33.0 (docs/scheduler.md, KV connectors): with 1 draft on 3 blocks of 1 slot, r1 =
+    [0, 0] finds one token locally and one in the offload store; the async-load admission gate reserves the draft
+    step's blocks on top of the request's, more than the idle pool, at every step. Word for word from the corpus;
+    the same program runs without drafts, without the connector, and on 4 blocks."""
+    trace = load(LOAD_GATE)
+    assert trace.known_bug and trace.setup.speculative_tokens == 1 and trace.setup.num_blocks == 3
+    found = replay(trace)
+    assert found.reproduced and found.identical, found.describe_failure()
+    assert found.describe_failure() == (
+        "progress check failed at step 29, request r1: 1 request(s) still unfinished 28 steps after arrivals "
+        "stopped: r1 (WAITING, 0 computed, 0 of 1 output tokens)"
+    )
+    for setup in (
+        attrs.evolve(trace.setup, speculative_tokens=0),
+        attrs.evolve(trace.setup, kv_connector="none"),
+        attrs.evolve(trace.setup, num_blocks=4),
+    ):
+        assert not replay(attrs.evolve(trace, setup=setup)).failed, setup
 
 
 def test_building_a_scheduler_with_the_connector_prints_nothing(caplog: pytest.LogCaptureFixture) -> None:
