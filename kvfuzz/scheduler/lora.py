@@ -89,8 +89,9 @@ def describe_adapter(lora: int) -> str:
 
 def limit_held_back(scheduler: Any, max_loras: int) -> bool:
     """Whether vLLM's adapter limit holds a waiting request back after a ``schedule()``: its running requests use
-    ``max_loras`` distinct adapters, and a waiting request needs another (other limits may hold it back too)."""
-    if not max_loras:
+    ``max_loras`` distinct adapters, a waiting request needs another, and the running-request cap has room (the
+    token budget or the pool may hold it back too)."""
+    if not max_loras or len(scheduler.running) >= scheduler.max_num_running_reqs:
         return False
     running = {lora_id(request.lora_request) for request in scheduler.running} - {0}
     if len(running) < max_loras:
