@@ -281,12 +281,15 @@ def test_the_journal_keeps_whole_operations_and_drops_a_torn_line(tmp_path: Path
 
 
 def test_the_journal_keeps_every_field_of_a_request(tmp_path: Path) -> None:
-    """A died process's program must replay as it ran: a request's salt, stop tokens, EOS and min_tokens kept."""
+    """A died process's program must replay as it ran: a request's salt, stop tokens, EOS, min_tokens and LoRA
+    adapter kept."""
     path = tmp_path / "journal.jsonl"
     journal = ProgramJournal(path)
-    setup = SchedulerSetup(policy="priority", cache_salts=True, stop_tokens=True, eos=True, min_tokens=True)
+    setup = SchedulerSetup(
+        policy="priority", cache_salts=True, stop_tokens=True, eos=True, min_tokens=True, max_loras=1
+    )
     journal.start(setup, "V1")
-    program = (AddRequest([1, 2], 4, 2, "a", (0, 3), True, 2), AddRequest([1], 1), Step())
+    program = (AddRequest([1, 2], 4, 2, "a", (0, 3), True, 2, 2), AddRequest([1], 1), Step())
     for operation in program:
         journal.record(operation)
     journal.close()

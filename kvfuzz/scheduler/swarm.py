@@ -110,6 +110,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("kv_connector", ("none",), _uniform, pin_only=("offloading",)),
     Dimension("transfer_delay", (0, 1, 2, 3), _weighted((2, 1, 1, 1)), needs=("kv_connector", "offloading")),
     Dimension("load_failures", BOOLEAN, _chance(0.5), needs=("kv_connector", "offloading")),
+    # LoRA: max_loras 1 or 2 half the time, requests drawn with one of max_loras + 1 adapters (the limit bites) or none
+    Dimension("max_loras", (0, 1, 2), _weighted((2, 1, 1))),
     Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
