@@ -53,8 +53,6 @@ class SchedulerSetup:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        if self.model == "mamba-hybrid" and self.async_scheduling:
-            raise ValueError(f"model {self.model} is not driven under async scheduling (yet; docs/scheduler.md)")
         if self.model == "mamba-hybrid" and self.speculative_tokens:
             raise ValueError("model mamba-hybrid is not driven with speculative decoding (yet; docs/scheduler.md)")
         if self.speculative_tokens < 0:
