@@ -188,10 +188,6 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
                 "scripts/third_party_env.sh sglang"
             )
         return None
-    if args.model == "mamba-hybrid":
-        for attribute, flag in (("write_path", "--write-path"), ("attention", "--attention")):
-            if getattr(args, attribute) not in (None, "kvfuzz", "off"):
-                return f"--model mamba-hybrid does not take {flag} (yet: its Mamba group has no per-position K/V)"
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
