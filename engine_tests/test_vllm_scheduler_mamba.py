@@ -243,8 +243,12 @@ def test_the_cli_option_the_trace_and_its_replay(
 ) -> None:
     assert main(["run", *MAMBA_ARGS, "--speculative-tokens", "2"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "kvfuzz: model mamba-hybrid is not driven with speculative decoding (yet; docs/scheduler.md)"
+        "kvfuzz: model mamba-hybrid is not driven with speculative decoding: vLLM 0.33.0 accepts the configuration, "
+        "but its Jamba's Mamba1 mixer has no draft-verification state path (it ignores num_accepted_tokens), so there "
+        "is no runner behaviour to model (docs/scheduler.md#mamba-hybrid-models)"
     ]
+    assert main(["run", *MAMBA_ARGS, "--async-scheduling", "--examples", "3", "--json"]) == 0  # no longer refused
+    assert json.loads(capsys.readouterr().out)["failed"] is False
     assert main(["run", *MAMBA_ARGS, "--examples", "3", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["failed"] is False and summary["steps"] > 0
@@ -307,3 +311,21 @@ def test_released_catches_a_state_write_the_device_runs_before_the_in_flight_rea
         outcome.explanation(),
     ), outcome.describe()
     assert outcome.program.count("state.step()") == 2 and "state.abort(" in outcome.program, outcome.program
+
+
+def test_an_async_mamba_finding_is_saved_with_its_configuration_and_replays(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The seeded side-stream state write, found by ``kvfuzz run``: its trace records the model and async scheduling,
+    and replays with the bug (reproduced) and without it (gone)."""
+    monkeypatch.setattr(BatchQueue, "state_ordered", lambda self, reader, writer: False)
+    corpus = tmp_path / "corpus"
+    args = [*MAMBA_ARGS[:-1], "8", "--async-scheduling", "--examples", "200", "--corpus", str(corpus)]
+    assert main(["run", *args]) == 1
+    assert "writes request r1's Mamba state (after 1 token(s)) into block" in capsys.readouterr().out
+    (path,) = corpus.glob("*.json")
+    assert load(path).setup == ASYNC_MAMBA
+    assert main(["replay", str(path)]) == 1
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["replay", str(path)]) == 0
