@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import attrs
 import pytest
@@ -339,7 +339,10 @@ def test_vllm_s_tables_kept_from_the_mamba_group_s_ids_are_a_slot_mapping_violat
     path passes; vLLM's writes position 0 into the state block."""
     from kvfuzz.scheduler import write_paths
 
-    monkeypatch.setattr(write_paths, "attention_ids", lambda block_ids, groups: tuple(list(block_ids[0]) for _ in groups))
+    def first_group_s(block_ids: Sequence[Sequence[int]], groups: Sequence[int]) -> tuple[list[int], ...]:
+        return tuple(list(block_ids[0]) for _ in groups)
+
+    monkeypatch.setattr(write_paths, "attention_ids", first_group_s)
 
     def prefill(worker: WorkerFactory) -> None:
         session = Session(MAMBA, worker)
