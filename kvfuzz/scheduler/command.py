@@ -202,10 +202,6 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
         return None
     if args.max_loras is not None and args.max_loras < 1:
         return f"--max-loras must be at least 1, got {args.max_loras} (leave it out for no LoRA)"
-    if args.model == "mamba-hybrid":
-        for attribute, flag in (("write_path", "--write-path"), ("attention", "--attention")):
-            if getattr(args, attribute) not in (None, "kvfuzz", "off"):
-                return f"--model mamba-hybrid does not take {flag} (yet: its Mamba group has no per-position K/V)"
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
