@@ -280,7 +280,9 @@ class EngineCore:
                 self.checks.exclusive.block(checked, seq, f"step {step} writes {seq} position {position}")
             slots.append(slot)
             writes.append(SlotWrite(tags[position], seq, namespace, position, step, via))
-        state.seqs[seq].written = len(tags)
+        model = state.seqs[seq]
+        if model.written != len(tags):  # assigned only when it changes: each assignment notifies the state
+            model.written = len(tags)
         return slots, writes
 
     def schedule_writes(self, seq: SeqId, first_position: int, op: str) -> None:
