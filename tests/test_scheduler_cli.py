@@ -44,8 +44,8 @@ def test_a_scheduler_target_without_its_engine_is_one_line_and_exit_2(
         (["--eos"], "kvfuzz: --eos needs --scheduler"),
         (["--min-tokens"], "kvfuzz: --min-tokens needs --scheduler"),
         (
-            ["--scheduler", "vllm-v1", "--isolate"],
-            "kvfuzz: --scheduler does not take --isolate (yet; docs/scheduler.md says what a scheduler target covers)",
+            ["--scheduler", "vllm-v1", "--database", "redis://localhost:1"],
+            "kvfuzz: --scheduler does not take --database (yet; docs/scheduler.md says what a scheduler target covers)",
         ),
         (
             ["--scheduler", "vllm-v1", "--kv-heads", "1"],
