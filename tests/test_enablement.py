@@ -15,16 +15,13 @@ from test_operations import CENSUS_CONFIGS
 from kvfuzz.engine.arguments import BlockIds, CensusSnapshot, Pick, Snapshot, snapshot_of
 from kvfuzz.engine.expected import ExpectedState, Status
 from kvfuzz.engine.features.host_tier import AsyncLoading
-from kvfuzz.engine.operation import Operation
+from kvfuzz.engine.operation import Enablement, Operation
 from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.reference.contiguous import ContiguousReference
 
-ENABLED = object()
-"""The key the enabled list is kept under in a snapshot (as random programs keep theirs)."""
 
-
-def stale_answers(kept: CensusSnapshot, state: ExpectedState, declared: list[Operation]) -> list[str]:
+def stale_answers(kept: CensusSnapshot, state: ExpectedState, enablement: Enablement) -> list[str]:
     """Every answer ``kept`` gives (or its state's census) that differs from the same answer recomputed from scratch:
     the state's own passes over its sequences, through a plain :class:`Snapshot` made now."""
     fresh = Snapshot(state)
@@ -46,15 +43,16 @@ def stale_answers(kept: CensusSnapshot, state: ExpectedState, declared: list[Ope
                 compare(f"{operation.name} {name}", argument.options(kept), argument.options(fresh))
             elif isinstance(argument, Pick):  # a FilledPick too: the misuse calls, namespaces, system prompts
                 compare(f"{operation.name} {name}", kept.options(argument.options), argument.options(fresh))
-    enabled = kept.kept(ENABLED, lambda: [operation for operation in declared if operation.allowed(kept)])
-    compare("enabled", [op.name for op in enabled], [op.name for op in declared if op.enabled(state)])
+    enabled = kept.kept(enablement, lambda: enablement.enabled(kept))
+    declared = [operation for operation, _ in enablement.operations]
+    compare("enabled", [op.name for op, _ in enabled], [op.name for op in declared if op.enabled(state)])
     return found
 
 
 def checked_programs(name: str, programs: int, length: int, seed: int) -> Iterator[tuple[list[str], bool]]:
     """Random programs on ``name``'s configuration, drawn as ``random_program`` draws them (one snapshot renewed
-    before each call, the enabled list kept in it): before every call, the stale answers found and whether the
-    snapshot kept its answers from the previous call."""
+    before each call, the enabled list of an :class:`Enablement` kept in it): before every call, the stale answers
+    found and whether the snapshot kept its answers from the previous call."""
     factory, config = CENSUS_CONFIGS[name]
     target, rng = Target(factory, config), random.Random(seed)
     for _ in range(programs):
@@ -62,14 +60,14 @@ def checked_programs(name: str, programs: int, length: int, seed: int) -> Iterat
         state = execution.engine.expected
         snapshot = snapshot_of(state)
         assert isinstance(snapshot, CensusSnapshot)
-        declared = [operation for operation in OPERATIONS if operation.declared(state.caps)]
+        enablement = Enablement([(operation, 1.0) for operation in OPERATIONS if operation.declared(state.caps)])
         for _ in range(length):
             answers = snapshot._answers.copy()
             snapshot.renewed()
             reused = bool(answers) and snapshot._answers == answers
-            yield stale_answers(snapshot, state, declared), reused
-            enabled: list[Operation] = snapshot.kept(ENABLED, lambda: [])
-            operation = rng.choice(enabled)
+            yield stale_answers(snapshot, state, enablement), reused
+            enabled: list[tuple[Operation, float]] = snapshot.kept(enablement, lambda: [])
+            operation = rng.choice(enabled)[0]
             execution.execute(operation.name, operation.draw(snapshot, rng))
         execution.teardown()
 
