@@ -106,8 +106,8 @@ class SeqTable(dict[SeqId, SeqModel]):
     def __setitem__(self, seq: SeqId, model: SeqModel) -> None:
         previous = self.get(seq)
         if previous is not None and previous is not model:
-            previous._state = None
-        model._state = self._owner
+            object.__setattr__(previous, "_state", None)  # past attrs' hook machinery: the binding is no field change
+        object.__setattr__(model, "_state", self._owner)
         super().__setitem__(seq, model)
         self._owner.seq_added(seq, model)
 
@@ -121,7 +121,7 @@ class SeqTable(dict[SeqId, SeqModel]):
     def __delitem__(self, seq: SeqId) -> None:
         model = self[seq]
         super().__delitem__(seq)
-        model._state = None
+        object.__setattr__(model, "_state", None)
         self._owner.seq_removed(seq)
 
     def _refused(self, *args: object, **kwargs: object) -> None:
