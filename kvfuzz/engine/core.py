@@ -131,8 +131,10 @@ class EngineCore:
     def begin(self, op: str, *args: object) -> None:
         """An operation starts: every check until the next one is labelled with it (the label made into text only
         when a report reads it; a list argument is copied now, so that the label shows it as it was called)."""
-        if any(type(arg) is list for arg in args):
-            args = tuple(list(arg) if type(arg) is list else arg for arg in args)
+        for arg in args:
+            if type(arg) is list:
+                args = tuple(list(arg) if type(arg) is list else arg for arg in args)
+                break
         self.checks.context.operation = functools.partial(call_label, op, args)
         self.stats[op] += 1
 
