@@ -70,8 +70,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--isolate",
         action="store_true",
         help="run the allocator in a child process: a segfault or an abort in it is reported by this run, with its "
-        "program saved as a trace (docs/failures.md); costs a second interpreter's start (with --scheduler: the examples "
-        "in a child forked from this process, docs/scheduler.md)",
+        "program saved as a trace (docs/failures.md); costs a second interpreter's start (with --scheduler: the "
+        "examples in a child forked from this process, docs/scheduler.md)",
     )
     machine_arguments(parser)
     scheduler_arguments(parser)

@@ -56,6 +56,7 @@ SCHEDULER_ONLY = (
     "kv_connector",
     "transfer_delay",
     "load_failures",
+    "max_loras",
 )
 """The attributes of the options only a scheduler target takes."""
 
@@ -151,6 +152,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="draw each request with min_tokens: no stop token or EOS is sampled before that many outputs",
     )
+    group.add_argument(
+        "--max-loras",
+        type=int,
+        metavar="N",
+        help="LoRA: vLLM's max_loras N (adapters a step may serve), each request drawn with one of N + 1 adapters or "
+        "none; the prefix cache must not share blocks across adapters (default: no LoRA)",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -181,6 +189,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "kv_connector",
             "transfer_delay",
             "load_failures",
+            "max_loras",
         ):
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/scheduler.md#sglang)"
@@ -191,10 +200,8 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
                 "scripts/third_party_env.sh sglang"
             )
         return None
-    if args.model == "mamba-hybrid":
-        for attribute, flag in (("write_path", "--write-path"), ("attention", "--attention")):
-            if getattr(args, attribute) not in (None, "kvfuzz", "off"):
-                return f"--model mamba-hybrid does not take {flag} (yet: its Mamba group has no per-position K/V)"
+    if args.max_loras is not None and args.max_loras < 1:
+        return f"--max-loras must be at least 1, got {args.max_loras} (leave it out for no LoRA)"
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
@@ -231,6 +238,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "kv_connector": args.kv_connector,
         "transfer_delay": args.transfer_delay,
         "load_failures": True if args.load_failures else None,
+        "max_loras": args.max_loras,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

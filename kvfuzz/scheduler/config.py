@@ -1,6 +1,6 @@
 """What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
-scheduling policy, synchronous or async scheduling; and which request fields the machine draws besides prompt,
-length and priority (cache salts, stop tokens, EOS, min_tokens)."""
+scheduling policy, synchronous or async scheduling, LoRA adapters; and which request fields the machine draws
+besides prompt, length and priority (cache salts, stop tokens, EOS, min_tokens, a LoRA adapter)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ POLICIES = ("fcfs", "priority")
 
 KV_CONNECTORS = ("none", "offloading")
 """KV connectors the target drives: none, or vLLM's OffloadingConnector (kvfuzz.scheduler.offloading)."""
+
+MAX_LORAS = 4
+"""The most LoRA adapters a step may serve (``max_loras``) the target is built with: requests draw from one adapter
+more than that (:func:`kvfuzz.scheduler.requests.lora_adapters`), so the limit can bite."""
 
 MODEL_SHAPE = ModelShape(num_layers=2, num_kv_heads=2, num_query_heads=2, head_dim=4)
 """The K/V kvfuzz writes for every scheduled token: small, since only its content is compared, never attended."""
@@ -44,6 +48,7 @@ class SchedulerSetup:
     kv_connector: str = "none"  # "offloading": vLLM's OffloadingConnector, its worker side kvfuzz's (offloading.py)
     transfer_delay: int = 0  # with a connector: the most steps a store or load completes late
     load_failures: bool = False  # with a connector: loads may fail part-way (vLLM's recompute recovery)
+    max_loras: int = 0  # LoRA: vLLM's lora_config.max_loras, requests drawn with an adapter (0: no LoRA; lora.py)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -53,10 +58,12 @@ class SchedulerSetup:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        if self.model == "mamba-hybrid" and self.async_scheduling:
-            raise ValueError(f"model {self.model} is not driven under async scheduling (yet; docs/scheduler.md)")
         if self.model == "mamba-hybrid" and self.speculative_tokens:
-            raise ValueError("model mamba-hybrid is not driven with speculative decoding (yet; docs/scheduler.md)")
+            raise ValueError(
+                "model mamba-hybrid is not driven with speculative decoding: vLLM 0.33.0 accepts the configuration, "
+                "but its Jamba's Mamba1 mixer has no draft-verification state path (it ignores num_accepted_tokens), "
+                "so there is no runner behaviour to model (docs/scheduler.md#mamba-hybrid-models)"
+            )
         if self.speculative_tokens < 0:
             raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
         if self.speculative_tokens and self.async_scheduling:
@@ -82,6 +89,8 @@ class SchedulerSetup:
                 "the offloading connector is driven only with synchronous scheduling and the full-attention model "
                 "(yet; docs/scheduler.md)"
             )
+        if not 0 <= self.max_loras <= MAX_LORAS:
+            raise ValueError(f"max_loras must be 0 (no LoRA) .. {MAX_LORAS}, got {self.max_loras}")
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
 
@@ -113,4 +122,5 @@ class SchedulerSetup:
             + (f", {self.kv_connector} connector" if self.kv_connector != "none" else "")
             + (f" (transfers up to {self.transfer_delay} step(s) late)" if self.transfer_delay else "")
             + (" (loads may fail)" if self.load_failures else "")
+            + (f", LoRA (at most {self.max_loras} adapter(s) a step)" if self.max_loras else "")
         )

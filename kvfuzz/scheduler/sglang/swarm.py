@@ -2,7 +2,7 @@
 where SGLang's target takes the same option, and its own where it differs: pages of at least 2 tokens (SGLang
 serves page size 1 with another allocator), and one value for what the SGLang target does not drive (FCFS, the
 full-attention model, no async scheduling, no drafts, no cache salts, no stop tokens, no EOS, no min_tokens, no
-KV connector, no model runner)."""
+KV connector, no model runner, no LoRA)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("kv_connector", ("none",), fixed),
     Dimension("transfer_delay", (0,), fixed),
     Dimension("load_failures", (False,), fixed),
+    Dimension("max_loras", (0,), fixed),
     Dimension(MODEL_RUNNER, ("",), fixed),
 )
 """SGLang's configuration, one row per dimension (every row of vLLM's table, by name)."""
