@@ -130,7 +130,8 @@ def test_a_pinned_campaign_runs_every_batch_pinned_and_records_the_pins(
     from kvfuzz.commands.scheduler_campaign import scheduler_campaign
 
     pins = ["--pin", "num_blocks=4", "--pin", "prefix_caching=true", "--pin", "model_runner=V2"]
-    argv = ["campaign", "--scheduler", "vllm-v1", "--seed", "3", "--max-examples", "100", "--no-known", *pins]
+    # seed 4: each of its four batches draws the full-attention model (a hybrid draw does not fail in the fake)
+    argv = ["campaign", "--scheduler", "vllm-v1", "--seed", "4", "--max-examples", "100", "--no-known", *pins]
     fake = FakeTarget()
     emitted: list[Any] = []
     corpus = ["--corpus", str(tmp_path / "c")]
