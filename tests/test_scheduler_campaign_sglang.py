@@ -47,6 +47,8 @@ def test_sglang_s_draws_are_what_its_target_runs_and_vary() -> None:
         assert "model runner" not in config.describe()
     assert len({config.setup for config in configs}) > 30 and {c.setup.prefix_caching for c in configs} == {True, False}
     assert sum(config.refused for config in configs) > 0  # budgets not a multiple of the page are redrawn
+    assert {c.setup.eos for c in configs} == {True, False}  # requests that end at EOS, half the batches
+    assert {c.setup.schedule_conservativeness for c in configs} == {1.0, 0.3, 0.1}  # the adder's overcommit
 
 
 def test_a_token_budget_sglang_refuses_is_refused_in_one_line() -> None:

@@ -1,6 +1,6 @@
 """What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
 scheduling policy, synchronous or async scheduling; and which request fields the machine draws besides prompt,
-length and priority (cache salts, stop tokens, EOS, min_tokens)."""
+length and priority (cache salts, stop tokens, EOS, min_tokens); and SGLang's schedule conservativeness."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ POLICIES = ("fcfs", "priority")
 
 KV_CONNECTORS = ("none", "offloading")
 """KV connectors the target drives: none, or vLLM's OffloadingConnector (kvfuzz.scheduler.offloading)."""
+
+MAX_SCHEDULE_CONSERVATIVENESS = 10.0
+"""The largest ``schedule_conservativeness`` a setup takes (SGLang reserves at most every remaining token anyway)."""
 
 MODEL_SHAPE = ModelShape(num_layers=2, num_kv_heads=2, num_query_heads=2, head_dim=4)
 """The K/V kvfuzz writes for every scheduled token: small, since only its content is compared, never attended."""
@@ -44,6 +47,9 @@ class SchedulerSetup:
     kv_connector: str = "none"  # "offloading": vLLM's OffloadingConnector, its worker side kvfuzz's (offloading.py)
     transfer_delay: int = 0  # with a connector: the most steps a store or load completes late
     load_failures: bool = False  # with a connector: loads may fail part-way (vLLM's recompute recovery)
+    # SGLang's --schedule-conservativeness: scales the share of each running request's remaining output its
+    # PrefillAdder reserves (the new-token ratio); below 1 it overcommits the pool, and decode retracts requests
+    schedule_conservativeness: float = 1.0
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -82,6 +88,11 @@ class SchedulerSetup:
                 "the offloading connector is driven only with synchronous scheduling and the full-attention model "
                 "(yet; docs/scheduler.md)"
             )
+        if not 0 < self.schedule_conservativeness <= MAX_SCHEDULE_CONSERVATIVENESS:
+            raise ValueError(
+                f"schedule_conservativeness must be in (0, {MAX_SCHEDULE_CONSERVATIVENESS:g}], got "
+                f"{self.schedule_conservativeness:g}"
+            )
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
 
@@ -113,4 +124,9 @@ class SchedulerSetup:
             + (f", {self.kv_connector} connector" if self.kv_connector != "none" else "")
             + (f" (transfers up to {self.transfer_delay} step(s) late)" if self.transfer_delay else "")
             + (" (loads may fail)" if self.load_failures else "")
+            + (
+                f", schedule conservativeness {self.schedule_conservativeness:g}"
+                if self.schedule_conservativeness != 1.0
+                else ""
+            )
         )

@@ -110,6 +110,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("kv_connector", ("none",), _uniform, pin_only=("offloading",)),
     Dimension("transfer_delay", (0, 1, 2, 3), _weighted((2, 1, 1, 1)), needs=("kv_connector", "offloading")),
     Dimension("load_failures", BOOLEAN, _chance(0.5), needs=("kv_connector", "offloading")),
+    Dimension("schedule_conservativeness", (1.0,), fixed),  # SGLang's alone (its table draws it)
     Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""

@@ -36,7 +36,8 @@ Added without a new format version, each left out at its default so that older t
 (none when absent) and ``stop_token_ids`` (none when absent); ``config.eos`` and ``config.min_tokens`` (false when
 absent), an add's ``eos`` (false when absent: EOS ignored, as every request before it) and ``min_tokens`` (0 when
 absent, at most its ``max_tokens``); ``config.model`` (``full`` when absent, or another of
-:data:`~kvfuzz.scheduler.models.MODELS`: the model served, whose KV-cache groups the engine and the worker keep).
+:data:`~kvfuzz.scheduler.models.MODELS`: the model served, whose KV-cache groups the engine and the worker keep);
+``config.schedule_conservativeness`` (1 when absent; SGLang's, which vLLM refuses other than 1).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -59,7 +60,7 @@ import attrs
 
 import kvfuzz
 from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
-from kvfuzz.scheduler.config import KV_CONNECTORS, POLICIES, SchedulerSetup
+from kvfuzz.scheduler.config import KV_CONNECTORS, MAX_SCHEDULE_CONSERVATIVENESS, POLICIES, SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.models import MODELS
@@ -192,6 +193,11 @@ class SchedulerTrace:
             **({"kv_connector": self.setup.kv_connector} if self.setup.kv_connector != "none" else {}),
             **({"transfer_delay": self.setup.transfer_delay} if self.setup.transfer_delay else {}),
             **({"load_failures": True} if self.setup.load_failures else {}),
+            **(
+                {"schedule_conservativeness": self.setup.schedule_conservativeness}
+                if self.setup.schedule_conservativeness != 1.0
+                else {}
+            ),
         }
 
     def digest(self) -> str:
@@ -312,6 +318,14 @@ def _integer(field: str, value: Any, low: int, high: int) -> int:
     return value
 
 
+def _number(field: str, value: Any, high: float) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise _Invalid(field, f"must be a number, not {json.dumps(value)[:40]}")
+    if not 0 < value <= high:
+        raise _Invalid(field, f"must be in (0, {high:g}], not {value}")
+    return float(value)
+
+
 def _text(field: str, value: Any, optional: bool = False) -> Optional[str]:
     if value is None and optional:
         return None
@@ -387,6 +401,7 @@ def _config(value: Any) -> SchedulerSetup:
         "kv_connector": False,
         "transfer_delay": False,
         "load_failures": False,
+        "schedule_conservativeness": False,
     }
     config = _fields(value, "config", {**required, **optional})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
@@ -413,6 +428,11 @@ def _config(value: Any) -> SchedulerSetup:
             kv_connector=connector,
             transfer_delay=delay,
             load_failures=_boolean("config.load_failures", config.get("load_failures", False)),
+            schedule_conservativeness=_number(
+                "config.schedule_conservativeness",
+                config.get("schedule_conservativeness", 1.0),
+                MAX_SCHEDULE_CONSERVATIVENESS,
+            ),
         )
     except ValueError as error:
         raise _Invalid("config", str(error)) from None

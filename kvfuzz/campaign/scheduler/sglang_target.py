@@ -13,7 +13,7 @@ from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Witness
 from kvfuzz.scheduler.replay import SchedulerReplay, replay
 from kvfuzz.scheduler.search import Outcome, search
-from kvfuzz.scheduler.sglang.swarm import SGLANG_DIMENSIONS
+from kvfuzz.scheduler.sglang import swarm as sglang_swarm
 from kvfuzz.scheduler.sglang.traces import SGLangFailureRecorder, sglang_version
 from kvfuzz.scheduler.swarm import SwarmConfig
 from kvfuzz.scheduler.trace import SchedulerTrace
@@ -22,7 +22,13 @@ from kvfuzz.scheduler.trace import SchedulerTrace
 def sglang_target(name: str) -> SchedulerTarget:
     """SGLang 0.5.23's SchedulePolicy, PrefillAdder and ScheduleBatch over its radix cache."""
     return SchedulerTarget(
-        name, _validate, _search, _replay, SGLangFailureRecorder, SGLANG_DIMENSIONS, version=sglang_version
+        name,
+        _validate,
+        _search,
+        _replay,
+        SGLangFailureRecorder,
+        sglang_swarm.SGLANG_DIMENSIONS,  # the table as it is when the target is made
+        version=sglang_version,
     )
 
 

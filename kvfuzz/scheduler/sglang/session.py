@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import sampled_token
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
@@ -84,19 +85,19 @@ class SGLangSession:
         eos: bool = False,
         min_tokens: int = 0,
     ) -> str:
-        """Add a request (ids ``r0``, ``r1``, ...); ``priority`` must be 0, ``cache_salt`` None,
-        ``stop_token_ids`` empty, ``eos`` false and ``min_tokens`` 0 (priority scheduling, cache salts, stop tokens,
-        EOS and min_tokens are not driven on SGLang)."""
-        if priority or cache_salt is not None or stop_token_ids or eos or min_tokens:
+        """Add a request (ids ``r0``, ``r1``, ...), ending at the model's EOS token with ``eos`` (ignoring it
+        without, SGLang's ``ignore_eos``); ``priority`` must be 0, ``cache_salt`` None, ``stop_token_ids`` empty and
+        ``min_tokens`` 0 (priority scheduling, cache salts, stop tokens and min_tokens are not driven on SGLang)."""
+        if priority or cache_salt is not None or stop_token_ids or min_tokens:
             raise ValueError(
-                "the SGLang target drives no priority, cache salt, stop tokens, EOS or min_tokens "
-                f"(priority {priority}, cache salt {cache_salt!r}, stop tokens {list(stop_token_ids)}, eos {eos}, "
+                "the SGLang target drives no priority, cache salt, stop tokens or min_tokens "
+                f"(priority {priority}, cache salt {cache_salt!r}, stop tokens {list(stop_token_ids)}, "
                 f"min_tokens {min_tokens})"
             )
         request = f"r{len(self.lengths)}"
-        self._perform(AddRequest(prompt, max_tokens))
-        finishes_with = self.loop.add_request(request, prompt, max_tokens)
-        self.outputs.added(request, len(prompt), max(finishes_with, 0))
+        self._perform(AddRequest(prompt, max_tokens, eos=eos))
+        finishes_with = self.loop.add_request(request, prompt, max_tokens, eos)
+        self.outputs.added(request, len(prompt), max(finishes_with, 0), Ending(eos=eos))
         if finishes_with < 0:  # refused by SGLang's validation: finished at once, with no output
             self.outputs.aborted(request)
             self.aborted.add(request)
