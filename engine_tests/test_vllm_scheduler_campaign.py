@@ -32,6 +32,7 @@ LATER_ROWS = {
     "kv_connector": "none",
     "transfer_delay": 0,
     "load_failures": False,
+    "max_loras": 0,
 }
 """Swarm rows added after these tests were written, and the value each is held at here: held without drawing, so
 each seed draws the configurations the tests name (seed 3's first batch async, seed 7's async then synchronous);

@@ -17,6 +17,7 @@ from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
 from kvfuzz.cli import main
+from kvfuzz.scheduler.async_batches import BatchQueue
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import expected_output
 from kvfuzz.scheduler.mamba_states import MambaStates
@@ -242,8 +243,12 @@ def test_the_cli_option_the_trace_and_its_replay(
 ) -> None:
     assert main(["run", *MAMBA_ARGS, "--speculative-tokens", "2"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "kvfuzz: model mamba-hybrid is not driven with speculative decoding (yet; docs/scheduler.md)"
+        "kvfuzz: model mamba-hybrid is not driven with speculative decoding: vLLM 0.33.0 accepts the configuration, "
+        "but its Jamba's Mamba1 mixer has no draft-verification state path (it ignores num_accepted_tokens), so there "
+        "is no runner behaviour to model (docs/scheduler.md#mamba-hybrid-models)"
     ]
+    assert main(["run", *MAMBA_ARGS, "--async-scheduling", "--examples", "3", "--json"]) == 0  # no longer refused
+    assert json.loads(capsys.readouterr().out)["failed"] is False
     assert main(["run", *MAMBA_ARGS, "--examples", "3", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["failed"] is False and summary["steps"] > 0
@@ -259,3 +264,68 @@ def test_the_cli_option_the_trace_and_its_replay(
     monkeypatch.undo()
     capsys.readouterr()
     assert main(["replay", str(path)]) == 0  # gone without the bug
+
+
+# -- under async scheduling (docs/scheduler.md#mamba-hybrid-models-under-async-scheduling) ----------------------------
+
+ASYNC_MAMBA = SchedulerSetup(num_blocks=8, model="mamba-hybrid", prefix_caching=False, async_scheduling=True)
+ASYNC_ALIGN = SchedulerSetup(num_blocks=8, model="mamba-hybrid", async_scheduling=True)
+
+
+@pytest.mark.parametrize("setup", [ASYNC_MAMBA, ASYNC_ALIGN], ids=["none", "align"])
+def test_the_unmodified_async_scheduler_passes_with_a_mamba_group_and_rewrites_released_state_blocks(
+    setup: SchedulerSetup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two batches in flight: vLLM 0.33.0 hands a state block released while a step in flight reads it to the next
+    step at once (relying on the stream's order, as for K/V blocks); the check counts those state rewrites, and the
+    run reaches them, with preemptions (and hits in align mode)."""
+    state_rewrites = []
+    ordered = BatchQueue.state_ordered
+
+    def counted(self: BatchQueue, reader: int, writer: int) -> bool:
+        state_rewrites.append((reader, writer))
+        return ordered(self, reader, writer)
+
+    monkeypatch.setattr(BatchQueue, "state_ordered", counted)
+    outcome = search(setup, examples=20, steps=30, shrink=False)
+    assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"
+    assert outcome.preemptions > 0 and state_rewrites and outcome.rewrites >= len(state_rewrites), outcome.describe()
+    assert setup.prefix_caching is False or outcome.hit_tokens > 0, outcome.describe()
+
+
+def test_released_catches_a_state_write_the_device_runs_before_the_in_flight_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seeded runner bug: the Mamba states are copied and updated on a side stream that does not wait for the steps in
+    flight (K/V writes stay ordered). r0's prompt is launched (step 1 reads and writes its state block), r0 is aborted
+    while step 1 is in flight, and step 2 writes r1's state into the block r0 released. Found from random requests and
+    shrunk to that program; only the state blocks' coverage by the released check can see it."""
+    monkeypatch.setattr(BatchQueue, "state_ordered", lambda self, reader, writer: False)
+    outcome = search(ASYNC_MAMBA, examples=200, steps=30)
+    assert outcome.check() == "released", outcome.describe()
+    assert re.search(
+        r"released check failed at step (\d+), request r\d+: step \1 writes request r\d+'s Mamba state \(after \d+ "
+        r"token\(s\)\) into block \d+, which request\(s\) \['r\d+'(, 'r\d+')*\] released \(no table of theirs holds "
+        r"it now\) while step (\d+), which reads it for them, is in flight \(its output not yet returned\), and the "
+        r"device does not run step \1's writes after step \3's reads",
+        outcome.explanation(),
+    ), outcome.describe()
+    assert outcome.program.count("state.step()") == 2 and "state.abort(" in outcome.program, outcome.program
+
+
+def test_an_async_mamba_finding_is_saved_with_its_configuration_and_replays(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The seeded side-stream state write, found by ``kvfuzz run``: its trace records the model and async scheduling,
+    and replays with the bug (reproduced) and without it (gone)."""
+    monkeypatch.setattr(BatchQueue, "state_ordered", lambda self, reader, writer: False)
+    corpus = tmp_path / "corpus"
+    args = [*MAMBA_ARGS[:-1], "8", "--async-scheduling", "--examples", "200", "--corpus", str(corpus)]
+    assert main(["run", *args]) == 1
+    assert "writes request r1's Mamba state (after 1 token(s)) into block" in capsys.readouterr().out
+    (path,) = corpus.glob("*.json")
+    assert load(path).setup == ASYNC_MAMBA
+    assert main(["replay", str(path)]) == 1
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["replay", str(path)]) == 0

@@ -171,3 +171,50 @@ def test_a_crash_of_vllm_s_own_and_the_v1_model_runner_are_recorded_and_replayed
     replayed = replay(trace)
     assert replayed.reproduced and replayed.identical, replayed.describe_failure()
     assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"  # restored after the replay
+
+
+def test_isolate_keeps_the_program_of_a_run_whose_process_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``kvfuzz run --scheduler --isolate``: vLLM killing the process running the examples is a finding of the run,
+    its program kept from the journal; the run itself reports it and exits 1."""
+    import signal
+
+    from kvfuzz.campaign.scheduler.target import PROCESS_DIED
+
+    schedule = Scheduler.schedule
+
+    def killing(self: Scheduler) -> Any:
+        if len(self.running) >= 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return schedule(self)
+
+    monkeypatch.setattr(Scheduler, "schedule", killing)
+    assert main([*RUN, "--isolate", "--corpus", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"FAILED: crash: {PROCESS_DIED}: the process running the examples was killed by signal 9 (SIGKILL)" in out
+    [path] = tmp_path.glob("*.json")
+    assert f"trace saved to {path}" in out and "not shrunk" in out
+    trace = load(path)
+    assert trace.failure.exception == PROCESS_DIED and not trace.shrunk
+    assert [type(operation).__name__ for operation in trace.program].count("AddRequest") >= 2, trace.program
+    assert not list(tmp_path.glob(".kvfuzz-scheduler-journal-*")), "the journal is removed"
+
+    assert main([*RUN, "--isolate", "--json", "--corpus", str(tmp_path / "json")]) == 1
+    reported = json.loads(capsys.readouterr().out)
+    assert (reported["failed"], reported["check"]) == (True, "crash"), reported
+    assert load(Path(reported["trace"])).failure.exception == PROCESS_DIED
+
+
+def test_isolate_reports_a_check_s_failure_as_a_run_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A failure the isolated examples found is shrunk, saved and reported by the child as without ``--isolate``."""
+    seed_hit_without_reference(monkeypatch)
+    assert main([*RUN, "--isolate", "--corpus", str(tmp_path)]) == 1
+    out = capfd.readouterr().out
+    [path] = tmp_path.glob("*.json")
+    assert "FAILED" in out and f"trace saved to {path}" in out, out
+    trace = load(path)
+    assert trace.shrunk and trace.failure.check == "accounting"
+    assert replay(trace).reproduced

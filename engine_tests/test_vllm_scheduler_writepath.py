@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import attrs
 import pytest
@@ -301,3 +301,90 @@ def test_a_slot_mapping_failure_is_saved_with_its_write_path_and_replays(
     again = replay(trace)
     assert again.reproduced and again.identical, again.describe_failure()
     assert not replay(trace, worker=own_worker).failed  # the default worker would have lost it
+
+
+# -- a Mamba hybrid (docs/scheduler.md#mamba-hybrid-models): vLLM's tables of its attention group ----------------------
+
+MAMBA = SchedulerSetup(num_blocks=10, model="mamba-hybrid", prefix_caching=False)
+ALIGN = SchedulerSetup(num_blocks=10, model="mamba-hybrid")  # prefix caching: vLLM's align mode
+
+
+@pytest.mark.parametrize("setup", [MAMBA, ALIGN], ids=["none", "align"])
+def test_vllm_s_block_tables_map_the_attention_group_of_a_mamba_hybrid(setup: SchedulerSetup) -> None:
+    """vLLM's V2 ``BlockTables`` kept from the attention group's ids (the Mamba group, first in 0.33.0's order, holds
+    state blocks, which the state path reads and writes): its slot mapping agrees with the worker's attention table,
+    and attention through it with the reference, on the unmodified scheduler, with preemptions (and hits)."""
+    worker = Worker(setup, vllm_write_path)
+    assert [rule.index for rule in worker.groups] == [1] and worker.mamba.groups == (0,)
+    assert isinstance(worker.write_path, VllmV2BlockTables) and worker.write_path.tables.num_kv_cache_groups == 1
+    outcome = search(setup, examples=8, steps=30, worker=vllm_worker)
+    assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"
+    assert outcome.preemptions > 0 and (not setup.prefix_caching or outcome.hit_tokens > 0), outcome.describe()
+
+
+def test_vllm_s_v1_block_table_maps_the_attention_group_of_a_mamba_hybrid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    worker = Worker(MAMBA, vllm_write_path)
+    assert isinstance(worker.write_path, VllmV1BlockTable) and len(worker.write_path.table.block_tables) == 1
+    outcome = search(MAMBA, examples=6, steps=30, worker=vllm_worker)
+    assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"
+    assert outcome.preemptions > 0, outcome.describe()
+
+
+def test_vllm_s_tables_kept_from_the_mamba_group_s_ids_are_a_slot_mapping_violation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seeded runner bug: vLLM's block tables are kept from the first KV-cache group's ids (the Mamba group's state
+    block) where the attention group's belong, as a write path that reads one group's table would. kvfuzz's own write
+    path passes; vLLM's writes position 0 into the state block."""
+    from kvfuzz.scheduler import write_paths
+
+    def first_group_s(block_ids: Sequence[Sequence[int]], groups: Sequence[int]) -> tuple[list[int], ...]:
+        return tuple(list(block_ids[0]) for _ in groups)
+
+    monkeypatch.setattr(write_paths, "attention_ids", first_group_s)
+
+    def prefill(worker: WorkerFactory) -> None:
+        session = Session(MAMBA, worker)
+        session.add(PROMPT, 2)
+        session.step()
+
+    prefill(own_worker)
+    found = violation(lambda: prefill(vllm_worker))
+    assert found.check is Check.SLOT_MAPPING and found.step == 1, str(found)
+    assert re.search(
+        r"slot-mapping check failed at step 1, request r0: its position 0 belongs in block (\d+) \(table entry 0 of "
+        r"\[\1, \d+\] in group 1 \(full attention\)\), slot \d+, but the vllm slot mapping writes it to slot \d+ "
+        r"\(block \d+, offset 0\)",
+        str(found),
+    ), str(found)
+
+
+def test_attention_through_a_mamba_hybrid_s_attention_table_catches_the_short_context() -> None:
+    def short(setup: SchedulerSetup) -> Worker:
+        return Worker(setup, vllm_write_path, ShortContext(GatherKernel(), setup.block_size))
+
+    def prefill(worker: WorkerFactory) -> None:
+        session = Session(MAMBA, worker)
+        session.add(PROMPT, 2)
+        session.step()
+
+    prefill(vllm_worker)
+    found = violation(lambda: prefill(short))
+    assert found.check is Check.ATTENTION and found.step == 1, str(found)
+    assert re.search(
+        r"the attention of its position 1 through its table \[\d+, \d+\] in group 1 \(full attention\) \(gather "
+        r"kernel, context length 1\) differs from the reference over its own 2 positions' K/V",
+        str(found),
+    ), str(found)
+
+
+def test_the_command_line_runs_a_mamba_hybrid_with_vllm_s_write_path_and_attention(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kvfuzz.cli import main
+
+    args = ["run", "--scheduler", "vllm-v1", "--model", "mamba-hybrid", "--write-path", "vllm", "--attention", "gather"]
+    status = main([*args, "--examples", "3"])
+    out = capsys.readouterr().out
+    assert status == 0 and "write path vllm, attention gather" in out and "model mamba-hybrid" in out, out

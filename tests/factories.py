@@ -18,7 +18,7 @@ import tempfile
 import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import attrs
 
@@ -290,17 +290,27 @@ def async_worker(
     computed: dict[str, int],
     live: tuple[str, ...],
     preempted: tuple[str, ...] = (),
+    states: Optional[dict[str, int]] = None,
 ) -> Any:
     """A scheduler worker as far as the released-block check reads it: block size 4, one full-attention group, each
-    request's table, its computed tokens, and the blocks the ``live`` requests hold."""
+    request's table, its computed tokens, and the blocks the ``live`` requests hold. With ``states``, a Mamba group
+    (``none`` mode) beside it, group 1: each request's state block."""
+    from kvfuzz.scheduler.mamba_states import mamba_states
+
     requests = {
-        request: types.SimpleNamespace(tables=[table], preempted=request in preempted)
+        request: types.SimpleNamespace(
+            tables=[table] + ([[states[request]]] if states else []), preempted=request in preempted
+        )
         for request, table in tables.items()
     }
     return types.SimpleNamespace(
         block_size=4,
         requests=requests,
         groups=(_FullAttention(),),
+        mamba=mamba_states((1,) if states else (), "none", 4),
         computed=computed,
-        holdings=lambda: ({request: tables[request] for request in live}, {}),
+        holdings=lambda: (
+            {request: tables[request] + ([states[request]] if states else []) for request in live},
+            {},
+        ),
     )

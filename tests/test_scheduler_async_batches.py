@@ -92,6 +92,30 @@ def test_a_released_block_rewritten_while_read_in_flight_fails_when_nothing_orde
     assert "while step 1, which reads it for them, is in flight" in str(caught.value)
 
 
+def released_state_write(queue: BatchQueue) -> None:
+    """A Mamba hybrid: step 1 reads and writes r0's state in block 7 (in flight); r0 releases its blocks; step 2 writes
+    r1's K/V into block 6 and its state into block 7."""
+    queue.before_execute(output({"r0": 3}), async_worker({"r0": [5]}, {"r0": 0}, ("r0",), states={"r0": 7}), 1)
+    queue.before_execute(output({"r1": 2}), async_worker({"r1": [6]}, {"r1": 0}, ("r1",), states={"r1": 7}), 2)
+
+
+def test_a_released_state_block_rewritten_while_in_flight_is_counted_and_fails_when_states_are_not_ordered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    queue = BatchQueue()
+    released_state_write(queue)
+    assert queue.rewrites == 1 and queue.readers[7] == {1: {"r0"}, 2: {"r1"}}
+    monkeypatch.setattr(BatchQueue, "state_ordered", lambda self, reader, writer: False)
+    with pytest.raises(SchedulerViolation) as caught:
+        released_state_write(BatchQueue())
+    assert str(caught.value) == (
+        "released check failed at step 2, request r1: step 2 writes request r1's Mamba state (after 2 token(s)) into "
+        "block 7, which request(s) ['r0'] released (no table of theirs holds it now) while step 1, which reads it for "
+        "them, is in flight (its output not yet returned), and the device does not run step 2's writes after step 1's "
+        "reads"
+    )
+
+
 def test_a_block_still_held_or_a_reader_returned_is_no_hazard(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(BatchQueue, "ordered", lambda self, reader, writer: False)
     queue = BatchQueue()

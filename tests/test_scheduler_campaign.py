@@ -163,7 +163,8 @@ def test_a_validator_that_refuses_everything_is_said_so() -> None:
 
 def test_a_campaign_finds_the_failure_once_and_keeps_its_shrunk_trace(tmp_path: Path) -> None:
     fake = FakeTarget()
-    result = campaign(fake, tmp_path / "c")
+    # seed 9 meets the failure in several batches (seed 7 did until the Mamba hybrid ran under async scheduling)
+    result = campaign(fake, tmp_path / "c", seed=9)
     assert [finding.text for finding in result.new] == ["accounting: the free count"]
     finding = result.new[0]
     assert finding.seen > 1, "the campaign should have met the failure in several configurations"
@@ -180,8 +181,8 @@ def test_a_campaign_finds_the_failure_once_and_keeps_its_shrunk_trace(tmp_path: 
     assert any(search[:4] == shrinks[0][:4] and not search[4] for search in fake.searches)
     # the result names the seed and everything to rerun it
     as_json = result.to_json()
-    assert as_json["seed"] == 7 and as_json["scheduler"] == "vllm-v1" and as_json["allocators"] == []
-    assert as_json["rerun_command"].startswith("kvfuzz campaign --scheduler vllm-v1 --seed 7 --max-examples 400")
+    assert as_json["seed"] == 9 and as_json["scheduler"] == "vllm-v1" and as_json["allocators"] == []
+    assert as_json["rerun_command"].startswith("kvfuzz campaign --scheduler vllm-v1 --seed 9 --max-examples 400")
     assert as_json["refused_configurations"] == result.refused > 0
 
 
@@ -281,12 +282,15 @@ def test_the_journal_keeps_whole_operations_and_drops_a_torn_line(tmp_path: Path
 
 
 def test_the_journal_keeps_every_field_of_a_request(tmp_path: Path) -> None:
-    """A died process's program must replay as it ran: a request's salt, stop tokens, EOS and min_tokens kept."""
+    """A died process's program must replay as it ran: a request's salt, stop tokens, EOS, min_tokens and LoRA
+    adapter kept."""
     path = tmp_path / "journal.jsonl"
     journal = ProgramJournal(path)
-    setup = SchedulerSetup(policy="priority", cache_salts=True, stop_tokens=True, eos=True, min_tokens=True)
+    setup = SchedulerSetup(
+        policy="priority", cache_salts=True, stop_tokens=True, eos=True, min_tokens=True, max_loras=1
+    )
     journal.start(setup, "V1")
-    program = (AddRequest([1, 2], 4, 2, "a", (0, 3), True, 2), AddRequest([1], 1), Step())
+    program = (AddRequest([1, 2], 4, 2, "a", (0, 3), True, 2, 2), AddRequest([1], 1), Step())
     for operation in program:
         journal.record(operation)
     journal.close()

@@ -16,7 +16,9 @@ from kvfuzz.scheduler.async_batches import BatchQueue
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import expected_output
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
+from kvfuzz.scheduler.lora import check_loras
 from kvfuzz.scheduler.outputs import OutputLedger
+from kvfuzz.scheduler.requests import request_namespace
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 A = [5, 6, 7, 8]
@@ -107,6 +109,53 @@ def test_exclusive_a_shared_cached_prefix_block() -> None:
 def test_exclusive_a_block_shared_across_cache_salts() -> None:
     claim = Claim("r0", 2, 1, "relies on", ("salt-a",))
     assert write_over(claim, ("salt-b",)) == "a block shared across cache salts"
+
+
+def test_exclusive_a_block_shared_across_lora_adapters() -> None:
+    """The adapter decides before the salt: a block shared across adapters, salted alike or not."""
+    claim = Claim("r0", 2, 1, "relies on", request_namespace("a", 1))
+    assert write_over(claim, request_namespace("a", 2)) == "a block shared across LoRA adapters"
+    assert write_over(Claim("r0", 2, 1, "relies on", request_namespace(None, 1))) == (
+        "a block shared across LoRA adapters"
+    )
+    assert write_over(claim, request_namespace("b", 1)) == "a block shared across cache salts"
+
+
+def test_the_content_check_names_the_salt_and_the_adapter() -> None:
+    pool = SlotPool(16, 4)
+    pool.write("r0", A, range(4), SLOTS, 1, {}, request_namespace("a", 1))
+    with pytest.raises(SchedulerViolation) as failed:
+        pool.check("r1", A, SLOTS, 2, request_namespace("a", 2), hit=4)
+    assert "under cache salt 'a' under LoRA adapter lora2 (tag " in str(failed.value)
+    assert "request r0's position 0 under cache salt 'a' under LoRA adapter lora1 (tag " in str(failed.value)
+    assert failed.value.cause == "a cache hit on other content"
+
+
+# -- LoRA ------------------------------------------------------------------------------------------------------------
+
+
+def test_lora_more_adapters_in_a_step_than_max_loras() -> None:
+    adapters = {"r0": 1, "r1": 2, "r2": 0, "r3": 3}
+    with pytest.raises(SchedulerViolation) as failed:
+        check_loras(adapters, adapters, adapters, 2, 4)
+    assert str(failed.value) == (
+        "lora check failed at step 4, request r3: the step schedules requests of 3 distinct LoRA adapters "
+        "(lora1: r0; lora2: r1; lora3: r3), but max_loras is 2"
+    )
+    assert failed.value.cause == "more adapters in a step than max_loras"
+    check_loras(adapters, adapters, adapters, 3, 4)  # three adapters (and r2 without one) fit max_loras 3
+
+
+def test_lora_a_request_run_under_another_adapter() -> None:
+    assert caught(Check.LORA, lambda: check_loras(["r0"], {"r0": 0}, {"r0": 2}, 2, 1)) == (
+        "a request run under another adapter"
+    )
+    with pytest.raises(SchedulerViolation) as failed:
+        check_loras(["r0"], {"r0": 1}, {"r0": 2}, 2, 1)
+    assert str(failed.value) == (
+        "lora check failed at step 1, request r0: the model runner is told to run it under LoRA adapter lora1, but "
+        "its client asked for LoRA adapter lora2"
+    )
 
 
 # -- outputs -------------------------------------------------------------------------------------------------------

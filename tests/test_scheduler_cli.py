@@ -43,9 +43,14 @@ def test_a_scheduler_target_without_its_engine_is_one_line_and_exit_2(
         (["--stop-tokens"], "kvfuzz: --stop-tokens needs --scheduler"),
         (["--eos"], "kvfuzz: --eos needs --scheduler"),
         (["--min-tokens"], "kvfuzz: --min-tokens needs --scheduler"),
+        (["--max-loras", "2"], "kvfuzz: --max-loras needs --scheduler"),
         (
-            ["--scheduler", "vllm-v1", "--isolate"],
-            "kvfuzz: --scheduler does not take --isolate (yet; docs/scheduler.md says what a scheduler target covers)",
+            ["--scheduler", "vllm-v1", "--max-loras", "0"],
+            "kvfuzz: --max-loras must be at least 1, got 0 (leave it out for no LoRA)",
+        ),
+        (
+            ["--scheduler", "vllm-v1", "--database", "redis://localhost:1"],
+            "kvfuzz: --scheduler does not take --database (yet; docs/scheduler.md says what a scheduler target covers)",
         ),
         (
             ["--scheduler", "vllm-v1", "--kv-heads", "1"],

@@ -239,6 +239,43 @@ def test_eos_and_min_tokens_are_recorded_only_where_set() -> None:
     assert "eos=True, min_tokens=True)" in exported
 
 
+def test_loras_are_recorded_only_where_set() -> None:
+    """A request's LoRA adapter, and the setup's ``max_loras``, are written only where set (a trace without them,
+    every trace written before LoRA was driven, has no adapter); a trace with them round-trips, reads in ``show``
+    and exports as calls that pass them on; an adapter outside 1 .. max_loras + 1 is refused naming the field."""
+    from kvfuzz.scheduler.export import export_test
+
+    adapted = attrs.evolve(
+        TRACE,
+        setup=attrs.evolve(TRACE.setup, max_loras=2),
+        program=[AddRequest([1, 2, 3], 4, lora=3), AddRequest([1], 1), Step()],
+    )
+    data = adapted.to_json()
+    assert data["config"]["max_loras"] == 2
+    assert data["program"][:2] == [
+        {"op": "add", "prompt": [1, 2, 3], "max_tokens": 4, "lora": 3},
+        {"op": "add", "prompt": [1], "max_tokens": 1},
+    ]
+    assert from_json(json.loads(json.dumps(data))) == adapted
+    assert "max_loras" not in TRACE.to_json()["config"]
+    assert adapted.digest() != attrs.evolve(adapted, program=[AddRequest([1, 2, 3], 4), *adapted.program[1:]]).digest()
+    assert "    1  add(prompt=[1, 2, 3], max_tokens=4, lora=3)" in adapted.describe()
+    assert adapted.describe()[1].endswith("prefix caching off, LoRA (at most 2 adapter(s) a step)")
+    exported = export_test(adapted, "adapted.json")
+    assert "session.add([1, 2, 3], 4, lora=3)" in exported
+    assert ", max_loras=2)" in exported
+    data["program"][0]["lora"] = 4
+    with pytest.raises(SchedulerTraceError, match="^" + re.escape("trace: program[0].lora: must be in 0..3, not 4")):
+        from_json(data)
+    plain = json.loads(json.dumps(TRACE.to_json()))
+    plain["program"][0]["lora"] = 1  # no LoRA in the setup: no adapter
+    with pytest.raises(SchedulerTraceError, match="^" + re.escape("trace: program[0].lora: must be in 0..0, not 1")):
+        from_json(plain)
+    data["config"]["max_loras"] = 9
+    with pytest.raises(SchedulerTraceError, match="^" + re.escape("trace: config.max_loras: must be in 0..4, not 9")):
+        from_json(data)
+
+
 @pytest.mark.parametrize(
     "field, value, line",
     [

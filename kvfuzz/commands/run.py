@@ -70,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--isolate",
         action="store_true",
         help="run the allocator in a child process: a segfault or an abort in it is reported by this run, with its "
-        "program saved as a trace (docs/failures.md); costs a second interpreter's start",
+        "program saved as a trace (docs/failures.md); costs a second interpreter's start (with --scheduler: the "
+        "examples in a child forked from this process, docs/scheduler.md)",
     )
     machine_arguments(parser)
     scheduler_arguments(parser)
@@ -258,7 +259,10 @@ def _dying_words(journal_dir: Optional[Path], corpus: str) -> contextlib.Abstrac
 
 def run_command(args: argparse.Namespace) -> int:
     if args.scheduler is not None or usage_error(args) is not None:
-        return run_scheduler(args, emit_json)  # a scheduler target, or a scheduler's option without one (refused)
+        from kvfuzz.commands.scheduler_isolated import run_isolated as run_scheduler_isolated
+
+        # a scheduler target, or a scheduler's option without one (refused)
+        return run_scheduler(args, emit_json, run_scheduler_isolated)
     import attrs
 
     from kvfuzz.campaign.store import open_examples

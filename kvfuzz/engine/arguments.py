@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence, TypeVar, Union
 
 import attrs
 
@@ -24,6 +24,8 @@ from kvfuzz.engine.expected import Census, ExpectedState, ProgramState, Status
 
 if TYPE_CHECKING:
     from hypothesis import strategies as st
+
+T = TypeVar("T")
 
 VOCABULARY = 4
 """Token ids are 0 .. VOCABULARY - 1: few enough that prompts share prefixes often."""
@@ -85,6 +87,15 @@ class Snapshot:
         setattr(self, name, query)
         return query
 
+    def kept(self, key: object, make: Callable[[], T]) -> T:
+        """The caller's own answer for the state now (random programs' enabled list), made once per state: ``key``
+        (hashable, equal to no query's tuple key nor any pick) names it."""
+        answers = self._answers
+        answer = answers.get(key, answers)
+        if answer is answers:
+            answer = answers[key] = make()
+        return answer  # type: ignore[no-any-return]
+
     def options(self, pick: Callable[["Snapshot"], Sequence[Any]]) -> Sequence[Any]:
         """What a :class:`Pick` may choose from now, asked once per state however many times enablement and the
         draw ask it (the misuse calls, for one, are built anew by each asking)."""
@@ -97,13 +108,26 @@ class Snapshot:
 
 class CensusSnapshot(Snapshot):
     """A :class:`Snapshot` of the engine's :class:`ExpectedState` whose sequence lists (``ids`` of a status,
-    ``live_ids``, ``computed_ids``: most of what enablement asks) come from one pass over the sequences
-    (:meth:`ExpectedState.census`), made at most once per state, instead of a pass for each list. The answers are the
-    state's own (the same lists, in the same order); every other query passes through as in :class:`Snapshot`."""
+    ``live_ids``, ``computed_ids``: most of what enablement asks) come from the state's index of the sequences
+    (:meth:`ExpectedState.census`), asked at most once per state, instead of a pass for each list. The answers are
+    the state's own (the same lists, in the same order); every other query passes through as in :class:`Snapshot`.
+
+    Its answers outlive a call that changed nothing enablement reads: :meth:`renewed` forgets them only when the
+    state's :meth:`~ExpectedState.stamp` differs from the one they were answered under (a refused call, a misuse
+    call, an eviction that released nothing keep them)."""
 
     def __init__(self, state: ExpectedState) -> None:
         super().__init__(state)
         self._expected = state  # the state, typed as what makes a census
+        self._stamp: Optional[tuple[int, ...]] = None  # the state's stamp when the answers kept were answered
+
+    def renewed(self) -> Snapshot:
+        """This snapshot for the state as it is now: its answers kept if nothing they read changed since."""
+        stamp = self._expected.stamp()
+        if stamp == self._stamp:
+            return self
+        self._stamp = stamp
+        return super().renewed()
 
     def _census(self) -> Census:
         census = self._answers.get(CensusSnapshot)  # keyed by the class: no query's key (a tuple) equals it

@@ -131,8 +131,10 @@ class EngineCore:
     def begin(self, op: str, *args: object) -> None:
         """An operation starts: every check until the next one is labelled with it (the label made into text only
         when a report reads it; a list argument is copied now, so that the label shows it as it was called)."""
-        if any(type(arg) is list for arg in args):
-            args = tuple(list(arg) if type(arg) is list else arg for arg in args)
+        for arg in args:
+            if type(arg) is list:
+                args = tuple(list(arg) if type(arg) is list else arg for arg in args)
+                break
         self.checks.context.operation = functools.partial(call_label, op, args)
         self.stats[op] += 1
 
@@ -280,7 +282,9 @@ class EngineCore:
                 self.checks.exclusive.block(checked, seq, f"step {step} writes {seq} position {position}")
             slots.append(slot)
             writes.append(SlotWrite(tags[position], seq, namespace, position, step, via))
-        state.seqs[seq].written = len(tags)
+        model = state.seqs[seq]
+        if model.written != len(tags):  # assigned only when it changes: each assignment notifies the state
+            model.written = len(tags)
         return slots, writes
 
     def schedule_writes(self, seq: SeqId, first_position: int, op: str) -> None:

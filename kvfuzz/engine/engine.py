@@ -274,7 +274,8 @@ class Engine(EngineCore):
         if slots:
             self.pools.write(slots, writes)
         for model in self.expected.seqs.values():
-            model.awaits_step = False
+            if model.awaits_step:  # assigned only when it changes: each assignment notifies the state
+                model.awaits_step = False
         self.stats["tokens written"] += len(slots)
         self.events.fire_launched(step)
         self.complete(self.pools.steps_to_complete())

@@ -52,7 +52,16 @@ STATUSES = tuple(Status)
 """Every status, in a tuple (iterating the enumeration itself costs more, and a census does it once per call)."""
 
 
-@attrs.define
+def _notify(model: SeqModel, attribute: attrs.Attribute, value: object) -> object:  # type: ignore[type-arg]
+    """Every assignment to a field of a :class:`SeqModel` in a state's ``seqs``: the state is told when the value
+    changes (the single point where a sequence's model changes, whoever assigns it)."""
+    state = model._state
+    if state is not None and getattr(model, attribute.name) != value:
+        state.seq_changed(model.seq)
+    return value
+
+
+@attrs.define(on_setattr=_notify)
 class SeqModel:
     """One sequence the engine knows. Positions below ``written`` hold K/V; the rest are written at the next step.
 
@@ -79,6 +88,46 @@ class SeqModel:
     dropped_at_length: int = -1
     # While LOADING or LOADED: the tokens its table covers, its admission's cache hit (None: every token).
     covered_tokens: Optional[int] = None
+    # The state whose ``seqs`` holds it (set and cleared by its :class:`SeqTable`), told of every change of a field.
+    _state: Optional[ExpectedState] = attrs.field(
+        default=None, init=False, eq=False, repr=False, on_setattr=attrs.setters.NO_OP
+    )
+
+
+class SeqTable(dict[SeqId, SeqModel]):
+    """An expected state's ``seqs``: a dictionary that binds each model put in it to the state (so that its field
+    assignments reach :meth:`ExpectedState.seq_changed`) and tells the state of every sequence added or removed.
+    Only the mutations the engine makes are allowed (item assignment, ``setdefault``, ``del``); the others raise."""
+
+    def __init__(self, state: ExpectedState) -> None:
+        super().__init__()
+        self._owner = state  # the state told of every change
+
+    def __setitem__(self, seq: SeqId, model: SeqModel) -> None:
+        previous = self.get(seq)
+        if previous is not None and previous is not model:
+            object.__setattr__(previous, "_state", None)  # past attrs' hook machinery: the binding is no field change
+        object.__setattr__(model, "_state", self._owner)
+        super().__setitem__(seq, model)
+        self._owner.seq_added(seq, model)
+
+    def setdefault(self, seq: SeqId, model: SeqModel) -> SeqModel:  # type: ignore[override]
+        existing = self.get(seq)
+        if existing is not None:
+            return existing
+        self[seq] = model
+        return model
+
+    def __delitem__(self, seq: SeqId) -> None:
+        model = self[seq]
+        super().__delitem__(seq)
+        object.__setattr__(model, "_state", None)
+        self._owner.seq_removed(seq)
+
+    def _refused(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("an expected state's seqs change only by assignment, setdefault or del")
+
+    pop = popitem = clear = update = __ior__ = _refused  # type: ignore[assignment]
 
 
 @attrs.frozen
@@ -93,11 +142,13 @@ class TableChange:
 class BlockRefs:
     """Holders of every referenced block. Invariant kept: a block is a key of ``holders`` exactly while some running
     sequence's table maps it, and its set lists every (sequence, logical index) entry that does; a block is a key of
-    ``released`` exactly while some table mapped it once and none maps it now."""
+    ``released`` exactly while some table mapped it once and none maps it now; ``version`` changes whenever
+    ``released`` does (only :meth:`replace` changes either)."""
 
     def __init__(self) -> None:
         self.holders: dict[int, set[tuple[SeqId, int]]] = {}  # block -> the table entries that reference it
         self.released: dict[int, None] = {}  # blocks once mapped and now unreferenced, in the order they were released
+        self.version = 0  # bumped by every update that may change ``released``
 
     def refcount(self, block: int) -> int:
         return len(self.holders.get(block, ()))
@@ -131,6 +182,8 @@ class BlockRefs:
                 holders.add((seq, index))
                 touched.add(after)
         released = [block for block in released if block not in self.holders]
+        if released or acquired:
+            self.version += 1
         for block in acquired:
             self.released.pop(block, None)
         for block in reversed(released):
@@ -143,7 +196,8 @@ class Census:
     """The sequences (group tables aside), each list in the order of the state's ``seqs``, as enablement reads them:
     ``by_status`` every status's (what ``ids`` answers; every status a key), ``live`` every one not preempted (what
     ``live_ids`` answers), ``computed`` the running ones whose every token a step has written and that await no step
-    (what ``computed_ids`` answers). Made in one pass by :meth:`ExpectedState.census`, for one state."""
+    (what ``computed_ids`` answers). Made by :meth:`ExpectedState.census` from its index of the sequences, and kept
+    (the same object, its lists never changed) for as long as no sequence's entry in that index changes."""
 
     by_status: dict[Status, list[SeqId]]
     live: list[SeqId]
@@ -196,6 +250,14 @@ class ExpectedState:
 
     Invariant kept: every sequence in ``seqs`` has its tokens in ``reference``; ``refs`` holds exactly the entries of
     the running sequences' tables; a finished sequence is in ``finished`` and nowhere else.
+
+    What enablement reads changes at one point: a sequence added to or removed from ``seqs`` (a :class:`SeqTable`),
+    a field of one of its models assigned a new value (:class:`SeqModel`'s hook), its tokens changed in the
+    reference (``on_change``), all three reaching :meth:`seq_changed`; ``refs.released`` changes with
+    ``refs.version``, ``finished`` only grows, and the asynchronous loads call :meth:`changed`. :meth:`stamp`
+    combines them: two equal stamps mean nothing enablement reads has changed in between. The index of the
+    sequences (each one's status and whether it is computed, in the order of ``seqs``) is kept from the same
+    notifications: a sequence is re-examined when it was notified since the last :meth:`census`, never otherwise.
     """
 
     def __init__(
@@ -210,7 +272,15 @@ class ExpectedState:
         self.num_blocks = num_blocks  # device blocks in the pool
         self.num_host_blocks = num_host_blocks  # host blocks, 0 unless the allocator declares swap
         self.reference = reference  # every live sequence's namespace and tokens, and attention over them
-        self.seqs: dict[SeqId, SeqModel] = {}  # live sequences: running, swapped out or preempted
+        self.seqs: dict[SeqId, SeqModel] = SeqTable(self)  # live sequences: running, swapped out or preempted
+        self.version = 0  # bumped at every change of a sequence (seq_changed) or an asynchronous load (changed)
+        # The index the census reads: every sequence in seqs but group tables, in the order of seqs, with its status
+        # and whether it is computed as of the last census (None: not examined yet); and the sequences notified
+        # since, which the next census examines again.
+        self._index: dict[SeqId, Optional[tuple[Status, bool]]] = {}
+        self._notified: set[SeqId] = set()
+        self._census: Optional[Census] = None  # the census of the index as it is, until an entry changes
+        reference.on_change = self.seq_changed
         self.refs = BlockRefs()  # who references every device block
         self.finished: list[SeqId] = []  # freed sequences, oldest first; their ids are never used again
         # The namespace and tokens of the latest RETIRED_KEPT sequences gone from the reference (freed, or dismissed
@@ -257,21 +327,69 @@ class ExpectedState:
         """Sequences with ``status``, and with ``groups`` the group tables (other than group 0's) of those."""
         return [seq for seq, model in self.seqs.items() if model.status is status and (groups or not model.owner)]
 
+    # -- the single mutation point: what enablement reads ----------------------------------------------------------
+
+    def seq_changed(self, seq: SeqId) -> None:
+        """``seq``'s model or tokens changed (or it was added or removed): its index entry is examined again."""
+        self.version += 1
+        self._notified.add(seq)
+
+    def seq_added(self, seq: SeqId, model: SeqModel) -> None:
+        """``seq`` was put in ``seqs`` (a group table is not indexed)."""
+        if not model.owner and seq not in self._index:
+            self._index[seq] = None
+        self.seq_changed(seq)
+
+    def seq_removed(self, seq: SeqId) -> None:
+        """``seq`` left ``seqs``."""
+        if self._index.pop(seq, 0) != 0:
+            self._census = None
+        self.seq_changed(seq)
+
+    def changed(self) -> None:
+        """Something enablement reads changed outside the sequences (the asynchronous loads)."""
+        self.version += 1
+
+    def stamp(self) -> tuple[int, int, int]:
+        """Differs whenever anything enablement reads may have changed since it was taken (the sequences, their
+        tokens, the released blocks, the finished list, the asynchronous loads)."""
+        return self.version, self.refs.version, len(self.finished)
+
     def census(self) -> Census:
-        """``ids`` of every status, ``live_ids`` and ``computed_ids`` in one pass (the same lists, in the same order:
-        ``tests/test_operations.py`` compares them over thousands of states)."""
-        by_status: dict[Status, list[SeqId]] = {status: [] for status in STATUSES}
-        live, computed = [], []
-        for seq, model in self.seqs.items():
-            if model.owner:
-                continue
-            status = model.status
-            by_status[status].append(seq)
-            if status is not Status.PREEMPTED:
-                live.append(seq)
-                if status is Status.RUNNING and model.written == self.length(seq) and not model.awaits_step:
-                    computed.append(seq)
-        return Census(by_status, live, computed)
+        """``ids`` of every status, ``live_ids`` and ``computed_ids`` (the same lists, in the same order:
+        ``tests/test_operations.py`` and ``tests/test_enablement.py`` compare them over thousands of states), from
+        the index: the sequences notified since the last census are examined again, and the lists made again only
+        when one's entry changed."""
+        notified, index = self._notified, self._index
+        if notified:
+            seqs = self.seqs
+            for seq in notified:
+                entry = index.get(seq, 0)
+                if entry == 0:  # not indexed: a group table, or gone
+                    continue
+                model = seqs[seq]
+                status = model.status
+                now = (
+                    status,
+                    status is Status.RUNNING and model.written == self.length(seq) and not model.awaits_step,
+                )
+                if now != entry:
+                    index[seq] = now
+                    self._census = None
+            notified.clear()
+        census = self._census
+        if census is None:
+            by_status: dict[Status, list[SeqId]] = {status: [] for status in STATUSES}
+            live, computed = [], []
+            for seq, entry in index.items():
+                status, is_computed = entry  # type: ignore[misc]  # every entry examined above
+                by_status[status].append(seq)
+                if status is not Status.PREEMPTED:
+                    live.append(seq)
+                    if is_computed:
+                        computed.append(seq)
+            census = self._census = Census(by_status, live, computed)
+        return census
 
     def live_ids(self) -> list[SeqId]:
         """Sequences that hold blocks or a place in the host pool: everything but the preempted."""

@@ -88,3 +88,42 @@ class Operation:
     def draw(self, state: ProgramState, rng: random.Random) -> dict[str, Any]:
         """Arguments drawn by a plain random generator, with the machine's distribution."""
         return {name: argument.draw(state, rng) for name, argument in self.arguments}
+
+
+class Enablement:
+    """Which of some operations (each with a weight) a snapshot's state allows, asking each distinct gate once: the
+    gates are the operations' conditions and their gating arguments' options (:attr:`Operation.gate_options`,
+    answered through the snapshot, so that the draw that follows reuses them). The answer is the same as asking
+    each operation's :meth:`Operation.allowed` (``tests/test_enablement.py`` compares them after every call), in the
+    operations' order; the list made for one combination of the gates' answers is kept for the next state that
+    answers them alike."""
+
+    def __init__(self, operations: Sequence[tuple[Operation, float]]) -> None:
+        self.operations = tuple(operations)  # in the table's order, with their weights
+        conditions: dict[Callable[[ProgramState], bool], int] = {}  # each distinct condition -> its place
+        options: dict[Callable[[ProgramState], Sequence[Any]], int] = {}  # each distinct gate's options -> its place
+        needs = []  # per operation: the places of its condition's answer and of its options' answers
+        for operation, _ in self.operations:
+            mine: list[tuple[bool, int]] = []  # (an option's, its place among the options or the conditions)
+            if operation.condition is not _always:
+                mine.append((False, conditions.setdefault(operation.condition, len(conditions))))
+            mine += [(True, options.setdefault(gate, len(options))) for gate in operation.gate_options]
+            needs.append(mine)
+        self._conditions = tuple(conditions)  # asked first: answers 0 .. len - 1
+        self._options = tuple(options)  # asked next: the answers after the conditions'
+        self._needs = tuple(
+            tuple(place + len(conditions) if is_option else place for is_option, place in mine) for mine in needs
+        )
+        self._lists: dict[tuple[bool, ...], list[tuple[Operation, float]]] = {}  # the gates' answers -> the list
+
+    def enabled(self, state: Snapshot) -> list[tuple[Operation, float]]:
+        """The operations ``state`` allows, with their weights, in order (a list kept per answers: never change it)."""
+        answers = tuple([bool(condition(state)) for condition in self._conditions]) + tuple(
+            [bool(state.options(gate)) for gate in self._options]
+        )
+        listed = self._lists.get(answers)
+        if listed is None:
+            listed = self._lists[answers] = [
+                pair for pair, mine in zip(self.operations, self._needs) if all(answers[place] for place in mine)
+            ]
+        return listed

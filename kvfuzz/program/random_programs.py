@@ -12,13 +12,14 @@ The programs are made of the machine's own rule calls, so they print, save and r
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Callable, Optional, Sequence
 
 import attrs
 
 from kvfuzz.engine.arguments import snapshot_of
-from kvfuzz.engine.operation import Operation
+from kvfuzz.engine.operation import Enablement, Operation
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
@@ -89,9 +90,10 @@ def random_program(
         caps = execution.engine.expected.caps
         weighted = zip(operations, weights) if weights is not None else ((operation, 1.0) for operation in operations)
         declared = [(operation, weight) for operation, weight in weighted if operation.declared(caps)]
+        enablement = Enablement(declared)  # also the key its answer is kept under, while the state is unchanged
         for _ in range(length):
-            state = snapshot.renewed()  # the state after the previous call
-            enabled = [(operation, weight) for operation, weight in declared if operation.allowed(state)]
+            state = snapshot.renewed()  # the state after the previous call (the same answers if it changed nothing)
+            enabled = state.kept(enablement, functools.partial(enablement.enabled, state))
             if not enabled:
                 break
             if weights is None:  # rng.choice: the stream seeded programs without weights always drew

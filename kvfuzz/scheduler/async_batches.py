@@ -21,7 +21,7 @@ often the hazard was reached."""
 from __future__ import annotations
 
 import collections
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import attrs
 
@@ -104,6 +104,12 @@ class BatchQueue:
         queues every step on one stream, so a step launched later runs after."""
         return reader < writer
 
+    def state_ordered(self, reader: int, writer: int) -> bool:
+        """Whether the device runs step ``writer``'s Mamba state writes after step ``reader``'s reads: vLLM's runner
+        copies and updates the states on the step's stream too (align mode's pre-copy is a kernel of the step), so
+        as :meth:`ordered`."""
+        return self.ordered(reader, writer)
+
     def step(self, engine: Engine) -> Progress:
         """One call of ``step_with_batch_queue``: launch a step if the scheduler has requests, and return the oldest
         batch unless the queue has room and there is more to launch."""
@@ -127,44 +133,63 @@ class BatchQueue:
         record the blocks this step reads. Called once the worker has read ``output`` (its tables are the
         scheduler's) and before it writes. Every KV-cache group's table counts: a step writes each scheduled
         position's block in every group, and reads, in each group, the entries from the first position its tokens
-        attend (a sliding window's, not those behind it); a request has released a block that is in no entry its
-        groups still need (:meth:`~kvfuzz.scheduler.worker.Worker.holdings`)."""
+        attend (a sliding window's, not those behind it); a Mamba group's state blocks count as the step reads and
+        writes them (:meth:`~kvfuzz.scheduler.mamba_states.MambaStates.touched`); a request has released a block that
+        is in no entry its groups still need (:meth:`~kvfuzz.scheduler.worker.Worker.holdings`)."""
         size = worker.block_size
         held = {request: set(blocks) for request, blocks in worker.holdings()[0].items()}
         for request, count in output.num_scheduled_tokens.items():
             start = worker.computed[request]
+            tables = worker.requests[request].tables
             written = {
                 table[position // size]
-                for table in (worker.requests[request].tables[rule.index] for rule in worker.groups)
+                for table in (tables[rule.index] for rule in worker.groups)
                 for position in range(start, start + count)
                 if position // size < len(table) and table[position // size] != 0
             }
             for block in sorted(written):
-                self._check_write(block, request, start, step, held, worker.requests)
+                what = f"request {request}'s K/V (from position {start})"
+                self._check_write(block, request, what, step, held, worker.requests, self.ordered)
+            for block in sorted(worker.mamba.touched(tables, range(start, start + count))[1]):
+                what = f"request {request}'s Mamba state (after {start + count} token(s))"
+                self._check_write(block, request, what, step, held, worker.requests, self.state_ordered)
         for request, count in output.num_scheduled_tokens.items():
             start = worker.computed[request]
             end = start + count
-            for rule in worker.groups:
-                table = worker.requests[request].tables[rule.index]
-                for block in table[rule.first_kept_entry(start, size) : -(-end // size)]:
-                    if block != 0:
-                        self.readers.setdefault(block, {}).setdefault(step, set()).add(request)
+            tables = worker.requests[request].tables
+            read = {
+                block
+                for rule in worker.groups
+                for block in tables[rule.index][rule.first_kept_entry(start, size) : -(-end // size)]
+                if block != 0
+            }
+            for block in read | worker.mamba.touched(tables, range(start, end))[0]:
+                self.readers.setdefault(block, {}).setdefault(step, set()).add(request)
 
     def _check_write(
-        self, block: int, writer: str, start: int, step: int, held: dict[str, set[int]], states: dict[str, Any]
+        self,
+        block: int,
+        writer: str,
+        what: str,
+        step: int,
+        held: dict[str, set[int]],
+        states: dict[str, Any],
+        ordered: Callable[[int, int], bool],
     ) -> None:
+        """Step ``step`` writes ``what`` (of request ``writer``) into ``block``, in the order ``ordered`` says the
+        device runs it after a reader."""
         for reader, requests in sorted(self.readers.get(block, {}).items()):
             released = sorted(request for request in requests if block not in held.get(request, ()))
             if reader == step or not released:
                 continue
-            if self.ordered(reader, step):
+            if ordered(reader, step):
                 self.rewrites += 1
                 continue
             raise SchedulerViolation(
                 Check.RELEASED,
                 step,
                 writer,
-                f"step {step} writes request {writer}'s K/V (from position {start}) into block {block}, which "
+                f"step {step} writes {what} into block {block}, which "
                 f"request(s) {released} released (no table of theirs holds it now) while step {reader}, which reads "
                 f"it for them, is in flight (its output not yet returned), and the device does not run step {step}'s "
                 f"writes after step {reader}'s reads",

@@ -9,12 +9,15 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+import attrs
+
 from kvfuzz import option_defaults as defaults
 from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
 from kvfuzz.text import plural
 
 if TYPE_CHECKING:
     from kvfuzz.scheduler.config import SchedulerSetup
+    from kvfuzz.scheduler.journal import ProgramJournal
     from kvfuzz.scheduler.session import WorkerFactory
 
 SCHEDULERS = {
@@ -24,7 +27,6 @@ SCHEDULERS = {
 """The schedulers ``--scheduler`` names, and what each is."""
 
 _ALLOCATOR_ONLY = (
-    ("isolate", False, "--isolate"),
     ("database", None, "--database"),
     ("kernel", "gather", "--kernel"),
     ("host_blocks", defaults.NUM_HOST_BLOCKS, "--host-blocks"),
@@ -54,6 +56,7 @@ SCHEDULER_ONLY = (
     "kv_connector",
     "transfer_delay",
     "load_failures",
+    "max_loras",
 )
 """The attributes of the options only a scheduler target takes."""
 
@@ -149,6 +152,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="draw each request with min_tokens: no stop token or EOS is sampled before that many outputs",
     )
+    group.add_argument(
+        "--max-loras",
+        type=int,
+        metavar="N",
+        help="LoRA: vLLM's max_loras N (adapters a step may serve), each request drawn with one of N + 1 adapters or "
+        "none; the prefix cache must not share blocks across adapters (default: no LoRA)",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -165,6 +175,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
         from kvfuzz.scheduler.sglang.build import sglang_missing
 
         for name in (
+            "isolate",
             "policy",
             "model",
             "write_path",
@@ -177,8 +188,9 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "kv_connector",
             "transfer_delay",
             "load_failures",
+            "max_loras",
         ):
-            if getattr(args, name) is not None:
+            if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/scheduler.md#sglang)"
 
         if sglang_missing():
@@ -187,10 +199,8 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
                 "scripts/third_party_env.sh sglang"
             )
         return None
-    if args.model == "mamba-hybrid":
-        for attribute, flag in (("write_path", "--write-path"), ("attention", "--attention")):
-            if getattr(args, attribute) not in (None, "kvfuzz", "off"):
-                return f"--model mamba-hybrid does not take {flag} (yet: its Mamba group has no per-position K/V)"
+    if args.max_loras is not None and args.max_loras < 1:
+        return f"--max-loras must be at least 1, got {args.max_loras} (leave it out for no LoRA)"
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
@@ -227,6 +237,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "kv_connector": args.kv_connector,
         "transfer_delay": args.transfer_delay,
         "load_failures": True if args.load_failures else None,
+        "max_loras": args.max_loras,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,
@@ -263,9 +274,28 @@ def _worker(args: argparse.Namespace) -> WorkerFactory:
     return lambda chosen: Worker(chosen, WRITE_PATHS[args.write_path or "kvfuzz"], attention(chosen.block_size))
 
 
-def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) -> int:
+Body = Callable[[Optional["ProgramJournal"]], "Ran"]
+"""The run's search and report, given the journal that keeps each example's program on disk (None: none)."""
+
+Isolator = Callable[[Body, argparse.Namespace], "Ran"]
+"""Runs a :data:`Body` in a child process and reports the child's death as a finding (``--isolate``; the campaign
+layer's, handed in by the command, since this module sits below it)."""
+
+
+@attrs.frozen
+class Ran:
+    """What a run ended with: its exit status, and (with ``--json``) the object standard output gets."""
+
+    status: int
+    json: Optional[dict[str, Any]] = None
+
+
+def run_scheduler(
+    args: argparse.Namespace, emit_json: Callable[[Any], None], isolator: Optional[Isolator] = None
+) -> int:
     """``kvfuzz run --scheduler``: exit status 0 (passed), 1 (a check failed), 2 (a usage error). With ``--json``
-    the outcome goes to ``emit_json`` (the CLI's, which keeps standard output for it)."""
+    the outcome goes to ``emit_json`` (the CLI's, which keeps standard output for it). With ``--isolate`` the
+    examples run under ``isolator``, which the command hands in."""
     problem = usage_error(args)
     if problem is None and args.scheduler == "sglang":
         from kvfuzz.scheduler.sglang.command import run_sglang, setup_problem
@@ -291,11 +321,6 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
     if problem is not None:
         print(f"kvfuzz: {problem}", file=sys.stderr)
         return 2
-    from pathlib import Path
-
-    from kvfuzz.scheduler.recorder import FailureRecorder
-    from kvfuzz.scheduler.search import search
-
     if not args.json:
         print(
             f"kvfuzz run: --scheduler {args.scheduler} ({SCHEDULERS[args.scheduler]}; vLLM imported and configured "
@@ -303,9 +328,29 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
             f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, "
             f"{'derandomized' if args.seed is None else f'seed {args.seed}'}; "
             + (f"a step running past {args.call_timeout:g} s is a hang" if args.call_timeout else "no watchdog")
+            + (", the examples in a child process (--isolate)" if args.isolate else "")
             + _paths(args),
             flush=True,
         )
+
+    def body(journal: Optional[ProgramJournal]) -> Ran:
+        return _search_and_report(args, setup, configured, journal)
+
+    ran = isolator(body, args) if args.isolate and isolator is not None else body(None)
+    if ran.json is not None:
+        emit_json(ran.json)
+    return ran.status
+
+
+def _search_and_report(
+    args: argparse.Namespace, setup: SchedulerSetup, configured: float, journal: Optional[ProgramJournal]
+) -> Ran:
+    """The examples, their outcome printed (or, with ``--json``, returned), and the failure's trace saved."""
+    from pathlib import Path
+
+    from kvfuzz.scheduler.recorder import FailureRecorder
+    from kvfuzz.scheduler.search import search
+
     recorder = FailureRecorder(args.scheduler, Path(args.corpus))
     outcome = search(
         setup,
@@ -316,10 +361,12 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
         witness=recorder,
         seed=args.seed,
         call_timeout=args.call_timeout or None,
+        journal=journal,
     )
     if not args.json:
         print("\n".join(outcome.describe()), flush=True)
     saved = recorder.finish(outcome.failure, shrunk=not args.no_shrink)
+    emitted: Optional[dict[str, Any]] = None
     if args.json:
         unsaved = saved is not None and saved.error is not None
         if saved is not None and saved.error is not None:
@@ -329,17 +376,15 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
             "trace_error": saved.error if saved is not None else None,
             "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
         }
-        emit_json(
-            {
-                "scheduler": args.scheduler,
-                "seed": args.seed,
-                "configure_seconds": round(configured, 3),
-                **outcome.to_json(),
-                **fields,
-            }
-        )
+        emitted = {
+            "scheduler": args.scheduler,
+            "seed": args.seed,
+            "configure_seconds": round(configured, 3),
+            **outcome.to_json(),
+            **fields,
+        }
     elif saved is not None:
-        print(f"\n{saved.report()}")
+        print(f"\n{saved.report()}", flush=True)
     first = recorder.first
     if saved is not None and first is not None and first is not saved and first.path.exists():
         print(
@@ -347,4 +392,4 @@ def run_scheduler(args: argparse.Namespace, emit_json: Callable[[Any], None]) ->
             f"trace is kept: {first.path}",
             file=sys.stderr,
         )
-    return 1 if outcome.failure is not None else 0
+    return Ran(1 if outcome.failure is not None else 0, emitted)

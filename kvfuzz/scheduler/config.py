@@ -1,6 +1,7 @@
 """What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
-scheduling policy, synchronous or async scheduling; and which request fields the machine draws besides prompt,
-length and priority (cache salts, stop tokens, EOS, min_tokens); and SGLang's schedule conservativeness."""
+scheduling policy, synchronous or async scheduling, LoRA adapters; and which request fields the machine draws
+besides prompt, length and priority (cache salts, stop tokens, EOS, min_tokens, a LoRA adapter); and SGLang's schedule
+conservativeness."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ POLICIES = ("fcfs", "priority")
 
 KV_CONNECTORS = ("none", "offloading")
 """KV connectors the target drives: none, or vLLM's OffloadingConnector (kvfuzz.scheduler.offloading)."""
+
+MAX_LORAS = 4
+"""The most LoRA adapters a step may serve (``max_loras``) the target is built with: requests draw from one adapter
+more than that (:func:`kvfuzz.scheduler.requests.lora_adapters`), so the limit can bite."""
 
 MAX_SCHEDULE_CONSERVATIVENESS = 10.0
 """The largest ``schedule_conservativeness`` a setup takes (SGLang reserves at most every remaining token anyway)."""
@@ -47,6 +52,7 @@ class SchedulerSetup:
     kv_connector: str = "none"  # "offloading": vLLM's OffloadingConnector, its worker side kvfuzz's (offloading.py)
     transfer_delay: int = 0  # with a connector: the most steps a store or load completes late
     load_failures: bool = False  # with a connector: loads may fail part-way (vLLM's recompute recovery)
+    max_loras: int = 0  # LoRA: vLLM's lora_config.max_loras, requests drawn with an adapter (0: no LoRA; lora.py)
     # SGLang's --schedule-conservativeness: scales the share of each running request's remaining output its
     # PrefillAdder reserves (the new-token ratio); below 1 it overcommits the pool, and decode retracts requests
     schedule_conservativeness: float = 1.0
@@ -59,10 +65,12 @@ class SchedulerSetup:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        if self.model == "mamba-hybrid" and self.async_scheduling:
-            raise ValueError(f"model {self.model} is not driven under async scheduling (yet; docs/scheduler.md)")
         if self.model == "mamba-hybrid" and self.speculative_tokens:
-            raise ValueError("model mamba-hybrid is not driven with speculative decoding (yet; docs/scheduler.md)")
+            raise ValueError(
+                "model mamba-hybrid is not driven with speculative decoding: vLLM 0.33.0 accepts the configuration, "
+                "but its Jamba's Mamba1 mixer has no draft-verification state path (it ignores num_accepted_tokens), "
+                "so there is no runner behaviour to model (docs/scheduler.md#mamba-hybrid-models)"
+            )
         if self.speculative_tokens < 0:
             raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
         if self.speculative_tokens and self.async_scheduling:
@@ -88,6 +96,8 @@ class SchedulerSetup:
                 "the offloading connector is driven only with synchronous scheduling and the full-attention model "
                 "(yet; docs/scheduler.md)"
             )
+        if not 0 <= self.max_loras <= MAX_LORAS:
+            raise ValueError(f"max_loras must be 0 (no LoRA) .. {MAX_LORAS}, got {self.max_loras}")
         if not 0 < self.schedule_conservativeness <= MAX_SCHEDULE_CONSERVATIVENESS:
             raise ValueError(
                 f"schedule_conservativeness must be in (0, {MAX_SCHEDULE_CONSERVATIVENESS:g}], got "
@@ -124,6 +134,7 @@ class SchedulerSetup:
             + (f", {self.kv_connector} connector" if self.kv_connector != "none" else "")
             + (f" (transfers up to {self.transfer_delay} step(s) late)" if self.transfer_delay else "")
             + (" (loads may fail)" if self.load_failures else "")
+            + (f", LoRA (at most {self.max_loras} adapter(s) a step)" if self.max_loras else "")
             + (
                 f", schedule conservativeness {self.schedule_conservativeness:g}"
                 if self.schedule_conservativeness != 1.0

@@ -32,7 +32,8 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     runner_v2 = trace.model_runner == "V2"
     model = f", model={setup.model!r}" if setup.model != "full" else ""
     speculative = f", speculative_tokens={setup.speculative_tokens}" if setup.speculative_tokens else ""
-    options = model + speculative
+    loras = f", max_loras={setup.max_loras}" if setup.max_loras else ""
+    options = model + speculative + loras
     drawn = {
         "async_scheduling": setup.async_scheduling,
         "cache_salts": setup.cache_salts,

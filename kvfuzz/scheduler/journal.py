@@ -81,6 +81,7 @@ def read_journal(path: Path) -> Optional[JournaledExample]:
                         item.get("stop_token_ids", ()),
                         item.get("eos", False),
                         item.get("min_tokens", 0),
+                        item.get("lora", 0),
                     )
                 )
             elif item["op"] == "abort":

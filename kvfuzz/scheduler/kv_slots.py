@@ -171,25 +171,39 @@ class SlotPool:
 def exclusive_cause(request: str, position: int, namespace: tuple[str, ...], claim: Claim) -> str:
     """The relation between a write (``request``'s ``position`` under ``namespace``) and the claim it breaks: two
     writes of one step, the writer's own computed K/V, a block shared by a cached prefix (the same position in both
-    requests) under the same or another cache salt, or a block another request holds at another position."""
+    requests) under the same or another cache salt or LoRA adapter, or a block another request holds at another
+    position."""
     if claim.why == "wrote this step":
         return "two writes to one slot in a step"
     if claim.request == request:
         return "over its own computed K/V"
     if claim.position != position:
         return "a block another request holds at another position"
+    if _parts(claim.namespace).get("lora") != _parts(namespace).get("lora"):
+        return "a block shared across LoRA adapters"
     if claim.namespace != namespace:
         return "a block shared across cache salts"
     return "a shared cached prefix block"
 
 
 GROUP_PREFIX = "kv-cache group "
-"""How a namespace's entry naming a KV-cache group begins (the engine's group whose layers hold the K/V); any other
-entry is a cache salt."""
+"""How a namespace's entry naming a KV-cache group begins (the engine's group whose layers hold the K/V); the other
+entries are pairs of a kind and a value (a cache salt, a LoRA adapter)."""
 
 
 def salted(namespace: tuple[str, ...]) -> str:
-    """How a message names a K/V namespace: its KV-cache group (group 0 has none) and its cache salt, or nothing."""
+    """How a message names a K/V namespace: its KV-cache group (group 0 has none), its cache salt and its LoRA
+    adapter, or nothing. After the group, a namespace is pairs of a kind and a value (``cache_salt``, ``lora``)."""
     groups = "".join(f" in {entry}" for entry in namespace if entry.startswith(GROUP_PREFIX))
-    salts = [entry for entry in namespace if not entry.startswith(GROUP_PREFIX)]
-    return groups + (f" under cache salt {salts[-1]!r}" if salts else "")
+    parts = _parts(namespace)
+    return (
+        groups
+        + (f" under cache salt {parts['cache_salt']!r}" if "cache_salt" in parts else "")
+        + (f" under LoRA adapter {parts['lora']}" if "lora" in parts else "")
+    )
+
+
+def _parts(namespace: tuple[str, ...]) -> dict[str, str]:
+    """A namespace's parts after its KV-cache group: kind -> value (``cache_salt``, ``lora``)."""
+    pairs = [entry for entry in namespace if not entry.startswith(GROUP_PREFIX)]
+    return dict(zip(pairs[::2], pairs[1::2]))

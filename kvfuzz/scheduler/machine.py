@@ -42,6 +42,7 @@ class Tally:
     accepted_drafts: int = 0  # of them, accepted by the fake model
     rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
     transfers: TransferTally = attrs.Factory(TransferTally)  # the KV connector's transfers
+    lora_held_back: int = 0  # LoRA: steps after which the adapter limit held a waiting request back
 
 
 def prefix_lengths(setup: SchedulerSetup) -> tuple[int, ...]:
@@ -108,12 +109,13 @@ def machine_for_setup(
             stop_token_ids: tuple[int, ...] = (),
             eos: bool = False,
             min_tokens: int = 0,
+            lora: int = 0,
         ) -> str:
             prompt = (list(SHARED[:prefix]) + suffix)[: longest - 1] or [0]
             length = min(max_tokens, longest - len(prompt))
             least = min(min_tokens, length)
             return self._guarded(
-                lambda: self.session.add(prompt, length, priority, cache_salt, stop_token_ids, eos, least)
+                lambda: self.session.add(prompt, length, priority, cache_salt, stop_token_ids, eos, least, lora)
             )
 
         @rule(request=requests)
@@ -143,6 +145,7 @@ def machine_for_setup(
                     tally.accepted_drafts += accepted
                     tally.rewrites += self.session.released_rewrites()
                     tally.transfers.add(self.session.transfer_counts())
+                    tally.lora_held_back += self.session.lora_held_back()
 
     SchedulerMachine.__name__ = SchedulerMachine.__qualname__ = name
     return SchedulerMachine

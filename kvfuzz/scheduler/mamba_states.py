@@ -69,6 +69,22 @@ class MambaStates:
         """The blocks of a live request's table it must hold, and those it may hold or may have released."""
         return [block for block in table if block != 0], []
 
+    def touched(self, tables: list[list[int]], span: range) -> tuple[set[int], set[int]]:
+        """The state blocks a step over positions ``span`` reads and writes, across the Mamba groups: it reads the
+        running state's block (with ``span.start > 0``) and the one it writes (align mode's pre-copy moves the state
+        into it and the step updates it in place; in ``none`` mode the two are one), and writes the latter. Null
+        entries and entries past the table are left out (:meth:`step` reports those)."""
+        reads: set[int] = set()
+        writes: set[int] = set()
+        for group in self.groups:
+            table = tables[group]
+            target = self.target_entry(span.stop)
+            entries = [target] + ([self.source_entry(span.start)] if span.start else [])
+            reads.update(table[entry] for entry in entries if entry < len(table) and table[entry] != 0)
+            if target < len(table) and table[target] != 0:
+                writes.add(table[target])
+        return reads, writes
+
     def step(
         self,
         request: str,

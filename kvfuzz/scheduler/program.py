@@ -22,6 +22,7 @@ class Client(Protocol):
         stop_token_ids: tuple[int, ...] = (),
         eos: bool = False,
         min_tokens: int = 0,
+        lora: int = 0,
     ) -> str: ...
 
     def abort(self, request: str) -> None: ...
@@ -39,9 +40,9 @@ class AddRequest:
     ``priority`` (the priority policy runs smaller first), under ``cache_salt`` (the prefix cache shares blocks only
     between requests of the same salt), ending early at the first sampled token among ``stop_token_ids``, or at the
     model's end-of-sequence token unless it ignores EOS (``eos`` false: vLLM's ``ignore_eos``), but never before
-    ``min_tokens`` outputs. Each is left out of the JSON and the source at its default (0, no salt, no stop tokens,
-    EOS ignored, no min_tokens), so that a program without them reads, saves and digests as it did before they
-    existed."""
+    ``min_tokens`` outputs, under LoRA adapter ``lora`` (an id from 1; 0: none). Each is left out of the JSON and the
+    source at its default (0, no salt, no stop tokens, EOS ignored, no min_tokens, no adapter), so that a program
+    without them reads, saves and digests as it did before they existed."""
 
     prompt: tuple[int, ...] = attrs.field(converter=_token_ids)
     max_tokens: int
@@ -50,6 +51,7 @@ class AddRequest:
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_token_ids)
     eos: bool = False
     min_tokens: int = 0
+    lora: int = 0
 
     def apply(self, session: Client) -> None:
         session.add(
@@ -60,6 +62,7 @@ class AddRequest:
             self.stop_token_ids,
             self.eos,
             self.min_tokens,
+            self.lora,
         )
 
     def _extras(self) -> dict[str, Any]:
@@ -75,6 +78,8 @@ class AddRequest:
             extras["eos"] = True
         if self.min_tokens:
             extras["min_tokens"] = self.min_tokens
+        if self.lora:
+            extras["lora"] = self.lora
         return extras
 
     def to_json(self) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Request variety in the scheduler target beyond prompt, length and priority: cache salts, stop tokens, EOS and
-min_tokens.
+"""Request variety in the scheduler target beyond prompt, length and priority: cache salts, stop tokens, EOS,
+min_tokens and LoRA adapters.
 
 * **Cache salts** (``SchedulerSetup.cache_salts``): a request is drawn with a cache salt from :data:`CACHE_SALTS` or
   none. vLLM folds the salt into the hash of a request's first block, so the prefix cache must never hand a block
@@ -16,6 +16,8 @@ min_tokens.
 * **min_tokens** (``SchedulerSetup.min_tokens``): a request is drawn with ``min_tokens`` up to
   :data:`MAX_MIN_TOKENS` (at most its ``max_tokens``): kvfuzz's sampler samples none of its stop tokens, EOS
   included, before that many outputs (:class:`~kvfuzz.scheduler.fake_model.MinTokens`).
+* **LoRA** (``SchedulerSetup.max_loras`` above 0): a request is drawn with one of
+  :func:`~kvfuzz.scheduler.lora.lora_adapters` adapters, or none (:mod:`kvfuzz.scheduler.lora`).
 
 Each is drawn only where the setup switches it on, so that the default machine, its examples and its shrunk programs
 stay what they were before either existed."""
@@ -28,6 +30,7 @@ from hypothesis import strategies as st
 
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import VOCABULARY
+from kvfuzz.scheduler.lora import lora_adapters, lora_namespace
 
 CACHE_SALTS = ("a", "b")
 """The cache salts a request may carry, besides none: two, so that equal prompts under two salts are common."""
@@ -41,16 +44,22 @@ with a quarter of the samples EOS, the mask rarely changes what a request reache
 
 
 def salt_namespace(cache_salt: Optional[str]) -> tuple[str, ...]:
-    """The namespace of a request's K/V tags: none without a salt (so its K/V is what it always was), the salt
-    otherwise. An empty salt is none, as vLLM's block hasher takes it."""
+    """The cache salt's part of a request's K/V namespace: none without a salt (so its K/V is what it always was),
+    the salt otherwise. An empty salt is none, as vLLM's block hasher takes it."""
     return ("cache_salt", cache_salt) if cache_salt else ()
+
+
+def request_namespace(cache_salt: Optional[str], lora: int) -> tuple[str, ...]:
+    """The namespace of a request's K/V tags: its cache salt's part, then its LoRA adapter's (each empty where it has
+    none, so a request with neither has the K/V it always had)."""
+    return salt_namespace(cache_salt) + lora_namespace(lora)
 
 
 def request_arguments(setup: SchedulerSetup) -> dict[str, Any]:
     """The ``add_request`` rule's extra arguments under ``setup``: a cache salt (or none) with ``cache_salts``, stop
     token ids with ``stop_tokens``, whether it ends at EOS with ``eos``, a ``min_tokens`` (the rule caps it at the
-    request's length) with ``min_tokens``; nothing otherwise (the rule's defaults: no salt, no stop tokens, EOS
-    ignored, no min_tokens)."""
+    request's length) with ``min_tokens``, a LoRA adapter (0: none) with ``max_loras``; nothing otherwise (the
+    rule's defaults: no salt, no stop tokens, EOS ignored, no min_tokens, no adapter)."""
     arguments: dict[str, Any] = {}
     if setup.cache_salts:
         arguments["cache_salt"] = st.sampled_from((None, *CACHE_SALTS))
@@ -62,4 +71,6 @@ def request_arguments(setup: SchedulerSetup) -> dict[str, Any]:
         arguments["eos"] = st.booleans()
     if setup.min_tokens:
         arguments["min_tokens"] = st.integers(0, MAX_MIN_TOKENS)
+    if setup.max_loras:
+        arguments["lora"] = st.integers(0, lora_adapters(setup.max_loras))
     return arguments

@@ -41,6 +41,7 @@ class Outcome:
     accepted_drafts: int = 0  # of them, accepted
     rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
     transfers: TransferTally = attrs.Factory(TransferTally)  # the KV connector's transfers (all zero without one)
+    lora_held_back: int = 0  # LoRA: steps after which the adapter limit held a waiting request back
 
     @property
     def steps_per_second(self) -> float:
@@ -66,6 +67,11 @@ class Outcome:
             )
         if self.setup.kv_connector != "none":
             lines.append(self.transfers.describe())
+        if self.setup.max_loras:
+            lines.append(
+                f"LoRA: the limit of {plural(self.setup.max_loras, 'adapter')} a step held a waiting request of "
+                f"another adapter back after {plural(self.lora_held_back, 'step')}"
+            )
         if self.failure is not None:
             lines += ["", self.explanation(), "", self.program]
         return lines
@@ -92,6 +98,7 @@ class Outcome:
             "accepted_drafts": self.accepted_drafts,
             "released_rewrites": self.rewrites,
             "transfers": attrs.asdict(self.transfers),
+            "lora_held_back": self.lora_held_back,
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps_per_second, 1),
             "check": self.check(),
@@ -148,4 +155,5 @@ def search(
         tally.accepted_drafts,
         tally.rewrites,
         tally.transfers,
+        tally.lora_held_back,
     )

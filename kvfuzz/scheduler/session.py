@@ -17,10 +17,11 @@ from kvfuzz.scheduler.async_batches import DEPTH, Batch, BatchQueue, Progress, S
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.journal import ProgramJournal
+from kvfuzz.scheduler.lora import limit_held_back
 from kvfuzz.scheduler.offloading import TransferTally, connector_for
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
-from kvfuzz.scheduler.requests import salt_namespace
+from kvfuzz.scheduler.requests import request_namespace
 from kvfuzz.scheduler.step_watchdog import bounded_step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm
@@ -59,6 +60,7 @@ class Session:
         self.lengths: dict[str, int] = {}  # request -> prompt length + max_tokens
         self.preemptions = 0  # requests the scheduler preempted
         self.hit_tokens = 0  # tokens new and resumed requests found computed (prefix-cache hits)
+        self.held_back = 0  # LoRA: steps after which the adapter limit held a waiting request back
         self.program: list[Operation] = []  # the client's operations so far, each recorded before it runs
         self.loop: EngineLoop = BatchQueue() if setup.async_scheduling else SynchronousLoop()  # the engine core
         self.connector = connector_for(setup)  # the KV connector's worker side (transfers, offload store)
@@ -74,21 +76,24 @@ class Session:
         stop_token_ids: tuple[int, ...] = (),
         eos: bool = False,
         min_tokens: int = 0,
+        lora: int = 0,
     ) -> str:
         """Add a request (ids ``r0``, ``r1``, ... in arrival order) of ``priority`` (smaller runs first under the
         priority policy; FCFS ignores it), under ``cache_salt``, stopping at the first sampled token among
         ``stop_token_ids`` or, with ``eos``, at the model's end-of-sequence token, but not before ``min_tokens``
-        outputs (kvfuzz's sampler masks its stop tokens until then); returns its id. The worker is told the
-        request's namespace (vLLM's model runner is not told the salt; kvfuzz's K/V depends on it so that the
-        content check sees a hit across salts)."""
+        outputs (kvfuzz's sampler masks its stop tokens until then), under LoRA adapter ``lora`` (0: none); returns
+        its id. The worker is told the request's namespace (vLLM's model runner is not told the salt; kvfuzz's K/V
+        depends on it and on the adapter so that the content check sees a hit across salts or adapters) and the
+        adapter its client asked for (the LoRA check compares it with the one the scheduler's output brings)."""
         arrival = len(self.lengths)
         request = f"r{arrival}"
         stops = tuple(stop_token_ids)
-        self._perform(AddRequest(prompt, max_tokens, priority, cache_salt, stops, eos, min_tokens))
-        self.worker.namespaces[request] = salt_namespace(cache_salt)
+        self._perform(AddRequest(prompt, max_tokens, priority, cache_salt, stops, eos, min_tokens, lora))
+        self.worker.namespaces[request] = request_namespace(cache_salt, lora)
+        self.worker.asked_loras[request] = lora
         ending = Ending(stops, eos, min_tokens)
         self.scheduler.add_request(
-            new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority, cache_salt, ending)
+            new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority, cache_salt, ending, lora)
         )
         self.outputs.added(request, len(prompt), max_tokens, ending)
         self.lengths[request] = len(prompt) + max_tokens
@@ -137,6 +142,10 @@ class Session:
         """The KV connector's stores, loads, failed loads, late reports and flushes so far (zero without one)."""
         return self.connector.tally
 
+    def lora_held_back(self) -> int:
+        """Steps so far after which vLLM's adapter limit held a waiting request back (0 without LoRA)."""
+        return self.held_back
+
     def busy(self) -> bool:
         """Whether a step has anything to do: requests in the scheduler, or batches in flight."""
         return self.has_requests() or bool(self.loop.in_flight()) or self.connector.pending()
@@ -147,6 +156,7 @@ class Session:
         output = self.scheduler.schedule()
         self.steps += 1
         self.preemptions += len(output.preempted_req_ids or ())
+        self.held_back += int(limit_held_back(self.scheduler, self.setup.max_loras))
         self.hit_tokens += sum(new.num_computed_tokens for new in output.scheduled_new_reqs)
         cached = output.scheduled_cached_reqs
         self.hit_tokens += sum(

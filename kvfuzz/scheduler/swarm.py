@@ -96,7 +96,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("prefix_caching", BOOLEAN, _chance(0.75)),
     Dimension("policy", POLICIES, _uniform),  # FCFS, or priority (preemption by priority)
     # a sliding window beside full attention (two KV-cache groups) a quarter of the time;
-    # a Mamba group beside attention a quarter (kept only without async scheduling or drafts)
+    # a Mamba group beside attention a quarter (async scheduling too; redrawn only with drafts: docs/scheduler.md)
     Dimension("model", ("full", "sliding-window", "mamba-hybrid"), _weighted_choice((2, 1, 1))),
     Dimension("async_scheduling", BOOLEAN, _chance(0.5)),  # two batches in flight, the released-block check
     Dimension("speculative_tokens", (0, 1, 2, 4), _weighted((3, 1, 1, 1))),  # k drafts (not under async)
@@ -110,6 +110,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("kv_connector", ("none",), _uniform, pin_only=("offloading",)),
     Dimension("transfer_delay", (0, 1, 2, 3), _weighted((2, 1, 1, 1)), needs=("kv_connector", "offloading")),
     Dimension("load_failures", BOOLEAN, _chance(0.5), needs=("kv_connector", "offloading")),
+    # LoRA: max_loras 1 or 2 half the time, requests drawn with one of max_loras + 1 adapters (the limit bites) or none
+    Dimension("max_loras", (0, 1, 2), _weighted((2, 1, 1))),
     Dimension("schedule_conservativeness", (1.0,), fixed),  # SGLang's alone (its table draws it)
     Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
 )

@@ -35,7 +35,8 @@ Added without a new format version, each left out at its default so that older t
 ``config.cache_salts`` and ``config.stop_tokens`` (false when absent: what the search drew), an add's ``cache_salt``
 (none when absent) and ``stop_token_ids`` (none when absent); ``config.eos`` and ``config.min_tokens`` (false when
 absent), an add's ``eos`` (false when absent: EOS ignored, as every request before it) and ``min_tokens`` (0 when
-absent, at most its ``max_tokens``); ``config.model`` (``full`` when absent, or another of
+absent, at most its ``max_tokens``); ``config.max_loras`` (0 when absent: no LoRA) and an add's ``lora`` (0 when
+absent: no adapter; else an adapter's id, 1 .. ``max_loras + 1``); ``config.model`` (``full`` when absent, or another of
 :data:`~kvfuzz.scheduler.models.MODELS`: the model served, whose KV-cache groups the engine and the worker keep);
 ``config.schedule_conservativeness`` (1 when absent; SGLang's, which vLLM refuses other than 1).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
@@ -60,9 +61,10 @@ import attrs
 
 import kvfuzz
 from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
-from kvfuzz.scheduler.config import KV_CONNECTORS, MAX_SCHEDULE_CONSERVATIVENESS, POLICIES, SchedulerSetup
+from kvfuzz.scheduler.config import KV_CONNECTORS, MAX_LORAS, MAX_SCHEDULE_CONSERVATIVENESS, POLICIES, SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.fake_model import VOCABULARY
+from kvfuzz.scheduler.lora import lora_adapters
 from kvfuzz.scheduler.models import MODELS
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
@@ -193,6 +195,7 @@ class SchedulerTrace:
             **({"kv_connector": self.setup.kv_connector} if self.setup.kv_connector != "none" else {}),
             **({"transfer_delay": self.setup.transfer_delay} if self.setup.transfer_delay else {}),
             **({"load_failures": True} if self.setup.load_failures else {}),
+            **({"max_loras": self.setup.max_loras} if self.setup.max_loras else {}),
             **(
                 {"schedule_conservativeness": self.setup.schedule_conservativeness}
                 if self.setup.schedule_conservativeness != 1.0
@@ -401,6 +404,7 @@ def _config(value: Any) -> SchedulerSetup:
         "kv_connector": False,
         "transfer_delay": False,
         "load_failures": False,
+        "max_loras": False,
         "schedule_conservativeness": False,
     }
     config = _fields(value, "config", {**required, **optional})
@@ -410,6 +414,7 @@ def _config(value: Any) -> SchedulerSetup:
     model = _choice("config.model", config.get("model", "full"), tuple(MODELS))
     connector = _choice("config.kv_connector", config.get("kv_connector", "none"), KV_CONNECTORS)
     delay = _integer("config.transfer_delay", config.get("transfer_delay", 0), 0, MAX_TRANSFER_DELAY)
+    max_loras = _integer("config.max_loras", config.get("max_loras", 0), 0, MAX_LORAS)
     try:
         return SchedulerSetup(
             num_blocks=numbers["num_blocks"],
@@ -428,6 +433,7 @@ def _config(value: Any) -> SchedulerSetup:
             kv_connector=connector,
             transfer_delay=delay,
             load_failures=_boolean("config.load_failures", config.get("load_failures", False)),
+            max_loras=max_loras,
             schedule_conservativeness=_number(
                 "config.schedule_conservativeness",
                 config.get("schedule_conservativeness", 1.0),
@@ -458,7 +464,7 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
                 raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
             program.append(Abort(str(request)))
         else:
-            extras = dict.fromkeys(("priority", "cache_salt", "stop_token_ids", "eos", "min_tokens"), False)
+            extras = dict.fromkeys(("priority", "cache_salt", "stop_token_ids", "eos", "min_tokens", "lora"), False)
             item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, **extras})
             prompt = item["prompt"]
             if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
@@ -471,7 +477,8 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
             eos = _boolean(f"{where}.eos", item.get("eos", False))
             min_tokens = _integer(f"{where}.min_tokens", item.get("min_tokens", 0), 0, max_tokens)
             stops = _stop_token_ids(where, item)
-            program.append(AddRequest(tokens, max_tokens, priority, salt, stops, eos, min_tokens))
+            lora = _integer(f"{where}.lora", item.get("lora", 0), 0, lora_adapters(setup.max_loras))
+            program.append(AddRequest(tokens, max_tokens, priority, salt, stops, eos, min_tokens, lora))
             added += 1
     return program
 

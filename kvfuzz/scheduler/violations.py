@@ -21,6 +21,7 @@ class Check(enum.Enum):
     ATTENTION = "attention"  # attention through the tables equals the reference's over the request's own K/V
     BATCH = "batch"  # every request a step schedules is one the model runner can execute, its table covering it
     RELEASED = "released"  # under async scheduling: a released block is not written before the steps reading it ran
+    LORA = "lora"  # a step's distinct LoRA adapters at most max_loras, each request under the adapter it asked for
     TRANSFER = "transfer"  # a KV connector's store or load in flight: its blocks not written (nor, loads, read)
 
 

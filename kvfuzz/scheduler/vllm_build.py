@@ -25,6 +25,7 @@ from typing import Any, Optional
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import EOS_TOKEN
+from kvfuzz.scheduler.lora import lora_name
 from kvfuzz.scheduler.models import FULL, MODELS, MambaHybridModel
 
 
@@ -37,7 +38,16 @@ def vllm_missing() -> bool:
 def vllm() -> types.SimpleNamespace:
     """vLLM's modules the target drives, imported on first use (importing vLLM takes seconds)."""
     import torch
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        LoRAConfig,
+        ModelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
+    from vllm.lora.request import LoRARequest
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
@@ -75,6 +85,8 @@ def vllm() -> types.SimpleNamespace:
         ModelConfig=ModelConfig,
         SchedulerConfig=SchedulerConfig,
         SpeculativeConfig=SpeculativeConfig,
+        LoRAConfig=LoRAConfig,
+        LoRARequest=LoRARequest,
         VllmConfig=VllmConfig,
         SamplingParams=SamplingParams,
         sha256=sha256,
@@ -145,6 +157,9 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         device_config=v.DeviceConfig(device="cpu"),
         speculative_config=speculative,
         kv_transfer_config=_kv_transfer_config(setup),
+        # LoRA: the scheduler reads only max_loras (its adapter limit) and each request's adapter; the rank is the
+        # smallest vLLM accepts, since no adapter is loaded
+        lora_config=v.LoRAConfig(max_loras=setup.max_loras, max_lora_rank=LORA_RANK) if setup.max_loras else None,
     )
     if setup.model != FULL.name:
         # What a GPU engine core has: the hybrid allocator on (vLLM's CPU platform switches it off), the pool's size
@@ -154,6 +169,11 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         config.cache_config.num_gpu_blocks_override = setup.num_blocks + 1
         config.cache_config.kv_cache_layout = "LBNHC"
     return config
+
+
+LORA_RANK = 8
+"""The ``max_lora_rank`` of the target's ``LoRAConfig``: small (no adapter's weights exist; the scheduler never reads
+it)."""
 
 
 def _kv_transfer_config(setup: SchedulerSetup) -> Any:
@@ -271,13 +291,16 @@ def new_request(
     priority: int = 0,
     cache_salt: Optional[str] = None,
     ending: Ending = Ending(),
+    lora: int = 0,
 ) -> Any:
     """A vLLM ``Request`` generating ``max_tokens`` tokens unless ``ending`` stops it first (its stop token ids, the
     model's EOS token :data:`~kvfuzz.scheduler.fake_model.EOS_TOKEN` unless it ignores EOS, its ``min_tokens``: EOS
     is given as vLLM's input processor gives the tokenizer's, through ``update_from_generation_config``, which also
     adds it to the ``all_stop_token_ids`` the sampler masks before ``min_tokens``), under ``cache_salt``, its block
     hashes from vLLM's own hasher (sha256, the engine default). Its arrival time is ``arrival``, its ordinal, not
-    the clock: the priority policy breaks ties by arrival time, and a replay must break them the same way."""
+    the clock: the priority policy breaks ties by arrival time, and a replay must break them the same way. Under
+    LoRA adapter ``lora`` (0: none) it carries a ``LoRARequest`` of that id, named (and its path) as
+    :func:`~kvfuzz.scheduler.lora.lora_name` names it: no adapter exists, the scheduler reads only those."""
     v = vllm()
     sampling = v.SamplingParams(
         max_tokens=max_tokens,
@@ -294,5 +317,6 @@ def new_request(
         arrival_time=float(arrival),
         priority=priority,
         cache_salt=cache_salt,
+        lora_request=v.LoRARequest(lora_name(lora), lora, lora_name(lora)) if lora else None,
         block_hasher=v.get_request_block_hasher(block_size, v.sha256),
     )

@@ -41,6 +41,7 @@ from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import UNMASKED, MinTokens
 from kvfuzz.scheduler.groups import group_namespace, group_rules, mamba_groups
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
+from kvfuzz.scheduler.lora import check_loras, lora_id
 from kvfuzz.scheduler.mamba_states import mamba_states
 from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
@@ -68,6 +69,7 @@ class RequestState:
     namespace: tuple[str, ...] = ()  # its K/V tags' namespace: its cache salt, if any (kvfuzz.scheduler.requests)
     hit: int = 0  # positions it was given from the prefix cache when scheduled new or resumed (it never wrote them)
     sampler: MinTokens = UNMASKED  # the sampler's min-tokens processor, from the sampling params the output brought
+    lora: int = 0  # the LoRA adapter's id the output brought (0: none), as the model runner's input batch keeps it
 
     @property
     def table(self) -> list[int]:
@@ -102,6 +104,8 @@ class Worker:
         self.history: dict[str, list[int]] = {}  # unfinished request -> every token the fake model sampled for it
         self.computed: dict[str, int] = {}  # request scheduled this step -> its computed tokens before the step
         self.namespaces: dict[str, tuple[str, ...]] = {}  # request -> its K/V namespace, told by the client's side
+        self.asked_loras: dict[str, int] = {}  # request -> the LoRA adapter its client asked for (0: none)
+        self.max_loras = setup.max_loras  # the most distinct adapters a step may schedule (0: no LoRA)
         self.speculation = speculation_for(setup.speculative_tokens)  # the drafts proposed, scheduled and verified
         self.drafts: Optional[tuple[list[str], list[list[int]]]] = None  # proposed after the last step, untaken
         self.write_path = write_path(setup, self.runner_v2, self)  # decides the slots K/V is written to
@@ -118,6 +122,7 @@ class Worker:
             self.requests.pop(request, None)
             self.history.pop(request, None)
             self.namespaces.pop(request, None)
+            self.asked_loras.pop(request, None)
             self.speculation.forget(request)
         for request in output.preempted_req_ids or ():
             self.speculation.forget(request)  # the scheduler drops a preempted request's drafts
@@ -147,6 +152,7 @@ class Worker:
                 namespace=self.namespaces.get(new.req_id, ()),
                 hit=new.num_computed_tokens,
                 sampler=min_tokens_of(new.sampling_params),
+                lora=lora_id(new.lora_request),
             )
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
@@ -173,6 +179,8 @@ class Worker:
             if request not in cached.resumed_req_ids:
                 self.speculation.check_computed(request, cached.num_computed_tokens[index], step)
             self.computed[request] = state.computed = cached.num_computed_tokens[index]
+        adapters = {request: self.requests[request].lora for request in output.num_scheduled_tokens}
+        check_loras(output.num_scheduled_tokens, adapters, self.asked_loras, self.max_loras, step)
         known = {request: len(self.requests[request].tokens) for request in output.num_scheduled_tokens}
         self.speculation.schedule(output, known, step)
         self.write_path.consume(output)

@@ -134,8 +134,15 @@ def _split(flat: Sequence[Sequence[int]], batch: Batch) -> list[list[list[int]]]
     return result
 
 
+def attention_ids(block_ids: Sequence[Sequence[int]], groups: Sequence[int]) -> tuple[list[int], ...]:
+    """The block ids of the attention groups (indexes ``groups`` among every KV-cache group) from a
+    ``SchedulerOutput``'s per-group ids: vLLM's tables kept here map K/V slots, and a Mamba group's table holds
+    state blocks, read and written by the state path (:mod:`kvfuzz.scheduler.mamba_states`), not by slot."""
+    return tuple(list(block_ids[group]) for group in groups)
+
+
 class VllmV1BlockTable:
-    """vLLM's V1 model runner's ``MultiGroupBlockTable`` (one block table per KV-cache group), kept as its input
+    """vLLM's V1 model runner's ``MultiGroupBlockTable`` (one block table per attention group), kept as its input
     batch keeps it."""
 
     name = "vllm"
@@ -155,7 +162,8 @@ class VllmV1BlockTable:
             block_sizes=[setup.block_size] * len(worker.groups),
             max_num_blocks=[setup.num_blocks] * len(worker.groups),
         )
-        self.groups = len(worker.groups)  # KV-cache groups, one block table each
+        self.groups = len(worker.groups)  # attention groups, one block table each
+        self.indexes = [rule.index for rule in worker.groups]  # their indexes among every KV-cache group
         self.rows: dict[str, int] = {}  # request in the input batch -> its row
 
     def _remove(self, request: str) -> None:
@@ -175,15 +183,15 @@ class VllmV1BlockTable:
             self._remove(request)
         for new in output.scheduled_new_reqs:
             self._remove(new.req_id)
-            self.table.add_row(new.block_ids, self._row(new.req_id))
+            self.table.add_row(attention_ids(new.block_ids, self.indexes), self._row(new.req_id))
         cached = output.scheduled_cached_reqs
         for index, request in enumerate(cached.req_ids):
             blocks = cached.new_block_ids[index]
             if request in cached.resumed_req_ids:
                 self._remove(request)
-                self.table.add_row(blocks, self._row(request))
+                self.table.add_row(attention_ids(blocks, self.indexes), self._row(request))
             elif blocks is not None:
-                self.table.append_row(blocks, self.rows[request])
+                self.table.append_row(attention_ids(blocks, self.indexes), self.rows[request])
 
     def slot_mapping(self, batch: Batch, step: int) -> list[list[list[int]]]:
         if not batch:
@@ -201,7 +209,7 @@ class VllmV1BlockTable:
 
 
 class VllmV2BlockTables:
-    """vLLM's V2 model runner's ``BlockTables`` (one block table per KV-cache group), kept as its model runner keeps
+    """vLLM's V2 model runner's ``BlockTables`` (one block table per attention group), kept as its model runner keeps
     it. (Its ``sliding_window_reach`` is left off: it masks only ``gather_block_tables``, the tables attention reads,
     which kvfuzz does not drive, never the slot mapping.)"""
 
@@ -221,6 +229,7 @@ class VllmV2BlockTables:
             device=torch.device("cpu"),
         )
         self.free = list(range(setup.max_num_seqs))  # free request indices, as RequestState keeps them
+        self.indexes = [rule.index for rule in worker.groups]  # the attention groups' indexes among every group
         self.index: dict[str, int] = {}  # request the runner holds -> its request index
 
     def _remove(self, request: str) -> None:
@@ -234,12 +243,14 @@ class VllmV2BlockTables:
         for new in output.scheduled_new_reqs:
             self._remove(new.req_id)
             self.index[new.req_id] = self.free.pop()
-            self.tables.append_block_ids(self.index[new.req_id], new.block_ids, overwrite=True)
+            self.tables.append_block_ids(
+                self.index[new.req_id], attention_ids(new.block_ids, self.indexes), overwrite=True
+            )
         cached = output.scheduled_cached_reqs
         for index, request in enumerate(cached.req_ids):
             blocks = cached.new_block_ids[index]
             if blocks is not None:
-                self.tables.append_block_ids(self.index[request], blocks, overwrite=False)
+                self.tables.append_block_ids(self.index[request], attention_ids(blocks, self.indexes), overwrite=False)
         self.tables.apply_staged_writes()
 
     def slot_mapping(self, batch: Batch, step: int) -> list[list[list[int]]]:

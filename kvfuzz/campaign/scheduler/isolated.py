@@ -21,7 +21,9 @@ import signal
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Generic, Optional, TypeVar
+
+import attrs
 
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, Runner, SchedulerCampaignOptions, run_batch
 from kvfuzz.campaign.scheduler.target import PROCESS_DIED, SchedulerProcessDied, SchedulerTarget, scheduler_signature
@@ -31,6 +33,8 @@ from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.search import Outcome
 from kvfuzz.scheduler.trace import CRASH, RecordedFailure, SchedulerTrace
 from kvfuzz.shrink.signature import Signature
+
+T = TypeVar("T")
 
 
 def patience_of(call_timeout: Optional[float]) -> float:
@@ -59,40 +63,64 @@ def _run_child(
     is_new: Callable[[Signature], bool],
     journal: Path,
 ) -> BatchResult:
+    ended = run_watched(lambda kept: run_batch(target, options, plan, is_new, kept), journal, options.call_timeout)
+    if isinstance(ended, Died):
+        return _death(target, options, plan, is_new, journal, ended.how)
+    result: BatchResult = ended.value
+    return result
+
+
+@attrs.frozen
+class Returned(Generic[T]):
+    """The child returned ``value``."""
+
+    value: T
+
+
+@attrs.frozen
+class Died:
+    """The child ended without a result: how, for a person (killed by a signal, exited, or hung and killed)."""
+
+    how: str
+
+
+def run_watched(
+    body: Callable[[ProgramJournal], T], journal: Path, call_timeout: Optional[float]
+) -> Returned[T] | Died:
+    """``body(journal)`` in a child forked from this process, in a process group of its own (the parent alone gets
+    the terminal's Ctrl-C) and tied to this process: what it returned (sent back pickled), or how it died. A child
+    whose journal (its heartbeat) has not moved for :func:`patience_of` ``call_timeout`` is taken for hung past the
+    watchdog's interrupts and killed. The child is never left running: on any exception here (Ctrl-C included) it
+    is killed before the exception goes on."""
     context = multiprocessing.get_context("fork")
     receiving, sending = context.Pipe(duplex=False)
-    child = context.Process(
-        target=_child, args=(target, options, plan, is_new, journal, sending, os.getpid()), name="kvfuzz-batch"
-    )
+    child = context.Process(target=_child, args=(body, journal, sending, os.getpid()), name="kvfuzz-isolated")
     journal.unlink(missing_ok=True)
     started = time.monotonic()
     child.start()
     sending.close()
-    patience = patience_of(options.call_timeout)
-    how: Optional[str] = None
+    patience = patience_of(call_timeout)
     try:
         while True:
             if receiving.poll(0.2):
                 try:
-                    result: BatchResult = receiving.recv()
-                    return result
+                    value: T = receiving.recv()
+                    return Returned(value)
                 except EOFError:
                     pass  # it died while sending, or before: its exit code says how
             if not child.is_alive():
                 child.join()
                 code = child.exitcode
-                how = f"was killed by signal {-code} ({signal.Signals(-code).name})" if code and code < 0 else None
-                how = how or f"exited with status {code} without a result"
-                break
+                if code and code < 0:
+                    return Died(f"was killed by signal {-code} ({signal.Signals(-code).name})")
+                return Died(f"exited with status {code} without a result")
             if time.monotonic() - max(started, _modified(journal)) > patience:
-                how = f"hung: no operation for {patience:.0f} s (past the watchdog's interrupts), killed"
-                break
+                return Died(f"hung: no operation for {patience:.0f} s (past the watchdog's interrupts), killed")
     finally:
         if child.is_alive():
             child.kill()
         child.join()
         receiving.close()
-    return _death(target, options, plan, is_new, journal, how)
 
 
 def _modified(path: Path) -> float:
@@ -104,20 +132,12 @@ def _modified(path: Path) -> float:
     return time.monotonic() - age
 
 
-def _child(
-    target: SchedulerTarget,
-    options: SchedulerCampaignOptions,
-    plan: BatchPlan,
-    is_new: Callable[[Signature], bool],
-    journal_path: Path,
-    sending: Connection,
-    parent: int,
-) -> None:
-    os.setpgid(0, 0)  # the campaign alone gets the terminal's Ctrl-C, and ends the child itself
+def _child(body: Callable[[ProgramJournal], object], journal_path: Path, sending: Connection, parent: int) -> None:
+    os.setpgid(0, 0)  # the parent alone gets the terminal's Ctrl-C, and ends the child itself
     tie_to_parent(parent, lambda: os.kill(os.getpid(), signal.SIGKILL), 0.0)
     journal = ProgramJournal(journal_path)
     try:
-        result = run_batch(target, options, plan, is_new, journal)
+        result = body(journal)
     finally:
         journal.close()
     with contextlib.suppress(BrokenPipeError):
@@ -136,21 +156,30 @@ def _death(
     message = f"the process running the batch {how}"
     failure = SchedulerProcessDied(message)
     signature = scheduler_signature(target.name, failure)
-    example = read_journal(journal)
     outcome = Outcome(plan.config.setup, 0, 0, 0, 0, 0.0, failure, "")
-    if example is None:
+    trace = died_trace(target.name, target.version(), journal, message)
+    if trace is None:
         return BatchResult(outcome, signature, None, note=f"{message}; its program is lost (no journal)")
-    trace = SchedulerTrace(
-        target.name,
-        example.setup,
-        example.model_runner,
-        target.version(),
-        example.program,
-        RecordedFailure(CRASH, f"{PROCESS_DIED}: {message}", PROCESS_DIED),
-        shrunk=False,
-    )
     if not is_new(signature):
         return BatchResult(outcome, signature, None)
     saved = save_scheduler_trace(trace, options.corpus)
     note = f"{message}: not shrunk (every replay would kill the process)"
     return BatchResult(outcome, signature, saved, saved=saved, note=note)
+
+
+def died_trace(scheduler: str, version: str, journal: Path, message: str) -> Optional[SchedulerTrace]:
+    """The trace of a process that died running the program ``journal`` holds (None: no journal), recorded against
+    the engine's ``version``: its failure a crash (:data:`PROCESS_DIED`) told by ``message``, not shrunk, since every
+    replay would kill the process again."""
+    example = read_journal(journal)
+    if example is None:
+        return None
+    return SchedulerTrace(
+        scheduler,
+        example.setup,
+        example.model_runner,
+        version,
+        example.program,
+        RecordedFailure(CRASH, f"{PROCESS_DIED}: {message}", PROCESS_DIED),
+        shrunk=False,
+    )

@@ -219,6 +219,7 @@ class SchedulerCampaign:
                 "preemptions": outcome.preemptions,
                 "hit_tokens": outcome.hit_tokens,
                 "released_rewrites": outcome.rewrites,  # async scheduling's: 0 under synchronous scheduling
+                "lora_held_back": outcome.lora_held_back,  # steps the LoRA limit held a request back (0 without)
                 "failure": None if result.signature is None else str(result.signature),
             }
         )

@@ -67,7 +67,7 @@ def _malformed(result: object, expected: type) -> Optional[str]:
         numbers = [n for pair in pairs for n in pair]
     else:
         numbers = []
-    bad = [number for number in numbers if not is_int(number)]
+    bad = [number for number in numbers if type(number) is not int and not is_int(number)]  # an exact int first
     return None if not bad else f"{shown(result)}: {shown(bad[0])} where an int belongs"
 
 
@@ -103,7 +103,7 @@ class ResultChecks(Checker):
                 Cause("block_table returned something other than a sequence of block ids"),
             )
         blocks = tuple(table)
-        bad = [block for block in blocks if not is_int(block)]
+        bad = [block for block in blocks if type(block) is not int and not is_int(block)]  # an exact int first
         if bad:
             self.fail(
                 Invariant.RESULTS,

@@ -170,7 +170,9 @@ class AsyncLoad:
 
 class AsyncLoading:
     """Under ``async_loads``: admissions waiting for their loads (``loads``), landed when the engine reports them and
-    then resumed. Invariant kept: a load is ``landable`` once the step whose launch started it has completed."""
+    then resumed. Invariant kept: a load is ``landable`` once the step whose launch started it has completed; every
+    change of ``loads`` or of a load's ``landable`` is told to the expected state (``changed``: what enablement
+    reads)."""
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core  # the engine this feature is part of
@@ -204,6 +206,7 @@ class AsyncLoading:
         check_missed_hit(checks.context, seq, num_cached, owed)
         checks.eviction_order.evictions(before, table, reuse=True)
         self.loads[seq] = AsyncLoad(result.loads, table)
+        core.expected.changed()
         core.stats["host-tier loads"] += len(result.loads)
         core.stats["admissions waiting for their loads"] += 1
         core.stats["cache hits"] += 1
@@ -217,6 +220,7 @@ class AsyncLoading:
         core = self.core
         core.begin("land_loads", seq)
         load = self.loads.pop(seq)
+        core.expected.changed()
         for host_block, block in load.pairs:
             via = f"loaded asynchronously from host block {host_block} for {seq}"
             core.pools.note(block, via)
@@ -268,7 +272,9 @@ class AsyncLoading:
     def landable(self, completion: Completion) -> None:
         """The loads whose launch step has completed may be reported landed."""
         for load in self.loads.values():
-            load.landable = load.landable or (load.launched_at is not None and load.launched_at <= completion.step)
+            if not load.landable and load.launched_at is not None and load.launched_at <= completion.step:
+                load.landable = True
+                self.core.expected.changed()
 
     def hold_until_landed(self, seq: SeqId) -> None:
         """Before a loading sequence releases its table: the blocks its loads fill stay in flight until the engine

@@ -71,6 +71,10 @@ class SGLangSession:
         """Released blocks rewritten while a step reading them was in flight: none (no overlap scheduling)."""
         return 0
 
+    def lora_held_back(self) -> int:
+        """Steps after which a LoRA adapter limit held a request back: none (no LoRA is driven on SGLang)."""
+        return 0
+
     def transfer_counts(self) -> TransferTally:
         """A KV connector's transfers: none (no connector is driven on SGLang)."""
         return TransferTally()
@@ -84,15 +88,17 @@ class SGLangSession:
         stop_token_ids: tuple[int, ...] = (),
         eos: bool = False,
         min_tokens: int = 0,
+        lora: int = 0,
     ) -> str:
         """Add a request (ids ``r0``, ``r1``, ...), ending at the model's EOS token with ``eos`` (ignoring it
-        without, SGLang's ``ignore_eos``); ``priority`` must be 0, ``cache_salt`` None, ``stop_token_ids`` empty and
-        ``min_tokens`` 0 (priority scheduling, cache salts, stop tokens and min_tokens are not driven on SGLang)."""
-        if priority or cache_salt is not None or stop_token_ids or min_tokens:
+        without, SGLang's ``ignore_eos``); ``priority`` must be 0, ``cache_salt`` None, ``stop_token_ids`` empty,
+        ``min_tokens`` 0 and ``lora`` 0 (priority scheduling, cache salts, stop tokens, min_tokens and LoRA are not
+        driven on SGLang)."""
+        if priority or cache_salt is not None or stop_token_ids or min_tokens or lora:
             raise ValueError(
-                "the SGLang target drives no priority, cache salt, stop tokens or min_tokens "
+                "the SGLang target drives no priority, cache salt, stop tokens, min_tokens or LoRA "
                 f"(priority {priority}, cache salt {cache_salt!r}, stop tokens {list(stop_token_ids)}, "
-                f"min_tokens {min_tokens})"
+                f"min_tokens {min_tokens}, lora {lora})"
             )
         request = f"r{len(self.lengths)}"
         self._perform(AddRequest(prompt, max_tokens, eos=eos))

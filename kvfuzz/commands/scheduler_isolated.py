@@ -1,0 +1,73 @@
+"""``kvfuzz run --scheduler NAME --isolate``: the examples in a child process forked from the command (vLLM already
+imported), so that a crash that kills the process (a segfault in a native extension, an abort) or a hang no interrupt
+reaches loses nothing: the child keeps the running example's program in a journal, and the command turns it into a
+trace whose failure is ``crash (SchedulerProcessDied)``, as an isolated scheduler campaign does
+(:mod:`kvfuzz.campaign.scheduler.isolated`). A child that returns reports as a run without ``--isolate`` would."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Optional
+
+from kvfuzz.campaign.scheduler.isolated import Died, died_trace, run_watched
+from kvfuzz.campaign.scheduler.target import PROCESS_DIED
+from kvfuzz.scheduler.command import Body, Ran
+from kvfuzz.scheduler.recorder import save_scheduler_trace
+from kvfuzz.scheduler.trace import SchedulerTrace
+
+
+def run_isolated(body: Body, args: argparse.Namespace) -> Ran:
+    """``body`` in a child (see the module): what it returned, or its death as a finding (exit status 1), or 130
+    when Ctrl-C ended the run (the child is killed; a failure it had found is already saved by it)."""
+    corpus = Path(args.corpus)
+    corpus.mkdir(parents=True, exist_ok=True)
+    journal = corpus / f".kvfuzz-scheduler-journal-{os.getpid()}.jsonl"
+    try:
+        ended = run_watched(body, journal, args.call_timeout or None)
+        if not isinstance(ended, Died):
+            return ended.value
+        trace = died_trace(args.scheduler, _engine_version(args.scheduler), journal, _message(ended))
+        return _report_death(args, trace, _message(ended), corpus)
+    except KeyboardInterrupt:
+        print("kvfuzz: interrupted; the isolated examples were stopped", flush=True)
+        return Ran(130, {"scheduler": args.scheduler, "failed": False, "interrupted": True} if args.json else None)
+    finally:
+        journal.unlink(missing_ok=True)
+
+
+def _engine_version(scheduler: str) -> str:
+    """The installed version of the engine ``scheduler`` runs, as its traces record it."""
+    from kvfuzz.scheduler.recorder import vllm_version
+    from kvfuzz.scheduler.sglang.traces import sglang_version
+
+    return sglang_version() if scheduler == "sglang" else vllm_version()
+
+
+def _message(died: Died) -> str:
+    return f"the process running the examples {died.how}"
+
+
+def _report_death(args: argparse.Namespace, trace: Optional[SchedulerTrace], message: str, corpus: Path) -> Ran:
+    saved = save_scheduler_trace(trace, corpus) if trace is not None else None
+    lost = "" if saved is not None else "; its program is lost (no journal)"
+    if args.json:
+        unsaved = saved is not None and saved.error is not None
+        return Ran(
+            1,
+            {
+                "scheduler": args.scheduler,
+                "seed": args.seed,
+                "failed": True,
+                "check": "crash",
+                "explanation": f"crash: {PROCESS_DIED}: {message}{lost}",
+                "trace": str(saved.path) if saved is not None and not unsaved else None,
+                "trace_error": saved.error if saved is not None else None,
+                "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
+            },
+        )
+    print(f"FAILED: crash: {PROCESS_DIED}: {message}{lost}", flush=True)
+    if saved is not None:
+        print(f"not shrunk (every replay would kill the process)\n\n{saved.report()}", flush=True)
+    return Ran(1)
