@@ -243,8 +243,9 @@ def test_accounting_catches_a_block_id_dropped_from_the_output(monkeypatch: pyte
         session.step()
     assert caught.value.check is Check.ACCOUNTING
     assert re.search(
-        r"accounting check failed at step 1: the manager reports 5 free blocks, but the running requests' tables "
-        r"hold 2 distinct blocks of 8, so 6 must be free; blocks neither free nor in a table: \[\d+\]",
+        r"accounting check failed at step 1, request r0: the manager reports 5 free blocks, but the running "
+        r"requests' tables hold 2 distinct blocks of 8, so 6 must be free; blocks neither free nor in a table: "
+        r"\[(\d+)\]; block \1 in vLLM's own table for r0 \(RUNNING, 9 computed, in vLLM's running queue\)$",
         str(caught.value),
     ), caught.value
 

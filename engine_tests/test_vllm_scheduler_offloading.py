@@ -4,13 +4,18 @@ passes with stores, loads, flushes, late transfers and failed loads reached; eac
 from __future__ import annotations
 
 import random
+import weakref
+from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from kvfuzz.scheduler import offloading
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.session import Session
+from kvfuzz.scheduler.trace import load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 SETUP = SchedulerSetup(num_blocks=8, block_size=2, kv_connector="offloading", transfer_delay=2, load_failures=True)
@@ -107,3 +112,113 @@ def test_a_connector_that_forgets_finished_requests_fences_is_caught(monkeypatch
         run_examples(SETUP, 12)
     assert caught.value.check is Check.TRANSFER, str(caught.value)
     assert "store job" in str(caught.value)
+
+
+CORPUS = Path(__file__).parent.parent / "corpus"
+RELOAD_HANG = CORPUS / "vllm-v1-scheduler-offloading-one-token-reload-hang-29b8f30c1dd1.json"
+WAITING_HOLDS = CORPUS / "vllm-v1-scheduler-offloading-waiting-queue-holds-blocks-a8dffbbfe266.json"
+LOAD_GATE = CORPUS / "vllm-v1-scheduler-offloading-load-gate-hang-99d75d3823f8.json"
+
+
+def asked_once_after_its_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fix for the one-token reload hang, patched in: the scheduler does not ask the connector again for a request
+    whose async load it just finished (what ``num_computed_tokens == 0`` is meant to tell, and does not when a
+    full-prompt hit of one token is rewound to 0), so the request is scheduled for its one token, in the block its
+    load filled."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    promoted: weakref.WeakSet[Any] = weakref.WeakSet()  # the requests themselves: ids repeat across sessions
+    promote, matched = Scheduler._update_waiting_for_remote_kv, OffloadingConnector.get_num_new_matched_tokens
+
+    def update_waiting_for_remote_kv(self: Any, request: Any) -> None:
+        promoted.add(request)
+        promote(self, request)
+
+    def get_num_new_matched_tokens(self: Any, request: Any, num_computed_tokens: int) -> Any:
+        if request in promoted:
+            promoted.discard(request)
+            return 0, False
+        return matched(self, request, num_computed_tokens)
+
+    monkeypatch.setattr(Scheduler, "_update_waiting_for_remote_kv", update_waiting_for_remote_kv)
+    monkeypatch.setattr(OffloadingConnector, "get_num_new_matched_tokens", get_num_new_matched_tokens)
+
+
+def test_a_one_token_prompt_found_whole_in_the_offload_store_is_reloaded_forever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A finding in vLLM 0.33.0 as released (docs/scheduler.md, KV connectors): block size 1, r0 = [0] runs and its
+    block is stored; r1 = [0] finds the chunk, waits for its load, is rewound to 0 computed tokens (a full-prompt hit
+    recomputes its last token) and is then looked up again as if new: another load, and so on. The progress check,
+    replayed word for word from the corpus; the session shows the reloads; with the fix patched in the program
+    passes."""
+    trace = load(RELOAD_HANG)
+    assert trace.known_bug and trace.setup.block_size == 1
+    found = replay(trace)
+    assert found.reproduced and found.identical, found.describe_failure()
+    assert found.describe_failure() == (
+        "progress check failed at step 25, request r1: 1 request(s) still unfinished 24 steps after arrivals "
+        "stopped: r1 (WAITING_FOR_REMOTE_KVS, 1 computed, 0 of 1 output tokens)"
+    )
+    session = Session(trace.setup)
+    session.add([0], 1)
+    session.step()
+    session.add([0], 1)
+    with pytest.raises(SchedulerViolation, match="r1 \\(WAITING_FOR_REMOTE_KVS"):
+        session.drain()
+    assert session.connector.tally.loads > 5  # one load would do: r1 is loaded again and again
+    asked_once_after_its_load(monkeypatch)
+    assert not replay(trace).failed
+
+
+def test_the_reloaded_request_waits_in_the_queue_for_requests_without_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same vLLM bug seen by the accounting check: the rewound request's new lookup is delayed (another request
+    loads the same chunk), and schedule() queues it by ``_holds_kv_blocks`` (0 computed tokens: none) in the waiting
+    queue while it holds the block its load filled. Word for word from the corpus; with the fix it passes."""
+    trace = load(WAITING_HOLDS)
+    assert trace.known_bug
+    found = replay(trace)
+    assert found.reproduced and found.identical, found.describe_failure()
+    assert found.describe_failure().endswith(
+        "blocks neither free nor in a table: [2]; block 2 in vLLM's own table for r2 (WAITING, 0 computed, in "
+        "vLLM's waiting queue, for requests that hold no blocks by vLLM's _holds_kv_blocks)"
+    )
+    asked_once_after_its_load(monkeypatch)
+    assert not replay(trace).failed
+
+
+def test_an_async_load_whose_admission_asks_more_than_the_idle_pool_never_runs() -> None:
+    """A second finding in vLLM 0.33.0 (docs/scheduler.md, KV connectors): with 1 draft on 3 blocks of 1 slot, r1 =
+    [0, 0] finds one token locally and one in the offload store; the async-load admission gate reserves the draft
+    step's blocks on top of the request's, more than the idle pool, at every step. Word for word from the corpus;
+    the same program runs without drafts, without the connector, and on 4 blocks."""
+    trace = load(LOAD_GATE)
+    assert trace.known_bug and trace.setup.speculative_tokens == 1 and trace.setup.num_blocks == 3
+    found = replay(trace)
+    assert found.reproduced and found.identical, found.describe_failure()
+    assert found.describe_failure() == (
+        "progress check failed at step 29, request r1: 1 request(s) still unfinished 28 steps after arrivals "
+        "stopped: r1 (WAITING, 0 computed, 0 of 1 output tokens)"
+    )
+    for setup in (
+        attrs.evolve(trace.setup, speculative_tokens=0),
+        attrs.evolve(trace.setup, kv_connector="none"),
+        attrs.evolve(trace.setup, num_blocks=4),
+    ):
+        assert not replay(attrs.evolve(trace, setup=setup)).failed, setup
+
+
+def test_building_a_scheduler_with_the_connector_prints_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's connector base class warns that its API is experimental each time a connector is built (once per
+    example: hundreds of lines in a campaign); kvfuzz quiets its logger while it builds the scheduler, and only
+    then."""
+    import logging
+
+    from kvfuzz.scheduler.vllm_build import CONNECTOR_LOGGER, new_scheduler
+
+    before = logging.getLogger(CONNECTOR_LOGGER).level
+    with caplog.at_level(logging.DEBUG):  # every record that reaches the root logger is kept
+        new_scheduler(SETUP)
+    assert not [record for record in caplog.records if "KVConnectorBase_V1" in record.getMessage()]
+    assert logging.getLogger(CONNECTOR_LOGGER).level == before

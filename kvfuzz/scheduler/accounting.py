@@ -71,11 +71,48 @@ def check_accounting(
             if block.block_id not in free and block.block_id not in holders and block.block_id not in optional
         )
         must = f"{most_free}" if least_free == most_free else f"{least_free} to {most_free}"
+        owners = _owners(scheduler, leaked)
         raise SchedulerViolation(
             Check.ACCOUNTING,
             step,
-            None,
+            owners[0][0] if owners else None,
             f"the manager reports {reported} free blocks, but the running requests' tables hold {len(holders)} "
-            f"distinct blocks of {usable}, so {must} must be free; blocks neither free nor in a table: {leaked}",
-            "the free count",
+            f"distinct blocks of {usable}, so {must} must be free; blocks neither free nor in a table: {leaked}"
+            + "".join(f"; {description}" for _, description in owners),
+            "blocks held by a request in the waiting queue"
+            if owners and all("waiting queue, for" in description for _, description in owners)
+            else "the free count",
         )
+
+
+def _queue_of(scheduler: Any, request: Any) -> str:
+    """Which of vLLM's queues holds ``request``, for a message."""
+    queues = {
+        "running": "vLLM's running queue",
+        "kv_holding_waiting": "vLLM's kv_holding_waiting queue (waiting with blocks)",
+        "waiting": "vLLM's waiting queue, for requests that hold no blocks by vLLM's _holds_kv_blocks",
+    }
+    for name, described in queues.items():
+        if any(queued is request for queued in getattr(scheduler, name, ())):
+            return described
+    return "none of vLLM's queues"
+
+
+def _owners(scheduler: Any, blocks: list[int]) -> list[tuple[str, str]]:
+    """The requests vLLM's own tables (the manager's, per request) hold any of ``blocks`` for, each with a
+    description for the message: where a block neither free nor in a worker's table went."""
+    wanted = set(blocks)
+    owners: list[tuple[str, str]] = []
+    for request_id, request in sorted(scheduler.requests.items()):
+        groups = scheduler.kv_cache_manager.coordinator.get_blocks(request_id)
+        mine = sorted(wanted.intersection(block.block_id for group in groups for block in group))
+        if mine:
+            where = _queue_of(scheduler, request)
+            owners.append(
+                (
+                    request_id,
+                    f"{'block' if len(mine) == 1 else 'blocks'} {', '.join(map(str, mine))} in vLLM's own table for "
+                    f"{request_id} ({request.status.name}, {request.num_computed_tokens} computed, in {where})",
+                )
+            )
+    return owners

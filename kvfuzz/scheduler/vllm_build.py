@@ -12,6 +12,7 @@ way whatever ran before it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
@@ -20,7 +21,7 @@ import mmap
 import tempfile
 import types
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.ending import Ending
@@ -71,9 +72,8 @@ def vllm() -> types.SimpleNamespace:
     logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
     logging.getLogger("vllm.config.vllm").setLevel(logging.ERROR)
     logging.getLogger("vllm.config.scheduler").setLevel(logging.ERROR)
-    # The connector announces itself once per scheduler (every example), and the scheduler warns of every failed
-    # load it recovers from (drawn on purpose with --load-failures).
-    logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.base").setLevel(logging.WARNING)
+    # The scheduler warns of every failed load it recovers from (drawn on purpose with --load-failures); the
+    # connector's announcement is quieted where the scheduler is built (new_scheduler).
     logging.getLogger("vllm.v1.core.sched.scheduler").addFilter(
         lambda record: not str(record.msg).startswith("Recovered from KV load failure")
     )
@@ -272,14 +272,32 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
     # the engine core's block sizes: the pool's for attention groups alone; with a Mamba group the LCM of every
     # group's block size (its Mamba block spans the model length)
     block_size, hash_block_size = v.resolve_kv_cache_block_sizes(kv_config, config)
-    return scheduler(
-        vllm_config=config,
-        kv_cache_config=kv_config,
-        structured_output_manager=v.StructuredOutputManager(config),
-        block_size=block_size,
-        hash_block_size=hash_block_size,
-        log_stats=False,
-    )
+    with quieted(CONNECTOR_LOGGER):
+        return scheduler(
+            vllm_config=config,
+            kv_cache_config=kv_config,
+            structured_output_manager=v.StructuredOutputManager(config),
+            block_size=block_size,
+            hash_block_size=hash_block_size,
+            log_stats=False,
+        )
+
+
+CONNECTOR_LOGGER = "vllm.distributed.kv_transfer.kv_connector.v1.base"
+"""The logger of vLLM's KV connector base class, which warns that its API is experimental each time a connector is
+built: once per example under a connector, so a campaign printed it hundreds of times."""
+
+
+@contextlib.contextmanager
+def quieted(name: str) -> Iterator[None]:
+    """The logger ``name`` passes only errors while the block runs; its level is restored after."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 def new_request(
