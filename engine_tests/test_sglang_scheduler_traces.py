@@ -83,9 +83,24 @@ def test_the_known_bug_trace_reproduces_word_for_word() -> None:
     assert replayed.where() == "the drain"
 
 
+LATER_ROWS = {"eos": False, "schedule_conservativeness": 1.0}
+"""SGLang swarm rows drawn since seed 7 was chosen, held here at their old value without drawing, so that the seed
+draws the configurations the test names."""
+
+
 def test_a_campaign_on_sglang_draws_sglang_s_configurations_and_knows_the_corpus_bug(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from kvfuzz.scheduler.sglang import swarm as sglang_swarm
+    from kvfuzz.scheduler.swarm import Dimension
+
+    held = tuple(
+        Dimension(row.name, row.domain, lambda rng, domain, value=LATER_ROWS[row.name]: value)
+        if row.name in LATER_ROWS
+        else row
+        for row in sglang_swarm.SGLANG_DIMENSIONS
+    )
+    monkeypatch.setattr(sglang_swarm, "SGLANG_DIMENSIONS", held)
     from kvfuzz.campaign.scheduler.known import known_signatures
     from kvfuzz.campaign.scheduler.sglang_target import sglang_target
 

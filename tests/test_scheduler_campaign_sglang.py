@@ -47,6 +47,8 @@ def test_sglang_s_draws_are_what_its_target_runs_and_vary() -> None:
         assert "model runner" not in config.describe()
     assert len({config.setup for config in configs}) > 30 and {c.setup.prefix_caching for c in configs} == {True, False}
     assert sum(config.refused for config in configs) > 0  # budgets not a multiple of the page are redrawn
+    assert {c.setup.eos for c in configs} == {True, False}  # requests that end at EOS, half the batches
+    assert {c.setup.schedule_conservativeness for c in configs} == {1.0, 0.3, 0.1}  # the adder's overcommit
 
 
 def test_a_token_budget_sglang_refuses_is_refused_in_one_line() -> None:
@@ -61,22 +63,14 @@ NO_SGLANG = (
     "kvfuzz: --scheduler sglang needs sglang 0.5.23, which is not installed here; build its environment with "
     "scripts/third_party_env.sh sglang"
 )
-REFUSALS = [
-    (
-        ["--isolate"],
-        "kvfuzz: --scheduler sglang does not take --isolate (yet: its batches run in the campaign's process)",
-    )
-]
-if importlib.util.find_spec("sglang") is None:
-    REFUSALS.append(([], NO_SGLANG))
 
 
-@pytest.mark.parametrize("extra, line", REFUSALS)
-def test_refusals_are_one_line_exit_2_and_write_nothing(
-    extra: list[str], line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="SGLang is installed here")
+def test_without_sglang_the_campaign_is_refused_in_one_line_exit_2_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     corpus = tmp_path / "c"
-    assert main(["campaign", "--scheduler", "sglang", "--corpus", str(corpus), *extra]) == 2
+    assert main(["campaign", "--scheduler", "sglang", "--corpus", str(corpus), "--isolate"]) == 2
     captured = capsys.readouterr()
-    assert captured.err.splitlines() == [line] and captured.out == ""
+    assert captured.err.splitlines() == [NO_SGLANG] and captured.out == ""
     assert not corpus.exists()

@@ -98,3 +98,26 @@ def test_replay_without_sglang_skips_the_trace_with_the_reason(capsys: pytest.Ca
         f"{KNOWN}: skipped: a sglang trace needs sglang 0.5.23, which is not installed here; build its environment "
         "with scripts/third_party_env.sh sglang"
     )
+
+
+def test_a_schedule_conservativeness_and_eos_requests_round_trip_and_a_default_one_is_left_out() -> None:
+    pressed = attrs.evolve(
+        TRACE,
+        setup=SchedulerSetup(num_blocks=8, eos=True, schedule_conservativeness=0.3),
+        program=[AddRequest([1] * 14, 9, eos=True), Step()],
+    )
+    data = pressed.to_json()
+    assert data["config"]["schedule_conservativeness"] == 0.3 and data["program"][0]["eos"] is True
+    assert from_json(data) == pressed and from_json(data).digest() == pressed.digest()
+    assert "schedule_conservativeness" not in TRACE.to_json()["config"]  # older traces keep their bytes and digest
+    assert "schedule conservativeness 0.3" in pressed.setup.describe()
+    data["config"]["schedule_conservativeness"] = 0
+    with pytest.raises(SchedulerTraceError, match=r"config.schedule_conservativeness: must be in \(0, 10\], not 0"):
+        from_json(data)
+
+
+def test_vllm_refuses_a_schedule_conservativeness_other_than_one() -> None:
+    from kvfuzz.scheduler.swarm import DIMENSIONS
+
+    [row] = [row for row in DIMENSIONS if row.name == "schedule_conservativeness"]
+    assert row.domain == (1.0,)  # vLLM's table never draws another (vllm_build.vllm_config refuses one)

@@ -100,8 +100,6 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     if args.scheduler == "sglang":
         from kvfuzz.scheduler.sglang.build import sglang_missing
 
-        if args.isolate:
-            return "--scheduler sglang does not take --isolate (yet: its batches run in the campaign's process)"
         if sglang_missing():
             return (
                 "--scheduler sglang needs sglang 0.5.23, which is not installed here; build its environment with "

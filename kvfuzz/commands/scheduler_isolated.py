@@ -28,12 +28,21 @@ def run_isolated(body: Body, args: argparse.Namespace) -> Ran:
         ended = run_watched(body, journal, args.call_timeout or None)
         if not isinstance(ended, Died):
             return ended.value
-        return _report_death(args, died_trace(args.scheduler, journal, _message(ended)), _message(ended), corpus)
+        trace = died_trace(args.scheduler, _engine_version(args.scheduler), journal, _message(ended))
+        return _report_death(args, trace, _message(ended), corpus)
     except KeyboardInterrupt:
         print("kvfuzz: interrupted; the isolated examples were stopped", flush=True)
         return Ran(130, {"scheduler": args.scheduler, "failed": False, "interrupted": True} if args.json else None)
     finally:
         journal.unlink(missing_ok=True)
+
+
+def _engine_version(scheduler: str) -> str:
+    """The installed version of the engine ``scheduler`` runs, as its traces record it."""
+    from kvfuzz.scheduler.recorder import vllm_version
+    from kvfuzz.scheduler.sglang.traces import sglang_version
+
+    return sglang_version() if scheduler == "sglang" else vllm_version()
 
 
 def _message(died: Died) -> str:

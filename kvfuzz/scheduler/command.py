@@ -184,7 +184,6 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "speculative_tokens",
             "cache_salts",
             "stop_tokens",
-            "eos",
             "min_tokens",
             "kv_connector",
             "transfer_delay",

@@ -1,6 +1,7 @@
 """What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
 scheduling policy, synchronous or async scheduling, LoRA adapters; and which request fields the machine draws
-besides prompt, length and priority (cache salts, stop tokens, EOS, min_tokens, a LoRA adapter)."""
+besides prompt, length and priority (cache salts, stop tokens, EOS, min_tokens, a LoRA adapter); and SGLang's schedule
+conservativeness."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ KV_CONNECTORS = ("none", "offloading")
 MAX_LORAS = 4
 """The most LoRA adapters a step may serve (``max_loras``) the target is built with: requests draw from one adapter
 more than that (:func:`kvfuzz.scheduler.requests.lora_adapters`), so the limit can bite."""
+
+MAX_SCHEDULE_CONSERVATIVENESS = 10.0
+"""The largest ``schedule_conservativeness`` a setup takes (SGLang reserves at most every remaining token anyway)."""
 
 MODEL_SHAPE = ModelShape(num_layers=2, num_kv_heads=2, num_query_heads=2, head_dim=4)
 """The K/V kvfuzz writes for every scheduled token: small, since only its content is compared, never attended."""
@@ -49,6 +53,9 @@ class SchedulerSetup:
     transfer_delay: int = 0  # with a connector: the most steps a store or load completes late
     load_failures: bool = False  # with a connector: loads may fail part-way (vLLM's recompute recovery)
     max_loras: int = 0  # LoRA: vLLM's lora_config.max_loras, requests drawn with an adapter (0: no LoRA; lora.py)
+    # SGLang's --schedule-conservativeness: scales the share of each running request's remaining output its
+    # PrefillAdder reserves (the new-token ratio); below 1 it overcommits the pool, and decode retracts requests
+    schedule_conservativeness: float = 1.0
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -91,6 +98,11 @@ class SchedulerSetup:
             )
         if not 0 <= self.max_loras <= MAX_LORAS:
             raise ValueError(f"max_loras must be 0 (no LoRA) .. {MAX_LORAS}, got {self.max_loras}")
+        if not 0 < self.schedule_conservativeness <= MAX_SCHEDULE_CONSERVATIVENESS:
+            raise ValueError(
+                f"schedule_conservativeness must be in (0, {MAX_SCHEDULE_CONSERVATIVENESS:g}], got "
+                f"{self.schedule_conservativeness:g}"
+            )
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
 
@@ -123,4 +135,9 @@ class SchedulerSetup:
             + (f" (transfers up to {self.transfer_delay} step(s) late)" if self.transfer_delay else "")
             + (" (loads may fail)" if self.load_failures else "")
             + (f", LoRA (at most {self.max_loras} adapter(s) a step)" if self.max_loras else "")
+            + (
+                f", schedule conservativeness {self.schedule_conservativeness:g}"
+                if self.schedule_conservativeness != 1.0
+                else ""
+            )
         )

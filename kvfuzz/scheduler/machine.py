@@ -65,7 +65,7 @@ def machine_for_setup(
     ``tally``, telling ``witness`` of each failing example, and bounding each step with ``watchdog`` (entered by the
     caller) when one is given, and keeping each example's program in ``journal`` when one is given. ``session``
     builds another engine's session instead (:class:`kvfuzz.scheduler.sglang.session.SGLangSession`: the same client
-    operations, ``has_requests``, counters and ``program``; no watchdog or journal yet)."""
+    operations, counters and ``program``; the factory gives it its own watchdog and journal)."""
     new_session = session if session is not None else (lambda: Session(setup, worker, watchdog, journal))
     prefixes = prefix_lengths(setup)
     longest = setup.max_model_len

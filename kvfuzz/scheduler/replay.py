@@ -74,10 +74,10 @@ def replay(
     with: :func:`recorded_worker`), each step bounded by ``watchdog`` (entered by the caller) when one is given.
     Raises :class:`ReplayRefused` when vLLM is not installed, its configuration refuses the trace's, the recorded
     model runner cannot be selected here, or the recorded worker cannot run."""
-    if trace.scheduler == SGLANG:  # SGLang's scheduling pieces: no worker, runner or watchdog to choose
+    if trace.scheduler == SGLANG:  # SGLang's scheduling pieces: no worker or model runner to choose
         from kvfuzz.scheduler.sglang.traces import replay_sglang
 
-        return replay_sglang(trace, on_operation)
+        return replay_sglang(trace, on_operation, watchdog)
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():

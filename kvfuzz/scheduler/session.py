@@ -9,11 +9,9 @@ right after launching it; async scheduling keeps up to two in flight (:mod:`kvfu
 
 from __future__ import annotations
 
-import traceback
-from pathlib import Path
 from typing import Callable, Optional, Union
 
-from kvfuzz.program.safeguards import AllocatorHang, Watchdog
+from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.accounting import check_accounting
 from kvfuzz.scheduler.async_batches import DEPTH, Batch, BatchQueue, Progress, SynchronousLoop
 from kvfuzz.scheduler.config import SchedulerSetup
@@ -24,6 +22,7 @@ from kvfuzz.scheduler.offloading import TransferTally, connector_for
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.requests import request_namespace
+from kvfuzz.scheduler.step_watchdog import bounded_step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm
 from kvfuzz.scheduler.worker import Worker
@@ -39,16 +38,6 @@ def drain_bound(remaining_tokens: int) -> int:
     """The steps a drain may take: each step computes at least one token of some request unless it is stuck, and a
     preemption recomputes what it dropped, so four times the requests' tokens, and a margin, is generous."""
     return 4 * remaining_tokens + 16
-
-
-def interrupted_in(hang: BaseException) -> str:
-    """Where the watchdog's interrupt found the step: the innermost frame outside the watchdog, as
-    ``module.function``."""
-    frames = traceback.extract_tb(hang.__traceback__)[:-1]  # the last is the watchdog's own signal handler
-    if not frames:
-        return "an unknown frame"
-    frame = frames[-1]
-    return f"{Path(frame.filename).stem}.{frame.name} ({frame.filename}:{frame.lineno})"
 
 
 class Session:
@@ -130,31 +119,12 @@ class Session:
     def _step(self) -> Progress:
         """One engine step (the client's, or the drain's), every check run. A step that runs past the watchdog's
         limit is a :attr:`Check.HANG` violation (a ``schedule()`` stuck in a loop is a finding, not a stuck search)."""
-        if self.watchdog is None:
-            return self.loop.step(self)
-        step = self.steps + 1
-        self.watchdog.arm(f"step {step}")
-        try:
-            progress = self.loop.step(self)
-        except AllocatorHang as hang:
-            self.watchdog.disarm()
-            raise SchedulerViolation(
-                Check.HANG,
-                step,
-                None,
-                f"step {step} (schedule(), the worker, update_from_output()) did not return within "
-                f"{hang.seconds:g} s (--call-timeout); interrupted in {interrupted_in(hang)}",
-                "a step that does not return",
-            ) from None
-        if self.watchdog.disarm():
-            raise SchedulerViolation(
-                Check.HANG,
-                step,
-                None,
-                f"step {step} returned only after more than {self.watchdog.seconds:g} s (--call-timeout)",
-                "a step that does not return",
-            )
-        return progress
+        return bounded_step(
+            self.watchdog,
+            self.steps + 1,
+            "schedule(), the worker, update_from_output()",
+            lambda: self.loop.step(self),
+        )
 
     def has_requests(self) -> bool:
         return bool(self.scheduler.has_requests())

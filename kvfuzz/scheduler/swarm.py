@@ -113,6 +113,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("load_failures", (False,), fixed, needs=("kv_connector", "offloading"), pin_only=(True,)),
     # LoRA: max_loras 1 or 2 half the time, requests drawn with one of max_loras + 1 adapters (the limit bites) or none
     Dimension("max_loras", (0, 1, 2), _weighted((2, 1, 1))),
+    Dimension("schedule_conservativeness", (1.0,), fixed),  # SGLang's alone (its table draws it)
     Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""

@@ -37,7 +37,8 @@ Added without a new format version, each left out at its default so that older t
 absent), an add's ``eos`` (false when absent: EOS ignored, as every request before it) and ``min_tokens`` (0 when
 absent, at most its ``max_tokens``); ``config.max_loras`` (0 when absent: no LoRA) and an add's ``lora`` (0 when
 absent: no adapter; else an adapter's id, 1 .. ``max_loras + 1``); ``config.model`` (``full`` when absent, or another of
-:data:`~kvfuzz.scheduler.models.MODELS`: the model served, whose KV-cache groups the engine and the worker keep).
+:data:`~kvfuzz.scheduler.models.MODELS`: the model served, whose KV-cache groups the engine and the worker keep);
+``config.schedule_conservativeness`` (1 when absent; SGLang's, which vLLM refuses other than 1).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -60,7 +61,7 @@ import attrs
 
 import kvfuzz
 from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
-from kvfuzz.scheduler.config import KV_CONNECTORS, MAX_LORAS, POLICIES, SchedulerSetup
+from kvfuzz.scheduler.config import KV_CONNECTORS, MAX_LORAS, MAX_SCHEDULE_CONSERVATIVENESS, POLICIES, SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.lora import lora_adapters
@@ -195,6 +196,11 @@ class SchedulerTrace:
             **({"transfer_delay": self.setup.transfer_delay} if self.setup.transfer_delay else {}),
             **({"load_failures": True} if self.setup.load_failures else {}),
             **({"max_loras": self.setup.max_loras} if self.setup.max_loras else {}),
+            **(
+                {"schedule_conservativeness": self.setup.schedule_conservativeness}
+                if self.setup.schedule_conservativeness != 1.0
+                else {}
+            ),
         }
 
     def digest(self) -> str:
@@ -315,6 +321,14 @@ def _integer(field: str, value: Any, low: int, high: int) -> int:
     return value
 
 
+def _number(field: str, value: Any, high: float) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise _Invalid(field, f"must be a number, not {json.dumps(value)[:40]}")
+    if not 0 < value <= high:
+        raise _Invalid(field, f"must be in (0, {high:g}], not {value}")
+    return float(value)
+
+
 def _text(field: str, value: Any, optional: bool = False) -> Optional[str]:
     if value is None and optional:
         return None
@@ -391,6 +405,7 @@ def _config(value: Any) -> SchedulerSetup:
         "transfer_delay": False,
         "load_failures": False,
         "max_loras": False,
+        "schedule_conservativeness": False,
     }
     config = _fields(value, "config", {**required, **optional})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
@@ -419,6 +434,11 @@ def _config(value: Any) -> SchedulerSetup:
             transfer_delay=delay,
             load_failures=_boolean("config.load_failures", config.get("load_failures", False)),
             max_loras=max_loras,
+            schedule_conservativeness=_number(
+                "config.schedule_conservativeness",
+                config.get("schedule_conservativeness", 1.0),
+                MAX_SCHEDULE_CONSERVATIVENESS,
+            ),
         )
     except ValueError as error:
         raise _Invalid("config", str(error)) from None

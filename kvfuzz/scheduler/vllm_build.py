@@ -124,6 +124,8 @@ def vllm_config(setup: SchedulerSetup) -> Any:
     speculative decoding with ``setup.speculative_tokens`` drafts when there are any: vLLM's n-gram method, which needs
     no draft model (the scheduler sees only the number of drafts; kvfuzz's worker proposes them,
     :mod:`kvfuzz.scheduler.speculative`)."""
+    if setup.schedule_conservativeness != 1.0:
+        raise ValueError("schedule_conservativeness is SGLang's: vLLM's scheduler takes none (only 1)")
     v = vllm()
     directory = _model_dir(setup.model, setup.block_size if setup.model != FULL.name else 1)
     model = v.ModelConfig(

@@ -2,14 +2,14 @@
 kills the process (a segfault in a native extension, an abort) or a hang that no interrupt reaches (a loop in C
 code) ends the child, never the campaign, and the program the child was running is kept as a scheduler trace.
 
-Each batch is a child forked from the campaign, which has imported vLLM already (a fork costs milliseconds; a fresh
-interpreter would import vLLM again, seconds per batch). The child runs the batch as the campaign would in its own
-process (:func:`~kvfuzz.campaign.scheduler.loop.run_batch`, with the watchdog that turns a step past
-``--call-timeout`` into a hang finding) and sends back its result; it keeps the running example's program in a
-journal (:mod:`kvfuzz.scheduler.journal`), which doubles as its heartbeat. A child that dies without a result, or
-whose journal has not moved for twice the call timeout and ten seconds (a hang the watchdog's interrupt could not
-reach), is killed and its journal becomes a trace whose failure is ``crash (SchedulerProcessDied)``: not shrunk,
-since every replay would kill the process again. The child never outlives the campaign (:mod:`kvfuzz.lifeline`).
+Each batch is a child forked from the campaign, which has imported the engine already (vLLM, or SGLang; a fork costs
+milliseconds; a fresh interpreter would import it again, seconds per batch). The child runs the batch as the campaign
+would in its own process (:func:`~kvfuzz.campaign.scheduler.loop.run_batch`, with the watchdog that turns a step past
+``--call-timeout`` into a hang finding) and sends back its result; it keeps the running example's program in a journal
+(:mod:`kvfuzz.scheduler.journal`), which doubles as its heartbeat. A child that dies without a result, or whose journal
+has not moved for twice the call timeout and ten seconds (a hang the watchdog's interrupt could not reach), is killed
+and its journal becomes a trace whose failure is ``crash (SchedulerProcessDied)``: not shrunk, since every replay would
+kill the process again. The child never outlives the campaign (:mod:`kvfuzz.lifeline`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, Runner, Sched
 from kvfuzz.campaign.scheduler.target import PROCESS_DIED, SchedulerProcessDied, SchedulerTarget, scheduler_signature
 from kvfuzz.lifeline import tie_to_parent
 from kvfuzz.scheduler.journal import ProgramJournal, read_journal
-from kvfuzz.scheduler.recorder import save_scheduler_trace, vllm_version
+from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.search import Outcome
 from kvfuzz.scheduler.trace import CRASH, RecordedFailure, SchedulerTrace
 from kvfuzz.shrink.signature import Signature
@@ -157,7 +157,7 @@ def _death(
     failure = SchedulerProcessDied(message)
     signature = scheduler_signature(target.name, failure)
     outcome = Outcome(plan.config.setup, 0, 0, 0, 0, 0.0, failure, "")
-    trace = died_trace(target.name, journal, message)
+    trace = died_trace(target.name, target.version(), journal, message)
     if trace is None:
         return BatchResult(outcome, signature, None, note=f"{message}; its program is lost (no journal)")
     if not is_new(signature):
@@ -167,9 +167,10 @@ def _death(
     return BatchResult(outcome, signature, saved, saved=saved, note=note)
 
 
-def died_trace(scheduler: str, journal: Path, message: str) -> Optional[SchedulerTrace]:
-    """The trace of a process that died running the program ``journal`` holds (None: no journal): its failure a
-    crash (:data:`PROCESS_DIED`) told by ``message``, not shrunk, since every replay would kill the process again."""
+def died_trace(scheduler: str, version: str, journal: Path, message: str) -> Optional[SchedulerTrace]:
+    """The trace of a process that died running the program ``journal`` holds (None: no journal), recorded against
+    the engine's ``version``: its failure a crash (:data:`PROCESS_DIED`) told by ``message``, not shrunk, since every
+    replay would kill the process again."""
     example = read_journal(journal)
     if example is None:
         return None
@@ -177,7 +178,7 @@ def died_trace(scheduler: str, journal: Path, message: str) -> Optional[Schedule
         scheduler,
         example.setup,
         example.model_runner,
-        vllm_version(),
+        version,
         example.program,
         RecordedFailure(CRASH, f"{PROCESS_DIED}: {message}", PROCESS_DIED),
         shrunk=False,

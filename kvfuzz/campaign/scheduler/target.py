@@ -23,7 +23,7 @@ from kvfuzz.scheduler import swarm
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Witness
-from kvfuzz.scheduler.recorder import FailureRecorder
+from kvfuzz.scheduler.recorder import FailureRecorder, vllm_version
 from kvfuzz.scheduler.replay import SchedulerReplay, model_runner, replay
 from kvfuzz.scheduler.search import Outcome, search
 from kvfuzz.scheduler.swarm import Dimension, SwarmConfig
@@ -57,6 +57,7 @@ class SchedulerTarget:
     recorder: Callable[[str, Path], FailureRecorder] = FailureRecorder  # (name, corpus) -> the batch's witness
     # the swarm table its batches draw from: by default the swarm module's as it is when the target is made
     dimensions: tuple[Dimension, ...] = attrs.field(factory=lambda: swarm.DIMENSIONS)
+    version: Callable[[], str] = vllm_version  # the installed engine's version, as its traces record it
 
 
 def scheduler_signature(scheduler: str, failure: BaseException) -> Signature:

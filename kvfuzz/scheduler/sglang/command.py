@@ -5,11 +5,13 @@ its outcome printed (or one JSON object). A failure is saved to ``--corpus`` as 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.sglang.build import setup_problem
 from kvfuzz.text import plural
@@ -32,20 +34,22 @@ def run_sglang(args: argparse.Namespace, setup: SchedulerSetup, emit_json: Calla
             f"kvfuzz run: --scheduler sglang (SGLang's SchedulePolicy, PrefillAdder and ScheduleBatch over its "
             f"UnifiedRadixCache, in kvfuzz's copy of the Scheduler's loop; SGLang imported in {imported:.1f} s)\n  "
             f"{setup.describe()}\n  {plural(args.examples, 'example')} of up to "
-            f"{plural(args.steps, 'operation')}, derandomized",
+            f"{plural(args.steps, 'operation')}, {'derandomized' if args.seed is None else f'seed {args.seed}'}; "
+            + (f"a step running past {args.call_timeout:g} s is a hang" if args.call_timeout else "no watchdog"),
             flush=True,
         )
     recorder = SGLangFailureRecorder("sglang", Path(args.corpus))
-    outcome = search(
-        setup,
-        examples=args.examples,
-        steps=args.steps,
-        shrink=not args.no_shrink,
-        witness=recorder,
-        session=lambda: SGLangSession(setup),
-        name="SGLangSchedulerMachine",
-        seed=args.seed,
-    )
+    with Watchdog(args.call_timeout) if args.call_timeout else contextlib.nullcontext() as watchdog:
+        outcome = search(
+            setup,
+            examples=args.examples,
+            steps=args.steps,
+            shrink=not args.no_shrink,
+            witness=recorder,
+            session=lambda: SGLangSession(setup, watchdog=watchdog),
+            name="SGLangSchedulerMachine",
+            seed=args.seed,
+        )
     saved = recorder.finish(outcome.failure, shrunk=not args.no_shrink)
     unsaved = saved is not None and saved.error is not None
     if unsaved and args.json:

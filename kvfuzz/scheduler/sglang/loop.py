@@ -16,19 +16,38 @@ from __future__ import annotations
 from array import array
 from typing import Any, Optional
 
+import attrs
+
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.fake_model import EOS_TOKEN
 from kvfuzz.scheduler.sglang.admission import SchedulerLimits, admit, sglang_rules
 from kvfuzz.scheduler.sglang.build import ModelStandIn, new_pools, sglang
 
 INIT_NEW_TOKEN_RATIO = 0.7
-"""``ServerArgs.schedule_conservativeness`` 1.0 times SGLang's ``SGLANG_INIT_NEW_TOKEN_RATIO`` default: the share of
-its remaining output the PrefillAdder reserves for each running request."""
+"""SGLang's ``SGLANG_INIT_NEW_TOKEN_RATIO`` default: times ``schedule_conservativeness`` (at most 1), the share of
+its remaining output the PrefillAdder reserves for each running request that does not ignore EOS."""
 
-MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
-"""The floor the ratio decays to (``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR`` default)."""
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+"""The floor the ratio decays to, as a share of its start (``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR`` default)."""
 
-NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
-"""The ratio's decay per decode step (``SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS`` default 600)."""
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+"""Decode steps the ratio takes to decay from its start to its floor (``SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS``)."""
+
+
+@attrs.frozen
+class NewTokenRatio:
+    """SGLang's ``NewTokenRatioTracker.from_config`` for a schedule conservativeness: the ratio's start, floor and
+    decay per decode step. Invariant: ``floor <= start <= 1``."""
+
+    start: float
+    floor: float
+    decay: float
+
+    @classmethod
+    def of(cls, schedule_conservativeness: float) -> "NewTokenRatio":
+        start = min(INIT_NEW_TOKEN_RATIO * schedule_conservativeness, 1.0)
+        floor = min(start * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        return cls(start, floor, (start - floor) / NEW_TOKEN_RATIO_DECAY_STEPS)
 
 
 class SchedulerLoop:
@@ -46,7 +65,8 @@ class SchedulerLoop:
         self.running_batch: Any = api.ScheduleBatch(reqs=[], batch_is_full=False)  # the decoding requests
         self.chunked_req: Optional[Any] = None  # the request whose prompt is being prefilled in chunks
         self.last_batch: Optional[Any] = None  # the batch the previous step ran
-        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.ratio = NewTokenRatio.of(setup.schedule_conservativeness)
+        self.new_token_ratio = self.ratio.start
         self.finished: dict[str, Any] = {}  # finished or aborted request -> its Req
         self.requests: dict[str, Any] = {}  # every request -> its Req
         self.retractions = 0  # requests retract_decode retracted
@@ -56,17 +76,18 @@ class SchedulerLoop:
             self.last_batch is not None and any(not req.finished() for req in self.last_batch.reqs)
         )
 
-    def add_request(self, rid: str, prompt: list[int], max_tokens: int) -> int:
-        """``handle_generate_request``: a ``Req`` with no stop but its length, its ``max_new_tokens`` clipped and
-        its prompt validated by SGLang's own ``init_req_max_new_tokens`` and ``validate_input_length``
-        (:mod:`kvfuzz.scheduler.sglang.admission`; ``max_req_len`` the worker's ``min(context_len, capacity) - 1``,
-        ``max_req_input_len`` five less), and appended to the waiting queue. Returns the output length the request
-        will finish with, or -1 where SGLang refuses it (finished, aborted, never queued: SGLang queues it to abort
-        it at its first prefill, which kvfuzz does not drive)."""
+    def add_request(self, rid: str, prompt: list[int], max_tokens: int, eos: bool = False) -> int:
+        """``handle_generate_request``: a ``Req`` with no stop but its length and, with ``eos``, the model's EOS token
+        (as the tokenizer manager passes the tokenizer's in ``eos_token_ids``; without, it ignores EOS), its
+        ``max_new_tokens`` clipped and its prompt validated by SGLang's own ``init_req_max_new_tokens`` and
+        ``validate_input_length`` (:mod:`kvfuzz.scheduler.sglang.admission`; ``max_req_len`` the worker's
+        ``min(context_len, capacity) - 1``, ``max_req_input_len`` five less), and appended to the waiting queue.
+        Returns its clipped ``max_new_tokens`` (the most it will output), or -1 where SGLang refuses it (finished,
+        aborted, never queued: SGLang queues it to abort it at its first prefill, which kvfuzz does not drive)."""
         api = sglang()
-        params = api.engine.SamplingParams(max_new_tokens=max_tokens, ignore_eos=True)
+        params = api.engine.SamplingParams(max_new_tokens=max_tokens, ignore_eos=not eos)
         params.normalize(None)  # as the tokenizer manager does (no stop strings)
-        req = api.Req(rid, "", array("q", prompt), params)
+        req = api.Req(rid, "", array("q", prompt), params, eos_token_ids={EOS_TOKEN})
         self.requests[rid] = req
         capacity = self.setup.num_blocks * self.setup.block_size  # max_total_num_tokens
         max_req_len = min(self.setup.max_model_len + 1, capacity) - 1  # the worker's min(context_len, capacity) - 1
@@ -225,7 +246,7 @@ class SchedulerLoop:
                 self.finished[req.rid] = req
             self.waiting_queue.extend(retracted)
         else:
-            self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+            self.new_token_ratio = max(self.new_token_ratio - self.ratio.decay, self.ratio.floor)
         if batch.batch_size() < initial:
             batch.batch_is_full = False
         if batch.is_empty():

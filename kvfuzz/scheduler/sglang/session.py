@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import sampled_token
+from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
 from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.outputs import OutputLedger
@@ -20,6 +23,7 @@ from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.session import drain_bound
 from kvfuzz.scheduler.sglang.accounting import check_accounting
 from kvfuzz.scheduler.sglang.loop import SchedulerLoop
+from kvfuzz.scheduler.step_watchdog import bounded_step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 Sampler = Callable[[str, int], int]
@@ -27,10 +31,20 @@ Sampler = Callable[[str, int], int]
 
 
 class SGLangSession:
-    """A fresh loop, kvfuzz's K/V pool and the output ledger; ``steps`` counts batches run."""
+    """A fresh loop, kvfuzz's K/V pool and the output ledger; ``steps`` counts batches run. Each step is bounded by
+    ``watchdog`` (entered by the caller) when one is given, and each operation is kept in ``journal`` before it runs
+    when one is given (an isolated campaign batch's)."""
 
-    def __init__(self, setup: SchedulerSetup, sampler: Sampler = sampled_token) -> None:
+    def __init__(
+        self,
+        setup: SchedulerSetup,
+        sampler: Sampler = sampled_token,
+        watchdog: Optional[Watchdog] = None,
+        journal: Optional[ProgramJournal] = None,
+    ) -> None:
         self.setup = setup
+        self.watchdog = watchdog  # interrupts a step that runs past its limit (None: no limit); entered by the caller
+        self.journal = journal  # keeps the program on disk, each operation before it runs (None: only in memory)
         self.loop = SchedulerLoop(setup)  # SGLang's scheduling pieces in kvfuzz's copy of the Scheduler's loop
         self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)  # page 0 included
         self.sampler = sampler
@@ -42,6 +56,8 @@ class SGLangSession:
         self.steps = 0
         self.hit_tokens = 0
         self.program: list[Operation] = []
+        if journal is not None:
+            journal.start(setup, "")  # no model runner to record
 
     @property
     def preemptions(self) -> int:
@@ -74,19 +90,20 @@ class SGLangSession:
         min_tokens: int = 0,
         lora: int = 0,
     ) -> str:
-        """Add a request (ids ``r0``, ``r1``, ...); ``priority`` must be 0, ``cache_salt`` None,
-        ``stop_token_ids`` empty, ``eos`` false, ``min_tokens`` 0 and ``lora`` 0 (priority scheduling, cache salts,
-        stop tokens, EOS, min_tokens and LoRA are not driven on SGLang)."""
-        if priority or cache_salt is not None or stop_token_ids or eos or min_tokens or lora:
+        """Add a request (ids ``r0``, ``r1``, ...), ending at the model's EOS token with ``eos`` (ignoring it
+        without, SGLang's ``ignore_eos``); ``priority`` must be 0, ``cache_salt`` None, ``stop_token_ids`` empty,
+        ``min_tokens`` 0 and ``lora`` 0 (priority scheduling, cache salts, stop tokens, min_tokens and LoRA are not
+        driven on SGLang)."""
+        if priority or cache_salt is not None or stop_token_ids or min_tokens or lora:
             raise ValueError(
-                "the SGLang target drives no priority, cache salt, stop tokens, EOS, min_tokens or LoRA "
-                f"(priority {priority}, cache salt {cache_salt!r}, stop tokens {list(stop_token_ids)}, eos {eos}, "
+                "the SGLang target drives no priority, cache salt, stop tokens, min_tokens or LoRA "
+                f"(priority {priority}, cache salt {cache_salt!r}, stop tokens {list(stop_token_ids)}, "
                 f"min_tokens {min_tokens}, lora {lora})"
             )
         request = f"r{len(self.lengths)}"
-        self.program.append(AddRequest(prompt, max_tokens))
-        finishes_with = self.loop.add_request(request, prompt, max_tokens)
-        self.outputs.added(request, len(prompt), max(finishes_with, 0))
+        self._perform(AddRequest(prompt, max_tokens, eos=eos))
+        finishes_with = self.loop.add_request(request, prompt, max_tokens, eos)
+        self.outputs.added(request, len(prompt), max(finishes_with, 0), Ending(eos=eos))
         if finishes_with < 0:  # refused by SGLang's validation: finished at once, with no output
             self.outputs.aborted(request)
             self.aborted.add(request)
@@ -96,7 +113,7 @@ class SGLangSession:
         return request
 
     def abort(self, request: str) -> None:
-        self.program.append(Abort(request))
+        self._perform(Abort(request))
         self.loop.abort(request)
         self.outputs.aborted(request)
         self.aborted.add(request)
@@ -106,10 +123,26 @@ class SGLangSession:
         return bool(self.loop.has_requests())
 
     def step(self) -> int:
-        self.program.append(Step())
+        self._perform(Step())
         return self._step()
 
+    def _perform(self, operation: Operation) -> None:
+        """Record ``operation``, about to run, in the program and the journal."""
+        self.program.append(operation)
+        if self.journal is not None:
+            self.journal.record(operation)
+
     def _step(self) -> int:
+        """One step (the client's, or the drain's), bounded by the watchdog: a step that runs past its limit is a
+        :attr:`Check.HANG` violation naming where it was interrupted."""
+        return bounded_step(
+            self.watchdog,
+            self.steps + 1,
+            "get_next_batch_to_run(), kvfuzz's model, process_batch_result()",
+            self._run_step,
+        )
+
+    def _run_step(self) -> int:
         """One ``get_next_batch_to_run``, the batch run by kvfuzz, ``process_batch_result``, every check."""
         loop = self.loop
         batch = loop.next_batch()

@@ -1,8 +1,9 @@
 """The swarm table of ``kvfuzz campaign --scheduler sglang``: vLLM's rows (:data:`kvfuzz.scheduler.swarm.DIMENSIONS`)
 where SGLang's target takes the same option, and its own where it differs: pages of at least 2 tokens (SGLang
 serves page size 1 with another allocator), and one value for what the SGLang target does not drive (FCFS, the
-full-attention model, no async scheduling, no drafts, no cache salts, no stop tokens, no EOS, no min_tokens, no
-KV connector, no model runner, no LoRA)."""
+full-attention model, no async scheduling, no drafts, no cache salts, no stop tokens, no min_tokens, no KV
+connector, no model runner, no LoRA); and its own rows for EOS (requests that do not ignore it, half the batches)
+and the schedule conservativeness, which together make decode run out of pages and retract."""
 
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("speculative_tokens", (0,), fixed),
     Dimension("cache_salts", (False,), fixed),
     Dimension("stop_tokens", (False,), fixed),
-    Dimension("eos", (False,), fixed),
+    Dimension("eos", (False, True), lambda rng, values: rng.choice(values)),  # requests ending at EOS (retraction)
     Dimension("min_tokens", (False,), fixed),
     Dimension("kv_connector", ("none",), fixed),
     Dimension("transfer_delay", (0,), fixed),
     Dimension("load_failures", (False,), fixed),
     Dimension("max_loras", (0,), fixed),
+    # the new-token ratio's start (0.7 x it): below 1 the PrefillAdder overcommits running requests' outputs, and
+    # decode retracts (with EOS drawn: an ignore_eos request's remaining output is reserved in full)
+    Dimension("schedule_conservativeness", (1.0, 0.3, 0.1), lambda rng, values: rng.choice(values)),
     Dimension(MODEL_RUNNER, ("",), fixed),
 )
 """SGLang's configuration, one row per dimension (every row of vLLM's table, by name)."""

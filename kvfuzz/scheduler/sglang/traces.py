@@ -9,6 +9,7 @@ import importlib.metadata
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.recorder import FailureRecorder
 from kvfuzz.scheduler.replay_result import ReplayRefused, SchedulerReplay, replay_program
@@ -44,9 +45,12 @@ class SGLangFailureRecorder(FailureRecorder):
 
 
 def replay_sglang(
-    trace: SchedulerTrace, on_operation: Optional[Callable[[int, Operation], None]] = None
+    trace: SchedulerTrace,
+    on_operation: Optional[Callable[[int, Operation], None]] = None,
+    watchdog: Optional[Watchdog] = None,
 ) -> SchedulerReplay:
-    """Replay an ``sglang`` trace against the installed SGLang. Raises :class:`ReplayRefused` when SGLang is not
+    """Replay an ``sglang`` trace against the installed SGLang, each step bounded by ``watchdog`` (entered by the
+    caller) when one is given. Raises :class:`ReplayRefused` when SGLang is not
     installed or the trace's configuration is one the SGLang target refuses."""
     from kvfuzz.scheduler.sglang.build import setup_problem, sglang_missing
 
@@ -57,4 +61,4 @@ def replay_sglang(
         raise ReplayRefused(f"the trace's configuration cannot run: {problem}")
     from kvfuzz.scheduler.sglang.session import SGLangSession
 
-    return replay_program(SGLangSession(trace.setup), trace, on_operation)
+    return replay_program(SGLangSession(trace.setup, watchdog=watchdog), trace, on_operation)
