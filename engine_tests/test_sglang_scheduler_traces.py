@@ -21,6 +21,7 @@ from kvfuzz.scheduler.trace import load
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 KNOWN = CORPUS / "sglang-scheduler-ignore-eos-clip-hang-47fe19becd38.json"
+PAGE_OVERHEAD = CORPUS / "sglang-scheduler-page-overhead-hang-935382078725.json"
 
 
 def _suffix_written_over_the_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,6 +82,25 @@ def test_the_known_bug_trace_reproduces_word_for_word() -> None:
     replayed = replay(load(KNOWN))
     assert replayed.reproduced and replayed.identical, replayed.describe_failure()
     assert replayed.where() == "the drain"
+
+
+def test_the_page_overhead_hang_reproduces_and_one_token_less_is_served_prefill_only() -> None:
+    """SGLang accepts a 32-token prompt into 3 pages of 16 and never admits it (its adder reserves a page on top);
+    a 31-token prompt is admitted, its max_new_tokens clipped to 0 by memory: SGLang serves it prefill-only, appending
+    a placeholder token it does not report (``output_ids`` past ``finished_len``), and kvfuzz expects no output (it
+    read the placeholder as an output once, and crashed explaining it)."""
+    import attrs
+
+    from kvfuzz.scheduler.program import AddRequest
+
+    trace = load(PAGE_OVERHEAD)
+    replayed = replay(trace)
+    assert replayed.reproduced and replayed.identical, replayed.describe_failure()
+    [add] = trace.program
+    assert isinstance(add, AddRequest) and len(add.prompt) == 32
+    shorter = attrs.evolve(trace, program=(attrs.evolve(add, prompt=add.prompt[:31]),))
+    served = replay(shorter)
+    assert not served.failed, served.describe_failure()
 
 
 LATER_ROWS = {"eos": False, "schedule_conservativeness": 1.0}

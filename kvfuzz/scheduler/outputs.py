@@ -28,10 +28,10 @@ class Expected:
 
     def why(self, request: str) -> str:
         """Why ``request`` should finish with ``length`` tokens, for a message."""
-        last = self.whole(request)[-1]
+        whole = self.whole(request)
         conditions = self.ending.describe()
-        if last in self.ending.stopping:
-            return f"its output #{self.length - 1}, {last}, is its first stop token ({conditions})"
+        if whole and whole[-1] in self.ending.stopping:
+            return f"its output #{self.length - 1}, {whole[-1]}, is its first stop token ({conditions})"
         stops = f", none of them a stop token ({conditions})" if conditions else ""
         ignored = f", and it ignores EOS ({EOS_TOKEN})" if not self.ending.eos else ""
         return f"its max_tokens is {self.max_tokens}{stops}{ignored}"
@@ -112,7 +112,9 @@ class OutputLedger:
                 request,
                 f"{len(expected.received)} output tokens {expected.received} reported, but it should have finished "
                 f"with {expected.length}: {expected.why(request)} (expected {whole})",
-                "a token after a stop token" if whole[-1] in expected.ending.stopping else "a token past max_tokens",
+                "a token after a stop token"
+                if whole and whole[-1] in expected.ending.stopping
+                else "a token past max_tokens",
             )
         if finishes and not expected.finished:
             expected.finished = True

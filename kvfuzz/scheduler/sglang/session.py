@@ -232,7 +232,9 @@ class SGLangSession:
         if rid in self.aborted:
             return
         received = self.outputs.requests[rid].received
-        output = list(req.output_ids)  # type: ignore[attr-defined]
+        # what SGLang reports: its output_ids up to finished_len (a prefill-only request, max_new_tokens clipped to 0,
+        # appends a token at its prefill and finishes with none)
+        output = list(req.output_ids_through_stop)  # type: ignore[attr-defined]
         new = output[len(received) :]
         if output[: len(received)] != received:
             raise SchedulerViolation(
