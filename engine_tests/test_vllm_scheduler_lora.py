@@ -9,7 +9,6 @@ fails loudly rather than skipping."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,11 @@ from vllm.config import LoRAConfig
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from kvfuzz.cli import main
+from engine_tests.vllm_seeded_runs import found_and_replayed
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.search import search
 from kvfuzz.scheduler.session import Session
-from kvfuzz.scheduler.trace import load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 LORAS = SchedulerSetup(num_blocks=8, max_loras=2)  # small enough to preempt
@@ -137,15 +135,7 @@ def test_each_seeded_bug_is_found_from_random_requests_and_its_trace_replays(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     bug(monkeypatch)
-    corpus = tmp_path / "corpus"
-    run = ["run", "--scheduler", "vllm-v1", "--num-blocks", "8", "--max-loras", "2"]
-    assert main([*run, "--examples", "50", "--corpus", str(corpus), "--json"]) == 1
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["check"] in {check.value for check in checks}, summary
-    assert named in summary["explanation"], summary["explanation"]  # the message says why
-    trace = load(Path(summary["trace"]))
+    trace = found_and_replayed(capsys, tmp_path / "corpus", ["--max-loras", "2"], checks, named)
     assert trace.setup.max_loras == 2 and any(getattr(op, "lora", 0) for op in trace.program)
-    replayed = replay(trace)
-    assert replayed.reproduced and replayed.identical, replayed.describe_failure()
     monkeypatch.undo()
     assert replay(trace).failure is None  # passes without the bug
