@@ -222,3 +222,20 @@ def test_building_a_scheduler_with_the_connector_prints_nothing(caplog: pytest.L
         new_scheduler(SETUP)
     assert not [record for record in caplog.records if "KVConnectorBase_V1" in record.getMessage()]
     assert logging.getLogger(CONNECTOR_LOGGER).level == before
+
+
+def test_a_store_the_offload_store_has_no_room_for_is_not_logged() -> None:
+    """The connector's scheduler warns of every store its offload store has no room for (an outcome kvfuzz's small
+    stores reach on purpose, hundreds of times in a campaign); that warning alone is filtered out."""
+    import logging
+
+    from kvfuzz.scheduler.vllm_build import vllm
+
+    vllm()  # installs kvfuzz's filters on vLLM's loggers
+    logger = logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler")
+
+    def record(message: str) -> logging.LogRecord:
+        return logger.makeRecord(logger.name, logging.WARNING, __file__, 0, message, ("r0",), None)
+
+    assert not logger.filter(record("Request %s: cannot store chunks"))
+    assert logger.filter(record("Request %s: something else"))
