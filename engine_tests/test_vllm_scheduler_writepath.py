@@ -309,6 +309,13 @@ MAMBA = SchedulerSetup(num_blocks=10, model="mamba-hybrid", prefix_caching=False
 ALIGN = SchedulerSetup(num_blocks=10, model="mamba-hybrid")  # prefix caching: vLLM's align mode
 
 
+def prefill_mamba(worker: WorkerFactory) -> None:
+    """One request's prefill on the Mamba hybrid, in ``none`` mode."""
+    session = Session(MAMBA, worker)
+    session.add(PROMPT, 2)
+    session.step()
+
+
 @pytest.mark.parametrize("setup", [MAMBA, ALIGN], ids=["none", "align"])
 def test_vllm_s_block_tables_map_the_attention_group_of_a_mamba_hybrid(setup: SchedulerSetup) -> None:
     """vLLM's V2 ``BlockTables`` kept from the attention group's ids (the Mamba group, first in 0.33.0's order, holds
@@ -344,13 +351,8 @@ def test_vllm_s_tables_kept_from_the_mamba_group_s_ids_are_a_slot_mapping_violat
 
     monkeypatch.setattr(write_paths, "attention_ids", first_group_s)
 
-    def prefill(worker: WorkerFactory) -> None:
-        session = Session(MAMBA, worker)
-        session.add(PROMPT, 2)
-        session.step()
-
-    prefill(own_worker)
-    found = violation(lambda: prefill(vllm_worker))
+    prefill_mamba(own_worker)
+    found = violation(lambda: prefill_mamba(vllm_worker))
     assert found.check is Check.SLOT_MAPPING and found.step == 1, str(found)
     assert re.search(
         r"slot-mapping check failed at step 1, request r0: its position 0 belongs in block (\d+) \(table entry 0 of "
@@ -364,13 +366,8 @@ def test_attention_through_a_mamba_hybrid_s_attention_table_catches_the_short_co
     def short(setup: SchedulerSetup) -> Worker:
         return Worker(setup, vllm_write_path, ShortContext(GatherKernel(), setup.block_size))
 
-    def prefill(worker: WorkerFactory) -> None:
-        session = Session(MAMBA, worker)
-        session.add(PROMPT, 2)
-        session.step()
-
-    prefill(vllm_worker)
-    found = violation(lambda: prefill(short))
+    prefill_mamba(vllm_worker)
+    found = violation(lambda: prefill_mamba(short))
     assert found.check is Check.ATTENTION and found.step == 1, str(found)
     assert re.search(
         r"the attention of its position 1 through its table \[\d+, \d+\] in group 1 \(full attention\) \(gather "
