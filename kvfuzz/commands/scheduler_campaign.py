@@ -8,9 +8,12 @@ import argparse
 import random
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from kvfuzz.text import plural
+
+if TYPE_CHECKING:
+    from kvfuzz.campaign.scheduler.target import SchedulerTarget
 
 ALLOCATOR_ONLY = (
     ("workers", None, "--workers (a scheduler campaign runs one worker)"),
@@ -158,14 +161,7 @@ def scheduler_campaign(
         database=args.database,
     )
     if target is None:
-        if args.scheduler == "sglang":
-            from kvfuzz.campaign.scheduler.sglang_target import sglang_target
-
-            target = sglang_target(args.scheduler)
-        else:
-            from kvfuzz.campaign.scheduler.target import vllm_target
-
-            target = vllm_target(args.scheduler)
+        target = scheduler_target(args.scheduler)
     try:  # pins no configuration the engine accepts goes with: refused before any batch runs
         draw(random.Random(options.seed), target.validate, target.dimensions, dict(pins))
     except NothingValid as nothing:
@@ -215,3 +211,14 @@ def scheduler_campaign(
     if result.ended_by == "interrupted":
         return 130
     return 1 if result.new else 0
+
+
+def scheduler_target(name: str) -> SchedulerTarget:
+    """The scheduler ``--scheduler NAME`` runs (its engine imported on first use)."""
+    if name == "sglang":
+        from kvfuzz.campaign.scheduler.sglang_target import sglang_target
+
+        return sglang_target(name)
+    from kvfuzz.campaign.scheduler.target import vllm_target
+
+    return vllm_target(name)

@@ -13,8 +13,9 @@ from typing import Optional
 
 from kvfuzz.campaign.scheduler.isolated import Died, died_trace, run_watched
 from kvfuzz.campaign.scheduler.target import PROCESS_DIED
+from kvfuzz.commands.scheduler_campaign import scheduler_target
 from kvfuzz.scheduler.command import Body, Ran
-from kvfuzz.scheduler.recorder import save_scheduler_trace
+from kvfuzz.scheduler.recorder import save_scheduler_trace, trace_fields
 from kvfuzz.scheduler.trace import SchedulerTrace
 
 
@@ -28,8 +29,9 @@ def run_isolated(body: Body, args: argparse.Namespace) -> Ran:
         ended = run_watched(body, journal, args.call_timeout or None)
         if not isinstance(ended, Died):
             return ended.value
-        trace = died_trace(args.scheduler, _engine_version(args.scheduler), journal, _message(ended))
-        return _report_death(args, trace, _message(ended), corpus)
+        message = f"the process running the examples {ended.how}"
+        trace = died_trace(args.scheduler, scheduler_target(args.scheduler).version(), journal, message)
+        return _report_death(args, trace, message, corpus)
     except KeyboardInterrupt:
         print("kvfuzz: interrupted; the isolated examples were stopped", flush=True)
         return Ran(130, {"scheduler": args.scheduler, "failed": False, "interrupted": True} if args.json else None)
@@ -37,23 +39,10 @@ def run_isolated(body: Body, args: argparse.Namespace) -> Ran:
         journal.unlink(missing_ok=True)
 
 
-def _engine_version(scheduler: str) -> str:
-    """The installed version of the engine ``scheduler`` runs, as its traces record it."""
-    from kvfuzz.scheduler.recorder import vllm_version
-    from kvfuzz.scheduler.sglang.traces import sglang_version
-
-    return sglang_version() if scheduler == "sglang" else vllm_version()
-
-
-def _message(died: Died) -> str:
-    return f"the process running the examples {died.how}"
-
-
 def _report_death(args: argparse.Namespace, trace: Optional[SchedulerTrace], message: str, corpus: Path) -> Ran:
     saved = save_scheduler_trace(trace, corpus) if trace is not None else None
     lost = "" if saved is not None else "; its program is lost (no journal)"
     if args.json:
-        unsaved = saved is not None and saved.error is not None
         return Ran(
             1,
             {
@@ -62,9 +51,7 @@ def _report_death(args: argparse.Namespace, trace: Optional[SchedulerTrace], mes
                 "failed": True,
                 "check": "crash",
                 "explanation": f"crash: {PROCESS_DIED}: {message}{lost}",
-                "trace": str(saved.path) if saved is not None and not unsaved else None,
-                "trace_error": saved.error if saved is not None else None,
-                "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
+                **trace_fields(saved),
             },
         )
     print(f"FAILED: crash: {PROCESS_DIED}: {message}{lost}", flush=True)

@@ -348,7 +348,7 @@ def _search_and_report(
     """The examples, their outcome printed (or, with ``--json``, returned), and the failure's trace saved."""
     from pathlib import Path
 
-    from kvfuzz.scheduler.recorder import FailureRecorder
+    from kvfuzz.scheduler.recorder import FailureRecorder, trace_fields
     from kvfuzz.scheduler.search import search
 
     recorder = FailureRecorder(args.scheduler, Path(args.corpus))
@@ -368,20 +368,14 @@ def _search_and_report(
     saved = recorder.finish(outcome.failure, shrunk=not args.no_shrink)
     emitted: Optional[dict[str, Any]] = None
     if args.json:
-        unsaved = saved is not None and saved.error is not None
         if saved is not None and saved.error is not None:
             print(f"kvfuzz: trace NOT saved: cannot write {saved.path} ({saved.error})", file=sys.stderr)
-        fields = {
-            "trace": str(saved.path) if saved is not None and not unsaved else None,
-            "trace_error": saved.error if saved is not None else None,
-            "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
-        }
         emitted = {
             "scheduler": args.scheduler,
             "seed": args.seed,
             "configure_seconds": round(configured, 3),
             **outcome.to_json(),
-            **fields,
+            **trace_fields(saved),
         }
     elif saved is not None:
         print(f"\n{saved.report()}", flush=True)

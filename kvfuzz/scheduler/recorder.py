@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import attrs
 
@@ -45,6 +45,17 @@ class SavedSchedulerTrace:
             f"trace NOT saved: cannot write {self.path} ({self.error}); here it is: save it as {self.path.name} and "
             f"replay it with: kvfuzz replay {self.path.name}\n{json.dumps(self.trace.to_json(), indent=2)}"
         )
+
+
+def trace_fields(saved: Optional[SavedSchedulerTrace]) -> dict[str, Any]:
+    """A run's ``--json`` fields for its trace: ``trace`` (where it was saved, or null), ``trace_error`` (why it
+    could not be, or null) and ``unsaved_trace`` (the trace itself when it could not be)."""
+    unsaved = saved is not None and saved.error is not None
+    return {
+        "trace": str(saved.path) if saved is not None and not unsaved else None,
+        "trace_error": saved.error if saved is not None else None,
+        "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
+    }
 
 
 def save_scheduler_trace(trace: SchedulerTrace, directory: Path) -> SavedSchedulerTrace:

@@ -21,6 +21,7 @@ __all__ = ["run_sglang", "setup_problem"]
 
 def run_sglang(args: argparse.Namespace, setup: SchedulerSetup, emit_json: Callable[[Any], None]) -> int:
     """Run the search; exit status 0 (passed) or 1 (a check failed, or SGLang raised)."""
+    from kvfuzz.scheduler.recorder import trace_fields
     from kvfuzz.scheduler.search import search
     from kvfuzz.scheduler.sglang.build import sglang
     from kvfuzz.scheduler.sglang.session import SGLangSession
@@ -51,19 +52,16 @@ def run_sglang(args: argparse.Namespace, setup: SchedulerSetup, emit_json: Calla
             seed=args.seed,
         )
     saved = recorder.finish(outcome.failure, shrunk=not args.no_shrink)
-    unsaved = saved is not None and saved.error is not None
-    if unsaved and args.json:
-        print(f"kvfuzz: trace NOT saved: cannot write {saved.path} ({saved.error})", file=sys.stderr)  # type: ignore[union-attr]
     if args.json:
+        if saved is not None and saved.error is not None:
+            print(f"kvfuzz: trace NOT saved: cannot write {saved.path} ({saved.error})", file=sys.stderr)
         emit_json(
             {
                 "scheduler": "sglang",
                 "seed": args.seed,
                 "configure_seconds": round(imported, 3),
                 **outcome.to_json(),
-                "trace": str(saved.path) if saved is not None and not unsaved else None,
-                "trace_error": saved.error if saved is not None else None,
-                "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
+                **trace_fields(saved),
             }
         )
     else:
