@@ -96,7 +96,7 @@ def _silenced(method: Callable[..., Any], attribute: str) -> Callable[..., Any]:
 
     def forgetting(self: Any, *args: Any) -> Any:
         listener = getattr(self, attribute)
-        setattr(self, attribute, None)
+        setattr(self, attribute, lambda *told: None)
         try:
             return method(self, *args)
         finally:

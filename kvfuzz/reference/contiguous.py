@@ -35,23 +35,26 @@ class _Contiguous:
     tags: list[int]
 
 
+def _unheard(seq: SeqId) -> None:
+    """``on_change`` until someone listens."""
+
+
 class ContiguousReference:
     """Per-sequence contiguous K/V and attention. Every change of a sequence's tokens (``add``, ``extend``, ``fork``'s
-    child, ``truncate``, ``remove``) goes through ``on_change`` with the sequence's id, when one is set: the engine's
-    expected state keeps its indexes of the sequences by it."""
+    child, ``truncate``, ``remove``) goes through ``on_change`` with the sequence's id: the engine's expected state
+    keeps its indexes of the sequences by it."""
 
     def __init__(self, shape: ModelShape) -> None:
         self.shape = shape
         self._seqs: dict[SeqId, _Contiguous] = {}
-        self.on_change: Optional[Callable[[SeqId], None]] = None  # told the id of every sequence whose tokens change
+        self.on_change: Callable[[SeqId], None] = _unheard  # told the id of every sequence whose tokens change
 
     def __contains__(self, seq: SeqId) -> bool:
         return seq in self._seqs
 
     def add(self, seq: SeqId, namespace: Namespace, tokens: Sequence[int]) -> None:
         self._seqs[seq] = _Contiguous(namespace, list(tokens), prefix_tags(namespace, tokens))
-        if self.on_change is not None:
-            self.on_change(seq)
+        self.on_change(seq)
 
     def extend(self, seq: SeqId, tokens: Iterable[int]) -> list[int]:
         """Append tokens; returns their tags."""
@@ -63,26 +66,22 @@ class ContiguousReference:
             new_tags.append(tag)
             state.tokens.append(token)
         state.tags.extend(new_tags)
-        if self.on_change is not None:
-            self.on_change(seq)
+        self.on_change(seq)
         return new_tags
 
     def fork(self, parent: SeqId, child: SeqId) -> None:
         source = self._seqs[parent]
         self._seqs[child] = _Contiguous(source.namespace, list(source.tokens), list(source.tags))
-        if self.on_change is not None:
-            self.on_change(child)
+        self.on_change(child)
 
     def truncate(self, seq: SeqId, length: int) -> None:
         state = self._seqs[seq]
         del state.tokens[length:], state.tags[length:]
-        if self.on_change is not None:
-            self.on_change(seq)
+        self.on_change(seq)
 
     def remove(self, seq: SeqId) -> None:
         del self._seqs[seq]
-        if self.on_change is not None:
-            self.on_change(seq)
+        self.on_change(seq)
 
     def namespace(self, seq: SeqId) -> Namespace:
         return self._seqs[seq].namespace

@@ -4,7 +4,7 @@ and every table read back has the shape its tokens (and look-ahead) give it."""
 from __future__ import annotations
 
 import collections.abc
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from kvfuzz.allocator.types import (
     NULL_BLOCK,
@@ -21,6 +21,11 @@ from kvfuzz.engine.violations import Cause, Invariant
 
 def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def non_ints(values: Iterable[object]) -> list[object]:
+    """The values that are not ints (an exact int is passed over without the call: most values are)."""
+    return [value for value in values if type(value) is not int and not is_int(value)]
 
 
 def shown(value: object) -> str:
@@ -67,7 +72,7 @@ def _malformed(result: object, expected: type) -> Optional[str]:
         numbers = [n for pair in pairs for n in pair]
     else:
         numbers = []
-    bad = [number for number in numbers if type(number) is not int and not is_int(number)]  # an exact int first
+    bad = non_ints(numbers)
     return None if not bad else f"{shown(result)}: {shown(bad[0])} where an int belongs"
 
 
@@ -103,7 +108,7 @@ class ResultChecks(Checker):
                 Cause("block_table returned something other than a sequence of block ids"),
             )
         blocks = tuple(table)
-        bad = [block for block in blocks if type(block) is not int and not is_int(block)]  # an exact int first
+        bad = non_ints(blocks)
         if bad:
             self.fail(
                 Invariant.RESULTS,
