@@ -6,17 +6,15 @@ from __future__ import annotations
 import contextlib
 from typing import Optional
 
-from kvfuzz.campaign.scheduler.target import SchedulerTarget
+from kvfuzz.campaign.scheduler.target import SchedulerTarget, bounded_replay
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Witness
-from kvfuzz.scheduler.replay import SchedulerReplay, replay
 from kvfuzz.scheduler.search import Outcome, search
 from kvfuzz.scheduler.sglang import swarm as sglang_swarm
 from kvfuzz.scheduler.sglang.traces import SGLangFailureRecorder, sglang_version
 from kvfuzz.scheduler.swarm import SwarmConfig
-from kvfuzz.scheduler.trace import SchedulerTrace
 
 
 def sglang_target(name: str) -> SchedulerTarget:
@@ -25,7 +23,7 @@ def sglang_target(name: str) -> SchedulerTarget:
         name,
         _validate,
         _search,
-        _replay,
+        bounded_replay,
         SGLangFailureRecorder,
         sglang_swarm.SGLANG_DIMENSIONS,  # the table as it is when the target is made
         version=sglang_version,
@@ -66,10 +64,3 @@ def _search(
             name="SGLangSchedulerMachine",
             seed=seed,
         )
-
-
-def _replay(trace: SchedulerTrace, call_timeout: Optional[float]) -> SchedulerReplay:
-    if call_timeout is None:
-        return replay(trace)
-    with Watchdog(call_timeout) as watchdog:
-        return replay(trace, watchdog=watchdog)

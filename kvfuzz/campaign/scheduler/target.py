@@ -69,7 +69,7 @@ def scheduler_signature(scheduler: str, failure: BaseException) -> Signature:
 
 def vllm_target(name: str) -> SchedulerTarget:
     """vLLM's v1 scheduler (imported on first use)."""
-    return SchedulerTarget(name, _validate, _search, _replay)
+    return SchedulerTarget(name, _validate, _search, bounded_replay)
 
 
 def _validate(setup: SchedulerSetup, runner: str) -> None:
@@ -101,7 +101,9 @@ def _search(
         )
 
 
-def _replay(trace: SchedulerTrace, call_timeout: Optional[float]) -> SchedulerReplay:
+def bounded_replay(trace: SchedulerTrace, call_timeout: Optional[float]) -> SchedulerReplay:
+    """Replay ``trace`` against its engine (vLLM's or SGLang's), each step bounded by a watchdog of ``call_timeout``
+    seconds (None: unbounded)."""
     if call_timeout is None:
         return replay(trace)
     with Watchdog(call_timeout) as watchdog:
