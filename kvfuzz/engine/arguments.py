@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence, T
 import attrs
 
 from kvfuzz.allocator.types import Namespace, SeqId
-from kvfuzz.engine.expected import Census, ExpectedState, ProgramState, Status
+from kvfuzz.engine.expected import Census, DerivedIds, ExpectedState, ProgramState, Status
 
 if TYPE_CHECKING:
     from hypothesis import strategies as st
@@ -96,6 +96,18 @@ class Snapshot:
             answer = answers[key] = make()
         return answer  # type: ignore[no-any-return]
 
+    def gates(self, gates: Sequence[Callable[["Snapshot"], object]]) -> tuple[bool, ...]:
+        """Whether each of ``gates`` (an operation's condition, or a pick's options) answers true now, each answer
+        kept as :meth:`options` keeps a pick's: what enablement asks before every call, in one pass."""
+        answers = self._answers
+        found = []
+        for gate in gates:
+            answer = answers.get(gate, answers)
+            if answer is answers:
+                answer = answers[gate] = gate(self)
+            found.append(bool(answer))
+        return tuple(found)
+
     def options(self, pick: Callable[["Snapshot"], Sequence[Any]]) -> Sequence[Any]:
         """What a :class:`Pick` may choose from now, asked once per state however many times enablement and the
         draw ask it (the misuse calls, for one, are built anew by each asking)."""
@@ -106,11 +118,13 @@ class Snapshot:
         return options
 
 
-class CensusSnapshot(Snapshot):
+class CensusSnapshot(Snapshot, DerivedIds):
     """A :class:`Snapshot` of the engine's :class:`ExpectedState` whose sequence lists (``ids`` of a status,
     ``live_ids``, ``computed_ids``: most of what enablement asks) come from the state's index of the sequences
     (:meth:`ExpectedState.census`), asked at most once per state, instead of a pass for each list. The answers are
-    the state's own (the same lists, in the same order); every other query passes through as in :class:`Snapshot`.
+    the state's own (the same lists, in the same order), and so are the lists made from them (:class:`DerivedIds`:
+    preemptible, freeable, rollbackable), made here from the census's; every other query passes through as in
+    :class:`Snapshot`.
 
     Its answers outlive a call that changed nothing enablement reads: :meth:`renewed` forgets them only when the
     state's :meth:`~ExpectedState.stamp` differs from the one they were answered under (a refused call, a misuse
@@ -151,6 +165,18 @@ def snapshot_of(state: ProgramState) -> Snapshot:
     """The snapshot enablement and draws read for ``state``: a :class:`CensusSnapshot` of the engine's state, a plain
     :class:`Snapshot` of any other (the benchmark's bare machine)."""
     return CensusSnapshot(state) if isinstance(state, ExpectedState) else Snapshot(state)
+
+
+def computed(state: ProgramState) -> list[SeqId]:
+    """The computed sequences: what a fork's parent and a swap-out are picked from, and what a decode needs one of.
+    One function for all three, so that enablement asks it once per state."""
+    return state.computed_ids()
+
+
+def finished_any(state: ProgramState) -> bool:
+    """Whether some sequence has finished (so the cache may hold something): one function for every operation that
+    needs it, so that enablement asks it once per state."""
+    return bool(state.finished)
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from typing import Iterable, Optional, Protocol
+from typing import Iterable, Mapping, Optional, Protocol
 
 import attrs
 
@@ -46,6 +46,10 @@ class Status(enum.Enum):
     PREEMPTED = "preempted"
     LOADING = "loading"  # admitted under async_loads, its loads not yet landed: holds its cache hit's blocks only
     LOADED = "loaded"  # its loads landed: waits for resume to allocate the rest of its prompt
+
+    # Members are singletons compared by identity: hashing by identity agrees with that, and costs no Python call
+    # (Enum's own hashes the name), which the census's and enablement's dictionaries keyed by status pay often.
+    __hash__ = object.__hash__
 
 
 STATUSES = tuple(Status)
@@ -245,7 +249,48 @@ class ProgramState(Protocol):
     def landable_ids(self) -> list[SeqId]: ...
 
 
-class ExpectedState:
+class SequenceLists(Protocol):
+    """The lists of sequences every other list of :class:`DerivedIds` is made from, and what else those read."""
+
+    caps: Capabilities
+
+    @property
+    def seqs(self) -> Mapping[SeqId, SeqModel]: ...
+
+    def ids(self, status: Status) -> list[SeqId]: ...
+
+    def live_ids(self) -> list[SeqId]: ...
+
+    def computed_ids(self) -> list[SeqId]: ...
+
+    def rollback_limit(self, seq: SeqId) -> int: ...
+
+
+class DerivedIds:
+    """The sequences an operation may pick, made from the status lists (:class:`SequenceLists`): written once here
+    and read two ways, by the expected state from its own passes over the sequences, and by a census snapshot
+    (:class:`kvfuzz.engine.arguments.CensusSnapshot`) from its census, which answers the same lists."""
+
+    def preemptible_ids(self: SequenceLists) -> list[SeqId]:
+        """Running sequences the engine may preempt: any, or only computed ones when the allocator declares that
+        its engine never withdraws scheduled work (``preempt_scheduled=False``)."""
+        return self.ids(Status.RUNNING) if self.caps.preempt_scheduled else self.computed_ids()
+
+    def freeable_ids(self: SequenceLists) -> list[SeqId]:
+        """Live sequences the engine may free: any, or none with scheduled, uncomputed tokens when the allocator
+        declares that its engine has no abort (``free_scheduled=False``)."""
+        if self.caps.free_scheduled:
+            return self.live_ids()
+        computed = set(self.computed_ids())
+        seqs = self.seqs
+        return [seq for seq in self.live_ids() if seqs[seq].status is not Status.RUNNING or seq in computed]
+
+    def rollbackable_ids(self: SequenceLists) -> list[SeqId]:
+        """Running sequences that can drop at least one token (:meth:`ExpectedState.rollback_limit`)."""
+        return [seq for seq in self.ids(Status.RUNNING) if self.rollback_limit(seq) >= 1]
+
+
+class ExpectedState(DerivedIds):
     """The engine's expectation of one allocator, kept by the engine and read by the checks and the operation table.
 
     Invariant kept: every sequence in ``seqs`` has its tokens in ``reference``; ``refs`` holds exactly the entries of
@@ -434,22 +479,6 @@ class ExpectedState:
             and model.written == self.length(seq)
             and not model.awaits_step
         ]
-
-    def preemptible_ids(self) -> list[SeqId]:
-        """Running sequences the engine may preempt: any, or only computed ones when the allocator declares that
-        its engine never withdraws scheduled work (``preempt_scheduled=False``)."""
-        return self.ids(Status.RUNNING) if self.caps.preempt_scheduled else self.computed_ids()
-
-    def freeable_ids(self) -> list[SeqId]:
-        """Live sequences the engine may free: any, or none with scheduled, uncomputed tokens when the allocator
-        declares that its engine has no abort (``free_scheduled=False``)."""
-        if self.caps.free_scheduled:
-            return self.live_ids()
-        computed = set(self.computed_ids())
-        return [seq for seq in self.live_ids() if self.seqs[seq].status is not Status.RUNNING or seq in computed]
-
-    def rollbackable_ids(self) -> list[SeqId]:
-        return [seq for seq in self.ids(Status.RUNNING) if self.rollback_limit(seq) >= 1]
 
     def length(self, seq: SeqId) -> int:
         return len(self.reference.tokens(seq))

@@ -10,6 +10,7 @@ drawn in that state.
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any, Callable, Mapping, Sequence
 
@@ -24,7 +25,7 @@ def _always(state: ProgramState) -> bool:
     return True
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # hashed once: enablement_of is asked for every program
 class Operation:
     """One operation: what it needs, how its arguments are drawn, and what the engine does with them."""
 
@@ -32,7 +33,7 @@ class Operation:
     apply: Callable[..., object]  # apply(engine, **arguments): the engine performs it and checks (any result ignored)
     arguments: tuple[tuple[str, Argument], ...] = ()  # in draw order
     needs: tuple[str, ...] = ()  # Capabilities fields that must all be declared
-    condition: Callable[[ProgramState], bool] = _always  # what else the state must hold
+    condition: Callable[[ProgramState], object] = _always  # what else the state must hold: true when its answer is
     doc: str = ""  # what it models, for a person
     # The arguments whose availability depends on the state (those of the other kinds always have a value to draw).
     gated: tuple[Argument, ...] = attrs.field(init=False, eq=False, repr=False)
@@ -92,38 +93,37 @@ class Operation:
 
 class Enablement:
     """Which of some operations (each with a weight) a snapshot's state allows, asking each distinct gate once: the
-    gates are the operations' conditions and their gating arguments' options (:attr:`Operation.gate_options`,
-    answered through the snapshot, so that the draw that follows reuses them). The answer is the same as asking
-    each operation's :meth:`Operation.allowed` (``tests/test_enablement.py`` compares them after every call), in the
-    operations' order; the list made for one combination of the gates' answers is kept for the next state that
-    answers them alike."""
+    gates are the operations' conditions and their gating arguments' options (:attr:`Operation.gate_options`), one
+    function each, answered through the snapshot (so that the draw that follows reuses the options), their truth
+    what counts; a function serving several operations (one's condition, another's options) is asked once. The
+    answer is the same as asking each operation's :meth:`Operation.allowed` (``tests/test_enablement.py`` compares
+    them after every call), in the operations' order; the list made for one combination of the gates' answers is
+    kept for the next state that answers them alike."""
 
     def __init__(self, operations: Sequence[tuple[Operation, float]]) -> None:
         self.operations = tuple(operations)  # in the table's order, with their weights
-        conditions: dict[Callable[[ProgramState], bool], int] = {}  # each distinct condition -> its place
-        options: dict[Callable[[ProgramState], Sequence[Any]], int] = {}  # each distinct gate's options -> its place
-        needs = []  # per operation: the places of its condition's answer and of its options' answers
+        gates: dict[Callable[[ProgramState], object], int] = {}  # each distinct gate -> its place among the answers
+        needs = []  # per operation: the places of its condition's and its options' answers
         for operation, _ in self.operations:
-            mine: list[tuple[bool, int]] = []  # (an option's, its place among the options or the conditions)
-            if operation.condition is not _always:
-                mine.append((False, conditions.setdefault(operation.condition, len(conditions))))
-            mine += [(True, options.setdefault(gate, len(options))) for gate in operation.gate_options]
-            needs.append(mine)
-        self._conditions = tuple(conditions)  # asked first: answers 0 .. len - 1
-        self._options = tuple(options)  # asked next: the answers after the conditions'
-        self._needs = tuple(
-            tuple(place + len(conditions) if is_option else place for is_option, place in mine) for mine in needs
-        )
+            mine = [operation.condition] if operation.condition is not _always else []
+            needs.append(tuple(gates.setdefault(gate, len(gates)) for gate in [*mine, *operation.gate_options]))
+        self._gates = tuple(gates)  # asked in this order
+        self._needs = tuple(needs)
         self._lists: dict[tuple[bool, ...], list[tuple[Operation, float]]] = {}  # the gates' answers -> the list
 
     def enabled(self, state: Snapshot) -> list[tuple[Operation, float]]:
         """The operations ``state`` allows, with their weights, in order (a list kept per answers: never change it)."""
-        answers = tuple([bool(condition(state)) for condition in self._conditions]) + tuple(
-            [bool(state.options(gate)) for gate in self._options]
-        )
+        answers = state.gates(self._gates)
         listed = self._lists.get(answers)
         if listed is None:
             listed = self._lists[answers] = [
                 pair for pair, mine in zip(self.operations, self._needs) if all(answers[place] for place in mine)
             ]
         return listed
+
+
+@functools.lru_cache(maxsize=256)
+def enablement_of(operations: tuple[tuple[Operation, float], ...]) -> Enablement:
+    """The :class:`Enablement` of ``operations`` (with their weights), one per distinct tuple: the lists it keeps per
+    answers serve every program drawn over the same operations, not just one."""
+    return Enablement(operations)

@@ -22,6 +22,7 @@ from kvfuzz.engine.arguments import (
     NewSeqId,
     Pick,
     TokenLists,
+    computed,
     system_prompts,
 )
 from kvfuzz.engine.engine import Engine
@@ -92,7 +93,7 @@ CORE: tuple[Operation, ...] = (
         "decode",
         _decode,
         (("token", Integers(0, VOCABULARY - 1)),),
-        condition=lambda state: bool(state.computed_ids()),
+        condition=computed,
         doc="one continuous-batching iteration: sequences whose asynchronous loads landed are resumed, every computed "
         "sequence appends the token, then a step runs",
     ),

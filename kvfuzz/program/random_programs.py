@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 import attrs
 
 from kvfuzz.engine.arguments import snapshot_of
-from kvfuzz.engine.operation import Enablement, Operation
+from kvfuzz.engine.operation import Operation, enablement_of
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
@@ -90,7 +90,7 @@ def random_program(
         caps = execution.engine.expected.caps
         weighted = zip(operations, weights) if weights is not None else ((operation, 1.0) for operation in operations)
         declared = [(operation, weight) for operation, weight in weighted if operation.declared(caps)]
-        enablement = Enablement(declared)  # also the key its answer is kept under, while the state is unchanged
+        enablement = enablement_of(tuple(declared))  # also the key its answer is kept under while the state stays
         for _ in range(length):
             state = snapshot.renewed()  # the state after the previous call (the same answers if it changed nothing)
             enabled = state.kept(enablement, functools.partial(enablement.enabled, state))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Sequence, cast
 
 from kvfuzz.allocator.protocol import Evicts, EvictsBlocks
-from kvfuzz.engine.arguments import BlockIds, Integers
+from kvfuzz.engine.arguments import BlockIds, Integers, finished_any
 from kvfuzz.engine.checks import CheckContext
 from kvfuzz.engine.core import EngineCore
 from kvfuzz.engine.operation import Operation
@@ -139,7 +139,7 @@ ROWS: tuple[Operation, ...] = (
         lambda engine, num_blocks: evict(engine, num_blocks),
         (("num_blocks", Integers(1, 4)),),
         needs=("eviction",),
-        condition=lambda state: bool(state.finished),
+        condition=finished_any,
         doc="drop up to that many cached, unreferenced blocks",
     ),
     Operation(
@@ -154,7 +154,7 @@ ROWS: tuple[Operation, ...] = (
         "reset_cache",
         lambda engine: reset_cache(engine),
         needs=("eviction",),
-        condition=lambda state: bool(state.finished),
+        condition=finished_any,
         doc="drop every cached, unreferenced block",
     ),
 )

@@ -14,7 +14,7 @@ from typing import Optional, Sequence, cast
 
 from kvfuzz.allocator.protocol import Forks
 from kvfuzz.allocator.types import BlockCopy, SeqId
-from kvfuzz.engine.arguments import NewSeqId, Pick
+from kvfuzz.engine.arguments import NewSeqId, Pick, computed
 from kvfuzz.engine.checks import CheckContext
 from kvfuzz.engine.core import EngineCore, merged
 from kvfuzz.engine.expected import SeqModel, Status
@@ -96,7 +96,7 @@ ROWS: tuple[Operation, ...] = (
     Operation(
         "fork",
         lambda engine, parent, child: fork(engine, engine.groups, parent, child),
-        (("parent", Pick(lambda state: state.computed_ids())), ("child", NewSeqId())),
+        (("parent", Pick(computed)), ("child", NewSeqId())),
         needs=("fork",),
         doc="parallel sampling or beam search: the child shares the parent's blocks",
     ),

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence, cast
 
 from kvfuzz.allocator.protocol import Swaps
 from kvfuzz.allocator.types import NULL_BLOCK, SeqId, SwapResult
-from kvfuzz.engine.arguments import Pick
+from kvfuzz.engine.arguments import Pick, computed
 from kvfuzz.engine.checks import CheckContext
 from kvfuzz.engine.checks.explain import prefix
 from kvfuzz.engine.core import EngineCore
@@ -166,7 +166,7 @@ ROWS: tuple[Operation, ...] = (
     Operation(
         "swap_out",
         lambda engine, seq: swap_out(engine, seq),
-        (("seq", Pick(lambda state: state.computed_ids())),),
+        (("seq", Pick(computed)),),
         needs=("swap",),
         condition=lambda state: state.num_host_blocks > 0,
         doc="move a computed sequence's K/V to the host pool",
