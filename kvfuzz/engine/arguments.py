@@ -134,6 +134,10 @@ class CensusSnapshot(Snapshot, DerivedIds):
         super().__init__(state)
         self._expected = state  # the state, typed as what makes a census
         self._stamp: Optional[tuple[int, ...]] = None  # the state's stamp when the answers kept were answered
+        self._census: Optional[Census] = None  # the state's census, once asked since the answers were last forgotten
+        # Each sequence's rollback limit, asked of the state directly: rollbackable_ids asks it once per running
+        # sequence per state, and nothing else asks it through the snapshot, so keeping its answers would cost more.
+        self.rollback_limit = state.rollback_limit
 
     def renewed(self) -> Snapshot:
         """This snapshot for the state as it is now: its answers kept if nothing they read changed since."""
@@ -141,24 +145,24 @@ class CensusSnapshot(Snapshot, DerivedIds):
         if stamp == self._stamp:
             return self
         self._stamp = stamp
+        self._census = None
         return super().renewed()
-
-    def _census(self) -> Census:
-        census = self._answers.get(CensusSnapshot)  # keyed by the class: no query's key (a tuple) equals it
-        if census is None:
-            census = self._answers[CensusSnapshot] = self._expected.census()
-        return census  # type: ignore[no-any-return]
 
     def ids(self, status: Status, groups: bool = False) -> list[SeqId]:
         if groups:  # group tables: not in the census (enablement never asks for them)
             return self._expected.ids(status, groups)
-        return self._census().by_status[status]
+        census = self._census or self._take_census()
+        return census.by_status[status]
 
     def live_ids(self) -> list[SeqId]:
-        return self._census().live
+        return (self._census or self._take_census()).live
 
     def computed_ids(self) -> list[SeqId]:
-        return self._census().computed
+        return (self._census or self._take_census()).computed
+
+    def _take_census(self) -> Census:
+        census = self._census = self._expected.census()
+        return census
 
 
 def snapshot_of(state: ProgramState) -> Snapshot:

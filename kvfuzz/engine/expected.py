@@ -287,7 +287,8 @@ class DerivedIds:
 
     def rollbackable_ids(self: SequenceLists) -> list[SeqId]:
         """Running sequences that can drop at least one token (:meth:`ExpectedState.rollback_limit`)."""
-        return [seq for seq in self.ids(Status.RUNNING) if self.rollback_limit(seq) >= 1]
+        limit = self.rollback_limit
+        return [seq for seq in self.ids(Status.RUNNING) if limit(seq) >= 1]
 
 
 class ExpectedState(DerivedIds):
@@ -523,8 +524,10 @@ class ExpectedState(DerivedIds):
         if self.caps.speculative_tokens is not None:
             limit = min(limit, self.seqs[seq].drafts)
         sliding_window = self.window(seq)
+        if sliding_window is None:
+            return limit
         table = self.seqs[seq].table
-        if sliding_window is not None and NULL_BLOCK in table:
+        if NULL_BLOCK in table:
             first_kept = self.layout(seq).first_position(len(table) - table[::-1].index(NULL_BLOCK))
             limit = min(limit, self.length(seq) - sliding_window - first_kept)
         return limit
