@@ -9,12 +9,17 @@ import attrs
 from kvfuzz.engine.misuse import MisuseCall
 
 
+def _by_name(items: Any) -> tuple[tuple[str, Any], ...]:
+    """Arguments (a mapping, or (name, value) pairs: the last of a name counts) as pairs sorted by name."""
+    return tuple(sorted((items if type(items) is dict else dict(items)).items()))
+
+
 @attrs.frozen
 class Call:
     """One executed rule: ``state.<rule>(**arguments)``. Arguments are kept sorted by name."""
 
     rule: str
-    arguments: tuple[tuple[str, Any], ...] = attrs.field(converter=lambda items: tuple(sorted(dict(items).items())))
+    arguments: tuple[tuple[str, Any], ...] = attrs.field(converter=_by_name)
 
     def kwargs(self) -> dict[str, Any]:
         return dict(self.arguments)

@@ -7,6 +7,7 @@ recorded, journalled, watched and counted the same way whoever drew it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Optional
 
 import attrs
@@ -65,7 +66,7 @@ class Execution:
             self.safeguards.journal.call(program_json((call,))[0])
         if self.stats is not None:
             self.stats.count_step()
-        self._guarded(call, lambda: BY_NAME[name].apply(self.engine, **arguments))
+        self._guarded(call, functools.partial(BY_NAME[name].apply, self.engine, **arguments))
 
     def teardown(self) -> None:
         """Invariant 10 once every sequence is gone; skipped after a failure, whose state is already broken. The

@@ -32,22 +32,25 @@ _MIX2 = _signed(0x94D049BB133111EB)
 _SALT_K, _SALT_V, _SALT_Q = _signed(0x2545F4914F6CDD1D), _signed(0x5851F42D4C957F2D), _signed(0x14057B7EF767814F)
 
 
-def _splitmix(x: int) -> int:
-    x = (x + _GOLDEN) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
 def namespace_tag(namespace: Namespace) -> int:
     """The tag before the first token: part boundaries count, so ("ab", "c") and ("a", "bc") differ."""
-    digest = hashlib.blake2b(repr(tuple(namespace)).encode(), digest_size=8).digest()
+    return _namespace_tag(tuple(namespace))
+
+
+@functools.lru_cache(maxsize=1024)
+def _namespace_tag(namespace: tuple[str, ...]) -> int:
+    """:func:`namespace_tag`, made once per namespace (a hash of its parts)."""
+    digest = hashlib.blake2b(repr(namespace).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & _TAG_MASK
 
 
 def extend_tag(tag: int, token: int) -> int:
-    """The tag of a prefix extended by one token."""
-    return _splitmix((tag * 31 + token) & _MASK64) & _TAG_MASK
+    """The tag of a prefix extended by one token: SplitMix64's finalizer over ``(tag * 31 + token) mod 2**64``, 63
+    bits of it."""
+    x = (((tag * 31 + token) & _MASK64) + _GOLDEN) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) & _TAG_MASK
 
 
 def prefix_tags(namespace: Namespace, tokens: Iterable[int]) -> list[int]:
