@@ -423,7 +423,10 @@ class KVPools:
         """Record an event in the block's short history, for explanations: ``event``, or with ``args``
         ``event.format(*args)``, made into text only when an explanation reads it (the arguments are strings and
         numbers, which nothing changes)."""
-        self.history.setdefault(block, deque(maxlen=_HISTORY_LENGTH)).append((self.next_step, event, args))
+        events = self.history.get(block)
+        if events is None:
+            events = self.history[block] = deque(maxlen=_HISTORY_LENGTH)
+        events.append((self.next_step, event, args))
 
     def block_story(self, block: int) -> list[str]:
         events = self.history.get(block)

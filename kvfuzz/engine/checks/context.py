@@ -81,9 +81,10 @@ class CheckContext:
     def unreferenced_in_inflight_window(self) -> list[int]:
         """Blocks released within the in-flight window and not referenced again: a correct allocator holds
         exactly these pending, and cannot hand them out yet."""
-        h = self.state
-        held = self.pools.held_until.keys() - self.pools.late_work_by_block.keys()
-        return [block for block in (*self.pools.late_work_by_block, *held) if block not in h.refs.holders]
+        holders, late = self.state.refs.holders, self.pools.late_work_by_block
+        found = [block for block in late if block not in holders]
+        found += [block for block in self.pools.held_until if block not in late and block not in holders]
+        return found
 
     def cached_set(self) -> Optional[frozenset[int]]:
         """The allocator's cached (evictable) blocks now, or None without introspection."""
