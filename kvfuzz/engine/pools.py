@@ -134,13 +134,15 @@ class KVPools:
         self.observer: Optional[Callable[[PoolEvent], None]] = None  # told of every write, copy and landing
 
     def close(self) -> None:
-        """Release the pools' memory; nothing may be written or read afterwards."""
+        """Release the pools' memory; nothing may be written or read afterwards. The records and histories go too:
+        the engine's objects refer to one another, so what they hold would otherwise wait for the garbage
+        collector (a program's thousands of records, found in its young generations again and again)."""
         self._num_slots = self._num_host_slots = 0
         self._device = self._host = None
-        self._stale.clear()
-        self._host_stale.clear()
-        self._late_work.clear()
-        self.late_work_by_block.clear()
+        for held in (self._stale, self._host_stale, self._late_work, self.late_work_by_block, self.shadow):
+            held.clear()
+        for held in (self.host_shadow, self.history, self.read_until, self.held_until, self.dirty):
+            held.clear()
 
     # -- the tensors, made from the records when read ------------------------------------------------------------
 
