@@ -139,10 +139,16 @@ class KVPools:
         collector (a program's thousands of records, found in its young generations again and again)."""
         self._num_slots = self._num_host_slots = 0
         self._device = self._host = None
-        for held in (self._stale, self._host_stale, self._late_work, self.late_work_by_block, self.shadow):
-            held.clear()
-        for held in (self.host_shadow, self.history, self.read_until, self.held_until, self.dirty):
-            held.clear()
+        self._stale.clear()
+        self._host_stale.clear()
+        self._late_work.clear()
+        self.late_work_by_block.clear()
+        self.shadow.clear()
+        self.host_shadow.clear()
+        self.history.clear()
+        self.read_until.clear()
+        self.held_until.clear()
+        self.dirty.clear()
 
     # -- the tensors, made from the records when read ------------------------------------------------------------
 
