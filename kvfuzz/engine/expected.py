@@ -249,21 +249,12 @@ class ProgramState(Protocol):
     def landable_ids(self) -> list[SeqId]: ...
 
 
-class SequenceLists(Protocol):
-    """The lists of sequences every other list of :class:`DerivedIds` is made from, and what else those read."""
-
-    caps: Capabilities
+class SequenceLists(ProgramState, Protocol):
+    """A program state whose models can be read: what :class:`DerivedIds` makes its lists from (the status lists,
+    the rollback limits, and for ``freeable_ids`` each model's status)."""
 
     @property
     def seqs(self) -> Mapping[SeqId, SeqModel]: ...
-
-    def ids(self, status: Status) -> list[SeqId]: ...
-
-    def live_ids(self) -> list[SeqId]: ...
-
-    def computed_ids(self) -> list[SeqId]: ...
-
-    def rollback_limit(self, seq: SeqId) -> int: ...
 
 
 class DerivedIds:
