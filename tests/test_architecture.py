@@ -139,6 +139,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvfuzz.isolation",),  # run --isolate: the run in a child process, its example database a campaign's
     ("kvfuzz.commands", "kvfuzz.pytest_plugin"),  # the subcommands; the pytest plugin
     ("kvfuzz.cli",),  # the kvfuzz command
+    ("kvfuzz.__main__",),  # python -m kvfuzz, the same command
 )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,13 @@ def test_a_failure_in_the_teardown_is_blamed_on_the_teardown(tmp_path: Path) -> 
     assert result.returncode == 1, result.stdout + result.stderr
     assert "state.free(" not in result.stdout
     assert "invariant 3 (refcounts) violated by the teardown's free('s0') (scheduling step 1):" in result.stdout
+
+
+def test_python_dash_m_kvfuzz_is_the_kvfuzz_command(tmp_path: Path) -> None:
+    """``python -m kvfuzz`` answers as ``kvfuzz`` does: its help, and a usage error in one line with status 2."""
+    command = [sys.executable, "-m", "kvfuzz"]
+    helped = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert helped.returncode == 0 and "replay-workload" in helped.stdout, helped.stderr
+    refused = subprocess.run([*command, "run", "--examples", "0"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    assert len(refused.stderr.splitlines()) == 1 and "--examples" in refused.stderr
