@@ -29,12 +29,13 @@ pip_install() {
 
 pip_install --upgrade pip
 pip_install torch==2.13.0
-# kvfuzz and the test runner only: the engine's recipe chooses the versions of what it shares with kvfuzz's test
-# extra (transformers above all), as the engine pins them.
+# kvfuzz with its plot extra (kvfuzz show --png of the engine's scheduler traces) and the test runner only: the
+# engine's recipe chooses the versions of what it shares with kvfuzz's test extra (transformers above all), as the
+# engine pins them.
 if [ "${KVFUZZ_EDITABLE:-0}" = 1 ]; then
-    pip_install -e "$root" "pytest-timeout>=2.2"
+    pip_install -e "$root[plot]" "pytest-timeout>=2.2"
 else
-    pip_install "$root" "pytest-timeout>=2.2"
+    pip_install "$root[plot]" "pytest-timeout>=2.2"
 fi
 
 # The recipe installs the engine with pip_install (and may write files into "$venv").

@@ -400,7 +400,10 @@ def test_show_and_export_need_no_vllm(tmp_path: Path, capsys: pytest.CaptureFixt
 @pytest.mark.parametrize(
     "argv, line",
     [
-        (["show", "T", "--html", "x.html"], "a scheduler trace takes no --html (it is shown as text; no timeline yet)"),
+        (
+            ["show", "T", "--allocator", "kvfuzz"],
+            "a scheduler trace is replayed against its scheduler, not --allocator",
+        ),
         (["export", "T", "--allocator", "kvfuzz"], "a scheduler trace takes no --allocator"),
         (
             ["replay", "T", "--allocator", "kvfuzz"],
@@ -415,6 +418,20 @@ def test_options_of_allocator_traces_are_refused_in_one_line(
     assert main([str(path) if arg == "T" else arg for arg in argv]) == 2
     captured = capsys.readouterr()
     assert (captured.out, captured.err.splitlines()) == ("", [f"kvfuzz: {path}: {line}"])
+
+
+@pytest.mark.skipif(not VLLM_MISSING, reason="vLLM is installed here: this is the refusal for environments without it")
+@pytest.mark.parametrize("flag", ["--html", "--png"])
+def test_a_timeline_asked_for_without_vllm_is_refused_in_one_line_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    path, _ = save(TRACE, tmp_path)
+    out = tmp_path / ("page.html" if flag == "--html" else "page.png")
+    assert main(["show", str(path), flag, str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1
+    assert captured.err.startswith(f"kvfuzz: {flag}: drawing the timeline replays the trace, and a ")
+    assert "is not installed here" in captured.err and not out.exists()
 
 
 @pytest.mark.skipif(not VLLM_MISSING, reason="vLLM is installed here: this is the refusal for environments without it")

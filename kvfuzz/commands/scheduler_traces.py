@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -85,20 +86,79 @@ def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
 
 
 def show(path: str, html: Optional[str], png: Optional[str], allocator: Optional[str]) -> int:
-    """``kvfuzz show`` of a scheduler trace: its configuration, program and failure, as text (no timeline yet)."""
-    for flag, value in (("--html", html), ("--png", png), ("--allocator", allocator)):
-        if value is not None:
-            print(
-                f"kvfuzz: {path}: a scheduler trace takes no {flag} (it is shown as text; no timeline yet)",
-                file=sys.stderr,
-            )
-            return 2
+    """``kvfuzz show`` of a scheduler trace: its configuration, program and failure as text; then, where its engine
+    is installed, its replay drawn as a timeline of requests over steps (an HTML page, and a PNG with ``--png``).
+    Where the engine is missing the text is all (exit 0), unless a page or picture was asked for (one line, exit 2)."""
+    from kvfuzz.commands.output_files import OutputNotWritten, check_outputs, write_text, written_atomically
+    from kvfuzz.saved.hint import default_page
+
+    if allocator is not None:
+        print(f"kvfuzz: {path}: a scheduler trace is replayed against its scheduler, not --allocator", file=sys.stderr)
+        return 2
     trace = _load(path)
     if trace is None:
         return 2
+    page = Path(html) if html else default_page(Path(path))
+    try:
+        check_outputs({"--html": str(page), "--png": png}, {"TRACE": path})
+    except ValueError as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return 2
+    missing = _missing_engine(trace)
+    if missing is not None and (html is not None or png is not None):
+        flag = "--html" if html is not None else "--png"
+        print(f"kvfuzz: {flag}: drawing the timeline replays the trace, and {missing}", file=sys.stderr)
+        return 2
+    if png is not None:
+        try:
+            import matplotlib  # noqa: F401 -- only whether the plot extra is installed
+        except ImportError:
+            print("kvfuzz: --png needs matplotlib: pip install 'kvfuzz[plot]'", file=sys.stderr)
+            return 2
     print("\n".join(trace.describe()))
-    print(f"\nreplay it with: kvfuzz replay {path}")
+    if missing is not None:
+        print(f"\nno timeline: {missing}")
+        print(f"replay it with: kvfuzz replay {path}")
+        return 0
+    from kvfuzz.scheduler.replay_result import ReplayRefused
+    from kvfuzz.timeline.requests import record_requests
+    from kvfuzz.timeline.requests_html import render_requests_html
+
+    started = time.perf_counter()
+    try:
+        timeline = record_requests(trace, path)
+    except ReplayRefused as error:
+        print(f"kvfuzz: {path}: {error}", file=sys.stderr)
+        return 2
+    try:
+        write_text(page, render_requests_html(timeline))
+        if png is not None:
+            from kvfuzz.timeline.requests_png import render_requests_png
+
+            with written_atomically(Path(png)) as picture:
+                render_requests_png(timeline, picture)
+    except OutputNotWritten as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return 2
+    where = f" at step {timeline.failing_step}" if timeline.failing_step is not None else ""
+    about = f", request {timeline.failing_request}" if timeline.failing_request is not None else ""
+    print(f"\nreplayed: {timeline.verdict}{where}{about} ({timeline.total_steps} steps)")
+    pictures = f" and {png}" if png else ""
+    print(f"timeline: {page}{pictures} ({time.perf_counter() - started:.2f} s)")
     return 0
+
+
+def _missing_engine(trace: SchedulerTrace) -> Optional[str]:
+    """Why the trace's engine cannot replay it here (None: it is installed)."""
+    from kvfuzz.scheduler.replay import missing_vllm
+    from kvfuzz.scheduler.sglang.build import sglang_missing
+    from kvfuzz.scheduler.sglang.traces import missing_sglang
+    from kvfuzz.scheduler.trace import SGLANG
+    from kvfuzz.scheduler.vllm_build import vllm_missing
+
+    if trace.scheduler == SGLANG:
+        return missing_sglang(trace) if sglang_missing() else None
+    return missing_vllm(trace) if vllm_missing() else None
 
 
 def export(path: str, output: Optional[str], allocator: Optional[str]) -> int:

@@ -12,6 +12,7 @@ from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.replay_result import ReplayRefused, SchedulerReplay, replay_program
 from kvfuzz.scheduler.session import Session, WorkerFactory
+from kvfuzz.scheduler.snapshot import NO_OBSERVER, StepObserver
 from kvfuzz.scheduler.trace import SGLANG, SchedulerTrace
 from kvfuzz.scheduler.worker import Worker
 from kvfuzz.scheduler.write_paths import WRITE_PATHS, prepare_write_path
@@ -69,15 +70,17 @@ def replay(
     worker: Optional[WorkerFactory] = None,
     on_operation: Optional[Callable[[int, Operation], None]] = None,
     watchdog: Optional[Watchdog] = None,
+    observer: StepObserver = NO_OBSERVER,
 ) -> SchedulerReplay:
     """Replay ``trace`` against the installed vLLM, with ``worker`` (by default the one the trace was recorded
-    with: :func:`recorded_worker`), each step bounded by ``watchdog`` (entered by the caller) when one is given.
+    with: :func:`recorded_worker`), each step bounded by ``watchdog`` (entered by the caller) when one is given and
+    told to ``observer`` as soon as it is scheduled.
     Raises :class:`ReplayRefused` when vLLM is not installed, its configuration refuses the trace's, the recorded
     model runner cannot be selected here, or the recorded worker cannot run."""
     if trace.scheduler == SGLANG:  # SGLang's scheduling pieces: no worker or model runner to choose
         from kvfuzz.scheduler.sglang.traces import replay_sglang
 
-        return replay_sglang(trace, on_operation, watchdog)
+        return replay_sglang(trace, on_operation, watchdog, observer)
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
     if vllm_missing():
@@ -97,4 +100,5 @@ def replay(
             raise ReplayRefused(
                 f"the trace was recorded with vLLM's {trace.model_runner} model runner, and this vLLM selects {here}"
             )
+        session.observer = observer
         return replay_program(session, trace, on_operation)

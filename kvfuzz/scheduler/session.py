@@ -9,7 +9,7 @@ right after launching it; async scheduling keeps up to two in flight (:mod:`kvfu
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.accounting import check_accounting
@@ -22,6 +22,7 @@ from kvfuzz.scheduler.offloading import TransferTally, connector_for
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.requests import request_namespace
+from kvfuzz.scheduler.snapshot import NO_OBSERVER, RequestAtStep, StepObserver, StepSnapshot
 from kvfuzz.scheduler.step_watchdog import bounded_step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm
@@ -64,6 +65,7 @@ class Session:
         self.program: list[Operation] = []  # the client's operations so far, each recorded before it runs
         self.loop: EngineLoop = BatchQueue() if setup.async_scheduling else SynchronousLoop()  # the engine core
         self.connector = connector_for(setup)  # the KV connector's worker side (transfers, offload store)
+        self.observer: StepObserver = NO_OBSERVER  # told of each step as soon as it is scheduled (kvfuzz show)
         if journal is not None:
             journal.start(setup, "V2" if self.worker.runner_v2 else "V1")
 
@@ -155,6 +157,7 @@ class Session:
         to the scheduler by :meth:`collect`."""
         output = self.scheduler.schedule()
         self.steps += 1
+        self.observer.stepped(self, output.num_scheduled_tokens)
         self.preemptions += len(output.preempted_req_ids or ())
         self.held_back += int(limit_held_back(self.scheduler, self.setup.max_loras))
         self.hit_tokens += sum(new.num_computed_tokens for new in output.scheduled_new_reqs)
@@ -239,6 +242,31 @@ class Session:
             "work left after every request finished",
         )
 
+    def snapshot(self, scheduled: Mapping[str, int]) -> StepSnapshot:
+        """Every request added so far as vLLM holds it now (``scheduled``: the tokens the step just scheduled); read
+        without touching vLLM's state (its managers' ``req_to_blocks`` are defaultdicts: a lookup would add one)."""
+        aborted = {operation.request for operation in self.program if isinstance(operation, Abort)}
+        groups = self.scheduler.kv_cache_manager.coordinator.single_type_managers
+        requests: dict[str, RequestAtStep] = {}
+        for request in self.lengths:
+            held: Any = self.scheduler.requests.get(request)
+            if held is None:
+                gone = "aborted" if request in aborted else "finished"
+                requests[request] = RequestAtStep(gone, gone.upper())
+                continue
+            count = scheduled.get(request, 0)
+            blocks = tuple(
+                block.block_id
+                for group in groups
+                for block in group.req_to_blocks.get(request, ())
+                if not block.is_null
+            )
+            status = held.status.name
+            requests[request] = RequestAtStep(
+                _state_of(status, count), status, count, int(held.num_computed_tokens), blocks
+            )
+        return StepSnapshot(self.steps, requests)
+
     def _check_accounting(self) -> None:
         """The accounting check against the blocks the worker's live tables hold, in every KV-cache group."""
         held, maybe = self.worker.holdings()
@@ -265,3 +293,18 @@ class Session:
             expected = self.outputs.requests[request]
             described.append(f"{request} ({status}, {len(expected.received)} of {expected.length} output tokens)")
         return "; ".join(described)
+
+
+def _state_of(status: str, scheduled: int) -> str:
+    """The lane state of a request vLLM still holds, from its ``RequestStatus`` name and the tokens scheduled."""
+    if status == "FINISHED_ABORTED":
+        return "aborted"
+    if status.startswith("FINISHED"):
+        return "finished"
+    if status == "WAITING_FOR_REMOTE_KVS":
+        return "loading"
+    if status == "PREEMPTED":
+        return "preempted"
+    if status == "RUNNING":
+        return "running" if scheduled else "idle"
+    return "running" if scheduled else "waiting"

@@ -13,4 +13,4 @@ pip_install --no-deps sglang==0.5.23
 # sglang-triton kernel runs SGLang's Triton attention, in Triton's interpreter on CPU).
 pip_install numpy orjson psutil pybase64 requests packaging pillow triton==3.9.0 starlette msgspec pydantic pyzmq tqdm \
     IPython aiohttp transformers==5.19.0 tokenizers==0.23.2 apache-tvm-ffi==0.1.11 dill sentencepiece==0.2.1 \
-    compressed-tensors==0.18.0 gguf openai==2.8.0 partial_json_parser
+    compressed-tensors==0.18.0 gguf openai==2.8.0 partial_json_parser 'python-dateutil<3'

@@ -9,7 +9,7 @@ token slots: slot ``s`` is page ``s // block_size``; page 0 is SGLang's padding 
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
@@ -23,6 +23,7 @@ from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.session import drain_bound
 from kvfuzz.scheduler.sglang.accounting import check_accounting
 from kvfuzz.scheduler.sglang.loop import SchedulerLoop
+from kvfuzz.scheduler.snapshot import NO_OBSERVER, RequestAtStep, StepObserver, StepSnapshot
 from kvfuzz.scheduler.step_watchdog import bounded_step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
@@ -56,6 +57,7 @@ class SGLangSession:
         self.steps = 0
         self.hit_tokens = 0
         self.program: list[Operation] = []
+        self.observer: StepObserver = NO_OBSERVER  # told of each step as soon as it is scheduled (kvfuzz show)
         if journal is not None:
             journal.start(setup, "")  # no model runner to record
 
@@ -151,6 +153,7 @@ class SGLangSession:
             if req.is_retracted or not req.kv.holds_kv:
                 self.computed[request] = 0
         if batch is None:
+            self.observer.stepped(self, {})
             self._check_accounting()
             return 0
         extend = batch.forward_mode.is_extend()
@@ -161,6 +164,7 @@ class SGLangSession:
         else:  # prepare_for_decode has counted the new token into seq_lens
             starts = [int(n) - 1 for n in batch.seq_lens.tolist()]
             counts = [1] * len(reqs)
+        self.observer.stepped(self, {req.rid: count for req, count in zip(reqs, counts)})
         write_slots = [int(s) for s in batch.out_cache_loc.tolist()]
         if len(write_slots) != sum(counts):
             raise SchedulerViolation(
@@ -194,6 +198,29 @@ class SGLangSession:
             self._receive(req)
         self._check_accounting()
         return sum(counts)
+
+    def snapshot(self, scheduled: Mapping[str, int]) -> StepSnapshot:
+        """Every request added so far as SGLang's loop holds it now (``scheduled``: the tokens of the batch just
+        formed); its blocks are the pages of its ``req_to_token`` row up to its allocated length (page 0, SGLang's
+        padding page, left out)."""
+        loop = self.loop
+        requests: dict[str, RequestAtStep] = {}
+        for request in self.lengths:
+            req: Any = loop.requests[request]
+            count = scheduled.get(request, 0)
+            if req.finished():
+                state = "aborted" if request in self.aborted else "finished"
+            elif req.is_retracted:
+                state = "preempted"
+            elif req in loop.waiting_queue:
+                state = "waiting"
+            else:
+                state = "running" if count else "idle"
+            where = "waiting queue" if req in loop.waiting_queue else "finished" if req.finished() else "running batch"
+            slots = self._row(req, int(req.kv.kv_allocated_len)) if req.kv.holds_kv else []
+            pages = sorted({slot // self.setup.block_size for slot in slots} - {0})
+            requests[request] = RequestAtStep(state, where, count, self.computed.get(request, 0), tuple(pages))
+        return StepSnapshot(self.steps, requests)
 
     def _write(self, request: str, start: int, count: int, slots: list[int], taken: dict[int, Claim]) -> None:
         tokens = self.tokens[request]

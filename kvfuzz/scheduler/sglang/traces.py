@@ -13,6 +13,7 @@ from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.recorder import FailureRecorder
 from kvfuzz.scheduler.replay_result import ReplayRefused, SchedulerReplay, replay_program
+from kvfuzz.scheduler.snapshot import NO_OBSERVER, StepObserver
 from kvfuzz.scheduler.trace import SGLANG, RecordedFailure, SchedulerTrace
 
 
@@ -48,10 +49,11 @@ def replay_sglang(
     trace: SchedulerTrace,
     on_operation: Optional[Callable[[int, Operation], None]] = None,
     watchdog: Optional[Watchdog] = None,
+    observer: StepObserver = NO_OBSERVER,
 ) -> SchedulerReplay:
     """Replay an ``sglang`` trace against the installed SGLang, each step bounded by ``watchdog`` (entered by the
-    caller) when one is given. Raises :class:`ReplayRefused` when SGLang is not
-    installed or the trace's configuration is one the SGLang target refuses."""
+    caller) when one is given and told to ``observer`` as soon as it is scheduled. Raises :class:`ReplayRefused`
+    when SGLang is not installed or the trace's configuration is one the SGLang target refuses."""
     from kvfuzz.scheduler.sglang.build import setup_problem, sglang_missing
 
     if sglang_missing():
@@ -61,4 +63,6 @@ def replay_sglang(
         raise ReplayRefused(f"the trace's configuration cannot run: {problem}")
     from kvfuzz.scheduler.sglang.session import SGLangSession
 
-    return replay_program(SGLangSession(trace.setup, watchdog=watchdog), trace, on_operation)
+    session = SGLangSession(trace.setup, watchdog=watchdog)
+    session.observer = observer
+    return replay_program(session, trace, on_operation)
