@@ -9,7 +9,8 @@
 # pool_host and hybrid_cache, which need nothing more. torchvision is not installed: its wheel does not load beside the CPU torch, and the adapter
 # stands in for the two constants SGLang's multimodal configs import from it (kvfuzz/adapters/sglang/_engine.py).
 pip_install --no-deps sglang==0.5.23
-# Versions as SGLang 0.5.23 pins them, where it pins them; triton as kvfuzz's triton extra pins it (the
+# Versions as SGLang 0.5.23 pins them, where it pins them (python-dateutil below 3: kvfuzz's plot extra would take a
+# newer one); triton as kvfuzz's triton extra pins it (the
 # sglang-triton kernel runs SGLang's Triton attention, in Triton's interpreter on CPU).
 pip_install numpy orjson psutil pybase64 requests packaging pillow triton==3.9.0 starlette msgspec pydantic pyzmq tqdm \
     IPython aiohttp transformers==5.19.0 tokenizers==0.23.2 apache-tvm-ffi==0.1.11 dill sentencepiece==0.2.1 \
