@@ -27,6 +27,10 @@
   (:mod:`kvfuzz.isolation`): a segfault in it fails the item with its program and trace instead of ending pytest.
   A factory that raises or exits while it is loaded or built fails the
   item with one line naming the allocator and what it raised, before any run.
+* ``pytest --kvfuzz-scheduler=vllm-v1`` (or ``sglang``) adds one test per scheduler target that runs
+  ``kvfuzz run --scheduler NAME``'s search at its default configuration under the same profile and options (a
+  failure fails the item with its program and explanation, its scheduler trace saved in ``--kvfuzz-corpus``); its
+  engine must be installed (a session asking for it elsewhere is a usage error, one line).
 * Under ``--kvfuzz-profile nightly`` the item runs a campaign instead (:mod:`kvfuzz.campaign`): swarmed
   configurations on ``--kvfuzz-workers`` processes (default: the cores) for ``--kvfuzz-duration`` seconds (default
   600), every distinct failure shrunk and saved; ``--kvfuzz-database`` may then be a ``redis://HOST:PORT/N`` shared
@@ -43,7 +47,7 @@ from typing import Optional, Protocol
 
 import pytest
 
-from kvfuzz.option_defaults import CALL_TIMEOUT, CAMPAIGN_DURATION, KERNEL_NAMES, PROFILE_NAMES
+from kvfuzz.option_defaults import CALL_TIMEOUT, CAMPAIGN_DURATION, KERNEL_NAMES, PROFILE_NAMES, SCHEDULER_NAMES
 from kvfuzz.registry import (
     AllocatorNotFound,
     AllocatorTrust,
@@ -69,6 +73,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SPEC",
         help="run kvfuzz's machine against this allocator (MODULE:FACTORY, zoo:NAME, or a name "
         "registered under the kvfuzz.allocators entry points); repeatable",
+    )
+    group.addoption(
+        "--kvfuzz-scheduler",
+        action="append",
+        default=[],
+        choices=SCHEDULER_NAMES,
+        help="search this scheduler target (vllm-v1, sglang: kvfuzz run --scheduler NAME) under the profile; "
+        "repeatable",
     )
     group.addoption(
         "--kvfuzz-profile",
@@ -161,6 +173,13 @@ def pytest_configure(config: pytest.Config) -> None:
                 probe_allocator(spec, load_factory(spec), MachineConfig().pool_spec())
             except (AllocatorNotFound, AllocatorUnusable) as error:
                 raise pytest.UsageError(str(error)) from None
+    for scheduler in config.getoption("kvfuzz_scheduler"):
+        _require_torch("--kvfuzz-scheduler", pytest.UsageError)
+        from kvfuzz.pytest_scheduler import engine_missing
+
+        missing = engine_missing(scheduler)
+        if missing is not None:
+            raise pytest.UsageError(missing)
     database = config.getoption("kvfuzz_database")
     if database:
         _require_torch("--kvfuzz-database", pytest.UsageError)
@@ -214,6 +233,8 @@ def _holds_traces(config: pytest.Config, directory: Path) -> bool:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     for spec in config.getoption("kvfuzz_allocator"):
         items.append(MachineItem.from_parent(session, name=f"kvfuzz[{spec}]", spec=spec))
+    for scheduler in config.getoption("kvfuzz_scheduler"):
+        items.append(SchedulerSearchItem.from_parent(session, name=f"kvfuzz[scheduler:{scheduler}]", spec=scheduler))
 
 
 class _Replayed(Protocol):
@@ -476,6 +497,44 @@ class MachineItem(_KvfuzzItem):
             self.session.shouldstop = "kvfuzz: interrupted by the user"
         if result.new or result.errors:
             raise KvfuzzFailure("\n".join(table(result)))
+
+    def reportinfo(self):
+        return self.path, None, self.name
+
+
+class SchedulerSearchItem(_KvfuzzItem):
+    """kvfuzz's search of one scheduler target (:mod:`kvfuzz.pytest_scheduler`)."""
+
+    def __init__(self, *, spec: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec  # the scheduler target's name
+
+    def runtest(self) -> None:
+        from kvfuzz.profiles import PROFILES
+        from kvfuzz.pytest_scheduler import SchedulerSearch, campaign_scheduler, search_scheduler
+
+        option = self.config.getoption
+        corpus = Path(option("kvfuzz_corpus"))
+        if option("kvfuzz_profile") == "nightly":
+            failure = campaign_scheduler(
+                self.spec, corpus, option("kvfuzz_duration"), option("kvfuzz_seed"), option("kvfuzz_database")
+            )
+        else:
+            profile = PROFILES[option("kvfuzz_profile")]
+            seed = option("kvfuzz_seed")
+            if seed is None and not profile.derandomize:
+                seed = random.randrange(2**32)
+            search = SchedulerSearch(
+                self.spec,
+                option("kvfuzz_examples") or profile.max_examples,
+                option("kvfuzz_steps") or profile.stateful_step_count,
+                seed,
+                corpus,
+                option("kvfuzz_call_timeout") or None,
+            )
+            failure = search_scheduler(search)
+        if failure is not None:
+            raise KvfuzzFailure(failure)
 
     def reportinfo(self):
         return self.path, None, self.name

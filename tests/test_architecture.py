@@ -137,7 +137,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvfuzz.trace", "kvfuzz.corpus"),  # kvfuzz.saved's trace and corpus under their names before the move
     ("kvfuzz.timeline", "kvfuzz.campaign", "kvfuzz.zoo_run"),  # show; campaigns; zoo; --isolate
     ("kvfuzz.isolation",),  # run --isolate: the run in a child process, its example database a campaign's
-    ("kvfuzz.commands", "kvfuzz.pytest_plugin"),  # the subcommands; the pytest plugin
+    ("kvfuzz.commands",),  # the subcommands
+    ("kvfuzz.pytest_scheduler",),  # the plugin's search of a scheduler target
+    ("kvfuzz.pytest_plugin",),  # the pytest plugin
     ("kvfuzz.cli",),  # the kvfuzz command
     ("kvfuzz.__main__",),  # python -m kvfuzz, the same command
 )

@@ -522,3 +522,23 @@ def test_the_kv_connector_is_recorded_only_where_set_and_refused_where_unknown()
     data["config"]["kv_connector"] = "nixl"
     with pytest.raises(SchedulerTraceError, match=r"^trace: config.kv_connector: "):
         from_json(data)
+
+
+@pytest.mark.skipif(not VLLM_MISSING, reason="vLLM is installed here: this is the refusal for environments without it")
+def test_the_plugin_s_scheduler_search_without_its_engine_is_a_usage_error_in_one_line(
+    pytester: pytest.Pytester,
+) -> None:
+    result = pytester.runpytest("--kvfuzz-scheduler", "vllm-v1", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: --kvfuzz-scheduler vllm-v1 needs vLLM, which is not installed here; build its environment with "
+            "scripts/third_party_env.sh vllm"
+        ]
+    )
+
+
+def test_the_plugin_refuses_an_unknown_scheduler_target(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--kvfuzz-scheduler", "tgi", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kvfuzz-scheduler: invalid choice: 'tgi'*"])
