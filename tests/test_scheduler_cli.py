@@ -49,8 +49,12 @@ def test_a_scheduler_target_without_its_engine_is_one_line_and_exit_2(
             "kvfuzz: --max-loras must be at least 1, got 0 (leave it out for no LoRA)",
         ),
         (
-            ["--scheduler", "vllm-v1", "--database", "redis://localhost:1"],
-            "kvfuzz: --scheduler does not take --database (yet; docs/scheduler.md says what a scheduler target covers)",
+            ["--scheduler", "vllm-v1", "--database", "examples", "--seed", "3"],
+            "kvfuzz: --seed and --database cannot be combined (Hypothesis ignores the database under a seed)",
+        ),
+        (
+            ["--scheduler", "vllm-v1", "--database", "http://localhost:1"],
+            "kvfuzz: --database http://localhost:1: only redis://HOST:PORT/N URLs, or a directory",
         ),
         (
             ["--scheduler", "vllm-v1", "--kv-heads", "1"],

@@ -261,8 +261,23 @@ def run_command(args: argparse.Namespace) -> int:
     if args.scheduler is not None or usage_error(args) is not None:
         from kvfuzz.commands.scheduler_isolated import run_isolated as run_scheduler_isolated
 
-        # a scheduler target, or a scheduler's option without one (refused)
-        return run_scheduler(args, emit_json, run_scheduler_isolated)
+        # a scheduler target, or a scheduler's option without one (refused); its example database checked as the
+        # allocator's is, before any work
+        database = None
+        if args.scheduler is not None and args.database is not None:
+            from kvfuzz.campaign.store import open_examples
+
+            try:
+                if args.seed is not None:
+                    raise ValueError(
+                        "--seed and --database cannot be combined (Hypothesis ignores the database under a seed)"
+                    )
+                check_database(args.database)
+            except ValueError as error:
+                print(f"kvfuzz: {error}", file=sys.stderr)
+                return 2
+            database = open_examples(args.database, Path(args.database))
+        return run_scheduler(args, emit_json, run_scheduler_isolated, database)
     import attrs
 
     from kvfuzz.campaign.store import open_examples

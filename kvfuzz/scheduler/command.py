@@ -16,6 +16,8 @@ from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
 from kvfuzz.text import plural
 
 if TYPE_CHECKING:
+    from hypothesis.database import ExampleDatabase
+
     from kvfuzz.scheduler.config import SchedulerSetup
     from kvfuzz.scheduler.journal import ProgramJournal
     from kvfuzz.scheduler.session import WorkerFactory
@@ -27,7 +29,6 @@ SCHEDULERS = {
 """The schedulers ``--scheduler`` names, and what each is."""
 
 _ALLOCATOR_ONLY = (
-    ("database", None, "--database"),
     ("kernel", "gather", "--kernel"),
     ("host_blocks", defaults.NUM_HOST_BLOCKS, "--host-blocks"),
     ("layers", defaults.NUM_LAYERS, "--layers"),
@@ -291,11 +292,15 @@ class Ran:
 
 
 def run_scheduler(
-    args: argparse.Namespace, emit_json: Callable[[Any], None], isolator: Optional[Isolator] = None
+    args: argparse.Namespace,
+    emit_json: Callable[[Any], None],
+    isolator: Optional[Isolator] = None,
+    database: Optional[ExampleDatabase] = None,
 ) -> int:
     """``kvfuzz run --scheduler``: exit status 0 (passed), 1 (a check failed), 2 (a usage error). With ``--json``
     the outcome goes to ``emit_json`` (the CLI's, which keeps standard output for it). With ``--isolate`` the
-    examples run under ``isolator``, which the command hands in."""
+    examples run under ``isolator``, which the command hands in. With ``database`` (``--database``, opened by the
+    command) the search is random and keeps its failing examples there, trying them first the next time."""
     problem = usage_error(args)
     if problem is None and args.scheduler == "sglang":
         from kvfuzz.scheduler.sglang.command import run_sglang, setup_problem
@@ -306,7 +311,7 @@ def run_scheduler(
         except ValueError as error:
             problem = str(error)
         if problem is None:
-            return run_sglang(args, setup, emit_json)
+            return run_sglang(args, setup, emit_json, database)
     if problem is None:
         try:
             setup = _setup(args)
@@ -321,12 +326,14 @@ def run_scheduler(
     if problem is not None:
         print(f"kvfuzz: {problem}", file=sys.stderr)
         return 2
+    from kvfuzz.scheduler.search import search_kind
+
     if not args.json:
         print(
             f"kvfuzz run: --scheduler {args.scheduler} ({SCHEDULERS[args.scheduler]}; vLLM imported and configured "
             f"in {configured:.1f} s)\n  {setup.describe()}\n  "
             f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, "
-            f"{'derandomized' if args.seed is None else f'seed {args.seed}'}; "
+            f"{search_kind(args.seed, args.database)}; "
             + (f"a step running past {args.call_timeout:g} s is a hang" if args.call_timeout else "no watchdog")
             + (", the examples in a child process (--isolate)" if args.isolate else "")
             + _paths(args),
@@ -334,7 +341,7 @@ def run_scheduler(
         )
 
     def body(journal: Optional[ProgramJournal]) -> Ran:
-        return _search_and_report(args, setup, configured, journal)
+        return _search_and_report(args, setup, configured, journal, database)
 
     ran = isolator(body, args) if args.isolate and isolator is not None else body(None)
     if ran.json is not None:
@@ -343,7 +350,11 @@ def run_scheduler(
 
 
 def _search_and_report(
-    args: argparse.Namespace, setup: SchedulerSetup, configured: float, journal: Optional[ProgramJournal]
+    args: argparse.Namespace,
+    setup: SchedulerSetup,
+    configured: float,
+    journal: Optional[ProgramJournal],
+    database: Optional[ExampleDatabase],
 ) -> Ran:
     """The examples, their outcome printed (or, with ``--json``, returned), and the failure's trace saved."""
     from pathlib import Path
@@ -362,6 +373,7 @@ def _search_and_report(
         seed=args.seed,
         call_timeout=args.call_timeout or None,
         journal=journal,
+        database=database,
     )
     if not args.json:
         print("\n".join(outcome.describe()), flush=True)

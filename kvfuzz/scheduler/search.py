@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 from hypothesis import seed as hypothesis_seed
+from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import get_state_machine_test
 
 from kvfuzz.profiles import run_settings
@@ -107,6 +108,13 @@ class Outcome:
         }
 
 
+def search_kind(seed: Optional[int], database: Optional[str]) -> str:
+    """How a search draws its examples, for a header: a seed, derandomized, or random with an example database."""
+    if seed is not None:
+        return f"seed {seed}"
+    return "derandomized" if database is None else f"random, example database {database}"
+
+
 def search(
     setup: SchedulerSetup,
     examples: int,
@@ -119,6 +127,7 @@ def search(
     seed: Optional[int] = None,
     call_timeout: Optional[float] = None,
     journal: Optional[ProgramJournal] = None,
+    database: Optional[ExampleDatabase] = None,
 ) -> Outcome:
     """Run the machine for ``examples`` examples of up to ``steps`` operations, Hypothesis seeded with ``seed`` (the
     same seed, the same examples; None: derandomized, as ``kvfuzz run`` without ``--seed``); a failure (a
@@ -126,11 +135,13 @@ def search(
     ``witness`` is told of every failing example (the first found, shrinking's, and the shrunk one last);
     ``session`` and ``name`` select another engine's session (:func:`machine_for_setup`). A step running past
     ``call_timeout`` seconds is interrupted and fails the hang check (None: no watchdog). ``journal`` keeps each
-    example's program on disk as it runs."""
+    example's program on disk as it runs. With ``database`` the search is random (unless seeded) and Hypothesis
+    keeps its failing examples there, replaying them first the next time."""
     tally = Tally()
     watchdog = Watchdog(call_timeout) if call_timeout is not None else None
     machine = machine_for_setup(setup, worker, tally, witness, session, name, watchdog, journal)
-    test = get_state_machine_test(machine, settings=run_settings(examples, steps, shrink=shrink))
+    drawn = run_settings(examples, steps, derandomize=database is None, shrink=shrink, database=database)
+    test = get_state_machine_test(machine, settings=drawn)
     if seed is not None:
         test = hypothesis_seed(seed)(test)
     failure: Optional[Exception] = None

@@ -9,20 +9,29 @@ import contextlib
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.sglang.build import setup_problem
 from kvfuzz.text import plural
 
+if TYPE_CHECKING:
+    from hypothesis.database import ExampleDatabase
+
 __all__ = ["run_sglang", "setup_problem"]
 
 
-def run_sglang(args: argparse.Namespace, setup: SchedulerSetup, emit_json: Callable[[Any], None]) -> int:
-    """Run the search; exit status 0 (passed) or 1 (a check failed, or SGLang raised)."""
+def run_sglang(
+    args: argparse.Namespace,
+    setup: SchedulerSetup,
+    emit_json: Callable[[Any], None],
+    database: Optional[ExampleDatabase] = None,
+) -> int:
+    """Run the search (with ``database``, random and kept there: ``--database``); exit status 0 (passed) or 1 (a
+    check failed, or SGLang raised)."""
     from kvfuzz.scheduler.recorder import trace_fields
-    from kvfuzz.scheduler.search import search
+    from kvfuzz.scheduler.search import search, search_kind
     from kvfuzz.scheduler.sglang.build import sglang
     from kvfuzz.scheduler.sglang.session import SGLangSession
     from kvfuzz.scheduler.sglang.traces import SGLangFailureRecorder
@@ -35,7 +44,7 @@ def run_sglang(args: argparse.Namespace, setup: SchedulerSetup, emit_json: Calla
             f"kvfuzz run: --scheduler sglang (SGLang's SchedulePolicy, PrefillAdder and ScheduleBatch over its "
             f"UnifiedRadixCache, in kvfuzz's copy of the Scheduler's loop; SGLang imported in {imported:.1f} s)\n  "
             f"{setup.describe()}\n  {plural(args.examples, 'example')} of up to "
-            f"{plural(args.steps, 'operation')}, {'derandomized' if args.seed is None else f'seed {args.seed}'}; "
+            f"{plural(args.steps, 'operation')}, {search_kind(args.seed, args.database)}; "
             + (f"a step running past {args.call_timeout:g} s is a hang" if args.call_timeout else "no watchdog"),
             flush=True,
         )
@@ -50,6 +59,7 @@ def run_sglang(args: argparse.Namespace, setup: SchedulerSetup, emit_json: Calla
             session=lambda: SGLangSession(setup, watchdog=watchdog),
             name="SGLangSchedulerMachine",
             seed=args.seed,
+            database=database,
         )
     saved = recorder.finish(outcome.failure, shrunk=not args.no_shrink)
     if args.json:
