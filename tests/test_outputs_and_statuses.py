@@ -14,13 +14,16 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -158,6 +161,51 @@ def test_outputs_that_are_not_inputs_are_still_written(trace: Path) -> None:
     done = kvfuzz("export", "trace.json", "-o", "link.py", cwd=trace.parent)
     assert done.returncode == 0, done.stderr
     assert link.is_symlink() and "def test_" in other.read_text()
+
+
+def _read_fifo(path: Path) -> tuple[threading.Thread, list[bytes]]:
+    """A reader of the FIFO ``path`` in a thread (the writer's open waits for it); what it read, once joined."""
+    received: list[bytes] = []
+
+    def read() -> None:
+        with open(path, "rb") as fifo:
+            received.append(fifo.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader, received
+
+
+def test_an_output_that_is_a_fifo_is_written_into_not_replaced(trace: Path, capsys) -> None:
+    """Before: the temporary file was renamed over the FIFO (or a device: as root, ``-o /dev/full`` destroyed
+    /dev/full), which became a regular file, and the command said "wrote"."""
+    fifo = trace.with_name("pipe")
+    os.mkfifo(fifo)
+    reader, received = _read_fifo(fifo)
+    assert main(["export", str(trace), "-o", str(fifo)]) == 0
+    reader.join(timeout=30)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode), "the FIFO was replaced"
+    assert received and b"def test_" in received[0]
+    assert f"wrote {fifo}" in capsys.readouterr().out
+    assert sorted(path.name for path in trace.parent.iterdir()) == ["pipe", "trace.json"]
+
+
+def test_a_special_file_that_refuses_the_write_is_one_line_and_stays_what_it_was(
+    trace: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device that refuses the bytes (``/dev/full``: no space left), here a FIFO whose copy fails so: one line
+    naming it, exit status 2, the FIFO still a FIFO."""
+    fifo = trace.with_name("full")
+    os.mkfifo(fifo)
+    reader, _ = _read_fifo(fifo)
+
+    def no_space(source: object, sink: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shutil, "copyfileobj", no_space)
+    refused(capsys, ["export", str(trace), "-o", str(fifo)], f"cannot write {fifo}: No space left on device")
+    reader.join(timeout=30)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
 # -- item 3: --json output is JSON alone ---------------------------------------------------------------------------

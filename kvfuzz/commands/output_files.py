@@ -3,7 +3,10 @@
 A trace may be the only record of a failure, so an output that names an input (the same path, a symbolic link to
 it, a hard link) is refused before any work, as is one file named for two outputs. An output is written to a
 temporary file beside it and renamed over its name: the name holds the old file or the whole new one, never part of
-it, and a write that fails leaves nothing behind.
+it, and a write that fails leaves nothing behind. An output that names an existing file that is not a regular one
+(a FIFO, a character device such as ``/dev/stdout`` or ``/dev/full``, a socket) is never renamed over, which would
+replace it with a regular file: the content is written into it, as a shell's ``>`` would, and a write it refuses
+(``/dev/full``: no space left) is one line naming it.
 """
 
 from __future__ import annotations
@@ -11,7 +14,10 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
+import stat
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
 
@@ -56,18 +62,35 @@ def check_outputs(outputs: Mapping[str, Optional[str]], inputs: Mapping[str, Opt
 def written_atomically(path: Path) -> Iterator[Path]:
     """A temporary path for the caller to write ``path``'s content to (hidden, in the same directory, with the same
     suffix, so that a writer choosing its format by the suffix still does); once the block ends it is renamed over
-    ``path`` (over a symbolic link's target, the link kept). A block that raises leaves ``path`` as it was and no
-    temporary file; an ``OSError`` becomes :class:`OutputNotWritten` naming ``path``."""
+    ``path`` (over a symbolic link's target, the link kept), or, where ``path`` is an existing file that is not a
+    regular one (a FIFO, a device), copied into it. A block that raises leaves ``path`` as it was and no temporary
+    file; an ``OSError`` becomes :class:`OutputNotWritten` naming ``path``."""
     target = Path(os.path.realpath(path))
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{target.suffix}")
+    special = _is_special(target)
+    temporary = (
+        Path(tempfile.gettempdir()) if special else target.parent
+    ) / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{target.suffix}"
     try:
         yield temporary
-        os.replace(temporary, target)
+        if special:
+            with open(temporary, "rb") as source, open(target, "wb") as sink:
+                shutil.copyfileobj(source, sink)
+        else:
+            os.replace(temporary, target)
     except OSError as error:
         raise OutputNotWritten(f"cannot write {path}: {error.strerror or error}") from error
     finally:
         with contextlib.suppress(OSError):
             os.unlink(temporary)  # still there only when the block or the rename failed
+
+
+def _is_special(path: Path) -> bool:
+    """Whether ``path`` exists and is no regular file and no directory (a FIFO, a device, a socket)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 def write_text(path: Path, text: str) -> None:
