@@ -217,3 +217,32 @@ def test_workers_end_when_their_campaign_is_killed(tmp_path: Path) -> None:
         _kill_all(workers)
     assert not list(corpus.glob(".kvfuzz-journal-*"))
     assert not list(corpus.glob("*.json"))
+
+
+@pytest.mark.parametrize("planted", ["symbolic link", "hard link"])
+def test_a_lock_planted_as_a_link_is_refused_in_one_line_and_its_target_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], planted: str
+) -> None:
+    """Before: a ``lock`` symbolic link in the corpus's campaign state (git carries them) had its target truncated
+    and overwritten with the campaign's pid."""
+    corpus = tmp_path / "corpus"
+    lock = corpus / STATE_DIRECTORY / LOCK_FILE
+    lock.parent.mkdir(parents=True)
+    victim = tmp_path / "precious.txt"
+    victim.write_text("the only copy\n")
+    if planted == "symbolic link":
+        lock.symlink_to(victim)
+    else:
+        os.link(victim, lock)
+    status = main(["campaign", "--corpus", str(corpus), "--known", str(tmp_path), "--max-examples", "5"])
+    captured = capsys.readouterr()
+    assert status == 2 and captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvfuzz: --corpus {corpus}: its campaign lock {lock} is a ")
+    assert "which kvfuzz will not write through; remove it" in lines[0]
+    assert victim.read_text() == "the only copy\n"
+    lock.unlink()  # removed, as the message says: the campaign makes its own
+    taken = CorpusLock(corpus / STATE_DIRECTORY, corpus)
+    taken.acquire()
+    taken.release()
+    assert lock.read_text().strip() == str(os.getpid()) and not lock.is_symlink()

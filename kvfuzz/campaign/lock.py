@@ -5,12 +5,18 @@ The lock is an exclusive ``flock`` on a file in the corpus's campaign state, hol
 message a second campaign prints. The kernel releases it when the last process holding it ends, however it ends
 (the campaign's workers inherit it, so a campaign killed while its workers still save what they hold keeps it until
 they are gone): a lock left behind by a dead campaign is taken over as if it were not there. The file itself stays.
+
+A corpus may come from elsewhere (git carries symbolic links), so the lock file is opened without following a link
+and without truncating, and used only if it is a regular file with one name: a link planted there (to a file the
+campaign would otherwise overwrite with its pid) is refused in one line, its target untouched.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 LOCK_FILE = "lock"
@@ -18,7 +24,12 @@ LOCK_FILE = "lock"
 
 
 class CorpusInUse(ValueError):
-    """Another campaign (alive) holds the corpus."""
+    """Another campaign (alive) holds the corpus, or its lock file is not one kvfuzz may write."""
+
+
+PID_WIDTH = 20
+"""The pid is written right-aligned in this many characters and a newline, over whatever the file held (a longer
+number is never left behind: pids are shorter), so the file is never truncated."""
 
 
 class CorpusLock:
@@ -34,7 +45,16 @@ class CorpusLock:
         """Take the lock and write this process's pid in it; :class:`CorpusInUse` (one line) when a live campaign
         holds it. Raises ``OSError`` when the state directory cannot be written."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            raise self._not_a_lock(f"a symbolic link (to {os.readlink(self.path)})") from None
+        found = os.fstat(descriptor)
+        if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+            os.close(descriptor)
+            raise self._not_a_lock("not a regular file" if not stat.S_ISREG(found.st_mode) else "a hard link")
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -44,9 +64,14 @@ class CorpusLock:
                 f"--corpus {self.corpus}: another campaign (pid {owner}) is running on it; wait for it to end, or "
                 "give this one another --corpus"
             ) from None
-        os.ftruncate(descriptor, 0)
-        os.write(descriptor, f"{os.getpid()}\n".encode())
+        os.pwrite(descriptor, f"{os.getpid():>{PID_WIDTH}}\n".encode(), 0)
         self._descriptor = descriptor
+
+    def _not_a_lock(self, what: str) -> CorpusInUse:
+        return CorpusInUse(
+            f"--corpus {self.corpus}: its campaign lock {self.path} is {what}, which kvfuzz will not write through; "
+            "remove it (a campaign makes its own)"
+        )
 
     def release(self) -> None:
         descriptor, self._descriptor = self._descriptor, None
