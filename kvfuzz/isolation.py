@@ -66,9 +66,11 @@ class Finished:
 
 @attrs.frozen
 class Died:
-    """The child ended without a result. ``killed`` says whether a signal killed it (the allocator's doing, as far
-    as kvfuzz can tell); ``trace`` is the program its journal recorded, saved at ``path``; ``message`` says where,
-    or why there is none."""
+    """The child ended without a result. ``killed`` says whether the allocator ended it, as far as kvfuzz can tell:
+    a signal killed it, or it exited (with any status, 0 included) while an example ran, which its journal left
+    behind shows; a child that exited with no journal left ended outside the allocator's calls (kvfuzz's own
+    failure). ``trace`` is the program its journal recorded, saved at ``path``; ``message`` says where, or why there is
+    none."""
 
     pid: int
     how: str  # "was killed by signal 11 (SIGSEGV)", "exited with status 3"
@@ -151,7 +153,9 @@ def _death(pid: int, code: Optional[int], journal_dir: Optional[Path]) -> Died:
         lost = "it kept no journal (the corpus cannot be written): its program is lost"
         return Died(pid, how, killed, None, None, lost)
     for recovered in journals.recover(journal_dir):
-        if recovered.pid == pid:
+        if recovered.pid == pid:  # it ended in the middle of an example: the allocator's doing, whatever its status
+            if not killed:
+                killed, how = True, f"exited with status {code} in the middle of an example"
             if recovered.trace is None:
                 return Died(pid, how, killed, None, None, recovered.message)
             try:

@@ -43,6 +43,7 @@ from kvfuzz.program.safeguards import (
     Journal,
     UserInterrupt,
     Watchdog,
+    exits_as_crashes,
     user_interrupts,
 )
 from kvfuzz.program.stats import RunStats
@@ -335,7 +336,7 @@ def run(
     counted = _HypothesisCount()
     watchdog = Watchdog(call_timeout) if call_timeout is not None else None
     try:
-        with single_threaded_torch(), user_interrupts(), watchdog or contextlib.nullcontext():
+        with single_threaded_torch(), user_interrupts(), exits_as_crashes(), watchdog or contextlib.nullcontext():
             target = Target(factory, config, stats, Safeguards(journal, watchdog))
             try:
                 found = random_search(

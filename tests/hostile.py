@@ -105,6 +105,16 @@ class _SegfaultsOnRollback(PagedAllocator):
         ctypes.string_at(0)  # reads address 0: SIGSEGV
 
 
+class _ExitsCleanlyOnRollback(PagedAllocator):
+    def rollback(self, seq: str, num_tokens: int) -> None:
+        os._exit(0)  # ends the process at once, status 0: no exception, no atexit, no finally
+
+
+class _ExitsInCOnRollback(PagedAllocator):
+    def rollback(self, seq: str, num_tokens: int) -> None:
+        ctypes.CDLL(None).exit(0)  # the C library's exit(0): beyond Python's reach
+
+
 class _LeaksAndSegfaultsInSmallPools(PagedAllocator):
     """Leaks a freed sequence's blocks (an invariant, in any pool) and kills the process admitting into a pool of
     fewer than 4 blocks: a shrinker trying a smaller pool dies there."""
@@ -178,6 +188,14 @@ def hangs_on_rollback(spec: PoolSpec) -> PagedAllocator:
 
 def segfaults_on_rollback(spec: PoolSpec) -> PagedAllocator:
     return _build(_SegfaultsOnRollback, spec)
+
+
+def exits_cleanly_on_rollback(spec: PoolSpec) -> PagedAllocator:
+    return _build(_ExitsCleanlyOnRollback, spec)
+
+
+def exits_in_c_on_rollback(spec: PoolSpec) -> PagedAllocator:
+    return _build(_ExitsInCOnRollback, spec)
 
 
 def leaks_and_segfaults_in_small_pools(spec: PoolSpec) -> PagedAllocator:

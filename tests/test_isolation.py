@@ -105,3 +105,30 @@ def test_ctrl_c_reaches_the_isolated_child_through_the_run_which_stops_with_what
     assert process.returncode == 130, stdout + stderr
     assert "interrupted after" in stdout and "no failure found" in stdout and "Traceback" not in stderr
     assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob(".kvfuzz-journal-*"))
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["alone", "isolated"])
+def test_an_allocator_that_calls_os_exit_0_is_a_crash_finding_with_its_program_saved(
+    tmp_path: Path, isolate: bool
+) -> None:
+    """Before: exit status 0 without --isolate (a pass to CI, a last-words line on standard error), and 3 ("kvfuzz
+    itself failed") with it. Now ``os._exit`` raises in the run's process: the crash is found, shrunk and saved."""
+    args = ["run", "--allocator", "tests.hostile:exits_cleanly_on_rollback", "--corpus", str(tmp_path), "--json"]
+    done = _kvfuzz(*args, *(["--isolate"] if isolate else []))
+    assert done.returncode == 1, done.stdout + done.stderr
+    found = json.loads(done.stdout)
+    assert found["failed"] and "os._exit(0) called: the allocator ended the process" in found["explanation"]
+    trace = load(Path(found["trace"]))
+    assert trace.program[-1].rule == "rollback"
+
+
+def test_an_allocator_that_exits_in_c_under_isolate_is_its_death_with_its_program(tmp_path: Path) -> None:
+    """The C library's ``exit(0)`` is beyond Python: the isolated child ends with status 0 in the middle of an
+    example, its journal left behind. Before: exit status 3, "kvfuzz itself failed"; now the allocator's death, exit
+    status 1, its program saved from the journal."""
+    args = ["run", "--isolate", "--allocator", "tests.hostile:exits_in_c_on_rollback", "--corpus", str(tmp_path)]
+    done = _kvfuzz(*args)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "exited with status 0 in the middle of an example" in done.stdout
+    (trace_path,) = tmp_path.glob("*.json")
+    assert load(trace_path).program[-1].rule == "rollback"

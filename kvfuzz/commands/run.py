@@ -182,8 +182,9 @@ def _journal_dir(corpus: Path) -> Optional[Path]:
 
 
 def _report_death(died: Died, args: argparse.Namespace, factory: AllocatorFactory) -> int:
-    """The isolated child died without a result: a signal killed it (exit status 1, its program saved from its
-    journal), or it exited, which kvfuzz's own run never does (exit status 3)."""
+    """The isolated child died without a result: the allocator ended it, by a signal or by exiting in the middle of
+    an example (exit status 1, its program saved from its journal), or it exited outside the allocator's calls,
+    which kvfuzz's own run never does (exit status 3)."""
     from kvfuzz.saved.corpus import PROCESS_DIED
     from kvfuzz.statemachines.machine import machine_for
 

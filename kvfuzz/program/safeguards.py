@@ -5,6 +5,9 @@ run, for a process the allocator kills.
 * :class:`UserInterrupt`: while :func:`user_interrupts` is active, SIGINT raises this ``KeyboardInterrupt``; any other
   ``BaseException`` that escapes an allocator call (``SystemExit``, a ``KeyboardInterrupt`` the user did not send,
   a test runner's skip) is the allocator's crash, :class:`AllocatorEscape`.
+* :func:`exits_as_crashes`: while active, ``os._exit`` called in this process (by the allocator: kvfuzz never calls
+  it) raises :class:`ProcessExit`, a ``SystemExit``, so an allocator that ends the process cleanly is a crash found
+  with its program, not a run that ended with status 0.
 * :class:`Watchdog`: one operation may run for at most ``seconds``; past that the main thread gets
   :class:`AllocatorHang`, a ``BaseException`` so that Hypothesis does not spend the timeout again on every shrink.
 * :class:`Journal`: the calls of the running program, flushed before each call.
@@ -91,6 +94,34 @@ def deferred_interrupts() -> Iterator[list[int]]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+class ProcessExit(SystemExit):
+    """``os._exit(status)`` was called in the middle of a run: the allocator ending the process, cleanly or not."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        super().__init__(f"os._exit({status}) called: the allocator ended the process")
+
+
+@contextlib.contextmanager
+def exits_as_crashes() -> Iterator[None]:
+    """While active, ``os._exit`` in this process raises :class:`ProcessExit` (an allocator's crash, through
+    :func:`escaped`); a process forked meanwhile (whose pid differs) still exits for real. An exit in C code
+    (``exit()`` through ctypes, say) is beyond it: ``--isolate`` reports that one as the allocator's death."""
+    real_exit = os._exit
+    pid = os.getpid()
+
+    def intercepted(status: int) -> Any:
+        if os.getpid() != pid:
+            real_exit(status)
+        raise ProcessExit(status)
+
+    os._exit = intercepted
+    try:
+        yield
+    finally:
+        os._exit = real_exit
 
 
 def escaped(error: BaseException) -> BaseException:
