@@ -134,3 +134,20 @@ def test_a_campaign_passes_over_an_untrusted_trace_in_its_known_corpus(tmp_path:
     # A trace recorded against an allocator the campaign itself runs is the user's own: it is replayed.
     assert known_signatures([tmp_path], ["planted:factory"], 10.0) == {}  # the correct allocator: nothing reproduces
     assert (tmp_path / "IMPORTED").exists()
+
+
+def test_export_refuses_an_untrusted_allocator_unless_trusted_or_named(tmp_path: Path) -> None:
+    """Before: the exported test imported and called whatever the trace named (running it opened a Python console
+    for ``code:interact``). Now export applies replay's trust policy: one line, nothing written."""
+    trace = _planted(tmp_path)
+    out = tmp_path / "test_exported.py"
+    refused = kvfuzz("export", trace.name, "-o", out.name, cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stdout == ""
+    (line,) = refused.stderr.splitlines()
+    assert "'planted'" in line and "'factory'" in line and "--trust-allocator" in line and "--allocator" in line
+    assert not out.exists() and not (tmp_path / "IMPORTED").exists()
+    named = kvfuzz("export", trace.name, "-o", out.name, "--allocator", "zoo:NoCopyOnWrite", cwd=tmp_path)
+    assert named.returncode == 0 and "load_factory('zoo:NoCopyOnWrite')" in out.read_text()
+    trusted = kvfuzz("export", trace.name, "-o", out.name, "--trust-allocator", cwd=tmp_path)
+    assert trusted.returncode == 0 and "load_factory('planted:factory')" in out.read_text()
+    assert not (tmp_path / "IMPORTED").exists()  # exporting never imports it: running the test would

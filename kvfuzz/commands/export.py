@@ -1,5 +1,10 @@
 """``kvfuzz export``: a saved trace as a standalone pytest file. A file that is not a valid trace, and an ``-o`` that
-is the trace itself or cannot be written, are refused with one line and exit status 2, and nothing is written."""
+is the trace itself or cannot be written, are refused with one line and exit status 2, and nothing is written.
+
+The exported test imports and calls the allocator the trace names, so the trust policy of ``kvfuzz replay`` applies
+(:class:`kvfuzz.registry.AllocatorTrust`): a trace naming a ``MODULE:FACTORY`` that is not registered, a ``zoo:``
+name or kvfuzz's own is refused in one line, unless ``--trust-allocator`` says its source is trusted or
+``--allocator`` names the allocator to test instead."""
 
 from __future__ import annotations
 
@@ -15,6 +20,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser("export", help="write a trace as a standalone pytest file")
     parser.add_argument("trace", metavar="FILE")
     parser.add_argument("--allocator", help="test this allocator instead of the recorded one")
+    parser.add_argument(
+        "--trust-allocator",
+        action="store_true",
+        help="export a test of the allocator the trace names even when it is not registered, a zoo: name or "
+        "kvfuzz's own (only for traces from a source you trust: running the test calls it)",
+    )
     parser.add_argument("-o", "--output", help="the file to write (default: stdout)")
     parser.set_defaults(handler=needs_torch(run_command))
 
@@ -24,13 +35,23 @@ def run_command(args: argparse.Namespace) -> int:
 
     if scheduler_traces.is_scheduler_trace(args.trace):
         return scheduler_traces.export(args.trace, args.output, args.allocator)
+    from kvfuzz.registry import AllocatorTrust, UntrustedAllocator
     from kvfuzz.saved.corpus import export_test
     from kvfuzz.saved.trace import TraceError
     from kvfuzz.saved.trace import load as load_trace
 
     try:
         trace = load_trace(Path(args.trace))
+        if args.allocator is None:
+            AllocatorTrust(everything=args.trust_allocator).check(trace.allocator)
     except TraceError as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
+        return 2
+    except UntrustedAllocator as error:
+        print(
+            f"kvfuzz: {args.trace}: {error}: the exported test would do so when run; export a test of an allocator "
+            "you name (--allocator SPEC), or pass --trust-allocator if you trust where the trace came from",
+            file=sys.stderr,
+        )
         return 2
     return write_or_print(export_test(trace, args.trace, args.allocator), args.output, "pytest {path}")
