@@ -10,6 +10,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -298,6 +299,35 @@ def test_a_stored_record_is_untrusted_input(redis_url: str, tmp_path: Path, caps
     assert "1 finding in" in out and "aaaa" not in out and "evil" not in out
 
 
+def test_a_key_holding_terminal_escapes_is_printed_escaped(
+    redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a key someone stored with escape sequences (retitle the terminal, clear the screen) was printed raw,
+    hiding the warnings above it. Now each character a terminal would act on is written as its escape."""
+    import redis
+
+    from kvfuzz.campaign.cluster import REDIS_FINDINGS
+
+    evil = "\x1b]0;pwned\x07\x1b[2J\x1b[Hfake"
+    redis.Redis.from_url(redis_url).hset(REDIS_FINDINGS, evil, b"{}")
+    status, out, err = _findings("--database", redis_url, capsys=capsys)
+    assert status == 2 and "\x1b" not in out + err and "\x07" not in out + err
+    assert "finding \\x1b]0;pwned\\x07\\x1b[2J\\x1b[Hfake: " in err
+
+
+def test_a_trace_file_name_holding_terminal_escapes_is_replayed_under_its_escaped_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same for a file name in a directory kvfuzz replays (a shared corpus, a shell's glob)."""
+    from kvfuzz.cli import main
+
+    path = tmp_path / "evil\x1b[2J.json"
+    path.write_text("{not json")
+    assert main(["replay", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "evil\\x1b[2J.json" in err
+
+
 TWO_BUGS = "kvfuzz.zoo.combined:refcount_over_and_under"
 """Two bugs, two findings (one per cause), each met within seconds: the first machine to meet one claims it, and the
 other goes on to the second. (One bug is one finding: a single zoo slip would leave the second machine nothing new.)"""
@@ -415,3 +445,90 @@ def test_a_finding_stored_under_its_signature_before_causes_is_known_under_today
     known = stored_findings_known(cluster, [spec], call_timeout=30)
     assert list(known) == [today.key()] and old.key() in known[today.key()]
     assert stored_findings_known(cluster, ["zoo:ReleasedTwiceOnPreempt"], call_timeout=30) == {}
+
+
+def _trickling_server(stop: threading.Event) -> int:
+    """A server on a free loopback port that answers PING at once and every other command one byte every 0.2 s,
+    never finishing (each byte keeps a socket timeout from firing); it stops when ``stop`` is set or after 60 s."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.2)
+    port = int(listener.getsockname()[1])
+
+    def serve(connection: socket.socket) -> None:
+        deadline = time.monotonic() + 60
+        with connection:
+            connection.settimeout(0.2)
+            while not stop.is_set() and time.monotonic() < deadline:
+                try:
+                    request = connection.recv(65536)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    return
+                if not request:
+                    return
+                if b"PING" in request.upper():
+                    connection.sendall(b"+PONG\r\n")
+                    continue
+                connection.sendall(b"*")  # an array of a length that never ends
+                while not stop.is_set() and time.monotonic() < deadline:
+                    try:
+                        connection.sendall(b"9")
+                    except OSError:
+                        return
+                    time.sleep(0.2)
+
+    def accept() -> None:
+        with listener:
+            while not stop.is_set():
+                try:
+                    connection, _ = listener.accept()
+                except socket.timeout:
+                    continue
+                threading.Thread(target=serve, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return port
+
+
+def test_findings_against_a_server_that_trickles_its_answer_ends_at_its_deadline(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: the command never ended (each byte arrived within the socket's own timeout)."""
+    stop = threading.Event()
+    port = _trickling_server(stop)
+    try:
+        started = time.monotonic()
+        status, out, err = _findings("--database", f"redis://127.0.0.1:{port}/0", "--timeout", "2", capsys=capsys)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+    assert status == 2 and out == "" and took < 20
+    assert err.splitlines() == [
+        f"kvfuzz: --database redis://127.0.0.1:{port}/0: the server did not answer within 2 s (--timeout)"
+    ]
+
+
+def test_findings_reads_no_record_larger_and_no_more_findings_than_its_caps(
+    redis_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis
+
+    from kvfuzz.campaign import cluster
+
+    key, record = _stored_trace()
+    cluster.ClusterFindings(redis_url).store(key, record)
+    redis.Redis.from_url(redis_url).hset(cluster.REDIS_FINDINGS, "ffff000000000000", b"x" * 5000)
+    monkeypatch.setattr(cluster, "MAX_RECORD", 4000)
+    status, out, err = _findings("--database", redis_url, capsys=capsys)
+    assert status == 2 and "1 finding in" in out
+    assert err.splitlines() == [
+        f"kvfuzz: {redis_url} finding ffff000000000000: a record of 5000 bytes, more than the 4000 kvfuzz findings "
+        "reads; not read"
+    ]
+    monkeypatch.setattr(cluster, "MAX_FINDINGS", 1)
+    status, out, err = _findings("--database", redis_url, capsys=capsys)
+    assert status == 2 and out == ""
+    assert err.splitlines() == [f"kvfuzz: {redis_url} holds 2 findings, more than the 1 kvfuzz findings reads"]

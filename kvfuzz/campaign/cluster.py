@@ -46,6 +46,17 @@ REDIS_FINDINGS = "kvfuzz:findings"
 FINDING_FORMAT = "kvfuzz-finding/1"
 """The format of a record of :data:`REDIS_FINDINGS`."""
 MAX_FIELD = 1000  # characters of a record's machine, time or trace file name
+MAX_FINDINGS = 10_000
+"""The most findings :class:`ClusterFindings` lists: a server holding more is refused (campaigns store one per
+distinct failure, so thousands already mean someone else's data)."""
+MAX_RECORD = 16 * 1024 * 1024
+"""The most bytes of one finding record :class:`ClusterFindings` fetches (a shrunk trace is a few KiB): a larger one
+is reported and left on the server, never read."""
+
+
+class TooLarge(ValueError):
+    """What a server holds is more than kvfuzz reads; the message says how much, in one line."""
+
 
 _STORE = """
 local old = redis.call('HGET', KEYS[1], ARGV[1])
@@ -159,14 +170,33 @@ class ClusterFindings:
         return STORE_OUTCOMES[int(outcome)]
 
     def keys(self) -> list[str]:
-        """The keys of every stored finding (whatever their records hold)."""
+        """The keys of every stored finding (whatever their records hold); :class:`TooLarge` when there are more
+        than :data:`MAX_FINDINGS`, counted before any is read."""
+        count = int(self.client.hlen(REDIS_FINDINGS))
+        if count > MAX_FINDINGS:
+            raise TooLarge(f"{self.url} holds {count} findings, more than the {MAX_FINDINGS} kvfuzz findings reads")
         return sorted(_text(key) for key in self.client.hkeys(REDIS_FINDINGS))
 
-    def fetch(self, keys: list[str]) -> dict[str, Optional[bytes]]:
-        """The raw record of each key (None for a key with none: deleted since it was listed)."""
+    def fetch(self, keys: list[str]) -> dict[str, Optional[bytes] | TooLarge]:
+        """The raw record of each key (None for a key with none: deleted since it was listed); a record over
+        :data:`MAX_RECORD` bytes, measured before it is read, is a :class:`TooLarge` instead."""
         if not keys:
             return {}
-        return dict(zip(keys, self.client.hmget(REDIS_FINDINGS, keys)))
+        sizes = dict(zip(keys, (int(size) for size in self._sizes(keys))))
+        small = [key for key in keys if sizes[key] <= MAX_RECORD]
+        fetched = dict(zip(small, self.client.hmget(REDIS_FINDINGS, small))) if small else {}
+        return {
+            key: fetched[key]
+            if key in fetched
+            else TooLarge(f"a record of {sizes[key]} bytes, more than the {MAX_RECORD} kvfuzz findings reads")
+            for key in keys
+        }
+
+    def _sizes(self, keys: list[str]) -> list[Any]:
+        pipeline = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipeline.hstrlen(REDIS_FINDINGS, key)
+        return list(pipeline.execute())
 
 
 @attrs.frozen

@@ -31,7 +31,7 @@ from typing import Iterable, Iterator, Optional
 import attrs
 
 from kvfuzz.allocator.types import PoolSpec
-from kvfuzz.campaign.cluster import ClusterFindings, parse_finding
+from kvfuzz.campaign.cluster import ClusterFindings, TooLarge, parse_finding
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import Watchdog
@@ -39,6 +39,7 @@ from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, UntrustedAllocato
 from kvfuzz.saved.corpus import PROCESS_DIED, reproduces_recorded
 from kvfuzz.saved.trace import Trace, TraceError, is_trace_file, load
 from kvfuzz.shrink.signature import TEARDOWN, Signature, signature_of
+from kvfuzz.text import printable
 
 
 def known_signatures(directories: Iterable[Path], allocators: Iterable[str], call_timeout: float) -> dict[str, str]:
@@ -69,11 +70,14 @@ def known_signatures(directories: Iterable[Path], allocators: Iterable[str], cal
             continue
         reason = f" (known bug: {trace.known_bug})" if trace.known_bug else ""
         if trace.allocator in wanted:
-            known.setdefault(signature.key(), f"{path}{reason}")
+            known.setdefault(signature.key(), f"{printable(str(path))}{reason}")
         for spec in siblings:
             found = trace_signature(attrs.evolve(trace, allocator=spec), call_timeout)
             if found is not None and attrs.evolve(found, allocator=trace.allocator) == signature:
-                known.setdefault(found.key(), f"{path}{reason}, recorded against {trace.allocator}, same failure here")
+                known.setdefault(
+                    found.key(),
+                    f"{printable(str(path))}{reason}, recorded against {trace.allocator}, same failure here",
+                )
     return known
 
 
@@ -87,11 +91,15 @@ def stored_findings_known(cluster: ClusterFindings, allocators: Iterable[str], c
     known."""
     wanted = set(allocators)
     known: dict[str, str] = {}
-    for key, raw in cluster.fetch(cluster.keys()).items():
-        if raw is None:
+    try:
+        keys = cluster.keys()
+    except TooLarge:  # more findings than kvfuzz reads: none re-keyed (kvfuzz findings says why)
+        return known
+    for key, raw in cluster.fetch(keys).items():
+        if raw is None or isinstance(raw, TooLarge):
             continue
         try:
-            finding = parse_finding(key, raw, f"{cluster.url} finding {key}")
+            finding = parse_finding(key, raw, f"{cluster.url} finding {printable(key)}")
         except TraceError:
             continue  # not ours to judge here: kvfuzz findings names what is wrong with it
         if not isinstance(finding.trace, Trace) or finding.trace.allocator not in wanted:
@@ -99,7 +107,8 @@ def stored_findings_known(cluster: ClusterFindings, allocators: Iterable[str], c
         signature = trace_signature(finding.trace, call_timeout)
         if signature is not None and signature.key() != key:
             known.setdefault(
-                signature.key(), f"{cluster.url} finding {key} (stored as {finding.signature}, re-keyed on load)"
+                signature.key(),
+                f"{cluster.url} finding {printable(key)} (stored as {finding.signature}, re-keyed on load)",
             )
     return known
 

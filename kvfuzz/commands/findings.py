@@ -6,18 +6,23 @@ without any, every finding. ``-o DIR`` writes the selected findings' traces into
 gives it. Bad input is one line and exit status 2 before anything is written: a ``--database`` that is not a
 ``redis://HOST:PORT/N`` URL or whose server does not answer, a KEY that names no finding (or several), an ``-o``
 that is a file. A stored record is untrusted input: one that is not a valid finding (its trace fails the checks a
-trace file passes) is reported on one line and neither listed nor written, and the exit status is then 2.
+trace file passes), or larger than kvfuzz reads, is reported on one line and neither listed nor written, and the exit
+status is then 2; a server holding more findings than kvfuzz lists is refused. Every read of the server, together,
+has ``--timeout`` seconds: a server that answers slowly, or a byte at a time, is one line and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from kvfuzz.commands.json_stdout import emit_json
-from kvfuzz.commands.options import needs_torch
+from kvfuzz.commands.options import at_least_seconds, needs_torch
+from kvfuzz.text import printable
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,29 +42,73 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "-o", "--output-dir", dest="directory", metavar="DIR", help="write each finding's trace into DIR"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument(
+        "--timeout",
+        type=at_least_seconds,
+        default=READ_DEADLINE,
+        metavar="SECONDS",
+        help=f"how long reading the server may take, all reads together (default {READ_DEADLINE:g})",
+    )
     parser.set_defaults(handler=needs_torch(run_command))
+
+
+READ_DEADLINE = 60.0
+"""Seconds every read of the server may take together, by default (``--timeout``)."""
 
 
 class _Refused(Exception):
     """Bad input: the one line printed after ``kvfuzz: ``, exit status 2."""
 
 
+class _Expired(BaseException):
+    """The reads' deadline passed: a ``BaseException``, so that no client code that catches ``Exception`` (the
+    connection check's, the client's retries) takes it for one more network error."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, url: str) -> Iterator[None]:
+    """While active, the reads have ``seconds`` in all: past that, a refusal (:class:`_Refused`, one line) leaves the
+    block, whatever the client was waiting for (a server trickling its answer keeps each socket read under its own
+    timeout)."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise _Expired()
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except _Expired:
+        raise _Refused(f"--database {url}: the server did not answer within {seconds:g} s (--timeout)") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def run_command(args: argparse.Namespace) -> int:
-    from kvfuzz.campaign.cluster import ClusterFindings, StoredFinding, check_redis_url, is_redis, parse_finding
+    from kvfuzz.campaign.cluster import (
+        ClusterFindings,
+        StoredFinding,
+        TooLarge,
+        check_redis_url,
+        is_redis,
+        parse_finding,
+    )
     from kvfuzz.saved.trace import TraceError
 
     url: str = args.database
     try:
         if not is_redis(url):
             raise _Refused(f"--database {url}: kvfuzz findings reads the Redis campaigns shared: redis://HOST:PORT/N")
-        check_redis_url(url)
         directory = Path(args.directory) if args.directory else None
         if directory is not None and directory.exists() and not directory.is_dir():
             raise _Refused(f"-o {directory}: not a directory")
-        cluster = ClusterFindings(url)
-        stored = _redis(url, cluster.keys)
-        keys = _select(stored, args.keys, url)
-        raw = _redis(url, lambda: cluster.fetch(keys))
+        with _deadline(args.timeout, url):
+            check_redis_url(url)
+            cluster = ClusterFindings(url)
+            stored = _redis(url, cluster.keys)
+            keys = _select(stored, args.keys, url)
+            raw = _redis(url, lambda: cluster.fetch(keys))
     except (_Refused, ValueError) as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
@@ -68,11 +117,15 @@ def run_command(args: argparse.Namespace) -> int:
     for key in keys:
         record = raw.get(key)
         if record is None:
-            print(f"kvfuzz: finding {key}: deleted from {url} while it was read", file=sys.stderr)
+            print(f"kvfuzz: finding {printable(key)}: deleted from {url} while it was read", file=sys.stderr)
+            status = 2
+            continue
+        if isinstance(record, TooLarge):
+            print(f"kvfuzz: {url} finding {printable(key)}: {record}; not read", file=sys.stderr)
             status = 2
             continue
         try:
-            findings.append(parse_finding(key, record, f"{url} finding {key}"))
+            findings.append(parse_finding(key, record, f"{url} finding {printable(key)}"))
         except TraceError as error:
             print(f"kvfuzz: {error}", file=sys.stderr)
             status = 2
@@ -107,6 +160,8 @@ def _redis(url: str, read: Any) -> Any:
     """``read()``, with the server failing mid-way (it answered the check a moment ago) a refusal of one line."""
     try:
         return read()
+    except (_Refused, ValueError):
+        raise
     except Exception as error:  # noqa: BLE001 -- whatever the client says, in one line
         raise _Refused(f"--database {url}: cannot read Redis ({' '.join(str(error).split())})") from None
 

@@ -26,6 +26,7 @@ from kvfuzz.commands.options import at_least_seconds, needs_torch
 from kvfuzz.option_defaults import CALL_TIMEOUT
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, UntrustedAllocator, load_factory
 from kvfuzz.saved.hint import show_hint
+from kvfuzz.text import printable
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -77,13 +78,15 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[float], trust: AllocatorTrust) -> str:
-    """Replay one file and print what happened; returns its outcome (a key of :data:`OUTCOMES`)."""
+    """Replay one file and print what happened; returns its outcome (a key of :data:`OUTCOMES`). The file's name is
+    printed escaped (:func:`kvfuzz.text.printable`): a directory's names are not kvfuzz's to trust."""
+    name = printable(path)
     from kvfuzz.commands.scheduler_traces import is_scheduler_trace, replay_file
 
     if is_scheduler_trace(path):
         if allocator is not None:
             print(
-                f"kvfuzz: {path}: a scheduler trace is replayed against its scheduler, not --allocator", file=sys.stderr
+                f"kvfuzz: {name}: a scheduler trace is replayed against its scheduler, not --allocator", file=sys.stderr
             )
             return "could not be replayed"
         return replay_file(path, call_timeout)
@@ -95,10 +98,10 @@ def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[flo
     try:
         trace = load_trace(Path(path))
     except TraceUnavailable as error:
-        print(f"{path}: skipped: {str(error).removeprefix(f'{Path(path)}: ')}\n")
+        print(f"{name}: skipped: {printable(str(error).removeprefix(f'{Path(path)}: '))}\n")
         return "skipped"
     except TraceError as error:
-        print(f"kvfuzz: {error}", file=sys.stderr)
+        print(f"kvfuzz: {printable(str(error))}", file=sys.stderr)
         return "could not be replayed"
     spec = allocator or trace.allocator
     try:
@@ -106,7 +109,7 @@ def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[flo
             trust.check(trace.allocator)
     except UntrustedAllocator as error:
         print(
-            f"kvfuzz: {path}: {error}: replay it against an allocator you name (--allocator SPEC), or pass "
+            f"kvfuzz: {name}: {error}: replay it against an allocator you name (--allocator SPEC), or pass "
             "--trust-allocator if you trust where the trace came from",
             file=sys.stderr,
         )
@@ -115,12 +118,12 @@ def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[flo
         load_factory(spec)
     except AllocatorNotFound as error:
         if not allocator_missing(error):  # it is here, and its import raised or exited
-            print(f"kvfuzz: {path}: {error}", file=sys.stderr)
+            print(f"kvfuzz: {name}: {error}", file=sys.stderr)
             return "could not be replayed"
-        print(f"{path}: skipped: cannot load its allocator here: {error}\n")
+        print(f"{name}: skipped: cannot load its allocator here: {error}\n")
         return "skipped"
     print(
-        f"{path}: recorded against {trace.allocator}: {trace.failure.get('title')}"
+        f"{name}: recorded against {trace.allocator}: {trace.failure.get('title')}"
         + (f" (known bug: {trace.known_bug})" if trace.known_bug else "")
     )
     try:
@@ -132,13 +135,13 @@ def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[flo
             trust=trust,
         )
     except NotApplicable as error:
-        print(f"kvfuzz: {path}: {error}", file=sys.stderr)
+        print(f"kvfuzz: {name}: {error}", file=sys.stderr)
         return "could not be replayed"
     except KeyboardInterrupt:
         raise
     except BaseException as error:  # building the allocator or its kernel failed (a sys.exit too): report, go on
         raised = " ".join(f"{type(error).__name__}: {error}".split())
-        print(f"kvfuzz: {path}: replay could not start against {spec!r}: {raised}", file=sys.stderr)
+        print(f"kvfuzz: {name}: replay could not start against {spec!r}: {raised}", file=sys.stderr)
         return "could not be replayed"
     failed_at = replayed.outcome.failed_at
     if not replayed.failed:

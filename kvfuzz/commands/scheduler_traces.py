@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from kvfuzz.saved.files import json_file_kind
+from kvfuzz.text import printable
 
 if TYPE_CHECKING:
     from kvfuzz.scheduler.trace import SchedulerTrace
@@ -33,7 +34,7 @@ def _load(path: str) -> Optional[SchedulerTrace]:
     try:
         return load(Path(path))
     except SchedulerTraceError as error:
-        print(f"kvfuzz: {error}", file=sys.stderr)
+        print(f"kvfuzz: {printable(str(error))}", file=sys.stderr)
         return None
 
 
@@ -49,15 +50,16 @@ def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
     from kvfuzz.scheduler.trace import SGLANG
     from kvfuzz.scheduler.vllm_build import vllm_missing
 
+    name = printable(path)
     trace = _load(path)
     if trace is None:
         return "could not be replayed"
     sglang = trace.scheduler == SGLANG
     if sglang_missing() if sglang else vllm_missing():  # as a trace whose allocator is not installed: skipped
-        print(f"{path}: skipped: {missing_sglang(trace) if sglang else missing_vllm(trace)}\n")
+        print(f"{name}: skipped: {missing_sglang(trace) if sglang else missing_vllm(trace)}\n")
         return "skipped"
     known = f" (known bug: {trace.known_bug})" if trace.known_bug else ""
-    print(f"{path}: recorded against {trace.scheduler}: {trace.failure.check}{known}")
+    print(f"{name}: recorded against {trace.scheduler}: {trace.failure.check}{known}")
     print(f"  {trace.setup.describe()}; {trace.engine_description()}")
     here = sglang_version() if sglang else vllm_version()
     if here != trace.vllm_version and here != "unknown":
@@ -70,7 +72,7 @@ def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
                 watchdog=watchdog,
             )
     except ReplayRefused as error:
-        print(f"kvfuzz: {path}: {error}", file=sys.stderr)
+        print(f"kvfuzz: {name}: {error}", file=sys.stderr)
         return "could not be replayed"
     if not replayed.failed:
         print("  ok   every check passed, the drain included: the failure no longer reproduces\n")
@@ -81,7 +83,7 @@ def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
     print("\n".join(f"       {line}" for line in replayed.describe_failure().splitlines()))
     if not replayed.reproduced:
         print(f"       recorded: {trace.failure.describe()}")
-    print(f"       see it with: kvfuzz show {path}\n")
+    print(f"       see it with: kvfuzz show {name}\n")
     return "reproduced" if replayed.reproduced else "failed differently"
 
 

@@ -203,13 +203,19 @@ def journal_path(directory: Path, pid: Optional[int] = None) -> Path:
     return directory / f"{JOURNAL_PREFIX}{os.getpid() if pid is None else pid}.jsonl"
 
 
+JOURNAL_LIMIT = 4 * 1024 * 1024
+"""Bytes a journal may reach before the next program starts it afresh: only its last program is ever recovered, so
+a long run's journal stays this small (plus one program) instead of holding every program it ran."""
+
+
 class Journal:
     """An append-only file of the programs a run executes, one JSON object a line, flushed before each call: a
     header (``{"format": "kvfuzz-journal/1", "pid": ..., "allocator": ..., "config": {...}}``), then
     ``{"example": n}`` before each program and ``{"rule": ..., "arguments": {...}}`` per call, in the trace format;
     a program run under another configuration than the last header's is preceded by a header of its own.
     If the process dies, the last program in the file is the one that killed it; :mod:`kvfuzz.saved.corpus` turns such
-    a journal into a trace. A run that ends normally deletes its journal."""
+    a journal into a trace. A run that ends normally deletes its journal. A program that starts once the file has
+    passed :data:`JOURNAL_LIMIT` bytes starts it afresh, with a header: the programs before it are finished."""
 
     def __init__(self, directory: Path, allocator: str, config_json: dict[str, Any]) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -225,6 +231,14 @@ class Journal:
         """A program starts; under ``config_json`` when given (a shrinker replays candidates in smaller pools): a
         configuration other than the last header's gets a header of its own first, so the program a death leaves
         last is recovered with the pool it ran in."""
+        if self._file is not None and self._file.tell() > JOURNAL_LIMIT:
+            try:
+                self._file.seek(0)
+                self._file.truncate()
+            except OSError as error:
+                self.error = error
+                self._drop()
+            self._write_header()
         if config_json is not None and config_json != self._config:
             self._config = config_json
             self._write_header()

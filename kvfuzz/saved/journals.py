@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import attrs
 
@@ -29,7 +29,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _last_program(lines: list[str]) -> tuple[Optional[dict[str, Any]], list[dict[str, Any]]]:
+MAX_READ = 64 * 1024 * 1024
+"""The most of a journal recovery reads: its first line (the first header) and its last this many bytes. A run
+rewrites its journal once it passes :data:`kvfuzz.program.safeguards.JOURNAL_LIMIT`, so its own journals stay far
+below; a larger file (an old kvfuzz's, or planted in a shared corpus) is read from its tail, line by line, never
+whole."""
+
+
+def _journal_lines(journal: Path) -> Iterator[str]:
+    """The journal's lines as recovery needs them: all of a file up to :data:`MAX_READ` bytes; of a larger one, its
+    first line, then the lines that start in its last :data:`MAX_READ` bytes (the partial first one skipped)."""
+    with open(journal, encoding="utf-8", errors="replace", newline="\n") as stream:
+        size = os.fstat(stream.fileno()).st_size
+        if size > MAX_READ:
+            yield stream.readline()
+            stream.seek(size - MAX_READ)
+            stream.readline()  # the rest of a line that started before the tail
+        yield from stream
+
+
+def _last_program(lines: Iterable[str]) -> tuple[Optional[dict[str, Any]], list[dict[str, Any]]]:
     # A program of no calls is kept: the process died building the allocator or tearing the example down.
     """The journal's header and the calls of its last program (a torn last line, written as the process died, is
     dropped)."""
@@ -72,7 +91,7 @@ def recover(directory: Path) -> list[Recovered]:
         if pid != os.getpid() and _alive(pid):
             continue  # another run is using it
         try:
-            header, program = _last_program(journal.read_text(encoding="utf-8", errors="replace").splitlines())
+            header, program = _last_program(_journal_lines(journal))
         except OSError as error:
             handled.append(Recovered(pid, None, f"could not read {journal}: {error}"))
             continue

@@ -18,6 +18,7 @@ from typing import Iterable, Iterator, Optional
 from kvfuzz.campaign.scheduler.target import PROCESS_DIED, SchedulerProcessDied, SchedulerTarget, scheduler_signature
 from kvfuzz.scheduler.replay import ReplayRefused
 from kvfuzz.scheduler.trace import FORMAT, SchedulerTrace, SchedulerTraceError, load
+from kvfuzz.text import printable
 
 
 def known_signatures(
@@ -31,7 +32,7 @@ def known_signatures(
         reason = f" (known bug: {trace.known_bug})" if trace.known_bug else ""
         if trace.failure.exception == PROCESS_DIED:  # its replay would kill this process: known as recorded
             died = SchedulerProcessDied(trace.failure.message)
-            known.setdefault(scheduler_signature(trace.scheduler, died).key(), f"{path}{reason}")
+            known.setdefault(scheduler_signature(trace.scheduler, died).key(), f"{printable(str(path))}{reason}")
             continue
         try:
             replayed = target.replay(trace, call_timeout)
@@ -39,7 +40,7 @@ def known_signatures(
             continue
         if not replayed.reproduced or replayed.error is None:
             continue
-        known.setdefault(scheduler_signature(trace.scheduler, replayed.error).key(), f"{path}{reason}")
+        known.setdefault(scheduler_signature(trace.scheduler, replayed.error).key(), f"{printable(str(path))}{reason}")
     return known
 
 
