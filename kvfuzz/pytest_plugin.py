@@ -339,6 +339,7 @@ class SchedulerTraceItem(_KvfuzzItem):
     def runtest(self) -> None:
         _require_torch("replaying a scheduler trace", KvfuzzFailure)
         from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
+        from kvfuzz.scheduler.harness import HarnessError
         from kvfuzz.scheduler.replay import ReplayRefused, replay
         from kvfuzz.scheduler.trace import SGLANG, SchedulerTraceError, load
         from kvfuzz.scheduler.vllm_build import vllm_missing
@@ -359,6 +360,8 @@ class SchedulerTraceItem(_KvfuzzItem):
                 replayed = replay(trace, watchdog=watchdog)
         except ReplayRefused as error:
             raise KvfuzzFailure(f"the trace cannot be replayed here: {error}") from error
+        except HarnessError as error:  # kvfuzz's own code failed: said as such, never as the trace's failure
+            raise KvfuzzFailure(error.describe()) from None
         _judge(trace.known_bug, replayed, trace.scheduler, f"at {replayed.where()} of {trace.scheduler}", self.path)
 
     def reportinfo(self):

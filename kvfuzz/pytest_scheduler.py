@@ -78,6 +78,8 @@ def search_scheduler(search: SchedulerSearch) -> Optional[str]:
                 seed=search.seed,
                 call_timeout=search.call_timeout,
             )
+    if outcome.harness is not None:
+        return outcome.harness.describe()
     if outcome.failure is None:
         return None
     saved = recorder.finish(outcome.failure, shrunk=True)

@@ -348,8 +348,8 @@ def test_a_scheduler_campaign_without_vllm_is_one_line_and_exit_2(tmp_path: Path
     done = kvfuzz("campaign", "--scheduler", "vllm-v1", "--max-examples", "5", cwd=tmp_path)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.splitlines() == [
-        "kvfuzz: --scheduler vllm-v1 needs vllm 0.33.0, which is not installed here; build its environment with "
-        "scripts/third_party_env.sh vllm"
+        "kvfuzz: --scheduler vllm-v1 needs vLLM (tested: 0.33.0 and 0.34.0), which is not installed here; build its "
+        "environment with scripts/third_party_env.sh vllm@VERSION"
     ]
 
 

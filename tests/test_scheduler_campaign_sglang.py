@@ -60,8 +60,8 @@ def test_a_token_budget_sglang_refuses_is_refused_in_one_line() -> None:
 
 
 NO_SGLANG = (
-    "kvfuzz: --scheduler sglang needs sglang 0.5.23, which is not installed here; build its environment with "
-    "scripts/third_party_env.sh sglang"
+    "kvfuzz: --scheduler sglang needs SGLang (tested: 0.5.22 and 0.5.23), which is not installed here; build its "
+    "environment with scripts/third_party_env.sh sglang@VERSION"
 )
 
 

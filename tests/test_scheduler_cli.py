@@ -12,19 +12,19 @@ from factories import kvfuzz
 
 
 @pytest.mark.parametrize(
-    ("scheduler", "package", "version", "engine"),
-    [("vllm-v1", "vllm", "0.33.0", "vLLM"), ("sglang", "sglang", "0.5.23", "SGLang")],
+    ("scheduler", "package", "versions", "engine"),
+    [("vllm-v1", "vllm", "0.33.0 and 0.34.0", "vLLM"), ("sglang", "sglang", "0.5.22 and 0.5.23", "SGLang")],
 )
 def test_a_scheduler_target_without_its_engine_is_one_line_and_exit_2(
-    tmp_path: Path, scheduler: str, package: str, version: str, engine: str
+    tmp_path: Path, scheduler: str, package: str, versions: str, engine: str
 ) -> None:
     if importlib.util.find_spec(package) is not None:
         pytest.skip(f"{engine} is installed here: this is the refusal for environments without it")
     done = kvfuzz("run", "--scheduler", scheduler, cwd=tmp_path)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [
-        f"kvfuzz: --scheduler {scheduler} needs {package} {version}, which is not installed here; build its "
-        f"environment with scripts/third_party_env.sh {package}"
+        f"kvfuzz: --scheduler {scheduler} needs {engine} (tested: {versions}), which is not installed here; build its "
+        f"environment with scripts/third_party_env.sh {package}@VERSION"
     ]
     assert not (tmp_path / ".kvfuzz").exists()
 

@@ -120,6 +120,7 @@ ENDINGS = {
     "stop-after": "enough distinct failures found",
     "interrupted": "interrupted",
     "workers failed": "kvfuzz failed in every worker",
+    "harness error": "kvfuzz's own code failed driving the engine: a harness error, not a finding",
 }
 """Why a campaign ended, for a person, by :attr:`CampaignResult.ended_by`."""
 
@@ -146,7 +147,8 @@ def table(result: CampaignResult) -> list[str]:
     for dead in result.dead_workers:
         lines.append(f"worker {dead.slot} (pid {dead.pid}) {dead.how}; replaced; its program: {dead.trace or 'lost'}")
     for error in result.errors:
-        lines.append(f"kvfuzz failed in a worker (a bug in kvfuzz, please report it):\n{error}")
+        where = "driving the engine" if result.ended_by == "harness error" else "in a worker"
+        lines.append(f"kvfuzz failed {where} (a bug in kvfuzz, please report it):\n{error}")
     return lines
 
 

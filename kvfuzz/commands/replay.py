@@ -2,7 +2,8 @@
 
 Each file is reported on its own and the next one is replayed whatever happened to it (its allocator raising or
 exiting while it is imported or built included); several files end with a line counting each outcome and giving
-the exit status. The exit status is the worst of the files': 2 for a file that is not a valid trace (or whose
+the exit status. The exit status is the worst of the files': 3 for a scheduler trace whose replay kvfuzz's own code
+failed (a harness error, :mod:`kvfuzz.scheduler.harness`); 2 for a file that is not a valid trace (or whose
 program does not fit the allocator, or whose allocator fails or exits while it is imported or built), 1 for a
 recorded failure that reproduces (or fails differently), 0 otherwise. A trace whose recorded allocator is not here
 (an engine library that is not installed) or that needs a CUDA device this machine lacks is skipped: it does not
@@ -56,6 +57,7 @@ OUTCOMES = {
     "no longer reproduce": 0,
     "skipped": 0,
     "could not be replayed": 2,
+    "harness error": 3,  # kvfuzz's own code failed replaying a scheduler trace (kvfuzz.scheduler.harness)
 }
 
 
@@ -72,7 +74,9 @@ def run_command(args: argparse.Namespace) -> int:
         outcomes[_replay_file(path, args.allocator, args.call_timeout or None, trust)] += 1
     status = max(OUTCOMES[outcome] for outcome in outcomes)
     if len(args.traces) > 1:
-        counts = ", ".join(f"{outcomes[outcome]} {outcome}" for outcome in OUTCOMES)
+        counts = ", ".join(
+            f"{outcomes[outcome]} {outcome}" for outcome in OUTCOMES if outcome != "harness error" or outcomes[outcome]
+        )
         print(f"{len(args.traces)} traces: {counts}; exit status {status}")
     return status
 

@@ -1,6 +1,7 @@
 """``kvfuzz campaign --scheduler NAME``: a campaign against a real scheduler (docs/scheduler.md), its usage errors
 one line and exit status 2 before any work: options only an allocator campaign takes, options only a scheduler
-campaign takes given without ``--scheduler``, and vLLM not installed here."""
+campaign takes given without ``--scheduler``, the engine not installed here or of a version kvfuzz is not tested on
+(without ``--untested-engine``)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ ALLOCATOR_ONLY = (
 )
 """(attribute, its default, what to say) of ``kvfuzz campaign``'s options a scheduler campaign does not take."""
 
-SCHEDULER_ONLY = ("batch_examples", "no_shrink", "isolate", "pin")
+SCHEDULER_ONLY = ("batch_examples", "no_shrink", "isolate", "pin", "untested_engine")
 """The attributes of ``kvfuzz campaign``'s options only a scheduler campaign takes."""
 
 
@@ -36,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="examples per configuration drawn from the swarm table (default 25)",
     )
     group.add_argument("--no-shrink", action="store_true", default=None, help="save failures as found, unshrunk")
+    group.add_argument(
+        "--untested-engine",
+        action="store_true",
+        default=None,
+        help="run on an engine version kvfuzz is not tested on (refused otherwise; docs/scheduler.md, Versions)",
+    )
     group.add_argument(
         "--isolate",
         action="store_true",
@@ -100,23 +107,9 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             check_redis_url(args.database)
         except ValueError as error:
             return str(error)
-    if args.scheduler == "sglang":
-        from kvfuzz.scheduler.sglang.build import sglang_missing
+    from kvfuzz.scheduler.engines import engine_problem
 
-        if sglang_missing():
-            return (
-                "--scheduler sglang needs sglang 0.5.23, which is not installed here; build its environment with "
-                "scripts/third_party_env.sh sglang"
-            )
-        return None
-    from kvfuzz.scheduler.vllm_build import vllm_missing
-
-    if vllm_missing():
-        return (
-            f"--scheduler {args.scheduler} needs vllm 0.33.0, which is not installed here; build its environment "
-            "with scripts/third_party_env.sh vllm"
-        )
-    return None
+    return engine_problem(args.scheduler, bool(args.untested_engine))
 
 
 def scheduler_campaign(
@@ -171,6 +164,11 @@ def scheduler_campaign(
         )
         return 2
     pinned = f", pinned: {describe_pins(options.pins)}" if options.pins else ""
+    from kvfuzz.scheduler.engines import untested_warning
+
+    warning = untested_warning(args.scheduler) if target is None else None
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     if not args.json:
         ends = " or ".join(
             part
@@ -210,6 +208,10 @@ def scheduler_campaign(
             print("\n".join(new_finding_lines(result.new)))
     if result.ended_by == "interrupted":
         return 130
+    if result.ended_by == "harness error":
+        from kvfuzz.scheduler.harness import HARNESS_STATUS
+
+        return HARNESS_STATUS
     return 1 if result.new else 0
 
 

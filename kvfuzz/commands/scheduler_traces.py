@@ -43,6 +43,7 @@ def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
     :data:`kvfuzz.commands.replay.OUTCOMES`); a step running past ``call_timeout`` seconds fails the hang check (None:
     no watchdog)."""
     from kvfuzz.program.safeguards import Watchdog
+    from kvfuzz.scheduler.harness import HarnessError
     from kvfuzz.scheduler.recorder import vllm_version
     from kvfuzz.scheduler.replay import ReplayRefused, missing_vllm, replay
     from kvfuzz.scheduler.sglang.build import sglang_missing
@@ -74,6 +75,9 @@ def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
     except ReplayRefused as error:
         print(f"kvfuzz: {name}: {error}", file=sys.stderr)
         return "could not be replayed"
+    except HarnessError as error:
+        print(f"{name}: not replayed to its end:\n{error.describe()}", file=sys.stderr)
+        return "harness error"
     if not replayed.failed:
         print("  ok   every check passed, the drain included: the failure no longer reproduces\n")
         return "no longer reproduce"

@@ -19,6 +19,7 @@ from collections.abc import Collection
 from typing import Any
 
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
+from kvfuzz.scheduler.vllm_release import vllm_release
 
 
 def check_batch(output: Any, live: Collection[str], step: int) -> None:
@@ -55,8 +56,9 @@ def check_batch(output: Any, live: Collection[str], step: int) -> None:
                 "the output brings it as a scheduled request, with no tokens scheduled",
                 "a request brought with no tokens scheduled",
             )
+    resumed = vllm_release().resumed(cached)
     for request in cached.req_ids:
-        if request in cached.resumed_req_ids:
+        if request in resumed:
             continue
         if request in preempted or request in finished:
             why = "preempts" if request in preempted else "finishes"

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from kvfuzz.scheduler.session import WorkerFactory
 
 SCHEDULERS = {
-    "vllm-v1": "vLLM 0.33.0's v1 Scheduler with its KVCacheManager",
-    "sglang": "SGLang 0.5.23's SchedulePolicy, PrefillAdder and ScheduleBatch over its radix cache",
+    "vllm-v1": "vLLM's v1 Scheduler with its KVCacheManager",
+    "sglang": "SGLang's SchedulePolicy, PrefillAdder and ScheduleBatch over its radix cache",
 }
 """The schedulers ``--scheduler`` names, and what each is."""
 
@@ -58,6 +58,7 @@ SCHEDULER_ONLY = (
     "transfer_delay",
     "load_failures",
     "max_loras",
+    "untested_engine",
 )
 """The attributes of the options only a scheduler target takes."""
 
@@ -65,6 +66,12 @@ SCHEDULER_ONLY = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of a scheduler target (``kvfuzz run``'s ``--scheduler`` is registered beside ``--allocator``)."""
     group = parser.add_argument_group("scheduler target (with --scheduler; docs/scheduler.md)")
+    group.add_argument(
+        "--untested-engine",
+        action="store_true",
+        default=None,
+        help="run on an engine version kvfuzz is not tested on (refused otherwise; docs/scheduler.md, Versions)",
+    )
     group.add_argument(
         "--max-num-batched-tokens",
         type=int,
@@ -172,9 +179,9 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     for attribute, default, flag in _ALLOCATOR_ONLY:
         if getattr(args, attribute) != default:
             return f"--scheduler does not take {flag} (yet; docs/scheduler.md says what a scheduler target covers)"
-    if args.scheduler == "sglang":
-        from kvfuzz.scheduler.sglang.build import sglang_missing
+    from kvfuzz.scheduler.engines import engine_problem
 
+    if args.scheduler == "sglang":
         for name in (
             "isolate",
             "policy",
@@ -194,22 +201,10 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/scheduler.md#sglang)"
 
-        if sglang_missing():
-            return (
-                "--scheduler sglang needs sglang 0.5.23, which is not installed here; build its environment with "
-                "scripts/third_party_env.sh sglang"
-            )
-        return None
+        return engine_problem("sglang", bool(args.untested_engine))
     if args.max_loras is not None and args.max_loras < 1:
         return f"--max-loras must be at least 1, got {args.max_loras} (leave it out for no LoRA)"
-    from kvfuzz.scheduler.vllm_build import vllm_missing
-
-    if vllm_missing():
-        return (
-            f"--scheduler {args.scheduler} needs vllm 0.33.0, which is not installed here; build its environment "
-            "with scripts/third_party_env.sh vllm"
-        )
-    return None
+    return engine_problem(args.scheduler, bool(args.untested_engine))
 
 
 def one_line(error: ValueError) -> str:
@@ -326,12 +321,16 @@ def run_scheduler(
     if problem is not None:
         print(f"kvfuzz: {problem}", file=sys.stderr)
         return 2
+    from kvfuzz.scheduler.engines import VLLM, untested_warning
     from kvfuzz.scheduler.search import search_kind
 
+    warning = untested_warning(args.scheduler)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     if not args.json:
         print(
-            f"kvfuzz run: --scheduler {args.scheduler} ({SCHEDULERS[args.scheduler]}; vLLM imported and configured "
-            f"in {configured:.1f} s)\n  {setup.describe()}\n  "
+            f"kvfuzz run: --scheduler {args.scheduler} ({SCHEDULERS[args.scheduler]}, vLLM {VLLM.installed()}; "
+            f"imported and configured in {configured:.1f} s)\n  {setup.describe()}\n  "
             f"{plural(args.examples, 'example')} of up to {plural(args.steps, 'operation')}, "
             f"{search_kind(args.seed, args.database)}; "
             + (f"a step running past {args.call_timeout:g} s is a hang" if args.call_timeout else "no watchdog")
@@ -377,6 +376,8 @@ def _search_and_report(
     )
     if not args.json:
         print("\n".join(outcome.describe()), flush=True)
+    if outcome.harness is not None:
+        return _harness_error(args, outcome)
     saved = recorder.finish(outcome.failure, shrunk=not args.no_shrink)
     emitted: Optional[dict[str, Any]] = None
     if args.json:
@@ -399,3 +400,13 @@ def _search_and_report(
             file=sys.stderr,
         )
     return Ran(1 if outcome.failure is not None else 0, emitted)
+
+
+def _harness_error(args: argparse.Namespace, outcome: Any) -> Ran:
+    """A search stopped by a harness error: its traceback and hint on standard error, nothing saved, exit status 3
+    (``--json``: the outcome, with its ``harness_error`` line)."""
+    from kvfuzz.scheduler.harness import HARNESS_STATUS
+
+    print(outcome.harness.describe(), file=sys.stderr, flush=True)
+    emitted = {"scheduler": args.scheduler, "seed": args.seed, **outcome.to_json()} if args.json else None
+    return Ran(HARNESS_STATUS, emitted)

@@ -12,7 +12,9 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rul
 
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.fake_model import VOCABULARY
+from kvfuzz.scheduler.harness import as_harness_error
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.priority import priority_arguments
@@ -67,6 +69,7 @@ def machine_for_setup(
     builds another engine's session instead (:class:`kvfuzz.scheduler.sglang.session.SGLangSession`: the same client
     operations, counters and ``program``; the factory gives it its own watchdog and journal)."""
     new_session = session if session is not None else (lambda: Session(setup, worker, watchdog, journal))
+    engine = f"SGLang {installed_version('sglang')}" if session is not None else f"vLLM {installed_version('vllm')}"
     prefixes = prefix_lengths(setup)
     longest = setup.max_model_len
 
@@ -75,15 +78,25 @@ def machine_for_setup(
 
         def __init__(self) -> None:
             super().__init__()
-            self.session = new_session()  # one example's scheduler, worker and outputs
+            try:
+                self.session = new_session()  # one example's scheduler, worker and outputs
+            except BaseException as error:
+                raised = as_harness_error(error, engine)
+                if raised is not error:
+                    raise raised from None
+                raise
             self.failed = False  # an operation raised (a check, or vLLM itself): the teardown does not drain
 
         def _guarded(self, action: Callable[[], T]) -> T:
-            """``action()``, noting a failure so that the teardown leaves the broken example alone."""
+            """``action()``, noting a failure so that the teardown leaves the broken example alone; an exception
+            kvfuzz's own code raised ends the search as a :class:`~kvfuzz.scheduler.harness.HarnessError`."""
             try:
                 return action()
             except BaseException as error:
                 self.failed = True
+                raised = as_harness_error(error, self.session.engine)
+                if raised is not error:
+                    raise raised from None
                 self._witness(error)
                 raise
 
@@ -132,6 +145,9 @@ def machine_for_setup(
                 if not self.failed:
                     self.session.drain()
             except BaseException as error:
+                raised = as_harness_error(error, self.session.engine)
+                if raised is not error:
+                    raise raised from None
                 self._witness(error)
                 raise
             finally:

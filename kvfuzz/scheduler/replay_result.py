@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 
+from kvfuzz.scheduler.harness import as_harness_error
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
 
@@ -55,16 +56,25 @@ def replay_program(
 ) -> SchedulerReplay:
     """Apply ``trace``'s program to ``session`` (either engine's), then drain it: the first exception (a check's
     violation, or the engine's own) is the replay's finding, at its operation's index or ``len(program)`` for the
-    drain. ``on_operation`` is told of each operation before it runs."""
+    drain. ``on_operation`` is told of each operation before it runs. An exception kvfuzz's own code raised is no
+    finding: it leaves as a :class:`~kvfuzz.scheduler.harness.HarnessError`."""
     for index, operation in enumerate(trace.program):
         if on_operation is not None:
             on_operation(index, operation)
         try:
             operation.apply(session)
         except Exception as error:  # noqa: BLE001 -- a check's violation, or the engine's own exception: the finding
-            return SchedulerReplay(trace, RecordedFailure.of(error), index, error)
+            return SchedulerReplay(trace, RecordedFailure.of(_not_kvfuzz_s(error, session)), index, error)
     try:
         session.drain()
     except Exception as error:  # noqa: BLE001 -- as above
-        return SchedulerReplay(trace, RecordedFailure.of(error), len(trace.program), error)
+        return SchedulerReplay(trace, RecordedFailure.of(_not_kvfuzz_s(error, session)), len(trace.program), error)
     return SchedulerReplay(trace, None, None)
+
+
+def _not_kvfuzz_s(error: Exception, session: Any) -> Exception:
+    """``error``, unless kvfuzz's own code raised it: then its :class:`~kvfuzz.scheduler.harness.HarnessError`."""
+    raised = as_harness_error(error, session.engine)
+    if raised is not error:
+        raise raised from None
+    return error

@@ -16,6 +16,7 @@ from kvfuzz.profiles import run_settings
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
+from kvfuzz.scheduler.harness import HarnessError
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Tally, Witness, machine_for_setup
 from kvfuzz.scheduler.offloading import TransferTally
@@ -43,13 +44,14 @@ class Outcome:
     rewrites: int = 0  # async scheduling: released blocks written while a step that read them was in flight
     transfers: TransferTally = attrs.Factory(TransferTally)  # the KV connector's transfers (all zero without one)
     lora_held_back: int = 0  # LoRA: steps after which the adapter limit held a waiting request back
+    harness: Optional[HarnessError] = None  # kvfuzz's own code failed (the search stopped there): no finding
 
     @property
     def steps_per_second(self) -> float:
         return self.steps / self.seconds if self.seconds else 0.0
 
     def describe(self) -> list[str]:
-        verdict = "FAILED" if self.failure is not None else "passed"
+        verdict = "FAILED" if self.failure is not None else "STOPPED by a harness error" if self.harness else "passed"
         lines = [
             f"{verdict}: {plural(self.examples, 'example')}, {plural(self.steps, 'step')} in {self.seconds:.1f} s "
             f"({self.steps_per_second:.0f} steps/s)",
@@ -105,6 +107,7 @@ class Outcome:
             "check": self.check(),
             "explanation": self.explanation() or None,
             "program": self.program or None,
+            "harness_error": self.harness.hint() if self.harness is not None else None,
         }
 
 
@@ -145,11 +148,14 @@ def search(
     if seed is not None:
         test = hypothesis_seed(seed)(test)
     failure: Optional[Exception] = None
+    harness: Optional[HarnessError] = None
     program = ""
     started = time.perf_counter()
     try:
         with single_threaded_torch(), watchdog or contextlib.nullcontext():
             test()
+    except HarnessError as error:  # kvfuzz's own code failed: the search stops, nothing is a finding
+        harness = error
     except Exception as error:  # noqa: BLE001 -- an exception from vLLM is a finding, reported with its program
         failure = error
         program = "\n".join(note for note in getattr(error, "__notes__", ()) if note)
@@ -167,4 +173,5 @@ def search(
         tally.rewrites,
         tally.transfers,
         tally.lora_held_back,
+        harness,
     )

@@ -16,6 +16,7 @@ from kvfuzz.scheduler.accounting import check_accounting
 from kvfuzz.scheduler.async_batches import DEPTH, Batch, BatchQueue, Progress, SynchronousLoop
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.ending import Ending
+from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.lora import limit_held_back
 from kvfuzz.scheduler.offloading import TransferTally, connector_for
@@ -66,6 +67,7 @@ class Session:
         self.loop: EngineLoop = BatchQueue() if setup.async_scheduling else SynchronousLoop()  # the engine core
         self.connector = connector_for(setup)  # the KV connector's worker side (transfers, offload store)
         self.observer: StepObserver = NO_OBSERVER  # told of each step as soon as it is scheduled (kvfuzz show)
+        self.engine = f"vLLM {installed_version('vllm')}"  # what a harness error names as driven
         if journal is not None:
             journal.start(setup, "V2" if self.worker.runner_v2 else "V1")
 
@@ -162,22 +164,17 @@ class Session:
         self.held_back += int(limit_held_back(self.scheduler, self.setup.max_loras))
         self.hit_tokens += sum(new.num_computed_tokens for new in output.scheduled_new_reqs)
         cached = output.scheduled_cached_reqs
+        resumed = self.worker.release.resumed(cached)
         self.hit_tokens += sum(
-            computed
-            for request, computed in zip(cached.req_ids, cached.num_computed_tokens)
-            if request in cached.resumed_req_ids
+            computed for request, computed in zip(cached.req_ids, cached.num_computed_tokens) if request in resumed
         )
         self.worker.consume(output, self.steps)
         self._check_accounting()
         self.loop.before_execute(output, self.worker, self.steps)
         self.connector.before_forward(output, self.worker, self.steps)
         order, sampled = self.worker.execute(output, self.steps)
-        result = vllm().ModelRunnerOutput(
-            req_ids=order,
-            req_id_to_index={request: index for index, request in enumerate(order)},
-            sampled_token_ids=sampled,
-            kv_connector_output=self.connector.after_forward(output, self.worker, self.steps),
-        )
+        connector = self.connector.after_forward(output, self.worker, self.steps)
+        result = self.worker.release.runner_output(vllm().ModelRunnerOutput, order, sampled, connector)
         return Batch(self.steps, output, result, int(output.total_num_scheduled_tokens))
 
     def collect(self, batch: Batch) -> None:

@@ -3,7 +3,8 @@ the configuration selects keeps them, the K/V of every scheduled token written i
 the content every scheduled token attends to checked, and a ``ModelRunnerOutput`` of the fake model's tokens.
 
 vLLM 0.33.0 has two model runners, and the scheduler speaks to each its own way (``use_v2_model_runner``, the
-default where Triton is installed, as in kvfuzz's vLLM environment):
+default where Triton is installed, as in kvfuzz's vLLM environment; 0.34.0 has V2 alone: what differs between
+releases is read through :mod:`kvfuzz.scheduler.vllm_release`):
 
 * the V1 runner (``GPUModelRunner._update_states``) keeps a preempted request's state: the scheduler resumes it among
   the cached requests (``resumed_req_ids``), with a new table that replaces the old;
@@ -46,6 +47,7 @@ from kvfuzz.scheduler.mamba_states import mamba_states
 from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import kv_cache_config, vllm_config
+from kvfuzz.scheduler.vllm_release import vllm_release
 from kvfuzz.scheduler.write_paths import OwnSlotMapping, WritePathFactory
 
 
@@ -99,7 +101,8 @@ class Worker:
         self.num_groups = len(self.groups) + len(self.mamba.groups)
         # one pool for every group (vLLM's hybrid allocator gives them one block pool); vLLM's null block 0 too
         self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)
-        self.runner_v2 = bool(vllm_config(setup).use_v2_model_runner)  # which model runner's protocol is spoken
+        self.release = vllm_release()  # what differs between vLLM releases, read its way
+        self.runner_v2 = self.release.runner_v2(vllm_config(setup))  # which model runner's protocol is spoken
         self.requests: dict[str, RequestState] = {}  # every request the worker holds, as the model runner's
         self.history: dict[str, list[int]] = {}  # unfinished request -> every token the fake model sampled for it
         self.computed: dict[str, int] = {}  # request scheduled this step -> its computed tokens before the step
@@ -156,10 +159,11 @@ class Worker:
             )
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
+        resumed = self.release.resumed(cached)
         for index, request in enumerate(cached.req_ids):
             state = self.requests[request]
             blocks = cached.new_block_ids[index]
-            if request in cached.resumed_req_ids:
+            if request in resumed:
                 state.tables = [list(ids) for ids in blocks]
                 state.preempted = False
                 state.hit = cached.num_computed_tokens[index]
@@ -176,7 +180,7 @@ class Worker:
                     f"sampled {outputs}",
                     "the scheduler's count of output tokens",
                 )
-            if request not in cached.resumed_req_ids:
+            if request not in resumed:
                 self.speculation.check_computed(request, cached.num_computed_tokens[index], step)
             self.computed[request] = state.computed = cached.num_computed_tokens[index]
         adapters = {request: self.requests[request].lora for request in output.num_scheduled_tokens}

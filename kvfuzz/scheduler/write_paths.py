@@ -30,6 +30,7 @@ import functools
 from typing import Any, Callable, Protocol, Sequence
 
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
+from kvfuzz.scheduler.vllm_release import vllm_release
 
 Batch = Sequence[tuple[str, range]]
 """The step's scheduled requests, in order, each with the positions it computes this step."""
@@ -185,9 +186,10 @@ class VllmV1BlockTable:
             self._remove(new.req_id)
             self.table.add_row(attention_ids(new.block_ids, self.indexes), self._row(new.req_id))
         cached = output.scheduled_cached_reqs
+        resumed = vllm_release().resumed(cached)
         for index, request in enumerate(cached.req_ids):
             blocks = cached.new_block_ids[index]
-            if request in cached.resumed_req_ids:
+            if request in resumed:
                 self._remove(request)
                 self.table.add_row(attention_ids(blocks, self.indexes), self._row(request))
             elif blocks is not None:

@@ -29,6 +29,7 @@ from kvfuzz.campaign.scheduler.known import known_signatures
 from kvfuzz.campaign.scheduler.shared import share_finding
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.program.safeguards import user_interrupts
+from kvfuzz.scheduler.harness import HarnessError
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.pins import Pins
 from kvfuzz.scheduler.recorder import SavedSchedulerTrace, save_scheduler_trace
@@ -133,15 +134,21 @@ class SchedulerCampaign:
         self.started = time.monotonic()
 
     def run(self) -> CampaignResult:
+        """The campaign to its end; a harness error (kvfuzz's own code failing, in the known corpus's replays or a
+        batch) ends it at once, reported as such and never as a finding."""
         options = self.options
-        self.known = known_signatures([*options.known, options.corpus], self.target, options.call_timeout)
         self.started = time.monotonic()
         rng = random.Random(options.seed)
+        errors: tuple[str, ...] = ()
         try:
             with user_interrupts():  # Ctrl-C, SIGTERM (timeout's) and SIGHUP end it with what it found
+                self.known = known_signatures([*options.known, options.corpus], self.target, options.call_timeout)
+                self.started = time.monotonic()
                 ended_by = self._batches(rng)
         except KeyboardInterrupt:
             ended_by = "interrupted"
+        except HarnessError as error:
+            ended_by, errors = "harness error", (error.describe(),)
         findings = [finding for finding in self.findings.values() if finding.new]
         findings += [finding for finding in self.findings.values() if not finding.new]
         return CampaignResult(
@@ -158,6 +165,7 @@ class SchedulerCampaign:
             batches=self.batches,
             refused=self.refused,
             batch_log=tuple(self.batch_log),
+            errors=errors,
         )
 
     def _batches(self, rng: random.Random) -> str:

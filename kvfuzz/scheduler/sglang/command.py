@@ -30,6 +30,7 @@ def run_sglang(
 ) -> int:
     """Run the search (with ``database``, random and kept there: ``--database``); exit status 0 (passed) or 1 (a
     check failed, or SGLang raised)."""
+    from kvfuzz.scheduler.engines import SGLANG, untested_warning
     from kvfuzz.scheduler.recorder import trace_fields
     from kvfuzz.scheduler.search import search, search_kind
     from kvfuzz.scheduler.sglang.build import sglang
@@ -39,10 +40,14 @@ def run_sglang(
     started = time.perf_counter()
     sglang()
     imported = time.perf_counter() - started
+    warning = untested_warning("sglang")
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     if not args.json:
         print(
-            f"kvfuzz run: --scheduler sglang (SGLang's SchedulePolicy, PrefillAdder and ScheduleBatch over its "
-            f"UnifiedRadixCache, in kvfuzz's copy of the Scheduler's loop; SGLang imported in {imported:.1f} s)\n  "
+            f"kvfuzz run: --scheduler sglang (SGLang {SGLANG.installed()}'s SchedulePolicy, PrefillAdder and "
+            f"ScheduleBatch over its UnifiedRadixCache, in kvfuzz's copy of the Scheduler's loop; SGLang imported in "
+            f"{imported:.1f} s)\n  "
             f"{setup.describe()}\n  {plural(args.examples, 'example')} of up to "
             f"{plural(args.steps, 'operation')}, {search_kind(args.seed, args.database)}; "
             + (f"a step running past {args.call_timeout:g} s is a hang" if args.call_timeout else "no watchdog"),
@@ -61,6 +66,13 @@ def run_sglang(
             seed=args.seed,
             database=database,
         )
+    if outcome.harness is not None:  # kvfuzz's own code failed: its traceback and hint, nothing saved
+        from kvfuzz.scheduler.harness import HARNESS_STATUS
+
+        print(outcome.harness.describe(), file=sys.stderr, flush=True)
+        if args.json:
+            emit_json({"scheduler": "sglang", "seed": args.seed, **outcome.to_json()})
+        return HARNESS_STATUS
     saved = recorder.finish(outcome.failure, shrunk=not args.no_shrink)
     if args.json:
         if saved is not None and saved.error is not None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Optional
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.ending import Ending
+from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.fake_model import sampled_token
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
@@ -58,6 +59,7 @@ class SGLangSession:
         self.hit_tokens = 0
         self.program: list[Operation] = []
         self.observer: StepObserver = NO_OBSERVER  # told of each step as soon as it is scheduled (kvfuzz show)
+        self.engine = f"SGLang {installed_version('sglang')}"  # what a harness error names as driven
         if journal is not None:
             journal.start(setup, "")  # no model runner to record
 
