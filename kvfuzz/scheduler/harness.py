@@ -25,35 +25,37 @@ HARNESS_STATUS = 3
 
 
 class HarnessError(BaseException):
-    """kvfuzz's own code raised ``original`` while driving ``engine`` (its name and installed version)."""
+    """kvfuzz's own code failed while driving the engine: ``traceback`` is what it raised, as Python prints it, and
+    ``hint`` the one line that says what that means. It carries text alone, so that an isolated batch's child can
+    send it back to the campaign (pickled) and the campaign report it as the child's."""
 
-    def __init__(self, original: BaseException, engine: str = "the engine") -> None:
-        self.original = original  # what kvfuzz's code raised, its traceback kept
-        self.engine = engine
-        super().__init__(f"{type(original).__name__}: {original}")
+    def __init__(self, traceback_text: str, hint: str) -> None:
+        self.traceback_text = traceback_text
+        self.hint = hint
+        super().__init__(traceback_text, hint)
 
-    def where(self) -> str:
-        """The innermost frame, ``path:line in function``, the path from the package on."""
-        frames = traceback.extract_tb(self.original.__traceback__)
-        if not frames:
-            return "an unknown frame"
-        frame = frames[-1]
-        path = Path(frame.filename).resolve()
-        shown = path.relative_to(KVFUZZ_PACKAGE.parent) if path.is_relative_to(KVFUZZ_PACKAGE.parent) else path
-        return f"{shown}:{frame.lineno} in {frame.name}"
-
-    def hint(self) -> str:
-        """One line: what it means and what to do."""
-        return (
-            f"kvfuzz: harness error, not a finding: kvfuzz's own code raised {type(self.original).__name__} at "
-            f"{self.where()} while driving {self.engine}; either kvfuzz has a bug or it does not speak this engine "
-            "version: nothing was saved; report it to kvfuzz with the traceback above"
+    @classmethod
+    def of(cls, original: BaseException, engine: str) -> HarnessError:
+        """The harness error of ``original``, which kvfuzz's code raised while driving ``engine`` (its name and
+        installed version)."""
+        frames = traceback.extract_tb(original.__traceback__)
+        where = "an unknown frame"
+        if frames:
+            frame = frames[-1]
+            path = Path(frame.filename).resolve()
+            shown = path.relative_to(KVFUZZ_PACKAGE.parent) if path.is_relative_to(KVFUZZ_PACKAGE.parent) else path
+            where = f"{shown}:{frame.lineno} in {frame.name}"
+        hint = (
+            f"kvfuzz: harness error, not a finding: kvfuzz's own code raised {type(original).__name__} at {where} "
+            f"while driving {engine}; either kvfuzz has a bug or it does not speak this engine version: nothing was "
+            "saved; report it to kvfuzz with the traceback above"
         )
+        text = "".join(traceback.format_exception(type(original), original, original.__traceback__)).rstrip()
+        return cls(text, hint)
 
     def describe(self) -> str:
-        """The traceback of what kvfuzz's code raised, then :meth:`hint`."""
-        lines = traceback.format_exception(type(self.original), self.original, self.original.__traceback__)
-        return "".join(lines).rstrip() + "\n" + self.hint()
+        """The traceback of what kvfuzz's code raised, then the hint."""
+        return f"{self.traceback_text}\n{self.hint}"
 
 
 def raised_by_kvfuzz(error: BaseException) -> bool:
@@ -67,4 +69,4 @@ def raised_by_kvfuzz(error: BaseException) -> bool:
 
 def as_harness_error(error: BaseException, engine: str) -> BaseException:
     """``error`` as a :class:`HarnessError` if kvfuzz's code raised it (:func:`raised_by_kvfuzz`), else itself."""
-    return HarnessError(error, engine) if raised_by_kvfuzz(error) else error
+    return HarnessError.of(error, engine) if raised_by_kvfuzz(error) else error

@@ -107,7 +107,7 @@ class Outcome:
             "check": self.check(),
             "explanation": self.explanation() or None,
             "program": self.program or None,
-            "harness_error": self.harness.hint() if self.harness is not None else None,
+            "harness_error": self.harness.hint if self.harness is not None else None,
         }
 
 

@@ -28,6 +28,7 @@ import attrs
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, Runner, SchedulerCampaignOptions, run_batch
 from kvfuzz.campaign.scheduler.target import PROCESS_DIED, SchedulerProcessDied, SchedulerTarget, scheduler_signature
 from kvfuzz.lifeline import tie_to_parent
+from kvfuzz.scheduler.harness import HarnessError
 from kvfuzz.scheduler.journal import ProgramJournal, read_journal
 from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.search import Outcome
@@ -105,9 +106,12 @@ def run_watched(
             if receiving.poll(0.2):
                 try:
                     value: T = receiving.recv()
-                    return Returned(value)
                 except EOFError:
                     pass  # it died while sending, or before: its exit code says how
+                else:
+                    if isinstance(value, HarnessError):
+                        raise value  # kvfuzz's own code failed in the child: the campaign ends on it
+                    return Returned(value)
             if not child.is_alive():
                 child.join()
                 code = child.exitcode
@@ -138,6 +142,8 @@ def _child(body: Callable[[ProgramJournal], object], journal_path: Path, sending
     journal = ProgramJournal(journal_path)
     try:
         result = body(journal)
+    except HarnessError as error:  # kvfuzz's own failure: sent back, for the campaign to end on, never a death
+        result = error
     finally:
         journal.close()
     with contextlib.suppress(BrokenPipeError):

@@ -286,6 +286,8 @@ def run_batch(
     example's program on disk (an isolated batch's)."""
     recorder = target.recorder(target.name, options.corpus)
     outcome = target.search(plan.config, plan.examples, plan.seed, False, recorder, options.call_timeout, journal)
+    if outcome.harness is not None:  # kvfuzz's own code failed: the campaign ends on it (SchedulerCampaign.run)
+        raise outcome.harness
     if outcome.failure is None:
         return BatchResult(outcome, None, None)
     signature = scheduler_signature(target.name, outcome.failure)
@@ -298,6 +300,8 @@ def run_batch(
         return BatchResult(outcome, signature, first, saved=first, note="not shrunk (--no-shrink)")
     shrinker = target.recorder(target.name, options.corpus)
     shrunk = target.search(plan.config, plan.examples, plan.seed, True, shrinker, options.call_timeout, journal)
+    if shrunk.harness is not None:
+        raise shrunk.harness
     if shrunk.failure is None:
         note = "the batch searched again to shrink it did not fail: the trace is the example as found, not shrunk"
         return BatchResult(outcome, signature, first, shrunk, first, note)
