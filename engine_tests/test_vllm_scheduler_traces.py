@@ -16,14 +16,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm_versions import V1_RUNNER
 
 from kvfuzz.cli import main
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.engines import VLLM
 from kvfuzz.scheduler.recorder import FailureRecorder
-from kvfuzz.scheduler.replay import replay
+from kvfuzz.scheduler.replay import ReplayRefused, replay
 from kvfuzz.scheduler.search import search
 from kvfuzz.scheduler.session import Session
 from kvfuzz.scheduler.trace import load
@@ -56,7 +59,8 @@ def test_a_seeded_bug_is_saved_replayed_exported_shown_and_collected(
     trace = load(path)
     data = json.loads(path.read_text())
     assert data["format"] == "kvfuzz-scheduler-trace/1" and data["scheduler"] == "vllm-v1"
-    assert data["engine"] == {"vllm_version": "0.33.0", "model_runner": "V2"}
+    assert data["engine"] == {"vllm_version": VLLM.installed(), "model_runner": "V2"}  # the release it ran on
+    assert VLLM.installed() in VLLM.tested
     assert data["config"] == {
         "num_blocks": 8,
         "block_size": 4,
@@ -164,6 +168,11 @@ def test_a_crash_of_vllm_s_own_and_the_v1_model_runner_are_recorded_and_replayed
     monkeypatch.setattr(Scheduler, "_preempt_request", preempt)
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
     trace = load(run_and_load(tmp_path, capsys, "--examples", "50"))
+    if not V1_RUNNER:  # vLLM 0.34.0 removed Model Runner V1: recorded under V2's protocol, and a V1 trace refused
+        assert trace.model_runner == "V2"
+        with pytest.raises(ReplayRefused, match="recorded with vLLM's V1 model runner, and this vLLM selects V2"):
+            replay(attrs.evolve(trace, model_runner="V1"))
+        return
     assert trace.model_runner == "V1"
     assert (trace.failure.check, trace.failure.exception) == ("crash", "AssertionError")
     assert trace.failure.message.startswith("AssertionError: seeded: preempting r")

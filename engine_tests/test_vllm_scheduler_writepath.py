@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 import pytest
@@ -22,8 +22,8 @@ from kvfuzz.scheduler.write_paths import prepare_write_path
 
 prepare_write_path("vllm")  # Triton's interpreter, before vLLM (and so Triton) is imported
 
-from vllm.v1.worker.block_table import BlockTable  # noqa: E402
 from vllm.v1.worker.gpu.block_table import BlockTables  # noqa: E402
+from vllm_versions import V1_RUNNER, v2_alone  # noqa: E402
 
 from kvfuzz.kernels.base import PagedBatch  # noqa: E402
 from kvfuzz.kernels.gather import GatherKernel  # noqa: E402
@@ -86,6 +86,8 @@ def test_vllm_s_v2_block_tables_agree_with_kvfuzz_s_on_the_unmodified_scheduler(
 
 def test_vllm_s_v1_block_table_agrees_under_the_v1_model_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    if not V1_RUNNER:  # vLLM 0.34.0 removed Model Runner V1: V2's protocol and block tables all the same
+        return v2_alone(SMALL, vllm_write_path)
     assert isinstance(Worker(SMALL, vllm_write_path).write_path, VllmV1BlockTable)
     outcome = search(SMALL, examples=8, steps=30, worker=vllm_worker)
     assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"
@@ -120,9 +122,13 @@ def test_an_off_by_one_append_in_v1_s_block_table_is_a_slot_mapping_violation(
 ) -> None:
     """The same seeded bug in the V1 runner's ``BlockTable.append_row``."""
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    if not V1_RUNNER:  # no V1 block table to seed: V2's catches the same bug (the test above)
+        return v2_alone(SMALL, vllm_write_path)
+    from vllm.v1.worker.block_table import BlockTable
+
     original = BlockTable.append_row
 
-    def one_early(self: BlockTable, block_ids: list[int], row_idx: int) -> None:
+    def one_early(self: Any, block_ids: list[int], row_idx: int) -> None:
         if block_ids and self.num_blocks_per_row[row_idx]:
             self.num_blocks_per_row[row_idx] -= 1
         original(self, block_ids, row_idx)
@@ -164,6 +170,8 @@ def test_vllm_s_block_tables_agree_per_group_with_a_hybrid_model() -> None:
 
 def test_vllm_s_v1_block_table_agrees_per_group_with_a_hybrid_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    if not V1_RUNNER:
+        return v2_alone(HYBRID, vllm_write_path)
     worker = Worker(HYBRID, vllm_write_path)
     assert isinstance(worker.write_path, VllmV1BlockTable) and len(worker.write_path.table.block_tables) == 2
     outcome = search(HYBRID, examples=6, steps=30, worker=lambda setup: Worker(setup, vllm_write_path))
@@ -331,6 +339,8 @@ def test_vllm_s_block_tables_map_the_attention_group_of_a_mamba_hybrid(setup: Sc
 
 def test_vllm_s_v1_block_table_maps_the_attention_group_of_a_mamba_hybrid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    if not V1_RUNNER:
+        return v2_alone(MAMBA, vllm_write_path)
     worker = Worker(MAMBA, vllm_write_path)
     assert isinstance(worker.write_path, VllmV1BlockTable) and len(worker.write_path.table.block_tables) == 1
     outcome = search(MAMBA, examples=6, steps=30, worker=vllm_worker)

@@ -341,6 +341,7 @@ class SchedulerTraceItem(_KvfuzzItem):
         from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
         from kvfuzz.scheduler.harness import HarnessError
         from kvfuzz.scheduler.replay import ReplayRefused, replay
+        from kvfuzz.scheduler.replay_result import RunnerUnavailable
         from kvfuzz.scheduler.trace import SGLANG, SchedulerTraceError, load
         from kvfuzz.scheduler.vllm_build import vllm_missing
 
@@ -358,6 +359,8 @@ class SchedulerTraceItem(_KvfuzzItem):
         try:
             with Watchdog(DEFAULT_CALL_TIMEOUT) as watchdog:  # a trace of a hang fails its hang check, never hangs
                 replayed = replay(trace, watchdog=watchdog)
+        except RunnerUnavailable as error:  # as a trace whose engine is not installed: not replayable here
+            pytest.skip(str(error))
         except ReplayRefused as error:
             raise KvfuzzFailure(f"the trace cannot be replayed here: {error}") from error
         except HarnessError as error:  # kvfuzz's own code failed: said as such, never as the trace's failure

@@ -46,6 +46,7 @@ def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
     from kvfuzz.scheduler.harness import HarnessError
     from kvfuzz.scheduler.recorder import vllm_version
     from kvfuzz.scheduler.replay import ReplayRefused, missing_vllm, replay
+    from kvfuzz.scheduler.replay_result import RunnerUnavailable
     from kvfuzz.scheduler.sglang.build import sglang_missing
     from kvfuzz.scheduler.sglang.traces import missing_sglang, sglang_version
     from kvfuzz.scheduler.trace import SGLANG
@@ -72,6 +73,9 @@ def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
                 on_operation=lambda index, operation: print(f"  {index + 1:3}  {operation}"),
                 watchdog=watchdog,
             )
+    except RunnerUnavailable as error:  # as a trace whose engine is not installed here: skipped
+        print(f"{name}: skipped: {error}\n")
+        return "skipped"
     except ReplayRefused as error:
         print(f"kvfuzz: {name}: {error}", file=sys.stderr)
         return "could not be replayed"

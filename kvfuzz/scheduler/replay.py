@@ -12,7 +12,7 @@ from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.harness import as_harness_error
 from kvfuzz.scheduler.program import Operation
-from kvfuzz.scheduler.replay_result import ReplayRefused, SchedulerReplay, replay_program
+from kvfuzz.scheduler.replay_result import ReplayRefused, RunnerUnavailable, SchedulerReplay, replay_program
 from kvfuzz.scheduler.session import Session, WorkerFactory
 from kvfuzz.scheduler.snapshot import NO_OBSERVER, StepObserver
 from kvfuzz.scheduler.trace import SGLANG, SchedulerTrace
@@ -104,7 +104,8 @@ def replay(
             raise
         here = "V2" if session.worker.runner_v2 else "V1"
         if here != trace.model_runner:
-            raise ReplayRefused(
+            refused = RunnerUnavailable if not session.worker.release.has_v1_runner else ReplayRefused
+            raise refused(
                 f"the trace was recorded with vLLM's {trace.model_runner} model runner, and this vLLM selects {here}"
             )
         session.observer = observer

@@ -16,6 +16,11 @@ class ReplayRefused(Exception):
     """The trace cannot be replayed here; the message is one line saying why."""
 
 
+class RunnerUnavailable(ReplayRefused):
+    """The trace was recorded under a model runner protocol the installed vLLM no longer has (the V1 runner, gone
+    in vLLM 0.34.0): like a trace whose engine is not installed, it is skipped here, with this line."""
+
+
 @attrs.frozen
 class SchedulerReplay:
     """What a replay found: the failure (None: every check passed) and where: the index of the operation that

@@ -98,6 +98,7 @@ def cpu_worker_buffers() -> None:
     v1_utils.PIN_MEMORY = False  # type: ignore[attr-defined]
     torch_utils.PIN_MEMORY = False
     buffer_utils.is_uva_available = lambda: False  # type: ignore[assignment]
+    buffer_utils.is_pin_memory_available = lambda: False  # vLLM 0.34.0's NonUvaBuffer asks it rather than PIN_MEMORY
     if not current_platform.device_type:
         current_platform.device_type = "cpu"
 
