@@ -78,11 +78,13 @@ def test_a_seeded_bug_is_saved_replayed_exported_shown_and_collected(
     assert "REPRODUCED at " in out and "(the recorded message, word for word)" in out, out
     assert trace.failure.message in out
 
-    # show prints the configuration, the program and the failure
-    assert main(["show", str(path)]) == 0
+    # show prints the configuration, the program and the failure, and draws the timeline as a page
+    page = tmp_path / "timeline.html"
+    assert main(["show", str(path), "--html", str(page)]) == 0
     out = capsys.readouterr().out
     assert "8 blocks x 4 slots, token budget 16, at most 4 running, prefix caching on" in out
     assert "add(prompt=" in out and f"failure: {trace.failure.message}" in out
+    assert f"timeline: {page}" in out and 'id="failing-column"' in page.read_text(encoding="utf-8")
 
     # the exported test fails on the bug, with the check's violation, and passes without it
     exported = tmp_path / "test_exported.py"

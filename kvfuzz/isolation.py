@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Optional, Union
@@ -109,8 +110,18 @@ class Stopped:
 Outcome = Union[Finished, Died, Stopped]
 
 
+STOP_GRACE = 10.0
+"""Seconds a child has to stop after the run forwarded it a stop signal (Ctrl-C, SIGTERM, SIGHUP) before the run
+kills its process group (SIGKILL): an allocator that ignores the signals never keeps the run, nor itself, alive."""
+
+ORPHAN_GRACE = 5.0
+"""Seconds an orphaned child (its run is gone, SIGKILL included) has to wind down before it ends itself: nobody is
+left to report what it finds, so it only removes its journal (:mod:`kvfuzz.lifeline`)."""
+
+
 def run_isolated(request: RunRequest) -> Outcome:
-    """Run ``request`` in a child process and wait for it; see the module."""
+    """Run ``request`` in a child process and wait for it; see the module. A child still alive :data:`STOP_GRACE`
+    seconds after the first stop signal the run forwarded to it is killed, with its process group."""
     context = multiprocessing.get_context("spawn")
     receiving, sending = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(request, sending, os.getpid()), name="kvfuzz-isolated")
@@ -121,11 +132,18 @@ def run_isolated(request: RunRequest) -> Outcome:
         pid = child.pid
         assert pid is not None  # started
         forwarded = 0
+        kill_at: Optional[float] = None
         while result is None and (child.is_alive() or receiving.poll(0)):
             for signum in received[forwarded:]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signum)
             forwarded = len(received)
+            if received and kill_at is None:
+                kill_at = time.monotonic() + STOP_GRACE
+            if kill_at is not None and time.monotonic() > kill_at:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)  # it ignored the stop: it and whatever it started end now
+                kill_at = float("inf")
             if receiving.poll(0.1):
                 try:
                     result = receiving.recv()
@@ -172,7 +190,7 @@ def _child(request: RunRequest, sending: Connection, parent: int) -> None:
     tie_to_parent(
         parent,
         lambda: os.kill(os.getpid(), signal.SIGTERM),  # stop as on Ctrl-C
-        2 * (request.call_timeout or DEFAULT_CALL_TIMEOUT) + 10,
+        ORPHAN_GRACE,
         lambda: journal.unlink(missing_ok=True) if journal is not None else None,
     )
     with contextlib.suppress(AttributeError, ValueError, OSError):

@@ -5,7 +5,8 @@ kernel hands the child to another parent at once, so the pid changes. The child 
 searching, save what it holds), given ``grace`` seconds, and ended: ``cleanup`` runs first (it removes what must not
 outlive the child, such as a journal that would otherwise be taken for the allocator killing the process), then
 ``os._exit``. Two timers of the kernel cover a child whose Python code cannot run at all (C code spinning while it
-holds the interpreter lock):
+holds the interpreter lock). The exit is the C library's ``_exit`` itself (``posix._exit``), never ``os._exit``,
+which a run replaces while it searches (:func:`kvfuzz.program.safeguards.exits_as_crashes`):
 
 * while the parent lives, the thread keeps re-arming a timer of the process's CPU time (``ITIMER_VIRTUAL``,
   ``deadman`` seconds): only a child that spins that long without the thread getting the interpreter lock once is
@@ -18,6 +19,7 @@ Both signals' default action ends the process; nothing in kvfuzz handles them.
 from __future__ import annotations
 
 import os
+import posix
 import signal
 import threading
 import time
@@ -57,7 +59,7 @@ def tie_to_parent(
             time.sleep(grace)
         finally:
             cleanup()
-            os._exit(ORPHAN_EXIT)
+            posix._exit(ORPHAN_EXIT)
 
     thread = threading.Thread(target=watch, name="kvfuzz-lifeline", daemon=True)
     thread.start()

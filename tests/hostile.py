@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import random
+import signal
 import sys
 import time
 from typing import Any
@@ -115,6 +116,23 @@ class _ExitsInCOnRollback(PagedAllocator):
         ctypes.CDLL(None).exit(0)  # the C library's exit(0): beyond Python's reach
 
 
+class _IgnoresSignalsAndSleeps(PagedAllocator):
+    """Ignores SIGTERM and SIGINT from its construction on, and sleeps in its third admit (a hang no stop reaches)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.admits = 0
+
+    def admit(self, seq: str, namespace: tuple[str, ...], tokens: tuple[int, ...]) -> AdmitResult:
+        self.admits += 1
+        if self.admits == 3:
+            while True:
+                time.sleep(1)
+        return super().admit(seq, namespace, tokens)
+
+
 class _LeaksAndSegfaultsInSmallPools(PagedAllocator):
     """Leaks a freed sequence's blocks (an invariant, in any pool) and kills the process admitting into a pool of
     fewer than 4 blocks: a shrinker trying a smaller pool dies there."""
@@ -196,6 +214,10 @@ def exits_cleanly_on_rollback(spec: PoolSpec) -> PagedAllocator:
 
 def exits_in_c_on_rollback(spec: PoolSpec) -> PagedAllocator:
     return _build(_ExitsInCOnRollback, spec)
+
+
+def ignores_signals_and_sleeps(spec: PoolSpec) -> PagedAllocator:
+    return _build(_IgnoresSignalsAndSleeps, spec)
 
 
 def leaks_and_segfaults_in_small_pools(spec: PoolSpec) -> PagedAllocator:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,79 @@ def test_an_allocator_that_exits_in_c_under_isolate_is_its_death_with_its_progra
     assert "exited with status 0 in the middle of an example" in done.stdout
     (trace_path,) = tmp_path.glob("*.json")
     assert load(trace_path).program[-1].rule == "rollback"
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of ``pid``'s child processes, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _start_hung_isolated_run(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
+    """``kvfuzz run --isolate`` against an allocator that ignores SIGTERM and SIGINT and sleeps in admit: the run
+    and its child's pid, once the child is running."""
+    command = [sys.executable, "-m", "kvfuzz.cli", "run", "--isolate", "--allocator"]
+    command += ["tests.hostile:ignores_signals_and_sleeps", "--corpus", str(tmp_path), "--call-timeout", "300"]
+    run = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        children = _children(run.pid)
+        journals = list(tmp_path.glob(".kvfuzz-journal-*"))
+        if children and journals:
+            time.sleep(3)  # the child is in its examples: torch imported, the allocator built
+            return run, children[0]
+        time.sleep(0.2)
+    run.kill()
+    pytest.fail("the isolated child never started its examples")
+
+
+@pytest.mark.slow
+def test_isolate_kills_a_child_that_ignores_the_stop_and_exits(tmp_path: Path) -> None:
+    """Before: the run went on for minutes through SIGTERM and SIGINT. Now the run forwards the stop, and kills the
+    child's process group STOP_GRACE seconds later: the run ends, its child with it."""
+    run, child = _start_hung_isolated_run(tmp_path)
+    try:
+        started = time.monotonic()
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=60)
+        took = time.monotonic() - started
+    finally:
+        run.kill()
+    assert took < 40, took
+    assert _wait_gone(child, 10), "the child outlived the run"
+
+
+@pytest.mark.slow
+def test_isolate_s_child_never_outlives_a_run_killed_with_sigkill(tmp_path: Path) -> None:
+    """Before: after a SIGKILL of the run, its child lived one to two minutes more. Now it ends within its orphan
+    grace and the kernel's hard stop (kvfuzz.lifeline), whatever it ignores."""
+    run, child = _start_hung_isolated_run(tmp_path)
+    run.kill()
+    run.wait(timeout=30)
+    assert _wait_gone(child, 30), "the orphaned child lived on"
