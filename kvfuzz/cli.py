@@ -60,7 +60,13 @@ def check_output_files(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run one command; returns its exit status (2 on bad usage, after one line on standard error)."""
+    """Run one command; returns its exit status (2 on bad usage, after one line on standard error). Text the
+    terminal's encoding cannot hold (a file name that is not UTF-8 comes in with surrogate escapes) is printed as
+    its escape, never a ``UnicodeEncodeError``."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     try:
         args = _parser().parse_args(argv)
     except SystemExit as stop:  # --help (0) or a usage error (2), already printed

@@ -363,3 +363,24 @@ def test_the_plugin_reports_an_unusable_factory_in_one_line(tmp_path):
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, output
     assert "--allocator 'test_bad_input:raises': the factory raised RuntimeError" in output
     assert "Traceback" not in output and "site-packages" not in output
+
+
+def test_show_of_a_trace_whose_name_is_not_utf_8_prints_its_name_escaped(tmp_path: Path) -> None:
+    """Before: a ``UnicodeEncodeError`` traceback as the command printed the name (it comes in with surrogate
+    escapes). Now every unencodable character prints as its escape, and the page is written."""
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    name = b"trace-\xff.json"
+    shutil.copyfile(root / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c430.json", bytes(tmp_path) + b"/" + name)
+    environment = {**os.environ, "PYTHONPATH": str(root), "PYTHONIOENCODING": "utf-8"}
+    done = subprocess.run(
+        [sys.executable, "-m", "kvfuzz.cli", "show", name, "--html", "page.html"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert b"Traceback" not in done.stderr and b"trace-\\udcff.json" in done.stdout
+    assert (tmp_path / "page.html").is_file()

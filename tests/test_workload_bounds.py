@@ -196,3 +196,30 @@ def test_a_large_workload_file_is_announced_before_it_is_read(command: list[str]
     assert done.returncode in (0, 1), done.stderr
     json.loads(done.stdout)  # standard output holds the JSON alone
     assert f"kvfuzz: reading the workload {large} (1.0 MiB)" in done.stderr, done.stderr
+
+
+def test_a_workload_that_cannot_drain_within_the_step_limit_is_refused_before_the_replay(tmp_path: Path) -> None:
+    """Before: each request was valid on its own, the replay ran its 100,000 steps for minutes, then reported
+    "crash (ReplayError)" with exit status 1. Now the steps its requests need at least are counted first."""
+    requests = [{"id": f"r{i}", "arrival": 0, "prompt_len": 3, "output_len": 5000} for i in range(60)]
+    workload = {
+        "format": "kvfuzz-workload/1",
+        "name": "too-long",
+        "origin": "constructed",
+        "provenance": {"kind": "constructed", "generator": "tests", "seed": 0},
+        "description": "60 requests of 5,000 output tokens each",
+        "requests": requests,
+    }
+    (tmp_path / "too-long.json").write_text(json.dumps(workload))
+    done = kvfuzz("replay-workload", "too-long.json", "--pool-positions", "6000", cwd=tmp_path, timeout=120)
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        "kvfuzz: workload too-long cannot drain within the 100,000 steps a replay runs: its 60 requests' outputs need "
+        "at least 125,551 steps, at most 256 running at once (--max-running), each holding its blocks in a pool of "
+        "375 blocks (a larger pool, or fewer or shorter requests, drain sooner)"
+    ]
+    # fewer and shorter requests in the same pool drain
+    small = {**workload, "requests": [dict(request, output_len=500) for request in requests[:2]]}
+    (tmp_path / "fits.json").write_text(json.dumps(small))
+    served = kvfuzz("replay-workload", "fits.json", "--pool-positions", "6000", "--json", cwd=tmp_path, timeout=600)
+    assert served.returncode == 0, served.stderr

@@ -94,9 +94,10 @@ def _is_special(path: Path) -> bool:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) as the whole content of ``path``, atomically (:func:`written_atomically`)."""
+    """Write ``text`` (UTF-8) as the whole content of ``path``, atomically (:func:`written_atomically`); a character
+    UTF-8 cannot hold (a surrogate escape of a file name that is not UTF-8) is written as its escape."""
     with written_atomically(path) as temporary:
-        temporary.write_text(text, encoding="utf-8")
+        temporary.write_text(text, encoding="utf-8", errors="backslashreplace")
 
 
 def write_or_print(text: str, output: Optional[str], run_it: str) -> int:
