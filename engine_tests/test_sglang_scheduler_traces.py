@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kvfuzz.cli import main
+from kvfuzz.scheduler.engines import SGLANG
 from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.sglang.build import sglang
 from kvfuzz.scheduler.trace import load
@@ -58,7 +59,7 @@ def test_a_seeded_bug_is_saved_replayed_and_exported(
     saved = sorted(corpus.glob("sglang-*.json"))
     assert [str(path) for path in saved] == [result["trace"]]  # the unshrunk trace gave way to the shrunk one
     trace = load(saved[0])
-    assert trace.scheduler == "sglang" and trace.shrunk and trace.vllm_version == "0.5.23"
+    assert trace.scheduler == "sglang" and trace.shrunk and trace.vllm_version == SGLANG.installed()
     assert trace.failure.message == result["explanation"]
 
     replayed = replay(trace)

@@ -95,5 +95,5 @@ def test_run_without_sglang_is_a_one_line_usage_error(tmp_path: Path) -> None:
     refused = kvfuzz("run", "--kernel", "sglang-triton", cwd=tmp_path)
     assert refused.returncode == 2 and not refused.stdout
     assert refused.stderr.count("\n") == 1
-    assert "kernel 'sglang-triton' needs SGLang 0.5.23 and Triton" in refused.stderr
+    assert "kernel 'sglang-triton' needs SGLang (0.5.22 or 0.5.23) and Triton" in refused.stderr
     assert "No module named 'sglang'" in refused.stderr

@@ -24,6 +24,7 @@ A sequence grows by one token per step, so each one meets both kernels in turn.
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Any, Callable, NamedTuple
 
 import numpy
@@ -89,18 +90,39 @@ class _SGLang(NamedTuple):
     create_flashinfer_kv_indices_triton: Any  # a @triton.jit kernel, launched as kernel[grid](...)
 
 
+KV_INDICES_PACKAGES = {"0.5.22": "sglang.kernels.ops.kvcache", "0.5.23": "sglang.kernels.ops.attention"}
+"""Where each tested SGLang release keeps ``kv_indices`` (0.5.23 moved it beside the attention kernels); an untested
+release is looked for where the newest tested one not newer than it keeps it."""
+
+
+def _kv_indices_package() -> str:
+    try:
+        installed = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        installed = ""
+    if installed in KV_INDICES_PACKAGES:
+        return KV_INDICES_PACKAGES[installed]
+    key = _release_key(installed)
+    older = [package for version, package in KV_INDICES_PACKAGES.items() if _release_key(version) <= key]
+    return older[-1] if older else next(iter(KV_INDICES_PACKAGES.values()))
+
+
+def _release_key(version: str) -> tuple[int, ...]:
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in version.split("+")[0].split("."))
+
+
 def _load_sglang() -> _SGLang:
-    def entry(module: str, name: str) -> Any:
+    def entry(package: str, module: str, name: str) -> Any:
         needs, install = (
-            "SGLang 0.5.23 and Triton",
-            "`scripts/third_party_env.sh sglang DIR` builds an environment with both",
+            f"SGLang ({' or '.join(KV_INDICES_PACKAGES)}) and Triton",
+            "`scripts/third_party_env.sh sglang@VERSION DIR` builds an environment with both",
         )
-        return getattr(import_engine_module(NAME, f"sglang.kernels.ops.attention.{module}", needs, install), name)
+        return getattr(import_engine_module(NAME, f"{package}.{module}", needs, install), name)
 
     return _SGLang(
-        entry("decode_attention", "decode_attention_fwd"),
-        entry("extend_attention", "extend_attention_fwd"),
-        entry("kv_indices", "create_flashinfer_kv_indices_triton"),
+        entry("sglang.kernels.ops.attention", "decode_attention", "decode_attention_fwd"),
+        entry("sglang.kernels.ops.attention", "extend_attention", "extend_attention_fwd"),
+        entry(_kv_indices_package(), "kv_indices", "create_flashinfer_kv_indices_triton"),
     )
 
 
