@@ -227,9 +227,10 @@ def allocator_report(trace: Trace, source: str) -> str:
             f"# {_paragraph(trace.allocator)}: invariant {trace.failure.get('invariant')} "
             f"({_paragraph(str(trace.failure.get('title')))})",
             "",
-            f"- Allocator: `{_paragraph(trace.allocator)}` (an adapter of kvfuzz drives the library's KV-cache manager)",
+            f"- Allocator: `{_paragraph(trace.allocator)}` (a kvfuzz adapter drives the library's KV-cache manager)",
             f"- Found by kvfuzz {trace.kvfuzz_version}; the command that searches this configuration: `kvfuzz run "
-            f"--allocator {trace.allocator} --block-size {config.block_size} --num-blocks {config.num_blocks}`",
+            f"--allocator {trace.allocator} --block-size {config.block_size} "
+            f"--num-blocks {config.num_blocks}`",
             f"- Replay it: `kvfuzz replay {source}`; draw its timeline: `kvfuzz show {source} --png OUT.png`",
             "",
             "## Shrunk program",

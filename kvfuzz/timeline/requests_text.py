@@ -38,7 +38,9 @@ def render_requests_text(timeline: RequestTimeline) -> str:
         lines.append(f"{request:{width}}  " + "".join(" " if c is None else LETTERS[c.state] for c in cells))
     column = timeline.failing_column
     if column is not None and column >= first:
-        lines.append(f"{'':{width}}  " + " " * (column - first) + f"^ {timeline.verdict} at step {steps[column - first]}")
+        lines.append(
+            f"{'':{width}}  " + " " * (column - first) + f"^ {timeline.verdict} at step {steps[column - first]}"
+        )
     lines.append("")
     lines.append("  ".join(f"{LETTERS[state]} {state}" for state in REQUEST_STATES))
     at = column if column is not None else len(timeline.steps) - 1
