@@ -13,12 +13,24 @@ import argparse
 import sys
 from typing import Callable, NoReturn, Optional, Sequence
 
-from kvfuzz.commands import account, campaign, export, findings, replay, replay_workload, run, serving, show, zoo
+from kvfuzz.commands import (
+    account,
+    campaign,
+    export,
+    findings,
+    replay,
+    replay_workload,
+    report,
+    run,
+    serving,
+    show,
+    zoo,
+)
 from kvfuzz.commands.json_stdout import stdout_for_json_only
 from kvfuzz.commands.output_files import check_outputs
 
 # In the order ``kvfuzz --help`` lists them.
-COMMANDS = (run, campaign, findings, replay, show, export, zoo, account, replay_workload, serving)
+COMMANDS = (run, campaign, findings, replay, show, export, report, zoo, account, replay_workload, serving)
 
 # Arguments (by dest) that name a file a command writes, and how the user spelled them: the directory must exist,
 # and none may be a file the command reads (INPUT_FILES) or the file of another output.

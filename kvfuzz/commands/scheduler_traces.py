@@ -114,7 +114,7 @@ def show(path: str, html: Optional[str], png: Optional[str], allocator: Optional
     except ValueError as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
-    missing = _missing_engine(trace)
+    missing = missing_engine(trace)
     if missing is not None and (html is not None or png is not None):
         flag = "--html" if html is not None else "--png"
         print(f"kvfuzz: {flag}: drawing the timeline replays the trace, and {missing}", file=sys.stderr)
@@ -158,7 +158,7 @@ def show(path: str, html: Optional[str], png: Optional[str], allocator: Optional
     return 0
 
 
-def _missing_engine(trace: SchedulerTrace) -> Optional[str]:
+def missing_engine(trace: SchedulerTrace) -> Optional[str]:
     """Why the trace's engine cannot replay it here (None: it is installed)."""
     from kvfuzz.scheduler.replay import missing_vllm
     from kvfuzz.scheduler.sglang.build import sglang_missing

@@ -1,0 +1,175 @@
+"""A vLLM scheduler trace as a standalone reproducer: one Python file that imports vLLM, torch and the standard
+library only (never kvfuzz), builds vLLM's ``Scheduler`` offline from vLLM's own config objects (a ``config.json``
+written into a temporary directory), plays the client's adds, aborts and steps as straight-line calls, the model's
+outputs as kvfuzz's fake model samples them (the tokens and drafts written into the file as tables), then the drain,
+and raises ``AssertionError`` where kvfuzz's check failed. It runs as a script (exit status 1 while the bug
+reproduces, 0 once fixed) and as a pytest file.
+
+Only failures that the engine's own state shows are expressed: the accounting check (block ``ref_cnt`` and the
+free count against the tables the scheduler handed out), progress (requests unfinished past the drain's bound) and
+an exception of vLLM's own. Checks that need kvfuzz's K/V reference (content, outputs, speculative rollback) are
+refused with the reason (:class:`NotReproducible`), as are configurations the reproducer's runner does not play
+(async scheduling, hybrid models, load failures)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from kvfuzz.scheduler.config import MODEL_SHAPE
+from kvfuzz.scheduler.ending import Ending
+from kvfuzz.scheduler.fake_model import EOS_TOKEN
+from kvfuzz.scheduler.models import FULL
+from kvfuzz.scheduler.program import Abort, AddRequest, Step
+from kvfuzz.scheduler.reproducer_runtime import RUNTIME
+from kvfuzz.scheduler.speculative import proposal
+from kvfuzz.scheduler.trace import CRASH, SGLANG, SchedulerTrace
+
+EXPRESSED = ("accounting", "progress", CRASH)
+"""The recorded failures a reproducer states on vLLM's objects."""
+
+
+class NotReproducible(ValueError):
+    """A trace no standalone reproducer is generated for; the message says why, in one line."""
+
+
+def _refusal(trace: SchedulerTrace) -> str | None:
+    """Why ``trace`` gets no reproducer (None: it gets one)."""
+    setup = trace.setup
+    if trace.scheduler == SGLANG:
+        return "an sglang trace: its reproducer is SGLang's (not generated yet)"
+    if trace.failure.check not in EXPRESSED:
+        return (
+            f"its failure is kvfuzz's {trace.failure.check} check, which compares with kvfuzz's reference: a "
+            f"reproducer states only {', '.join(EXPRESSED)} on vLLM's own objects"
+        )
+    if setup.async_scheduling:
+        return "async scheduling (two batches in flight) is not played by the reproducer's engine loop"
+    if setup.model != FULL.name:
+        return f"model {setup.model}: the reproducer builds the full-attention model only"
+    if setup.load_failures:
+        return "failed loads are not played by the reproducer's connector"
+    return None
+
+
+def check_reproducible(trace: SchedulerTrace) -> None:
+    """Raise :class:`NotReproducible` unless a reproducer can be generated for ``trace``."""
+    reason = _refusal(trace)
+    if reason is not None:
+        raise NotReproducible(reason)
+
+
+def _comment(text: str, width: int = 116) -> str:
+    """``text`` as ``#`` comment lines (its characters made printable)."""
+    clean = "".join(char if char.isprintable() else " " for char in text)
+    lines: list[str] = []
+    line = "#"
+    for word in clean.split():
+        if len(line) + 1 + len(word) > width and line != "#":
+            lines.append(line)
+            line = "#"
+        line += " " + word
+    lines.append(line)
+    return "\n".join(lines)
+
+
+def _tables(trace: SchedulerTrace) -> tuple[dict[str, list[int]], dict[str, dict[int, list[int]]]]:
+    """The fake model's token at every position of each request (its min-tokens processor applied), and the drafts
+    the worker proposes for it at every sequence length (empty without speculative decoding)."""
+    setup = trace.setup
+    k = setup.speculative_tokens
+    end = setup.max_model_len + k + 2
+    sampled: dict[str, list[int]] = {}
+    drafts: dict[str, dict[int, list[int]]] = {}
+    adds = [operation for operation in trace.program if isinstance(operation, AddRequest)]
+    for index, add in enumerate(adds):
+        request = f"r{index}"
+        sampler = Ending(add.stop_token_ids, add.eos, add.min_tokens).sampler
+        sampled[request] = [sampler.token(request, len(add.prompt), position) for position in range(end)]
+        if k:
+            drafts[request] = {length: proposal(request, length, k) for length in range(len(add.prompt) + 1, end)}
+    return sampled, drafts
+
+
+def _calls(trace: SchedulerTrace) -> list[str]:
+    calls: list[str] = []
+    added = 0
+    for operation in trace.program:
+        if isinstance(operation, AddRequest):
+            calls.append(operation.source("engine").replace("engine.add(", f'engine.add("r{added}", ', 1))
+            added += 1
+        elif isinstance(operation, Abort):
+            calls.append(f"engine.abort({operation.request!r})")
+        else:
+            assert isinstance(operation, Step)
+            calls.append("engine.step()")
+    return calls
+
+
+def reproducer_source(trace: SchedulerTrace, source: str) -> str:
+    """The reproducer's text (``source``: the trace file, as named). Raises :class:`NotReproducible`."""
+    check_reproducible(trace)
+    setup = trace.setup
+    sampled, drafts = _tables(trace)
+    name = re.sub(r"[^a-z0-9]+", "_", f"{trace.scheduler} {trace.failure.check} {trace.digest()}".lower())
+    kv_bytes_per_block = 2 * MODEL_SHAPE.num_layers * MODEL_SHAPE.num_kv_heads * MODEL_SHAPE.head_dim * 4
+    offload = (
+        f"{setup.num_blocks} * (-(-{kv_bytes_per_block * setup.block_size} // mmap.PAGESIZE) * mmap.PAGESIZE)"
+        if setup.kv_connector == "offloading"
+        else "0"
+    )
+    body = "\n".join(f"    {call}" for call in _calls(trace))
+    known = f"{_comment('Known bug: ' + trace.known_bug)}\n" if trace.known_bug else ""
+    expectation = {
+        "progress": "a request never finishes: engine.drain() raises Failure('progress: ...')",
+        "accounting": "the block pool disagrees with the tables handed out: engine.step() raises "
+        "Failure('accounting at step ...')",
+        CRASH: f"vLLM raises {trace.failure.exception}",
+    }[trace.failure.check]
+    return f'''"""Standalone reproducer of a vLLM scheduler failure kvfuzz found (generated by kvfuzz report from
+{source.replace(chr(92), "/").replace('"""', "")}). It imports vLLM, torch and the standard library only.
+
+Run it where vLLM is installed: python THIS_FILE (exit status 1 and the failure while it reproduces, 0 once fixed),
+or pytest THIS_FILE. Recorded against vLLM {trace.vllm_version}, the {trace.model_runner} model runner's protocol.
+Expected while the bug is there: {expectation}.
+"""
+
+{_comment("Recorded failure: " + trace.failure.describe())}
+{known}
+import mmap
+
+# ---- the trace's configuration (kvfuzz: {setup.describe()}) ----
+MODEL_RUNNER = {trace.model_runner!r}
+NUM_BLOCKS = {setup.num_blocks}  # usable blocks; vLLM gets one more, its null block 0
+BLOCK_SIZE = {setup.block_size}
+MAX_NUM_BATCHED_TOKENS = {setup.max_num_batched_tokens}
+MAX_NUM_SEQS = {setup.max_num_seqs}
+MAX_MODEL_LEN = {setup.max_model_len}  # the whole pool: a request alone always fits
+PREFIX_CACHING = {setup.prefix_caching}
+POLICY = {setup.policy!r}
+SPECULATIVE_TOKENS = {setup.speculative_tokens}  # n-gram method: the scheduler sees only the number of drafts
+MAX_LORAS = {setup.max_loras}
+OFFLOAD_BYTES = {offload}  # vLLM's OffloadingConnector over as many chunks as blocks (0: no connector)
+TRANSFER_DELAY = {setup.transfer_delay}  # the most steps a transfer job completes late
+EOS_TOKEN = {EOS_TOKEN}
+KV_HEADS = {MODEL_SHAPE.num_kv_heads}
+HEAD_DIM = {MODEL_SHAPE.head_dim}
+HF_CONFIG = {json.dumps(FULL.hf_config(MODEL_SHAPE, 1))}
+
+# ---- the fake model: the token it samples for a request at each position, the drafts proposed at each length ----
+SAMPLED = {json.dumps(sampled)}
+DRAFTS = {{request: {{int(length): drafts for length, drafts in by_length.items()}}
+          for request, by_length in {json.dumps(drafts)}.items()}}
+{RUNTIME}
+
+# ---- the client's program, then the drain ----
+def test_{name.strip("_")}():
+    engine = Engine()
+{body}
+    engine.drain()
+
+
+if __name__ == "__main__":
+    test_{name.strip("_")}()
+    print("passed: the failure does not reproduce")
+'''

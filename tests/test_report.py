@@ -1,0 +1,107 @@
+"""``kvfuzz report``: bad input is one line and exit status 2 with nothing written; a vLLM scheduler trace's report
+holds the configuration, the program, the failure and a reproducer that imports no kvfuzz (written beside it too); a
+trace whose failure only kvfuzz's reference sees gets a report saying why it has no reproducer; an allocator trace
+gets a report naming the replay. (Running the reproducers against vLLM: engine_tests/test_vllm_reports.py.)"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from kvfuzz.cli import main
+from kvfuzz.scheduler.fake_model import expected_output
+from kvfuzz.scheduler.speculative import proposal
+from kvfuzz.scheduler.trace import load
+
+CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+PADDING = CORPUS / "vllm-v1-scheduler-speculative-padding-hang-6123748f32e9.json"
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"not json", "not valid JSON"),
+        (b'{"format": "kvfuzz-scheduler-trace/1"}', "missing field"),
+        (b'{"format": "kvfuzz-trace/9"}', "bad.json"),
+    ],
+)
+def test_a_file_that_is_not_a_trace_is_one_line_and_exit_2(
+    content: bytes, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.json").write_bytes(content)
+    assert main(["report", "bad.json"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("kvfuzz: ") and says in error
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bad.json"]
+
+
+def test_an_unreadable_trace_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path / "missing.json"), "-o", str(tmp_path / "out.md")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "missing.json" in error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_report_that_would_overwrite_the_trace_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.json"
+    trace.write_bytes(PADDING.read_bytes())
+    assert main(["report", str(trace), "-o", str(trace)]) == 2
+    assert "is the input TRACE" in capsys.readouterr().err
+    assert trace.read_bytes() == PADDING.read_bytes()
+
+
+def test_a_vllm_scheduler_trace_s_report_holds_a_reproducer_that_imports_no_kvfuzz(tmp_path: Path) -> None:
+    output = tmp_path / "padding.md"
+    assert main(["report", str(PADDING), "-o", str(output)]) == 0
+    text = output.read_text()
+    reproducer = (tmp_path / "padding_reproducer.py").read_text()
+    assert reproducer in text
+    assert "kvfuzz run --scheduler vllm-v1 --num-blocks 16 --block-size 4" in text
+    assert "--speculative-tokens 16" in text
+    assert "add(prompt=[0, 1, 2, 0, 0], max_tokens=1)" in text
+    assert "progress check failed at step 2, request r1" in text
+    assert "vLLM 0.33.0 accepts num_speculative_tokens" in text
+    imported = {
+        (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+        for node in ast.walk(ast.parse(reproducer))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert imported == {"vllm", "torch", "os", "json", "tempfile", "zlib", "dataclasses", "mmap"}
+    assert 'engine.add("r1", [0, 1, 2, 0, 0], 1)' in reproducer and "engine.drain()" in reproducer
+
+
+def test_the_reproducer_s_model_samples_what_kvfuzz_s_fake_model_does(tmp_path: Path) -> None:
+    """The tables written into the reproducer are the fake model's tokens and the worker's drafts."""
+    output = tmp_path / "padding.md"
+    assert main(["report", str(PADDING), "-o", str(output)]) == 0
+    tables: dict[str, object] = {}
+    for node in ast.parse((tmp_path / "padding_reproducer.py").read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id in ("SAMPLED", "DRAFTS"):
+                tables[node.targets[0].id] = eval(compile(ast.Expression(node.value), "reproducer", "eval"))
+    sampled, drafts = tables["SAMPLED"], tables["DRAFTS"]
+    assert isinstance(sampled, dict) and isinstance(drafts, dict)
+    assert sampled["r1"][5:9] == expected_output("r1", 5, 4)
+    assert drafts["r0"][6] == proposal("r0", 6, 16)
+
+
+def test_a_trace_only_kvfuzz_s_reference_sees_gets_a_report_saying_so(tmp_path: Path) -> None:
+    trace = CORPUS / "vllm-v1-scheduler-issue-23316-victim-keeps-tokens-02ea5ce953c3.json"
+    assert load(trace).failure.check == "batch"
+    output = tmp_path / "r.md"
+    assert main(["report", str(trace), "-o", str(output)]) == 0
+    assert "None generated: its failure is kvfuzz's batch check" in output.read_text()
+    assert not (tmp_path / "r_reproducer.py").exists()
+
+
+def test_an_allocator_trace_s_report_names_its_replay(tmp_path: Path) -> None:
+    trace = CORPUS / "vllm-v1-kv-cache-manager-cache-soundness-382d392d8a83.json"
+    output = tmp_path / "r.md"
+    assert main(["report", str(trace), "-o", str(output)]) == 0
+    text = output.read_text()
+    assert "invariant 9 (cache soundness)" in text and f"kvfuzz replay {trace}" in text
+    assert "PR #43569" in text
