@@ -33,7 +33,7 @@ from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, STOP_SIGNALS, deferr
 from kvfuzz.registry import load_factory
 from kvfuzz.runner import RunSummary, run
 from kvfuzz.saved import journals
-from kvfuzz.saved.corpus import PROCESS_DIED, trace_of
+from kvfuzz.saved.corpus import PROCESS_DIED, HangSaver, trace_of
 from kvfuzz.saved.hint import show_hint
 from kvfuzz.saved.trace import Trace, TraceError, load
 from kvfuzz.text import plural
@@ -59,10 +59,11 @@ class RunRequest:
 @attrs.frozen
 class Finished:
     """The child ran to the end (a failure, an interrupt or a pass): its summary, without the failure's exception,
-    and the failure's trace, not saved yet."""
+    and the failure's trace, not saved yet (a hang, saved as found already, is saved again shrunk)."""
 
     summary: RunSummary
     trace: Optional[Trace]
+    hang_as_found: Optional[Path] = None  # where the child saved a hang as soon as it found it
 
 
 @attrs.frozen
@@ -195,6 +196,12 @@ def _child(request: RunRequest, sending: Connection, parent: int) -> None:
     )
     with contextlib.suppress(AttributeError, ValueError, OSError):
         faulthandler.enable()  # where the allocator killed the child, on the standard error it shares
+    hang_saver = HangSaver(
+        request.allocator,
+        request.config,
+        request.journal_dir,  # the corpus, where it can be written
+        lambda line: print(f"kvfuzz: {line}", file=sys.stderr, flush=True),
+    )
     summary = run(
         load_factory(request.allocator),
         request.config,
@@ -208,7 +215,8 @@ def _child(request: RunRequest, sending: Connection, parent: int) -> None:
         progress=(lambda line: print(line, file=sys.stderr, flush=True)) if request.progress else None,
         call_timeout=request.call_timeout,
         journal_dir=request.journal_dir,
+        on_hang=hang_saver,
     )
     trace = trace_of(summary, request.allocator, request.config)
     with deferred_interrupts(), contextlib.suppress(BrokenPipeError):  # broken: the parent is gone, nobody to tell
-        sending.send(Finished(attrs.evolve(summary, failure=None), trace))
+        sending.send(Finished(attrs.evolve(summary, failure=None), trace, hang_saver.path))
