@@ -29,7 +29,13 @@ from kvfuzz.campaign.store import open_examples
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.lifeline import tie_to_parent
 from kvfuzz.program.call import program_text
-from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, STOP_SIGNALS, deferred_interrupts, journal_path
+from kvfuzz.program.safeguards import (
+    DEFAULT_CALL_TIMEOUT,
+    STOP_SIGNALS,
+    deferred_interrupts,
+    exits_as_crashes,
+    journal_path,
+)
 from kvfuzz.registry import load_factory
 from kvfuzz.runner import RunSummary, run
 from kvfuzz.saved import journals
@@ -202,7 +208,16 @@ def _child(request: RunRequest, sending: Connection, parent: int) -> None:
         request.journal_dir,  # the corpus, where it can be written
         lambda line: print(f"kvfuzz: {line}", file=sys.stderr, flush=True),
     )
-    summary = run(
+    with exits_as_crashes():  # from before the allocator's module is imported, as in kvfuzz run
+        summary = _run(request, hang_saver)
+    trace = trace_of(summary, request.allocator, request.config)
+    with deferred_interrupts(), contextlib.suppress(BrokenPipeError):  # broken: the parent is gone, nobody to tell
+        sending.send(Finished(attrs.evolve(summary, failure=None), trace, hang_saver.path))
+
+
+def _run(request: RunRequest, hang_saver: HangSaver) -> RunSummary:
+    """The child's run of ``request``."""
+    return run(
         load_factory(request.allocator),
         request.config,
         examples=request.examples,
@@ -217,6 +232,3 @@ def _child(request: RunRequest, sending: Connection, parent: int) -> None:
         journal_dir=request.journal_dir,
         on_hang=hang_saver,
     )
-    trace = trace_of(summary, request.allocator, request.config)
-    with deferred_interrupts(), contextlib.suppress(BrokenPipeError):  # broken: the parent is gone, nobody to tell
-        sending.send(Finished(attrs.evolve(summary, failure=None), trace, hang_saver.path))

@@ -11,6 +11,7 @@ import random
 import signal
 import sys
 import time
+from os import _exit as exit_now  # taken at import, before any run: an interception set up later would miss it
 from typing import Any
 
 from kvfuzz.allocator import PagedAllocator
@@ -109,6 +110,11 @@ class _SegfaultsOnRollback(PagedAllocator):
 class _ExitsCleanlyOnRollback(PagedAllocator):
     def rollback(self, seq: str, num_tokens: int) -> None:
         os._exit(0)  # ends the process at once, status 0: no exception, no atexit, no finally
+
+
+class _ExitsThroughItsOwnReferenceOnRollback(PagedAllocator):
+    def rollback(self, seq: str, num_tokens: int) -> None:
+        exit_now(0)  # os._exit(0), through the reference this module took when it was imported
 
 
 class _ExitsInCOnRollback(PagedAllocator):
@@ -261,6 +267,10 @@ def segfaults_on_rollback(spec: PoolSpec) -> PagedAllocator:
 
 def exits_cleanly_on_rollback(spec: PoolSpec) -> PagedAllocator:
     return _build(_ExitsCleanlyOnRollback, spec)
+
+
+def exits_through_its_own_reference_on_rollback(spec: PoolSpec) -> PagedAllocator:
+    return _build(_ExitsThroughItsOwnReferenceOnRollback, spec)
 
 
 def exits_in_c_on_rollback(spec: PoolSpec) -> PagedAllocator:

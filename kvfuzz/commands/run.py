@@ -303,6 +303,16 @@ def run_command(args: argparse.Namespace) -> int:
                 return 2
             database = open_examples(args.database, Path(args.database))
         return run_scheduler(args, emit_json, run_scheduler_isolated, database)
+    from kvfuzz.program.safeguards import exits_as_crashes
+
+    # From before the allocator's module is imported: one that takes os._exit at import (``from os import _exit``)
+    # takes the interception, and its exit is a crash found like any other.
+    with exits_as_crashes():
+        return _run_allocator(args)
+
+
+def _run_allocator(args: argparse.Namespace) -> int:
+    """``kvfuzz run`` of an allocator: every check, then the run, in this process or isolated."""
     import attrs
 
     from kvfuzz.campaign.store import open_examples
