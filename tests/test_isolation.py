@@ -159,6 +159,13 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -185,7 +192,9 @@ def _start_hung_isolated_run(tmp_path: Path) -> tuple[subprocess.Popen[str], int
     run = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        children = _children(run.pid)
+        children = [  # the isolated child, not multiprocessing's resource tracker beside it
+            pid for pid in _children(run.pid) if b"spawn_main" in _command_line(pid)
+        ]
         journals = list(tmp_path.glob(".kvfuzz-journal-*"))
         if children and journals:
             time.sleep(3)  # the child is in its examples: torch imported, the allocator built
