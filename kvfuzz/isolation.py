@@ -29,11 +29,17 @@ from kvfuzz.campaign.store import open_examples
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.lifeline import tie_to_parent
 from kvfuzz.program.call import program_text
-from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, STOP_SIGNALS, deferred_interrupts, journal_path
+from kvfuzz.program.safeguards import (
+    DEFAULT_CALL_TIMEOUT,
+    STOP_SIGNALS,
+    deferred_interrupts,
+    exits_as_crashes,
+    journal_path,
+)
 from kvfuzz.registry import load_factory
 from kvfuzz.runner import RunSummary, run
 from kvfuzz.saved import journals
-from kvfuzz.saved.corpus import PROCESS_DIED, trace_of
+from kvfuzz.saved.corpus import PROCESS_DIED, HangSaver, trace_of
 from kvfuzz.saved.hint import show_hint
 from kvfuzz.saved.trace import Trace, TraceError, load
 from kvfuzz.text import plural
@@ -59,10 +65,11 @@ class RunRequest:
 @attrs.frozen
 class Finished:
     """The child ran to the end (a failure, an interrupt or a pass): its summary, without the failure's exception,
-    and the failure's trace, not saved yet."""
+    and the failure's trace, not saved yet (a hang, saved as found already, is saved again shrunk)."""
 
     summary: RunSummary
     trace: Optional[Trace]
+    hang_as_found: Optional[Path] = None  # where the child saved a hang as soon as it found it
 
 
 @attrs.frozen
@@ -195,7 +202,22 @@ def _child(request: RunRequest, sending: Connection, parent: int) -> None:
     )
     with contextlib.suppress(AttributeError, ValueError, OSError):
         faulthandler.enable()  # where the allocator killed the child, on the standard error it shares
-    summary = run(
+    hang_saver = HangSaver(
+        request.allocator,
+        request.config,
+        request.journal_dir,  # the corpus, where it can be written
+        lambda line: print(f"kvfuzz: {line}", file=sys.stderr, flush=True),
+    )
+    with exits_as_crashes():  # from before the allocator's module is imported, as in kvfuzz run
+        summary = _run(request, hang_saver)
+    trace = trace_of(summary, request.allocator, request.config)
+    with deferred_interrupts(), contextlib.suppress(BrokenPipeError):  # broken: the parent is gone, nobody to tell
+        sending.send(Finished(attrs.evolve(summary, failure=None), trace, hang_saver.path))
+
+
+def _run(request: RunRequest, hang_saver: HangSaver) -> RunSummary:
+    """The child's run of ``request``."""
+    return run(
         load_factory(request.allocator),
         request.config,
         examples=request.examples,
@@ -208,7 +230,5 @@ def _child(request: RunRequest, sending: Connection, parent: int) -> None:
         progress=(lambda line: print(line, file=sys.stderr, flush=True)) if request.progress else None,
         call_timeout=request.call_timeout,
         journal_dir=request.journal_dir,
+        on_hang=hang_saver,
     )
-    trace = trace_of(summary, request.allocator, request.config)
-    with deferred_interrupts(), contextlib.suppress(BrokenPipeError):  # broken: the parent is gone, nobody to tell
-        sending.send(Finished(attrs.evolve(summary, failure=None), trace))

@@ -39,6 +39,8 @@ from kvfuzz.program.random_programs import random_search
 from kvfuzz.program.replay import NotApplicable, replay
 from kvfuzz.program.safeguards import (
     DEFAULT_CALL_TIMEOUT,
+    HANG_FACTOR,
+    HANG_FLOOR,
     AllocatorHang,
     Journal,
     UserInterrupt,
@@ -49,6 +51,7 @@ from kvfuzz.program.safeguards import (
 from kvfuzz.program.stats import RunStats
 from kvfuzz.program.swarm import draw_swarm
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory
+from kvfuzz.shrink.fixpoint import HUNG_REPLAYS
 from kvfuzz.shrink.fixpoint import shrink as shrink_to_fixpoint
 from kvfuzz.shrink.restarts import Failing, Restarts
 from kvfuzz.shrink.signature import signature_of
@@ -154,6 +157,33 @@ class RunSummary:
         }
 
 
+@attrs.frozen
+class HangFound:
+    """A hang the search met, before it is shrunk: the run as it stands (``summary``, the program as found), and
+    what shrinking and confirming it may cost. ``candidate_limit`` is how long a shrinking candidate's operation may
+    run before it counts as hanging (None: the hang is not shrunk); ``shrink_seconds`` and ``confirm_seconds`` bound
+    the two phases (a candidate that runs slow without hanging can stretch the first a little)."""
+
+    summary: RunSummary
+    candidate_limit: Optional[float]
+    shrink_seconds: float
+    confirm_seconds: float
+    call_timeout: float
+
+    def describe(self) -> str:
+        """For a person: what follows the hang, and how long it may take."""
+        confirming = (
+            f"confirming it up to {self.confirm_seconds:.0f} s (replays at --call-timeout {self.call_timeout:g} s)"
+        )
+        if self.candidate_limit is None:
+            return confirming
+        return (
+            f"shrinking it may take up to {self.shrink_seconds:.0f} s (a candidate is taken to hang after "
+            f"{self.candidate_limit:.3g} s: {HANG_FACTOR:g} times the slowest call seen, at least {HANG_FLOOR:g} s), "
+            + confirming
+        )
+
+
 class Progress:
     """Prints a progress line at most every ``interval`` seconds: the phase, examples of those asked, steps."""
 
@@ -185,7 +215,19 @@ def _shrink_further(
     has (the same broken invariant or crash at the same operation; a hang in the same operation). The program as
     it was if its replay fails otherwise (a nondeterministic allocator); with why it was not shrunk further, if it
     was not, and the failures of other signatures its restarts met, which a run does not report (a campaign
-    does)."""
+    does). A hang is replayed and shrunk under the watchdog's :meth:`~kvfuzz.program.safeguards.Watchdog.hang_limit`,
+    not its full limit: a candidate that hangs costs that much."""
+    watchdog = target.safeguards.watchdog
+    if not isinstance(failure, AllocatorHang) or watchdog is None:
+        return _shrink_under(target, allocator, calls, failure, steps, seed)
+    with watchdog.limited(watchdog.hang_limit(), "the shrink's limit: calls seen took far less"):
+        return _shrink_under(target, allocator, calls, failure, steps, seed)
+
+
+def _shrink_under(
+    target: Target, allocator: str, calls: list[Call], failure: BaseException, steps: int, seed: int
+) -> tuple[BaseException, list[Call], Optional[str]]:
+    """:func:`_shrink_further` under the watchdog's limit as it is."""
     try:
         outcome = replay(target, calls)
     except NotApplicable:
@@ -207,6 +249,15 @@ def _shrink_further(
     )
     notes = [note for note in (shrunk.stopped_early, _others_met(shrunk.others)) if note is not None]
     return shrunk.failure, list(shrunk.calls), "; ".join(notes) or None
+
+
+def _hang_found(as_found: RunSummary, watchdog: Watchdog, shrink: bool, replays: int) -> HangFound:
+    """What follows the hang ``as_found`` reports: its shrink under the watchdog's hang limit (the program's own
+    replay, :data:`SHRINK_SECONDS`, and :data:`~kvfuzz.shrink.fixpoint.HUNG_REPLAYS` candidates that hang), and
+    its confirming replays at the watchdog's full limit."""
+    limit = watchdog.hang_limit() if shrink else None
+    shrinking = 0.0 if limit is None else SHRINK_SECONDS + (HUNG_REPLAYS + 1) * limit
+    return HangFound(as_found, limit, shrinking, replays * watchdog.seconds, watchdog.seconds)
 
 
 def _others_met(others: tuple[Failing, ...]) -> Optional[str]:
@@ -294,6 +345,7 @@ def run(
     journal_dir: Optional[Path] = None,
     confirm_replays: int = CONFIRM_REPLAYS,
     database_key: Optional[bytes] = None,
+    on_hang: Optional[Callable[[HangFound], None]] = None,
 ) -> RunSummary:
     """Run the machine against ``factory``; never raises for a failure the machine finds, nor for Ctrl-C.
 
@@ -310,6 +362,11 @@ def run(
     replaces the part of the example database's key that Hypothesis derives from the machine class (whose name is
     the factory's), so that runs of one allocator under different configurations keep their examples apart (a
     saved example that does not fail when replayed is deleted).
+
+    ``on_hang`` is told of a hang as soon as the search meets it, before it is shrunk (each candidate that hangs
+    costs time: the caller saves it at once, and says how long the rest may take). A hang is shrunk under a limit
+    from the calls' observed times (:meth:`~kvfuzz.program.safeguards.Watchdog.hang_limit`) and confirmed at
+    ``call_timeout``: the hang reported is one past the full limit.
     """
     if database is not None:
         if seed is not None:
@@ -384,6 +441,13 @@ def run(
             except UserInterrupt:
                 interrupted = True
                 failure = None
+            if isinstance(failure, AllocatorHang) and calls and on_hang is not None and watchdog is not None:
+                as_found = _summary(allocator_name, stats, counted, random_examples, examples, shrunk=False)
+                as_found = _failed(as_found, failure, calls, factory, config, report)
+                try:
+                    on_hang(_hang_found(as_found, watchdog, shrink, min(confirm_replays, CONFIRM_HANG_REPLAYS)))
+                except UserInterrupt:
+                    interrupted = True
             if failure is not None and shrink and calls and not interrupted:
                 stats.phase = "shrinking"
                 try:
@@ -410,32 +474,64 @@ def run(
                     reproduced = confirm(Target(factory, config, None, target.safeguards), calls, failure, replays)
                 except UserInterrupt:
                     interrupted, replays, reproduced = True, 0, None
+                if isinstance(failure, AllocatorHang) and reproduced and watchdog is not None:
+                    failure = AllocatorHang(failure.operation, watchdog.seconds)  # shrunk under a shorter limit
     finally:
         if journal is not None:
             journal.close()
-    seconds = time.perf_counter() - stats.started
-    searched = stats.examples if counted.examples is None else min(stats.examples, random_examples) + counted.examples
-    summary = RunSummary(
+    summary = _summary(
         allocator_name,
-        searched,
-        stats.steps,
-        seconds,
-        failure is not None,
-        dict(sorted(stats.operations.items())),
-        first_failure_examples=stats.first_failure_examples,
-        first_failure_seconds=stats.first_failure_seconds,
+        stats,
+        counted,
+        random_examples,
+        examples,
         shrunk=shrunk,
         interrupted=interrupted,
         shrink_note=shrink_note,
         reproduced=reproduced,
         replays=replays,
+    )
+    return summary if failure is None else _failed(summary, failure, calls, factory, config, report)
+
+
+def _summary(
+    allocator_name: str,
+    stats: RunStats,
+    counted: _HypothesisCount,
+    random_examples: int,
+    examples: int,
+    **fields: Any,
+) -> RunSummary:
+    """The run as it stands: its counts and ``fields`` (how far its failure got), without the failure."""
+    seconds = time.perf_counter() - stats.started
+    searched = stats.examples if counted.examples is None else min(stats.examples, random_examples) + counted.examples
+    return RunSummary(
+        allocator_name,
+        searched,
+        stats.steps,
+        seconds,
+        False,
+        dict(sorted(stats.operations.items())),
+        first_failure_examples=stats.first_failure_examples,
+        first_failure_seconds=stats.first_failure_seconds,
         examples_asked=examples,
         declared_window=stats.declared_window,
         swarms=len(stats.swarms),
         occupancy=stats.occupancy.summary(),
+        **fields,
     )
-    if failure is None:
-        return summary
+
+
+def _failed(
+    summary: RunSummary,
+    failure: BaseException,
+    calls: list[Call],
+    factory: AllocatorFactory,
+    config: MachineConfig,
+    report: list[str],
+) -> RunSummary:
+    """``summary`` with ``failure``, met by ``calls`` (none: Hypothesis's ``report`` holds what it printed of the
+    program): its kind, its program and its explanation."""
     if calls:
         program = program_text(machine_for(factory, config).__name__, calls)
     else:
@@ -446,7 +542,9 @@ def run(
             for line in note.splitlines()
             if line.strip() and not line.startswith(("Falsifying", "Failing test case"))
         )
-    summary = attrs.evolve(summary, kind=failure_kind(failure), program=program, calls=tuple(calls), failure=failure)
+    summary = attrs.evolve(
+        summary, failed=True, kind=failure_kind(failure), program=program, calls=tuple(calls), failure=failure
+    )
     if isinstance(failure, InvariantViolation):
         return attrs.evolve(summary, explanation=failure.explain())
     if isinstance(failure, AllocatorHang):

@@ -11,11 +11,12 @@ import random
 import signal
 import sys
 import time
+from os import _exit as exit_now  # taken at import, before any run: an interception set up later would miss it
 from typing import Any
 
 from kvfuzz.allocator import PagedAllocator
 from kvfuzz.allocator.errors import OutOfBlocks
-from kvfuzz.allocator.types import AdmitResult, PoolSpec
+from kvfuzz.allocator.types import AdmitResult, GrowResult, PoolSpec
 
 
 def _build(cls: type[PagedAllocator], spec: PoolSpec) -> PagedAllocator:
@@ -111,6 +112,11 @@ class _ExitsCleanlyOnRollback(PagedAllocator):
         os._exit(0)  # ends the process at once, status 0: no exception, no atexit, no finally
 
 
+class _ExitsThroughItsOwnReferenceOnRollback(PagedAllocator):
+    def rollback(self, seq: str, num_tokens: int) -> None:
+        exit_now(0)  # os._exit(0), through the reference this module took when it was imported
+
+
 class _ExitsInCOnRollback(PagedAllocator):
     def rollback(self, seq: str, num_tokens: int) -> None:
         ctypes.CDLL(None).exit(0)  # the C library's exit(0): beyond Python's reach
@@ -131,6 +137,57 @@ class _IgnoresSignalsAndSleeps(PagedAllocator):
             while True:
                 time.sleep(1)
         return super().admit(seq, namespace, tokens)
+
+
+HUNG_FOR: list[float] = []
+"""Seconds each hang of :func:`hangs_on_20th_change` lasted before kvfuzz stopped it, in order."""
+
+
+class _HangsOnItsNthChange(PagedAllocator):
+    """Never returns from its 20th state-changing call (admit, grow, fork, free, preempt, rollback), as an
+    allocator whose queue fills after so many calls: the hang needs that many calls before it, so the programs
+    shrinking keeps are long, and every candidate that keeps the hang costs the limit it is stopped at. Each hang's
+    length goes to :data:`HUNG_FOR`."""
+
+    hang_at = 20
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.changes = 0
+
+    def _change(self) -> None:
+        self.changes += 1
+        if self.changes == self.hang_at:
+            started = time.monotonic()
+            try:
+                while True:
+                    time.sleep(0.01)
+            finally:
+                HUNG_FOR.append(time.monotonic() - started)
+
+    def admit(self, seq: str, namespace: tuple[str, ...], tokens: tuple[int, ...]) -> AdmitResult:
+        self._change()
+        return super().admit(seq, namespace, tokens)
+
+    def grow(self, seq: str, tokens: tuple[int, ...]) -> GrowResult:
+        self._change()
+        return super().grow(seq, tokens)
+
+    def fork(self, parent: str, child: str) -> None:
+        self._change()
+        super().fork(parent, child)
+
+    def free(self, seq: str) -> None:
+        self._change()
+        super().free(seq)
+
+    def preempt(self, seq: str) -> None:
+        self._change()
+        super().preempt(seq)
+
+    def rollback(self, seq: str, num_tokens: int) -> None:
+        self._change()
+        super().rollback(seq, num_tokens)
 
 
 class _LeaksAndSegfaultsInSmallPools(PagedAllocator):
@@ -212,12 +269,20 @@ def exits_cleanly_on_rollback(spec: PoolSpec) -> PagedAllocator:
     return _build(_ExitsCleanlyOnRollback, spec)
 
 
+def exits_through_its_own_reference_on_rollback(spec: PoolSpec) -> PagedAllocator:
+    return _build(_ExitsThroughItsOwnReferenceOnRollback, spec)
+
+
 def exits_in_c_on_rollback(spec: PoolSpec) -> PagedAllocator:
     return _build(_ExitsInCOnRollback, spec)
 
 
 def ignores_signals_and_sleeps(spec: PoolSpec) -> PagedAllocator:
     return _build(_IgnoresSignalsAndSleeps, spec)
+
+
+def hangs_on_20th_change(spec: PoolSpec) -> PagedAllocator:
+    return _build(_HangsOnItsNthChange, spec)
 
 
 def leaks_and_segfaults_in_small_pools(spec: PoolSpec) -> PagedAllocator:

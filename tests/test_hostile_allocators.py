@@ -19,8 +19,9 @@ from kvfuzz.engine import Invariant, MachineConfig
 from kvfuzz.program.execution import Target
 from kvfuzz.program.failures import Broken, Crash, Hang
 from kvfuzz.program.replay import replay
+from kvfuzz.program.safeguards import HANG_FLOOR
 from kvfuzz.registry import AllocatorTrust
-from kvfuzz.runner import RunSummary, run
+from kvfuzz.runner import HangFound, RunSummary, run
 from tests import hostile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +92,58 @@ def test_a_hang_whose_interrupt_the_allocator_swallows_is_still_a_hang() -> None
     summary = run(hostile.swallows_interrupts, examples=50, steps=30, call_timeout=0.3)
     assert summary.failed and summary.invariant == "hang", summary.invariant
     assert summary.calls[-1].rule == "rollback"
+
+
+@pytest.mark.slow
+def test_a_hang_is_told_as_found_shrunk_under_a_limit_from_the_calls_times_and_confirmed_at_the_full_one() -> None:
+    """Before: every shrinking candidate that kept the hang cost the full --call-timeout (60 s by default; the
+    shrink's bound alone was 610 s), and nothing was told of the hang before the run's end. Now the caller is told at
+    once (to save it), a candidate is taken to hang after 20 times the slowest call seen (at least 1 s), and the hang
+    as found and the confirming replays run at the full limit, which the report names."""
+    hostile.HUNG_FOR.clear()
+    found: list[HangFound] = []
+    summary = run(hostile.hangs_on_20th_change, examples=100, steps=50, call_timeout=6.0, on_hang=found.append)
+    assert summary.failed and summary.kind == Hang() and summary.reproduced == summary.replays == 2
+    assert "did not return within 6 s (--call-timeout)" in (summary.explanation or "")
+    (as_found,) = found
+    assert as_found.summary.kind == Hang() and not as_found.summary.shrunk and as_found.summary.calls
+    limit = as_found.candidate_limit
+    assert limit is not None and HANG_FLOOR <= limit < 6, limit  # the allocator's calls take milliseconds
+    assert f"a candidate is taken to hang after {limit:.3g} s" in as_found.describe()
+    searched, shrinking, confirming = hostile.HUNG_FOR[0], hostile.HUNG_FOR[1:-2], hostile.HUNG_FOR[-2:]
+    assert searched >= 6 and all(seconds >= 6 for seconds in confirming), hostile.HUNG_FOR
+    assert shrinking and all(seconds < limit + 1 for seconds in shrinking), (limit, hostile.HUNG_FOR)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isolate", [False, True], ids=["alone", "isolated"])
+def test_a_hang_is_saved_as_soon_as_found_and_replays_after_the_run_is_killed_while_shrinking(
+    tmp_path: Path, isolate: bool
+) -> None:
+    """Before: the trace appeared only at the run's end (15 minutes and more for a hang at the 40th call), so a CI
+    job's time limit lost it. Now it is saved the moment the search meets the hang, and the line saying so tells how
+    long shrinking may take; the run is killed (SIGKILL) while it shrinks, and the trace is there and replays."""
+    command = [sys.executable, "-m", "kvfuzz.cli", "run", "--allocator", "tests.hostile:hangs_on_20th_change"]
+    command += ["--corpus", str(tmp_path), "--call-timeout", "2", *(["--isolate"] if isolate else [])]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        line = next((line for line in process.stderr if "hang found" in line), "")  # "": the run ended without one
+        still_running = process.poll() is None
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+    assert " saved to " in line and "shrinking it may take up to " in line, line
+    assert still_running, "the hang was saved only when the run had ended"
+    trace = Path(line.split(" saved to ", 1)[1].split("; ", 1)[0])
+    assert trace.exists(), line
+    if isolate:  # the orphaned child ends within its grace (kvfuzz.lifeline): wait for it, as the next run would
+        deadline = time.monotonic() + 30
+        while list(tmp_path.glob(".kvfuzz-journal-*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    replayed = _kvfuzz("replay", str(trace), "--trust-allocator", "--call-timeout", "2", cwd=ROOT, timeout=120)
+    assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
 
 
 def test_a_nondeterministic_failure_is_confirmed_by_replays_and_reported_as_flaky() -> None:

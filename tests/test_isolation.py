@@ -108,13 +108,23 @@ def test_ctrl_c_reaches_the_isolated_child_through_the_run_which_stops_with_what
     assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob(".kvfuzz-journal-*"))
 
 
-@pytest.mark.parametrize("isolate", [False, True], ids=["alone", "isolated"])
+@pytest.mark.parametrize(
+    ("factory", "isolate"),
+    [
+        ("exits_cleanly_on_rollback", False),
+        ("exits_cleanly_on_rollback", True),
+        ("exits_through_its_own_reference_on_rollback", False),
+    ],
+    ids=["alone", "isolated", "its own reference to os._exit, alone"],
+)
 def test_an_allocator_that_calls_os_exit_0_is_a_crash_finding_with_its_program_saved(
-    tmp_path: Path, isolate: bool
+    tmp_path: Path, factory: str, isolate: bool
 ) -> None:
     """Before: exit status 0 without --isolate (a pass to CI, a last-words line on standard error), and 3 ("kvfuzz
-    itself failed") with it. Now ``os._exit`` raises in the run's process: the crash is found, shrunk and saved."""
-    args = ["run", "--allocator", "tests.hostile:exits_cleanly_on_rollback", "--corpus", str(tmp_path), "--json"]
+    itself failed") with it; and exit status 0 still for a module that took ``os._exit`` at import (``from os
+    import _exit``), before the run replaced it. Now ``os._exit`` raises in the run's process from before the
+    allocator's module is imported: the crash is found, shrunk and saved."""
+    args = ["run", "--allocator", f"tests.hostile:{factory}", "--corpus", str(tmp_path), "--json"]
     done = _kvfuzz(*args, *(["--isolate"] if isolate else []))
     assert done.returncode == 1, done.stdout + done.stderr
     found = json.loads(done.stdout)
@@ -149,6 +159,13 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -175,7 +192,9 @@ def _start_hung_isolated_run(tmp_path: Path) -> tuple[subprocess.Popen[str], int
     run = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        children = _children(run.pid)
+        children = [  # the isolated child, not multiprocessing's resource tracker beside it
+            pid for pid in _children(run.pid) if b"spawn_main" in _command_line(pid)
+        ]
         journals = list(tmp_path.glob(".kvfuzz-journal-*"))
         if children and journals:
             time.sleep(3)  # the child is in its examples: torch imported, the allocator built

@@ -231,6 +231,21 @@ def test_show_defaults_to_a_page_in_the_current_directory(tmp_path: Path) -> Non
     assert (tmp_path / f"{NO_COPY_ON_WRITE.stem}.html").is_file()
 
 
+def test_show_of_a_file_name_that_is_not_utf8_writes_its_page_and_prints_the_name_escaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a UnicodeEncodeError traceback (the name went into the page, which is written as UTF-8)."""
+    name = os.fsdecode(b"tr\xffce.json")  # the byte 0xff, as Python reads it from the file system
+    (tmp_path / name).write_bytes(NO_COPY_ON_WRITE.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    assert main(["show", name]) == 0
+    out = capsys.readouterr().out
+    assert "tr\\udcffce.json: exclusive writes: reproduced at call 4" in out, out
+    assert "timeline: tr\\udcffce.html" in out, out
+    page = (tmp_path / os.fsdecode(b"tr\xffce.html")).read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and "tr\\udcffce.json" in page
+
+
 def _refused(done, *words: str) -> None:
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()

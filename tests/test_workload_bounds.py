@@ -5,6 +5,7 @@ output."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -17,7 +18,9 @@ from typing import Any
 import pytest
 from factories import kvfuzz
 
+from kvfuzz.cli import main
 from kvfuzz.workload import format as workload_format
+from kvfuzz.workload import scheduler as workload_scheduler
 from kvfuzz.workload.format import (
     FORMAT,
     MAX_PROMPT_TOKENS,
@@ -132,6 +135,60 @@ def test_a_poisson_workload_of_too_many_requests_is_refused(tmp_path: Path) -> N
     assert serve.returncode == 2 and f"limit of {MAX_REQUESTS:,} requests" in serve.stderr
     capacity = kvfuzz("capacity", "--requests", str(10**7), cwd=tmp_path)
     assert capacity.returncode == 2 and f"limit of {MAX_REQUESTS:,} requests" in capacity.stderr
+
+
+def _serialised(tmp_path: Path) -> Path:
+    """Three requests of 42 positions each, in a pool of 48 (4-slot blocks): they run one after the other, some 90
+    steps in all."""
+    path = tmp_path / "serialised.json"
+    path.write_text(json.dumps(_workload(*[_request(number, prompt_len=12, output_len=30) for number in range(3)])))
+    return path
+
+
+POOL = ["--block-size", "4", "--num-blocks", "12"]
+
+
+def test_a_workload_that_does_not_drain_within_the_step_limit_is_one_line_and_exit_2_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``crash (ReplayError)``, exit status 1, a failure blamed on an allocator that broke nothing. Now the
+    replay stops at its step limit (40 here, 100,000 in use) and says why, in one line, exit status 2; the same
+    workload drains when the limit allows."""
+    path = _serialised(tmp_path)
+    assert main(["replay-workload", str(path), *POOL]) == 0
+    assert "3 finished" in capsys.readouterr().out
+    limited = functools.partialmethod(workload_scheduler.Scheduler.__init__, max_steps=40)
+    monkeypatch.setattr(workload_scheduler.Scheduler, "__init__", limited)
+    # the check before the replay would refuse it (it needs 55 steps at least): off, so that the replay meets the
+    # limit, as a workload does whose requests take longer than that lower bound says
+    monkeypatch.setattr(workload_scheduler, "minimum_steps", lambda *args: 0)
+    assert main(["replay-workload", str(path), *POOL]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    (line,) = err.splitlines()
+    assert line.startswith("kvfuzz: workload w did not drain within 40 steps"), line
+    assert "no invariant broke" in line and "crash" not in line and "still open (r" in line
+
+
+def test_a_long_replay_prints_its_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: minutes without a line. Now every few seconds (every step here) a line on standard error says where
+    the replay is and when its step limit would come."""
+    from kvfuzz.allocator.paged import paged_allocator
+    from kvfuzz.allocator.types import PoolSpec
+    from kvfuzz.engine.config import MachineConfig
+
+    monkeypatch.setattr(workload_scheduler, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(workload_scheduler, "minimum_steps", lambda *args: 0)  # as above: the replay meets its limit
+    workload = workload_format.load_workload(_serialised(tmp_path))
+    config = MachineConfig(block_size=4, num_blocks=12, num_host_blocks=0)
+    lines: list[str] = []
+    replay = workload_scheduler.Scheduler(
+        workload, paged_allocator(PoolSpec(4, 12, 0)), config, "paged", max_steps=40, progress=lines.append
+    )
+    report = replay.run()
+    assert not report.failed and report.undrained is not None and report.steps == 40
+    assert len(lines) == 40 and "w: step 1 after " in lines[0], lines[:2]
+    assert "of 3 requests done" in lines[-1] and "a replay stops at step 40" in lines[-1], lines[-1]
 
 
 @pytest.mark.slow

@@ -103,6 +103,7 @@ def run_command(args: argparse.Namespace) -> int:
                 config,
                 args.allocator,
                 args.max_running,
+                progress=progress,  # on standard error: a long replay is seen moving
             )
             for config in pools
         ]
@@ -111,6 +112,10 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     with single_threaded_torch():
         reports = [scheduler.run() for scheduler in schedulers]
+    undrained = next((report.undrained for report in reports if report.undrained), None)
+    if undrained is not None and not any(report.failed for report in reports):  # a failure is reported first
+        print(f"kvfuzz: {undrained}", file=sys.stderr)
+        return 2
     if args.json:
         emit_json([report.to_json() for report in reports] if args.block_sizes else reports[0].to_json())
     else:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from kvfuzz.engine.config import MachineConfig
     from kvfuzz.isolation import Died
     from kvfuzz.runner import RunSummary
+    from kvfuzz.saved.corpus import HangSaver
     from kvfuzz.saved.trace import Trace
 
 
@@ -120,19 +121,28 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
         print(f"\ninterrupted after {plural(summary.examples, 'example')}{found}")
 
 
-def _report(summary: RunSummary, trace: Optional[Trace], args: argparse.Namespace, config: MachineConfig) -> int:
+def _report(
+    summary: RunSummary,
+    trace: Optional[Trace],
+    args: argparse.Namespace,
+    config: MachineConfig,
+    found: Optional[Path] = None,
+) -> int:
     """Print the run's outcome, then save a failure's ``trace``: the failure is on the terminal before the corpus is
-    touched, and a trace that cannot be saved is printed whole. The exit status is 130 for a run the user
+    touched, and a trace that cannot be saved is printed whole. A hang saved as found (at ``found``) is removed once
+    the shrunk hang is saved and confirmed, and said to stay otherwise. The exit status is 130 for a run the user
     interrupted (its failure, if any, saved all the same), else 1 for any failure, saved or not, and 0.
 
     With ``--json``, standard output stays one JSON object: ``trace`` is the saved file (or null), ``trace_error``
-    why it could not be saved (or null), and ``unsaved_trace`` the trace itself when it could not be saved."""
-    from kvfuzz.saved.corpus import save_trace
+    why it could not be saved (or null), and ``unsaved_trace`` the trace itself when it could not be saved; after a
+    hang saved as found, ``hang_as_found`` is that file while it stays (or null)."""
+    from kvfuzz.saved.corpus import save_trace, superseded
 
     if not args.json:
         _print_summary(summary, config)
         sys.stdout.flush()
     saved = save_trace(trace, Path(args.corpus)) if trace is not None else None
+    stays = found is not None and superseded(found, saved, summary) is None
     if args.json:
         unsaved = saved is not None and saved.error is not None
         error = f"cannot write {saved.path} ({saved.error})" if saved is not None and unsaved else None
@@ -143,9 +153,14 @@ def _report(summary: RunSummary, trace: Optional[Trace], args: argparse.Namespac
             "trace_error": error,
             "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
         }
+        if found is not None:
+            fields["hang_as_found"] = str(found) if stays else None
         emit_json({**summary.to_json(), **fields})
-    elif saved is not None:
-        print(f"\n{saved.report()}")
+    else:
+        if saved is not None:
+            print(f"\n{saved.report()}")
+        if found is not None:
+            print(f"the hang as found stays saved at {found}" if stays else f"(it replaces {found}, the hang as found)")
     if summary.interrupted:
         return 130
     return 1 if summary.failed else 0
@@ -210,6 +225,15 @@ def _report_death(died: Died, args: argparse.Namespace, factory: AllocatorFactor
     return status
 
 
+def _hang_saver(args: argparse.Namespace, config: MachineConfig, journal_dir: Optional[Path]) -> HangSaver:
+    """Saves a hang in the corpus (``journal_dir``: None where it cannot be written) as soon as it is found."""
+    from kvfuzz.saved.corpus import HangSaver
+
+    return HangSaver(
+        args.allocator, config, journal_dir, lambda line: print(f"kvfuzz: {line}", file=sys.stderr, flush=True)
+    )
+
+
 def _run_isolated(args: argparse.Namespace, config: MachineConfig, factory: AllocatorFactory) -> int:
     """``--isolate``: the run in a child process (:mod:`kvfuzz.isolation`), reported here as without it."""
     from kvfuzz.isolation import Died, RunRequest, Stopped, run_isolated
@@ -238,7 +262,7 @@ def _run_isolated(args: argparse.Namespace, config: MachineConfig, factory: Allo
             return 130
         if isinstance(outcome, Died):
             return _report_death(outcome, args, factory)
-        status = _report(outcome.summary, outcome.trace, args, config)
+        status = _report(outcome.summary, outcome.trace, args, config, outcome.hang_as_found)
     return 130 if pressed else status
 
 
@@ -279,6 +303,16 @@ def run_command(args: argparse.Namespace) -> int:
                 return 2
             database = open_examples(args.database, Path(args.database))
         return run_scheduler(args, emit_json, run_scheduler_isolated, database)
+    from kvfuzz.program.safeguards import exits_as_crashes
+
+    # From before the allocator's module is imported: one that takes os._exit at import (``from os import _exit``)
+    # takes the interception, and its exit is a crash found like any other.
+    with exits_as_crashes():
+        return _run_allocator(args)
+
+
+def _run_allocator(args: argparse.Namespace) -> int:
+    """``kvfuzz run`` of an allocator: every check, then the run, in this process or isolated."""
     import attrs
 
     from kvfuzz.campaign.store import open_examples
@@ -323,6 +357,7 @@ def run_command(args: argparse.Namespace) -> int:
     database = None if args.database is None else open_examples(args.database, Path(args.database))
     _enable_faulthandler()
     journal_dir = _journal_dir(Path(args.corpus))
+    hang_saver = _hang_saver(args, config, journal_dir)
     # Ctrl-C outside the run (which stops with what it found) would lose a failure not yet saved: it waits.
     with deferred_interrupts() as pressed:
         with _dying_words(journal_dir, args.corpus):
@@ -338,6 +373,7 @@ def run_command(args: argparse.Namespace) -> int:
                 progress=progress,
                 call_timeout=args.call_timeout or None,
                 journal_dir=journal_dir,
+                on_hang=hang_saver,
             )
-        status = _report(summary, trace_of(summary, args.allocator, config), args, config)
+        status = _report(summary, trace_of(summary, args.allocator, config), args, config, hang_saver.path)
     return 130 if pressed else status

@@ -125,10 +125,11 @@ def show(path: str, html: Optional[str], png: Optional[str], allocator: Optional
         except ImportError:
             print("kvfuzz: --png needs matplotlib: pip install 'kvfuzz[plot]'", file=sys.stderr)
             return 2
+    name = printable(path)  # a file name that is not UTF-8 prints (and goes into the page) escaped
     print("\n".join(trace.describe()))
     if missing is not None:
         print(f"\nno timeline: {missing}")
-        print(f"replay it with: kvfuzz replay {path}")
+        print(f"replay it with: kvfuzz replay {name}")
         return 0
     from kvfuzz.scheduler.replay_result import ReplayRefused
     from kvfuzz.timeline.requests import record_requests
@@ -136,9 +137,9 @@ def show(path: str, html: Optional[str], png: Optional[str], allocator: Optional
 
     started = time.perf_counter()
     try:
-        timeline = record_requests(trace, path)
+        timeline = record_requests(trace, name)
     except ReplayRefused as error:
-        print(f"kvfuzz: {path}: {error}", file=sys.stderr)
+        print(f"kvfuzz: {name}: {error}", file=sys.stderr)
         return 2
     try:
         write_text(page, render_requests_html(timeline))
@@ -153,8 +154,8 @@ def show(path: str, html: Optional[str], png: Optional[str], allocator: Optional
     where = f" at step {timeline.failing_step}" if timeline.failing_step is not None else ""
     about = f", request {timeline.failing_request}" if timeline.failing_request is not None else ""
     print(f"\nreplayed: {timeline.verdict}{where}{about} ({timeline.total_steps} steps)")
-    pictures = f" and {png}" if png else ""
-    print(f"timeline: {page}{pictures} ({time.perf_counter() - started:.2f} s)")
+    pictures = f" and {printable(png)}" if png else ""
+    print(f"timeline: {printable(str(page))}{pictures} ({time.perf_counter() - started:.2f} s)")
     return 0
 
 

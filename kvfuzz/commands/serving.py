@@ -147,8 +147,11 @@ def run_serve(args: argparse.Namespace) -> int:
         scheduler = _settings(args).scheduler(workload, allocator, config, args.allocator)
     except (WorkloadError, AllocatorNotFound, ReplayError, ValueError) as error:
         return _refuse(error)
+    scheduler.progress = progress  # on standard error: a long replay is seen moving
     with single_threaded_torch():
         report = scheduler.serve()
+    if report.replay.undrained is not None and not report.failed:  # a failure is reported first
+        return _refuse(ValueError(report.replay.undrained))
     if args.json:
         emit_json(report.to_json())
     else:

@@ -17,6 +17,7 @@ from kvfuzz.commands.options import needs_torch
 from kvfuzz.commands.output_files import OutputNotWritten, check_outputs, write_text, written_atomically
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 from kvfuzz.saved.hint import default_page
+from kvfuzz.text import printable
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,14 +74,15 @@ def run_command(args: argparse.Namespace) -> int:
     from kvfuzz.timeline.html import render_html
     from kvfuzz.timeline.record import record
 
+    name = printable(args.trace)  # a file name that is not UTF-8 prints (and goes into the page) escaped
     started = time.perf_counter()
     try:
-        timeline = record(trace, args.trace, args.allocator, trust=AllocatorTrust(everything=args.trust_allocator))
+        timeline = record(trace, name, args.allocator, trust=AllocatorTrust(everything=args.trust_allocator))
     except KeyboardInterrupt:
         raise
     except BaseException as error:  # building the allocator or its engine failed or exited: one line, as replay says
         one_line = " ".join(f"{type(error).__name__}: {error}".split())
-        return _usage_error(f"{args.trace}: replay could not start: {one_line}")
+        return _usage_error(f"{name}: replay could not start: {one_line}")
     try:
         write_text(page, render_html(timeline))
         if args.png is not None:
@@ -94,6 +96,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     outcome = timeline.outcome
     where = f" at call {timeline.columns[outcome.column].call_index + 1}" if outcome.column is not None else ""
-    print(f"{args.trace}: {outcome.title}: {outcome.verdict}{where} against {timeline.allocator}")
-    print(f"timeline: {page}" + (f" and {args.png}" if args.png else "") + f" ({time.perf_counter() - started:.2f} s)")
+    print(f"{name}: {outcome.title}: {outcome.verdict}{where} against {timeline.allocator}")
+    pictures = f"{printable(str(page))}" + (f" and {printable(args.png)}" if args.png else "")
+    print(f"timeline: {pictures} ({time.perf_counter() - started:.2f} s)")
     return 0

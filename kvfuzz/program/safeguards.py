@@ -10,6 +10,8 @@ run, for a process the allocator kills.
   with its program, not a run that ended with status 0.
 * :class:`Watchdog`: one operation may run for at most ``seconds``; past that the main thread gets
   :class:`AllocatorHang`, a ``BaseException`` so that Hypothesis does not spend the timeout again on every shrink.
+  It keeps the longest an operation took that returned in time, from which a hang's shrink takes a shorter limit
+  (:meth:`Watchdog.hang_limit`).
 * :class:`Journal`: the calls of the running program, flushed before each call.
 """
 
@@ -42,12 +44,13 @@ class AllocatorEscape(Exception):
 
 
 class AllocatorHang(BaseException):
-    """An operation did not return within the watchdog's limit."""
+    """An operation did not return within the watchdog's limit: ``--call-timeout``, or while a hang is shrunk the
+    shorter limit ``limit`` names."""
 
-    def __init__(self, operation: str, seconds: float) -> None:
+    def __init__(self, operation: str, seconds: float, limit: str = "--call-timeout") -> None:
         self.operation = operation
         self.seconds = seconds
-        super().__init__(f"{operation} did not return within {seconds:g} s (--call-timeout)")
+        super().__init__(f"{operation} did not return within {seconds:g} s ({limit})")
 
 
 _interrupts_active = False  # SIGINT raises UserInterrupt, so a plain KeyboardInterrupt is not the user's
@@ -135,16 +138,29 @@ def escaped(error: BaseException) -> BaseException:
     return AllocatorEscape(error)
 
 
+HANG_FACTOR = 20.0
+"""A hang's shrink stops a candidate's operation once it has run this many times longer than the slowest operation
+that returned so far (:meth:`Watchdog.hang_limit`)."""
+
+HANG_FLOOR = 1.0
+"""Seconds: the shortest limit a hang's shrink stops a candidate's operation at, however fast the calls were."""
+
+
 class Watchdog:
     """Interrupts an operation that runs past ``seconds``: a daemon thread watches the running operation's deadline
     and, once it has passed, signals the main thread (SIGUSR1) every tenth of a second until the operation ends;
     the handler raises :class:`AllocatorHang` whenever the running operation is past its deadline, so an allocator
     that swallows one is interrupted again, and a signal that arrives late never blames the next operation.
     Arming and disarming cost a clock read and two attribute writes. Only the main thread can be interrupted;
-    elsewhere the watchdog stays off, and :meth:`disarm` still reports an operation that overran."""
+    elsewhere the watchdog stays off, and :meth:`disarm` still reports an operation that overran.
+
+    Invariant kept: ``slowest`` is the longest an operation took among those that returned within their limit;
+    ``seconds`` is the limit of the operations armed now (the run's, except inside :meth:`limited`)."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds  # the most one operation may take
+        self.slowest = 0.0  # the longest an operation that returned in time took
+        self._limit = "--call-timeout"  # what sets ``seconds``, as a hang report names it
         self._deadline: Optional[float] = None  # monotonic time the running operation must finish by
         self._operation: object = ""  # the running operation (a call, or its name), printed only in a report
         self._stop = threading.Event()
@@ -173,10 +189,34 @@ class Watchdog:
         """The operation ended; returns whether it ended past its deadline (a hang it recovered from by itself, or
         one whose interrupt it swallowed)."""
         deadline, self._deadline = self._deadline, None
-        return deadline is not None and time.monotonic() > deadline
+        if deadline is None:
+            return False
+        left = deadline - time.monotonic()
+        if left < 0:
+            return True
+        if self.seconds - left > self.slowest:
+            self.slowest = self.seconds - left
+        return False
 
     def hang(self) -> AllocatorHang:
-        return AllocatorHang(str(self._operation), self.seconds)
+        return AllocatorHang(str(self._operation), self.seconds, self._limit)
+
+    def hang_limit(self) -> float:
+        """The limit a hang's shrink confirms a candidate's hang at: :data:`HANG_FACTOR` times the slowest operation
+        that returned so far, at least :data:`HANG_FLOOR` seconds, at most the watchdog's own limit. A candidate
+        that only runs slow past it is taken for a hang, which the confirming replays, at the full limit, check."""
+        return min(self.seconds, max(HANG_FLOOR, HANG_FACTOR * self.slowest))
+
+    @contextlib.contextmanager
+    def limited(self, seconds: float, why: str) -> Iterator[None]:
+        """While active, operations armed may take at most ``seconds`` (``why`` names that limit in a hang
+        report); the watchdog's own limit after."""
+        previous = self.seconds, self._limit
+        self.seconds, self._limit = seconds, why
+        try:
+            yield
+        finally:
+            self.seconds, self._limit = previous
 
     def _overdue(self) -> bool:
         deadline = self._deadline

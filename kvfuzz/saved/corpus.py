@@ -25,9 +25,10 @@ from kvfuzz.program.failures import failure_kind
 from kvfuzz.program.replay import NotApplicable, ReplayOutcome, replay
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
-from kvfuzz.runner import RunSummary
+from kvfuzz.runner import HangFound, RunSummary
 from kvfuzz.saved.hint import show_hint
 from kvfuzz.saved.trace import Trace, failure_record, save
+from kvfuzz.text import plural
 
 
 def trace_of(summary: RunSummary, allocator: str, config: MachineConfig) -> Optional[Trace]:
@@ -85,6 +86,49 @@ def save_trace(trace: Trace, directory: Path) -> SavedTrace:
     except OSError as error:
         return SavedTrace(trace, directory / trace.file_name(), False, error.strerror or str(error))
     return SavedTrace(trace, path, written)
+
+
+class HangSaver:
+    """A run's ``on_hang``: saves a hang as the search found it, before it is shrunk (each shrinking candidate that
+    hangs costs time, and a run killed meanwhile, by a CI job's time limit say, must not lose it), and writes one
+    line for a person: where it is, or why it is not saved yet, and what shrinking and confirming it may cost.
+    ``path`` is where it was saved (None: not saved; the run saves its failure at its end all the same).
+    ``directory`` None: the corpus cannot be written."""
+
+    def __init__(
+        self, allocator: str, config: MachineConfig, directory: Optional[Path], write: Callable[[str], None]
+    ) -> None:
+        self.allocator, self.config, self.directory, self.write = allocator, config, directory, write
+        self.path: Optional[Path] = None
+
+    def __call__(self, found: HangFound) -> None:
+        trace = trace_of(found.summary, self.allocator, self.config)
+        calls = plural(len(found.summary.calls), "call")
+        if trace is None or self.directory is None:
+            self.write(f"hang found ({calls}; not saved yet: the corpus cannot be written); {found.describe()}")
+            return
+        saved = save_trace(trace, self.directory)
+        if saved.error is not None:
+            where = f"not saved yet: cannot write {saved.path} ({saved.error})"
+            self.write(f"hang found ({calls}; {where}); {found.describe()}")
+            return
+        self.path = saved.path
+        self.write(f"hang found: its program as found ({calls}) saved to {saved.path}; {found.describe()}")
+
+
+def superseded(found: Path, saved: Optional[SavedTrace], summary: RunSummary) -> Optional[Path]:
+    """Remove the hang saved as found (at ``found``, by a :class:`HangSaver`) once ``saved``, the run's final trace
+    of ``summary``, is on disk and confirmed in every replay: the same hang, shrunk. Returns the path removed (None:
+    it stays: the final trace is not saved, not confirmed, or the same file)."""
+    if saved is None or saved.error is not None or saved.path == found:
+        return None
+    if not summary.replays or summary.reproduced != summary.replays:
+        return None
+    try:
+        found.unlink(missing_ok=True)
+    except OSError:
+        return None
+    return found
 
 
 PROCESS_DIED = "crash (the process died)"

@@ -111,6 +111,7 @@ class ReplayReport:
     operations: dict
     quiescent: bool
     failure: Optional[str] = None
+    undrained: Optional[str] = None  # why the replay stopped at its step limit (no failure: the workload is too long)
 
     @property
     def failed(self) -> bool:
@@ -134,7 +135,8 @@ class ReplayReport:
         lines = [
             f"workload {self.workload} ({self.origin}), {plural(self.requests, 'request')}, against {self.allocator}",
             f"  pool: {plural(self.num_blocks, 'block')} x {plural(self.block_size, 'slot')}",
-            f"  {'FAILED' if self.failed else 'passed'}: {self.steps} steps in {self.seconds:.1f} s, "
+            f"  {'FAILED' if self.failed else 'did not drain' if self.undrained else 'passed'}: {self.steps} steps in "
+            f"{self.seconds:.1f} s, "
             "every invariant checked after every operation"
             + ("; every block free at the end" if self.quiescent else ""),
             f"  requests: {self.admitted} admitted, {self.finished} finished, {self.cancelled} cancelled "
@@ -149,4 +151,6 @@ class ReplayReport:
         ]
         if self.failure:
             lines += ["", self.failure]
+        if self.undrained:
+            lines += ["", self.undrained]
         return lines

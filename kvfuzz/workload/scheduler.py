@@ -29,6 +29,7 @@ from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.engine import Engine
 from kvfuzz.engine.expected import Status
 from kvfuzz.engine.violations import InvariantViolation
+from kvfuzz.text import plural
 from kvfuzz.workload.format import MAX_STEPS, Request, Workload
 from kvfuzz.workload.report import Latency, Preemption, Refusal, ReplayReport
 
@@ -61,11 +62,6 @@ def minimum_steps(workload: Workload, max_running: int, block_size: int, num_blo
     )
     latest = max(request.arrival + work[request.id] for request in fitting)
     return max(latest, -(-sum(work.values()) // max_running), -(-area // num_blocks))
-
-
-class Undrained(Exception):
-    """A workload that fits the replay's steps (:func:`minimum_steps`) did not drain within them: its requests were
-    starved (refused, preempted, again and again), which the report says as such, never as a crash."""
 
 
 class ReplayError(RuntimeError):
@@ -112,8 +108,14 @@ class Tracked:
         return fork and branch == self.branches[0] and len(self.produced) < len(self.branches)
 
 
+PROGRESS_SECONDS = 5.0
+"""Seconds between two progress lines of a replay (a long one runs for minutes)."""
+
+
 class Scheduler:
-    """Drives one workload through one engine; :meth:`run` returns the report."""
+    """Drives one workload through one engine; :meth:`run` returns the report. A workload that has not drained
+    when ``max_steps`` steps have run is stopped there: the report says so (``undrained``), which is no failure of
+    the allocator (it broke no invariant), but a workload too long for the pool and ``max_running``."""
 
     def __init__(
         self,
@@ -123,6 +125,7 @@ class Scheduler:
         allocator_name: str,
         max_running: int = 256,
         max_steps: int = MAX_STEPS,
+        progress: Optional[Callable[[str], None]] = None,
     ) -> None:
         if any(request.namespace for request in workload.requests) and not allocator.capabilities.namespaces:
             raise ReplayError(
@@ -146,6 +149,7 @@ class Scheduler:
             )
         self.workload, self.config, self.allocator_name = workload, config, allocator_name
         self.max_running, self.max_steps = max_running, max_steps
+        self.progress = progress  # told where the replay is every PROGRESS_SECONDS (None: nobody)
         self.log = OccupancyLog()
         self.engine = Engine(allocator, config, Counter(), on_step=self.log.record)
         self.fork = allocator.capabilities.fork
@@ -172,34 +176,58 @@ class Scheduler:
 
     def run(self) -> ReplayReport:
         started = time.perf_counter()
-        failure, quiescent = None, False
+        told = started
+        failure: Optional[str] = None
+        undrained: Optional[str] = None
+        quiescent = False
         try:
             arrivals = iter(self.tracked)
             upcoming = next(arrivals, None)
             while not all(tracked.phase in DONE for tracked in self.tracked):
                 if self.step >= self.max_steps:
-                    stuck = [f"{t.request.id} ({t.phase.value})" for t in self.tracked if t.phase not in DONE]
-                    raise Undrained(
-                        f"the workload did not drain within {self.max_steps:,} steps, though its requests fit them "
-                        f"(checked before the replay); still open: {', '.join(stuck[:10])}"
-                    )
+                    undrained = self._undrained()
+                    break
                 while upcoming is not None and upcoming.request.arrival <= self.step:
                     self.waiting.append(upcoming)
                     upcoming = next(arrivals, None)
                 self._schedule()
                 self._cancel()
                 self._run_step()
-            self.engine.quiesce()
-            quiescent = True
+                if self.progress is not None and time.perf_counter() - told >= PROGRESS_SECONDS:
+                    told = time.perf_counter()
+                    self.progress(self._where(told - started))
+            if undrained is None:
+                self.engine.quiesce()
+                quiescent = True
         except InvariantViolation as violation:
             failure = f"{violation.invariant}\n{violation.explain()}"
-        except Undrained as stuck:  # kvfuzz's own limit, met by a workload that fits it: the requests were starved
-            failure = f"progress: {stuck}"
         except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding, with the report
             failure = (
                 f"crash ({type(error).__name__}) during {self.engine.checks.operation} at step {self.step}: {error}"
             )
-        return self._report(time.perf_counter() - started, failure, quiescent)
+        return self._report(time.perf_counter() - started, failure, quiescent, undrained)
+
+    def _where(self, seconds: float) -> str:
+        """A progress line: the step, the requests done, running and waiting, and when the step limit would come."""
+        done = sum(tracked.phase in DONE for tracked in self.tracked)
+        left = (self.max_steps - self.step) * seconds / max(self.step, 1)
+        return (
+            f"  {self.workload.name}: step {self.step:,} after {seconds:.0f} s, {done:,} of "
+            f"{plural(len(self.tracked), 'request')} done, {len(self.running)} running, {len(self.waiting)} waiting "
+            f"(a replay stops at step {self.max_steps:,}: in about {left:.0f} s at this pace)"
+        )
+
+    def _undrained(self) -> str:
+        """Why the replay stopped at its step limit, for a person, on one line."""
+        stuck = [tracked.request.id for tracked in self.tracked if tracked.phase not in DONE]
+        named = ", ".join(stuck[:3]) + (f" and {len(stuck) - 3:,} more" if len(stuck) > 3 else "")
+        return (
+            f"workload {self.workload.name} did not drain within {self.max_steps:,} steps (the most a replay runs) "
+            f"against {self.allocator_name} in a pool of {plural(self.config.num_blocks, 'block')} x "
+            f"{plural(self.config.block_size, 'slot')} with at most {self.max_running} running: "
+            f"{plural(len(stuck), 'request')} still open ({named}); no invariant broke: the workload is too long for "
+            "this pool, give it more room or fewer requests"
+        )
 
     def _schedule(self) -> None:
         """The scheduling decisions of one round, before cancellations: start branches, decode, admit."""
@@ -479,7 +507,9 @@ class Scheduler:
 
     # -- the report --------------------------------------------------------------------------------------------------
 
-    def _report(self, seconds: float, failure: Optional[str], quiescent: bool) -> ReplayReport:
+    def _report(
+        self, seconds: float, failure: Optional[str], quiescent: bool, undrained: Optional[str] = None
+    ) -> ReplayReport:
         tracked = self.tracked
         ttft = [t.first_token_at - t.request.arrival + 1 for t in tracked if t.first_token_at is not None]
         tpot = [
@@ -512,6 +542,7 @@ class Scheduler:
             dict(sorted(self.engine.stats.items())),
             quiescent,
             failure,
+            undrained,
         )
 
 
