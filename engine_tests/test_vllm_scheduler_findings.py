@@ -82,7 +82,8 @@ def test_the_shared_block_ref_cnt_finding_is_the_waiting_queue_bug() -> None:
         assert replayed.reproduced and replayed.error is not None, replayed.describe_failure()
         signatures.append(str(scheduler_signature("vllm-v1", replayed.error)))
     assert signatures == ["accounting: blocks held by a request in the waiting queue"] * 2
-    assert "ref_cnt 2; block 2 in vLLM's own table for r9 (WAITING, 0 computed" in replay(load(shared)).describe_failure()
+    described = replay(load(shared)).describe_failure()
+    assert "ref_cnt 2; block 2 in vLLM's own table for r9 (WAITING, 0 computed" in described, described
 
 
 def test_an_abort_of_a_finished_request_is_left_out_of_the_program() -> None:

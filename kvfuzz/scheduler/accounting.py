@@ -17,7 +17,6 @@ from typing import Any, Collection, Optional
 
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
-
 WAITING_QUEUE = "vLLM's waiting queue, for requests that hold no blocks"
 """How a message names vLLM's waiting queue (a request there should hold no blocks)."""
 

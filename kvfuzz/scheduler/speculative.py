@@ -64,9 +64,12 @@ def accepted(request: str, position: int, drafts: list[int]) -> int:
     return count
 
 
-def span(first: int, stop: int) -> str:
-    """Positions ``first .. stop - 1`` (at least one) for a message: ``position 3`` or ``positions 3..5``."""
-    return f"position {first}" if stop - first == 1 else f"positions {first}..{stop - 1}"
+def span(first: int, stop: int, verb: str = "") -> str:
+    """Positions ``first .. stop - 1`` (at least one) for a message, with ``verb`` (plural, "hold") agreeing:
+    ``position 3 holds`` or ``positions 3..5 hold``."""
+    if stop - first == 1:
+        return f"position {first}" + (f" {verb}s" if verb else "")
+    return f"positions {first}..{stop - 1}" + (f" {verb}" if verb else "")
 
 
 @attrs.frozen
@@ -114,11 +117,11 @@ class Speculation:
         drafted = known + len(verified.drafts)  # one past the last draft's position
         if computed > verified.computed:
             wrong = [
-                f"{span(verified.computed, min(computed, drafted))} hold rejected drafts' K/V"
+                f"{span(verified.computed, min(computed, drafted), 'hold')} rejected drafts' K/V"
                 if verified.computed < min(computed, drafted)
                 else "",
-                f"{span(max(verified.computed, drafted), computed)} lie beyond the drafts the step verified (nothing "
-                "was computed there)"
+                f"{span(max(verified.computed, drafted), computed, 'lie')} beyond the drafts the step verified "
+                "(nothing was computed there)"
                 if computed > drafted
                 else "",
             ]
@@ -126,8 +129,10 @@ class Speculation:
             cause = "rejected drafts not rolled back" if wrong[0] else "computed tokens counted past the drafts"
         else:
             wrong = [
-                f"{span(computed, min(known, verified.computed))} hold known tokens' K/V" if computed < known else "",
-                f"{span(max(computed, known), verified.computed)} hold accepted drafts' K/V"
+                f"{span(computed, min(known, verified.computed), 'hold')} known tokens' K/V"
+                if computed < known
+                else "",
+                f"{span(max(computed, known), verified.computed, 'hold')} accepted drafts' K/V"
                 if max(computed, known) < verified.computed
                 else "",
             ]
@@ -139,7 +144,7 @@ class Speculation:
             request,
             f"the scheduler counts {computed} computed tokens, but its last step verified drafts "
             f"{list(verified.drafts)} ({verified.accepted} accepted, {rejected} rejected), after which "
-            f"{span(0, verified.computed)} hold valid K/V: {found}",
+            f"{span(0, verified.computed, 'hold')} valid K/V: {found}",
             cause,
         )
 

@@ -62,7 +62,9 @@ class KnownFindings:
         return best.where + (f"; also {', '.join(others)}" if others else "")
 
 
-def known_signatures(directories: Iterable[Path], target: SchedulerTarget, call_timeout: Optional[float]) -> KnownFindings:
+def known_signatures(
+    directories: Iterable[Path], target: SchedulerTarget, call_timeout: Optional[float]
+) -> KnownFindings:
     """The signatures the traces of ``directories`` reproduce here, known or (a ``fixed`` trace's) regressions."""
     known: dict[str, list[KnownTrace]] = {}
     regressions: dict[str, list[KnownTrace]] = {}
