@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -389,3 +390,111 @@ def test_sigterm_ends_the_campaign_with_what_it_found(tmp_path: Path) -> None:
     assert result.ended_by == "interrupted" and 12 <= len(fake.searches) < 20
     assert [finding.text for finding in result.new] == ["accounting: the free count"]
     assert result.new[0].trace is not None and Path(result.new[0].trace).exists()
+
+
+# -- issue 45, item 12: regressions, drift, credit, the duration -----------------------------------------------
+
+
+def _marked_fixed(directory: Path) -> Path:
+    """The one trace of ``directory``, rewritten as a regression trace of a fixed bug (``fixed`` set)."""
+    [path] = directory.glob("*.json")
+    data = json.loads(path.read_text())
+    data["fixed"] = "the fake's fix"
+    path.write_text(json.dumps(data))
+    assert load(path).fixed == "the fake's fix"
+    return path
+
+
+def test_a_fixed_bug_s_trace_that_reproduces_is_a_regression_not_a_known_finding(tmp_path: Path) -> None:
+    campaign(FakeTarget(), tmp_path / "first")
+    path = _marked_fixed(tmp_path / "first")
+    result = campaign(FakeTarget(), tmp_path / "second", known=(tmp_path / "first",))
+    assert not result.known and [finding.text for finding in result.new] == ["accounting: the free count"]
+    note = result.new[0].note or ""
+    assert note.startswith(f"REGRESSION: a fixed bug is back, {path} (fixed: the fake's fix)"), note
+    # while the fix holds (the trace passes), the failure is neither known nor a regression: new, as any
+    fixed = campaign(FakeTarget(fixed=True), tmp_path / "third", known=(tmp_path / "first",))
+    assert [finding.text for finding in fixed.new] == ["accounting: the free count"]
+    assert "REGRESSION" not in (fixed.new[0].note or "")
+
+
+def test_a_trace_cannot_be_both_a_known_bug_and_fixed(tmp_path: Path) -> None:
+    campaign(FakeTarget(), tmp_path / "first")
+    path = _marked_fixed(tmp_path / "first")
+    data = json.loads(path.read_text())
+    data["known_bug"] = "unfixed"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="fixed"):
+        load(path)
+
+
+def test_shrinking_that_drifts_keeps_the_first_failure_s_program_and_lists_the_other(tmp_path: Path) -> None:
+    fake = FakeTarget()
+    search = fake.search
+
+    def drifting(config: SwarmConfig, examples: int, seed: int, shrink: bool, witness: Any, *rest: Any) -> Outcome:
+        found = search(config, examples, seed, False, witness, *rest)
+        if not shrink or found.failure is None:
+            return found
+        other = SchedulerViolation(Check.PROGRESS, 1, None, "stuck ...", "the drain ran past its bound: x")
+        witness(FakeSession(config.setup, list(SHRUNK)), other)
+        return attrs.evolve(found, failure=other, program="the other's program")
+
+    fake.search = drifting  # type: ignore[method-assign]
+    result = campaign(fake, tmp_path / "c", stop_after=1)
+    texts = [finding.text for finding in result.new]
+    assert texts == ["accounting: the free count", "progress: the drain ran past its bound: x"], texts
+    first, other = result.new
+    assert first.explanation is not None and "accounting check failed" in first.explanation
+    assert first.program is not None and "the other's program" not in first.program
+    assert first.program.startswith("state.add([1, 2, 3], 2)")  # FOUND, the first trace's program
+    assert other.explanation is not None and other.explanation.startswith("progress check failed")
+    assert other.trace is not None and load(Path(other.trace)).program == SHRUNK
+    assert "met while shrinking accounting: the free count" in (other.note or "")
+
+
+def test_a_known_finding_is_credited_to_the_trace_recorded_closest_to_the_batch(tmp_path: Path) -> None:
+    campaign(FakeTarget(), tmp_path / "first")
+    [path] = (tmp_path / "first").glob("*.json")
+    trace = load(path)
+    # the same bug recorded in another configuration (the fake's traces all name the V2 runner)
+    twin = attrs.evolve(trace, setup=attrs.evolve(trace.setup, num_blocks=trace.setup.num_blocks + 1))
+    (tmp_path / "first" / ("0-" + path.name)).write_text(json.dumps(twin.to_json()))  # first in file-name order
+    result = campaign(FakeTarget(), tmp_path / "second", known=(tmp_path / "first",))  # the same batches
+    [finding] = result.known
+    assert finding.known is not None and finding.known.startswith(str(path)), finding.known
+
+
+def test_shrinking_ends_with_the_campaign_s_duration_and_keeps_the_finding(tmp_path: Path) -> None:
+    fake = FakeTarget()
+    search = fake.search
+
+    def slow(config: SwarmConfig, examples: int, seed: int, shrink: bool, *rest: Any) -> Outcome:
+        if shrink:
+            time.sleep(30)  # shrinking that would outlast the campaign
+        return search(config, examples, seed, shrink, *rest)
+
+    fake.search = slow  # type: ignore[method-assign]
+    started = time.monotonic()
+    settings = SchedulerCampaignOptions("vllm-v1", 9, tmp_path / "c", duration=1.0)
+    result = SchedulerCampaign(settings, fake.target()).run()
+    assert time.monotonic() - started < 10
+    [finding] = result.new
+    assert "shrinking cut off at the campaign's end" in (finding.note or "") and result.examples > 0
+    assert finding.trace is not None and not load(Path(finding.trace)).shrunk
+
+
+def test_a_stop_while_shrinking_keeps_the_finding(tmp_path: Path) -> None:
+    fake = FakeTarget()
+    search = fake.search
+
+    def stopped(config: SwarmConfig, examples: int, seed: int, shrink: bool, *rest: Any) -> Outcome:
+        if shrink:
+            raise KeyboardInterrupt
+        return search(config, examples, seed, shrink, *rest)
+
+    fake.search = stopped  # type: ignore[method-assign]
+    result = campaign(fake, tmp_path / "c", seed=9)
+    assert result.ended_by == "interrupted" and result.examples > 0
+    [finding] = result.new
+    assert "shrinking interrupted" in (finding.note or "") and finding.trace is not None

@@ -13,9 +13,16 @@ every bound is exact. Which free blocks are still cached is not provable from th
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
+
+WAITING_QUEUE = "vLLM's waiting queue, for requests that hold no blocks"
+"""How a message names vLLM's waiting queue (a request there should hold no blocks)."""
+
+WAITING_CAUSE = "blocks held by a request in the waiting queue"
+"""The cause of a block count off because requests in vLLM's waiting queue hold blocks: one vLLM bug, whether the
+blocks are theirs alone (the free count sees it) or shared with a running request (its ``ref_cnt`` shows it)."""
 
 
 def _holders(tables: dict[str, list[int]]) -> dict[int, list[str]]:
@@ -41,13 +48,20 @@ def check_accounting(
         if block in free or not len(requests) <= count <= most:
             where = "is in the free queue" if block in free else f"has ref_cnt {count}"
             expected = f"{len(requests)}" if most == len(requests) else f"{len(requests)} to {most}"
+            # a count above the tables': vLLM's own tables name who else holds the block
+            others = [] if count <= most else _owners(scheduler, [block], {*requests, *optional.get(block, ())})
             raise SchedulerViolation(
                 Check.ACCOUNTING,
                 step,
                 requests[0],
                 f"block {block} is held by the tables of {len(requests)} running request(s) {requests} "
-                f"(expected ref_cnt {expected}, not free), but the manager's block {where}",
-                "a held block in the free queue" if block in free else "a held block's ref_cnt",
+                f"(expected ref_cnt {expected}, not free), but the manager's block {where}"
+                + "".join(f"; {description}" for _, description in others),
+                "a held block in the free queue"
+                if block in free
+                else WAITING_CAUSE
+                if others and _all_waiting(others)
+                else "a held block's ref_cnt",
             )
     for block, requests in sorted(optional.items()):
         count = pool.blocks[block].ref_cnt
@@ -79,10 +93,13 @@ def check_accounting(
             f"the manager reports {reported} free blocks, but the running requests' tables hold {len(holders)} "
             f"distinct blocks of {usable}, so {must} must be free; blocks neither free nor in a table: {leaked}"
             + "".join(f"; {description}" for _, description in owners),
-            "blocks held by a request in the waiting queue"
-            if owners and all("waiting queue, for" in description for _, description in owners)
-            else "the free count",
+            WAITING_CAUSE if owners and _all_waiting(owners) else "the free count",
         )
+
+
+def _all_waiting(owners: list[tuple[str, str]]) -> bool:
+    """Whether every one of ``owners`` (:func:`_owners`) is in vLLM's waiting queue, for requests holding no blocks."""
+    return all(WAITING_QUEUE in description for _, description in owners)
 
 
 def _queue_of(scheduler: Any, request: Any) -> str:
@@ -90,7 +107,7 @@ def _queue_of(scheduler: Any, request: Any) -> str:
     queues = {
         "running": "vLLM's running queue",
         "kv_holding_waiting": "vLLM's kv_holding_waiting queue (waiting with blocks)",
-        "waiting": "vLLM's waiting queue, for requests that hold no blocks by vLLM's _holds_kv_blocks",
+        "waiting": f"{WAITING_QUEUE} by vLLM's _holds_kv_blocks",
     }
     for name, described in queues.items():
         if any(queued is request for queued in getattr(scheduler, name, ())):
@@ -98,12 +115,14 @@ def _queue_of(scheduler: Any, request: Any) -> str:
     return "none of vLLM's queues"
 
 
-def _owners(scheduler: Any, blocks: list[int]) -> list[tuple[str, str]]:
-    """The requests vLLM's own tables (the manager's, per request) hold any of ``blocks`` for, each with a
-    description for the message: where a block neither free nor in a worker's table went."""
+def _owners(scheduler: Any, blocks: list[int], known: Collection[str] = ()) -> list[tuple[str, str]]:
+    """The requests other than ``known`` that vLLM's own tables (the manager's, per request) hold any of ``blocks``
+    for, each with a description for the message: where a block neither free nor in a worker's table went."""
     wanted = set(blocks)
     owners: list[tuple[str, str]] = []
     for request_id, request in sorted(scheduler.requests.items()):
+        if request_id in known:
+            continue
         groups = scheduler.kv_cache_manager.coordinator.get_blocks(request_id)
         mine = sorted(wanted.intersection(block.block_id for group in groups for block in group))
         if mine:

@@ -49,6 +49,9 @@ class SlotPool:
         self.keys = torch.zeros((slots, *MODEL_SHAPE.kv_row_shape), dtype=MODEL_SHAPE.dtype)
         self.values = torch.zeros_like(self.keys)
         self.shadow: list[Optional[Write]] = [None] * slots
+        # slots a KV connector's load targeted, until a step writes them: whether the load filled the slot (False:
+        # the load failed before its block), for the content check's cause
+        self.loaded: dict[int, bool] = {}
 
     def claim(
         self,
@@ -106,6 +109,7 @@ class SlotPool:
         for slot, position, tag in zip(slots, positions, tags):
             draft = drafts_from is not None and position >= drafts_from
             self.shadow[slot] = Write(request, position, tag, step, namespace, draft)
+            self.loaded.pop(slot, None)
 
     def check(
         self,
@@ -148,10 +152,16 @@ class SlotPool:
 
     def _content_cause(self, request: str, position: int, tag: int, slot: int, hit: int) -> str:
         """Why ``slot`` does not hold ``request``'s K/V (``tag``) for ``position``, as far as the shadow tells: a cache
-        hit on content that differs or was never written, the request's own write gone to another slot, a draft's
-        K/V left in place, or content older than the request's write (which never came)."""
+        hit on content that differs or was never written (or, where a KV connector's load gave the position, the
+        load's content, or the block a failed load never filled), the request's own write gone to another slot, a
+        draft's K/V left in place, or content older than the request's write (which never came)."""
         found = self.shadow[slot]
         if position < hit:
+            loaded = self.loaded.get(slot)
+            if loaded is False:
+                return "a block a failed connector load never filled"
+            if loaded:
+                return "a connector load of other content"
             return "a cache hit on unwritten content" if found is None else "a cache hit on other content"
         if any(
             write is not None and (write.request, write.position, write.tag) == (request, position, tag)

@@ -248,7 +248,10 @@ class OffloadingWorker:
         size = self.block_size
         pairs = list(zip(transfer.blocks, transfer.chunks))
         if transfer.load:
-            for block, chunk in pairs[: transfer.filled]:
+            for index, (block, chunk) in enumerate(pairs):
+                kv.loaded.update(dict.fromkeys(range(block * size, (block + 1) * size), index < transfer.filled))
+                if index >= transfer.filled:
+                    continue
                 copy = self.store[chunk]
                 kv.keys[block * size : (block + 1) * size] = copy.keys
                 kv.values[block * size : (block + 1) * size] = copy.values

@@ -25,6 +25,7 @@ from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.requests import request_namespace
 from kvfuzz.scheduler.snapshot import NO_OBSERVER, RequestAtStep, StepObserver, StepSnapshot
 from kvfuzz.scheduler.step_watchdog import bounded_step
+from kvfuzz.scheduler.stuck import stuck_cause
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm
 from kvfuzz.scheduler.worker import Worker
@@ -110,7 +111,12 @@ class Session:
             self.journal.record(operation)
 
     def abort(self, request: str) -> None:
-        """Abort a request, as a client disconnecting does (a finished one is left alone, as vLLM leaves it)."""
+        """Abort a request, as a client disconnecting does (a finished one is left alone, as vLLM leaves it). An abort
+        of a request that has finished for vLLM and for the client alike changes nothing, and is left out of the
+        program (so a shrunk trace holds none)."""
+        held = self.scheduler.requests.get(request)
+        if (held is None or held.is_finished()) and self.outputs.requests[request].finished:
+            return
         self._perform(Abort(request))
         self.scheduler.finish_requests(request, vllm().RequestStatus.FINISHED_ABORTED)
         self.outputs.aborted(request)
@@ -207,7 +213,7 @@ class Session:
                     self.steps,
                     stuck[0],
                     f"the step scheduled nothing while {len(stuck)} request(s) are unfinished: {self._describe(stuck)}",
-                    "a drain step scheduled nothing",
+                    stuck_cause("a drain step scheduled nothing", self.scheduler, self.setup, stuck),
                 )
         unfinished = self.outputs.unfinished()
         if unfinished:
@@ -217,7 +223,7 @@ class Session:
                 unfinished[0],
                 f"{len(unfinished)} request(s) still unfinished {bound} steps after arrivals stopped: "
                 f"{self._describe(unfinished)}",
-                "the drain ran past its bound",
+                stuck_cause("the drain ran past its bound", self.scheduler, self.setup, unfinished),
             )
         for _ in range(DEPTH + 1 + self.connector.drain_steps):
             if not self.busy():

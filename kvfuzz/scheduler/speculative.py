@@ -64,6 +64,14 @@ def accepted(request: str, position: int, drafts: list[int]) -> int:
     return count
 
 
+def span(first: int, stop: int, verb: str = "") -> str:
+    """Positions ``first .. stop - 1`` (at least one) for a message, with ``verb`` (plural, "hold") agreeing:
+    ``position 3 holds`` or ``positions 3..5 hold``."""
+    if stop - first == 1:
+        return f"position {first}" + (f" {verb}s" if verb else "")
+    return f"positions {first}..{stop - 1}" + (f" {verb}" if verb else "")
+
+
 @attrs.frozen
 class Verified:
     """What a step's verification of one request's drafts found."""
@@ -105,19 +113,39 @@ class Speculation:
         if verified is None or computed == verified.computed:
             return
         rejected = len(verified.drafts) - verified.accepted
-        wrong = (
-            f"positions {verified.computed}..{computed - 1} hold rejected drafts' K/V and must be recomputed"
-            if computed > verified.computed
-            else f"positions {computed}..{verified.computed - 1} hold accepted tokens' K/V, rolled back too"
-        )
+        known = verified.computed - verified.accepted  # the tokens known before the step
+        drafted = known + len(verified.drafts)  # one past the last draft's position
+        if computed > verified.computed:
+            wrong = [
+                f"{span(verified.computed, min(computed, drafted), 'hold')} rejected drafts' K/V"
+                if verified.computed < min(computed, drafted)
+                else "",
+                f"{span(max(verified.computed, drafted), computed, 'lie')} beyond the drafts the step verified "
+                "(nothing was computed there)"
+                if computed > drafted
+                else "",
+            ]
+            found = " and ".join(part for part in wrong if part) + ", so they must be recomputed"
+            cause = "rejected drafts not rolled back" if wrong[0] else "computed tokens counted past the drafts"
+        else:
+            wrong = [
+                f"{span(computed, min(known, verified.computed), 'hold')} known tokens' K/V"
+                if computed < known
+                else "",
+                f"{span(max(computed, known), verified.computed, 'hold')} accepted drafts' K/V"
+                if max(computed, known) < verified.computed
+                else "",
+            ]
+            found = " and ".join(part for part in wrong if part) + ", rolled back too"
+            cause = "valid K/V rolled back"
         raise SchedulerViolation(
             Check.SPECULATIVE,
             step,
             request,
             f"the scheduler counts {computed} computed tokens, but its last step verified drafts "
-            f"{list(verified.drafts)} ({verified.accepted} accepted, {rejected} rejected), after which positions "
-            f"0..{verified.computed - 1} hold valid K/V: {wrong}",
-            "rejected drafts not rolled back",
+            f"{list(verified.drafts)} ({verified.accepted} accepted, {rejected} rejected), after which "
+            f"{span(0, verified.computed, 'hold')} valid K/V: {found}",
+            cause,
         )
 
     def schedule(self, output: Any, known: dict[str, int], step: int) -> None:
@@ -156,7 +184,12 @@ class Speculation:
                 step,
                 request,
                 f"positions up to {end - 1} scheduled with {len(drafts)} draft(s) {drafts}, but the request has "
-                f"{known} known tokens: the drafts must fill positions {known}..{end - 1}",
+                f"{known} known tokens: "
+                + (
+                    f"the drafts must fill {span(known, end)}"
+                    if end > known
+                    else "no position beyond them is scheduled, so no draft may be"
+                ),
                 "drafts at the wrong positions",
             )
         count = accepted(request, known, drafts)

@@ -18,6 +18,10 @@ A scheduler trace is its own kind of file, beside the allocator traces of :mod:`
       "known_bug": null
     }
 
+``fixed`` (absent unless set) names the engine's fix of the bug a trace recorded, for a regression trace of a bug the
+engine has fixed: a campaign that finds it reproducing reports a regression, never a known finding (a trace cannot
+be both that and a ``known_bug``).
+
 ``config.speculative_tokens`` (speculative decoding with that many drafts) is written only when it is not 0, and
 ``config.async_scheduling`` (vLLM's ``AsyncScheduler`` with two batches in flight) only when true; a trace without
 them (every trace written before either was driven) has no drafts and is synchronous, so older traces load and keep
@@ -152,6 +156,8 @@ class SchedulerTrace:
     shrunk: bool
     known_bug: Optional[str] = None
     kvfuzz_version: str = kvfuzz.__version__
+    # the engine's fix of the bug the trace recorded (a regression trace: the failure coming back is a regression)
+    fixed: Optional[str] = None
     write_path: str = WRITE_PATH_NAMES[0]  # who decided where K/V was written
     attention: str = ATTENTION_NAMES[0]  # the attention check
 
@@ -225,6 +231,7 @@ class SchedulerTrace:
             "shrunk": self.shrunk,
             "failure": self.failure.to_json(),
             "known_bug": self.known_bug,
+            **({"fixed": self.fixed} if self.fixed else {}),
         }
 
     def describe(self) -> list[str]:
@@ -244,6 +251,8 @@ class SchedulerTrace:
         lines += ["", f"failure: {self.failure.describe()}"]
         if self.known_bug:
             lines.append(f"known bug: {self.known_bug}")
+        if self.fixed:
+            lines.append(f"fixed: {self.fixed}")
         return lines
 
 
@@ -353,8 +362,10 @@ def _choice(field: str, value: Any, choices: tuple[str, ...]) -> str:
 
 def _trace(data: Any) -> SchedulerTrace:
     fields = {"format": True, "kvfuzz_version": True, "scheduler": True, "engine": True, "config": True}
-    fields.update(program=True, shrunk=True, failure=True, known_bug=False)
+    fields.update(program=True, shrunk=True, failure=True, known_bug=False, fixed=False)
     data = _fields(data, "the trace", fields)
+    if data.get("known_bug") and data.get("fixed"):
+        raise _Invalid("fixed", "a trace of a fixed bug cannot be a known (unfixed) bug too: clear known_bug")
     if data["format"] != FORMAT:
         raise _Invalid("format", f"must be {FORMAT!r}, not {json.dumps(data['format'])[:40]} (another kind of file)")
     scheduler = _choice("scheduler", data["scheduler"], SCHEDULERS)
@@ -371,6 +382,7 @@ def _trace(data: Any) -> SchedulerTrace:
             shrunk=_boolean("shrunk", data["shrunk"]),
             known_bug=_text("known_bug", data.get("known_bug"), optional=True),
             kvfuzz_version=str(_text("kvfuzz_version", data["kvfuzz_version"])),
+            fixed=_text("fixed", data.get("fixed"), optional=True),
         )
     engine = _fields(
         data["engine"], "engine", {"vllm_version": True, "model_runner": True, "write_path": False, "attention": False}
@@ -385,6 +397,7 @@ def _trace(data: Any) -> SchedulerTrace:
         shrunk=_boolean("shrunk", data["shrunk"]),
         known_bug=_text("known_bug", data.get("known_bug"), optional=True),
         kvfuzz_version=str(_text("kvfuzz_version", data["kvfuzz_version"])),
+        fixed=_text("fixed", data.get("fixed"), optional=True),
         write_path=_choice("engine.write_path", engine.get("write_path", WRITE_PATH_NAMES[0]), WRITE_PATH_NAMES),
         attention=_choice("engine.attention", engine.get("attention", ATTENTION_NAMES[0]), ATTENTION_NAMES),
     )

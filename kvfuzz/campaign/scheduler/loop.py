@@ -4,8 +4,13 @@ decides what happens next:
 
 * new: the failing example was saved the moment it failed (before shrinking); the batch is searched again with the
   same seed and shrinking on, which finds the same example and shrinks it; the shrunk trace replaces the first (when
-  it fails with the same signature; otherwise both stay, and the finding says so), and one replay confirms it;
+  it fails with the same signature; otherwise both stay: the finding keeps its first trace, program and explanation,
+  and the failure shrinking drifted to is a finding of its own, with its shrunk trace), and one replay confirms it;
+  a signature a corpus trace of a fixed bug reproduces is new too, a regression, and says so;
 * known (from a corpus trace) or met earlier in the campaign: counted, and the unshrunk trace saved for it removed.
+
+Shrinking ends with the campaign's duration (a cut-off shrinking keeps the example as found, and says so), and a
+stop (Ctrl-C, SIGTERM) while shrinking keeps the finding, with its trace as found, before the campaign ends.
 
 The campaign ends when its duration is up (checked between batches), its examples are run, ``stop_after`` new
 failures are found, or on Ctrl-C, SIGTERM or SIGHUP (the result is printed; what was found is kept: each failure's
@@ -14,18 +19,21 @@ trace is on disk before it is shrunk).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import signal
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import attrs
 
 import kvfuzz
 from kvfuzz.campaign.report import CampaignResult, Finding
 from kvfuzz.campaign.rerun import SchedulerRerun
-from kvfuzz.campaign.scheduler.known import known_signatures
+from kvfuzz.campaign.scheduler.known import KnownFindings, known_signatures
 from kvfuzz.campaign.scheduler.shared import share_finding
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.program.safeguards import user_interrupts
@@ -88,6 +96,7 @@ class BatchPlan:
     config: SwarmConfig
     seed: int
     examples: int
+    shrink_by: Optional[float] = None  # time.monotonic() past which shrinking stops (the campaign's end); None: never
 
 
 @attrs.frozen
@@ -101,6 +110,44 @@ class BatchResult:
     saved: Optional[SavedSchedulerTrace] = None  # the trace the finding names
     note: Optional[str] = None
     reproduced: Optional[int] = None  # the confirming replay failed the same way (1) or not (0)
+    drifted: Optional[Drifted] = None  # the other failure shrinking met, when it drifted to another signature
+    interrupted: bool = False  # a stop (Ctrl-C, SIGTERM) arrived while shrinking: the campaign ends after this batch
+
+
+@attrs.frozen
+class Drifted:
+    """The failure a new failure's shrinking drifted to (another signature), and its shrunk trace where it was kept."""
+
+    signature: Signature
+    outcome: Outcome  # the shrinking search, whose failure it is
+    saved: Optional[SavedSchedulerTrace]
+
+
+class ShrinkCutOff(BaseException):
+    """The campaign's duration ran out while a failure was being shrunk (raised in the main thread by an alarm)."""
+
+
+@contextlib.contextmanager
+def shrinking_until(deadline: Optional[float]) -> Iterator[None]:
+    """While active, :class:`ShrinkCutOff` is raised in the main thread once ``time.monotonic()`` passes
+    ``deadline`` (None, or outside the main thread: never)."""
+    if deadline is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise ShrinkCutOff()
+
+    def expired(signum: int, frame: Any) -> None:
+        raise ShrinkCutOff()
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, left)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 Runner = Callable[[BatchPlan, Callable[[Signature], bool]], BatchResult]
@@ -125,7 +172,7 @@ class SchedulerCampaign:
         self.event = event or (lambda line: None)
         self.runner = runner or (lambda plan, is_new: run_batch(target, options, plan, is_new))
         self.findings: dict[str, Finding] = {}  # signature key -> finding, in the order first met
-        self.known: dict[str, str] = {}
+        self.known = KnownFindings()
         self.examples = 0
         self.steps = 0
         self.batches = 0
@@ -179,12 +226,16 @@ class SchedulerCampaign:
             examples = options.batch_examples
             if options.max_examples is not None:
                 examples = min(examples, options.max_examples - self.examples)
-            plan = BatchPlan(self.batches, config, rng.randrange(2**32), examples)
+            ends = None if options.duration is None else self.started + options.duration
+            plan = BatchPlan(self.batches, config, rng.randrange(2**32), examples, ends)
             self.refused += config.refused
             self.batches += 1
             started = time.monotonic()
-            self._record(plan, self.runner(plan, self._is_new), started)
+            result = self.runner(plan, self._is_new)
+            self._record(plan, result, started)
             self.status(self.progress_line())
+            if result.interrupted:
+                return "interrupted"
 
     def _ending(self) -> Optional[str]:
         options = self.options
@@ -199,7 +250,7 @@ class SchedulerCampaign:
         return None
 
     def _is_new(self, signature: Signature) -> bool:
-        return signature.key() not in self.known and signature.key() not in self.findings
+        return signature.key() not in self.known.known and signature.key() not in self.findings
 
     def progress_line(self) -> str:
         elapsed = time.monotonic() - self.started
@@ -235,17 +286,34 @@ class SchedulerCampaign:
         signature = result.signature
         if signature is None:
             return
+        self._finding(plan, signature, result, found_at)
+        drifted = result.drifted
+        if drifted is not None:
+            note = f"met while shrinking {signature} (the batch's first failure)"
+            other = BatchResult(drifted.outcome, drifted.signature, drifted.saved, None, drifted.saved, note)
+            self._finding(plan, drifted.signature, other, found_at)
+
+    def _finding(self, plan: BatchPlan, signature: Signature, result: BatchResult, found_at: tuple[float, int]) -> None:
+        """Count or claim the finding of ``signature`` that ``result`` met."""
+        outcome = result.outcome
         key = signature.key()
         earlier = self.findings.get(key)
         if earlier is not None:
             self.findings[key] = attrs.evolve(earlier, seen=earlier.seen + 1)
             return
-        if key in self.known:
-            known = self.known[key]
+        setup, runner = plan.config.setup, plan.config.model_runner
+        if key in self.known.known:
+            known = self.known.credit(key, setup, runner)
             self.findings[key] = Finding(signature.to_json(), str(signature), False, 1, *found_at, known=known)
             return
-        shown = result.shrunk if result.shrunk is not None and result.shrunk.failure is not None else outcome
+        same = result.shrunk is not None and result.shrunk.failure is not None and result.drifted is None
+        shown = result.shrunk if same and result.shrunk is not None else outcome
         saved = result.saved
+        regression = (
+            f"REGRESSION: a fixed bug is back, {self.known.credit(key, setup, runner, regression=True)}"
+            if key in self.known.regressions
+            else None
+        )
         self.findings[key] = Finding(
             signature.to_json(),
             str(signature),
@@ -255,17 +323,28 @@ class SchedulerCampaign:
             program_length=len(result.first.trace.program) if result.first is not None else None,
             shrunk_length=len(saved.trace.program) if saved is not None else None,
             trace=str(saved.path) if saved is not None and saved.error is None else None,
-            note=_note(plan, result),
+            note=_note(plan, result) if regression is None else f"{regression}; {_note(plan, result)}",
             reproduced=result.reproduced,
             replays=0 if result.reproduced is None else 1,
-            program=shown.program or None,
+            program=_program(saved) or shown.program or None,
             explanation=shown.explanation() or None,
             unsaved_trace=saved.trace.to_json() if saved is not None and saved.error is not None else None,
         )
-        self.event(f"new failure: {signature} ({plan.config.describe()}); trace: {self.findings[key].trace}")
+        self.event(
+            f"new failure{' (a regression)' if regression else ''}: {signature} ({plan.config.describe()}); "
+            f"trace: {self.findings[key].trace}"
+        )
         if self.options.database is not None and saved is not None and saved.error is None:
             shared = share_finding(self.options.database, saved.trace, signature, self.options.seed, str(saved.path))
             self.event(f"  {self.options.database}: {shared}")
+
+
+def _program(saved: Optional[SavedSchedulerTrace]) -> str:
+    """The program of the finding's trace, one operation a line, as the trace replays it (no-op aborts of finished
+    requests are not in it), then the drain; "" without a trace."""
+    if saved is None:
+        return ""
+    return "\n".join([*(operation.source("state") for operation in saved.trace.program), "state.drain()"])
 
 
 def _note(plan: BatchPlan, result: BatchResult) -> str:
@@ -299,7 +378,15 @@ def run_batch(
     if not options.shrink:
         return BatchResult(outcome, signature, first, saved=first, note="not shrunk (--no-shrink)")
     shrinker = target.recorder(target.name, options.corpus)
-    shrunk = target.search(plan.config, plan.examples, plan.seed, True, shrinker, options.call_timeout, journal)
+    try:
+        with shrinking_until(plan.shrink_by):
+            shrunk = target.search(plan.config, plan.examples, plan.seed, True, shrinker, options.call_timeout, journal)
+    except ShrinkCutOff:
+        note = "shrinking cut off at the campaign's end (--duration): the trace is the example as found, not shrunk"
+        return BatchResult(outcome, signature, first, None, first, note)
+    except KeyboardInterrupt:  # the campaign was stopped while shrinking: the finding stays, as found
+        note = "shrinking interrupted (the campaign was stopped): the trace is the example as found, not shrunk"
+        return BatchResult(outcome, signature, first, None, first, note, interrupted=True)
     if shrunk.harness is not None:
         raise shrunk.harness
     if shrunk.failure is None:
@@ -307,10 +394,12 @@ def run_batch(
         return BatchResult(outcome, signature, first, shrunk, first, note)
     other = scheduler_signature(target.name, shrunk.failure)
     if other != signature:  # the first trace stays; the other failure's shrunk trace is kept beside it
-        kept = save_scheduler_trace(shrinker.latest[0], options.corpus) if shrinker.latest is not None else None
+        new = is_new(other)  # a known (or earlier) other failure is counted, its trace not kept
+        kept = save_scheduler_trace(shrinker.latest[0], options.corpus) if new and shrinker.latest else None
         where = f", its shrunk trace kept: {kept.path}" if kept is not None and kept.error is None else ""
         note = f"shrinking met another failure ({other}{where}): the trace is the example as found, not shrunk"
-        return BatchResult(outcome, signature, first, shrunk, first, note)
+        drifted = Drifted(other, shrunk, kept if kept is not None and kept.error is None else None)
+        return BatchResult(outcome, signature, first, shrunk, first, note, drifted=drifted)
     saved = shrinker.finish(shrunk.failure, shrunk=True)
     if saved is None or saved.error is not None:
         return BatchResult(outcome, signature, first, shrunk, saved or first)
