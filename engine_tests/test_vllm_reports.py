@@ -90,6 +90,7 @@ def test_the_real_bugs_are_the_ones_the_issue_names() -> None:
         "vllm-v1-scheduler-offloading-load-gate-hang-99d75d3823f8.json",
         "vllm-v1-scheduler-offloading-load-gate-hang-v2-c7697394cd8d.json",  # the same program under V2's protocol
         "vllm-v1-scheduler-offloading-one-token-reload-hang-29b8f30c1dd1.json",
+        "vllm-v1-scheduler-offloading-shared-block-ref-cnt-b481f5a07fcd.json",  # the waiting-queue bug, ref_cnt
         "vllm-v1-scheduler-offloading-waiting-queue-holds-blocks-a8dffbbfe266.json",
         "vllm-v1-scheduler-speculative-padding-hang-6123748f32e9.json",
     ]
