@@ -40,7 +40,7 @@ from kvfuzz.registry import load_factory
 from kvfuzz.runner import RunSummary, run
 from kvfuzz.saved import journals
 from kvfuzz.saved.corpus import PROCESS_DIED, HangSaver, trace_of
-from kvfuzz.saved.hint import show_hint
+from kvfuzz.saved.hint import replay_hint, show_hint
 from kvfuzz.saved.trace import Trace, TraceError, load
 from kvfuzz.text import plural
 
@@ -101,7 +101,8 @@ class Died:
         calls = plural(len(self.trace.program), "operation")
         lines += ["", f"program ({calls}, as its journal recorded it; not shrunk: every replay kills the process):"]
         lines += [str(self.program(machine_name)), "", str(self.trace.failure.get("explanation", "")), ""]
-        lines += [f"trace saved to {self.path}", f"replay it with: kvfuzz replay {self.path}", show_hint(self.path)]
+        allocator = self.trace.allocator
+        lines += [f"trace saved to {self.path}", replay_hint(self.path, allocator), show_hint(self.path, allocator)]
         return "\n".join(lines)
 
 

@@ -225,10 +225,15 @@ def test_show_command_writes_page_and_picture(tmp_path: Path) -> None:
     assert (tmp_path / "page.png").stat().st_size > 1000
 
 
-def test_show_defaults_to_a_page_in_the_current_directory(tmp_path: Path) -> None:
-    done = kvfuzz("show", str(NO_COPY_ON_WRITE), cwd=tmp_path)
+def test_show_defaults_to_a_page_beside_its_trace(tmp_path: Path) -> None:
+    """Before: the page went into the current directory, wherever the trace was."""
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    trace = tmp_path / "traces" / NO_COPY_ON_WRITE.name
+    trace.write_bytes(NO_COPY_ON_WRITE.read_bytes())
+    done = kvfuzz("show", str(trace), cwd=tmp_path / "elsewhere")
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / f"{NO_COPY_ON_WRITE.stem}.html").is_file()
+    assert trace.with_suffix(".html").is_file() and not list((tmp_path / "elsewhere").iterdir())
 
 
 def test_show_of_a_file_name_that_is_not_utf8_writes_its_page_and_prints_the_name_escaped(

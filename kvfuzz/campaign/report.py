@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Optional
 
 import attrs
 
 from kvfuzz.campaign.rerun import Rerun, SchedulerRerun
+from kvfuzz.saved.hint import replay_hint
 from kvfuzz.text import plural
 
 
@@ -185,7 +187,7 @@ def new_finding_lines(findings: tuple[Finding, ...]) -> list[str]:
         if finding.explanation:
             lines += ["", finding.explanation]
         if finding.trace:
-            lines.append(f"replay it with: kvfuzz replay {finding.trace}")
+            lines.append(replay_hint(Path(finding.trace), finding.signature.get("allocator")))
         elif finding.unsaved_trace is not None:
             lines.append(
                 f"trace NOT saved (the corpus could not be written); here it is:\n{json.dumps(finding.unsaved_trace)}"

@@ -384,7 +384,7 @@ class Campaign:
             where = message.trace or "NOT SAVED (the trace is in the result)"
             self.event(f"  shrunk to {message.shrunk_length} calls: {where}")
             if message.trace:
-                self.event(f"  {show_hint(Path(message.trace))}")
+                self.event(f"  {show_hint(Path(message.trace), finding.signature.get('allocator'))}")
         elif isinstance(message, Seen):
             self._seen(message.signature, message.key, message.known)
         elif isinstance(message, Done):

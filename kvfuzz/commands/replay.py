@@ -158,5 +158,5 @@ def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[flo
         f"  >>   {verdict} at {where} against {replayed.allocator}:\n"
         + "\n".join(f"       {line}" for line in replayed.describe_failure().splitlines())
     )
-    print(f"       {show_hint(Path(path))}\n")
+    print(f"       {show_hint(Path(path), trace.allocator)}\n")
     return "reproduced" if replayed.reproduced else "failed differently"

@@ -1,6 +1,6 @@
 """``kvfuzz show TRACE``: replay a trace and draw its timeline, as an HTML page and, with the plot extra, a PNG.
 
-Without ``--html`` the page is written to the current directory, named after the trace (``NAME.html``). A file
+Without ``--html`` the page is written beside the trace, named after it (``NAME.html``). A file
 that is not a valid trace (a newer format, a corrupt file) is one line on standard error and exit status 2, before
 any replay; a trace of more than 10,000 calls is drawn as the window of its last 10,000 calls, and the page says so.
 The exit status is otherwise 0: showing a failure is not one.
@@ -25,9 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "show", help="draw a trace's timeline: blocks over calls, as an HTML page (and a PNG with the plot extra)"
     )
     parser.add_argument("trace", metavar="TRACE")
-    parser.add_argument(
-        "--html", metavar="OUT.html", help="write the page here (default: NAME.html in the current directory)"
-    )
+    parser.add_argument("--html", metavar="OUT.html", help="write the page here (default: NAME.html beside the trace)")
     parser.add_argument("--png", metavar="OUT.png", help="also draw the timeline as a PNG (needs matplotlib)")
     parser.add_argument("--allocator", help="replay against this allocator instead of the recorded one")
     parser.add_argument(
@@ -57,7 +55,7 @@ def run_command(args: argparse.Namespace) -> int:
     except TraceError as error:
         return _usage_error(str(error))
     page = Path(args.html) if args.html else default_page(Path(args.trace))
-    try:  # the default page too: a trace named NAME.html in the current directory is its own default page
+    try:  # the default page too: a trace named NAME.html is its own default page
         check_outputs({"--html": str(page), "--png": args.png}, {"TRACE": args.trace})
     except ValueError as error:
         return _usage_error(str(error))

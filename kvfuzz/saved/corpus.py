@@ -26,7 +26,7 @@ from kvfuzz.program.replay import NotApplicable, ReplayOutcome, replay
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 from kvfuzz.runner import HangFound, RunSummary
-from kvfuzz.saved.hint import show_hint
+from kvfuzz.saved.hint import replay_hint, show_hint
 from kvfuzz.saved.trace import Trace, failure_record, save
 from kvfuzz.text import plural
 
@@ -64,7 +64,8 @@ class SavedTrace:
         the trace itself."""
         if self.error is None:
             where = "saved to" if self.written else "already in the corpus:"
-            return f"trace {where} {self.path}\nreplay it with: kvfuzz replay {self.path}\n{show_hint(self.path)}"
+            allocator = self.trace.allocator
+            return f"trace {where} {self.path}\n{replay_hint(self.path, allocator)}\n{show_hint(self.path, allocator)}"
         name = self.path.name
         return (
             f"trace NOT saved: cannot write {self.path} ({self.error}); here it is: save it as {name} and replay it "

@@ -1,0 +1,66 @@
+"""Every command kvfuzz prints works as printed (issue 45, item 9): a run against a user's own allocator
+(``MODULE:FACTORY``, not registered) prints ``kvfuzz replay`` and ``kvfuzz show`` with ``--trust-allocator``, since
+the user named that allocator; the page ``show`` writes by default lands beside the trace. Each printed command is
+run as printed."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+OWN = """\
+from kvfuzz.registry import load_factory
+
+make = load_factory("zoo:NoCopyOnWrite")
+"""
+
+
+def _kvfuzz(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT)])}
+    return subprocess.run(
+        [sys.executable, "-m", "kvfuzz.cli", *arguments],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_the_commands_a_run_against_the_user_s_own_allocator_prints_work_as_printed(tmp_path: Path) -> None:
+    """Before: "replay it with: kvfuzz replay ..." was refused ("not trusted") for the user's own allocator."""
+    (tmp_path / "mine.py").write_text(OWN)
+    found = _kvfuzz(["run", "--allocator", "mine:make", "--corpus", "found"], tmp_path)
+    assert found.returncode == 1, found.stdout + found.stderr
+    printed = {
+        line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in found.stdout.splitlines() if ": kvfuzz " in line
+    }
+    replay = printed["replay it with"]
+    show = printed["see it as a timeline"].split(" (writes ")[0]
+    assert "--trust-allocator" in replay and "--trust-allocator" in show
+    replayed = _kvfuzz(shlex.split(replay)[1:], tmp_path)
+    assert replayed.returncode == 1 and "REPRODUCED" in replayed.stdout, replayed.stdout + replayed.stderr
+    shown = _kvfuzz(shlex.split(show)[1:], tmp_path)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    (trace,) = (tmp_path / "found").glob("*.json")
+    assert trace.with_suffix(".html").is_file()  # the page, beside its trace
+    assert not list(tmp_path.glob("*.html"))
+
+
+def test_a_registered_allocator_s_commands_need_no_trust() -> None:
+    from kvfuzz.saved.hint import default_page, replay_hint, show_hint
+
+    trace = Path("corpus") / "x y.json"
+    assert replay_hint(trace, "zoo:NoCopyOnWrite") == "replay it with: kvfuzz replay 'corpus/x y.json'"
+    assert replay_hint(trace, "mine:make") == "replay it with: kvfuzz replay --trust-allocator 'corpus/x y.json'"
+    assert show_hint(trace, "kvfuzz") == (
+        "see it as a timeline: kvfuzz show 'corpus/x y.json' (writes 'corpus/x y.html')"
+    )
+    assert default_page(trace) == Path("corpus") / "x y.html"
