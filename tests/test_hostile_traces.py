@@ -429,6 +429,33 @@ def test_an_exported_test_quotes_the_trace_text_it_embeds() -> None:
     assert "os" not in module.co_names
 
 
+def test_the_text_a_trace_holds_is_printed_with_terminal_escapes_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``kvfuzz replay`` and ``kvfuzz show`` printed a trace's title and known_bug as they were, so a trace
+    from a stranger retitled the terminal and cleared the screen (hiding the lines above). Now each character a
+    terminal would act on is printed as its escape (issue 45, item 8)."""
+    from kvfuzz.cli import main
+
+    data = json.loads(KNOWN_BUG.read_text())
+    data["failure"]["title"] += "\x1b]0;pwned\x07"
+    data["known_bug"] = "see\x1b[2J\x1b[H"
+    evil = write(tmp_path / "evil.json", data)
+    main(["replay", str(evil)])
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    assert "\\x1b]0;pwned\\x07" in out and "(known bug: see\\x1b[2J\\x1b[H)" in out
+    assert main(["show", str(evil), "--html", str(tmp_path / "page.html")]) == 0
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "\x07" not in out + err and "\\x1b]0;pwned\\x07: " in out
+    from kvfuzz.campaign.known import known_signatures
+
+    (page,) = tmp_path.glob("*.html")
+    page.unlink()
+    (known,) = known_signatures([tmp_path], [data["allocator"]], call_timeout=30).values()  # a campaign's --known
+    assert "\x1b" not in known and known.endswith("(known bug: see\\x1b[2J\\x1b[H)")
+
+
 # -- item 10: collection ----------------------------------------------------------------------------------------------
 
 

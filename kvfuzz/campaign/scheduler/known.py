@@ -29,7 +29,7 @@ def known_signatures(
     for path, trace in scheduler_traces(directories):
         if trace.scheduler != target.name:
             continue
-        reason = f" (known bug: {trace.known_bug})" if trace.known_bug else ""
+        reason = f" (known bug: {printable(trace.known_bug)})" if trace.known_bug else ""
         if trace.failure.exception == PROCESS_DIED:  # its replay would kill this process: known as recorded
             died = SchedulerProcessDied(trace.failure.message)
             known.setdefault(scheduler_signature(trace.scheduler, died).key(), f"{printable(str(path))}{reason}")
