@@ -159,8 +159,9 @@ CORPUS_TRACE = next((ROOT / "corpus").glob("nocopyonwrite-exclusive-writes-*.jso
 """A zoo trace of this repository (4 calls): the program the in-process tests store."""
 
 
-def _stored_trace(calls: int | None = None) -> tuple[str, dict]:
-    """(the signature key, a finding record) for the corpus trace, its program cut to ``calls`` or repeated."""
+def _stored_trace(calls: int | None = None, operation: str = "grow") -> tuple[str, dict]:
+    """(the signature key, a finding record) for the corpus trace, its program cut to ``calls`` or repeated, under a
+    signature of ``operation``."""
     import attrs
 
     from kvfuzz.campaign.cluster import finding_record
@@ -171,7 +172,7 @@ def _stored_trace(calls: int | None = None) -> tuple[str, dict]:
     if calls is not None:
         program = (list(trace.program) * (calls // len(trace.program) + 1))[:calls]
         trace = attrs.evolve(trace, program=program)
-    signature = Signature(trace.allocator, "invariant 5 (exclusive writes)", "grow")
+    signature = Signature(trace.allocator, "invariant 5 (exclusive writes)", operation)
     return signature.key(), finding_record(trace, signature, 7, 1234, None)
 
 
@@ -188,7 +189,7 @@ def test_a_finding_is_stored_once_and_replaced_only_by_a_strictly_shorter_progra
     assert json.loads(redis.Redis.from_url(redis_url).hget(REDIS_FINDINGS, key))["machine"] == four["machine"]
     assert cluster.store(key, _stored_trace(2)[1]) == "replaced"
     assert json.loads(redis.Redis.from_url(redis_url).hget(REDIS_FINDINGS, key))["length"] == 2
-    assert cluster.keys() == [key]
+    assert cluster.keys().keys == [key]
     # A record that cannot be read counts as none: the next finding replaces it.
     redis.Redis.from_url(redis_url).hset(REDIS_FINDINGS, key, b"{not json")
     assert cluster.store(key, four) == "replaced"
@@ -559,3 +560,41 @@ def test_findings_reads_no_record_larger_and_no_more_findings_than_its_caps(
     status, out, err = _findings("--database", redis_url, capsys=capsys)
     assert status == 2 and out == ""
     assert err.splitlines() == [f"kvfuzz: {redis_url} holds 2 findings, more than the 1 kvfuzz findings reads"]
+
+
+def test_findings_reads_no_key_longer_than_a_finding_s_and_no_more_records_in_all_than_its_cap(
+    redis_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: every key was read whatever its length (a key can take 512 MB), and every record below the one-record
+    cap in one answer (10,000 of 16 MiB: 160 GB). Now a long key is counted on the server and never sent, and the
+    records read stop at a total, each one past it reported and left there."""
+    import redis
+
+    from kvfuzz.campaign import cluster
+
+    server = redis.Redis.from_url(redis_url)
+    server.hset(cluster.REDIS_FINDINGS, "k" * 5000, b"{}")
+    stored = [_stored_trace(2, "grow"), _stored_trace(4, "fork")]
+    for key, record in stored:
+        cluster.ClusterFindings(redis_url).store(key, record)
+    sizes = {key: int(server.hstrlen(cluster.REDIS_FINDINGS, key)) for key, _ in stored}
+    first, second = sorted(sizes)
+    monkeypatch.setattr(cluster, "MAX_RECORDS", sizes[first] + sizes[second] - 1, raising=False)
+    read: list[int] = []
+    hmget = redis.Redis.hmget
+
+    def counted(self: redis.Redis, name: str, keys: list[str]) -> list:
+        read.append(len(keys))
+        return hmget(self, name, keys)
+
+    monkeypatch.setattr(redis.Redis, "hmget", counted)
+    status, out, err = _findings("--database", redis_url, capsys=capsys)
+    assert status == 2 and "1 finding in" in out and first in out and second not in out
+    assert err.splitlines() == [
+        f"kvfuzz: {redis_url} holds 1 key longer than 1000 bytes, no finding's: not read",
+        f"kvfuzz: {redis_url} finding {second}: a record of {sizes[second]} bytes past the "
+        f"{sizes[first] + sizes[second] - 1} kvfuzz findings reads in all (name fewer findings); not read",
+    ]
+    assert read == [1] and "k" * 1000 not in out + err
+    status, out, err = _findings("--database", redis_url, second, capsys=capsys)  # named alone, it is read
+    assert status == 2 and second in out and err.count("\n") == 1
