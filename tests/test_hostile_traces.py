@@ -17,6 +17,7 @@ import os
 import random
 import resource
 import signal
+import stat
 from pathlib import Path
 from typing import Any, Callable
 
@@ -127,6 +128,17 @@ def test_an_empty_or_damaged_file_of_the_traces_name_is_replaced(tmp_path: Path)
     assert save(trace, tmp_path) == (path, True) and load(path).digest() == trace.digest()
     before = path.stat().st_mtime_ns
     assert save(trace, tmp_path) == (path, False) and path.stat().st_mtime_ns == before
+
+
+def test_a_fifo_of_the_traces_name_is_not_replaced(tmp_path: Path) -> None:
+    """Before: the trace was renamed over whatever held its name, a FIFO (or, as root, a device) included. Now that
+    is an ``OSError`` naming it, which every caller reports (the run then prints the whole trace)."""
+    trace = load(KNOWN_BUG)
+    path = tmp_path / trace.file_name()
+    os.mkfifo(path)
+    with pytest.raises(OSError, match="not a regular file, which kvfuzz will not replace"):
+        save(trace, tmp_path)
+    assert stat.S_ISFIFO(os.lstat(path).st_mode) and [entry.name for entry in tmp_path.iterdir()] == [path.name]
 
 
 @pytest.mark.parametrize("failing", ["fsync", "replace"])
