@@ -68,10 +68,12 @@ def test_recovery_reads_no_more_than_a_header_s_worth_of_a_huge_first_line(
     """Before: a large journal's first line was read whole, however long (a journal of one 316 MB line took it all)."""
     monkeypatch.setattr(journals, "MAX_READ", 50_000)
     path = tmp_path / f"{safeguards.JOURNAL_PREFIX}999999999.jsonl"
-    path.write_bytes(b"x" * 2_000_000 + b"\n" + b"y" * 100 + b"\n")
+    path.write_bytes(b"x" * 2_000_000 + b"\n" + b"[" * 40_000 + b"\n" + b"y" * 100 + b"\n")
     read = list(journals._journal_lines(path))
     assert sum(map(len, read)) < 50_000 + 64 * 1024  # the tail, and no more of the first line than a header takes
     assert read[-1] == b"y" * 100 + b"\n"
+    # a line nested too deeply for Python's parser is no record, as any other that is not JSON: no header, nothing ran
+    assert journals.recover(tmp_path) == [] and not path.exists()
 
 
 def _planted_journal(tmp_path: Path) -> tuple[Path, Path]:

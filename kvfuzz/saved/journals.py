@@ -82,7 +82,7 @@ def _last_program(lines: Iterable[bytes]) -> tuple[Optional[dict[str, Any]], lis
     for line in lines:
         try:
             record = json.loads(line)
-        except ValueError:  # not JSON, or not UTF-8
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deeply
             continue
         if not isinstance(record, dict):
             continue
