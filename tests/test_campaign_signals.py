@@ -219,7 +219,7 @@ def test_workers_end_when_their_campaign_is_killed(tmp_path: Path) -> None:
     assert not list(corpus.glob("*.json"))
 
 
-@pytest.mark.parametrize("planted", ["symbolic link", "hard link"])
+@pytest.mark.parametrize("planted", ["symbolic link", "hard link", "linked directory"])
 def test_a_lock_planted_as_a_link_is_refused_in_one_line_and_its_target_untouched(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], planted: str
 ) -> None:
@@ -228,20 +228,32 @@ def test_a_lock_planted_as_a_link_is_refused_in_one_line_and_its_target_untouche
     corpus = tmp_path / "corpus"
     lock = corpus / STATE_DIRECTORY / LOCK_FILE
     lock.parent.mkdir(parents=True)
-    victim = tmp_path / "precious.txt"
+    victim = tmp_path / "precious\x1b[2J.txt"  # the link's target is printed: escaped, never acted on
     victim.write_text("the only copy\n")
     if planted == "symbolic link":
         lock.symlink_to(victim)
-    else:
+    elif planted == "hard link":
         os.link(victim, lock)
+    else:  # the campaign state directory itself a link, to a directory holding a file named like the lock
+        lock.parent.rmdir()
+        victim = tmp_path / "elsewhere" / LOCK_FILE
+        victim.parent.mkdir()
+        victim.write_text("the only copy\n")
+        lock.parent.symlink_to(victim.parent)
     status = main(["campaign", "--corpus", str(corpus), "--known", str(tmp_path), "--max-examples", "5"])
     captured = capsys.readouterr()
     assert status == 2 and captured.out == ""
     lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"kvfuzz: --corpus {corpus}: its campaign lock {lock} is a ")
+    named = f"state directory {lock.parent}" if planted == "linked directory" else f"lock {lock}"
+    assert len(lines) == 1 and lines[0].startswith(f"kvfuzz: --corpus {corpus}: its campaign {named} is a ")
+    assert ("a hard link" if planted == "hard link" else "a symbolic link (to ") in lines[0]
+    assert "\x1b" not in lines[0] and (planted != "symbolic link" or "precious\\x1b[2J.txt" in lines[0])
     assert "which kvfuzz will not write through; remove it" in lines[0]
     assert victim.read_text() == "the only copy\n"
-    lock.unlink()  # removed, as the message says: the campaign makes its own
+    if planted == "linked directory":
+        lock.parent.unlink()  # removed, as the message says: the campaign makes its own
+    else:
+        lock.unlink()
     taken = CorpusLock(corpus / STATE_DIRECTORY, corpus)
     taken.acquire()
     taken.release()

@@ -17,6 +17,7 @@ import os
 import random
 import resource
 import signal
+import stat
 from pathlib import Path
 from typing import Any, Callable
 
@@ -127,6 +128,17 @@ def test_an_empty_or_damaged_file_of_the_traces_name_is_replaced(tmp_path: Path)
     assert save(trace, tmp_path) == (path, True) and load(path).digest() == trace.digest()
     before = path.stat().st_mtime_ns
     assert save(trace, tmp_path) == (path, False) and path.stat().st_mtime_ns == before
+
+
+def test_a_fifo_of_the_traces_name_is_not_replaced(tmp_path: Path) -> None:
+    """Before: the trace was renamed over whatever held its name, a FIFO (or, as root, a device) included. Now that
+    is an ``OSError`` naming it, which every caller reports (the run then prints the whole trace)."""
+    trace = load(KNOWN_BUG)
+    path = tmp_path / trace.file_name()
+    os.mkfifo(path)
+    with pytest.raises(OSError, match="not a regular file, which kvfuzz will not replace"):
+        save(trace, tmp_path)
+    assert stat.S_ISFIFO(os.lstat(path).st_mode) and [entry.name for entry in tmp_path.iterdir()] == [path.name]
 
 
 @pytest.mark.parametrize("failing", ["fsync", "replace"])
@@ -427,6 +439,33 @@ def test_an_exported_test_quotes_the_trace_text_it_embeds() -> None:
     exec(compile(source.split("\nimport torch")[0], "docstring.py", "exec"), namespace)  # the docstring alone
     assert 'one """' in namespace["__doc__"] and "echo owned" in namespace["__doc__"]
     assert "os" not in module.co_names
+
+
+def test_the_text_a_trace_holds_is_printed_with_terminal_escapes_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``kvfuzz replay`` and ``kvfuzz show`` printed a trace's title and known_bug as they were, so a trace
+    from a stranger retitled the terminal and cleared the screen (hiding the lines above). Now each character a
+    terminal would act on is printed as its escape (issue 45, item 8)."""
+    from kvfuzz.cli import main
+
+    data = json.loads(KNOWN_BUG.read_text())
+    data["failure"]["title"] += "\x1b]0;pwned\x07"
+    data["known_bug"] = "see\x1b[2J\x1b[H"
+    evil = write(tmp_path / "evil.json", data)
+    main(["replay", str(evil)])
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    assert "\\x1b]0;pwned\\x07" in out and "(known bug: see\\x1b[2J\\x1b[H)" in out
+    assert main(["show", str(evil), "--html", str(tmp_path / "page.html")]) == 0
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "\x07" not in out + err and "\\x1b]0;pwned\\x07: " in out
+    from kvfuzz.campaign.known import known_signatures
+
+    (page,) = tmp_path.glob("*.html")
+    page.unlink()
+    (known,) = known_signatures([tmp_path], [data["allocator"]], call_timeout=30).values()  # a campaign's --known
+    assert "\x1b" not in known and known.endswith("(known bug: see\\x1b[2J\\x1b[H)")
 
 
 # -- item 10: collection ----------------------------------------------------------------------------------------------

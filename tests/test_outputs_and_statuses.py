@@ -208,6 +208,38 @@ def test_a_special_file_that_refuses_the_write_is_one_line_and_stays_what_it_was
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
+def test_an_output_naming_a_pipe_s_descriptor_is_written_into_it(trace: Path, capsys) -> None:
+    """``-o /dev/stdout`` when standard output is a pipe (here ``/dev/fd/N`` of a pipe this test reads). Before: the
+    name was resolved to ``pipe:[...]``, which no directory holds, and the write refused."""
+    read_end, write_end = os.pipe()
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(os.fdopen(read_end, "rb").read()), daemon=True)
+    reader.start()
+    try:
+        assert main(["export", str(trace), "-o", f"/dev/fd/{write_end}"]) == 0
+    finally:
+        os.close(write_end)
+    reader.join(timeout=30)
+    assert received and b"def test_" in received[0]
+    assert f"wrote /dev/fd/{write_end}" in capsys.readouterr().out
+
+
+def test_an_output_naming_a_regular_file_s_descriptor_writes_that_file_not_a_new_one(trace: Path, capsys) -> None:
+    """``-o /dev/stdout`` when standard output is a file (a shell's ``> log``). Before: the temporary file was renamed
+    over the file's name, so the descriptor (the shell's) kept the old file, unlinked, and what it wrote was lost."""
+    log = trace.with_name("log.txt")
+    descriptor = os.open(log, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        assert main(["export", str(trace), "-o", f"/dev/fd/{descriptor}"]) == 0
+        assert os.fstat(descriptor).st_nlink == 1, "the descriptor's file was replaced"
+        written = os.pread(descriptor, 1 << 20, 0)
+    finally:
+        os.close(descriptor)
+    assert b"def test_" in written and log.read_bytes() == written
+    assert sorted(path.name for path in trace.parent.iterdir()) == ["log.txt", "trace.json"]
+    capsys.readouterr()
+
+
 # -- item 3: --json output is JSON alone ---------------------------------------------------------------------------
 
 NOISY = """

@@ -44,7 +44,7 @@ def test_two_campaigns_store_a_scheduler_finding_once_and_findings_writes_it(
     status, second = scheduler_campaign(redis_url, tmp_path / "b", 11)
     assert status == 1 and [f["text"] for f in second["failures"]] == [finding["text"]], second
     assert f"{redis_url}: kept" in capsys.readouterr().err  # the same signature, a program no shorter: not again
-    assert len(ClusterFindings(redis_url).keys()) == 1
+    assert len(ClusterFindings(redis_url).keys().keys) == 1
 
     out = tmp_path / "fetched"
     assert main(["findings", "--database", redis_url, "--json", "-o", str(out)]) == 0
@@ -68,7 +68,7 @@ def test_a_scheduler_finding_stored_with_a_broken_trace_is_refused_in_one_line(
     from kvfuzz.cli import main
 
     assert scheduler_campaign(redis_url, tmp_path / "a", 3)[0] == 1
-    [key] = ClusterFindings(redis_url).keys()
+    [key] = ClusterFindings(redis_url).keys().keys
     client = ClusterFindings(redis_url).client
     record = json.loads(client.hget(REDIS_FINDINGS, key))
     record["trace"]["config"]["num_blocks"] = -1
@@ -87,6 +87,6 @@ def test_an_allocator_campaign_on_the_same_redis_passes_over_scheduler_findings(
     from kvfuzz.campaign.known import stored_findings_known
 
     assert scheduler_campaign(redis_url, tmp_path / "a", 3)[0] == 1
-    assert len(ClusterFindings(redis_url).keys()) == 1
+    assert len(ClusterFindings(redis_url).keys().keys) == 1
     cluster = ClusterFindings(redis_url)
     assert stored_findings_known(cluster, ["vllm-v1", "kvfuzz.allocator.paged:paged_allocator"], 5.0) == {}

@@ -52,6 +52,12 @@ distinct failure, so thousands already mean someone else's data)."""
 MAX_RECORD = 16 * 1024 * 1024
 """The most bytes of one finding record :class:`ClusterFindings` fetches (a shrunk trace is a few KiB): a larger one
 is reported and left on the server, never read."""
+MAX_RECORDS = 64 * 1024 * 1024
+"""The most bytes of records :class:`ClusterFindings` fetches in all (10,000 findings of a few KiB each take less):
+the records past it are reported and left on the server, never read."""
+MAX_KEY = MAX_FIELD
+"""The longest key :class:`ClusterFindings` lists, in bytes (a finding's key is 16 hex digits): a longer one is
+counted on the server and never sent."""
 
 
 class TooLarge(ValueError):
@@ -74,6 +80,16 @@ return 1
 """Store ARGV[3] under ARGV[1] unless a readable record with a program of at most ARGV[2] calls is there: 1 when
 stored, 2 when it replaced a longer one (or one that could not be read), 0 when the stored one stays."""
 STORE_OUTCOMES = {1: "stored", 2: "replaced", 0: "kept"}
+
+_KEYS = """
+local short, long = {}, 0
+for _, key in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if #key <= tonumber(ARGV[1]) then short[#short + 1] = key else long = long + 1 end
+end
+return {short, long}
+"""
+"""The keys of hash KEYS[1] of at most ARGV[1] bytes, and how many are longer: run on the server, so that a long
+key is never sent."""
 
 
 def is_redis(database: Optional[str]) -> TypeGuard[str]:
@@ -169,34 +185,62 @@ class ClusterFindings:
         outcome = self.client.eval(_STORE, 1, REDIS_FINDINGS, key, int(record["length"]), json.dumps(record))
         return STORE_OUTCOMES[int(outcome)]
 
-    def keys(self) -> list[str]:
-        """The keys of every stored finding (whatever their records hold); :class:`TooLarge` when there are more
-        than :data:`MAX_FINDINGS`, counted before any is read."""
+    def keys(self) -> StoredKeys:
+        """The keys of every stored finding (whatever their records hold) of at most :data:`MAX_KEY` bytes, and how
+        many are longer (never read); :class:`TooLarge` when there are more than :data:`MAX_FINDINGS`, counted
+        before any is read."""
         count = int(self.client.hlen(REDIS_FINDINGS))
         if count > MAX_FINDINGS:
             raise TooLarge(f"{self.url} holds {count} findings, more than the {MAX_FINDINGS} kvfuzz findings reads")
-        return sorted(_text(key) for key in self.client.hkeys(REDIS_FINDINGS))
+        short, too_long = self.client.eval(_KEYS, 1, REDIS_FINDINGS, MAX_KEY)
+        return StoredKeys(sorted(_text(key) for key in short), int(too_long))
 
     def fetch(self, keys: list[str]) -> dict[str, Optional[bytes] | TooLarge]:
-        """The raw record of each key (None for a key with none: deleted since it was listed); a record over
-        :data:`MAX_RECORD` bytes, measured before it is read, is a :class:`TooLarge` instead."""
+        """The raw record of each key (None for a key with none: deleted since it was listed), in batches of at most
+        :data:`MAX_RECORD` bytes; a :class:`TooLarge` instead, measured before anything is read, for a record over
+        :data:`MAX_RECORD` bytes and for each record (in ``keys``'s order) once those read reach
+        :data:`MAX_RECORDS` bytes in all."""
         if not keys:
             return {}
         sizes = dict(zip(keys, (int(size) for size in self._sizes(keys))))
-        small = [key for key in keys if sizes[key] <= MAX_RECORD]
-        fetched = dict(zip(small, self.client.hmget(REDIS_FINDINGS, small))) if small else {}
-        return {
-            key: fetched[key]
-            if key in fetched
-            else TooLarge(f"a record of {sizes[key]} bytes, more than the {MAX_RECORD} kvfuzz findings reads")
-            for key in keys
-        }
+        found: dict[str, Optional[bytes] | TooLarge] = {}
+        batches: list[list[str]] = [[]]
+        batch_bytes = total = 0
+        for key in keys:
+            if sizes[key] > MAX_RECORD:
+                found[key] = TooLarge(
+                    f"a record of {sizes[key]} bytes, more than the {MAX_RECORD} kvfuzz findings reads"
+                )
+            elif total + sizes[key] > MAX_RECORDS:
+                found[key] = TooLarge(
+                    f"a record of {sizes[key]} bytes past the {MAX_RECORDS} kvfuzz findings reads in all (name fewer "
+                    "findings)"
+                )
+            else:
+                if batch_bytes + sizes[key] > MAX_RECORD:
+                    batches.append([])
+                    batch_bytes = 0
+                batches[-1].append(key)
+                batch_bytes += sizes[key]
+                total += sizes[key]
+        for batch in batches:
+            if batch:
+                found.update(zip(batch, self.client.hmget(REDIS_FINDINGS, batch)))
+        return {key: found[key] for key in keys}
 
     def _sizes(self, keys: list[str]) -> list[Any]:
         pipeline = self.client.pipeline(transaction=False)
         for key in keys:
             pipeline.hstrlen(REDIS_FINDINGS, key)
         return list(pipeline.execute())
+
+
+@attrs.frozen
+class StoredKeys:
+    """The keys of the stored findings that :class:`ClusterFindings` lists, and how many it does not (too long)."""
+
+    keys: list[str]  # sorted
+    too_long: int  # keys over MAX_KEY bytes, counted on the server, never read
 
 
 @attrs.frozen

@@ -68,7 +68,7 @@ def known_signatures(directories: Iterable[Path], allocators: Iterable[str], cal
         signature = trace_signature(trace, call_timeout)
         if signature is None:
             continue
-        reason = f" (known bug: {trace.known_bug})" if trace.known_bug else ""
+        reason = f" (known bug: {printable(trace.known_bug)})" if trace.known_bug else ""
         if trace.allocator in wanted:
             known.setdefault(signature.key(), f"{printable(str(path))}{reason}")
         for spec in siblings:
@@ -92,7 +92,7 @@ def stored_findings_known(cluster: ClusterFindings, allocators: Iterable[str], c
     wanted = set(allocators)
     known: dict[str, str] = {}
     try:
-        keys = cluster.keys()
+        keys = cluster.keys().keys
     except TooLarge:  # more findings than kvfuzz reads: none re-keyed (kvfuzz findings says why)
         return known
     for key, raw in cluster.fetch(keys).items():

@@ -6,9 +6,10 @@ message a second campaign prints. The kernel releases it when the last process h
 (the campaign's workers inherit it, so a campaign killed while its workers still save what they hold keeps it until
 they are gone): a lock left behind by a dead campaign is taken over as if it were not there. The file itself stays.
 
-A corpus may come from elsewhere (git carries symbolic links), so the lock file is opened without following a link
-and without truncating, and used only if it is a regular file with one name: a link planted there (to a file the
-campaign would otherwise overwrite with its pid) is refused in one line, its target untouched.
+A corpus may come from elsewhere (git carries symbolic links), so neither the campaign state directory nor the lock
+file in it is followed if it is a link, the lock file is opened without truncating, and it is used only if it is a
+regular file with one name: a link planted there (to a file the campaign would otherwise overwrite with its pid, or
+to a directory holding one) is refused in one line, its target untouched.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import fcntl
 import os
 import stat
 from pathlib import Path
+
+from kvfuzz.text import printable
 
 LOCK_FILE = "lock"
 """Inside the campaign state directory: the lock, and the pid of the campaign holding it."""
@@ -44,13 +47,24 @@ class CorpusLock:
     def acquire(self) -> None:
         """Take the lock and write this process's pid in it; :class:`CorpusInUse` (one line) when a live campaign
         holds it. Raises ``OSError`` when the state directory cannot be written."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        state = self.path.parent
+        state.mkdir(parents=True, exist_ok=True)
         try:
-            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+            directory = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            link = printable(os.readlink(state))
+            raise self._not_a_lock(f"a symbolic link (to {link})", f"state directory {state}") from None
+        try:
+            descriptor = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666, dir_fd=directory)
         except OSError as error:
             if error.errno != errno.ELOOP:
                 raise
-            raise self._not_a_lock(f"a symbolic link (to {os.readlink(self.path)})") from None
+            link = os.readlink(LOCK_FILE, dir_fd=directory)
+            raise self._not_a_lock(f"a symbolic link (to {printable(link)})") from None
+        finally:
+            os.close(directory)
         found = os.fstat(descriptor)
         if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
             os.close(descriptor)
@@ -67,10 +81,10 @@ class CorpusLock:
         os.pwrite(descriptor, f"{os.getpid():>{PID_WIDTH}}\n".encode(), 0)
         self._descriptor = descriptor
 
-    def _not_a_lock(self, what: str) -> CorpusInUse:
+    def _not_a_lock(self, what: str, name: str = "") -> CorpusInUse:
         return CorpusInUse(
-            f"--corpus {self.corpus}: its campaign lock {self.path} is {what}, which kvfuzz will not write through; "
-            "remove it (a campaign makes its own)"
+            f"--corpus {self.corpus}: its campaign {name or f'lock {self.path}'} is {what}, which kvfuzz will not "
+            "write through; remove it (a campaign makes its own)"
         )
 
     def release(self) -> None:

@@ -6,9 +6,10 @@ without any, every finding. ``-o DIR`` writes the selected findings' traces into
 gives it. Bad input is one line and exit status 2 before anything is written: a ``--database`` that is not a
 ``redis://HOST:PORT/N`` URL or whose server does not answer, a KEY that names no finding (or several), an ``-o``
 that is a file. A stored record is untrusted input: one that is not a valid finding (its trace fails the checks a
-trace file passes), or larger than kvfuzz reads, is reported on one line and neither listed nor written, and the exit
-status is then 2; a server holding more findings than kvfuzz lists is refused. Every read of the server, together,
-has ``--timeout`` seconds: a server that answers slowly, or a byte at a time, is one line and exit status 2.
+trace file passes), or larger than kvfuzz reads (16 MiB a record, 64 MiB in all), is reported on one line and
+neither listed nor written, and the exit status is then 2, as it is for keys longer than any finding's (counted on
+the server, never read); a server holding more findings than kvfuzz lists is refused. Every read of the server,
+together, has ``--timeout`` seconds: a server that answers slowly, or a byte at a time, is one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def _deadline(seconds: float, url: str) -> Iterator[None]:
 
 def run_command(args: argparse.Namespace) -> int:
     from kvfuzz.campaign.cluster import (
+        MAX_KEY,
         ClusterFindings,
         StoredFinding,
         TooLarge,
@@ -107,12 +109,19 @@ def run_command(args: argparse.Namespace) -> int:
             check_redis_url(url)
             cluster = ClusterFindings(url)
             stored = _redis(url, cluster.keys)
-            keys = _select(stored, args.keys, url)
+            keys = _select(stored.keys, args.keys, url)
             raw = _redis(url, lambda: cluster.fetch(keys))
     except (_Refused, ValueError) as error:
         print(f"kvfuzz: {error}", file=sys.stderr)
         return 2
     status = 0
+    if stored.too_long:
+        print(
+            f"kvfuzz: {url} holds {stored.too_long} key{'s' if stored.too_long != 1 else ''} longer than "
+            f"{MAX_KEY} bytes, no finding's: not read",
+            file=sys.stderr,
+        )
+        status = 2
     findings: list[StoredFinding] = []
     for key in keys:
         record = raw.get(key)

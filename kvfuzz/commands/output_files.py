@@ -4,15 +4,17 @@ A trace may be the only record of a failure, so an output that names an input (t
 it, a hard link) is refused before any work, as is one file named for two outputs. An output is written to a
 temporary file beside it and renamed over its name: the name holds the old file or the whole new one, never part of
 it, and a write that fails leaves nothing behind. An output that names an existing file that is not a regular one
-(a FIFO, a character device such as ``/dev/stdout`` or ``/dev/full``, a socket) is never renamed over, which would
-replace it with a regular file: the content is written into it, as a shell's ``>`` would, and a write it refuses
-(``/dev/full``: no space left) is one line naming it.
+(a FIFO, a character device such as ``/dev/full``, a socket), or an open descriptor (``/dev/stdout``, ``/dev/fd/N``,
+``/proc/self/fd/N``: whatever a shell's redirection made it), is never renamed over, which would replace it with a
+regular file: the content is written into it, as a shell's ``>`` would, and a write it refuses (``/dev/full``: no
+space left; a socket: no open) is one line naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -62,18 +64,18 @@ def check_outputs(outputs: Mapping[str, Optional[str]], inputs: Mapping[str, Opt
 def written_atomically(path: Path) -> Iterator[Path]:
     """A temporary path for the caller to write ``path``'s content to (hidden, in the same directory, with the same
     suffix, so that a writer choosing its format by the suffix still does); once the block ends it is renamed over
-    ``path`` (over a symbolic link's target, the link kept), or, where ``path`` is an existing file that is not a
-    regular one (a FIFO, a device), copied into it. A block that raises leaves ``path`` as it was and no temporary
-    file; an ``OSError`` becomes :class:`OutputNotWritten` naming ``path``."""
+    ``path`` (over a symbolic link's target, the link kept), or, where ``path`` is written in place
+    (:func:`_written_in_place`: a FIFO, a device, an open descriptor), copied into it. A block that raises leaves
+    ``path`` as it was and no temporary file; an ``OSError`` becomes :class:`OutputNotWritten` naming ``path``."""
     target = Path(os.path.realpath(path))
-    special = _is_special(target)
+    in_place = _written_in_place(path)
     temporary = (
-        Path(tempfile.gettempdir()) if special else target.parent
+        Path(tempfile.gettempdir()) if in_place else target.parent
     ) / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{target.suffix}"
     try:
         yield temporary
-        if special:
-            with open(temporary, "rb") as source, open(target, "wb") as sink:
+        if in_place:
+            with open(temporary, "rb") as source, open(path, "wb") as sink:  # the path: a magic link is followed
                 shutil.copyfileobj(source, sink)
         else:
             os.replace(temporary, target)
@@ -84,13 +86,30 @@ def written_atomically(path: Path) -> Iterator[Path]:
             os.unlink(temporary)  # still there only when the block or the rename failed
 
 
-def _is_special(path: Path) -> bool:
-    """Whether ``path`` exists and is no regular file and no directory (a FIFO, a device, a socket)."""
+_DESCRIPTOR = re.compile(r"/proc/(self|thread-self|[0-9]+)/fd/[0-9]+|/dev/fd/[0-9]+")
+"""A name of an open file descriptor: a link the kernel resolves to whatever the descriptor is (even a pipe, which
+no path names), never to be renamed over."""
+
+
+def _written_in_place(path: Path) -> bool:
+    """Whether ``path`` is written into rather than renamed over: it exists and is neither a regular file nor a
+    directory (a FIFO, a device, a socket, named directly or through links), or it names an open descriptor
+    (``/dev/stdout`` is a link to ``/proc/self/fd/1``), whatever that is."""
     try:
-        mode = os.stat(path).st_mode
+        mode = os.stat(path).st_mode  # follows the kernel's links to descriptors, which realpath cannot
     except OSError:
         return False
-    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+    if not stat.S_ISREG(mode):
+        return not stat.S_ISDIR(mode)
+    name = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on links in a row
+        if _DESCRIPTOR.fullmatch(name):
+            return True
+        try:
+            name = os.path.normpath(os.path.join(os.path.dirname(name), os.readlink(name)))
+        except OSError:  # not a link: the chain ends at a regular file
+            return False
+    return False
 
 
 def write_text(path: Path, text: str) -> None:

@@ -127,8 +127,8 @@ def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[flo
         print(f"{name}: skipped: cannot load its allocator here: {error}\n")
         return "skipped"
     print(
-        f"{name}: recorded against {trace.allocator}: {trace.failure.get('title')}"
-        + (f" (known bug: {trace.known_bug})" if trace.known_bug else "")
+        f"{name}: recorded against {trace.allocator}: {printable(str(trace.failure.get('title')))}"
+        + (f" (known bug: {printable(trace.known_bug)})" if trace.known_bug else "")
     )
     try:
         replayed = replay_trace(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from kvfuzz.saved.files import json_file_kind
-from kvfuzz.text import printable
+from kvfuzz.text import printable, printable_lines
 
 if TYPE_CHECKING:
     from kvfuzz.scheduler.trace import SchedulerTrace
@@ -60,8 +60,8 @@ def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
     if sglang_missing() if sglang else vllm_missing():  # as a trace whose allocator is not installed: skipped
         print(f"{name}: skipped: {missing_sglang(trace) if sglang else missing_vllm(trace)}\n")
         return "skipped"
-    known = f" (known bug: {trace.known_bug})" if trace.known_bug else ""
-    print(f"{name}: recorded against {trace.scheduler}: {trace.failure.check}{known}")
+    known = f" (known bug: {printable(trace.known_bug)})" if trace.known_bug else ""
+    print(f"{name}: recorded against {trace.scheduler}: {printable(trace.failure.check)}{known}")
     print(f"  {trace.setup.describe()}; {trace.engine_description()}")
     here = sglang_version() if sglang else vllm_version()
     if here != trace.vllm_version and here != "unknown":
@@ -90,7 +90,7 @@ def replay_file(path: str, call_timeout: Optional[float] = None) -> str:
     print(f"  >>   {verdict} at {replayed.where()}{same}:")
     print("\n".join(f"       {line}" for line in replayed.describe_failure().splitlines()))
     if not replayed.reproduced:
-        print(f"       recorded: {trace.failure.describe()}")
+        print(f"       recorded: {printable_lines(trace.failure.describe())}")
     print(f"       see it with: kvfuzz show {name}\n")
     return "reproduced" if replayed.reproduced else "failed differently"
 
@@ -126,7 +126,7 @@ def show(path: str, html: Optional[str], png: Optional[str], allocator: Optional
             print("kvfuzz: --png needs matplotlib: pip install 'kvfuzz[plot]'", file=sys.stderr)
             return 2
     name = printable(path)  # a file name that is not UTF-8 prints (and goes into the page) escaped
-    print("\n".join(trace.describe()))
+    print(printable_lines("\n".join(trace.describe())))
     if missing is not None:
         print(f"\nno timeline: {missing}")
         print(f"replay it with: kvfuzz replay {name}")

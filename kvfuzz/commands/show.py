@@ -17,7 +17,7 @@ from kvfuzz.commands.options import needs_torch
 from kvfuzz.commands.output_files import OutputNotWritten, check_outputs, write_text, written_atomically
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 from kvfuzz.saved.hint import default_page
-from kvfuzz.text import printable
+from kvfuzz.text import printable, printable_lines
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -91,10 +91,10 @@ def run_command(args: argparse.Namespace) -> int:
     except OutputNotWritten as error:
         return _usage_error(str(error))
     for note in timeline.notes:
-        print(f"note: {note}")
+        print(f"note: {printable_lines(note)}")
     outcome = timeline.outcome
     where = f" at call {timeline.columns[outcome.column].call_index + 1}" if outcome.column is not None else ""
-    print(f"{name}: {outcome.title}: {outcome.verdict}{where} against {timeline.allocator}")
+    print(f"{name}: {printable(outcome.title)}: {outcome.verdict}{where} against {timeline.allocator}")
     pictures = f"{printable(str(page))}" + (f" and {printable(args.png)}" if args.png else "")
     print(f"timeline: {pictures} ({time.perf_counter() - started:.2f} s)")
     return 0

@@ -248,6 +248,16 @@ JOURNAL_LIMIT = 4 * 1024 * 1024
 a long run's journal stays this small (plus one program) instead of holding every program it ran."""
 
 
+def _created(path: Path) -> IO[str]:
+    """``path`` as a new, empty file for this process's journal. Whatever held the name (the journal of an earlier
+    process with this pid, already recovered, or a link planted in a corpus that came from elsewhere) is removed,
+    never written through: the file is created afresh, without following a link."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    return os.fdopen(descriptor, "w", encoding="utf-8")
+
+
 class Journal:
     """An append-only file of the programs a run executes, one JSON object a line, flushed before each call: a
     header (``{"format": "kvfuzz-journal/1", "pid": ..., "allocator": ..., "config": {...}}``), then
@@ -255,12 +265,13 @@ class Journal:
     a program run under another configuration than the last header's is preceded by a header of its own.
     If the process dies, the last program in the file is the one that killed it; :mod:`kvfuzz.saved.corpus` turns such
     a journal into a trace. A run that ends normally deletes its journal. A program that starts once the file has
-    passed :data:`JOURNAL_LIMIT` bytes starts it afresh, with a header: the programs before it are finished."""
+    passed :data:`JOURNAL_LIMIT` bytes starts it afresh, with a header: the programs before it are finished. The file
+    is this process's own: created new, never through a link (:func:`_created`)."""
 
     def __init__(self, directory: Path, allocator: str, config_json: dict[str, Any]) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = journal_path(directory)  # one per process
-        self._file: Optional[IO[str]] = open(self.path, "w", encoding="utf-8")
+        self._file: Optional[IO[str]] = _created(self.path)
         self._examples = 0
         self._allocator = allocator  # what every header names
         self._config = config_json  # the configuration the last header records

@@ -7,8 +7,11 @@ Every command that saves traces into a corpus recovers that corpus's journals be
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
@@ -16,7 +19,9 @@ import attrs
 
 from kvfuzz.program.safeguards import JOURNAL_FORMAT, JOURNAL_PREFIX
 from kvfuzz.saved.corpus import PROCESS_DIED
-from kvfuzz.saved.trace import FORMAT, TraceError, from_json, save
+from kvfuzz.saved.files import MAX_FILE_BYTES
+from kvfuzz.saved.trace import FORMAT, MAX_PROGRAM_CALLS, TraceError, from_json, save
+from kvfuzz.text import printable
 
 
 def _alive(pid: int) -> bool:
@@ -29,35 +34,55 @@ def _alive(pid: int) -> bool:
     return True
 
 
-MAX_READ = 64 * 1024 * 1024
-"""The most of a journal recovery reads: its first line (the first header) and its last this many bytes. A run
-rewrites its journal once it passes :data:`kvfuzz.program.safeguards.JOURNAL_LIMIT`, so its own journals stay far
-below; a larger file (an old kvfuzz's, or planted in a shared corpus) is read from its tail, line by line, never
-whole."""
+MAX_READ = MAX_FILE_BYTES
+"""The most of a journal recovery reads after its first line: its last 16 MiB (a trace file's limit: a program whose
+calls take more could never be loaded as a trace). A run starts its journal afresh once it passes
+:data:`kvfuzz.program.safeguards.JOURNAL_LIMIT`, so its own journals stay far below; a larger file (an old kvfuzz's,
+or planted in a shared corpus) is read from its tail only, never whole."""
+MAX_HEADER = 64 * 1024
+"""The most of a large journal's first line recovery reads: a header is well under 1 KiB; a longer first line is not
+one, and the rest of it is never read."""
 
 
-def _journal_lines(journal: Path) -> Iterator[str]:
+class NotAJournal(OSError):
+    """The journal's name holds something that is not a regular file (a link, a FIFO, a device): left alone."""
+
+
+def _journal_lines(journal: Path) -> Iterator[bytes]:
     """The journal's lines as recovery needs them: all of a file up to :data:`MAX_READ` bytes; of a larger one, its
-    first line, then the lines that start in its last :data:`MAX_READ` bytes (the partial first one skipped)."""
-    with open(journal, encoding="utf-8", errors="replace", newline="\n") as stream:
-        size = os.fstat(stream.fileno()).st_size
-        if size > MAX_READ:
-            yield stream.readline()
-            stream.seek(size - MAX_READ)
-            stream.readline()  # the rest of a line that started before the tail
-        yield from stream
+    first line (up to :data:`MAX_HEADER` bytes), then the lines that start in its last :data:`MAX_READ` bytes (the
+    partial first one skipped). The name is opened without following a link and without waiting (a FIFO), and read
+    only if it is a regular file (:class:`NotAJournal` otherwise): never more than those bytes, whatever it is."""
+    try:
+        descriptor = os.open(journal, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise NotAJournal(f"{printable(str(journal))} is a symbolic link, not a journal: left alone") from None
+        raise
+    with open(descriptor, "rb") as stream:
+        found = os.fstat(stream.fileno())
+        if not stat.S_ISREG(found.st_mode):
+            raise NotAJournal(f"{printable(str(journal))} is not a regular file, not a journal: left alone")
+        if found.st_size > MAX_READ:
+            first = stream.readline(MAX_HEADER)
+            if first.endswith(b"\n"):
+                yield first
+            stream.seek(found.st_size - MAX_READ)
+            stream.readline(MAX_READ)  # the rest of a line that started before the tail
+        yield from io.BytesIO(stream.read(MAX_READ))  # line by line, the tail read once
 
 
-def _last_program(lines: Iterable[str]) -> tuple[Optional[dict[str, Any]], list[dict[str, Any]]]:
+def _last_program(lines: Iterable[bytes]) -> tuple[Optional[dict[str, Any]], list[dict[str, Any]]]:
     # A program of no calls is kept: the process died building the allocator or tearing the example down.
     """The journal's header and the calls of its last program (a torn last line, written as the process died, is
-    dropped)."""
+    dropped); a program over :data:`MAX_PROGRAM_CALLS` calls, which no trace may hold, keeps only its first ones
+    plus one (held in memory no further), so that the trace it would become is refused as too long."""
     header: Optional[dict[str, Any]] = None
     program: list[dict[str, Any]] = []
     for line in lines:
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deeply
             continue
         if not isinstance(record, dict):
             continue
@@ -65,7 +90,7 @@ def _last_program(lines: Iterable[str]) -> tuple[Optional[dict[str, Any]], list[
             header = record
         elif "example" in record:
             program = []
-        elif "rule" in record:
+        elif "rule" in record and len(program) <= MAX_PROGRAM_CALLS:
             program.append(record)
     return header, program
 
@@ -92,6 +117,9 @@ def recover(directory: Path) -> list[Recovered]:
             continue  # another run is using it
         try:
             header, program = _last_program(_journal_lines(journal))
+        except NotAJournal as error:
+            handled.append(Recovered(pid, None, str(error)))
+            continue
         except OSError as error:
             handled.append(Recovered(pid, None, f"could not read {journal}: {error}"))
             continue

@@ -38,6 +38,7 @@ operation's, and a pool geometry over :data:`GEOMETRY_LIMITS` or over 1 GiB of K
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -138,7 +139,9 @@ def save(trace: Trace, directory: Path) -> tuple[Path, bool]:
 
     A file of the trace's name counts as saved only if it loads as a trace with the same digest: an empty,
     truncated or damaged one is replaced. The trace is written to a temporary file in the same directory, flushed
-    and synced, then renamed over the final name, so that name never holds part of a trace. Raises ``OSError``
+    and synced, then renamed over the final name, so that name never holds part of a trace. A name that holds
+    something other than a regular file or a link (a FIFO, a device, a socket, planted in a shared corpus) is never
+    renamed over: ``OSError``, as for a directory that cannot be written. Raises ``OSError``
     when the directory cannot be created or written (the caller then shows the trace instead, see
     :mod:`kvfuzz.saved.corpus`), leaving no temporary file behind.
     """
@@ -147,6 +150,10 @@ def save(trace: Trace, directory: Path) -> tuple[Path, bool]:
         return path, False
     text = json.dumps(trace.to_json(), indent=2) + "\n"
     directory.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):
+            raise FileExistsError(errno.EEXIST, "not a regular file, which kvfuzz will not replace", str(path))
     temporary = directory / f".{path.stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp"  # not *.json: never collected
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:

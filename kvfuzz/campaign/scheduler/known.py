@@ -72,7 +72,11 @@ def known_signatures(
         if trace.scheduler != target.name:
             continue
         reason = (
-            f" (known bug: {trace.known_bug})" if trace.known_bug else f" (fixed: {trace.fixed})" if trace.fixed else ""
+            f" (known bug: {printable(trace.known_bug)})"
+            if trace.known_bug
+            else f" (fixed: {printable(trace.fixed)})"
+            if trace.fixed
+            else ""
         )
         entry = KnownTrace(f"{printable(str(path))}{reason}", trace.setup, trace.model_runner)
         if trace.failure.exception == PROCESS_DIED:  # its replay would kill this process: known as recorded
