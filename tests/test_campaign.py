@@ -546,3 +546,17 @@ def test_the_nightly_profile_runs_a_campaign_and_fails_with_its_table(pytester: 
     bad = pytester.runpytest_subprocess("--kvfuzz-allocator=zoo:NoCopyOnWrite", "--kvfuzz-duration=0")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     assert "--kvfuzz-duration=0.0: must be more than 0 seconds" in bad.stderr.str()
+
+
+def test_the_header_names_every_directory_whose_findings_are_known(tmp_path: Path) -> None:
+    """Before: "known findings from: corpus" while the campaign's own corpus (.kvfuzz/corpus, where an earlier run had
+    saved the bug) was known too, unnamed: the campaign exited 0 on a buggy allocator with nothing said."""
+    from kvfuzz.campaign.supervisor import CampaignOptions
+    from kvfuzz.campaign.swarm import probe_limits
+    from kvfuzz.commands.campaign import _header
+    from kvfuzz.engine.config import MachineConfig
+    from kvfuzz.registry import load_factory
+
+    limits = probe_limits("kvfuzz", load_factory("kvfuzz"), MachineConfig())
+    options = CampaignOptions(("kvfuzz",), (limits,), 1, Path(".kvfuzz/corpus"), known=(Path("corpus"),))
+    assert "known findings from: corpus, .kvfuzz/corpus (its own corpus);" in _header(options)

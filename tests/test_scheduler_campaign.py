@@ -371,6 +371,8 @@ def test_the_cli_prints_the_table_and_json_names_the_seed(tmp_path: Path, capsys
     printed = capsys.readouterr().out
     assert status == 0, "the second campaign on the same corpus knows the failure"
     assert "0 new distinct failures, 1 known failure met again" in printed and "seed 3" in printed
+    # said plainly: the engine still fails, though the exit status counts new failures only (issue 45, item 9)
+    assert "still fails: 1 known bug met again" in printed, printed
 
 
 def test_sigterm_ends_the_campaign_with_what_it_found(tmp_path: Path) -> None:

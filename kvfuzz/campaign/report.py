@@ -138,6 +138,11 @@ def table(result: CampaignResult) -> list[str]:
     lines.append(
         f"{plural(len(result.new), 'new distinct failure')}, {plural(len(result.known), 'known failure')} met again"
     )
+    if result.known and not result.new:
+        lines.append(
+            f"the allocator still fails: {plural(len(result.known), 'known bug')} met again (listed below, each with "
+            "the trace it is known from); the exit status counts new failures only"
+        )
     if result.rerun is not None:
         lines.append(f"rerun: {result.rerun.command()}")
     if result.new:

@@ -216,7 +216,7 @@ def _header(options: CampaignOptions) -> str:
     until += [f"{plural(options.stop_after, 'new failure')}" if options.stop_after else None]
     ends = " or ".join(part for part in until if part)
     block_sizes = sorted({size for limits in options.limits for size in limits.block_sizes})
-    known = ", ".join(map(str, options.known)) or "none"
+    known = ", ".join([*map(str, options.known), f"{options.corpus} (its own corpus)"])
     return (
         f"kvfuzz campaign: {', '.join(options.allocators)}\n"
         f"  {plural(options.workers, 'worker')}, until {ends}, seed {options.seed}; each batch draws its pool "
