@@ -247,3 +247,13 @@ def test_prefixes_that_part_inside_the_block_suspect_a_write_in_place_first():
     )
     parted_at_the_block = ((), (1, 2, 3, 0, 2, 1, 2, 3))
     assert "a hash collision" in why_alike(cached, parted_at_the_block, block_start=4)
+
+
+def test_a_release_path_says_what_the_operation_does_not_that_it_did_it_right() -> None:
+    """Before: a rollback that leaked its dropped blocks was explained as "a rollback that released the blocks it
+    dropped", exactly what it failed to do (issue 45, item 9)."""
+    from kvfuzz.engine.checks.accounting import release_path
+
+    path = release_path("rollback('s0', 2)")
+    assert path == "a rollback, which drops blocks from the table (their references, released or not)"
+    assert "released the" not in path

@@ -20,7 +20,7 @@ _RELEASE_PATHS: dict[str, str] = {
     "preempt": _WHOLE_TABLE,
     "swap_out": _WHOLE_TABLE,
     "swap_in": "a swap-in that mapped device blocks",
-    "rollback": "a rollback that released the blocks it dropped",
+    "rollback": "a rollback, which drops blocks from the table (their references, released or not)",
     "grow": "a grow that changed the table (a new block, a copy-on-write, a block out of the window)",
     "decode": "a grow that changed the table (a new block, a copy-on-write, a block out of the window)",
     "fork": "a fork that shared the parent's blocks",
@@ -32,7 +32,8 @@ _RELEASE_PATHS: dict[str, str] = {
     "evict_blocks": "an eviction of cached blocks",
     "reset_cache": "an eviction of cached blocks",
 }
-"""Operation -> the path by which its table change releases or takes references. Operations that change tables
+"""Operation -> the path by which its table change releases or takes references, said of what the operation does,
+never of what it did right (a leak is a release that did not happen). Operations that change tables
 the same way share a path (a preemption or a swap-out releases the whole device table as a free does), so that one
 release path is one finding whichever of them met it."""
 COMPLETED_STEP = "a completed step that settled deferred releases"
