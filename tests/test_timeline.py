@@ -363,3 +363,16 @@ def test_a_picture_labels_a_wrong_refcount_where_the_holders_do_not_fit() -> Non
     assert span_label(wrong, 40) == "s1/0 rc2(!)"
     assert span_label(wrong, 8) == "rc2(!)"
     assert span_label(Cell((Holding("s1", 0),), refcount=1), 4) == ""
+
+
+def test_the_picture_s_legend_stays_inside_it(tmp_path: Path) -> None:
+    """Before: the legend's last columns ran past the picture's right edge ("enters the", "cache hit" cut off).
+    Nothing is drawn in the picture's rightmost pixels: the legend has as many columns as fit."""
+    import matplotlib.image
+
+    from kvfuzz.timeline.png import render_png
+
+    picture = tmp_path / "timeline.png"
+    render_png(record(load(NO_COPY_ON_WRITE), str(NO_COPY_ON_WRITE)), picture)
+    pixels = matplotlib.image.imread(picture)[..., :3]
+    assert (pixels[:, -4:].min(axis=2) > 0.8).all(), "something is drawn at the picture's right edge"

@@ -16,6 +16,9 @@ from typing import Any
 from kvfuzz.timeline.model import Cell, Timeline
 
 MAX_PICTURE_COLUMNS = 120
+LEGEND_COLUMN_INCHES = 2.0
+"""The width a legend column takes, its longest label ("released, work in flight may land") at 6.5 points
+included: the legend has as many columns as fit the picture, never running past its right edge."""
 """The most calls one picture draws legibly: a longer timeline is drawn from its last this many."""
 MAX_SPAN_LABELS = 80
 """Spans labelled with their holders, at most (a wrong refcount first, then the widest); the page has every one."""
@@ -91,7 +94,9 @@ def render_png(timeline: Timeline, path: Path) -> None:
     ]
     explanation = "\n".join(wrapped[:12] + (["..."] if len(wrapped) > 12 else []))
     text_inches = 0.13 * (explanation.count("\n") + 1) + 0.2
-    legend_inches = 0.75
+    legend_columns = max(2, int((width - 0.2) / LEGEND_COLUMN_INCHES))  # as many as fit the picture's width
+    legend_rows = -(-(len(_FILL) + len(_MARKERS)) // legend_columns)
+    legend_inches = 0.15 * legend_rows + 0.15
     lanes_inches = 0.42 * max(len(lanes), 1)
     bottom_inches = 0.55 + legend_inches + text_inches
     height = 0.45 + lanes_inches + bottom_inches
@@ -181,7 +186,7 @@ def render_png(timeline: Timeline, path: Path) -> None:
             handles=handles,
             loc="lower left",
             bbox_to_anchor=(0.01, (text_inches + 0.02) / height),
-            ncol=7,
+            ncol=legend_columns,
             fontsize=6.5,
             frameon=False,
             handlelength=1.2,
