@@ -14,30 +14,14 @@ from pathlib import Path
 from kvfuzz.scheduler.trace import load
 
 SEEDED = """
-import torch
-from kvfuzz.scheduler.sglang.build import sglang
+import pytest
 
-batch_class = sglang().ScheduleBatch
-original = batch_class.prepare_for_extend
+from engine_tests.test_sglang_scheduler_traces import _suffix_written_over_the_prefix
 
-
-def prepare_for_extend(self):
-    original(self)
-    rows = self.req_to_token_pool.req_to_token
-    pieces, offset = [], 0
-    for req, prefix, count in zip(self.reqs, [int(n) for n in self.prefix_lens], self.extend_lens):
-        pieces.append(
-            rows[req.kv.req_pool_idx, :count].to(self.out_cache_loc.dtype)
-            if prefix
-            else self.out_cache_loc[offset : offset + count]
-        )
-        offset += count
-    self.out_cache_loc = torch.cat(pieces)
-
-
-batch_class.prepare_for_extend = prepare_for_extend
+_suffix_written_over_the_prefix(pytest.MonkeyPatch())
 """
-"""The seeded bug as a conftest.py."""
+"""The seeded bug of test_sglang_scheduler_traces.py (a radix hit's suffix written over the shared prefix), as a
+conftest.py that keeps it for the whole session."""
 
 
 def _pytest(directory: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
