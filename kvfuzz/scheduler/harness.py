@@ -67,6 +67,8 @@ def raised_by_kvfuzz(error: BaseException) -> bool:
     return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(KVFUZZ_PACKAGE)
 
 
-def as_harness_error(error: BaseException, engine: str) -> BaseException:
-    """``error`` as a :class:`HarnessError` if kvfuzz's code raised it (:func:`raised_by_kvfuzz`), else itself."""
-    return HarnessError.of(error, engine) if raised_by_kvfuzz(error) else error
+def raise_if_kvfuzz_s(error: BaseException, engine: str) -> None:
+    """Raise ``error``'s :class:`HarnessError` if kvfuzz's code raised it (:func:`raised_by_kvfuzz`), while driving
+    ``engine``; return otherwise (the caller handles the engine's exception or the check's verdict as before)."""
+    if raised_by_kvfuzz(error):
+        raise HarnessError.of(error, engine) from None

@@ -14,7 +14,7 @@ from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.fake_model import VOCABULARY
-from kvfuzz.scheduler.harness import as_harness_error
+from kvfuzz.scheduler.harness import raise_if_kvfuzz_s
 from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.priority import priority_arguments
@@ -81,9 +81,7 @@ def machine_for_setup(
             try:
                 self.session = new_session()  # one example's scheduler, worker and outputs
             except BaseException as error:
-                raised = as_harness_error(error, engine)
-                if raised is not error:
-                    raise raised from None
+                raise_if_kvfuzz_s(error, engine)
                 raise
             self.failed = False  # an operation raised (a check, or vLLM itself): the teardown does not drain
 
@@ -94,9 +92,7 @@ def machine_for_setup(
                 return action()
             except BaseException as error:
                 self.failed = True
-                raised = as_harness_error(error, self.session.engine)
-                if raised is not error:
-                    raise raised from None
+                raise_if_kvfuzz_s(error, self.session.engine)
                 self._witness(error)
                 raise
 
@@ -145,9 +141,7 @@ def machine_for_setup(
                 if not self.failed:
                     self.session.drain()
             except BaseException as error:
-                raised = as_harness_error(error, self.session.engine)
-                if raised is not error:
-                    raise raised from None
+                raise_if_kvfuzz_s(error, self.session.engine)
                 self._witness(error)
                 raise
             finally:

@@ -5,13 +5,13 @@ shows the whole trace."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 from pathlib import Path
 from typing import Any, Optional
 
 import attrs
 
+from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.session import Session
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, save
@@ -19,10 +19,7 @@ from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, save
 
 def vllm_version() -> str:
     """The installed vLLM's version (without importing it)."""
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    return installed_version("vllm")
 
 
 @attrs.frozen

@@ -10,7 +10,7 @@ from typing import Callable, Iterator, Optional
 
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.engines import installed_version
-from kvfuzz.scheduler.harness import as_harness_error
+from kvfuzz.scheduler.harness import raise_if_kvfuzz_s
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.replay_result import ReplayRefused, RunnerUnavailable, SchedulerReplay, replay_program
 from kvfuzz.scheduler.session import Session, WorkerFactory
@@ -98,9 +98,7 @@ def replay(
                 f"vLLM refuses the trace's configuration ({trace.setup.describe()}): {reason}"
             ) from None
         except Exception as error:  # noqa: BLE001 -- kvfuzz's own failure leaves as a harness error, vLLM's as itself
-            raised = as_harness_error(error, f"vLLM {installed_version('vllm')}")
-            if raised is not error:
-                raise raised from None
+            raise_if_kvfuzz_s(error, f"vLLM {installed_version('vllm')}")
             raise
         here = "V2" if session.worker.runner_v2 else "V1"
         if here != trace.model_runner:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 
-from kvfuzz.scheduler.harness import as_harness_error
+from kvfuzz.scheduler.harness import raise_if_kvfuzz_s
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
 
@@ -79,7 +79,5 @@ def replay_program(
 
 def _not_kvfuzz_s(error: Exception, session: Any) -> Exception:
     """``error``, unless kvfuzz's own code raised it: then its :class:`~kvfuzz.scheduler.harness.HarnessError`."""
-    raised = as_harness_error(error, session.engine)
-    if raised is not error:
-        raise raised from None
+    raise_if_kvfuzz_s(error, session.engine)
     return error

@@ -5,11 +5,11 @@ trace's configuration, the client's operations in order, then the drain, every c
 
 from __future__ import annotations
 
-import importlib.metadata
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from kvfuzz.program.safeguards import Watchdog
+from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.recorder import FailureRecorder
 from kvfuzz.scheduler.replay_result import ReplayRefused, SchedulerReplay, replay_program
@@ -19,10 +19,7 @@ from kvfuzz.scheduler.trace import SGLANG, RecordedFailure, SchedulerTrace
 
 def sglang_version() -> str:
     """The installed SGLang's version (without importing it)."""
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    return installed_version("sglang")
 
 
 def missing_sglang(trace: SchedulerTrace) -> str:
