@@ -1,7 +1,7 @@
 """The version matrix and harness errors on SGLang's scheduler target (docs/scheduler.md, "Versions"), as
 engine_tests/test_vllm_scheduler_versions.py and test_vllm_scheduler_harness.py check them on vLLM's:
 
-* an SGLang release kvfuzz is not tested on (the installed one read as its next patch release) is refused by ``run``
+* an SGLang release kvfuzz is not tested on (the installed one read as a post-release of it) is refused by ``run``
   and ``campaign`` in one line; with ``--untested-engine`` a run warns and its trace records the version;
 * against an SGLang whose ``ScheduleBatch`` spells ``extend_lens`` (which kvfuzz's session reads after
   ``prepare_for_extend``) another way, ``run``, ``campaign`` and ``replay`` each report a harness error with its
@@ -24,8 +24,7 @@ from kvfuzz.scheduler.sglang.build import sglang
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 INSTALLED = importlib.metadata.version("sglang")
-_major, _minor, _patch = INSTALLED.split("+")[0].split(".")[:3]
-UNTESTED = f"{_major}.{_minor}.{int(_patch) + 1}"
+UNTESTED = f"{INSTALLED}.post1"  # a post-release of the installed one: tested by no one
 HINT = "kvfuzz: harness error, not a finding: kvfuzz's own code raised AttributeError at kvfuzz/scheduler/sglang/"
 
 

@@ -1,5 +1,5 @@
-"""A vLLM release kvfuzz is not tested on (docs/scheduler.md, "Versions"): the installed vLLM's version read as the
-next patch release of it, which no one has tested. ``kvfuzz run`` and ``kvfuzz campaign --scheduler vllm-v1`` refuse
+"""A vLLM release kvfuzz is not tested on (docs/scheduler.md, "Versions"): the installed vLLM's version read as a
+post-release of it, which no one has tested. ``kvfuzz run`` and ``kvfuzz campaign --scheduler vllm-v1`` refuse
 it in one line before any example, naming the installed and the tested versions and ``--untested-engine``; with that
 option each runs it after a warning line, speaking the installed release's own protocol (the newest tested one not
 newer), and the trace of what it finds records the version it ran on.
@@ -21,8 +21,7 @@ from kvfuzz.scheduler import vllm_release
 from kvfuzz.scheduler.engines import VLLM
 
 INSTALLED = importlib.metadata.version("vllm")
-_major, _minor, _patch = INSTALLED.split("+")[0].split(".")[:3]
-UNTESTED = f"{_major}.{_minor}.{int(_patch) + 1}"
+UNTESTED = f"{INSTALLED}.post1"  # a post-release of the installed one: tested by no one
 WARNING = (
     f"kvfuzz: warning: vLLM {UNTESTED} is not a version kvfuzz is tested on ({VLLM.tested_text()}); its findings "
     "and harness errors may be kvfuzz not speaking it; its traces record the version"
