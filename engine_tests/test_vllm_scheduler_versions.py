@@ -86,7 +86,9 @@ def test_run_with_untested_engine_warns_speaks_the_nearest_tested_protocol_and_r
     out, err = capsys.readouterr()
     assert status == 1, out + err
     assert err.splitlines()[0] == WARNING
-    assert out.startswith("kvfuzz run: --scheduler vllm-v1 (vLLM's v1 Scheduler with its KVCacheManager, vLLM " + UNTESTED)
+    assert out.startswith(
+        f"kvfuzz run: --scheduler vllm-v1 (vLLM's v1 Scheduler with its KVCacheManager, vLLM {UNTESTED};"
+    )
     assert "crash: RuntimeError" in out and "harness error, not a finding" not in out + err
     assert vllm_release.vllm_release() is vllm_release.TESTED[INSTALLED]
     assert _recorded(corpus) == {"vllm_version": UNTESTED, "model_runner": "V2"}
