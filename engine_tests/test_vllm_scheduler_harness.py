@@ -62,7 +62,7 @@ def test_a_campaign_ends_on_a_harness_error_with_no_finding(
 ) -> None:
     _rename_new_requests(monkeypatch)
     corpus = tmp_path / "corpus"
-    argv = ["campaign", "--scheduler", "vllm-v1", "--max-examples", "50", "--corpus", str(corpus)]
+    argv = ["campaign", "--scheduler", "vllm-v1", "--seed", "7", "--max-examples", "50", "--corpus", str(corpus)]
     status = main([*argv, *where])
     out, err = capsys.readouterr()
     assert status == 3, out + err
