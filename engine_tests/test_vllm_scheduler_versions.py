@@ -2,7 +2,8 @@
 post-release of it, which no one has tested. ``kvfuzz run`` and ``kvfuzz campaign --scheduler vllm-v1`` refuse
 it in one line before any example, naming the installed and the tested versions and ``--untested-engine``; with that
 option each runs it after a warning line, speaking the installed release's own protocol (the newest tested one not
-newer), and the trace of what it finds records the version it ran on.
+newer), and the trace of what it finds records the version it ran on. The pytest plugin's ``--kvfuzz-scheduler``
+likewise, with ``--kvfuzz-untested-engine``.
 
 Runs in each vLLM environment (``scripts/third_party_env.sh vllm@VERSION``; CI runs it in each)."""
 
@@ -19,6 +20,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from kvfuzz.cli import main
 from kvfuzz.scheduler import vllm_release
 from kvfuzz.scheduler.engines import VLLM
+
+pytest_plugins = ["pytester"]
 
 INSTALLED = importlib.metadata.version("vllm")
 UNTESTED = f"{INSTALLED}.post1"  # a post-release of the installed one: tested by no one
@@ -106,3 +109,17 @@ def test_a_campaign_with_untested_engine_warns_and_records_the_version(
     assert err.splitlines()[0] == WARNING
     assert "RuntimeError" in out and "harness error, not a finding" not in out + err
     assert _recorded(corpus)["vllm_version"] == UNTESTED
+
+
+def test_the_pytest_plugin_refuses_it_in_one_line_and_searches_it_after_a_warning(pytester: pytest.Pytester) -> None:
+    refused = pytester.runpytest("--kvfuzz-scheduler", "vllm-v1", "-p", "no:cacheprovider")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    assert [line for line in refused.errlines if line] == [
+        f"ERROR: --kvfuzz-scheduler vllm-v1: vLLM {UNTESTED} is installed, and kvfuzz is tested on vLLM "
+        f"{VLLM.tested_text()} only; run it anyway with --kvfuzz-untested-engine (a failure may then be kvfuzz not "
+        "speaking this version)"
+    ]
+    bounds = ("--kvfuzz-examples", "5", "--kvfuzz-corpus", str(pytester.path / "corpus"), "-p", "no:cacheprovider")
+    searched = pytester.runpytest("--kvfuzz-scheduler", "vllm-v1", "--kvfuzz-untested-engine", *bounds)
+    assert searched.ret == pytest.ExitCode.OK, searched.outlines
+    searched.stdout.fnmatch_lines([WARNING, "*1 passed*"])
