@@ -125,8 +125,11 @@ def test_a_campaign_on_sglang_draws_sglang_s_configurations_and_knows_the_corpus
     from kvfuzz.campaign.scheduler.known import known_signatures
     from kvfuzz.campaign.scheduler.sglang_target import sglang_target
 
-    known = known_signatures([CORPUS], sglang_target("sglang"), None)  # the corpus bug reproduces: known
-    assert list(known.values()) == [f"{KNOWN} (known bug: {load(KNOWN).known_bug})"]
+    known = known_signatures([CORPUS], sglang_target("sglang"), None)  # the corpus bugs reproduce: known
+    assert [[trace.where for trace in traces] for traces in known.known.values()] == [
+        [f"{path} (known bug: {load(path).known_bug})" for path in (KNOWN, PAGE_OVERHEAD)]
+    ]  # one signature: hangs are keyed by what is stuck, and both are a waiting request never admitted
+    assert not known.regressions
 
     argv = ["campaign", "--scheduler", "sglang", "--seed", "7", "--max-examples", "10", "--batch-examples", "5"]
     assert main([*argv, "--corpus", str(tmp_path / "c"), "--no-known", "--json"]) == 0

@@ -2,7 +2,8 @@
 spells an attribute kvfuzz's worker reads another way (``SchedulerOutput.scheduled_new_reqs`` renamed, as a new
 release might), ``kvfuzz run --scheduler``, ``kvfuzz campaign --scheduler`` (in its process, and with ``--isolate`` in
 a child) and ``kvfuzz replay`` each report a harness error, with its traceback and one hint line, exit status 3, and
-save no trace; and an exception vLLM raises itself stays a finding.
+save no trace (a campaign ends on it, in a batch or while it replays the known corpus); and an exception vLLM raises
+itself stays a finding.
 
 Runs in each vLLM environment (``scripts/third_party_env.sh vllm@VERSION``; CI runs it in each)."""
 
@@ -51,14 +52,18 @@ def test_run_reports_a_harness_error_and_saves_nothing(
     _no_traces(tmp_path / "corpus")
 
 
-@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
+@pytest.mark.parametrize(
+    "where",
+    [["--no-known"], ["--no-known", "--isolate"], ["--known", str(CORPUS)]],
+    ids=["in-process", "isolated", "replaying-the-known-corpus"],
+)
 def test_a_campaign_ends_on_a_harness_error_with_no_finding(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], isolate: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], where: list[str]
 ) -> None:
     _rename_new_requests(monkeypatch)
     corpus = tmp_path / "corpus"
-    argv = ["campaign", "--scheduler", "vllm-v1", "--no-known", "--max-examples", "50", "--corpus", str(corpus)]
-    status = main([*argv, *(["--isolate"] if isolate else [])])
+    argv = ["campaign", "--scheduler", "vllm-v1", "--seed", "7", "--max-examples", "50", "--corpus", str(corpus)]
+    status = main([*argv, *where])
     out, err = capsys.readouterr()
     assert status == 3, out + err
     assert "a harness error, not a finding" in out and "0 new distinct failures" in out

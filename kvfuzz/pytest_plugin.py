@@ -84,6 +84,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "repeatable",
     )
     group.addoption(
+        "--kvfuzz-untested-engine",
+        action="store_true",
+        help="search a --kvfuzz-scheduler target whose engine version kvfuzz is not tested on (kvfuzz run "
+        "--untested-engine)",
+    )
+    group.addoption(
         "--kvfuzz-profile",
         choices=sorted(PROFILE_NAMES),
         default="ci",
@@ -177,8 +183,12 @@ def pytest_configure(config: pytest.Config) -> None:
     for scheduler in config.getoption("kvfuzz_scheduler"):
         _require_torch("--kvfuzz-scheduler", pytest.UsageError)
         from kvfuzz.pytest_scheduler import engine_missing
+        from kvfuzz.scheduler.engines import engine_problem
 
-        missing = engine_missing(scheduler)
+        untested = bool(config.getoption("kvfuzz_untested_engine"))
+        missing = engine_missing(scheduler) or engine_problem(
+            scheduler, untested, "--kvfuzz-scheduler", "--kvfuzz-untested-engine"
+        )
         if missing is not None:
             raise pytest.UsageError(missing)
     database = config.getoption("kvfuzz_database")
@@ -210,6 +220,17 @@ def _require_torch(what: str, error: type[Exception]) -> None:
 
 
 _TRACE_DIRECTORIES = pytest.StashKey[dict[Path, bool]]()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The warning of each ``--kvfuzz-scheduler`` target run on an engine version kvfuzz is not tested on
+    (``--kvfuzz-untested-engine``), before any example."""
+    if not config.getoption("kvfuzz_scheduler"):
+        return []
+    from kvfuzz.scheduler.engines import untested_warning
+
+    warnings = (untested_warning(scheduler) for scheduler in dict.fromkeys(config.getoption("kvfuzz_scheduler")))
+    return [warning for warning in warnings if warning is not None]
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional[pytest.Collector]:

@@ -153,6 +153,9 @@ def scheduler_campaign(
         pins=pins,
         database=args.database,
     )
+    from kvfuzz.scheduler.engines import untested_warning
+
+    warning = untested_warning(args.scheduler) if target is None else None  # the real engine's, not a test's
     if target is None:
         target = scheduler_target(args.scheduler)
     try:  # pins no configuration the engine accepts goes with: refused before any batch runs
@@ -164,9 +167,6 @@ def scheduler_campaign(
         )
         return 2
     pinned = f", pinned: {describe_pins(options.pins)}" if options.pins else ""
-    from kvfuzz.scheduler.engines import untested_warning
-
-    warning = untested_warning(args.scheduler) if target is None else None
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
     if not args.json:

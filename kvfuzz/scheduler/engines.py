@@ -50,20 +50,23 @@ ENGINES = {"vllm-v1": VLLM, "sglang": SGLANG}
 """Each scheduler target's engine, by ``--scheduler`` name."""
 
 
-def engine_problem(scheduler: str, untested_engine: bool) -> Optional[str]:
+def engine_problem(
+    scheduler: str, untested_engine: bool, asked: str = "--scheduler", anyway: str = "--untested-engine"
+) -> Optional[str]:
     """Why ``scheduler`` cannot run here, in one line (None: it can): its engine is not installed, or its version is
-    not a tested one and ``untested_engine`` was not given."""
+    not a tested one and ``untested_engine`` was not given. ``asked`` and ``anyway`` are the options of the command
+    that asks (the pytest plugin's are ``--kvfuzz-scheduler`` and ``--kvfuzz-untested-engine``)."""
     engine = ENGINES[scheduler]
     version = engine.installed()
     if version is None:
         return (
-            f"--scheduler {scheduler} needs {engine.name} (tested: {engine.tested_text()}), which is not installed "
+            f"{asked} {scheduler} needs {engine.name} (tested: {engine.tested_text()}), which is not installed "
             f"here; build its environment with scripts/third_party_env.sh {engine.recipe}@VERSION"
         )
     if version not in engine.tested and not untested_engine:
         return (
-            f"--scheduler {scheduler}: {engine.name} {version} is installed, and kvfuzz is tested on "
-            f"{engine.name} {engine.tested_text()} only; run it anyway with --untested-engine (a failure may then be "
+            f"{asked} {scheduler}: {engine.name} {version} is installed, and kvfuzz is tested on "
+            f"{engine.name} {engine.tested_text()} only; run it anyway with {anyway} (a failure may then be "
             "kvfuzz not speaking this version)"
         )
     return None

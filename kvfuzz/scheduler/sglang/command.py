@@ -66,6 +66,8 @@ def run_sglang(
             seed=args.seed,
             database=database,
         )
+    if not args.json:
+        print("\n".join(outcome.describe()).replace("the scheduler preempted", "the scheduler retracted"), flush=True)
     if outcome.harness is not None:  # kvfuzz's own code failed: its traceback and hint, nothing saved
         from kvfuzz.scheduler.harness import HARNESS_STATUS
 
@@ -86,8 +88,6 @@ def run_sglang(
                 **trace_fields(saved),
             }
         )
-    else:
-        print("\n".join(outcome.describe()).replace("the scheduler preempted", "the scheduler retracted"), flush=True)
-        if saved is not None:
-            print(f"\n{saved.report()}")
+    elif saved is not None:
+        print(f"\n{saved.report()}")
     return 1 if outcome.failure is not None else 0
