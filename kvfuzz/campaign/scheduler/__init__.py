@@ -1,4 +1,4 @@
-"""Campaigns against a scheduler target (``kvfuzz campaign --scheduler``, docs/scheduler.md): batches of examples,
+"""Campaigns against a scheduler target (``kvfuzz campaign --scheduler``, docs/scheduler-campaigns.md): batches of examples,
 each on a configuration drawn from :mod:`kvfuzz.scheduler.swarm`'s table, their failures told apart by signature,
 each distinct one shrunk and saved as a scheduler trace, the known ones counted.
 
