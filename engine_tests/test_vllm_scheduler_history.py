@@ -1,4 +1,4 @@
-"""Historical bugs (docs/scheduler-history.md): scheduler-level KV-cache bugs from vLLM v1's history, patched back into vLLM
+"""Historical bugs (docs/scheduler-history.md): scheduler-level KV-cache bugs of vLLM v1's past, patched back into vLLM
 0.33.0 at runtime (engine_tests/vllm_history.py), are found by the scheduler target from random requests, and the
 same derandomized search passes on 0.33.0 as released, which has the fixes. Each bug's shrunk program is also
 replayed as Hypothesis printed it, so the finding stays pinned whatever the search's order of examples becomes.

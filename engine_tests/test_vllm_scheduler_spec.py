@@ -1,4 +1,4 @@
-"""Speculative decoding in vLLM's real v1 Scheduler (kvfuzz.scheduler.speculative, docs/scheduler-async.md): the unmodified
+"""Speculative decoding in vLLM's real v1 Scheduler (scheduler.speculative, docs/scheduler-async.md): the unmodified
 scheduler passes with k = 1, 2 and 4 drafts, drafts are both accepted and rejected, the scheduler's computed tokens
 roll back, a rejected draft's slot is rewritten, and each seeded bug is caught with the message it names.
 

@@ -1,5 +1,5 @@
-"""``kvfuzz campaign --scheduler NAME``: a campaign against a real scheduler (docs/scheduler-campaigns.md), its usage errors
-one line and exit status 2 before any work: options only an allocator campaign takes, options only a scheduler
+"""``kvfuzz campaign --scheduler NAME``: a campaign against a real scheduler (docs/scheduler-campaigns.md), its usage
+errors one line and exit status 2 before any work: options only an allocator campaign takes, options only a scheduler
 campaign takes given without ``--scheduler``, the engine not installed here or of a version kvfuzz is not tested on
 (without ``--untested-engine``)."""
 

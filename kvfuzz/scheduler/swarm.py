@@ -96,7 +96,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("prefix_caching", BOOLEAN, _chance(0.75)),
     Dimension("policy", POLICIES, _uniform),  # FCFS, or priority (preemption by priority)
     # a sliding window beside full attention (two KV-cache groups) a quarter of the time;
-    # a Mamba group beside attention a quarter (async scheduling too; redrawn only with drafts: docs/scheduler-models.md)
+    # a Mamba group beside attention a quarter (async too; redrawn only with drafts: docs/scheduler-models.md)
     Dimension("model", ("full", "sliding-window", "mamba-hybrid"), _weighted_choice((2, 1, 1))),
     Dimension("async_scheduling", BOOLEAN, _chance(0.5)),  # two batches in flight, the released-block check
     Dimension("speculative_tokens", (0, 1, 2, 4), _weighted((3, 1, 1, 1))),  # k drafts (not under async)
