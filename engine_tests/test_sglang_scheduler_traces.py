@@ -1,4 +1,4 @@
-"""SGLang scheduler failures end to end (docs/scheduler.md, "Failures and traces"): a bug seeded into SGLang's
+"""SGLang scheduler failures end to end (docs/sglang.md, "SGLang failures and traces"): a bug seeded into SGLang's
 ``prepare_for_extend`` found by ``kvfuzz run --scheduler sglang``, saved as an ``sglang`` trace, replayed to the same
 message, exported as a test that fails on the bug and passes without it, and run as pytest runs it; and the
 corpus's known-bug trace (the ignore_eos clip) reproducing through SGLang's own admission code.

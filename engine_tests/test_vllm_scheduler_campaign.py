@@ -1,4 +1,4 @@
-"""``kvfuzz campaign --scheduler vllm-v1`` on vLLM 0.33.0 (docs/scheduler.md, "Campaigns"): a campaign finds a
+"""``kvfuzz campaign --scheduler vllm-v1`` on vLLM 0.33.0 (docs/scheduler-campaigns.md): a campaign finds a
 seeded historical bug (issue #11562, patched back in by engine_tests/vllm_history.py), saves its shrunk trace, and
 a second campaign knowing that trace counts it as known; a short campaign on 0.33.0 as released reports nothing, and
 its seed reruns it step for step; a batch drawn with async scheduling runs the engine core's batch queue, one drawn

@@ -1,5 +1,5 @@
-"""``kvfuzz campaign --scheduler NAME``: a campaign against a real scheduler (docs/scheduler.md), its usage errors
-one line and exit status 2 before any work: options only an allocator campaign takes, options only a scheduler
+"""``kvfuzz campaign --scheduler NAME``: a campaign against a real scheduler (docs/scheduler-campaigns.md), its usage
+errors one line and exit status 2 before any work: options only an allocator campaign takes, options only a scheduler
 campaign takes given without ``--scheduler``, the engine not installed here or of a version kvfuzz is not tested on
 (without ``--untested-engine``)."""
 
@@ -29,7 +29,7 @@ SCHEDULER_ONLY = ("batch_examples", "no_shrink", "isolate", "pin", "untested_eng
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kvfuzz.option_defaults import SCHEDULER_NAMES
 
-    group = parser.add_argument_group("scheduler campaign (with --scheduler; docs/scheduler.md)")
+    group = parser.add_argument_group("scheduler campaign (with --scheduler; docs/scheduler-campaigns.md)")
     group.add_argument(
         "--batch-examples",
         type=_at_least_one,
