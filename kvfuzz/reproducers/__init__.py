@@ -14,12 +14,12 @@ from __future__ import annotations
 import re
 from types import ModuleType
 
-from kvfuzz.reproducers import vllm_v1
+from kvfuzz.reproducers import paged_attention, sglang_radix, vllm_v0, vllm_v1
 from kvfuzz.reproducers.book import BOOK
 from kvfuzz.reproducers.program import NotReproducible, calls
 from kvfuzz.saved.trace import Trace
 
-FAMILIES: tuple[ModuleType, ...] = (vllm_v1,)
+FAMILIES: tuple[ModuleType, ...] = (vllm_v1, vllm_v0, sglang_radix, paged_attention)
 
 CHECKS = {1: "content", 2: "attention", 9: "cache soundness", 13: "eviction order"}
 """The invariants a reproducer states, by number, in the words its ``Failure`` starts with."""

@@ -22,20 +22,22 @@ class Book:
     """Which K/V each slot (block, offset) holds, from the tables the engine hands out. The K/V at position p of a
     request is that of (its key, its tokens 0..p); step() writes what was scheduled since the previous step."""
 
-    def __init__(self, block_size, lands_on_free):
+    def __init__(self, block_size, lands_on_free, unit="block"):
         self.block_size = block_size
+        self.unit = unit  # what the engine calls a block
         self.lands_on_free = lands_on_free  # a freed (aborted) request's scheduled writes still land at the next step
         self.step = 0  # steps completed so far: the step being scheduled
         self.written = {}  # slot -> (request, content, step that wrote it)
         self.scheduled = {}  # request -> [(slot, content, position)] the next step writes
         self.hits = {}  # request -> {(slot, position)}: hit positions only a scheduled write fills
+        self.copies = []  # (source block, destination block) the next step copies before it writes
 
     def content(self, key, tokens, position):
         return (key, tuple(tokens[: position + 1]))
 
     def describe(self, slot):
         block, offset = slot
-        return f"block {block} offset {offset}"
+        return f"{self.unit} {block} offset {offset}"
 
     def holds(self, slot):
         """What the slot holds, in words."""
@@ -85,8 +87,29 @@ class Book:
             self.withdraw(request, f"freeing {request}")
         self.hits.pop(request, None)
 
+    def copy(self, pairs):
+        """Block copies (copy-on-write) the next step performs before its writes."""
+        self.copies.extend(pairs)
+
+    def move(self, pairs):
+        """Blocks copied now (a swap): each destination holds what its source held."""
+        moved = {}
+        for source, destination in pairs:
+            for offset in range(self.block_size):
+                if (source, offset) in self.written:
+                    moved[(destination, offset)] = self.written[(source, offset)]
+                else:
+                    moved[(destination, offset)] = None
+        for slot, found in moved.items():
+            if found is None:
+                self.written.pop(slot, None)
+            else:
+                self.written[slot] = found
+
     def completed(self):
-        """The step ran: every scheduled write lands."""
+        """The step ran: the ordered copies, then every scheduled write, land."""
+        self.move(self.copies)
+        self.copies = []
         for request, writes in self.scheduled.items():
             for slot, content, _ in writes:
                 self.written[slot] = (request, content, self.step)
