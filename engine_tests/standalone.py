@@ -85,7 +85,8 @@ CHECK_WORDS = {1: "content", 2: "attention", 9: "cache soundness", 13: "eviction
 
 def check_allocator_failure(name: str, ran: subprocess.CompletedProcess[str]) -> None:
     """The reproducer of allocator trace ``name`` failed as the trace records: with the engine's exception of the
-    recorded type for a crash (raised in the function the recorded traceback ends in, where it holds one), else with ``Failure: <the invariant's name>`` naming the sequence of the failing
+    recorded type for a crash (raised in the function the recorded traceback ends in, where it holds one), else
+    with ``Failure: <the invariant's name>`` naming the sequence of the failing
     operation (or, for a step's failure, a sequence the explanation names)."""
     failure = trace_json(name)["failure"]
     assert ran.returncode == 1, ran.stdout + ran.stderr[-3000:]

@@ -22,9 +22,10 @@ SEEDED = {
     "vllm-v1-scheduler-issue-11562-touch-first-3e993e943ea3.json": "touch_before_the_capacity_check",
     "vllm-v1-scheduler-pull-11565-evictable-hits-61fdff1af58a.json": "capacity_check_ignores_evictable_hits",
     "vllm-v1-scheduler-issue-23347-victim-stays-scheduled-02ea5ce953c3.json": "priority_victim_stays_scheduled",
+    "vllm-v1-scheduler-issue-23316-victim-keeps-tokens-02ea5ce953c3.json": "priority_victim_keeps_its_tokens",
 }
-"""The fixed bugs' traces a reproducer states (issue 23316's is seen by kvfuzz's batch check only), and the patch of
-engine_tests/vllm_history.py that puts each bug back."""
+"""The fixed bugs' traces, and the patch of engine_tests/vllm_history.py that puts each bug back."""
+
 
 def recorded_failure(name: str) -> tuple[str, str]:
     """The reproducer's words for the trace's recorded check, and the request (or step) it names."""
@@ -65,7 +66,9 @@ def test_the_reproducer_of_a_fixed_bug_passes_with_the_fix_and_fails_with_the_bu
     assert broken.returncode == 1, broken.stdout + broken.stderr
     last = broken.stderr.strip().splitlines()[-1]
     failure = json.loads((CORPUS / name).read_text())["failure"]
-    expected = f"Failure: accounting at step {failure['step']}:" if failure["check"] == "accounting" else ""
+    expected = (
+        f"Failure: {failure['check']} at step {failure['step']}:" if failure["check"] in ("accounting", "batch") else ""
+    )
     assert last.startswith(expected or failure["exception"] or "?"), broken.stderr[-3000:]
 
 

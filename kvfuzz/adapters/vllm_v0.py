@@ -65,6 +65,7 @@ if not _has_v0_block_manager():
         "scripts/third_party_env.sh vllm-v0"
     )
 
+
 def _pin_block_hashes() -> None:
     """Make v0's block hashes the same in every process, so that a program replays the same way in a fresh one.
 

@@ -34,7 +34,9 @@ def family_of(trace: Trace) -> ModuleType:
         if family.ADAPTER == module:
             family.check(trace)
             return family
-    raise NotReproducible(f"allocator {trace.allocator}: no engine reproducer plays it (a kvfuzz allocator, or no family)")
+    raise NotReproducible(
+        f"allocator {trace.allocator}: no engine reproducer plays it (a kvfuzz allocator, or no family)"
+    )
 
 
 def _comment(text: str, width: int = 116) -> str:

@@ -45,7 +45,8 @@ class Book:
         if found is None:
             return "nothing: no step has written it"
         request, (key, prefix), step = found
-        return f"K/V of {request}'s position {len(prefix) - 1} (key {key!r}, tokens {list(prefix)}), written by step {step}"
+        where = f"{request}'s position {len(prefix) - 1} (key {key!r}, tokens {list(prefix)})"
+        return f"K/V of {where}, written by step {step}"
 
     def hit(self, request, key, tokens, slots, cached):
         """The engine counts request's first `cached` positions as computed, at `slots` (one per position)."""
@@ -77,8 +78,8 @@ class Book:
                 if other != request and any(s == slot for s, _ in covered):
                     raise Failure(
                         f"cache soundness at step {self.step}: {why} withdraws {request}'s scheduled write of its "
-                        f"position {position} into {self.describe(slot)}, which {other}'s cache hit counts as computed: "
-                        "no step will write it"
+                        f"position {position} into {self.describe(slot)}, which {other}'s cache hit counts as "
+                        "computed: no step will write it"
                     )
         self.hits.pop(request, None)
 

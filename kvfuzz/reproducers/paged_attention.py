@@ -109,7 +109,8 @@ class Session:
                 raise Failure(
                     f"attention at step {self.book.step - 1}: {seq} (batch index {batch}, {length} tokens, page table "
                     f"{self.paged.page_table[batch, : -(-length // PAGE_SIZE)].tolist()}) attends physical slots "
-                    f"{extra or sorted(set(expected) - set(attended))} {'besides' if extra else 'missing from'} its own "
-                    f"{expected}: physical_to_logical[{batch}] still maps {stale}, pages its page table does not hold"
+                    f"{extra or sorted(set(expected) - set(attended))} "
+                    f"{'besides' if extra else 'missing from'} its own {expected}: "
+                    f"physical_to_logical[{batch}] still maps {stale}, pages its page table does not hold"
                 )
 '''

@@ -21,9 +21,7 @@ CACHING = {
 }
 """The factories the session plays, and whether each enables prefix caching."""
 
-OPERATIONS = frozenset(
-    {"admit", "readmit", "grow", "decode", "free", "preempt", "step", "fork", "swap_out", "swap_in"}
-)
+OPERATIONS = frozenset({"admit", "readmit", "grow", "decode", "free", "preempt", "step", "fork", "swap_out", "swap_in"})
 ENGINE = "vLLM"
 
 

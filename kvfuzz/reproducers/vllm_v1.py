@@ -32,7 +32,10 @@ def check(trace: Trace) -> None:
 
 
 def constants(trace: Trace) -> str:
-    return f"BLOCK_SIZE = {trace.config.block_size}\nNUM_BLOCKS = {trace.config.num_blocks}  # vLLM gets one more, its null block 0\n"
+    config = trace.config
+    return (
+        f"BLOCK_SIZE = {config.block_size}\nNUM_BLOCKS = {config.num_blocks}  # vLLM gets one more, its null block 0\n"
+    )
 
 
 RUNTIME = r'''
@@ -83,14 +86,17 @@ class Session:
         """get_computed_blocks (the prefix hit), then allocate_slots for the rest of the prompt; a refusal leaves the
         request out."""
         request = self.preempted.get(request_id) or Request(
-            request_id=request_id, prompt_token_ids=list(tokens), sampling_params=SamplingParams(max_tokens=MAX_MODEL_LEN),
-            pooling_params=None, block_hasher=self.hasher, cache_salt=cache_salt,
+            request_id=request_id, prompt_token_ids=list(tokens), pooling_params=None, cache_salt=cache_salt,
+            sampling_params=SamplingParams(max_tokens=MAX_MODEL_LEN), block_hasher=self.hasher,
         )
         self.salts[request_id] = cache_salt
         hit, num_hit, _ = self.manager.get_computed_blocks(request)
         num_new = request.num_tokens - num_hit
         before = self.free_queue()
-        if self.manager.allocate_slots(request, num_new, num_new_computed_tokens=num_hit, new_computed_blocks=hit) is None:
+        allocated = self.manager.allocate_slots(
+            request, num_new, num_new_computed_tokens=num_hit, new_computed_blocks=hit
+        )
+        if allocated is None:
             print(f"(admission of {request_id} refused: {self.manager.block_pool.get_num_free_blocks()} free blocks)")
             return
         self.preempted.pop(request_id, None)
