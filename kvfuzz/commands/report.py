@@ -208,7 +208,8 @@ def scheduler_report(trace: SchedulerTrace, source: str) -> tuple[str, Optional[
             "with `python FILE` (exit status 1 while the failure reproduces, 0 once it is fixed) or `pytest FILE`. "
             "It builds the scheduler offline from the engine's own config objects, plays the program and the model "
             "runner's outputs, and asserts the failure on the engine's own state (block reference counts and the "
-            "free count, or requests left unfinished past a bound).",
+            "free count, requests left unfinished past a bound, or a step's output scheduling tokens for a request "
+            "it does not bring).",
             "",
             _fenced(reproducer, "python"),
             "",
