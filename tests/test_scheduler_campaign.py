@@ -85,8 +85,18 @@ class FakeTarget:
     @property
     def searches(self) -> list[tuple[SchedulerSetup, str, int, int, bool]]:
         """(setup, model runner, examples, Hypothesis seed, shrink) of every search so far, in order."""
-        lines = self.log.read_text().splitlines()
-        return [(SchedulerSetup(**setup), *rest) for setup, *rest in map(json.loads, lines)]  # type: ignore[misc]
+        return [(SchedulerSetup(**line[0]), *line[1:5]) for line in self._lines()]  # type: ignore[misc]
+
+    @property
+    def processes(self) -> dict[int, list[int]]:
+        """The process that ran each search (a worker's pid) -> the Hypothesis seeds of its searches."""
+        seeds: dict[int, list[int]] = {}
+        for line in self._lines():
+            seeds.setdefault(line[5], []).append(line[3])
+        return seeds
+
+    def _lines(self) -> list[list[Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
 
     def target(self) -> SchedulerTarget:
         return SchedulerTarget("vllm-v1", self.validate, self.search, self.replay)
@@ -108,7 +118,8 @@ class FakeTarget:
         journal: Optional[ProgramJournal],
     ) -> Outcome:
         with open(self.log, "a") as log:
-            log.write(json.dumps([attrs.asdict(config.setup), config.model_runner, examples, seed, shrink]) + "\n")
+            logged = [attrs.asdict(config.setup), config.model_runner, examples, seed, shrink, os.getpid()]
+            log.write(json.dumps(logged) + "\n")
         if not buggy(config.setup):
             return Outcome(config.setup, examples, 10 * examples, 0, 0, 0.01, None, "")
         error = leak()

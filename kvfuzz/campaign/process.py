@@ -18,15 +18,14 @@ import os
 import signal
 import threading
 import traceback
-from multiprocessing.queues import Queue
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from types import FrameType
 from typing import Any, Iterator, Optional
 
-from kvfuzz.campaign.messages import Crashed, Done, Message
-from kvfuzz.campaign.protocol import CampaignTarget, Reporter, WorkerContext
+from kvfuzz.campaign.messages import Crashed, Done
+from kvfuzz.campaign.protocol import CampaignTarget, Channel, Reporter, WorkerContext
 from kvfuzz.lifeline import tie_to_parent
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, STOP_SIGNALS, UserInterrupt
 from kvfuzz.threads import single_threaded_torch
@@ -44,7 +43,7 @@ def worker_main(
     incarnation: int,
     seed: int,
     known: dict[str, str],
-    queue: "Queue[Message]",
+    queue: Channel,
     stop: Event,
     halt: Event,
     budget: "Synchronized[int]",
@@ -60,7 +59,6 @@ def worker_main(
     reporter = Reporter(queue, slot)
 
     def orphaned() -> None:
-        queue.cancel_join_thread()  # nobody reads the queue any more: exiting must not wait to flush it
         halt.set()
         stop.set()
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import queue as queue_module
 import signal
 import tempfile
 import time
@@ -28,7 +27,7 @@ from kvfuzz.campaign.cluster import ClusterFindings, finding_record, is_redis
 from kvfuzz.campaign.lock import CorpusLock
 from kvfuzz.campaign.messages import Batch, Claimed, Crashed, Done, HarnessFailed, Message, Progress, Said, Saved, Seen
 from kvfuzz.campaign.process import patience_of, worker_main
-from kvfuzz.campaign.protocol import CampaignTarget, Death
+from kvfuzz.campaign.protocol import CampaignTarget, Channel, Death
 from kvfuzz.campaign.report import CampaignResult, DeadWorker, Finding
 from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.store import open_store
@@ -91,7 +90,7 @@ class Supervisor:
         self.status = status or (lambda line: None)
         self.event = event or (lambda line: None)
         self.context = multiprocessing.get_context("fork")
-        self.queue: Any = self.context.Queue()
+        self.queue = Channel(self.context)
         self.stop = self.context.Event()  # stop searching
         self.halt = self.context.Event()  # stop shrinking too (Ctrl-C)
         self.budget: Any = self.context.Value("q", settings.max_examples if settings.max_examples else -1)
@@ -119,7 +118,7 @@ class Supervisor:
         return patience_of(self.settings.call_timeout)
 
     def run(self) -> CampaignResult:
-        """Run to the end. Ctrl-C, SIGTERM and SIGHUP are recorded, never raised, while it runs (a queue read cut
+        """Run to the end. Ctrl-C, SIGTERM and SIGHUP are recorded, never raised, while it runs (a message read cut
         short would lose a message): the loop ends the campaign on the first, within a tenth of a second. A harness
         error (kvfuzz's own code failing, in the known findings' replays or in a worker) ends it at once."""
         try:
@@ -313,10 +312,8 @@ class Supervisor:
     def _drain(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                wait = max(0.0, deadline - time.monotonic())
-                message: Message = self.queue.get(timeout=wait) if wait else self.queue.get_nowait()
-            except queue_module.Empty:
+            message = self.queue.get(max(0.0, deadline - time.monotonic()))
+            if message is None:
                 return
             self._handle(message)
 
