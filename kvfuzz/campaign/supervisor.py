@@ -224,7 +224,9 @@ class Supervisor:
             os.getpid(),
             ends,
         )
-        process = self.context.Process(target=worker_main, args=args, daemon=True)
+        # not a daemon: a scheduler worker's isolated batches are its children (the lifeline, and the kill on the
+        # way out of run, keep a worker from outliving its campaign)
+        process = self.context.Process(target=worker_main, args=args, daemon=False)
         process.start()
         previous = self.slots.get(slot)
         self.slots[slot] = _Slot(
