@@ -197,7 +197,7 @@ def test_a_request_growing_past_max_model_len_is_caught(monkeypatch: pytest.Monk
     with pytest.raises(SchedulerViolation) as caught:
         session.drain()
     assert caught.value.check == Check.PROGRESS, caught.value
-    assert "r0 (RUNNING, 16 computed, 13 of 13 output tokens)" in str(caught.value), caught.value
+    assert "r0 (RUNNING, 15 computed, 13 of 13 output tokens)" in str(caught.value), caught.value
 
 
 def test_a_model_length_stop_reported_as_stop_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
