@@ -50,9 +50,11 @@ def reset_keeps_the_hash_map(monkeypatch: pytest.MonkeyPatch) -> None:
     original = block_pool.BlockPool.reset_prefix_cache
 
     def reset(self: Any) -> bool:
-        kept = self.cached_block_hash_to_block
+        kept = [(block.block_hash, block) for block in self.blocks if block.block_hash is not None]
         done = bool(original(self))
-        self.cached_block_hash_to_block = kept
+        if done:  # the map's entries put back (vLLM 0.33.0 replaces the map, 0.34.0 clears it)
+            for key, block in kept:
+                self.cached_block_hash_to_block.insert(key, block)
         return done
 
     monkeypatch.setattr(block_pool.BlockPool, "reset_prefix_cache", reset)
