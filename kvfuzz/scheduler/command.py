@@ -58,6 +58,9 @@ SCHEDULER_ONLY = (
     "transfer_delay",
     "load_failures",
     "max_loras",
+    "prefix_resets",
+    "kv_events",
+    "overlong_requests",
     "untested_engine",
 )
 """The attributes of the options only a scheduler target takes."""
@@ -167,6 +170,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="LoRA: vLLM's max_loras N (adapters a step may serve), each request drawn with one of N + 1 adapters or "
         "none; the prefix cache must not share blocks across adapters (default: no LoRA)",
     )
+    group.add_argument(
+        "--prefix-resets",
+        action="store_true",
+        default=None,
+        help="the client resets the prefix cache between steps (docs/scheduler-features.md)",
+    )
+    group.add_argument(
+        "--kv-events",
+        action="store_true",
+        default=None,
+        help="vLLM's KV cache events on, checked against the block pool (docs/scheduler-features.md)",
+    )
+    group.add_argument(
+        "--overlong-requests",
+        action="store_true",
+        default=None,
+        help="draw requests whose prompt and max_tokens run past max_model_len (docs/scheduler-features.md)",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -197,6 +218,9 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "transfer_delay",
             "load_failures",
             "max_loras",
+            "prefix_resets",
+            "kv_events",
+            "overlong_requests",
         ):
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/sglang.md)"
@@ -234,6 +258,9 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "transfer_delay": args.transfer_delay,
         "load_failures": True if args.load_failures else None,
         "max_loras": args.max_loras,
+        "prefix_resets": True if args.prefix_resets else None,
+        "kv_events": True if args.kv_events else None,
+        "overlong_requests": True if args.overlong_requests else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

@@ -1,7 +1,7 @@
 """What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
-scheduling policy, synchronous or async scheduling, LoRA adapters; and which request fields the machine draws
-besides prompt, length and priority (cache salts, stop tokens, EOS, min_tokens, a LoRA adapter); and SGLang's schedule
-conservativeness."""
+scheduling policy, synchronous or async scheduling, LoRA adapters, KV cache events; and which request fields the
+machine draws besides prompt, length and priority (cache salts, stop tokens, EOS, min_tokens, a LoRA adapter, a
+length past max_model_len) and whether the client resets the prefix cache; and SGLang's schedule conservativeness."""
 
 from __future__ import annotations
 
@@ -53,6 +53,9 @@ class SchedulerSetup:
     transfer_delay: int = 0  # with a connector: the most steps a store or load completes late
     load_failures: bool = False  # with a connector: loads may fail part-way (vLLM's recompute recovery)
     max_loras: int = 0  # LoRA: vLLM's lora_config.max_loras, requests drawn with an adapter (0: no LoRA; lora.py)
+    prefix_resets: bool = False  # the client resets the prefix cache between steps (kvfuzz.scheduler.prefix_reset)
+    kv_events: bool = False  # vLLM's KV cache events on, checked against the block pool (kvfuzz.scheduler.kv_events)
+    overlong_requests: bool = False  # requests drawn with prompt + max_tokens past max_model_len (model_length.py)
     # SGLang's --schedule-conservativeness: scales the share of each running request's remaining output its
     # PrefillAdder reserves (the new-token ratio); below 1 it overcommits the pool, and decode retracts requests
     schedule_conservativeness: float = 1.0
@@ -96,6 +99,12 @@ class SchedulerSetup:
                 "the offloading connector is driven only with synchronous scheduling and the full-attention model "
                 "(yet; docs/scheduler-connectors.md)"
             )
+        if self.prefix_resets and self.kv_connector != "none":
+            raise ValueError(
+                "prefix-cache resets are not driven with a KV connector (yet): the connector's own store keeps what "
+                "the reset drops unless it is reset too, which kvfuzz's connector worker does not model "
+                "(docs/scheduler-features.md)"
+            )
         if not 0 <= self.max_loras <= MAX_LORAS:
             raise ValueError(f"max_loras must be 0 (no LoRA) .. {MAX_LORAS}, got {self.max_loras}")
         if not 0 < self.schedule_conservativeness <= MAX_SCHEDULE_CONSERVATIVENESS:
@@ -135,6 +144,9 @@ class SchedulerSetup:
             + (f" (transfers up to {self.transfer_delay} step(s) late)" if self.transfer_delay else "")
             + (" (loads may fail)" if self.load_failures else "")
             + (f", LoRA (at most {self.max_loras} adapter(s) a step)" if self.max_loras else "")
+            + (", prefix-cache resets" if self.prefix_resets else "")
+            + (", KV cache events" if self.kv_events else "")
+            + (", requests past max_model_len" if self.overlong_requests else "")
             + (
                 f", schedule conservativeness {self.schedule_conservativeness:g}"
                 if self.schedule_conservativeness != 1.0

@@ -40,6 +40,9 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
         "stop_tokens": setup.stop_tokens,
         "eos": setup.eos,
         "min_tokens": setup.min_tokens,
+        "prefix_resets": setup.prefix_resets,
+        "kv_events": setup.kv_events,
+        "overlong_requests": setup.overlong_requests,
     }
     export_async = "".join(f", {name}=True" for name, on in drawn.items() if on)
     return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.

@@ -17,7 +17,7 @@ from typing import Optional
 import attrs
 
 from kvfuzz.scheduler.config import SchedulerSetup
-from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Step
 
 
 @attrs.frozen
@@ -86,6 +86,8 @@ def read_journal(path: Path) -> Optional[JournaledExample]:
                 )
             elif item["op"] == "abort":
                 program.append(Abort(item["request"]))
+            elif item["op"] == "reset_prefix_cache":
+                program.append(ResetPrefixCache(item.get("preempt", False)))
             else:
                 program.append(Step())
     except (ValueError, KeyError, TypeError):

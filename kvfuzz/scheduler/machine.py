@@ -16,6 +16,7 @@ from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.harness import raise_if_kvfuzz_s
 from kvfuzz.scheduler.journal import ProgramJournal
+from kvfuzz.scheduler.model_length import overlong_arguments
 from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.priority import priority_arguments
 from kvfuzz.scheduler.requests import request_arguments
@@ -107,6 +108,7 @@ def machine_for_setup(
             max_tokens=st.integers(1, max(2 * setup.block_size, longest // 4)),
             **priority_arguments(setup),
             **request_arguments(setup),
+            **overlong_arguments(setup),
         )
         def add_request(
             self,
@@ -119,9 +121,11 @@ def machine_for_setup(
             eos: bool = False,
             min_tokens: int = 0,
             lora: int = 0,
+            past: int = 0,
         ) -> str:
             prompt = (list(SHARED[:prefix]) + suffix)[: longest - 1] or [0]
-            length = min(max_tokens, longest - len(prompt))
+            # within the room the prompt leaves, or (overlong requests) ``past`` tokens beyond it
+            length = longest - len(prompt) + past if past else min(max_tokens, longest - len(prompt))
             least = min(min_tokens, length)
             return self._guarded(
                 lambda: self.session.add(prompt, length, priority, cache_salt, stop_token_ids, eos, least, lora)
@@ -135,6 +139,12 @@ def machine_for_setup(
         @rule()
         def step(self) -> None:
             self._guarded(self.session.step)
+
+        if setup.prefix_resets:  # drawn only where the setup asks, so the default machine draws what it always did
+
+            @rule(preempt=st.booleans() if not setup.async_scheduling else st.just(False))
+            def reset_prefix_cache(self, preempt: bool) -> None:
+                self._guarded(lambda: self.session.reset_prefix_cache(preempt))
 
         def teardown(self) -> None:
             try:

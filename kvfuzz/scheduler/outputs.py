@@ -12,6 +12,7 @@ import attrs
 
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import EOS_TOKEN, expected_output
+from kvfuzz.scheduler.model_length import check_finish_reason
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 
@@ -71,10 +72,13 @@ class OutputLedger:
         """Check the outputs ``update_from_output`` returned at ``step``."""
         for outputs in engine_outputs.values():
             for output in outputs.outputs:
-                self.record(output.request_id, list(output.new_token_ids), output.finish_reason is not None, step)
+                finishes = output.finish_reason is not None
+                self.record(output.request_id, list(output.new_token_ids), finishes, step, output.finish_reason)
 
-    def record(self, request: str, tokens: list[int], finishes: bool, step: int) -> None:
-        """Check the ``tokens`` an engine reported for ``request`` at ``step`` (``finishes``: and that it finished)."""
+    def record(self, request: str, tokens: list[int], finishes: bool, step: int, reason: Any = None) -> None:
+        """Check the ``tokens`` an engine reported for ``request`` at ``step`` (``finishes``: and that it finished,
+        with finish reason ``reason`` where the engine gives one: :func:`~kvfuzz.scheduler.model_length.
+        check_finish_reason`)."""
         expected = self.requests[request]
         if expected.finished and tokens:
             raise SchedulerViolation(
@@ -126,6 +130,10 @@ class OutputLedger:
                     f"finished with {len(expected.received)} output tokens {expected.received}, but "
                     f"{expected.why(request)} (expected {whole})",
                     "finished early",
+                )
+            if reason is not None:
+                check_finish_reason(
+                    request, reason, bool(whole) and whole[-1] in expected.ending.stopping, expected.why(request), step
                 )
 
 

@@ -1,6 +1,7 @@
 """A scheduler target's program: the client's operations an example performed, in order (add a request, abort one,
-run a step), as plain values, so that a failure can be saved, replayed and exported without Hypothesis. The drain
-after them is not part of it: a replay drains as the machine's teardown does, unless an operation failed."""
+run a step, reset the prefix cache), as plain values, so that a failure can be saved, replayed and exported without
+Hypothesis. The drain after them is not part of it: a replay drains as the machine's teardown does, unless an
+operation failed."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ class Client(Protocol):
     def abort(self, request: str) -> None: ...
 
     def step(self) -> int: ...
+
+    def reset_prefix_cache(self, preempt: bool = False) -> bool: ...
 
 
 def _token_ids(tokens: Iterable[int]) -> tuple[int, ...]:
@@ -131,5 +134,26 @@ class Step:
         return f"{client}.step()"
 
 
-Operation = Union[AddRequest, Abort, Step]
+@attrs.frozen
+class ResetPrefixCache:
+    """The client resets the prefix cache (vLLM's ``Scheduler.reset_prefix_cache``), as an RLHF trainer does after
+    it updates the weights: refused while blocks are in use, unless ``preempt`` (``reset_running_requests``) first
+    preempts every running request. ``preempt`` is left out of the JSON and the source when false."""
+
+    preempt: bool = False
+
+    def apply(self, session: Client) -> None:
+        session.reset_prefix_cache(self.preempt)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "reset_prefix_cache", **({"preempt": True} if self.preempt else {})}
+
+    def __str__(self) -> str:
+        return "reset_prefix_cache(preempt=True)" if self.preempt else "reset_prefix_cache()"
+
+    def source(self, client: str) -> str:
+        return f"{client}.{self}"
+
+
+Operation = Union[AddRequest, Abort, Step, ResetPrefixCache]
 """One operation of a scheduler program."""

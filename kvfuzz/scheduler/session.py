@@ -18,10 +18,13 @@ from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.journal import ProgramJournal
+from kvfuzz.scheduler.kv_events import KnownRequest, event_checker
 from kvfuzz.scheduler.lora import limit_held_back
+from kvfuzz.scheduler.model_length import capped_max_tokens
 from kvfuzz.scheduler.offloading import TransferTally, connector_for
 from kvfuzz.scheduler.outputs import OutputLedger
-from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
+from kvfuzz.scheduler.prefix_reset import PrefixResets
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Step
 from kvfuzz.scheduler.requests import request_namespace
 from kvfuzz.scheduler.snapshot import NO_OBSERVER, RequestAtStep, StepObserver, StepSnapshot
 from kvfuzz.scheduler.step_watchdog import bounded_step
@@ -69,6 +72,8 @@ class Session:
         self.connector = connector_for(setup)  # the KV connector's worker side (transfers, offload store)
         self.observer: StepObserver = NO_OBSERVER  # told of each step as soon as it is scheduled (kvfuzz show)
         self.engine = f"vLLM {installed_version('vllm')}"  # what a harness error names as driven
+        self.resets = PrefixResets()  # the client's prefix-cache resets, and the K/V namespace's epoch
+        self.events = event_checker(setup, self.scheduler)  # the KV cache events, checked against the pool
         if journal is not None:
             journal.start(setup, "V2" if self.worker.runner_v2 else "V1")
 
@@ -94,14 +99,15 @@ class Session:
         request = f"r{arrival}"
         stops = tuple(stop_token_ids)
         self._perform(AddRequest(prompt, max_tokens, priority, cache_salt, stops, eos, min_tokens, lora))
-        self.worker.namespaces[request] = request_namespace(cache_salt, lora)
+        self.worker.namespaces[request] = self.resets.namespace(request, request_namespace(cache_salt, lora))
         self.worker.asked_loras[request] = lora
         ending = Ending(stops, eos, min_tokens)
         self.scheduler.add_request(
             new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority, cache_salt, ending, lora)
         )
-        self.outputs.added(request, len(prompt), max_tokens, ending)
-        self.lengths[request] = len(prompt) + max_tokens
+        capped = capped_max_tokens(self.setup, len(prompt), max_tokens)  # it stops at max_model_len
+        self.outputs.added(request, len(prompt), capped, ending)
+        self.lengths[request] = len(prompt) + capped
         return request
 
     def _perform(self, operation: Operation) -> None:
@@ -120,6 +126,21 @@ class Session:
         self._perform(Abort(request))
         self.scheduler.finish_requests(request, vllm().RequestStatus.FINISHED_ABORTED)
         self.outputs.aborted(request)
+
+    def reset_prefix_cache(self, preempt: bool = False) -> bool:
+        """Reset the prefix cache, as a client does after it updates the weights (``preempt``: the running requests
+        preempted first), and check what the reset promises (:mod:`kvfuzz.scheduler.prefix_reset`); returns whether
+        it reset."""
+        self._perform(ResetPrefixCache(preempt))
+        return self.resets.reset(self.scheduler, self.worker, preempt, self.steps)
+
+    def known_requests(self) -> list[KnownRequest]:
+        """Every request added so far, with its tokens as kvfuzz knows them (the prompt, then its outputs so far)."""
+        adds = (operation for operation in self.program if isinstance(operation, AddRequest))
+        return [
+            KnownRequest(request, add.prompt + tuple(self.outputs.requests[request].received), add.cache_salt, add.lora)
+            for request, add in zip(self.lengths, adds)
+        ]
 
     def step(self) -> int:
         """One engine step the client asked for, every check run; returns the tokens it scheduled."""
@@ -187,6 +208,7 @@ class Session:
         """``update_from_output()`` with a launched step's output, and the output check; then, as the engine core's
         ``post_step`` (synchronous scheduling only), the worker's drafts for the next step."""
         self.outputs.receive(self.scheduler.update_from_output(batch.output, batch.result), batch.step)
+        self.events.check(self.scheduler, self.known_requests, batch.step)
         drafts = self.worker.take_draft_token_ids()
         if drafts is not None and batch.scheduled > 0:
             self.scheduler.update_draft_token_ids(vllm().DraftTokenIds(*drafts))
@@ -229,6 +251,7 @@ class Session:
             if not self.busy():
                 # quiescent: the worker was told of every finish, so it holds no table and every block is free
                 self._check_accounting()
+                self.events.flush(self.scheduler, self.known_requests, self.steps)
                 return
             self._step()
         in_flight = self.loop.in_flight()

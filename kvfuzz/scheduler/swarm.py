@@ -113,6 +113,12 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("load_failures", (False,), fixed, needs=("kv_connector", "offloading"), pin_only=(True,)),
     # LoRA: max_loras 1 or 2 half the time, requests drawn with one of max_loras + 1 adapters (the limit bites) or none
     Dimension("max_loras", (0, 1, 2), _weighted((2, 1, 1))),
+    # the client resets the prefix cache a quarter of the time (refused, and redrawn, with a KV connector), vLLM's
+    # KV cache events checked against the pool half the time, requests past max_model_len a quarter
+    # (docs/scheduler-features.md)
+    Dimension("prefix_resets", BOOLEAN, _chance(0.25)),
+    Dimension("kv_events", BOOLEAN, _chance(0.5)),
+    Dimension("overlong_requests", BOOLEAN, _chance(0.25)),
     Dimension("schedule_conservativeness", (1.0,), fixed),  # SGLang's alone (its table draws it)
     Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
 )

@@ -42,7 +42,11 @@ absent), an add's ``eos`` (false when absent: EOS ignored, as every request befo
 absent, at most its ``max_tokens``); ``config.max_loras`` (0 when absent: no LoRA) and an add's ``lora`` (0 when
 absent: no adapter; else an adapter's id, 1 .. ``max_loras + 1``); ``config.model`` (``full`` when absent, or another of
 :data:`~kvfuzz.scheduler.models.MODELS`: the model served, whose KV-cache groups the engine and the worker keep);
-``config.schedule_conservativeness`` (1 when absent; SGLang's, which vLLM refuses other than 1).
+``config.schedule_conservativeness`` (1 when absent; SGLang's, which vLLM refuses other than 1);
+``config.prefix_resets`` (false when absent; true: the program may hold ``{"op": "reset_prefix_cache"}``, with
+``"preempt": true`` when it preempts the running requests), ``config.kv_events`` (false when absent: KV cache events
+off) and ``config.overlong_requests`` (false when absent; true: an add's ``max_tokens`` may run past
+``max_model_len``, up to :func:`~kvfuzz.scheduler.model_length.overlong_limit`) (docs/scheduler-features.md).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -69,8 +73,9 @@ from kvfuzz.scheduler.config import KV_CONNECTORS, MAX_LORAS, MAX_SCHEDULE_CONSE
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.lora import lora_adapters
+from kvfuzz.scheduler.model_length import overlong_limit
 from kvfuzz.scheduler.models import MODELS
-from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 FORMAT = "kvfuzz-scheduler-trace/1"
@@ -202,6 +207,9 @@ class SchedulerTrace:
             **({"transfer_delay": self.setup.transfer_delay} if self.setup.transfer_delay else {}),
             **({"load_failures": True} if self.setup.load_failures else {}),
             **({"max_loras": self.setup.max_loras} if self.setup.max_loras else {}),
+            **({"prefix_resets": True} if self.setup.prefix_resets else {}),
+            **({"kv_events": True} if self.setup.kv_events else {}),
+            **({"overlong_requests": True} if self.setup.overlong_requests else {}),
             **(
                 {"schedule_conservativeness": self.setup.schedule_conservativeness}
                 if self.setup.schedule_conservativeness != 1.0
@@ -418,6 +426,9 @@ def _config(value: Any) -> SchedulerSetup:
         "transfer_delay": False,
         "load_failures": False,
         "max_loras": False,
+        "prefix_resets": False,
+        "kv_events": False,
+        "overlong_requests": False,
         "schedule_conservativeness": False,
     }
     config = _fields(value, "config", {**required, **optional})
@@ -447,6 +458,9 @@ def _config(value: Any) -> SchedulerSetup:
             transfer_delay=delay,
             load_failures=_boolean("config.load_failures", config.get("load_failures", False)),
             max_loras=max_loras,
+            prefix_resets=_boolean("config.prefix_resets", config.get("prefix_resets", False)),
+            kv_events=_boolean("config.kv_events", config.get("kv_events", False)),
+            overlong_requests=_boolean("config.overlong_requests", config.get("overlong_requests", False)),
             schedule_conservativeness=_number(
                 "config.schedule_conservativeness",
                 config.get("schedule_conservativeness", 1.0),
@@ -466,8 +480,9 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
     added = 0
     for index, item in enumerate(value):
         where = f"program[{index}]"
-        if not isinstance(item, dict) or item.get("op") not in ("add", "abort", "step"):
-            raise _Invalid(where, "must be an object whose op is add, abort or step")
+        ops = ("add", "abort", "step", "reset_prefix_cache") if setup.prefix_resets else ("add", "abort", "step")
+        if not isinstance(item, dict) or item.get("op") not in ops:
+            raise _Invalid(where, f"must be an object whose op is {', '.join(ops[:-1])} or {ops[-1]}")
         if item["op"] == "step":
             _fields(item, where, {"op": True})
             program.append(Step())
@@ -476,6 +491,9 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
             if not re.fullmatch(r"r\d{1,6}", str(request)) or int(str(request)[1:]) >= added:
                 raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
             program.append(Abort(str(request)))
+        elif item["op"] == "reset_prefix_cache":
+            preempt = _fields(item, where, {"op": True, "preempt": False}).get("preempt", False)
+            program.append(ResetPrefixCache(_boolean(f"{where}.preempt", preempt)))
         else:
             extras = dict.fromkeys(("priority", "cache_salt", "stop_token_ids", "eos", "min_tokens", "lora"), False)
             item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, **extras})
@@ -483,7 +501,7 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
             if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
                 raise _Invalid(f"{where}.prompt", f"must be a list of 1..{setup.max_model_len - 1} tokens")
             tokens = [_integer(f"{where}.prompt", token, 0, VOCABULARY - 1) for token in prompt]
-            room = setup.max_model_len - len(tokens)
+            room = overlong_limit(setup) - len(tokens) if setup.overlong_requests else setup.max_model_len - len(tokens)
             max_tokens = _integer(f"{where}.max_tokens", item["max_tokens"], 1, room)
             priority = _integer(f"{where}.priority", item.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY)
             salt = _text(f"{where}.cache_salt", item.get("cache_salt"), optional=True)

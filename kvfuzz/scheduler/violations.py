@@ -23,6 +23,8 @@ class Check(enum.Enum):
     RELEASED = "released"  # under async scheduling: a released block is not written before the steps reading it ran
     LORA = "lora"  # a step's distinct LoRA adapters at most max_loras, each request under the adapter it asked for
     TRANSFER = "transfer"  # a KV connector's store or load in flight: its blocks not written (nor, loads, read)
+    PREFIX_RESET = "prefix-reset"  # reset_prefix_cache refuses while blocks are in use, and leaves nothing cached
+    KV_EVENTS = "kv-events"  # the KV cache events announce every cached block once, with its hash and parent
 
 
 class SchedulerViolation(Exception):

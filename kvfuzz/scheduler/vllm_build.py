@@ -70,6 +70,11 @@ def vllm() -> types.SimpleNamespace:
     # drafts fill (the small budgets the target draws on purpose), and the scheduler's of a token budget above what its
     # running requests could use, which a swarmed configuration may draw (vLLM accepts both).
     logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.WARNING)
+    # ... and warns of every prefix-cache reset it refuses while blocks are in use (drawn on purpose with
+    # --prefix-resets: kvfuzz checks the refusal, docs/scheduler-features.md)
+    logging.getLogger("vllm.v1.core.block_pool").addFilter(
+        lambda record: not str(record.msg).startswith("Failed to reset prefix cache")
+    )
     logging.getLogger("vllm.config.vllm").setLevel(logging.ERROR)
     logging.getLogger("vllm.config.scheduler").setLevel(logging.ERROR)
     # The scheduler warns of every failed load it recovers from (drawn on purpose with --load-failures); the
@@ -165,6 +170,7 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         # LoRA: the scheduler reads only max_loras (its adapter limit) and each request's adapter; the rank is the
         # smallest vLLM accepts, since no adapter is loaded
         lora_config=v.LoRAConfig(max_loras=setup.max_loras, max_lora_rank=LORA_RANK) if setup.max_loras else None,
+        kv_events_config=_kv_events_config(setup),
     )
     if setup.model != FULL.name:
         # What a GPU engine core has: the hybrid allocator on (vLLM's CPU platform switches it off), the pool's size
@@ -179,6 +185,16 @@ def vllm_config(setup: SchedulerSetup) -> Any:
 LORA_RANK = 8
 """The ``max_lora_rank`` of the target's ``LoRAConfig``: small (no adapter's weights exist; the scheduler never reads
 it)."""
+
+
+def _kv_events_config(setup: SchedulerSetup) -> Any:
+    """KV cache events on, published by the null publisher (kvfuzz installs its own in each scheduler:
+    :mod:`kvfuzz.scheduler.kv_events`); or None."""
+    if not setup.kv_events:
+        return None
+    from vllm.config import KVEventsConfig
+
+    return KVEventsConfig(enable_kv_cache_events=True, publisher="null")
 
 
 def _kv_transfer_config(setup: SchedulerSetup) -> Any:

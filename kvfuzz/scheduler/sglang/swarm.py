@@ -26,6 +26,9 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("transfer_delay", (0,), fixed),
     Dimension("load_failures", (False,), fixed),
     Dimension("max_loras", (0,), fixed),
+    Dimension("prefix_resets", (False,), fixed),
+    Dimension("kv_events", (False,), fixed),
+    Dimension("overlong_requests", (False,), fixed),
     # the new-token ratio's start (0.7 x it): below 1 the PrefillAdder overcommits running requests' outputs, and
     # decode retracts (with EOS drawn: an ignore_eos request's remaining output is reserved in full)
     Dimension("schedule_conservativeness", (1.0, 0.3, 0.1), lambda rng, values: rng.choice(values)),

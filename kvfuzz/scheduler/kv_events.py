@@ -1,0 +1,245 @@
+"""vLLM's KV cache events (``SchedulerSetup.kv_events``), checked against the block pool: what a KV-aware router reads
+to know which prefixes an engine holds.
+
+vLLM's scheduler takes the events its block pool queued (``BlockStored`` when a block is cached, ``BlockRemoved`` when
+a cached block loses its hash, ``AllBlocksCleared`` at a prefix-cache reset) at the end of each
+``update_from_output`` and publishes them. kvfuzz stands in for the publisher (:class:`EventLedger`) and keeps what a
+router would: how many blocks of the engine's GPU pool hold each hash, per KV-cache group. Right after each
+``update_from_output`` (every queued event taken) and once the example is quiescent:
+
+* **announced exactly as cached**: for every (hash, group), the events' count (stored, less removed, zeroed at a
+  clear) equals the number of the pool's blocks that hold that hash (their primary hash or a partial entry). A block
+  cached without a ``BlockStored``, announced twice, removed without a ``BlockRemoved``, or removed while never
+  stored, makes them differ; a ``BlockRemoved`` of a hash the events hold no block of fails at once;
+* **the right hash and parent**: every hash a ``BlockStored`` announces names the tokens it covers. kvfuzz knows
+  every request's tokens (its prompt and the fake model's outputs) and computes the hash of each of its full-block
+  prefixes with vLLM's request block hasher (under the request's cache salt and LoRA adapter); an announced hash must
+  be the hash of the event's parent's prefix followed by the start of the event's ``token_ids`` (the parent's prefix
+  empty when ``parent_block_hash`` is null), each next hash covering more of them. Checked for events of the
+  request hasher's block size (every group of the full and sliding-window models); a group of another block size
+  (a Mamba hybrid's) is held to the count alone.
+
+Events of another medium (a KV connector's offload store) are not the pool's, and are left out."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, Iterable, Optional
+
+import attrs
+
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.ending import Ending
+from kvfuzz.scheduler.requests import request_namespace
+from kvfuzz.scheduler.violations import Check, SchedulerViolation
+
+Key = tuple[Any, int]
+"""(the external block hash an event carries, the KV-cache group)."""
+
+
+@attrs.frozen
+class KnownRequest:
+    """A request as kvfuzz knows it: its id, tokens (the prompt, then its outputs so far), cache salt and adapter."""
+
+    request: str
+    tokens: tuple[int, ...]
+    cache_salt: Optional[str]
+    lora: int
+
+
+def pool_hashes(pool: Any, external: Any) -> dict[Key, list[int]]:
+    """(hash, group) -> the blocks of ``pool`` that hold it (their primary hash or a partial entry), the hash as the
+    events carry it (``external``: vLLM's ``maybe_convert_block_hash``)."""
+    from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
+
+    held: dict[Key, list[int]] = {}
+    for block in pool.blocks:
+        keys = [block.block_hash] if block.block_hash is not None else []
+        keys += pool.cached_block_hashes_by_block.get(block.block_id, ())
+        for key in keys:
+            held.setdefault((external(get_block_hash(key)), get_group_id(key)), []).append(block.block_id)
+    return held
+
+
+class EventLedger:
+    """The publisher kvfuzz installs in the scheduler, and the router's view its events build."""
+
+    def __init__(self, setup: SchedulerSetup) -> None:
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+        self.block_size = setup.block_size  # the request hasher's block size
+        self.external = maybe_convert_block_hash  # a pool hash as the events carry it
+        self.pending: list[Any] = []  # events published and not yet checked
+        self.announced: Counter[Key] = Counter()  # (hash, group) -> blocks the events say hold it
+        self.prefixes: dict[Any, tuple[tuple[str, ...], tuple[int, ...]]] = {}  # hash -> (namespace, its tokens)
+        self.hashed: dict[str, int] = {}  # request -> its tokens whose prefixes are in ``prefixes``
+        self.medium: Optional[str] = None  # the pool's medium (read from the pool when first checked)
+        self.events = 0  # events checked so far
+
+    # -- vLLM's EventPublisher -------------------------------------------------------------------------------------
+
+    def publish(self, batch: Any) -> None:
+        self.pending.extend(batch.events)
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+    # -- the check -------------------------------------------------------------------------------------------------
+
+    def check(self, scheduler: Any, requests: Callable[[], Iterable[KnownRequest]], step: int) -> None:
+        """Apply the events published since the last check, in order, each ``BlockStored``'s hashes checked against
+        the tokens of ``requests()`` (every request, as kvfuzz knows it); then the events' counts against the pool's."""
+        pool = scheduler.kv_cache_manager.block_pool
+        self.medium = pool.medium
+        events, self.pending = self.pending, []
+        if any(type(event).__name__ == "BlockStored" for event in events):
+            self._learn(requests())
+        for event in events:
+            self.events += 1
+            self._apply(event, step)
+        holders = pool_hashes(pool, self.external)
+        for key in sorted(set(holders) | set(self.announced), key=repr):
+            blocks = holders.get(key, [])
+            if len(blocks) == self.announced[key]:
+                continue
+            raise SchedulerViolation(
+                Check.KV_EVENTS,
+                step,
+                None,
+                f"the KV cache events leave {self.announced[key]} block(s) holding hash {_short(key[0])} (group "
+                f"{key[1]}), but the pool caches it in {len(blocks)} block(s) {blocks}: "
+                + (
+                    "a block was cached without a BlockStored, or a removal announced twice"
+                    if len(blocks) > self.announced[key]
+                    else "a block was announced twice, or lost its hash without a BlockRemoved"
+                ),
+                "events disagree with the pool" if blocks else "a cached block removed unannounced",
+            )
+
+    def flush(self, scheduler: Any, requests: Callable[[], Iterable[KnownRequest]], step: int) -> None:
+        """At quiescence: take the events the scheduler still queues (a reset's, after the last step) as its next
+        ``update_from_output`` would, and check."""
+        self.pending.extend(scheduler.kv_cache_manager.take_events())
+        self.check(scheduler, requests, step)
+
+    def _learn(self, requests: Iterable[KnownRequest]) -> None:
+        """The hash of every full-block prefix of every request's tokens, by vLLM's request block hasher."""
+        from kvfuzz.scheduler.vllm_build import new_request
+
+        for known in requests:
+            blocks = len(known.tokens) // self.block_size
+            if blocks * self.block_size <= self.hashed.get(known.request, 0):
+                continue
+            self.hashed[known.request] = blocks * self.block_size
+            mirror = new_request(
+                known.request, list(known.tokens), 1, self.block_size, 0, 0, known.cache_salt, Ending(), known.lora
+            )
+            namespace = request_namespace(known.cache_salt, known.lora)
+            for index, block_hash in enumerate(mirror.block_hashes):
+                self.prefixes[self.external(block_hash)] = (namespace, known.tokens[: (index + 1) * self.block_size])
+
+    def _apply(self, event: Any, step: int) -> None:
+        kind = type(event).__name__
+        if kind == "AllBlocksCleared":
+            self.announced.clear()
+            return
+        if event.medium != self.medium:
+            return  # a KV connector's store: not the pool
+        if kind == "BlockRemoved":
+            for block_hash in event.block_hashes:
+                key = (block_hash, event.group_idx)
+                if self.announced[key] <= 0:
+                    raise SchedulerViolation(
+                        Check.KV_EVENTS,
+                        step,
+                        None,
+                        f"a BlockRemoved event removes hash {_short(block_hash)} (group {event.group_idx}), which the "
+                        "events hold no block of: never announced as stored, or removed already",
+                        "a removal of a block never stored",
+                    )
+                self.announced[key] -= 1
+            return
+        if kind == "BlockStored":
+            if event.block_size == self.block_size:
+                self._check_chain(event, step)
+            for block_hash in event.block_hashes:
+                self.announced[(block_hash, event.group_idx)] += 1
+
+    def _check_chain(self, event: Any, step: int) -> None:
+        """Each announced hash is the hash of the parent's prefix followed by the start of the event's tokens."""
+        tokens = tuple(event.token_ids)
+        namespace: Optional[tuple[str, ...]] = None
+        base: tuple[int, ...] = ()
+        if event.parent_block_hash is not None:
+            parent = self.prefixes.get(event.parent_block_hash)
+            if parent is None:
+                raise SchedulerViolation(
+                    Check.KV_EVENTS,
+                    step,
+                    None,
+                    f"a BlockStored event's parent hash {_short(event.parent_block_hash)} is the hash of no prefix of "
+                    f"any request's tokens (the event stores {len(event.block_hashes)} block(s) of tokens "
+                    f"{list(tokens)})",
+                    "a wrong parent hash",
+                )
+            namespace, base = parent
+        covered = len(base)
+        for index, block_hash in enumerate(event.block_hashes):
+            found = self.prefixes.get(block_hash)
+            expected_start = list(base + tokens)
+            if (
+                found is None
+                or (namespace is not None and found[0] != namespace)
+                or len(found[1]) <= covered
+                or list(found[1]) != expected_start[: len(found[1])]
+            ):
+                named = (
+                    "the hash of no prefix of any request's tokens"
+                    if found is None
+                    else (
+                        f"the hash of the {len(found[1])}-token prefix {list(found[1])}"
+                        + (f" under {found[0]}" if found[0] else "")
+                    )
+                )
+                raise SchedulerViolation(
+                    Check.KV_EVENTS,
+                    step,
+                    None,
+                    f"a BlockStored event announces hash {_short(block_hash)} as its block {index} (parent "
+                    f"{_short(event.parent_block_hash)}, tokens {list(tokens)}), but it is {named}; the event says "
+                    f"it covers {list(base)} + {list(tokens)} up to its block {index}",
+                    "a wrong block hash",
+                )
+            covered = len(found[1])
+            namespace = found[0]
+
+
+def _short(block_hash: Any) -> str:
+    """A hash for a message: an integer in hex, bytes by their first 8 in hex; null as ``null``."""
+    if block_hash is None:
+        return "null"
+    if isinstance(block_hash, bytes):
+        return block_hash[:8].hex()
+    return f"{block_hash:#x}"
+
+
+class NoEvents:
+    """KV cache events off: nothing to check."""
+
+    events = 0
+
+    def check(self, scheduler: Any, requests: Callable[[], Iterable[KnownRequest]], step: int) -> None:
+        """Nothing: no events are published."""
+
+    def flush(self, scheduler: Any, requests: Callable[[], Iterable[KnownRequest]], step: int) -> None:
+        """Nothing: no events are queued."""
+
+
+def event_checker(setup: SchedulerSetup, scheduler: Any) -> EventLedger | NoEvents:
+    """The events' checker of an example: an :class:`EventLedger` installed as ``scheduler``'s publisher when
+    ``setup.kv_events``, else :class:`NoEvents`."""
+    if not setup.kv_events:
+        return NoEvents()
+    ledger = EventLedger(setup)
+    scheduler.kv_event_publisher = ledger
+    return ledger
