@@ -19,11 +19,11 @@ import signal
 import threading
 import traceback
 from multiprocessing.sharedctypes import Synchronized
-from multiprocessing.synchronize import Event
 from pathlib import Path
 from types import FrameType
 from typing import Any, Iterator, Optional
 
+from kvfuzz.campaign.flag import Flag
 from kvfuzz.campaign.messages import Crashed, Done
 from kvfuzz.campaign.protocol import CampaignTarget, Channel, Reporter, WorkerContext
 from kvfuzz.lifeline import tie_to_parent
@@ -44,8 +44,8 @@ def worker_main(
     seed: int,
     known: dict[str, str],
     queue: Channel,
-    stop: Event,
-    halt: Event,
+    stop: Flag,
+    halt: Flag,
     budget: "Synchronized[int]",
     state: Path,
     claims: Path,
@@ -87,7 +87,7 @@ class HaltInterrupts:
     lost): the worker's loop sees ``stop``, which is set with ``halt``. A process forked while armed (an isolated
     batch's child) watches for itself when it arms."""
 
-    def __init__(self, halt: Event) -> None:
+    def __init__(self, halt: Flag) -> None:
         self.halt = halt
         self.watching: Optional[int] = None  # the pid whose thread watches ``halt``
         self.active = False

@@ -17,12 +17,12 @@ import hashlib
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.sharedctypes import Synchronized
-from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 import attrs
 
+from kvfuzz.campaign.flag import Flag
 from kvfuzz.campaign.messages import Message, Progress
 from kvfuzz.saved.trace import Trace
 from kvfuzz.scheduler.trace import SchedulerTrace
@@ -130,8 +130,8 @@ class WorkerContext:
     incarnation: int  # 0, then one more for each replacement of a dead worker in this slot
     seed: int  # its own seed stream (differs per slot and per replacement)
     reporter: Reporter
-    stop: Event  # set by the campaign when it ends
-    halt: Event  # set on Ctrl-C: shrinks end early too
+    stop: Flag  # set by the campaign when it ends
+    halt: Flag  # set on Ctrl-C: shrinks end early too
     budget: "Synchronized[int]"  # examples left to start, shared by every worker; negative: no limit
     known: dict[str, str]  # signature key -> where it is known from
     state: Path  # the campaign's local state (example database; the claims without Redis)

@@ -24,6 +24,7 @@ import attrs
 
 from kvfuzz.campaign.allocators import AllocatorCampaign, CampaignOptions
 from kvfuzz.campaign.cluster import ClusterFindings, finding_record, is_redis
+from kvfuzz.campaign.flag import Flag
 from kvfuzz.campaign.lock import CorpusLock
 from kvfuzz.campaign.messages import Batch, Claimed, Crashed, Done, HarnessFailed, Message, Progress, Said, Saved, Seen
 from kvfuzz.campaign.process import patience_of, worker_main
@@ -91,8 +92,8 @@ class Supervisor:
         self.event = event or (lambda line: None)
         self.context = multiprocessing.get_context("fork")
         self.queue = Channel(self.context)
-        self.stop = self.context.Event()  # stop searching
-        self.halt = self.context.Event()  # stop shrinking too (Ctrl-C)
+        self.stop = Flag(self.context)  # stop searching
+        self.halt = Flag(self.context)  # stop shrinking too (Ctrl-C)
         self.budget: Any = self.context.Value("q", settings.max_examples if settings.max_examples else -1)
         self.tally = _Tally()
         self.slots: dict[int, _Slot] = {}
