@@ -23,7 +23,7 @@ from kvfuzz.engine.events import Completion, EngineEvents
 from kvfuzz.engine.expected import ExpectedState, Status, TableChange, common_prefix
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.pools import KVPools, SlotWrite
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.reference.contiguous import ContiguousReference
 
 T = TypeVar("T")
@@ -97,6 +97,22 @@ class EngineCore:
     def close(self) -> None:
         """The example is over: release the K/V pools now rather than when the garbage collector runs."""
         self.pools.close()
+
+    def diverged(self) -> Optional[InvariantViolation]:
+        """The violation an audit of the allocator's whole observable state finds now (None: none), labelled with
+        the operation last checked: where a replay first finds one is where the allocator departed from the model
+        (:mod:`~kvfuzz.engine.checks.divergence`). Changes nothing."""
+        try:
+            self.checks.divergence.audit()
+        except InvariantViolation as found:
+            return found
+        return None
+
+    def after_completions(self, audit: Callable[[], None]) -> None:
+        """Call ``audit`` after every step completion, once its own checks have passed: a replay audits the whole
+        state there too (:meth:`diverged`), since a completion's deferred releases are a change of their own,
+        labelled ``..., completing step N``."""
+        self.events.completed.append(lambda _: audit())
 
     @property
     def block_size(self) -> int:

@@ -23,7 +23,7 @@ from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Execution, Safeguards, Target
-from kvfuzz.program.replay import replay
+from kvfuzz.program.replay import Divergence, replay
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory, builds
 from kvfuzz.shrink.signature import Signature, signature_of
@@ -76,6 +76,7 @@ class _Run:
     calls: tuple[Call, ...]  # the calls made
     mapped_before_last: int
     evicted: dict[EvictionKey, tuple[BlockTags, ...]]
+    diverged: Optional[Divergence]  # where the replay's audit first failed, at an index of the calls made
 
 
 class Shrinker:
@@ -140,7 +141,7 @@ class Shrinker:
     def _kept(self, config: MachineConfig, run: _Run) -> Optional[_Kept]:
         if run.failure is None:
             return None
-        found = signature_of(self.signature.allocator, run.failure, run.calls, run.failed_at)
+        found = signature_of(self.signature.allocator, run.failure, run.calls, run.failed_at, run.diverged)
         if found != self.signature:
             return None
         self.landmarks = _Kept(config, run.calls, run.failure, run.mapped_before_last, run.evicted)
@@ -170,7 +171,7 @@ class Shrinker:
         failed_at = outcome.failed_at
         if failed_at is not None:  # an index into the calls made: the failing call is the last made, or teardown
             failed_at = len(made) - 1 if failed_at < len(calls) else len(made)
-        return _Run(outcome.failure, failed_at, tuple(made), mapped[0], evicted)
+        return _Run(outcome.failure, failed_at, tuple(made), mapped[0], evicted, outcome.diverged)
 
     def _reaimed(
         self,
