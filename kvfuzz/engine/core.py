@@ -285,6 +285,19 @@ class EngineCore:
 
     # -- writes and steps ----------------------------------------------------------------------------------------
 
+    def withdraw_writes(self, seq: SeqId, why: str) -> None:
+        """``seq``'s scheduled writes are withdrawn (``why``: its preemption, or an abort whose writes do not land):
+        no other sequence's hit may rely on them (invariant 9), and each block they would have filled is noted as
+        withdrawn from until a write lands in it, so that the audit of a replay (:meth:`diverged`) finds a cache
+        that still offers it (a slot a step already wrote with the same K/V loses nothing)."""
+        self.checks.cache.withdrawn_writes_unread(seq, why)
+        state, pools = self.expected, self.pools
+        tags = state.reference.tags(seq)
+        for position, slot in state.scheduled_writes(seq):
+            record = pools.record(slot)
+            if record is None or record.tag != tags[position]:
+                pools.withdrawn.setdefault(slot // state.rows, why)
+
     def take_scheduled_writes(self, seq: SeqId, via: str = "") -> tuple[list[int], list[SlotWrite]]:
         """The slots and writes of ``seq``'s scheduled tokens, each checked exclusive, and mark them written."""
         state = self.expected

@@ -7,12 +7,17 @@ to a block the operation was not expected to touch (a reference released twice, 
 is noticed by whichever later operation touches that block, or by another invariant once the block is handed out
 again. The audit checks every block: run after each call of a failing program, the first call after which it fails
 is where the allocator diverged, and its violation (the invariant, and the cause its check names, with the path of
-that call) is what makes the failure one finding (:mod:`kvfuzz.shrink.signature`)."""
+that call) is what makes the failure one finding (:mod:`kvfuzz.shrink.signature`).
+
+Likewise a cache that keeps a block whose scheduled writes a preemption withdrew is wrong from that preemption on;
+a later hit on it is noticed as a hit on K/V no step wrote, or on another prefix's K/V once the block is reused."""
 
 from __future__ import annotations
 
 from kvfuzz.engine.checks.accounting import AccountingChecks
+from kvfuzz.engine.checks.cache import UNWRITTEN, WITHDRAWN
 from kvfuzz.engine.checks.context import CheckContext, Checker
+from kvfuzz.engine.violations import Invariant
 
 
 class DivergenceAudit(Checker):
@@ -24,5 +29,31 @@ class DivergenceAudit(Checker):
         self.accounting = accounting  # invariants 3 and 4
 
     def audit(self) -> None:
-        """Every block's refcount and set membership (invariants 3 and 4)."""
+        """Every block's refcount and set membership (invariants 3 and 4), and no block in the cached set whose
+        scheduled writes were withdrawn (invariant 9)."""
         self.accounting.every_block()
+        self.withdrawn_uncached()
+
+    def withdrawn_uncached(self) -> None:
+        """Invariant 9: a block whose scheduled writes a preemption or an abort withdrew (and no write has filled
+        since) is not offered by the cache, whether or not a hit has already relied on it: the wrong change is made
+        by the call that withdrew the writes and left the block cached, whatever later hit (or other prefix's write
+        into it) shows the damage.
+
+        Its cause is the wrong change's: under ``hits_scheduled_writes`` caching scheduled writes is allowed, and the
+        withdrawal that left them cached is wrong (the cause of a hit that relied on them when they were withdrawn);
+        without it, caching them before a step completed was wrong already (the cause of a hit on them)."""
+        withdrawn = self.pools.withdrawn
+        cached = self.context.cached_set() if withdrawn else None
+        for block, why in sorted(withdrawn.items()):
+            if cached is not None and block in cached:
+                self.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"block {block} is in the cached set though {why} withdrew the writes scheduled into it",
+                    [
+                        "expected: a block uncached when the writes that were to fill it are withdrawn (a hit on it "
+                        "reads K/V no step wrote)",
+                        *self.pools.block_story(block),
+                    ],
+                    WITHDRAWN if self.state.caps.hits_scheduled_writes else UNWRITTEN,
+                )
