@@ -82,7 +82,7 @@ class AccountingChecks(Checker):
         alloc = self.introspection
         if alloc is None:
             return
-        free, cached, pending = alloc.free_blocks(), alloc.cached_blocks(), alloc.pending_blocks()
+        free, cached, pending = set(alloc.free_blocks()), set(alloc.cached_blocks()), set(alloc.pending_blocks())
         for block in range(self.state.num_blocks):
             self._block(alloc, block, free, cached, pending)
         self._pool_wide(free, cached, pending)
