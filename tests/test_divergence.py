@@ -137,3 +137,24 @@ def _passing_program(target: Target, rng: random.Random) -> tuple[Call, ...]:
     found = random_program(recording, rng, rng.randint(5, 60))
     assert found is None, found.failure
     return tuple(recording.started[0].calls)
+
+
+def test_two_bugs_diverging_on_different_release_paths_stay_two_findings() -> None:
+    # A preemption that releases a block twice and a grow that maps a block twice on one reference: keyed by where
+    # each diverged, neither hides the other.
+    spec = "kvfuzz.zoo.combined:under_count_two_paths"
+    target = Target(load_factory(spec), MachineConfig())
+    rng = random.Random(1)
+    signatures = set()
+    for _ in range(150):
+        failed = random_program(target, rng, rng.randint(1, 40))
+        if failed is None:
+            continue
+        outcome = replay(target, failed.calls)
+        assert outcome.failure is not None
+        signatures.add(signature_of(spec, outcome.failure, failed.calls, outcome.failed_at, outcome.diverged))
+    paths = {str(s.cause).partition("; ")[2] for s in signatures if s.failure == str(Invariant.REFCOUNTS)}
+    assert {
+        "last touched by a release of a sequence's whole device table (free, preempt or swap-out)",
+        "last touched by " + _GROW_PATH,
+    } <= paths
