@@ -14,6 +14,7 @@ from kvfuzz.allocator import PagedAllocator, PoolSpec
 from kvfuzz.allocator.types import GrowResult, SeqId, Tokens
 from kvfuzz.campaign.known import known_signatures
 from kvfuzz.engine.arguments import system_prompts
+from kvfuzz.engine.checks.divergence import TABLE_CHANGED
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.program.call import Call
@@ -158,3 +159,41 @@ def test_two_bugs_diverging_on_different_release_paths_stay_two_findings() -> No
         "last touched by a release of a sequence's whole device table (free, preempt or swap-out)",
         "last touched by " + _GROW_PATH,
     } <= paths
+
+
+class _ForkAliasesTable(PagedAllocator):
+    """A fork whose child shares the parent's table list instead of copying it: the child's next block lands in the
+    parent's table too, a change no call on the parent made."""
+
+    def fork(self, parent: SeqId, child: SeqId) -> None:
+        super().fork(parent, child)
+        self._seqs[child].table = self._seqs[parent].table
+
+
+def _aliasing(spec: PoolSpec) -> PagedAllocator:
+    return _ForkAliasesTable(spec.block_size, spec.num_blocks, spec.num_host_blocks)
+
+
+_ALIASED = [
+    _admit("s0"),
+    Call("step", {}),
+    Call("fork", {"parent": "s0", "child": "s1"}),
+    Call("grow", {"seq": "s1", "tokens": [1]}),
+]
+
+
+def test_a_table_another_call_altered_is_one_finding_however_it_is_read() -> None:
+    noticed = {
+        "grow": [*_ALIASED, Call("step", {}), Call("grow", {"seq": "s0", "tokens": [2]})],
+        "free": [*_ALIASED, Call("free", {"seq": "s0"})],
+        "teardown": _ALIASED,
+    }
+    by_cause, by_divergence = set(), set()
+    for calls in noticed.values():
+        outcome = replay(Target(_aliasing), calls)
+        assert outcome.failure is not None and outcome.diverged is not None
+        assert outcome.diverged.at == 3  # the child's grow
+        by_cause.add(signature_of("x", outcome.failure, calls, outcome.failed_at))
+        by_divergence.add(signature_of("x", outcome.failure, calls, outcome.failed_at, outcome.diverged))
+    assert len(by_cause) > 1
+    assert {signature.cause for signature in by_divergence} == {TABLE_CHANGED.words}

@@ -17,7 +17,10 @@ from __future__ import annotations
 from kvfuzz.engine.checks.accounting import AccountingChecks
 from kvfuzz.engine.checks.cache import UNWRITTEN, WITHDRAWN
 from kvfuzz.engine.checks.context import CheckContext, Checker
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.expected import Status
+from kvfuzz.engine.violations import Cause, Invariant
+
+TABLE_CHANGED = Cause("a block table changed by a call that does not change it (a table another call altered)")
 
 
 class DivergenceAudit(Checker):
@@ -29,10 +32,28 @@ class DivergenceAudit(Checker):
         self.accounting = accounting  # invariants 3 and 4
 
     def audit(self) -> None:
-        """Every block's refcount and set membership (invariants 3 and 4), and no block in the cached set whose
-        scheduled writes were withdrawn (invariant 9)."""
+        """Every block's refcount and set membership (invariants 3 and 4), every running table as the engine last
+        recorded it (invariant 3), and no block in the cached set whose scheduled writes were withdrawn
+        (invariant 9)."""
         self.accounting.every_block()
+        self.tables_unchanged()
         self.withdrawn_uncached()
+
+    def tables_unchanged(self) -> None:
+        """Invariant 3: every running sequence's block table (and group table) is the one the engine recorded when a
+        call last changed it: a call on one sequence that alters another's table (a list shared by a fork, say) is
+        wrong there, whatever later read of that table shows it."""
+        state = self.state
+        for seq in state.ids(Status.RUNNING, groups=True):
+            expected = state.seqs[seq].table
+            found = self.context.allocator_table(seq)
+            if found != expected:
+                self.fail(
+                    Invariant.REFCOUNTS,
+                    f"the block table of {state.label(seq)} changed though no call changed it",
+                    [f"expected: {list(expected)} (as recorded when it last changed)", f"found:    {list(found)}"],
+                    TABLE_CHANGED,
+                )
 
     def withdrawn_uncached(self) -> None:
         """Invariant 9: a block whose scheduled writes a preemption or an abort withdrew (and no write has filled
