@@ -9,8 +9,11 @@ again. The audit checks every block: run after each call of a failing program, t
 is where the allocator diverged, and its violation (the invariant, and the cause its check names, with the path of
 that call) is what makes the failure one finding (:mod:`kvfuzz.shrink.signature`).
 
-Likewise a cache that keeps a block whose scheduled writes a preemption withdrew is wrong from that preemption on;
-a later hit on it is noticed as a hit on K/V no step wrote, or on another prefix's K/V once the block is reused."""
+Likewise a table that a call on another sequence altered is wrong from that call on (a later read of it crashes, or
+leaks, or reads the wrong K/V), and a cache that keeps a block whose scheduled writes a preemption withdrew is wrong
+from that preemption on (a later hit on it is noticed as a hit on K/V no step wrote, or on another prefix's K/V once
+the block is reused). The audit is read-only, needs introspection for the blocks' refcounts and sets, and finds
+nothing on a correct allocator (``tests/test_divergence.py`` runs random programs on kvfuzz's own to check it)."""
 
 from __future__ import annotations
 
