@@ -232,16 +232,18 @@ class EngineCore:
         hit_blocks = state.layout(seq).blocks_for(hit_tokens)
         old = model.table
         change = state.refs.replace(seq, old, table)
+        pools = self.pools
         for block in change.acquired:
             state.evicted.pop(block, None)
+            pools.acquired_at[block] = pools.next_step
         model.table = table
-        pools = self.pools
         for index in range(common_prefix(old, table), len(table)):
             block = table[index]
             if index < len(old) and old[index] == block:
                 continue
             if index < hit_blocks:
                 pools.note(block, "matched by {}'s cache hit as its logical block {}", seq, index)
+                pools.acquired_at.pop(block, None)  # a hit takes the K/V it holds: none of it is stale
                 continue
             if block in pools.seen_cached and not reuses_cached:
                 pools.note(block, "evicted from the cache, to be reused")
@@ -289,14 +291,17 @@ class EngineCore:
         """``seq``'s scheduled writes are withdrawn (``why``: its preemption, or an abort whose writes do not land):
         no other sequence's hit may rely on them (invariant 9), and each block they would have filled is noted as
         withdrawn from until a write lands in it, so that the audit of a replay (:meth:`diverged`) finds a cache
-        that still offers it (a slot a step already wrote with the same K/V loses nothing)."""
+        that still offers it. Only a slot left holding nothing, or K/V of the block's life before a table last took
+        it fresh (not by a hit), counts: a block's own earlier K/V (a rewrite the write would have made, in place)
+        is still what its cache entry names."""
         self.checks.cache.withdrawn_writes_unread(seq, why)
         state, pools = self.expected, self.pools
-        tags = state.reference.tags(seq)
-        for position, slot in state.scheduled_writes(seq):
+        acquired_at = pools.acquired_at
+        for _, slot in state.scheduled_writes(seq):
             record = pools.record(slot)
-            if record is None or record.tag != tags[position]:
-                pools.withdrawn.setdefault(slot // state.rows, why)
+            block = slot // state.rows
+            if record is None or record.step < acquired_at.get(block, 0):
+                pools.withdrawn.setdefault(block, why)
 
     def take_scheduled_writes(self, seq: SeqId, via: str = "") -> tuple[list[int], list[SlotWrite]]:
         """The slots and writes of ``seq``'s scheduled tokens, each checked exclusive, and mark them written."""

@@ -133,6 +133,9 @@ class KVPools:
         # Device block -> the operation that withdrew writes scheduled into it (a preemption, an abort), until a write
         # or copy lands in it: a cache that offers it offers K/V no step wrote.
         self.withdrawn: dict[int, str] = {}
+        # Device block -> the step being scheduled when a table last took it fresh (not by a cache hit): K/V written
+        # before then is of the block's earlier life.
+        self.acquired_at: dict[int, int] = {}
         self.dirty: set[int] = set()  # device slots written or copied since the checks last looked
         self.observer: Optional[Callable[[PoolEvent], None]] = None  # told of every write, copy and landing
 

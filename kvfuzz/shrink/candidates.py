@@ -138,11 +138,21 @@ class Shrinker:
         """:meth:`fails` for a candidate with calls deleted (in the same configuration)."""
         return self.fails(config, calls)
 
-    def _kept(self, config: MachineConfig, run: _Run) -> Optional[_Kept]:
+    def judged(self, config: MachineConfig, calls: Sequence[Call]) -> tuple[Optional[_Kept], Optional[Signature]]:
+        """:meth:`fails`, with the signature the candidate's replay failed with (None: it passed, or was not run):
+        a program of another signature is signed as its own replay audited it."""
+        run = self.run(config, calls)
+        if run is None:
+            return None, None
+        return self._kept(config, run), self._signed(run)
+
+    def _signed(self, run: _Run) -> Optional[Signature]:
         if run.failure is None:
             return None
-        found = signature_of(self.signature.allocator, run.failure, run.calls, run.failed_at, run.diverged)
-        if found != self.signature:
+        return signature_of(self.signature.allocator, run.failure, run.calls, run.failed_at, run.diverged)
+
+    def _kept(self, config: MachineConfig, run: _Run) -> Optional[_Kept]:
+        if run.failure is None or self._signed(run) != self.signature:
             return None
         self.landmarks = _Kept(config, run.calls, run.failure, run.mapped_before_last, run.evicted)
         return self.landmarks
