@@ -197,3 +197,22 @@ def test_a_table_another_call_altered_is_one_finding_however_it_is_read() -> Non
         by_divergence.add(signature_of("x", outcome.failure, calls, outcome.failed_at, outcome.diverged))
     assert len(by_cause) > 1
     assert {signature.cause for signature in by_divergence} == {TABLE_CHANGED.words}
+
+
+def test_a_withdrawn_rewrite_of_a_block_s_own_kv_is_no_divergence() -> None:
+    # s1's second block is full and cached once its step completes; a rollback into it and a grow schedule a rewrite
+    # of the same tokens in place (NoCopyOnWrite does not copy the cached block first), which the preemption
+    # withdraws: the block keeps the K/V its cache entry names, so its staying cached is no divergence.
+    calls = [
+        Call("step", {}),
+        Call("admit", {"seq": "s1", "namespace": ("a", "bc"), "system": system_prompts(4)[3], "suffix": [1, 3, 0]}),
+        Call("step", {}),
+        Call("step", {}),
+        Call("rollback", {"seq": "s1", "num_tokens": 4}),
+        Call("grow", {"seq": "s1", "tokens": [3, 0]}),
+        Call("preempt", {"seq": "s1"}),
+        Call("step", {}),
+    ]
+    outcome = replay(Target(load_factory("zoo:NoCopyOnWrite"), MachineConfig()), calls)
+    assert outcome.failure is None
+    assert outcome.diverged is None
