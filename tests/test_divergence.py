@@ -216,3 +216,13 @@ def test_a_withdrawn_rewrite_of_a_block_s_own_kv_is_no_divergence() -> None:
     outcome = replay(Target(load_factory("zoo:NoCopyOnWrite"), MachineConfig()), calls)
     assert outcome.failure is None
     assert outcome.diverged is None
+
+
+def test_a_call_of_several_parts_is_audited_between_them() -> None:
+    # A decode grows every sequence, then steps: the wrong release is s0's grow's, not the step's that follows it in
+    # the same call.
+    calls = [*_DAMAGE[:3], Call("decode", {"token": 0})]
+    outcome = replay(Target(_factory), calls)
+    assert outcome.diverged is not None and outcome.diverged.at == 3
+    assert outcome.diverged.violation.operation.startswith("grow('s0'")
+    assert str(outcome.diverged.violation.cause).endswith("last touched by " + _GROW_PATH)

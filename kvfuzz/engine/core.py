@@ -108,10 +108,13 @@ class EngineCore:
             return found
         return None
 
-    def after_completions(self, audit: Callable[[], None]) -> None:
-        """Call ``audit`` after every step completion, once its own checks have passed: a replay audits the whole
-        state there too (:meth:`diverged`), since a completion's deferred releases are a change of their own,
-        labelled ``..., completing step N``."""
+    def at_boundaries(self, audit: Callable[[], None]) -> None:
+        """Call ``audit`` where one part of a call ends and the next begins: before each operation the engine begins
+        (one call may make several: a decode grows every sequence, then steps) and before an operation's step
+        completions, under the label of what came before, and after every completion, once its own checks have
+        passed (a completion's deferred releases are a change of their own, labelled ``..., completing step N``).
+        A replay audits the whole state there (:meth:`diverged`), besides after every call."""
+        self.events.boundary.append(audit)
         self.events.completed.append(lambda _: audit())
 
     @property
@@ -147,6 +150,7 @@ class EngineCore:
     def begin(self, op: str, *args: object) -> None:
         """An operation starts: every check until the next one is labelled with it (the label made into text only
         when a report reads it; a list argument is copied now, so that the label shows it as it was called)."""
+        self.events.fire_boundary()  # under the label of what came before
         for arg in args:
             if type(arg) is list:
                 args = tuple(list(arg) if type(arg) is list else arg for arg in args)
@@ -339,6 +343,8 @@ class EngineCore:
         """Complete each step, then check what its completion settled (the blocks whose in-flight window closed and
         every block the allocator held pending, so that a fault in deferred freeing is blamed on this step) through
         the subscribers of step completion."""
+        if steps:
+            self.events.fire_boundary()
         operation = self.checks.context.operation
         for step in steps:
             self.checks.context.operation = f"{operation}, completing step {step}"

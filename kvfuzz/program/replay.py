@@ -3,7 +3,7 @@
 A call whose arguments make no sense where it stands (a grow of a sequence that was never admitted) makes the replay
 not applicable, never a finding; a shrinker's replay skips such a call instead.
 
-A replay also audits the allocator's whole observable state after every call and step completion
+A replay also audits the allocator's whole observable state after every call and every part of one
 (:meth:`~kvfuzz.engine.engine.Engine.diverged`) until the audit first fails: where the allocator departed from the
 model, which a failure's signature is keyed by. The audit reports nothing of its own: a program that never fails
 is no finding, whatever it found.
@@ -46,13 +46,13 @@ class ReplayOutcome:
 
 
 class _FirstDivergence:
-    """The first divergence an execution's audits find (after every call, and every step completion)."""
+    """The first divergence an execution's audits find (after every call, and at the boundaries inside one)."""
 
     def __init__(self, execution: Execution) -> None:
         self.execution = execution
         self.found: Optional[Divergence] = None
         self.closed = False  # the program's calls are over: the teardown's changes are not the program's
-        execution.engine.after_completions(self.audit)
+        execution.engine.at_boundaries(self.audit)
 
     def audit(self) -> None:
         if self.found is None and not self.closed:
