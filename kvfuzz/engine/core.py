@@ -108,14 +108,14 @@ class EngineCore:
             return found
         return None
 
-    def at_boundaries(self, audit: Callable[[], None]) -> None:
-        """Call ``audit`` where one part of a call ends and the next begins: before each operation the engine begins
-        (one call may make several: a decode grows every sequence, then steps) and before an operation's step
-        completions, under the label of what came before, and after every completion, once its own checks have
-        passed (a completion's deferred releases are a change of their own, labelled ``..., completing step N``).
-        A replay audits the whole state there (:meth:`diverged`), besides after every call."""
-        self.events.boundary.append(audit)
-        self.events.completed.append(lambda _: audit())
+    def at_boundaries(self, boundary: Callable[[], None], completed: Callable[[], None]) -> None:
+        """Call ``boundary`` where one part of a call ends and the next begins: before each operation the engine
+        begins (one call may make several: a decode grows every sequence, then steps) and before an operation's step
+        completions, under the label of what came before; and ``completed`` after every completion, once its own
+        checks have passed (a completion's deferred releases are a change of their own, labelled ``..., completing
+        step N``). A replay audits the whole state there (:meth:`diverged`), besides after every call."""
+        self.events.boundary.append(boundary)
+        self.events.completed.append(lambda _: completed())
 
     @property
     def block_size(self) -> int:

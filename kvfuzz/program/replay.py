@@ -52,13 +52,24 @@ class _FirstDivergence:
         self.execution = execution
         self.found: Optional[Divergence] = None
         self.closed = False  # the program's calls are over: the teardown's changes are not the program's
-        execution.engine.at_boundaries(self.audit)
+        self.unchanged = True  # nothing has begun since the last audit
+        execution.engine.at_boundaries(self.boundary, self.audit)
+
+    def boundary(self) -> None:
+        """Between two parts of a call: the first operation a call begins follows the audit after the call before,
+        with nothing between them to audit."""
+        if self.unchanged:
+            self.unchanged = False
+            return
+        self.audit()
+        self.unchanged = False
 
     def audit(self) -> None:
         if self.found is None and not self.closed:
             violation = self.execution.engine.diverged()
             if violation is not None:
                 self.found = Divergence(violation, len(self.execution.calls) - 1)
+        self.unchanged = True
 
 
 Rewrite = Callable[[int, Call, Execution], Call]

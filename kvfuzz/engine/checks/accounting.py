@@ -83,8 +83,12 @@ class AccountingChecks(Checker):
         if alloc is None:
             return
         free, cached, pending = set(alloc.free_blocks()), set(alloc.cached_blocks()), set(alloc.pending_blocks())
+        holders, refcount = self.state.refs.holders, alloc.refcount
         for block in range(self.state.num_blocks):
-            self._block(alloc, block, free, cached, pending)
+            held = len(holders.get(block, ()))
+            listed = (block in free) + (block in cached) + (block in pending)
+            if refcount(block) != held or listed != (not held):  # the checks of one block, told why only if broken
+                self._block(alloc, block, free, cached, pending)
         self._pool_wide(free, cached, pending)
 
     def _block(
