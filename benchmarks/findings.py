@@ -20,15 +20,16 @@ replays it against each of its bugs' one-bug variants, and counts a bug as shown
 with the same signature; a bug that its one-bug variant shows under the same programs but none of the combined
 allocator's kept findings shows is hidden.
 
-Usage: python benchmarks/findings.py [--programs N] [--steps N] [--seed N] [--only NAME ...]
+Usage: python benchmarks/findings.py [--programs N] [--steps N] [--seed N] [--only NAME ...] [--sets zoo independent]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import random
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.engine import MachineConfig
@@ -65,7 +66,20 @@ def by_cause(
 
 SIGNERS: dict[str, Signer] = {"operation": by_operation, "cause": by_cause, "divergence": signature_of}
 SETS = ("zoo", "independent")
-INDEPENDENT: tuple = ()  # TODO merge
+INDEPENDENT = "independent"
+"""The package beside this script holding the independent one-bug allocators (``BUGS``: records with a ``name`` and a
+``factory`` from a :class:`~kvfuzz.allocator.types.PoolSpec`)."""
+
+
+def independent_bugs() -> Sequence[Any] | None:
+    """``BUGS`` of the independent set, or None where this tree has none."""
+    try:
+        module = importlib.import_module(INDEPENDENT)
+    except ModuleNotFoundError as error:
+        if error.name != INDEPENDENT:
+            raise
+        return None
+    return tuple(module.BUGS)
 
 
 def failures(
@@ -141,9 +155,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", nargs="*", help="one-bug allocators to measure, of either set (default: all)")
     parser.add_argument(
-        "--sets", nargs="*", choices=SETS, default=list(SETS), help="which sets to measure (default: all)"
+        "--sets", nargs="*", choices=SETS, help="which sets to measure (default: every one this tree has)"
     )
     args = parser.parse_args()
+    independent = independent_bugs()
+    if args.sets is None:
+        args.sets = [name for name in SETS if name != "independent" or independent is not None]
+    if "independent" in args.sets and independent is None:
+        parser.error("no benchmarks/independent in this tree to measure: use --sets zoo")
     started = time.process_time()
     hidden = {name: 0 for name in SIGNERS}
     with single_threaded_torch():
@@ -165,12 +184,8 @@ def main() -> None:
                 "combined): " + ", ".join(f"{name} {hidden[name]}" for name in SIGNERS)
             )
         if "independent" in args.sets:
-            bugs = [bug for bug in INDEPENDENT if not args.only or bug.name in args.only]
-            one_bug_set(
-                "independent one-bug allocator",
-                [(bug.name, f"benchmarks.independent:{bug.name}", bug.factory) for bug in bugs],
-                args,
-            )
+            bugs = [bug for bug in independent or () if not args.only or bug.name in args.only]
+            one_bug_set("independent one-bug allocator", [(bug.name, bug.name, bug.factory) for bug in bugs], args)
     print(f"{time.process_time() - started:.0f} CPU-seconds")
 
 
