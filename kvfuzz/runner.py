@@ -234,7 +234,7 @@ def _shrink_under(
         return failure, calls, "not shrunk further: the program did not replay (the allocator answered differently)"
     if outcome.failure is None or failure_kind(outcome.failure) != failure_kind(failure):
         return failure, calls, "not shrunk further: its replay did not fail the same way"
-    signature = signature_of(allocator, outcome.failure, calls, outcome.failed_at)
+    signature = signature_of(allocator, outcome.failure, calls, outcome.failed_at, outcome.diverged)
     digest = hashlib.sha256(f"{seed} {signature.key()}".encode()).digest()
     shrunk = shrink_to_fixpoint(
         target.factory,

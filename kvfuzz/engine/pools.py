@@ -130,6 +130,12 @@ class KVPools:
         # Unreferenced blocks the allocator listed as cached when the checks last looked: one handed out for writing
         # was evicted first, which its history says.
         self.seen_cached: set[int] = set()
+        # Device block -> the operation that withdrew writes scheduled into it (a preemption, an abort), until a write
+        # or copy lands in it: a cache that offers it offers K/V no step wrote.
+        self.withdrawn: dict[int, str] = {}
+        # Device block -> the step being scheduled when a table last took it fresh (not by a cache hit): K/V written
+        # before then is of the block's earlier life.
+        self.acquired_at: dict[int, int] = {}
         self.dirty: set[int] = set()  # device slots written or copied since the checks last looked
         self.observer: Optional[Callable[[PoolEvent], None]] = None  # told of every write, copy and landing
 
@@ -243,6 +249,9 @@ class KVPools:
     def write(self, slots: list[int], writes: list[SlotWrite]) -> None:
         """Write the K/V of each tagged position into its slot (the writes of the step being launched)."""
         self.shadow.update(zip(slots, writes))
+        if self.withdrawn:
+            for slot in slots:
+                self.withdrawn.pop(slot // self.block_size, None)
         if self._device is not None:
             self._stale.update(slots)
         self.dirty.update(slots)
@@ -292,6 +301,7 @@ class KVPools:
         dst_slots = range(dst * size, (dst + 1) * size)
         to_device = dst_shadow is self.shadow
         if to_device:
+            self.withdrawn.pop(dst, None)
             if self._device is not None:
                 self._stale.update(dst_slots)
         elif self._host is not None:

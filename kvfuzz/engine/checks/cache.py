@@ -18,6 +18,10 @@ from kvfuzz.engine.violations import Cause, Invariant
 
 UNWRITTEN = Cause("a cache hit on K/V no completed step has written")
 OTHER_PREFIX = Cause("a cache hit on a block that holds, or is about to hold, another prefix's K/V")
+WITHDRAWN = Cause("a cache hit on scheduled writes that were then withdrawn")
+"""Also the cause of a block the cache still offers once writes scheduled into it were withdrawn, which a replay's
+audit finds (:mod:`~kvfuzz.engine.checks.divergence`): the same wrong change, whether or not a hit already relies on
+it."""
 
 
 class CacheSoundness(Checker):
@@ -56,7 +60,7 @@ class CacheSoundness(Checker):
                         f"found:    {holder} would read K/V at position {relies} that no step writes",
                         *self.pools.block_story(block),
                     ],
-                    Cause("a cache hit on scheduled writes that were then withdrawn"),
+                    WITHDRAWN,
                 )
 
     def hit_on_evicted(self, seq: str, num_cached: int, table: tuple[int, ...], evicted: dict[int, str]) -> None:
