@@ -32,7 +32,8 @@ from kvfuzz.text import plural
 
 
 def trace_of(summary: RunSummary, allocator: str, config: MachineConfig) -> Optional[Trace]:
-    """The trace of a failed run, or None if it has no program to replay."""
+    """The trace of a failed run, or None if it has no program to replay: in ``config``, the run's, or in the pool
+    the run's swarm drew for the failing program (:attr:`RunSummary.pool`)."""
     if not summary.failed or not summary.calls:
         return None
     failure = summary.failure
@@ -42,7 +43,7 @@ def trace_of(summary: RunSummary, allocator: str, config: MachineConfig) -> Opti
         else {"invariant": None, "title": summary.invariant, "operation": None, "explanation": summary.explanation}
     )
     flaky = (summary.reproduced or 0, summary.replays) if summary.flaky else None
-    return Trace(allocator, config, summary.calls, record, summary.declared_window, flaky=flaky)
+    return Trace(allocator, summary.pool or config, summary.calls, record, summary.declared_window, flaky=flaky)
 
 
 @attrs.frozen
