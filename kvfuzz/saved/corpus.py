@@ -26,7 +26,7 @@ from kvfuzz.program.replay import NotApplicable, ReplayOutcome, replay
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 from kvfuzz.runner import HangFound, RunSummary
-from kvfuzz.saved.hint import replay_hint, show_hint
+from kvfuzz.saved.hint import replay_command, replay_hint, show_hint
 from kvfuzz.saved.trace import Trace, failure_record, save
 from kvfuzz.text import plural
 
@@ -70,7 +70,7 @@ class SavedTrace:
         name = self.path.name
         return (
             f"trace NOT saved: cannot write {self.path} ({self.error}); here it is: save it as {name} and replay it "
-            f"with: kvfuzz replay {name}\n{self.text()}"
+            f"with: {replay_command(Path(name), self.trace.allocator)}\n{self.text()}"
         )
 
 
