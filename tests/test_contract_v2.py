@@ -42,7 +42,7 @@ from kvfuzz.zoo.contract import (
     PreemptUnsupported,
     RefusalEvictsReferenced,
 )
-from kvfuzz.zoo.variants import FalseOutOfBlocks, LeakOnCancel, MatchableAtAllocation, NoCopyOnWrite
+from kvfuzz.zoo.variants import FalseOutOfBlocks, ImmediateReuse, LeakOnCancel, MatchableAtAllocation, NoCopyOnWrite
 
 
 class BareAllocator:
@@ -293,6 +293,26 @@ def test_an_engine_that_recomputes_the_last_token_in_place_passes():
     )
     assert not summary.failed, summary.explanation
     assert summary.operations["cache hits"] > 0
+
+
+def test_a_whole_prompt_hit_recomputed_in_place_inside_its_in_flight_window_is_no_reuse():
+    """Before: in a pool of 3 blocks, a request preempted while its block was in flight (W = 1) and readmitted onto
+    its own cached block was reported as a block handed out inside its window: the recompute rewrites the K/V the
+    block holds, so in-flight work reads the same. A different prompt onto the same block still fails."""
+    calls = [
+        Call("step", ()),
+        Call("admit", (("namespace", ()), ("seq", "s0"), ("suffix", [0, 0, 0, 0]), ("system", ()))),
+        Call("step", ()),
+        Call("step", ()),
+        Call("preempt", (("seq", "s0"),)),
+        Call("readmit", (("seq", "s0"),)),
+    ]
+    declared = {"window": 1, "recomputes_last_token": True, "recomputes_in_place": True}
+    assert replay(Target(declaring(FullPromptHit, **declared), MachineConfig(num_blocks=3)), calls).failure is None
+    other = [*calls[:5], Call("admit", (("namespace", ()), ("seq", "s1"), ("suffix", [0, 0, 0, 1]), ("system", ())))]
+    early = declaring(ImmediateReuse, **declared)  # hands the in-flight block out at once, for other K/V
+    failure = replay(Target(early, MachineConfig(num_blocks=1)), other).failure
+    assert isinstance(failure, InvariantViolation) and failure.invariant is Invariant.NON_REUSE_WINDOW, failure
 
 
 def test_declaring_the_recomputed_last_token_hides_no_rewrite_of_a_shared_block():

@@ -337,7 +337,20 @@ class EngineCore:
         self.expected.matchable.forget(targets.values())
         for index, block in targets.items():
             self.checks.exclusive.block(block, seq, f"{op} schedules writes of {seq}'s logical block {index}")
-        self.checks.window.outside(targets.values(), seq)
+        self.checks.window.outside([block for index, block in targets.items() if not self._rewrite(seq, index)], seq)
+
+    def _rewrite(self, seq: SeqId, index: int) -> bool:
+        """Whether the write of ``seq``'s logical block ``index`` rewrites, in place, exactly the K/V its block holds
+        (``recomputes_in_place``: the recomputed last token of a whole-prompt hit): in-flight work that reads it
+        reads the same either way, so its in-flight window does not apply."""
+        state = self.expected
+        layout = state.layout(seq)
+        if not state.caps.recomputes_in_place or layout.size != self.pools.block_size:
+            return False
+        tags = state.reference.tags(seq)
+        first = layout.first_position(index)
+        held = self.pools.block_tags(state.seqs[seq].table[index])
+        return first + layout.size <= len(tags) and held == tuple(tags[first : first + layout.size])
 
     def complete(self, steps: list[int]) -> None:
         """Complete each step, then check what its completion settled (the blocks whose in-flight window closed and
