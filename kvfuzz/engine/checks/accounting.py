@@ -103,6 +103,17 @@ class AccountingChecks(Checker):
         """Invariants 3 and 4 on one block; returns whether it is in the cached set alone."""
         holders = self.state.refs.holders.get(block, ())
         found = alloc.refcount(block)
+        repeated = sorted({seq for seq, _ in holders if sum(holder == seq for holder, _ in holders) > 1})
+        if found < len(holders) and repeated:  # one table lists it twice on one reference: the table is the bug
+            self.fail(
+                Invariant.REFCOUNTS,
+                f"block {block} has refcount {found}, listed {len(holders)} times, twice in the table of {repeated[0]}",
+                [
+                    f"expected: each block at most once in a table; entries: {self.state.entries(holders)}",
+                    *self.pools.block_story(block),
+                ],
+                Cause("a block repeated in one table"),
+            )
         if found != len(holders):
             self.fail(
                 Invariant.REFCOUNTS,

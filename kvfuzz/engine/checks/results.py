@@ -122,14 +122,15 @@ class ResultChecks(Checker):
         h = self.state
         want, lookahead = h.num_blocks_for(seq), h.caps.lookahead_blocks
         repeated = next((block for block in table if block != NULL_BLOCK and table.count(block) > 1), None)
-        if repeated is not None:  # before the length: a block appended again is why a table is too long
+        if len(table) > want + lookahead and repeated is not None:  # a block appended again: why it is too long
             at = [index for index, block in enumerate(table) if block == repeated]
             self.fail(
                 Invariant.REFCOUNTS,
-                f"block table of {seq} lists block {repeated} {len(at)} times (logical blocks "
-                f"{', '.join(map(str, at))})",
+                f"block table of {seq} holds {len(table)} block(s) for {len(h.reference.tokens(seq))} tokens, block "
+                f"{repeated} {len(at)} times (logical blocks {', '.join(map(str, at))})",
                 [
-                    "expected: each block at most once in a table (one block holds one logical block's K/V)",
+                    f"expected: {want} block(s), each at most once in a table (one block holds one logical block's "
+                    "K/V)",
                     f"found:    {list(table)}",
                 ],
                 Cause("a block repeated in one table"),
