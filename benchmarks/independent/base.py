@@ -162,9 +162,8 @@ class LedgerAllocator:
         return block
 
     def pin(self, block: int) -> None:
-        """One more reference to a cached or shared block."""
-        if self.refs[block] == 0:
-            del self.evictable[block]
+        """One more reference to a cached or shared block (an unreferenced one leaves the evictable dict)."""
+        self.evictable.pop(block, None)
         self.refs[block] += 1
 
     def unpin(self, block: int) -> None:
