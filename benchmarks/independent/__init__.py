@@ -52,7 +52,10 @@ def _bug(cls: type[v.LedgerAllocator], report: str) -> Bug:
 
 
 BUGS: tuple[Bug, ...] = (
-    _bug(v.ForkedFreeReleasesTwice, "A block's reference count is released once too often when a forked sequence is freed."),
+    _bug(
+        v.ForkedFreeReleasesTwice,
+        "A block's reference count is released once too often when a forked sequence is freed.",
+    ),
     _bug(
         v.CopyOnWriteForForksOnly,
         "Copy-on-write is skipped when the shared last block came from a prefix-cache hit rather than a fork.",
@@ -71,13 +74,17 @@ BUGS: tuple[Bug, ...] = (
         "Preempting (recompute) a sequence frees its blocks but leaves the hash of its partially filled last block in"
         " the prefix cache.",
     ),
-    _bug(v.SwapInReversed, "Swap-in maps the host blocks back in reverse order for sequences with more than two blocks."),
+    _bug(
+        v.SwapInReversed, "Swap-in maps the host blocks back in reverse order for sequences with more than two blocks."
+    ),
     _bug(
         v.RollbackKeepsTable,
         "Rolling back speculative tokens frees the trailing blocks but leaves the block table pointing at them.",
     ),
     _bug(v.CancelUngrownLeaks, "Cancelling a request that was admitted but never grown leaks its blocks."),
-    _bug(v.DigestWithoutParent, "The prefix-cache key of a block hashes only that block's tokens, not its parent's key."),
+    _bug(
+        v.DigestWithoutParent, "The prefix-cache key of a block hashes only that block's tokens, not its parent's key."
+    ),
     _bug(v.ForkAliasesTable, "Fork gives the child the same table list object as the parent (aliasing)."),
     _bug(
         v.AdmitRefusalKeepsTaken,
@@ -111,7 +118,9 @@ BUGS: tuple[Bug, ...] = (
         "The capacity check counts cached-but-free blocks twice (once as free, once as evictable), so admission"
         " succeeds and then allocation fails midway.",
     ),
-    _bug(v.RepeatedFreeRequeues, "A repeated free of a finished sequence puts its blocks on the free list a second time."),
+    _bug(
+        v.RepeatedFreeRequeues, "A repeated free of a finished sequence puts its blocks on the free list a second time."
+    ),
     _bug(v.FreeCountOffByOne, "The free blocks reported for introspection leave one block out (off by one)."),
     _bug(v.EvictReportsRequested, "Eviction reports the number of blocks asked for, not the number it dropped."),
     _bug(v.WholePromptHit, "A prompt of whole blocks can be a prefix-cache hit in full, leaving no token to compute."),
@@ -127,7 +136,9 @@ BUGS: tuple[Bug, ...] = (
         "Rollback keeps the hash of the block it made partial, so the refilled block and its successors are cached"
         " under the old prefix.",
     ),
-    _bug(v.GrowIgnoresEvictable, "Growth counts only free blocks as room, refusing while evictable blocks would serve."),
+    _bug(
+        v.GrowIgnoresEvictable, "Growth counts only free blocks as room, refusing while evictable blocks would serve."
+    ),
 )
 """Every independent variant, in the order of its report (1 to 18 from the brief, 19 on added here)."""
 

@@ -123,7 +123,9 @@ class LedgerAllocator:
         size = self.block_size
         for index in range(len(request.digests), len(request.tokens) // size):
             parent = request.digests[index - 1] if index else None
-            request.digests.append(self.digest(parent, request.namespace, request.tokens[index * size : (index + 1) * size]))
+            request.digests.append(
+                self.digest(parent, request.namespace, request.tokens[index * size : (index + 1) * size])
+            )
 
     def hit_limit(self, num_tokens: int) -> int:
         """The most full blocks a hit may cover for a prompt of ``num_tokens``: never the block of its last token."""
@@ -150,7 +152,7 @@ class LedgerAllocator:
         return self.spare() - sum(1 for block in hits if self.refs[block] == 0)
 
     def take(self) -> int:
-        """A fresh block referenced once: the lowest free id, else the oldest evictable block, dropped from the cache."""
+        """A fresh block, referenced once: the lowest free id, else the oldest evictable block, uncached."""
         if self.free_heap:
             block = heapq.heappop(self.free_heap)
         elif self.evictable:
@@ -306,7 +308,9 @@ class LedgerAllocator:
         request = self.running(seq, "swap_out")
         count = len(request.table)
         if count > len(self.host_free):
-            raise OutOfBlocks(f"swap_out {seq!r}: needs {count} host blocks", needed=count, available=len(self.host_free))
+            raise OutOfBlocks(
+                f"swap_out {seq!r}: needs {count} host blocks", needed=count, available=len(self.host_free)
+            )
         hosts = [self.host_free.pop() for _ in range(count)]
         mapping = list(zip(request.table, hosts))
         self.release(request.table)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from benchmarks.independent import BUGS
+from . import BUGS
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "benchmarks.independent.base:factory"
@@ -68,7 +68,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         problem = f"unknown bug names {unknown}" if unknown else "--seeds must be at least 1"
         print(f"detect: {problem}", file=sys.stderr)
         return 2
-    targets = [("base", BASE)] if args.base else [(b.name, b.spec) for b in BUGS if not args.only or b.name in args.only]
+    targets = (
+        [("base", BASE)] if args.base else [(b.name, b.spec) for b in BUGS if not args.only or b.name in args.only]
+    )
     print("| variant | caught | invariants | examples to first failure (median / worst) | seconds (median / worst) |")
     print("|---|---|---|---|---|")
     for name, spec in targets:

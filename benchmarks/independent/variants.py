@@ -212,7 +212,9 @@ class SwapOutZeroesShared(LedgerAllocator):
         request = self.running(seq, "swap_out")
         count = len(request.table)
         if count > len(self.host_free):
-            raise OutOfBlocks(f"swap_out {seq!r}: needs {count} host blocks", needed=count, available=len(self.host_free))
+            raise OutOfBlocks(
+                f"swap_out {seq!r}: needs {count} host blocks", needed=count, available=len(self.host_free)
+            )
         hosts = [self.host_free.pop() for _ in range(count)]
         mapping = list(zip(request.table, hosts))
         for block in reversed(request.table):
