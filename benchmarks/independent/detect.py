@@ -50,7 +50,7 @@ def row(name: str, results: Sequence[dict[str, Any]]) -> str:
 
     note = f" ({', '.join(other)})" if other else ""
     return (
-        f"| {name} | {len(caught)}/{len(results)}{note} | {'; '.join(invariants) or 'missed'} | "
+        f"| {name} | {len(caught)}/{len(results)}{note} | {'; '.join(invariants) or 'none: passed (a miss)'} | "
         f"{stats(examples, 0)} | {stats(seconds, 2)} |"
     )
 
