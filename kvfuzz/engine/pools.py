@@ -109,6 +109,7 @@ class KVPools:
         self._stale: set[int] = set()  # device slots whose records changed since the device tensors were updated
         self._host_stale: set[int] = set()  # the same for the host pool
         self.shadow: dict[int, SlotWrite] = {}  # device slot -> the write whose K/V it holds
+        self.overwritten: dict[int, set[int]] = {}  # device slot -> tags of K/V it held before other K/V replaced it
         self.host_shadow: dict[int, SlotWrite] = {}  # host slot -> the write whose K/V it holds
         self.next_step = 0  # the step being scheduled: launched by the next step()
         self.last_completed = -1  # the newest step that has completed on the device (-1: none yet)
@@ -248,6 +249,7 @@ class KVPools:
 
     def write(self, slots: list[int], writes: list[SlotWrite]) -> None:
         """Write the K/V of each tagged position into its slot (the writes of the step being launched)."""
+        self._overwrite(zip(slots, writes))
         self.shadow.update(zip(slots, writes))
         if self.withdrawn:
             for slot in slots:
@@ -285,6 +287,13 @@ class KVPools:
             step=step,
         )
 
+    def _overwrite(self, writes: Iterable[tuple[int, Optional[SlotWrite]]]) -> None:
+        """Remember the tag each device slot of ``writes`` holds when a write of other K/V replaces it."""
+        for slot, new in writes:
+            old = self.shadow.get(slot)
+            if old is not None and (new is None or new.tag != old.tag):
+                self.overwritten.setdefault(slot, set()).add(old.tag)
+
     def _copy(
         self,
         src_shadow: dict[int, SlotWrite],
@@ -306,6 +315,8 @@ class KVPools:
                 self._stale.update(dst_slots)
         elif self._host is not None:
             self._host_stale.update(dst_slots)
+        if to_device:
+            self._overwrite((slot, src_shadow.get(src * size + offset)) for offset, slot in enumerate(dst_slots))
         for offset in range(size):
             record = src_shadow.get(src * size + offset)
             if record is None:

@@ -18,6 +18,9 @@ from kvfuzz.engine.violations import Cause, Invariant
 
 UNWRITTEN = Cause("a cache hit on K/V no completed step has written")
 OTHER_PREFIX = Cause("a cache hit on a block that holds, or is about to hold, another prefix's K/V")
+STALE_ENTRY = Cause("a cache hit through an entry that outlived its block's release or reuse")
+"""A hit on a block released to the free set, or overwritten with other K/V since it held what the hit expects: the
+cache kept an entry it should have dropped (whichever way the damage shows)."""
 WITHDRAWN = Cause("a cache hit on scheduled writes that were then withdrawn")
 """Also the cause of a block the cache still offers once writes scheduled into it were withdrawn, which a replay's
 audit finds (:mod:`~kvfuzz.engine.checks.divergence`): the same wrong change, whether or not a hit already relies on
@@ -61,6 +64,34 @@ class CacheSoundness(Checker):
                         *self.pools.block_story(block),
                     ],
                     WITHDRAWN,
+                )
+
+    def free_before(self) -> frozenset[int]:
+        """The allocator's free set before an admission that may hit the cache (empty when it cannot show it, or
+        declares no prefix cache): what :meth:`hit_on_free` compares the hit with."""
+        alloc = self.introspection
+        if alloc is None or not self.state.caps.prefix_cache:
+            return frozenset()
+        return frozenset(alloc.free_blocks())
+
+    def hit_on_free(self, seq: str, table: tuple[int, ...], num_cached: int, free_before: frozenset[int]) -> None:
+        """Invariant 9: a hit covers no block the allocator listed as free before the admission (a free block is in
+        no cache: its entry should have gone when it was released there). Checked before the table's shape and the
+        pool's accounting, which see this bug's consequences (the block handed out again, listed free while held)."""
+        layout = self.state.layout(seq)
+        for index, block in enumerate(table[: layout.blocks_for(num_cached)]):
+            if block in free_before:
+                self.fail(
+                    Invariant.CACHE_SOUNDNESS,
+                    f"cache hit of {num_cached} tokens for {seq} covers logical block {index} (block {block}), which "
+                    "the allocator listed as free before this admission",
+                    [
+                        "expected: a hit only on cached blocks (a block released to the free set leaves the cache: "
+                        "its entry goes with it)",
+                        f"found:    block {block} in the free set, its cache entry still matching",
+                        *self.pools.block_story(block),
+                    ],
+                    STALE_ENTRY,
                 )
 
     def hit_on_evicted(self, seq: str, num_cached: int, table: tuple[int, ...], evicted: dict[int, str]) -> None:
@@ -210,6 +241,9 @@ class CacheSoundness(Checker):
                 ],
                 UNWRITTEN,
             )
+        if record.tag != tag and tag in self.pools.overwritten.get(slot, ()):
+            lines = [*self._hit_from_another_group(seq, position, slot), *root_cause(h, seq, position, slot, record)]
+            return "its K/V was overwritten with another prefix's since it was written", lines, STALE_ENTRY
         if record.tag != tag:
             lines = [*self._hit_from_another_group(seq, position, slot), *root_cause(h, seq, position, slot, record)]
             return "it holds another prefix's K/V", lines, OTHER_PREFIX
