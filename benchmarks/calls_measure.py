@@ -234,6 +234,7 @@ class Measurer:
         """A campaign worker's search loop (``_Worker.search``), in this process, until its example budget is
         spent; its progress messages go to a queue nobody reads."""
         from kvfuzz.campaign import worker
+        from kvfuzz.campaign.protocol import Reporter, WorkerContext
         from kvfuzz.engine.config import MachineConfig
 
         with tempfile.TemporaryDirectory() as scratch:
@@ -246,7 +247,10 @@ class Measurer:
             queue.cancel_join_thread()
             budget: Any = multiprocessing.Value("i", WORKER_EXAMPLES)
             stop, halt = multiprocessing.Event(), multiprocessing.Event()
-            worker._Worker(plan, worker._Reporter(queue, 0), stop, halt, budget).search()
+            context = WorkerContext(
+                0, 0, seed, Reporter(queue, 0), stop, halt, budget, {}, root / "state", root / "state" / "claims"
+            )
+            worker._Worker(plan, context).search()
             found = sorted(path.name for path in (root / "corpus").glob("*.json"))
             if found:
                 raise SystemExit(f"{self.spec} failed in a campaign worker: {found}")

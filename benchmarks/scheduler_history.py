@@ -1,4 +1,4 @@
-"""How fast the scheduler target finds vLLM's historical scheduler bugs (docs/scheduler.md, "Historical bugs").
+"""How fast the scheduler target finds vLLM's historical scheduler bugs (docs/scheduler-history.md).
 
 For each bug of engine_tests/vllm_history.py, patched back into vLLM 0.33.0, and each pool size: the derandomized
 search from random requests without shrinking, under the scheduling policy the bug needs (the examples, steps and

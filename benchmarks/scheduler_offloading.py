@@ -1,4 +1,4 @@
-"""What vLLM's OffloadingConnector costs and reaches in the scheduler target (docs/scheduler.md, "KV connectors"),
+"""What vLLM's OffloadingConnector costs and reaches in the scheduler target (docs/scheduler-connectors.md),
 side by side in one process over the same derandomized examples: steps per CPU-second without the connector, with
 it, with late transfers and with late transfers and failed loads; and the stores, loads, failed loads, late reports
 and flushes each run made. Runs in the vLLM environment, from the repository root.

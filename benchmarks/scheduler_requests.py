@@ -1,5 +1,5 @@
 """What drawing cache salts, stop tokens, EOS, min_tokens and LoRA adapters costs and changes in the scheduler target
-(docs/scheduler.md, "Cache salts and stop tokens", "EOS and min_tokens", "LoRA"), side by side in one process over
+(docs/scheduler-requests.md: cache salts and stop tokens, EOS and min_tokens, LoRA), side by side in one process over
 derandomized examples: steps per CPU-second, and the pressure the examples reach (preemptions, prefix-hit tokens),
 with none, each, and pairs drawn; with LoRA (``max_loras`` 1, 2 and 4, requests drawn with one of ``max_loras + 1``
 adapters or none), also how often vLLM's adapter limit held a waiting request back. Runs in the vLLM environment,

@@ -1,4 +1,4 @@
-"""The scheduler target with speculative decoding, side by side with it off (docs/scheduler.md, "Speculative
+"""The scheduler target with speculative decoding, side by side with it off (docs/scheduler-async.md, "Speculative
 decoding"): for each k, the derandomized search on vLLM 0.33.0 as released, its verdict, steps, the drafts scheduled
 and accepted, and steps per CPU second (process time, so that other jobs on the machine count less), each k run
 alternately ``--rounds`` times so that a change of load falls on all of them. Runs in the vLLM environment

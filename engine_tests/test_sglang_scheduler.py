@@ -1,5 +1,5 @@
 """``kvfuzz run --scheduler sglang``: SGLang's SchedulePolicy, PrefillAdder and ScheduleBatch over its radix cache,
-in kvfuzz's copy of the Scheduler's loop, every check on (docs/scheduler.md). Each check is shown able to fail on a
+in kvfuzz's copy of the Scheduler's loop, every check on (docs/sglang.md). Each check is shown able to fail on a
 bug seeded into SGLang's own code by a monkeypatch, found by the search from random requests.
 
 Runs in SGLang's own environment (``scripts/third_party_env.sh sglang``; CI runs it there)."""
@@ -164,7 +164,7 @@ def test_a_stuck_request_is_caught_by_progress(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_candidate_finding_an_ignore_eos_request_clipped_to_the_pool_is_never_admitted_without_the_cache() -> None:
-    """Kept so the finding is not lost (docs/scheduler.md#sglang; SGLang scheduler traces are not saved yet): with
+    """Kept so the finding is not lost (docs/sglang.md; SGLang scheduler traces are not saved yet): with
     the radix cache disabled, a request init_req_max_new_tokens clips to fit the empty pool (9 + 7 tokens of 24)
     is never admitted by add_one_req_ignore_eos. This test fails the day SGLang admits it: then it is fixed."""
     session = SGLangSession(SchedulerSetup(num_blocks=6, prefix_caching=False))

@@ -1,4 +1,4 @@
-"""SGLang's retraction under decode memory pressure (docs/scheduler.md, "SGLang", "Retraction"): requests that do
+"""SGLang's retraction under decode memory pressure (docs/sglang.md, "Retraction"): requests that do
 not ignore EOS, under a schedule conservativeness below 1, let the PrefillAdder overcommit the pool, and
 ``retract_decode`` retracts a decoding request; the outputs check holds across it (each request's output is the
 fake model's, none lost or repeated, the retracted one resumed after its re-prefill), and two retraction bugs seeded

@@ -19,10 +19,10 @@ from typing import Any, Callable
 
 import pytest
 
-from kvfuzz.campaign.scheduler.isolated import isolated_runner
-from kvfuzz.campaign.scheduler.loop import SchedulerCampaign, SchedulerCampaignOptions
+from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
 from kvfuzz.campaign.scheduler.sglang_target import sglang_target
 from kvfuzz.campaign.scheduler.target import PROCESS_DIED
+from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
 from kvfuzz.cli import main
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.replay import replay
@@ -104,7 +104,7 @@ def test_a_campaign_reports_a_step_that_loops_forever_as_a_hang(
         call_timeout=0.5,
         pins=ROOMY,
     )
-    result = SchedulerCampaign(options, sglang_target("sglang")).run()
+    result = run_scheduler_campaign(options, sglang_target("sglang"))
     assert [finding.text for finding in result.new] == ["hang: a step that does not return"], result.to_json()
     trace = load(Path(str(result.new[0].trace)))
     assert trace.failure.check == "hang" and "loop_forever" in trace.failure.message, trace.failure
@@ -131,7 +131,7 @@ def test_an_isolated_batch_killed_mid_step_keeps_its_program_and_its_replay_kill
         "sglang", 1, corpus, max_examples=20, batch_examples=10, known=(CORPUS,), isolate=True, pins=ROOMY
     )
     target = sglang_target("sglang")
-    result = SchedulerCampaign(options, target, runner=isolated_runner(target, options)).run()
+    result = run_scheduler_campaign(options, target)
     assert [finding.text for finding in result.new] == [f"crash ({PROCESS_DIED})"], result.to_json()
     assert how in str(result.new[0].note)
     trace = load(Path(str(result.new[0].trace)))

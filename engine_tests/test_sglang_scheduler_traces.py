@@ -1,4 +1,4 @@
-"""SGLang scheduler failures end to end (docs/scheduler.md, "Failures and traces"): a bug seeded into SGLang's
+"""SGLang scheduler failures end to end (docs/sglang.md, "SGLang failures and traces"): a bug seeded into SGLang's
 ``prepare_for_extend`` found by ``kvfuzz run --scheduler sglang``, saved as an ``sglang`` trace, replayed to the same
 message, exported as a test that fails on the bug and passes without it, and run as pytest runs it; and the
 corpus's known-bug trace (the ignore_eos clip) reproducing through SGLang's own admission code.
@@ -142,3 +142,16 @@ def test_a_campaign_on_sglang_draws_sglang_s_configurations_and_knows_the_corpus
         (8, 2, 6),
     ]  # seed 7 draws these from SGLang's table (pages of 2 and more, budgets of whole pages)
     assert all(batch["steps"] > 0 and batch["model_runner"] == "" for batch in result["batch_log"])
+
+
+def test_two_workers_on_sglang_run_batches_of_their_own_into_one_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["campaign", "--scheduler", "sglang", "--seed", "7", "--max-examples", "20", "--batch-examples", "5"]
+    status = main([*argv, "--workers", "2", "--corpus", str(tmp_path), "--no-known", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert status in (0, 1) and result["workers"] == 2 and result["errors"] == [], result
+    assert [entry["worker"] for entry in result["per_worker"]] == [0, 1]
+    assert all(entry["steps"] > 0 for entry in result["per_worker"]), result["per_worker"]
+    assert {batch["worker"] for batch in result["batch_log"]} == {0, 1}
+    assert all(batch["model_runner"] == "" for batch in result["batch_log"])

@@ -1,80 +1,30 @@
-"""``kvfuzz report`` of every vLLM scheduler trace in corpus/ that shows a real vLLM bug: the standalone reproducer
-it writes runs in vLLM's environment with kvfuzz not importable (a meta-path hook refuses it, and the run proves the
-refusal before the reproducer starts) and fails with the recorded check. For the traces of bugs vLLM already fixed
+"""``kvfuzz report`` of every vLLM v1 trace in corpus/ that shows a real vLLM bug (scheduler target, and the KV-cache
+manager adapter's): the standalone reproducer it writes runs in vLLM's environment with kvfuzz not importable
+(engine_tests/standalone.py) and fails with the recorded check. For the traces of bugs vLLM already fixed
 (``issue-*``, ``pull-*``), the reproducer passes on the installed vLLM (the fix applied) and fails with the bug put
 back (engine_tests/vllm_history.py's seeded patch, applied in the reproducer's process)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
-from kvfuzz.cli import main
+from engine_tests.standalone import CORPUS, check_allocator_failure, real_bugs, report, run_without_kvfuzz
 
-ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT / "corpus"
+REAL_BUGS = real_bugs("vllm-v1-scheduler-*.json")
 
-REAL_BUGS = sorted(
-    path.name for path in CORPUS.glob("vllm-v1-scheduler-*.json") if json.loads(path.read_text())["known_bug"]
-)
+KV_CACHE_MANAGER_BUGS = real_bugs("vllm-v1-kv-cache-manager-*.json")
+"""The allocator-target traces of vLLM v1's KVCacheManager (kvfuzz.adapters.vllm_v1), every one a real vLLM bug."""
 
 SEEDED = {
     "vllm-v1-scheduler-issue-11562-touch-first-3e993e943ea3.json": "touch_before_the_capacity_check",
     "vllm-v1-scheduler-pull-11565-evictable-hits-61fdff1af58a.json": "capacity_check_ignores_evictable_hits",
     "vllm-v1-scheduler-issue-23347-victim-stays-scheduled-02ea5ce953c3.json": "priority_victim_stays_scheduled",
+    "vllm-v1-scheduler-issue-23316-victim-keeps-tokens-02ea5ce953c3.json": "priority_victim_keeps_its_tokens",
 }
-"""The fixed bugs' traces a reproducer states (issue 23316's is seen by kvfuzz's batch check only), and the patch of
-engine_tests/vllm_history.py that puts each bug back."""
-
-WITHOUT_KVFUZZ = r"""
-import runpy, sys
-
-class NoKvfuzz:
-    def find_spec(self, name, path=None, target=None):
-        if name == "kvfuzz" or name.startswith("kvfuzz."):
-            raise ImportError(f"kvfuzz is not importable here ({name})")
-        return None
-
-sys.meta_path.insert(0, NoKvfuzz())
-try:
-    import kvfuzz
-except ImportError:
-    pass
-else:
-    raise SystemExit("kvfuzz is importable: the reproducer would not be standalone")
-reproducer, patch = sys.argv[1], sys.argv[2]
-if patch:
-    import pytest
-    sys.path.insert(0, sys.argv[3])
-    import vllm_history
-    getattr(vllm_history, patch)(pytest.MonkeyPatch())
-sys.argv = [reproducer]
-runpy.run_path(reproducer, run_name="__main__")
-assert not [name for name in sys.modules if name == "kvfuzz" or name.startswith("kvfuzz.")]
-"""
-
-
-def report(name: str, directory: Path) -> Path:
-    """``kvfuzz report`` of a corpus trace into ``directory``; the reproducer it wrote."""
-    output = directory / "report.md"
-    assert main(["report", str(CORPUS / name), "-o", str(output)]) == 0
-    text = output.read_text()
-    reproducer = directory / "report_reproducer.py"
-    assert reproducer.read_text() in text  # the report holds the reproducer too
-    assert "import kvfuzz" not in reproducer.read_text() and "from kvfuzz" not in reproducer.read_text()
-    return reproducer
-
-
-def run_without_kvfuzz(reproducer: Path, patch: Optional[str] = None) -> subprocess.CompletedProcess[str]:
-    """The reproducer under vLLM's environment's Python in isolated mode (-I: no PYTHONPATH, no user site, no
-    script directory), from a directory outside the repository, with kvfuzz's imports refused."""
-    command = [sys.executable, "-I", "-c", WITHOUT_KVFUZZ, str(reproducer), patch or "", str(ROOT / "engine_tests")]
-    return subprocess.run(command, cwd=reproducer.parent, capture_output=True, text=True, timeout=600)
+"""The fixed bugs' traces, and the patch of engine_tests/vllm_history.py that puts each bug back."""
 
 
 def recorded_failure(name: str) -> tuple[str, str]:
@@ -116,7 +66,9 @@ def test_the_reproducer_of_a_fixed_bug_passes_with_the_fix_and_fails_with_the_bu
     assert broken.returncode == 1, broken.stdout + broken.stderr
     last = broken.stderr.strip().splitlines()[-1]
     failure = json.loads((CORPUS / name).read_text())["failure"]
-    expected = f"Failure: accounting at step {failure['step']}:" if failure["check"] == "accounting" else ""
+    expected = (
+        f"Failure: {failure['check']} at step {failure['step']}:" if failure["check"] in ("accounting", "batch") else ""
+    )
     assert last.startswith(expected or failure["exception"] or "?"), broken.stderr[-3000:]
 
 
@@ -126,3 +78,17 @@ def test_kvfuzz_is_refused_by_the_wrapper(tmp_path: Path) -> None:
     cheat.write_text("import kvfuzz.scheduler\n")
     ran = run_without_kvfuzz(cheat)
     assert ran.returncode == 1 and "ImportError: kvfuzz is not importable here" in ran.stderr, ran.stderr
+
+
+def test_the_kv_cache_manager_bugs_are_the_four_findings_lists() -> None:
+    assert KV_CACHE_MANAGER_BUGS == [
+        "vllm-v1-kv-cache-manager-cache-soundness-382d392d8a83.json",
+        "vllm-v1-kv-cache-manager-kv-connector-eviction-order-25b19409aa87.json",
+        "vllm-v1-kv-cache-manager-priority-withdrawn-admit-a0677bc39abc.json",
+        "vllm-v1-kv-cache-manager-priority-withdrawn-preempt-35125447fe57.json",
+    ]
+
+
+@pytest.mark.parametrize("name", KV_CACHE_MANAGER_BUGS)
+def test_the_reproducer_of_a_kv_cache_manager_bug_fails_without_kvfuzz(name: str, tmp_path: Path) -> None:
+    check_allocator_failure(name, run_without_kvfuzz(report(name, tmp_path)))

@@ -1,4 +1,4 @@
-"""vLLM's AsyncScheduler in the loop (kvfuzz.scheduler.async_batches, docs/scheduler.md): driven as vLLM's engine core
+"""vLLM's AsyncScheduler in the loop (async_batches, docs/scheduler-async.md): driven as vLLM's engine core
 drives it under async scheduling (two batches in flight, outputs returned in order), the unmodified scheduler passes,
 and each check is shown catching a seeded bug under async scheduling, with the message it names.
 
@@ -80,7 +80,7 @@ def test_released_catches_a_write_the_device_runs_before_the_in_flight_reads(mon
 def test_vllm_reuses_a_block_released_while_read_in_flight_at_once_relying_on_the_stream(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The shrunk program of docs/scheduler.md: r0's prompt is launched (step 1, reading block 1), r0 is aborted while
+    """The shrunk program of scheduler-async.md: r0's prompt is launched (step 1, reading block 1), r0 is aborted while
     step 1 is in flight, and step 2 writes r1's prompt into the same block before step 1's output returns. vLLM 0.33.0
     (no KV connector, so no deferred frees) does it by design, relying on the stream's order: counted as a rewrite,
     and a violation only for a device that does not order step 2 after step 1."""

@@ -1,4 +1,4 @@
-"""``kvfuzz campaign --scheduler vllm-v1`` on vLLM 0.33.0 (docs/scheduler.md, "Campaigns"): a campaign finds a
+"""``kvfuzz campaign --scheduler vllm-v1`` on vLLM 0.33.0 (docs/scheduler-campaigns.md): a campaign finds a
 seeded historical bug (issue #11562, patched back in by engine_tests/vllm_history.py), saves its shrunk trace, and
 a second campaign knowing that trace counts it as known; a short campaign on 0.33.0 as released reports nothing, and
 its seed reruns it step for step; a batch drawn with async scheduling runs the engine core's batch queue, one drawn
@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from engine_tests.vllm_history import touch_before_the_capacity_check
-from kvfuzz.campaign.scheduler.loop import SchedulerCampaign, SchedulerCampaignOptions
+from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
 from kvfuzz.campaign.scheduler.target import PROCESS_DIED, vllm_target
+from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
 from kvfuzz.cli import main
 from kvfuzz.scheduler.trace import load
 
@@ -86,7 +87,7 @@ def test_a_seeded_bug_is_found_saved_and_then_known(
 def test_a_clean_campaign_reports_nothing_and_its_seed_reruns_it(tmp_path: Path) -> None:
     def run(corpus: str) -> Any:
         options = SchedulerCampaignOptions("vllm-v1", 5, tmp_path / corpus, max_examples=20, batch_examples=10)
-        return SchedulerCampaign(options, vllm_target("vllm-v1")).run()
+        return run_scheduler_campaign(options, vllm_target("vllm-v1"))
 
     one, two = run("one"), run("two")
     assert not one.findings and one.batches == 2, one.to_json()
@@ -98,14 +99,14 @@ def test_a_batch_drawn_with_async_scheduling_runs_the_batch_queue(
 ) -> None:
     from kvfuzz.scheduler.async_batches import BatchQueue, SynchronousLoop
 
-    loops: dict[tuple[str, bool], int] = {}  # (the loop's kind, the setup's async_scheduling) -> engine steps
+    counts = tmp_path / "loops.jsonl"  # (the loop's kind, the setup's async_scheduling) of each step, from the worker
 
     def counting(kind: type) -> Any:
         step = kind.step
 
         def counted(self: Any, engine: Any) -> Any:
-            key = (kind.__name__, engine.setup.async_scheduling)
-            loops[key] = loops.get(key, 0) + 1
+            with open(counts, "a") as log:
+                log.write(json.dumps([kind.__name__, engine.setup.async_scheduling]) + "\n")
             return step(self, engine)
 
         return counted
@@ -114,9 +115,10 @@ def test_a_batch_drawn_with_async_scheduling_runs_the_batch_queue(
         monkeypatch.setattr(kind, "step", counting(kind))
     # seed 7 draws async scheduling for its first batch and synchronous scheduling for its second
     options = SchedulerCampaignOptions("vllm-v1", 7, tmp_path / "c", max_examples=10, batch_examples=5, shrink=False)
-    result = SchedulerCampaign(options, vllm_target("vllm-v1")).run()
+    result = run_scheduler_campaign(options, vllm_target("vllm-v1"))
     assert [batch["async_scheduling"] for batch in result.batch_log] == [True, False], result.batch_log
-    assert set(loops) == {("BatchQueue", True), ("SynchronousLoop", False)}, loops
+    loops = {tuple(json.loads(line)) for line in counts.read_text().splitlines()}
+    assert loops == {("BatchQueue", True), ("SynchronousLoop", False)}, loops
 
 
 def test_a_step_that_hangs_is_a_hang_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,7 +136,7 @@ def test_a_step_that_hangs_is_a_hang_finding(tmp_path: Path, monkeypatch: pytest
     options = SchedulerCampaignOptions(
         "vllm-v1", 1, tmp_path / "c", max_examples=40, batch_examples=20, shrink=False, call_timeout=0.5
     )
-    result = SchedulerCampaign(options, vllm_target("vllm-v1")).run()
+    result = run_scheduler_campaign(options, vllm_target("vllm-v1"))
     assert [finding.text for finding in result.new] == ["hang: a step that does not return"], result.to_json()
     trace = load(Path(str(result.new[0].trace)))
     assert trace.failure.check == "hang" and "hanging" in trace.failure.message, trace.failure
@@ -152,10 +154,7 @@ def test_an_isolated_batch_killed_keeps_its_program(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(Scheduler, "schedule", killing)
     options = SchedulerCampaignOptions("vllm-v1", 1, tmp_path / "c", max_examples=40, batch_examples=20, isolate=True)
-    from kvfuzz.campaign.scheduler.isolated import isolated_runner
-
-    target = vllm_target("vllm-v1")
-    result = SchedulerCampaign(options, target, runner=isolated_runner(target, options)).run()
+    result = run_scheduler_campaign(options, vllm_target("vllm-v1"))
     assert [finding.text for finding in result.new] == [f"crash ({PROCESS_DIED})"], result.to_json()
     assert "SIGKILL" in str(result.new[0].note)
     trace = load(Path(str(result.new[0].trace)))
@@ -179,3 +178,18 @@ def test_a_pinned_row_is_what_every_batch_draws(tmp_path: Path, capsys: pytest.C
     assert all(batch["speculative_tokens"] == 2 and batch["model_runner"] == "V2" for batch in result["batch_log"])
     assert all(not batch["async_scheduling"] for batch in result["batch_log"])  # k drafts: synchronous only
     assert " ".join(pins) in result["rerun_command"]
+
+
+def test_two_workers_run_batches_of_their_own_into_one_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ("--seed", "5", "--max-examples", "20", "--batch-examples", "5", "--corpus", str(tmp_path), "--no-known")
+    status, result = campaign_json(capsys, *args, "--workers", "2")
+    assert status in (0, 1) and result["workers"] == 2 and result["errors"] == [], result
+    assert [entry["worker"] for entry in result["per_worker"]] == [0, 1]
+    assert all(entry["steps"] > 0 for entry in result["per_worker"]), result["per_worker"]
+    assert sum(entry["steps"] for entry in result["per_worker"]) == result["steps"]
+    assert {batch["worker"] for batch in result["batch_log"]} == {0, 1}
+    seeds = [batch["hypothesis_seed"] for batch in result["batch_log"]]
+    assert len(set(seeds)) == len(seeds), "each worker draws from a seed stream of its own"
+    assert "--workers 2" in result["rerun_command"]

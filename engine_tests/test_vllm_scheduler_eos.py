@@ -1,4 +1,4 @@
-"""EOS and min_tokens in the scheduler target (kvfuzz/scheduler/ending.py, docs/scheduler.md): the unmodified
+"""EOS and min_tokens in the scheduler target (kvfuzz/scheduler/ending.py, docs/scheduler-requests.md): the unmodified
 scheduler passes with both drawn; a request ends at the model's EOS token (included in its output) unless it ignores
 EOS, and kvfuzz's sampler masks stop tokens and EOS before min_tokens; each is shown catching a seeded bug (the
 scheduler's stop check ignoring EOS, or applying it to a request that ignores EOS: outputs; the scheduler's output

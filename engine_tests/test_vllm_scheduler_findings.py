@@ -1,4 +1,4 @@
-"""The scheduler campaigns' findings on vLLM 0.33.0 (issue 45, item 12; docs/scheduler.md, "Campaigns"): a fixed bug
+"""The scheduler campaigns' findings on vLLM 0.33.0 (issue 45, item 12; docs/scheduler-campaigns.md): a fixed bug
 that comes back (patched in as engine_tests/vllm_history.py does) is a regression, not the known finding of its
 corpus trace; a new livelock (preempted requests never resumed, seeded here) gets a signature of its own, apart
 from the corpus's hangs; the ref_cnt finding of unmodified 0.33.0 under the offloading connector is the known

@@ -1,4 +1,4 @@
-"""Historical bugs (docs/scheduler.md): scheduler-level KV-cache bugs from vLLM v1's history, patched back into vLLM
+"""Historical bugs (docs/scheduler-history.md): scheduler-level KV-cache bugs of vLLM v1's past, patched back into vLLM
 0.33.0 at runtime (engine_tests/vllm_history.py), are found by the scheduler target from random requests, and the
 same derandomized search passes on 0.33.0 as released, which has the fixes. Each bug's shrunk program is also
 replayed as Hypothesis printed it, so the finding stays pinned whatever the search's order of examples becomes.
@@ -68,7 +68,7 @@ def test_the_same_search_passes_with_the_fixes() -> None:
 
 
 def replay_issue_11562_s_shrunk_program() -> None:
-    """The program Hypothesis shrank the issue 11562 failure to (docs/scheduler.md), replayed as printed."""
+    """The program Hypothesis shrank the issue 11562 failure to (docs/scheduler-history.md), replayed as printed."""
     state = machine_for_setup(SMALL)()
     state.add_request(max_tokens=1, prefix=0, suffix=[])
     state.step()
@@ -82,7 +82,7 @@ def replay_issue_11562_s_shrunk_program() -> None:
 
 
 def replay_the_evictable_hits_shrunk_program() -> None:
-    """The program Hypothesis shrank the evictable-hits failure to (docs/scheduler.md), replayed as printed."""
+    """The program Hypothesis shrank the evictable-hits failure to (docs/scheduler-history.md), replayed as printed."""
     state = machine_for_setup(SMALL)()
     state.add_request(max_tokens=5, prefix=0, suffix=[0, 0])
     state.add_request(max_tokens=5, prefix=8, suffix=[0, 0, 0, 0, 0, 0])
@@ -173,7 +173,7 @@ def test_the_same_priority_search_passes_with_the_fixes() -> None:
 
 
 def replay_the_priority_victims_shrunk_program() -> None:
-    """The program Hypothesis shrank both priority bugs to on 8 blocks (docs/scheduler.md), replayed as printed:
+    """The program Hypothesis shrank both priority bugs to on 8 blocks (docs/scheduler-history.md), replayed as printed:
     r0 and r2 of priority 0, r1 of priority 1, whose blocks r2's admission and growth leave short."""
     state = machine_for_setup(PRIORITY)()
     state.add_request(max_tokens=7, prefix=0, priority=0, suffix=[0, 0, 0])

@@ -1,4 +1,4 @@
-"""A hybrid model under vLLM's real v1 Scheduler (kvfuzz.scheduler, docs/scheduler.md#hybrid-models): a Gemma 2
+"""A hybrid model under vLLM's real v1 Scheduler (kvfuzz.scheduler, docs/scheduler-models.md#hybrid-models): a Gemma 2
 whose layers alternate a sliding window and full attention, two KV-cache groups that vLLM's own planner builds over
 one pool. The unmodified scheduler passes with the sliding-window group's drops reached; the worker's per-group
 tables follow vLLM's; and each seeded bug of the sliding-window manager is caught, with its message.

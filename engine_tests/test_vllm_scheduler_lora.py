@@ -1,4 +1,4 @@
-"""LoRA adapters in the scheduler target (kvfuzz/scheduler/lora.py, docs/scheduler.md#lora): the unmodified
+"""LoRA adapters in the scheduler target (kvfuzz/scheduler/lora.py, docs/scheduler-requests.md#lora): the unmodified
 scheduler passes with adapters drawn (its limit reached), an adapter reaches vLLM's prefix cache and its adapter
 limit, and each seeded bug is caught (vLLM's block hashing leaving the LoRA out: content; a scheduler ignoring
 max_loras: the LoRA check), from hand-written requests with the message, and from random requests with the trace

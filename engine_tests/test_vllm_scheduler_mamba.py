@@ -1,4 +1,4 @@
-"""A Mamba hybrid under vLLM's real v1 Scheduler (kvfuzz.scheduler, docs/scheduler.md#mamba-hybrid-models): a Jamba
+"""A Mamba hybrid under vLLM's real v1 Scheduler (docs/scheduler-models.md#mamba-hybrid-models): a Jamba
 with a Mamba layer beside a full-attention layer, a Mamba group and an attention group that vLLM's own planner
 builds over one pool. The unmodified scheduler passes; a request's state block is read and written where vLLM's
 runner reads and writes it; and each seeded bug of vLLM's ``MambaManager`` is caught, with its message.
@@ -248,7 +248,7 @@ def test_the_cli_option_the_trace_and_its_replay(
     assert capsys.readouterr().err.splitlines() == [
         "kvfuzz: model mamba-hybrid is not driven with speculative decoding: vLLM 0.33.0 accepts the configuration, "
         "but its Jamba's Mamba1 mixer has no draft-verification state path (it ignores num_accepted_tokens), so there "
-        "is no runner behaviour to model (docs/scheduler.md#mamba-hybrid-models)"
+        "is no runner behaviour to model (docs/scheduler-models.md#mamba-hybrid-models)"
     ]
     assert main(["run", *MAMBA_ARGS, "--async-scheduling", "--examples", "3", "--json"]) == 0  # no longer refused
     assert json.loads(capsys.readouterr().out)["failed"] is False
@@ -269,7 +269,7 @@ def test_the_cli_option_the_trace_and_its_replay(
     assert main(["replay", str(path)]) == 0  # gone without the bug
 
 
-# -- under async scheduling (docs/scheduler.md#mamba-hybrid-models-under-async-scheduling) ----------------------------
+# -- under async scheduling (docs/scheduler-models.md, "Mamba hybrid models under async scheduling") ------------------
 
 ASYNC_MAMBA = SchedulerSetup(num_blocks=8, model="mamba-hybrid", prefix_caching=False, async_scheduling=True)
 ASYNC_ALIGN = SchedulerSetup(num_blocks=8, model="mamba-hybrid", async_scheduling=True)

@@ -152,7 +152,7 @@ def asked_once_after_its_load(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_one_token_prompt_found_whole_in_the_offload_store_is_reloaded_forever(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A finding in vLLM 0.33.0 as released (docs/scheduler.md, KV connectors): block size 1, r0 = [0] runs and its
+    """A finding in vLLM 0.33.0 as released (docs/scheduler-connectors.md): block size 1, r0 = [0] runs and its
     block is stored; r1 = [0] finds the chunk, waits for its load, is rewound to 0 computed tokens (a full-prompt hit
     recomputes its last token) and is then looked up again as if new: another load, and so on. The progress check,
     replayed word for word from the corpus; the session shows the reloads; with the fix patched in the program
@@ -193,7 +193,7 @@ def test_the_reloaded_request_waits_in_the_queue_for_requests_without_blocks(mon
 
 
 def test_an_async_load_whose_admission_asks_more_than_the_idle_pool_never_runs() -> None:
-    """A second finding in vLLM 0.33.0 (docs/scheduler.md, KV connectors): with 1 draft on 3 blocks of 1 slot, r1 =
+    """A second finding in vLLM 0.33.0 (docs/scheduler-connectors.md): with 1 draft on 3 blocks of 1 slot, r1 =
     [0, 0] finds one token locally and one in the offload store; the async-load admission gate reserves the draft
     step's blocks on top of the request's, more than the idle pool, at every step. Word for word from the corpus;
     the same program runs without drafts, without the connector, and on 4 blocks."""

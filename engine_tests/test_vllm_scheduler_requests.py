@@ -1,4 +1,4 @@
-"""Cache salts and stop tokens in the scheduler target (kvfuzz/scheduler/requests.py, docs/scheduler.md): the
+"""Cache salts and stop tokens in the scheduler target (kvfuzz/scheduler/requests.py, docs/scheduler-requests.md): the
 unmodified scheduler passes with both drawn, each reaches vLLM, and each is shown catching a seeded bug (vLLM's
 block hashing ignoring the salt: content; the scheduler not stopping on a stop token: outputs), from hand-written
 requests with the message, and from random requests with the trace that replays it.

@@ -1,4 +1,4 @@
-"""Speculative decoding in vLLM's real v1 Scheduler (kvfuzz.scheduler.speculative, docs/scheduler.md): the unmodified
+"""Speculative decoding in vLLM's real v1 Scheduler (scheduler.speculative, docs/scheduler-async.md): the unmodified
 scheduler passes with k = 1, 2 and 4 drafts, drafts are both accepted and rejected, the scheduler's computed tokens
 roll back, a rejected draft's slot is rewritten, and each seeded bug is caught with the message it names.
 
@@ -243,7 +243,7 @@ def test_a_bad_speculative_option_is_one_line_and_exit_2(capsys: pytest.CaptureF
 
 def test_speculative_decoding_under_async_scheduling_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     """vLLM 0.33.0 drives drafts under async scheduling inside the V2 model runner, which kvfuzz's worker does not
-    model (docs/scheduler.md), so the combination is refused before any work rather than driven wrongly."""
+    model (docs/scheduler-async.md), so the combination is refused before any work rather than driven wrongly."""
     assert main(["run", "--scheduler", "vllm-v1", "--speculative-tokens", "2", "--async-scheduling"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -251,7 +251,7 @@ def test_speculative_decoding_under_async_scheduling_is_refused_in_one_line(caps
         "kvfuzz: speculative decoding under async scheduling is not driven (yet): vLLM 0.33.0 runs it on the V2 model "
         "runner only (its V1 runner refuses n-gram drafts under async), where the scheduler gets -1 placeholders and "
         "the runner verifies its own drafts at positions it corrects on the device; kvfuzz's worker does not model "
-        "that (docs/scheduler.md#speculative-decoding)\n"
+        "that (docs/scheduler-async.md#speculative-decoding)\n"
     )
 
 
@@ -291,7 +291,7 @@ HANG = Path(__file__).parent.parent / "corpus" / "vllm-v1-scheduler-speculative-
 
 
 def test_more_drafts_than_the_token_budget_hang_a_request_whose_prompt_hits_all_but_one_token() -> None:
-    """A finding in vLLM 0.33.0 as released (docs/scheduler.md): with k + 1 drafts and bonus more than the step's
+    """A finding in vLLM 0.33.0 as released (docs/scheduler-async.md): with k + 1 drafts and bonus more than the step's
     token budget, the scheduler pads a waiting request with one token left to compute to 1 + k tokens, which never
     fit, and stops admitting: the progress check, replayed word for word from the corpus; with k + 1 within the
     budget the same program passes."""

@@ -311,7 +311,7 @@ def test_a_slot_mapping_failure_is_saved_with_its_write_path_and_replays(
     assert not replay(trace, worker=own_worker).failed  # the default worker would have lost it
 
 
-# -- a Mamba hybrid (docs/scheduler.md#mamba-hybrid-models): vLLM's tables of its attention group ----------------------
+# -- a Mamba hybrid (docs/scheduler-models.md#mamba-hybrid-models): vLLM's tables of its attention group ---------------
 
 MAMBA = SchedulerSetup(num_blocks=10, model="mamba-hybrid", prefix_caching=False)
 ALIGN = SchedulerSetup(num_blocks=10, model="mamba-hybrid")  # prefix caching: vLLM's align mode

@@ -93,7 +93,8 @@ def campaign_scheduler(
     """The nightly profile: a scheduler campaign of ``duration`` seconds, the corpus's findings known; the table of
     new distinct failures (None: none), or of the campaign's errors."""
     from kvfuzz.campaign.report import table
-    from kvfuzz.campaign.scheduler.loop import SchedulerCampaign, SchedulerCampaignOptions
+    from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
+    from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
     from kvfuzz.commands.scheduler_campaign import scheduler_target
 
     options = SchedulerCampaignOptions(
@@ -104,7 +105,7 @@ def campaign_scheduler(
         known=(corpus,),
         database=database,
     )
-    result = SchedulerCampaign(options, scheduler_target(scheduler), None, lambda line: None, None).run()
+    result = run_scheduler_campaign(options, scheduler_target(scheduler))
     if result.new or result.errors:
         return "\n".join(table(result))
     return None

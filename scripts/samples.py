@@ -16,8 +16,9 @@ The opening comment holds the command exactly as a user types it (it must start 
 ``; from: REGEX`` (show the output from the first line matching REGEX on, after a ``...`` line) and
 ``; until: REGEX`` (stop before the first line after that matching REGEX, then a ``...`` line). Everything between
 the two comments is replaced. A second kind of region, ``<!-- table: zoo -->`` ... ``<!-- /table -->``, is a
-markdown table generated from the code: ``zoo``, the zoo's variants (``kvfuzz.zoo.VARIANTS``), or ``capabilities``,
-the fields of ``Capabilities`` by feature (from their metadata).
+markdown table generated from the code: ``zoo``, the zoo's variants (``kvfuzz.zoo.VARIANTS``), ``capabilities``,
+the fields of ``Capabilities`` by feature (from their metadata), or ``cli``, every subcommand and option of the
+``kvfuzz`` command (from its argparse parser: docs/cli.md).
 
 How commands run: as a user's shell runs them, each through the installed ``kvfuzz`` command (the console script
 beside this Python, so a sample is what an installed kvfuzz prints, not only what the checkout's modules print: a
@@ -147,7 +148,58 @@ def capabilities_table() -> str:
     return capability_table(attrs.fields(Capabilities))
 
 
-TABLES: dict[str, Callable[[], str]] = {"zoo": zoo_table, "capabilities": capabilities_table}
+_CORES = re.compile(r"the cores, \d+")
+"""A help text naming this machine's core count (``--workers``' default): shown without the number."""
+
+
+def _cell(text: str) -> str:
+    """Text for one markdown table cell: on one line, its pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _option_row(action: argparse.Action, formatter: argparse.HelpFormatter) -> str:
+    """One option of a subcommand as a table row: its flags (or its name), the value it takes, its default, its help."""
+    names = ", ".join(f"`{flag}`" for flag in action.option_strings) or f"`{action.metavar or action.dest}`"
+    takes = ""
+    if not action.option_strings:  # a positional: its name is in the first column
+        takes = "one or more" if action.nargs == "+" else "any number" if action.nargs == "*" else ""
+    elif action.nargs != 0:
+        if action.choices is not None and action.metavar is None:
+            takes = "{" + ",".join(str(choice) for choice in action.choices) + "}"
+        else:
+            takes = str(action.metavar or action.dest.upper())
+        if action.nargs in ("*", "+"):
+            takes = f"{takes} ..."
+    default = action.default
+    shown = "" if default in (None, False, [], argparse.SUPPRESS) or not action.option_strings else f"`{default}`"
+    meaning = formatter._expand_help(action) if action.help else ""  # %(default)s and the like, as --help shows them
+    meaning = _CORES.sub("the cores", meaning)  # this machine's core count, which the page cannot hold
+    return f"| {names} | {_cell(takes)} | {_cell(shown)} | {_cell(meaning)} |"
+
+
+def cli_reference() -> str:
+    """Every subcommand of ``kvfuzz`` and every option it takes, by argument group, from the argparse parser itself
+    (``kvfuzz.cli``): the reference of docs/cli.md, so that it cannot drift from what the command accepts."""
+    from kvfuzz.cli import _parser
+
+    parser = _parser()
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    summaries = {choice.dest: choice.help or "" for choice in commands._choices_actions}
+    lines: list[str] = []
+    for name, command in commands.choices.items():
+        lines += [f"## `kvfuzz {name}`", "", f"{summaries[name][:1].upper()}{summaries[name][1:]}.", ""]
+        formatter = command._get_formatter()
+        for group in command._action_groups:
+            actions = [action for action in group._group_actions if not isinstance(action, argparse._HelpAction)]
+            if not actions:
+                continue
+            lines += [f"**{group.title}**", "", "| option | takes | default | meaning |", "|---|---|---|---|"]
+            lines += [_option_row(action, formatter) for action in actions]
+            lines.append("")
+    return "\n".join(lines)
+
+
+TABLES: dict[str, Callable[[], str]] = {"zoo": zoo_table, "capabilities": capabilities_table, "cli": cli_reference}
 
 
 def _parse(marker: str) -> tuple[str, dict[str, str]]:

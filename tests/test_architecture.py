@@ -134,6 +134,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # needs only the reference's K/V beneath it
     ("kvfuzz.runner", "kvfuzz.scheduler"),
     ("kvfuzz.saved",),  # traces, the corpus, journals
+    ("kvfuzz.reproducers",),  # standalone reproducers of allocator traces (report)
     ("kvfuzz.trace", "kvfuzz.corpus"),  # kvfuzz.saved's trace and corpus under their names before the move
     ("kvfuzz.timeline", "kvfuzz.campaign", "kvfuzz.zoo_run"),  # show; campaigns; zoo; --isolate
     ("kvfuzz.isolation",),  # run --isolate: the run in a child process, its example database a campaign's

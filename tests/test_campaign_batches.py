@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from kvfuzz.campaign import worker as worker_module
+from kvfuzz.campaign.protocol import Reporter, WorkerContext
 from kvfuzz.campaign.swarm import probe_limits
-from kvfuzz.campaign.worker import BATCH_STEPS, WorkerPlan, _Reporter, _Worker
+from kvfuzz.campaign.worker import BATCH_STEPS, WorkerPlan, _Worker
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.registry import load_factory
 
@@ -52,8 +53,10 @@ def _search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, examples: int) -> t
     monkeypatch.setattr(_Worker, "random_batch", random_batch)
     monkeypatch.setattr(_Worker, "hypothesis_round", lambda self, swarm: batches.append("hypothesis"))
     budget = multiprocessing.get_context("spawn").Value("q", examples)
-    reporter = _Reporter(queue.Queue(), 0)  # type: ignore[arg-type]
-    _Worker(plan, reporter, threading.Event(), threading.Event(), budget).search()
+    reporter = Reporter(queue.Queue(), 0)  # type: ignore[arg-type]
+    stop, halt = threading.Event(), threading.Event()
+    context = WorkerContext(0, 0, 1, reporter, stop, halt, budget, {}, plan.state, plan.state / "claims")  # type: ignore[arg-type]
+    _Worker(plan, context).search()
     return batches, len(failures)
 
 

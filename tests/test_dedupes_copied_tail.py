@@ -85,7 +85,7 @@ def deduplicating_allocator(spec: PoolSpec) -> PagedAllocator:
 
 
 def _forks_decode(allocator: PagedAllocator, other: tuple[int, ...] = ()) -> Engine:
-    """The v0 program of docs/real-allocators.md: ``s0`` computed, forked into ``s1`` and ``s1`` into ``s2``, then
+    """The v0 program of docs/adapter-findings.md: ``s0`` computed, forked into ``s1`` and ``s1`` into ``s2``, then
     each grows by the same token: ``s0``'s tail is copied into a fresh block, ``s1``'s too, which its grow fills
     with the same content as ``s0``'s, so the allocator maps ``s0``'s block instead. ``other``: a prompt admitted
     first as ``x`` (grown last)."""

@@ -6,6 +6,7 @@ gets a report naming the replay. (Running the reproducers against vLLM: engine_t
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,6 @@ import pytest
 from kvfuzz.cli import main
 from kvfuzz.scheduler.fake_model import expected_output
 from kvfuzz.scheduler.speculative import proposal
-from kvfuzz.scheduler.trace import load
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 PADDING = CORPUS / "vllm-v1-scheduler-speculative-padding-hang-6123748f32e9.json"
@@ -90,11 +90,13 @@ def test_the_reproducer_s_model_samples_what_kvfuzz_s_fake_model_does(tmp_path: 
 
 
 def test_a_trace_only_kvfuzz_s_reference_sees_gets_a_report_saying_so(tmp_path: Path) -> None:
-    trace = CORPUS / "vllm-v1-scheduler-issue-23316-victim-keeps-tokens-02ea5ce953c3.json"
-    assert load(trace).failure.check == "batch"
+    recorded = json.loads((CORPUS / "vllm-v1-scheduler-issue-23316-victim-keeps-tokens-02ea5ce953c3.json").read_text())
+    recorded["failure"].update(check="content", message="content check failed at step 7, request r1: other K/V")
+    trace = tmp_path / "content.json"
+    trace.write_text(json.dumps(recorded))
     output = tmp_path / "r.md"
     assert main(["report", str(trace), "-o", str(output)]) == 0
-    assert "None generated: its failure is kvfuzz's batch check" in output.read_text()
+    assert "None generated: its failure is kvfuzz's content check" in output.read_text()
     assert not (tmp_path / "r_reproducer.py").exists()
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import random
+import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -16,8 +19,9 @@ import attrs
 import pytest
 from factories import kvfuzz
 
-from kvfuzz.campaign.scheduler.loop import SchedulerCampaign, SchedulerCampaignOptions
+from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
+from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
 from kvfuzz.scheduler import swarm
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.journal import ProgramJournal, read_journal
@@ -28,6 +32,7 @@ from kvfuzz.scheduler.search import Outcome
 from kvfuzz.scheduler.swarm import SwarmConfig
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
+from kvfuzz.text import plural
 
 FOUND = (AddRequest([1, 2, 3], 2), AddRequest([1, 2], 1), Step(), Step(), Step())
 """The fake search's failing example as found."""
@@ -62,13 +67,36 @@ class FakeWorker:
     attention = type("Attention", (), {"name": "off"})()
 
 
+def _log() -> Path:
+    descriptor, name = tempfile.mkstemp(prefix="kvfuzz-fake-searches-", suffix=".jsonl")
+    os.close(descriptor)
+    return Path(name)
+
+
 @attrs.define(slots=False)  # a test replaces its search
 class FakeTarget:
     """A scheduler whose searches fail where :func:`buggy` says, as Hypothesis would report: the witness told of the
-    example as found, then (shrinking) of the shrunk one, which is the failure returned."""
+    example as found, then (shrinking) of the shrunk one, which is the failure returned. Its searches run in the
+    campaign's worker processes: each is logged to a file, which :attr:`searches` reads back."""
 
     fixed: bool = False  # the bug is gone: replays pass
-    searches: list[tuple[SchedulerSetup, str, int, int, bool]] = attrs.field(factory=list)
+    log: Path = attrs.field(factory=_log)
+
+    @property
+    def searches(self) -> list[tuple[SchedulerSetup, str, int, int, bool]]:
+        """(setup, model runner, examples, Hypothesis seed, shrink) of every search so far, in order."""
+        return [(SchedulerSetup(**line[0]), *line[1:5]) for line in self._lines()]  # type: ignore[misc]
+
+    @property
+    def processes(self) -> dict[int, list[int]]:
+        """The process that ran each search (a worker's pid) -> the Hypothesis seeds of its searches."""
+        seeds: dict[int, list[int]] = {}
+        for line in self._lines():
+            seeds.setdefault(line[5], []).append(line[3])
+        return seeds
+
+    def _lines(self) -> list[list[Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
 
     def target(self) -> SchedulerTarget:
         return SchedulerTarget("vllm-v1", self.validate, self.search, self.replay)
@@ -89,7 +117,9 @@ class FakeTarget:
         call_timeout: Optional[float],
         journal: Optional[ProgramJournal],
     ) -> Outcome:
-        self.searches.append((config.setup, config.model_runner, examples, seed, shrink))
+        with open(self.log, "a") as log:
+            logged = [attrs.asdict(config.setup), config.model_runner, examples, seed, shrink, os.getpid()]
+            log.write(json.dumps(logged) + "\n")
         if not buggy(config.setup):
             return Outcome(config.setup, examples, 10 * examples, 0, 0, 0.01, None, "")
         error = leak()
@@ -109,7 +139,7 @@ class FakeTarget:
 
 def campaign(fake: FakeTarget, corpus: Path, seed: int = 7, **options: Any) -> Any:
     settings = SchedulerCampaignOptions("vllm-v1", seed, corpus, max_examples=options.pop("max_examples", 400))
-    return SchedulerCampaign(attrs.evolve(settings, **options), fake.target()).run()
+    return run_scheduler_campaign(attrs.evolve(settings, **options), fake.target())
 
 
 # -- the swarm table ---------------------------------------------------------------------------------------------
@@ -189,17 +219,18 @@ def test_a_campaign_finds_the_failure_once_and_keeps_its_shrunk_trace(tmp_path: 
 
 def test_the_unshrunk_trace_is_on_disk_before_shrinking(tmp_path: Path) -> None:
     fake = FakeTarget()
-    seen_on_disk: list[list[str]] = []
+    seen_on_disk = tmp_path / "seen.jsonl"  # written by the worker process, which runs the search
     search = fake.search
 
     def watching(config: SwarmConfig, examples: int, seed: int, shrink: bool, *rest: Any) -> Outcome:
         if shrink:
-            seen_on_disk.append([load(path).shrunk for path in (tmp_path / "c").glob("*.json")])  # type: ignore[misc]
+            with open(seen_on_disk, "a") as seen:
+                seen.write(json.dumps([load(path).shrunk for path in (tmp_path / "c").glob("*.json")]) + "\n")
         return search(config, examples, seed, shrink, *rest)
 
     fake.search = watching  # type: ignore[method-assign]
     campaign(fake, tmp_path / "c")
-    assert seen_on_disk == [[False]]
+    assert seen_on_disk.read_text().splitlines() == ["[false]"]
 
 
 def test_the_same_seed_reruns_the_same_campaign(tmp_path: Path) -> None:
@@ -313,8 +344,9 @@ def test_the_journal_keeps_every_field_of_a_request(tmp_path: Path) -> None:
             "(redis://HOST:PORT/N); without one they are in --corpus",
         ),
         (
-            ["--scheduler", "vllm-v1", "--workers", "2"],
-            "kvfuzz: --scheduler does not take --workers (a scheduler campaign runs one worker)",
+            ["--scheduler", "vllm-v1", "--workers", "10000"],
+            f"kvfuzz: --workers 10000: more than 4 per core ({plural(os.cpu_count() or 1, 'core')} here) only slows "
+            f"each worker down; use at most {4 * (os.cpu_count() or 1)}",
         ),
         (
             ["--scheduler", "vllm-v1", "--allocator", "zoo:leaky_free"],
@@ -376,15 +408,13 @@ def test_the_cli_prints_the_table_and_json_names_the_seed(tmp_path: Path, capsys
 
 
 def test_sigterm_ends_the_campaign_with_what_it_found(tmp_path: Path) -> None:
-    import os
-    import signal
-
     fake = FakeTarget()
     search = fake.search
 
     def terminated_later(config: SwarmConfig, *rest: Any) -> Outcome:
         if len(fake.searches) == 12:
-            os.kill(os.getpid(), signal.SIGTERM)  # as timeout(1) ends a campaign
+            os.kill(os.getppid(), signal.SIGTERM)  # the campaign's, as timeout(1) ends a campaign
+            time.sleep(1)  # the campaign tells the worker to stop (within a tenth of a second) while this batch runs
         return search(config, *rest)
 
     fake.search = terminated_later  # type: ignore[method-assign]
@@ -479,7 +509,7 @@ def test_shrinking_ends_with_the_campaign_s_duration_and_keeps_the_finding(tmp_p
     fake.search = slow  # type: ignore[method-assign]
     started = time.monotonic()
     settings = SchedulerCampaignOptions("vllm-v1", 9, tmp_path / "c", duration=1.0)
-    result = SchedulerCampaign(settings, fake.target()).run()
+    result = run_scheduler_campaign(settings, fake.target())
     assert time.monotonic() - started < 10
     [finding] = result.new
     assert "shrinking cut off at the campaign's end" in (finding.note or "") and result.examples > 0
@@ -492,11 +522,15 @@ def test_a_stop_while_shrinking_keeps_the_finding(tmp_path: Path) -> None:
 
     def stopped(config: SwarmConfig, examples: int, seed: int, shrink: bool, *rest: Any) -> Outcome:
         if shrink:
-            raise KeyboardInterrupt
+            os.kill(os.getppid(), signal.SIGINT)  # Ctrl-C, which the campaign gets
+            time.sleep(60)  # a shrink that would go on: the campaign stops it
         return search(config, examples, seed, shrink, *rest)
 
     fake.search = stopped  # type: ignore[method-assign]
+    started = time.monotonic()
     result = campaign(fake, tmp_path / "c", seed=9)
+    assert time.monotonic() - started < 30
     assert result.ended_by == "interrupted" and result.examples > 0
     [finding] = result.new
     assert "shrinking interrupted" in (finding.note or "") and finding.trace is not None
+    assert not load(Path(finding.trace)).shrunk, "the example as found, saved before shrinking"

@@ -189,6 +189,6 @@ def test_a_row_that_needs_another_is_set_only_where_that_row_drew_its_value() ->
 
 
 def test_an_unpinned_draw_runs_the_connector_about_a_fifth_of_the_time() -> None:
-    """The offloading connector is drawn unpinned (its findings are classified: docs/scheduler.md, KV connectors)."""
+    """The offloading connector is drawn unpinned (its findings are classified: docs/scheduler-connectors.md)."""
     drawn = [swarm.draw(random.Random(seed), accept).setup.kv_connector for seed in range(400)]
     assert 50 <= drawn.count("offloading") <= 110 and set(drawn) == {"none", "offloading"}

@@ -34,6 +34,7 @@ from typing import Any, Collection, Optional
 import attrs
 
 from kvfuzz.adapters.base import SequenceLedger
+from kvfuzz.adapters.vllm_v0_constants import ENGINE_WATERMARK, NO_EXTRA_HASH, PINNED_NONE_HASH
 from kvfuzz.allocator.errors import InvalidArgument, OutOfBlocks, Unsupported
 from kvfuzz.allocator.types import (
     AdmitResult,
@@ -63,16 +64,6 @@ if not _has_v0_block_manager():
         "kvfuzz.adapters.vllm_v0 needs vllm 0.10.2 (its v0 block manager); build an environment with "
         "scripts/third_party_env.sh vllm-v0"
     )
-
-ENGINE_WATERMARK = 0.01
-"""``SelfAttnBlockSpaceManager``'s default watermark, which the v0 scheduler leaves in place."""
-
-PINNED_NONE_HASH = 0x6B76_6675_7A7A
-"""The hash v0 gives "no previous block" in every process (vLLM takes ``hash('None')``, which differs per process)."""
-
-NO_EXTRA_HASH = -0x6B76_6675_7A7A
-"""The ``extra_hash`` of a block without a LoRA adapter in every process (vLLM hashes ``None``, whose hash in Python
-3.11 is its address)."""
 
 
 def _pin_block_hashes() -> None:

@@ -28,6 +28,7 @@ class Claimed:
     signature: dict[str, Optional[str]]  # Signature.to_json()
     key: str  # Signature.key()
     program_length: int  # calls of the program as found
+    trace: Optional[str] = None  # where the program as found is saved already (a scheduler failure's), if it is
 
 
 @attrs.frozen
@@ -71,4 +72,30 @@ class Crashed:
     traceback: str
 
 
-Message = Union[Progress, Claimed, Saved, Seen, Done, Crashed]
+@attrs.frozen
+class HarnessFailed:
+    """kvfuzz's own code failed driving the engine (a harness error, never a finding): the campaign ends on it."""
+
+    worker: int
+    description: str  # HarnessError.describe()
+
+
+@attrs.frozen
+class Said:
+    """A line for the person running the campaign (where a finding was stored in Redis, say)."""
+
+    worker: int
+    line: str
+
+
+@attrs.frozen
+class Batch:
+    """A scheduler worker ran one batch: its configuration, seed and what it reached (the result's ``batch_log``),
+    and the configurations the engine refused before it (redrawn)."""
+
+    worker: int
+    entry: dict[str, Any]
+    refused: int
+
+
+Message = Union[Progress, Claimed, Saved, Seen, Done, Crashed, HarnessFailed, Said, Batch]

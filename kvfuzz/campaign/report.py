@@ -78,6 +78,7 @@ class CampaignResult:
     batches: int = 0  # a scheduler campaign's batches, each on a configuration of its own
     refused: int = 0  # configurations a scheduler campaign drew and vLLM's validation refused (redrawn)
     batch_log: tuple[dict[str, Any], ...] = ()  # a scheduler campaign's batches: configuration, seed, what each ran
+    per_worker: tuple[dict[str, Any], ...] = ()  # each worker slot: its examples, steps and replacements
 
     @property
     def new(self) -> tuple[Finding, ...]:
@@ -104,6 +105,7 @@ class CampaignResult:
             "examples": self.examples,
             "steps": self.steps,
             "steps_per_second": round(self.steps_per_second, 1),
+            "per_worker": list(self.per_worker),
             "ended_by": self.ended_by,
             "corpus": self.corpus,
             "failures": [finding.to_json() for finding in self.new],

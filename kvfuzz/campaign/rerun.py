@@ -74,10 +74,11 @@ class Rerun:
 @attrs.frozen
 class SchedulerRerun:
     """The settings a scheduler campaign (``kvfuzz campaign --scheduler``) ran under. Invariant: :meth:`command`
-    names every one of them. What a rerun repeats: the seed alone decides every batch's configuration and
-    Hypothesis seed, so with an end that is counted (``--max-examples``, ``--stop-after``) and a fresh corpus, a
-    rerun runs the same examples and finds the same failures; with ``--duration``, where it stops depends on the
-    machine."""
+    names every one of them. What a rerun repeats: the seed alone decides every worker's batches (their
+    configurations and Hypothesis seeds), so with one worker, an end that is counted (``--max-examples``,
+    ``--stop-after``) and a fresh corpus, a rerun runs the same examples and finds the same failures; with several
+    workers, how far each gets and which meets a failure first depend on the machine's timing, as with
+    ``--duration`` where it stops."""
 
     scheduler: str
     seed: int
@@ -93,7 +94,8 @@ class SchedulerRerun:
     directory: str
     version: str
     pins: Pins = ()  # swarm rows held at one value (--pin)
-    database: Optional[str] = None  # the Redis its findings were stored in too
+    database: Optional[str] = None  # the Redis its claims and findings were shared in
+    workers: int = 1
 
     def arguments(self) -> list[str]:
         args = ["--scheduler", self.scheduler, "--seed", str(self.seed), *pin_arguments(self.pins)]
@@ -112,7 +114,7 @@ class SchedulerRerun:
             args.append("--no-shrink")
         if self.isolate:
             args.append("--isolate")
-        args += ["--call-timeout", repr(self.call_timeout or 0.0)]
+        args += ["--call-timeout", repr(self.call_timeout or 0.0), "--workers", str(self.workers)]
         if self.database is not None:
             args += ["--database", self.database]
         return args

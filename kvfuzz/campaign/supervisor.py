@@ -12,10 +12,8 @@ campaign was killed stops by itself (:mod:`kvfuzz.lifeline`). One campaign at a 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import multiprocessing
 import os
-import queue as queue_module
 import signal
 import tempfile
 import time
@@ -24,56 +22,24 @@ from typing import Any, Callable, Optional
 
 import attrs
 
-import kvfuzz
+from kvfuzz.campaign.allocators import AllocatorCampaign, CampaignOptions
 from kvfuzz.campaign.cluster import ClusterFindings, finding_record, is_redis
-from kvfuzz.campaign.known import known_signatures, stored_findings_known
 from kvfuzz.campaign.lock import CorpusLock
-from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
+from kvfuzz.campaign.messages import Batch, Claimed, Crashed, Done, HarnessFailed, Message, Progress, Said, Saved, Seen
+from kvfuzz.campaign.process import patience_of, worker_main
+from kvfuzz.campaign.protocol import CampaignTarget, Channel, Death
 from kvfuzz.campaign.report import CampaignResult, DeadWorker, Finding
 from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.store import open_store
-from kvfuzz.campaign.swarm import Limits
-from kvfuzz.campaign.worker import HYPOTHESIS_EVERY, WorkerPlan, patience_of, worker_main
-from kvfuzz.engine.config import MachineConfig
-from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, deferred_interrupts, journal_path
-from kvfuzz.saved import journals
-from kvfuzz.saved.corpus import PROCESS_DIED
+from kvfuzz.program.safeguards import deferred_interrupts
 from kvfuzz.saved.hint import show_hint
-from kvfuzz.saved.trace import TraceError, load
-from kvfuzz.shrink.signature import TEARDOWN, Signature
+from kvfuzz.scheduler.harness import HarnessError
 
 DEFAULT_DURATION = 600.0
 """Seconds a campaign runs unless told otherwise (``kvfuzz campaign``, the plugin's nightly profile)."""
 
 STATE_DIRECTORY = ".kvfuzz-campaign"
 """Inside the corpus: the local example database and the workers' signature claims (hidden: never collected)."""
-
-
-@attrs.frozen
-class CampaignOptions:
-    """What one campaign runs: the allocators (each probed into :class:`Limits`), how many workers, when it ends,
-    where it saves, and what it shares."""
-
-    allocators: tuple[str, ...]  # specs
-    limits: tuple[Limits, ...]  # one per allocator, in the same order
-    workers: int
-    corpus: Path  # where new traces are saved (and the workers' journals kept)
-    duration: Optional[float] = None  # seconds; None: no limit
-    max_examples: Optional[int] = None  # programs to start, all workers together; None: no limit
-    stop_after: Optional[int] = None  # new distinct failures; None: no limit
-    known: tuple[Path, ...] = ()  # corpus directories whose traces' signatures are known findings
-    database: Optional[str] = None  # redis://host:port/N, or an example-database directory
-    seed: int = 0  # the campaign's seed: each worker's stream derives from it
-    call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT
-    shrink_seconds: float = 30.0
-    base: MachineConfig = MachineConfig()  # model shape and kernel; the geometry is swarmed
-    hypothesis_every: int = HYPOTHESIS_EVERY
-
-
-def worker_seed(seed: int, slot: int, incarnation: int) -> int:
-    """The seed stream of one worker: distinct for each slot and each replacement of a dead worker."""
-    digest = hashlib.sha256(f"{seed}/{slot}/{incarnation}".encode()).digest()
-    return int.from_bytes(digest[:8], "little")
 
 
 @attrs.define
@@ -85,6 +51,8 @@ class _Slot:
     last_heard: float
     phase: str = "searching"
     done: bool = False
+    examples: int = 0  # examples run in this slot, every incarnation together
+    steps: int = 0  # steps run in this slot, every incarnation together
 
 
 @attrs.define
@@ -99,10 +67,13 @@ class _Tally:
     shrinking: dict[int, str] = attrs.field(factory=dict)  # slot -> key it shrinks
     dead: list[DeadWorker] = attrs.field(factory=list)
     errors: list[str] = attrs.field(factory=list)
+    batches: list[dict[str, Any]] = attrs.field(factory=list)  # a scheduler campaign's batches, as they end
+    refused: int = 0  # configurations the engine refused before them (redrawn)
 
 
-class Campaign:
-    """One campaign in progress; :meth:`run` returns its :class:`CampaignResult`.
+class Supervisor:
+    """One campaign in progress on ``target`` (:class:`~kvfuzz.campaign.protocol.CampaignTarget`); :meth:`run`
+    returns its :class:`CampaignResult`.
 
     ``status`` receives the progress line (about every half second), ``event`` one line per new failure and per
     dead worker. Constructing it takes the corpus's lock (:class:`~kvfuzz.campaign.lock.CorpusInUse` when another
@@ -110,32 +81,32 @@ class Campaign:
 
     def __init__(
         self,
-        options: CampaignOptions,
+        target: CampaignTarget,
         status: Optional[Callable[[str], None]] = None,
         event: Optional[Callable[[str], None]] = None,
     ) -> None:
-        self.options = options
+        self.target = target
+        self.settings = settings = target.settings
         self.status = status or (lambda line: None)
         self.event = event or (lambda line: None)
         self.context = multiprocessing.get_context("fork")
-        self.queue: Any = self.context.Queue()
+        self.queue = Channel(self.context)
         self.stop = self.context.Event()  # stop searching
         self.halt = self.context.Event()  # stop shrinking too (Ctrl-C)
-        self.budget: Any = self.context.Value("q", options.max_examples if options.max_examples else -1)
+        self.budget: Any = self.context.Value("q", settings.max_examples if settings.max_examples else -1)
         self.tally = _Tally()
         self.slots: dict[int, _Slot] = {}
         self.started = time.monotonic()
         self.ended_by: Optional[str] = None
         self.signal: Optional[int] = None  # the signal that ended the campaign (SIGINT, SIGTERM, SIGHUP), if one did
-        self.state = options.corpus / STATE_DIRECTORY
-        self.lock = CorpusLock(self.state, options.corpus)
+        self.state = settings.corpus / STATE_DIRECTORY
+        self.lock = CorpusLock(self.state, settings.corpus)
         self.lock.acquire()
         self.claims = Path(tempfile.mkdtemp(prefix="claims-", dir=self._state_dir()))
-        self.store = open_store(options.database, self.claims)
+        self.store = open_store(settings.database, self.claims)
         # with Redis: where a dead worker's finding is stored for every machine, as the workers store theirs
-        self.cluster = ClusterFindings(options.database) if is_redis(options.database) else None
+        self.cluster = ClusterFindings(settings.database) if is_redis(settings.database) else None
         self.known: dict[str, str] = {}
-        self.recovered: dict[int, str] = {}  # pid -> trace its journal became, until that death is handled
 
     def _state_dir(self) -> Path:
         self.state.mkdir(parents=True, exist_ok=True)
@@ -144,12 +115,12 @@ class Campaign:
     @property
     def patience(self) -> float:
         """Seconds without a word from a worker before it is taken for hung in C code the watchdog cannot interrupt."""
-        return patience_of(self.options.call_timeout)
+        return patience_of(self.settings.call_timeout)
 
     def run(self) -> CampaignResult:
-        """Run to the end. Ctrl-C, SIGTERM and SIGHUP are recorded, never raised, while it runs (a queue read cut
-        short would lose a message): the loop ends the campaign on the first, within a tenth of a second."""
-        options = self.options
+        """Run to the end. Ctrl-C, SIGTERM and SIGHUP are recorded, never raised, while it runs (a message read cut
+        short would lose a message): the loop ends the campaign on the first, within a tenth of a second. A harness
+        error (kvfuzz's own code failing, in the known findings' replays or in a worker) ends it at once."""
         try:
             with deferred_interrupts() as received:
                 self._run(received)
@@ -161,32 +132,35 @@ class Campaign:
         findings = [self.tally.findings[key] for key in self.tally.order]
         findings += [finding for finding in self.tally.findings.values() if not finding.new]
         return CampaignResult(
-            options.allocators,
-            options.workers,
-            time.monotonic() - self.started,
-            self.tally.examples,
-            self.tally.steps,
-            self.ended_by,
-            tuple(findings),
-            tuple(self.tally.dead),
-            tuple(self.tally.errors),
-            str(options.corpus),
-            rerun_of(options),
+            workers=self.settings.workers,
+            seconds=time.monotonic() - self.started,
+            examples=self.tally.examples,
+            steps=self.tally.steps,
+            ended_by=self.ended_by,
+            findings=tuple(findings),
+            dead_workers=tuple(self.tally.dead),
+            errors=tuple(self.tally.errors),
+            corpus=str(self.settings.corpus),
+            rerun=self.target.rerun(),
+            batches=len(self.tally.batches),
+            refused=self.tally.refused,
+            batch_log=tuple(self.tally.batches),
+            per_worker=tuple(
+                {"worker": number, "examples": slot.examples, "steps": slot.steps, "replaced": slot.incarnation}
+                for number, slot in sorted(self.slots.items())
+            ),
+            **self.target.result_fields(),
         )
 
     def _run(self, received: list[int]) -> None:
-        options = self.options
-        for recovered in journals.recover(options.corpus):
-            self.event(f"kvfuzz: {recovered.message}")
-        self.known = known_signatures(
-            [*options.known, options.corpus], options.allocators, options.call_timeout or 60.0
-        )
-        if self.cluster is not None:  # findings stored under an earlier signature's key: known under today's
-            stale = stored_findings_known(self.cluster, options.allocators, options.call_timeout or 60.0)
-            self.known = {**stale, **self.known}
+        try:
+            self.known = self.target.prepare(self.event)
+        except HarnessError as error:
+            self._harness(error.describe())
+            return
         self.started = time.monotonic()
         if not received:
-            for number in range(options.workers):
+            for number in range(self.settings.workers):
                 self._start(number, 0)
         last_status = 0.0
         try:
@@ -221,32 +195,47 @@ class Campaign:
         self.halt.set()
         self.event(f"kvfuzz: {signal.Signals(signum).name}: stopping; saving what the workers hold")
 
+    def _harness(self, description: str) -> None:
+        """kvfuzz's own code failed driving the engine: every worker stops now (a harness error is never a
+        finding, and the next batch would fail the same way)."""
+        self.tally.errors.append(description)
+        if self.ended_by in (None, "duration", "max-examples", "stop-after"):
+            self.ended_by = "harness error"
+        self.stop.set()
+        self.halt.set()
+
     # -- workers -------------------------------------------------------------------------------------------------
 
     def _start(self, slot: int, incarnation: int) -> None:
-        options = self.options
-        plan = WorkerPlan(
+        settings = self.settings
+        ends = None if settings.duration is None else self.started + settings.duration
+        args = (
+            self.target,
             slot,
-            worker_seed(options.seed, slot, incarnation),
-            options.allocators,
-            options.limits,
-            options.base,
-            options.corpus,
-            options.database,
-            self.state,
+            incarnation,
+            self.target.seed_of(slot, incarnation),
             self.known,
-            options.call_timeout,
-            options.shrink_seconds,
-            options.hypothesis_every,
+            self.queue,
+            self.stop,
+            self.halt,
+            self.budget,
+            self.state,
             self.claims,
             os.getpid(),
-            options.seed,
+            ends,
         )
-        process = self.context.Process(
-            target=worker_main, args=(plan, self.queue, self.stop, self.halt, self.budget), daemon=True
-        )
+        # not a daemon: a scheduler worker's isolated batches are its children (the lifeline, and the kill on the
+        # way out of run, keep a worker from outliving its campaign)
+        process = self.context.Process(target=worker_main, args=args, daemon=False)
         process.start()
-        self.slots[slot] = _Slot(process, incarnation, time.monotonic())
+        previous = self.slots.get(slot)
+        self.slots[slot] = _Slot(
+            process,
+            incarnation,
+            time.monotonic(),
+            examples=previous.examples if previous is not None else 0,
+            steps=previous.steps if previous is not None else 0,
+        )
 
     def _check_workers(self) -> None:
         now = time.monotonic()
@@ -265,23 +254,17 @@ class Campaign:
                     self._died(number, slot, how)
 
     def _died(self, number: int, slot: _Slot, how: str) -> None:
-        """A worker died: its journal becomes a trace (the program it was running), counted as a finding; a new
+        """A worker died: the program it was running (its journal's) becomes a trace, counted as a finding; a new
         worker takes its slot unless the campaign is ending."""
         pid = slot.process.pid
         slot.done = True
         self.tally.shrinking.pop(number, None)
         key: Optional[str] = None
-        if journal_path(self.options.corpus, pid).exists():
-            for recovered in journals.recover(self.options.corpus):
-                if recovered.trace is not None:
-                    self.recovered[recovered.pid] = str(recovered.trace)
-                else:
-                    self.event(f"kvfuzz: {recovered.message}")  # why that death's program is lost
-        # Another worker's death may have recovered this one's journal first (two deaths between two checks).
-        trace_path = self.recovered.pop(pid, None)
-        if trace_path is not None:
-            key = self._death_finding(Path(trace_path), how, worker_seed(self.options.seed, number, slot.incarnation))
-            finding = self.tally.findings.get(key) if key is not None else None
+        death = self.target.died(pid, how, self.event)
+        trace_path = None if death is None else str(death.path)
+        if death is not None:
+            key = self._death_finding(death, how, self.target.seed_of(number, slot.incarnation))
+            finding = self.tally.findings.get(key)
             if finding is not None and finding.trace is not None:
                 trace_path = finding.trace  # the same death saved once: this worker's copy was dropped
         self.tally.dead.append(DeadWorker(number, pid, how, trace_path, key))
@@ -289,15 +272,10 @@ class Campaign:
         if not self.stop.is_set():
             self._start(number, slot.incarnation + 1)
 
-    def _death_finding(self, path: Path, how: str, seed: int) -> Optional[str]:
-        """The trace a dead worker's journal became, as a finding (``seed``: that worker's seed stream): counted when
-        its signature is known or claimed elsewhere, else claimed, kept, and stored in Redis when there is one."""
-        try:
-            trace = load(path)
-        except TraceError:
-            return None
-        operation = trace.program[-1].rule if trace.program else TEARDOWN
-        signature = Signature(trace.allocator, PROCESS_DIED, operation)
+    def _death_finding(self, death: Death, how: str, seed: int) -> str:
+        """A dead worker's program (``seed``: that worker's seed stream), as a finding: counted when its signature is
+        known or claimed elsewhere, else claimed, kept, and stored in Redis when there is one."""
+        path, trace, signature = death.path, death.trace, death.signature
         key = signature.key()
         if key in self.tally.findings or key in self.known:
             self._seen(signature.to_json(), key, self.known.get(key, "met earlier in this campaign"))
@@ -312,12 +290,12 @@ class Campaign:
         note = f"a worker {how}: not shrunk (every replay kills the process); kvfuzz replay runs it in a child"
         if self.cluster is not None:
             try:
-                self.cluster.store(key, finding_record(trace, signature, self.options.seed, seed, str(path)))
+                self.cluster.store(key, finding_record(trace, signature, self.settings.seed, seed, str(path)))
             except Exception as error:  # noqa: BLE001 -- the server went away: the local trace still stands
                 note += f"; not stored in Redis ({' '.join(str(error).split())})"
         self.tally.findings[key] = Finding(
             signature.to_json(),
-            self._text(signature.to_json()),
+            self.target.text(signature.to_json()),
             True,
             1,
             time.monotonic() - self.started,
@@ -326,7 +304,7 @@ class Campaign:
             shrunk_length=len(trace.program),
             trace=str(path),
             note=note,
-            explanation=str(trace.failure.get("explanation", "")),
+            explanation=death.explanation,
         )
         self.tally.order.append(key)
         return key
@@ -336,10 +314,8 @@ class Campaign:
     def _drain(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                wait = max(0.0, deadline - time.monotonic())
-                message: Message = self.queue.get(timeout=wait) if wait else self.queue.get_nowait()
-            except queue_module.Empty:
+            message = self.queue.get(max(0.0, deadline - time.monotonic()))
+            if message is None:
                 return
             self._handle(message)
 
@@ -352,42 +328,41 @@ class Campaign:
             self.tally.steps += message.steps
             if slot is not None:
                 slot.phase = message.phase
+                slot.examples += message.examples
+                slot.steps += message.steps
         elif isinstance(message, Claimed):
             self.tally.findings[message.key] = Finding(
                 message.signature,
-                self._text(message.signature),
+                self.target.text(message.signature),
                 True,
                 1,
                 time.monotonic() - self.started,
                 self.tally.examples,
                 program_length=message.program_length,
+                trace=message.trace,
             )
             self.tally.order.append(message.key)
             self.tally.shrinking[message.worker] = message.key
-            self.event(f"new failure: {self._text(message.signature)} (shrinking {message.program_length} calls)")
-            if self.options.stop_after is not None and len(self.tally.order) >= self.options.stop_after:
+            self.event(
+                f"new failure: {self.target.text(message.signature)} (shrinking {message.program_length} "
+                f"{'calls' if message.trace is None else 'operations; as found: ' + message.trace})"
+            )
+            if self.settings.stop_after is not None and len(self.tally.order) >= self.settings.stop_after:
                 self._end("stop-after")
         elif isinstance(message, Saved):
-            self.tally.shrinking.pop(message.worker, None)
-            finding = self.tally.findings[message.key]
-            self.tally.findings[message.key] = attrs.evolve(
-                finding,
-                shrunk_length=message.shrunk_length,
-                trace=message.trace,
-                note=message.note,
-                reproduced=message.reproduced,
-                replays=message.replays,
-                program=message.program,
-                explanation=message.explanation,
-                unsaved_trace=message.unsaved_trace,
-            )
-            where = message.trace or "NOT SAVED (the trace is in the result)"
-            self.event(f"  shrunk to {message.shrunk_length} calls: {where}")
-            if message.trace:
-                self.event(f"  {show_hint(Path(message.trace), finding.signature.get('allocator'))}")
+            self._saved(message)
         elif isinstance(message, Seen):
             self._seen(message.signature, message.key, message.known)
+        elif isinstance(message, Batch):
+            self.tally.batches.append({**message.entry, "worker": message.worker})
+            self.tally.refused += message.refused
+        elif isinstance(message, Said):
+            self.event(message.line)
         elif isinstance(message, Done):
+            if slot is not None:
+                slot.done = True
+        elif isinstance(message, HarnessFailed):
+            self._harness(message.description)
             if slot is not None:
                 slot.done = True
         elif isinstance(message, Crashed):
@@ -397,12 +372,32 @@ class Campaign:
             if all(slot.done for slot in self.slots.values()):
                 self._end("workers failed")
 
+    def _saved(self, message: Saved) -> None:
+        self.tally.shrinking.pop(message.worker, None)
+        finding = self.tally.findings[message.key]
+        self.tally.findings[message.key] = attrs.evolve(
+            finding,
+            shrunk_length=message.shrunk_length,
+            trace=message.trace,
+            note=message.note,
+            reproduced=message.reproduced,
+            replays=message.replays,
+            program=message.program,
+            explanation=message.explanation,
+            unsaved_trace=message.unsaved_trace,
+        )
+        what = "calls" if finding.signature.get("operation") is not None else "operations"
+        where = message.trace or "NOT SAVED (the trace is in the result)"
+        self.event(f"  shrunk to {message.shrunk_length} {what}: {where}")
+        if message.trace:
+            self.event(f"  {show_hint(Path(message.trace), finding.signature.get('allocator'))}")
+
     def _seen(self, signature: dict[str, Optional[str]], key: str, known: str) -> None:
         finding = self.tally.findings.get(key)
         if finding is None:
             self.tally.findings[key] = Finding(
                 signature,
-                self._text(signature),
+                self.target.text(signature),
                 False,
                 1,
                 time.monotonic() - self.started,
@@ -412,10 +407,6 @@ class Campaign:
         else:
             self.tally.findings[key] = attrs.evolve(finding, seen=finding.seen + 1)
 
-    def _text(self, signature: dict[str, Optional[str]]) -> str:
-        text = str(Signature(**signature))  # type: ignore[arg-type]  # Signature.to_json()'s fields
-        return f"{text} [{signature['allocator']}]" if len(self.options.allocators) > 1 else text
-
     # -- ending --------------------------------------------------------------------------------------------------
 
     def _end(self, why: str) -> None:
@@ -424,7 +415,7 @@ class Campaign:
         self.stop.set()
 
     def _check_end(self) -> None:
-        if self.options.duration is not None and self.elapsed() >= self.options.duration:
+        if self.settings.duration is not None and self.elapsed() >= self.settings.duration:
             self._end("duration")
         if self.stop.is_set() and self.ended_by is None and self.budget.value == 0:
             self.ended_by = "max-examples"
@@ -436,8 +427,8 @@ class Campaign:
         """elapsed (and remaining), examples, steps/s, distinct failures, and the phase."""
         elapsed = self.elapsed()
         clock = _clock(elapsed)
-        if self.options.duration is not None:
-            clock += f" of {_clock(self.options.duration)} ({_clock(max(0.0, self.options.duration - elapsed))} left)"
+        if self.settings.duration is not None:
+            clock += f" of {_clock(self.settings.duration)} ({_clock(max(0.0, self.settings.duration - elapsed))} left)"
         new = len(self.tally.order)
         known = len(self.tally.findings) - new
         shrinking = sorted(self.tally.order.index(key) + 1 for key in self.tally.shrinking.values())
@@ -459,29 +450,28 @@ def _clock(seconds: float) -> str:
     return f"{minutes}:{second:02d}"
 
 
+class Campaign(Supervisor):
+    """An allocator campaign (:class:`~kvfuzz.campaign.allocators.AllocatorCampaign` under the supervisor)."""
+
+    def __init__(
+        self,
+        options: CampaignOptions,
+        status: Optional[Callable[[str], None]] = None,
+        event: Optional[Callable[[str], None]] = None,
+    ) -> None:
+        self.options = options
+        super().__init__(AllocatorCampaign(options), status, event)
+
+
 def run_campaign(
     options: CampaignOptions,
     status: Optional[Callable[[str], None]] = None,
     event: Optional[Callable[[str], None]] = None,
 ) -> CampaignResult:
-    """Run a campaign to its end; see :class:`Campaign`."""
+    """Run an allocator campaign to its end; see :class:`Supervisor`."""
     return Campaign(options, status, event).run()
 
 
 def rerun_of(options: CampaignOptions) -> Rerun:
     """The settings of a campaign run with ``options`` in this directory, by this kvfuzz: how to run it again."""
-    return Rerun(
-        options.allocators,
-        options.seed,
-        options.workers,
-        options.duration,
-        options.max_examples,
-        options.stop_after,
-        str(options.corpus),
-        tuple(map(str, options.known)),
-        options.database,
-        options.shrink_seconds,
-        options.call_timeout,
-        os.getcwd(),
-        kvfuzz.__version__,
-    )
+    return AllocatorCampaign(options).rerun()

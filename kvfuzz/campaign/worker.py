@@ -1,5 +1,6 @@
-"""One worker process of a campaign: search under swarmed configurations until told to stop, and shrink and save
-every failure whose signature it is the first to claim.
+"""The search of one worker of an allocator campaign (its process: :mod:`kvfuzz.campaign.process`): search under
+swarmed configurations until told to stop, and shrink and save every failure whose signature it is the first to
+claim.
 
 A worker alternates batches of plain random programs over a drawn :class:`~kvfuzz.campaign.swarm.SwarmConfig` with
 short Hypothesis rounds on the campaign's shared example database (whose saved failures Hypothesis replays first).
@@ -15,13 +16,8 @@ import hashlib
 import json
 import os
 import random
-import signal
 import socket
-import time
 import traceback
-from multiprocessing.queues import Queue
-from multiprocessing.sharedctypes import Synchronized
-from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -30,17 +26,17 @@ from hypothesis.database import ExampleDatabase
 
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.campaign.cluster import ClusterFindings, finding_record, is_redis
-from kvfuzz.campaign.messages import Claimed, Crashed, Done, Message, Progress, Saved, Seen
+from kvfuzz.campaign.messages import Claimed, Saved, Seen
+from kvfuzz.campaign.protocol import WorkerContext
 from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
 from kvfuzz.campaign.swarm import Limits, SwarmConfig, draw_swarm
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import InvariantViolation
-from kvfuzz.lifeline import tie_to_parent
 from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.random_programs import random_program
 from kvfuzz.program.replay import Divergence, NotApplicable, replay
-from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, STOP_SIGNALS, AllocatorHang, Journal, Watchdog, journal_path
+from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, AllocatorHang, Journal, Watchdog
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory, builds, load_factory
 from kvfuzz.runner import CONFIRM_HANG_REPLAYS, run
@@ -50,7 +46,6 @@ from kvfuzz.shrink.fixpoint import shrink
 from kvfuzz.shrink.restarts import Failing, Restarts
 from kvfuzz.shrink.signature import Signature, signature_of
 from kvfuzz.statemachines.machine import machine_for
-from kvfuzz.threads import single_threaded_torch
 
 CONFIRM_REPLAYS = 3
 """Replays of a shrunk program on fresh allocators before it is reported: fewer failing than all is flaky."""
@@ -72,15 +67,9 @@ HYPOTHESIS_EXAMPLES = 20
 """Examples of one Hypothesis round."""
 
 
-def patience_of(call_timeout: Optional[float]) -> float:
-    """Seconds without a word from a worker before the campaign takes it for hung in C code the watchdog cannot
-    interrupt; also how long a worker whose campaign died has to save what it holds."""
-    return 2 * (call_timeout or DEFAULT_CALL_TIMEOUT) + 10.0
-
-
 @attrs.frozen
 class WorkerPlan:
-    """Everything a worker needs, fixed when it starts (picklable: it crosses into the worker process)."""
+    """Everything an allocator campaign's worker needs, fixed when it starts."""
 
     slot: int  # the worker's slot, 0 .. workers - 1
     seed: int  # its own seed stream (differs per slot and per replacement)
@@ -95,81 +84,18 @@ class WorkerPlan:
     shrink_seconds: float = 30.0  # the time bound of one shrink
     hypothesis_every: int = HYPOTHESIS_EVERY  # 0: no Hypothesis rounds
     claims: Optional[Path] = None  # without Redis: the campaign's directory of signature claims
-    supervisor: Optional[int] = None  # the campaign's pid: the worker ends soon after it is gone; None: never
     campaign_seed: Optional[int] = None  # the campaign's --seed, recorded with each finding stored in Redis
-
-
-class _Reporter:
-    """Sends progress to the campaign at most every ``interval`` seconds (also a heartbeat), and each message."""
-
-    def __init__(self, queue: "Queue[Message]", slot: int, interval: float = 0.25) -> None:
-        self.queue, self.slot, self.interval = queue, slot, interval
-        self.examples = self.steps = 0
-        self.phase = "searching"
-        self.last = time.monotonic()
-
-    def on_step(self, stats: RunStats) -> None:
-        self.steps += 1
-        if time.monotonic() - self.last >= self.interval:
-            self.flush()
-
-    def example(self) -> None:
-        self.examples += 1
-
-    def flush(self) -> None:
-        self.queue.put(Progress(self.slot, self.examples, self.steps, self.phase))
-        self.examples = self.steps = 0
-        self.last = time.monotonic()
-
-    def send(self, message: Message) -> None:
-        self.flush()
-        self.queue.put(message)
-
-
-def worker_main(
-    plan: WorkerPlan, queue: "Queue[Message]", stop: Event, halt: Event, budget: "Synchronized[int]"
-) -> None:
-    """The worker process: search until ``stop`` is set or ``budget`` (examples left to start, shared by every
-    worker; negative: unbounded) runs out; a shrink in progress ends early only when ``halt`` is set. kvfuzz's own
-    errors are sent as :class:`Crashed`.
-
-    The signals that stop a campaign (Ctrl-C, SIGTERM, SIGHUP: a terminal or ``timeout`` sends them to the whole
-    process group) are the campaign's to handle: it tells the workers to stop. A worker whose campaign is gone, however
-    it died, stops by itself as on Ctrl-C (the failure it is shrinking is saved as found), and is ended, its journal
-    removed, if that takes longer than the campaign's patience (:func:`kvfuzz.lifeline.tie_to_parent`)."""
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-    reporter = _Reporter(queue, plan.slot)
-    if plan.supervisor is not None:
-
-        def orphaned() -> None:
-            queue.cancel_join_thread()  # nobody reads the queue any more: exiting must not wait to flush it
-            halt.set()
-            stop.set()
-
-        patience = patience_of(plan.call_timeout)
-        journal = journal_path(plan.corpus)
-        tie_to_parent(plan.supervisor, orphaned, patience, lambda: journal.unlink(missing_ok=True), patience + 10)
-    try:
-        with single_threaded_torch():
-            _Worker(plan, reporter, stop, halt, budget).search()
-    except BaseException:  # noqa: BLE001 -- a bug of kvfuzz's, reported to the campaign instead of lost
-        reporter.send(Crashed(plan.slot, traceback.format_exc()))
-        return
-    reporter.send(Done(plan.slot))
 
 
 class _Worker:
     """The search loop of one worker and what it does with each failure."""
 
-    def __init__(
-        self, plan: WorkerPlan, reporter: _Reporter, stop: Event, halt: Event, budget: "Synchronized[int]"
-    ) -> None:
+    def __init__(self, plan: WorkerPlan, worker: WorkerContext) -> None:
         self.plan = plan
-        self.reporter = reporter
-        self.stop = stop  # set by the campaign when it ends
-        self.halt = halt  # set on Ctrl-C: shrinks end early too
-        self.budget = budget  # examples left to start, shared by every worker; negative: no limit
+        self.worker = worker
+        self.reporter = worker.reporter
+        self.stop = worker.stop  # set by the campaign when it ends
+        self.halt = worker.halt  # set on Ctrl-C: shrinks end early too
         # The random batches draw from self.rng alone, so they repeat under the same seed. The global random is
         # seeded too, but Hypothesis rounds do not repeat: Hypothesis seeds its search itself, and a seeded search
         # would ignore the shared example database (docs/campaigns.md: what a rerun repeats).
@@ -181,20 +107,8 @@ class _Worker:
         # with Redis: where each saved finding's trace is stored for every machine (kvfuzz findings)
         self.cluster = ClusterFindings(plan.database) if is_redis(plan.database) else None
         self.examples_db: Optional[ExampleDatabase] = None  # opened on the first Hypothesis round
-        self.stats = RunStats(on_step=reporter.on_step)
+        self.stats = RunStats(on_step=self.reporter.on_step)
         self.built: dict[tuple[str, PoolSpec], bool] = {}  # whether each factory builds each pool drawn so far
-
-    def take_examples(self, wanted: int) -> int:
-        """How many of ``wanted`` programs the campaign's example budget still allows (they are counted now); 0
-        once the budget is spent, which ends the search."""
-        with self.budget.get_lock():
-            if self.budget.value < 0:
-                return wanted
-            granted = min(wanted, self.budget.value)
-            self.budget.value -= granted
-        if not granted:
-            self.stop.set()
-        return granted
 
     def search(self) -> None:
         batch = 0
@@ -235,7 +149,7 @@ class _Worker:
                 target = Target(factory, swarm.machine, self.stats, safeguards)
                 made = 0  # calls of this batch's own programs (BATCH_STEPS), not of the shrinks of what they found
                 for _ in range(BATCH):
-                    if made >= BATCH_STEPS or self.stop.is_set() or not self.take_examples(1):
+                    if made >= BATCH_STEPS or self.stop.is_set() or not self.worker.take_examples(1):
                         return
                     self.reporter.example()
                     before = self.stats.steps
@@ -254,7 +168,7 @@ class _Worker:
 
     def hypothesis_round(self, swarm: SwarmConfig) -> None:
         """A short Hypothesis search (no shrinking: kvfuzz shrinks what it claims) on the shared example database."""
-        examples = self.take_examples(HYPOTHESIS_EXAMPLES)
+        examples = self.worker.take_examples(HYPOTHESIS_EXAMPLES)
         if not examples:
             return
         if self.examples_db is None:

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvfuzz.commands.json_stdout import emit_json
-from kvfuzz.commands.options import DEFAULT_CORPUS, at_least, at_least_seconds, check_database, needs_torch
+from kvfuzz.commands.options import (
+    DEFAULT_CORPUS,
+    at_least,
+    at_least_seconds,
+    check_database,
+    needs_torch,
+    workers_problem,
+)
 from kvfuzz.commands.scheduler_campaign import add_arguments as scheduler_arguments
 from kvfuzz.commands.scheduler_campaign import scheduler_campaign
 from kvfuzz.commands.scheduler_campaign import usage_error as scheduler_usage_error
@@ -25,9 +32,6 @@ from kvfuzz.text import plural
 if TYPE_CHECKING:
     from kvfuzz.campaign.report import CampaignResult
     from kvfuzz.campaign.supervisor import CampaignOptions
-
-WORKERS_PER_CORE = 4
-"""More workers than this many per core only slow each other down: ``--workers`` above it is refused."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,7 +52,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--max-examples", type=at_least(1), metavar="N", help="stop after N programs")
     parser.add_argument("--stop-after", type=at_least(1), metavar="N", help="stop after N new distinct failures")
     parser.add_argument(
-        "--workers", type=at_least(1), metavar="N", help=f"worker processes (default: the cores, {os.cpu_count()})"
+        "--workers",
+        type=at_least(1),
+        metavar="N",
+        help=f"worker processes (default: the cores, {os.cpu_count()}; with --scheduler, 1)",
     )
     parser.add_argument(
         "--database",
@@ -131,11 +138,9 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
 
     cores = os.cpu_count() or 1
     workers = args.workers if args.workers is not None else cores
-    if workers > WORKERS_PER_CORE * cores:
-        raise ValueError(
-            f"--workers {workers}: more than {WORKERS_PER_CORE} per core ({plural(cores, 'core')} here) only slows "
-            f"each worker down; use at most {WORKERS_PER_CORE * cores}"
-        )
+    problem = workers_problem(workers)
+    if problem is not None:
+        raise ValueError(problem)
     corpus = Path(args.corpus)
     if corpus.exists() and not corpus.is_dir():
         raise ValueError(f"--corpus {args.corpus}: not a directory")

@@ -8,15 +8,32 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 from kvfuzz import option_defaults as defaults
+from kvfuzz.text import plural
 from kvfuzz.torch_check import INSTALL_TORCH, torch_unavailable
 
 if TYPE_CHECKING:
     from kvfuzz.engine.config import MachineConfig
+
+WORKERS_PER_CORE = 4
+"""More campaign workers than this many per core only slow each other down: ``--workers`` above it is refused."""
+
+
+def workers_problem(workers: int) -> Optional[str]:
+    """Why ``kvfuzz campaign --workers`` refuses ``workers`` here (one line), or None."""
+    cores = os.cpu_count() or 1
+    if workers <= WORKERS_PER_CORE * cores:
+        return None
+    return (
+        f"--workers {workers}: more than {WORKERS_PER_CORE} per core ({plural(cores, 'core')} here) only slows "
+        f"each worker down; use at most {WORKERS_PER_CORE * cores}"
+    )
+
 
 Handler = Callable[[argparse.Namespace], int]
 """A command's handler: the parsed arguments -> the exit status."""

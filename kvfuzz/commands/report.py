@@ -1,11 +1,12 @@
 """``kvfuzz report TRACE``: what an engine maintainer needs to act on a failure, in one Markdown file: the engine and
 its version, kvfuzz's version and the command that searches that configuration, the configuration, the shrunk
 program, the explanation, the timeline, the version it was replayed on here, and a standalone reproducer that
-imports only the engine (:mod:`kvfuzz.scheduler.reproducer`), also written beside the report as a Python file.
+imports only the engine (:mod:`kvfuzz.scheduler.reproducer` for scheduler traces, :mod:`kvfuzz.reproducers` for
+allocator traces), also written beside the report as a Python file.
 
 The report is written to ``-o`` (default ``NAME.md`` in the current directory), the reproducer to ``NAME_reproducer.py``
 beside it. A file that is not a trace, or cannot be read, is one line and exit status 2 before anything is written.
-A trace no reproducer is generated for (a check that needs kvfuzz's reference, an allocator trace) gets a report
+A trace no reproducer is generated for (a check that needs kvfuzz's reference, a kvfuzz allocator) gets a report
 that says why and names the replay and the exported test instead. Where the trace's engine is installed the trace
 is replayed (every check on) for the timeline and the verdict; elsewhere the report says it was not."""
 
@@ -70,7 +71,7 @@ def run_command(args: argparse.Namespace) -> int:
             trace = load_trace(path)
         except TraceError as error:
             return _usage_error(str(error))
-        text, reproducer = allocator_report(trace, args.trace), None
+        text, reproducer = allocator_report(trace, args.trace)
     try:
         if reproducer is not None:
             write_text(reproducer_path(report), reproducer)
@@ -207,7 +208,8 @@ def scheduler_report(trace: SchedulerTrace, source: str) -> tuple[str, Optional[
             "with `python FILE` (exit status 1 while the failure reproduces, 0 once it is fixed) or `pytest FILE`. "
             "It builds the scheduler offline from the engine's own config objects, plays the program and the model "
             "runner's outputs, and asserts the failure on the engine's own state (block reference counts and the "
-            "free count, or requests left unfinished past a bound).",
+            "free count, requests left unfinished past a bound, or a step's output scheduling tokens for a request "
+            "it does not bring).",
             "",
             _fenced(reproducer, "python"),
             "",
@@ -215,43 +217,65 @@ def scheduler_report(trace: SchedulerTrace, source: str) -> tuple[str, Optional[
     return "\n".join(sections), reproducer
 
 
-def allocator_report(trace: Trace, source: str) -> str:
-    """The report of an allocator trace (an adapter drives the library's KV-cache manager): no standalone
-    reproducer is generated yet; the exported pytest file (which needs kvfuzz) reproduces it."""
+def allocator_report(trace: Trace, source: str) -> tuple[str, Optional[str]]:
+    """The report of an allocator trace (an adapter drives the library's KV-cache manager), and its reproducer's
+    source (:mod:`kvfuzz.reproducers`; None where none is generated)."""
     from kvfuzz.program.call import program_json
+    from kvfuzz.reproducers import NotReproducible, family_of, reproducer_source
 
+    try:
+        reproducer: Optional[str] = reproducer_source(trace, source)
+        engine, refusal = family_of(trace).ENGINE, ""
+    except NotReproducible as error:
+        reproducer, engine, refusal = None, "", str(error)
     program = "\n".join(f"{index + 1:3}  {call}" for index, call in enumerate(program_json(trace.program)))
     config = trace.config
-    return "\n".join(
-        [
-            f"# {_paragraph(trace.allocator)}: invariant {trace.failure.get('invariant')} "
-            f"({_paragraph(str(trace.failure.get('title')))})",
+    sections = [
+        f"# {_paragraph(trace.allocator)}: invariant {trace.failure.get('invariant')} "
+        f"({_paragraph(str(trace.failure.get('title')))})",
+        "",
+        f"- Allocator: `{_paragraph(trace.allocator)}` (a kvfuzz adapter drives the library's KV-cache manager)",
+        f"- Found by kvfuzz {trace.kvfuzz_version}; the command that searches this configuration: `kvfuzz run "
+        f"--allocator {trace.allocator} --block-size {config.block_size} "
+        f"--num-blocks {config.num_blocks}`",
+        f"- Replay it: `kvfuzz replay {source}`; draw its timeline: `kvfuzz show {source} --png OUT.png`; export it "
+        f"as a pytest file (needs kvfuzz): `kvfuzz export {source}`",
+        "",
+        "## Shrunk program",
+        "",
+        _fenced(program),
+        "",
+        "## What happened",
+        "",
+        _fenced(str(trace.failure.get("explanation", ""))),
+        "",
+        _paragraph(trace.known_bug) if trace.known_bug else "No explanation recorded beyond the failure.",
+        "",
+        "## Timeline",
+        "",
+        f"Not included in this report: `kvfuzz show {source} --png OUT.png` draws it (a lane per block, a column "
+        "per call).",
+        "",
+        "## Versions",
+        "",
+        "The tested versions it reproduces on are in kvfuzz's docs/findings.md.",
+        "",
+        "## Standalone reproducer",
+        "",
+    ]
+    if reproducer is None:
+        sections += [f"None generated: {_paragraph(refusal)}.", ""]
+    else:
+        sections += [
+            f"It imports only {engine}, torch and the standard library; run it in the engine's environment with "
+            "`python FILE` (exit status 1 while the failure reproduces, 0 once it is fixed) or `pytest FILE`. It "
+            "builds the engine's objects as kvfuzz's adapter does, plays the shrunk program as one call per "
+            "operation on a `Session` that makes the adapter's calls on them, and fails where kvfuzz's check did: "
+            f"with {engine}'s own exception for a crash, otherwise with `Failure`, raised by the reproducer's own "
+            "account of the K/V each slot holds (read off the block tables the engine hands out) or by a check on "
+            "the engine's own state.",
             "",
-            f"- Allocator: `{_paragraph(trace.allocator)}` (a kvfuzz adapter drives the library's KV-cache manager)",
-            f"- Found by kvfuzz {trace.kvfuzz_version}; the command that searches this configuration: `kvfuzz run "
-            f"--allocator {trace.allocator} --block-size {config.block_size} "
-            f"--num-blocks {config.num_blocks}`",
-            f"- Replay it: `kvfuzz replay {source}`; draw its timeline: `kvfuzz show {source} --png OUT.png`",
-            "",
-            "## Shrunk program",
-            "",
-            _fenced(program),
-            "",
-            "## What happened",
-            "",
-            _fenced(str(trace.failure.get("explanation", ""))),
-            "",
-            _paragraph(trace.known_bug) if trace.known_bug else "No explanation recorded beyond the failure.",
-            "",
-            "## Timeline",
-            "",
-            f"Not included in this report: `kvfuzz show {source} --png OUT.png` draws it (a lane per block, a column "
-            "per call).",
-            "",
-            "## Standalone reproducer",
-            "",
-            "None generated yet for allocator traces: `kvfuzz export "
-            f"{source}` writes a pytest file that replays it through kvfuzz's adapter (it needs kvfuzz).",
+            _fenced(reproducer, "python"),
             "",
         ]
-    )
+    return "\n".join(sections), reproducer

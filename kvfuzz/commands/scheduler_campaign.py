@@ -1,5 +1,5 @@
-"""``kvfuzz campaign --scheduler NAME``: a campaign against a real scheduler (docs/scheduler.md), its usage errors
-one line and exit status 2 before any work: options only an allocator campaign takes, options only a scheduler
+"""``kvfuzz campaign --scheduler NAME``: a campaign against a real scheduler (docs/scheduler-campaigns.md), its usage
+errors one line and exit status 2 before any work: options only an allocator campaign takes, options only a scheduler
 campaign takes given without ``--scheduler``, the engine not installed here or of a version kvfuzz is not tested on
 (without ``--untested-engine``)."""
 
@@ -16,10 +16,7 @@ from kvfuzz.text import plural
 if TYPE_CHECKING:
     from kvfuzz.campaign.scheduler.target import SchedulerTarget
 
-ALLOCATOR_ONLY = (
-    ("workers", None, "--workers (a scheduler campaign runs one worker)"),
-    ("shrink_time", None, "--shrink-time (Hypothesis bounds a scheduler failure's shrinking itself)"),
-)
+ALLOCATOR_ONLY = (("shrink_time", None, "--shrink-time (Hypothesis bounds a scheduler failure's shrinking itself)"),)
 """(attribute, its default, what to say) of ``kvfuzz campaign``'s options a scheduler campaign does not take."""
 
 SCHEDULER_ONLY = ("batch_examples", "no_shrink", "isolate", "pin", "untested_engine")
@@ -29,7 +26,7 @@ SCHEDULER_ONLY = ("batch_examples", "no_shrink", "isolate", "pin", "untested_eng
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kvfuzz.option_defaults import SCHEDULER_NAMES
 
-    group = parser.add_argument_group("scheduler campaign (with --scheduler; docs/scheduler.md)")
+    group = parser.add_argument_group("scheduler campaign (with --scheduler; docs/scheduler-campaigns.md)")
     group.add_argument(
         "--batch-examples",
         type=_at_least_one,
@@ -83,6 +80,12 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     for attribute, default, what in ALLOCATOR_ONLY:
         if getattr(args, attribute) != default:
             return f"--scheduler does not take {what}"
+    if args.workers is not None:
+        from kvfuzz.commands.options import workers_problem
+
+        problem = workers_problem(args.workers)
+        if problem is not None:
+            return problem
     corpus = Path(args.corpus)
     if corpus.exists() and not corpus.is_dir():
         return f"--corpus {args.corpus}: not a directory"
@@ -112,14 +115,14 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     return engine_problem(args.scheduler, bool(args.untested_engine))
 
 
-def scheduler_campaign(
-    args: argparse.Namespace, emit_json: Callable[[Any], None], target: Any = None, runner: Any = None
-) -> int:
-    """Exit status: 2 for bad input, 130 on Ctrl-C, 1 for a new failure, else 0. ``target`` and ``runner`` replace
-    the real scheduler's (tests without vLLM)."""
+def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None], target: Any = None) -> int:
+    """Exit status: 2 for bad input (or a corpus another campaign holds), 130 on Ctrl-C, 3 for a harness error, 1
+    for a new failure, else 0. ``target`` replaces the real scheduler (tests without vLLM)."""
+    from kvfuzz.campaign.lock import CorpusInUse
     from kvfuzz.campaign.report import new_finding_lines, table
-    from kvfuzz.campaign.scheduler.loop import BATCH_EXAMPLES, SchedulerCampaign, SchedulerCampaignOptions
-    from kvfuzz.campaign.supervisor import DEFAULT_DURATION
+    from kvfuzz.campaign.scheduler.loop import BATCH_EXAMPLES, SchedulerCampaignOptions
+    from kvfuzz.campaign.scheduler.workers import SchedulerCampaign
+    from kvfuzz.campaign.supervisor import DEFAULT_DURATION, Supervisor
     from kvfuzz.scheduler.pins import PinRefused, describe_pins, parse_pins
     from kvfuzz.scheduler.swarm import NothingValid, draw
 
@@ -152,6 +155,7 @@ def scheduler_campaign(
         call_timeout=args.call_timeout or None,
         pins=pins,
         database=args.database,
+        workers=args.workers or 1,
     )
     from kvfuzz.scheduler.engines import untested_warning
 
@@ -180,7 +184,8 @@ def scheduler_campaign(
             if part
         )
         print(
-            f"kvfuzz campaign: --scheduler {args.scheduler}\n  until {ends}, seed {options.seed}; each batch of "
+            f"kvfuzz campaign: --scheduler {args.scheduler}\n  {plural(options.workers, 'worker')}, until {ends}, "
+            f"seed {options.seed}; each batch of "
             f"{plural(options.batch_examples, 'example')} draws the engine's configuration from the swarm table "
             f"(kvfuzz/scheduler/swarm.py){pinned}{', in a child process' if options.isolate else ''}\n  new failures "
             f"saved to {options.corpus}; known findings from: {', '.join(map(str, known)) or 'none'} and the corpus",
@@ -188,11 +193,15 @@ def scheduler_campaign(
         )
     status = (lambda line: print(f"  {line}", file=sys.stderr, flush=True)) if not args.json else None
     event = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    if options.isolate:
-        from kvfuzz.campaign.scheduler.isolated import isolated_runner
-
-        runner = runner or isolated_runner(target, options)
-    result = SchedulerCampaign(options, target, status, event, runner).run()
+    try:
+        supervisor = Supervisor(SchedulerCampaign(options, target), status, event)
+    except CorpusInUse as error:
+        print(f"kvfuzz: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"kvfuzz: --corpus {args.corpus}: cannot write its campaign state ({error})", file=sys.stderr)
+        return 2
+    result = supervisor.run()
     if args.json:
         emit_json(result.to_json())
     else:

@@ -7,11 +7,10 @@ trace whose failure is ``crash (SchedulerProcessDied)``, as an isolated schedule
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Optional
 
-from kvfuzz.campaign.scheduler.isolated import Died, died_trace, run_watched
+from kvfuzz.campaign.scheduler.isolated import Died, died_trace, run_watched, scheduler_journal
 from kvfuzz.campaign.scheduler.target import PROCESS_DIED
 from kvfuzz.commands.scheduler_campaign import scheduler_target
 from kvfuzz.scheduler.command import Body, Ran
@@ -24,7 +23,7 @@ def run_isolated(body: Body, args: argparse.Namespace) -> Ran:
     when Ctrl-C ended the run (the child is killed; a failure it had found is already saved by it)."""
     corpus = Path(args.corpus)
     corpus.mkdir(parents=True, exist_ok=True)
-    journal = corpus / f".kvfuzz-scheduler-journal-{os.getpid()}.jsonl"
+    journal = scheduler_journal(corpus)
     try:
         ended = run_watched(body, journal, args.call_timeout or None)
         if not isinstance(ended, Died):

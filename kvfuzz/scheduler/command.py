@@ -123,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--kv-connector",
         choices=("none", "offloading"),
-        help="vLLM's OffloadingConnector, kvfuzz as its worker side (default none; docs/scheduler.md#kv-connectors)",
+        help="vLLM's OffloadingConnector, kvfuzz as its worker side (default none; docs/scheduler-connectors.md)",
     )
     group.add_argument(
         "--transfer-delay",
@@ -199,7 +199,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "max_loras",
         ):
             if getattr(args, name) not in (None, False):
-                return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/scheduler.md#sglang)"
+                return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/sglang.md)"
 
         return engine_problem("sglang", bool(args.untested_engine))
     if args.max_loras is not None and args.max_loras < 1:

@@ -69,7 +69,7 @@ class SchedulerSetup:
             raise ValueError(
                 "model mamba-hybrid is not driven with speculative decoding: vLLM 0.33.0 accepts the configuration, "
                 "but its Jamba's Mamba1 mixer has no draft-verification state path (it ignores num_accepted_tokens), "
-                "so there is no runner behaviour to model (docs/scheduler.md#mamba-hybrid-models)"
+                "so there is no runner behaviour to model (docs/scheduler-models.md#mamba-hybrid-models)"
             )
         if self.speculative_tokens < 0:
             raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
@@ -78,12 +78,12 @@ class SchedulerSetup:
                 "speculative decoding under async scheduling is not driven (yet): vLLM 0.33.0 runs it on the V2 model "
                 "runner only (its V1 runner refuses n-gram drafts under async), where the scheduler gets -1 "
                 "placeholders and the runner verifies its own drafts at positions it corrects on the device; kvfuzz's "
-                "worker does not model that (docs/scheduler.md#speculative-decoding)"
+                "worker does not model that (docs/scheduler-async.md#speculative-decoding)"
             )
         if self.min_tokens and self.speculative_tokens:
             raise ValueError(
                 "min_tokens under speculative decoding is not driven (yet): kvfuzz's sampler does not mask the drafts "
-                "it verifies (docs/scheduler.md)"
+                "it verifies (docs/scheduler-requests.md#eos-and-min_tokens)"
             )
         if self.kv_connector not in KV_CONNECTORS:
             raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)}, got {self.kv_connector!r}")
@@ -94,7 +94,7 @@ class SchedulerSetup:
         if self.kv_connector != "none" and (self.async_scheduling or self.model != "full"):
             raise ValueError(
                 "the offloading connector is driven only with synchronous scheduling and the full-attention model "
-                "(yet; docs/scheduler.md)"
+                "(yet; docs/scheduler-connectors.md)"
             )
         if not 0 <= self.max_loras <= MAX_LORAS:
             raise ValueError(f"max_loras must be 0 (no LoRA) .. {MAX_LORAS}, got {self.max_loras}")

@@ -240,6 +240,7 @@ class Engine:
         output. Returns the tokens scheduled."""
         output = self.scheduler.schedule()
         self.steps += 1
+        self.check_batch(output)
         self.runner.consume(output)
         self.check_accounting()
         if self.offloading:
@@ -257,6 +258,21 @@ class Engine:
         if drafts is not None and output.total_num_scheduled_tokens > 0:
             self.scheduler.update_draft_token_ids(DraftTokenIds(*drafts))
         return output.total_num_scheduled_tokens
+
+    def check_batch(self, output):
+        """Every request the step schedules tokens for is one the output brings, new or cached: the model runner
+        holds a table only for those (a request the same output preempts is neither)."""
+        new = sorted(request.req_id for request in output.scheduled_new_reqs)
+        cached = sorted(output.scheduled_cached_reqs.req_ids)
+        preempted = set(output.preempted_req_ids or ())
+        for request, count in sorted(output.num_scheduled_tokens.items()):
+            if request not in new and request not in cached:
+                also = " (the same output preempts it)" if request in preempted else ""
+                raise Failure(
+                    f"batch at step {self.steps}: the output schedules {count} token(s) for {request}{also}, but "
+                    f"brings it neither as a new nor as a cached request, so the model runner has no table for it; "
+                    f"new {new}, cached {cached}"
+                )
 
     def check_accounting(self):
         """Every block a live request's table holds has ref_cnt equal to the tables holding it and is not free;

@@ -96,7 +96,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("prefix_caching", BOOLEAN, _chance(0.75)),
     Dimension("policy", POLICIES, _uniform),  # FCFS, or priority (preemption by priority)
     # a sliding window beside full attention (two KV-cache groups) a quarter of the time;
-    # a Mamba group beside attention a quarter (async scheduling too; redrawn only with drafts: docs/scheduler.md)
+    # a Mamba group beside attention a quarter (async too; redrawn only with drafts: docs/scheduler-models.md)
     Dimension("model", ("full", "sliding-window", "mamba-hybrid"), _weighted_choice((2, 1, 1))),
     Dimension("async_scheduling", BOOLEAN, _chance(0.5)),  # two batches in flight, the released-block check
     Dimension("speculative_tokens", (0, 1, 2, 4), _weighted((3, 1, 1, 1))),  # k drafts (not under async)
@@ -105,11 +105,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("eos", BOOLEAN, _chance(0.25)),  # requests ending at EOS, or ignoring it
     Dimension("min_tokens", BOOLEAN, _chance(0.25)),  # stop tokens and EOS masked before min_tokens
     # vLLM's OffloadingConnector: drawn 2 times in 5, refused (and redrawn) under async scheduling or a hybrid model,
-    # so it runs in about a fifth of the configurations; with it late transfers (docs/scheduler.md, KV connectors)
+    # so it runs in about a fifth of the configurations; with it late transfers (docs/scheduler-connectors.md)
     Dimension("kv_connector", ("none", "offloading"), _chance(0.4)),
     Dimension("transfer_delay", (0, 1, 2, 3), _weighted((2, 1, 1, 1)), needs=("kv_connector", "offloading")),
     # failed loads only when pinned (--pin load_failures=true): vLLM's own worker for the connector never reports one,
-    # and the scheduler's generic recovery then hangs (docs/scheduler.md, KV connectors)
+    # and the scheduler's generic recovery then hangs (docs/scheduler-connectors.md)
     Dimension("load_failures", (False,), fixed, needs=("kv_connector", "offloading"), pin_only=(True,)),
     # LoRA: max_loras 1 or 2 half the time, requests drawn with one of max_loras + 1 adapters (the limit bites) or none
     Dimension("max_loras", (0, 1, 2), _weighted((2, 1, 1))),

@@ -25,7 +25,8 @@ from typing import Callable, Generic, Optional, TypeVar
 
 import attrs
 
-from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, Runner, SchedulerCampaignOptions, run_batch
+from kvfuzz.campaign.process import patience_of
+from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, Runner, SchedulerCampaignOptions, run_batch
 from kvfuzz.campaign.scheduler.target import PROCESS_DIED, SchedulerProcessDied, SchedulerTarget, scheduler_signature
 from kvfuzz.lifeline import tie_to_parent
 from kvfuzz.scheduler.harness import HarnessError
@@ -33,24 +34,27 @@ from kvfuzz.scheduler.journal import ProgramJournal, read_journal
 from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.search import Outcome
 from kvfuzz.scheduler.trace import CRASH, RecordedFailure, SchedulerTrace
-from kvfuzz.shrink.signature import Signature
 
 T = TypeVar("T")
 
 
-def patience_of(call_timeout: Optional[float]) -> float:
-    """Seconds without a journal line before a child is taken for hung where the watchdog cannot reach."""
-    return 2 * (call_timeout or 60.0) + 10
+def scheduler_journal(corpus: Path, pid: Optional[int] = None) -> Path:
+    """Where the process ``pid`` (default: this one) keeps the program its examples run, in ``corpus``; an isolated
+    batch's child keeps it under its parent's pid."""
+    return corpus / f".kvfuzz-scheduler-journal-{os.getpid() if pid is None else pid}.jsonl"
 
 
-def isolated_runner(target: SchedulerTarget, options: SchedulerCampaignOptions) -> Runner:
-    """A batch runner that runs each batch in a child process (see the module)."""
-    journal = options.corpus / f".kvfuzz-scheduler-journal-{os.getpid()}.jsonl"
+def isolated_runner(
+    target: SchedulerTarget, options: SchedulerCampaignOptions, tick: Callable[[], None] = lambda: None
+) -> Runner:
+    """A batch runner that runs each batch in a child process (see the module); ``tick`` is called every fifth of a
+    second while a child runs (a campaign worker's heartbeat)."""
+    journal = scheduler_journal(options.corpus)
 
-    def run(plan: BatchPlan, is_new: Callable[[Signature], bool]) -> BatchResult:
+    def run(plan: BatchPlan, is_new: IsNew) -> BatchResult:
         options.corpus.mkdir(parents=True, exist_ok=True)
         try:
-            return _run_child(target, options, plan, is_new, journal)
+            return _run_child(target, options, plan, is_new, journal, tick)
         finally:
             journal.unlink(missing_ok=True)
 
@@ -61,10 +65,12 @@ def _run_child(
     target: SchedulerTarget,
     options: SchedulerCampaignOptions,
     plan: BatchPlan,
-    is_new: Callable[[Signature], bool],
+    is_new: IsNew,
     journal: Path,
+    tick: Callable[[], None],
 ) -> BatchResult:
-    ended = run_watched(lambda kept: run_batch(target, options, plan, is_new, kept), journal, options.call_timeout)
+    body: Callable[[ProgramJournal], BatchResult] = lambda kept: run_batch(target, options, plan, is_new, kept)  # noqa: E731
+    ended = run_watched(body, journal, options.call_timeout, tick)
     if isinstance(ended, Died):
         return _death(target, options, plan, is_new, journal, ended.how)
     result: BatchResult = ended.value
@@ -86,13 +92,16 @@ class Died:
 
 
 def run_watched(
-    body: Callable[[ProgramJournal], T], journal: Path, call_timeout: Optional[float]
+    body: Callable[[ProgramJournal], T],
+    journal: Path,
+    call_timeout: Optional[float],
+    tick: Callable[[], None] = lambda: None,
 ) -> Returned[T] | Died:
     """``body(journal)`` in a child forked from this process, in a process group of its own (the parent alone gets
     the terminal's Ctrl-C) and tied to this process: what it returned (sent back pickled), or how it died. A child
     whose journal (its heartbeat) has not moved for :func:`patience_of` ``call_timeout`` is taken for hung past the
     watchdog's interrupts and killed. The child is never left running: on any exception here (Ctrl-C included) it
-    is killed before the exception goes on."""
+    is killed before the exception goes on. ``tick`` is called at every look at the child (a fifth of a second)."""
     context = multiprocessing.get_context("fork")
     receiving, sending = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(body, journal, sending, os.getpid()), name="kvfuzz-isolated")
@@ -103,6 +112,7 @@ def run_watched(
     patience = patience_of(call_timeout)
     try:
         while True:
+            tick()
             if receiving.poll(0.2):
                 try:
                     value: T = receiving.recv()
@@ -154,7 +164,7 @@ def _death(
     target: SchedulerTarget,
     options: SchedulerCampaignOptions,
     plan: BatchPlan,
-    is_new: Callable[[Signature], bool],
+    is_new: IsNew,
     journal: Path,
     how: str,
 ) -> BatchResult:
@@ -166,11 +176,11 @@ def _death(
     trace = died_trace(target.name, target.version(), journal, message)
     if trace is None:
         return BatchResult(outcome, signature, None, note=f"{message}; its program is lost (no journal)")
-    if not is_new(signature):
+    if not is_new(signature, None):
         return BatchResult(outcome, signature, None)
     saved = save_scheduler_trace(trace, options.corpus)
     note = f"{message}: not shrunk (every replay would kill the process)"
-    return BatchResult(outcome, signature, saved, saved=saved, note=note)
+    return BatchResult(outcome, signature, saved, saved=saved, note=note, new=True)
 
 
 def died_trace(scheduler: str, version: str, journal: Path, message: str) -> Optional[SchedulerTrace]:

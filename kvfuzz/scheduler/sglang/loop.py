@@ -1,5 +1,5 @@
 """SGLang's scheduling loop for the KV cache, without the ``Scheduler`` object (which cannot be built without a
-model process: docs/scheduler.md): one example's waiting queue, running batch and chunked request, stepped as
+model process: docs/sglang.md): one example's waiting queue, running batch and chunked request, stepped as
 ``Scheduler.get_next_batch_to_run`` and ``process_batch_result`` step them under synchronous scheduling (no overlap,
 no speculative decoding, no mixed chunks, no priority, no disaggregation, no hierarchical cache), calling SGLang's
 own ``SchedulePolicy.calc_priority``, ``PrefillAdder.add_chunked_req`` / ``add_one_req``, ``ScheduleBatch.init_new``

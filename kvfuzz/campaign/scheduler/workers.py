@@ -1,0 +1,305 @@
+"""A scheduler campaign on the campaign's one supervisor (:mod:`kvfuzz.campaign.supervisor`): the scheduler target of
+:class:`~kvfuzz.campaign.protocol.CampaignTarget`, whose workers run batches (:mod:`~kvfuzz.campaign.scheduler.loop`).
+
+* Each worker draws its own batches: its configurations and Hypothesis seeds come from its own seed stream. The first
+  worker's stream is the campaign's seed itself, so a one-worker campaign runs the batches a scheduler campaign has
+  always run under that seed; every other slot (and every replacement of a dead worker) derives its own
+  (:func:`~kvfuzz.campaign.protocol.worker_seed`).
+* The known findings (the corpus's scheduler traces that reproduce here) are replayed once, in the supervisor,
+  before any worker starts; the workers inherit them. A failure met is claimed in the campaign's signature store
+  (files, or the Redis ``--database`` names, shared by every machine): the worker that claims it first shrinks and
+  saves it; every other meeting is counted. Claimed, it is already on disk as found (the recorder saves it before
+  shrinking), and the claim names that trace, so a worker (or a supervisor) killed while shrinking loses nothing.
+* Each worker keeps the running example's program in a journal (:mod:`kvfuzz.scheduler.journal`), which is also its
+  heartbeat: a worker that dies, or hangs past any interrupt, leaves its program, which the supervisor saves as a
+  ``crash (SchedulerProcessDied)`` trace (not shrunk: every replay would kill the process). With ``--isolate`` each
+  batch runs in a child of the worker (:mod:`~kvfuzz.campaign.scheduler.isolated`), which handles such deaths itself.
+* A harness error (kvfuzz's own code failing in a worker) stops the whole campaign: never a finding.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import attrs
+
+from kvfuzz.campaign.messages import Batch, Claimed, HarnessFailed, Said, Saved, Seen
+from kvfuzz.campaign.process import HaltInterrupts
+from kvfuzz.campaign.protocol import Death, Reporter, Settings, WorkerContext, worker_seed
+from kvfuzz.campaign.report import CampaignResult
+from kvfuzz.campaign.rerun import SchedulerRerun
+from kvfuzz.campaign.scheduler.isolated import died_trace, isolated_runner, scheduler_journal
+from kvfuzz.campaign.scheduler.known import KnownFindings, known_signatures
+from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, SchedulerCampaignOptions, run_batch
+from kvfuzz.campaign.scheduler.shared import share_finding
+from kvfuzz.campaign.scheduler.target import SchedulerProcessDied, SchedulerTarget, Search, scheduler_signature
+from kvfuzz.campaign.store import open_store
+from kvfuzz.campaign.supervisor import Supervisor
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.harness import HarnessError
+from kvfuzz.scheduler.journal import ProgramJournal
+from kvfuzz.scheduler.program import Operation
+from kvfuzz.scheduler.recorder import SavedSchedulerTrace, save_scheduler_trace
+from kvfuzz.scheduler.search import Outcome
+from kvfuzz.scheduler.swarm import SwarmConfig, draw
+from kvfuzz.shrink.signature import Signature
+
+
+class SchedulerCampaign:
+    """The scheduler target of a campaign (see the module); ``target`` is the engine it runs."""
+
+    def __init__(self, options: SchedulerCampaignOptions, target: SchedulerTarget) -> None:
+        self.options = options
+        self.target = target
+        self.settings = Settings(
+            options.workers,
+            options.corpus,
+            options.duration,
+            options.max_examples,
+            options.stop_after,
+            options.database,
+            options.seed,
+            options.call_timeout,
+        )
+        self.known = KnownFindings()  # set by prepare, before the workers are forked
+
+    def prepare(self, event: Callable[[str], None]) -> dict[str, str]:
+        options = self.options
+        self.known = known_signatures([*options.known, options.corpus], self.target, options.call_timeout)
+        return {key: traces[0].where for key, traces in self.known.known.items()}
+
+    def seed_of(self, slot: int, incarnation: int) -> int:
+        if (slot, incarnation) == (0, 0):
+            return self.options.seed
+        return worker_seed(self.options.seed, slot, incarnation)
+
+    def search(self, worker: WorkerContext) -> None:
+        _Worker(self, worker).search()
+
+    def journal(self, pid: int) -> Path:
+        return scheduler_journal(self.options.corpus, pid)
+
+    def died(self, pid: int, how: str, event: Callable[[str], None]) -> Optional[Death]:
+        journal = self.journal(pid)
+        message = f"the campaign's worker process {how}"
+        try:
+            trace = died_trace(self.target.name, self.target.version(), journal, message)
+        finally:
+            journal.unlink(missing_ok=True)
+        if trace is None:
+            return None
+        saved = save_scheduler_trace(trace, self.options.corpus)
+        if saved.error is not None:
+            event(f"kvfuzz: the program of the dead worker (pid {pid}) could not be saved: {saved.report()}")
+            return None
+        signature = scheduler_signature(self.target.name, SchedulerProcessDied(message))
+        return Death(saved.path, trace, signature, f"crash: {trace.failure.message}")
+
+    def text(self, signature: dict[str, Optional[str]]) -> str:
+        return str(Signature(**signature))  # type: ignore[arg-type]  # Signature.to_json()'s fields
+
+    def rerun(self) -> SchedulerRerun:
+        return self.options.rerun()
+
+    def result_fields(self) -> dict[str, Any]:
+        return {"allocators": (), "scheduler": self.options.scheduler}
+
+
+class _Heartbeat(ProgramJournal):
+    """The worker's journal: each example's program on disk, and each operation a sign of life to the supervisor."""
+
+    def __init__(self, path: Path, reporter: Reporter) -> None:
+        super().__init__(path)
+        self.reporter = reporter
+
+    def start(self, setup: SchedulerSetup, model_runner: str) -> None:
+        super().start(setup, model_runner)
+        self.reporter.beat()
+
+    def record(self, operation: Operation) -> None:
+        super().record(operation)
+        self.reporter.beat()
+
+
+class _Worker:
+    """One worker's batches, and what it tells the supervisor of each."""
+
+    def __init__(self, campaign: SchedulerCampaign, worker: WorkerContext) -> None:
+        self.campaign = campaign
+        self.options = campaign.options
+        self.worker = worker
+        self.target = attrs.evolve(campaign.target, search=_halted_shrinks(campaign.target.search, worker.halt))
+        self.reporter = worker.reporter
+        self.store = open_store(self.options.database, worker.claims)
+
+    def search(self) -> None:
+        options, worker = self.options, self.worker
+        rng = random.Random(worker.seed)
+        journal: Optional[_Heartbeat] = None
+        if options.isolate:
+            runner = isolated_runner(self.target, options, self.reporter.beat)
+        else:
+            journal = _Heartbeat(scheduler_journal(options.corpus), self.reporter)
+
+            def runner(plan: BatchPlan, is_new: Callable[..., bool]) -> BatchResult:
+                return run_batch(self.target, options, plan, is_new, journal)
+
+        number = 0
+        try:
+            while not worker.stop.is_set():
+                granted = worker.take_examples(options.batch_examples)
+                if not granted:
+                    return
+                config = draw(rng, self.target.validate, self.target.dimensions, dict(options.pins))
+                plan = BatchPlan(number, config, rng.randrange(2**32), granted, worker.ends)
+                number += 1
+                try:
+                    result = runner(plan, self.is_new)
+                except HarnessError as error:  # kvfuzz's own code failed: the campaign ends on it
+                    worker.settle_examples(granted, 0)
+                    self.reporter.send(HarnessFailed(worker.slot, error.describe()))
+                    return
+                worker.settle_examples(granted, result.outcome.examples)
+                self.record(plan, result)
+        finally:
+            if journal is not None:
+                journal.close()
+                journal.path.unlink(missing_ok=True)
+
+    def is_new(self, signature: Signature, first: Optional[SavedSchedulerTrace]) -> bool:
+        """Claim ``signature`` unless a corpus trace knows it (a regression's is claimed: reported as new) or a
+        worker claimed it first; the claim names the example as found, saved already."""
+        key = signature.key()
+        if key in self.campaign.known.known:
+            return False
+        trace = str(first.path) if first is not None and first.error is None else None
+        if self.store.claim(signature, self._record(signature, trace)) is not None:
+            return False
+        length = len(first.trace.program) if first is not None else 0
+        self.reporter.send(Claimed(self.worker.slot, signature.to_json(), key, length, trace))
+        self.reporter.phase = "shrinking"
+        return True
+
+    def _record(self, signature: Signature, trace: Optional[str]) -> dict[str, Any]:
+        found_by = f"{socket.gethostname()} pid {os.getpid()}"
+        return {"signature": signature.to_json(), "found_by": found_by, "trace": trace}
+
+    def _claimed_by(self, signature: Signature) -> str:
+        """Who claimed ``signature`` (a worker of this campaign, or of another sharing its Redis), as its claim
+        says: read back by claiming it again, which only returns the first claim's record."""
+        prior = self.store.claim(signature, self._record(signature, None))
+        if prior is None:
+            return "met earlier in this campaign"
+        return f"found earlier by {prior.get('found_by', 'another worker')}"
+
+    def record(self, plan: BatchPlan, result: BatchResult) -> None:
+        """Count the batch (its search's examples count toward ``max_examples``, shrinking's do not; every step
+        counts) and tell of its findings."""
+        outcome = result.outcome
+        self.reporter.phase = "searching"
+        self.reporter.examples += outcome.examples
+        self.reporter.steps += outcome.steps + (result.shrunk.steps if result.shrunk is not None else 0)
+        entry = {
+            **plan.config.to_json(),
+            "hypothesis_seed": plan.seed,
+            "examples": outcome.examples,
+            "steps": outcome.steps,
+            "preemptions": outcome.preemptions,
+            "hit_tokens": outcome.hit_tokens,
+            "released_rewrites": outcome.rewrites,  # async scheduling's: 0 under synchronous scheduling
+            "lora_held_back": outcome.lora_held_back,  # steps the LoRA limit held a request back (0 without)
+            "failure": None if result.signature is None else str(result.signature),
+        }
+        self.reporter.send(Batch(self.worker.slot, entry, plan.config.refused))
+        if result.signature is None:
+            return
+        self.finding(plan, result.signature, result)
+        drifted = result.drifted
+        if drifted is not None:
+            note = f"met while shrinking {result.signature} (the batch's first failure)"
+            other = BatchResult(drifted.outcome, drifted.signature, drifted.saved, None, drifted.saved, note)
+            self.finding(plan, drifted.signature, attrs.evolve(other, new=drifted.new))
+
+    def finding(self, plan: BatchPlan, signature: Signature, result: BatchResult) -> None:
+        """Tell the supervisor of the finding of ``signature`` that ``result`` met: counted, or (claimed by this
+        batch) saved."""
+        key = signature.key()
+        setup, runner = plan.config.setup, plan.config.model_runner
+        if not result.new:
+            if key in self.campaign.known.known:
+                where = self.campaign.known.credit(key, setup, runner)
+            else:
+                where = self._claimed_by(signature)
+            self.reporter.send(Seen(self.worker.slot, signature.to_json(), key, where))
+            return
+        same = result.shrunk is not None and result.shrunk.failure is not None and result.drifted is None
+        shown = result.shrunk if same and result.shrunk is not None else result.outcome
+        saved = result.saved
+        note = _note(plan, result, self.worker.slot if self.options.workers > 1 else None)
+        if key in self.campaign.known.regressions:
+            note = f"REGRESSION: a fixed bug is back, {self.campaign.known.credit(key, setup, runner, True)}; {note}"
+        written = saved is not None and saved.error is None
+        self.reporter.send(
+            Saved(
+                self.worker.slot,
+                key,
+                len(saved.trace.program) if saved is not None else 0,
+                str(saved.path) if written and saved is not None else None,
+                note,
+                result.reproduced or 0,
+                0 if result.reproduced is None else 1,
+                _program(saved) or shown.program,
+                shown.explanation(),
+                saved.trace.to_json() if saved is not None and not written else None,
+            )
+        )
+        database = self.options.database
+        if database is not None and written and saved is not None:
+            shared = share_finding(database, saved.trace, signature, self.options.seed, str(saved.path))
+            self.reporter.send(Said(self.worker.slot, f"  {database}: {shared}"))
+
+
+def _halted_shrinks(search: Search, halt: Any) -> Search:
+    """``search``, its shrinking searches interrupted by ``halt`` (Ctrl-C): the failure they shrink is on disk as
+    found, and :func:`~kvfuzz.campaign.scheduler.loop.run_batch` keeps it so. A search without shrinking runs to its
+    end (a batch's examples), after which the worker sees ``stop``."""
+    interrupts = HaltInterrupts(halt)
+
+    def halted(config: SwarmConfig, examples: int, seed: int, shrink: bool, *rest: Any) -> Outcome:
+        if not shrink:
+            return search(config, examples, seed, shrink, *rest)
+        with interrupts.armed():
+            return search(config, examples, seed, shrink, *rest)
+
+    return halted
+
+
+def _program(saved: Optional[SavedSchedulerTrace]) -> str:
+    """The program of the finding's trace, one operation a line, as the trace replays it (no-op aborts of finished
+    requests are not in it), then the drain; "" without a trace."""
+    if saved is None:
+        return ""
+    return "\n".join([*(operation.source("state") for operation in saved.trace.program), "state.drain()"])
+
+
+def _note(plan: BatchPlan, result: BatchResult, worker: Optional[int]) -> str:
+    """The configuration the finding was met in (and by which worker, where there are several), and what became of
+    its shrinking."""
+    by = f" of worker {worker}" if worker is not None else ""
+    where = f"found in batch {plan.number}{by} ({plan.config.describe()}, Hypothesis seed {plan.seed})"
+    return f"{where}; {result.note}" if result.note else where
+
+
+def run_scheduler_campaign(
+    options: SchedulerCampaignOptions,
+    target: SchedulerTarget,
+    status: Optional[Callable[[str], None]] = None,
+    event: Optional[Callable[[str], None]] = None,
+) -> CampaignResult:
+    """Run a scheduler campaign to its end on the campaign's supervisor (:class:`~kvfuzz.campaign.lock.CorpusInUse`
+    when another campaign holds its corpus)."""
+    return Supervisor(SchedulerCampaign(options, target), status, event).run()
