@@ -252,6 +252,9 @@ class EngineCore:
             if block in pools.seen_cached and not reuses_cached:
                 pools.note(block, "evicted from the cache, to be reused")
                 pools.seen_cached.discard(block)
+            if pools.freed_tags and state.layout(seq).size == pools.block_size:
+                first = state.layout(seq).first_position(index)
+                pools.taken_fresh(block, state.reference.tags(seq)[first : first + pools.block_size])
             pools.note(block, "{} {} as logical block {}", event, seq, index)
         for block in change.released:
             if released:

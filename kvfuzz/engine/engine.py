@@ -355,7 +355,7 @@ class Engine(EngineCore):
         model.status, model.written, model.drafts = Status.RUNNING, num_cached, 0
         model.dropped_at_length = -1
         table = self.checks.results.block_table(seq, self.allocator.block_table(seq))
-        self.checks.cache.hit_on_free(seq, table, num_cached, free_before)  # the cause of what checks after it see
+        self.checks.cache.hit_on_released(seq, table, num_cached, free_before)  # the cause of what checks after it see
         self.checks.results.table_shape(seq, table)
         self.checks.content.admit_table(seq, tuple(reported), table)
         table_ids = (seq, *self.expected.group_tables(seq))

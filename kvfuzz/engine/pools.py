@@ -11,7 +11,7 @@ newer write, so a block handed out again too early is observably corrupted.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 import attrs
 import torch
@@ -109,7 +109,9 @@ class KVPools:
         self._stale: set[int] = set()  # device slots whose records changed since the device tensors were updated
         self._host_stale: set[int] = set()  # the same for the host pool
         self.shadow: dict[int, SlotWrite] = {}  # device slot -> the write whose K/V it holds
-        self.overwritten: dict[int, set[int]] = {}  # device slot -> tags of K/V it held before other K/V replaced it
+        # Device slot -> tags of the K/V it held when the allocator listed its block free, until a write lands there
+        # (less those a table that took the block fresh is to write): a cache entry for one outlived the release.
+        self.freed_tags: dict[int, set[int]] = {}
         self.host_shadow: dict[int, SlotWrite] = {}  # host slot -> the write whose K/V it holds
         self.next_step = 0  # the step being scheduled: launched by the next step()
         self.last_completed = -1  # the newest step that has completed on the device (-1: none yet)
@@ -249,7 +251,7 @@ class KVPools:
 
     def write(self, slots: list[int], writes: list[SlotWrite]) -> None:
         """Write the K/V of each tagged position into its slot (the writes of the step being launched)."""
-        self._overwrite(zip(slots, writes))
+        self._landed(slots)
         self.shadow.update(zip(slots, writes))
         if self.withdrawn:
             for slot in slots:
@@ -287,12 +289,26 @@ class KVPools:
             step=step,
         )
 
-    def _overwrite(self, writes: Iterable[tuple[int, Optional[SlotWrite]]]) -> None:
-        """Remember the tag each device slot of ``writes`` holds when a write of other K/V replaces it."""
-        for slot, new in writes:
-            old = self.shadow.get(slot)
-            if old is not None and (new is None or new.tag != old.tag):
-                self.overwritten.setdefault(slot, set()).add(old.tag)
+    def listed_free(self, block: int) -> None:
+        """The allocator listed ``block`` free: whatever K/V it holds left the cache (:attr:`freed_tags`)."""
+        for slot in range(block * self.block_size, (block + 1) * self.block_size):
+            record = self.shadow.get(slot)
+            if record is not None:
+                self.freed_tags.setdefault(slot, set()).add(record.tag)
+
+    def _landed(self, slots: Iterable[int]) -> None:
+        """A write or copy landed in ``slots``: what they held when freed is gone (a hit on it now meets other K/V,
+        which the content checks name)."""
+        if self.freed_tags:
+            for slot in slots:
+                self.freed_tags.pop(slot, None)
+
+    def taken_fresh(self, block: int, tags: Sequence[int]) -> None:
+        """A table took ``block`` fresh (not by a hit) to hold ``tags`` from its first slot on: a hit on those is on
+        writes scheduled anew, not on what the block held when freed."""
+        if self.freed_tags:
+            for slot, tag in zip(range(block * self.block_size, (block + 1) * self.block_size), tags):
+                self.freed_tags.get(slot, set()).discard(tag)
 
     def _copy(
         self,
@@ -316,7 +332,7 @@ class KVPools:
         elif self._host is not None:
             self._host_stale.update(dst_slots)
         if to_device:
-            self._overwrite((slot, src_shadow.get(src * size + offset)) for offset, slot in enumerate(dst_slots))
+            self._landed(dst_slots)
         for offset in range(size):
             record = src_shadow.get(src * size + offset)
             if record is None:

@@ -70,6 +70,8 @@ class AccountingChecks(Checker):
         free, cached, pending = alloc.free_blocks(), alloc.cached_blocks(), alloc.pending_blocks()
         seen_cached = self.pools.seen_cached
         for block in touched:
+            if block in free and not self.state.refs.holders.get(block):
+                self.pools.listed_free(block)
             if self._block(alloc, block, free, cached, pending):
                 seen_cached.add(block)
             else:
@@ -162,6 +164,7 @@ class AccountingChecks(Checker):
             )
         total = len(free) + len(cached) + len(pending) + h.refs.num_referenced()
         if total != h.num_blocks:
+            self._name_the_block(set(free), set(cached), set(pending))
             self.fail(
                 Invariant.FREE_SET,
                 f"free + cached + pending + referenced = {len(free)} + {len(cached)} + "
@@ -169,6 +172,19 @@ class AccountingChecks(Checker):
                 [f"expected: {h.num_blocks} (every block exactly once)"],
                 Cause("the free, cached, pending and referenced blocks do not add up to the pool"),
             )
+
+    def _name_the_block(self, free: set[int], cached: set[int], pending: set[int]) -> None:
+        """When the pool's counts do not add up: the first block whose own listing says why (a referenced block
+        listed, an unreferenced one in none or several sets), failed with that block's cause, as the audit of every
+        block would (one bug, one finding, whether a touched block or the sum noticed it first)."""
+        alloc = self.introspection
+        if alloc is None:
+            return
+        holders = self.state.refs.holders
+        for block in range(self.state.num_blocks):
+            listed = (block in free) + (block in cached) + (block in pending)
+            if listed != (not holders.get(block)):
+                self._block(alloc, block, free, cached, pending)
 
     def _why_pending(self, pending: Collection[int], in_window: Sequence[int]) -> tuple[list[str], Cause]:
         """Why one pending block should not be: a table still maps it (it was put in the pending set while live), or
