@@ -1,29 +1,35 @@
 """Findings per seeded bug: how many distinct findings (signatures) one bug becomes, and whether one bug hides another.
 
-For every allocator with one seeded bug (the zoo's variants) and every allocator with several
-(:data:`kvfuzz.zoo.combined.COMBINED`), the same random programs (``--programs`` programs of up to ``--steps`` calls,
-seeded) are run, and every failing program is given two signatures side by side:
+For every allocator with one seeded bug (the zoo's variants), every allocator with one bug written independently of
+the signature code (:data:`benchmarks.independent.BUGS`, by someone given only bug reports and the contract) and every
+allocator with several (:data:`kvfuzz.zoo.combined.COMBINED`), the same random programs (``--programs`` programs of up
+to ``--steps`` calls, seeded) are run, each failing program is replayed (which audits the whole observable state after
+every call), and given three signatures side by side:
 
-* before: the invariant and the failing operation (what a signature was before checks named causes; computed from
+* operation: the invariant and the failing operation (what a signature was before checks named causes; computed from
   the same violation, its cause dropped);
-* after: :func:`kvfuzz.shrink.signature.signature_of`, the invariant and the cause its check named (the operation
-  only where the cause says so).
+* cause: the invariant and the cause the failing check named (the operation only where the cause says so), whatever
+  the audit found before the failure (what a signature was before it was keyed by the first divergence);
+* divergence: :func:`kvfuzz.shrink.signature.signature_of` with the replay's divergence: the invariant and cause of
+  the first call after which the audit found the allocator's state departed from the model, else the cause's.
 
-For the one-bug allocators it prints the distinct findings per bug under each, and the ratio over all bugs found.
+For each set of one-bug allocators it prints the distinct findings per bug under each, and the ratio over all bugs
+found; one-bug allocators no program fails are listed.
 For each combined allocator it keeps the first program of each distinct finding (what a campaign shrinks and saves),
 replays it against each of its bugs' one-bug variants, and counts a bug as shown when some kept program fails there
 with the same signature; a bug that its one-bug variant shows under the same programs but none of the combined
 allocator's kept findings shows is hidden.
 
-Usage: python benchmarks/findings.py [--programs N] [--steps N] [--seed N] [--only NAME ...]
+Usage: python benchmarks/findings.py [--programs N] [--steps N] [--seed N] [--only NAME ...] [--sets zoo independent]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import random
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.engine import MachineConfig
@@ -31,7 +37,7 @@ from kvfuzz.engine.violations import InvariantViolation, violation
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
 from kvfuzz.program.random_programs import random_program
-from kvfuzz.program.replay import NotApplicable, replay
+from kvfuzz.program.replay import Divergence, NotApplicable, replay
 from kvfuzz.registry import load_factory
 from kvfuzz.shrink.signature import Signature, signature_of
 from kvfuzz.threads import single_threaded_torch
@@ -39,24 +45,48 @@ from kvfuzz.zoo import VARIANTS, Variant
 from kvfuzz.zoo.combined import COMBINED, Combined
 
 Factory = Callable[[PoolSpec], object]
-Signer = Callable[[str, BaseException, Sequence[Call], "int | None"], Signature]
+Signer = Callable[[str, BaseException, Sequence[Call], "int | None", "Divergence | None"], Signature]
 
 
-def before(allocator: str, failure: BaseException, calls: Sequence[Call], failed_at: int | None) -> Signature:
+def by_operation(
+    allocator: str, failure: BaseException, calls: Sequence[Call], failed_at: int | None, diverged: Divergence | None
+) -> Signature:
     """The signature as it was before checks named causes: the same violation without its cause."""
     if isinstance(failure, InvariantViolation):
         failure = violation(failure.invariant, failure.operation, failure.step, failure.summary, failure.details)
     return signature_of(allocator, failure, calls, failed_at)
 
 
-after: Signer = signature_of
-SIGNERS: dict[str, Signer] = {"before": before, "after": after}
+def by_cause(
+    allocator: str, failure: BaseException, calls: Sequence[Call], failed_at: int | None, diverged: Divergence | None
+) -> Signature:
+    """The signature as it was before the first divergence keyed it: the failing check's cause."""
+    return signature_of(allocator, failure, calls, failed_at)
+
+
+SIGNERS: dict[str, Signer] = {"operation": by_operation, "cause": by_cause, "divergence": signature_of}
+SETS = ("zoo", "independent")
+INDEPENDENT = "independent"
+"""The package beside this script holding the independent one-bug allocators (``BUGS``: records with a ``name`` and a
+``factory`` from a :class:`~kvfuzz.allocator.types.PoolSpec`)."""
+
+
+def independent_bugs() -> Sequence[Any] | None:
+    """``BUGS`` of the independent set, or None where this tree has none."""
+    try:
+        module = importlib.import_module(INDEPENDENT)
+    except ModuleNotFoundError as error:
+        if error.name != INDEPENDENT:
+            raise
+        return None
+    return tuple(module.BUGS)
 
 
 def failures(
     factory: Factory, programs: int, steps: int, seed: int
-) -> Iterator[tuple[tuple[Call, ...], BaseException, int | None]]:
-    """Every failing program among ``programs`` seeded random programs, with where it failed (replayed to find it)."""
+) -> Iterator[tuple[tuple[Call, ...], BaseException, int | None, Divergence | None]]:
+    """Every failing program among ``programs`` seeded random programs, with where it failed and where it first
+    diverged (replayed to find both)."""
     target = Target(factory, MachineConfig())  # type: ignore[arg-type]
     rng = random.Random(seed)
     for _ in range(programs):
@@ -65,7 +95,7 @@ def failures(
             continue
         outcome = replay(target, found.calls)
         if outcome.failure is not None:
-            yield found.calls, outcome.failure, outcome.failed_at
+            yield found.calls, outcome.failure, outcome.failed_at, outcome.diverged
 
 
 def findings(
@@ -73,9 +103,9 @@ def findings(
 ) -> dict[str, dict[Signature, tuple[Call, ...]]]:
     """Signer name -> each distinct signature met, with the first program that met it."""
     kept: dict[str, dict[Signature, tuple[Call, ...]]] = {name: {} for name in SIGNERS}
-    for calls, failure, failed_at in failures(factory, programs, steps, seed):
+    for calls, failure, failed_at, diverged in failures(factory, programs, steps, seed):
         for name, sign in SIGNERS.items():
-            kept[name].setdefault(sign(spec, failure, calls, failed_at), calls)
+            kept[name].setdefault(sign(spec, failure, calls, failed_at, diverged), calls)
     return kept
 
 
@@ -88,8 +118,34 @@ def shows(bug: Variant, signature: Signature, calls: tuple[Call, ...], sign: Sig
         return False
     if outcome.failure is None:
         return False
-    found = sign(spec, outcome.failure, calls, outcome.failed_at)
+    found = sign(spec, outcome.failure, calls, outcome.failed_at, outcome.diverged)
     return found == Signature(spec, signature.failure, signature.operation, signature.frame, signature.cause)
+
+
+def one_bug_set(
+    title: str, bugs: Sequence[tuple[str, str, Factory]], args: argparse.Namespace
+) -> dict[str, dict[str, dict[Signature, tuple[Call, ...]]]]:
+    """The findings of each one-bug allocator of a set (name, spec, factory) under every signer, printed as a table
+    with the ratio over the bugs found; the bugs no program finds are listed."""
+    measured: dict[str, dict[str, dict[Signature, tuple[Call, ...]]]] = {}
+    print(f"\n| {title} | " + " | ".join(f"findings by {name}" for name in SIGNERS) + " |")
+    print("|---|" + "---|" * len(SIGNERS))
+    for name, spec, factory in bugs:
+        measured[name] = findings(spec, factory, args.programs, args.steps, args.seed)
+        counts = [len(measured[name][signer]) for signer in SIGNERS]
+        if counts[0]:
+            print(f"| {name} | " + " | ".join(str(count) for count in counts) + " |", flush=True)
+    found = [name for name in measured if measured[name]["operation"]]
+    totals = {signer: sum(len(measured[bug][signer]) for bug in found) for signer in SIGNERS}
+    print(
+        f"\n{title}: {len(found)} of {len(bugs)} failed; distinct findings per bug: "
+        + ", ".join(
+            f"{signer} {totals[signer]}/{len(found)} = {totals[signer] / max(1, len(found)):.2f}" for signer in SIGNERS
+        )
+    )
+    never = [name for name in measured if name not in found]
+    print(f"{title} no program failed: {', '.join(never) or 'none'}")
+    return measured
 
 
 def main() -> None:
@@ -97,38 +153,39 @@ def main() -> None:
     parser.add_argument("--programs", type=int, default=120, help="random programs per allocator (default 120)")
     parser.add_argument("--steps", type=int, default=40, help="the longest program, in calls (default 40)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--only", nargs="*", help="one-bug variants to measure (default: all)")
-    args = parser.parse_args()
-    started = time.process_time()
-    single: dict[str, dict[str, dict[Signature, tuple[Call, ...]]]] = {}
-    variants = [v for v in VARIANTS if not args.only or v.name in args.only]
-    print("| one-bug variant | findings before | findings after |")
-    print("|---|---|---|")
-    with single_threaded_torch():
-        for variant in variants:
-            spec = f"zoo:{variant.name}"
-            single[variant.name] = findings(spec, variant.factory(), args.programs, args.steps, args.seed)
-            counts = [len(single[variant.name][name]) for name in SIGNERS]
-            if counts[0]:
-                print(f"| {variant.name} | {counts[0]} | {counts[1]} |", flush=True)
-        found = [name for name in single if single[name]["before"]]
-        totals = {name: sum(len(single[bug][name]) for bug in found) for name in SIGNERS}
-        print(
-            f"\n{len(found)} of {len(variants)} one-bug variants failed; distinct findings per seeded bug: "
-            + ", ".join(
-                f"{name} {totals[name]}/{len(found)} = {totals[name] / max(1, len(found)):.2f}" for name in SIGNERS
-            )
-        )
-        print("\n| combined allocator | its bugs | findings before | shown before | findings after | shown after |")
-        print("|---|---|---|---|---|---|")
-        hidden = {name: 0 for name in SIGNERS}
-        for combined in COMBINED:
-            row = _combined_row(combined, single, args, hidden)
-            print(row, flush=True)
-    print(
-        "\nbugs hidden on the combined allocators (shown by their one-bug variant, by no finding of the combined): "
-        + ", ".join(f"{name} {hidden[name]}" for name in SIGNERS)
+    parser.add_argument("--only", nargs="*", help="one-bug allocators to measure, of either set (default: all)")
+    parser.add_argument(
+        "--sets", nargs="*", choices=SETS, help="which sets to measure (default: every one this tree has)"
     )
+    args = parser.parse_args()
+    independent = independent_bugs()
+    if args.sets is None:
+        args.sets = [name for name in SETS if name != "independent" or independent is not None]
+    if "independent" in args.sets and independent is None:
+        parser.error("no benchmarks/independent in this tree to measure: use --sets zoo")
+    started = time.process_time()
+    hidden = {name: 0 for name in SIGNERS}
+    with single_threaded_torch():
+        if "zoo" in args.sets:
+            variants = [v for v in VARIANTS if not args.only or v.name in args.only]
+            single = one_bug_set(
+                "zoo one-bug variant", [(v.name, f"zoo:{v.name}", v.factory()) for v in variants], args
+            )
+            print(
+                "\n| combined allocator | its bugs | "
+                + " | ".join(f"findings by {name} | shown by {name}" for name in SIGNERS)
+                + " |"
+            )
+            print("|---|---|" + "---|---|" * len(SIGNERS))
+            for combined in COMBINED:
+                print(_combined_row(combined, single, args, hidden), flush=True)
+            print(
+                "\nbugs hidden on the combined allocators (shown by their one-bug variant, by no finding of the "
+                "combined): " + ", ".join(f"{name} {hidden[name]}" for name in SIGNERS)
+            )
+        if "independent" in args.sets:
+            bugs = [bug for bug in independent or () if not args.only or bug.name in args.only]
+            one_bug_set("independent one-bug allocator", [(bug.name, bug.name, bug.factory) for bug in bugs], args)
     print(f"{time.process_time() - started:.0f} CPU-seconds")
 
 

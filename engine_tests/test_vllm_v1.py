@@ -6,6 +6,8 @@ import fails loudly rather than skipping.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import pytest
 from hypothesis import settings
@@ -14,11 +16,13 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvfuzz.adapters import vllm_v1
 from kvfuzz.allocator import InvalidArgument, OutOfBlocks, PoolSpec, UnknownSequence, Unsupported
 from kvfuzz.allocator.types import NULL_BLOCK
+from kvfuzz.campaign.known import trace_signature
 from kvfuzz.profiles import PROFILES
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
 from kvfuzz.program.replay import replay
 from kvfuzz.runner import run
+from kvfuzz.saved.trace import load
 from kvfuzz.statemachines import MachineConfig, machine_for
 
 SPEC = PoolSpec(block_size=4, num_blocks=6)
@@ -267,3 +271,21 @@ def test_a_block_holding_drafts_when_written_is_not_owed_matchable() -> None:
     config = MachineConfig(block_size=8, num_blocks=3, num_host_blocks=0)
     outcome = replay(Target(vllm_v1.kv_cache_manager_spec_decode, config), calls)
     assert outcome.failure is None, outcome.failure
+
+
+def test_the_withdrawn_request_bug_is_one_finding_however_its_hit_is_noticed() -> None:
+    """The three corpus traces of the withdrawn-request bug fail with three causes (a hit on unwritten K/V, on
+    another prefix's K/V, on scheduled writes then withdrawn); each diverged at the preemption that left the
+    withdrawn blocks cached (or failed there), so their signatures are one."""
+    corpus = Path(__file__).resolve().parent.parent / "corpus"
+    traces = [
+        load(path)
+        for path in sorted(corpus.glob("vllm-v1-kv-cache-manager-*.json"))
+        if "withdrawn" in path.name or "cache-soundness" in path.name
+    ]
+    assert len(traces) == 3
+    signatures = {trace_signature(trace, 30.0) for trace in traces}
+    assert None not in signatures
+    assert len(signatures) == 1, signatures
+    (signature,) = signatures
+    assert signature is not None and signature.cause == "a cache hit on scheduled writes that were then withdrawn"

@@ -57,6 +57,7 @@ from kvfuzz.registry import (
     probe_allocator,
 )
 from kvfuzz.saved.files import json_file_kind
+from kvfuzz.saved.hint import replay_hint
 from kvfuzz.text import printable
 from kvfuzz.torch_check import INSTALL_TORCH, torch_unavailable
 
@@ -271,7 +272,9 @@ class _Replayed(Protocol):
     def describe_failure(self) -> str: ...
 
 
-def _judge(known_bug: Optional[str], replayed: _Replayed, target: str, where: str, path: Path) -> None:
+def _judge(
+    known_bug: Optional[str], replayed: _Replayed, target: str, where: str, path: Path, allocator: Optional[str]
+) -> None:
     """A trace's regression rule, for allocator and scheduler traces alike: a trace fails while its recorded failure
     reproduces (or it fails differently: ``where`` it failed, against ``target``); a ``known_bug`` trace passes while
     it reproduces and fails once it stops."""
@@ -285,8 +288,7 @@ def _judge(known_bug: Optional[str], replayed: _Replayed, target: str, where: st
     elif replayed.failed:
         verdict = "still reproduces" if replayed.reproduced else "fails differently"
         raise KvfuzzFailure(
-            f"the recorded failure {verdict} {where}:\n{replayed.describe_failure()}\n"
-            f"replay it with: kvfuzz replay {path}"
+            f"the recorded failure {verdict} {where}:\n{replayed.describe_failure()}\n{replay_hint(path, allocator)}"
         )
 
 
@@ -343,7 +345,9 @@ class TraceItem(_KvfuzzItem):
         except BaseException as error:  # building the allocator failed or exited (a pytest.skip is no skip here)
             raised = " ".join(f"{type(error).__name__}: {error}".split())
             raise KvfuzzFailure(f"replay could not start: {raised}") from error
-        _judge(trace.known_bug, replayed, replayed.allocator, f"against {replayed.allocator}", self.path)
+        _judge(
+            trace.known_bug, replayed, replayed.allocator, f"against {replayed.allocator}", self.path, trace.allocator
+        )
 
     def reportinfo(self):
         return self.path, None, f"kvfuzz trace {self.name}"
@@ -388,7 +392,9 @@ class SchedulerTraceItem(_KvfuzzItem):
             raise KvfuzzFailure(f"the trace cannot be replayed here: {error}") from error
         except HarnessError as error:  # kvfuzz's own code failed: said as such, never as the trace's failure
             raise KvfuzzFailure(error.describe()) from None
-        _judge(trace.known_bug, replayed, trace.scheduler, f"at {replayed.where()} of {trace.scheduler}", self.path)
+        _judge(
+            trace.known_bug, replayed, trace.scheduler, f"at {replayed.where()} of {trace.scheduler}", self.path, None
+        )
 
     def reportinfo(self):
         return self.path, None, f"kvfuzz scheduler trace {self.name}"
@@ -475,7 +481,7 @@ class MachineItem(_KvfuzzItem):
         if saved is None:
             trace = ""
         elif saved.error is None:
-            trace = f"\ntrace: {saved.path} (replay it with: kvfuzz replay {saved.path})"
+            trace = f"\ntrace: {saved.path} ({replay_hint(saved.path, self.spec)})"
         else:
             trace = f"\n\n{saved.report()}"  # the corpus could not be written: the whole trace, so it is not lost
         notes = [note for note in (summary.shrink_note,) if note]

@@ -12,6 +12,7 @@ and the program being run is journalled before each call, so a process the alloc
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import random
 import time
@@ -49,14 +50,15 @@ from kvfuzz.program.safeguards import (
     user_interrupts,
 )
 from kvfuzz.program.stats import RunStats
-from kvfuzz.program.swarm import draw_swarm
-from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory
+from kvfuzz.program.swarm import draw_swarm, small_pools
+from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, builds, load_factory
 from kvfuzz.shrink.fixpoint import HUNG_REPLAYS
 from kvfuzz.shrink.fixpoint import shrink as shrink_to_fixpoint
 from kvfuzz.shrink.restarts import Failing, Restarts
 from kvfuzz.shrink.signature import signature_of
 from kvfuzz.statemachines.draws import source_independent_draws
 from kvfuzz.statemachines.machine import machine_for
+from kvfuzz.text import plural
 from kvfuzz.threads import single_threaded_torch
 
 # load_factory and AllocatorNotFound lived here before kvfuzz.registry; exported tests import them from here.
@@ -87,7 +89,8 @@ class RunSummary:
     shrinking. ``reproduced`` of ``replays`` says how often the reported program failed the same way when replayed
     on fresh allocators (fewer than all: flaky). ``interrupted`` says the user stopped the run; ``shrink_note`` says
     why the program was not shrunk further, when it was not. ``swarms`` counts the distinct operation subsets the
-    random programs were drawn over (:mod:`kvfuzz.program.swarm`).
+    random programs were drawn over (:mod:`kvfuzz.program.swarm`); ``pool`` is the configuration the failure was met
+    in, shrunk and confirmed in, when the run's swarm drew it a smaller pool than the run's own (None: the run's).
     """
 
     allocator: str
@@ -109,6 +112,7 @@ class RunSummary:
     examples_asked: Optional[int] = None
     declared_window: Optional[int] = None
     swarms: int = 0  # the distinct operation subsets the random programs were drawn over
+    pool: Optional[MachineConfig] = attrs.field(default=None, repr=False)  # the failure's, where not the run's
     occupancy: Optional[OccupancySummary] = attrs.field(default=None, repr=False)
     calls: tuple[Call, ...] = attrs.field(default=(), repr=False)
     failure: Optional[BaseException] = attrs.field(default=None, repr=False)
@@ -143,7 +147,8 @@ class RunSummary:
         )
 
     def to_json(self) -> dict[str, Any]:
-        fields = attrs.asdict(self, filter=lambda attribute, _: attribute.name not in ("calls", "failure", "occupancy"))
+        left_out = ("calls", "failure", "occupancy", "pool")
+        fields = attrs.asdict(self, filter=lambda attribute, _: attribute.name not in left_out)
         fields = {
             ("invariant" if name == "kind" else name): (self.invariant if name == "kind" else value)
             for name, value in fields.items()
@@ -154,7 +159,24 @@ class RunSummary:
             "steps_per_second": round(self.steps_per_second, 1),
             "program_length": self.program_length,
             "occupancy": self.occupancy.to_json() if self.occupancy is not None else None,
+            "pool": None if self.pool is None else pool_json(self.pool),
         }
+
+    def describe_pool(self) -> Optional[str]:
+        """For a person: the pool the failure was met in, when the run's swarm drew it (None: the run's own)."""
+        if self.pool is None:
+            return None
+        pool = self.pool
+        return (
+            f"met in a pool the run's swarm drew: {plural(pool.num_blocks, 'block')} x "
+            f"{plural(pool.block_size, 'slot')}, {plural(pool.num_host_blocks, 'host block')} (shrunk, confirmed and "
+            "saved in it)"
+        )
+
+
+def pool_json(config: MachineConfig) -> dict[str, int]:
+    """A pool's geometry, as a run's JSON object gives the pool its failure was met in."""
+    return {"block_size": config.block_size, "num_blocks": config.num_blocks, "num_host_blocks": config.num_host_blocks}
 
 
 @attrs.frozen
@@ -234,7 +256,7 @@ def _shrink_under(
         return failure, calls, "not shrunk further: the program did not replay (the allocator answered differently)"
     if outcome.failure is None or failure_kind(outcome.failure) != failure_kind(failure):
         return failure, calls, "not shrunk further: its replay did not fail the same way"
-    signature = signature_of(allocator, outcome.failure, calls, outcome.failed_at)
+    signature = signature_of(allocator, outcome.failure, calls, outcome.failed_at, outcome.diverged)
     digest = hashlib.sha256(f"{seed} {signature.key()}".encode()).digest()
     shrunk = shrink_to_fixpoint(
         target.factory,
@@ -387,6 +409,7 @@ def run(
             journal = Journal(journal_dir, allocator_name, config_json(config, config.inflight_window))
     failure: Optional[BaseException] = None
     calls: list[Call] = []
+    pool: Optional[MachineConfig] = None  # the failure's pool, where the swarm drew it
     flaky_in_search = interrupted = shrunk = False
     shrink_note: Optional[str] = None
     report: list[str] = []
@@ -396,15 +419,22 @@ def run(
         with single_threaded_torch(), user_interrupts(), exits_as_crashes(), watchdog or contextlib.nullcontext():
             target = Target(factory, config, stats, Safeguards(journal, watchdog))
             try:
+                pools = (
+                    small_pools(config, lambda pool: builds(allocator_name, factory, pool.pool_spec()))
+                    if random_examples
+                    else ()
+                )
                 found = random_search(
                     target,
                     examples=random_examples,
                     steps=steps,
                     seed=(0 if derandomize else None) if seed is None else seed,
-                    swarm=draw_swarm,
+                    swarm=functools.partial(draw_swarm, pools=pools),
                 )
                 if found is not None:
                     failure, calls = found.failure, list(found.calls)
+                    if found.config is not None:  # met in a pool the swarm drew: shrunk and confirmed there
+                        pool, target = found.config, attrs.evolve(target, config=found.config)
                 elif examples > random_examples:
                     stats.phase = "Hypothesis search"
                     machine = machine_for(factory, config, stats, target.safeguards)
@@ -442,8 +472,8 @@ def run(
                 interrupted = True
                 failure = None
             if isinstance(failure, AllocatorHang) and calls and on_hang is not None and watchdog is not None:
-                as_found = _summary(allocator_name, stats, counted, random_examples, examples, shrunk=False)
-                as_found = _failed(as_found, failure, calls, factory, config, report)
+                as_found = _summary(allocator_name, stats, counted, random_examples, examples, shrunk=False, pool=pool)
+                as_found = _failed(as_found, failure, calls, factory, target.config, report)
                 try:
                     on_hang(_hang_found(as_found, watchdog, shrink, min(confirm_replays, CONFIRM_HANG_REPLAYS)))
                 except UserInterrupt:
@@ -471,7 +501,9 @@ def run(
                 )
                 stats.phase = "confirming"
                 try:
-                    reproduced = confirm(Target(factory, config, None, target.safeguards), calls, failure, replays)
+                    reproduced = confirm(
+                        Target(factory, target.config, None, target.safeguards), calls, failure, replays
+                    )
                 except UserInterrupt:
                     interrupted, replays, reproduced = True, 0, None
                 if isinstance(failure, AllocatorHang) and reproduced and watchdog is not None:
@@ -490,8 +522,9 @@ def run(
         shrink_note=shrink_note,
         reproduced=reproduced,
         replays=replays,
+        pool=pool if failure is not None else None,
     )
-    return summary if failure is None else _failed(summary, failure, calls, factory, config, report)
+    return summary if failure is None else _failed(summary, failure, calls, factory, pool or config, report)
 
 
 def _summary(

@@ -315,6 +315,23 @@ def test_a_whole_prompt_hit_recomputed_in_place_inside_its_in_flight_window_is_n
     assert isinstance(failure, InvariantViolation) and failure.invariant is Invariant.NON_REUSE_WINDOW, failure
 
 
+def test_a_whole_prompt_hit_recomputed_in_place_onto_a_block_another_request_rolled_back_is_no_shared_write():
+    """Before: s0 rolled back its last token (its block still holds that token's K/V, and its cache entry), s1's
+    whole-prompt hit recomputed that token in place: reported as a write into a block s0 references, though it
+    rewrote the K/V already there."""
+    system = (("namespace", ()), ("system", (3, 2, 1)))
+    calls = [
+        Call("step", ()),
+        Call("admit", (*system, ("seq", "s0"), ("suffix", [1]))),
+        Call("step", ()),
+        Call("step", ()),
+        Call("rollback", (("num_tokens", 1), ("seq", "s0"))),
+        Call("admit", (*system, ("seq", "s1"), ("suffix", [1]))),
+    ]
+    declared = {"window": 1, "recomputes_last_token": True, "recomputes_in_place": True}
+    assert replay(Target(declaring(FullPromptHit, **declared)), calls).failure is None
+
+
 def test_declaring_the_recomputed_last_token_hides_no_rewrite_of_a_shared_block():
     """Bug class 9: without recomputes_in_place, the recomputed token lands in a block another request reads."""
     engine = _full_hit_engine(FullPromptHit, recomputes_last_token=True)

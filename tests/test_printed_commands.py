@@ -64,3 +64,59 @@ def test_a_registered_allocator_s_commands_need_no_trust() -> None:
         "see it as a timeline: kvfuzz show 'corpus/x y.json' (writes 'corpus/x y.html')"
     )
     assert default_page(trace) == Path("corpus") / "x y.html"
+
+
+pytest_plugins = ["pytester"]
+
+
+def test_a_trace_that_could_not_be_saved_prints_a_replay_that_trusts_the_user_s_allocator(tmp_path: Path) -> None:
+    """Before: "trace NOT saved ... replay it with: kvfuzz replay NAME", refused for the user's own allocator."""
+    from kvfuzz.engine.config import MachineConfig
+    from kvfuzz.saved.corpus import SavedTrace
+    from kvfuzz.saved.trace import Trace
+
+    record = {"invariant": None, "title": "crash", "operation": None, "explanation": "x"}
+    trace = Trace("mine:make", MachineConfig(), (), record, None)
+    report = SavedTrace(trace, tmp_path / "x.json", written=False, error="disk full").report()
+    assert "save it as x.json and replay it with: kvfuzz replay --trust-allocator x.json" in report, report
+    registered = SavedTrace(attrs_evolve(trace, "zoo:NoCopyOnWrite"), tmp_path / "x.json", False, "disk full")
+    assert "replay it with: kvfuzz replay x.json" in registered.report()
+
+
+def attrs_evolve(trace, allocator: str):  # type: ignore[no-untyped-def]
+    import attrs
+
+    return attrs.evolve(trace, allocator=allocator)
+
+
+def test_the_plugin_s_failure_prints_a_replay_that_trusts_the_user_s_allocator(pytester: pytest.Pytester) -> None:
+    """Before: the plugin's "trace: PATH (replay it with: kvfuzz replay PATH)" was refused for ``mine:make``."""
+    pytester.makepyfile(mine=OWN)
+    pytester.syspathinsert()
+    failed = pytester.runpytest("--kvfuzz-allocator=mine:make", "--kvfuzz-examples=50", "-p", "no:cacheprovider")
+    failed.assert_outcomes(failed=1)
+    (line,) = [line for line in failed.stdout.lines if "trace: " in line and "replay it with" in line]
+    trace = line.split("trace: ", 1)[1].split(" (", 1)[0]
+    assert f"(replay it with: kvfuzz replay --trust-allocator {shlex.quote(trace)})" in line, line
+
+
+def test_kvfuzz_findings_prints_a_replay_that_trusts_the_user_s_allocator(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: ``kvfuzz findings -o DIR`` printed "replay them with: kvfuzz replay FILES" for ``mine:make``."""
+    from types import SimpleNamespace
+
+    from kvfuzz.commands.findings import _table
+
+    def finding(key: str, allocator: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            key=key,
+            text="invariant 5",
+            signature=SimpleNamespace(allocator=allocator),
+            trace=SimpleNamespace(program=()),
+            machine="m",
+            time="t",
+        )
+
+    _table([finding("a", "zoo:NoCopyOnWrite"), finding("b", "mine:make")], {"a": "a.json", "b": "b b.json"}, "redis:")
+    assert "replay them with: kvfuzz replay --trust-allocator a.json 'b b.json'" in capsys.readouterr().out
+    _table([finding("a", "zoo:NoCopyOnWrite")], {"a": "a.json"}, "redis:")
+    assert "replay them with: kvfuzz replay a.json\n" in capsys.readouterr().out

@@ -54,3 +54,49 @@ def test_a_weighted_program_calls_its_operations_in_proportion_to_their_weights(
     )
     assert found is None
     assert stats.operations["step"] > 10 * stats.operations["admit"] > 0, stats.operations
+
+
+def test_a_run_s_swarm_draws_smaller_pools_the_factory_builds() -> None:
+    from kvfuzz.engine import MachineConfig
+    from kvfuzz.program.swarm import small_pools
+
+    asked: list[tuple[int, int]] = []
+
+    def builds(pool: MachineConfig) -> bool:  # a factory that builds no pool under 3 blocks
+        asked.append((pool.block_size, pool.num_blocks))
+        return pool.num_blocks >= 3
+
+    pools = small_pools(MachineConfig(num_host_blocks=2), builds)
+    geometries = {(pool.block_size, pool.num_blocks) for pool in pools}
+    assert geometries == {(4, n) for n in (3, 4, 5, 6, 8, 12)} | {(2, n) for n in (3, 4, 5, 6, 8, 12, 16)}
+    assert all(pool.num_host_blocks == 2 for pool in pools)  # the run's host pool, model and window stay
+    assert asked == [(2, 2), (2, 3), (4, 2), (4, 3)]  # the smallest one it builds, then no more asking
+    assert small_pools(MachineConfig(), lambda pool: False) == ()
+    rng = random.Random(1)
+    drawn = [draw_swarm(rng, pools=pools).config for _ in range(400)]
+    assert 120 < sum(config is None for config in drawn) < 280  # half keep the run's own pool
+    assert {config for config in drawn if config is not None} == set(pools)
+
+
+def test_a_failure_met_in_a_drawn_pool_is_shrunk_confirmed_and_saved_in_it(tmp_path) -> None:
+    """Before: the default run never met WholePoolPromptRefused (a prompt needing the whole pool is refused), which
+    only a pool no larger than a prompt reaches; its swarm now draws one, and the trace records it."""
+    from kvfuzz.commands.options import RUN_EXAMPLES
+    from kvfuzz.engine import MachineConfig
+    from kvfuzz.program.replay import replay
+    from kvfuzz.runner import run
+    from kvfuzz.saved.corpus import trace_of
+    from kvfuzz.zoo import VARIANTS
+
+    broken = next(variant for variant in VARIANTS if variant.name == "WholePoolPromptRefused")
+    summary = run(broken.factory(), MachineConfig(), examples=RUN_EXAMPLES, seed=1)
+    assert summary.violated is broken.expected, summary.explanation
+    assert summary.pool is not None and summary.pool.num_blocks < 16
+    assert summary.reproduced == summary.replays > 0
+    assert "met in a pool the run's swarm drew" in (summary.describe_pool() or "")
+    assert summary.to_json()["pool"]["num_blocks"] == summary.pool.num_blocks
+    trace = trace_of(summary, "zoo:WholePoolPromptRefused", MachineConfig())
+    assert trace is not None and trace.config == summary.pool
+    replayed = replay(Target(broken.factory(), trace.config), list(trace.program))
+    assert replayed.failure is not None
+    assert replay(Target(broken.factory(), MachineConfig()), list(trace.program)).failure is None  # not in 16 blocks

@@ -657,7 +657,7 @@ def test_a_restart_search_hands_back_the_failures_of_other_signatures_once_each(
     for other in others:
         rerun = replay(Target(factory, other.config), other.calls)
         assert rerun.failure is not None
-        assert signature_of(spec, rerun.failure, other.calls, rerun.failed_at) == other.signature
+        assert signature_of(spec, rerun.failure, other.calls, rerun.failed_at, rerun.diverged) == other.signature
 
 
 def _even_pools_only(spec: PoolSpec) -> PagedAllocator:

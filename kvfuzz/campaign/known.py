@@ -167,4 +167,4 @@ def trace_signature(trace: Trace, call_timeout: float) -> Signature | None:
     if not reproduces_recorded(trace, outcome.failure):
         return None
     assert outcome.failure is not None  # reproduces_recorded says so
-    return signature_of(trace.allocator, outcome.failure, trace.program, outcome.failed_at)
+    return signature_of(trace.allocator, outcome.failure, trace.program, outcome.failed_at, outcome.diverged)

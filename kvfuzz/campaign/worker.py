@@ -35,7 +35,7 @@ from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
 from kvfuzz.program.random_programs import random_program
-from kvfuzz.program.replay import NotApplicable, replay
+from kvfuzz.program.replay import Divergence, NotApplicable, replay
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, AllocatorHang, Journal, Watchdog
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory, builds, load_factory
@@ -204,13 +204,14 @@ class _Worker:
         """A failing program: count it if its signature is known, else claim it, shrink it, confirm it and save it."""
         factory = self.factories[swarm.allocator]
         failed_at: Optional[int] = None
+        diverged: Optional[Divergence] = None
         try:  # a hang's replay costs the watchdog's limit, and tells a hang in the teardown from one in the last call
             outcome = replay(Target(factory, swarm.machine, None, safeguards), calls)
         except NotApplicable:
             outcome = None
         if outcome is not None and outcome.failure is not None:
-            failure, failed_at = outcome.failure, outcome.failed_at
-        signature = signature_of(swarm.allocator, failure, calls, failed_at)
+            failure, failed_at, diverged = outcome.failure, outcome.failed_at, outcome.diverged
+        signature = signature_of(swarm.allocator, failure, calls, failed_at, diverged)
         key = signature.key()
         if key in self.plan.known:
             self.reporter.send(Seen(self.plan.slot, signature.to_json(), key, self.plan.known[key]))
@@ -334,7 +335,8 @@ def _confirm(
         except NotApplicable:
             continue
         if outcome.failure is not None:
-            reproduced += signature_of(signature.allocator, outcome.failure, calls, outcome.failed_at) == signature
+            found = signature_of(signature.allocator, outcome.failure, calls, outcome.failed_at, outcome.diverged)
+            reproduced += found == signature
     return reproduced
 
 

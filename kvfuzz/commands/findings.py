@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any, Iterator, Optional
 
 from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import at_least_seconds, needs_torch
+from kvfuzz.saved.hint import trusting
 from kvfuzz.text import printable
 
 
@@ -224,4 +226,6 @@ def _table(findings: list[Any], files: dict[str, str], url: str) -> None:
         print(line + (f"  -> {files[row[0]]}" if row[0] in files else ""))
     print(f"{len(findings)} finding{'s' if len(findings) != 1 else ''} in {url}")
     if files:
-        print(f"replay them with: kvfuzz replay {' '.join(files[f.key] for f in findings)}")
+        allocators = [f.signature.allocator for f in findings if f.key in files]
+        flag = next((trusting(allocator) for allocator in allocators if trusting(allocator)), "")
+        print(f"replay them with: kvfuzz replay{flag} {' '.join(shlex.quote(files[f.key]) for f in findings)}")

@@ -122,8 +122,21 @@ DEFAULT_CORPUS = defaults.CORPUS
 checkout of a project (kvfuzz's own included) never adds failing tests to the directories its pytest collects. A
 trace becomes a regression test when it is put in a collected corpus (``--corpus corpus``, or a copy)."""
 
-RUN_EXAMPLES = 100
-"""The examples of a ``kvfuzz run`` unless ``--examples`` says otherwise."""
+RUN_EXAMPLES = 300
+"""The examples of a ``kvfuzz run`` of an allocator unless ``--examples`` says otherwise: enough for its swarmed
+programs to reach the zoo's deep slips in every seed measured (docs/zoo.md), in a few seconds."""
+
+SCHEDULER_EXAMPLES = 100
+"""The examples of a ``kvfuzz run --scheduler`` unless ``--examples`` says otherwise (a real scheduler runs some
+hundred steps a second, not thousands)."""
+
+
+def run_examples(examples: Optional[int], scheduler: Optional[str]) -> int:
+    """``kvfuzz run``'s budget: ``--examples`` as given, else the default for its target (``scheduler``: the
+    ``--scheduler`` named, None for an allocator)."""
+    if examples is not None:
+        return examples
+    return RUN_EXAMPLES if scheduler is None else SCHEDULER_EXAMPLES
 
 
 def check_database(database: Optional[str]) -> None:
@@ -141,10 +154,13 @@ def check_database(database: Optional[str]) -> None:
         raise ValueError(f"--database {database}: not a directory")
 
 
-def machine_arguments(parser: argparse.ArgumentParser, examples: int = RUN_EXAMPLES) -> None:
-    """The machine, pool and model options; ``examples`` is the command's default budget, and its help says so."""
+def machine_arguments(parser: argparse.ArgumentParser, examples: Optional[int] = None) -> None:
+    """The machine, pool and model options; ``examples`` is the command's default budget, and its help says so (None:
+    ``kvfuzz run``'s, :data:`RUN_EXAMPLES` for an allocator and :data:`SCHEDULER_EXAMPLES` with ``--scheduler``,
+    which :func:`run_examples` settles once the target is known)."""
     group = parser.add_argument_group("machine")
-    group.add_argument("--examples", type=at_least(1), default=examples, help=f"examples to run (default {examples})")
+    default = f"{RUN_EXAMPLES}; {SCHEDULER_EXAMPLES} with --scheduler" if examples is None else str(examples)
+    group.add_argument("--examples", type=at_least(1), default=examples, help=f"examples to run (default {default})")
     group.add_argument("--steps", type=at_least(1), default=50, help="most operations per example (default 50)")
     group.add_argument("--seed", type=int, help="random seed (default: derandomized, the same run every time)")
     group.add_argument("--no-shrink", action="store_true", help="report the first failure as found, unshrunk")

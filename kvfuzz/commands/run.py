@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from kvfuzz.commands.json_stdout import emit_json
-from kvfuzz.commands.options import DEFAULT_CORPUS, check_database, machine_arguments, machine_config, needs_torch
+from kvfuzz.commands.options import (
+    DEFAULT_CORPUS,
+    check_database,
+    machine_arguments,
+    machine_config,
+    needs_torch,
+    run_examples,
+)
 from kvfuzz.last_words import last_words
 from kvfuzz.option_defaults import KERNEL_NAMES, SCHEDULER_NAMES
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorFactory, AllocatorNotFound, load_factory, probe_allocator
@@ -105,6 +112,9 @@ def _print_summary(summary: RunSummary, config: MachineConfig) -> None:
             f"({plural(summary.program_length, 'operation')}):"
         )
         print(summary.program or "  (no program was printed)")
+        pool = summary.describe_pool()
+        if pool is not None:
+            print(f"({pool})")
         if summary.shrink_note is not None:
             print(f"({summary.shrink_note})")
         print(f"\n{summary.explanation}")
@@ -283,6 +293,7 @@ def _dying_words(journal_dir: Optional[Path], corpus: str) -> contextlib.Abstrac
 
 
 def run_command(args: argparse.Namespace) -> int:
+    args.examples = run_examples(args.examples, args.scheduler)
     if args.scheduler is not None or usage_error(args) is not None:
         from kvfuzz.commands.scheduler_isolated import run_isolated as run_scheduler_isolated
 

@@ -23,7 +23,7 @@ from kvfuzz.engine.events import Completion, EngineEvents
 from kvfuzz.engine.expected import ExpectedState, Status, TableChange, common_prefix
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.pools import KVPools, SlotWrite
-from kvfuzz.engine.violations import Invariant
+from kvfuzz.engine.violations import Invariant, InvariantViolation
 from kvfuzz.reference.contiguous import ContiguousReference
 
 T = TypeVar("T")
@@ -98,6 +98,25 @@ class EngineCore:
         """The example is over: release the K/V pools now rather than when the garbage collector runs."""
         self.pools.close()
 
+    def diverged(self) -> Optional[InvariantViolation]:
+        """The violation an audit of the allocator's whole observable state finds now (None: none), labelled with
+        the operation last checked: where a replay first finds one is where the allocator departed from the model
+        (:mod:`~kvfuzz.engine.checks.divergence`). Changes nothing."""
+        try:
+            self.checks.divergence.audit()
+        except InvariantViolation as found:
+            return found
+        return None
+
+    def at_boundaries(self, boundary: Callable[[], None], completed: Callable[[], None]) -> None:
+        """Call ``boundary`` where one part of a call ends and the next begins: before each operation the engine
+        begins (one call may make several: a decode grows every sequence, then steps) and before an operation's step
+        completions, under the label of what came before; and ``completed`` after every completion, once its own
+        checks have passed (a completion's deferred releases are a change of their own, labelled ``..., completing
+        step N``). A replay audits the whole state there (:meth:`diverged`), besides after every call."""
+        self.events.boundary.append(boundary)
+        self.events.completed.append(lambda _: completed())
+
     @property
     def block_size(self) -> int:
         return self.config.block_size
@@ -131,6 +150,7 @@ class EngineCore:
     def begin(self, op: str, *args: object) -> None:
         """An operation starts: every check until the next one is labelled with it (the label made into text only
         when a report reads it; a list argument is copied now, so that the label shows it as it was called)."""
+        self.events.fire_boundary()  # under the label of what came before
         for arg in args:
             if type(arg) is list:
                 args = tuple(list(arg) if type(arg) is list else arg for arg in args)
@@ -216,20 +236,25 @@ class EngineCore:
         hit_blocks = state.layout(seq).blocks_for(hit_tokens)
         old = model.table
         change = state.refs.replace(seq, old, table)
+        pools = self.pools
         for block in change.acquired:
             state.evicted.pop(block, None)
+            pools.acquired_at[block] = pools.next_step
         model.table = table
-        pools = self.pools
         for index in range(common_prefix(old, table), len(table)):
             block = table[index]
             if index < len(old) and old[index] == block:
                 continue
             if index < hit_blocks:
                 pools.note(block, "matched by {}'s cache hit as its logical block {}", seq, index)
+                pools.acquired_at.pop(block, None)  # a hit takes the K/V it holds: none of it is stale
                 continue
             if block in pools.seen_cached and not reuses_cached:
                 pools.note(block, "evicted from the cache, to be reused")
                 pools.seen_cached.discard(block)
+            if pools.freed_tags and state.layout(seq).size == pools.block_size:
+                first = state.layout(seq).first_position(index)
+                pools.taken_fresh(block, state.reference.tags(seq)[first : first + pools.block_size])
             pools.note(block, "{} {} as logical block {}", event, seq, index)
         for block in change.released:
             if released:
@@ -268,6 +293,22 @@ class EngineCore:
             self.checks.cache.hit_on_evicted(seq, num_cached, table, stale)
 
     # -- writes and steps ----------------------------------------------------------------------------------------
+
+    def withdraw_writes(self, seq: SeqId, why: str) -> None:
+        """``seq``'s scheduled writes are withdrawn (``why``: its preemption, or an abort whose writes do not land):
+        no other sequence's hit may rely on them (invariant 9), and each block they would have filled is noted as
+        withdrawn from until a write lands in it, so that the audit of a replay (:meth:`diverged`) finds a cache
+        that still offers it. Only a slot left holding nothing, or K/V of the block's life before a table last took
+        it fresh (not by a hit), counts: a block's own earlier K/V (a rewrite the write would have made, in place)
+        is still what its cache entry names."""
+        self.checks.cache.withdrawn_writes_unread(seq, why)
+        state, pools = self.expected, self.pools
+        acquired_at = pools.acquired_at
+        for _, slot in state.scheduled_writes(seq):
+            record = pools.record(slot)
+            block = slot // state.rows
+            if record is None or record.step < acquired_at.get(block, 0):
+                pools.withdrawn.setdefault(block, why)
 
     def take_scheduled_writes(self, seq: SeqId, via: str = "") -> tuple[list[int], list[SlotWrite]]:
         """The slots and writes of ``seq``'s scheduled tokens, each checked exclusive, and mark them written."""
@@ -318,6 +359,8 @@ class EngineCore:
         """Complete each step, then check what its completion settled (the blocks whose in-flight window closed and
         every block the allocator held pending, so that a fault in deferred freeing is blamed on this step) through
         the subscribers of step completion."""
+        if steps:
+            self.events.fire_boundary()
         operation = self.checks.context.operation
         for step in steps:
             self.checks.context.operation = f"{operation}, completing step {step}"

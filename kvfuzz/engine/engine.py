@@ -106,6 +106,7 @@ class Engine(EngineCore):
         """A new request; returns whether it was admitted."""
         self.begin("admit", seq, namespace, tokens)
         before = self.checks.eviction_order.snapshot()
+        free_before = self.checks.cache.free_before()
         owed = self.caching_debt.owed(prefix_tags(namespace, tokens)) if self.caching_debt is not None else []
         result = self.attempt(
             lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self.admit_needs(tokens), absent=seq
@@ -115,7 +116,7 @@ class Engine(EngineCore):
         self.expected.reference.add(seq, namespace, tokens)
         if self.groups is not None:
             self.groups.admitted(seq, namespace, tokens)
-        self._admission(seq, result, before, owed)
+        self._admission(seq, result, before, owed, free_before)
         return True
 
     def readmit(self, seq: SeqId) -> bool:
@@ -124,13 +125,14 @@ class Engine(EngineCore):
         namespace, tokens = reference.namespace(seq), tuple(reference.tokens(seq))
         self.begin("readmit", seq)
         before = self.checks.eviction_order.snapshot()
+        free_before = self.checks.cache.free_before()
         owed = self.caching_debt.owed(reference.tags(seq)) if self.caching_debt is not None else []
         result = self.attempt(
             lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self.admit_needs(tokens), absent=seq
         )
         if result is None:
             return False
-        self._admission(seq, result, before, owed)
+        self._admission(seq, result, before, owed, free_before)
         return True
 
     def land_loads(self, seq: SeqId) -> None:
@@ -346,12 +348,15 @@ class Engine(EngineCore):
         before: Optional[CacheSnapshot] = None,
         owed: Sequence[tuple[int, str]] = (),
         loads: Sequence[tuple[int, int]] = (),
+        free_before: frozenset[int] = frozenset(),
     ) -> None:
         model = self.expected.seqs.setdefault(seq, SeqModel(seq, Status.RUNNING))
         model.joined_step = self.pools.next_step
         model.status, model.written, model.drafts = Status.RUNNING, num_cached, 0
         model.dropped_at_length = -1
-        table = self.table(seq)
+        table = self.checks.results.block_table(seq, self.allocator.block_table(seq))
+        self.checks.cache.hit_on_released(seq, table, num_cached, free_before)  # the cause of what checks after it see
+        self.checks.results.table_shape(seq, table)
         self.checks.content.admit_table(seq, tuple(reported), table)
         table_ids = (seq, *self.expected.group_tables(seq))
         for group, table_id in enumerate(table_ids[1:], start=1):
@@ -397,11 +402,16 @@ class Engine(EngineCore):
         self.checks.content.holds(self.pools.take_dirty())
 
     def _admission(
-        self, seq: SeqId, result: AdmitResult, before: Optional[CacheSnapshot], owed: Sequence[tuple[int, str]]
+        self,
+        seq: SeqId,
+        result: AdmitResult,
+        before: Optional[CacheSnapshot],
+        owed: Sequence[tuple[int, str]],
+        free_before: frozenset[int] = frozenset(),
     ) -> None:
         """An admission (or readmission) the allocator accepted: one that waits for its loads, or one that runs."""
         if result.waits_for_loads:
             self.checks.results.waits_for_loads(seq, result)  # declared (async_loads) first
             cast(AsyncLoading, self.async_loading).waiting(seq, result, before, owed)
         else:
-            self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed, result.loads)
+            self._admitted(seq, result.block_table, result.num_cached_tokens, before, owed, result.loads, free_before)

@@ -66,6 +66,10 @@ class EngineEvents:
         self.launching: list[Callable[[Launch], None]] = []
         # A step is launched and its writes made: what they wrote, and what attention reads, is checked.
         self.launched: list[Callable[[int], None]] = []
+        # An operation is about to begin (one call may make several: a decode grows every sequence, then steps), or
+        # steps are about to complete within one: what came before is done (a replay's audit looks there, so that a
+        # wrong change is told apart from what follows it in the same call).
+        self.boundary: list[Callable[[], None]] = []
         # A step is completing, before the allocator hears of it.
         self.completing: list[Callable[[int], None]] = []
         # A step has completed and the allocator has heard of it.
@@ -106,6 +110,10 @@ class EngineEvents:
     def fire_launched(self, step: int) -> None:
         for handler in self.launched:
             handler(step)
+
+    def fire_boundary(self) -> None:
+        for handler in self.boundary:
+            handler()
 
     def fire_completing(self, step: int) -> None:
         for handler in self.completing:

@@ -11,7 +11,7 @@ newer write, so a block handed out again too early is observably corrupted.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 import attrs
 import torch
@@ -109,6 +109,9 @@ class KVPools:
         self._stale: set[int] = set()  # device slots whose records changed since the device tensors were updated
         self._host_stale: set[int] = set()  # the same for the host pool
         self.shadow: dict[int, SlotWrite] = {}  # device slot -> the write whose K/V it holds
+        # Device slot -> tags of the K/V it held when the allocator listed its block free, until a write lands there
+        # (less those a table that took the block fresh is to write): a cache entry for one outlived the release.
+        self.freed_tags: dict[int, set[int]] = {}
         self.host_shadow: dict[int, SlotWrite] = {}  # host slot -> the write whose K/V it holds
         self.next_step = 0  # the step being scheduled: launched by the next step()
         self.last_completed = -1  # the newest step that has completed on the device (-1: none yet)
@@ -130,6 +133,12 @@ class KVPools:
         # Unreferenced blocks the allocator listed as cached when the checks last looked: one handed out for writing
         # was evicted first, which its history says.
         self.seen_cached: set[int] = set()
+        # Device block -> the operation that withdrew writes scheduled into it (a preemption, an abort), until a write
+        # or copy lands in it: a cache that offers it offers K/V no step wrote.
+        self.withdrawn: dict[int, str] = {}
+        # Device block -> the step being scheduled when a table last took it fresh (not by a cache hit): K/V written
+        # before then is of the block's earlier life.
+        self.acquired_at: dict[int, int] = {}
         self.dirty: set[int] = set()  # device slots written or copied since the checks last looked
         self.observer: Optional[Callable[[PoolEvent], None]] = None  # told of every write, copy and landing
 
@@ -242,7 +251,11 @@ class KVPools:
 
     def write(self, slots: list[int], writes: list[SlotWrite]) -> None:
         """Write the K/V of each tagged position into its slot (the writes of the step being launched)."""
+        self._landed(slots)
         self.shadow.update(zip(slots, writes))
+        if self.withdrawn:
+            for slot in slots:
+                self.withdrawn.pop(slot // self.block_size, None)
         if self._device is not None:
             self._stale.update(slots)
         self.dirty.update(slots)
@@ -276,6 +289,27 @@ class KVPools:
             step=step,
         )
 
+    def listed_free(self, block: int) -> None:
+        """The allocator listed ``block`` free: whatever K/V it holds left the cache (:attr:`freed_tags`)."""
+        for slot in range(block * self.block_size, (block + 1) * self.block_size):
+            record = self.shadow.get(slot)
+            if record is not None:
+                self.freed_tags.setdefault(slot, set()).add(record.tag)
+
+    def _landed(self, slots: Iterable[int]) -> None:
+        """A write or copy landed in ``slots``: what they held when freed is gone (a hit on it now meets other K/V,
+        which the content checks name)."""
+        if self.freed_tags:
+            for slot in slots:
+                self.freed_tags.pop(slot, None)
+
+    def taken_fresh(self, block: int, tags: Sequence[int]) -> None:
+        """A table took ``block`` fresh (not by a hit) to hold ``tags`` from its first slot on: a hit on those is on
+        writes scheduled anew, not on what the block held when freed."""
+        if self.freed_tags:
+            for slot, tag in zip(range(block * self.block_size, (block + 1) * self.block_size), tags):
+                self.freed_tags.get(slot, set()).discard(tag)
+
     def _copy(
         self,
         src_shadow: dict[int, SlotWrite],
@@ -292,10 +326,13 @@ class KVPools:
         dst_slots = range(dst * size, (dst + 1) * size)
         to_device = dst_shadow is self.shadow
         if to_device:
+            self.withdrawn.pop(dst, None)
             if self._device is not None:
                 self._stale.update(dst_slots)
         elif self._host is not None:
             self._host_stale.update(dst_slots)
+        if to_device:
+            self._landed(dst_slots)
         for offset in range(size):
             record = src_shadow.get(src * size + offset)
             if record is None:

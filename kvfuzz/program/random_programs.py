@@ -5,8 +5,9 @@ uniform up to the step budget) reach many allocator bugs in fewer examples than 
 starts from the simplest programs and switches rules off per example. kvfuzz therefore spends the first examples of
 a run on random programs; a failure among them is shrunk by replay (deleting calls) and reported like any other.
 With a swarm (:mod:`kvfuzz.program.swarm`), every :data:`SWARM_EVERY`-th program is instead drawn over its own
-weighted subset of the operations, as a campaign's are: the whole table's programs stay the ones a search without a
-swarm runs (their own random stream, in their order), and the swarm's reach what a crowd of cheap operations hides.
+weighted subset of the operations, longer, and half the time in a smaller pool, as a campaign's are: the whole
+table's programs stay the ones a search without a swarm runs (their own random stream, in their order), and the
+swarm's reach what a crowd of cheap operations, a roomy pool and a short program hide.
 The programs are made of the machine's own rule calls, so they print, save and replay the same way.
 """
 
@@ -19,6 +20,7 @@ from typing import Callable, Optional, Sequence
 import attrs
 
 from kvfuzz.engine.arguments import snapshot_of
+from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.operation import Operation, enablement_of
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
@@ -29,13 +31,19 @@ SWARM_EVERY = 3
 """With a swarm, every third program (the third, the sixth, ...) is drawn over a swarm's subset; the others over
 the whole table."""
 
+SWARM_LENGTH = (2, 6)
+"""A swarmed program's length, as multiples of the run's step budget (uniform between them): deep slips need a long
+program, as a campaign's run up to 300 calls, where the whole table's programs keep the budget."""
+
 
 @attrs.frozen
 class RandomFailure:
-    """The first failing random program: its calls and what it raised."""
+    """The first failing random program: its calls, what it raised, and the pool it ran in (``config``, None: the
+    search's own)."""
 
     calls: tuple[Call, ...]
     failure: Exception
+    config: Optional[MachineConfig] = None
 
 
 def random_search(
@@ -47,12 +55,13 @@ def random_search(
     operations: Sequence[Operation] = OPERATIONS,
     swarm: Optional[Callable[[random.Random, Sequence[Operation]], Swarm]] = None,
 ) -> Optional[RandomFailure]:
-    """Run up to ``examples`` random programs of up to ``steps`` calls over ``operations``; return the first that
-    fails. With a ``swarm`` (such as :func:`~kvfuzz.program.swarm.draw_swarm`), every :data:`SWARM_EVERY`-th program
-    is instead over the weighted subset of ``operations`` it draws for that program, and of at least half ``steps``
-    calls (a deep bug needs a long program as often as a mix of operations), from a random stream of its own, so
-    that the others are the programs a search without a swarm runs, in its order. The subsets drawn are
-    counted in the target's stats (:attr:`~kvfuzz.program.stats.RunStats.swarms`)."""
+    """Run up to ``examples`` random programs of up to ``steps`` calls over ``operations`` (a swarmed one longer);
+    return the first that fails. With a ``swarm`` (such as :func:`~kvfuzz.program.swarm.draw_swarm`), every
+    :data:`SWARM_EVERY`-th program is instead over the weighted subset of ``operations`` it draws for that program,
+    in the pool it draws (if any: the failure then says which), and of :data:`SWARM_LENGTH` times ``steps`` calls (a
+    deep bug needs a long program as often as a mix of operations), from a random stream of its own, so that the
+    others are the programs a search without a swarm runs, in its order. The subsets drawn are counted in the
+    target's stats (:attr:`~kvfuzz.program.stats.RunStats.swarms`)."""
     rng = random.Random(seed)
     swarm_rng = random.Random(None if seed is None else f"swarm {seed}")
     for example in range(examples):
@@ -62,9 +71,16 @@ def random_search(
             drawn = swarm(swarm_rng, operations)
             if target.stats is not None:
                 target.stats.swarms.add(drawn.names())
+            pooled = target if drawn.config is None else attrs.evolve(target, config=drawn.config)
             found = random_program(
-                target, swarm_rng, swarm_rng.randint((steps + 1) // 2, steps), drawn.operations, weights=drawn.weights
+                pooled,
+                swarm_rng,
+                swarm_rng.randint(steps * SWARM_LENGTH[0], steps * SWARM_LENGTH[1]),
+                drawn.operations,
+                weights=drawn.weights,
             )
+            if found is not None and drawn.config is not None:
+                return attrs.evolve(found, config=drawn.config)
         if found is not None:
             return found
     return None

@@ -2,6 +2,11 @@
 
 A call whose arguments make no sense where it stands (a grow of a sequence that was never admitted) makes the replay
 not applicable, never a finding; a shrinker's replay skips such a call instead.
+
+A replay also audits the allocator's whole observable state after every call and every part of one
+(:meth:`~kvfuzz.engine.engine.Engine.diverged`) until the audit first fails: where the allocator departed from the
+model, which a failure's signature is keyed by. The audit reports nothing of its own: a program that never fails
+is no finding, whatever it found.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from typing import Callable, Optional, Sequence
 
 import attrs
 
+from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Execution, Target
 from kvfuzz.program.safeguards import AllocatorHang
@@ -21,11 +27,49 @@ class NotApplicable(Exception):
 
 
 @attrs.frozen
+class Divergence:
+    """Where a replay's audit of the allocator's whole observable state first failed: its violation, labelled with
+    the operation that made the wrong change, and the index of that call among the calls made."""
+
+    violation: InvariantViolation = attrs.field(eq=False)
+    at: int
+
+
+@attrs.frozen
 class ReplayOutcome:
-    """What a replay raised, and at which call (``len(calls)`` for the teardown); both None if nothing failed."""
+    """What a replay raised, and at which call (``len(calls)`` for the teardown); both None if nothing failed.
+    ``diverged``: where the audit first failed, before the failure (None: it never did)."""
 
     failure: Optional[BaseException]
     failed_at: Optional[int]
+    diverged: Optional[Divergence] = None
+
+
+class _FirstDivergence:
+    """The first divergence an execution's audits find (after every call, and at the boundaries inside one)."""
+
+    def __init__(self, execution: Execution) -> None:
+        self.execution = execution
+        self.found: Optional[Divergence] = None
+        self.closed = False  # the program's calls are over: the teardown's changes are not the program's
+        self.unchanged = True  # nothing has begun since the last audit
+        execution.engine.at_boundaries(self.boundary, self.audit)
+
+    def boundary(self) -> None:
+        """Between two parts of a call: the first operation a call begins follows the audit after the call before,
+        with nothing between them to audit."""
+        if self.unchanged:
+            self.unchanged = False
+            return
+        self.audit()
+        self.unchanged = False
+
+    def audit(self) -> None:
+        if self.found is None and not self.closed:
+            violation = self.execution.engine.diverged()
+            if violation is not None:
+                self.found = Divergence(violation, len(self.execution.calls) - 1)
+        self.unchanged = True
 
 
 Rewrite = Callable[[int, Call, Execution], Call]
@@ -50,6 +94,7 @@ def replay(
         execution = target.start()
     except (Exception, AllocatorHang) as error:  # noqa: BLE001 -- the factory failed before the first call
         return ReplayOutcome(error, 0)
+    first = _FirstDivergence(execution)
     try:
         for index, call in enumerate(calls):
             if rewrite is not None:
@@ -63,11 +108,13 @@ def replay(
             try:
                 execution.execute(call.rule, call.kwargs())
             except (Exception, AllocatorHang) as error:  # noqa: BLE001 -- the failure is the result
-                return ReplayOutcome(error, index)
+                return ReplayOutcome(error, index, first.found)
+            first.audit()
+        first.closed = True
         try:
             execution.teardown()
         except (Exception, AllocatorHang) as error:  # noqa: BLE001
-            return ReplayOutcome(error, len(calls))
-        return ReplayOutcome(None, None)
+            return ReplayOutcome(error, len(calls), first.found)
+        return ReplayOutcome(None, None, first.found)
     finally:
         execution.engine.close()

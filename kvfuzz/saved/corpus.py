@@ -26,13 +26,14 @@ from kvfuzz.program.replay import NotApplicable, ReplayOutcome, replay
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 from kvfuzz.runner import HangFound, RunSummary
-from kvfuzz.saved.hint import replay_hint, show_hint
+from kvfuzz.saved.hint import replay_command, replay_hint, show_hint
 from kvfuzz.saved.trace import Trace, failure_record, save
 from kvfuzz.text import plural
 
 
 def trace_of(summary: RunSummary, allocator: str, config: MachineConfig) -> Optional[Trace]:
-    """The trace of a failed run, or None if it has no program to replay."""
+    """The trace of a failed run, or None if it has no program to replay: in ``config``, the run's, or in the pool
+    the run's swarm drew for the failing program (:attr:`RunSummary.pool`)."""
     if not summary.failed or not summary.calls:
         return None
     failure = summary.failure
@@ -42,7 +43,7 @@ def trace_of(summary: RunSummary, allocator: str, config: MachineConfig) -> Opti
         else {"invariant": None, "title": summary.invariant, "operation": None, "explanation": summary.explanation}
     )
     flaky = (summary.reproduced or 0, summary.replays) if summary.flaky else None
-    return Trace(allocator, config, summary.calls, record, summary.declared_window, flaky=flaky)
+    return Trace(allocator, summary.pool or config, summary.calls, record, summary.declared_window, flaky=flaky)
 
 
 @attrs.frozen
@@ -69,7 +70,7 @@ class SavedTrace:
         name = self.path.name
         return (
             f"trace NOT saved: cannot write {self.path} ({self.error}); here it is: save it as {name} and replay it "
-            f"with: kvfuzz replay {name}\n{self.text()}"
+            f"with: {replay_command(Path(name), self.trace.allocator)}\n{self.text()}"
         )
 
 

@@ -16,7 +16,7 @@ def default_page(trace: Path) -> Path:
     return trace.with_name(trace.stem + ".html")
 
 
-def _trusting(allocator: Optional[str]) -> str:
+def trusting(allocator: Optional[str]) -> str:
     """`` --trust-allocator`` where replaying a trace of ``allocator`` needs it (None: a scheduler trace, which
     names no allocator)."""
     if allocator is None:
@@ -32,11 +32,16 @@ def _trusting(allocator: Optional[str]) -> str:
 
 def replay_hint(trace: Path, allocator: Optional[str] = None) -> str:
     """One line: the command that replays the trace saved in ``trace`` (recorded against ``allocator``)."""
-    return f"replay it with: kvfuzz replay{_trusting(allocator)} {shlex.quote(str(trace))}"
+    return f"replay it with: {replay_command(trace, allocator)}"
+
+
+def replay_command(trace: Path, allocator: Optional[str] = None) -> str:
+    """The command that replays the trace saved in ``trace`` (recorded against ``allocator``)."""
+    return f"kvfuzz replay{trusting(allocator)} {shlex.quote(str(trace))}"
 
 
 def show_hint(trace: Path, allocator: Optional[str] = None) -> str:
     """One line: the command that draws the timeline of the trace saved in ``trace`` (recorded against
     ``allocator``), and the page it writes."""
     page = shlex.quote(str(default_page(trace)))
-    return f"see it as a timeline: kvfuzz show{_trusting(allocator)} {shlex.quote(str(trace))} (writes {page})"
+    return f"see it as a timeline: kvfuzz show{trusting(allocator)} {shlex.quote(str(trace))} (writes {page})"

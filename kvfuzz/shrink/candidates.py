@@ -23,7 +23,7 @@ from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Execution, Safeguards, Target
-from kvfuzz.program.replay import replay
+from kvfuzz.program.replay import Divergence, replay
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory, builds
 from kvfuzz.shrink.signature import Signature, signature_of
@@ -76,6 +76,7 @@ class _Run:
     calls: tuple[Call, ...]  # the calls made
     mapped_before_last: int
     evicted: dict[EvictionKey, tuple[BlockTags, ...]]
+    diverged: Optional[Divergence]  # where the replay's audit first failed, at an index of the calls made
 
 
 class Shrinker:
@@ -137,11 +138,21 @@ class Shrinker:
         """:meth:`fails` for a candidate with calls deleted (in the same configuration)."""
         return self.fails(config, calls)
 
-    def _kept(self, config: MachineConfig, run: _Run) -> Optional[_Kept]:
+    def judged(self, config: MachineConfig, calls: Sequence[Call]) -> tuple[Optional[_Kept], Optional[Signature]]:
+        """:meth:`fails`, with the signature the candidate's replay failed with (None: it passed, or was not run):
+        a program of another signature is signed as its own replay audited it."""
+        run = self.run(config, calls)
+        if run is None:
+            return None, None
+        return self._kept(config, run), self._signed(run)
+
+    def _signed(self, run: _Run) -> Optional[Signature]:
         if run.failure is None:
             return None
-        found = signature_of(self.signature.allocator, run.failure, run.calls, run.failed_at)
-        if found != self.signature:
+        return signature_of(self.signature.allocator, run.failure, run.calls, run.failed_at, run.diverged)
+
+    def _kept(self, config: MachineConfig, run: _Run) -> Optional[_Kept]:
+        if run.failure is None or self._signed(run) != self.signature:
             return None
         self.landmarks = _Kept(config, run.calls, run.failure, run.mapped_before_last, run.evicted)
         return self.landmarks
@@ -170,7 +181,7 @@ class Shrinker:
         failed_at = outcome.failed_at
         if failed_at is not None:  # an index into the calls made: the failing call is the last made, or teardown
             failed_at = len(made) - 1 if failed_at < len(calls) else len(made)
-        return _Run(outcome.failure, failed_at, tuple(made), mapped[0], evicted)
+        return _Run(outcome.failure, failed_at, tuple(made), mapped[0], evicted, outcome.diverged)
 
     def _reaimed(
         self,

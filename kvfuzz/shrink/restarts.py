@@ -76,10 +76,11 @@ def another_program(
             return None
         if found is None:
             continue
-        kept = shrinker.fails(config, found.calls)
+        kept, met = shrinker.judged(config, found.calls)
         if kept is not None:
             return config, kept.calls, kept.failure
-        met = signature_of(shrinker.signature.allocator, found.failure, found.calls, None)
+        if met is None:  # its replay passed or could not be built: signed as the search met it
+            met = signature_of(shrinker.signature.allocator, found.failure, found.calls, None)
         if met != shrinker.signature and all(met != other.signature for other in others):
             others.append(Failing(config, found.calls, found.failure, met))
     return None

@@ -34,6 +34,7 @@ from kvfuzz.program.call import Call
 from kvfuzz.program.execution import TEARDOWN_OPERATION
 from kvfuzz.program.failures import failure_kind
 from kvfuzz.program.operations import OPERATIONS
+from kvfuzz.program.replay import Divergence
 from kvfuzz.program.safeguards import AllocatorHang
 
 TEARDOWN = "teardown"
@@ -93,9 +94,18 @@ class Signature:
         return attrs.asdict(self)
 
 
-def signature_of(allocator: str, failure: BaseException, calls: Sequence[Call], failed_at: Optional[int]) -> Signature:
+def signature_of(
+    allocator: str,
+    failure: BaseException,
+    calls: Sequence[Call],
+    failed_at: Optional[int],
+    diverged: Optional[Divergence] = None,
+) -> Signature:
     """The signature of ``failure``, raised by call ``failed_at`` of ``calls`` (``len(calls)``: the teardown; None:
-    the last call)."""
+    the last call); where its replay's audit found the allocator diverged before it failed (``diverged``), the
+    signature of that divergence instead, unless the failure is a hang."""
+    if diverged is not None and not isinstance(failure, AllocatorHang):
+        return signature_of(allocator, diverged.violation, calls, diverged.at)
     kind = str(failure_kind(failure))
     if isinstance(failure, InvariantViolation) and failure.cause.words:
         cause = failure.cause

@@ -16,10 +16,10 @@ from typing import Any
 from kvfuzz.timeline.model import Cell, Timeline
 
 MAX_PICTURE_COLUMNS = 120
+"""The most calls one picture draws legibly: a longer timeline is drawn from its last this many."""
 LEGEND_COLUMN_INCHES = 2.0
 """The width a legend column takes, its longest label ("released, work in flight may land") at 6.5 points
 included: the legend has as many columns as fit the picture, never running past its right edge."""
-"""The most calls one picture draws legibly: a longer timeline is drawn from its last this many."""
 MAX_SPAN_LABELS = 80
 """Spans labelled with their holders, at most (a wrong refcount first, then the widest); the page has every one."""
 

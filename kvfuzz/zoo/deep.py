@@ -1,10 +1,11 @@
 """Deep broken allocators: slips that a short run over the default pool rarely reaches.
 
 Each is kvfuzz's correct allocator with one realistic slip whose trigger needs pool pressure, a long program, a
-rollback or a swap at a particular moment, or a tiny pool; ``kvfuzz run``'s default budget (100 examples over 16
-blocks) catches each in fewer than half of its seeds (``python benchmarks/detection.py --default-run``). They are
-what campaigns exist for. Each docstring names the bug class (docs/invariants.md) and the real-world pattern the
-slip mirrors. Never use them for anything else.
+rollback or a swap at a particular moment, or a tiny pool; ``kvfuzz run``'s default budget of 100 examples over 16
+blocks caught each in fewer than half of its seeds when it had no swarm. A campaign, and now ``kvfuzz run``'s
+swarmed programs (long, in smaller pools), reach them (``python benchmarks/detection.py --default-run``). Each
+docstring names the bug class (docs/invariants.md) and the real-world pattern the slip mirrors. Never use them for
+anything else.
 """
 
 from __future__ import annotations

@@ -375,7 +375,7 @@ VARIANTS: tuple[Variant, ...] = (
         MatchableAtAllocation,
         "5 matchable before written",
         Invariant.CACHE_SOUNDNESS,
-        cause="but nothing has been written there",
+        cause="no completed step has written",
     ),
     Variant(
         LeakyRefusal,
@@ -421,7 +421,10 @@ VARIANTS: tuple[Variant, ...] = (
         cause="has refcount",
     ),
     Variant(
-        RepeatedBlockAfterRollback, "4 repeated block freed per occurrence", Invariant.REFCOUNTS, cause="has refcount"
+        RepeatedBlockAfterRollback,
+        "4 repeated block freed per occurrence",
+        Invariant.REFCOUNTS,
+        cause="a block repeated in one table",
     ),
     Variant(ReturnsNoneWhenFull, "6 refusal returned, not raised", Invariant.RESULTS, cause="returned None"),
 )

@@ -16,6 +16,7 @@ from kvfuzz.engine.checks.attention import AttentionCheck
 from kvfuzz.engine.checks.cache import CacheSoundness
 from kvfuzz.engine.checks.content import ContentChecks
 from kvfuzz.engine.checks.context import CheckContext, PoolCounts
+from kvfuzz.engine.checks.divergence import DivergenceAudit
 from kvfuzz.engine.checks.eviction_order import CacheSnapshot, EvictionOrder
 from kvfuzz.engine.checks.exclusive import ExclusiveWrites
 from kvfuzz.engine.checks.quiescence import Quiescence
@@ -46,6 +47,7 @@ class Checks:
         self.quiescence = Quiescence(context, self.accounting)  # invariant 10
         self.results = ResultChecks(context)  # invariant 12
         self.eviction_order = EvictionOrder(context)  # invariant 13
+        self.divergence = DivergenceAudit(context, self.accounting)  # the whole state, for a replay's signature
 
     @property
     def operation(self) -> str:

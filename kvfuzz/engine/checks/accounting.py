@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Collection, Iterable, Sequence
 
+from kvfuzz.allocator.protocol import Introspectable
 from kvfuzz.engine.checks.context import Checker
 from kvfuzz.engine.violations import Cause, Invariant
 
@@ -61,51 +62,97 @@ class AccountingChecks(Checker):
     free + cached + pending + referenced = every block."""
 
     def touched(self, touched: Iterable[int]) -> None:
-        """Refcounts and set membership of the touched blocks, and the pool-wide counts identity."""
-        h = self.state
+        """Refcounts and set membership of the touched blocks, and the pool-wide counts identity; the blocks seen
+        cached (alone in the cached set) noted for the eviction-order check."""
         alloc = self.introspection
         if alloc is None:
             return
         free, cached, pending = alloc.free_blocks(), alloc.cached_blocks(), alloc.pending_blocks()
-        holders_of, refcount, seen_cached = h.refs.holders, alloc.refcount, self.pools.seen_cached
+        seen_cached = self.pools.seen_cached
         for block in touched:
-            holders = holders_of.get(block, ())
-            found = refcount(block)
-            if found != len(holders):
-                self.fail(
-                    Invariant.REFCOUNTS,
-                    f"block {block} has refcount {found}",
-                    [
-                        f"expected: {len(holders)}, the block-table entries referencing it: "
-                        f"{self.state.entries(holders) or 'none'}",
-                        *self.pools.block_story(block),
-                    ],
-                    (OVER_COUNT if found > len(holders) else UNDER_COUNT).refined(
-                        f"last touched by {release_path(self.context.operation)}"
-                    ),
-                )
-            in_cached = block in cached
-            listed = (block in free) + in_cached + (block in pending)  # how many of the three sets list it
-            if holders and listed:
-                self.fail(
-                    Invariant.FREE_SET,
-                    f"block {block} is referenced by {self.state.entries(holders)} yet listed as "
-                    f"{' and '.join(_member_of(block, free, cached, pending))}",
-                    self.pools.block_story(block),
-                    Cause("a referenced block listed as free, cached or pending"),
-                )
-            if not holders and listed != 1:
-                member_of = " and ".join(_member_of(block, free, cached, pending))
-                self.fail(
-                    Invariant.FREE_SET,
-                    f"unreferenced block {block} is in {member_of or 'none of the free, cached and pending sets'}",
-                    ["expected: exactly one of them", *self.pools.block_story(block)],
-                    Cause("an unreferenced block in none, or several, of the free, cached and pending sets"),
-                )
-            if in_cached and listed == 1:
+            if block in free and not self.state.refs.holders.get(block):
+                self.pools.listed_free(block)
+            if self._block(alloc, block, free, cached, pending):
                 seen_cached.add(block)
             else:
                 seen_cached.discard(block)
+        self._pool_wide(free, cached, pending)
+
+    def every_block(self) -> None:
+        """Invariants 3 and 4 on every block of the pool, as :meth:`touched` checks the touched ones, changing
+        nothing: the audit of the whole observable state that finds where an allocator first departed from the
+        model (:mod:`~kvfuzz.engine.checks.divergence`)."""
+        alloc = self.introspection
+        if alloc is None:
+            return
+        free, cached, pending = set(alloc.free_blocks()), set(alloc.cached_blocks()), set(alloc.pending_blocks())
+        holders, refcount = self.state.refs.holders, alloc.refcount
+        for block in range(self.state.num_blocks):
+            held = len(holders.get(block, ()))
+            listed = (block in free) + (block in cached) + (block in pending)
+            if refcount(block) != held or listed != (not held):  # the checks of one block, told why only if broken
+                self._block(alloc, block, free, cached, pending)
+        self._pool_wide(free, cached, pending)
+
+    def _block(
+        self,
+        alloc: Introspectable,
+        block: int,
+        free: Collection[int],
+        cached: Collection[int],
+        pending: Collection[int],
+    ) -> bool:
+        """Invariants 3 and 4 on one block; returns whether it is in the cached set alone."""
+        holders = self.state.refs.holders.get(block, ())
+        found = alloc.refcount(block)
+        repeated = sorted({seq for seq, _ in holders if sum(holder == seq for holder, _ in holders) > 1})
+        if found < len(holders) and repeated:  # one table lists it twice on one reference: the table is the bug
+            self.fail(
+                Invariant.REFCOUNTS,
+                f"block {block} has refcount {found}, listed {len(holders)} times, twice in the table of {repeated[0]}",
+                [
+                    f"expected: each block at most once in a table; entries: {self.state.entries(holders)}",
+                    *self.pools.block_story(block),
+                ],
+                Cause("a block repeated in one table"),
+            )
+        if found != len(holders):
+            self.fail(
+                Invariant.REFCOUNTS,
+                f"block {block} has refcount {found}",
+                [
+                    f"expected: {len(holders)}, the block-table entries referencing it: "
+                    f"{self.state.entries(holders) or 'none'}",
+                    *self.pools.block_story(block),
+                ],
+                (OVER_COUNT if found > len(holders) else UNDER_COUNT).refined(
+                    f"last touched by {release_path(self.context.operation)}"
+                ),
+            )
+        in_cached = block in cached
+        listed = (block in free) + in_cached + (block in pending)  # how many of the three sets list it
+        if holders and listed:
+            self.fail(
+                Invariant.FREE_SET,
+                f"block {block} is referenced by {self.state.entries(holders)} yet listed as "
+                f"{' and '.join(_member_of(block, free, cached, pending))}",
+                self.pools.block_story(block),
+                Cause("a referenced block listed as free, cached or pending"),
+            )
+        if not holders and listed != 1:
+            member_of = " and ".join(_member_of(block, free, cached, pending))
+            self.fail(
+                Invariant.FREE_SET,
+                f"unreferenced block {block} is in {member_of or 'none of the free, cached and pending sets'}",
+                ["expected: exactly one of them", *self.pools.block_story(block)],
+                Cause("an unreferenced block in none, or several, of the free, cached and pending sets"),
+            )
+        return in_cached and listed == 1
+
+    def _pool_wide(self, free: Collection[int], cached: Collection[int], pending: Collection[int]) -> None:
+        """No more blocks pending than the in-flight window explains, and free + cached + pending + referenced =
+        every block."""
+        h = self.state
         # With none pending, none can be too many: the window's blocks are listed only when some are.
         in_window = self.context.unreferenced_in_inflight_window() if len(pending) else ()
         if len(pending) > len(in_window):
@@ -117,6 +164,7 @@ class AccountingChecks(Checker):
             )
         total = len(free) + len(cached) + len(pending) + h.refs.num_referenced()
         if total != h.num_blocks:
+            self._name_the_block(set(free), set(cached), set(pending))
             self.fail(
                 Invariant.FREE_SET,
                 f"free + cached + pending + referenced = {len(free)} + {len(cached)} + "
@@ -124,6 +172,19 @@ class AccountingChecks(Checker):
                 [f"expected: {h.num_blocks} (every block exactly once)"],
                 Cause("the free, cached, pending and referenced blocks do not add up to the pool"),
             )
+
+    def _name_the_block(self, free: set[int], cached: set[int], pending: set[int]) -> None:
+        """When the pool's counts do not add up: the first block whose own listing says why (a referenced block
+        listed, an unreferenced one in none or several sets), failed with that block's cause, as the audit of every
+        block would (one bug, one finding, whether a touched block or the sum noticed it first)."""
+        alloc = self.introspection
+        if alloc is None:
+            return
+        holders = self.state.refs.holders
+        for block in range(self.state.num_blocks):
+            listed = (block in free) + (block in cached) + (block in pending)
+            if listed != (not holders.get(block)):
+                self._block(alloc, block, free, cached, pending)
 
     def _why_pending(self, pending: Collection[int], in_window: Sequence[int]) -> tuple[list[str], Cause]:
         """Why one pending block should not be: a table still maps it (it was put in the pending set while live), or

@@ -18,6 +18,14 @@ from kvfuzz.engine.violations import Cause, Invariant
 
 UNWRITTEN = Cause("a cache hit on K/V no completed step has written")
 OTHER_PREFIX = Cause("a cache hit on a block that holds, or is about to hold, another prefix's K/V")
+STALE_ENTRY = Cause("a cache hit through an entry that outlived its block's release to the free set")
+"""A hit on a block the allocator listed free, or on K/V a block held when it was listed free before any write landed
+there since: the cache kept an entry it should have dropped, whichever way the damage shows next (the block
+handed out again, listed free while held, rewritten by its new holder)."""
+WITHDRAWN = Cause("a cache hit on scheduled writes that were then withdrawn")
+"""Also the cause of a block the cache still offers once writes scheduled into it were withdrawn, which a replay's
+audit finds (:mod:`~kvfuzz.engine.checks.divergence`): the same wrong change, whether or not a hit already relies on
+it."""
 
 
 class CacheSoundness(Checker):
@@ -56,8 +64,60 @@ class CacheSoundness(Checker):
                         f"found:    {holder} would read K/V at position {relies} that no step writes",
                         *self.pools.block_story(block),
                     ],
-                    Cause("a cache hit on scheduled writes that were then withdrawn"),
+                    WITHDRAWN,
                 )
+
+    def free_before(self) -> frozenset[int]:
+        """The allocator's free set before an admission that may hit the cache (empty when it cannot show it, or
+        declares no prefix cache): what :meth:`hit_on_free` compares the hit with."""
+        alloc = self.introspection
+        if alloc is None or not self.state.caps.prefix_cache:
+            return frozenset()
+        return frozenset(alloc.free_blocks())
+
+    def hit_on_released(self, seq: str, table: tuple[int, ...], num_cached: int, free_before: frozenset[int]) -> None:
+        """Invariant 9: a hit covers no block the allocator listed free before the admission, and no K/V a block held
+        when it was listed free that nothing wrote there since (a free block is in no cache: its entries go with
+        it). Checked before the table's shape, the pool's accounting and the content, which see this bug's
+        consequences (the block handed out again, listed free while held, holding its new holder's K/V)."""
+        h = self.state
+        layout = h.layout(seq)
+        tags = h.reference.tags(seq)
+        freed = self.pools.freed_tags
+        for index, block in enumerate(table[: layout.blocks_for(num_cached)]):
+            if block in free_before:
+                why = "which the allocator listed as free before this admission"
+                found = f"block {block} in the free set, its cache entry still matching"
+            else:
+                first = layout.first_position(index)
+                held = [
+                    position
+                    for position in range(first, min(first + layout.size, num_cached))
+                    if tags[position] in freed.get(block * self.pools.block_size + position - first, ())
+                ]
+                if not held or layout.size != self.pools.block_size:
+                    continue
+                why = (
+                    f"whose K/V at positions {held[0]}..{held[-1]} it held when the allocator listed it free, and "
+                    "nothing has written there since"
+                )
+                found = f"block {block} matched through an entry its release to the free set should have dropped"
+            cause = STALE_ENTRY
+            withdrawn = self.pools.withdrawn.get(block)
+            if withdrawn is not None:  # the entry names K/V a withdrawal kept from it: that is the wrong change
+                found += f", though {withdrawn} withdrew the writes that were to fill it"
+                cause = WITHDRAWN if h.caps.hits_scheduled_writes else UNWRITTEN
+            self.fail(
+                Invariant.CACHE_SOUNDNESS,
+                f"cache hit of {num_cached} tokens for {seq} covers logical block {index} (block {block}), {why}",
+                [
+                    "expected: a hit only on cached blocks (a block released to the free set leaves the cache: "
+                    "its entries go with it)",
+                    f"found:    {found}",
+                    *self.pools.block_story(block),
+                ],
+                cause,
+            )
 
     def hit_on_evicted(self, seq: str, num_cached: int, table: tuple[int, ...], evicted: dict[int, str]) -> None:
         """Invariant 9: a hit covers no block an eviction dropped from the cache and no table has mapped since,

@@ -39,7 +39,9 @@ class ExclusiveWrites(Checker):
     def _same_content(self, block: int, seq: str, holders: set) -> bool:
         """Every holder maps ``block`` at ``seq``'s logical index and expects the same tags in all of it (they matched
         exactly the content ``seq`` writes), and no other holder has read it yet (each gained it in this scheduling
-        round: ``shares_scheduled_blocks``), unless the allocator declares ``recomputes_in_place``."""
+        round: ``shares_scheduled_blocks``), unless the allocator declares ``recomputes_in_place``; or, under
+        ``recomputes_in_place``, the block already holds in every slot the K/V ``seq`` writes there (another holder
+        rolled back past the block's end keeps a stale tail that is still this prefix's K/V)."""
         h = self.state
         mine = [index for holder, index in holders if holder == seq]
         if len(mine) != 1:
@@ -47,6 +49,8 @@ class ExclusiveWrites(Checker):
         layout = h.layout(seq)
         lo, hi = layout.first_position(mine[0]), layout.first_position(mine[0] + 1)
         tags = h.reference.tags(seq)
+        if h.caps.recomputes_in_place and hi <= len(tags) and self.pools.block_tags(block) == tuple(tags[lo:hi]):
+            return True  # the block already holds every slot of what seq rewrites: the write changes nothing
         if not all(index == mine[0] and h.reference.tags(holder)[lo:hi] == tags[lo:hi] for holder, index in holders):
             return False
         if h.caps.recomputes_in_place:

@@ -121,6 +121,20 @@ class ResultChecks(Checker):
     def table_shape(self, seq: str, table: tuple[int, ...]) -> None:
         h = self.state
         want, lookahead = h.num_blocks_for(seq), h.caps.lookahead_blocks
+        repeated = next((block for block in table if block != NULL_BLOCK and table.count(block) > 1), None)
+        if len(table) > want + lookahead and repeated is not None:  # a block appended again: why it is too long
+            at = [index for index, block in enumerate(table) if block == repeated]
+            self.fail(
+                Invariant.REFCOUNTS,
+                f"block table of {seq} holds {len(table)} block(s) for {len(h.reference.tokens(seq))} tokens, block "
+                f"{repeated} {len(at)} times (logical blocks {', '.join(map(str, at))})",
+                [
+                    f"expected: {want} block(s), each at most once in a table (one block holds one logical block's "
+                    "K/V)",
+                    f"found:    {list(table)}",
+                ],
+                Cause("a block repeated in one table"),
+            )
         if not want <= len(table) <= want + lookahead:
             self.fail(
                 Invariant.REFCOUNTS,

@@ -23,7 +23,7 @@ def preempt(core: EngineCore, seq: SeqId) -> None:
     core.begin("preempt", seq)
     table_ids = (seq, *core.expected.group_tables(seq))
     for table_id in table_ids:
-        core.checks.cache.withdrawn_writes_unread(table_id, f"preempt({seq!r})")
+        core.withdraw_writes(table_id, f"preempt({seq!r})")
     core.events.fire_releasing(seq)
     core.call(lambda: cast(Preempts, core.allocator).preempt(seq))
     change = UNCHANGED

@@ -166,9 +166,10 @@ def _why_missed(context: CheckContext, seq: str, block: int) -> tuple[str, Cause
                 f"block {block} is in the free set inside its in-flight window (it was {window}): the allocator "
                 "freed it early and dropped its cache entry"
             ), Cause("a missed hit: a block freed early inside its in-flight window, its cache entry dropped")
-        return f"block {block} went to the free set without an eviction: its cache entry was dropped", Cause(
-            "a missed hit: a block freed without an eviction, its cache entry dropped"
-        )
+        return (  # a held block is in no set, so whether it was ever registered is not observable
+            f"block {block} went to the free set without an eviction, unmatched: its prefix was never registered, "
+            "or its cache entry was dropped when it was released"
+        ), Cause("a missed hit: a block freed without an eviction, never registered or its entry dropped")
     return (
         f"block {block} is in none of the free, cached and pending sets, and no table maps it: it was leaked, "
         "and its cache entry with it"

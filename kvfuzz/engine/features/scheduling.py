@@ -30,7 +30,7 @@ class WithdrawnWrites:
         if run_ends:
             return
         for table_id in (seq, *self.core.expected.group_tables(seq)):
-            self.core.checks.cache.withdrawn_writes_unread(table_id, f"free({seq!r})")
+            self.core.withdraw_writes(table_id, f"free({seq!r})")
 
 
 class LandedWrites:
