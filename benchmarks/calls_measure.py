@@ -234,6 +234,7 @@ class Measurer:
         """A campaign worker's search loop (``_Worker.search``), in this process, until its example budget is
         spent; its progress messages go to a queue nobody reads."""
         from kvfuzz.campaign import worker
+        from kvfuzz.campaign.flag import Flag
         from kvfuzz.campaign.protocol import Reporter, WorkerContext
         from kvfuzz.engine.config import MachineConfig
 
@@ -246,7 +247,7 @@ class Measurer:
             queue: Any = multiprocessing.Queue()
             queue.cancel_join_thread()
             budget: Any = multiprocessing.Value("i", WORKER_EXAMPLES)
-            stop, halt = multiprocessing.Event(), multiprocessing.Event()
+            stop, halt = Flag(multiprocessing.get_context()), Flag(multiprocessing.get_context())
             context = WorkerContext(
                 0, 0, seed, Reporter(queue, 0), stop, halt, budget, {}, root / "state", root / "state" / "claims"
             )
