@@ -355,7 +355,9 @@ class Engine(EngineCore):
         model.status, model.written, model.drafts = Status.RUNNING, num_cached, 0
         model.dropped_at_length = -1
         table = self.checks.results.block_table(seq, self.allocator.block_table(seq))
-        self.checks.cache.hit_on_released(seq, table, num_cached, free_before)  # the cause of what checks after it see
+        loaded = {block for _, block in loads}  # a host-tier load refills these: their old content is not read
+        # the cause of what the checks after it see
+        self.checks.cache.hit_on_released(seq, table, num_cached, free_before, loaded)
         self.checks.results.table_shape(seq, table)
         self.checks.content.admit_table(seq, tuple(reported), table)
         table_ids = (seq, *self.expected.group_tables(seq))
@@ -363,7 +365,6 @@ class Engine(EngineCore):
             member = self.expected.seqs.setdefault(table_id, SeqModel(table_id, Status.RUNNING, group=group, owner=seq))
             member.status, member.written, member.joined_step = Status.RUNNING, num_cached, model.joined_step
             member.dropped_at_length = -1
-        loaded = {block for _, block in loads}  # a host-tier load refills these: their old content is not read
         group_tables = self.groups.tables(seq, table) if self.groups is not None else []
         for table_id, read in ((seq, table), *group_tables):
             self.hit_not_evicted(table_id, read, num_cached, loaded)

@@ -75,16 +75,21 @@ class CacheSoundness(Checker):
             return frozenset()
         return frozenset(alloc.free_blocks())
 
-    def hit_on_released(self, seq: str, table: tuple[int, ...], num_cached: int, free_before: frozenset[int]) -> None:
+    def hit_on_released(
+        self, seq: str, table: tuple[int, ...], num_cached: int, free_before: frozenset[int], loaded: Collection[int]
+    ) -> None:
         """Invariant 9: a hit covers no block the allocator listed free before the admission, and no K/V a block held
         when it was listed free that nothing wrote there since (a free block is in no cache: its entries go with
-        it). Checked before the table's shape, the pool's accounting and the content, which see this bug's
-        consequences (the block handed out again, listed free while held, holding its new holder's K/V)."""
+        it); a block a host-tier load refills (``loaded``) is exempt. Checked before the table's shape, the pool's
+        accounting and the content, which see this bug's consequences (the block handed out again, listed free while
+        held, holding its new holder's K/V)."""
         h = self.state
         layout = h.layout(seq)
         tags = h.reference.tags(seq)
         freed = self.pools.freed_tags
         for index, block in enumerate(table[: layout.blocks_for(num_cached)]):
+            if block in loaded:  # a host-tier load refills it: what it held is not read
+                continue
             if block in free_before:
                 why = "which the allocator listed as free before this admission"
                 found = f"block {block} in the free set, its cache entry still matching"
