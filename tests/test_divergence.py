@@ -235,20 +235,7 @@ def test_a_cache_entry_that_outlives_its_block_s_release_is_one_finding_however_
     (a block repeated in a table, a held block listed free, an eviction, another prefix's K/V); now a hit on a block
     listed free, or on K/V it held when listed free that no write has replaced, is checked before those
     consequences (the ones left are below)."""
-    from benchmarks.independent import BUGS
-
-    (bug,) = [bug for bug in BUGS if bug.name == "ReleaseIgnoresCache"]
-    target = Target(bug.factory, MachineConfig())
-    rng = random.Random(1)
-    causes = set()
-    for _ in range(150):
-        failed = random_program(target, rng, rng.randint(1, 40))
-        if failed is None:
-            continue
-        outcome = replay(target, failed.calls)
-        assert outcome.failure is not None
-        signature = signature_of(bug.name, outcome.failure, failed.calls, outcome.failed_at, outcome.diverged)
-        causes.add((signature.failure, str(signature.cause)))
+    causes = _independent_signatures("ReleaseIgnoresCache", 150)
     soundness = str(Invariant.CACHE_SOUNDNESS)
     assert causes == {
         (soundness, "a cache hit through an entry that outlived its block's release to the free set"),
@@ -263,18 +250,26 @@ def test_a_pool_whose_counts_do_not_add_up_names_the_block_that_is_listed_wrong(
     """Issue 45, item 10 (benchmarks/independent's FreeCountOffByOne, whose free set leaves a block out): before, the
     first call failed on the pool's sum and a later one on the block in no set, two findings; now the sum's failure
     names the block, with the block's cause."""
+    assert _independent_signatures("FreeCountOffByOne", 60) == {
+        (str(Invariant.FREE_SET), "an unreferenced block in none, or several, of the free, cached and pending sets")
+    }
+
+
+def _independent_signatures(name: str, programs: int) -> set[tuple[str, str]]:
+    """The (failure, cause) of every signature, keyed by divergence, that ``programs`` seeded random programs of up
+    to 40 calls find in benchmarks/independent's one-bug allocator ``name``."""
     from benchmarks.independent import BUGS
 
-    (bug,) = [bug for bug in BUGS if bug.name == "FreeCountOffByOne"]
+    (bug,) = [bug for bug in BUGS if bug.name == name]
     target = Target(bug.factory, MachineConfig())
     rng = random.Random(1)
-    causes = set()
-    for _ in range(60):
+    found = set()
+    for _ in range(programs):
         failed = random_program(target, rng, rng.randint(1, 40))
         if failed is None:
             continue
         outcome = replay(target, failed.calls)
         assert outcome.failure is not None
         signature = signature_of(bug.name, outcome.failure, failed.calls, outcome.failed_at, outcome.diverged)
-        causes.add(str(signature.cause))
-    assert causes == {"an unreferenced block in none, or several, of the free, cached and pending sets"}
+        found.add((signature.failure, str(signature.cause)))
+    return found

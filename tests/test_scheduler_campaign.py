@@ -89,10 +89,12 @@ class FakeTarget:
 
     @property
     def processes(self) -> dict[int, list[int]]:
-        """The process that ran each search (a worker's pid) -> the Hypothesis seeds of its searches."""
+        """The process that ran each search (a worker's pid) -> the Hypothesis seeds of its searches (not its
+        shrinks, which search again with the seed of the batch that failed, and only in the worker that claims it)."""
         seeds: dict[int, list[int]] = {}
         for line in self._lines():
-            seeds.setdefault(line[5], []).append(line[3])
+            if not line[4]:
+                seeds.setdefault(line[5], []).append(line[3])
         return seeds
 
     def _lines(self) -> list[list[Any]]:

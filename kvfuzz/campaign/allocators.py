@@ -52,16 +52,7 @@ class AllocatorCampaign:
 
     def __init__(self, options: CampaignOptions) -> None:
         self.options = options
-        self.settings = Settings(
-            options.workers,
-            options.corpus,
-            options.duration,
-            options.max_examples,
-            options.stop_after,
-            options.database,
-            options.seed,
-            options.call_timeout,
-        )
+        self.settings = Settings.of(options)
         self.recovered: dict[int, str] = {}  # pid -> trace its journal became, until that death is handled
 
     def prepare(self, event: Callable[[str], None]) -> dict[str, str]:

@@ -51,6 +51,11 @@ class Settings:
     seed: int = 0  # the campaign's seed: each worker's stream derives from it
     call_timeout: Optional[float] = None  # the watchdog's limit per operation (None: none); sets the patience
 
+    @classmethod
+    def of(cls, options: Any) -> Settings:
+        """The settings of a target's campaign options (any record with these fields, by these names)."""
+        return cls(*(getattr(options, field.name) for field in attrs.fields(cls)))
+
 
 @attrs.frozen
 class Death:

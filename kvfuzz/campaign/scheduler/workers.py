@@ -55,16 +55,7 @@ class SchedulerCampaign:
     def __init__(self, options: SchedulerCampaignOptions, target: SchedulerTarget) -> None:
         self.options = options
         self.target = target
-        self.settings = Settings(
-            options.workers,
-            options.corpus,
-            options.duration,
-            options.max_examples,
-            options.stop_after,
-            options.database,
-            options.seed,
-            options.call_timeout,
-        )
+        self.settings = Settings.of(options)
         self.known = KnownFindings()  # set by prepare, before the workers are forked
 
     def prepare(self, event: Callable[[str], None]) -> dict[str, str]:
