@@ -132,7 +132,8 @@ RUNTIME = (
     "\n# ---- SGLang's scheduling pieces, stepped as its Scheduler steps them (the same in every such reproducer) "
     + "-" * 8
     + SGLANG_IMPORT
-    + r'''import ast
+    + r'''
+import ast
 import importlib.util
 import logging
 import typing
