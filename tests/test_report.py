@@ -1,7 +1,9 @@
 """``kvfuzz report``: bad input is one line and exit status 2 with nothing written; a vLLM scheduler trace's report
 holds the configuration, the program, the failure and a reproducer that imports no kvfuzz (written beside it too); a
 trace whose failure only kvfuzz's reference sees gets a report saying why it has no reproducer; an allocator trace
-gets a report naming the replay. (Running the reproducers against vLLM: engine_tests/test_vllm_reports.py.)"""
+gets a report naming the replay; an SGLang hang's reproducer plays its program on SGLang's pieces, and another SGLang
+failure gets a report saying why it has none. (Running the reproducers against the engines:
+engine_tests/test_vllm_reports.py, engine_tests/test_sglang_reports.py.)"""
 
 from __future__ import annotations
 
@@ -107,3 +109,51 @@ def test_an_allocator_trace_s_report_names_its_replay(tmp_path: Path) -> None:
     text = output.read_text()
     assert "invariant 9 (cache soundness)" in text and f"kvfuzz replay {trace}" in text
     assert "PR #43569" in text
+
+
+CLIP_HANG = CORPUS / "sglang-scheduler-ignore-eos-clip-hang-47fe19becd38.json"
+
+
+def test_an_sglang_hang_s_reproducer_plays_its_program_and_imports_no_kvfuzz(tmp_path: Path) -> None:
+    """Generated where SGLang is not needed (run against SGLang: engine_tests/test_sglang_reports.py)."""
+    from kvfuzz.reproducers import scheduler_reproducer_source
+    from kvfuzz.scheduler.fake_model import sampled_token
+    from kvfuzz.scheduler.trace import load
+
+    source = scheduler_reproducer_source(load(CLIP_HANG), "corpus/x.json")
+    tree = ast.parse(source)
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not [name for name in imported if name.startswith("kvfuzz")]
+    assert {name.split(".")[0] for name in imported} <= {
+        "sglang",
+        "torch",
+        "ast",
+        "enum",
+        "importlib",
+        "logging",
+        "sys",
+        "types",
+        "typing",
+        "array",
+    }
+    assert (
+        'engine.add("r0", [0, 1, 2, 0, 1, 2, 0, 1, 0], max_new_tokens=7, ignore_eos=True)\n    engine.drain()' in source
+    )
+    assert "NUM_PAGES = 6 " in source and "PAGE_SIZE = 4\n" in source and "RADIX_CACHE = False " in source
+    namespace: dict[str, object] = {}
+    exec(source[source.index("SAMPLED = ") : source.index("\n", source.index("SAMPLED = "))], namespace)  # noqa: S102
+    assert namespace["SAMPLED"] == {"r0": [sampled_token("r0", position) for position in range(9 + 7 + 2)]}
+
+
+def test_an_sglang_trace_other_than_a_hang_gets_a_report_saying_why(tmp_path: Path) -> None:
+    recorded = json.loads(CLIP_HANG.read_text())
+    recorded["failure"].update(check="outputs", message="outputs check failed at step 3, request r0: other tokens")
+    trace = tmp_path / "outputs.json"
+    trace.write_text(json.dumps(recorded))
+    output = tmp_path / "r.md"
+    assert main(["report", str(trace), "-o", str(output)]) == 0
+    assert "None generated: its failure is kvfuzz's outputs check: an SGLang scheduler reproducer states only" in (
+        output.read_text()
+    )
+    assert not (tmp_path / "r_reproducer.py").exists()

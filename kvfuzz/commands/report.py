@@ -1,8 +1,9 @@
 """``kvfuzz report TRACE``: what an engine maintainer needs to act on a failure, in one Markdown file: the engine and
 its version, kvfuzz's version and the command that searches that configuration, the configuration, the shrunk
 program, the explanation, the timeline, the version it was replayed on here, and a standalone reproducer that
-imports only the engine (:mod:`kvfuzz.scheduler.reproducer` for scheduler traces, :mod:`kvfuzz.reproducers` for
-allocator traces), also written beside the report as a Python file.
+imports only the engine (:mod:`kvfuzz.reproducers`: for scheduler traces vLLM's :mod:`kvfuzz.scheduler.reproducer`
+or SGLang's :mod:`kvfuzz.reproducers.sglang_scheduler`, and a family per allocator adapter), also written beside the
+report as a Python file.
 
 The report is written to ``-o`` (default ``NAME.md`` in the current directory), the reproducer to ``NAME_reproducer.py``
 beside it. A file that is not a trace, or cannot be read, is one line and exit status 2 before anything is written.
@@ -150,12 +151,21 @@ def _replayed(trace: SchedulerTrace, source: str) -> tuple[str, str]:
     return f"{picture}\n\n{_fenced(render_requests_text(timeline))}", f"{here}: {timeline.verdict}"
 
 
+VLLM_HOW = (
+    "It builds the scheduler offline from the engine's own config objects, plays the program and the model runner's "
+    "outputs, and asserts the failure on the engine's own state (block reference counts and the free count, requests "
+    "left unfinished past a bound, or a step's output scheduling tokens for a request it does not bring)."
+)
+"""What a vLLM scheduler reproducer does, in the report's words (SGLang's: ``sglang_scheduler.HOW``)."""
+
+
 def scheduler_report(trace: SchedulerTrace, source: str) -> tuple[str, Optional[str]]:
     """The report of a scheduler trace, and its reproducer's source (None where none is generated)."""
-    from kvfuzz.scheduler.reproducer import NotReproducible, reproducer_source
+    from kvfuzz.reproducers import NotReproducible, scheduler_reproducer_source, sglang_scheduler
+    from kvfuzz.scheduler.trace import SGLANG
 
     try:
-        reproducer: Optional[str] = reproducer_source(trace, source)
+        reproducer: Optional[str] = scheduler_reproducer_source(trace, source)
         refusal = ""
     except NotReproducible as error:
         reproducer, refusal = None, str(error)
@@ -203,13 +213,11 @@ def scheduler_report(trace: SchedulerTrace, source: str) -> tuple[str, Optional[
     if reproducer is None:
         sections += [f"None generated: {_paragraph(refusal)}.", ""]
     else:
+        how = sglang_scheduler.HOW if trace.scheduler == SGLANG else VLLM_HOW
         sections += [
             f"It imports only {trace.engine_name}, torch and the standard library; run it in the engine's environment "
             "with `python FILE` (exit status 1 while the failure reproduces, 0 once it is fixed) or `pytest FILE`. "
-            "It builds the scheduler offline from the engine's own config objects, plays the program and the model "
-            "runner's outputs, and asserts the failure on the engine's own state (block reference counts and the "
-            "free count, requests left unfinished past a bound, or a step's output scheduling tokens for a request "
-            "it does not bring).",
+            + how,
             "",
             _fenced(reproducer, "python"),
             "",

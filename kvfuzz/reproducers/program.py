@@ -17,6 +17,19 @@ class NotReproducible(ValueError):
     """A trace no standalone reproducer is generated for; the message says why, in one line."""
 
 
+def comment(text: str, width: int = 116) -> str:
+    """``text`` as ``#`` comment lines of at most ``width`` columns (its characters made printable)."""
+    clean = "".join(char if char.isprintable() else " " for char in text)
+    lines, line = [], "#"
+    for word in clean.split():
+        if len(line) + 1 + len(word) > width and line != "#":
+            lines.append(line)
+            line = "#"
+        line += " " + word
+    lines.append(line)
+    return "\n".join(lines)
+
+
 def calls(trace: Trace, key_of: KeyOf, supported: frozenset[str]) -> list[str]:
     """The session's calls playing ``trace``'s program; raises :class:`NotReproducible` for an operation the
     family's session does not play."""

@@ -38,8 +38,7 @@ def constants(trace: Trace) -> str:
     )
 
 
-RUNTIME = r'''
-# ---- SGLang's RadixCache driven as SGLang's scheduler drives it (the same in every such reproducer) ---------------
+SGLANG_IMPORT = r'''
 import enum
 import importlib
 import sys
@@ -70,7 +69,15 @@ def stand_in_torchvision():
 
 
 stand_in_torchvision()
-from sglang.srt.environ import envs
+'''
+"""What every SGLang reproducer runs before importing SGLang (its radix cache's and its scheduler's): a torchvision
+stand-in where the wheel does not load beside torch's CPU build, as kvfuzz's SGLang adapter installs one."""
+
+RUNTIME = (
+    "\n# ---- SGLang's RadixCache driven as SGLang's scheduler drives it (the same in every such reproducer) "
+    + "-" * 15
+    + SGLANG_IMPORT
+    + r'''from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
 from sglang.srt.mem_cache.allocation import alloc_paged_token_slots_extend, alloc_req_slots
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
@@ -219,3 +226,4 @@ class Session:
             for request_id, length in self.length.items()
         })
 '''
+)

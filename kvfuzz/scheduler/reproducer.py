@@ -41,7 +41,7 @@ def _refusal(trace: SchedulerTrace) -> str | None:
     """Why ``trace`` gets no reproducer (None: it gets one)."""
     setup = trace.setup
     if trace.scheduler == SGLANG:
-        return "an sglang trace: its reproducer is SGLang's (not generated yet)"
+        return "an sglang trace: its reproducer is kvfuzz.reproducers.sglang_scheduler's, not this vLLM one"
     if trace.failure.check == "batch" and BATCH_EXPRESSED in trace.failure.message:
         pass
     elif trace.failure.check not in EXPRESSED:
