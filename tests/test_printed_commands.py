@@ -95,9 +95,11 @@ def test_the_plugin_s_failure_prints_a_replay_that_trusts_the_user_s_allocator(p
     pytester.syspathinsert()
     failed = pytester.runpytest("--kvfuzz-allocator=mine:make", "--kvfuzz-examples=50", "-p", "no:cacheprovider")
     failed.assert_outcomes(failed=1)
-    (line,) = [line for line in failed.stdout.lines if "trace: " in line and "replay it with" in line]
-    trace = line.split("trace: ", 1)[1].split(" (", 1)[0]
-    assert f"(replay it with: kvfuzz replay --trust-allocator {shlex.quote(trace)})" in line, line
+    lines = [line for line in failed.stdout.lines if "trace: " in line and "replay it with" in line]
+    assert lines, failed.stdout.str()  # once in the failure, and again in the short summary where CI untruncates it
+    for line in lines:
+        trace = line.split("trace: ", 1)[1].split(" (", 1)[0]
+        assert f"(replay it with: kvfuzz replay --trust-allocator {shlex.quote(trace)})" in line, line
 
 
 def test_kvfuzz_findings_prints_a_replay_that_trusts_the_user_s_allocator(capsys: pytest.CaptureFixture[str]) -> None:
