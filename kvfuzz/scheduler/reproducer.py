@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Callable
 
 from kvfuzz.scheduler.config import MODEL_SHAPE
 from kvfuzz.scheduler.ending import Ending
@@ -99,12 +100,14 @@ def _tables(trace: SchedulerTrace) -> tuple[dict[str, list[int]], dict[str, dict
     return sampled, drafts
 
 
-def _calls(trace: SchedulerTrace) -> list[str]:
+def program_calls(trace: SchedulerTrace, add: Callable[[AddRequest, str], str]) -> list[str]:
+    """The reproducer's calls on its ``engine``, one per operation of the trace's program: ``add`` writes an add's
+    call (its request named ``r0``, ``r1``, ... in order, as the target names them), each engine its own way."""
     calls: list[str] = []
     added = 0
     for operation in trace.program:
         if isinstance(operation, AddRequest):
-            calls.append(operation.source("engine").replace("engine.add(", f'engine.add("r{added}", ', 1))
+            calls.append(add(operation, f"r{added}"))
             added += 1
         elif isinstance(operation, Abort):
             calls.append(f"engine.abort({operation.request!r})")
@@ -112,6 +115,10 @@ def _calls(trace: SchedulerTrace) -> list[str]:
             assert isinstance(operation, Step)
             calls.append("engine.step()")
     return calls
+
+
+def _add(operation: AddRequest, request: str) -> str:
+    return operation.source("engine").replace("engine.add(", f'engine.add("{request}", ', 1)
 
 
 def reproducer_source(trace: SchedulerTrace, source: str) -> str:
@@ -126,7 +133,7 @@ def reproducer_source(trace: SchedulerTrace, source: str) -> str:
         if setup.kv_connector == "offloading"
         else "0"
     )
-    body = "\n".join(f"    {call}" for call in _calls(trace))
+    body = "\n".join(f"    {call}" for call in program_calls(trace, _add))
     known = f"{_comment('Known bug: ' + trace.known_bug)}\n" if trace.known_bug else ""
     expectation = {
         "progress": "a request never finishes: engine.drain() raises Failure('progress: ...')",
