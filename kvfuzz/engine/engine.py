@@ -106,7 +106,7 @@ class Engine(EngineCore):
         """A new request; returns whether it was admitted."""
         self.begin("admit", seq, namespace, tokens)
         before = self.checks.eviction_order.snapshot()
-        free_before = self.checks.cache.free_before()
+        free_before = self.checks.cache.free_before(before)
         owed = self.caching_debt.owed(prefix_tags(namespace, tokens)) if self.caching_debt is not None else []
         result = self.attempt(
             lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self.admit_needs(tokens), absent=seq
@@ -125,7 +125,7 @@ class Engine(EngineCore):
         namespace, tokens = reference.namespace(seq), tuple(reference.tokens(seq))
         self.begin("readmit", seq)
         before = self.checks.eviction_order.snapshot()
-        free_before = self.checks.cache.free_before()
+        free_before = self.checks.cache.free_before(before)
         owed = self.caching_debt.owed(reference.tags(seq)) if self.caching_debt is not None else []
         result = self.attempt(
             lambda: self.allocator.admit(seq, namespace, tokens), AdmitResult, self.admit_needs(tokens), absent=seq

@@ -10,6 +10,7 @@ from kvfuzz.allocator.types import (
     NULL_BLOCK,
 )
 from kvfuzz.engine.checks.context import CheckContext, Checker
+from kvfuzz.engine.checks.eviction_order import CacheSnapshot
 from kvfuzz.engine.checks.exclusive import ExclusiveWrites
 from kvfuzz.engine.checks.explain import block_content, found, prefix, root_cause, shown_content, where, why_alike
 from kvfuzz.engine.checks.results import is_int, shown
@@ -67,13 +68,14 @@ class CacheSoundness(Checker):
                     WITHDRAWN,
                 )
 
-    def free_before(self) -> frozenset[int]:
+    def free_before(self, snapshot: Optional[CacheSnapshot]) -> frozenset[int]:
         """The allocator's free set before an admission that may hit the cache (empty when it cannot show it, or
-        declares no prefix cache): what :meth:`hit_on_free` compares the hit with."""
+        declares no prefix cache): what :meth:`hit_on_released` compares the hit with; read from the eviction-order
+        ``snapshot`` taken just before, where there is one, rather than asked for again."""
         alloc = self.introspection
         if alloc is None or not self.state.caps.prefix_cache:
             return frozenset()
-        return frozenset(alloc.free_blocks())
+        return snapshot.free if snapshot is not None else frozenset(alloc.free_blocks())
 
     def hit_on_released(
         self, seq: str, table: tuple[int, ...], num_cached: int, free_before: frozenset[int], loaded: Collection[int]
