@@ -153,12 +153,7 @@ class _Worker:
                         return
                     self.reporter.example()
                     before = self.stats.steps
-                    try:
-                        found = random_program(target, self.rng, swarm.program_length, operations)
-                    except AllocatorHang as hang:
-                        made += self.stats.steps - before
-                        self.failure(swarm, list(self.stats.last_failing_program or []), hang, safeguards)
-                        continue
+                    found = random_program(target, self.rng, swarm.program_length, operations)
                     made += self.stats.steps - before
                     if found is not None:
                         self.failure(swarm, list(found.calls), found.failure, safeguards)

@@ -25,6 +25,7 @@ from kvfuzz.engine.operation import Operation, enablement_of
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
+from kvfuzz.program.safeguards import AllocatorHang
 from kvfuzz.program.swarm import Swarm
 
 SWARM_EVERY = 3
@@ -38,11 +39,12 @@ program, as a campaign's run up to 300 calls, where the whole table's programs k
 
 @attrs.frozen
 class RandomFailure:
-    """The first failing random program: its calls, what it raised, and the pool it ran in (``config``, None: the
-    search's own)."""
+    """The first failing random program: its calls (a hang's up to the call that hung), what it raised (a hang is
+    returned like any failure, so that the pool it hung in goes with it), and the pool it ran in (``config``, None:
+    the search's own)."""
 
     calls: tuple[Call, ...]
-    failure: Exception
+    failure: Exception | AllocatorHang
     config: Optional[MachineConfig] = None
 
 
@@ -96,7 +98,7 @@ def random_program(
     """Run one random program of ``length`` calls, each an operation of ``operations`` enabled at that point (the
     caller keeps one that is always enabled, such as ``admit``), then the teardown; the failure, if it fails. The
     enabled operations are equally likely, or with ``weights`` (one per operation, positive) chosen in proportion
-    to theirs."""
+    to theirs. A call that hangs past the watchdog's limit ends the program like any failure."""
     try:
         execution = target.start()
     except Exception as error:  # noqa: BLE001 -- the factory failed to build this program's allocator
@@ -118,7 +120,7 @@ def random_program(
                 operation = rng.choices(enabled, [weight for _, weight in enabled])[0][0]
             execution.execute(operation.name, operation.draw(state, rng))
         execution.teardown()
-    except Exception as error:  # noqa: BLE001 -- any failure is the finding, as for the machine
+    except (Exception, AllocatorHang) as error:  # noqa: BLE001 -- any failure is the finding, as for the machine
         return RandomFailure(tuple(execution.calls), error)
     finally:
         execution.engine.close()

@@ -65,17 +65,14 @@ def another_program(
         if shrinker.out_of_time():
             return None
         config = configs[attempt % len(configs)]
-        try:
-            length = min(restarts.program_length, RESTART_SHORTEST + attempt)
-            found = random_program(shrinker.target(config), restarts.rng, length, operations)
-        except AllocatorHang as hang:  # every further program may hang too: no more restarts
-            stats = shrinker.stats
-            if stats is not None and stats.last_failing_program:
-                hung = tuple(stats.last_failing_program)
-                others.append(Failing(config, hung, hang, signature_of(shrinker.signature.allocator, hang, hung, None)))
-            return None
+        length = min(restarts.program_length, RESTART_SHORTEST + attempt)
+        found = random_program(shrinker.target(config), restarts.rng, length, operations)
         if found is None:
             continue
+        if isinstance(found.failure, AllocatorHang):  # every further program may hang too: no more restarts
+            hang, hung = found.failure, found.calls
+            others.append(Failing(config, hung, hang, signature_of(shrinker.signature.allocator, hang, hung, None)))
+            return None
         kept, met = shrinker.judged(config, found.calls)
         if kept is not None:
             return config, kept.calls, kept.failure
