@@ -22,6 +22,7 @@ from kvfuzz.scheduler.kv_events import KnownRequest, event_checker
 from kvfuzz.scheduler.lora import limit_held_back
 from kvfuzz.scheduler.model_length import capped_max_tokens
 from kvfuzz.scheduler.offloading import TransferTally, connector_for
+from kvfuzz.scheduler.oracles import Arrival, PolicyOracles, step_events
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.prefix_reset import PrefixResets
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Step
@@ -30,7 +31,7 @@ from kvfuzz.scheduler.snapshot import NO_OBSERVER, RequestAtStep, StepObserver, 
 from kvfuzz.scheduler.step_watchdog import bounded_step
 from kvfuzz.scheduler.stuck import stuck_cause
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
-from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm
+from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm, vllm_config
 from kvfuzz.scheduler.worker import Worker
 
 WorkerFactory = Callable[[SchedulerSetup], Worker]
@@ -74,6 +75,7 @@ class Session:
         self.engine = f"vLLM {installed_version('vllm')}"  # what a harness error names as driven
         self.resets = PrefixResets()  # the client's prefix-cache resets, and the K/V namespace's epoch
         self.events = event_checker(setup, self.scheduler)  # the KV cache events, checked against the pool
+        self.oracles = PolicyOracles(setup, vllm_config(setup), self.scheduler, self._known_tokens)  # policy checks
         if journal is not None:
             journal.start(setup, "V2" if self.worker.runner_v2 else "V1")
 
@@ -105,6 +107,7 @@ class Session:
         self.scheduler.add_request(
             new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority, cache_salt, ending, lora)
         )
+        self.oracles.added(Arrival(request, arrival, priority, lora, len(prompt)))
         capped = capped_max_tokens(self.setup, len(prompt), max_tokens)  # it stops at max_model_len
         self.outputs.added(request, len(prompt), capped, ending)
         self.lengths[request] = len(prompt) + capped
@@ -197,6 +200,7 @@ class Session:
         )
         self.worker.consume(output, self.steps)
         self._check_accounting()
+        self.oracles.stepped(step_events(output, resumed, self.worker.computed, self.steps))
         self.loop.before_execute(output, self.worker, self.steps)
         self.connector.before_forward(output, self.worker, self.steps)
         order, sampled = self.worker.execute(output, self.steps)
@@ -292,6 +296,11 @@ class Session:
                 _state_of(status, count), status, count, int(held.num_computed_tokens), blocks
             )
         return StepSnapshot(self.steps, requests)
+
+    def _known_tokens(self, request: str) -> int:
+        """``request``'s prompt and the outputs reported for it so far."""
+        expected = self.outputs.requests[request]
+        return expected.prompt_length + len(expected.received)
 
     def _check_accounting(self) -> None:
         """The accounting check against the blocks the worker's live tables hold, in every KV-cache group."""

@@ -25,6 +25,9 @@ class Check(enum.Enum):
     TRANSFER = "transfer"  # a KV connector's store or load in flight: its blocks not written (nor, loads, read)
     PREFIX_RESET = "prefix-reset"  # reset_prefix_cache refuses while blocks are in use, and leaves nothing cached
     KV_EVENTS = "kv-events"  # the KV cache events announce every cached block once, with its hash and parent
+    ORDER = "order"  # the policy's victims and admission order (docs/oracles.md)
+    BUDGET = "budget"  # each step within the token budgets, the running cap and max_model_len (docs/oracles.md)
+    LIVENESS = "liveness"  # no request left unserved while the step left it room (docs/oracles.md)
 
 
 class SchedulerViolation(Exception):

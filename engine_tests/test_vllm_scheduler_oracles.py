@@ -1,0 +1,112 @@
+"""The policy oracles (docs/oracles.md): each catches a bug seeded into vLLM's v1 scheduler
+(engine_tests/vllm_oracle_bugs.py) that breaks no KV-cache invariant, from random requests, with its own verdict and
+message; and the same derandomized searches pass on vLLM as released.
+
+Runs in the vLLM environment (``scripts/third_party_env.sh vllm``); without vLLM the import fails loudly."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+
+from engine_tests import vllm_oracle_bugs as bugs
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.search import search
+from kvfuzz.scheduler.violations import Check
+
+FCFS = SchedulerSetup(num_blocks=8)  # a pool small enough that requests wait and are preempted
+PRIORITY = SchedulerSetup(num_blocks=8, policy="priority")
+OVERLONG = SchedulerSetup(overlong_requests=True)  # requests that run into max_model_len
+EXAMPLES = 60  # each bug is found within its first 20 examples
+STEPS = 50
+
+CASES: list[tuple[Callable[[pytest.MonkeyPatch], None], SchedulerSetup, Check, str]] = [
+    (
+        bugs.fcfs_victim_requeued_at_the_back,
+        FCFS,
+        Check.ORDER,
+        r"the step admits (r\d+, )*r\d+ but not r\d+, which is ahead of (it|them) in the waiting queue \(front first: "
+        r"[^)]*\), and nothing held r\d+ back .*: under FCFS waiting requests are admitted in arrival order, a "
+        r"preempted request back at the front",
+    ),
+    (
+        bugs.fcfs_victim_admitted_early,
+        FCFS,
+        Check.ORDER,
+        r"the step preempts (r\d+, )*r\d+ of the running requests [^(]* \(in admission order\), but leaves "
+        r"(r\d+, )*r\d+ running, admitted after r\d+: under FCFS the victims are the running requests admitted last",
+    ),
+    (
+        bugs.priority_victim_is_the_last_admitted,
+        PRIORITY,
+        Check.ORDER,
+        r"the step preempts r\d+ \(priority \d, arrival \d+\).* but leaves r\d+ \(priority \d, arrival \d+\) running: "
+        r"under the priority policy the victim is the running request of the lowest priority",
+    ),
+    (
+        bugs.waiting_heap_by_arrival_alone,
+        PRIORITY,
+        Check.ORDER,
+        r"the step admits .* but not r\d+, which is ahead of (it|them) in the waiting queue \(in \(priority, "
+        r"arrival\) order: .*under the priority policy waiting requests are admitted in \(priority, arrival\) order",
+    ),
+    (
+        bugs.budget_one_block_larger,
+        FCFS,
+        Check.BUDGET,
+        r"the step schedules (1[7-9]|20) tokens \(.*\), but max_num_batched_tokens is 16",
+    ),
+    (
+        bugs.running_cap_one_more,
+        FCFS,
+        Check.BUDGET,
+        r"the step (schedules|leaves running) 5 requests \(.*\), but max_num_seqs is 4",
+    ),
+    (
+        bugs.model_length_one_block_longer,
+        OVERLONG,
+        Check.BUDGET,
+        r"the step schedules its positions \d+\.\.\d+ and samples its token at position (6[4-9]|7\d), but "
+        r"max_model_len is 64",
+    ),
+    (
+        bugs.resumed_request_held_from_decoding,
+        FCFS,
+        Check.LIVENESS,
+        r"the step leaves it running without scheduling it, though it left \d+ of max_num_scheduled_tokens 16 "
+        r"unspent",
+    ),
+    (
+        bugs.admission_only_when_idle,
+        FCFS,
+        Check.LIVENESS,
+        r"it is first in the waiting queue \(.*\) and the step did not admit it, though the step left room for all "
+        r"of it: [1-3] of max_num_seqs 4 running",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("seed_bug", "setup", "check", "message"), CASES, ids=[case[0].__name__ for case in CASES]
+)
+def test_each_seeded_bug_is_caught_by_its_oracle(
+    seed_bug: Callable[[pytest.MonkeyPatch], None],
+    setup: SchedulerSetup,
+    check: Check,
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seed_bug(monkeypatch)
+    outcome = search(setup, examples=EXAMPLES, steps=STEPS, shrink=False)
+    assert outcome.check() == check.value, outcome.explanation()
+    assert re.search(message, outcome.explanation()), outcome.explanation()
+
+
+@pytest.mark.parametrize("setup", [FCFS, PRIORITY, OVERLONG], ids=["fcfs", "priority", "overlong"])
+def test_the_same_searches_pass_on_vllm_as_released(setup: SchedulerSetup) -> None:
+    """Without a seeded bug every search above runs all its examples clean, through preemptions and waiting."""
+    outcome = search(setup, examples=EXAMPLES, steps=STEPS, shrink=False)
+    assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"
+    assert outcome.examples >= EXAMPLES and outcome.preemptions > 0, outcome.describe()

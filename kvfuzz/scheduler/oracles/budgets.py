@@ -1,0 +1,109 @@
+"""The budget check: each step within what the engine's configuration allows (``Check.BUDGET``).
+
+Of every step (``schedule()``'s output, as the model runner reads it):
+
+* its scheduled tokens, drafts included, are at most ``max_num_scheduled_tokens`` (vLLM's ``SchedulerConfig``;
+  ``max_num_batched_tokens`` where the configuration leaves it unset);
+* its scheduled tokens plus ``max_num_new_slots_for_drafting`` per scheduled request (the slots a parallel drafter
+  appends to each request's input; 0 without one) are at most ``max_num_batched_tokens``;
+* it schedules at most ``max_num_seqs`` requests, and at most ``max_num_seqs`` requests are running after it (the
+  model runner has that many request slots);
+* no scheduled request grows past ``max_model_len``: the positions it computes and the token it samples after them
+  stay below it (computed before the step + scheduled <= ``max_model_len - 1``).
+
+The LoRA limit (at most ``max_loras`` adapters a step) is the LoRA check's (:mod:`kvfuzz.scheduler.lora`). The
+limits are read from the configuration kvfuzz built, never from the scheduler object, so a scheduler that misreads
+its own configuration is held to what it was given."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import attrs
+
+from kvfuzz.scheduler.oracles.events import StepEvents
+from kvfuzz.scheduler.violations import Check, SchedulerViolation
+
+
+@attrs.frozen
+class Budgets:
+    """The limits one configuration sets on every step."""
+
+    max_num_batched_tokens: int
+    max_num_scheduled_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    draft_slots: int  # max_num_new_slots_for_drafting: input slots a request's drafts take beyond its tokens
+
+    @classmethod
+    def of(cls, config: Any) -> "Budgets":
+        """The limits of a ``VllmConfig``."""
+        scheduler = config.scheduler_config
+        scheduled = getattr(scheduler, "max_num_scheduled_tokens", None)
+        spec = config.speculative_config
+        return cls(
+            scheduler.max_num_batched_tokens,
+            scheduled if scheduled is not None else scheduler.max_num_batched_tokens,
+            scheduler.max_num_seqs,
+            config.model_config.max_model_len,
+            int(getattr(spec, "max_num_new_slots_for_drafting", 0) or 0) if spec is not None else 0,
+        )
+
+    def input_tokens(self, events: StepEvents) -> int:
+        """The step's input slots: its scheduled tokens and each scheduled request's draft slots."""
+        return events.total + self.draft_slots * len(events.scheduled)
+
+
+def check_budgets(budgets: Budgets, events: StepEvents, running: Sequence[str]) -> None:
+    """Raise :class:`SchedulerViolation` where the step ``events`` breaks a limit of ``budgets`` (``running``: the
+    requests running after it, in admission order)."""
+    step, scheduled = events.step, dict(events.scheduled)
+    listed = ", ".join(f"{request}: {count}" for request, count in scheduled.items())
+    if events.total > budgets.max_num_scheduled_tokens:
+        name = (
+            "max_num_scheduled_tokens"
+            if budgets.max_num_scheduled_tokens != budgets.max_num_batched_tokens
+            else "max_num_batched_tokens"
+        )
+        raise SchedulerViolation(
+            Check.BUDGET,
+            step,
+            max(scheduled, key=scheduled.__getitem__),
+            f"the step schedules {events.total} tokens ({listed}), but {name} is {budgets.max_num_scheduled_tokens}: "
+            "a step's tokens, drafts included, never exceed it",
+            "a step over its token budget",
+        )
+    slots = budgets.input_tokens(events)
+    if slots > budgets.max_num_batched_tokens:
+        raise SchedulerViolation(
+            Check.BUDGET,
+            step,
+            max(scheduled, key=scheduled.__getitem__),
+            f"the step's input is {slots} slots ({events.total} scheduled tokens ({listed}) and "
+            f"{budgets.draft_slots} draft slot(s) for each of its {len(scheduled)} requests), but "
+            f"max_num_batched_tokens is {budgets.max_num_batched_tokens}",
+            "a step's input over max_num_batched_tokens",
+        )
+    for count, what in ((len(scheduled), "schedules"), (len(running), "leaves running")):
+        if count > budgets.max_num_seqs:
+            names = list(scheduled) if what == "schedules" else list(running)
+            raise SchedulerViolation(
+                Check.BUDGET,
+                step,
+                names[-1],
+                f"the step {what} {count} requests ({', '.join(names)}), but max_num_seqs is {budgets.max_num_seqs}: "
+                "the model runner holds that many requests at most",
+                f"a step that {what} more requests than max_num_seqs",
+            )
+    for request, count in scheduled.items():
+        computed = events.computed.get(request, 0)
+        if computed + count > budgets.max_model_len - 1:
+            raise SchedulerViolation(
+                Check.BUDGET,
+                step,
+                request,
+                f"the step schedules its positions {computed}..{computed + count - 1} and samples its token at "
+                f"position {computed + count}, but max_model_len is {budgets.max_model_len}: no request grows past "
+                f"{budgets.max_model_len} tokens, so its last sampled position is {budgets.max_model_len - 1}",
+                "a request grown past max_model_len",
+            )

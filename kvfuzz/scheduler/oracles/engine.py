@@ -1,0 +1,85 @@
+"""What the policy oracles read of vLLM's scheduler itself, each read named and justified here, and nothing else:
+
+* the pool's free block count after the step (the accounting check holds it to the worker's tables every step);
+* the watermark and lookahead the configuration gives the manager and the scheduler (configuration, not state);
+* a request's own state where vLLM passes it over for a reason that is not the policy's: output of a preempted
+  request still in flight under async scheduling (``num_stale_output_tokens``, deliverable), a KV connector's
+  transfer (a request the connector holds: loading, holding blocks in ``kv_holding_waiting``, or deferred by the
+  connector), or a running request whose last output is already in flight (async scheduling's
+  ``num_output_placeholders`` reaching ``max_tokens``), that stands at ``max_model_len``, or whose prefill chunk a
+  Mamba group's align mode must cut at a block boundary the budget left may not reach.
+
+A connector-held request stays exempt from the order checks until it is admitted: once held, the engine serves it
+from its own queue (``kv_holding_waiting``, drained before ``waiting``)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from kvfuzz.scheduler.config import SchedulerSetup
+
+
+class VllmView:
+    """The reads of one example's ``Scheduler`` the oracles make."""
+
+    def __init__(self, scheduler: Any, setup: SchedulerSetup) -> None:
+        self.scheduler = scheduler
+        self.connector = setup.kv_connector != "none"
+        self.async_scheduling = setup.async_scheduling
+        self.watermark = int(getattr(scheduler.kv_cache_manager, "watermark_blocks", 0))  # kept free for admissions
+        self.lookahead = int(getattr(scheduler, "num_lookahead_tokens", 0))  # slots allocated past the tokens
+        self.max_model_len = setup.max_model_len
+        self.connector_held: set[str] = set()  # requests a KV connector held since they last ran
+        self.served_ahead: set[str] = set()  # admitted by the last step from the connector's queue, ahead of waiting
+        self.aligned_chunks = bool(getattr(scheduler, "need_mamba_block_aligned_split", False))  # Mamba's align mode
+
+    def free_blocks(self) -> int:
+        """The pool's free blocks now (evictable cached ones included, as vLLM's admission counts them)."""
+        return int(self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
+
+    def observe(self, admitted: frozenset[str]) -> None:
+        """Right after a step's ``schedule()``, before the checks: the requests the step admitted that a KV connector
+        held before it (``served_ahead``: vLLM serves those from its own queue first), and the requests a connector
+        holds now."""
+        self.served_ahead = self.connector_held & admitted
+        self.connector_held -= admitted
+        if not self.connector:
+            return
+        scheduler = self.scheduler
+        held = {request.request_id for request in getattr(scheduler, "kv_holding_waiting", ())}
+        held |= {request.request_id for request in getattr(scheduler, "deferred_waiting", ())}
+        held |= {
+            request_id
+            for request_id, request in scheduler.requests.items()
+            if request.status.name == "WAITING_FOR_REMOTE_KVS"
+        }
+        self.connector_held |= held - admitted
+
+    def held_back(self, request_id: str) -> Optional[str]:
+        """Why vLLM may pass over waiting request ``request_id`` for a reason outside the policy (None: no reason)."""
+        if request_id in self.connector_held:
+            return "the KV connector holds it (a transfer of its KV, or its blocks loaded ahead of the queue)"
+        request = self.scheduler.requests.get(request_id)
+        if request is None:
+            return None
+        if getattr(request, "num_stale_output_tokens", 0) and not getattr(request, "drop_stale_output", True):
+            return "output from before its preemption is still in flight (async scheduling)"
+        return None
+
+    def running_exempt(self, request_id: str) -> Optional[str]:
+        """Why vLLM may leave running request ``request_id`` unscheduled with budget to spare (None: no reason)."""
+        request = self.scheduler.requests.get(request_id)
+        if request is None:
+            return None
+        placeholders = int(getattr(request, "num_output_placeholders", 0))
+        if placeholders > 0 and (
+            request.num_computed_tokens + 2 - placeholders >= request.num_prompt_tokens + request.max_tokens
+        ):
+            return "its last output is already in flight (async scheduling)"
+        if request.num_computed_tokens + 1 >= self.max_model_len:
+            return "it stands at max_model_len"
+        if self.aligned_chunks and request.num_computed_tokens < request.num_tokens - 1:
+            return "its prefill chunk must be block-aligned (a Mamba group), and the budget left may hold no block"
+        if self.connector and self.scheduler.connector.has_pending_block_frees():
+            return "the KV connector has block frees pending"
+        return None
