@@ -66,8 +66,6 @@ class AllocatorCampaign:
 
     def prepare(self, event: Callable[[str], None]) -> dict[str, str]:
         options = self.options
-        for recovered in journals.recover(options.corpus):
-            event(f"kvfuzz: {recovered.message}")
         timeout = options.call_timeout or 60.0
         known = known_signatures([*options.known, options.corpus], options.allocators, timeout)
         if is_redis(options.database):  # findings stored under an earlier signature's key: known under today's
@@ -75,6 +73,16 @@ class AllocatorCampaign:
             stale = stored_findings_known(ClusterFindings(options.database), options.allocators, timeout)
             known = {**stale, **known}
         return known
+
+    def recover(self, event: Callable[[str], None]) -> list[Death]:
+        deaths = []
+        for recovered in journals.recover(self.options.corpus):
+            death = _death(recovered.trace, recovered.pid) if recovered.trace is not None else None
+            if death is None:
+                event(f"kvfuzz: {recovered.message}")  # why that program is lost
+            else:
+                deaths.append(death)
+        return deaths
 
     def seed_of(self, slot: int, incarnation: int) -> int:
         return worker_seed(self.options.seed, slot, incarnation)
@@ -112,15 +120,7 @@ class AllocatorCampaign:
                 else:
                     event(f"kvfuzz: {recovered.message}")  # why that death's program is lost
         path = self.recovered.pop(pid, None)
-        if path is None:
-            return None
-        try:
-            trace = load(Path(path))
-        except TraceError:
-            return None
-        operation = trace.program[-1].rule if trace.program else TEARDOWN
-        signature = Signature(trace.allocator, PROCESS_DIED, operation)
-        return Death(Path(path), trace, signature, str(trace.failure.get("explanation", "")))
+        return None if path is None else _death(Path(path))
 
     def text(self, signature: dict[str, Optional[str]]) -> str:
         text = str(Signature(**signature))  # type: ignore[arg-type]  # Signature.to_json()'s fields
@@ -147,3 +147,14 @@ class AllocatorCampaign:
 
     def result_fields(self) -> dict[str, Any]:
         return {"allocators": self.options.allocators}
+
+
+def _death(path: Path, pid: Optional[int] = None) -> Optional[Death]:
+    """The death the trace a journal became at ``path`` records (None: it cannot be read back)."""
+    try:
+        trace = load(path)
+    except TraceError:
+        return None
+    operation = trace.program[-1].rule if trace.program else TEARDOWN
+    signature = Signature(trace.allocator, PROCESS_DIED, operation)
+    return Death(path, trace, signature, str(trace.failure.get("explanation", "")), pid)

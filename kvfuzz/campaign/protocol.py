@@ -60,6 +60,7 @@ class Death:
     trace: Trace | SchedulerTrace
     signature: Signature
     explanation: str  # the trace's explanation of the death, for a person
+    pid: Optional[int] = None  # the process that died, where its journal names it
 
 
 class Sink(Protocol):
@@ -168,6 +169,12 @@ class CampaignTarget(Protocol):
         """Before any worker starts, in the supervisor: recover what earlier campaigns' dead processes left, and
         return the known findings (signature key -> where each is known from). Raises
         :class:`~kvfuzz.scheduler.harness.HarnessError` when kvfuzz's own code fails (the campaign ends on it)."""
+        ...
+
+    def recover(self, event: Callable[[str], None]) -> list[Death]:
+        """After :meth:`prepare`, in the supervisor: the programs that processes which died before this campaign (an
+        earlier campaign's supervisor and worker both killed, say) left in journals in the corpus, each saved as a
+        trace, the journal removed; ``event`` says why one is lost. The supervisor makes each a finding."""
         ...
 
     def seed_of(self, slot: int, incarnation: int) -> int:

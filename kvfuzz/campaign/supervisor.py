@@ -159,6 +159,8 @@ class Supervisor:
         except HarnessError as error:
             self._harness(error.describe())
             return
+        for death in self.target.recover(self.event):
+            self._recovered(death)
         self.started = time.monotonic()
         if not received:
             for number in range(self.settings.workers):
@@ -264,7 +266,8 @@ class Supervisor:
         death = self.target.died(pid, how, self.event)
         trace_path = None if death is None else str(death.path)
         if death is not None:
-            key = self._death_finding(death, how, self.target.seed_of(number, slot.incarnation))
+            note = f"a worker {how}: not shrunk (every replay kills the process); kvfuzz replay runs it in a child"
+            key = self._death_finding(death, note, self.target.seed_of(number, slot.incarnation))
             finding = self.tally.findings.get(key)
             if finding is not None and finding.trace is not None:
                 trace_path = finding.trace  # the same death saved once: this worker's copy was dropped
@@ -273,9 +276,22 @@ class Supervisor:
         if not self.stop.is_set():
             self._start(number, slot.incarnation + 1)
 
-    def _death_finding(self, death: Death, how: str, seed: int) -> str:
-        """A dead worker's program (``seed``: that worker's seed stream), as a finding: counted when its signature is
-        known or claimed elsewhere, else claimed, kept, and stored in Redis when there is one."""
+    def _recovered(self, death: Death) -> None:
+        """The program of a process that died before this campaign started (its journal recovered), as a finding of
+        this campaign: its supervisor, killed too, never reported it."""
+        who = "a process" if death.pid is None else f"a process (pid {death.pid})"
+        note = (
+            f"recovered at the campaign's start from the journal of {who} that died before it: not shrunk (every "
+            "replay kills the process); kvfuzz replay runs it in a child"
+        )
+        key = self._death_finding(death, note, None)
+        where = death.path if death.path.exists() else f"{self.tally.findings[key].text}, met before (not kept twice)"
+        self.event(f"kvfuzz: recovered the program {who} that died was running: {where}")
+
+    def _death_finding(self, death: Death, note: str, seed: Optional[int]) -> str:
+        """A dead process's program (``seed``: that worker's seed stream, None: not this campaign's worker), as a
+        finding: counted when its signature is known or claimed elsewhere, else claimed, kept (``note`` saying how
+        it died), and stored in Redis when there is one."""
         path, trace, signature = death.path, death.trace, death.signature
         key = signature.key()
         if key in self.tally.findings or key in self.known:
@@ -288,7 +304,6 @@ class Supervisor:
         if prior is not None:
             self._seen(signature.to_json(), key, f"found earlier by {prior.get('found_by', 'another campaign')}")
             return key
-        note = f"a worker {how}: not shrunk (every replay kills the process); kvfuzz replay runs it in a child"
         if self.cluster is not None:
             try:
                 self.cluster.store(key, finding_record(trace, signature, self.settings.seed, seed, str(path)))

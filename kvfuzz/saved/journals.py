@@ -24,14 +24,20 @@ from kvfuzz.saved.trace import FORMAT, MAX_PROGRAM_CALLS, TraceError, from_json,
 from kvfuzz.text import printable
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether the process ``pid`` runs (one of another user's counts); a zombie (dead, its parent not yet told, as
+    a killed campaign's worker is until it is reaped) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            return stat_file.read().rpartition(b")")[2].split()[:1] != [b"Z"]
+    except OSError:
+        return True  # no /proc here: it exists
 
 
 MAX_READ = MAX_FILE_BYTES
@@ -113,7 +119,7 @@ def recover(directory: Path) -> list[Recovered]:
             pid = int(journal.stem[len(JOURNAL_PREFIX) :])
         except ValueError:
             continue
-        if pid != os.getpid() and _alive(pid):
+        if pid != os.getpid() and process_alive(pid):
             continue  # another run is using it
         try:
             header, program = _last_program(_journal_lines(journal))

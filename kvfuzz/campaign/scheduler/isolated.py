@@ -37,11 +37,22 @@ from kvfuzz.scheduler.trace import CRASH, RecordedFailure, SchedulerTrace
 
 T = TypeVar("T")
 
+SCHEDULER_JOURNAL = ".kvfuzz-scheduler-journal-"
+
 
 def scheduler_journal(corpus: Path, pid: Optional[int] = None) -> Path:
     """Where the process ``pid`` (default: this one) keeps the program its examples run, in ``corpus``; an isolated
     batch's child keeps it under its parent's pid."""
-    return corpus / f".kvfuzz-scheduler-journal-{os.getpid() if pid is None else pid}.jsonl"
+    return corpus / f"{SCHEDULER_JOURNAL}{os.getpid() if pid is None else pid}.jsonl"
+
+
+def scheduler_journals(corpus: Path) -> list[int]:
+    """The pids whose journals are in ``corpus``."""
+    pids = []
+    for path in sorted(corpus.glob(f"{SCHEDULER_JOURNAL}*.jsonl")):
+        with contextlib.suppress(ValueError):
+            pids.append(int(path.name[len(SCHEDULER_JOURNAL) : -len(".jsonl")]))
+    return pids
 
 
 def isolated_runner(

@@ -32,13 +32,14 @@ from kvfuzz.campaign.process import HaltInterrupts
 from kvfuzz.campaign.protocol import Death, Reporter, Settings, WorkerContext, worker_seed
 from kvfuzz.campaign.report import CampaignResult
 from kvfuzz.campaign.rerun import SchedulerRerun
-from kvfuzz.campaign.scheduler.isolated import died_trace, isolated_runner, scheduler_journal
+from kvfuzz.campaign.scheduler.isolated import died_trace, isolated_runner, scheduler_journal, scheduler_journals
 from kvfuzz.campaign.scheduler.known import KnownFindings, known_signatures
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, SchedulerCampaignOptions, run_batch
 from kvfuzz.campaign.scheduler.shared import share_finding
 from kvfuzz.campaign.scheduler.target import SchedulerProcessDied, SchedulerTarget, Search, scheduler_signature
 from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.supervisor import Supervisor
+from kvfuzz.saved.journals import process_alive
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.harness import HarnessError
 from kvfuzz.scheduler.journal import ProgramJournal
@@ -83,9 +84,24 @@ class SchedulerCampaign:
     def journal(self, pid: int) -> Path:
         return scheduler_journal(self.options.corpus, pid)
 
+    def recover(self, event: Callable[[str], None]) -> list[Death]:
+        """The journals of processes gone (a campaign whose supervisor and worker both died, a run ``--isolate``
+        killed) in the corpus, as traces."""
+        deaths = []
+        for pid in scheduler_journals(self.options.corpus):
+            if pid == os.getpid() or not process_alive(pid):
+                death = self._death(pid, f"the process (pid {pid}) died before this campaign started", event)
+                if death is not None:
+                    deaths.append(attrs.evolve(death, pid=pid))
+        return deaths
+
     def died(self, pid: int, how: str, event: Callable[[str], None]) -> Optional[Death]:
+        return self._death(pid, f"the campaign's worker process {how}", event)
+
+    def _death(self, pid: int, message: str, event: Callable[[str], None]) -> Optional[Death]:
+        """The program the journal of ``pid`` holds, saved as a trace whose crash ``message`` tells (None: no
+        journal, or it could not be saved); the journal is removed."""
         journal = self.journal(pid)
-        message = f"the campaign's worker process {how}"
         try:
             trace = died_trace(self.target.name, self.target.version(), journal, message)
         finally:
@@ -94,7 +110,7 @@ class SchedulerCampaign:
             return None
         saved = save_scheduler_trace(trace, self.options.corpus)
         if saved.error is not None:
-            event(f"kvfuzz: the program of the dead worker (pid {pid}) could not be saved: {saved.report()}")
+            event(f"kvfuzz: the program of the dead process (pid {pid}) could not be saved: {saved.report()}")
             return None
         signature = scheduler_signature(self.target.name, SchedulerProcessDied(message))
         return Death(saved.path, trace, signature, f"crash: {trace.failure.message}")
