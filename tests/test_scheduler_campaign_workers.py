@@ -148,6 +148,7 @@ import attrs
 from test_scheduler_campaign import FakeTarget
 from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
 from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
+from kvfuzz.scheduler.trace import journal_configuration
 
 fake = FakeTarget()
 search = fake.search
@@ -190,13 +191,14 @@ sys.path.insert(0, {tests!r})
 from test_scheduler_campaign import FOUND, FakeTarget
 from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
 from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
+from kvfuzz.scheduler.trace import journal_configuration
 
 fake = FakeTarget()
 
 def killing(config, examples, seed, shrink, witness, call_timeout, journal):
-    journal.start(config.setup, config.model_runner)
+    journal.begin_example(journal_configuration(config.setup, config.model_runner))
     for operation in FOUND:
-        journal.record(operation)  # the engine kills the process in FOUND's last step, and its supervisor with it
+        journal.call(operation.to_json())  # the engine kills the process in FOUND's last step, and its supervisor
     print(os.getpid(), flush=True)
     os.kill(os.getppid(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -229,7 +231,7 @@ def test_a_program_whose_supervisor_and_worker_both_died_is_a_finding_of_the_nex
     assert finding.trace is not None
     trace = load(Path(finding.trace))
     assert trace.program == FOUND and not trace.shrunk and f"pid {worker}" in trace.failure.message
-    assert not [path for path in corpus.iterdir() if "journal" in path.name], "the journal became the trace"
+    assert not list(corpus.glob(".kvfuzz-journal-*")), "the journal became the trace"
     # the next campaign knows it: counted, never a new finding twice
     again = campaign(FakeTarget(), corpus, workers=1, max_examples=50)
     assert "crash (SchedulerProcessDied)" not in [finding.text for finding in again.new]

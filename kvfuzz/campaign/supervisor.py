@@ -32,7 +32,8 @@ from kvfuzz.campaign.protocol import CampaignTarget, Channel, Death
 from kvfuzz.campaign.report import CampaignResult, DeadWorker, Finding
 from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.store import open_store
-from kvfuzz.program.safeguards import deferred_interrupts
+from kvfuzz.program.safeguards import deferred_interrupts, journal_path
+from kvfuzz.saved import journals
 from kvfuzz.saved.hint import show_hint
 from kvfuzz.scheduler.harness import HarnessError
 
@@ -108,6 +109,7 @@ class Supervisor:
         # with Redis: where a dead worker's finding is stored for every machine, as the workers store theirs
         self.cluster = ClusterFindings(settings.database) if is_redis(settings.database) else None
         self.known: dict[str, str] = {}
+        self.recovered: dict[int, Path] = {}  # pid -> the trace its journal became, until that death is handled
 
     def _state_dir(self) -> Path:
         self.state.mkdir(parents=True, exist_ok=True)
@@ -159,8 +161,12 @@ class Supervisor:
         except HarnessError as error:
             self._harness(error.describe())
             return
-        for death in self.target.recover(self.event):
-            self._recovered(death)
+        for recovered in journals.recover(self.settings.corpus):
+            death = None if recovered.trace is None else Death.of(recovered.trace, recovered.pid)
+            if death is None:
+                self.event(f"kvfuzz: {recovered.message}")  # why that program is lost
+            else:
+                self._recovered(death)
         self.started = time.monotonic()
         if not received:
             for number in range(self.settings.workers):
@@ -263,7 +269,7 @@ class Supervisor:
         slot.done = True
         self.tally.shrinking.pop(number, None)
         key: Optional[str] = None
-        death = self.target.died(pid, how, self.event)
+        death = self._journal_of(pid)
         trace_path = None if death is None else str(death.path)
         if death is not None:
             note = f"a worker {how}: not shrunk (every replay kills the process); kvfuzz replay runs it in a child"
@@ -275,6 +281,18 @@ class Supervisor:
         self.event(f"worker {number} (pid {pid}) {how}; its program: {trace_path or 'lost (no journal)'}; replaced")
         if not self.stop.is_set():
             self._start(number, slot.incarnation + 1)
+
+    def _journal_of(self, pid: int) -> Optional[Death]:
+        """The dead worker's journal, as a trace: every journal of a dead process is recovered at once, so another
+        worker's death may have recovered this one's first (two deaths between two checks)."""
+        if journal_path(self.settings.corpus, pid).exists():
+            for recovered in journals.recover(self.settings.corpus):
+                if recovered.trace is not None:
+                    self.recovered[recovered.pid] = recovered.trace
+                else:
+                    self.event(f"kvfuzz: {recovered.message}")  # why that death's program is lost
+        path = self.recovered.pop(pid, None)
+        return None if path is None else Death.of(path, pid)
 
     def _recovered(self, death: Death) -> None:
         """The program of a process that died before this campaign started (its journal recovered), as a finding of
