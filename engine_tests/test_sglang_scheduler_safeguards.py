@@ -21,14 +21,13 @@ import pytest
 
 from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
 from kvfuzz.campaign.scheduler.sglang_target import sglang_target
-from kvfuzz.campaign.scheduler.target import PROCESS_DIED
 from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
 from kvfuzz.cli import main
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.sglang.build import sglang
 from kvfuzz.scheduler.sglang.traces import sglang_version
-from kvfuzz.scheduler.trace import load
+from kvfuzz.scheduler.trace import PROCESS_DIED, load
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 """Its known SGLang bug (the ignore_eos clip's hang without the radix cache) is known to the campaigns here."""

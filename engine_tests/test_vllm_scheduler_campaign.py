@@ -18,10 +18,10 @@ import pytest
 
 from engine_tests.vllm_history import touch_before_the_capacity_check
 from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
-from kvfuzz.campaign.scheduler.target import PROCESS_DIED, vllm_target
+from kvfuzz.campaign.scheduler.target import vllm_target
 from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
 from kvfuzz.cli import main
-from kvfuzz.scheduler.trace import load
+from kvfuzz.scheduler.trace import PROCESS_DIED, load
 
 LATER_ROWS = {
     "speculative_tokens": 0,

@@ -191,7 +191,7 @@ def test_isolate_keeps_the_program_of_a_run_whose_process_is_killed(
     its program kept from the journal; the run itself reports it and exits 1."""
     import signal
 
-    from kvfuzz.campaign.scheduler.target import PROCESS_DIED
+    from kvfuzz.scheduler.trace import PROCESS_DIED
 
     schedule = Scheduler.schedule
 
