@@ -21,14 +21,13 @@ import pytest
 
 from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
 from kvfuzz.campaign.scheduler.sglang_target import sglang_target
-from kvfuzz.campaign.scheduler.target import PROCESS_DIED
 from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
 from kvfuzz.cli import main
 from kvfuzz.program.safeguards import Watchdog
 from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.sglang.build import sglang
 from kvfuzz.scheduler.sglang.traces import sglang_version
-from kvfuzz.scheduler.trace import load
+from kvfuzz.scheduler.trace import PROCESS_DIED, load
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 """Its known SGLang bug (the ignore_eos clip's hang without the radix cache) is known to the campaigns here."""
@@ -138,7 +137,7 @@ def test_an_isolated_batch_killed_mid_step_keeps_its_program_and_its_replay_kill
     assert trace.scheduler == "sglang" and trace.vllm_version == sglang_version() and trace.model_runner == ""
     assert trace.failure.exception == PROCESS_DIED and not trace.shrunk
     assert sum(operation.to_json()["op"] == "add" for operation in trace.program) >= 2, trace.program
-    assert not list(corpus.glob(".kvfuzz-scheduler-journal-*")), "the journal is removed"
+    assert not list(corpus.glob(".kvfuzz-journal-*")), "the journal is removed"
 
     child = multiprocessing.get_context("fork").Process(target=replay, args=(trace,))
     child.start()

@@ -18,10 +18,10 @@ import pytest
 
 from engine_tests.vllm_history import touch_before_the_capacity_check
 from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
-from kvfuzz.campaign.scheduler.target import PROCESS_DIED, vllm_target
+from kvfuzz.campaign.scheduler.target import vllm_target
 from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
 from kvfuzz.cli import main
-from kvfuzz.scheduler.trace import load
+from kvfuzz.scheduler.trace import PROCESS_DIED, load
 
 LATER_ROWS = {
     "speculative_tokens": 0,
@@ -160,7 +160,7 @@ def test_an_isolated_batch_killed_keeps_its_program(tmp_path: Path, monkeypatch:
     trace = load(Path(str(result.new[0].trace)))
     assert trace.failure.exception == PROCESS_DIED and not trace.shrunk
     assert trace.program, "the journal held the adds and steps before the kill (here in the drain after them)"
-    assert not list((tmp_path / "c").glob(".kvfuzz-scheduler-journal-*")), "the journal is removed"
+    assert not list((tmp_path / "c").glob(".kvfuzz-journal-*")), "the journal is removed"
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

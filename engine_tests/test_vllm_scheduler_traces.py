@@ -191,7 +191,7 @@ def test_isolate_keeps_the_program_of_a_run_whose_process_is_killed(
     its program kept from the journal; the run itself reports it and exits 1."""
     import signal
 
-    from kvfuzz.campaign.scheduler.target import PROCESS_DIED
+    from kvfuzz.scheduler.trace import PROCESS_DIED
 
     schedule = Scheduler.schedule
 
@@ -209,7 +209,7 @@ def test_isolate_keeps_the_program_of_a_run_whose_process_is_killed(
     trace = load(path)
     assert trace.failure.exception == PROCESS_DIED and not trace.shrunk
     assert [type(operation).__name__ for operation in trace.program].count("AddRequest") >= 2, trace.program
-    assert not list(tmp_path.glob(".kvfuzz-scheduler-journal-*")), "the journal is removed"
+    assert not list(tmp_path.glob(".kvfuzz-journal-*")), "the journal is removed"
 
     assert main([*RUN, "--isolate", "--json", "--corpus", str(tmp_path / "json")]) == 1
     reported = json.loads(capsys.readouterr().out)

@@ -406,7 +406,9 @@ def run(
     journal: Optional[Journal] = None
     if journal_dir is not None:
         with contextlib.suppress(OSError):  # no journal is better than no run: the run still reports what it finds
-            journal = Journal(journal_dir, allocator_name, config_json(config, config.inflight_window))
+            journal = Journal(
+                journal_dir, {"allocator": allocator_name}, {"config": config_json(config, config.inflight_window)}
+            )
     failure: Optional[BaseException] = None
     calls: list[Call] = []
     pool: Optional[MachineConfig] = None  # the failure's pool, where the swarm drew it

@@ -269,3 +269,58 @@ def test_a_check_one_feature_alone_triggers_lives_in_that_feature() -> None:
     sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in PACKAGE.rglob("*.py")}
     checks = {path: text for path, text in sources.items() if path.startswith("engine/checks/")}
     assert one_feature_checks(checks, sources) == []
+
+
+# -- the pipeline: each stage in one place, for every target (docs/architecture.md, "The pipeline") ----------------
+
+STAGES = {
+    "journal": "program/safeguards.py",  # the one journal class every target writes
+    "journal recovery": "saved/journals.py",  # the one reader turning a dead process's journal into a trace
+    "campaign loop": "campaign/supervisor.py",  # the one loop that runs workers and ends in a CampaignResult
+}
+
+
+def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Stage -> the modules (``sources``: path -> source) that define it, read from their syntax trees:
+
+    * a **journal**: a class named ``...Journal`` that is not the journal itself subclassed (a base named
+      ``Journal``) nor an exception (a base named ``...Error`` or ``...Exception``);
+    * **journal recovery**: a function whose name says it reads or recovers a journal (``read_journal``,
+      ``recover``, ``last_program``, ...: ``recover`` or ``read`` with ``journal``, or ``last_program``);
+    * a **campaign loop**: a call constructing ``CampaignResult``, what every campaign loop ends in."""
+    found: dict[str, set[str]] = {stage: set() for stage in STAGES}
+    for path, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Journal"):
+                bases = {base.id for base in node.bases if isinstance(base, ast.Name)}
+                if "Journal" not in bases and not any(base.endswith(("Error", "Exception")) for base in bases):
+                    found["journal"].add(path)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = node.name.lower()
+                if name == "recover" or name == "last_program" or ("journal" in name and "read" in name):
+                    found["journal recovery"].add(path)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "CampaignResult":
+                found["campaign loop"].add(path)
+    return found
+
+
+def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
+    sources = {
+        "program/safeguards.py": "class Journal:\n    def call(self, record): ...\n",
+        "scheduler/journal.py": "class ProgramJournal:\n    pass\ndef read_journal(path): ...\n",
+        "campaign/scheduler/workers.py": "class _Heartbeat(Journal): ...\nclass NotAJournal(OSError): ...\n",
+        "campaign/scheduler/loop.py": "def run():\n    return CampaignResult(workers=1)\n",
+    }
+    found = stage_definitions(sources)
+    assert found["journal"] == {"program/safeguards.py", "scheduler/journal.py"}
+    assert found["journal recovery"] == {"scheduler/journal.py"}
+    assert found["campaign loop"] == {"campaign/scheduler/loop.py"}
+
+
+def test_each_stage_of_the_pipeline_is_written_once_for_every_target() -> None:
+    """The allocator target and the scheduler targets share one journal, one recovery of it and one campaign loop:
+    a target that needs its own has a payload or a protocol method for it (docs/architecture.md), never a second
+    module."""
+    sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in PACKAGE.rglob("*.py")}
+    found = stage_definitions(sources)
+    assert found == {stage: {module} for stage, module in STAGES.items()}, found

@@ -403,18 +403,40 @@ def _dead_pid() -> int:
     return child.pid
 
 
+def _dead_journals(corpus: Path, count: int) -> list[int]:
+    """``count`` journals of dead processes in ``corpus``, each of one admit; their pids."""
+    corpus.mkdir(exist_ok=True)
+    config = config_json(MachineConfig(block_size=4, num_blocks=8), None)
+    pids = [_dead_pid() for _ in range(count)]
+    for number, pid in enumerate(pids):
+        header = {"format": JOURNAL_FORMAT, "pid": pid, "allocator": DEFAULT_ALLOCATOR, "config": config}
+        call = {"rule": "admit", "arguments": {"seq": f"s{number}", "namespace": [], "system": [], "suffix": [1, 2]}}
+        lines = [json.dumps(header), json.dumps({"example": 1}), json.dumps(call)]
+        (corpus / f"{JOURNAL_PREFIX}{pid}.jsonl").write_text("\n".join(lines) + "\n")
+    return pids
+
+
+def test_a_journal_left_before_the_campaign_started_is_a_finding_of_it(tmp_path: Path) -> None:
+    """A campaign whose supervisor and worker were both killed left its worker's journal: the next campaign on the
+    corpus recovers it, as a finding of its own (its supervisor never reported it)."""
+    corpus = tmp_path / "corpus"
+    [pid] = _dead_journals(corpus, 1)
+    limits = probe_limits(DEFAULT_ALLOCATOR, load_factory(DEFAULT_ALLOCATOR), MachineConfig())
+    events: list[str] = []
+    options = CampaignOptions((DEFAULT_ALLOCATOR,), (limits,), 1, corpus, max_examples=1, known=())
+    result = Campaign(options, event=events.append).run()
+    [finding] = [finding for finding in result.new if finding.signature["failure"] == "crash (the process died)"]
+    assert f"pid {pid}" in (finding.note or "") and finding.trace is not None
+    assert [call.rule for call in load(Path(finding.trace)).program] == ["admit"]
+    assert any(f"pid {pid}" in event and finding.trace in event for event in events), events
+    assert not list(corpus.glob(f"{JOURNAL_PREFIX}*"))
+
+
 def test_two_workers_dying_between_two_checks_each_keep_their_program(tmp_path: Path) -> None:
     """The first death recovers every journal of a dead process, the second worker's too: the second death must
     still be reported with the trace its journal became, not as lost."""
     corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    config = config_json(MachineConfig(block_size=4, num_blocks=8), None)
-    pids = [_dead_pid(), _dead_pid()]
-    for pid, seq in zip(pids, ("s0", "s1")):
-        header = {"format": JOURNAL_FORMAT, "pid": pid, "allocator": DEFAULT_ALLOCATOR, "config": config}
-        call = {"rule": "admit", "arguments": {"seq": seq, "namespace": [], "system": [], "suffix": [1, 2]}}
-        lines = [json.dumps(header), json.dumps({"example": 1}), json.dumps(call)]
-        (corpus / f"{JOURNAL_PREFIX}{pid}.jsonl").write_text("\n".join(lines) + "\n")
+    pids = _dead_journals(corpus, 2)
     limits = probe_limits(DEFAULT_ALLOCATOR, load_factory(DEFAULT_ALLOCATOR), MachineConfig())
     campaign = Campaign(CampaignOptions((DEFAULT_ALLOCATOR,), (limits,), 1, corpus, duration=1.0))
     campaign.stop.set()  # no replacement workers

@@ -263,7 +263,7 @@ calls = [Call("admit", admit), Call("step", {}), Call("free", {"seq": "s0"})]
 outcome = replay(Target(factory, config), calls)
 assert outcome.failure is not None, "the leak fails in the pool it was found in"
 signature = signature_of(name, outcome.failure, calls, outcome.failed_at)
-journal = Journal(Path(sys.argv[1]), name, config_json(config, config.inflight_window))
+journal = Journal(Path(sys.argv[1]), {"allocator": name}, {"config": config_json(config, config.inflight_window)})
 shrink(factory, config, calls, outcome.failure, signature, seconds=60, pools=Pools(), safeguards=Safeguards(journal))
 print("the shrink never tried a pool of fewer than 4 blocks")
 """

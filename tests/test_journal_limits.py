@@ -26,7 +26,7 @@ def test_a_long_run_s_journal_stays_near_its_limit_and_keeps_its_last_program(
 ) -> None:
     monkeypatch.setattr(safeguards, "JOURNAL_LIMIT", 4000)
     config = MachineConfig()
-    journal = Journal(tmp_path, "kvfuzz", config_json(config, config.inflight_window))
+    journal = Journal(tmp_path, {"allocator": "kvfuzz"}, {"config": config_json(config, config.inflight_window)})
     sizes = []
     for example in range(300):
         journal.begin_example()
@@ -121,7 +121,7 @@ def test_a_journal_is_never_written_through_a_link_planted_under_its_name(tmp_pa
     corpus.mkdir()
     safeguards.journal_path(corpus).symlink_to(victim)
     config = MachineConfig()
-    journal = Journal(corpus, "kvfuzz", config_json(config, config.inflight_window))
+    journal = Journal(corpus, {"allocator": "kvfuzz"}, {"config": config_json(config, config.inflight_window)})
     journal.begin_example()
     journal.call(CALL)
     assert victim.read_text() == "the only copy\n"

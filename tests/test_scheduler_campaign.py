@@ -19,18 +19,19 @@ import attrs
 import pytest
 from factories import kvfuzz
 
+from kvfuzz.campaign.scheduler.isolated import died_trace, journal_target
 from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
+from kvfuzz.program.safeguards import Journal
 from kvfuzz.scheduler import swarm
 from kvfuzz.scheduler.config import SchedulerSetup
-from kvfuzz.scheduler.journal import ProgramJournal, read_journal
 from kvfuzz.scheduler.machine import Witness
 from kvfuzz.scheduler.program import AddRequest, Step
 from kvfuzz.scheduler.replay import SchedulerReplay
 from kvfuzz.scheduler.search import Outcome
 from kvfuzz.scheduler.swarm import SwarmConfig
-from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, load
+from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, journal_configuration, load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.text import plural
 
@@ -117,7 +118,7 @@ class FakeTarget:
         shrink: bool,
         witness: Optional[Witness],
         call_timeout: Optional[float],
-        journal: Optional[ProgramJournal],
+        journal: Optional[Journal],
     ) -> Outcome:
         with open(self.log, "a") as log:
             logged = [attrs.asdict(config.setup), config.model_runner, examples, seed, shrink, os.getpid()]
@@ -291,45 +292,49 @@ def test_a_violation_crosses_a_process_boundary_whole() -> None:
     assert (copy.check, copy.step, copy.cause, str(copy)) == (Check.ACCOUNTING, 2, "the free count", str(leak()))
 
 
+def _journal(path: Path, setup: SchedulerSetup, runner: str, program: tuple[Any, ...]) -> Journal:
+    """A scheduler's journal at ``path`` (the one journal every target writes), holding ``program`` run in
+    ``setup``, left open as a process that died leaves it."""
+    journal = Journal(path.parent, journal_target("vllm-v1", "0.33.0"), {}, path)
+    journal.begin_example(journal_configuration(setup, runner))
+    for operation in program:
+        journal.call(operation.to_json())
+    return journal
+
+
 def test_the_journal_keeps_whole_operations_and_drops_a_torn_line(tmp_path: Path) -> None:
     path = tmp_path / "journal.jsonl"
-    journal = ProgramJournal(path)
-    journal.start(SchedulerSetup(num_blocks=4), "V1")
-    for operation in FOUND:
-        journal.record(operation)
-    journal.close()
-    example = read_journal(path)
-    assert example is not None and (example.setup, example.model_runner, example.program) == (
+    journal = _journal(path, SchedulerSetup(num_blocks=4), "V1", FOUND)
+    trace = died_trace(path, "killed")
+    assert trace is not None and (trace.setup, trace.model_runner, trace.program) == (
         SchedulerSetup(num_blocks=4),
         "V1",
         FOUND,
     )
+    assert (trace.scheduler, trace.vllm_version, trace.shrunk) == ("vllm-v1", "0.33.0", False)
+    assert trace.failure.exception == "SchedulerProcessDied" and trace.failure.message.endswith("killed")
     with open(path, "a", encoding="utf-8") as stream:
         stream.write('{"op": "add", "prom')  # a process killed in the middle of a line
-    example = read_journal(path)
-    assert example is not None and example.program == FOUND
-    journal = ProgramJournal(path)
-    journal.start(SchedulerSetup(), "V2")  # the next example starts the file afresh
+    trace = died_trace(path, "killed")
+    assert trace is not None and trace.program == FOUND
+    journal = _journal(path, SchedulerSetup(), "V2", ())  # the next example: the last program is its own
+    trace = died_trace(path, "killed")
+    assert trace is not None and (trace.setup, trace.model_runner, trace.program) == (SchedulerSetup(), "V2", ())
     journal.close()
-    example = read_journal(path)
-    assert example is not None and example.program == ()
+    assert not path.exists() and died_trace(path, "killed") is None, "a run that ends removes its journal"
 
 
 def test_the_journal_keeps_every_field_of_a_request(tmp_path: Path) -> None:
     """A died process's program must replay as it ran: a request's salt, stop tokens, EOS, min_tokens and LoRA
     adapter kept."""
     path = tmp_path / "journal.jsonl"
-    journal = ProgramJournal(path)
     setup = SchedulerSetup(
         policy="priority", cache_salts=True, stop_tokens=True, eos=True, min_tokens=True, max_loras=1
     )
-    journal.start(setup, "V1")
     program = (AddRequest([1, 2], 4, 2, "a", (0, 3), True, 2, 2), AddRequest([1], 1), Step())
-    for operation in program:
-        journal.record(operation)
-    journal.close()
-    example = read_journal(path)
-    assert example is not None and (example.setup, example.program) == (setup, program)
+    _journal(path, setup, "V1", program)
+    trace = died_trace(path, "killed")
+    assert trace is not None and (trace.setup, trace.program) == (setup, program)
 
 
 # -- usage errors --------------------------------------------------------------------------------------------------

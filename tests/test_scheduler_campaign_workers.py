@@ -148,6 +148,7 @@ import attrs
 from test_scheduler_campaign import FakeTarget
 from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
 from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
+from kvfuzz.scheduler.trace import journal_configuration
 
 fake = FakeTarget()
 search = fake.search
@@ -181,3 +182,56 @@ def test_a_failure_found_while_the_supervisor_is_killed_is_kept_and_the_workers_
     assert not os.path.exists(f"/proc/{worker}"), "the worker outlived its campaign"
     traces = [load(path) for path in corpus.glob("*.json")]
     assert traces and all(not trace.shrunk and buggy(trace.setup) for trace in traces), "kept, as found"
+
+
+BOTH_KILLED = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_scheduler_campaign import FOUND, FakeTarget
+from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
+from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
+from kvfuzz.scheduler.trace import journal_configuration
+
+fake = FakeTarget()
+
+def killing(config, examples, seed, shrink, witness, call_timeout, journal):
+    journal.begin_example(journal_configuration(config.setup, config.model_runner))
+    for operation in FOUND:
+        journal.call(operation.to_json())  # the engine kills the process in FOUND's last step, and its supervisor
+    print(os.getpid(), flush=True)
+    os.kill(os.getppid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+fake.search = killing
+options = SchedulerCampaignOptions("vllm-v1", 9, Path({corpus!r}), max_examples=400, workers=1)
+run_scheduler_campaign(options, fake.target())
+"""
+
+
+@pytest.mark.slow
+def test_a_program_whose_supervisor_and_worker_both_died_is_a_finding_of_the_next_campaign(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from test_scheduler_campaign import FOUND
+
+    corpus = tmp_path / "c"
+    script = BOTH_KILLED.format(tests=str(Path(__file__).parent), corpus=str(corpus))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    worker = int(done.stdout.split()[0])
+    assert not list(corpus.glob("*.json")), "nothing saved yet: the program is in the dead worker's journal alone"
+    fake = FakeTarget()
+    fake.search = lambda config, examples, *rest: Outcome(config.setup, examples, 5, 0, 0, 0.01, None, "")  # type: ignore[method-assign]
+    result = campaign(fake, corpus, workers=1, max_examples=50)
+    [finding] = result.new
+    assert finding.text == "crash (SchedulerProcessDied)", finding.text
+    assert f"pid {worker}" in (finding.note or "") and "recovered at the campaign's start" in (finding.note or "")
+    assert finding.trace is not None
+    trace = load(Path(finding.trace))
+    assert trace.program == FOUND and not trace.shrunk and f"pid {worker}" in trace.failure.message
+    assert not list(corpus.glob(".kvfuzz-journal-*")), "the journal became the trace"
+    # the next campaign knows it: counted, never a new finding twice
+    again = campaign(FakeTarget(), corpus, workers=1, max_examples=50)
+    assert "crash (SchedulerProcessDied)" not in [finding.text for finding in again.new]

@@ -1,7 +1,6 @@
 """The allocator target of a campaign (:class:`~kvfuzz.campaign.protocol.CampaignTarget`): its workers search the
 allocators under swarmed configurations (:mod:`kvfuzz.campaign.worker`); the corpus's allocator traces (and, with
-Redis, the findings stored there under an earlier signature's key) are its known findings; a dead worker's journal
-becomes the trace of the program that killed it (:mod:`kvfuzz.saved.journals`)."""
+Redis, the findings stored there under an earlier signature's key) are its known findings."""
 
 from __future__ import annotations
 
@@ -14,16 +13,13 @@ import attrs
 import kvfuzz
 from kvfuzz.campaign.cluster import ClusterFindings, is_redis
 from kvfuzz.campaign.known import known_signatures, stored_findings_known
-from kvfuzz.campaign.protocol import Death, Settings, WorkerContext, worker_seed
+from kvfuzz.campaign.protocol import Settings, WorkerContext, worker_seed
 from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.swarm import Limits
 from kvfuzz.campaign.worker import HYPOTHESIS_EVERY, WorkerPlan, _Worker
 from kvfuzz.engine.config import MachineConfig
-from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, journal_path
-from kvfuzz.saved import journals
-from kvfuzz.saved.corpus import PROCESS_DIED
-from kvfuzz.saved.trace import TraceError, load
-from kvfuzz.shrink.signature import TEARDOWN, Signature
+from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT
+from kvfuzz.shrink.signature import Signature
 
 
 @attrs.frozen
@@ -53,12 +49,9 @@ class AllocatorCampaign:
     def __init__(self, options: CampaignOptions) -> None:
         self.options = options
         self.settings = Settings.of(options)
-        self.recovered: dict[int, str] = {}  # pid -> trace its journal became, until that death is handled
 
     def prepare(self, event: Callable[[str], None]) -> dict[str, str]:
         options = self.options
-        for recovered in journals.recover(options.corpus):
-            event(f"kvfuzz: {recovered.message}")
         timeout = options.call_timeout or 60.0
         known = known_signatures([*options.known, options.corpus], options.allocators, timeout)
         if is_redis(options.database):  # findings stored under an earlier signature's key: known under today's
@@ -89,29 +82,6 @@ class AllocatorCampaign:
             options.seed,
         )
         _Worker(plan, worker).search()
-
-    def journal(self, pid: int) -> Path:
-        return journal_path(self.options.corpus, pid)
-
-    def died(self, pid: int, how: str, event: Callable[[str], None]) -> Optional[Death]:
-        """The dead worker's journal, as a trace: every journal of a dead process is recovered at once, so another
-        worker's death may have recovered this one's first (two deaths between two checks)."""
-        if self.journal(pid).exists():
-            for recovered in journals.recover(self.options.corpus):
-                if recovered.trace is not None:
-                    self.recovered[recovered.pid] = str(recovered.trace)
-                else:
-                    event(f"kvfuzz: {recovered.message}")  # why that death's program is lost
-        path = self.recovered.pop(pid, None)
-        if path is None:
-            return None
-        try:
-            trace = load(Path(path))
-        except TraceError:
-            return None
-        operation = trace.program[-1].rule if trace.program else TEARDOWN
-        signature = Signature(trace.allocator, PROCESS_DIED, operation)
-        return Death(Path(path), trace, signature, str(trace.failure.get("explanation", "")))
 
     def text(self, signature: dict[str, Optional[str]]) -> str:
         text = str(Signature(**signature))  # type: ignore[arg-type]  # Signature.to_json()'s fields

@@ -27,7 +27,7 @@ from kvfuzz.campaign.flag import Flag
 from kvfuzz.campaign.messages import Crashed, Done
 from kvfuzz.campaign.protocol import CampaignTarget, Channel, Reporter, WorkerContext
 from kvfuzz.lifeline import tie_to_parent
-from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, STOP_SIGNALS, UserInterrupt
+from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, STOP_SIGNALS, UserInterrupt, journal_path
 from kvfuzz.threads import single_threaded_torch
 
 
@@ -63,7 +63,7 @@ def worker_main(
         stop.set()
 
     patience = patience_of(target.settings.call_timeout)
-    journal = target.journal(os.getpid())
+    journal = journal_path(target.settings.corpus)
     tie_to_parent(supervisor, orphaned, patience, lambda: journal.unlink(missing_ok=True), patience + 10)
     context = WorkerContext(
         slot, incarnation, seed, reporter, stop, halt, budget, known, state, claims, supervisor, ends

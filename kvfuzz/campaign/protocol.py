@@ -1,6 +1,7 @@
 """What a campaign asks of its target: the one supervisor (:mod:`kvfuzz.campaign.supervisor`) runs the workers, merges
-their findings into one table, replaces dead workers and ends the campaign; a target contributes only what is its
-own. The allocator target is :mod:`kvfuzz.campaign.allocators`; the scheduler targets (vLLM's, SGLang's) are
+their findings into one table, recovers the programs of dead processes from their journals (one journal, one
+recovery, for every target: :class:`Death`), replaces dead workers and ends the campaign; a target contributes only
+what is its own. The allocator target is :mod:`kvfuzz.campaign.allocators`; the scheduler targets (vLLM's, SGLang's) are
 :mod:`kvfuzz.campaign.scheduler.workers`.
 
 A target's worker runs in a process forked from the supervisor after :meth:`CampaignTarget.prepare` (so it inherits
@@ -24,9 +25,13 @@ import attrs
 
 from kvfuzz.campaign.flag import Flag
 from kvfuzz.campaign.messages import Message, Progress
-from kvfuzz.saved.trace import Trace
-from kvfuzz.scheduler.trace import SchedulerTrace
-from kvfuzz.shrink.signature import Signature
+from kvfuzz.saved.corpus import PROCESS_DIED
+from kvfuzz.saved.files import json_file_kind
+from kvfuzz.saved.trace import Trace, TraceError, load
+from kvfuzz.scheduler.trace import PROCESS_DIED as SCHEDULER_DIED
+from kvfuzz.scheduler.trace import SchedulerTrace, SchedulerTraceError
+from kvfuzz.scheduler.trace import load as load_scheduler_trace
+from kvfuzz.shrink.signature import TEARDOWN, Signature
 
 if TYPE_CHECKING:
     from kvfuzz.campaign.rerun import Rerun, SchedulerRerun
@@ -59,12 +64,31 @@ class Settings:
 
 @attrs.frozen
 class Death:
-    """The program a dead worker was running, saved as a trace: what the supervisor makes a finding of."""
+    """The program a dead process was running, recovered from its journal as a trace of its target
+    (:mod:`kvfuzz.saved.journals`): what the supervisor makes a finding of."""
 
     path: Path  # where the trace is saved
     trace: Trace | SchedulerTrace
     signature: Signature
     explanation: str  # the trace's explanation of the death, for a person
+    pid: Optional[int] = None  # the process that died
+
+    @classmethod
+    def of(cls, path: Path, pid: Optional[int] = None) -> Optional[Death]:
+        """The death the trace a journal became at ``path`` records, of either target (None: it cannot be read
+        back). Its signature: the allocator's, the process died in the last call's operation; a scheduler's, a
+        crash of :data:`~kvfuzz.scheduler.trace.PROCESS_DIED` (as a known trace of it reproduces)."""
+        try:
+            if json_file_kind(path) == "scheduler-trace":
+                scheduler = load_scheduler_trace(path)
+                died = Signature(scheduler.scheduler, f"crash ({SCHEDULER_DIED})", None)
+                return cls(path, scheduler, died, scheduler.failure.describe(), pid)
+            trace = load(path)
+        except (TraceError, SchedulerTraceError):
+            return None
+        operation = trace.program[-1].rule if trace.program else TEARDOWN
+        signature = Signature(trace.allocator, PROCESS_DIED, operation)
+        return cls(path, trace, signature, str(trace.failure.get("explanation", "")), pid)
 
 
 class Sink(Protocol):
@@ -170,9 +194,9 @@ class CampaignTarget(Protocol):
     settings: Settings
 
     def prepare(self, event: Callable[[str], None]) -> dict[str, str]:
-        """Before any worker starts, in the supervisor: recover what earlier campaigns' dead processes left, and
-        return the known findings (signature key -> where each is known from). Raises
-        :class:`~kvfuzz.scheduler.harness.HarnessError` when kvfuzz's own code fails (the campaign ends on it)."""
+        """Before any worker starts, in the supervisor: the known findings (signature key -> where each is known
+        from). Raises :class:`~kvfuzz.scheduler.harness.HarnessError` when kvfuzz's own code fails (the campaign
+        ends on it)."""
         ...
 
     def seed_of(self, slot: int, incarnation: int) -> int:
@@ -183,14 +207,6 @@ class CampaignTarget(Protocol):
     def search(self, worker: WorkerContext) -> None:
         """In the worker process: search until ``worker.stop`` is set or the example budget is spent, reporting
         progress and every failure through ``worker``."""
-        ...
-
-    def journal(self, pid: int) -> Path:
-        """Where the worker ``pid`` keeps the program it runs (removed when an orphaned worker is ended)."""
-        ...
-
-    def died(self, pid: int, how: str, event: Callable[[str], None]) -> Optional[Death]:
-        """In the supervisor: the program the dead worker ``pid`` was running, saved as a trace (None: lost)."""
         ...
 
     def text(self, signature: dict[str, Optional[str]]) -> str:

@@ -32,7 +32,8 @@ from kvfuzz.campaign.protocol import CampaignTarget, Channel, Death
 from kvfuzz.campaign.report import CampaignResult, DeadWorker, Finding
 from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.store import open_store
-from kvfuzz.program.safeguards import deferred_interrupts
+from kvfuzz.program.safeguards import deferred_interrupts, journal_path
+from kvfuzz.saved import journals
 from kvfuzz.saved.hint import show_hint
 from kvfuzz.scheduler.harness import HarnessError
 
@@ -108,6 +109,7 @@ class Supervisor:
         # with Redis: where a dead worker's finding is stored for every machine, as the workers store theirs
         self.cluster = ClusterFindings(settings.database) if is_redis(settings.database) else None
         self.known: dict[str, str] = {}
+        self.recovered: dict[int, Path] = {}  # pid -> the trace its journal became, until that death is handled
 
     def _state_dir(self) -> Path:
         self.state.mkdir(parents=True, exist_ok=True)
@@ -159,6 +161,12 @@ class Supervisor:
         except HarnessError as error:
             self._harness(error.describe())
             return
+        for recovered in journals.recover(self.settings.corpus):
+            death = None if recovered.trace is None else Death.of(recovered.trace, recovered.pid)
+            if death is None:
+                self.event(f"kvfuzz: {recovered.message}")  # why that program is lost
+            else:
+                self._recovered(death)
         self.started = time.monotonic()
         if not received:
             for number in range(self.settings.workers):
@@ -261,10 +269,11 @@ class Supervisor:
         slot.done = True
         self.tally.shrinking.pop(number, None)
         key: Optional[str] = None
-        death = self.target.died(pid, how, self.event)
+        death = self._journal_of(pid)
         trace_path = None if death is None else str(death.path)
         if death is not None:
-            key = self._death_finding(death, how, self.target.seed_of(number, slot.incarnation))
+            note = f"a worker {how}: not shrunk (every replay kills the process); kvfuzz replay runs it in a child"
+            key = self._death_finding(death, note, self.target.seed_of(number, slot.incarnation))
             finding = self.tally.findings.get(key)
             if finding is not None and finding.trace is not None:
                 trace_path = finding.trace  # the same death saved once: this worker's copy was dropped
@@ -273,9 +282,34 @@ class Supervisor:
         if not self.stop.is_set():
             self._start(number, slot.incarnation + 1)
 
-    def _death_finding(self, death: Death, how: str, seed: int) -> str:
-        """A dead worker's program (``seed``: that worker's seed stream), as a finding: counted when its signature is
-        known or claimed elsewhere, else claimed, kept, and stored in Redis when there is one."""
+    def _journal_of(self, pid: int) -> Optional[Death]:
+        """The dead worker's journal, as a trace: every journal of a dead process is recovered at once, so another
+        worker's death may have recovered this one's first (two deaths between two checks)."""
+        if journal_path(self.settings.corpus, pid).exists():
+            for recovered in journals.recover(self.settings.corpus):
+                if recovered.trace is not None:
+                    self.recovered[recovered.pid] = recovered.trace
+                else:
+                    self.event(f"kvfuzz: {recovered.message}")  # why that death's program is lost
+        path = self.recovered.pop(pid, None)
+        return None if path is None else Death.of(path, pid)
+
+    def _recovered(self, death: Death) -> None:
+        """The program of a process that died before this campaign started (its journal recovered), as a finding of
+        this campaign: its supervisor, killed too, never reported it."""
+        who = "a process" if death.pid is None else f"a process (pid {death.pid})"
+        note = (
+            f"recovered at the campaign's start from the journal of {who} that died before it: not shrunk (every "
+            "replay kills the process); kvfuzz replay runs it in a child"
+        )
+        key = self._death_finding(death, note, None)
+        where = death.path if death.path.exists() else f"{self.tally.findings[key].text}, met before (not kept twice)"
+        self.event(f"kvfuzz: recovered the program {who} that died was running: {where}")
+
+    def _death_finding(self, death: Death, note: str, seed: Optional[int]) -> str:
+        """A dead process's program (``seed``: that worker's seed stream, None: not this campaign's worker), as a
+        finding: counted when its signature is known or claimed elsewhere, else claimed, kept (``note`` saying how
+        it died), and stored in Redis when there is one."""
         path, trace, signature = death.path, death.trace, death.signature
         key = signature.key()
         if key in self.tally.findings or key in self.known:
@@ -288,7 +322,6 @@ class Supervisor:
         if prior is not None:
             self._seen(signature.to_json(), key, f"found earlier by {prior.get('found_by', 'another campaign')}")
             return key
-        note = f"a worker {how}: not shrunk (every replay kills the process); kvfuzz replay runs it in a child"
         if self.cluster is not None:
             try:
                 self.cluster.store(key, finding_record(trace, signature, self.settings.seed, seed, str(path)))

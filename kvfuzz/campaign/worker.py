@@ -135,7 +135,11 @@ class _Worker:
 
     def _journal(self, swarm: SwarmConfig) -> Optional[Journal]:
         try:
-            return Journal(self.plan.corpus, swarm.allocator, config_json(swarm.machine, swarm.machine.inflight_window))
+            return Journal(
+                self.plan.corpus,
+                {"allocator": swarm.allocator},
+                {"config": config_json(swarm.machine, swarm.machine.inflight_window)},
+            )
         except OSError:
             return None  # no journal is better than no search: a crash then loses its program
 

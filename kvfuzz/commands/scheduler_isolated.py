@@ -10,12 +10,12 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
-from kvfuzz.campaign.scheduler.isolated import Died, died_trace, run_watched, scheduler_journal
-from kvfuzz.campaign.scheduler.target import PROCESS_DIED
+from kvfuzz.campaign.scheduler.isolated import Died, died_trace, journal_target, run_watched
 from kvfuzz.commands.scheduler_campaign import scheduler_target
+from kvfuzz.program.safeguards import journal_path
 from kvfuzz.scheduler.command import Body, Ran
 from kvfuzz.scheduler.recorder import save_scheduler_trace, trace_fields
-from kvfuzz.scheduler.trace import SchedulerTrace
+from kvfuzz.scheduler.trace import PROCESS_DIED, SchedulerTrace
 
 
 def run_isolated(body: Body, args: argparse.Namespace) -> Ran:
@@ -23,13 +23,14 @@ def run_isolated(body: Body, args: argparse.Namespace) -> Ran:
     when Ctrl-C ended the run (the child is killed; a failure it had found is already saved by it)."""
     corpus = Path(args.corpus)
     corpus.mkdir(parents=True, exist_ok=True)
-    journal = scheduler_journal(corpus)
+    journal = journal_path(corpus)
+    header = journal_target(args.scheduler, scheduler_target(args.scheduler).version())
     try:
-        ended = run_watched(body, journal, args.call_timeout or None)
+        ended = run_watched(body, journal, header, args.call_timeout or None)
         if not isinstance(ended, Died):
             return ended.value
         message = f"the process running the examples {ended.how}"
-        trace = died_trace(args.scheduler, scheduler_target(args.scheduler).version(), journal, message)
+        trace = died_trace(journal, message)
         return _report_death(args, trace, message, corpus)
     except KeyboardInterrupt:
         print("kvfuzz: interrupted; the isolated examples were stopped", flush=True)

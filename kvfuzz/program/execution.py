@@ -49,7 +49,7 @@ class Execution:
             stats.example_started(engine.caps.inflight_window)
         if safeguards.journal is not None:
             config = engine.config
-            safeguards.journal.begin_example(config_json(config, config.inflight_window))
+            safeguards.journal.begin_example({"config": config_json(config, config.inflight_window)})
 
     def accepts(self, call: Call) -> bool:
         """Whether ``call`` could have been drawn in the current state (its operation enabled, its arguments ones

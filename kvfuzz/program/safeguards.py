@@ -260,28 +260,39 @@ def _created(path: Path) -> IO[str]:
 
 class Journal:
     """An append-only file of the programs a run executes, one JSON object a line, flushed before each call: a
-    header (``{"format": "kvfuzz-journal/1", "pid": ..., "allocator": ..., "config": {...}}``), then
-    ``{"example": n}`` before each program and ``{"rule": ..., "arguments": {...}}`` per call, in the trace format;
-    a program run under another configuration than the last header's is preceded by a header of its own.
-    If the process dies, the last program in the file is the one that killed it; :mod:`kvfuzz.saved.corpus` turns such
-    a journal into a trace. A run that ends normally deletes its journal. A program that starts once the file has
-    passed :data:`JOURNAL_LIMIT` bytes starts it afresh, with a header: the programs before it are finished. The file
-    is this process's own: created new, never through a link (:func:`_created`)."""
+    header (``{"format": "kvfuzz-journal/1", "pid": ..., **target, **configuration}``), then ``{"example": n}``
+    before each program and one line per call, as the target's trace lists it; a program run under another
+    configuration than the last header's is preceded by a header of its own. Every target writes this one journal,
+    with a payload of its own: the allocator target's header names the allocator (``target``) and its
+    ``{"config": ...}`` (``configuration``), its calls ``{"rule": ..., "arguments": {...}}``; a scheduler target's
+    header names the scheduler and the engine's version, and ``{"setup": ..., "model_runner": ...}``, its calls
+    ``{"op": ...}`` (:func:`kvfuzz.scheduler.trace.journal_configuration`).
+    If the process dies, the last program in the file is the one that killed it; :mod:`kvfuzz.saved.journals` turns
+    such a journal into a trace of its target. A run that ends normally deletes its journal. A program that starts
+    once the file has passed :data:`JOURNAL_LIMIT` bytes starts it afresh, with a header: the programs before it
+    are finished. The file is created new, never through a link (:func:`_created`); it is this process's own
+    (:func:`journal_path`) unless ``path`` names another (an isolated child writes its parent's, which watches it)."""
 
-    def __init__(self, directory: Path, allocator: str, config_json: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        target: dict[str, Any],
+        configuration: dict[str, Any],
+        path: Optional[Path] = None,
+    ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = journal_path(directory)  # one per process
+        self.path = journal_path(directory) if path is None else path
         self._file: Optional[IO[str]] = _created(self.path)
         self._examples = 0
-        self._allocator = allocator  # what every header names
-        self._config = config_json  # the configuration the last header records
+        self._target = target  # what every header names
+        self._configuration = configuration  # the configuration the last header records
         self.error: Optional[OSError] = None  # why the journal was given up, if it was
         self._write_header()
 
-    def begin_example(self, config_json: Optional[dict[str, Any]] = None) -> None:
-        """A program starts; under ``config_json`` when given (a shrinker replays candidates in smaller pools): a
-        configuration other than the last header's gets a header of its own first, so the program a death leaves
-        last is recovered with the pool it ran in."""
+    def begin_example(self, configuration: Optional[dict[str, Any]] = None) -> None:
+        """A program starts; under ``configuration`` when given (a shrinker replays candidates in smaller pools, a
+        scheduler's examples each name theirs): a configuration other than the last header's gets a header of its
+        own first, so the program a death leaves last is recovered with the configuration it ran in."""
         if self._file is not None and self._file.tell() > JOURNAL_LIMIT:
             try:
                 self._file.seek(0)
@@ -290,19 +301,17 @@ class Journal:
                 self.error = error
                 self._drop()
             self._write_header()
-        if config_json is not None and config_json != self._config:
-            self._config = config_json
+        if configuration is not None and configuration != self._configuration:
+            self._configuration = configuration
             self._write_header()
         self._examples += 1
         self._write({"example": self._examples})
 
     def _write_header(self) -> None:
-        self._write(
-            {"format": JOURNAL_FORMAT, "pid": os.getpid(), "allocator": self._allocator, "config": self._config}
-        )
+        self._write({"format": JOURNAL_FORMAT, "pid": os.getpid(), **self._target, **self._configuration})
 
     def call(self, record: dict[str, Any]) -> None:
-        """One call, as a trace's program lists it (``{"rule": ..., "arguments": {...}}``)."""
+        """One call, about to run, as the target's trace lists it."""
         self._write(record)
 
     def _write(self, record: dict[str, Any]) -> None:

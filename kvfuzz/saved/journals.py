@@ -1,6 +1,7 @@
-"""Recovering the failure of a run the allocator killed: a journal (:class:`kvfuzz.program.safeguards.Journal`) left
-by a process that no longer exists holds the program it was running when it died; it becomes a trace in the same
-corpus, labelled as a crash of the process, and the journal is removed.
+"""Recovering the failure of a run its target killed: a journal (:class:`kvfuzz.program.safeguards.Journal`) left
+by a process that no longer exists holds the program it was running when it died; it becomes a trace of its target
+in the same corpus (an allocator trace, or a scheduler trace when its header names a scheduler), labelled as a crash
+of the process, and the journal is removed.
 
 Every command that saves traces into a corpus recovers that corpus's journals before doing anything else.
 """
@@ -21,17 +22,24 @@ from kvfuzz.program.safeguards import JOURNAL_FORMAT, JOURNAL_PREFIX
 from kvfuzz.saved.corpus import PROCESS_DIED
 from kvfuzz.saved.files import MAX_FILE_BYTES
 from kvfuzz.saved.trace import FORMAT, MAX_PROGRAM_CALLS, TraceError, from_json, save
+from kvfuzz.scheduler import trace as scheduler_trace
 from kvfuzz.text import printable
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether the process ``pid`` runs (one of another user's counts); a zombie (dead, its parent not yet told, as
+    a killed campaign's worker is until it is reaped) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            return stat_file.read().rpartition(b")")[2].split()[:1] != [b"Z"]
+    except OSError:
+        return True  # no /proc here: it exists
 
 
 MAX_READ = MAX_FILE_BYTES
@@ -90,9 +98,15 @@ def _last_program(lines: Iterable[bytes]) -> tuple[Optional[dict[str, Any]], lis
             header = record
         elif "example" in record:
             program = []
-        elif "rule" in record and len(program) <= MAX_PROGRAM_CALLS:
-            program.append(record)
+        elif ("rule" in record or "op" in record) and len(program) <= MAX_PROGRAM_CALLS:
+            program.append(record)  # an allocator's call, or a scheduler's operation
     return header, program
+
+
+def last_program(journal: Path) -> tuple[Optional[dict[str, Any]], list[dict[str, Any]]]:
+    """The header and the calls of the last program ``journal`` holds (None: no header, nothing ran), read within
+    the bounds recovery keeps (:class:`NotAJournal`, ``OSError``)."""
+    return _last_program(_journal_lines(journal))
 
 
 @attrs.frozen
@@ -113,18 +127,22 @@ def recover(directory: Path) -> list[Recovered]:
             pid = int(journal.stem[len(JOURNAL_PREFIX) :])
         except ValueError:
             continue
-        if pid != os.getpid() and _alive(pid):
+        if pid != os.getpid() and process_alive(pid):
             continue  # another run is using it
         try:
-            header, program = _last_program(_journal_lines(journal))
+            header, program = last_program(journal)
         except NotAJournal as error:
             handled.append(Recovered(pid, None, str(error)))
             continue
         except OSError as error:
             handled.append(Recovered(pid, None, f"could not read {journal}: {error}"))
             continue
-        if header is None:  # the process died before it wrote the header: nothing ran
+        if header is None or ("scheduler" in header and "config" not in header):
+            # the process died before it wrote the header, or before a scheduler's first example: nothing ran
             journal.unlink(missing_ok=True)
+            continue
+        if "scheduler" in header:
+            handled.append(_scheduler_trace(directory, journal, pid, header, program))
             continue
         last = program[-1] if program else {"rule": "teardown"}
         where = f"call {len(program)}, {last.get('rule')}," if program else "the allocator's construction or teardown"
@@ -153,3 +171,18 @@ def recover(directory: Path) -> list[Recovered]:
         journal.unlink(missing_ok=True)
         handled.append(Recovered(pid, path, f"recovered the program a run that died (pid {pid}) was running: {path}"))
     return handled
+
+
+def _scheduler_trace(
+    directory: Path, journal: Path, pid: int, header: dict[str, Any], program: list[dict[str, Any]]
+) -> Recovered:
+    """A scheduler target's journal (its header names the scheduler), as a scheduler trace in ``directory``."""
+    last = program[-1].get("op") if program else None
+    where = f"operation {len(program)}, {last}," if program else "the engine's construction"
+    message = f"the process (pid {pid}) died during {where} of this program (a segfault, an abort or a kill)"
+    try:
+        path, _ = scheduler_trace.save(scheduler_trace.from_journal(header, program, message), directory)
+    except (scheduler_trace.SchedulerTraceError, OSError) as error:
+        return Recovered(pid, None, f"the journal {journal} of a run that died could not become a trace: {error}")
+    journal.unlink(missing_ok=True)
+    return Recovered(pid, path, f"recovered the program a run that died (pid {pid}) was running: {path}")

@@ -18,8 +18,8 @@ from kvfuzz.text import plural
 if TYPE_CHECKING:
     from hypothesis.database import ExampleDatabase
 
+    from kvfuzz.program.safeguards import Journal
     from kvfuzz.scheduler.config import SchedulerSetup
-    from kvfuzz.scheduler.journal import ProgramJournal
     from kvfuzz.scheduler.session import WorkerFactory
 
 SCHEDULERS = {
@@ -297,7 +297,7 @@ def _worker(args: argparse.Namespace) -> WorkerFactory:
     return lambda chosen: Worker(chosen, WRITE_PATHS[args.write_path or "kvfuzz"], attention(chosen.block_size))
 
 
-Body = Callable[[Optional["ProgramJournal"]], "Ran"]
+Body = Callable[[Optional["Journal"]], "Ran"]
 """The run's search and report, given the journal that keeps each example's program on disk (None: none)."""
 
 Isolator = Callable[[Body, argparse.Namespace], "Ran"]
@@ -366,7 +366,7 @@ def run_scheduler(
             flush=True,
         )
 
-    def body(journal: Optional[ProgramJournal]) -> Ran:
+    def body(journal: Optional[Journal]) -> Ran:
         return _search_and_report(args, setup, configured, journal, database)
 
     ran = isolator(body, args) if args.isolate and isolator is not None else body(None)
@@ -379,7 +379,7 @@ def _search_and_report(
     args: argparse.Namespace,
     setup: SchedulerSetup,
     configured: float,
-    journal: Optional[ProgramJournal],
+    journal: Optional[Journal],
     database: Optional[ExampleDatabase],
 ) -> Ran:
     """The examples, their outcome printed (or, with ``--json``, returned), and the failure's trace saved."""

@@ -10,12 +10,11 @@ import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, precondition, rule
 
-from kvfuzz.program.safeguards import Watchdog
+from kvfuzz.program.safeguards import Journal, Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.harness import raise_if_kvfuzz_s
-from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.model_length import overlong_arguments
 from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.priority import priority_arguments
@@ -62,7 +61,7 @@ def machine_for_setup(
     session: Optional[Callable[[], Any]] = None,
     name: str = "VllmV1SchedulerMachine",
     watchdog: Optional[Watchdog] = None,
-    journal: Optional[ProgramJournal] = None,
+    journal: Optional[Journal] = None,
 ) -> type[RuleBasedStateMachine]:
     """A state machine class driving fresh ``Scheduler`` instances of ``setup`` with ``worker``, counting into
     ``tally``, telling ``witness`` of each failing example, and bounding each step with ``watchdog`` (entered by the

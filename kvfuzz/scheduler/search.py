@@ -13,11 +13,10 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import get_state_machine_test
 
 from kvfuzz.profiles import run_settings
-from kvfuzz.program.safeguards import Watchdog
+from kvfuzz.program.safeguards import Journal, Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.harness import HarnessError
-from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Tally, Witness, machine_for_setup
 from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.session import WorkerFactory
@@ -129,7 +128,7 @@ def search(
     name: str = "VllmV1SchedulerMachine",
     seed: Optional[int] = None,
     call_timeout: Optional[float] = None,
-    journal: Optional[ProgramJournal] = None,
+    journal: Optional[Journal] = None,
     database: Optional[ExampleDatabase] = None,
 ) -> Outcome:
     """Run the machine for ``examples`` examples of up to ``steps`` operations, Hypothesis seeded with ``seed`` (the

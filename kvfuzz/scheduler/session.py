@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, Union
 
-from kvfuzz.program.safeguards import Watchdog
+from kvfuzz.program.safeguards import Journal, Watchdog
 from kvfuzz.scheduler.accounting import check_accounting
 from kvfuzz.scheduler.async_batches import DEPTH, Batch, BatchQueue, Progress, SynchronousLoop
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.engines import installed_version
-from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.kv_events import KnownRequest, event_checker
 from kvfuzz.scheduler.lora import limit_held_back
 from kvfuzz.scheduler.model_length import capped_max_tokens
@@ -30,6 +29,7 @@ from kvfuzz.scheduler.requests import request_namespace
 from kvfuzz.scheduler.snapshot import NO_OBSERVER, RequestAtStep, StepObserver, StepSnapshot
 from kvfuzz.scheduler.step_watchdog import bounded_step
 from kvfuzz.scheduler.stuck import stuck_cause
+from kvfuzz.scheduler.trace import journal_configuration
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm, vllm_config
 from kvfuzz.scheduler.worker import Worker
@@ -55,7 +55,7 @@ class Session:
         setup: SchedulerSetup,
         worker: WorkerFactory = Worker,
         watchdog: Optional[Watchdog] = None,
-        journal: Optional[ProgramJournal] = None,
+        journal: Optional[Journal] = None,
     ) -> None:
         self.setup = setup  # the configuration
         self.watchdog = watchdog  # interrupts a step that runs past its limit (None: no limit); entered by the caller
@@ -77,7 +77,7 @@ class Session:
         self.events = event_checker(setup, self.scheduler)  # the KV cache events, checked against the pool
         self.oracles = PolicyOracles(setup, vllm_config(setup), self.scheduler, self._known_tokens)  # policy checks
         if journal is not None:
-            journal.start(setup, "V2" if self.worker.runner_v2 else "V1")
+            journal.begin_example(journal_configuration(setup, "V2" if self.worker.runner_v2 else "V1"))
 
     def add(
         self,
@@ -117,7 +117,7 @@ class Session:
         """Record ``operation``, about to run, in the program and the journal."""
         self.program.append(operation)
         if self.journal is not None:
-            self.journal.record(operation)
+            self.journal.call(operation.to_json())
 
     def abort(self, request: str) -> None:
         """Abort a request, as a client disconnecting does (a finished one is left alone, as vLLM leaves it). An abort

@@ -189,33 +189,7 @@ class SchedulerTrace:
         return engine
 
     def config_json(self) -> dict[str, Any]:
-        return {  # policy and async_scheduling absent at their defaults: older traces read and hash as before
-            "num_blocks": self.setup.num_blocks,
-            "block_size": self.setup.block_size,
-            "max_num_batched_tokens": self.setup.max_num_batched_tokens,
-            "max_num_seqs": self.setup.max_num_seqs,
-            "prefix_caching": self.setup.prefix_caching,
-            **({"policy": self.setup.policy} if self.setup.policy != "fcfs" else {}),
-            **({"model": self.setup.model} if self.setup.model != "full" else {}),
-            **({"speculative_tokens": self.setup.speculative_tokens} if self.setup.speculative_tokens else {}),
-            **({"async_scheduling": True} if self.setup.async_scheduling else {}),
-            **({"cache_salts": True} if self.setup.cache_salts else {}),
-            **({"stop_tokens": True} if self.setup.stop_tokens else {}),
-            **({"eos": True} if self.setup.eos else {}),
-            **({"min_tokens": True} if self.setup.min_tokens else {}),
-            **({"kv_connector": self.setup.kv_connector} if self.setup.kv_connector != "none" else {}),
-            **({"transfer_delay": self.setup.transfer_delay} if self.setup.transfer_delay else {}),
-            **({"load_failures": True} if self.setup.load_failures else {}),
-            **({"max_loras": self.setup.max_loras} if self.setup.max_loras else {}),
-            **({"prefix_resets": True} if self.setup.prefix_resets else {}),
-            **({"kv_events": True} if self.setup.kv_events else {}),
-            **({"overlong_requests": True} if self.setup.overlong_requests else {}),
-            **(
-                {"schedule_conservativeness": self.setup.schedule_conservativeness}
-                if self.setup.schedule_conservativeness != 1.0
-                else {}
-            ),
-        }
+        return setup_json(self.setup)
 
     def digest(self) -> str:
         """Identifies the failure: the same scheduler, configuration, runner and program give the same digest."""
@@ -262,6 +236,70 @@ class SchedulerTrace:
         if self.fixed:
             lines.append(f"fixed: {self.fixed}")
         return lines
+
+
+def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
+    """A trace's ``config``: the setup, each field added since the first traces left out at its default."""
+    return {  # policy and async_scheduling absent at their defaults: older traces read and hash as before
+        "num_blocks": setup.num_blocks,
+        "block_size": setup.block_size,
+        "max_num_batched_tokens": setup.max_num_batched_tokens,
+        "max_num_seqs": setup.max_num_seqs,
+        "prefix_caching": setup.prefix_caching,
+        **({"policy": setup.policy} if setup.policy != "fcfs" else {}),
+        **({"model": setup.model} if setup.model != "full" else {}),
+        **({"speculative_tokens": setup.speculative_tokens} if setup.speculative_tokens else {}),
+        **({"async_scheduling": True} if setup.async_scheduling else {}),
+        **({"cache_salts": True} if setup.cache_salts else {}),
+        **({"stop_tokens": True} if setup.stop_tokens else {}),
+        **({"eos": True} if setup.eos else {}),
+        **({"min_tokens": True} if setup.min_tokens else {}),
+        **({"kv_connector": setup.kv_connector} if setup.kv_connector != "none" else {}),
+        **({"transfer_delay": setup.transfer_delay} if setup.transfer_delay else {}),
+        **({"load_failures": True} if setup.load_failures else {}),
+        **({"max_loras": setup.max_loras} if setup.max_loras else {}),
+        **({"prefix_resets": True} if setup.prefix_resets else {}),
+        **({"kv_events": True} if setup.kv_events else {}),
+        **({"overlong_requests": True} if setup.overlong_requests else {}),
+        **(
+            {"schedule_conservativeness": setup.schedule_conservativeness}
+            if setup.schedule_conservativeness != 1.0
+            else {}
+        ),
+    }
+
+
+PROCESS_DIED = "SchedulerProcessDied"
+"""``failure.exception`` of a trace whose process died running its program (kept from a journal): not shrunk, never
+replayed in the process that judges it, since the replay would kill that one too."""
+
+
+def journal_configuration(setup: SchedulerSetup, model_runner: str) -> dict[str, Any]:
+    """What a scheduler target's journal header records of the program about to run
+    (:class:`kvfuzz.program.safeguards.Journal`, whose ``target`` payload is ``{"scheduler": ..., "version": ...}``):
+    its configuration as a trace records it, and the model runner protocol ("" for SGLang)."""
+    return {"config": setup_json(setup), "model_runner": model_runner}
+
+
+def from_journal(header: dict[str, Any], calls: list[Any], message: str) -> SchedulerTrace:
+    """The trace of the program a journal held (``header``, the last header before it; ``calls``, its operations as
+    written), whose process died as ``message`` tells: a crash (:data:`PROCESS_DIED`), not shrunk. The journal may
+    come from anywhere: it is checked as a trace file is (:class:`SchedulerTraceError`, one line)."""
+    runner = header.get("model_runner")
+    version = header.get("version")
+    engine = {"sglang_version": version} if header.get("scheduler") == SGLANG else {"vllm_version": version}
+    data = {
+        "format": FORMAT,
+        "kvfuzz_version": kvfuzz.__version__,
+        "scheduler": header.get("scheduler"),
+        "engine": engine if header.get("scheduler") == SGLANG else {**engine, "model_runner": runner},
+        "config": header.get("config"),
+        "program": calls,
+        "shrunk": False,
+        "failure": RecordedFailure(CRASH, f"{PROCESS_DIED}: {message}", PROCESS_DIED).to_json(),
+        "known_bug": None,
+    }
+    return from_json(data, "the journal")
 
 
 def save(trace: SchedulerTrace, directory: Path) -> tuple[Path, bool]:

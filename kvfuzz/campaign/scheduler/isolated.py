@@ -5,11 +5,12 @@ code) ends the child, never the campaign, and the program the child was running 
 Each batch is a child forked from the campaign, which has imported the engine already (vLLM, or SGLang; a fork costs
 milliseconds; a fresh interpreter would import it again, seconds per batch). The child runs the batch as the campaign
 would in its own process (:func:`~kvfuzz.campaign.scheduler.loop.run_batch`, with the watchdog that turns a step past
-``--call-timeout`` into a hang finding) and sends back its result; it keeps the running example's program in a journal
-(:mod:`kvfuzz.scheduler.journal`), which doubles as its heartbeat. A child that dies without a result, or whose journal
-has not moved for twice the call timeout and ten seconds (a hang the watchdog's interrupt could not reach), is killed
-and its journal becomes a trace whose failure is ``crash (SchedulerProcessDied)``: not shrunk, since every replay would
-kill the process again. The child never outlives the campaign (:mod:`kvfuzz.lifeline`).
+``--call-timeout`` into a hang finding) and sends back its result; it keeps the running example's program in the
+journal every target writes (:class:`kvfuzz.program.safeguards.Journal`, at its parent's path), which doubles as its
+heartbeat. A child that dies without a result, or whose journal has not moved for twice the call timeout and ten
+seconds (a hang the watchdog's interrupt could not reach), is killed and its journal becomes a trace whose failure is
+``crash (SchedulerProcessDied)``: not shrunk, since every replay would kill the process again. The child never
+outlives the campaign (:mod:`kvfuzz.lifeline`).
 """
 
 from __future__ import annotations
@@ -21,27 +22,22 @@ import signal
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Callable, Generic, Optional, TypeVar
+from typing import Any, Callable, Generic, Optional, TypeVar
 
 import attrs
 
 from kvfuzz.campaign.process import patience_of
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, Runner, SchedulerCampaignOptions, run_batch
-from kvfuzz.campaign.scheduler.target import PROCESS_DIED, SchedulerProcessDied, SchedulerTarget, scheduler_signature
+from kvfuzz.campaign.scheduler.target import SchedulerProcessDied, SchedulerTarget, scheduler_signature
 from kvfuzz.lifeline import tie_to_parent
+from kvfuzz.program.safeguards import Journal, journal_path
+from kvfuzz.saved.journals import last_program
 from kvfuzz.scheduler.harness import HarnessError
-from kvfuzz.scheduler.journal import ProgramJournal, read_journal
 from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.search import Outcome
-from kvfuzz.scheduler.trace import CRASH, RecordedFailure, SchedulerTrace
+from kvfuzz.scheduler.trace import SchedulerTrace, SchedulerTraceError, from_journal
 
 T = TypeVar("T")
-
-
-def scheduler_journal(corpus: Path, pid: Optional[int] = None) -> Path:
-    """Where the process ``pid`` (default: this one) keeps the program its examples run, in ``corpus``; an isolated
-    batch's child keeps it under its parent's pid."""
-    return corpus / f".kvfuzz-scheduler-journal-{os.getpid() if pid is None else pid}.jsonl"
 
 
 def isolated_runner(
@@ -49,7 +45,7 @@ def isolated_runner(
 ) -> Runner:
     """A batch runner that runs each batch in a child process (see the module); ``tick`` is called every fifth of a
     second while a child runs (a campaign worker's heartbeat)."""
-    journal = scheduler_journal(options.corpus)
+    journal = journal_path(options.corpus)
 
     def run(plan: BatchPlan, is_new: IsNew) -> BatchResult:
         options.corpus.mkdir(parents=True, exist_ok=True)
@@ -69,8 +65,8 @@ def _run_child(
     journal: Path,
     tick: Callable[[], None],
 ) -> BatchResult:
-    body: Callable[[ProgramJournal], BatchResult] = lambda kept: run_batch(target, options, plan, is_new, kept)  # noqa: E731
-    ended = run_watched(body, journal, options.call_timeout, tick)
+    body: Callable[[Journal], BatchResult] = lambda kept: run_batch(target, options, plan, is_new, kept)  # noqa: E731
+    ended = run_watched(body, journal, journal_target(target.name, target.version()), options.call_timeout, tick)
     if isinstance(ended, Died):
         return _death(target, options, plan, is_new, journal, ended.how)
     result: BatchResult = ended.value
@@ -91,20 +87,27 @@ class Died:
     how: str
 
 
+def journal_target(scheduler: str, version: str) -> dict[str, Any]:
+    """What every header of a scheduler target's journal names: the scheduler, and the engine's version."""
+    return {"scheduler": scheduler, "version": version}
+
+
 def run_watched(
-    body: Callable[[ProgramJournal], T],
+    body: Callable[[Journal], T],
     journal: Path,
+    header: dict[str, Any],
     call_timeout: Optional[float],
     tick: Callable[[], None] = lambda: None,
 ) -> Returned[T] | Died:
-    """``body(journal)`` in a child forked from this process, in a process group of its own (the parent alone gets
+    """``body(journal)`` in a child forked from this process (``journal`` a :class:`Journal` at that path, whose
+    headers name ``header``), in a process group of its own (the parent alone gets
     the terminal's Ctrl-C) and tied to this process: what it returned (sent back pickled), or how it died. A child
     whose journal (its heartbeat) has not moved for :func:`patience_of` ``call_timeout`` is taken for hung past the
     watchdog's interrupts and killed. The child is never left running: on any exception here (Ctrl-C included) it
     is killed before the exception goes on. ``tick`` is called at every look at the child (a fifth of a second)."""
     context = multiprocessing.get_context("fork")
     receiving, sending = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(body, journal, sending, os.getpid()), name="kvfuzz-isolated")
+    child = context.Process(target=_child, args=(body, journal, header, sending, os.getpid()), name="kvfuzz-isolated")
     journal.unlink(missing_ok=True)
     started = time.monotonic()
     child.start()
@@ -146,16 +149,17 @@ def _modified(path: Path) -> float:
     return time.monotonic() - age
 
 
-def _child(body: Callable[[ProgramJournal], object], journal_path: Path, sending: Connection, parent: int) -> None:
+def _child(
+    body: Callable[[Journal], object], path: Path, header: dict[str, Any], sending: Connection, parent: int
+) -> None:
     os.setpgid(0, 0)  # the parent alone gets the terminal's Ctrl-C, and ends the child itself
     tie_to_parent(parent, lambda: os.kill(os.getpid(), signal.SIGKILL), 0.0)
-    journal = ProgramJournal(journal_path)
+    journal = Journal(path.parent, header, {}, path)
     try:
         result = body(journal)
     except HarnessError as error:  # kvfuzz's own failure: sent back, for the campaign to end on, never a death
         result = error
-    finally:
-        journal.close()
+    journal.close()  # what ran is in the result (an exception of kvfuzz's leaves the journal: the parent keeps it)
     with contextlib.suppress(BrokenPipeError):
         sending.send(result)
 
@@ -173,7 +177,7 @@ def _death(
     failure = SchedulerProcessDied(message)
     signature = scheduler_signature(target.name, failure)
     outcome = Outcome(plan.config.setup, 0, 0, 0, 0, 0.0, failure, "")
-    trace = died_trace(target.name, target.version(), journal, message)
+    trace = died_trace(journal, message)
     if trace is None:
         return BatchResult(outcome, signature, None, note=f"{message}; its program is lost (no journal)")
     if not is_new(signature, None):
@@ -183,19 +187,18 @@ def _death(
     return BatchResult(outcome, signature, saved, saved=saved, note=note, new=True)
 
 
-def died_trace(scheduler: str, version: str, journal: Path, message: str) -> Optional[SchedulerTrace]:
-    """The trace of a process that died running the program ``journal`` holds (None: no journal), recorded against
-    the engine's ``version``: its failure a crash (:data:`PROCESS_DIED`) told by ``message``, not shrunk, since every
-    replay would kill the process again."""
-    example = read_journal(journal)
-    if example is None:
+def died_trace(journal: Path, message: str) -> Optional[SchedulerTrace]:
+    """The trace of a process that died running the program ``journal`` holds (None: no journal, or none that
+    becomes a trace), against the scheduler and engine version its header names: its failure a crash
+    (:data:`~kvfuzz.scheduler.trace.PROCESS_DIED`) told by ``message``, not shrunk, since every replay would kill the
+    process again."""
+    try:
+        header, calls = last_program(journal)
+    except OSError:  # no journal (NotAJournal among them)
         return None
-    return SchedulerTrace(
-        scheduler,
-        example.setup,
-        example.model_runner,
-        version,
-        example.program,
-        RecordedFailure(CRASH, f"{PROCESS_DIED}: {message}", PROCESS_DIED),
-        shrunk=False,
-    )
+    if header is None or "config" not in header:
+        return None
+    try:
+        return from_journal(header, calls, message)
+    except SchedulerTraceError:
+        return None

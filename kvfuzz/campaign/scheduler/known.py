@@ -21,10 +21,10 @@ from typing import Iterable, Iterator, Optional
 
 import attrs
 
-from kvfuzz.campaign.scheduler.target import PROCESS_DIED, SchedulerProcessDied, SchedulerTarget, scheduler_signature
+from kvfuzz.campaign.scheduler.target import SchedulerProcessDied, SchedulerTarget, scheduler_signature
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.replay import ReplayRefused
-from kvfuzz.scheduler.trace import FORMAT, SchedulerTrace, SchedulerTraceError, load
+from kvfuzz.scheduler.trace import FORMAT, PROCESS_DIED, SchedulerTrace, SchedulerTraceError, load
 from kvfuzz.text import printable
 
 

@@ -29,7 +29,7 @@ import attrs
 import kvfuzz
 from kvfuzz.campaign.rerun import SchedulerRerun
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
-from kvfuzz.scheduler.journal import ProgramJournal
+from kvfuzz.program.safeguards import Journal
 from kvfuzz.scheduler.pins import Pins
 from kvfuzz.scheduler.recorder import SavedSchedulerTrace, save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
@@ -158,7 +158,7 @@ def run_batch(
     options: SchedulerCampaignOptions,
     plan: BatchPlan,
     is_new: IsNew,
-    journal: Optional[ProgramJournal] = None,
+    journal: Optional[Journal] = None,
 ) -> BatchResult:
     """One batch in this process: searched without shrinking; a new failure searched again with shrinking, its
     shrunk trace saved and replayed once; a known one's unshrunk trace removed. ``journal`` keeps the running

@@ -7,9 +7,8 @@ import contextlib
 from typing import Optional
 
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, bounded_replay
-from kvfuzz.program.safeguards import Watchdog
+from kvfuzz.program.safeguards import Journal, Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
-from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Witness
 from kvfuzz.scheduler.search import Outcome, search
 from kvfuzz.scheduler.sglang import swarm as sglang_swarm
@@ -46,7 +45,7 @@ def _search(
     shrink: bool,
     witness: Optional[Witness],
     call_timeout: Optional[float],
-    journal: Optional[ProgramJournal],
+    journal: Optional[Journal],
 ) -> Outcome:
     """One batch, each step bounded by a watchdog of ``call_timeout`` seconds (None: none), each example's program
     kept in ``journal`` (an isolated batch's)."""

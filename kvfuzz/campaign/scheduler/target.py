@@ -18,10 +18,9 @@ from typing import Callable, Optional
 
 import attrs
 
-from kvfuzz.program.safeguards import Watchdog
+from kvfuzz.program.safeguards import Journal, Watchdog
 from kvfuzz.scheduler import swarm
 from kvfuzz.scheduler.config import SchedulerSetup
-from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.machine import Witness
 from kvfuzz.scheduler.recorder import FailureRecorder, vllm_version
 from kvfuzz.scheduler.replay import SchedulerReplay, model_runner, replay
@@ -31,18 +30,15 @@ from kvfuzz.scheduler.trace import SchedulerTrace
 from kvfuzz.scheduler.violations import SchedulerViolation
 from kvfuzz.shrink.signature import Signature, allocator_frame
 
-Search = Callable[[SwarmConfig, int, int, bool, Optional[Witness], Optional[float], Optional[ProgramJournal]], Outcome]
+Search = Callable[[SwarmConfig, int, int, bool, Optional[Witness], Optional[float], Optional[Journal]], Outcome]
 """(configuration, examples, Hypothesis seed, shrink, witness, call timeout, journal) -> the batch's outcome."""
 Replay = Callable[[SchedulerTrace, Optional[float]], SchedulerReplay]
 """(trace, call timeout) -> what the replay found."""
 
 
-PROCESS_DIED = "SchedulerProcessDied"
-"""The exception type a trace of an isolated batch whose process died records (``failure.exception``)."""
-
-
 class SchedulerProcessDied(Exception):
-    """The child running an isolated batch died, or hung past any interrupt, and was killed."""
+    """The process running a scheduler's program died, or hung past any interrupt and was killed (the exception
+    type :data:`PROCESS_DIED` names, which its trace records)."""
 
 
 @attrs.frozen
@@ -86,7 +82,7 @@ def _search(
     shrink: bool,
     witness: Optional[Witness],
     call_timeout: Optional[float],
-    journal: Optional[ProgramJournal],
+    journal: Optional[Journal],
 ) -> Outcome:
     with model_runner(config.model_runner):
         return search(

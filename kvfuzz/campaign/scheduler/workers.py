@@ -10,8 +10,9 @@
   (files, or the Redis ``--database`` names, shared by every machine): the worker that claims it first shrinks and
   saves it; every other meeting is counted. Claimed, it is already on disk as found (the recorder saves it before
   shrinking), and the claim names that trace, so a worker (or a supervisor) killed while shrinking loses nothing.
-* Each worker keeps the running example's program in a journal (:mod:`kvfuzz.scheduler.journal`), which is also its
-  heartbeat: a worker that dies, or hangs past any interrupt, leaves its program, which the supervisor saves as a
+* Each worker keeps the running example's program in the journal every target writes
+  (:class:`kvfuzz.program.safeguards.Journal`, its header naming the scheduler), which is also its heartbeat: a
+  worker that dies, or hangs past any interrupt, leaves its program, which the supervisor recovers as a
   ``crash (SchedulerProcessDied)`` trace (not shrunk: every replay would kill the process). With ``--isolate`` each
   batch runs in a child of the worker (:mod:`~kvfuzz.campaign.scheduler.isolated`), which handles such deaths itself.
 * A harness error (kvfuzz's own code failing in a worker) stops the whole campaign: never a finding.
@@ -29,21 +30,19 @@ import attrs
 
 from kvfuzz.campaign.messages import Batch, Claimed, HarnessFailed, Said, Saved, Seen
 from kvfuzz.campaign.process import HaltInterrupts
-from kvfuzz.campaign.protocol import Death, Reporter, Settings, WorkerContext, worker_seed
+from kvfuzz.campaign.protocol import Reporter, Settings, WorkerContext, worker_seed
 from kvfuzz.campaign.report import CampaignResult
 from kvfuzz.campaign.rerun import SchedulerRerun
-from kvfuzz.campaign.scheduler.isolated import died_trace, isolated_runner, scheduler_journal
+from kvfuzz.campaign.scheduler.isolated import isolated_runner, journal_target
 from kvfuzz.campaign.scheduler.known import KnownFindings, known_signatures
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, SchedulerCampaignOptions, run_batch
 from kvfuzz.campaign.scheduler.shared import share_finding
-from kvfuzz.campaign.scheduler.target import SchedulerProcessDied, SchedulerTarget, Search, scheduler_signature
+from kvfuzz.campaign.scheduler.target import SchedulerTarget, Search
 from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.supervisor import Supervisor
-from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.program.safeguards import Journal
 from kvfuzz.scheduler.harness import HarnessError
-from kvfuzz.scheduler.journal import ProgramJournal
-from kvfuzz.scheduler.program import Operation
-from kvfuzz.scheduler.recorder import SavedSchedulerTrace, save_scheduler_trace
+from kvfuzz.scheduler.recorder import SavedSchedulerTrace
 from kvfuzz.scheduler.search import Outcome
 from kvfuzz.scheduler.swarm import SwarmConfig, draw
 from kvfuzz.shrink.signature import Signature
@@ -71,25 +70,6 @@ class SchedulerCampaign:
     def search(self, worker: WorkerContext) -> None:
         _Worker(self, worker).search()
 
-    def journal(self, pid: int) -> Path:
-        return scheduler_journal(self.options.corpus, pid)
-
-    def died(self, pid: int, how: str, event: Callable[[str], None]) -> Optional[Death]:
-        journal = self.journal(pid)
-        message = f"the campaign's worker process {how}"
-        try:
-            trace = died_trace(self.target.name, self.target.version(), journal, message)
-        finally:
-            journal.unlink(missing_ok=True)
-        if trace is None:
-            return None
-        saved = save_scheduler_trace(trace, self.options.corpus)
-        if saved.error is not None:
-            event(f"kvfuzz: the program of the dead worker (pid {pid}) could not be saved: {saved.report()}")
-            return None
-        signature = scheduler_signature(self.target.name, SchedulerProcessDied(message))
-        return Death(saved.path, trace, signature, f"crash: {trace.failure.message}")
-
     def text(self, signature: dict[str, Optional[str]]) -> str:
         return str(Signature(**signature))  # type: ignore[arg-type]  # Signature.to_json()'s fields
 
@@ -100,19 +80,19 @@ class SchedulerCampaign:
         return {"allocators": (), "scheduler": self.options.scheduler}
 
 
-class _Heartbeat(ProgramJournal):
+class _Heartbeat(Journal):
     """The worker's journal: each example's program on disk, and each operation a sign of life to the supervisor."""
 
-    def __init__(self, path: Path, reporter: Reporter) -> None:
-        super().__init__(path)
+    def __init__(self, corpus: Path, header: dict[str, Any], reporter: Reporter) -> None:
+        super().__init__(corpus, header, {})
         self.reporter = reporter
 
-    def start(self, setup: SchedulerSetup, model_runner: str) -> None:
-        super().start(setup, model_runner)
+    def begin_example(self, configuration: Optional[dict[str, Any]] = None) -> None:
+        super().begin_example(configuration)
         self.reporter.beat()
 
-    def record(self, operation: Operation) -> None:
-        super().record(operation)
+    def call(self, record: dict[str, Any]) -> None:
+        super().call(record)
         self.reporter.beat()
 
 
@@ -134,7 +114,8 @@ class _Worker:
         if options.isolate:
             runner = isolated_runner(self.target, options, self.reporter.beat)
         else:
-            journal = _Heartbeat(scheduler_journal(options.corpus), self.reporter)
+            header = journal_target(self.target.name, self.target.version())
+            journal = _Heartbeat(options.corpus, header, self.reporter)
 
             def runner(plan: BatchPlan, is_new: Callable[..., bool]) -> BatchResult:
                 return run_batch(self.target, options, plan, is_new, journal)
@@ -159,7 +140,6 @@ class _Worker:
         finally:
             if journal is not None:
                 journal.close()
-                journal.path.unlink(missing_ok=True)
 
     def is_new(self, signature: Signature, first: Optional[SavedSchedulerTrace]) -> bool:
         """Claim ``signature`` unless a corpus trace knows it (a regression's is claimed: reported as new) or a

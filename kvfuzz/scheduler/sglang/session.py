@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional
 
-from kvfuzz.program.safeguards import Watchdog
+from kvfuzz.program.safeguards import Journal, Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.fake_model import sampled_token
-from kvfuzz.scheduler.journal import ProgramJournal
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
 from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.outputs import OutputLedger
@@ -26,6 +25,7 @@ from kvfuzz.scheduler.sglang.accounting import check_accounting
 from kvfuzz.scheduler.sglang.loop import SchedulerLoop
 from kvfuzz.scheduler.snapshot import NO_OBSERVER, RequestAtStep, StepObserver, StepSnapshot
 from kvfuzz.scheduler.step_watchdog import bounded_step
+from kvfuzz.scheduler.trace import journal_configuration
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 Sampler = Callable[[str, int], int]
@@ -42,7 +42,7 @@ class SGLangSession:
         setup: SchedulerSetup,
         sampler: Sampler = sampled_token,
         watchdog: Optional[Watchdog] = None,
-        journal: Optional[ProgramJournal] = None,
+        journal: Optional[Journal] = None,
     ) -> None:
         self.setup = setup
         self.watchdog = watchdog  # interrupts a step that runs past its limit (None: no limit); entered by the caller
@@ -61,7 +61,7 @@ class SGLangSession:
         self.observer: StepObserver = NO_OBSERVER  # told of each step as soon as it is scheduled (kvfuzz show)
         self.engine = f"SGLang {installed_version('sglang')}"  # what a harness error names as driven
         if journal is not None:
-            journal.start(setup, "")  # no model runner to record
+            journal.begin_example(journal_configuration(setup, ""))  # no model runner to record
 
     @property
     def preemptions(self) -> int:
@@ -134,7 +134,7 @@ class SGLangSession:
         """Record ``operation``, about to run, in the program and the journal."""
         self.program.append(operation)
         if self.journal is not None:
-            self.journal.record(operation)
+            self.journal.call(operation.to_json())
 
     def _step(self) -> int:
         """One step (the client's, or the drain's), bounded by the watchdog: a step that runs past its limit is a
