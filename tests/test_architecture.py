@@ -120,6 +120,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "kvfuzz.lifeline",
         "kvfuzz.last_words",
     ),
+    ("kvfuzz.coverage",),  # which lines and branches of the code under test a process reaches
     ("kvfuzz.allocator",),  # the contract, and kvfuzz's own allocators
     ("kvfuzz.reference", "kvfuzz.accounting", "kvfuzz.model"),  # K/V content and attention; paging arithmetic
     ("kvfuzz.kernels",),  # attention kernels of invariant 2
