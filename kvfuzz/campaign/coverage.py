@@ -3,6 +3,7 @@ messages: the union of what every worker reached, the files they imported, and t
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import attrs
@@ -15,7 +16,8 @@ from kvfuzz.coverage.report import CoverageSummary, summarize
 @attrs.frozen
 class CampaignCoverage:
     """What a campaign reached. ``timeline`` holds one entry per batch that reached a point no earlier batch of the
-    campaign had: seconds into the campaign, lines and branches reached so far, and how many were new."""
+    campaign had: seconds into the campaign, lines and branches reached so far, how many were new, and the new points
+    of each file (by its path)."""
 
     reached: Reached = attrs.field(repr=False)
     files: tuple[str, ...]
@@ -52,6 +54,7 @@ class CoverageTally:
                 "branches": len(self.reached.branches),
                 "new_lines": len(new.lines),
                 "new_branches": len(new.branches),
+                "new_by_file": dict(sorted(Counter(point[0] for point in [*new.lines, *new.branches]).items())),
                 "worker": message.worker,
             }
         )
