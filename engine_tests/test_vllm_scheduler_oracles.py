@@ -88,9 +88,7 @@ CASES: list[tuple[Callable[[pytest.MonkeyPatch], None], SchedulerSetup, Check, s
 ]
 
 
-@pytest.mark.parametrize(
-    ("seed_bug", "setup", "check", "message"), CASES, ids=[case[0].__name__ for case in CASES]
-)
+@pytest.mark.parametrize(("seed_bug", "setup", "check", "message"), CASES, ids=[case[0].__name__ for case in CASES])
 def test_each_seeded_bug_is_caught_by_its_oracle(
     seed_bug: Callable[[pytest.MonkeyPatch], None],
     setup: SchedulerSetup,

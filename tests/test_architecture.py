@@ -120,6 +120,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "kvfuzz.lifeline",
         "kvfuzz.last_words",
     ),
+    ("kvfuzz.coverage",),  # which lines and branches of the code under test a process reaches
     ("kvfuzz.allocator",),  # the contract, and kvfuzz's own allocators
     ("kvfuzz.reference", "kvfuzz.accounting", "kvfuzz.model"),  # K/V content and attention; paging arithmetic
     ("kvfuzz.kernels",),  # attention kernels of invariant 2
@@ -308,7 +309,7 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
     sources = {
         "program/safeguards.py": "class Journal:\n    def call(self, record): ...\n",
         "scheduler/journal.py": "class ProgramJournal:\n    pass\ndef read_journal(path): ...\n",
-        "campaign/scheduler/workers.py": "class _Heartbeat(Journal): ...\nclass NotAJournal(OSError): ...\n",
+        "campaign/scheduler/workers.py": "class WorkerJournal(Journal): ...\nclass NotAJournal(OSError): ...\n",
         "campaign/scheduler/loop.py": "def run():\n    return CampaignResult(workers=1)\n",
     }
     found = stage_definitions(sources)

@@ -98,4 +98,14 @@ class Batch:
     refused: int
 
 
-Message = Union[Progress, Claimed, Saved, Seen, Done, Crashed, HarnessFailed, Said, Batch]
+@attrs.frozen
+class Covered:
+    """A worker reached points of the code under test no earlier batch of its had (:mod:`kvfuzz.coverage`), and
+    which files of the code under test it has imported (those the campaign reports)."""
+
+    worker: int
+    points: dict[str, Any]  # kvfuzz.coverage.measure.Reached.to_json()
+    files: tuple[str, ...]
+
+
+Message = Union[Progress, Claimed, Saved, Seen, Done, Crashed, HarnessFailed, Said, Batch, Covered]

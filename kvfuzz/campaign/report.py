@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import attrs
 
+from kvfuzz.campaign.coverage import CampaignCoverage
 from kvfuzz.campaign.rerun import Rerun, SchedulerRerun
 from kvfuzz.saved.hint import replay_hint
 from kvfuzz.text import plural
@@ -79,6 +80,7 @@ class CampaignResult:
     refused: int = 0  # configurations a scheduler campaign drew and vLLM's validation refused (redrawn)
     batch_log: tuple[dict[str, Any], ...] = ()  # a scheduler campaign's batches: configuration, seed, what each ran
     per_worker: tuple[dict[str, Any], ...] = ()  # each worker slot: its examples, steps and replacements
+    coverage: Optional[CampaignCoverage] = None  # the code under test's, when measured (--coverage, --guided)
 
     @property
     def new(self) -> tuple[Finding, ...]:
@@ -115,6 +117,7 @@ class CampaignResult:
             "seed": None if self.rerun is None else self.rerun.seed,
             "rerun": None if self.rerun is None else self.rerun.to_json(),
             "rerun_command": None if self.rerun is None else self.rerun.command(),
+            "coverage": None if self.coverage is None else self.coverage.to_json(),
         }
 
 
@@ -145,6 +148,8 @@ def table(result: CampaignResult) -> list[str]:
             f"the allocator still fails: {plural(len(result.known), 'known bug')} met again (listed below, each with "
             "the trace it is known from); the exit status counts new failures only"
         )
+    if result.coverage is not None:
+        lines.append(result.coverage.describe())
     if result.rerun is not None:
         lines.append(f"rerun: {result.rerun.command()}")
     if result.new:

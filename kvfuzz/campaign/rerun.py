@@ -96,6 +96,8 @@ class SchedulerRerun:
     pins: Pins = ()  # swarm rows held at one value (--pin)
     database: Optional[str] = None  # the Redis its claims and findings were shared in
     workers: int = 1
+    coverage: bool = False  # --coverage: the engine's coverage measured
+    guided: bool = False  # --guided: coverage feedback
 
     def arguments(self) -> list[str]:
         args = ["--scheduler", self.scheduler, "--seed", str(self.seed), *pin_arguments(self.pins)]
@@ -117,6 +119,10 @@ class SchedulerRerun:
         args += ["--call-timeout", repr(self.call_timeout or 0.0), "--workers", str(self.workers)]
         if self.database is not None:
             args += ["--database", self.database]
+        if self.guided:
+            args.append("--guided")
+        elif self.coverage:
+            args.append("--coverage")
         return args
 
     def command(self) -> str:

@@ -24,9 +24,22 @@ import attrs
 
 from kvfuzz.campaign.allocators import AllocatorCampaign, CampaignOptions
 from kvfuzz.campaign.cluster import ClusterFindings, finding_record, is_redis
+from kvfuzz.campaign.coverage import CoverageTally
 from kvfuzz.campaign.flag import Flag
 from kvfuzz.campaign.lock import CorpusLock
-from kvfuzz.campaign.messages import Batch, Claimed, Crashed, Done, HarnessFailed, Message, Progress, Said, Saved, Seen
+from kvfuzz.campaign.messages import (
+    Batch,
+    Claimed,
+    Covered,
+    Crashed,
+    Done,
+    HarnessFailed,
+    Message,
+    Progress,
+    Said,
+    Saved,
+    Seen,
+)
 from kvfuzz.campaign.process import patience_of, worker_main
 from kvfuzz.campaign.protocol import CampaignTarget, Channel, Death
 from kvfuzz.campaign.report import CampaignResult, DeadWorker, Finding
@@ -71,6 +84,7 @@ class _Tally:
     errors: list[str] = attrs.field(factory=list)
     batches: list[dict[str, Any]] = attrs.field(factory=list)  # a scheduler campaign's batches, as they end
     refused: int = 0  # configurations the engine refused before them (redrawn)
+    coverage: Optional[CoverageTally] = None  # the code under test's, when the workers measure it
 
 
 class Supervisor:
@@ -153,6 +167,7 @@ class Supervisor:
                 for number, slot in sorted(self.slots.items())
             ),
             **self.target.result_fields(),
+            coverage=self.tally.coverage.result() if self.tally.coverage is not None else None,
         )
 
     def _run(self, received: list[int]) -> None:
@@ -390,6 +405,10 @@ class Supervisor:
         elif isinstance(message, Batch):
             self.tally.batches.append({**message.entry, "worker": message.worker})
             self.tally.refused += message.refused
+        elif isinstance(message, Covered):
+            if self.tally.coverage is None:
+                self.tally.coverage = CoverageTally()
+            self.tally.coverage.add(message, self.elapsed())
         elif isinstance(message, Said):
             self.event(message.line)
         elif isinstance(message, Done):
@@ -473,9 +492,10 @@ class Supervisor:
         else:
             phase = "searching"
         rate = self.tally.steps / elapsed if elapsed else 0.0
+        reached = f"  {self.tally.coverage.progress()}" if self.tally.coverage is not None else ""
         return (
             f"{clock}  {self.tally.examples} examples  {rate:.0f} steps/s  "
-            f"{new} new distinct failure{'s' if new != 1 else ''} ({known} known)  {phase}"
+            f"{new} new distinct failure{'s' if new != 1 else ''} ({known} known){reached}  {phase}"
         )
 
 

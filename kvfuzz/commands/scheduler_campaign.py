@@ -19,7 +19,16 @@ if TYPE_CHECKING:
 ALLOCATOR_ONLY = (("shrink_time", None, "--shrink-time (Hypothesis bounds a scheduler failure's shrinking itself)"),)
 """(attribute, its default, what to say) of ``kvfuzz campaign``'s options a scheduler campaign does not take."""
 
-SCHEDULER_ONLY = ("batch_examples", "no_shrink", "isolate", "pin", "untested_engine")
+SCHEDULER_ONLY = (
+    "batch_examples",
+    "no_shrink",
+    "isolate",
+    "pin",
+    "untested_engine",
+    "coverage",
+    "guided",
+    "coverage_html",
+)
 """The attributes of ``kvfuzz campaign``'s options only a scheduler campaign takes."""
 
 
@@ -52,6 +61,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ROW=VALUE",
         help="hold a row of the swarm table at one value in every batch (repeatable), e.g. async_scheduling=true, "
         "speculative_tokens=2, model=sliding-window; the rows and their values: kvfuzz/scheduler/swarm.py",
+    )
+    group.add_argument(
+        "--coverage",
+        action="store_true",
+        default=None,
+        help="measure the line and branch coverage of the engine's code under test (docs/coverage.md)",
+    )
+    group.add_argument(
+        "--guided",
+        action="store_true",
+        default=None,
+        help="coverage-guided search: keep programs that reach new coverage as seeds and mutate them, and give more "
+        "batches to the configurations still finding coverage (implies --coverage; docs/coverage.md)",
+    )
+    group.add_argument(
+        "--coverage-html",
+        metavar="DIR",
+        help="write an HTML report of the engine files' lines reached and missed into DIR (implies --coverage)",
     )
     parser.add_argument(
         "--scheduler",
@@ -92,6 +119,11 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     for path in args.known or ():
         if not Path(path).is_dir():
             return f"--known {path}: not a directory"
+    measured = args.coverage or args.guided or args.coverage_html is not None
+    if measured and args.isolate:
+        return "--coverage, --guided and --coverage-html measure in the worker process: they exclude --isolate"
+    if args.coverage_html is not None and Path(args.coverage_html).exists() and not Path(args.coverage_html).is_dir():
+        return f"--coverage-html {args.coverage_html}: not a directory"
     from kvfuzz.scheduler.pins import PinRefused, parse_pins  # not at the top: the swarm table imports torch
 
     try:
@@ -156,6 +188,8 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
         pins=pins,
         database=args.database,
         workers=args.workers or 1,
+        coverage=bool(args.coverage or args.guided or args.coverage_html is not None),
+        guided=bool(args.guided),
     )
     from kvfuzz.scheduler.engines import untested_warning
 
@@ -188,7 +222,13 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
             f"seed {options.seed}; each batch of "
             f"{plural(options.batch_examples, 'example')} draws the engine's configuration from the swarm table "
             f"(kvfuzz/scheduler/swarm.py){pinned}{', in a child process' if options.isolate else ''}\n  new failures "
-            f"saved to {options.corpus}; known findings from: {', '.join(map(str, known)) or 'none'} and the corpus",
+            f"saved to {options.corpus}; known findings from: {', '.join(map(str, known)) or 'none'} and the corpus"
+            + (
+                "\n  coverage-guided: programs reaching new coverage kept as seeds and mutated"
+                if options.guided
+                else ""
+            )
+            + ("\n  the engine's coverage measured" if options.coverage and not options.guided else ""),
             flush=True,
         )
     status = (lambda line: print(f"  {line}", file=sys.stderr, flush=True)) if not args.json else None
@@ -202,6 +242,16 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
         print(f"kvfuzz: --corpus {args.corpus}: cannot write its campaign state ({error})", file=sys.stderr)
         return 2
     result = supervisor.run()
+    if args.coverage_html is not None and result.coverage is not None:
+        from kvfuzz.coverage.report import write_html
+
+        index = write_html(
+            Path(args.coverage_html),
+            result.coverage.reached,
+            result.coverage.files,
+            f"kvfuzz campaign --scheduler {args.scheduler}, seed {options.seed}",
+        )
+        print(f"coverage report: {index}", file=sys.stderr)
     if args.json:
         emit_json(result.to_json())
     else:
@@ -222,6 +272,12 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
 
         return HARNESS_STATUS
     return 1 if result.new else 0
+
+
+def _coverage_header(coverage: bool, guided: bool) -> str:
+    if guided:
+        return "\n  coverage-guided: programs reaching new coverage kept as seeds and mutated (docs/coverage.md)"
+    return "\n  the engine's coverage measured (docs/coverage.md)" if coverage else ""
 
 
 def scheduler_target(name: str) -> SchedulerTarget:

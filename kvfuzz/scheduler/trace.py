@@ -509,6 +509,15 @@ def _config(value: Any) -> SchedulerSetup:
         raise _Invalid("config", str(error)) from None
 
 
+def program_from_json(value: Any, setup: SchedulerSetup) -> tuple[Operation, ...]:
+    """A program's JSON operations, checked as a trace's are for ``setup``; :class:`SchedulerTraceError` (one line)
+    when they are not a valid program of it."""
+    try:
+        return tuple(_program(value, setup))
+    except _Invalid as invalid:
+        raise SchedulerTraceError(str(invalid)) from None
+
+
 def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
     if not isinstance(value, list):
         raise _Invalid("program", f"must be a JSON list, not {type(value).__name__}")

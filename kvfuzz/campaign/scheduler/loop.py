@@ -59,6 +59,8 @@ class SchedulerCampaignOptions:
     pins: Pins = ()  # swarm rows held at one value (--pin), checked against the rows' domains
     database: Optional[str] = None  # redis://HOST:PORT/N: claims shared, new findings' traces stored there too
     workers: int = 1  # worker processes (kvfuzz.campaign.supervisor)
+    coverage: bool = False  # measure the engine's coverage (kvfuzz.campaign.scheduler.guided)
+    guided: bool = False  # and use it: seeds, mutants, a bandit over configurations (implies coverage)
 
     def rerun(self) -> SchedulerRerun:
         return SchedulerRerun(
@@ -78,6 +80,8 @@ class SchedulerCampaignOptions:
             self.pins,
             self.database,
             self.workers,
+            self.coverage,
+            self.guided,
         )
 
 

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 import attrs
 
+from kvfuzz.coverage.scope import Scope
 from kvfuzz.program.safeguards import Journal, Watchdog
 from kvfuzz.scheduler import swarm
 from kvfuzz.scheduler.config import SchedulerSetup
@@ -54,6 +55,8 @@ class SchedulerTarget:
     # the swarm table its batches draw from: by default the swarm module's as it is when the target is made
     dimensions: tuple[Dimension, ...] = attrs.field(factory=lambda: swarm.DIMENSIONS)
     version: Callable[[], str] = vllm_version  # the installed engine's version, as its traces record it
+    # the code under test whose coverage a campaign measures (None: the engine's, kvfuzz.coverage.scope.SCOPES)
+    scope: Optional[Callable[[], Optional[Scope]]] = None
 
 
 def scheduler_signature(scheduler: str, failure: BaseException) -> Signature:

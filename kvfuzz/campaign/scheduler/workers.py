@@ -33,6 +33,7 @@ from kvfuzz.campaign.process import HaltInterrupts
 from kvfuzz.campaign.protocol import Reporter, Settings, WorkerContext, worker_seed
 from kvfuzz.campaign.report import CampaignResult
 from kvfuzz.campaign.rerun import SchedulerRerun
+from kvfuzz.campaign.scheduler.guided import Guidance, Mutants, guidance
 from kvfuzz.campaign.scheduler.isolated import isolated_runner, journal_target
 from kvfuzz.campaign.scheduler.known import KnownFindings, known_signatures
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, SchedulerCampaignOptions, run_batch
@@ -80,18 +81,26 @@ class SchedulerCampaign:
         return {"allocators": (), "scheduler": self.options.scheduler}
 
 
-class _Heartbeat(Journal):
-    """The worker's journal: each example's program on disk, and each operation a sign of life to the supervisor."""
+class WorkerJournal(Journal):
+    """The worker's journal: each example's program on disk, each operation a sign of life to the supervisor, and
+    with coverage each example's start and calls told to the ``guide`` (its example boundaries are the journal's)."""
 
-    def __init__(self, corpus: Path, header: dict[str, Any], reporter: Reporter) -> None:
+    def __init__(
+        self, corpus: Path, header: dict[str, Any], reporter: Reporter, guide: Optional[Guidance] = None
+    ) -> None:
         super().__init__(corpus, header, {})
         self.reporter = reporter
+        self.guide = guide  # the worker's coverage (None: the campaign measures none)
 
     def begin_example(self, configuration: Optional[dict[str, Any]] = None) -> None:
+        if self.guide is not None:
+            self.guide.example_begins()
         super().begin_example(configuration)
         self.reporter.beat()
 
     def call(self, record: dict[str, Any]) -> None:
+        if self.guide is not None:
+            self.guide.called(record)
         super().call(record)
         self.reporter.beat()
 
@@ -106,16 +115,17 @@ class _Worker:
         self.target = attrs.evolve(campaign.target, search=_halted_shrinks(campaign.target.search, worker.halt))
         self.reporter = worker.reporter
         self.store = open_store(self.options.database, worker.claims)
+        self.guide = guidance(self.target, self.options, worker.state, worker.slot)  # None without --coverage
 
     def search(self) -> None:
         options, worker = self.options, self.worker
         rng = random.Random(worker.seed)
-        journal: Optional[_Heartbeat] = None
+        journal: Optional[Journal] = None
         if options.isolate:
             runner = isolated_runner(self.target, options, self.reporter.beat)
         else:
             header = journal_target(self.target.name, self.target.version())
-            journal = _Heartbeat(options.corpus, header, self.reporter)
+            journal = WorkerJournal(options.corpus, header, self.reporter, self.guide)
 
             def runner(plan: BatchPlan, is_new: Callable[..., bool]) -> BatchResult:
                 return run_batch(self.target, options, plan, is_new, journal)
@@ -126,20 +136,38 @@ class _Worker:
                 granted = worker.take_examples(options.batch_examples)
                 if not granted:
                     return
-                config = draw(rng, self.target.validate, self.target.dimensions, dict(options.pins))
-                plan = BatchPlan(number, config, rng.randrange(2**32), granted, worker.ends)
+                plan, mutants = self.plan(rng, number, granted)
                 number += 1
                 try:
-                    result = runner(plan, self.is_new)
+                    if self.guide is not None and mutants is not None:
+                        result = self.guide.run_mutants(plan, mutants, self.is_new, rng, journal)
+                    else:
+                        result = runner(plan, self.is_new)
                 except HarnessError as error:  # kvfuzz's own code failed: the campaign ends on it
                     worker.settle_examples(granted, 0)
                     self.reporter.send(HarnessFailed(worker.slot, error.describe()))
                     return
                 worker.settle_examples(granted, result.outcome.examples)
+                if self.guide is not None:
+                    self.reporter.send(self.guide.end())
                 self.record(plan, result)
         finally:
+            if self.guide is not None:
+                self.guide.measurer.stop()
             if journal is not None:
                 journal.close()
+
+    def plan(self, rng: random.Random, number: int, examples: int) -> tuple[BatchPlan, Optional[Mutants]]:
+        """The next batch: a configuration drawn from the swarm table; with coverage, what the guidance plans."""
+        guide, pins = self.guide, dict(self.options.pins)
+        if guide is None:
+            config = draw(rng, self.target.validate, self.target.dimensions, pins)
+            return BatchPlan(number, config, rng.randrange(2**32), examples, self.worker.ends), None
+        plan, mutants = guide.plan(
+            rng, number, examples, self.worker.ends, lambda: draw(rng, guide.validate, self.target.dimensions, pins)
+        )
+        guide.begin(plan.config)
+        return plan, mutants
 
     def is_new(self, signature: Signature, first: Optional[SavedSchedulerTrace]) -> bool:
         """Claim ``signature`` unless a corpus trace knows it (a regression's is claimed: reported as new) or a
@@ -184,6 +212,7 @@ class _Worker:
             "released_rewrites": outcome.rewrites,  # async scheduling's: 0 under synchronous scheduling
             "lora_held_back": outcome.lora_held_back,  # steps the LoRA limit held a request back (0 without)
             "failure": None if result.signature is None else str(result.signature),
+            **(self.guide.entry() if self.guide is not None else {}),
         }
         self.reporter.send(Batch(self.worker.slot, entry, plan.config.refused))
         if result.signature is None:

@@ -34,9 +34,7 @@ class PolicyOracles:
     """The order, budget and liveness checks of one example (``known_tokens``: a request's prompt and the outputs
     reported for it so far, as the output ledger holds them)."""
 
-    def __init__(
-        self, setup: SchedulerSetup, config: Any, scheduler: Any, known_tokens: Callable[[str], int]
-    ) -> None:
+    def __init__(self, setup: SchedulerSetup, config: Any, scheduler: Any, known_tokens: Callable[[str], int]) -> None:
         self.setup = setup
         self.budgets = Budgets.of(config)  # from kvfuzz's configuration, never the scheduler's own reading of it
         self.queues = queues_for(setup.policy)

@@ -52,9 +52,7 @@ def room_left(budgets: Budgets, events: StepEvents, view: VllmView) -> Room:
     )
 
 
-def check_running_served(
-    budgets: Budgets, queues: Queues, events: StepEvents, view: VllmView, room: Room
-) -> None:
+def check_running_served(budgets: Budgets, queues: Queues, events: StepEvents, view: VllmView, room: Room) -> None:
     """Every running request (``queues.running``: before the step's admissions, victims and finished requests gone)
     is scheduled by a step that left budget unspent."""
     if room.tokens <= 0 or room.input_slots <= budgets.draft_slots:

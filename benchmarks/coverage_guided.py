@@ -1,0 +1,111 @@
+"""Blind against coverage-guided search on a scheduler target: two campaigns of the same duration, seed and workers,
+one with ``--coverage`` (the blind search, its coverage measured), one with ``--guided``; each run as ``kvfuzz
+campaign --json`` in its own process, one after the other (on a small machine, side by side they would share its
+cores), each with a fresh corpus of its own (no seeds from earlier campaigns). Prints the coverage of the files
+under watch over time (line + branch combined, as docs/coverage.md defines it) and in all, and the failures met.
+
+Run it with the engine's interpreter::
+
+    /work/envs/venv-vllm/bin/python benchmarks/coverage_guided.py --scheduler vllm-v1 --duration 300
+    /work/envs/venv-sglang/bin/python benchmarks/coverage_guided.py --scheduler sglang --duration 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+WATCHED = {
+    "vllm-v1": (
+        "vllm/v1/core/sched/scheduler.py",
+        "vllm/v1/core/kv_cache_manager.py",
+        "vllm/v1/core/block_pool.py",
+        "vllm/v1/core/kv_cache_coordinator.py",
+        "vllm/v1/core/single_type_kv_cache_manager.py",
+    ),
+    "sglang": (
+        "sglang/srt/mem_cache/unified_radix_cache.py",
+        "sglang/srt/mem_cache/memory_pool.py",
+        "sglang/srt/mem_cache/allocator/paged.py",
+        "sglang/srt/managers/schedule_policy.py",
+        "sglang/srt/managers/schedule_batch.py",
+    ),
+}
+"""The files whose coverage over time is printed (the issue's five for vLLM)."""
+
+CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
+"""Fractions of the duration at which the figures are printed."""
+
+
+def campaign(args: argparse.Namespace, mode: str, corpus: Path) -> dict[str, Any]:
+    """One campaign's ``--json`` result (``mode`` is ``--coverage`` or ``--guided``)."""
+    command = [sys.executable, "-m", "kvfuzz", "campaign", "--scheduler", args.scheduler, "--seed", str(args.seed)]
+    command += ["--duration", str(args.duration), "--workers", str(args.workers), "--corpus", str(corpus)]
+    command += ["--no-known", "--json", mode]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.duration * 3 + 300, check=False)
+    if not done.stdout.strip():
+        raise SystemExit(f"{' '.join(command)} printed nothing (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout))
+
+
+def per_file_over_time(result: dict[str, Any], duration: float) -> dict[str, list[float]]:
+    """Each file's line + branch percent at each checkpoint, from the timeline's new points per file."""
+    totals = {row["name"]: row["lines"] + row["branches"] for row in result["coverage"]["files"]}
+    paths = {row["path"]: row["name"] for row in result["coverage"]["files"]}
+    figures: dict[str, list[float]] = {name: [] for name in totals}
+    reached: dict[str, int] = dict.fromkeys(totals, 0)
+    timeline = result["coverage"]["timeline"]
+    index = 0
+    for fraction in CHECKPOINTS:
+        while index < len(timeline) and (timeline[index]["seconds"] <= fraction * duration or fraction == 1.0):
+            for path, new in timeline[index]["new_by_file"].items():
+                if path in paths:
+                    reached[paths[path]] += new
+            index += 1
+        for name, total in totals.items():
+            figures[name].append(100.0 * reached[name] / total if total else 100.0)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scheduler", choices=sorted(WATCHED), default="vllm-v1")
+    parser.add_argument("--duration", type=float, default=300.0, help="seconds per campaign (default 300)")
+    parser.add_argument("--seed", type=int, default=20261204)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-coverage-bench-") as scratch:
+        for mode in ("--coverage", "--guided"):
+            results[mode] = campaign(args, mode, Path(scratch) / mode.strip("-"))
+    print(
+        f"{args.scheduler}, seed {args.seed}, {args.duration:g} s per campaign, {args.workers} worker(s), "
+        f"{os.cpu_count()} CPUs; python {sys.version.split()[0]}"
+    )
+    header = "  ".join(f"{fraction * args.duration:>6.0f}s" for fraction in CHECKPOINTS)
+    for name in WATCHED[args.scheduler]:
+        print(f"\n{name} (line + branch %)\n  {'search':<8}{header}")
+        for mode, result in results.items():
+            figures = per_file_over_time(result, args.duration).get(name)
+            row = "  ".join(f"{value:6.1f}%" for value in figures) if figures else "  (not imported)"
+            print(f"  {'blind' if mode == '--coverage' else 'guided':<8}{row}")
+    print()
+    for mode, result in results.items():
+        coverage = result["coverage"]
+        failures = [finding["text"] for finding in result["failures"]]
+        print(
+            f"{'blind' if mode == '--coverage' else 'guided':<7} {coverage['lines_reached']}/{coverage['lines']} "
+            f"lines, {coverage['branches_reached']}/{coverage['branches']} branches ({coverage['percent']}%) in "
+            f"{len(coverage['files'])} files; {result['examples']} examples, {result['steps']} steps, "
+            f"{result['batches']} batches; new failures: {', '.join(failures) or 'none'}"
+        )
+
+
+if __name__ == "__main__":
+    main()

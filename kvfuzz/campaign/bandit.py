@@ -1,0 +1,36 @@
+"""Which configuration a guided campaign's next batch runs: a bandit over the configurations that reached new
+coverage, as HypoFuzz gives more time to the tests still finding coverage.
+
+Each configuration that ran is an arm whose score is the new coverage of its recent batches, decayed by half each
+batch (so one that stopped finding fades). A batch explores (a fresh configuration from the swarm table) with
+probability :data:`EXPLORE`, or when no arm scores; otherwise it runs an arm, drawn in proportion to its score.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Optional
+
+EXPLORE = 0.3
+"""The share of batches that draw a fresh configuration while arms still score."""
+DECAY = 0.5
+"""An arm's score after a batch: DECAY * score + (1 - DECAY) * the batch's new points."""
+
+
+class Bandit:
+    """The arms (configurations, by key) and their scores."""
+
+    def __init__(self, explore: float = EXPLORE) -> None:
+        self.explore = explore
+        self.scores: dict[str, float] = {}
+
+    def record(self, arm: str, gain: int) -> None:
+        """A batch of ``arm`` reached ``gain`` points no earlier batch had."""
+        self.scores[arm] = DECAY * self.scores.get(arm, 0.0) + (1 - DECAY) * gain
+
+    def choose(self, rng: random.Random) -> Optional[str]:
+        """The arm the next batch runs, or None: draw a fresh configuration."""
+        scoring = sorted((arm, score) for arm, score in self.scores.items() if score >= 0.5)
+        if not scoring or rng.random() < self.explore:
+            return None
+        return rng.choices([arm for arm, _ in scoring], weights=[score for _, score in scoring])[0]

@@ -1,0 +1,353 @@
+"""Coverage as a scheduler campaign's signal (kvfuzz.campaign.scheduler.guided, seeds, bandit, scheduler.mutate) on
+a toy engine written here: its code is the code under test, measured; a fake target runs programs on it, in
+Hypothesis-like batches (through the journal, as the real search does) and as programs (as a trace replay does)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Optional
+
+import attrs
+import pytest
+
+from kvfuzz.campaign.bandit import Bandit
+from kvfuzz.campaign.protocol import Reporter
+from kvfuzz.campaign.scheduler.guided import Guidance
+from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
+from kvfuzz.campaign.scheduler.target import SchedulerTarget
+from kvfuzz.campaign.scheduler.workers import WorkerJournal
+from kvfuzz.campaign.seeds import Seed, SeedPool
+from kvfuzz.coverage.scope import Scope
+from kvfuzz.program.safeguards import Journal
+from kvfuzz.scheduler import swarm
+from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.machine import Witness
+from kvfuzz.scheduler.mutate import MUTATIONS, mutate, repair
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Step
+from kvfuzz.scheduler.replay import SchedulerReplay
+from kvfuzz.scheduler.search import Outcome
+from kvfuzz.scheduler.swarm import SwarmConfig
+from kvfuzz.scheduler.trace import (
+    RecordedFailure,
+    SchedulerTrace,
+    SchedulerTraceError,
+    from_json,
+    journal_configuration,
+)
+
+ENGINE = """\
+def add(state, prompt, max_tokens):
+    state["waiting"].append((len(prompt), max_tokens))
+    if len(prompt) > 8:
+        state["long"] += 1
+    return "r%d" % (len(state["waiting"]) - 1)
+
+
+def step(state):
+    if not state["waiting"]:
+        return 0
+    length, tokens = state["waiting"].pop(0)
+    if tokens > 4:
+        state["waiting"].append((length, tokens - 4))
+        if state["long"] > 2:
+            state["preempted"] += 1
+    return length
+"""
+"""The toy engine: a queue of requests, a step that serves the first, a branch only long prompts reach."""
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> ModuleType:
+    path = tmp_path / "kvfuzz_toy_engine.py"
+    path.write_text(ENGINE)
+    spec = importlib.util.spec_from_file_location("kvfuzz_toy_engine", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kvfuzz_toy_engine"] = module  # imported: the campaign reports it
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["kvfuzz_toy_engine"]
+
+
+class ToySession:
+    """The client's side of the toy engine (kvfuzz's code: not measured)."""
+
+    def __init__(self, engine: ModuleType) -> None:
+        self.engine = engine
+        self.state: dict[str, Any] = {"waiting": [], "long": 0, "preempted": 0}
+
+    def add(self, prompt: list[int], max_tokens: int, *rest: Any) -> str:
+        return str(self.engine.add(self.state, prompt, max_tokens))
+
+    def abort(self, request: str) -> None:
+        pass
+
+    def step(self) -> int:
+        return int(self.engine.step(self.state))
+
+    def reset_prefix_cache(self, preempt: bool = False) -> bool:
+        return True
+
+
+@attrs.define
+class ToyTarget:
+    """Searches draw random programs (journaled as the real search journals them); replays run a trace's program."""
+
+    engine: ModuleType
+
+    def target(self) -> SchedulerTarget:
+        scope = Scope((str(Path(self.engine.__file__).resolve()),))
+        return SchedulerTarget("vllm-v1", self.validate, self.search, self.replay, scope=lambda: scope)
+
+    def validate(self, setup: SchedulerSetup, runner: str) -> None:
+        if setup.max_num_batched_tokens < setup.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be greater than or equal to max_num_seqs")
+
+    def search(
+        self,
+        config: SwarmConfig,
+        examples: int,
+        seed: int,
+        shrink: bool,
+        witness: Optional[Witness],
+        call_timeout: Optional[float],
+        journal: Optional[Journal],
+    ) -> Outcome:
+        rng = random.Random(seed)
+        steps = 0
+        for _ in range(examples):
+            session = ToySession(self.engine)
+            if journal is not None:
+                journal.begin_example(journal_configuration(config.setup, config.model_runner))
+            for _ in range(rng.randint(1, 4)):
+                add = AddRequest([1] * rng.randint(1, 4), rng.randint(1, 3))
+                operation: Operation = add if rng.random() < 0.6 else Step()
+                if journal is not None:
+                    journal.call(operation.to_json())
+                operation.apply(session)
+                steps += isinstance(operation, Step)
+        return Outcome(config.setup, examples, steps, 0, 0, 0.01, None, "")
+
+    def replay(self, trace: SchedulerTrace, call_timeout: Optional[float]) -> SchedulerReplay:
+        session = ToySession(self.engine)
+        for operation in trace.program:
+            operation.apply(session)
+        return SchedulerReplay(trace, None, None)
+
+
+SETUP = SchedulerSetup(num_blocks=16, block_size=4, max_num_batched_tokens=64, max_num_seqs=4, prefix_caching=True)
+CONFIG = SwarmConfig(SETUP, "V2", 20, 0)
+
+
+def _guidance(engine: ModuleType, tmp_path: Path, guided: bool = True) -> Guidance:
+    target = ToyTarget(engine).target()
+    options = SchedulerCampaignOptions("vllm-v1", 1, tmp_path / "corpus", coverage=True, guided=guided)
+    assert target.scope is not None
+    return Guidance(target, options, target.scope(), tmp_path / "state", 0)
+
+
+def _journal(guide: Guidance, tmp_path: Path) -> WorkerJournal:
+    """The journal a campaign's worker writes, telling ``guide`` each example's start and calls."""
+    return WorkerJournal(tmp_path / "journals", {"scheduler": "vllm-v1"}, Reporter(_Discard(), 0), guide)
+
+
+class _Discard:
+    """A sink for the reporter's messages: this test reads the guidance, not the campaign's queue."""
+
+    def put(self, message: Any) -> None:
+        pass
+
+
+def _example(journal: WorkerJournal, engine: ModuleType, program: list[Operation]) -> None:
+    journal.begin_example(journal_configuration(SETUP, "V2"))
+    session = ToySession(engine)
+    for operation in program:
+        journal.call(operation.to_json())
+        operation.apply(session)
+
+
+def _seed_programs(directory: Path) -> list[str]:
+    return sorted(json.dumps(json.loads(path.read_text())["program"]) for path in directory.glob("*.json"))
+
+
+def test_a_program_reaching_new_coverage_is_kept_and_one_that_does_not_is_not(
+    engine: ModuleType, tmp_path: Path
+) -> None:
+    guide = _guidance(engine, tmp_path)
+    journal = _journal(guide, tmp_path)
+    guide.begin(CONFIG)
+    first = [AddRequest([1, 2], 1), Step()]
+    _example(journal, engine, first)
+    _example(journal, engine, [AddRequest([3, 4], 1), Step()])  # the same lines and branches: not kept
+    longer = [AddRequest([1] * 9, 6), Step()]  # a long prompt, a request served in two steps: new branches
+    _example(journal, engine, longer)
+    covered = guide.end()
+    seeds = tmp_path / "state" / "seeds"
+    assert _seed_programs(seeds) == sorted(json.dumps([op.to_json() for op in kept]) for kept in (first, longer))
+    kept = [json.loads(path.read_text()) for path in seeds.glob("*.json")]
+    assert all(seed["config"] == CONFIG.to_json() for seed in kept), "each seed is kept with its configuration"
+    engine_file = str(Path(engine.__file__).resolve())
+    assert covered.files == (engine_file,)
+    reached = covered.points[engine_file]
+    assert [3, 4] in reached["branches"] and [12, 13] in reached["branches"]  # len(prompt) > 8; tokens > 4
+    assert guide.entry()["new_lines"] == len(reached["lines"]) > 0
+
+
+def test_without_guided_coverage_is_measured_but_nothing_is_kept(engine: ModuleType, tmp_path: Path) -> None:
+    guide = _guidance(engine, tmp_path, guided=False)
+    journal = _journal(guide, tmp_path)
+    guide.begin(CONFIG)
+    _example(journal, engine, [AddRequest([1, 2], 1), Step()])
+    assert guide.end().points and not (tmp_path / "state" / "seeds").exists()
+
+
+def test_a_refused_configuration_is_refused_again_without_asking_the_engine(engine: ModuleType, tmp_path: Path) -> None:
+    guide = _guidance(engine, tmp_path)
+    asked: list[SchedulerSetup] = []
+
+    def validate(setup: SchedulerSetup, runner: str) -> None:
+        asked.append(setup)
+        raise ValueError("refused")
+
+    guide.target = attrs.evolve(guide.target, validate=validate)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="refused"):
+            guide.validate(SETUP, "V2")
+    assert asked == [SETUP]
+
+
+def test_the_bandit_gives_batches_to_configurations_still_finding_coverage() -> None:
+    bandit = Bandit(explore=0.0)
+    assert bandit.choose(random.Random(0)) is None, "no arm yet: a fresh configuration"
+    bandit.record("finds", 40)
+    bandit.record("stale", 0)
+    rng = random.Random(1)
+    assert {bandit.choose(rng) for _ in range(50)} == {"finds"}
+    for _ in range(10):  # stops finding: fades, and fresh configurations are drawn again
+        bandit.record("finds", 0)
+    assert bandit.choose(rng) is None
+
+
+def test_the_seed_pool_is_shared_through_its_directory(tmp_path: Path) -> None:
+    one, other = SeedPool(tmp_path, "vllm-v1"), SeedPool(tmp_path, "vllm-v1")
+    seed = Seed.of("vllm-v1", CONFIG.to_json(), [{"op": "step"}], 3)
+    one.add(seed)
+    assert other.refresh() == 1 and other.seeds[seed.digest].program == ({"op": "step"},)
+    assert SeedPool(tmp_path, "sglang").refresh() == 0, "another target's seeds are not drawn"
+
+
+# -- the mutator ----------------------------------------------------------------------------------------------
+
+
+def _setups() -> list[SchedulerSetup]:
+    rng = random.Random(5)
+    drawn = [swarm.draw(rng, lambda setup, runner: None).setup for _ in range(40)]
+    return [SETUP, attrs.evolve(SETUP, policy="priority", prefix_resets=True), *drawn]
+
+
+def _program(setup: SchedulerSetup, rng: random.Random) -> tuple[Operation, ...]:
+    operations: list[Operation] = []
+    for _ in range(rng.randint(0, 12)):
+        operations.append(rng.choice([Step(), AddRequest([rng.randrange(50) for _ in range(5)], 3)]))
+        if rng.random() < 0.2 and operations:
+            operations.append(Abort(f"r{rng.randrange(9)}"))
+    return repair(operations, setup)
+
+
+def _valid(setup: SchedulerSetup, program: tuple[Operation, ...]) -> None:
+    """Raises SchedulerTraceError unless a trace of ``program`` reads back (the trace format's own checks)."""
+    trace = SchedulerTrace("vllm-v1", setup, "V2", "0.33.0", program, RecordedFailure("crash", "x", "E"), False)
+    assert from_json(trace.to_json()).program == program
+
+
+def test_every_mutant_is_a_valid_program_of_its_configuration() -> None:
+    rng = random.Random(11)
+    changed = 0
+    for setup in _setups():
+        for _ in range(25):
+            parent, other = _program(setup, rng), _program(setup, rng)
+            _valid(setup, parent)
+            child = mutate(parent, setup, rng, other)
+            _valid(setup, child)
+            changed += child != parent
+    assert changed > 0.8 * 25 * len(_setups())
+
+
+def test_each_mutation_yields_a_valid_program_after_repair() -> None:
+    rng = random.Random(3)
+    for mutation in MUTATIONS:
+        for setup in _setups()[:10]:
+            for _ in range(10):
+                parent, other = _program(setup, rng), _program(setup, rng)
+                _valid(setup, repair(mutation(list(parent), setup, rng, other), setup))
+
+
+def test_a_splice_renumbers_the_tails_aborts() -> None:
+    from kvfuzz.scheduler import mutate as module
+
+    head = [AddRequest([1], 1)]
+    other = (AddRequest([2], 1), AddRequest([3], 1), Abort("r1"))
+
+    class Fixed(random.Random):
+        def randint(self, a: int, b: int) -> int:
+            return {(0, 1): 1, (0, 2): 1}[(a, b)]  # the whole head; the other's tail from its second operation
+
+    spliced = module._splice(head, SETUP, Fixed(), other)
+    assert spliced == [AddRequest([1], 1), AddRequest([3], 1), Abort("r1")]  # r1 is the tail's request here too
+
+
+def test_repair_drops_what_the_configuration_does_not_take() -> None:
+    program = [Abort("r0"), AddRequest([1] * 500, 10_000, priority=3), ResetPrefixCache(True), Abort("r0")]
+    repaired = repair(program, SETUP)
+    assert repaired == (AddRequest([1] * (SETUP.max_model_len - 1), 1), Abort("r0"))
+    with pytest.raises(SchedulerTraceError):
+        _valid(SETUP, (Abort("r0"),))  # the check the mutator's invariant is tested against can fail
+
+
+# -- the campaign ---------------------------------------------------------------------------------------------
+
+
+def _cli(engine: ModuleType, tmp_path: Path, *extra: str) -> dict[str, Any]:
+    from kvfuzz.cli import _parser
+    from kvfuzz.commands.scheduler_campaign import scheduler_campaign
+
+    argv = ["campaign", "--scheduler", "vllm-v1", "--seed", "4", "--max-examples", "300", "--batch-examples", "10"]
+    argv += ["--corpus", str(tmp_path / "corpus"), "--no-known", "--json", *extra]
+    emitted: list[Any] = []
+    status = scheduler_campaign(_parser().parse_args(argv), emitted.append, ToyTarget(engine).target())
+    assert status == 0
+    return dict(emitted[0])
+
+
+def test_the_campaigns_json_reports_coverage_and_guided_batches_mutate_seeds(
+    engine: ModuleType, tmp_path: Path
+) -> None:
+    result = _cli(engine, tmp_path, "--guided", "--coverage-html", str(tmp_path / "html"))
+    coverage = result["coverage"]
+    (row,) = coverage["files"]
+    assert row["path"] == str(Path(engine.__file__).resolve())
+    assert (row["lines"], row["branches"]) == (14, 8)  # the toy engine's two functions, counted by hand
+    assert 0 < coverage["lines_reached"] <= 14 and coverage["timeline"]
+    assert coverage["timeline"][-1]["lines"] == coverage["lines_reached"]
+    log = result["batch_log"]
+    assert all("new_lines" in batch and "new_branches" in batch for batch in log)
+    assert any(batch["mutated_seed"] for batch in log), "batches mutate kept programs"
+    assert list((tmp_path / "corpus" / ".kvfuzz-campaign" / "seeds").glob("vllm-v1-*.json"))
+    assert "--guided" in result["rerun_command"]
+    assert "kvfuzz_toy_engine.py" in (tmp_path / "html" / "index.html").read_text()
+
+
+def test_a_blind_campaign_with_coverage_reports_it_and_mutates_nothing(engine: ModuleType, tmp_path: Path) -> None:
+    result = _cli(engine, tmp_path, "--coverage")
+    assert result["coverage"]["lines_reached"] > 0
+    assert all("mutated_seed" not in batch for batch in result["batch_log"])
+    assert not (tmp_path / "corpus" / ".kvfuzz-campaign" / "seeds").exists()
+
+
+def test_without_coverage_the_json_says_none(engine: ModuleType, tmp_path: Path) -> None:
+    assert _cli(engine, tmp_path)["coverage"] is None
