@@ -4,10 +4,10 @@ campaign --json`` in its own process, one after the other (on a small machine, s
 cores), each with a fresh corpus of its own (no seeds from earlier campaigns). Prints the coverage of the files
 under watch over time (line + branch combined, as docs/coverage.md defines it) and in all, and the failures met.
 
-Run it with the engine's interpreter::
+Run it with the engine environment's interpreter (``scripts/third_party_env.sh vllm VLLM_ENV``, or ``sglang``)::
 
-    /work/envs/venv-vllm/bin/python benchmarks/coverage_guided.py --scheduler vllm-v1 --duration 300
-    /work/envs/venv-sglang/bin/python benchmarks/coverage_guided.py --scheduler sglang --duration 300
+    VLLM_ENV/bin/python benchmarks/coverage_guided.py --scheduler vllm-v1 --duration 300
+    SGLANG_ENV/bin/python benchmarks/coverage_guided.py --scheduler sglang --duration 300
 """
 
 from __future__ import annotations

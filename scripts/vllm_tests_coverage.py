@@ -13,9 +13,10 @@ They run offline on vLLM's CPU platform (``VLLM_TARGET_DEVICE=cpu``), in this pr
 hyper-parameters (vLLM's own model-name redirect). Tests that need other hub models fail offline and are counted.
 Measuring starts after pytest's collection (and so after torch's import), as the tracer must.
 
-Run it with the engine's interpreter, from the repository root::
+Run it with the interpreter of a vLLM environment (``scripts/third_party_env.sh vllm VLLM_ENV``), from the
+repository root::
 
-    PYTHONPATH=. /work/envs/venv-vllm/bin/python scripts/vllm_tests_coverage.py --sdist vllm-0.33.0.tar.gz
+    PYTHONPATH=. VLLM_ENV/bin/python scripts/vllm_tests_coverage.py --sdist vllm-0.33.0.tar.gz
 """
 
 from __future__ import annotations
