@@ -13,7 +13,9 @@ import pytest
 
 from engine_tests import vllm_oracle_bugs as bugs
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.search import search
+from kvfuzz.scheduler.trace import from_json
 from kvfuzz.scheduler.violations import Check
 
 FCFS = SchedulerSetup(num_blocks=8)  # a pool small enough that requests wait and are preempted
@@ -108,3 +110,49 @@ def test_the_same_searches_pass_on_vllm_as_released(setup: SchedulerSetup) -> No
     outcome = search(setup, examples=EXAMPLES, steps=STEPS, shrink=False)
     assert outcome.failure is None, f"{outcome.failure}\n{outcome.program}"
     assert outcome.examples >= EXAMPLES and outcome.preemptions > 0, outcome.describe()
+
+
+WAITS_FOR_THE_CONNECTOR = {
+    "format": "kvfuzz-scheduler-trace/1",
+    "kvfuzz_version": "0.1.0",
+    "scheduler": "vllm-v1",
+    "engine": {"vllm_version": "0.33.0", "model_runner": "V2"},
+    "config": {
+        "num_blocks": 12,
+        "block_size": 4,
+        "max_num_batched_tokens": 12,
+        "max_num_seqs": 4,
+        "prefix_caching": False,
+        "policy": "priority",
+        "kv_connector": "offloading",
+        "transfer_delay": 1,
+        "overlong_requests": True,
+    },
+    "shrunk": True,
+    "failure": {"check": "liveness", "exception": None, "step": 20, "request": "r5", "message": "(recorded)"},
+    "known_bug": None,
+    "program": [
+        {"op": "add", "prompt": [0, 0, 0, 0, 0, 0], "max_tokens": 43},
+        *[{"op": "step"}] * 17,
+        {"op": "add", "prompt": [0, 1, 2, 0], "max_tokens": 1},
+        {"op": "step"},
+        {"op": "step"},
+        {"op": "add", "prompt": [0], "max_tokens": 1},
+        {"op": "add", "prompt": [0], "max_tokens": 1},
+        {"op": "add", "prompt": [0, 1, 2, 0, 1, 2, 0, 1, 0], "max_tokens": 1},
+        {"op": "add", "prompt": [0, 0, 0, 0], "max_tokens": 1},
+        {"op": "step"},
+    ],
+}
+"""A program a campaign found, on which the liveness oracle once named r5 (the waiting head, with room) at step 20:
+vLLM passed it over because the offloading connector's lookup answered an asynchronous load, and vLLM admits one
+only if its blocks fit beside what the loads already in flight still need. A KV connector's decisions are the
+connector's, so with one the head-admitted promise is not held (docs/oracles.md)."""
+
+
+def test_a_request_waiting_for_the_connector_is_no_liveness_violation() -> None:
+    trace = from_json(WAITS_FOR_THE_CONNECTOR)
+    ran: list[int] = []
+    replayed = replay(trace, on_operation=lambda index, operation: ran.append(index))
+    assert replayed.error is None, replayed.describe_failure()
+    assert len(ran) == len(trace.program), "every operation ran, past the step the oracle once failed at"

@@ -18,7 +18,11 @@ legitimate wait, for blocks, budget or a running slot, is never one):
   watermark plus the blocks the whole request needs (its tokens, the lookahead slots and the drafts it may be
   padded to, with no prefix-cache hit: an upper bound of what vLLM allocates for its first chunk). Held for models
   of full attention alone; a sliding window's admission cap and a Mamba group's state blocks make the blocks a
-  request needs something this bound does not capture, so hybrid models are held to the first promise only."""
+  request needs something this bound does not capture, so hybrid models are held to the first promise only. So are
+  configurations with a KV connector: the connector decides each step, from state only it holds, whether a request
+  may start (its answer to ``get_num_new_matched_tokens``: "ask again later" while a transfer of the request is in
+  flight, or an asynchronous load, which vLLM admits only if its blocks fit beside what the loads in flight still
+  need)."""
 
 from __future__ import annotations
 
