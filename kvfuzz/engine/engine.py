@@ -357,6 +357,8 @@ class Engine(EngineCore):
         table = self.checks.results.block_table(seq, self.allocator.block_table(seq))
         loaded = {block for _, block in loads}  # a host-tier load refills these: their old content is not read
         # the cause of what the checks after it see
+        if loads:
+            self.checks.cache.loads_into_the_hit(seq, table, loads, num_cached)
         self.checks.cache.hit_on_released(seq, table, num_cached, free_before, loaded)
         self.checks.results.table_shape(seq, table)
         self.checks.content.admit_table(seq, tuple(reported), table)
@@ -373,7 +375,7 @@ class Engine(EngineCore):
             change = merged(change, self.set_table(table_id, read, "admitted as", hit_tokens=num_cached))
         self.events.fire_table_changed(change)
         if loads:  # checked declared (host_cache) first
-            self.checks.cache.host_loads(seq, loads, num_cached)
+            self.checks.cache.host_loads(seq, loads)
             self.checks.window.outside([block for _, block in loads], seq)
             cast(HostTier, self.host_tier).ordered(seq, loads)
             self.stats["host-tier loads"] += len(loads)

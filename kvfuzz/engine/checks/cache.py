@@ -305,11 +305,13 @@ class CacheSoundness(Checker):
             "dropped from the cache, a fresh block was mapped in its place and reported cached"
         ]
 
-    def host_loads(self, seq: str, loads: Sequence[tuple[int, int]], num_cached: int) -> None:
-        """Invariants 9 and 5 for an admission's host-tier loads: only under ``host_cache``, from host blocks that
-        exist, each into a distinct block of the sequence's cache hit that it alone references."""
+    def loads_into_the_hit(
+        self, seq: str, table: tuple[int, ...], loads: Sequence[tuple[int, int]], num_cached: int
+    ) -> None:
+        """Invariant 9 for an admission's host-tier loads, before anything reads its table (a load into a block
+        outside the hit leaves a hit block unfilled, which the checks after it would see as a stale cache entry):
+        only under ``host_cache``, from host blocks that exist, each into a block of the sequence's cache hit."""
         h = self.state
-        table = h.seqs[seq].table
         hit_blocks = [block for block in table[: h.layout(seq).blocks_for(num_cached)] if block != NULL_BLOCK]
         if not h.caps.host_cache:
             self.fail(
@@ -330,6 +332,11 @@ class CacheSoundness(Checker):
                     ],
                     Cause("a host-tier load from no host block, or into a block outside the hit"),
                 )
+
+    def host_loads(self, seq: str, loads: Sequence[tuple[int, int]]) -> None:
+        """Invariant 5 for an admission's host-tier loads (:meth:`loads_into_the_hit` checked where they go): each
+        into a distinct block of the hit that it alone references."""
+        for host_block, block in loads:
             self.exclusive.block(block, seq, f"host-tier load for {seq} from host block {host_block}")
         destinations = [block for _, block in loads]
         if len(set(destinations)) != len(destinations):

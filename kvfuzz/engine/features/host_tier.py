@@ -195,12 +195,13 @@ class AsyncLoading:
         model.status, model.written, model.drafts, model.covered_tokens = Status.LOADING, 0, 0, num_cached
         model.joined_step, model.dropped_at_length = core.pools.next_step, -1
         table = core.table(seq)
+        checks.cache.loads_into_the_hit(seq, table, result.loads, num_cached)
         checks.content.admit_table(seq, tuple(result.block_table), table)
         loaded = {block for _, block in result.loads}
         core.hit_not_evicted(seq, table, num_cached, loaded)
         change = core.set_table(seq, table, "admitted (waiting for its loads) as", hit_tokens=num_cached)
         checks.accounting.touched(change.touched)
-        checks.cache.host_loads(seq, result.loads, num_cached)
+        checks.cache.host_loads(seq, result.loads)
         checks.window.outside(loaded, seq)
         checks.cache.cache_hit(seq, num_cached, loaded)
         check_missed_hit(checks.context, seq, num_cached, owed)
