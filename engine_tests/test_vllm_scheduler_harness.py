@@ -101,3 +101,29 @@ def test_an_exception_vllm_raises_itself_is_still_a_finding(
     assert status == 1, out + err
     assert "crash: AttributeError" in out and "harness error" not in out + err
     assert list((tmp_path / "corpus").glob("*.json"))
+
+
+def test_a_failure_that_does_not_replay_is_reported_as_met_never_as_hypothesis_s_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM fails once, in the fifth schedule() of the process, and never again: Hypothesis's replay of the failing
+    example passes and it raises its own Flaky error. The search reports the failure the machine met (vLLM's
+    exception, with that example's program), never a crash of Hypothesis's."""
+    from kvfuzz.scheduler.config import SchedulerSetup
+    from kvfuzz.scheduler.search import search
+
+    schedule = Scheduler.schedule
+    calls = [0]
+
+    def once(self: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 5:
+            raise RuntimeError("a scheduler that fails once")
+        return schedule(self)
+
+    monkeypatch.setattr(Scheduler, "schedule", once)
+    outcome = search(SchedulerSetup(num_blocks=8), examples=20, steps=20)
+    assert outcome.harness is None, outcome.harness
+    assert isinstance(outcome.failure, RuntimeError) and "fails once" in str(outcome.failure), outcome.failure
+    assert "hypothesis" not in outcome.explanation().lower(), outcome.explanation()
+    assert "state.step()" in outcome.program and "not shrunk further" in outcome.program, outcome.program

@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 import attrs
 from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
+from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.stateful import get_state_machine_test
 
 from kvfuzz.profiles import run_settings
@@ -19,7 +20,8 @@ from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.harness import HarnessError
 from kvfuzz.scheduler.machine import Tally, Witness, machine_for_setup
 from kvfuzz.scheduler.offloading import TransferTally
-from kvfuzz.scheduler.session import WorkerFactory
+from kvfuzz.scheduler.program import Operation
+from kvfuzz.scheduler.session import Session, WorkerFactory
 from kvfuzz.scheduler.violations import SchedulerViolation
 from kvfuzz.scheduler.worker import Worker
 from kvfuzz.text import plural
@@ -117,6 +119,26 @@ def search_kind(seed: Optional[int], database: Optional[str]) -> str:
     return "derandomized" if database is None else f"random, example database {database}"
 
 
+class _Shortest:
+    """The shortest failing example the machine met (the first of equals): what a search reports when Hypothesis
+    cannot, because replaying a failing example drew differently from the first time (:class:`Flaky`)."""
+
+    def __init__(self, witness: Optional[Witness]) -> None:
+        self.witness = witness  # told of every failing example, as before
+        self.program: Optional[tuple[Operation, ...]] = None
+        self.failure: Optional[Exception] = None
+
+    def __call__(self, session: Session, error: BaseException) -> None:
+        if isinstance(error, Exception) and (self.program is None or len(session.program) < len(self.program)):
+            self.program, self.failure = tuple(session.program), error
+        if self.witness is not None:
+            self.witness(session, error)
+
+    def source(self) -> str:
+        """The example's program as the machine's calls, as Hypothesis prints a falsifying example."""
+        return "\n".join([*(operation.source("state") for operation in self.program or ()), "state.drain()"])
+
+
 def search(
     setup: SchedulerSetup,
     examples: int,
@@ -141,7 +163,8 @@ def search(
     keeps its failing examples there, replaying them first the next time."""
     tally = Tally()
     watchdog = Watchdog(call_timeout) if call_timeout is not None else None
-    machine = machine_for_setup(setup, worker, tally, witness, session, name, watchdog, journal)
+    shortest = _Shortest(witness)
+    machine = machine_for_setup(setup, worker, tally, shortest, session, name, watchdog, journal)
     drawn = run_settings(examples, steps, derandomize=database is None, shrink=shrink, database=database)
     test = get_state_machine_test(machine, settings=drawn)
     if seed is not None:
@@ -155,6 +178,12 @@ def search(
             test()
     except HarnessError as error:  # kvfuzz's own code failed: the search stops, nothing is a finding
         harness = error
+    except HypothesisException as error:  # Hypothesis's own error is never a finding: what the machine met is
+        if not isinstance(error, Flaky) or shortest.failure is None:
+            harness = HarnessError.of(error, f"{name} under Hypothesis")
+        else:  # replaying a failing example drew or failed differently: the shortest one met, not shrunk further
+            failure, program = shortest.failure, shortest.source()
+            program += f"\n# not shrunk further: Hypothesis's replay of a failing example went differently ({error!r})"
     except Exception as error:  # noqa: BLE001 -- an exception from vLLM is a finding, reported with its program
         failure = error
         program = "\n".join(note for note in getattr(error, "__notes__", ()) if note)
