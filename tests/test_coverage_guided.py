@@ -15,7 +15,7 @@ from typing import Any, Optional
 import attrs
 import pytest
 
-from kvfuzz.campaign.bandit import Bandit
+from kvfuzz.campaign.bandit import FRESH, Bandit
 from kvfuzz.campaign.protocol import Reporter
 from kvfuzz.campaign.scheduler.guided import Guidance
 from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
@@ -231,6 +231,19 @@ def test_the_bandit_gives_batches_to_configurations_still_finding_coverage() -> 
     for _ in range(10):  # stops finding: fades, and fresh configurations are drawn again
         bandit.record("finds", 0)
     assert bandit.choose(rng) is None
+
+
+def test_fresh_configurations_are_drawn_while_they_pay_more_than_the_arms() -> None:
+    bandit = Bandit(explore=0.0)
+    bandit.record("finds a little", 2)
+    bandit.record(FRESH, 60)  # freshly drawn configurations found far more
+    rng = random.Random(2)
+    fresh = sum(bandit.choose(rng) is None for _ in range(200))
+    assert fresh > 150, f"{fresh} of 200 batches drew a fresh configuration"
+    for _ in range(10):  # fresh draws stop paying: the arm still finding gets the batches
+        bandit.record(FRESH, 0)
+        bandit.record("finds a little", 2)
+    assert sum(bandit.choose(rng) is None for _ in range(200)) < 20
 
 
 def test_the_seed_pool_is_shared_through_its_directory(tmp_path: Path) -> None:

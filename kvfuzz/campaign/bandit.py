@@ -2,8 +2,11 @@
 coverage, as HypoFuzz gives more time to the tests still finding coverage.
 
 Each configuration that ran is an arm whose score is the new coverage of its recent batches, decayed by half each
-batch (so one that stopped finding fades). A batch explores (a fresh configuration from the swarm table) with
-probability :data:`EXPLORE`, or when no arm scores; otherwise it runs an arm, drawn in proportion to its score.
+batch (so one that stopped finding fades). Drawing a fresh configuration from the swarm table is an arm too
+(:data:`FRESH`), scored by the batches that ran freshly drawn configurations: early in a campaign most coverage comes
+from configurations not yet drawn, and the search keeps drawing them while they pay; once they stop, the arms that
+still find get the batches. A batch draws a fresh configuration with the fresh arm's share of the scores, at least
+:data:`EXPLORE` (and always while no other arm scores); otherwise it runs an arm, drawn in proportion to its score.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import random
 from typing import Optional
 
 EXPLORE = 0.3
-"""The share of batches that draw a fresh configuration while arms still score."""
+"""The least share of batches that draw a fresh configuration, however well the other arms score."""
+FRESH = ""
+"""The arm of a fresh draw from the swarm table (no configuration's key is empty)."""
 DECAY = 0.5
 """An arm's score after a batch: DECAY * score + (1 - DECAY) * the batch's new points."""
 
@@ -30,7 +35,10 @@ class Bandit:
 
     def choose(self, rng: random.Random) -> Optional[str]:
         """The arm the next batch runs, or None: draw a fresh configuration."""
-        scoring = sorted((arm, score) for arm, score in self.scores.items() if score >= 0.5)
-        if not scoring or rng.random() < self.explore:
+        scoring = sorted((arm, score) for arm, score in self.scores.items() if arm != FRESH and score >= 0.5)
+        if not scoring:
+            return None
+        fresh = self.scores.get(FRESH, 0.0)
+        if rng.random() < max(self.explore, fresh / (fresh + sum(score for _, score in scoring))):
             return None
         return rng.choices([arm for arm, _ in scoring], weights=[score for _, score in scoring])[0]

@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 
-from kvfuzz.campaign.bandit import Bandit
+from kvfuzz.campaign.bandit import FRESH, Bandit
 from kvfuzz.campaign.messages import Covered
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, SchedulerCampaignOptions
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
@@ -108,6 +108,7 @@ class Guidance:
         self.config: Optional[SwarmConfig] = None  # the running batch's configuration
         self.batch = Reached()  # the points the running batch reached first
         self.mutated: Optional[str] = None  # the running batch's seed, when it mutates one
+        self.drawn_fresh = False  # whether the running batch's configuration was drawn fresh from the swarm table
 
     # -- the batch's configuration -----------------------------------------------------------------------------
 
@@ -127,7 +128,7 @@ class Guidance:
     ) -> tuple[BatchPlan, Optional[Mutants]]:
         """The next batch: mutants of a seed (guided, with seeds, half the time), else a Hypothesis batch on a
         configuration the bandit chose or ``fresh()`` drew."""
-        self.mutated = None
+        self.mutated, self.drawn_fresh = None, False
         if self.pool is not None:
             self.pool.refresh()
             if self.pool.seeds and rng.random() < MUTATE_SHARE:
@@ -137,6 +138,7 @@ class Guidance:
                     self.mutated = mutants.seed.digest
                     return BatchPlan(number, config, rng.randrange(2**32), examples, ends), mutants
         arm = self.bandit.choose(rng) if self.guided else None
+        self.drawn_fresh = arm is None
         config = self.arms[arm] if arm is not None else fresh()
         return BatchPlan(number, config, rng.randrange(2**32), examples, ends), None
 
@@ -198,6 +200,8 @@ class Guidance:
             key = json.dumps(self.config.to_json(), sort_keys=True)
             self.arms[key] = self.config
             self.bandit.record(key, len(self.batch))
+            if self.drawn_fresh:
+                self.bandit.record(FRESH, len(self.batch))
         return Covered(self.slot, self.batch.to_json(), self.scope.imported(self.files))
 
     def entry(self) -> dict[str, Any]:
