@@ -46,12 +46,14 @@ def test_a_fixed_bug_that_comes_back_is_a_regression_not_known(tmp_path: Path, m
 
 
 def never_resume_preempted(patch: pytest.MonkeyPatch) -> None:
-    """A livelock seeded into ``schedule()``: a preempted request is hidden from the waiting queue while the
-    scheduler schedules, so it is never resumed (no drafts, no connector needed)."""
+    """A livelock seeded into ``schedule()``: once a request is preempted, the waiting queue is hidden while the
+    scheduler schedules, so the preempted request is never resumed (no drafts, no connector needed), and no request
+    is admitted ahead of it (which the order oracle would name first)."""
     original = Scheduler.schedule
 
     def schedule(self: Any) -> Any:
-        hidden = [request for request in self.waiting if request.status == RequestStatus.PREEMPTED]
+        preempted = any(request.status == RequestStatus.PREEMPTED for request in self.waiting)
+        hidden = list(self.waiting) if preempted else []
         self.waiting.remove_requests(hidden)
         try:
             return original(self)
@@ -65,7 +67,10 @@ def test_a_new_livelock_is_keyed_apart_from_the_corpus_hangs(monkeypatch: pytest
     hangs = {str(scheduler_signature("vllm-v1", replay(load(CORPUS / name)).error)) for name in HANGS}  # type: ignore[arg-type]
     assert all(hang.startswith("progress: ") for hang in hangs), hangs
     never_resume_preempted(monkeypatch)
-    outcome = search(SchedulerSetup(num_blocks=6), examples=100, steps=50, shrink=False, seed=1)
+    # a sliding-window model: the liveness oracle's waiting-head promise, which would name the stuck request first,
+    # is held for full attention alone (docs/oracles.md), so the hang reaches the progress check
+    setup = SchedulerSetup(num_blocks=6, model="sliding-window")
+    outcome = search(setup, examples=100, steps=50, shrink=False, seed=1)
     assert outcome.check() == Check.PROGRESS.value, outcome.describe()
     assert isinstance(outcome.failure, SchedulerViolation)
     livelock = str(scheduler_signature("vllm-v1", outcome.failure))

@@ -52,7 +52,7 @@ class PolicyOracles:
         queues.before_admissions(events)
         check_admissions(queues, events, Holds(queues, events, view, self.setup.max_loras))
         room = room_left(self.budgets, events, view)
-        check_running_served(self.budgets, queues, events, view, room)
+        check_running_served(self.budgets, queues, events, view, room, self.known_tokens)
         if self.setup.model == FULL_ATTENTION and self.setup.kv_connector == "none":
             holds = Holds(queues, events, view, self.setup.max_loras)
             check_head_admitted(

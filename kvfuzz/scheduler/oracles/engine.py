@@ -2,6 +2,8 @@
 
 * the pool's free block count after the step (the accounting check holds it to the worker's tables every step);
 * the watermark and lookahead the configuration gives the manager and the scheduler (configuration, not state);
+* a running request's computed tokens, against the tokens its client and its outputs gave it: one with none left to
+  compute waits for an output, not for the scheduler;
 * a request's own state where vLLM passes it over for a reason that is not the policy's: output of a preempted
   request still in flight under async scheduling (``num_stale_output_tokens``, deliverable), a KV connector's
   transfer (a request the connector holds: loading, holding blocks in ``kv_holding_waiting``, or deferred by the
@@ -65,6 +67,11 @@ class VllmView:
         if getattr(request, "num_stale_output_tokens", 0) and not getattr(request, "drop_stale_output", True):
             return "output from before its preemption is still in flight (async scheduling)"
         return None
+
+    def computed(self, request_id: str) -> int:
+        """The tokens vLLM counts as computed for ``request_id`` (0 for a request it does not know)."""
+        request = self.scheduler.requests.get(request_id)
+        return 0 if request is None else int(request.num_computed_tokens)
 
     def running_exempt(self, request_id: str) -> Optional[str]:
         """Why vLLM may leave running request ``request_id`` unscheduled with budget to spare (None: no reason)."""

@@ -56,13 +56,24 @@ def room_left(budgets: Budgets, events: StepEvents, view: VllmView) -> Room:
     )
 
 
-def check_running_served(budgets: Budgets, queues: Queues, events: StepEvents, view: VllmView, room: Room) -> None:
+def check_running_served(
+    budgets: Budgets,
+    queues: Queues,
+    events: StepEvents,
+    view: VllmView,
+    room: Room,
+    known_tokens: Callable[[str], int],
+) -> None:
     """Every running request (``queues.running``: before the step's admissions, victims and finished requests gone)
-    is scheduled by a step that left budget unspent."""
+    that has a token to compute (``known_tokens``: its prompt and the outputs reported for it so far, more than
+    vLLM has computed) is scheduled by a step that left budget unspent. One whose every known token is computed
+    waits for its next token from an output: a model runner that never delivers it is the progress check's."""
     if room.tokens <= 0 or room.input_slots <= budgets.draft_slots:
         return
     for request in queues.running:
         if request in events.scheduled or view.running_exempt(request) is not None:
+            continue
+        if view.computed(request) >= known_tokens(request):
             continue
         raise SchedulerViolation(
             Check.LIVENESS,
