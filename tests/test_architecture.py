@@ -110,7 +110,7 @@ def test_no_import_cycles_in_kvfuzz() -> None:
 # package's own business, and the cycle test covers them).
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the package's version; words; torch's threads; whether torch imports; the defaults the parsers show; a child
-    # process's tie to its parent; the line a dying run leaves
+    # process's tie to its parent; the line a dying run leaves; what every generated reproducer shares
     (
         "kvfuzz",
         "kvfuzz.text",
@@ -119,6 +119,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "kvfuzz.option_defaults",
         "kvfuzz.lifeline",
         "kvfuzz.last_words",
+        "kvfuzz.reproducer_text",
     ),
     ("kvfuzz.coverage",),  # which lines and branches of the code under test a process reaches
     ("kvfuzz.allocator",),  # the contract, and kvfuzz's own allocators

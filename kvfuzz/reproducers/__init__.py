@@ -95,7 +95,4 @@ def scheduler_reproducer_source(trace: SchedulerTrace, source: str) -> str:
     (:mod:`kvfuzz.scheduler.reproducer`). Raises :class:`NotReproducible`."""
     if trace.scheduler == SGLANG:
         return sglang_scheduler.reproducer_source(trace, source)
-    try:
-        return vllm_scheduler.reproducer_source(trace, source)
-    except vllm_scheduler.NotReproducible as error:
-        raise NotReproducible(str(error)) from error
+    return vllm_scheduler.reproducer_source(trace, source)

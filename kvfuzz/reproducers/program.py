@@ -7,27 +7,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from kvfuzz.reproducer_text import NotReproducible, comment
 from kvfuzz.saved.trace import Trace
+
+__all__ = ["KeyOf", "NotReproducible", "calls", "comment"]
 
 KeyOf = Callable[[tuple[str, ...]], Any]
 """How a family writes a namespace as the engine's key (a cache salt, a LoRA id, extra-key fields)."""
-
-
-class NotReproducible(ValueError):
-    """A trace no standalone reproducer is generated for; the message says why, in one line."""
-
-
-def comment(text: str, width: int = 116) -> str:
-    """``text`` as ``#`` comment lines of at most ``width`` columns (its characters made printable)."""
-    clean = "".join(char if char.isprintable() else " " for char in text)
-    lines, line = [], "#"
-    for word in clean.split():
-        if len(line) + 1 + len(word) > width and line != "#":
-            lines.append(line)
-            line = "#"
-        line += " " + word
-    lines.append(line)
-    return "\n".join(lines)
 
 
 def calls(trace: Trace, key_of: KeyOf, supported: frozenset[str]) -> list[str]:

@@ -17,6 +17,7 @@ import json
 import re
 from typing import Callable
 
+from kvfuzz.reproducer_text import NotReproducible, comment
 from kvfuzz.scheduler.config import MODEL_SHAPE
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import EOS_TOKEN
@@ -32,10 +33,6 @@ EXPRESSED = ("accounting", "progress", CRASH)
 BATCH_EXPRESSED = "neither as a new nor as a cached request"
 """The one batch-check failure a reproducer states on vLLM's ``SchedulerOutput``: the step schedules tokens for a
 request the output does not bring (the model runner has no table for it), as a priority victim does (issue #23316)."""
-
-
-class NotReproducible(ValueError):
-    """A trace no standalone reproducer is generated for; the message says why, in one line."""
 
 
 def _refusal(trace: SchedulerTrace) -> str | None:
@@ -66,20 +63,6 @@ def check_reproducible(trace: SchedulerTrace) -> None:
     reason = _refusal(trace)
     if reason is not None:
         raise NotReproducible(reason)
-
-
-def _comment(text: str, width: int = 116) -> str:
-    """``text`` as ``#`` comment lines (its characters made printable)."""
-    clean = "".join(char if char.isprintable() else " " for char in text)
-    lines: list[str] = []
-    line = "#"
-    for word in clean.split():
-        if len(line) + 1 + len(word) > width and line != "#":
-            lines.append(line)
-            line = "#"
-        line += " " + word
-    lines.append(line)
-    return "\n".join(lines)
 
 
 def _tables(trace: SchedulerTrace) -> tuple[dict[str, list[int]], dict[str, dict[int, list[int]]]]:
@@ -134,7 +117,7 @@ def reproducer_source(trace: SchedulerTrace, source: str) -> str:
         else "0"
     )
     body = "\n".join(f"    {call}" for call in program_calls(trace, _add))
-    known = f"{_comment('Known bug: ' + trace.known_bug)}\n" if trace.known_bug else ""
+    known = f"{comment('Known bug: ' + trace.known_bug)}\n" if trace.known_bug else ""
     expectation = {
         "progress": "a request never finishes: engine.drain() raises Failure('progress: ...')",
         "accounting": "the block pool disagrees with the tables handed out: engine.step() raises "
@@ -151,7 +134,7 @@ or pytest THIS_FILE. Recorded against vLLM {trace.vllm_version}, the {trace.mode
 Expected while the bug is there: {expectation}.
 """
 
-{_comment("Recorded failure: " + trace.failure.describe())}
+{comment("Recorded failure: " + trace.failure.describe())}
 {known}
 import mmap
 
