@@ -82,14 +82,6 @@ OPT_COMMON = {
     "layer_norm_elementwise_affine": True,
 }
 
-WATCHED = (
-    "vllm/v1/core/sched/scheduler.py",
-    "vllm/v1/core/kv_cache_manager.py",
-    "vllm/v1/core/block_pool.py",
-    "vllm/v1/core/kv_cache_coordinator.py",
-    "vllm/v1/core/single_type_kv_cache_manager.py",
-)
-
 
 def tests_folder(args: argparse.Namespace, scratch: Path) -> Path:
     """The ``tests/`` folder to run: given, unpacked from the given sdist, or from one pip downloads."""
@@ -163,7 +155,7 @@ def main() -> None:
     import pytest
 
     from kvfuzz.coverage.report import summarize, write_html
-    from kvfuzz.coverage.scope import engine_scope
+    from kvfuzz.coverage.scope import CORE_FILES, engine_scope
 
     with tempfile.TemporaryDirectory(prefix="kvfuzz-vllm-tests-") as scratch:
         tests = tests_folder(args, Path(scratch)).resolve()
@@ -191,7 +183,7 @@ def main() -> None:
         f"(pytest exit {status}); python {sys.version.split()[0]}, {type(plugin.measurer).__name__}"
     )
     rows = {row.name: row for row in summary.files}
-    for name in WATCHED:
+    for name in CORE_FILES["vllm-v1"]:
         row = rows.get(name)
         if row is not None:
             print(

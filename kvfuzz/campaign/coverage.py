@@ -17,7 +17,8 @@ from kvfuzz.coverage.report import CoverageSummary, summarize
 class CampaignCoverage:
     """What a campaign reached. ``timeline`` holds one entry per batch that reached a point no earlier batch of the
     campaign had: seconds into the campaign, lines and branches reached so far, how many were new, and the new points
-    of each file (by its path)."""
+    of each file (by its path). Its JSON holds every point reached (``points``), so that another measurement of the
+    same code compares with it (:mod:`kvfuzz.coverage.compare`)."""
 
     reached: Reached = attrs.field(repr=False)
     files: tuple[str, ...]
@@ -30,7 +31,7 @@ class CampaignCoverage:
         return f"coverage: {self.summary().describe()}"
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.summary().to_json(), "timeline": list(self.timeline)}
+        return {**self.summary().to_json(), "timeline": list(self.timeline), "points": self.reached.to_json()}
 
 
 @attrs.define

@@ -41,6 +41,37 @@ SCOPES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 """Each scheduler target's scope: the engine's package, and the parts of it under test (relative to the package)."""
 
+CORE_FILES: dict[str, tuple[str, ...]] = {
+    "vllm-v1": (
+        "vllm/v1/core/sched/scheduler.py",
+        "vllm/v1/core/kv_cache_manager.py",
+        "vllm/v1/core/block_pool.py",
+        "vllm/v1/core/kv_cache_coordinator.py",
+        "vllm/v1/core/single_type_kv_cache_manager.py",
+    ),
+}
+"""The files of a target's scope its comparisons with the engine's own tests report first (package paths)."""
+
+LEFT_OUT: dict[str, dict[str, tuple[str, ...]]] = {
+    "vllm-v1": {
+        # multimodal encoder inputs (docs/scheduler-features.md, "What stays out"): a text-only model has none
+        "vllm/v1/core/sched/scheduler.py": (
+            "Scheduler._reject_on_encoder_cache_embed_mismatch",
+            "Scheduler._allocate_encoder_inputs",
+            "Scheduler._try_schedule_encoder_inputs",
+            "Scheduler._make_scheduled_encoder_input_stats",
+            "Scheduler._get_encoder_input_updates",
+            "Scheduler._free_encoder_inputs",
+            "Scheduler._free_encoder_input",
+            "Scheduler.reset_encoder_cache",
+            "Scheduler._ec_transfer_pending",
+            "Scheduler.get_ec_connector",
+        ),
+    },
+}
+"""Functions of a target's scope that kvfuzz does not drive, by design (the docs say why): comparisons with the
+engine's own tests may leave them out of both sides."""
+
 
 @attrs.frozen
 class Scope:

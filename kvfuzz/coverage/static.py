@@ -128,17 +128,58 @@ class FilePoints:
         return len(self.lines) + len(self.branches)
 
 
-def file_points(path: str) -> Optional[FilePoints]:
-    """The points of the Python file at ``path`` (None when it cannot be read or compiled here)."""
+@attrs.frozen
+class FunctionPoints:
+    """One function's points in its file, named as Python names it (``Scheduler.schedule``,
+    ``Scheduler.schedule.<locals>.skip_request``)."""
+
+    qualname: str
+    first_line: int
+    lines: frozenset[int]
+    branches: frozenset[Branch]
+
+    @property
+    def size(self) -> int:
+        return len(self.lines) + len(self.branches)
+
+
+def function_points(path: str) -> Optional[tuple[FunctionPoints, ...]]:
+    """The points of each function of the Python file at ``path``, in the order of the source (None when it cannot be
+    read or compiled here)."""
     try:
         source = Path(path).read_text(encoding="utf-8")
         module = compile(source, path, "exec", dont_inherit=True)
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
         return None
+    found = []
+    for qualname, code in _named_functions(module, ""):
+        points = code_points(code)
+        found.append(FunctionPoints(qualname, points.first_line, points.lines, points.branches))
+    return tuple(sorted(found, key=lambda function: function.first_line))
+
+
+def _named_functions(code: CodeType, prefix: str) -> Iterator[tuple[str, CodeType]]:
+    """Every function nested in ``code`` with its qualified name, as ``co_qualname`` (3.11+) gives it: a class body
+    adds ``Class.``, a function ``function.<locals>.`` to the names inside it."""
+    for constant in code.co_consts:
+        if not inspect.iscode(constant):
+            continue
+        name = prefix + constant.co_name
+        if is_function(constant):
+            yield name, constant
+            yield from _named_functions(constant, name + ".<locals>.")
+        else:
+            yield from _named_functions(constant, name + ".")
+
+
+def file_points(path: str) -> Optional[FilePoints]:
+    """The points of the Python file at ``path`` (None when it cannot be read or compiled here)."""
+    found = function_points(path)
+    if found is None:
+        return None
     lines: set[int] = set()
     branches: set[Branch] = set()
-    for code in functions(module):
-        points = code_points(code)
-        lines |= points.lines
-        branches |= points.branches
+    for function in found:
+        lines |= function.lines
+        branches |= function.branches
     return FilePoints(path, frozenset(lines), frozenset(branches))

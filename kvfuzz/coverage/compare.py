@@ -1,0 +1,216 @@
+"""Two measurements of the same engine code side by side: what a campaign reached (``kvfuzz campaign --coverage
+--json``) beside what the engine's own tests reached (``scripts/vllm_tests_coverage.py --json``), file by file,
+with their union and the points each reached alone, and the functions that hold the gap.
+
+The two measurements may come from two environments (two copies of the same release): a file is named by its path
+inside its package (``vllm/v1/core/block_pool.py``), and its points are read from whichever copy this machine has;
+two copies that differ are refused (the points would not compare). Functions a target leaves out of scope (the
+docs' "What stays out": multimodal encoder inputs) are left out of both sides and of the totals, unless asked not
+to; both sides are always counted the same way.
+
+Invariant: every figure counts points of the file's functions only (:mod:`kvfuzz.coverage.static`), so a point a
+side reached that the file does not hold (another version's line) counts for neither side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Optional
+
+import attrs
+
+from kvfuzz.coverage.measure import Reached
+from kvfuzz.coverage.report import display_name
+from kvfuzz.coverage.static import FunctionPoints, function_points
+
+
+class ComparisonError(Exception):
+    """The two measurements cannot be compared (a file unreadable, two different copies of a file, a JSON that
+    holds no points); the message says which."""
+
+
+def package_path(path: str) -> str:
+    """``path`` named inside its installed package (after the last ``site-packages/``), else as a person names it
+    here (:func:`~kvfuzz.coverage.report.display_name`)."""
+    for marker in ("site-packages", "dist-packages"):
+        head, found, tail = path.rpartition(os.sep + marker + os.sep)
+        if found:
+            return tail
+    return display_name(path)
+
+
+@attrs.frozen
+class Measurement:
+    """One side: what it reached, by file (named by :func:`package_path`), and where each file lies on the machine
+    that measured it."""
+
+    label: str  # "vLLM's tests", "the campaign"
+    points: Mapping[str, Reached]  # package path -> the points reached in that file (paths as measured)
+    paths: Mapping[str, str]  # package path -> the file's path where it was measured
+
+    @classmethod
+    def from_json(cls, label: str, data: Mapping[str, Any]) -> Measurement:
+        """From a JSON report holding ``points`` at its top (the tests' script) or under ``coverage`` (a campaign's
+        ``--json``); raises :class:`ComparisonError` for one holding neither."""
+        raw = data.get("points")
+        if raw is None and isinstance(data.get("coverage"), Mapping):
+            raw = data["coverage"].get("points")
+        if not isinstance(raw, Mapping):
+            raise ComparisonError(
+                f"{label}: the JSON holds no points (a campaign's needs --coverage and --json; the tests' script's, "
+                "--json)"
+            )
+        points = {}
+        paths = {}
+        for path, reached in raw.items():
+            name = package_path(str(path))
+            points[name] = Reached.from_json({path: reached})
+            paths[name] = str(path)
+        return cls(label, points, paths)
+
+    @classmethod
+    def load(cls, label: str, file: Path) -> Measurement:
+        try:
+            return cls.from_json(label, json.loads(file.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as error:
+            raise ComparisonError(f"{label}: cannot read {file}: {error}") from error
+
+
+@attrs.frozen
+class FileComparison:
+    """One file's figures: its points (out-of-scope functions left out), and how many each side, their union, and
+    each side alone reached."""
+
+    name: str
+    points: int
+    tests: int
+    campaign: int
+    union: int
+    tests_only: int
+    campaign_only: int
+
+    def percent(self, reached: int) -> float:
+        return 100.0 * reached / self.points if self.points else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **attrs.asdict(self),
+            "tests_percent": round(self.percent(self.tests), 1),
+            "campaign_percent": round(self.percent(self.campaign), 1),
+            "union_percent": round(self.percent(self.union), 1),
+        }
+
+
+@attrs.frozen
+class FunctionGap:
+    """One function of a file: its points, and how many each side reached."""
+
+    file: str
+    qualname: str
+    first_line: int
+    points: int
+    tests: int
+    campaign: int
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class Comparison:
+    """Each file's figures, every function's (the gap is ``tests - campaign``), and the functions left out."""
+
+    files: tuple[FileComparison, ...]
+    functions: tuple[FunctionGap, ...]
+    left_out: tuple[str, ...]  # "file: qualname" of each function left out of both sides
+
+    def widest_gaps(self, count: int) -> tuple[FunctionGap, ...]:
+        """The ``count`` functions where the tests reached the most points the campaign did not."""
+        behind = [function for function in self.functions if function.tests > function.campaign]
+        return tuple(sorted(behind, key=lambda function: function.campaign - function.tests)[:count])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "files": [file.to_json() for file in self.files],
+            "functions": [function.to_json() for function in self.functions],
+            "left_out": list(self.left_out),
+        }
+
+
+def _same_source(first: str, second: str) -> bool:
+    """Whether two copies of a file hold the same bytes (a copy this machine cannot read compares as unknown: true)."""
+    try:
+        return hashlib.sha256(Path(first).read_bytes()).digest() == hashlib.sha256(Path(second).read_bytes()).digest()
+    except OSError:
+        return True
+
+
+def _source(name: str, tests: Measurement, campaign: Measurement) -> str:
+    """The path of ``name`` to read its functions from; raises :class:`ComparisonError` when no copy is readable here
+    or the two copies differ."""
+    copies = [side.paths[name] for side in (tests, campaign) if name in side.paths]
+    readable = [path for path in copies if Path(path).is_file()]
+    if not readable:
+        raise ComparisonError(f"{name}: neither measurement's copy ({', '.join(copies)}) is on this machine")
+    if len(readable) == 2 and not _same_source(*readable):
+        raise ComparisonError(
+            f"{name}: the two measurements ran different sources ({readable[0]} and {readable[1]} differ): measure "
+            "both on the same release"
+        )
+    return readable[0]
+
+
+def _count(function: FunctionPoints, reached: Optional[Reached]) -> int:
+    if reached is None:
+        return 0
+    lines = {line for _, line in reached.lines}
+    branches = {(start, end) for _, start, end in reached.branches}
+    return len(function.lines & lines) + len(function.branches & branches)
+
+
+def compare(
+    tests: Measurement,
+    campaign: Measurement,
+    files: Iterable[str],
+    left_out: Mapping[str, tuple[str, ...]] = MappingProxyType({}),
+) -> Comparison:
+    """The two sides' figures on ``files`` (package paths), leaving out of both the functions ``left_out`` names per
+    file (by qualname; their nested functions too)."""
+    rows = []
+    gaps = []
+    dropped = []
+    for name in files:
+        if name not in tests.paths and name not in campaign.paths:
+            continue
+        found = function_points(_source(name, tests, campaign))
+        if found is None:
+            raise ComparisonError(f"{name}: cannot be read or compiled here")
+        skipped = left_out.get(name, ())
+        totals = [0, 0, 0, 0, 0, 0]  # points, tests, campaign, union, tests only, campaign only
+        for function in found:
+            if any(function.qualname == out or function.qualname.startswith(out + ".") for out in skipped):
+                dropped.append(f"{name}: {function.qualname}")
+                continue
+            by_tests = _count(function, tests.points.get(name))
+            by_campaign = _count(function, campaign.points.get(name))
+            union = _count(function, _union(tests.points.get(name), campaign.points.get(name)))
+            for index, value in enumerate(
+                (function.size, by_tests, by_campaign, union, union - by_campaign, union - by_tests)
+            ):
+                totals[index] += value
+            gaps.append(FunctionGap(name, function.qualname, function.first_line, function.size, by_tests, by_campaign))
+        rows.append(FileComparison(name, *totals))
+    return Comparison(tuple(rows), tuple(gaps), tuple(dropped))
+
+
+def _union(first: Optional[Reached], second: Optional[Reached]) -> Optional[Reached]:
+    """Both sides' points of one file (each named with its own machine's path: :func:`_count` reads positions
+    only)."""
+    if first is None or second is None:
+        return first if second is None else second
+    return first | second
