@@ -156,3 +156,46 @@ def test_a_request_waiting_for_the_connector_is_no_liveness_violation() -> None:
     replayed = replay(trace, on_operation=lambda index, operation: ran.append(index))
     assert replayed.error is None, replayed.describe_failure()
     assert len(ran) == len(trace.program), "every operation ran, past the step the oracle once failed at"
+
+
+SERVED_AHEAD = {
+    "format": "kvfuzz-scheduler-trace/1",
+    "kvfuzz_version": "0.1.0",
+    "scheduler": "vllm-v1",
+    "engine": {"vllm_version": "0.33.0", "model_runner": "V2"},
+    "config": {
+        "num_blocks": 8,
+        "block_size": 4,
+        "max_num_batched_tokens": 16,
+        "max_num_seqs": 4,
+        "prefix_caching": True,
+        "kv_connector": "offloading",
+        "transfer_delay": 2,
+    },
+    "shrunk": True,
+    "failure": {"check": "order", "exception": None, "step": 13, "request": "r8", "message": "(recorded)"},
+    "known_bug": None,
+    "program": [
+        {"op": "add", "prompt": [0], "max_tokens": 1},
+        {"op": "add", "prompt": [0], "max_tokens": 7},
+        {"op": "add", "prompt": [0, 1, 2, 0, 1, 2, 0, 1, 0, 0, 0, 0, 0, 0, 0], "max_tokens": 7},
+        {"op": "step"},
+        {"op": "step"},
+        {"op": "add", "prompt": [0, 1, 2, 0], "max_tokens": 2},
+        {"op": "add", "prompt": [0], "max_tokens": 5},
+        {"op": "add", "prompt": [0], "max_tokens": 5},
+        {"op": "add", "prompt": [0], "max_tokens": 5},
+        {"op": "add", "prompt": [0, 0, 0], "max_tokens": 5},
+        {"op": "add", "prompt": [0, 1, 2, 0, 1, 2, 0], "max_tokens": 4},
+    ],
+}
+"""A program a random search found, on which the order oracle once said that step 13 preempted r8 but left r3
+running, "admitted after r8": r3's blocks were filled by the offloading connector's load, and vLLM serves such a
+request from the connector's queue ahead of the waiting queue, so it joined the running queue before the requests
+admitted beside it (r6, r7, r8), and r8 was rightly the last. The queue model now puts such requests first."""
+
+
+def test_a_request_served_from_the_connectors_queue_runs_ahead_of_those_admitted_beside_it() -> None:
+    trace = from_json(SERVED_AHEAD)
+    replayed = replay(trace)
+    assert replayed.error is None, replayed.describe_failure()

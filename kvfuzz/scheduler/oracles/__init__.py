@@ -66,5 +66,5 @@ class PolicyOracles:
                 self.setup.block_size,
                 self.setup.speculative_tokens,
             )
-        queues.admit(events)
+        queues.admit(events, frozenset(view.served_ahead))
         check_budgets(self.budgets, events, queues.running)

@@ -11,7 +11,9 @@
 
 Requests admitted in one step joined the running queue in the waiting queue's order (the policy serves the queue
 from its front), which is how the model orders them: a step that admits out of that order fails the order check
-first, so the model's running order is the engine's wherever the checks passed."""
+first, so the model's running order is the engine's wherever the checks passed. The exception is a KV connector's
+queue, which vLLM serves first (requests whose blocks a load filled): those join the running queue ahead of the
+step's other admissions, in an order among themselves the model does not know (``unordered``)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ class Queues:
         self.arrivals: dict[str, Arrival] = {}  # request -> how its client added it
         self.running: list[str] = []  # in admission order
         self.waiting: list[str] = []  # in the order the policy serves it
+        # requests admitted together from a KV connector's queue, whose order among themselves in ``running`` is unknown
+        self.unordered: list[frozenset[str]] = []
 
     def added(self, arrival: Arrival) -> None:
         self.arrivals[arrival.request] = arrival
@@ -59,11 +63,21 @@ class Queues:
         self.requeue(victims)
         self.waiting = self.serving_order(self.waiting)
 
-    def admit(self, events: StepEvents) -> None:
-        """The step's admissions leave the waiting queue for the running queue's end, in waiting order."""
+    def admit(self, events: StepEvents, ahead: frozenset[str] = frozenset()) -> None:
+        """The step's admissions leave the waiting queue for the running queue's end, in waiting order, those served
+        from a KV connector's queue (``ahead``) first."""
         admitted = [request for request in self.waiting if request in events.admitted]
+        first = [request for request in admitted if request in ahead]
         self.waiting = [request for request in self.waiting if request not in events.admitted]
-        self.running.extend(admitted)
+        self.running.extend(first + [request for request in admitted if request not in ahead])
+        running = set(self.running)
+        self.unordered = [group & running for group in self.unordered if len(group & running) > 1]
+        if len(first) > 1:
+            self.unordered.append(frozenset(first))
+
+    def unordered_with(self, request: str) -> frozenset[str]:
+        """The running requests whose order relative to ``request`` the model does not know."""
+        return frozenset().union(*(group for group in self.unordered if request in group))
 
 
 class PriorityQueues(Queues):
