@@ -36,6 +36,7 @@ LATER_ROWS = {
     "max_loras": 0,
     "prefix_resets": False,
     "kv_events": False,
+    "stats": False,
     "overlong_requests": False,
 }
 """Swarm rows added after these tests were written, and the value each is held at here: held without drawing, so

@@ -61,6 +61,7 @@ SCHEDULER_ONLY = (
     "prefix_resets",
     "kv_events",
     "overlong_requests",
+    "stats",
     "untested_engine",
 )
 """The attributes of the options only a scheduler target takes."""
@@ -188,6 +189,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="draw requests whose prompt and max_tokens run past max_model_len (docs/scheduler-features.md)",
     )
+    group.add_argument(
+        "--stats",
+        action="store_true",
+        default=None,
+        help="vLLM's scheduler stats on (log_stats), checked against the pool (docs/scheduler-features.md)",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -221,6 +228,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "prefix_resets",
             "kv_events",
             "overlong_requests",
+            "stats",
         ):
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/sglang.md)"
@@ -261,6 +269,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "prefix_resets": True if args.prefix_resets else None,
         "kv_events": True if args.kv_events else None,
         "overlong_requests": True if args.overlong_requests else None,
+        "stats": True if args.stats else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

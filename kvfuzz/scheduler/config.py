@@ -56,6 +56,7 @@ class SchedulerSetup:
     prefix_resets: bool = False  # the client resets the prefix cache between steps (kvfuzz.scheduler.prefix_reset)
     kv_events: bool = False  # vLLM's KV cache events on, checked against the block pool (kvfuzz.scheduler.kv_events)
     overlong_requests: bool = False  # requests drawn with prompt + max_tokens past max_model_len (model_length.py)
+    stats: bool = False  # vLLM's scheduler stats on (log_stats), checked (kvfuzz.scheduler.stats)
     # SGLang's --schedule-conservativeness: scales the share of each running request's remaining output its
     # PrefillAdder reserves (the new-token ratio); below 1 it overcommits the pool, and decode retracts requests
     schedule_conservativeness: float = 1.0
@@ -147,6 +148,7 @@ class SchedulerSetup:
             + (", prefix-cache resets" if self.prefix_resets else "")
             + (", KV cache events" if self.kv_events else "")
             + (", requests past max_model_len" if self.overlong_requests else "")
+            + (", scheduler stats" if self.stats else "")
             + (
                 f", schedule conservativeness {self.schedule_conservativeness:g}"
                 if self.schedule_conservativeness != 1.0

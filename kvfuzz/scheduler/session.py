@@ -27,6 +27,7 @@ from kvfuzz.scheduler.prefix_reset import PrefixResets
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Step
 from kvfuzz.scheduler.requests import request_namespace
 from kvfuzz.scheduler.snapshot import NO_OBSERVER, RequestAtStep, StepObserver, StepSnapshot
+from kvfuzz.scheduler.stats import stats_checker
 from kvfuzz.scheduler.step_watchdog import bounded_step
 from kvfuzz.scheduler.stuck import stuck_cause
 from kvfuzz.scheduler.trace import journal_configuration
@@ -75,6 +76,7 @@ class Session:
         self.engine = f"vLLM {installed_version('vllm')}"  # what a harness error names as driven
         self.resets = PrefixResets()  # the client's prefix-cache resets, and the K/V namespace's epoch
         self.events = event_checker(setup, self.scheduler)  # the KV cache events, checked against the pool
+        self.stats = stats_checker(setup)  # the scheduler stats, checked against the pool and the requests
         self.oracles = PolicyOracles(setup, vllm_config(setup), self.scheduler, self._known_tokens)  # policy checks
         if journal is not None:
             journal.begin_example(journal_configuration(setup, "V2" if self.worker.runner_v2 else "V1"))
@@ -192,12 +194,16 @@ class Session:
         self.observer.stepped(self, output.num_scheduled_tokens)
         self.preemptions += len(output.preempted_req_ids or ())
         self.held_back += int(limit_held_back(self.scheduler, self.setup.max_loras))
-        self.hit_tokens += sum(new.num_computed_tokens for new in output.scheduled_new_reqs)
         cached = output.scheduled_cached_reqs
         resumed = self.worker.release.resumed(cached)
-        self.hit_tokens += sum(
-            computed for request, computed in zip(cached.req_ids, cached.num_computed_tokens) if request in resumed
-        )
+        admitted = [(new.req_id, new.num_computed_tokens) for new in output.scheduled_new_reqs] + [
+            (request, computed)
+            for request, computed in zip(cached.req_ids, cached.num_computed_tokens)
+            if request in resumed
+        ]
+        for request, computed in admitted:
+            self.hit_tokens += computed
+            self.stats.admitted(request, self._known_tokens(request), computed)
         self.worker.consume(output, self.steps)
         self._check_accounting()
         self.oracles.stepped(step_events(output, resumed, self.worker.computed, self.steps))
@@ -211,8 +217,10 @@ class Session:
     def collect(self, batch: Batch) -> None:
         """``update_from_output()`` with a launched step's output, and the output check; then, as the engine core's
         ``post_step`` (synchronous scheduling only), the worker's drafts for the next step."""
-        self.outputs.receive(self.scheduler.update_from_output(batch.output, batch.result), batch.step)
+        outputs = self.scheduler.update_from_output(batch.output, batch.result)
+        self.outputs.receive(outputs, batch.step)
         self.events.check(self.scheduler, self.known_requests, batch.step)
+        self.stats.check(self.scheduler, outputs, self.outputs.unfinished(), batch.step)
         drafts = self.worker.take_draft_token_ids()
         if drafts is not None and batch.scheduled > 0:
             self.scheduler.update_draft_token_ids(vllm().DraftTokenIds(*drafts))

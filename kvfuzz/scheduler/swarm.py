@@ -119,6 +119,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("prefix_resets", BOOLEAN, _chance(0.25)),
     Dimension("kv_events", BOOLEAN, _chance(0.5)),
     Dimension("overlong_requests", BOOLEAN, _chance(0.25)),
+    Dimension("stats", BOOLEAN, _chance(0.5)),  # vLLM's scheduler stats (log_stats), checked half the time
     Dimension("schedule_conservativeness", (1.0,), fixed),  # SGLang's alone (its table draws it)
     Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
 )

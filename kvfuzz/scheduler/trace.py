@@ -46,7 +46,8 @@ absent: no adapter; else an adapter's id, 1 .. ``max_loras + 1``); ``config.mode
 ``config.prefix_resets`` (false when absent; true: the program may hold ``{"op": "reset_prefix_cache"}``, with
 ``"preempt": true`` when it preempts the running requests), ``config.kv_events`` (false when absent: KV cache events
 off) and ``config.overlong_requests`` (false when absent; true: an add's ``max_tokens`` may run past
-``max_model_len``, up to :func:`~kvfuzz.scheduler.model_length.overlong_limit`) (docs/scheduler-features.md).
+``max_model_len``, up to :func:`~kvfuzz.scheduler.model_length.overlong_limit`) (docs/scheduler-features.md);
+``config.stats`` (false when absent: vLLM's scheduler stats off; true: on, and checked).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -261,6 +262,7 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
         **({"prefix_resets": True} if setup.prefix_resets else {}),
         **({"kv_events": True} if setup.kv_events else {}),
         **({"overlong_requests": True} if setup.overlong_requests else {}),
+        **({"stats": True} if setup.stats else {}),
         **(
             {"schedule_conservativeness": setup.schedule_conservativeness}
             if setup.schedule_conservativeness != 1.0
@@ -467,6 +469,7 @@ def _config(value: Any) -> SchedulerSetup:
         "prefix_resets": False,
         "kv_events": False,
         "overlong_requests": False,
+        "stats": False,
         "schedule_conservativeness": False,
     }
     config = _fields(value, "config", {**required, **optional})
@@ -499,6 +502,7 @@ def _config(value: Any) -> SchedulerSetup:
             prefix_resets=_boolean("config.prefix_resets", config.get("prefix_resets", False)),
             kv_events=_boolean("config.kv_events", config.get("kv_events", False)),
             overlong_requests=_boolean("config.overlong_requests", config.get("overlong_requests", False)),
+            stats=_boolean("config.stats", config.get("stats", False)),
             schedule_conservativeness=_number(
                 "config.schedule_conservativeness",
                 config.get("schedule_conservativeness", 1.0),

@@ -28,6 +28,7 @@ class Check(enum.Enum):
     ORDER = "order"  # the policy's victims and admission order (docs/oracles.md)
     BUDGET = "budget"  # each step within the token budgets, the running cap and max_model_len (docs/oracles.md)
     LIVENESS = "liveness"  # no request left unserved while the step left it room (docs/oracles.md)
+    STATS = "stats"  # the scheduler stats agree with the pool and the requests (kvfuzz.scheduler.stats)
 
 
 class SchedulerViolation(Exception):

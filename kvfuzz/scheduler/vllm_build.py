@@ -300,7 +300,7 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
             structured_output_manager=v.StructuredOutputManager(config),
             block_size=block_size,
             hash_block_size=hash_block_size,
-            log_stats=False,
+            log_stats=setup.stats,
         )
 
 

@@ -31,8 +31,11 @@ def setup_problem(setup: SchedulerSetup) -> Optional[str]:
             f"--scheduler sglang needs --max-num-batched-tokens ({setup.max_num_batched_tokens}) divisible by "
             f"--block-size ({setup.block_size}): SGLang's server arguments refuse a chunked_prefill_size that is not"
         )
-    if setup.prefix_resets or setup.kv_events or setup.overlong_requests:
-        return "--scheduler sglang drives no prefix-cache resets, KV cache events or requests past max_model_len (yet)"
+    if setup.prefix_resets or setup.kv_events or setup.overlong_requests or setup.stats:
+        return (
+            "--scheduler sglang drives no prefix-cache resets, KV cache events, requests past max_model_len or "
+            "scheduler stats (yet)"
+        )
     return None
 
 
