@@ -67,7 +67,7 @@ class EventLedger:
     def __init__(self, setup: SchedulerSetup) -> None:
         from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
-        self.block_size = setup.block_size  # the request hasher's block size
+        self.block_size = setup.hash_block_size  # the request hasher's block size
         self.external = maybe_convert_block_hash  # a pool hash as the events carry it
         self.pending: list[Any] = []  # events published and not yet checked
         self.announced: Counter[Key] = Counter()  # (hash, group) -> blocks the events say hold it
@@ -160,7 +160,7 @@ class EventLedger:
                 self.announced[key] -= 1
             return
         if kind == "BlockStored":
-            if event.block_size == self.block_size:
+            if event.block_size % self.block_size == 0:
                 self._check_chain(event, step)
             for block_hash in event.block_hashes:
                 self.announced[(block_hash, event.group_idx)] += 1
