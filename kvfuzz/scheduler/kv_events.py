@@ -15,9 +15,10 @@ router would: how many blocks of the engine's GPU pool hold each hash, per KV-ca
   every request's tokens (its prompt and the fake model's outputs) and computes the hash of each of its full-block
   prefixes with vLLM's request block hasher (under the request's cache salt and LoRA adapter); an announced hash must
   be the hash of the event's parent's prefix followed by the start of the event's ``token_ids`` (the parent's prefix
-  empty when ``parent_block_hash`` is null), each next hash covering more of them. Checked for events of the
-  request hasher's block size (every group of the full and sliding-window models); a group of another block size
-  (a Mamba hybrid's) is held to the count alone.
+  empty when ``parent_block_hash`` is null), each next hash covering more of them. The request hasher hashes every
+  ``SchedulerSetup.hash_block_size`` tokens (the block size, or a finer ``prefix_match_unit``: partial prefix
+  caching, whose partial entries' events are of that size); checked for events of a multiple of it, a group of
+  another block size being held to the count alone.
 
 Events of another medium (a KV connector's offload store) are not the pool's, and are left out."""
 
