@@ -329,7 +329,7 @@ def _cli(engine: ModuleType, tmp_path: Path, *extra: str) -> dict[str, Any]:
     from kvfuzz.cli import _parser
     from kvfuzz.commands.scheduler_campaign import scheduler_campaign
 
-    argv = ["campaign", "--scheduler", "vllm-v1", "--seed", "4", "--max-examples", "300", "--batch-examples", "10"]
+    argv = ["campaign", "--scheduler", "vllm-v1", "--seed", "2", "--max-examples", "300", "--batch-examples", "10"]
     argv += ["--corpus", str(tmp_path / "corpus"), "--no-known", "--json", *extra]
     emitted: list[Any] = []
     status = scheduler_campaign(_parser().parse_args(argv), emitted.append, ToyTarget(engine).target())

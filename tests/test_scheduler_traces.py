@@ -71,6 +71,47 @@ def test_the_model_is_recorded_only_when_not_full_attention() -> None:
         from_json(hybrid_data)
 
 
+def test_the_prefix_match_unit_is_recorded_only_where_set_and_checked_on_load() -> None:
+    """A trace from before ``config.prefix_match_unit`` existed loads with hashes every block and keeps its digest; a
+    partial-prefix-caching trace round-trips, says so and hashes differently; a unit the setup refuses is refused in
+    one line naming the field."""
+    data = TRACE.to_json()
+    assert "prefix_match_unit" not in data["config"] and from_json(data).setup.hash_block_size == 4
+    partial = attrs.evolve(
+        TRACE, setup=attrs.evolve(TRACE.setup, model="mamba-hybrid", prefix_caching=True, prefix_match_unit=2)
+    )
+    partial_data = partial.to_json()
+    assert partial_data["config"]["prefix_match_unit"] == 2
+    loaded = from_json(partial_data)
+    assert loaded == partial and loaded.digest() != attrs.evolve(partial, setup=TRACE.setup).digest()
+    assert loaded.setup.hash_block_size == 2 and "prefix hashes every 2 token(s)" in loaded.describe()[1]
+    partial_data["config"]["prefix_match_unit"] = 3
+    with pytest.raises(SchedulerTraceError, match=r"^trace: config: prefix_match_unit must divide block_size 4"):
+        from_json(partial_data)
+    partial_data["config"]["prefix_match_unit"] = 5
+    with pytest.raises(SchedulerTraceError, match=r"^trace: config.prefix_match_unit: "):
+        from_json(partial_data)
+
+
+@pytest.mark.parametrize(
+    "changes, line",
+    [
+        ({"prefix_match_unit": 2}, "needs model mamba-hybrid with prefix caching"),
+        ({"prefix_match_unit": 2, "model": "mamba-hybrid", "prefix_caching": False}, "needs model mamba-hybrid"),
+        (
+            {"prefix_match_unit": 4, "model": "mamba-hybrid"},
+            "prefix_match_unit must divide block_size 4 and be smaller",
+        ),
+        ({"prefix_match_unit": -1, "model": "mamba-hybrid"}, "prefix_match_unit must divide block_size 4"),
+    ],
+)
+def test_a_prefix_match_unit_vllm_would_not_serve_partial_hits_with_is_refused(
+    changes: dict[str, Any], line: str
+) -> None:
+    with pytest.raises(ValueError, match=line):
+        SchedulerSetup(**changes)
+
+
 def test_a_trace_round_trips_and_names_its_kind() -> None:
     data = TRACE.to_json()
     assert data["format"] == "kvfuzz-scheduler-trace/1" == scheduler_trace.FORMAT == SCHEDULER_FORMAT

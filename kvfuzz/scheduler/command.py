@@ -62,6 +62,7 @@ SCHEDULER_ONLY = (
     "kv_events",
     "overlong_requests",
     "stats",
+    "prefix_match_unit",
     "untested_engine",
 )
 """The attributes of the options only a scheduler target takes."""
@@ -195,6 +196,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="vLLM's scheduler stats on (log_stats), checked against the pool (docs/scheduler-features.md)",
     )
+    group.add_argument(
+        "--prefix-match-unit",
+        type=int,
+        metavar="N",
+        help="vLLM's prefix_match_unit: prefix-cache hashes every N tokens, below the block size, so hits may end "
+        "inside a block (partial prefix caching; with --model mamba-hybrid; docs/scheduler-features.md)",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -229,6 +237,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "kv_events",
             "overlong_requests",
             "stats",
+            "prefix_match_unit",
         ):
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/sglang.md)"
@@ -270,6 +279,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "kv_events": True if args.kv_events else None,
         "overlong_requests": True if args.overlong_requests else None,
         "stats": True if args.stats else None,
+        "prefix_match_unit": args.prefix_match_unit,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

@@ -1,7 +1,8 @@
 """What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
 scheduling policy, synchronous or async scheduling, LoRA adapters, KV cache events; and which request fields the
 machine draws besides prompt, length and priority (cache salts, stop tokens, EOS, min_tokens, a LoRA adapter, a
-length past max_model_len) and whether the client resets the prefix cache; and SGLang's schedule conservativeness."""
+length past max_model_len) and whether the client resets the prefix cache; the prefix-cache hash granularity
+(partial prefix caching); and SGLang's schedule conservativeness."""
 
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ class SchedulerSetup:
     kv_events: bool = False  # vLLM's KV cache events on, checked against the block pool (kvfuzz.scheduler.kv_events)
     overlong_requests: bool = False  # requests drawn with prompt + max_tokens past max_model_len (model_length.py)
     stats: bool = False  # vLLM's scheduler stats on (log_stats), checked (kvfuzz.scheduler.stats)
+    # vLLM's cache_config.prefix_match_unit: prefix-cache hashes every this many tokens, below the block size, so a
+    # Mamba hybrid's hits may end inside a block (partial prefix caching, kvfuzz.scheduler.partial_prefix); 0: unset
+    prefix_match_unit: int = 0
     # SGLang's --schedule-conservativeness: scales the share of each running request's remaining output its
     # PrefillAdder reserves (the new-token ratio); below 1 it overcommits the pool, and decode retracts requests
     schedule_conservativeness: float = 1.0
@@ -113,8 +117,30 @@ class SchedulerSetup:
                 f"schedule_conservativeness must be in (0, {MAX_SCHEDULE_CONSERVATIVENESS:g}], got "
                 f"{self.schedule_conservativeness:g}"
             )
+        if self.prefix_match_unit:
+            self._check_prefix_match_unit()
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
+
+    def _check_prefix_match_unit(self) -> None:
+        """A ``prefix_match_unit`` that turns vLLM's partial prefix-cache hits on: finer than the block, dividing it, on
+        a Mamba hybrid with prefix caching (vLLM's ``partial_hash_hits_enabled``: a Mamba group in ``align`` mode whose
+        block is larger than the hash block; on an attention-only model vLLM refuses any unit but the block size)."""
+        if self.model != "mamba-hybrid" or not self.prefix_caching:
+            raise ValueError(
+                "prefix_match_unit (partial prefix-cache hits) needs model mamba-hybrid with prefix caching: vLLM "
+                "turns partial hits on only for a Mamba group in align mode (docs/scheduler-features.md)"
+            )
+        if not 0 < self.prefix_match_unit < self.block_size or self.block_size % self.prefix_match_unit:
+            raise ValueError(
+                f"prefix_match_unit must divide block_size {self.block_size} and be smaller, got "
+                f"{self.prefix_match_unit}"
+            )
+
+    @property
+    def hash_block_size(self) -> int:
+        """Tokens per prefix-cache hash (vLLM's ``hash_block_size``): ``prefix_match_unit``, or the block size."""
+        return self.prefix_match_unit or self.block_size
 
     @property
     def max_model_len(self) -> int:
@@ -149,6 +175,7 @@ class SchedulerSetup:
             + (", KV cache events" if self.kv_events else "")
             + (", requests past max_model_len" if self.overlong_requests else "")
             + (", scheduler stats" if self.stats else "")
+            + (f", prefix hashes every {self.prefix_match_unit} token(s)" if self.prefix_match_unit else "")
             + (
                 f", schedule conservativeness {self.schedule_conservativeness:g}"
                 if self.schedule_conservativeness != 1.0

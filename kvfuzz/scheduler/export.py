@@ -33,7 +33,8 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     model = f", model={setup.model!r}" if setup.model != "full" else ""
     speculative = f", speculative_tokens={setup.speculative_tokens}" if setup.speculative_tokens else ""
     loras = f", max_loras={setup.max_loras}" if setup.max_loras else ""
-    options = model + speculative + loras
+    unit = f", prefix_match_unit={setup.prefix_match_unit}" if setup.prefix_match_unit else ""
+    options = model + speculative + loras + unit
     drawn = {
         "async_scheduling": setup.async_scheduling,
         "cache_salts": setup.cache_salts,

@@ -15,9 +15,10 @@ router would: how many blocks of the engine's GPU pool hold each hash, per KV-ca
   every request's tokens (its prompt and the fake model's outputs) and computes the hash of each of its full-block
   prefixes with vLLM's request block hasher (under the request's cache salt and LoRA adapter); an announced hash must
   be the hash of the event's parent's prefix followed by the start of the event's ``token_ids`` (the parent's prefix
-  empty when ``parent_block_hash`` is null), each next hash covering more of them. Checked for events of the
-  request hasher's block size (every group of the full and sliding-window models); a group of another block size
-  (a Mamba hybrid's) is held to the count alone.
+  empty when ``parent_block_hash`` is null), each next hash covering more of them. The request hasher hashes every
+  ``SchedulerSetup.hash_block_size`` tokens (the block size, or a finer ``prefix_match_unit``: partial prefix
+  caching, whose partial entries' events are of that size); checked for events of a multiple of it, a group of
+  another block size being held to the count alone.
 
 Events of another medium (a KV connector's offload store) are not the pool's, and are left out."""
 
@@ -67,7 +68,7 @@ class EventLedger:
     def __init__(self, setup: SchedulerSetup) -> None:
         from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
-        self.block_size = setup.block_size  # the request hasher's block size
+        self.block_size = setup.hash_block_size  # the request hasher's block size
         self.external = maybe_convert_block_hash  # a pool hash as the events carry it
         self.pending: list[Any] = []  # events published and not yet checked
         self.announced: Counter[Key] = Counter()  # (hash, group) -> blocks the events say hold it
@@ -160,7 +161,7 @@ class EventLedger:
                 self.announced[key] -= 1
             return
         if kind == "BlockStored":
-            if event.block_size == self.block_size:
+            if event.block_size % self.block_size == 0:
                 self._check_chain(event, step)
             for block_hash in event.block_hashes:
                 self.announced[(block_hash, event.group_idx)] += 1

@@ -111,6 +111,17 @@ class SlotPool:
             self.shadow[slot] = Write(request, position, tag, step, namespace, draft)
             self.loaded.pop(slot, None)
 
+    def copy_block(self, source: int, destination: int) -> None:
+        """Block ``destination``'s slots take block ``source``'s K/V and shadow (a copy-on-write the step runs)."""
+        size = self.block_size
+        src = slice(source * size, (source + 1) * size)
+        dst = slice(destination * size, (destination + 1) * size)
+        self.keys[dst] = self.keys[src]
+        self.values[dst] = self.values[src]
+        self.shadow[dst] = self.shadow[src]
+        for slot in range(dst.start, dst.stop):
+            self.loaded.pop(slot, None)
+
     def check(
         self,
         request: str,

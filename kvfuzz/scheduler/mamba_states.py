@@ -9,7 +9,9 @@ wrote it. Which table entry a step reads its state from and writes it to is the 
 * ``align`` (:class:`AlignModeStates`, vLLM's Mamba prefix caching): a state per block of ``block_size`` tokens; a
   step from ``c`` to ``e`` computed tokens reads the running state from entry ``(c - 1) // block_size`` (the
   runner's pre-copy source) and leaves the state after ``e`` tokens in entry ``(e - 1) // block_size``; an entry
-  whose state ends on a block boundary is a checkpoint the prefix cache may hand to another request.
+  whose state ends on a block boundary (with partial prefix caching, on any prefix-hash boundary) is a checkpoint
+  the prefix cache may hand to another request (a partial one through a block copy,
+  :mod:`kvfuzz.scheduler.partial_prefix`).
 
 Invariants the worker holds vLLM to, in every Mamba group:
 
@@ -17,8 +19,8 @@ Invariants the worker holds vLLM to, in every Mamba group:
   any group it still needs: align mode's entries before the running state may be stale ids of blocks vLLM has
   released, which another request may legally get);
 * **state**: a request scheduled with ``c > 0`` computed tokens reads the state after exactly its ``c`` tokens: the
-  one it wrote itself at its previous step, or (align mode, ``c`` on a block boundary) a checkpoint of the same
-  prefix that the prefix cache handed over;
+  one it wrote itself at its previous step, or (align mode, ``c`` on a block or prefix-hash boundary) a checkpoint
+  of the same prefix that the prefix cache handed over;
 * **null block**: vLLM's null block 0 is never read nor written as a state (align mode may hand interior entries
   over as null: they are neither)."""
 
@@ -48,10 +50,21 @@ class MambaStates:
     """The state blocks of the Mamba groups ``groups`` (indices in vLLM's ``KVCacheConfig``) and what each holds.
     Subclasses say which entries a step reads and writes."""
 
-    def __init__(self, groups: tuple[int, ...], block_size: int) -> None:
+    def __init__(self, groups: tuple[int, ...], block_size: int, hash_block_size: int = 0) -> None:
         self.groups = groups
         self.block_size = block_size  # tokens of a Mamba block
+        self.hash_block_size = hash_block_size or block_size  # tokens per prefix-cache hash: where a hit may end
         self.states: dict[tuple[int, int], StateWrite] = {}  # (group, block) -> its last state written
+
+    def copy_block(self, source: int, destination: int) -> None:
+        """Block ``destination`` takes block ``source``'s state in every Mamba group (a copy-on-write the step runs;
+        a block without a state leaves none)."""
+        for group in self.groups:
+            state = self.states.get((group, source))
+            if state is None:
+                self.states.pop((group, destination), None)
+            else:
+                self.states[(group, destination)] = state
 
     def source_entry(self, computed: int) -> int:
         """The table entry the state after ``computed`` (> 0) tokens is read from."""
@@ -182,16 +195,17 @@ class AlignModeStates(MambaStates):
         return (end - 1) // self.block_size
 
     def shared_from(self, computed: int) -> bool:
-        return computed % self.block_size == 0
+        return computed % self.hash_block_size == 0
 
     def held_entries(self, table: list[int], computed: int) -> tuple[list[int], list[int]]:
         kept = max(0, self.source_entry(computed)) if computed else 0
         return [b for b in table[kept:] if b != 0], [b for b in table[:kept] if b != 0]
 
 
-def mamba_states(groups: tuple[int, ...], mode: str, block_size: int) -> MambaStates:
-    """The state model of Mamba groups in ``mode`` (``none`` or ``align``)."""
+def mamba_states(groups: tuple[int, ...], mode: str, block_size: int, hash_block_size: int = 0) -> MambaStates:
+    """The state model of Mamba groups in ``mode`` (``none`` or ``align``), prefix-cache hits landing every
+    ``hash_block_size`` tokens (by default the block size)."""
     kinds: dict[str, type[MambaStates]] = {"none": NoneModeStates, "align": AlignModeStates}
     if mode not in kinds:
         raise ValueError(f"Mamba groups in mode {mode!r}, which the worker does not model")
-    return kinds[mode](groups, block_size)
+    return kinds[mode](groups, block_size, hash_block_size)

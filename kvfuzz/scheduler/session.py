@@ -107,7 +107,9 @@ class Session:
         self.worker.asked_loras[request] = lora
         ending = Ending(stops, eos, min_tokens)
         self.scheduler.add_request(
-            new_request(request, prompt, max_tokens, self.setup.block_size, arrival, priority, cache_salt, ending, lora)
+            new_request(
+                request, prompt, max_tokens, self.setup.hash_block_size, arrival, priority, cache_salt, ending, lora
+            )
         )
         self.oracles.added(Arrival(request, arrival, priority, lora, len(prompt)))
         capped = capped_max_tokens(self.setup, len(prompt), max_tokens)  # it stops at max_model_len

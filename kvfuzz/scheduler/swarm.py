@@ -120,6 +120,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("kv_events", BOOLEAN, _chance(0.5)),
     Dimension("overlong_requests", BOOLEAN, _chance(0.25)),
     Dimension("stats", BOOLEAN, _chance(0.5)),  # vLLM's scheduler stats (log_stats), checked half the time
+    # partial prefix caching: prefix hashes every 1 or 2 tokens half the time a Mamba hybrid is drawn (refused, and
+    # redrawn, without prefix caching or with a block no larger than the unit; docs/scheduler-features.md)
+    Dimension("prefix_match_unit", (0, 1, 2), _weighted((2, 1, 1)), needs=("model", "mamba-hybrid")),
     Dimension("schedule_conservativeness", (1.0,), fixed),  # SGLang's alone (its table draws it)
     Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
 )

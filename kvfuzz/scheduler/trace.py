@@ -46,8 +46,9 @@ absent: no adapter; else an adapter's id, 1 .. ``max_loras + 1``); ``config.mode
 ``config.prefix_resets`` (false when absent; true: the program may hold ``{"op": "reset_prefix_cache"}``, with
 ``"preempt": true`` when it preempts the running requests), ``config.kv_events`` (false when absent: KV cache events
 off) and ``config.overlong_requests`` (false when absent; true: an add's ``max_tokens`` may run past
-``max_model_len``, up to :func:`~kvfuzz.scheduler.model_length.overlong_limit`) (docs/scheduler-features.md);
-``config.stats`` (false when absent: vLLM's scheduler stats off; true: on, and checked).
+``max_model_len``, up to :func:`~kvfuzz.scheduler.model_length.overlong_limit`); ``config.stats`` (false when absent:
+vLLM's scheduler stats off; true: on, and checked); ``config.prefix_match_unit`` (0 when absent: hashes every block;
+else the prefix-cache hash granularity, partial prefix caching) (docs/scheduler-features.md).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -263,6 +264,7 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
         **({"kv_events": True} if setup.kv_events else {}),
         **({"overlong_requests": True} if setup.overlong_requests else {}),
         **({"stats": True} if setup.stats else {}),
+        **({"prefix_match_unit": setup.prefix_match_unit} if setup.prefix_match_unit else {}),
         **(
             {"schedule_conservativeness": setup.schedule_conservativeness}
             if setup.schedule_conservativeness != 1.0
@@ -470,6 +472,7 @@ def _config(value: Any) -> SchedulerSetup:
         "kv_events": False,
         "overlong_requests": False,
         "stats": False,
+        "prefix_match_unit": False,
         "schedule_conservativeness": False,
     }
     config = _fields(value, "config", {**required, **optional})
@@ -480,6 +483,7 @@ def _config(value: Any) -> SchedulerSetup:
     connector = _choice("config.kv_connector", config.get("kv_connector", "none"), KV_CONNECTORS)
     delay = _integer("config.transfer_delay", config.get("transfer_delay", 0), 0, MAX_TRANSFER_DELAY)
     max_loras = _integer("config.max_loras", config.get("max_loras", 0), 0, MAX_LORAS)
+    match_unit = _integer("config.prefix_match_unit", config.get("prefix_match_unit", 0), 0, numbers["block_size"])
     try:
         return SchedulerSetup(
             num_blocks=numbers["num_blocks"],
@@ -503,6 +507,7 @@ def _config(value: Any) -> SchedulerSetup:
             kv_events=_boolean("config.kv_events", config.get("kv_events", False)),
             overlong_requests=_boolean("config.overlong_requests", config.get("overlong_requests", False)),
             stats=_boolean("config.stats", config.get("stats", False)),
+            prefix_match_unit=match_unit,
             schedule_conservativeness=_number(
                 "config.schedule_conservativeness",
                 config.get("schedule_conservativeness", 1.0),

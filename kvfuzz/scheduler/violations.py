@@ -29,6 +29,7 @@ class Check(enum.Enum):
     BUDGET = "budget"  # each step within the token budgets, the running cap and max_model_len (docs/oracles.md)
     LIVENESS = "liveness"  # no request left unserved while the step left it room (docs/oracles.md)
     STATS = "stats"  # the scheduler stats agree with the pool and the requests (kvfuzz.scheduler.stats)
+    PREFIX_HIT = "prefix-hit"  # a prefix-cache hit ends on a prefix-hash boundary, before the request's last token
 
 
 class SchedulerViolation(Exception):

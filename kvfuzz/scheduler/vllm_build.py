@@ -145,6 +145,9 @@ def vllm_config(setup: SchedulerSetup) -> Any:
     if isinstance(MODELS[setup.model], MambaHybridModel):
         # vLLM's Mamba prefix caching is its "align" mode (a state per block); without it, one state per request
         cache.mamba_cache_mode = "align" if setup.prefix_caching else "none"
+    if setup.prefix_match_unit:
+        # hashes finer than the block: vLLM's partial prefix-cache hits (partial_prefix.py)
+        cache.prefix_match_unit = setup.prefix_match_unit
     cache.num_gpu_blocks = setup.num_blocks + 1
     scheduler = v.SchedulerConfig(
         max_num_batched_tokens=setup.max_num_batched_tokens,

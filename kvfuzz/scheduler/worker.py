@@ -44,6 +44,7 @@ from kvfuzz.scheduler.groups import group_namespace, group_rules, mamba_groups
 from kvfuzz.scheduler.kv_slots import Claim, SlotPool
 from kvfuzz.scheduler.lora import check_loras, lora_id
 from kvfuzz.scheduler.mamba_states import mamba_states
+from kvfuzz.scheduler.partial_prefix import copy_blocks, hit_check
 from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import kv_cache_config, vllm_config
@@ -97,7 +98,10 @@ class Worker:
         self.block_size = setup.block_size  # slots per block
         self.groups = group_rules(kv_cache_config(setup))  # the attention groups, in vLLM's order
         self.rules = {rule.index: rule for rule in self.groups}  # attention group index -> its rule
-        self.mamba = mamba_states(*mamba_groups(kv_cache_config(setup)))  # the Mamba groups' state blocks
+        # the Mamba groups' state blocks, prefix-cache hits landing every hash block
+        self.mamba = mamba_states(*mamba_groups(kv_cache_config(setup)), setup.hash_block_size)
+        self.copies = 0  # block copies run (copy-on-write of partial prefix-cache hits: partial_prefix.py)
+        self.hits = hit_check(setup)  # hits end on the prefix hashes (partial_prefix.py)
         self.num_groups = len(self.groups) + len(self.mamba.groups)
         # one pool for every group (vLLM's hybrid allocator gives them one block pool); vLLM's null block 0 too
         self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)
@@ -133,6 +137,10 @@ class Worker:
                 self.requests.pop(request, None)
             elif request in self.requests:
                 self.requests[request].preempted = True
+        # the runner copies blocks (partial prefix-cache hits) before it adds the step's requests
+        copies = output.kv_cache_block_copies or ()
+        if copies:
+            self.copies += copy_blocks(copies, self.kv, self.mamba, self.holdings()[0], step)
         self.computed = {}
         for new in output.scheduled_new_reqs:
             prompt = list(new.prompt_token_ids)
@@ -157,6 +165,7 @@ class Worker:
                 sampler=min_tokens_of(new.sampling_params),
                 lora=lora_id(new.lora_request),
             )
+            self.hits.check(new.req_id, new.num_computed_tokens, len(tokens), step)
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
         resumed = self.release.resumed(cached)
@@ -167,6 +176,7 @@ class Worker:
                 state.tables = [list(ids) for ids in blocks]
                 state.preempted = False
                 state.hit = cached.num_computed_tokens[index]
+                self.hits.check(request, state.hit, len(state.tokens), step)
             elif blocks is not None:
                 for table, ids in zip(state.tables, blocks):
                     table.extend(ids)

@@ -36,6 +36,8 @@ def setup_problem(setup: SchedulerSetup) -> Optional[str]:
             "--scheduler sglang drives no prefix-cache resets, KV cache events, requests past max_model_len or "
             "scheduler stats (yet)"
         )
+    if setup.prefix_match_unit:
+        return "--scheduler sglang drives no partial prefix caching (prefix_match_unit; yet)"
     return None
 
 
