@@ -119,6 +119,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("prefix_resets", BOOLEAN, _chance(0.25)),
     Dimension("kv_events", BOOLEAN, _chance(0.5)),
     Dimension("overlong_requests", BOOLEAN, _chance(0.25)),
+    # resumable requests (streaming sessions) a quarter of the time, with synchronous scheduling, no drafts and no
+    # connector only (docs/scheduler-features.md)
+    Dimension("sessions", BOOLEAN, _chance(0.25), needs=("async_scheduling", False)),
     Dimension("schedule_conservativeness", (1.0,), fixed),  # SGLang's alone (its table draws it)
     Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
 )

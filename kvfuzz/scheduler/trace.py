@@ -45,8 +45,10 @@ absent: no adapter; else an adapter's id, 1 .. ``max_loras + 1``); ``config.mode
 ``config.schedule_conservativeness`` (1 when absent; SGLang's, which vLLM refuses other than 1);
 ``config.prefix_resets`` (false when absent; true: the program may hold ``{"op": "reset_prefix_cache"}``, with
 ``"preempt": true`` when it preempts the running requests), ``config.kv_events`` (false when absent: KV cache events
-off) and ``config.overlong_requests`` (false when absent; true: an add's ``max_tokens`` may run past
-``max_model_len``, up to :func:`~kvfuzz.scheduler.model_length.overlong_limit`) (docs/scheduler-features.md).
+off), ``config.overlong_requests`` (false when absent; true: an add's ``max_tokens`` may run past
+``max_model_len``, up to :func:`~kvfuzz.scheduler.model_length.overlong_limit`) and ``config.sessions`` (false when
+absent; true: an add may be ``"resumable": true``, and the program may hold ``{"op": "resume", "request": "r0",
+"prompt": [...], "max_tokens": n}``) (docs/scheduler-features.md).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -75,7 +77,7 @@ from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.lora import lora_adapters
 from kvfuzz.scheduler.model_length import overlong_limit
 from kvfuzz.scheduler.models import MODELS
-from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Step
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 FORMAT = "kvfuzz-scheduler-trace/1"
@@ -261,6 +263,7 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
         **({"prefix_resets": True} if setup.prefix_resets else {}),
         **({"kv_events": True} if setup.kv_events else {}),
         **({"overlong_requests": True} if setup.overlong_requests else {}),
+        **({"sessions": True} if setup.sessions else {}),
         **(
             {"schedule_conservativeness": setup.schedule_conservativeness}
             if setup.schedule_conservativeness != 1.0
@@ -467,6 +470,7 @@ def _config(value: Any) -> SchedulerSetup:
         "prefix_resets": False,
         "kv_events": False,
         "overlong_requests": False,
+        "sessions": False,
         "schedule_conservativeness": False,
     }
     config = _fields(value, "config", {**required, **optional})
@@ -499,6 +503,7 @@ def _config(value: Any) -> SchedulerSetup:
             prefix_resets=_boolean("config.prefix_resets", config.get("prefix_resets", False)),
             kv_events=_boolean("config.kv_events", config.get("kv_events", False)),
             overlong_requests=_boolean("config.overlong_requests", config.get("overlong_requests", False)),
+            sessions=_boolean("config.sessions", config.get("sessions", False)),
             schedule_conservativeness=_number(
                 "config.schedule_conservativeness",
                 config.get("schedule_conservativeness", 1.0),
@@ -527,7 +532,8 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
     added = 0
     for index, item in enumerate(value):
         where = f"program[{index}]"
-        ops = ("add", "abort", "step", "reset_prefix_cache") if setup.prefix_resets else ("add", "abort", "step")
+        ops = ("add", "abort", "step") + (("reset_prefix_cache",) if setup.prefix_resets else ())
+        ops += ("resume",) if setup.sessions else ()
         if not isinstance(item, dict) or item.get("op") not in ops:
             raise _Invalid(where, f"must be an object whose op is {', '.join(ops[:-1])} or {ops[-1]}")
         if item["op"] == "step":
@@ -541,8 +547,21 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
         elif item["op"] == "reset_prefix_cache":
             preempt = _fields(item, where, {"op": True, "preempt": False}).get("preempt", False)
             program.append(ResetPrefixCache(_boolean(f"{where}.preempt", preempt)))
+        elif item["op"] == "resume":
+            item = _fields(item, where, {"op": True, "request": True, "prompt": True, "max_tokens": True})
+            request = _text(f"{where}.request", item["request"])
+            if not re.fullmatch(r"r\d{1,6}", str(request)) or int(str(request)[1:]) >= added:
+                raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
+            prompt = item["prompt"]
+            if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
+                raise _Invalid(f"{where}.prompt", f"must be a list of 1..{setup.max_model_len - 1} tokens")
+            tokens = [_integer(f"{where}.prompt", token, 0, VOCABULARY - 1) for token in prompt]
+            max_tokens = _integer(f"{where}.max_tokens", item["max_tokens"], 1, setup.max_model_len - len(tokens))
+            program.append(Resume(str(request), tokens, max_tokens))
         else:
-            extras = dict.fromkeys(("priority", "cache_salt", "stop_token_ids", "eos", "min_tokens", "lora"), False)
+            extras = dict.fromkeys(
+                ("priority", "cache_salt", "stop_token_ids", "eos", "min_tokens", "lora", "resumable"), False
+            )
             item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, **extras})
             prompt = item["prompt"]
             if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
@@ -556,7 +575,10 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
             min_tokens = _integer(f"{where}.min_tokens", item.get("min_tokens", 0), 0, max_tokens)
             stops = _stop_token_ids(where, item)
             lora = _integer(f"{where}.lora", item.get("lora", 0), 0, lora_adapters(setup.max_loras))
-            program.append(AddRequest(tokens, max_tokens, priority, salt, stops, eos, min_tokens, lora))
+            resumable = _boolean(f"{where}.resumable", item.get("resumable", False))
+            if resumable and not setup.sessions:
+                raise _Invalid(f"{where}.resumable", "is true, but the trace's config does not have sessions")
+            program.append(AddRequest(tokens, max_tokens, priority, salt, stops, eos, min_tokens, lora, resumable))
             added += 1
     return program
 

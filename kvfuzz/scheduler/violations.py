@@ -28,6 +28,7 @@ class Check(enum.Enum):
     ORDER = "order"  # the policy's victims and admission order (docs/oracles.md)
     BUDGET = "budget"  # each step within the token budgets, the running cap and max_model_len (docs/oracles.md)
     LIVENESS = "liveness"  # no request left unserved while the step left it room (docs/oracles.md)
+    SESSIONS = "sessions"  # a streaming session keeps its tokens and their hashes, and is not scheduled while paused
 
 
 class SchedulerViolation(Exception):

@@ -33,6 +33,8 @@ def setup_problem(setup: SchedulerSetup) -> Optional[str]:
         )
     if setup.prefix_resets or setup.kv_events or setup.overlong_requests:
         return "--scheduler sglang drives no prefix-cache resets, KV cache events or requests past max_model_len (yet)"
+    if setup.sessions:
+        return "--scheduler sglang drives no resumable requests (sessions) (yet)"
     return None
 
 
