@@ -26,7 +26,7 @@ from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.prefix_reset import PrefixResets
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
 from kvfuzz.scheduler.requests import request_namespace
-from kvfuzz.scheduler.sessions import SessionBook, Started
+from kvfuzz.scheduler.sessions import SessionBook, Started, turn_ending
 from kvfuzz.scheduler.snapshot import NO_OBSERVER, RequestAtStep, StepObserver, StepSnapshot
 from kvfuzz.scheduler.step_watchdog import bounded_step
 from kvfuzz.scheduler.stuck import stuck_cause
@@ -139,7 +139,7 @@ class Session:
                 len(self.lengths),
                 session.priority,
                 session.cache_salt,
-                session.ending,
+                turn_ending(session.ending, turn.max_tokens),
                 session.lora,
                 resumable=True,
             )

@@ -50,6 +50,12 @@ def resume_arguments(setup: SchedulerSetup) -> dict[str, Any]:
     }
 
 
+def turn_ending(ending: Ending, max_tokens: int) -> Ending:
+    """What ends a turn of ``max_tokens`` outputs: the session's stop conditions, ``min_tokens`` at most
+    ``max_tokens`` (vLLM refuses more)."""
+    return attrs.evolve(ending, min_tokens=min(ending.min_tokens, max_tokens))
+
+
 @attrs.frozen
 class Turn:
     """One update as the client sent it: its new input and the outputs it asks for (within the model length)."""
@@ -130,9 +136,8 @@ class SessionBook:
         kept = len(session.tokens) + expected.length - 1
         for turn in session.queued:
             prompt = kept + len(turn.prompt)
-            kept = (
-                prompt + session.ending.length(request, prompt, min(turn.max_tokens, self.max_model_len - prompt)) - 1
-            )
+            capped = min(turn.max_tokens, self.max_model_len - prompt)
+            kept = prompt + turn_ending(session.ending, capped).length(request, prompt, capped) - 1
         return kept
 
     def sent(self, request: str, turn: Turn, ledger: OutputLedger) -> Optional[Started]:
@@ -152,7 +157,7 @@ class SessionBook:
         session.tokens = session.tokens + received[:-1] + list(turn.prompt)
         self.prompts[request] = list(session.tokens)
         capped = min(turn.max_tokens, self.max_model_len - len(session.tokens))
-        ledger.added(request, len(session.tokens), capped, session.ending)
+        ledger.added(request, len(session.tokens), capped, turn_ending(session.ending, capped))
         return Started(request, tuple(session.tokens), capped)
 
     def after_outputs(self, ledger: OutputLedger) -> list[Started]:
