@@ -63,6 +63,7 @@ SCHEDULER_ONLY = (
     "overlong_requests",
     "stats",
     "prefix_match_unit",
+    "sessions",
     "untested_engine",
 )
 """The attributes of the options only a scheduler target takes."""
@@ -203,6 +204,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vLLM's prefix_match_unit: prefix-cache hashes every N tokens, below the block size, so hits may end "
         "inside a block (partial prefix caching; with --model mamba-hybrid; docs/scheduler-features.md)",
     )
+    group.add_argument(
+        "--sessions",
+        action="store_true",
+        default=None,
+        help="draw resumable requests (streaming sessions) and the client's new input to them "
+        "(docs/scheduler-features.md)",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -238,6 +246,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "overlong_requests",
             "stats",
             "prefix_match_unit",
+            "sessions",
         ):
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/sglang.md)"
@@ -280,6 +289,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "overlong_requests": True if args.overlong_requests else None,
         "stats": True if args.stats else None,
         "prefix_match_unit": args.prefix_match_unit,
+        "sessions": True if args.sessions else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

@@ -1,8 +1,8 @@
 """What one scheduler target is built with: the pool, the token budget, the running-request cap, prefix caching, the
 scheduling policy, synchronous or async scheduling, LoRA adapters, KV cache events; and which request fields the
 machine draws besides prompt, length and priority (cache salts, stop tokens, EOS, min_tokens, a LoRA adapter, a
-length past max_model_len) and whether the client resets the prefix cache; the prefix-cache hash granularity
-(partial prefix caching); and SGLang's schedule conservativeness."""
+length past max_model_len, resumable) and whether the client resets the prefix cache; the prefix-cache hash
+granularity (partial prefix caching); and SGLang's schedule conservativeness."""
 
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ class SchedulerSetup:
     # vLLM's cache_config.prefix_match_unit: prefix-cache hashes every this many tokens, below the block size, so a
     # Mamba hybrid's hits may end inside a block (partial prefix caching, kvfuzz.scheduler.partial_prefix); 0: unset
     prefix_match_unit: int = 0
+    sessions: bool = False  # requests drawn resumable (streaming sessions) and resumed (kvfuzz.scheduler.sessions)
     # SGLang's --schedule-conservativeness: scales the share of each running request's remaining output its
     # PrefillAdder reserves (the new-token ratio); below 1 it overcommits the pool, and decode retracts requests
     schedule_conservativeness: float = 1.0
@@ -109,6 +110,13 @@ class SchedulerSetup:
                 "prefix-cache resets are not driven with a KV connector (yet): the connector's own store keeps what "
                 "the reset drops unless it is reset too, which kvfuzz's connector worker does not model "
                 "(docs/scheduler-features.md)"
+            )
+        if self.sessions and (self.async_scheduling or self.speculative_tokens or self.kv_connector != "none"):
+            raise ValueError(
+                "resumable requests (sessions) are driven only with synchronous scheduling, no speculative decoding "
+                "and no KV connector (yet): kvfuzz's client learns where a session paused from the outputs of the "
+                "step it collected, which in-flight batches, drafts trimmed at a stop and deferred loads run ahead "
+                "of (docs/scheduler-features.md)"
             )
         if not 0 <= self.max_loras <= MAX_LORAS:
             raise ValueError(f"max_loras must be 0 (no LoRA) .. {MAX_LORAS}, got {self.max_loras}")
@@ -176,6 +184,7 @@ class SchedulerSetup:
             + (", requests past max_model_len" if self.overlong_requests else "")
             + (", scheduler stats" if self.stats else "")
             + (f", prefix hashes every {self.prefix_match_unit} token(s)" if self.prefix_match_unit else "")
+            + (", resumable requests (sessions)" if self.sessions else "")
             + (
                 f", schedule conservativeness {self.schedule_conservativeness:g}"
                 if self.schedule_conservativeness != 1.0

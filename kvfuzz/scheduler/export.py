@@ -45,6 +45,7 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
         "kv_events": setup.kv_events,
         "overlong_requests": setup.overlong_requests,
         "stats": setup.stats,
+        "sessions": setup.sessions,
     }
     export_async = "".join(f", {name}=True" for name, on in drawn.items() if on)
     return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.

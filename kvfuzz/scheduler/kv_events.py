@@ -73,7 +73,8 @@ class EventLedger:
         self.pending: list[Any] = []  # events published and not yet checked
         self.announced: Counter[Key] = Counter()  # (hash, group) -> blocks the events say hold it
         self.prefixes: dict[Any, tuple[tuple[str, ...], tuple[int, ...]]] = {}  # hash -> (namespace, its tokens)
-        self.hashed: dict[str, int] = {}  # request -> its tokens whose prefixes are in ``prefixes``
+        # request -> its full blocks' tokens whose prefixes are in ``prefixes`` (a session's change as it resumes)
+        self.hashed: dict[str, tuple[int, ...]] = {}
         self.medium: Optional[str] = None  # the pool's medium (read from the pool when first checked)
         self.events = 0  # events checked so far
 
@@ -128,10 +129,10 @@ class EventLedger:
         from kvfuzz.scheduler.vllm_build import new_request
 
         for known in requests:
-            blocks = len(known.tokens) // self.block_size
-            if blocks * self.block_size <= self.hashed.get(known.request, 0):
+            full = known.tokens[: len(known.tokens) // self.block_size * self.block_size]
+            if self.hashed.get(known.request, ())[: len(full)] == full:
                 continue
-            self.hashed[known.request] = blocks * self.block_size
+            self.hashed[known.request] = full
             mirror = new_request(
                 known.request, list(known.tokens), 1, self.block_size, 0, 0, known.cache_salt, Ending(), known.lora
             )

@@ -20,6 +20,7 @@ from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.priority import priority_arguments
 from kvfuzz.scheduler.requests import request_arguments
 from kvfuzz.scheduler.session import Session, WorkerFactory
+from kvfuzz.scheduler.sessions import resume_arguments, session_arguments
 from kvfuzz.scheduler.worker import Worker
 
 T = TypeVar("T")
@@ -108,6 +109,7 @@ def machine_for_setup(
             **priority_arguments(setup),
             **request_arguments(setup),
             **overlong_arguments(setup),
+            **session_arguments(setup),
         )
         def add_request(
             self,
@@ -121,13 +123,16 @@ def machine_for_setup(
             min_tokens: int = 0,
             lora: int = 0,
             past: int = 0,
+            resumable: bool = False,
         ) -> str:
             prompt = (list(SHARED[:prefix]) + suffix)[: longest - 1] or [0]
             # within the room the prompt leaves, or (overlong requests) ``past`` tokens beyond it
             length = longest - len(prompt) + past if past else min(max_tokens, longest - len(prompt))
             least = min(min_tokens, length)
             return self._guarded(
-                lambda: self.session.add(prompt, length, priority, cache_salt, stop_token_ids, eos, least, lora)
+                lambda: self.session.add(
+                    prompt, length, priority, cache_salt, stop_token_ids, eos, least, lora, resumable
+                )
             )
 
         @rule(request=requests)
@@ -144,6 +149,12 @@ def machine_for_setup(
             @rule(preempt=st.booleans() if not setup.async_scheduling else st.just(False))
             def reset_prefix_cache(self, preempt: bool) -> None:
                 self._guarded(lambda: self.session.reset_prefix_cache(preempt))
+
+        if setup.sessions:  # drawn only where the setup asks, as resets are
+
+            @rule(request=requests, **resume_arguments(setup))
+            def resume(self, request: str, prompt: list[int], max_tokens: int) -> None:
+                self._guarded(lambda: self.session.resume(request, prompt, max_tokens))
 
         def teardown(self) -> None:
             try:

@@ -4,7 +4,8 @@ deleted, duplicated or moved, two programs are spliced, or an operation's argume
 Invariant: every program :func:`mutate` returns is valid for its configuration as a trace holds it
 (:func:`kvfuzz.scheduler.trace.from_json` accepts it): aborts name requests added before them, prompts and
 ``max_tokens`` stay within the model's length, arguments within the configuration's rows (a priority only under the
-priority policy, an adapter only with LoRA, a reset only where the configuration draws resets)."""
+priority policy, an adapter only with LoRA, a reset only where the configuration draws resets, a resumable request
+and a resume only where it draws sessions, a resume naming a request added before it)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.lora import lora_adapters
 from kvfuzz.scheduler.machine import SHARED, prefix_lengths
 from kvfuzz.scheduler.model_length import overlong_limit
-from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Step
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
 from kvfuzz.scheduler.trace import LIMITS
 
 Program = tuple[Operation, ...]
@@ -82,7 +83,7 @@ def _splice(program: list[Operation], setup: SchedulerSetup, rng: random.Random,
 
 def _change(program: list[Operation], setup: SchedulerSetup, rng: random.Random, other: Program) -> list[Operation]:
     """One operation's arguments changed: a request's prompt (cut, grown, or a shared prefix's start), its
-    ``max_tokens``, priority or adapter; a reset's ``preempt``; an abort's request."""
+    ``max_tokens``, priority or adapter; a reset's ``preempt``; an abort's request; a resume's request and input."""
     if not program:
         return program
     index = rng.randrange(len(program))
@@ -94,6 +95,8 @@ def _change(program: list[Operation], setup: SchedulerSetup, rng: random.Random,
     elif isinstance(operation, Abort):
         added = sum(isinstance(earlier, AddRequest) for earlier in program[:index])
         changed = Abort(f"r{rng.randrange(added)}") if added else operation
+    elif isinstance(operation, Resume):
+        changed = _fresh_resume(setup, rng, sum(isinstance(earlier, AddRequest) for earlier in program[:index]))
     else:
         changed = fresh(setup, rng, program[:index])
     return program[:index] + [changed] + program[index + 1 :]
@@ -119,7 +122,7 @@ def _change_add(add: AddRequest, setup: SchedulerSetup, rng: random.Random) -> A
 
 def fresh(setup: SchedulerSetup, rng: random.Random, before: Sequence[Operation]) -> Operation:
     """A new operation: a step, a request (a shared prefix's start and a random suffix), an abort of a request
-    added in ``before``, or (where the configuration draws them) a prefix-cache reset."""
+    added in ``before``, or (where the configuration draws them) a prefix-cache reset or new input to a session."""
     added = sum(isinstance(operation, AddRequest) for operation in before)
     choice = rng.randrange(8)
     if choice < 3:
@@ -128,9 +131,20 @@ def fresh(setup: SchedulerSetup, rng: random.Random, before: Sequence[Operation]
         return Abort(f"r{rng.randrange(added)}")
     if choice == 4 and setup.prefix_resets:
         return ResetPrefixCache(rng.random() < 0.5 and not setup.async_scheduling)
+    if choice == 5 and setup.sessions and added:
+        return _fresh_resume(setup, rng, added)
     prefix = list(SHARED[: rng.choice(prefix_lengths(setup))])
     suffix = [rng.randrange(VOCABULARY) for _ in range(rng.randint(0, 2 * setup.block_size))]
-    return AddRequest(prefix + suffix or [0], rng.randint(1, max(2 * setup.block_size, setup.max_model_len // 4)))
+    length = rng.randint(1, max(2 * setup.block_size, setup.max_model_len // 4))
+    return AddRequest(prefix + suffix or [0], length, resumable=setup.sessions and rng.random() < 0.5)
+
+
+def _fresh_resume(setup: SchedulerSetup, rng: random.Random, added: int) -> Operation:
+    """New input (one token to two blocks) to one of the ``added`` requests (a step where none was added)."""
+    if not added:
+        return Step()
+    prompt = [rng.randrange(VOCABULARY) for _ in range(rng.randint(1, 2 * setup.block_size))]
+    return Resume(f"r{rng.randrange(added)}", prompt, rng.randint(1, 2 * setup.block_size))
 
 
 def repair(program: Sequence[Operation], setup: SchedulerSetup) -> Program:
@@ -147,6 +161,11 @@ def repair(program: Sequence[Operation], setup: SchedulerSetup) -> Program:
         elif isinstance(operation, ResetPrefixCache):
             if setup.prefix_resets:
                 repaired.append(ResetPrefixCache(operation.preempt and not setup.async_scheduling))
+        elif isinstance(operation, Resume):
+            if setup.sessions and operation.request[1:].isdigit() and int(operation.request[1:]) < added:
+                prompt = [token % VOCABULARY for token in operation.prompt][: setup.max_model_len - 1] or [0]
+                max_tokens = max(1, min(operation.max_tokens, setup.max_model_len - len(prompt)))
+                repaired.append(Resume(operation.request, prompt, max_tokens))
         elif isinstance(operation, AddRequest):
             prompt = [token % VOCABULARY for token in operation.prompt][: setup.max_model_len - 1] or [0]
             room = (overlong_limit(setup) if setup.overlong_requests else setup.max_model_len) - len(prompt)
@@ -162,6 +181,7 @@ def repair(program: Sequence[Operation], setup: SchedulerSetup) -> Program:
                     cache_salt=operation.cache_salt if setup.cache_salts else None,
                     stop_token_ids=operation.stop_token_ids if setup.stop_tokens else (),
                     eos=operation.eos and setup.eos,
+                    resumable=operation.resumable and setup.sessions,
                 )
             )
             added += 1

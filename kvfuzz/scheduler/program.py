@@ -1,7 +1,7 @@
-"""A scheduler target's program: the client's operations an example performed, in order (add a request, abort one,
-run a step, reset the prefix cache), as plain values, so that a failure can be saved, replayed and exported without
-Hypothesis. The drain after them is not part of it: a replay drains as the machine's teardown does, unless an
-operation failed."""
+"""A scheduler target's program: the client's operations an example performed, in order (add a request, abort one, run a
+step, reset the prefix cache, resume a streaming session), as plain values, so that a failure can be saved, replayed
+and exported without Hypothesis. The drain after them is not part of it: a replay drains as the machine's teardown
+does, unless an operation failed."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class Client(Protocol):
         eos: bool = False,
         min_tokens: int = 0,
         lora: int = 0,
+        resumable: bool = False,
     ) -> str: ...
 
     def abort(self, request: str) -> None: ...
@@ -31,6 +32,8 @@ class Client(Protocol):
     def step(self) -> int: ...
 
     def reset_prefix_cache(self, preempt: bool = False) -> bool: ...
+
+    def resume(self, request: str, prompt: list[int], max_tokens: int) -> bool: ...
 
 
 def _token_ids(tokens: Iterable[int]) -> tuple[int, ...]:
@@ -43,8 +46,9 @@ class AddRequest:
     ``priority`` (the priority policy runs smaller first), under ``cache_salt`` (the prefix cache shares blocks only
     between requests of the same salt), ending early at the first sampled token among ``stop_token_ids``, or at the
     model's end-of-sequence token unless it ignores EOS (``eos`` false: vLLM's ``ignore_eos``), but never before
-    ``min_tokens`` outputs, under LoRA adapter ``lora`` (an id from 1; 0: none). Each is left out of the JSON and the
-    source at its default (0, no salt, no stop tokens, EOS ignored, no min_tokens, no adapter), so that a program
+    ``min_tokens`` outputs, under LoRA adapter ``lora`` (an id from 1; 0: none), ``resumable`` (a streaming session:
+    it pauses where it stops, and :class:`Resume` continues it). Each is left out of the JSON and the source at its
+    default (0, no salt, no stop tokens, EOS ignored, no min_tokens, no adapter, not resumable), so that a program
     without them reads, saves and digests as it did before they existed."""
 
     prompt: tuple[int, ...] = attrs.field(converter=_token_ids)
@@ -55,6 +59,7 @@ class AddRequest:
     eos: bool = False
     min_tokens: int = 0
     lora: int = 0
+    resumable: bool = False
 
     def apply(self, session: Client) -> None:
         session.add(
@@ -66,6 +71,7 @@ class AddRequest:
             self.eos,
             self.min_tokens,
             self.lora,
+            self.resumable,
         )
 
     def _extras(self) -> dict[str, Any]:
@@ -83,6 +89,8 @@ class AddRequest:
             extras["min_tokens"] = self.min_tokens
         if self.lora:
             extras["lora"] = self.lora
+        if self.resumable:
+            extras["resumable"] = True
         return extras
 
     def to_json(self) -> dict[str, Any]:
@@ -155,5 +163,29 @@ class ResetPrefixCache:
         return f"{client}.{self}"
 
 
-Operation = Union[AddRequest, Abort, Step, ResetPrefixCache]
+@attrs.frozen
+class Resume:
+    """The client continues streaming session ``request`` (one added ``resumable``) with ``prompt``, new input after
+    the tokens it kept, asking for ``max_tokens`` more outputs (vLLM: a request of the same id, resumable, added
+    again). A session paused at its stop continues at once; a running one queues it for its next stop
+    (:mod:`kvfuzz.scheduler.sessions`)."""
+
+    request: str
+    prompt: tuple[int, ...] = attrs.field(converter=_token_ids)
+    max_tokens: int
+
+    def apply(self, session: Client) -> None:
+        session.resume(self.request, list(self.prompt), self.max_tokens)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "resume", "request": self.request, "prompt": list(self.prompt), "max_tokens": self.max_tokens}
+
+    def __str__(self) -> str:
+        return f"resume({self.request!r}, prompt={list(self.prompt)}, max_tokens={self.max_tokens})"
+
+    def source(self, client: str) -> str:
+        return f"{client}.resume({self.request!r}, {list(self.prompt)}, {self.max_tokens})"
+
+
+Operation = Union[AddRequest, Abort, Step, ResetPrefixCache, Resume]
 """One operation of a scheduler program."""

@@ -57,6 +57,8 @@ def _refusal(trace: SchedulerTrace) -> str | None:
         return "prefix-cache resets, KV cache events and requests past max_model_len are not played by the reproducer"
     if setup.stats:
         return "the scheduler stats check is not played by the reproducer"
+    if setup.sessions:
+        return "resumable requests (sessions) are not played by the reproducer"
     return None
 
 

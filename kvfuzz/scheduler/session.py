@@ -24,8 +24,9 @@ from kvfuzz.scheduler.offloading import TransferTally, connector_for
 from kvfuzz.scheduler.oracles import Arrival, PolicyOracles, step_events
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.prefix_reset import PrefixResets
-from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Step
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
 from kvfuzz.scheduler.requests import request_namespace
+from kvfuzz.scheduler.sessions import SessionBook, Started, turn_ending
 from kvfuzz.scheduler.snapshot import NO_OBSERVER, RequestAtStep, StepObserver, StepSnapshot
 from kvfuzz.scheduler.stats import stats_checker
 from kvfuzz.scheduler.step_watchdog import bounded_step
@@ -78,6 +79,7 @@ class Session:
         self.events = event_checker(setup, self.scheduler)  # the KV cache events, checked against the pool
         self.stats = stats_checker(setup)  # the scheduler stats, checked against the pool and the requests
         self.oracles = PolicyOracles(setup, vllm_config(setup), self.scheduler, self._known_tokens)  # policy checks
+        self.sessions = SessionBook(setup.max_model_len, setup.hash_block_size)  # the client's streaming sessions
         if journal is not None:
             journal.begin_example(journal_configuration(setup, "V2" if self.worker.runner_v2 else "V1"))
 
@@ -91,6 +93,7 @@ class Session:
         eos: bool = False,
         min_tokens: int = 0,
         lora: int = 0,
+        resumable: bool = False,
     ) -> str:
         """Add a request (ids ``r0``, ``r1``, ... in arrival order) of ``priority`` (smaller runs first under the
         priority policy; FCFS ignores it), under ``cache_salt``, stopping at the first sampled token among
@@ -98,24 +101,68 @@ class Session:
         outputs (kvfuzz's sampler masks its stop tokens until then), under LoRA adapter ``lora`` (0: none); returns
         its id. The worker is told the request's namespace (vLLM's model runner is not told the salt; kvfuzz's K/V
         depends on it and on the adapter so that the content check sees a hit across salts or adapters) and the
-        adapter its client asked for (the LoRA check compares it with the one the scheduler's output brings)."""
+        adapter its client asked for (the LoRA check compares it with the one the scheduler's output brings).
+        ``resumable``: a streaming session, continued by :meth:`resume` (:mod:`kvfuzz.scheduler.sessions`)."""
         arrival = len(self.lengths)
         request = f"r{arrival}"
         stops = tuple(stop_token_ids)
-        self._perform(AddRequest(prompt, max_tokens, priority, cache_salt, stops, eos, min_tokens, lora))
+        self._perform(AddRequest(prompt, max_tokens, priority, cache_salt, stops, eos, min_tokens, lora, resumable))
         self.worker.namespaces[request] = self.resets.namespace(request, request_namespace(cache_salt, lora))
         self.worker.asked_loras[request] = lora
         ending = Ending(stops, eos, min_tokens)
+        size = self.setup.hash_block_size  # the prefix-cache hash's tokens
         self.scheduler.add_request(
-            new_request(
-                request, prompt, max_tokens, self.setup.hash_block_size, arrival, priority, cache_salt, ending, lora
-            )
+            new_request(request, prompt, max_tokens, size, arrival, priority, cache_salt, ending, lora, resumable)
         )
         self.oracles.added(Arrival(request, arrival, priority, lora, len(prompt)))
         capped = capped_max_tokens(self.setup, len(prompt), max_tokens)  # it stops at max_model_len
         self.outputs.added(request, len(prompt), capped, ending)
         self.lengths[request] = len(prompt) + capped
+        if resumable:
+            self.sessions.opened(request, prompt, ending, cache_salt, lora, priority)
         return request
+
+    def resume(self, request: str, prompt: list[int], max_tokens: int) -> bool:
+        """Continue streaming session ``request`` with new input ``prompt``, asking for ``max_tokens`` more outputs,
+        as a client does (a request of the same id, resumable, added again); the input cut and ``max_tokens`` capped
+        to stay within the model length. A request that is no open session, or has no room left, is left alone and
+        the call left out of the program. Returns whether it was sent."""
+        turn = self.sessions.plan(request, prompt, max_tokens, self.outputs)
+        if turn is None:
+            return False
+        self._perform(Resume(request, turn.prompt, turn.max_tokens))
+        session = self.sessions.open[request]
+        self.scheduler.add_request(
+            new_request(
+                request,
+                list(turn.prompt),
+                turn.max_tokens,
+                self.setup.hash_block_size,
+                len(self.lengths),
+                session.priority,
+                session.cache_salt,
+                turn_ending(session.ending, turn.max_tokens),
+                session.lora,
+                resumable=True,
+            )
+        )
+        started = self.sessions.sent(request, turn, self.outputs)
+        self.lengths[request] = self.sessions.planned_length(request, self.outputs) + turn.max_tokens
+        if started is not None:
+            self._started([started])
+            self.sessions.check_held(self.scheduler, self.outputs, self.steps, _block_hashes(self.setup))
+        return True
+
+    def _started(self, turns: list[Started]) -> None:
+        """Tell the worker the tokens each session that began a turn is to be scheduled anew with."""
+        for turn in turns:
+            self.worker.session_inputs.setdefault(turn.request, []).append(list(turn.tokens))
+
+    def _close_sessions(self) -> None:
+        """Arrivals stopped: close every open session, as its client does (a request of its id, not resumable)."""
+        for request in self.sessions.close_all():
+            session_end = new_request(request, [0], 1, self.setup.hash_block_size, len(self.lengths))
+            self.scheduler.add_request(session_end)
 
     def _perform(self, operation: Operation) -> None:
         """Record ``operation``, about to run, in the program and the journal."""
@@ -133,21 +180,30 @@ class Session:
         self._perform(Abort(request))
         self.scheduler.finish_requests(request, vllm().RequestStatus.FINISHED_ABORTED)
         self.outputs.aborted(request)
+        self.stats.finished(request)
+        self.sessions.aborted(request)
 
     def reset_prefix_cache(self, preempt: bool = False) -> bool:
         """Reset the prefix cache, as a client does after it updates the weights (``preempt``: the running requests
         preempted first), and check what the reset promises (:mod:`kvfuzz.scheduler.prefix_reset`); returns whether
         it reset."""
         self._perform(ResetPrefixCache(preempt))
+        if preempt:
+            self.stats.reset_preempted()
         return self.resets.reset(self.scheduler, self.worker, preempt, self.steps)
 
     def known_requests(self) -> list[KnownRequest]:
         """Every request added so far, with its tokens as kvfuzz knows them (the prompt, then its outputs so far)."""
         adds = (operation for operation in self.program if isinstance(operation, AddRequest))
         return [
-            KnownRequest(request, add.prompt + tuple(self.outputs.requests[request].received), add.cache_salt, add.lora)
+            KnownRequest(request, tuple(self._tokens_of(request, add)), add.cache_salt, add.lora)
             for request, add in zip(self.lengths, adds)
         ]
+
+    def _tokens_of(self, request: str, add: AddRequest) -> list[int]:
+        """``request``'s tokens as the client knows them: a session's current ones, or its prompt and outputs."""
+        tokens = self.sessions.tokens(request, self.outputs)
+        return list(add.prompt) + self.outputs.requests[request].received if tokens is None else tokens
 
     def step(self) -> int:
         """One engine step the client asked for, every check run; returns the tokens it scheduled."""
@@ -194,7 +250,9 @@ class Session:
         output = self.scheduler.schedule()
         self.steps += 1
         self.observer.stepped(self, output.num_scheduled_tokens)
+        self.sessions.check_scheduled(output.num_scheduled_tokens, self.steps)
         self.preemptions += len(output.preempted_req_ids or ())
+        self.stats.preempted(output.preempted_req_ids or ())
         self.held_back += int(limit_held_back(self.scheduler, self.setup.max_loras))
         cached = output.scheduled_cached_reqs
         resumed = self.worker.release.resumed(cached)
@@ -221,8 +279,13 @@ class Session:
         ``post_step`` (synchronous scheduling only), the worker's drafts for the next step."""
         outputs = self.scheduler.update_from_output(batch.output, batch.result)
         self.outputs.receive(outputs, batch.step)
+        for finished in (output.request_id for eco in outputs.values() for output in eco.outputs if output.finished):
+            self.stats.finished(finished)
+        if self.sessions.open:
+            self._started(self.sessions.after_outputs(self.outputs))
+            self.sessions.check_held(self.scheduler, self.outputs, batch.step, _block_hashes(self.setup))
         self.events.check(self.scheduler, self.known_requests, batch.step)
-        self.stats.check(self.scheduler, outputs, self.outputs.unfinished(), batch.step)
+        self.stats.check(self.scheduler, outputs, self._unfinished_or_open(), batch.step)
         drafts = self.worker.take_draft_token_ids()
         if drafts is not None and batch.scheduled > 0:
             self.scheduler.update_draft_token_ids(vllm().DraftTokenIds(*drafts))
@@ -231,17 +294,25 @@ class Session:
         """Arrivals stopped: run steps until every request has finished and no batch is in flight, within
         :func:`drain_bound`; then steps until the scheduler has nothing left to tell the worker (the last finished
         requests), after which it holds no table and every block is free (the accounting check, once more)."""
+        self._close_sessions()
         unfinished = self.outputs.unfinished()
         bound = drain_bound(sum(self.lengths[request] for request in unfinished))
         for _ in range(bound):
             if not self.outputs.unfinished() and not self.loop.in_flight():
                 break
             transfers = self.connector.pending() or self.connector.transfers()
+            preempted = self.preemptions
             if not self._step():
                 stuck = self.outputs.unfinished()
-                # a step that only completes transfers, or orders a load, is progress too
+                # a step that only completes transfers, or orders a load, is progress too; so is one that preempts
+                # (a session waiting with blocks can leave the one running request no block but its own: vLLM
+                # preempts it, and admits nothing in that step)
                 if (
-                    not stuck or transfers or self.connector.pending() or self.connector.transfers() != transfers
+                    not stuck
+                    or transfers
+                    or self.connector.pending()
+                    or self.connector.transfers() != transfers
+                    or self.preemptions != preempted
                 ):  # only empty batches, or transfers, were in flight
                     continue
                 raise SchedulerViolation(
@@ -307,6 +378,11 @@ class Session:
             )
         return StepSnapshot(self.steps, requests)
 
+    def _unfinished_or_open(self) -> list[str]:
+        """The requests the client still expects something of: unfinished ones, and open streaming sessions (a
+        paused session's turn finished, but the session waits in the scheduler for its next input)."""
+        return sorted(set(self.outputs.unfinished()) | set(self.sessions.open))
+
     def _known_tokens(self, request: str) -> int:
         """``request``'s prompt and the outputs reported for it so far."""
         expected = self.outputs.requests[request]
@@ -338,6 +414,17 @@ class Session:
             expected = self.outputs.requests[request]
             described.append(f"{request} ({status}, {len(expected.received)} of {expected.length} output tokens)")
         return "; ".join(described)
+
+
+def _block_hashes(setup: SchedulerSetup) -> Callable[[str, list[int], Optional[str], int], list[Any]]:
+    """The block hashes vLLM's request block hasher gives a request's tokens under its cache salt and adapter."""
+
+    def hashes(request: str, tokens: list[int], cache_salt: Optional[str], lora: int) -> list[Any]:
+        return list(
+            new_request(request, tokens, 1, setup.hash_block_size, 0, 0, cache_salt, Ending(), lora).block_hashes
+        )
+
+    return hashes
 
 
 def _state_of(status: str, scheduled: int) -> str:

@@ -8,20 +8,22 @@ kvfuzz reads it right there and holds it to:
 * **usage**: ``kv_cache_usage`` is the share of the pool's usable blocks (all but the null block) some request
   holds, counted from the blocks' reference counts, not from the free queue ``get_usage`` reads;
 * **requests**: running, waiting and skipped-waiting requests add up to the requests the client has not seen finish
-  (added, not aborted, no finishing output yet), and no more run than ``max_num_seqs``;
+  (added, not aborted, no finishing output yet) and its open streaming sessions (a paused one waits for its next
+  input), and no more run than ``max_num_seqs``;
 * **prefix-cache lookups** (without a KV connector): the prefix-cache stats since the last ones count each request
-  admitted since (new, or back after a preemption, as the steps' outputs show it), the tokens it held when admitted
-  (its prompt and outputs so far) as queries, and the tokens it found computed as hits; a request admitted before
-  counts as preempted. With prefix caching off nothing is looked up, so nothing is counted. With a KV connector the
-  hit kvfuzz sees includes the connector's tokens, and an asynchronous load is admitted without being scheduled, so
-  the lookups are not checked there.
+  admitted since (new, or back after a preemption, as the steps' outputs show it; a streaming session's next turn
+  keeps its blocks and looks nothing up), the tokens it held when admitted (its prompt and outputs so far) as queries,
+  and the tokens it found computed as hits; a request preempted before (named among a step's preempted requests, or
+  running at a preempting prefix-cache reset) counts as preempted. With prefix caching off nothing is looked up, so
+  nothing is counted. With a KV connector the hit kvfuzz sees includes the connector's tokens, and an asynchronous
+  load is admitted without being scheduled, so the lookups are not checked there.
 
 Each admission is counted when the step that admitted it is launched, and the tally is taken when the next stats
 are (vLLM resets its own at each ``make_stats``), so two steps in flight (async scheduling) compare the same way."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import attrs
 
@@ -59,15 +61,34 @@ class Lookups:
 
 
 class AdmissionTally:
-    """The lookups kvfuzz expects: each admission a step's output shows (prefix caching on, no KV connector)."""
+    """The lookups kvfuzz expects: each admission a step's output shows (prefix caching on, no KV connector), counted
+    among the preempted ones once the request was ever preempted (vLLM's ``num_preemptions`` never goes back to 0).
+    Invariant: ``running`` holds the requests admitted and not preempted, finished or aborted since."""
 
     def __init__(self) -> None:
         self.since = Lookups()  # admissions since the last stats were taken
-        self.admitted: set[str] = set()  # requests admitted at least once (a second admission follows a preemption)
+        self.running: set[str] = set()  # admitted, and not preempted, finished or aborted since
+        self.preempted: set[str] = set()  # requests preempted at least once (a step's output named them, or a reset)
+        self.kept: set[str] = set()  # admitted, and not preempted since: their blocks are theirs (no new lookup)
 
     def admit(self, request: str, tokens: int, computed: int) -> None:
-        self.since.add(tokens, computed, request in self.admitted)
-        self.admitted.add(request)
+        self.running.add(request)
+        if request in self.kept:
+            return  # a session's next turn: it kept its blocks, and looks nothing up
+        self.kept.add(request)
+        self.since.add(tokens, computed, request in self.preempted)
+
+    def preempt(self, requests: Iterable[str]) -> None:
+        chosen = set(requests)
+        self.preempted |= chosen
+        self.running -= chosen
+        self.kept -= chosen
+
+    def preempt_running(self) -> None:
+        self.preempt(set(self.running))
+
+    def finish(self, request: str) -> None:
+        self.running.discard(request)
 
     def take(self) -> Optional[Lookups]:
         taken, self.since = self.since, Lookups()
@@ -80,6 +101,15 @@ class NoLookups:
     def admit(self, request: str, tokens: int, computed: int) -> None:
         """Nothing looked up."""
 
+    def preempt(self, requests: Iterable[str]) -> None:
+        """Nothing looked up."""
+
+    def preempt_running(self) -> None:
+        """Nothing looked up."""
+
+    def finish(self, request: str) -> None:
+        """Nothing looked up."""
+
     def take(self) -> Optional[Lookups]:
         return Lookups()
 
@@ -88,6 +118,15 @@ class UncheckedLookups:
     """A KV connector: the lookups are not checked (see the module)."""
 
     def admit(self, request: str, tokens: int, computed: int) -> None:
+        """Not counted."""
+
+    def preempt(self, requests: Iterable[str]) -> None:
+        """Not counted."""
+
+    def preempt_running(self) -> None:
+        """Not counted."""
+
+    def finish(self, request: str) -> None:
         """Not counted."""
 
     def take(self) -> Optional[Lookups]:
@@ -112,6 +151,18 @@ class StatsLedger:
         """``request`` admitted by the step just scheduled, holding ``tokens`` tokens, ``computed`` of them found
         computed."""
         self.lookups.admit(request, tokens, computed)
+
+    def preempted(self, requests: Iterable[str]) -> None:
+        """``requests`` preempted (a step's output names them)."""
+        self.lookups.preempt(requests)
+
+    def reset_preempted(self) -> None:
+        """A prefix-cache reset preempted every running request."""
+        self.lookups.preempt_running()
+
+    def finished(self, request: str) -> None:
+        """``request`` finished (its last output came, or its client aborted it)."""
+        self.lookups.finish(request)
 
     def check(self, scheduler: Any, outputs: dict[int, Any], unfinished: list[str], step: int) -> None:
         """The stats among ``outputs`` (what ``update_from_output`` returned at ``step``) against the pool and
@@ -192,6 +243,15 @@ class NoStats:
     checked = 0
 
     def admitted(self, request: str, tokens: int, computed: int) -> None:
+        """Nothing counted."""
+
+    def preempted(self, requests: Iterable[str]) -> None:
+        """Nothing counted."""
+
+    def reset_preempted(self) -> None:
+        """Nothing counted."""
+
+    def finished(self, request: str) -> None:
         """Nothing counted."""
 
     def check(self, scheduler: Any, outputs: dict[int, Any], unfinished: list[str], step: int) -> None:

@@ -43,6 +43,8 @@ class Dimension:
     needs: Optional[tuple[str, Any]] = None
     # values --pin accepts that ``draw`` never returns: a feature campaigns run only when asked
     pin_only: tuple[Any, ...] = ()
+    # a second (row, value) the row means something only with, as ``needs``
+    also_needs: Optional[tuple[str, Any]] = None
 
     @property
     def pinnable(self) -> tuple[Any, ...]:
@@ -52,8 +54,9 @@ class Dimension:
     def value(self, rng: random.Random, drawn: Mapping[str, Any]) -> Any:
         """This row's value, given the rows drawn before it."""
         value = self.draw(rng, self.domain)
-        if self.needs is not None and drawn[self.needs[0]] != self.needs[1]:
-            return self.domain[0]
+        for needed in (self.needs, self.also_needs):
+            if needed is not None and drawn[needed[0]] != needed[1]:
+                return self.domain[0]
         return value
 
 
@@ -123,6 +126,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
     # partial prefix caching: prefix hashes every 1 or 2 tokens half the time a Mamba hybrid is drawn (refused, and
     # redrawn, without prefix caching or with a block no larger than the unit; docs/scheduler-features.md)
     Dimension("prefix_match_unit", (0, 1, 2), _weighted((2, 1, 1)), needs=("model", "mamba-hybrid")),
+    # resumable requests (streaming sessions) a quarter of the time, with synchronous scheduling and no connector
+    # only (refused, and redrawn, with drafts; docs/scheduler-features.md)
+    Dimension(
+        "sessions", BOOLEAN, _chance(0.25), needs=("async_scheduling", False), also_needs=("kv_connector", "none")
+    ),
     Dimension("schedule_conservativeness", (1.0,), fixed),  # SGLang's alone (its table draws it)
     Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
 )

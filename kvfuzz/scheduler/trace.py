@@ -45,10 +45,12 @@ absent: no adapter; else an adapter's id, 1 .. ``max_loras + 1``); ``config.mode
 ``config.schedule_conservativeness`` (1 when absent; SGLang's, which vLLM refuses other than 1);
 ``config.prefix_resets`` (false when absent; true: the program may hold ``{"op": "reset_prefix_cache"}``, with
 ``"preempt": true`` when it preempts the running requests), ``config.kv_events`` (false when absent: KV cache events
-off) and ``config.overlong_requests`` (false when absent; true: an add's ``max_tokens`` may run past
+off), ``config.overlong_requests`` (false when absent; true: an add's ``max_tokens`` may run past
 ``max_model_len``, up to :func:`~kvfuzz.scheduler.model_length.overlong_limit`); ``config.stats`` (false when absent:
 vLLM's scheduler stats off; true: on, and checked); ``config.prefix_match_unit`` (0 when absent: hashes every block;
-else the prefix-cache hash granularity, partial prefix caching) (docs/scheduler-features.md).
+else the prefix-cache hash granularity, partial prefix caching) and ``config.sessions`` (false when absent; true: an
+add may be ``"resumable": true``, and the program may hold ``{"op": "resume", "request": "r0", "prompt": [...],
+"max_tokens": n}``) (docs/scheduler-features.md).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -77,7 +79,7 @@ from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.lora import lora_adapters
 from kvfuzz.scheduler.model_length import overlong_limit
 from kvfuzz.scheduler.models import MODELS
-from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Step
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 FORMAT = "kvfuzz-scheduler-trace/1"
@@ -265,6 +267,7 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
         **({"overlong_requests": True} if setup.overlong_requests else {}),
         **({"stats": True} if setup.stats else {}),
         **({"prefix_match_unit": setup.prefix_match_unit} if setup.prefix_match_unit else {}),
+        **({"sessions": True} if setup.sessions else {}),
         **(
             {"schedule_conservativeness": setup.schedule_conservativeness}
             if setup.schedule_conservativeness != 1.0
@@ -473,6 +476,7 @@ def _config(value: Any) -> SchedulerSetup:
         "overlong_requests": False,
         "stats": False,
         "prefix_match_unit": False,
+        "sessions": False,
         "schedule_conservativeness": False,
     }
     config = _fields(value, "config", {**required, **optional})
@@ -508,6 +512,7 @@ def _config(value: Any) -> SchedulerSetup:
             overlong_requests=_boolean("config.overlong_requests", config.get("overlong_requests", False)),
             stats=_boolean("config.stats", config.get("stats", False)),
             prefix_match_unit=match_unit,
+            sessions=_boolean("config.sessions", config.get("sessions", False)),
             schedule_conservativeness=_number(
                 "config.schedule_conservativeness",
                 config.get("schedule_conservativeness", 1.0),
@@ -536,7 +541,8 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
     added = 0
     for index, item in enumerate(value):
         where = f"program[{index}]"
-        ops = ("add", "abort", "step", "reset_prefix_cache") if setup.prefix_resets else ("add", "abort", "step")
+        ops = ("add", "abort", "step") + (("reset_prefix_cache",) if setup.prefix_resets else ())
+        ops += ("resume",) if setup.sessions else ()
         if not isinstance(item, dict) or item.get("op") not in ops:
             raise _Invalid(where, f"must be an object whose op is {', '.join(ops[:-1])} or {ops[-1]}")
         if item["op"] == "step":
@@ -550,8 +556,21 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
         elif item["op"] == "reset_prefix_cache":
             preempt = _fields(item, where, {"op": True, "preempt": False}).get("preempt", False)
             program.append(ResetPrefixCache(_boolean(f"{where}.preempt", preempt)))
+        elif item["op"] == "resume":
+            item = _fields(item, where, {"op": True, "request": True, "prompt": True, "max_tokens": True})
+            request = _text(f"{where}.request", item["request"])
+            if not re.fullmatch(r"r\d{1,6}", str(request)) or int(str(request)[1:]) >= added:
+                raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
+            prompt = item["prompt"]
+            if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
+                raise _Invalid(f"{where}.prompt", f"must be a list of 1..{setup.max_model_len - 1} tokens")
+            tokens = [_integer(f"{where}.prompt", token, 0, VOCABULARY - 1) for token in prompt]
+            max_tokens = _integer(f"{where}.max_tokens", item["max_tokens"], 1, setup.max_model_len - len(tokens))
+            program.append(Resume(str(request), tokens, max_tokens))
         else:
-            extras = dict.fromkeys(("priority", "cache_salt", "stop_token_ids", "eos", "min_tokens", "lora"), False)
+            extras = dict.fromkeys(
+                ("priority", "cache_salt", "stop_token_ids", "eos", "min_tokens", "lora", "resumable"), False
+            )
             item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, **extras})
             prompt = item["prompt"]
             if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
@@ -565,7 +584,10 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
             min_tokens = _integer(f"{where}.min_tokens", item.get("min_tokens", 0), 0, max_tokens)
             stops = _stop_token_ids(where, item)
             lora = _integer(f"{where}.lora", item.get("lora", 0), 0, lora_adapters(setup.max_loras))
-            program.append(AddRequest(tokens, max_tokens, priority, salt, stops, eos, min_tokens, lora))
+            resumable = _boolean(f"{where}.resumable", item.get("resumable", False))
+            if resumable and not setup.sessions:
+                raise _Invalid(f"{where}.resumable", "is true, but the trace's config does not have sessions")
+            program.append(AddRequest(tokens, max_tokens, priority, salt, stops, eos, min_tokens, lora, resumable))
             added += 1
     return program
 

@@ -30,6 +30,7 @@ class Check(enum.Enum):
     LIVENESS = "liveness"  # no request left unserved while the step left it room (docs/oracles.md)
     STATS = "stats"  # the scheduler stats agree with the pool and the requests (kvfuzz.scheduler.stats)
     PREFIX_HIT = "prefix-hit"  # a prefix-cache hit ends on a prefix-hash boundary, before the request's last token
+    SESSIONS = "sessions"  # a streaming session keeps its tokens and their hashes, and is not scheduled while paused
 
 
 class SchedulerViolation(Exception):

@@ -334,6 +334,7 @@ def new_request(
     cache_salt: Optional[str] = None,
     ending: Ending = Ending(),
     lora: int = 0,
+    resumable: bool = False,
 ) -> Any:
     """A vLLM ``Request`` generating ``max_tokens`` tokens unless ``ending`` stops it first (its stop token ids, the
     model's EOS token :data:`~kvfuzz.scheduler.fake_model.EOS_TOKEN` unless it ignores EOS, its ``min_tokens``: EOS
@@ -342,7 +343,9 @@ def new_request(
     hashes from vLLM's own hasher (sha256, the engine default). Its arrival time is ``arrival``, its ordinal, not
     the clock: the priority policy breaks ties by arrival time, and a replay must break them the same way. Under
     LoRA adapter ``lora`` (0: none) it carries a ``LoRARequest`` of that id, named (and its path) as
-    :func:`~kvfuzz.scheduler.lora.lora_name` names it: no adapter exists, the scheduler reads only those."""
+    :func:`~kvfuzz.scheduler.lora.lora_name` names it: no adapter exists, the scheduler reads only those.
+    ``resumable``: a streaming session's request (:mod:`kvfuzz.scheduler.sessions`); left at vLLM's default when
+    false."""
     v = vllm()
     sampling = v.SamplingParams(
         max_tokens=max_tokens,
@@ -361,4 +364,5 @@ def new_request(
         cache_salt=cache_salt,
         lora_request=v.LoRARequest(lora_name(lora), lora, lora_name(lora)) if lora else None,
         block_hasher=v.get_request_block_hasher(block_size, v.sha256),
+        **({"resumable": True} if resumable else {}),
     )

@@ -112,6 +112,8 @@ class Worker:
         self.computed: dict[str, int] = {}  # request scheduled this step -> its computed tokens before the step
         self.namespaces: dict[str, tuple[str, ...]] = {}  # request -> its K/V namespace, told by the client's side
         self.asked_loras: dict[str, int] = {}  # request -> the LoRA adapter its client asked for (0: none)
+        # streaming session -> the tokens each of its next turns is to be scheduled anew with, told by the client
+        self.session_inputs: dict[str, list[list[int]]] = {}
         self.max_loras = setup.max_loras  # the most distinct adapters a step may schedule (0: no LoRA)
         self.speculation = speculation_for(setup.speculative_tokens)  # the drafts proposed, scheduled and verified
         self.drafts: Optional[tuple[list[str], list[list[int]]]] = None  # proposed after the last step, untaken
@@ -130,6 +132,7 @@ class Worker:
             self.history.pop(request, None)
             self.namespaces.pop(request, None)
             self.asked_loras.pop(request, None)
+            self.session_inputs.pop(request, None)
             self.speculation.forget(request)
         for request in output.preempted_req_ids or ():
             self.speculation.forget(request)  # the scheduler drops a preempted request's drafts
@@ -143,6 +146,9 @@ class Worker:
             self.copies += copy_blocks(copies, self.kv, self.mamba, self.holdings()[0], step)
         self.computed = {}
         for new in output.scheduled_new_reqs:
+            if new.req_id in self.requests:  # only a streaming session is scheduled anew while the worker holds it
+                self._resume_session(new, step)
+                continue
             prompt = list(new.prompt_token_ids)
             tokens = prompt if new.prefill_token_ids is None else list(new.prefill_token_ids)
             sampled = self.history.setdefault(new.req_id, [])
@@ -198,6 +204,45 @@ class Worker:
         known = {request: len(self.requests[request].tokens) for request in output.num_scheduled_tokens}
         self.speculation.schedule(output, known, step)
         self.write_path.consume(output)
+
+    def _resume_session(self, new: Any, step: int) -> None:
+        """A streaming session scheduled anew for its next turn, as the model runner's ``_update_streaming_request``
+        takes it: its prompt must be the tokens its client expects (the kept tokens and the new input: the earlier
+        turn's last output dropped), with a new input sent since it paused; its table is replaced, its outputs start
+        over. Its computed K/V stays: the content check holds the turn to attending exactly its own earlier K/V."""
+        request = new.req_id
+        inputs = self.session_inputs.get(request)
+        if not inputs:
+            raise SchedulerViolation(
+                Check.SESSIONS,
+                step,
+                request,
+                f"scheduled anew ({new.num_computed_tokens} computed) while the model runner still holds it, but it "
+                "is a session paused at its stop and its client has sent no new input since: only a session's next "
+                "turn is scheduled anew",
+                "a paused session scheduled",
+            )
+        expected = inputs.pop(0)
+        prompt = list(new.prompt_token_ids)
+        tokens = prompt if new.prefill_token_ids is None else list(new.prefill_token_ids)
+        if prompt != expected or tokens != expected:
+            raise SchedulerViolation(
+                Check.SESSIONS,
+                step,
+                request,
+                f"the session's next turn is scheduled with tokens {tokens}, but it kept {expected} (its earlier "
+                "turns' tokens, the last sampled one dropped, then its new input)",
+                "a session resumed with other tokens",
+            )
+        state = self.requests[request]
+        state.tokens = expected
+        state.prompt_length = len(expected)
+        state.tables = [list(ids) for ids in new.block_ids]
+        state.sampler = min_tokens_of(new.sampling_params)
+        state.lora = lora_id(new.lora_request)
+        self.history[request] = []
+        self.speculation.forget(request)
+        self.computed[request] = state.computed = new.num_computed_tokens
 
     def live_tables(self) -> dict[str, list[list[int]]]:
         """The tables (one per group) of every request the worker holds that is not preempted: the blocks it may

@@ -38,6 +38,8 @@ def setup_problem(setup: SchedulerSetup) -> Optional[str]:
         )
     if setup.prefix_match_unit:
         return "--scheduler sglang drives no partial prefix caching (prefix_match_unit; yet)"
+    if setup.sessions:
+        return "--scheduler sglang drives no resumable requests (sessions) (yet)"
     return None
 
 

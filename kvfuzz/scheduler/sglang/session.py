@@ -93,16 +93,17 @@ class SGLangSession:
         eos: bool = False,
         min_tokens: int = 0,
         lora: int = 0,
+        resumable: bool = False,
     ) -> str:
         """Add a request (ids ``r0``, ``r1``, ...), ending at the model's EOS token with ``eos`` (ignoring it
         without, SGLang's ``ignore_eos``); ``priority`` must be 0, ``cache_salt`` None, ``stop_token_ids`` empty,
-        ``min_tokens`` 0 and ``lora`` 0 (priority scheduling, cache salts, stop tokens, min_tokens and LoRA are not
-        driven on SGLang)."""
-        if priority or cache_salt is not None or stop_token_ids or min_tokens or lora:
+        ``min_tokens`` 0, ``lora`` 0 and ``resumable`` false (priority scheduling, cache salts, stop tokens,
+        min_tokens, LoRA and resumable requests are not driven on SGLang)."""
+        if priority or cache_salt is not None or stop_token_ids or min_tokens or lora or resumable:
             raise ValueError(
-                "the SGLang target drives no priority, cache salt, stop tokens, min_tokens or LoRA "
+                "the SGLang target drives no priority, cache salt, stop tokens, min_tokens, LoRA or resumable requests "
                 f"(priority {priority}, cache salt {cache_salt!r}, stop tokens {list(stop_token_ids)}, "
-                f"min_tokens {min_tokens}, lora {lora})"
+                f"min_tokens {min_tokens}, lora {lora}, resumable {resumable})"
             )
         request = f"r{len(self.lengths)}"
         self._perform(AddRequest(prompt, max_tokens, eos=eos))

@@ -31,6 +31,7 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("overlong_requests", (False,), fixed),
     Dimension("stats", (False,), fixed),
     Dimension("prefix_match_unit", (0,), fixed),
+    Dimension("sessions", (False,), fixed),
     # the new-token ratio's start (0.7 x it): below 1 the PrefillAdder overcommits running requests' outputs, and
     # decode retracts (with EOS drawn: an ignore_eos request's remaining output is reserved in full)
     Dimension("schedule_conservativeness", (1.0, 0.3, 0.1), lambda rng, values: rng.choice(values)),
