@@ -532,6 +532,23 @@ def test_shrinking_ends_with_the_campaign_s_duration_and_keeps_the_finding(tmp_p
     assert finding.trace is not None and not load(Path(finding.trace)).shrunk
 
 
+def test_a_batch_whose_search_outlasts_the_campaign_is_cut_off_at_its_duration(tmp_path: Path) -> None:
+    """A configuration whose examples run for minutes (long requests drained through a one-token budget, say) is cut
+    off where it is at the campaign's end: the campaign ends on time, with nothing found."""
+    fake = FakeTarget()
+
+    def endless(config: SwarmConfig, examples: int, seed: int, shrink: bool, *rest: Any) -> Outcome:
+        while True:  # a batch that would outlast any campaign: only the cut-off ends it
+            time.sleep(0.01)
+
+    fake.search = endless  # type: ignore[method-assign]
+    started = time.monotonic()
+    settings = SchedulerCampaignOptions("vllm-v1", 9, tmp_path / "c", duration=1.0)
+    result = run_scheduler_campaign(settings, fake.target())
+    assert time.monotonic() - started < 10, "the campaign waited for the batch"
+    assert result.ended_by == "duration" and result.examples == 0 and not result.new
+
+
 def test_a_stop_while_shrinking_keeps_the_finding(tmp_path: Path) -> None:
     fake = FakeTarget()
     search = fake.search

@@ -113,6 +113,27 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     assert len(fake.processes) == 2 and len(fake.searches) < 40
 
 
+def test_ctrl_c_cuts_off_a_batch_that_would_outlast_the_campaign(tmp_path: Path) -> None:
+    """Ctrl-C reaches a worker in the middle of a search without shrinking (a batch of minutes): it is cut off where
+    it is, and every worker ends."""
+    fake = FakeTarget()
+    parent = os.getpid()
+    sent = tmp_path / "interrupted"
+
+    def endless(config: SwarmConfig, *rest: Any) -> Outcome:
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(sent, os.O_CREAT | os.O_EXCL))
+            os.kill(parent, signal.SIGINT)
+        while True:  # only the cut-off ends it
+            time.sleep(0.01)
+
+    fake.search = endless  # type: ignore[method-assign]
+    started = time.monotonic()
+    result = campaign(fake, tmp_path / "c", max_examples=None, duration=120.0)
+    assert result.ended_by == "interrupted" and time.monotonic() - started < 100, result.ended_by
+    assert not result.dead_workers and not result.new
+
+
 def test_a_harness_error_in_any_worker_ends_the_campaign(tmp_path: Path) -> None:
     fake = FakeTarget()
     search = fake.search

@@ -91,15 +91,18 @@ class HaltInterrupts:
         self.halt = halt
         self.watching: Optional[int] = None  # the pid whose thread watches ``halt``
         self.active = False
+        self.raising: type[BaseException] = UserInterrupt  # what the armed code is interrupted with
 
     @contextlib.contextmanager
-    def armed(self) -> Iterator[None]:
+    def armed(self, raising: type[BaseException] = UserInterrupt) -> Iterator[None]:
+        """Interrupt the code run inside with ``raising`` once ``halt`` is set (at once if it is)."""
         if self.watching != os.getpid():
             self._watch()
+        self.raising = raising
         self.active = True
         try:
             if self.halt.is_set():
-                raise UserInterrupt()
+                raise raising()
             yield
         finally:
             self.active = False
@@ -110,7 +113,7 @@ class HaltInterrupts:
         def interrupted(signum: int, frame: Optional[FrameType]) -> Any:
             if self.active:
                 self.active = False  # once: the interrupted code reports what it holds and the worker ends
-                raise UserInterrupt()
+                raise self.raising()
 
         signal.signal(signal.SIGUSR2, interrupted)
         main = threading.main_thread().ident

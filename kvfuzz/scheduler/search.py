@@ -28,6 +28,12 @@ from kvfuzz.text import plural
 from kvfuzz.threads import single_threaded_torch
 
 
+class SearchCutOff(BaseException):
+    """Raised into a running search from outside it (a campaign's end, or its stop: an alarm, a signal) to end it
+    early: :func:`search` returns what it ran so far (``Outcome.cut_off``), the example it was running abandoned; a
+    failure met before is kept."""
+
+
 @attrs.frozen
 class Outcome:
     """What a search found."""
@@ -46,6 +52,7 @@ class Outcome:
     transfers: TransferTally = attrs.Factory(TransferTally)  # the KV connector's transfers (all zero without one)
     lora_held_back: int = 0  # LoRA: steps after which the adapter limit held a waiting request back
     harness: Optional[HarnessError] = None  # kvfuzz's own code failed (the search stopped there): no finding
+    cut_off: bool = False  # ended early from outside (SearchCutOff): the examples above are those it ran
 
     @property
     def steps_per_second(self) -> float:
@@ -172,6 +179,7 @@ def search(
     failure: Optional[Exception] = None
     harness: Optional[HarnessError] = None
     program = ""
+    cut_off = False
     started = time.perf_counter()
     try:
         with single_threaded_torch(), watchdog or contextlib.nullcontext():
@@ -187,6 +195,10 @@ def search(
     except Exception as error:  # noqa: BLE001 -- an exception from vLLM is a finding, reported with its program
         failure = error
         program = "\n".join(note for note in getattr(error, "__notes__", ()) if note)
+    except SearchCutOff:  # ended from outside: what ran counts; a failure met before it is the shortest one met
+        cut_off = True
+        if shortest.failure is not None:
+            failure, program = shortest.failure, shortest.source() + "\n# the search was cut off before it ended"
     return Outcome(
         setup,
         tally.examples,
@@ -202,4 +214,5 @@ def search(
         tally.transfers,
         tally.lora_held_back,
         harness,
+        cut_off,
     )

@@ -36,7 +36,7 @@ import attrs
 
 from kvfuzz.campaign.bandit import FRESH, Bandit
 from kvfuzz.campaign.messages import Covered
-from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, SchedulerCampaignOptions
+from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, SchedulerCampaignOptions, searching_until
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.campaign.seeds import SEED_DIRECTORY, Seed, SeedPool
 from kvfuzz.coverage.measure import Reached, measurer
@@ -47,7 +47,7 @@ from kvfuzz.scheduler.mutate import mutate
 from kvfuzz.scheduler.program import Operation, Step
 from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
-from kvfuzz.scheduler.search import Outcome
+from kvfuzz.scheduler.search import Outcome, SearchCutOff
 from kvfuzz.scheduler.swarm import MODEL_RUNNER, SwarmConfig
 from kvfuzz.scheduler.trace import (
     RecordedFailure,
@@ -240,10 +240,13 @@ class Guidance:
             examples += 1
             steps += sum(isinstance(operation, Step) for operation in program)
             try:
-                replayed = target.replay(trace, options.call_timeout)
+                with searching_until(plan.ends):
+                    replayed = target.replay(trace, options.call_timeout)
             except ReplayRefused:  # this engine cannot run the seed's configuration after all: dropped
                 if self.pool is not None:
                     self.pool.drop(mutants.seed)
+                break
+            except SearchCutOff:  # the campaign's end: this mutant abandoned, the batch ends
                 break
             if replayed.error is not None:
                 return self._failed(plan, trace, replayed.error, examples, steps, started, is_new)

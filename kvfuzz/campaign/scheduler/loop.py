@@ -10,8 +10,9 @@ examples without shrinking. A failure's signature decides what happens next:
   corpus trace of a fixed bug reproduces is new too, a regression, and says so;
 * known (from a corpus trace) or met earlier in the campaign: counted, and the unshrunk trace saved for it removed.
 
-Shrinking ends with the campaign's duration (a cut-off shrinking keeps the example as found, and says so), and a
-stop (Ctrl-C, SIGTERM) while shrinking keeps the finding, with its trace as found.
+A batch ends with the campaign's duration: its search is cut off where it is (the example it was running abandoned,
+what it ran counted), and so is shrinking (a cut-off shrinking keeps the example as found, and says so); a stop
+(Ctrl-C, SIGTERM) cuts the search off the same way, and while shrinking keeps the finding, with its trace as found.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from kvfuzz.program.safeguards import Journal
 from kvfuzz.scheduler.pins import Pins
 from kvfuzz.scheduler.recorder import SavedSchedulerTrace, save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
-from kvfuzz.scheduler.search import Outcome
+from kvfuzz.scheduler.search import Outcome, SearchCutOff
 from kvfuzz.scheduler.swarm import SwarmConfig
 from kvfuzz.shrink.signature import Signature
 
@@ -93,7 +94,9 @@ class BatchPlan:
     config: SwarmConfig
     seed: int
     examples: int
-    shrink_by: Optional[float] = None  # time.monotonic() past which shrinking stops (the campaign's end); None: never
+    ends: Optional[float] = (
+        None  # time.monotonic() past which its searches are cut off (the campaign's end); None: never
+    )
 
 
 @attrs.frozen
@@ -122,23 +125,19 @@ class Drifted:
     new: bool  # claimed by this batch: its trace kept
 
 
-class ShrinkCutOff(BaseException):
-    """The campaign's duration ran out while a failure was being shrunk (raised in the main thread by an alarm)."""
-
-
 @contextlib.contextmanager
-def shrinking_until(deadline: Optional[float]) -> Iterator[None]:
-    """While active, :class:`ShrinkCutOff` is raised in the main thread once ``time.monotonic()`` passes
-    ``deadline`` (None, or outside the main thread: never)."""
+def searching_until(deadline: Optional[float]) -> Iterator[None]:
+    """While active, :class:`~kvfuzz.scheduler.search.SearchCutOff` is raised in the main thread once
+    ``time.monotonic()`` passes ``deadline`` (None, or outside the main thread: never)."""
     if deadline is None or threading.current_thread() is not threading.main_thread():
         yield
         return
     left = deadline - time.monotonic()
     if left <= 0:
-        raise ShrinkCutOff()
+        raise SearchCutOff()
 
     def expired(signum: int, frame: Any) -> None:
-        raise ShrinkCutOff()
+        raise SearchCutOff()
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, left)
@@ -147,6 +146,16 @@ def shrinking_until(deadline: Optional[float]) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _until(deadline: Optional[float], search: Callable[[], Outcome]) -> Optional[Outcome]:
+    """``search()`` cut off at ``deadline`` (its outcome says so); None when the cut-off came just as it returned
+    (outside it: its outcome is lost, what it found is on disk)."""
+    try:
+        with searching_until(deadline):
+            return search()
+    except SearchCutOff:
+        return None
 
 
 IsNew = Callable[[Signature, Optional[SavedSchedulerTrace]], bool]
@@ -168,7 +177,13 @@ def run_batch(
     shrunk trace saved and replayed once; a known one's unshrunk trace removed. ``journal`` keeps the running
     example's program on disk (the worker's heartbeat, and what its death leaves)."""
     recorder = target.recorder(target.name, options.corpus)
-    outcome = target.search(plan.config, plan.examples, plan.seed, False, recorder, options.call_timeout, journal)
+    searched = _until(
+        plan.ends,
+        lambda: target.search(plan.config, plan.examples, plan.seed, False, recorder, options.call_timeout, journal),
+    )
+    if searched is None:  # cut off as it returned: its examples are not counted, a failure it met is on disk
+        return BatchResult(Outcome(plan.config.setup, 0, 0, 0, 0, 0.0, None, "", cut_off=True), None, None)
+    outcome = searched
     if outcome.harness is not None:  # kvfuzz's own code failed: the campaign ends on it (the worker says so)
         raise outcome.harness
     if outcome.failure is None:
@@ -183,14 +198,17 @@ def run_batch(
         return BatchResult(outcome, signature, first, saved=first, note="not shrunk (--no-shrink)", new=True)
     shrinker = target.recorder(target.name, options.corpus)
     try:
-        with shrinking_until(plan.shrink_by):
-            shrunk = target.search(plan.config, plan.examples, plan.seed, True, shrinker, options.call_timeout, journal)
-    except ShrinkCutOff:
-        note = "shrinking cut off at the campaign's end (--duration): the trace is the example as found, not shrunk"
-        return BatchResult(outcome, signature, first, None, first, note, new=True)
+        shrinking = _until(
+            plan.ends,
+            lambda: target.search(plan.config, plan.examples, plan.seed, True, shrinker, options.call_timeout, journal),
+        )
     except KeyboardInterrupt:  # the campaign was stopped while shrinking: the finding stays, as found
         note = "shrinking interrupted (the campaign was stopped): the trace is the example as found, not shrunk"
         return BatchResult(outcome, signature, first, None, first, note, new=True, interrupted=True)
+    if shrinking is None or shrinking.cut_off:
+        note = "shrinking cut off at the campaign's end (--duration): the trace is the example as found, not shrunk"
+        return BatchResult(outcome, signature, first, None, first, note, new=True)
+    shrunk = shrinking
     if shrunk.harness is not None:
         raise shrunk.harness
     if shrunk.failure is None:

@@ -41,10 +41,10 @@ from kvfuzz.campaign.scheduler.shared import share_finding
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, Search
 from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.supervisor import Supervisor
-from kvfuzz.program.safeguards import Journal
+from kvfuzz.program.safeguards import Journal, UserInterrupt
 from kvfuzz.scheduler.harness import HarnessError
 from kvfuzz.scheduler.recorder import SavedSchedulerTrace
-from kvfuzz.scheduler.search import Outcome
+from kvfuzz.scheduler.search import Outcome, SearchCutOff
 from kvfuzz.scheduler.swarm import SwarmConfig, draw
 from kvfuzz.shrink.signature import Signature
 
@@ -112,7 +112,7 @@ class _Worker:
         self.campaign = campaign
         self.options = campaign.options
         self.worker = worker
-        self.target = attrs.evolve(campaign.target, search=_halted_shrinks(campaign.target.search, worker.halt))
+        self.target = attrs.evolve(campaign.target, search=_halted_searches(campaign.target.search, worker.halt))
         self.reporter = worker.reporter
         self.store = open_store(self.options.database, worker.claims)
         self.guide = guidance(self.target, self.options, worker.state, worker.slot)  # None without --coverage
@@ -263,16 +263,15 @@ class _Worker:
             self.reporter.send(Said(self.worker.slot, f"  {database}: {shared}"))
 
 
-def _halted_shrinks(search: Search, halt: Any) -> Search:
-    """``search``, its shrinking searches interrupted by ``halt`` (Ctrl-C): the failure they shrink is on disk as
-    found, and :func:`~kvfuzz.campaign.scheduler.loop.run_batch` keeps it so. A search without shrinking runs to its
-    end (a batch's examples), after which the worker sees ``stop``."""
+def _halted_searches(search: Search, halt: Any) -> Search:
+    """``search``, interrupted by ``halt`` (Ctrl-C): a search without shrinking is cut off where it is
+    (:class:`~kvfuzz.scheduler.search.SearchCutOff`: what it ran is counted), after which the worker sees ``stop``;
+    a shrinking search is interrupted, the failure it shrinks on disk as found, and
+    :func:`~kvfuzz.campaign.scheduler.loop.run_batch` keeps it so."""
     interrupts = HaltInterrupts(halt)
 
     def halted(config: SwarmConfig, examples: int, seed: int, shrink: bool, *rest: Any) -> Outcome:
-        if not shrink:
-            return search(config, examples, seed, shrink, *rest)
-        with interrupts.armed():
+        with interrupts.armed(UserInterrupt if shrink else SearchCutOff):
             return search(config, examples, seed, shrink, *rest)
 
     return halted
