@@ -21,23 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-WATCHED = {
-    "vllm-v1": (
-        "vllm/v1/core/sched/scheduler.py",
-        "vllm/v1/core/kv_cache_manager.py",
-        "vllm/v1/core/block_pool.py",
-        "vllm/v1/core/kv_cache_coordinator.py",
-        "vllm/v1/core/single_type_kv_cache_manager.py",
-    ),
-    "sglang": (
-        "sglang/srt/mem_cache/unified_radix_cache.py",
-        "sglang/srt/mem_cache/memory_pool.py",
-        "sglang/srt/mem_cache/allocator/paged.py",
-        "sglang/srt/managers/schedule_policy.py",
-        "sglang/srt/managers/schedule_batch.py",
-    ),
-}
-"""The files whose coverage over time is printed (the issue's five for vLLM)."""
+from kvfuzz.coverage.scope import CORE_FILES
 
 CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
 """Fractions of the duration at which the figures are printed."""
@@ -75,7 +59,7 @@ def per_file_over_time(result: dict[str, Any], duration: float) -> dict[str, lis
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scheduler", choices=sorted(WATCHED), default="vllm-v1")
+    parser.add_argument("--scheduler", choices=sorted(CORE_FILES), default="vllm-v1")
     parser.add_argument("--duration", type=float, default=300.0, help="seconds per campaign (default 300)")
     parser.add_argument("--seed", type=int, default=20261204)
     parser.add_argument("--workers", type=int, default=1)
@@ -89,7 +73,7 @@ def main() -> None:
         f"{os.cpu_count()} CPUs; python {sys.version.split()[0]}"
     )
     header = "  ".join(f"{fraction * args.duration:>6.0f}s" for fraction in CHECKPOINTS)
-    for name in WATCHED[args.scheduler]:
+    for name in CORE_FILES[args.scheduler]:
         print(f"\n{name} (line + branch %)\n  {'search':<8}{header}")
         for mode, result in results.items():
             figures = per_file_over_time(result, args.duration).get(name)

@@ -49,8 +49,16 @@ CORE_FILES: dict[str, tuple[str, ...]] = {
         "vllm/v1/core/kv_cache_coordinator.py",
         "vllm/v1/core/single_type_kv_cache_manager.py",
     ),
+    "sglang": (
+        "sglang/srt/mem_cache/unified_radix_cache.py",
+        "sglang/srt/mem_cache/memory_pool.py",
+        "sglang/srt/mem_cache/allocator/paged.py",
+        "sglang/srt/managers/schedule_policy.py",
+        "sglang/srt/managers/schedule_batch.py",
+    ),
 }
-"""The files of a target's scope its comparisons with the engine's own tests report first (package paths)."""
+"""The files of a target's scope its reports show first (package paths): the comparison with the engine's own tests
+(scripts/coverage_compare.py), the blind-against-guided benchmark (benchmarks/coverage_guided.py)."""
 
 LEFT_OUT: dict[str, dict[str, tuple[str, ...]]] = {
     "vllm-v1": {
