@@ -33,7 +33,9 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     model = f", model={setup.model!r}" if setup.model != "full" else ""
     speculative = f", speculative_tokens={setup.speculative_tokens}" if setup.speculative_tokens else ""
     loras = f", max_loras={setup.max_loras}" if setup.max_loras else ""
-    options = model + speculative + loras
+    connector = f", kv_connector={setup.kv_connector!r}" if setup.kv_connector != "none" else ""
+    delay = f", transfer_delay={setup.transfer_delay}" if setup.transfer_delay else ""
+    options = model + speculative + loras + connector + delay
     drawn = {
         "async_scheduling": setup.async_scheduling,
         "cache_salts": setup.cache_salts,
@@ -43,6 +45,7 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
         "prefix_resets": setup.prefix_resets,
         "kv_events": setup.kv_events,
         "overlong_requests": setup.overlong_requests,
+        "load_failures": setup.load_failures,
     }
     export_async = "".join(f", {name}=True" for name, on in drawn.items() if on)
     return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.

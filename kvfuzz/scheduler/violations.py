@@ -28,6 +28,7 @@ class Check(enum.Enum):
     ORDER = "order"  # the policy's victims and admission order (docs/oracles.md)
     BUDGET = "budget"  # each step within the token budgets, the running cap and max_model_len (docs/oracles.md)
     LIVENESS = "liveness"  # no request left unserved while the step left it room (docs/oracles.md)
+    DELAYED_FREE = "delayed-free"  # a block a connector's send or a deferred free holds stays out of the pool
 
 
 class SchedulerViolation(Exception):

@@ -9,7 +9,10 @@
   transfer (a request the connector holds: loading, holding blocks in ``kv_holding_waiting``, or deferred by the
   connector), or a running request whose last output is already in flight (async scheduling's
   ``num_output_placeholders`` reaching ``max_tokens``), that stands at ``max_model_len``, or whose prefill chunk a
-  Mamba group's align mode must cut at a block boundary the budget left may not reach.
+  Mamba group's align mode must cut at a block boundary the budget left may not reach;
+* whether vLLM defers block frees (``defer_block_free``: a KV consumer under async scheduling) and a running request
+  has a step in flight (``last_sched_seq`` past ``processed_step_seq``): a short pool then stops the running
+  requests' service rather than preempt a request whose blocks would only be freed later.
 
 A connector-held request stays exempt from the order checks until it is admitted: once held, the engine serves it
 from its own queue (``kv_holding_waiting``, drained before ``waiting``)."""
@@ -89,4 +92,15 @@ class VllmView:
             return "its prefill chunk must be block-aligned (a Mamba group), and the budget left may hold no block"
         if self.connector and self.scheduler.connector.has_pending_block_frees():
             return "the KV connector has block frees pending"
+        if self._deferred_victim():
+            return "vLLM defers block frees, and preempting a request with a step in flight would free nothing now"
         return None
+
+    def _deferred_victim(self) -> bool:
+        """Whether vLLM defers block frees (a KV consumer under async scheduling) and a running request has a step
+        in flight: where the pool is short, ``schedule()`` then stops serving running requests rather than preempt
+        one whose blocks would only be freed later."""
+        scheduler = self.scheduler
+        if not getattr(scheduler, "defer_block_free", False):
+            return False
+        return any(request.last_sched_seq > scheduler.processed_step_seq for request in scheduler.running)
