@@ -65,6 +65,18 @@ def test_async_scheduling_with_the_consumer_turns_deferred_frees_on() -> None:
     assert not Session(attrs.evolve(ASYNC, kv_connector="none", transfer_delay=0)).scheduler.defer_block_free
 
 
+def test_a_sent_request_keeps_its_whole_table_not_only_its_computed_tokens_blocks() -> None:
+    """vLLM hands the connector the blocks of a finished request's computed tokens, and keeps its whole table (a
+    draft's lookahead slot's block too) until the send is reported: the accounting counts them all (a pinned
+    campaign's first finding counted only the former)."""
+    session = Session(SchedulerSetup(num_blocks=6, max_num_batched_tokens=4, speculative_tokens=1, kv_connector="pd"))
+    session.add([0, 0, 0, 0], 1)
+    session.step()  # r0 finishes: its send delays the free of its prompt's block and its lookahead slot's
+    session.step()  # the send is ordered, and the accounting checked
+    session.drain()
+    assert session.connector.tally.sends == 1
+
+
 # -- bugs seeded into vLLM's scheduler ------------------------------------------------------------------------------
 
 

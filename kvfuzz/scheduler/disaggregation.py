@@ -72,7 +72,9 @@ class RemoteLoad:
 
 @attrs.frozen
 class RemoteSend:
-    """A send submitted: the request, its blocks, the step that ordered it and the step whose output reports it."""
+    """A send submitted: the request, the blocks vLLM keeps for it (those of its computed tokens, which the send
+    reads, and the rest of its last table: a draft's lookahead slots, say), the step that ordered it and the step
+    whose output reports it."""
 
     request: str
     blocks: tuple[int, ...]
@@ -137,9 +139,8 @@ class PDWorker:
             RemoteLoad(load, step, step, group_namespace(0) + worker.namespaces[load.request]) for load in meta.loads
         ]
         for send in meta.sends:
-            self.sends[send.request] = RemoteSend(
-                send.request, send.blocks, step, self._due("send", send.request, step)
-            )
+            kept = tuple(sorted(set(send.blocks) | self.last_held.get(send.request, set())))
+            self.sends[send.request] = RemoteSend(send.request, kept, step, self._due("send", send.request, step))
         held = {request: set(blocks) for request, blocks in worker.holdings()[0].items()}
         in_flight = self.loop.in_flight()
         for block in list(self.released):

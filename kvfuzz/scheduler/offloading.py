@@ -71,7 +71,7 @@ class TransferTally:
     flushed: int = 0  # stores the scheduler ordered flushed before a step
     sync_loads: int = 0  # the P/D connector: loads performed in the step that scheduled their request (of ``loads``)
     sends: int = 0  # the P/D connector: finished requests' blocks sent, their frees delayed until reported
-    deferred: int = 0  # the P/D connector: released blocks seen held back while a step reading them was in flight
+    deferred: int = 0  # the P/D connector: times (block, step) a released block was seen held back for a step in flight
 
     def add(self, other: TransferTally) -> None:
         """Count ``other``'s transfers too."""
@@ -90,8 +90,8 @@ class TransferTally:
         return (
             f"the P/D connector loaded {self.loads} remote prefix(es) ({self.sync_loads} in the step that scheduled "
             f"their request) and sent {self.sends} finished request(s) (their frees delayed until reported): "
-            f"{self.late} transfer(s) reported late; {self.deferred} released block(s) seen held back by vLLM's "
-            "deferred frees while a step reading them was in flight"
+            f"{self.late} transfer(s) reported late; {self.deferred} time(s) a released block was seen held back by "
+            "vLLM's deferred frees while a step reading it was in flight"
         )
 
 

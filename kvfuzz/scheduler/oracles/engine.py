@@ -36,6 +36,7 @@ class VllmView:
         self.max_model_len = setup.max_model_len
         self.connector_held: set[str] = set()  # requests a KV connector held since they last ran
         self.served_ahead: set[str] = set()  # admitted by the last step from the connector's queue, ahead of waiting
+        self.holding_blocks: set[str] = set()  # waiting with blocks at the last step (its load in flight or done)
         self.aligned_chunks = bool(getattr(scheduler, "need_mamba_block_aligned_split", False))  # Mamba's align mode
 
     def free_blocks(self) -> int:
@@ -46,18 +47,21 @@ class VllmView:
         """Right after a step's ``schedule()``, before the checks: the requests the step admitted that a KV connector
         held before it (``served_ahead``: vLLM serves those from its own queue first), and the requests a connector
         holds now."""
-        self.served_ahead = self.connector_held & admitted
+        # served ahead: admitted from the queue of requests waiting with blocks; a request a connector deferred with
+        # none (``deferred_waiting`` alone: skipped, for the LoRA limit say) is served from the waiting queue, in order
+        self.served_ahead = self.holding_blocks & admitted
         self.connector_held -= admitted
         if not self.connector:
             return
         scheduler = self.scheduler
-        held = {request.request_id for request in getattr(scheduler, "kv_holding_waiting", ())}
-        held |= {request.request_id for request in getattr(scheduler, "deferred_waiting", ())}
-        held |= {
+        holding = {request.request_id for request in getattr(scheduler, "kv_holding_waiting", ())}
+        holding |= {
             request_id
             for request_id, request in scheduler.requests.items()
             if request.status.name == "WAITING_FOR_REMOTE_KVS"
         }
+        self.holding_blocks = holding
+        held = holding | {request.request_id for request in getattr(scheduler, "deferred_waiting", ())}
         self.connector_held |= held - admitted
 
     def held_back(self, request_id: str) -> Optional[str]:
