@@ -18,7 +18,9 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from engine_tests.vllm_seeded_runs import found_and_replayed
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.offloading import TransferTally
+from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.session import Session
+from kvfuzz.scheduler.trace import load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 SYNC = SchedulerSetup(num_blocks=8, block_size=2, kv_connector="pd", transfer_delay=2)
@@ -160,3 +162,13 @@ def test_a_seeded_bug_is_found_by_a_run_and_its_trace_replays(
 def test_the_connector_is_refused_with_a_hybrid_model_or_failed_loads(refused: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="the P/D connector is driven only with the full-attention model"):
         attrs.evolve(SYNC, **refused)
+
+
+def test_a_request_the_connector_skipped_without_blocks_is_served_in_the_waiting_queue_s_order() -> None:
+    """The order oracle's false alarm of the first pinned campaign (shrunk to 39 operations, then the drain): a
+    request vLLM skipped for the LoRA limit sits in ``deferred_waiting`` with no blocks, and is later admitted from
+    the waiting queue behind a preempted request; the oracle took it for one served ahead from the connector's queue
+    and named a correct FCFS victim. It replays clean now (it reproduced before the fix)."""
+    trace = load(Path(__file__).parent / "data" / "order-deferred-waiting-served-in-order.json")
+    replayed = replay(trace)
+    assert replayed.failure is None, replayed.describe_failure()
