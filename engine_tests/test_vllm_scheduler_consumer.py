@@ -16,9 +16,11 @@ import pytest
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from engine_tests.vllm_seeded_runs import found_and_replayed
+from kvfuzz.reproducer_text import NotReproducible
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.replay import replay
+from kvfuzz.scheduler.reproducer import check_reproducible
 from kvfuzz.scheduler.session import Session
 from kvfuzz.scheduler.trace import load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
@@ -156,6 +158,15 @@ def test_a_seeded_bug_is_found_by_a_run_and_its_trace_replays(
     options = ["--block-size", "2", "--kv-connector", "pd", "--async-scheduling", "--transfer-delay", "1"]
     trace = found_and_replayed(capsys, tmp_path / "corpus", options, {Check.DELAYED_FREE}, "vLLM defers its free")
     assert trace.setup.kv_connector == "pd" and trace.setup.async_scheduling
+    # the reproducer plays vLLM's offloading connector only, and says so of a trace it would otherwise play (one
+    # failing a check it states, synchronous: the leak of a sent request's blocks is such a one)
+    leak = attrs.evolve(
+        trace,
+        setup=attrs.evolve(trace.setup, async_scheduling=False),
+        failure=attrs.evolve(trace.failure, check=Check.ACCOUNTING.value),
+    )
+    with pytest.raises(NotReproducible, match="P/D connector is not played by the reproducer"):
+        check_reproducible(leak)
 
 
 @pytest.mark.parametrize("refused", [{"model": "sliding-window"}, {"load_failures": True}])
