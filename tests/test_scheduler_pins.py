@@ -186,11 +186,17 @@ def test_a_row_that_needs_another_is_set_only_where_that_row_drew_its_value() ->
     assert {s.kv_connector for s in without} == {"none"} and {s.kv_connector for s in with_} == {"offloading"}
     assert without and all(s.transfer_delay == 0 and not s.load_failures for s in without)
     assert {s.transfer_delay for s in with_} == {0, 1, 2, 3} and {s.load_failures for s in with_} == {False}
+    pd = [swarm.draw(random.Random(seed), accept, pins={"kv_connector": "pd"}).setup for seed in range(200)]
+    assert {s.transfer_delay for s in pd} == {0, 1, 2, 3} and {s.load_failures for s in pd} == {False}
     failing = [swarm.draw(random.Random(seed), accept, pins={"load_failures": True}).setup for seed in range(20)]
     assert {(s.kv_connector, s.load_failures) for s in failing} == {("offloading", True)}
 
 
 def test_an_unpinned_draw_runs_the_connector_about_a_fifth_of_the_time() -> None:
-    """The offloading connector is drawn unpinned (its findings are classified: docs/scheduler-connectors.md)."""
-    drawn = [swarm.draw(random.Random(seed), accept).setup.kv_connector for seed in range(400)]
-    assert 50 <= drawn.count("offloading") <= 110 and set(drawn) == {"none", "offloading"}
+    """The offloading connector is drawn unpinned (its findings are classified: docs/scheduler-connectors.md), and
+    the P/D connector about one time in eight, with async scheduling (deferred frees) in some of them."""
+    drawn = [swarm.draw(random.Random(seed), accept).setup for seed in range(400)]
+    connectors = [setup.kv_connector for setup in drawn]
+    assert 50 <= connectors.count("offloading") <= 110 and set(connectors) == {"none", "offloading", "pd"}
+    assert 30 <= connectors.count("pd") <= 80
+    assert any(setup.kv_connector == "pd" and setup.async_scheduling for setup in drawn)

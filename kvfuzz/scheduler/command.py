@@ -128,13 +128,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--kv-connector",
-        choices=("none", "offloading"),
-        help="vLLM's OffloadingConnector, kvfuzz as its worker side (default none; docs/scheduler-connectors.md)",
+        choices=("none", "offloading", "pd"),
+        help="vLLM's OffloadingConnector, kvfuzz as its worker side, or pd: kvfuzz's P/D-disaggregation connector "
+        "(remote loads, sends that delay frees; deferred frees under async scheduling) (default none; "
+        "docs/scheduler-connectors.md)",
     )
     group.add_argument(
         "--transfer-delay",
         type=int,
-        help="with --kv-connector: the most steps a store or load completes late (default 0)",
+        help="with --kv-connector: the most steps a store, load or send completes late (default 0)",
     )
     group.add_argument(
         "--load-failures",

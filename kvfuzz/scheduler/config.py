@@ -15,8 +15,10 @@ from kvfuzz.scheduler.models import MODELS, max_model_len
 POLICIES = ("fcfs", "priority")
 """vLLM's scheduling policies: first come first served, or by each request's priority (smaller first, then arrival)."""
 
-KV_CONNECTORS = ("none", "offloading")
-"""KV connectors the target drives: none, or vLLM's OffloadingConnector (kvfuzz.scheduler.offloading)."""
+KV_CONNECTORS = ("none", "offloading", "pd")
+"""KV connectors the target drives: none, vLLM's OffloadingConnector (kvfuzz.scheduler.offloading), or kvfuzz's
+P/D-disaggregation connector, a remote producer's loads and sends to a remote decoder (kvfuzz.scheduler.pd_connector,
+kvfuzz.scheduler.disaggregation)."""
 
 MAX_LORAS = 4
 """The most LoRA adapters a step may serve (``max_loras``) the target is built with: requests draw from one adapter
@@ -50,7 +52,9 @@ class SchedulerSetup:
     stop_tokens: bool = False  # requests drawn with stop token ids (kvfuzz.scheduler.requests)
     eos: bool = False  # requests drawn ending at the model's EOS token, or ignoring it (kvfuzz.scheduler.ending)
     min_tokens: bool = False  # requests drawn with min_tokens: no stop token or EOS sampled before (ending.py)
-    kv_connector: str = "none"  # "offloading": vLLM's OffloadingConnector, its worker side kvfuzz's (offloading.py)
+    # "offloading": vLLM's OffloadingConnector, its worker side kvfuzz's (offloading.py); "pd": kvfuzz's P/D
+    # connector (pd_connector.py, disaggregation.py), which under async scheduling turns vLLM's deferred frees on
+    kv_connector: str = "none"
     transfer_delay: int = 0  # with a connector: the most steps a store or load completes late
     load_failures: bool = False  # with a connector: loads may fail part-way (vLLM's recompute recovery)
     max_loras: int = 0  # LoRA: vLLM's lora_config.max_loras, requests drawn with an adapter (0: no LoRA; lora.py)
@@ -100,10 +104,15 @@ class SchedulerSetup:
             raise ValueError("late transfers and load failures need a KV connector (--kv-connector offloading)")
         if self.transfer_delay < 0:
             raise ValueError(f"transfer_delay must be >= 0, got {self.transfer_delay}")
-        if self.kv_connector != "none" and (self.async_scheduling or self.model != "full"):
+        if self.kv_connector == "offloading" and (self.async_scheduling or self.model != "full"):
             raise ValueError(
                 "the offloading connector is driven only with synchronous scheduling and the full-attention model "
                 "(yet; docs/scheduler-connectors.md)"
+            )
+        if self.kv_connector == "pd" and (self.model != "full" or self.load_failures):
+            raise ValueError(
+                "the P/D connector is driven only with the full-attention model, and its loads do not fail (yet; "
+                "docs/scheduler-connectors.md)"
             )
         if self.prefix_resets and self.kv_connector != "none":
             raise ValueError(

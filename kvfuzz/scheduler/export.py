@@ -34,7 +34,9 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     speculative = f", speculative_tokens={setup.speculative_tokens}" if setup.speculative_tokens else ""
     loras = f", max_loras={setup.max_loras}" if setup.max_loras else ""
     unit = f", prefix_match_unit={setup.prefix_match_unit}" if setup.prefix_match_unit else ""
-    options = model + speculative + loras + unit
+    connector = f", kv_connector={setup.kv_connector!r}" if setup.kv_connector != "none" else ""
+    delay = f", transfer_delay={setup.transfer_delay}" if setup.transfer_delay else ""
+    options = model + speculative + loras + unit + connector + delay
     drawn = {
         "async_scheduling": setup.async_scheduling,
         "cache_salts": setup.cache_salts,
@@ -46,6 +48,7 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
         "overlong_requests": setup.overlong_requests,
         "stats": setup.stats,
         "sessions": setup.sessions,
+        "load_failures": setup.load_failures,
     }
     export_async = "".join(f", {name}=True" for name, on in drawn.items() if on)
     return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.

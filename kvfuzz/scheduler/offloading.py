@@ -69,6 +69,9 @@ class TransferTally:
     failed_loads: int = 0
     late: int = 0  # transfers reported at least one step after the step that ordered them (every store is)
     flushed: int = 0  # stores the scheduler ordered flushed before a step
+    sync_loads: int = 0  # the P/D connector: loads performed in the step that scheduled their request (of ``loads``)
+    sends: int = 0  # the P/D connector: finished requests' blocks sent, their frees delayed until reported
+    deferred: int = 0  # the P/D connector: times (block, step) a released block was seen held back for a step in flight
 
     def add(self, other: TransferTally) -> None:
         """Count ``other``'s transfers too."""
@@ -80,6 +83,15 @@ class TransferTally:
             f"the offloading connector stored {self.stores} and loaded {self.loads} block range(s): "
             f"{self.failed_loads} load(s) failed part-way, {self.late} transfer(s) reported late, "
             f"{self.flushed} store(s) flushed before a step reused their blocks"
+        )
+
+    def describe_pd(self) -> str:
+        """The P/D connector's line (:mod:`kvfuzz.scheduler.disaggregation`)."""
+        return (
+            f"the P/D connector loaded {self.loads} remote prefix(es) ({self.sync_loads} in the step that scheduled "
+            f"their request) and sent {self.sends} finished request(s) (their frees delayed until reported): "
+            f"{self.late} transfer(s) reported late; {self.deferred} time(s) a released block was seen held back by "
+            "vLLM's deferred frees while a step reading it was in flight"
         )
 
 
@@ -96,6 +108,16 @@ class NoConnector:
 
     def __init__(self) -> None:
         self.tally = TransferTally()  # stays zero
+
+    def consume(self, output: Any, worker: Any, step: int) -> None:
+        """Nothing ordered."""
+
+    def holding(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """No blocks held for transfers."""
+        return {}, {}
+
+    def collected(self, step: int) -> None:
+        """Nothing reported."""
 
     def before_forward(self, output: Any, worker: Any, step: int) -> None:
         """Nothing to submit."""
@@ -147,6 +169,16 @@ class OffloadingWorker:
     def loading(self) -> set[str]:
         """The requests with a load in flight."""
         return {transfer.request for transfer in self.in_flight.values() if transfer.load}
+
+    def consume(self, output: Any, worker: Any, step: int) -> None:
+        """The step's jobs are submitted in :meth:`before_forward`."""
+
+    def holding(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """No blocks held for transfers beyond the requests' own (a finished request's stores are fenced)."""
+        return {}, {}
+
+    def collected(self, step: int) -> None:
+        """Completions are reported by job; nothing to forget."""
 
     # -- the step ------------------------------------------------------------------------------------------------
 

@@ -53,6 +53,8 @@ def _refusal(trace: SchedulerTrace) -> str | None:
         return f"model {setup.model}: the reproducer builds the full-attention model only"
     if setup.load_failures:
         return "failed loads are not played by the reproducer's connector"
+    if setup.kv_connector == "pd":
+        return "kvfuzz's P/D connector is not played by the reproducer (it plays vLLM's OffloadingConnector only)"
     if setup.prefix_resets or setup.kv_events or setup.overlong_requests:
         return "prefix-cache resets, KV cache events and requests past max_model_len are not played by the reproducer"
     if setup.stats:

@@ -76,8 +76,10 @@ class Outcome:
                 f"{plural(self.rewrites, 'released block')} written while a step that read it was in flight "
                 "(after it, on the stream)"
             )
-        if self.setup.kv_connector != "none":
+        if self.setup.kv_connector == "offloading":
             lines.append(self.transfers.describe())
+        if self.setup.kv_connector == "pd":
+            lines.append(self.transfers.describe_pd())
         if self.setup.max_loras:
             lines.append(
                 f"LoRA: the limit of {plural(self.setup.max_loras, 'adapter')} a step held a waiting request of "

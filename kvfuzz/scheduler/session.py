@@ -15,12 +15,13 @@ from kvfuzz.program.safeguards import Journal, Watchdog
 from kvfuzz.scheduler.accounting import check_accounting
 from kvfuzz.scheduler.async_batches import DEPTH, Batch, BatchQueue, Progress, SynchronousLoop
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.disaggregation import PDWorker
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.kv_events import KnownRequest, event_checker
 from kvfuzz.scheduler.lora import limit_held_back
 from kvfuzz.scheduler.model_length import capped_max_tokens
-from kvfuzz.scheduler.offloading import TransferTally, connector_for
+from kvfuzz.scheduler.offloading import NoConnector, OffloadingWorker, TransferTally, connector_for
 from kvfuzz.scheduler.oracles import Arrival, PolicyOracles, step_events
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.prefix_reset import PrefixResets
@@ -72,7 +73,7 @@ class Session:
         self.held_back = 0  # LoRA: steps after which the adapter limit held a waiting request back
         self.program: list[Operation] = []  # the client's operations so far, each recorded before it runs
         self.loop: EngineLoop = BatchQueue() if setup.async_scheduling else SynchronousLoop()  # the engine core
-        self.connector = connector_for(setup)  # the KV connector's worker side (transfers, offload store)
+        self.connector = _connector(setup, self.scheduler, self.loop)  # the KV connector's worker side
         self.observer: StepObserver = NO_OBSERVER  # told of each step as soon as it is scheduled (kvfuzz show)
         self.engine = f"vLLM {installed_version('vllm')}"  # what a harness error names as driven
         self.resets = PrefixResets()  # the client's prefix-cache resets, and the K/V namespace's epoch
@@ -265,6 +266,7 @@ class Session:
             self.hit_tokens += computed
             self.stats.admitted(request, self._known_tokens(request), computed)
         self.worker.consume(output, self.steps)
+        self.connector.consume(output, self.worker, self.steps)
         self._check_accounting()
         self.oracles.stepped(step_events(output, resumed, self.worker.computed, self.steps))
         self.loop.before_execute(output, self.worker, self.steps)
@@ -279,6 +281,7 @@ class Session:
         ``post_step`` (synchronous scheduling only), the worker's drafts for the next step."""
         outputs = self.scheduler.update_from_output(batch.output, batch.result)
         self.outputs.receive(outputs, batch.step)
+        self.connector.collected(batch.step)
         for finished in (output.request_id for eco in outputs.values() for output in eco.outputs if output.finished):
             self.stats.finished(finished)
         if self.sessions.open:
@@ -391,6 +394,11 @@ class Session:
     def _check_accounting(self) -> None:
         """The accounting check against the blocks the worker's live tables hold, in every KV-cache group."""
         held, maybe = self.worker.holdings()
+        sending, deferred = self.connector.holding()  # a send's blocks, and blocks vLLM may hold back for steps
+        for request, blocks in sending.items():
+            held.setdefault(request, []).extend(blocks)
+        for request, blocks in deferred.items():
+            maybe.setdefault(request, []).extend(blocks)
         waiting = {request.request_id for request in getattr(self.scheduler, "kv_holding_waiting", ())}
         for request in sorted(waiting | self.connector.loading()):
             # a request waiting with blocks (its load in flight, or finished and not scheduled since; an aborted one
@@ -425,6 +433,13 @@ def _block_hashes(setup: SchedulerSetup) -> Callable[[str, list[int], Optional[s
         )
 
     return hashes
+
+
+def _connector(
+    setup: SchedulerSetup, scheduler: Any, loop: EngineLoop
+) -> Union[NoConnector, OffloadingWorker, PDWorker]:
+    """The worker side of ``setup``'s KV connector: the P/D connector's reads vLLM's pool and the steps in flight."""
+    return PDWorker(setup, scheduler, loop) if setup.kv_connector == "pd" else connector_for(setup)
 
 
 def _state_of(status: str, scheduled: int) -> str:

@@ -15,6 +15,7 @@ one, and counts the refusals, so a campaign runs only configurations vLLM would 
 
 from __future__ import annotations
 
+import itertools
 import random
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional
@@ -38,8 +39,9 @@ class Dimension:
     name: str
     domain: tuple[Any, ...]
     draw: Callable[[random.Random, tuple[Any, ...]], Any]  # (rng, domain) -> one of domain's values
-    # (row, value): the row means something only where that row drew that value; elsewhere it takes domain[0] (its
-    # draw is made all the same), so a draw is not refused for setting an option nothing uses
+    # (row, value): the row means something only where that row drew that value (or, a tuple, one of its values);
+    # elsewhere it takes domain[0] (its draw is made all the same), so a draw is not refused for setting an option
+    # nothing uses
     needs: Optional[tuple[str, Any]] = None
     # values --pin accepts that ``draw`` never returns: a feature campaigns run only when asked
     pin_only: tuple[Any, ...] = ()
@@ -55,7 +57,9 @@ class Dimension:
         """This row's value, given the rows drawn before it."""
         value = self.draw(rng, self.domain)
         for needed in (self.needs, self.also_needs):
-            if needed is not None and drawn[needed[0]] != needed[1]:
+            if needed is not None and drawn[needed[0]] not in (
+                needed[1] if isinstance(needed[1], tuple) else (needed[1],)
+            ):
                 return self.domain[0]
         return value
 
@@ -84,6 +88,20 @@ def _weighted(weights: tuple[int, ...]) -> Callable[[random.Random, tuple[Any, .
     return lambda rng, values: rng.choice(tuple(v for v, weight in zip(values, weights) for _ in range(weight)))
 
 
+def _split(*chances: float) -> Callable[[random.Random, tuple[Any, ...]], Any]:
+    """The second value with the first of ``chances``, the third with the second, and so on; else the first value
+    (one draw: the first value is drawn for the same ``rng.random()`` as before a value was added at the end)."""
+
+    def draw(rng: random.Random, values: tuple[Any, ...]) -> Any:
+        roll = rng.random()
+        for value, bound in zip(values[1:], itertools.accumulate(chances)):
+            if roll < bound:
+                return value
+        return values[0]
+
+    return draw
+
+
 def _weighted_choice(weights: tuple[int, ...]) -> Callable[[random.Random, tuple[Any, ...]], Any]:
     """Each value with its weight (``random.choices``)."""
     return lambda rng, values: rng.choices(values, weights)[0]
@@ -107,10 +125,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("stop_tokens", BOOLEAN, _chance(0.25)),  # requests that stop early (less pool pressure)
     Dimension("eos", BOOLEAN, _chance(0.25)),  # requests ending at EOS, or ignoring it
     Dimension("min_tokens", BOOLEAN, _chance(0.25)),  # stop tokens and EOS masked before min_tokens
-    # vLLM's OffloadingConnector: drawn 2 times in 5, refused (and redrawn) under async scheduling or a hybrid model,
-    # so it runs in about a fifth of the configurations; with it late transfers (docs/scheduler-connectors.md)
-    Dimension("kv_connector", ("none", "offloading"), _chance(0.4)),
-    Dimension("transfer_delay", (0, 1, 2, 3), _weighted((2, 1, 1, 1)), needs=("kv_connector", "offloading")),
+    # vLLM's OffloadingConnector 1 time in 5, refused (and redrawn) under async scheduling or a hybrid model;
+    # kvfuzz's P/D connector 1 time in 5 (refused with a hybrid model), with async scheduling vLLM's deferred frees;
+    # with either, late transfers (docs/scheduler-connectors.md)
+    Dimension("kv_connector", ("none", "offloading", "pd"), _split(0.4, 0.2)),
+    Dimension("transfer_delay", (0, 1, 2, 3), _weighted((2, 1, 1, 1)), needs=("kv_connector", ("offloading", "pd"))),
     # failed loads only when pinned (--pin load_failures=true): vLLM's own worker for the connector never reports one,
     # and the scheduler's generic recovery then hangs (docs/scheduler-connectors.md)
     Dimension("load_failures", (False,), fixed, needs=("kv_connector", "offloading"), pin_only=(True,)),

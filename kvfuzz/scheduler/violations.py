@@ -31,6 +31,7 @@ class Check(enum.Enum):
     STATS = "stats"  # the scheduler stats agree with the pool and the requests (kvfuzz.scheduler.stats)
     PREFIX_HIT = "prefix-hit"  # a prefix-cache hit ends on a prefix-hash boundary, before the request's last token
     SESSIONS = "sessions"  # a streaming session keeps its tokens and their hashes, and is not scheduled while paused
+    DELAYED_FREE = "delayed-free"  # a block a connector's send or a deferred free holds stays out of the pool
 
 
 class SchedulerViolation(Exception):

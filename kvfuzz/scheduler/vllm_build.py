@@ -202,10 +202,19 @@ def _kv_events_config(setup: SchedulerSetup) -> Any:
 
 def _kv_transfer_config(setup: SchedulerSetup) -> Any:
     """vLLM's ``OffloadingConnector`` (both roles, as an engine that offloads and reloads its own blocks) over an
-    offload store of as many chunks as the pool has blocks, one block per chunk, failed loads recomputed; or None."""
+    offload store of as many chunks as the pool has blocks, one block per chunk, failed loads recomputed; kvfuzz's
+    P/D connector (both roles: a consumer of a remote producer's prefills, a producer for a remote decoder), loaded
+    by vLLM's connector factory from its module; or None."""
     if setup.kv_connector == "none":
         return None
     from vllm.config import KVTransferConfig
+
+    if setup.kv_connector == "pd":
+        return KVTransferConfig(
+            kv_connector="KvfuzzPDConnector",
+            kv_connector_module_path="kvfuzz.scheduler.pd_connector",
+            kv_role="kv_both",
+        )
 
     kv_bytes_per_block = (
         2 * MODEL_SHAPE.num_layers * MODEL_SHAPE.num_kv_heads * MODEL_SHAPE.head_dim * 4 * setup.block_size

@@ -9,7 +9,10 @@
   transfer (a request the connector holds: loading, holding blocks in ``kv_holding_waiting``, or deferred by the
   connector), or a running request whose last output is already in flight (async scheduling's
   ``num_output_placeholders`` reaching ``max_tokens``), that stands at ``max_model_len``, or whose prefill chunk a
-  Mamba group's align mode must cut at a block boundary the budget left may not reach.
+  Mamba group's align mode must cut at a block boundary the budget left may not reach;
+* whether vLLM defers block frees (``defer_block_free``: a KV consumer under async scheduling) and a running request
+  has a step in flight (``last_sched_seq`` past ``processed_step_seq``): a short pool then stops the running
+  requests' service rather than preempt a request whose blocks would only be freed later.
 
 A connector-held request stays exempt from the order checks until it is admitted: once held, the engine serves it
 from its own queue (``kv_holding_waiting``, drained before ``waiting``)."""
@@ -33,6 +36,7 @@ class VllmView:
         self.max_model_len = setup.max_model_len
         self.connector_held: set[str] = set()  # requests a KV connector held since they last ran
         self.served_ahead: set[str] = set()  # admitted by the last step from the connector's queue, ahead of waiting
+        self.holding_blocks: set[str] = set()  # waiting with blocks at the last step (its load in flight or done)
         self.aligned_chunks = bool(getattr(scheduler, "need_mamba_block_aligned_split", False))  # Mamba's align mode
 
     def free_blocks(self) -> int:
@@ -43,18 +47,21 @@ class VllmView:
         """Right after a step's ``schedule()``, before the checks: the requests the step admitted that a KV connector
         held before it (``served_ahead``: vLLM serves those from its own queue first), and the requests a connector
         holds now."""
-        self.served_ahead = self.connector_held & admitted
+        # served ahead: admitted from the queue of requests waiting with blocks; a request a connector deferred with
+        # none (``deferred_waiting`` alone: skipped, for the LoRA limit say) is served from the waiting queue, in order
+        self.served_ahead = self.holding_blocks & admitted
         self.connector_held -= admitted
         if not self.connector:
             return
         scheduler = self.scheduler
-        held = {request.request_id for request in getattr(scheduler, "kv_holding_waiting", ())}
-        held |= {request.request_id for request in getattr(scheduler, "deferred_waiting", ())}
-        held |= {
+        holding = {request.request_id for request in getattr(scheduler, "kv_holding_waiting", ())}
+        holding |= {
             request_id
             for request_id, request in scheduler.requests.items()
             if request.status.name == "WAITING_FOR_REMOTE_KVS"
         }
+        self.holding_blocks = holding
+        held = holding | {request.request_id for request in getattr(scheduler, "deferred_waiting", ())}
         self.connector_held |= held - admitted
 
     def held_back(self, request_id: str) -> Optional[str]:
@@ -89,4 +96,15 @@ class VllmView:
             return "its prefill chunk must be block-aligned (a Mamba group), and the budget left may hold no block"
         if self.connector and self.scheduler.connector.has_pending_block_frees():
             return "the KV connector has block frees pending"
+        if self._deferred_victim():
+            return "vLLM defers block frees, and preempting a request with a step in flight would free nothing now"
         return None
+
+    def _deferred_victim(self) -> bool:
+        """Whether vLLM defers block frees (a KV consumer under async scheduling) and a running request has a step
+        in flight: where the pool is short, ``schedule()`` then stops serving running requests rather than preempt
+        one whose blocks would only be freed later."""
+        scheduler = self.scheduler
+        if not getattr(scheduler, "defer_block_free", False):
+            return False
+        return any(request.last_sched_seq > scheduler.processed_step_seq for request in scheduler.running)

@@ -1,0 +1,361 @@
+"""kvfuzz as the worker side of its P/D-disaggregation connector (the scheduler side:
+:mod:`kvfuzz.scheduler.pd_connector`, which vLLM builds): the remote producer's loads and the sends to a remote
+decoder, performed and reported in the ``ModelRunnerOutput``'s ``kv_connector_output``, and the checks on the
+blocks they and vLLM's deferred frees protect.
+
+The protocol: a step's connector metadata orders loads (a request's remote prefix into its blocks) and sends (a
+finished request's blocks, whose free vLLM delays). A sync load is performed before the step's forward pass; an
+async load and a send complete ``delay`` steps after the step that submitted them (0 to ``transfer_delay``, drawn
+per transfer from the request, so a replay draws the same), reported in that step's ``finished_recving`` or
+``finished_sending``. A completed load writes the remote prefill's K/V (the reference's, under the request's
+namespace) into the slots of the positions it fills, so the content check then holds every loaded token to it.
+
+Under async scheduling a KV-consumer connector turns vLLM's ``defer_block_free`` on: a request's blocks released
+while a step that scheduled it is in flight go back to the pool only once that step's output was processed (a load
+is not ordered on the device's stream, so a block reused by a load could be written while the old step still
+reads it). Invariants the worker holds vLLM to (:attr:`Check.DELAYED_FREE`), at each step, once the scheduler's
+output has been read:
+
+* a block of a send in flight (from the step whose metadata ordered it until the output reporting it was
+  processed) is not in the free queue, not newly held by another request beyond its prefix-cache hit, not the
+  target of a load, and not written by a step;
+* with deferred frees, a block a request released while a step in flight reads it for that request is likewise
+  not in the free queue, not reallocated (newly held beyond a prefix-cache hit, or a load's target) until that step's
+  output was processed.
+
+And (:attr:`Check.TRANSFER`): a load lands only in blocks its request holds (in the manager's table for it, not
+free), from its submission to its completion; no step reads or writes a block an async load has not finished.
+
+The accounting check counts a send's blocks as its request's until the send's report was processed, and a
+deferred block as possibly held until the steps in flight when it was released returned; so a delayed block never
+freed (a leak) fails it."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Optional
+
+import attrs
+
+from kvfuzz.reference.content import kv_for_tags, prefix_tags
+from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
+from kvfuzz.scheduler.groups import group_namespace
+from kvfuzz.scheduler.kv_slots import Write
+from kvfuzz.scheduler.offloading import TransferTally
+from kvfuzz.scheduler.violations import Check, SchedulerViolation
+
+
+def _draw(*parts: object) -> int:
+    """A deterministic draw from ``parts`` (the same in every run and replay)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+@attrs.frozen
+class RemoteLoad:
+    """A load submitted: what the metadata ordered (a :class:`~kvfuzz.scheduler.pd_connector.Load`), the step whose
+    metadata ordered it, and the step whose output reports it (the same step for a sync load)."""
+
+    load: Any
+    ordered: int
+    due: int
+    namespace: tuple[str, ...]  # the request's K/V namespace (the worker forgets it once the request finished)
+
+    @property
+    def request(self) -> str:
+        return str(self.load.request)
+
+    def targets(self, block_size: int) -> list[int]:
+        """The blocks the load writes: those of the positions it fills."""
+        blocks = self.load.blocks
+        return sorted({blocks[position // block_size] for position in range(self.load.start, self.load.stop)})
+
+
+@attrs.frozen
+class RemoteSend:
+    """A send submitted: the request, the blocks vLLM keeps for it (those of its computed tokens, which the send
+    reads, and the rest of its last table: a draft's lookahead slots, say), the step that ordered it and the step
+    whose output reports it."""
+
+    request: str
+    blocks: tuple[int, ...]
+    ordered: int
+    due: int
+
+
+@attrs.frozen
+class Released:
+    """A block a request released (no live table of it holds it), first seen released at launch ``seen``."""
+
+    request: str
+    seen: int
+
+
+class PDWorker:
+    """The worker side of the P/D connector over the worker's slot pool; ``scheduler`` is vLLM's, read for its
+    pool and its own tables, ``loop`` the engine loop (its ``readers``: the blocks the steps in flight read).
+
+    Invariants: ``loads`` holds every load submitted and not yet reported (request -> load); ``sends`` every send
+    submitted whose report has not been processed; ``released`` (with deferred frees) the blocks requests released
+    while a step launched before was in flight, until every such step returned."""
+
+    def __init__(self, setup: SchedulerSetup, scheduler: Any, loop: Any) -> None:
+        self.max_delay = setup.transfer_delay  # the most steps a load or send completes late
+        self.block_size = setup.block_size
+        self.deferring = setup.async_scheduling  # vLLM defers block frees: a consumer, two batches in flight
+        self.scheduler = scheduler
+        self.loop = loop
+        self.loads: dict[str, RemoteLoad] = {}
+        self.ordered: list[RemoteLoad] = []  # the loads the step being launched ordered, submitted before its forward
+        self.sends: dict[str, RemoteSend] = {}
+        self.reported: dict[str, int] = {}  # send's request -> the step whose output reported it
+        self.received: dict[str, int] = {}  # async load's request -> the step whose output reported it
+        self.released: dict[int, list[Released]] = {}  # block -> who released it, while steps before are in flight
+        self.last_held: dict[str, set[int]] = {}  # the live tables at the last launch
+        self.tally = TransferTally()
+
+    @property
+    def drain_steps(self) -> int:
+        """Steps the drain adds once every request finished: the step that submits the last sends, and the most
+        steps they may report late."""
+        return 1 + self.max_delay
+
+    def pending(self) -> bool:
+        return bool(self.loads or self.sends)
+
+    def loading(self) -> set[str]:
+        """The requests with an async load in flight, or reported and the report not yet processed."""
+        return set(self.loads) | set(self.received)
+
+    def transfers(self) -> int:
+        return self.tally.loads + self.tally.sends
+
+    # -- the step ------------------------------------------------------------------------------------------------
+
+    def consume(self, output: Any, worker: Any, step: int) -> None:
+        """The scheduler's output was read: learn the step's loads and sends, note the blocks released since the last
+        launch, and check the blocks sends and deferred frees protect."""
+        meta = output.kv_connector_metadata
+        self.ordered = [
+            RemoteLoad(load, step, step, group_namespace(0) + worker.namespaces[load.request]) for load in meta.loads
+        ]
+        for send in meta.sends:
+            kept = tuple(sorted(set(send.blocks) | self.last_held.get(send.request, set())))
+            self.sends[send.request] = RemoteSend(send.request, kept, step, self._due("send", send.request, step))
+        held = {request: set(blocks) for request, blocks in worker.holdings()[0].items()}
+        in_flight = self.loop.in_flight()
+        for block in list(self.released):
+            self.released[block] = [entry for entry in self.released[block] if in_flight and in_flight[0] < entry.seen]
+            if not self.released[block]:
+                del self.released[block]
+        if self.deferring and in_flight:
+            for request, blocks in self.last_held.items():
+                for block in sorted(blocks - held.get(request, set())):
+                    self.released.setdefault(block, []).append(Released(request, step))
+        self._check_protected(output, worker, held, step)
+        self.last_held = held
+
+    def holding(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """What the accounting check adds to the live tables: the blocks each send in flight holds, and those a
+        request released that vLLM may still hold back (deferred frees)."""
+        held = {send.request: list(send.blocks) for send in self.sends.values()}
+        maybe: dict[str, list[int]] = {}
+        for block, entries in self.released.items():
+            for entry in entries:
+                maybe.setdefault(entry.request, []).append(block)
+        return held, maybe
+
+    def before_forward(self, output: Any, worker: Any, step: int) -> None:
+        """``start_load_kv``: submit the step's loads (a sync one performed now), after checking each lands in its
+        request's blocks; then check the step's reads and writes against the loads in flight."""
+        for remote in self.ordered:
+            self._check_lands(remote, "is submitted", step)
+            if remote.load.asynchronous:
+                self.loads[remote.request] = attrs.evolve(remote, due=self._due("load", remote.request, step))
+            else:
+                self.tally.sync_loads += 1
+                self._complete(remote, worker, step)
+        self.ordered = []
+        self._check_step(output, worker, step)
+
+    def after_forward(self, output: Any, worker: Any, step: int) -> Any:
+        """``get_finished``: complete the loads due now and report them and the sends due now."""
+        from vllm.v1.outputs import KVConnectorOutput
+
+        recving: set[str] = set()
+        for request, remote in sorted(self.loads.items()):
+            if remote.due > step:
+                continue
+            del self.loads[request]
+            self._check_lands(remote, "completes", step)
+            self._complete(remote, worker, step)
+            self.tally.late += int(remote.due > remote.ordered)
+            recving.add(request)
+            self.received[request] = step
+        sending: set[str] = set()
+        for request, send in sorted(self.sends.items()):
+            if send.due == step:
+                sending.add(request)
+                self.reported[request] = step
+                self.tally.sends += 1
+                self.tally.late += int(send.due > send.ordered)
+        return KVConnectorOutput(finished_recving=recving or None, finished_sending=sending or None)
+
+    def collected(self, step: int) -> None:
+        """Step ``step``'s output was processed: the sends it reported no longer hold their blocks, the loads it
+        reported are the scheduler's to promote."""
+        for request, reported in list(self.received.items()):
+            if reported <= step:
+                del self.received[request]
+        for request, reported in list(self.reported.items()):
+            if reported <= step:
+                del self.reported[request]
+                del self.sends[request]
+
+    # -- transfers -----------------------------------------------------------------------------------------------
+
+    def _due(self, kind: str, request: str, step: int) -> int:
+        return step + _draw("delay", kind, request) % (self.max_delay + 1)
+
+    def _complete(self, remote: RemoteLoad, worker: Any, step: int) -> None:
+        """Write the remote prefill's K/V of the positions the load fills into their slots."""
+        load = remote.load
+        self.tally.loads += 1
+        namespace = remote.namespace
+        tags = prefix_tags(namespace, list(load.tokens))
+        positions = range(load.start, load.stop)
+        size = self.block_size
+        slots = [load.blocks[position // size] * size + position % size for position in positions]
+        keys, values = kv_for_tags(tags[load.start : load.stop], MODEL_SHAPE)
+        kv = worker.kv
+        for index, (slot, position) in enumerate(zip(slots, positions)):
+            kv.keys[slot] = keys[index]
+            kv.values[slot] = values[index]
+            kv.shadow[slot] = Write(remote.request, position, tags[position], step, namespace)
+            kv.loaded[slot] = True
+
+    # -- the checks ----------------------------------------------------------------------------------------------
+
+    def _manager_table(self, request: str) -> Optional[list[int]]:
+        """vLLM's own table for ``request`` (None: the scheduler no longer holds it), read without adding one (the
+        managers' ``req_to_blocks`` are defaultdicts)."""
+        if request not in self.scheduler.requests:
+            return None
+        (manager,) = self.scheduler.kv_cache_manager.coordinator.single_type_managers
+        return [block.block_id for block in manager.req_to_blocks.get(request, ())]
+
+    def _free(self) -> set[int]:
+        pool = self.scheduler.kv_cache_manager.block_pool
+        return {block.block_id for block in pool.free_block_queue.get_all_free_blocks()}
+
+    def _check_lands(self, remote: RemoteLoad, when: str, step: int) -> None:
+        """Every block ``remote`` writes is in its request's table (vLLM's own) and not in the free queue."""
+        table = self._manager_table(remote.request)
+        free = self._free()
+        for block in remote.targets(self.block_size):
+            if table is not None and block in table and block not in free:
+                continue
+            found = (
+                f"vLLM no longer holds request {remote.request}"
+                if table is None
+                else f"block {block} is in the free queue"
+                if block in free
+                else f"vLLM's table for {remote.request} is {table}"
+            )
+            raise SchedulerViolation(
+                Check.TRANSFER,
+                step,
+                remote.request,
+                f"the remote load of request {remote.request}'s positions {remote.load.start}..{remote.load.stop - 1} "
+                f"(ordered at step {remote.ordered}) {when} at step {step} and writes block {block}, which the request "
+                f"must hold until the load completed; but {found}",
+                "a load into a block its request does not hold",
+            )
+
+    def _protected(self) -> dict[int, str]:
+        """The blocks no other owner may take now, each with why (for the message)."""
+        why: dict[int, str] = {}
+        for block, entries in sorted(self.released.items()):
+            readers = self.loop.readers.get(block, {})
+            for entry in entries:
+                steps = sorted(s for s, requests in readers.items() if entry.request in requests)
+                if steps:
+                    why.setdefault(
+                        block,
+                        f"request {entry.request} released it (seen at step {entry.seen}) while step {steps[0]}, which "
+                        f"reads it for {entry.request}, is in flight: vLLM defers its free until that step's output "
+                        "is processed",
+                    )
+        for send in self.sends.values():
+            for block in send.blocks:
+                why.setdefault(
+                    block,
+                    f"request {send.request} finished and its send (ordered at step {send.ordered}) has not been "
+                    "reported done: the connector delayed its free",
+                )
+        return why
+
+    def _check_protected(self, output: Any, worker: Any, held: dict[str, set[int]], step: int) -> None:
+        protected = self._protected()
+        if not protected:
+            return
+        free = self._free()
+        for block, why in sorted(protected.items()):
+            taker: Optional[tuple[str, str]] = None
+            if block in free:
+                taker = ("", "the block is in the free queue")
+            for request in sorted(held):
+                state = worker.requests[request]
+                entries = [index for index, table_block in enumerate(state.table) if table_block == block]
+                new = block not in self.last_held.get(request, set())
+                if taker is None and new and any((index + 1) * self.block_size > state.hit for index in entries):
+                    taker = (request, f"request {request}'s table takes it beyond its prefix-cache hit")
+            for remote in self.ordered:
+                if taker is None and block in remote.targets(self.block_size):
+                    taker = (remote.request, f"step {step} orders a load of request {remote.request} into it")
+            if taker is None:
+                self.tally.deferred += int("defers" in why)
+                continue
+            raise SchedulerViolation(
+                Check.DELAYED_FREE,
+                step,
+                taker[0] or None,
+                f"block {block} must stay out of the pool: {why}; but at step {step} {taker[1]}",
+                "a deferred free returned early" if "defers" in why else "a delayed free returned before its send",
+            )
+
+    def _check_step(self, output: Any, worker: Any, step: int) -> None:
+        """No block the step writes has a send or an async load in flight; no block it reads has an async load in
+        flight."""
+        loading = {block: remote for remote in self.loads.values() for block in remote.targets(self.block_size)}
+        sending = {block: send for send in self.sends.values() for block in send.blocks}
+        if not loading and not sending:
+            return
+        size = self.block_size
+        for request, count in output.num_scheduled_tokens.items():
+            table = worker.requests[request].table
+            start = worker.computed[request]
+            written = {table[p // size] for p in range(start, start + count) if p // size < len(table)}
+            read = set(table[: -(-(start + count) // size)])
+            for block in sorted(written):
+                send = sending.get(block)
+                if send is not None:
+                    raise SchedulerViolation(
+                        Check.DELAYED_FREE,
+                        step,
+                        request,
+                        f"step {step} writes request {request}'s K/V (from position {start}) into block {block}, "
+                        f"which request {send.request}'s send (ordered at step {send.ordered}) still reads: its free "
+                        "was delayed until the send is reported",
+                        "a block written while its send is in flight",
+                    )
+            for block in sorted(read | written):
+                remote = loading.get(block)
+                if remote is not None:
+                    raise SchedulerViolation(
+                        Check.TRANSFER,
+                        step,
+                        request,
+                        f"step {step} schedules request {request} over block {block}, which the remote load of "
+                        f"request {remote.request} (ordered at step {remote.ordered}) has not finished writing",
+                        "a block used while its load is in flight",
+                    )
