@@ -212,6 +212,7 @@ class Session:
         """``update_from_output()`` with a launched step's output, and the output check; then, as the engine core's
         ``post_step`` (synchronous scheduling only), the worker's drafts for the next step."""
         self.outputs.receive(self.scheduler.update_from_output(batch.output, batch.result), batch.step)
+        self.worker.speculation.returned(batch.step)  # its rejected drafts rolled back
         self.events.check(self.scheduler, self.known_requests, batch.step)
         drafts = self.worker.take_draft_token_ids()
         if drafts is not None and batch.scheduled > 0:

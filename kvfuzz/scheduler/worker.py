@@ -109,7 +109,8 @@ class Worker:
         self.namespaces: dict[str, tuple[str, ...]] = {}  # request -> its K/V namespace, told by the client's side
         self.asked_loras: dict[str, int] = {}  # request -> the LoRA adapter its client asked for (0: none)
         self.max_loras = setup.max_loras  # the most distinct adapters a step may schedule (0: no LoRA)
-        self.speculation = speculation_for(setup.speculative_tokens)  # the drafts proposed, scheduled and verified
+        # the drafts proposed, scheduled and verified (under async, kept by the worker as the V2 runner keeps them)
+        self.speculation = speculation_for(setup.speculative_tokens, setup.async_scheduling)
         self.drafts: Optional[tuple[list[str], list[list[int]]]] = None  # proposed after the last step, untaken
         self.write_path = write_path(setup, self.runner_v2, self)  # decides the slots K/V is written to
         self.attention = NoAttention() if attention is None else attention  # attention beside the reference
@@ -171,18 +172,21 @@ class Worker:
                 for table, ids in zip(state.tables, blocks):
                     table.extend(ids)
             outputs = len(state.tokens) - state.prompt_length
-            if cached.num_output_tokens[index] != outputs:
+            optimistic = self.speculation.in_flight(request)  # rejected drafts counted until their step returns
+            if cached.num_output_tokens[index] != outputs + optimistic:
                 raise SchedulerViolation(
                     Check.OUTPUTS,
                     step,
                     request,
                     f"the scheduler counts {cached.num_output_tokens[index]} output tokens, but the fake model "
-                    f"sampled {outputs}",
+                    f"sampled {outputs}"
+                    + (f" and steps in flight rejected {optimistic} draft(s) it still counts" if optimistic else ""),
                     "the scheduler's count of output tokens",
                 )
+            computed = cached.num_computed_tokens[index]
             if request not in resumed:
-                self.speculation.check_computed(request, cached.num_computed_tokens[index], step)
-            self.computed[request] = state.computed = cached.num_computed_tokens[index]
+                computed = self.speculation.position(request, computed, state.computed, step)
+            self.computed[request] = state.computed = computed
         adapters = {request: self.requests[request].lora for request in output.num_scheduled_tokens}
         check_loras(output.num_scheduled_tokens, adapters, self.asked_loras, self.max_loras, step)
         known = {request: len(self.requests[request].tokens) for request in output.num_scheduled_tokens}
