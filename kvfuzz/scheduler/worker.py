@@ -171,6 +171,9 @@ class Worker:
             elif blocks is not None:
                 for table, ids in zip(state.tables, blocks):
                     table.extend(ids)
+            computed = cached.num_computed_tokens[index]
+            if request not in resumed:  # first: a count of drafts not rolled back is named as such
+                computed = self.speculation.position(request, computed, state.computed, step)
             outputs = len(state.tokens) - state.prompt_length
             optimistic = self.speculation.in_flight(request)  # rejected drafts counted until their step returns
             if cached.num_output_tokens[index] != outputs + optimistic:
@@ -183,9 +186,6 @@ class Worker:
                     + (f" and steps in flight rejected {optimistic} draft(s) it still counts" if optimistic else ""),
                     "the scheduler's count of output tokens",
                 )
-            computed = cached.num_computed_tokens[index]
-            if request not in resumed:
-                computed = self.speculation.position(request, computed, state.computed, step)
             self.computed[request] = state.computed = computed
         adapters = {request: self.requests[request].lora for request in output.num_scheduled_tokens}
         check_loras(output.num_scheduled_tokens, adapters, self.asked_loras, self.max_loras, step)
