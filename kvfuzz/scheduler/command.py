@@ -61,6 +61,7 @@ SCHEDULER_ONLY = (
     "prefix_resets",
     "kv_events",
     "overlong_requests",
+    "drafter",
     "untested_engine",
 )
 """The attributes of the options only a scheduler target takes."""
@@ -188,6 +189,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="draw requests whose prompt and max_tokens run past max_model_len (docs/scheduler-features.md)",
     )
+    group.add_argument(
+        "--drafter",
+        choices=("ngram", "draft-model", "parallel"),
+        help="with --speculative-tokens: how vLLM is told the drafts are made: its n-gram method (default), a draft "
+        "model (one draft slot a request in the input budget, K lookahead slots) or a parallel one (K draft slots; "
+        "vLLM 0.33.0's V1 runner only) (docs/scheduler-async.md#drafting-slots)",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -221,6 +229,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "prefix_resets",
             "kv_events",
             "overlong_requests",
+            "drafter",
         ):
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/sglang.md)"
@@ -261,6 +270,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "prefix_resets": True if args.prefix_resets else None,
         "kv_events": True if args.kv_events else None,
         "overlong_requests": True if args.overlong_requests else None,
+        "drafter": args.drafter,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

@@ -15,10 +15,11 @@ POLICIES = ("fcfs", "priority")
 """vLLM's scheduling policies: first come first served, or by each request's priority (smaller first, then arrival)."""
 
 DRAFTERS = ("ngram", "draft-model", "parallel")
-"""How vLLM is told the drafts are made (kvfuzz's worker proposes them all the same, :mod:`kvfuzz.scheduler.speculative`):
-its n-gram method (no draft slots, no lookahead), a draft model (``draft_model``: one draft slot per request in the
-input budget, ``k`` lookahead slots allocated), or a parallel draft model (PARD, ``parallel_drafting``: ``k`` draft
-slots; vLLM 0.33.0 only) (docs/scheduler-async.md#drafting-slots)."""
+"""How vLLM is told the drafts are made (kvfuzz's worker proposes them all the same,
+:mod:`kvfuzz.scheduler.speculative`): its n-gram method (no draft slots, no lookahead), a draft model
+(``draft_model``: one draft slot per request in the input budget, ``k`` lookahead slots allocated), or a parallel
+draft model (PARD, ``parallel_drafting``: ``k`` draft slots; vLLM 0.33.0's V1 runner only)
+(docs/scheduler-async.md#drafting-slots)."""
 
 KV_CONNECTORS = ("none", "offloading")
 """KV connectors the target drives: none, or vLLM's OffloadingConnector (kvfuzz.scheduler.offloading)."""

@@ -55,6 +55,8 @@ def _refusal(trace: SchedulerTrace) -> str | None:
         return "failed loads are not played by the reproducer's connector"
     if setup.prefix_resets or setup.kv_events or setup.overlong_requests:
         return "prefix-cache resets, KV cache events and requests past max_model_len are not played by the reproducer"
+    if setup.drafter != "ngram":
+        return f"the {setup.drafter} drafter: the reproducer configures vLLM's n-gram method only"
     return None
 
 

@@ -264,13 +264,18 @@ class AsyncSpeculation(Speculation):
         pending = self.in_flight(request)
         if computed != own + pending:
             steps = sorted(step for step, requests in self.rejected.items() if requests.get(request))
-            flight = f"the {pending} draft(s) of it rejected by step(s) {steps}, in flight" if pending else "no draft of it rejected in a step in flight"
+            flight = (
+                f"the {pending} draft(s) of it rejected by step(s) {steps}, in flight"
+                if pending
+                else "no draft of it rejected in a step in flight"
+            )
+            valid = span(0, own, "hold") if own else "no position holds"
             raise SchedulerViolation(
                 Check.SPECULATIVE,
                 step,
                 request,
-                f"the scheduler counts {computed} computed tokens, but {span(0, own, 'hold') if own else 'no position holds'} "
-                f"valid K/V and {flight}: it should count {own + pending}",
+                f"the scheduler counts {computed} computed tokens, but {valid} valid K/V and {flight}: it should "
+                f"count {own + pending}",
                 "rejected drafts not rolled back" if computed > own + pending else "valid K/V rolled back",
             )
         return own

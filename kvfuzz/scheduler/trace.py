@@ -46,7 +46,9 @@ absent: no adapter; else an adapter's id, 1 .. ``max_loras + 1``); ``config.mode
 ``config.prefix_resets`` (false when absent; true: the program may hold ``{"op": "reset_prefix_cache"}``, with
 ``"preempt": true`` when it preempts the running requests), ``config.kv_events`` (false when absent: KV cache events
 off) and ``config.overlong_requests`` (false when absent; true: an add's ``max_tokens`` may run past
-``max_model_len``, up to :func:`~kvfuzz.scheduler.model_length.overlong_limit`) (docs/scheduler-features.md).
+``max_model_len``, up to :func:`~kvfuzz.scheduler.model_length.overlong_limit`) (docs/scheduler-features.md);
+``config.drafter`` (``ngram`` when absent, or ``draft-model`` / ``parallel``: how vLLM is told the drafts are made,
+its draft slots and lookahead; docs/scheduler-async.md#drafting-slots).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -69,7 +71,14 @@ import attrs
 
 import kvfuzz
 from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
-from kvfuzz.scheduler.config import KV_CONNECTORS, MAX_LORAS, MAX_SCHEDULE_CONSERVATIVENESS, POLICIES, SchedulerSetup
+from kvfuzz.scheduler.config import (
+    DRAFTERS,
+    KV_CONNECTORS,
+    MAX_LORAS,
+    MAX_SCHEDULE_CONSERVATIVENESS,
+    POLICIES,
+    SchedulerSetup,
+)
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.lora import lora_adapters
@@ -266,6 +275,7 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
             if setup.schedule_conservativeness != 1.0
             else {}
         ),
+        **({"drafter": setup.drafter} if setup.drafter != "ngram" else {}),
     }
 
 
@@ -468,6 +478,7 @@ def _config(value: Any) -> SchedulerSetup:
         "kv_events": False,
         "overlong_requests": False,
         "schedule_conservativeness": False,
+        "drafter": False,
     }
     config = _fields(value, "config", {**required, **optional})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
@@ -504,6 +515,7 @@ def _config(value: Any) -> SchedulerSetup:
                 config.get("schedule_conservativeness", 1.0),
                 MAX_SCHEDULE_CONSERVATIVENESS,
             ),
+            drafter=_choice("config.drafter", config.get("drafter", "ngram"), DRAFTERS),
         )
     except ValueError as error:
         raise _Invalid("config", str(error)) from None
