@@ -55,7 +55,7 @@ def test_pins_parse_against_the_rows_domains() -> None:
             "--pin async=true: no swarm row 'async'; the rows: num_blocks, block_size, max_num_batched_tokens, "
             "max_num_seqs, prefix_caching, policy, model, async_scheduling, speculative_tokens, cache_salts, "
             "stop_tokens, eos, min_tokens, kv_connector, transfer_delay, load_failures, max_loras, prefix_resets, "
-            "kv_events, overlong_requests, schedule_conservativeness, model_runner (kvfuzz/scheduler/swarm.py)",
+            "kv_events, overlong_requests, schedule_conservativeness, model_runner, drafter (kvfuzz/scheduler/swarm.py)",
         ),
         (["speculative_tokens=3"], "--pin speculative_tokens=3: speculative_tokens takes one of 0, 1, 2, 4"),
         (["async_scheduling=yes"], "--pin async_scheduling=yes: async_scheduling takes one of false, true"),
@@ -69,7 +69,7 @@ def test_a_bad_pin_is_refused_in_one_line(texts: list[str], line: str) -> None:
         parse_pins(texts)
     assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
     if "the rows: " in line:
-        assert str(refused.value).endswith("model_runner (kvfuzz/scheduler/swarm.py)")
+        assert str(refused.value).endswith("model_runner, drafter (kvfuzz/scheduler/swarm.py)")
 
 
 @pytest.mark.parametrize(
@@ -188,7 +188,7 @@ def test_a_row_that_needs_another_is_set_only_where_that_row_drew_its_value() ->
     assert {(s.kv_connector, s.load_failures) for s in failing} == {("offloading", True)}
 
 
-def test_an_unpinned_draw_runs_the_connector_about_a_fifth_of_the_time() -> None:
+def test_an_unpinned_draw_runs_the_connector_about_one_time_in_eight() -> None:
     """The offloading connector is drawn unpinned (its findings are classified: docs/scheduler-connectors.md)."""
     drawn = [swarm.draw(random.Random(seed), accept).setup.kv_connector for seed in range(400)]
-    assert 50 <= drawn.count("offloading") <= 110 and set(drawn) == {"none", "offloading"}
+    assert 30 <= drawn.count("offloading") <= 80 and set(drawn) == {"none", "offloading"}

@@ -114,7 +114,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("eos", BOOLEAN, _chance(0.25)),  # requests ending at EOS, or ignoring it
     Dimension("min_tokens", BOOLEAN, _chance(0.25)),  # stop tokens and EOS masked before min_tokens
     # vLLM's OffloadingConnector: drawn 2 times in 5, refused (and redrawn) under async scheduling or a hybrid model,
-    # so it runs in about a fifth of the configurations; with it late transfers (docs/scheduler-connectors.md)
+    # so it runs in about one configuration in eight; with it late transfers (docs/scheduler-connectors.md)
     Dimension("kv_connector", ("none", "offloading"), _chance(0.4)),
     Dimension("transfer_delay", (0, 1, 2, 3), _weighted((2, 1, 1, 1)), needs=("kv_connector", "offloading")),
     # failed loads only when pinned (--pin load_failures=true): vLLM's own worker for the connector never reports one,
