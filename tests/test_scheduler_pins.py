@@ -55,7 +55,8 @@ def test_pins_parse_against_the_rows_domains() -> None:
             "--pin async=true: no swarm row 'async'; the rows: num_blocks, block_size, max_num_batched_tokens, "
             "max_num_seqs, prefix_caching, policy, model, async_scheduling, speculative_tokens, cache_salts, "
             "stop_tokens, eos, min_tokens, kv_connector, transfer_delay, load_failures, max_loras, prefix_resets, "
-            "kv_events, overlong_requests, schedule_conservativeness, model_runner, drafter (kvfuzz/scheduler/swarm.py)",
+            "kv_events, overlong_requests, schedule_conservativeness, model_runner, drafter "
+            "(kvfuzz/scheduler/swarm.py)",
         ),
         (["speculative_tokens=3"], "--pin speculative_tokens=3: speculative_tokens takes one of 0, 1, 2, 4"),
         (["async_scheduling=yes"], "--pin async_scheduling=yes: async_scheduling takes one of false, true"),
