@@ -21,6 +21,11 @@ Invariants :class:`Speculation` holds the scheduler to, at every step:
   step plus the accepted drafts: the rejected drafts' positions rolled back, so that their slots, which hold a
   rejected draft's K/V, are stale: no claim relies on them (the next write over them is legal) and the next step
   recomputes the first of them with the bonus token.
+
+Under async scheduling (:class:`AsyncSpeculation`, vLLM's V2 model runner's protocol) the scheduler never sees a
+draft: it schedules ``-1`` placeholders on an optimistic count, the worker verifies its own drafts in their place at
+positions from its own count, and the scheduler's count is held to the worker's plus the rejections of the steps
+still in flight.
 """
 
 from __future__ import annotations

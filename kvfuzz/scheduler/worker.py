@@ -22,8 +22,9 @@ Invariants the worker holds vLLM to:
   holds, not preempted) relies on, a position it has computed, nor over a slot another write of the same step
   took (unless the content is the same);
 * every scheduled position is one whose token the worker knows, or a draft scheduled for it (speculative decoding,
-  :mod:`kvfuzz.scheduler.speculative`, which also checks the drafts and their rollback), and falls inside the
-  request's table;
+  :mod:`kvfuzz.scheduler.speculative`, which also checks the drafts and their rollback; under async scheduling the
+  worker's own drafts in place of the scheduler's placeholders, at positions from its own count), and falls inside
+  the request's table;
 * the scheduler counts as many outputs for a request it schedules again as the fake model sampled for it, and a
   request resumed as new carries exactly its prompt and those outputs. (Under async scheduling the scheduler's count
   includes its output placeholders, the tokens of steps still in flight: the worker has sampled those already, since
