@@ -470,3 +470,34 @@ def test_more_drafts_than_the_token_budget_hang_a_request_whose_prompt_hits_all_
         trace, setup=attrs.evolve(trace.setup, speculative_tokens=trace.setup.max_num_batched_tokens - 1)
     )
     assert not replay(within).failed
+
+
+def test_the_cli_records_and_replays_the_drafter(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--drafter`` runs, is named in the header, recorded in the trace's ``config.drafter`` and replayed."""
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    options = ["--speculative-tokens", "2", "--drafter", "draft-model", "--max-num-batched-tokens", "8"]
+    setup = SchedulerSetup(max_num_batched_tokens=8, speculative_tokens=2, drafter="draft-model")
+    ignoring_draft_slots(monkeypatch, setup)
+    corpus = tmp_path / "corpus"
+    status = main(["run", "--scheduler", "vllm-v1", *options, "--no-shrink", "--corpus", str(corpus)])
+    out = capsys.readouterr().out
+    assert status == 1 and "2 speculative draft(s) (draft-model drafter)" in out, out
+    (path,) = corpus.glob("vllm-v1-*.json")
+    trace = load(path)
+    assert trace.setup.drafter == "draft-model" and json.loads(path.read_text())["config"]["drafter"] == "draft-model"
+    again = replay(trace)
+    assert again.reproduced and again.identical, again.describe_failure()
+    monkeypatch.undo()
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert not replay(trace).failed
+
+
+def test_a_drafter_without_drafts_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--scheduler", "vllm-v1", "--drafter", "draft-model"]) == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == (
+        "",
+        "kvfuzz: drafter draft-model needs speculative decoding (speculative_tokens >= 1)\n",
+    )
