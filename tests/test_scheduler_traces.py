@@ -368,10 +368,8 @@ def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         (lambda d: d["config"].update(policy="lifo"), 'config.policy: must be one of fcfs, priority, not "lifo"'),
         (lambda d: d["program"][0].update(priority="high"), 'program[0].priority: must be an integer, not "high"'),
         (lambda d: d["config"].update(speculative_tokens=-1), "config.speculative_tokens: must be in 0..64, not -1"),
-        (
-            lambda d: d["config"].update(speculative_tokens=2, async_scheduling=True),
-            "config: speculative decoding under async scheduling is not driven (yet)",
-        ),
+        (lambda d: d["config"].update(drafter="eagle"), "config.drafter: must be one of ngram, draft-model, parallel"),
+        (lambda d: d["config"].update(drafter="draft-model"), "config: drafter draft-model needs speculative decoding"),
         (lambda d: d["program"][0].update(prompt=[1, 9]), "program[0].prompt: must be in 0..3, not 9"),
         (lambda d: d["program"][0].update(prompt=[]), "program[0].prompt: must be a list of 1..31 tokens"),
         (lambda d: d["program"][0].update(max_tokens=30), "program[0].max_tokens: must be in 1..29, not 30"),

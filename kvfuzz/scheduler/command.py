@@ -64,6 +64,7 @@ SCHEDULER_ONLY = (
     "stats",
     "prefix_match_unit",
     "sessions",
+    "drafter",
     "untested_engine",
 )
 """The attributes of the options only a scheduler target takes."""
@@ -213,6 +214,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="draw resumable requests (streaming sessions) and the client's new input to them "
         "(docs/scheduler-features.md)",
     )
+    group.add_argument(
+        "--drafter",
+        choices=("ngram", "draft-model", "parallel"),
+        help="with --speculative-tokens: how vLLM is told the drafts are made: its n-gram method (default), a draft "
+        "model (one draft slot a request in the input budget, K lookahead slots) or a parallel one (K draft slots; "
+        "vLLM 0.33.0's V1 runner only) (docs/scheduler-async.md#drafting-slots)",
+    )
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -249,6 +257,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "stats",
             "prefix_match_unit",
             "sessions",
+            "drafter",
         ):
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/sglang.md)"
@@ -292,6 +301,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "stats": True if args.stats else None,
         "prefix_match_unit": args.prefix_match_unit,
         "sessions": True if args.sessions else None,
+        "drafter": args.drafter,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

@@ -15,6 +15,13 @@ from kvfuzz.scheduler.models import MODELS, max_model_len
 POLICIES = ("fcfs", "priority")
 """vLLM's scheduling policies: first come first served, or by each request's priority (smaller first, then arrival)."""
 
+DRAFTERS = ("ngram", "draft-model", "parallel")
+"""How vLLM is told the drafts are made (kvfuzz's worker proposes them all the same,
+:mod:`kvfuzz.scheduler.speculative`): its n-gram method (no draft slots, no lookahead), a draft model
+(``draft_model``: one draft slot per request in the input budget, ``k`` lookahead slots allocated), or a parallel
+draft model (PARD, ``parallel_drafting``: ``k`` draft slots; vLLM 0.33.0's V1 runner only)
+(docs/scheduler-async.md#drafting-slots)."""
+
 KV_CONNECTORS = ("none", "offloading", "pd")
 """KV connectors the target drives: none, vLLM's OffloadingConnector (kvfuzz.scheduler.offloading), or kvfuzz's
 P/D-disaggregation connector, a remote producer's loads and sends to a remote decoder (kvfuzz.scheduler.pd_connector,
@@ -69,6 +76,7 @@ class SchedulerSetup:
     # SGLang's --schedule-conservativeness: scales the share of each running request's remaining output its
     # PrefillAdder reserves (the new-token ratio); below 1 it overcommits the pool, and decode retracts requests
     schedule_conservativeness: float = 1.0
+    drafter: str = "ngram"  # how vLLM is told the drafts are made: its draft slots and lookahead (DRAFTERS)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -86,13 +94,10 @@ class SchedulerSetup:
             )
         if self.speculative_tokens < 0:
             raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
-        if self.speculative_tokens and self.async_scheduling:
-            raise ValueError(
-                "speculative decoding under async scheduling is not driven (yet): vLLM 0.33.0 runs it on the V2 model "
-                "runner only (its V1 runner refuses n-gram drafts under async), where the scheduler gets -1 "
-                "placeholders and the runner verifies its own drafts at positions it corrects on the device; kvfuzz's "
-                "worker does not model that (docs/scheduler-async.md#speculative-decoding)"
-            )
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
+        if self.drafter != "ngram" and not self.speculative_tokens:
+            raise ValueError(f"drafter {self.drafter} needs speculative decoding (speculative_tokens >= 1)")
         if self.min_tokens and self.speculative_tokens:
             raise ValueError(
                 "min_tokens under speculative decoding is not driven (yet): kvfuzz's sampler does not mask the drafts "
@@ -179,6 +184,7 @@ class SchedulerSetup:
             + (f", {self.policy} scheduling" if self.policy != "fcfs" else "")
             + (f", model {self.model}: {MODELS[self.model].description}" if self.model != "full" else "")
             + (f", {self.speculative_tokens} speculative draft(s)" if self.speculative_tokens else "")
+            + (f" ({self.drafter} drafter)" if self.drafter != "ngram" else "")
             + (", async scheduling" if self.async_scheduling else "")
             + (", cache salts" if self.cache_salts else "")
             + (", stop tokens" if self.stop_tokens else "")

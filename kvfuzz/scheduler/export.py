@@ -32,6 +32,7 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     runner_v2 = trace.model_runner == "V2"
     model = f", model={setup.model!r}" if setup.model != "full" else ""
     speculative = f", speculative_tokens={setup.speculative_tokens}" if setup.speculative_tokens else ""
+    speculative += f", drafter={setup.drafter!r}" if setup.drafter != "ngram" else ""
     loras = f", max_loras={setup.max_loras}" if setup.max_loras else ""
     unit = f", prefix_match_unit={setup.prefix_match_unit}" if setup.prefix_match_unit else ""
     connector = f", kv_connector={setup.kv_connector!r}" if setup.kv_connector != "none" else ""

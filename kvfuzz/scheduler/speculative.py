@@ -21,6 +21,11 @@ Invariants :class:`Speculation` holds the scheduler to, at every step:
   step plus the accepted drafts: the rejected drafts' positions rolled back, so that their slots, which hold a
   rejected draft's K/V, are stale: no claim relies on them (the next write over them is legal) and the next step
   recomputes the first of them with the bonus token.
+
+Under async scheduling (:class:`AsyncSpeculation`, vLLM's V2 model runner's protocol) the scheduler never sees a
+draft: it schedules ``-1`` placeholders on an optimistic count, the worker verifies its own drafts in their place at
+positions from its own count, and the scheduler's count is held to the worker's plus the rejections of the steps
+still in flight.
 """
 
 from __future__ import annotations
@@ -105,6 +110,21 @@ class Speculation:
         """The worker dropped ``request`` (finished, or preempted under the V2 runner)."""
         self.proposed.pop(request, None)
         self.verified.pop(request, None)
+
+    def in_flight(self, request: str) -> int:
+        """Rejected drafts of ``request`` the scheduler still counts (as computed, and as output placeholders): none
+        under synchronous scheduling, where each step's output returns before the next is scheduled."""
+        return 0
+
+    def position(self, request: str, computed: int, own: int, step: int) -> int:
+        """Where a request the scheduler schedules again (not resumed) computes from: the scheduler's
+        ``num_computed_tokens`` (``computed``), checked against the last verification of its drafts (``own``: the
+        worker's count, unused here)."""
+        self.check_computed(request, computed, step)
+        return computed
+
+    def returned(self, step: int) -> None:
+        """Step ``step``'s output went back to the scheduler: nothing is kept per step here."""
 
     def check_computed(self, request: str, computed: int, step: int) -> None:
         """The scheduler's ``num_computed_tokens`` of a request it schedules again (not resumed), after a step that
@@ -217,6 +237,92 @@ class Speculation:
         return order, drafts
 
 
+class AsyncSpeculation(Speculation):
+    """Speculative decoding under async scheduling, as vLLM's V2 model runner plays it: the engine core never hands
+    the drafts to the scheduler (``post_step`` skips ``take_draft_token_ids`` under async), so the ``AsyncScheduler``
+    schedules each decode with ``-1`` placeholders (as many as the step's ``num_spec_tokens_to_schedule``) on top of
+    an optimistic count (every placeholder computed, ``1 + drafts`` output placeholders), and the runner, which ran
+    the step before on the device, puts its own drafts in their place at positions from its own count.
+
+    Invariants, at every step: the drafts scheduled are all placeholders; the worker verifies its own proposal (made
+    after the request's last step, at the position its sequence has now; placeholders where it has none or a
+    shorter one) in their place; the scheduler's ``num_computed_tokens`` of a request it schedules again is the
+    worker's own count plus the drafts of it that steps still in flight rejected (rolled back only when their output
+    returns), and its output count is the worker's samples plus the same."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.rejected: dict[int, dict[str, int]] = {}  # step in flight -> request -> drafts it rejected
+
+    def forget(self, request: str) -> None:
+        """The worker dropped ``request``: a preemption resets the scheduler's counts, a finish ends them."""
+        super().forget(request)
+        for requests in self.rejected.values():
+            requests.pop(request, None)
+
+    def in_flight(self, request: str) -> int:
+        return sum(requests.get(request, 0) for requests in self.rejected.values())
+
+    def position(self, request: str, computed: int, own: int, step: int) -> int:
+        """The worker's own count (the V2 runner's, kept on the device), once the scheduler's optimistic one is
+        checked against it."""
+        pending = self.in_flight(request)
+        if computed != own + pending:
+            steps = sorted(step for step, requests in self.rejected.items() if requests.get(request))
+            flight = (
+                f"the {pending} draft(s) of it rejected by step(s) {steps}, in flight"
+                if pending
+                else "no draft of it rejected in a step in flight"
+            )
+            valid = span(0, own, "hold") if own else "no position holds"
+            raise SchedulerViolation(
+                Check.SPECULATIVE,
+                step,
+                request,
+                f"the scheduler counts {computed} computed tokens, but {valid} valid K/V and {flight}: it should "
+                f"count {own + pending}",
+                "rejected drafts not rolled back" if computed > own + pending else "valid K/V rolled back",
+            )
+        return own
+
+    def returned(self, step: int) -> None:
+        """Step ``step``'s output went back: the scheduler rolled its rejected drafts back."""
+        self.rejected.pop(step, None)
+
+    def schedule(self, output: Any, known: dict[str, int], step: int) -> None:
+        """Check that the scheduler scheduled only placeholders, and put the worker's own drafts in their place."""
+        self.scheduled = {}
+        for request, drafts in output.scheduled_spec_decode_tokens.items():
+            drafts = list(drafts)
+            if any(draft != PLACEHOLDER for draft in drafts):
+                raise SchedulerViolation(
+                    Check.SPECULATIVE,
+                    step,
+                    request,
+                    f"scheduled with drafts {drafts} under async scheduling, where the engine core hands the scheduler "
+                    "no drafts: it schedules -1 placeholders, which the model runner fills with its own",
+                    "drafts scheduled other than proposed",
+                )
+            start, proposed = self.proposed.get(request, (None, []))
+            own = proposed[: len(drafts)] if start == known[request] else []
+            self.scheduled[request] = own + [PLACEHOLDER] * (len(drafts) - len(own))
+            self.stats.scheduled += len(drafts)
+            self.stats.placeholders += len(drafts) - len(own)
+
+    def verify(self, request: str, known: int, end: int, step: int) -> Verified:
+        verified = super().verify(request, known, end, step)
+        self.verified.pop(request, None)  # checked through the per-step counts instead
+        if verified.drafts:
+            self.rejected.setdefault(step, {})[request] = len(verified.drafts) - verified.accepted
+        return verified
+
+    def propose(self, output: Any, sampled: dict[str, int]) -> Optional[tuple[list[str], list[list[int]]]]:
+        """The drafts proposed after this step, kept by the worker (the runner keeps them on the device): the engine
+        core takes none."""
+        super().propose(output, sampled)
+        return None
+
+
 class NoSpeculation:
     """The worker without speculative decoding: no drafts proposed, and none may be scheduled."""
 
@@ -225,6 +331,17 @@ class NoSpeculation:
 
     def forget(self, request: str) -> None:
         """Nothing is kept per request."""
+
+    def in_flight(self, request: str) -> int:
+        """No draft is ever counted."""
+        return 0
+
+    def position(self, request: str, computed: int, own: int, step: int) -> int:
+        """The scheduler's count: no draft was verified, so nothing rolls back."""
+        return computed
+
+    def returned(self, step: int) -> None:
+        """Nothing is kept per step."""
 
     def check_computed(self, request: str, computed: int, step: int) -> None:
         """No draft was verified, so nothing rolls back."""
@@ -251,6 +368,9 @@ class NoSpeculation:
         return None
 
 
-def speculation_for(k: int) -> Speculation | NoSpeculation:
-    """The worker's speculative decoding with ``k`` drafts (none when ``k`` is 0)."""
-    return Speculation(k) if k else NoSpeculation()
+def speculation_for(k: int, async_scheduling: bool = False) -> Speculation | NoSpeculation:
+    """The worker's speculative decoding with ``k`` drafts (none when ``k`` is 0), under async scheduling as vLLM's
+    V2 model runner plays it."""
+    if not k:
+        return NoSpeculation()
+    return AsyncSpeculation(k) if async_scheduling else Speculation(k)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
-from kvfuzz.scheduler.config import POLICIES, SchedulerSetup
+from kvfuzz.scheduler.config import DRAFTERS, POLICIES, SchedulerSetup
 
 MODEL_RUNNER = "model_runner"
 """The row that draws vLLM's model runner protocol (``V1`` or ``V2``): selected through vLLM's environment, not the
@@ -39,7 +39,8 @@ class Dimension:
     name: str
     domain: tuple[Any, ...]
     draw: Callable[[random.Random, tuple[Any, ...]], Any]  # (rng, domain) -> one of domain's values
-    # (row, value): the row means something only where that row drew that value (or, a tuple, one of its values);
+    # (row, value): the row means something only where that row drew that value (or one of them, for a tuple or a
+    # frozenset);
     # elsewhere it takes domain[0] (its draw is made all the same), so a draw is not refused for setting an option
     # nothing uses
     needs: Optional[tuple[str, Any]] = None
@@ -57,11 +58,14 @@ class Dimension:
         """This row's value, given the rows drawn before it."""
         value = self.draw(rng, self.domain)
         for needed in (self.needs, self.also_needs):
-            if needed is not None and drawn[needed[0]] not in (
-                needed[1] if isinstance(needed[1], tuple) else (needed[1],)
-            ):
+            if needed is not None and not _meets(drawn[needed[0]], needed[1]):
                 return self.domain[0]
         return value
+
+
+def _meets(drawn: Any, wanted: Any) -> bool:
+    """Whether a row's drawn value is the one another row needs (or one of them, a tuple or a frozenset)."""
+    return drawn in wanted if isinstance(wanted, (tuple, frozenset)) else bool(drawn == wanted)
 
 
 def _uniform(rng: random.Random, values: tuple[Any, ...]) -> Any:
@@ -109,6 +113,9 @@ def _weighted_choice(weights: tuple[int, ...]) -> Callable[[random.Random, tuple
 
 BOOLEAN = (False, True)
 
+DRAFTED = frozenset((1, 2, 4))
+"""The ``speculative_tokens`` values with drafts: the drafter row means something only with them."""
+
 DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("num_blocks", (3, 4, 6, 8, 12, 16, 24, 32, 64), _biased_small),  # tiny pools preempt often
     Dimension("block_size", (1, 2, 4, 8, 16), _uniform),
@@ -120,7 +127,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     # a Mamba group beside attention a quarter (async too; redrawn only with drafts: docs/scheduler-models.md)
     Dimension("model", ("full", "sliding-window", "mamba-hybrid"), _weighted_choice((2, 1, 1))),
     Dimension("async_scheduling", BOOLEAN, _chance(0.5)),  # two batches in flight, the released-block check
-    Dimension("speculative_tokens", (0, 1, 2, 4), _weighted((3, 1, 1, 1))),  # k drafts (not under async)
+    Dimension("speculative_tokens", (0, 1, 2, 4), _weighted((3, 1, 1, 1))),  # k drafts (under async: V2 runner only)
     Dimension("cache_salts", BOOLEAN, _chance(0.25)),  # requests under cache salts: hits must not cross them
     Dimension("stop_tokens", BOOLEAN, _chance(0.25)),  # requests that stop early (less pool pressure)
     Dimension("eos", BOOLEAN, _chance(0.25)),  # requests ending at EOS, or ignoring it
@@ -152,6 +159,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
     ),
     Dimension("schedule_conservativeness", (1.0,), fixed),  # SGLang's alone (its table draws it)
     Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
+    # how vLLM is told the drafts are made, with drafts: n-gram half the time, a draft model (one draft slot a
+    # request, k lookahead slots) a quarter, a parallel one (k draft slots; vLLM 0.33.0's V1 runner only, refused and
+    # redrawn elsewhere) a quarter (docs/scheduler-async.md#drafting-slots)
+    Dimension("drafter", DRAFTERS, _weighted((2, 1, 1)), needs=("speculative_tokens", DRAFTED)),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
 

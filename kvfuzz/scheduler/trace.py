@@ -50,7 +50,9 @@ off), ``config.overlong_requests`` (false when absent; true: an add's ``max_toke
 vLLM's scheduler stats off; true: on, and checked); ``config.prefix_match_unit`` (0 when absent: hashes every block;
 else the prefix-cache hash granularity, partial prefix caching) and ``config.sessions`` (false when absent; true: an
 add may be ``"resumable": true``, and the program may hold ``{"op": "resume", "request": "r0", "prompt": [...],
-"max_tokens": n}``) (docs/scheduler-features.md).
+"max_tokens": n}``) (docs/scheduler-features.md); ``config.drafter`` (``ngram`` when absent, or ``draft-model`` /
+``parallel``: how vLLM is told the drafts are made, its draft slots and lookahead;
+docs/scheduler-async.md#drafting-slots).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -73,7 +75,14 @@ import attrs
 
 import kvfuzz
 from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
-from kvfuzz.scheduler.config import KV_CONNECTORS, MAX_LORAS, MAX_SCHEDULE_CONSERVATIVENESS, POLICIES, SchedulerSetup
+from kvfuzz.scheduler.config import (
+    DRAFTERS,
+    KV_CONNECTORS,
+    MAX_LORAS,
+    MAX_SCHEDULE_CONSERVATIVENESS,
+    POLICIES,
+    SchedulerSetup,
+)
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.lora import lora_adapters
@@ -273,6 +282,7 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
             if setup.schedule_conservativeness != 1.0
             else {}
         ),
+        **({"drafter": setup.drafter} if setup.drafter != "ngram" else {}),
     }
 
 
@@ -478,6 +488,7 @@ def _config(value: Any) -> SchedulerSetup:
         "prefix_match_unit": False,
         "sessions": False,
         "schedule_conservativeness": False,
+        "drafter": False,
     }
     config = _fields(value, "config", {**required, **optional})
     numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
@@ -518,6 +529,7 @@ def _config(value: Any) -> SchedulerSetup:
                 config.get("schedule_conservativeness", 1.0),
                 MAX_SCHEDULE_CONSERVATIVENESS,
             ),
+            drafter=_choice("config.drafter", config.get("drafter", "ngram"), DRAFTERS),
         )
     except ValueError as error:
         raise _Invalid("config", str(error)) from None

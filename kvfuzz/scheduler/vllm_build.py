@@ -28,6 +28,7 @@ from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import EOS_TOKEN
 from kvfuzz.scheduler.lora import lora_name
 from kvfuzz.scheduler.models import FULL, MODELS, MambaHybridModel
+from kvfuzz.scheduler.vllm_release import vllm_release
 
 
 def vllm_missing() -> bool:
@@ -128,8 +129,32 @@ def _model_dir(model: str, block_size: int) -> Path:
     return directory
 
 
-@functools.lru_cache(maxsize=8)
 def vllm_config(setup: SchedulerSetup) -> Any:
+    """The ``VllmConfig`` of ``setup`` (built once, :func:`_built_config`), refused in one line where its drafts
+    meet a model runner kvfuzz does not play them on (the runner is selected from the environment, so this is
+    checked on each call; docs/scheduler-async.md#speculative-decoding-under-async-scheduling):
+
+    * drafts under async scheduling on vLLM's V1 model runner: vLLM refuses the n-gram method there itself, and
+      kvfuzz's worker plays only the V2 runner's protocol for drafts under async;
+    * a parallel draft model on the V2 runner: vLLM 0.33.0 lists parallel drafting among what V2 does not support
+      and runs it on V1 unless V2 is forced."""
+    config = _built_config(setup)
+    v2 = vllm_release().runner_v2(config)
+    if setup.speculative_tokens and setup.async_scheduling and not v2:
+        raise ValueError(
+            "speculative decoding under async scheduling is driven with vLLM's V2 model runner only: the V1 runner "
+            "refuses n-gram drafts under async, and kvfuzz's worker plays only V2's protocol for them"
+        )
+    if setup.drafter == "parallel" and v2:
+        raise ValueError(
+            "the parallel drafter is driven on vLLM's V1 model runner only: vLLM's V2 runner does not support "
+            "parallel drafting (vLLM selects V1 for it unless V2 is forced)"
+        )
+    return config
+
+
+@functools.lru_cache(maxsize=8)
+def _built_config(setup: SchedulerSetup) -> Any:
     """The ``VllmConfig`` of ``setup``: synchronous or async scheduling as it says, its policy, chunked prefill, and
     speculative decoding with ``setup.speculative_tokens`` drafts when there are any: vLLM's n-gram method, which needs
     no draft model (the scheduler sees only the number of drafts; kvfuzz's worker proposes them,
@@ -158,11 +183,7 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         async_scheduling=setup.async_scheduling,
         policy=setup.policy,
     )
-    speculative = (
-        v.SpeculativeConfig(method="ngram", num_speculative_tokens=setup.speculative_tokens)
-        if setup.speculative_tokens
-        else None
-    )
+    speculative = _speculative_config(setup, model) if setup.speculative_tokens else None
     config = v.VllmConfig(
         model_config=model,
         cache_config=cache,
@@ -183,6 +204,31 @@ def vllm_config(setup: SchedulerSetup) -> Any:
         config.cache_config.num_gpu_blocks_override = setup.num_blocks + 1
         config.cache_config.kv_cache_layout = "LBNHC"
     return config
+
+
+def _speculative_config(setup: SchedulerSetup, model: Any) -> Any:
+    """vLLM's ``SpeculativeConfig`` for ``setup.speculative_tokens`` drafts made the way ``setup.drafter`` says: the
+    n-gram method, or a draft model, parallel or not, whose ``config.json`` is the target's own (no weights are
+    loaded: the scheduler reads only its draft slots and lookahead). A parallel draft model on a vLLM that no longer
+    takes one (0.34.0) is vLLM's own refusal, one line."""
+    v = vllm()
+    if setup.drafter == "ngram":
+        return v.SpeculativeConfig(method="ngram", num_speculative_tokens=setup.speculative_tokens)
+    from vllm.config import ParallelConfig
+
+    try:
+        return v.SpeculativeConfig(
+            method="draft_model",
+            model=model.model,
+            num_speculative_tokens=setup.speculative_tokens,
+            target_model_config=model,
+            target_parallel_config=ParallelConfig(),
+            **({"parallel_drafting": True} if setup.drafter == "parallel" else {}),
+        )
+    except ValueError as error:  # pydantic's ValidationError: its first error's message, in one line
+        errors = getattr(error, "errors", None)
+        reason = errors()[0]["msg"] if callable(errors) else str(error)
+        raise ValueError(f"vLLM refuses the {setup.drafter} drafter: {reason}") from None
 
 
 LORA_RANK = 8

@@ -22,8 +22,9 @@ Invariants the worker holds vLLM to:
   holds, not preempted) relies on, a position it has computed, nor over a slot another write of the same step
   took (unless the content is the same);
 * every scheduled position is one whose token the worker knows, or a draft scheduled for it (speculative decoding,
-  :mod:`kvfuzz.scheduler.speculative`, which also checks the drafts and their rollback), and falls inside the
-  request's table;
+  :mod:`kvfuzz.scheduler.speculative`, which also checks the drafts and their rollback; under async scheduling the
+  worker's own drafts in place of the scheduler's placeholders, at positions from its own count), and falls inside
+  the request's table;
 * the scheduler counts as many outputs for a request it schedules again as the fake model sampled for it, and a
   request resumed as new carries exactly its prompt and those outputs. (Under async scheduling the scheduler's count
   includes its output placeholders, the tokens of steps still in flight: the worker has sampled those already, since
@@ -115,7 +116,8 @@ class Worker:
         # streaming session -> the tokens each of its next turns is to be scheduled anew with, told by the client
         self.session_inputs: dict[str, list[list[int]]] = {}
         self.max_loras = setup.max_loras  # the most distinct adapters a step may schedule (0: no LoRA)
-        self.speculation = speculation_for(setup.speculative_tokens)  # the drafts proposed, scheduled and verified
+        # the drafts proposed, scheduled and verified (under async, kept by the worker as the V2 runner keeps them)
+        self.speculation = speculation_for(setup.speculative_tokens, setup.async_scheduling)
         self.drafts: Optional[tuple[list[str], list[list[int]]]] = None  # proposed after the last step, untaken
         self.write_path = write_path(setup, self.runner_v2, self)  # decides the slots K/V is written to
         self.attention = NoAttention() if attention is None else attention  # attention beside the reference
@@ -186,19 +188,22 @@ class Worker:
             elif blocks is not None:
                 for table, ids in zip(state.tables, blocks):
                     table.extend(ids)
+            computed = cached.num_computed_tokens[index]
+            if request not in resumed:  # first: a count of drafts not rolled back is named as such
+                computed = self.speculation.position(request, computed, state.computed, step)
             outputs = len(state.tokens) - state.prompt_length
-            if cached.num_output_tokens[index] != outputs:
+            optimistic = self.speculation.in_flight(request)  # rejected drafts counted until their step returns
+            if cached.num_output_tokens[index] != outputs + optimistic:
                 raise SchedulerViolation(
                     Check.OUTPUTS,
                     step,
                     request,
                     f"the scheduler counts {cached.num_output_tokens[index]} output tokens, but the fake model "
-                    f"sampled {outputs}",
+                    f"sampled {outputs}"
+                    + (f" and steps in flight rejected {optimistic} draft(s) it still counts" if optimistic else ""),
                     "the scheduler's count of output tokens",
                 )
-            if request not in resumed:
-                self.speculation.check_computed(request, cached.num_computed_tokens[index], step)
-            self.computed[request] = state.computed = cached.num_computed_tokens[index]
+            self.computed[request] = state.computed = computed
         adapters = {request: self.requests[request].lora for request in output.num_scheduled_tokens}
         check_loras(output.num_scheduled_tokens, adapters, self.asked_loras, self.max_loras, step)
         known = {request: len(self.requests[request].tokens) for request in output.num_scheduled_tokens}
