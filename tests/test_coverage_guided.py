@@ -10,7 +10,7 @@ import random
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import attrs
 import pytest
@@ -31,7 +31,7 @@ from kvfuzz.scheduler.mutate import MUTATIONS, mutate, repair
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Step
 from kvfuzz.scheduler.replay import SchedulerReplay
 from kvfuzz.scheduler.search import Outcome
-from kvfuzz.scheduler.swarm import SwarmConfig
+from kvfuzz.scheduler.swarm import NothingValid, SwarmConfig
 from kvfuzz.scheduler.trace import (
     RecordedFailure,
     SchedulerTrace,
@@ -227,6 +227,32 @@ def test_a_refused_configuration_is_refused_again_without_asking_the_engine(engi
         with pytest.raises(ValueError, match="refused"):
             guide.validate(SETUP, "V2")
     assert asked == [SETUP]
+
+
+def test_fresh_draws_take_each_model_in_turn_whatever_its_weight(engine: ModuleType, tmp_path: Path) -> None:
+    """The swarm draws the Mamba hybrid one time in four; a guided campaign's fresh draws take the three models in
+    turn (the least drawn first), a pinned model stays pinned, and a stratum nothing valid takes falls back to a
+    plain draw."""
+    guide = _guidance(engine, tmp_path)
+    asked: list[dict[str, Any]] = []
+
+    def fresh(held: Mapping[str, Any]) -> SwarmConfig:
+        asked.append(dict(held))
+        if held.get("model") == "sliding-window":
+            raise NothingValid("refused")
+        return attrs.evolve(CONFIG, setup=attrs.evolve(SETUP, model=held.get("model", "full")))
+
+    rng = random.Random(3)
+    models = [guide.plan(rng, number, 25, None, fresh)[0].config.setup.model for number in range(9)]
+    # the three in turn (ties broken at random): a third of the draws or more are the Mamba hybrid, which the fake's
+    # plain draw never gives; the refused sliding window counted as tried, and each time drawn plainly instead
+    assert 3 <= models.count("mamba-hybrid") <= 4 and "sliding-window" not in models, models
+    assert asked.count({"model": "sliding-window"}) == asked.count({}) >= 2, asked
+    pinned = _guidance(engine, tmp_path / "pinned")
+    pinned.options = attrs.evolve(pinned.options, pins=(("model", "full"),))
+    asked.clear()
+    pinned.plan(rng, 0, 25, None, fresh)
+    assert asked == [{}], "a row the campaign pins is not stratified"
 
 
 def test_the_bandit_gives_batches_to_configurations_still_finding_coverage() -> None:

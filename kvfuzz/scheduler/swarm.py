@@ -48,6 +48,9 @@ class Dimension:
     pin_only: tuple[Any, ...] = ()
     # a second (row, value) the row means something only with, as ``needs``
     also_needs: Optional[tuple[str, Any]] = None
+    # its values run different code of the engine (the model's KV-cache managers): a guided campaign's fresh draws
+    # take them in turn rather than by the row's weights (kvfuzz.campaign.scheduler.guided)
+    stratified: bool = False
 
     @property
     def pinnable(self) -> tuple[Any, ...]:
@@ -125,7 +128,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("policy", POLICIES, _uniform),  # FCFS, or priority (preemption by priority)
     # a sliding window beside full attention (two KV-cache groups) a quarter of the time;
     # a Mamba group beside attention a quarter (async too; redrawn only with drafts: docs/scheduler-models.md)
-    Dimension("model", ("full", "sliding-window", "mamba-hybrid"), _weighted_choice((2, 1, 1))),
+    Dimension("model", ("full", "sliding-window", "mamba-hybrid"), _weighted_choice((2, 1, 1)), stratified=True),
     Dimension("async_scheduling", BOOLEAN, _chance(0.5)),  # two batches in flight, the released-block check
     Dimension("speculative_tokens", (0, 1, 2, 4), _weighted((3, 1, 1, 1))),  # k drafts (under async: V2 runner only)
     Dimension("cache_salts", BOOLEAN, _chance(0.25)),  # requests under cache salts: hits must not cross them

@@ -164,7 +164,11 @@ class _Worker:
             config = draw(rng, self.target.validate, self.target.dimensions, pins)
             return BatchPlan(number, config, rng.randrange(2**32), examples, self.worker.ends), None
         plan, mutants = guide.plan(
-            rng, number, examples, self.worker.ends, lambda: draw(rng, guide.validate, self.target.dimensions, pins)
+            rng,
+            number,
+            examples,
+            self.worker.ends,
+            lambda held: draw(rng, guide.validate, self.target.dimensions, {**held, **pins}),
         )
         guide.begin(plan.config)
         return plan, mutants
