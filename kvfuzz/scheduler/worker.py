@@ -102,7 +102,7 @@ class Worker:
         # the Mamba groups' state blocks, prefix-cache hits landing every hash block
         self.mamba = mamba_states(*mamba_groups(kv_cache_config(setup)), setup.hash_block_size)
         self.copies = 0  # block copies run (copy-on-write of partial prefix-cache hits: partial_prefix.py)
-        self.hits = hit_check(setup)  # hits end on the prefix hashes (partial_prefix.py)
+        self.prefix_hits = hit_check(setup)  # hits end on the prefix hashes (partial_prefix.py)
         self.num_groups = len(self.groups) + len(self.mamba.groups)
         # one pool for every group (vLLM's hybrid allocator gives them one block pool); vLLM's null block 0 too
         self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)
@@ -173,7 +173,7 @@ class Worker:
                 sampler=min_tokens_of(new.sampling_params),
                 lora=lora_id(new.lora_request),
             )
-            self.hits.check(new.req_id, new.num_computed_tokens, len(tokens), step)
+            self.prefix_hits.check(new.req_id, new.num_computed_tokens, len(tokens), step)
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
         resumed = self.release.resumed(cached)
@@ -184,7 +184,7 @@ class Worker:
                 state.tables = [list(ids) for ids in blocks]
                 state.preempted = False
                 state.hit = cached.num_computed_tokens[index]
-                self.hits.check(request, state.hit, len(state.tokens), step)
+                self.prefix_hits.check(request, state.hit, len(state.tokens), step)
             elif blocks is not None:
                 for table, ids in zip(state.tables, blocks):
                     table.extend(ids)
