@@ -41,7 +41,7 @@ from kvfuzz.reference.content import kv_for_tags, prefix_tags
 from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.groups import group_namespace
 from kvfuzz.scheduler.kv_slots import Write
-from kvfuzz.scheduler.offloading import TransferTally
+from kvfuzz.scheduler.offloading import TransferTally, step_blocks
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 
@@ -330,12 +330,7 @@ class PDWorker:
         sending = {block: send for send in self.sends.values() for block in send.blocks}
         if not loading and not sending:
             return
-        size = self.block_size
-        for request, count in output.num_scheduled_tokens.items():
-            table = worker.requests[request].table
-            start = worker.computed[request]
-            written = {table[p // size] for p in range(start, start + count) if p // size < len(table)}
-            read = set(table[: -(-(start + count) // size)])
+        for request, start, written, read in step_blocks(output, worker, self.block_size):
             for block in sorted(written):
                 send = sending.get(block)
                 if send is not None:

@@ -27,7 +27,7 @@ copies the block's K/V when it completes, a load writes the chunk's copy into th
 from __future__ import annotations
 
 import zlib
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import attrs
 import torch
@@ -328,12 +328,7 @@ class OffloadingWorker:
                 target.setdefault(block, transfer)
         if not pending_stores and not pending_loads:
             return
-        size = self.block_size
-        for request, count in output.num_scheduled_tokens.items():
-            table = worker.requests[request].table
-            start = worker.computed[request]
-            written = {table[p // size] for p in range(start, start + count) if p // size < len(table)}
-            read = set(table[: -(-(start + count) // size)])
+        for request, start, written, read in step_blocks(output, worker, self.block_size):
             for block in sorted(written):
                 store = pending_stores.get(block)
                 if store is not None:
@@ -357,6 +352,17 @@ class OffloadingWorker:
                         f"request {load.request}, ordered at step {load.ordered}) has not finished writing",
                         "a block used while its load is in flight",
                     )
+
+
+def step_blocks(output: Any, worker: Any, block_size: int) -> Iterator[tuple[str, int, set[int], set[int]]]:
+    """Each request a step schedules, as a connector's checks see it: the request, the position it computes from,
+    the blocks of its table the step writes, and those it reads (every block up to its last scheduled token)."""
+    for request, count in output.num_scheduled_tokens.items():
+        table = worker.requests[request].table
+        start = worker.computed[request]
+        written = {table[p // block_size] for p in range(start, start + count) if p // block_size < len(table)}
+        read = set(table[: -(-(start + count) // block_size)])
+        yield request, start, written, read
 
 
 def connector_for(setup: SchedulerSetup) -> Union[OffloadingWorker, NoConnector]:
