@@ -26,7 +26,7 @@ import attrs
 
 from kvfuzz.coverage.measure import Reached
 from kvfuzz.coverage.report import display_name
-from kvfuzz.coverage.static import FunctionPoints, function_points
+from kvfuzz.coverage.static import Branch, FunctionPoints, function_points
 
 
 class ComparisonError(Exception):
@@ -165,12 +165,26 @@ def _source(name: str, tests: Measurement, campaign: Measurement) -> str:
     return readable[0]
 
 
-def _count(function: FunctionPoints, reached: Optional[Reached]) -> int:
-    if reached is None:
-        return 0
-    lines = {line for _, line in reached.lines}
-    branches = {(start, end) for _, start, end in reached.branches}
-    return len(function.lines & lines) + len(function.branches & branches)
+@attrs.frozen
+class _Positions:
+    """The points one side reached in one file, by position alone (each side names the file with its own machine's
+    path), read once per file."""
+
+    lines: frozenset[int] = frozenset()
+    branches: frozenset[Branch] = frozenset()
+
+    @classmethod
+    def of(cls, reached: Optional[Reached]) -> _Positions:
+        if reached is None:
+            return cls()
+        return cls(frozenset(line for _, line in reached.lines), frozenset((a, b) for _, a, b in reached.branches))
+
+    def __or__(self, other: _Positions) -> _Positions:
+        return _Positions(self.lines | other.lines, self.branches | other.branches)
+
+    def count(self, function: FunctionPoints) -> int:
+        """How many of ``function``'s points these are."""
+        return len(function.lines & self.lines) + len(function.branches & self.branches)
 
 
 def compare(
@@ -191,14 +205,18 @@ def compare(
         if found is None:
             raise ComparisonError(f"{name}: cannot be read or compiled here")
         skipped = left_out.get(name, ())
+        in_tests, in_campaign = _Positions.of(tests.points.get(name)), _Positions.of(campaign.points.get(name))
+        in_either = in_tests | in_campaign
         totals = [0, 0, 0, 0, 0, 0]  # points, tests, campaign, union, tests only, campaign only
         for function in found:
             if any(function.qualname == out or function.qualname.startswith(out + ".") for out in skipped):
                 dropped.append(f"{name}: {function.qualname}")
                 continue
-            by_tests = _count(function, tests.points.get(name))
-            by_campaign = _count(function, campaign.points.get(name))
-            union = _count(function, _union(tests.points.get(name), campaign.points.get(name)))
+            by_tests, by_campaign, union = (
+                in_tests.count(function),
+                in_campaign.count(function),
+                in_either.count(function),
+            )
             for index, value in enumerate(
                 (function.size, by_tests, by_campaign, union, union - by_campaign, union - by_tests)
             ):
@@ -206,11 +224,3 @@ def compare(
             gaps.append(FunctionGap(name, function.qualname, function.first_line, function.size, by_tests, by_campaign))
         rows.append(FileComparison(name, *totals))
     return Comparison(tuple(rows), tuple(gaps), tuple(dropped))
-
-
-def _union(first: Optional[Reached], second: Optional[Reached]) -> Optional[Reached]:
-    """Both sides' points of one file (each named with its own machine's path: :func:`_count` reads positions
-    only)."""
-    if first is None or second is None:
-        return first if second is None else second
-    return first | second
