@@ -114,26 +114,14 @@ class NoLookups:
         return Lookups()
 
 
-class UncheckedLookups:
-    """A KV connector: the lookups are not checked (see the module)."""
-
-    def admit(self, request: str, tokens: int, computed: int) -> None:
-        """Not counted."""
-
-    def preempt(self, requests: Iterable[str]) -> None:
-        """Not counted."""
-
-    def preempt_running(self) -> None:
-        """Not counted."""
-
-    def finish(self, request: str) -> None:
-        """Not counted."""
+class UncheckedLookups(NoLookups):
+    """A KV connector: nothing counted, and the lookups are not checked (see the module)."""
 
     def take(self) -> Optional[Lookups]:
         return None
 
 
-def _lookups(setup: SchedulerSetup) -> AdmissionTally | NoLookups | UncheckedLookups:
+def _lookups(setup: SchedulerSetup) -> AdmissionTally | NoLookups:
     if setup.kv_connector != "none":
         return UncheckedLookups()
     return AdmissionTally() if setup.prefix_caching else NoLookups()
