@@ -243,7 +243,7 @@ def test_fresh_draws_take_each_model_in_turn_whatever_its_weight(engine: ModuleT
         return attrs.evolve(CONFIG, setup=attrs.evolve(SETUP, model=held.get("model", "full")))
 
     rng = random.Random(3)
-    models = [guide.plan(rng, number, 25, None, fresh)[0].config.setup.model for number in range(9)]
+    models = [guide.plan(rng, number, 25, None, None, fresh)[0].config.setup.model for number in range(9)]
     # the three in turn (ties broken at random): a third of the draws or more are the Mamba hybrid, which the fake's
     # plain draw never gives; the refused sliding window counted as tried, and each time drawn plainly instead
     assert 3 <= models.count("mamba-hybrid") <= 4 and "sliding-window" not in models, models
@@ -251,32 +251,41 @@ def test_fresh_draws_take_each_model_in_turn_whatever_its_weight(engine: ModuleT
     pinned = _guidance(engine, tmp_path / "pinned")
     pinned.options = attrs.evolve(pinned.options, pins=(("model", "full"),))
     asked.clear()
-    pinned.plan(rng, 0, 25, None, fresh)
+    pinned.plan(rng, 0, 25, None, None, fresh)
     assert asked == [{}], "a row the campaign pins is not stratified"
 
 
 def test_the_bandit_gives_batches_to_configurations_still_finding_coverage() -> None:
     bandit = Bandit(explore=0.0)
     assert bandit.choose(random.Random(0)) is None, "no arm yet: a fresh configuration"
-    bandit.record("finds", 40)
-    bandit.record("stale", 0)
+    bandit.record("finds", 40, 10.0)
+    bandit.record("stale", 0, 10.0)
     rng = random.Random(1)
     assert {bandit.choose(rng) for _ in range(50)} == {"finds"}
     for _ in range(10):  # stops finding: fades, and fresh configurations are drawn again
-        bandit.record("finds", 0)
+        bandit.record("finds", 0, 10.0)
     assert bandit.choose(rng) is None
+
+
+def test_the_bandit_scores_new_coverage_per_second_not_per_batch() -> None:
+    bandit = Bandit(explore=0.0)
+    bandit.record("slow", 60, 300.0)  # more points a batch, in a batch that held the campaign five minutes
+    bandit.record("quick", 20, 5.0)
+    rng = random.Random(3)
+    quick = sum(bandit.choose(rng) == "quick" for _ in range(200))
+    assert quick > 180, f"the quick configuration got {quick} of 200 batches"
 
 
 def test_fresh_configurations_are_drawn_while_they_pay_more_than_the_arms() -> None:
     bandit = Bandit(explore=0.0)
-    bandit.record("finds a little", 2)
-    bandit.record(FRESH, 60)  # freshly drawn configurations found far more
+    bandit.record("finds a little", 2, 10.0)
+    bandit.record(FRESH, 60, 10.0)  # freshly drawn configurations found far more
     rng = random.Random(2)
     fresh = sum(bandit.choose(rng) is None for _ in range(200))
     assert fresh > 150, f"{fresh} of 200 batches drew a fresh configuration"
     for _ in range(10):  # fresh draws stop paying: the arm still finding gets the batches
-        bandit.record(FRESH, 0)
-        bandit.record("finds a little", 2)
+        bandit.record(FRESH, 0, 10.0)
+        bandit.record("finds a little", 2, 10.0)
     assert sum(bandit.choose(rng) is None for _ in range(200)) < 20
 
 

@@ -20,7 +20,7 @@ import pytest
 from factories import kvfuzz
 
 from kvfuzz.campaign.scheduler.isolated import died_trace, journal_target
-from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
+from kvfuzz.campaign.scheduler.loop import LEAST_BATCH_SECONDS, SchedulerCampaignOptions, default_batch_seconds
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
 from kvfuzz.program.safeguards import Journal
@@ -547,6 +547,42 @@ def test_a_batch_whose_search_outlasts_the_campaign_is_cut_off_at_its_duration(t
     result = run_scheduler_campaign(settings, fake.target())
     assert time.monotonic() - started < 10, "the campaign waited for the batch"
     assert result.ended_by == "duration" and result.examples == 0 and not result.new
+
+
+def test_a_slow_batch_is_cut_off_after_its_batch_seconds_and_the_next_configuration_runs(tmp_path: Path) -> None:
+    """One configuration that would run all campaign long (issue 42's measurement: a batch of 53,525 steps took most
+    of ten minutes) ends after ``batch_seconds``; the batches after it find the failure, and its shrinking (slower
+    than a batch's time) is not cut off: only the campaign's end cuts shrinking off."""
+    fake = FakeTarget()
+    search = fake.search
+    log = tmp_path / "calls"  # the searches run in the campaign's worker process
+
+    def first_endless(config: SwarmConfig, examples: int, seed: int, shrink: bool, *rest: Any) -> Outcome:
+        with log.open("a") as calls:
+            calls.write(f"{shrink}\n")
+        if log.read_text().count("\n") == 1:
+            while True:  # only the batch's cut-off ends it
+                time.sleep(0.01)
+        if shrink:
+            time.sleep(1.5)  # shrinking longer than a batch's time
+        return search(config, examples, seed, shrink, *rest)
+
+    fake.search = first_endless  # type: ignore[method-assign]
+    started = time.monotonic()
+    settings = SchedulerCampaignOptions("vllm-v1", 9, tmp_path / "c", duration=60.0, stop_after=1, batch_seconds=0.5)
+    result = run_scheduler_campaign(settings, fake.target())
+    assert time.monotonic() - started < 30, "the endless batch held the campaign"
+    [finding] = result.new
+    assert finding.note is None or "cut off" not in finding.note, finding.note
+    assert finding.trace is not None and load(Path(finding.trace)).shrunk
+    calls = log.read_text().split()
+    assert len(calls) >= 3 and calls[0] == "False" and calls[-1] == "True", calls
+
+
+def test_a_campaign_s_batches_get_a_twentieth_of_its_duration_unless_told() -> None:
+    assert default_batch_seconds(600.0) == 30.0
+    assert default_batch_seconds(60.0) == LEAST_BATCH_SECONDS == 10.0
+    assert default_batch_seconds(None) is None, "a campaign bound by examples runs each batch to its end"
 
 
 def test_a_stop_while_shrinking_keeps_the_finding(tmp_path: Path) -> None:

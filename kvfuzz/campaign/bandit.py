@@ -1,12 +1,14 @@
 """Which configuration a guided campaign's next batch runs: a bandit over the configurations that reached new
 coverage, as HypoFuzz gives more time to the tests still finding coverage.
 
-Each configuration that ran is an arm whose score is the new coverage of its recent batches, decayed by half each
-batch (so one that stopped finding fades). Drawing a fresh configuration from the swarm table is an arm too
-(:data:`FRESH`), scored by the batches that ran freshly drawn configurations: early in a campaign most coverage comes
-from configurations not yet drawn, and the search keeps drawing them while they pay; once they stop, the arms that
-still find get the batches. A batch draws a fresh configuration with the fresh arm's share of the scores, at least
-:data:`EXPLORE` (and always while no other arm scores); otherwise it runs an arm, drawn in proportion to its score.
+Each configuration that ran is an arm whose score is the new coverage of its recent batches per second of their time,
+decayed by half each batch (so one that stopped finding fades): scored per batch, a slow configuration (a batch of a
+pool of one-token blocks can take the whole batch time) outscored quick ones that found more per second. Drawing a fresh
+configuration from the swarm table is an arm too (:data:`FRESH`), scored by the batches that ran freshly drawn
+configurations: early in a campaign most coverage comes from configurations not yet drawn, and the search keeps drawing
+them while they pay; once they stop, the arms that still find get the batches. A batch draws a fresh configuration with
+the fresh arm's share of the scores, at least :data:`EXPLORE` (and always while no other arm scores); otherwise it runs
+an arm, drawn in proportion to its score.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ EXPLORE = 0.3
 FRESH = ""
 """The arm of a fresh draw from the swarm table (no configuration's key is empty)."""
 DECAY = 0.5
-"""An arm's score after a batch: DECAY * score + (1 - DECAY) * the batch's new points."""
+"""An arm's score after a batch: DECAY * score + (1 - DECAY) * the batch's new points per second."""
+LEAST_SECONDS = 1.0
+"""A batch quicker than this counts as taking this long (a batch of a fraction of a second is no measure of speed)."""
+LEAST_SCORE = 0.02
+"""An arm scoring less (a new point every 50 seconds) is not drawn: it stopped finding."""
 
 
 class Bandit:
@@ -29,13 +35,14 @@ class Bandit:
         self.explore = explore
         self.scores: dict[str, float] = {}
 
-    def record(self, arm: str, gain: int) -> None:
-        """A batch of ``arm`` reached ``gain`` points no earlier batch had."""
-        self.scores[arm] = DECAY * self.scores.get(arm, 0.0) + (1 - DECAY) * gain
+    def record(self, arm: str, gain: int, seconds: float) -> None:
+        """A batch of ``arm`` reached ``gain`` points no earlier batch had, in ``seconds``."""
+        rate = gain / max(seconds, LEAST_SECONDS)
+        self.scores[arm] = DECAY * self.scores.get(arm, 0.0) + (1 - DECAY) * rate
 
     def choose(self, rng: random.Random) -> Optional[str]:
         """The arm the next batch runs, or None: draw a fresh configuration."""
-        scoring = sorted((arm, score) for arm, score in self.scores.items() if arm != FRESH and score >= 0.5)
+        scoring = sorted((arm, score) for arm, score in self.scores.items() if arm != FRESH and score >= LEAST_SCORE)
         if not scoring:
             return None
         fresh = self.scores.get(FRESH, 0.0)

@@ -98,6 +98,7 @@ class SchedulerRerun:
     workers: int = 1
     coverage: bool = False  # --coverage: the engine's coverage measured
     guided: bool = False  # --guided: coverage feedback
+    batch_seconds: Optional[float] = None  # --batch-seconds: the most a batch's search ran (None: no cap)
 
     def arguments(self) -> list[str]:
         args = ["--scheduler", self.scheduler, "--seed", str(self.seed), *pin_arguments(self.pins)]
@@ -108,6 +109,8 @@ class SchedulerRerun:
         if self.stop_after is not None:
             args += ["--stop-after", str(self.stop_after)]
         args += ["--batch-examples", str(self.batch_examples), "--corpus", self.corpus]
+        if self.batch_seconds is not None:
+            args += ["--batch-seconds", repr(self.batch_seconds)]
         for path in self.known:
             args += ["--known", path]
         if not self.known:

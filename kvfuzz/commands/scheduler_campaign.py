@@ -21,6 +21,7 @@ ALLOCATOR_ONLY = (("shrink_time", None, "--shrink-time (Hypothesis bounds a sche
 
 SCHEDULER_ONLY = (
     "batch_examples",
+    "batch_seconds",
     "no_shrink",
     "isolate",
     "pin",
@@ -41,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_at_least_one,
         metavar="N",
         help="examples per configuration drawn from the swarm table (default 25)",
+    )
+    group.add_argument(
+        "--batch-seconds",
+        type=_positive_seconds,
+        metavar="S",
+        help="the most a batch's search runs before the next configuration is drawn (default: a twentieth of "
+        "--duration, at least 10; none without --duration)",
     )
     group.add_argument("--no-shrink", action="store_true", default=None, help="save failures as found, unshrunk")
     group.add_argument(
@@ -94,6 +102,16 @@ def _at_least_one(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive number of seconds")
     return value
 
 
@@ -152,7 +170,7 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
     for a new failure, else 0. ``target`` replaces the real scheduler (tests without vLLM)."""
     from kvfuzz.campaign.lock import CorpusInUse
     from kvfuzz.campaign.report import new_finding_lines, table
-    from kvfuzz.campaign.scheduler.loop import BATCH_EXAMPLES, SchedulerCampaignOptions
+    from kvfuzz.campaign.scheduler.loop import BATCH_EXAMPLES, SchedulerCampaignOptions, default_batch_seconds
     from kvfuzz.campaign.scheduler.workers import SchedulerCampaign
     from kvfuzz.campaign.supervisor import DEFAULT_DURATION, Supervisor
     from kvfuzz.scheduler.pins import PinRefused, describe_pins, parse_pins
@@ -190,6 +208,7 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
         workers=args.workers or 1,
         coverage=bool(args.coverage or args.guided or args.coverage_html is not None),
         guided=bool(args.guided),
+        batch_seconds=args.batch_seconds if args.batch_seconds is not None else default_batch_seconds(duration),
     )
     from kvfuzz.scheduler.engines import untested_warning
 
@@ -205,6 +224,7 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
         )
         return 2
     pinned = f", pinned: {describe_pins(options.pins)}" if options.pins else ""
+    capped = f" (at most {options.batch_seconds:g} s)" if options.batch_seconds is not None else ""
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
     if not args.json:
@@ -220,9 +240,10 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
         print(
             f"kvfuzz campaign: --scheduler {args.scheduler}\n  {plural(options.workers, 'worker')}, until {ends}, "
             f"seed {options.seed}; each batch of "
-            f"{plural(options.batch_examples, 'example')} draws the engine's configuration from the swarm table "
-            f"(kvfuzz/scheduler/swarm.py){pinned}{', in a child process' if options.isolate else ''}\n  new failures "
-            f"saved to {options.corpus}; known findings from: {', '.join(map(str, known)) or 'none'} and the corpus"
+            f"{plural(options.batch_examples, 'example')}{capped} draws the engine's configuration from the swarm "
+            f"table (kvfuzz/scheduler/swarm.py){pinned}{', in a child process' if options.isolate else ''}\n  new "
+            f"failures saved to {options.corpus}; known findings from: {', '.join(map(str, known)) or 'none'} and "
+            "the corpus"
             + (
                 "\n  coverage-guided: programs reaching new coverage kept as seeds and mutated"
                 if options.guided

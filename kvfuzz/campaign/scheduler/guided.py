@@ -111,6 +111,7 @@ class Guidance:
         self.program: list[dict[str, Any]] = []  # the running example's operations, as its journal lists them
         self.config: Optional[SwarmConfig] = None  # the running batch's configuration
         self.batch = Reached()  # the points the running batch reached first
+        self.began = 0.0  # time.monotonic() when the running batch began
         self.mutated: Optional[str] = None  # the running batch's seed, when it mutates one
         self.drawn_fresh = False  # whether the running batch's configuration was drawn fresh from the swarm table
         self.strata: Counter[tuple[str, Any]] = Counter()  # (stratified row, value) -> fresh draws that took it
@@ -134,6 +135,7 @@ class Guidance:
         number: int,
         examples: int,
         ends: Optional[float],
+        batch_seconds: Optional[float],
         fresh: Callable[[Mapping[str, Any]], SwarmConfig],
     ) -> tuple[BatchPlan, Optional[Mutants]]:
         """The next batch: mutants of a seed (guided, with seeds, half the time), else a Hypothesis batch on a
@@ -147,11 +149,11 @@ class Guidance:
                 if mutants is not None:
                     config = swarm_config(mutants.seed.config)
                     self.mutated = mutants.seed.digest
-                    return BatchPlan(number, config, rng.randrange(2**32), examples, ends), mutants
+                    return BatchPlan.of(number, config, rng.randrange(2**32), examples, ends, batch_seconds), mutants
         arm = self.bandit.choose(rng) if self.guided else None
         self.drawn_fresh = arm is None
         config = self.arms[arm] if arm is not None else self._fresh(rng, fresh)
-        return BatchPlan(number, config, rng.randrange(2**32), examples, ends), None
+        return BatchPlan.of(number, config, rng.randrange(2**32), examples, ends, batch_seconds), None
 
     def _fresh(self, rng: random.Random, fresh: Callable[[Mapping[str, Any]], SwarmConfig]) -> SwarmConfig:
         """A fresh draw, each stratified row held at its value drawn least so far (the campaign's pins left as they
@@ -210,6 +212,7 @@ class Guidance:
         self.config = config
         self.program = []
         self.batch = Reached()
+        self.began = time.monotonic()
         self.measurer.start()
 
     def example_ended(self) -> None:
@@ -230,9 +233,10 @@ class Guidance:
         if self.config is not None:
             key = json.dumps(self.config.to_json(), sort_keys=True)
             self.arms[key] = self.config
-            self.bandit.record(key, len(self.batch))
+            seconds = time.monotonic() - self.began
+            self.bandit.record(key, len(self.batch), seconds)
             if self.drawn_fresh:
-                self.bandit.record(FRESH, len(self.batch))
+                self.bandit.record(FRESH, len(self.batch), seconds)
         return Covered(self.slot, self.batch.to_json(), self.scope.imported(self.files))
 
     def entry(self) -> dict[str, Any]:
@@ -271,13 +275,13 @@ class Guidance:
             examples += 1
             steps += sum(isinstance(operation, Step) for operation in program)
             try:
-                with searching_until(plan.ends):
+                with searching_until(plan.searched_by):
                     replayed = target.replay(trace, options.call_timeout)
             except ReplayRefused:  # this engine cannot run the seed's configuration after all: dropped
                 if self.pool is not None:
                     self.pool.drop(mutants.seed)
                 break
-            except SearchCutOff:  # the campaign's end: this mutant abandoned, the batch ends
+            except SearchCutOff:  # the batch's time is up: this mutant abandoned, the batch ends
                 break
             if replayed.error is not None:
                 return self._failed(plan, trace, replayed.error, examples, steps, started, is_new)

@@ -10,9 +10,13 @@ examples without shrinking. A failure's signature decides what happens next:
   corpus trace of a fixed bug reproduces is new too, a regression, and says so;
 * known (from a corpus trace) or met earlier in the campaign: counted, and the unshrunk trace saved for it removed.
 
-A batch ends with the campaign's duration: its search is cut off where it is (the example it was running abandoned,
-what it ran counted), and so is shrinking (a cut-off shrinking keeps the example as found, and says so); a stop
-(Ctrl-C, SIGTERM) cuts the search off the same way, and while shrinking keeps the finding, with its trace as found.
+A batch's search ends after its ``batch_seconds`` (``--batch-seconds``; by default a twentieth of the campaign's
+duration, at least :data:`LEAST_BATCH_SECONDS`), so that no one slow configuration (a pool of one-token blocks and a
+six-token budget once ran 53,525 steps, most of a ten-minute campaign) holds the campaign: the examples it ran count,
+and a failure it met is shrunk as usual. A batch ends with the campaign's duration too: its search is cut off where it
+is (the example it was running abandoned, what it ran counted), and so is shrinking (a cut-off shrinking keeps the
+example as found, and says so); a stop (Ctrl-C, SIGTERM) cuts the search off the same way, and while shrinking keeps the
+finding, with its trace as found.
 """
 
 from __future__ import annotations
@@ -40,6 +44,16 @@ from kvfuzz.shrink.signature import Signature
 
 BATCH_EXAMPLES = 25
 """Examples per configuration drawn, unless told otherwise."""
+BATCH_SHARE = 20
+"""A campaign with a duration gives each batch's search at most 1/BATCH_SHARE of it, unless told otherwise."""
+LEAST_BATCH_SECONDS = 10.0
+"""The least a batch's search is given by default (a short campaign's batches would otherwise find nothing)."""
+
+
+def default_batch_seconds(duration: Optional[float]) -> Optional[float]:
+    """The cap on a batch's search a campaign of ``duration`` seconds has unless told: None without a duration (a
+    campaign bound by examples runs each batch to its end, so that its seed decides what it finds)."""
+    return None if duration is None else max(LEAST_BATCH_SECONDS, duration / BATCH_SHARE)
 
 
 @attrs.frozen
@@ -62,6 +76,7 @@ class SchedulerCampaignOptions:
     workers: int = 1  # worker processes (kvfuzz.campaign.supervisor)
     coverage: bool = False  # measure the engine's coverage (kvfuzz.campaign.scheduler.guided)
     guided: bool = False  # and use it: seeds, mutants, a bandit over configurations (implies coverage)
+    batch_seconds: Optional[float] = None  # the most a batch's search runs (--batch-seconds); None: to its end
 
     def rerun(self) -> SchedulerRerun:
         return SchedulerRerun(
@@ -83,20 +98,36 @@ class SchedulerCampaignOptions:
             self.workers,
             self.coverage,
             self.guided,
+            self.batch_seconds,
         )
 
 
 @attrs.frozen
 class BatchPlan:
-    """One batch: its configuration, its Hypothesis seed, its examples."""
+    """One batch: its configuration, its Hypothesis seed, its examples, and when its search and its shrinking are cut
+    off (``searched_by`` is never later than ``ends``)."""
 
     number: int  # batches drawn before it
     config: SwarmConfig
     seed: int
     examples: int
-    ends: Optional[float] = (
-        None  # time.monotonic() past which its searches are cut off (the campaign's end); None: never
-    )
+    ends: Optional[float] = None  # time.monotonic() past which its shrinking is cut off (the campaign's end)
+    searched_by: Optional[float] = None  # past which its search is (ends, or its batch_seconds first); None: never
+
+    @classmethod
+    def of(
+        cls,
+        number: int,
+        config: SwarmConfig,
+        seed: int,
+        examples: int,
+        ends: Optional[float],
+        batch_seconds: Optional[float],
+    ) -> BatchPlan:
+        """A batch planned now: its search cut off after ``batch_seconds`` (None: no cap) or at ``ends``."""
+        capped = None if batch_seconds is None else time.monotonic() + batch_seconds
+        searched_by = min((end for end in (ends, capped) if end is not None), default=None)
+        return cls(number, config, seed, examples, ends, searched_by)
 
 
 @attrs.frozen
@@ -178,7 +209,7 @@ def run_batch(
     example's program on disk (the worker's heartbeat, and what its death leaves)."""
     recorder = target.recorder(target.name, options.corpus)
     searched = _until(
-        plan.ends,
+        plan.searched_by,
         lambda: target.search(plan.config, plan.examples, plan.seed, False, recorder, options.call_timeout, journal),
     )
     if searched is None:  # cut off as it returned: its examples are not counted, a failure it met is on disk

@@ -162,12 +162,14 @@ class _Worker:
         guide, pins = self.guide, dict(self.options.pins)
         if guide is None:
             config = draw(rng, self.target.validate, self.target.dimensions, pins)
-            return BatchPlan(number, config, rng.randrange(2**32), examples, self.worker.ends), None
+            seed = rng.randrange(2**32)
+            return BatchPlan.of(number, config, seed, examples, self.worker.ends, self.options.batch_seconds), None
         plan, mutants = guide.plan(
             rng,
             number,
             examples,
             self.worker.ends,
+            self.options.batch_seconds,
             lambda held: draw(rng, guide.validate, self.target.dimensions, {**held, **pins}),
         )
         guide.begin(plan.config)
