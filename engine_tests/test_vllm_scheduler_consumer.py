@@ -27,6 +27,8 @@ from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 SYNC = SchedulerSetup(num_blocks=8, block_size=2, kv_connector="pd", transfer_delay=2)
 ASYNC = attrs.evolve(SYNC, async_scheduling=True)
+FAILING = attrs.evolve(SYNC, load_failures=True)
+FAILING_ASYNC = attrs.evolve(ASYNC, load_failures=True)
 
 
 def run_examples(setup: SchedulerSetup, examples: int) -> TransferTally:
@@ -61,6 +63,35 @@ def test_the_unmodified_scheduler_passes_with_every_transfer_kind_reached(setup:
     tally = run_examples(setup, 12)
     assert tally.loads > tally.sync_loads > 0 and tally.sends > 0 and tally.late > 0, tally
     assert (tally.deferred > 0) == setup.async_scheduling, tally
+
+
+@pytest.mark.parametrize("setup", [FAILING, FAILING_ASYNC], ids=["sync", "async"])
+def test_the_unmodified_scheduler_recovers_from_failed_loads(setup: SchedulerSetup) -> None:
+    """Async loads fail part-way (invalid blocks) or whole (a failed receive): vLLM recomputes what they did not
+    fill, and every check passes."""
+    tally = run_examples(setup, 12)
+    assert tally.loads > tally.failed_loads > 0, tally
+
+
+def test_a_load_failing_part_way_reports_its_unfilled_blocks_and_vllm_recomputes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The connector's report names the blocks past the first failed one, and vLLM truncates the request's computed
+    tokens to the failed block's start (its recovery ran, not only kvfuzz's report)."""
+    truncated: list[tuple[set[int], set[str]]] = []
+    original = Scheduler._handle_invalid_blocks
+
+    def handle(self: Any, invalid: set[int], scheduled: dict[str, int]) -> set[str]:
+        before = {request.request_id: request.num_computed_tokens for request in self.kv_holding_waiting}
+        result = original(self, invalid, scheduled)
+        after = {request.request_id: request.num_computed_tokens for request in self.kv_holding_waiting}
+        truncated.append((set(invalid), {request for request in before if after.get(request) != before[request]}))
+        return result
+
+    monkeypatch.setattr(Scheduler, "_handle_invalid_blocks", handle)
+    run_examples(FAILING, 12)
+    assert truncated and all(invalid for invalid, _ in truncated), truncated
+    assert any(requests for _, requests in truncated), "no failed load made vLLM truncate a request"
 
 
 def test_async_scheduling_with_the_consumer_turns_deferred_frees_on() -> None:
@@ -126,9 +157,58 @@ def aborted_load_freed(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+def invalid_blocks_kept_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: a load that failed part-way is reported, but the requests holding its blocks keep every loaded
+    token counted as computed (``_update_requests_with_invalid_blocks`` finds the affected requests and truncates
+    none)."""
+    original = Scheduler._update_requests_with_invalid_blocks
+
+    def update(
+        self: Any, requests: Any, invalid: set[int], scheduled: dict[str, int], evict_blocks: bool = True
+    ) -> Any:
+        requests = list(requests)
+        kept = {request.request_id: request.num_computed_tokens for request in requests}
+        affected, tokens, evict = original(self, requests, invalid, scheduled, evict_blocks)
+        for request in requests:
+            request.num_computed_tokens = kept[request.request_id]
+        return affected, tokens, evict
+
+    monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", update)
+
+
+def failed_receive_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: a load the connector reports failed whole (``failed_recving``) is taken for a finished one: the
+    request keeps its remote prefix counted as computed."""
+    monkeypatch.setattr(Scheduler, "_handle_failed_recving", lambda self, failed: set())
+
+
+def truncated_past_the_failed_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug, an off-by-one: a request a part-way failed load affected is truncated to the end of its first
+    failed block rather than its start, so that block's positions count as computed."""
+    original = Scheduler._update_requests_with_invalid_blocks
+
+    def update(
+        self: Any, requests: Any, invalid: set[int], scheduled: dict[str, int], evict_blocks: bool = True
+    ) -> Any:
+        requests = list(requests)
+        before = {request.request_id: request.num_computed_tokens for request in requests}
+        affected, tokens, evict = original(self, requests, invalid, scheduled, evict_blocks)
+        for request in requests:
+            if request.request_id in affected and request.num_computed_tokens < before[request.request_id]:
+                request.num_computed_tokens = min(
+                    request.num_computed_tokens + self.block_size, before[request.request_id]
+                )
+        return affected, tokens, evict
+
+    monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", update)
+
+
 @pytest.mark.parametrize(
     ("bug", "setup", "check", "cause"),
     [
+        (invalid_blocks_kept_computed, FAILING, Check.CONTENT, "a block a failed connector load never filled"),
+        (failed_receive_ignored, FAILING, Check.CONTENT, "a block a failed connector load never filled"),
+        (truncated_past_the_failed_block, FAILING, Check.CONTENT, "a block a failed connector load never filled"),
         (frees_not_deferred, ASYNC, Check.DELAYED_FREE, "a deferred free returned early"),
         (delayed_free_ignored, SYNC, Check.DELAYED_FREE, "a delayed free returned before its send"),
         (delayed_free_ignored, ASYNC, Check.DELAYED_FREE, "a delayed free returned before its send"),
@@ -136,7 +216,17 @@ def aborted_load_freed(monkeypatch: pytest.MonkeyPatch) -> None:
         (aborted_load_freed, SYNC, Check.TRANSFER, "a load into a block its request does not hold"),
         (aborted_load_freed, ASYNC, Check.TRANSFER, "a load into a block its request does not hold"),
     ],
-    ids=["not-deferred", "delay-ignored-sync", "delay-ignored-async", "sent-leaked", "abort-sync", "abort-async"],
+    ids=[
+        "invalid-kept",
+        "failed-receive-ignored",
+        "truncated-past-failed-block",
+        "not-deferred",
+        "delay-ignored-sync",
+        "delay-ignored-async",
+        "sent-leaked",
+        "abort-sync",
+        "abort-async",
+    ],
 )
 def test_a_seeded_vllm_bug_is_caught(
     monkeypatch: pytest.MonkeyPatch,
@@ -169,10 +259,9 @@ def test_a_seeded_bug_is_found_by_a_run_and_its_trace_replays(
         check_reproducible(leak)
 
 
-@pytest.mark.parametrize("refused", [{"model": "sliding-window"}, {"load_failures": True}])
-def test_the_connector_is_refused_with_a_hybrid_model_or_failed_loads(refused: dict[str, Any]) -> None:
+def test_the_connector_is_refused_with_a_hybrid_model() -> None:
     with pytest.raises(ValueError, match="the P/D connector is driven only with the full-attention model"):
-        attrs.evolve(SYNC, **refused)
+        attrs.evolve(SYNC, model="sliding-window")
 
 
 def test_a_request_the_connector_skipped_without_blocks_is_served_in_the_waiting_queue_s_order() -> None:
@@ -183,3 +272,14 @@ def test_a_request_the_connector_skipped_without_blocks_is_served_in_the_waiting
     trace = load(Path(__file__).parent / "data" / "order-deferred-waiting-served-in-order.json")
     replayed = replay(trace)
     assert replayed.failure is None, replayed.describe_failure()
+
+
+def test_a_failed_load_s_seeded_bug_is_found_by_a_run_and_its_trace_replays(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``kvfuzz run --kv-connector pd --load-failures`` finds the requests a failed load left counted as computed,
+    its message names the failed load, and its trace (with ``load_failures``) replays."""
+    invalid_blocks_kept_computed(monkeypatch)
+    options = ["--block-size", "2", "--kv-connector", "pd", "--load-failures", "--transfer-delay", "1"]
+    trace = found_and_replayed(capsys, tmp_path / "corpus", options, {Check.CONTENT}, "load failed before this block")
+    assert trace.setup.kv_connector == "pd" and trace.setup.load_failures

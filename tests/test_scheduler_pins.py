@@ -179,7 +179,8 @@ def test_pins_no_valid_configuration_goes_with_are_refused_before_any_batch(
 
 def test_a_row_that_needs_another_is_set_only_where_that_row_drew_its_value() -> None:
     """Late transfers and failed loads mean something only with a KV connector: drawn without one, they would be
-    refused (and redrawn) for nothing. Failed loads run only when pinned (vLLM's own worker never reports one)."""
+    refused (and redrawn) for nothing. Failed loads are drawn with the P/D connector (kvfuzz's worker side reports
+    them), with the offloading connector only when pinned (vLLM's own worker never reports one)."""
     without = [swarm.draw(random.Random(seed), accept, pins={"kv_connector": "none"}).setup for seed in range(200)]
     pins = {"kv_connector": "offloading"}
     with_ = [swarm.draw(random.Random(seed), accept, pins=pins).setup for seed in range(200)]
@@ -187,8 +188,9 @@ def test_a_row_that_needs_another_is_set_only_where_that_row_drew_its_value() ->
     assert without and all(s.transfer_delay == 0 and not s.load_failures for s in without)
     assert {s.transfer_delay for s in with_} == {0, 1, 2, 3} and {s.load_failures for s in with_} == {False}
     pd = [swarm.draw(random.Random(seed), accept, pins={"kv_connector": "pd"}).setup for seed in range(200)]
-    assert {s.transfer_delay for s in pd} == {0, 1, 2, 3} and {s.load_failures for s in pd} == {False}
-    failing = [swarm.draw(random.Random(seed), accept, pins={"load_failures": True}).setup for seed in range(20)]
+    assert {s.transfer_delay for s in pd} == {0, 1, 2, 3} and {s.load_failures for s in pd} == {False, True}
+    pins = {"load_failures": True, "kv_connector": "offloading"}
+    failing = [swarm.draw(random.Random(seed), accept, pins=pins).setup for seed in range(20)]
     assert {(s.kv_connector, s.load_failures) for s in failing} == {("offloading", True)}
 
 

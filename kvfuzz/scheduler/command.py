@@ -143,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--load-failures",
         action="store_true",
         default=None,
-        help="with --kv-connector: loads may fail part-way, recovered by vLLM's recompute policy",
+        help="with --kv-connector: loads may fail (part-way; with pd, whole too), recovered by vLLM's recompute policy",
     )
     group.add_argument(
         "--cache-salts",

@@ -114,10 +114,9 @@ class SchedulerSetup:
                 "the offloading connector is driven only with synchronous scheduling and the full-attention model "
                 "(yet; docs/scheduler-connectors.md)"
             )
-        if self.kv_connector == "pd" and (self.model != "full" or self.load_failures):
+        if self.kv_connector == "pd" and self.model != "full":
             raise ValueError(
-                "the P/D connector is driven only with the full-attention model, and its loads do not fail (yet; "
-                "docs/scheduler-connectors.md)"
+                "the P/D connector is driven only with the full-attention model (yet; docs/scheduler-connectors.md)"
             )
         if self.prefix_resets and self.kv_connector != "none":
             raise ValueError(

@@ -10,6 +10,15 @@ per transfer from the request, so a replay draws the same), reported in that ste
 ``finished_sending``. A completed load writes the remote prefill's K/V (the reference's, under the request's
 namespace) into the slots of the positions it fills, so the content check then holds every loaded token to it.
 
+With ``load_failures`` an async load fails one time in three (drawn per request): part-way, its first blocks written
+and the rest reported in ``invalid_block_ids`` (two failures in three), or whole, nothing written and the request
+reported in ``failed_recving``; both beside the request's ``finished_recving``, as a connector reports a load that
+ended. vLLM's recovery (``kv_load_failure_policy="recompute"``) must then count as computed only the positions before
+the first failed block and recompute the rest: a step that reads a position a failed load left unwritten, or a
+prefix-cache hit on such a block, fails the content check, which names the failed load as the cause. Sync loads do
+not fail (the step that performs one reads the load's positions at once, so vLLM discards its output: a recovery
+kvfuzz does not model).
+
 Under async scheduling a KV-consumer connector turns vLLM's ``defer_block_free`` on: a request's blocks released
 while a step that scheduled it is in flight go back to the pool only once that step's output was processed (a load
 is not ordered on the device's stream, so a block reused by a load could be written while the old step still
@@ -59,6 +68,8 @@ class RemoteLoad:
     ordered: int
     due: int
     namespace: tuple[str, ...]  # the request's K/V namespace (the worker forgets it once the request finished)
+    filled: Optional[int] = None  # blocks of its targets it fills before it fails; None: it does not fail
+    whole: bool = False  # it fails whole (fills nothing), reported in failed_recving rather than by its blocks
 
     @property
     def request(self) -> str:
@@ -100,6 +111,7 @@ class PDWorker:
 
     def __init__(self, setup: SchedulerSetup, scheduler: Any, loop: Any) -> None:
         self.max_delay = setup.transfer_delay  # the most steps a load or send completes late
+        self.load_failures = setup.load_failures  # whether async loads may fail (part-way or whole)
         self.block_size = setup.block_size
         self.deferring = setup.async_scheduling  # vLLM defers block frees: a consumer, two batches in flight
         self.scheduler = scheduler
@@ -170,7 +182,9 @@ class PDWorker:
         for remote in self.ordered:
             self._check_lands(remote, "is submitted", step)
             if remote.load.asynchronous:
-                self.loads[remote.request] = attrs.evolve(remote, due=self._due("load", remote.request, step))
+                self.loads[remote.request] = self._failing(
+                    attrs.evolve(remote, due=self._due("load", remote.request, step))
+                )
             else:
                 self.tally.sync_loads += 1
                 self._complete(remote, worker, step)
@@ -182,6 +196,8 @@ class PDWorker:
         from vllm.v1.outputs import KVConnectorOutput
 
         recving: set[str] = set()
+        invalid: set[int] = set()
+        failed: set[str] = set()
         for request, remote in sorted(self.loads.items()):
             if remote.due > step:
                 continue
@@ -191,6 +207,10 @@ class PDWorker:
             self.tally.late += int(remote.due > remote.ordered)
             recving.add(request)
             self.received[request] = step
+            if remote.whole:
+                failed.add(request)
+            elif remote.filled is not None:
+                invalid.update(remote.targets(self.block_size)[remote.filled :])
         sending: set[str] = set()
         for request, send in sorted(self.sends.items()):
             if send.due == step:
@@ -198,7 +218,12 @@ class PDWorker:
                 self.reported[request] = step
                 self.tally.sends += 1
                 self.tally.late += int(send.due > send.ordered)
-        return KVConnectorOutput(finished_recving=recving or None, finished_sending=sending or None)
+        return KVConnectorOutput(
+            finished_recving=recving or None,
+            finished_sending=sending or None,
+            invalid_block_ids=invalid,
+            failed_recving=failed,
+        )
 
     def collected(self, step: int) -> None:
         """Step ``step``'s output was processed: the sends it reported no longer hold their blocks, the loads it
@@ -216,8 +241,18 @@ class PDWorker:
     def _due(self, kind: str, request: str, step: int) -> int:
         return step + _draw("delay", kind, request) % (self.max_delay + 1)
 
+    def _failing(self, remote: RemoteLoad) -> RemoteLoad:
+        """An async load as it will complete: whole, failed part-way or failed whole (see the module)."""
+        request = remote.request
+        if not self.load_failures or _draw("fails", request) % 3:
+            return remote
+        if _draw("whole", request) % 3 == 0:
+            return attrs.evolve(remote, filled=0, whole=True)
+        return attrs.evolve(remote, filled=_draw("filled", request) % len(remote.targets(self.block_size)))
+
     def _complete(self, remote: RemoteLoad, worker: Any, step: int) -> None:
-        """Write the remote prefill's K/V of the positions the load fills into their slots."""
+        """Write the remote prefill's K/V of the positions the load fills into their slots (a failed load's only
+        up to its first failed block: the slots past it are marked as a failed load's, for the content check)."""
         load = remote.load
         self.tally.loads += 1
         namespace = remote.namespace
@@ -227,7 +262,12 @@ class PDWorker:
         slots = [load.blocks[position // size] * size + position % size for position in positions]
         keys, values = kv_for_tags(tags[load.start : load.stop], MODEL_SHAPE)
         kv = worker.kv
+        unfilled = set(remote.targets(size)[remote.filled :]) if remote.filled is not None else set()
+        self.tally.failed_loads += int(remote.filled is not None)
         for index, (slot, position) in enumerate(zip(slots, positions)):
+            if slot // size in unfilled:
+                kv.loaded[slot] = False
+                continue
             kv.keys[slot] = keys[index]
             kv.values[slot] = values[index]
             kv.shadow[slot] = Write(remote.request, position, tags[position], step, namespace)

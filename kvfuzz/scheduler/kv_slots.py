@@ -150,6 +150,10 @@ class SlotPool:
             else f"the K/V of request {found.request}'s {'draft at ' if found.draft else ''}position "
             f"{found.position}{salted(found.namespace)} (tag "
             f"{found.tag:#x}), written at step {found.step}"
+        ) + (
+            ": a KV connector's load failed before this block and never filled it"
+            if self.loaded.get(slot) is False
+            else ""
         )
         raise SchedulerViolation(
             Check.CONTENT,

@@ -90,7 +90,8 @@ class TransferTally:
         return (
             f"the P/D connector loaded {self.loads} remote prefix(es) ({self.sync_loads} in the step that scheduled "
             f"their request) and sent {self.sends} finished request(s) (their frees delayed until reported): "
-            f"{self.late} transfer(s) reported late; {self.deferred} time(s) a released block was seen held back by "
+            f"{self.failed_loads} load(s) failed (part-way or whole), {self.late} transfer(s) reported late; "
+            f"{self.deferred} time(s) a released block was seen held back by "
             "vLLM's deferred frees while a step reading it was in flight"
         )
 

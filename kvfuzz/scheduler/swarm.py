@@ -140,9 +140,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
     # with either, late transfers (docs/scheduler-connectors.md)
     Dimension("kv_connector", ("none", "offloading", "pd"), _split(0.4, 0.2)),
     Dimension("transfer_delay", (0, 1, 2, 3), _weighted((2, 1, 1, 1)), needs=("kv_connector", ("offloading", "pd"))),
-    # failed loads only when pinned (--pin load_failures=true): vLLM's own worker for the connector never reports one,
-    # and the scheduler's generic recovery then hangs (docs/scheduler-connectors.md)
-    Dimension("load_failures", (False,), fixed, needs=("kv_connector", "offloading"), pin_only=(True,)),
+    # failed loads half the time with the P/D connector; with the offloading connector only when pinned (--pin
+    # load_failures=true): vLLM's own worker for it never reports one, and the scheduler's generic recovery then hangs
+    # (docs/scheduler-connectors.md)
+    Dimension("load_failures", BOOLEAN, _chance(0.5), needs=("kv_connector", "pd")),
     # LoRA: max_loras 1 or 2 half the time, requests drawn with one of max_loras + 1 adapters (the limit bites) or none
     Dimension("max_loras", (0, 1, 2), _weighted((2, 1, 1))),
     # the client resets the prefix cache a quarter of the time (refused, and redrawn, with a KV connector), vLLM's

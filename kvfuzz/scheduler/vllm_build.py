@@ -260,6 +260,7 @@ def _kv_transfer_config(setup: SchedulerSetup) -> Any:
             kv_connector="KvfuzzPDConnector",
             kv_connector_module_path="kvfuzz.scheduler.pd_connector",
             kv_role="kv_both",
+            kv_load_failure_policy="recompute",
         )
 
     kv_bytes_per_block = (
