@@ -41,6 +41,7 @@ LATER_ROWS = {
     "prefix_match_unit": 0,
     "sessions": False,
     "drafter": "ngram",
+    "kv_events_full": False,
 }
 """Swarm rows added after these tests were written, and the value each is held at here: held without drawing, so
 each seed draws the configurations the tests name (seed 3's first batch async, seed 7's async then synchronous);

@@ -60,7 +60,7 @@ def step(state):
 """
 """The toy engine: a queue of requests, a step that serves the first, a branch only long prompts reach."""
 
-LATER_ROWS = ("load_failures", "drafter")
+LATER_ROWS = ("load_failures", "drafter", "kv_events_full")
 """Swarm rows added after these tests' seeds were chosen: held at their first value, drawing nothing."""
 
 

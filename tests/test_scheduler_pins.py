@@ -56,8 +56,7 @@ def test_pins_parse_against_the_rows_domains() -> None:
             "max_num_seqs, prefix_caching, policy, model, async_scheduling, speculative_tokens, cache_salts, "
             "stop_tokens, eos, min_tokens, kv_connector, transfer_delay, load_failures, max_loras, prefix_resets, "
             "kv_events, overlong_requests, stats, prefix_match_unit, sessions, schedule_conservativeness, "
-            "model_runner, drafter "
-            "(kvfuzz/scheduler/swarm.py)",
+            "model_runner, drafter, kv_events_full (kvfuzz/scheduler/swarm.py)",
         ),
         (["speculative_tokens=3"], "--pin speculative_tokens=3: speculative_tokens takes one of 0, 1, 2, 4"),
         (["async_scheduling=yes"], "--pin async_scheduling=yes: async_scheduling takes one of false, true"),
@@ -71,7 +70,7 @@ def test_a_bad_pin_is_refused_in_one_line(texts: list[str], line: str) -> None:
         parse_pins(texts)
     assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
     if "the rows: " in line:
-        assert str(refused.value).endswith("model_runner, drafter (kvfuzz/scheduler/swarm.py)")
+        assert str(refused.value).endswith("model_runner, drafter, kv_events_full (kvfuzz/scheduler/swarm.py)")
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,7 @@ SCHEDULER_ONLY = (
     "max_loras",
     "prefix_resets",
     "kv_events",
+    "kv_events_full",
     "overlong_requests",
     "stats",
     "prefix_match_unit",
@@ -189,6 +190,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vLLM's KV cache events on, checked against the block pool (docs/scheduler-features.md)",
     )
     group.add_argument(
+        "--kv-events-full",
+        action="store_true",
+        default=None,
+        help="with --kv-events: half the requests ask for full reports (kv_cache_report_mode=full), whose reused "
+        "cached blocks vLLM announces too",
+    )
+    group.add_argument(
         "--overlong-requests",
         action="store_true",
         default=None,
@@ -253,6 +261,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "max_loras",
             "prefix_resets",
             "kv_events",
+            "kv_events_full",
             "overlong_requests",
             "stats",
             "prefix_match_unit",
@@ -297,6 +306,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "max_loras": args.max_loras,
         "prefix_resets": True if args.prefix_resets else None,
         "kv_events": True if args.kv_events else None,
+        "kv_events_full": True if args.kv_events_full else None,
         "overlong_requests": True if args.overlong_requests else None,
         "stats": True if args.stats else None,
         "prefix_match_unit": args.prefix_match_unit,

@@ -67,6 +67,9 @@ class SchedulerSetup:
     max_loras: int = 0  # LoRA: vLLM's lora_config.max_loras, requests drawn with an adapter (0: no LoRA; lora.py)
     prefix_resets: bool = False  # the client resets the prefix cache between steps (kvfuzz.scheduler.prefix_reset)
     kv_events: bool = False  # vLLM's KV cache events on, checked against the block pool (kvfuzz.scheduler.kv_events)
+    # with kv_events: half the requests (drawn per request id) ask for full reports (kv_cache_report_mode "full"):
+    # vLLM announces the cached blocks a lookup reuses for them too (kvfuzz.scheduler.kv_events)
+    kv_events_full: bool = False
     overlong_requests: bool = False  # requests drawn with prompt + max_tokens past max_model_len (model_length.py)
     stats: bool = False  # vLLM's scheduler stats on (log_stats), checked (kvfuzz.scheduler.stats)
     # vLLM's cache_config.prefix_match_unit: prefix-cache hashes every this many tokens, below the block size, so a
@@ -118,6 +121,8 @@ class SchedulerSetup:
             raise ValueError(
                 "the P/D connector is driven only with the full-attention model (yet; docs/scheduler-connectors.md)"
             )
+        if self.kv_events_full and not self.kv_events:
+            raise ValueError("full KV cache event reports need the KV cache events (--kv-events)")
         if self.prefix_resets and self.kv_connector != "none":
             raise ValueError(
                 "prefix-cache resets are not driven with a KV connector (yet): the connector's own store keeps what "
@@ -195,6 +200,7 @@ class SchedulerSetup:
             + (f", LoRA (at most {self.max_loras} adapter(s) a step)" if self.max_loras else "")
             + (", prefix-cache resets" if self.prefix_resets else "")
             + (", KV cache events" if self.kv_events else "")
+            + (" (full reports for half the requests)" if self.kv_events_full else "")
             + (", requests past max_model_len" if self.overlong_requests else "")
             + (", scheduler stats" if self.stats else "")
             + (f", prefix hashes every {self.prefix_match_unit} token(s)" if self.prefix_match_unit else "")

@@ -46,6 +46,7 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
         "min_tokens": setup.min_tokens,
         "prefix_resets": setup.prefix_resets,
         "kv_events": setup.kv_events,
+        "kv_events_full": setup.kv_events_full,
         "overlong_requests": setup.overlong_requests,
         "stats": setup.stats,
         "sessions": setup.sessions,

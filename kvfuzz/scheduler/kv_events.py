@@ -20,10 +20,24 @@ router would: how many blocks of the engine's GPU pool hold each hash, per KV-ca
   caching, whose partial entries' events are of that size); checked for events of a multiple of it, a group of
   another block size being held to the count alone.
 
+**Full reports** (``SchedulerSetup.kv_events_full``): half the requests, drawn per request id (:func:`full_reports`),
+ask for ``kv_cache_report_mode="full"``, and for them vLLM also announces the cached blocks a prefix-cache lookup
+reuses (a ``BlockStored`` per KV-cache group, parent null, from the prompt's start), so that a router learns what a
+request found, not only what it cached. The ledger watches the manager's lookups (``get_computed_blocks``, wrapped
+on the scheduler's own instance) and holds them to it:
+
+* **every reuse announced, and only for those who asked**: a lookup that hit ``n`` blocks of a group for a request
+  that asked for full reports is followed by one ``BlockStored`` of that group announcing ``n`` blocks; a lookup for
+  a request that did not ask announces nothing;
+* **a re-announcement is no new block**: its hashes are checked as any ``BlockStored``'s (the right tokens, the
+  right parent), and, in a full-attention group, each must be one the events hold a block of (a router must not
+  learn of a block the pool does not cache); it leaves the counts as they are.
+
 Events of another medium (a KV connector's offload store) are not the pool's, and are left out."""
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from typing import Any, Callable, Iterable, Optional
 
@@ -46,6 +60,24 @@ class KnownRequest:
     tokens: tuple[int, ...]
     cache_salt: Optional[str]
     lora: int
+
+
+def full_reports(setup: SchedulerSetup, request: str) -> bool:
+    """Whether ``request`` asks for full KV cache event reports (half the requests, drawn from the id, so that a
+    replay asks the same)."""
+    return setup.kv_events_full and zlib.crc32(f"report {request}".encode()) % 2 == 0
+
+
+@attrs.frozen
+class Lookup:
+    """One prefix-cache lookup the manager made (``get_computed_blocks``): for which request, whether it asked for
+    full reports, the blocks it hit in each group, and the events the lookup queued (re-announcements)."""
+
+    request: str
+    full: bool
+    hit_blocks: tuple[int, ...]  # per KV-cache group
+    hit_tokens: int
+    emitted: tuple[Any, ...]
 
 
 def pool_hashes(pool: Any, external: Any) -> dict[Key, list[int]]:
@@ -77,6 +109,33 @@ class EventLedger:
         self.hashed: dict[str, tuple[int, ...]] = {}
         self.medium: Optional[str] = None  # the pool's medium (read from the pool when first checked)
         self.events = 0  # events checked so far
+        self.setup = setup
+        self.lookups: list[Lookup] = []  # the lookups made since the last check
+        self.full_groups: frozenset[int] = frozenset()  # the full-attention groups (set when installed)
+        self.reannounced = 0  # re-announcements checked so far (full reports)
+
+    def install(self, scheduler: Any) -> None:
+        """Publish into this ledger, and watch the manager's lookups (on this scheduler's instance only)."""
+        scheduler.kv_event_publisher = self
+        manager = scheduler.kv_cache_manager
+        groups = manager.kv_cache_config.kv_cache_groups
+        self.full_groups = frozenset(
+            index for index, group in enumerate(groups) if type(group.kv_cache_spec).__name__ == "FullAttentionSpec"
+        )
+        pools = list(dict.fromkeys(single.block_pool for single in manager.coordinator.single_type_managers))
+        lookup = manager.get_computed_blocks
+
+        def get_computed_blocks(request: Any, *args: Any, **kwargs: Any) -> Any:
+            queued = [len(pool.kv_event_queue) for pool in pools]
+            found = lookup(request, *args, **kwargs)
+            emitted = tuple(event for pool, start in zip(pools, queued) for event in pool.kv_event_queue[start:])
+            blocks, tokens = found[0], found[1]
+            hit = tuple(len(group) for group in blocks.blocks)
+            full = getattr(request, "kv_cache_report_mode", "incremental") == "full"
+            self.lookups.append(Lookup(request.request_id, full, hit, tokens, emitted))
+            return found
+
+        manager.get_computed_blocks = get_computed_blocks
 
     # -- vLLM's EventPublisher -------------------------------------------------------------------------------------
 
@@ -94,11 +153,18 @@ class EventLedger:
         pool = scheduler.kv_cache_manager.block_pool
         self.medium = pool.medium
         events, self.pending = self.pending, []
+        lookups, self.lookups = self.lookups, []
         if any(type(event).__name__ == "BlockStored" for event in events):
             self._learn(requests())
+        again = {id(event) for found in lookups for event in found.emitted}
         for event in events:
             self.events += 1
-            self._apply(event, step)
+            if id(event) in again:
+                self._reannounce(event, step)
+            else:
+                self._apply(event, step)
+        for found in lookups:
+            self._check_lookup(found, step)
         holders = pool_hashes(pool, self.external)
         for key in sorted(set(holders) | set(self.announced), key=repr):
             blocks = holders.get(key, [])
@@ -167,6 +233,61 @@ class EventLedger:
             for block_hash in event.block_hashes:
                 self.announced[(block_hash, event.group_idx)] += 1
 
+    def _check_lookup(self, found: Lookup, step: int) -> None:
+        """A lookup for a request that asked for full reports announced each group's hit blocks once; one for a
+        request that did not announced nothing."""
+        if not found.full:
+            if found.emitted:
+                raise SchedulerViolation(
+                    Check.KV_EVENTS,
+                    step,
+                    found.request,
+                    f"a prefix-cache lookup for request {found.request}, which asked for incremental KV cache event "
+                    f"reports, announced {len(found.emitted)} event(s) of the blocks it reused",
+                    "a reuse announced unasked",
+                )
+            return
+        announced = Counter(
+            (event.group_idx, len(event.block_hashes))
+            for event in found.emitted
+            if type(event).__name__ == "BlockStored"
+        )
+        expected = Counter(
+            (group, blocks) for group, blocks in enumerate(found.hit_blocks) if blocks and found.hit_tokens > 0
+        )
+        if announced == expected:
+            return
+        raise SchedulerViolation(
+            Check.KV_EVENTS,
+            step,
+            found.request,
+            f"a prefix-cache lookup for request {found.request}, which asked for full KV cache event reports, hit "
+            f"{found.hit_tokens} token(s) ({_groups(expected)}), but announced {_groups(announced) or 'nothing'}",
+            "a reuse not announced" if not announced else "a reuse announced wrong",
+        )
+
+    def _reannounce(self, event: Any, step: int) -> None:
+        """A ``BlockStored`` a lookup queued for a request asking for full reports: hashes checked, counts kept."""
+        self.reannounced += 1
+        if event.medium != self.medium:
+            return
+        if event.block_size % self.block_size == 0:
+            self._check_chain(event, step)
+        if event.group_idx not in self.full_groups:
+            return  # a sliding window's or a Mamba group's hit names blocks it no longer holds (null in the table)
+        for index, block_hash in enumerate(event.block_hashes):
+            if self.announced[(block_hash, event.group_idx)] > 0:
+                continue
+            raise SchedulerViolation(
+                Check.KV_EVENTS,
+                step,
+                None,
+                f"a BlockStored event re-announcing a prefix-cache hit (a full report) names hash {_short(block_hash)} "
+                f"as its block {index} (group {event.group_idx}), which the events hold no block of: the pool does "
+                "not cache it",
+                "a reuse of a block never stored",
+            )
+
     def _check_chain(self, event: Any, step: int) -> None:
         """Each announced hash is the hash of the parent's prefix followed by the start of the event's tokens."""
         tokens = tuple(event.token_ids)
@@ -216,6 +337,14 @@ class EventLedger:
             namespace = found[0]
 
 
+def _groups(announced: Counter[tuple[int, int]]) -> str:
+    """``2 block(s) of group 0, 1 of group 1``: what was (to be) announced, for a message."""
+    return ", ".join(
+        f"{blocks} block(s) of group {group}" + (f" ({times} times)" if times > 1 else "")
+        for (group, blocks), times in sorted(announced.items())
+    )
+
+
 def _short(block_hash: Any) -> str:
     """A hash for a message: an integer in hex, bytes by their first 8 in hex; null as ``null``."""
     if block_hash is None:
@@ -243,5 +372,5 @@ def event_checker(setup: SchedulerSetup, scheduler: Any) -> EventLedger | NoEven
     if not setup.kv_events:
         return NoEvents()
     ledger = EventLedger(setup)
-    scheduler.kv_event_publisher = ledger
+    ledger.install(scheduler)
     return ledger

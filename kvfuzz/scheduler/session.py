@@ -18,7 +18,7 @@ from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.disaggregation import PDWorker
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.engines import installed_version
-from kvfuzz.scheduler.kv_events import KnownRequest, event_checker
+from kvfuzz.scheduler.kv_events import KnownRequest, event_checker, full_reports
 from kvfuzz.scheduler.lora import limit_held_back
 from kvfuzz.scheduler.model_length import capped_max_tokens
 from kvfuzz.scheduler.offloading import NoConnector, OffloadingWorker, TransferTally, connector_for
@@ -112,8 +112,9 @@ class Session:
         self.worker.asked_loras[request] = lora
         ending = Ending(stops, eos, min_tokens)
         size = self.setup.hash_block_size  # the prefix-cache hash's tokens
+        full = full_reports(self.setup, request)
         self.scheduler.add_request(
-            new_request(request, prompt, max_tokens, size, arrival, priority, cache_salt, ending, lora, resumable)
+            new_request(request, prompt, max_tokens, size, arrival, priority, cache_salt, ending, lora, resumable, full)
         )
         self.oracles.added(Arrival(request, arrival, priority, lora, len(prompt)))
         capped = capped_max_tokens(self.setup, len(prompt), max_tokens)  # it stops at max_model_len
@@ -145,6 +146,7 @@ class Session:
                 turn_ending(session.ending, turn.max_tokens),
                 session.lora,
                 resumable=True,
+                full_reports=full_reports(self.setup, request),
             )
         )
         started = self.sessions.sent(request, turn, self.outputs)

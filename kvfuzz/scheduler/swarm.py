@@ -167,6 +167,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     # request, k lookahead slots) a quarter, a parallel one (k draft slots; vLLM 0.33.0's V1 runner only, refused and
     # redrawn elsewhere) a quarter (docs/scheduler-async.md#drafting-slots)
     Dimension("drafter", DRAFTERS, _weighted((2, 1, 1)), needs=("speculative_tokens", DRAFTED)),
+    # with the KV cache events, full reports (kv_cache_report_mode "full") for half the requests half the time
+    Dimension("kv_events_full", BOOLEAN, _chance(0.5), needs=("kv_events", True)),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
 

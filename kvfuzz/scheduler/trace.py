@@ -45,7 +45,8 @@ absent: no adapter; else an adapter's id, 1 .. ``max_loras + 1``); ``config.mode
 ``config.schedule_conservativeness`` (1 when absent; SGLang's, which vLLM refuses other than 1);
 ``config.prefix_resets`` (false when absent; true: the program may hold ``{"op": "reset_prefix_cache"}``, with
 ``"preempt": true`` when it preempts the running requests), ``config.kv_events`` (false when absent: KV cache events
-off), ``config.overlong_requests`` (false when absent; true: an add's ``max_tokens`` may run past
+off), ``config.kv_events_full`` (false when absent: every request asks for incremental reports),
+``config.overlong_requests`` (false when absent; true: an add's ``max_tokens`` may run past
 ``max_model_len``, up to :func:`~kvfuzz.scheduler.model_length.overlong_limit`); ``config.stats`` (false when absent:
 vLLM's scheduler stats off; true: on, and checked); ``config.prefix_match_unit`` (0 when absent: hashes every block;
 else the prefix-cache hash granularity, partial prefix caching) and ``config.sessions`` (false when absent; true: an
@@ -273,6 +274,7 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
         **({"max_loras": setup.max_loras} if setup.max_loras else {}),
         **({"prefix_resets": True} if setup.prefix_resets else {}),
         **({"kv_events": True} if setup.kv_events else {}),
+        **({"kv_events_full": True} if setup.kv_events_full else {}),
         **({"overlong_requests": True} if setup.overlong_requests else {}),
         **({"stats": True} if setup.stats else {}),
         **({"prefix_match_unit": setup.prefix_match_unit} if setup.prefix_match_unit else {}),
@@ -483,6 +485,7 @@ def _config(value: Any) -> SchedulerSetup:
         "max_loras": False,
         "prefix_resets": False,
         "kv_events": False,
+        "kv_events_full": False,
         "overlong_requests": False,
         "stats": False,
         "prefix_match_unit": False,
@@ -520,6 +523,7 @@ def _config(value: Any) -> SchedulerSetup:
             max_loras=max_loras,
             prefix_resets=_boolean("config.prefix_resets", config.get("prefix_resets", False)),
             kv_events=_boolean("config.kv_events", config.get("kv_events", False)),
+            kv_events_full=_boolean("config.kv_events_full", config.get("kv_events_full", False)),
             overlong_requests=_boolean("config.overlong_requests", config.get("overlong_requests", False)),
             stats=_boolean("config.stats", config.get("stats", False)),
             prefix_match_unit=match_unit,

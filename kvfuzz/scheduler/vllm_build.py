@@ -391,6 +391,7 @@ def new_request(
     ending: Ending = Ending(),
     lora: int = 0,
     resumable: bool = False,
+    full_reports: bool = False,
 ) -> Any:
     """A vLLM ``Request`` generating ``max_tokens`` tokens unless ``ending`` stops it first (its stop token ids, the
     model's EOS token :data:`~kvfuzz.scheduler.fake_model.EOS_TOKEN` unless it ignores EOS, its ``min_tokens``: EOS
@@ -401,13 +402,15 @@ def new_request(
     LoRA adapter ``lora`` (0: none) it carries a ``LoRARequest`` of that id, named (and its path) as
     :func:`~kvfuzz.scheduler.lora.lora_name` names it: no adapter exists, the scheduler reads only those.
     ``resumable``: a streaming session's request (:mod:`kvfuzz.scheduler.sessions`); left at vLLM's default when
-    false."""
+    false. ``full_reports``: its KV cache events are reported in full (``kv_cache_report_mode`` "full", a sampling
+    parameter's extra argument, as a client asks for it), else incrementally (vLLM's default)."""
     v = vllm()
     sampling = v.SamplingParams(
         max_tokens=max_tokens,
         ignore_eos=not ending.eos,
         stop_token_ids=list(ending.stop_token_ids),
         min_tokens=ending.min_tokens,
+        extra_args={"kv_cache_report_mode": "full"} if full_reports else None,
     )
     sampling.update_from_generation_config({}, EOS_TOKEN)
     return v.Request(
