@@ -1,15 +1,15 @@
 """Attention through the worker's tables, with the reference beside it (invariant 2 for a real scheduler).
 
-After a step's writes, every scheduled token of every request attends, causally, to its request's positions
-``0 .. p`` (the context length ``p + 1``; in a sliding-window KV-cache group of ``W`` tokens only ``p - W + 1 ..
-p``), in each KV-cache group, read through the request's block table of that group from the paged pools, with the
-query kvfuzz derives from the token's prefix (:func:`~kvfuzz.reference.content.queries_for_tags`). The reference
-attends the same query over the request's own contiguous K/V (:func:`~kvfuzz.reference.content.padded_kv_for_tags`
-of its own tokens), with :func:`kvfuzz.reference.attention.attend`. The two must agree: bit for bit for the
-``gather`` kernel (the reference's own function on the gathered K/V), within the kernel's stated tolerance for
-another (``vllm-triton``: vLLM's Triton unified attention in Triton's interpreter). The content check already
-compares every attended position's K/V bit for bit; this adds the kernel's read path: the block table's
-indexing and the context lengths it is given.
+After a step's writes, every scheduled token of every request attends, causally, to its request's positions ``0 .. p``
+(the context length ``p + 1``; in a sliding-window KV-cache group of ``W`` tokens only ``p - W + 1 .. p``, in a chunked-
+local group of chunks of ``C`` tokens ``p // C * C .. p``), in each KV-cache group, read through the request's block
+table of that group from the paged pools, with the query kvfuzz derives from the token's prefix
+(:func:`~kvfuzz.reference.content.queries_for_tags`). The reference attends the same query over the request's own
+contiguous K/V (:func:`~kvfuzz.reference.content.padded_kv_for_tags` of its own tokens), with
+:func:`kvfuzz.reference.attention.attend`. The two must agree: bit for bit for the ``gather`` kernel (the reference's
+own function on the gathered K/V), within the kernel's stated tolerance for another (``vllm-triton``: vLLM's Triton
+unified attention in Triton's interpreter). The content check already compares every attended position's K/V bit for
+bit; this adds the kernel's read path: the block table's indexing and the context lengths it is given.
 
 Checks are types: :class:`NoAttention` (``off``) computes nothing, :class:`KernelAttention` runs a kernel of
 :mod:`kvfuzz.kernels`."""
@@ -38,11 +38,14 @@ class Attending:
     table: tuple[int, ...]  # its block ids in the group, in position order
     positions: range  # the positions scheduled this step
     namespace: tuple[str, ...] = ()  # its K/V tags' namespace in the group (the group's, then its cache salt's)
-    window: Optional[int] = None  # the group's sliding window in tokens; None: full attention
+    window: Optional[int] = None  # the group's sliding window in tokens; None: none
     group: str = ""  # `` in group N (its kind)`` where the model has several groups, for messages
+    chunk: Optional[int] = None  # the group's attention chunk in tokens (chunked local attention); None: none
 
     def first_attended(self, position: int) -> int:
-        """The first position the token at ``position`` attends to: 0, or the start of its window."""
+        """The first position the token at ``position`` attends to: 0, the start of its window, or of its chunk."""
+        if self.chunk is not None:
+            return position // self.chunk * self.chunk
         return 0 if self.window is None else max(0, position - self.window + 1)
 
 

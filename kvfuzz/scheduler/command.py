@@ -101,7 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=defaults.SCHEDULER_MODELS,
         help="the model served, which decides the KV-cache groups: full (attention), or sliding-window (sliding "
         "window and full attention layers, two groups in one pool), or mamba-hybrid (a Mamba layer beside a "
-        "full-attention layer, a Mamba group and an attention group) (default full)",
+        "full-attention layer, a Mamba group and an attention group), or chunked-local (a chunked local attention "
+        "layer beside a full-attention one, two groups in one pool) (default full)",
     )
     group.add_argument(
         "--speculative-tokens",

@@ -9,6 +9,10 @@ still serve, and where vLLM's null block is legal.
   prefix-cache hit hands such blocks over as the null block: a table entry wholly before the first needed position
   may be the null block, a stale block id (the model runner nulls those itself) or a block still held; every entry
   from the first needed position on must be a real block holding the right K/V.
+* **chunked local attention** of ``C`` tokens (Llama 4's local layers): a token at position ``p`` attends the
+  positions of its own chunk only, ``p // C * C .. p``, so once a request has computed ``c`` tokens, positions before
+  ``c // C * C`` are never read again; vLLM's chunked-local manager frees the blocks wholly before that point and a
+  prefix-cache hit hands them over as the null block, as for a sliding window.
 
 Each group's K/V is the content of its own layers, so the worker tags a group's K/V with the group
 (:func:`group_namespace`): a block two groups use at once (they alias the same memory in vLLM's hybrid allocator)
@@ -25,13 +29,23 @@ from kvfuzz.scheduler.kv_slots import GROUP_PREFIX
 
 @attrs.frozen
 class GroupRule:
-    """One KV-cache group: its index in the ``KVCacheConfig`` and its sliding window (None: full attention)."""
+    """One KV-cache group: its index in the ``KVCacheConfig``, its sliding window or its attention chunk (both None:
+    full attention; at most one is set)."""
 
     index: int
-    window: Optional[int]  # tokens a position attends back, itself included; None: all of them
+    window: Optional[int]  # tokens a position attends back, itself included; None: no sliding window
+    chunk: Optional[int] = None  # chunked local attention: a position attends its own chunk of this many tokens
+
+    @property
+    def reads_all(self) -> bool:
+        """Whether every position stays attended (full attention)."""
+        return self.window is None and self.chunk is None
 
     def first_needed(self, computed: int) -> int:
-        """The first position a request with ``computed`` tokens computed still reads (when it computes its next)."""
+        """The first position a request with ``computed`` tokens computed still reads (when it computes its next):
+        the first the token at position ``computed`` attends to."""
+        if self.chunk is not None:
+            return computed // self.chunk * self.chunk
         return 0 if self.window is None else max(0, computed - self.window + 1)
 
     def first_kept_entry(self, computed: int, block_size: int) -> int:
@@ -40,7 +54,13 @@ class GroupRule:
         return self.first_needed(computed) // block_size
 
     def describe(self) -> str:
-        kind = "full attention" if self.window is None else f"sliding window of {self.window} tokens"
+        kind = (
+            f"chunked local attention of {self.chunk} tokens"
+            if self.chunk is not None
+            else "full attention"
+            if self.window is None
+            else f"sliding window of {self.window} tokens"
+        )
         return f"group {self.index} ({kind})"
 
 
@@ -51,18 +71,20 @@ def group_namespace(index: int) -> tuple[str, ...]:
 
 
 def group_rules(kv_cache_config: Any) -> tuple[GroupRule, ...]:
-    """The rule of each attention group of vLLM's ``KVCacheConfig``, in its order (a spec with a ``sliding_window``
-    that the manager honours is a sliding-window group; any other attention spec is full attention). Mamba groups
-    have no K/V positions: :func:`mamba_groups` names them, :mod:`kvfuzz.scheduler.mamba_states` models them."""
+    """The rule of each attention group of vLLM's ``KVCacheConfig``, in its order (a sliding-window spec is a
+    sliding-window group, a chunked-local-attention spec a chunked one; a full-attention spec is full attention).
+    Mamba groups have no K/V positions: :func:`mamba_groups` names them, :mod:`kvfuzz.scheduler.mamba_states` models
+    them."""
     rules = []
     for index, group in enumerate(kv_cache_config.kv_cache_groups):
         kind = type(group.kv_cache_spec).__name__
         if kind == "MambaSpec":
             continue
-        if kind not in ("FullAttentionSpec", "SlidingWindowSpec"):
+        if kind not in ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec"):
             raise ValueError(f"KV-cache group {index} is a {kind}, which the worker does not model")
         window = group.kv_cache_spec.sliding_window if kind == "SlidingWindowSpec" else None
-        rules.append(GroupRule(index, window))
+        chunk = group.kv_cache_spec.attention_chunk_size if kind == "ChunkedLocalAttentionSpec" else None
+        rules.append(GroupRule(index, window, chunk))
     return tuple(rules)
 
 

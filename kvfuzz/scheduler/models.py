@@ -6,6 +6,10 @@ KV-cache group each gets. vLLM builds the ``KVCacheConfig`` from these layers it
 * ``sliding-window``: a four-layer Gemma 2, whose layers alternate a sliding window of ``2 x block size`` tokens and
   full attention: vLLM's hybrid allocator gives it two KV-cache groups sharing one block pool, and the
   sliding-window group's manager drops (frees, and nulls in the tables) the blocks that fell out of the window.
+* ``chunked-local``: a two-layer Llama 4 text model, a layer of chunked local attention (each token attends its own
+  chunk of ``2 x block size`` tokens) then one of full attention (Llama 4 has three local layers to a global one;
+  vLLM's planner would make four KV-cache groups of them, one layer each): two KV-cache groups sharing one block
+  pool, and the chunked group's manager drops the blocks wholly before the chunk a request's next token is in.
 * ``mamba-hybrid``: a two-layer Jamba, a Mamba layer then a full-attention layer: two KV-cache groups sharing one
   block pool, a Mamba group beside the attention group: without prefix caching its table holds one state block per
   request (``mamba_cache_mode="none"``: its block spans the whole model length); with prefix caching vLLM's
@@ -76,6 +80,31 @@ class SchedulerModel:
 
 
 @attrs.frozen
+class ChunkedLocalModel(SchedulerModel):
+    """A Llama 4 text model: ``local_layers`` layers of chunked local attention (chunks of ``chunk_blocks`` blocks'
+    tokens), then full-attention layers as ``window_blocks`` says (full attention only)."""
+
+    local_layers: int = 1  # chunked local attention layers, before the full-attention ones
+    chunk_blocks: int = 2  # the attention chunk, in blocks
+
+    def attention_chunk(self, block_size: int) -> int:
+        """The attention chunk in tokens."""
+        return self.chunk_blocks * block_size
+
+    def hf_config(self, shape: ModelShape, block_size: int) -> dict[str, Any]:
+        return super().hf_config(shape, block_size) | {
+            "num_hidden_layers": self.local_layers + len(self.window_blocks),
+            "attention_chunk_size": self.attention_chunk(block_size),
+        }
+
+    def blocks_per_request(self, length: int, block_size: int, budget: int) -> int:
+        """Full attention's blocks, and the chunked group's admission cap (a chunk and the tokens in flight, at most
+        ``length``, in blocks: vLLM's ``ChunkedLocalAttentionSpec.max_admission_blocks_per_request``)."""
+        chunked = -(-min(self.attention_chunk(block_size) + budget, length) // block_size)
+        return super().blocks_per_request(length, block_size, budget) + chunked
+
+
+@attrs.frozen
 class MambaHybridModel(SchedulerModel):
     """A Jamba: ``mamba_layers`` Mamba layers, then attention layers as ``window_blocks`` says (full attention
     only). Its Mamba state is small (``mamba_d_state`` 1, ``mamba_d_conv`` 2: 64 bytes a layer) so that its page
@@ -124,7 +153,15 @@ MAMBA_HYBRID = MambaHybridModel(
     "jamba",
     (None,),
 )
-MODELS = {model.name: model for model in (FULL, SLIDING_WINDOW, MAMBA_HYBRID)}
+CHUNKED_LOCAL = ChunkedLocalModel(
+    "chunked-local",
+    "a two-layer Llama 4 text model, a layer of chunked local attention (chunks of 2 blocks' tokens) and one of full "
+    "attention (two KV-cache groups)",
+    "LlamaForCausalLM",
+    "llama",
+    (None,),
+)
+MODELS = {model.name: model for model in (FULL, SLIDING_WINDOW, MAMBA_HYBRID, CHUNKED_LOCAL)}
 """The models ``kvfuzz run --scheduler --model`` takes."""
 
 

@@ -126,9 +126,15 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("max_num_seqs", (1, 2, 3, 4, 6, 8, 16), _biased_small),
     Dimension("prefix_caching", BOOLEAN, _chance(0.75)),
     Dimension("policy", POLICIES, _uniform),  # FCFS, or priority (preemption by priority)
-    # a sliding window beside full attention (two KV-cache groups) a quarter of the time;
-    # a Mamba group beside attention a quarter (async too; redrawn only with drafts: docs/scheduler-models.md)
-    Dimension("model", ("full", "sliding-window", "mamba-hybrid"), _weighted_choice((2, 1, 1)), stratified=True),
+    # a sliding window beside full attention (two KV-cache groups) a fifth of the time; a Mamba group beside attention
+    # a fifth (async too; redrawn only with drafts); chunked local attention beside full attention a fifth
+    # (docs/scheduler-models.md)
+    Dimension(
+        "model",
+        ("full", "sliding-window", "mamba-hybrid", "chunked-local"),
+        _weighted_choice((2, 1, 1, 1)),
+        stratified=True,
+    ),
     Dimension("async_scheduling", BOOLEAN, _chance(0.5)),  # two batches in flight, the released-block check
     Dimension("speculative_tokens", (0, 1, 2, 4), _weighted((3, 1, 1, 1))),  # k drafts (under async: V2 runner only)
     Dimension("cache_salts", BOOLEAN, _chance(0.25)),  # requests under cache salts: hits must not cross them

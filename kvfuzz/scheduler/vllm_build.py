@@ -27,7 +27,7 @@ from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import EOS_TOKEN
 from kvfuzz.scheduler.lora import lora_name
-from kvfuzz.scheduler.models import FULL, MODELS, MambaHybridModel
+from kvfuzz.scheduler.models import FULL, MODELS, ChunkedLocalModel, MambaHybridModel
 from kvfuzz.scheduler.vllm_release import vllm_release
 
 
@@ -57,6 +57,7 @@ def vllm() -> types.SimpleNamespace:
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
@@ -108,6 +109,7 @@ def vllm() -> types.SimpleNamespace:
         AsyncScheduler=AsyncScheduler,
         FullAttentionSpec=FullAttentionSpec,
         SlidingWindowSpec=SlidingWindowSpec,
+        ChunkedLocalAttentionSpec=ChunkedLocalAttentionSpec,
         get_global_kv_cache_groups=get_global_kv_cache_groups,
         get_kv_cache_configs=get_kv_cache_configs,
         KVCacheConfig=KVCacheConfig,
@@ -291,6 +293,13 @@ def _layer_specs(setup: SchedulerSetup) -> dict[str, Any]:
     window = model.sliding_window(setup.block_size)
     first = model.mamba_layers if isinstance(model, MambaHybridModel) else 0
     specs = {}
+    if isinstance(model, ChunkedLocalModel):
+        chunk = model.attention_chunk(setup.block_size)
+        for index in range(model.local_layers):
+            specs[f"model.layers.{index}.self_attn.attn"] = v.ChunkedLocalAttentionSpec(
+                **shape, attention_chunk_size=chunk
+            )
+        first = model.local_layers
     for index, blocks in enumerate(model.window_blocks, start=first):
         spec = v.FullAttentionSpec(**shape) if blocks is None else v.SlidingWindowSpec(**shape, sliding_window=window)
         specs[f"model.layers.{index}.self_attn.attn"] = spec

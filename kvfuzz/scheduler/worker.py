@@ -331,6 +331,7 @@ class Worker:
                 self._namespace(request, rule.index),
                 rule.window,
                 self._in(rule.index),
+                rule.chunk,
             )
             for request, positions in batch
             for rule in self.groups
@@ -389,7 +390,7 @@ class Worker:
                 step,
                 request,
                 f"position {position} maps to vLLM's null block 0{self._in(group)} (table {table})"
-                + ("" if self.rules[group].window is None else ", but the request still attends it"),
+                + ("" if self.rules[group].reads_all else ", but the request still attends it"),
                 "a position mapped to the null block",
             )
         return table[entry] * self.block_size + position % self.block_size

@@ -36,6 +36,7 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     # decode retracts (with EOS drawn: an ignore_eos request's remaining output is reserved in full)
     Dimension("schedule_conservativeness", (1.0, 0.3, 0.1), lambda rng, values: rng.choice(values)),
     Dimension("drafter", ("ngram",), fixed),
+    Dimension("kv_events_full", (False,), fixed),
     Dimension(MODEL_RUNNER, ("",), fixed),
 )
 """SGLang's configuration, one row per dimension (every row of vLLM's table, by name)."""
