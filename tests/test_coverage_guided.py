@@ -229,10 +229,13 @@ def test_a_refused_configuration_is_refused_again_without_asking_the_engine(engi
     assert asked == [SETUP]
 
 
-def test_fresh_draws_take_each_model_in_turn_whatever_its_weight(engine: ModuleType, tmp_path: Path) -> None:
-    """The swarm draws the Mamba hybrid one time in four; a guided campaign's fresh draws take the three models in
-    turn (the least drawn first), a pinned model stays pinned, and a stratum nothing valid takes falls back to a
-    plain draw."""
+def test_fresh_draws_take_each_model_and_connector_in_turn_whatever_its_weight(
+    engine: ModuleType, tmp_path: Path
+) -> None:
+    """The swarm draws each hybrid model one time in five and the P/D connector (full attention only) about one in
+    eight; a guided campaign's fresh draws hold one stratified row's least-drawn value at a time, so every model and
+    every connector gets its turns; a pinned row stays pinned, and a value nothing valid takes is counted as tried
+    and followed by a plain draw."""
     guide = _guidance(engine, tmp_path)
     asked: list[dict[str, Any]] = []
 
@@ -240,19 +243,21 @@ def test_fresh_draws_take_each_model_in_turn_whatever_its_weight(engine: ModuleT
         asked.append(dict(held))
         if held.get("model") == "sliding-window":
             raise NothingValid("refused")
-        return attrs.evolve(CONFIG, setup=attrs.evolve(SETUP, model=held.get("model", "full")))
+        setup = attrs.evolve(SETUP, model=held.get("model", "full"), kv_connector=held.get("kv_connector", "none"))
+        return attrs.evolve(CONFIG, setup=setup)
 
     rng = random.Random(3)
-    models = [guide.plan(rng, number, 25, None, None, fresh)[0].config.setup.model for number in range(9)]
-    # the three in turn (ties broken at random): a third of the draws or more are the Mamba hybrid, which the fake's
-    # plain draw never gives; the refused sliding window counted as tried, and each time drawn plainly instead
-    assert 3 <= models.count("mamba-hybrid") <= 4 and "sliding-window" not in models, models
-    assert asked.count({"model": "sliding-window"}) == asked.count({}) >= 2, asked
+    drawn = [guide.plan(rng, number, 25, None, None, fresh)[0].config.setup for number in range(12)]
+    assert all(len(held) <= 1 for held in asked), asked
+    models, connectors = {setup.model for setup in drawn}, {setup.kv_connector for setup in drawn}
+    assert models == {"full", "mamba-hybrid", "chunked-local"} and connectors == {"none", "offloading", "pd"}, drawn
+    assert asked.count({"model": "sliding-window"}) == asked.count({}) >= 1, asked
     pinned = _guidance(engine, tmp_path / "pinned")
     pinned.options = attrs.evolve(pinned.options, pins=(("model", "full"),))
     asked.clear()
-    pinned.plan(rng, 0, 25, None, None, fresh)
-    assert asked == [{}], "a row the campaign pins is not stratified"
+    for number in range(6):
+        pinned.plan(rng, number, 25, None, None, fresh)
+    assert asked and all("model" not in held for held in asked), "a row the campaign pins is not stratified"
 
 
 def test_the_bandit_gives_batches_to_configurations_still_finding_coverage() -> None:

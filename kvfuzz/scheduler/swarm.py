@@ -144,7 +144,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     # vLLM's OffloadingConnector 1 time in 5, refused (and redrawn) under async scheduling or a hybrid model;
     # kvfuzz's P/D connector 1 time in 5 (refused with a hybrid model), with async scheduling vLLM's deferred frees;
     # with either, late transfers (docs/scheduler-connectors.md)
-    Dimension("kv_connector", ("none", "offloading", "pd"), _split(0.4, 0.2)),
+    Dimension("kv_connector", ("none", "offloading", "pd"), _split(0.4, 0.2), stratified=True),
     Dimension("transfer_delay", (0, 1, 2, 3), _weighted((2, 1, 1, 1)), needs=("kv_connector", ("offloading", "pd"))),
     # failed loads half the time with the P/D connector; with the offloading connector only when pinned (--pin
     # load_failures=true): vLLM's own worker for it never reports one, and the scheduler's generic recovery then hangs

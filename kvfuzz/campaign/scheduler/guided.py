@@ -17,7 +17,8 @@ With ``--guided`` the worker also uses it:
   remembered and refused at once if drawn again, without asking the engine. A fresh draw takes the values of each
   stratified row (``Dimension.stratified``: vLLM's model, whose kinds run different KV-cache managers) in turn, the
   one drawn least so far first, so that no kind waits on its weight's luck: a ten-minute campaign once drew the
-  Mamba hybrid in none of its 47 batches.
+  Mamba hybrid in none of its 47 batches. The KV connector's row is stratified too (a ten-minute campaign of 195
+  batches drew the P/D connector, which needs full attention, in none); one row's value is held per draw.
 
 A failure of a mutant is a finding like any: claimed by signature, saved as found (not shrunk: a mutant is no
 Hypothesis example to shrink), and confirmed by a replay.
@@ -156,17 +157,21 @@ class Guidance:
         return BatchPlan.of(number, config, rng.randrange(2**32), examples, ends, batch_seconds), None
 
     def _fresh(self, rng: random.Random, fresh: Callable[[Mapping[str, Any]], SwarmConfig]) -> SwarmConfig:
-        """A fresh draw, each stratified row held at its value drawn least so far (the campaign's pins left as they
-        are); where nothing is valid with those, a plain draw (the values held counted as tried)."""
+        """A fresh draw holding the value of a stratified row drawn least so far (of every stratified row's values;
+        the campaign's pins left as they are), the other rows drawn by their weights; where nothing is valid with
+        it, a plain draw (the value held counted as tried). One value is held at a time, so that values valid only
+        with another row's commonest value (the P/D connector needs the full-attention model) get their turns."""
         pinned = dict(self.options.pins)
         stratified = [row for row in self.target.dimensions if row.stratified and row.name not in pinned]
         held = {}
-        for row in stratified:
-            least = min(self.strata[(row.name, value)] for value in row.domain)
-            held[row.name] = rng.choice([value for value in row.domain if self.strata[(row.name, value)] == least])
+        if stratified:
+            counts = {(row.name, value): self.strata[(row.name, value)] for row in stratified for value in row.domain}
+            least = min(counts.values())
+            name, value = rng.choice([stratum for stratum, count in counts.items() if count == least])
+            held[name] = value
         try:
             config = fresh(held)
-        except NothingValid:  # nothing valid with those values: counted as tried, so that others come first
+        except NothingValid:  # nothing valid with that value: counted as tried, so that others come first
             for name, value in held.items():
                 self.strata[(name, value)] += 1
             config = fresh({})
