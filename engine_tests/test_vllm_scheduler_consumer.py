@@ -157,34 +157,9 @@ def aborted_load_freed(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def invalid_blocks_kept_computed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Seeded bug: a load that failed part-way is reported, but the requests holding its blocks keep every loaded
-    token counted as computed (``_update_requests_with_invalid_blocks`` finds the affected requests and truncates
-    none)."""
-    original = Scheduler._update_requests_with_invalid_blocks
-
-    def update(
-        self: Any, requests: Any, invalid: set[int], scheduled: dict[str, int], evict_blocks: bool = True
-    ) -> Any:
-        requests = list(requests)
-        kept = {request.request_id: request.num_computed_tokens for request in requests}
-        affected, tokens, evict = original(self, requests, invalid, scheduled, evict_blocks)
-        for request in requests:
-            request.num_computed_tokens = kept[request.request_id]
-        return affected, tokens, evict
-
-    monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", update)
-
-
-def failed_receive_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Seeded bug: a load the connector reports failed whole (``failed_recving``) is taken for a finished one: the
-    request keeps its remote prefix counted as computed."""
-    monkeypatch.setattr(Scheduler, "_handle_failed_recving", lambda self, failed: set())
-
-
-def truncated_past_the_failed_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Seeded bug, an off-by-one: a request a part-way failed load affected is truncated to the end of its first
-    failed block rather than its start, so that block's positions count as computed."""
+def _retruncated(monkeypatch: pytest.MonkeyPatch, computed: Callable[[int, int, int], int]) -> None:
+    """Wraps vLLM's ``_update_requests_with_invalid_blocks``: each request it found affected by a failed load is
+    left with ``computed(tokens before, tokens vLLM truncated it to, block size)`` computed tokens."""
     original = Scheduler._update_requests_with_invalid_blocks
 
     def update(
@@ -194,13 +169,31 @@ def truncated_past_the_failed_block(monkeypatch: pytest.MonkeyPatch) -> None:
         before = {request.request_id: request.num_computed_tokens for request in requests}
         affected, tokens, evict = original(self, requests, invalid, scheduled, evict_blocks)
         for request in requests:
-            if request.request_id in affected and request.num_computed_tokens < before[request.request_id]:
-                request.num_computed_tokens = min(
-                    request.num_computed_tokens + self.block_size, before[request.request_id]
-                )
+            if request.request_id in affected:
+                kept = before[request.request_id]
+                request.num_computed_tokens = computed(kept, request.num_computed_tokens, self.block_size)
         return affected, tokens, evict
 
     monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", update)
+
+
+def invalid_blocks_kept_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: a load that failed part-way is reported, but the requests holding its blocks keep every loaded
+    token counted as computed (``_update_requests_with_invalid_blocks`` finds the affected requests and truncates
+    none)."""
+    _retruncated(monkeypatch, lambda before, truncated, block_size: before)
+
+
+def truncated_past_the_failed_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug, an off-by-one: a request a part-way failed load affected is truncated to the end of its first
+    failed block rather than its start, so that block's positions count as computed."""
+    _retruncated(monkeypatch, lambda before, truncated, block_size: min(truncated + block_size, before))
+
+
+def failed_receive_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: a load the connector reports failed whole (``failed_recving``) is taken for a finished one: the
+    request keeps its remote prefix counted as computed."""
+    monkeypatch.setattr(Scheduler, "_handle_failed_recving", lambda self, failed: set())
 
 
 @pytest.mark.parametrize(
