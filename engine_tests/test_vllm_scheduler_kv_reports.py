@@ -11,13 +11,16 @@ import random
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from vllm.v1.core import block_pool, kv_cache_coordinator
 
 from engine_tests.vllm_seeded_runs import found_and_replayed
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.kv_events import EventLedger, full_reports
+from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.session import Session
+from kvfuzz.scheduler.trace import load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 REPORTS = SchedulerSetup(num_blocks=12, block_size=2, kv_events=True, kv_events_full=True)
@@ -175,3 +178,38 @@ def test_a_seeded_bug_is_found_by_a_run_and_its_trace_replays(
     options = ["--kv-events", "--kv-events-full"]
     trace = found_and_replayed(capsys, tmp_path / "corpus", options, {Check.KV_EVENTS}, "asked for full")
     assert trace.setup.kv_events_full
+
+
+# -- a vLLM bug the full reports found --------------------------------------------------------------------------------
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize(
+    ("name", "found"),
+    [
+        (
+            "full-reports-partial-hit-announced-whole.json",
+            "kv-events check failed at step 2: a BlockStored event re-announcing a prefix-cache hit (a full report) "
+            "names hash 0xc14655208bfcee11 as its block 1 (group 1), which the events hold no block of: the pool does "
+            "not cache it",
+        ),
+        ("full-reports-partial-hit-crash.json", "crash: IndexError: list index out of range"),
+    ],
+    ids=["announced-whole", "crash"],
+)
+def test_full_reports_of_a_hit_ending_inside_a_block_are_a_vllm_bug(name: str, found: str) -> None:
+    """A finding in vLLM 0.33.0 and 0.34.0 (docs/scheduler-features.md#full-reports): under partial prefix caching
+    (the Mamba hybrid, ``prefix_match_unit``) a hit may end inside a block, and ``emit_cached_block_events`` counts
+    that block as a whole cached one. A full report then announces the block's full-block hash, which the pool never
+    cached (r0 = r1 = [0, 1, 2, 0] on blocks of 2, hashes every token: r1 hits 3 tokens), or, where the block runs
+    past the request's last full block, indexes past its hashes and the scheduler raises IndexError (r0 = [0, 1, 2,
+    0, 1, 2, 0, 1], r1 its first 7 tokens, on blocks of 4). Replayed word for word; the same programs pass without
+    full reports, and without partial prefix caching."""
+    trace = load(DATA / name)
+    replayed = replay(trace)
+    assert replayed.reproduced and replayed.identical, replayed.describe_failure()
+    assert replayed.describe_failure() == found
+    for control in ({"kv_events_full": False}, {"prefix_match_unit": 0}):
+        clean = replay(attrs.evolve(trace, setup=attrs.evolve(trace.setup, **control)))
+        assert not clean.failed, (control, clean.describe_failure())
