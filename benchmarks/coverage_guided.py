@@ -1,8 +1,10 @@
 """Blind against coverage-guided search on a scheduler target: two campaigns of the same duration, seed and workers,
 one with ``--coverage`` (the blind search, its coverage measured), one with ``--guided``; each run as ``kvfuzz
 campaign --json`` in its own process, one after the other (on a small machine, side by side they would share its
-cores), each with a fresh corpus of its own (no seeds from earlier campaigns). Prints the coverage of the files
-under watch over time (line + branch combined, as docs/coverage.md defines it) and in all, and the failures met.
+cores), each with a fresh corpus of its own (no seeds from earlier campaigns), kept after the run (``--corpora``, a
+new directory under the system's temporary one unless told): the failures the campaigns met are findings like any
+other, and their traces stay. Prints the coverage of the files under watch over time (line + branch combined, as
+docs/coverage.md defines it) and in all, the failures met, and where their traces are.
 
 Run it with the engine environment's interpreter (``scripts/third_party_env.sh vllm VLLM_ENV``, or ``sglang``)::
 
@@ -63,11 +65,14 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=300.0, help="seconds per campaign (default 300)")
     parser.add_argument("--seed", type=int, default=20261204)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--corpora", type=Path, help="where the two campaigns' corpora are kept (default: a new temporary directory)"
+    )
     args = parser.parse_args()
+    corpora = args.corpora or Path(tempfile.mkdtemp(prefix="kvfuzz-coverage-bench-"))
     results = {}
-    with tempfile.TemporaryDirectory(prefix="kvfuzz-coverage-bench-") as scratch:
-        for mode in ("--coverage", "--guided"):
-            results[mode] = campaign(args, mode, Path(scratch) / mode.strip("-"))
+    for mode in ("--coverage", "--guided"):
+        results[mode] = campaign(args, mode, corpora / mode.strip("-"))
     print(
         f"{args.scheduler}, seed {args.seed}, {args.duration:g} s per campaign, {args.workers} worker(s), "
         f"{os.cpu_count()} CPUs; python {sys.version.split()[0]}"
@@ -89,6 +94,7 @@ def main() -> None:
             f"{len(coverage['files'])} files; {result['examples']} examples, {result['steps']} steps, "
             f"{result['batches']} batches; new failures: {', '.join(failures) or 'none'}"
         )
+    print(f"\nthe campaigns' corpora (their failures' traces): {corpora}")
 
 
 if __name__ == "__main__":

@@ -44,18 +44,19 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores; each campaign --duration {args.seconds:g} s, --seed {args.seed}")
     steps: dict[int, int] = {}
-    with tempfile.TemporaryDirectory() as scratch:
-        for workers in (1, args.workers):
-            load = os.getloadavg()[0]
-            result, wall, cpu = campaign(workers, args.seconds, args.seed, Path(scratch) / f"w{workers}")
-            steps[workers] = result["steps"]
-            each = ", ".join(str(entry["steps"]) for entry in result["per_worker"])
-            print(
-                f"--workers {workers}: {result['steps']} steps ({result['steps_per_second']:.0f} steps/s over "
-                f"{result['seconds']:.0f} s searching), per worker: {each}; {result['batches']} batches, "
-                f"{len(result['failures'])} new failures; load average before {load:.2f}; "
-                f"{cpu:.0f} CPU s in {wall:.0f} s wall"
-            )
+    corpora = Path(tempfile.mkdtemp(prefix="kvfuzz-workers-bench-"))  # kept: the failures met are real findings
+    for workers in (1, args.workers):
+        load = os.getloadavg()[0]
+        result, wall, cpu = campaign(workers, args.seconds, args.seed, corpora / f"w{workers}")
+        steps[workers] = result["steps"]
+        each = ", ".join(str(entry["steps"]) for entry in result["per_worker"])
+        print(
+            f"--workers {workers}: {result['steps']} steps ({result['steps_per_second']:.0f} steps/s over "
+            f"{result['seconds']:.0f} s searching), per worker: {each}; {result['batches']} batches, "
+            f"{len(result['failures'])} new failures; load average before {load:.2f}; "
+            f"{cpu:.0f} CPU s in {wall:.0f} s wall"
+        )
+    print(f"the campaigns' corpora (their failures' traces): {corpora}")
     ratio = steps[args.workers] / steps[1] if steps[1] else float("nan")
     print(f"ratio: {args.workers} workers ran {ratio:.2f}x the steps of 1")
 
