@@ -530,6 +530,8 @@ def test_shrinking_ends_with_the_campaign_s_duration_and_keeps_the_finding(tmp_p
     [finding] = result.new
     assert "shrinking cut off at the campaign's end" in (finding.note or "") and result.examples > 0
     assert finding.trace is not None and not load(Path(finding.trace)).shrunk
+    empty = [entry for entry in result.batch_log if not entry["examples"]]
+    assert not empty, f"{len(empty)} batch(es) drawn after the campaign's end, cut off before their first example"
 
 
 def test_a_batch_whose_search_outlasts_the_campaign_is_cut_off_at_its_duration(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -132,7 +133,7 @@ class _Worker:
 
         number = 0
         try:
-            while not worker.stop.is_set():
+            while not worker.stop.is_set() and not self._past_the_end():
                 granted = worker.take_examples(options.batch_examples)
                 if not granted:
                     return
@@ -156,6 +157,11 @@ class _Worker:
                 self.guide.measurer.stop()
             if journal is not None:
                 journal.close()
+
+    def _past_the_end(self) -> bool:
+        """Whether the campaign's duration is up: a batch drawn now would be cut off before its first example (a
+        worker that shrank until the end once logged fourteen such empty batches before the campaign stopped it)."""
+        return self.worker.ends is not None and time.monotonic() >= self.worker.ends
 
     def plan(self, rng: random.Random, number: int, examples: int) -> tuple[BatchPlan, Optional[Mutants]]:
         """The next batch: a configuration drawn from the swarm table; with coverage, what the guidance plans."""
