@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import math
 import os
 import random
 import sys
@@ -20,6 +19,7 @@ from kvfuzz.commands.options import (
     at_least_seconds,
     check_database,
     needs_torch,
+    positive_seconds,
     workers_problem,
 )
 from kvfuzz.commands.scheduler_campaign import add_arguments as scheduler_arguments
@@ -47,7 +47,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"names ('kvfuzz*', 'zoo:*'); repeatable: the work is spread over all of them (default {DEFAULT_ALLOCATOR})",
     )
     parser.add_argument(
-        "--duration", type=_seconds, metavar="SECONDS", help=f"stop after this long (default {CAMPAIGN_DURATION:g})"
+        "--duration",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help=f"stop after this long (default {CAMPAIGN_DURATION:g})",
     )
     parser.add_argument("--max-examples", type=at_least(1), metavar="N", help="stop after N programs")
     parser.add_argument("--stop-after", type=at_least(1), metavar="N", help="stop after N new distinct failures")
@@ -85,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--shrink-time",
-        type=_seconds,
+        type=positive_seconds,
         metavar="SECONDS",
         help="the time bound of shrinking one failure (default 30)",
     )
@@ -99,17 +102,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     scheduler_arguments(parser)
     parser.set_defaults(handler=needs_torch(campaign_command))
-
-
-def _seconds(text: str) -> float:
-    """A positive, finite number of seconds (argparse type)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 seconds")
-    return value
 
 
 def expand_allocators(specs: list[str]) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import sys
 from pathlib import Path
@@ -104,6 +105,17 @@ def check_device(name: str) -> str:
     except Exception as error:  # noqa: BLE001 -- whatever torch says about the device, in one line
         raise ValueError(f"--device {name!r}: torch cannot allocate there ({' '.join(str(error).split())})") from None
     return name
+
+
+def positive_seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 seconds")
+    return value
 
 
 def at_least_seconds(text: str) -> float:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from kvfuzz.commands.options import positive_seconds
 from kvfuzz.text import plural
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--batch-seconds",
-        type=_positive_seconds,
+        type=positive_seconds,
         metavar="S",
         help="the most a batch's search runs before the next configuration is drawn (default: a twentieth of "
         "--duration, at least 10; none without --duration)",
@@ -102,16 +103,6 @@ def _at_least_one(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive number of seconds")
     return value
 
 

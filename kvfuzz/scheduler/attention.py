@@ -16,7 +16,7 @@ Checks are types: :class:`NoAttention` (``off``) computes nothing, :class:`Kerne
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import attrs
 import torch
@@ -25,6 +25,7 @@ from kvfuzz.kernels.base import AttentionKernel, PagedBatch, compare
 from kvfuzz.reference.attention import attend
 from kvfuzz.reference.content import padded_kv_for_tags, prefix_tags, queries_for_tags
 from kvfuzz.scheduler.config import MODEL_SHAPE
+from kvfuzz.scheduler.groups import GroupRule
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 
@@ -38,15 +39,12 @@ class Attending:
     table: tuple[int, ...]  # its block ids in the group, in position order
     positions: range  # the positions scheduled this step
     namespace: tuple[str, ...] = ()  # its K/V tags' namespace in the group (the group's, then its cache salt's)
-    window: Optional[int] = None  # the group's sliding window in tokens; None: none
+    rule: GroupRule = GroupRule(0, None)  # the group's: which positions a token attends (full attention by default)
     group: str = ""  # `` in group N (its kind)`` where the model has several groups, for messages
-    chunk: Optional[int] = None  # the group's attention chunk in tokens (chunked local attention); None: none
 
     def first_attended(self, position: int) -> int:
         """The first position the token at ``position`` attends to: 0, the start of its window, or of its chunk."""
-        if self.chunk is not None:
-            return position // self.chunk * self.chunk
-        return 0 if self.window is None else max(0, position - self.window + 1)
+        return self.rule.first_needed(position)
 
 
 class AttentionCheck(Protocol):

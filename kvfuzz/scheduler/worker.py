@@ -329,9 +329,8 @@ class Worker:
                 tuple(self.requests[request].tables[rule.index]),
                 positions,
                 self._namespace(request, rule.index),
-                rule.window,
+                rule,
                 self._in(rule.index),
-                rule.chunk,
             )
             for request, positions in batch
             for rule in self.groups
