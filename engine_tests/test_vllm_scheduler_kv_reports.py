@@ -126,6 +126,19 @@ def reported_for_everyone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(KVCacheManager, "get_computed_blocks", lookup)
 
 
+def report_mode_unread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: the request does not read the report mode its client asked for (every request incremental)."""
+    from vllm.v1.request import Request
+
+    original = Request.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.kv_cache_report_mode = "incremental"
+
+    monkeypatch.setattr(Request, "__init__", init)
+
+
 def shifted_report(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded bug: a full report's tokens start one block late (its hashes name other prefixes)."""
     original = block_pool.BlockPool._build_block_stored_event
@@ -143,11 +156,12 @@ def shifted_report(monkeypatch: pytest.MonkeyPatch) -> None:
     ("bug", "cause"),
     [
         (reports_ignored, "a reuse not announced"),
+        (report_mode_unread, "a reuse not announced"),
         (whole_prompt_announced, "a reuse announced wrong"),
         (reported_for_everyone, "a reuse announced unasked"),
         (shifted_report, "a wrong block hash"),
     ],
-    ids=["ignored", "whole-prompt", "unasked", "shifted"],
+    ids=["ignored", "mode-unread", "whole-prompt", "unasked", "shifted"],
 )
 def test_a_seeded_vllm_bug_is_caught(monkeypatch: pytest.MonkeyPatch, bug: Any, cause: str) -> None:
     bug(monkeypatch)

@@ -109,7 +109,7 @@ class EventLedger:
         self.hashed: dict[str, tuple[int, ...]] = {}
         self.medium: Optional[str] = None  # the pool's medium (read from the pool when first checked)
         self.events = 0  # events checked so far
-        self.setup = setup
+        self.setup = setup  # which requests asked for full reports (full_reports)
         self.lookups: list[Lookup] = []  # the lookups made since the last check
         self.full_groups: frozenset[int] = frozenset()  # the full-attention groups (set when installed)
         self.reannounced = 0  # re-announcements checked so far (full reports)
@@ -131,7 +131,7 @@ class EventLedger:
             emitted = tuple(event for pool, start in zip(pools, queued) for event in pool.kv_event_queue[start:])
             blocks, tokens = found[0], found[1]
             hit = tuple(len(group) for group in blocks.blocks)
-            full = getattr(request, "kv_cache_report_mode", "incremental") == "full"
+            full = full_reports(self.setup, request.request_id)  # what the client asked, not what vLLM read
             self.lookups.append(Lookup(request.request_id, full, hit, tokens, emitted))
             return found
 
