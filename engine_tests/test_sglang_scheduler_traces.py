@@ -122,10 +122,11 @@ def test_a_campaign_on_sglang_draws_sglang_s_configurations_and_knows_the_corpus
         for row in sglang_swarm.SGLANG_DIMENSIONS
     )
     monkeypatch.setattr(sglang_swarm, "SGLANG_DIMENSIONS", held)
-    from kvfuzz.campaign.scheduler.known import known_signatures
+    from kvfuzz.campaign.known import known_findings
     from kvfuzz.campaign.scheduler.sglang_target import sglang_target
+    from kvfuzz.campaign.scheduler.target import SchedulerTraces
 
-    known = known_signatures([CORPUS], sglang_target("sglang"), None)  # the corpus bugs reproduce: known
+    known = known_findings([CORPUS], SchedulerTraces(sglang_target("sglang"), None))  # the corpus bugs reproduce: known
     assert [[trace.where for trace in traces] for traces in known.known.values()] == [
         [f"{path} (known bug: {load(path).known_bug})" for path in (KNOWN, PAGE_OVERHEAD)]
     ]  # one signature: hangs are keyed by what is stuck, and both are a waiting request never admitted

@@ -15,8 +15,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from engine_tests.vllm_history import priority_victim_stays_scheduled
-from kvfuzz.campaign.scheduler.known import known_signatures
-from kvfuzz.campaign.scheduler.target import scheduler_signature, vllm_target
+from kvfuzz.campaign.known import known_findings
+from kvfuzz.campaign.scheduler.target import SchedulerTraces, scheduler_signature, vllm_target
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.program import Abort
 from kvfuzz.scheduler.replay import replay
@@ -36,10 +36,10 @@ HANGS = (
 
 def test_a_fixed_bug_that_comes_back_is_a_regression_not_known(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shutil.copy(CORPUS / ISSUE_23347, tmp_path)
-    clean = known_signatures([tmp_path], vllm_target("vllm-v1"), 60.0)
+    clean = known_findings([tmp_path], SchedulerTraces(vllm_target("vllm-v1"), 60.0))
     assert not clean.known and not clean.regressions  # 0.33.0 as released: the trace passes
     priority_victim_stays_scheduled(monkeypatch)
-    back = known_signatures([tmp_path], vllm_target("vllm-v1"), 60.0)
+    back = known_findings([tmp_path], SchedulerTraces(vllm_target("vllm-v1"), 60.0))
     assert not back.known, back.known  # counting it as known would hide the regression
     [(key, traces)] = back.regressions.items()
     assert "(fixed: vLLM issue #23347" in traces[0].where, (key, traces)

@@ -16,12 +16,12 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvfuzz.adapters import vllm_v1
 from kvfuzz.allocator import InvalidArgument, OutOfBlocks, PoolSpec, UnknownSequence, Unsupported
 from kvfuzz.allocator.types import NULL_BLOCK
-from kvfuzz.campaign.known import trace_signature
 from kvfuzz.profiles import PROFILES
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Target
 from kvfuzz.program.replay import replay
 from kvfuzz.runner import run
+from kvfuzz.saved.corpus import trace_signature
 from kvfuzz.saved.trace import load
 from kvfuzz.statemachines import MachineConfig, machine_for
 

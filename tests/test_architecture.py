@@ -279,6 +279,8 @@ STAGES = {
     "journal": "program/safeguards.py",  # the one journal class every target writes
     "journal recovery": "saved/journals.py",  # the one reader turning a dead process's journal into a trace
     "campaign loop": "campaign/supervisor.py",  # the one loop that runs workers and ends in a CampaignResult
+    "known findings": "campaign/known.py",  # the one table of what the corpus knows, and who is credited
+    "shared findings": "campaign/cluster.py",  # the one place a finding is stored in Redis
 }
 
 
@@ -289,7 +291,10 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
       ``Journal``) nor an exception (a base named ``...Error`` or ``...Exception``);
     * **journal recovery**: a function whose name says it reads or recovers a journal (``read_journal``,
       ``recover``, ``last_program``, ...: ``recover`` or ``read`` with ``journal``, or ``last_program``);
-    * a **campaign loop**: a call constructing ``CampaignResult``, what every campaign loop ends in."""
+    * a **campaign loop**: a call constructing ``CampaignResult``, what every campaign loop ends in;
+    * a table of **known findings**: a class with a ``credit`` method (who a finding met again is credited to);
+    * **shared findings**: a call of a ``store`` method with a ``finding_record(...)`` argument, or the definition of
+      a ``store`` method beside ``finding_record`` (storing a finding in Redis)."""
     found: dict[str, set[str]] = {stage: set() for stage in STAGES}
     for path, source in sources.items():
         for node in ast.walk(ast.parse(source)):
@@ -303,7 +308,24 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                     found["journal recovery"].add(path)
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "CampaignResult":
                 found["campaign loop"].add(path)
+            if isinstance(node, ast.ClassDef) and any(
+                isinstance(item, ast.FunctionDef) and item.name == "credit" for item in node.body
+            ):
+                found["known findings"].add(path)
+            if _stores_a_finding(node):
+                found["shared findings"].add(path)
     return found
+
+
+def _stores_a_finding(node: ast.AST) -> bool:
+    """A call ``X.store(..., finding_record(...), ...)``: a finding stored in Redis."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "store"):
+        return False
+    return any(
+        isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id == "finding_record"
+        for argument in node.args
+        for inner in ast.walk(argument)
+    )
 
 
 def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
@@ -312,15 +334,20 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
         "scheduler/journal.py": "class ProgramJournal:\n    pass\ndef read_journal(path): ...\n",
         "campaign/scheduler/workers.py": "class WorkerJournal(Journal): ...\nclass NotAJournal(OSError): ...\n",
         "campaign/scheduler/loop.py": "def run():\n    return CampaignResult(workers=1)\n",
+        "campaign/scheduler/known.py": "class KnownFindings:\n    def credit(self, key): ...\n",
+        "campaign/scheduler/shared.py": "def share(c, t):\n    return c.store(t.key, finding_record(t, 1))\n",
     }
     found = stage_definitions(sources)
     assert found["journal"] == {"program/safeguards.py", "scheduler/journal.py"}
     assert found["journal recovery"] == {"scheduler/journal.py"}
     assert found["campaign loop"] == {"campaign/scheduler/loop.py"}
+    assert found["known findings"] == {"campaign/scheduler/known.py"}
+    assert found["shared findings"] == {"campaign/scheduler/shared.py"}
 
 
 def test_each_stage_of_the_pipeline_is_written_once_for_every_target() -> None:
-    """The allocator target and the scheduler targets share one journal, one recovery of it and one campaign loop:
+    """The allocator target and the scheduler targets share one journal, one recovery of it, one campaign loop, one
+    table of known findings and one store of shared findings:
     a target that needs its own has a payload or a protocol method for it (docs/architecture.md), never a second
     module."""
     sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in PACKAGE.rglob("*.py")}

@@ -22,7 +22,8 @@ from factories import kvfuzz
 from kvfuzz import __version__ as kvfuzz_version
 from kvfuzz.allocator import PagedAllocator, PoolSpec
 from kvfuzz.allocator.paged import paged_allocator, synchronous_allocator
-from kvfuzz.campaign.known import known_signatures, trace_signature
+from kvfuzz.campaign.allocators import AllocatorTraces
+from kvfuzz.campaign.known import known_findings
 from kvfuzz.campaign.report import CampaignResult, table
 from kvfuzz.campaign.supervisor import Campaign, CampaignOptions, _Slot, rerun_of
 from kvfuzz.campaign.swarm import MAX_BLOCKS, MAX_PROGRAM_LENGTH, draw_swarm, probe_limits
@@ -33,7 +34,7 @@ from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.program.safeguards import JOURNAL_FORMAT, JOURNAL_PREFIX
 from kvfuzz.program.swarm import ALWAYS_ENABLED
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorUnusable, load_factory
-from kvfuzz.saved.corpus import replay_trace
+from kvfuzz.saved.corpus import replay_trace, trace_signature
 from kvfuzz.saved.trace import Trace, from_json, load
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -327,7 +328,7 @@ def test_a_known_finding_carries_over_only_to_allocators_of_the_traces_class(tmp
         found = trace_signature(attrs.evolve(load(trace), allocator=spec), 10.0)
         assert found is not None and (found.failure, found.operation) == (recorded.failure, recorded.operation)
 
-    known = known_signatures([tmp_path], [same_class, other_class], 10.0)
+    known = known_findings([tmp_path], AllocatorTraces([same_class, other_class], 10.0)).where()
 
     same = trace_signature(attrs.evolve(load(trace), allocator=same_class), 10.0)
     other = trace_signature(attrs.evolve(load(trace), allocator=other_class), 10.0)

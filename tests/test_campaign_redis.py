@@ -442,6 +442,7 @@ def test_a_finding_stored_under_its_signature_before_causes_is_known_under_today
 
     import attrs
 
+    from kvfuzz.campaign.allocators import AllocatorTraces
     from kvfuzz.campaign.cluster import ClusterFindings, finding_record, parse_finding
     from kvfuzz.campaign.known import stored_findings_known
     from kvfuzz.engine import MachineConfig
@@ -470,9 +471,9 @@ def test_a_finding_stored_under_its_signature_before_causes_is_known_under_today
     cluster.store(today.key(), finding_record(current, today, 1, 2, None))  # already current: nothing to re-key
     # kvfuzz findings still lists and reads the old record under its old key.
     assert parse_finding(old.key(), cluster.fetch([old.key()])[old.key()] or b"", "old").signature == old
-    known = stored_findings_known(cluster, [spec], call_timeout=30)
+    known = stored_findings_known(cluster, AllocatorTraces([spec], 30)).where()
     assert list(known) == [today.key()] and old.key() in known[today.key()]
-    assert stored_findings_known(cluster, ["zoo:ReleasedTwiceOnPreempt"], call_timeout=30) == {}
+    assert stored_findings_known(cluster, AllocatorTraces(["zoo:ReleasedTwiceOnPreempt"], 30)).where() == {}
 
 
 def _trickling_server(stop: threading.Event) -> int:

@@ -12,7 +12,8 @@ import attrs
 
 from kvfuzz.allocator import PagedAllocator, PoolSpec
 from kvfuzz.allocator.types import GrowResult, SeqId, Tokens
-from kvfuzz.campaign.known import known_signatures
+from kvfuzz.campaign.allocators import AllocatorTraces
+from kvfuzz.campaign.known import known_findings
 from kvfuzz.engine.arguments import system_prompts
 from kvfuzz.engine.checks.divergence import TABLE_CHANGED
 from kvfuzz.engine.config import MachineConfig
@@ -102,7 +103,7 @@ def test_a_known_trace_makes_known_its_bug_however_its_damage_is_noticed(tmp_pat
     outcome = replay(Target(_factory), calls)
     assert isinstance(outcome.failure, InvariantViolation)
     save(Trace(spec, MachineConfig(), calls, failure_record(outcome.failure), known_bug="unfixed"), tmp_path)
-    known = known_signatures([tmp_path], [spec], call_timeout=30)
+    known = known_findings([tmp_path], AllocatorTraces([spec], 30)).where()
     for other in _NOTICED.values():  # the same bug, noticed by a fork and by a preemption: known
         again = replay(Target(_factory), other)
         assert again.failure is not None

@@ -460,11 +460,14 @@ def test_the_text_a_trace_holds_is_printed_with_terminal_escapes_escaped(
     assert main(["show", str(evil), "--html", str(tmp_path / "page.html")]) == 0
     out, err = capsys.readouterr()
     assert "\x1b" not in out + err and "\x07" not in out + err and "\\x1b]0;pwned\\x07: " in out
-    from kvfuzz.campaign.known import known_signatures
+    from kvfuzz.campaign.allocators import AllocatorTraces
+    from kvfuzz.campaign.known import known_findings
 
     (page,) = tmp_path.glob("*.html")
     page.unlink()
-    (known,) = known_signatures([tmp_path], [data["allocator"]], call_timeout=30).values()  # a campaign's --known
+    (known,) = (
+        known_findings([tmp_path], AllocatorTraces([data["allocator"]], 30)).where().values()
+    )  # a campaign's --known
     assert "\x1b" not in known and known.endswith("(known bug: see\\x1b[2J\\x1b[H)")
 
 

@@ -87,9 +87,41 @@ def test_an_allocator_campaign_on_the_same_redis_passes_over_scheduler_findings(
     redis_url: str,  # noqa: F811
     tmp_path: Path,
 ) -> None:
+    from kvfuzz.campaign.allocators import AllocatorTraces
     from kvfuzz.campaign.known import stored_findings_known
 
     assert scheduler_campaign(redis_url, tmp_path / "a", 3)[0] == 1
     assert len(ClusterFindings(redis_url).keys().keys) == 1
     cluster = ClusterFindings(redis_url)
-    assert stored_findings_known(cluster, ["vllm-v1", "kvfuzz.allocator.paged:paged_allocator"], 5.0) == {}
+    source = AllocatorTraces(["vllm-v1", "kvfuzz.allocator.paged:paged_allocator"], 5.0)
+    assert stored_findings_known(cluster, source).where() == {}
+
+
+def test_a_scheduler_finding_stored_under_an_earlier_key_is_known_under_todays(
+    redis_url: str,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A finding stored before its check named a cause (say): its record's key is no longer its signature's. The
+    # next campaign replays it, as a corpus trace, and counts the bug under today's key instead of shrinking and
+    # storing it a second time.
+    import attrs
+
+    from kvfuzz.campaign.cluster import finding_record, parse_finding
+    from kvfuzz.campaign.known import stored_findings_known
+    from kvfuzz.campaign.scheduler.target import SchedulerTraces
+
+    assert scheduler_campaign(redis_url, tmp_path / "a", 3)[0] == 1
+    cluster = ClusterFindings(redis_url)
+    [today] = cluster.keys().keys
+    stored = parse_finding(today, cluster.fetch([today])[today] or b"", "today")
+    old = attrs.evolve(stored.signature, cause="an earlier wording of the cause")
+    cluster.client.hdel(REDIS_FINDINGS, today)
+    cluster.store(old.key(), finding_record(stored.trace, old, 3, None, None))
+
+    known = stored_findings_known(cluster, SchedulerTraces(FakeTarget().target(), None))
+    assert list(known.where()) == [today] and "re-keyed on load" in known.where()[today], known
+    status, second = scheduler_campaign(redis_url, tmp_path / "b", 11)
+    assert status == 0 and not second["failures"], second
+    assert [entry["known"] for entry in second["known"]] == [known.where()[today]]
+    assert cluster.keys().keys == [old.key()], "nothing stored a second time"

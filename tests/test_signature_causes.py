@@ -14,7 +14,8 @@ import pytest
 
 import kvfuzz.engine
 from kvfuzz.allocator import paged_allocator
-from kvfuzz.campaign.known import known_signatures
+from kvfuzz.campaign.allocators import AllocatorTraces
+from kvfuzz.campaign.known import known_findings
 from kvfuzz.engine import Engine, Invariant, MachineConfig
 from kvfuzz.engine.checks.accounting import OVER_COUNT, UNDER_COUNT
 from kvfuzz.engine.violations import REFINED, InvariantViolation, violation
@@ -81,7 +82,7 @@ def test_a_known_trace_makes_known_its_bug_whatever_operation_meets_it(tmp_path:
     found = _failures(spec, 60)
     calls, failure, _ = found[0]
     save(Trace(spec, MachineConfig(), calls, failure_record(failure), known_bug="unfixed"), tmp_path)
-    known = known_signatures([tmp_path], [spec], call_timeout=30)
+    known = known_findings([tmp_path], AllocatorTraces([spec], 30)).where()
     assert known
     for calls, other, at in found:  # met in several operations: every one is the known bug
         assert signature_of(spec, other, calls, at).key() in known
@@ -96,10 +97,10 @@ def test_a_known_trace_that_now_fails_for_another_cause_hides_nothing(tmp_path: 
     assert failure.cause.words != recorded
     trace = Trace(spec, MachineConfig(), calls, {**failure_record(failure), "cause": recorded})
     save(trace, tmp_path)
-    assert known_signatures([tmp_path], [spec], call_timeout=30) == {}
+    assert known_findings([tmp_path], AllocatorTraces([spec], 30)).where() == {}
     # The same trace recording the cause it reproduces makes it known.
     save(attrs.evolve(trace, failure=failure_record(failure)), tmp_path / "same")
-    assert known_signatures([tmp_path / "same"], [spec], call_timeout=30)
+    assert known_findings([tmp_path / "same"], AllocatorTraces([spec], 30)).where()
 
 
 def test_two_bugs_with_one_cause_on_different_release_paths_are_two_findings() -> None:
@@ -123,7 +124,9 @@ def test_a_trace_recording_the_coarser_cause_still_reproduces_the_refined_one(tm
     calls, failure, at = _failures(spec, 60)[0]
     assert failure.cause.words.startswith(OVER_COUNT.words + REFINED)
     save(Trace(spec, MachineConfig(), calls, {**failure_record(failure), "cause": OVER_COUNT.words}), tmp_path)
-    assert set(known_signatures([tmp_path], [spec], call_timeout=30)) == {signature_of(spec, failure, calls, at).key()}
+    assert set(known_findings([tmp_path], AllocatorTraces([spec], 30)).where()) == {
+        signature_of(spec, failure, calls, at).key()
+    }
 
 
 def _fail_calls_without_cause() -> list[str]:

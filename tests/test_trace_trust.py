@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from factories import kvfuzz
 
-from kvfuzz.campaign.known import known_signatures
+from kvfuzz.campaign.allocators import AllocatorTraces
+from kvfuzz.campaign.known import known_findings
 from kvfuzz.registry import AllocatorTrust, UntrustedAllocator
 
 pytest_plugins = ["pytester"]
@@ -129,10 +130,12 @@ def test_a_campaign_passes_over_an_untrusted_trace_in_its_known_corpus(tmp_path:
     """Before: every trace of a known corpus had its allocator built, to compare classes with the campaign's."""
     _planted(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert known_signatures([tmp_path], ["zoo:NoCopyOnWrite"], 10.0) == {}
+    assert known_findings([tmp_path], AllocatorTraces(["zoo:NoCopyOnWrite"], 10.0)).where() == {}
     assert not (tmp_path / "IMPORTED").exists()
     # A trace recorded against an allocator the campaign itself runs is the user's own: it is replayed.
-    assert known_signatures([tmp_path], ["planted:factory"], 10.0) == {}  # the correct allocator: nothing reproduces
+    assert (
+        known_findings([tmp_path], AllocatorTraces(["planted:factory"], 10.0)).where() == {}
+    )  # the correct allocator: nothing reproduces
     assert (tmp_path / "IMPORTED").exists()
 
 

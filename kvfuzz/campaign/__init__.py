@@ -6,7 +6,7 @@ with it too).
   the operation table, within what the allocator builds;
 * :mod:`~kvfuzz.campaign.store`: the signature store and example database, local or in Redis;
 * :mod:`~kvfuzz.campaign.cluster`: what campaigns on several machines keep in one Redis, the findings included;
-* :mod:`~kvfuzz.campaign.known`: the findings the corpus already holds;
+* :mod:`~kvfuzz.campaign.known`: the findings the corpus already holds, for every target;
 * :mod:`~kvfuzz.campaign.worker`: one worker process's search;
 * :mod:`~kvfuzz.campaign.supervisor`: the workers, their failures merged, dead workers replaced, the end;
 * :mod:`~kvfuzz.campaign.report`: the distinct-failure table.

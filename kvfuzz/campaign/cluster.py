@@ -172,6 +172,18 @@ def finding_record(
     }
 
 
+@attrs.frozen
+class Shared:
+    """What became of a finding offered to the Redis campaigns share (:meth:`ClusterFindings.share`): ``outcome``,
+    one of :data:`STORE_OUTCOMES`, or None when the server failed, ``problem`` saying how (one line)."""
+
+    outcome: Optional[str]
+    problem: Optional[str] = None
+
+    def __str__(self) -> str:
+        return self.outcome if self.outcome is not None else f"not stored ({self.problem})"
+
+
 class ClusterFindings:
     """The findings every campaign sharing one Redis stored (:data:`REDIS_FINDINGS`)."""
 
@@ -184,6 +196,22 @@ class ClusterFindings:
         :data:`STORE_OUTCOMES`: ``stored``, ``replaced`` (a longer program was there) or ``kept`` (not stored)."""
         outcome = self.client.eval(_STORE, 1, REDIS_FINDINGS, key, int(record["length"]), json.dumps(record))
         return STORE_OUTCOMES[int(outcome)]
+
+    def share(
+        self,
+        trace: Trace | SchedulerTrace,
+        signature: Signature,
+        seed: Optional[int],
+        worker_seed: Optional[int],
+        trace_file: Optional[str],
+    ) -> Shared:
+        """Store one new finding of any target (its :func:`finding_record`) under its signature's key; a server that
+        fails (went away mid-campaign, say) is said, never raised: the finding's trace is in the corpus all the
+        same."""
+        try:
+            return Shared(self.store(signature.key(), finding_record(trace, signature, seed, worker_seed, trace_file)))
+        except Exception as error:  # noqa: BLE001 -- the server failing mid-campaign: said, not fatal
+            return Shared(None, " ".join(str(error).split()))
 
     def keys(self) -> StoredKeys:
         """The keys of every stored finding (whatever their records hold) of at most :data:`MAX_KEY` bytes, and how

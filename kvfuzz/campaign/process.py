@@ -24,6 +24,7 @@ from types import FrameType
 from typing import Any, Iterator, Optional
 
 from kvfuzz.campaign.flag import Flag
+from kvfuzz.campaign.known import KnownFindings
 from kvfuzz.campaign.messages import Crashed, Done
 from kvfuzz.campaign.protocol import CampaignTarget, Channel, Reporter, WorkerContext
 from kvfuzz.lifeline import tie_to_parent
@@ -42,7 +43,7 @@ def worker_main(
     slot: int,
     incarnation: int,
     seed: int,
-    known: dict[str, str],
+    known: KnownFindings,
     queue: Channel,
     stop: Flag,
     halt: Flag,

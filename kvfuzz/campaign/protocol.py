@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 import attrs
 
 from kvfuzz.campaign.flag import Flag
+from kvfuzz.campaign.known import KnownFindings
 from kvfuzz.campaign.messages import Message, Progress
 from kvfuzz.saved.corpus import PROCESS_DIED
 from kvfuzz.saved.files import json_file_kind
@@ -34,7 +35,7 @@ from kvfuzz.scheduler.trace import load as load_scheduler_trace
 from kvfuzz.shrink.signature import TEARDOWN, Signature
 
 if TYPE_CHECKING:
-    from kvfuzz.campaign.rerun import Rerun, SchedulerRerun
+    from kvfuzz.campaign.rerun import Rerun
 
 
 def worker_seed(seed: int, slot: int, incarnation: int) -> int:
@@ -162,7 +163,7 @@ class WorkerContext:
     stop: Flag  # set by the campaign when it ends
     halt: Flag  # set on Ctrl-C: shrinks end early too
     budget: "Synchronized[int]"  # examples left to start, shared by every worker; negative: no limit
-    known: dict[str, str]  # signature key -> where it is known from
+    known: KnownFindings  # the signatures the corpus knows (counted when met) and its regressions (reported)
     state: Path  # the campaign's local state (example database; the claims without Redis)
     claims: Path  # without Redis: the campaign's directory of signature claims
     supervisor: Optional[int] = None  # the campaign's pid, recorded with findings; None: not a campaign's process
@@ -193,10 +194,10 @@ class CampaignTarget(Protocol):
 
     settings: Settings
 
-    def prepare(self, event: Callable[[str], None]) -> dict[str, str]:
-        """Before any worker starts, in the supervisor: the known findings (signature key -> where each is known
-        from). Raises :class:`~kvfuzz.scheduler.harness.HarnessError` when kvfuzz's own code fails (the campaign
-        ends on it)."""
+    def prepare(self, event: Callable[[str], None]) -> KnownFindings:
+        """Before any worker starts, in the supervisor: the known findings (:mod:`kvfuzz.campaign.known`, from the
+        target's source). Raises :class:`~kvfuzz.scheduler.harness.HarnessError` when kvfuzz's own code fails (the
+        campaign ends on it)."""
         ...
 
     def seed_of(self, slot: int, incarnation: int) -> int:
@@ -213,7 +214,7 @@ class CampaignTarget(Protocol):
         """A finding's signature, for a person."""
         ...
 
-    def rerun(self) -> Rerun | SchedulerRerun:
+    def rerun(self) -> Rerun:
         """The settings the campaign runs under: how to run it again."""
         ...
 

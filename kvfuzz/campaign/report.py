@@ -9,7 +9,7 @@ from typing import Any, Optional
 import attrs
 
 from kvfuzz.campaign.coverage import CampaignCoverage
-from kvfuzz.campaign.rerun import Rerun, SchedulerRerun
+from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.saved.hint import replay_hint
 from kvfuzz.text import plural
 
@@ -74,13 +74,14 @@ class CampaignResult:
     dead_workers: tuple[DeadWorker, ...] = ()
     errors: tuple[str, ...] = ()  # kvfuzz's own failures in workers (tracebacks), for a bug report
     corpus: str = ""
-    rerun: Optional[Rerun | SchedulerRerun] = None  # the settings it ran under, its seed among them: how to rerun it
+    rerun: Optional[Rerun] = None  # the settings it ran under, its seed among them: how to rerun it
     scheduler: Optional[str] = None  # a scheduler campaign's target (``allocators`` is empty then)
     batches: int = 0  # a scheduler campaign's batches, each on a configuration of its own
     refused: int = 0  # configurations a scheduler campaign drew and vLLM's validation refused (redrawn)
     batch_log: tuple[dict[str, Any], ...] = ()  # a scheduler campaign's batches: configuration, seed, what each ran
     per_worker: tuple[dict[str, Any], ...] = ()  # each worker slot: its examples, steps and replacements
     coverage: Optional[CampaignCoverage] = None  # the code under test's, when measured (--coverage, --guided)
+    pins: tuple[tuple[str, Any], ...] = ()  # a scheduler campaign's swarm rows held at one value (--pin)
 
     @property
     def new(self) -> tuple[Finding, ...]:
@@ -98,7 +99,7 @@ class CampaignResult:
         return {
             "allocators": list(self.allocators),
             "scheduler": self.scheduler,
-            "pins": dict(self.rerun.pins) if isinstance(self.rerun, SchedulerRerun) else {},  # --pin ROW=VALUE
+            "pins": dict(self.pins),  # --pin ROW=VALUE
             "batches": self.batches,
             "refused_configurations": self.refused,
             "batch_log": list(self.batch_log),

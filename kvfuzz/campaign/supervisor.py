@@ -23,9 +23,10 @@ from typing import Any, Callable, Optional
 import attrs
 
 from kvfuzz.campaign.allocators import AllocatorCampaign, CampaignOptions
-from kvfuzz.campaign.cluster import ClusterFindings, finding_record, is_redis
+from kvfuzz.campaign.cluster import ClusterFindings, is_redis
 from kvfuzz.campaign.coverage import CoverageTally
 from kvfuzz.campaign.flag import Flag
+from kvfuzz.campaign.known import KnownFindings
 from kvfuzz.campaign.lock import CorpusLock
 from kvfuzz.campaign.messages import (
     Batch,
@@ -122,7 +123,7 @@ class Supervisor:
         self.store = open_store(settings.database, self.claims)
         # with Redis: where a dead worker's finding is stored for every machine, as the workers store theirs
         self.cluster = ClusterFindings(settings.database) if is_redis(settings.database) else None
-        self.known: dict[str, str] = {}
+        self.known = KnownFindings()  # set by the target's prepare
         self.recovered: dict[int, Path] = {}  # pid -> the trace its journal became, until that death is handled
 
     def _state_dir(self) -> Path:
@@ -328,7 +329,7 @@ class Supervisor:
         path, trace, signature = death.path, death.trace, death.signature
         key = signature.key()
         if key in self.tally.findings or key in self.known:
-            self._seen(signature.to_json(), key, self.known.get(key, "met earlier in this campaign"))
+            self._seen(signature.to_json(), key, self.known.where().get(key, "met earlier in this campaign"))
             with contextlib.suppress(OSError):
                 if key in self.known or self.tally.findings[key].trace != str(path):
                     path.unlink()  # the same death is already saved once
@@ -337,11 +338,9 @@ class Supervisor:
         if prior is not None:
             self._seen(signature.to_json(), key, f"found earlier by {prior.get('found_by', 'another campaign')}")
             return key
-        if self.cluster is not None:
-            try:
-                self.cluster.store(key, finding_record(trace, signature, self.settings.seed, seed, str(path)))
-            except Exception as error:  # noqa: BLE001 -- the server went away: the local trace still stands
-                note += f"; not stored in Redis ({' '.join(str(error).split())})"
+        shared = self.cluster.share(trace, signature, self.settings.seed, seed, str(path)) if self.cluster else None
+        if shared is not None and shared.problem is not None:  # the server went away: the local trace still stands
+            note += f"; not stored in Redis ({shared.problem})"
         self.tally.findings[key] = Finding(
             signature.to_json(),
             self.target.text(signature.to_json()),

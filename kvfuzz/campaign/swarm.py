@@ -21,7 +21,8 @@ from typing import Optional
 import attrs
 
 from kvfuzz.allocator.types import PoolSpec
-from kvfuzz.engine.config import MachineConfig
+from kvfuzz.campaign.known import Recorded
+from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.operation import Operation
 from kvfuzz.program.operations import BY_NAME
 from kvfuzz.program.swarm import draw_operations
@@ -72,6 +73,10 @@ class SwarmConfig:
         """What a trace records of the swarm (the geometry is in the trace's config)."""
         return {"program_length": self.program_length, "operations": list(self.operations)}
 
+    def recorded(self) -> Recorded:
+        """The configuration, as the closeness of a known trace's to it is measured."""
+        return recorded(self.allocator, self.machine)
+
     def describe(self) -> str:
         machine = self.machine
         window = "" if machine.inflight_window is None else f", W = {machine.inflight_window}"
@@ -79,6 +84,12 @@ class SwarmConfig:
             f"{machine.num_blocks} blocks x {machine.block_size} slots, {machine.num_host_blocks} host blocks{window}, "
             f"{self.program_length} calls over {', '.join(self.operations)}"
         )
+
+
+def recorded(allocator: str, machine: MachineConfig) -> Recorded:
+    """An allocator's configuration as the closeness of two is measured (:class:`~kvfuzz.campaign.known.Recorded`):
+    the allocator, then the pool and model fields."""
+    return Recorded(allocator, config_json(machine, machine.inflight_window))
 
 
 def probe_limits(spec: str, factory: AllocatorFactory, base: MachineConfig) -> Limits:

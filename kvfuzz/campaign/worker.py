@@ -25,7 +25,8 @@ import attrs
 from hypothesis.database import ExampleDatabase
 
 from kvfuzz.allocator.types import PoolSpec
-from kvfuzz.campaign.cluster import ClusterFindings, finding_record, is_redis
+from kvfuzz.campaign.cluster import ClusterFindings, is_redis
+from kvfuzz.campaign.known import KnownFindings
 from kvfuzz.campaign.messages import Claimed, Saved, Seen
 from kvfuzz.campaign.protocol import WorkerContext
 from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
@@ -79,7 +80,7 @@ class WorkerPlan:
     corpus: Path  # where traces and the journal go
     database: Optional[str]  # redis://... or an example-database directory; None: the local default
     state: Path  # the campaign's local state: example database and, without Redis, the signature store
-    known: dict[str, str] = attrs.field(factory=dict)  # signature key -> where it is known from (corpus traces)
+    known: KnownFindings = KnownFindings()  # what the corpus knows: counted when met, or regressions (reported)
     call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT  # the watchdog's limit per operation
     shrink_seconds: float = 30.0  # the time bound of one shrink
     hypothesis_every: int = HYPOTHESIS_EVERY  # 0: no Hypothesis rounds
@@ -213,7 +214,8 @@ class _Worker:
         signature = signature_of(swarm.allocator, failure, calls, failed_at, diverged)
         key = signature.key()
         if key in self.plan.known:
-            self.reporter.send(Seen(self.plan.slot, signature.to_json(), key, self.plan.known[key]))
+            where = self.plan.known.credit(key, swarm.recorded())
+            self.reporter.send(Seen(self.plan.slot, signature.to_json(), key, where))
             return
         record = {
             "signature": signature.to_json(),
@@ -269,6 +271,9 @@ class _Worker:
             restarts=Restarts(swarm.operation_records(), swarm.program_length, self._restart_rng(signature)),
         )
         config, calls, failure, note = shrunk.config, list(shrunk.calls), shrunk.failure, shrunk.stopped_early
+        if signature.key() in self.plan.known.regressions:
+            back = self.plan.known.credit(signature.key(), swarm.recorded(), regression=True)
+            note = f"REGRESSION: a fixed bug is back, {back}" + (f"; {note}" if note else "")
         others = shrunk.others
         replays = min(CONFIRM_REPLAYS, CONFIRM_HANG_REPLAYS) if isinstance(failure, AllocatorHang) else CONFIRM_REPLAYS
         reproduced = _confirm(factory, config, calls, signature, safeguards, replays)
@@ -287,13 +292,14 @@ class _Worker:
             saved, unsaved = str(path), None
         except OSError:
             saved, unsaved = None, trace.to_json()
-        if self.cluster is not None:
-            record = finding_record(trace, signature, self.plan.campaign_seed, self.plan.seed, saved)
-            try:
-                self.cluster.store(signature.key(), record)
-            except Exception as error:  # noqa: BLE001 -- the server went away: the local trace still stands
-                problem = f"not stored in Redis ({' '.join(str(error).split())})"
-                note = f"{note}; {problem}" if note else problem
+        shared = (
+            self.cluster.share(trace, signature, self.plan.campaign_seed, self.plan.seed, saved)
+            if self.cluster
+            else None
+        )
+        if shared is not None and shared.problem is not None:  # the server went away: the local trace still stands
+            problem = f"not stored in Redis ({shared.problem})"
+            note = f"{note}; {problem}" if note else problem
         self.reporter.send(
             Saved(
                 self.plan.slot,

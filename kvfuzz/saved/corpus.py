@@ -28,6 +28,7 @@ from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 from kvfuzz.runner import HangFound, RunSummary
 from kvfuzz.saved.hint import replay_command, replay_hint, show_hint
 from kvfuzz.saved.trace import Trace, failure_record, save
+from kvfuzz.shrink.signature import TEARDOWN, Signature, signature_of
 from kvfuzz.text import plural
 
 
@@ -165,6 +166,27 @@ def reproduces_recorded(trace: Trace, failure: Optional[BaseException]) -> bool:
     return trace.failure.get("invariant") is None and (
         str(failure_kind(failure)) == title or f"({type(failure).__name__})" in title
     )
+
+
+def trace_signature(trace: Trace, call_timeout: float) -> Signature | None:
+    """The signature of the failure ``trace`` reproduces now, replayed in this process under the watchdog of
+    ``call_timeout``; None if it no longer does, fails otherwise than it recorded (another invariant, or the same
+    for another cause), or cannot be replayed. A trace of a process that died is not replayed (this process would
+    die too): its signature is read from the trace."""
+    title = str(trace.failure.get("title"))
+    if title.startswith(PROCESS_DIED):
+        operation = trace.program[-1].rule if trace.program else TEARDOWN
+        return Signature(trace.allocator, PROCESS_DIED, operation)
+    try:
+        factory = load_factory(trace.allocator)
+        with Watchdog(call_timeout) as watchdog:
+            outcome = replay(Target(factory, trace.config, safeguards=Safeguards(watchdog=watchdog)), trace.program)
+    except (AllocatorNotFound, NotApplicable):
+        return None
+    if not reproduces_recorded(trace, outcome.failure):
+        return None
+    assert outcome.failure is not None  # reproduces_recorded says so
+    return signature_of(trace.allocator, outcome.failure, trace.program, outcome.failed_at, outcome.diverged)
 
 
 @attrs.frozen

@@ -16,6 +16,11 @@ A trace is one JSON object (format ``kvfuzz-trace/1``)::
       "known_bug": null                             # or why this failure is expected (a library's unfixed bug)
     }
 
+``fixed`` (absent unless set) names the fix of the bug a trace recorded, for a regression trace of a bug the
+allocator has fixed: a campaign that finds it reproducing reports a regression, never a known finding
+(:mod:`kvfuzz.campaign.known`); a trace cannot be both that and a ``known_bug``. As a regression test it is a trace
+whose ``known_bug`` is null.
+
 ``program`` lists the machine's rules with concrete arguments; tuples are written as JSON lists and a misuse call
 as ``{"misuse": {"op": ..., "args": [...], "why": ...}}``. ``inflight_window`` records the W the allocator declared
 when the failure was found; a replay asks the allocator's factory for that W (``PoolSpec.inflight_window``), so a
@@ -96,6 +101,7 @@ class Trace:
     kvfuzz_version: str = kvfuzz.__version__
     flaky: Optional[tuple[int, int]] = None  # (reproduced, replays) when confirmation replays did not all fail
     swarm: Optional[dict[str, Any]] = None  # a campaign's draw: {"program_length": n, "operations": [...]}
+    fixed: Optional[str] = None  # the fix of the bug a regression trace recorded (never with known_bug)
 
     def digest(self) -> str:
         """Identifies the failure: the same allocator, configuration and program give the same digest."""
@@ -121,6 +127,7 @@ class Trace:
             "known_bug": self.known_bug,
             **({} if self.flaky is None else {"flaky": {"reproduced": self.flaky[0], "replays": self.flaky[1]}}),
             **({} if self.swarm is None else {"swarm": self.swarm}),
+            **({"fixed": self.fixed} if self.fixed else {}),
         }
 
 
@@ -218,7 +225,8 @@ _FORMAT_VERSION = re.compile(r"kvfuzz-trace/([0-9]{1,9})")
 MISUSE_OPERATIONS = ("admit", "grow", "fork", "free", "preempt", "swap_out", "swap_in", "rollback", "evict")
 """The allocator operations a recorded misuse call may name (the contract's, never an arbitrary attribute)."""
 _TOP_FIELDS = {"format": True, "kvfuzz_version": False, "allocator": True, "config": True, "program": True}
-_TOP_FIELDS.update({"failure": True, "known_bug": False, "flaky": False, "swarm": False})  # field -> required
+_TOP_FIELDS.update({"failure": True, "known_bug": False, "flaky": False, "swarm": False, "fixed": False})
+# field -> required
 _CONFIG_FIELDS = {name: True for name in GEOMETRY_LIMITS}
 _CONFIG_FIELDS.update({"inflight_window": False, "dtype": True, "device": True, "kernel": False})
 _FAILURE_FIELDS = {"invariant": True, "title": True, "operation": False, "explanation": False, "cause": False}
@@ -384,9 +392,14 @@ def _trace(data: Any) -> Trace:
     program = _program(data["program"])
     failure = _failure(data["failure"])
     known_bug = _string("known_bug", data.get("known_bug"), optional=True)
+    fixed = _string("fixed", data.get("fixed"), optional=True)
+    if known_bug and fixed:
+        raise _Invalid("fixed", "a trace of a fixed bug cannot be a known (unfixed) bug too: clear known_bug")
     flaky = _flaky(data.get("flaky"))
     swarm = _swarm(data.get("swarm"))
-    return Trace(allocator, config, program, failure, config.inflight_window, known_bug, version_text, flaky, swarm)
+    return Trace(
+        allocator, config, program, failure, config.inflight_window, known_bug, version_text, flaky, swarm, fixed
+    )
 
 
 def _swarm(value: Any) -> Optional[dict[str, Any]]:

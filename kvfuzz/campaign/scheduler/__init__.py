@@ -3,8 +3,7 @@ examples, each on a configuration drawn from :mod:`kvfuzz.scheduler.swarm`'s tab
 signature, each distinct one shrunk and saved as a scheduler trace, the known ones counted.
 
 * :mod:`~kvfuzz.campaign.scheduler.target`: what a campaign asks of the target (validate, search, replay), and a
-  failure's signature;
-* :mod:`~kvfuzz.campaign.scheduler.known`: the findings the corpus's scheduler traces already hold;
+  failure's signature, and which known findings its corpus's traces hold (:mod:`kvfuzz.campaign.known`'s source);
 * :mod:`~kvfuzz.campaign.scheduler.loop`: the batches, the findings, the end;
 * :mod:`~kvfuzz.campaign.scheduler.isolated`: the same batches in a child process (``--isolate``).
 """

@@ -22,7 +22,6 @@ finding, with its trace as found.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time
@@ -31,11 +30,11 @@ from typing import Any, Callable, Iterator, Optional
 
 import attrs
 
-import kvfuzz
-from kvfuzz.campaign.rerun import SchedulerRerun
+from kvfuzz.campaign.protocol import Settings
+from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.program.safeguards import Journal
-from kvfuzz.scheduler.pins import Pins
+from kvfuzz.scheduler.pins import Pins, pin_arguments
 from kvfuzz.scheduler.recorder import SavedSchedulerTrace, save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
 from kvfuzz.scheduler.search import Outcome, SearchCutOff
@@ -78,28 +77,49 @@ class SchedulerCampaignOptions:
     guided: bool = False  # and use it: seeds, mutants, a bandit over configurations (implies coverage)
     batch_seconds: Optional[float] = None  # the most a batch's search runs (--batch-seconds); None: to its end
 
-    def rerun(self) -> SchedulerRerun:
-        return SchedulerRerun(
+    def rerun(self) -> Rerun:
+        own = SchedulerRerun(
             self.scheduler,
-            self.seed,
-            self.duration,
-            self.max_examples,
-            self.stop_after,
+            self.pins,
             self.batch_examples,
-            str(self.corpus),
-            tuple(map(str, self.known)),
+            self.batch_seconds,
             self.shrink,
             self.isolate,
-            self.call_timeout,
-            os.getcwd(),
-            kvfuzz.__version__,
-            self.pins,
-            self.database,
-            self.workers,
             self.coverage,
             self.guided,
-            self.batch_seconds,
         )
+        return Rerun.of(own, Settings.of(self), tuple(map(str, self.known)))
+
+
+@attrs.frozen
+class SchedulerRerun:
+    """A scheduler campaign's own settings of its rerun (:class:`~kvfuzz.campaign.rerun.TargetRerun`)."""
+
+    scheduler: str
+    pins: Pins  # swarm rows held at one value (--pin)
+    batch_examples: int  # examples per configuration drawn
+    batch_seconds: Optional[float]  # --batch-seconds: the most a batch's search ran (None: no cap)
+    shrink: bool
+    isolate: bool
+    coverage: bool  # --coverage: the engine's coverage measured
+    guided: bool  # --guided: coverage feedback
+
+    def arguments(self) -> list[str]:
+        args = ["--scheduler", self.scheduler, *pin_arguments(self.pins), "--batch-examples", str(self.batch_examples)]
+        if self.batch_seconds is not None:
+            args += ["--batch-seconds", repr(self.batch_seconds)]
+        if not self.shrink:
+            args.append("--no-shrink")
+        if self.isolate:
+            args.append("--isolate")
+        if self.guided:
+            args.append("--guided")
+        elif self.coverage:
+            args.append("--coverage")
+        return args
+
+    def to_json(self) -> dict[str, Any]:
+        return {**attrs.asdict(self), "pins": dict(self.pins)}
 
 
 @attrs.frozen

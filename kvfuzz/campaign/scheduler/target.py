@@ -14,20 +14,21 @@ step, the request and the block never enter it: the same bug met in another exam
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import attrs
 
+from kvfuzz.campaign.known import Judged, KnownTrace, Recorded, where_of
 from kvfuzz.coverage.scope import Scope
 from kvfuzz.program.safeguards import Journal, Watchdog
 from kvfuzz.scheduler import swarm
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.machine import Witness
 from kvfuzz.scheduler.recorder import FailureRecorder, vllm_version
-from kvfuzz.scheduler.replay import SchedulerReplay, model_runner, replay
+from kvfuzz.scheduler.replay import ReplayRefused, SchedulerReplay, model_runner, replay
 from kvfuzz.scheduler.search import Outcome, search
 from kvfuzz.scheduler.swarm import Dimension, SwarmConfig
-from kvfuzz.scheduler.trace import SchedulerTrace
+from kvfuzz.scheduler.trace import PROCESS_DIED, SchedulerTrace, load
 from kvfuzz.scheduler.violations import SchedulerViolation
 from kvfuzz.shrink.signature import Signature, allocator_frame
 
@@ -64,6 +65,42 @@ def scheduler_signature(scheduler: str, failure: BaseException) -> Signature:
     if isinstance(failure, SchedulerViolation):
         return Signature(scheduler, failure.check.value, None, cause=failure.cause)
     return Signature(scheduler, f"crash ({type(failure).__name__})", None, allocator_frame(failure))
+
+
+def recorded(setup: SchedulerSetup, model_runner: str) -> Recorded:
+    """A scheduler configuration as the closeness of two is measured (:class:`~kvfuzz.campaign.known.Recorded`):
+    the model runner protocol, then the setup's fields."""
+    return Recorded(model_runner, attrs.asdict(setup))
+
+
+@attrs.frozen
+class SchedulerTraces:
+    """The known findings' source (:class:`~kvfuzz.campaign.known.KnownSource`) of a scheduler campaign: the scheduler
+    traces recorded against ``target``, each replayed with its own configuration and model runner protocol, under
+    the watchdog of ``call_timeout``; a trace whose process died is known as recorded (its replay would kill the
+    campaign), and one this engine refuses to replay makes nothing known."""
+
+    target: SchedulerTarget
+    call_timeout: Optional[float]
+    kind: str = "scheduler-trace"
+
+    def load(self, path: Path) -> SchedulerTrace:
+        return load(path)
+
+    def judge(self, where: str, trace: Any) -> Iterable[Judged]:
+        if not isinstance(trace, SchedulerTrace) or trace.scheduler != self.target.name:
+            return ()
+        entry = KnownTrace(where_of(where, trace.known_bug, trace.fixed), recorded(trace.setup, trace.model_runner))
+        if trace.failure.exception == PROCESS_DIED:
+            died = SchedulerProcessDied(trace.failure.message)
+            return (Judged(scheduler_signature(trace.scheduler, died).key(), entry),)
+        try:
+            replayed = self.target.replay(trace, self.call_timeout)
+        except ReplayRefused:
+            return ()
+        if not replayed.reproduced or replayed.error is None:
+            return ()
+        return (Judged(scheduler_signature(trace.scheduler, replayed.error).key(), entry, bool(trace.fixed)),)
 
 
 def vllm_target(name: str) -> SchedulerTarget:

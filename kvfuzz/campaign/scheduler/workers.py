@@ -29,17 +29,17 @@ from typing import Any, Callable, Optional
 
 import attrs
 
+from kvfuzz.campaign.cluster import ClusterFindings, is_redis
+from kvfuzz.campaign.known import KnownFindings, known_findings, stored_findings_known
 from kvfuzz.campaign.messages import Batch, Claimed, HarnessFailed, Said, Saved, Seen
 from kvfuzz.campaign.process import HaltInterrupts
 from kvfuzz.campaign.protocol import Reporter, Settings, WorkerContext, worker_seed
 from kvfuzz.campaign.report import CampaignResult
-from kvfuzz.campaign.rerun import SchedulerRerun
+from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.scheduler.guided import Guidance, Mutants, guidance
 from kvfuzz.campaign.scheduler.isolated import isolated_runner, journal_target
-from kvfuzz.campaign.scheduler.known import KnownFindings, known_signatures
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, SchedulerCampaignOptions, run_batch
-from kvfuzz.campaign.scheduler.shared import share_finding
-from kvfuzz.campaign.scheduler.target import SchedulerTarget, Search
+from kvfuzz.campaign.scheduler.target import SchedulerTarget, SchedulerTraces, Search, recorded
 from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.supervisor import Supervisor
 from kvfuzz.program.safeguards import Journal, UserInterrupt
@@ -59,10 +59,14 @@ class SchedulerCampaign:
         self.settings = Settings.of(options)
         self.known = KnownFindings()  # set by prepare, before the workers are forked
 
-    def prepare(self, event: Callable[[str], None]) -> dict[str, str]:
+    def prepare(self, event: Callable[[str], None]) -> KnownFindings:
         options = self.options
-        self.known = known_signatures([*options.known, options.corpus], self.target, options.call_timeout)
-        return {key: traces[0].where for key, traces in self.known.known.items()}
+        source = SchedulerTraces(self.target, options.call_timeout)
+        self.known = known_findings([*options.known, options.corpus], source)
+        if is_redis(options.database):  # findings stored under an earlier signature's key: known under today's
+            assert options.database is not None
+            self.known = self.known.then(stored_findings_known(ClusterFindings(options.database), source))
+        return self.known
 
     def seed_of(self, slot: int, incarnation: int) -> int:
         if (slot, incarnation) == (0, 0):
@@ -75,11 +79,11 @@ class SchedulerCampaign:
     def text(self, signature: dict[str, Optional[str]]) -> str:
         return str(Signature(**signature))  # type: ignore[arg-type]  # Signature.to_json()'s fields
 
-    def rerun(self) -> SchedulerRerun:
+    def rerun(self) -> Rerun:
         return self.options.rerun()
 
     def result_fields(self) -> dict[str, Any]:
-        return {"allocators": (), "scheduler": self.options.scheduler}
+        return {"allocators": (), "scheduler": self.options.scheduler, "pins": self.options.pins}
 
 
 class WorkerJournal(Journal):
@@ -116,6 +120,8 @@ class _Worker:
         self.target = attrs.evolve(campaign.target, search=_halted_searches(campaign.target.search, worker.halt))
         self.reporter = worker.reporter
         self.store = open_store(self.options.database, worker.claims)
+        # with Redis: where each saved finding's trace is stored for every machine (kvfuzz findings)
+        self.cluster = ClusterFindings(self.options.database) if is_redis(self.options.database) else None
         self.guide = guidance(self.target, self.options, worker.state, worker.slot)  # None without --coverage
 
     def search(self) -> None:
@@ -185,7 +191,7 @@ class _Worker:
         """Claim ``signature`` unless a corpus trace knows it (a regression's is claimed: reported as new) or a
         worker claimed it first; the claim names the example as found, saved already."""
         key = signature.key()
-        if key in self.campaign.known.known:
+        if key in self.campaign.known:
             return False
         trace = str(first.path) if first is not None and first.error is None else None
         if self.store.claim(signature, self._record(signature, trace)) is not None:
@@ -240,10 +246,10 @@ class _Worker:
         """Tell the supervisor of the finding of ``signature`` that ``result`` met: counted, or (claimed by this
         batch) saved."""
         key = signature.key()
-        setup, runner = plan.config.setup, plan.config.model_runner
+        met = recorded(plan.config.setup, plan.config.model_runner)
         if not result.new:
-            if key in self.campaign.known.known:
-                where = self.campaign.known.credit(key, setup, runner)
+            if key in self.campaign.known:
+                where = self.campaign.known.credit(key, met)
             else:
                 where = self._claimed_by(signature)
             self.reporter.send(Seen(self.worker.slot, signature.to_json(), key, where))
@@ -253,7 +259,7 @@ class _Worker:
         saved = result.saved
         note = _note(plan, result, self.worker.slot if self.options.workers > 1 else None)
         if key in self.campaign.known.regressions:
-            note = f"REGRESSION: a fixed bug is back, {self.campaign.known.credit(key, setup, runner, True)}; {note}"
+            note = f"REGRESSION: a fixed bug is back, {self.campaign.known.credit(key, met, regression=True)}; {note}"
         written = saved is not None and saved.error is None
         self.reporter.send(
             Saved(
@@ -269,10 +275,9 @@ class _Worker:
                 saved.trace.to_json() if saved is not None and not written else None,
             )
         )
-        database = self.options.database
-        if database is not None and written and saved is not None:
-            shared = share_finding(database, saved.trace, signature, self.options.seed, str(saved.path))
-            self.reporter.send(Said(self.worker.slot, f"  {database}: {shared}"))
+        if self.cluster is not None and written and saved is not None:
+            shared = self.cluster.share(saved.trace, signature, self.options.seed, None, str(saved.path))
+            self.reporter.send(Said(self.worker.slot, f"  {self.cluster.url}: {shared}"))
 
 
 def _halted_searches(search: Search, halt: Any) -> Search:
