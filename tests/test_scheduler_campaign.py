@@ -225,7 +225,8 @@ def test_a_campaign_finds_the_failure_once_and_keeps_its_shrunk_trace(tmp_path: 
     # the result names the seed and everything to rerun it
     as_json = result.to_json()
     assert as_json["seed"] == 9 and as_json["scheduler"] == "vllm-v1" and as_json["allocators"] == []
-    assert as_json["rerun_command"].startswith("kvfuzz campaign --scheduler vllm-v1 --seed 9 --max-examples 400")
+    command = "kvfuzz campaign --scheduler vllm-v1 --seed 9 --workers 1 --max-examples 400"
+    assert as_json["rerun_command"].startswith(command), as_json["rerun_command"]
     assert as_json["refused_configurations"] == result.refused > 0
 
 

@@ -31,8 +31,9 @@ from kvfuzz.campaign.known import (
     stored_findings_known,
     where_of,
 )
-from kvfuzz.campaign.protocol import Settings, WorkerContext, worker_seed
+from kvfuzz.campaign.protocol import WorkerContext, worker_seed
 from kvfuzz.campaign.rerun import Rerun
+from kvfuzz.campaign.settings import Settings
 from kvfuzz.campaign.swarm import Limits, recorded
 from kvfuzz.campaign.worker import HYPOTHESIS_EVERY, WorkerPlan, _Worker
 from kvfuzz.engine.config import MachineConfig
@@ -71,12 +72,11 @@ class AllocatorRerun:
     allocators: tuple[str, ...]  # every allocator, patterns expanded
     shrink_seconds: float  # --shrink-time
 
-    def arguments(self) -> list[str]:
-        return [
-            *(arg for spec in self.allocators for arg in ("--allocator", spec)),
-            "--shrink-time",
-            repr(self.shrink_seconds),
-        ]
+    def target(self) -> list[str]:
+        return [arg for spec in self.allocators for arg in ("--allocator", spec)]
+
+    def options(self) -> list[str]:
+        return ["--shrink-time", repr(self.shrink_seconds)]
 
     def to_json(self) -> dict[str, Any]:
         return {"allocators": list(self.allocators), "shrink_seconds": self.shrink_seconds}

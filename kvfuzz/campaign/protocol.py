@@ -26,6 +26,7 @@ import attrs
 from kvfuzz.campaign.flag import Flag
 from kvfuzz.campaign.known import KnownFindings
 from kvfuzz.campaign.messages import Message, Progress
+from kvfuzz.campaign.settings import Settings
 from kvfuzz.saved.corpus import PROCESS_DIED
 from kvfuzz.saved.files import json_file_kind
 from kvfuzz.saved.trace import Trace, TraceError, load
@@ -42,25 +43,6 @@ def worker_seed(seed: int, slot: int, incarnation: int) -> int:
     """A seed stream for one worker: distinct for each slot and each replacement of a dead worker."""
     digest = hashlib.sha256(f"{seed}/{slot}/{incarnation}".encode()).digest()
     return int.from_bytes(digest[:8], "little")
-
-
-@attrs.frozen
-class Settings:
-    """What the supervisor itself needs of a campaign's options, whatever its target."""
-
-    workers: int
-    corpus: Path  # where new traces are saved, the workers' journals kept, and the campaign's state
-    duration: Optional[float] = None  # seconds; None: no limit
-    max_examples: Optional[int] = None  # examples to start, all workers together; None: no limit
-    stop_after: Optional[int] = None  # new distinct failures; None: no limit
-    database: Optional[str] = None  # redis://host:port/N (claims and findings shared), or a directory
-    seed: int = 0  # the campaign's seed: each worker's stream derives from it
-    call_timeout: Optional[float] = None  # the watchdog's limit per operation (None: none); sets the patience
-
-    @classmethod
-    def of(cls, options: Any) -> Settings:
-        """The settings of a target's campaign options (any record with these fields, by these names)."""
-        return cls(*(getattr(options, field.name) for field in attrs.fields(cls)))
 
 
 @attrs.frozen

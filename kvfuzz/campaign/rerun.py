@@ -25,15 +25,19 @@ from typing import Any, Optional, Protocol
 import attrs
 
 import kvfuzz
-from kvfuzz.campaign.protocol import Settings
+from kvfuzz.campaign.settings import Settings
 
 
 class TargetRerun(Protocol):
     """A target's own settings of a campaign: what names the target, and its options no other target has."""
 
-    def arguments(self) -> list[str]:
-        """``kvfuzz campaign``'s arguments for them (``--allocator A``, ``--scheduler vllm-v1 --pin ...``), each
-        named whatever its default."""
+    def target(self) -> list[str]:
+        """``kvfuzz campaign``'s arguments that name the target (``--allocator A``, ``--scheduler vllm-v1``)."""
+        ...
+
+    def options(self) -> list[str]:
+        """Its own options' arguments (``--shrink-time 30.0``, ``--pin ROW=VALUE``), each named whatever its
+        default."""
         ...
 
     def to_json(self) -> dict[str, Any]:
@@ -80,7 +84,7 @@ class Rerun:
 
     def arguments(self) -> list[str]:
         """``kvfuzz campaign``'s arguments for the same campaign."""
-        args = [*self.target.arguments(), "--seed", str(self.seed), "--workers", str(self.workers)]
+        args = [*self.target.target(), "--seed", str(self.seed), "--workers", str(self.workers)]
         if self.duration is not None:
             args += ["--duration", repr(self.duration)]
         if self.max_examples is not None:
@@ -94,7 +98,7 @@ class Rerun:
             args.append("--no-known")
         if self.database is not None:
             args += ["--database", self.database]
-        return [*args, "--call-timeout", repr(self.call_timeout or 0.0)]
+        return [*args, "--call-timeout", repr(self.call_timeout or 0.0), *self.target.options()]
 
     def command(self) -> str:
         """The command line, ready to paste in ``directory`` (each argument quoted for a POSIX shell)."""

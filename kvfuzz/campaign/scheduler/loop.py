@@ -30,9 +30,9 @@ from typing import Any, Callable, Iterator, Optional
 
 import attrs
 
-from kvfuzz.campaign.protocol import Settings
 from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
+from kvfuzz.campaign.settings import Settings
 from kvfuzz.program.safeguards import Journal
 from kvfuzz.scheduler.pins import Pins, pin_arguments
 from kvfuzz.scheduler.recorder import SavedSchedulerTrace, save_scheduler_trace
@@ -104,8 +104,11 @@ class SchedulerRerun:
     coverage: bool  # --coverage: the engine's coverage measured
     guided: bool  # --guided: coverage feedback
 
-    def arguments(self) -> list[str]:
-        args = ["--scheduler", self.scheduler, *pin_arguments(self.pins), "--batch-examples", str(self.batch_examples)]
+    def target(self) -> list[str]:
+        return ["--scheduler", self.scheduler]
+
+    def options(self) -> list[str]:
+        args = [*pin_arguments(self.pins), "--batch-examples", str(self.batch_examples)]
         if self.batch_seconds is not None:
             args += ["--batch-seconds", repr(self.batch_seconds)]
         if not self.shrink:

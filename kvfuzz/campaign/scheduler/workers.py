@@ -33,13 +33,14 @@ from kvfuzz.campaign.cluster import ClusterFindings, is_redis
 from kvfuzz.campaign.known import KnownFindings, known_findings, stored_findings_known
 from kvfuzz.campaign.messages import Batch, Claimed, HarnessFailed, Said, Saved, Seen
 from kvfuzz.campaign.process import HaltInterrupts
-from kvfuzz.campaign.protocol import Reporter, Settings, WorkerContext, worker_seed
+from kvfuzz.campaign.protocol import Reporter, WorkerContext, worker_seed
 from kvfuzz.campaign.report import CampaignResult
 from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.scheduler.guided import Guidance, Mutants, guidance
 from kvfuzz.campaign.scheduler.isolated import isolated_runner, journal_target
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, SchedulerCampaignOptions, run_batch
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, SchedulerTraces, Search, recorded
+from kvfuzz.campaign.settings import Settings
 from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.supervisor import Supervisor
 from kvfuzz.program.safeguards import Journal, UserInterrupt
