@@ -24,7 +24,7 @@
   ``--kvfuzz-seed`` override it; ``--kvfuzz-kernel`` picks invariant 2's attention kernel). A failure is saved as
   a trace in ``--kvfuzz-corpus`` (default ``corpus``) and, with ``--kvfuzz-database DIR``, in a Hypothesis example
   database that the next run tries first. ``--kvfuzz-isolate`` runs the allocator in a child process
-  (:mod:`kvfuzz.isolation`): a segfault in it fails the item with its program and trace instead of ending pytest.
+  (:mod:`kvfuzz.isolated_run`): a segfault in it fails the item with its program and trace instead of ending pytest.
   A factory that raises or exits while it is loaded or built fails the
   item with one line naming the allocator and what it raised, before any run.
 * ``pytest --kvfuzz-scheduler=vllm-v1`` (or ``sglang``) adds one test per scheduler target that runs
@@ -411,7 +411,7 @@ class MachineItem(_KvfuzzItem):
         from hypothesis.database import DirectoryBasedExampleDatabase
 
         from kvfuzz.engine.config import MachineConfig
-        from kvfuzz.isolation import Died, RunRequest, Stopped, run_isolated
+        from kvfuzz.isolated_run import Died, RunRequest, Stopped, run_isolated
         from kvfuzz.kernels import KernelUnavailable, make_kernel, prepare_kernel
         from kvfuzz.profiles import PROFILES
         from kvfuzz.runner import run

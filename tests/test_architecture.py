@@ -135,11 +135,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # run(): search, shrink, summarise; the real-scheduler target (its worker, checks, machine and search), which
     # needs only the reference's K/V beneath it
     ("kvfuzz.runner", "kvfuzz.scheduler"),
+    ("kvfuzz.isolation",),  # isolation, every target's: a body in a child process, its result or how it ended
     ("kvfuzz.saved",),  # traces, the corpus, journals
     ("kvfuzz.reproducers",),  # standalone reproducers of allocator traces (report)
     ("kvfuzz.trace", "kvfuzz.corpus"),  # kvfuzz.saved's trace and corpus under their names before the move
     ("kvfuzz.timeline", "kvfuzz.campaign", "kvfuzz.zoo_run"),  # show; campaigns; zoo; --isolate
-    ("kvfuzz.isolation",),  # run --isolate: the run in a child process, its example database a campaign's
+    ("kvfuzz.isolated_run",),  # run --isolate: the allocator's run in a child, its example database a campaign's
     ("kvfuzz.commands",),  # the subcommands
     ("kvfuzz.pytest_scheduler",),  # the plugin's search of a scheduler target
     ("kvfuzz.pytest_plugin",),  # the pytest plugin
@@ -281,6 +282,7 @@ STAGES = {
     "campaign loop": "campaign/supervisor.py",  # the one loop that runs workers and ends in a CampaignResult
     "known findings": "campaign/known.py",  # the one table of what the corpus knows, and who is credited
     "shared findings": "campaign/cluster.py",  # the one place a finding is stored in Redis
+    "isolation": "isolation.py",  # the one child process of its own group a target's work runs in
 }
 
 
@@ -294,7 +296,8 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
     * a **campaign loop**: a call constructing ``CampaignResult``, what every campaign loop ends in;
     * a table of **known findings**: a class with a ``credit`` method (who a finding met again is credited to);
     * **shared findings**: a call of a ``store`` method with a ``finding_record(...)`` argument, or the definition of
-      a ``store`` method beside ``finding_record`` (storing a finding in Redis)."""
+      a ``store`` method beside ``finding_record`` (storing a finding in Redis);
+    * **isolation**: a call of ``os.setpgid`` (a child put in a process group of its own)."""
     found: dict[str, set[str]] = {stage: set() for stage in STAGES}
     for path, source in sources.items():
         for node in ast.walk(ast.parse(source)):
@@ -314,6 +317,8 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                 found["known findings"].add(path)
             if _stores_a_finding(node):
                 found["shared findings"].add(path)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "setpgid":
+                found["isolation"].add(path)
     return found
 
 
@@ -336,6 +341,7 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
         "campaign/scheduler/loop.py": "def run():\n    return CampaignResult(workers=1)\n",
         "campaign/scheduler/known.py": "class KnownFindings:\n    def credit(self, key): ...\n",
         "campaign/scheduler/shared.py": "def share(c, t):\n    return c.store(t.key, finding_record(t, 1))\n",
+        "campaign/scheduler/isolated.py": "def _child():\n    os.setpgid(0, 0)\n",
     }
     found = stage_definitions(sources)
     assert found["journal"] == {"program/safeguards.py", "scheduler/journal.py"}
@@ -343,11 +349,12 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
     assert found["campaign loop"] == {"campaign/scheduler/loop.py"}
     assert found["known findings"] == {"campaign/scheduler/known.py"}
     assert found["shared findings"] == {"campaign/scheduler/shared.py"}
+    assert found["isolation"] == {"campaign/scheduler/isolated.py"}
 
 
 def test_each_stage_of_the_pipeline_is_written_once_for_every_target() -> None:
     """The allocator target and the scheduler targets share one journal, one recovery of it, one campaign loop, one
-    table of known findings and one store of shared findings:
+    table of known findings, one store of shared findings and one isolation:
     a target that needs its own has a payload or a protocol method for it (docs/architecture.md), never a second
     module."""
     sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in PACKAGE.rglob("*.py")}

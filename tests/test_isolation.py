@@ -214,12 +214,15 @@ def test_isolate_kills_a_child_that_ignores_the_stop_and_exits(tmp_path: Path) -
     try:
         started = time.monotonic()
         run.send_signal(signal.SIGTERM)
-        run.wait(timeout=60)
+        out, _ = run.communicate(timeout=60)
         took = time.monotonic() - started
     finally:
         run.kill()
     assert took < 40, took
     assert _wait_gone(child, 10), "the child outlived the run"
+    # the user's stop, never the allocator's death: no finding, no trace (it was reported as killed by SIGKILL)
+    assert run.returncode == 130 and "interrupted before the isolated run had a result" in out, out
+    assert not list(tmp_path.glob("*.json"))
 
 
 @pytest.mark.slow

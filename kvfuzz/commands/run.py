@@ -30,7 +30,7 @@ from kvfuzz.text import plural
 
 if TYPE_CHECKING:
     from kvfuzz.engine.config import MachineConfig
-    from kvfuzz.isolation import Died
+    from kvfuzz.isolated_run import Died
     from kvfuzz.runner import RunSummary
     from kvfuzz.saved.corpus import HangSaver
     from kvfuzz.saved.trace import Trace
@@ -245,8 +245,8 @@ def _hang_saver(args: argparse.Namespace, config: MachineConfig, journal_dir: Op
 
 
 def _run_isolated(args: argparse.Namespace, config: MachineConfig, factory: AllocatorFactory) -> int:
-    """``--isolate``: the run in a child process (:mod:`kvfuzz.isolation`), reported here as without it."""
-    from kvfuzz.isolation import Died, RunRequest, Stopped, run_isolated
+    """``--isolate``: the run in a child process (:mod:`kvfuzz.isolated_run`), reported here as without it."""
+    from kvfuzz.isolated_run import Died, RunRequest, Stopped, run_isolated
     from kvfuzz.program.safeguards import deferred_interrupts
 
     outcome = run_isolated(

@@ -2,7 +2,8 @@
 imported), so that a crash that kills the process (a segfault in a native extension, an abort) or a hang no interrupt
 reaches loses nothing: the child keeps the running example's program in a journal, and the command turns it into a
 trace whose failure is ``crash (SchedulerProcessDied)``, as an isolated scheduler campaign does
-(:mod:`kvfuzz.campaign.scheduler.isolated`). A child that returns reports as a run without ``--isolate`` would."""
+(:mod:`kvfuzz.campaign.scheduler.isolated`, on :mod:`kvfuzz.isolation`). A child that returns reports as a run
+without ``--isolate`` would."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
-from kvfuzz.campaign.scheduler.isolated import Died, died_trace, journal_target, run_watched
+from kvfuzz.campaign.scheduler.isolated import died_trace, journal_target, run_watched
 from kvfuzz.commands.scheduler_campaign import scheduler_target
+from kvfuzz.isolation import Returned
 from kvfuzz.program.safeguards import journal_path
 from kvfuzz.scheduler.command import Body, Ran
 from kvfuzz.scheduler.recorder import save_scheduler_trace, trace_fields
@@ -27,9 +29,10 @@ def run_isolated(body: Body, args: argparse.Namespace) -> Ran:
     header = journal_target(args.scheduler, scheduler_target(args.scheduler).version())
     try:
         ended = run_watched(body, journal, header, args.call_timeout or None)
-        if not isinstance(ended, Died):
-            return ended.value
-        message = f"the process running the examples {ended.how}"
+        if isinstance(ended, Returned):
+            ran: Ran = ended.value
+            return ran
+        message = f"the process running the examples {ended.told()}"
         trace = died_trace(journal, message)
         return _report_death(args, trace, message, corpus)
     except KeyboardInterrupt:

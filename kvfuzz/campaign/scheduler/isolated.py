@@ -1,26 +1,23 @@
-"""A scheduler campaign's batches in child processes (``kvfuzz campaign --scheduler NAME --isolate``): a crash that
-kills the process (a segfault in a native extension, an abort) or a hang that no interrupt reaches (a loop in C
-code) ends the child, never the campaign, and the program the child was running is kept as a scheduler trace.
+"""The scheduler targets on the one isolation stage (:mod:`kvfuzz.isolation`): a scheduler campaign's batches
+(``kvfuzz campaign --scheduler NAME --isolate``) and ``kvfuzz run --scheduler NAME --isolate``'s examples in child
+processes, so that a crash that kills the process (a segfault in a native extension, an abort) or a hang that no
+interrupt reaches (a loop in C code) ends the child, never the campaign, and the program the child was running is
+kept as a scheduler trace.
 
-Each batch is a child forked from the campaign, which has imported the engine already (vLLM, or SGLang; a fork costs
-milliseconds; a fresh interpreter would import it again, seconds per batch). The child runs the batch as the campaign
-would in its own process (:func:`~kvfuzz.campaign.scheduler.loop.run_batch`, with the watchdog that turns a step past
-``--call-timeout`` into a hang finding) and sends back its result; it keeps the running example's program in the
-journal every target writes (:class:`kvfuzz.program.safeguards.Journal`, at its parent's path), which doubles as its
-heartbeat. A child that dies without a result, or whose journal has not moved for twice the call timeout and ten
-seconds (a hang the watchdog's interrupt could not reach), is killed and its journal becomes a trace whose failure is
-``crash (SchedulerProcessDied)``: not shrunk, since every replay would kill the process again. The child never
-outlives the campaign (:mod:`kvfuzz.lifeline`).
+What the scheduler targets give the stage: a child forked from the process, which has imported the engine already
+(vLLM, or SGLang; a fork costs milliseconds; a fresh interpreter would import it again, seconds per batch); the
+running example's program kept in the journal every target writes (:class:`kvfuzz.program.safeguards.Journal`, at its
+parent's path), which doubles as its heartbeat, the child killed once it has not moved for twice the call timeout and
+ten seconds (:func:`~kvfuzz.campaign.process.patience_of`); an orphaned child ends at once. The child runs the batch
+as the campaign would in its own process (:func:`~kvfuzz.campaign.scheduler.loop.run_batch`, with the watchdog that
+turns a step past ``--call-timeout`` into a hang finding). A child that ends without a result leaves its journal,
+which becomes a trace whose failure is ``crash (SchedulerProcessDied)``: not shrunk, since every replay would kill the
+process again.
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-import os
 import signal
-import time
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Generic, Optional, TypeVar
 
@@ -29,10 +26,9 @@ import attrs
 from kvfuzz.campaign.process import patience_of
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, Runner, SchedulerCampaignOptions, run_batch
 from kvfuzz.campaign.scheduler.target import SchedulerProcessDied, SchedulerTarget, scheduler_signature
-from kvfuzz.lifeline import tie_to_parent
+from kvfuzz.isolation import Ended, Orphaned, Returned, Stopped, run_in_child
 from kvfuzz.program.safeguards import Journal, journal_path
 from kvfuzz.saved.journals import last_program
-from kvfuzz.scheduler.harness import HarnessError
 from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.search import Outcome
 from kvfuzz.scheduler.trace import SchedulerTrace, SchedulerTraceError, from_journal
@@ -67,24 +63,10 @@ def _run_child(
 ) -> BatchResult:
     body: Callable[[Journal], BatchResult] = lambda kept: run_batch(target, options, plan, is_new, kept)  # noqa: E731
     ended = run_watched(body, journal, journal_target(target.name, target.version()), options.call_timeout, tick)
-    if isinstance(ended, Died):
-        return _death(target, options, plan, is_new, journal, ended.how)
+    if not isinstance(ended, Returned):
+        return _death(target, options, plan, is_new, journal, ended.told())
     result: BatchResult = ended.value
     return result
-
-
-@attrs.frozen
-class Returned(Generic[T]):
-    """The child returned ``value``."""
-
-    value: T
-
-
-@attrs.frozen
-class Died:
-    """The child ended without a result: how, for a person (killed by a signal, exited, or hung and killed)."""
-
-    how: str
 
 
 def journal_target(scheduler: str, version: str) -> dict[str, Any]:
@@ -98,70 +80,38 @@ def run_watched(
     header: dict[str, Any],
     call_timeout: Optional[float],
     tick: Callable[[], None] = lambda: None,
-) -> Returned[T] | Died:
+) -> Returned[T] | Ended:
     """``body(journal)`` in a child forked from this process (``journal`` a :class:`Journal` at that path, whose
-    headers name ``header``), in a process group of its own (the parent alone gets
-    the terminal's Ctrl-C) and tied to this process: what it returned (sent back pickled), or how it died. A child
-    whose journal (its heartbeat) has not moved for :func:`patience_of` ``call_timeout`` is taken for hung past the
-    watchdog's interrupts and killed. The child is never left running: on any exception here (Ctrl-C included) it
-    is killed before the exception goes on. ``tick`` is called at every look at the child (a fifth of a second)."""
-    context = multiprocessing.get_context("fork")
-    receiving, sending = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(body, journal, header, sending, os.getpid()), name="kvfuzz-isolated")
+    headers name ``header``), on the isolation stage: what it returned, or how it ended. A child whose journal has
+    not moved for :func:`patience_of` ``call_timeout`` is taken for hung past the watchdog's interrupts and killed;
+    Ctrl-C here is raised, the child killed first."""
     journal.unlink(missing_ok=True)
-    started = time.monotonic()
-    child.start()
-    sending.close()
-    patience = patience_of(call_timeout)
-    try:
-        while True:
-            tick()
-            if receiving.poll(0.2):
-                try:
-                    value: T = receiving.recv()
-                except EOFError:
-                    pass  # it died while sending, or before: its exit code says how
-                else:
-                    if isinstance(value, HarnessError):
-                        raise value  # kvfuzz's own code failed in the child: the campaign ends on it
-                    return Returned(value)
-            if not child.is_alive():
-                child.join()
-                code = child.exitcode
-                if code and code < 0:
-                    return Died(f"was killed by signal {-code} ({signal.Signals(-code).name})")
-                return Died(f"exited with status {code} without a result")
-            if time.monotonic() - max(started, _modified(journal)) > patience:
-                return Died(f"hung: no operation for {patience:.0f} s (past the watchdog's interrupts), killed")
-    finally:
-        if child.is_alive():
-            child.kill()
-        child.join()
-        receiving.close()
+    ended = run_in_child(
+        _Journalled(body, journal, header),
+        "fork",
+        Orphaned(signal.SIGKILL),
+        heartbeat=journal,
+        patience=patience_of(call_timeout),
+        tick=tick,
+    )
+    assert not isinstance(ended, Stopped)  # no stop is forwarded to it: Ctrl-C is raised here
+    return ended
 
 
-def _modified(path: Path) -> float:
-    """When ``path`` last changed, on the monotonic clock (0 when it does not exist)."""
-    try:
-        age = time.time() - path.stat().st_mtime
-    except OSError:
-        return 0.0
-    return time.monotonic() - age
+@attrs.frozen
+class _Journalled(Generic[T]):
+    """A child's body, ``body`` with a journal at ``path`` whose headers name ``header``: what it ran is in its result,
+    and the journal goes with it (an exception of kvfuzz's leaves the journal: the parent keeps it)."""
 
+    body: Callable[[Journal], T]
+    path: Path
+    header: dict[str, Any]
 
-def _child(
-    body: Callable[[Journal], object], path: Path, header: dict[str, Any], sending: Connection, parent: int
-) -> None:
-    os.setpgid(0, 0)  # the parent alone gets the terminal's Ctrl-C, and ends the child itself
-    tie_to_parent(parent, lambda: os.kill(os.getpid(), signal.SIGKILL), 0.0)
-    journal = Journal(path.parent, header, {}, path)
-    try:
-        result = body(journal)
-    except HarnessError as error:  # kvfuzz's own failure: sent back, for the campaign to end on, never a death
-        result = error
-    journal.close()  # what ran is in the result (an exception of kvfuzz's leaves the journal: the parent keeps it)
-    with contextlib.suppress(BrokenPipeError):
-        sending.send(result)
+    def __call__(self) -> T:
+        journal = Journal(self.path.parent, self.header, {}, self.path)
+        result = self.body(journal)
+        journal.close()
+        return result
 
 
 def _death(
