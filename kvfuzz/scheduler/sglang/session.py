@@ -59,9 +59,13 @@ class SGLangSession:
         self.hit_tokens = 0
         self.program: list[Operation] = []
         self.observer: StepObserver = NO_OBSERVER  # told of each step as soon as it is scheduled (kvfuzz show)
-        self.engine = f"SGLang {installed_version('sglang')}"  # what a harness error names as driven
         if journal is not None:
             journal.begin_example(journal_configuration(setup, ""))  # no model runner to record
+
+    @property
+    def engine(self) -> str:
+        """What a harness error names as driven: SGLang and its installed version (read when asked)."""
+        return f"SGLang {installed_version('sglang')}"
 
     @property
     def preemptions(self) -> int:
