@@ -283,6 +283,7 @@ STAGES = {
     "known findings": "campaign/known.py",  # the one table of what the corpus knows, and who is credited
     "shared findings": "campaign/cluster.py",  # the one place a finding is stored in Redis
     "isolation": "isolation.py",  # the one child process of its own group a target's work runs in
+    "trace commands": "commands/trace_kinds.py",  # the one place replay, show, export and report tell kinds apart
 }
 
 
@@ -297,7 +298,8 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
     * a table of **known findings**: a class with a ``credit`` method (who a finding met again is credited to);
     * **shared findings**: a call of a ``store`` method with a ``finding_record(...)`` argument, or the definition of
       a ``store`` method beside ``finding_record`` (storing a finding in Redis);
-    * **isolation**: a call of ``os.setpgid`` (a child put in a process group of its own)."""
+    * **isolation**: a call of ``os.setpgid`` (a child put in a process group of its own);
+    * **trace commands**: a module of ``commands/`` that compares with ``"scheduler-trace"`` (tells a file's kind)."""
     found: dict[str, set[str]] = {stage: set() for stage in STAGES}
     for path, source in sources.items():
         for node in ast.walk(ast.parse(source)):
@@ -319,6 +321,9 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                 found["shared findings"].add(path)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "setpgid":
                 found["isolation"].add(path)
+            if path.startswith("commands/") and isinstance(node, ast.Compare):
+                if any(isinstance(part, ast.Constant) and part.value == "scheduler-trace" for part in ast.walk(node)):
+                    found["trace commands"].add(path)
     return found
 
 
@@ -342,6 +347,7 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
         "campaign/scheduler/known.py": "class KnownFindings:\n    def credit(self, key): ...\n",
         "campaign/scheduler/shared.py": "def share(c, t):\n    return c.store(t.key, finding_record(t, 1))\n",
         "campaign/scheduler/isolated.py": "def _child():\n    os.setpgid(0, 0)\n",
+        "commands/show.py": "def run(path):\n    if json_file_kind(path) == 'scheduler-trace':\n        return 1\n",
     }
     found = stage_definitions(sources)
     assert found["journal"] == {"program/safeguards.py", "scheduler/journal.py"}
@@ -350,11 +356,12 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
     assert found["known findings"] == {"campaign/scheduler/known.py"}
     assert found["shared findings"] == {"campaign/scheduler/shared.py"}
     assert found["isolation"] == {"campaign/scheduler/isolated.py"}
+    assert found["trace commands"] == {"commands/show.py"}
 
 
 def test_each_stage_of_the_pipeline_is_written_once_for_every_target() -> None:
     """The allocator target and the scheduler targets share one journal, one recovery of it, one campaign loop, one
-    table of known findings, one store of shared findings and one isolation:
+    table of known findings, one store of shared findings, one isolation and one dispatch of the trace commands:
     a target that needs its own has a payload or a protocol method for it (docs/architecture.md), never a second
     module."""
     sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in PACKAGE.rglob("*.py")}

@@ -9,11 +9,8 @@ name or kvfuzz's own is refused in one line, unless ``--trust-allocator`` says i
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 from kvfuzz.commands.options import needs_torch
-from kvfuzz.commands.output_files import write_or_print
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,27 +28,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from kvfuzz.commands import scheduler_traces
+    from kvfuzz.commands.trace_kinds import kind_of
 
-    if scheduler_traces.is_scheduler_trace(args.trace):
-        return scheduler_traces.export(args.trace, args.output, args.allocator)
-    from kvfuzz.registry import AllocatorTrust, UntrustedAllocator
-    from kvfuzz.saved.corpus import export_test
-    from kvfuzz.saved.trace import TraceError
-    from kvfuzz.saved.trace import load as load_trace
-
-    try:
-        trace = load_trace(Path(args.trace))
-        if args.allocator is None:
-            AllocatorTrust(everything=args.trust_allocator).check(trace.allocator)
-    except TraceError as error:
-        print(f"kvfuzz: {error}", file=sys.stderr)
-        return 2
-    except UntrustedAllocator as error:
-        print(
-            f"kvfuzz: {args.trace}: {error}: the exported test would do so when run; export a test of an allocator "
-            "you name (--allocator SPEC), or pass --trust-allocator if you trust where the trace came from",
-            file=sys.stderr,
-        )
-        return 2
-    return write_or_print(export_test(trace, args.trace, args.allocator), args.output, "pytest {path}")
+    return kind_of(args.trace).export(args)

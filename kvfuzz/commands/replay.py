@@ -20,14 +20,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from pathlib import Path
 from typing import Optional
 
 from kvfuzz.commands.options import at_least_seconds, needs_torch
 from kvfuzz.option_defaults import CALL_TIMEOUT
-from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, UntrustedAllocator, load_factory
-from kvfuzz.saved.hint import show_hint
-from kvfuzz.text import printable
+from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -82,81 +79,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _replay_file(path: str, allocator: Optional[str], call_timeout: Optional[float], trust: AllocatorTrust) -> str:
-    """Replay one file and print what happened; returns its outcome (a key of :data:`OUTCOMES`). The file's name is
-    printed escaped (:func:`kvfuzz.text.printable`): a directory's names are not kvfuzz's to trust."""
-    name = printable(path)
-    from kvfuzz.commands.scheduler_traces import is_scheduler_trace, replay_file
+    """Replay one file, as its kind replays it (:mod:`kvfuzz.commands.trace_kinds`), and print what happened; returns
+    its outcome (a key of :data:`OUTCOMES`)."""
+    from kvfuzz.commands.trace_kinds import kind_of
 
-    if is_scheduler_trace(path):
-        if allocator is not None:
-            print(
-                f"kvfuzz: {name}: a scheduler trace is replayed against its scheduler, not --allocator", file=sys.stderr
-            )
-            return "could not be replayed"
-        return replay_file(path, call_timeout)
-    from kvfuzz.program.replay import NotApplicable
-    from kvfuzz.saved.corpus import allocator_missing, replay_trace
-    from kvfuzz.saved.trace import TraceError, TraceUnavailable
-    from kvfuzz.saved.trace import load as load_trace
-
-    try:
-        trace = load_trace(Path(path))
-    except TraceUnavailable as error:
-        print(f"{name}: skipped: {printable(str(error).removeprefix(f'{Path(path)}: '))}\n")
-        return "skipped"
-    except TraceError as error:
-        print(f"kvfuzz: {printable(str(error))}", file=sys.stderr)
-        return "could not be replayed"
-    spec = allocator or trace.allocator
-    try:
-        if allocator is None:
-            trust.check(trace.allocator)
-    except UntrustedAllocator as error:
-        print(
-            f"kvfuzz: {name}: {error}: replay it against an allocator you name (--allocator SPEC), or pass "
-            "--trust-allocator if you trust where the trace came from",
-            file=sys.stderr,
-        )
-        return "could not be replayed"
-    try:
-        load_factory(spec)
-    except AllocatorNotFound as error:
-        if not allocator_missing(error):  # it is here, and its import raised or exited
-            print(f"kvfuzz: {name}: {error}", file=sys.stderr)
-            return "could not be replayed"
-        print(f"{name}: skipped: cannot load its allocator here: {error}\n")
-        return "skipped"
-    print(
-        f"{name}: recorded against {trace.allocator}: {printable(str(trace.failure.get('title')))}"
-        + (f" (known bug: {printable(trace.known_bug)})" if trace.known_bug else "")
-    )
-    try:
-        replayed = replay_trace(
-            trace,
-            allocator,
-            on_call=lambda index, call: print(f"  {index + 1:3}  {call}"),
-            call_timeout=call_timeout,
-            trust=trust,
-        )
-    except NotApplicable as error:
-        print(f"kvfuzz: {name}: {error}", file=sys.stderr)
-        return "could not be replayed"
-    except KeyboardInterrupt:
-        raise
-    except BaseException as error:  # building the allocator or its kernel failed (a sys.exit too): report, go on
-        raised = " ".join(f"{type(error).__name__}: {error}".split())
-        print(f"kvfuzz: {name}: replay could not start against {spec!r}: {raised}", file=sys.stderr)
-        return "could not be replayed"
-    failed_at = replayed.outcome.failed_at
-    if not replayed.failed:
-        print(f"  ok   replayed against {replayed.allocator}: the failure no longer reproduces\n")
-        return "no longer reproduce"
-    assert failed_at is not None  # replay() records where each failure happened: a call's index, or teardown
-    where = "teardown" if failed_at == len(trace.program) else f"call {failed_at + 1}"
-    verdict = "REPRODUCED" if replayed.reproduced else "FAILED DIFFERENTLY"
-    print(
-        f"  >>   {verdict} at {where} against {replayed.allocator}:\n"
-        + "\n".join(f"       {line}" for line in replayed.describe_failure().splitlines())
-    )
-    print(f"       {show_hint(Path(path), trace.allocator)}\n")
-    return "reproduced" if replayed.reproduced else "failed differently"
+    return kind_of(path).replay_file(path, allocator, call_timeout, trust)
