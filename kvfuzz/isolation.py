@@ -47,6 +47,10 @@ alive."""
 LOOK = 0.2
 """Seconds between two looks at the child (and the most a result waits in the pipe before it is read)."""
 
+EXIT_GRACE = 5.0
+"""Seconds a child that sent its result has to exit (flushing its output, closing its journal) before it is
+killed."""
+
 
 @attrs.frozen
 class Orphaned:
@@ -136,6 +140,7 @@ def run_in_child(
                 except EOFError:
                     closed = True  # it died while sending, or before: its exit code says how
                 else:
+                    child.join(EXIT_GRACE)  # it is on its way out: let it finish
                     if isinstance(value, HarnessError):
                         raise value  # kvfuzz's own code failed in the child: the command ends on it
                     return Returned(value)

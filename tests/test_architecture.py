@@ -296,13 +296,16 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
       ``recover``, ``last_program``, ...: ``recover`` or ``read`` with ``journal``, or ``last_program``);
     * a **campaign loop**: a call constructing ``CampaignResult``, what every campaign loop ends in;
     * a table of **known findings**: a class with a ``credit`` method (who a finding met again is credited to);
-    * **shared findings**: a call of a ``store`` method with a ``finding_record(...)`` argument, or the definition of
-      a ``store`` method beside ``finding_record`` (storing a finding in Redis);
+    * **shared findings**: a module that calls both ``finding_record`` and a ``store`` method (a finding's record
+      made and stored in Redis);
     * **isolation**: a call of ``os.setpgid`` (a child put in a process group of its own);
     * **trace commands**: a module of ``commands/`` that compares with ``"scheduler-trace"`` (tells a file's kind)."""
     found: dict[str, set[str]] = {stage: set() for stage in STAGES}
     for path, source in sources.items():
-        for node in ast.walk(ast.parse(source)):
+        tree = ast.parse(source)
+        if _calls(tree, "finding_record") and _calls(tree, "store"):  # a finding's record made and stored here
+            found["shared findings"].add(path)
+        for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef) and node.name.endswith("Journal"):
                 bases = {base.id for base in node.bases if isinstance(base, ast.Name)}
                 if "Journal" not in bases and not any(base.endswith(("Error", "Exception")) for base in bases):
@@ -317,8 +320,6 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                 isinstance(item, ast.FunctionDef) and item.name == "credit" for item in node.body
             ):
                 found["known findings"].add(path)
-            if _stores_a_finding(node):
-                found["shared findings"].add(path)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "setpgid":
                 found["isolation"].add(path)
             if path.startswith("commands/") and isinstance(node, ast.Compare):
@@ -327,14 +328,15 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
     return found
 
 
-def _stores_a_finding(node: ast.AST) -> bool:
-    """A call ``X.store(..., finding_record(...), ...)``: a finding stored in Redis."""
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "store"):
-        return False
+def _calls(tree: ast.AST, name: str) -> bool:
+    """Whether ``tree`` calls a function or a method named ``name``."""
     return any(
-        isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id == "finding_record"
-        for argument in node.args
-        for inner in ast.walk(argument)
+        isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Name) and node.func.id == name)
+            or (isinstance(node.func, ast.Attribute) and node.func.attr == name)
+        )
+        for node in ast.walk(tree)
     )
 
 
@@ -345,7 +347,7 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
         "campaign/scheduler/workers.py": "class WorkerJournal(Journal): ...\nclass NotAJournal(OSError): ...\n",
         "campaign/scheduler/loop.py": "def run():\n    return CampaignResult(workers=1)\n",
         "campaign/scheduler/known.py": "class KnownFindings:\n    def credit(self, key): ...\n",
-        "campaign/scheduler/shared.py": "def share(c, t):\n    return c.store(t.key, finding_record(t, 1))\n",
+        "campaign/scheduler/shared.py": "def share(c, t):\n    r = finding_record(t)\n    c.store(t.key, r)\n",
         "campaign/scheduler/isolated.py": "def _child():\n    os.setpgid(0, 0)\n",
         "commands/show.py": "def run(path):\n    if json_file_kind(path) == 'scheduler-trace':\n        return 1\n",
     }

@@ -60,41 +60,45 @@ def test_a_child_whose_heartbeat_stops_is_killed_as_hung(tmp_path: Path) -> None
 
 
 def test_a_stop_is_forwarded_and_a_child_that_ignores_it_is_killed_a_grace_later(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(isolation, "STOP_GRACE", 1.0)
+    inside = tmp_path / "in its body"  # the child says it is in its body, however long its start took
 
     def stops_on_sigterm() -> str:
         try:
+            inside.touch()
             time.sleep(30)
         except KeyboardInterrupt:
             return "stopped with what it found"
         return "slept"
 
+    def ignores() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        inside.touch()
+        time.sleep(30)
+
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    stops: list[int] = []
+    stopped_at: list[float] = []
+
+    def caller_interrupted() -> None:  # the caller's deferred interrupts receive a SIGTERM once the child is in
+        if not stops and inside.exists():
+            stops.append(signal.SIGTERM)
+            stopped_at.append(time.monotonic())
+
     signal.signal(signal.SIGTERM, on_term)  # the fork inherits it; restored below
     try:
-        # the caller's deferred interrupts receive a SIGTERM half a second in, once the child is in its body
-        started = time.monotonic()
-        stops: list[int] = []
-
-        def caller_interrupted() -> None:
-            if not stops and time.monotonic() - started > 0.5:
-                stops.append(signal.SIGTERM)
-
         ended = run_in_child(stops_on_sigterm, "fork", ORPHAN, stops=stops, tick=caller_interrupted)
         assert ended == Returned("stopped with what it found")
 
-        def ignores() -> None:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            time.sleep(30)
-
-        started = time.monotonic()
+        inside.unlink()
         stops.clear()
+        stopped_at.clear()
         ended = run_in_child(ignores, "fork", ORPHAN, stops=stops, tick=caller_interrupted)
         assert isinstance(ended, Stopped) and ended.signal == signal.SIGTERM, ended
-        assert 1.4 < time.monotonic() - started < 10  # the stop at 0.5 s, the kill a grace (1 s) later
+        assert 0.9 < time.monotonic() - stopped_at[0] < 10  # killed a grace (1 s) after the stop it ignored
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

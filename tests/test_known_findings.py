@@ -11,6 +11,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from test_campaign_redis import redis_url  # noqa: F401 -- the fixture: a real redis-server on a free port
 
 from kvfuzz.campaign.allocators import AllocatorTraces
 from kvfuzz.campaign.known import Judged, KnownFindings, KnownTrace, Recorded, known_findings
@@ -20,6 +21,10 @@ from kvfuzz.saved.trace import TraceError, load, save
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 NO_COPY_ON_WRITE = REPOSITORY / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c430.json"
+
+
+CAUSE = "writes scheduled by grow into a block another table entry references"
+"""The zoo slip's cause: the signature the corpus trace records."""
 
 
 def _entry(where: str, kind: str, **fields: object) -> KnownTrace:
@@ -102,8 +107,37 @@ def test_an_allocator_campaign_reports_a_fixed_bug_that_comes_back_as_a_regressi
     status = main([*argv, "--known", str(tmp_path / "known"), "--corpus", str(tmp_path / "corpus"), "--json"])
     result = json.loads(capsys.readouterr().out)
 
-    cause = "writes scheduled by grow into a block another table entry references"
-    [back] = [entry for entry in result["failures"] if entry["signature"]["cause"] == cause]
-    assert status == 1 and not any(entry["signature"]["cause"] == cause for entry in result["known"]), result
+    [back] = [entry for entry in result["failures"] if entry["signature"]["cause"] == CAUSE]
+    assert status == 1 and not any(entry["signature"]["cause"] == CAUSE for entry in result["known"]), result
     assert back["note"].startswith("REGRESSION: a fixed bug is back, "), back
     assert f"{NO_COPY_ON_WRITE.name} (fixed: the slip's fix, commit abc123)" in back["note"]
+
+
+def test_a_regression_is_reported_though_a_shared_redis_claimed_the_bug_when_it_was_first_found(
+    redis_url: str,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The claim the first campaign made when it found the bug outlives it in Redis: the regression is claimed on its
+    # own, or it would be counted as "found earlier" and never reported.
+    argv = ["campaign", "--allocator", "zoo:NoCopyOnWrite", "--max-examples", "60", "--workers", "1", "--seed", "1"]
+    argv += ["--database", redis_url, "--json"]
+    assert main([*argv, "--no-known", "--corpus", str(tmp_path / "first")]) == 1
+    first = json.loads(capsys.readouterr().out)
+    assert any(entry["signature"]["cause"] == CAUSE for entry in first["failures"]), first
+    (tmp_path / "known").mkdir()
+    _regression_trace(tmp_path / "known")
+
+    main([*argv, "--known", str(tmp_path / "known"), "--corpus", str(tmp_path / "second")])
+    second = json.loads(capsys.readouterr().out)
+
+    [back] = [entry for entry in second["failures"] if entry["signature"]["cause"] == CAUSE]
+    assert back["note"].startswith("REGRESSION: a fixed bug is back, "), back
+
+
+def test_a_directory_named_twice_is_read_once(tmp_path: Path) -> None:
+    # the campaign's own corpus is among its known ones (./corpus, the default of both): one trace, credited once
+    shutil.copy(NO_COPY_ON_WRITE, tmp_path)
+    found = known_findings([tmp_path, tmp_path / ".." / tmp_path.name], AllocatorTraces(["zoo:NoCopyOnWrite"], 10.0))
+    [(key, traces)] = found.known.items()
+    assert len(traces) == 1 and "; also" not in found.credit(key, traces[0].recorded)

@@ -347,6 +347,28 @@ def test_the_journal_keeps_every_field_of_a_request(tmp_path: Path) -> None:
     assert trace is not None and (trace.setup, trace.program) == (setup, program)
 
 
+def test_a_died_trace_is_known_as_recorded_and_a_fixed_one_is_a_regression(tmp_path: Path) -> None:
+    """A died process's trace is never replayed (the replay would kill the campaign): known from its record, and,
+    where it names its fix, a regression, as an allocator trace of a dead process is."""
+    import attrs
+
+    from kvfuzz.campaign.known import known_findings
+    from kvfuzz.campaign.scheduler.target import SchedulerTraces
+    from kvfuzz.scheduler.recorder import save_scheduler_trace
+
+    journal = tmp_path / "journal.jsonl"
+    _journal(journal, SchedulerSetup(num_blocks=4), "V1", FOUND)  # left open, as a process that died leaves it
+    trace = died_trace(journal, "killed")
+    assert trace is not None
+    save_scheduler_trace(trace, tmp_path / "known")
+    source = SchedulerTraces(FakeTarget().target(), None)
+    known = known_findings([tmp_path / "known"], source)
+    assert len(known.known) == 1 and not known.regressions
+    save_scheduler_trace(attrs.evolve(trace, fixed="the crash's fix"), tmp_path / "fixed")
+    fixed = known_findings([tmp_path / "fixed"], source)
+    assert not fixed.known and list(fixed.regressions) == list(known.known)
+
+
 # -- usage errors --------------------------------------------------------------------------------------------------
 
 

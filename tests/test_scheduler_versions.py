@@ -128,7 +128,7 @@ def test_a_renamed_attribute_kvfuzz_reads_is_a_harness_error_naming_kvfuzz_s_lin
     error = _raised(lambda: vllm_release.TESTED["0.33.0"].resumed(RENAMED))  # kvfuzz's read of resumed_req_ids
     assert isinstance(error, AttributeError) and raised_by_kvfuzz(error)
     with pytest.raises(HarnessError) as raised:
-        raise_if_kvfuzz_s(error, "vLLM 0.35.0")
+        raise_if_kvfuzz_s(error, lambda: "vLLM 0.35.0")
     harness = raised.value
     assert isinstance(harness, HarnessError) and not isinstance(harness, Exception)  # Hypothesis never catches it
     assert harness.hint.startswith(
@@ -157,10 +157,10 @@ def test_the_engine_s_own_exceptions_and_kvfuzz_s_verdicts_stay_findings(tmp_pat
     engine = str(tmp_path / "site-packages" / "vllm" / "v1" / "core" / "sched" / "scheduler.py")
     vllm_own = _raised_in(engine, "output.scheduled_new_reqs", output=RENAMED)
     assert isinstance(vllm_own, AttributeError) and not raised_by_kvfuzz(vllm_own)
-    raise_if_kvfuzz_s(vllm_own, "vLLM 0.34.0")  # returns: the caller reports the engine's exception
+    raise_if_kvfuzz_s(vllm_own, lambda: "vLLM 0.34.0")  # returns: the caller reports the engine's exception
     verdict = _raised(lambda: _violate())
     assert not raised_by_kvfuzz(verdict)
-    raise_if_kvfuzz_s(verdict, "vLLM 0.34.0")
+    raise_if_kvfuzz_s(verdict, lambda: "vLLM 0.34.0")
     typed_in = _raised_in("<stdin>", "output.scheduled_new_reqs", output=RENAMED)  # a monkeypatch typed at a prompt
     assert not raised_by_kvfuzz(typed_in)
     interrupt = _raised_in(str(KVFUZZ_PACKAGE / "scheduler" / "session.py"), "raise KeyboardInterrupt")

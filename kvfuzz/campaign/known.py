@@ -24,6 +24,7 @@ import attrs
 
 from kvfuzz.campaign.cluster import ClusterFindings, TooLarge, parse_finding
 from kvfuzz.saved.files import json_file_kind
+from kvfuzz.shrink.signature import Signature
 from kvfuzz.text import printable
 
 
@@ -86,6 +87,10 @@ class KnownFindings:
         """Signature key -> where its first known trace is (regressions left out)."""
         return {key: traces[0].where for key, traces in self.known.items()}
 
+    def where_regressed(self, key: str) -> str:
+        """Where the regression of ``key`` is known from: its traces, in order."""
+        return ", ".join(trace.where for trace in self.regressions[key])
+
     def then(self, other: KnownFindings) -> KnownFindings:
         """These findings, then ``other``'s traces after them (a key's regression wins over its known traces)."""
         entries = [
@@ -96,6 +101,14 @@ class KnownFindings:
             for trace in traces
         ]
         return KnownFindings.of(entries)
+
+    def claimed_as(self, signature: Signature) -> Signature:
+        """The signature a finding is claimed under: its own, or for a regression a claim of its own, so that the
+        claim made when the bug was first found (kept in a Redis that outlives campaigns, or in the corpus's claims)
+        does not count the regression as met before."""
+        if signature.key() in self.regressions:
+            return attrs.evolve(signature, failure=f"{signature.failure} (regression)")
+        return signature
 
     def credit(self, key: str, met: Recorded, regression: bool = False) -> str:
         """Where the finding of ``key``, met in ``met``, is known from: of the traces that share its signature, the
@@ -133,7 +146,8 @@ def where_of(where: str, known_bug: Optional[str], fixed: Optional[str]) -> str:
 
 
 def known_findings(directories: Iterable[Path], source: KnownSource) -> KnownFindings:
-    """The signatures the traces of ``directories`` (not recursively, in file-name order) reproduce here."""
+    """The signatures the traces of ``directories`` (not recursively, in file-name order; a directory named twice,
+    the campaign's own corpus among the known ones, read once) reproduce here."""
     return KnownFindings.of(
         judged for path, trace in traces_of(directories, source) for judged in source.judge(printable(str(path)), trace)
     )
@@ -142,7 +156,7 @@ def known_findings(directories: Iterable[Path], source: KnownSource) -> KnownFin
 def traces_of(directories: Iterable[Path], source: KnownSource) -> Iterator[tuple[Path, Any]]:
     """The valid traces of ``source``'s kind in ``directories`` (not recursively), in file-name order; other files,
     and traces that do not load, are passed over."""
-    for directory in directories:
+    for directory in dict.fromkeys(path.resolve() for path in directories):
         if not directory.is_dir():
             continue
         for path in sorted(directory.glob("*.json")):
@@ -159,8 +173,9 @@ def stored_findings_known(cluster: ClusterFindings, source: KnownSource) -> Know
     checks named causes, or before a cause was refined): each of ``source``'s target is replayed, as a corpus trace
     is, and the signature it reproduces now is known (or a regression), so that the campaign does not shrink and
     store the same bug again under its new key. The record stays under its old key, listed and fetched by ``kvfuzz
-    findings`` as before. A finding stored under its current key needs none of this (its claim matches); one that
-    no longer reproduces its recorded failure makes nothing known."""
+    findings`` as before. A finding stored under its current key makes nothing known through its own key (its claim
+    matches already), but the source may know it under others (an allocator's of the same class as the finding's);
+    one that no longer reproduces its recorded failure makes nothing known."""
     try:
         keys = cluster.keys().keys
     except TooLarge:  # more findings than kvfuzz reads: none re-keyed (kvfuzz findings says why)

@@ -334,10 +334,13 @@ class Supervisor:
                 if key in self.known or self.tally.findings[key].trace != str(path):
                     path.unlink()  # the same death is already saved once
             return key
-        prior = self.store.claim(signature, {"signature": signature.to_json(), "trace": str(path)})
+        claimed_as = self.known.claimed_as(signature)  # a regression: a claim of its own
+        prior = self.store.claim(claimed_as, {"signature": signature.to_json(), "trace": str(path)})
         if prior is not None:
             self._seen(signature.to_json(), key, f"found earlier by {prior.get('found_by', 'another campaign')}")
             return key
+        if key in self.known.regressions:
+            note = f"REGRESSION: a fixed bug is back, {self.known.where_regressed(key)}; {note}"
         shared = self.cluster.share(trace, signature, self.settings.seed, seed, str(path)) if self.cluster else None
         if shared is not None and shared.problem is not None:  # the server went away: the local trace still stands
             note += f"; not stored in Redis ({shared.problem})"

@@ -223,7 +223,7 @@ class _Worker:
             "trace": None,
         }
         self.store.seen(signature)
-        prior = self.store.claim(signature, record)
+        prior = self.store.claim(self.plan.known.claimed_as(signature), record)  # a regression: a claim of its own
         if prior is not None:
             where = f"found earlier by {prior.get('found_by', 'another worker')}"
             self.reporter.send(Seen(self.plan.slot, signature.to_json(), key, where))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sysconfig
 import traceback
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from kvfuzz.scheduler.violations import SchedulerViolation
 
@@ -88,8 +88,9 @@ def raised_by_kvfuzz(error: BaseException) -> bool:
     return Path(frame.filename).resolve().is_relative_to(KVFUZZ_PACKAGE)
 
 
-def raise_if_kvfuzz_s(error: BaseException, engine: str) -> None:
+def raise_if_kvfuzz_s(error: BaseException, engine: Callable[[], str]) -> None:
     """Raise ``error``'s :class:`HarnessError` if kvfuzz's code raised it (:func:`raised_by_kvfuzz`), while driving
-    ``engine``; return otherwise (the caller handles the engine's exception or the check's verdict as before)."""
+    the engine ``engine()`` names (asked only then: reading an engine's version costs); return otherwise (the caller
+    handles the engine's exception or the check's verdict as before)."""
     if raised_by_kvfuzz(error):
-        raise HarnessError.of(error, engine) from None
+        raise HarnessError.of(error, engine()) from None

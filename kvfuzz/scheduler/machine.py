@@ -70,7 +70,8 @@ def machine_for_setup(
     builds another engine's session instead (:class:`kvfuzz.scheduler.sglang.session.SGLangSession`: the same client
     operations, counters and ``program``; the factory gives it its own watchdog and journal)."""
     new_session = session if session is not None else (lambda: Session(setup, worker, watchdog, journal))
-    engine = f"SGLang {installed_version('sglang')}" if session is not None else f"vLLM {installed_version('vllm')}"
+    package = "sglang" if session is not None else "vllm"
+    engine = lambda: f"{'SGLang' if session is not None else 'vLLM'} {installed_version(package)}"  # noqa: E731
     prefixes = prefix_lengths(setup)
     longest = setup.max_model_len
 
@@ -93,7 +94,7 @@ def machine_for_setup(
                 return action()
             except BaseException as error:
                 self.failed = True
-                raise_if_kvfuzz_s(error, self.session.engine)
+                raise_if_kvfuzz_s(error, lambda: self.session.engine)
                 self._witness(error)
                 raise
 
@@ -161,7 +162,7 @@ def machine_for_setup(
                 if not self.failed:
                     self.session.drain()
             except BaseException as error:
-                raise_if_kvfuzz_s(error, self.session.engine)
+                raise_if_kvfuzz_s(error, lambda: self.session.engine)
                 self._witness(error)
                 raise
             finally:

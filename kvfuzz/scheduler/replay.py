@@ -98,7 +98,7 @@ def replay(
                 f"vLLM refuses the trace's configuration ({trace.setup.describe()}): {reason}"
             ) from None
         except Exception as error:  # noqa: BLE001 -- kvfuzz's own failure leaves as a harness error, vLLM's as itself
-            raise_if_kvfuzz_s(error, f"vLLM {installed_version('vllm')}")
+            raise_if_kvfuzz_s(error, lambda: f"vLLM {installed_version('vllm')}")
             raise
         here = "V2" if session.worker.runner_v2 else "V1"
         if here != trace.model_runner:

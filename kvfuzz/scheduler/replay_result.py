@@ -79,5 +79,5 @@ def replay_program(
 
 def _not_kvfuzz_s(error: Exception, session: Any) -> Exception:
     """``error``, unless kvfuzz's own code raised it: then its :class:`~kvfuzz.scheduler.harness.HarnessError`."""
-    raise_if_kvfuzz_s(error, session.engine)
+    raise_if_kvfuzz_s(error, lambda: session.engine)
     return error

@@ -93,7 +93,7 @@ class SchedulerTraces:
         entry = KnownTrace(where_of(where, trace.known_bug, trace.fixed), recorded(trace.setup, trace.model_runner))
         if trace.failure.exception == PROCESS_DIED:
             died = SchedulerProcessDied(trace.failure.message)
-            return (Judged(scheduler_signature(trace.scheduler, died).key(), entry),)
+            return (Judged(scheduler_signature(trace.scheduler, died).key(), entry, bool(trace.fixed)),)
         try:
             replayed = self.target.replay(trace, self.call_timeout)
         except ReplayRefused:

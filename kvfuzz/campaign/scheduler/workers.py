@@ -195,7 +195,8 @@ class _Worker:
         if key in self.campaign.known:
             return False
         trace = str(first.path) if first is not None and first.error is None else None
-        if self.store.claim(signature, self._record(signature, trace)) is not None:
+        claimed_as = self.campaign.known.claimed_as(signature)  # a regression: a claim of its own
+        if self.store.claim(claimed_as, self._record(signature, trace)) is not None:
             return False
         length = len(first.trace.program) if first is not None else 0
         self.reporter.send(Claimed(self.worker.slot, signature.to_json(), key, length, trace))
@@ -209,7 +210,7 @@ class _Worker:
     def _claimed_by(self, signature: Signature) -> str:
         """Who claimed ``signature`` (a worker of this campaign, or of another sharing its Redis), as its claim
         says: read back by claiming it again, which only returns the first claim's record."""
-        prior = self.store.claim(signature, self._record(signature, None))
+        prior = self.store.claim(self.campaign.known.claimed_as(signature), self._record(signature, None))
         if prior is None:
             return "met earlier in this campaign"
         return f"found earlier by {prior.get('found_by', 'another worker')}"
