@@ -87,10 +87,6 @@ class KnownFindings:
         """Signature key -> where its first known trace is (regressions left out)."""
         return {key: traces[0].where for key, traces in self.known.items()}
 
-    def where_regressed(self, key: str) -> str:
-        """Where the regression of ``key`` is known from: its traces, in order."""
-        return ", ".join(trace.where for trace in self.regressions[key])
-
     def then(self, other: KnownFindings) -> KnownFindings:
         """These findings, then ``other``'s traces after them (a key's regression wins over its known traces)."""
         entries = [
@@ -110,14 +106,19 @@ class KnownFindings:
             return attrs.evolve(signature, failure=f"{signature.failure} (regression)")
         return signature
 
-    def credit(self, key: str, met: Recorded, regression: bool = False) -> str:
+    def credit(self, key: str, met: Optional[Recorded], regression: bool = False) -> str:
         """Where the finding of ``key``, met in ``met``, is known from: of the traces that share its signature, the
-        one recorded closest to it (:meth:`Recorded.distance`), the first in order among equals; the others named
-        after it."""
+        one recorded closest to it (:meth:`Recorded.distance`), the first in order among equals (the first, where
+        what it was met in is not known); the others named after it."""
         traces = (self.regressions if regression else self.known)[key]
-        best = min(traces, key=lambda trace: trace.recorded.distance(met))
+        best = traces[0] if met is None else min(traces, key=lambda trace: trace.recorded.distance(met))
         others = [trace.where for trace in traces if trace is not best]
         return best.where + (f"; also {', '.join(others)}" if others else "")
+
+    def regressed(self, key: str, met: Optional[Recorded] = None) -> str:
+        """The note a regression of ``key`` met (in ``met``, where known) is reported with, naming the trace of the
+        fixed bug that says so (:meth:`credit`)."""
+        return f"REGRESSION: a fixed bug is back, {self.credit(key, met, regression=True)}"
 
 
 class KnownSource(Protocol):
@@ -156,9 +157,11 @@ def known_findings(directories: Iterable[Path], source: KnownSource) -> KnownFin
 def traces_of(directories: Iterable[Path], source: KnownSource) -> Iterator[tuple[Path, Any]]:
     """The valid traces of ``source``'s kind in ``directories`` (not recursively), in file-name order; other files,
     and traces that do not load, are passed over."""
-    for directory in dict.fromkeys(path.resolve() for path in directories):
-        if not directory.is_dir():
+    read: set[Path] = set()
+    for directory in directories:
+        if not directory.is_dir() or directory.resolve() in read:
             continue
+        read.add(directory.resolve())
         for path in sorted(directory.glob("*.json")):
             if json_file_kind(path) != source.kind:
                 continue

@@ -27,13 +27,13 @@ from kvfuzz.campaign.flag import Flag
 from kvfuzz.campaign.known import KnownFindings
 from kvfuzz.campaign.messages import Message, Progress
 from kvfuzz.campaign.settings import Settings
-from kvfuzz.saved.corpus import PROCESS_DIED
+from kvfuzz.saved.corpus import died_signature
 from kvfuzz.saved.files import json_file_kind
 from kvfuzz.saved.trace import Trace, TraceError, load
 from kvfuzz.scheduler.trace import PROCESS_DIED as SCHEDULER_DIED
 from kvfuzz.scheduler.trace import SchedulerTrace, SchedulerTraceError
 from kvfuzz.scheduler.trace import load as load_scheduler_trace
-from kvfuzz.shrink.signature import TEARDOWN, Signature
+from kvfuzz.shrink.signature import Signature
 
 if TYPE_CHECKING:
     from kvfuzz.campaign.rerun import Rerun
@@ -69,9 +69,7 @@ class Death:
             trace = load(path)
         except (TraceError, SchedulerTraceError):
             return None
-        operation = trace.program[-1].rule if trace.program else TEARDOWN
-        signature = Signature(trace.allocator, PROCESS_DIED, operation)
-        return cls(path, trace, signature, str(trace.failure.get("explanation", "")), pid)
+        return cls(path, trace, died_signature(trace), str(trace.failure.get("explanation", "")), pid)
 
 
 class Sink(Protocol):

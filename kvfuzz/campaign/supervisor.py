@@ -340,7 +340,7 @@ class Supervisor:
             self._seen(signature.to_json(), key, f"found earlier by {prior.get('found_by', 'another campaign')}")
             return key
         if key in self.known.regressions:
-            note = f"REGRESSION: a fixed bug is back, {self.known.where_regressed(key)}; {note}"
+            note = f"{self.known.regressed(key)}; {note}"
         shared = self.cluster.share(trace, signature, self.settings.seed, seed, str(path)) if self.cluster else None
         if shared is not None and shared.problem is not None:  # the server went away: the local trace still stands
             note += f"; not stored in Redis ({shared.problem})"

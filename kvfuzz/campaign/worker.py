@@ -272,8 +272,8 @@ class _Worker:
         )
         config, calls, failure, note = shrunk.config, list(shrunk.calls), shrunk.failure, shrunk.stopped_early
         if signature.key() in self.plan.known.regressions:
-            back = self.plan.known.credit(signature.key(), swarm.recorded(), regression=True)
-            note = f"REGRESSION: a fixed bug is back, {back}" + (f"; {note}" if note else "")
+            back = self.plan.known.regressed(signature.key(), swarm.recorded())
+            note = back + (f"; {note}" if note else "")
         others = shrunk.others
         replays = min(CONFIRM_REPLAYS, CONFIRM_HANG_REPLAYS) if isinstance(failure, AllocatorHang) else CONFIRM_REPLAYS
         reproduced = _confirm(factory, config, calls, signature, safeguards, replays)

@@ -168,15 +168,20 @@ def reproduces_recorded(trace: Trace, failure: Optional[BaseException]) -> bool:
     )
 
 
+def died_signature(trace: Trace) -> Signature:
+    """The signature of a process that died running ``trace``'s program: the process died, in its last call's
+    operation (the teardown's, for an empty program)."""
+    operation = trace.program[-1].rule if trace.program else TEARDOWN
+    return Signature(trace.allocator, PROCESS_DIED, operation)
+
+
 def trace_signature(trace: Trace, call_timeout: float) -> Signature | None:
     """The signature of the failure ``trace`` reproduces now, replayed in this process under the watchdog of
     ``call_timeout``; None if it no longer does, fails otherwise than it recorded (another invariant, or the same
     for another cause), or cannot be replayed. A trace of a process that died is not replayed (this process would
     die too): its signature is read from the trace."""
-    title = str(trace.failure.get("title"))
-    if title.startswith(PROCESS_DIED):
-        operation = trace.program[-1].rule if trace.program else TEARDOWN
-        return Signature(trace.allocator, PROCESS_DIED, operation)
+    if str(trace.failure.get("title")).startswith(PROCESS_DIED):
+        return died_signature(trace)
     try:
         factory = load_factory(trace.allocator)
         with Watchdog(call_timeout) as watchdog:

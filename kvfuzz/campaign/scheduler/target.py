@@ -14,7 +14,7 @@ step, the request and the block never enter it: the same bug met in another exam
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, ClassVar, Iterable, Optional
 
 import attrs
 
@@ -82,7 +82,7 @@ class SchedulerTraces:
 
     target: SchedulerTarget
     call_timeout: Optional[float]
-    kind: str = "scheduler-trace"
+    kind: ClassVar[str] = "scheduler-trace"
 
     def load(self, path: Path) -> SchedulerTrace:
         return load(path)

@@ -261,7 +261,7 @@ class _Worker:
         saved = result.saved
         note = _note(plan, result, self.worker.slot if self.options.workers > 1 else None)
         if key in self.campaign.known.regressions:
-            note = f"REGRESSION: a fixed bug is back, {self.campaign.known.credit(key, met, regression=True)}; {note}"
+            note = f"{self.campaign.known.regressed(key, met)}; {note}"
         written = saved is not None and saved.error is None
         self.reporter.send(
             Saved(
