@@ -164,7 +164,6 @@ def show(args: argparse.Namespace) -> int:
 
 def export(args: argparse.Namespace) -> int:
     """``kvfuzz export`` of an allocator trace: a standalone pytest file replaying it."""
-    from kvfuzz.registry import UntrustedAllocator
     from kvfuzz.saved.corpus import export_test
     from kvfuzz.saved.trace import TraceError
     from kvfuzz.saved.trace import load as load_trace

@@ -51,25 +51,23 @@ def replay_file(
     from kvfuzz.program.safeguards import Watchdog
     from kvfuzz.scheduler.harness import HarnessError
     from kvfuzz.scheduler.recorder import vllm_version
-    from kvfuzz.scheduler.replay import ReplayRefused, missing_vllm, replay
+    from kvfuzz.scheduler.replay import ReplayRefused, replay
     from kvfuzz.scheduler.replay_result import RunnerUnavailable
-    from kvfuzz.scheduler.sglang.build import sglang_missing
-    from kvfuzz.scheduler.sglang.traces import missing_sglang, sglang_version
+    from kvfuzz.scheduler.sglang.traces import sglang_version
     from kvfuzz.scheduler.trace import SGLANG
-    from kvfuzz.scheduler.vllm_build import vllm_missing
 
     name = printable(path)
     trace = _load(path)
     if trace is None:
         return "could not be replayed"
-    sglang = trace.scheduler == SGLANG
-    if sglang_missing() if sglang else vllm_missing():  # as a trace whose allocator is not installed: skipped
-        print(f"{name}: skipped: {missing_sglang(trace) if sglang else missing_vllm(trace)}\n")
+    missing = missing_engine(trace)
+    if missing is not None:  # as a trace whose allocator is not installed: skipped
+        print(f"{name}: skipped: {missing}\n")
         return "skipped"
     known = f" (known bug: {printable(trace.known_bug)})" if trace.known_bug else ""
     print(f"{name}: recorded against {trace.scheduler}: {printable(trace.failure.check)}{known}")
     print(f"  {trace.setup.describe()}; {trace.engine_description()}")
-    here = sglang_version() if sglang else vllm_version()
+    here = sglang_version() if trace.scheduler == SGLANG else vllm_version()
     if here != trace.vllm_version and here != "unknown":
         print(f"  note: recorded with {trace.engine_name} {trace.vllm_version}, replayed with {here}")
     try:

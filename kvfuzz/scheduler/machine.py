@@ -70,8 +70,12 @@ def machine_for_setup(
     builds another engine's session instead (:class:`kvfuzz.scheduler.sglang.session.SGLangSession`: the same client
     operations, counters and ``program``; the factory gives it its own watchdog and journal)."""
     new_session = session if session is not None else (lambda: Session(setup, worker, watchdog, journal))
-    package = "sglang" if session is not None else "vllm"
-    engine = lambda: f"{'SGLang' if session is not None else 'vLLM'} {installed_version(package)}"  # noqa: E731
+    engine_name, package = ("SGLang", "sglang") if session is not None else ("vLLM", "vllm")
+
+    def engine() -> str:
+        """What a harness error names as driven (read only when one is raised)."""
+        return f"{engine_name} {installed_version(package)}"
+
     prefixes = prefix_lengths(setup)
     longest = setup.max_model_len
 
