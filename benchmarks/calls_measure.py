@@ -235,6 +235,7 @@ class Measurer:
         spent; its progress messages go to a queue nobody reads."""
         from kvfuzz.campaign import worker
         from kvfuzz.campaign.flag import Flag
+        from kvfuzz.campaign.known import KnownFindings
         from kvfuzz.campaign.protocol import Reporter, WorkerContext
         from kvfuzz.engine.config import MachineConfig
 
@@ -249,7 +250,16 @@ class Measurer:
             budget: Any = multiprocessing.Value("i", WORKER_EXAMPLES)
             stop, halt = Flag(multiprocessing.get_context()), Flag(multiprocessing.get_context())
             context = WorkerContext(
-                0, 0, seed, Reporter(queue, 0), stop, halt, budget, {}, root / "state", root / "state" / "claims"
+                0,
+                0,
+                seed,
+                Reporter(queue, 0),
+                stop,
+                halt,
+                budget,
+                KnownFindings(),
+                root / "state",
+                root / "state" / "claims",
             )
             worker._Worker(plan, context).search()
             found = sorted(path.name for path in (root / "corpus").glob("*.json"))
