@@ -113,7 +113,7 @@ def test_a_campaign_on_sglang_draws_sglang_s_configurations_and_knows_the_corpus
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from kvfuzz.scheduler.sglang import swarm as sglang_swarm
-    from kvfuzz.scheduler.swarm import Dimension
+    from kvfuzz.swarm_table import Dimension
 
     held = tuple(
         Dimension(row.name, row.domain, lambda rng, domain, value=LATER_ROWS[row.name]: value)

@@ -51,9 +51,10 @@ what the rows themselves draw is tested in tests/test_scheduler_campaign.py."""
 @pytest.fixture(autouse=True)
 def _the_swarm_these_seeds_were_chosen_for(monkeypatch: pytest.MonkeyPatch) -> None:
     from kvfuzz.scheduler import swarm
+    from kvfuzz.swarm_table import Dimension
 
     held = tuple(
-        swarm.Dimension(row.name, row.domain, lambda rng, domain, value=LATER_ROWS[row.name]: value)
+        Dimension(row.name, row.domain, lambda rng, domain, value=LATER_ROWS[row.name]: value)
         if row.name in LATER_ROWS
         else row
         for row in swarm.DIMENSIONS

@@ -120,6 +120,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "kvfuzz.lifeline",
         "kvfuzz.last_words",
         "kvfuzz.reproducer_text",
+        "kvfuzz.swarm_table",
     ),
     ("kvfuzz.coverage",),  # which lines and branches of the code under test a process reaches
     ("kvfuzz.allocator",),  # the contract, and kvfuzz's own allocators
@@ -284,6 +285,7 @@ STAGES = {
     "shared findings": "campaign/cluster.py",  # the one place a finding is stored in Redis
     "isolation": "isolation.py",  # the one child process of its own group a target's work runs in
     "trace commands": "commands/trace_kinds.py",  # the one place replay, show, export and report tell kinds apart
+    "swarm table": "swarm_table.py",  # the one kind of row a target's swarm table is made of, and its pins
 }
 
 
@@ -299,7 +301,9 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
     * **shared findings**: a module that calls both ``finding_record`` and a ``store`` method (a finding's record
       made and stored in Redis);
     * **isolation**: a call of ``os.setpgid`` (a child put in a process group of its own);
-    * **trace commands**: a module of ``commands/`` that compares with ``"scheduler-trace"`` (tells a file's kind)."""
+    * **trace commands**: a module of ``commands/`` that compares with ``"scheduler-trace"`` (tells a file's kind);
+    * a **swarm table**'s machinery: a class with a ``pinnable`` member (a row whose values a pin is checked
+      against), or a function that parses pins (a name with ``parse`` and ``pin``)."""
     found: dict[str, set[str]] = {stage: set() for stage in STAGES}
     for path, source in sources.items():
         tree = ast.parse(source)
@@ -312,6 +316,8 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                     found["journal"].add(path)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 name = node.name.lower()
+                if "parse" in name and "pin" in name:
+                    found["swarm table"].add(path)
                 if name == "recover" or name == "last_program" or ("journal" in name and "read" in name):
                     found["journal recovery"].add(path)
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "CampaignResult":
@@ -320,6 +326,10 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                 isinstance(item, ast.FunctionDef) and item.name == "credit" for item in node.body
             ):
                 found["known findings"].add(path)
+            if isinstance(node, ast.ClassDef) and any(
+                isinstance(item, ast.FunctionDef) and item.name == "pinnable" for item in node.body
+            ):
+                found["swarm table"].add(path)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "setpgid":
                 found["isolation"].add(path)
             if path.startswith("commands/") and isinstance(node, ast.Compare):
@@ -350,6 +360,8 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
         "campaign/scheduler/shared.py": "def share(c, t):\n    r = finding_record(t)\n    c.store(t.key, r)\n",
         "campaign/scheduler/isolated.py": "def _child():\n    os.setpgid(0, 0)\n",
         "commands/show.py": "def run(path):\n    if json_file_kind(path) == 'scheduler-trace':\n        return 1\n",
+        "scheduler/pins.py": "def parse_pins(texts): ...\n",
+        "scheduler/swarm.py": "class Dimension:\n    @property\n    def pinnable(self): ...\n",
     }
     found = stage_definitions(sources)
     assert found["journal"] == {"program/safeguards.py", "scheduler/journal.py"}
@@ -359,6 +371,7 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
     assert found["shared findings"] == {"campaign/scheduler/shared.py"}
     assert found["isolation"] == {"campaign/scheduler/isolated.py"}
     assert found["trace commands"] == {"commands/show.py"}
+    assert found["swarm table"] == {"scheduler/pins.py", "scheduler/swarm.py"}
 
 
 def test_each_stage_of_the_pipeline_is_written_once_for_every_target() -> None:

@@ -39,6 +39,7 @@ from kvfuzz.scheduler.trace import (
     from_json,
     journal_configuration,
 )
+from kvfuzz.swarm_table import Dimension, fixed
 
 ENGINE = """\
 def add(state, prompt, max_tokens):
@@ -107,8 +108,7 @@ class ToyTarget:
         scope = Scope((str(Path(self.engine.__file__).resolve()),))
         # rows added after these tests' seeds were chosen are held without drawing, so each seed draws as before
         held = tuple(
-            swarm.Dimension(row.name, row.domain, swarm.fixed) if row.name in LATER_ROWS else row
-            for row in swarm.DIMENSIONS
+            Dimension(row.name, row.domain, fixed) if row.name in LATER_ROWS else row for row in swarm.DIMENSIONS
         )
         return SchedulerTarget("vllm-v1", self.validate, self.search, self.replay, scope=lambda: scope, dimensions=held)
 

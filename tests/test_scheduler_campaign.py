@@ -33,6 +33,7 @@ from kvfuzz.scheduler.search import Outcome
 from kvfuzz.scheduler.swarm import SwarmConfig
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, journal_configuration, load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
+from kvfuzz.swarm_table import Dimension, fixed
 from kvfuzz.text import plural
 
 FOUND = (AddRequest([1, 2, 3], 2), AddRequest([1, 2], 1), Step(), Step(), Step())
@@ -46,7 +47,7 @@ LATER_ROWS = ("load_failures", "stats", "prefix_match_unit", "sessions", "drafte
 drawing it, so a seed draws the configurations it drew then (a new row's draw would move every later row's)."""
 
 HELD_DIMENSIONS = tuple(
-    swarm.Dimension(row.name, row.domain, swarm.fixed) if row.name in LATER_ROWS else row for row in swarm.DIMENSIONS
+    Dimension(row.name, row.domain, fixed) if row.name in LATER_ROWS else row for row in swarm.DIMENSIONS
 )
 
 

@@ -16,7 +16,9 @@ from test_scheduler_campaign import FakeTarget
 
 from kvfuzz.scheduler import swarm
 from kvfuzz.scheduler.config import SchedulerSetup
-from kvfuzz.scheduler.pins import PinRefused, parse_pins, pin_arguments
+from kvfuzz.swarm_table import PinRefused, parse_pins, pin_arguments
+
+TABLE = swarm.DIMENSIONS
 
 
 def accept(setup: SchedulerSetup, runner: str) -> None:
@@ -34,17 +36,17 @@ def test_each_row_draws_exactly_its_domain() -> None:
 
 
 def test_pins_parse_against_the_rows_domains() -> None:
-    assert parse_pins(["async_scheduling=true", "speculative_tokens=2", "model=sliding-window"]) == (
+    assert parse_pins(["async_scheduling=true", "speculative_tokens=2", "model=sliding-window"], TABLE) == (
         ("async_scheduling", True),
         ("speculative_tokens", 2),
         ("model", "sliding-window"),
     )
-    assert parse_pins(["prefix_caching=False", "model_runner=v2"]) == (
+    assert parse_pins(["prefix_caching=False", "model_runner=v2"], TABLE) == (
         ("prefix_caching", False),
         ("model_runner", "V2"),
     )
-    pins = parse_pins(["num_blocks=3", "policy=priority", "cache_salts=true"])
-    assert parse_pins(pin_arguments(pins)[1::2]) == pins  # the rerun's arguments pin the same values again
+    pins = parse_pins(["num_blocks=3", "policy=priority", "cache_salts=true"], TABLE)
+    assert parse_pins(pin_arguments(pins)[1::2], TABLE) == pins  # the rerun's arguments pin the same values again
 
 
 @pytest.mark.parametrize(
@@ -56,7 +58,7 @@ def test_pins_parse_against_the_rows_domains() -> None:
             "max_num_seqs, prefix_caching, policy, model, async_scheduling, speculative_tokens, cache_salts, "
             "stop_tokens, eos, min_tokens, kv_connector, transfer_delay, load_failures, max_loras, prefix_resets, "
             "kv_events, overlong_requests, stats, prefix_match_unit, sessions, schedule_conservativeness, "
-            "model_runner, drafter, kv_events_full (kvfuzz/scheduler/swarm.py)",
+            "model_runner, drafter, kv_events_full",
         ),
         (["speculative_tokens=3"], "--pin speculative_tokens=3: speculative_tokens takes one of 0, 1, 2, 4"),
         (["async_scheduling=yes"], "--pin async_scheduling=yes: async_scheduling takes one of false, true"),
@@ -67,10 +69,10 @@ def test_pins_parse_against_the_rows_domains() -> None:
 )
 def test_a_bad_pin_is_refused_in_one_line(texts: list[str], line: str) -> None:
     with pytest.raises(PinRefused) as refused:
-        parse_pins(texts)
+        parse_pins(texts, TABLE)
     assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
     if "the rows: " in line:
-        assert str(refused.value).endswith("model_runner, drafter, kv_events_full (kvfuzz/scheduler/swarm.py)")
+        assert str(refused.value).endswith("model_runner, drafter, kv_events_full")
 
 
 @pytest.mark.parametrize(
@@ -97,11 +99,38 @@ def test_the_cli_refuses_a_bad_pin_before_any_work(
     assert not list(tmp_path.iterdir()), "a refused campaign leaves nothing behind"
 
 
-def test_a_pin_needs_scheduler(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_scheduler_row_is_no_row_of_an_allocator_campaign(capsys: pytest.CaptureFixture[str]) -> None:
     from kvfuzz.cli import main
 
     assert main(["campaign", "--pin", "async_scheduling=true"]) == 2
-    assert capsys.readouterr().err.splitlines() == ["kvfuzz: --pin needs --scheduler"]
+    assert capsys.readouterr().err.splitlines() == [
+        "kvfuzz: --pin async_scheduling=true: no swarm row 'async_scheduling'; the rows: num_blocks, block_size, "
+        "host_blocks, program_length, operations, window"
+    ]
+
+
+def test_sglang_pins_are_checked_against_sglangs_own_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SGLang's table draws schedule_conservativeness, which vLLM's holds at 1.0, and holds async scheduling off:
+    its pins are read against its own rows (they were read against vLLM's, which refused the one and took the
+    other)."""
+    from kvfuzz.cli import _parser
+    from kvfuzz.commands.scheduler_campaign import usage_error
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("kvfuzz.scheduler.engines.engine_problem", lambda name, untested: None)
+    parse = _parser().parse_args
+    base = ["campaign", "--scheduler", "sglang", "--max-examples", "5"]
+    assert usage_error(parse([*base, "--pin", "schedule_conservativeness=0.3"])) is None
+    assert usage_error(parse([*base, "--pin", "async_scheduling=true"])) == (
+        "--pin async_scheduling=true: async_scheduling takes one of false"
+    )
+    vllm = ["campaign", "--scheduler", "vllm-v1", "--max-examples", "5"]
+    assert usage_error(parse([*vllm, "--pin", "async_scheduling=true"])) is None
+    assert usage_error(parse([*vllm, "--pin", "schedule_conservativeness=0.3"])) == (
+        "--pin schedule_conservativeness=0.3: schedule_conservativeness takes one of 1.0"
+    )
 
 
 def test_a_pinned_draw_holds_the_row_and_draws_the_others() -> None:
@@ -149,7 +178,7 @@ def test_a_pinned_campaign_runs_every_batch_pinned_and_records_the_pins(
     rerun = shlex.split(result["rerun_command"])
     assert " ".join(pins) in " ".join(rerun)
     again = _parser().parse_args(rerun[1:])
-    assert parse_pins(again.pin) == tuple(expected.items())
+    assert parse_pins(again.pin, TABLE) == tuple(expected.items())
 
     fake = FakeTarget()
     status = scheduler_campaign(_parser().parse_args([*argv, "--corpus", str(tmp_path / "d")]), print, fake.target())

@@ -42,6 +42,7 @@ from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, UntrustedAllocato
 from kvfuzz.saved.corpus import PROCESS_DIED, trace_signature
 from kvfuzz.saved.trace import Trace, load
 from kvfuzz.shrink.signature import Signature
+from kvfuzz.swarm_table import Pins
 
 
 @attrs.frozen
@@ -61,6 +62,7 @@ class CampaignOptions:
     seed: int = 0  # the campaign's seed: each worker's stream derives from it
     call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT
     shrink_seconds: float = 30.0
+    pins: Pins = ()  # swarm rows held at one value (--pin), checked against every allocator's table
     base: MachineConfig = MachineConfig()  # model shape and kernel; the geometry is swarmed
     hypothesis_every: int = HYPOTHESIS_EVERY
 
@@ -118,6 +120,7 @@ class AllocatorCampaign:
             options.hypothesis_every,
             worker.claims,
             options.seed,
+            options.pins,
         )
         _Worker(plan, worker).search()
 

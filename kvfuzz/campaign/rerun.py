@@ -1,7 +1,7 @@
 """What it takes to run a campaign again, whatever its target: every setting of ``kvfuzz campaign`` it ran under, the
 seed among them (the one given, or the one drawn when none was), as structured fields and as a command line to
 paste. The settings every campaign has are here; a target adds its own (:class:`TargetRerun`: the allocators and
-the shrink time; a scheduler, its pins and batches).
+the shrink time; a scheduler, its batches).
 
 What a rerun repeats: every worker's seed stream derives from the seed alone (one per slot), so each slot draws the
 same configurations and runs the same random programs in the same order. With one worker and an end that is counted
@@ -26,6 +26,7 @@ import attrs
 
 import kvfuzz
 from kvfuzz.campaign.settings import Settings
+from kvfuzz.swarm_table import Pins, pin_arguments
 
 
 class TargetRerun(Protocol):
@@ -36,7 +37,7 @@ class TargetRerun(Protocol):
         ...
 
     def options(self) -> list[str]:
-        """Its own options' arguments (``--shrink-time 30.0``, ``--pin ROW=VALUE``), each named whatever its
+        """Its own options' arguments (``--shrink-time 30.0``, ``--batch-examples 25``), each named whatever its
         default."""
         ...
 
@@ -61,6 +62,7 @@ class Rerun:
     known: tuple[str, ...]  # the known corpora (--known, or ./corpus when it existed); () : none
     database: Optional[str]  # redis://... or an example-database directory; None: the campaign's own
     call_timeout: Optional[float]  # --call-timeout; None: no watchdog (0 on the command line)
+    pins: Pins  # rows of the target's swarm table held at one value (--pin)
     directory: str  # where the campaign ran: relative paths are relative to it
     version: str  # kvfuzz's version
 
@@ -78,6 +80,7 @@ class Rerun:
             known,
             settings.database,
             settings.call_timeout,
+            settings.pins,
             os.getcwd(),
             kvfuzz.__version__,
         )
@@ -98,7 +101,8 @@ class Rerun:
             args.append("--no-known")
         if self.database is not None:
             args += ["--database", self.database]
-        return [*args, "--call-timeout", repr(self.call_timeout or 0.0), *self.target.options()]
+        args += ["--call-timeout", repr(self.call_timeout or 0.0), *pin_arguments(self.pins)]
+        return [*args, *self.target.options()]
 
     def command(self) -> str:
         """The command line, ready to paste in ``directory`` (each argument quoted for a POSIX shell)."""
@@ -106,4 +110,4 @@ class Rerun:
 
     def to_json(self) -> dict[str, Any]:
         common = {field.name: getattr(self, field.name) for field in attrs.fields(Rerun) if field.name != "target"}
-        return {**self.target.to_json(), **common, "known": list(self.known)}
+        return {**self.target.to_json(), **common, "known": list(self.known), "pins": dict(self.pins)}

@@ -8,6 +8,8 @@ from typing import Any, Optional
 
 import attrs
 
+from kvfuzz.swarm_table import Pins
+
 
 @attrs.frozen
 class Settings:
@@ -21,6 +23,7 @@ class Settings:
     database: Optional[str] = None  # redis://host:port/N (claims and findings shared), or a directory
     seed: int = 0  # the campaign's seed: each worker's stream derives from it
     call_timeout: Optional[float] = None  # the watchdog's limit per operation (None: none); sets the patience
+    pins: Pins = ()  # rows of the target's swarm table held at one value (--pin), checked against the table
 
     @classmethod
     def of(cls, options: Any) -> Settings:

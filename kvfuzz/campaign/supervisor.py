@@ -168,6 +168,7 @@ class Supervisor:
                 for number, slot in sorted(self.slots.items())
             ),
             **self.target.result_fields(),
+            pins=self.settings.pins,
             coverage=self.tally.coverage.result() if self.tally.coverage is not None else None,
         )
 

@@ -10,13 +10,14 @@ table (every operation the table has, so a new operation is swarmed as soon as i
 
 What an allocator accepts (:class:`Limits`) is found by asking its factory for pools before the campaign starts:
 block sizes and pool sizes whose allocator the factory refuses to build, or builds with another geometry, are never
-drawn.
+drawn. The table's rows (:func:`allocator_rows`) are rows of :mod:`kvfuzz.swarm_table`, as a scheduler's are:
+``--pin ROW=VALUE`` holds one at a value (``--pin block_size=1``, ``--pin operations=admit,step,swap``).
 """
 
 from __future__ import annotations
 
 import random
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import attrs
 
@@ -24,9 +25,10 @@ from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.campaign.known import Recorded
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.operation import Operation
-from kvfuzz.program.operations import BY_NAME
-from kvfuzz.program.swarm import draw_operations
+from kvfuzz.program.operations import BY_NAME, OPERATIONS
+from kvfuzz.program.swarm import ALWAYS_ENABLED, draw_operations
 from kvfuzz.registry import AllocatorFactory, AllocatorNotFound, AllocatorUnusable, builds, probe_allocator
+from kvfuzz.swarm_table import NO_PINS, Dimension, Subset, draw_values, uniform
 
 BLOCK_SIZES = (1, 2, 4, 8, 16)
 """The block sizes a campaign tries; those the allocator does not build are left out."""
@@ -146,38 +148,100 @@ def _windows(spec: str, factory: AllocatorFactory, block_size: int) -> tuple[int
     return tuple(range(MAX_WINDOW + 1))
 
 
-def draw_swarm(rng: random.Random, limits: Limits, base: MachineConfig) -> SwarmConfig:
-    """One configuration: half the pools tiny (the smallest up to 6 blocks), most of the rest up to 32, one in five
-    up to :data:`MAX_BLOCKS`; W any the factory builds, 0 and 1 twice as often as larger ones; program lengths mostly
-    short or medium, one in five long; the operations as :func:`~kvfuzz.program.swarm.draw_operations` draws them."""
+NUM_BLOCKS, BLOCK_SIZE, HOST_BLOCKS, PROGRAM_LENGTH, OPERATIONS_ROW, WINDOW = (
+    "num_blocks",
+    "block_size",
+    "host_blocks",
+    "program_length",
+    "operations",
+    "window",
+)
+"""The rows of an allocator's swarm table, by name (``--pin num_blocks=4``)."""
+
+
+def allocator_rows(limits: Limits) -> tuple[Dimension, ...]:
+    """The swarm table of an allocator that builds what ``limits`` says, in the order its rows draw: the device pool
+    (half the pools tiny, the smallest up to 6 blocks, most of the rest up to 32, one in five up to
+    :data:`MAX_BLOCKS`), the block size, the host blocks (none a quarter of the time, unless the allocator declares a
+    host cache; for one that keeps none, never), the program length (mostly short or medium, one in five long), the
+    operations (as :func:`~kvfuzz.program.swarm.draw_operations` draws them) and, for a factory that builds the W it
+    is asked for, W (0 and 1 twice as often as larger ones: a synchronous engine and one step in flight; W >= 2 for
+    the deferred frees that outlive a step)."""
     low = limits.min_blocks
+    if not limits.host_blocks:
+        host_blocks: tuple[int, ...] = (0,)
+    else:
+        host_blocks = tuple(range(1 if limits.host_cache else 0, MAX_HOST_BLOCKS + 1))
+    rows = (
+        Dimension(NUM_BLOCKS, tuple(range(low, max(low, MAX_BLOCKS) + 1)), _pool_blocks),
+        Dimension(BLOCK_SIZE, limits.block_sizes, uniform),
+        Dimension(HOST_BLOCKS, host_blocks, _host_blocks),
+        Dimension(PROGRAM_LENGTH, tuple(range(5, MAX_PROGRAM_LENGTH + 1)), _program_length),
+        Subset(OPERATIONS_ROW, tuple(operation.name for operation in OPERATIONS), _operations, always=ALWAYS_ENABLED),
+    )
+    return rows + ((Dimension(WINDOW, limits.windows, _window),) if limits.windows else ())
+
+
+def _pool_blocks(rng: random.Random, values: tuple[Any, ...]) -> Any:
+    low, high = values[0], values[-1]
     roll = rng.random()
     if roll < 0.5:
-        num_blocks = rng.randint(low, max(low, 6))
-    elif roll < 0.8:
-        num_blocks = rng.randint(max(low, 7), max(low, 32))
-    else:
-        num_blocks = rng.randint(max(low, 33), max(low, MAX_BLOCKS))
-    block_size = rng.choice(limits.block_sizes)
+        return rng.randint(low, max(low, 6))
+    if roll < 0.8:
+        return rng.randint(max(low, 7), max(low, 32))
+    return rng.randint(max(low, 33), high)
+
+
+def _host_blocks(rng: random.Random, values: tuple[Any, ...]) -> Any:
     roll = rng.random()
-    if not limits.host_blocks or (roll < 0.25 and not limits.host_cache):
-        host_blocks = 0
-    elif roll < 0.75:
-        host_blocks = rng.randint(1, 4)
-    else:
-        host_blocks = rng.randint(5, MAX_HOST_BLOCKS)
+    if values == (0,) or (roll < 0.25 and values[0] == 0):
+        return 0
+    return rng.randint(1, 4) if roll < 0.75 else rng.randint(5, values[-1])
+
+
+def _program_length(rng: random.Random, values: tuple[Any, ...]) -> Any:
     roll = rng.random()
     if roll < 0.4:
-        length = rng.randint(5, 30)
-    elif roll < 0.8:
-        length = rng.randint(31, 100)
-    else:
-        length = rng.randint(101, MAX_PROGRAM_LENGTH)
-    operations = tuple(operation.name for operation in draw_operations(rng))
-    # W: the declared one, or for a factory that builds the W it is asked for, any up to MAX_WINDOW (W = 0 and 1
-    # most often: a synchronous engine and one step in flight; W >= 2 for the deferred frees that outlive a step).
-    window = rng.choice((*limits.windows, *limits.windows[:2])) if limits.windows else None
+        return rng.randint(5, 30)
+    return rng.randint(31, 100) if roll < 0.8 else rng.randint(101, values[-1])
+
+
+def _operations(rng: random.Random, names: tuple[Any, ...]) -> Any:
+    return tuple(operation.name for operation in draw_operations(rng, [BY_NAME[name] for name in names]))
+
+
+def _window(rng: random.Random, values: tuple[Any, ...]) -> Any:
+    return rng.choice((*values, *values[:2]))
+
+
+PINNED_DRAWS = 100
+"""Pinned configurations drawn before a campaign start: when the allocator builds the pool of none of them, the pins
+are refused (one built is enough: the pinned rows then hold in every batch's draw)."""
+
+
+def builds_pinned(
+    limits: Limits, factory: AllocatorFactory, base: MachineConfig, pins: Mapping[str, Any], seed: int
+) -> bool:
+    """Whether ``factory`` builds the pool of one of :data:`PINNED_DRAWS` configurations drawn with ``pins``."""
+    rng = random.Random(seed)
+    for _ in range(PINNED_DRAWS):
+        swarm = draw_swarm(rng, limits, base, pins)
+        if builds(limits.allocator, factory, swarm.machine.pool_spec()):
+            return True
+    return False
+
+
+def draw_swarm(
+    rng: random.Random, limits: Limits, base: MachineConfig, pins: Mapping[str, Any] = NO_PINS
+) -> SwarmConfig:
+    """One configuration of the allocator's table (:func:`allocator_rows`), the rows named in ``pins`` held at their
+    pinned values."""
+    values = draw_values(rng, allocator_rows(limits), pins)
     machine = attrs.evolve(
-        base, block_size=block_size, num_blocks=num_blocks, num_host_blocks=host_blocks, inflight_window=window
+        base,
+        block_size=values[BLOCK_SIZE],
+        num_blocks=values[NUM_BLOCKS],
+        num_host_blocks=values[HOST_BLOCKS],
+        inflight_window=values.get(WINDOW),
     )
-    return SwarmConfig(limits.allocator, machine, length, operations)
+    return SwarmConfig(limits.allocator, machine, values[PROGRAM_LENGTH], values[OPERATIONS_ROW])

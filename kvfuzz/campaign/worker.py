@@ -47,6 +47,7 @@ from kvfuzz.shrink.fixpoint import shrink
 from kvfuzz.shrink.restarts import Failing, Restarts
 from kvfuzz.shrink.signature import Signature, signature_of
 from kvfuzz.statemachines.machine import machine_for
+from kvfuzz.swarm_table import Pins
 
 CONFIRM_REPLAYS = 3
 """Replays of a shrunk program on fresh allocators before it is reported: fewer failing than all is flaky."""
@@ -86,6 +87,7 @@ class WorkerPlan:
     hypothesis_every: int = HYPOTHESIS_EVERY  # 0: no Hypothesis rounds
     claims: Optional[Path] = None  # without Redis: the campaign's directory of signature claims
     campaign_seed: Optional[int] = None  # the campaign's --seed, recorded with each finding stored in Redis
+    pins: Pins = ()  # swarm rows held at one value (--pin)
 
 
 class _Worker:
@@ -115,7 +117,7 @@ class _Worker:
         batch = 0
         while not self.stop.is_set():
             spec = self.rng.choice(self.plan.allocators)
-            swarm = draw_swarm(self.rng, self.limits[spec], self.plan.base)
+            swarm = draw_swarm(self.rng, self.limits[spec], self.plan.base, dict(self.plan.pins))
             if not self.builds(swarm):
                 continue  # a pool the factory refuses (one its sectors cannot fill, say): draw another
             batch += 1

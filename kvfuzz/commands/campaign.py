@@ -99,6 +99,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help=f"an operation still running after this long is a hang (default {CALL_TIMEOUT:g}; 0: no watchdog)",
     )
+    parser.add_argument(
+        "--pin",
+        action="append",
+        metavar="ROW=VALUE",
+        help="hold a row of the target's swarm table at one value in every batch (repeatable): for allocators "
+        "num_blocks, block_size, host_blocks, program_length, operations (names, comma-separated), window; for a "
+        'scheduler e.g. async_scheduling=true, model=sliding-window (docs/campaigns.md, "One row at a time")',
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     scheduler_arguments(parser)
     parser.set_defaults(handler=needs_torch(campaign_command))
@@ -125,8 +133,9 @@ def expand_allocators(specs: list[str]) -> tuple[str, ...]:
 def _options(args: argparse.Namespace) -> CampaignOptions:
     """Every check before any work; ``ValueError`` or ``AllocatorNotFound``/``AllocatorUnusable`` (one line)."""
     from kvfuzz.campaign.supervisor import DEFAULT_DURATION, CampaignOptions
-    from kvfuzz.campaign.swarm import Limits, probe_limits
+    from kvfuzz.campaign.swarm import Limits, allocator_rows, builds_pinned, probe_limits
     from kvfuzz.engine.config import MachineConfig
+    from kvfuzz.swarm_table import Pins, describe_pins, parse_pins
 
     cores = os.cpu_count() or 1
     workers = args.workers if args.workers is not None else cores
@@ -151,6 +160,12 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
     limits: list[Limits] = []
     for spec in allocators:
         limits.append(probe_limits(spec, load_factory(spec), MachineConfig()))
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    pins: Pins = ()
+    for spec, limit in zip(allocators, limits):  # every allocator's table takes the pins (PinRefused: a ValueError)
+        pins = parse_pins(args.pin or (), allocator_rows(limit), f" for {spec}" if len(allocators) > 1 else "")
+        if pins and not builds_pinned(limit, load_factory(spec), MachineConfig(), dict(pins), seed):
+            raise ValueError(f"--pin {describe_pins(pins)}: {spec} builds the pool of no configuration with these pins")
     duration = args.duration if args.duration is not None else (None if args.max_examples else DEFAULT_DURATION)
     return CampaignOptions(
         allocators,
@@ -162,9 +177,10 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
         stop_after=args.stop_after,
         known=tuple(known),
         database=database,
-        seed=args.seed if args.seed is not None else random.SystemRandom().randrange(2**32),
+        seed=seed,
         call_timeout=args.call_timeout or None,
         shrink_seconds=args.shrink_time if args.shrink_time is not None else 30.0,
+        pins=pins,
     )
 
 
@@ -207,6 +223,7 @@ def campaign_command(args: argparse.Namespace) -> int:
 def _header(options: CampaignOptions) -> str:
     from kvfuzz.campaign.swarm import MAX_BLOCKS, MAX_PROGRAM_LENGTH
     from kvfuzz.program.operations import OPERATIONS
+    from kvfuzz.swarm_table import describe_pins
 
     until = [f"{options.duration:g} s" if options.duration else None]
     until += [plural(options.max_examples, "example") if options.max_examples else None]
@@ -220,7 +237,7 @@ def _header(options: CampaignOptions) -> str:
         f"(up to {MAX_BLOCKS} blocks of {'/'.join(map(str, block_sizes))} slots), program length (up to "
         f"{MAX_PROGRAM_LENGTH} calls) and a subset of the {len(OPERATIONS)} operations\n"
         f"  new failures saved to {options.corpus}; known findings from: {known}; shared state: "
-        f"{options.database or 'local'}"
+        f"{options.database or 'local'}" + (f"\n  pinned: {describe_pins(options.pins)}" if options.pins else "")
     )
 
 

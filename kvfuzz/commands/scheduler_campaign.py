@@ -16,6 +16,7 @@ from kvfuzz.text import plural
 
 if TYPE_CHECKING:
     from kvfuzz.campaign.scheduler.target import SchedulerTarget
+    from kvfuzz.swarm_table import Dimension
 
 ALLOCATOR_ONLY = (("shrink_time", None, "--shrink-time (Hypothesis bounds a scheduler failure's shrinking itself)"),)
 """(attribute, its default, what to say) of ``kvfuzz campaign``'s options a scheduler campaign does not take."""
@@ -25,7 +26,6 @@ SCHEDULER_ONLY = (
     "batch_seconds",
     "no_shrink",
     "isolate",
-    "pin",
     "untested_engine",
     "coverage",
     "guided",
@@ -63,13 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="run each batch in a child process: a crash or a hang of the engine kills the child, not the campaign",
-    )
-    group.add_argument(
-        "--pin",
-        action="append",
-        metavar="ROW=VALUE",
-        help="hold a row of the swarm table at one value in every batch (repeatable), e.g. async_scheduling=true, "
-        "speculative_tokens=2, model=sliding-window; the rows and their values: kvfuzz/scheduler/swarm.py",
     )
     group.add_argument(
         "--coverage",
@@ -133,10 +126,10 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
         return "--coverage, --guided and --coverage-html measure in the worker process: they exclude --isolate"
     if args.coverage_html is not None and Path(args.coverage_html).exists() and not Path(args.coverage_html).is_dir():
         return f"--coverage-html {args.coverage_html}: not a directory"
-    from kvfuzz.scheduler.pins import PinRefused, parse_pins  # not at the top: the swarm table imports torch
+    from kvfuzz.swarm_table import PinRefused, parse_pins
 
     try:
-        parse_pins(args.pin or ())
+        parse_pins(args.pin or (), swarm_table(args.scheduler))
     except PinRefused as refused:
         return str(refused)
     if args.database is not None:
@@ -164,16 +157,20 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
     from kvfuzz.campaign.scheduler.loop import BATCH_EXAMPLES, SchedulerCampaignOptions, default_batch_seconds
     from kvfuzz.campaign.scheduler.workers import SchedulerCampaign
     from kvfuzz.campaign.supervisor import DEFAULT_DURATION, Supervisor
-    from kvfuzz.scheduler.pins import PinRefused, describe_pins, parse_pins
     from kvfuzz.scheduler.swarm import NothingValid, draw
+    from kvfuzz.swarm_table import PinRefused, describe_pins, parse_pins
 
-    problem = usage_error(args) if target is None else None
-    try:
-        pins = parse_pins(args.pin or ())
-    except PinRefused as refused:
-        problem = problem or str(refused)
+    real = target is None
+    problem = usage_error(args) if real else None
     if problem is not None:
         print(f"kvfuzz: {problem}", file=sys.stderr)
+        return 2
+    if target is None:
+        target = scheduler_target(args.scheduler)
+    try:
+        pins = parse_pins(args.pin or (), target.dimensions)
+    except PinRefused as refused:
+        print(f"kvfuzz: {refused}", file=sys.stderr)
         return 2
     if args.no_known:
         known: list[Path] = []
@@ -203,9 +200,7 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
     )
     from kvfuzz.scheduler.engines import untested_warning
 
-    warning = untested_warning(args.scheduler) if target is None else None  # the real engine's, not a test's
-    if target is None:
-        target = scheduler_target(args.scheduler)
+    warning = untested_warning(args.scheduler) if real else None  # the real engine's, not a test's
     try:  # pins no configuration the engine accepts goes with: refused before any batch runs
         draw(random.Random(options.seed), target.validate, target.dimensions, dict(pins))
     except NothingValid as nothing:
@@ -290,6 +285,17 @@ def _coverage_header(coverage: bool, guided: bool) -> str:
     if guided:
         return "\n  coverage-guided: programs reaching new coverage kept as seeds and mutated (docs/coverage.md)"
     return "\n  the engine's coverage measured (docs/coverage.md)" if coverage else ""
+
+
+def swarm_table(name: str) -> tuple[Dimension, ...]:
+    """The swarm table of ``--scheduler NAME``, read without importing its engine (so a pin is checked first)."""
+    if name == "sglang":
+        from kvfuzz.scheduler.sglang.swarm import SGLANG_DIMENSIONS
+
+        return SGLANG_DIMENSIONS
+    from kvfuzz.scheduler.swarm import DIMENSIONS
+
+    return DIMENSIONS
 
 
 def scheduler_target(name: str) -> SchedulerTarget:

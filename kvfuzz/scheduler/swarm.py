@@ -1,5 +1,6 @@
 """Swarm testing over the engine's configuration: each batch of a scheduler campaign draws its own configuration,
-one value per row of :data:`DIMENSIONS`, as allocator campaigns draw their pools (:mod:`kvfuzz.campaign.swarm`).
+one value per row of :data:`DIMENSIONS` (rows, their draws and pins: :mod:`kvfuzz.swarm_table`), as allocator
+campaigns draw their pools (:mod:`kvfuzz.campaign.swarm`).
 
 No single configuration reaches every path of the scheduler: preemption needs a small pool or many running
 requests, chunked prefill meeting a prefix hit needs a token budget below the prompts, a cache hit needs prefix
@@ -15,103 +16,28 @@ one, and counts the refusals, so a campaign runs only configurations vLLM would 
 
 from __future__ import annotations
 
-import itertools
 import random
-from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
 from kvfuzz.scheduler.config import DRAFTERS, POLICIES, SchedulerSetup
+from kvfuzz.swarm_table import (
+    NO_PINS,
+    Dimension,
+    biased_small,
+    chance,
+    draw_values,
+    fixed,
+    split,
+    uniform,
+    weighted,
+    weighted_choice,
+)
 
 MODEL_RUNNER = "model_runner"
 """The row that draws vLLM's model runner protocol (``V1`` or ``V2``): selected through vLLM's environment, not the
 setup."""
-
-
-@attrs.frozen
-class Dimension:
-    """One row of the swarm table: ``name`` (a ``SchedulerSetup`` field, or :data:`MODEL_RUNNER`) takes one of
-    ``domain``'s values, the one ``draw`` picks from it. Invariant: ``draw`` returns a value of ``domain``, and
-    ``domain`` holds every value it can return (so ``--pin`` accepts exactly the values a campaign can draw, and
-    ``pin_only``'s, which it never draws)."""
-
-    name: str
-    domain: tuple[Any, ...]
-    draw: Callable[[random.Random, tuple[Any, ...]], Any]  # (rng, domain) -> one of domain's values
-    # (row, value): the row means something only where that row drew that value (or one of them, for a tuple or a
-    # frozenset);
-    # elsewhere it takes domain[0] (its draw is made all the same), so a draw is not refused for setting an option
-    # nothing uses
-    needs: Optional[tuple[str, Any]] = None
-    # values --pin accepts that ``draw`` never returns: a feature campaigns run only when asked
-    pin_only: tuple[Any, ...] = ()
-    # a second (row, value) the row means something only with, as ``needs``
-    also_needs: Optional[tuple[str, Any]] = None
-    # its values run different code of the engine (the model's KV-cache managers): a guided campaign's fresh draws
-    # take them in turn rather than by the row's weights (kvfuzz.campaign.scheduler.guided)
-    stratified: bool = False
-
-    @property
-    def pinnable(self) -> tuple[Any, ...]:
-        """The values ``--pin`` accepts for this row: what it draws, and its pin-only values."""
-        return self.domain + self.pin_only
-
-    def value(self, rng: random.Random, drawn: Mapping[str, Any]) -> Any:
-        """This row's value, given the rows drawn before it."""
-        value = self.draw(rng, self.domain)
-        for needed in (self.needs, self.also_needs):
-            if needed is not None and not _meets(drawn[needed[0]], needed[1]):
-                return self.domain[0]
-        return value
-
-
-def _meets(drawn: Any, wanted: Any) -> bool:
-    """Whether a row's drawn value is the one another row needs (or one of them, a tuple or a frozenset)."""
-    return drawn in wanted if isinstance(wanted, (tuple, frozenset)) else bool(drawn == wanted)
-
-
-def _uniform(rng: random.Random, values: tuple[Any, ...]) -> Any:
-    return rng.choice(values)
-
-
-def fixed(rng: random.Random, values: tuple[Any, ...]) -> Any:
-    """A row of one value: that value, drawing nothing (so adding such a row leaves every other draw as it was)."""
-    return values[0]
-
-
-def _biased_small(rng: random.Random, values: tuple[Any, ...]) -> Any:
-    """A value of ``values`` (ascending), the small ones more often: the first half of the list twice as likely."""
-    return values[min(int(rng.random() ** 1.5 * len(values)), len(values) - 1)]
-
-
-def _chance(probability: float) -> Callable[[random.Random, tuple[Any, ...]], Any]:
-    """The second of two values with ``probability``, else the first."""
-    return lambda rng, values: values[1] if rng.random() < probability else values[0]
-
-
-def _weighted(weights: tuple[int, ...]) -> Callable[[random.Random, tuple[Any, ...]], Any]:
-    """Each value as often as its weight says."""
-    return lambda rng, values: rng.choice(tuple(v for v, weight in zip(values, weights) for _ in range(weight)))
-
-
-def _split(*chances: float) -> Callable[[random.Random, tuple[Any, ...]], Any]:
-    """The second value with the first of ``chances``, the third with the second, and so on; else the first value
-    (one draw: the first value is drawn for the same ``rng.random()`` as before a value was added at the end)."""
-
-    def draw(rng: random.Random, values: tuple[Any, ...]) -> Any:
-        roll = rng.random()
-        for value, bound in zip(values[1:], itertools.accumulate(chances)):
-            if roll < bound:
-                return value
-        return values[0]
-
-    return draw
-
-
-def _weighted_choice(weights: tuple[int, ...]) -> Callable[[random.Random, tuple[Any, ...]], Any]:
-    """Each value with its weight (``random.choices``)."""
-    return lambda rng, values: rng.choices(values, weights)[0]
 
 
 BOOLEAN = (False, True)
@@ -120,61 +46,61 @@ DRAFTED = frozenset((1, 2, 4))
 """The ``speculative_tokens`` values with drafts: the drafter row means something only with them."""
 
 DIMENSIONS: tuple[Dimension, ...] = (
-    Dimension("num_blocks", (3, 4, 6, 8, 12, 16, 24, 32, 64), _biased_small),  # tiny pools preempt often
-    Dimension("block_size", (1, 2, 4, 8, 16), _uniform),
-    Dimension("max_num_batched_tokens", (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128), _biased_small),  # chunked prefill
-    Dimension("max_num_seqs", (1, 2, 3, 4, 6, 8, 16), _biased_small),
-    Dimension("prefix_caching", BOOLEAN, _chance(0.75)),
-    Dimension("policy", POLICIES, _uniform),  # FCFS, or priority (preemption by priority)
+    Dimension("num_blocks", (3, 4, 6, 8, 12, 16, 24, 32, 64), biased_small),  # tiny pools preempt often
+    Dimension("block_size", (1, 2, 4, 8, 16), uniform),
+    Dimension("max_num_batched_tokens", (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128), biased_small),  # chunked prefill
+    Dimension("max_num_seqs", (1, 2, 3, 4, 6, 8, 16), biased_small),
+    Dimension("prefix_caching", BOOLEAN, chance(0.75)),
+    Dimension("policy", POLICIES, uniform),  # FCFS, or priority (preemption by priority)
     # a sliding window beside full attention (two KV-cache groups) a fifth of the time; a Mamba group beside attention
     # a fifth (async too; redrawn only with drafts); chunked local attention beside full attention a fifth
     # (docs/scheduler-models.md)
     Dimension(
         "model",
         ("full", "sliding-window", "mamba-hybrid", "chunked-local"),
-        _weighted_choice((2, 1, 1, 1)),
+        weighted_choice((2, 1, 1, 1)),
         stratified=True,
     ),
-    Dimension("async_scheduling", BOOLEAN, _chance(0.5)),  # two batches in flight, the released-block check
-    Dimension("speculative_tokens", (0, 1, 2, 4), _weighted((3, 1, 1, 1))),  # k drafts (under async: V2 runner only)
-    Dimension("cache_salts", BOOLEAN, _chance(0.25)),  # requests under cache salts: hits must not cross them
-    Dimension("stop_tokens", BOOLEAN, _chance(0.25)),  # requests that stop early (less pool pressure)
-    Dimension("eos", BOOLEAN, _chance(0.25)),  # requests ending at EOS, or ignoring it
-    Dimension("min_tokens", BOOLEAN, _chance(0.25)),  # stop tokens and EOS masked before min_tokens
+    Dimension("async_scheduling", BOOLEAN, chance(0.5)),  # two batches in flight, the released-block check
+    Dimension("speculative_tokens", (0, 1, 2, 4), weighted((3, 1, 1, 1))),  # k drafts (under async: V2 runner only)
+    Dimension("cache_salts", BOOLEAN, chance(0.25)),  # requests under cache salts: hits must not cross them
+    Dimension("stop_tokens", BOOLEAN, chance(0.25)),  # requests that stop early (less pool pressure)
+    Dimension("eos", BOOLEAN, chance(0.25)),  # requests ending at EOS, or ignoring it
+    Dimension("min_tokens", BOOLEAN, chance(0.25)),  # stop tokens and EOS masked before min_tokens
     # vLLM's OffloadingConnector 1 time in 5, refused (and redrawn) under async scheduling or a hybrid model;
     # kvfuzz's P/D connector 1 time in 5 (refused with a hybrid model), with async scheduling vLLM's deferred frees;
     # with either, late transfers (docs/scheduler-connectors.md)
-    Dimension("kv_connector", ("none", "offloading", "pd"), _split(0.4, 0.2), stratified=True),
-    Dimension("transfer_delay", (0, 1, 2, 3), _weighted((2, 1, 1, 1)), needs=("kv_connector", ("offloading", "pd"))),
+    Dimension("kv_connector", ("none", "offloading", "pd"), split(0.4, 0.2), stratified=True),
+    Dimension("transfer_delay", (0, 1, 2, 3), weighted((2, 1, 1, 1)), needs=("kv_connector", ("offloading", "pd"))),
     # failed loads half the time with the P/D connector; with the offloading connector only when pinned (--pin
     # load_failures=true): vLLM's own worker for it never reports one, and the scheduler's generic recovery then hangs
     # (docs/scheduler-connectors.md)
-    Dimension("load_failures", BOOLEAN, _chance(0.5), needs=("kv_connector", "pd")),
+    Dimension("load_failures", BOOLEAN, chance(0.5), needs=("kv_connector", "pd")),
     # LoRA: max_loras 1 or 2 half the time, requests drawn with one of max_loras + 1 adapters (the limit bites) or none
-    Dimension("max_loras", (0, 1, 2), _weighted((2, 1, 1))),
+    Dimension("max_loras", (0, 1, 2), weighted((2, 1, 1))),
     # the client resets the prefix cache a quarter of the time (refused, and redrawn, with a KV connector), vLLM's
     # KV cache events checked against the pool half the time, requests past max_model_len a quarter
     # (docs/scheduler-features.md)
-    Dimension("prefix_resets", BOOLEAN, _chance(0.25)),
-    Dimension("kv_events", BOOLEAN, _chance(0.5)),
-    Dimension("overlong_requests", BOOLEAN, _chance(0.25)),
-    Dimension("stats", BOOLEAN, _chance(0.5)),  # vLLM's scheduler stats (log_stats), checked half the time
+    Dimension("prefix_resets", BOOLEAN, chance(0.25)),
+    Dimension("kv_events", BOOLEAN, chance(0.5)),
+    Dimension("overlong_requests", BOOLEAN, chance(0.25)),
+    Dimension("stats", BOOLEAN, chance(0.5)),  # vLLM's scheduler stats (log_stats), checked half the time
     # partial prefix caching: prefix hashes every 1 or 2 tokens half the time a Mamba hybrid is drawn (refused, and
     # redrawn, without prefix caching or with a block no larger than the unit; docs/scheduler-features.md)
-    Dimension("prefix_match_unit", (0, 1, 2), _weighted((2, 1, 1)), needs=("model", "mamba-hybrid")),
+    Dimension("prefix_match_unit", (0, 1, 2), weighted((2, 1, 1)), needs=("model", "mamba-hybrid")),
     # resumable requests (streaming sessions) a quarter of the time, with synchronous scheduling and no connector
     # only (refused, and redrawn, with drafts; docs/scheduler-features.md)
     Dimension(
-        "sessions", BOOLEAN, _chance(0.25), needs=("async_scheduling", False), also_needs=("kv_connector", "none")
+        "sessions", BOOLEAN, chance(0.25), needs=("async_scheduling", False), also_needs=("kv_connector", "none")
     ),
     Dimension("schedule_conservativeness", (1.0,), fixed),  # SGLang's alone (its table draws it)
-    Dimension(MODEL_RUNNER, ("V1", "V2"), _uniform),
+    Dimension(MODEL_RUNNER, ("V1", "V2"), uniform),
     # how vLLM is told the drafts are made, with drafts: n-gram half the time, a draft model (one draft slot a
     # request, k lookahead slots) a quarter, a parallel one (k draft slots; vLLM 0.33.0's V1 runner only, refused and
     # redrawn elsewhere) a quarter (docs/scheduler-async.md#drafting-slots)
-    Dimension("drafter", DRAFTERS, _weighted((2, 1, 1)), needs=("speculative_tokens", DRAFTED)),
+    Dimension("drafter", DRAFTERS, weighted((2, 1, 1)), needs=("speculative_tokens", DRAFTED)),
     # with the KV cache events, full reports (kv_cache_report_mode "full") for half the requests half the time
-    Dimension("kv_events_full", BOOLEAN, _chance(0.5), needs=("kv_events", True)),
+    Dimension("kv_events_full", BOOLEAN, chance(0.5), needs=("kv_events", True)),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
 
@@ -212,7 +138,7 @@ def draw(
     rng: random.Random,
     valid: Callable[[SchedulerSetup, str], None],
     dimensions: Optional[tuple[Dimension, ...]] = None,
-    pins: Mapping[str, Any] = MappingProxyType({}),
+    pins: Mapping[str, Any] = NO_PINS,
 ) -> SwarmConfig:
     """A configuration of ``dimensions`` (vLLM's table unless another engine's is given) ``valid`` accepts (it raises
     ``ValueError`` for one the engine refuses); ``rng`` alone decides it, so a seed draws the same configurations. A
@@ -221,10 +147,7 @@ def draw(
     last: Optional[ValueError] = None
     rows = DIMENSIONS if dimensions is None else dimensions  # the table as the module holds it now
     for refused in range(MAX_REDRAWS):
-        values: dict[str, Any] = {}
-        for dimension in rows:
-            values[dimension.name] = dimension.value(rng, {**values, **pins})
-        values.update(pins)
+        values = draw_values(rng, rows, pins)
         runner = values.pop(MODEL_RUNNER)
         steps = rng.choice(STEPS)
         try:

@@ -34,12 +34,12 @@ from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.campaign.settings import Settings
 from kvfuzz.program.safeguards import Journal
-from kvfuzz.scheduler.pins import Pins, pin_arguments
 from kvfuzz.scheduler.recorder import SavedSchedulerTrace, save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
 from kvfuzz.scheduler.search import Outcome, SearchCutOff
 from kvfuzz.scheduler.swarm import SwarmConfig
 from kvfuzz.shrink.signature import Signature
+from kvfuzz.swarm_table import Pins
 
 BATCH_EXAMPLES = 25
 """Examples per configuration drawn, unless told otherwise."""
@@ -80,7 +80,6 @@ class SchedulerCampaignOptions:
     def rerun(self) -> Rerun:
         own = SchedulerRerun(
             self.scheduler,
-            self.pins,
             self.batch_examples,
             self.batch_seconds,
             self.shrink,
@@ -96,7 +95,6 @@ class SchedulerRerun:
     """A scheduler campaign's own settings of its rerun (:class:`~kvfuzz.campaign.rerun.TargetRerun`)."""
 
     scheduler: str
-    pins: Pins  # swarm rows held at one value (--pin)
     batch_examples: int  # examples per configuration drawn
     batch_seconds: Optional[float]  # --batch-seconds: the most a batch's search ran (None: no cap)
     shrink: bool
@@ -108,7 +106,7 @@ class SchedulerRerun:
         return ["--scheduler", self.scheduler]
 
     def options(self) -> list[str]:
-        args = [*pin_arguments(self.pins), "--batch-examples", str(self.batch_examples)]
+        args = ["--batch-examples", str(self.batch_examples)]
         if self.batch_seconds is not None:
             args += ["--batch-seconds", repr(self.batch_seconds)]
         if not self.shrink:
@@ -122,7 +120,7 @@ class SchedulerRerun:
         return args
 
     def to_json(self) -> dict[str, Any]:
-        return {**attrs.asdict(self), "pins": dict(self.pins)}
+        return attrs.asdict(self)
 
 
 @attrs.frozen

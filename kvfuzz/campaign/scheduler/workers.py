@@ -84,7 +84,7 @@ class SchedulerCampaign:
         return self.options.rerun()
 
     def result_fields(self) -> dict[str, Any]:
-        return {"allocators": (), "scheduler": self.options.scheduler, "pins": self.options.pins}
+        return {"allocators": (), "scheduler": self.options.scheduler}
 
 
 class WorkerJournal(Journal):

@@ -7,20 +7,21 @@ and the schedule conservativeness, which together make decode run out of pages a
 
 from __future__ import annotations
 
-from kvfuzz.scheduler.swarm import DIMENSIONS, MODEL_RUNNER, Dimension, fixed
+from kvfuzz.scheduler.swarm import DIMENSIONS, MODEL_RUNNER
+from kvfuzz.swarm_table import Dimension, fixed, uniform
 
 _SHARED = ("num_blocks", "max_num_batched_tokens", "max_num_seqs", "prefix_caching")
 
 SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     *(dimension for dimension in DIMENSIONS if dimension.name in _SHARED),
-    Dimension("block_size", (2, 4, 8, 16), lambda rng, values: rng.choice(values)),
+    Dimension("block_size", (2, 4, 8, 16), uniform),
     Dimension("policy", ("fcfs",), fixed),
     Dimension("model", ("full",), fixed),
     Dimension("async_scheduling", (False,), fixed),
     Dimension("speculative_tokens", (0,), fixed),
     Dimension("cache_salts", (False,), fixed),
     Dimension("stop_tokens", (False,), fixed),
-    Dimension("eos", (False, True), lambda rng, values: rng.choice(values)),  # requests ending at EOS (retraction)
+    Dimension("eos", (False, True), uniform),  # requests ending at EOS (retraction)
     Dimension("min_tokens", (False,), fixed),
     Dimension("kv_connector", ("none",), fixed),
     Dimension("transfer_delay", (0,), fixed),
@@ -34,7 +35,7 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("sessions", (False,), fixed),
     # the new-token ratio's start (0.7 x it): below 1 the PrefillAdder overcommits running requests' outputs, and
     # decode retracts (with EOS drawn: an ignore_eos request's remaining output is reserved in full)
-    Dimension("schedule_conservativeness", (1.0, 0.3, 0.1), lambda rng, values: rng.choice(values)),
+    Dimension("schedule_conservativeness", (1.0, 0.3, 0.1), uniform),
     Dimension("drafter", ("ngram",), fixed),
     Dimension("kv_events_full", (False,), fixed),
     Dimension(MODEL_RUNNER, ("",), fixed),
