@@ -28,10 +28,11 @@ from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.saved.corpus import replay_trace
-from kvfuzz.saved.trace import Trace, is_trace_file, load
+from kvfuzz.saved.trace import Trace, load
 from kvfuzz.threads import single_threaded_torch
 from kvfuzz.timeline.html import render_html
 from kvfuzz.timeline.record import record
+from kvfuzz.trace_files import is_trace_file
 
 ROOT = Path(__file__).resolve().parent.parent
 FAILURE = ROOT / "corpus" / "nocopyonwrite-exclusive-writes-b4ceae19c430.json"  # its configuration is reused

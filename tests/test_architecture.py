@@ -110,7 +110,8 @@ def test_no_import_cycles_in_kvfuzz() -> None:
 # package's own business, and the cycle test covers them).
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the package's version; words; torch's threads; whether torch imports; the defaults the parsers show; a child
-    # process's tie to its parent; the line a dying run leaves; what every generated reproducer shares
+    # process's tie to its parent; the line a dying run leaves; what every generated reproducer shares; every target's
+    # swarm-table rows and pins; every trace format's file (its bytes read, its fields checked, its atomic save)
     (
         "kvfuzz",
         "kvfuzz.text",
@@ -121,6 +122,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "kvfuzz.last_words",
         "kvfuzz.reproducer_text",
         "kvfuzz.swarm_table",
+        "kvfuzz.trace_files",
     ),
     ("kvfuzz.coverage",),  # which lines and branches of the code under test a process reaches
     ("kvfuzz.allocator",),  # the contract, and kvfuzz's own allocators
@@ -286,6 +288,7 @@ STAGES = {
     "isolation": "isolation.py",  # the one child process of its own group a target's work runs in
     "trace commands": "commands/trace_kinds.py",  # the one place replay, show, export and report tell kinds apart
     "swarm table": "swarm_table.py",  # the one kind of row a target's swarm table is made of, and its pins
+    "trace file": "trace_files.py",  # the one reader of a trace file's bytes, checker of fields, atomic writer
 }
 
 
@@ -303,7 +306,9 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
     * **isolation**: a call of ``os.setpgid`` (a child put in a process group of its own);
     * **trace commands**: a module of ``commands/`` that compares with ``"scheduler-trace"`` (tells a file's kind);
     * a **swarm table**'s machinery: a class with a ``pinnable`` member (a row whose values a pin is checked
-      against), or a function that parses pins (a name with ``parse`` and ``pin``)."""
+      against), or a function that parses pins (a name with ``parse`` and ``pin``);
+    * a **trace file**'s layer: a call of ``os.fsync`` (a file made durable, as a trace's atomic save does) or a
+      call with an ``object_pairs_hook`` keyword (JSON read strictly, repeated fields refused)."""
     found: dict[str, set[str]] = {stage: set() for stage in STAGES}
     for path, source in sources.items():
         tree = ast.parse(source)
@@ -332,6 +337,11 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                 found["swarm table"].add(path)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "setpgid":
                 found["isolation"].add(path)
+            if isinstance(node, ast.Call) and (
+                (isinstance(node.func, ast.Attribute) and node.func.attr == "fsync")
+                or any(keyword.arg == "object_pairs_hook" for keyword in node.keywords)
+            ):
+                found["trace file"].add(path)
             if path.startswith("commands/") and isinstance(node, ast.Compare):
                 if any(isinstance(part, ast.Constant) and part.value == "scheduler-trace" for part in ast.walk(node)):
                     found["trace commands"].add(path)
@@ -361,6 +371,8 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
         "campaign/scheduler/isolated.py": "def _child():\n    os.setpgid(0, 0)\n",
         "commands/show.py": "def run(path):\n    if json_file_kind(path) == 'scheduler-trace':\n        return 1\n",
         "scheduler/pins.py": "def parse_pins(texts): ...\n",
+        "scheduler/trace.py": "def save(t, d):\n    os.fsync(h.fileno())\n",
+        "saved/trace.py": "def parse_json(raw):\n    return json.loads(raw, object_pairs_hook=unique)\n",
         "scheduler/swarm.py": "class Dimension:\n    @property\n    def pinnable(self): ...\n",
     }
     found = stage_definitions(sources)
@@ -372,6 +384,7 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
     assert found["isolation"] == {"campaign/scheduler/isolated.py"}
     assert found["trace commands"] == {"commands/show.py"}
     assert found["swarm table"] == {"scheduler/pins.py", "scheduler/swarm.py"}
+    assert found["trace file"] == {"scheduler/trace.py", "saved/trace.py"}
 
 
 def test_each_stage_of_the_pipeline_is_written_once_for_every_target() -> None:

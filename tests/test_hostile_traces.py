@@ -29,9 +29,9 @@ from kvfuzz.program.execution import Target
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.saved.corpus import export_test
-from kvfuzz.saved.files import json_file_kind
 from kvfuzz.saved.trace import FORMAT, Trace, TraceError, load, save
 from kvfuzz.scheduler.vllm_build import vllm_missing
+from kvfuzz.trace_files import json_file_kind
 
 pytest_plugins = ["pytester"]
 

@@ -16,7 +16,7 @@ program's (the first one's when they are as long). Hypothesis's example database
 (``hypothesis[redis]``), under keys of its own.
 
 What comes back from Redis is untrusted, like a trace file from a stranger: :func:`parse_finding` checks a record's
-bytes as a trace file's are checked (:func:`kvfuzz.saved.trace.parse_json`), its trace field as a trace
+bytes as a trace file's are checked (:func:`kvfuzz.trace_files.parse_json`), its trace field as a trace
 (:func:`kvfuzz.saved.trace.from_json`), and each other field's type and size, each problem one
 :class:`~kvfuzz.saved.trace.TraceError` line.
 """
@@ -32,10 +32,11 @@ from typing import Any, Optional, TypeGuard
 
 import attrs
 
-from kvfuzz.saved.trace import Trace, TraceError, from_json, parse_json
+from kvfuzz.saved.trace import Trace, TraceError, from_json
 from kvfuzz.scheduler import trace as scheduler_trace
 from kvfuzz.scheduler.trace import SchedulerTrace
 from kvfuzz.shrink.signature import Signature
+from kvfuzz.trace_files import parse_json, show
 
 REDIS_SIGNATURES = "kvfuzz:signatures"
 """The Redis hash of claimed signatures: signature key -> JSON record (the signature, where it was found)."""
@@ -295,24 +296,24 @@ def parse_finding(key: str, raw: bytes, source: str) -> StoredFinding:
     """A record of :data:`REDIS_FINDINGS` read back and checked: ``TraceError`` (one line starting with ``source``)
     for anything that is not a :data:`FINDING_FORMAT` record whose trace is a valid trace, whose signature is the
     one ``key`` names and whose length is its trace's."""
-    data = parse_json(raw, source)
+    data = parse_json(raw, source, TraceError)
     if not isinstance(data, dict):
         raise TraceError(f"{source}: not a kvfuzz finding record (a JSON object)")
     fields = {"format", "signature", "length", "machine", "pid", "time", "seed", "worker_seed", "trace_file", "trace"}
     unknown = sorted(set(data) - fields)
     missing = sorted(fields - set(data))
     if unknown or missing:
-        problem = f"unknown field {_show(unknown[0])}" if unknown else f"no field {_show(missing[0])}"
+        problem = f"unknown field {show(unknown[0])}" if unknown else f"no field {show(missing[0])}"
         raise TraceError(f"{source}: {problem} (a {FINDING_FORMAT} record)")
     if data["format"] != FINDING_FORMAT:
-        raise TraceError(f"{source}: format {_show(data['format'])}, not {FINDING_FORMAT} (another kvfuzz's record?)")
+        raise TraceError(f"{source}: format {show(data['format'])}, not {FINDING_FORMAT} (another kvfuzz's record?)")
     trace = _trace(data["trace"], f"{source}: trace")
     signature = _signature(data["signature"], source)
     target = trace.scheduler if isinstance(trace, SchedulerTrace) else trace.allocator
     if signature.key() != key or signature.allocator != target:
         raise TraceError(f"{source}: its signature is not the one its key names, or not of its trace's allocator")
     if data["length"] != len(trace.program) or isinstance(data["length"], bool):
-        raise TraceError(f"{source}: length {_show(data['length'])} is not its trace's {len(trace.program)} calls")
+        raise TraceError(f"{source}: length {show(data['length'])} is not its trace's {len(trace.program)} calls")
     return StoredFinding(
         key,
         signature,
@@ -364,13 +365,8 @@ def _integer(data: dict[str, Any], name: str, source: str, optional: bool = Fals
     if value is None and optional:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or not -(2**63) <= value < 2**64:
-        raise TraceError(f"{source}: {name}: expected an integer, not {_show(value)}")
+        raise TraceError(f"{source}: {name}: expected an integer, not {show(value)}")
     return value
-
-
-def _show(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _text(key: Any) -> str:

@@ -23,9 +23,9 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Protocol
 import attrs
 
 from kvfuzz.campaign.cluster import ClusterFindings, TooLarge, parse_finding
-from kvfuzz.saved.files import json_file_kind
 from kvfuzz.shrink.signature import Signature
 from kvfuzz.text import printable
+from kvfuzz.trace_files import json_file_kind
 
 
 @attrs.frozen
@@ -126,7 +126,7 @@ class KnownSource(Protocol):
 
     @property
     def kind(self) -> str:
-        """:func:`~kvfuzz.saved.files.json_file_kind`'s name for the target's trace files."""
+        """:func:`~kvfuzz.trace_files.json_file_kind`'s name for the target's trace files."""
         ...
 
     def load(self, path: Path) -> Any:

@@ -28,12 +28,12 @@ from kvfuzz.campaign.known import KnownFindings
 from kvfuzz.campaign.messages import Message, Progress
 from kvfuzz.campaign.settings import Settings
 from kvfuzz.saved.corpus import died_signature
-from kvfuzz.saved.files import json_file_kind
 from kvfuzz.saved.trace import Trace, TraceError, load
 from kvfuzz.scheduler.trace import PROCESS_DIED as SCHEDULER_DIED
 from kvfuzz.scheduler.trace import SchedulerTrace, SchedulerTraceError
 from kvfuzz.scheduler.trace import load as load_scheduler_trace
 from kvfuzz.shrink.signature import Signature
+from kvfuzz.trace_files import json_file_kind
 
 if TYPE_CHECKING:
     from kvfuzz.campaign.rerun import Rerun

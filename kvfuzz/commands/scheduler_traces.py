@@ -1,6 +1,6 @@
 """``kvfuzz replay``, ``show`` and ``export`` of a scheduler target's trace (``kvfuzz-scheduler-trace/1``,
 :mod:`kvfuzz.scheduler.trace`): the scheduler targets' side of the trace commands (:mod:`kvfuzz.commands.trace_kinds`),
-which hand a file of that kind here, by its bytes (:func:`kvfuzz.saved.files.json_file_kind`).
+which hand a file of that kind here, by its bytes (:func:`kvfuzz.trace_files.json_file_kind`).
 
 A file that is not a valid scheduler trace is one line and exit status 2, before any work, as is a replay where vLLM
 refuses the trace's configuration. Replay's outcomes are allocator replay's: ``reproduced`` and ``failed

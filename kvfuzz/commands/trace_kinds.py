@@ -1,6 +1,6 @@
 """The trace commands (``kvfuzz replay``, ``show``, ``export``, ``report``) over every target's traces: each command
 is written once and hands a file to its kind's module, told by the file's bytes
-(:func:`kvfuzz.saved.files.json_file_kind`); a target contributes one module with the functions of :class:`TraceKind`
+(:func:`kvfuzz.trace_files.json_file_kind`); a target contributes one module with the functions of :class:`TraceKind`
 (the allocator target's
 :mod:`kvfuzz.commands.allocator_traces`, the scheduler targets' :mod:`kvfuzz.commands.scheduler_traces`). A file of
 neither kind goes to the allocator target's, whose loader says in one line what is wrong with it."""
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional, Protocol
 
 from kvfuzz.registry import AllocatorTrust
-from kvfuzz.saved.files import json_file_kind
+from kvfuzz.trace_files import json_file_kind
 
 
 class TraceKind(Protocol):

@@ -20,10 +20,10 @@ import attrs
 
 from kvfuzz.program.safeguards import JOURNAL_FORMAT, JOURNAL_PREFIX
 from kvfuzz.saved.corpus import PROCESS_DIED
-from kvfuzz.saved.files import MAX_FILE_BYTES
 from kvfuzz.saved.trace import FORMAT, MAX_PROGRAM_CALLS, TraceError, from_json, save
 from kvfuzz.scheduler import trace as scheduler_trace
 from kvfuzz.text import printable
+from kvfuzz.trace_files import MAX_FILE_BYTES
 
 
 def process_alive(pid: int) -> bool:

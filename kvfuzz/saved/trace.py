@@ -42,14 +42,9 @@ operation's, and a pool geometry over :data:`GEOMETRY_LIMITS` or over 1 GiB of K
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import json
-import os
 import re
-import secrets
-import stat
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -57,6 +52,7 @@ import attrs
 import torch
 
 import kvfuzz
+from kvfuzz import trace_files
 from kvfuzz.engine.config import DTYPES, MachineConfig, config_json
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.violations import Invariant, InvariantViolation
@@ -64,14 +60,7 @@ from kvfuzz.kernels import KERNEL_NAMES
 from kvfuzz.program.call import Call, program_json
 from kvfuzz.program.operations import BY_NAME
 from kvfuzz.reference.content import ModelShape
-from kvfuzz.saved.files import (  # noqa: F401 -- is_trace_file and json_file_kind are used from here
-    FORMAT,
-    MAX_FILE_BYTES,
-    is_trace_file,
-    json_file_kind,
-    text_encoding,
-    utf8_error,
-)
+from kvfuzz.trace_files import FORMAT, Invalid, show
 
 _TUPLE_ARGUMENTS = {"namespace", "system"}
 
@@ -142,58 +131,18 @@ def failure_record(violation: InvariantViolation) -> dict[str, Any]:
 
 
 def save(trace: Trace, directory: Path) -> tuple[Path, bool]:
-    """Write ``trace`` into ``directory`` unless the same failure is already saved there; returns (path, written).
-
-    A file of the trace's name counts as saved only if it loads as a trace with the same digest: an empty,
-    truncated or damaged one is replaced. The trace is written to a temporary file in the same directory, flushed
-    and synced, then renamed over the final name, so that name never holds part of a trace. A name that holds
-    something other than a regular file or a link (a FIFO, a device, a socket, planted in a shared corpus) is never
-    renamed over: ``OSError``, as for a directory that cannot be written. Raises ``OSError``
-    when the directory cannot be created or written (the caller then shows the trace instead, see
-    :mod:`kvfuzz.saved.corpus`), leaving no temporary file behind.
-    """
-    path = directory / trace.file_name()
-    if _already_saved(path, trace):
-        return path, False
-    text = json.dumps(trace.to_json(), indent=2) + "\n"
-    directory.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        mode = os.lstat(path).st_mode
-        if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):
-            raise FileExistsError(errno.EEXIST, "not a regular file, which kvfuzz will not replace", str(path))
-    temporary = directory / f".{path.stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp"  # not *.json: never collected
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    _sync_directory(directory)
-    return path, True
+    """Write ``trace`` into ``directory`` unless the same failure is already saved there (a file of its name that
+    loads as a trace with the same digest); returns (path, written). Written atomically
+    (:func:`kvfuzz.trace_files.save_json`); raises ``OSError`` when the directory cannot be created or written (the
+    caller then shows the trace instead, see :mod:`kvfuzz.saved.corpus`), leaving no temporary file behind."""
+    return trace_files.save_json(trace.to_json(), directory / trace.file_name(), lambda path: _same(path, trace))
 
 
-def _already_saved(path: Path, trace: Trace) -> bool:
-    if not path.exists():
-        return False
+def _same(path: Path, trace: Trace) -> bool:
     try:
         return load(path).digest() == trace.digest()
     except TraceError:
         return False
-
-
-def _sync_directory(directory: Path) -> None:
-    """Make the rename durable too, where the platform allows it (best effort: the file itself is synced)."""
-    with contextlib.suppress(OSError, AttributeError):
-        descriptor = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
 
 
 # -- reading and validating a trace --------------------------------------------------------------------------------
@@ -236,13 +185,6 @@ class TraceUnavailable(TraceError):
     """A valid trace that needs what this environment lacks (a CUDA device): replay skips it."""
 
 
-class _Invalid(Exception):
-    """One problem with one field of a trace (``field`` is its path: ``config.num_blocks``, ``program[3].rule``)."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}" if field else problem)
-
-
 def load(path: Path) -> Trace:
     """Read and validate the trace in ``path``.
 
@@ -253,7 +195,7 @@ def load(path: Path) -> Trace:
     of :data:`kvfuzz.program.operations.BY_NAME`, or arguments that are not exactly the operation's.
     :class:`TraceUnavailable` (a ``TraceError``) is a valid trace for a device this machine lacks.
     """
-    return from_json(_read_json(Path(path)), str(path))
+    return from_json(trace_files.read_json(Path(path), TraceError), str(path))
 
 
 def from_json(data: Any, source: str = "trace") -> Trace:
@@ -263,138 +205,37 @@ def from_json(data: Any, source: str = "trace") -> Trace:
         return _trace(data)
     except TraceUnavailable as error:
         raise TraceUnavailable(f"{source}: {error}") from None
-    except _Invalid as error:
+    except Invalid as error:
         raise TraceError(f"{source}: {error}") from None
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise TraceError(f"{path}: cannot read: not a regular file")
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_FILE_BYTES + 1)
-    except OSError as error:
-        raise TraceError(f"{path}: cannot read: {error.strerror or error}") from None
-    return parse_json(raw, str(path))
-
-
-def parse_json(raw: bytes, source: str) -> Any:
-    """The JSON value of ``raw``, bytes from anywhere (a file, a Redis record), checked as a trace file's bytes are:
-    at most 16 MiB of UTF-8 JSON, without NaN or Infinity, repeated fields or too deep a nesting. Raises
-    :class:`TraceError`, one line starting with ``source``."""
-    if len(raw) > MAX_FILE_BYTES:
-        raise TraceError(f"{source}: over 16 MiB, more than any trace kvfuzz writes")
-    if not raw.strip():
-        raise TraceError(f"{source}: empty, not a kvfuzz trace")
-    encoding = text_encoding(raw)
-    if encoding is None:
-        bad = utf8_error(raw)
-        offset = bad.start if bad is not None else 0
-        raise TraceError(
-            f"{source}: not UTF-8 text (byte 0x{raw[offset]:02x} at offset {offset}); a kvfuzz trace is UTF-8 JSON"
-        )
-    if encoding != "UTF-8":
-        raise TraceError(f"{source}: {encoding} text; a kvfuzz trace is UTF-8 JSON (re-save the file as UTF-8)")
-    try:
-        return json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
-    except RecursionError:
-        raise TraceError(f"{source}: not a kvfuzz trace: its JSON is nested too deeply") from None
-    except _Invalid as error:
-        raise TraceError(f"{source}: not valid JSON: {error}") from None
-    except ValueError as error:  # json.JSONDecodeError, or an integer of more digits than Python converts
-        raise TraceError(f"{source}: not valid JSON: {_one_line(str(error))}") from None
-
-
-def _no_constant(name: str) -> Any:
-    raise _Invalid("", f"{name} is not a JSON number")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    for name, value in pairs:
-        if name in fields:
-            raise _Invalid("", f"the field {_show(name)} appears twice in one object")
-        fields[name] = value
-    return fields
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _show(value: Any) -> str:
-    """A value in an error message: its JSON, on one line and short."""
-    try:
-        shown = json.dumps(value)
-    except (TypeError, ValueError, RecursionError):
-        shown = type(value).__name__
-    return shown if len(shown) <= 60 else shown[:57] + "..."
-
-
-def _fields(value: Any, where: str, fields: dict[str, bool]) -> dict[str, Any]:
-    """``value`` as an object with exactly these fields (name -> required)."""
-    if not isinstance(value, dict):
-        raise _Invalid(where, f"must be a JSON object, not {_show(value)}")
-    prefix = f"{where}." if where else ""
-    for name in value:
-        if name not in fields:
-            raise _Invalid(
-                f"{prefix}{name}", f"unknown field (a trace's {where or 'top level'} has only: {', '.join(fields)})"
-            )
-    for name, required in fields.items():
-        if required and name not in value:
-            raise _Invalid(f"{prefix}{name}", "missing")
-    return value
-
-
-def _integer(field: str, value: Any, low: int, high: int, why: str = "") -> int:
-    if type(value) is not int:  # bool is an int to Python, not to a trace
-        raise _Invalid(field, f"must be an integer, not {_show(value)}")
-    if not low <= value <= high:
-        raise _Invalid(field, f"{_show(value)} is not between {low} and {high}{why}")
-    return value
-
-
-def _string(field: str, value: Any, longest: int = MAX_TEXT, optional: bool = False) -> Optional[str]:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str):
-        raise _Invalid(field, f"must be a string{' or null' if optional else ''}, not {_show(value)}")
-    if len(value) > longest:
-        raise _Invalid(field, f"longer than {longest} characters")
-    return value
-
-
 def _name(field: str, value: Any) -> str:
-    text = _string(field, value, MAX_NAME)
+    text = trace_files.string(field, value, MAX_NAME)
     assert text is not None
     if not text.isprintable():
-        raise _Invalid(field, f"{_show(text)} holds control characters")
+        raise Invalid(field, f"{show(text)} holds control characters")
     return text
 
 
 def _trace(data: Any) -> Trace:
     if not isinstance(data, dict):
-        raise _Invalid("", f"not a kvfuzz trace: the file holds a JSON {type(data).__name__}, not a JSON object")
+        raise Invalid("", f"not a kvfuzz trace: the file holds a JSON {type(data).__name__}, not a JSON object")
     version = data.get("format")
     matched = _FORMAT_VERSION.fullmatch(version) if isinstance(version, str) else None
     if matched is not None and int(matched.group(1)) > 1:
-        raise _Invalid("", f"written by a newer kvfuzz (format {version}); this kvfuzz reads {FORMAT}")
+        raise Invalid("", f"written by a newer kvfuzz (format {version}); this kvfuzz reads {FORMAT}")
     if version != FORMAT:
-        found = "no format field" if "format" not in data else f'"format" is {_show(version)}'
-        raise _Invalid("", f'not a kvfuzz trace ({found}; expected "format": "{FORMAT}")')
-    _fields(data, "", _TOP_FIELDS)
+        found = "no format field" if "format" not in data else f'"format" is {show(version)}'
+        raise Invalid("", f'not a kvfuzz trace ({found}; expected "format": "{FORMAT}")')
+    trace_files.fields(data, "", _TOP_FIELDS)
     version_text = _name("kvfuzz_version", data.get("kvfuzz_version", "unknown"))
     allocator = _name("allocator", data["allocator"])
     if not allocator:
-        raise _Invalid("allocator", "empty")
+        raise Invalid("allocator", "empty")
     config = _config(data["config"])
     program = _program(data["program"])
     failure = _failure(data["failure"])
-    known_bug = _string("known_bug", data.get("known_bug"), optional=True)
-    fixed = _string("fixed", data.get("fixed"), optional=True)
-    if known_bug and fixed:
-        raise _Invalid("fixed", "a trace of a fixed bug cannot be a known (unfixed) bug too: clear known_bug")
+    known_bug, fixed = trace_files.bug_status(data)
     flaky = _flaky(data.get("flaky"))
     swarm = _swarm(data.get("swarm"))
     return Trace(
@@ -407,12 +248,12 @@ def _swarm(value: Any) -> Optional[dict[str, Any]]:
     found the failure (the pool geometry is in ``config``); absent from traces of ``kvfuzz run``."""
     if value is None:
         return None
-    fields = _fields(value, "swarm", {"program_length": True, "operations": True})
-    length = _integer("swarm.program_length", fields["program_length"], 1, MAX_PROGRAM_CALLS)
+    fields = trace_files.fields(value, "swarm", {"program_length": True, "operations": True})
+    length = trace_files.integer("swarm.program_length", fields["program_length"], 1, MAX_PROGRAM_CALLS)
     names = _list("swarm.operations", fields["operations"])
     for index, name in enumerate(names):
         if not isinstance(name, str) or name not in BY_NAME:
-            raise _Invalid(f"swarm.operations[{index}]", f"{_show(name)} is not an operation")
+            raise Invalid(f"swarm.operations[{index}]", f"{show(name)} is not an operation")
     return {"program_length": length, "operations": list(names)}
 
 
@@ -420,30 +261,33 @@ def _flaky(value: Any) -> Optional[tuple[int, int]]:
     """``{"reproduced": k, "replays": n}``: the recorded failure reproduced in k of n confirmation replays."""
     if value is None:
         return None
-    fields = _fields(value, "flaky", {"reproduced": True, "replays": True})
-    replays = _integer("flaky.replays", fields["replays"], 1, 1000)
-    return _integer("flaky.reproduced", fields["reproduced"], 0, replays), replays
+    fields = trace_files.fields(value, "flaky", {"reproduced": True, "replays": True})
+    replays = trace_files.integer("flaky.replays", fields["replays"], 1, 1000)
+    return trace_files.integer("flaky.reproduced", fields["reproduced"], 0, replays), replays
 
 
 def _config(value: Any) -> MachineConfig:
     """The configuration a trace records, asking the allocator's factory for the W it recorded."""
-    config = _fields(value, "config", _CONFIG_FIELDS)
+    config = trace_files.fields(value, "config", _CONFIG_FIELDS)
     limit = " (kvfuzz's limits keep one example's K/V pools under 1 GiB)"
-    sizes = {name: _integer(f"config.{name}", config[name], *GEOMETRY_LIMITS[name], limit) for name in GEOMETRY_LIMITS}
+    sizes = {
+        name: trace_files.integer(f"config.{name}", config[name], *GEOMETRY_LIMITS[name], limit)
+        for name in GEOMETRY_LIMITS
+    }
     window = config.get("inflight_window")
     if window is not None:
-        _integer("config.inflight_window", window, 0, MAX_INFLIGHT_WINDOW)
+        trace_files.integer("config.inflight_window", window, 0, MAX_INFLIGHT_WINDOW)
     dtype = config["dtype"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise _Invalid("config.dtype", f"{_show(dtype)} is not one of {', '.join(DTYPES)}")
+        raise Invalid("config.dtype", f"{show(dtype)} is not one of {', '.join(DTYPES)}")
     device = config["device"]
     if not isinstance(device, str) or not _DEVICE.fullmatch(device):
-        raise _Invalid("config.device", f"{_show(device)} is not a device kvfuzz runs on (cpu, cuda, cuda:N)")
+        raise Invalid("config.device", f"{show(device)} is not a device kvfuzz runs on (cpu, cuda, cuda:N)")
     kernel = config.get("kernel", "gather")
     if not isinstance(kernel, str) or kernel not in KERNEL_NAMES:
-        raise _Invalid("config.kernel", f"{_show(kernel)} is not one of {', '.join(KERNEL_NAMES)}")
+        raise Invalid("config.kernel", f"{show(kernel)} is not one of {', '.join(KERNEL_NAMES)}")
     if sizes["num_query_heads"] % sizes["num_kv_heads"]:
-        raise _Invalid(
+        raise Invalid(
             "config.num_query_heads",
             f"{sizes['num_query_heads']} is not a multiple of config.num_kv_heads ({sizes['num_kv_heads']})",
         )
@@ -451,7 +295,7 @@ def _config(value: Any) -> MachineConfig:
     row = sizes["block_size"] * sizes["num_layers"] * sizes["num_kv_heads"] * sizes["head_dim"] * element
     pools = 2 * (sizes["num_blocks"] + sizes["num_host_blocks"]) * row
     if pools > MAX_POOL_BYTES:
-        raise _Invalid(
+        raise Invalid(
             "config",
             f"the K/V pools would take {pools / 2**30:.1f} GiB (K and V x (num_blocks + num_host_blocks) x "
             f"block_size x num_layers x num_kv_heads x head_dim x {element} bytes); a trace may ask for at most 1 GiB",
@@ -468,27 +312,27 @@ def _config(value: Any) -> MachineConfig:
 
 def _program(value: Any) -> list[Call]:
     if not isinstance(value, list):
-        raise _Invalid("program", f"must be a JSON list of calls, not {_show(value)}")
+        raise Invalid("program", f"must be a JSON list of calls, not {show(value)}")
     if len(value) > MAX_PROGRAM_CALLS:
-        raise _Invalid("program", f"{len(value)} calls; a trace holds at most {MAX_PROGRAM_CALLS}")
+        raise Invalid("program", f"{len(value)} calls; a trace holds at most {MAX_PROGRAM_CALLS}")
     return [_call(f"program[{index}]", step) for index, step in enumerate(value)]
 
 
 def _call(where: str, value: Any) -> Call:
-    step = _fields(value, where, {"rule": True, "arguments": True})
+    step = trace_files.fields(value, where, {"rule": True, "arguments": True})
     rule = step["rule"]
     operation = BY_NAME.get(rule) if isinstance(rule, str) else None
     if operation is None:
-        raise _Invalid(f"{where}.rule", f"{_show(rule)} is not an operation (operations: {', '.join(BY_NAME)})")
+        raise Invalid(f"{where}.rule", f"{show(rule)} is not an operation (operations: {', '.join(BY_NAME)})")
     arguments = step["arguments"]
     if not isinstance(arguments, dict):
-        raise _Invalid(f"{where}.arguments", f"must be a JSON object, not {_show(arguments)}")
+        raise Invalid(f"{where}.arguments", f"must be a JSON object, not {show(arguments)}")
     kinds = dict(operation.arguments)
     if set(arguments) != set(kinds):
         unexpected = [f"unexpected {name}" for name in arguments if name not in kinds]
         missing = [f"missing {name}" for name in kinds if name not in arguments]
         takes = f"({', '.join(kinds)})" if kinds else "no arguments"
-        raise _Invalid(f"{where}.arguments", f"{rule} takes {takes}: {', '.join(missing + unexpected)}")
+        raise Invalid(f"{where}.arguments", f"{rule} takes {takes}: {', '.join(missing + unexpected)}")
     return Call(
         rule, {name: _argument(f"{where}.arguments.{name}", name, kinds[name], arguments[name]) for name in kinds}
     )
@@ -501,11 +345,13 @@ def _argument(field: str, name: str, kind: Any, value: Any) -> Any:
     if expected == "string":
         return _name(field, value)
     if expected == "integer":
-        return _integer(field, value, *_INT64)
+        return trace_files.integer(field, value, *_INT64)
     if expected == "strings":
         return tuple(_name(f"{field}[{index}]", item) for index, item in enumerate(_list(field, value)))
     if expected == "integers":
-        items = [_integer(f"{field}[{index}]", item, *_INT64) for index, item in enumerate(_list(field, value))]
+        items = [
+            trace_files.integer(f"{field}[{index}]", item, *_INT64) for index, item in enumerate(_list(field, value))
+        ]
         return tuple(items) if name in _TUPLE_ARGUMENTS else items
     if expected == "misuse":
         return _misuse(field, value)
@@ -531,9 +377,9 @@ _KIND_TYPES = {"NewSeqId": "string", "Integers": "integer", "TokenLists": "integ
 
 def _list(field: str, value: Any) -> list[Any]:
     if not isinstance(value, list):
-        raise _Invalid(field, f"must be a JSON list, not {_show(value)}")
+        raise Invalid(field, f"must be a JSON list, not {show(value)}")
     if len(value) > MAX_LIST:
-        raise _Invalid(field, f"{len(value)} items; at most {MAX_LIST}")
+        raise Invalid(field, f"{len(value)} items; at most {MAX_LIST}")
     return value
 
 
@@ -542,32 +388,34 @@ def _plain(field: str, value: Any, depth: int) -> Any:
     if isinstance(value, str):
         return _name(field, value)
     if type(value) is int:
-        return _integer(field, value, *_INT64)
+        return trace_files.integer(field, value, *_INT64)
     if isinstance(value, list) and depth > 0:
         return tuple(_plain(f"{field}[{index}]", item, depth - 1) for index, item in enumerate(_list(field, value)))
-    raise _Invalid(field, f"{_show(value)} is not a string, an integer{' or a list of them' if depth else ''}")
+    raise Invalid(field, f"{show(value)} is not a string, an integer{' or a list of them' if depth else ''}")
 
 
 def _misuse(field: str, value: Any) -> MisuseCall:
-    call = _fields(
-        _fields(value, field, {"misuse": True})["misuse"], f"{field}.misuse", {"op": True, "args": True, "why": True}
+    call = trace_files.fields(
+        trace_files.fields(value, field, {"misuse": True})["misuse"],
+        f"{field}.misuse",
+        {"op": True, "args": True, "why": True},
     )
     op = call["op"]
     if op not in MISUSE_OPERATIONS:
-        raise _Invalid(
-            f"{field}.misuse.op", f"{_show(op)} is not an allocator operation ({', '.join(MISUSE_OPERATIONS)})"
+        raise Invalid(
+            f"{field}.misuse.op", f"{show(op)} is not an allocator operation ({', '.join(MISUSE_OPERATIONS)})"
         )
     args = _plain(f"{field}.misuse.args", _list(f"{field}.misuse.args", call["args"]), depth=2)
-    return MisuseCall(op, args, _string(f"{field}.misuse.why", call["why"]) or "")
+    return MisuseCall(op, args, trace_files.string(f"{field}.misuse.why", call["why"], MAX_TEXT) or "")
 
 
 def _failure(value: Any) -> dict[str, Any]:
-    failure = _fields(value, "failure", _FAILURE_FIELDS)
+    failure = trace_files.fields(value, "failure", _FAILURE_FIELDS)
     invariant = failure["invariant"]
     if invariant is not None and invariant not in {number.number for number in Invariant}:
-        raise _Invalid("failure.invariant", f"{_show(invariant)} is not an invariant's number, nor null (a crash)")
-    _string("failure.title", failure["title"], MAX_NAME)
-    _string("failure.operation", failure.get("operation"), MAX_TEXT, optional=True)
-    _string("failure.explanation", failure.get("explanation", ""), MAX_TEXT)
-    _string("failure.cause", failure.get("cause"), MAX_TEXT, optional=True)
+        raise Invalid("failure.invariant", f"{show(invariant)} is not an invariant's number, nor null (a crash)")
+    trace_files.string("failure.title", failure["title"], MAX_NAME)
+    trace_files.string("failure.operation", failure.get("operation"), MAX_TEXT, optional=True)
+    trace_files.string("failure.explanation", failure.get("explanation", ""), MAX_TEXT)
+    trace_files.string("failure.cause", failure.get("cause"), MAX_TEXT, optional=True)
     return failure

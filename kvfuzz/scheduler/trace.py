@@ -66,15 +66,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 import attrs
 
 import kvfuzz
+from kvfuzz import trace_files
 from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
 from kvfuzz.scheduler.config import (
     DRAFTERS,
@@ -91,6 +90,7 @@ from kvfuzz.scheduler.model_length import overlong_limit
 from kvfuzz.scheduler.models import MODELS
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
+from kvfuzz.trace_files import Invalid
 
 FORMAT = "kvfuzz-scheduler-trace/1"
 MAX_FILE_BYTES = 16 * 2**20
@@ -323,148 +323,73 @@ def from_journal(header: dict[str, Any], calls: list[Any], message: str) -> Sche
 
 def save(trace: SchedulerTrace, directory: Path) -> tuple[Path, bool]:
     """Write ``trace`` into ``directory`` unless a valid trace with its digest is there; returns (path, written).
-    Written to a temporary file in the directory, synced, then renamed over the final name, so the name never holds
-    part of a trace. Raises ``OSError`` when the directory cannot be created or written, leaving no temporary file."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / trace.file_name()
-    try:
-        if load(path).digest() == trace.digest():
-            return path, False
-    except (SchedulerTraceError, OSError):
-        pass
-    handle, temporary = tempfile.mkstemp(prefix=".kvfuzz-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(trace.to_json(), stream, indent=2)
-            stream.write("\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path, True
+    Written atomically (:func:`kvfuzz.trace_files.save_json`); raises ``OSError`` when the directory cannot be
+    created or written, leaving no temporary file."""
+    return trace_files.save_json(trace.to_json(), directory / trace.file_name(), lambda path: _same(path, trace))
 
 
-class _Invalid(Exception):
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
+def _same(path: Path, trace: SchedulerTrace) -> bool:
+    try:
+        return load(path).digest() == trace.digest()
+    except SchedulerTraceError:
+        return False
 
 
 def load(path: Path) -> SchedulerTrace:
-    """Read and check a scheduler trace file; :class:`SchedulerTraceError` (one line) if it is not a valid one."""
-    try:
-        with open(path, "rb") as stream:
-            raw = stream.read(MAX_FILE_BYTES + 1)
-    except OSError as error:
-        raise SchedulerTraceError(f"{path}: cannot read it ({error.strerror or error})") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise SchedulerTraceError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a trace kvfuzz wrote")
-    try:
-        data = json.loads(raw.decode("utf-8-sig"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise SchedulerTraceError(f"{path}: not UTF-8 JSON ({' '.join(str(error).split())})") from None
-    return from_json(data, str(path))
+    """Read and check a scheduler trace file; :class:`SchedulerTraceError` (one line naming the file and the field)
+    if it is not a valid one. Its bytes are checked as every trace file's are (:func:`kvfuzz.trace_files.read_json`:
+    a regular file of at most 16 MiB of UTF-8 JSON, without NaN, repeated fields or too deep a nesting)."""
+    return from_json(trace_files.read_json(Path(path), SchedulerTraceError), str(path))
 
 
 def from_json(data: Any, source: str = "trace") -> SchedulerTrace:
     try:
         return _trace(data)
-    except _Invalid as error:
-        raise SchedulerTraceError(f"{source}: {' '.join(str(error).split())}") from None
-
-
-def _fields(value: Any, where: str, fields: dict[str, bool]) -> dict[str, Any]:
-    """``value`` as an object with exactly ``fields`` (name: required)."""
-    if not isinstance(value, dict):
-        raise _Invalid(where, f"must be a JSON object, not {type(value).__name__}")
-    unknown = sorted(set(value) - set(fields))
-    if unknown:
-        raise _Invalid(where, f"unknown field {unknown[0]!r}")
-    missing = [name for name, required in fields.items() if required and name not in value]
-    if missing:
-        raise _Invalid(where, f"missing field {missing[0]!r}")
-    return value
-
-
-def _integer(field: str, value: Any, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _Invalid(field, f"must be an integer, not {json.dumps(value)[:40]}")
-    if not low <= value <= high:
-        raise _Invalid(field, f"must be in {low}..{high}, not {value}")
-    return value
-
-
-def _number(field: str, value: Any, high: float) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise _Invalid(field, f"must be a number, not {json.dumps(value)[:40]}")
-    if not 0 < value <= high:
-        raise _Invalid(field, f"must be in (0, {high:g}], not {value}")
-    return float(value)
-
-
-def _text(field: str, value: Any, optional: bool = False) -> Optional[str]:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str):
-        raise _Invalid(field, f"must be a string{' or null' if optional else ''}, not {json.dumps(value)[:40]}")
-    if len(value) > MAX_TEXT:
-        raise _Invalid(field, f"longer than {MAX_TEXT} characters")
-    return value
-
-
-def _boolean(field: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _Invalid(field, f"must be true or false, not {json.dumps(value)[:40]}")
-    return value
-
-
-def _choice(field: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise _Invalid(field, f"must be one of {', '.join(choices)}, not {json.dumps(value)[:40]}")
-    return str(value)
+    except Invalid as error:
+        raise SchedulerTraceError(f"{source}: {trace_files.one_line(str(error))}") from None
 
 
 def _trace(data: Any) -> SchedulerTrace:
     fields = {"format": True, "kvfuzz_version": True, "scheduler": True, "engine": True, "config": True}
     fields.update(program=True, shrunk=True, failure=True, known_bug=False, fixed=False)
-    data = _fields(data, "the trace", fields)
-    if data.get("known_bug") and data.get("fixed"):
-        raise _Invalid("fixed", "a trace of a fixed bug cannot be a known (unfixed) bug too: clear known_bug")
+    data = trace_files.fields(data, "", fields)
+    known_bug, fixed = trace_files.bug_status(data)
     if data["format"] != FORMAT:
-        raise _Invalid("format", f"must be {FORMAT!r}, not {json.dumps(data['format'])[:40]} (another kind of file)")
-    scheduler = _choice("scheduler", data["scheduler"], SCHEDULERS)
+        raise Invalid("format", f"must be {FORMAT!r}, not {json.dumps(data['format'])[:40]} (another kind of file)")
+    scheduler = trace_files.choice("scheduler", data["scheduler"], SCHEDULERS)
     setup = _config(data["config"])
     if scheduler == SGLANG:
-        engine = _fields(data["engine"], "engine", {"sglang_version": True})
+        engine = trace_files.fields(data["engine"], "engine", {"sglang_version": True})
         return SchedulerTrace(
             scheduler=scheduler,
             setup=setup,
             model_runner="",
-            vllm_version=str(_text("engine.sglang_version", engine["sglang_version"])),
+            vllm_version=str(trace_files.string("engine.sglang_version", engine["sglang_version"], MAX_TEXT)),
             program=_program(data["program"], setup),
             failure=_failure(data["failure"]),
-            shrunk=_boolean("shrunk", data["shrunk"]),
-            known_bug=_text("known_bug", data.get("known_bug"), optional=True),
-            kvfuzz_version=str(_text("kvfuzz_version", data["kvfuzz_version"])),
-            fixed=_text("fixed", data.get("fixed"), optional=True),
+            shrunk=trace_files.boolean("shrunk", data["shrunk"]),
+            known_bug=known_bug,
+            kvfuzz_version=str(trace_files.string("kvfuzz_version", data["kvfuzz_version"], MAX_TEXT)),
+            fixed=fixed,
         )
-    engine = _fields(
+    engine = trace_files.fields(
         data["engine"], "engine", {"vllm_version": True, "model_runner": True, "write_path": False, "attention": False}
     )
     return SchedulerTrace(
         scheduler=scheduler,
         setup=setup,
-        model_runner=_choice("engine.model_runner", engine["model_runner"], MODEL_RUNNERS),
-        vllm_version=str(_text("engine.vllm_version", engine["vllm_version"])),
+        model_runner=trace_files.choice("engine.model_runner", engine["model_runner"], MODEL_RUNNERS),
+        vllm_version=str(trace_files.string("engine.vllm_version", engine["vllm_version"], MAX_TEXT)),
         program=_program(data["program"], setup),
         failure=_failure(data["failure"]),
-        shrunk=_boolean("shrunk", data["shrunk"]),
-        known_bug=_text("known_bug", data.get("known_bug"), optional=True),
-        kvfuzz_version=str(_text("kvfuzz_version", data["kvfuzz_version"])),
-        fixed=_text("fixed", data.get("fixed"), optional=True),
-        write_path=_choice("engine.write_path", engine.get("write_path", WRITE_PATH_NAMES[0]), WRITE_PATH_NAMES),
-        attention=_choice("engine.attention", engine.get("attention", ATTENTION_NAMES[0]), ATTENTION_NAMES),
+        shrunk=trace_files.boolean("shrunk", data["shrunk"]),
+        known_bug=known_bug,
+        kvfuzz_version=str(trace_files.string("kvfuzz_version", data["kvfuzz_version"], MAX_TEXT)),
+        fixed=fixed,
+        write_path=trace_files.choice(
+            "engine.write_path", engine.get("write_path", WRITE_PATH_NAMES[0]), WRITE_PATH_NAMES
+        ),
+        attention=trace_files.choice("engine.attention", engine.get("attention", ATTENTION_NAMES[0]), ATTENTION_NAMES),
     )
 
 
@@ -493,50 +418,56 @@ def _config(value: Any) -> SchedulerSetup:
         "schedule_conservativeness": False,
         "drafter": False,
     }
-    config = _fields(value, "config", {**required, **optional})
-    numbers = {name: _integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config}
-    policy = _choice("config.policy", config.get("policy", "fcfs"), POLICIES)
-    speculative = _integer("config.speculative_tokens", config.get("speculative_tokens", 0), 0, MAX_SPECULATIVE_TOKENS)
-    model = _choice("config.model", config.get("model", "full"), tuple(MODELS))
-    connector = _choice("config.kv_connector", config.get("kv_connector", "none"), KV_CONNECTORS)
-    delay = _integer("config.transfer_delay", config.get("transfer_delay", 0), 0, MAX_TRANSFER_DELAY)
-    max_loras = _integer("config.max_loras", config.get("max_loras", 0), 0, MAX_LORAS)
-    match_unit = _integer("config.prefix_match_unit", config.get("prefix_match_unit", 0), 0, numbers["block_size"])
+    config = trace_files.fields(value, "config", {**required, **optional})
+    numbers = {
+        name: trace_files.integer(f"config.{name}", config[name], 1, LIMITS[name]) for name in LIMITS if name in config
+    }
+    policy = trace_files.choice("config.policy", config.get("policy", "fcfs"), POLICIES)
+    speculative = trace_files.integer(
+        "config.speculative_tokens", config.get("speculative_tokens", 0), 0, MAX_SPECULATIVE_TOKENS
+    )
+    model = trace_files.choice("config.model", config.get("model", "full"), tuple(MODELS))
+    connector = trace_files.choice("config.kv_connector", config.get("kv_connector", "none"), KV_CONNECTORS)
+    delay = trace_files.integer("config.transfer_delay", config.get("transfer_delay", 0), 0, MAX_TRANSFER_DELAY)
+    max_loras = trace_files.integer("config.max_loras", config.get("max_loras", 0), 0, MAX_LORAS)
+    match_unit = trace_files.integer(
+        "config.prefix_match_unit", config.get("prefix_match_unit", 0), 0, numbers["block_size"]
+    )
     try:
         return SchedulerSetup(
             num_blocks=numbers["num_blocks"],
             block_size=numbers["block_size"],
             max_num_batched_tokens=numbers["max_num_batched_tokens"],
             max_num_seqs=numbers["max_num_seqs"],
-            prefix_caching=_boolean("config.prefix_caching", config["prefix_caching"]),
+            prefix_caching=trace_files.boolean("config.prefix_caching", config["prefix_caching"]),
             policy=policy,
             model=model,
             speculative_tokens=speculative,
-            async_scheduling=_boolean("config.async_scheduling", config.get("async_scheduling", False)),
-            cache_salts=_boolean("config.cache_salts", config.get("cache_salts", False)),
-            stop_tokens=_boolean("config.stop_tokens", config.get("stop_tokens", False)),
-            eos=_boolean("config.eos", config.get("eos", False)),
-            min_tokens=_boolean("config.min_tokens", config.get("min_tokens", False)),
+            async_scheduling=trace_files.boolean("config.async_scheduling", config.get("async_scheduling", False)),
+            cache_salts=trace_files.boolean("config.cache_salts", config.get("cache_salts", False)),
+            stop_tokens=trace_files.boolean("config.stop_tokens", config.get("stop_tokens", False)),
+            eos=trace_files.boolean("config.eos", config.get("eos", False)),
+            min_tokens=trace_files.boolean("config.min_tokens", config.get("min_tokens", False)),
             kv_connector=connector,
             transfer_delay=delay,
-            load_failures=_boolean("config.load_failures", config.get("load_failures", False)),
+            load_failures=trace_files.boolean("config.load_failures", config.get("load_failures", False)),
             max_loras=max_loras,
-            prefix_resets=_boolean("config.prefix_resets", config.get("prefix_resets", False)),
-            kv_events=_boolean("config.kv_events", config.get("kv_events", False)),
-            kv_events_full=_boolean("config.kv_events_full", config.get("kv_events_full", False)),
-            overlong_requests=_boolean("config.overlong_requests", config.get("overlong_requests", False)),
-            stats=_boolean("config.stats", config.get("stats", False)),
+            prefix_resets=trace_files.boolean("config.prefix_resets", config.get("prefix_resets", False)),
+            kv_events=trace_files.boolean("config.kv_events", config.get("kv_events", False)),
+            kv_events_full=trace_files.boolean("config.kv_events_full", config.get("kv_events_full", False)),
+            overlong_requests=trace_files.boolean("config.overlong_requests", config.get("overlong_requests", False)),
+            stats=trace_files.boolean("config.stats", config.get("stats", False)),
             prefix_match_unit=match_unit,
-            sessions=_boolean("config.sessions", config.get("sessions", False)),
-            schedule_conservativeness=_number(
+            sessions=trace_files.boolean("config.sessions", config.get("sessions", False)),
+            schedule_conservativeness=trace_files.number(
                 "config.schedule_conservativeness",
                 config.get("schedule_conservativeness", 1.0),
                 MAX_SCHEDULE_CONSERVATIVENESS,
             ),
-            drafter=_choice("config.drafter", config.get("drafter", "ngram"), DRAFTERS),
+            drafter=trace_files.choice("config.drafter", config.get("drafter", "ngram"), DRAFTERS),
         )
     except ValueError as error:
-        raise _Invalid("config", str(error)) from None
+        raise Invalid("config", str(error)) from None
 
 
 def program_from_json(value: Any, setup: SchedulerSetup) -> tuple[Operation, ...]:
@@ -544,15 +475,15 @@ def program_from_json(value: Any, setup: SchedulerSetup) -> tuple[Operation, ...
     when they are not a valid program of it."""
     try:
         return tuple(_program(value, setup))
-    except _Invalid as invalid:
+    except Invalid as invalid:
         raise SchedulerTraceError(str(invalid)) from None
 
 
 def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
     if not isinstance(value, list):
-        raise _Invalid("program", f"must be a JSON list, not {type(value).__name__}")
+        raise Invalid("program", f"must be a JSON list, not {type(value).__name__}")
     if len(value) > LIMITS["program"]:
-        raise _Invalid("program", f"longer than {LIMITS['program']} operations")
+        raise Invalid("program", f"longer than {LIMITS['program']} operations")
     program: list[Operation] = []
     added = 0
     for index, item in enumerate(value):
@@ -560,49 +491,53 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
         ops = ("add", "abort", "step") + (("reset_prefix_cache",) if setup.prefix_resets else ())
         ops += ("resume",) if setup.sessions else ()
         if not isinstance(item, dict) or item.get("op") not in ops:
-            raise _Invalid(where, f"must be an object whose op is {', '.join(ops[:-1])} or {ops[-1]}")
+            raise Invalid(where, f"must be an object whose op is {', '.join(ops[:-1])} or {ops[-1]}")
         if item["op"] == "step":
-            _fields(item, where, {"op": True})
+            trace_files.fields(item, where, {"op": True})
             program.append(Step())
         elif item["op"] == "abort":
-            request = _text(f"{where}.request", _fields(item, where, {"op": True, "request": True})["request"])
+            request = trace_files.string(
+                f"{where}.request", trace_files.fields(item, where, {"op": True, "request": True})["request"], MAX_TEXT
+            )
             if not re.fullmatch(r"r\d{1,6}", str(request)) or int(str(request)[1:]) >= added:
-                raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
+                raise Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
             program.append(Abort(str(request)))
         elif item["op"] == "reset_prefix_cache":
-            preempt = _fields(item, where, {"op": True, "preempt": False}).get("preempt", False)
-            program.append(ResetPrefixCache(_boolean(f"{where}.preempt", preempt)))
+            preempt = trace_files.fields(item, where, {"op": True, "preempt": False}).get("preempt", False)
+            program.append(ResetPrefixCache(trace_files.boolean(f"{where}.preempt", preempt)))
         elif item["op"] == "resume":
-            item = _fields(item, where, {"op": True, "request": True, "prompt": True, "max_tokens": True})
-            request = _text(f"{where}.request", item["request"])
+            item = trace_files.fields(item, where, {"op": True, "request": True, "prompt": True, "max_tokens": True})
+            request = trace_files.string(f"{where}.request", item["request"], MAX_TEXT)
             if not re.fullmatch(r"r\d{1,6}", str(request)) or int(str(request)[1:]) >= added:
-                raise _Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
+                raise Invalid(f"{where}.request", f"must name a request added before it (r0 .. r{added - 1})")
             prompt = item["prompt"]
             if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
-                raise _Invalid(f"{where}.prompt", f"must be a list of 1..{setup.max_model_len - 1} tokens")
-            tokens = [_integer(f"{where}.prompt", token, 0, VOCABULARY - 1) for token in prompt]
-            max_tokens = _integer(f"{where}.max_tokens", item["max_tokens"], 1, setup.max_model_len - len(tokens))
+                raise Invalid(f"{where}.prompt", f"must be a list of 1..{setup.max_model_len - 1} tokens")
+            tokens = [trace_files.integer(f"{where}.prompt", token, 0, VOCABULARY - 1) for token in prompt]
+            max_tokens = trace_files.integer(
+                f"{where}.max_tokens", item["max_tokens"], 1, setup.max_model_len - len(tokens)
+            )
             program.append(Resume(str(request), tokens, max_tokens))
         else:
             extras = dict.fromkeys(
                 ("priority", "cache_salt", "stop_token_ids", "eos", "min_tokens", "lora", "resumable"), False
             )
-            item = _fields(item, where, {"op": True, "prompt": True, "max_tokens": True, **extras})
+            item = trace_files.fields(item, where, {"op": True, "prompt": True, "max_tokens": True, **extras})
             prompt = item["prompt"]
             if not isinstance(prompt, list) or not 1 <= len(prompt) < setup.max_model_len:
-                raise _Invalid(f"{where}.prompt", f"must be a list of 1..{setup.max_model_len - 1} tokens")
-            tokens = [_integer(f"{where}.prompt", token, 0, VOCABULARY - 1) for token in prompt]
+                raise Invalid(f"{where}.prompt", f"must be a list of 1..{setup.max_model_len - 1} tokens")
+            tokens = [trace_files.integer(f"{where}.prompt", token, 0, VOCABULARY - 1) for token in prompt]
             room = overlong_limit(setup) - len(tokens) if setup.overlong_requests else setup.max_model_len - len(tokens)
-            max_tokens = _integer(f"{where}.max_tokens", item["max_tokens"], 1, room)
-            priority = _integer(f"{where}.priority", item.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY)
-            salt = _text(f"{where}.cache_salt", item.get("cache_salt"), optional=True)
-            eos = _boolean(f"{where}.eos", item.get("eos", False))
-            min_tokens = _integer(f"{where}.min_tokens", item.get("min_tokens", 0), 0, max_tokens)
+            max_tokens = trace_files.integer(f"{where}.max_tokens", item["max_tokens"], 1, room)
+            priority = trace_files.integer(f"{where}.priority", item.get("priority", 0), -MAX_PRIORITY, MAX_PRIORITY)
+            salt = trace_files.string(f"{where}.cache_salt", item.get("cache_salt"), MAX_TEXT, optional=True)
+            eos = trace_files.boolean(f"{where}.eos", item.get("eos", False))
+            min_tokens = trace_files.integer(f"{where}.min_tokens", item.get("min_tokens", 0), 0, max_tokens)
             stops = _stop_token_ids(where, item)
-            lora = _integer(f"{where}.lora", item.get("lora", 0), 0, lora_adapters(setup.max_loras))
-            resumable = _boolean(f"{where}.resumable", item.get("resumable", False))
+            lora = trace_files.integer(f"{where}.lora", item.get("lora", 0), 0, lora_adapters(setup.max_loras))
+            resumable = trace_files.boolean(f"{where}.resumable", item.get("resumable", False))
             if resumable and not setup.sessions:
-                raise _Invalid(f"{where}.resumable", "is true, but the trace's config does not have sessions")
+                raise Invalid(f"{where}.resumable", "is true, but the trace's config does not have sessions")
             program.append(AddRequest(tokens, max_tokens, priority, salt, stops, eos, min_tokens, lora, resumable))
             added += 1
     return program
@@ -612,22 +547,22 @@ def _stop_token_ids(where: str, item: dict[str, Any]) -> tuple[int, ...]:
     """An add's stop token ids: distinct tokens of the vocabulary (none when absent)."""
     stops = item.get("stop_token_ids", [])
     if not isinstance(stops, list) or len(set(map(repr, stops))) != len(stops):
-        raise _Invalid(f"{where}.stop_token_ids", "must be a list of distinct tokens")
-    return tuple(_integer(f"{where}.stop_token_ids", token, 0, VOCABULARY - 1) for token in stops)
+        raise Invalid(f"{where}.stop_token_ids", "must be a list of distinct tokens")
+    return tuple(trace_files.integer(f"{where}.stop_token_ids", token, 0, VOCABULARY - 1) for token in stops)
 
 
 def _failure(value: Any) -> RecordedFailure:
     fields = {"check": True, "exception": True, "step": True, "request": True, "message": True}
-    failure = _fields(value, "failure", fields)
-    check = _choice("failure.check", failure["check"], (*(check.value for check in Check), CRASH))
-    exception = _text("failure.exception", failure["exception"], optional=True)
+    failure = trace_files.fields(value, "failure", fields)
+    check = trace_files.choice("failure.check", failure["check"], (*(check.value for check in Check), CRASH))
+    exception = trace_files.string("failure.exception", failure["exception"], MAX_TEXT, optional=True)
     if (check == CRASH) != (exception is not None):
-        raise _Invalid("failure.exception", "must name the exception's type for a crash, and be null otherwise")
+        raise Invalid("failure.exception", "must name the exception's type for a crash, and be null otherwise")
     step = failure["step"]
     return RecordedFailure(
         check=check,
-        message=str(_text("failure.message", failure["message"])),
+        message=str(trace_files.string("failure.message", failure["message"], MAX_TEXT)),
         exception=exception,
-        step=None if step is None else _integer("failure.step", step, 0, 1 << 40),
-        request=_text("failure.request", failure["request"], optional=True),
+        step=None if step is None else trace_files.integer("failure.step", step, 0, 1 << 40),
+        request=trace_files.string("failure.request", failure["request"], MAX_TEXT, optional=True),
     )
