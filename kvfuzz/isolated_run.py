@@ -33,9 +33,9 @@ from kvfuzz.registry import load_factory
 from kvfuzz.runner import RunSummary, run
 from kvfuzz.saved import journals
 from kvfuzz.saved.corpus import PROCESS_DIED, HangSaver, trace_of
-from kvfuzz.saved.hint import replay_hint, show_hint
 from kvfuzz.saved.trace import Trace, TraceError, load
 from kvfuzz.text import plural
+from kvfuzz.trace_saving import replay_hint, show_hint
 
 
 @attrs.frozen

@@ -56,10 +56,10 @@ from kvfuzz.registry import (
     load_factory,
     probe_allocator,
 )
-from kvfuzz.saved.hint import replay_hint
 from kvfuzz.text import printable
 from kvfuzz.torch_check import INSTALL_TORCH, torch_unavailable
 from kvfuzz.trace_files import json_file_kind
+from kvfuzz.trace_saving import replay_hint
 
 
 class KvfuzzFailure(Exception):

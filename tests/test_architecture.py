@@ -132,6 +132,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvfuzz.engine",),  # the engine kvfuzz plays, its expected state and checks
     ("kvfuzz.zoo", "kvfuzz.workload"),  # broken allocators, each with its invariant; workload replay on the engine
     ("kvfuzz.registry",),  # allocators by name
+    ("kvfuzz.trace_saving",),  # where a trace went, and the replay and show commands printed for it
     ("kvfuzz.program",),  # the operation table, programs, replay
     ("kvfuzz.shrink",),  # failure signatures, and shrinking a failing program to a fixpoint
     ("kvfuzz.statemachines", "kvfuzz.profiles"),  # the Hypothesis machine and its settings profiles
@@ -289,6 +290,7 @@ STAGES = {
     "trace commands": "commands/trace_kinds.py",  # the one place replay, show, export and report tell kinds apart
     "swarm table": "swarm_table.py",  # the one kind of row a target's swarm table is made of, and its pins
     "trace file": "trace_files.py",  # the one reader of a trace file's bytes, checker of fields, atomic writer
+    "saved trace": "trace_saving.py",  # the one record of where a trace went, and what is printed of it
 }
 
 
@@ -308,7 +310,9 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
     * a **swarm table**'s machinery: a class with a ``pinnable`` member (a row whose values a pin is checked
       against), or a function that parses pins (a name with ``parse`` and ``pin``);
     * a **trace file**'s layer: a call of ``os.fsync`` (a file made durable, as a trace's atomic save does) or a
-      call with an ``object_pairs_hook`` keyword (JSON read strictly, repeated fields refused)."""
+      call with an ``object_pairs_hook`` keyword (JSON read strictly, repeated fields refused);
+    * a **saved trace**'s record: a class with ``written`` and ``error`` fields (where a trace went: written, or not
+      and why)."""
     found: dict[str, set[str]] = {stage: set() for stage in STAGES}
     for path, source in sources.items():
         tree = ast.parse(source)
@@ -342,6 +346,12 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                 or any(keyword.arg == "object_pairs_hook" for keyword in node.keywords)
             ):
                 found["trace file"].add(path)
+            if isinstance(node, ast.ClassDef) and {"written", "error"} <= {
+                item.target.id
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            }:
+                found["saved trace"].add(path)
             if path.startswith("commands/") and isinstance(node, ast.Compare):
                 if any(isinstance(part, ast.Constant) and part.value == "scheduler-trace" for part in ast.walk(node)):
                     found["trace commands"].add(path)
@@ -373,6 +383,7 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
         "scheduler/pins.py": "def parse_pins(texts): ...\n",
         "scheduler/trace.py": "def save(t, d):\n    os.fsync(h.fileno())\n",
         "saved/trace.py": "def parse_json(raw):\n    return json.loads(raw, object_pairs_hook=unique)\n",
+        "scheduler/recorder.py": "class SavedSchedulerTrace:\n    written: bool\n    error: Optional[str]\n",
         "scheduler/swarm.py": "class Dimension:\n    @property\n    def pinnable(self): ...\n",
     }
     found = stage_definitions(sources)
@@ -385,6 +396,7 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
     assert found["trace commands"] == {"commands/show.py"}
     assert found["swarm table"] == {"scheduler/pins.py", "scheduler/swarm.py"}
     assert found["trace file"] == {"scheduler/trace.py", "saved/trace.py"}
+    assert found["saved trace"] == {"scheduler/recorder.py"}
 
 
 def test_each_stage_of_the_pipeline_is_written_once_for_every_target() -> None:

@@ -55,7 +55,7 @@ def test_the_commands_a_run_against_the_user_s_own_allocator_prints_work_as_prin
 
 
 def test_a_registered_allocator_s_commands_need_no_trust() -> None:
-    from kvfuzz.saved.hint import default_page, replay_hint, show_hint
+    from kvfuzz.trace_saving import default_page, replay_hint, show_hint
 
     trace = Path("corpus") / "x y.json"
     assert replay_hint(trace, "zoo:NoCopyOnWrite") == "replay it with: kvfuzz replay 'corpus/x y.json'"
@@ -72,15 +72,33 @@ pytest_plugins = ["pytester"]
 def test_a_trace_that_could_not_be_saved_prints_a_replay_that_trusts_the_user_s_allocator(tmp_path: Path) -> None:
     """Before: "trace NOT saved ... replay it with: kvfuzz replay NAME", refused for the user's own allocator."""
     from kvfuzz.engine.config import MachineConfig
-    from kvfuzz.saved.corpus import SavedTrace
+    from kvfuzz.saved.corpus import save_trace
     from kvfuzz.saved.trace import Trace
 
     record = {"invariant": None, "title": "crash", "operation": None, "explanation": "x"}
     trace = Trace("mine:make", MachineConfig(), (), record, None)
-    report = SavedTrace(trace, tmp_path / "x.json", written=False, error="disk full").report()
-    assert "save it as x.json and replay it with: kvfuzz replay --trust-allocator x.json" in report, report
-    registered = SavedTrace(attrs_evolve(trace, "zoo:NoCopyOnWrite"), tmp_path / "x.json", False, "disk full")
-    assert "replay it with: kvfuzz replay x.json" in registered.report()
+    blocked = tmp_path / "a file where the corpus would be"
+    blocked.write_text("")
+    report = save_trace(trace, blocked).report()
+    assert f"save it as {trace.file_name()} and replay it with: kvfuzz replay --trust-allocator " in report, report
+    registered = save_trace(attrs_evolve(trace, "zoo:NoCopyOnWrite"), blocked)
+    assert f"replay it with: kvfuzz replay {registered.trace.file_name()}\n" in registered.report()
+
+
+def test_a_scheduler_trace_s_commands_are_quoted_as_an_allocator_trace_s_are(tmp_path: Path) -> None:
+    """Before: a scheduler trace's report wrote its own lines, ``kvfuzz show PATH`` unquoted, which a path with a
+    space broke when pasted; both kinds now print the one report (kvfuzz/trace_saving.py)."""
+    from test_scheduler_traces import TRACE
+
+    from kvfuzz.scheduler.recorder import save_scheduler_trace
+
+    saved = save_scheduler_trace(TRACE, tmp_path / "my corpus")
+    path = f"'{tmp_path}/my corpus/{TRACE.file_name()}'"
+    assert saved.report().splitlines() == [
+        f"trace saved to {tmp_path}/my corpus/{TRACE.file_name()}",
+        f"replay it with: kvfuzz replay {path}",
+        f"see it as a timeline: kvfuzz show {path} (writes {path[:-6]}.html')",
+    ]
 
 
 def attrs_evolve(trace, allocator: str):  # type: ignore[no-untyped-def]

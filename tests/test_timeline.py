@@ -22,13 +22,13 @@ from kvfuzz.engine.config import MachineConfig
 from kvfuzz.program.call import Call
 from kvfuzz.registry import AllocatorNotFound, load_factory
 from kvfuzz.saved.corpus import replay_trace
-from kvfuzz.saved.hint import show_hint
 from kvfuzz.saved.trace import Trace, load, save
 from kvfuzz.timeline import record as recording
 from kvfuzz.timeline.html import render_html
 from kvfuzz.timeline.png import render_png
 from kvfuzz.timeline.record import failure_blocks, record
 from kvfuzz.trace_files import is_trace_file
+from kvfuzz.trace_saving import show_hint
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 CORPUS_TRACES = sorted(path for path in CORPUS.glob("*.json") if is_trace_file(path))

@@ -10,8 +10,8 @@ import attrs
 
 from kvfuzz.campaign.coverage import CampaignCoverage
 from kvfuzz.campaign.rerun import Rerun
-from kvfuzz.saved.hint import replay_hint
 from kvfuzz.text import plural
+from kvfuzz.trace_saving import replay_hint
 
 
 @attrs.frozen

@@ -48,8 +48,8 @@ from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.store import open_store
 from kvfuzz.program.safeguards import deferred_interrupts, journal_path
 from kvfuzz.saved import journals
-from kvfuzz.saved.hint import show_hint
 from kvfuzz.scheduler.harness import HarnessError
+from kvfuzz.trace_saving import show_hint
 
 DEFAULT_DURATION = 600.0
 """Seconds a campaign runs unless told otherwise (``kvfuzz campaign``, the plugin's nightly profile)."""

@@ -21,8 +21,8 @@ from kvfuzz.commands.output_files import (
 )
 from kvfuzz.commands.report_text import UnreadableTrace, fenced, paragraph
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, UntrustedAllocator, load_factory
-from kvfuzz.saved.hint import default_page, show_hint
 from kvfuzz.text import printable, printable_lines
+from kvfuzz.trace_saving import default_page, show_hint
 
 if TYPE_CHECKING:
     from kvfuzz.saved.trace import Trace

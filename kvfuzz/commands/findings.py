@@ -24,8 +24,8 @@ from typing import Any, Iterator, Optional
 
 from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import at_least_seconds, needs_torch
-from kvfuzz.saved.hint import trusting
 from kvfuzz.text import printable
+from kvfuzz.trace_saving import trusting
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

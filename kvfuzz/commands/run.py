@@ -147,6 +147,7 @@ def _report(
     why it could not be saved (or null), and ``unsaved_trace`` the trace itself when it could not be saved; after a
     hang saved as found, ``hang_as_found`` is that file while it stays (or null)."""
     from kvfuzz.saved.corpus import save_trace, superseded
+    from kvfuzz.trace_saving import NO_TRACE_FIELDS
 
     if not args.json:
         _print_summary(summary, config)
@@ -154,15 +155,12 @@ def _report(
     saved = save_trace(trace, Path(args.corpus)) if trace is not None else None
     stays = found is not None and superseded(found, saved, summary) is None
     if args.json:
-        unsaved = saved is not None and saved.error is not None
-        error = f"cannot write {saved.path} ({saved.error})" if saved is not None and unsaved else None
-        if error is not None:
-            print(f"kvfuzz: trace NOT saved: {error}; it is in the JSON object's unsaved_trace", file=sys.stderr)
-        fields = {
-            "trace": str(saved.path) if saved is not None and not unsaved else None,
-            "trace_error": error,
-            "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
-        }
+        fields = dict(NO_TRACE_FIELDS if saved is None else saved.json_fields())
+        if fields["trace_error"] is not None:
+            print(
+                f"kvfuzz: trace NOT saved: {fields['trace_error']}; it is in the JSON object's unsaved_trace",
+                file=sys.stderr,
+            )
         if found is not None:
             fields["hang_as_found"] = str(found) if stays else None
         emit_json({**summary.to_json(), **fields})

@@ -16,8 +16,9 @@ from kvfuzz.commands.scheduler_campaign import scheduler_target
 from kvfuzz.isolation import Returned
 from kvfuzz.program.safeguards import journal_path
 from kvfuzz.scheduler.command import Body, Ran
-from kvfuzz.scheduler.recorder import save_scheduler_trace, trace_fields
+from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.trace import PROCESS_DIED, SchedulerTrace
+from kvfuzz.trace_saving import NO_TRACE_FIELDS
 
 
 def run_isolated(body: Body, args: argparse.Namespace) -> Ran:
@@ -54,7 +55,7 @@ def _report_death(args: argparse.Namespace, trace: Optional[SchedulerTrace], mes
                 "failed": True,
                 "check": "crash",
                 "explanation": f"crash: {PROCESS_DIED}: {message}{lost}",
-                **trace_fields(saved),
+                **(NO_TRACE_FIELDS if saved is None else saved.json_fields()),
             },
         )
     print(f"FAILED: crash: {PROCESS_DIED}: {message}{lost}", flush=True)

@@ -105,7 +105,7 @@ def show(args: argparse.Namespace) -> int:
     Where the engine is missing the text is all (exit 0), unless a page or picture was asked for (one line, exit 2)."""
     path, html, png, allocator = args.trace, args.html, args.png, args.allocator
     from kvfuzz.commands.output_files import OutputNotWritten, check_outputs, write_text, written_atomically
-    from kvfuzz.saved.hint import default_page
+    from kvfuzz.trace_saving import default_page
 
     if allocator is not None:
         print(f"kvfuzz: {path}: a scheduler trace is replayed against its scheduler, not --allocator", file=sys.stderr)

@@ -26,10 +26,10 @@ from kvfuzz.program.replay import NotApplicable, ReplayOutcome, replay
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, Watchdog
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, load_factory
 from kvfuzz.runner import HangFound, RunSummary
-from kvfuzz.saved.hint import replay_command, replay_hint, show_hint
 from kvfuzz.saved.trace import Trace, failure_record, save
 from kvfuzz.shrink.signature import TEARDOWN, Signature, signature_of
 from kvfuzz.text import plural
+from kvfuzz.trace_saving import SavedTrace, save_or_keep
 
 
 def trace_of(summary: RunSummary, allocator: str, config: MachineConfig) -> Optional[Trace]:
@@ -47,48 +47,18 @@ def trace_of(summary: RunSummary, allocator: str, config: MachineConfig) -> Opti
     return Trace(allocator, summary.pool or config, summary.calls, record, summary.declared_window, flaky=flaky)
 
 
-@attrs.frozen
-class SavedTrace:
-    """Where a failure's trace went: written to ``path``, already there, or, when the corpus could not be written,
-    nowhere but memory, in which case :meth:`report` shows the whole trace so that the failure is not lost."""
-
-    trace: Trace
-    path: Path  # where it is, or would have been, saved
-    written: bool  # False when the same trace was already saved there, or when it could not be written
-    error: Optional[str] = None  # why it could not be written; None once it is on disk
-
-    def text(self) -> str:
-        """The trace file's content."""
-        return json.dumps(self.trace.to_json(), indent=2)
-
-    def report(self) -> str:
-        """For a person: where the trace is and how to replay it, or one line saying it was not saved followed by
-        the trace itself."""
-        if self.error is None:
-            where = "saved to" if self.written else "already in the corpus:"
-            allocator = self.trace.allocator
-            return f"trace {where} {self.path}\n{replay_hint(self.path, allocator)}\n{show_hint(self.path, allocator)}"
-        name = self.path.name
-        return (
-            f"trace NOT saved: cannot write {self.path} ({self.error}); here it is: save it as {name} and replay it "
-            f"with: {replay_command(Path(name), self.trace.allocator)}\n{self.text()}"
-        )
-
-
-def save_failure(summary: RunSummary, allocator: str, config: MachineConfig, directory: Path) -> Optional[SavedTrace]:
+def save_failure(
+    summary: RunSummary, allocator: str, config: MachineConfig, directory: Path
+) -> Optional[SavedTrace[Trace]]:
     """Save a failed run's trace in ``directory``; None if the run has no program to save. A corpus that cannot be
     written (read-only, full, not a directory) raises nothing: the result carries the error and the trace."""
     trace = trace_of(summary, allocator, config)
     return None if trace is None else save_trace(trace, directory)
 
 
-def save_trace(trace: Trace, directory: Path) -> SavedTrace:
+def save_trace(trace: Trace, directory: Path) -> SavedTrace[Trace]:
     """Save ``trace`` in ``directory``; a corpus that cannot be written raises nothing (see :func:`save_failure`)."""
-    try:
-        path, written = save(trace, directory)
-    except OSError as error:
-        return SavedTrace(trace, directory / trace.file_name(), False, error.strerror or str(error))
-    return SavedTrace(trace, path, written)
+    return save_or_keep(trace, directory, save, trace.allocator)
 
 
 class HangSaver:
@@ -119,7 +89,7 @@ class HangSaver:
         self.write(f"hang found: its program as found ({calls}) saved to {saved.path}; {found.describe()}")
 
 
-def superseded(found: Path, saved: Optional[SavedTrace], summary: RunSummary) -> Optional[Path]:
+def superseded(found: Path, saved: Optional[SavedTrace[Trace]], summary: RunSummary) -> Optional[Path]:
     """Remove the hang saved as found (at ``found``, by a :class:`HangSaver`) once ``saved``, the run's final trace
     of ``summary``, is on disk and confirmed in every replay: the same hang, shrunk. Returns the path removed (None:
     it stays: the final trace is not saved, not confirmed, or the same file)."""

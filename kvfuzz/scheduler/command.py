@@ -437,8 +437,9 @@ def _search_and_report(
     """The examples, their outcome printed (or, with ``--json``, returned), and the failure's trace saved."""
     from pathlib import Path
 
-    from kvfuzz.scheduler.recorder import FailureRecorder, trace_fields
+    from kvfuzz.scheduler.recorder import FailureRecorder
     from kvfuzz.scheduler.search import search
+    from kvfuzz.trace_saving import NO_TRACE_FIELDS
 
     recorder = FailureRecorder(args.scheduler, Path(args.corpus))
     outcome = search(
@@ -467,7 +468,7 @@ def _search_and_report(
             "seed": args.seed,
             "configure_seconds": round(configured, 3),
             **outcome.to_json(),
-            **trace_fields(saved),
+            **(NO_TRACE_FIELDS if saved is None else saved.json_fields()),
         }
     elif saved is not None:
         print(f"\n{saved.report()}", flush=True)

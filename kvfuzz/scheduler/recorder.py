@@ -5,16 +5,14 @@ shows the whole trace."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Optional
-
-import attrs
+from typing import Optional
 
 from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.session import Session
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, save
+from kvfuzz.trace_saving import SavedTrace, save_or_keep
 
 
 def vllm_version() -> str:
@@ -22,45 +20,10 @@ def vllm_version() -> str:
     return installed_version("vllm")
 
 
-@attrs.frozen
-class SavedSchedulerTrace:
-    """Where a trace went: written to ``path``, already there, or (``error``) nowhere but memory."""
-
-    trace: SchedulerTrace
-    path: Path  # where it is, or would have been, saved
-    written: bool  # False when the same trace was already there, or when it could not be written
-    error: Optional[str] = None  # why it could not be written; None once it is on disk
-
-    def report(self) -> str:
-        if self.error is None:
-            where = "saved to" if self.written else "already in the corpus:"
-            return (
-                f"trace {where} {self.path}\nreplay it with: kvfuzz replay {self.path}\n"
-                f"see it with: kvfuzz show {self.path}"
-            )
-        return (
-            f"trace NOT saved: cannot write {self.path} ({self.error}); here it is: save it as {self.path.name} and "
-            f"replay it with: kvfuzz replay {self.path.name}\n{json.dumps(self.trace.to_json(), indent=2)}"
-        )
-
-
-def trace_fields(saved: Optional[SavedSchedulerTrace]) -> dict[str, Any]:
-    """A run's ``--json`` fields for its trace: ``trace`` (where it was saved, or null), ``trace_error`` (why it
-    could not be, or null) and ``unsaved_trace`` (the trace itself when it could not be)."""
-    unsaved = saved is not None and saved.error is not None
-    return {
-        "trace": str(saved.path) if saved is not None and not unsaved else None,
-        "trace_error": saved.error if saved is not None else None,
-        "unsaved_trace": saved.trace.to_json() if saved is not None and unsaved else None,
-    }
-
-
-def save_scheduler_trace(trace: SchedulerTrace, directory: Path) -> SavedSchedulerTrace:
-    try:
-        path, written = save(trace, directory)
-    except OSError as error:
-        return SavedSchedulerTrace(trace, directory / trace.file_name(), False, error.strerror or str(error))
-    return SavedSchedulerTrace(trace, path, written)
+def save_scheduler_trace(trace: SchedulerTrace, directory: Path) -> SavedTrace[SchedulerTrace]:
+    """``trace`` saved in ``directory``; a corpus that cannot be written raises nothing (the result carries the
+    error and the trace)."""
+    return save_or_keep(trace, directory, save)
 
 
 class FailureRecorder:
@@ -70,7 +33,7 @@ class FailureRecorder:
     def __init__(self, scheduler: str, directory: Path) -> None:
         self.scheduler = scheduler  # the target's name (``--scheduler``)
         self.directory = directory  # the corpus
-        self.first: Optional[SavedSchedulerTrace] = None  # the unshrunk trace, saved when found
+        self.first: Optional[SavedTrace[SchedulerTrace]] = None  # the unshrunk trace, saved when found
         self.latest: Optional[tuple[SchedulerTrace, BaseException]] = None  # the last failing example seen
         self._version = vllm_version()
 
@@ -95,7 +58,7 @@ class FailureRecorder:
             self.first = save_scheduler_trace(self._trace(session, error, shrunk=False), self.directory)
         self.latest = (self._trace(session, error, shrunk=True), error)
 
-    def finish(self, failure: Optional[BaseException], shrunk: bool) -> Optional[SavedSchedulerTrace]:
+    def finish(self, failure: Optional[BaseException], shrunk: bool) -> Optional[SavedTrace[SchedulerTrace]]:
         """Save the search's ``failure`` (the latest failing example, which Hypothesis replays last) and remove the
         unshrunk trace it supersedes, only if that one failed the same way: Hypothesis reports one failure, and when
         shrinking met another kind it may report that one, so the first stays on disk, never lost; returns where the

@@ -34,12 +34,14 @@ from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.campaign.settings import Settings
 from kvfuzz.program.safeguards import Journal
-from kvfuzz.scheduler.recorder import SavedSchedulerTrace, save_scheduler_trace
+from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
 from kvfuzz.scheduler.search import Outcome, SearchCutOff
 from kvfuzz.scheduler.swarm import SwarmConfig
+from kvfuzz.scheduler.trace import SchedulerTrace
 from kvfuzz.shrink.signature import Signature
 from kvfuzz.swarm_table import Pins
+from kvfuzz.trace_saving import SavedTrace
 
 BATCH_EXAMPLES = 25
 """Examples per configuration drawn, unless told otherwise."""
@@ -157,9 +159,9 @@ class BatchResult:
 
     outcome: Outcome
     signature: Optional[Signature]
-    first: Optional[SavedSchedulerTrace]  # the failing example as found, saved before shrinking
+    first: Optional[SavedTrace[SchedulerTrace]]  # the failing example as found, saved before shrinking
     shrunk: Optional[Outcome] = None  # the search again with shrinking (new failures only)
-    saved: Optional[SavedSchedulerTrace] = None  # the trace the finding names
+    saved: Optional[SavedTrace[SchedulerTrace]] = None  # the trace the finding names
     note: Optional[str] = None
     reproduced: Optional[int] = None  # the confirming replay failed the same way (1) or not (0)
     new: bool = False  # the failure's signature was claimed by this batch (shrunk and saved), not known or met before
@@ -173,7 +175,7 @@ class Drifted:
 
     signature: Signature
     outcome: Outcome  # the shrinking search, whose failure it is
-    saved: Optional[SavedSchedulerTrace]
+    saved: Optional[SavedTrace[SchedulerTrace]]
     new: bool  # claimed by this batch: its trace kept
 
 
@@ -210,7 +212,7 @@ def _until(deadline: Optional[float], search: Callable[[], Outcome]) -> Optional
         return None
 
 
-IsNew = Callable[[Signature, Optional[SavedSchedulerTrace]], bool]
+IsNew = Callable[[Signature, Optional[SavedTrace[SchedulerTrace]]], bool]
 """Whether a failure's signature is new, claiming it when it is (the batch then shrinks and saves it), told the
 failing example as found where it is saved already."""
 

@@ -45,10 +45,11 @@ from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.supervisor import Supervisor
 from kvfuzz.program.safeguards import Journal, UserInterrupt
 from kvfuzz.scheduler.harness import HarnessError
-from kvfuzz.scheduler.recorder import SavedSchedulerTrace
 from kvfuzz.scheduler.search import Outcome, SearchCutOff
 from kvfuzz.scheduler.swarm import SwarmConfig, draw
+from kvfuzz.scheduler.trace import SchedulerTrace
 from kvfuzz.shrink.signature import Signature
+from kvfuzz.trace_saving import SavedTrace
 
 
 class SchedulerCampaign:
@@ -188,7 +189,7 @@ class _Worker:
         guide.begin(plan.config)
         return plan, mutants
 
-    def is_new(self, signature: Signature, first: Optional[SavedSchedulerTrace]) -> bool:
+    def is_new(self, signature: Signature, first: Optional[SavedTrace[SchedulerTrace]]) -> bool:
         """Claim ``signature`` unless a corpus trace knows it (a regression's is claimed: reported as new) or a
         worker claimed it first; the claim names the example as found, saved already."""
         key = signature.key()
@@ -296,7 +297,7 @@ def _halted_searches(search: Search, halt: Any) -> Search:
     return halted
 
 
-def _program(saved: Optional[SavedSchedulerTrace]) -> str:
+def _program(saved: Optional[SavedTrace[SchedulerTrace]]) -> str:
     """The program of the finding's trace, one operation a line, as the trace replays it (no-op aborts of finished
     requests are not in it), then the drain; "" without a trace."""
     if saved is None:

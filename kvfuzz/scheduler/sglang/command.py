@@ -31,11 +31,11 @@ def run_sglang(
     """Run the search (with ``database``, random and kept there: ``--database``); exit status 0 (passed) or 1 (a
     check failed, or SGLang raised)."""
     from kvfuzz.scheduler.engines import SGLANG, untested_warning
-    from kvfuzz.scheduler.recorder import trace_fields
     from kvfuzz.scheduler.search import search, search_kind
     from kvfuzz.scheduler.sglang.build import sglang
     from kvfuzz.scheduler.sglang.session import SGLangSession
     from kvfuzz.scheduler.sglang.traces import SGLangFailureRecorder
+    from kvfuzz.trace_saving import NO_TRACE_FIELDS
 
     started = time.perf_counter()
     sglang()
@@ -85,7 +85,7 @@ def run_sglang(
                 "seed": args.seed,
                 "configure_seconds": round(imported, 3),
                 **outcome.to_json(),
-                **trace_fields(saved),
+                **(NO_TRACE_FIELDS if saved is None else saved.json_fields()),
             }
         )
     elif saved is not None:
