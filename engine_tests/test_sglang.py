@@ -155,3 +155,15 @@ def test_reset_cache_drops_every_unlocked_page() -> None:
     engine.reset_cache()
     assert not engine.allocator.cached_blocks()
     assert engine.allocator.admit("s3", (), PROMPT + (0,)).num_cached_tokens == 8  # locked pages stay matchable
+
+
+@pytest.mark.parametrize(
+    "spec", ["kvfuzz.adapters.sglang.adapter:radix_cache", "kvfuzz.adapters.sglang.hicache:hiradix_cache"]
+)
+def test_an_allocator_campaign_s_coverage_measures_sglang_s_mem_cache(spec: str) -> None:
+    from kvfuzz.coverage.scope import KVFUZZ, allocator_scope
+    from kvfuzz.registry import load_factory
+
+    files = allocator_scope(load_factory(spec)).files()
+    assert any(file.endswith("sglang/srt/mem_cache/radix_cache.py") for file in files), files
+    assert not any(file.startswith(KVFUZZ) for file in files)

@@ -254,3 +254,15 @@ def test_block_hashes_are_the_same_in_every_process() -> None:
     assert len(printed) == 1, printed
     hashes = next(iter(printed)).strip("[]").split(", ")
     assert len(hashes) == 4 and all(int(value) for value in hashes)  # each full block of both prompts, hashed
+
+
+def test_an_allocator_campaign_s_coverage_measures_vllm_v0_s_block_manager() -> None:
+    from kvfuzz.coverage.scope import KVFUZZ, allocator_scope
+    from kvfuzz.registry import load_factory
+
+    files = allocator_scope(load_factory("kvfuzz.adapters.vllm_v0:block_space_manager")).files()
+    assert any(file.endswith("vllm/core/block_manager.py") for file in files), files
+    assert any(file.endswith("vllm/core/block/block_table.py") for file in files), files
+    assert not any(file.startswith(KVFUZZ) for file in files) and not any(
+        file.endswith("scheduler.py") for file in files
+    )

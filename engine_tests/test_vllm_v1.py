@@ -289,3 +289,46 @@ def test_the_withdrawn_request_bug_is_one_finding_however_its_hit_is_noticed() -
     assert len(signatures) == 1, signatures
     (signature,) = signatures
     assert signature is not None and signature.cause == "a cache hit on scheduled writes that were then withdrawn"
+
+
+@pytest.mark.parametrize(
+    "spec, measured",
+    [
+        ("kvfuzz.adapters.vllm_v1:kv_cache_manager", "vllm/v1/core/block_pool.py"),
+        ("kvfuzz.adapters.vllm_hybrid:kv_cache_manager_hybrid", "vllm/v1/core/kv_cache_coordinator.py"),
+        ("kvfuzz.adapters.vllm_offload:cpu_offloading", "vllm/v1/kv_offload/cpu/manager.py"),
+    ],
+)
+def test_an_allocator_campaign_s_coverage_measures_vllm_s_code(spec: str, measured: str) -> None:
+    """The adapter declares the engine package it drives (CODE_UNDER_TEST): --coverage measures vLLM's files, never
+    the adapter's own (docs/coverage.md)."""
+    from kvfuzz.coverage.scope import KVFUZZ, allocator_scope
+    from kvfuzz.registry import load_factory
+
+    files = allocator_scope(load_factory(spec)).files()
+    assert any(file.endswith(measured) for file in files), files
+    assert not any(file.startswith(KVFUZZ) for file in files)
+
+
+def test_a_covered_allocator_campaign_reaches_vllm_s_block_pool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from kvfuzz.cli import main
+
+    argv = ["campaign", "--allocator", "kvfuzz.adapters.vllm_v1:kv_cache_manager", "--workers", "1"]
+    argv += [
+        "--max-examples",
+        "10",
+        "--seed",
+        "3",
+        "--no-known",
+        "--corpus",
+        str(tmp_path / "c"),
+        "--coverage",
+        "--json",
+    ]
+    main(argv)
+    files = {file["name"]: file for file in json.loads(capsys.readouterr().out)["coverage"]["files"]}
+    assert files["vllm/v1/core/block_pool.py"]["lines_reached"] > 20, files

@@ -44,6 +44,10 @@ from kvfuzz.allocator.types import (
 )
 from kvfuzz.kernels.flex import eager_flex_attention, pool_as_heads
 
+CODE_UNDER_TEST = ("torch", ("nn/attention/experimental/_paged_attention.py",))
+"""What a campaign's --coverage measures of this adapter's allocator: PyTorch's experimental PagedAttention
+(kvfuzz.coverage.scope)."""
+
 _EXHAUSTED = "empty pages"
 """The words of ``PagedAttention.reserve``'s refusal for lack of pages."""
 

@@ -45,6 +45,10 @@ import attrs
 from kvfuzz.adapters.vllm_v1 import VllmOptions, VllmV1Allocator
 from kvfuzz.allocator.types import KVGroup, PoolSpec, SeqId
 
+CODE_UNDER_TEST = ("vllm", ("v1/core",))
+"""What a campaign's --coverage measures of this adapter's allocator: vLLM's V1 KV cache manager over several KV cache
+groups (kvfuzz.coverage.scope)."""
+
 FULL_ATTENTION = "full attention"
 """The name of group 0, the full-attention layers."""
 

@@ -48,6 +48,10 @@ from kvfuzz.adapters.vllm_v1 import VllmOptions, VllmV1Allocator
 from kvfuzz.allocator.errors import InvalidArgument
 from kvfuzz.allocator.types import AdmitResult, GrowResult, HostTransfers, PoolSpec, SeqId, Tokens
 
+CODE_UNDER_TEST = ("vllm", ("v1/kv_offload",))
+"""What a campaign's --coverage measures of this adapter's allocator: vLLM's offloading manager and its CPU backend
+(kvfuzz.coverage.scope)."""
+
 
 def _import_offloading() -> types.SimpleNamespace:
     from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key

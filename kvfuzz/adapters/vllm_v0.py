@@ -49,6 +49,10 @@ from kvfuzz.allocator.types import (
     Tokens,
 )
 
+CODE_UNDER_TEST = ("vllm", ("core/block", "core/block_manager.py"))
+"""What a campaign's --coverage measures of this adapter's allocator: vLLM V0's block space manager and its block
+allocators (kvfuzz.coverage.scope)."""
+
 
 def _has_v0_block_manager() -> bool:
     """Whether the installed vLLM still ships ``vllm/core/block_manager.py`` (found without importing vLLM)."""

@@ -93,6 +93,10 @@ from kvfuzz.allocator.types import (
     Tokens,
 )
 
+CODE_UNDER_TEST = ("vllm", ("v1/core",))
+"""What a campaign's --coverage measures of this adapter's allocator: vLLM's V1 KV cache manager, its coordinator,
+block pool and single-type managers (kvfuzz.coverage.scope)."""
+
 if importlib.util.find_spec("vllm") is None:
     # Fail at import, so that a trace naming this adapter is skipped where vLLM is not installed.
     raise ImportError(

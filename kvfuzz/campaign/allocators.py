@@ -63,6 +63,7 @@ class CampaignOptions:
     call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT
     shrink_seconds: float = 30.0
     pins: Pins = ()  # swarm rows held at one value (--pin), checked against every allocator's table
+    coverage: bool = False  # measure the allocators' code (--coverage, --coverage-html)
     base: MachineConfig = MachineConfig()  # model shape and kernel; the geometry is swarmed
     hypothesis_every: int = HYPOTHESIS_EVERY
 
@@ -73,15 +74,16 @@ class AllocatorRerun:
 
     allocators: tuple[str, ...]  # every allocator, patterns expanded
     shrink_seconds: float  # --shrink-time
+    coverage: bool = False  # --coverage: the allocators' code measured
 
     def target(self) -> list[str]:
         return [arg for spec in self.allocators for arg in ("--allocator", spec)]
 
     def options(self) -> list[str]:
-        return ["--shrink-time", repr(self.shrink_seconds)]
+        return ["--shrink-time", repr(self.shrink_seconds), *(["--coverage"] if self.coverage else [])]
 
     def to_json(self) -> dict[str, Any]:
-        return {"allocators": list(self.allocators), "shrink_seconds": self.shrink_seconds}
+        return {"allocators": list(self.allocators), "shrink_seconds": self.shrink_seconds, "coverage": self.coverage}
 
 
 class AllocatorCampaign:
@@ -121,6 +123,7 @@ class AllocatorCampaign:
             worker.claims,
             options.seed,
             options.pins,
+            options.coverage,
         )
         _Worker(plan, worker).search()
 
@@ -131,7 +134,7 @@ class AllocatorCampaign:
     def rerun(self) -> Rerun:
         """The settings of a campaign run with these options in this directory, by this kvfuzz."""
         options = self.options
-        own = AllocatorRerun(options.allocators, options.shrink_seconds)
+        own = AllocatorRerun(options.allocators, options.shrink_seconds, options.coverage)
         return Rerun.of(own, self.settings, tuple(map(str, options.known)))
 
     def result_fields(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import random
 import socket
 import traceback
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import attrs
 from hypothesis.database import ExampleDatabase
@@ -27,10 +27,12 @@ from hypothesis.database import ExampleDatabase
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.campaign.cluster import ClusterFindings, is_redis
 from kvfuzz.campaign.known import KnownFindings
-from kvfuzz.campaign.messages import Claimed, Saved, Seen
-from kvfuzz.campaign.protocol import WorkerContext
+from kvfuzz.campaign.messages import Claimed, Covered, Saved, Seen
+from kvfuzz.campaign.protocol import Reporter, WorkerContext
 from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
 from kvfuzz.campaign.swarm import Limits, SwarmConfig, draw_swarm
+from kvfuzz.coverage.measure import measurer
+from kvfuzz.coverage.scope import Scope, allocator_scope
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call, program_text
@@ -88,6 +90,29 @@ class WorkerPlan:
     claims: Optional[Path] = None  # without Redis: the campaign's directory of signature claims
     campaign_seed: Optional[int] = None  # the campaign's --seed, recorded with each finding stored in Redis
     pins: Pins = ()  # swarm rows held at one value (--pin)
+    coverage: bool = False  # measure the allocators' code (--coverage): each batch's new points sent to the campaign
+
+
+class _Coverage:
+    """A worker's coverage of its allocators' code (:func:`~kvfuzz.coverage.scope.allocator_scope`, every allocator
+    of the campaign together): measured over each batch, its search, shrinking and saving alike, and what the batch
+    reached first sent to the campaign, which reports the union (as a scheduler campaign's)."""
+
+    def __init__(self, factories: Iterable[AllocatorFactory], slot: int) -> None:
+        roots = {root for factory in factories for root in allocator_scope(factory).roots}
+        self.scope = Scope(tuple(sorted(roots)))
+        self.files = self.scope.files()
+        self.measurer = measurer(self.files)
+        self.slot = slot
+
+    @contextlib.contextmanager
+    def measured(self, reporter: Reporter) -> Iterator[None]:
+        self.measurer.start()
+        try:
+            yield
+        finally:
+            self.measurer.stop()
+            reporter.send(Covered(self.slot, self.measurer.take().to_json(), self.scope.imported(self.files)))
 
 
 class _Worker:
@@ -112,6 +137,8 @@ class _Worker:
         self.examples_db: Optional[ExampleDatabase] = None  # opened on the first Hypothesis round
         self.stats = RunStats(on_step=self.reporter.on_step)
         self.built: dict[tuple[str, PoolSpec], bool] = {}  # whether each factory builds each pool drawn so far
+        # with --coverage: the code under test of every allocator of the campaign, measured over each batch
+        self.coverage = _Coverage(self.factories.values(), plan.slot) if plan.coverage else None
 
     def search(self) -> None:
         batch = 0
@@ -122,10 +149,11 @@ class _Worker:
                 continue  # a pool the factory refuses (one its sectors cannot fill, say): draw another
             batch += 1
             every = self.plan.hypothesis_every
-            if every and batch % every == 2 % every:
-                self.hypothesis_round(swarm)
-            else:
-                self.random_batch(swarm)
+            with self.coverage.measured(self.reporter) if self.coverage else contextlib.nullcontext():
+                if every and batch % every == 2 % every:
+                    self.hypothesis_round(swarm)
+                else:
+                    self.random_batch(swarm)
 
     def builds(self, swarm: SwarmConfig) -> bool:
         """Whether the swarm's factory builds its pool: the probe before the campaign asked only for each block size

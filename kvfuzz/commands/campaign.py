@@ -23,7 +23,7 @@ from kvfuzz.commands.options import (
     workers_problem,
 )
 from kvfuzz.commands.scheduler_campaign import add_arguments as scheduler_arguments
-from kvfuzz.commands.scheduler_campaign import scheduler_campaign
+from kvfuzz.commands.scheduler_campaign import coverage_html_problem, scheduler_campaign, write_coverage_report
 from kvfuzz.commands.scheduler_campaign import usage_error as scheduler_usage_error
 from kvfuzz.option_defaults import CALL_TIMEOUT, CAMPAIGN_DURATION
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, AllocatorUnusable, load_factory, registered_allocators
@@ -107,6 +107,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "num_blocks, block_size, host_blocks, program_length, operations (names, comma-separated), window; for a "
         'scheduler e.g. async_scheduling=true, model=sliding-window (docs/campaigns.md, "One row at a time")',
     )
+    parser.add_argument(
+        "--coverage",
+        action="store_true",
+        default=None,
+        help="measure the line and branch coverage of the code under test: the allocators' own code, or the "
+        "scheduler's engine (docs/coverage.md)",
+    )
+    parser.add_argument(
+        "--coverage-html",
+        metavar="DIR",
+        help="write an HTML report of the code under test's lines reached and missed into DIR (implies --coverage)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     scheduler_arguments(parser)
     parser.set_defaults(handler=needs_torch(campaign_command))
@@ -156,6 +168,9 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
     for path in known:
         if not path.is_dir():
             raise ValueError(f"--known {path}: not a directory")
+    problem = coverage_html_problem(args.coverage_html)
+    if problem is not None:
+        raise ValueError(problem)
     allocators = expand_allocators(args.allocator or [DEFAULT_ALLOCATOR])
     limits: list[Limits] = []
     for spec in allocators:
@@ -181,6 +196,7 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
         call_timeout=args.call_timeout or None,
         shrink_seconds=args.shrink_time if args.shrink_time is not None else 30.0,
         pins=pins,
+        coverage=bool(args.coverage or args.coverage_html is not None),
     )
 
 
@@ -209,6 +225,9 @@ def campaign_command(args: argparse.Namespace) -> int:
             print(_header(options), flush=True)
         result = campaign.run()
         status_line.close()
+        write_coverage_report(
+            args.coverage_html, result, f"kvfuzz campaign {', '.join(options.allocators)}, seed {options.seed}"
+        )
         if args.json:
             emit_json(result.to_json())
         else:
@@ -237,7 +256,9 @@ def _header(options: CampaignOptions) -> str:
         f"(up to {MAX_BLOCKS} blocks of {'/'.join(map(str, block_sizes))} slots), program length (up to "
         f"{MAX_PROGRAM_LENGTH} calls) and a subset of the {len(OPERATIONS)} operations\n"
         f"  new failures saved to {options.corpus}; known findings from: {known}; shared state: "
-        f"{options.database or 'local'}" + (f"\n  pinned: {describe_pins(options.pins)}" if options.pins else "")
+        f"{options.database or 'local'}"
+        + (f"\n  pinned: {describe_pins(options.pins)}" if options.pins else "")
+        + ("\n  coverage of the allocators' own code measured (docs/coverage.md)" if options.coverage else "")
     )
 
 

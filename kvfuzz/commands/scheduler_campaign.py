@@ -15,6 +15,7 @@ from kvfuzz.commands.options import positive_seconds
 from kvfuzz.text import plural
 
 if TYPE_CHECKING:
+    from kvfuzz.campaign.report import CampaignResult
     from kvfuzz.campaign.scheduler.target import SchedulerTarget
     from kvfuzz.swarm_table import Dimension
 
@@ -27,9 +28,7 @@ SCHEDULER_ONLY = (
     "no_shrink",
     "isolate",
     "untested_engine",
-    "coverage",
     "guided",
-    "coverage_html",
 )
 """The attributes of ``kvfuzz campaign``'s options only a scheduler campaign takes."""
 
@@ -65,22 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run each batch in a child process: a crash or a hang of the engine kills the child, not the campaign",
     )
     group.add_argument(
-        "--coverage",
-        action="store_true",
-        default=None,
-        help="measure the line and branch coverage of the engine's code under test (docs/coverage.md)",
-    )
-    group.add_argument(
         "--guided",
         action="store_true",
         default=None,
         help="coverage-guided search: keep programs that reach new coverage as seeds and mutate them, and give more "
         "batches to the configurations still finding coverage (implies --coverage; docs/coverage.md)",
-    )
-    group.add_argument(
-        "--coverage-html",
-        metavar="DIR",
-        help="write an HTML report of the engine files' lines reached and missed into DIR (implies --coverage)",
     )
     parser.add_argument(
         "--scheduler",
@@ -97,6 +85,23 @@ def _at_least_one(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
     return value
+
+
+def coverage_html_problem(directory: Optional[str]) -> Optional[str]:
+    """The one line ``--coverage-html DIR`` is refused with, if any (DIR exists and is no directory)."""
+    if directory is not None and Path(directory).exists() and not Path(directory).is_dir():
+        return f"--coverage-html {directory}: not a directory"
+    return None
+
+
+def write_coverage_report(directory: Optional[str], result: CampaignResult, title: str) -> None:
+    """With ``--coverage-html DIR``, the campaign's coverage as an HTML report in DIR, and a line saying where."""
+    if directory is None or result.coverage is None:
+        return
+    from kvfuzz.coverage.report import write_html
+
+    index = write_html(Path(directory), result.coverage.reached, result.coverage.files, title)
+    print(f"coverage report: {index}", file=sys.stderr)
 
 
 def usage_error(args: argparse.Namespace) -> Optional[str]:
@@ -124,8 +129,8 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     measured = args.coverage or args.guided or args.coverage_html is not None
     if measured and args.isolate:
         return "--coverage, --guided and --coverage-html measure in the worker process: they exclude --isolate"
-    if args.coverage_html is not None and Path(args.coverage_html).exists() and not Path(args.coverage_html).is_dir():
-        return f"--coverage-html {args.coverage_html}: not a directory"
+    if coverage_html_problem(args.coverage_html) is not None:
+        return coverage_html_problem(args.coverage_html)
     from kvfuzz.swarm_table import PinRefused, parse_pins
 
     try:
@@ -249,16 +254,9 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
         print(f"kvfuzz: --corpus {args.corpus}: cannot write its campaign state ({error})", file=sys.stderr)
         return 2
     result = supervisor.run()
-    if args.coverage_html is not None and result.coverage is not None:
-        from kvfuzz.coverage.report import write_html
-
-        index = write_html(
-            Path(args.coverage_html),
-            result.coverage.reached,
-            result.coverage.files,
-            f"kvfuzz campaign --scheduler {args.scheduler}, seed {options.seed}",
-        )
-        print(f"coverage report: {index}", file=sys.stderr)
+    write_coverage_report(
+        args.coverage_html, result, f"kvfuzz campaign --scheduler {args.scheduler}, seed {options.seed}"
+    )
     if args.json:
         emit_json(result.to_json())
     else:

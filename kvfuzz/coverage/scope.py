@@ -1,5 +1,7 @@
 """Which files are the code under test: for a scheduler target, the engine's packages the target runs; for an
-allocator, its own module or package. Never kvfuzz's own code (the harness): a file of kvfuzz is in no scope.
+allocator, the engine package an adapter drives (the adapter module's ``CODE_UNDER_TEST``), kvfuzz's allocator
+package for kvfuzz's own allocators and the zoo's, else the factory's own module or package. Never the harness: a
+file of kvfuzz outside its allocators (``OWN_ALLOCATORS``) is in no scope.
 
 A scope is a set of directories and files; the files measured are the Python files under them, and the files
 reported are those the process has imported (an engine package's module the target never imports says nothing
@@ -11,13 +13,18 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import attrs
 
 import kvfuzz
 
 KVFUZZ = os.path.realpath(Path(kvfuzz.__file__).parent)
+
+OWN_ALLOCATORS = ("allocator", "zoo")
+"""kvfuzz's packages that are code under test when a campaign runs them (its own allocators, and the zoo's broken
+ones built on them: a zoo allocator's scope is both, a kvfuzz allocator's the first); the rest of kvfuzz is the
+harness."""
 
 SCOPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "vllm-v1": (
@@ -94,7 +101,7 @@ class Scope:
             path = Path(root)
             candidates = [path] if path.is_file() else sorted(path.rglob("*.py"))
             found |= {os.path.realpath(file) for file in candidates if file.suffix == ".py"}
-        return tuple(sorted(file for file in found if not file.startswith(KVFUZZ + os.sep)))
+        return tuple(sorted(file for file in found if not _harness(file)))
 
     def imported(self, files: tuple[str, ...]) -> tuple[str, ...]:
         """Those of ``files`` whose module this process has imported."""
@@ -106,14 +113,44 @@ class Scope:
         return tuple(file for file in files if file in loaded)
 
 
+def _harness(file: str) -> bool:
+    """Whether ``file`` is kvfuzz's own code outside its allocators."""
+    if not file.startswith(KVFUZZ + os.sep):
+        return False
+    return Path(file).relative_to(KVFUZZ).parts[0] not in OWN_ALLOCATORS
+
+
 def engine_scope(scheduler: str) -> Optional[Scope]:
     """The scope of scheduler target ``scheduler``; None when its engine is not installed here."""
-    package, parts = SCOPES[scheduler]
+    return package_scope(*SCOPES[scheduler])
+
+
+def package_scope(package: str, parts: tuple[str, ...]) -> Optional[Scope]:
+    """The ``parts`` (paths relative to it) of installed package ``package``; None when it is not installed."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
     base = Path(list(spec.submodule_search_locations)[0])
     return Scope(tuple(os.path.realpath(base / part) for part in parts if (base / part).exists()))
+
+
+def allocator_scope(factory: Callable[..., Any]) -> Scope:
+    """The code under test of an allocator ``factory`` (see the module): an empty scope for a factory of kvfuzz's
+    harness that declares none (llama.cpp's adapter: its allocator is C++), or whose module has no file."""
+    module = sys.modules.get(getattr(factory, "__module__", None) or "")
+    file = getattr(module, "__file__", None)
+    if module is None or file is None:
+        return Scope(())
+    declared = getattr(module, "CODE_UNDER_TEST", None)
+    if declared is not None:  # an adapter: the engine package whose allocator it drives
+        return package_scope(*declared) or Scope(())
+    path = os.path.realpath(file)
+    if _harness(path):
+        return Scope(())
+    if path.startswith(KVFUZZ + os.sep):  # kvfuzz's own allocators; the zoo's, built on them, with them
+        package = Path(path).relative_to(KVFUZZ).parts[0]
+        return Scope(tuple(os.path.join(KVFUZZ, part) for part in OWN_ALLOCATORS[: OWN_ALLOCATORS.index(package) + 1]))
+    return module_scope(path)
 
 
 def module_scope(module_file: str) -> Scope:

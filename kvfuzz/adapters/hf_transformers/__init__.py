@@ -16,6 +16,10 @@ from kvfuzz.adapters.hf_transformers.adapter import TransformersPagedCache
 from kvfuzz.adapters.hf_transformers.build import paged_attention_cache as _build
 from kvfuzz.allocator.types import PoolSpec
 
+CODE_UNDER_TEST = ("transformers", ("generation/continuous_batching",))
+"""What a campaign's --coverage measures of this adapter's allocator: transformers' continuous-batching paged cache
+(kvfuzz.coverage.scope)."""
+
 __all__ = [
     "TransformersPagedCache",
     "paged_attention_cache",

@@ -70,6 +70,10 @@ from kvfuzz.allocator.types import (
     Tokens,
 )
 
+CODE_UNDER_TEST = ("sglang", ("srt/mem_cache",))
+"""What a campaign's --coverage measures of this adapter's allocator: SGLang's token pools, allocators and radix caches
+(kvfuzz.coverage.scope)."""
+
 MAX_NEW_TOKENS = 1 << 30
 """A request's generation budget: kvfuzz, not a length limit, decides when a sequence finishes."""
 

@@ -68,6 +68,10 @@ from kvfuzz.adapters.sglang._engine import in_context, sglang
 from kvfuzz.adapters.sglang.adapter import SGLangRadixAllocator, _Phase
 from kvfuzz.allocator.types import AdmitResult, HostTransfers, Namespace, PoolSpec, SeqId, Tokens
 
+CODE_UNDER_TEST = ("sglang", ("srt/mem_cache",))
+"""What a campaign's --coverage measures of this adapter's allocator: SGLang's hierarchical cache, its host pool and
+radix caches (kvfuzz.coverage.scope)."""
+
 WRITE_POLICIES = ("write_through", "write_back", "write_through_selective")
 """SGLang's ``--hicache-write-policy`` values."""
 
