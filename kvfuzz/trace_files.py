@@ -18,7 +18,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 FORMAT = "kvfuzz-trace/1"
 SCHEDULER_FORMAT = "kvfuzz-scheduler-trace/1"
@@ -253,6 +253,34 @@ def bug_status(data: dict[str, Any]) -> tuple[Optional[str], Optional[str]]:
 
 
 # -- writing a trace file ------------------------------------------------------------------------------------------
+
+
+class Digested(Protocol):
+    """A trace as saving compares it with a file of its name: its JSON, its file name, its digest."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+    def file_name(self) -> str: ...
+
+    def digest(self) -> str: ...
+
+
+Trace = TypeVar("Trace", bound=Digested)
+
+
+def save_trace(
+    trace: Trace, directory: Path, load: Callable[[Path], Trace], error: type[ValueError]
+) -> tuple[Path, bool]:
+    """Write ``trace`` into ``directory`` (:func:`save_json`) unless a file of its name already holds it: one that
+    ``load`` reads (``error`` when it cannot) as a trace of the same digest; returns (path, written)."""
+
+    def saved(path: Path) -> bool:
+        try:
+            return load(path).digest() == trace.digest()
+        except error:
+            return False
+
+    return save_json(trace.to_json(), directory / trace.file_name(), saved)
 
 
 def save_json(record: dict[str, Any], path: Path, saved: Callable[[Path], bool]) -> tuple[Path, bool]:

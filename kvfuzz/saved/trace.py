@@ -133,16 +133,9 @@ def failure_record(violation: InvariantViolation) -> dict[str, Any]:
 def save(trace: Trace, directory: Path) -> tuple[Path, bool]:
     """Write ``trace`` into ``directory`` unless the same failure is already saved there (a file of its name that
     loads as a trace with the same digest); returns (path, written). Written atomically
-    (:func:`kvfuzz.trace_files.save_json`); raises ``OSError`` when the directory cannot be created or written (the
+    (:func:`kvfuzz.trace_files.save_trace`); raises ``OSError`` when the directory cannot be created or written (the
     caller then shows the trace instead, see :mod:`kvfuzz.saved.corpus`), leaving no temporary file behind."""
-    return trace_files.save_json(trace.to_json(), directory / trace.file_name(), lambda path: _same(path, trace))
-
-
-def _same(path: Path, trace: Trace) -> bool:
-    try:
-        return load(path).digest() == trace.digest()
-    except TraceError:
-        return False
+    return trace_files.save_trace(trace, directory, load, TraceError)
 
 
 # -- reading and validating a trace --------------------------------------------------------------------------------

@@ -323,16 +323,9 @@ def from_journal(header: dict[str, Any], calls: list[Any], message: str) -> Sche
 
 def save(trace: SchedulerTrace, directory: Path) -> tuple[Path, bool]:
     """Write ``trace`` into ``directory`` unless a valid trace with its digest is there; returns (path, written).
-    Written atomically (:func:`kvfuzz.trace_files.save_json`); raises ``OSError`` when the directory cannot be
+    Written atomically (:func:`kvfuzz.trace_files.save_trace`); raises ``OSError`` when the directory cannot be
     created or written, leaving no temporary file."""
-    return trace_files.save_json(trace.to_json(), directory / trace.file_name(), lambda path: _same(path, trace))
-
-
-def _same(path: Path, trace: SchedulerTrace) -> bool:
-    try:
-        return load(path).digest() == trace.digest()
-    except SchedulerTraceError:
-        return False
+    return trace_files.save_trace(trace, directory, load, SchedulerTraceError)
 
 
 def load(path: Path) -> SchedulerTrace:
