@@ -11,6 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import pytest
 
@@ -41,15 +42,25 @@ def test_kvfuzz_s_own_allocator_is_its_allocator_package_and_a_zoo_one_adds_the_
     )
 
 
-def test_a_user_s_allocator_is_its_module_or_its_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "lonely.py").write_text(USER_ALLOCATOR)
-    (tmp_path / "mine").mkdir()
-    (tmp_path / "mine" / "__init__.py").write_text("")
-    (tmp_path / "mine" / "pool.py").write_text(USER_ALLOCATOR)
+@pytest.fixture
+def importable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``tmp_path`` on ``sys.path``; the modules imported from it are forgotten after the test (pytester's runs in
+    this process would find them under their names)."""
     monkeypatch.syspath_prepend(str(tmp_path))
-    real = os.path.realpath(tmp_path)
-    assert allocator_scope(load_factory("lonely:factory")).roots == (os.path.join(real, "lonely.py"),)
-    assert allocator_scope(load_factory("mine.pool:factory")).roots == (os.path.join(real, "mine"),)
+    yield tmp_path
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
+def test_a_user_s_allocator_is_its_module_or_its_package(importable: Path) -> None:
+    (importable / "scope_module.py").write_text(USER_ALLOCATOR)
+    (importable / "scope_package").mkdir()
+    (importable / "scope_package" / "__init__.py").write_text("")
+    (importable / "scope_package" / "pool.py").write_text(USER_ALLOCATOR)
+    real = os.path.realpath(importable)
+    assert allocator_scope(load_factory("scope_module:factory")).roots == (os.path.join(real, "scope_module.py"),)
+    assert allocator_scope(load_factory("scope_package.pool:factory")).roots == (os.path.join(real, "scope_package"),)
 
 
 def test_an_adapter_s_scope_is_the_engine_package_it_declares(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,12 +89,12 @@ def test_the_harness_is_in_no_scope_even_under_a_root_that_holds_it() -> None:
 
 
 def test_an_allocator_campaign_reports_the_coverage_of_the_user_s_allocator(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    importable: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from kvfuzz.cli import _parser, main
 
+    tmp_path = importable
     (tmp_path / "campaign_allocator.py").write_text(USER_ALLOCATOR)
-    monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     argv = [
         "campaign",
@@ -144,3 +155,62 @@ def test_the_adapters_of_this_environment_declare_their_engine_s_code(spec: str,
     files = allocator_scope(load_factory(spec)).files()
     assert any(file.endswith(measured) for file in files), files
     assert not any(file.startswith(KVFUZZ + os.sep) for file in files), "the adapter itself is harness"
+
+
+def test_a_partial_or_a_wrapped_factory_is_measured_where_its_function_lives() -> None:
+    """Before: a functools.partial's module is functools, so Python's own functools.py was measured."""
+    import functools
+
+    from kvfuzz.allocator.paged import paged_allocator
+
+    own = (os.path.join(KVFUZZ, "allocator"),)
+    assert allocator_scope(functools.partial(paged_allocator)).roots == own
+    assert allocator_scope(functools.partial(functools.partial(paged_allocator))).roots == own
+    assert allocator_scope(functools.wraps(paged_allocator)(lambda spec: paged_allocator(spec))).roots == own
+    assert allocator_scope(functools.lru_cache(paged_allocator)).roots == own
+    assert allocator_scope(functools.partial(dict)) == Scope(()), "Python's own code is nobody's allocator"
+
+
+def test_coverage_of_an_allocator_with_no_code_to_measure_is_refused_before_any_work(
+    importable: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: "coverage: 0 of 0 lines ... (100.0% line + branch)". A factory of kvfuzz's harness stands in for
+    llama.cpp's adapter, whose allocator is C++."""
+    tmp_path = importable
+    (tmp_path / "harness_made.py").write_text(USER_ALLOCATOR + "\nfactory.__module__ = 'kvfuzz.registry'\n")
+    monkeypatch.chdir(tmp_path)
+    from kvfuzz.cli import main
+
+    argv = ["campaign", "--allocator", "harness_made:factory", "--workers", "1", "--max-examples", "5"]
+    assert main([*argv, "--coverage"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("kvfuzz: --coverage: harness_made:factory: no Python code under test to measure")
+    assert not (tmp_path / "corpus").exists() and not (tmp_path / ".kvfuzz").exists()
+
+
+def test_a_report_directory_that_cannot_be_made_is_refused_first_and_a_failed_write_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: --coverage-html under a file ran the whole campaign, then raised NotADirectoryError before the table
+    was printed."""
+    from kvfuzz.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a file").write_text("")
+    argv = ["campaign", "--workers", "1", "--max-examples", "10", "--seed", "5", "--no-known", "--corpus", "c"]
+    assert main([*argv, "--coverage-html", "a file/report"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"kvfuzz: --coverage-html a file/report: cannot be made ({tmp_path / 'a file'} is not a directory)"
+    ]
+    assert not (tmp_path / "c").exists()
+
+    def full_disk(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("kvfuzz.coverage.report.write_html", full_disk)
+    assert main([*argv, "--coverage-html", "report"]) == 0
+    captured = capsys.readouterr()
+    assert "coverage: " in captured.out and "rerun: kvfuzz campaign" in captured.out
+    assert captured.err.splitlines()[-1] == (
+        "kvfuzz: --coverage-html report: the report could not be written ([Errno 28] No space left on device)"
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,10 @@ def test_pins_whose_pool_the_allocator_never_builds_are_refused_before_any_work(
     from kvfuzz.cli import main
 
     argv = ["campaign", "--allocator", "odd_pools:factory", "--max-examples", "5", "--workers", "1"]
-    assert main([*argv, "--pin", "num_blocks=5"]) == 2
+    try:
+        assert main([*argv, "--pin", "num_blocks=5"]) == 2
+    finally:
+        sys.modules.pop("odd_pools", None)  # pytester's runs in this process would find it
     assert capsys.readouterr().err.splitlines() == [
         "kvfuzz: --pin num_blocks=5: odd_pools:factory builds the pool of no configuration with these pins"
     ]
@@ -123,21 +127,40 @@ def test_a_pinned_campaign_saves_its_finding_under_the_pins_and_records_them(
     from kvfuzz.cli import _parser, main
 
     monkeypatch.chdir(tmp_path)
-    pins = ["--pin", "block_size=2", "--pin", "num_blocks=6", "--pin", "operations=fork,swap_out"]
+    pins = ["--pin", "block_size=2", "--pin", "num_blocks=6", "--pin", "operations=fork,grow"]
     argv = ["campaign", "--allocator", "zoo:NoCopyOnWrite", "--stop-after", "1", "--workers", "1", "--seed", "3"]
     status = main([*argv, "--max-examples", "400", "--no-known", "--corpus", "found", *pins, "--json"])
     result = json.loads(capsys.readouterr().out)
     assert status == 1 and [failure["new"] for failure in result["failures"]] == [True], result
-    expected = {"block_size": 2, "num_blocks": 6, "operations": ["admit", "step", "fork", "swap_out"]}
+    expected = {"block_size": 2, "num_blocks": 6, "operations": ["admit", "step", "grow", "fork"]}
     assert result["pins"] == expected and result["rerun"]["pins"] == expected
     [trace] = [json.loads(path.read_text()) for path in (tmp_path / "found").glob("*.json")]
     # drawn with 6 blocks; shrinking may make the pool smaller still (the smallest that fails is the report's)
     assert trace["config"]["block_size"] == 2 and trace["config"]["num_blocks"] <= 6
-    assert trace["swarm"]["operations"] == ["admit", "step", "fork", "swap_out"]
+    assert trace["swarm"]["operations"] == ["admit", "step", "grow", "fork"]
+    assert {call["rule"] for call in trace["program"]} <= {"admit", "step", "grow", "fork"}, trace["program"]
     rerun = shlex.split(result["rerun_command"])
-    assert "--pin block_size=2 --pin num_blocks=6 --pin operations=admit,step,fork,swap_out" in shlex.join(rerun)
+    assert "--pin block_size=2 --pin num_blocks=6 --pin operations=admit,step,grow,fork" in shlex.join(rerun)
     assert _parser().parse_args(rerun[1:]).pin == [
         "block_size=2",
         "num_blocks=6",
-        "operations=admit,step,fork,swap_out",
+        "operations=admit,step,grow,fork",
     ]
+
+
+def test_pinned_operations_hold_in_every_batch_hypothesis_rounds_included(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: one batch in four was a Hypothesis round over the whole operation table, so a campaign pinned to
+    grow alone found NoCopyOnWrite's bug through fork (and saved a trace whose swarm said grow). A campaign that pins
+    the operations or the program length now runs random batches alone."""
+    from kvfuzz.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["campaign", "--allocator", "zoo:NoCopyOnWrite", "--pin", "operations=grow", "--max-examples", "200"]
+    status = main(
+        [*argv, "--workers", "1", "--seed", "1", "--stop-after", "1", "--no-known", "--corpus", "c", "--json"]
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert (status, result["failures"]) == (0, []), "no fork without fork"
+    assert result["examples"] == 200

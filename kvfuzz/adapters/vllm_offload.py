@@ -48,9 +48,9 @@ from kvfuzz.adapters.vllm_v1 import VllmOptions, VllmV1Allocator
 from kvfuzz.allocator.errors import InvalidArgument
 from kvfuzz.allocator.types import AdmitResult, GrowResult, HostTransfers, PoolSpec, SeqId, Tokens
 
-CODE_UNDER_TEST = ("vllm", ("v1/kv_offload",))
-"""What a campaign's --coverage measures of this adapter's allocator: vLLM's offloading manager and its CPU backend
-(kvfuzz.coverage.scope)."""
+CODE_UNDER_TEST = ("vllm", ("v1/kv_offload", "v1/core"))
+"""What a campaign's --coverage measures of this adapter's allocator: vLLM's offloading manager and its CPU backend,
+and the V1 KV cache manager its allocator drives beneath them (kvfuzz.coverage.scope)."""
 
 
 def _import_offloading() -> types.SimpleNamespace:

@@ -10,6 +10,7 @@ import attrs
 
 from kvfuzz.campaign.coverage import CampaignCoverage
 from kvfuzz.campaign.rerun import Rerun
+from kvfuzz.swarm_table import Pins
 from kvfuzz.text import plural
 from kvfuzz.trace_saving import replay_hint
 
@@ -81,7 +82,7 @@ class CampaignResult:
     batch_log: tuple[dict[str, Any], ...] = ()  # a scheduler campaign's batches: configuration, seed, what each ran
     per_worker: tuple[dict[str, Any], ...] = ()  # each worker slot: its examples, steps and replacements
     coverage: Optional[CampaignCoverage] = None  # the code under test's, when measured (--coverage, --guided)
-    pins: tuple[tuple[str, Any], ...] = ()  # the swarm rows held at one value (--pin)
+    pins: Pins = ()  # the swarm rows held at one value (--pin)
 
     @property
     def new(self) -> tuple[Finding, ...]:

@@ -1,7 +1,7 @@
 """What it takes to run a campaign again, whatever its target: every setting of ``kvfuzz campaign`` it ran under, the
 seed among them (the one given, or the one drawn when none was), as structured fields and as a command line to
-paste. The settings every campaign has are here; a target adds its own (:class:`TargetRerun`: the allocators and
-the shrink time; a scheduler, its batches).
+paste. The settings every campaign has are here, the pins among them; a target adds its own (:class:`TargetRerun`:
+the allocators, the shrink time and coverage; a scheduler, its batches, isolation and guidance).
 
 What a rerun repeats: every worker's seed stream derives from the seed alone (one per slot), so each slot draws the
 same configurations and runs the same random programs in the same order. With one worker and an end that is counted

@@ -37,6 +37,7 @@ from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
+from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.program.random_programs import random_program
 from kvfuzz.program.replay import Divergence, NotApplicable, replay
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, AllocatorHang, Journal, Watchdog
@@ -66,6 +67,14 @@ that a worker's search is the same under the same seed on a busy machine."""
 HYPOTHESIS_EVERY = 4
 """One batch in this many is a Hypothesis round on the shared example database (the second batch, then every
 fourth), so that the failures saved there by other workers are replayed early."""
+
+HYPOTHESIS_STEPS = 100
+"""The longest program of a Hypothesis round."""
+
+UNHELD_BY_HYPOTHESIS = ("operations", "program_length")
+"""Swarm rows a Hypothesis round does not hold (its machine draws from the whole operation table, programs of at most
+:data:`HYPOTHESIS_STEPS` calls): a campaign that pins one runs random batches alone, so that the pin holds in every
+batch."""
 
 HYPOTHESIS_EXAMPLES = 20
 """Examples of one Hypothesis round."""
@@ -148,7 +157,7 @@ class _Worker:
             if not self.builds(swarm):
                 continue  # a pool the factory refuses (one its sectors cannot fill, say): draw another
             batch += 1
-            every = self.plan.hypothesis_every
+            every = 0 if any(row in UNHELD_BY_HYPOTHESIS for row, _ in self.plan.pins) else self.plan.hypothesis_every
             with self.coverage.measured(self.reporter) if self.coverage else contextlib.nullcontext():
                 if every and batch % every == 2 % every:
                     self.hypothesis_round(swarm)
@@ -203,11 +212,17 @@ class _Worker:
             return
         if self.examples_db is None:
             self.examples_db = open_examples(self.plan.database, self.plan.state / "examples")
+        # what the round runs: every operation of the table, programs of at most HYPOTHESIS_STEPS calls
+        swarm = attrs.evolve(
+            swarm,
+            program_length=min(swarm.program_length, HYPOTHESIS_STEPS),
+            operations=tuple(operation.name for operation in OPERATIONS),
+        )
         summary = run(
             self.factories[swarm.allocator],
             swarm.machine,
             examples=examples,
-            steps=min(swarm.program_length, 100),
+            steps=swarm.program_length,
             allocator_name=swarm.allocator,
             shrink=False,
             database=self.examples_db,

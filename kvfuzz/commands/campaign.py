@@ -146,6 +146,7 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
     """Every check before any work; ``ValueError`` or ``AllocatorNotFound``/``AllocatorUnusable`` (one line)."""
     from kvfuzz.campaign.supervisor import DEFAULT_DURATION, CampaignOptions
     from kvfuzz.campaign.swarm import Limits, allocator_rows, builds_pinned, probe_limits
+    from kvfuzz.coverage.scope import allocator_scope
     from kvfuzz.engine.config import MachineConfig
     from kvfuzz.swarm_table import Pins, describe_pins, parse_pins
 
@@ -175,6 +176,12 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
     limits: list[Limits] = []
     for spec in allocators:
         limits.append(probe_limits(spec, load_factory(spec), MachineConfig()))
+    coverage = bool(args.coverage or args.coverage_html is not None)
+    if coverage and not any(allocator_scope(load_factory(spec)).files() for spec in allocators):
+        raise ValueError(
+            f"--coverage: {', '.join(allocators)}: no Python code under test to measure (an adapter over a C++ "
+            "allocator, or a factory of kvfuzz's own harness; docs/coverage.md)"
+        )
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     pins: Pins = ()
     for spec, limit in zip(allocators, limits):  # every allocator's table takes the pins (PinRefused: a ValueError)
@@ -196,7 +203,7 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
         call_timeout=args.call_timeout or None,
         shrink_seconds=args.shrink_time if args.shrink_time is not None else 30.0,
         pins=pins,
-        coverage=bool(args.coverage or args.coverage_html is not None),
+        coverage=coverage,
     )
 
 
@@ -225,13 +232,12 @@ def campaign_command(args: argparse.Namespace) -> int:
             print(_header(options), flush=True)
         result = campaign.run()
         status_line.close()
-        write_coverage_report(
-            args.coverage_html, result, f"kvfuzz campaign {', '.join(options.allocators)}, seed {options.seed}"
-        )
         if args.json:
             emit_json(result.to_json())
         else:
             _print_result(result)
+        title = f"kvfuzz campaign {', '.join(options.allocators)}, seed {options.seed}"
+        write_coverage_report(args.coverage_html, result, title)
     if campaign.signal is not None:
         return 128 + campaign.signal
     if result.errors and not result.findings:

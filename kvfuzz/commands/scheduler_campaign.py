@@ -6,6 +6,7 @@ campaign takes given without ``--scheduler``, the engine not installed here or o
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 from pathlib import Path
@@ -88,19 +89,33 @@ def _at_least_one(text: str) -> int:
 
 
 def coverage_html_problem(directory: Optional[str]) -> Optional[str]:
-    """The one line ``--coverage-html DIR`` is refused with, if any (DIR exists and is no directory)."""
-    if directory is not None and Path(directory).exists() and not Path(directory).is_dir():
-        return f"--coverage-html {directory}: not a directory"
+    """The one line ``--coverage-html DIR`` is refused with, if any, before the campaign: DIR exists and is no
+    directory, or cannot be made (its nearest existing parent is no directory, or cannot be written)."""
+    if directory is None:
+        return None
+    path = Path(directory)
+    if path.exists():
+        return None if path.is_dir() else f"--coverage-html {directory}: not a directory"
+    parent = next(ancestor for ancestor in (path.absolute(), *path.absolute().parents) if ancestor.exists())
+    if not parent.is_dir():
+        return f"--coverage-html {directory}: cannot be made ({parent} is not a directory)"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--coverage-html {directory}: cannot be made ({parent} cannot be written)"
     return None
 
 
 def write_coverage_report(directory: Optional[str], result: CampaignResult, title: str) -> None:
-    """With ``--coverage-html DIR``, the campaign's coverage as an HTML report in DIR, and a line saying where."""
+    """With ``--coverage-html DIR``, the campaign's coverage as an HTML report in DIR, and a line saying where (or
+    why it could not be written: the campaign's result is printed before)."""
     if directory is None or result.coverage is None:
         return
     from kvfuzz.coverage.report import write_html
 
-    index = write_html(Path(directory), result.coverage.reached, result.coverage.files, title)
+    try:
+        index = write_html(Path(directory), result.coverage.reached, result.coverage.files, title)
+    except OSError as error:
+        print(f"kvfuzz: --coverage-html {directory}: the report could not be written ({error})", file=sys.stderr)
+        return
     print(f"coverage report: {index}", file=sys.stderr)
 
 
@@ -129,8 +144,9 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
     measured = args.coverage or args.guided or args.coverage_html is not None
     if measured and args.isolate:
         return "--coverage, --guided and --coverage-html measure in the worker process: they exclude --isolate"
-    if coverage_html_problem(args.coverage_html) is not None:
-        return coverage_html_problem(args.coverage_html)
+    problem = coverage_html_problem(args.coverage_html)
+    if problem is not None:
+        return problem
     from kvfuzz.swarm_table import PinRefused, parse_pins
 
     try:
@@ -254,9 +270,6 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
         print(f"kvfuzz: --corpus {args.corpus}: cannot write its campaign state ({error})", file=sys.stderr)
         return 2
     result = supervisor.run()
-    write_coverage_report(
-        args.coverage_html, result, f"kvfuzz campaign --scheduler {args.scheduler}, seed {options.seed}"
-    )
     if args.json:
         emit_json(result.to_json())
     else:
@@ -270,6 +283,8 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
         )
         if result.new:
             print("\n".join(new_finding_lines(result.new)))
+    title = f"kvfuzz campaign --scheduler {args.scheduler}, seed {options.seed}"
+    write_coverage_report(args.coverage_html, result, title)
     if result.ended_by == "interrupted":
         return 130
     if result.ended_by == "harness error":

@@ -9,9 +9,12 @@ about the target)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 import os
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -113,6 +116,14 @@ class Scope:
         return tuple(file for file in files if file in loaded)
 
 
+def _standard_library(file: str) -> bool:
+    """Whether ``file`` is Python's own (a factory made by ``functools`` or ``operator`` says nothing of its code)."""
+    path = os.path.realpath(file)
+    return any(
+        path.startswith(os.path.realpath(sysconfig.get_path(name)) + os.sep) for name in ("stdlib", "platstdlib")
+    )
+
+
 def _harness(file: str) -> bool:
     """Whether ``file`` is kvfuzz's own code outside its allocators."""
     if not file.startswith(KVFUZZ + os.sep):
@@ -137,9 +148,12 @@ def package_scope(package: str, parts: tuple[str, ...]) -> Optional[Scope]:
 def allocator_scope(factory: Callable[..., Any]) -> Scope:
     """The code under test of an allocator ``factory`` (see the module): an empty scope for a factory of kvfuzz's
     harness that declares none (llama.cpp's adapter: its allocator is C++), or whose module has no file."""
+    while isinstance(factory, functools.partial):  # a partial's module is functools: the function's is the one
+        factory = factory.func
+    factory = inspect.unwrap(factory)
     module = sys.modules.get(getattr(factory, "__module__", None) or "")
     file = getattr(module, "__file__", None)
-    if module is None or file is None:
+    if module is None or file is None or _standard_library(file):
         return Scope(())
     declared = getattr(module, "CODE_UNDER_TEST", None)
     if declared is not None:  # an adapter: the engine package whose allocator it drives

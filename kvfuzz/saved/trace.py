@@ -158,7 +158,7 @@ GEOMETRY_LIMITS = {
 }
 """Each field's range; their product is bounded by :data:`MAX_POOL_BYTES` as well."""
 MAX_INFLIGHT_WINDOW = 65536
-MAX_TEXT = 100_000  # characters of one string field (an explanation, a known_bug reason)
+MAX_TEXT = 100_000  # characters of one string field (an explanation, a misuse call's reason)
 MAX_NAME = 1000  # characters of a name: the allocator, a sequence id, a namespace part
 MAX_LIST = 100_000  # items of one list argument
 _INT64 = (-(2**63), 2**63 - 1)

@@ -90,10 +90,9 @@ from kvfuzz.scheduler.model_length import overlong_limit
 from kvfuzz.scheduler.models import MODELS
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
-from kvfuzz.trace_files import Invalid
+from kvfuzz.trace_files import Invalid, show
 
 FORMAT = "kvfuzz-scheduler-trace/1"
-MAX_FILE_BYTES = 16 * 2**20
 SCHEDULERS = ("vllm-v1", "sglang")
 """The scheduler targets a trace may name (``kvfuzz run --scheduler``)."""
 SGLANG = "sglang"
@@ -348,7 +347,7 @@ def _trace(data: Any) -> SchedulerTrace:
     data = trace_files.fields(data, "", fields)
     known_bug, fixed = trace_files.bug_status(data)
     if data["format"] != FORMAT:
-        raise Invalid("format", f"must be {FORMAT!r}, not {json.dumps(data['format'])[:40]} (another kind of file)")
+        raise Invalid("format", f"must be {FORMAT!r}, not {show(data['format'])} (another kind of file)")
     scheduler = trace_files.choice("scheduler", data["scheduler"], SCHEDULERS)
     setup = _config(data["config"])
     if scheduler == SGLANG:
