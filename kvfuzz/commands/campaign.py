@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvfuzz.commands.coverage_report import coverage_html_problem, write_coverage_report
 from kvfuzz.commands.json_stdout import emit_json
 from kvfuzz.commands.options import (
     DEFAULT_CORPUS,
@@ -23,7 +24,7 @@ from kvfuzz.commands.options import (
     workers_problem,
 )
 from kvfuzz.commands.scheduler_campaign import add_arguments as scheduler_arguments
-from kvfuzz.commands.scheduler_campaign import coverage_html_problem, scheduler_campaign, write_coverage_report
+from kvfuzz.commands.scheduler_campaign import scheduler_campaign
 from kvfuzz.commands.scheduler_campaign import usage_error as scheduler_usage_error
 from kvfuzz.option_defaults import CALL_TIMEOUT, CAMPAIGN_DURATION
 from kvfuzz.registry import DEFAULT_ALLOCATOR, AllocatorNotFound, AllocatorUnusable, load_factory, registered_allocators
