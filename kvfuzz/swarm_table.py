@@ -28,6 +28,9 @@ Draw = Callable[[random.Random, tuple[Any, ...]], Any]
 Pins = tuple[tuple[str, Any], ...]
 """(row, value) pairs, one per pinned row, in the order given."""
 
+NO_PINS: Mapping[str, Any] = MappingProxyType({})
+"""No row pinned (row -> value, as :func:`draw_values` takes pins)."""
+
 
 @attrs.frozen
 class Dimension:
@@ -210,7 +213,3 @@ def pin_arguments(pins: Pins) -> list[str]:
 def describe_pins(pins: Iterable[tuple[str, Any]]) -> str:
     """The pins for a person: ``async_scheduling=true, speculative_tokens=2``."""
     return ", ".join(f"{row}={value_text(value)}" for row, value in pins)
-
-
-NO_PINS: Mapping[str, Any] = MappingProxyType({})
-"""No row pinned."""
