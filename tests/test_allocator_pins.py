@@ -164,3 +164,20 @@ def test_pinned_operations_hold_in_every_batch_hypothesis_rounds_included(
     result = json.loads(capsys.readouterr().out)
     assert (status, result["failures"]) == (0, []), "no fork without fork"
     assert result["examples"] == 200
+
+
+def test_a_refusal_names_the_allocator_only_where_the_tables_differ(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: with two allocators of one table, an unknown row read "no swarm row 'nothing' for kvfuzz", as if
+    the other had it."""
+    from kvfuzz.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    same = ["campaign", "--allocator", "kvfuzz", "--allocator", "zoo:NoCopyOnWrite", "--max-examples", "5"]
+    assert main([*same, "--pin", "nothing=3"]) == 2
+    assert capsys.readouterr().err.startswith("kvfuzz: --pin nothing=3: no swarm row 'nothing'; the rows: ")
+    synchronous = "kvfuzz.allocator.paged:synchronous_allocator"  # it keeps its own W: no window row
+    assert main(["campaign", "--allocator", "kvfuzz", "--allocator", synchronous, "--pin", "window=2"]) == 2
+    assert capsys.readouterr().err.startswith(f"kvfuzz: --pin window=2: no swarm row 'window' for {synchronous}; ")
+    assert not list(tmp_path.iterdir())

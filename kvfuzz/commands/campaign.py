@@ -185,8 +185,10 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
         )
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     pins: Pins = ()
-    for spec, limit in zip(allocators, limits):  # every allocator's table takes the pins (PinRefused: a ValueError)
-        pins = parse_pins(args.pin or (), allocator_rows(limit), f" for {spec}" if len(allocators) > 1 else "")
+    tables = [allocator_rows(limit) for limit in limits]
+    differ = len({tuple((row.name, row.pinnable) for row in rows) for rows in tables}) > 1  # a refusal names whose
+    for spec, limit, rows in zip(allocators, limits, tables):  # every allocator's table takes the pins
+        pins = parse_pins(args.pin or (), rows, f" for {spec}" if differ else "")  # PinRefused: a ValueError
         if pins and not builds_pinned(limit, load_factory(spec), MachineConfig(), dict(pins), seed):
             raise ValueError(f"--pin {describe_pins(pins)}: {spec} builds the pool of no configuration with these pins")
     duration = args.duration if args.duration is not None else (None if args.max_examples else DEFAULT_DURATION)
