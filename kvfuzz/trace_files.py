@@ -105,6 +105,11 @@ def is_trace_file(path: Path) -> bool:
 # from.
 
 
+class TraceFileError(ValueError):
+    """A file that is not a valid trace of its format: each format's own error is one (``TraceError``,
+    ``SchedulerTraceError``), its message one line naming the file and the field."""
+
+
 class Invalid(Exception):
     """One problem with one field of a trace (``field`` is its path: ``config.num_blocks``, ``program[3].rule``);
     a format's reader turns it into its own error, one line naming the file."""
@@ -113,7 +118,7 @@ class Invalid(Exception):
         super().__init__(f"{field}: {problem}" if field else problem)
 
 
-def read_json(path: Path, error: type[ValueError]) -> Any:
+def read_json(path: Path, error: type[TraceFileError]) -> Any:
     """The JSON value of the trace file ``path`` (a regular file; checked as :func:`parse_json` checks bytes)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
@@ -125,7 +130,7 @@ def read_json(path: Path, error: type[ValueError]) -> Any:
     return parse_json(raw, str(path), error)
 
 
-def parse_json(raw: bytes, source: str, error: type[ValueError]) -> Any:
+def parse_json(raw: bytes, source: str, error: type[TraceFileError]) -> Any:
     """The JSON value of ``raw``, bytes from anywhere (a file, a Redis record), checked as a trace file's bytes are:
     at most 16 MiB of UTF-8 JSON, without NaN or Infinity, repeated fields or too deep a nesting. Raises ``error``,
     one line starting with ``source``."""
@@ -269,7 +274,7 @@ Trace = TypeVar("Trace", bound=Digested)
 
 
 def save_trace(
-    trace: Trace, directory: Path, load: Callable[[Path], Trace], error: type[ValueError]
+    trace: Trace, directory: Path, load: Callable[[Path], Trace], error: type[TraceFileError]
 ) -> tuple[Path, bool]:
     """Write ``trace`` into ``directory`` (:func:`save_json`) unless a file of its name already holds it: one that
     ``load`` reads (``error`` when it cannot) as a trace of the same digest; returns (path, written)."""

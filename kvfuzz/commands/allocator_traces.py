@@ -19,7 +19,7 @@ from kvfuzz.commands.output_files import (
     write_text,
     written_atomically,
 )
-from kvfuzz.commands.report_text import UnreadableTrace, fenced, paragraph
+from kvfuzz.commands.report_text import fenced, paragraph
 from kvfuzz.registry import AllocatorNotFound, AllocatorTrust, UntrustedAllocator, load_factory
 from kvfuzz.text import printable, printable_lines
 from kvfuzz.trace_saving import default_page, show_hint
@@ -187,14 +187,10 @@ def export(args: argparse.Namespace) -> int:
 
 def report(path: str) -> tuple[str, Optional[str]]:
     """``kvfuzz report`` of an allocator trace: the report's text, and its reproducer's source (None where none is
-    generated); raises :class:`~kvfuzz.commands.report_text.UnreadableTrace` for a file that is not a valid one."""
-    from kvfuzz.saved.trace import TraceError, load
+    generated); raises :class:`~kvfuzz.saved.trace.TraceError` for a file that is not a valid one."""
+    from kvfuzz.saved.trace import load
 
-    try:
-        trace = load(Path(path))
-    except TraceError as error:
-        raise UnreadableTrace(str(error)) from None
-    return allocator_report(trace, path)
+    return allocator_report(load(Path(path)), path)
 
 
 def allocator_report(trace: Trace, source: str) -> tuple[str, Optional[str]]:

@@ -174,11 +174,10 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
     if problem is not None:
         raise ValueError(problem)
     allocators = expand_allocators(args.allocator or [DEFAULT_ALLOCATOR])
-    limits: list[Limits] = []
-    for spec in allocators:
-        limits.append(probe_limits(spec, load_factory(spec), MachineConfig()))
+    factories = {spec: load_factory(spec) for spec in allocators}
+    limits: list[Limits] = [probe_limits(spec, factories[spec], MachineConfig()) for spec in allocators]
     coverage = bool(args.coverage or args.coverage_html is not None)
-    if coverage and not any(allocator_scope(load_factory(spec)).files() for spec in allocators):
+    if coverage and not any(allocator_scope(factory).files() for factory in factories.values()):
         raise ValueError(
             f"--coverage: {', '.join(allocators)}: no Python code under test to measure (an adapter over a C++ "
             "allocator, or a factory of kvfuzz's own harness; docs/coverage.md)"
@@ -189,7 +188,7 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
     differ = len({tuple((row.name, row.pinnable) for row in rows) for rows in tables}) > 1  # a refusal names whose
     for spec, limit, rows in zip(allocators, limits, tables):  # every allocator's table takes the pins
         pins = parse_pins(args.pin or (), rows, f" for {spec}" if differ else "")  # PinRefused: a ValueError
-        if pins and not builds_pinned(limit, load_factory(spec), MachineConfig(), dict(pins), seed):
+        if pins and not builds_pinned(limit, factories[spec], MachineConfig(), dict(pins), seed):
             raise ValueError(f"--pin {describe_pins(pins)}: {spec} builds the pool of no configuration with these pins")
     duration = args.duration if args.duration is not None else (None if args.max_examples else DEFAULT_DURATION)
     return CampaignOptions(

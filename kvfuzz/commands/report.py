@@ -42,8 +42,8 @@ def reproducer_path(report: Path) -> Path:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from kvfuzz.commands.report_text import UnreadableTrace
     from kvfuzz.commands.trace_kinds import kind_of
+    from kvfuzz.trace_files import TraceFileError
 
     path = Path(args.trace)
     report = Path(args.output) if args.output else Path(path.stem + ".md")
@@ -53,7 +53,7 @@ def run_command(args: argparse.Namespace) -> int:
         return _usage_error(str(error))
     try:
         text, reproducer = kind_of(args.trace).report(args.trace)
-    except UnreadableTrace as error:
+    except TraceFileError as error:
         return _usage_error(str(error))
     try:
         if reproducer is not None:

@@ -1,5 +1,5 @@
 """What every target's ``kvfuzz report`` shares (:mod:`kvfuzz.commands.trace_kinds`): how a trace's text is written
-into Markdown, and the refusal of a file that is not a valid trace."""
+into Markdown."""
 
 from __future__ import annotations
 
@@ -15,7 +15,3 @@ def fenced(text: str, language: str = "text") -> str:
 def paragraph(text: str) -> str:
     """Trace text as Markdown prose: printable, and no character that would start markup."""
     return "".join(char if char.isprintable() or char == "\n" else " " for char in text).replace("<", "&lt;")
-
-
-class UnreadableTrace(ValueError):
-    """A file that is not a valid trace of its kind: its message is the one line ``kvfuzz report`` prints."""

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from kvfuzz.commands.report_text import UnreadableTrace, fenced, paragraph
+from kvfuzz.commands.report_text import fenced, paragraph
 from kvfuzz.registry import AllocatorTrust
 from kvfuzz.text import printable, printable_lines
 
@@ -194,14 +194,10 @@ def export(args: argparse.Namespace) -> int:
 
 def report(path: str) -> tuple[str, Optional[str]]:
     """``kvfuzz report`` of a scheduler trace: the report's text, and its reproducer's source (None where none is
-    generated); raises :class:`~kvfuzz.commands.report_text.UnreadableTrace` for a file that is not a valid one."""
-    from kvfuzz.scheduler.trace import SchedulerTraceError, load
+    generated); raises :class:`~kvfuzz.scheduler.trace.SchedulerTraceError` for a file that is not a valid one."""
+    from kvfuzz.scheduler.trace import load
 
-    try:
-        trace = load(Path(path))
-    except SchedulerTraceError as error:
-        raise UnreadableTrace(str(error)) from None
-    return scheduler_report(trace, path)
+    return scheduler_report(load(Path(path)), path)
 
 
 def run_command_line(trace: SchedulerTrace) -> str:

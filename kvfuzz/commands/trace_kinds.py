@@ -35,8 +35,8 @@ class TraceKind(Protocol):
 
     def report(self, path: str) -> tuple[str, Optional[str]]:
         """``kvfuzz report``'s Markdown of the trace at ``path``, and its standalone reproducer's source (None where
-        none is generated); raises :class:`~kvfuzz.commands.report_text.UnreadableTrace` for a file that is not a
-        valid trace of the kind."""
+        none is generated); raises its format's :class:`~kvfuzz.trace_files.TraceFileError` for a file that is not
+        a valid trace of the kind."""
         ...
 
 

@@ -60,12 +60,12 @@ from kvfuzz.kernels import KERNEL_NAMES
 from kvfuzz.program.call import Call, program_json
 from kvfuzz.program.operations import BY_NAME
 from kvfuzz.reference.content import ModelShape
-from kvfuzz.trace_files import FORMAT, Invalid, show
+from kvfuzz.trace_files import FORMAT, Invalid, TraceFileError, show
 
 _TUPLE_ARGUMENTS = {"namespace", "system"}
 
 
-class TraceError(ValueError):
+class TraceError(TraceFileError):
     """A file that is not a valid kvfuzz trace; the message is one line that names the file and the field."""
 
 

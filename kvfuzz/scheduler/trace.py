@@ -90,7 +90,7 @@ from kvfuzz.scheduler.model_length import overlong_limit
 from kvfuzz.scheduler.models import MODELS
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
-from kvfuzz.trace_files import Invalid, show
+from kvfuzz.trace_files import Invalid, TraceFileError, show
 
 FORMAT = "kvfuzz-scheduler-trace/1"
 SCHEDULERS = ("vllm-v1", "sglang")
@@ -117,7 +117,7 @@ MAX_PRIORITY = 1 << 20
 """The largest priority (in absolute value) an add may carry."""
 
 
-class SchedulerTraceError(ValueError):
+class SchedulerTraceError(TraceFileError):
     """A file that is not a valid scheduler trace; the message is one line naming the file and the field."""
 
 
