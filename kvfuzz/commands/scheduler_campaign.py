@@ -262,12 +262,6 @@ def scheduler_campaign(args: argparse.Namespace, emit_json: Callable[[Any], None
     return 1 if result.new else 0
 
 
-def _coverage_header(coverage: bool, guided: bool) -> str:
-    if guided:
-        return "\n  coverage-guided: programs reaching new coverage kept as seeds and mutated (docs/coverage.md)"
-    return "\n  the engine's coverage measured (docs/coverage.md)" if coverage else ""
-
-
 def swarm_table(name: str) -> tuple[Dimension, ...]:
     """The swarm table of ``--scheduler NAME``, read without importing its engine (so a pin is checked first)."""
     if name == "sglang":
