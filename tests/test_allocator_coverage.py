@@ -123,20 +123,25 @@ def test_an_allocator_campaign_reports_the_coverage_of_the_user_s_allocator(
     assert "--coverage" in rerun and _parser().parse_args(rerun[1:]).coverage
 
 
-def test_the_table_says_the_coverage_and_guided_search_stays_a_scheduler_s(
+def test_the_table_says_the_coverage_and_a_guided_campaign_keeps_its_seeds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kvfuzz.cli import main
+    from kvfuzz.cli import _parser, main
 
     monkeypatch.chdir(tmp_path)
-    argv = ["campaign", "--workers", "1", "--max-examples", "10", "--seed", "5", "--no-known", "--corpus", "c"]
-    assert main([*argv, "--coverage"]) == 0
+    argv = ["campaign", "--workers", "1", "--max-examples", "10", "--seed", "5", "--no-known"]
+    assert main([*argv, "--corpus", "c", "--coverage"]) == 0
     out = capsys.readouterr().out
     assert "coverage of the allocators' own code measured" in out
     [line] = [line for line in out.splitlines() if line.startswith("coverage: ")]
     assert "files of the code under test" in line and not line.startswith("coverage: 0 of")
-    assert main([*argv, "--guided"]) == 2
-    assert capsys.readouterr().err.splitlines() == ["kvfuzz: --guided needs --scheduler"]
+    assert not (tmp_path / "c" / ".kvfuzz-campaign" / "seeds").exists(), "--coverage alone keeps no seeds"
+    assert main([*argv, "--corpus", "g", "--guided", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["coverage"]["lines_reached"] > 0 and result["rerun"]["guided"]
+    assert _parser().parse_args(shlex.split(result["rerun_command"])[1:]).guided
+    seeds = [json.loads(path.read_text()) for path in (tmp_path / "g" / ".kvfuzz-campaign" / "seeds").iterdir()]
+    assert seeds and {seed["config"]["allocator"] for seed in seeds} == set(result["allocators"])
 
 
 @pytest.mark.parametrize(
@@ -186,6 +191,9 @@ def test_coverage_of_an_allocator_with_no_code_to_measure_is_refused_before_any_
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("kvfuzz: --coverage: harness_made:factory: no Python code under test to measure")
     assert not (tmp_path / "corpus").exists() and not (tmp_path / ".kvfuzz").exists()
+    assert main([*argv, "--guided"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("kvfuzz: --guided: harness_made:factory: no Python code under test to measure")
 
 
 def test_a_report_directory_that_cannot_be_made_is_refused_first_and_a_failed_write_loses_nothing(

@@ -16,11 +16,10 @@ import attrs
 import pytest
 
 from kvfuzz.campaign.bandit import FRESH, Bandit
-from kvfuzz.campaign.protocol import Reporter
+from kvfuzz.campaign.feedback import FeedbackJournal
 from kvfuzz.campaign.scheduler.guided import Guidance
 from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
 from kvfuzz.campaign.scheduler.target import SchedulerTarget
-from kvfuzz.campaign.scheduler.workers import WorkerJournal
 from kvfuzz.campaign.seeds import Seed, SeedPool
 from kvfuzz.coverage.scope import Scope
 from kvfuzz.program.safeguards import Journal
@@ -159,19 +158,12 @@ def _guidance(engine: ModuleType, tmp_path: Path, guided: bool = True) -> Guidan
     return Guidance(target, options, target.scope(), tmp_path / "state", 0)
 
 
-def _journal(guide: Guidance, tmp_path: Path) -> WorkerJournal:
-    """The journal a campaign's worker writes, telling ``guide`` each example's start and calls."""
-    return WorkerJournal(tmp_path / "journals", {"scheduler": "vllm-v1"}, Reporter(_Discard(), 0), guide)
+def _journal(guide: Guidance, tmp_path: Path) -> FeedbackJournal:
+    """The journal a campaign's worker writes, telling ``guide``'s feedback each example's start and calls."""
+    return FeedbackJournal(tmp_path / "journals", {"scheduler": "vllm-v1"}, {}, guide.feedback)
 
 
-class _Discard:
-    """A sink for the reporter's messages: this test reads the guidance, not the campaign's queue."""
-
-    def put(self, message: Any) -> None:
-        pass
-
-
-def _example(journal: WorkerJournal, engine: ModuleType, program: list[Operation]) -> None:
+def _example(journal: FeedbackJournal, engine: ModuleType, program: list[Operation]) -> None:
     journal.begin_example(journal_configuration(SETUP, "V2"))
     session = ToySession(engine)
     for operation in program:
@@ -188,13 +180,13 @@ def test_a_program_reaching_new_coverage_is_kept_and_one_that_does_not_is_not(
 ) -> None:
     guide = _guidance(engine, tmp_path)
     journal = _journal(guide, tmp_path)
-    guide.begin(CONFIG)
+    guide.feedback.begin(CONFIG.to_json())
     first = [AddRequest([1, 2], 1), Step()]
     _example(journal, engine, first)
     _example(journal, engine, [AddRequest([3, 4], 1), Step()])  # the same lines and branches: not kept
     longer = [AddRequest([1] * 9, 6), Step()]  # a long prompt, a request served in two steps: new branches
     _example(journal, engine, longer)
-    covered = guide.end()
+    covered = guide.feedback.end()
     seeds = tmp_path / "state" / "seeds"
     assert _seed_programs(seeds) == sorted(json.dumps([op.to_json() for op in kept]) for kept in (first, longer))
     kept = [json.loads(path.read_text()) for path in seeds.glob("*.json")]
@@ -203,15 +195,15 @@ def test_a_program_reaching_new_coverage_is_kept_and_one_that_does_not_is_not(
     assert covered.files == (engine_file,)
     reached = covered.points[engine_file]
     assert [3, 4] in reached["branches"] and [12, 13] in reached["branches"]  # len(prompt) > 8; tokens > 4
-    assert guide.entry()["new_lines"] == len(reached["lines"]) > 0
+    assert guide.feedback.entry()["new_lines"] == len(reached["lines"]) > 0
 
 
 def test_without_guided_coverage_is_measured_but_nothing_is_kept(engine: ModuleType, tmp_path: Path) -> None:
     guide = _guidance(engine, tmp_path, guided=False)
     journal = _journal(guide, tmp_path)
-    guide.begin(CONFIG)
+    guide.feedback.begin(CONFIG.to_json())
     _example(journal, engine, [AddRequest([1, 2], 1), Step()])
-    assert guide.end().points and not (tmp_path / "state" / "seeds").exists()
+    assert guide.feedback.end().points and not (tmp_path / "state" / "seeds").exists()
 
 
 def test_a_refused_configuration_is_refused_again_without_asking_the_engine(engine: ModuleType, tmp_path: Path) -> None:

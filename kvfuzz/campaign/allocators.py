@@ -64,6 +64,7 @@ class CampaignOptions:
     shrink_seconds: float = 30.0
     pins: Pins = ()  # swarm rows held at one value (--pin), checked against every allocator's table
     coverage: bool = False  # measure the allocators' code (--coverage, --coverage-html)
+    guided: bool = False  # and use it: seeds, mutants, a bandit over configurations (--guided)
     base: MachineConfig = MachineConfig()  # model shape and kernel; the geometry is swarmed
     hypothesis_every: int = HYPOTHESIS_EVERY
 
@@ -74,16 +75,15 @@ class AllocatorRerun:
 
     allocators: tuple[str, ...]  # every allocator, patterns expanded
     shrink_seconds: float  # --shrink-time
-    coverage: bool = False  # --coverage: the allocators' code measured
 
     def target(self) -> list[str]:
         return [arg for spec in self.allocators for arg in ("--allocator", spec)]
 
     def options(self) -> list[str]:
-        return ["--shrink-time", repr(self.shrink_seconds), *(["--coverage"] if self.coverage else [])]
+        return ["--shrink-time", repr(self.shrink_seconds)]
 
     def to_json(self) -> dict[str, Any]:
-        return {"allocators": list(self.allocators), "shrink_seconds": self.shrink_seconds, "coverage": self.coverage}
+        return {"allocators": list(self.allocators), "shrink_seconds": self.shrink_seconds}
 
 
 class AllocatorCampaign:
@@ -124,6 +124,7 @@ class AllocatorCampaign:
             options.seed,
             options.pins,
             options.coverage,
+            options.guided,
         )
         _Worker(plan, worker).search()
 
@@ -134,7 +135,7 @@ class AllocatorCampaign:
     def rerun(self) -> Rerun:
         """The settings of a campaign run with these options in this directory, by this kvfuzz."""
         options = self.options
-        own = AllocatorRerun(options.allocators, options.shrink_seconds, options.coverage)
+        own = AllocatorRerun(options.allocators, options.shrink_seconds)
         return Rerun.of(own, self.settings, tuple(map(str, options.known)))
 
     def result_fields(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """What it takes to run a campaign again, whatever its target: every setting of ``kvfuzz campaign`` it ran under, the
 seed among them (the one given, or the one drawn when none was), as structured fields and as a command line to
-paste. The settings every campaign has are here, the pins among them; a target adds its own (:class:`TargetRerun`:
-the allocators, the shrink time and coverage; a scheduler, its batches, isolation and guidance).
+paste. The settings every campaign has are here, the pins and the coverage feedback among them; a target adds its own
+(:class:`TargetRerun`: the allocators and the shrink time; a scheduler, its batches and isolation).
 
 What a rerun repeats: every worker's seed stream derives from the seed alone (one per slot), so each slot draws the
 same configurations and runs the same random programs in the same order. With one worker and an end that is counted
@@ -63,6 +63,8 @@ class Rerun:
     database: Optional[str]  # redis://... or an example-database directory; None: the campaign's own
     call_timeout: Optional[float]  # --call-timeout; None: no watchdog (0 on the command line)
     pins: Pins  # rows of the target's swarm table held at one value (--pin)
+    coverage: bool  # --coverage: the code under test's coverage measured
+    guided: bool  # --guided: and used as the search's signal
     directory: str  # where the campaign ran: relative paths are relative to it
     version: str  # kvfuzz's version
 
@@ -81,6 +83,8 @@ class Rerun:
             settings.database,
             settings.call_timeout,
             settings.pins,
+            settings.coverage,
+            settings.guided,
             os.getcwd(),
             kvfuzz.__version__,
         )
@@ -102,6 +106,10 @@ class Rerun:
         if self.database is not None:
             args += ["--database", self.database]
         args += ["--call-timeout", repr(self.call_timeout or 0.0), *pin_arguments(self.pins)]
+        if self.guided:
+            args.append("--guided")
+        elif self.coverage:
+            args.append("--coverage")
         return [*args, *self.target.options()]
 
     def command(self) -> str:

@@ -24,6 +24,8 @@ class Settings:
     seed: int = 0  # the campaign's seed: each worker's stream derives from it
     call_timeout: Optional[float] = None  # the watchdog's limit per operation (None: none); sets the patience
     pins: Pins = ()  # rows of the target's swarm table held at one value (--pin), checked against the table
+    coverage: bool = False  # the code under test's coverage measured (--coverage; kvfuzz.campaign.feedback)
+    guided: bool = False  # and used: seeds, mutants, a bandit over configurations (--guided; implies coverage)
 
     @classmethod
     def of(cls, options: Any) -> Settings:

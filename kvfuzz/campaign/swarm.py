@@ -236,7 +236,53 @@ def draw_swarm(
 ) -> SwarmConfig:
     """One configuration of the allocator's table (:func:`allocator_rows`), the rows named in ``pins`` held at their
     pinned values."""
-    values = draw_values(rng, allocator_rows(limits), pins)
+    return _swarm(limits, base, draw_values(rng, allocator_rows(limits), pins))
+
+
+ALLOCATOR = "allocator"
+"""The field of :func:`swarm_values` naming the allocator (no row of the table is named so)."""
+
+
+def swarm_values(swarm: SwarmConfig) -> dict[str, Any]:
+    """The allocator and the table's row values of ``swarm``, as JSON: what a guided campaign keeps a seed's
+    configuration as (:func:`swarm_of` reads it back)."""
+    machine = swarm.machine
+    values: dict[str, Any] = {
+        ALLOCATOR: swarm.allocator,
+        NUM_BLOCKS: machine.num_blocks,
+        BLOCK_SIZE: machine.block_size,
+        HOST_BLOCKS: machine.num_host_blocks,
+        PROGRAM_LENGTH: swarm.program_length,
+        OPERATIONS_ROW: list(swarm.operations),
+    }
+    return values if machine.inflight_window is None else {**values, WINDOW: machine.inflight_window}
+
+
+def swarm_of(values: Mapping[str, Any], limits: Limits, base: MachineConfig) -> SwarmConfig:
+    """The configuration :func:`swarm_values` wrote, for the allocator ``limits`` describes; ``ValueError`` when it
+    is another allocator's, or a value is not one its row of this allocator's table draws (a seed written by another
+    kvfuzz, or for a factory that builds other pools)."""
+    if values.get(ALLOCATOR) != limits.allocator:
+        raise ValueError(f"a configuration of {values.get(ALLOCATOR)!r}, not of {limits.allocator!r}")
+    rows = allocator_rows(limits)
+    if set(values) - {ALLOCATOR} != {row.name for row in rows}:
+        raise ValueError(f"the rows {sorted(set(values) - {ALLOCATOR})} are not the table's")
+    read: dict[str, Any] = {}
+    for row in rows:
+        value = values[row.name]
+        if isinstance(row, Subset):
+            names = tuple(value) if isinstance(value, list) else ()
+            if not set(row.always) <= set(names) <= set(row.domain):
+                raise ValueError(f"{row.name}: {value!r} is not a subset of the table's operations")
+            read[row.name] = tuple(name for name in row.domain if name in names)
+        elif type(value) is not int or value not in row.domain:
+            raise ValueError(f"{row.name}: {value!r} is not a value the table draws")
+        else:
+            read[row.name] = value
+    return _swarm(limits, base, read)
+
+
+def _swarm(limits: Limits, base: MachineConfig, values: Mapping[str, Any]) -> SwarmConfig:
     machine = attrs.evolve(
         base,
         block_size=values[BLOCK_SIZE],

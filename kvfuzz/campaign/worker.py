@@ -4,6 +4,10 @@ claim.
 
 A worker alternates batches of plain random programs over a drawn :class:`~kvfuzz.campaign.swarm.SwarmConfig` with
 short Hypothesis rounds on the campaign's shared example database (whose saved failures Hypothesis replays first).
+With ``--coverage`` it measures its allocators' code per example (:mod:`kvfuzz.campaign.feedback`); with ``--guided``
+it also keeps each random program that reached new code as a seed, and once there are seeds half its batches run
+mutants of one (:mod:`kvfuzz.program.mutants`), and the configuration of the others is one the bandit gives more
+batches for still finding, or a fresh draw. A mutant's failure is a failure like any: claimed, shrunk, saved.
 Its seed stream is its own: ``plan.seed`` differs for every worker slot and every replacement. The program it runs
 is journalled before each call (:class:`~kvfuzz.program.safeguards.Journal`), so if the allocator kills the
 process the campaign recovers that program from the journal.
@@ -19,32 +23,34 @@ import random
 import socket
 import traceback
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import attrs
 from hypothesis.database import ExampleDatabase
 
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.campaign.cluster import ClusterFindings, is_redis
+from kvfuzz.campaign.feedback import Feedback, FeedbackJournal, config_key
 from kvfuzz.campaign.known import KnownFindings
-from kvfuzz.campaign.messages import Claimed, Covered, Saved, Seen
-from kvfuzz.campaign.protocol import Reporter, WorkerContext
+from kvfuzz.campaign.messages import Claimed, Saved, Seen
+from kvfuzz.campaign.protocol import WorkerContext
+from kvfuzz.campaign.seeds import SEED_DIRECTORY, SeedPool
 from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
-from kvfuzz.campaign.swarm import Limits, SwarmConfig, draw_swarm
-from kvfuzz.coverage.measure import measurer
+from kvfuzz.campaign.swarm import OPERATIONS_ROW, Limits, SwarmConfig, draw_swarm, swarm_of, swarm_values
 from kvfuzz.coverage.scope import Scope, allocator_scope
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import InvariantViolation
 from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
+from kvfuzz.program.mutants import mutate, run_mutant
 from kvfuzz.program.operations import OPERATIONS
-from kvfuzz.program.random_programs import random_program
+from kvfuzz.program.random_programs import RandomFailure, random_program
 from kvfuzz.program.replay import Divergence, NotApplicable, replay
 from kvfuzz.program.safeguards import DEFAULT_CALL_TIMEOUT, AllocatorHang, Journal, Watchdog
 from kvfuzz.program.stats import RunStats
 from kvfuzz.registry import AllocatorFactory, builds, load_factory
 from kvfuzz.runner import CONFIRM_HANG_REPLAYS, run
-from kvfuzz.saved.trace import Trace, failure_record, save
+from kvfuzz.saved.trace import Trace, TraceError, failure_record, program_from_json, save
 from kvfuzz.shrink.candidates import Pools
 from kvfuzz.shrink.fixpoint import shrink
 from kvfuzz.shrink.restarts import Failing, Restarts
@@ -100,28 +106,33 @@ class WorkerPlan:
     campaign_seed: Optional[int] = None  # the campaign's --seed, recorded with each finding stored in Redis
     pins: Pins = ()  # swarm rows held at one value (--pin)
     coverage: bool = False  # measure the allocators' code (--coverage): each batch's new points sent to the campaign
+    guided: bool = False  # and use it (--guided): seeds, mutants, a bandit over configurations
 
 
-class _Coverage:
-    """A worker's coverage of its allocators' code (:func:`~kvfuzz.coverage.scope.allocator_scope`, every allocator
-    of the campaign together): measured over each batch, its search, shrinking and saving alike, and what the batch
-    reached first sent to the campaign, which reports the union (as a scheduler campaign's)."""
+SEEDS = "allocator"
+"""The seed pool's target name for allocator campaigns (a seed's configuration names its allocator)."""
 
-    def __init__(self, factories: Iterable[AllocatorFactory], slot: int) -> None:
-        roots = {root for factory in factories for root in allocator_scope(factory).roots}
-        self.scope = Scope(tuple(sorted(roots)))
-        self.files = self.scope.files()
-        self.measurer = measurer(self.files)
-        self.slot = slot
 
-    @contextlib.contextmanager
-    def measured(self, reporter: Reporter) -> Iterator[None]:
-        self.measurer.start()
-        try:
-            yield
-        finally:
-            self.measurer.stop()
-            reporter.send(Covered(self.slot, self.measurer.take().to_json(), self.scope.imported(self.files)))
+@attrs.frozen
+class Mutants:
+    """A batch of mutants: the configuration of their seed, its calls, and those of another seed of the same
+    configuration (what a splice takes its tail from)."""
+
+    swarm: SwarmConfig
+    digest: str  # the seed's
+    program: tuple[Call, ...]
+    other: tuple[Call, ...]
+
+
+def _feedback(plan: WorkerPlan, factories: Iterable[AllocatorFactory]) -> Optional[Feedback]:
+    """The worker's coverage of its allocators' code (every allocator of the campaign together: their
+    :func:`~kvfuzz.coverage.scope.allocator_scope`), with the seed pool when guided; None without ``--coverage``."""
+    if not plan.coverage:
+        return None
+    roots = {root for factory in factories for root in allocator_scope(factory).roots}
+    shared = plan.database if is_redis(plan.database) else None
+    pool = SeedPool(plan.state / SEED_DIRECTORY, SEEDS, shared) if plan.guided else None
+    return Feedback(Scope(tuple(sorted(roots))), plan.slot, pool)
 
 
 class _Worker:
@@ -146,23 +157,83 @@ class _Worker:
         self.examples_db: Optional[ExampleDatabase] = None  # opened on the first Hypothesis round
         self.stats = RunStats(on_step=self.reporter.on_step)
         self.built: dict[tuple[str, PoolSpec], bool] = {}  # whether each factory builds each pool drawn so far
-        # with --coverage: the code under test of every allocator of the campaign, measured over each batch
-        self.coverage = _Coverage(self.factories.values(), plan.slot) if plan.coverage else None
+        # with --coverage: the code under test of every allocator of the campaign, measured per example
+        self.feedback = _feedback(plan, self.factories.values())
+        self.arms: dict[str, SwarmConfig] = {}  # guided: every configuration that ran, by config_key
 
     def search(self) -> None:
         batch = 0
-        while not self.stop.is_set():
-            spec = self.rng.choice(self.plan.allocators)
-            swarm = draw_swarm(self.rng, self.limits[spec], self.plan.base, dict(self.plan.pins))
-            if not self.builds(swarm):
-                continue  # a pool the factory refuses (one its sectors cannot fill, say): draw another
-            batch += 1
-            every = 0 if any(row in UNHELD_BY_HYPOTHESIS for row, _ in self.plan.pins) else self.plan.hypothesis_every
-            with self.coverage.measured(self.reporter) if self.coverage else contextlib.nullcontext():
+        feedback = self.feedback
+        try:
+            while not self.stop.is_set():
+                mutants = self.mutants() if feedback is not None and feedback.mutating(self.rng) else None
+                if mutants is not None:
+                    assert feedback is not None
+                    self.arms[config_key(swarm_values(mutants.swarm))] = mutants.swarm
+                    feedback.begin(swarm_values(mutants.swarm), mutated=mutants.digest)
+                    self.mutant_batch(mutants)
+                    self.reporter.send(feedback.end())
+                    continue
+                arm = feedback.arm(self.rng) if feedback is not None else None
+                swarm = self.arms[arm] if arm is not None else self.draw()
+                if not self.builds(swarm):
+                    continue  # a pool the factory refuses (one its sectors cannot fill, say): draw another
+                batch += 1
+                every = self.hypothesis_every()
+                if feedback is not None:
+                    self.arms[config_key(swarm_values(swarm))] = swarm
+                    feedback.begin(swarm_values(swarm), drawn_fresh=arm is None)
                 if every and batch % every == 2 % every:
                     self.hypothesis_round(swarm)
                 else:
                     self.random_batch(swarm)
+                if feedback is not None:
+                    self.reporter.send(feedback.end())
+        finally:
+            if feedback is not None:
+                feedback.stop()
+
+    def hypothesis_every(self) -> int:
+        """One batch in how many is a Hypothesis round (0: none, where a pin holds a row it does not)."""
+        pinned = any(row in UNHELD_BY_HYPOTHESIS for row, _ in self.plan.pins)
+        return 0 if pinned else self.plan.hypothesis_every
+
+    def draw(self) -> SwarmConfig:
+        """A fresh configuration: an allocator of the campaign, and its table's rows (the pinned ones held)."""
+        spec = self.rng.choice(self.plan.allocators)
+        return draw_swarm(self.rng, self.limits[spec], self.plan.base, dict(self.plan.pins))
+
+    def mutants(self) -> Optional[Mutants]:
+        """A seed to mutate, read back as a configuration of this campaign (one of its allocators, a pool it builds,
+        its pins) and a program; None when the pool holds none that is (those that are not are dropped here)."""
+        feedback = self.feedback
+        assert feedback is not None and feedback.pool is not None
+        pool = feedback.pool
+        for _ in range(4):
+            seed = pool.choose(self.rng)
+            if seed is None:
+                return None
+            try:
+                limits = self.limits[str(seed.config.get("allocator"))]
+                swarm = swarm_of(seed.config, limits, self.plan.base)
+                program = program_from_json(list(seed.program), f"seed {seed.digest}")
+            except (KeyError, ValueError, TraceError):  # another campaign's allocator, table or kvfuzz
+                pool.drop(seed)
+                continue
+            values = {**swarm_values(swarm), OPERATIONS_ROW: swarm.operations}
+            if any(values.get(row) != value for row, value in self.plan.pins):
+                pool.drop(seed)  # an earlier campaign's seed on the corpus, outside this one's pins
+                continue
+            if not self.builds(swarm):
+                pool.drop(seed)
+                continue
+            other = pool.choose(self.rng, seed.config_key)
+            try:
+                spliced = program_from_json(list(other.program)) if other is not None else []
+            except TraceError:
+                spliced = []
+            return Mutants(swarm, seed.digest, tuple(program), tuple(spliced))
+        return None
 
     def builds(self, swarm: SwarmConfig) -> bool:
         """Whether the swarm's factory builds its pool: the probe before the campaign asked only for each block size
@@ -174,18 +245,33 @@ class _Worker:
         return self.built[key]
 
     def _journal(self, swarm: SwarmConfig) -> Optional[Journal]:
+        """The batch's journal, telling the feedback (with coverage) each example's start and calls."""
         try:
-            return Journal(
+            return FeedbackJournal(
                 self.plan.corpus,
                 {"allocator": swarm.allocator},
                 {"config": config_json(swarm.machine, swarm.machine.inflight_window)},
+                self.feedback,
             )
         except OSError:
             return None  # no journal is better than no search: a crash then loses its program
 
     def random_batch(self, swarm: SwarmConfig) -> None:
-        factory = self.factories[swarm.allocator]
         operations = swarm.operation_records()
+        self.batch(swarm, lambda target: random_program(target, self.rng, swarm.program_length, operations))
+
+    def mutant_batch(self, mutants: Mutants) -> None:
+        operations = mutants.swarm.operation_records()
+
+        def program(target: Target) -> Optional[RandomFailure]:
+            return run_mutant(target, self.rng, mutate(mutants.program, self.rng, mutants.other), operations)
+
+        self.batch(mutants.swarm, program)
+
+    def batch(self, swarm: SwarmConfig, program: Callable[[Target], Optional[RandomFailure]]) -> None:
+        """Up to :data:`BATCH` programs (random ones, or mutants) in ``swarm``, each failure claimed, shrunk and
+        saved, until the batch's calls pass :data:`BATCH_STEPS`."""
+        factory = self.factories[swarm.allocator]
         journal = self._journal(swarm)
         try:
             with Watchdog(self.plan.call_timeout) if self.plan.call_timeout else contextlib.nullcontext() as watchdog:
@@ -197,10 +283,11 @@ class _Worker:
                         return
                     self.reporter.example()
                     before = self.stats.steps
-                    found = random_program(target, self.rng, swarm.program_length, operations)
+                    found = program(target)
                     made += self.stats.steps - before
                     if found is not None:
-                        self.failure(swarm, list(found.calls), found.failure, safeguards)
+                        with self.unseeded():
+                            self.failure(swarm, list(found.calls), found.failure, safeguards)
         finally:
             if journal is not None:
                 journal.close()
@@ -239,11 +326,15 @@ class _Worker:
             journal = self._journal(swarm)  # its replays and shrinking are journalled like a random batch's
             try:
                 watchdog = Watchdog(self.plan.call_timeout) if self.plan.call_timeout else None
-                with watchdog or contextlib.nullcontext():
+                with watchdog or contextlib.nullcontext(), self.unseeded():
                     self.failure(swarm, list(summary.calls), summary.failure, Safeguards(journal, watchdog))
             finally:
                 if journal is not None:
                     journal.close()
+
+    def unseeded(self) -> contextlib.AbstractContextManager[None]:
+        """With coverage: a failure's replays and shrinking count for the batch's coverage, never kept as seeds."""
+        return self.feedback.unseeded() if self.feedback is not None else contextlib.nullcontext()
 
     def failure(self, swarm: SwarmConfig, calls: list[Call], failure: BaseException, safeguards: Safeguards) -> None:
         """A failing program: count it if its signature is known, else claim it, shrink it, confirm it and save it."""

@@ -120,6 +120,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="DIR",
         help="write an HTML report of the code under test's lines reached and missed into DIR (implies --coverage)",
     )
+    parser.add_argument(
+        "--guided",
+        action="store_true",
+        default=None,
+        help="coverage-guided search: keep programs that reach new coverage as seeds and mutate them, and give more "
+        "batches to the configurations still finding coverage (implies --coverage; docs/coverage.md)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     scheduler_arguments(parser)
     parser.set_defaults(handler=needs_torch(campaign_command))
@@ -176,10 +183,11 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
     allocators = expand_allocators(args.allocator or [DEFAULT_ALLOCATOR])
     factories = {spec: load_factory(spec) for spec in allocators}
     limits: list[Limits] = [probe_limits(spec, factories[spec], MachineConfig()) for spec in allocators]
-    coverage = bool(args.coverage or args.coverage_html is not None)
+    coverage = bool(args.coverage or args.guided or args.coverage_html is not None)
+    measured = "guided" if args.guided else "coverage"
     if coverage and not any(allocator_scope(factory).files() for factory in factories.values()):
         raise ValueError(
-            f"--coverage: {', '.join(allocators)}: no Python code under test to measure (an adapter over a C++ "
+            f"--{measured}: {', '.join(allocators)}: no Python code under test to measure (an adapter over a C++ "
             "allocator, or a factory of kvfuzz's own harness; docs/coverage.md)"
         )
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
@@ -206,6 +214,7 @@ def _options(args: argparse.Namespace) -> CampaignOptions:
         shrink_seconds=args.shrink_time if args.shrink_time is not None else 30.0,
         pins=pins,
         coverage=coverage,
+        guided=bool(args.guided),
     )
 
 
@@ -266,7 +275,16 @@ def _header(options: CampaignOptions) -> str:
         f"  new failures saved to {options.corpus}; known findings from: {known}; shared state: "
         f"{options.database or 'local'}"
         + (f"\n  pinned: {describe_pins(options.pins)}" if options.pins else "")
-        + ("\n  coverage of the allocators' own code measured (docs/coverage.md)" if options.coverage else "")
+        + (
+            "\n  coverage-guided: programs reaching new code of the allocators kept as seeds and mutated"
+            if options.guided
+            else ""
+        )
+        + (
+            "\n  coverage of the allocators' own code measured (docs/coverage.md)"
+            if options.coverage and not options.guided
+            else ""
+        )
     )
 
 

@@ -28,7 +28,6 @@ SCHEDULER_ONLY = (
     "no_shrink",
     "isolate",
     "untested_engine",
-    "guided",
 )
 """The attributes of ``kvfuzz campaign``'s options only a scheduler campaign takes."""
 
@@ -62,13 +61,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="run each batch in a child process: a crash or a hang of the engine kills the child, not the campaign",
-    )
-    group.add_argument(
-        "--guided",
-        action="store_true",
-        default=None,
-        help="coverage-guided search: keep programs that reach new coverage as seeds and mutate them, and give more "
-        "batches to the configurations still finding coverage (implies --coverage; docs/coverage.md)",
     )
     parser.add_argument(
         "--scheduler",

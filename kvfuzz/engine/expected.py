@@ -335,7 +335,12 @@ class ExpectedState(DerivedIds):
         self._ids = itertools.count()  # numbers of the ids new_id hands out
 
     def new_id(self) -> SeqId:
-        return f"s{next(self._ids)}"
+        """The next id no sequence has had: ids drawn are counted, and those a program's own calls named (a mutant
+        keeps a seed's calls beside calls it draws afresh, :mod:`kvfuzz.program.mutants`) are passed over."""
+        while True:
+            seq = f"s{next(self._ids)}"
+            if self.is_fresh(seq):
+                return seq
 
     def retire(self, seq: SeqId) -> None:
         """``seq`` leaves the reference: keep its namespace and tokens (the latest RETIRED_KEPT only)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import attrs
 
@@ -23,7 +23,7 @@ from kvfuzz.engine.arguments import snapshot_of
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.operation import Operation, enablement_of
 from kvfuzz.program.call import Call
-from kvfuzz.program.execution import Target
+from kvfuzz.program.execution import Execution, Target
 from kvfuzz.program.operations import OPERATIONS
 from kvfuzz.program.safeguards import AllocatorHang
 from kvfuzz.program.swarm import Swarm
@@ -104,24 +104,48 @@ def random_program(
     except Exception as error:  # noqa: BLE001 -- the factory failed to build this program's allocator
         return RandomFailure((), error)
     try:
-        snapshot = snapshot_of(execution.engine.expected)
-        caps = execution.engine.expected.caps
-        weighted = zip(operations, weights) if weights is not None else ((operation, 1.0) for operation in operations)
-        declared = [(operation, weight) for operation, weight in weighted if operation.declared(caps)]
-        enablement = enablement_of(tuple(declared))  # also the key its answer is kept under while the state stays
+        draws = CallDraws(execution, operations, weights)
         for _ in range(length):
-            state = snapshot.renewed()  # the state after the previous call (the same answers if it changed nothing)
-            enabled = state.kept(enablement, functools.partial(enablement.enabled, state))
-            if not enabled:
+            drawn = draws.draw(rng)
+            if drawn is None:
                 break
-            if weights is None:  # rng.choice: the stream seeded programs without weights always drew
-                operation = rng.choice(enabled)[0]
-            else:
-                operation = rng.choices(enabled, [weight for _, weight in enabled])[0][0]
-            execution.execute(operation.name, operation.draw(state, rng))
+            execution.execute(*drawn)
         execution.teardown()
     except (Exception, AllocatorHang) as error:  # noqa: BLE001 -- any failure is the finding, as for the machine
         return RandomFailure(tuple(execution.calls), error)
     finally:
         execution.engine.close()
     return None
+
+
+class CallDraws:
+    """Draws one call at a time for a running program: an operation of ``operations`` (those the allocator's
+    capabilities declare) enabled in the state the calls before it left, with arguments drawn as the machine draws
+    them. The enabled operations are equally likely, or with ``weights`` (one per operation, positive) chosen in
+    proportion to theirs."""
+
+    def __init__(
+        self, execution: Execution, operations: Sequence[Operation], weights: Optional[Sequence[float]] = None
+    ) -> None:
+        self.snapshot = snapshot_of(execution.engine.expected)  # the state's queries, answered once per state
+        caps = execution.engine.expected.caps
+        weighted = zip(operations, weights) if weights is not None else ((operation, 1.0) for operation in operations)
+        declared = [(operation, weight) for operation, weight in weighted if operation.declared(caps)]
+        self.enablement = enablement_of(tuple(declared))  # also the key its answer is kept under while the state stays
+        self.weighted = weights is not None
+
+    def draw(self, rng: random.Random, named: Optional[str] = None) -> Optional[tuple[str, dict[str, Any]]]:
+        """A call (operation name, arguments) for the state now, or None when no operation is enabled. With
+        ``named``, that operation when it is enabled (its arguments drawn afresh), else any enabled one."""
+        state = self.snapshot.renewed()  # the state after the previous call (the same answers if it changed nothing)
+        enabled = state.kept(self.enablement, functools.partial(self.enablement.enabled, state))
+        if not enabled:
+            return None
+        chosen = [operation for operation, _ in enabled if operation.name == named]
+        if chosen:
+            operation = chosen[0]
+        elif not self.weighted:  # rng.choice: the stream seeded programs without weights always drew
+            operation = rng.choice(enabled)[0]
+        else:
+            operation = rng.choices(enabled, [weight for _, weight in enabled])[0][0]
+        return operation.name, operation.draw(state, rng)

@@ -202,6 +202,15 @@ def from_json(data: Any, source: str = "trace") -> Trace:
         raise TraceError(f"{source}: {error}") from None
 
 
+def program_from_json(value: Any, source: str = "program") -> list[Call]:
+    """The calls of a program as a trace (and a journal) lists them, checked as :func:`load` checks a trace's:
+    :class:`TraceError` names ``source`` and the call."""
+    try:
+        return _program(value)
+    except Invalid as error:
+        raise TraceError(f"{source}: {error}") from None
+
+
 def _name(field: str, value: Any) -> str:
     text = trace_files.string(field, value, MAX_NAME)
     assert text is not None

@@ -1,37 +1,27 @@
-"""Coverage in a scheduler campaign's worker (``--coverage``), and coverage as its search's signal (``--guided``).
+"""A guided scheduler campaign's search (``--guided``): what a scheduler target adds to the coverage feedback every
+target shares (:mod:`kvfuzz.campaign.feedback`: each example's coverage, the seeds, the bandit).
 
-With ``--coverage`` the worker measures the lines and branches of the engine's code under test that its examples
-reach (:mod:`kvfuzz.coverage`) and tells the campaign what each batch reached first (:class:`~kvfuzz.campaign.
-messages.Covered`); the search is the blind one.
-
-With ``--guided`` the worker also uses it:
-
-* each example whose program reached a point no earlier example of the worker had is kept, with its configuration,
-  in the seed pool (:mod:`kvfuzz.campaign.seeds`, shared by the campaign's workers and later campaigns on the corpus,
-  and through Redis with ``--database``);
-* once the pool holds seeds, half the batches mutate them (:mod:`kvfuzz.scheduler.mutate`): each example of such a
+* once the seed pool holds seeds, half the batches mutate them (:mod:`kvfuzz.scheduler.mutate`): each example of such a
   batch is a mutant of one seed (spliced with another of its configuration), run as a program (the trace replay's
   code, every check on); the other half are Hypothesis batches as before;
-* the configuration of a Hypothesis batch is one that still finds new coverage, drawn by a bandit
-  (:mod:`kvfuzz.campaign.bandit`), or a fresh draw of the swarm table; a configuration the engine refused is
-  remembered and refused at once if drawn again, without asking the engine. A fresh draw takes the values of each
-  stratified row (``Dimension.stratified``: vLLM's model, whose kinds run different KV-cache managers) in turn, the
-  one drawn least so far first, so that no kind waits on its weight's luck: a ten-minute campaign once drew the
-  Mamba hybrid in none of its 47 batches. The KV connector's row is stratified too (a ten-minute campaign of 195
-  batches drew the P/D connector, which needs full attention, in none); one row's value is held per draw.
+* the configuration of a Hypothesis batch is one that still finds new coverage, drawn by the bandit, or a fresh draw
+  of the swarm table; a configuration the engine refused is remembered and refused at once if drawn again, without
+  asking the engine. A fresh draw takes the values of each stratified row (``Dimension.stratified``: vLLM's model,
+  whose kinds run different KV-cache managers) in turn, the one drawn least so far first, so that no kind waits on
+  its weight's luck: a ten-minute campaign once drew the Mamba hybrid in none of its 47 batches. The KV connector's
+  row is stratified too (a ten-minute campaign of 195 batches drew the P/D connector, which needs full attention, in
+  none); one row's value is held per draw.
 
 A failure of a mutant is a finding like any: claimed by signature, saved as found (not shrunk: a mutant is no
 Hypothesis example to shrink), and confirmed by a replay.
 
-Invariant: the example boundaries are the journal's (the worker's :class:`~kvfuzz.program.safeguards.Journal`
-begins each example and tells the guidance, :meth:`Guidance.example_begins`), so coverage is taken per example in
-Hypothesis batches and in mutant batches alike; the points reached while an example's scheduler is built count for
-that example.
+Invariant: the example boundaries are the journal's (the worker's :class:`~kvfuzz.campaign.feedback.FeedbackJournal`
+begins each example and tells the feedback), so coverage is taken per example in Hypothesis batches and in mutant
+batches alike; the points reached while an example's scheduler is built count for that example.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections import Counter
@@ -39,12 +29,10 @@ from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
-from kvfuzz.campaign.bandit import FRESH, Bandit
-from kvfuzz.campaign.messages import Covered
+from kvfuzz.campaign.feedback import Feedback, config_key
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, SchedulerCampaignOptions, searching_until
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.campaign.seeds import SEED_DIRECTORY, Seed, SeedPool
-from kvfuzz.coverage.measure import Reached, measurer
 from kvfuzz.coverage.scope import Scope, engine_scope
 from kvfuzz.program.safeguards import Journal
 from kvfuzz.scheduler.config import SchedulerSetup
@@ -61,9 +49,6 @@ from kvfuzz.scheduler.trace import (
     journal_configuration,
     program_from_json,
 )
-
-MUTATE_SHARE = 0.5
-"""The share of a guided worker's batches that mutate seeds, once there are seeds."""
 
 RUNNING = RecordedFailure("crash", "(none: a program run for coverage)", "NoFailure")
 """The failure field of a mutant's trace while it runs (a trace must name one); replaced by the real one if it fails."""
@@ -88,7 +73,9 @@ class Mutants:
 
 
 class Guidance:
-    """One worker's coverage and, when ``guided``, its seed pool and bandit (see the module)."""
+    """One guided scheduler worker's search beyond the shared :class:`~kvfuzz.campaign.feedback.Feedback` (its
+    coverage, seeds and bandit): configurations refused and stratified fresh draws, and batches of mutants (see the
+    module)."""
 
     def __init__(
         self,
@@ -100,21 +87,10 @@ class Guidance:
     ) -> None:
         self.target = target
         self.options = options
-        self.guided = options.guided
-        self.slot = slot
-        self.scope = scope if scope is not None else Scope(())
-        self.files = self.scope.files()
-        self.measurer = measurer(self.files)
-        self.pool = SeedPool(state / SEED_DIRECTORY, target.name, options.database) if self.guided else None
-        self.bandit = Bandit()
-        self.arms: dict[str, SwarmConfig] = {}
+        pool = SeedPool(state / SEED_DIRECTORY, target.name, options.database) if options.guided else None
+        self.feedback = Feedback(scope if scope is not None else Scope(()), slot, pool)
+        self.arms: dict[str, SwarmConfig] = {}  # every configuration that ran, by config_key: the bandit's arms
         self.refused: dict[tuple[SchedulerSetup, str], ValueError] = {}
-        self.program: list[dict[str, Any]] = []  # the running example's operations, as its journal lists them
-        self.config: Optional[SwarmConfig] = None  # the running batch's configuration
-        self.batch = Reached()  # the points the running batch reached first
-        self.began = 0.0  # time.monotonic() when the running batch began
-        self.mutated: Optional[str] = None  # the running batch's seed, when it mutates one
-        self.drawn_fresh = False  # whether the running batch's configuration was drawn fresh from the swarm table
         self.strata: Counter[tuple[str, Any]] = Counter()  # (stratified row, value) -> fresh draws that took it
 
     # -- the batch's configuration -----------------------------------------------------------------------------
@@ -142,18 +118,18 @@ class Guidance:
         """The next batch: mutants of a seed (guided, with seeds, half the time), else a Hypothesis batch on a
         configuration the bandit chose or ``fresh(pins)`` drew (``pins``: rows held for this draw besides the
         campaign's own)."""
-        self.mutated, self.drawn_fresh = None, False
-        if self.pool is not None:
-            self.pool.refresh()
-            if self.pool.seeds and rng.random() < MUTATE_SHARE:
-                mutants = self._mutants(rng)
-                if mutants is not None:
-                    config = swarm_config(mutants.seed.config)
-                    self.mutated = mutants.seed.digest
-                    return BatchPlan.of(number, config, rng.randrange(2**32), examples, ends, batch_seconds), mutants
-        arm = self.bandit.choose(rng) if self.guided else None
-        self.drawn_fresh = arm is None
+        feedback = self.feedback
+        if feedback.mutating(rng):
+            mutants = self._mutants(rng)
+            if mutants is not None:
+                config = swarm_config(mutants.seed.config)
+                self.arms[config_key(config.to_json())] = config
+                feedback.begin(config.to_json(), mutated=mutants.seed.digest)
+                return BatchPlan.of(number, config, rng.randrange(2**32), examples, ends, batch_seconds), mutants
+        arm = feedback.arm(rng)
         config = self.arms[arm] if arm is not None else self._fresh(rng, fresh)
+        self.arms[config_key(config.to_json())] = config
+        feedback.begin(config.to_json(), drawn_fresh=arm is None)
         return BatchPlan.of(number, config, rng.randrange(2**32), examples, ends, batch_seconds), None
 
     def _fresh(self, rng: random.Random, fresh: Callable[[Mapping[str, Any]], SwarmConfig]) -> SwarmConfig:
@@ -183,9 +159,10 @@ class Guidance:
     def _mutants(self, rng: random.Random) -> Optional[Mutants]:
         """A seed this engine accepts, parsed, and another of its configuration (None: the pool has none that runs
         here; those refused are dropped)."""
-        assert self.pool is not None
+        pool = self.feedback.pool
+        assert pool is not None
         for _ in range(4):
-            seed = self.pool.choose(rng)
+            seed = pool.choose(rng)
             if seed is None:
                 return None
             try:
@@ -193,67 +170,15 @@ class Guidance:
                 self.validate(config.setup, config.model_runner)
                 program = program_from_json(list(seed.program), config.setup)
             except (TypeError, ValueError, KeyError):  # another version's seed, or a refused configuration
-                self.pool.drop(seed)
+                pool.drop(seed)
                 continue
-            other = self.pool.choose(rng, seed.config_key)
+            other = pool.choose(rng, seed.config_key)
             try:
                 spliced = program_from_json(list(other.program), config.setup) if other is not None else ()
             except SchedulerTraceError:
                 spliced = ()
             return Mutants(seed, program, spliced)
         return None
-
-    # -- examples and their coverage ---------------------------------------------------------------------------
-
-    def example_begins(self) -> None:
-        """The worker's journal begins an example: the one before it ended."""
-        self.example_ended()
-
-    def called(self, record: dict[str, Any]) -> None:
-        """The worker's journal lists a call of the running example."""
-        self.program.append(record)
-
-    def begin(self, config: SwarmConfig) -> None:
-        self.config = config
-        self.program = []
-        self.batch = Reached()
-        self.began = time.monotonic()
-        self.measurer.start()
-
-    def example_ended(self) -> None:
-        """The running example ended (the next starts, or the batch ended): what it reached first is taken, and its
-        program kept as a seed when it reached any."""
-        new = self.measurer.take()
-        program, self.program = self.program, []
-        if not new:
-            return
-        self.batch = self.batch | new
-        if self.pool is not None and self.config is not None and program:
-            self.pool.add(Seed.of(self.target.name, self.config.to_json(), program, len(new)))
-
-    def end(self) -> Covered:
-        """The batch ended: its last example's coverage taken, the bandit told; what it reached first, for the
-        campaign."""
-        self.example_ended()
-        if self.config is not None:
-            key = json.dumps(self.config.to_json(), sort_keys=True)
-            self.arms[key] = self.config
-            seconds = time.monotonic() - self.began
-            self.bandit.record(key, len(self.batch), seconds)
-            if self.drawn_fresh:
-                self.bandit.record(FRESH, len(self.batch), seconds)
-        return Covered(self.slot, self.batch.to_json(), self.scope.imported(self.files))
-
-    def entry(self) -> dict[str, Any]:
-        """The batch log's coverage fields for the batch that ended."""
-        fields: dict[str, Any] = {
-            "new_lines": len(self.batch.lines),
-            "new_branches": len(self.batch.branches),
-        }
-        if self.guided:
-            fields["mutated_seed"] = self.mutated
-            fields["seeds"] = len(self.pool) if self.pool is not None else 0
-        return fields
 
     # -- a batch of mutants ------------------------------------------------------------------------------------
 
@@ -283,8 +208,8 @@ class Guidance:
                 with searching_until(plan.searched_by):
                     replayed = target.replay(trace, options.call_timeout)
             except ReplayRefused:  # this engine cannot run the seed's configuration after all: dropped
-                if self.pool is not None:
-                    self.pool.drop(mutants.seed)
+                if self.feedback.pool is not None:
+                    self.feedback.pool.drop(mutants.seed)
                 break
             except SearchCutOff:  # the batch's time is up: this mutant abandoned, the batch ends
                 break
@@ -315,7 +240,7 @@ class Guidance:
             if first.written:
                 first.path.unlink(missing_ok=True)
             return BatchResult(outcome, signature, first)
-        note = f"found by a mutant of seed {self.mutated} (not shrunk: a mutant is no Hypothesis example)"
+        note = f"found by a mutant of seed {self.feedback.mutated} (not shrunk: a mutant is no Hypothesis example)"
         if first.error is not None:
             return BatchResult(outcome, signature, first, saved=first, note=note, new=True)
         try:

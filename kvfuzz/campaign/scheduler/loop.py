@@ -75,7 +75,7 @@ class SchedulerCampaignOptions:
     pins: Pins = ()  # swarm rows held at one value (--pin), checked against the rows' domains
     database: Optional[str] = None  # redis://HOST:PORT/N: claims shared, new findings' traces stored there too
     workers: int = 1  # worker processes (kvfuzz.campaign.supervisor)
-    coverage: bool = False  # measure the engine's coverage (kvfuzz.campaign.scheduler.guided)
+    coverage: bool = False  # measure the engine's coverage (kvfuzz.campaign.feedback)
     guided: bool = False  # and use it: seeds, mutants, a bandit over configurations (implies coverage)
     batch_seconds: Optional[float] = None  # the most a batch's search runs (--batch-seconds); None: to its end
 
@@ -86,8 +86,6 @@ class SchedulerCampaignOptions:
             self.batch_seconds,
             self.shrink,
             self.isolate,
-            self.coverage,
-            self.guided,
         )
         return Rerun.of(own, Settings.of(self), tuple(map(str, self.known)))
 
@@ -101,8 +99,6 @@ class SchedulerRerun:
     batch_seconds: Optional[float]  # --batch-seconds: the most a batch's search ran (None: no cap)
     shrink: bool
     isolate: bool
-    coverage: bool  # --coverage: the engine's coverage measured
-    guided: bool  # --guided: coverage feedback
 
     def target(self) -> list[str]:
         return ["--scheduler", self.scheduler]
@@ -115,10 +111,6 @@ class SchedulerRerun:
             args.append("--no-shrink")
         if self.isolate:
             args.append("--isolate")
-        if self.guided:
-            args.append("--guided")
-        elif self.coverage:
-            args.append("--coverage")
         return args
 
     def to_json(self) -> dict[str, Any]:

@@ -24,19 +24,19 @@ import os
 import random
 import socket
 import time
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import attrs
 
 from kvfuzz.campaign.cluster import ClusterFindings, is_redis
+from kvfuzz.campaign.feedback import FeedbackJournal
 from kvfuzz.campaign.known import KnownFindings, known_findings, stored_findings_known
 from kvfuzz.campaign.messages import Batch, Claimed, HarnessFailed, Said, Saved, Seen
 from kvfuzz.campaign.process import HaltInterrupts
-from kvfuzz.campaign.protocol import Reporter, WorkerContext, worker_seed
+from kvfuzz.campaign.protocol import WorkerContext, worker_seed
 from kvfuzz.campaign.report import CampaignResult
 from kvfuzz.campaign.rerun import Rerun
-from kvfuzz.campaign.scheduler.guided import Guidance, Mutants, guidance
+from kvfuzz.campaign.scheduler.guided import Mutants, guidance
 from kvfuzz.campaign.scheduler.isolated import isolated_runner, journal_target
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, SchedulerCampaignOptions, run_batch
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, SchedulerTraces, Search, recorded
@@ -88,30 +88,6 @@ class SchedulerCampaign:
         return {"allocators": (), "scheduler": self.options.scheduler}
 
 
-class WorkerJournal(Journal):
-    """The worker's journal: each example's program on disk, each operation a sign of life to the supervisor, and
-    with coverage each example's start and calls told to the ``guide`` (its example boundaries are the journal's)."""
-
-    def __init__(
-        self, corpus: Path, header: dict[str, Any], reporter: Reporter, guide: Optional[Guidance] = None
-    ) -> None:
-        super().__init__(corpus, header, {})
-        self.reporter = reporter
-        self.guide = guide  # the worker's coverage (None: the campaign measures none)
-
-    def begin_example(self, configuration: Optional[dict[str, Any]] = None) -> None:
-        if self.guide is not None:
-            self.guide.example_begins()
-        super().begin_example(configuration)
-        self.reporter.beat()
-
-    def call(self, record: dict[str, Any]) -> None:
-        if self.guide is not None:
-            self.guide.called(record)
-        super().call(record)
-        self.reporter.beat()
-
-
 class _Worker:
     """One worker's batches, and what it tells the supervisor of each."""
 
@@ -134,7 +110,8 @@ class _Worker:
             runner = isolated_runner(self.target, options, self.reporter.beat)
         else:
             header = journal_target(self.target.name, self.target.version())
-            journal = WorkerJournal(options.corpus, header, self.reporter, self.guide)
+            feedback = self.guide.feedback if self.guide is not None else None
+            journal = FeedbackJournal(options.corpus, header, {}, feedback, self.reporter.beat)
 
             def runner(plan: BatchPlan, is_new: Callable[..., bool]) -> BatchResult:
                 return run_batch(self.target, options, plan, is_new, journal)
@@ -158,11 +135,11 @@ class _Worker:
                     return
                 worker.settle_examples(granted, result.outcome.examples)
                 if self.guide is not None:
-                    self.reporter.send(self.guide.end())
+                    self.reporter.send(self.guide.feedback.end())
                 self.record(plan, result)
         finally:
             if self.guide is not None:
-                self.guide.measurer.stop()
+                self.guide.feedback.stop()
             if journal is not None:
                 journal.close()
 
@@ -186,7 +163,6 @@ class _Worker:
             self.options.batch_seconds,
             lambda held: draw(rng, guide.validate, self.target.dimensions, {**held, **pins}),
         )
-        guide.begin(plan.config)
         return plan, mutants
 
     def is_new(self, signature: Signature, first: Optional[SavedTrace[SchedulerTrace]]) -> bool:
@@ -233,7 +209,7 @@ class _Worker:
             "released_rewrites": outcome.rewrites,  # async scheduling's: 0 under synchronous scheduling
             "lora_held_back": outcome.lora_held_back,  # steps the LoRA limit held a request back (0 without)
             "failure": None if result.signature is None else str(result.signature),
-            **(self.guide.entry() if self.guide is not None else {}),
+            **(self.guide.feedback.entry() if self.guide is not None else {}),
         }
         self.reporter.send(Batch(self.worker.slot, entry, plan.config.refused))
         if result.signature is None:

@@ -1,0 +1,175 @@
+"""Coverage as a campaign's signal, written once for every target: what one worker's examples reach of the code under
+test, taken per example, and with ``--guided`` what the search does with it.
+
+* ``--coverage``: each example's new points are taken when the next begins (the example boundaries are the worker
+  journal's: :class:`FeedbackJournal`), and each batch's sent to the campaign (:class:`~kvfuzz.campaign.messages.
+  Covered`), which reports the union;
+* ``--guided`` also keeps, in the target's seed pool (:mod:`kvfuzz.campaign.seeds`), each example whose program
+  reached a point no earlier example of the worker had, with the batch's configuration (the target's swarm values,
+  as JSON), for the target's mutator; and scores every configuration that ran by the new points per second of its
+  batches (:mod:`kvfuzz.campaign.bandit`), so that :meth:`Feedback.arm` gives more batches to those still finding.
+
+What a target keeps of its own: how a configuration is drawn and checked, what a mutant is and how it runs (the
+allocator target: :mod:`kvfuzz.program.mutants`; a scheduler target: :mod:`kvfuzz.scheduler.mutate`). A program
+run while a failure is shrunk reaches points that count for the batch, but is never kept as a seed
+(:meth:`Feedback.unseeded`): it runs in the shrinker's configuration, not the batch's.
+
+Invariant: a point counts for the batch whose example first reached it; :attr:`Feedback.batch` holds the points the
+running batch reached first, :meth:`Feedback.end` hands them on and begins afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from kvfuzz.campaign.bandit import FRESH, Bandit
+from kvfuzz.campaign.messages import Covered
+from kvfuzz.campaign.seeds import Seed, SeedPool
+from kvfuzz.coverage.measure import Reached, measurer
+from kvfuzz.coverage.scope import Scope
+from kvfuzz.program.safeguards import Journal
+
+MUTATE_SHARE = 0.5
+"""The share of a guided worker's batches that mutate seeds, once there are seeds."""
+
+
+def config_key(config: dict[str, Any]) -> str:
+    """A configuration's identity: the bandit's arm, the seed pool's key."""
+    return json.dumps(config, sort_keys=True)
+
+
+class Feedback:
+    """One worker's coverage of its target's code under test and, with a seed pool (``--guided``), its seeds and its
+    bandit (see the module)."""
+
+    def __init__(self, scope: Scope, slot: int, pool: Optional[SeedPool] = None) -> None:
+        self.scope = scope  # the code under test
+        self.files = scope.files()  # its files, measured
+        self.measurer = measurer(self.files)
+        self.slot = slot  # the worker's, for its Covered messages
+        self.pool = pool  # the target's seeds (None: the search is blind)
+        self.bandit = Bandit()  # configurations (by config_key) scored by the new points per second of their batches
+        self.config: Optional[dict[str, Any]] = None  # the running batch's configuration
+        self.program: list[dict[str, Any]] = []  # the running example's calls, as its journal lists them
+        self.batch = Reached()  # the points the running batch reached first
+        self.began = 0.0  # time.monotonic() when the running batch began
+        self.mutated: Optional[str] = None  # the running batch's seed (its digest), when it mutates one
+        self.drawn_fresh = False  # whether the running batch's configuration was drawn fresh from the swarm table
+        self.seeding = True  # whether an example that reaches new points is kept (not while a failure is shrunk)
+
+    @property
+    def guided(self) -> bool:
+        return self.pool is not None
+
+    # -- what the next batch runs --------------------------------------------------------------------------------
+
+    def arm(self, rng: random.Random) -> Optional[str]:
+        """The configuration (its :func:`config_key`) the bandit gives the next batch, or None: draw one fresh
+        (always, unguided)."""
+        return self.bandit.choose(rng) if self.guided else None
+
+    def mutating(self, rng: random.Random) -> bool:
+        """Whether the next batch mutates seeds: guided, with seeds (those other workers kept read first), half the
+        time."""
+        if self.pool is None:
+            return False
+        self.pool.refresh()
+        return bool(self.pool.seeds) and rng.random() < MUTATE_SHARE
+
+    # -- batches and their examples ------------------------------------------------------------------------------
+
+    def begin(self, config: dict[str, Any], mutated: Optional[str] = None, drawn_fresh: bool = False) -> None:
+        """A batch begins under ``config``: a mutant batch of seed ``mutated``, or one drawn fresh or by the bandit."""
+        self.config, self.mutated, self.drawn_fresh = config, mutated, drawn_fresh
+        self.program = []
+        self.batch = Reached()
+        self.began = time.monotonic()
+        self.measurer.start()
+
+    def example_begins(self) -> None:
+        """The worker's journal begins an example: the one before it ended."""
+        self.example_ended()
+
+    def called(self, record: dict[str, Any]) -> None:
+        """The worker's journal lists a call of the running example."""
+        self.program.append(record)
+
+    def example_ended(self) -> None:
+        """The running example ended: what it reached first is taken, and its program kept as a seed when it reached
+        any."""
+        new = self.measurer.take()
+        program, self.program = self.program, []
+        if not new:
+            return
+        self.batch = self.batch | new
+        if self.pool is not None and self.config is not None and program and self.seeding:
+            self.pool.add(Seed.of(self.pool.target, self.config, program, len(new)))
+
+    @contextlib.contextmanager
+    def unseeded(self) -> Iterator[None]:
+        """Programs run inside (a failing program's replays, a shrinker's candidates) count for the batch's coverage
+        but are not kept; nor is the running example, whose failure they handle (its mutants would meet that
+        failure again)."""
+        self.seeding = False
+        self.example_ended()
+        try:
+            yield
+        finally:
+            self.example_ended()
+            self.seeding = True
+
+    def end(self) -> Covered:
+        """The batch ended: its last example's coverage taken, the bandit told; what it reached first, for the
+        campaign."""
+        self.example_ended()
+        if self.config is not None:
+            seconds = time.monotonic() - self.began
+            self.bandit.record(config_key(self.config), len(self.batch), seconds)
+            if self.drawn_fresh:
+                self.bandit.record(FRESH, len(self.batch), seconds)
+        return Covered(self.slot, self.batch.to_json(), self.scope.imported(self.files))
+
+    def entry(self) -> dict[str, Any]:
+        """The batch log's coverage fields for the batch that ended."""
+        fields: dict[str, Any] = {"new_lines": len(self.batch.lines), "new_branches": len(self.batch.branches)}
+        if self.pool is not None:
+            fields["mutated_seed"] = self.mutated
+            fields["seeds"] = len(self.pool)
+        return fields
+
+    def stop(self) -> None:
+        self.measurer.stop()
+
+
+class FeedbackJournal(Journal):
+    """A worker's journal: each example's program on disk, each call a sign of life (``beat``), and each example's
+    start and calls told to the worker's ``feedback`` (its example boundaries are the journal's)."""
+
+    def __init__(
+        self,
+        corpus: Path,
+        header: dict[str, Any],
+        configuration: dict[str, Any],
+        feedback: Optional[Feedback] = None,
+        beat: Callable[[], None] = lambda: None,
+    ) -> None:
+        super().__init__(corpus, header, configuration)
+        self.feedback = feedback  # the worker's coverage (None: the campaign measures none)
+        self.beat = beat
+
+    def begin_example(self, configuration: Optional[dict[str, Any]] = None) -> None:
+        if self.feedback is not None:
+            self.feedback.example_begins()
+        super().begin_example(configuration)
+        self.beat()
+
+    def call(self, record: dict[str, Any]) -> None:
+        if self.feedback is not None:
+            self.feedback.called(record)
+        super().call(record)
+        self.beat()
