@@ -1,15 +1,19 @@
-"""Blind against coverage-guided search on a scheduler target: two campaigns of the same duration, seed and workers,
-one with ``--coverage`` (the blind search, its coverage measured), one with ``--guided``; each run as ``kvfuzz
-campaign --json`` in its own process, one after the other (on a small machine, side by side they would share its
-cores), each with a fresh corpus of its own (no seeds from earlier campaigns), kept after the run (``--corpora``, a
-new directory under the system's temporary one unless told): the failures the campaigns met are findings like any
-other, and their traces stay. Prints the coverage of the files under watch over time (line + branch combined, as
-docs/coverage.md defines it) and in all, the failures met, and where their traces are.
+"""Blind against coverage-guided search on a scheduler or an allocator target: two campaigns of the same duration,
+seed and workers, one with ``--coverage`` (the blind search, its coverage measured), one with ``--guided``; each run
+as ``kvfuzz campaign --json`` in its own process, one after the other (on a small machine, side by side they would
+share its cores), each with a fresh corpus of its own (no seeds from earlier campaigns), kept after the run
+(``--corpora``, a new directory under the system's temporary one unless told): the failures the campaigns met are
+findings like any other, and their traces stay. Prints the coverage of the files under watch over time (line +
+branch combined, as docs/coverage.md defines it) and in all, the failures met, and where their traces are.
 
 Run it with the engine environment's interpreter (``scripts/third_party_env.sh vllm VLLM_ENV``, or ``sglang``)::
 
     VLLM_ENV/bin/python benchmarks/coverage_guided.py --scheduler vllm-v1 --duration 300
     SGLANG_ENV/bin/python benchmarks/coverage_guided.py --scheduler sglang --duration 300
+
+An allocator's (``--allocator SPEC``, any spec ``kvfuzz campaign`` takes) prints each file of its code under test::
+
+    python benchmarks/coverage_guided.py --allocator kvfuzz --duration 120
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
 
 def campaign(args: argparse.Namespace, mode: str, corpus: Path) -> dict[str, Any]:
     """One campaign's ``--json`` result (``mode`` is ``--coverage`` or ``--guided``)."""
-    command = [sys.executable, "-m", "kvfuzz", "campaign", "--scheduler", args.scheduler, "--seed", str(args.seed)]
+    target = ["--allocator", args.allocator] if args.allocator else ["--scheduler", args.scheduler]
+    command = [sys.executable, "-m", "kvfuzz", "campaign", *target, "--seed", str(args.seed)]
     command += ["--duration", str(args.duration), "--workers", str(args.workers), "--corpus", str(corpus)]
     command += ["--no-known", "--json", mode]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.duration * 3 + 300, check=False)
@@ -62,6 +67,7 @@ def per_file_over_time(result: dict[str, Any], duration: float) -> dict[str, lis
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scheduler", choices=sorted(CORE_FILES), default="vllm-v1")
+    parser.add_argument("--allocator", metavar="SPEC", help="an allocator target instead of a scheduler")
     parser.add_argument("--duration", type=float, default=300.0, help="seconds per campaign (default 300)")
     parser.add_argument("--seed", type=int, default=20261204)
     parser.add_argument("--workers", type=int, default=1)
@@ -74,11 +80,12 @@ def main() -> None:
     for mode in ("--coverage", "--guided"):
         results[mode] = campaign(args, mode, corpora / mode.strip("-"))
     print(
-        f"{args.scheduler}, seed {args.seed}, {args.duration:g} s per campaign, {args.workers} worker(s), "
-        f"{os.cpu_count()} CPUs; python {sys.version.split()[0]}"
+        f"{args.allocator or args.scheduler}, seed {args.seed}, {args.duration:g} s per campaign, {args.workers} "
+        f"worker(s), {os.cpu_count()} CPUs; python {sys.version.split()[0]}"
     )
     header = "  ".join(f"{fraction * args.duration:>6.0f}s" for fraction in CHECKPOINTS)
-    for name in CORE_FILES[args.scheduler]:
+    watched = CORE_FILES[args.scheduler] if not args.allocator else _reached_files(results.values())
+    for name in watched:
         print(f"\n{name} (line + branch %)\n  {'search':<8}{header}")
         for mode, result in results.items():
             figures = per_file_over_time(result, args.duration).get(name)
@@ -95,6 +102,11 @@ def main() -> None:
             f"{result['batches']} batches; new failures: {', '.join(failures) or 'none'}"
         )
     print(f"\nthe campaigns' corpora (their failures' traces): {corpora}")
+
+
+def _reached_files(results: Any) -> list[str]:
+    """The files of the code under test either campaign reached a point of, by name."""
+    return sorted({row["name"] for result in results for row in result["coverage"]["files"] if row["lines_reached"]})
 
 
 if __name__ == "__main__":

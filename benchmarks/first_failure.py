@@ -23,8 +23,15 @@ how many of the campaigns found a failure. Any failure found against a zoo varia
 runs clean), so the first finding counts whatever its invariant; the table says what it was when it is not the
 invariant the variant names.
 
-Usage: python benchmarks/first_failure.py --baseline CHECKOUT [--variants NAME ...] [--seeds N] [--duration S]
-                                          [--workers N] [--shrink-time S] [--json FILE]
+The two sides may also be one checkout run two ways: ``--baseline-options`` and ``--current-options`` add
+``kvfuzz campaign`` options to each side's campaigns (without ``--baseline``, both sides are this checkout), so
+that blind search and coverage-guided search compare side by side::
+
+    python benchmarks/first_failure.py --current-options=--guided
+
+Usage: python benchmarks/first_failure.py [--baseline CHECKOUT] [--baseline-options OPTIONS]
+                                          [--current-options OPTIONS] [--variants NAME ...] [--seeds N]
+                                          [--duration S] [--workers N] [--shrink-time S] [--json FILE]
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import json
 import math
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -69,7 +77,14 @@ def child_cpu() -> float:
 
 
 def run_campaign(
-    tree: str, checkout: Path, variant: Variant, seed: int, duration: float, workers: int, shrink_time: float
+    tree: str,
+    checkout: Path,
+    variant: Variant,
+    seed: int,
+    duration: float,
+    workers: int,
+    shrink_time: float,
+    options: Sequence[str] = (),
 ) -> Attempt:
     with tempfile.TemporaryDirectory(prefix="kvfuzz-ttff-") as scratch:
         command = [
@@ -92,6 +107,7 @@ def run_campaign(
             "--corpus",
             str(Path(scratch) / "corpus"),
             "--json",
+            *options,
         ]
         env = {**os.environ, "PYTHONPATH": str(checkout)}
         cpu_before = child_cpu()
@@ -179,7 +195,9 @@ def _unexpected(attempt: Attempt, variant: Variant) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", type=Path, required=True, help="the checkout to compare with (the 'before')")
+    parser.add_argument("--baseline", type=Path, help="the checkout to compare with (the 'before'; default: this one)")
+    parser.add_argument("--baseline-options", default="", help="kvfuzz campaign options of the baseline's campaigns")
+    parser.add_argument("--current-options", default="", help="kvfuzz campaign options of this checkout's campaigns")
     parser.add_argument("--variants", nargs="+", metavar="NAME", help="these zoo variants (default: the deep ones)")
     parser.add_argument("--seeds", type=int, default=3, help="campaign seeds 1..N (default 3)")
     parser.add_argument("--duration", type=float, default=60.0, help="each campaign's budget in seconds (default 60)")
@@ -191,6 +209,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     unknown = [name for name in args.variants or () if name not in by_name]
     if unknown:
         parser.exit(2, f"first_failure.py: no zoo variant named {', '.join(unknown)}\n")
+    options = {"baseline": shlex.split(args.baseline_options), "current": shlex.split(args.current_options)}
+    if args.baseline is None and options["baseline"] == options["current"]:
+        parser.exit(2, "first_failure.py: --baseline, or options that differ, say what to compare\n")
+    args.baseline = args.baseline or CURRENT
     if not (args.baseline / "kvfuzz" / "cli.py").exists() and not (args.baseline / "kvfuzz" / "cli").is_dir():
         parser.exit(2, f"first_failure.py: {args.baseline} is not a kvfuzz checkout\n")
     if args.seeds < 1 or args.duration <= 0 or args.workers < 1:
@@ -202,7 +224,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for variant in variants:
         for seed in range(1, args.seeds + 1):
             for tree, checkout in trees.items():
-                attempt = run_campaign(tree, checkout, variant, seed, args.duration, args.workers, args.shrink_time)
+                attempt = run_campaign(
+                    tree, checkout, variant, seed, args.duration, args.workers, args.shrink_time, options[tree]
+                )
                 attempts.append(attempt)
                 print(
                     f"# {variant.name} seed {seed} {tree}: first failure "
@@ -213,7 +237,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"# load average at end: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
     print(
         f"\n{len(variants)} variants, seeds 1-{args.seeds}, {args.duration:g} s campaigns with {args.workers} workers "
-        f"(--stop-after 1); baseline {trees['baseline']}, current {trees['current']}\n"
+        f"(--stop-after 1); baseline {trees['baseline']} {args.baseline_options}, current {trees['current']} "
+        f"{args.current_options}\n"
     )
     print("\n".join(table(attempts, variants, args.duration)))
     if args.json:

@@ -291,6 +291,7 @@ STAGES = {
     "swarm table": "swarm_table.py",  # the one kind of row a target's swarm table is made of, and its pins
     "trace file": "trace_files.py",  # the one reader of a trace file's bytes, checker of fields, atomic writer
     "saved trace": "trace_saving.py",  # the one record of where a trace went, and what is printed of it
+    "coverage feedback": "campaign/feedback.py",  # the one per-example coverage, seed keeping and bandit
 }
 
 
@@ -312,7 +313,9 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
     * a **trace file**'s layer: a call of ``os.fsync`` (a file made durable, as a trace's atomic save does) or a
       call with an ``object_pairs_hook`` keyword (JSON read strictly, repeated fields refused);
     * a **saved trace**'s record: a class with ``written`` and ``error`` fields (where a trace went: written, or not
-      and why)."""
+      and why);
+    * **coverage feedback**: a class with an ``example_ended`` method (coverage taken per example, a seed kept), or
+      a call constructing ``Bandit`` (configurations scored by the coverage they find)."""
     found: dict[str, set[str]] = {stage: set() for stage in STAGES}
     for path, source in sources.items():
         tree = ast.parse(source)
@@ -352,6 +355,12 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
             }:
                 found["saved trace"].add(path)
+            if isinstance(node, ast.ClassDef) and any(
+                isinstance(item, ast.FunctionDef) and item.name == "example_ended" for item in node.body
+            ):
+                found["coverage feedback"].add(path)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Bandit":
+                found["coverage feedback"].add(path)
             if path.startswith("commands/") and isinstance(node, ast.Compare):
                 if any(isinstance(part, ast.Constant) and part.value == "scheduler-trace" for part in ast.walk(node)):
                     found["trace commands"].add(path)
@@ -385,6 +394,8 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
         "saved/trace.py": "def parse_json(raw):\n    return json.loads(raw, object_pairs_hook=unique)\n",
         "scheduler/recorder.py": "class SavedSchedulerTrace:\n    written: bool\n    error: Optional[str]\n",
         "scheduler/swarm.py": "class Dimension:\n    @property\n    def pinnable(self): ...\n",
+        "campaign/scheduler/guided.py": "class Guidance:\n    def example_ended(self): ...\n",
+        "campaign/worker.py": "def plan():\n    return Bandit()\n",
     }
     found = stage_definitions(sources)
     assert found["journal"] == {"program/safeguards.py", "scheduler/journal.py"}
@@ -397,6 +408,7 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
     assert found["swarm table"] == {"scheduler/pins.py", "scheduler/swarm.py"}
     assert found["trace file"] == {"scheduler/trace.py", "saved/trace.py"}
     assert found["saved trace"] == {"scheduler/recorder.py"}
+    assert found["coverage feedback"] == {"campaign/scheduler/guided.py", "campaign/worker.py"}
 
 
 def test_each_stage_of_the_pipeline_is_written_once_for_every_target() -> None:
