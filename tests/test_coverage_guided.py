@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional
 import attrs
 import pytest
 
-from kvfuzz.campaign.bandit import FRESH, Bandit
+from kvfuzz.campaign.bandit import FRESH, MUTANTS, Bandit
 from kvfuzz.campaign.feedback import FeedbackJournal
 from kvfuzz.campaign.scheduler.guided import Guidance
 from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
@@ -404,3 +404,21 @@ def test_a_blind_campaign_with_coverage_reports_it_and_mutates_nothing(engine: M
 
 def test_without_coverage_the_json_says_none(engine: ModuleType, tmp_path: Path) -> None:
     assert _cli(engine, tmp_path)["coverage"] is None
+
+
+def test_mutants_get_half_the_batches_until_they_run_then_the_share_they_earn() -> None:
+    bandit = Bandit()
+    assert bandit.share(MUTANTS, 0.1, 0.5) == 0.5, "not run yet: their worth unknown"
+    bandit.record(MUTANTS, 30, 10.0)
+    bandit.record(FRESH, 10, 10.0)
+    assert bandit.share(MUTANTS, 0.1, 0.5) == 0.5, "three quarters of what is found, capped at half"
+    for _ in range(10):  # mutants stop finding while fresh draws still do
+        bandit.record(MUTANTS, 0, 10.0)
+        bandit.record(FRESH, 10, 10.0)
+    assert bandit.share(MUTANTS, 0.1, 0.5) == 0.1
+    for _ in range(40):  # nothing finds any more: the least share, the rest blind
+        bandit.record(FRESH, 0, 10.0)
+    assert bandit.share(MUTANTS, 0.1, 0.5) == 0.1
+    rng = random.Random(4)
+    bandit.record("{}", 40, 10.0)
+    assert {bandit.choose(rng) for _ in range(50)} <= {None, "{}"}, "the mutants' arm is no configuration"

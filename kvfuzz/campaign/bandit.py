@@ -20,6 +20,9 @@ EXPLORE = 0.3
 """The least share of batches that draw a fresh configuration, however well the other arms score."""
 FRESH = ""
 """The arm of a fresh draw from the swarm table (no configuration's key is empty)."""
+MUTANTS = "mutants"
+"""The arm of the batches that mutate seeds, whatever their configuration (no configuration's key, a JSON object, is
+this word): how large a share of the batches mutants get (:meth:`Bandit.share`)."""
 DECAY = 0.5
 """An arm's score after a batch: DECAY * score + (1 - DECAY) * the batch's new points per second."""
 LEAST_SECONDS = 1.0
@@ -42,10 +45,23 @@ class Bandit:
 
     def choose(self, rng: random.Random) -> Optional[str]:
         """The arm the next batch runs, or None: draw a fresh configuration."""
-        scoring = sorted((arm, score) for arm, score in self.scores.items() if arm != FRESH and score >= LEAST_SCORE)
+        scoring = sorted(
+            (arm, score) for arm, score in self.scores.items() if arm not in (FRESH, MUTANTS) and score >= LEAST_SCORE
+        )
         if not scoring:
             return None
         fresh = self.scores.get(FRESH, 0.0)
         if rng.random() < max(self.explore, fresh / (fresh + sum(score for _, score in scoring))):
             return None
         return rng.choices([arm for arm, _ in scoring], weights=[score for _, score in scoring])[0]
+
+    def share(self, arm: str, least: float, most: float) -> float:
+        """The share of the batches ``arm`` earns: its score's share of every arm's, between ``least`` and ``most``;
+        ``most`` while it has not run (its worth unknown), ``least`` once it scores less than :data:`LEAST_SCORE` (it
+        stopped finding: the other batches are as good a use of the time)."""
+        if arm not in self.scores:
+            return most
+        scoring = {name: score for name, score in self.scores.items() if score >= LEAST_SCORE}  # still finding
+        if arm not in scoring:
+            return least
+        return min(most, max(least, scoring[arm] / sum(scoring.values())))

@@ -27,15 +27,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from kvfuzz.campaign.bandit import FRESH, Bandit
+from kvfuzz.campaign.bandit import FRESH, MUTANTS, Bandit
 from kvfuzz.campaign.messages import Covered
 from kvfuzz.campaign.seeds import Seed, SeedPool
 from kvfuzz.coverage.measure import Reached, measurer
 from kvfuzz.coverage.scope import Scope
 from kvfuzz.program.safeguards import Journal
 
-MUTATE_SHARE = 0.5
-"""The share of a guided worker's batches that mutate seeds, once there are seeds."""
+MUTATE_SHARE = (0.1, 0.5)
+"""The least and the most share of a guided worker's batches that mutate seeds, once there are seeds: the most until
+mutants have run, then their score's share of every arm's (:meth:`~kvfuzz.campaign.bandit.Bandit.share`), so that
+mutants get batches while they pay, and a search whose mutants stopped finding runs mostly as a blind one."""
 
 
 def config_key(config: dict[str, Any]) -> str:
@@ -74,12 +76,12 @@ class Feedback:
         return self.bandit.choose(rng) if self.guided else None
 
     def mutating(self, rng: random.Random) -> bool:
-        """Whether the next batch mutates seeds: guided, with seeds (those other workers kept read first), half the
-        time."""
+        """Whether the next batch mutates seeds: guided, with seeds (those other workers kept read first), for the
+        share of the batches mutants earn (:data:`MUTATE_SHARE`)."""
         if self.pool is None:
             return False
         self.pool.refresh()
-        return bool(self.pool.seeds) and rng.random() < MUTATE_SHARE
+        return bool(self.pool.seeds) and rng.random() < self.bandit.share(MUTANTS, *MUTATE_SHARE)
 
     # -- batches and their examples ------------------------------------------------------------------------------
 
@@ -132,6 +134,8 @@ class Feedback:
             self.bandit.record(config_key(self.config), len(self.batch), seconds)
             if self.drawn_fresh:
                 self.bandit.record(FRESH, len(self.batch), seconds)
+            if self.mutated is not None:
+                self.bandit.record(MUTANTS, len(self.batch), seconds)
         return Covered(self.slot, self.batch.to_json(), self.scope.imported(self.files))
 
     def entry(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """A guided scheduler campaign's search (``--guided``): what a scheduler target adds to the coverage feedback every
 target shares (:mod:`kvfuzz.campaign.feedback`: each example's coverage, the seeds, the bandit).
 
-* once the seed pool holds seeds, half the batches mutate them (:mod:`kvfuzz.scheduler.mutate`): each example of such a
+* once the seed pool holds seeds, up to half the batches mutate them (as many as mutants earn:
+  :data:`~kvfuzz.campaign.feedback.MUTATE_SHARE`) (:mod:`kvfuzz.scheduler.mutate`): each example of such a
   batch is a mutant of one seed (spliced with another of its configuration), run as a program (the trace replay's
   code, every check on); the other half are Hypothesis batches as before;
 * the configuration of a Hypothesis batch is one that still finds new coverage, drawn by the bandit, or a fresh draw
@@ -115,8 +116,8 @@ class Guidance:
         batch_seconds: Optional[float],
         fresh: Callable[[Mapping[str, Any]], SwarmConfig],
     ) -> tuple[BatchPlan, Optional[Mutants]]:
-        """The next batch: mutants of a seed (guided, with seeds, half the time), else a Hypothesis batch on a
-        configuration the bandit chose or ``fresh(pins)`` drew (``pins``: rows held for this draw besides the
+        """The next batch: mutants of a seed (guided, with seeds, for the share mutants earn), else a Hypothesis batch
+        on a configuration the bandit chose or ``fresh(pins)`` drew (``pins``: rows held for this draw besides the
         campaign's own)."""
         feedback = self.feedback
         if feedback.mutating(rng):
