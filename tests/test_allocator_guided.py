@@ -16,7 +16,7 @@ from typing import Any, Optional
 import attrs
 import pytest
 
-from kvfuzz.campaign.messages import Saved
+from kvfuzz.campaign.messages import Batch, Saved
 from kvfuzz.campaign.protocol import Reporter, WorkerContext
 from kvfuzz.campaign.seeds import SEED_DIRECTORY, Seed, SeedPool
 from kvfuzz.campaign.swarm import SwarmConfig, draw_swarm, probe_limits, swarm_of, swarm_values
@@ -227,8 +227,14 @@ def test_a_guided_worker_mutates_a_seed_and_a_mutant_s_failure_is_shrunk_and_sav
     monkeypatch.setattr(_Worker, "failure", watched_failure)
     worker.search()
     assert planted.digest in met, "a mutant of the planted seed met a failure"
-    saved = [message for message in _drain(messages) if isinstance(message, Saved)]
+    drained = _drain(messages)
+    saved = [message for message in drained if isinstance(message, Saved)]
     assert saved and all(message.trace is not None for message in saved)
+    log = [message.entry for message in drained if isinstance(message, Batch)]
+    assert {entry["batch"] for entry in log} == {"random", "mutants"}, "no Hypothesis rounds in this worker"
+    mutated = [entry for entry in log if entry["batch"] == "mutants"]
+    assert all(entry["mutated_seed"] and entry["examples"] > 0 and entry["seeds"] > 0 for entry in mutated)
+    assert sum(entry["examples"] for entry in log) == 200, "every example of the budget, in the log"
     kept = list((tmp_path / "state" / SEED_DIRECTORY).glob(f"{SEEDS}-*.json"))
     assert len(kept) > 1, "the worker's own random programs that reached new code are kept too"
     for path in kept:

@@ -90,8 +90,8 @@ class Said:
 
 @attrs.frozen
 class Batch:
-    """A scheduler worker ran one batch: its configuration, seed and what it reached (the result's ``batch_log``),
-    and the configurations the engine refused before it (redrawn)."""
+    """A worker ran one batch: its configuration, what it ran and what it reached (the result's ``batch_log``), and
+    the configurations the engine refused before it (redrawn; a scheduler's)."""
 
     worker: int
     entry: dict[str, Any]

@@ -16,6 +16,7 @@ process the campaign recovers that program from the journal.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -32,7 +33,7 @@ from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.campaign.cluster import ClusterFindings, is_redis
 from kvfuzz.campaign.feedback import Feedback, FeedbackJournal, config_key
 from kvfuzz.campaign.known import KnownFindings
-from kvfuzz.campaign.messages import Claimed, Saved, Seen
+from kvfuzz.campaign.messages import Batch, Claimed, Saved, Seen
 from kvfuzz.campaign.protocol import WorkerContext
 from kvfuzz.campaign.seeds import SEED_DIRECTORY, SeedPool
 from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
@@ -160,38 +161,52 @@ class _Worker:
         # with --coverage: the code under test of every allocator of the campaign, measured per example
         self.feedback = _feedback(plan, self.factories.values())
         self.arms: dict[str, SwarmConfig] = {}  # guided: every configuration that ran, by config_key
+        self.ran = [0, 0]  # the running batch's examples and calls (its own programs', not its shrinks')
 
     def search(self) -> None:
-        batch = 0
+        number = 0  # batches other than mutants': one in hypothesis_every is a Hypothesis round
         feedback = self.feedback
         try:
             while not self.stop.is_set():
                 mutants = self.mutants() if feedback is not None and feedback.mutating(self.rng) else None
                 if mutants is not None:
-                    assert feedback is not None
-                    self.arms[config_key(swarm_values(mutants.swarm))] = mutants.swarm
-                    feedback.begin(swarm_values(mutants.swarm), mutated=mutants.digest)
-                    self.mutant_batch(mutants)
-                    self.reporter.send(feedback.end())
+                    self.logged(mutants.swarm, "mutants", functools.partial(self.mutant_batch, mutants), mutants.digest)
                     continue
                 arm = feedback.arm(self.rng) if feedback is not None else None
                 swarm = self.arms[arm] if arm is not None else self.draw()
                 if not self.builds(swarm):
                     continue  # a pool the factory refuses (one its sectors cannot fill, say): draw another
-                batch += 1
+                number += 1
                 every = self.hypothesis_every()
-                if feedback is not None:
-                    self.arms[config_key(swarm_values(swarm))] = swarm
-                    feedback.begin(swarm_values(swarm), drawn_fresh=arm is None)
-                if every and batch % every == 2 % every:
-                    self.hypothesis_round(swarm)
+                if every and number % every == 2 % every:
+                    self.logged(swarm, "hypothesis", functools.partial(self.hypothesis_round, swarm), fresh=arm is None)
                 else:
-                    self.random_batch(swarm)
-                if feedback is not None:
-                    self.reporter.send(feedback.end())
+                    self.logged(swarm, "random", functools.partial(self.random_batch, swarm), fresh=arm is None)
         finally:
             if feedback is not None:
                 feedback.stop()
+
+    def logged(
+        self,
+        swarm: SwarmConfig,
+        kind: str,
+        body: Callable[[], None],
+        mutated: Optional[str] = None,
+        fresh: bool = False,
+    ) -> None:
+        """Run one batch (``body``) and tell the campaign of it: its entry in the batch log (its configuration, its
+        kind, the examples and calls it ran) and, with coverage, what it reached first."""
+        values = swarm_values(swarm)
+        if self.feedback is not None:
+            self.arms[config_key(values)] = swarm
+            self.feedback.begin(values, mutated=mutated, drawn_fresh=fresh)
+        self.ran = [0, 0]
+        body()
+        entry = {**values, "batch": kind, "examples": self.ran[0], "steps": self.ran[1]}
+        if self.feedback is not None:
+            self.reporter.send(self.feedback.end())
+            entry.update(self.feedback.entry())
+        self.reporter.send(Batch(self.plan.slot, entry, 0))
 
     def hypothesis_every(self) -> int:
         """One batch in how many is a Hypothesis round (0: none, where a pin holds a row it does not)."""
@@ -285,6 +300,7 @@ class _Worker:
                     before = self.stats.steps
                     found = program(target)
                     made += self.stats.steps - before
+                    self.ran = [self.ran[0] + 1, self.ran[1] + self.stats.steps - before]
                     if found is not None:
                         with self.unseeded():
                             self.failure(swarm, list(found.calls), found.failure, safeguards)
@@ -322,6 +338,7 @@ class _Worker:
         )
         self.reporter.examples += summary.examples
         self.reporter.steps += summary.steps
+        self.ran = [summary.examples, summary.steps]
         if summary.failed and summary.calls and summary.failure is not None:
             journal = self._journal(swarm)  # its replays and shrinking are journalled like a random batch's
             try:
