@@ -38,7 +38,7 @@ class Bandit:
         self.explore = explore
         self.scores: dict[str, float] = {}
 
-    def record(self, arm: str, gain: int, seconds: float) -> None:
+    def record(self, arm: str, gain: float, seconds: float) -> None:
         """A batch of ``arm`` reached ``gain`` points no earlier batch had, in ``seconds``."""
         rate = gain / max(seconds, LEAST_SECONDS)
         self.scores[arm] = DECAY * self.scores.get(arm, 0.0) + (1 - DECAY) * rate

@@ -40,6 +40,12 @@ mutants have run, then their score's share of every arm's (:meth:`~kvfuzz.campai
 mutants get batches while they pay, and a search whose mutants stopped finding runs mostly as a blind one."""
 
 
+FRESH_CREDIT = 0.25
+"""The share of a freshly drawn batch's new points its configuration's arm is credited with (the fresh arm gets them
+all): early in a campaign any configuration finds new points, so a configuration's first batch is weak evidence for
+running it again; a re-run or a mutant batch credits its configuration in full."""
+
+
 def config_key(config: dict[str, Any]) -> str:
     """A configuration's identity: the bandit's arm, the seed pool's key."""
     return json.dumps(config, sort_keys=True)
@@ -131,9 +137,10 @@ class Feedback:
         self.example_ended()
         if self.config is not None:
             seconds = time.monotonic() - self.began
-            self.bandit.record(config_key(self.config), len(self.batch), seconds)
+            found = len(self.batch)
+            self.bandit.record(config_key(self.config), found * FRESH_CREDIT if self.drawn_fresh else found, seconds)
             if self.drawn_fresh:
-                self.bandit.record(FRESH, len(self.batch), seconds)
+                self.bandit.record(FRESH, found, seconds)
             if self.mutated is not None:
                 self.bandit.record(MUTANTS, len(self.batch), seconds)
         return Covered(self.slot, self.batch.to_json(), self.scope.imported(self.files))
