@@ -180,7 +180,7 @@ def test_a_program_reaching_new_coverage_is_kept_and_one_that_does_not_is_not(
 ) -> None:
     guide = _guidance(engine, tmp_path)
     journal = _journal(guide, tmp_path)
-    guide.feedback.begin(CONFIG.to_json())
+    guide.feedback.begin(CONFIG, CONFIG.to_json())
     first = [AddRequest([1, 2], 1), Step()]
     _example(journal, engine, first)
     _example(journal, engine, [AddRequest([3, 4], 1), Step()])  # the same lines and branches: not kept
@@ -201,7 +201,7 @@ def test_a_program_reaching_new_coverage_is_kept_and_one_that_does_not_is_not(
 def test_without_guided_coverage_is_measured_but_nothing_is_kept(engine: ModuleType, tmp_path: Path) -> None:
     guide = _guidance(engine, tmp_path, guided=False)
     journal = _journal(guide, tmp_path)
-    guide.feedback.begin(CONFIG.to_json())
+    guide.feedback.begin(CONFIG, CONFIG.to_json())
     _example(journal, engine, [AddRequest([1, 2], 1), Step()])
     assert guide.feedback.end().points and not (tmp_path / "state" / "seeds").exists()
 

@@ -25,7 +25,7 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Generic, Iterator, Optional, TypeVar
 
 from kvfuzz.campaign.bandit import FRESH, MUTANTS, Bandit
 from kvfuzz.campaign.messages import Covered
@@ -46,14 +46,23 @@ all): early in a campaign any configuration finds new points, so a configuration
 running it again; a re-run or a mutant batch credits its configuration in full."""
 
 
+SEED_TRIES = 4
+"""Seeds drawn for a mutant batch before giving up on the pool for that batch (those the target cannot run are
+dropped as they are met)."""
+
+Config = TypeVar("Config")
+"""A target's configuration of a batch (its swarm table's draw)."""
+Read = TypeVar("Read")
+
+
 def config_key(config: dict[str, Any]) -> str:
     """A configuration's identity: the bandit's arm, the seed pool's key."""
     return json.dumps(config, sort_keys=True)
 
 
-class Feedback:
+class Feedback(Generic[Config]):
     """One worker's coverage of its target's code under test and, with a seed pool (``--guided``), its seeds and its
-    bandit (see the module)."""
+    bandit over the target's configurations (see the module)."""
 
     def __init__(self, scope: Scope, slot: int, pool: Optional[SeedPool] = None) -> None:
         self.scope = scope  # the code under test
@@ -62,6 +71,7 @@ class Feedback:
         self.slot = slot  # the worker's, for its Covered messages
         self.pool = pool  # the target's seeds (None: the search is blind)
         self.bandit = Bandit()  # configurations (by config_key) scored by the new points per second of their batches
+        self.arms: dict[str, Config] = {}  # every configuration that ran, by the config_key of its JSON
         self.config: Optional[dict[str, Any]] = None  # the running batch's configuration
         self.program: list[dict[str, Any]] = []  # the running example's calls, as its journal lists them
         self.batch = Reached()  # the points the running batch reached first
@@ -76,10 +86,10 @@ class Feedback:
 
     # -- what the next batch runs --------------------------------------------------------------------------------
 
-    def arm(self, rng: random.Random) -> Optional[str]:
-        """The configuration (its :func:`config_key`) the bandit gives the next batch, or None: draw one fresh
-        (always, unguided)."""
-        return self.bandit.choose(rng) if self.guided else None
+    def arm(self, rng: random.Random) -> Optional[Config]:
+        """The configuration the bandit gives the next batch, or None: draw one fresh (always, unguided)."""
+        key = self.bandit.choose(rng) if self.guided else None
+        return self.arms[key] if key is not None else None
 
     def mutating(self, rng: random.Random) -> bool:
         """Whether the next batch mutates seeds: guided, with seeds (those other workers kept read first), for the
@@ -89,11 +99,36 @@ class Feedback:
         self.pool.refresh()
         return bool(self.pool.seeds) and rng.random() < self.bandit.share(MUTANTS, *MUTATE_SHARE)
 
+    def seed_to_mutate(
+        self, rng: random.Random, read: Callable[[Seed], Read]
+    ) -> Optional[tuple[Seed, Read, Optional[Seed]]]:
+        """A seed the target can run (``read`` of it: ``TypeError``, ``ValueError`` or ``KeyError`` when it cannot, and
+        the seed is dropped: another engine version's, another campaign's allocator or pins), what ``read`` made of
+        it, and another seed of its configuration (what a splice takes from); None when none is found in
+        :data:`SEED_TRIES` draws."""
+        pool = self.pool
+        assert pool is not None
+        for _ in range(SEED_TRIES):
+            seed = pool.choose(rng)
+            if seed is None:
+                return None
+            try:
+                made = read(seed)
+            except (TypeError, ValueError, KeyError):
+                pool.drop(seed)
+                continue
+            return seed, made, pool.choose(rng, seed.config_key)
+        return None
+
     # -- batches and their examples ------------------------------------------------------------------------------
 
-    def begin(self, config: dict[str, Any], mutated: Optional[str] = None, drawn_fresh: bool = False) -> None:
-        """A batch begins under ``config``: a mutant batch of seed ``mutated``, or one drawn fresh or by the bandit."""
-        self.config, self.mutated, self.drawn_fresh = config, mutated, drawn_fresh
+    def begin(
+        self, config: Config, values: dict[str, Any], mutated: Optional[str] = None, drawn_fresh: bool = False
+    ) -> None:
+        """A batch begins under ``config`` (``values``: its JSON, what a seed keeps): a mutant batch of seed
+        ``mutated``, or one drawn fresh or by the bandit."""
+        self.arms[config_key(values)] = config
+        self.config, self.mutated, self.drawn_fresh = values, mutated, drawn_fresh
         self.program = []
         self.batch = Reached()
         self.began = time.monotonic()

@@ -31,11 +31,11 @@ from hypothesis.database import ExampleDatabase
 
 from kvfuzz.allocator.types import PoolSpec
 from kvfuzz.campaign.cluster import ClusterFindings, is_redis
-from kvfuzz.campaign.feedback import Feedback, FeedbackJournal, config_key
+from kvfuzz.campaign.feedback import Feedback, FeedbackJournal
 from kvfuzz.campaign.known import KnownFindings
 from kvfuzz.campaign.messages import Batch, Claimed, Saved, Seen
 from kvfuzz.campaign.protocol import WorkerContext
-from kvfuzz.campaign.seeds import SEED_DIRECTORY, SeedPool
+from kvfuzz.campaign.seeds import SEED_DIRECTORY, Seed, SeedPool
 from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
 from kvfuzz.campaign.swarm import OPERATIONS_ROW, Limits, SwarmConfig, draw_swarm, swarm_of, swarm_values
 from kvfuzz.coverage.scope import Scope, allocator_scope
@@ -125,7 +125,7 @@ class Mutants:
     other: tuple[Call, ...]
 
 
-def _feedback(plan: WorkerPlan, factories: Iterable[AllocatorFactory]) -> Optional[Feedback]:
+def _feedback(plan: WorkerPlan, factories: Iterable[AllocatorFactory]) -> Optional[Feedback[SwarmConfig]]:
     """The worker's coverage of its allocators' code (every allocator of the campaign together: their
     :func:`~kvfuzz.coverage.scope.allocator_scope`), with the seed pool when guided; None without ``--coverage``."""
     if not plan.coverage:
@@ -160,7 +160,6 @@ class _Worker:
         self.built: dict[tuple[str, PoolSpec], bool] = {}  # whether each factory builds each pool drawn so far
         # with --coverage: the code under test of every allocator of the campaign, measured per example
         self.feedback = _feedback(plan, self.factories.values())
-        self.arms: dict[str, SwarmConfig] = {}  # guided: every configuration that ran, by config_key
         self.ran = [0, 0]  # the running batch's examples and calls (its own programs', not its shrinks')
 
     def search(self) -> None:
@@ -173,7 +172,7 @@ class _Worker:
                     self.logged(mutants.swarm, "mutants", functools.partial(self.mutant_batch, mutants), mutants.digest)
                     continue
                 arm = feedback.arm(self.rng) if feedback is not None else None
-                swarm = self.arms[arm] if arm is not None else self.draw()
+                swarm = arm if arm is not None else self.draw()
                 if not self.builds(swarm):
                     continue  # a pool the factory refuses (one its sectors cannot fill, say): draw another
                 number += 1
@@ -198,8 +197,7 @@ class _Worker:
         kind, the examples and calls it ran) and, with coverage, what it reached first."""
         values = swarm_values(swarm)
         if self.feedback is not None:
-            self.arms[config_key(values)] = swarm
-            self.feedback.begin(values, mutated=mutated, drawn_fresh=fresh)
+            self.feedback.begin(swarm, values, mutated=mutated, drawn_fresh=fresh)
         self.ran = [0, 0]
         body()
         entry = {**values, "batch": kind, "examples": self.ran[0], "steps": self.ran[1]}
@@ -220,35 +218,26 @@ class _Worker:
 
     def mutants(self) -> Optional[Mutants]:
         """A seed to mutate, read back as a configuration of this campaign (one of its allocators, a pool it builds,
-        its pins) and a program; None when the pool holds none that is (those that are not are dropped here)."""
-        feedback = self.feedback
-        assert feedback is not None and feedback.pool is not None
-        pool = feedback.pool
-        for _ in range(4):
-            seed = pool.choose(self.rng)
-            if seed is None:
-                return None
-            try:
-                limits = self.limits[str(seed.config.get("allocator"))]
-                swarm = swarm_of(seed.config, limits, self.plan.base)
-                program = program_from_json(list(seed.program), f"seed {seed.digest}")
-            except (KeyError, ValueError, TraceError):  # another campaign's allocator, table or kvfuzz
-                pool.drop(seed)
-                continue
-            values = {**swarm_values(swarm), OPERATIONS_ROW: swarm.operations}
-            if any(values.get(row) != value for row, value in self.plan.pins):
-                pool.drop(seed)  # an earlier campaign's seed on the corpus, outside this one's pins
-                continue
-            if not self.builds(swarm):
-                pool.drop(seed)
-                continue
-            other = pool.choose(self.rng, seed.config_key)
-            try:
-                spliced = program_from_json(list(other.program)) if other is not None else []
-            except TraceError:
-                spliced = []
-            return Mutants(swarm, seed.digest, tuple(program), tuple(spliced))
-        return None
+        its pins) and a program; None when the pool holds none that is (those that are not are dropped)."""
+        assert self.feedback is not None
+        chosen = self.feedback.seed_to_mutate(self.rng, self._read)
+        if chosen is None:
+            return None
+        seed, (swarm, program), other = chosen
+        try:
+            spliced = program_from_json(list(other.program)) if other is not None else []
+        except TraceError:
+            spliced = []
+        return Mutants(swarm, seed.digest, tuple(program), tuple(spliced))
+
+    def _read(self, seed: Seed) -> tuple[SwarmConfig, list[Call]]:
+        """The configuration and program of ``seed``, if this campaign runs them: ``KeyError`` or ``ValueError`` for
+        another campaign's allocator, table, kvfuzz or pins (a seed of an earlier campaign on the corpus)."""
+        swarm = swarm_of(seed.config, self.limits[str(seed.config.get("allocator"))], self.plan.base)
+        values = {**swarm_values(swarm), OPERATIONS_ROW: swarm.operations}
+        if any(values.get(row) != value for row, value in self.plan.pins) or not self.builds(swarm):
+            raise ValueError("outside the campaign's pins or pools")
+        return swarm, program_from_json(list(seed.program), f"seed {seed.digest}")  # TraceError: a ValueError
 
     def builds(self, swarm: SwarmConfig) -> bool:
         """Whether the swarm's factory builds its pool: the probe before the campaign asked only for each block size

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
-from kvfuzz.campaign.feedback import Feedback, config_key
+from kvfuzz.campaign.feedback import Feedback
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, SchedulerCampaignOptions, searching_until
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.campaign.seeds import SEED_DIRECTORY, Seed, SeedPool
@@ -69,6 +69,7 @@ class Mutants:
     """A batch of mutants: the seed they come from, and the other seed of its configuration splices take from."""
 
     seed: Seed
+    config: SwarmConfig  # the seed's
     program: tuple[Operation, ...]
     other: tuple[Operation, ...]
 
@@ -89,8 +90,7 @@ class Guidance:
         self.target = target
         self.options = options
         pool = SeedPool(state / SEED_DIRECTORY, target.name, options.database) if options.guided else None
-        self.feedback = Feedback(scope if scope is not None else Scope(()), slot, pool)
-        self.arms: dict[str, SwarmConfig] = {}  # every configuration that ran, by config_key: the bandit's arms
+        self.feedback: Feedback[SwarmConfig] = Feedback(scope if scope is not None else Scope(()), slot, pool)
         self.refused: dict[tuple[SchedulerSetup, str], ValueError] = {}
         self.strata: Counter[tuple[str, Any]] = Counter()  # (stratified row, value) -> fresh draws that took it
 
@@ -123,14 +123,12 @@ class Guidance:
         if feedback.mutating(rng):
             mutants = self._mutants(rng)
             if mutants is not None:
-                config = swarm_config(mutants.seed.config)
-                self.arms[config_key(config.to_json())] = config
-                feedback.begin(config.to_json(), mutated=mutants.seed.digest)
+                config = mutants.config
+                feedback.begin(config, config.to_json(), mutated=mutants.seed.digest)
                 return BatchPlan.of(number, config, rng.randrange(2**32), examples, ends, batch_seconds), mutants
         arm = feedback.arm(rng)
-        config = self.arms[arm] if arm is not None else self._fresh(rng, fresh)
-        self.arms[config_key(config.to_json())] = config
-        feedback.begin(config.to_json(), drawn_fresh=arm is None)
+        config = arm if arm is not None else self._fresh(rng, fresh)
+        feedback.begin(config, config.to_json(), drawn_fresh=arm is None)
         return BatchPlan.of(number, config, rng.randrange(2**32), examples, ends, batch_seconds), None
 
     def _fresh(self, rng: random.Random, fresh: Callable[[Mapping[str, Any]], SwarmConfig]) -> SwarmConfig:
@@ -160,26 +158,22 @@ class Guidance:
     def _mutants(self, rng: random.Random) -> Optional[Mutants]:
         """A seed this engine accepts, parsed, and another of its configuration (None: the pool has none that runs
         here; those refused are dropped)."""
-        pool = self.feedback.pool
-        assert pool is not None
-        for _ in range(4):
-            seed = pool.choose(rng)
-            if seed is None:
-                return None
-            try:
-                config = swarm_config(seed.config)
-                self.validate(config.setup, config.model_runner)
-                program = program_from_json(list(seed.program), config.setup)
-            except (TypeError, ValueError, KeyError):  # another version's seed, or a refused configuration
-                pool.drop(seed)
-                continue
-            other = pool.choose(rng, seed.config_key)
-            try:
-                spliced = program_from_json(list(other.program), config.setup) if other is not None else ()
-            except SchedulerTraceError:
-                spliced = ()
-            return Mutants(seed, program, spliced)
-        return None
+        chosen = self.feedback.seed_to_mutate(rng, self._read)
+        if chosen is None:
+            return None
+        seed, (config, program), other = chosen
+        try:
+            spliced = program_from_json(list(other.program), config.setup) if other is not None else ()
+        except SchedulerTraceError:
+            spliced = ()
+        return Mutants(seed, config, program, spliced)
+
+    def _read(self, seed: Seed) -> tuple[SwarmConfig, tuple[Operation, ...]]:
+        """The configuration and program of ``seed``, if this engine runs them (else ``TypeError``/``ValueError``/
+        ``KeyError``: another version's seed, or a refused configuration)."""
+        config = swarm_config(seed.config)
+        self.validate(config.setup, config.model_runner)
+        return config, program_from_json(list(seed.program), config.setup)
 
     # -- a batch of mutants ------------------------------------------------------------------------------------
 
