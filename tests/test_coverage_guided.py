@@ -422,3 +422,18 @@ def test_mutants_get_half_the_batches_until_they_run_then_the_share_they_earn() 
     rng = random.Random(4)
     bandit.record("{}", 40, 10.0)
     assert {bandit.choose(rng) for _ in range(50)} <= {None, "{}"}, "the mutants' arm is no configuration"
+
+
+def test_a_configuration_whose_batch_reaches_nothing_new_is_retired_at_once() -> None:
+    """Before: its score halved a batch, so a configuration that found 300 points in its first batch was run again
+    for ten batches after it had stopped finding anything, while fresh draws waited."""
+    bandit = Bandit(explore=0.0)
+    bandit.record("first", 300, 1.0)
+    bandit.record(FRESH, 10, 1.0)
+    assert bandit.choose(random.Random(0)) == "first" or bandit.choose(random.Random(1)) == "first"
+    bandit.record("first", 0, 1.0)
+    assert "first" not in bandit.scores and {bandit.choose(random.Random(seed)) for seed in range(20)} == {None}
+    bandit.record("first", 5, 1.0)  # a later batch of it (mutants, say) found something: back
+    assert "first" in bandit.scores
+    bandit.record(FRESH, 0, 1.0)
+    assert FRESH in bandit.scores, "the fresh arm decays; it is never retired"

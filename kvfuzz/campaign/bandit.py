@@ -2,8 +2,11 @@
 coverage, as HypoFuzz gives more time to the tests still finding coverage.
 
 Each configuration that ran is an arm whose score is the new coverage of its recent batches per second of their time,
-decayed by half each batch (so one that stopped finding fades): scored per batch, a slow configuration (a batch of a
-pool of one-token blocks can take the whole batch time) outscored quick ones that found more per second. Drawing a fresh
+decayed by half each batch: scored per batch, a slow configuration (a batch of a pool of one-token blocks can take the
+whole batch time) outscored quick ones that found more per second. A batch of a configuration that reaches nothing
+new retires it (until a later batch of it finds something): decayed by half, an arm that had found 300 points in a
+one-second batch kept a score above :data:`LEAST_SCORE` through eleven batches that found nothing, and was drawn for
+most of them where a blind search draws a fresh configuration. Drawing a fresh
 configuration from the swarm table is an arm too (:data:`FRESH`), scored by the batches that ran freshly drawn
 configurations: early in a campaign most coverage comes from configurations not yet drawn, and the search keeps drawing
 them while they pay; once they stop, the arms that still find get the batches. A batch draws a fresh configuration with
@@ -39,7 +42,11 @@ class Bandit:
         self.scores: dict[str, float] = {}
 
     def record(self, arm: str, gain: float, seconds: float) -> None:
-        """A batch of ``arm`` reached ``gain`` points no earlier batch had, in ``seconds``."""
+        """A batch of ``arm`` reached ``gain`` points no earlier batch had, in ``seconds``: a configuration's batch
+        that reached none retires it (the fresh and the mutants' arms decay instead)."""
+        if gain == 0 and arm not in (FRESH, MUTANTS):
+            self.scores.pop(arm, None)
+            return
         rate = gain / max(seconds, LEAST_SECONDS)
         self.scores[arm] = DECAY * self.scores.get(arm, 0.0) + (1 - DECAY) * rate
 
