@@ -19,9 +19,8 @@ import attrs
 
 from kvfuzz.engine.operation import Operation
 from kvfuzz.program.call import Call
-from kvfuzz.program.execution import Target
-from kvfuzz.program.random_programs import CallDraws, RandomFailure
-from kvfuzz.program.safeguards import AllocatorHang
+from kvfuzz.program.execution import Execution, Target
+from kvfuzz.program.random_programs import CallDraws, RandomFailure, run_program
 
 
 @attrs.frozen
@@ -111,11 +110,8 @@ def run_mutant(
 ) -> Optional[RandomFailure]:
     """Run the mutant ``genes`` on a fresh allocator, then the teardown: each kept call the state can take, each
     fresh one drawn from ``operations`` (see the module); the failure, if it fails (its calls: those made)."""
-    try:
-        execution = target.start()
-    except Exception as error:  # noqa: BLE001 -- the factory failed to build this program's allocator
-        return RandomFailure((), error)
-    try:
+
+    def calls(execution: Execution) -> None:
         draws = CallDraws(execution, operations)
         names = {operation.name for operation in operations}
         for gene in genes:
@@ -125,9 +121,5 @@ def run_mutant(
                     execution.execute(*drawn)
             elif gene.rule in names and execution.accepts(gene):
                 execution.execute(gene.rule, gene.kwargs())
-        execution.teardown()
-    except (Exception, AllocatorHang) as error:  # noqa: BLE001 -- any failure is the finding, as for the machine
-        return RandomFailure(tuple(execution.calls), error)
-    finally:
-        execution.engine.close()
-    return None
+
+    return run_program(target, calls)

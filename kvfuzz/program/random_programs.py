@@ -99,17 +99,27 @@ def random_program(
     caller keeps one that is always enabled, such as ``admit``), then the teardown; the failure, if it fails. The
     enabled operations are equally likely, or with ``weights`` (one per operation, positive) chosen in proportion
     to theirs. A call that hangs past the watchdog's limit ends the program like any failure."""
-    try:
-        execution = target.start()
-    except Exception as error:  # noqa: BLE001 -- the factory failed to build this program's allocator
-        return RandomFailure((), error)
-    try:
+
+    def calls(execution: Execution) -> None:
         draws = CallDraws(execution, operations, weights)
         for _ in range(length):
             drawn = draws.draw(rng)
             if drawn is None:
                 break
             execution.execute(*drawn)
+
+    return run_program(target, calls)
+
+
+def run_program(target: Target, calls: Callable[[Execution], None]) -> Optional[RandomFailure]:
+    """Make a program's ``calls`` on a fresh allocator, then the teardown; the failure, if it fails (a hang past the
+    watchdog's limit included, its calls up to the one that hung)."""
+    try:
+        execution = target.start()
+    except Exception as error:  # noqa: BLE001 -- the factory failed to build this program's allocator
+        return RandomFailure((), error)
+    try:
+        calls(execution)
         execution.teardown()
     except (Exception, AllocatorHang) as error:  # noqa: BLE001 -- any failure is the finding, as for the machine
         return RandomFailure(tuple(execution.calls), error)
