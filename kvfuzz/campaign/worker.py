@@ -5,9 +5,10 @@ claim.
 A worker alternates batches of plain random programs over a drawn :class:`~kvfuzz.campaign.swarm.SwarmConfig` with
 short Hypothesis rounds on the campaign's shared example database (whose saved failures Hypothesis replays first).
 With ``--coverage`` it measures its allocators' code per example (:mod:`kvfuzz.campaign.feedback`); with ``--guided``
-it also keeps each random program that reached new code as a seed, and once there are seeds half its batches run
-mutants of one (:mod:`kvfuzz.program.mutants`), and the configuration of the others is one the bandit gives more
-batches for still finding, or a fresh draw. A mutant's failure is a failure like any: claimed, shrunk, saved.
+it also keeps each random program that reached new code as a seed, and once there are seeds up to half its batches
+(the share mutants earn) run mutants of one (:mod:`kvfuzz.program.mutants`), and the configuration of the others is
+one the bandit gives more batches for still finding, or a fresh draw. A mutant's failure is a failure like any:
+claimed, shrunk, saved.
 Its seed stream is its own: ``plan.seed`` differs for every worker slot and every replacement. The program it runs
 is journalled before each call (:class:`~kvfuzz.program.safeguards.Journal`), so if the allocator kills the
 process the campaign recovers that program from the journal.
@@ -160,7 +161,8 @@ class _Worker:
         self.built: dict[tuple[str, PoolSpec], bool] = {}  # whether each factory builds each pool drawn so far
         # with --coverage: the code under test of every allocator of the campaign, measured per example
         self.feedback = _feedback(plan, self.factories.values())
-        self.ran = [0, 0]  # the running batch's examples and calls (its own programs', not its shrinks')
+        self.batch_examples = 0  # the running batch's examples
+        self.batch_calls = 0  # and their calls (its own programs', not the replays of its shrinks)
 
     def search(self) -> None:
         number = 0  # batches other than mutants': one in hypothesis_every is a Hypothesis round
@@ -198,9 +200,9 @@ class _Worker:
         values = swarm_values(swarm)
         if self.feedback is not None:
             self.feedback.begin(swarm, values, mutated=mutated, drawn_fresh=fresh)
-        self.ran = [0, 0]
+        self.batch_examples = self.batch_calls = 0
         body()
-        entry = {**values, "batch": kind, "examples": self.ran[0], "steps": self.ran[1]}
+        entry = {**values, "batch": kind, "examples": self.batch_examples, "steps": self.batch_calls}
         if self.feedback is not None:
             self.reporter.send(self.feedback.end())
             entry.update(self.feedback.entry())
@@ -289,7 +291,8 @@ class _Worker:
                     before = self.stats.steps
                     found = program(target)
                     made += self.stats.steps - before
-                    self.ran = [self.ran[0] + 1, self.ran[1] + self.stats.steps - before]
+                    self.batch_examples += 1
+                    self.batch_calls += self.stats.steps - before
                     if found is not None:
                         with self.unseeded():
                             self.failure(swarm, list(found.calls), found.failure, safeguards)
@@ -327,7 +330,7 @@ class _Worker:
         )
         self.reporter.examples += summary.examples
         self.reporter.steps += summary.steps
-        self.ran = [summary.examples, summary.steps]
+        self.batch_examples, self.batch_calls = summary.examples, summary.steps
         if summary.failed and summary.calls and summary.failure is not None:
             journal = self._journal(swarm)  # its replays and shrinking are journalled like a random batch's
             try:
