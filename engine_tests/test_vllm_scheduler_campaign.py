@@ -201,3 +201,20 @@ def test_two_workers_run_batches_of_their_own_into_one_table(
     seeds = [batch["hypothesis_seed"] for batch in result["batch_log"]]
     assert len(set(seeds)) == len(seeds), "each worker draws from a seed stream of its own"
     assert "--workers 2" in result["rerun_command"]
+
+
+def test_a_guided_campaign_keeps_seeds_and_runs_mutants_of_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The coverage feedback every target shares (kvfuzz/campaign/feedback.py) on the real scheduler: examples that
+    reached new engine code kept as seeds, and mutant batches of them (half the batches until mutants have run)."""
+    corpus = tmp_path / "corpus"
+    args = ("--seed", "5", "--max-examples", "120", "--batch-examples", "8", "--corpus", str(corpus), "--no-known")
+    status, result = campaign_json(capsys, *args, "--guided")
+    assert status in (0, 1), result
+    seeds = [json.loads(path.read_text()) for path in (corpus / ".kvfuzz-campaign" / "seeds").glob("vllm-v1-*.json")]
+    assert seeds and all(seed["target"] == "vllm-v1" and seed["program"] for seed in seeds)
+    mutated = [entry for entry in result["batch_log"] if entry["mutated_seed"]]
+    assert mutated and all(entry["examples"] > 0 for entry in mutated), result["batch_log"]
+    assert result["coverage"]["lines_reached"] > 0 and result["rerun"]["guided"]
+    assert "--guided" in result["rerun_command"]
