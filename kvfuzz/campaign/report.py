@@ -79,7 +79,7 @@ class CampaignResult:
     scheduler: Optional[str] = None  # a scheduler campaign's target (``allocators`` is empty then)
     batches: int = 0  # the campaign's batches, each on a configuration of its own
     refused: int = 0  # configurations a scheduler campaign drew and vLLM's validation refused (redrawn)
-    batch_log: tuple[dict[str, Any], ...] = ()  # the batches: configuration, what each ran (a scheduler's: its seed)
+    batch_log: tuple[dict[str, Any], ...] = ()  # the last batches (BATCH_LOG_LIMIT): configuration, what each ran
     per_worker: tuple[dict[str, Any], ...] = ()  # each worker slot: its examples, steps and replacements
     coverage: Optional[CampaignCoverage] = None  # the code under test's, when measured (--coverage, --guided)
     pins: Pins = ()  # the swarm rows held at one value (--pin)

@@ -11,6 +11,7 @@ campaign was killed stops by itself (:mod:`kvfuzz.lifeline`). One campaign at a 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import multiprocessing
 import os
@@ -57,6 +58,10 @@ DEFAULT_DURATION = 600.0
 STATE_DIRECTORY = ".kvfuzz-campaign"
 """Inside the corpus: the local example database and the workers' signature claims (hidden: never collected)."""
 
+BATCH_LOG_LIMIT = 10_000
+"""The batches a campaign's result lists (the last ones; ``batches`` counts them all): an allocator worker runs a few
+batches a second, so an hours-long campaign on many workers would otherwise hold millions of entries."""
+
 
 @attrs.define
 class _Slot:
@@ -83,7 +88,11 @@ class _Tally:
     shrinking: dict[int, str] = attrs.field(factory=dict)  # slot -> key it shrinks
     dead: list[DeadWorker] = attrs.field(factory=list)
     errors: list[str] = attrs.field(factory=list)
-    batches: list[dict[str, Any]] = attrs.field(factory=list)  # a scheduler campaign's batches, as they end
+    batches: int = 0  # batches the workers ran, all of them
+    # the last BATCH_LOG_LIMIT batches' entries, as they end (an allocator worker's batches take a fraction of a second)
+    batch_log: collections.deque[dict[str, Any]] = attrs.field(
+        factory=lambda: collections.deque(maxlen=BATCH_LOG_LIMIT)
+    )
     refused: int = 0  # configurations the engine refused before them (redrawn)
     coverage: Optional[CoverageTally] = None  # the code under test's, when the workers measure it
 
@@ -160,9 +169,9 @@ class Supervisor:
             errors=tuple(self.tally.errors),
             corpus=str(self.settings.corpus),
             rerun=self.target.rerun(),
-            batches=len(self.tally.batches),
+            batches=self.tally.batches,
             refused=self.tally.refused,
-            batch_log=tuple(self.tally.batches),
+            batch_log=tuple(self.tally.batch_log),
             per_worker=tuple(
                 {"worker": number, "examples": slot.examples, "steps": slot.steps, "replaced": slot.incarnation}
                 for number, slot in sorted(self.slots.items())
@@ -406,7 +415,8 @@ class Supervisor:
         elif isinstance(message, Seen):
             self._seen(message.signature, message.key, message.known)
         elif isinstance(message, Batch):
-            self.tally.batches.append({**message.entry, "worker": message.worker})
+            self.tally.batches += 1
+            self.tally.batch_log.append({**message.entry, "worker": message.worker})
             self.tally.refused += message.refused
         elif isinstance(message, Covered):
             if self.tally.coverage is None:
