@@ -151,9 +151,9 @@ class CallDraws:
         enabled = state.kept(self.enablement, functools.partial(self.enablement.enabled, state))
         if not enabled:
             return None
-        chosen = [operation for operation, _ in enabled if operation.name == named]
-        if chosen:
-            operation = chosen[0]
+        chosen = next((operation for operation, _ in enabled if operation.name == named), None) if named else None
+        if chosen is not None:
+            operation = chosen
         elif not self.weighted:  # rng.choice: the stream seeded programs without weights always drew
             operation = rng.choice(enabled)[0]
         else:
