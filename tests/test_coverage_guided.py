@@ -16,7 +16,7 @@ import attrs
 import pytest
 
 from kvfuzz.campaign.bandit import FRESH, MUTANTS, Bandit
-from kvfuzz.campaign.feedback import FeedbackJournal
+from kvfuzz.campaign.feedback import Feedback, FeedbackJournal
 from kvfuzz.campaign.scheduler.guided import Guidance
 from kvfuzz.campaign.scheduler.loop import SchedulerCampaignOptions
 from kvfuzz.campaign.scheduler.target import SchedulerTarget
@@ -437,3 +437,16 @@ def test_a_configuration_whose_batch_reaches_nothing_new_is_retired_at_once() ->
     assert "first" in bandit.scores
     bandit.record(FRESH, 0, 1.0)
     assert FRESH in bandit.scores, "the fresh arm decays; it is never retired"
+
+
+def test_a_guided_worker_keeps_only_the_configurations_its_bandit_still_scores(tmp_path: Path) -> None:
+    """A long campaign draws thousands of configurations: one whose batch found nothing is retired by the bandit, and
+    the feedback forgets it too; an unguided worker keeps none."""
+    guided = Feedback(Scope(()), 0, SeedPool(tmp_path, "vllm-v1"))
+    guided.begin(CONFIG, CONFIG.to_json(), drawn_fresh=True)
+    guided.end()  # no code under test: nothing found
+    assert guided.arms == {} and guided.arm(random.Random(0)) is None
+    blind: Feedback[SwarmConfig] = Feedback(Scope(()), 0)
+    blind.begin(CONFIG, CONFIG.to_json())
+    blind.end()
+    assert blind.arms == {} and blind.bandit.scores == {}

@@ -71,8 +71,9 @@ class Feedback(Generic[Config]):
         self.slot = slot  # the worker's, for its Covered messages
         self.pool = pool  # the target's seeds (None: the search is blind)
         self.bandit = Bandit()  # configurations (by config_key) scored by the new points per second of their batches
-        self.arms: dict[str, Config] = {}  # every configuration that ran, by the config_key of its JSON
+        self.arms: dict[str, Config] = {}  # guided: the configurations the bandit scores, by the config_key of its JSON
         self.config: Optional[dict[str, Any]] = None  # the running batch's configuration
+        self.key = ""  # its config_key
         self.program: list[dict[str, Any]] = []  # the running example's calls, as its journal lists them
         self.batch = Reached()  # the points the running batch reached first
         self.began = 0.0  # time.monotonic() when the running batch began
@@ -127,7 +128,9 @@ class Feedback(Generic[Config]):
     ) -> None:
         """A batch begins under ``config`` (``values``: its JSON, what a seed keeps): a mutant batch of seed
         ``mutated``, or one drawn fresh or by the bandit."""
-        self.arms[config_key(values)] = config
+        self.key = config_key(values)
+        if self.guided:
+            self.arms[self.key] = config
         self.config, self.mutated, self.drawn_fresh = values, mutated, drawn_fresh
         self.program = []
         self.batch = Reached()
@@ -167,17 +170,19 @@ class Feedback(Generic[Config]):
             self.seeding = True
 
     def end(self) -> Covered:
-        """The batch ended: its last example's coverage taken, the bandit told; what it reached first, for the
-        campaign."""
+        """The batch ended: its last example's coverage taken, the bandit told (guided; a configuration it no longer
+        scores is forgotten); what it reached first, for the campaign."""
         self.example_ended()
-        if self.config is not None:
+        if self.guided and self.config is not None:
             seconds = time.monotonic() - self.began
             found = len(self.batch)
-            self.bandit.record(config_key(self.config), found * FRESH_CREDIT if self.drawn_fresh else found, seconds)
+            self.bandit.record(self.key, found * FRESH_CREDIT if self.drawn_fresh else found, seconds)
             if self.drawn_fresh:
                 self.bandit.record(FRESH, found, seconds)
             if self.mutated is not None:
-                self.bandit.record(MUTANTS, len(self.batch), seconds)
+                self.bandit.record(MUTANTS, found, seconds)
+            if self.key not in self.bandit.scores:
+                del self.arms[self.key]
         return Covered(self.slot, self.batch.to_json(), self.scope.imported(self.files))
 
     def entry(self) -> dict[str, Any]:
