@@ -16,6 +16,7 @@ from typing import Any, Optional
 import attrs
 import pytest
 
+from kvfuzz.campaign.known import KnownFindings
 from kvfuzz.campaign.messages import Batch, Saved
 from kvfuzz.campaign.protocol import Reporter, WorkerContext
 from kvfuzz.campaign.seeds import SEED_DIRECTORY, Seed, SeedPool
@@ -175,17 +176,19 @@ def _worker(tmp_path: Path, spec: str, examples: int, pins: Any = ()) -> tuple[_
     )
     messages: queue.Queue[Any] = queue.Queue()
     budget = multiprocessing.get_context("spawn").Value("q", examples)
+    stop: Any = threading.Event()  # the stop and halt flags, as threading's events
+    halt: Any = threading.Event()
     context = WorkerContext(
         0,
         0,
         11,
         Reporter(messages, 0),
-        threading.Event(),
-        threading.Event(),
+        stop,
+        halt,
         budget,
-        {},
+        KnownFindings(),
         plan.state,
-        plan.state / "c",  # type: ignore[arg-type]
+        plan.state / "c",
     )
     return _Worker(plan, context), messages
 

@@ -292,6 +292,7 @@ STAGES = {
     "trace file": "trace_files.py",  # the one reader of a trace file's bytes, checker of fields, atomic writer
     "saved trace": "trace_saving.py",  # the one record of where a trace went, and what is printed of it
     "coverage feedback": "campaign/feedback.py",  # the one per-example coverage, seed keeping and bandit
+    "claims": "campaign/claims.py",  # the one judgement of a signature a worker met: known, met before, or new
 }
 
 
@@ -315,7 +316,9 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
     * a **saved trace**'s record: a class with ``written`` and ``error`` fields (where a trace went: written, or not
       and why);
     * **coverage feedback**: a class with an ``example_ended`` method (coverage taken per example, a seed kept), or
-      a call constructing ``Bandit`` (configurations scored by the coverage they find)."""
+      a call constructing ``Bandit`` (configurations scored by the coverage they find);
+    * **claims**: a call of a signature store's ``claim`` method (a signature claimed) or one constructing
+      ``Claimed`` or ``Seen`` (the campaign told a signature was claimed, or met again)."""
     found: dict[str, set[str]] = {stage: set() for stage in STAGES}
     for path, source in sources.items():
         tree = ast.parse(source)
@@ -361,10 +364,22 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                 found["coverage feedback"].add(path)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Bandit":
                 found["coverage feedback"].add(path)
+            if isinstance(node, ast.Call) and (
+                (isinstance(node.func, ast.Attribute) and node.func.attr == "claim" and _names_a_store(node.func.value))
+                or (isinstance(node.func, ast.Name) and node.func.id in ("Claimed", "Seen"))
+            ):
+                found["claims"].add(path)
             if path.startswith("commands/") and isinstance(node, ast.Compare):
                 if any(isinstance(part, ast.Constant) and part.value == "scheduler-trace" for part in ast.walk(node)):
                     found["trace commands"].add(path)
     return found
+
+
+def _names_a_store(node: ast.expr) -> bool:
+    """Whether ``node`` names a signature store: ``store``, ``self.store``, ``...store`` (a worker's claims object,
+    or a block pool's claim of slots, is not one)."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name.endswith("store")
 
 
 def _calls(tree: ast.AST, name: str) -> bool:
@@ -396,6 +411,8 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
         "scheduler/swarm.py": "class Dimension:\n    @property\n    def pinnable(self): ...\n",
         "campaign/scheduler/guided.py": "class Guidance:\n    def example_ended(self): ...\n",
         "campaign/worker.py": "def plan():\n    return Bandit()\n",
+        "campaign/scheduler/claims.py": "def is_new(s):\n    return store.claim(s, {}) is None\n",
+        "campaign/allocator_worker.py": "def met(r, s):\n    r.send(Seen(0, s, s.key(), 'x'))\n",
     }
     found = stage_definitions(sources)
     assert found["journal"] == {"program/safeguards.py", "scheduler/journal.py"}
@@ -409,6 +426,7 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
     assert found["trace file"] == {"scheduler/trace.py", "saved/trace.py"}
     assert found["saved trace"] == {"scheduler/recorder.py"}
     assert found["coverage feedback"] == {"campaign/scheduler/guided.py", "campaign/worker.py"}
+    assert found["claims"] == {"campaign/scheduler/claims.py", "campaign/allocator_worker.py"}
 
 
 def test_each_stage_of_the_pipeline_is_written_once_for_every_target() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvfuzz.campaign import worker as worker_module
+from kvfuzz.campaign.known import KnownFindings
 from kvfuzz.campaign.protocol import Reporter, WorkerContext
 from kvfuzz.campaign.swarm import probe_limits
 from kvfuzz.campaign.worker import BATCH_STEPS, WorkerPlan, _Worker
@@ -55,7 +56,8 @@ def _search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, examples: int) -> t
     budget = multiprocessing.get_context("spawn").Value("q", examples)
     reporter = Reporter(queue.Queue(), 0)  # type: ignore[arg-type]
     stop, halt = threading.Event(), threading.Event()
-    context = WorkerContext(0, 0, 1, reporter, stop, halt, budget, {}, plan.state, plan.state / "claims")  # type: ignore[arg-type]
+    known = KnownFindings()
+    context = WorkerContext(0, 0, 1, reporter, stop, halt, budget, known, plan.state, plan.state / "claims")  # type: ignore[arg-type]
     _Worker(plan, context).search()
     return batches, len(failures)
 

@@ -629,3 +629,29 @@ def test_a_stop_while_shrinking_keeps_the_finding(tmp_path: Path) -> None:
     [finding] = result.new
     assert "shrinking interrupted" in (finding.note or "") and finding.trace is not None
     assert not load(Path(finding.trace)).shrunk, "the example as found, saved before shrinking"
+
+
+def test_a_batch_child_that_died_without_a_journal_is_a_finding_claimed_never_dropped(tmp_path: Path) -> None:
+    """An isolated batch's child that died before its journal held a program: its death is claimed (reported as a
+    finding whose program is lost, said so), or counted where the store knows it; never left unreported."""
+    from kvfuzz.campaign.scheduler.isolated import _death
+    from kvfuzz.campaign.scheduler.loop import BatchPlan
+
+    options = SchedulerCampaignOptions("vllm-v1", 9, tmp_path / "c", max_examples=1)
+    config = swarm.draw(random.Random(1), lambda setup, runner: None)
+    plan = BatchPlan.of(0, config, 1, 1, None, None)
+    asked: list[str] = []
+
+    def claims(new: bool) -> Any:
+        def is_new(signature: Any, first: Any) -> bool:
+            asked.append(signature.failure)
+            return new
+
+        return is_new
+
+    missing = tmp_path / "no-journal.jsonl"
+    claimed = _death(FakeTarget().target(), options, plan, claims(True), missing, "was killed by SIGKILL")
+    assert claimed.new and claimed.saved is None and claimed.note is not None and "program is lost" in claimed.note
+    counted = _death(FakeTarget().target(), options, plan, claims(False), missing, "was killed by SIGKILL")
+    assert not counted.new and counted.signature == claimed.signature
+    assert asked == ["crash (SchedulerProcessDied)"] * 2

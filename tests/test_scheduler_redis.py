@@ -14,7 +14,7 @@ import pytest
 from test_campaign_redis import redis_url  # noqa: F401 -- the fixture: a real redis-server on a free port
 from test_scheduler_campaign import FakeTarget
 
-from kvfuzz.campaign.cluster import REDIS_FINDINGS, ClusterFindings
+from kvfuzz.campaign.cluster import REDIS_FINDINGS, REDIS_SEEN, ClusterFindings
 from kvfuzz.scheduler.trace import load
 
 
@@ -48,6 +48,12 @@ def test_two_campaigns_store_a_scheduler_finding_once_and_findings_writes_it(
     assert known["text"] == finding["text"] and known["known"].startswith("found earlier by "), known
     assert not list((tmp_path / "b").glob("*.json")), "a finding claimed elsewhere saves no second trace"
     assert len(ClusterFindings(redis_url).keys().keys) == 1
+    # every meeting counted in the Redis (the first campaign's claim, the second's meeting), and the finding stored
+    # with the finding worker's own seed stream (a one-worker campaign's is its --seed), as an allocator's is
+    client = ClusterFindings(redis_url).client
+    [key] = ClusterFindings(redis_url).keys().keys
+    assert int(client.hget(REDIS_SEEN, key)) >= 2
+    assert json.loads(client.hget(REDIS_FINDINGS, key))["worker_seed"] == 3
 
     out = tmp_path / "fetched"
     assert main(["findings", "--database", redis_url, "--json", "-o", str(out)]) == 0

@@ -184,6 +184,14 @@ class Shared:
     def __str__(self) -> str:
         return self.outcome if self.outcome is not None else f"not stored ({self.problem})"
 
+    def noted(self, note: Optional[str]) -> Optional[str]:
+        """A saved finding's ``note``, saying that the server failed where it did (the local trace stands all the
+        same)."""
+        if self.problem is None:
+            return note
+        problem = f"not stored in Redis ({self.problem})"
+        return f"{note}; {problem}" if note else problem
+
 
 class ClusterFindings:
     """The findings every campaign sharing one Redis stored (:data:`REDIS_FINDINGS`)."""

@@ -115,10 +115,13 @@ class KnownFindings:
         others = [trace.where for trace in traces if trace is not best]
         return best.where + (f"; also {', '.join(others)}" if others else "")
 
-    def regressed(self, key: str, met: Optional[Recorded] = None) -> str:
-        """The note a regression of ``key`` met (in ``met``, where known) is reported with, naming the trace of the
-        fixed bug that says so (:meth:`credit`)."""
-        return f"REGRESSION: a fixed bug is back, {self.credit(key, met, regression=True)}"
+    def noted(self, key: str, met: Optional[Recorded], note: Optional[str]) -> Optional[str]:
+        """The note a saved finding of ``key``, met in ``met`` (None: not known), is reported with: ``note``, led for a
+        regression by what says so (the fixed bug's trace recorded closest to ``met``: :meth:`credit`)."""
+        if key not in self.regressions:
+            return note
+        back = f"REGRESSION: a fixed bug is back, {self.credit(key, met, regression=True)}"
+        return f"{back}; {note}" if note else back
 
 
 class KnownSource(Protocol):

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 import attrs
 
 from kvfuzz.campaign.allocators import AllocatorCampaign, CampaignOptions
+from kvfuzz.campaign.claims import judge
 from kvfuzz.campaign.cluster import ClusterFindings, is_redis
 from kvfuzz.campaign.coverage import CoverageTally
 from kvfuzz.campaign.flag import Flag
@@ -344,16 +345,13 @@ class Supervisor:
                 if key in self.known or self.tally.findings[key].trace != str(path):
                     path.unlink()  # the same death is already saved once
             return key
-        claimed_as = self.known.claimed_as(signature)  # a regression: a claim of its own
-        prior = self.store.claim(claimed_as, {"signature": signature.to_json(), "trace": str(path)})
-        if prior is not None:
-            self._seen(signature.to_json(), key, f"found earlier by {prior.get('found_by', 'another campaign')}")
+        where = judge(self.store, self.known, signature, None, {"signature": signature.to_json(), "trace": str(path)})
+        if where is not None:  # claimed first by another campaign sharing the store
+            self._seen(signature.to_json(), key, where)
             return key
-        if key in self.known.regressions:
-            note = f"{self.known.regressed(key)}; {note}"
+        noted = self.known.noted(key, None, note)
         shared = self.cluster.share(trace, signature, self.settings.seed, seed, str(path)) if self.cluster else None
-        if shared is not None and shared.problem is not None:  # the server went away: the local trace still stands
-            note += f"; not stored in Redis ({shared.problem})"
+        noted = shared.noted(noted) if shared is not None else noted
         self.tally.findings[key] = Finding(
             signature.to_json(),
             self.target.text(signature.to_json()),
@@ -364,7 +362,7 @@ class Supervisor:
             program_length=len(trace.program),
             shrunk_length=len(trace.program),
             trace=str(path),
-            note=note,
+            note=noted,
             explanation=death.explanation,
         )
         self.tally.order.append(key)

@@ -20,9 +20,7 @@ import contextlib
 import functools
 import hashlib
 import json
-import os
 import random
-import socket
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -31,13 +29,13 @@ import attrs
 from hypothesis.database import ExampleDatabase
 
 from kvfuzz.allocator.types import PoolSpec
-from kvfuzz.campaign.cluster import ClusterFindings, is_redis
+from kvfuzz.campaign.claims import WorkerClaims
+from kvfuzz.campaign.cluster import is_redis
 from kvfuzz.campaign.feedback import Feedback, FeedbackJournal
-from kvfuzz.campaign.known import KnownFindings
-from kvfuzz.campaign.messages import Batch, Claimed, Saved, Seen
+from kvfuzz.campaign.messages import Batch, Saved
 from kvfuzz.campaign.protocol import WorkerContext
 from kvfuzz.campaign.seeds import SEED_DIRECTORY, Seed, SeedPool
-from kvfuzz.campaign.store import SignatureStore, open_examples, open_store
+from kvfuzz.campaign.store import open_examples
 from kvfuzz.campaign.swarm import OPERATIONS_ROW, Limits, SwarmConfig, draw_swarm, swarm_of, swarm_values
 from kvfuzz.coverage.scope import Scope, allocator_scope
 from kvfuzz.engine.config import MachineConfig, config_json
@@ -100,11 +98,9 @@ class WorkerPlan:
     corpus: Path  # where traces and the journal go
     database: Optional[str]  # redis://... or an example-database directory; None: the local default
     state: Path  # the campaign's local state: example database and, without Redis, the signature store
-    known: KnownFindings = KnownFindings()  # what the corpus knows: counted when met, or regressions (reported)
     call_timeout: Optional[float] = DEFAULT_CALL_TIMEOUT  # the watchdog's limit per operation
     shrink_seconds: float = 30.0  # the time bound of one shrink
     hypothesis_every: int = HYPOTHESIS_EVERY  # 0: no Hypothesis rounds
-    claims: Optional[Path] = None  # without Redis: the campaign's directory of signature claims
     campaign_seed: Optional[int] = None  # the campaign's --seed, recorded with each finding stored in Redis
     pins: Pins = ()  # swarm rows held at one value (--pin)
     coverage: bool = False  # measure the allocators' code (--coverage): each batch's new points sent to the campaign
@@ -153,9 +149,7 @@ class _Worker:
         self.rng = random.Random(plan.seed)
         self.factories: dict[str, AllocatorFactory] = {spec: load_factory(spec) for spec in plan.allocators}
         self.limits = dict(zip(plan.allocators, plan.limits))
-        self.store: SignatureStore = open_store(plan.database, plan.claims or plan.state / "claims")
-        # with Redis: where each saved finding's trace is stored for every machine (kvfuzz findings)
-        self.cluster = ClusterFindings(plan.database) if is_redis(plan.database) else None
+        self.claims = WorkerClaims(worker, plan.database, plan.campaign_seed)
         self.examples_db: Optional[ExampleDatabase] = None  # opened on the first Hypothesis round
         self.stats = RunStats(on_step=self.reporter.on_step)
         self.built: dict[tuple[str, PoolSpec], bool] = {}  # whether each factory builds each pool drawn so far
@@ -357,24 +351,8 @@ class _Worker:
         if outcome is not None and outcome.failure is not None:
             failure, failed_at, diverged = outcome.failure, outcome.failed_at, outcome.diverged
         signature = signature_of(swarm.allocator, failure, calls, failed_at, diverged)
-        key = signature.key()
-        if key in self.plan.known:
-            where = self.plan.known.credit(key, swarm.recorded())
-            self.reporter.send(Seen(self.plan.slot, signature.to_json(), key, where))
+        if not self.claims.claim(signature, swarm.recorded(), len(calls)):
             return
-        record = {
-            "signature": signature.to_json(),
-            "found_by": f"{socket.gethostname()} pid {os.getpid()}",
-            "trace": None,
-        }
-        self.store.seen(signature)
-        prior = self.store.claim(self.plan.known.claimed_as(signature), record)  # a regression: a claim of its own
-        if prior is not None:
-            where = f"found earlier by {prior.get('found_by', 'another worker')}"
-            self.reporter.send(Seen(self.plan.slot, signature.to_json(), key, where))
-            return
-        self.reporter.send(Claimed(self.plan.slot, signature.to_json(), key, len(calls)))
-        self.reporter.phase = "shrinking"
         try:
             others = self.save(swarm, calls, failure, signature, safeguards)
         finally:
@@ -415,10 +393,8 @@ class _Worker:
             stats=self.stats,
             restarts=Restarts(swarm.operation_records(), swarm.program_length, self._restart_rng(signature)),
         )
-        config, calls, failure, note = shrunk.config, list(shrunk.calls), shrunk.failure, shrunk.stopped_early
-        if signature.key() in self.plan.known.regressions:
-            back = self.plan.known.regressed(signature.key(), swarm.recorded())
-            note = back + (f"; {note}" if note else "")
+        config, calls, failure = shrunk.config, list(shrunk.calls), shrunk.failure
+        note = self.claims.noted(signature, swarm.recorded(), shrunk.stopped_early)
         others = shrunk.others
         replays = min(CONFIRM_REPLAYS, CONFIRM_HANG_REPLAYS) if isinstance(failure, AllocatorHang) else CONFIRM_REPLAYS
         reproduced = _confirm(factory, config, calls, signature, safeguards, replays)
@@ -437,14 +413,9 @@ class _Worker:
             saved, unsaved = str(path), None
         except OSError:
             saved, unsaved = None, trace.to_json()
-        shared = (
-            self.cluster.share(trace, signature, self.plan.campaign_seed, self.plan.seed, saved)
-            if self.cluster
-            else None
-        )
-        if shared is not None and shared.problem is not None:  # the server went away: the local trace still stands
-            problem = f"not stored in Redis ({shared.problem})"
-            note = f"{note}; {problem}" if note else problem
+        shared = self.claims.share(trace, signature, saved)
+        if shared is not None:  # a server gone away is said in the note: the local trace still stands
+            note = shared.noted(note)
         self.reporter.send(
             Saved(
                 self.plan.slot,

@@ -128,10 +128,10 @@ def _death(
     signature = scheduler_signature(target.name, failure)
     outcome = Outcome(plan.config.setup, 0, 0, 0, 0, 0.0, failure, "")
     trace = died_trace(journal, message)
-    if trace is None:
-        return BatchResult(outcome, signature, None, note=f"{message}; its program is lost (no journal)")
-    if not is_new(signature, None):
+    if not is_new(signature, None):  # counted where it is known from
         return BatchResult(outcome, signature, None)
+    if trace is None:
+        return BatchResult(outcome, signature, None, note=f"{message}; its program is lost (no journal)", new=True)
     saved = save_scheduler_trace(trace, options.corpus)
     note = f"{message}: not shrunk (every replay would kill the process)"
     return BatchResult(outcome, signature, saved, saved=saved, note=note, new=True)

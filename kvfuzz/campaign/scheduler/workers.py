@@ -20,28 +20,26 @@
 
 from __future__ import annotations
 
-import os
 import random
-import socket
 import time
 from typing import Any, Callable, Optional
 
 import attrs
 
+from kvfuzz.campaign.claims import WorkerClaims
 from kvfuzz.campaign.cluster import ClusterFindings, is_redis
 from kvfuzz.campaign.feedback import FeedbackJournal
 from kvfuzz.campaign.known import KnownFindings, known_findings, stored_findings_known
-from kvfuzz.campaign.messages import Batch, Claimed, HarnessFailed, Said, Saved, Seen
+from kvfuzz.campaign.messages import Batch, HarnessFailed, Said, Saved
 from kvfuzz.campaign.process import HaltInterrupts
 from kvfuzz.campaign.protocol import WorkerContext, worker_seed
 from kvfuzz.campaign.report import CampaignResult
 from kvfuzz.campaign.rerun import Rerun
 from kvfuzz.campaign.scheduler.guided import Mutants, guidance
 from kvfuzz.campaign.scheduler.isolated import isolated_runner, journal_target
-from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, SchedulerCampaignOptions, run_batch
+from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, SchedulerCampaignOptions, run_batch
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, SchedulerTraces, Search, recorded
 from kvfuzz.campaign.settings import Settings
-from kvfuzz.campaign.store import open_store
 from kvfuzz.campaign.supervisor import Supervisor
 from kvfuzz.program.safeguards import Journal, UserInterrupt
 from kvfuzz.scheduler.harness import HarnessError
@@ -97,9 +95,7 @@ class _Worker:
         self.worker = worker
         self.target = attrs.evolve(campaign.target, search=_halted_searches(campaign.target.search, worker.halt))
         self.reporter = worker.reporter
-        self.store = open_store(self.options.database, worker.claims)
-        # with Redis: where each saved finding's trace is stored for every machine (kvfuzz findings)
-        self.cluster = ClusterFindings(self.options.database) if is_redis(self.options.database) else None
+        self.claims = WorkerClaims(worker, self.options.database, self.options.seed)
         self.guide = guidance(self.target, self.options, worker.state, worker.slot)  # None without --coverage
 
     def search(self) -> None:
@@ -113,7 +109,7 @@ class _Worker:
             feedback = self.guide.feedback if self.guide is not None else None
             journal = FeedbackJournal(options.corpus, header, {}, feedback, self.reporter.beat)
 
-            def runner(plan: BatchPlan, is_new: Callable[..., bool]) -> BatchResult:
+            def runner(plan: BatchPlan, is_new: IsNew) -> BatchResult:
                 return run_batch(self.target, options, plan, is_new, journal)
 
         number = 0
@@ -126,9 +122,9 @@ class _Worker:
                 number += 1
                 try:
                     if self.guide is not None and mutants is not None:
-                        result = self.guide.run_mutants(plan, mutants, self.is_new, rng, journal)
+                        result = self.guide.run_mutants(plan, mutants, self.claimer(plan), rng, journal)
                     else:
-                        result = runner(plan, self.is_new)
+                        result = runner(plan, self.claimer(plan))
                 except HarnessError as error:  # kvfuzz's own code failed: the campaign ends on it
                     worker.settle_examples(granted, 0)
                     self.reporter.send(HarnessFailed(worker.slot, error.describe()))
@@ -165,32 +161,17 @@ class _Worker:
         )
         return plan, mutants
 
-    def is_new(self, signature: Signature, first: Optional[SavedTrace[SchedulerTrace]]) -> bool:
-        """Claim ``signature`` unless a corpus trace knows it (a regression's is claimed: reported as new) or a
-        worker claimed it first; the claim names the example as found, saved already."""
-        key = signature.key()
-        if key in self.campaign.known:
-            return False
-        trace = str(first.path) if first is not None and first.error is None else None
-        claimed_as = self.campaign.known.claimed_as(signature)  # a regression: a claim of its own
-        if self.store.claim(claimed_as, self._record(signature, trace)) is not None:
-            return False
-        length = len(first.trace.program) if first is not None else 0
-        self.reporter.send(Claimed(self.worker.slot, signature.to_json(), key, length, trace))
-        self.reporter.phase = "shrinking"
-        return True
+    def claimer(self, plan: BatchPlan) -> IsNew:
+        """Whether a failure met in ``plan``'s batch is new (:meth:`WorkerClaims.claim`): the claim names the example
+        as found, saved already."""
+        met = recorded(plan.config.setup, plan.config.model_runner)
 
-    def _record(self, signature: Signature, trace: Optional[str]) -> dict[str, Any]:
-        found_by = f"{socket.gethostname()} pid {os.getpid()}"
-        return {"signature": signature.to_json(), "found_by": found_by, "trace": trace}
+        def is_new(signature: Signature, first: Optional[SavedTrace[SchedulerTrace]]) -> bool:
+            trace = str(first.path) if first is not None and first.error is None else None
+            length = len(first.trace.program) if first is not None else 0
+            return self.claims.claim(signature, met, length, trace)
 
-    def _claimed_by(self, signature: Signature) -> str:
-        """Who claimed ``signature`` (a worker of this campaign, or of another sharing its Redis), as its claim
-        says: read back by claiming it again, which only returns the first claim's record."""
-        prior = self.store.claim(self.campaign.known.claimed_as(signature), self._record(signature, None))
-        if prior is None:
-            return "met earlier in this campaign"
-        return f"found earlier by {prior.get('found_by', 'another worker')}"
+        return is_new
 
     def record(self, plan: BatchPlan, result: BatchResult) -> None:
         """Count the batch (its search's examples count toward ``max_examples``, shrinking's do not; every step
@@ -222,28 +203,22 @@ class _Worker:
             self.finding(plan, drifted.signature, attrs.evolve(other, new=drifted.new))
 
     def finding(self, plan: BatchPlan, signature: Signature, result: BatchResult) -> None:
-        """Tell the supervisor of the finding of ``signature`` that ``result`` met: counted, or (claimed by this
-        batch) saved."""
-        key = signature.key()
-        met = recorded(plan.config.setup, plan.config.model_runner)
+        """Tell the supervisor of the finding of ``signature`` that this batch claimed, shrank and saved (one it did
+        not claim was counted when met)."""
         if not result.new:
-            if key in self.campaign.known:
-                where = self.campaign.known.credit(key, met)
-            else:
-                where = self._claimed_by(signature)
-            self.reporter.send(Seen(self.worker.slot, signature.to_json(), key, where))
             return
+        met = recorded(plan.config.setup, plan.config.model_runner)
         same = result.shrunk is not None and result.shrunk.failure is not None and result.drifted is None
         shown = result.shrunk if same and result.shrunk is not None else result.outcome
         saved = result.saved
-        note = _note(plan, result, self.worker.slot if self.options.workers > 1 else None)
-        if key in self.campaign.known.regressions:
-            note = f"{self.campaign.known.regressed(key, met)}; {note}"
+        note = self.claims.noted(
+            signature, met, _note(plan, result, self.worker.slot if self.options.workers > 1 else None)
+        )
         written = saved is not None and saved.error is None
         self.reporter.send(
             Saved(
                 self.worker.slot,
-                key,
+                signature.key(),
                 len(saved.trace.program) if saved is not None else 0,
                 str(saved.path) if written and saved is not None else None,
                 note,
@@ -254,9 +229,9 @@ class _Worker:
                 saved.trace.to_json() if saved is not None and not written else None,
             )
         )
-        if self.cluster is not None and written and saved is not None:
-            shared = self.cluster.share(saved.trace, signature, self.options.seed, None, str(saved.path))
-            self.reporter.send(Said(self.worker.slot, f"  {self.cluster.url}: {shared}"))
+        shared = self.claims.share(saved.trace, signature, str(saved.path)) if written and saved is not None else None
+        if shared is not None:
+            self.reporter.send(Said(self.worker.slot, f"  {self.options.database}: {shared}"))
 
 
 def _halted_searches(search: Search, halt: Any) -> Search:
