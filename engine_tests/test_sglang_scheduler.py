@@ -185,7 +185,15 @@ def test_the_same_request_with_the_radix_cache_on_is_admitted_and_finishes() -> 
 
 @pytest.mark.parametrize(
     "flag",
-    [["--policy", "priority"], ["--async-scheduling"], ["--stop-tokens"], ["--min-tokens"], ["--max-loras", "2"]],
+    [
+        ["--policy", "priority"],
+        ["--async-scheduling"],
+        ["--stop-tokens"],
+        ["--min-tokens"],
+        ["--max-loras", "2"],
+        ["--long-prefill-token-threshold", "2"],
+        ["--max-num-active-seqs", "1"],
+    ],
 )
 def test_vllm_only_options_are_refused_in_one_line(flag: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     from kvfuzz.cli import main

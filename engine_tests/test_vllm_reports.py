@@ -30,6 +30,8 @@ SEEDED = {
 def recorded_failure(name: str) -> tuple[str, str]:
     """The reproducer's words for the trace's recorded check, and the request (or step) it names."""
     failure = json.loads((CORPUS / name).read_text())["failure"]
+    if failure["check"] == "crash":  # vLLM's own exception, its traceback's last line
+        return failure["exception"], ""
     if failure["check"] == "progress":
         return "Failure: progress:", f"{failure['request']} ("
     return "Failure: accounting at step", f"step {failure['step']}:"
@@ -37,6 +39,7 @@ def recorded_failure(name: str) -> tuple[str, str]:
 
 def test_the_real_bugs_are_the_ones_the_issue_names() -> None:
     assert REAL_BUGS == [
+        "vllm-v1-scheduler-long-prefill-padding-assertion-03e33c236fbe.json",  # found through the long-prefill row
         "vllm-v1-scheduler-offloading-load-gate-hang-99d75d3823f8.json",
         "vllm-v1-scheduler-offloading-load-gate-hang-v2-c7697394cd8d.json",  # the same program under V2's protocol
         "vllm-v1-scheduler-offloading-one-token-reload-hang-29b8f30c1dd1.json",

@@ -21,6 +21,9 @@ from kvfuzz.scheduler.violations import Check
 FCFS = SchedulerSetup(num_blocks=8)  # a pool small enough that requests wait and are preempted
 PRIORITY = SchedulerSetup(num_blocks=8, policy="priority")
 OVERLONG = SchedulerSetup(overlong_requests=True)  # requests that run into max_model_len
+LONG_PREFILL = SchedulerSetup(num_blocks=8, long_prefill_token_threshold=3)  # prompts beside others take 3 a step
+ADAPTIVE = SchedulerSetup(num_blocks=8, long_prefill_token_threshold=2, long_prefill_token_threshold_adaptive=True)
+ACTIVE = SchedulerSetup(num_blocks=8, max_num_active_seqs=2)  # two of the four runner slots admitted
 EXAMPLES = 60  # each bug is found within its first 20 examples
 STEPS = 50
 
@@ -67,6 +70,27 @@ CASES: list[tuple[Callable[[pytest.MonkeyPatch], None], SchedulerSetup, Check, s
         r"the step (schedules|leaves running) 5 requests \(.*\), but max_num_seqs is 4",
     ),
     (
+        bugs.long_prefill_cap_doubled,
+        LONG_PREFILL,
+        Check.BUDGET,
+        r"the step schedules [4-6] tokens for r\d+ beside [1-3] other request\(s\) \(.*\), but "
+        r"long_prefill_token_threshold caps a request at 3 tokens a step while others are in the engine",
+    ),
+    (
+        bugs.adaptive_floor_by_running_alone,
+        ADAPTIVE,
+        Check.BUDGET,
+        r"the step schedules \d+ tokens for r\d+ beside [1-3] other request\(s\) \(.*\), but "
+        r"long_prefill_token_threshold caps a request at \d+ tokens a step, floored at max_num_batched_tokens 16 // "
+        r"[2-4] scheduled requests \(adaptive\)",
+    ),
+    (
+        bugs.active_cap_one_more,
+        ACTIVE,
+        Check.BUDGET,
+        r"the step leaves 3 requests running \(.*\), but max_num_active_seqs is 2",
+    ),
+    (
         bugs.model_length_one_block_longer,
         OVERLONG,
         Check.BUDGET,
@@ -104,7 +128,11 @@ def test_each_seeded_bug_is_caught_by_its_oracle(
     assert re.search(message, outcome.explanation()), outcome.explanation()
 
 
-@pytest.mark.parametrize("setup", [FCFS, PRIORITY, OVERLONG], ids=["fcfs", "priority", "overlong"])
+@pytest.mark.parametrize(
+    "setup",
+    [FCFS, PRIORITY, OVERLONG, LONG_PREFILL, ADAPTIVE, ACTIVE],
+    ids=["fcfs", "priority", "overlong", "long-prefill", "adaptive", "active"],
+)
 def test_the_same_searches_pass_on_vllm_as_released(setup: SchedulerSetup) -> None:
     """Without a seeded bug every search above runs all its examples clean, through preemptions and waiting."""
     outcome = search(setup, examples=EXAMPLES, steps=STEPS, shrink=False)

@@ -82,6 +82,42 @@ def running_cap_one_more(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(Scheduler, "__init__", init)
 
 
+def long_prefill_cap_doubled(patch: pytest.MonkeyPatch) -> None:
+    """The scheduler reads ``long_prefill_token_threshold`` twice as large as configured: a long prefill takes twice
+    its share of a step beside other requests."""
+    original = Scheduler.__init__
+
+    def init(self: Scheduler, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.scheduler_config = copy.copy(self.scheduler_config)  # kvfuzz's configuration is left as it was
+        threshold = self.scheduler_config.long_prefill_token_threshold
+        object.__setattr__(self.scheduler_config, "long_prefill_token_threshold", 2 * threshold)
+
+    patch.setattr(Scheduler, "__init__", init)
+
+
+def adaptive_floor_by_running_alone(patch: pytest.MonkeyPatch) -> None:
+    """``long_prefill_token_threshold_adaptive`` floors the cap at the budget's share of the running requests alone,
+    not of every request in the engine: with few running and many waiting, a long prefill takes most of a step."""
+    _schedule_without(
+        patch,
+        "long_prefill_token_threshold, input_budget // num_eligible_reqs\n",
+        "long_prefill_token_threshold, input_budget // max(1, num_running)\n",
+    )
+
+
+def active_cap_one_more(patch: pytest.MonkeyPatch) -> None:
+    """The scheduler admits one request more than ``max_num_active_seqs`` into RUNNING (within ``max_num_seqs``, so
+    its own assertion does not fire)."""
+    original = Scheduler.__init__
+
+    def init(self: Scheduler, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.max_num_active_reqs += 1
+
+    patch.setattr(Scheduler, "__init__", init)
+
+
 def model_length_one_block_longer(patch: pytest.MonkeyPatch) -> None:
     """The scheduler takes ``max_model_len`` one block longer than the model's: it neither caps a step's tokens nor
     stops a request at the model's length."""

@@ -44,6 +44,8 @@ def test_a_scheduler_target_without_its_engine_is_one_line_and_exit_2(
         (["--eos"], "kvfuzz: --eos needs --scheduler"),
         (["--min-tokens"], "kvfuzz: --min-tokens needs --scheduler"),
         (["--max-loras", "2"], "kvfuzz: --max-loras needs --scheduler"),
+        (["--long-prefill-token-threshold", "2"], "kvfuzz: --long-prefill-token-threshold needs --scheduler"),
+        (["--max-num-active-seqs", "2"], "kvfuzz: --max-num-active-seqs needs --scheduler"),
         (
             ["--scheduler", "vllm-v1", "--max-loras", "0"],
             "kvfuzz: --max-loras must be at least 1, got 0 (leave it out for no LoRA)",

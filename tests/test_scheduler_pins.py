@@ -72,7 +72,10 @@ def test_a_bad_pin_is_refused_in_one_line(texts: list[str], line: str) -> None:
         parse_pins(texts, TABLE)
     assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
     if "the rows: " in line:
-        assert str(refused.value).endswith("model_runner, drafter, kv_events_full")
+        assert str(refused.value).endswith(
+            "model_runner, drafter, kv_events_full, long_prefill_token_threshold, "
+            "long_prefill_token_threshold_adaptive, max_num_active_seqs"
+        )
 
 
 @pytest.mark.parametrize(

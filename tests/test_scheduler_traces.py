@@ -581,3 +581,44 @@ def test_the_plugin_refuses_an_unknown_scheduler_target(pytester: pytest.Pyteste
     result = pytester.runpytest("--kvfuzz-scheduler", "tgi", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--kvfuzz-scheduler: invalid choice: 'tgi'*"])
+
+
+def test_vllm_s_long_prefill_cap_and_admission_cap_round_trip_and_are_absent_at_their_defaults() -> None:
+    capped = attrs.evolve(
+        TRACE,
+        setup=attrs.evolve(
+            TRACE.setup,
+            long_prefill_token_threshold=3,
+            long_prefill_token_threshold_adaptive=True,
+            max_num_active_seqs=1,
+        ),
+    )
+    config = capped.to_json()["config"]
+    assert (
+        config["long_prefill_token_threshold"],
+        config["long_prefill_token_threshold_adaptive"],
+        config["max_num_active_seqs"],
+    ) == (3, True, 1)
+    assert from_json(json.loads(json.dumps(capped.to_json()))) == capped and capped.digest() != TRACE.digest()
+    assert not {"long_prefill_token_threshold", "max_num_active_seqs"} & set(TRACE.to_json()["config"])
+    assert TRACE.digest() == "41662bf53feb", "a trace without them keeps the digest it was saved under"
+    assert "at most 3 token(s) a request and step beside others (floored at a fair share" in capped.setup.describe()
+
+
+@pytest.mark.parametrize(
+    ("changes", "line"),
+    [
+        ({"long_prefill_token_threshold": 33}, "long_prefill_token_threshold must be 0 .no cap. .. max_model_len 32"),
+        ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold must be 0"),
+        ({"long_prefill_token_threshold_adaptive": True}, "needs long_prefill_token_threshold"),
+        ({"max_num_active_seqs": 3}, r"max_num_active_seqs must be 0 \(unset\) .. max_num_seqs 2"),
+    ],
+)
+def test_a_cap_vllm_would_refuse_is_refused_in_one_line(changes: dict[str, Any], line: str) -> None:
+    with pytest.raises(ValueError, match=line):
+        SchedulerSetup(num_blocks=8, max_num_seqs=2, **changes)
+    data = TRACE.to_json()
+    data["config"].update(changes)
+    with pytest.raises(SchedulerTraceError) as refused:
+        from_json(data)
+    assert "\n" not in str(refused.value) and "config" in str(refused.value)

@@ -219,6 +219,11 @@ def run_command_line(trace: SchedulerTrace) -> str:
         "--eos": setup.eos,
         "--min-tokens": setup.min_tokens,
         f"--max-loras {setup.max_loras}": bool(setup.max_loras),
+        f"--long-prefill-token-threshold {setup.long_prefill_token_threshold}": bool(
+            setup.long_prefill_token_threshold
+        ),
+        "--long-prefill-token-threshold-adaptive": setup.long_prefill_token_threshold_adaptive,
+        f"--max-num-active-seqs {setup.max_num_active_seqs}": bool(setup.max_num_active_seqs),
         f"--write-path {trace.write_path}": trace.write_path != "kvfuzz",
         f"--attention {trace.attention}": trace.attention != "off",
     }

@@ -66,6 +66,9 @@ SCHEDULER_ONLY = (
     "prefix_match_unit",
     "sessions",
     "drafter",
+    "long_prefill_token_threshold",
+    "long_prefill_token_threshold_adaptive",
+    "max_num_active_seqs",
     "untested_engine",
 )
 """The attributes of the options only a scheduler target takes."""
@@ -179,6 +182,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "none; the prefix cache must not share blocks across adapters (default: no LoRA)",
     )
     group.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        metavar="N",
+        help="vLLM's long_prefill_token_threshold: with other requests in the engine, at most N tokens a request and "
+        "step (default: no cap)",
+    )
+    group.add_argument(
+        "--long-prefill-token-threshold-adaptive",
+        action="store_true",
+        default=None,
+        help="floor that cap at a fair share of the token budget (vLLM's long_prefill_token_threshold_adaptive)",
+    )
+    group.add_argument(
+        "--max-num-active-seqs",
+        type=int,
+        metavar="N",
+        help="vLLM's max_num_active_seqs: admit at most N requests to run, at most --max-num-seqs (default: unset)",
+    )
+    group.add_argument(
         "--prefix-resets",
         action="store_true",
         default=None,
@@ -268,6 +290,9 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "prefix_match_unit",
             "sessions",
             "drafter",
+            "long_prefill_token_threshold",
+            "long_prefill_token_threshold_adaptive",
+            "max_num_active_seqs",
         ):
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/sglang.md)"
@@ -313,6 +338,9 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "prefix_match_unit": args.prefix_match_unit,
         "sessions": True if args.sessions else None,
         "drafter": args.drafter,
+        "long_prefill_token_threshold": args.long_prefill_token_threshold,
+        "long_prefill_token_threshold_adaptive": True if args.long_prefill_token_threshold_adaptive else None,
+        "max_num_active_seqs": args.max_num_active_seqs,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

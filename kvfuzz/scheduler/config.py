@@ -80,6 +80,11 @@ class SchedulerSetup:
     # PrefillAdder reserves (the new-token ratio); below 1 it overcommits the pool, and decode retracts requests
     schedule_conservativeness: float = 1.0
     drafter: str = "ngram"  # how vLLM is told the drafts are made: its draft slots and lookahead (DRAFTERS)
+    # vLLM's long_prefill_token_threshold: with other requests in the engine, no request gets more tokens a step (0:
+    # no cap); with long_prefill_token_threshold_adaptive the cap is floored at the token budget's fair share
+    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False
+    max_num_active_seqs: int = 0  # vLLM's admission cap into RUNNING, at most max_num_seqs (0: unset, max_num_seqs)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -145,6 +150,20 @@ class SchedulerSetup:
             )
         if self.prefix_match_unit:
             self._check_prefix_match_unit()
+        if not 0 <= self.long_prefill_token_threshold <= self.max_model_len:
+            raise ValueError(
+                f"long_prefill_token_threshold must be 0 (no cap) .. max_model_len {self.max_model_len}, as vLLM "
+                f"checks, got {self.long_prefill_token_threshold}"
+            )
+        if self.long_prefill_token_threshold_adaptive and not self.long_prefill_token_threshold:
+            raise ValueError(
+                "long_prefill_token_threshold_adaptive floors a cap: it needs long_prefill_token_threshold"
+            )
+        if not 0 <= self.max_num_active_seqs <= self.max_num_seqs:
+            raise ValueError(
+                f"max_num_active_seqs must be 0 (unset) .. max_num_seqs {self.max_num_seqs}, as vLLM checks, got "
+                f"{self.max_num_active_seqs}"
+            )
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
 
@@ -205,6 +224,13 @@ class SchedulerSetup:
             + (", scheduler stats" if self.stats else "")
             + (f", prefix hashes every {self.prefix_match_unit} token(s)" if self.prefix_match_unit else "")
             + (", resumable requests (sessions)" if self.sessions else "")
+            + (
+                f", at most {self.long_prefill_token_threshold} token(s) a request and step beside others"
+                + (" (floored at a fair share of the budget)" if self.long_prefill_token_threshold_adaptive else "")
+                if self.long_prefill_token_threshold
+                else ""
+            )
+            + (f", at most {self.max_num_active_seqs} admitted to run" if self.max_num_active_seqs else "")
             + (
                 f", schedule conservativeness {self.schedule_conservativeness:g}"
                 if self.schedule_conservativeness != 1.0

@@ -38,6 +38,15 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     connector = f", kv_connector={setup.kv_connector!r}" if setup.kv_connector != "none" else ""
     delay = f", transfer_delay={setup.transfer_delay}" if setup.transfer_delay else ""
     options = model + speculative + loras + unit + connector + delay
+    options += "".join(
+        f", {name}={value!r}"
+        for name, value in (
+            ("long_prefill_token_threshold", setup.long_prefill_token_threshold),
+            ("long_prefill_token_threshold_adaptive", setup.long_prefill_token_threshold_adaptive),
+            ("max_num_active_seqs", setup.max_num_active_seqs),
+        )
+        if value
+    )
     drawn = {
         "async_scheduling": setup.async_scheduling,
         "cache_salts": setup.cache_salts,

@@ -50,6 +50,9 @@ def build_scheduler():
     scheduler_config = SchedulerConfig(
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_num_seqs=MAX_NUM_SEQS, max_model_len=MAX_MODEL_LEN,
         enable_chunked_prefill=True, is_encoder_decoder=False, async_scheduling=False, policy=POLICY,
+        long_prefill_token_threshold=LONG_PREFILL_TOKEN_THRESHOLD,
+        long_prefill_token_threshold_adaptive=LONG_PREFILL_TOKEN_THRESHOLD_ADAPTIVE,
+        max_num_active_seqs=MAX_NUM_ACTIVE_SEQS,
     )
     speculative = (
         SpeculativeConfig(method="ngram", num_speculative_tokens=SPECULATIVE_TOKENS) if SPECULATIVE_TOKENS else None

@@ -53,7 +53,9 @@ else the prefix-cache hash granularity, partial prefix caching) and ``config.ses
 add may be ``"resumable": true``, and the program may hold ``{"op": "resume", "request": "r0", "prompt": [...],
 "max_tokens": n}``) (docs/scheduler-features.md); ``config.drafter`` (``ngram`` when absent, or ``draft-model`` /
 ``parallel``: how vLLM is told the drafts are made, its draft slots and lookahead;
-docs/scheduler-async.md#drafting-slots).
+docs/scheduler-async.md#drafting-slots); ``config.long_prefill_token_threshold`` (0 when absent: no cap),
+``config.long_prefill_token_threshold_adaptive`` (false when absent) and ``config.max_num_active_seqs`` (0 when absent:
+unset), vLLM's scheduler settings of the same names (docs/oracles.md#the-checks).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -284,6 +286,13 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
             else {}
         ),
         **({"drafter": setup.drafter} if setup.drafter != "ngram" else {}),
+        **(
+            {"long_prefill_token_threshold": setup.long_prefill_token_threshold}
+            if setup.long_prefill_token_threshold
+            else {}
+        ),
+        **({"long_prefill_token_threshold_adaptive": True} if setup.long_prefill_token_threshold_adaptive else {}),
+        **({"max_num_active_seqs": setup.max_num_active_seqs} if setup.max_num_active_seqs else {}),
     }
 
 
@@ -409,6 +418,9 @@ def _config(value: Any) -> SchedulerSetup:
         "sessions": False,
         "schedule_conservativeness": False,
         "drafter": False,
+        "long_prefill_token_threshold": False,
+        "long_prefill_token_threshold_adaptive": False,
+        "max_num_active_seqs": False,
     }
     config = trace_files.fields(value, "config", {**required, **optional})
     numbers = {
@@ -457,6 +469,19 @@ def _config(value: Any) -> SchedulerSetup:
                 MAX_SCHEDULE_CONSERVATIVENESS,
             ),
             drafter=trace_files.choice("config.drafter", config.get("drafter", "ngram"), DRAFTERS),
+            long_prefill_token_threshold=trace_files.integer(
+                "config.long_prefill_token_threshold",
+                config.get("long_prefill_token_threshold", 0),
+                0,
+                LIMITS["max_num_batched_tokens"],
+            ),
+            long_prefill_token_threshold_adaptive=trace_files.boolean(
+                "config.long_prefill_token_threshold_adaptive",
+                config.get("long_prefill_token_threshold_adaptive", False),
+            ),
+            max_num_active_seqs=trace_files.integer(
+                "config.max_num_active_seqs", config.get("max_num_active_seqs", 0), 0, numbers["max_num_seqs"]
+            ),
         )
     except ValueError as error:
         raise Invalid("config", str(error)) from None

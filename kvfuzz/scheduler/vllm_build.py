@@ -184,6 +184,9 @@ def _built_config(setup: SchedulerSetup) -> Any:
         is_encoder_decoder=False,
         async_scheduling=setup.async_scheduling,
         policy=setup.policy,
+        long_prefill_token_threshold=setup.long_prefill_token_threshold,
+        long_prefill_token_threshold_adaptive=setup.long_prefill_token_threshold_adaptive,
+        max_num_active_seqs=setup.max_num_active_seqs or None,
     )
     speculative = _speculative_config(setup, model) if setup.speculative_tokens else None
     config = v.VllmConfig(

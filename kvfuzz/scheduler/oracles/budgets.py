@@ -9,7 +9,14 @@ Of every step (``schedule()``'s output, as the model runner reads it):
 * it schedules at most ``max_num_seqs`` requests, and at most ``max_num_seqs`` requests are running after it (the
   model runner has that many request slots);
 * no scheduled request grows past ``max_model_len``: the positions it computes and the token it samples after them
-  stay below it (computed before the step + scheduled <= ``max_model_len - 1``).
+  stay below it (computed before the step + scheduled <= ``max_model_len - 1``);
+* with ``max_num_active_seqs`` (vLLM's admission cap, below ``max_num_seqs``), at most that many requests are
+  running after it;
+* with ``long_prefill_token_threshold`` ``T``, a step that schedules several requests gives none more than ``T``
+  tokens (vLLM lifts the cap only for a request alone in the engine); with
+  ``long_prefill_token_threshold_adaptive`` the cap is floored at the budget's fair share,
+  ``max_num_batched_tokens // n`` for the ``n`` requests running or waiting when the step began, so a step that
+  schedules ``k`` requests (``k <= n``) gives none more than ``max(T, max_num_batched_tokens // k)``.
 
 The LoRA limit (at most ``max_loras`` adapters a step) is the LoRA check's (:mod:`kvfuzz.scheduler.lora`). The
 limits are read from the configuration kvfuzz built, never from the scheduler object, so a scheduler that misreads
@@ -17,7 +24,7 @@ its own configuration is held to what it was given."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import attrs
 
@@ -34,6 +41,9 @@ class Budgets:
     max_num_seqs: int
     max_model_len: int
     draft_slots: int  # max_num_new_slots_for_drafting: input slots a request's drafts take beyond its tokens
+    max_num_active_seqs: int  # requests admitted to run at most: vLLM's max_num_active_seqs, else max_num_seqs
+    long_prefill_token_threshold: int  # a request's tokens a step beside others (0: no cap)
+    long_prefill_token_threshold_adaptive: bool  # that cap floored at the budget's fair share
 
     @classmethod
     def of(cls, config: Any) -> "Budgets":
@@ -47,7 +57,26 @@ class Budgets:
             scheduler.max_num_seqs,
             config.model_config.max_model_len,
             int(getattr(spec, "max_num_new_slots_for_drafting", 0) or 0) if spec is not None else 0,
+            scheduler.max_num_active_seqs or scheduler.max_num_seqs,
+            scheduler.long_prefill_token_threshold,
+            scheduler.long_prefill_token_threshold_adaptive,
         )
+
+    @property
+    def running_cap(self) -> str:
+        """The running cap's name and value, for a person."""
+        if self.max_num_active_seqs != self.max_num_seqs:
+            return f"max_num_active_seqs {self.max_num_active_seqs}"
+        return f"max_num_seqs {self.max_num_seqs}"
+
+    def per_request_cap(self, scheduled: int) -> Optional[int]:
+        """The most tokens a step that schedules ``scheduled`` requests may give one of them (None: no cap)."""
+        threshold = self.long_prefill_token_threshold
+        if not threshold or scheduled < 2:
+            return None
+        if self.long_prefill_token_threshold_adaptive:
+            return max(threshold, self.max_num_batched_tokens // scheduled)
+        return threshold
 
     def input_tokens(self, events: StepEvents) -> int:
         """The step's input slots: its scheduled tokens and each scheduled request's draft slots."""
@@ -95,6 +124,33 @@ def check_budgets(budgets: Budgets, events: StepEvents, running: Sequence[str]) 
                 "the model runner holds that many requests at most",
                 f"a step that {what} more requests than max_num_seqs",
             )
+    if len(running) > budgets.max_num_active_seqs:
+        raise SchedulerViolation(
+            Check.BUDGET,
+            step,
+            list(running)[-1],
+            f"the step leaves {len(running)} requests running ({', '.join(running)}), but max_num_active_seqs is "
+            f"{budgets.max_num_active_seqs}: the scheduler admits a waiting request only while fewer run",
+            "a step that leaves more requests running than max_num_active_seqs",
+        )
+    cap = budgets.per_request_cap(len(scheduled))
+    over = [request for request, count in scheduled.items() if cap is not None and count > cap]
+    if over:
+        floor = (
+            f", floored at max_num_batched_tokens {budgets.max_num_batched_tokens} // {len(scheduled)} scheduled "
+            "requests (adaptive)"
+            if budgets.long_prefill_token_threshold_adaptive
+            else ""
+        )
+        raise SchedulerViolation(
+            Check.BUDGET,
+            step,
+            over[0],
+            f"the step schedules {scheduled[over[0]]} tokens for {over[0]} beside {len(scheduled) - 1} other "
+            f"request(s) ({listed}), but long_prefill_token_threshold caps a request at {cap} tokens a step{floor} "
+            "while others are in the engine",
+            "a request over the long-prefill cap",
+        )
     for request, count in scheduled.items():
         computed = events.computed.get(request, 0)
         if computed + count > budgets.max_model_len - 1:

@@ -10,19 +10,18 @@ legitimate wait, for blocks, budget or a running slot, is never one):
   own state shows (:class:`~kvfuzz.scheduler.oracles.engine.VllmView`): a request whose last output is already in
   flight (async scheduling), one at ``max_model_len``, a Mamba prefill chunk the align mode cuts, a connector's
   pending block frees.
-* **The waiting queue's head is admitted when it fits.** Where the step preempted nothing, the first waiting
-  request in the policy's order (:mod:`~kvfuzz.scheduler.oracles.queues`) that nothing holds back
-  (:mod:`~kvfuzz.scheduler.oracles.holds`) and that the step did not admit is one the step had no room for: after
-  the step, ``max_num_seqs`` requests run, or the token budget left is below one token and the drafts a decode is
-  padded to, or the pool's free blocks (the accounting check holds that count to the tables) are fewer than the
-  watermark plus the blocks the whole request needs (its tokens, the lookahead slots and the drafts it may be
-  padded to, with no prefix-cache hit: an upper bound of what vLLM allocates for its first chunk). Held for models
-  of full attention alone; a sliding window's admission cap and a Mamba group's state blocks make the blocks a
+* **The waiting queue's head is admitted when it fits.** Where the step preempted nothing, the first waiting request in
+  the policy's order (:mod:`~kvfuzz.scheduler.oracles.queues`) that nothing holds back
+  (:mod:`~kvfuzz.scheduler.oracles.holds`) and that the step did not admit is one the step had no room for: after the
+  step, ``max_num_seqs`` requests run (``max_num_active_seqs``, where set), or the token budget left is below one token
+  and the drafts a decode is padded to, or the pool's free blocks (the accounting check holds that count to the tables)
+  are fewer than the watermark plus the blocks the whole request needs (its tokens, the lookahead slots and the drafts
+  it may be padded to, with no prefix-cache hit: an upper bound of what vLLM allocates for its first chunk). Held for
+  models of full attention alone; a sliding window's admission cap and a Mamba group's state blocks make the blocks a
   request needs something this bound does not capture, so hybrid models are held to the first promise only. So are
-  configurations with a KV connector: the connector decides each step, from state only it holds, whether a request
-  may start (its answer to ``get_num_new_matched_tokens``: "ask again later" while a transfer of the request is in
-  flight, or an asynchronous load, which vLLM admits only if its blocks fit beside what the loads in flight still
-  need)."""
+  configurations with a KV connector: the connector decides each step, from state only it holds, whether a request may
+  start (its answer to ``get_num_new_matched_tokens``: "ask again later" while a transfer of the request is in flight,
+  or an asynchronous load, which vLLM admits only if its blocks fit beside what the loads in flight still need)."""
 
 from __future__ import annotations
 
@@ -107,7 +106,7 @@ def check_head_admitted(
     if head is None:
         return
     running = len(queues.running) + len(events.admitted)
-    if running >= budgets.max_num_seqs:
+    if running >= budgets.max_num_active_seqs:
         return
     padded = 1 + drafts  # a resumed decode may be padded to its drafts, or not scheduled at all
     if room.tokens < padded or room.input_slots - budgets.draft_slots < padded:
@@ -122,8 +121,8 @@ def check_head_admitted(
         events.step,
         head,
         f"it is first in the waiting queue ({', '.join(queues.waiting)}, in the policy's order) and the step did "
-        f"not admit it, though the step left room for all of it: {running} of max_num_seqs {budgets.max_num_seqs} "
-        f"running, {room.tokens} of the token budget unspent, {room.free_blocks} free blocks where its "
+        f"not admit it, though the step left room for all of it: {running} of {budgets.running_cap} running, "
+        f"{room.tokens} of the token budget unspent, {room.free_blocks} free blocks where its "
         f"{tokens} tokens need at most {needed}"
         + (f" (watermark {view.watermark} included)" if view.watermark else "")
         + ": the scheduler admits the waiting queue's head whenever it fits",

@@ -38,6 +38,9 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("schedule_conservativeness", (1.0, 0.3, 0.1), uniform),
     Dimension("drafter", ("ngram",), fixed),
     Dimension("kv_events_full", (False,), fixed),
+    Dimension("long_prefill_token_threshold", (0,), fixed),
+    Dimension("long_prefill_token_threshold_adaptive", (False,), fixed),
+    Dimension("max_num_active_seqs", (0,), fixed),
     Dimension(MODEL_RUNNER, ("",), fixed),
 )
 """SGLang's configuration, one row per dimension (every row of vLLM's table, by name)."""
