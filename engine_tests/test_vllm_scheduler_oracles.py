@@ -24,6 +24,7 @@ OVERLONG = SchedulerSetup(overlong_requests=True)  # requests that run into max_
 LONG_PREFILL = SchedulerSetup(num_blocks=8, long_prefill_token_threshold=3)  # prompts beside others take 3 a step
 ADAPTIVE = SchedulerSetup(num_blocks=8, long_prefill_token_threshold=2, long_prefill_token_threshold_adaptive=True)
 ACTIVE = SchedulerSetup(num_blocks=8, max_num_active_seqs=2)  # two of the four runner slots admitted
+CADENCE = SchedulerSetup(num_blocks=8, prefill_schedule_interval=3)  # prefill every third step while decodes run
 EXAMPLES = 60  # each bug is found within its first 20 examples
 STEPS = 50
 
@@ -130,8 +131,8 @@ def test_each_seeded_bug_is_caught_by_its_oracle(
 
 @pytest.mark.parametrize(
     "setup",
-    [FCFS, PRIORITY, OVERLONG, LONG_PREFILL, ADAPTIVE, ACTIVE],
-    ids=["fcfs", "priority", "overlong", "long-prefill", "adaptive", "active"],
+    [FCFS, PRIORITY, OVERLONG, LONG_PREFILL, ADAPTIVE, ACTIVE, CADENCE],
+    ids=["fcfs", "priority", "overlong", "long-prefill", "adaptive", "active", "cadence"],
 )
 def test_the_same_searches_pass_on_vllm_as_released(setup: SchedulerSetup) -> None:
     """Without a seeded bug every search above runs all its examples clean, through preemptions and waiting."""

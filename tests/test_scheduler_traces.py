@@ -583,7 +583,7 @@ def test_the_plugin_refuses_an_unknown_scheduler_target(pytester: pytest.Pyteste
     result.stderr.fnmatch_lines(["*--kvfuzz-scheduler: invalid choice: 'tgi'*"])
 
 
-def test_vllm_s_long_prefill_cap_and_admission_cap_round_trip_and_are_absent_at_their_defaults() -> None:
+def test_vllm_s_long_prefill_cap_admission_cap_and_cadence_round_trip_and_are_absent_at_their_defaults() -> None:
     capped = attrs.evolve(
         TRACE,
         setup=attrs.evolve(
@@ -591,6 +591,7 @@ def test_vllm_s_long_prefill_cap_and_admission_cap_round_trip_and_are_absent_at_
             long_prefill_token_threshold=3,
             long_prefill_token_threshold_adaptive=True,
             max_num_active_seqs=1,
+            prefill_schedule_interval=2,
         ),
     )
     config = capped.to_json()["config"]
@@ -598,9 +599,12 @@ def test_vllm_s_long_prefill_cap_and_admission_cap_round_trip_and_are_absent_at_
         config["long_prefill_token_threshold"],
         config["long_prefill_token_threshold_adaptive"],
         config["max_num_active_seqs"],
-    ) == (3, True, 1)
+        config["prefill_schedule_interval"],
+    ) == (3, True, 1, 2)
     assert from_json(json.loads(json.dumps(capped.to_json()))) == capped and capped.digest() != TRACE.digest()
-    assert not {"long_prefill_token_threshold", "max_num_active_seqs"} & set(TRACE.to_json()["config"])
+    assert not {"long_prefill_token_threshold", "max_num_active_seqs", "prefill_schedule_interval"} & set(
+        TRACE.to_json()["config"]
+    )
     assert TRACE.digest() == "41662bf53feb", "a trace without them keeps the digest it was saved under"
     assert "at most 3 token(s) a request and step beside others (floored at a fair share" in capped.setup.describe()
 
@@ -612,6 +616,7 @@ def test_vllm_s_long_prefill_cap_and_admission_cap_round_trip_and_are_absent_at_
         ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold must be 0"),
         ({"long_prefill_token_threshold_adaptive": True}, "needs long_prefill_token_threshold"),
         ({"max_num_active_seqs": 3}, r"max_num_active_seqs must be 0 \(unset\) .. max_num_seqs 2"),
+        ({"prefill_schedule_interval": 0}, r"prefill_schedule_interval must be 1 \(every step\) .. 16"),
     ],
 )
 def test_a_cap_vllm_would_refuse_is_refused_in_one_line(changes: dict[str, Any], line: str) -> None:

@@ -69,6 +69,7 @@ SCHEDULER_ONLY = (
     "long_prefill_token_threshold",
     "long_prefill_token_threshold_adaptive",
     "max_num_active_seqs",
+    "prefill_schedule_interval",
     "untested_engine",
 )
 """The attributes of the options only a scheduler target takes."""
@@ -201,6 +202,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vLLM's max_num_active_seqs: admit at most N requests to run, at most --max-num-seqs (default: unset)",
     )
     group.add_argument(
+        "--prefill-schedule-interval",
+        type=int,
+        metavar="N",
+        help="vLLM's prefill_schedule_interval: while a decode runs, prefill only every N executed steps (default: 1, "
+        "every step)",
+    )
+    group.add_argument(
         "--prefix-resets",
         action="store_true",
         default=None,
@@ -293,6 +301,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "long_prefill_token_threshold",
             "long_prefill_token_threshold_adaptive",
             "max_num_active_seqs",
+            "prefill_schedule_interval",
         ):
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/sglang.md)"
@@ -341,6 +350,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "long_prefill_token_threshold": args.long_prefill_token_threshold,
         "long_prefill_token_threshold_adaptive": True if args.long_prefill_token_threshold_adaptive else None,
         "max_num_active_seqs": args.max_num_active_seqs,
+        "prefill_schedule_interval": args.prefill_schedule_interval,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

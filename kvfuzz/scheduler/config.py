@@ -34,6 +34,9 @@ more than that (:func:`kvfuzz.scheduler.requests.lora_adapters`), so the limit c
 MAX_SCHEDULE_CONSERVATIVENESS = 10.0
 """The largest ``schedule_conservativeness`` a setup takes (SGLang reserves at most every remaining token anyway)."""
 
+MAX_PREFILL_SCHEDULE_INTERVAL = 16
+"""The longest prefill cadence a setup takes, in executed steps."""
+
 MODEL_SHAPE = ModelShape(num_layers=2, num_kv_heads=2, num_query_heads=2, head_dim=4)
 """The K/V kvfuzz writes for every scheduled token: small, since only its content is compared, never attended."""
 
@@ -85,6 +88,9 @@ class SchedulerSetup:
     long_prefill_token_threshold: int = 0
     long_prefill_token_threshold_adaptive: bool = False
     max_num_active_seqs: int = 0  # vLLM's admission cap into RUNNING, at most max_num_seqs (0: unset, max_num_seqs)
+    # vLLM's prefill_schedule_interval: prefill (admissions, and chunks of admitted prompts) only every N executed
+    # steps while a decode runs, the steps between decode alone (1: every step)
+    prefill_schedule_interval: int = 1
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -159,6 +165,11 @@ class SchedulerSetup:
             raise ValueError(
                 "long_prefill_token_threshold_adaptive floors a cap: it needs long_prefill_token_threshold"
             )
+        if not 1 <= self.prefill_schedule_interval <= MAX_PREFILL_SCHEDULE_INTERVAL:
+            raise ValueError(
+                f"prefill_schedule_interval must be 1 (every step) .. {MAX_PREFILL_SCHEDULE_INTERVAL}, got "
+                f"{self.prefill_schedule_interval}"
+            )
         if not 0 <= self.max_num_active_seqs <= self.max_num_seqs:
             raise ValueError(
                 f"max_num_active_seqs must be 0 (unset) .. max_num_seqs {self.max_num_seqs}, as vLLM checks, got "
@@ -231,6 +242,11 @@ class SchedulerSetup:
                 else ""
             )
             + (f", at most {self.max_num_active_seqs} admitted to run" if self.max_num_active_seqs else "")
+            + (
+                f", prefill every {self.prefill_schedule_interval} executed steps while a decode runs"
+                if self.prefill_schedule_interval > 1
+                else ""
+            )
             + (
                 f", schedule conservativeness {self.schedule_conservativeness:g}"
                 if self.schedule_conservativeness != 1.0

@@ -44,6 +44,7 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
             ("long_prefill_token_threshold", setup.long_prefill_token_threshold),
             ("long_prefill_token_threshold_adaptive", setup.long_prefill_token_threshold_adaptive),
             ("max_num_active_seqs", setup.max_num_active_seqs),
+            ("prefill_schedule_interval", setup.prefill_schedule_interval * (setup.prefill_schedule_interval > 1)),
         )
         if value
     )

@@ -160,6 +160,7 @@ MAX_LORAS = {setup.max_loras}
 LONG_PREFILL_TOKEN_THRESHOLD = {setup.long_prefill_token_threshold}  # 0: no cap
 LONG_PREFILL_TOKEN_THRESHOLD_ADAPTIVE = {setup.long_prefill_token_threshold_adaptive}
 MAX_NUM_ACTIVE_SEQS = {setup.max_num_active_seqs or None}  # None: max_num_seqs
+PREFILL_SCHEDULE_INTERVAL = {setup.prefill_schedule_interval}  # prefill every N executed steps while a decode runs
 OFFLOAD_BYTES = {offload}  # vLLM's OffloadingConnector over as many chunks as blocks (0: no connector)
 TRANSFER_DELAY = {setup.transfer_delay}  # the most steps a transfer job completes late
 EOS_TOKEN = {EOS_TOKEN}

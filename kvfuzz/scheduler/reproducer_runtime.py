@@ -52,7 +52,7 @@ def build_scheduler():
         enable_chunked_prefill=True, is_encoder_decoder=False, async_scheduling=False, policy=POLICY,
         long_prefill_token_threshold=LONG_PREFILL_TOKEN_THRESHOLD,
         long_prefill_token_threshold_adaptive=LONG_PREFILL_TOKEN_THRESHOLD_ADAPTIVE,
-        max_num_active_seqs=MAX_NUM_ACTIVE_SEQS,
+        max_num_active_seqs=MAX_NUM_ACTIVE_SEQS, prefill_schedule_interval=PREFILL_SCHEDULE_INTERVAL,
     )
     speculative = (
         SpeculativeConfig(method="ngram", num_speculative_tokens=SPECULATIVE_TOKENS) if SPECULATIVE_TOKENS else None

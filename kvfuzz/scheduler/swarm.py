@@ -111,6 +111,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
         "long_prefill_token_threshold_adaptive", BOOLEAN, chance(0.5), needs=("long_prefill_token_threshold", CAPPED)
     ),
     Dimension("max_num_active_seqs", (0, 1, 2), weighted((4, 1, 1))),
+    # vLLM's prefill cadence: prefill every 2 or 3 executed steps while a decode runs, a third of the time
+    Dimension("prefill_schedule_interval", (1, 2, 3), weighted((4, 1, 1))),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
 

@@ -54,8 +54,9 @@ add may be ``"resumable": true``, and the program may hold ``{"op": "resume", "r
 "max_tokens": n}``) (docs/scheduler-features.md); ``config.drafter`` (``ngram`` when absent, or ``draft-model`` /
 ``parallel``: how vLLM is told the drafts are made, its draft slots and lookahead;
 docs/scheduler-async.md#drafting-slots); ``config.long_prefill_token_threshold`` (0 when absent: no cap),
-``config.long_prefill_token_threshold_adaptive`` (false when absent) and ``config.max_num_active_seqs`` (0 when absent:
-unset), vLLM's scheduler settings of the same names (docs/oracles.md#the-checks).
+``config.long_prefill_token_threshold_adaptive`` (false when absent), ``config.max_num_active_seqs`` (0 when absent:
+unset) and ``config.prefill_schedule_interval`` (1 when absent: every step), vLLM's scheduler settings of the same
+names (docs/oracles.md#the-checks).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -81,6 +82,7 @@ from kvfuzz.scheduler.config import (
     DRAFTERS,
     KV_CONNECTORS,
     MAX_LORAS,
+    MAX_PREFILL_SCHEDULE_INTERVAL,
     MAX_SCHEDULE_CONSERVATIVENESS,
     POLICIES,
     SchedulerSetup,
@@ -293,6 +295,11 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
         ),
         **({"long_prefill_token_threshold_adaptive": True} if setup.long_prefill_token_threshold_adaptive else {}),
         **({"max_num_active_seqs": setup.max_num_active_seqs} if setup.max_num_active_seqs else {}),
+        **(
+            {"prefill_schedule_interval": setup.prefill_schedule_interval}
+            if setup.prefill_schedule_interval > 1
+            else {}
+        ),
     }
 
 
@@ -421,6 +428,7 @@ def _config(value: Any) -> SchedulerSetup:
         "long_prefill_token_threshold": False,
         "long_prefill_token_threshold_adaptive": False,
         "max_num_active_seqs": False,
+        "prefill_schedule_interval": False,
     }
     config = trace_files.fields(value, "config", {**required, **optional})
     numbers = {
@@ -481,6 +489,12 @@ def _config(value: Any) -> SchedulerSetup:
             ),
             max_num_active_seqs=trace_files.integer(
                 "config.max_num_active_seqs", config.get("max_num_active_seqs", 0), 0, numbers["max_num_seqs"]
+            ),
+            prefill_schedule_interval=trace_files.integer(
+                "config.prefill_schedule_interval",
+                config.get("prefill_schedule_interval", 1),
+                1,
+                MAX_PREFILL_SCHEDULE_INTERVAL,
             ),
         )
     except ValueError as error:

@@ -187,6 +187,7 @@ def _built_config(setup: SchedulerSetup) -> Any:
         long_prefill_token_threshold=setup.long_prefill_token_threshold,
         long_prefill_token_threshold_adaptive=setup.long_prefill_token_threshold_adaptive,
         max_num_active_seqs=setup.max_num_active_seqs or None,
+        prefill_schedule_interval=setup.prefill_schedule_interval,
     )
     speculative = _speculative_config(setup, model) if setup.speculative_tokens else None
     config = v.VllmConfig(

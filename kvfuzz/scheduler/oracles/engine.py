@@ -9,7 +9,10 @@
   transfer (a request the connector holds: loading, holding blocks in ``kv_holding_waiting``, or deferred by the
   connector), or a running request whose last output is already in flight (async scheduling's
   ``num_output_placeholders`` reaching ``max_tokens``), that stands at ``max_model_len``, or whose prefill chunk a
-  Mamba group's align mode must cut at a block boundary the budget left may not reach;
+  Mamba group's align mode must cut at a block boundary the budget left may not reach; and under a prefill cadence
+  (``prefill_schedule_interval`` above 1) a running request with prefill left and every waiting request: on the
+  steps between prefill steps, while a decode runs, vLLM holds prefill chunks and stops admitting at the first
+  prefill it defers;
 * whether vLLM defers block frees (``defer_block_free``: a KV consumer under async scheduling) and a running request
   has a step in flight (``last_sched_seq`` past ``processed_step_seq``): a short pool then stops the running
   requests' service rather than preempt a request whose blocks would only be freed later.
@@ -38,6 +41,7 @@ class VllmView:
         self.served_ahead: set[str] = set()  # admitted by the last step from the connector's queue, ahead of waiting
         self.holding_blocks: set[str] = set()  # waiting with blocks at the last step (its load in flight or done)
         self.aligned_chunks = bool(getattr(scheduler, "need_mamba_block_aligned_split", False))  # Mamba's align mode
+        self.prefill_interval = setup.prefill_schedule_interval  # prefill every this many executed steps (cadence)
 
     def free_blocks(self) -> int:
         """The pool's free blocks now (evictable cached ones included, as vLLM's admission counts them)."""
@@ -73,6 +77,11 @@ class VllmView:
             return None
         if getattr(request, "num_stale_output_tokens", 0) and not getattr(request, "drop_stale_output", True):
             return "output from before its preemption is still in flight (async scheduling)"
+        if self.prefill_interval > 1:  # vLLM stops admitting at the first prefill the cadence defers
+            return (
+                f"the prefill cadence (prefill_schedule_interval {self.prefill_interval}) may stop this step's "
+                "admissions at a prefill ahead of it or at its own"
+            )
         return None
 
     def computed(self, request_id: str) -> int:
@@ -92,6 +101,9 @@ class VllmView:
             return "its last output is already in flight (async scheduling)"
         if request.num_computed_tokens + 1 >= self.max_model_len:
             return "it stands at max_model_len"
+        if self.prefill_interval > 1 and getattr(request, "is_prefill_chunk", False):
+            interval = self.prefill_interval
+            return f"its prefill chunk waits for the prefill cadence (prefill_schedule_interval {interval})"
         if self.aligned_chunks and request.num_computed_tokens < request.num_tokens - 1:
             return "its prefill chunk must be block-aligned (a Mamba group), and the budget left may hold no block"
         if self.connector and self.scheduler.connector.has_pending_block_frees():
