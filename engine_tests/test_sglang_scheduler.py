@@ -194,6 +194,7 @@ def test_the_same_request_with_the_radix_cache_on_is_admitted_and_finishes() -> 
         ["--long-prefill-token-threshold", "2"],
         ["--max-num-active-seqs", "1"],
         ["--prefill-schedule-interval", "2"],
+        ["--pauses"],
     ],
 )
 def test_vllm_only_options_are_refused_in_one_line(flag: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,6 +25,7 @@ LONG_PREFILL = SchedulerSetup(num_blocks=8, long_prefill_token_threshold=3)  # p
 ADAPTIVE = SchedulerSetup(num_blocks=8, long_prefill_token_threshold=2, long_prefill_token_threshold_adaptive=True)
 ACTIVE = SchedulerSetup(num_blocks=8, max_num_active_seqs=2)  # two of the four runner slots admitted
 CADENCE = SchedulerSetup(num_blocks=8, prefill_schedule_interval=3)  # prefill every third step while decodes run
+PAUSES = SchedulerSetup(num_blocks=8, pauses=True)  # the client pauses and unpauses the scheduler
 EXAMPLES = 60  # each bug is found within its first 20 examples
 STEPS = 50
 
@@ -92,6 +93,21 @@ CASES: list[tuple[Callable[[pytest.MonkeyPatch], None], SchedulerSetup, Check, s
         r"the step leaves 3 requests running \(.*\), but max_num_active_seqs is 2",
     ),
     (
+        bugs.pause_ignored,
+        PAUSES,
+        Check.PAUSE,
+        r"the client paused (new requests \(PAUSED_NEW, the engine core's 'wait' mode\), but the step admits r\d+"
+        r"|the scheduler \(PAUSED_ALL, the engine core's 'keep' mode\), but the step schedules \d+ tokens)",
+    ),
+    (
+        bugs.paused_new_admits_waiting,
+        PAUSES,
+        Check.PAUSE,
+        r"the client paused new requests \(PAUSED_NEW, the engine core's 'wait' mode\), but the step admits "
+        r"(r\d+, )*r\d+ from the waiting queue: only the running requests, and those waiting with KV blocks already "
+        r"loaded, go on until the client unpauses",
+    ),
+    (
         bugs.model_length_one_block_longer,
         OVERLONG,
         Check.BUDGET,
@@ -131,8 +147,8 @@ def test_each_seeded_bug_is_caught_by_its_oracle(
 
 @pytest.mark.parametrize(
     "setup",
-    [FCFS, PRIORITY, OVERLONG, LONG_PREFILL, ADAPTIVE, ACTIVE, CADENCE],
-    ids=["fcfs", "priority", "overlong", "long-prefill", "adaptive", "active", "cadence"],
+    [FCFS, PRIORITY, OVERLONG, LONG_PREFILL, ADAPTIVE, ACTIVE, CADENCE, PAUSES],
+    ids=["fcfs", "priority", "overlong", "long-prefill", "adaptive", "active", "cadence", "pauses"],
 )
 def test_the_same_searches_pass_on_vllm_as_released(setup: SchedulerSetup) -> None:
     """Without a seeded bug every search above runs all its examples clean, through preemptions and waiting."""

@@ -118,6 +118,22 @@ def active_cap_one_more(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(Scheduler, "__init__", init)
 
 
+def pause_ignored(patch: pytest.MonkeyPatch) -> None:
+    """The scheduler drops the engine core's pause: ``set_pause_state`` changes nothing, so new requests start (and,
+    paused to keep, anything is scheduled) while the trainer updates the weights."""
+    patch.setattr(Scheduler, "set_pause_state", lambda self, pause_state: None)
+
+
+def paused_new_admits_waiting(patch: pytest.MonkeyPatch) -> None:
+    """Under ``PAUSED_NEW`` the waiting loop serves the waiting queue as if unpaused (the check for the unpaused state
+    widened to every state but ``PAUSED_ALL``): new requests start while paused."""
+    _schedule_without(
+        patch,
+        "if not request_queue and self._pause_state == PauseState.UNPAUSED:\n",
+        "if not request_queue and self._pause_state != PauseState.PAUSED_ALL:\n",
+    )
+
+
 def model_length_one_block_longer(patch: pytest.MonkeyPatch) -> None:
     """The scheduler takes ``max_model_len`` one block longer than the model's: it neither caps a step's tokens nor
     stops a request at the model's length."""

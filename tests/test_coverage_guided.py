@@ -60,7 +60,16 @@ def step(state):
 """
 """The toy engine: a queue of requests, a step that serves the first, a branch only long prompts reach."""
 
-LATER_ROWS = ("load_failures", "drafter", "kv_events_full")
+LATER_ROWS = (
+    "load_failures",
+    "drafter",
+    "kv_events_full",
+    "long_prefill_token_threshold",
+    "long_prefill_token_threshold_adaptive",
+    "max_num_active_seqs",
+    "prefill_schedule_interval",
+    "pauses",
+)
 """Swarm rows added after these tests' seeds were chosen: held at their first value, drawing nothing."""
 
 

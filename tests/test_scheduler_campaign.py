@@ -42,7 +42,19 @@ SHRUNK = (AddRequest([1, 2], 1), Step())
 """... and shrunk."""
 
 
-LATER_ROWS = ("load_failures", "stats", "prefix_match_unit", "sessions", "drafter", "kv_events_full")
+LATER_ROWS = (
+    "load_failures",
+    "stats",
+    "prefix_match_unit",
+    "sessions",
+    "drafter",
+    "kv_events_full",
+    "long_prefill_token_threshold",
+    "long_prefill_token_threshold_adaptive",
+    "max_num_active_seqs",
+    "prefill_schedule_interval",
+    "pauses",
+)
 """Swarm rows added after these tests' seeds were chosen: the fake target holds each at its first value without
 drawing it, so a seed draws the configurations it drew then (a new row's draw would move every later row's)."""
 

@@ -47,6 +47,7 @@ def test_a_scheduler_target_without_its_engine_is_one_line_and_exit_2(
         (["--long-prefill-token-threshold", "2"], "kvfuzz: --long-prefill-token-threshold needs --scheduler"),
         (["--max-num-active-seqs", "2"], "kvfuzz: --max-num-active-seqs needs --scheduler"),
         (["--prefill-schedule-interval", "2"], "kvfuzz: --prefill-schedule-interval needs --scheduler"),
+        (["--pauses"], "kvfuzz: --pauses needs --scheduler"),
         (
             ["--scheduler", "vllm-v1", "--max-loras", "0"],
             "kvfuzz: --max-loras must be at least 1, got 0 (leave it out for no LoRA)",

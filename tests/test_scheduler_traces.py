@@ -627,3 +627,25 @@ def test_a_cap_vllm_would_refuse_is_refused_in_one_line(changes: dict[str, Any],
     with pytest.raises(SchedulerTraceError) as refused:
         from_json(data)
     assert "\n" not in str(refused.value) and "config" in str(refused.value)
+
+
+def test_the_client_s_pauses_round_trip_and_are_refused_where_the_configuration_draws_none() -> None:
+    from kvfuzz.scheduler.program import Pause, Unpause
+
+    program = (AddRequest([1, 2], 3), Pause(), Step(), Pause(keep=True), Unpause(), Step())
+    paused = attrs.evolve(TRACE, setup=attrs.evolve(TRACE.setup, pauses=True), program=program)
+    data = paused.to_json()
+    assert data["config"]["pauses"] is True
+    assert data["program"][1:5] == [{"op": "pause"}, {"op": "step"}, {"op": "pause", "keep": True}, {"op": "unpause"}]
+    assert from_json(json.loads(json.dumps(data))) == paused
+    assert [operation.source("s") for operation in program[1:5]] == [
+        "s.pause()",
+        "s.step()",
+        "s.pause(keep=True)",
+        "s.unpause()",
+    ]
+    data["config"].pop("pauses")
+    with pytest.raises(SchedulerTraceError, match=r"^trace: program\[1\]: must be an object whose op is add, abort"):
+        from_json(data)
+    with pytest.raises(ValueError, match="pauses are not driven with resumable requests"):
+        SchedulerSetup(pauses=True, sessions=True)

@@ -225,6 +225,7 @@ def run_command_line(trace: SchedulerTrace) -> str:
         "--long-prefill-token-threshold-adaptive": setup.long_prefill_token_threshold_adaptive,
         f"--max-num-active-seqs {setup.max_num_active_seqs}": bool(setup.max_num_active_seqs),
         f"--prefill-schedule-interval {setup.prefill_schedule_interval}": setup.prefill_schedule_interval > 1,
+        "--pauses": setup.pauses,
         f"--write-path {trace.write_path}": trace.write_path != "kvfuzz",
         f"--attention {trace.attention}": trace.attention != "off",
     }

@@ -70,6 +70,7 @@ SCHEDULER_ONLY = (
     "long_prefill_token_threshold_adaptive",
     "max_num_active_seqs",
     "prefill_schedule_interval",
+    "pauses",
     "untested_engine",
 )
 """The attributes of the options only a scheduler target takes."""
@@ -209,6 +210,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "every step)",
     )
     group.add_argument(
+        "--pauses",
+        action="store_true",
+        default=None,
+        help="the client pauses (new requests, or everything) and unpauses the scheduler between steps "
+        "(docs/scheduler-features.md)",
+    )
+    group.add_argument(
         "--prefix-resets",
         action="store_true",
         default=None,
@@ -302,6 +310,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "long_prefill_token_threshold_adaptive",
             "max_num_active_seqs",
             "prefill_schedule_interval",
+            "pauses",
         ):
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/sglang.md)"
@@ -351,6 +360,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "long_prefill_token_threshold_adaptive": True if args.long_prefill_token_threshold_adaptive else None,
         "max_num_active_seqs": args.max_num_active_seqs,
         "prefill_schedule_interval": args.prefill_schedule_interval,
+        "pauses": True if args.pauses else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

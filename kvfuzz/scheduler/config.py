@@ -91,6 +91,7 @@ class SchedulerSetup:
     # vLLM's prefill_schedule_interval: prefill (admissions, and chunks of admitted prompts) only every N executed
     # steps while a decode runs, the steps between decode alone (1: every step)
     prefill_schedule_interval: int = 1
+    pauses: bool = False  # the client pauses and unpauses the scheduler between steps (kvfuzz.scheduler.pausing)
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -164,6 +165,11 @@ class SchedulerSetup:
         if self.long_prefill_token_threshold_adaptive and not self.long_prefill_token_threshold:
             raise ValueError(
                 "long_prefill_token_threshold_adaptive floors a cap: it needs long_prefill_token_threshold"
+            )
+        if self.pauses and self.sessions:
+            raise ValueError(
+                "pauses are not driven with resumable requests (sessions) (yet): a paused session resumes through "
+                "vLLM's queue of requests holding blocks, which the pause check does not model"
             )
         if not 1 <= self.prefill_schedule_interval <= MAX_PREFILL_SCHEDULE_INTERVAL:
             raise ValueError(
@@ -242,6 +248,7 @@ class SchedulerSetup:
                 else ""
             )
             + (f", at most {self.max_num_active_seqs} admitted to run" if self.max_num_active_seqs else "")
+            + (", pauses" if self.pauses else "")
             + (
                 f", prefill every {self.prefill_schedule_interval} executed steps while a decode runs"
                 if self.prefill_schedule_interval > 1

@@ -61,6 +61,7 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
         "stats": setup.stats,
         "sessions": setup.sessions,
         "load_failures": setup.load_failures,
+        "pauses": setup.pauses,
     }
     export_async = "".join(f", {name}=True" for name, on in drawn.items() if on)
     return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.

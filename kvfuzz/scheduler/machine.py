@@ -155,6 +155,16 @@ def machine_for_setup(
             def reset_prefix_cache(self, preempt: bool) -> None:
                 self._guarded(lambda: self.session.reset_prefix_cache(preempt))
 
+        if setup.pauses:  # drawn only where the setup asks, as resets are
+
+            @rule(keep=st.booleans())
+            def pause(self, keep: bool) -> None:
+                self._guarded(lambda: self.session.pause(keep))
+
+            @rule()
+            def unpause(self) -> None:
+                self._guarded(self.session.unpause)
+
         if setup.sessions:  # drawn only where the setup asks, as resets are
 
             @rule(request=requests, **resume_arguments(setup))

@@ -20,7 +20,7 @@ from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.lora import lora_adapters
 from kvfuzz.scheduler.machine import SHARED, prefix_lengths
 from kvfuzz.scheduler.model_length import overlong_limit
-from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Pause, ResetPrefixCache, Resume, Step, Unpause
 from kvfuzz.scheduler.trace import LIMITS
 
 Program = tuple[Operation, ...]
@@ -92,6 +92,8 @@ def _change(program: list[Operation], setup: SchedulerSetup, rng: random.Random,
         changed: Operation = _change_add(operation, setup, rng)
     elif isinstance(operation, ResetPrefixCache):
         changed = ResetPrefixCache(not operation.preempt and not setup.async_scheduling)
+    elif isinstance(operation, Pause):
+        changed = Pause(not operation.keep)
     elif isinstance(operation, Abort):
         added = sum(isinstance(earlier, AddRequest) for earlier in program[:index])
         changed = Abort(f"r{rng.randrange(added)}") if added else operation
@@ -133,6 +135,8 @@ def fresh(setup: SchedulerSetup, rng: random.Random, before: Sequence[Operation]
         return ResetPrefixCache(rng.random() < 0.5 and not setup.async_scheduling)
     if choice == 5 and setup.sessions and added:
         return _fresh_resume(setup, rng, added)
+    if choice == 6 and setup.pauses:
+        return Pause(rng.random() < 0.5) if rng.random() < 0.5 else Unpause()
     prefix = list(SHARED[: rng.choice(prefix_lengths(setup))])
     suffix = [rng.randrange(VOCABULARY) for _ in range(rng.randint(0, 2 * setup.block_size))]
     length = rng.randint(1, max(2 * setup.block_size, setup.max_model_len // 4))
@@ -161,6 +165,9 @@ def repair(program: Sequence[Operation], setup: SchedulerSetup) -> Program:
         elif isinstance(operation, ResetPrefixCache):
             if setup.prefix_resets:
                 repaired.append(ResetPrefixCache(operation.preempt and not setup.async_scheduling))
+        elif isinstance(operation, (Pause, Unpause)):
+            if setup.pauses:
+                repaired.append(operation)
         elif isinstance(operation, Resume):
             if setup.sessions and operation.request[1:].isdigit() and int(operation.request[1:]) < added:
                 prompt = [token % VOCABULARY for token in operation.prompt][: setup.max_model_len - 1] or [0]

@@ -1,7 +1,7 @@
 """A scheduler target's program: the client's operations an example performed, in order (add a request, abort one, run a
-step, reset the prefix cache, resume a streaming session), as plain values, so that a failure can be saved, replayed
-and exported without Hypothesis. The drain after them is not part of it: a replay drains as the machine's teardown
-does, unless an operation failed."""
+step, reset the prefix cache, resume a streaming session, pause and unpause the scheduler), as plain values, so that
+a failure can be saved, replayed and exported without Hypothesis. The drain after them is not part of it: a replay
+drains as the machine's teardown does, unless an operation failed."""
 
 from __future__ import annotations
 
@@ -34,6 +34,10 @@ class Client(Protocol):
     def reset_prefix_cache(self, preempt: bool = False) -> bool: ...
 
     def resume(self, request: str, prompt: list[int], max_tokens: int) -> bool: ...
+
+    def pause(self, keep: bool = False) -> None: ...
+
+    def unpause(self) -> None: ...
 
 
 def _token_ids(tokens: Iterable[int]) -> tuple[int, ...]:
@@ -187,5 +191,43 @@ class Resume:
         return f"{client}.resume({self.request!r}, {list(self.prompt)}, {self.max_tokens})"
 
 
-Operation = Union[AddRequest, Abort, Step, ResetPrefixCache, Resume]
+@attrs.frozen
+class Pause:
+    """The client pauses the scheduler (vLLM's engine core ``pause_scheduler``): no new request starts, or with
+    ``keep`` nothing is scheduled, until :class:`Unpause` (:mod:`kvfuzz.scheduler.pausing`). ``keep`` is left out of
+    the JSON and the source when false."""
+
+    keep: bool = False
+
+    def apply(self, session: Client) -> None:
+        session.pause(self.keep)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "pause", **({"keep": True} if self.keep else {})}
+
+    def __str__(self) -> str:
+        return "pause(keep=True)" if self.keep else "pause()"
+
+    def source(self, client: str) -> str:
+        return f"{client}.{self}"
+
+
+@attrs.frozen
+class Unpause:
+    """The client resumes a paused scheduler (vLLM's engine core ``resume_scheduler``)."""
+
+    def apply(self, session: Client) -> None:
+        session.unpause()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "unpause"}
+
+    def __str__(self) -> str:
+        return "unpause()"
+
+    def source(self, client: str) -> str:
+        return f"{client}.unpause()"
+
+
+Operation = Union[AddRequest, Abort, Step, ResetPrefixCache, Resume, Pause, Unpause]
 """One operation of a scheduler program."""

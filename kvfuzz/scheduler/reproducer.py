@@ -61,6 +61,8 @@ def _refusal(trace: SchedulerTrace) -> str | None:
         return "the scheduler stats check is not played by the reproducer"
     if setup.sessions:
         return "resumable requests (sessions) are not played by the reproducer"
+    if setup.pauses:
+        return "the client's pauses are not played by the reproducer"
     if setup.drafter != "ngram":
         return f"the {setup.drafter} drafter: the reproducer configures vLLM's n-gram method only"
     return None

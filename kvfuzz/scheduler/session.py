@@ -24,8 +24,9 @@ from kvfuzz.scheduler.model_length import capped_max_tokens
 from kvfuzz.scheduler.offloading import NoConnector, OffloadingWorker, TransferTally, connector_for
 from kvfuzz.scheduler.oracles import Arrival, PolicyOracles, step_events
 from kvfuzz.scheduler.outputs import OutputLedger
+from kvfuzz.scheduler.pausing import Paused, Pausing
 from kvfuzz.scheduler.prefix_reset import PrefixResets
-from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Pause, ResetPrefixCache, Resume, Step, Unpause
 from kvfuzz.scheduler.requests import request_namespace
 from kvfuzz.scheduler.sessions import SessionBook, Started, turn_ending
 from kvfuzz.scheduler.snapshot import NO_OBSERVER, RequestAtStep, StepObserver, StepSnapshot
@@ -78,7 +79,8 @@ class Session:
         self.resets = PrefixResets()  # the client's prefix-cache resets, and the K/V namespace's epoch
         self.events = event_checker(setup, self.scheduler)  # the KV cache events, checked against the pool
         self.stats = stats_checker(setup)  # the scheduler stats, checked against the pool and the requests
-        self.oracles = PolicyOracles(setup, vllm_config(setup), self.scheduler, self._known_tokens)  # policy checks
+        self.pausing = Pausing()  # the client's pause of the scheduler, checked each step
+        self.oracles = PolicyOracles(setup, vllm_config(setup), self.scheduler, self._known_tokens, self.pausing)
         self.sessions = SessionBook(setup.max_model_len, setup.hash_block_size)  # the client's streaming sessions
         if journal is not None:
             journal.begin_example(journal_configuration(setup, "V2" if self.worker.runner_v2 else "V1"))
@@ -200,6 +202,17 @@ class Session:
             self.stats.reset_preempted()
         return self.resets.reset(self.scheduler, self.worker, preempt, self.steps)
 
+    def pause(self, keep: bool = False) -> None:
+        """Pause the scheduler, as the engine core's ``pause_scheduler`` does (``keep``: nothing scheduled; else no new
+        request started) until :meth:`unpause` (:mod:`kvfuzz.scheduler.pausing`)."""
+        self._perform(Pause(keep))
+        self.pausing.pause(self.scheduler, keep)
+
+    def unpause(self) -> None:
+        """Resume a paused scheduler, as the engine core's ``resume_scheduler`` does."""
+        self._perform(Unpause())
+        self.pausing.unpause(self.scheduler)
+
     def known_requests(self) -> list[KnownRequest]:
         """Every request added so far, with its tokens as kvfuzz knows them (the prompt, then its outputs so far)."""
         adds = (operation for operation in self.program if isinstance(operation, AddRequest))
@@ -306,6 +319,8 @@ class Session:
         :func:`drain_bound`; then steps until the scheduler has nothing left to tell the worker (the last finished
         requests), after which it holds no table and every block is free (the accounting check, once more)."""
         self._close_sessions()
+        if self.pausing.state is not Paused.UNPAUSED:  # the client resumes the scheduler once arrivals stop
+            self.pausing.unpause(self.scheduler)
         unfinished = self.outputs.unfinished()
         bound = drain_bound(sum(self.lengths[request] for request in unfinished))
         for _ in range(bound):

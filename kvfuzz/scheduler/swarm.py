@@ -113,6 +113,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("max_num_active_seqs", (0, 1, 2), weighted((4, 1, 1))),
     # vLLM's prefill cadence: prefill every 2 or 3 executed steps while a decode runs, a third of the time
     Dimension("prefill_schedule_interval", (1, 2, 3), weighted((4, 1, 1))),
+    # the client pauses and unpauses the scheduler a quarter of the time (refused, and redrawn, with sessions)
+    Dimension("pauses", BOOLEAN, chance(0.25), needs=("sessions", False)),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
 

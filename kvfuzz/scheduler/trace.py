@@ -56,7 +56,9 @@ add may be ``"resumable": true``, and the program may hold ``{"op": "resume", "r
 docs/scheduler-async.md#drafting-slots); ``config.long_prefill_token_threshold`` (0 when absent: no cap),
 ``config.long_prefill_token_threshold_adaptive`` (false when absent), ``config.max_num_active_seqs`` (0 when absent:
 unset) and ``config.prefill_schedule_interval`` (1 when absent: every step), vLLM's scheduler settings of the same
-names (docs/oracles.md#the-checks).
+names (docs/oracles.md#the-checks); ``config.pauses`` (false when absent; true: the program may hold
+``{"op": "pause"}``, with ``"keep": true`` when nothing is scheduled, and ``{"op": "unpause"}``;
+docs/scheduler-features.md).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -92,7 +94,7 @@ from kvfuzz.scheduler.fake_model import VOCABULARY
 from kvfuzz.scheduler.lora import lora_adapters
 from kvfuzz.scheduler.model_length import overlong_limit
 from kvfuzz.scheduler.models import MODELS
-from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
+from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Pause, ResetPrefixCache, Resume, Step, Unpause
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.trace_files import Invalid, TraceFileError, show
 
@@ -300,6 +302,7 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
             if setup.prefill_schedule_interval > 1
             else {}
         ),
+        **({"pauses": True} if setup.pauses else {}),
     }
 
 
@@ -429,6 +432,7 @@ def _config(value: Any) -> SchedulerSetup:
         "long_prefill_token_threshold_adaptive": False,
         "max_num_active_seqs": False,
         "prefill_schedule_interval": False,
+        "pauses": False,
     }
     config = trace_files.fields(value, "config", {**required, **optional})
     numbers = {
@@ -496,6 +500,7 @@ def _config(value: Any) -> SchedulerSetup:
                 1,
                 MAX_PREFILL_SCHEDULE_INTERVAL,
             ),
+            pauses=trace_files.boolean("config.pauses", config.get("pauses", False)),
         )
     except ValueError as error:
         raise Invalid("config", str(error)) from None
@@ -521,6 +526,7 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
         where = f"program[{index}]"
         ops = ("add", "abort", "step") + (("reset_prefix_cache",) if setup.prefix_resets else ())
         ops += ("resume",) if setup.sessions else ()
+        ops += ("pause", "unpause") if setup.pauses else ()
         if not isinstance(item, dict) or item.get("op") not in ops:
             raise Invalid(where, f"must be an object whose op is {', '.join(ops[:-1])} or {ops[-1]}")
         if item["op"] == "step":
@@ -536,6 +542,12 @@ def _program(value: Any, setup: SchedulerSetup) -> list[Operation]:
         elif item["op"] == "reset_prefix_cache":
             preempt = trace_files.fields(item, where, {"op": True, "preempt": False}).get("preempt", False)
             program.append(ResetPrefixCache(trace_files.boolean(f"{where}.preempt", preempt)))
+        elif item["op"] == "pause":
+            keep = trace_files.fields(item, where, {"op": True, "keep": False}).get("keep", False)
+            program.append(Pause(trace_files.boolean(f"{where}.keep", keep)))
+        elif item["op"] == "unpause":
+            trace_files.fields(item, where, {"op": True})
+            program.append(Unpause())
         elif item["op"] == "resume":
             item = trace_files.fields(item, where, {"op": True, "request": True, "prompt": True, "max_tokens": True})
             request = trace_files.string(f"{where}.request", item["request"], MAX_TEXT)

@@ -32,6 +32,7 @@ class Check(enum.Enum):
     PREFIX_HIT = "prefix-hit"  # a prefix-cache hit ends on a prefix-hash boundary, before the request's last token
     SESSIONS = "sessions"  # a streaming session keeps its tokens and their hashes, and is not scheduled while paused
     DELAYED_FREE = "delayed-free"  # a block a connector's send or a deferred free holds stays out of the pool
+    PAUSE = "pause"  # a paused scheduler starts no new request, and schedules nothing when paused to keep
 
 
 class SchedulerViolation(Exception):

@@ -23,6 +23,7 @@ from kvfuzz.scheduler.oracles.holds import Holds
 from kvfuzz.scheduler.oracles.liveness import check_head_admitted, check_running_served, room_left
 from kvfuzz.scheduler.oracles.order import check_admissions, check_victims
 from kvfuzz.scheduler.oracles.queues import queues_for
+from kvfuzz.scheduler.pausing import Pausing
 
 __all__ = ["Arrival", "PolicyOracles", "step_events"]
 
@@ -34,18 +35,27 @@ class PolicyOracles:
     """The order, budget and liveness checks of one example (``known_tokens``: a request's prompt and the outputs
     reported for it so far, as the output ledger holds them)."""
 
-    def __init__(self, setup: SchedulerSetup, config: Any, scheduler: Any, known_tokens: Callable[[str], int]) -> None:
+    def __init__(
+        self,
+        setup: SchedulerSetup,
+        config: Any,
+        scheduler: Any,
+        known_tokens: Callable[[str], int],
+        pausing: Pausing,
+    ) -> None:
         self.setup = setup
         self.budgets = Budgets.of(config)  # from kvfuzz's configuration, never the scheduler's own reading of it
         self.queues = queues_for(setup.policy)
-        self.view = VllmView(scheduler, setup)
+        self.view = VllmView(scheduler, setup, pausing)
         self.known_tokens = known_tokens
+        self.pausing = pausing  # the client's pause: its own check, and what the others exempt
 
     def added(self, arrival: Arrival) -> None:
         self.queues.added(arrival)
 
     def stepped(self, events: StepEvents) -> None:
-        """Check one step: its victims, then its admissions and what it left unserved, then its budgets. With
+        """Check one step: the client's pause, its victims, then its admissions and what it left unserved, then its
+        budgets. With
         resumable requests (``sessions``) only the step's own budgets: the queues the order and liveness checks
         rebuild have no place for a session paused at its stop (it holds a running slot outside vLLM's running
         queue) nor for one resumed (it returns through vLLM's queue of requests holding blocks), so those checks,
@@ -55,6 +65,7 @@ class PolicyOracles:
             return
         queues, view = self.queues, self.view
         view.observe(events.admitted)
+        self.pausing.check(events.step, dict(events.scheduled), events.admitted, view.served_ahead)
         check_victims(queues, events)
         queues.before_admissions(events)
         check_admissions(queues, events, Holds(queues, events, view, self.setup.max_loras))

@@ -12,7 +12,8 @@
   Mamba group's align mode must cut at a block boundary the budget left may not reach; and under a prefill cadence
   (``prefill_schedule_interval`` above 1) a running request with prefill left and every waiting request: on the
   steps between prefill steps, while a decode runs, vLLM holds prefill chunks and stops admitting at the first
-  prefill it defers;
+  prefill it defers; and while the client has paused the scheduler (:mod:`kvfuzz.scheduler.pausing`, the client's
+  own record), every waiting request, and with ``keep`` every running one;
 * whether vLLM defers block frees (``defer_block_free``: a KV consumer under async scheduling) and a running request
   has a step in flight (``last_sched_seq`` past ``processed_step_seq``): a short pool then stops the running
   requests' service rather than preempt a request whose blocks would only be freed later.
@@ -25,13 +26,15 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.pausing import Paused, Pausing
 
 
 class VllmView:
     """The reads of one example's ``Scheduler`` the oracles make."""
 
-    def __init__(self, scheduler: Any, setup: SchedulerSetup) -> None:
+    def __init__(self, scheduler: Any, setup: SchedulerSetup, pausing: Pausing) -> None:
         self.scheduler = scheduler
+        self.pausing = pausing  # the client's pause (set by the client, not read from vLLM)
         self.connector = setup.kv_connector != "none"
         self.async_scheduling = setup.async_scheduling
         self.watermark = int(getattr(scheduler.kv_cache_manager, "watermark_blocks", 0))  # kept free for admissions
@@ -70,6 +73,8 @@ class VllmView:
 
     def held_back(self, request_id: str) -> Optional[str]:
         """Why vLLM may pass over waiting request ``request_id`` for a reason outside the policy (None: no reason)."""
+        if self.pausing.state is not Paused.UNPAUSED:
+            return f"the client paused the scheduler ({self.pausing.state.value})"
         if request_id in self.connector_held:
             return "the KV connector holds it (a transfer of its KV, or its blocks loaded ahead of the queue)"
         request = self.scheduler.requests.get(request_id)
@@ -91,6 +96,8 @@ class VllmView:
 
     def running_exempt(self, request_id: str) -> Optional[str]:
         """Why vLLM may leave running request ``request_id`` unscheduled with budget to spare (None: no reason)."""
+        if self.pausing.state is Paused.PAUSED_ALL:
+            return "the client paused the scheduler (PAUSED_ALL): nothing is scheduled"
         request = self.scheduler.requests.get(request_id)
         if request is None:
             return None

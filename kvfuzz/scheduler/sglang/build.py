@@ -40,6 +40,8 @@ def setup_problem(setup: SchedulerSetup) -> Optional[str]:
         return "--scheduler sglang drives no partial prefix caching (prefix_match_unit; yet)"
     if setup.sessions:
         return "--scheduler sglang drives no resumable requests (sessions) (yet)"
+    if setup.pauses:
+        return "--scheduler sglang drives no pauses (yet)"
     if setup.long_prefill_token_threshold or setup.max_num_active_seqs or setup.prefill_schedule_interval > 1:
         return (
             "--scheduler sglang takes no vLLM long_prefill_token_threshold, max_num_active_seqs or "

@@ -42,6 +42,7 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("long_prefill_token_threshold_adaptive", (False,), fixed),
     Dimension("max_num_active_seqs", (0,), fixed),
     Dimension("prefill_schedule_interval", (1,), fixed),
+    Dimension("pauses", (False,), fixed),
     Dimension(MODEL_RUNNER, ("",), fixed),
 )
 """SGLang's configuration, one row per dimension (every row of vLLM's table, by name)."""
