@@ -42,6 +42,11 @@ LATER_ROWS = {
     "sessions": False,
     "drafter": "ngram",
     "kv_events_full": False,
+    "long_prefill_token_threshold": 0,
+    "long_prefill_token_threshold_adaptive": False,
+    "max_num_active_seqs": 0,
+    "prefill_schedule_interval": 1,
+    "pauses": False,
 }
 """Swarm rows added after these tests were written, and the value each is held at here: held without drawing, so
 each seed draws the configurations the tests name (seed 3's first batch async, seed 7's async then synchronous);
