@@ -32,7 +32,7 @@ FULL_ATTENTION = "full"
 
 
 class PolicyOracles:
-    """The order, budget and liveness checks of one example (``known_tokens``: a request's prompt and the outputs
+    """The pause, order, budget and liveness checks of one example (``known_tokens``: a request's prompt and the outputs
     reported for it so far, as the output ledger holds them)."""
 
     def __init__(
@@ -55,11 +55,10 @@ class PolicyOracles:
 
     def stepped(self, events: StepEvents) -> None:
         """Check one step: the client's pause, its victims, then its admissions and what it left unserved, then its
-        budgets. With
-        resumable requests (``sessions``) only the step's own budgets: the queues the order and liveness checks
-        rebuild have no place for a session paused at its stop (it holds a running slot outside vLLM's running
-        queue) nor for one resumed (it returns through vLLM's queue of requests holding blocks), so those checks,
-        and the running cap read from the rebuilt queue, are left out there (docs/scheduler-features.md)."""
+        budgets. With resumable requests (``sessions``) only the step's own budgets: the queues the order and liveness
+        checks rebuild have no place for a session paused at its stop (it holds a running slot outside vLLM's running
+        queue) nor for one resumed (it returns through vLLM's queue of requests holding blocks), so those checks, and
+        the running cap read from the rebuilt queue, are left out there (docs/scheduler-features.md)."""
         if self.setup.sessions:
             check_budgets(self.budgets, events, ())
             return
