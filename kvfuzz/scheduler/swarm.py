@@ -45,6 +45,9 @@ BOOLEAN = (False, True)
 DRAFTED = frozenset((1, 2, 4))
 """The ``speculative_tokens`` values with drafts: the drafter row means something only with them."""
 
+SEVERAL = frozenset((2, 3, 4, 6, 8, 16))
+"""The ``max_num_seqs`` values an admission cap of 1 or 2 (``max_num_active_seqs``) fits under."""
+
 CAPPED = frozenset((1, 2, 3, 4, 8))
 """The ``long_prefill_token_threshold`` values that cap: the adaptive row means something only with them."""
 
@@ -104,13 +107,14 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("drafter", DRAFTERS, weighted((2, 1, 1)), needs=("speculative_tokens", DRAFTED)),
     # with the KV cache events, full reports (kv_cache_report_mode "full") for half the requests half the time
     Dimension("kv_events_full", BOOLEAN, chance(0.5), needs=("kv_events", True)),
-    # vLLM's long-prefill cap (a request's tokens a step, beside others) half the time, floored at the budget's fair
-    # share half of those; its admission cap below max_num_seqs a third of the time (refused, and redrawn, above it)
+    # vLLM's long-prefill cap (a request's tokens a step, beside others) half the time (refused, and redrawn, above
+    # max_model_len), floored at the budget's fair share half of those; its admission cap a third of the time where
+    # max_num_seqs leaves room for one below it
     Dimension("long_prefill_token_threshold", (0, 1, 2, 3, 4, 8), weighted((5, 1, 1, 1, 1, 1))),
     Dimension(
         "long_prefill_token_threshold_adaptive", BOOLEAN, chance(0.5), needs=("long_prefill_token_threshold", CAPPED)
     ),
-    Dimension("max_num_active_seqs", (0, 1, 2), weighted((4, 1, 1))),
+    Dimension("max_num_active_seqs", (0, 1, 2), weighted((4, 1, 1)), needs=("max_num_seqs", SEVERAL)),
     # vLLM's prefill cadence: prefill every 2 or 3 executed steps while a decode runs, a third of the time
     Dimension("prefill_schedule_interval", (1, 2, 3), weighted((4, 1, 1))),
     # the client pauses and unpauses the scheduler a quarter of the time (refused, and redrawn, with sessions)
