@@ -5,7 +5,7 @@ into a block someone references, or a table mapping other content, stays a viola
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import attrs
 import pytest
@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvfuzz.allocator import BlockCopy, GrowResult, PoolSpec, Slot
-from kvfuzz.allocator.paged import PagedAllocator, _Sequence
+from kvfuzz.allocator.paged import PagedAllocator, _Registration, _Sequence
+from kvfuzz.allocator.prefix_cache import CacheEntry
 from kvfuzz.allocator.types import SeqId, Tokens
 from kvfuzz.engine import Engine, Invariant, InvariantViolation
 from kvfuzz.statemachines import MachineConfig, machine_for
@@ -40,7 +41,10 @@ class _DedupesCopiedTail(PagedAllocator):
         copies_into: Optional[SeqId] = None,
     ) -> None:
         super().__init__(spec.block_size, spec.num_blocks, spec.num_host_blocks)
-        self.capabilities = attrs.evolve(self.capabilities, dedupes_copied_tail=declare, recomputes_in_place=True)
+        # as vLLM v0 declares: its content lookup may find a block whose writes the next step makes
+        self.capabilities = attrs.evolve(
+            self.capabilities, dedupes_copied_tail=declare, recomputes_in_place=True, hits_scheduled_writes=True
+        )
         self._by_index = by_index  # the seeded bug: a block of other content taken
         self._leaks_destination = leaks_destination  # the seeded bug: the dropped destination never freed
         self._copies_into = copies_into  # the seeded bug: the copy reported into this sequence's first block
@@ -60,12 +64,22 @@ class _DedupesCopiedTail(PagedAllocator):
         if not self._leaks_destination:
             self._pool.release(destination)
         state.table[index] = twin
+        self._register_twin(state, index, twin)
         copies = result.copies
         if self._copies_into is not None:
             copies = tuple(BlockCopy(copy.src, self._seqs[self._copies_into].table[0]) for copy in copies)
         size = self.block_size
         slots = [Slot(state.table[position // size], position % size) for position in range(old_len, len(state.tokens))]
         return GrowResult(slots, copies)
+
+    def _register_twin(self, state: _Sequence, index: int, twin: int) -> None:
+        """The registration the grow scheduled for the dropped destination, for the block the table maps instead: the
+        full block becomes matchable after the step that writes it completes, whoever else held it then."""
+        size = self.block_size
+        entry = CacheEntry(
+            state.hashes[index], self._key_namespace(state.namespace), tuple(state.tokens[: (index + 1) * size])
+        )
+        self._registrations.append(_Registration(self._commit_step(), state, index, twin, state.versions[index], entry))
 
     def _twin(self, seq: SeqId, state: _Sequence, index: int) -> Optional[int]:
         """Another running sequence's block at ``index`` with the same content (any full one when ``by_index``)."""
@@ -156,3 +170,56 @@ def test_the_machine_finds_nothing_to_report_in_the_deduplicating_allocator() ->
     config = MachineConfig(block_size=2, num_blocks=12, num_host_blocks=0)
     quick = settings(max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck))
     run_state_machine_as_test(machine_for(deduplicating_allocator, config), settings=quick)
+
+
+def _machine() -> object:
+    return machine_for(deduplicating_allocator, MachineConfig(block_size=2, num_blocks=12, num_host_blocks=0))()
+
+
+def test_a_random_search_s_three_findings_against_the_deduplicating_allocator_stay_fixed() -> None:
+    """The programs a CI run's search shrank against this allocator (2026-12-06), each a false report of this module's
+    own allocator, each passing now: a dropped destination was taken when the grow evicted a cached block, so it is
+    not 'left free' (invariant 13); the block the table maps instead is registered for the cache as the dropped one
+    was (14); and, as vLLM v0 declares ``hits_scheduled_writes``, the block found may hold K/V the next step writes
+    (1)."""
+    state: Any = _machine()
+    state.admit(namespace=(), seq="s0", suffix=[0, 0, 0, 0], system=(0, 3, 2, 1))
+    state.step()
+    state.rollback(num_tokens=3, seq="s0")
+    state.admit(namespace=(), seq="s1", suffix=[0], system=(1,))
+    state.grow(seq="s1", tokens=[0])
+    state.grow(seq="s1", tokens=[0, 0, 0])
+    state.admit(namespace=(), seq="s2", suffix=[0], system=())
+    state.grow(seq="s1", tokens=[0, 0, 0])
+    state.fork(child="s3", parent="s0")
+    state.grow(seq="s3", tokens=[0])
+    state.grow(seq="s0", tokens=[0, 0])  # reused a cached block while the copy's destination was taken
+    state.teardown()
+
+    state = _machine()
+    state.admit(namespace=(), seq="s0", suffix=[0, 0, 0, 0], system=(0, 3, 2, 1))
+    state.step()
+    state.rollback(num_tokens=3, seq="s0")
+    state.admit(namespace=(), seq="s1", suffix=[0], system=(1,))
+    state.grow(seq="s1", tokens=[0, 0, 0])
+    state.admit(namespace=(), seq="s2", suffix=[0], system=())
+    state.grow(seq="s1", tokens=[0, 0])
+    state.fork(child="s3", parent="s0")
+    state.grow(seq="s3", tokens=[0])
+    state.grow(seq="s0", tokens=[0, 0])
+    state.preempt(seq="s3")
+    state.step()
+    state.readmit(seq="s3")
+    state.grow(seq="s3", tokens=[0])
+    state.evict_blocks(blocks=[2])
+    state.rollback(num_tokens=3, seq="s0")  # releases the block the table took instead: cached, not freed
+    state.teardown()
+
+    state = _machine()
+    state.admit(namespace=(), seq="s0", suffix=[0], system=())
+    state.step()
+    state.admit(namespace=(), seq="s1", suffix=[0], system=())
+    state.fork(child="s2", parent="s0")
+    state.grow(seq="s1", tokens=[0])
+    state.grow(seq="s0", tokens=[0])  # takes s1's block, whose K/V the next step writes
+    state.teardown()

@@ -189,7 +189,7 @@ class Engine(EngineCore):
         self.settle(change)
         if deduplicated:
             self.checks.accounting.touched(copy.dst for copy in deduplicated)
-        self.checks.eviction_order.evictions(before, (), reuse=True)
+        self.checks.eviction_order.evictions(before, (), reuse=True, given_back=(copy.dst for copy in deduplicated))
         table_ids = (seq, *self.expected.group_tables(seq))
         for copy in result.copies:
             if copy in deduplicated:
