@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
@@ -76,6 +77,22 @@ def test_a_new_livelock_is_keyed_apart_from_the_corpus_hangs(monkeypatch: pytest
     livelock = str(scheduler_signature("vllm-v1", outcome.failure))
     assert "a preempted request never resumed (with neither drafts nor a KV connector" in livelock, livelock
     assert livelock not in hangs, (livelock, hangs)
+
+
+def test_a_hang_under_partial_prefix_cache_hits_is_keyed_apart_from_the_hangs_without() -> None:
+    """The Mamba partial-hit admission hang and a hang the same words would otherwise describe (a waiting request
+    never admitted, neither drafts nor a connector, room in the pool) are two findings: the signature names the
+    partial hits the configuration brings to the admission, so a campaign crediting the corpus's hang with a new one
+    of the same state does not hide it. Without partial hits the words are as they were."""
+    [partial] = CORPUS.glob("vllm-v1-scheduler-mamba-partial-hit-admission-hang-*.json")
+    trace = load(partial)
+    hang = str(scheduler_signature("vllm-v1", replay(trace).error))  # type: ignore[arg-type]
+    assert hang == (
+        "progress: a drain step scheduled nothing: a waiting request never admitted (with partial prefix-cache hits; "
+        "the pool has room for it)"
+    ), hang
+    error = replay(attrs.evolve(trace, setup=attrs.evolve(trace.setup, prefix_match_unit=0))).error
+    assert error is None, "without partial hits the request is admitted"
 
 
 def test_the_shared_block_ref_cnt_finding_is_the_waiting_queue_bug() -> None:

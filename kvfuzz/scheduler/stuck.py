@@ -5,8 +5,8 @@ The request stuck is the one the scheduler would take first: a running one if an
 be scheduled every step), else the head of the waiting queues (vLLM's ``kv_holding_waiting``, then ``waiting``;
 every other request waits behind it). What it is stuck as is its state (a preempted request never resumed, a
 waiting request never admitted, a request whose KV load never finishes, a running request never scheduled); why
-is what the configuration brings to the admission (speculative drafts, the KV connector, or neither) and whether
-the idle pool has room for the blocks the request still needs."""
+is what the configuration brings to the admission (speculative drafts, the KV connector, partial prefix-cache hits,
+or none of them) and whether the idle pool has room for the blocks the request still needs."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ def stuck_cause(base: str, scheduler: Any, setup: SchedulerSetup, unfinished: li
     features = (
         "speculative drafts" if setup.speculative_tokens else "",
         "the KV connector" if setup.kv_connector != "none" else "",
+        "partial prefix-cache hits" if setup.prefix_match_unit else "",
     )
     brought = " and ".join(feature for feature in features if feature) or "neither drafts nor a KV connector"
     return f"{base}: {what} (with {brought}; {_room(scheduler, setup, request)})"
