@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine_tests.standalone import CORPUS, check_allocator_failure, real_bugs, report, run_without_kvfuzz
+from kvfuzz.cli import main
 
 REAL_BUGS = real_bugs("vllm-v1-scheduler-*.json")
 
@@ -39,12 +40,15 @@ def recorded_failure(name: str) -> tuple[str, str]:
 
 def test_the_real_bugs_are_the_ones_the_issue_names() -> None:
     assert REAL_BUGS == [
+        "vllm-v1-scheduler-full-reports-partial-hit-crash-ed954bdbb683.json",  # the Mamba hybrid, full event reports
         "vllm-v1-scheduler-long-prefill-padding-assertion-03e33c236fbe.json",  # found through the long-prefill row
+        "vllm-v1-scheduler-mamba-partial-hit-admission-hang-d591b6629908.json",  # the Mamba hybrid, partial hits
         "vllm-v1-scheduler-offloading-load-gate-hang-99d75d3823f8.json",
         "vllm-v1-scheduler-offloading-load-gate-hang-v2-c7697394cd8d.json",  # the same program under V2's protocol
         "vllm-v1-scheduler-offloading-one-token-reload-hang-29b8f30c1dd1.json",
         "vllm-v1-scheduler-offloading-shared-block-ref-cnt-b481f5a07fcd.json",  # the waiting-queue bug, ref_cnt
         "vllm-v1-scheduler-offloading-waiting-queue-holds-blocks-a8dffbbfe266.json",
+        "vllm-v1-scheduler-session-blocks-reset-error-c18d23100ce4.json",  # a streaming session, a prefix-cache reset
         "vllm-v1-scheduler-speculative-padding-hang-6123748f32e9.json",
     ]
 
@@ -57,6 +61,36 @@ def test_the_reproducer_of_a_real_bug_fails_without_kvfuzz(name: str, tmp_path: 
     last = ran.stderr.strip().splitlines()[-1]
     assert last.startswith(check) and where in last, ran.stderr[-3000:]
     assert "kvfuzz is importable" not in ran.stderr
+
+
+CONTROLS = {
+    "vllm-v1-scheduler-full-reports-partial-hit-crash-ed954bdbb683.json": {"kv_events_full": False},
+    "vllm-v1-scheduler-mamba-partial-hit-admission-hang-d591b6629908.json": {"prefix_match_unit": 0},
+    "vllm-v1-scheduler-session-blocks-reset-error-c18d23100ce4.json": {"program": -1},
+}
+"""The bugs whose reproducer builds what the first reproducers did not (the Mamba hybrid, partial hits, KV cache
+events, a streaming session, a prefix-cache reset), and what takes the trigger away: a setting, or the program's
+last operation (the reset)."""
+
+
+@pytest.mark.parametrize("name", sorted(CONTROLS))
+def test_the_reproducer_passes_where_the_trigger_is_taken_away(name: str, tmp_path: Path) -> None:
+    """The reproducer's engine plays the rest as the target does: the same program passes without the setting that
+    triggers the bug (or without the reset), so the failure is the bug's, not the reproducer's (a Mamba hybrid it
+    built wrong would hang here too; a session it never closed would leave its request unfinished)."""
+    trace = json.loads((CORPUS / name).read_text())
+    control = CONTROLS[name]
+    if "program" in control:
+        trace["program"] = trace["program"][: control["program"]]
+    else:
+        trace["config"] |= control
+    source = tmp_path / name
+    source.write_text(json.dumps(trace))
+    output = tmp_path / "report.md"
+    assert main(["report", str(source), "-o", str(output)]) == 0
+    ran = run_without_kvfuzz(tmp_path / "report_reproducer.py")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "passed: the failure does not reproduce" in ran.stdout
 
 
 @pytest.mark.parametrize("name", sorted(SEEDED))

@@ -197,22 +197,26 @@ def test_a_seeded_bug_is_found_by_a_run_and_its_trace_replays(
 # -- a vLLM bug the full reports found --------------------------------------------------------------------------------
 
 DATA = Path(__file__).parent / "data"
+CORPUS = Path(__file__).parent.parent / "corpus"
 
 
 @pytest.mark.parametrize(
-    ("name", "found"),
+    ("path", "found"),
     [
         (
-            "full-reports-partial-hit-announced-whole.json",
+            DATA / "full-reports-partial-hit-announced-whole.json",
             "kv-events check failed at step 2: a BlockStored event re-announcing a prefix-cache hit (a full report) "
             "names hash 0xc14655208bfcee11 as its block 1 (group 1), which the events hold no block of: the pool does "
             "not cache it",
         ),
-        ("full-reports-partial-hit-crash.json", "crash: IndexError: list index out of range"),
+        (
+            CORPUS / "vllm-v1-scheduler-full-reports-partial-hit-crash-ed954bdbb683.json",  # a known-bug trace
+            "crash: IndexError: list index out of range",
+        ),
     ],
     ids=["announced-whole", "crash"],
 )
-def test_full_reports_of_a_hit_ending_inside_a_block_are_a_vllm_bug(name: str, found: str) -> None:
+def test_full_reports_of_a_hit_ending_inside_a_block_are_a_vllm_bug(path: Path, found: str) -> None:
     """A finding in vLLM 0.33.0 and 0.34.0 (docs/scheduler-features.md#full-reports): under partial prefix caching
     (the Mamba hybrid, ``prefix_match_unit``) a hit may end inside a block, and ``emit_cached_block_events`` counts
     that block as a whole cached one. A full report then announces the block's full-block hash, which the pool never
@@ -220,7 +224,7 @@ def test_full_reports_of_a_hit_ending_inside_a_block_are_a_vllm_bug(name: str, f
     past the request's last full block, indexes past its hashes and the scheduler raises IndexError (r0 = [0, 1, 2,
     0, 1, 2, 0, 1], r1 its first 7 tokens, on blocks of 4). Replayed word for word; the same programs pass without
     full reports, and without partial prefix caching."""
-    trace = load(DATA / name)
+    trace = load(path)
     replayed = replay(trace)
     assert replayed.reproduced and replayed.identical, replayed.describe_failure()
     assert replayed.describe_failure() == found

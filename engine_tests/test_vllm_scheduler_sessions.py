@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import FinishReason
@@ -20,8 +21,9 @@ from vllm.v1.request import Request, RequestStatus
 from engine_tests.vllm_seeded_runs import found_and_replayed
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.program import Resume
+from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.session import Session
-from kvfuzz.scheduler.trace import program_from_json
+from kvfuzz.scheduler.trace import load, program_from_json
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 SESSIONS = SchedulerSetup(sessions=True)
@@ -138,6 +140,26 @@ def test_a_session_trace_reads_back_and_resume_is_refused_without_sessions() -> 
         program_from_json(program, SchedulerSetup())
     with pytest.raises(Exception, match="op is add, abort or step"):
         program_from_json(program[1:], SchedulerSetup())
+
+
+DEADLOCK = Path(__file__).parent / "data" / "sessions-holding-waiting-deadlock.json"
+
+
+def test_sessions_holding_the_pool_while_they_wait_deadlock_the_scheduler_a_vllm_bug() -> None:
+    """A finding in vLLM 0.33.0 and 0.34.0 (docs/findings.md): sessions whose next input has arrived wait in
+    ``kv_holding_waiting`` with their earlier turns' blocks; holding all but one block of the pool with nothing
+    running, the head cannot allocate and vLLM preempts only running requests, so every later step schedules nothing.
+    Replayed word for word (the trace is in engine_tests/data: the standalone reproducer plays no session's later
+    turns, which a known-bug trace of the corpus needs); the same program with a pool twice as large passes."""
+    trace = load(DEADLOCK)
+    replayed = replay(trace)
+    assert replayed.reproduced and replayed.identical, replayed.describe_failure()
+    assert replayed.failure is not None and replayed.failure.check == "progress"
+    assert "the step scheduled nothing while 15 request(s) are unfinished" in replayed.failure.message
+    larger = replay(attrs.evolve(trace, setup=attrs.evolve(trace.setup, num_blocks=2 * trace.setup.num_blocks)))
+    assert not larger.failed, larger.describe_failure()
+    held = [request for request in trace.program if isinstance(request, Resume)]
+    assert held, "the deadlock is the sessions' own: the program resumes them"
 
 
 def test_sessions_are_refused_where_the_client_cannot_follow_them() -> None:

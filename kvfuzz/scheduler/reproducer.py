@@ -9,7 +9,10 @@ Only failures that the engine's own state shows are expressed: the accounting ch
 free count against the tables the scheduler handed out), progress (requests unfinished past the drain's bound) and
 an exception of vLLM's own. Checks that need kvfuzz's K/V reference (content, outputs, speculative rollback) are
 refused with the reason (:class:`NotReproducible`), as are configurations the reproducer's runner does not play
-(async scheduling, hybrid models, load failures)."""
+(async scheduling, load failures, a streaming session's later turns). The Mamba hybrid is built as the target builds
+it, by vLLM's own KV-cache planner, with partial prefix-cache hits and KV cache events (published nowhere: the
+reproducer checks no event) where the trace has them; its accounting, which reads one KV-cache group, is stated for
+the full-attention model only."""
 
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ from kvfuzz.reproducer_text import NotReproducible, comment
 from kvfuzz.scheduler.config import MODEL_SHAPE
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import EOS_TOKEN
-from kvfuzz.scheduler.models import FULL
-from kvfuzz.scheduler.program import Abort, AddRequest, Step
+from kvfuzz.scheduler.kv_events import full_reports
+from kvfuzz.scheduler.models import FULL, MAMBA_HYBRID, MODELS
+from kvfuzz.scheduler.program import Abort, AddRequest, ResetPrefixCache, Resume, Step
 from kvfuzz.scheduler.reproducer_runtime import RUNTIME
 from kvfuzz.scheduler.speculative import proposal
 from kvfuzz.scheduler.trace import CRASH, SGLANG, SchedulerTrace
@@ -49,18 +53,20 @@ def _refusal(trace: SchedulerTrace) -> str | None:
         )
     if setup.async_scheduling:
         return "async scheduling (two batches in flight) is not played by the reproducer's engine loop"
-    if setup.model != FULL.name:
-        return f"model {setup.model}: the reproducer builds the full-attention model only"
+    if setup.model not in (FULL.name, MAMBA_HYBRID.name):
+        return f"model {setup.model}: the reproducer builds the full-attention model and the Mamba hybrid only"
+    if setup.model != FULL.name and trace.failure.check != CRASH and trace.failure.check != "progress":
+        return f"model {setup.model}: the reproducer states accounting on one KV-cache group (the full model's) only"
     if setup.load_failures:
         return "failed loads are not played by the reproducer's connector"
     if setup.kv_connector == "pd":
         return "kvfuzz's P/D connector is not played by the reproducer (it plays vLLM's OffloadingConnector only)"
-    if setup.prefix_resets or setup.kv_events or setup.overlong_requests:
-        return "prefix-cache resets, KV cache events and requests past max_model_len are not played by the reproducer"
+    if setup.overlong_requests:
+        return "requests past max_model_len are not played by the reproducer"
     if setup.stats:
         return "the scheduler stats check is not played by the reproducer"
-    if setup.sessions:
-        return "resumable requests (sessions) are not played by the reproducer"
+    if any(isinstance(operation, Resume) for operation in trace.program):
+        return "a streaming session's later turns (resume) are not played by the reproducer's runner"
     if setup.pauses:
         return "the client's pauses are not played by the reproducer"
     if setup.drafter != "ngram":
@@ -104,14 +110,22 @@ def program_calls(trace: SchedulerTrace, add: Callable[[AddRequest, str], str]) 
             added += 1
         elif isinstance(operation, Abort):
             calls.append(f"engine.abort({operation.request!r})")
+        elif isinstance(operation, (Step, ResetPrefixCache)):
+            calls.append(operation.source("engine"))
         else:
-            assert isinstance(operation, Step)
-            calls.append("engine.step()")
+            raise NotReproducible(f"the reproducer's engine does not play {operation.source('engine')}")
     return calls
 
 
-def _add(operation: AddRequest, request: str) -> str:
-    return operation.source("engine").replace("engine.add(", f'engine.add("{request}", ', 1)
+def _adder(trace: SchedulerTrace) -> Callable[[AddRequest, str], str]:
+    """How the reproducer writes an add: its request's id first, and whether it asks for full KV cache event reports
+    (half the requests, as kvfuzz's client asks, :func:`~kvfuzz.scheduler.kv_events.full_reports`)."""
+
+    def add(operation: AddRequest, request: str) -> str:
+        call = operation.source("engine").replace("engine.add(", f'engine.add("{request}", ', 1)
+        return call[:-1] + ", full_reports=True)" if full_reports(trace.setup, request) else call
+
+    return add
 
 
 def reproducer_source(trace: SchedulerTrace, source: str) -> str:
@@ -126,8 +140,9 @@ def reproducer_source(trace: SchedulerTrace, source: str) -> str:
         if setup.kv_connector == "offloading"
         else "0"
     )
-    body = "\n".join(f"    {call}" for call in program_calls(trace, _add))
+    body = "\n".join(f"    {call}" for call in program_calls(trace, _adder(trace)))
     known = f"{comment('Known bug: ' + trace.known_bug)}\n" if trace.known_bug else ""
+    model = MODELS[setup.model]
     expectation = {
         "progress": "a request never finishes: engine.drain() raises Failure('progress: ...')",
         "accounting": "the block pool disagrees with the tables handed out: engine.step() raises "
@@ -154,8 +169,10 @@ NUM_BLOCKS = {setup.num_blocks}  # usable blocks; vLLM gets one more, its null b
 BLOCK_SIZE = {setup.block_size}
 MAX_NUM_BATCHED_TOKENS = {setup.max_num_batched_tokens}
 MAX_NUM_SEQS = {setup.max_num_seqs}
-MAX_MODEL_LEN = {setup.max_model_len}  # the whole pool: a request alone always fits
+MAX_MODEL_LEN = {setup.max_model_len}  # a request alone always fits: vLLM's startup check admits it on the pool
 PREFIX_CACHING = {setup.prefix_caching}
+PREFIX_MATCH_UNIT = {setup.prefix_match_unit}  # tokens a prefix-cache hash covers, below the block (0: the block)
+KV_EVENTS = {setup.kv_events}  # KV cache events on, published nowhere (an add's full_reports asks for full reports)
 POLICY = {setup.policy!r}
 SPECULATIVE_TOKENS = {setup.speculative_tokens}  # n-gram method: the scheduler sees only the number of drafts
 MAX_LORAS = {setup.max_loras}
@@ -168,7 +185,8 @@ TRANSFER_DELAY = {setup.transfer_delay}  # the most steps a transfer job complet
 EOS_TOKEN = {EOS_TOKEN}
 KV_HEADS = {MODEL_SHAPE.num_kv_heads}
 HEAD_DIM = {MODEL_SHAPE.head_dim}
-HF_CONFIG = {json.dumps(FULL.hf_config(MODEL_SHAPE, 1))}
+MODEL = {setup.model!r}  # {model.description}
+HF_CONFIG = {json.dumps(model.hf_config(MODEL_SHAPE, 1 if model is FULL else setup.block_size))}
 
 # ---- the fake model: the token it samples for a request at each position, the drafts proposed at each length ----
 SAMPLED = {json.dumps(sampled)}

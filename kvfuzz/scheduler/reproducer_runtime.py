@@ -25,7 +25,7 @@ os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if MODEL_RUNNER == "V2" else "0"  #
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
@@ -39,13 +39,18 @@ class Failure(AssertionError):
 
 
 def build_scheduler():
-    """vLLM's Scheduler offline: a config.json of a tiny llama in a temporary directory, a VllmConfig on the CPU, and
-    one full-attention KV-cache group over NUM_BLOCKS + 1 blocks (block 0 is vLLM's null block)."""
+    """vLLM's Scheduler offline: a config.json of the model in a temporary directory, a VllmConfig on the CPU, and
+    NUM_BLOCKS + 1 blocks (block 0 is vLLM's null block): one full-attention KV-cache group for the full model; for
+    a hybrid, the groups vLLM's own planner makes of its layers' specs, with the hybrid allocator a GPU engine has."""
     directory = tempfile.mkdtemp(prefix="vllm-reproducer-model-")
     with open(os.path.join(directory, "config.json"), "w") as stream:
         json.dump(HF_CONFIG, stream)
     model = ModelConfig(model=directory, skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN, dtype="float32")
     cache = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=PREFIX_CACHING)
+    if MODEL == "mamba-hybrid":
+        cache.mamba_cache_mode = "align" if PREFIX_CACHING else "none"  # align: vLLM's Mamba prefix caching
+    if PREFIX_MATCH_UNIT:
+        cache.prefix_match_unit = PREFIX_MATCH_UNIT
     cache.num_gpu_blocks = NUM_BLOCKS + 1
     scheduler_config = SchedulerConfig(
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_num_seqs=MAX_NUM_SEQS, max_model_len=MAX_MODEL_LEN,
@@ -70,21 +75,55 @@ def build_scheduler():
         from vllm.config import LoRAConfig
 
         lora = LoRAConfig(max_loras=MAX_LORAS, max_lora_rank=8)
+    events = None
+    if KV_EVENTS:
+        from vllm.config import KVEventsConfig
+
+        events = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
     config = VllmConfig(
         model_config=model, cache_config=cache, scheduler_config=scheduler_config,
         device_config=DeviceConfig(device="cpu"), speculative_config=speculative, kv_transfer_config=transfer,
-        lora_config=lora,
+        lora_config=lora, kv_events_config=events,
     )
-    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32)
-    layers = [f"model.layers.{index}.self_attn.attn" for index in range(HF_CONFIG["num_hidden_layers"])]
-    kv_cache = KVCacheConfig(
-        num_blocks=NUM_BLOCKS + 1, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(layers, spec)]
-    )
+    attention = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32)
+    if MODEL == "full":
+        layers = [f"model.layers.{index}.self_attn.attn" for index in range(HF_CONFIG["num_hidden_layers"])]
+        kv_cache = KVCacheConfig(
+            num_blocks=NUM_BLOCKS + 1, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(layers, attention)]
+        )
+    else:
+        kv_cache = planned_kv_cache(config, attention)
     init_none_hash(sha256)
+    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache, config)
     return Scheduler(
         vllm_config=config, kv_cache_config=kv_cache, structured_output_manager=StructuredOutputManager(config),
-        block_size=BLOCK_SIZE, hash_block_size=BLOCK_SIZE, log_stats=False,
+        block_size=block_size, hash_block_size=hash_block_size, log_stats=False,
     )
+
+
+def planned_kv_cache(config, attention):
+    """The Mamba hybrid's KV cache as a GPU engine core plans it: a Jamba's Mamba layer (its state shapes from
+    vLLM's Jamba model class, its page padded to the attention page) and its attention layer, the hybrid allocator
+    on, the pool's size as the block-count override."""
+    from vllm.model_executor.models.jamba import JambaForCausalLM
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    config.cache_config.num_gpu_blocks_override = NUM_BLOCKS + 1
+    config.cache_config.kv_cache_layout = "LBNHC"
+    mamba = MambaSpec(
+        block_size=config.cache_config.mamba_block_size,
+        shapes=JambaForCausalLM.get_mamba_state_shape_from_config(config),
+        dtypes=JambaForCausalLM.get_mamba_state_dtype_from_config(config),
+        page_size_padded=attention.page_size_bytes,
+        mamba_cache_mode=config.cache_config.mamba_cache_mode,
+    )
+    specs = {"model.layers.0.mamba": mamba, "model.layers.1.self_attn.attn": attention}
+    groups = get_global_kv_cache_groups(config, [specs])
+    (planned,) = get_kv_cache_configs(config, [specs], [1 << 40], groups)
+    assert planned.num_blocks == NUM_BLOCKS + 1, f"vLLM planned {planned.num_blocks} blocks"
+    return planned
 
 
 class Runner:
@@ -213,11 +252,15 @@ class Engine:
         self.added = []  # request ids in arrival order
         self.unfinished = set()
         self.lengths = {}  # request -> prompt length + max_tokens
+        self.sessions = set()  # streaming sessions left open (resumable requests)
 
     def add(self, request, prompt, max_tokens, priority=0, cache_salt=None, stop_token_ids=(), eos=False,
-            min_tokens=0, lora=0):
+            min_tokens=0, lora=0, resumable=False, full_reports=False):
+        """A request arrives; resumable: a streaming session's first turn, kept open until the drain closes it;
+        full_reports: its KV cache events are reported in full (a sampling parameter's extra argument)."""
         sampling = SamplingParams(
-            max_tokens=max_tokens, ignore_eos=not eos, stop_token_ids=list(stop_token_ids), min_tokens=min_tokens
+            max_tokens=max_tokens, ignore_eos=not eos, stop_token_ids=list(stop_token_ids), min_tokens=min_tokens,
+            extra_args={"kv_cache_report_mode": "full"} if full_reports else None,
         )
         sampling.update_from_generation_config({}, EOS_TOKEN)
         lora_request = None
@@ -228,11 +271,19 @@ class Engine:
         self.scheduler.add_request(Request(
             request_id=request, prompt_token_ids=list(prompt), sampling_params=sampling, pooling_params=None,
             arrival_time=float(len(self.added)), priority=priority, cache_salt=cache_salt, lora_request=lora_request,
-            block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
+            block_hasher=get_request_block_hasher(PREFIX_MATCH_UNIT or BLOCK_SIZE, sha256),
+            **({"resumable": True} if resumable else {}),
         ))
         self.added.append(request)
         self.unfinished.add(request)
         self.lengths[request] = len(prompt) + max_tokens
+        if resumable:
+            self.sessions.add(request)
+
+    def reset_prefix_cache(self, preempt=False):
+        """The client resets the prefix cache (preempt: reset_running_requests), as an RLHF trainer does after a
+        weight update."""
+        return self.scheduler.reset_prefix_cache(reset_running_requests=preempt)
 
     def abort(self, request):
         self.scheduler.finish_requests(request, RequestStatus.FINISHED_ABORTED)
@@ -245,7 +296,8 @@ class Engine:
         self.steps += 1
         self.check_batch(output)
         self.runner.consume(output)
-        self.check_accounting()
+        if MODEL == "full":  # the runner's tables are the first KV-cache group's
+            self.check_accounting()
         if self.offloading:
             self.offloading.before_forward(output, self.steps)
         order, sampled = self.runner.execute(output)
@@ -328,6 +380,15 @@ class Engine:
     def drain(self):
         """Arrivals stopped: step until every request finished, at most 4 x their tokens + 16 steps (each step
         computes a token unless the engine is stuck); a request left unfinished is the hang."""
+        # the client closes every open session with a request of its id, not resumable: a session whose turn has
+        # ended is aborted, one still running finishes at its turn's stop
+        for request in sorted(self.sessions, key=self.added.index):
+            self.scheduler.add_request(Request(
+                request_id=request, prompt_token_ids=[0], sampling_params=SamplingParams(max_tokens=1),
+                pooling_params=None, arrival_time=float(len(self.added)),
+                block_hasher=get_request_block_hasher(PREFIX_MATCH_UNIT or BLOCK_SIZE, sha256),
+            ))
+        self.sessions = set()
         bound = 4 * sum(self.lengths[request] for request in self.unfinished) + 16
         for _ in range(bound):
             if not self.unfinished:
