@@ -104,6 +104,25 @@ def test_the_page_overhead_hang_reproduces_and_one_token_less_is_served_prefill_
     assert not served.failed, served.describe_failure()
 
 
+def test_the_two_known_hangs_are_two_signatures_naming_the_adder_s_verdict_and_path() -> None:
+    """A campaign keys a hang by its cause: the two hangs of the corpus were one signature ("a drain step scheduled
+    nothing"), so a campaign crediting the corpus counted any new SGLang hang as the known one and never reported it.
+    The cause now says what is stuck, the PrefillAdder's verdict on it and its admission path."""
+    from kvfuzz.campaign.scheduler.target import scheduler_signature
+
+    causes = {}
+    for path in (KNOWN, PAGE_OVERHEAD):
+        replayed = replay(load(path))
+        assert replayed.error is not None, replayed.describe_failure()
+        causes[path.name] = str(scheduler_signature(SGLANG, replayed.error))
+    stuck = "progress: a drain step scheduled nothing: a waiting request never admitted (PrefillAdder's verdict "
+    stuck += "NO_TOKEN"
+    assert causes == {
+        KNOWN.name: f"{stuck}; ignore_eos admission, no radix cache)",
+        PAGE_OVERHEAD.name: f"{stuck}; the radix cache)",
+    }, causes
+
+
 LATER_ROWS = {"eos": False, "schedule_conservativeness": 1.0}
 """SGLang swarm rows drawn since seed 7 was chosen, held here at their old value without drawing, so that the seed
 draws the configurations the test names."""
@@ -127,9 +146,9 @@ def test_a_campaign_on_sglang_draws_sglang_s_configurations_and_knows_the_corpus
     from kvfuzz.campaign.scheduler.target import SchedulerTraces
 
     known = known_findings([CORPUS], SchedulerTraces(sglang_target("sglang"), None))  # the corpus bugs reproduce: known
-    assert [[trace.where for trace in traces] for traces in known.known.values()] == [
-        [f"{path} (known bug: {load(path).known_bug})" for path in (KNOWN, PAGE_OVERHEAD)]
-    ]  # one signature: hangs are keyed by what is stuck, and both are a waiting request never admitted
+    assert sorted([trace.where for trace in traces] for traces in known.known.values()) == [
+        [f"{path} (known bug: {load(path).known_bug})"] for path in (KNOWN, PAGE_OVERHEAD)
+    ]  # two signatures: a waiting request never admitted, each by its own admission path
     assert not known.regressions
 
     argv = ["campaign", "--scheduler", "sglang", "--seed", "7", "--max-examples", "10", "--batch-examples", "5"]

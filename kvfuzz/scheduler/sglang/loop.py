@@ -70,6 +70,9 @@ class SchedulerLoop:
         self.finished: dict[str, Any] = {}  # finished or aborted request -> its Req
         self.requests: dict[str, Any] = {}  # every request -> its Req
         self.retractions = 0  # requests retract_decode retracted
+        # request -> why the last admission loop that reached it stopped there: the PrefillAdder's verdict on it
+        # (NO_TOKEN, OTHER), or the batch found full before it was asked (read by stuck.py when a drain step stalls)
+        self.refusals: dict[str, str] = {}
 
     def has_requests(self) -> bool:
         return bool(self.waiting_queue or self.running_batch.reqs or self.chunked_req is not None) or (
@@ -165,10 +168,12 @@ class SchedulerLoop:
         if running.is_empty():
             running.batch_is_full = False
         if (running.batch_is_full or not self.waiting_queue) and self.chunked_req is None:
+            self._refuse_head("the batch full before it")
             return None
         running_bs = len(running.reqs)
         if self._allocatable(running_bs, 0) <= 0 and self.chunked_req is None:
             running.batch_is_full = True
+            self._refuse_head("no request row free before it")
             return None
         pools.policy.calc_priority(self.waiting_queue, running)
         adder = api.PrefillAdder(
@@ -191,15 +196,18 @@ class SchedulerLoop:
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
         for req in self.waiting_queue:
             if adder.budget_state() == api.AddReqResult.OTHER:
+                self.refusals[req.rid] = "the step's budget spent before it"
                 break
             held = sum(r.kv.holds_kv for r in adder.can_run_list)
             if len(adder.can_run_list) >= self._allocatable(len(running.reqs), held):
                 running.batch_is_full = True
             if running.batch_is_full:
+                self.refusals[req.rid] = "the batch full before it"
                 break
             req.init_next_round_input(pools.tree_cache)
             result = adder.add_one_req(req, has_chunked_req=self.chunked_req is not None, truncation_align_size=None)
             if result != api.AddReqResult.CONTINUE:
+                self.refusals[req.rid] = f"PrefillAdder's verdict {result.name}"
                 if result == api.AddReqResult.NO_TOKEN:
                     running.batch_is_full = len(adder.can_run_list) > 0 or not running.is_empty()
                 break
@@ -225,6 +233,11 @@ class SchedulerLoop:
         batch.prepare_for_extend()
         batch.decoding_reqs = None
         return batch
+
+    def _refuse_head(self, why: str) -> None:
+        """The admission loop stopped before asking the waiting queue's head: ``why``."""
+        if self.waiting_queue:
+            self.refusals[self.waiting_queue[0].rid] = why
 
     def _allocatable(self, running_bs: int, held_rows: int) -> int:
         """``get_num_allocatable_reqs``: the free ``req_to_token`` rows (and those the counted requests hold), capped

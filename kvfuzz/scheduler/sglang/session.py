@@ -23,6 +23,7 @@ from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
 from kvfuzz.scheduler.session import drain_bound
 from kvfuzz.scheduler.sglang.accounting import check_accounting
 from kvfuzz.scheduler.sglang.loop import SchedulerLoop
+from kvfuzz.scheduler.sglang.stuck import stuck_cause
 from kvfuzz.scheduler.snapshot import NO_OBSERVER, RequestAtStep, StepObserver, StepSnapshot
 from kvfuzz.scheduler.step_watchdog import bounded_step
 from kvfuzz.scheduler.trace import journal_configuration
@@ -305,7 +306,7 @@ class SGLangSession:
                     self.steps,
                     stuck[0],
                     f"the step scheduled nothing while {len(stuck)} request(s) are unfinished: {self._describe(stuck)}",
-                    "a drain step scheduled nothing",
+                    stuck_cause("a drain step scheduled nothing", self.loop, self.setup, stuck),
                 )
         unfinished = self.outputs.unfinished()
         if unfinished or self.loop.has_requests():
@@ -315,7 +316,7 @@ class SGLangSession:
                 unfinished[0] if unfinished else None,
                 f"{len(unfinished)} request(s) still unfinished {bound} steps after arrivals stopped: "
                 f"{self._describe(unfinished)}",
-                "the drain ran past its bound",
+                stuck_cause("the drain ran past its bound", self.loop, self.setup, unfinished),
             )
 
     def _describe(self, requests: list[str]) -> str:
