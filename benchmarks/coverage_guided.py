@@ -3,8 +3,11 @@ seed and workers, one with ``--coverage`` (the blind search, its coverage measur
 as ``kvfuzz campaign --json`` in its own process, one after the other (on a small machine, side by side they would
 share its cores), each with a fresh corpus of its own (no seeds from earlier campaigns), kept after the run
 (``--corpora``, a new directory under the system's temporary one unless told): the failures the campaigns met are
-findings like any other, and their traces stay. Prints the coverage of the files under watch over time (line +
-branch combined, as docs/coverage.md defines it) and in all, the failures met, and where their traces are.
+findings like any other, and their traces stay. The repository's corpus is both campaigns' known findings (``--known``,
+repeatable; ``--no-known`` for none): a known bug met is counted, not shrunk, so neither campaign spends its time
+shrinking what the corpus already holds (the side that met it first would lose search time for it). Prints the
+coverage of the files under watch over time (line + branch combined, as docs/coverage.md defines it) and in all, the
+failures met, and where their traces are.
 
 Run it with the engine environment's interpreter (``scripts/third_party_env.sh vllm VLLM_ENV``, or ``sglang``)::
 
@@ -29,6 +32,9 @@ from typing import Any
 
 from kvfuzz.coverage.scope import CORE_FILES
 
+CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+"""The repository's corpus: the known findings both campaigns credit unless told otherwise."""
+
 CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
 """Fractions of the duration at which the figures are printed."""
 
@@ -38,7 +44,8 @@ def campaign(args: argparse.Namespace, mode: str, corpus: Path) -> dict[str, Any
     target = ["--allocator", args.allocator] if args.allocator else ["--scheduler", args.scheduler]
     command = [sys.executable, "-m", "kvfuzz", "campaign", *target, "--seed", str(args.seed)]
     command += ["--duration", str(args.duration), "--workers", str(args.workers), "--corpus", str(corpus)]
-    command += ["--no-known", "--json", mode]
+    known = [option for directory in args.known for option in ("--known", str(directory))]
+    command += [*(known or ["--no-known"]), "--json", mode]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.duration * 3 + 300, check=False)
     if not done.stdout.strip():
         raise SystemExit(f"{' '.join(command)} printed nothing (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -74,7 +81,11 @@ def main() -> None:
     parser.add_argument(
         "--corpora", type=Path, help="where the two campaigns' corpora are kept (default: a new temporary directory)"
     )
+    known = parser.add_mutually_exclusive_group()
+    known.add_argument("--known", action="append", type=Path, metavar="DIR", help="known findings (default: corpus/)")
+    known.add_argument("--no-known", action="store_true", help="no known findings: every failure met is shrunk")
     args = parser.parse_args()
+    args.known = [] if args.no_known else (args.known or [CORPUS])
     corpora = args.corpora or Path(tempfile.mkdtemp(prefix="kvfuzz-coverage-bench-"))
     results = {}
     for mode in ("--coverage", "--guided"):
@@ -99,7 +110,8 @@ def main() -> None:
             f"{'blind' if mode == '--coverage' else 'guided':<7} {coverage['lines_reached']}/{coverage['lines']} "
             f"lines, {coverage['branches_reached']}/{coverage['branches']} branches ({coverage['percent']}%) in "
             f"{len(coverage['files'])} files; {result['examples']} examples, {result['steps']} steps, "
-            f"{result['batches']} batches; new failures: {', '.join(failures) or 'none'}"
+            f"{result['batches']} batches; new failures: {', '.join(failures) or 'none'}; known met: "
+            f"{sum(known['seen'] for known in result['known'])}"
         )
     print(f"\nthe campaigns' corpora (their failures' traces): {corpora}")
 

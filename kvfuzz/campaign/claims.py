@@ -71,8 +71,12 @@ class WorkerClaims:
         (the campaign told, the reporter shrinking); False for a known finding or one met before (the campaign told
         where it is known from)."""
         reporter, slot, key = self.worker.reporter, self.worker.slot, signature.key()
-        record = {"signature": signature.to_json(), "found_by": f"{socket.gethostname()} pid {os.getpid()}"}
-        where = judge(self.store, self.known, signature, met, {**record, "trace": trace})
+        record = {
+            "signature": signature.to_json(),
+            "found_by": f"{socket.gethostname()} pid {os.getpid()}",
+            "trace": trace,
+        }
+        where = judge(self.store, self.known, signature, met, record)
         if where is not None:
             reporter.send(Seen(slot, signature.to_json(), key, where))
             return False
