@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,6 +100,53 @@ def test_a_trace_only_kvfuzz_s_reference_sees_gets_a_report_saying_so(tmp_path: 
     output = tmp_path / "r.md"
     assert main(["report", str(trace), "-o", str(output)]) == 0
     assert "None generated: its failure is kvfuzz's content check" in output.read_text()
+    assert not (tmp_path / "r_reproducer.py").exists()
+
+
+MAMBA_HANG = CORPUS / "vllm-v1-scheduler-mamba-partial-hit-admission-hang-d591b6629908.json"
+SESSION_RESET = CORPUS / "vllm-v1-scheduler-session-blocks-reset-error-c18d23100ce4.json"
+
+
+def test_a_mamba_hybrid_or_session_trace_gets_a_reproducer_that_builds_what_it_needs(tmp_path: Path) -> None:
+    """The Mamba hybrid is built by vLLM's planner with partial hits; a session's first turn is added resumable, a
+    reset is a call, and the drain closes the sessions left open."""
+    assert main(["report", str(MAMBA_HANG), "-o", str(tmp_path / "m.md")]) == 0
+    mamba = (tmp_path / "m_reproducer.py").read_text()
+    assert "MODEL = 'mamba-hybrid'" in mamba and "PREFIX_MATCH_UNIT = 1" in mamba and "planned_kv_cache" in mamba
+    assert main(["report", str(SESSION_RESET), "-o", str(tmp_path / "s.md")]) == 0
+    session = (tmp_path / "s_reproducer.py").read_text()
+    assert 'engine.add("r0", [0], 1, resumable=True)' in session
+    assert "engine.reset_prefix_cache(preempt=True)" in session and "closes every open session" in session
+
+
+@pytest.mark.parametrize(
+    ("trace", "edit", "reason"),
+    [
+        (MAMBA_HANG, {"failure": {"check": "accounting"}}, "states accounting on one KV-cache group"),
+        (MAMBA_HANG, {"config": {"model": "chunked-local", "prefix_match_unit": 0}}, "the Mamba hybrid only"),
+        (
+            SESSION_RESET,
+            {"program": [{"op": "resume", "request": "r0", "prompt": [1], "max_tokens": 1}]},
+            "a streaming session's later turns (resume)",
+        ),
+        (MAMBA_HANG, {"config": {"pauses": True}}, "the client's pauses are not played"),
+    ],
+    ids=["mamba-accounting", "chunked-local", "resume", "pauses"],
+)
+def test_what_the_reproducer_does_not_play_is_named_in_one_line(
+    tmp_path: Path, trace: Path, edit: dict[str, Any], reason: str
+) -> None:
+    recorded = json.loads(trace.read_text())
+    for field, value in edit.items():
+        if field == "program":
+            recorded["program"] = recorded["program"][:2] + value
+        else:
+            recorded[field] |= value
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(recorded))
+    assert main(["report", str(edited), "-o", str(tmp_path / "r.md")]) == 0
+    text = (tmp_path / "r.md").read_text()
+    assert "None generated: " in text and reason in text, text[-600:]
     assert not (tmp_path / "r_reproducer.py").exists()
 
 
