@@ -667,3 +667,31 @@ def test_a_batch_child_that_died_without_a_journal_is_a_finding_claimed_never_dr
     counted = _death(FakeTarget().target(), options, plan, claims(False), missing, "was killed by SIGKILL")
     assert not counted.new and counted.signature == claimed.signature
     assert asked == ["crash (SchedulerProcessDied)"] * 2
+
+
+def test_a_cut_off_swallowed_by_a_gc_callback_is_raised_again_and_prints_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The batch deadline's alarm can fire while Python runs a garbage-collector callback (Hypothesis registers one):
+    an exception raised there is 'ignored' (printed as unraisable, a traceback on the campaign's stderr) and the
+    cut-off was lost with it, the batch running on past its deadline. It is raised again at once, silently."""
+    import gc
+
+    from kvfuzz.campaign.scheduler.loop import searching_until
+    from kvfuzz.scheduler.search import SearchCutOff
+
+    def slow_callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            time.sleep(0.3)  # the alarm fires here
+
+    gc.callbacks.append(slow_callback)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SearchCutOff), searching_until(time.monotonic() + 0.1):
+            gc.collect()
+            while time.monotonic() - started < 3:
+                time.sleep(0.01)
+    finally:
+        gc.callbacks.remove(slow_callback)
+    assert time.monotonic() - started < 2, "the cut-off was lost in the callback"
+    assert "SearchCutOff" not in capsys.readouterr().err

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -171,10 +172,17 @@ class Drifted:
     new: bool  # claimed by this batch: its trace kept
 
 
+CUT_OFF_RETRY = 0.01
+"""Seconds after which a cut-off swallowed where Python cannot raise (a garbage-collector callback, a ``__del__``)
+is raised again."""
+
+
 @contextlib.contextmanager
 def searching_until(deadline: Optional[float]) -> Iterator[None]:
     """While active, :class:`~kvfuzz.scheduler.search.SearchCutOff` is raised in the main thread once
-    ``time.monotonic()`` passes ``deadline`` (None, or outside the main thread: never)."""
+    ``time.monotonic()`` passes ``deadline`` (None, or outside the main thread: never). The alarm may fire inside a
+    garbage-collector callback (Hypothesis registers one), where Python prints the exception as unraisable and goes
+    on: that one is not printed, and the cut-off is raised again :data:`CUT_OFF_RETRY` seconds later."""
     if deadline is None or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -185,13 +193,21 @@ def searching_until(deadline: Optional[float]) -> Iterator[None]:
     def expired(signum: int, frame: Any) -> None:
         raise SearchCutOff()
 
-    previous = signal.signal(signal.SIGALRM, expired)
+    def unraisable(raised: Any) -> None:
+        if isinstance(raised.exc_value, SearchCutOff):
+            signal.setitimer(signal.ITIMER_REAL, CUT_OFF_RETRY)
+        else:
+            hook(raised)
+
+    previous, hook = signal.signal(signal.SIGALRM, expired), sys.unraisablehook
+    sys.unraisablehook = unraisable
     signal.setitimer(signal.ITIMER_REAL, left)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        sys.unraisablehook = hook
 
 
 def _until(deadline: Optional[float], search: Callable[[], Outcome]) -> Optional[Outcome]:
