@@ -55,7 +55,7 @@ def _refusal(trace: SchedulerTrace) -> str | None:
         return "async scheduling (two batches in flight) is not played by the reproducer's engine loop"
     if setup.model not in (FULL.name, MAMBA_HYBRID.name):
         return f"model {setup.model}: the reproducer builds the full-attention model and the Mamba hybrid only"
-    if setup.model != FULL.name and trace.failure.check != CRASH and trace.failure.check != "progress":
+    if setup.model != FULL.name and trace.failure.check not in (CRASH, "progress"):
         return f"model {setup.model}: the reproducer states accounting on one KV-cache group (the full model's) only"
     if setup.load_failures:
         return "failed loads are not played by the reproducer's connector"
@@ -108,9 +108,7 @@ def program_calls(trace: SchedulerTrace, add: Callable[[AddRequest, str], str]) 
         if isinstance(operation, AddRequest):
             calls.append(add(operation, f"r{added}"))
             added += 1
-        elif isinstance(operation, Abort):
-            calls.append(f"engine.abort({operation.request!r})")
-        elif isinstance(operation, (Step, ResetPrefixCache)):
+        elif isinstance(operation, (Abort, Step, ResetPrefixCache)):
             calls.append(operation.source("engine"))
         else:
             raise NotReproducible(f"the reproducer's engine does not play {operation.source('engine')}")
@@ -172,6 +170,7 @@ MAX_NUM_SEQS = {setup.max_num_seqs}
 MAX_MODEL_LEN = {setup.max_model_len}  # a request alone always fits: vLLM's startup check admits it on the pool
 PREFIX_CACHING = {setup.prefix_caching}
 PREFIX_MATCH_UNIT = {setup.prefix_match_unit}  # tokens a prefix-cache hash covers, below the block (0: the block)
+HASH_BLOCK_SIZE = {setup.hash_block_size}  # tokens a prefix-cache hash covers
 KV_EVENTS = {setup.kv_events}  # KV cache events on, published nowhere (an add's full_reports asks for full reports)
 POLICY = {setup.policy!r}
 SPECULATIVE_TOKENS = {setup.speculative_tokens}  # n-gram method: the scheduler sees only the number of drafts

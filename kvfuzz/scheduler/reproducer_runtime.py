@@ -271,7 +271,7 @@ class Engine:
         self.scheduler.add_request(Request(
             request_id=request, prompt_token_ids=list(prompt), sampling_params=sampling, pooling_params=None,
             arrival_time=float(len(self.added)), priority=priority, cache_salt=cache_salt, lora_request=lora_request,
-            block_hasher=get_request_block_hasher(PREFIX_MATCH_UNIT or BLOCK_SIZE, sha256),
+            block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256),
             **({"resumable": True} if resumable else {}),
         ))
         self.added.append(request)
@@ -386,7 +386,7 @@ class Engine:
             self.scheduler.add_request(Request(
                 request_id=request, prompt_token_ids=[0], sampling_params=SamplingParams(max_tokens=1),
                 pooling_params=None, arrival_time=float(len(self.added)),
-                block_hasher=get_request_block_hasher(PREFIX_MATCH_UNIT or BLOCK_SIZE, sha256),
+                block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256),
             ))
         self.sessions = set()
         bound = 4 * sum(self.lengths[request] for request in self.unfinished) + 16
