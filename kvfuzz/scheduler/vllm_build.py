@@ -56,6 +56,7 @@ def vllm() -> types.SimpleNamespace:
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
     from vllm.v1.kv_cache_interface import (
         ChunkedLocalAttentionSpec,
         FullAttentionSpec,
@@ -106,6 +107,7 @@ def vllm() -> types.SimpleNamespace:
         resolve_kv_cache_block_sizes=resolve_kv_cache_block_sizes,
         MambaSpec=MambaSpec,
         Scheduler=Scheduler,
+        register_all_kvcache_specs=register_all_kvcache_specs,
         AsyncScheduler=AsyncScheduler,
         FullAttentionSpec=FullAttentionSpec,
         SlidingWindowSpec=SlidingWindowSpec,
@@ -361,6 +363,9 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
     v = vllm()
     config = vllm_config(setup)
     scheduler = v.AsyncScheduler if setup.async_scheduling else v.Scheduler
+    # vLLM's engine core registers the built-in KV cache specs and their managers each time it prepares a KV cache
+    # (idempotent), before it plans one; so does each example's engine here
+    v.register_all_kvcache_specs(config)
     kv_config = kv_cache_config(setup)
     # the engine core's block sizes: the pool's for attention groups alone; with a Mamba group the LCM of every
     # group's block size (its Mamba block spans the model length)
