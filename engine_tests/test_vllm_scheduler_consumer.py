@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import attrs
 import pytest
+from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from engine_tests.vllm_seeded_runs import found_and_replayed
@@ -29,6 +30,8 @@ SYNC = SchedulerSetup(num_blocks=8, block_size=2, kv_connector="pd", transfer_de
 ASYNC = attrs.evolve(SYNC, async_scheduling=True)
 FAILING = attrs.evolve(SYNC, load_failures=True)
 FAILING_ASYNC = attrs.evolve(ASYNC, load_failures=True)
+FAILING_FAIL = attrs.evolve(FAILING, load_failure_policy="fail")
+FAILING_FAIL_ASYNC = attrs.evolve(FAILING_ASYNC, load_failure_policy="fail")
 
 
 def run_examples(setup: SchedulerSetup, examples: int) -> TransferTally:
@@ -71,6 +74,28 @@ def test_the_unmodified_scheduler_recovers_from_failed_loads(setup: SchedulerSet
     fill, and every check passes."""
     tally = run_examples(setup, 12)
     assert tally.loads > tally.failed_loads > 0, tally
+
+
+@pytest.mark.parametrize("setup", [FAILING_FAIL, FAILING_FAIL_ASYNC], ids=["sync", "async"])
+def test_under_the_fail_policy_a_failed_load_s_request_finishes_with_an_error(
+    monkeypatch: pytest.MonkeyPatch, setup: SchedulerSetup
+) -> None:
+    """vLLM's kv_load_failure_policy "fail": every request whose load failed (part-way or whole) finishes with
+    reason error, and every check passes; the other requests finish as they would."""
+    errors: list[str] = []
+    original = Scheduler.finish_requests
+
+    def finish_requests(self: Any, request_ids: Any, status: Any) -> Any:
+        finished = original(self, request_ids, status)
+        if status.name == "FINISHED_ERROR":
+            errors.extend(request.request_id for request in finished or ())
+        return finished
+
+    monkeypatch.setattr(Scheduler, "finish_requests", finish_requests)
+    assert Session(setup).scheduler.recompute_kv_load_failures is False
+    tally = run_examples(setup, 12)
+    assert tally.loads > tally.failed_loads > 0, tally
+    assert len(errors) == tally.failed_loads, (errors, tally)
 
 
 def test_a_load_failing_part_way_reports_its_unfilled_blocks_and_vllm_recomputes_them(
@@ -196,6 +221,38 @@ def failed_receive_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Scheduler, "_handle_failed_recving", lambda self, failed: set())
 
 
+def _policy_ignored(monkeypatch: pytest.MonkeyPatch, recompute: bool) -> None:
+    init = Scheduler.__init__
+
+    def construct(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.recompute_kv_load_failures = recompute
+
+    monkeypatch.setattr(Scheduler, "__init__", construct)
+
+
+def failure_recomputed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: the scheduler recomputes a failed load whatever the configured policy (its "fail" ignored)."""
+    _policy_ignored(monkeypatch, recompute=True)
+
+
+def failure_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: the scheduler fails the request of a failed load whatever the configured policy (its "recompute"
+    ignored)."""
+    _policy_ignored(monkeypatch, recompute=False)
+
+
+def async_load_cached_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: the blocks of an async load are cached (given their block hashes) as they are allocated, not once
+    the load filled them (``delay_cache_blocks`` ignored)."""
+    allocate = KVCacheManager.allocate_slots
+
+    def allocate_slots(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return allocate(self, *args, **{**kwargs, "delay_cache_blocks": False})
+
+    monkeypatch.setattr(KVCacheManager, "allocate_slots", allocate_slots)
+
+
 @pytest.mark.parametrize(
     ("bug", "setup", "check", "cause"),
     [
@@ -208,6 +265,12 @@ def failed_receive_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
         (sent_blocks_leaked, SYNC, Check.ACCOUNTING, "the free count"),
         (aborted_load_freed, SYNC, Check.TRANSFER, "a load into a block its request does not hold"),
         (aborted_load_freed, ASYNC, Check.TRANSFER, "a load into a block its request does not hold"),
+        (failure_recomputed, FAILING_FAIL, Check.OUTPUTS, "a failed load's request not failed"),
+        (failure_recomputed, FAILING_FAIL_ASYNC, Check.OUTPUTS, "a failed load's request not failed"),
+        (failed_receive_ignored, FAILING_FAIL, Check.OUTPUTS, "a failed load's request not failed"),
+        (failure_failed, FAILING, Check.OUTPUTS, "an error finish without a failed load"),
+        (async_load_cached_early, SYNC, Check.TRANSFER, "a load's block with a block hash"),
+        (async_load_cached_early, ASYNC, Check.TRANSFER, "a load's block with a block hash"),
     ],
     ids=[
         "invalid-kept",
@@ -219,6 +282,12 @@ def failed_receive_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
         "sent-leaked",
         "abort-sync",
         "abort-async",
+        "fail-recomputed-sync",
+        "fail-recomputed-async",
+        "fail-receive-ignored",
+        "recompute-failed",
+        "cached-early-sync",
+        "cached-early-async",
     ],
 )
 def test_a_seeded_vllm_bug_is_caught(

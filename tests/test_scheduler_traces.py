@@ -563,6 +563,22 @@ def test_the_kv_connector_is_recorded_only_where_set_and_refused_where_unknown()
         from_json(data)
 
 
+def test_the_load_failure_policy_is_recorded_only_where_it_fails_requests() -> None:
+    """vLLM's kv_load_failure_policy: absent (recompute) in every trace before it; "fail" round-trips; an unknown
+    policy, or one without the P/D connector's failed loads, is refused."""
+    setup = attrs.evolve(TRACE.setup, kv_connector="pd", load_failures=True)
+    assert "load_failure_policy" not in attrs.evolve(TRACE, setup=setup).to_json()["config"]
+    failing = attrs.evolve(setup, load_failure_policy="fail")
+    data = attrs.evolve(TRACE, setup=failing).to_json()
+    assert data["config"]["load_failure_policy"] == "fail" and from_json(data).setup == failing
+    data["config"]["load_failure_policy"] = "retry"
+    with pytest.raises(SchedulerTraceError, match=r"^trace: config.load_failure_policy: must be one of recompute"):
+        from_json(data)
+    data["config"].update(load_failure_policy="fail", load_failures=False)
+    with pytest.raises(SchedulerTraceError, match=r"^trace: config: load_failure_policy fail needs failed loads"):
+        from_json(data)
+
+
 @pytest.mark.skipif(not VLLM_MISSING, reason="vLLM is installed here: this is the refusal for environments without it")
 def test_the_plugin_s_scheduler_search_without_its_engine_is_a_usage_error_in_one_line(
     pytester: pytest.Pytester,

@@ -214,6 +214,7 @@ def run_command_line(trace: SchedulerTrace) -> str:
         f"--kv-connector {setup.kv_connector}": setup.kv_connector != "none",
         f"--transfer-delay {setup.transfer_delay}": bool(setup.transfer_delay),
         "--load-failures": setup.load_failures,
+        f"--load-failure-policy {setup.load_failure_policy}": setup.load_failure_policy != "recompute",
         "--cache-salts": setup.cache_salts,
         "--stop-tokens": setup.stop_tokens,
         "--eos": setup.eos,

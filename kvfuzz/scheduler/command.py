@@ -57,6 +57,7 @@ SCHEDULER_ONLY = (
     "kv_connector",
     "transfer_delay",
     "load_failures",
+    "load_failure_policy",
     "max_loras",
     "prefix_resets",
     "kv_events",
@@ -151,6 +152,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="with --kv-connector: loads may fail (part-way; with pd, whole too), recovered by vLLM's recompute policy",
+    )
+    group.add_argument(
+        "--load-failure-policy",
+        choices=("recompute", "fail"),
+        help="with --kv-connector pd --load-failures: vLLM's kv_load_failure_policy, what a request whose load failed "
+        "does: recompute what the load did not fill (default), or finish with an error (docs/scheduler-connectors.md)",
     )
     group.add_argument(
         "--cache-salts",
@@ -297,6 +304,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "kv_connector",
             "transfer_delay",
             "load_failures",
+            "load_failure_policy",
             "max_loras",
             "prefix_resets",
             "kv_events",
@@ -347,6 +355,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "kv_connector": args.kv_connector,
         "transfer_delay": args.transfer_delay,
         "load_failures": True if args.load_failures else None,
+        "load_failure_policy": args.load_failure_policy,
         "max_loras": args.max_loras,
         "prefix_resets": True if args.prefix_resets else None,
         "kv_events": True if args.kv_events else None,

@@ -15,6 +15,10 @@ from kvfuzz.scheduler.models import MODELS, max_model_len
 POLICIES = ("fcfs", "priority")
 """vLLM's scheduling policies: first come first served, or by each request's priority (smaller first, then arrival)."""
 
+LOAD_FAILURE_POLICIES = ("recompute", "fail")
+"""vLLM's ``kv_load_failure_policy``: a request whose KV load failed recomputes what the load did not fill, or
+finishes with an error (:mod:`kvfuzz.scheduler.disaggregation`)."""
+
 DRAFTERS = ("ngram", "draft-model", "parallel")
 """How vLLM is told the drafts are made (kvfuzz's worker proposes them all the same,
 :mod:`kvfuzz.scheduler.speculative`): its n-gram method (no draft slots, no lookahead), a draft model
@@ -67,6 +71,8 @@ class SchedulerSetup:
     kv_connector: str = "none"
     transfer_delay: int = 0  # with a connector: the most steps a store or load completes late
     load_failures: bool = False  # with a connector: loads may fail part-way (vLLM's recompute recovery)
+    # with failed loads (the P/D connector): vLLM's kv_load_failure_policy, what a request whose load failed does
+    load_failure_policy: str = "recompute"
     max_loras: int = 0  # LoRA: vLLM's lora_config.max_loras, requests drawn with an adapter (0: no LoRA; lora.py)
     prefix_resets: bool = False  # the client resets the prefix cache between steps (kvfuzz.scheduler.prefix_reset)
     kv_events: bool = False  # vLLM's KV cache events on, checked against the block pool (kvfuzz.scheduler.kv_events)
@@ -122,6 +128,16 @@ class SchedulerSetup:
             raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)}, got {self.kv_connector!r}")
         if self.kv_connector == "none" and (self.transfer_delay or self.load_failures):
             raise ValueError("late transfers and load failures need a KV connector (--kv-connector offloading)")
+        if self.load_failure_policy not in LOAD_FAILURE_POLICIES:
+            raise ValueError(
+                f"load_failure_policy must be one of {', '.join(LOAD_FAILURE_POLICIES)}, got "
+                f"{self.load_failure_policy!r}"
+            )
+        if self.load_failure_policy != "recompute" and not (self.load_failures and self.kv_connector == "pd"):
+            raise ValueError(
+                f"load_failure_policy {self.load_failure_policy} needs failed loads of the P/D connector "
+                "(--kv-connector pd --load-failures; docs/scheduler-connectors.md)"
+            )
         if self.transfer_delay < 0:
             raise ValueError(f"transfer_delay must be >= 0, got {self.transfer_delay}")
         if self.kv_connector == "offloading" and (self.async_scheduling or self.model != "full"):
@@ -233,6 +249,7 @@ class SchedulerSetup:
             + (f", {self.kv_connector} connector" if self.kv_connector != "none" else "")
             + (f" (transfers up to {self.transfer_delay} step(s) late)" if self.transfer_delay else "")
             + (" (loads may fail)" if self.load_failures else "")
+            + (" (a failed load fails its request)" if self.load_failure_policy == "fail" else "")
             + (f", LoRA (at most {self.max_loras} adapter(s) a step)" if self.max_loras else "")
             + (", prefix-cache resets" if self.prefix_resets else "")
             + (", KV cache events" if self.kv_events else "")

@@ -15,7 +15,11 @@ and the rest reported in ``invalid_block_ids`` (two failures in three), or whole
 reported in ``failed_recving``; both beside the request's ``finished_recving``, as a connector reports a load that
 ended. vLLM's recovery (``kv_load_failure_policy="recompute"``) must then count as computed only the positions before
 the first failed block and recompute the rest: a step that reads a position a failed load left unwritten, or a
-prefix-cache hit on such a block, fails the content check, which names the failed load as the cause. Sync loads do
+prefix-cache hit on such a block, fails the content check, which names the failed load as the cause. Under the
+``fail`` policy (``SchedulerSetup.load_failure_policy``) vLLM must instead finish the request with an error as it
+processes the output that reports the failure (:meth:`PDWorker.failing` tells the output check which requests), and
+no other request: the output check holds it to that, and the content check still to never reading what the load
+left unwritten. Sync loads do
 not fail (the step that performs one reads the load's positions at once, so vLLM discards its output: a recovery
 kvfuzz does not model).
 
@@ -33,7 +37,10 @@ output has been read:
   output was processed.
 
 And (:attr:`Check.TRANSFER`): a load lands only in blocks its request holds (in the manager's table for it, not
-free), from its submission to its completion; no step reads or writes a block an async load has not finished.
+free), from its submission to its completion; an async load's blocks are all among those vLLM hands the connector as
+not yet cached (``get_unhashed_block_ids_all_groups``, what a P2P connector such as NIXL's writes a load into: a
+block still carrying a hash there would go unloaded); no step reads or writes a block an async load has not
+finished.
 
 The accounting check counts a send's blocks as its request's until the send's report was processed, and a
 deferred block as possibly held until the steps in flight when it was released returned; so a delayed block never
@@ -112,6 +119,7 @@ class PDWorker:
     def __init__(self, setup: SchedulerSetup, scheduler: Any, loop: Any) -> None:
         self.max_delay = setup.transfer_delay  # the most steps a load or send completes late
         self.load_failures = setup.load_failures  # whether async loads may fail (part-way or whole)
+        self.fails_requests = setup.load_failure_policy == "fail"  # a failed load fails its request (vLLM's policy)
         self.block_size = setup.block_size
         self.deferring = setup.async_scheduling  # vLLM defers block frees: a consumer, two batches in flight
         self.scheduler = scheduler
@@ -121,6 +129,7 @@ class PDWorker:
         self.sends: dict[str, RemoteSend] = {}
         self.reported: dict[str, int] = {}  # send's request -> the step whose output reported it
         self.received: dict[str, int] = {}  # async load's request -> the step whose output reported it
+        self.failed: dict[str, int] = {}  # failed async load's request -> the step whose output reported it
         self.released: dict[int, list[Released]] = {}  # block -> who released it, while steps before are in flight
         self.last_held: dict[str, set[int]] = {}  # the live tables at the last launch
         self.tally = TransferTally()
@@ -182,6 +191,7 @@ class PDWorker:
         for remote in self.ordered:
             self._check_lands(remote, "is submitted", step)
             if remote.load.asynchronous:
+                self._check_uncached(remote, step)
                 self.loads[remote.request] = self._failing(
                     attrs.evolve(remote, due=self._due("load", remote.request, step))
                 )
@@ -211,6 +221,8 @@ class PDWorker:
                 failed.add(request)
             elif remote.filled is not None:
                 invalid.update(remote.targets(self.block_size)[remote.filled :])
+            if remote.filled is not None:
+                self.failed[request] = step
         sending: set[str] = set()
         for request, send in sorted(self.sends.items()):
             if send.due == step:
@@ -224,6 +236,14 @@ class PDWorker:
             invalid_block_ids=invalid,
             failed_recving=failed,
         )
+
+    def failing(self, step: int) -> frozenset[str]:
+        """The requests step ``step``'s output reports a failed load of, which vLLM's ``fail`` policy finishes with an
+        error as it processes that output (none under ``recompute``: their loads are recomputed)."""
+        reported = frozenset(request for request, at in self.failed.items() if at <= step)
+        for request in reported:
+            del self.failed[request]
+        return reported if self.fails_requests else frozenset()
 
     def collected(self, step: int) -> None:
         """Step ``step``'s output was processed: the sends it reported no longer hold their blocks, the loads it
@@ -286,6 +306,27 @@ class PDWorker:
     def _free(self) -> set[int]:
         pool = self.scheduler.kv_cache_manager.block_pool
         return {block.block_id for block in pool.free_block_queue.get_all_free_blocks()}
+
+    def _check_uncached(self, remote: RemoteLoad, step: int) -> None:
+        """Every block the async load ``remote`` writes is one vLLM handed the connector as not yet cached: a P2P
+        connector (NIXL's) writes a load into those blocks only, so a block with a hash there would be left unwritten
+        (or a cached block shared with other requests overwritten)."""
+        load = remote.load
+        for block in remote.targets(self.block_size):
+            if block in load.unhashed:
+                continue
+            positions = [p for p in range(load.start, load.stop) if load.blocks[p // self.block_size] == block]
+            raise SchedulerViolation(
+                Check.TRANSFER,
+                step,
+                remote.request,
+                f"the async remote load of request {remote.request}'s positions {load.start}..{load.stop - 1} "
+                f"(ordered at step {remote.ordered}) writes block {block} (positions {positions[0]}..{positions[-1]}),"
+                f" but the blocks vLLM handed the connector as not yet cached (get_unhashed_block_ids_all_groups, what "
+                f"a P2P connector loads into) are {list(load.unhashed)}: block {block} carries a block hash, so such a "
+                "connector would not load it",
+                "a load's block with a block hash",
+            )
 
     def _check_lands(self, remote: RemoteLoad, when: str, step: int) -> None:
         """Every block ``remote`` writes is in its request's table (vLLM's own) and not in the free queue."""

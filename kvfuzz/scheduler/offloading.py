@@ -120,6 +120,10 @@ class NoConnector:
     def collected(self, step: int) -> None:
         """Nothing reported."""
 
+    def failing(self, step: int) -> frozenset[str]:
+        """No load fails its request."""
+        return frozenset()
+
     def before_forward(self, output: Any, worker: Any, step: int) -> None:
         """Nothing to submit."""
 
@@ -180,6 +184,11 @@ class OffloadingWorker:
 
     def collected(self, step: int) -> None:
         """Completions are reported by job; nothing to forget."""
+
+    def failing(self, step: int) -> frozenset[str]:
+        """No load fails its request: a failed load is recomputed (vLLM's ``recompute`` policy, the only one driven
+        with this connector)."""
+        return frozenset()
 
     # -- the step ------------------------------------------------------------------------------------------------
 

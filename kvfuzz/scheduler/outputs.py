@@ -2,7 +2,9 @@
 are exactly :func:`~kvfuzz.scheduler.fake_model.expected_output` (under its ``min_tokens``, as kvfuzz's sampler
 masks its stop tokens), in order, none lost or repeated (across preemption and resumption too); a request finishes
 with exactly :meth:`~kvfuzz.scheduler.ending.Ending.length` of them (all ``max_tokens``, or up to and including its
-first stop token or EOS), never more; nothing follows a finish."""
+first stop token or EOS), never more; nothing follows a finish. A request whose KV load failed under vLLM's ``fail``
+policy (:meth:`OutputLedger.receive`'s ``failed``) finishes instead with reason ``error`` in the step whose output
+reports the failure, with the outputs it had; no other request finishes with an error."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class Expected:
     ending: Ending = Ending()  # what ends it early
     received: list[int] = attrs.Factory(list)  # the output tokens reported so far
     finished: bool = False  # reported finished, or aborted
+    load_failed: bool = False  # its KV load failed under vLLM's "fail" policy: it finishes with an error
 
     def why(self, request: str) -> str:
         """Why ``request`` should finish with ``length`` tokens, for a message."""
@@ -68,12 +71,26 @@ class OutputLedger:
     def unfinished(self) -> list[str]:
         return [request for request, expected in self.requests.items() if not expected.finished]
 
-    def receive(self, engine_outputs: dict[int, Any], step: int) -> None:
-        """Check the outputs ``update_from_output`` returned at ``step``."""
+    def receive(self, engine_outputs: dict[int, Any], step: int, failed: frozenset[str] = frozenset()) -> None:
+        """Check the outputs ``update_from_output`` returned at ``step``; ``failed``: the requests whose KV load that
+        step's output reported failed, which vLLM's ``fail`` policy finishes with an error in these outputs."""
+        for request in failed:
+            self.requests[request].load_failed = True
         for outputs in engine_outputs.values():
             for output in outputs.outputs:
                 finishes = output.finish_reason is not None
                 self.record(output.request_id, list(output.new_token_ids), finishes, step, output.finish_reason)
+        for request in sorted(failed):
+            if not self.requests[request].finished:
+                raise SchedulerViolation(
+                    Check.OUTPUTS,
+                    step,
+                    request,
+                    f"the KV load of request {request} failed, reported in step {step}'s output; under vLLM's "
+                    "kv_load_failure_policy 'fail' the update_from_output() that processes it finishes the request "
+                    "with an error, but its outputs did not finish it",
+                    "a failed load's request not failed",
+                )
 
     def record(self, request: str, tokens: list[int], finishes: bool, step: int, reason: Any = None) -> None:
         """Check the ``tokens`` an engine reported for ``request`` at ``step`` (``finishes``: and that it finished,
@@ -122,6 +139,28 @@ class OutputLedger:
             )
         if finishes and not expected.finished:
             expected.finished = True
+            if expected.load_failed:
+                if str(reason) != "error":
+                    raise SchedulerViolation(
+                        Check.OUTPUTS,
+                        step,
+                        request,
+                        f"finished with reason {str(reason)!r} and {len(expected.received)} output tokens, but its KV "
+                        "load failed, reported in this step's output, and under vLLM's kv_load_failure_policy 'fail' "
+                        "it finishes with reason 'error'",
+                        "a wrong finish reason",
+                    )
+                return
+            if str(reason) == "error":
+                raise SchedulerViolation(
+                    Check.OUTPUTS,
+                    step,
+                    request,
+                    f"finished with reason 'error' after {len(expected.received)} of its {expected.length} output "
+                    "tokens, but no KV load of it failed (vLLM finishes a request with an error only where its load "
+                    "failed under kv_load_failure_policy 'fail')",
+                    "an error finish without a failed load",
+                )
             if len(expected.received) != expected.length:
                 raise SchedulerViolation(
                     Check.OUTPUTS,

@@ -40,7 +40,8 @@ def draw(*parts: object) -> int:
 @attrs.frozen
 class Load:
     """A remote prefix the scheduler ordered loaded: the request, its blocks (group 0's table when the load was
-    ordered), the positions the load fills, the tokens up to them (the remote prefill's), and whether it is async."""
+    ordered), the positions the load fills, the tokens up to them (the remote prefill's), whether it is async, and
+    the blocks vLLM handed the connector as not yet cached."""
 
     request: str
     blocks: tuple[int, ...]
@@ -48,6 +49,9 @@ class Load:
     stop: int  # one past the last
     tokens: tuple[int, ...]  # the prompt's tokens up to ``stop``
     asynchronous: bool  # loaded between steps (the request waits for it), or in the step that schedules it
+    # an async load's: the blocks vLLM reports without a block hash (``get_unhashed_block_ids_all_groups``), which a
+    # P2P connector (NIXL's) writes the load into; empty for a sync load (its blocks are cached as it is ordered)
+    unhashed: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -106,9 +110,10 @@ class KvfuzzPDConnector(KVConnectorBase_V1):  # type: ignore[misc]
             raise ValueError(f"{request_id}: {num_external_tokens} external tokens allocated, {count} offered")
         stop = start + count
         (table,) = blocks.get_block_ids()
+        (unhashed,) = blocks.get_unhashed_block_ids_all_groups() if asynchronous else ((),)
         self.loaded.add(request_id)
         prompt = tuple(request.prompt_token_ids)
-        self.loads.append(Load(request_id, tuple(table), start, stop, prompt[:stop], asynchronous))
+        self.loads.append(Load(request_id, tuple(table), start, stop, prompt[:stop], asynchronous, tuple(unhashed)))
 
     def build_connector_meta(self, scheduler_output: Any) -> PDMetadata:
         meta = PDMetadata(tuple(self.loads), tuple(self.sends))

@@ -300,7 +300,7 @@ class Session:
         """``update_from_output()`` with a launched step's output, and the output check; then, as the engine core's
         ``post_step`` (synchronous scheduling only), the worker's drafts for the next step."""
         outputs = self.scheduler.update_from_output(batch.output, batch.result)
-        self.outputs.receive(outputs, batch.step)
+        self.outputs.receive(outputs, batch.step, self.connector.failing(batch.step))
         self.worker.speculation.returned(batch.step)  # its rejected drafts rolled back
         self.connector.collected(batch.step)
         for finished in (output.request_id for eco in outputs.values() for output in eco.outputs if output.finished):

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
-from kvfuzz.scheduler.config import DRAFTERS, POLICIES, SchedulerSetup
+from kvfuzz.scheduler.config import DRAFTERS, LOAD_FAILURE_POLICIES, POLICIES, SchedulerSetup
 from kvfuzz.swarm_table import (
     NO_PINS,
     Dimension,
@@ -119,6 +119,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("prefill_schedule_interval", (1, 2, 3), weighted((4, 1, 1))),
     # the client pauses and unpauses the scheduler a quarter of the time (refused, and redrawn, with sessions)
     Dimension("pauses", BOOLEAN, chance(0.25), needs=("sessions", False)),
+    # with failed loads, vLLM's "fail" policy a third of the time: a request whose load failed finishes with an error
+    Dimension("load_failure_policy", LOAD_FAILURE_POLICIES, weighted((2, 1)), needs=("load_failures", True)),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
 

@@ -58,7 +58,8 @@ docs/scheduler-async.md#drafting-slots); ``config.long_prefill_token_threshold``
 unset) and ``config.prefill_schedule_interval`` (1 when absent: every step), vLLM's scheduler settings of the same
 names (docs/oracles.md#the-checks); ``config.pauses`` (false when absent; true: the program may hold
 ``{"op": "pause"}``, with ``"keep": true`` when nothing is scheduled, and ``{"op": "unpause"}``;
-docs/scheduler-features.md).
+docs/scheduler-features.md); ``config.load_failure_policy`` (``recompute`` when absent, or ``fail``: vLLM's
+``kv_load_failure_policy``, docs/scheduler-connectors.md).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -83,6 +84,7 @@ from kvfuzz.option_defaults import ATTENTION_NAMES, WRITE_PATH_NAMES
 from kvfuzz.scheduler.config import (
     DRAFTERS,
     KV_CONNECTORS,
+    LOAD_FAILURE_POLICIES,
     MAX_LORAS,
     MAX_PREFILL_SCHEDULE_INTERVAL,
     MAX_SCHEDULE_CONSERVATIVENESS,
@@ -276,6 +278,7 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
         **({"kv_connector": setup.kv_connector} if setup.kv_connector != "none" else {}),
         **({"transfer_delay": setup.transfer_delay} if setup.transfer_delay else {}),
         **({"load_failures": True} if setup.load_failures else {}),
+        **({"load_failure_policy": setup.load_failure_policy} if setup.load_failure_policy != "recompute" else {}),
         **({"max_loras": setup.max_loras} if setup.max_loras else {}),
         **({"prefix_resets": True} if setup.prefix_resets else {}),
         **({"kv_events": True} if setup.kv_events else {}),
@@ -418,6 +421,7 @@ def _config(value: Any) -> SchedulerSetup:
         "kv_connector": False,
         "transfer_delay": False,
         "load_failures": False,
+        "load_failure_policy": False,
         "max_loras": False,
         "prefix_resets": False,
         "kv_events": False,
@@ -467,6 +471,9 @@ def _config(value: Any) -> SchedulerSetup:
             kv_connector=connector,
             transfer_delay=delay,
             load_failures=trace_files.boolean("config.load_failures", config.get("load_failures", False)),
+            load_failure_policy=trace_files.choice(
+                "config.load_failure_policy", config.get("load_failure_policy", "recompute"), LOAD_FAILURE_POLICIES
+            ),
             max_loras=max_loras,
             prefix_resets=trace_files.boolean("config.prefix_resets", config.get("prefix_resets", False)),
             kv_events=trace_files.boolean("config.kv_events", config.get("kv_events", False)),

@@ -80,10 +80,11 @@ def vllm() -> types.SimpleNamespace:
     )
     logging.getLogger("vllm.config.vllm").setLevel(logging.ERROR)
     logging.getLogger("vllm.config.scheduler").setLevel(logging.ERROR)
-    # The scheduler warns of every failed load it recovers from (drawn on purpose with --load-failures); the
+    # The scheduler warns of every failed load it recovers from, and logs an error for every request it fails for one
+    # under the "fail" policy (both drawn on purpose with --load-failures; the output check holds vLLM to them); the
     # connector's announcement is quieted where the scheduler is built (new_scheduler).
     logging.getLogger("vllm.v1.core.sched.scheduler").addFilter(
-        lambda record: not str(record.msg).startswith("Recovered from KV load failure")
+        lambda record: not str(record.msg).startswith(("Recovered from KV load failure", "Failing %d request(s)"))
     )
     # The offloading connector warns of every store its (small, drawn) offload store has no room for: an expected
     # outcome here, counted by the connector's own stats, and hundreds of lines in a campaign's standard error.
@@ -258,7 +259,7 @@ def _kv_transfer_config(setup: SchedulerSetup) -> Any:
     """vLLM's ``OffloadingConnector`` (both roles, as an engine that offloads and reloads its own blocks) over an
     offload store of as many chunks as the pool has blocks, one block per chunk, failed loads recomputed; kvfuzz's
     P/D connector (both roles: a consumer of a remote producer's prefills, a producer for a remote decoder), loaded
-    by vLLM's connector factory from its module; or None."""
+    by vLLM's connector factory from its module, under the setup's load failure policy; or None."""
     if setup.kv_connector == "none":
         return None
     from vllm.config import KVTransferConfig
@@ -268,7 +269,7 @@ def _kv_transfer_config(setup: SchedulerSetup) -> Any:
             kv_connector="KvfuzzPDConnector",
             kv_connector_module_path="kvfuzz.scheduler.pd_connector",
             kv_role="kv_both",
-            kv_load_failure_policy="recompute",
+            kv_load_failure_policy=setup.load_failure_policy,
         )
 
     kv_bytes_per_block = (

@@ -43,6 +43,7 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("max_num_active_seqs", (0,), fixed),
     Dimension("prefill_schedule_interval", (1,), fixed),
     Dimension("pauses", (False,), fixed),
+    Dimension("load_failure_policy", ("recompute",), fixed),
     Dimension(MODEL_RUNNER, ("",), fixed),
 )
 """SGLang's configuration, one row per dimension (every row of vLLM's table, by name)."""
