@@ -46,6 +46,7 @@ from kvfuzz.program.safeguards import (
     Journal,
     UserInterrupt,
     Watchdog,
+    carried,
     exits_as_crashes,
     user_interrupts,
 )
@@ -307,7 +308,7 @@ def _unwrap(failure: BaseException) -> tuple[BaseException, bool]:
     """Hypothesis reports an allocator that fails differently on replay as Flaky: the failure it first saw, and
     that it was flaky. A Ctrl-C that lands while Hypothesis replays its failing example comes back inside such a
     Flaky (wrapped, as its cause): that is the user's interrupt, raised again, never a flaky allocator."""
-    interrupt = _user_interrupt_in(failure)
+    interrupt = carried(failure, UserInterrupt)
     if interrupt is not None:
         raise interrupt
     if isinstance(failure, Flaky):
@@ -315,24 +316,6 @@ def _unwrap(failure: BaseException) -> tuple[BaseException, bool]:
         if inner:
             return inner[0], True
     return failure, False
-
-
-def _user_interrupt_in(error: BaseException, seen: Optional[set[int]] = None) -> Optional[UserInterrupt]:
-    """The user's interrupt that ``error`` carries: itself, one of a group's exceptions, or a cause or context of
-    either; None if it carries none."""
-    seen = set() if seen is None else seen
-    if id(error) in seen:
-        return None
-    seen.add(id(error))
-    if isinstance(error, UserInterrupt):
-        return error
-    linked = [*getattr(error, "exceptions", ()), error.__cause__, error.__context__]
-    for inner in linked:
-        if isinstance(inner, BaseException):
-            found = _user_interrupt_in(inner, seen)
-            if found is not None:
-                return found
-    return None
 
 
 class _HypothesisCount:

@@ -695,3 +695,51 @@ def test_a_cut_off_swallowed_by_a_gc_callback_is_raised_again_and_prints_nothing
         gc.callbacks.remove(slow_callback)
     assert time.monotonic() - started < 2, "the cut-off was lost in the callback"
     assert "SearchCutOff" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["inside-hypothesis-s-error", "bare"])
+def test_a_cut_off_landing_while_hypothesis_draws_ends_the_search_as_cut_off(
+    monkeypatch: pytest.MonkeyPatch, wrapped: bool
+) -> None:
+    """The batch deadline's alarm can fire while Hypothesis draws an example's data: Hypothesis then finds the data
+    drawn differently from its last run and raises its own FlakyStrategyDefinition, with the cut-off as its context.
+    That is the cut-off (the search ended from outside, what ran counted), never a harness error that ends the
+    campaign (seen in a ten-minute campaign, which stopped at 152 s)."""
+    from hypothesis.errors import FlakyStrategyDefinition
+
+    from kvfuzz.scheduler import search as search_module
+    from kvfuzz.scheduler.config import SchedulerSetup
+
+    def test() -> None:
+        try:
+            raise search_module.SearchCutOff()
+        except search_module.SearchCutOff:
+            if wrapped:
+                raise FlakyStrategyDefinition("Inconsistent data generation!") from None
+            raise
+
+    monkeypatch.setattr(search_module, "machine_for_setup", lambda *args, **kwargs: object)
+    monkeypatch.setattr(search_module, "get_state_machine_test", lambda machine, settings: test)
+    outcome = search_module.search(SchedulerSetup(), examples=1, steps=1)
+    assert outcome.cut_off and outcome.harness is None and outcome.failure is None
+
+
+def test_a_user_interrupt_inside_hypothesis_s_error_is_raised_as_the_interrupt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that lands while Hypothesis replays an example comes back inside its Flaky: it is the user's
+    interrupt, raised again, not a harness error nor a flaky finding."""
+    from hypothesis.errors import Flaky
+
+    from kvfuzz.program.safeguards import UserInterrupt
+    from kvfuzz.scheduler import search as search_module
+    from kvfuzz.scheduler.config import SchedulerSetup
+
+    def test() -> None:
+        try:
+            raise UserInterrupt()
+        except UserInterrupt as interrupt:
+            raise Flaky("replay went differently") from interrupt
+
+    monkeypatch.setattr(search_module, "machine_for_setup", lambda *args, **kwargs: object)
+    monkeypatch.setattr(search_module, "get_state_machine_test", lambda machine, settings: test)
+    with pytest.raises(UserInterrupt):
+        search_module.search(SchedulerSetup(), examples=1, steps=1)

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, Iterator, Optional
+from typing import IO, Any, Iterator, Optional, TypeVar
 
 DEFAULT_CALL_TIMEOUT = 60.0
 """Seconds one operation (the allocator's calls and kvfuzz's checks of them) may take before it is a hang."""
@@ -33,6 +33,28 @@ DEFAULT_CALL_TIMEOUT = 60.0
 
 class UserInterrupt(KeyboardInterrupt):
     """Ctrl-C (SIGINT) from the person running kvfuzz: stop, report what was found, never blame the allocator."""
+
+
+Raised = TypeVar("Raised", bound=BaseException)
+
+
+def carried(error: BaseException, kind: type[Raised]) -> Optional[Raised]:
+    """The exception of ``kind`` that ``error`` carries: itself, one of a group's exceptions, or a cause or context of
+    either; None if it carries none. An interrupt raised into a search from outside (the user's, a campaign's end) may
+    land while Hypothesis draws or replays an example, and come back wrapped in Hypothesis's own error (a ``Flaky``, a
+    ``FlakyStrategyDefinition``): that is the interrupt, never a finding nor a harness error."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [error]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, kind):
+            return current
+        linked = [*getattr(current, "exceptions", ()), current.__cause__, current.__context__]
+        pending.extend(inner for inner in reversed(linked) if isinstance(inner, BaseException))
+    return None
 
 
 class AllocatorEscape(Exception):

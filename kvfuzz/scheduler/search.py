@@ -14,7 +14,7 @@ from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.stateful import get_state_machine_test
 
 from kvfuzz.profiles import run_settings
-from kvfuzz.program.safeguards import Journal, Watchdog
+from kvfuzz.program.safeguards import Journal, UserInterrupt, Watchdog, carried
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.harness import HarnessError
@@ -189,7 +189,12 @@ def search(
     except HarnessError as error:  # kvfuzz's own code failed: the search stops, nothing is a finding
         harness = error
     except HypothesisException as error:  # Hypothesis's own error is never a finding: what the machine met is
-        if not isinstance(error, Flaky) or shortest.failure is None:
+        interrupt = carried(error, UserInterrupt)
+        if interrupt is not None:  # the user's Ctrl-C, landed while Hypothesis drew or replayed an example
+            raise interrupt from None
+        if carried(error, SearchCutOff) is not None:  # the cut-off, landed likewise (Hypothesis then finds its
+            cut_off = True  # data drawn differently): as below
+        elif not isinstance(error, Flaky) or shortest.failure is None:
             harness = HarnessError.of(error, f"{name} under Hypothesis")
         else:  # replaying a failing example drew or failed differently: the shortest one met, not shrunk further
             failure, program = shortest.failure, shortest.source()
@@ -199,8 +204,8 @@ def search(
         program = "\n".join(note for note in getattr(error, "__notes__", ()) if note)
     except SearchCutOff:  # ended from outside: what ran counts; a failure met before it is the shortest one met
         cut_off = True
-        if shortest.failure is not None:
-            failure, program = shortest.failure, shortest.source() + "\n# the search was cut off before it ended"
+    if cut_off and shortest.failure is not None:
+        failure, program = shortest.failure, shortest.source() + "\n# the search was cut off before it ended"
     return Outcome(
         setup,
         tally.examples,
