@@ -215,6 +215,7 @@ def run_command_line(trace: SchedulerTrace) -> str:
         f"--transfer-delay {setup.transfer_delay}": bool(setup.transfer_delay),
         "--load-failures": setup.load_failures,
         f"--load-failure-policy {setup.load_failure_policy}": setup.load_failure_policy != "recompute",
+        "--skip-prefix-reads": setup.skip_prefix_reads,
         "--cache-salts": setup.cache_salts,
         "--stop-tokens": setup.stop_tokens,
         "--eos": setup.eos,

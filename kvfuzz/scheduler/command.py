@@ -58,6 +58,7 @@ SCHEDULER_ONLY = (
     "transfer_delay",
     "load_failures",
     "load_failure_policy",
+    "skip_prefix_reads",
     "max_loras",
     "prefix_resets",
     "kv_events",
@@ -158,6 +159,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("recompute", "fail"),
         help="with --kv-connector pd --load-failures: vLLM's kv_load_failure_policy, what a request whose load failed "
         "does: recompute what the load did not fill (default), or finish with an error (docs/scheduler-connectors.md)",
+    )
+    group.add_argument(
+        "--skip-prefix-reads",
+        action="store_true",
+        default=None,
+        help="a quarter of the requests skip reading the prefix cache (vLLM's skip_reading_prefix_cache, as a request "
+        "asking for prompt logprobs does): they must get no hit (docs/scheduler-features.md)",
     )
     group.add_argument(
         "--cache-salts",
@@ -305,6 +313,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "transfer_delay",
             "load_failures",
             "load_failure_policy",
+            "skip_prefix_reads",
             "max_loras",
             "prefix_resets",
             "kv_events",
@@ -356,6 +365,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "transfer_delay": args.transfer_delay,
         "load_failures": True if args.load_failures else None,
         "load_failure_policy": args.load_failure_policy,
+        "skip_prefix_reads": True if args.skip_prefix_reads else None,
         "max_loras": args.max_loras,
         "prefix_resets": True if args.prefix_resets else None,
         "kv_events": True if args.kv_events else None,

@@ -73,6 +73,9 @@ class SchedulerSetup:
     load_failures: bool = False  # with a connector: loads may fail part-way (vLLM's recompute recovery)
     # with failed loads (the P/D connector): vLLM's kv_load_failure_policy, what a request whose load failed does
     load_failure_policy: str = "recompute"
+    # a quarter of the requests (drawn per id) skip reading the prefix cache (vLLM's skip_reading_prefix_cache, as a
+    # request asking for prompt logprobs does): vLLM gives them no hit (kvfuzz.scheduler.prefix_reads)
+    skip_prefix_reads: bool = False
     max_loras: int = 0  # LoRA: vLLM's lora_config.max_loras, requests drawn with an adapter (0: no LoRA; lora.py)
     prefix_resets: bool = False  # the client resets the prefix cache between steps (kvfuzz.scheduler.prefix_reset)
     kv_events: bool = False  # vLLM's KV cache events on, checked against the block pool (kvfuzz.scheduler.kv_events)
@@ -250,6 +253,7 @@ class SchedulerSetup:
             + (f" (transfers up to {self.transfer_delay} step(s) late)" if self.transfer_delay else "")
             + (" (loads may fail)" if self.load_failures else "")
             + (" (a failed load fails its request)" if self.load_failure_policy == "fail" else "")
+            + (", requests skipping prefix-cache reads" if self.skip_prefix_reads else "")
             + (f", LoRA (at most {self.max_loras} adapter(s) a step)" if self.max_loras else "")
             + (", prefix-cache resets" if self.prefix_resets else "")
             + (", KV cache events" if self.kv_events else "")

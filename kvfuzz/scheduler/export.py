@@ -62,6 +62,7 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
         "stats": setup.stats,
         "sessions": setup.sessions,
         "load_failures": setup.load_failures,
+        "skip_prefix_reads": setup.skip_prefix_reads,
         "pauses": setup.pauses,
     }
     export_async = "".join(f", {name}=True" for name, on in drawn.items() if on)

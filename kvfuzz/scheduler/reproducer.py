@@ -26,6 +26,7 @@ from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import EOS_TOKEN
 from kvfuzz.scheduler.kv_events import full_reports
 from kvfuzz.scheduler.models import FULL, MAMBA_HYBRID, MODELS
+from kvfuzz.scheduler.prefix_reads import skips_reads
 from kvfuzz.scheduler.program import Abort, AddRequest, ResetPrefixCache, Resume, Step
 from kvfuzz.scheduler.reproducer_runtime import RUNTIME
 from kvfuzz.scheduler.speculative import proposal
@@ -116,12 +117,14 @@ def program_calls(trace: SchedulerTrace, add: Callable[[AddRequest, str], str]) 
 
 
 def _adder(trace: SchedulerTrace) -> Callable[[AddRequest, str], str]:
-    """How the reproducer writes an add: its request's id first, and whether it asks for full KV cache event reports
-    (half the requests, as kvfuzz's client asks, :func:`~kvfuzz.scheduler.kv_events.full_reports`)."""
+    """How the reproducer writes an add: its request's id first, whether it asks for full KV cache event reports
+    (half the requests, as kvfuzz's client asks, :func:`~kvfuzz.scheduler.kv_events.full_reports`) and whether it
+    skips reading the prefix cache (:func:`~kvfuzz.scheduler.prefix_reads.skips_reads`)."""
 
     def add(operation: AddRequest, request: str) -> str:
-        call = operation.source("engine").replace("engine.add(", f'engine.add("{request}", ', 1)
-        return call[:-1] + ", full_reports=True)" if full_reports(trace.setup, request) else call
+        call = operation.source("engine").replace("engine.add(", f'engine.add("{request}", ', 1)[:-1]
+        call += ", full_reports=True" if full_reports(trace.setup, request) else ""
+        return call + (", skip_reads=True)" if skips_reads(trace.setup, request) else ")")
 
     return add
 

@@ -255,12 +255,14 @@ class Engine:
         self.sessions = set()  # streaming sessions left open (resumable requests)
 
     def add(self, request, prompt, max_tokens, priority=0, cache_salt=None, stop_token_ids=(), eos=False,
-            min_tokens=0, lora=0, resumable=False, full_reports=False):
+            min_tokens=0, lora=0, resumable=False, full_reports=False, skip_reads=False):
         """A request arrives; resumable: a streaming session's first turn, kept open until the drain closes it;
-        full_reports: its KV cache events are reported in full (a sampling parameter's extra argument)."""
+        full_reports: its KV cache events are reported in full (a sampling parameter's extra argument); skip_reads:
+        it skips reading the prefix cache (as a request asking for prompt logprobs does)."""
         sampling = SamplingParams(
             max_tokens=max_tokens, ignore_eos=not eos, stop_token_ids=list(stop_token_ids), min_tokens=min_tokens,
             extra_args={"kv_cache_report_mode": "full"} if full_reports else None,
+            skip_reading_prefix_cache=True if skip_reads else None,
         )
         sampling.update_from_generation_config({}, EOS_TOKEN)
         lora_request = None

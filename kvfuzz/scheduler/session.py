@@ -25,6 +25,7 @@ from kvfuzz.scheduler.offloading import NoConnector, OffloadingWorker, TransferT
 from kvfuzz.scheduler.oracles import Arrival, PolicyOracles, step_events
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.pausing import Paused, Pausing
+from kvfuzz.scheduler.prefix_reads import skips_reads
 from kvfuzz.scheduler.prefix_reset import PrefixResets
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Pause, ResetPrefixCache, Resume, Step, Unpause
 from kvfuzz.scheduler.requests import request_namespace
@@ -120,8 +121,11 @@ class Session:
         ending = Ending(stops, eos, min_tokens)
         size = self.setup.hash_block_size  # the prefix-cache hash's tokens
         full = full_reports(self.setup, request)
+        skips = skips_reads(self.setup, request)
         self.scheduler.add_request(
-            new_request(request, prompt, max_tokens, size, arrival, priority, cache_salt, ending, lora, resumable, full)
+            new_request(
+                request, prompt, max_tokens, size, arrival, priority, cache_salt, ending, lora, resumable, full, skips
+            )
         )
         self.oracles.added(Arrival(request, arrival, priority, lora, len(prompt)))
         capped = capped_max_tokens(self.setup, len(prompt), max_tokens)  # it stops at max_model_len
@@ -154,6 +158,7 @@ class Session:
                 session.lora,
                 resumable=True,
                 full_reports=full_reports(self.setup, request),
+                skip_reads=skips_reads(self.setup, request),
             )
         )
         started = self.sessions.sent(request, turn, self.outputs)

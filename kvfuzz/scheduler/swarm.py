@@ -121,6 +121,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("pauses", BOOLEAN, chance(0.25), needs=("sessions", False)),
     # with failed loads, vLLM's "fail" policy a third of the time: a request whose load failed finishes with an error
     Dimension("load_failure_policy", LOAD_FAILURE_POLICIES, weighted((2, 1)), needs=("load_failures", True)),
+    # a quarter of the requests skip reading the prefix cache, a quarter of the time (kvfuzz.scheduler.prefix_reads)
+    Dimension("skip_prefix_reads", BOOLEAN, chance(0.25)),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
 

@@ -415,6 +415,7 @@ def new_request(
     lora: int = 0,
     resumable: bool = False,
     full_reports: bool = False,
+    skip_reads: bool = False,
 ) -> Any:
     """A vLLM ``Request`` generating ``max_tokens`` tokens unless ``ending`` stops it first (its stop token ids, the
     model's EOS token :data:`~kvfuzz.scheduler.fake_model.EOS_TOKEN` unless it ignores EOS, its ``min_tokens``: EOS
@@ -426,7 +427,9 @@ def new_request(
     :func:`~kvfuzz.scheduler.lora.lora_name` names it: no adapter exists, the scheduler reads only those.
     ``resumable``: a streaming session's request (:mod:`kvfuzz.scheduler.sessions`); left at vLLM's default when
     false. ``full_reports``: its KV cache events are reported in full (``kv_cache_report_mode`` "full", a sampling
-    parameter's extra argument, as a client asks for it), else incrementally (vLLM's default)."""
+    parameter's extra argument, as a client asks for it), else incrementally (vLLM's default). ``skip_reads``: it skips
+    reading the prefix cache (``skip_reading_prefix_cache``), else vLLM's default (it reads, asking no prompt
+    logprobs)."""
     v = vllm()
     sampling = v.SamplingParams(
         max_tokens=max_tokens,
@@ -434,6 +437,7 @@ def new_request(
         stop_token_ids=list(ending.stop_token_ids),
         min_tokens=ending.min_tokens,
         extra_args={"kv_cache_report_mode": "full"} if full_reports else None,
+        skip_reading_prefix_cache=True if skip_reads else None,
     )
     sampling.update_from_generation_config({}, EOS_TOKEN)
     return v.Request(

@@ -46,6 +46,7 @@ from kvfuzz.scheduler.kv_slots import Claim, SlotPool
 from kvfuzz.scheduler.lora import check_loras, lora_id
 from kvfuzz.scheduler.mamba_states import mamba_states
 from kvfuzz.scheduler.partial_prefix import copy_blocks, hit_check
+from kvfuzz.scheduler.prefix_reads import ReadSkips
 from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 from kvfuzz.scheduler.vllm_build import kv_cache_config, vllm_config
@@ -103,6 +104,7 @@ class Worker:
         self.mamba = mamba_states(*mamba_groups(kv_cache_config(setup)), setup.hash_block_size)
         self.copies = 0  # block copies run (copy-on-write of partial prefix-cache hits: partial_prefix.py)
         self.prefix_hits = hit_check(setup)  # hits end on the prefix hashes (partial_prefix.py)
+        self.read_skips = ReadSkips(setup)  # a request that skips prefix-cache reads gets no hit (prefix_reads.py)
         self.num_groups = len(self.groups) + len(self.mamba.groups)
         # one pool for every group (vLLM's hybrid allocator gives them one block pool); vLLM's null block 0 too
         self.kv = SlotPool((setup.num_blocks + 1) * setup.block_size, setup.block_size)
@@ -174,6 +176,7 @@ class Worker:
                 lora=lora_id(new.lora_request),
             )
             self.prefix_hits.check(new.req_id, new.num_computed_tokens, len(tokens), step)
+            self.read_skips.check(new.req_id, new.num_computed_tokens, step)
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
         resumed = self.release.resumed(cached)
@@ -185,6 +188,7 @@ class Worker:
                 state.preempted = False
                 state.hit = cached.num_computed_tokens[index]
                 self.prefix_hits.check(request, state.hit, len(state.tokens), step)
+                self.read_skips.check(request, state.hit, step)
             elif blocks is not None:
                 for table, ids in zip(state.tables, blocks):
                     table.extend(ids)
