@@ -54,6 +54,9 @@ LATER_ROWS = (
     "max_num_active_seqs",
     "prefill_schedule_interval",
     "pauses",
+    "load_failure_policy",
+    "skip_prefix_reads",
+    "retention",
 )
 """Swarm rows added after these tests' seeds were chosen: the fake target holds each at its first value without
 drawing it, so a seed draws the configurations it drew then (a new row's draw would move every later row's)."""

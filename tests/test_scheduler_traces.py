@@ -665,3 +665,16 @@ def test_the_client_s_pauses_round_trip_and_are_refused_where_the_configuration_
         from_json(data)
     with pytest.raises(ValueError, match="pauses are not driven with resumable requests"):
         SchedulerSetup(pauses=True, sessions=True)
+
+
+def test_the_retention_and_the_skipped_reads_are_recorded_only_where_set() -> None:
+    """Absent at their defaults (every trace before them reads and digests as it did); set, they round-trip; a
+    retention vLLM does not apply to the model is refused."""
+    assert not {"retention", "skip_prefix_reads"} & TRACE.to_json()["config"].keys()
+    setup = attrs.evolve(TRACE.setup, model="sliding-window", retention="periodic", skip_prefix_reads=True)
+    data = attrs.evolve(TRACE, setup=setup).to_json()
+    assert (data["config"]["retention"], data["config"]["skip_prefix_reads"]) == ("periodic", True)
+    assert from_json(data).setup == setup
+    data["config"]["model"] = "mamba-hybrid"
+    with pytest.raises(SchedulerTraceError, match=r"^trace: config: retention periodic is driven on the sliding"):
+        from_json(data)

@@ -216,6 +216,7 @@ def run_command_line(trace: SchedulerTrace) -> str:
         "--load-failures": setup.load_failures,
         f"--load-failure-policy {setup.load_failure_policy}": setup.load_failure_policy != "recompute",
         "--skip-prefix-reads": setup.skip_prefix_reads,
+        f"--retention {setup.retention}": setup.retention != "semantic",
         "--cache-salts": setup.cache_salts,
         "--stop-tokens": setup.stop_tokens,
         "--eos": setup.eos,

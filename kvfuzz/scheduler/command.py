@@ -59,6 +59,7 @@ SCHEDULER_ONLY = (
     "load_failures",
     "load_failure_policy",
     "skip_prefix_reads",
+    "retention",
     "max_loras",
     "prefix_resets",
     "kv_events",
@@ -166,6 +167,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a quarter of the requests skip reading the prefix cache (vLLM's skip_reading_prefix_cache, as a request "
         "asking for prompt logprobs does): they must get no hit (docs/scheduler-features.md)",
+    )
+    group.add_argument(
+        "--retention",
+        choices=("semantic", "dense", "periodic"),
+        help="with --model sliding-window or mamba-hybrid: vLLM's prefix_cache_retention_interval, which of those "
+        "groups' blocks the prefix cache keeps: the resume checkpoints (semantic, vLLM's default), every block (dense) "
+        "or also one every four blocks (periodic; sliding-window only) (docs/scheduler-features.md)",
     )
     group.add_argument(
         "--cache-salts",
@@ -314,6 +322,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "load_failures",
             "load_failure_policy",
             "skip_prefix_reads",
+            "retention",
             "max_loras",
             "prefix_resets",
             "kv_events",
@@ -366,6 +375,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "load_failures": True if args.load_failures else None,
         "load_failure_policy": args.load_failure_policy,
         "skip_prefix_reads": True if args.skip_prefix_reads else None,
+        "retention": args.retention,
         "max_loras": args.max_loras,
         "prefix_resets": True if args.prefix_resets else None,
         "kv_events": True if args.kv_events else None,

@@ -19,6 +19,12 @@ LOAD_FAILURE_POLICIES = ("recompute", "fail")
 """vLLM's ``kv_load_failure_policy``: a request whose KV load failed recomputes what the load did not fill, or
 finishes with an error (:mod:`kvfuzz.scheduler.disaggregation`)."""
 
+RETENTIONS = ("semantic", "dense", "periodic")
+"""vLLM's ``prefix_cache_retention_interval``, what a sliding-window or Mamba group keeps in the prefix cache:
+``semantic`` (0, vLLM's default) only the checkpoints a later request can resume at (a prompt's replay boundary);
+``dense`` (None) every block; ``periodic`` besides those, one every four blocks (on the sliding-window model only, whose
+scheduler block is its block; a Mamba hybrid's spans its Mamba block)."""
+
 DRAFTERS = ("ngram", "draft-model", "parallel")
 """How vLLM is told the drafts are made (kvfuzz's worker proposes them all the same,
 :mod:`kvfuzz.scheduler.speculative`): its n-gram method (no draft slots, no lookahead), a draft model
@@ -76,6 +82,9 @@ class SchedulerSetup:
     # a quarter of the requests (drawn per id) skip reading the prefix cache (vLLM's skip_reading_prefix_cache, as a
     # request asking for prompt logprobs does): vLLM gives them no hit (kvfuzz.scheduler.prefix_reads)
     skip_prefix_reads: bool = False
+    # vLLM's prefix_cache_retention_interval on a sliding-window or Mamba model (RETENTIONS): which of those groups'
+    # blocks the prefix cache keeps
+    retention: str = "semantic"
     max_loras: int = 0  # LoRA: vLLM's lora_config.max_loras, requests drawn with an adapter (0: no LoRA; lora.py)
     prefix_resets: bool = False  # the client resets the prefix cache between steps (kvfuzz.scheduler.prefix_reset)
     kv_events: bool = False  # vLLM's KV cache events on, checked against the block pool (kvfuzz.scheduler.kv_events)
@@ -131,6 +140,18 @@ class SchedulerSetup:
             raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)}, got {self.kv_connector!r}")
         if self.kv_connector == "none" and (self.transfer_delay or self.load_failures):
             raise ValueError("late transfers and load failures need a KV connector (--kv-connector offloading)")
+        if self.retention not in RETENTIONS:
+            raise ValueError(f"retention must be one of {', '.join(RETENTIONS)}, got {self.retention!r}")
+        if self.retention != "semantic" and self.model not in ("sliding-window", "mamba-hybrid"):
+            raise ValueError(
+                f"retention {self.retention} needs a sliding-window or Mamba group (--model sliding-window or "
+                "mamba-hybrid): vLLM's retention interval applies to those groups only, and refuses a model without"
+            )
+        if self.retention == "periodic" and self.model != "sliding-window":
+            raise ValueError(
+                "retention periodic is driven on the sliding-window model only: vLLM's interval must be a multiple of "
+                "the scheduler block, which on a Mamba hybrid spans its Mamba block"
+            )
         if self.load_failure_policy not in LOAD_FAILURE_POLICIES:
             raise ValueError(
                 f"load_failure_policy must be one of {', '.join(LOAD_FAILURE_POLICIES)}, got "
@@ -254,6 +275,7 @@ class SchedulerSetup:
             + (" (loads may fail)" if self.load_failures else "")
             + (" (a failed load fails its request)" if self.load_failure_policy == "fail" else "")
             + (", requests skipping prefix-cache reads" if self.skip_prefix_reads else "")
+            + (f", {self.retention} prefix-cache retention" if self.retention != "semantic" else "")
             + (f", LoRA (at most {self.max_loras} adapter(s) a step)" if self.max_loras else "")
             + (", prefix-cache resets" if self.prefix_resets else "")
             + (", KV cache events" if self.kv_events else "")

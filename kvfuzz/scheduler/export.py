@@ -38,6 +38,7 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     connector = f", kv_connector={setup.kv_connector!r}" if setup.kv_connector != "none" else ""
     delay = f", transfer_delay={setup.transfer_delay}" if setup.transfer_delay else ""
     delay += f", load_failure_policy={setup.load_failure_policy!r}" if setup.load_failure_policy != "recompute" else ""
+    delay += f", retention={setup.retention!r}" if setup.retention != "semantic" else ""
     options = model + speculative + loras + unit + connector + delay
     options += "".join(
         f", {name}={value!r}"

@@ -70,6 +70,8 @@ def _refusal(trace: SchedulerTrace) -> str | None:
         return "a streaming session's later turns (resume) are not played by the reproducer's runner"
     if setup.pauses:
         return "the client's pauses are not played by the reproducer"
+    if setup.retention != "semantic":
+        return f"the {setup.retention} prefix-cache retention is not configured by the reproducer"
     if setup.drafter != "ngram":
         return f"the {setup.drafter} drafter: the reproducer configures vLLM's n-gram method only"
     return None

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import attrs
 
-from kvfuzz.scheduler.config import DRAFTERS, LOAD_FAILURE_POLICIES, POLICIES, SchedulerSetup
+from kvfuzz.scheduler.config import DRAFTERS, LOAD_FAILURE_POLICIES, POLICIES, RETENTIONS, SchedulerSetup
 from kvfuzz.swarm_table import (
     NO_PINS,
     Dimension,
@@ -123,6 +123,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("load_failure_policy", LOAD_FAILURE_POLICIES, weighted((2, 1)), needs=("load_failures", True)),
     # a quarter of the requests skip reading the prefix cache, a quarter of the time (kvfuzz.scheduler.prefix_reads)
     Dimension("skip_prefix_reads", BOOLEAN, chance(0.25)),
+    # vLLM's prefix-cache retention of sliding-window and Mamba blocks: dense a quarter of the time, periodic (sliding
+    # window only; refused, and redrawn, on the Mamba hybrid) a quarter, vLLM's default (semantic) the rest
+    Dimension("retention", RETENTIONS, weighted((2, 1, 1)), needs=("model", ("sliding-window", "mamba-hybrid"))),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
 

@@ -60,7 +60,9 @@ names (docs/oracles.md#the-checks); ``config.pauses`` (false when absent; true: 
 ``{"op": "pause"}``, with ``"keep": true`` when nothing is scheduled, and ``{"op": "unpause"}``;
 docs/scheduler-features.md); ``config.load_failure_policy`` (``recompute`` when absent, or ``fail``: vLLM's
 ``kv_load_failure_policy``, docs/scheduler-connectors.md); ``config.skip_prefix_reads`` (false when absent; true: a
-quarter of the requests, drawn from their ids, skip reading the prefix cache, docs/scheduler-features.md).
+quarter of the requests, drawn from their ids, skip reading the prefix cache, docs/scheduler-features.md);
+``config.retention`` (``semantic`` when absent, or ``dense`` / ``periodic``: vLLM's prefix-cache retention interval,
+docs/scheduler-features.md).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -90,6 +92,7 @@ from kvfuzz.scheduler.config import (
     MAX_PREFILL_SCHEDULE_INTERVAL,
     MAX_SCHEDULE_CONSERVATIVENESS,
     POLICIES,
+    RETENTIONS,
     SchedulerSetup,
 )
 from kvfuzz.scheduler.crash import crash_message
@@ -281,6 +284,7 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
         **({"load_failures": True} if setup.load_failures else {}),
         **({"load_failure_policy": setup.load_failure_policy} if setup.load_failure_policy != "recompute" else {}),
         **({"skip_prefix_reads": True} if setup.skip_prefix_reads else {}),
+        **({"retention": setup.retention} if setup.retention != "semantic" else {}),
         **({"max_loras": setup.max_loras} if setup.max_loras else {}),
         **({"prefix_resets": True} if setup.prefix_resets else {}),
         **({"kv_events": True} if setup.kv_events else {}),
@@ -425,6 +429,7 @@ def _config(value: Any) -> SchedulerSetup:
         "load_failures": False,
         "load_failure_policy": False,
         "skip_prefix_reads": False,
+        "retention": False,
         "max_loras": False,
         "prefix_resets": False,
         "kv_events": False,
@@ -478,6 +483,7 @@ def _config(value: Any) -> SchedulerSetup:
                 "config.load_failure_policy", config.get("load_failure_policy", "recompute"), LOAD_FAILURE_POLICIES
             ),
             skip_prefix_reads=trace_files.boolean("config.skip_prefix_reads", config.get("skip_prefix_reads", False)),
+            retention=trace_files.choice("config.retention", config.get("retention", "semantic"), RETENTIONS),
             max_loras=max_loras,
             prefix_resets=trace_files.boolean("config.prefix_resets", config.get("prefix_resets", False)),
             kv_events=trace_files.boolean("config.kv_events", config.get("kv_events", False)),

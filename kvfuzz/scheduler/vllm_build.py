@@ -178,6 +178,7 @@ def _built_config(setup: SchedulerSetup) -> Any:
     if setup.prefix_match_unit:
         # hashes finer than the block: vLLM's partial prefix-cache hits (partial_prefix.py)
         cache.prefix_match_unit = setup.prefix_match_unit
+    cache.prefix_cache_retention_interval = retention_interval(setup)
     cache.num_gpu_blocks = setup.num_blocks + 1
     scheduler = v.SchedulerConfig(
         max_num_batched_tokens=setup.max_num_batched_tokens,
@@ -238,6 +239,12 @@ def _speculative_config(setup: SchedulerSetup, model: Any) -> Any:
         errors = getattr(error, "errors", None)
         reason = errors()[0]["msg"] if callable(errors) else str(error)
         raise ValueError(f"vLLM refuses the {setup.drafter} drafter: {reason}") from None
+
+
+def retention_interval(setup: SchedulerSetup) -> Optional[int]:
+    """vLLM's ``prefix_cache_retention_interval`` for ``setup.retention``: 0 (semantic checkpoints only, vLLM's
+    default), None (every block) or four blocks (periodic: more than a sliding window of two blocks needs for a hit)."""
+    return {"semantic": 0, "dense": None, "periodic": 4 * setup.block_size}[setup.retention]
 
 
 LORA_RANK = 8

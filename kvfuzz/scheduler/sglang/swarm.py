@@ -45,6 +45,7 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("pauses", (False,), fixed),
     Dimension("load_failure_policy", ("recompute",), fixed),
     Dimension("skip_prefix_reads", (False,), fixed),
+    Dimension("retention", ("semantic",), fixed),
     Dimension(MODEL_RUNNER, ("",), fixed),
 )
 """SGLang's configuration, one row per dimension (every row of vLLM's table, by name)."""
