@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from vllm.v1.core.sched import output as output_module
 
-from engine_tests.vllm_seeded_runs import found_and_replayed
+from engine_tests.vllm_seeded_runs import found_and_replayed, run_until_finished
 from engine_tests.vllm_stop_seeds import check_stop_seeing
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import EOS_TOKEN
@@ -53,11 +53,6 @@ def drop_min_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
         return data
 
     monkeypatch.setattr(output_module.NewRequestData, "from_request", classmethod(without_min_tokens))
-
-
-def run_until_finished(session: Session, request: str) -> None:
-    while request in session.outputs.unfinished():
-        session.step()
 
 
 def output_of(**ending: Any) -> list[int]:

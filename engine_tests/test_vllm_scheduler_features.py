@@ -17,7 +17,7 @@ from vllm.v1.core import block_pool
 from vllm.v1.core.sched import scheduler as scheduler_module
 from vllm.v1.request import RequestStatus
 
-from engine_tests.vllm_seeded_runs import found_and_replayed
+from engine_tests.vllm_seeded_runs import found_and_replayed, run_until_finished
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.program import ResetPrefixCache
 from kvfuzz.scheduler.search import search
@@ -97,11 +97,6 @@ def model_length_reported_as_stop(monkeypatch: pytest.MonkeyPatch) -> None:
         return stopped
 
     _patch_check_stop(monkeypatch, check_stop)
-
-
-def run_until_finished(session: Session, request: str) -> None:
-    while request in session.outputs.unfinished():
-        session.step()
 
 
 def test_the_unmodified_scheduler_passes_with_resets_events_and_overlong_requests_drawn() -> None:

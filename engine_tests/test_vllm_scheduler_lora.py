@@ -17,7 +17,7 @@ from vllm.config import LoRAConfig
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from engine_tests.vllm_seeded_runs import found_and_replayed
+from engine_tests.vllm_seeded_runs import found_and_replayed, run_until_finished
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.search import search
@@ -45,11 +45,6 @@ def ignore_max_loras(monkeypatch: pytest.MonkeyPatch) -> None:
             self.lora_config = LoRAConfig(max_loras=1000, max_lora_rank=self.lora_config.max_lora_rank)
 
     monkeypatch.setattr(Scheduler, "__init__", unlimited)
-
-
-def run_until_finished(session: Session, request: str) -> None:
-    while request in session.outputs.unfinished():
-        session.step()
 
 
 def test_the_unmodified_scheduler_passes_with_adapters_drawn() -> None:

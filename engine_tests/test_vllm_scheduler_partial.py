@@ -16,7 +16,7 @@ import pytest
 from vllm.v1.core import block_pool, kv_cache_manager
 from vllm.v1.core.sched import scheduler as scheduler_module
 
-from engine_tests.vllm_seeded_runs import found_and_replayed
+from engine_tests.vllm_seeded_runs import found_and_replayed, run_until_finished
 from kvfuzz.scheduler import worker as worker_module
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.search import search
@@ -88,11 +88,6 @@ def unannounced_partial_entries(monkeypatch: pytest.MonkeyPatch) -> None:
             self.enable_kv_cache_events = events
 
     monkeypatch.setattr(block_pool.BlockPool, "cache_partial_block", cache)
-
-
-def run_until_finished(session: Session, request: str) -> None:
-    while request in session.outputs.unfinished():
-        session.step()
 
 
 def counted_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:

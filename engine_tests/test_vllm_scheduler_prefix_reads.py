@@ -14,7 +14,7 @@ import pytest
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.request import Request
 
-from engine_tests.vllm_seeded_runs import found_and_replayed
+from engine_tests.vllm_seeded_runs import found_and_replayed, run_until_finished
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.prefix_reads import skips_reads
 from kvfuzz.scheduler.search import search
@@ -33,11 +33,6 @@ def reads_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(Request, "get_prefix_cache_hit_limit", lambda self: None)
     else:
         monkeypatch.setattr(KVCacheManager, "prefix_cache_lookup_enabled", lambda self, request: self.enable_caching)
-
-
-def run_until_finished(session: Session, request: str) -> None:
-    while request in session.outputs.unfinished():
-        session.step()
 
 
 def test_the_unmodified_scheduler_passes_with_requests_skipping_prefix_reads() -> None:

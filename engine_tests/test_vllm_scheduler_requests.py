@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from vllm.v1.core import kv_cache_utils
 
-from engine_tests.vllm_seeded_runs import found_and_replayed
+from engine_tests.vllm_seeded_runs import found_and_replayed, run_until_finished
 from engine_tests.vllm_stop_seeds import check_stop_seeing
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.replay import replay
@@ -45,11 +45,6 @@ def ignore_salt(monkeypatch: pytest.MonkeyPatch) -> None:
 def ignore_stop_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded bug: the scheduler's stop check ignores stop token ids (requests run to max_tokens)."""
     check_stop_seeing(monkeypatch, "stop_token_ids", [])
-
-
-def run_until_finished(session: Session, request: str) -> None:
-    while request in session.outputs.unfinished():
-        session.step()
 
 
 def test_the_unmodified_scheduler_passes_with_salts_and_stop_tokens_drawn() -> None:

@@ -14,7 +14,7 @@ import pytest
 from vllm.v1.core import block_pool, kv_cache_manager
 from vllm.v1.core.sched import scheduler as scheduler_module
 
-from engine_tests.vllm_seeded_runs import found_and_replayed
+from engine_tests.vllm_seeded_runs import found_and_replayed, run_until_finished
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.search import search
 from kvfuzz.scheduler.session import Session
@@ -65,11 +65,6 @@ def stats_only_with_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
         return outputs
 
     monkeypatch.setattr(scheduler_module.Scheduler, "update_from_output", update)
-
-
-def run_until_finished(session: Session, request: str) -> None:
-    while request in session.outputs.unfinished():
-        session.step()
 
 
 def test_the_unmodified_scheduler_passes_with_stats_on() -> None:

@@ -1,5 +1,6 @@
 """A bug seeded into vLLM 0.33.0, found from random requests by ``kvfuzz run --scheduler vllm-v1`` and replayed: the
-shape the feature files' engine tests share (salts and stop tokens, EOS and min_tokens, LoRA)."""
+shape the feature files' engine tests share (salts and stop tokens, EOS and min_tokens, LoRA); and the steps that run
+one request to its end."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from kvfuzz.cli import main
 from kvfuzz.scheduler.replay import replay
+from kvfuzz.scheduler.session import Session
 from kvfuzz.scheduler.trace import SchedulerTrace, load
 from kvfuzz.scheduler.violations import Check
 
@@ -30,3 +32,9 @@ def found_and_replayed(
     replayed = replay(trace)
     assert replayed.reproduced and replayed.identical, replayed.describe_failure()
     return trace
+
+
+def run_until_finished(session: Session, request: str) -> None:
+    """Steps until ``request`` has finished (every check runs at each)."""
+    while request in session.outputs.unfinished():
+        session.step()
