@@ -90,3 +90,12 @@ def test_the_seeded_bug_is_found_from_random_requests_and_its_trace_replays(
     )
     assert trace.setup.skip_prefix_reads
     monkeypatch.undo()
+
+
+def test_the_stats_check_counts_no_lookup_for_a_request_that_skips_prefix_reads() -> None:
+    """vLLM's prefix-cache stats do not count a request that skipped the lookup: the stats check expected it counted
+    and failed on the unmodified scheduler (a campaign's false report, 'stats: prefix-cache lookups')."""
+    session = Session(attrs.evolve(SKIPPING, num_blocks=16, stats=True))
+    for _ in range(7):  # r5 skips
+        run_until_finished(session, session.add(PREFIX + [0], 1))
+    session.drain()

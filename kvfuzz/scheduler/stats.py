@@ -14,20 +14,22 @@ kvfuzz reads it right there and holds it to:
   admitted since (new, or back after a preemption, as the steps' outputs show it; a streaming session's next turn
   keeps its blocks and looks nothing up), the tokens it held when admitted (its prompt and outputs so far) as queries,
   and the tokens it found computed as hits; a request preempted before (named among a step's preempted requests, or
-  running at a preempting prefix-cache reset) counts as preempted. With prefix caching off nothing is looked up, so
-  nothing is counted. With a KV connector the hit kvfuzz sees includes the connector's tokens, and an asynchronous
-  load is admitted without being scheduled, so the lookups are not checked there.
+  running at a preempting prefix-cache reset) counts as preempted. A request that skips reading the prefix cache
+  (:mod:`kvfuzz.scheduler.prefix_reads`) looks nothing up and is not counted, as vLLM counts it. With prefix caching
+  off nothing is looked up, so nothing is counted. With a KV connector the hit kvfuzz sees includes the connector's
+  tokens, and an asynchronous load is admitted without being scheduled, so the lookups are not checked there.
 
 Each admission is counted when the step that admitted it is launched, and the tally is taken when the next stats
 are (vLLM resets its own at each ``make_stats``), so two steps in flight (async scheduling) compare the same way."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import attrs
 
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.prefix_reads import skips_reads
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 
@@ -65,7 +67,8 @@ class AdmissionTally:
     among the preempted ones once the request was ever preempted (vLLM's ``num_preemptions`` never goes back to 0).
     Invariant: ``running`` holds the requests admitted and not preempted, finished or aborted since."""
 
-    def __init__(self) -> None:
+    def __init__(self, skipping: Callable[[str], bool]) -> None:
+        self.skipping = skipping  # whether a request skips reading the prefix cache (it looks nothing up)
         self.since = Lookups()  # admissions since the last stats were taken
         self.running: set[str] = set()  # admitted, and not preempted, finished or aborted since
         self.preempted: set[str] = set()  # requests preempted at least once (a step's output named them, or a reset)
@@ -76,7 +79,8 @@ class AdmissionTally:
         if request in self.kept:
             return  # a session's next turn: it kept its blocks, and looks nothing up
         self.kept.add(request)
-        self.since.add(tokens, computed, request in self.preempted)
+        if not self.skipping(request):
+            self.since.add(tokens, computed, request in self.preempted)
 
     def preempt(self, requests: Iterable[str]) -> None:
         chosen = set(requests)
@@ -124,7 +128,7 @@ class UncheckedLookups(NoLookups):
 def _lookups(setup: SchedulerSetup) -> AdmissionTally | NoLookups:
     if setup.kv_connector != "none":
         return UncheckedLookups()
-    return AdmissionTally() if setup.prefix_caching else NoLookups()
+    return AdmissionTally(lambda request: skips_reads(setup, request)) if setup.prefix_caching else NoLookups()
 
 
 class StatsLedger:
