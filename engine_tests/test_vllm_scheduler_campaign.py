@@ -47,6 +47,9 @@ LATER_ROWS = {
     "max_num_active_seqs": 0,
     "prefill_schedule_interval": 1,
     "pauses": False,
+    "load_failure_policy": "recompute",
+    "skip_prefix_reads": False,
+    "retention": "semantic",
 }
 """Swarm rows added after these tests were written, and the value each is held at here: held without drawing, so
 each seed draws the configurations the tests name (seed 3's first batch async, seed 7's async then synchronous);
