@@ -19,9 +19,8 @@ prefix-cache hit on such a block, fails the content check, which names the faile
 ``fail`` policy (``SchedulerSetup.load_failure_policy``) vLLM must instead finish the request with an error as it
 processes the output that reports the failure (:meth:`PDWorker.failing` tells the output check which requests), and
 no other request: the output check holds it to that, and the content check still to never reading what the load
-left unwritten. Sync loads do
-not fail (the step that performs one reads the load's positions at once, so vLLM discards its output: a recovery
-kvfuzz does not model).
+left unwritten. Sync loads do not fail (the step that performs one reads the load's positions at once, so vLLM
+discards its output: a recovery kvfuzz does not model).
 
 Under async scheduling a KV-consumer connector turns vLLM's ``defer_block_free`` on: a request's blocks released
 while a step that scheduled it is in flight go back to the pool only once that step's output was processed (a load
@@ -129,7 +128,8 @@ class PDWorker:
         self.sends: dict[str, RemoteSend] = {}
         self.reported: dict[str, int] = {}  # send's request -> the step whose output reported it
         self.received: dict[str, int] = {}  # async load's request -> the step whose output reported it
-        self.failed: dict[str, int] = {}  # failed async load's request -> the step whose output reported it
+        # under the "fail" policy: a failed async load's request -> the step whose output reported it
+        self.failed: dict[str, int] = {}
         self.released: dict[int, list[Released]] = {}  # block -> who released it, while steps before are in flight
         self.last_held: dict[str, set[int]] = {}  # the live tables at the last launch
         self.tally = TransferTally()
@@ -221,7 +221,7 @@ class PDWorker:
                 failed.add(request)
             elif remote.filled is not None:
                 invalid.update(remote.targets(self.block_size)[remote.filled :])
-            if remote.filled is not None:
+            if remote.filled is not None and self.fails_requests:
                 self.failed[request] = step
         sending: set[str] = set()
         for request, send in sorted(self.sends.items()):
@@ -243,7 +243,7 @@ class PDWorker:
         reported = frozenset(request for request, at in self.failed.items() if at <= step)
         for request in reported:
             del self.failed[request]
-        return reported if self.fails_requests else frozenset()
+        return reported
 
     def collected(self, step: int) -> None:
         """Step ``step``'s output was processed: the sends it reported no longer hold their blocks, the loads it

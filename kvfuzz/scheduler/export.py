@@ -37,8 +37,6 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     unit = f", prefix_match_unit={setup.prefix_match_unit}" if setup.prefix_match_unit else ""
     connector = f", kv_connector={setup.kv_connector!r}" if setup.kv_connector != "none" else ""
     delay = f", transfer_delay={setup.transfer_delay}" if setup.transfer_delay else ""
-    delay += f", load_failure_policy={setup.load_failure_policy!r}" if setup.load_failure_policy != "recompute" else ""
-    delay += f", retention={setup.retention!r}" if setup.retention != "semantic" else ""
     options = model + speculative + loras + unit + connector + delay
     options += "".join(
         f", {name}={value!r}"
@@ -47,6 +45,8 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
             ("long_prefill_token_threshold_adaptive", setup.long_prefill_token_threshold_adaptive),
             ("max_num_active_seqs", setup.max_num_active_seqs),
             ("prefill_schedule_interval", setup.prefill_schedule_interval * (setup.prefill_schedule_interval > 1)),
+            ("load_failure_policy", setup.load_failure_policy if setup.load_failure_policy != "recompute" else ""),
+            ("retention", setup.retention if setup.retention != "semantic" else ""),
         )
         if value
     )
