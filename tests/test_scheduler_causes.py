@@ -40,7 +40,7 @@ def written(
     request: str, tokens: list[int], slots: list[int], step: int = 1, drafts_from: Optional[int] = None
 ) -> SlotPool:
     pool = SlotPool(16, 4)
-    pool.write(request, tokens, range(len(tokens)), slots, step, {}, drafts_from=drafts_from)
+    pool.write(request, tokens, range(len(tokens)), slots, step, pool.claims(), drafts_from=drafts_from)
     return pool
 
 
@@ -56,7 +56,7 @@ def test_content_a_cache_hit_on_unwritten_content() -> None:
 
 def test_content_its_write_went_to_another_slot() -> None:
     pool = written("r0", B, SLOTS)
-    pool.write("r1", A, range(4), [4, 5, 6, 7], 2, {})  # its K/V in block 1, its table says block 0
+    pool.write("r1", A, range(4), [4, 5, 6, 7], 2, pool.claims())  # its K/V in block 1, its table says block 0
     assert caught(Check.CONTENT, lambda: pool.check("r1", A, SLOTS, 2)) == "its write went to another slot"
 
 
@@ -72,8 +72,8 @@ def test_content_a_draft_s_k_v() -> None:
 
 def test_content_its_own_k_v_of_another_position() -> None:
     pool = SlotPool(16, 4)
-    pool.write("r1", A[:1], range(1), [0], 1, {})
-    pool.write("r1", A[:2], range(1, 2), [0], 2, {})  # position 1 over position 0, whose K/V is nowhere now
+    pool.write("r1", A[:1], range(1), [0], 1, pool.claims())
+    pool.write("r1", A[:2], range(1, 2), [0], 2, pool.claims())  # position 1 over position 0, whose K/V is nowhere now
     assert caught(Check.CONTENT, lambda: pool.check("r1", A[:1], [0], 3)) == "its own K/V of another position"
 
 
@@ -87,7 +87,9 @@ def test_content_stale_content_of_another_request() -> None:
 
 def write_over(claim: Claim, namespace: tuple[str, ...] = ()) -> Optional[str]:
     pool = SlotPool(16, 4)
-    return caught(Check.EXCLUSIVE, lambda: pool.write("r1", A, range(4), SLOTS, 2, {2: claim}, namespace))
+    taken = pool.claims()
+    taken.slots[2] = claim
+    return caught(Check.EXCLUSIVE, lambda: pool.write("r1", A, range(4), SLOTS, 2, taken, namespace))
 
 
 def test_exclusive_two_writes_to_one_slot_in_a_step() -> None:
@@ -123,7 +125,7 @@ def test_exclusive_a_block_shared_across_lora_adapters() -> None:
 
 def test_the_content_check_names_the_salt_and_the_adapter() -> None:
     pool = SlotPool(16, 4)
-    pool.write("r0", A, range(4), SLOTS, 1, {}, request_namespace("a", 1))
+    pool.write("r0", A, range(4), SLOTS, 1, pool.claims(), request_namespace("a", 1))
     with pytest.raises(SchedulerViolation) as failed:
         pool.check("r1", A, SLOTS, 2, request_namespace("a", 2), hit=4)
     assert "under cache salt 'a' under LoRA adapter lora2 (tag " in str(failed.value)

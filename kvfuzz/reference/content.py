@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import Iterable, Sequence
+from typing import Hashable, Iterable, Sequence
 
 import attrs
 import numpy
@@ -60,6 +60,39 @@ def prefix_tags(namespace: Namespace, tokens: Iterable[int]) -> list[int]:
         tag = extend_tag(tag, token)
         tags.append(tag)
     return tags
+
+
+class TagMemo:
+    """The tags of the last token sequence asked for under each key (a request and its namespace, say), so that a
+    sequence that grows step by step has only its new positions' tags computed.
+
+    Invariant kept: for every key, ``tags`` is :func:`prefix_tags` of ``namespace`` over ``tokens`` as held. A
+    sequence asked for is compared with the held one (in C, a list comparison): its held prefix is reused, anything
+    else computed afresh. The lists returned are copies."""
+
+    def __init__(self) -> None:
+        # key -> (namespace, the longest tokens asked for under it lately, their tags)
+        self._held: dict[Hashable, tuple[tuple[str, ...], list[int], list[int]]] = {}
+
+    def tags(self, key: Hashable, namespace: tuple[str, ...], tokens: list[int]) -> list[int]:
+        """:func:`prefix_tags` of ``namespace`` over ``tokens``."""
+        held = self._held.get(key)
+        count = len(tokens)
+        if held is not None and held[0] == namespace:
+            known, tags = held[1], held[2]
+            if count <= len(known):
+                if known[:count] == tokens:
+                    return tags[:count]
+            elif tokens[: len(known)] == known:
+                tag = tags[-1] if tags else namespace_tag(namespace)
+                for token in tokens[len(known) :]:
+                    tag = extend_tag(tag, token)
+                    tags.append(tag)
+                known.extend(tokens[len(known) :])
+                return tags[:]
+        tags = prefix_tags(namespace, tokens)
+        self._held[key] = (namespace, list(tokens), tags)
+        return tags[:]
 
 
 @attrs.frozen

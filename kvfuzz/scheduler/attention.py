@@ -47,12 +47,19 @@ class Attending:
         return self.rule.first_needed(position)
 
 
+class PagedContents(Protocol):
+    """The paged pools a kernel reads: the worker's :class:`~kvfuzz.scheduler.kv_slots.SlotPool`."""
+
+    def contents(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of every slot, ``[slots, layers, kv_heads, head_dim]`` each."""
+
+
 class AttentionCheck(Protocol):
     """Computes the step's attention through the tables and compares it with the reference."""
 
     name: str
 
-    def check(self, attending: Sequence[Attending], keys: torch.Tensor, values: torch.Tensor, step: int) -> None:
+    def check(self, attending: Sequence[Attending], pool: PagedContents, step: int) -> None:
         """Raise :class:`SchedulerViolation` (``attention``) where the paged result differs from the reference."""
 
 
@@ -61,7 +68,7 @@ class NoAttention:
 
     name = "off"
 
-    def check(self, attending: Sequence[Attending], keys: torch.Tensor, values: torch.Tensor, step: int) -> None:
+    def check(self, attending: Sequence[Attending], pool: PagedContents, step: int) -> None:
         return None
 
 
@@ -77,7 +84,7 @@ class KernelAttention:
         """How many positions the token at ``position`` attends to (causal: itself and every one before it)."""
         return position + 1
 
-    def check(self, attending: Sequence[Attending], keys: torch.Tensor, values: torch.Tensor, step: int) -> None:
+    def check(self, attending: Sequence[Attending], pool: PagedContents, step: int) -> None:
         rows = [(view, position) for view in range(len(attending)) for position in attending[view].positions]
         if not rows:
             return
@@ -85,6 +92,7 @@ class KernelAttention:
         starts = [attending[view].first_attended(position) for view, position in rows]
         lengths = [self.context_length(position) for _, position in rows]
         queries = queries_for_tags([tags[view][position] for view, position in rows], MODEL_SHAPE)
+        keys, values = pool.contents()
         batch = PagedBatch(
             seqs=[f"{attending[view].request}@{position}" for view, position in rows],
             tables=[attending[view].table for view, _ in rows],

@@ -52,8 +52,8 @@ from typing import Any, Optional
 
 import attrs
 
-from kvfuzz.reference.content import kv_for_tags, prefix_tags
-from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
+from kvfuzz.reference.content import prefix_tags
+from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.groups import group_namespace
 from kvfuzz.scheduler.kv_slots import Write
 from kvfuzz.scheduler.offloading import TransferTally, step_blocks
@@ -280,16 +280,13 @@ class PDWorker:
         positions = range(load.start, load.stop)
         size = self.block_size
         slots = [load.blocks[position // size] * size + position % size for position in positions]
-        keys, values = kv_for_tags(tags[load.start : load.stop], MODEL_SHAPE)
         kv = worker.kv
         unfilled = set(remote.targets(size)[remote.filled :]) if remote.filled is not None else set()
         self.tally.failed_loads += int(remote.filled is not None)
-        for index, (slot, position) in enumerate(zip(slots, positions)):
+        for slot, position in zip(slots, positions):
             if slot // size in unfilled:
                 kv.loaded[slot] = False
                 continue
-            kv.keys[slot] = keys[index]
-            kv.values[slot] = values[index]
             kv.shadow[slot] = Write(remote.request, position, tags[position], step, namespace)
             kv.loaded[slot] = True
 

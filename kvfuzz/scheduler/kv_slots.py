@@ -8,19 +8,18 @@ there with a shadow record of who wrote it, and the two checks on it:
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
-import attrs
 import torch
 
-from kvfuzz.reference.content import kv_for_tags, prefix_tags
+from kvfuzz.reference.content import TagMemo, kv_for_tags
 from kvfuzz.scheduler.config import MODEL_SHAPE
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 
-@attrs.frozen
-class Write:
-    """Who last wrote a slot: its shadow record."""
+class Write(NamedTuple):
+    """Who last wrote a slot: its shadow record. (A named tuple, immutable as a frozen record and made in a third of
+    the time: the worker makes one for every token it writes.)"""
 
     request: str  # the request whose token was written
     position: int  # the token's position in that request
@@ -30,9 +29,9 @@ class Write:
     draft: bool = False  # the token was a speculative draft, not yet verified when written
 
 
-@attrs.frozen
-class Claim:
-    """Who needs a slot's content this step: a live request that computed the position, or this step's writer."""
+class Claim(NamedTuple):
+    """Who needs a slot's content this step: a live request that computed the position, or this step's writer. (A
+    named tuple, as :class:`Write`: the worker makes one for every position a live request relies on, every step.)"""
 
     request: str  # the request
     position: int  # its position the slot holds
@@ -41,33 +40,105 @@ class Claim:
     namespace: tuple[str, ...] = ()  # the request's K/V namespace (its cache salt, if any), for the message
 
 
+class _Relying(NamedTuple):
+    """A live request relying on its positions ``start .. len(tokens) - 1`` through a table (:meth:`Claims.rely`)."""
+
+    request: str
+    tokens: list[int]  # its tokens up to the last position it relies on
+    start: int  # the first position it relies on
+    namespace: tuple[str, ...]  # its K/V namespace there
+
+
+class Claims:
+    """Slot -> who needs its content this step: this step's writes so far, else the first live request to rely on a
+    position there (shared blocks need the same content, or the content check fails one of them).
+
+    A request relying through a block table is registered block by block and made into a :class:`Claim` only for a
+    slot a write touches: a step writes a few slots, while its live requests rely on every position they computed.
+    A request relying slot by slot (an engine without block tables, SGLang's token rows) is registered slot by slot;
+    a worker registers one way or the other."""
+
+    def __init__(self, block_size: int, tags: TagMemo) -> None:
+        self.block_size = block_size  # slots per block
+        self.tags = tags  # the pool's prefix tags, for the content a claim needs
+        self.written: dict[int, Claim] = {}  # slot -> this step's write there
+        self.slots: dict[int, Claim] = {}  # slot -> the first claim registered slot by slot
+        # block -> each request relying on a position in it, and the table entry the block is there, in order
+        self.blocks: dict[int, list[tuple[_Relying, int]]] = {}
+
+    def rely(self, request: str, tokens: list[int], table: list[int], start: int, namespace: tuple[str, ...]) -> None:
+        """``request`` relies on its positions ``start .. len(tokens) - 1``, held by the blocks of ``table`` (each
+        entry one that table holds)."""
+        if start >= len(tokens):
+            return
+        relying = _Relying(request, tokens, start, namespace)
+        for entry in range(start // self.block_size, (len(tokens) - 1) // self.block_size + 1):
+            self.blocks.setdefault(table[entry], []).append((relying, entry))
+
+    def get(self, slot: int) -> Optional[Claim]:
+        """The claim on ``slot``'s content: this step's write there, else the first live request relying on it."""
+        claim = self.written.get(slot)
+        if claim is None:
+            claim = self.slots.get(slot)
+        if claim is not None:
+            return claim
+        block, offset = divmod(slot, self.block_size)
+        for relying, entry in self.blocks.get(block, ()):
+            position = entry * self.block_size + offset
+            if relying.start <= position < len(relying.tokens):
+                tags = self.tags.tags((relying.request, relying.namespace), relying.namespace, relying.tokens)
+                return Claim(relying.request, position, tags[position], "relies on", relying.namespace)
+        return None
+
+
 class SlotPool:
-    """K and V of ``slots`` slots, ``block_size`` to a block, and each slot's last write (``None``: never written)."""
+    """``slots`` slots, ``block_size`` to a block, and each slot's last write (``None``: never written).
+
+    A slot's K and V are a function of the tag its last write left (:func:`~kvfuzz.reference.content.kv_for_tags`;
+    zeros where nothing was written), so the pool keeps the shadow alone: every write, copy and load sets a slot's
+    content and its record at once, and the content check compares tags, which is the comparison of K and V bit for
+    bit. :meth:`contents` makes the K and V tensors where a kernel reads them."""
 
     def __init__(self, slots: int, block_size: int) -> None:
         self.block_size = block_size
-        self.keys = torch.zeros((slots, *MODEL_SHAPE.kv_row_shape), dtype=MODEL_SHAPE.dtype)
-        self.values = torch.zeros_like(self.keys)
         self.shadow: list[Optional[Write]] = [None] * slots
         # slots a KV connector's load targeted, until a step writes them: whether the load filled the slot (False:
         # the load failed before its block), for the content check's cause
         self.loaded: dict[int, bool] = {}
+        self.tags = TagMemo()  # each (request, namespace)'s prefix tags, extended as its tokens grow
+
+    def contents(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of every slot, ``[slots, layers, kv_heads, head_dim]`` each: the K/V of the tag the slot's last
+        write left, zeros where nothing was written (what a model runner's pool holds)."""
+        keys = torch.zeros((len(self.shadow), *MODEL_SHAPE.kv_row_shape), dtype=MODEL_SHAPE.dtype)
+        values = torch.zeros_like(keys)
+        written = [(slot, write.tag) for slot, write in enumerate(self.shadow) if write is not None]
+        if written:
+            index = torch.tensor([slot for slot, _ in written], dtype=torch.int64)
+            keys[index], values[index] = kv_for_tags([tag for _, tag in written], MODEL_SHAPE)
+        return keys, values
 
     def claim(
         self,
         request: str,
         tokens: list[int],
         slots: list[int],
-        claims: dict[int, Claim],
+        claims: Claims,
         namespace: tuple[str, ...] = (),
         start: int = 0,
     ) -> None:
         """Claim ``slots`` (positions ``start .. len(tokens) - 1``) for a live request relying on their content (the
         K/V of its tokens under ``namespace``); a slot already claimed keeps its first claim (shared blocks need the
         same content, or the content check fails)."""
-        tags = prefix_tags(namespace, tokens)
+        tags = self.tags.tags((request, namespace), namespace, tokens)
+        registered = claims.slots
         for position, slot in zip(range(start, len(tokens)), slots):
-            claims.setdefault(slot, Claim(request, position, tags[position], "relies on", namespace))
+            if slot not in registered:
+                registered[slot] = Claim(request, position, tags[position], "relies on", namespace)
+
+    def claims(self) -> Claims:
+        """No claim yet: a step's, to fill."""
+        return Claims(self.block_size, self.tags)
 
     def write(
         self,
@@ -76,7 +147,7 @@ class SlotPool:
         positions: range,
         slots: list[int],
         step: int,
-        taken: dict[int, Claim],
+        taken: Claims,
         namespace: tuple[str, ...] = (),
         drafts_from: Optional[int] = None,
     ) -> None:
@@ -86,7 +157,7 @@ class SlotPool:
         every slot written."""
         if not positions:
             return
-        tags = prefix_tags(namespace, tokens[: positions.stop])[positions.start :]
+        tags = self.tags.tags((request, namespace), namespace, tokens[: positions.stop])[positions.start :]
         for slot, position, tag in zip(slots, positions, tags):
             claim = taken.get(slot)
             if claim is not None and claim.tag != tag:
@@ -101,25 +172,19 @@ class SlotPool:
                     + ("nothing yet" if found is None else f"tag {found.tag:#x}, written at step {found.step}"),
                     exclusive_cause(request, position, namespace, claim),
                 )
-            taken[slot] = Claim(request, position, tag, "wrote this step", namespace)
-        keys, values = kv_for_tags(tags, MODEL_SHAPE)
-        index = torch.tensor(slots, dtype=torch.int64)
-        self.keys[index] = keys
-        self.values[index] = values
+            taken.written[slot] = Claim(request, position, tag, "wrote this step", namespace)
+        shadow, loaded = self.shadow, self.loaded
         for slot, position, tag in zip(slots, positions, tags):
             draft = drafts_from is not None and position >= drafts_from
-            self.shadow[slot] = Write(request, position, tag, step, namespace, draft)
-            self.loaded.pop(slot, None)
+            shadow[slot] = Write(request, position, tag, step, namespace, draft)
+            if loaded:
+                loaded.pop(slot, None)
 
     def copy_block(self, source: int, destination: int) -> None:
         """Block ``destination``'s slots take block ``source``'s K/V and shadow (a copy-on-write the step runs)."""
         size = self.block_size
-        src = slice(source * size, (source + 1) * size)
-        dst = slice(destination * size, (destination + 1) * size)
-        self.keys[dst] = self.keys[src]
-        self.values[dst] = self.values[src]
-        self.shadow[dst] = self.shadow[src]
-        for slot in range(dst.start, dst.stop):
+        self.shadow[destination * size : (destination + 1) * size] = self.shadow[source * size : (source + 1) * size]
+        for slot in range(destination * size, (destination + 1) * size):
             self.loaded.pop(slot, None)
 
     def check(
@@ -135,15 +200,14 @@ class SlotPool:
         """Every position of ``tokens`` from ``start`` on holds, at its slot in ``slots`` (one per such position), the
         K/V of the request's own prefix up to it (under ``namespace``, its cache salt if any). Positions below
         ``hit`` are the ones the request was given from the prefix cache (it never wrote them), for the cause."""
-        tags = prefix_tags(namespace, tokens)
-        keys, values = kv_for_tags(tags[start:], MODEL_SHAPE)
-        index = torch.tensor(slots, dtype=torch.int64)
-        bad = ((self.keys[index] != keys) | (self.values[index] != values)).flatten(1).any(1)
-        if not bool(bad.any()):
+        tags = self.tags.tags((request, namespace), namespace, tokens)
+        shadow = self.shadow
+        for position, slot in zip(range(start, len(tokens)), slots):
+            found = shadow[slot]
+            if found is None or found.tag != tags[position]:
+                break
+        else:
             return
-        position = start + int(bad.nonzero()[0, 0])
-        slot = slots[position - start]
-        found = self.shadow[slot]
         holds = (
             "nothing written there"
             if found is None

@@ -30,7 +30,6 @@ import zlib
 from typing import Any, Iterator, Optional, Union
 
 import attrs
-import torch
 
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.kv_slots import SlotPool, Write
@@ -53,10 +52,8 @@ class Transfer:
 
 @attrs.frozen
 class Chunk:
-    """A block's K/V records as a store copied them: keys, values, and each slot's shadow record."""
+    """A block's K/V as a store copied it: each slot's shadow record (its K and V are the record's tag's)."""
 
-    keys: torch.Tensor
-    values: torch.Tensor
     shadow: tuple[Optional[Write], ...]
 
 
@@ -295,16 +292,10 @@ class OffloadingWorker:
                 if index >= transfer.filled:
                     continue
                 copy = self.store[chunk]
-                kv.keys[block * size : (block + 1) * size] = copy.keys
-                kv.values[block * size : (block + 1) * size] = copy.values
                 kv.shadow[block * size : (block + 1) * size] = list(copy.shadow)
             return
         for block, chunk in pairs:
-            self.store[chunk] = Chunk(
-                kv.keys[block * size : (block + 1) * size].clone(),
-                kv.values[block * size : (block + 1) * size].clone(),
-                tuple(kv.shadow[block * size : (block + 1) * size]),
-            )
+            self.store[chunk] = Chunk(tuple(kv.shadow[block * size : (block + 1) * size]))
 
     # -- the checks ----------------------------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ from kvfuzz.scheduler.batch import check_batch, check_table_covers
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.fake_model import UNMASKED, MinTokens
 from kvfuzz.scheduler.groups import group_namespace, group_rules, mamba_groups
-from kvfuzz.scheduler.kv_slots import Claim, SlotPool
+from kvfuzz.scheduler.kv_slots import Claims, SlotPool
 from kvfuzz.scheduler.lora import check_loras, lora_id
 from kvfuzz.scheduler.mamba_states import mamba_states
 from kvfuzz.scheduler.partial_prefix import copy_blocks, hit_check
@@ -288,8 +288,7 @@ class Worker:
         """The slots the K/V of a request's tokens at ``positions`` are written to in ``group`` (by default the
         first attention group, the one the write path maps): the slot mapping the model runner computes from that
         group's table."""
-        index = self.groups[0].index if group is None else group
-        return [self._slot(request, position, step, index) for position in positions]
+        return self._slots(request, positions, step, self.groups[0].index if group is None else group)
 
     def sampled(self, request: str, position: int) -> list[int]:
         """The tokens the fake model returns for a request whose sequence has ``position`` tokens: its one sample,
@@ -363,7 +362,7 @@ class Worker:
             self.history[request].extend(tokens)
             sampled.append(tokens)
             lengths[request] = len(state.tokens)
-        self.attention.check(attending, self.kv.keys, self.kv.values, step)  # after content: it names the slot at fault
+        self.attention.check(attending, self.kv, step)  # after content: it names the slot at fault
         self.drafts = self.speculation.propose(output, lengths)
         return order, sampled
 
@@ -374,6 +373,23 @@ class Worker:
     def _namespace(self, request: str, group: int) -> tuple[str, ...]:
         """The namespace of a request's K/V tags in ``group``: the group's, then the request's cache salt's."""
         return group_namespace(group) + self.requests[request].namespace
+
+    def _slots(self, request: str, positions: range, step: int, group: int) -> list[int]:
+        """The slot of each of ``positions`` (consecutive) in ``group``."""
+        table = self._table(request, positions, step, group)
+        size = self.block_size
+        return [table[position // size] * size + position % size for position in positions]
+
+    def _table(self, request: str, positions: range, step: int, group: int) -> list[int]:
+        """``request``'s table in ``group``, once every entry ``positions`` (consecutive) fall in is checked to be
+        one it has and a real block (:meth:`_slot` names the first position at fault)."""
+        table = self.requests[request].tables[group]
+        if positions:
+            last = (positions.stop - 1) // self.block_size
+            if last >= len(table) or 0 in table[positions.start // self.block_size : last + 1]:
+                for position in positions:
+                    self._slot(request, position, step, group)
+        return table
 
     def _slot(self, request: str, position: int, step: int, group: int = 0) -> int:
         table = self.requests[request].tables[group]
@@ -398,19 +414,19 @@ class Worker:
             )
         return table[entry] * self.block_size + position % self.block_size
 
-    def _relied_on(self, step: int) -> dict[int, Claim]:
-        """Slot -> the claim of a live request that has computed that position and relies on its content (when
-        several do, as blocks the prefix cache shares, the first: they need the same content, or the content check
-        fails one of them)."""
-        relied: dict[int, Claim] = {}
+    def _relied_on(self, step: int) -> Claims:
+        """The claims of the live requests that have computed a position and rely on its content, through their
+        tables (when several do, as blocks the prefix cache shares, the first: they need the same content, or the
+        content check fails one of them)."""
+        relied = self.kv.claims()
         for request, state in self.requests.items():
             if state.preempted or not state.computed:
                 continue
             for rule in self.groups:
                 start = rule.first_needed(state.computed)
-                slots = [self._slot(request, position, step, rule.index) for position in range(start, state.computed)]
+                table = self._table(request, range(start, state.computed), step, rule.index)
                 namespace = self._namespace(request, rule.index)
-                self.kv.claim(request, state.tokens[: state.computed], slots, relied, namespace, start)
+                relied.rely(request, state.tokens[: state.computed], table, start, namespace)
         return relied
 
     def _check_known(self, request: str, positions: range, step: int) -> None:
@@ -458,9 +474,7 @@ class Worker:
                 "a slot mapping of the wrong length",
             )
 
-    def _write(
-        self, request: str, positions: range, slots: list[list[int]], step: int, taken: dict[int, Claim]
-    ) -> None:
+    def _write(self, request: str, positions: range, slots: list[list[int]], step: int, taken: Claims) -> None:
         """Write the K/V of a request's tokens at ``positions`` into ``slots`` (one list per KV-cache group), once
         each group's are checked against its table. A write that gives a slot in ``taken`` content other than its
         claim needs breaks exclusivity; ``taken`` gets a claim for every slot written. (A request admitted in the
@@ -481,6 +495,6 @@ class Worker:
         attention; those within the window of the first scheduled token on, for a sliding window) holds the K/V of
         the request's own prefix up to it (drafts included)."""
         start = self.rules[group].first_needed(self.computed[request])
-        slots = [self._slot(request, position, step, group) for position in range(start, end)]
+        slots = self._slots(request, range(start, end), step, group)
         namespace = self._namespace(request, group)
         self.kv.check(request, self._tokens(request)[:end], slots, step, namespace, start, self.requests[request].hit)

@@ -16,7 +16,7 @@ from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.engines import installed_version
 from kvfuzz.scheduler.fake_model import sampled_token
-from kvfuzz.scheduler.kv_slots import Claim, SlotPool
+from kvfuzz.scheduler.kv_slots import Claims, SlotPool
 from kvfuzz.scheduler.offloading import TransferTally
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Step
@@ -230,7 +230,7 @@ class SGLangSession:
             requests[request] = RequestAtStep(state, where, count, self.computed.get(request, 0), tuple(pages))
         return StepSnapshot(self.steps, requests)
 
-    def _write(self, request: str, start: int, count: int, slots: list[int], taken: dict[int, Claim]) -> None:
+    def _write(self, request: str, start: int, count: int, slots: list[int], taken: Claims) -> None:
         tokens = self.tokens[request]
         if start + count > len(tokens):
             raise SchedulerViolation(
@@ -251,9 +251,10 @@ class SGLangSession:
         rid = req.rid  # type: ignore[attr-defined]
         self.kv.check(rid, self.tokens[rid][:end], self._row(req, end), self.steps)
 
-    def _relied_on(self) -> dict[int, Claim]:
-        """Slot -> the claim of a request holding KV (running, chunked, or this batch's) on a position it computed."""
-        claims: dict[int, Claim] = {}
+    def _relied_on(self) -> Claims:
+        """The claims of the requests holding KV (running, chunked, or this batch's) on the positions they computed,
+        slot by slot (SGLang's token rows)."""
+        claims = self.kv.claims()
         for request, req in self.loop.requests.items():
             computed = self.computed[request]
             if computed and req.kv.holds_kv and not req.finished():
