@@ -10,6 +10,7 @@ plays the sampler (:class:`~kvfuzz.scheduler.fake_model.MinTokens`)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import attrs
@@ -39,7 +40,7 @@ class Ending:
     def sampler(self) -> MinTokens:
         """The sampler's min-tokens processor for the request: vLLM's ``all_stop_token_ids``, its stop token ids and
         EOS, masked before ``min_tokens`` outputs."""
-        return MinTokens(self.min_tokens, {*self.stop_token_ids, EOS_TOKEN})
+        return _min_tokens(self.min_tokens, self.stop_token_ids)
 
     def length(self, request: str, prompt_length: int, max_tokens: int) -> int:
         """How many output tokens ``request`` finishes with, unless aborted: up to and including the first token
@@ -56,3 +57,10 @@ class Ending:
         parts += [f"EOS {EOS_TOKEN}"] if self.eos else []
         parts += [f"min_tokens {self.min_tokens}"] if self.min_tokens else []
         return ", ".join(parts)
+
+
+@functools.lru_cache(maxsize=256)
+def _min_tokens(min_tokens: int, stop_token_ids: tuple[int, ...]) -> MinTokens:
+    """The min-tokens processor of a request's ``min_tokens`` and stop token ids (EOS added), made once per pair: the
+    output check asks for it at every token."""
+    return MinTokens(min_tokens, {*stop_token_ids, EOS_TOKEN})

@@ -11,6 +11,7 @@ looking at ``min_tokens``."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import attrs
@@ -27,8 +28,10 @@ the vocabulary, so the model samples it at about a quarter of the positions; it 
 ignore EOS."""
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def sampled_token(request: str, position: int) -> int:
-    """The token the fake model samples for ``request`` when its sequence has ``position`` tokens."""
+    """The token the fake model samples for ``request`` when its sequence has ``position`` tokens (kept for the
+    positions asked lately: the output check and the worker ask for each one several times)."""
     return extend_tag(namespace_tag((request,)), position) % VOCABULARY
 
 
