@@ -80,17 +80,17 @@ class Lookup:
     emitted: tuple[Any, ...]
 
 
-def pool_hashes(pool: Any, external: Any) -> dict[Key, list[int]]:
+def pool_hashes(pool: Any, external: Callable[[Any], Key]) -> dict[Key, list[int]]:
     """(hash, group) -> the blocks of ``pool`` that hold it (their primary hash or a partial entry), the hash as the
-    events carry it (``external``: vLLM's ``maybe_convert_block_hash``)."""
-    from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
-
+    events carry it (``external``: a pool key as the events name it)."""
     held: dict[Key, list[int]] = {}
+    partial = pool.cached_block_hashes_by_block
     for block in pool.blocks:
         keys = [block.block_hash] if block.block_hash is not None else []
-        keys += pool.cached_block_hashes_by_block.get(block.block_id, ())
+        if partial:
+            keys += partial.get(block.block_id, ())
         for key in keys:
-            held.setdefault((external(get_block_hash(key)), get_group_id(key)), []).append(block.block_id)
+            held.setdefault(external(key), []).append(block.block_id)
     return held
 
 
@@ -102,6 +102,7 @@ class EventLedger:
 
         self.block_size = setup.hash_block_size  # the request hasher's block size
         self.external = maybe_convert_block_hash  # a pool hash as the events carry it
+        self.keys: dict[Any, Key] = {}  # a pool key (hash and group) -> (hash, group) as the events carry them
         self.pending: list[Any] = []  # events published and not yet checked
         self.announced: Counter[Key] = Counter()  # (hash, group) -> blocks the events say hold it
         self.prefixes: dict[Any, tuple[tuple[str, ...], tuple[int, ...]]] = {}  # hash -> (namespace, its tokens)
@@ -165,11 +166,12 @@ class EventLedger:
                 self._apply(event, step)
         for found in lookups:
             self._check_lookup(found, step)
-        holders = pool_hashes(pool, self.external)
-        for key in sorted(set(holders) | set(self.announced), key=repr):
+        holders = pool_hashes(pool, self._key)
+        announced = self.announced
+        wrong = [key for key in holders.keys() | announced.keys() if len(holders.get(key, ())) != announced[key]]
+        if wrong:
+            key = min(wrong, key=repr)  # the first in one order, whatever order the pool and events came in
             blocks = holders.get(key, [])
-            if len(blocks) == self.announced[key]:
-                continue
             raise SchedulerViolation(
                 Check.KV_EVENTS,
                 step,
@@ -189,6 +191,16 @@ class EventLedger:
         ``update_from_output`` would, and check."""
         self.pending.extend(scheduler.kv_cache_manager.take_events())
         self.check(scheduler, requests, step)
+
+    def _key(self, pool_key: Any) -> Key:
+        """A pool key (a block hash with its group) as the events carry it: (the external hash, the group), made once
+        per key (vLLM's conversion of a hash is the costly part of comparing the pool with the events)."""
+        key = self.keys.get(pool_key)
+        if key is None:
+            from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
+
+            key = self.keys[pool_key] = (self.external(get_block_hash(pool_key)), get_group_id(pool_key))
+        return key
 
     def _learn(self, requests: Iterable[KnownRequest]) -> None:
         """The hash of every full-block prefix of every request's tokens, by vLLM's request block hasher."""
@@ -226,6 +238,8 @@ class EventLedger:
                         "a removal of a block never stored",
                     )
                 self.announced[key] -= 1
+                if not self.announced[key]:
+                    del self.announced[key]  # the check walks the hashes held, not every hash ever announced
             return
         if kind == "BlockStored":
             if event.block_size % self.block_size == 0:
