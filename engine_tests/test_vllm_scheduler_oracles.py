@@ -26,6 +26,8 @@ ADAPTIVE = SchedulerSetup(num_blocks=8, long_prefill_token_threshold=2, long_pre
 ACTIVE = SchedulerSetup(num_blocks=8, max_num_active_seqs=2)  # two of the four runner slots admitted
 CADENCE = SchedulerSetup(num_blocks=8, prefill_schedule_interval=3)  # prefill every third step while decodes run
 PAUSES = SchedulerSetup(num_blocks=8, pauses=True)  # the client pauses and unpauses the scheduler
+UNCHUNKED = SchedulerSetup(num_blocks=8, chunked_prefill=False)  # prompts scheduled whole (max_model_len 16)
+UNCHUNKED_ASYNC = SchedulerSetup(num_blocks=8, chunked_prefill=False, async_scheduling=True, speculative_tokens=2)
 EXAMPLES = 60  # each bug is found within its first 20 examples
 STEPS = 50
 
@@ -64,6 +66,20 @@ CASES: list[tuple[Callable[[pytest.MonkeyPatch], None], SchedulerSetup, Check, s
         FCFS,
         Check.BUDGET,
         r"the step schedules (1[7-9]|20) tokens \(.*\), but max_num_batched_tokens is 16",
+    ),
+    (
+        bugs.chunked_prefill_read_as_on,
+        UNCHUNKED,
+        Check.BUDGET,
+        r"the step admits it with \d+ of the \d+ tokens it has left to compute \(positions \d+\.\.\d+ of its \d+\), "
+        r"but chunked prefill is off \(enable_chunked_prefill=False\): vLLM schedules a waiting request.s prompt "
+        r"whole, or not at all",
+    ),
+    (
+        bugs.chunked_prefill_read_as_on,
+        UNCHUNKED_ASYNC,
+        Check.BUDGET,
+        r"the step admits it with \d+ of the \d+ tokens it has left to compute .*but chunked prefill is off",
     ),
     (
         bugs.running_cap_one_more,
@@ -131,7 +147,11 @@ CASES: list[tuple[Callable[[pytest.MonkeyPatch], None], SchedulerSetup, Check, s
 ]
 
 
-@pytest.mark.parametrize(("seed_bug", "setup", "check", "message"), CASES, ids=[case[0].__name__ for case in CASES])
+@pytest.mark.parametrize(
+    ("seed_bug", "setup", "check", "message"),
+    CASES,
+    ids=[case[0].__name__ + ("-async" if case[1].async_scheduling else "") for case in CASES],
+)
 def test_each_seeded_bug_is_caught_by_its_oracle(
     seed_bug: Callable[[pytest.MonkeyPatch], None],
     setup: SchedulerSetup,
@@ -147,8 +167,19 @@ def test_each_seeded_bug_is_caught_by_its_oracle(
 
 @pytest.mark.parametrize(
     "setup",
-    [FCFS, PRIORITY, OVERLONG, LONG_PREFILL, ADAPTIVE, ACTIVE, CADENCE, PAUSES],
-    ids=["fcfs", "priority", "overlong", "long-prefill", "adaptive", "active", "cadence", "pauses"],
+    [FCFS, PRIORITY, OVERLONG, LONG_PREFILL, ADAPTIVE, ACTIVE, CADENCE, PAUSES, UNCHUNKED, UNCHUNKED_ASYNC],
+    ids=[
+        "fcfs",
+        "priority",
+        "overlong",
+        "long-prefill",
+        "adaptive",
+        "active",
+        "cadence",
+        "pauses",
+        "unchunked",
+        "unchunked-async",
+    ],
 )
 def test_the_same_searches_pass_on_vllm_as_released(setup: SchedulerSetup) -> None:
     """Without a seeded bug every search above runs all its examples clean, through preemptions and waiting."""

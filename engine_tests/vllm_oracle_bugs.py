@@ -69,6 +69,19 @@ def budget_one_block_larger(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(Scheduler, "__init__", init)
 
 
+def chunked_prefill_read_as_on(patch: pytest.MonkeyPatch) -> None:
+    """The scheduler reads ``enable_chunked_prefill`` as on although it is off: a waiting request whose prompt does
+    not fit the step's token budget left is admitted with a first chunk of it."""
+    original = Scheduler.__init__
+
+    def init(self: Scheduler, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.scheduler_config = copy.copy(self.scheduler_config)  # kvfuzz's configuration is left as it was
+        object.__setattr__(self.scheduler_config, "enable_chunked_prefill", True)
+
+    patch.setattr(Scheduler, "__init__", init)
+
+
 def running_cap_one_more(patch: pytest.MonkeyPatch) -> None:
     """The scheduler's running-request cap is one more than ``max_num_seqs`` (its own assertion reads the same
     wrong cap, so it does not fire)."""

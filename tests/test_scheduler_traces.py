@@ -678,3 +678,23 @@ def test_the_retention_and_the_skipped_reads_are_recorded_only_where_set() -> No
     data["config"]["model"] = "mamba-hybrid"
     with pytest.raises(SchedulerTraceError, match=r"^trace: config: retention periodic is driven on the sliding"):
         from_json(data)
+
+
+def test_chunked_prefill_off_is_recorded_only_where_set_and_caps_max_model_len_at_the_budget() -> None:
+    """Absent when on (every trace before it reads and digests as it did); off, it round-trips, the target's
+    max_model_len is capped at the token budget (vLLM refuses a longer one), and the configurations vLLM does not run
+    it with are refused."""
+    assert "chunked_prefill" not in TRACE.to_json()["config"]
+    setup = attrs.evolve(TRACE.setup, chunked_prefill=False)
+    data = attrs.evolve(TRACE, setup=setup).to_json()
+    assert data["config"]["chunked_prefill"] is False
+    assert from_json(data).setup == setup
+    assert SchedulerSetup(num_blocks=8, max_num_batched_tokens=16).max_model_len == 32
+    assert SchedulerSetup(num_blocks=8, max_num_batched_tokens=16, chunked_prefill=False).max_model_len == 16
+    assert SchedulerSetup(num_blocks=2, max_num_batched_tokens=16, chunked_prefill=False).max_model_len == 8
+    data["config"]["long_prefill_token_threshold"] = 2
+    with pytest.raises(SchedulerTraceError, match=r"^trace: config: chunked prefill off is not driven with long_"):
+        from_json(data)
+    with pytest.raises(ValueError, match="chunked prefill off with model mamba-hybrid needs prefix caching off"):
+        SchedulerSetup(model="mamba-hybrid", chunked_prefill=False)
+    SchedulerSetup(model="mamba-hybrid", prefix_caching=False, chunked_prefill=False)

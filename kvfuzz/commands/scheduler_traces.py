@@ -229,6 +229,7 @@ def run_command_line(trace: SchedulerTrace) -> str:
         f"--max-num-active-seqs {setup.max_num_active_seqs}": bool(setup.max_num_active_seqs),
         f"--prefill-schedule-interval {setup.prefill_schedule_interval}": setup.prefill_schedule_interval > 1,
         "--pauses": setup.pauses,
+        "--no-chunked-prefill": not setup.chunked_prefill,
         f"--write-path {trace.write_path}": trace.write_path != "kvfuzz",
         f"--attention {trace.attention}": trace.attention != "off",
     }

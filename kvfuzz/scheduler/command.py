@@ -74,6 +74,7 @@ SCHEDULER_ONLY = (
     "max_num_active_seqs",
     "prefill_schedule_interval",
     "pauses",
+    "no_chunked_prefill",
     "untested_engine",
 )
 """The attributes of the options only a scheduler target takes."""
@@ -240,6 +241,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(docs/scheduler-features.md)",
     )
     group.add_argument(
+        "--no-chunked-prefill",
+        action="store_true",
+        default=None,
+        help="vLLM's enable_chunked_prefill off: a waiting request's prompt is scheduled whole or not at all "
+        "(max_model_len capped at the token budget, as vLLM asks; docs/oracles.md)",
+    )
+    group.add_argument(
         "--prefix-resets",
         action="store_true",
         default=None,
@@ -337,6 +345,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "max_num_active_seqs",
             "prefill_schedule_interval",
             "pauses",
+            "no_chunked_prefill",
         ):
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/sglang.md)"
@@ -390,6 +399,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "max_num_active_seqs": args.max_num_active_seqs,
         "prefill_schedule_interval": args.prefill_schedule_interval,
         "pauses": True if args.pauses else None,
+        "chunked_prefill": False if args.no_chunked_prefill else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

@@ -110,6 +110,9 @@ class SchedulerSetup:
     # steps while a decode runs, the steps between decode alone (1: every step)
     prefill_schedule_interval: int = 1
     pauses: bool = False  # the client pauses and unpauses the scheduler between steps (kvfuzz.scheduler.pausing)
+    # vLLM's enable_chunked_prefill: off, a waiting request's prompt is scheduled whole or not at all (vLLM then asks
+    # max_num_batched_tokens >= max_model_len: the target's max_model_len is capped at the budget)
+    chunked_prefill: bool = True
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -221,8 +224,25 @@ class SchedulerSetup:
                 f"max_num_active_seqs must be 0 (unset) .. max_num_seqs {self.max_num_seqs}, as vLLM checks, got "
                 f"{self.max_num_active_seqs}"
             )
+        if not self.chunked_prefill:
+            self._check_unchunked()
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
+
+    def _check_unchunked(self) -> None:
+        """Chunked prefill off where vLLM runs it: not with a Mamba hybrid's prefix caching (vLLM asserts chunked
+        prefill there), and not with a long-prefill cap, which vLLM applies before it checks chunked prefill and so
+        splits a prompt anyway (whether that is meant is vLLM's to say: docs/oracles.md)."""
+        if self.model == "mamba-hybrid" and self.prefix_caching:
+            raise ValueError(
+                "chunked prefill off with model mamba-hybrid needs prefix caching off: vLLM asserts chunked prefill "
+                "for Mamba prefix caching"
+            )
+        if self.long_prefill_token_threshold:
+            raise ValueError(
+                "chunked prefill off is not driven with long_prefill_token_threshold: vLLM caps a prompt at the "
+                "threshold before it checks chunked prefill, so it splits prompts anyway (docs/oracles.md)"
+            )
 
     def _check_prefix_match_unit(self) -> None:
         """A ``prefix_match_unit`` that turns vLLM's partial prefix-cache hits on: finer than the block, dividing it, on
@@ -247,8 +267,10 @@ class SchedulerSetup:
     @property
     def max_model_len(self) -> int:
         """The longest request (prompt and output) the target is given: the whole pool, or for a hybrid model the
-        longest whose blocks in every group fit the pool (:func:`~kvfuzz.scheduler.models.max_model_len`)."""
-        return max_model_len(MODELS[self.model], self.num_blocks, self.block_size, self.max_in_flight_tokens)
+        longest whose blocks in every group fit the pool (:func:`~kvfuzz.scheduler.models.max_model_len`); with
+        chunked prefill off, at most the token budget (vLLM refuses a longer one, whose prompt no step could hold)."""
+        longest = max_model_len(MODELS[self.model], self.num_blocks, self.block_size, self.max_in_flight_tokens)
+        return longest if self.chunked_prefill else min(longest, self.max_num_batched_tokens)
 
     @property
     def max_in_flight_tokens(self) -> int:
@@ -292,6 +314,7 @@ class SchedulerSetup:
             )
             + (f", at most {self.max_num_active_seqs} admitted to run" if self.max_num_active_seqs else "")
             + (", pauses" if self.pauses else "")
+            + (", chunked prefill off" if not self.chunked_prefill else "")
             + (
                 f", prefill every {self.prefill_schedule_interval} executed steps while a decode runs"
                 if self.prefill_schedule_interval > 1

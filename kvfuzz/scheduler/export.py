@@ -38,6 +38,7 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     connector = f", kv_connector={setup.kv_connector!r}" if setup.kv_connector != "none" else ""
     delay = f", transfer_delay={setup.transfer_delay}" if setup.transfer_delay else ""
     options = model + speculative + loras + unit + connector + delay
+    options += ", chunked_prefill=False" if not setup.chunked_prefill else ""
     options += "".join(
         f", {name}={value!r}"
         for name, value in (

@@ -173,6 +173,7 @@ BLOCK_SIZE = {setup.block_size}
 MAX_NUM_BATCHED_TOKENS = {setup.max_num_batched_tokens}
 MAX_NUM_SEQS = {setup.max_num_seqs}
 MAX_MODEL_LEN = {setup.max_model_len}  # a request alone always fits: vLLM's startup check admits it on the pool
+CHUNKED_PREFILL = {setup.chunked_prefill}  # off: a prompt is scheduled whole (MAX_MODEL_LEN within the budget)
 PREFIX_CACHING = {setup.prefix_caching}
 PREFIX_MATCH_UNIT = {setup.prefix_match_unit}  # tokens a prefix-cache hash covers, below the block (0: the block)
 HASH_BLOCK_SIZE = {setup.hash_block_size}  # tokens a prefix-cache hash covers

@@ -54,7 +54,7 @@ def build_scheduler():
     cache.num_gpu_blocks = NUM_BLOCKS + 1
     scheduler_config = SchedulerConfig(
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_num_seqs=MAX_NUM_SEQS, max_model_len=MAX_MODEL_LEN,
-        enable_chunked_prefill=True, is_encoder_decoder=False, async_scheduling=False, policy=POLICY,
+        enable_chunked_prefill=CHUNKED_PREFILL, is_encoder_decoder=False, async_scheduling=False, policy=POLICY,
         long_prefill_token_threshold=LONG_PREFILL_TOKEN_THRESHOLD,
         long_prefill_token_threshold_adaptive=LONG_PREFILL_TOKEN_THRESHOLD_ADAPTIVE,
         max_num_active_seqs=MAX_NUM_ACTIVE_SEQS, prefill_schedule_interval=PREFILL_SCHEDULE_INTERVAL,

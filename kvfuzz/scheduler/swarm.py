@@ -126,6 +126,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
     # vLLM's prefix-cache retention of sliding-window and Mamba blocks: dense a quarter of the time, periodic (sliding
     # window only; refused, and redrawn, on the Mamba hybrid) a quarter, vLLM's default (semantic) the rest
     Dimension("retention", RETENTIONS, weighted((2, 1, 1)), needs=("model", ("sliding-window", "mamba-hybrid"))),
+    # vLLM's chunked prefill off a quarter of the time (max_model_len capped at the budget), where no long-prefill cap
+    # splits prompts anyway; refused, and redrawn, on a Mamba hybrid with prefix caching (vLLM asserts it on there)
+    Dimension("chunked_prefill", (True, False), chance(0.25), needs=("long_prefill_token_threshold", 0)),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
 

@@ -62,7 +62,8 @@ docs/scheduler-features.md); ``config.load_failure_policy`` (``recompute`` when 
 ``kv_load_failure_policy``, docs/scheduler-connectors.md); ``config.skip_prefix_reads`` (false when absent; true: a
 quarter of the requests, drawn from their ids, skip reading the prefix cache, docs/scheduler-features.md);
 ``config.retention`` (``semantic`` when absent, or ``dense`` / ``periodic``: vLLM's prefix-cache retention interval,
-docs/scheduler-features.md).
+docs/scheduler-features.md); ``config.chunked_prefill`` (true when absent; false: vLLM's chunked prefill off, the
+target's ``max_model_len`` capped at the token budget, docs/oracles.md).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -312,6 +313,7 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
             else {}
         ),
         **({"pauses": True} if setup.pauses else {}),
+        **({"chunked_prefill": False} if not setup.chunked_prefill else {}),
     }
 
 
@@ -445,6 +447,7 @@ def _config(value: Any) -> SchedulerSetup:
         "max_num_active_seqs": False,
         "prefill_schedule_interval": False,
         "pauses": False,
+        "chunked_prefill": False,
     }
     config = trace_files.fields(value, "config", {**required, **optional})
     numbers = {
@@ -518,6 +521,7 @@ def _config(value: Any) -> SchedulerSetup:
                 MAX_PREFILL_SCHEDULE_INTERVAL,
             ),
             pauses=trace_files.boolean("config.pauses", config.get("pauses", False)),
+            chunked_prefill=trace_files.boolean("config.chunked_prefill", config.get("chunked_prefill", True)),
         )
     except ValueError as error:
         raise Invalid("config", str(error)) from None

@@ -184,7 +184,7 @@ def _built_config(setup: SchedulerSetup) -> Any:
         max_num_batched_tokens=setup.max_num_batched_tokens,
         max_num_seqs=setup.max_num_seqs,
         max_model_len=setup.max_model_len,
-        enable_chunked_prefill=True,
+        enable_chunked_prefill=setup.chunked_prefill,
         is_encoder_decoder=False,
         async_scheduling=setup.async_scheduling,
         policy=setup.policy,

@@ -3,7 +3,7 @@ same events (docs/oracles.md):
 
 * :mod:`~kvfuzz.scheduler.oracles.order`: the policy's victims and its admission order;
 * :mod:`~kvfuzz.scheduler.oracles.budgets`: each step within the token budgets, the running cap and
-  ``max_model_len``;
+  ``max_model_len``, and with chunked prefill off no prompt split;
 * :mod:`~kvfuzz.scheduler.oracles.liveness`: no running request left unscheduled with budget to spare, no waiting
   request left waiting while the step left it room.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from kvfuzz.scheduler.config import SchedulerSetup
-from kvfuzz.scheduler.oracles.budgets import Budgets, check_budgets
+from kvfuzz.scheduler.oracles.budgets import Budgets, check_budgets, check_unsplit
 from kvfuzz.scheduler.oracles.engine import VllmView
 from kvfuzz.scheduler.oracles.events import Arrival, StepEvents, step_events
 from kvfuzz.scheduler.oracles.holds import Holds
@@ -59,6 +59,7 @@ class PolicyOracles:
         checks rebuild have no place for a session paused at its stop (it holds a running slot outside vLLM's running
         queue) nor for one resumed (it returns through vLLM's queue of requests holding blocks), so those checks, and
         the running cap read from the rebuilt queue, are left out there (docs/scheduler-features.md)."""
+        check_unsplit(self.budgets, events, self.known_tokens)
         if self.setup.sessions:
             check_budgets(self.budgets, events, ())
             return

@@ -16,7 +16,10 @@ Of every step (``schedule()``'s output, as the model runner reads it):
   tokens (vLLM lifts the cap only for a request alone in the engine); with
   ``long_prefill_token_threshold_adaptive`` the cap is floored at the budget's fair share,
   ``max_num_batched_tokens // n`` for the ``n`` requests running or waiting when the step began, so a step that
-  schedules ``k`` requests (``k <= n``) gives none more than ``max(T, max_num_batched_tokens // k)``.
+  schedules ``k`` requests (``k <= n``) gives none more than ``max(T, max_num_batched_tokens // k)``;
+* with chunked prefill off (``enable_chunked_prefill=False``), a request the step admits (new, or resumed after a
+  preemption) is scheduled every token it has left to compute, drafts aside: its prompt (and, resumed, the outputs
+  it replays) beyond its prefix-cache hit, whole, never a first chunk (:func:`check_unsplit`).
 
 The LoRA limit (at most ``max_loras`` adapters a step) is the LoRA check's (:mod:`kvfuzz.scheduler.lora`). The
 limits are read from the configuration kvfuzz built, never from the scheduler object, so a scheduler that misreads
@@ -24,7 +27,7 @@ its own configuration is held to what it was given."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import attrs
 
@@ -44,6 +47,7 @@ class Budgets:
     max_num_active_seqs: int  # requests admitted to run at most: vLLM's max_num_active_seqs, else max_num_seqs
     long_prefill_token_threshold: int  # a request's tokens a step beside others (0: no cap)
     long_prefill_token_threshold_adaptive: bool  # that cap floored at the budget's fair share
+    chunked_prefill: bool = True  # vLLM's enable_chunked_prefill: off, a request is admitted with all it has left
 
     @classmethod
     def of(cls, config: Any) -> "Budgets":
@@ -60,6 +64,7 @@ class Budgets:
             scheduler.max_num_active_seqs or scheduler.max_num_seqs,
             scheduler.long_prefill_token_threshold,
             scheduler.long_prefill_token_threshold_adaptive,
+            bool(scheduler.enable_chunked_prefill),
         )
 
     @property
@@ -162,4 +167,28 @@ def check_budgets(budgets: Budgets, events: StepEvents, running: Sequence[str]) 
                 f"position {computed + count}, but max_model_len is {budgets.max_model_len}: no request grows past "
                 f"{budgets.max_model_len} tokens, so its last sampled position is {budgets.max_model_len - 1}",
                 "a request grown past max_model_len",
+            )
+
+
+def check_unsplit(budgets: Budgets, events: StepEvents, known_tokens: Callable[[str], int]) -> None:
+    """With chunked prefill off, every request the step admits is scheduled all it has left to compute
+    (``known_tokens``: its prompt and the outputs reported for it so far; less what it had computed, its prefix-cache
+    hit), drafts aside. A step that schedules it fewer splits its prompt, which chunked prefill off forbids."""
+    if budgets.chunked_prefill:
+        return
+    for request in sorted(events.admitted):
+        computed, known = events.computed.get(request, 0), known_tokens(request)
+        drafts = events.drafts.get(request, 0)
+        scheduled = events.scheduled.get(request, 0) - drafts
+        if scheduled < known - computed:
+            raise SchedulerViolation(
+                Check.BUDGET,
+                events.step,
+                request,
+                f"the step admits it with {scheduled} of the {known - computed} tokens it has left to compute "
+                f"(positions {computed}..{computed + scheduled - 1} of its {known}"
+                + (f"; {drafts} draft(s) besides" if drafts else "")
+                + "), but chunked prefill is off (enable_chunked_prefill=False): vLLM schedules a waiting request's "
+                "prompt whole, or not at all",
+                "a prompt split with chunked prefill off",
             )

@@ -29,7 +29,8 @@ class StepEvents:
     """One ``schedule()`` as the model runner reads its output: the tokens scheduled per request, the requests the
     step admitted from the waiting queue (new, or resumed after a preemption), those it (or a client's prefix-cache
     reset since the last step) preempted, those that finished or were aborted since the last step, and each
-    scheduled request's computed tokens before the step.
+    scheduled request's computed tokens before the step, and the drafts (placeholders included) among each
+    scheduled request's tokens.
 
     Invariant: ``admitted`` and ``preempted`` are disjoint from ``finished``; every admitted request is scheduled."""
 
@@ -39,6 +40,7 @@ class StepEvents:
     preempted: frozenset[str]
     finished: frozenset[str]
     computed: Mapping[str, int]
+    drafts: Mapping[str, int] = attrs.field(factory=dict)  # scheduled request -> its drafts among its tokens
 
     @property
     def total(self) -> int:
@@ -57,4 +59,5 @@ def step_events(output: Any, resumed: Collection[str], computed: Mapping[str, in
         frozenset(output.preempted_req_ids or ()),
         frozenset(output.finished_req_ids),
         dict(computed),
+        {request: len(drafts) for request, drafts in (output.scheduled_spec_decode_tokens or {}).items()},
     )

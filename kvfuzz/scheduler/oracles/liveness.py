@@ -14,14 +14,15 @@ legitimate wait, for blocks, budget or a running slot, is never one):
   the policy's order (:mod:`~kvfuzz.scheduler.oracles.queues`) that nothing holds back
   (:mod:`~kvfuzz.scheduler.oracles.holds`) and that the step did not admit is one the step had no room for: after the
   step, ``max_num_seqs`` requests run (``max_num_active_seqs``, where set), or the token budget left is below one token
-  and the drafts a decode is padded to, or the pool's free blocks (the accounting check holds that count to the tables)
-  are fewer than the watermark plus the blocks the whole request needs (its tokens, the lookahead slots and the drafts
-  it may be padded to, with no prefix-cache hit: an upper bound of what vLLM allocates for its first chunk). Held for
-  models of full attention alone; a sliding window's admission cap and a Mamba group's state blocks make the blocks a
-  request needs something this bound does not capture, so hybrid models are held to the first promise only. So are
-  configurations with a KV connector: the connector decides each step, from state only it holds, whether a request may
-  start (its answer to ``get_num_new_matched_tokens``: "ask again later" while a transfer of the request is in flight,
-  or an asynchronous load, which vLLM admits only if its blocks fit beside what the loads in flight still need)."""
+  and the drafts a decode is padded to (with chunked prefill off, below all its tokens), or the pool's free blocks (the
+  accounting check holds that count to the tables) are fewer than the watermark plus the blocks the whole request needs
+  (its tokens, the lookahead slots and the drafts it may be padded to, with no prefix-cache hit: an upper bound of what
+  vLLM allocates for its first chunk). Held for models of full attention alone; a sliding window's admission cap and a
+  Mamba group's state blocks make the blocks a request needs something this bound does not capture, so hybrid models are
+  held to the first promise only. So are configurations with a KV connector: the connector decides each step, from state
+  only it holds, whether a request may start (its answer to ``get_num_new_matched_tokens``: "ask again later" while a
+  transfer of the request is in flight, or an asynchronous load, which vLLM admits only if its blocks fit beside what
+  the loads in flight still need)."""
 
 from __future__ import annotations
 
@@ -108,10 +109,12 @@ def check_head_admitted(
     running = len(queues.running) + len(events.admitted)
     if running >= budgets.max_num_active_seqs:
         return
-    padded = 1 + drafts  # a resumed decode may be padded to its drafts, or not scheduled at all
+    tokens = known_tokens(head)
+    # a resumed decode may be padded to its drafts, or not scheduled at all; with chunked prefill off, a request is
+    # admitted with all it has left (at most its every token) or not at all
+    padded = 1 + drafts if budgets.chunked_prefill else tokens + drafts
     if room.tokens < padded or room.input_slots - budgets.draft_slots < padded:
         return
-    tokens = known_tokens(head)
     slack = DEPTH * (1 + drafts) if view.async_scheduling else 0  # outputs in flight, not yet reported
     needed = -(-(tokens + slack + view.lookahead + drafts) // block_size) + view.watermark
     if room.free_blocks < needed:

@@ -46,6 +46,7 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("load_failure_policy", ("recompute",), fixed),
     Dimension("skip_prefix_reads", (False,), fixed),
     Dimension("retention", ("semantic",), fixed),
+    Dimension("chunked_prefill", (True,), fixed),
     Dimension(MODEL_RUNNER, ("",), fixed),
 )
 """SGLang's configuration, one row per dimension (every row of vLLM's table, by name)."""
