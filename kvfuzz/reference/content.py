@@ -55,11 +55,16 @@ def extend_tag(tag: int, token: int) -> int:
 
 def prefix_tags(namespace: Namespace, tokens: Iterable[int]) -> list[int]:
     """The tag of every position of ``tokens`` under ``namespace``."""
-    tags, tag = [], namespace_tag(namespace)
+    tags: list[int] = []
+    _extend_tags(tags, namespace_tag(namespace), tokens)
+    return tags
+
+
+def _extend_tags(tags: list[int], tag: int, tokens: Iterable[int]) -> None:
+    """Append to ``tags`` the tag of each of ``tokens``, the prefix before them having tag ``tag``."""
     for token in tokens:
         tag = extend_tag(tag, token)
         tags.append(tag)
-    return tags
 
 
 class TagMemo:
@@ -84,10 +89,7 @@ class TagMemo:
                 if known[:count] == tokens:
                     return tags[:count]
             elif tokens[: len(known)] == known:
-                tag = tags[-1] if tags else namespace_tag(namespace)
-                for token in tokens[len(known) :]:
-                    tag = extend_tag(tag, token)
-                    tags.append(tag)
+                _extend_tags(tags, tags[-1] if tags else namespace_tag(namespace), tokens[len(known) :])
                 known.extend(tokens[len(known) :])
                 return tags[:]
         tags = prefix_tags(namespace, tokens)

@@ -62,6 +62,9 @@ UNMASKED = MinTokens()
 """A request without ``min_tokens``: the sampler returns the model's tokens."""
 
 
-def expected_output(request: str, prompt_length: int, count: int, sampler: MinTokens = UNMASKED) -> list[int]:
-    """The first ``count`` output tokens of a request whose prompt has ``prompt_length`` tokens."""
-    return [sampler.token(request, prompt_length, prompt_length + index) for index in range(count)]
+def expected_output(
+    request: str, prompt_length: int, count: int, sampler: MinTokens = UNMASKED, start: int = 0
+) -> list[int]:
+    """The first ``count`` output tokens of a request whose prompt has ``prompt_length`` tokens (from output
+    ``#start`` on: the earlier ones left out)."""
+    return [sampler.token(request, prompt_length, prompt_length + index) for index in range(start, count)]

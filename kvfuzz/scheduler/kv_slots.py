@@ -75,6 +75,16 @@ class Claims:
         for entry in range(start // self.block_size, (len(tokens) - 1) // self.block_size + 1):
             self.blocks.setdefault(table[entry], []).append((relying, entry))
 
+    def rely_on_slots(
+        self, request: str, tokens: list[int], slots: list[int], namespace: tuple[str, ...] = (), start: int = 0
+    ) -> None:
+        """``request`` relies on its positions ``start .. len(tokens) - 1``, held by ``slots`` (one per position): a
+        slot already claimed keeps its first claim."""
+        tags = self.tags.tags((request, namespace), namespace, tokens)
+        for position, slot in zip(range(start, len(tokens)), slots):
+            if slot not in self.slots:
+                self.slots[slot] = Claim(request, position, tags[position], "relies on", namespace)
+
     def get(self, slot: int) -> Optional[Claim]:
         """The claim on ``slot``'s content: this step's write there, else the first live request relying on it."""
         claim = self.written.get(slot)
@@ -117,24 +127,6 @@ class SlotPool:
             index = torch.tensor([slot for slot, _ in written], dtype=torch.int64)
             keys[index], values[index] = kv_for_tags([tag for _, tag in written], MODEL_SHAPE)
         return keys, values
-
-    def claim(
-        self,
-        request: str,
-        tokens: list[int],
-        slots: list[int],
-        claims: Claims,
-        namespace: tuple[str, ...] = (),
-        start: int = 0,
-    ) -> None:
-        """Claim ``slots`` (positions ``start .. len(tokens) - 1``) for a live request relying on their content (the
-        K/V of its tokens under ``namespace``); a slot already claimed keeps its first claim (shared blocks need the
-        same content, or the content check fails)."""
-        tags = self.tags.tags((request, namespace), namespace, tokens)
-        registered = claims.slots
-        for position, slot in zip(range(start, len(tokens)), slots):
-            if slot not in registered:
-                registered[slot] = Claim(request, position, tags[position], "relies on", namespace)
 
     def claims(self) -> Claims:
         """No claim yet: a step's, to fill."""

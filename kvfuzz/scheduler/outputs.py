@@ -109,9 +109,7 @@ class OutputLedger:
         expected.received.extend(tokens)
         sampler, prompt_length = expected.ending.sampler, expected.prompt_length
         # the earlier outputs were checked as they came: only this step's are compared
-        if tokens != [
-            sampler.token(request, prompt_length, prompt_length + index) for index in range(start, start + len(tokens))
-        ]:
+        if tokens != expected_output(request, prompt_length, len(expected.received), sampler, start):
             want = expected_output(request, prompt_length, len(expected.received), sampler)
             first = next(index for index, (got, ought) in enumerate(zip(expected.received, want)) if got != ought)
             raise SchedulerViolation(

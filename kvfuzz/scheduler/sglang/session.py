@@ -259,7 +259,7 @@ class SGLangSession:
             computed = self.computed[request]
             if computed and req.kv.holds_kv and not req.finished():
                 slots = self._row(req, computed)
-                self.kv.claim(request, self.tokens[request][:computed], slots, claims)
+                claims.rely_on_slots(request, self.tokens[request][:computed], slots)
         return claims
 
     def _receive(self, req: object) -> None:
