@@ -4,9 +4,9 @@ with their union and the points each reached alone, and the functions that hold 
 
 The two measurements may come from two environments (two copies of the same release): a file is named by its path
 inside its package (``vllm/v1/core/block_pool.py``), and its points are read from whichever copy this machine has;
-two copies that differ are refused (the points would not compare). Functions a target leaves out of scope (the
-docs' "What stays out": multimodal encoder inputs) are left out of both sides and of the totals, unless asked not
-to; both sides are always counted the same way.
+two copies that differ are refused (the points would not compare). What a target leaves out of scope (the docs'
+"What stays out": multimodal encoder inputs, whole functions and the branches they guard in others) is left out of
+both sides and of the totals, unless asked not to; both sides are always counted the same way.
 
 Invariant: every figure counts points of the file's functions only (:mod:`kvfuzz.coverage.static`), so a point a
 side reached that the file does not hold (another version's line) counts for neither side.
@@ -26,7 +26,8 @@ import attrs
 
 from kvfuzz.coverage.measure import Reached
 from kvfuzz.coverage.report import display_name
-from kvfuzz.coverage.static import Branch, FunctionPoints, function_points
+from kvfuzz.coverage.scope import LeftOut
+from kvfuzz.coverage.static import Branch, FunctionPoints, function_points, guarded_lines
 
 
 class ComparisonError(Exception):
@@ -128,6 +129,7 @@ class Comparison:
     files: tuple[FileComparison, ...]
     functions: tuple[FunctionGap, ...]
     left_out: tuple[str, ...]  # "file: qualname" of each function left out of both sides
+    guarded: tuple[str, ...] = ()  # "file: lines ... (N points)": the code the left-out guards guard, by file
 
     def widest_gaps(self, count: int) -> tuple[FunctionGap, ...]:
         """The ``count`` functions where the tests reached the most points the campaign did not."""
@@ -139,6 +141,7 @@ class Comparison:
             "files": [file.to_json() for file in self.files],
             "functions": [function.to_json() for function in self.functions],
             "left_out": list(self.left_out),
+            "guarded": list(self.guarded),
         }
 
 
@@ -187,31 +190,62 @@ class _Positions:
         return len(function.lines & self.lines) + len(function.branches & self.branches)
 
 
+def _without(function: FunctionPoints, lines: frozenset[int]) -> FunctionPoints:
+    """``function`` without the points on ``lines``: those lines, and the branches that leave or land on one."""
+    if not lines:
+        return function
+    return attrs.evolve(
+        function,
+        lines=function.lines - lines,
+        branches=frozenset(branch for branch in function.branches if branch[0] not in lines and branch[1] not in lines),
+    )
+
+
+def _spans(lines: Iterable[int]) -> str:
+    """``lines`` as ranges: "828-835, 871-882"."""
+    spans: list[list[int]] = []
+    for line in sorted(lines):
+        if spans and line == spans[-1][1] + 1:
+            spans[-1][1] = line
+        else:
+            spans.append([line, line])
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
+
+
 def compare(
     tests: Measurement,
     campaign: Measurement,
     files: Iterable[str],
-    left_out: Mapping[str, tuple[str, ...]] = MappingProxyType({}),
+    left_out: Mapping[str, LeftOut] = MappingProxyType({}),
 ) -> Comparison:
-    """The two sides' figures on ``files`` (package paths), leaving out of both the functions ``left_out`` names per
-    file (by qualname; their nested functions too)."""
+    """The two sides' figures on ``files`` (package paths), leaving out of both what ``left_out`` names per file:
+    functions by qualname (their nested functions too), and the ``if`` statements its guards name in the others."""
     rows = []
     gaps = []
     dropped = []
+    guarded_code = []
     for name in files:
         if name not in tests.paths and name not in campaign.paths:
             continue
         found = function_points(_source(name, tests, campaign))
         if found is None:
             raise ComparisonError(f"{name}: cannot be read or compiled here")
-        skipped = left_out.get(name, ())
+        out = left_out.get(name, LeftOut())
+        skipped = out.functions
+        guarded = guarded_lines(_source(name, tests, campaign), out.guards)
         in_tests, in_campaign = _Positions.of(tests.points.get(name)), _Positions.of(campaign.points.get(name))
         in_either = in_tests | in_campaign
         totals = [0, 0, 0, 0, 0, 0]  # points, tests, campaign, union, tests only, campaign only
+        guarded_points = 0
+        guarded_here: set[int] = set()  # the lines of the functions counted that a left-out guard guards
         for function in found:
             if any(function.qualname == out or function.qualname.startswith(out + ".") for out in skipped):
                 dropped.append(f"{name}: {function.qualname}")
                 continue
+            unguarded = _without(function, guarded)
+            guarded_points += function.size - unguarded.size
+            guarded_here |= function.lines & guarded
+            function = unguarded
             by_tests, by_campaign, union = (
                 in_tests.count(function),
                 in_campaign.count(function),
@@ -223,4 +257,6 @@ def compare(
                 totals[index] += value
             gaps.append(FunctionGap(name, function.qualname, function.first_line, function.size, by_tests, by_campaign))
         rows.append(FileComparison(name, *totals))
-    return Comparison(tuple(rows), tuple(gaps), tuple(dropped))
+        if guarded_points:
+            guarded_code.append(f"{name}: lines {_spans(guarded_here)} ({guarded_points} points)")
+    return Comparison(tuple(rows), tuple(gaps), tuple(dropped), tuple(guarded_code))

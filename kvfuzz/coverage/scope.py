@@ -70,25 +70,55 @@ CORE_FILES: dict[str, tuple[str, ...]] = {
 """The files of a target's scope its reports show first (package paths): the comparison with the engine's own tests
 (scripts/coverage_compare.py), the blind-against-guided benchmark (benchmarks/coverage_guided.py)."""
 
-LEFT_OUT: dict[str, dict[str, tuple[str, ...]]] = {
+
+@attrs.frozen
+class LeftOut:
+    """What of one file a target does not drive by design (the docs' "What stays out"), left out of both sides of a
+    comparison with the engine's own tests: whole functions, by qualname (their nested functions with them), and, in
+    the file's other functions, every ``if`` statement whose condition names one of ``guards``, with the block it
+    guards (its ``else`` stays: :func:`~kvfuzz.coverage.static.guarded_lines`)."""
+
+    functions: tuple[str, ...] = ()
+    guards: frozenset[str] = frozenset()
+
+
+ENCODER_GUARDS = frozenset(
+    (
+        "has_encoder_inputs",  # a request with multimodal inputs
+        "mm_features",
+        "encoder_inputs_to_schedule",  # what such a request schedules this step
+        "external_load_encoder_input",
+        "ec_connector",  # the encoder-cache connector (encoder outputs moved between instances)
+        "ec_connector_output",
+        "is_encoder_decoder",  # an encoder-decoder model (Whisper)
+        "is_mm_encoder_only",  # an instance that only runs encoders
+    )
+)
+"""The names a condition of vLLM's scheduler tests for multimodal encoder inputs: the branches of ``schedule()`` and
+``update_from_output()`` they guard run only for a request that has such inputs, or on an encoder instance."""
+
+LEFT_OUT: dict[str, dict[str, LeftOut]] = {
     "vllm-v1": {
         # multimodal encoder inputs (docs/scheduler-features.md, "What stays out"): a text-only model has none
-        "vllm/v1/core/sched/scheduler.py": (
-            "Scheduler._reject_on_encoder_cache_embed_mismatch",
-            "Scheduler._allocate_encoder_inputs",
-            "Scheduler._try_schedule_encoder_inputs",
-            "Scheduler._make_scheduled_encoder_input_stats",
-            "Scheduler._get_encoder_input_updates",
-            "Scheduler._free_encoder_inputs",
-            "Scheduler._free_encoder_input",
-            "Scheduler.reset_encoder_cache",
-            "Scheduler._ec_transfer_pending",
-            "Scheduler.get_ec_connector",
+        "vllm/v1/core/sched/scheduler.py": LeftOut(
+            functions=(
+                "Scheduler._reject_on_encoder_cache_embed_mismatch",
+                "Scheduler._allocate_encoder_inputs",
+                "Scheduler._try_schedule_encoder_inputs",
+                "Scheduler._make_scheduled_encoder_input_stats",
+                "Scheduler._get_encoder_input_updates",
+                "Scheduler._free_encoder_inputs",
+                "Scheduler._free_encoder_input",
+                "Scheduler.reset_encoder_cache",
+                "Scheduler._ec_transfer_pending",
+                "Scheduler.get_ec_connector",
+            ),
+            guards=ENCODER_GUARDS,
         ),
     },
 }
-"""Functions of a target's scope that kvfuzz does not drive, by design (the docs say why): comparisons with the
-engine's own tests may leave them out of both sides."""
+"""What of a target's scope kvfuzz does not drive, by design (the docs say why), by file: comparisons with the
+engine's own tests may leave it out of both sides."""
 
 
 @attrs.frozen

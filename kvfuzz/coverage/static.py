@@ -17,6 +17,7 @@ points of two workers (or two runs) compare.
 
 from __future__ import annotations
 
+import ast
 import bisect
 import dis
 import inspect
@@ -183,3 +184,49 @@ def file_points(path: str) -> Optional[FilePoints]:
         lines |= function.lines
         branches |= function.branches
     return FilePoints(path, frozenset(lines), frozenset(branches))
+
+
+def guarded_lines(path: str, guards: frozenset[str]) -> frozenset[int]:
+    """The lines of the file at ``path`` that run only when one of ``guards`` is set: in every ``if`` statement whose
+    condition holds only then (:func:`_requires`: ``if request.has_encoder_inputs:``, ``if self.ec_connector is not
+    None and ...:``; not ``if not request.mm_features:``, nor ``if x or request.mm_features:``), the block it guards
+    and the condition's lines after the term that requires the guard. The ``if`` line itself, the terms before, and
+    the ``else`` (an ``elif`` is a statement of its own) run either way and stay. Empty when the file cannot be read
+    or parsed."""
+    if not guards:
+        return frozenset()
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"), path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return frozenset()
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If) or not _requires(node.test, guards):
+            continue
+        terms = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) else []
+        required = next((term for term in terms if _requires(term, guards)), node.test)
+        first = (required.end_lineno or required.lineno) + 1
+        end = node.body[-1].end_lineno or node.body[-1].lineno
+        lines.update(range(first, end + 1))
+    return frozenset(lines)
+
+
+def _requires(test: ast.expr, guards: frozenset[str]) -> bool:
+    """Whether ``test`` can be true only when one of ``guards`` (a name, or an attribute's name) is set: the guard
+    itself, ``guard is not None``, something read from it (``guard.x``, ``guard[i]``, ``guard.f()``), a conjunction
+    with one such term, a disjunction of such terms only. A negation, or any other comparison, requires nothing."""
+    if isinstance(test, ast.BoolOp):
+        terms = [_requires(value, guards) for value in test.values]
+        return any(terms) if isinstance(test.op, ast.And) else all(terms)
+    if isinstance(test, ast.Name):
+        return test.id in guards
+    if isinstance(test, ast.Attribute):
+        return test.attr in guards or _requires(test.value, guards)
+    if isinstance(test, ast.Subscript):
+        return _requires(test.value, guards)
+    if isinstance(test, ast.Call):
+        return isinstance(test.func, ast.Attribute) and _requires(test.func.value, guards)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.IsNot):
+        (compared,) = test.comparators
+        return isinstance(compared, ast.Constant) and compared.value is None and _requires(test.left, guards)
+    return False
