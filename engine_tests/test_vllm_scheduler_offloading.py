@@ -252,3 +252,77 @@ def test_a_store_the_offload_store_has_no_room_for_is_not_logged() -> None:
 
     assert not logger.filter(record("Request %s: cannot store chunks"))
     assert logger.filter(record("Request %s: something else"))
+
+
+RESETS = SchedulerSetup(kv_connector="offloading", prefix_resets=True)
+PROMPT = [1, 2, 3, 0, 2, 2, 1, 3, 0]  # two full blocks of 4 and a token
+
+
+def finish(session: Session, request: str) -> None:
+    while request in session.outputs.unfinished():
+        session.step()
+
+
+def stored_then_reset(session: Session) -> None:
+    """A request runs, finishes and is stored in the offload store; the client then resets the prefix cache."""
+    finish(session, session.add(PROMPT, 1))
+    session.step()
+    session.step()  # the finish reaches the worker, the stores complete
+    assert session.connector.tally.stores > 0
+    assert session.reset_prefix_cache() is True and session.resets.epoch == 1
+
+
+def test_a_reset_clears_the_offload_store_too_and_nothing_stored_before_it_is_loaded() -> None:
+    session = Session(RESETS)
+    stored_then_reset(session)
+    loads = session.connector.tally.loads
+    finish(session, session.add(PROMPT[:-1] + [3], 1))  # the same two blocks: a hit in the store before the reset
+    assert session.connector.tally.loads == loads and session.hit_tokens == 0
+    session.drain()
+
+
+def test_a_connector_reset_that_keeps_the_store_is_caught_by_the_content_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: vLLM's scheduler reports the connector's store reset without resetting it, so the offloading
+    connector loads K/V computed under the weights before the reset."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    monkeypatch.setattr(Scheduler, "reset_connector_cache", lambda self: True)
+    session = Session(RESETS)
+    stored_then_reset(session)
+    with pytest.raises(SchedulerViolation) as caught:
+        finish(session, session.add(PROMPT[:-1] + [3], 1))
+    assert caught.value.check == Check.CONTENT
+    assert "holds the K/V of request r0's position 0" in str(caught.value)
+
+
+def test_a_preempting_reset_during_a_load_is_refused_as_vllm_says_and_the_requests_finish() -> None:
+    """vLLM raises rather than reset while a request waits for a KV load ("not supported yet"): kvfuzz counts it
+    as a refusal, the engine goes on, and the request finishes with its K/V checked."""
+    session = Session(attrs.evolve(RESETS, transfer_delay=2))
+    session.add([0, 1, 2, 0], 1)
+    for _ in range(3):
+        session.step()  # it runs, finishes, and its block is stored
+    waiting = session.add([0, 1, 2, 0], 1)
+    session.step()  # a hit in the offload store: an async load in flight
+    assert session.scheduler.requests[waiting].status.name == "WAITING_FOR_REMOTE_KVS"
+    assert session.reset_prefix_cache(preempt=True) is False and session.resets.refused == 1
+    finish(session, waiting)
+    session.drain()
+
+
+SECOND_RESET = Path(__file__).parent / "data" / "offloading-second-reset-assertion.json"
+
+
+def test_a_second_reset_before_a_step_fails_vllm_0_33_0s_assertion_and_passes_on_0_34_0() -> None:
+    """The bug kvfuzz met once resets reset the connector's store (engine_tests/data: the standalone reproducer
+    plays no connector): on 0.33.0 the recorded AssertionError word for word, on 0.34.0 (which fixed it) a clean
+    replay."""
+    from kvfuzz.scheduler.engines import installed_version
+
+    trace = load(SECOND_RESET)
+    assert trace.known_bug and "fixed in 0.34.0" in trace.known_bug
+    replayed = replay(trace)
+    if installed_version("vllm") == "0.33.0":
+        assert replayed.reproduced and replayed.identical, replayed.describe_failure()
+    else:
+        assert not replayed.reproduced and replayed.failure is None, replayed.describe_failure()

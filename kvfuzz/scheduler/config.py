@@ -178,11 +178,11 @@ class SchedulerSetup:
             )
         if self.kv_events_full and not self.kv_events:
             raise ValueError("full KV cache event reports need the KV cache events (--kv-events)")
-        if self.prefix_resets and self.kv_connector != "none":
+        if self.prefix_resets and self.kv_connector == "pd":
             raise ValueError(
-                "prefix-cache resets are not driven with a KV connector (yet): the connector's own store keeps what "
-                "the reset drops unless it is reset too, which kvfuzz's connector worker does not model "
-                "(docs/scheduler-features.md)"
+                "prefix-cache resets are not driven with the P/D connector: vLLM refuses a reset that preempts while a "
+                "request waits for a remote load (it raises: 'not supported yet'), and the remote producer's K/V would "
+                "need new weights of its own (docs/scheduler-features.md)"
             )
         if self.sessions and (self.async_scheduling or self.speculative_tokens or self.kv_connector != "none"):
             raise ValueError(
