@@ -368,7 +368,10 @@ def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         (lambda d: d["config"].update(policy="lifo"), 'config.policy: must be one of fcfs, priority, not "lifo"'),
         (lambda d: d["program"][0].update(priority="high"), 'program[0].priority: must be an integer, not "high"'),
         (lambda d: d["config"].update(speculative_tokens=-1), "config.speculative_tokens: -1 is not between 0 and 64"),
-        (lambda d: d["config"].update(drafter="eagle"), "config.drafter: must be one of ngram, draft-model, parallel"),
+        (
+            lambda d: d["config"].update(drafter="medusa"),
+            "config.drafter: must be one of ngram, draft-model, parallel, eagle, ",
+        ),
         (lambda d: d["config"].update(drafter="draft-model"), "config: drafter draft-model needs speculative decoding"),
         (lambda d: d["program"][0].update(prompt=[1, 9]), "program[0].prompt: 9 is not between 0 and 3"),
         (lambda d: d["program"][0].update(prompt=[]), "program[0].prompt: must be a list of 1..31 tokens"),

@@ -294,10 +294,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--drafter",
-        choices=("ngram", "draft-model", "parallel"),
+        choices=("ngram", "draft-model", "parallel", "eagle", "eagle-drop"),
         help="with --speculative-tokens: how vLLM is told the drafts are made: its n-gram method (default), a draft "
-        "model (one draft slot a request in the input budget, K lookahead slots) or a parallel one (K draft slots; "
-        "vLLM 0.33.0's V1 runner only) (docs/scheduler-async.md#drafting-slots)",
+        "model (one draft slot a request in the input budget, K lookahead slots), a parallel one (K draft slots; "
+        "vLLM 0.33.0's V1 runner only) or an EAGLE head, with lookahead block hashes (eagle) or with a hit's last "
+        "block dropped (eagle-drop) (docs/scheduler-async.md#drafting-slots)",
     )
 
 

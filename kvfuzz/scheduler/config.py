@@ -25,12 +25,15 @@ RETENTIONS = ("semantic", "dense", "periodic")
 ``dense`` (None) every block; ``periodic`` besides those, one every four blocks (on the sliding-window model only, whose
 scheduler block is its block; a Mamba hybrid's spans its Mamba block)."""
 
-DRAFTERS = ("ngram", "draft-model", "parallel")
+DRAFTERS = ("ngram", "draft-model", "parallel", "eagle", "eagle-drop")
 """How vLLM is told the drafts are made (kvfuzz's worker proposes them all the same,
 :mod:`kvfuzz.scheduler.speculative`): its n-gram method (no draft slots, no lookahead), a draft model
 (``draft_model``: one draft slot per request in the input budget, ``k`` lookahead slots allocated), or a parallel
-draft model (PARD, ``parallel_drafting``: ``k`` draft slots; vLLM 0.33.0's V1 runner only)
-(docs/scheduler-async.md#drafting-slots)."""
+draft model (PARD, ``parallel_drafting``: ``k`` draft slots; vLLM 0.33.0's V1 runner only), or an EAGLE head, whose
+draft K/V at a position is computed from the next token as well (:mod:`kvfuzz.scheduler.eagle`): ``eagle`` with
+vLLM's default for it under prefix caching, block hashes that cover the token after each block (lookahead hashes),
+``eagle-drop`` with those off (``disable_lookahead_block_hashes``), so that vLLM drops a prefix-cache hit's last block
+instead (docs/scheduler-async.md#drafting-slots, #eagle-drafts)."""
 
 KV_CONNECTORS = ("none", "offloading", "pd")
 """KV connectors the target drives: none, vLLM's OffloadingConnector (kvfuzz.scheduler.offloading), or kvfuzz's
@@ -134,6 +137,17 @@ class SchedulerSetup:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
         if self.drafter != "ngram" and not self.speculative_tokens:
             raise ValueError(f"drafter {self.drafter} needs speculative decoding (speculative_tokens >= 1)")
+        if self.drafter.startswith("eagle") and self.model == "sliding-window":
+            raise ValueError(
+                f"drafter {self.drafter} needs a model vLLM has an EAGLE head for: not the sliding-window model (Gemma "
+                "2; vLLM has no EagleGemma2ForCausalLM), the full-attention or chunked-local one (llama, Llama 4)"
+            )
+        if self.drafter.startswith("eagle") and self.kv_connector != "none":
+            raise ValueError(
+                f"drafter {self.drafter} is not driven with a KV connector (yet): the connector's transfers would "
+                "carry the EAGLE head's draft K/V, which kvfuzz's connector workers do not model "
+                "(docs/scheduler-async.md#eagle-drafts)"
+            )
         if self.min_tokens and self.speculative_tokens:
             raise ValueError(
                 "min_tokens under speculative decoding is not driven (yet): kvfuzz's sampler does not mask the drafts "

@@ -100,13 +100,17 @@ class EventLedger:
     def __init__(self, setup: SchedulerSetup) -> None:
         from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
+        from kvfuzz.scheduler.vllm_build import hash_lookahead
+
         self.block_size = setup.hash_block_size  # the request hasher's block size
+        self.lookahead = hash_lookahead(setup)  # the tokens after a block its hash covers (an EAGLE head's)
         self.external = maybe_convert_block_hash  # a pool hash as the events carry it
         self.keys: dict[Any, Key] = {}  # a pool key (hash and group) -> (hash, group) as the events carry them
         self.pending: list[Any] = []  # events published and not yet checked
         self.announced: Counter[Key] = Counter()  # (hash, group) -> blocks the events say hold it
         self.prefixes: dict[Any, tuple[tuple[str, ...], tuple[int, ...]]] = {}  # hash -> (namespace, its tokens)
-        # request -> its full blocks' tokens whose prefixes are in ``prefixes`` (a session's change as it resumes)
+        # request -> the tokens its hashes in ``prefixes`` cover: its full blocks' (and the lookahead after them; a
+        # session's change as it resumes)
         self.hashed: dict[str, tuple[int, ...]] = {}
         self.medium: Optional[str] = None  # the pool's medium (read from the pool when first checked)
         self.events = 0  # events checked so far
@@ -203,16 +207,27 @@ class EventLedger:
         return key
 
     def _learn(self, requests: Iterable[KnownRequest]) -> None:
-        """The hash of every full-block prefix of every request's tokens, by vLLM's request block hasher."""
+        """The hash of every full-block prefix of every request's tokens, by vLLM's request block hasher (with
+        lookahead hashes, of every full block the tokens after it cover too)."""
         from kvfuzz.scheduler.vllm_build import new_request
 
         for known in requests:
-            full = known.tokens[: len(known.tokens) // self.block_size * self.block_size]
-            if self.hashed.get(known.request, ())[: len(full)] == full:
+            hashable = max(0, len(known.tokens) - self.lookahead) // self.block_size * self.block_size
+            covered = known.tokens[: hashable + self.lookahead if hashable else 0]  # what the hashes cover
+            if self.hashed.get(known.request, ())[: len(covered)] == covered:
                 continue
-            self.hashed[known.request] = full
+            self.hashed[known.request] = covered
             mirror = new_request(
-                known.request, list(known.tokens), 1, self.block_size, 0, 0, known.cache_salt, Ending(), known.lora
+                known.request,
+                list(known.tokens),
+                1,
+                self.block_size,
+                0,
+                0,
+                known.cache_salt,
+                Ending(),
+                known.lora,
+                hash_lookahead=self.lookahead,
             )
             namespace = request_namespace(known.cache_salt, known.lora)
             for index, block_hash in enumerate(mirror.block_hashes):

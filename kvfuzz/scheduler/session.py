@@ -36,7 +36,7 @@ from kvfuzz.scheduler.step_watchdog import bounded_step
 from kvfuzz.scheduler.stuck import stuck_cause
 from kvfuzz.scheduler.trace import journal_configuration
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
-from kvfuzz.scheduler.vllm_build import new_request, new_scheduler, vllm, vllm_config
+from kvfuzz.scheduler.vllm_build import hash_lookahead, new_request, new_scheduler, vllm, vllm_config
 from kvfuzz.scheduler.worker import Worker
 
 WorkerFactory = Callable[[SchedulerSetup], Worker]
@@ -78,6 +78,7 @@ class Session:
         self.connector = _connector(setup, self.scheduler, self.loop)  # the KV connector's worker side
         self.observer: StepObserver = NO_OBSERVER  # told of each step as soon as it is scheduled (kvfuzz show)
         self.resets = PrefixResets()  # the client's prefix-cache resets, and the K/V namespace's epoch
+        self.hash_lookahead = hash_lookahead(setup)  # tokens after a block its hash covers (an EAGLE head's)
         self.events = event_checker(setup, self.scheduler)  # the KV cache events, checked against the pool
         self.stats = stats_checker(setup)  # the scheduler stats, checked against the pool and the requests
         self.pausing = Pausing()  # the client's pause of the scheduler, checked each step
@@ -124,7 +125,19 @@ class Session:
         skips = skips_reads(self.setup, request)
         self.scheduler.add_request(
             new_request(
-                request, prompt, max_tokens, size, arrival, priority, cache_salt, ending, lora, resumable, full, skips
+                request,
+                prompt,
+                max_tokens,
+                size,
+                arrival,
+                priority,
+                cache_salt,
+                ending,
+                lora,
+                resumable,
+                full,
+                skips,
+                self.hash_lookahead,
             )
         )
         self.oracles.added(Arrival(request, arrival, priority, lora, len(prompt)))

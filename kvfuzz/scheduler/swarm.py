@@ -104,7 +104,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     # how vLLM is told the drafts are made, with drafts: n-gram half the time, a draft model (one draft slot a
     # request, k lookahead slots) a quarter, a parallel one (k draft slots; vLLM 0.33.0's V1 runner only, refused and
     # redrawn elsewhere) a quarter (docs/scheduler-async.md#drafting-slots)
-    Dimension("drafter", DRAFTERS, weighted((2, 1, 1)), needs=("speculative_tokens", DRAFTED)),
+    Dimension("drafter", DRAFTERS, weighted((2, 1, 1, 1, 1)), needs=("speculative_tokens", DRAFTED)),
     # with the KV cache events, full reports (kv_cache_report_mode "full") for half the requests half the time
     Dimension("kv_events_full", BOOLEAN, chance(0.5), needs=("kv_events", True)),
     # vLLM's long-prefill cap (a request's tokens a step, beside others) half the time (refused, and redrawn, above

@@ -218,27 +218,41 @@ def _built_config(setup: SchedulerSetup) -> Any:
 
 def _speculative_config(setup: SchedulerSetup, model: Any) -> Any:
     """vLLM's ``SpeculativeConfig`` for ``setup.speculative_tokens`` drafts made the way ``setup.drafter`` says: the
-    n-gram method, or a draft model, parallel or not, whose ``config.json`` is the target's own (no weights are
-    loaded: the scheduler reads only its draft slots and lookahead). A parallel draft model on a vLLM that no longer
-    takes one (0.34.0) is vLLM's own refusal, one line."""
+    n-gram method, or a draft model, parallel or not, or an EAGLE head (with lookahead block hashes, or without:
+    ``eagle-drop``), whose ``config.json`` is the target's own (no weights are loaded: the scheduler reads only its
+    draft slots, its lookahead and, for EAGLE, how prefix-cache hits protect the head's draft K/V). A parallel draft
+    model on a vLLM that no longer takes one (0.34.0) is vLLM's own refusal, one line."""
     v = vllm()
     if setup.drafter == "ngram":
         return v.SpeculativeConfig(method="ngram", num_speculative_tokens=setup.speculative_tokens)
     from vllm.config import ParallelConfig
 
+    methods: dict[str, dict[str, Any]] = {
+        "draft-model": {"method": "draft_model"},
+        "parallel": {"method": "draft_model", "parallel_drafting": True},
+        "eagle": {"method": "eagle"},
+        "eagle-drop": {"method": "eagle", "disable_lookahead_block_hashes": True},
+    }
+    method = methods[setup.drafter]
     try:
         return v.SpeculativeConfig(
-            method="draft_model",
             model=model.model,
             num_speculative_tokens=setup.speculative_tokens,
             target_model_config=model,
             target_parallel_config=ParallelConfig(),
-            **({"parallel_drafting": True} if setup.drafter == "parallel" else {}),
+            **method,
         )
     except ValueError as error:  # pydantic's ValidationError: its first error's message, in one line
         errors = getattr(error, "errors", None)
         reason = errors()[0]["msg"] if callable(errors) else str(error)
         raise ValueError(f"vLLM refuses the {setup.drafter} drafter: {reason}") from None
+
+
+def hash_lookahead(setup: SchedulerSetup) -> int:
+    """The tokens after each block its prefix-cache hash covers under ``setup`` (vLLM's
+    ``num_hash_lookahead_tokens``: an EAGLE head's, unless turned off), as vLLM's engine core gives its request block
+    hasher; 0: the hash covers the block alone."""
+    return int(getattr(vllm_config(setup), "num_hash_lookahead_tokens", 0))
 
 
 def retention_interval(setup: SchedulerSetup) -> Optional[int]:
@@ -423,6 +437,7 @@ def new_request(
     resumable: bool = False,
     full_reports: bool = False,
     skip_reads: bool = False,
+    hash_lookahead: int = 0,
 ) -> Any:
     """A vLLM ``Request`` generating ``max_tokens`` tokens unless ``ending`` stops it first (its stop token ids, the
     model's EOS token :data:`~kvfuzz.scheduler.fake_model.EOS_TOKEN` unless it ignores EOS, its ``min_tokens``: EOS
@@ -436,7 +451,7 @@ def new_request(
     false. ``full_reports``: its KV cache events are reported in full (``kv_cache_report_mode`` "full", a sampling
     parameter's extra argument, as a client asks for it), else incrementally (vLLM's default). ``skip_reads``: it skips
     reading the prefix cache (``skip_reading_prefix_cache``), else vLLM's default (it reads, asking no prompt
-    logprobs)."""
+    logprobs). ``hash_lookahead``: the tokens after each block its block hashes cover (:func:`hash_lookahead`)."""
     v = vllm()
     sampling = v.SamplingParams(
         max_tokens=max_tokens,
@@ -456,6 +471,6 @@ def new_request(
         priority=priority,
         cache_salt=cache_salt,
         lora_request=v.LoRARequest(lora_name(lora), lora, lora_name(lora)) if lora else None,
-        block_hasher=v.get_request_block_hasher(block_size, v.sha256),
+        block_hasher=v.get_request_block_hasher(block_size, v.sha256, hash_lookahead),
         **({"resumable": True} if resumable else {}),
     )

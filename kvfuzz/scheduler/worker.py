@@ -40,6 +40,7 @@ import attrs
 from kvfuzz.scheduler.attention import Attending, AttentionCheck, NoAttention
 from kvfuzz.scheduler.batch import check_batch, check_table_covers
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.eagle import Admitted, DraftKV
 from kvfuzz.scheduler.fake_model import UNMASKED, MinTokens
 from kvfuzz.scheduler.groups import group_namespace, group_rules, mamba_groups
 from kvfuzz.scheduler.kv_slots import Claims, SlotPool
@@ -123,6 +124,8 @@ class Worker:
         self.drafts: Optional[tuple[list[str], list[list[int]]]] = None  # proposed after the last step, untaken
         self.write_path = write_path(setup, self.runner_v2, self)  # decides the slots K/V is written to
         self.attention = NoAttention() if attention is None else attention  # attention beside the reference
+        # an EAGLE head's draft K/V, and the hits admitted onto it (eagle.py); None: a drafter without draft K/V
+        self.eagle = DraftKV(self.kv.tags) if setup.drafter.startswith("eagle") else None
 
     # -- the scheduler's output, as the model runner reads it ------------------------------------------------------
 
@@ -177,6 +180,7 @@ class Worker:
             )
             self.prefix_hits.check(new.req_id, new.num_computed_tokens, len(tokens), step)
             self.read_skips.check(new.req_id, new.num_computed_tokens, step)
+            self._admit_drafts(new.req_id, step)
             self.computed[new.req_id] = new.num_computed_tokens
         cached = output.scheduled_cached_reqs
         resumed = self.release.resumed(cached)
@@ -189,6 +193,7 @@ class Worker:
                 state.hit = cached.num_computed_tokens[index]
                 self.prefix_hits.check(request, state.hit, len(state.tokens), step)
                 self.read_skips.check(request, state.hit, step)
+                self._admit_drafts(request, step)
             elif blocks is not None:
                 for table, ids in zip(state.tables, blocks):
                     table.extend(ids)
@@ -362,9 +367,34 @@ class Worker:
             self.history[request].extend(tokens)
             sampled.append(tokens)
             lengths[request] = len(state.tokens)
+        if self.eagle is not None:  # the head's K/V, once each request's next token is known, then the hits on it
+            for request in order:
+                state = self.requests[request]
+                self._write_drafts(request, range(self.computed[request], state.computed), step)
+            self.eagle.check_admitted(step)
         self.attention.check(attending, self.kv, step)  # after content: it names the slot at fault
         self.drafts = self.speculation.propose(output, lengths)
         return order, sampled
+
+    def _admit_drafts(self, request: str, step: int) -> None:
+        """With an EAGLE head: ``request``, scheduled with its prefix-cache hit, has the hit's draft K/V checked once
+        the step wrote its own (:meth:`~kvfuzz.scheduler.eagle.DraftKV.check_admitted`)."""
+        if self.eagle is None:
+            return
+        state = self.requests[request]
+        for rule in self.groups:
+            start = rule.first_needed(state.hit)
+            slots = self._slots(request, range(start, state.hit), step, rule.index)
+            namespace = self._namespace(request, rule.index)
+            self.eagle.admit(Admitted(request, state.hit, slots, start, list(state.tokens), namespace))
+
+    def _write_drafts(self, request: str, positions: range, step: int) -> None:
+        """The EAGLE head's K/V of ``request`` at ``positions``, computed this step, in every attention group."""
+        assert self.eagle is not None
+        tokens = self.requests[request].tokens
+        for rule in self.groups:
+            slots = self._slots(request, positions, step, rule.index)
+            self.eagle.write(request, tokens, positions, slots, self._namespace(request, rule.index), step)
 
     def _tokens(self, request: str) -> list[int]:
         """A request's known tokens, then the drafts scheduled for it this step: what its scheduled positions hold."""
