@@ -71,6 +71,7 @@ def test_a_request_without_a_hit_is_not_held_for_the_check() -> None:
         ({"kv_connector": "offloading"}, "drafter eagle is not driven with a KV connector"),
         ({"model": "sliding-window"}, "vLLM has no EagleGemma2ForCausalLM"),
         ({"speculative_tokens": 0}, "drafter eagle needs speculative decoding"),
+        ({"drafter": "eagle-drop", "model": "chunked-local"}, "not driven on the chunked-local model: vLLM asserts"),
     ],
 )
 def test_the_configurations_eagle_is_not_driven_with_are_refused(changes: dict[str, object], line: str) -> None:

@@ -142,6 +142,12 @@ class SchedulerSetup:
                 f"drafter {self.drafter} needs a model vLLM has an EAGLE head for: not the sliding-window model (Gemma "
                 "2; vLLM has no EagleGemma2ForCausalLM), the full-attention or chunked-local one (llama, Llama 4)"
             )
+        if self.drafter == "eagle-drop" and self.model == "chunked-local":
+            raise ValueError(
+                "drafter eagle-drop is not driven on the chunked-local model: vLLM asserts that its chunked local "
+                "attention manager never drops an EAGLE block ('Hybrid KV cache is not supported for eagle + chunked "
+                "local attention'), at the first prefix-cache lookup (docs/scheduler-async.md#eagle-drafts)"
+            )
         if self.drafter.startswith("eagle") and self.kv_connector != "none":
             raise ValueError(
                 f"drafter {self.drafter} is not driven with a KV connector (yet): the connector's transfers would "
