@@ -29,7 +29,9 @@ class Check(enum.Enum):
     BUDGET = "budget"  # each step within the token budgets, the running cap and max_model_len (docs/oracles.md)
     LIVENESS = "liveness"  # no request left unserved while the step left it room (docs/oracles.md)
     STATS = "stats"  # the scheduler stats agree with the pool and the requests (kvfuzz.scheduler.stats)
-    PREFIX_HIT = "prefix-hit"  # a prefix-cache hit ends on a prefix-hash boundary, before the request's last token
+    # a prefix-cache hit ends on a prefix-hash boundary, before the request's last token (and, under an EAGLE head,
+    # holds draft K/V for the request's own next token)
+    PREFIX_HIT = "prefix-hit"
     SESSIONS = "sessions"  # a streaming session keeps its tokens and their hashes, and is not scheduled while paused
     DELAYED_FREE = "delayed-free"  # a block a connector's send or a deferred free holds stays out of the pool
     PAUSE = "pause"  # a paused scheduler starts no new request, and schedules nothing when paused to keep
