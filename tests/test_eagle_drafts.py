@@ -17,7 +17,7 @@ SLOTS = [8, 9, 10, 11]  # block 2 of 4 slots
 
 def cached(tokens: list[int]) -> DraftKV:
     """r0, whose tokens are ``tokens``, computed positions 0..3 into block 2 at step 1."""
-    drafts = DraftKV(TagMemo())
+    drafts = DraftKV(TagMemo(), {})
     drafts.write("r0", tokens, range(4), SLOTS, NAMESPACE, 1)
     return drafts
 
@@ -51,7 +51,7 @@ def test_a_hit_on_another_continuations_draft_kv_is_caught() -> None:
 
 
 def test_a_hit_on_positions_no_step_wrote_is_caught() -> None:
-    drafts = DraftKV(TagMemo())
+    drafts = DraftKV(TagMemo(), {})
     drafts.admit(Admitted("r1", 4, SLOTS, 0, [0, 1, 2, 0, 1], NAMESPACE))
     with pytest.raises(SchedulerViolation) as caught:
         drafts.check_admitted(2)
@@ -60,7 +60,7 @@ def test_a_hit_on_positions_no_step_wrote_is_caught() -> None:
 
 
 def test_a_request_without_a_hit_is_not_held_for_the_check() -> None:
-    drafts = DraftKV(TagMemo())
+    drafts = DraftKV(TagMemo(), {})
     drafts.admit(Admitted("r1", 0, [], 0, [0, 1], NAMESPACE))
     assert drafts.admitted == []
 
@@ -68,10 +68,10 @@ def test_a_request_without_a_hit_is_not_held_for_the_check() -> None:
 @pytest.mark.parametrize(
     ("changes", "line"),
     [
-        ({"kv_connector": "offloading"}, "drafter eagle is not driven with a KV connector"),
-        ({"model": "sliding-window"}, "vLLM has no EagleGemma2ForCausalLM"),
+        ({"kv_connector": "pd"}, "drafter eagle is not driven with the P/D connector"),
+        ({"model": "sliding-window"}, "drafter eagle is driven on the full-attention model only"),
+        ({"model": "chunked-local"}, "would change how vLLM groups a hybrid model's layers"),
         ({"speculative_tokens": 0}, "drafter eagle needs speculative decoding"),
-        ({"drafter": "eagle-drop", "model": "chunked-local"}, "not driven on the chunked-local model: vLLM asserts"),
     ],
 )
 def test_the_configurations_eagle_is_not_driven_with_are_refused(changes: dict[str, object], line: str) -> None:

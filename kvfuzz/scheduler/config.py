@@ -137,21 +137,16 @@ class SchedulerSetup:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
         if self.drafter != "ngram" and not self.speculative_tokens:
             raise ValueError(f"drafter {self.drafter} needs speculative decoding (speculative_tokens >= 1)")
-        if self.drafter.startswith("eagle") and self.model == "sliding-window":
+        if self.drafter.startswith("eagle") and self.model != "full":
             raise ValueError(
-                f"drafter {self.drafter} needs a model vLLM has an EAGLE head for: not the sliding-window model (Gemma "
-                "2; vLLM has no EagleGemma2ForCausalLM), the full-attention or chunked-local one (llama, Llama 4)"
+                f"drafter {self.drafter} is driven on the full-attention model only (yet): the EAGLE head's layer "
+                "would change how vLLM groups a hybrid model's layers, and vLLM has no EAGLE head for the "
+                "sliding-window model's Gemma 2 (docs/scheduler-async.md#eagle-drafts)"
             )
-        if self.drafter == "eagle-drop" and self.model == "chunked-local":
+        if self.drafter.startswith("eagle") and self.kv_connector == "pd":
             raise ValueError(
-                "drafter eagle-drop is not driven on the chunked-local model: vLLM asserts that its chunked local "
-                "attention manager never drops an EAGLE block ('Hybrid KV cache is not supported for eagle + chunked "
-                "local attention'), at the first prefix-cache lookup (docs/scheduler-async.md#eagle-drafts)"
-            )
-        if self.drafter.startswith("eagle") and self.kv_connector != "none":
-            raise ValueError(
-                f"drafter {self.drafter} is not driven with a KV connector (yet): the connector's transfers would "
-                "carry the EAGLE head's draft K/V, which kvfuzz's connector workers do not model "
+                f"drafter {self.drafter} is not driven with the P/D connector (yet): its remote prefill would carry "
+                "the EAGLE head's draft K/V, which kvfuzz's P/D worker does not model "
                 "(docs/scheduler-async.md#eagle-drafts)"
             )
         if self.min_tokens and self.speculative_tokens:

@@ -54,12 +54,13 @@ class Admitted(NamedTuple):
 
 
 class DraftKV:
-    """The draft K/V record of every slot an EAGLE head wrote (the pool's slots; absent: never written), and the
-    hits admitted this step, checked once the step wrote its draft K/V."""
+    """The draft K/V record of every slot an EAGLE head wrote (absent: never written; the pool's ``drafts``, which its
+    copies and a KV connector's transfers move with the slots' own records), and the hits admitted this step,
+    checked once the step wrote its draft K/V."""
 
-    def __init__(self, tags: TagMemo) -> None:
+    def __init__(self, tags: TagMemo, slots: dict[int, DraftWrite]) -> None:
         self.tags = tags  # the pool's prefix tags (shared with the target's K/V)
-        self.slots: dict[int, DraftWrite] = {}
+        self.slots = slots  # slot -> its draft K/V record: the pool's
         self.admitted: list[Admitted] = []
 
     def write(

@@ -14,6 +14,7 @@ import torch
 
 from kvfuzz.reference.content import TagMemo, kv_for_tags
 from kvfuzz.scheduler.config import MODEL_SHAPE
+from kvfuzz.scheduler.eagle import DraftWrite
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 
@@ -116,6 +117,9 @@ class SlotPool:
         # the load failed before its block), for the content check's cause
         self.loaded: dict[int, bool] = {}
         self.tags = TagMemo()  # each (request, namespace)'s prefix tags, extended as its tokens grow
+        # slot -> the record of an EAGLE head's draft K/V there (kvfuzz.scheduler.eagle; empty without one): the head's
+        # layers live in the same blocks, so every copy and transfer of a slot moves it with the slot's own
+        self.drafts: dict[int, DraftWrite] = {}
 
     def contents(self) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of every slot, ``[slots, layers, kv_heads, head_dim]`` each: the K/V of the tag the slot's last
@@ -178,6 +182,20 @@ class SlotPool:
         self.shadow[destination * size : (destination + 1) * size] = self.shadow[source * size : (source + 1) * size]
         for slot in range(destination * size, (destination + 1) * size):
             self.loaded.pop(slot, None)
+        if self.drafts:
+            self.set_drafts(destination, self.block_drafts(source))
+
+    def block_drafts(self, block: int) -> tuple[Optional[DraftWrite], ...]:
+        """Each slot of ``block``'s draft K/V record (None: none written)."""
+        return tuple(self.drafts.get(slot) for slot in range(block * self.block_size, (block + 1) * self.block_size))
+
+    def set_drafts(self, block: int, drafts: tuple[Optional[DraftWrite], ...]) -> None:
+        """``block``'s slots take ``drafts`` (a copy's or a load's) as their draft K/V records."""
+        for slot, draft in zip(range(block * self.block_size, (block + 1) * self.block_size), drafts):
+            if draft is None:
+                self.drafts.pop(slot, None)
+            else:
+                self.drafts[slot] = draft
 
     def check(
         self,

@@ -32,6 +32,7 @@ from typing import Any, Iterator, Optional, Union
 import attrs
 
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.eagle import DraftWrite
 from kvfuzz.scheduler.kv_slots import SlotPool, Write
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
@@ -52,9 +53,11 @@ class Transfer:
 
 @attrs.frozen
 class Chunk:
-    """A block's K/V as a store copied it: each slot's shadow record (its K and V are the record's tag's)."""
+    """A block's K/V as a store copied it: each slot's shadow record (its K and V are the record's tag's), and its
+    EAGLE head's draft K/V record (kvfuzz.scheduler.eagle; None where there is none)."""
 
     shadow: tuple[Optional[Write], ...]
+    drafts: tuple[Optional[DraftWrite], ...]
 
 
 @attrs.define
@@ -293,9 +296,10 @@ class OffloadingWorker:
                     continue
                 copy = self.store[chunk]
                 kv.shadow[block * size : (block + 1) * size] = list(copy.shadow)
+                kv.set_drafts(block, copy.drafts)
             return
         for block, chunk in pairs:
-            self.store[chunk] = Chunk(tuple(kv.shadow[block * size : (block + 1) * size]))
+            self.store[chunk] = Chunk(tuple(kv.shadow[block * size : (block + 1) * size]), kv.block_drafts(block))
 
     # -- the checks ----------------------------------------------------------------------------------------------
 

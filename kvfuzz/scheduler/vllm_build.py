@@ -309,7 +309,8 @@ def _kv_transfer_config(setup: SchedulerSetup) -> Any:
 def _layer_specs(setup: SchedulerSetup) -> dict[str, Any]:
     """The KV-cache spec of each layer of the model, as vLLM's layers report them to the model runner: full
     attention, or a sliding window of the model's window, of the target's K/V shape; for a Mamba hybrid, its Mamba
-    layers' ``MambaSpec`` first (:func:`_mamba_specs`)."""
+    layers' ``MambaSpec`` first (:func:`_mamba_specs`); with an EAGLE drafter, the head's layer (:data:`DRAFT_LAYER`)
+    last, a full-attention spec marked ``is_draft``, as a drafter's layers report theirs."""
     v = vllm()
     model = MODELS[setup.model]
     shape = {
@@ -331,10 +332,17 @@ def _layer_specs(setup: SchedulerSetup) -> dict[str, Any]:
     for index, blocks in enumerate(model.window_blocks, start=first):
         spec = v.FullAttentionSpec(**shape) if blocks is None else v.SlidingWindowSpec(**shape, sliding_window=window)
         specs[f"model.layers.{index}.self_attn.attn"] = spec
+    if setup.drafter.startswith("eagle"):  # the head's one full-attention layer, marked as a drafter's
+        specs[DRAFT_LAYER] = v.FullAttentionSpec(**shape, is_draft=True)
     if isinstance(model, MambaHybridModel):
         page = max(spec.page_size_bytes for spec in specs.values())
         return _mamba_specs(setup, model, page) | specs
     return specs
+
+
+DRAFT_LAYER = "draft_model.model.layers.0.self_attn.attn"
+"""The name of an EAGLE head's attention layer in the KV cache config (the head has one, full attention; vLLM groups it
+with the target's full-attention layers and marks that group as the one taking the EAGLE block drop)."""
 
 
 def _mamba_specs(setup: SchedulerSetup, model: MambaHybridModel, page: int) -> dict[str, Any]:
@@ -365,11 +373,11 @@ def kv_cache_config(setup: SchedulerSetup) -> Any:
     request, or vLLM plans another pool size."""
     v = vllm()
     if setup.model == FULL.name:
-        layers = [f"model.layers.{index}.self_attn.attn" for index in range(MODEL_SHAPE.num_layers)]
-        (spec,) = set(_layer_specs(setup).values())
-        return v.KVCacheConfig(
-            num_blocks=setup.num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(layers, spec)]
-        )
+        specs = _layer_specs(setup)
+        (spec,) = {spec for name, spec in specs.items() if name != DRAFT_LAYER}
+        # an EAGLE head's layer shares the target's spec, so its group: the group that takes the EAGLE block drop
+        group = v.KVCacheGroupSpec(list(specs), spec, is_eagle_group=DRAFT_LAYER in specs)
+        return v.KVCacheConfig(num_blocks=setup.num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=[group])
     config = vllm_config(setup)
     specs = _layer_specs(setup)
     groups = v.get_global_kv_cache_groups(config, [specs])

@@ -125,7 +125,7 @@ class Worker:
         self.write_path = write_path(setup, self.runner_v2, self)  # decides the slots K/V is written to
         self.attention = NoAttention() if attention is None else attention  # attention beside the reference
         # an EAGLE head's draft K/V, and the hits admitted onto it (eagle.py); None: a drafter without draft K/V
-        self.eagle = DraftKV(self.kv.tags) if setup.drafter.startswith("eagle") else None
+        self.eagle = DraftKV(self.kv.tags, self.kv.drafts) if setup.drafter.startswith("eagle") else None
 
     # -- the scheduler's output, as the model runner reads it ------------------------------------------------------
 
