@@ -162,6 +162,21 @@ def test_sessions_holding_the_pool_while_they_wait_deadlock_the_scheduler_a_vllm
     assert held, "the deadlock is the sessions' own: the program resumes them"
 
 
+MID_BLOCK = Path(__file__).parent / "data" / "untriaged-mamba-session-resume-mid-block-hang.json"
+
+
+def test_the_untriaged_mamba_session_hang_keeps_reproducing_and_is_the_mamba_hybrids_alone() -> None:
+    """Met by a ten-minute campaign and kept, not yet triaged (its ``known_bug`` says so): a session resumed mid-block
+    on a Mamba hybrid with prefix caching is never scheduled again. Pinned here so that it is not lost: it replays word
+    for word, and the same program passes on the full-attention model."""
+    trace = load(MID_BLOCK)
+    assert trace.known_bug and trace.known_bug.startswith("NOT YET TRIAGED")
+    replayed = replay(trace)
+    assert replayed.reproduced and replayed.identical, replayed.describe_failure()
+    full = replay(attrs.evolve(trace, setup=attrs.evolve(trace.setup, model="full")))
+    assert not full.failed, full.describe_failure()
+
+
 def test_sessions_are_refused_where_the_client_cannot_follow_them() -> None:
     with pytest.raises(ValueError, match="synchronous scheduling"):
         SchedulerSetup(sessions=True, async_scheduling=True)
