@@ -227,12 +227,13 @@ def compare(
     for name in files:
         if name not in tests.paths and name not in campaign.paths:
             continue
-        found = function_points(_source(name, tests, campaign))
+        source = _source(name, tests, campaign)
+        found = function_points(source)
         if found is None:
             raise ComparisonError(f"{name}: cannot be read or compiled here")
-        out = left_out.get(name, LeftOut())
-        skipped = out.functions
-        guarded = guarded_lines(_source(name, tests, campaign), out.guards)
+        left = left_out.get(name, LeftOut())
+        skipped = left.functions
+        guarded = guarded_lines(source, left.guards)
         in_tests, in_campaign = _Positions.of(tests.points.get(name)), _Positions.of(campaign.points.get(name))
         in_either = in_tests | in_campaign
         totals = [0, 0, 0, 0, 0, 0]  # points, tests, campaign, union, tests only, campaign only
