@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 import pytest
+from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import FinishReason
 from vllm.v1.request import Request, RequestStatus
@@ -162,19 +163,48 @@ def test_sessions_holding_the_pool_while_they_wait_deadlock_the_scheduler_a_vllm
     assert held, "the deadlock is the sessions' own: the program resumes them"
 
 
-MID_BLOCK = Path(__file__).parent / "data" / "untriaged-mamba-session-resume-mid-block-hang.json"
+RESUME_GATE = Path(__file__).parent / "data" / "mamba-session-resume-gate-hang.json"
 
 
-def test_the_untriaged_mamba_session_hang_keeps_reproducing_and_is_the_mamba_hybrids_alone() -> None:
-    """Met by a ten-minute campaign and kept, not yet triaged (its ``known_bug`` says so): a session resumed mid-block
-    on a Mamba hybrid with prefix caching is never scheduled again. Pinned here so that it is not lost: it replays word
-    for word, and the same program passes on the full-attention model."""
-    trace = load(MID_BLOCK)
-    assert trace.known_bug and trace.known_bug.startswith("NOT YET TRIAGED")
+def skipped_blocks_freed_before_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Mamba session resume gate hang's cause taken away: ``allocate_slots`` frees the blocks its groups skip
+    (``remove_skipped_blocks``, which vLLM calls after the full-sequence gate) before the gate counts the free
+    blocks."""
+    allocate = KVCacheManager.allocate_slots
+
+    def gated_after_the_skip(
+        self: Any, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0, *args: Any, **kwargs: Any
+    ) -> Any:
+        if kwargs.get("full_sequence_must_fit"):
+            computed = (
+                request.num_computed_tokens + num_new_computed_tokens + kwargs.get("num_external_computed_tokens", 0)
+            )
+            self.coordinator.remove_skipped_blocks(
+                request.request_id,
+                max(0, computed - request.num_in_flight_tokens),
+                num_prompt_tokens=request.num_prompt_tokens,
+            )
+        return allocate(self, request, num_new_tokens, num_new_computed_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(KVCacheManager, "allocate_slots", gated_after_the_skip)
+
+
+def test_the_mamba_session_resume_gate_hang_replays_and_passes_without_its_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A vLLM bug met by a ten-minute campaign (docs/findings.md): a session resumed on a Mamba hybrid with prefix
+    caching, holding the blocks of its earlier turns, is refused by the full-sequence admission gate at every step,
+    which counts the Mamba block the session skips as held. It replays word for word; it passes on the full-attention
+    model, and with the skipped blocks freed before the gate."""
+    trace = load(RESUME_GATE)
+    assert trace.known_bug and trace.known_bug.startswith("vLLM bug")
     replayed = replay(trace)
     assert replayed.reproduced and replayed.identical, replayed.describe_failure()
     full = replay(attrs.evolve(trace, setup=attrs.evolve(trace.setup, model="full")))
     assert not full.failed, full.describe_failure()
+    skipped_blocks_freed_before_the_gate(monkeypatch)
+    fixed = replay(trace)
+    assert not fixed.failed, fixed.describe_failure()
 
 
 def test_sessions_are_refused_where_the_client_cannot_follow_them() -> None:
