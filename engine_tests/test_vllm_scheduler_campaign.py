@@ -51,6 +51,7 @@ LATER_ROWS = {
     "skip_prefix_reads": False,
     "retention": "semantic",
     "chunked_prefill": True,
+    "mamba_checkpoints": False,
 }
 """Swarm rows added after these tests were written, and the value each is held at here: held without drawing, so
 each seed draws the configurations the tests name (seed 3's first batch async, seed 7's async then synchronous);

@@ -75,7 +75,7 @@ def test_a_bad_pin_is_refused_in_one_line(texts: list[str], line: str) -> None:
         assert str(refused.value).endswith(
             "model_runner, drafter, kv_events_full, long_prefill_token_threshold, "
             "long_prefill_token_threshold_adaptive, max_num_active_seqs, prefill_schedule_interval, pauses, "
-            "load_failure_policy, skip_prefix_reads, retention, chunked_prefill"
+            "load_failure_policy, skip_prefix_reads, retention, chunked_prefill, mamba_checkpoints"
         )
 
 

@@ -230,6 +230,7 @@ def run_command_line(trace: SchedulerTrace) -> str:
         f"--prefill-schedule-interval {setup.prefill_schedule_interval}": setup.prefill_schedule_interval > 1,
         "--pauses": setup.pauses,
         "--no-chunked-prefill": not setup.chunked_prefill,
+        "--mamba-checkpoints": setup.mamba_checkpoints,
         f"--write-path {trace.write_path}": trace.write_path != "kvfuzz",
         f"--attention {trace.attention}": trace.attention != "off",
     }

@@ -75,6 +75,7 @@ SCHEDULER_ONLY = (
     "prefill_schedule_interval",
     "pauses",
     "no_chunked_prefill",
+    "mamba_checkpoints",
     "untested_engine",
 )
 """The attributes of the options only a scheduler target takes."""
@@ -248,6 +249,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(max_model_len capped at the token budget, as vLLM asks; docs/oracles.md)",
     )
     group.add_argument(
+        "--mamba-checkpoints",
+        action="store_true",
+        default=None,
+        help="with --model mamba-hybrid and prefix caching: its Mamba layers export prefill checkpoints from inside "
+        "the forward pass, as vLLM's Mamba2 mixer does (docs/scheduler-features.md)",
+    )
+    group.add_argument(
         "--prefix-resets",
         action="store_true",
         default=None,
@@ -347,6 +355,7 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
             "prefill_schedule_interval",
             "pauses",
             "no_chunked_prefill",
+            "mamba_checkpoints",
         ):
             if getattr(args, name) not in (None, False):
                 return f"--scheduler sglang does not take --{name.replace('_', '-')} (yet; docs/sglang.md)"
@@ -401,6 +410,7 @@ def _setup(args: argparse.Namespace) -> SchedulerSetup:
         "prefill_schedule_interval": args.prefill_schedule_interval,
         "pauses": True if args.pauses else None,
         "chunked_prefill": False if args.no_chunked_prefill else None,
+        "mamba_checkpoints": True if args.mamba_checkpoints else None,
     }
     return SchedulerSetup(
         num_blocks=args.num_blocks,

@@ -10,7 +10,7 @@ import attrs
 
 from kvfuzz.reference.content import ModelShape
 from kvfuzz.scheduler.async_batches import DEPTH
-from kvfuzz.scheduler.models import MODELS, max_model_len
+from kvfuzz.scheduler.models import CHECKPOINT_BLOCKS, MODELS, max_model_len
 
 POLICIES = ("fcfs", "priority")
 """vLLM's scheduling policies: first come first served, or by each request's priority (smaller first, then arrival)."""
@@ -116,6 +116,9 @@ class SchedulerSetup:
     # vLLM's enable_chunked_prefill: off, a waiting request's prompt is scheduled whole or not at all (vLLM then asks
     # max_num_batched_tokens >= max_model_len: the target's max_model_len is capped at the budget)
     chunked_prefill: bool = True
+    # on a Mamba hybrid with prefix caching: its Mamba layers export prefill checkpoints from inside the forward pass,
+    # as vLLM's Mamba2 mixer does (kvfuzz.scheduler.mamba_checkpoints)
+    mamba_checkpoints: bool = False
 
     def __attrs_post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -241,8 +244,25 @@ class SchedulerSetup:
             )
         if not self.chunked_prefill:
             self._check_unchunked()
+        if self.mamba_checkpoints:
+            self._check_mamba_checkpoints()
         if self.max_model_len < 2:
             raise ValueError(f"a pool of {self.max_model_len} slot(s) holds no prompt with a generated token")
+
+    def _check_mamba_checkpoints(self) -> None:
+        """Prefill checkpoints where vLLM exports them (a Mamba hybrid's align mode: prefix caching on), and where
+        kvfuzz's runner tells prefill rows from decode rows as vLLM's does (no drafts: a row of 1 + k tokens is a
+        decode there, which kvfuzz does not model yet)."""
+        if self.model != "mamba-hybrid" or not self.prefix_caching:
+            raise ValueError(
+                "mamba_checkpoints needs model mamba-hybrid with prefix caching: vLLM exports prefill checkpoints in "
+                "its Mamba prefix caching (align mode) only"
+            )
+        if self.speculative_tokens:
+            raise ValueError(
+                "mamba_checkpoints is not driven with speculative decoding (yet): vLLM's Mamba2 runner takes a row of "
+                "1 + k tokens as a decode, which exports no checkpoint, and kvfuzz's runner does not model that split"
+            )
 
     def _check_unchunked(self) -> None:
         """Chunked prefill off where vLLM runs it: not with a Mamba hybrid's prefix caching (vLLM asserts chunked
@@ -283,8 +303,12 @@ class SchedulerSetup:
     def max_model_len(self) -> int:
         """The longest request (prompt and output) the target is given: the whole pool, or for a hybrid model the
         longest whose blocks in every group fit the pool (:func:`~kvfuzz.scheduler.models.max_model_len`); with
-        chunked prefill off, at most the token budget (vLLM refuses a longer one, whose prompt no step could hold)."""
-        longest = max_model_len(MODELS[self.model], self.num_blocks, self.block_size, self.max_in_flight_tokens)
+        chunked prefill off, at most the token budget (vLLM refuses a longer one, whose prompt no step could hold); with
+        prefill checkpoints, their Mamba blocks beside."""
+        checkpoints = CHECKPOINT_BLOCKS if self.mamba_checkpoints else 0
+        longest = max_model_len(
+            MODELS[self.model], self.num_blocks, self.block_size, self.max_in_flight_tokens, checkpoints
+        )
         return longest if self.chunked_prefill else min(longest, self.max_num_batched_tokens)
 
     @property

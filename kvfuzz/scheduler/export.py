@@ -39,6 +39,7 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
     delay = f", transfer_delay={setup.transfer_delay}" if setup.transfer_delay else ""
     options = model + speculative + loras + unit + connector + delay
     options += ", chunked_prefill=False" if not setup.chunked_prefill else ""
+    options += ", mamba_checkpoints=True" if setup.mamba_checkpoints else ""
     options += "".join(
         f", {name}={value!r}"
         for name, value in (

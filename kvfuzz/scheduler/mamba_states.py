@@ -26,7 +26,7 @@ Invariants the worker holds vLLM to, in every Mamba group:
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import attrs
 
@@ -202,9 +202,75 @@ class AlignModeStates(MambaStates):
         return [b for b in table[kept:] if b != 0], [b for b in table[:kept] if b != 0]
 
 
-def mamba_states(groups: tuple[int, ...], mode: str, block_size: int, hash_block_size: int = 0) -> MambaStates:
+CheckpointRule = Callable[[int, int], Optional[tuple[int, int]]]
+"""Where a step exports a prefill checkpoint: given the sequence length after the step and the tokens it computes,
+the checkpoint's position (the state after that many tokens) and the table entry it is written to; None: none."""
+
+
+class CheckpointingAlignStates(AlignModeStates):
+    """Align mode with prefill checkpoints exported from inside the forward pass, as vLLM's Mamba2 mixer does
+    (``MambaSpec.num_prefill_checkpoint_blocks``): besides the state after the chunk, a step whose chunk crosses the
+    checkpoint position of its sequence (:data:`CheckpointRule`, the runner's rule) writes the state after exactly
+    that position into the entry the rule names: on the prompt's last chunk the block vLLM reserved for it, which its
+    prefix cache may then hand to another request as a checkpoint of that prefix (so the chunk need not end there);
+    on an earlier chunk whatever the table holds there, usually null (the runner then writes vLLM's null block, which
+    nothing reads as a state; so is an entry past the table)."""
+
+    def __init__(
+        self, groups: tuple[int, ...], block_size: int, hash_block_size: int, checkpoint: CheckpointRule
+    ) -> None:
+        super().__init__(groups, block_size, hash_block_size)
+        self.checkpoint = checkpoint  # the runner's rule: where a step's chunk exports its checkpoint
+
+    def touched(self, tables: list[list[int]], span: range) -> tuple[set[int], set[int]]:
+        reads, writes = super().touched(tables, span)
+        exported = self.checkpoint(span.stop, len(span))
+        if exported is not None:
+            for group in self.groups:
+                table = tables[group]
+                if exported[1] < len(table) and table[exported[1]] != 0:
+                    writes.add(table[exported[1]])
+        return reads, writes
+
+    def step(
+        self,
+        request: str,
+        tables: list[list[int]],
+        tokens: list[int],
+        span: range,
+        salt: tuple[str, ...],
+        step: int,
+        held: dict[str, list[int]],
+    ) -> None:
+        super().step(request, tables, tokens, span, salt, step, held)
+        exported = self.checkpoint(span.stop, len(span))
+        if exported is None:
+            return
+        position, entry = exported
+        for group in self.groups:
+            table = tables[group]
+            if entry >= len(table) or table[entry] == 0:
+                continue  # the runner's gather reads the null block there: a scratch write nothing reads
+            block = table[entry]
+            tags = prefix_tags(group_namespace(group) + salt, tokens[:position])
+            self.check_exclusive(request, group, block, held, step)
+            self.states[(group, block)] = StateWrite(request, position, tags[position - 1], step)
+
+
+def mamba_states(
+    groups: tuple[int, ...],
+    mode: str,
+    block_size: int,
+    hash_block_size: int = 0,
+    checkpoint: Optional[CheckpointRule] = None,
+) -> MambaStates:
     """The state model of Mamba groups in ``mode`` (``none`` or ``align``), prefix-cache hits landing every
-    ``hash_block_size`` tokens (by default the block size)."""
+    ``hash_block_size`` tokens (by default the block size); ``checkpoint``: align mode's prefill checkpoints, exported
+    where the rule says (None: the Mamba layers export none)."""
+    if checkpoint is not None:
+        if mode != "align":
+            raise ValueError(f"prefill checkpoints in Mamba mode {mode!r}: vLLM exports them in align mode only")
+        return CheckpointingAlignStates(groups, block_size, hash_block_size or block_size, checkpoint)
     kinds: dict[str, type[MambaStates]] = {"none": NoneModeStates, "align": AlignModeStates}
     if mode not in kinds:
         raise ValueError(f"Mamba groups in mode {mode!r}, which the worker does not model")

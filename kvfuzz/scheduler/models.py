@@ -136,6 +136,10 @@ class MambaHybridModel(SchedulerModel):
         return super().blocks_per_request(length, block_size, budget) + 2
 
 
+CHECKPOINT_BLOCKS = 1
+"""The prefill checkpoint blocks a Mamba2 layer's spec asks for (vLLM's ``MambaMixer2.get_kv_cache_spec``), where
+the Mamba layers export checkpoints (:mod:`kvfuzz.scheduler.mamba_checkpoints`)."""
+
 FULL = SchedulerModel(
     "full", "a two-layer llama, full attention (one KV-cache group)", "LlamaForCausalLM", "llama", (None, None)
 )
@@ -165,10 +169,14 @@ MODELS = {model.name: model for model in (FULL, SLIDING_WINDOW, MAMBA_HYBRID, CH
 """The models ``kvfuzz run --scheduler --model`` takes."""
 
 
-def max_model_len(model: SchedulerModel, num_blocks: int, block_size: int, budget: int) -> int:
+def max_model_len(
+    model: SchedulerModel, num_blocks: int, block_size: int, budget: int, checkpoint_blocks: int = 0
+) -> int:
     """The longest request the target is given: the whole pool for full attention; for a hybrid model, the longest
-    (in whole blocks) whose blocks in every group fit the pool together, as vLLM's startup check asks (0 if none)."""
+    (in whole blocks) whose blocks in every group fit the pool together, as vLLM's startup check asks (0 if none);
+    ``checkpoint_blocks``: a Mamba group's prefill checkpoint blocks besides (``MambaSpec.max_memory_usage_bytes``
+    counts them)."""
     for blocks in range(num_blocks, 0, -1):
-        if model.blocks_per_request(blocks * block_size, block_size, budget) <= num_blocks:
+        if model.blocks_per_request(blocks * block_size, block_size, budget) + checkpoint_blocks <= num_blocks:
             return blocks * block_size
     return 0

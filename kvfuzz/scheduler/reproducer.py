@@ -191,6 +191,7 @@ EOS_TOKEN = {EOS_TOKEN}
 KV_HEADS = {MODEL_SHAPE.num_kv_heads}
 HEAD_DIM = {MODEL_SHAPE.head_dim}
 MODEL = {setup.model!r}  # {model.description}
+MAMBA_CHECKPOINTS = {setup.mamba_checkpoints}  # the Mamba layers export prefill checkpoints, as a Mamba2 mixer does
 HF_CONFIG = {json.dumps(model.hf_config(MODEL_SHAPE, 1 if model is FULL else setup.block_size))}
 
 # ---- the fake model: the token it samples for a request at each position, the drafts proposed at each length ----

@@ -119,6 +119,8 @@ def planned_kv_cache(config, attention):
         page_size_padded=attention.page_size_bytes,
         mamba_cache_mode=config.cache_config.mamba_cache_mode,
     )
+    if MAMBA_CHECKPOINTS:  # a Mamba2 mixer's spec: one checkpoint block, at any position of a chunk
+        mamba = dataclasses.replace(mamba, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
     specs = {"model.layers.0.mamba": mamba, "model.layers.1.self_attn.attn": attention}
     groups = get_global_kv_cache_groups(config, [specs])
     (planned,) = get_kv_cache_configs(config, [specs], [1 << 40], groups)

@@ -129,6 +129,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
     # vLLM's chunked prefill off a quarter of the time (max_model_len capped at the budget), where no long-prefill cap
     # splits prompts anyway; refused, and redrawn, on a Mamba hybrid with prefix caching (vLLM asserts it on there)
     Dimension("chunked_prefill", (True, False), chance(0.25), needs=("long_prefill_token_threshold", 0)),
+    # on a Mamba hybrid with prefix caching, its Mamba layers export prefill checkpoints (as vLLM's Mamba2 mixer does)
+    # half the time; refused, and redrawn, with drafts (kvfuzz.scheduler.mamba_checkpoints)
+    Dimension(
+        "mamba_checkpoints", BOOLEAN, chance(0.5), needs=("model", "mamba-hybrid"), also_needs=("prefix_caching", True)
+    ),
 )
 """The engine's configuration, one row per dimension (add a row for a new ``SchedulerSetup`` field)."""
 

@@ -63,7 +63,9 @@ docs/scheduler-features.md); ``config.load_failure_policy`` (``recompute`` when 
 quarter of the requests, drawn from their ids, skip reading the prefix cache, docs/scheduler-features.md);
 ``config.retention`` (``semantic`` when absent, or ``dense`` / ``periodic``: vLLM's prefix-cache retention interval,
 docs/scheduler-features.md); ``config.chunked_prefill`` (true when absent; false: vLLM's chunked prefill off, the
-target's ``max_model_len`` capped at the token budget, docs/oracles.md).
+target's ``max_model_len`` capped at the token budget, docs/oracles.md); ``config.mamba_checkpoints`` (false when
+absent; true: the Mamba hybrid's Mamba layers export prefill checkpoints, as vLLM's Mamba2 mixer does,
+docs/scheduler-features.md).
 A trace of the ``sglang`` scheduler (SGLang's scheduling pieces, :mod:`kvfuzz.scheduler.sglang`) has the same
 fields, its ``engine`` being ``{"sglang_version": "0.5.23"}`` alone (SGLang has no model runner protocol, and its
 write path and attention check are SGLang's own); a vLLM trace is read exactly as before.
@@ -314,6 +316,7 @@ def setup_json(setup: SchedulerSetup) -> dict[str, Any]:
         ),
         **({"pauses": True} if setup.pauses else {}),
         **({"chunked_prefill": False} if not setup.chunked_prefill else {}),
+        **({"mamba_checkpoints": True} if setup.mamba_checkpoints else {}),
     }
 
 
@@ -448,6 +451,7 @@ def _config(value: Any) -> SchedulerSetup:
         "prefill_schedule_interval": False,
         "pauses": False,
         "chunked_prefill": False,
+        "mamba_checkpoints": False,
     }
     config = trace_files.fields(value, "config", {**required, **optional})
     numbers = {
@@ -522,6 +526,7 @@ def _config(value: Any) -> SchedulerSetup:
             ),
             pauses=trace_files.boolean("config.pauses", config.get("pauses", False)),
             chunked_prefill=trace_files.boolean("config.chunked_prefill", config.get("chunked_prefill", True)),
+            mamba_checkpoints=trace_files.boolean("config.mamba_checkpoints", config.get("mamba_checkpoints", False)),
         )
     except ValueError as error:
         raise Invalid("config", str(error)) from None

@@ -27,6 +27,7 @@ from kvfuzz.scheduler.config import MODEL_SHAPE, SchedulerSetup
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import EOS_TOKEN
 from kvfuzz.scheduler.lora import lora_name
+from kvfuzz.scheduler.mamba_checkpoints import checkpoint_spec
 from kvfuzz.scheduler.models import FULL, MODELS, ChunkedLocalModel, MambaHybridModel
 from kvfuzz.scheduler.vllm_release import vllm_release
 
@@ -53,7 +54,12 @@ def vllm() -> types.SimpleNamespace:
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes
+    from vllm.v1.core.kv_cache_utils import (
+        get_request_block_hasher,
+        init_none_hash,
+        resolve_cache_hit_alignment_tokens,
+        resolve_kv_cache_block_sizes,
+    )
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
@@ -106,6 +112,7 @@ def vllm() -> types.SimpleNamespace:
         sha256=sha256,
         get_request_block_hasher=get_request_block_hasher,
         resolve_kv_cache_block_sizes=resolve_kv_cache_block_sizes,
+        resolve_cache_hit_alignment_tokens=resolve_cache_hit_alignment_tokens,
         MambaSpec=MambaSpec,
         Scheduler=Scheduler,
         register_all_kvcache_specs=register_all_kvcache_specs,
@@ -349,7 +356,8 @@ def _mamba_specs(setup: SchedulerSetup, model: MambaHybridModel, page: int) -> d
     """The ``MambaSpec`` of each Mamba layer, as vLLM's Mamba layer reports it: the state shapes and dtypes of the
     model class (``JambaForCausalLM``), a block of ``cache_config.mamba_block_size`` tokens (the model length:
     ``mamba_cache_mode="none"`` keeps one state per request), its page padded to the attention page ``page``, as
-    vLLM's hybrid configuration pads it."""
+    vLLM's hybrid configuration pads it; with ``setup.mamba_checkpoints``, the prefill checkpoints of a Mamba2 layer
+    (:mod:`kvfuzz.scheduler.mamba_checkpoints`)."""
     from vllm.model_executor.models.jamba import JambaForCausalLM  # the Mamba model's state shapes, on first use
 
     v = vllm()
@@ -363,6 +371,7 @@ def _mamba_specs(setup: SchedulerSetup, model: MambaHybridModel, page: int) -> d
     )
     if spec.page_size_bytes != page:
         raise ValueError(f"a Mamba state of {spec.page_size_bytes} bytes does not fit the attention page of {page}")
+    spec = checkpoint_spec(spec, setup)  # a Mamba2 layer's prefill checkpoints, where the setup asks for them
     return {f"model.layers.{index}.mamba": spec for index in range(model.mamba_layers)}
 
 
@@ -385,6 +394,16 @@ def kv_cache_config(setup: SchedulerSetup) -> Any:
     if planned.num_blocks != setup.num_blocks + 1:
         raise ValueError(f"vLLM planned {planned.num_blocks} blocks for a pool of {setup.num_blocks + 1}")
     return planned
+
+
+def cache_hit_alignment_tokens(setup: SchedulerSetup) -> int:
+    """Where ``setup``'s prefix-cache hits land, as vLLM's engine core resolves it for its workers (the hash block
+    with partial prefix-cache hits, the scheduler's block otherwise)."""
+    v = vllm()
+    kv_config = kv_cache_config(setup)
+    config = vllm_config(setup)
+    block_size, hash_block_size = v.resolve_kv_cache_block_sizes(kv_config, config)
+    return int(v.resolve_cache_hit_alignment_tokens(kv_config, config, block_size, hash_block_size))
 
 
 def new_scheduler(setup: SchedulerSetup) -> Any:

@@ -45,12 +45,13 @@ from kvfuzz.scheduler.fake_model import UNMASKED, MinTokens
 from kvfuzz.scheduler.groups import group_namespace, group_rules, mamba_groups
 from kvfuzz.scheduler.kv_slots import Claims, SlotPool
 from kvfuzz.scheduler.lora import check_loras, lora_id
+from kvfuzz.scheduler.mamba_checkpoints import checkpoint_rule
 from kvfuzz.scheduler.mamba_states import mamba_states
 from kvfuzz.scheduler.partial_prefix import copy_blocks, hit_check
 from kvfuzz.scheduler.prefix_reads import ReadSkips
 from kvfuzz.scheduler.speculative import Verified, speculation_for
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
-from kvfuzz.scheduler.vllm_build import kv_cache_config, vllm_config
+from kvfuzz.scheduler.vllm_build import cache_hit_alignment_tokens, kv_cache_config, vllm_config
 from kvfuzz.scheduler.vllm_release import vllm_release
 from kvfuzz.scheduler.write_paths import OwnSlotMapping, WritePathFactory
 
@@ -101,8 +102,11 @@ class Worker:
         self.block_size = setup.block_size  # slots per block
         self.groups = group_rules(kv_cache_config(setup))  # the attention groups, in vLLM's order
         self.rules = {rule.index: rule for rule in self.groups}  # attention group index -> its rule
-        # the Mamba groups' state blocks, prefix-cache hits landing every hash block
-        self.mamba = mamba_states(*mamba_groups(kv_cache_config(setup)), setup.hash_block_size)
+        # the Mamba groups' state blocks, prefix-cache hits landing every hash block (and their prefill checkpoints
+        # where the Mamba layers export them: mamba_checkpoints.py)
+        groups, mode, mamba_block = mamba_groups(kv_cache_config(setup))
+        checkpoint = checkpoint_rule(setup, mamba_block, cache_hit_alignment_tokens(setup)) if groups else None
+        self.mamba = mamba_states(groups, mode, mamba_block, setup.hash_block_size, checkpoint)
         self.copies = 0  # block copies run (copy-on-write of partial prefix-cache hits: partial_prefix.py)
         self.prefix_hits = hit_check(setup)  # hits end on the prefix hashes (partial_prefix.py)
         self.read_skips = ReadSkips(setup)  # a request that skips prefix-cache reads gets no hit (prefix_reads.py)

@@ -47,6 +47,7 @@ SGLANG_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("skip_prefix_reads", (False,), fixed),
     Dimension("retention", ("semantic",), fixed),
     Dimension("chunked_prefill", (True,), fixed),
+    Dimension("mamba_checkpoints", (False,), fixed),
     Dimension(MODEL_RUNNER, ("",), fixed),
 )
 """SGLang's configuration, one row per dimension (every row of vLLM's table, by name)."""
