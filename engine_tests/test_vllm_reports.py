@@ -43,6 +43,7 @@ def test_the_real_bugs_are_the_ones_the_issue_names() -> None:
         "vllm-v1-scheduler-full-reports-partial-hit-crash-ed954bdbb683.json",  # the Mamba hybrid, full event reports
         "vllm-v1-scheduler-long-prefill-padding-assertion-03e33c236fbe.json",  # found through the long-prefill row
         "vllm-v1-scheduler-mamba-partial-hit-admission-hang-d591b6629908.json",  # the Mamba hybrid, partial hits
+        "vllm-v1-scheduler-mamba-session-resume-gate-hang-ad7ef67d44b6.json",  # the Mamba hybrid, a session's turns
         "vllm-v1-scheduler-offloading-load-gate-hang-99d75d3823f8.json",
         "vllm-v1-scheduler-offloading-load-gate-hang-v2-c7697394cd8d.json",  # the same program under V2's protocol
         "vllm-v1-scheduler-offloading-one-token-reload-hang-29b8f30c1dd1.json",

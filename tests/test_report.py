@@ -105,11 +105,12 @@ def test_a_trace_only_kvfuzz_s_reference_sees_gets_a_report_saying_so(tmp_path: 
 
 MAMBA_HANG = CORPUS / "vllm-v1-scheduler-mamba-partial-hit-admission-hang-d591b6629908.json"
 SESSION_RESET = CORPUS / "vllm-v1-scheduler-session-blocks-reset-error-c18d23100ce4.json"
+SESSION_GATE = CORPUS / "vllm-v1-scheduler-mamba-session-resume-gate-hang-ad7ef67d44b6.json"
 
 
 def test_a_mamba_hybrid_or_session_trace_gets_a_reproducer_that_builds_what_it_needs(tmp_path: Path) -> None:
-    """The Mamba hybrid is built by vLLM's planner with partial hits; a session's first turn is added resumable, a
-    reset is a call, and the drain closes the sessions left open."""
+    """The Mamba hybrid is built by vLLM's planner with partial hits; a session's first turn is added resumable, its
+    later turns are calls, a reset is a call, and the drain closes the sessions left open."""
     assert main(["report", str(MAMBA_HANG), "-o", str(tmp_path / "m.md")]) == 0
     mamba = (tmp_path / "m_reproducer.py").read_text()
     assert "MODEL = 'mamba-hybrid'" in mamba and "PREFIX_MATCH_UNIT = 1" in mamba and "planned_kv_cache" in mamba
@@ -117,6 +118,9 @@ def test_a_mamba_hybrid_or_session_trace_gets_a_reproducer_that_builds_what_it_n
     session = (tmp_path / "s_reproducer.py").read_text()
     assert 'engine.add("r0", [0], 1, resumable=True)' in session
     assert "engine.reset_prefix_cache(preempt=True)" in session and "closes every open session" in session
+    assert main(["report", str(SESSION_GATE), "-o", str(tmp_path / "g.md")]) == 0
+    turns = (tmp_path / "g_reproducer.py").read_text()
+    assert "engine.resume('r1', [0], 1)" in turns and "engine.resume('r1', [0, 0], 1)" in turns
 
 
 @pytest.mark.parametrize(
@@ -126,8 +130,11 @@ def test_a_mamba_hybrid_or_session_trace_gets_a_reproducer_that_builds_what_it_n
         (MAMBA_HANG, {"config": {"model": "chunked-local", "prefix_match_unit": 0}}, "the Mamba hybrid only"),
         (
             SESSION_RESET,
-            {"program": [{"op": "resume", "request": "r0", "prompt": [1], "max_tokens": 1}]},
-            "a streaming session's later turns (resume)",
+            {
+                "program": [{"op": "resume", "request": "r0", "prompt": [1], "max_tokens": 1}],
+                "config": {"min_tokens": True},
+            },
+            "a streaming session's later turns under min_tokens",
         ),
         (MAMBA_HANG, {"config": {"pauses": True}}, "the client's pauses are not played"),
     ],
@@ -137,7 +144,7 @@ def test_what_the_reproducer_does_not_play_is_named_in_one_line(
     tmp_path: Path, trace: Path, edit: dict[str, Any], reason: str
 ) -> None:
     recorded = json.loads(trace.read_text())
-    for field, value in edit.items():
+    for field, value in sorted(edit.items()):
         if field == "program":
             recorded["program"] = recorded["program"][:2] + value
         else:

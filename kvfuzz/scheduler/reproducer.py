@@ -9,8 +9,9 @@ Only failures that the engine's own state shows are expressed: the accounting ch
 free count against the tables the scheduler handed out), progress (requests unfinished past the drain's bound) and
 an exception of vLLM's own. Checks that need kvfuzz's K/V reference (content, outputs, speculative rollback) are
 refused with the reason (:class:`NotReproducible`), as are configurations the reproducer's runner does not play
-(async scheduling, load failures, a streaming session's later turns). The Mamba hybrid is built as the target builds
-it, by vLLM's own KV-cache planner, with partial prefix-cache hits and KV cache events (published nowhere: the
+(async scheduling, load failures, a streaming session's later turns under min_tokens: its turns are played as the
+client sends them, each session going on while vLLM keeps it). The Mamba hybrid is built as the target builds it, by
+vLLM's own KV-cache planner, with partial prefix-cache hits and KV cache events (published nowhere: the
 reproducer checks no event) where the trace has them; its accounting, which reads one KV-cache group, is stated for
 the full-attention model only."""
 
@@ -66,8 +67,8 @@ def _refusal(trace: SchedulerTrace) -> str | None:
         return "requests past max_model_len are not played by the reproducer"
     if setup.stats:
         return "the scheduler stats check is not played by the reproducer"
-    if any(isinstance(operation, Resume) for operation in trace.program):
-        return "a streaming session's later turns (resume) are not played by the reproducer's runner"
+    if setup.min_tokens and any(isinstance(operation, Resume) for operation in trace.program):
+        return "a streaming session's later turns under min_tokens: the reproducer's token tables mask a first turn's"
     if setup.pauses:
         return "the client's pauses are not played by the reproducer"
     if setup.retention != "semantic":
@@ -111,7 +112,7 @@ def program_calls(trace: SchedulerTrace, add: Callable[[AddRequest, str], str]) 
         if isinstance(operation, AddRequest):
             calls.append(add(operation, f"r{added}"))
             added += 1
-        elif isinstance(operation, (Abort, Step, ResetPrefixCache)):
+        elif isinstance(operation, (Abort, Step, ResetPrefixCache, Resume)):
             calls.append(operation.source("engine"))
         else:
             raise NotReproducible(f"the reproducer's engine does not play {operation.source('engine')}")

@@ -254,13 +254,36 @@ class Engine:
         self.added = []  # request ids in arrival order
         self.unfinished = set()
         self.lengths = {}  # request -> prompt length + max_tokens
-        self.sessions = set()  # streaming sessions left open (resumable requests)
+        self.sessions = {}  # streaming sessions left open (resumable requests) -> how their turns are asked
+        self.resumable = set()  # every request added resumable, open or closed since
 
     def add(self, request, prompt, max_tokens, priority=0, cache_salt=None, stop_token_ids=(), eos=False,
             min_tokens=0, lora=0, resumable=False, full_reports=False, skip_reads=False):
         """A request arrives; resumable: a streaming session's first turn, kept open until the drain closes it;
         full_reports: its KV cache events are reported in full (a sampling parameter's extra argument); skip_reads:
         it skips reading the prefix cache (as a request asking for prompt logprobs does)."""
+        asked = dict(priority=priority, cache_salt=cache_salt, stop_token_ids=stop_token_ids, eos=eos,
+                     min_tokens=min_tokens, lora=lora, full_reports=full_reports, skip_reads=skip_reads)
+        self.scheduler.add_request(self.request(request, prompt, max_tokens, resumable, **asked))
+        self.added.append(request)
+        self.unfinished.add(request)
+        self.lengths[request] = len(prompt) + max_tokens
+        if resumable:
+            self.sessions[request] = asked
+            self.resumable.add(request)
+
+    def resume(self, request, prompt, max_tokens):
+        """The client continues streaming session request with new input prompt, asking for max_tokens more outputs:
+        a request of the same id, resumable, added again with the session's other parameters (min_tokens at most
+        max_tokens, as vLLM asks)."""
+        asked = dict(self.sessions[request], min_tokens=min(self.sessions[request]["min_tokens"], max_tokens))
+        self.scheduler.add_request(self.request(request, prompt, max_tokens, True, **asked))
+        self.unfinished.add(request)
+        self.lengths[request] += len(prompt) + max_tokens
+
+    def request(self, request, prompt, max_tokens, resumable, priority, cache_salt, stop_token_ids, eos,
+                min_tokens, lora, full_reports, skip_reads):
+        """vLLM's Request for an add or a session's next turn (arriving after every request added so far)."""
         sampling = SamplingParams(
             max_tokens=max_tokens, ignore_eos=not eos, stop_token_ids=list(stop_token_ids), min_tokens=min_tokens,
             extra_args={"kv_cache_report_mode": "full"} if full_reports else None,
@@ -272,17 +295,12 @@ class Engine:
             from vllm.lora.request import LoRARequest
 
             lora_request = LoRARequest(f"lora-{lora}", lora, f"lora-{lora}")
-        self.scheduler.add_request(Request(
+        return Request(
             request_id=request, prompt_token_ids=list(prompt), sampling_params=sampling, pooling_params=None,
             arrival_time=float(len(self.added)), priority=priority, cache_salt=cache_salt, lora_request=lora_request,
             block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256),
             **({"resumable": True} if resumable else {}),
-        ))
-        self.added.append(request)
-        self.unfinished.add(request)
-        self.lengths[request] = len(prompt) + max_tokens
-        if resumable:
-            self.sessions.add(request)
+        )
 
     def reset_prefix_cache(self, preempt=False):
         """The client resets the prefix cache (preempt: reset_running_requests), as an RLHF trainer does after a
@@ -311,12 +329,21 @@ class Engine:
         result = ModelRunnerOutput(req_ids=order, sampled_token_ids=sampled, kv_connector_output=connector, **index)
         for outputs in self.scheduler.update_from_output(output, result).values():
             for reported in outputs.outputs:
-                if reported.finish_reason is not None:
+                if reported.finish_reason is not None and not self.continues(reported.request_id):
                     self.unfinished.discard(reported.request_id)
         drafts, self.runner.drafts = self.runner.drafts, None
         if drafts is not None and output.total_num_scheduled_tokens > 0:
             self.scheduler.update_draft_token_ids(DraftTokenIds(*drafts))
         return output.total_num_scheduled_tokens
+
+    def continues(self, request):
+        """Whether a request whose turn just ended goes on: a streaming session with an update queued at its stop
+        takes it as its next turn (vLLM keeps it, neither finished nor paused)."""
+        held = self.scheduler.requests.get(request)
+        return (
+            request in self.resumable and held is not None and not held.is_finished()
+            and held.status != RequestStatus.WAITING_FOR_STREAMING_REQ
+        )
 
     def check_batch(self, output):
         """Every request the step schedules tokens for is one the output brings, new or cached: the model runner
@@ -392,7 +419,7 @@ class Engine:
                 pooling_params=None, arrival_time=float(len(self.added)),
                 block_hasher=get_request_block_hasher(HASH_BLOCK_SIZE, sha256),
             ))
-        self.sessions = set()
+        self.sessions = {}
         bound = 4 * sum(self.lengths[request] for request in self.unfinished) + 16
         for _ in range(bound):
             if not self.unfinished:
