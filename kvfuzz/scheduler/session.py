@@ -444,10 +444,10 @@ class Session:
         for request in sorted(waiting | self.connector.loading()):
             # a request waiting with blocks (its load in flight, or finished and not scheduled since; an aborted one
             # keeps them until its load finished): the worker learns its table when it is scheduled, so it is held
-            # to the manager's own
+            # to the manager's own, in every group
             if request in self.scheduler.requests and request not in held:
-                (blocks,) = self.scheduler.kv_cache_manager.get_block_ids(request)
-                held[request] = [block for block in blocks if block != 0]
+                groups = self.scheduler.kv_cache_manager.get_block_ids(request)
+                held[request] = [block for blocks in groups for block in blocks if block != 0]
         check_accounting(self.scheduler, held, self.steps, maybe)
 
     def _describe(self, requests: list[str]) -> str:
