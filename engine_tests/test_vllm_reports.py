@@ -50,6 +50,7 @@ def test_the_real_bugs_are_the_ones_the_issue_names() -> None:
         "vllm-v1-scheduler-offloading-shared-block-ref-cnt-b481f5a07fcd.json",  # the waiting-queue bug, ref_cnt
         "vllm-v1-scheduler-offloading-waiting-queue-holds-blocks-a8dffbbfe266.json",
         "vllm-v1-scheduler-session-blocks-reset-error-c18d23100ce4.json",  # a streaming session, a prefix-cache reset
+        "vllm-v1-scheduler-sessions-holding-pool-deadlock-68ba1f36c223.json",  # streaming sessions' later turns
         "vllm-v1-scheduler-speculative-padding-hang-6123748f32e9.json",
     ]
 

@@ -2,7 +2,8 @@
 ``--known engine_tests/data``): each trace a ten-minute campaign saved as new replays word for word, and passes with
 its bug's cause taken away, so that it is the known bug and not another. Their reproducers are not written (the
 standalone reproducer plays neither async scheduling, the P/D connector, the stats check nor pauses), so they are
-kept here rather than in corpus/.
+kept here rather than in corpus/. One was first read as another bug: the Mamba sessions' progress failure, which
+passes with the Mamba session resume gate hang's cause taken away.
 
 Runs in the vLLM environment (``scripts/third_party_env.sh vllm``; CI runs it there)."""
 
@@ -16,6 +17,7 @@ import pytest
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from engine_tests.test_vllm_scheduler_offloading import asked_once_after_its_load
+from engine_tests.test_vllm_scheduler_sessions import skipped_blocks_freed_before_the_gate
 from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.trace import SchedulerTrace, load
 
@@ -46,10 +48,18 @@ def gate_without_spec_reservation(trace: SchedulerTrace, monkeypatch: pytest.Mon
     return trace
 
 
+def gate_after_the_skip(trace: SchedulerTrace, monkeypatch: pytest.MonkeyPatch) -> SchedulerTrace:
+    """The Mamba session resume gate hang's cause taken away: the full-sequence gate counts the free blocks after the
+    Mamba group's skipped blocks are freed."""
+    skipped_blocks_freed_before_the_gate(monkeypatch)
+    return trace
+
+
 CAUSES: dict[str, Callable[[SchedulerTrace, pytest.MonkeyPatch], SchedulerTrace]] = {
     "mamba-partial-hit-preempted-hang.json": without_partial_hits,
     "offloading-one-token-reload-starves-waiting.json": reload_fixed,
     "pd-load-gate-hang.json": gate_without_spec_reservation,
+    "sessions-holding-waiting-deadlock.json": gate_after_the_skip,
 }
 
 
