@@ -34,16 +34,12 @@ def checkpoint_spec(spec: Any, setup: SchedulerSetup) -> Any:
     )
 
 
-def checkpoint_rule(
-    setup: SchedulerSetup, mamba_block_size: int, cache_hit_alignment_tokens: int
-) -> Optional[CheckpointRule]:
-    """The runner's rule for where a prefill row exports its checkpoint (None: ``setup`` exports none): vLLM's
+def checkpoint_rule(setup: SchedulerSetup, mamba_block_size: int, cache_hit_alignment_tokens: int) -> CheckpointRule:
+    """The runner's rule for where a prefill row exports its checkpoint, where ``setup`` asks for checkpoints: vLLM's
     ``compute_mamba_prefill_checkpoints`` for one row, given the row's sequence length after the step and its query
     length, the prompt's boundary on ``cache_hit_alignment_tokens`` (what the engine core resolves) and its hashes
     every ``setup.hash_block_size`` tokens. No EAGLE block drop (EAGLE is not drawn on a hybrid) and no hash lookahead.
     A one-token query is a decode row, which the runner gives no checkpoint (the rule finds none there either)."""
-    if not setup.mamba_checkpoints:
-        return None
     from vllm.model_executor.layers.mamba.checkpoint import compute_mamba_prefill_checkpoints
 
     def rule(seq_len: int, query_len: int) -> Optional[tuple[int, int]]:

@@ -105,7 +105,8 @@ class Worker:
         # the Mamba groups' state blocks, prefix-cache hits landing every hash block (and their prefill checkpoints
         # where the Mamba layers export them: mamba_checkpoints.py)
         groups, mode, mamba_block = mamba_groups(kv_cache_config(setup))
-        checkpoint = checkpoint_rule(setup, mamba_block, cache_hit_alignment_tokens(setup)) if groups else None
+        checkpoints = setup.mamba_checkpoints  # only a Mamba hybrid's (the configuration refuses the rest)
+        checkpoint = checkpoint_rule(setup, mamba_block, cache_hit_alignment_tokens(setup)) if checkpoints else None
         self.mamba = mamba_states(groups, mode, mamba_block, setup.hash_block_size, checkpoint)
         self.copies = 0  # block copies run (copy-on-write of partial prefix-cache hits: partial_prefix.py)
         self.prefix_hits = hit_check(setup)  # hits end on the prefix hashes (partial_prefix.py)
