@@ -222,14 +222,20 @@ class CheckpointingAlignStates(AlignModeStates):
         super().__init__(groups, block_size, hash_block_size)
         self.checkpoint = checkpoint  # the runner's rule: where a step's chunk exports its checkpoint
 
+    def exported(self, tables: list[list[int]], span: range) -> tuple[int, list[tuple[int, int]]]:
+        """Where a step over ``span`` exports its checkpoint: the position, and each Mamba group's block for it
+        (none where the rule finds no checkpoint; a null entry, or one past the table, is the null block, a scratch
+        write nothing reads)."""
+        found = self.checkpoint(span.stop, len(span))
+        if found is None:
+            return 0, []
+        position, entry = found
+        blocks = [(group, tables[group][entry]) for group in self.groups if entry < len(tables[group])]
+        return position, [(group, block) for group, block in blocks if block != 0]
+
     def touched(self, tables: list[list[int]], span: range) -> tuple[set[int], set[int]]:
         reads, writes = super().touched(tables, span)
-        exported = self.checkpoint(span.stop, len(span))
-        if exported is not None:
-            for group in self.groups:
-                table = tables[group]
-                if exported[1] < len(table) and table[exported[1]] != 0:
-                    writes.add(table[exported[1]])
+        writes.update(block for _, block in self.exported(tables, span)[1])
         return reads, writes
 
     def step(
@@ -243,15 +249,8 @@ class CheckpointingAlignStates(AlignModeStates):
         held: dict[str, list[int]],
     ) -> None:
         super().step(request, tables, tokens, span, salt, step, held)
-        exported = self.checkpoint(span.stop, len(span))
-        if exported is None:
-            return
-        position, entry = exported
-        for group in self.groups:
-            table = tables[group]
-            if entry >= len(table) or table[entry] == 0:
-                continue  # the runner's gather reads the null block there: a scratch write nothing reads
-            block = table[entry]
+        position, blocks = self.exported(tables, span)
+        for group, block in blocks:
             tags = prefix_tags(group_namespace(group) + salt, tokens[:position])
             self.check_exclusive(request, group, block, held, step)
             self.states[(group, block)] = StateWrite(request, position, tags[position - 1], step)
@@ -270,7 +269,7 @@ def mamba_states(
     if checkpoint is not None:
         if mode != "align":
             raise ValueError(f"prefill checkpoints in Mamba mode {mode!r}: vLLM exports them in align mode only")
-        return CheckpointingAlignStates(groups, block_size, hash_block_size or block_size, checkpoint)
+        return CheckpointingAlignStates(groups, block_size, hash_block_size, checkpoint)
     kinds: dict[str, type[MambaStates]] = {"none": NoneModeStates, "align": AlignModeStates}
     if mode not in kinds:
         raise ValueError(f"Mamba groups in mode {mode!r}, which the worker does not model")
