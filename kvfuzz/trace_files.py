@@ -3,9 +3,9 @@ the corpus's readers look at); a trace file's JSON read as nothing in it is trus
 problem one line naming the field; and a trace written atomically, never over part of itself.
 
 Every trace format (the allocator's ``kvfuzz-trace/1``, :mod:`kvfuzz.saved.trace`; a scheduler's
-``kvfuzz-scheduler-trace/1``, :mod:`kvfuzz.scheduler.trace`) says only what its fields hold; the file beneath is
-this module's. It imports neither torch nor the rest of kvfuzz, so that pytest's collection of an unrelated session
-never needs them.
+``kvfuzz-scheduler-trace/1``, :mod:`kvfuzz.scheduler.trace`) says only what its own fields hold; the fields all
+share are :mod:`kvfuzz.trace_format`'s, the file beneath this module's. It imports neither torch nor the rest of
+kvfuzz, so that pytest's collection of an unrelated session never needs them.
 """
 
 from __future__ import annotations
@@ -239,22 +239,6 @@ def choice(field: str, value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise Invalid(field, f"must be one of {', '.join(choices)}, not {show(value)}")
     return value
-
-
-# -- the fields every trace has -----------------------------------------------------------------------------------
-
-MAX_STATUS_TEXT = 100_000
-"""Characters of a trace's ``known_bug`` or ``fixed`` text."""
-
-
-def bug_status(data: dict[str, Any]) -> tuple[Optional[str], Optional[str]]:
-    """A trace's ``known_bug`` (why the failure is expected: an engine's unfixed bug) and ``fixed`` (the fix of a
-    bug the trace recorded, for a regression trace), every format's: each a string or absent, never both set."""
-    known_bug = string("known_bug", data.get("known_bug"), MAX_STATUS_TEXT, optional=True)
-    fixed = string("fixed", data.get("fixed"), MAX_STATUS_TEXT, optional=True)
-    if known_bug and fixed:
-        raise Invalid("fixed", "a trace of a fixed bug cannot be a known (unfixed) bug too: clear known_bug")
-    return known_bug, fixed
 
 
 # -- writing a trace file ------------------------------------------------------------------------------------------

@@ -124,6 +124,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "kvfuzz.swarm_table",
         "kvfuzz.trace_files",
     ),
+    ("kvfuzz.trace_format",),  # the envelope every trace format shares, above the file layer
     ("kvfuzz.coverage",),  # which lines and branches of the code under test a process reaches
     ("kvfuzz.allocator",),  # the contract, and kvfuzz's own allocators
     ("kvfuzz.reference", "kvfuzz.accounting", "kvfuzz.model"),  # K/V content and attention; paging arithmetic
@@ -290,6 +291,7 @@ STAGES = {
     "trace commands": "commands/trace_kinds.py",  # the one place replay, show, export and report tell kinds apart
     "swarm table": "swarm_table.py",  # the one kind of row a target's swarm table is made of, and its pins
     "trace file": "trace_files.py",  # the one reader of a trace file's bytes, checker of fields, atomic writer
+    "trace envelope": "trace_format.py",  # the one reader of the fields every format shares: version, bug status
     "saved trace": "trace_saving.py",  # the one record of where a trace went, and what is printed of it
     "coverage feedback": "campaign/feedback.py",  # the one per-example coverage, seed keeping and bandit
     "claims": "campaign/claims.py",  # the one judgement of a signature a worker met: known, met before, or new
@@ -313,6 +315,8 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
       against), or a function that parses pins (a name with ``parse`` and ``pin``);
     * a **trace file**'s layer: a call of ``os.fsync`` (a file made durable, as a trace's atomic save does) or a
       call with an ``object_pairs_hook`` keyword (JSON read strictly, repeated fields refused);
+    * the **trace envelope**: a read of a trace's ``known_bug``, ``fixed`` or ``kvfuzz_version`` field (a subscript
+      or a ``get`` with that name), which every format has;
     * a **saved trace**'s record: a class with ``written`` and ``error`` fields (where a trace went: written, or not
       and why);
     * **coverage feedback**: a class with an ``example_ended`` method (coverage taken per example, a seed kept), or
@@ -369,10 +373,26 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                 or (isinstance(node.func, ast.Name) and node.func.id in ("Claimed", "Seen"))
             ):
                 found["claims"].add(path)
+            if _reads_a_field(node, ("known_bug", "fixed", "kvfuzz_version")):
+                found["trace envelope"].add(path)
             if path.startswith("commands/") and isinstance(node, ast.Compare):
                 if any(isinstance(part, ast.Constant) and part.value == "scheduler-trace" for part in ast.walk(node)):
                     found["trace commands"].add(path)
     return found
+
+
+def _reads_a_field(node: ast.AST, names: tuple[str, ...]) -> bool:
+    """Whether ``node`` reads one of ``names`` from a JSON object: ``data["name"]`` or ``data.get("name", ...)``."""
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+        return isinstance(node.slice, ast.Constant) and node.slice.value in names
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Constant)
+        and node.args[0].value in names
+    )
 
 
 def _names_a_store(node: ast.expr) -> bool:
@@ -413,6 +433,8 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
         "campaign/worker.py": "def plan():\n    return Bandit()\n",
         "campaign/scheduler/claims.py": "def is_new(s):\n    return store.claim(s, {}) is None\n",
         "campaign/allocator_worker.py": "def met(r, s):\n    r.send(Seen(0, s, s.key(), 'x'))\n",
+        "trace_format.py": "def check(data):\n    return data.get('known_bug'), data['kvfuzz_version']\n",
+        "scheduler/sglang/traces.py": "def status(d):\n    w = {'fixed': None}\n    return d['fixed']\n",
     }
     found = stage_definitions(sources)
     assert found["journal"] == {"program/safeguards.py", "scheduler/journal.py"}
@@ -427,11 +449,13 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
     assert found["saved trace"] == {"scheduler/recorder.py"}
     assert found["coverage feedback"] == {"campaign/scheduler/guided.py", "campaign/worker.py"}
     assert found["claims"] == {"campaign/scheduler/claims.py", "campaign/allocator_worker.py"}
+    assert found["trace envelope"] == {"trace_format.py", "scheduler/sglang/traces.py"}
 
 
 def test_each_stage_of_the_pipeline_is_written_once_for_every_target() -> None:
     """The allocator target and the scheduler targets share one journal, one recovery of it, one campaign loop, one
-    table of known findings, one store of shared findings, one isolation and one dispatch of the trace commands:
+    table of known findings, one store of shared findings, one isolation, one dispatch of the trace commands and one
+    reader of the fields every trace format shares:
     a target that needs its own has a payload or a protocol method for it (docs/architecture.md), never a second
     module."""
     sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in PACKAGE.rglob("*.py")}

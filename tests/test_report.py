@@ -26,7 +26,7 @@ PADDING = CORPUS / "vllm-v1-scheduler-speculative-padding-hang-6123748f32e9.json
     ("content", "says"),
     [
         (b"not json", "not valid JSON"),
-        (b'{"format": "kvfuzz-scheduler-trace/1"}', "kvfuzz_version: missing"),
+        (b'{"format": "kvfuzz-scheduler-trace/1"}', "program: missing"),
         (b'{"format": "kvfuzz-trace/9"}', "bad.json"),
     ],
 )

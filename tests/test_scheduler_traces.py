@@ -357,7 +357,11 @@ def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
 @pytest.mark.parametrize(
     "change, line",
     [
-        (lambda d: d.update(format="kvfuzz-scheduler-trace/2"), "format: must be 'kvfuzz-scheduler-trace/1', not "),
+        (
+            lambda d: d.update(format="kvfuzz-scheduler-trace/2"),
+            "written by a newer kvfuzz (format kvfuzz-scheduler-trace/2); this kvfuzz reads kvfuzz-scheduler-trace/1",
+        ),
+        (lambda d: d.update(format="kvfuzz-trace/1"), 'not a scheduler trace ("format" is "kvfuzz-trace/1"; expected'),
         (lambda d: d.update(extra=1), "extra: unknown field (a trace's top level has only: format, "),
         (lambda d: d.pop("engine"), "engine: missing"),
         (lambda d: d.update(scheduler="llama-cpp"), 'scheduler: must be one of vllm-v1, sglang, not "llama-cpp"'),

@@ -336,8 +336,9 @@ def parse_finding(key: str, raw: bytes, source: str) -> StoredFinding:
 
 
 def _trace(value: Any, source: str) -> Trace | SchedulerTrace:
-    """An allocator trace, or a scheduler trace where its format says so, checked as its file would be."""
-    if isinstance(value, dict) and value.get("format") == scheduler_trace.FORMAT:
+    """An allocator trace, or a scheduler trace where its format (at any version) says so, checked as its file
+    would be."""
+    if scheduler_trace.SCHEDULER_TRACE_FORMAT.names(value):
         try:
             return scheduler_trace.from_json(value, source)
         except ValueError as error:

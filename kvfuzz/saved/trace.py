@@ -42,8 +42,6 @@ operation's, and a pool geometry over :data:`GEOMETRY_LIMITS` or over 1 GiB of K
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -61,6 +59,7 @@ from kvfuzz.program.call import Call, program_json
 from kvfuzz.program.operations import BY_NAME
 from kvfuzz.reference.content import ModelShape
 from kvfuzz.trace_files import FORMAT, Invalid, TraceFileError, show
+from kvfuzz.trace_format import Envelope, TraceFormat, digest
 
 _TUPLE_ARGUMENTS = {"namespace", "system"}
 
@@ -94,8 +93,7 @@ class Trace:
 
     def digest(self) -> str:
         """Identifies the failure: the same allocator, configuration and program give the same digest."""
-        key = json.dumps([self.allocator, config_json(self.config, None), program_json(self.program)], sort_keys=True)
-        return hashlib.sha256(key.encode()).hexdigest()[:12]
+        return digest([self.allocator, config_json(self.config, None), program_json(self.program)])
 
     def file_name(self) -> str:
         slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{self.allocator.split(':')[-1]}-{self.failure.get('title', '')}")
@@ -135,7 +133,7 @@ def save(trace: Trace, directory: Path) -> tuple[Path, bool]:
     loads as a trace with the same digest); returns (path, written). Written atomically
     (:func:`kvfuzz.trace_files.save_trace`); raises ``OSError`` when the directory cannot be created or written (the
     caller then shows the trace instead, see :mod:`kvfuzz.saved.corpus`), leaving no temporary file behind."""
-    return trace_files.save_trace(trace, directory, load, TraceError)
+    return TRACE_FORMAT.save(trace, directory)
 
 
 # -- reading and validating a trace --------------------------------------------------------------------------------
@@ -163,12 +161,8 @@ MAX_NAME = 1000  # characters of a name: the allocator, a sequence id, a namespa
 MAX_LIST = 100_000  # items of one list argument
 _INT64 = (-(2**63), 2**63 - 1)
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]{1,3})?")
-_FORMAT_VERSION = re.compile(r"kvfuzz-trace/([0-9]{1,9})")
 MISUSE_OPERATIONS = ("admit", "grow", "fork", "free", "preempt", "swap_out", "swap_in", "rollback", "evict")
 """The allocator operations a recorded misuse call may name (the contract's, never an arbitrary attribute)."""
-_TOP_FIELDS = {"format": True, "kvfuzz_version": False, "allocator": True, "config": True, "program": True}
-_TOP_FIELDS.update({"failure": True, "known_bug": False, "flaky": False, "swarm": False, "fixed": False})
-# field -> required
 _CONFIG_FIELDS = {name: True for name in GEOMETRY_LIMITS}
 _CONFIG_FIELDS.update({"inflight_window": False, "dtype": True, "device": True, "kernel": False})
 _FAILURE_FIELDS = {"invariant": True, "title": True, "operation": False, "explanation": False, "cause": False}
@@ -188,18 +182,13 @@ def load(path: Path) -> Trace:
     of :data:`kvfuzz.program.operations.BY_NAME`, or arguments that are not exactly the operation's.
     :class:`TraceUnavailable` (a ``TraceError``) is a valid trace for a device this machine lacks.
     """
-    return from_json(trace_files.read_json(Path(path), TraceError), str(path))
+    return TRACE_FORMAT.load(path)
 
 
 def from_json(data: Any, source: str = "trace") -> Trace:
     """A trace from its JSON object (``json.loads`` of a trace file), validated as :func:`load` validates a file;
     ``source`` names it at the start of each :class:`TraceError` line."""
-    try:
-        return _trace(data)
-    except TraceUnavailable as error:
-        raise TraceUnavailable(f"{source}: {error}") from None
-    except Invalid as error:
-        raise TraceError(f"{source}: {error}") from None
+    return TRACE_FORMAT.from_json(data, source)
 
 
 def program_from_json(value: Any, source: str = "program") -> list[Call]:
@@ -219,30 +208,29 @@ def _name(field: str, value: Any) -> str:
     return text
 
 
-def _trace(data: Any) -> Trace:
-    if not isinstance(data, dict):
-        raise Invalid("", f"not a kvfuzz trace: the file holds a JSON {type(data).__name__}, not a JSON object")
-    version = data.get("format")
-    matched = _FORMAT_VERSION.fullmatch(version) if isinstance(version, str) else None
-    if matched is not None and int(matched.group(1)) > 1:
-        raise Invalid("", f"written by a newer kvfuzz (format {version}); this kvfuzz reads {FORMAT}")
-    if version != FORMAT:
-        found = "no format field" if "format" not in data else f'"format" is {show(version)}'
-        raise Invalid("", f'not a kvfuzz trace ({found}; expected "format": "{FORMAT}")')
-    trace_files.fields(data, "", _TOP_FIELDS)
-    version_text = _name("kvfuzz_version", data.get("kvfuzz_version", "unknown"))
+def _trace(data: dict[str, Any], envelope: Envelope) -> Trace:
     allocator = _name("allocator", data["allocator"])
     if not allocator:
         raise Invalid("allocator", "empty")
     config = _config(data["config"])
     program = _program(data["program"])
     failure = _failure(data["failure"])
-    known_bug, fixed = trace_files.bug_status(data)
     flaky = _flaky(data.get("flaky"))
     swarm = _swarm(data.get("swarm"))
-    return Trace(
-        allocator, config, program, failure, config.inflight_window, known_bug, version_text, flaky, swarm, fixed
-    )
+    known_bug, version, fixed = envelope.known_bug, envelope.kvfuzz_version, envelope.fixed
+    return Trace(allocator, config, program, failure, config.inflight_window, known_bug, version, flaky, swarm, fixed)
+
+
+TRACE_FORMAT = TraceFormat(
+    "kvfuzz-trace",
+    1,
+    "kvfuzz trace",
+    {"allocator": True, "config": True, "flaky": False, "swarm": False},
+    TraceError,
+    _trace,
+)
+"""The allocator target's format, on the envelope every format shares (:mod:`kvfuzz.trace_format`)."""
+assert TRACE_FORMAT.tag == FORMAT
 
 
 def _swarm(value: Any) -> Optional[dict[str, Any]]:

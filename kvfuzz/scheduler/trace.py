@@ -76,8 +76,6 @@ missing fields, values of the right JSON types and within :data:`LIMITS`, each p
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Any, Optional
@@ -105,7 +103,8 @@ from kvfuzz.scheduler.model_length import overlong_limit
 from kvfuzz.scheduler.models import MODELS
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Pause, ResetPrefixCache, Resume, Step, Unpause
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
-from kvfuzz.trace_files import Invalid, TraceFileError, show
+from kvfuzz.trace_files import Invalid, TraceFileError
+from kvfuzz.trace_format import Envelope, TraceFormat, digest
 
 FORMAT = "kvfuzz-scheduler-trace/1"
 SCHEDULERS = ("vllm-v1", "sglang")
@@ -225,7 +224,7 @@ class SchedulerTrace:
         worker = {name: value for name, value in self.engine_json().items() if name in ("write_path", "attention")}
         if worker:
             key.append(worker)
-        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+        return digest(key)
 
     def file_name(self) -> str:
         return f"{self.scheduler}-{self.failure.check}-{self.digest()}.json"
@@ -357,65 +356,61 @@ def save(trace: SchedulerTrace, directory: Path) -> tuple[Path, bool]:
     """Write ``trace`` into ``directory`` unless a valid trace with its digest is there; returns (path, written).
     Written atomically (:func:`kvfuzz.trace_files.save_trace`); raises ``OSError`` when the directory cannot be
     created or written, leaving no temporary file."""
-    return trace_files.save_trace(trace, directory, load, SchedulerTraceError)
+    return SCHEDULER_TRACE_FORMAT.save(trace, directory)
 
 
 def load(path: Path) -> SchedulerTrace:
     """Read and check a scheduler trace file; :class:`SchedulerTraceError` (one line naming the file and the field)
     if it is not a valid one. Its bytes are checked as every trace file's are (:func:`kvfuzz.trace_files.read_json`:
     a regular file of at most 16 MiB of UTF-8 JSON, without NaN, repeated fields or too deep a nesting)."""
-    return from_json(trace_files.read_json(Path(path), SchedulerTraceError), str(path))
+    return SCHEDULER_TRACE_FORMAT.load(path)
 
 
 def from_json(data: Any, source: str = "trace") -> SchedulerTrace:
-    try:
-        return _trace(data)
-    except Invalid as error:
-        raise SchedulerTraceError(f"{source}: {trace_files.one_line(str(error))}") from None
+    return SCHEDULER_TRACE_FORMAT.from_json(data, source)
 
 
-def _trace(data: Any) -> SchedulerTrace:
-    fields = {"format": True, "kvfuzz_version": True, "scheduler": True, "engine": True, "config": True}
-    fields.update(program=True, shrunk=True, failure=True, known_bug=False, fixed=False)
-    data = trace_files.fields(data, "", fields)
-    known_bug, fixed = trace_files.bug_status(data)
-    if data["format"] != FORMAT:
-        raise Invalid("format", f"must be {FORMAT!r}, not {show(data['format'])} (another kind of file)")
+def _trace(data: dict[str, Any], envelope: Envelope) -> SchedulerTrace:
     scheduler = trace_files.choice("scheduler", data["scheduler"], SCHEDULERS)
     setup = _config(data["config"])
+    common: dict[str, Any] = {
+        "scheduler": scheduler,
+        "setup": setup,
+        "program": _program(data["program"], setup),
+        "failure": _failure(data["failure"]),
+        "shrunk": trace_files.boolean("shrunk", data["shrunk"]),
+        "known_bug": envelope.known_bug,
+        "kvfuzz_version": envelope.kvfuzz_version,
+        "fixed": envelope.fixed,
+    }
     if scheduler == SGLANG:
         engine = trace_files.fields(data["engine"], "engine", {"sglang_version": True})
-        return SchedulerTrace(
-            scheduler=scheduler,
-            setup=setup,
-            model_runner="",
-            vllm_version=str(trace_files.string("engine.sglang_version", engine["sglang_version"], MAX_TEXT)),
-            program=_program(data["program"], setup),
-            failure=_failure(data["failure"]),
-            shrunk=trace_files.boolean("shrunk", data["shrunk"]),
-            known_bug=known_bug,
-            kvfuzz_version=str(trace_files.string("kvfuzz_version", data["kvfuzz_version"], MAX_TEXT)),
-            fixed=fixed,
-        )
+        version = trace_files.string("engine.sglang_version", engine["sglang_version"], MAX_TEXT)
+        return SchedulerTrace(model_runner="", vllm_version=str(version), **common)
     engine = trace_files.fields(
         data["engine"], "engine", {"vllm_version": True, "model_runner": True, "write_path": False, "attention": False}
     )
     return SchedulerTrace(
-        scheduler=scheduler,
-        setup=setup,
         model_runner=trace_files.choice("engine.model_runner", engine["model_runner"], MODEL_RUNNERS),
         vllm_version=str(trace_files.string("engine.vllm_version", engine["vllm_version"], MAX_TEXT)),
-        program=_program(data["program"], setup),
-        failure=_failure(data["failure"]),
-        shrunk=trace_files.boolean("shrunk", data["shrunk"]),
-        known_bug=known_bug,
-        kvfuzz_version=str(trace_files.string("kvfuzz_version", data["kvfuzz_version"], MAX_TEXT)),
-        fixed=fixed,
         write_path=trace_files.choice(
             "engine.write_path", engine.get("write_path", WRITE_PATH_NAMES[0]), WRITE_PATH_NAMES
         ),
         attention=trace_files.choice("engine.attention", engine.get("attention", ATTENTION_NAMES[0]), ATTENTION_NAMES),
+        **common,
     )
+
+
+SCHEDULER_TRACE_FORMAT = TraceFormat(
+    "kvfuzz-scheduler-trace",
+    1,
+    "scheduler trace",
+    {"scheduler": True, "engine": True, "config": True, "shrunk": True},
+    SchedulerTraceError,
+    _trace,
+)
+"""The scheduler targets' format, on the envelope every format shares (:mod:`kvfuzz.trace_format`)."""
+assert SCHEDULER_TRACE_FORMAT.tag == FORMAT
 
 
 def _config(value: Any) -> SchedulerSetup:
