@@ -123,6 +123,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "kvfuzz.reproducer_text",
         "kvfuzz.swarm_table",
         "kvfuzz.trace_files",
+        "kvfuzz.exported_test",
     ),
     ("kvfuzz.trace_format",),  # the envelope every trace format shares, above the file layer
     ("kvfuzz.coverage",),  # which lines and branches of the code under test a process reaches
@@ -291,6 +292,7 @@ STAGES = {
     "trace commands": "commands/trace_kinds.py",  # the one place replay, show, export and report tell kinds apart
     "swarm table": "swarm_table.py",  # the one kind of row a target's swarm table is made of, and its pins
     "trace file": "trace_files.py",  # the one reader of a trace file's bytes, checker of fields, atomic writer
+    "exported test": "exported_test.py",  # the one frame of a trace exported as a pytest file
     "trace envelope": "trace_format.py",  # the one reader of the fields every format shares: version, bug status
     "saved trace": "trace_saving.py",  # the one record of where a trace went, and what is printed of it
     "coverage feedback": "campaign/feedback.py",  # the one per-example coverage, seed keeping and bandit
@@ -315,6 +317,8 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
       against), or a function that parses pins (a name with ``parse`` and ``pin``);
     * a **trace file**'s layer: a call of ``os.fsync`` (a file made durable, as a trace's atomic save does) or a
       call with an ``object_pairs_hook`` keyword (JSON read strictly, repeated fields refused);
+    * an **exported test**'s frame: a string that says a file was "exported by kvfuzz" (the docstring every
+      exported pytest file opens with);
     * the **trace envelope**: a read of a trace's ``known_bug``, ``fixed`` or ``kvfuzz_version`` field (a subscript
       or a ``get`` with that name), which every format has;
     * a **saved trace**'s record: a class with ``written`` and ``error`` fields (where a trace went: written, or not
@@ -373,6 +377,8 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                 or (isinstance(node.func, ast.Name) and node.func.id in ("Claimed", "Seen"))
             ):
                 found["claims"].add(path)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "exported by kvfuzz" in node.value:
+                found["exported test"].add(path)
             if _reads_a_field(node, ("known_bug", "fixed", "kvfuzz_version")):
                 found["trace envelope"].add(path)
             if path.startswith("commands/") and isinstance(node, ast.Compare):
@@ -435,6 +441,8 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
         "campaign/allocator_worker.py": "def met(r, s):\n    r.send(Seen(0, s, s.key(), 'x'))\n",
         "trace_format.py": "def check(data):\n    return data.get('known_bug'), data['kvfuzz_version']\n",
         "scheduler/sglang/traces.py": "def status(d):\n    w = {'fixed': None}\n    return d['fixed']\n",
+        "exported_test.py": "def frame(s):\n    return f'Regression test exported by kvfuzz from {s}'\n",
+        "scheduler/export.py": "HEADER = 'A test exported by kvfuzz'\n",
     }
     found = stage_definitions(sources)
     assert found["journal"] == {"program/safeguards.py", "scheduler/journal.py"}
@@ -450,12 +458,13 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
     assert found["coverage feedback"] == {"campaign/scheduler/guided.py", "campaign/worker.py"}
     assert found["claims"] == {"campaign/scheduler/claims.py", "campaign/allocator_worker.py"}
     assert found["trace envelope"] == {"trace_format.py", "scheduler/sglang/traces.py"}
+    assert found["exported test"] == {"exported_test.py", "scheduler/export.py"}
 
 
 def test_each_stage_of_the_pipeline_is_written_once_for_every_target() -> None:
     """The allocator target and the scheduler targets share one journal, one recovery of it, one campaign loop, one
-    table of known findings, one store of shared findings, one isolation, one dispatch of the trace commands and one
-    reader of the fields every trace format shares:
+    table of known findings, one store of shared findings, one isolation, one dispatch of the trace commands, one
+    reader of the fields every trace format shares and one frame of an exported test:
     a target that needs its own has a payload or a protocol method for it (docs/architecture.md), never a second
     module."""
     sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in PACKAGE.rglob("*.py")}

@@ -21,6 +21,7 @@ import stat
 from pathlib import Path
 from typing import Any, Callable
 
+import attrs
 import pytest
 from factories import kvfuzz
 
@@ -512,3 +513,22 @@ def test_each_bad_file_is_one_failing_item_and_other_json_is_left_alone(pytester
         ]
     )
     assert "package.json" not in str(result.stdout) and "workload" not in str(result.stdout)
+
+
+def test_an_exported_test_notes_the_known_bug_quoted_in_both_targets_exports() -> None:
+    """Both targets' exports share one frame (kvfuzz/exported_test.py): a known bug is noted in the docstring (the
+    allocator's export left it out before), and its text, from anyone, is quoted there as the failure's is."""
+    from kvfuzz.scheduler import export as scheduler_export
+    from kvfuzz.scheduler import trace as scheduler_trace
+
+    hostile = 'unfixed """\nimport os; os.system("echo owned") #'
+    allocator = attrs.evolve(load(KNOWN_BUG), known_bug=hostile)
+    scheduler = attrs.evolve(
+        scheduler_trace.load(ROOT / "corpus" / "vllm-v1-scheduler-full-reports-partial-hit-crash-ed954bdbb683.json"),
+        known_bug=hostile,
+    )
+    for source in (export_test(allocator, "a.json"), scheduler_export.export_test(scheduler, "s.json")):
+        namespace: dict[str, Any] = {}
+        exec(compile(source.split('"""\n\n')[0] + '"""', "docstring.py", "exec"), namespace)  # the docstring alone
+        assert '\nKnown bug: unfixed """\nimport os; os.system("echo owned") #\n' in namespace["__doc__"]
+        assert "os" not in compile(source, "exported.py", "exec").co_names

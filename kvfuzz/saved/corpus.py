@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ import attrs
 from kvfuzz.engine.config import MachineConfig
 from kvfuzz.engine.misuse import MisuseCall
 from kvfuzz.engine.violations import REFINED, InvariantViolation
+from kvfuzz.exported_test import known_bug_note, pytest_file
 from kvfuzz.kernels import KernelUnavailable, make_kernel, prepare_kernel
 from kvfuzz.program.call import Call
 from kvfuzz.program.execution import Safeguards, Target
@@ -286,14 +286,12 @@ def _replay_in_child(trace: Trace, spec: str, call_timeout: Optional[float]) -> 
 
 def export_test(trace: Trace, source: str, allocator: Optional[str] = None) -> str:
     """A standalone pytest file that reproduces ``trace`` through kvfuzz's public API: it fails while the failure
-    reproduces and passes once it is fixed."""
+    reproduces and passes once it is fixed (the frame is :mod:`kvfuzz.exported_test`'s)."""
     spec = allocator or trace.allocator
     shape = trace.config.shape
-    name = re.sub(r"[^a-z0-9]+", "_", f"{spec.split(':')[-1]} {trace.failure.get('title', '')}".lower()).strip("_")
     calls = "\n".join(f"    {call}" for call in trace.program)
     uses_misuse = any(isinstance(value, MisuseCall) for call in trace.program for _, value in call.arguments)
     statemachines = "MachineConfig, MisuseCall, machine_for" if uses_misuse else "MachineConfig, machine_for"
-    explanation = _docstring_text(textwrap.indent(str(trace.failure.get("explanation", "")), "    "))
     kernel = "" if trace.config.kernel == "gather" else f", kernel={trace.config.kernel!r}"
     tries, flaky_note = 1, ""
     if trace.flaky is not None:
@@ -308,34 +306,24 @@ def export_test(trace: Trace, source: str, allocator: Optional[str] = None) -> s
     if tries > 1:
         body = f"""    for _ in range({tries}):
     {body.replace(chr(10), chr(10) + "    ")}"""
-    return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.
-
-Recorded failure against {_docstring_text(trace.allocator)}:
-{explanation}
-{flaky_note}"""
-
-import torch
+    imports = f"""import torch
 
 from kvfuzz.reference import ModelShape
 from kvfuzz.runner import load_factory
-from kvfuzz.statemachines import {statemachines}
-
-
-def test_{name}_{trace.digest()}():
-    config = MachineConfig(block_size={trace.config.block_size}, num_blocks={trace.config.num_blocks},
+from kvfuzz.statemachines import {statemachines}"""
+    body = f"""    config = MachineConfig(block_size={trace.config.block_size}, num_blocks={trace.config.num_blocks},
                            num_host_blocks={trace.config.num_host_blocks},
                            shape=ModelShape(num_layers={shape.num_layers}, num_kv_heads={shape.num_kv_heads},
                                             num_query_heads={shape.num_query_heads}, head_dim={shape.head_dim},
                                             dtype={shape.dtype}, device={shape.device!r}){kernel})
-{body}
-'''
-
-
-def _docstring_text(text: str) -> str:
-    """``text`` as it may stand inside a triple-quoted docstring: backslashes, triple quotes and unprintable
-    characters escaped, so that nothing a trace holds can end the docstring or run as code."""
-    escaped = text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-    return "".join(
-        char if char == "\n" or char.isprintable() else char.encode("unicode_escape").decode("ascii")
-        for char in escaped
+{body}"""
+    return pytest_file(
+        source,
+        f"against {trace.allocator}",
+        textwrap.indent(str(trace.failure.get("explanation", "")), "    "),
+        flaky_note + known_bug_note(trace.known_bug),
+        imports,
+        f"{spec.split(':')[-1]} {trace.failure.get('title', '')}",
+        trace.digest(),
+        body,
     )

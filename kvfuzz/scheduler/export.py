@@ -6,29 +6,18 @@ an SGLang session, to run in SGLang's environment."""
 
 from __future__ import annotations
 
-import re
 import textwrap
 
+from kvfuzz.exported_test import known_bug_note, pytest_file
 from kvfuzz.scheduler.trace import SGLANG, SchedulerTrace
 
 
-def _docstring_text(text: str) -> str:
-    """``text`` as it may stand inside a triple-quoted docstring: nothing a trace holds can end it or run."""
-    escaped = text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-    return "".join(
-        char if char == "\n" or char.isprintable() else char.encode("unicode_escape").decode() for char in escaped
-    )
-
-
 def export_test(trace: SchedulerTrace, source: str) -> str:
-    """The pytest file's text."""
-    name = re.sub(r"[^a-z0-9]+", "_", f"{trace.scheduler} {trace.failure.check}".lower()).strip("_")
+    """The pytest file's text (its frame :mod:`kvfuzz.exported_test`'s)."""
     setup = trace.setup
     calls = "\n".join(f"        {operation.source('session')}" for operation in trace.program)
-    message = _docstring_text(textwrap.indent(trace.failure.describe(), "    "))
-    known = f"\nKnown bug: {_docstring_text(trace.known_bug)}\n" if trace.known_bug else ""
     if trace.scheduler == SGLANG:
-        return _export_sglang(trace, source, name, message, known)
+        return _export_sglang(trace, source)
     runner_v2 = trace.model_runner == "V2"
     model = f", model={setup.model!r}" if setup.model != "full" else ""
     speculative = f", speculative_tokens={setup.speculative_tokens}" if setup.speculative_tokens else ""
@@ -69,49 +58,42 @@ def export_test(trace: SchedulerTrace, source: str) -> str:
         "pauses": setup.pauses,
     }
     export_async = "".join(f", {name}=True" for name, on in drawn.items() if on)
-    return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.
-
-Recorded failure of {trace.scheduler} (vLLM {_docstring_text(trace.vllm_version)}, {trace.model_runner} model runner):
-{message}
-{known}"""
-
-from kvfuzz.scheduler.config import SchedulerSetup
+    imports = """from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.replay import model_runner
-from kvfuzz.scheduler.session import Session
-
-
-def test_{name}_{trace.digest()}():
-    setup = SchedulerSetup(num_blocks={setup.num_blocks}, block_size={setup.block_size},
+from kvfuzz.scheduler.session import Session"""
+    body = f"""    setup = SchedulerSetup(num_blocks={setup.num_blocks}, block_size={setup.block_size},
                            max_num_batched_tokens={setup.max_num_batched_tokens}, max_num_seqs={setup.max_num_seqs},
                            prefix_caching={setup.prefix_caching}, policy={setup.policy!r}{options}{export_async})
     with model_runner({trace.model_runner!r}):
         session = Session(setup)
         assert session.worker.runner_v2 is {runner_v2}, "vLLM did not select the recorded model runner"
 {calls}
-        session.drain()
-'''
+        session.drain()"""
+    recorded = f"of {trace.scheduler} (vLLM {trace.vllm_version}, {trace.model_runner} model runner)"
+    return pytest_file(source, recorded, _failure(trace), known_bug_note(trace.known_bug), imports, *_name(trace), body)
 
 
-def _export_sglang(trace: SchedulerTrace, source: str, name: str, message: str, known: str) -> str:
+def _failure(trace: SchedulerTrace) -> str:
+    return textwrap.indent(trace.failure.describe(), "    ")
+
+
+def _name(trace: SchedulerTrace) -> tuple[str, str]:
+    """The test's name: the scheduler and the check, then the trace's digest."""
+    return f"{trace.scheduler} {trace.failure.check}", trace.digest()
+
+
+def _export_sglang(trace: SchedulerTrace, source: str) -> str:
     """The pytest file of an ``sglang`` trace: an :class:`~kvfuzz.scheduler.sglang.session.SGLangSession` of the
     recorded configuration (run it in SGLang's environment)."""
     setup = trace.setup
     calls = "\n".join(f"    {operation.source('session')}" for operation in trace.program)
-    return f'''"""Regression test exported by kvfuzz from {_docstring_text(source)}.
-
-Recorded failure of {trace.scheduler} (SGLang {_docstring_text(trace.vllm_version)}):
-{message}
-{known}"""
-
-from kvfuzz.scheduler.config import SchedulerSetup
-from kvfuzz.scheduler.sglang.session import SGLangSession
-
-
-def test_{name}_{trace.digest()}():
-    setup = SchedulerSetup(num_blocks={setup.num_blocks}, block_size={setup.block_size},
+    imports = """from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.sglang.session import SGLangSession"""
+    body = f"""    setup = SchedulerSetup(num_blocks={setup.num_blocks}, block_size={setup.block_size},
                            max_num_batched_tokens={setup.max_num_batched_tokens}, max_num_seqs={setup.max_num_seqs},
                            prefix_caching={setup.prefix_caching})
     session = SGLangSession(setup)
 {calls}
-    session.drain()
-'''
+    session.drain()"""
+    recorded = f"of {trace.scheduler} (SGLang {trace.vllm_version})"
+    return pytest_file(source, recorded, _failure(trace), known_bug_note(trace.known_bug), imports, *_name(trace), body)
