@@ -59,6 +59,10 @@ class AttentionCheck(Protocol):
 
     name: str
 
+    def views(self, build: Callable[[], list[Attending]]) -> Sequence[Attending]:
+        """The step's views this check reads, built by ``build`` (with the tables and tokens as the step wrote
+        them, before its sampled tokens join them) only where the check reads any."""
+
     def check(self, attending: Sequence[Attending], pool: PagedContents, step: int) -> None:
         """Raise :class:`SchedulerViolation` (``attention``) where the paged result differs from the reference."""
 
@@ -67,6 +71,9 @@ class NoAttention:
     """No attention computed (the content check alone)."""
 
     name = "off"
+
+    def views(self, build: Callable[[], list[Attending]]) -> Sequence[Attending]:
+        return ()
 
     def check(self, attending: Sequence[Attending], pool: PagedContents, step: int) -> None:
         return None
@@ -79,6 +86,9 @@ class KernelAttention:
         self.kernel = kernel  # the paged side
         self.block_size = block_size  # slots per block of the pools
         self.name = kernel.name
+
+    def views(self, build: Callable[[], list[Attending]]) -> Sequence[Attending]:
+        return build()
 
     def context_length(self, position: int) -> int:
         """How many positions the token at ``position`` attends to (causal: itself and every one before it)."""

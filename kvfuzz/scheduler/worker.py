@@ -335,19 +335,21 @@ class Worker:
             self._check_known(request, positions, step)
         for (request, positions), slots in zip(batch, self.write_path.slot_mapping(batch, step)):
             self._write(request, positions, slots, step, taken)
-        attending = [
-            Attending(
-                request,
-                tuple(self._tokens(request)),  # with the drafts scheduled this step
-                tuple(self.requests[request].tables[rule.index]),
-                positions,
-                self._namespace(request, rule.index),
-                rule,
-                self._in(rule.index),
-            )
-            for request, positions in batch
-            for rule in self.groups
-        ]
+        attending = self.attention.views(  # each scheduled request's view in each group, as the step wrote it
+            lambda: [
+                Attending(
+                    request,
+                    tuple(self._tokens(request)),  # with the drafts scheduled this step
+                    tuple(self.requests[request].tables[rule.index]),
+                    positions,
+                    self._namespace(request, rule.index),
+                    rule,
+                    self._in(rule.index),
+                )
+                for request, positions in batch
+                for rule in self.groups
+            ]
+        )
         held = self.holdings()[0] if self.mamba.groups else {}  # the blocks live requests still need, for Mamba
         order: list[str] = []
         sampled: list[list[int]] = []

@@ -27,7 +27,7 @@ its own configuration is held to what it was given."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import attrs
 
@@ -91,8 +91,7 @@ class Budgets:
 def check_budgets(budgets: Budgets, events: StepEvents, running: Sequence[str]) -> None:
     """Raise :class:`SchedulerViolation` where the step ``events`` breaks a limit of ``budgets`` (``running``: the
     requests running after it, in admission order)."""
-    step, scheduled = events.step, dict(events.scheduled)
-    listed = ", ".join(f"{request}: {count}" for request, count in scheduled.items())
+    step, scheduled = events.step, events.scheduled
     if events.total > budgets.max_num_scheduled_tokens:
         name = (
             "max_num_scheduled_tokens"
@@ -103,8 +102,8 @@ def check_budgets(budgets: Budgets, events: StepEvents, running: Sequence[str]) 
             Check.BUDGET,
             step,
             max(scheduled, key=scheduled.__getitem__),
-            f"the step schedules {events.total} tokens ({listed}), but {name} is {budgets.max_num_scheduled_tokens}: "
-            "a step's tokens, drafts included, never exceed it",
+            f"the step schedules {events.total} tokens ({_listed(scheduled)}), but {name} is "
+            f"{budgets.max_num_scheduled_tokens}: a step's tokens, drafts included, never exceed it",
             "a step over its token budget",
         )
     slots = budgets.input_tokens(events)
@@ -113,7 +112,7 @@ def check_budgets(budgets: Budgets, events: StepEvents, running: Sequence[str]) 
             Check.BUDGET,
             step,
             max(scheduled, key=scheduled.__getitem__),
-            f"the step's input is {slots} slots ({events.total} scheduled tokens ({listed}) and "
+            f"the step's input is {slots} slots ({events.total} scheduled tokens ({_listed(scheduled)}) and "
             f"{budgets.draft_slots} draft slot(s) for each of its {len(scheduled)} requests), but "
             f"max_num_batched_tokens is {budgets.max_num_batched_tokens}",
             "a step's input over max_num_batched_tokens",
@@ -152,8 +151,8 @@ def check_budgets(budgets: Budgets, events: StepEvents, running: Sequence[str]) 
             step,
             over[0],
             f"the step schedules {scheduled[over[0]]} tokens for {over[0]} beside {len(scheduled) - 1} other "
-            f"request(s) ({listed}), but long_prefill_token_threshold caps a request at {cap} tokens a step{floor} "
-            "while others are in the engine",
+            f"request(s) ({_listed(scheduled)}), but long_prefill_token_threshold caps a request at {cap} tokens a "
+            f"step{floor} while others are in the engine",
             "a request over the long-prefill cap",
         )
     for request, count in scheduled.items():
@@ -168,6 +167,11 @@ def check_budgets(budgets: Budgets, events: StepEvents, running: Sequence[str]) 
                 f"{budgets.max_model_len} tokens, so its last sampled position is {budgets.max_model_len - 1}",
                 "a request grown past max_model_len",
             )
+
+
+def _listed(scheduled: Mapping[str, int]) -> str:
+    """Each scheduled request and its tokens, for a violation's message."""
+    return ", ".join(f"{request}: {count}" for request, count in scheduled.items())
 
 
 def check_unsplit(budgets: Budgets, events: StepEvents, known_tokens: Callable[[str], int]) -> None:
