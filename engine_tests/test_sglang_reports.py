@@ -42,6 +42,13 @@ VERDICTS = {
         "returned NO_TOKEN: add_one_req: total_tokens = extend 32 (prefix hit 0) + max_new 0 + per_req_token_overhead "
         "16 = 48, which must be below rem_total_tokens 48",
     ],
+    "sglang-scheduler-page-overhead-no-radix-hang-4b98120c1497.json": [
+        "token pool: 24 of 24 tokens free (3 pages of 8)",
+        "prompt 17 tokens (validate_input_length accepts fewer than max_req_input_len 18; max_req_len 23)",
+        "max_new_tokens 7 asked, 0 after init_req_max_new_tokens, ignore_eos False",
+        "returned NO_TOKEN: add_one_req: total_tokens = extend 17 (prefix hit 0) + max_new 0 + per_req_token_overhead "
+        "8 = 25, which must be below rem_total_tokens 24",
+    ],
 }
 """What each hang's reproducer prints, in SGLang's terms: the arithmetic of the trace's known_bug (docs/sglang.md)."""
 
@@ -52,6 +59,9 @@ INSIDE_THE_EDGE = {
     ],
     "sglang-scheduler-page-overhead-hang-935382078725.json": [
         {"op": "add", "prompt": [0, 1, 2] * 10 + [0], "max_tokens": 1},  # 31 tokens: admitted, prefill-only
+    ],
+    "sglang-scheduler-page-overhead-no-radix-hang-4b98120c1497.json": [
+        {"op": "add", "prompt": [0, 1, 2] * 5, "max_tokens": 7, "eos": True},  # 15 tokens: 15 + 0 + 8 < 24, admitted
     ],
 }
 """Programs beside each hang that SGLang serves (docs/sglang.md): one at a time, each must finish."""
@@ -70,7 +80,7 @@ def test_the_reproducer_of_a_radix_cache_bug_fails_without_kvfuzz(name: str, tmp
     check_allocator_failure(name, run_without_kvfuzz(report(name, tmp_path)))
 
 
-def test_the_scheduler_bugs_are_the_two_findings_lists() -> None:
+def test_the_scheduler_bugs_are_the_three_findings_lists() -> None:
     assert SCHEDULER_BUGS == sorted(VERDICTS) == sorted(INSIDE_THE_EDGE)
 
 

@@ -23,6 +23,7 @@ from kvfuzz.scheduler.trace import load
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 KNOWN = CORPUS / "sglang-scheduler-ignore-eos-clip-hang-47fe19becd38.json"
 PAGE_OVERHEAD = CORPUS / "sglang-scheduler-page-overhead-hang-935382078725.json"
+PAGE_OVERHEAD_NO_RADIX = CORPUS / "sglang-scheduler-page-overhead-no-radix-hang-4b98120c1497.json"
 
 
 def _suffix_written_over_the_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,8 +148,8 @@ def test_a_campaign_on_sglang_draws_sglang_s_configurations_and_knows_the_corpus
 
     known = known_findings([CORPUS], SchedulerTraces(sglang_target("sglang"), None))  # the corpus bugs reproduce: known
     assert sorted([trace.where for trace in traces] for traces in known.known.values()) == [
-        [f"{path} (known bug: {load(path).known_bug})"] for path in (KNOWN, PAGE_OVERHEAD)
-    ]  # two signatures: a waiting request never admitted, each by its own admission path
+        [f"{path} (known bug: {load(path).known_bug})"] for path in (KNOWN, PAGE_OVERHEAD, PAGE_OVERHEAD_NO_RADIX)
+    ]  # three signatures: a waiting request never admitted, each by its own admission path
     assert not known.regressions
 
     argv = ["campaign", "--scheduler", "sglang", "--seed", "7", "--max-examples", "10", "--batch-examples", "5"]
