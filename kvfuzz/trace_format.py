@@ -52,22 +52,26 @@ class Envelope:
 
 @attrs.frozen
 class TraceFormat(Generic[Trace]):
-    """One kind of trace file: ``name`` at ``version`` (the file's ``format`` is ``name/version``), the top-level
+    """One kind of trace file: ``tag`` the ``format`` field this kvfuzz writes (``name/version``), the top-level
     fields its target adds to :data:`ENVELOPE_FIELDS` (field -> required), the error its files raise (one line
     naming the file and the field), and ``build``: the target's trace from a checked object (all its fields known,
     the required ones present) and its envelope, raising :class:`~kvfuzz.trace_files.Invalid` for a bad field."""
 
-    name: str
-    version: int
+    tag: str = attrs.field(validator=lambda _, __, tag: _split(tag))
     kind: str  # what a person calls the format's files ("kvfuzz trace", "scheduler trace")
     fields: Mapping[str, bool]
     error: type[TraceFileError]
     build: Callable[[dict[str, Any], Envelope], Trace]
 
     @property
-    def tag(self) -> str:
-        """The ``format`` field this kvfuzz writes."""
-        return f"{self.name}/{self.version}"
+    def name(self) -> str:
+        """The format's name, every version's."""
+        return _split(self.tag)[0]
+
+    @property
+    def version(self) -> int:
+        """The version this kvfuzz reads and writes."""
+        return _split(self.tag)[1]
 
     def names(self, data: Any) -> bool:
         """Whether ``data`` (any JSON value) says it is of this format, at any version: what tells the formats apart
@@ -121,6 +125,14 @@ class TraceFormat(Generic[Trace]):
 
 
 _VERSIONED = re.compile(r"([a-z][a-z0-9-]{0,99})/([0-9]{1,9})")
+
+
+def _split(tag: str) -> tuple[str, int]:
+    """A format's name and version, from its tag (``kvfuzz-trace/1``)."""
+    matched = _VERSIONED.fullmatch(tag)
+    if matched is None:
+        raise ValueError(f"a format's tag is NAME/VERSION, not {tag!r}")
+    return matched.group(1), int(matched.group(2))
 
 
 def digest(key: Any) -> str:

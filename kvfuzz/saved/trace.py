@@ -222,15 +222,13 @@ def _trace(data: dict[str, Any], envelope: Envelope) -> Trace:
 
 
 TRACE_FORMAT = TraceFormat(
-    "kvfuzz-trace",
-    1,
+    FORMAT,
     "kvfuzz trace",
     {"allocator": True, "config": True, "flaky": False, "swarm": False},
     TraceError,
     _trace,
 )
 """The allocator target's format, on the envelope every format shares (:mod:`kvfuzz.trace_format`)."""
-assert TRACE_FORMAT.tag == FORMAT
 
 
 def _swarm(value: Any) -> Optional[dict[str, Any]]:

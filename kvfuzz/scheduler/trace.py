@@ -103,10 +103,10 @@ from kvfuzz.scheduler.model_length import overlong_limit
 from kvfuzz.scheduler.models import MODELS
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, Pause, ResetPrefixCache, Resume, Step, Unpause
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
-from kvfuzz.trace_files import Invalid, TraceFileError
+from kvfuzz.trace_files import SCHEDULER_FORMAT, Invalid, TraceFileError
 from kvfuzz.trace_format import Envelope, TraceFormat, digest
 
-FORMAT = "kvfuzz-scheduler-trace/1"
+FORMAT = SCHEDULER_FORMAT
 SCHEDULERS = ("vllm-v1", "sglang")
 """The scheduler targets a trace may name (``kvfuzz run --scheduler``)."""
 SGLANG = "sglang"
@@ -402,15 +402,13 @@ def _trace(data: dict[str, Any], envelope: Envelope) -> SchedulerTrace:
 
 
 SCHEDULER_TRACE_FORMAT = TraceFormat(
-    "kvfuzz-scheduler-trace",
-    1,
+    FORMAT,
     "scheduler trace",
     {"scheduler": True, "engine": True, "config": True, "shrunk": True},
     SchedulerTraceError,
     _trace,
 )
 """The scheduler targets' format, on the envelope every format shares (:mod:`kvfuzz.trace_format`)."""
-assert SCHEDULER_TRACE_FORMAT.tag == FORMAT
 
 
 def _config(value: Any) -> SchedulerSetup:
