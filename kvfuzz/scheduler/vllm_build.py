@@ -396,19 +396,19 @@ def kv_cache_config(setup: SchedulerSetup) -> Any:
     return planned
 
 
-def _block_sizes(setup: SchedulerSetup) -> tuple[int, int]:
-    """The engine core's block sizes: the scheduler's block (the pool's for attention groups alone; with a Mamba group
-    the LCM of every group's block size, its Mamba block spanning the model length) and the hash block."""
-    block_size, hash_block_size = vllm().resolve_kv_cache_block_sizes(kv_cache_config(setup), vllm_config(setup))
+def _block_sizes(kv_config: Any, config: Any) -> tuple[int, int]:
+    """The engine core's block sizes for a setup's KV cache and vLLM configurations: the scheduler's block (the
+    pool's for attention groups alone; with a Mamba group the LCM of every group's block size, its Mamba block
+    spanning the model length) and the hash block."""
+    block_size, hash_block_size = vllm().resolve_kv_cache_block_sizes(kv_config, config)
     return int(block_size), int(hash_block_size)
 
 
 def cache_hit_alignment_tokens(setup: SchedulerSetup) -> int:
     """Where ``setup``'s prefix-cache hits land, as vLLM's engine core resolves it for its workers (the hash block
     with partial prefix-cache hits, the scheduler's block otherwise)."""
-    return int(
-        vllm().resolve_cache_hit_alignment_tokens(kv_cache_config(setup), vllm_config(setup), *_block_sizes(setup))
-    )
+    kv_config, config = kv_cache_config(setup), vllm_config(setup)
+    return int(vllm().resolve_cache_hit_alignment_tokens(kv_config, config, *_block_sizes(kv_config, config)))
 
 
 def new_scheduler(setup: SchedulerSetup) -> Any:
@@ -420,11 +420,12 @@ def new_scheduler(setup: SchedulerSetup) -> Any:
     # vLLM's engine core registers the built-in KV cache specs and their managers each time it prepares a KV cache
     # (idempotent), before it plans one; so does each example's engine here
     v.register_all_kvcache_specs(config)
-    block_size, hash_block_size = _block_sizes(setup)
+    kv_config = kv_cache_config(setup)
+    block_size, hash_block_size = _block_sizes(kv_config, config)
     with quieted(CONNECTOR_LOGGER):
         return scheduler(
             vllm_config=config,
-            kv_cache_config=kv_cache_config(setup),
+            kv_cache_config=kv_config,
             structured_output_manager=v.StructuredOutputManager(config),
             block_size=block_size,
             hash_block_size=hash_block_size,
