@@ -18,19 +18,15 @@ import random
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional, cast
+from typing import Any, Callable, Optional
 
 import attrs
-from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
-from hypothesis.errors import Flaky
-from hypothesis.reporting import with_reporter
-from hypothesis.stateful import get_state_machine_test
-from hypothesis.statistics import collector
 
 from kvfuzz.accounting.occupancy import OccupancySummary
 from kvfuzz.engine.config import MachineConfig, config_json
 from kvfuzz.engine.violations import Invariant, InvariantViolation
+from kvfuzz.hypothesis_search import search_machine
 from kvfuzz.profiles import run_settings
 from kvfuzz.program.call import Call, program_text
 from kvfuzz.program.execution import Safeguards, Target
@@ -46,7 +42,6 @@ from kvfuzz.program.safeguards import (
     Journal,
     UserInterrupt,
     Watchdog,
-    carried,
     exits_as_crashes,
     user_interrupts,
 )
@@ -57,7 +52,6 @@ from kvfuzz.shrink.fixpoint import HUNG_REPLAYS
 from kvfuzz.shrink.fixpoint import shrink as shrink_to_fixpoint
 from kvfuzz.shrink.restarts import Failing, Restarts
 from kvfuzz.shrink.signature import signature_of
-from kvfuzz.statemachines.draws import source_independent_draws
 from kvfuzz.statemachines.machine import machine_for
 from kvfuzz.text import plural
 from kvfuzz.threads import single_threaded_torch
@@ -304,35 +298,6 @@ def confirm(target: Target, calls: list[Call], failure: BaseException, replays: 
     return reproduced
 
 
-def _unwrap(failure: BaseException) -> tuple[BaseException, bool]:
-    """Hypothesis reports an allocator that fails differently on replay as Flaky: the failure it first saw, and
-    that it was flaky. A Ctrl-C that lands while Hypothesis replays its failing example comes back inside such a
-    Flaky (wrapped, as its cause): that is the user's interrupt, raised again, never a flaky allocator."""
-    interrupt = carried(failure, UserInterrupt)
-    if interrupt is not None:
-        raise interrupt
-    if isinstance(failure, Flaky):
-        inner = [error for error in getattr(failure, "exceptions", ()) if not isinstance(error, Flaky)]
-        if inner:
-            return inner[0], True
-    return failure, False
-
-
-class _HypothesisCount:
-    """Counts the examples Hypothesis ran in its search phases, from the statistics it reports at the end."""
-
-    def __init__(self) -> None:
-        self.examples: Optional[int] = None
-
-    def __call__(self, statistics: dict[str, Any]) -> None:
-        cases = [
-            case
-            for phase in ("explicit", "reuse", "generate")
-            for case in statistics.get(f"{phase}-phase", {}).get("test-cases", [])
-        ]
-        self.examples = sum(case.get("status") in ("valid", "interesting") for case in cases)
-
-
 def run(
     factory: AllocatorFactory,
     config: MachineConfig = MachineConfig(),
@@ -395,10 +360,10 @@ def run(
     failure: Optional[BaseException] = None
     calls: list[Call] = []
     pool: Optional[MachineConfig] = None  # the failure's pool, where the swarm drew it
-    flaky_in_search = interrupted = shrunk = False
+    interrupted = shrunk = False
     shrink_note: Optional[str] = None
     report: list[str] = []
-    counted = _HypothesisCount()
+    counted: Optional[int] = None  # the examples Hypothesis's search phases ran (None: no Hypothesis search)
     watchdog = Watchdog(call_timeout) if call_timeout is not None else None
     try:
         with single_threaded_torch(), user_interrupts(), exits_as_crashes(), watchdog or contextlib.nullcontext():
@@ -422,31 +387,25 @@ def run(
                         pool, target = found.config, attrs.evolve(target, config=found.config)
                 elif examples > random_examples:
                     stats.phase = "Hypothesis search"
-                    machine = machine_for(factory, config, stats, target.safeguards)
-                    test = get_state_machine_test(
-                        machine,
-                        settings=run_settings(
-                            examples - random_examples, steps, derandomize=False, shrink=shrink, database=database
-                        ),
-                    )
-                    if database_key is not None:
-                        cast(Any, test).hypothesis.inner_test._hypothesis_internal_add_digest = database_key
                     # A derandomized run is seeded explicitly rather than by Hypothesis's derandomize, whose seed is a
                     # digest of the test that came out different under pytest than from the command line.
-                    if seed is not None or derandomize:
-                        test = hypothesis_seed(0 if seed is None else seed)(test)
-                    with (
-                        with_reporter(lambda value: report.append(str(value))),
-                        cast(Any, collector).with_value(counted),
-                        source_independent_draws(),
-                    ):
-                        try:
-                            test()
-                        except Exception as error:  # noqa: BLE001 -- whatever the allocator raised is the finding
-                            failure, flaky_in_search = _unwrap(error)
-                            calls = list(stats.last_failing_program or [])
-                if isinstance(failure, Exception) and flaky_in_search and stats.best_program is not None:
-                    failure, calls = stats.best_failure or failure, list(stats.best_program)
+                    searched = search_machine(
+                        machine_for(factory, config, stats, target.safeguards),
+                        run_settings(
+                            examples - random_examples, steps, derandomize=False, shrink=shrink, database=database
+                        ),
+                        seed=0 if seed is None and derandomize else seed,
+                        database_key=database_key,
+                    )
+                    counted = searched.examples
+                    report = list(searched.report)
+                    failure = searched.failure
+                    calls = list(stats.last_failing_program or []) if failure is not None else []
+                    flaky = searched.flaky is not None and not isinstance(failure, AllocatorHang)
+                    if flaky and stats.best_program is not None:  # its replay went differently: the shortest met
+                        failure, calls = stats.best_failure or failure, list(stats.best_program)
+                    elif failure is None and searched.error is not None:  # Hypothesis's own error: never a finding
+                        raise searched.error
             except AllocatorHang as hang:
                 if stats.best_failure is not None and not isinstance(stats.best_failure, AllocatorHang):
                     failure, calls = stats.best_failure, list(stats.best_program or [])
@@ -515,14 +474,14 @@ def run(
 def _summary(
     allocator_name: str,
     stats: RunStats,
-    counted: _HypothesisCount,
+    counted: Optional[int],
     random_examples: int,
     examples: int,
     **fields: Any,
 ) -> RunSummary:
     """The run as it stands: its counts and ``fields`` (how far its failure got), without the failure."""
     seconds = time.perf_counter() - stats.started
-    searched = stats.examples if counted.examples is None else min(stats.examples, random_examples) + counted.examples
+    searched = stats.examples if counted is None else min(stats.examples, random_examples) + counted
     return RunSummary(
         allocator_name,
         searched,

@@ -426,18 +426,3 @@ def test_a_flaky_replay_that_takes_another_path_counts_as_not_reproduced(
     tries.append(1)  # the next try diverges: a trace not marked flaky does not fit, and that is said
     with pytest.raises(NotApplicable):
         corpus.replay_trace(attrs.evolve(trace, flaky=None), trust=AllocatorTrust(("tests",)))
-
-
-def test_a_ctrl_c_that_hypothesis_wraps_in_a_flaky_failure_is_the_users_interrupt() -> None:
-    """Hypothesis replays its failing example once more at the end; a Ctrl-C landing then comes back wrapped inside
-    a FlakyFailure next to the failure first seen. The run must stop as interrupted, not shrink and confirm on as if
-    the allocator were flaky (a run whose Ctrl-C came by a timer that fired in that replay ignored it)."""
-    from hypothesis.errors import FlakyFailure
-
-    from kvfuzz.program.safeguards import UserInterrupt
-    from kvfuzz.runner import _unwrap
-
-    first_seen = ValueError("the failure Hypothesis found")
-    with pytest.raises(UserInterrupt):
-        _unwrap(FlakyFailure("Inconsistent results", [first_seen, UserInterrupt()]))
-    assert _unwrap(FlakyFailure("Inconsistent results", [first_seen, RuntimeError("other")])) == (first_seen, True)

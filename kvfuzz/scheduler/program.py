@@ -231,3 +231,9 @@ class Unpause:
 
 Operation = Union[AddRequest, Abort, Step, ResetPrefixCache, Resume, Pause, Unpause]
 """One operation of a scheduler program."""
+
+
+def program_source(program: Iterable[Operation], client: str = "state") -> str:
+    """``program`` as the calls that perform it on ``client``, one a line, then the drain (as Hypothesis prints a
+    falsifying example of the machine)."""
+    return "\n".join([*(operation.source(client) for operation in program), f"{client}.drain()"])

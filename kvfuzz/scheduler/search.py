@@ -8,19 +8,17 @@ import time
 from typing import Any, Callable, Optional
 
 import attrs
-from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
-from hypothesis.errors import Flaky, HypothesisException
-from hypothesis.stateful import get_state_machine_test
 
+from kvfuzz.hypothesis_search import Searched, search_machine
 from kvfuzz.profiles import run_settings
-from kvfuzz.program.safeguards import Journal, UserInterrupt, Watchdog, carried
+from kvfuzz.program.safeguards import Journal, Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.harness import HarnessError
 from kvfuzz.scheduler.machine import Tally, Witness, machine_for_setup
 from kvfuzz.scheduler.offloading import TransferTally
-from kvfuzz.scheduler.program import Operation
+from kvfuzz.scheduler.program import Operation, program_source
 from kvfuzz.scheduler.session import Session, WorkerFactory
 from kvfuzz.scheduler.violations import SchedulerViolation
 from kvfuzz.scheduler.worker import Worker
@@ -130,7 +128,7 @@ def search_kind(seed: Optional[int], database: Optional[str]) -> str:
 
 class _Shortest:
     """The shortest failing example the machine met (the first of equals): what a search reports when Hypothesis
-    cannot, because replaying a failing example drew differently from the first time (:class:`Flaky`)."""
+    cannot, because replaying a failing example drew differently from the first time (Hypothesis's ``Flaky``)."""
 
     def __init__(self, witness: Optional[Witness]) -> None:
         self.witness = witness  # told of every failing example, as before
@@ -145,7 +143,7 @@ class _Shortest:
 
     def source(self) -> str:
         """The example's program as the machine's calls, as Hypothesis prints a falsifying example."""
-        return "\n".join([*(operation.source("state") for operation in self.program or ()), "state.drain()"])
+        return program_source(self.program or ())
 
 
 def search(
@@ -175,35 +173,27 @@ def search(
     shortest = _Shortest(witness)
     machine = machine_for_setup(setup, worker, tally, shortest, session, name, watchdog, journal)
     drawn = run_settings(examples, steps, derandomize=database is None, shrink=shrink, database=database)
-    test = get_state_machine_test(machine, settings=drawn)
-    if seed is not None:
-        test = hypothesis_seed(seed)(test)
     failure: Optional[Exception] = None
     harness: Optional[HarnessError] = None
     program = ""
-    cut_off = False
     started = time.perf_counter()
     try:
         with single_threaded_torch(), watchdog or contextlib.nullcontext():
-            test()
+            searched = search_machine(machine, drawn, seed=seed, cut_offs=(SearchCutOff,))
     except HarnessError as error:  # kvfuzz's own code failed: the search stops, nothing is a finding
+        searched = Searched()
         harness = error
-    except HypothesisException as error:  # Hypothesis's own error is never a finding: what the machine met is
-        interrupt = carried(error, UserInterrupt)
-        if interrupt is not None:  # the user's Ctrl-C, landed while Hypothesis drew or replayed an example
-            raise interrupt from None
-        if carried(error, SearchCutOff) is not None:  # the cut-off, landed likewise (Hypothesis then finds its
-            cut_off = True  # data drawn differently): as below
-        elif not isinstance(error, Flaky) or shortest.failure is None:
-            harness = HarnessError.of(error, f"{name} under Hypothesis")
-        else:  # replaying a failing example drew or failed differently: the shortest one met, not shrunk further
-            failure, program = shortest.failure, shortest.source()
-            program += f"\n# not shrunk further: Hypothesis's replay of a failing example went differently ({error!r})"
-    except Exception as error:  # noqa: BLE001 -- an exception from vLLM is a finding, reported with its program
-        failure = error
-        program = "\n".join(note for note in getattr(error, "__notes__", ()) if note)
-    except SearchCutOff:  # ended from outside: what ran counts; a failure met before it is the shortest one met
-        cut_off = True
+    cut_off = searched.cut_off
+    if searched.flaky is not None and shortest.failure is not None:  # replaying a failing example drew or failed
+        failure, program = shortest.failure, shortest.source()  # differently: the shortest one met, not shrunk further
+        program += (
+            f"\n# not shrunk further: Hypothesis's replay of a failing example went differently ({searched.flaky!r})"
+        )
+    elif searched.error is not None:  # Hypothesis's own error is never a finding: what the machine met is
+        harness = HarnessError.of(searched.error, f"{name} under Hypothesis")
+    elif isinstance(searched.failure, Exception):  # an exception from vLLM is a finding, reported with its program
+        failure = searched.failure
+        program = "\n".join(note for note in getattr(failure, "__notes__", ()) if note)
     if cut_off and shortest.failure is not None:
         failure, program = shortest.failure, shortest.source() + "\n# the search was cut off before it ended"
     return Outcome(

@@ -1,0 +1,161 @@
+"""The one Hypothesis search every target runs (kvfuzz/hypothesis_search.py): how a search ended is told apart once,
+and each target settles it the same way. Hypothesis's own error is never a finding; a stop from outside, found
+inside whatever Hypothesis wrapped it in, is the stop; a Flaky is settled from the failing examples the target met.
+
+Each case replaces the test Hypothesis builds from the machine with one that ends as the case says, and runs it
+through both targets' searches: the allocator's (``kvfuzz.runner.run``) and the scheduler's
+(``kvfuzz.scheduler.search.search``, its machine never built, so no engine is needed)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+from hypothesis.errors import Flaky, FlakyFailure, FlakyStrategyDefinition, Unsatisfiable
+
+from kvfuzz import hypothesis_search
+from kvfuzz.allocator.paged import PagedAllocator
+from kvfuzz.program.safeguards import UserInterrupt
+from kvfuzz.runner import RunSummary, run
+from kvfuzz.scheduler import search as scheduler_search
+from kvfuzz.scheduler.config import SchedulerSetup
+
+
+def _ending(monkeypatch: pytest.MonkeyPatch, test: Callable[[], None]) -> None:
+    """Every search's Hypothesis test is ``test``."""
+    monkeypatch.setattr(hypothesis_search, "get_state_machine_test", lambda machine, settings: test)
+
+
+def _raising(error: BaseException, cause: BaseException | None = None) -> Callable[[], None]:
+    def test() -> None:
+        if cause is None:
+            raise error
+        raise error from cause
+
+    return test
+
+
+def _allocator_run() -> RunSummary:
+    return run(PagedAllocator, examples=2, steps=3, random_examples=0, call_timeout=None)
+
+
+def _scheduler_search(monkeypatch: pytest.MonkeyPatch) -> scheduler_search.Outcome:
+    monkeypatch.setattr(scheduler_search, "machine_for_setup", lambda *args, **kwargs: object)
+    return scheduler_search.search(SchedulerSetup(), examples=1, steps=1)
+
+
+def test_a_search_that_passes_passes_on_both_targets(monkeypatch: pytest.MonkeyPatch) -> None:
+    _ending(monkeypatch, lambda: None)
+    assert not _allocator_run().failed
+    outcome = _scheduler_search(monkeypatch)
+    assert outcome.failure is None and outcome.harness is None and not outcome.cut_off
+
+
+def test_the_machine_s_failure_is_the_finding_on_both_targets(monkeypatch: pytest.MonkeyPatch) -> None:
+    failure = ValueError("the machine's own failure")
+    _ending(monkeypatch, _raising(failure))
+    summary = _allocator_run()
+    assert summary.failed and summary.failure is failure and summary.invariant == "crash (ValueError)"
+    outcome = _scheduler_search(monkeypatch)
+    assert outcome.failure is failure and outcome.harness is None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [Unsatisfiable("no example satisfied the preconditions"), FlakyStrategyDefinition("Inconsistent data generation!")],
+    ids=["unsatisfiable", "flaky-strategy-with-no-failure-met"],
+)
+def test_hypothesis_s_own_error_is_never_a_finding(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    """With no failure met, Hypothesis's error is kvfuzz's: the allocator's run raises it rather than report a
+    crash of the allocator; the scheduler's search stops with a harness error naming it."""
+    _ending(monkeypatch, _raising(error))
+    with pytest.raises(type(error)):
+        _allocator_run()
+    outcome = _scheduler_search(monkeypatch)
+    assert outcome.failure is None and outcome.harness is not None
+    assert type(error).__name__ in outcome.harness.hint
+
+
+def test_a_ctrl_c_that_hypothesis_wraps_in_a_flaky_failure_is_the_users_interrupt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hypothesis replays its failing example once more at the end; a Ctrl-C landing then comes back wrapped inside
+    a FlakyFailure next to the failure first seen. The run must stop as interrupted, not shrink and confirm on as if
+    the allocator were flaky (a run whose Ctrl-C came by a timer that fired in that replay ignored it); the
+    scheduler's search raises the interrupt."""
+    first_seen = ValueError("the failure Hypothesis found")
+    _ending(monkeypatch, _raising(FlakyFailure("Inconsistent results", [first_seen, UserInterrupt()])))
+    summary = _allocator_run()
+    assert summary.interrupted and not summary.failed
+    with pytest.raises(UserInterrupt):
+        _scheduler_search(monkeypatch)
+
+
+def test_a_ctrl_c_behind_hypothesis_s_flaky_is_the_users_interrupt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same interrupt as the cause of a Flaky (not one of its exceptions): the interrupt, on both targets."""
+    _ending(monkeypatch, _raising(Flaky("replay went differently"), UserInterrupt()))
+    assert _allocator_run().interrupted
+    with pytest.raises(UserInterrupt):
+        _scheduler_search(monkeypatch)
+
+
+def test_a_flaky_failure_with_nothing_else_met_is_the_failure_first_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allocator's run reports the failure Hypothesis first saw (no shorter program met); the scheduler's
+    search, which met no failing example itself, cannot say which program failed: a harness error, never a
+    finding without its program."""
+    first_seen = ValueError("the failure Hypothesis found")
+    _ending(monkeypatch, _raising(FlakyFailure("Inconsistent results", [first_seen, RuntimeError("other")])))
+    summary = _allocator_run()
+    assert summary.failed and summary.failure is first_seen
+    outcome = _scheduler_search(monkeypatch)
+    assert outcome.failure is None and outcome.harness is not None and "FlakyFailure" in outcome.harness.hint
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["inside-hypothesis-s-error", "bare"])
+def test_a_cut_off_landing_while_hypothesis_draws_ends_the_search_as_cut_off(
+    monkeypatch: pytest.MonkeyPatch, wrapped: bool
+) -> None:
+    """The batch deadline's alarm can fire while Hypothesis draws an example's data: Hypothesis then finds the data
+    drawn differently from its last run and raises its own FlakyStrategyDefinition, with the cut-off as its context.
+    That is the cut-off (the search ended from outside, what ran counted), never a harness error that ends the
+    campaign (seen in a ten-minute campaign, which stopped at 152 s)."""
+
+    def test() -> None:
+        try:
+            raise scheduler_search.SearchCutOff()
+        except scheduler_search.SearchCutOff:
+            if wrapped:
+                raise FlakyStrategyDefinition("Inconsistent data generation!") from None
+            raise
+
+    _ending(monkeypatch, test)
+    outcome = _scheduler_search(monkeypatch)
+    assert outcome.cut_off and outcome.harness is None and outcome.failure is None
+
+
+def test_a_stop_that_is_not_the_caller_s_cut_off_passes_through() -> None:
+    """A BaseException the search does not know (a hang, a harness error) is the caller's to handle."""
+
+    class Stop(BaseException):
+        pass
+
+    class Other(BaseException):
+        pass
+
+    def machine_raising(error: BaseException) -> type:
+        from hypothesis.stateful import RuleBasedStateMachine, rule
+
+        class Machine(RuleBasedStateMachine):
+            @rule()
+            def go(self) -> None:
+                raise error
+
+        return Machine
+
+    settings = hypothesis_search.Settings(max_examples=1, database=None, deadline=None)
+    with pytest.raises(Other):
+        hypothesis_search.search_machine(machine_raising(Other()), settings, seed=0, cut_offs=(Stop,))
+    ended = hypothesis_search.search_machine(machine_raising(Stop()), settings, seed=0, cut_offs=(Stop,))
+    assert ended.cut_off and ended.failure is None and ended.error is None
+    failing = hypothesis_search.search_machine(machine_raising(KeyError("k")), settings, seed=0)
+    assert isinstance(failing.failure, KeyError) and failing.error is None and failing.examples
