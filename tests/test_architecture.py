@@ -137,7 +137,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvfuzz.trace_saving",),  # where a trace went, and the replay and show commands printed for it
     ("kvfuzz.program",),  # the operation table, programs, replay
     ("kvfuzz.shrink",),  # failure signatures, and shrinking a failing program to a fixpoint
-    ("kvfuzz.statemachines", "kvfuzz.profiles"),  # the Hypothesis machine and its settings profiles
+    # the Hypothesis machine, its settings profiles, and the one Hypothesis search every target runs
+    ("kvfuzz.statemachines", "kvfuzz.profiles", "kvfuzz.hypothesis_search"),
     # run(): search, shrink, summarise; the real-scheduler target (its worker, checks, machine and search), which
     # needs only the reference's K/V beneath it
     ("kvfuzz.runner", "kvfuzz.scheduler"),
@@ -297,6 +298,8 @@ STAGES = {
     "saved trace": "trace_saving.py",  # the one record of where a trace went, and what is printed of it
     "coverage feedback": "campaign/feedback.py",  # the one per-example coverage, seed keeping and bandit
     "claims": "campaign/claims.py",  # the one judgement of a signature a worker met: known, met before, or new
+    "Hypothesis search": "hypothesis_search.py",  # the one run of a state machine under Hypothesis, its end told
+    "deletion": "shrink/deletion.py",  # the one delta debugging over a failing program, every target's
 }
 
 
@@ -326,7 +329,10 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
     * **coverage feedback**: a class with an ``example_ended`` method (coverage taken per example, a seed kept), or
       a call constructing ``Bandit`` (configurations scored by the coverage they find);
     * **claims**: a call of a signature store's ``claim`` method (a signature claimed) or one constructing
-      ``Claimed`` or ``Seen`` (the campaign told a signature was claimed, or met again)."""
+      ``Claimed`` or ``Seen`` (the campaign told a signature was claimed, or met again);
+    * the **Hypothesis search**: a call of ``get_state_machine_test`` (a state machine made a Hypothesis test, to be
+      run and its end told apart);
+    * **deletion**: a chunk halved (``chunk //= 2``: delta debugging over a failing program's operations)."""
     found: dict[str, set[str]] = {stage: set() for stage in STAGES}
     for path, source in sources.items():
         tree = ast.parse(source)
@@ -379,6 +385,12 @@ def stage_definitions(sources: dict[str, str]) -> dict[str, set[str]]:
                 found["claims"].add(path)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and "exported by kvfuzz" in node.value:
                 found["exported test"].add(path)
+            if (
+                isinstance(node, ast.AugAssign) and isinstance(node.op, ast.FloorDiv) and "chunk" in _named(node.target)  # type: ignore[arg-type]
+            ):
+                found["deletion"].add(path)
+            if isinstance(node, ast.Call) and _named(node.func) == "get_state_machine_test":
+                found["Hypothesis search"].add(path)
             if _reads_a_field(node, ("known_bug", "fixed", "kvfuzz_version")):
                 found["trace envelope"].add(path)
             if path.startswith("commands/") and isinstance(node, ast.Compare):
@@ -399,6 +411,11 @@ def _reads_a_field(node: ast.AST, names: tuple[str, ...]) -> bool:
         and isinstance(node.args[0], ast.Constant)
         and node.args[0].value in names
     )
+
+
+def _named(node: ast.expr) -> str:
+    """The name a call's function is reached by: ``name`` for ``name(...)`` and ``module.name(...)``."""
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
 
 def _names_a_store(node: ast.expr) -> bool:
@@ -443,6 +460,10 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
         "scheduler/sglang/traces.py": "def status(d):\n    w = {'fixed': None}\n    return d['fixed']\n",
         "exported_test.py": "def frame(s):\n    return f'Regression test exported by kvfuzz from {s}'\n",
         "scheduler/export.py": "HEADER = 'A test exported by kvfuzz'\n",
+        "hypothesis_search.py": "def search_machine(m, s):\n    return get_state_machine_test(m, settings=s)\n",
+        "scheduler/search.py": "def search(m):\n    stateful.get_state_machine_test(m)()\n",
+        "shrink/deletion.py": "def delete(p):\n    chunk = len(p)\n    chunk //= 2\n",
+        "scheduler/shrink.py": "def ddmin(p):\n    self.chunk //= 2\n    size = 4\n    size //= 2\n",
     }
     found = stage_definitions(sources)
     assert found["journal"] == {"program/safeguards.py", "scheduler/journal.py"}
@@ -459,12 +480,15 @@ def test_the_stage_finder_finds_a_second_journal_and_a_second_loop() -> None:
     assert found["claims"] == {"campaign/scheduler/claims.py", "campaign/allocator_worker.py"}
     assert found["trace envelope"] == {"trace_format.py", "scheduler/sglang/traces.py"}
     assert found["exported test"] == {"exported_test.py", "scheduler/export.py"}
+    assert found["Hypothesis search"] == {"hypothesis_search.py", "scheduler/search.py"}
+    assert found["deletion"] == {"shrink/deletion.py", "scheduler/shrink.py"}
 
 
 def test_each_stage_of_the_pipeline_is_written_once_for_every_target() -> None:
     """The allocator target and the scheduler targets share one journal, one recovery of it, one campaign loop, one
     table of known findings, one store of shared findings, one isolation, one dispatch of the trace commands, one
-    reader of the fields every trace format shares and one frame of an exported test:
+    reader of the fields every trace format shares, one frame of an exported test, one Hypothesis search and one
+    delta debugging of a failing program:
     a target that needs its own has a payload or a protocol method for it (docs/architecture.md), never a second
     module."""
     sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in PACKAGE.rglob("*.py")}

@@ -10,49 +10,47 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional, Sequence
 
 from kvfuzz.program.call import Call
 from kvfuzz.shrink.candidates import Best, Shrinker, sequences
+from kvfuzz.shrink.deletion import delete_operations
 
 
 def delete_calls(shrinker: Shrinker, best: Best) -> Best:
-    """Delta debugging: chunks of halving size (each with the later calls of the sequences it brought in), then
-    every window of two or three neighbouring calls (a preempt and its readmit go together), then every sequence's
-    calls at once (an admit and everything naming it). Each costs a number of replays about linear in the program's
-    length; distant pairs, quadratic, are a later pass."""
-    config, calls, failure = best
-    current = list(calls)
-    chunk = max(1, len(current) // 2)
-    while chunk >= 1 and not shrinker.out_of_time():
-        start, deleted = 0, False
-        while start < len(current) and not shrinker.out_of_time():
-            candidate = _without_chunk(current, start, start + chunk)
-            found = shrinker.fails_shorter(config, candidate) if candidate else None
-            if found is not None:
-                config, current, failure, deleted = found.config, list(found.calls), found.failure, True
-            else:
-                start += chunk
-        if not deleted:
-            chunk //= 2
-    for width in (2, 3):
-        start = 0
-        while start + width <= len(current) and not shrinker.out_of_time():
-            candidate = current[:start] + current[start + width :]
-            found = shrinker.fails_shorter(config, candidate) if candidate else None
-            if found is not None:
-                config, current, failure = found.config, list(found.calls), found.failure
-            else:
-                start += 1
-    for seq in sorted({name for call in current for name in sequences(call)}):
-        if shrinker.out_of_time():
-            break
-        candidate = [call for call in current if seq not in sequences(call)]
-        shorter = candidate and len(candidate) < len(current)
-        found = shrinker.fails_shorter(config, candidate) if shorter else None
-        if found is not None:
-            config, current, failure = found.config, list(found.calls), found.failure
-    return config, tuple(current), failure
+    """Delta debugging (:func:`~kvfuzz.shrink.deletion.delete_operations`): chunks of halving size (each with the
+    later calls of the sequences it brought in), then every window of two or three neighbouring calls (a preempt and
+    its readmit go together), then every sequence's calls at once (an admit and everything naming it). Each costs a
+    number of replays about linear in the program's length; distant pairs, quadratic, are a later pass."""
+    calls = _Calls(shrinker, best)
+    kept = delete_operations(best[1], calls, shrinker.out_of_time)
+    return calls.config, tuple(kept), calls.failure
+
+
+class _Calls:
+    """An allocator's program as the deletion pass sees it (:class:`~kvfuzz.shrink.deletion.Deletable`): a candidate
+    judged by the shrinker in the configuration kept last (which a candidate may change: a smaller pool), and the
+    configuration and failure of the program kept last."""
+
+    def __init__(self, shrinker: Shrinker, best: Best) -> None:
+        self.shrinker = shrinker
+        self.config, _, self.failure = best
+
+    def fails(self, candidate: list[Call]) -> Optional[list[Call]]:
+        found = self.shrinker.fails_shorter(self.config, candidate)
+        if found is None:
+            return None
+        self.config, self.failure = found.config, found.failure
+        return list(found.calls)
+
+    def without(self, program: list[Call], start: int, end: int) -> list[Call]:
+        return _without_chunk(program, start, end)
+
+    def names(self, program: Sequence[Call]) -> list[str]:
+        return sorted({name for call in program for name in sequences(call)})
+
+    def without_name(self, program: list[Call], name: str) -> list[Call]:
+        return [call for call in program if name not in sequences(call)]
 
 
 def _without_chunk(calls: list[Call], start: int, end: int) -> list[Call]:

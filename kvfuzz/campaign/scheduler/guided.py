@@ -13,8 +13,9 @@ target shares (:mod:`kvfuzz.campaign.feedback`: each example's coverage, the see
   row is stratified too (a ten-minute campaign of 195 batches drew the P/D connector, which needs full attention, in
   none); one row's value is held per draw.
 
-A failure of a mutant is a finding like any: claimed by signature, saved as found (not shrunk: a mutant is no
-Hypothesis example to shrink), and confirmed by a replay.
+A failure of a mutant is a finding like any: claimed by signature, saved as found, shrunk by deleting operations
+under its signature (a mutant is no Hypothesis example for Hypothesis to shrink:
+:mod:`kvfuzz.campaign.scheduler.shrinking`), and confirmed by a replay.
 
 Invariant: the example boundaries are the journal's (the worker's :class:`~kvfuzz.campaign.feedback.FeedbackJournal`
 begins each example and tells the feedback), so coverage is taken per example in Hypothesis batches and in mutant
@@ -32,15 +33,17 @@ import attrs
 
 from kvfuzz.campaign.feedback import Feedback
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, SchedulerCampaignOptions, searching_until
+from kvfuzz.campaign.scheduler.shrinking import shrink_saved
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.campaign.seeds import SEED_DIRECTORY, Seed, SeedPool
 from kvfuzz.coverage.scope import Scope, engine_scope
 from kvfuzz.program.safeguards import Journal
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.mutate import mutate
-from kvfuzz.scheduler.program import Operation, Step
+from kvfuzz.scheduler.program import Operation, Step, program_source
 from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
+from kvfuzz.scheduler.replay_result import SchedulerReplay
 from kvfuzz.scheduler.search import Outcome, SearchCutOff
 from kvfuzz.scheduler.swarm import MODEL_RUNNER, NothingValid, SwarmConfig
 from kvfuzz.scheduler.trace import (
@@ -223,11 +226,11 @@ class Guidance:
         started: float,
         is_new: IsNew,
     ) -> BatchResult:
-        """A mutant failed: saved as found; a new signature's trace kept and confirmed by a replay, a known one's
-        removed."""
+        """A mutant failed: saved as found; a new signature's trace shrunk by deletion (unless ``--no-shrink``), kept
+        and confirmed by a replay; a known one's removed."""
         name = self.target.name
         failed = attrs.evolve(trace, failure=RecordedFailure.of(error))
-        program = "\n".join([*(operation.source("state") for operation in trace.program), "state.drain()"])
+        program = program_source(trace.program)
         outcome = Outcome(plan.config.setup, examples, steps, 0, 0, time.perf_counter() - started, error, program)
         signature = scheduler_signature(name, error)
         first = save_scheduler_trace(failed, self.options.corpus)
@@ -235,19 +238,35 @@ class Guidance:
             if first.written:
                 first.path.unlink(missing_ok=True)
             return BatchResult(outcome, signature, first)
-        note = f"found by a mutant of seed {self.feedback.mutated} (not shrunk: a mutant is no Hypothesis example)"
+        note = f"found by a mutant of seed {self.feedback.mutated}"
         if first.error is not None:
             return BatchResult(outcome, signature, first, saved=first, note=note, new=True)
+        saved = first
+        if not self.options.shrink:
+            note = f"{note}; not shrunk (--no-shrink)"
+        else:
+            try:
+                saved, shrunk, shrunk_error = shrink_saved(first, signature, self._replay, plan.ends)
+            except KeyboardInterrupt:  # the campaign was stopped while shrinking: the finding stays, as found
+                note = f"{note}; shrinking interrupted (the campaign was stopped): the trace is the one found"
+                return BatchResult(outcome, signature, first, None, first, note, new=True, interrupted=True)
+            note = f"{note}; {shrunk}"
+            if shrunk_error is not None:  # the finding is the shrunk trace's: its program and its words
+                outcome = attrs.evolve(outcome, failure=shrunk_error, program=program_source(saved.trace.program))
         try:
-            replayed = self.target.replay(first.trace, self.options.call_timeout)
+            replayed = self._replay(saved.trace)
         except ReplayRefused as refused:
             return BatchResult(
-                outcome, signature, first, saved=first, note=f"{note}; not confirmed: {refused}", new=True
+                outcome, signature, first, saved=saved, note=f"{note}; not confirmed: {refused}", new=True
             )
         same = replayed.error is not None and scheduler_signature(name, replayed.error) == signature
         if not same:
             note = f"{note}; its replay found: {replayed.describe_failure()}"
-        return BatchResult(outcome, signature, first, None, first, note, int(same), new=True)
+        return BatchResult(outcome, signature, first, None, saved, note, int(same), new=True)
+
+    def _replay(self, trace: SchedulerTrace) -> SchedulerReplay:
+        """``trace`` replayed against the target, under the campaign's watchdog."""
+        return self.target.replay(trace, self.options.call_timeout)
 
 
 def guidance(target: SchedulerTarget, options: SchedulerCampaignOptions, state: Any, slot: int) -> Optional[Guidance]:

@@ -4,9 +4,10 @@ examples without shrinking. A failure's signature decides what happens next:
 
 * new (the batch claims it: no corpus trace knows it, and no worker met it before): the failing example was saved
   the moment it failed (before shrinking); the batch is searched again with the same seed and shrinking on, which
-  finds the same example and shrinks it; the shrunk trace replaces the first (when it fails with the same
-  signature; otherwise both stay: the finding keeps its first trace, program and explanation, and the failure
-  shrinking drifted to is a finding of its own, with its shrunk trace), and one replay confirms it; a signature a
+  finds the same example and shrinks it; the shrunk trace replaces the first when it fails with the same
+  signature. Otherwise (Hypothesis's shrinking drifted to another failure, which is a finding of its own with its
+  shrunk trace, or did not fail again) the first trace is shrunk by deleting operations under its signature
+  (:mod:`kvfuzz.campaign.scheduler.shrinking`) and replaces itself. One replay confirms the trace kept; a signature a
   corpus trace of a fixed bug reproduces is new too, a regression, and says so;
 * known (from a corpus trace) or met earlier in the campaign: counted, and the unshrunk trace saved for it removed.
 
@@ -32,11 +33,14 @@ from typing import Any, Callable, Iterator, Optional
 import attrs
 
 from kvfuzz.campaign.rerun import Rerun
+from kvfuzz.campaign.scheduler.shrinking import shrink_saved
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.campaign.settings import Settings
 from kvfuzz.program.safeguards import Journal
+from kvfuzz.scheduler.program import program_source
 from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
+from kvfuzz.scheduler.replay_result import SchedulerReplay
 from kvfuzz.scheduler.search import Outcome, SearchCutOff
 from kvfuzz.scheduler.swarm import SwarmConfig
 from kvfuzz.scheduler.trace import SchedulerTrace
@@ -274,16 +278,16 @@ def run_batch(
     if shrunk.harness is not None:
         raise shrunk.harness
     if shrunk.failure is None:
-        note = "the batch searched again to shrink it did not fail: the trace is the example as found, not shrunk"
-        return BatchResult(outcome, signature, first, shrunk, first, note, new=True)
+        note = "the batch searched again to shrink it did not fail"
+        return _by_deletion(target, options, plan, outcome, signature, first, note, shrunk)
     other = scheduler_signature(target.name, shrunk.failure)
     if other != signature:  # the first trace stays; the other failure's shrunk trace is kept beside it
         new = is_new(other, None)  # a known (or earlier) other failure is counted, its trace not kept
         kept = save_scheduler_trace(shrinker.latest[0], options.corpus) if new and shrinker.latest else None
         where = f", its shrunk trace kept: {kept.path}" if kept is not None and kept.error is None else ""
-        note = f"shrinking met another failure ({other}{where}): the trace is the example as found, not shrunk"
+        note = f"Hypothesis's shrinking met another failure ({other}{where})"
         drifted = Drifted(other, shrunk, kept if kept is not None and kept.error is None else None, new)
-        return BatchResult(outcome, signature, first, shrunk, first, note, new=True, drifted=drifted)
+        return _by_deletion(target, options, plan, outcome, signature, first, note, shrunk, drifted)
     saved = shrinker.finish(shrunk.failure, shrunk=True)
     if saved is None or saved.error is not None:
         return BatchResult(outcome, signature, first, shrunk, saved or first, new=True)
@@ -297,3 +301,43 @@ def run_batch(
     same = replayed.error is not None and scheduler_signature(target.name, replayed.error) == signature
     unconfirmed = None if same else f"the shrunk trace's replay found: {replayed.describe_failure()}"
     return BatchResult(outcome, signature, first, shrunk, saved, unconfirmed, int(same), new=True)
+
+
+def _by_deletion(
+    target: SchedulerTarget,
+    options: SchedulerCampaignOptions,
+    plan: BatchPlan,
+    outcome: Outcome,
+    signature: Signature,
+    first: Optional[SavedTrace[SchedulerTrace]],
+    why: str,
+    shrunk: Outcome,
+    drifted: Optional[Drifted] = None,
+) -> BatchResult:
+    """A new failure that Hypothesis's shrinking did not shrink (``why``): its trace as found shrunk by deleting
+    operations under its signature (:mod:`kvfuzz.campaign.scheduler.shrinking`) and confirmed by a replay; the
+    finding's program and words then the shrunk trace's."""
+    if first is None or first.error is not None:
+        note = f"{why}: the trace is the example as found, not shrunk"
+        return BatchResult(outcome, signature, first, shrunk, first, note, new=True, drifted=drifted)
+
+    def replay(trace: SchedulerTrace) -> SchedulerReplay:
+        return target.replay(trace, options.call_timeout)
+
+    try:
+        saved, deleted, error = shrink_saved(first, signature, replay, plan.ends)
+    except KeyboardInterrupt:  # the campaign was stopped while shrinking: the finding stays, as found
+        note = f"{why}; shrinking interrupted (the campaign was stopped): the trace is the example as found"
+        return BatchResult(outcome, signature, first, shrunk, first, note, new=True, drifted=drifted, interrupted=True)
+    note = f"{why}; the example as found {deleted}"
+    if error is None:
+        return BatchResult(outcome, signature, first, shrunk, first, note, new=True, drifted=drifted)
+    found = attrs.evolve(outcome, failure=error, program=program_source(saved.trace.program))
+    try:
+        replayed = replay(saved.trace)
+    except ReplayRefused as refused:
+        return BatchResult(found, signature, first, shrunk, saved, f"{note}; not confirmed: {refused}", new=True)
+    same = replayed.error is not None and scheduler_signature(target.name, replayed.error) == signature
+    if not same:
+        note = f"{note}; its replay found: {replayed.describe_failure()}"
+    return BatchResult(found, signature, first, shrunk, saved, note, int(same), new=True, drifted=drifted)

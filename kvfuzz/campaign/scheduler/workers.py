@@ -43,6 +43,7 @@ from kvfuzz.campaign.settings import Settings
 from kvfuzz.campaign.supervisor import Supervisor
 from kvfuzz.program.safeguards import Journal, UserInterrupt
 from kvfuzz.scheduler.harness import HarnessError
+from kvfuzz.scheduler.program import program_source
 from kvfuzz.scheduler.search import Outcome, SearchCutOff
 from kvfuzz.scheduler.swarm import SwarmConfig, draw
 from kvfuzz.scheduler.trace import SchedulerTrace
@@ -253,7 +254,7 @@ def _program(saved: Optional[SavedTrace[SchedulerTrace]]) -> str:
     requests are not in it), then the drain; "" without a trace."""
     if saved is None:
         return ""
-    return "\n".join([*(operation.source("state") for operation in saved.trace.program), "state.drain()"])
+    return program_source(saved.trace.program)
 
 
 def _note(plan: BatchPlan, result: BatchResult, worker: Optional[int]) -> str:
