@@ -517,7 +517,10 @@ def test_a_trace_cannot_be_both_a_known_bug_and_fixed(tmp_path: Path) -> None:
         load(path)
 
 
-def test_shrinking_that_drifts_keeps_the_first_failure_s_program_and_lists_the_other(tmp_path: Path) -> None:
+def test_shrinking_that_drifts_shrinks_the_first_failure_by_deletion_and_lists_the_other(tmp_path: Path) -> None:
+    """Hypothesis's shrinking ends in another signature: the finding keeps its own signature and explanation, its
+    trace as found shrunk by deleting operations under that signature (the fake's replay fails on any program of its
+    configuration, so one operation is left); the other failure is a finding of its own, with its shrunk trace."""
     fake = FakeTarget()
     search = fake.search
 
@@ -536,7 +539,10 @@ def test_shrinking_that_drifts_keeps_the_first_failure_s_program_and_lists_the_o
     first, other = result.new
     assert first.explanation is not None and "accounting check failed" in first.explanation
     assert first.program is not None and "the other's program" not in first.program
-    assert first.program.startswith("state.add([1, 2, 3], 2)")  # FOUND, the first trace's program
+    assert first.program == "state.step()\nstate.drain()", first.program  # FOUND, shrunk by deletion
+    assert first.trace is not None and load(Path(first.trace)).program == (Step(),)
+    assert "Hypothesis's shrinking met another failure" in (first.note or "")
+    assert "shrunk by deleting operations, from 5 operations to 1" in (first.note or "")
     assert other.explanation is not None and other.explanation.startswith("progress check failed")
     assert other.trace is not None and load(Path(other.trace)).program == SHRUNK
     assert "met while shrinking accounting: the free count" in (other.note or "")
