@@ -22,7 +22,7 @@ from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.deletions import SchedulerDeletions, dropping
 from kvfuzz.scheduler.machine import Witness
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
-from kvfuzz.scheduler.replay import SchedulerReplay
+from kvfuzz.scheduler.replay import ReplayRefused, SchedulerReplay
 from kvfuzz.scheduler.search import Outcome
 from kvfuzz.scheduler.swarm import SwarmConfig
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
@@ -259,3 +259,19 @@ def test_a_batch_whose_hypothesis_shrinking_drifted_shrinks_its_first_trace_by_d
     assert result.first is not None and not result.first.path.exists()  # replaced by the shrunk trace
     assert result.saved.path.exists() and result.drifted.saved is not None and result.drifted.saved.path.exists()
     assert "ValueError" in str(result.signature) and "aborting r0" in str(result.outcome.failure)
+
+
+def test_a_finding_s_trace_is_confirmed_refused_or_found_otherwise_by_one_replay() -> None:
+    trace = _trace(NOISY)
+    signature = _signature(trace)
+    assert shrinking.confirm(trace, signature, fake_replay) == (1, None)
+    passing = shrinking.confirm(trace, signature, lambda trace: SchedulerReplay(trace, None, None))
+    assert passing == (0, "the trace's replay found: every check passed")
+
+    def refusing(trace: SchedulerTrace) -> SchedulerReplay:
+        raise ReplayRefused("vLLM refuses the trace's configuration")
+
+    assert shrinking.confirm(trace, signature, refusing) == (
+        None,
+        "not confirmed by a replay: vLLM refuses the trace's configuration",
+    )

@@ -33,7 +33,7 @@ import attrs
 
 from kvfuzz.campaign.feedback import Feedback
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, SchedulerCampaignOptions, searching_until
-from kvfuzz.campaign.scheduler.shrinking import shrink_saved
+from kvfuzz.campaign.scheduler.shrinking import confirm, shrink_saved
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.campaign.seeds import SEED_DIRECTORY, Seed, SeedPool
 from kvfuzz.coverage.scope import Scope, engine_scope
@@ -253,16 +253,9 @@ class Guidance:
             note = f"{note}; {shrunk}"
             if shrunk_error is not None:  # the finding is the shrunk trace's: its program and its words
                 outcome = attrs.evolve(outcome, failure=shrunk_error, program=program_source(saved.trace.program))
-        try:
-            replayed = self._replay(saved.trace)
-        except ReplayRefused as refused:
-            return BatchResult(
-                outcome, signature, first, saved=saved, note=f"{note}; not confirmed: {refused}", new=True
-            )
-        same = replayed.error is not None and scheduler_signature(name, replayed.error) == signature
-        if not same:
-            note = f"{note}; its replay found: {replayed.describe_failure()}"
-        return BatchResult(outcome, signature, first, None, saved, note, int(same), new=True)
+        reproduced, unconfirmed = confirm(saved.trace, signature, self._replay)
+        note = note if unconfirmed is None else f"{note}; {unconfirmed}"
+        return BatchResult(outcome, signature, first, None, saved, note, reproduced, new=True)
 
     def _replay(self, trace: SchedulerTrace) -> SchedulerReplay:
         """``trace`` replayed against the target, under the campaign's watchdog."""

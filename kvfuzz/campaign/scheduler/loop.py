@@ -33,13 +33,12 @@ from typing import Any, Callable, Iterator, Optional
 import attrs
 
 from kvfuzz.campaign.rerun import Rerun
-from kvfuzz.campaign.scheduler.shrinking import shrink_saved
+from kvfuzz.campaign.scheduler.shrinking import confirm, shrink_saved
 from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
 from kvfuzz.campaign.settings import Settings
 from kvfuzz.program.safeguards import Journal
 from kvfuzz.scheduler.program import program_source
 from kvfuzz.scheduler.recorder import save_scheduler_trace
-from kvfuzz.scheduler.replay import ReplayRefused
 from kvfuzz.scheduler.replay_result import SchedulerReplay
 from kvfuzz.scheduler.search import Outcome, SearchCutOff
 from kvfuzz.scheduler.swarm import SwarmConfig
@@ -294,13 +293,8 @@ def run_batch(
     for found in (first, shrinker.first):  # the example as found, saved before shrinking: the shrunk one replaces it
         if found is not None and found.written and found.path != saved.path:
             found.path.unlink(missing_ok=True)
-    try:
-        replayed = target.replay(saved.trace, options.call_timeout)
-    except ReplayRefused as refused:
-        return BatchResult(outcome, signature, first, shrunk, saved, f"not confirmed by a replay: {refused}", new=True)
-    same = replayed.error is not None and scheduler_signature(target.name, replayed.error) == signature
-    unconfirmed = None if same else f"the shrunk trace's replay found: {replayed.describe_failure()}"
-    return BatchResult(outcome, signature, first, shrunk, saved, unconfirmed, int(same), new=True)
+    reproduced, unconfirmed = confirm(saved.trace, signature, lambda trace: target.replay(trace, options.call_timeout))
+    return BatchResult(outcome, signature, first, shrunk, saved, unconfirmed, reproduced, new=True)
 
 
 def _by_deletion(
@@ -333,11 +327,6 @@ def _by_deletion(
     if error is None:
         return BatchResult(outcome, signature, first, shrunk, first, note, new=True, drifted=drifted)
     found = attrs.evolve(outcome, failure=error, program=program_source(saved.trace.program))
-    try:
-        replayed = replay(saved.trace)
-    except ReplayRefused as refused:
-        return BatchResult(found, signature, first, shrunk, saved, f"{note}; not confirmed: {refused}", new=True)
-    same = replayed.error is not None and scheduler_signature(target.name, replayed.error) == signature
-    if not same:
-        note = f"{note}; its replay found: {replayed.describe_failure()}"
-    return BatchResult(found, signature, first, shrunk, saved, note, int(same), new=True, drifted=drifted)
+    reproduced, unconfirmed = confirm(saved.trace, signature, replay)
+    note = note if unconfirmed is None else f"{note}; {unconfirmed}"
+    return BatchResult(found, signature, first, shrunk, saved, note, reproduced, new=True, drifted=drifted)

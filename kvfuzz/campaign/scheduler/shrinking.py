@@ -138,3 +138,17 @@ def shrink_saved(
     if found.written and found.path != saved.path:
         found.path.unlink(missing_ok=True)
     return saved, note, shrunk.error
+
+
+def confirm(
+    trace: SchedulerTrace, signature: Signature, replay: Callable[[SchedulerTrace], SchedulerReplay]
+) -> tuple[Optional[int], Optional[str]]:
+    """One replay of ``trace``, the trace a finding names: 1 when it fails with ``signature``; 0 when it does not,
+    with what it found; None when the engine refuses it, with why."""
+    try:
+        replayed = replay(trace)
+    except ReplayRefused as refused:
+        return None, f"not confirmed by a replay: {refused}"
+    if replayed.error is not None and scheduler_signature(trace.scheduler, replayed.error) == signature:
+        return 1, None
+    return 0, f"the trace's replay found: {replayed.describe_failure()}"
