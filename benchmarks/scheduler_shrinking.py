@@ -18,9 +18,10 @@ from pathlib import Path
 
 import attrs
 
-from kvfuzz.campaign.scheduler.shrinking import shrink_trace
-from kvfuzz.campaign.scheduler.target import bounded_replay, scheduler_signature
 from kvfuzz.scheduler.program import AddRequest, Step
+from kvfuzz.scheduler.replay import bounded_replay
+from kvfuzz.scheduler.shrinking import shrink_trace
+from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.trace import SchedulerTraceError, load
 
 CALL_TIMEOUT = 60.0

@@ -109,7 +109,7 @@ def test_the_two_known_hangs_are_two_signatures_naming_the_adder_s_verdict_and_p
     """A campaign keys a hang by its cause: the two hangs of the corpus were one signature ("a drain step scheduled
     nothing"), so a campaign crediting the corpus counted any new SGLang hang as the known one and never reported it.
     The cause now says what is stuck, the PrefillAdder's verdict on it and its admission path."""
-    from kvfuzz.campaign.scheduler.target import scheduler_signature
+    from kvfuzz.scheduler.signature import scheduler_signature
 
     causes = {}
     for path in (KNOWN, PAGE_OVERHEAD):

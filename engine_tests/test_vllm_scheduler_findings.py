@@ -17,12 +17,13 @@ from vllm.v1.request import RequestStatus
 
 from engine_tests.vllm_history import priority_victim_stays_scheduled
 from kvfuzz.campaign.known import known_findings
-from kvfuzz.campaign.scheduler.target import SchedulerTraces, scheduler_signature, vllm_target
+from kvfuzz.campaign.scheduler.target import SchedulerTraces, vllm_target
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.program import Abort
 from kvfuzz.scheduler.replay import replay
 from kvfuzz.scheduler.search import search
 from kvfuzz.scheduler.session import Session
+from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.trace import load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 

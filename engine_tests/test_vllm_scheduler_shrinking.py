@@ -14,8 +14,9 @@ from typing import Callable
 import pytest
 
 from engine_tests.test_vllm_scheduler_signatures import without_partial_hits
-from kvfuzz.campaign.scheduler.shrinking import shrink_trace
-from kvfuzz.campaign.scheduler.target import bounded_replay, scheduler_signature
+from kvfuzz.scheduler.replay import bounded_replay
+from kvfuzz.scheduler.shrinking import shrink_trace
+from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.trace import SchedulerTrace, load
 
 DATA = Path(__file__).parent / "data"

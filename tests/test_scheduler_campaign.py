@@ -21,7 +21,7 @@ from factories import kvfuzz
 
 from kvfuzz.campaign.scheduler.isolated import died_trace, journal_target
 from kvfuzz.campaign.scheduler.loop import LEAST_BATCH_SECONDS, SchedulerCampaignOptions, default_batch_seconds
-from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
+from kvfuzz.campaign.scheduler.target import SchedulerTarget
 from kvfuzz.campaign.scheduler.workers import run_scheduler_campaign
 from kvfuzz.program.safeguards import Journal
 from kvfuzz.scheduler import swarm
@@ -30,6 +30,7 @@ from kvfuzz.scheduler.machine import Witness
 from kvfuzz.scheduler.program import AddRequest, Step
 from kvfuzz.scheduler.replay import SchedulerReplay
 from kvfuzz.scheduler.search import Outcome
+from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.swarm import SwarmConfig
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, journal_configuration, load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation

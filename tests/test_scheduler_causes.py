@@ -11,7 +11,6 @@ from typing import Any, Callable, Optional
 import pytest
 from factories import async_worker
 
-from kvfuzz.campaign.scheduler.target import scheduler_signature
 from kvfuzz.scheduler.async_batches import BatchQueue
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import expected_output
@@ -19,6 +18,7 @@ from kvfuzz.scheduler.kv_slots import Claim, SlotPool
 from kvfuzz.scheduler.lora import check_loras
 from kvfuzz.scheduler.outputs import OutputLedger
 from kvfuzz.scheduler.requests import request_namespace
+from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
 
 A = [5, 6, 7, 8]

@@ -12,21 +12,24 @@ from typing import Callable, Optional
 
 import attrs
 
-from kvfuzz.campaign.scheduler import shrinking
 from kvfuzz.campaign.scheduler.guided import Guidance
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, SchedulerCampaignOptions, run_batch
-from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
+from kvfuzz.campaign.scheduler.target import SchedulerTarget
 from kvfuzz.coverage.scope import Scope
 from kvfuzz.program.safeguards import Journal
+from kvfuzz.scheduler import shrinking
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.deletions import SchedulerDeletions, dropping
 from kvfuzz.scheduler.machine import Witness
 from kvfuzz.scheduler.program import Abort, AddRequest, Operation, ResetPrefixCache, Resume, Step
+from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused, SchedulerReplay
 from kvfuzz.scheduler.search import Outcome
+from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.swarm import SwarmConfig
-from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
+from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, load
 from kvfuzz.shrink.signature import Signature
+from kvfuzz.trace_saving import SavedTrace
 
 SETUP = SchedulerSetup(num_blocks=16, block_size=4, max_num_batched_tokens=64, max_num_seqs=4, prefix_caching=True)
 
@@ -275,3 +278,37 @@ def test_a_finding_s_trace_is_confirmed_refused_or_found_otherwise_by_one_replay
         None,
         "not confirmed by a replay: vLLM refuses the trace's configuration",
     )
+
+
+# -- kvfuzz run: the failure found first, when Hypothesis's shrinking reported another --------------------------------
+
+
+def _saved_pair(tmp_path: Path) -> tuple[SavedTrace[SchedulerTrace], SavedTrace[SchedulerTrace]]:
+    """The failure a run found first, saved as found, and the other one it reported."""
+    first = save_scheduler_trace(_trace(NOISY), tmp_path)
+    other = save_scheduler_trace(_other((AddRequest([3], 7), Abort("r0"))), tmp_path)
+    return first, other
+
+
+def test_a_run_s_first_failure_left_by_hypothesis_is_shrunk_by_deletion(tmp_path: Path) -> None:
+    first, other = _saved_pair(tmp_path)
+    line = shrinking.shrink_drifted(first, other, fake_replay)
+    assert line is not None and line.startswith("kvfuzz: the failure found first (crash) is not the one reported")
+    assert "shrunk by deleting operations, from 16 operations to 3" in line
+    [shrunk] = [path for path in tmp_path.glob("*.json") if path != other.path]
+    assert line.endswith(f": {shrunk}") and not first.path.exists()
+    assert load(shrunk).program == (AddRequest([3, 2, 1, 0], 7), Step(), Abort("r0"))
+
+
+def test_a_run_reporting_its_first_failure_shrinks_nothing_more(tmp_path: Path) -> None:
+    first, other = _saved_pair(tmp_path)
+    assert shrinking.shrink_drifted(first, first, fake_replay) is None
+    assert shrinking.shrink_drifted(None, other, fake_replay) is None
+    assert first.path.exists()
+
+
+def test_a_run_s_first_failure_that_does_not_replay_is_kept_as_found(tmp_path: Path) -> None:
+    first, other = _saved_pair(tmp_path)
+    line = shrinking.shrink_drifted(first, other, lambda trace: SchedulerReplay(trace, None, None))
+    assert line is not None and f"its unshrunk trace is kept: {first.path}" in line
+    assert "its replay found: every check passed" in line and first.path.exists()

@@ -536,7 +536,9 @@ def _search_and_report(
     from pathlib import Path
 
     from kvfuzz.scheduler.recorder import FailureRecorder
+    from kvfuzz.scheduler.replay import bounded_replay
     from kvfuzz.scheduler.search import search
+    from kvfuzz.scheduler.shrinking import shrink_drifted
     from kvfuzz.trace_saving import NO_TRACE_FIELDS
 
     recorder = FailureRecorder(args.scheduler, Path(args.corpus))
@@ -570,13 +572,10 @@ def _search_and_report(
         }
     elif saved is not None:
         print(f"\n{saved.report()}", flush=True)
-    first = recorder.first
-    if saved is not None and first is not None and first is not saved and first.path.exists():
-        print(
-            f"kvfuzz: the failure found first ({first.trace.failure.check}) is not the one reported; its unshrunk "
-            f"trace is kept: {first.path}",
-            file=sys.stderr,
-        )
+    call_timeout = args.call_timeout or None
+    drifted = shrink_drifted(recorder.first, saved, lambda trace: bounded_replay(trace, call_timeout))
+    if drifted is not None:
+        print(drifted, file=sys.stderr, flush=True)
     return Ran(1 if outcome.failure is not None else 0, emitted)
 
 

@@ -108,3 +108,12 @@ def replay(
             )
         session.observer = observer
         return replay_program(session, trace, on_operation)
+
+
+def bounded_replay(trace: SchedulerTrace, call_timeout: Optional[float]) -> SchedulerReplay:
+    """Replay ``trace`` against its engine (vLLM's or SGLang's), each step bounded by a watchdog of ``call_timeout``
+    seconds (None: unbounded)."""
+    if call_timeout is None:
+        return replay(trace)
+    with Watchdog(call_timeout) as watchdog:
+        return replay(trace, watchdog=watchdog)

@@ -33,8 +33,7 @@ import attrs
 
 from kvfuzz.campaign.feedback import Feedback
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, SchedulerCampaignOptions, searching_until
-from kvfuzz.campaign.scheduler.shrinking import confirm, shrink_saved
-from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
+from kvfuzz.campaign.scheduler.target import SchedulerTarget
 from kvfuzz.campaign.seeds import SEED_DIRECTORY, Seed, SeedPool
 from kvfuzz.coverage.scope import Scope, engine_scope
 from kvfuzz.program.safeguards import Journal
@@ -45,6 +44,8 @@ from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
 from kvfuzz.scheduler.replay_result import SchedulerReplay
 from kvfuzz.scheduler.search import Outcome, SearchCutOff
+from kvfuzz.scheduler.shrinking import confirm, shrink_saved
+from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.swarm import MODEL_RUNNER, NothingValid, SwarmConfig
 from kvfuzz.scheduler.trace import (
     RecordedFailure,

@@ -25,12 +25,13 @@ import attrs
 
 from kvfuzz.campaign.process import patience_of
 from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, Runner, SchedulerCampaignOptions, run_batch
-from kvfuzz.campaign.scheduler.target import SchedulerProcessDied, SchedulerTarget, scheduler_signature
+from kvfuzz.campaign.scheduler.target import SchedulerProcessDied, SchedulerTarget
 from kvfuzz.isolation import Ended, Orphaned, Returned, Stopped, run_in_child
 from kvfuzz.program.safeguards import Journal, journal_path
 from kvfuzz.saved.journals import last_program
 from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.search import Outcome
+from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.trace import SchedulerTrace, SchedulerTraceError, from_journal
 
 T = TypeVar("T")

@@ -33,14 +33,15 @@ from typing import Any, Callable, Iterator, Optional
 import attrs
 
 from kvfuzz.campaign.rerun import Rerun
-from kvfuzz.campaign.scheduler.shrinking import confirm, shrink_saved
-from kvfuzz.campaign.scheduler.target import SchedulerTarget, scheduler_signature
+from kvfuzz.campaign.scheduler.target import SchedulerTarget
 from kvfuzz.campaign.settings import Settings
 from kvfuzz.program.safeguards import Journal
 from kvfuzz.scheduler.program import program_source
 from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.replay_result import SchedulerReplay
 from kvfuzz.scheduler.search import Outcome, SearchCutOff
+from kvfuzz.scheduler.shrinking import confirm, shrink_saved
+from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.swarm import SwarmConfig
 from kvfuzz.scheduler.trace import SchedulerTrace
 from kvfuzz.shrink.signature import Signature

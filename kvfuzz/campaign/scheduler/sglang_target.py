@@ -6,10 +6,11 @@ from __future__ import annotations
 import contextlib
 from typing import Optional
 
-from kvfuzz.campaign.scheduler.target import SchedulerTarget, bounded_replay
+from kvfuzz.campaign.scheduler.target import SchedulerTarget
 from kvfuzz.program.safeguards import Journal, Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.machine import Witness
+from kvfuzz.scheduler.replay import bounded_replay
 from kvfuzz.scheduler.search import Outcome, search
 from kvfuzz.scheduler.sglang import swarm as sglang_swarm
 from kvfuzz.scheduler.sglang.traces import SGLangFailureRecorder, sglang_version

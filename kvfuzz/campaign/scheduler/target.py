@@ -1,14 +1,9 @@
-"""What a scheduler campaign asks of its target, and what makes two of its failures one finding.
+"""What a scheduler campaign asks of its target.
 
 :class:`SchedulerTarget` is the campaign's whole view of the engine: whether vLLM accepts a configuration, a search
 of one batch, and a replay of a saved trace. The real one (:func:`vllm_target`) imports vLLM lazily; the tests of
-kvfuzz's own environment pass fakes.
-
-A signature (:class:`~kvfuzz.shrink.signature.Signature`, the allocator campaign's) names the scheduler, the check
-(``crash (TYPE)`` for an exception of the engine's own) and what is known of the cause: the cause the check named
-where it names one (``accounting: a held block's ref_cnt``), and for a crash the innermost frame outside kvfuzz's
-harness and the standard library (``crash (ValueError) at vllm.v1.core.block_pool.BlockPool.get_new_blocks``). The
-step, the request and the block never enter it: the same bug met in another example is the same finding.
+kvfuzz's own environment pass fakes. What makes two of its failures one finding is
+:func:`kvfuzz.scheduler.signature.scheduler_signature`.
 """
 
 from __future__ import annotations
@@ -20,17 +15,16 @@ import attrs
 
 from kvfuzz.campaign.known import Judged, KnownTrace, Recorded, where_of
 from kvfuzz.coverage.scope import Scope
-from kvfuzz.program.safeguards import Journal, Watchdog
+from kvfuzz.program.safeguards import Journal
 from kvfuzz.scheduler import swarm
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.machine import Witness
 from kvfuzz.scheduler.recorder import FailureRecorder, vllm_version
-from kvfuzz.scheduler.replay import ReplayRefused, SchedulerReplay, model_runner, replay
+from kvfuzz.scheduler.replay import ReplayRefused, SchedulerReplay, bounded_replay, model_runner
 from kvfuzz.scheduler.search import Outcome, search
+from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.swarm import Dimension, SwarmConfig
 from kvfuzz.scheduler.trace import PROCESS_DIED, SchedulerTrace, load
-from kvfuzz.scheduler.violations import SchedulerViolation
-from kvfuzz.shrink.signature import Signature, allocator_frame
 
 Search = Callable[[SwarmConfig, int, int, bool, Optional[Witness], Optional[float], Optional[Journal]], Outcome]
 """(configuration, examples, Hypothesis seed, shrink, witness, call timeout, journal) -> the batch's outcome."""
@@ -58,13 +52,6 @@ class SchedulerTarget:
     version: Callable[[], str] = vllm_version  # the installed engine's version, as its traces record it
     # the code under test whose coverage a campaign measures (None: the engine's, kvfuzz.coverage.scope.SCOPES)
     scope: Optional[Callable[[], Optional[Scope]]] = None
-
-
-def scheduler_signature(scheduler: str, failure: BaseException) -> Signature:
-    """The signature of ``failure``: the check and its cause, or a crash's type and frame."""
-    if isinstance(failure, SchedulerViolation):
-        return Signature(scheduler, failure.check.value, None, cause=failure.cause)
-    return Signature(scheduler, f"crash ({type(failure).__name__})", None, allocator_frame(failure))
 
 
 def recorded(setup: SchedulerSetup, model_runner: str) -> Recorded:
@@ -135,12 +122,3 @@ def _search(
             call_timeout=call_timeout,
             journal=journal,
         )
-
-
-def bounded_replay(trace: SchedulerTrace, call_timeout: Optional[float]) -> SchedulerReplay:
-    """Replay ``trace`` against its engine (vLLM's or SGLang's), each step bounded by a watchdog of ``call_timeout``
-    seconds (None: unbounded)."""
-    if call_timeout is None:
-        return replay(trace)
-    with Watchdog(call_timeout) as watchdog:
-        return replay(trace, watchdog=watchdog)

@@ -31,10 +31,12 @@ def run_sglang(
     """Run the search (with ``database``, random and kept there: ``--database``); exit status 0 (passed) or 1 (a
     check failed, or SGLang raised)."""
     from kvfuzz.scheduler.engines import SGLANG, untested_warning
+    from kvfuzz.scheduler.replay import bounded_replay
     from kvfuzz.scheduler.search import search, search_kind
     from kvfuzz.scheduler.sglang.build import sglang
     from kvfuzz.scheduler.sglang.session import SGLangSession
     from kvfuzz.scheduler.sglang.traces import SGLangFailureRecorder
+    from kvfuzz.scheduler.shrinking import shrink_drifted
     from kvfuzz.trace_saving import NO_TRACE_FIELDS
 
     started = time.perf_counter()
@@ -90,4 +92,8 @@ def run_sglang(
         )
     elif saved is not None:
         print(f"\n{saved.report()}")
+    call_timeout = args.call_timeout or None
+    drifted = shrink_drifted(recorder.first, saved, lambda trace: bounded_replay(trace, call_timeout))
+    if drifted is not None:
+        print(drifted, file=sys.stderr, flush=True)
     return 1 if outcome.failure is not None else 0

@@ -4,9 +4,10 @@ every target shares (:func:`kvfuzz.shrink.deletion.delete_operations`) over the 
 
 Two failures need it: a mutant's (a guided campaign's program, no Hypothesis example to shrink), and one whose
 shrinking by Hypothesis drifted to another failure (Hypothesis shrinks towards whatever fails, where a candidate
-failing with another signature is not what this finding needs). A candidate is kept only when its replay fails with
-the finding's signature, so the shrunk trace is the same finding, in fewer operations; the passes repeat until none
-deletes anything or :data:`SHRINK_SECONDS` (or the campaign's end) runs out.
+failing with another signature is not what this finding needs), in a campaign's batch or in ``kvfuzz run``. A
+candidate is kept only when its replay fails with the finding's signature, so the shrunk trace is the same finding,
+in fewer operations; the passes repeat until none deletes anything or :data:`SHRINK_SECONDS` (or the campaign's end)
+runs out.
 
 Invariant: the trace saved for the finding always fails with its signature: the shrunk one replaces the one found
 only once it is written (:func:`shrink_saved`), and a stop (Ctrl-C) while shrinking leaves the one found.
@@ -19,12 +20,12 @@ from typing import Callable, Optional
 
 import attrs
 
-from kvfuzz.campaign.scheduler.target import scheduler_signature
 from kvfuzz.scheduler.deletions import SchedulerDeletions
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
 from kvfuzz.scheduler.replay_result import SchedulerReplay
+from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, SchedulerTraceError, program_from_json
 from kvfuzz.shrink.deletion import delete_operations
 from kvfuzz.shrink.signature import Signature
@@ -152,3 +153,24 @@ def confirm(
     if replayed.error is not None and scheduler_signature(trace.scheduler, replayed.error) == signature:
         return 1, None
     return 0, f"the trace's replay found: {replayed.describe_failure()}"
+
+
+def shrink_drifted(
+    first: Optional[SavedTrace[SchedulerTrace]],
+    reported: Optional[SavedTrace[SchedulerTrace]],
+    replay: Callable[[SchedulerTrace], SchedulerReplay],
+) -> Optional[str]:
+    """A run's failure found first (``first``, saved as found) when it is not the one the run reports (``reported``:
+    Hypothesis's shrinking ended on another): its trace shrunk by deletion under its own signature, and one line for
+    a person saying so and where it is; None when the run reports the failure it found first."""
+    if first is None or reported is None or first is reported or first.error is not None or not first.path.exists():
+        return None
+    head = f"kvfuzz: the failure found first ({first.trace.failure.check}) is not the one reported"
+    try:
+        found = replay(first.trace)
+    except ReplayRefused as refused:
+        return f"{head}; its unshrunk trace is kept: {first.path} (its replay was refused: {refused})"
+    if found.error is None or not found.reproduced:
+        return f"{head}; its unshrunk trace is kept: {first.path} (its replay found: {found.describe_failure()})"
+    saved, note, _ = shrink_saved(first, scheduler_signature(first.trace.scheduler, found.error), replay, None)
+    return f"{head}; its trace, {note}: {saved.path}"
