@@ -162,8 +162,11 @@ def shrink_drifted(
 ) -> Optional[str]:
     """A run's failure found first (``first``, saved as found) when it is not the one the run reports (``reported``:
     Hypothesis's shrinking ended on another): its trace shrunk by deletion under its own signature, and one line for
-    a person saying so and where it is; None when the run reports the failure it found first."""
-    if first is None or reported is None or first is reported or first.error is not None or not first.path.exists():
+    a person saying so and where it is; None when the run reports the failure it found first (the same file: the
+    shrunk example may be the one found), or that trace is gone (the shrunk one replaced it) or was never written."""
+    if first is None or reported is None or first.error is not None or first.path == reported.path:
+        return None
+    if not first.path.exists():
         return None
     head = f"kvfuzz: the failure found first ({first.trace.failure.check}) is not the one reported"
     try:
