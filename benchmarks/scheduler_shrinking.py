@@ -1,4 +1,4 @@
-"""How far, and how fast, a scheduler failure shrinks by deleting operations (kvfuzz/campaign/scheduler/shrinking.py):
+"""How far, and how fast, a scheduler failure shrinks by deleting operations (kvfuzz/scheduler/shrinking.py):
 for each scheduler trace given, its replay's signature, then the shrink a campaign runs for a mutant's failure or
 one whose shrinking by Hypothesis drifted (every candidate replayed against the installed engine, kept only under
 that signature), within ``--seconds``: operations before and after, replays, seconds. ``--pad`` first adds

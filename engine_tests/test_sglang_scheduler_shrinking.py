@@ -1,4 +1,4 @@
-"""Shrinking an SGLang finding by deleting operations (kvfuzz/campaign/scheduler/shrinking.py), as a campaign
+"""Shrinking an SGLang finding by deleting operations (kvfuzz/scheduler/shrinking.py), as a campaign
 shrinks a guided campaign's mutant or a failure whose shrinking by Hypothesis drifted: each corpus hang, padded with
 operations it does not need (a step before it, steps and a request after), shrinks back to the corpus trace's own
 program, every candidate replayed against the installed SGLang.

@@ -1,4 +1,4 @@
-"""Shrinking a vLLM finding by deleting operations (kvfuzz/campaign/scheduler/shrinking.py), as a campaign shrinks a
+"""Shrinking a vLLM finding by deleting operations (kvfuzz/scheduler/shrinking.py), as a campaign shrinks a
 guided campaign's mutant or a failure whose shrinking by Hypothesis drifted: on traces of engine_tests/data that
 campaigns saved unshrunk (86, 48 and 43 operations), each candidate replayed against the installed vLLM. The shrunk
 trace must be shorter, fail with the same signature when replayed on its own, and still be the known bug (its cause

@@ -1,4 +1,4 @@
-"""Shrinking a scheduler failure by deleting operations (kvfuzz/campaign/scheduler/shrinking.py over the deletion pass
+"""Shrinking a scheduler failure by deleting operations (kvfuzz/scheduler/shrinking.py over the deletion pass
 every target shares, kvfuzz/shrink/deletion.py, and the scheduler program's view of it, kvfuzz/scheduler/deletions.py),
 on a fake engine whose one bug is known exactly: aborting a request that asked for 7 tokens fails, once a step has
 run (before any step the same abort fails otherwise: another signature, which shrinking must not take)."""

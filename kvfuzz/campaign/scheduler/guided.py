@@ -15,7 +15,7 @@ target shares (:mod:`kvfuzz.campaign.feedback`: each example's coverage, the see
 
 A failure of a mutant is a finding like any: claimed by signature, saved as found, shrunk by deleting operations
 under its signature (a mutant is no Hypothesis example for Hypothesis to shrink:
-:mod:`kvfuzz.campaign.scheduler.shrinking`), and confirmed by a replay.
+:mod:`kvfuzz.scheduler.shrinking`), and confirmed by a replay.
 
 Invariant: the example boundaries are the journal's (the worker's :class:`~kvfuzz.campaign.feedback.FeedbackJournal`
 begins each example and tells the feedback), so coverage is taken per example in Hypothesis batches and in mutant

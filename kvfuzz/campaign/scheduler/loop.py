@@ -7,7 +7,7 @@ examples without shrinking. A failure's signature decides what happens next:
   finds the same example and shrinks it; the shrunk trace replaces the first when it fails with the same
   signature. Otherwise (Hypothesis's shrinking drifted to another failure, which is a finding of its own with its
   shrunk trace, or did not fail again) the first trace is shrunk by deleting operations under its signature
-  (:mod:`kvfuzz.campaign.scheduler.shrinking`) and replaces itself. One replay confirms the trace kept; a signature a
+  (:mod:`kvfuzz.scheduler.shrinking`) and replaces itself. One replay confirms the trace kept; a signature a
   corpus trace of a fixed bug reproduces is new too, a regression, and says so;
 * known (from a corpus trace) or met earlier in the campaign: counted, and the unshrunk trace saved for it removed.
 
@@ -310,7 +310,7 @@ def _by_deletion(
     drifted: Optional[Drifted] = None,
 ) -> BatchResult:
     """A new failure that Hypothesis's shrinking did not shrink (``why``): its trace as found shrunk by deleting
-    operations under its signature (:mod:`kvfuzz.campaign.scheduler.shrinking`) and confirmed by a replay; the
+    operations under its signature (:mod:`kvfuzz.scheduler.shrinking`) and confirmed by a replay; the
     finding's program and words then the shrunk trace's."""
     if first is None or first.error is not None:
         note = f"{why}: the trace is the example as found, not shrunk"
