@@ -32,7 +32,15 @@ from typing import Any, Callable, Mapping, Optional
 import attrs
 
 from kvfuzz.campaign.feedback import Feedback
-from kvfuzz.campaign.scheduler.loop import BatchPlan, BatchResult, IsNew, SchedulerCampaignOptions, searching_until
+from kvfuzz.campaign.scheduler.loop import (
+    BatchPlan,
+    BatchResult,
+    IsNew,
+    SchedulerCampaignOptions,
+    by_deletion,
+    confirmed,
+    searching_until,
+)
 from kvfuzz.campaign.scheduler.target import SchedulerTarget
 from kvfuzz.campaign.seeds import SEED_DIRECTORY, Seed, SeedPool
 from kvfuzz.coverage.scope import Scope, engine_scope
@@ -42,9 +50,7 @@ from kvfuzz.scheduler.mutate import mutate
 from kvfuzz.scheduler.program import Operation, Step, program_source
 from kvfuzz.scheduler.recorder import save_scheduler_trace
 from kvfuzz.scheduler.replay import ReplayRefused
-from kvfuzz.scheduler.replay_result import SchedulerReplay
 from kvfuzz.scheduler.search import Outcome, SearchCutOff
-from kvfuzz.scheduler.shrinking import confirm, shrink_saved
 from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.swarm import MODEL_RUNNER, NothingValid, SwarmConfig
 from kvfuzz.scheduler.trace import (
@@ -242,25 +248,11 @@ class Guidance:
         note = f"found by a mutant of seed {self.feedback.mutated}"
         if first.error is not None:
             return BatchResult(outcome, signature, first, saved=first, note=note, new=True)
-        saved = first
         if not self.options.shrink:
-            note = f"{note}; not shrunk (--no-shrink)"
-        else:
-            try:
-                saved, shrunk, shrunk_error = shrink_saved(first, signature, self._replay, plan.ends)
-            except KeyboardInterrupt:  # the campaign was stopped while shrinking: the finding stays, as found
-                note = f"{note}; shrinking interrupted (the campaign was stopped): the trace is the one found"
-                return BatchResult(outcome, signature, first, None, first, note, new=True, interrupted=True)
-            note = f"{note}; {shrunk}"
-            if shrunk_error is not None:  # the finding is the shrunk trace's: its program and its words
-                outcome = attrs.evolve(outcome, failure=shrunk_error, program=program_source(saved.trace.program))
-        reproduced, unconfirmed = confirm(saved.trace, signature, self._replay)
-        note = note if unconfirmed is None else f"{note}; {unconfirmed}"
-        return BatchResult(outcome, signature, first, None, saved, note, reproduced, new=True)
-
-    def _replay(self, trace: SchedulerTrace) -> SchedulerReplay:
-        """``trace`` replayed against the target, under the campaign's watchdog."""
-        return self.target.replay(trace, self.options.call_timeout)
+            return confirmed(
+                self.target, self.options, outcome, signature, first, first, f"{note}; not shrunk (--no-shrink)"
+            )
+        return by_deletion(self.target, self.options, plan, outcome, signature, first, note)
 
 
 def guidance(target: SchedulerTarget, options: SchedulerCampaignOptions, state: Any, slot: int) -> Optional[Guidance]:

@@ -279,7 +279,7 @@ def run_batch(
         raise shrunk.harness
     if shrunk.failure is None:
         note = "the batch searched again to shrink it did not fail"
-        return _by_deletion(target, options, plan, outcome, signature, first, note, shrunk)
+        return by_deletion(target, options, plan, outcome, signature, first, note, shrunk)
     other = scheduler_signature(target.name, shrunk.failure)
     if other != signature:  # the first trace stays; the other failure's shrunk trace is kept beside it
         new = is_new(other, None)  # a known (or earlier) other failure is counted, its trace not kept
@@ -287,18 +287,17 @@ def run_batch(
         where = f", its shrunk trace kept: {kept.path}" if kept is not None and kept.error is None else ""
         note = f"Hypothesis's shrinking met another failure ({other}{where})"
         drifted = Drifted(other, shrunk, kept if kept is not None and kept.error is None else None, new)
-        return _by_deletion(target, options, plan, outcome, signature, first, note, shrunk, drifted)
+        return by_deletion(target, options, plan, outcome, signature, first, note, shrunk, drifted)
     saved = shrinker.finish(shrunk.failure, shrunk=True)
     if saved is None or saved.error is not None:
         return BatchResult(outcome, signature, first, shrunk, saved or first, new=True)
     for found in (first, shrinker.first):  # the example as found, saved before shrinking: the shrunk one replaces it
         if found is not None and found.written and found.path != saved.path:
             found.path.unlink(missing_ok=True)
-    reproduced, unconfirmed = confirm(saved.trace, signature, lambda trace: target.replay(trace, options.call_timeout))
-    return BatchResult(outcome, signature, first, shrunk, saved, unconfirmed, reproduced, new=True)
+    return confirmed(target, options, outcome, signature, first, saved, None, shrunk)
 
 
-def _by_deletion(
+def by_deletion(
     target: SchedulerTarget,
     options: SchedulerCampaignOptions,
     plan: BatchPlan,
@@ -306,28 +305,46 @@ def _by_deletion(
     signature: Signature,
     first: Optional[SavedTrace[SchedulerTrace]],
     why: str,
-    shrunk: Outcome,
+    shrunk: Optional[Outcome] = None,
     drifted: Optional[Drifted] = None,
 ) -> BatchResult:
-    """A new failure that Hypothesis's shrinking did not shrink (``why``): its trace as found shrunk by deleting
-    operations under its signature (:mod:`kvfuzz.scheduler.shrinking`) and confirmed by a replay; the
-    finding's program and words then the shrunk trace's."""
+    """A new failure that Hypothesis's shrinking did not shrink (``why``: it drifted to another failure, or did not
+    fail again; or the failure is a guided campaign's mutant): its trace as found shrunk by deleting operations under
+    its signature (:mod:`kvfuzz.scheduler.shrinking`) and the trace kept confirmed by a replay; where a shorter one
+    was kept, the finding's program and words are its. ``shrunk`` is Hypothesis's shrinking search (None: none ran)."""
     if first is None or first.error is not None:
         note = f"{why}: the trace is the example as found, not shrunk"
         return BatchResult(outcome, signature, first, shrunk, first, note, new=True, drifted=drifted)
-
-    def replay(trace: SchedulerTrace) -> SchedulerReplay:
-        return target.replay(trace, options.call_timeout)
-
+    replay = replayer(target, options)
     try:
         saved, deleted, error = shrink_saved(first, signature, replay, plan.ends)
     except KeyboardInterrupt:  # the campaign was stopped while shrinking: the finding stays, as found
         note = f"{why}; shrinking interrupted (the campaign was stopped): the trace is the example as found"
         return BatchResult(outcome, signature, first, shrunk, first, note, new=True, drifted=drifted, interrupted=True)
-    note = f"{why}; the example as found {deleted}"
-    if error is None:
-        return BatchResult(outcome, signature, first, shrunk, first, note, new=True, drifted=drifted)
-    found = attrs.evolve(outcome, failure=error, program=program_source(saved.trace.program))
-    reproduced, unconfirmed = confirm(saved.trace, signature, replay)
-    note = note if unconfirmed is None else f"{note}; {unconfirmed}"
-    return BatchResult(found, signature, first, shrunk, saved, note, reproduced, new=True, drifted=drifted)
+    if error is not None:
+        outcome = attrs.evolve(outcome, failure=error, program=program_source(saved.trace.program))
+    return confirmed(
+        target, options, outcome, signature, first, saved, f"{why}; the example as found {deleted}", shrunk, drifted
+    )
+
+
+def confirmed(
+    target: SchedulerTarget,
+    options: SchedulerCampaignOptions,
+    outcome: Outcome,
+    signature: Signature,
+    first: Optional[SavedTrace[SchedulerTrace]],
+    saved: SavedTrace[SchedulerTrace],
+    note: Optional[str],
+    shrunk: Optional[Outcome] = None,
+    drifted: Optional[Drifted] = None,
+) -> BatchResult:
+    """A new finding whose trace is ``saved``, confirmed by one replay (what it found otherwise added to ``note``)."""
+    reproduced, unconfirmed = confirm(saved.trace, signature, replayer(target, options))
+    note = unconfirmed if note is None else note if unconfirmed is None else f"{note}; {unconfirmed}"
+    return BatchResult(outcome, signature, first, shrunk, saved, note, reproduced, new=True, drifted=drifted)
+
+
+def replayer(target: SchedulerTarget, options: SchedulerCampaignOptions) -> Callable[[SchedulerTrace], SchedulerReplay]:
+    """``target``'s replay of a trace under the campaign's watchdog (``--call-timeout``)."""
+    return lambda trace: target.replay(trace, options.call_timeout)
