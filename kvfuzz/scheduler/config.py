@@ -190,9 +190,16 @@ class SchedulerSetup:
                 "the offloading connector is driven only with synchronous scheduling and the full-attention model "
                 "(yet; docs/scheduler-connectors.md)"
             )
-        if self.kv_connector == "pd" and self.model != "full":
+        if self.kv_connector == "pd" and self.model not in ("full", "mamba-hybrid"):
             raise ValueError(
-                "the P/D connector is driven only with the full-attention model (yet; docs/scheduler-connectors.md)"
+                "the P/D connector is driven only with the full-attention model and the Mamba hybrid (yet; "
+                "docs/scheduler-connectors.md)"
+            )
+        if self.kv_connector == "pd" and self.model == "mamba-hybrid" and self.load_failures:
+            raise ValueError(
+                "the P/D connector on the Mamba hybrid is driven without load failures (yet): which of a failed "
+                "load's blocks vLLM recomputes when its Mamba state is among them is not modelled "
+                "(docs/scheduler-connectors.md)"
             )
         if self.kv_events_full and not self.kv_events:
             raise ValueError("full KV cache event reports need the KV cache events (--kv-events)")

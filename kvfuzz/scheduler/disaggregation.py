@@ -8,7 +8,10 @@ finished request's blocks, whose free vLLM delays). A sync load is performed bef
 async load and a send complete ``delay`` steps after the step that submitted them (0 to ``transfer_delay``, drawn
 per transfer from the request, so a replay draws the same), reported in that step's ``finished_recving`` or
 ``finished_sending``. A completed load writes the remote prefill's K/V (the reference's, under the request's
-namespace) into the slots of the positions it fills, so the content check then holds every loaded token to it.
+namespace) into the slots of the positions it fills in every attention group, so the content check then holds every
+loaded token to it; on a Mamba hybrid it also writes the state after its last token into each Mamba group's block
+for that state (as NIXL transfers the state-bearing block), so the Mamba state check holds the request's resumption
+to it.
 
 With ``load_failures`` an async load fails one time in three (drawn per request): part-way, its first blocks written
 and the rest reported in ``invalid_block_ids`` (two failures in three), or whole, nothing written and the request
@@ -33,7 +36,10 @@ output has been read:
   target of a load, and not written by a step;
 * with deferred frees, a block a request released while a step in flight reads it for that request is likewise
   not in the free queue, not reallocated (newly held beyond a prefix-cache hit, or a load's target) until that step's
-  output was processed.
+  output was processed;
+* a block a *running* request released while a step in flight reads it for that request (a Mamba group's earlier
+  state block, left as the state moved on: vLLM frees it at once, since a later step runs after the one in flight on
+  the device) is not a load's target until that step's output was processed (a load is not ordered on that stream).
 
 And (:attr:`Check.TRANSFER`): a load lands only in blocks its request holds (in the manager's table for it, not
 free), from its submission to its completion; an async load's blocks are all among those vLLM hands the connector as
@@ -42,8 +48,9 @@ block still carrying a hash there would go unloaded); no step reads or writes a 
 finished.
 
 The accounting check counts a send's blocks as its request's until the send's report was processed, and a
-deferred block as possibly held until the steps in flight when it was released returned; so a delayed block never
-freed (a leak) fails it."""
+deferred block as possibly held until the steps in flight when it was released returned (a block copy's two ends
+too, which vLLM retains until the step that runs the copy returned); so a delayed block never freed (a leak) fails
+it."""
 
 from __future__ import annotations
 
@@ -73,7 +80,10 @@ class RemoteLoad:
     load: Any
     ordered: int
     due: int
-    namespace: tuple[str, ...]  # the request's K/V namespace (the worker forgets it once the request finished)
+    salt: tuple[str, ...]  # the request's K/V namespace, its cache salt (the worker forgets it once it finished)
+    # per KV-cache group, the blocks the load writes: an attention group's blocks of the positions it fills (in block
+    # id order), a Mamba group's state block (the state after the load's last token); see PDWorker._targets
+    targets: tuple[tuple[int, ...], ...]
     filled: Optional[int] = None  # blocks of its targets it fills before it fails; None: it does not fail
     whole: bool = False  # it fails whole (fills nothing), reported in failed_recving rather than by its blocks
 
@@ -81,10 +91,10 @@ class RemoteLoad:
     def request(self) -> str:
         return str(self.load.request)
 
-    def targets(self, block_size: int) -> list[int]:
-        """The blocks the load writes: those of the positions it fills."""
-        blocks = self.load.blocks
-        return sorted({blocks[position // block_size] for position in range(self.load.start, self.load.stop)})
+    @property
+    def blocks(self) -> list[int]:
+        """Every block the load writes, group after group."""
+        return [block for group in self.targets for block in group]
 
 
 @attrs.frozen
@@ -105,6 +115,10 @@ class Released:
 
     request: str
     seen: int
+    # released by a request still running: a Mamba group's earlier state block, left as its state moved on. vLLM
+    # frees it at once (only a finished or preempted request's blocks are deferred), and rightly so for the steps,
+    # which run in order on the device after the one in flight; a load, which does not, must not fill it yet
+    running: bool = False
 
 
 class PDWorker:
@@ -131,7 +145,14 @@ class PDWorker:
         # under the "fail" policy: a failed async load's request -> the step whose output reported it
         self.failed: dict[str, int] = {}
         self.released: dict[int, list[Released]] = {}  # block -> who released it, while steps before are in flight
+        # with deferred frees: a step with block copies -> their ends (source and destination), which vLLM retains (a
+        # reference each) until that step's output was processed (``_free_cow_retained_blocks``: the copies run with
+        # the step)
+        self.retained: dict[int, list[int]] = {}
         self.last_held: dict[str, set[int]] = {}  # the live tables at the last launch
+        # the same, of the attention groups alone: what vLLM keeps of a sent request's tables (at its finish a Mamba
+        # group's earlier state blocks are freed, and only its state-bearing block is handed over and kept)
+        self.last_attention: dict[str, set[int]] = {}
         self.tally = TransferTally()
 
     @property
@@ -157,13 +178,16 @@ class PDWorker:
         launch, and check the blocks sends and deferred frees protect."""
         meta = output.kv_connector_metadata
         self.ordered = [
-            RemoteLoad(load, step, step, group_namespace(0) + worker.namespaces[load.request]) for load in meta.loads
+            RemoteLoad(load, step, step, worker.namespaces[load.request], self._targets(load, worker, step))
+            for load in meta.loads
         ]
         for send in meta.sends:
-            kept = tuple(sorted(set(send.blocks) | self.last_held.get(send.request, set())))
+            kept = tuple(sorted(set(send.blocks) | self.last_attention.get(send.request, set())))
             self.sends[send.request] = RemoteSend(send.request, kept, step, self._due("send", send.request, step))
         held = {request: set(blocks) for request, blocks in worker.holdings()[0].items()}
         in_flight = self.loop.in_flight()
+        if self.deferring and output.kv_cache_block_copies:
+            self.retained[step] = [end for copy in output.kv_cache_block_copies for end in copy]
         for block in list(self.released):
             self.released[block] = [entry for entry in self.released[block] if in_flight and in_flight[0] < entry.seen]
             if not self.released[block]:
@@ -171,18 +195,30 @@ class PDWorker:
         if self.deferring and in_flight:
             for request, blocks in self.last_held.items():
                 for block in sorted(blocks - held.get(request, set())):
-                    self.released.setdefault(block, []).append(Released(request, step))
+                    self.released.setdefault(block, []).append(Released(request, step, request in held))
         self._check_protected(output, worker, held, step)
         self.last_held = held
+        self.last_attention = {
+            request: {
+                block
+                for rule in worker.groups
+                for block in state.tables[rule.index][rule.first_kept_entry(state.computed, self.block_size) :]
+                if block != 0
+            }
+            for request, state in worker.requests.items()
+            if not state.preempted
+        }
 
     def holding(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-        """What the accounting check adds to the live tables: the blocks each send in flight holds, and those a
-        request released that vLLM may still hold back (deferred frees)."""
+        """What the accounting check adds to the live tables: the blocks each send in flight holds, and those vLLM
+        may still hold back (deferred frees: blocks a request released, a block copy's ends)."""
         held = {send.request: list(send.blocks) for send in self.sends.values()}
         maybe: dict[str, list[int]] = {}
         for block, entries in self.released.items():
             for entry in entries:
                 maybe.setdefault(entry.request, []).append(block)
+        for step, ends in self.retained.items():
+            maybe[f"the block copies of step {step} (their ends retained)"] = ends
         return held, maybe
 
     def before_forward(self, output: Any, worker: Any, step: int) -> None:
@@ -220,7 +256,7 @@ class PDWorker:
             if remote.whole:
                 failed.add(request)
             elif remote.filled is not None:
-                invalid.update(remote.targets(self.block_size)[remote.filled :])
+                invalid.update(remote.blocks[remote.filled :])
             if remote.filled is not None and self.fails_requests:
                 self.failed[request] = step
         sending: set[str] = set()
@@ -247,7 +283,9 @@ class PDWorker:
 
     def collected(self, step: int) -> None:
         """Step ``step``'s output was processed: the sends it reported no longer hold their blocks, the loads it
-        reported are the scheduler's to promote."""
+        reported are the scheduler's to promote, the block copies it ran no longer retain their sources."""
+        for copied in [copied for copied in self.retained if copied <= step]:
+            del self.retained[copied]
         for request, reported in list(self.received.items()):
             if reported <= step:
                 del self.received[request]
@@ -268,37 +306,65 @@ class PDWorker:
             return remote
         if _draw("whole", request) % 3 == 0:
             return attrs.evolve(remote, filled=0, whole=True)
-        return attrs.evolve(remote, filled=_draw("filled", request) % len(remote.targets(self.block_size)))
+        return attrs.evolve(remote, filled=_draw("filled", request) % len(remote.blocks))
+
+    def _targets(self, load: Any, worker: Any, step: int) -> tuple[tuple[int, ...], ...]:
+        """The blocks ``load`` writes, per group (:attr:`RemoteLoad.targets`); a Mamba group's table without a real
+        block where the state after the load's last token lives fails the transfer check."""
+        size = self.block_size
+        targets: list[tuple[int, ...]] = [() for _ in load.tables]
+        for rule in worker.groups:
+            table = load.tables[rule.index]
+            targets[rule.index] = tuple(sorted({table[position // size] for position in range(load.start, load.stop)}))
+        entry = worker.mamba.target_entry(load.stop)
+        for group in worker.mamba.groups:
+            table = load.tables[group]
+            if entry >= len(table) or table[entry] == 0:
+                raise SchedulerViolation(
+                    Check.TRANSFER,
+                    step,
+                    load.request,
+                    f"the remote load of request {load.request}'s positions {load.start}..{load.stop - 1} carries its "
+                    f"Mamba state after {load.stop} tokens, which lives in table entry {entry} of Mamba group {group}; "
+                    f"but the table vLLM handed the connector there is {list(table)}",
+                    "a load's Mamba state without its block",
+                )
+            targets[group] = (table[entry],)
+        return tuple(targets)
 
     def _complete(self, remote: RemoteLoad, worker: Any, step: int) -> None:
-        """Write the remote prefill's K/V of the positions the load fills into their slots (a failed load's only
-        up to its first failed block: the slots past it are marked as a failed load's, for the content check)."""
+        """Write the remote prefill's K/V of the positions the load fills into their slots in every attention group
+        (a failed load's only up to its first failed block: the slots past it are marked as a failed load's, for the
+        content check), and the state after its last token into every Mamba group's state block."""
         load = remote.load
         self.tally.loads += 1
-        namespace = remote.namespace
-        tags = prefix_tags(namespace, list(load.tokens))
         positions = range(load.start, load.stop)
         size = self.block_size
-        slots = [load.blocks[position // size] * size + position % size for position in positions]
         kv = worker.kv
-        unfilled = set(remote.targets(size)[remote.filled :]) if remote.filled is not None else set()
+        unfilled = set(remote.blocks[remote.filled :]) if remote.filled is not None else set()
         self.tally.failed_loads += int(remote.filled is not None)
-        for slot, position in zip(slots, positions):
-            if slot // size in unfilled:
-                kv.loaded[slot] = False
-                continue
-            kv.shadow[slot] = Write(remote.request, position, tags[position], step, namespace)
-            kv.loaded[slot] = True
+        for rule in worker.groups:
+            namespace = group_namespace(rule.index) + remote.salt
+            tags = prefix_tags(namespace, list(load.tokens))
+            table = load.tables[rule.index]
+            for position in positions:
+                slot = table[position // size] * size + position % size
+                if slot // size in unfilled:
+                    kv.loaded[slot] = False
+                    continue
+                kv.shadow[slot] = Write(remote.request, position, tags[position], step, namespace)
+                kv.loaded[slot] = True
+        worker.mamba.load(remote.request, load.tables, list(load.tokens), remote.salt, step)
 
     # -- the checks ----------------------------------------------------------------------------------------------
 
-    def _manager_table(self, request: str) -> Optional[list[int]]:
-        """vLLM's own table for ``request`` (None: the scheduler no longer holds it), read without adding one (the
-        managers' ``req_to_blocks`` are defaultdicts)."""
+    def _manager_table(self, request: str) -> Optional[list[list[int]]]:
+        """vLLM's own tables for ``request``, one per group (None: the scheduler no longer holds it), read without
+        adding one (the managers' ``req_to_blocks`` are defaultdicts)."""
         if request not in self.scheduler.requests:
             return None
-        (manager,) = self.scheduler.kv_cache_manager.coordinator.single_type_managers
-        return [block.block_id for block in manager.req_to_blocks.get(request, ())]
+        managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
+        return [[block.block_id for block in manager.req_to_blocks.get(request, ())] for manager in managers]
 
     def _free(self) -> set[int]:
         pool = self.scheduler.kv_cache_manager.block_pool
@@ -309,35 +375,46 @@ class PDWorker:
         connector (NIXL's) writes a load into those blocks only, so a block with a hash there would be left unwritten
         (or a cached block shared with other requests overwritten)."""
         load = remote.load
-        for block in remote.targets(self.block_size):
-            if block in load.unhashed:
-                continue
-            positions = [p for p in range(load.start, load.stop) if load.blocks[p // self.block_size] == block]
-            raise SchedulerViolation(
-                Check.TRANSFER,
-                step,
-                remote.request,
-                f"the async remote load of request {remote.request}'s positions {load.start}..{load.stop - 1} "
-                f"(ordered at step {remote.ordered}) writes block {block} (positions {positions[0]}..{positions[-1]}),"
-                f" but the blocks vLLM handed the connector as not yet cached (get_unhashed_block_ids_all_groups, what "
-                f"a P2P connector loads into) are {list(load.unhashed)}: block {block} carries a block hash, so such a "
-                "connector would not load it",
-                "a load's block with a block hash",
-            )
+        for group, blocks in enumerate(remote.targets):
+            unhashed = load.unhashed[group]
+            for block in blocks:
+                if block in unhashed:
+                    continue
+                table = load.tables[group]
+                positions = [p for p in range(load.start, load.stop) if table[p // self.block_size] == block]
+                what = (
+                    f"positions {positions[0]}..{positions[-1]}"
+                    if positions
+                    else f"its Mamba state after {load.stop} tokens"
+                ) + ("" if len(remote.targets) == 1 else f" in group {group}")
+                raise SchedulerViolation(
+                    Check.TRANSFER,
+                    step,
+                    remote.request,
+                    f"the async remote load of request {remote.request}'s positions {load.start}..{load.stop - 1} "
+                    f"(ordered at step {remote.ordered}) writes block {block} ({what}), but the blocks vLLM handed "
+                    f"the connector as not yet cached there (get_unhashed_block_ids_all_groups, what a P2P connector "
+                    f"loads into) are {list(unhashed)}: block {block} carries a block hash, so such a connector "
+                    "would not load it",
+                    "a load's block with a block hash",
+                )
 
     def _check_lands(self, remote: RemoteLoad, when: str, step: int) -> None:
         """Every block ``remote`` writes is in its request's table (vLLM's own) and not in the free queue."""
-        table = self._manager_table(remote.request)
+        tables = self._manager_table(remote.request)
+        held = set() if tables is None else {block for table in tables for block in table}
         free = self._free()
-        for block in remote.targets(self.block_size):
-            if table is not None and block in table and block not in free:
+        for block in remote.blocks:
+            if block in held and block not in free:
                 continue
             found = (
                 f"vLLM no longer holds request {remote.request}"
-                if table is None
+                if tables is None
                 else f"block {block} is in the free queue"
                 if block in free
-                else f"vLLM's table for {remote.request} is {table}"
+                else f"vLLM's table for {remote.request} is {tables[0]}"
+                if len(tables) == 1
+                else f"vLLM's tables for {remote.request} are {tables}"
             )
             raise SchedulerViolation(
                 Check.TRANSFER,
@@ -349,27 +426,42 @@ class PDWorker:
                 "a load into a block its request does not hold",
             )
 
-    def _protected(self) -> dict[int, str]:
-        """The blocks no other owner may take now, each with why (for the message)."""
-        why: dict[int, str] = {}
+    def _protected(self) -> dict[int, tuple[str, bool]]:
+        """The blocks no other owner may take now, each with why (for the message) and whether only a load may not
+        (a running request's released block: see :class:`Released`)."""
+        why: dict[int, tuple[str, bool]] = {}
         for block, entries in sorted(self.released.items()):
             readers = self.loop.readers.get(block, {})
-            for entry in entries:
+            for entry in sorted(entries, key=lambda entry: entry.running):  # a deferred free's reason first
                 steps = sorted(s for s, requests in readers.items() if entry.request in requests)
-                if steps:
+                if steps and entry.running:
                     why.setdefault(
                         block,
-                        f"request {entry.request} released it (seen at step {entry.seen}) while step {steps[0]}, which "
-                        f"reads it for {entry.request}, is in flight: vLLM defers its free until that step's output "
-                        "is processed",
+                        (
+                            f"request {entry.request}'s state moved on from it (seen at step {entry.seen}) while step "
+                            f"{steps[0]}, which reads it for {entry.request}, is in flight: a later step runs after "
+                            "that one on the device, a load does not",
+                            True,
+                        ),
+                    )
+                elif steps:
+                    why.setdefault(
+                        block,
+                        (
+                            f"request {entry.request} released it (seen at step {entry.seen}) while step {steps[0]}, "
+                            f"which reads it for {entry.request}, is in flight: vLLM defers its free until that step's "
+                            "output is processed",
+                            False,
+                        ),
                     )
         for send in self.sends.values():
             for block in send.blocks:
-                why.setdefault(
-                    block,
+                reason = (
                     f"request {send.request} finished and its send (ordered at step {send.ordered}) has not been "
-                    "reported done: the connector delayed its free",
+                    "reported done: the connector delayed its free"
                 )
+                if why.get(block, ("", True))[1]:
+                    why[block] = (reason, False)
         return why
 
     def _check_protected(self, output: Any, worker: Any, held: dict[str, set[int]], step: int) -> None:
@@ -377,19 +469,17 @@ class PDWorker:
         if not protected:
             return
         free = self._free()
-        for block, why in sorted(protected.items()):
+        for block, (why, loads_only) in sorted(protected.items()):
             taker: Optional[tuple[str, str]] = None
-            if block in free:
+            if block in free and not loads_only:
                 taker = ("", "the block is in the free queue")
             for request in sorted(held):
-                state = worker.requests[request]
-                entries = [index for index, table_block in enumerate(state.table) if table_block == block]
                 new = block not in self.last_held.get(request, set())
-                if taker is None and new and any((index + 1) * self.block_size > state.hit for index in entries):
+                if taker is None and new and not loads_only and block in self._beyond_hit(worker, request):
                     taker = (request, f"request {request}'s table takes it beyond its prefix-cache hit")
             for remote in self.ordered:
-                if taker is None and block in remote.targets(self.block_size):
-                    taker = (remote.request, f"step {step} orders a load of request {remote.request} into it")
+                if taker is None and block in remote.blocks:
+                    taker = (remote.request, f"a load of request {remote.request} into it is ordered")
             if taker is None:
                 self.tally.deferred += int("defers" in why)
                 continue
@@ -397,14 +487,39 @@ class PDWorker:
                 Check.DELAYED_FREE,
                 step,
                 taker[0] or None,
-                f"block {block} must stay out of the pool: {why}; but at step {step} {taker[1]}",
-                "a deferred free returned early" if "defers" in why else "a delayed free returned before its send",
+                f"block {block} must stay out of {'loads' if loads_only else 'the pool'}: {why}; but at step {step} "
+                f"{taker[1]}",
+                "a load into a block a step in flight reads"
+                if loads_only
+                else "a deferred free returned early"
+                if "defers" in why
+                else "a delayed free returned before its send",
             )
+
+    def _beyond_hit(self, worker: Any, request: str) -> set[int]:
+        """The blocks of ``request``'s tables past its prefix-cache hit, by each group's block size: those the prefix
+        cache did not hand it (in a Mamba group, of the entries it still holds: align mode's earlier entries may be
+        ids of blocks vLLM took back, which the worker's table keeps)."""
+        state = worker.requests[request]
+        beyond = {
+            block
+            for rule in worker.groups
+            for index, block in enumerate(state.tables[rule.index])
+            if (index + 1) * self.block_size > state.hit
+        }
+        for group in worker.mamba.groups:
+            table = state.tables[group]
+            held = set(worker.mamba.held_entries(table, state.computed)[0])
+            size = worker.mamba.block_size
+            beyond.update(
+                block for index, block in enumerate(table) if block in held and (index + 1) * size > state.hit
+            )
+        return beyond
 
     def _check_step(self, output: Any, worker: Any, step: int) -> None:
         """No block the step writes has a send or an async load in flight; no block it reads has an async load in
         flight."""
-        loading = {block: remote for remote in self.loads.values() for block in remote.targets(self.block_size)}
+        loading = {block: remote for remote in self.loads.values() for block in remote.blocks}
         sending = {block: send for send in self.sends.values() for block in send.blocks}
         if not loading and not sending:
             return

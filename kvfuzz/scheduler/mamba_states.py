@@ -120,6 +120,16 @@ class MambaStates:
             self.check_exclusive(request, group, block, held, step)
             self.states[(group, block)] = StateWrite(request, span.stop, tags[span.stop - 1], step)
 
+    def load(
+        self, request: str, tables: tuple[tuple[int, ...], ...], tokens: list[int], salt: tuple[str, ...], step: int
+    ) -> None:
+        """A connector's load of ``request``'s first ``len(tokens)`` tokens wrote the state after them into each
+        Mamba group's block for it (the entry :meth:`target_entry` names; the caller checked it is a real block)."""
+        end = len(tokens)
+        for group in self.groups:
+            tag = prefix_tags(group_namespace(group) + salt, tokens)[end - 1]
+            self.states[(group, tables[group][self.target_entry(end)])] = StateWrite(request, end, tag, step)
+
     def _block(self, request: str, group: int, table: list[int], entry: int, how: str, step: int) -> int:
         if entry >= len(table) or table[entry] == 0:
             raise SchedulerViolation(

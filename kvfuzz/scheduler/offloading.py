@@ -361,12 +361,16 @@ class OffloadingWorker:
 
 def step_blocks(output: Any, worker: Any, block_size: int) -> Iterator[tuple[str, int, set[int], set[int]]]:
     """Each request a step schedules, as a connector's checks see it: the request, the position it computes from,
-    the blocks of its table the step writes, and those it reads (every block up to its last scheduled token)."""
+    the blocks of its tables the step writes, and those it reads (in an attention group every block up to its last
+    scheduled token; in a Mamba group the state blocks it reads and writes)."""
     for request, count in output.num_scheduled_tokens.items():
-        table = worker.requests[request].table
+        tables = worker.requests[request].tables
         start = worker.computed[request]
-        written = {table[p // block_size] for p in range(start, start + count) if p // block_size < len(table)}
-        read = set(table[: -(-(start + count) // block_size)])
+        read, written = worker.mamba.touched(tables, range(start, start + count))
+        for rule in worker.groups:
+            table = tables[rule.index]
+            written |= {table[p // block_size] for p in range(start, start + count) if p // block_size < len(table)}
+            read |= set(table[: -(-(start + count) // block_size)])
         yield request, start, written, read
 
 

@@ -74,14 +74,14 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("eos", BOOLEAN, chance(0.25)),  # requests ending at EOS, or ignoring it
     Dimension("min_tokens", BOOLEAN, chance(0.25)),  # stop tokens and EOS masked before min_tokens
     # vLLM's OffloadingConnector 1 time in 5, refused (and redrawn) under async scheduling or a hybrid model;
-    # kvfuzz's P/D connector 1 time in 5 (refused with a hybrid model), with async scheduling vLLM's deferred frees;
-    # with either, late transfers (docs/scheduler-connectors.md)
+    # kvfuzz's P/D connector 1 time in 5 (refused with the sliding window and chunked local attention), with async
+    # scheduling vLLM's deferred frees; with either, late transfers (docs/scheduler-connectors.md)
     Dimension("kv_connector", ("none", "offloading", "pd"), split(0.4, 0.2), stratified=True),
     Dimension("transfer_delay", (0, 1, 2, 3), weighted((2, 1, 1, 1)), needs=("kv_connector", ("offloading", "pd"))),
-    # failed loads half the time with the P/D connector; with the offloading connector only when pinned (--pin
-    # load_failures=true): vLLM's own worker for it never reports one, and the scheduler's generic recovery then hangs
-    # (docs/scheduler-connectors.md)
-    Dimension("load_failures", BOOLEAN, chance(0.5), needs=("kv_connector", "pd")),
+    # failed loads half the time with the P/D connector on the full-attention model (not driven on the Mamba hybrid);
+    # with the offloading connector only when pinned (--pin load_failures=true): vLLM's own worker for it never
+    # reports one, and the scheduler's generic recovery then hangs (docs/scheduler-connectors.md)
+    Dimension("load_failures", BOOLEAN, chance(0.5), needs=("kv_connector", "pd"), also_needs=("model", "full")),
     # LoRA: max_loras 1 or 2 half the time, requests drawn with one of max_loras + 1 adapters (the limit bites) or none
     Dimension("max_loras", (0, 1, 2), weighted((2, 1, 1))),
     # the client resets the prefix cache a quarter of the time (refused, and redrawn, with a KV connector), vLLM's
