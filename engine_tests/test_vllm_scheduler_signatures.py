@@ -60,6 +60,9 @@ CAUSES: dict[str, Callable[[SchedulerTrace, pytest.MonkeyPatch], SchedulerTrace]
     "offloading-one-token-reload-starves-waiting.json": reload_fixed,
     "offloading-one-token-reload-with-drafts.json": reload_fixed,
     "pd-load-gate-hang.json": gate_without_spec_reservation,
+    "pd-mamba-partial-hit-admission-hang.json": without_partial_hits,
+    "pd-mamba-partial-hit-drain-hang.json": without_partial_hits,
+    "pd-mamba-partial-hit-preempted-hang.json": without_partial_hits,
     "sessions-holding-waiting-deadlock.json": gate_after_the_skip,
 }
 
