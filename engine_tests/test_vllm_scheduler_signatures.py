@@ -58,6 +58,7 @@ def gate_after_the_skip(trace: SchedulerTrace, monkeypatch: pytest.MonkeyPatch) 
 CAUSES: dict[str, Callable[[SchedulerTrace, pytest.MonkeyPatch], SchedulerTrace]] = {
     "mamba-partial-hit-preempted-hang.json": without_partial_hits,
     "offloading-one-token-reload-starves-waiting.json": reload_fixed,
+    "offloading-load-gate-preempted-hang.json": gate_without_spec_reservation,
     "offloading-one-token-reload-with-drafts.json": reload_fixed,
     "pd-load-gate-hang.json": gate_without_spec_reservation,
     "pd-mamba-partial-hit-admission-hang.json": without_partial_hits,
