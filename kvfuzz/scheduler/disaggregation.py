@@ -283,7 +283,7 @@ class PDWorker:
 
     def collected(self, step: int) -> None:
         """Step ``step``'s output was processed: the sends it reported no longer hold their blocks, the loads it
-        reported are the scheduler's to promote, the block copies it ran no longer retain their sources."""
+        reported are the scheduler's to promote, the block copies it ran no longer retain their ends."""
         for copied in [copied for copied in self.retained if copied <= step]:
             del self.retained[copied]
         for request, reported in list(self.received.items()):
