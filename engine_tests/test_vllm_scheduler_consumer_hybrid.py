@@ -20,6 +20,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from kvfuzz.scheduler.config import SchedulerSetup
+from kvfuzz.scheduler.pd_connector import KvfuzzPDConnector
 from kvfuzz.scheduler.violations import Check
 
 HYBRID = SchedulerSetup(
@@ -110,6 +111,33 @@ def mamba_blocks_freed_before_the_send(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Scheduler, "_free_request", free_request)
 
 
+def state_block_not_handed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded bug: the blocks vLLM hands the connector when it orders a load (``update_state_after_alloc``) lack each
+    Mamba group's last block, the one the state after the load's last token lives in (a view taken before the Mamba
+    group's new block was appended)."""
+
+    class WithoutStateBlock:
+        def __init__(self, blocks: Any, mamba: set[int]) -> None:
+            self.blocks = blocks
+            self.mamba = mamba
+
+        def get_block_ids(self) -> tuple[list[int], ...]:
+            ids = self.blocks.get_block_ids()
+            return tuple(group[:-1] if index in self.mamba else group for index, group in enumerate(ids))
+
+        def get_unhashed_block_ids_all_groups(self) -> Any:
+            return self.blocks.get_unhashed_block_ids_all_groups()
+
+    original = KvfuzzPDConnector.update_state_after_alloc
+
+    def update_state_after_alloc(self: Any, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        groups = self._kv_cache_config.kv_cache_groups
+        mamba = {index for index, group in enumerate(groups) if type(group.kv_cache_spec).__name__ == "MambaSpec"}
+        original(self, request, WithoutStateBlock(blocks, mamba), num_external_tokens)
+
+    monkeypatch.setattr(KvfuzzPDConnector, "update_state_after_alloc", update_state_after_alloc)
+
+
 def partial_tail_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded bug: ``truncate_computed_blocks`` returns the local hit untrimmed, so a remote hit that supersedes a
     partial local tail is loaded over a block the prefix cache shares."""
@@ -147,8 +175,15 @@ def state_freed_on_the_optimistic_count(monkeypatch: pytest.MonkeyPatch) -> None
         (mamba_blocks_freed_before_the_send, HYBRID, Check.DELAYED_FREE, "a delayed free returned before its send"),
         (partial_tail_kept, PARTIAL, Check.TRANSFER, "a load's block with a block hash"),
         (state_freed_on_the_optimistic_count, ASYNC, Check.DELAYED_FREE, "a load into a block a step in flight reads"),
+        (state_block_not_handed_over, HYBRID, Check.TRANSFER, "a load's Mamba state without its block"),
     ],
-    ids=["diverged-not-reconciled", "mamba-freed-before-send", "partial-tail-kept", "state-freed-early"],
+    ids=[
+        "diverged-not-reconciled",
+        "mamba-freed-before-send",
+        "partial-tail-kept",
+        "state-freed-early",
+        "no-state-block",
+    ],
 )
 def test_a_seeded_vllm_bug_is_caught(
     monkeypatch: pytest.MonkeyPatch,
