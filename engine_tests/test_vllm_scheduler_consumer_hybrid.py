@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import attrs
 import pytest
-from test_vllm_scheduler_consumer import first_failure, run_examples
+from test_vllm_scheduler_consumer import failed_receive_ignored, first_failure, run_examples
 from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator, KVCacheCoordinator
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -30,6 +30,8 @@ PARTIAL = attrs.evolve(HYBRID, num_blocks=10, block_size=4, prefix_match_unit=1)
 NO_CACHING = attrs.evolve(HYBRID, prefix_caching=False)  # one state block per request (mamba_cache_mode "none")
 ASYNC = attrs.evolve(HYBRID, async_scheduling=True)  # two batches in flight: vLLM's deferred frees
 ASYNC_PARTIAL = attrs.evolve(PARTIAL, async_scheduling=True)  # block copies whose ends vLLM retains for the step
+FAILING = attrs.evolve(HYBRID, load_failures=True)  # failed loads: whole only, vLLM takes them by request here
+FAILING_FAIL = attrs.evolve(FAILING, load_failure_policy="fail")
 
 
 def counting(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
@@ -176,6 +178,7 @@ def state_freed_on_the_optimistic_count(monkeypatch: pytest.MonkeyPatch) -> None
         (partial_tail_kept, PARTIAL, Check.TRANSFER, "a load's block with a block hash"),
         (state_freed_on_the_optimistic_count, ASYNC, Check.DELAYED_FREE, "a load into a block a step in flight reads"),
         (state_block_not_handed_over, HYBRID, Check.TRANSFER, "a load's Mamba state without its block"),
+        (failed_receive_ignored, FAILING, Check.CONTENT, "a block a failed connector load never filled"),
     ],
     ids=[
         "diverged-not-reconciled",
@@ -183,6 +186,7 @@ def state_freed_on_the_optimistic_count(monkeypatch: pytest.MonkeyPatch) -> None
         "partial-tail-kept",
         "state-freed-early",
         "no-state-block",
+        "failed-receive-ignored",
     ],
 )
 def test_a_seeded_vllm_bug_is_caught(
@@ -197,6 +201,21 @@ def test_a_seeded_vllm_bug_is_caught(
     assert (failure.check, failure.cause) == (check, cause), failure
 
 
-def test_the_connector_is_refused_on_the_hybrid_with_load_failures() -> None:
-    with pytest.raises(ValueError, match="the P/D connector on the Mamba hybrid is driven without load failures"):
-        attrs.evolve(HYBRID, load_failures=True)
+@pytest.mark.parametrize("setup", [FAILING, FAILING_FAIL], ids=["recompute", "fail"])
+def test_failed_loads_on_the_hybrid_are_whole_and_the_unmodified_scheduler_recovers(
+    monkeypatch: pytest.MonkeyPatch, setup: SchedulerSetup
+) -> None:
+    """Block ids are unique only within a group, so vLLM refuses block-level failures (``invalid_block_ids``) on a
+    hybrid and takes them by request (``failed_recving``): every failed load is whole, and vLLM's recovery (recompute
+    from nothing, or finish the request with an error) passes every check, the Mamba state's included."""
+    handled: list[set[str]] = []
+    original = Scheduler._handle_failed_recving
+
+    def handle(self: Any, failed: set[str]) -> set[str]:
+        handled.append(set(failed))
+        return original(self, failed)
+
+    monkeypatch.setattr(Scheduler, "_handle_failed_recving", handle)
+    tally = run_examples(setup, 12)
+    assert tally.loads > tally.failed_loads > 0, tally
+    assert sum(map(len, handled)) == tally.failed_loads, (handled, tally)

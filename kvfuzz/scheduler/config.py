@@ -195,12 +195,6 @@ class SchedulerSetup:
                 "the P/D connector is driven only with the full-attention model and the Mamba hybrid (yet; "
                 "docs/scheduler-connectors.md)"
             )
-        if self.kv_connector == "pd" and self.model == "mamba-hybrid" and self.load_failures:
-            raise ValueError(
-                "the P/D connector on the Mamba hybrid is driven without load failures (yet): which of a failed "
-                "load's blocks vLLM recomputes when its Mamba state is among them is not modelled "
-                "(docs/scheduler-connectors.md)"
-            )
         if self.kv_events_full and not self.kv_events:
             raise ValueError("full KV cache event reports need the KV cache events (--kv-events)")
         if self.prefix_resets and self.kv_connector == "pd":

@@ -16,8 +16,10 @@ to it.
 With ``load_failures`` an async load fails one time in three (drawn per request): part-way, its first blocks written
 and the rest reported in ``invalid_block_ids`` (two failures in three), or whole, nothing written and the request
 reported in ``failed_recving``; both beside the request's ``finished_recving``, as a connector reports a load that
-ended. vLLM's recovery (``kv_load_failure_policy="recompute"``) must then count as computed only the positions before
-the first failed block and recompute the rest: a step that reads a position a failed load left unwritten, or a
+ended. With several KV-cache groups (the Mamba hybrid) every failure is whole: block ids are unique only within a
+group, so vLLM takes load failures there by request only (it refuses ``invalid_block_ids``). vLLM's recovery
+(``kv_load_failure_policy="recompute"``) must then count as computed only the positions before the first failed
+block and recompute the rest: a step that reads a position a failed load left unwritten, or a
 prefix-cache hit on such a block, fails the content check, which names the failed load as the cause. Under the
 ``fail`` policy (``SchedulerSetup.load_failure_policy``) vLLM must instead finish the request with an error as it
 processes the output that reports the failure (:meth:`PDWorker.failing` tells the output check which requests), and
@@ -300,11 +302,12 @@ class PDWorker:
         return step + _draw("delay", kind, request) % (self.max_delay + 1)
 
     def _failing(self, remote: RemoteLoad) -> RemoteLoad:
-        """An async load as it will complete: whole, failed part-way or failed whole (see the module)."""
+        """An async load as it will complete: whole, failed part-way or failed whole (see the module); with several
+        KV-cache groups a failure is always whole (vLLM takes them by request only there)."""
         request = remote.request
         if not self.load_failures or _draw("fails", request) % 3:
             return remote
-        if _draw("whole", request) % 3 == 0:
+        if _draw("whole", request) % 3 == 0 or len(remote.targets) > 1:
             return attrs.evolve(remote, filled=0, whole=True)
         return attrs.evolve(remote, filled=_draw("filled", request) % len(remote.blocks))
 
@@ -354,7 +357,8 @@ class PDWorker:
                     continue
                 kv.shadow[slot] = Write(remote.request, position, tags[position], step, namespace)
                 kv.loaded[slot] = True
-        worker.mamba.load(remote.request, load.tables, list(load.tokens), remote.salt, step)
+        if remote.filled is None:  # a failed load (whole, on a hybrid: see _failing) carries no state
+            worker.mamba.load(remote.request, load.tables, list(load.tokens), remote.salt, step)
 
     # -- the checks ----------------------------------------------------------------------------------------------
 

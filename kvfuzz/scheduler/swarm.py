@@ -78,10 +78,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
     # scheduling vLLM's deferred frees; with either, late transfers (docs/scheduler-connectors.md)
     Dimension("kv_connector", ("none", "offloading", "pd"), split(0.4, 0.2), stratified=True),
     Dimension("transfer_delay", (0, 1, 2, 3), weighted((2, 1, 1, 1)), needs=("kv_connector", ("offloading", "pd"))),
-    # failed loads half the time with the P/D connector on the full-attention model (not driven on the Mamba hybrid);
-    # with the offloading connector only when pinned (--pin load_failures=true): vLLM's own worker for it never
-    # reports one, and the scheduler's generic recovery then hangs (docs/scheduler-connectors.md)
-    Dimension("load_failures", BOOLEAN, chance(0.5), needs=("kv_connector", "pd"), also_needs=("model", "full")),
+    # failed loads half the time with the P/D connector (on the Mamba hybrid whole only); with the offloading
+    # connector only when pinned (--pin load_failures=true): vLLM's own worker for it never reports one, and the
+    # scheduler's generic recovery then hangs (docs/scheduler-connectors.md)
+    Dimension("load_failures", BOOLEAN, chance(0.5), needs=("kv_connector", "pd")),
     # LoRA: max_loras 1 or 2 half the time, requests drawn with one of max_loras + 1 adapters (the limit bites) or none
     Dimension("max_loras", (0, 1, 2), weighted((2, 1, 1))),
     # the client resets the prefix cache a quarter of the time (refused, and redrawn, with a KV connector), vLLM's
