@@ -200,16 +200,7 @@ class PDWorker:
                     self.released.setdefault(block, []).append(Released(request, step, request in held))
         self._check_protected(output, worker, held, step)
         self.last_held = held
-        self.last_attention = {
-            request: {
-                block
-                for rule in worker.groups
-                for block in state.tables[rule.index][rule.first_kept_entry(state.computed, self.block_size) :]
-                if block != 0
-            }
-            for request, state in worker.requests.items()
-            if not state.preempted
-        }
+        self.last_attention = {request: set(blocks) for request, blocks in worker.attention_holdings()[0].items()}
 
     def holding(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
         """What the accounting check adds to the live tables: the blocks each send in flight holds, and those vLLM
@@ -362,7 +353,7 @@ class PDWorker:
 
     # -- the checks ----------------------------------------------------------------------------------------------
 
-    def _manager_table(self, request: str) -> Optional[list[list[int]]]:
+    def _manager_tables(self, request: str) -> Optional[list[list[int]]]:
         """vLLM's own tables for ``request``, one per group (None: the scheduler no longer holds it), read without
         adding one (the managers' ``req_to_blocks`` are defaultdicts)."""
         if request not in self.scheduler.requests:
@@ -405,7 +396,7 @@ class PDWorker:
 
     def _check_lands(self, remote: RemoteLoad, when: str, step: int) -> None:
         """Every block ``remote`` writes is in its request's table (vLLM's own) and not in the free queue."""
-        tables = self._manager_table(remote.request)
+        tables = self._manager_tables(remote.request)
         held = set() if tables is None else {block for table in tables for block in table}
         free = self._free()
         for block in remote.blocks:

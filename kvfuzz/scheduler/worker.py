@@ -268,10 +268,8 @@ class Worker:
         read and write."""
         return {request: state.tables for request, state in self.requests.items() if not state.preempted}
 
-    def holdings(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-        """The blocks of the live tables across groups: those each request must hold (every entry a group still
-        needs), and those it may hold or may have released (a sliding-window group's entries wholly before its
-        window); vLLM's null block in neither."""
+    def attention_holdings(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """:meth:`holdings` of the attention groups alone."""
         held: dict[str, list[int]] = {}
         maybe: dict[str, list[int]] = {}
         for request, state in self.requests.items():
@@ -282,6 +280,16 @@ class Worker:
                 kept = rule.first_kept_entry(state.computed, self.block_size)
                 held.setdefault(request, []).extend(block for block in table[kept:] if block != 0)
                 maybe.setdefault(request, []).extend(block for block in table[:kept] if block != 0)
+        return held, maybe
+
+    def holdings(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """The blocks of the live tables across groups: those each request must hold (every entry a group still
+        needs), and those it may hold or may have released (a sliding-window group's entries wholly before its
+        window); vLLM's null block in neither."""
+        held, maybe = self.attention_holdings()
+        for request, state in self.requests.items():
+            if state.preempted:
+                continue
             for group in self.mamba.groups:  # the running state's block and those after it are held
                 must, may = self.mamba.held_entries(state.tables[group], state.computed)
                 held.setdefault(request, []).extend(must)
