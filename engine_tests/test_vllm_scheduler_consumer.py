@@ -253,53 +253,84 @@ def async_load_cached_early(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(KVCacheManager, "allocate_slots", allocate_slots)
 
 
-@pytest.mark.parametrize(
-    ("bug", "setup", "check", "cause"),
-    [
-        (invalid_blocks_kept_computed, FAILING, Check.CONTENT, "a block a failed connector load never filled"),
-        (failed_receive_ignored, FAILING, Check.CONTENT, "a block a failed connector load never filled"),
-        (truncated_past_the_failed_block, FAILING, Check.CONTENT, "a block a failed connector load never filled"),
-        (frees_not_deferred, ASYNC, Check.DELAYED_FREE, "a deferred free returned early"),
-        (delayed_free_ignored, SYNC, Check.DELAYED_FREE, "a delayed free returned before its send"),
-        (delayed_free_ignored, ASYNC, Check.DELAYED_FREE, "a delayed free returned before its send"),
-        (sent_blocks_leaked, SYNC, Check.ACCOUNTING, "the free count"),
-        (aborted_load_freed, SYNC, Check.TRANSFER, "a load into a block its request does not hold"),
-        (aborted_load_freed, ASYNC, Check.TRANSFER, "a load into a block its request does not hold"),
-        (failure_recomputed, FAILING_FAIL, Check.OUTPUTS, "a failed load's request not failed"),
-        (failure_recomputed, FAILING_FAIL_ASYNC, Check.OUTPUTS, "a failed load's request not failed"),
-        (failed_receive_ignored, FAILING_FAIL, Check.OUTPUTS, "a failed load's request not failed"),
-        (failure_failed, FAILING, Check.OUTPUTS, "an error finish without a failed load"),
-        (async_load_cached_early, SYNC, Check.TRANSFER, "a load's block with a block hash"),
-        (async_load_cached_early, ASYNC, Check.TRANSFER, "a load's block with a block hash"),
-    ],
-    ids=[
-        "invalid-kept",
-        "failed-receive-ignored",
-        "truncated-past-failed-block",
-        "not-deferred",
-        "delay-ignored-sync",
-        "delay-ignored-async",
-        "sent-leaked",
-        "abort-sync",
-        "abort-async",
-        "fail-recomputed-sync",
-        "fail-recomputed-async",
-        "fail-receive-ignored",
-        "recompute-failed",
-        "cached-early-sync",
-        "cached-early-async",
-    ],
+SeededBug = tuple[Callable[[pytest.MonkeyPatch], None], SchedulerSetup, Check, str]
+"""A bug seeded into vLLM (a function monkeypatching it), the setup the random programs of :func:`run_examples` run
+on, and the check and cause that must catch it."""
+
+
+def seeded_bugs_caught(cases: dict[str, SeededBug]) -> Callable[..., None]:
+    """A test, one case per entry of ``cases`` (its id -> :data:`SeededBug`): with the bug seeded, the first failure
+    the random programs meet is the named check's, for the named cause."""
+
+    @pytest.mark.parametrize(("bug", "setup", "check", "cause"), list(cases.values()), ids=list(cases))
+    def test(
+        monkeypatch: pytest.MonkeyPatch,
+        bug: Callable[[pytest.MonkeyPatch], None],
+        setup: SchedulerSetup,
+        check: Check,
+        cause: str,
+    ) -> None:
+        bug(monkeypatch)
+        failure = first_failure(setup)
+        assert (failure.check, failure.cause) == (check, cause), failure
+
+    return test
+
+
+test_a_seeded_vllm_bug_is_caught = seeded_bugs_caught(
+    {
+        "invalid-kept": (
+            invalid_blocks_kept_computed,
+            FAILING,
+            Check.CONTENT,
+            "a block a failed connector load never filled",
+        ),
+        "failed-receive-ignored": (
+            failed_receive_ignored,
+            FAILING,
+            Check.CONTENT,
+            "a block a failed connector load never filled",
+        ),
+        "truncated-past-failed-block": (
+            truncated_past_the_failed_block,
+            FAILING,
+            Check.CONTENT,
+            "a block a failed connector load never filled",
+        ),
+        "not-deferred": (frees_not_deferred, ASYNC, Check.DELAYED_FREE, "a deferred free returned early"),
+        "delay-ignored-sync": (
+            delayed_free_ignored,
+            SYNC,
+            Check.DELAYED_FREE,
+            "a delayed free returned before its send",
+        ),
+        "delay-ignored-async": (
+            delayed_free_ignored,
+            ASYNC,
+            Check.DELAYED_FREE,
+            "a delayed free returned before its send",
+        ),
+        "sent-leaked": (sent_blocks_leaked, SYNC, Check.ACCOUNTING, "the free count"),
+        "abort-sync": (aborted_load_freed, SYNC, Check.TRANSFER, "a load into a block its request does not hold"),
+        "abort-async": (aborted_load_freed, ASYNC, Check.TRANSFER, "a load into a block its request does not hold"),
+        "fail-recomputed-sync": (failure_recomputed, FAILING_FAIL, Check.OUTPUTS, "a failed load's request not failed"),
+        "fail-recomputed-async": (
+            failure_recomputed,
+            FAILING_FAIL_ASYNC,
+            Check.OUTPUTS,
+            "a failed load's request not failed",
+        ),
+        "fail-receive-ignored": (
+            failed_receive_ignored,
+            FAILING_FAIL,
+            Check.OUTPUTS,
+            "a failed load's request not failed",
+        ),
+        "recompute-failed": (failure_failed, FAILING, Check.OUTPUTS, "an error finish without a failed load"),
+        "cached-early-sync": (async_load_cached_early, SYNC, Check.TRANSFER, "a load's block with a block hash"),
+        "cached-early-async": (async_load_cached_early, ASYNC, Check.TRANSFER, "a load's block with a block hash"),
+    }
 )
-def test_a_seeded_vllm_bug_is_caught(
-    monkeypatch: pytest.MonkeyPatch,
-    bug: Callable[[pytest.MonkeyPatch], None],
-    setup: SchedulerSetup,
-    check: Check,
-    cause: str,
-) -> None:
-    bug(monkeypatch)
-    failure = first_failure(setup)
-    assert (failure.check, failure.cause) == (check, cause), failure
 
 
 def test_a_seeded_bug_is_found_by_a_run_and_its_trace_replays(

@@ -10,11 +10,11 @@ Runs in the vLLM environment (``scripts/third_party_env.sh vllm``; CI runs it th
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 import pytest
-from test_vllm_scheduler_consumer import failed_receive_ignored, first_failure, run_examples
+from test_vllm_scheduler_consumer import failed_receive_ignored, run_examples, seeded_bugs_caught
 from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator, KVCacheCoordinator
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -170,35 +170,41 @@ def state_freed_on_the_optimistic_count(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(KVCacheCoordinator, "remove_skipped_blocks", remove_skipped_blocks)
 
 
-@pytest.mark.parametrize(
-    ("bug", "setup", "check", "cause"),
-    [
-        (diverged_hit_not_reconciled, HYBRID, Check.CONTENT, "a Mamba state in the null block"),
-        (mamba_blocks_freed_before_the_send, HYBRID, Check.DELAYED_FREE, "a delayed free returned before its send"),
-        (partial_tail_kept, PARTIAL, Check.TRANSFER, "a load's block with a block hash"),
-        (state_freed_on_the_optimistic_count, ASYNC, Check.DELAYED_FREE, "a load into a block a step in flight reads"),
-        (state_block_not_handed_over, HYBRID, Check.TRANSFER, "a load's Mamba state without its block"),
-        (failed_receive_ignored, FAILING, Check.CONTENT, "a block a failed connector load never filled"),
-    ],
-    ids=[
-        "diverged-not-reconciled",
-        "mamba-freed-before-send",
-        "partial-tail-kept",
-        "state-freed-early",
-        "no-state-block",
-        "failed-receive-ignored",
-    ],
+test_a_seeded_vllm_bug_is_caught = seeded_bugs_caught(
+    {
+        "diverged-not-reconciled": (
+            diverged_hit_not_reconciled,
+            HYBRID,
+            Check.CONTENT,
+            "a Mamba state in the null block",
+        ),
+        "mamba-freed-before-send": (
+            mamba_blocks_freed_before_the_send,
+            HYBRID,
+            Check.DELAYED_FREE,
+            "a delayed free returned before its send",
+        ),
+        "partial-tail-kept": (partial_tail_kept, PARTIAL, Check.TRANSFER, "a load's block with a block hash"),
+        "state-freed-early": (
+            state_freed_on_the_optimistic_count,
+            ASYNC,
+            Check.DELAYED_FREE,
+            "a load into a block a step in flight reads",
+        ),
+        "no-state-block": (
+            state_block_not_handed_over,
+            HYBRID,
+            Check.TRANSFER,
+            "a load's Mamba state without its block",
+        ),
+        "failed-receive-ignored": (
+            failed_receive_ignored,
+            FAILING,
+            Check.CONTENT,
+            "a block a failed connector load never filled",
+        ),
+    }
 )
-def test_a_seeded_vllm_bug_is_caught(
-    monkeypatch: pytest.MonkeyPatch,
-    bug: Callable[[pytest.MonkeyPatch], None],
-    setup: SchedulerSetup,
-    check: Check,
-    cause: str,
-) -> None:
-    bug(monkeypatch)
-    failure = first_failure(setup)
-    assert (failure.check, failure.cause) == (check, cause), failure
 
 
 @pytest.mark.parametrize("setup", [FAILING, FAILING_FAIL], ids=["recompute", "fail"])
