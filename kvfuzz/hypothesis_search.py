@@ -4,11 +4,12 @@ derandomized the same way, its draws a function of the seed and the machine alon
 How it ended is one of four (:class:`Searched`): it passed; the machine raised on an example (the failure, shrunk by
 Hypothesis unless its settings leave shrinking out); Hypothesis's replay of a failing example went differently
 (``flaky``: Hypothesis's ``Flaky``, with the failure it first saw where it kept one), which the target settles from
-the failing examples it met itself; or Hypothesis itself failed otherwise, which is never a finding
-(``hypothesis_error``). A stop raised into the search from
-outside is never any of them: the user's Ctrl-C (:class:`~kvfuzz.program.safeguards.UserInterrupt`) is raised again,
-found inside whatever Hypothesis wrapped it in; a caller's cut-off (``cut_offs``) ends the search as ``cut_off``,
-likewise. Every other ``BaseException`` (a hang, kvfuzz's own harness error) passes through to the caller.
+the failing examples it met itself; or Hypothesis itself failed otherwise (its own error, or a plain exception its
+own code raised), which is never a finding (``hypothesis_error``). A stop raised into the search from outside is
+never any of them: the user's Ctrl-C (:class:`~kvfuzz.program.safeguards.UserInterrupt`) is raised again, found
+inside whatever Hypothesis wrapped it in or behind whatever Hypothesis's half-updated bookkeeping raised as it
+unwound; a caller's cut-off (``cut_offs``) ends the search as ``cut_off``, likewise. Every other ``BaseException``
+(a hang, kvfuzz's own harness error) passes through to the caller.
 
 Hypothesis seeds part of its generation with constants it reads from the source of "local" modules (any module not
 under ``site-packages``). kvfuzz's own modules are local when it runs from a checkout and not when it is installed,
@@ -22,9 +23,11 @@ source text says. Hypothesis's global constants (the edge cases it always tries)
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Iterator, Optional, cast
 
 import attrs
+import hypothesis
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as Settings
 from hypothesis.errors import Flaky, HypothesisException
@@ -32,7 +35,7 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 from hypothesis.statistics import collector
 
-from kvfuzz.program.safeguards import UserInterrupt, carried
+from kvfuzz.program.safeguards import UserInterrupt, carried, stop_behind
 
 
 @attrs.frozen
@@ -43,13 +46,15 @@ class Searched:
     failure: Optional[BaseException] = None  # what the machine raised on its falsifying example (first, when flaky):
     # an Exception, or inside a Flaky what the machine let through (a hang)
     flaky: Optional[Flaky] = None  # Hypothesis's replay of a failing example went differently, and said so here
-    hypothesis_error: Optional[HypothesisException] = None  # Hypothesis's own error, not a Flaky: never a finding
+    # Hypothesis's own error, not a Flaky (a HypothesisException, or a plain exception its own code raised): never a
+    # finding
+    hypothesis_error: Optional[Exception] = None
     cut_off: bool = False  # one of the caller's cut-offs ended it, raised bare or inside Hypothesis's error
     examples: Optional[int] = None  # examples of its explicit, reuse and generate phases (None: it reported none)
     report: tuple[str, ...] = ()  # what Hypothesis printed (where it prints its falsifying example)
 
     @property
-    def error(self) -> Optional[HypothesisException]:
+    def error(self) -> Optional[Exception]:
         """Hypothesis's own error, a Flaky included (None: it raised none)."""
         return self.flaky if self.flaky is not None else self.hypothesis_error
 
@@ -82,11 +87,42 @@ def search_machine(
             test()
     except HypothesisException as error:
         ended = _hypothesis_s(error, cut_offs)
-    except Exception as error:  # noqa: BLE001 -- whatever the machine raised is its failure
-        ended = Searched(failure=error)
+    except Exception as error:  # noqa: BLE001 -- what the machine raised is its failure, unless a stop caused it
+        ended = _exception_s(error, cut_offs)
     except cut_offs:
         ended = Searched(cut_off=True)
     return attrs.evolve(ended, examples=counted.examples, report=tuple(report))
+
+
+def _exception_s(error: Exception, cut_offs: tuple[type[BaseException], ...]) -> Searched:
+    """How a search that ended in a plain ``error`` ended. A stop raised from outside can land inside Hypothesis's
+    own bookkeeping (an alarm fires between two lines of its drawing code), which then fails on its half-updated
+    state as it unwinds (an ``IndexError`` in ``ConjectureData.stop_span``, an ``AssertionError``, with the stop as
+    their context): that is the stop, the user's interrupt raised again, a cut-off ending the search. An error
+    raised by Hypothesis's own code with no stop behind it is Hypothesis's error. Anything else is the machine's
+    failure."""
+    stop = stop_behind(error, (UserInterrupt, *cut_offs))
+    if isinstance(stop, UserInterrupt):
+        raise stop from None
+    if stop is not None:
+        return Searched(cut_off=True)
+    if _raised_by_hypothesis(error):
+        return Searched(hypothesis_error=error)
+    return Searched(failure=error)
+
+
+def _raised_by_hypothesis(error: BaseException) -> bool:
+    """Whether the innermost frame of ``error``'s traceback is Hypothesis's own code."""
+    traceback = error.__traceback__
+    if traceback is None:
+        return False
+    while traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    return _HYPOTHESIS_ROOT in traceback.tb_frame.f_code.co_filename
+
+
+_HYPOTHESIS_ROOT = os.path.join(os.path.dirname(os.path.abspath(hypothesis.__file__)), "")
+"""The directory of Hypothesis's package (a path that ends in a separator: ``hypothesis_foo`` is not under it)."""
 
 
 def _hypothesis_s(error: HypothesisException, cut_offs: tuple[type[BaseException], ...]) -> Searched:

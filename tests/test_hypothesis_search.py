@@ -159,3 +159,105 @@ def test_a_stop_that_is_not_the_caller_s_cut_off_passes_through() -> None:
     assert ended.cut_off and ended.failure is None and ended.error is None
     failing = hypothesis_search.search_machine(machine_raising(KeyError("k")), settings, seed=0)
     assert isinstance(failing.failure, KeyError) and failing.error is None and failing.examples
+
+
+class _Stop(BaseException):
+    """A stop raised from outside."""
+
+
+def test_a_stop_that_hypothesis_s_bookkeeping_fails_on_is_the_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop raised from outside can land between two lines of Hypothesis's drawing code, which then fails on its
+    half-updated state as it unwinds: an ``IndexError: pop from empty list`` in ``ConjectureData.stop_span``, with
+    the stop as its context (seen at a 90-second campaign's end, reported as a new crash "found" in Hypothesis). That
+    is the stop: the scheduler's search is cut off, the user's interrupt is raised again on both targets."""
+
+    def failing_as_it_unwinds(stop: BaseException) -> Callable[[], None]:
+        def test() -> None:
+            try:
+                raise stop
+            except BaseException:
+                [].pop()
+
+        return test
+
+    _ending(monkeypatch, failing_as_it_unwinds(scheduler_search.SearchCutOff()))
+    outcome = _scheduler_search(monkeypatch)
+    assert outcome.cut_off and outcome.failure is None and outcome.harness is None
+    _ending(monkeypatch, failing_as_it_unwinds(UserInterrupt()))
+    assert _allocator_run().interrupted
+    with pytest.raises(UserInterrupt):
+        _scheduler_search(monkeypatch)
+
+
+def test_an_error_raised_in_hypothesis_s_own_code_is_never_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain exception whose innermost frame is Hypothesis's (here an index past the end of one of its own integer
+    lists) is Hypothesis's error, not the machine's: the allocator's run raises it, the scheduler's search stops with
+    a harness error naming it."""
+    from hypothesis.internal.conjecture.junkdrawer import IntList
+
+    _ending(monkeypatch, lambda: IntList([])[3])
+    with pytest.raises(IndexError):
+        _allocator_run()
+    outcome = _scheduler_search(monkeypatch)
+    assert outcome.failure is None and outcome.harness is not None
+    assert "raised IndexError at" in outcome.harness.hint and "junkdrawer.py" in outcome.harness.hint
+
+
+def test_a_failure_that_handled_a_stop_is_still_the_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code that turns a stop into its own report (``raise ... from None``, as the hang check turns the watchdog's
+    interrupt into a hang violation) has handled it: its report is the finding."""
+    failure = ValueError("the hang check's violation")
+
+    def test() -> None:
+        try:
+            raise _Stop()
+        except _Stop:
+            raise failure from None
+
+    _ending(monkeypatch, test)
+    outcome = _scheduler_search(monkeypatch)
+    assert outcome.failure is failure and not outcome.cut_off
+
+
+def test_cut_offs_at_random_moments_of_a_real_search_never_make_a_finding() -> None:
+    """A machine that always passes, drawing lists of integers each step (so that most of a search's time is spent
+    in Hypothesis's own drawing code), cut off by a campaign's alarm (``searching_until``) at 150 random moments:
+    every search ends as cut off or passed, never with a failure or Hypothesis's error. (Before stops were looked for
+    behind plain exceptions, about one cut-off in eight ended as an IndexError or AssertionError "found" in
+    Hypothesis's bookkeeping.)"""
+    import random
+    import time
+
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, rule
+
+    from kvfuzz.campaign.scheduler.loop import searching_until
+
+    class Passing(RuleBasedStateMachine):
+        @rule(values=st.lists(st.integers(), max_size=20))
+        def draw(self, values: list[int]) -> None:
+            assert len(values) <= 20
+
+    settings = hypothesis_search.Settings(max_examples=10_000, database=None, deadline=None, stateful_step_count=20)
+    rng = random.Random(20261207)
+    endings: list[str] = []
+    for seed in range(150):
+        try:
+            with searching_until(time.monotonic() + rng.uniform(0.001, 0.05)):
+                ended = hypothesis_search.search_machine(
+                    Passing, settings, seed=seed, cut_offs=(scheduler_search.SearchCutOff,)
+                )
+        except scheduler_search.SearchCutOff:  # landed before or after the search itself
+            endings.append("outside")
+            continue
+        endings.append(
+            f"failure {ended.failure!r}"
+            if ended.failure is not None
+            else f"error {ended.error!r}"
+            if ended.error is not None
+            else "cut off"
+            if ended.cut_off
+            else "passed"
+        )
+    assert set(endings) <= {"outside", "cut off", "passed"}, sorted(set(endings))
+    assert endings.count("cut off") > 100

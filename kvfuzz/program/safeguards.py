@@ -43,6 +43,19 @@ def carried(error: BaseException, kind: type[Raised]) -> Optional[Raised]:
     either; None if it carries none. An interrupt raised into a search from outside (the user's, a campaign's end) may
     land while Hypothesis draws or replays an example, and come back wrapped in Hypothesis's own error (a ``Flaky``, a
     ``FlakyStrategyDefinition``): that is the interrupt, never a finding nor a harness error."""
+    return next((linked for linked in _linked(error, suppressed=True) if isinstance(linked, kind)), None)
+
+
+def stop_behind(error: Exception, kinds: tuple[type[BaseException], ...]) -> Optional[BaseException]:
+    """The stop of one of ``kinds`` (the user's interrupt, a caller's cut-off: raised from outside) that ``error`` was
+    raised while handling, through its group's exceptions, causes and unsuppressed contexts (``raise ... from None``
+    ends the chain: code that turns a stop into its own report has handled it); None if none."""
+    return next((linked for linked in _linked(error, suppressed=False) if isinstance(linked, kinds)), None)
+
+
+def _linked(error: BaseException, suppressed: bool) -> Iterator[BaseException]:
+    """``error``, then what it carries, depth first: a group's exceptions, its cause, its context (with
+    ``suppressed``, a context ``raise ... from None`` hid too)."""
     seen: set[int] = set()
     pending: list[BaseException] = [error]
     while pending:
@@ -50,11 +63,10 @@ def carried(error: BaseException, kind: type[Raised]) -> Optional[Raised]:
         if id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, kind):
-            return current
-        linked = [*getattr(current, "exceptions", ()), current.__cause__, current.__context__]
+        yield current
+        context = current.__context__ if suppressed or not current.__suppress_context__ else None
+        linked = [*getattr(current, "exceptions", ()), current.__cause__, context]
         pending.extend(inner for inner in reversed(linked) if isinstance(inner, BaseException))
-    return None
 
 
 class AllocatorEscape(Exception):
