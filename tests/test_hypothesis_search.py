@@ -261,3 +261,42 @@ def test_cut_offs_at_random_moments_of_a_real_search_never_make_a_finding() -> N
         )
     assert set(endings) <= {"outside", "cut off", "passed"}, sorted(set(endings))
     assert endings.count("cut off") > 100
+
+
+@pytest.mark.parametrize("stop", [scheduler_search.SearchCutOff, UserInterrupt], ids=["campaign-end", "ctrl-c"])
+def test_a_replay_whose_session_fails_as_a_stop_unwinds_it_raises_the_stop(stop: type[BaseException]) -> None:
+    """A guided campaign's mutants are replayed, not searched: a stop landing in the session, whose cleanup then
+    fails on its half-done step (an AssertionError in a ``finally``), is the stop raised again, never a finding; an
+    exception the session raises on its own is the replay's finding."""
+    from kvfuzz.scheduler.program import Step
+    from kvfuzz.scheduler.replay_result import replay_program
+    from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
+
+    class Session:
+        engine = "a fake engine"
+
+        def __init__(self, failing: Callable[[], None]) -> None:
+            self.failing = failing
+
+        def step(self) -> int:
+            self.failing()
+            return 0
+
+        def drain(self) -> None:
+            pass
+
+    def unwinding() -> None:
+        try:
+            raise stop()
+        finally:
+            raise AssertionError("the step's cleanup finds it half done")
+
+    def failing() -> None:
+        raise ValueError("the engine's own failure")
+
+    running = RecordedFailure("crash", "(none: a program run for coverage)", "NoFailure")
+    trace = SchedulerTrace("vllm-v1", SchedulerSetup(), "V2", "0.33.0", [Step()], running, False)
+    with pytest.raises(stop):
+        replay_program(Session(unwinding), trace)
+    replayed = replay_program(Session(failing), trace)
+    assert isinstance(replayed.error, ValueError) and replayed.failed_at == 0

@@ -38,6 +38,19 @@ class UserInterrupt(KeyboardInterrupt):
 Raised = TypeVar("Raised", bound=BaseException)
 
 
+class OutsideStop(BaseException):
+    """A stop raised into running code from outside it (a campaign's end, its alarm): whatever the code raised as it
+    unwound is no finding."""
+
+
+def raise_stop_behind(error: Exception) -> None:
+    """Raise the user's interrupt or an :class:`OutsideStop` that ``error`` was raised while handling
+    (:func:`stop_behind`); nothing if there is none."""
+    stop = stop_behind(error, (UserInterrupt, OutsideStop))
+    if stop is not None:
+        raise stop from None
+
+
 def carried(error: BaseException, kind: type[Raised]) -> Optional[Raised]:
     """The exception of ``kind`` that ``error`` carries: itself, one of a group's exceptions, or a cause or context of
     either; None if it carries none. An interrupt raised into a search from outside (the user's, a campaign's end) may
@@ -162,10 +175,10 @@ def exits_as_crashes() -> Iterator[None]:
 
 
 def escaped(error: BaseException) -> BaseException:
-    """What an exception leaving an allocator operation means: the user's interrupt and a hang pass through; any
-    other non-``Exception`` (``SystemExit``, ``GeneratorExit``, a test runner's outcome; a ``KeyboardInterrupt`` only
-    while SIGINT is ours) becomes :class:`AllocatorEscape`."""
-    if isinstance(error, (Exception, UserInterrupt, AllocatorHang)):
+    """What an exception leaving an allocator operation means: the user's interrupt, a stop from outside and a hang
+    pass through; any other non-``Exception`` (``SystemExit``, ``GeneratorExit``, a test runner's outcome; a
+    ``KeyboardInterrupt`` only while SIGINT is ours) becomes :class:`AllocatorEscape`."""
+    if isinstance(error, (Exception, UserInterrupt, OutsideStop, AllocatorHang)):
         return error
     if isinstance(error, KeyboardInterrupt) and not _interrupts_active:
         return error

@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 
+from kvfuzz.program.safeguards import raise_stop_behind
 from kvfuzz.scheduler.harness import raise_if_kvfuzz_s
 from kvfuzz.scheduler.program import Operation
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace
@@ -62,7 +63,8 @@ def replay_program(
     """Apply ``trace``'s program to ``session`` (either engine's), then drain it: the first exception (a check's
     violation, or the engine's own) is the replay's finding, at its operation's index or ``len(program)`` for the
     drain. ``on_operation`` is told of each operation before it runs. An exception kvfuzz's own code raised is no
-    finding: it leaves as a :class:`~kvfuzz.scheduler.harness.HarnessError`."""
+    finding: it leaves as a :class:`~kvfuzz.scheduler.harness.HarnessError`; nor is one raised as a stop from outside
+    (the user's interrupt, a campaign's end) unwound the session: the stop is raised again."""
     for index, operation in enumerate(trace.program):
         if on_operation is not None:
             on_operation(index, operation)
@@ -78,6 +80,8 @@ def replay_program(
 
 
 def _not_kvfuzz_s(error: Exception, session: Any) -> Exception:
-    """``error``, unless kvfuzz's own code raised it: then its :class:`~kvfuzz.scheduler.harness.HarnessError`."""
+    """``error``, unless a stop from outside is behind it (raised again) or kvfuzz's own code raised it (then its
+    :class:`~kvfuzz.scheduler.harness.HarnessError`)."""
+    raise_stop_behind(error)
     raise_if_kvfuzz_s(error, lambda: session.engine)
     return error

@@ -12,7 +12,7 @@ from hypothesis.database import ExampleDatabase
 
 from kvfuzz.hypothesis_search import Searched, search_machine
 from kvfuzz.profiles import run_settings
-from kvfuzz.program.safeguards import Journal, Watchdog
+from kvfuzz.program.safeguards import Journal, OutsideStop, Watchdog
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.crash import crash_message
 from kvfuzz.scheduler.harness import HarnessError
@@ -26,7 +26,7 @@ from kvfuzz.text import plural
 from kvfuzz.threads import single_threaded_torch
 
 
-class SearchCutOff(BaseException):
+class SearchCutOff(OutsideStop):
     """Raised into a running search from outside it (a campaign's end, or its stop: an alarm, a signal) to end it
     early: :func:`search` returns what it ran so far (``Outcome.cut_off``), the example it was running abandoned; a
     failure met before is kept."""
