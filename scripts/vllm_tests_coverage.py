@@ -3,9 +3,11 @@
 figures compare with the tests' on any vLLM version.
 
 The tests come from vLLM's source distribution on PyPI (its wheel holds no tests): ``--tests DIR`` names an
-unpacked ``tests/`` folder, ``--sdist FILE`` a downloaded ``vllm-VERSION.tar.gz``; without either the script runs
-``pip download --no-deps --no-binary :all: vllm==VERSION`` (the installed vLLM's version), which needs vLLM's build
-dependencies to prepare its metadata, and says so when it cannot.
+unpacked ``tests/`` folder, ``--sdist FILE`` a downloaded ``vllm-VERSION.tar.gz``; without either the script
+downloads the installed vLLM's source distribution itself: it finds the file in the package index's JSON listing
+(``PIP_INDEX_URL``, else PyPI's ``https://pypi.org/simple/``) and checks its SHA-256 against the listing.
+(``pip download`` cannot: pip prepares an sdist's metadata, which for vLLM installs its build dependencies, a CUDA
+torch among them.)
 
 They run offline on vLLM's CPU platform (``VLLM_TARGET_DEVICE=cpu``), in this process, with pytest's
 ``--noconftest``; ``VLLM_MODEL_REDIRECT_PATH`` points
@@ -22,14 +24,16 @@ repository root::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import json
 import os
-import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -84,27 +88,43 @@ OPT_COMMON = {
 
 
 def tests_folder(args: argparse.Namespace, scratch: Path) -> Path:
-    """The ``tests/`` folder to run: given, unpacked from the given sdist, or from one pip downloads."""
+    """The ``tests/`` folder to run: given, unpacked from the given sdist, or from one downloaded."""
     if args.tests:
         return Path(args.tests)
-    sdist = Path(args.sdist) if args.sdist else None
-    if sdist is None:
-        version = importlib.metadata.version("vllm")
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", f"vllm=={version}"]
-        done = subprocess.run([*command, "-d", str(scratch)], capture_output=True, text=True, check=False)
-        found = sorted(scratch.glob("vllm-*.tar.gz"))
-        if not found:
-            tail = " ".join(done.stderr.split()[-30:])
-            raise SystemExit(
-                f"kvfuzz: {' '.join(command)} gave no source distribution (pip prepares its metadata with vLLM's "
-                f"build dependencies): download vllm-{version}.tar.gz from PyPI and pass --sdist FILE ({tail})"
-            )
-        sdist = found[0]
+    sdist = Path(args.sdist) if args.sdist else download_sdist(importlib.metadata.version("vllm"), scratch)
     with tarfile.open(sdist) as archive:
         members = [member for member in archive.getmembers() if "/tests/" in member.name and member.isfile()]
         archive.extractall(scratch, members=members, filter="data")
     (folder,) = scratch.glob("vllm-*/tests")
     return folder
+
+
+def download_sdist(version: str, scratch: Path) -> Path:
+    """vLLM ``version``'s source distribution, downloaded into ``scratch`` from the package index's JSON listing
+    (PEP 691) and checked against the SHA-256 the listing gives; exits with one line where there is none."""
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple/").rstrip("/")
+    name = f"vllm-{version}.tar.gz"
+    listing_url = f"{index}/vllm/"
+    try:
+        request = urllib.request.Request(listing_url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            listing = json.load(response)
+        found = [entry for entry in listing["files"] if entry["filename"] == name]
+        if not found:
+            raise ValueError("the listing has no such file")
+        (entry,) = found
+        path = scratch / name
+        with urllib.request.urlopen(urllib.parse.urljoin(listing_url, entry["url"]), timeout=600) as response:
+            path.write_bytes(response.read())
+    except (OSError, ValueError, KeyError) as error:  # no index, no JSON listing, or no such file in it
+        raise SystemExit(
+            f"kvfuzz: could not download {name} from {listing_url} ({type(error).__name__}: {error}): download it "
+            "and pass --sdist FILE"
+        ) from None
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != entry["hashes"].get("sha256", digest):
+        raise SystemExit(f"kvfuzz: {name} from {listing_url} has SHA-256 {digest}, not the listing's")
+    return path
 
 
 def redirect(scratch: Path) -> Path:
