@@ -34,4 +34,10 @@ SCHEDULER_MAX_SEQS = 4  # SchedulerSetup().max_num_seqs
 WRITE_PATH_NAMES = ("kvfuzz", "vllm")  # tuple(kvfuzz.scheduler.write_paths.WRITE_PATHS); the first is the default
 ATTENTION_NAMES = ("off", "gather", "vllm-triton")  # tuple(kvfuzz.scheduler.attention.ATTENTIONS); first: default
 SCHEDULER_POLICIES = ("fcfs", "priority")  # kvfuzz.scheduler.config.POLICIES
-SCHEDULER_MODELS = ("full", "sliding-window", "mamba-hybrid", "chunked-local")  # tuple(kvfuzz.scheduler.models.MODELS)
+SCHEDULER_MODELS = (
+    "full",
+    "sliding-window",
+    "mamba-hybrid",
+    "chunked-local",
+    "sliding-window-groups",
+)  # tuple(kvfuzz.scheduler.models.MODELS)

@@ -23,6 +23,8 @@ from typing import Any, Optional
 import attrs
 
 from kvfuzz.allocator import BlockCopy, InvalidArgument, PagedAllocator, PoolSpec, UnknownSequence
+from kvfuzz.scheduler import swarm
+from kvfuzz.swarm_table import Dimension, fixed, weighted_choice
 from kvfuzz.zoo.variants import NoCopyOnWrite
 
 
@@ -313,4 +315,24 @@ def async_worker(
             {request: tables[request] + ([states[request]] if states else []) for request in live},
             {},
         ),
+    )
+
+
+FIRST_MODEL_ROW = Dimension(
+    "model", ("full", "sliding-window", "mamba-hybrid", "chunked-local"), weighted_choice((2, 1, 1, 1)), stratified=True
+)
+"""The scheduler swarm's model row before the sliding-window-groups model joined it."""
+
+
+def swarm_as_seeded(later_rows: tuple[str, ...]) -> tuple[Dimension, ...]:
+    """vLLM's swarm table as a test's seeds were chosen against it: each row of ``later_rows`` (added since) held at
+    its first value without drawing, and the model row with the models it had then, so that a seed draws the
+    configurations it drew then (a new row's draw, or a new value's, would move every later draw)."""
+    return tuple(
+        FIRST_MODEL_ROW
+        if row.name == "model"
+        else Dimension(row.name, row.domain, fixed)
+        if row.name in later_rows
+        else row
+        for row in swarm.DIMENSIONS
     )

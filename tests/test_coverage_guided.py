@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional
 
 import attrs
 import pytest
+from factories import swarm_as_seeded
 
 from kvfuzz.campaign.bandit import FRESH, MUTANTS, Bandit
 from kvfuzz.campaign.feedback import Feedback, FeedbackJournal
@@ -38,7 +39,6 @@ from kvfuzz.scheduler.trace import (
     from_json,
     journal_configuration,
 )
-from kvfuzz.swarm_table import Dimension, fixed
 
 ENGINE = """\
 def add(state, prompt, max_tokens):
@@ -115,9 +115,7 @@ class ToyTarget:
     def target(self) -> SchedulerTarget:
         scope = Scope((str(Path(self.engine.__file__).resolve()),))
         # rows added after these tests' seeds were chosen are held without drawing, so each seed draws as before
-        held = tuple(
-            Dimension(row.name, row.domain, fixed) if row.name in LATER_ROWS else row for row in swarm.DIMENSIONS
-        )
+        held = swarm_as_seeded(LATER_ROWS)
         return SchedulerTarget("vllm-v1", self.validate, self.search, self.replay, scope=lambda: scope, dimensions=held)
 
     def validate(self, setup: SchedulerSetup, runner: str) -> None:

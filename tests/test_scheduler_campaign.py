@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import attrs
 import pytest
-from factories import kvfuzz
+from factories import kvfuzz, swarm_as_seeded
 
 from kvfuzz.campaign.scheduler.isolated import died_trace, journal_target
 from kvfuzz.campaign.scheduler.loop import LEAST_BATCH_SECONDS, SchedulerCampaignOptions, default_batch_seconds
@@ -34,7 +34,6 @@ from kvfuzz.scheduler.signature import scheduler_signature
 from kvfuzz.scheduler.swarm import SwarmConfig
 from kvfuzz.scheduler.trace import RecordedFailure, SchedulerTrace, journal_configuration, load
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
-from kvfuzz.swarm_table import Dimension, fixed
 from kvfuzz.text import plural
 
 FOUND = (AddRequest([1, 2, 3], 2), AddRequest([1, 2], 1), Step(), Step(), Step())
@@ -64,9 +63,7 @@ LATER_ROWS = (
 """Swarm rows added after these tests' seeds were chosen: the fake target holds each at its first value without
 drawing it, so a seed draws the configurations it drew then (a new row's draw would move every later row's)."""
 
-HELD_DIMENSIONS = tuple(
-    Dimension(row.name, row.domain, fixed) if row.name in LATER_ROWS else row for row in swarm.DIMENSIONS
-)
+HELD_DIMENSIONS = swarm_as_seeded(LATER_ROWS)
 
 
 def buggy(setup: SchedulerSetup) -> bool:

@@ -112,7 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the model served, which decides the KV-cache groups: full (attention), or sliding-window (sliding "
         "window and full attention layers, two groups in one pool), or mamba-hybrid (a Mamba layer beside a "
         "full-attention layer, a Mamba group and an attention group), or chunked-local (a chunked local attention "
-        "layer beside a full-attention one, two groups in one pool) (default full)",
+        "layer beside a full-attention one, two groups in one pool), or sliding-window-groups (two sliding-window "
+        "layers and a full-attention one, three groups in one pool, two of one kind) (default full)",
     )
     group.add_argument(
         "--speculative-tokens",
@@ -173,9 +174,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--retention",
         choices=("semantic", "dense", "periodic"),
-        help="with --model sliding-window or mamba-hybrid: vLLM's prefix_cache_retention_interval, which of those "
+        help="with a sliding-window model or mamba-hybrid: vLLM's prefix_cache_retention_interval, which of those "
         "groups' blocks the prefix cache keeps: the resume checkpoints (semantic, vLLM's default), every block (dense) "
-        "or also one every four blocks (periodic; sliding-window only) (docs/scheduler-features.md)",
+        "or also one every four blocks (periodic; sliding-window models only) (docs/scheduler-features.md)",
     )
     group.add_argument(
         "--cache-salts",

@@ -163,15 +163,17 @@ class SchedulerSetup:
             raise ValueError("late transfers and load failures need a KV connector (--kv-connector offloading)")
         if self.retention not in RETENTIONS:
             raise ValueError(f"retention must be one of {', '.join(RETENTIONS)}, got {self.retention!r}")
-        if self.retention != "semantic" and self.model not in ("sliding-window", "mamba-hybrid"):
+        sliding = MODELS[self.model].groups_of("sliding") > 0
+        if self.retention != "semantic" and not (sliding or self.model == "mamba-hybrid"):
             raise ValueError(
-                f"retention {self.retention} needs a sliding-window or Mamba group (--model sliding-window or "
-                "mamba-hybrid): vLLM's retention interval applies to those groups only, and refuses a model without"
+                f"retention {self.retention} needs a sliding-window or Mamba group (--model sliding-window, "
+                "sliding-window-groups or mamba-hybrid): vLLM's retention interval applies to those groups only, and "
+                "refuses a model without"
             )
-        if self.retention == "periodic" and self.model != "sliding-window":
+        if self.retention == "periodic" and not sliding:
             raise ValueError(
-                "retention periodic is driven on the sliding-window model only: vLLM's interval must be a multiple of "
-                "the scheduler block, which on a Mamba hybrid spans its Mamba block"
+                "retention periodic is driven on the sliding-window models only: vLLM's interval must be a multiple "
+                "of the scheduler block, which on a Mamba hybrid spans its Mamba block"
             )
         if self.load_failure_policy not in LOAD_FAILURE_POLICIES:
             raise ValueError(

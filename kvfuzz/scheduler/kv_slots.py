@@ -222,7 +222,7 @@ class SlotPool:
             "nothing written there"
             if found is None
             else f"the K/V of request {found.request}'s {'draft at ' if found.draft else ''}position "
-            f"{found.position}{salted(found.namespace)} (tag "
+            f"{found.position}{_group_zero(found.namespace, namespace)}{salted(found.namespace)} (tag "
             f"{found.tag:#x}), written at step {found.step}"
         ) + (
             ": a KV connector's load failed before this block and never filled it"
@@ -288,6 +288,16 @@ def exclusive_cause(request: str, position: int, namespace: tuple[str, ...], cla
 GROUP_PREFIX = "kv-cache group "
 """How a namespace's entry naming a KV-cache group begins (the engine's group whose layers hold the K/V); the other
 entries are pairs of a kind and a value (a cache salt, a LoRA adapter)."""
+
+
+def _group_zero(found: tuple[str, ...], expected: tuple[str, ...]) -> str:
+    """Where a message sets content found in KV-cache group 0 (whose namespace names no group) beside content
+    expected in another group, the words that say so; else nothing."""
+
+    def named(namespace: tuple[str, ...]) -> bool:
+        return any(entry.startswith(GROUP_PREFIX) for entry in namespace)
+
+    return f" in {GROUP_PREFIX}0" if named(expected) and not named(found) else ""
 
 
 def salted(namespace: tuple[str, ...]) -> str:

@@ -10,16 +10,22 @@ KV-cache group each gets. vLLM builds the ``KVCacheConfig`` from these layers it
   chunk of ``2 x block size`` tokens) then one of full attention (Llama 4 has three local layers to a global one;
   vLLM's planner would make four KV-cache groups of them, one layer each): two KV-cache groups sharing one block
   pool, and the chunked group's manager drops the blocks wholly before the chunk a request's next token is in.
+* ``sliding-window-groups``: a three-layer Gemma 2, two sliding-window layers (a window of ``2 x block size``
+  tokens) and a full-attention layer: vLLM's planner makes a group of each layer (its group size is the fewest
+  layers of a kind), so three KV-cache groups share the pool, two of them of one sliding-window spec, which vLLM's
+  coordinator looks up together (the n:1 pattern of Gemma 3 and gpt-oss, in small).
 * ``mamba-hybrid``: a two-layer Jamba, a Mamba layer then a full-attention layer: two KV-cache groups sharing one
   block pool, a Mamba group beside the attention group: without prefix caching its table holds one state block per
   request (``mamba_cache_mode="none"``: its block spans the whole model length); with prefix caching vLLM's
   ``align`` mode keeps a state per block of the pool's block size.
 
 Invariant: the longest request (:func:`max_model_len`) is one vLLM's own startup check admits on the pool: every
-group's blocks for a request of that length fit in the usable blocks together."""
+group's blocks for a request of that length fit in the usable blocks together (each group counted: vLLM's planner
+splits each kind's layers into groups of one size, :func:`group_counts`)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Optional
 
 import attrs
@@ -37,6 +43,14 @@ class SchedulerModel:
     architecture: str  # the Hugging Face architecture
     model_type: str  # the Hugging Face model type
     window_blocks: tuple[Optional[int], ...]  # per layer: None (full attention) or the window in blocks
+
+    def layer_kinds(self) -> Counter[str]:
+        """Layers of each kind (``full``, ``sliding``; the subclasses add theirs), as vLLM's planner buckets them."""
+        return Counter("full" if blocks is None else "sliding" for blocks in self.window_blocks)
+
+    def groups_of(self, kind: str) -> int:
+        """KV-cache groups vLLM's planner makes of the layers of ``kind`` (:func:`group_counts`)."""
+        return group_counts(self.layer_kinds()).get(kind, 0)
 
     def sliding_window(self, block_size: int) -> Optional[int]:
         """The sliding window in tokens (one window for the model), or None if it has none."""
@@ -70,13 +84,13 @@ class SchedulerModel:
 
     def blocks_per_request(self, length: int, block_size: int, budget: int) -> int:
         """Usable blocks vLLM's startup check reserves for one request of ``length`` tokens: every full-attention
-        group's ``ceil(length / block_size)``, and a sliding-window group's admission cap (its window less one, and
-        the tokens in flight, ``budget``, at most ``length``, in blocks, plus one)."""
+        group's ``ceil(length / block_size)``, and every sliding-window group's admission cap (its window less one,
+        and the tokens in flight, ``budget``, at most ``length``, in blocks, plus one)."""
         window = self.sliding_window(block_size)
-        full = -(-length // block_size)
+        full = self.groups_of("full") * -(-length // block_size)
         if window is None:
             return full
-        return full + -(-min(window - 1 + budget, length) // block_size) + 1
+        return full + self.groups_of("sliding") * (-(-min(window - 1 + budget, length) // block_size) + 1)
 
 
 @attrs.frozen
@@ -97,11 +111,14 @@ class ChunkedLocalModel(SchedulerModel):
             "attention_chunk_size": self.attention_chunk(block_size),
         }
 
+    def layer_kinds(self) -> Counter[str]:
+        return super().layer_kinds() + Counter({"chunked": self.local_layers})
+
     def blocks_per_request(self, length: int, block_size: int, budget: int) -> int:
-        """Full attention's blocks, and the chunked group's admission cap (a chunk and the tokens in flight, at most
+        """Full attention's blocks, and each chunked group's admission cap (a chunk and the tokens in flight, at most
         ``length``, in blocks: vLLM's ``ChunkedLocalAttentionSpec.max_admission_blocks_per_request``)."""
         chunked = -(-min(self.attention_chunk(block_size) + budget, length) // block_size)
-        return super().blocks_per_request(length, block_size, budget) + chunked
+        return super().blocks_per_request(length, block_size, budget) + self.groups_of("chunked") * chunked
 
 
 @attrs.frozen
@@ -130,10 +147,13 @@ class MambaHybridModel(SchedulerModel):
             "mamba_dt_rank": 1,
         }
 
+    def layer_kinds(self) -> Counter[str]:
+        return super().layer_kinds() + Counter({"mamba": self.mamba_layers})
+
     def blocks_per_request(self, length: int, block_size: int, budget: int) -> int:
-        """Full attention's blocks, and the Mamba group's most resident blocks: one state block without prefix
+        """Full attention's blocks, and each Mamba group's most resident blocks: one state block without prefix
         caching, two in ``align`` mode (vLLM's ``MambaSpec.max_memory_usage_bytes``); two for both."""
-        return super().blocks_per_request(length, block_size, budget) + 2
+        return super().blocks_per_request(length, block_size, budget) + 2 * self.groups_of("mamba")
 
 
 CHECKPOINT_BLOCKS = 1
@@ -150,6 +170,14 @@ SLIDING_WINDOW = SchedulerModel(
     "gemma2",
     (2, None, 2, None),
 )
+SLIDING_WINDOW_GROUPS = SchedulerModel(
+    "sliding-window-groups",
+    "a three-layer Gemma 2, two layers of a sliding window of 2 blocks' tokens and one of full attention (three "
+    "KV-cache groups, two of one sliding-window spec)",
+    "Gemma2ForCausalLM",
+    "gemma2",
+    (2, 2, None),
+)
 MAMBA_HYBRID = MambaHybridModel(
     "mamba-hybrid",
     "a two-layer Jamba, a Mamba layer beside a full-attention layer (a Mamba group and an attention group)",
@@ -165,8 +193,20 @@ CHUNKED_LOCAL = ChunkedLocalModel(
     "llama",
     (None,),
 )
-MODELS = {model.name: model for model in (FULL, SLIDING_WINDOW, MAMBA_HYBRID, CHUNKED_LOCAL)}
+MODELS = {model.name: model for model in (FULL, SLIDING_WINDOW, MAMBA_HYBRID, CHUNKED_LOCAL, SLIDING_WINDOW_GROUPS)}
 """The models ``kvfuzz run --scheduler --model`` takes."""
+
+
+def group_counts(layers: Counter[str]) -> dict[str, int]:
+    """The KV-cache groups vLLM's planner makes of a hybrid model's layers, per kind (``get_kv_cache_groups``): it
+    splits every kind's layers into groups of one size, the fewest layers of a kind (the "1" of an n:1 pattern), or
+    the most where no kind has half again as many as the fewest (12 sliding-window layers beside 13 full-attention
+    ones make one group of each, padded); a kind of ``n`` layers makes ``ceil(n / size)`` groups."""
+    counts = [count for count in layers.values() if count]
+    if not counts:
+        return {}
+    size = max(counts) if max(counts) < min(counts) * 1.5 else min(counts)
+    return {kind: -(-count // size) for kind, count in layers.items() if count}
 
 
 def max_model_len(

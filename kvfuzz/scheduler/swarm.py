@@ -58,13 +58,13 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("max_num_seqs", (1, 2, 3, 4, 6, 8, 16), biased_small),
     Dimension("prefix_caching", BOOLEAN, chance(0.75)),
     Dimension("policy", POLICIES, uniform),  # FCFS, or priority (preemption by priority)
-    # a sliding window beside full attention (two KV-cache groups) a fifth of the time; a Mamba group beside attention
-    # a fifth (async too; redrawn only with drafts); chunked local attention beside full attention a fifth
-    # (docs/scheduler-models.md)
+    # a sliding window beside full attention (two KV-cache groups) a sixth of the time; a Mamba group beside attention
+    # a sixth (async too; redrawn only with drafts); chunked local attention beside full attention a sixth; two
+    # sliding-window groups beside a full-attention one a sixth (docs/scheduler-models.md)
     Dimension(
         "model",
-        ("full", "sliding-window", "mamba-hybrid", "chunked-local"),
-        weighted_choice((2, 1, 1, 1)),
+        ("full", "sliding-window", "mamba-hybrid", "chunked-local", "sliding-window-groups"),
+        weighted_choice((2, 1, 1, 1, 1)),
         stratified=True,
     ),
     Dimension("async_scheduling", BOOLEAN, chance(0.5)),  # two batches in flight, the released-block check
@@ -124,8 +124,13 @@ DIMENSIONS: tuple[Dimension, ...] = (
     # a quarter of the requests skip reading the prefix cache, a quarter of the time (kvfuzz.scheduler.prefix_reads)
     Dimension("skip_prefix_reads", BOOLEAN, chance(0.25)),
     # vLLM's prefix-cache retention of sliding-window and Mamba blocks: dense a quarter of the time, periodic (sliding
-    # window only; refused, and redrawn, on the Mamba hybrid) a quarter, vLLM's default (semantic) the rest
-    Dimension("retention", RETENTIONS, weighted((2, 1, 1)), needs=("model", ("sliding-window", "mamba-hybrid"))),
+    # windows only; refused, and redrawn, on the Mamba hybrid) a quarter, vLLM's default (semantic) the rest
+    Dimension(
+        "retention",
+        RETENTIONS,
+        weighted((2, 1, 1)),
+        needs=("model", ("sliding-window", "mamba-hybrid", "sliding-window-groups")),
+    ),
     # vLLM's chunked prefill off a quarter of the time (max_model_len capped at the budget), where no long-prefill cap
     # splits prompts anyway; refused, and redrawn, on a Mamba hybrid with prefix caching (vLLM asserts it on there)
     Dimension("chunked_prefill", (True, False), chance(0.25), needs=("long_prefill_token_threshold", 0)),
