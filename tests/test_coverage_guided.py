@@ -228,13 +228,14 @@ def test_a_refused_configuration_is_refused_again_without_asking_the_engine(engi
     assert asked == [SETUP]
 
 
-def test_fresh_draws_take_each_model_and_connector_in_turn_whatever_its_weight(
+def test_fresh_draws_take_each_model_connector_and_prefix_unit_in_turn_whatever_its_weight(
     engine: ModuleType, tmp_path: Path
 ) -> None:
-    """The swarm draws each hybrid model one time in five and the P/D connector (full attention only) about one in
-    eight; a guided campaign's fresh draws hold one stratified row's least-drawn value at a time, so every model and
-    every connector gets its turns; a pinned row stays pinned, and a value nothing valid takes is counted as tried
-    and followed by a plain draw."""
+    """The swarm draws each hybrid model one time in five, the P/D connector (full attention only) about one in
+    eight and a prefix hash unit below the block one in 20 (on the Mamba hybrid only); a guided campaign's fresh
+    draws hold one stratified row's least-drawn value at a time, so every model, every connector and every unit gets
+    its turns; a pinned row stays pinned, and a value nothing valid takes is counted as tried and followed by a plain
+    draw."""
     guide = _guidance(engine, tmp_path)
     asked: list[dict[str, Any]] = []
 
@@ -242,14 +243,19 @@ def test_fresh_draws_take_each_model_and_connector_in_turn_whatever_its_weight(
         asked.append(dict(held))
         if held.get("model") == "sliding-window":
             raise NothingValid("refused")
-        setup = attrs.evolve(SETUP, model=held.get("model", "full"), kv_connector=held.get("kv_connector", "none"))
+        unit = held.get("prefix_match_unit", 0)
+        model = "mamba-hybrid" if unit else held.get("model", "full")
+        setup = attrs.evolve(
+            SETUP, model=model, kv_connector=held.get("kv_connector", "none"), prefix_match_unit=unit, block_size=4
+        )
         return attrs.evolve(CONFIG, setup=setup)
 
     rng = random.Random(3)
-    drawn = [guide.plan(rng, number, 25, None, None, fresh)[0].config.setup for number in range(12)]
+    drawn = [guide.plan(rng, number, 25, None, None, fresh)[0].config.setup for number in range(14)]
     assert all(len(held) <= 1 for held in asked), asked
     models, connectors = {setup.model for setup in drawn}, {setup.kv_connector for setup in drawn}
     assert models == {"full", "mamba-hybrid", "chunked-local"} and connectors == {"none", "offloading", "pd"}, drawn
+    assert {setup.prefix_match_unit for setup in drawn} == {0, 1, 2}, drawn
     assert asked.count({"model": "sliding-window"}) == asked.count({}) >= 1, asked
     pinned = _guidance(engine, tmp_path / "pinned")
     pinned.options = attrs.evolve(pinned.options, pins=(("model", "full"),))

@@ -92,8 +92,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("overlong_requests", BOOLEAN, chance(0.25)),
     Dimension("stats", BOOLEAN, chance(0.5)),  # vLLM's scheduler stats (log_stats), checked half the time
     # partial prefix caching: prefix hashes every 1 or 2 tokens half the time a Mamba hybrid is drawn (refused, and
-    # redrawn, without prefix caching or with a block no larger than the unit; docs/scheduler-features.md)
-    Dimension("prefix_match_unit", (0, 1, 2), weighted((2, 1, 1)), needs=("model", "mamba-hybrid")),
+    # redrawn, without prefix caching or with a block no larger than the unit; docs/scheduler-features.md); stratified,
+    # as it runs the block pool's partial entries and their copies, which a guided campaign's fresh draws otherwise
+    # met with the KV cache events or a connector in none of 104 batches
+    Dimension("prefix_match_unit", (0, 1, 2), weighted((2, 1, 1)), needs=("model", "mamba-hybrid"), stratified=True),
     # resumable requests (streaming sessions) a quarter of the time, with synchronous scheduling and no connector
     # only (refused, and redrawn, with drafts; docs/scheduler-features.md)
     Dimension(

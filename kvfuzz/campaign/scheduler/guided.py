@@ -11,7 +11,7 @@ target shares (:mod:`kvfuzz.campaign.feedback`: each example's coverage, the see
   whose kinds run different KV-cache managers) in turn, the one drawn least so far first, so that no kind waits on
   its weight's luck: a ten-minute campaign once drew the Mamba hybrid in none of its 47 batches. The KV connector's
   row is stratified too (a ten-minute campaign of 195 batches drew the P/D connector, which needs full attention, in
-  none); one row's value is held per draw.
+  none), and partial prefix hashing's (the block pool's partial entries); one row's value is held per draw.
 
 A failure of a mutant is a finding like any: claimed by signature, saved as found, shrunk by deleting operations
 under its signature (a mutant is no Hypothesis example for Hypothesis to shrink:
