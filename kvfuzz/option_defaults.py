@@ -40,4 +40,5 @@ SCHEDULER_MODELS = (
     "mamba-hybrid",
     "chunked-local",
     "sliding-window-groups",
+    "rswa",
 )  # tuple(kvfuzz.scheduler.models.MODELS)

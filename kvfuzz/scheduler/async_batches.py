@@ -156,11 +156,13 @@ class BatchQueue:
         for request, count in output.num_scheduled_tokens.items():
             start = worker.computed[request]
             end = start + count
-            tables = worker.requests[request].tables
+            state = worker.requests[request]
+            tables = state.tables
             read = {
                 block
                 for rule in worker.groups
-                for block in tables[rule.index][rule.first_kept_entry(start, size) : -(-end // size)]
+                for run in rule.attended(start, end, state.prompt_length)
+                for block in tables[rule.index][run.start // size : -(-run.stop // size)]
                 if block != 0
             }
             for block in read | worker.mamba.touched(tables, range(start, end))[0]:

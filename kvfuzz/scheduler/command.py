@@ -113,7 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "window and full attention layers, two groups in one pool), or mamba-hybrid (a Mamba layer beside a "
         "full-attention layer, a Mamba group and an attention group), or chunked-local (a chunked local attention "
         "layer beside a full-attention one, two groups in one pool), or sliding-window-groups (two sliding-window "
-        "layers and a full-attention one, three groups in one pool, two of one kind) (default full)",
+        "layers and a full-attention one, three groups in one pool, two of one kind), or rswa (R-SWA layers: the "
+        "prompt kept and a window of generated tokens, one group) (default full)",
     )
     group.add_argument(
         "--speculative-tokens",
@@ -364,6 +365,11 @@ def usage_error(args: argparse.Namespace) -> Optional[str]:
         return engine_problem("sglang", bool(args.untested_engine))
     if args.max_loras is not None and args.max_loras < 1:
         return f"--max-loras must be at least 1, got {args.max_loras} (leave it out for no LoRA)"
+    if args.model == "rswa" and args.attention not in (None, "off"):
+        return (
+            "--model rswa takes no --attention (yet): the attention check reads one run of positions per token, and "
+            "an R-SWA token reads two (the prompt and its window); the content check holds both"
+        )
     return engine_problem(args.scheduler, bool(args.untested_engine))
 
 

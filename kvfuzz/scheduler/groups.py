@@ -9,6 +9,11 @@ still serve, and where vLLM's null block is legal.
   prefix-cache hit hands such blocks over as the null block: a table entry wholly before the first needed position
   may be the null block, a stale block id (the model runner nulls those itself) or a block still held; every entry
   from the first needed position on must be a real block holding the right K/V.
+* **reference sliding window** (R-SWA) of ``W`` tokens: the prompt stays visible to every token, and a generated
+  token attends the prompt and ``p - W + 1 .. p``; vLLM's R-SWA manager frees the blocks wholly inside the gap
+  between the prompt's last block and the window (``RSWAManager.remove_skipped_blocks``, when it next allocates for
+  the request): every entry up to the prompt's last one, and every one from the window's first on, must be a real
+  block holding the right K/V; an entry in the gap may be the null block, a stale id or a block still held.
 * **chunked local attention** of ``C`` tokens (Llama 4's local layers): a token at position ``p`` attends the
   positions of its own chunk only, ``p // C * C .. p``, so once a request has computed ``c`` tokens, positions before
   ``c // C * C`` are never read again; vLLM's chunked-local manager frees the blocks wholly before that point and a
@@ -35,6 +40,7 @@ class GroupRule:
     index: int
     window: Optional[int]  # tokens a position attends back, itself included; None: no sliding window
     chunk: Optional[int] = None  # chunked local attention: a position attends its own chunk of this many tokens
+    keeps_prompt: bool = False  # R-SWA: the prompt stays attended besides the window (``window`` is R-SWA's)
 
     @property
     def reads_all(self) -> bool:
@@ -42,11 +48,30 @@ class GroupRule:
         return self.window is None and self.chunk is None
 
     def first_needed(self, computed: int) -> int:
-        """The first position a request with ``computed`` tokens computed still reads (when it computes its next):
-        the first the token at position ``computed`` attends to."""
+        """The first position after the kept prompt (:meth:`kept_prefix`) a request with ``computed`` tokens
+        computed still reads (when it computes its next): the first the token at position ``computed`` attends to."""
         if self.chunk is not None:
             return computed // self.chunk * self.chunk
         return 0 if self.window is None else max(0, computed - self.window + 1)
+
+    def kept_prefix(self, prompt: int) -> int:
+        """The positions at the start every token attends whatever :meth:`first_needed` says: a prompt of
+        ``prompt`` tokens under R-SWA; none otherwise."""
+        return prompt if self.keeps_prompt else 0
+
+    def attended(self, start: int, end: int, prompt: int) -> tuple[range, ...]:
+        """The positions below ``end`` that the tokens at ``start .. end - 1`` of a request with a prompt of
+        ``prompt`` tokens attend (with ``end == start``: those a request that computed ``start`` still reads), in at
+        most two runs: the kept prompt, then from :meth:`first_needed` of ``start`` on."""
+        first, kept = self.first_needed(start), min(self.kept_prefix(prompt), end)
+        if kept >= first:
+            return (range(0, end),)
+        return tuple(run for run in (range(0, kept), range(first, end)) if run)
+
+    def released_entries(self, computed: int, prompt: int, block_size: int) -> range:
+        """The table entries vLLM may have released (wholly outside what :meth:`attended` reads): those before
+        :meth:`first_kept_entry` and after the kept prompt's last; every other entry must hold a real block."""
+        return range(-(-self.kept_prefix(prompt) // block_size), self.first_kept_entry(computed, block_size))
 
     def first_kept_entry(self, computed: int, block_size: int) -> int:
         """The first table entry that must hold a real block: entries before it are wholly before
@@ -57,6 +82,8 @@ class GroupRule:
         kind = (
             f"chunked local attention of {self.chunk} tokens"
             if self.chunk is not None
+            else f"reference sliding window of {self.window} tokens, the prompt kept"
+            if self.keeps_prompt
             else "full attention"
             if self.window is None
             else f"sliding window of {self.window} tokens"
@@ -80,8 +107,11 @@ def group_rules(kv_cache_config: Any) -> tuple[GroupRule, ...]:
         kind = type(group.kv_cache_spec).__name__
         if kind == "MambaSpec":
             continue
-        if kind not in ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec"):
+        if kind not in ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec", "RSWASpec"):
             raise ValueError(f"KV-cache group {index} is a {kind}, which the worker does not model")
+        if kind == "RSWASpec":
+            rules.append(GroupRule(index, group.kv_cache_spec.rswa_window, keeps_prompt=True))
+            continue
         window = group.kv_cache_spec.sliding_window if kind == "SlidingWindowSpec" else None
         chunk = group.kv_cache_spec.attention_chunk_size if kind == "ChunkedLocalAttentionSpec" else None
         rules.append(GroupRule(index, window, chunk))

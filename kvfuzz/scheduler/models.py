@@ -14,6 +14,9 @@ KV-cache group each gets. vLLM builds the ``KVCacheConfig`` from these layers it
   tokens) and a full-attention layer: vLLM's planner makes a group of each layer (its group size is the fewest
   layers of a kind), so three KV-cache groups share the pool, two of them of one sliding-window spec, which vLLM's
   coordinator looks up together (the n:1 pattern of Gemma 3 and gpt-oss, in small).
+* ``rswa``: a two-layer llama whose layers are R-SWA (reference sliding window attention: the prompt stays visible,
+  generated tokens attend a window of ``2 x block size`` tokens besides): one KV-cache group, whose manager frees the
+  blocks in the gap between the prompt and the window as a request decodes.
 * ``mamba-hybrid``: a two-layer Jamba, a Mamba layer then a full-attention layer: two KV-cache groups sharing one
   block pool, a Mamba group beside the attention group: without prefix caching its table holds one state block per
   request (``mamba_cache_mode="none"``: its block spans the whole model length); with prefix caching vLLM's
@@ -156,6 +159,27 @@ class MambaHybridModel(SchedulerModel):
         return super().blocks_per_request(length, block_size, budget) + 2 * self.groups_of("mamba")
 
 
+@attrs.frozen
+class RSWAModel(SchedulerModel):
+    """A llama whose layers are R-SWA layers (vLLM's ``RSWAAttention``: a full-attention layer whose KV-cache spec is
+    an ``RSWASpec``), with a window of ``rswa_blocks`` blocks' tokens: ``window_blocks`` counts the layers.
+
+    Invariant: a request's blocks are at most full attention's (vLLM sizes R-SWA as full attention: the gap it frees
+    is decode tokens', unknown at admission), so the startup check reserves ``ceil(length / block_size)`` each."""
+
+    rswa_blocks: int = 2  # the window generated tokens attend, in blocks
+
+    def rswa_window(self, block_size: int) -> int:
+        """The R-SWA window in tokens."""
+        return self.rswa_blocks * block_size
+
+    def layer_kinds(self) -> Counter[str]:
+        return Counter({"rswa": len(self.window_blocks)})
+
+    def blocks_per_request(self, length: int, block_size: int, budget: int) -> int:
+        return self.groups_of("rswa") * -(-length // block_size)
+
+
 CHECKPOINT_BLOCKS = 1
 """The prefill checkpoint blocks a Mamba2 layer's spec asks for (vLLM's ``MambaMixer2.get_kv_cache_spec``), where
 the Mamba layers export checkpoints (:mod:`kvfuzz.scheduler.mamba_checkpoints`)."""
@@ -193,7 +217,17 @@ CHUNKED_LOCAL = ChunkedLocalModel(
     "llama",
     (None,),
 )
-MODELS = {model.name: model for model in (FULL, SLIDING_WINDOW, MAMBA_HYBRID, CHUNKED_LOCAL, SLIDING_WINDOW_GROUPS)}
+RSWA = RSWAModel(
+    "rswa",
+    "a two-layer llama of R-SWA layers, the prompt kept and a window of 2 blocks' tokens of generated ones (one "
+    "KV-cache group)",
+    "LlamaForCausalLM",
+    "llama",
+    (None, None),
+)
+MODELS = {
+    model.name: model for model in (FULL, SLIDING_WINDOW, MAMBA_HYBRID, CHUNKED_LOCAL, SLIDING_WINDOW_GROUPS, RSWA)
+}
 """The models ``kvfuzz run --scheduler --model`` takes."""
 
 

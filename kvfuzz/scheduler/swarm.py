@@ -58,13 +58,14 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("max_num_seqs", (1, 2, 3, 4, 6, 8, 16), biased_small),
     Dimension("prefix_caching", BOOLEAN, chance(0.75)),
     Dimension("policy", POLICIES, uniform),  # FCFS, or priority (preemption by priority)
-    # a sliding window beside full attention (two KV-cache groups) a sixth of the time; a Mamba group beside attention
-    # a sixth (async too; redrawn only with drafts); chunked local attention beside full attention a sixth; two
-    # sliding-window groups beside a full-attention one a sixth (docs/scheduler-models.md)
+    # a sliding window beside full attention (two KV-cache groups) a seventh of the time; a Mamba group beside
+    # attention a seventh (async too; redrawn only with drafts); chunked local attention beside full attention a
+    # seventh; two sliding-window groups beside a full-attention one a seventh; R-SWA a seventh
+    # (docs/scheduler-models.md)
     Dimension(
         "model",
-        ("full", "sliding-window", "mamba-hybrid", "chunked-local", "sliding-window-groups"),
-        weighted_choice((2, 1, 1, 1, 1)),
+        ("full", "sliding-window", "mamba-hybrid", "chunked-local", "sliding-window-groups", "rswa"),
+        weighted_choice((2, 1, 1, 1, 1, 1)),
         stratified=True,
     ),
     Dimension("async_scheduling", BOOLEAN, chance(0.5)),  # two batches in flight, the released-block check

@@ -28,7 +28,7 @@ from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import EOS_TOKEN
 from kvfuzz.scheduler.lora import lora_name
 from kvfuzz.scheduler.mamba_checkpoints import checkpoint_spec
-from kvfuzz.scheduler.models import FULL, MODELS, ChunkedLocalModel, MambaHybridModel
+from kvfuzz.scheduler.models import FULL, MODELS, ChunkedLocalModel, MambaHybridModel, RSWAModel
 from kvfuzz.scheduler.vllm_release import vllm_release
 
 
@@ -69,6 +69,7 @@ def vllm() -> types.SimpleNamespace:
         KVCacheConfig,
         KVCacheGroupSpec,
         MambaSpec,
+        RSWASpec,
         SlidingWindowSpec,
     )
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
@@ -120,6 +121,7 @@ def vllm() -> types.SimpleNamespace:
         FullAttentionSpec=FullAttentionSpec,
         SlidingWindowSpec=SlidingWindowSpec,
         ChunkedLocalAttentionSpec=ChunkedLocalAttentionSpec,
+        RSWASpec=RSWASpec,
         get_global_kv_cache_groups=get_global_kv_cache_groups,
         get_kv_cache_configs=get_kv_cache_configs,
         KVCacheConfig=KVCacheConfig,
@@ -315,9 +317,9 @@ def _kv_transfer_config(setup: SchedulerSetup) -> Any:
 
 def _layer_specs(setup: SchedulerSetup) -> dict[str, Any]:
     """The KV-cache spec of each layer of the model, as vLLM's layers report them to the model runner: full
-    attention, or a sliding window of the model's window, of the target's K/V shape; for a Mamba hybrid, its Mamba
-    layers' ``MambaSpec`` first (:func:`_mamba_specs`); with an EAGLE drafter, the head's layer (:data:`DRAFT_LAYER`)
-    last, a full-attention spec marked ``is_draft``, as a drafter's layers report theirs."""
+    attention, a sliding window of the model's window, or R-SWA, of the target's K/V shape; for a Mamba hybrid, its
+    Mamba layers' ``MambaSpec`` first (:func:`_mamba_specs`); with an EAGLE drafter, the head's layer
+    (:data:`DRAFT_LAYER`) last, a full-attention spec marked ``is_draft``, as a drafter's layers report theirs."""
     v = vllm()
     model = MODELS[setup.model]
     shape = {
@@ -337,7 +339,12 @@ def _layer_specs(setup: SchedulerSetup) -> dict[str, Any]:
             )
         first = model.local_layers
     for index, blocks in enumerate(model.window_blocks, start=first):
-        spec = v.FullAttentionSpec(**shape) if blocks is None else v.SlidingWindowSpec(**shape, sliding_window=window)
+        if isinstance(model, RSWAModel):  # what vLLM's RSWAAttention reports: a full-attention spec with its window
+            spec = v.RSWASpec(**shape, rswa_window=model.rswa_window(setup.block_size))
+        elif blocks is None:
+            spec = v.FullAttentionSpec(**shape)
+        else:
+            spec = v.SlidingWindowSpec(**shape, sliding_window=window)
         specs[f"model.layers.{index}.self_attn.attn"] = spec
     if setup.drafter.startswith("eagle"):  # the head's one full-attention layer, marked as a drafter's
         specs[DRAFT_LAYER] = v.FullAttentionSpec(**shape, is_draft=True)

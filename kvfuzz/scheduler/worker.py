@@ -277,9 +277,12 @@ class Worker:
                 continue
             for rule in self.groups:
                 table = state.tables[rule.index]
-                kept = rule.first_kept_entry(state.computed, self.block_size)
-                held.setdefault(request, []).extend(block for block in table[kept:] if block != 0)
-                maybe.setdefault(request, []).extend(block for block in table[:kept] if block != 0)
+                released = rule.released_entries(state.computed, state.prompt_length, self.block_size)
+                low, high = released.start, max(released.start, released.stop)
+                must = held.setdefault(request, [])
+                must.extend(block for block in table[:low] if block != 0)
+                must.extend(block for block in table[high:] if block != 0)
+                maybe.setdefault(request, []).extend(block for block in table[low:high] if block != 0)
         return held, maybe
 
     def holdings(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
@@ -468,10 +471,10 @@ class Worker:
             if state.preempted or not state.computed:
                 continue
             for rule in self.groups:
-                start = rule.first_needed(state.computed)
-                table = self._table(request, range(start, state.computed), step, rule.index)
                 namespace = self._namespace(request, rule.index)
-                relied.rely(request, state.tokens[: state.computed], table, start, namespace)
+                for run in rule.attended(state.computed, state.computed, state.prompt_length):
+                    table = self._table(request, run, step, rule.index)
+                    relied.rely(request, state.tokens[: run.stop], table, run.start, namespace)
         return relied
 
     def _check_known(self, request: str, positions: range, step: int) -> None:
@@ -537,9 +540,10 @@ class Worker:
 
     def _check_content(self, request: str, end: int, step: int, group: int = 0) -> None:
         """Every position before ``end`` that the step's tokens attend to in ``group`` (all of them for full
-        attention; those within the window of the first scheduled token on, for a sliding window) holds the K/V of
-        the request's own prefix up to it (drafts included)."""
-        start = self.rules[group].first_needed(self.computed[request])
-        slots = self._slots(request, range(start, end), step, group)
+        attention; those within the window of the first scheduled token on, for a sliding window, and the prompt
+        too for R-SWA) holds the K/V of the request's own prefix up to it (drafts included)."""
+        state = self.requests[request]
         namespace = self._namespace(request, group)
-        self.kv.check(request, self._tokens(request)[:end], slots, step, namespace, start, self.requests[request].hit)
+        for run in self.rules[group].attended(self.computed[request], end, state.prompt_length):
+            slots = self._slots(request, run, step, group)
+            self.kv.check(request, self._tokens(request)[: run.stop], slots, step, namespace, run.start, state.hit)
