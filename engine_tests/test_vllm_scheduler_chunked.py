@@ -8,7 +8,6 @@ Runs in the vLLM environment (``scripts/third_party_env.sh vllm``; CI runs it th
 from __future__ import annotations
 
 import inspect
-import random
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 from vllm.v1.core.single_type_kv_cache_manager import ChunkedLocalAttentionManager
 from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec
 
-from engine_tests.vllm_seeded_runs import found_and_replayed
+from engine_tests.vllm_seeded_runs import first_violation, found_and_replayed, shared_prefix_programs
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.groups import GroupRule
 from kvfuzz.scheduler.session import Session
@@ -31,29 +30,13 @@ PREFIX = [1, 2, 3, 0, 2, 2, 1, 3]
 def run_examples(setup: SchedulerSetup, examples: int) -> tuple[int, int]:
     """Random request programs with shared prefixes, each drained: the most null entries the chunked group's table
     held for one request, and the longest prefix-cache hit."""
-    nulled = hits = 0
-    for example in range(examples):
-        rng = random.Random(example)
-        session = Session(setup)
-        chunked = next(rule.index for rule in session.worker.groups if rule.chunk is not None)
-        manager = session.scheduler.kv_cache_manager.coordinator.single_type_managers[chunked]
-        for _ in range(30):
-            if rng.random() < 0.35:
-                prompt = PREFIX[: rng.randint(1, len(PREFIX))] + [rng.randint(0, 3)] * rng.randint(0, 4)
-                session.add(prompt, rng.randint(1, 6))
-            else:
-                session.step()
-            for blocks in manager.req_to_blocks.values():
-                nulled = max(nulled, sum(block.is_null for block in blocks))
-            hits = max([hits, *(state.hit for state in session.worker.requests.values())])
-        session.drain()
-    return nulled, hits
+    chunked = lambda session: [rule.index for rule in session.worker.groups if rule.chunk is not None]  # noqa: E731
+    nulled, hits = shared_prefix_programs(setup, examples, PREFIX, 0.35, 4, 6, chunked)
+    return max(nulled.values(), default=0), hits
 
 
 def first_failure(setup: SchedulerSetup = CHUNKED, examples: int = 30) -> SchedulerViolation:
-    with pytest.raises(SchedulerViolation) as raised:
-        run_examples(setup, examples)
-    return raised.value
+    return first_violation(lambda: run_examples(setup, examples))
 
 
 def test_vllm_plans_a_chunked_local_group_beside_a_full_attention_group_in_one_pool() -> None:

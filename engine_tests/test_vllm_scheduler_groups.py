@@ -9,7 +9,6 @@ Runs in the vLLM environment (``scripts/third_party_env.sh vllm``; CI runs it th
 from __future__ import annotations
 
 import inspect
-import random
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
-from engine_tests.vllm_seeded_runs import found_and_replayed
+from engine_tests.vllm_seeded_runs import first_violation, found_and_replayed, shared_prefix_programs
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.session import Session
 from kvfuzz.scheduler.violations import Check, SchedulerViolation
@@ -35,30 +34,11 @@ def sliding_groups(session: Session) -> list[int]:
 def run_examples(setup: SchedulerSetup, examples: int) -> tuple[dict[int, int], int]:
     """Random request programs with shared prefixes, each drained: per sliding-window group, the most null entries
     its table held for one request; and the longest prefix-cache hit."""
-    nulled: dict[int, int] = {}
-    hits = 0
-    for example in range(examples):
-        rng = random.Random(example)
-        session = Session(setup)
-        managers = session.scheduler.kv_cache_manager.coordinator.single_type_managers
-        for _ in range(30):
-            if rng.random() < 0.4:
-                prompt = PREFIX[: rng.randint(1, len(PREFIX))] + [rng.randint(0, 3)] * rng.randint(0, 4)
-                session.add(prompt, rng.randint(1, 6))
-            else:
-                session.step()
-            for group in sliding_groups(session):
-                for blocks in managers[group].req_to_blocks.values():
-                    nulled[group] = max(nulled.get(group, 0), sum(block.is_null for block in blocks))
-            hits = max([hits, *(state.hit for state in session.worker.requests.values())])
-        session.drain()
-    return nulled, hits
+    return shared_prefix_programs(setup, examples, PREFIX, 0.4, 4, 6, sliding_groups)
 
 
 def first_failure(examples: int = 30) -> SchedulerViolation:
-    with pytest.raises(SchedulerViolation) as raised:
-        run_examples(GROUPS, examples)
-    return raised.value
+    return first_violation(lambda: run_examples(GROUPS, examples))
 
 
 def test_vllm_plans_three_groups_two_of_one_sliding_window_spec_looked_up_together() -> None:

@@ -8,7 +8,6 @@ Runs in the vLLM environment (``scripts/third_party_env.sh vllm``; CI runs it th
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 from vllm.v1.core.single_type_kv_cache_manager import RSWAManager
 from vllm.v1.kv_cache_interface import RSWASpec
 
-from engine_tests.vllm_seeded_runs import found_and_replayed
+from engine_tests.vllm_seeded_runs import first_violation, found_and_replayed, shared_prefix_programs
 from kvfuzz.cli import main
 from kvfuzz.scheduler.config import SchedulerSetup
 from kvfuzz.scheduler.replay import replay
@@ -33,28 +32,12 @@ PREFIX = [1, 2, 3, 0, 2, 2, 1, 3, 0]
 def run_examples(setup: SchedulerSetup, examples: int) -> tuple[int, int]:
     """Random request programs with shared prefixes and long decodes, each drained: the most null entries (freed
     gap blocks) one request's table held, and the longest prefix-cache hit."""
-    nulled = hits = 0
-    for example in range(examples):
-        rng = random.Random(example)
-        session = Session(setup)
-        manager = session.scheduler.kv_cache_manager.coordinator.single_type_managers[0]
-        for _ in range(30):
-            if rng.random() < 0.3:
-                prompt = PREFIX[: rng.randint(1, len(PREFIX))] + [rng.randint(0, 3)] * rng.randint(0, 3)
-                session.add(prompt, rng.randint(1, 24))
-            else:
-                session.step()
-            for blocks in manager.req_to_blocks.values():
-                nulled = max(nulled, sum(block.is_null for block in blocks))
-            hits = max([hits, *(state.hit for state in session.worker.requests.values())])
-        session.drain()
-    return nulled, hits
+    nulled, hits = shared_prefix_programs(setup, examples, PREFIX, 0.3, 3, 24, lambda session: [0])
+    return max(nulled.values(), default=0), hits
 
 
 def first_failure(examples: int = 30) -> SchedulerViolation:
-    with pytest.raises(SchedulerViolation) as raised:
-        run_examples(RSWA, examples)
-    return raised.value
+    return first_violation(lambda: run_examples(RSWA, examples))
 
 
 def test_vllm_plans_one_rswa_group_run_by_its_manager() -> None:
