@@ -35,6 +35,8 @@ def recorded_failure(name: str) -> tuple[str, str]:
         return failure["exception"], ""
     if failure["check"] == "progress":
         return "Failure: progress:", f"{failure['request']} ("
+    if failure["check"] == "content":  # R-SWA: a position the runner attends mapped to the null block
+        return "Failure: content at step", f"step {failure['step']}: {failure['request']}'s position"
     return "Failure: accounting at step", f"step {failure['step']}:"
 
 
@@ -49,6 +51,7 @@ def test_the_real_bugs_are_the_ones_the_issue_names() -> None:
         "vllm-v1-scheduler-offloading-one-token-reload-hang-29b8f30c1dd1.json",
         "vllm-v1-scheduler-offloading-shared-block-ref-cnt-b481f5a07fcd.json",  # the waiting-queue bug, ref_cnt
         "vllm-v1-scheduler-offloading-waiting-queue-holds-blocks-a8dffbbfe266.json",
+        "vllm-v1-scheduler-rswa-session-gap-a102da1e3f89.json",  # R-SWA, a streaming session's next turn
         "vllm-v1-scheduler-session-blocks-reset-error-c18d23100ce4.json",  # a streaming session, a prefix-cache reset
         "vllm-v1-scheduler-sessions-holding-pool-deadlock-68ba1f36c223.json",  # streaming sessions' later turns
         "vllm-v1-scheduler-speculative-padding-hang-6123748f32e9.json",

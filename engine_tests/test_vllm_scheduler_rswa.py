@@ -111,7 +111,7 @@ def test_the_attention_check_is_refused_in_one_line(capsys: pytest.CaptureFixtur
     assert "--model rswa takes no --attention" in line
 
 
-SESSION_GAP = Path(__file__).parent / "data" / "rswa-session-gap-null-block.json"
+SESSION_GAP = Path(__file__).parent.parent / "corpus" / "vllm-v1-scheduler-rswa-session-gap-a102da1e3f89.json"
 
 
 def test_the_rswa_session_gap_replays_and_passes_with_the_gap_kept(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -106,6 +106,7 @@ def test_a_trace_only_kvfuzz_s_reference_sees_gets_a_report_saying_so(tmp_path: 
 MAMBA_HANG = CORPUS / "vllm-v1-scheduler-mamba-partial-hit-admission-hang-d591b6629908.json"
 SESSION_RESET = CORPUS / "vllm-v1-scheduler-session-blocks-reset-error-c18d23100ce4.json"
 SESSION_GATE = CORPUS / "vllm-v1-scheduler-mamba-session-resume-gate-hang-ad7ef67d44b6.json"
+RSWA_GAP = CORPUS / "vllm-v1-scheduler-rswa-session-gap-a102da1e3f89.json"
 
 
 def test_a_mamba_hybrid_or_session_trace_gets_a_reproducer_that_builds_what_it_needs(tmp_path: Path) -> None:
@@ -121,13 +122,18 @@ def test_a_mamba_hybrid_or_session_trace_gets_a_reproducer_that_builds_what_it_n
     assert main(["report", str(SESSION_GATE), "-o", str(tmp_path / "g.md")]) == 0
     turns = (tmp_path / "g_reproducer.py").read_text()
     assert "engine.resume('r1', [0], 1)" in turns and "engine.resume('r1', [0, 0], 1)" in turns
+    assert main(["report", str(RSWA_GAP), "-o", str(tmp_path / "w.md")]) == 0
+    rswa = (tmp_path / "w_reproducer.py").read_text()
+    assert "MODEL = 'rswa'" in rswa and "RSWA_WINDOW = 8" in rswa and "self.check_reads(output)" in rswa
+    assert "engine.resume('r0', [3], 4)" in rswa and "Failure('content at step ...')" in rswa
 
 
 @pytest.mark.parametrize(
     ("trace", "edit", "reason"),
     [
         (MAMBA_HANG, {"failure": {"check": "accounting"}}, "states accounting on one KV-cache group"),
-        (MAMBA_HANG, {"config": {"model": "chunked-local", "prefix_match_unit": 0}}, "the Mamba hybrid only"),
+        (MAMBA_HANG, {"config": {"model": "chunked-local", "prefix_match_unit": 0}}, "the Mamba hybrid and R-SWA only"),
+        (RSWA_GAP, {"failure": {"message": "content check failed at step 31, request r0: ... holds"}}, "content check"),
         (
             SESSION_RESET,
             {
@@ -138,7 +144,7 @@ def test_a_mamba_hybrid_or_session_trace_gets_a_reproducer_that_builds_what_it_n
         ),
         (MAMBA_HANG, {"config": {"pauses": True}}, "the client's pauses are not played"),
     ],
-    ids=["mamba-accounting", "chunked-local", "resume", "pauses"],
+    ids=["mamba-accounting", "chunked-local", "rswa-content", "resume", "pauses"],
 )
 def test_what_the_reproducer_does_not_play_is_named_in_one_line(
     tmp_path: Path, trace: Path, edit: dict[str, Any], reason: str

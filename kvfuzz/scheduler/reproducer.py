@@ -6,9 +6,11 @@ and raises ``AssertionError`` where kvfuzz's check failed. It runs as a script (
 reproduces, 0 once fixed) and as a pytest file.
 
 Only failures that the engine's own state shows are expressed: the accounting check (block ``ref_cnt`` and the
-free count against the tables the scheduler handed out), progress (requests unfinished past the drain's bound) and
-an exception of vLLM's own. Checks that need kvfuzz's K/V reference (content, outputs, speculative rollback) are
-refused with the reason (:class:`NotReproducible`), as are configurations the reproducer's runner does not play
+free count against the tables the scheduler handed out), progress (requests unfinished past the drain's bound), an
+exception of vLLM's own, and on the R-SWA model a position the model runner attends mapped to the null block (the
+prompt, as the runner's ``prompt_lens`` has it, and the window: vLLM's tables alone show it). Checks that need
+kvfuzz's K/V reference (content, outputs, speculative rollback) are refused with the reason
+(:class:`NotReproducible`), as are configurations the reproducer's runner does not play
 (async scheduling, load failures, a streaming session's later turns under min_tokens: its turns are played as the
 client sends them, each session going on while vLLM keeps it). The Mamba hybrid is built as the target builds it, by
 vLLM's own KV-cache planner, with partial prefix-cache hits and KV cache events (published nowhere: the
@@ -26,7 +28,7 @@ from kvfuzz.scheduler.config import MODEL_SHAPE
 from kvfuzz.scheduler.ending import Ending
 from kvfuzz.scheduler.fake_model import EOS_TOKEN
 from kvfuzz.scheduler.kv_events import full_reports
-from kvfuzz.scheduler.models import FULL, MAMBA_HYBRID, MODELS
+from kvfuzz.scheduler.models import FULL, MAMBA_HYBRID, MODELS, RSWA, RSWAModel
 from kvfuzz.scheduler.prefix_reads import skips_reads
 from kvfuzz.scheduler.program import Abort, AddRequest, ResetPrefixCache, Resume, Step
 from kvfuzz.scheduler.reproducer_runtime import RUNTIME
@@ -35,6 +37,10 @@ from kvfuzz.scheduler.trace import CRASH, SGLANG, SchedulerTrace
 
 EXPRESSED = ("accounting", "progress", CRASH)
 """The recorded failures a reproducer states on vLLM's objects."""
+
+NULL_READ = "maps to vLLM's null block 0"
+"""The content failure a reproducer states on the R-SWA model's tables: a position its tokens attend (the prompt, or
+the window) mapped to vLLM's null block."""
 
 BATCH_EXPRESSED = "neither as a new nor as a cached request"
 """The one batch-check failure a reproducer states on vLLM's ``SchedulerOutput``: the step schedules tokens for a
@@ -46,7 +52,8 @@ def _refusal(trace: SchedulerTrace) -> str | None:
     setup = trace.setup
     if trace.scheduler == SGLANG:
         return "an sglang trace: its reproducer is kvfuzz.reproducers.sglang_scheduler's, not this vLLM one"
-    if trace.failure.check == "batch" and BATCH_EXPRESSED in trace.failure.message:
+    null_read = setup.model == RSWA.name and trace.failure.check == "content" and NULL_READ in trace.failure.message
+    if trace.failure.check == "batch" and BATCH_EXPRESSED in trace.failure.message or null_read:
         pass
     elif trace.failure.check not in EXPRESSED:
         return (
@@ -55,9 +62,9 @@ def _refusal(trace: SchedulerTrace) -> str | None:
         )
     if setup.async_scheduling:
         return "async scheduling (two batches in flight) is not played by the reproducer's engine loop"
-    if setup.model not in (FULL.name, MAMBA_HYBRID.name):
-        return f"model {setup.model}: the reproducer builds the full-attention model and the Mamba hybrid only"
-    if setup.model != FULL.name and trace.failure.check not in (CRASH, "progress"):
+    if setup.model not in (FULL.name, MAMBA_HYBRID.name, RSWA.name):
+        return f"model {setup.model}: the reproducer builds the full-attention model, the Mamba hybrid and R-SWA only"
+    if setup.model != FULL.name and trace.failure.check not in (CRASH, "progress") and not null_read:
         return f"model {setup.model}: the reproducer states accounting on one KV-cache group (the full model's) only"
     if setup.load_failures:
         return "failed loads are not played by the reproducer's connector"
@@ -147,6 +154,7 @@ def reproducer_source(trace: SchedulerTrace, source: str) -> str:
     body = "\n".join(f"    {call}" for call in program_calls(trace, _adder(trace)))
     known = f"{comment('Known bug: ' + trace.known_bug)}\n" if trace.known_bug else ""
     model = MODELS[setup.model]
+    rswa_window = model.rswa_window(setup.block_size) if isinstance(model, RSWAModel) else 0
     expectation = {
         "progress": "a request never finishes: engine.drain() raises Failure('progress: ...')",
         "accounting": "the block pool disagrees with the tables handed out: engine.step() raises "
@@ -154,6 +162,8 @@ def reproducer_source(trace: SchedulerTrace, source: str) -> str:
         CRASH: f"vLLM raises {trace.failure.exception}",
         "batch": "the step schedules tokens for a request its output does not bring: engine.step() raises "
         "Failure('batch at step ...')",
+        "content": "a position the model runner attends maps to vLLM's null block: engine.step() raises "
+        "Failure('content at step ...')",
     }[trace.failure.check]
     return f'''"""Standalone reproducer of a vLLM scheduler failure kvfuzz found (generated by kvfuzz report from
 {source.replace(chr(92), "/").replace('"""', "")}). It imports vLLM, torch and the standard library only.
@@ -193,6 +203,7 @@ KV_HEADS = {MODEL_SHAPE.num_kv_heads}
 HEAD_DIM = {MODEL_SHAPE.head_dim}
 MODEL = {setup.model!r}  # {model.description}
 MAMBA_CHECKPOINTS = {setup.mamba_checkpoints}  # the Mamba layers export prefill checkpoints, as a Mamba2 mixer does
+RSWA_WINDOW = {rswa_window}  # the R-SWA layers' window (0: no R-SWA layers)
 HF_CONFIG = {json.dumps(model.hf_config(MODEL_SHAPE, 1 if model is FULL else setup.block_size))}
 
 # ---- the fake model: the token it samples for a request at each position, the drafts proposed at each length ----

@@ -7,8 +7,9 @@ drafts proposed after a step), the worker side of the offloading connector (when
 kvfuzz's :class:`~kvfuzz.scheduler.offloading.OffloadingWorker` times it; no K/V is copied), and two of kvfuzz's
 checks stated on vLLM's own objects: the block pool's accounting against the runner's tables after every
 ``schedule()`` (:mod:`kvfuzz.scheduler.accounting`), and progress (every request finishes within the drain's bound,
-:func:`kvfuzz.scheduler.session.drain_bound`). kvfuzz's K/V content, output and speculative checks are not here:
-they need kvfuzz's reference; a reproducer is generated only for a trace whose failure these two checks see."""
+:func:`kvfuzz.scheduler.session.drain_bound`); on the R-SWA model, the positions the runner attends mapped to real
+blocks (:meth:`~kvfuzz.scheduler.groups.GroupRule.attended`). kvfuzz's K/V content, output and speculative checks are
+not here: they need kvfuzz's reference; a reproducer is generated only for a trace whose failure these checks see."""
 
 from __future__ import annotations
 
@@ -102,16 +103,35 @@ def build_scheduler():
 
 
 def planned_kv_cache(config, attention):
-    """The Mamba hybrid's KV cache as a GPU engine core plans it: a Jamba's Mamba layer (its state shapes from
-    vLLM's Jamba model class, its page padded to the attention page) and its attention layer, the hybrid allocator
-    on, the pool's size as the block-count override."""
-    from vllm.model_executor.models.jamba import JambaForCausalLM
+    """The model's KV cache as a GPU engine core plans it, the hybrid allocator on, the pool's size as the
+    block-count override: the R-SWA model's layers (what vLLM's RSWAAttention reports), or the Mamba hybrid's, a
+    Jamba's Mamba layer (its state shapes from vLLM's Jamba model class, its page padded to the attention page) and
+    its attention layer."""
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
-    from vllm.v1.kv_cache_interface import MambaSpec
 
     config.scheduler_config.disable_hybrid_kv_cache_manager = False
     config.cache_config.num_gpu_blocks_override = NUM_BLOCKS + 1
     config.cache_config.kv_cache_layout = "LBNHC"
+    specs = rswa_specs() if RSWA_WINDOW else mamba_specs(config, attention)
+    groups = get_global_kv_cache_groups(config, [specs])
+    (planned,) = get_kv_cache_configs(config, [specs], [1 << 40], groups)
+    assert planned.num_blocks == NUM_BLOCKS + 1, f"vLLM planned {planned.num_blocks} blocks"
+    return planned
+
+
+def rswa_specs():
+    from vllm.v1.kv_cache_interface import RSWASpec
+
+    spec = RSWASpec(
+        block_size=BLOCK_SIZE, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32, rswa_window=RSWA_WINDOW
+    )
+    return {f"model.layers.{index}.self_attn.attn": spec for index in range(HF_CONFIG["num_hidden_layers"])}
+
+
+def mamba_specs(config, attention):
+    from vllm.model_executor.models.jamba import JambaForCausalLM
+    from vllm.v1.kv_cache_interface import MambaSpec
+
     mamba = MambaSpec(
         block_size=config.cache_config.mamba_block_size,
         shapes=JambaForCausalLM.get_mamba_state_shape_from_config(config),
@@ -121,11 +141,7 @@ def planned_kv_cache(config, attention):
     )
     if MAMBA_CHECKPOINTS:  # a Mamba2 mixer's spec: one checkpoint block, at any position of a chunk
         mamba = dataclasses.replace(mamba, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
-    specs = {"model.layers.0.mamba": mamba, "model.layers.1.self_attn.attn": attention}
-    groups = get_global_kv_cache_groups(config, [specs])
-    (planned,) = get_kv_cache_configs(config, [specs], [1 << 40], groups)
-    assert planned.num_blocks == NUM_BLOCKS + 1, f"vLLM planned {planned.num_blocks} blocks"
-    return planned
+    return {"model.layers.0.mamba": mamba, "model.layers.1.self_attn.attn": attention}
 
 
 class Runner:
@@ -135,6 +151,7 @@ class Runner:
 
     def __init__(self):
         self.tokens = {}  # request -> prompt and sampled tokens
+        self.prompts = {}  # request -> its prompt's length, as the runner's prompt_lens keeps it
         self.tables = {}  # request -> block ids in position order
         self.computed = {}  # request -> computed tokens before this step
         self.preempted = set()  # requests preempted and not scheduled since: their tables are stale
@@ -143,12 +160,14 @@ class Runner:
     def consume(self, output):
         for request in output.finished_req_ids:
             self.tokens.pop(request, None)
+            self.prompts.pop(request, None)
             self.tables.pop(request, None)
         self.preempted.update(output.preempted_req_ids or ())
         self.computed = {}
         for new in output.scheduled_new_reqs:
             tokens = new.prompt_token_ids if new.prefill_token_ids is None else new.prefill_token_ids
             self.tokens[new.req_id] = list(tokens)
+            self.prompts[new.req_id] = len(new.prompt_token_ids)
             self.tables[new.req_id] = list(new.block_ids[0])
             self.computed[new.req_id] = new.num_computed_tokens
             self.preempted.discard(new.req_id)
@@ -320,6 +339,8 @@ class Engine:
         self.runner.consume(output)
         if MODEL == "full":  # the runner's tables are the first KV-cache group's
             self.check_accounting()
+        if RSWA_WINDOW:
+            self.check_reads(output)
         if self.offloading:
             self.offloading.before_forward(output, self.steps)
         order, sampled = self.runner.execute(output)
@@ -359,6 +380,25 @@ class Engine:
                     f"brings it neither as a new nor as a cached request, so the model runner has no table for it; "
                     f"new {new}, cached {cached}"
                 )
+
+    def check_reads(self, output):
+        """R-SWA: every position a scheduled token attends maps to a real block of the runner's table: the prompt
+        (its length as the runner's prompt_lens, the R-SWA mask's prefix, has it) and the RSWA_WINDOW positions up to
+        each token."""
+        for request, count in output.num_scheduled_tokens.items():
+            start = self.runner.computed[request]
+            end, prompt = start + count, self.runner.prompts[request]
+            table = self.runner.tables[request]
+            first = max(0, start - RSWA_WINDOW + 1)
+            for position in [*range(min(prompt, first)), *range(first, end)]:
+                entry = position // BLOCK_SIZE
+                if entry < len(table) and table[entry] == 0:
+                    read = "its prompt" if position < prompt else "its window"
+                    raise Failure(
+                        f"content at step {self.steps}: {request}'s position {position} ({read}: a prompt of {prompt} "
+                        f"tokens, a window of {RSWA_WINDOW}) maps to vLLM's null block 0 (table {table}), but the "
+                        f"model runner attends it"
+                    )
 
     def check_accounting(self):
         """Every block a live request's table holds has ref_cnt equal to the tables holding it and is not free;
