@@ -278,15 +278,6 @@ def _without_per_test(environ: Mapping[str, str]) -> dict[str, str]:
 _ZYGOTE = _Zygote()
 
 
-class _FullAttention:
-    """One full-attention KV-cache group, a worker's group 0: every entry of its table is kept."""
-
-    index = 0
-
-    def first_kept_entry(self, computed: int, block_size: int) -> int:
-        return 0
-
-
 def async_worker(
     tables: dict[str, list[int]],
     computed: dict[str, int],
@@ -297,18 +288,21 @@ def async_worker(
     """A scheduler worker as far as the released-block check reads it: block size 4, one full-attention group, each
     request's table, its computed tokens, and the blocks the ``live`` requests hold. With ``states``, a Mamba group
     (``none`` mode) beside it, group 1: each request's state block."""
+    from kvfuzz.scheduler.groups import GroupRule
     from kvfuzz.scheduler.mamba_states import mamba_states
 
     requests = {
         request: types.SimpleNamespace(
-            tables=[table] + ([[states[request]]] if states else []), preempted=request in preempted
+            tables=[table] + ([[states[request]]] if states else []),
+            preempted=request in preempted,
+            prompt_length=0,  # full attention reads every position whatever the prompt
         )
         for request, table in tables.items()
     }
     return types.SimpleNamespace(
         block_size=4,
         requests=requests,
-        groups=(_FullAttention(),),
+        groups=(GroupRule(0, None),),
         mamba=mamba_states((1,) if states else (), "none", 4),
         computed=computed,
         holdings=lambda: (
