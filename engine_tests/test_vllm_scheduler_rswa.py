@@ -9,7 +9,7 @@ Runs in the vLLM environment (``scripts/third_party_env.sh vllm``; CI runs it th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 import pytest
@@ -82,14 +82,11 @@ def gap_into_the_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(RSWAManager, "_remove_blocks_in_range", remove)
 
 
-def test_a_gap_reaching_into_the_window_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    gap_into_the_window(monkeypatch)
-    failure = first_failure()
-    assert failure.check == Check.ACCOUNTING and "is in the free queue" in str(failure), failure
-
-
-def test_a_gap_reaching_into_the_prompt_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    gap_into_the_prompt(monkeypatch)
+@pytest.mark.parametrize("seed_bug", [gap_into_the_window, gap_into_the_prompt], ids=["window", "prompt"])
+def test_a_gap_reaching_into_what_a_token_attends_is_caught(
+    monkeypatch: pytest.MonkeyPatch, seed_bug: Callable[[pytest.MonkeyPatch], None]
+) -> None:
+    seed_bug(monkeypatch)
     failure = first_failure()
     assert failure.check == Check.ACCOUNTING and "is in the free queue" in str(failure), failure
 

@@ -33,6 +33,6 @@ def test_rswa_reads_the_prompt_and_the_window_and_may_release_the_gap_between() 
     assert RSWA.attended(9, 9, 5) == (range(0, 9),)  # the window reaches back into the prompt
     # blocks of 4: entry 1 (positions 4..7) holds the prompt's last token; entry 2 (8..11) is in the gap
     assert RSWA.released_entries(20, 5, 4) == range(2, 3)
-    assert RSWA.released_entries(9, 5, 4) == range(2, 0)  # nothing: empty
+    assert RSWA.released_entries(9, 5, 4) == range(2, 2)  # nothing: the window reaches back into the prompt
     assert "reference sliding window of 8 tokens, the prompt kept" in RSWA.describe()
     assert not RSWA.reads_all and FULL.reads_all

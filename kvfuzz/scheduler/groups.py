@@ -70,8 +70,10 @@ class GroupRule:
 
     def released_entries(self, computed: int, prompt: int, block_size: int) -> range:
         """The table entries vLLM may have released (wholly outside what :meth:`attended` reads): those before
-        :meth:`first_kept_entry` and after the kept prompt's last; every other entry must hold a real block."""
-        return range(-(-self.kept_prefix(prompt) // block_size), self.first_kept_entry(computed, block_size))
+        :meth:`first_kept_entry` and after the kept prompt's last (none where the two meet); every other entry must
+        hold a real block."""
+        first = -(-self.kept_prefix(prompt) // block_size)
+        return range(first, max(first, self.first_kept_entry(computed, block_size)))
 
     def first_kept_entry(self, computed: int, block_size: int) -> int:
         """The first table entry that must hold a real block: entries before it are wholly before

@@ -278,11 +278,10 @@ class Worker:
             for rule in self.groups:
                 table = state.tables[rule.index]
                 released = rule.released_entries(state.computed, state.prompt_length, self.block_size)
-                low, high = released.start, max(released.start, released.stop)
-                must = held.setdefault(request, [])
-                must.extend(block for block in table[:low] if block != 0)
-                must.extend(block for block in table[high:] if block != 0)
-                maybe.setdefault(request, []).extend(block for block in table[low:high] if block != 0)
+                must, may = held.setdefault(request, []), maybe.setdefault(request, [])
+                must.extend(block for block in table[: released.start] if block != 0)
+                must.extend(block for block in table[released.stop :] if block != 0)
+                may.extend(block for block in table[released.start : released.stop] if block != 0)
         return held, maybe
 
     def holdings(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
@@ -542,8 +541,8 @@ class Worker:
         """Every position before ``end`` that the step's tokens attend to in ``group`` (all of them for full
         attention; those within the window of the first scheduled token on, for a sliding window, and the prompt
         too for R-SWA) holds the K/V of the request's own prefix up to it (drafts included)."""
-        state = self.requests[request]
+        state, tokens = self.requests[request], self._tokens(request)
         namespace = self._namespace(request, group)
         for run in self.rules[group].attended(self.computed[request], end, state.prompt_length):
             slots = self._slots(request, run, step, group)
-            self.kv.check(request, self._tokens(request)[: run.stop], slots, step, namespace, run.start, state.hit)
+            self.kv.check(request, tokens[: run.stop], slots, step, namespace, run.start, state.hit)
